@@ -1,0 +1,48 @@
+# All dependencies come from Debian packages (scripts/setup.sh installs them). The pitfalls behind
+# these lines are in ../shared/research/deps-feasibility.md.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+# protobuf has no CMake config on Debian: the FindProtobuf module. Pin protoc to the system one.
+set(Protobuf_PROTOC_EXECUTABLE /usr/bin/protoc CACHE FILEPATH "protoc matching libprotobuf")
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)                 # needs protobuf-compiler-grpc for its plugins
+find_package(absl CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)             # 0.7: target is plain `yaml-cpp`
+find_package(CLI11 CONFIG REQUIRED)
+find_package(GTest CONFIG REQUIRED)
+find_package(SQLite3 REQUIRED)
+find_package(Gloo CONFIG REQUIRED)                 # un-namespaced target `gloo`
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+
+# civetweb's CMake config is broken on Debian: find the library directly.
+find_path(CIVETWEB_INCLUDE_DIR CivetServer.h REQUIRED)
+find_library(CIVETWEB_LIBRARY civetweb REQUIRED)
+find_library(CIVETWEB_CPP_LIBRARY civetweb-cpp REQUIRED)
+add_library(furnace_civetweb INTERFACE)
+target_include_directories(furnace_civetweb SYSTEM INTERFACE ${CIVETWEB_INCLUDE_DIR})
+target_link_libraries(furnace_civetweb INTERFACE
+  ${CIVETWEB_CPP_LIBRARY} ${CIVETWEB_LIBRARY} Threads::Threads ${CMAKE_DL_LIBS})
+
+if(FURNACE_ENABLE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER)
+    message(FATAL_ERROR "FURNACE_ENABLE_CUDA=ON but no nvcc was found")
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+  add_library(NCCL::nccl UNKNOWN IMPORTED)
+  set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+                        INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+  message(STATUS "Furnace: CUDA components ON (sm_${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "Furnace: CUDA components OFF (no nvcc found)")
+endif()
