@@ -1,0 +1,869 @@
+#include "controller/service/controller.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "controller/spec/job_spec.h"
+#include "controller/store/backoff.h"
+#include "controller/store/job_state.h"
+#include "controller/store/placement.h"
+#include "runtime/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using v1::JobState;
+
+constexpr const char* kReady = "ready";
+constexpr const char* kBusy = "busy";
+constexpr const char* kLost = "lost";
+
+std::string RandomHex(int n) {
+  std::random_device rd;
+  std::mt19937_64 gen(rd());
+  std::string out;
+  for (int i = 0; i < n; ++i) out += "0123456789abcdef"[gen() % 16];
+  return out;
+}
+
+std::string DescribeExit(const v1::RankReport& r) {
+  if (!r.reason().empty()) return r.reason();
+  switch (r.exit_kind()) {
+    case v1::EXIT_KIND_SUCCESS: return "exited with code 0";
+    case v1::EXIT_KIND_CODE: return absl::StrCat("exited with code ", r.exit_code());
+    case v1::EXIT_KIND_SIGNAL: return absl::StrCat("killed by signal ", r.signal());
+    case v1::EXIT_KIND_HANG: return "hung";
+    case v1::EXIT_KIND_OOM: return "out of memory";
+    case v1::EXIT_KIND_STOPPED: return "stopped";
+    case v1::EXIT_KIND_LAUNCH: return "could not be started";
+    default: return "ended";
+  }
+}
+
+bool AllRanks(const v1::AttemptInfo& attempt, const std::string& state) {
+  return std::all_of(attempt.ranks().begin(), attempt.ranks().end(),
+                     [&](const v1::RankInfo& r) { return r.state() == state; });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerOptions& options,
+                                                               const Clock& clock) {
+  std::error_code ec;
+  fs::create_directories(fs::path(options.state_dir) / "logs" / "jobs", ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create state dir ", options.state_dir, ": ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(auto store, JobStore::Open((fs::path(options.state_dir) / "furnace.db").string()));
+  std::unique_ptr<Controller> controller(new Controller(options, clock, std::move(store)));
+  RETURN_IF_ERROR(controller->Load());
+  return controller;
+}
+
+Controller::Controller(const ControllerOptions& options, const Clock& clock,
+                       std::unique_ptr<JobStore> store)
+    : options_(options), clock_(clock), store_(std::move(store)), instance_id_(RandomHex(8)) {}
+
+absl::Status Controller::Load() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = clock_.MonotonicSeconds();
+  ASSIGN_OR_RETURN(auto workers, store_->LoadWorkers());
+  for (auto& info : workers) {
+    Worker& w = workers_[info.worker_id()];
+    w.info = info;
+    // Until it registers again, a known worker is silent since our start: it gets the full
+    // timeout to come back before it is declared lost.
+    w.last_seen_mono = now;
+    w.has_rank = !info.job_id().empty();
+  }
+  ASSIGN_OR_RETURN(auto jobs, store_->LoadJobs());
+  int active = 0;
+  for (auto& stored : jobs) {
+    Job& job = jobs_[stored.summary.job_id()];
+    job.summary = std::move(stored.summary);
+    job.spec = std::move(stored.spec);
+    job.attempts = std::move(stored.attempts);
+    job.attempt_started_mono = now;
+    job.recover_at_mono = now;
+    if (IsFinal(job.summary.state())) continue;
+    ++active;
+    if (auto* attempt = job.current()) {
+      ASSIGN_OR_RETURN(auto kv, store_->KvLoad(job.summary.job_id(), attempt->attempt()));
+      for (auto& [key, value] : kv) {
+        rendezvous_.Set({job.summary.job_id(), attempt->attempt()}, key, value);
+      }
+      // Re-attach bookkeeping: the worker of each live rank is busy with it.
+      for (const auto& rank : attempt->ranks()) {
+        auto it = workers_.find(rank.worker_id());
+        if (it != workers_.end() && rank.state() != "exited") {
+          it->second.has_rank = true;
+          it->second.attempt = attempt->attempt();
+        }
+      }
+    }
+    Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
+  }
+  spdlog::info("job store loaded: {} jobs ({} active), {} workers", jobs_.size(), active,
+               workers_.size());
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Persistence helpers
+
+absl::Status Controller::Persist(Job& job) {
+  job.summary.set_updated_unix(clock_.UnixSeconds());
+  return store_->Transaction([&]() -> absl::Status {
+    RETURN_IF_ERROR(store_->PutSummary(job.summary));
+    // The two newest attempts can change (a failing one and the next); older ones are final.
+    const size_t n = job.attempts.size();
+    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) {
+      RETURN_IF_ERROR(store_->PutAttempt(job.summary.job_id(), job.attempts[i]));
+    }
+    return absl::OkStatus();
+  });
+}
+
+void Controller::Event(Job& job, const std::string& kind, const std::string& message) {
+  v1::JobEvent event;
+  event.set_unix_time(clock_.UnixSeconds());
+  event.set_kind(kind);
+  event.set_message(message);
+  spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, message);
+  if (absl::Status s = store_->AddEvent(job.summary.job_id(), event); !s.ok()) {
+    spdlog::error("job {}: cannot record event: {}", job.summary.job_id(), s.ToString());
+  }
+}
+
+absl::Status Controller::Transition(Job& job, JobState to, const std::string& event_kind,
+                                    const std::string& message) {
+  RETURN_IF_ERROR(CheckTransition(job.summary.state(), to));
+  const JobState from = job.summary.state();
+  job.summary.set_state(to);
+  if (absl::Status s = Persist(job); !s.ok()) {
+    job.summary.set_state(from);
+    spdlog::error("job {}: transition to {} not persisted: {}", job.summary.job_id(),
+                  StateName(to), s.ToString());
+    return s;
+  }
+  Event(job, event_kind, absl::StrCat(StateName(from), " -> ", StateName(to),
+                                      message.empty() ? "" : ": ", message));
+  return absl::OkStatus();
+}
+
+void Controller::PersistWorker(const Worker& worker) {
+  if (absl::Status s = store_->PutWorker(worker.info); !s.ok()) {
+    spdlog::error("worker {}: not persisted: {}", worker.info.worker_id(), s.ToString());
+  }
+}
+
+std::string Controller::LogPath(const std::string& job_id) const {
+  return (fs::path(options_.state_dir) / "logs" / "jobs" / (job_id + ".log")).string();
+}
+
+uint32_t Controller::Capacity(const std::string& device_kind) const {
+  uint32_t known = 0;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() != kLost && w.info.device_kind() == device_kind) ++known;
+  }
+  const uint32_t local = device_kind == "cpu" ? options_.local_workers : 0;
+  return std::max(known, local);
+}
+
+// ---------------------------------------------------------------------------------------------
+// JobService
+
+absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
+                                               const std::string& filename) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
+  if (spec.kind() != "commcheck") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        filename, ": kind: '", spec.kind(),
+        "' is not available in this build (the training runtime is not built yet); allowed: "
+        "commcheck"));
+  }
+  const uint32_t world = spec::WorldSize(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t capacity = Capacity(spec.resources().device());
+  if (world > capacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: resources.workers: the job needs %d ranks (pp*dp*tp = %d*%d*%d) but this controller "
+        "has %d %s worker(s); allowed: at most %d",
+        filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(),
+        capacity, spec.resources().device(), capacity));
+  }
+  ASSIGN_OR_RETURN(uint64_t seq, store_->NextJobSeq());
+  Job job;
+  job.spec = std::move(spec);
+  const std::string id = absl::StrCat(job.spec.name(), "-", seq);
+  if (job.spec.checkpoint().dir().empty()) {
+    job.spec.mutable_checkpoint()->set_dir(
+        (fs::path(options_.state_dir) / "checkpoints" / id).string());
+  }
+  auto& s = job.summary;
+  s.set_job_id(id);
+  s.set_name(job.spec.name());
+  s.set_kind(job.spec.kind());
+  s.set_state(v1::JOB_PENDING);
+  s.set_world_size(world);
+  s.set_submitted_unix(clock_.UnixSeconds());
+  s.set_updated_unix(s.submitted_unix());
+  RETURN_IF_ERROR(store_->PutJob(s, job.spec));
+  auto [it, inserted] = jobs_.emplace(id, std::move(job));
+  Event(it->second, "submitted", absl::StrCat("from ", filename, ", ", world, " ranks"));
+  TryStart(it->second);
+  return id;
+}
+
+std::vector<v1::JobSummary> Controller::ListJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::JobSummary> out;
+  for (auto& [id, job] : jobs_) out.push_back(job.summary);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.submitted_unix() < b.submitted_unix();
+  });
+  return out;
+}
+
+absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const Job& job = it->second;
+  v1::JobDetail detail;
+  *detail.mutable_summary() = job.summary;
+  *detail.mutable_spec() = job.spec;
+  for (const auto& a : job.attempts) *detail.add_attempts() = a;
+  ASSIGN_OR_RETURN(auto events, store_->LoadEvents(job_id, 50));
+  for (auto& e : events) *detail.add_events() = std::move(e);
+  ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));
+  for (auto& c : comm) *detail.add_comm() = std::move(c);
+  ASSIGN_OR_RETURN(auto latest, store_->LatestRecord(job_id, 0));
+  if (latest) detail.mutable_metrics()->insert(latest->metrics().begin(), latest->metrics().end());
+  return detail;
+}
+
+absl::StatusOr<v1::JobSummary> Controller::Cancel(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  Job& job = it->second;
+  if (IsFinal(job.summary.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
+  }
+  if (auto* attempt = job.current(); attempt && attempt->state() == "running") {
+    attempt->set_state("cancelled");
+    attempt->set_cause("cancelled by user");
+    attempt->set_ended_unix(clock_.UnixSeconds());
+  }
+  job.summary.set_cause("cancelled by user");
+  RETURN_IF_ERROR(Transition(job, v1::JOB_CANCELLED, "cancelled", "cancelled by user"));
+  StopAttemptRanks(job, "job cancelled");
+  if (auto* attempt = job.current()) CloseScope(job, attempt->attempt());
+  return job.summary;
+}
+
+std::vector<v1::WorkerInfo> Controller::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (auto& [id, w] : workers_) out.push_back(w.info);
+  return out;
+}
+
+absl::StatusOr<v1::GetLogsResponse> Controller::GetLogs(const v1::GetLogsRequest& req) {
+  std::string path;
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(req.job_id());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+    path = LogPath(req.job_id());
+    done = IsFinal(it->second.summary.state());
+  }
+  v1::GetLogsResponse resp;
+  std::ifstream in(path);
+  std::string line;
+  uint64_t index = 0;
+  constexpr size_t kMaxLines = 5000;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a partial last line: wait until it is complete
+    if (index++ < req.offset()) continue;
+    // Stored as "<attempt> <rank> <text>".
+    unsigned attempt = 0, rank = 0;
+    int consumed = 0;
+    if (sscanf(line.c_str(), "%u %u %n", &attempt, &rank, &consumed) < 2) continue;
+    if (req.rank() >= 0 && static_cast<unsigned>(req.rank()) != rank) continue;
+    if (req.attempt() > 0 && static_cast<unsigned>(req.attempt()) != attempt) continue;
+    resp.add_lines(absl::StrCat("[attempt ", attempt, " rank ", rank, "] ", line.substr(consumed)));
+    if (static_cast<size_t>(resp.lines_size()) >= kMaxLines) {
+      ++index;
+      break;
+    }
+  }
+  resp.set_next_offset(std::max<uint64_t>(index, req.offset()));
+  resp.set_job_done(done);
+  return resp;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement and recovery
+
+void Controller::Enqueue(Worker& worker, v1::AgentCommand command) {
+  worker.commands.push_back(std::move(command));
+  commands_cv_.notify_all();
+}
+
+void Controller::TryStart(Job& job) {
+  std::vector<WorkerSlot> slots;
+  for (const auto& [id, w] : workers_) {
+    slots.push_back({id, w.info.host(), w.info.slot(), w.info.device_kind(),
+                     w.info.state() == kReady && !w.has_rank && !w.session_id.empty()});
+  }
+  auto placement = PlaceRanks(slots, job.summary.world_size(), job.spec.resources().device(),
+                              job.avoid_workers);
+  if (!placement.ok()) {
+    const std::string reason = std::string(placement.status().message());
+    if (reason != job.waiting_reason) {
+      job.waiting_reason = reason;
+      Event(job, "waiting", reason);
+    }
+    return;
+  }
+  job.waiting_reason.clear();
+  const uint32_t n = job.summary.attempt() + 1;
+  v1::AttemptInfo attempt;
+  attempt.set_attempt(n);
+  attempt.set_state("running");
+  attempt.set_started_unix(clock_.UnixSeconds());
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    const Worker& w = workers_.at((*placement)[r]);
+    auto* rank = attempt.add_ranks();
+    rank->set_rank(r);
+    rank->set_worker_id(w.info.worker_id());
+    rank->set_host(w.info.host());
+    rank->set_state("assigned");
+  }
+  job.attempts.push_back(attempt);
+  job.summary.set_attempt(n);
+  job.summary.set_step(0);
+  if (job.summary.state() == v1::JOB_PENDING) {
+    if (!Transition(job, v1::JOB_SCHEDULED, "scheduled",
+                    absl::StrCat("attempt ", n, " on ", absl::StrJoin(*placement, ", ")))
+             .ok()) {
+      job.attempts.pop_back();
+      job.summary.set_attempt(n - 1);
+      return;
+    }
+  }
+  if (!Transition(job, v1::JOB_STARTING, "starting",
+                  absl::StrCat("attempt ", n, ": starting ", placement->size(), " ranks"))
+           .ok()) {
+    return;
+  }
+  job.attempt_started_mono = clock_.MonotonicSeconds();
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    Worker& w = workers_.at((*placement)[r]);
+    w.has_rank = true;
+    w.attempt = n;
+    w.info.set_state(kBusy);
+    w.info.set_job_id(job.summary.job_id());
+    w.info.set_rank(r);
+    PersistWorker(w);
+    v1::AgentCommand cmd;
+    auto* task = cmd.mutable_start();
+    task->set_job_id(job.summary.job_id());
+    task->set_attempt(n);
+    task->set_rank(r);
+    task->set_world_size(job.summary.world_size());
+    *task->mutable_spec() = job.spec;
+    task->set_controller_address(options_.advertise_address);
+    task->set_host(w.info.host());
+    Enqueue(w, std::move(cmd));
+  }
+}
+
+void Controller::StopAttemptRanks(Job& job, const std::string& reason) {
+  auto* attempt = job.current();
+  if (!attempt) return;
+  for (const auto& rank : attempt->ranks()) {
+    if (rank.state() == "exited") continue;
+    auto it = workers_.find(rank.worker_id());
+    if (it == workers_.end() || it->second.info.state() == kLost) continue;
+    v1::AgentCommand cmd;
+    auto* stop = cmd.mutable_stop();
+    stop->set_job_id(job.summary.job_id());
+    stop->set_attempt(attempt->attempt());
+    stop->set_rank(rank.rank());
+    stop->set_grace_s(options_.stop_grace_s);
+    stop->set_reason(reason);
+    Enqueue(it->second, std::move(cmd));
+  }
+}
+
+void Controller::CloseScope(Job& job, uint32_t attempt) {
+  rendezvous_.Close({job.summary.job_id(), attempt});
+  if (absl::Status s = store_->KvDropScope(job.summary.job_id(), attempt); !s.ok()) {
+    spdlog::warn("job {}: cannot drop rendezvous keys: {}", job.summary.job_id(), s.ToString());
+  }
+}
+
+void Controller::FailAttempt(Job& job, const std::string& cause,
+                             const std::string& culprit_worker) {
+  auto* attempt = job.current();
+  if (!attempt || attempt->state() != "running") return;
+  attempt->set_state("failed");
+  attempt->set_cause(cause);
+  attempt->set_ended_unix(clock_.UnixSeconds());
+  job.avoid_workers.clear();
+  if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
+  StopAttemptRanks(job, absl::StrCat("attempt ", attempt->attempt(), " failed: ", cause));
+  CloseScope(job, attempt->attempt());
+  const uint32_t max_restarts = job.spec.recovery().max_restarts();
+  if (job.summary.restarts() < max_restarts) {
+    job.summary.set_restarts(job.summary.restarts() + 1);
+    const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
+    job.recover_at_mono = clock_.MonotonicSeconds() + delay;
+    job.summary.set_cause(cause);
+    Transition(job, v1::JOB_RECOVERING, "restart",
+               absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", attempt->attempt(),
+                               cause, job.summary.restarts(), max_restarts, delay))
+        .IgnoreError();
+  } else {
+    job.summary.set_cause(absl::StrFormat(
+        "%s (attempt %d; gave up after %d restart%s, recovery.max_restarts = %d)", cause,
+        attempt->attempt(), job.summary.restarts(), job.summary.restarts() == 1 ? "" : "s",
+        max_restarts));
+    Transition(job, v1::JOB_FAILED, "failed", job.summary.cause()).IgnoreError();
+  }
+}
+
+void Controller::FreeWorker(const std::string& worker_id, const std::string& job_id,
+                            uint32_t attempt, uint32_t rank) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (!w.has_rank || w.info.job_id() != job_id || w.attempt != attempt || w.info.rank() != rank) {
+    return;
+  }
+  w.has_rank = false;
+  w.attempt = 0;
+  w.info.clear_job_id();
+  w.info.set_rank(0);
+  if (w.info.state() == kBusy) w.info.set_state(kReady);
+  PersistWorker(w);
+}
+
+void Controller::MarkLost(Worker& worker, const std::string& why) {
+  if (worker.info.state() == kLost) return;
+  spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
+  worker.info.set_state(kLost);
+  worker.session_id.clear();  // it must register again
+  worker.commands.clear();
+  const std::string job_id = worker.info.job_id();
+  const uint32_t attempt_n = worker.attempt;
+  const uint32_t rank_n = worker.info.rank();
+  const bool had_rank = worker.has_rank;
+  worker.has_rank = false;
+  worker.attempt = 0;
+  worker.info.clear_job_id();
+  PersistWorker(worker);
+  if (!had_rank) return;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  auto* attempt = job.current();
+  if (!attempt || attempt->attempt() != attempt_n) return;
+  if (rank_n < static_cast<uint32_t>(attempt->ranks_size())) {
+    auto* rank = attempt->mutable_ranks(rank_n);
+    rank->set_state("exited");
+    rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
+  }
+  if (!IsFinal(job.summary.state())) {
+    FailAttempt(job,
+                absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
+                             rank_n, " gone"),
+                worker.info.worker_id());
+  } else {
+    Persist(job).IgnoreError();
+  }
+}
+
+void Controller::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = clock_.MonotonicSeconds();
+  // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() == kLost) continue;
+    double limit = options_.worker_timeout_s;
+    if (w.has_rank) {
+      auto jt = jobs_.find(w.info.job_id());
+      if (jt != jobs_.end() && jt->second.spec.recovery().heartbeat_timeout_s() > 0) {
+        limit = std::min(limit, jt->second.spec.recovery().heartbeat_timeout_s());
+      }
+    }
+    const double silent = now - w.last_seen_mono;
+    if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
+  }
+  for (auto& [id, job] : jobs_) {
+    switch (job.summary.state()) {
+      case v1::JOB_PENDING:
+        TryStart(job);
+        break;
+      case v1::JOB_RECOVERING:
+        if (now >= job.recover_at_mono) TryStart(job);
+        break;
+      case v1::JOB_STARTING: {
+        auto* attempt = job.current();
+        const double limit = job.spec.recovery().start_timeout_s();
+        if (attempt && now - job.attempt_started_mono > limit) {
+          std::vector<std::string> late;
+          for (const auto& r : attempt->ranks()) {
+            if (r.state() == "assigned") {
+              late.push_back(absl::StrCat(r.rank(), " (", r.worker_id(), ")"));
+            }
+          }
+          FailAttempt(job,
+                      absl::StrFormat("ranks %s not running %.0f s after placement "
+                                      "(recovery.start_timeout_s)",
+                                      absl::StrJoin(late, ", "), limit),
+                      "");
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AgentService
+
+absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequest& req) {
+  if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_[req.worker_id()];
+  const bool known = !w.info.worker_id().empty();
+  const bool agent_restarted = known && w.info.pid() != req.pid();
+  w.info.set_worker_id(req.worker_id());
+  w.info.set_host(req.host());
+  w.info.set_slot(req.slot());
+  w.info.set_device_kind(req.device_kind());
+  w.info.set_device_memory(req.device_memory());
+  w.info.set_pid(req.pid());
+  w.info.set_last_seen_unix(clock_.UnixSeconds());
+  w.last_seen_mono = clock_.MonotonicSeconds();
+  w.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
+  if (agent_restarted) w.commands.clear();
+
+  // Re-attach the ranks it still runs; stop the ones no attempt wants any more.
+  bool reattached_own_rank = false;
+  for (const auto& rr : req.running()) {
+    auto jt = jobs_.find(rr.job_id());
+    bool wanted = false;
+    if (jt != jobs_.end() && !IsFinal(jt->second.summary.state())) {
+      Job& job = jt->second;
+      auto* attempt = job.current();
+      if (attempt && attempt->attempt() == rr.attempt() && attempt->state() == "running" &&
+          rr.rank() < static_cast<uint32_t>(attempt->ranks_size()) &&
+          attempt->ranks(rr.rank()).worker_id() == req.worker_id()) {
+        wanted = true;
+        auto* rank = attempt->mutable_ranks(rr.rank());
+        if (rank->state() != "exited") {
+          rank->set_state("running");
+          rank->set_pid(rr.pid());
+        }
+        w.has_rank = true;
+        w.attempt = rr.attempt();
+        w.info.set_job_id(rr.job_id());
+        w.info.set_rank(rr.rank());
+        reattached_own_rank = true;
+        Event(job, "reattached",
+              absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
+        Persist(job).IgnoreError();
+      }
+    }
+    if (!wanted) {
+      v1::AgentCommand cmd;
+      auto* stop = cmd.mutable_stop();
+      stop->set_job_id(rr.job_id());
+      stop->set_attempt(rr.attempt());
+      stop->set_rank(rr.rank());
+      stop->set_grace_s(options_.stop_grace_s);
+      stop->set_reason("no attempt of this job wants this rank any more");
+      Enqueue(w, std::move(cmd));
+    }
+  }
+  // A rank we placed here that the agent no longer runs: if the agent itself restarted, the rank
+  // died with it; otherwise its exit report is on its way (the agent re-sends unacked reports).
+  if (w.has_rank && !reattached_own_rank && agent_restarted) {
+    auto jt = jobs_.find(w.info.job_id());
+    const std::string job_id = w.info.job_id();
+    const uint32_t rank_n = w.info.rank();
+    w.has_rank = false;
+    w.info.clear_job_id();
+    if (jt != jobs_.end() && jt->second.current() &&
+        rank_n < static_cast<uint32_t>(jt->second.current()->ranks_size())) {
+      auto* rank = jt->second.current()->mutable_ranks(rank_n);
+      rank->set_state("exited");
+      rank->set_exit("lost: its worker agent restarted");
+    }
+    if (jt != jobs_.end() && !IsFinal(jt->second.summary.state())) {
+      FailAttempt(jt->second,
+                  absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost"),
+                  req.worker_id());
+    }
+  }
+  w.info.set_state(w.has_rank ? kBusy : kReady);
+  PersistWorker(w);
+  spdlog::info("worker {} registered (host {}, slot {}, pid {}, {} running rank(s))",
+               req.worker_id(), req.host(), req.slot(), req.pid(), req.running_size());
+  v1::RegisterResponse resp;
+  resp.set_session_id(w.session_id);
+  resp.set_heartbeat_interval_s(options_.heartbeat_interval_s);
+  commands_cv_.notify_all();  // an older command stream of this worker ends
+  return resp;
+}
+
+v1::HeartbeatResponse Controller::Heartbeat(const v1::HeartbeatRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::HeartbeatResponse resp;
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end() || it->second.session_id.empty() ||
+      it->second.session_id != req.session_id()) {
+    resp.set_reregister(true);
+    return resp;
+  }
+  it->second.last_seen_mono = clock_.MonotonicSeconds();
+  it->second.info.set_last_seen_unix(clock_.UnixSeconds());
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::AgentCommand>> Controller::NextCommands(
+    const std::string& worker_id, const std::string& session_id, double wait_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(wait_s));
+  while (true) {
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end() || it->second.session_id != session_id) {
+      return absl::FailedPreconditionError("stale worker session: register again");
+    }
+    Worker& w = it->second;
+    if (!w.commands.empty()) {
+      std::vector<v1::AgentCommand> out(w.commands.begin(), w.commands.end());
+      w.commands.clear();
+      return out;
+    }
+    if (commands_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return std::vector<v1::AgentCommand>();
+    }
+  }
+}
+
+void Controller::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
+    it->second.commands.push_front(std::move(*c));
+  }
+}
+
+absl::Status Controller::ReportRank(const v1::RankReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto wt = workers_.find(report.worker_id()); wt != workers_.end()) {
+    wt->second.last_seen_mono = clock_.MonotonicSeconds();
+  }
+  auto jt = jobs_.find(report.job_id());
+  if (jt == jobs_.end()) return absl::OkStatus();  // a job we do not know: nothing to update
+  Job& job = jt->second;
+  if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return absl::OkStatus();
+  v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
+  if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
+  v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
+  const bool current = job.current() == &attempt && attempt.state() == "running" &&
+                       !IsFinal(job.summary.state());
+
+  if (report.event() == v1::RANK_STARTED) {
+    if (rank.state() == "exited") return absl::OkStatus();
+    rank.set_state("running");
+    rank.set_pid(report.pid());
+    if (!current) {
+      // Started after its attempt ended (e.g. a late command): stop it.
+      if (auto wt = workers_.find(report.worker_id()); wt != workers_.end()) {
+        v1::AgentCommand cmd;
+        auto* stop = cmd.mutable_stop();
+        stop->set_job_id(report.job_id());
+        stop->set_attempt(report.attempt());
+        stop->set_rank(report.rank());
+        stop->set_grace_s(options_.stop_grace_s);
+        stop->set_reason("its attempt is over");
+        Enqueue(wt->second, std::move(cmd));
+      }
+      return Persist(job);
+    }
+    if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, "running")) {
+      attempt.set_all_running_unix(clock_.UnixSeconds());
+      return Transition(job, v1::JOB_RUNNING, "running",
+                        absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
+                                        attempt.attempt(), attempt.ranks_size(),
+                                        attempt.all_running_unix() - attempt.started_unix()));
+    }
+    return Persist(job);
+  }
+
+  if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
+  if (rank.state() == "exited") return absl::OkStatus();  // a re-sent report
+  rank.set_state("exited");
+  rank.set_exit(DescribeExit(report));
+  FreeWorker(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
+  if (!current) return Persist(job);
+  if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
+    if (AllRanks(attempt, "exited")) {
+      attempt.set_state("succeeded");
+      attempt.set_ended_unix(clock_.UnixSeconds());
+      job.summary.set_cause("");
+      if (job.summary.state() == v1::JOB_STARTING) {
+        // Every rank finished before the last start report was seen: still a full run.
+        RETURN_IF_ERROR(Transition(job, v1::JOB_RUNNING, "running", "all ranks ran"));
+      }
+      CloseScope(job, attempt.attempt());
+      return Transition(job, v1::JOB_SUCCEEDED, "succeeded",
+                        absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
+    }
+    return Persist(job);
+  }
+  FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                DescribeExit(report)),
+              report.worker_id());
+  return absl::OkStatus();
+}
+
+absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto wt = workers_.find(batch.worker_id()); wt != workers_.end()) {
+    wt->second.last_seen_mono = clock_.MonotonicSeconds();
+  }
+  if (batch.dropped() > 0) {
+    spdlog::warn("worker {} dropped {} telemetry records (controller too slow or away)",
+                 batch.worker_id(), batch.dropped());
+  }
+  std::set<std::string> touched;
+  std::vector<v1::TelemetryRecord> records;
+  for (const auto& rec : batch.records()) {
+    auto jt = jobs_.find(rec.job_id());
+    if (jt == jobs_.end()) continue;
+    Job& job = jt->second;
+    records.push_back(rec);
+    if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) continue;
+    auto& attempt = job.attempts[rec.attempt() - 1];
+    if (rec.rank() >= static_cast<uint32_t>(attempt.ranks_size())) continue;
+    attempt.mutable_ranks(rec.rank())->set_step(rec.step());
+    if (&attempt == job.current()) {
+      uint64_t min_step = UINT64_MAX;
+      for (const auto& r : attempt.ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+      job.summary.set_step(min_step);
+      job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
+    }
+    touched.insert(rec.job_id());
+  }
+  return store_->Transaction([&]() -> absl::Status {
+    RETURN_IF_ERROR(store_->AddTelemetry(records));
+    for (const auto& rec : records) {
+      if (rec.rank() != 0) continue;
+      for (const auto& c : rec.comm()) RETURN_IF_ERROR(store_->PutCommResult(rec.job_id(), c));
+    }
+    for (const auto& id : touched) {
+      Job& job = jobs_.at(id);
+      RETURN_IF_ERROR(store_->PutSummary(job.summary));
+      if (auto* a = job.current()) RETURN_IF_ERROR(store_->PutAttempt(id, *a));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto wt = workers_.find(batch.worker_id()); wt != workers_.end()) {
+    wt->second.last_seen_mono = clock_.MonotonicSeconds();
+  }
+  std::map<std::string, std::string> by_job;
+  for (const auto& line : batch.lines()) {
+    if (!jobs_.count(line.job_id())) continue;
+    std::string text = line.text();
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    absl::StrAppend(&by_job[line.job_id()], line.attempt(), " ", line.rank(), " ", text, "\n");
+  }
+  for (const auto& [job_id, text] : by_job) {
+    std::ofstream out(LogPath(job_id), std::ios::app);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat("cannot append to ", LogPath(job_id)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Controller::CheckScope(const v1::KvScope& scope) {
+  auto jt = jobs_.find(scope.job_id());
+  if (jt == jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("rendezvous: no job '", scope.job_id(), "'"));
+  }
+  const Job& job = jt->second;
+  if (IsFinal(job.summary.state()) || job.summary.attempt() != scope.attempt() ||
+      job.attempts.empty() || job.attempts.back().state() != "running") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rendezvous: attempt %d of job %s is over (job is %s at attempt %d)", scope.attempt(),
+        scope.job_id(), StateName(job.summary.state()), job.summary.attempt()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Controller::KvSet(const v1::KvSetRequest& req) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CheckScope(req.scope()));
+    RETURN_IF_ERROR(store_->KvPut(req.scope().job_id(), req.scope().attempt(), req.key(),
+                                  req.value()));
+  }
+  rendezvous_.Set({req.scope().job_id(), req.scope().attempt()}, req.key(), req.value());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::KvGetResponse> Controller::KvGet(const v1::KvGetRequest& req) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CheckScope(req.scope()));
+  }
+  std::vector<std::string> keys(req.keys().begin(), req.keys().end());
+  ASSIGN_OR_RETURN(auto values, rendezvous_.Wait({req.scope().job_id(), req.scope().attempt()},
+                                                 keys, std::min(req.timeout_s(), 60.0)));
+  v1::KvGetResponse resp;
+  for (auto& v : values) resp.add_values(std::move(v));
+  return resp;
+}
+
+absl::Status Controller::RecordLocalWorker(uint32_t slot, int pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return store_->PutLocalWorker(slot, pid);
+}
+
+std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto local = store_->LoadLocalWorkers();
+  return local.ok() ? *local : std::vector<std::pair<uint32_t, int>>();
+}
+
+}  // namespace furnace::controller

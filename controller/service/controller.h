@@ -1,0 +1,137 @@
+// Controller: the job-level coordinator. It owns the jobs and the workers, places ranks (gang, all
+// or nothing), detects failures (a rank's exit, an agent's silence, ranks that never start) and
+// recovers (stop the attempt's ranks, open the next attempt with a new rendezvous scope, place
+// again after a backoff, up to recovery.max_restarts; then FAILED with the cause in words).
+//
+// Durability: every state transition is written to the JobStore (one transaction) before it takes
+// effect, i.e. before any command reaches a worker. A controller started on the same state dir
+// reloads every job with its attempts and events; agents that are still running re-register with
+// the ranks they run, and those ranks are re-attached.
+//
+// Threading: the gRPC adapters call the public methods from their threads; a ticker thread calls
+// Tick(). One mutex guards all state (the state is small; clarity beats lock granularity here).
+// Only NextCommands and KvGet block, and neither holds the mutex while it waits.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/service/rendezvous.h"
+#include "controller/store/job_store.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+#include "runtime/base/clock.h"
+
+namespace furnace::controller {
+
+struct ControllerOptions {
+  std::string state_dir;
+  std::string advertise_address;     // what ranks dial for rendezvous
+  double heartbeat_interval_s = 1.0;  // told to agents
+  double worker_timeout_s = 10.0;     // an agent silent this long is lost
+  uint32_t local_workers = 0;         // capacity the embedded launcher will provide
+  double stop_grace_s = 5.0;          // SIGTERM -> SIGKILL grace for ranks we stop
+};
+
+class Controller {
+ public:
+  static absl::StatusOr<std::unique_ptr<Controller>> Create(const ControllerOptions& options,
+                                                            const Clock& clock = RealClock());
+
+  // --- JobService -------------------------------------------------------------------------
+  // Validates the YAML (errors name file, line, field, value and what is allowed); a refused job
+  // leaves no trace.
+  absl::StatusOr<std::string> Submit(const std::string& yaml, const std::string& filename);
+  std::vector<furnace::v1::JobSummary> ListJobs();
+  absl::StatusOr<furnace::v1::JobDetail> GetJob(const std::string& job_id);
+  absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
+  std::vector<furnace::v1::WorkerInfo> ListWorkers();
+  absl::StatusOr<furnace::v1::GetLogsResponse> GetLogs(const furnace::v1::GetLogsRequest& req);
+
+  // --- AgentService -----------------------------------------------------------------------
+  absl::StatusOr<furnace::v1::RegisterResponse> Register(const furnace::v1::RegisterRequest& req);
+  furnace::v1::HeartbeatResponse Heartbeat(const furnace::v1::HeartbeatRequest& req);
+  // Waits up to wait_s for commands for this worker session. FailedPrecondition when the session
+  // is not the worker's current one (the agent must register again).
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(
+      const std::string& worker_id, const std::string& session_id, double wait_s);
+  // Puts back commands that could not be delivered (front of the queue, same order).
+  void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
+  absl::Status ReportRank(const furnace::v1::RankReport& report);
+  absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch);
+  absl::Status PushLogs(const furnace::v1::LogBatch& batch);
+  absl::Status KvSet(const furnace::v1::KvSetRequest& req);
+  absl::StatusOr<furnace::v1::KvGetResponse> KvGet(const furnace::v1::KvGetRequest& req);
+
+  // --- Embedded launcher bookkeeping --------------------------------------------------------
+  absl::Status RecordLocalWorker(uint32_t slot, int pid);
+  std::vector<std::pair<uint32_t, int>> LocalWorkers();
+
+  // Failure detection, placement, recovery. Called every ~100 ms by the daemon.
+  void Tick();
+
+ private:
+  struct Job {
+    furnace::v1::JobSummary summary;
+    furnace::v1::JobSpec spec;
+    std::vector<furnace::v1::AttemptInfo> attempts;  // index = attempt - 1
+    double attempt_started_mono = 0;
+    double recover_at_mono = 0;
+    std::set<std::string> avoid_workers;  // workers implicated in the last failure
+    std::string waiting_reason;           // last "cannot place" message logged
+    furnace::v1::AttemptInfo* current() {
+      return attempts.empty() ? nullptr : &attempts.back();
+    }
+  };
+  struct Worker {
+    furnace::v1::WorkerInfo info;
+    std::string session_id;
+    double last_seen_mono = 0;
+    bool has_rank = false;
+    uint32_t attempt = 0;
+    std::deque<furnace::v1::AgentCommand> commands;
+  };
+
+  Controller(const ControllerOptions& options, const Clock& clock, std::unique_ptr<JobStore> store);
+  absl::Status Load();
+
+  // All below require mu_.
+  absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
+                          const std::string& message);
+  absl::Status Persist(Job& job);
+  void Event(Job& job, const std::string& kind, const std::string& message);
+  void TryStart(Job& job);
+  void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker);
+  void StopAttemptRanks(Job& job, const std::string& reason);
+  void MarkLost(Worker& worker, const std::string& why);
+  void FreeWorker(const std::string& worker_id, const std::string& job_id, uint32_t attempt,
+                  uint32_t rank);
+  void Enqueue(Worker& worker, furnace::v1::AgentCommand command);
+  void CloseScope(Job& job, uint32_t attempt);
+  absl::Status CheckScope(const furnace::v1::KvScope& scope);
+  uint32_t Capacity(const std::string& device_kind) const;
+  std::string LogPath(const std::string& job_id) const;
+  void PersistWorker(const Worker& worker);
+
+  const ControllerOptions options_;
+  const Clock& clock_;
+  std::unique_ptr<JobStore> store_;
+  Rendezvous rendezvous_;
+
+  std::mutex mu_;
+  std::condition_variable commands_cv_;
+  std::map<std::string, Job> jobs_;
+  std::map<std::string, Worker> workers_;
+  std::string instance_id_;  // distinguishes sessions across controller restarts
+  uint64_t session_counter_ = 0;
+};
+
+}  // namespace furnace::controller

@@ -1,0 +1,118 @@
+#include "controller/service/grpc_services.h"
+
+#include <string>
+
+namespace furnace::controller {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                       v1::SubmitJobResponse* resp) {
+  auto id = c_.Submit(req->yaml(), req->filename().empty() ? "<job>" : req->filename());
+  if (!id.ok()) return ToGrpc(id.status());
+  resp->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                      v1::ListJobsResponse* resp) {
+  for (auto& j : c_.ListJobs()) *resp->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+                                    v1::JobDetail* resp) {
+  auto detail = c_.GetJob(req->job_id());
+  if (!detail.ok()) return ToGrpc(detail.status());
+  *resp = std::move(*detail);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                                       v1::CancelJobResponse* resp) {
+  auto job = c_.Cancel(req->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *resp->mutable_job() = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* resp) {
+  for (auto& w : c_.ListWorkers()) *resp->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext*, const v1::GetLogsRequest* req,
+                                     v1::GetLogsResponse* resp) {
+  auto logs = c_.GetLogs(*req);
+  if (!logs.ok()) return ToGrpc(logs.status());
+  *resp = std::move(*logs);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                                        v1::RegisterResponse* resp) {
+  auto r = c_.Register(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                         v1::HeartbeatResponse* resp) {
+  *resp = c_.Heartbeat(*req);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::WatchCommands(grpc::ServerContext* ctx,
+                                             const v1::WatchCommandsRequest* req,
+                                             grpc::ServerWriter<v1::AgentCommand>* writer) {
+  while (!ctx->IsCancelled()) {
+    auto commands = c_.NextCommands(req->worker_id(), req->session_id(), 1.0);
+    if (!commands.ok()) return ToGrpc(commands.status());
+    for (size_t i = 0; i < commands->size(); ++i) {
+      if (!writer->Write((*commands)[i])) {
+        // The agent went away mid-delivery: keep what it did not get for its next stream.
+        c_.Requeue(req->worker_id(),
+                   std::vector<v1::AgentCommand>(commands->begin() + i, commands->end()));
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "command stream closed");
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::ReportRank(grpc::ServerContext*, const v1::RankReport* req,
+                                          v1::Ack*) {
+  return ToGrpc(c_.ReportRank(*req));
+}
+
+grpc::Status AgentServiceImpl::PushTelemetry(grpc::ServerContext*, const v1::TelemetryBatch* req,
+                                             v1::Ack*) {
+  return ToGrpc(c_.PushTelemetry(*req));
+}
+
+grpc::Status AgentServiceImpl::PushLogs(grpc::ServerContext*, const v1::LogBatch* req, v1::Ack*) {
+  return ToGrpc(c_.PushLogs(*req));
+}
+
+grpc::Status AgentServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
+                                     v1::Ack*) {
+  return ToGrpc(c_.KvSet(*req));
+}
+
+grpc::Status AgentServiceImpl::KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
+                                     v1::KvGetResponse* resp) {
+  auto r = c_.KvGet(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+}  // namespace furnace::controller

@@ -1,0 +1,166 @@
+#include "controller/service/local_launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+// True when `pid` is a furnace-worker for `slot` (guards against pid reuse after a reboot).
+bool IsOurWorker(pid_t pid, uint32_t slot) {
+  if (pid <= 0 || kill(pid, 0) != 0) return false;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : cmdline) {
+    if (c == '\0') c = ' ';
+  }
+  return cmdline.find("furnace-worker") != std::string::npos &&
+         cmdline.find(absl::StrCat("--slot ", slot, " ")) != std::string::npos;
+}
+
+}  // namespace
+
+std::string DefaultWorkerBinary() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "furnace-worker";
+  return (self.parent_path() / "furnace-worker").string();
+}
+
+LocalLauncher::LocalLauncher(const LocalLauncherOptions& options, Controller& controller)
+    : options_(options), controller_(controller), slots_(options.workers) {}
+
+LocalLauncher::~LocalLauncher() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void LocalLauncher::Start() {
+  for (const auto& [slot, pid] : controller_.LocalWorkers()) {
+    if (slot < slots_.size() && IsOurWorker(pid, slot)) {
+      slots_[slot].pid = pid;
+      slots_[slot].adopted = true;
+      spdlog::info("local worker slot {}: adopted running pid {}", slot, pid);
+    }
+  }
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    if (slots_[slot].pid < 0) slots_[slot].pid = Spawn(slot);
+  }
+  thread_ = std::thread([this] { Monitor(); });
+}
+
+pid_t LocalLauncher::Spawn(uint32_t slot) {
+  const fs::path dir = fs::path(options_.state_dir) / "workers" / absl::StrCat("slot-", slot);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string log = (fs::path(options_.state_dir) / "logs" /
+                           absl::StrCat("worker-", slot, ".log")).string();
+  std::vector<std::string> args = {options_.worker_binary,
+                                   "--controller", options_.controller_address,
+                                   "--slot", std::to_string(slot),
+                                   "--host", "127.0.0.1",
+                                   "--work-dir", dir.string(),
+                                   "--log-level", options_.log_level};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setsid();  // not in the controller's process group: a Ctrl-C reaches the controller only
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (pid < 0) {
+    spdlog::error("local worker slot {}: fork failed", slot);
+    return -1;
+  }
+  spdlog::info("local worker slot {}: started pid {} (log {})", slot, pid, log);
+  if (absl::Status s = controller_.RecordLocalWorker(slot, pid); !s.ok()) {
+    spdlog::error("local worker slot {}: pid not recorded: {}", slot, s.ToString());
+  }
+  return pid;
+}
+
+bool LocalLauncher::Alive(uint32_t slot) {
+  Slot& s = slots_[slot];
+  if (s.pid <= 0) return false;
+  if (s.adopted) return kill(s.pid, 0) == 0;
+  int status = 0;
+  const pid_t r = waitpid(s.pid, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == s.pid) {
+    if (WIFSIGNALED(status)) {
+      spdlog::warn("local worker slot {} (pid {}) killed by signal {}", slot, s.pid,
+                   WTERMSIG(status));
+    } else {
+      spdlog::warn("local worker slot {} (pid {}) exited with code {}", slot, s.pid,
+                   WEXITSTATUS(status));
+    }
+  }
+  return false;
+}
+
+void LocalLauncher::Monitor() {
+  constexpr double kRespawnDelayS = 1.0;
+  while (!stop_) {
+    const double now = RealClock().MonotonicSeconds();
+    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+      Slot& s = slots_[slot];
+      if (s.pid > 0 && !Alive(slot)) {
+        s.pid = -1;
+        s.adopted = false;
+        s.restart_at = now + kRespawnDelayS;
+      }
+      if (s.pid < 0 && now >= s.restart_at) s.pid = Spawn(slot);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void LocalLauncher::Stop(double grace_s) {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  for (const Slot& s : slots_) {
+    if (s.pid > 0) kill(s.pid, SIGTERM);
+  }
+  const double deadline = RealClock().MonotonicSeconds() + grace_s;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    Slot& s = slots_[slot];
+    while (s.pid > 0 && RealClock().MonotonicSeconds() < deadline) {
+      if (!Alive(slot)) {
+        s.pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (s.pid > 0) {
+      spdlog::warn("local worker slot {} (pid {}) did not stop in {} s: SIGKILL", slot, s.pid,
+                   grace_s);
+      kill(s.pid, SIGKILL);
+      if (!s.adopted) waitpid(s.pid, nullptr, 0);
+      s.pid = -1;
+    }
+  }
+}
+
+}  // namespace furnace::controller

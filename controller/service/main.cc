@@ -1,0 +1,176 @@
+// furnace-controller: the job-level coordinator daemon. See controller.h for what it does and
+// README.md for how to run it.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <yaml-cpp/yaml.h>
+
+#include "CLI/CLI.hpp"
+#include "controller/service/controller.h"
+#include "controller/service/grpc_services.h"
+#include "controller/service/local_launcher.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  std::string advertise;
+  std::string state_dir = "./furnace-state";
+  uint32_t local_workers = 0;
+  std::string worker_binary;
+  double heartbeat_interval_s = 1.0;
+  double worker_timeout_s = 10.0;
+  std::string log_level = "info";
+};
+
+// Reads the YAML config file; keys are the long flag names with '-' or '_'.
+bool ApplyConfig(const std::string& path, Flags& f, std::string& error) {
+  try {
+    YAML::Node root = YAML::LoadFile(path);
+    if (!root.IsMap()) {
+      error = path + ": expected a mapping of option: value";
+      return false;
+    }
+    for (const auto& kv : root) {
+      std::string key = kv.first.as<std::string>();
+      for (char& c : key) {
+        if (c == '_') c = '-';
+      }
+      const YAML::Node& v = kv.second;
+      if (key == "listen") f.listen = v.as<std::string>();
+      else if (key == "advertise") f.advertise = v.as<std::string>();
+      else if (key == "state-dir") f.state_dir = v.as<std::string>();
+      else if (key == "local-workers") f.local_workers = v.as<uint32_t>();
+      else if (key == "worker-binary") f.worker_binary = v.as<std::string>();
+      else if (key == "heartbeat-interval") f.heartbeat_interval_s = v.as<double>();
+      else if (key == "worker-timeout") f.worker_timeout_s = v.as<double>();
+      else if (key == "log-level") f.log_level = v.as<std::string>();
+      else {
+        error = path + ":" + std::to_string(kv.first.Mark().line + 1) + ": unknown option '" +
+                key + "'; allowed: listen, advertise, state-dir, local-workers, worker-binary, " +
+                "heartbeat-interval, worker-timeout, log-level";
+        return false;
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    error = path + ": " + e.what();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  std::string config;
+  CLI::App app{"furnace-controller: places, watches and restarts Furnace jobs"};
+  app.add_option("--config", config, "YAML file with these options (flags override it)");
+  auto* listen = app.add_option("--listen", f.listen, "gRPC address (JobService, AgentService)");
+  auto* advertise = app.add_option("--advertise", f.advertise,
+                                   "address ranks and workers dial (default: --listen)");
+  auto* state = app.add_option("--state-dir", f.state_dir, "SQLite job store and logs");
+  auto* local = app.add_option("--local-workers", f.local_workers,
+                               "spawn and keep N furnace-worker daemons on this machine");
+  auto* wbin = app.add_option("--worker-binary", f.worker_binary,
+                              "furnace-worker to launch (default: next to this binary)");
+  auto* hb = app.add_option("--heartbeat-interval", f.heartbeat_interval_s,
+                            "seconds between agent heartbeats");
+  auto* wt = app.add_option("--worker-timeout", f.worker_timeout_s,
+                            "seconds of silence after which an agent is lost");
+  auto* ll = app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!config.empty()) {
+    Flags from_file;
+    std::string error;
+    if (!ApplyConfig(config, from_file, error)) {
+      std::cerr << "furnace-controller: " << error << "\n";
+      return 2;
+    }
+    // Flags given on the command line win over the file.
+    if (!listen->count()) f.listen = from_file.listen;
+    if (!advertise->count()) f.advertise = from_file.advertise;
+    if (!state->count()) f.state_dir = from_file.state_dir;
+    if (!local->count()) f.local_workers = from_file.local_workers;
+    if (!wbin->count()) f.worker_binary = from_file.worker_binary;
+    if (!hb->count()) f.heartbeat_interval_s = from_file.heartbeat_interval_s;
+    if (!wt->count()) f.worker_timeout_s = from_file.worker_timeout_s;
+    if (!ll->count()) f.log_level = from_file.log_level;
+  }
+  spdlog::set_level(spdlog::level::from_str(f.log_level));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [controller] %^%l%$ %v");
+
+  furnace::controller::ControllerOptions options;
+  options.state_dir = std::filesystem::absolute(f.state_dir).string();
+  options.heartbeat_interval_s = f.heartbeat_interval_s;
+  options.worker_timeout_s = f.worker_timeout_s;
+  options.local_workers = f.local_workers;
+
+  // Ranks dial the advertised address for rendezvous, so it must be a real one.
+  const bool port_zero = f.listen.size() > 2 && f.listen.substr(f.listen.size() - 2) == ":0";
+  if (port_zero && f.advertise.empty()) {
+    std::cerr << "furnace-controller: --listen with port 0 needs --advertise\n";
+    return 2;
+  }
+  options.advertise_address = f.advertise.empty() ? f.listen : f.advertise;
+  std::unique_ptr<furnace::controller::Controller> controller;
+  std::unique_ptr<furnace::controller::JobServiceImpl> jobs;
+  std::unique_ptr<furnace::controller::AgentServiceImpl> agents;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  auto c = furnace::controller::Controller::Create(options);
+  if (!c.ok()) {
+    std::cerr << "furnace-controller: " << c.status().message() << "\n";
+    return 1;
+  }
+  controller = std::move(*c);
+  jobs = std::make_unique<furnace::controller::JobServiceImpl>(*controller);
+  agents = std::make_unique<furnace::controller::AgentServiceImpl>(*controller);
+  builder.RegisterService(jobs.get());
+  builder.RegisterService(agents.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "furnace-controller: cannot listen on " << f.listen
+              << " (address in use or not valid)\n";
+    return 1;
+  }
+  spdlog::info("listening on {} (state dir {})", f.listen, options.state_dir);
+
+  std::unique_ptr<furnace::controller::LocalLauncher> launcher;
+  if (f.local_workers > 0) {
+    furnace::controller::LocalLauncherOptions lo;
+    lo.workers = f.local_workers;
+    lo.worker_binary =
+        f.worker_binary.empty() ? furnace::controller::DefaultWorkerBinary() : f.worker_binary;
+    lo.controller_address = options.advertise_address;
+    lo.state_dir = options.state_dir;
+    lo.log_level = f.log_level;
+    launcher = std::make_unique<furnace::controller::LocalLauncher>(lo, *controller);
+    launcher->Start();
+  }
+
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  signal(SIGPIPE, SIG_IGN);
+  while (!g_stop) {
+    controller->Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  spdlog::info("shutting down");
+  if (launcher) launcher->Stop(10.0);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

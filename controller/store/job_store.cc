@@ -1,0 +1,278 @@
+#include "controller/store/job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+#include "controller/store/sqlite_statement.h"
+#include "runtime/base/status.h"
+
+namespace furnace::controller {
+namespace {
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('job_seq', 0);
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state INTEGER NOT NULL,
+  summary BLOB NOT NULL, spec BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, info BLOB NOT NULL,
+  PRIMARY KEY (job_id, attempt));
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, event BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
+CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, info BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS local_workers (slot INTEGER PRIMARY KEY, pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
+  PRIMARY KEY (job_id, attempt, key));
+CREATE TABLE IF NOT EXISTS telemetry (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+  rank INTEGER NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS telemetry_by_job ON telemetry (job_id, rank, id);
+CREATE TABLE IF NOT EXISTS comm_results (
+  job_id TEXT NOT NULL, collective TEXT NOT NULL, bytes INTEGER NOT NULL, result BLOB NOT NULL,
+  PRIMARY KEY (job_id, collective, bytes));
+)sql";
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& bytes, const char* what) {
+  Message m;
+  if (!m.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("job store: unreadable ", what, " record"));
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::InternalError(absl::StrCat("cannot open job store ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
+  RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("job store: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Transaction(const std::function<absl::Status()>& body) {
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status status = body();
+  if (!status.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return status;
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<uint64_t> JobStore::NextJobSeq() {
+  RETURN_IF_ERROR(Exec("UPDATE meta SET value = value + 1 WHERE key = 'job_seq'"));
+  Statement q(db_, "SELECT value FROM meta WHERE key = 'job_seq'");
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return absl::InternalError("job store: job sequence missing");
+  return static_cast<uint64_t>(q.Int(0));
+}
+
+absl::Status JobStore::PutJob(const v1::JobSummary& summary, const v1::JobSpec& spec) {
+  Statement q(db_,
+              "INSERT INTO jobs (id, seq, state, summary, spec) VALUES (?1, ?2, ?3, ?4, ?5) "
+              "ON CONFLICT(id) DO UPDATE SET state = ?3, summary = ?4, spec = ?5");
+  return q.BindText(1, summary.job_id())
+      .Bind(2, static_cast<int64_t>(summary.submitted_unix() * 1e6))
+      .Bind(3, static_cast<int64_t>(summary.state()))
+      .Bind(4, summary.SerializeAsString())
+      .Bind(5, spec.SerializeAsString())
+      .Run();
+}
+
+absl::Status JobStore::PutSummary(const v1::JobSummary& summary) {
+  Statement q(db_, "UPDATE jobs SET state = ?2, summary = ?3 WHERE id = ?1");
+  RETURN_IF_ERROR(q.BindText(1, summary.job_id())
+                      .Bind(2, static_cast<int64_t>(summary.state()))
+                      .Bind(3, summary.SerializeAsString())
+                      .Run());
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("job store: no job ", summary.job_id()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutAttempt(const std::string& job_id, const v1::AttemptInfo& attempt) {
+  Statement q(db_, "INSERT OR REPLACE INTO attempts (job_id, attempt, info) VALUES (?1, ?2, ?3)");
+  return q.BindText(1, job_id)
+      .Bind(2, static_cast<int64_t>(attempt.attempt()))
+      .Bind(3, attempt.SerializeAsString())
+      .Run();
+}
+
+absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
+  std::vector<StoredJob> jobs;
+  Statement q(db_, "SELECT summary, spec FROM jobs ORDER BY seq");
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    StoredJob job;
+    ASSIGN_OR_RETURN(job.summary, Parse<v1::JobSummary>(q.Blob(0), "job"));
+    ASSIGN_OR_RETURN(job.spec, Parse<v1::JobSpec>(q.Blob(1), "job spec"));
+    jobs.push_back(std::move(job));
+  }
+  for (StoredJob& job : jobs) {
+    Statement a(db_, "SELECT info FROM attempts WHERE job_id = ?1 ORDER BY attempt");
+    a.BindText(1, job.summary.job_id());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, a.Step());
+      if (!row) break;
+      ASSIGN_OR_RETURN(auto attempt, Parse<v1::AttemptInfo>(a.Blob(0), "attempt"));
+      job.attempts.push_back(std::move(attempt));
+    }
+  }
+  return jobs;
+}
+
+absl::Status JobStore::AddEvent(const std::string& job_id, const v1::JobEvent& event) {
+  Statement q(db_, "INSERT INTO events (job_id, event) VALUES (?1, ?2)");
+  return q.BindText(1, job_id).Bind(2, event.SerializeAsString()).Run();
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string& job_id,
+                                                               int limit) {
+  Statement q(db_,
+              "SELECT event FROM (SELECT id, event FROM events WHERE job_id = ?1 "
+              "ORDER BY id DESC LIMIT ?2) ORDER BY id");
+  q.BindText(1, job_id).Bind(2, static_cast<int64_t>(limit));
+  std::vector<v1::JobEvent> events;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto event, Parse<v1::JobEvent>(q.Blob(0), "event"));
+    events.push_back(std::move(event));
+  }
+  return events;
+}
+
+absl::Status JobStore::PutWorker(const v1::WorkerInfo& worker) {
+  Statement q(db_, "INSERT OR REPLACE INTO workers (id, info) VALUES (?1, ?2)");
+  return q.BindText(1, worker.worker_id()).Bind(2, worker.SerializeAsString()).Run();
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> JobStore::LoadWorkers() {
+  Statement q(db_, "SELECT info FROM workers ORDER BY id");
+  std::vector<v1::WorkerInfo> workers;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto worker, Parse<v1::WorkerInfo>(q.Blob(0), "worker"));
+    workers.push_back(std::move(worker));
+  }
+  return workers;
+}
+
+absl::Status JobStore::PutLocalWorker(uint32_t slot, int pid) {
+  Statement q(db_, "INSERT OR REPLACE INTO local_workers (slot, pid) VALUES (?1, ?2)");
+  return q.Bind(1, static_cast<int64_t>(slot)).Bind(2, static_cast<int64_t>(pid)).Run();
+}
+
+absl::StatusOr<std::vector<std::pair<uint32_t, int>>> JobStore::LoadLocalWorkers() {
+  Statement q(db_, "SELECT slot, pid FROM local_workers ORDER BY slot");
+  std::vector<std::pair<uint32_t, int>> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.emplace_back(static_cast<uint32_t>(q.Int(0)), static_cast<int>(q.Int(1)));
+  }
+  return out;
+}
+
+absl::Status JobStore::KvPut(const std::string& job_id, uint32_t attempt, const std::string& key,
+                             const std::string& value) {
+  Statement q(db_,
+              "INSERT OR REPLACE INTO kv (job_id, attempt, key, value) VALUES (?1, ?2, ?3, ?4)");
+  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt)).BindText(3, key)
+      .Bind(4, value).Run();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::KvLoad(
+    const std::string& job_id, uint32_t attempt) {
+  Statement q(db_, "SELECT key, value FROM kv WHERE job_id = ?1 AND attempt = ?2");
+  q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt));
+  std::vector<std::pair<std::string, std::string>> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.emplace_back(q.Blob(0), q.Blob(1));
+  }
+  return out;
+}
+
+absl::Status JobStore::KvDropScope(const std::string& job_id, uint32_t attempt) {
+  Statement q(db_, "DELETE FROM kv WHERE job_id = ?1 AND attempt = ?2");
+  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt)).Run();
+}
+
+absl::Status JobStore::AddTelemetry(const std::vector<v1::TelemetryRecord>& records) {
+  for (const v1::TelemetryRecord& r : records) {
+    Statement ins(db_,
+                  "INSERT INTO telemetry (job_id, attempt, rank, step, record) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5)");
+    RETURN_IF_ERROR(ins.BindText(1, r.job_id())
+                        .Bind(2, static_cast<int64_t>(r.attempt()))
+                        .Bind(3, static_cast<int64_t>(r.rank()))
+                        .Bind(4, static_cast<int64_t>(r.step()))
+                        .Bind(5, r.SerializeAsString())
+                        .Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutCommResult(const std::string& job_id, const v1::CommResult& result) {
+  Statement q(db_,
+              "INSERT OR REPLACE INTO comm_results (job_id, collective, bytes, result) "
+              "VALUES (?1, ?2, ?3, ?4)");
+  return q.BindText(1, job_id).BindText(2, result.collective())
+      .Bind(3, static_cast<int64_t>(result.bytes())).Bind(4, result.SerializeAsString()).Run();
+}
+
+absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std::string& job_id) {
+  Statement q(db_,
+              "SELECT result FROM comm_results WHERE job_id = ?1 ORDER BY collective, bytes");
+  q.BindText(1, job_id);
+  std::vector<v1::CommResult> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto result, Parse<v1::CommResult>(q.Blob(0), "comm result"));
+    out.push_back(std::move(result));
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
+    const std::string& job_id, uint32_t rank) {
+  Statement q(db_,
+              "SELECT record FROM telemetry WHERE job_id = ?1 AND rank = ?2 "
+              "ORDER BY id DESC LIMIT 1");
+  q.BindText(1, job_id).Bind(2, static_cast<int64_t>(rank));
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<v1::TelemetryRecord>();
+  ASSIGN_OR_RETURN(auto record, Parse<v1::TelemetryRecord>(q.Blob(0), "telemetry"));
+  return std::optional<v1::TelemetryRecord>(std::move(record));
+}
+
+}  // namespace furnace::controller

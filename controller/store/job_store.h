@@ -1,0 +1,89 @@
+// JobStore: the controller's durable state in one SQLite file (WAL, synchronous=FULL, so a
+// committed write survives a crash of the controller or the machine).
+//
+// What it owns: the database connection. Records are the protobuf messages of the JobService
+// (JobSummary, JobSpec, AttemptInfo, JobEvent, WorkerInfo) stored as blobs next to the columns
+// used for lookups, so what `furnace status` shows after a controller restart is exactly what was
+// written before it.
+//
+// Thread-safety: none; the controller serialises all calls under its state mutex.
+// Errors: Internal with SQLite's message; NotFound for missing rows where stated.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+#include "furnace/v1/telemetry.pb.h"
+
+struct sqlite3;
+
+namespace furnace::controller {
+
+struct StoredJob {
+  furnace::v1::JobSummary summary;
+  furnace::v1::JobSpec spec;
+  std::vector<furnace::v1::AttemptInfo> attempts;  // ascending attempt number
+};
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" for tests.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Runs `body` in one transaction: all its writes land, or none.
+  absl::Status Transaction(const std::function<absl::Status()>& body);
+
+  // Jobs.
+  absl::StatusOr<uint64_t> NextJobSeq();
+  absl::Status PutJob(const furnace::v1::JobSummary& summary, const furnace::v1::JobSpec& spec);
+  absl::Status PutSummary(const furnace::v1::JobSummary& summary);
+  absl::Status PutAttempt(const std::string& job_id, const furnace::v1::AttemptInfo& attempt);
+  absl::StatusOr<std::vector<StoredJob>> LoadJobs();
+
+  absl::Status AddEvent(const std::string& job_id, const furnace::v1::JobEvent& event);
+  // The newest `limit` events of a job, oldest first.
+  absl::StatusOr<std::vector<furnace::v1::JobEvent>> LoadEvents(const std::string& job_id,
+                                                                int limit);
+
+  // Workers.
+  absl::Status PutWorker(const furnace::v1::WorkerInfo& worker);
+  absl::StatusOr<std::vector<furnace::v1::WorkerInfo>> LoadWorkers();
+
+  // Local workers spawned by the embedded launcher: slot -> pid.
+  absl::Status PutLocalWorker(uint32_t slot, int pid);
+  absl::StatusOr<std::vector<std::pair<uint32_t, int>>> LoadLocalWorkers();
+
+  // Rendezvous key-value pairs, scoped by (job, attempt).
+  absl::Status KvPut(const std::string& job_id, uint32_t attempt, const std::string& key,
+                     const std::string& value);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> KvLoad(
+      const std::string& job_id, uint32_t attempt);
+  absl::Status KvDropScope(const std::string& job_id, uint32_t attempt);
+
+  // Telemetry: raw records, and the latest commcheck result per (collective, bytes).
+  absl::Status AddTelemetry(const std::vector<furnace::v1::TelemetryRecord>& records);
+  absl::Status PutCommResult(const std::string& job_id, const furnace::v1::CommResult& result);
+  absl::StatusOr<std::vector<furnace::v1::CommResult>> LoadCommResults(const std::string& job_id);
+  // Latest metrics of rank 0 of a job (empty when none were reported).
+  absl::StatusOr<std::optional<furnace::v1::TelemetryRecord>> LatestRecord(
+      const std::string& job_id, uint32_t rank);
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const std::string& sql);
+
+  sqlite3* db_;
+};
+
+}  // namespace furnace::controller

@@ -1,0 +1,304 @@
+// The controller's logic with a fake clock and no sockets: placement, the job lifecycle, failure
+// detection, recovery, fencing and reload after a restart. The same flows run with real processes
+// in tests/integration.
+#include "controller/service/controller.h"
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kJob = R"(name: t
+kind: commcheck
+parallel: {dp: 2}
+recovery:
+  max_restarts: 2
+  backoff: {initial_s: 1.0, max_s: 4.0, multiplier: 2.0}
+  heartbeat_timeout_s: 5
+  start_timeout_s: 20
+)";
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("furnace-ctl-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    Restart();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void Restart() {
+    c_.reset();
+    ControllerOptions o;
+    o.state_dir = dir_.string();
+    o.advertise_address = "127.0.0.1:1";
+    o.worker_timeout_s = 10;
+    auto c = Controller::Create(o, clock_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+  }
+
+  std::string Register(int slot, int pid = 100, std::vector<v1::RunningRank> running = {}) {
+    v1::RegisterRequest r;
+    r.set_worker_id("h/" + std::to_string(slot));
+    r.set_host("127.0.0.1");
+    r.set_slot(slot);
+    r.set_device_kind("cpu");
+    r.set_pid(pid + slot);
+    for (auto& rr : running) *r.add_running() = rr;
+    auto resp = c_->Register(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    sessions_[slot] = resp->session_id();
+    return resp->session_id();
+  }
+
+  std::vector<v1::AgentCommand> Commands(int slot) {
+    auto cmds = c_->NextCommands("h/" + std::to_string(slot), sessions_[slot], 0.0);
+    EXPECT_TRUE(cmds.ok()) << cmds.status();
+    return cmds.ok() ? *cmds : std::vector<v1::AgentCommand>{};
+  }
+
+  void Report(int slot, uint32_t attempt, uint32_t rank, v1::RankEvent event,
+              v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED, const std::string& reason = "") {
+    v1::RankReport r;
+    r.set_worker_id("h/" + std::to_string(slot));
+    r.set_job_id(job_);
+    r.set_attempt(attempt);
+    r.set_rank(rank);
+    r.set_event(event);
+    r.set_pid(1000 + rank);
+    r.set_exit_kind(kind);
+    r.set_reason(reason);
+    ASSERT_TRUE(c_->ReportRank(r).ok());
+  }
+
+  v1::JobDetail Job() {
+    auto d = c_->GetJob(job_);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return *d;
+  }
+
+  void HeartbeatAll(int n) {
+    for (int s = 0; s < n; ++s) {
+      v1::HeartbeatRequest h;
+      h.set_worker_id("h/" + std::to_string(s));
+      h.set_session_id(sessions_[s]);
+      EXPECT_FALSE(c_->Heartbeat(h).reregister());
+    }
+  }
+
+  // Two workers, the job submitted, both ranks started: RUNNING at attempt 1.
+  void StartRunning() {
+    Register(0);
+    Register(1);
+    auto id = c_->Submit(kJob, "t.yaml");
+    ASSERT_TRUE(id.ok()) << id.status();
+    job_ = *id;
+    for (int s = 0; s < 2; ++s) {
+      auto cmds = Commands(s);
+      ASSERT_EQ(cmds.size(), 1u);
+      ASSERT_TRUE(cmds[0].has_start());
+      EXPECT_EQ(cmds[0].start().rank(), static_cast<uint32_t>(s));
+      EXPECT_EQ(cmds[0].start().world_size(), 2u);
+      EXPECT_EQ(cmds[0].start().attempt(), 1u);
+    }
+    EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+    Report(0, 1, 0, v1::RANK_STARTED);
+    Report(1, 1, 1, v1::RANK_STARTED);
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  }
+
+  fs::path dir_;
+  FakeClock clock_;
+  std::unique_ptr<Controller> c_;
+  std::map<int, std::string> sessions_;
+  std::string job_;
+};
+
+TEST_F(ControllerTest, RefusedJobsLeaveNoTrace) {
+  Register(0);
+  auto too_big = c_->Submit(kJob, "t.yaml");  // needs 2 ranks, 1 worker
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("needs 2 ranks"), absl::string_view::npos);
+  auto bad = c_->Submit("name: t\nkind: commcheck\nparallel: {dp: -1}\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.yaml:3"), absl::string_view::npos);
+  auto train = c_->Submit("name: t\nkind: train\n", "train.yaml");
+  ASSERT_FALSE(train.ok());
+  EXPECT_TRUE(c_->ListJobs().empty());
+  EXPECT_TRUE(Commands(0).empty());
+}
+
+TEST_F(ControllerTest, HappyPathToSucceeded) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_SUCCEEDED);
+  EXPECT_EQ(d.attempts(0).state(), "succeeded");
+  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), "ready");
+  // Re-sent report (the agent retries until acked) changes nothing.
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+}
+
+TEST_F(ControllerTest, RankFailureRecoversWithBackoffAndFencing) {
+  StartRunning();
+  v1::KvSetRequest set;
+  set.mutable_scope()->set_job_id(job_);
+  set.mutable_scope()->set_attempt(1);
+  set.set_key("k");
+  set.set_value("v");
+  ASSERT_TRUE(c_->KvSet(set).ok());
+
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  EXPECT_EQ(d.attempts(0).state(), "failed");
+  EXPECT_NE(d.attempts(0).cause().find("rank 1 on h/1: killed by signal 9"), std::string::npos);
+  // The surviving rank is told to stop; attempt 1's rendezvous scope is closed (fenced).
+  auto cmds = Commands(0);
+  ASSERT_EQ(cmds.size(), 1u);
+  EXPECT_TRUE(cmds[0].has_stop());
+  EXPECT_EQ(c_->KvSet(set).code(), absl::StatusCode::kFailedPrecondition);
+
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  clock_.Advance(0.5);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);  // backoff is 1 s
+  clock_.Advance(0.6);
+  HeartbeatAll(2);
+  c_->Tick();
+  d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(d.summary().attempt(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    auto c = Commands(s);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].start().attempt(), 2u);
+  }
+  set.mutable_scope()->set_attempt(2);
+  EXPECT_TRUE(c_->KvSet(set).ok());
+  // A late report from attempt 1 does not disturb attempt 2.
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+}
+
+TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
+  StartRunning();
+  for (uint32_t attempt = 1; attempt <= 3; ++attempt) {
+    if (attempt > 1) {
+      clock_.Advance(10);
+      HeartbeatAll(2);
+      c_->Tick();
+      Commands(0);
+      Commands(1);
+      Report(0, attempt, 0, v1::RANK_STARTED);
+      Report(1, attempt, 1, v1::RANK_STARTED);
+      ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    }
+    Report(0, attempt, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1");
+    Report(1, attempt, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  }
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 2u);
+  EXPECT_NE(d.summary().cause().find("exited with code 1"), std::string::npos);
+  EXPECT_NE(d.summary().cause().find("gave up after 2 restarts"), std::string::npos);
+}
+
+TEST_F(ControllerTest, SilentWorkerIsLostAndTheJobRecovers) {
+  StartRunning();
+  clock_.Advance(3);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  // Worker 1 goes silent; the job's heartbeat_timeout_s is 5.
+  clock_.Advance(5.5);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(sessions_[0]);
+  c_->Heartbeat(h);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost"), std::string::npos);
+  // It must register again before it gets work.
+  h.set_worker_id("h/1");
+  h.set_session_id(sessions_[1]);
+  EXPECT_TRUE(c_->Heartbeat(h).reregister());
+  bool lost = false;
+  for (auto& w : c_->ListWorkers()) lost |= w.worker_id() == "h/1" && w.state() == "lost";
+  EXPECT_TRUE(lost);
+}
+
+TEST_F(ControllerTest, StartTimeout) {
+  Register(0);
+  Register(1);
+  job_ = *c_->Submit(kJob, "t.yaml");
+  Report(0, 1, 0, v1::RANK_STARTED);
+  clock_.Advance(21);
+  HeartbeatAll(2);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("ranks 1 (h/1) not running"), std::string::npos);
+}
+
+TEST_F(ControllerTest, RestartedControllerReloadsAndReattaches) {
+  StartRunning();
+  const std::string job = job_;
+  Restart();  // same state dir, workers not yet back
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+  EXPECT_EQ(d.attempts_size(), 1);
+  v1::RunningRank r0, r1;
+  r0.set_job_id(job);
+  r0.set_attempt(1);
+  r0.set_rank(0);
+  r0.set_pid(1000);
+  r1 = r0;
+  r1.set_rank(1);
+  Register(0, 100, {r0});
+  Register(1, 100, {r1});
+  EXPECT_TRUE(Commands(0).empty());  // nothing to start or stop: re-attached
+  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), "busy");
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+}
+
+TEST_F(ControllerTest, RestartedAgentLosesItsRank) {
+  StartRunning();
+  Register(1, /*pid=*/555);  // same worker id, new agent process, runs nothing
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 restarted"), std::string::npos);
+}
+
+TEST_F(ControllerTest, CancelStopsRanks) {
+  StartRunning();
+  auto s = c_->Cancel(job_);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->state(), v1::JOB_CANCELLED);
+  for (int w = 0; w < 2; ++w) {
+    auto cmds = Commands(w);
+    ASSERT_EQ(cmds.size(), 1u);
+    EXPECT_TRUE(cmds[0].has_stop());
+  }
+  EXPECT_EQ(c_->Cancel(job_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace furnace::controller

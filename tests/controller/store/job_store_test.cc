@@ -1,0 +1,120 @@
+#include "controller/store/job_store.h"
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace furnace::controller {
+namespace {
+
+std::string TempDb() {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("furnace-store-test-" + std::to_string(::getpid()) + "-" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return (dir / "furnace.db").string();
+}
+
+v1::JobSummary Summary(const std::string& id, v1::JobState state) {
+  v1::JobSummary s;
+  s.set_job_id(id);
+  s.set_name("x");
+  s.set_state(state);
+  s.set_submitted_unix(100);
+  return s;
+}
+
+TEST(JobStoreTest, RoundTripAndReload) {
+  const std::string path = TempDb();
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto& s = **store;
+    auto seq = s.NextJobSeq();
+    ASSERT_TRUE(seq.ok());
+    EXPECT_EQ(*seq, 1u);
+    v1::JobSpec spec;
+    spec.set_name("x");
+    spec.mutable_recovery()->set_max_restarts(7);
+    ASSERT_TRUE(s.PutJob(Summary("x-1", v1::JOB_PENDING), spec).ok());
+    v1::AttemptInfo a1, a2;
+    a1.set_attempt(1);
+    a1.set_state("failed");
+    a1.set_cause("rank 1 killed by signal 9");
+    a1.add_ranks()->set_worker_id("w/0");
+    a2.set_attempt(2);
+    a2.set_state("running");
+    ASSERT_TRUE(s.PutAttempt("x-1", a2).ok());
+    ASSERT_TRUE(s.PutAttempt("x-1", a1).ok());
+    ASSERT_TRUE(s.PutSummary(Summary("x-1", v1::JOB_RUNNING)).ok());
+    v1::JobEvent e;
+    e.set_kind("restart");
+    e.set_message("m");
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(s.AddEvent("x-1", e).ok());
+    v1::WorkerInfo w;
+    w.set_worker_id("w/0");
+    w.set_state("ready");
+    ASSERT_TRUE(s.PutWorker(w).ok());
+    ASSERT_TRUE(s.KvPut("x-1", 2, "k", std::string("v\0v", 3)).ok());
+    ASSERT_TRUE(s.KvPut("x-1", 1, "old", "o").ok());
+    ASSERT_TRUE(s.KvDropScope("x-1", 1).ok());
+    ASSERT_TRUE(s.PutLocalWorker(3, 1234).ok());
+    v1::CommResult c;
+    c.set_collective("allreduce");
+    c.set_bytes(4096);
+    c.set_busbw_gbps(1.0);
+    ASSERT_TRUE(s.PutCommResult("x-1", c).ok());
+    c.set_busbw_gbps(2.0);  // the latest per (collective, bytes) wins
+    ASSERT_TRUE(s.PutCommResult("x-1", c).ok());
+    v1::TelemetryRecord r;
+    r.set_job_id("x-1");
+    r.set_step(9);
+    (*r.mutable_metrics())["loss"] = 1.5;
+    ASSERT_TRUE(s.AddTelemetry({r}).ok());
+  }
+  auto store = JobStore::Open(path);  // a restarted controller
+  ASSERT_TRUE(store.ok());
+  auto& s = **store;
+  auto jobs = s.LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].summary.state(), v1::JOB_RUNNING);
+  EXPECT_EQ((*jobs)[0].spec.recovery().max_restarts(), 7u);
+  ASSERT_EQ((*jobs)[0].attempts.size(), 2u);
+  EXPECT_EQ((*jobs)[0].attempts[0].attempt(), 1u);
+  EXPECT_EQ((*jobs)[0].attempts[0].cause(), "rank 1 killed by signal 9");
+  auto events = s.LoadEvents("x-1", 3);
+  ASSERT_TRUE(events.ok());
+  EXPECT_EQ(events->size(), 3u);
+  EXPECT_EQ(s.LoadWorkers()->size(), 1u);
+  auto kv = s.KvLoad("x-1", 2);
+  ASSERT_TRUE(kv.ok());
+  ASSERT_EQ(kv->size(), 1u);
+  EXPECT_EQ((*kv)[0].second, std::string("v\0v", 3));
+  EXPECT_TRUE(s.KvLoad("x-1", 1)->empty());
+  EXPECT_EQ(s.LoadLocalWorkers()->at(0), std::make_pair(3u, 1234));
+  auto comm = s.LoadCommResults("x-1");
+  ASSERT_EQ(comm->size(), 1u);
+  EXPECT_DOUBLE_EQ((*comm)[0].busbw_gbps(), 2.0);
+  auto latest = s.LatestRecord("x-1", 0);
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ((*latest)->step(), 9u);
+  EXPECT_EQ(*s.NextJobSeq(), 2u);  // the sequence survives restarts: ids are never reused
+}
+
+TEST(JobStoreTest, TransactionRollsBack) {
+  auto store = JobStore::Open(TempDb());
+  ASSERT_TRUE(store.ok());
+  auto& s = **store;
+  absl::Status st = s.Transaction([&]() -> absl::Status {
+    EXPECT_TRUE(s.PutJob(Summary("y-1", v1::JOB_PENDING), v1::JobSpec()).ok());
+    return absl::InternalError("boom");
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(s.LoadJobs()->empty());
+  EXPECT_EQ(s.PutSummary(Summary("nope", v1::JOB_RUNNING)).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace furnace::controller

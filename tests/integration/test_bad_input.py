@@ -1,0 +1,39 @@
+"""Bad input is refused before anything starts: clear error, non-zero exit, no trace."""
+import harness
+
+GOOD_HEAD = "name: bad\nkind: commcheck\n"
+
+
+class BadInputTest(harness.ClusterTest):
+    def check_refused(self, text, *needles):
+        c = self.cluster
+        path = c.write_job("bad.yaml", text)
+        r = c.cli("submit", path)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        for n in needles:
+            self.assertIn(n, r.stderr)
+        self.assertIn("bad.yaml", r.stderr)
+        self.assertEqual(c.cli_json("jobs").get("jobs", []), [])
+        ws = c.cli_json("workers")["workers"]
+        self.assertTrue(all(w["state"] == "ready" for w in ws))
+
+    def test_malformed_yaml(self):
+        self.check_refused(GOOD_HEAD + "parallel: {dp: 4\n", "malformed YAML")
+
+    def test_unknown_field(self):
+        self.check_refused(GOOD_HEAD + "parallel:\n  dpp: 4\n", "parallel.dpp", "dp")
+
+    def test_negative_size(self):
+        self.check_refused(GOOD_HEAD + "parallel:\n  dp: -2\n", "parallel.dp", "-2")
+
+    def test_more_ranks_than_workers(self):
+        self.check_refused(GOOD_HEAD + "parallel:\n  dp: 8\n", "8 ranks", "4")
+
+    def test_missing_file(self):
+        r = self.cluster.cli("submit", "/nonexistent/job.yaml")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("/nonexistent/job.yaml", r.stderr)
+
+
+if __name__ == "__main__":
+    harness.main()

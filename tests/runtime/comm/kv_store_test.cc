@@ -1,0 +1,65 @@
+#include "runtime/comm/kv_store.h"
+
+#include <chrono>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace furnace::comm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(InMemoryKvStoreTest, SetThenGetReturnsValuesInKeyOrder) {
+  InMemoryKvStore store;
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  ASSERT_TRUE(store.Set("b", "2").ok());
+  absl::StatusOr<std::vector<std::string>> values = store.Get({"b", "a"}, 0);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ElementsAre("2", "1"));
+}
+
+TEST(InMemoryKvStoreTest, SetOverwrites) {
+  InMemoryKvStore store;
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  ASSERT_TRUE(store.Set("a", "x").ok());
+  EXPECT_THAT(*store.Get({"a"}, 0), ElementsAre("x"));
+}
+
+TEST(InMemoryKvStoreTest, GetWaitsForKeysSetByAnotherThread) {
+  InMemoryKvStore store;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(store.Set("late", "v").ok());
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::string>> values = store.Get({"late"}, 5.0);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  writer.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ElementsAre("v"));
+  EXPECT_LT(waited, 4.0);
+}
+
+TEST(InMemoryKvStoreTest, TimeoutNamesOnlyTheMissingKeys) {
+  InMemoryKvStore store;
+  ASSERT_TRUE(store.Set("present", "v").ok());
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::string>> values =
+      store.Get({"present", "missing_1", "missing_2"}, 0.1);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(absl::IsDeadlineExceeded(values.status())) << values.status();
+  EXPECT_THAT(values.status().message(), HasSubstr("missing_1"));
+  EXPECT_THAT(values.status().message(), HasSubstr("missing_2"));
+  EXPECT_THAT(values.status().message(), Not(HasSubstr("present")));
+  EXPECT_GE(waited, 0.09);
+  EXPECT_LT(waited, 2.0);
+}
+
+}  // namespace
+}  // namespace furnace::comm
