@@ -1,0 +1,90 @@
+#include "controller/cli/client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "furnace/v1/controller.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace furnace::cli {
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& rpc,
+                            const std::string& address) {
+  if (status.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the controller at ", address,
+                       " (is furnace-controller running? pass --controller)"));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(
+          absl::StrCat("the controller at ", address, " did not answer ", rpc, " in time"));
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::Status(code, status.error_message());
+    default:
+      return absl::Status(code, absl::StrCat(rpc, " failed: ", status.error_message()));
+  }
+}
+
+namespace {
+
+class GrpcJobClient : public JobClient {
+ public:
+  GrpcJobClient(std::string address, double deadline_s)
+      : address_(std::move(address)),
+        deadline_s_(deadline_s),
+        stub_(v1::JobService::NewStub(
+            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
+    return Call<v1::SubmitJobResponse>("SubmitJob", request, &v1::JobService::Stub::SubmitJob);
+  }
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override {
+    return Call<v1::ListJobsResponse>("ListJobs", v1::ListJobsRequest(),
+                                      &v1::JobService::Stub::ListJobs);
+  }
+  absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    return Call<v1::JobDetail>("GetJob", request, &v1::JobService::Stub::GetJob);
+  }
+  absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    return Call<v1::CancelJobResponse>("CancelJob", request, &v1::JobService::Stub::CancelJob);
+  }
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override {
+    return Call<v1::ListWorkersResponse>("ListWorkers", v1::ListWorkersRequest(),
+                                         &v1::JobService::Stub::ListWorkers);
+  }
+  absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) override {
+    return Call<v1::GetLogsResponse>("GetLogs", request, &v1::JobService::Stub::GetLogs);
+  }
+
+ private:
+  template <typename Response, typename Request, typename Method>
+  absl::StatusOr<Response> Call(const char* rpc, const Request& request, Method method) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                             std::chrono::duration<double>(deadline_s_)));
+    Response response;
+    const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status, rpc, address_);
+    return response;
+  }
+
+  std::string address_;
+  double deadline_s_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address, double deadline_s) {
+  return std::make_unique<GrpcJobClient>(address, deadline_s);
+}
+
+}  // namespace furnace::cli

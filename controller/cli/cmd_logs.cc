@@ -1,0 +1,39 @@
+// furnace logs JOB: pages GetLogs by line offset; --follow keeps polling until the controller says
+// the job is done and no lines are left.
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "runtime/base/status.h"
+
+namespace furnace::cli {
+
+absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id,
+                            const LogsOptions& options) {
+  v1::GetLogsRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(options.rank);
+  request.set_attempt(options.attempt);
+  request.set_offset(0);
+  v1::GetLogsResponse all;  // for --json: every line, as one document
+  while (true) {
+    ASSIGN_OR_RETURN(const v1::GetLogsResponse page, ctx.client->GetLogs(request));
+    if (ctx.json) {
+      for (const auto& line : page.lines()) all.add_lines(line);
+    } else {
+      for (const auto& line : page.lines()) *ctx.out << line << "\n";
+      if (!page.lines().empty()) *ctx.out << std::flush;
+    }
+    // A controller that does not advance the offset would loop forever: treat it as no progress.
+    const bool advanced = page.next_offset() > request.offset();
+    all.set_next_offset(page.next_offset());
+    all.set_job_done(page.job_done());
+    if (advanced) request.set_offset(page.next_offset());
+    if (page.lines().empty() || !advanced) {
+      if (!options.follow || page.job_done()) break;
+      ctx.sleep(ctx.poll_interval_s);
+    }
+  }
+  if (ctx.json) RETURN_IF_ERROR(PrintJson(all, *ctx.out));
+  return kExitOk;
+}
+
+}  // namespace furnace::cli

@@ -1,0 +1,58 @@
+// furnace watch JOB: polls GetJob until the job is final. On a terminal the frame is redrawn in
+// place; otherwise a line is printed only when something changed, so a log of it stays readable.
+#include "absl/strings/str_cat.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/watch_view.h"
+#include "runtime/base/status.h"
+
+namespace furnace::cli {
+namespace {
+
+// How long the controller may stay unreachable (e.g. while it restarts) before watch gives up.
+constexpr double kUnavailableGraceS = 10.0;
+
+}  // namespace
+
+absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id) {
+  std::optional<v1::JobDetail> previous;
+  int frame_lines = 0;
+  double unavailable_since = -1;
+  while (true) {
+    absl::StatusOr<v1::JobDetail> polled = ctx.client->GetJob(job_id);
+    if (!polled.ok()) {
+      // Only a controller that never answered is an error at once; one that answered before may be
+      // restarting.
+      const double now = ctx.clock->MonotonicSeconds();
+      if (!previous.has_value() || !absl::IsUnavailable(polled.status())) return polled.status();
+      if (unavailable_since < 0) unavailable_since = now;
+      if (now - unavailable_since > kUnavailableGraceS) return polled.status();
+      ctx.sleep(ctx.poll_interval_s);
+      continue;
+    }
+    unavailable_since = -1;
+    const v1::JobDetail& job = *polled;
+    const double now_unix = ctx.clock->UnixSeconds();
+    const bool final = IsFinalState(job.summary().state());
+    if (ctx.json) {
+      if (final) RETURN_IF_ERROR(PrintJson(job, *ctx.out));
+    } else if (ctx.tty) {
+      const std::vector<std::string> lines = WatchFrame(job, now_unix, ctx.width);
+      *ctx.out << RedrawFrame(frame_lines, lines) << std::flush;
+      frame_lines = static_cast<int>(lines.size());
+    } else {
+      for (const auto& line : PlainWatchLines(previous ? &*previous : nullptr, job)) {
+        *ctx.out << line << "\n";
+      }
+      *ctx.out << std::flush;
+    }
+    if (final) {
+      if (!ctx.json) *ctx.out << WatchSummary(job, now_unix) << "\n";
+      return ExitCodeForState(job.summary().state());
+    }
+    previous = job;
+    ctx.sleep(ctx.poll_interval_s);
+  }
+}
+
+}  // namespace furnace::cli

@@ -1,0 +1,37 @@
+// The `furnace` process exit codes, and how errors and final job states map onto them. Scripts
+// depend on these numbers; `furnace --help` prints the same table (ExitCodeHelp()).
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "furnace/v1/controller.pb.h"
+
+namespace furnace::cli {
+
+enum ExitCode : int {
+  kExitOk = 0,           // success; for watch / submit --watch: the job SUCCEEDED
+  kExitJobFailed = 1,    // the job ended FAILED or CANCELLED
+  kExitUsage = 2,        // bad usage or an invalid job file
+  kExitRpcError = 3,     // the controller is unreachable or an RPC failed
+  kExitJobNotFound = 4,  // the job does not exist
+};
+
+// INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any other error -> 3, OK -> 0. absl and gRPC share the
+// numeric status codes, so this also maps gRPC codes after FromGrpcStatus.
+ExitCode ExitCodeForStatus(const absl::Status& status);
+
+// SUCCEEDED -> 0, FAILED / CANCELLED -> 1. A state that is not final also gives 1: a caller that
+// stopped waiting early did not see the job succeed.
+ExitCode ExitCodeForState(v1::JobState state);
+
+// SUCCEEDED, FAILED and CANCELLED: nothing about the job will change any more.
+bool IsFinalState(v1::JobState state);
+
+// "RUNNING" for JOB_RUNNING; "UNKNOWN" for JOB_STATE_UNSPECIFIED or a value this build lacks.
+std::string StateName(v1::JobState state);
+
+// The exit code table for the help footer.
+std::string ExitCodeHelp();
+
+}  // namespace furnace::cli

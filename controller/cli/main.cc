@@ -1,0 +1,107 @@
+// The `furnace` command line: flag parsing only (CLI11 lives in this file alone); the commands are
+// in cmd_*.cc. This is the one place that turns an error into an exit code (exit_codes.h).
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+
+namespace {
+
+int TerminalWidth() {
+  winsize ws{};
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace furnace::cli;
+
+  CLI::App app{"furnace: submit and follow Mixture-of-Experts training jobs", "furnace"};
+  app.set_version_flag("--version", std::string("furnace ") + FURNACE_VERSION);
+  app.footer(ExitCodeHelp());
+  app.require_subcommand(1);
+  app.fallthrough();  // global flags may follow the command: `furnace jobs --json`
+
+  std::string controller = "127.0.0.1:7070";
+  bool json = false;
+  app.add_option("--controller", controller, "furnace-controller address host:port")
+      ->capture_default_str();
+  app.add_flag("--json", json, "machine-readable output: one JSON document per command");
+
+  std::string file;
+  bool submit_watch = false;
+  auto* submit = app.add_subcommand("submit", "submit a job file; the controller validates it");
+  submit->add_option("FILE", file, "job YAML")->required();
+  submit->add_flag("--watch", submit_watch, "then watch the job until it ends");
+
+  std::string job_id;
+  app.add_subcommand("jobs", "list jobs");
+  auto* status = app.add_subcommand("status", "a job's state, attempts, ranks, results, events");
+  status->add_option("JOB", job_id, "job id")->required();
+  auto* watch = app.add_subcommand("watch", "follow a job until it ends");
+  watch->add_option("JOB", job_id, "job id")->required();
+
+  LogsOptions logs_options;
+  auto* logs = app.add_subcommand("logs", "print a job's rank output");
+  logs->add_option("JOB", job_id, "job id")->required();
+  logs->add_option("--rank", logs_options.rank, "only this rank")->check(CLI::Range(0, 1 << 20));
+  logs->add_option("--attempt", logs_options.attempt, "only this attempt (1, 2, ...)")
+      ->check(CLI::Range(1, 1 << 20));
+  logs->add_flag("--follow,-f", logs_options.follow, "keep printing until the job ends");
+
+  auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  cancel->add_option("JOB", job_id, "job id")->required();
+  app.add_subcommand("workers", "list workers");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  std::unique_ptr<JobClient> client = NewGrpcJobClient(controller);
+  CommandContext ctx;
+  ctx.client = client.get();
+  ctx.out = &std::cout;
+  ctx.err = &std::cerr;
+  ctx.json = json;
+  ctx.tty = isatty(STDOUT_FILENO) != 0;
+  ctx.width = ctx.tty ? TerminalWidth() : 0;
+  ctx.clock = &furnace::RealClock();
+  ctx.sleep = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+
+  absl::StatusOr<int> result = absl::InternalError("no command");
+  if (*submit) {
+    result = RunSubmit(ctx, file, submit_watch);
+  } else if (app.got_subcommand("jobs")) {
+    result = RunJobs(ctx);
+  } else if (*status) {
+    result = RunStatus(ctx, job_id);
+  } else if (*watch) {
+    result = RunWatch(ctx, job_id);
+  } else if (*logs) {
+    result = RunLogs(ctx, job_id, logs_options);
+  } else if (*cancel) {
+    result = RunCancel(ctx, job_id);
+  } else if (app.got_subcommand("workers")) {
+    result = RunWorkers(ctx);
+  }
+  std::cout.flush();
+  if (result.ok()) return *result;
+  // An invalid job file is the controller's report, meant to be read as it is.
+  if (absl::IsInvalidArgument(result.status())) {
+    std::cerr << result.status().message() << "\n";
+  } else {
+    std::cerr << "furnace: " << result.status().message() << "\n";
+  }
+  return ExitCodeForStatus(result.status());
+}

@@ -1,0 +1,53 @@
+// Runs the built `furnace` binary against 127.0.0.1:1, where nothing listens.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+RunResult RunFurnace(const std::string& args) {
+  const std::string command = std::string(FURNACE_CLI_BINARY) + " " + args + " 2>&1";
+  RunResult run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 512> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) run.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
+  return run;
+}
+
+TEST(CliBinaryTest, UnreachableControllerExits3) {
+  for (const char* command : {"jobs", "status j-1", "workers", "--json watch j-1"}) {
+    const RunResult run = RunFurnace(std::string("--controller 127.0.0.1:1 ") + command);
+    EXPECT_EQ(run.exit_code, 3) << command << ": " << run.output;
+    EXPECT_NE(run.output.find("cannot reach the controller at 127.0.0.1:1"), std::string::npos)
+        << run.output;
+  }
+}
+
+TEST(CliBinaryTest, UsageErrorsExit2) {
+  EXPECT_EQ(RunFurnace("").exit_code, 2);
+  EXPECT_EQ(RunFurnace("status").exit_code, 2);
+  EXPECT_EQ(RunFurnace("--controller 127.0.0.1:1 submit /nonexistent/job.yaml").exit_code, 2);
+}
+
+TEST(CliBinaryTest, HelpDocumentsExitCodes) {
+  const RunResult run = RunFurnace("--help");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_NE(run.output.find("Exit codes:"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("4  job not found"), std::string::npos) << run.output;
+  EXPECT_EQ(RunFurnace("--version").exit_code, 0);
+}
+
+}  // namespace

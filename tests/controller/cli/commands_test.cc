@@ -1,0 +1,207 @@
+// The commands against a fake JobClient and a fake clock: no sockets, no sleeping.
+#include "controller/cli/commands.h"
+
+#include <deque>
+#include <sstream>
+
+#include "controller/cli/exit_codes.h"
+#include "gtest/gtest.h"
+#include "tests/controller/cli/job_fixtures.h"
+
+namespace furnace::cli {
+namespace {
+
+using testing::AddEvent;
+using testing::kT0;
+using testing::MakeJob;
+
+// Answers GetJob from a script (the last answer repeats) and GetLogs from pages.
+class FakeJobClient : public JobClient {
+ public:
+  std::deque<absl::StatusOr<v1::JobDetail>> get_job;
+  std::deque<v1::GetLogsResponse> logs;
+  std::vector<v1::GetLogsRequest> log_requests;
+  absl::Status submit_error;
+  v1::SubmitJobRequest submitted;
+  int get_job_calls = 0;
+
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
+    submitted = request;
+    if (!submit_error.ok()) return submit_error;
+    v1::SubmitJobResponse response;
+    response.set_job_id("j-1");
+    return response;
+  }
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return v1::ListJobsResponse(); }
+  absl::StatusOr<v1::JobDetail> GetJob(const std::string&) override {
+    ++get_job_calls;
+    auto next = get_job.front();
+    if (get_job.size() > 1) get_job.pop_front();
+    return next;
+  }
+  absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
+    v1::CancelJobResponse response;
+    response.mutable_job()->set_job_id(job_id);
+    response.mutable_job()->set_state(v1::JOB_CANCELLED);
+    return response;
+  }
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override {
+    return v1::ListWorkersResponse();
+  }
+  absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) override {
+    log_requests.push_back(request);
+    auto next = logs.front();
+    if (logs.size() > 1) logs.pop_front();
+    return next;
+  }
+};
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("TZ", "UTC", 1);
+    tzset();
+    ctx_.client = &client_;
+    ctx_.out = &out_;
+    ctx_.err = &err_;
+    ctx_.clock = &clock_;
+    ctx_.sleep = [this](double s) {
+      ++sleeps_;
+      clock_.Advance(s);
+    };
+  }
+
+  FakeJobClient client_;
+  std::ostringstream out_, err_;
+  FakeClock clock_{kT0};
+  CommandContext ctx_;
+  int sleeps_ = 0;
+};
+
+TEST_F(CommandsTest, WatchPlainPrintsChangesAndExitsByFinalState) {
+  v1::JobDetail running = MakeJob(v1::JOB_RUNNING, 1, 2);
+  client_.get_job = {MakeJob(v1::JOB_PENDING, 0, 0), running, running,
+                     MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  auto code = RunWatch(ctx_, "j-1");
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  EXPECT_EQ(client_.get_job_calls, 4);
+  EXPECT_EQ(sleeps_, 3);
+  EXPECT_EQ(out_.str(),
+            "22:14:25 job j-1 PENDING  attempt 0  0 restarts  step 0/10 (0%)\n"
+            "22:14:25 job j-1 RUNNING  attempt 1  0 restarts  step 2/10 (20%)\n"
+            "22:14:25 job j-1 SUCCEEDED  attempt 1  0 restarts  step 10/10 (100%)\n"
+            "job j-1 SUCCEEDED after 1m05s (attempt 1, 0 restarts), step 10/10\n");
+}
+
+TEST_F(CommandsTest, WatchFailedJobExits1) {
+  v1::JobDetail failed = MakeJob(v1::JOB_FAILED, 3, 4);
+  failed.mutable_summary()->set_cause("max_restarts exhausted");
+  client_.get_job = {failed};
+  auto code = RunWatch(ctx_, "j-1");
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, kExitJobFailed);
+  EXPECT_NE(out_.str().find("cause: max_restarts exhausted"), std::string::npos) << out_.str();
+}
+
+TEST_F(CommandsTest, WatchTtyRedrawsInPlace) {
+  ctx_.tty = true;
+  ctx_.width = 100;
+  client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), MakeJob(v1::JOB_CANCELLED, 1, 3)};
+  auto code = RunWatch(ctx_, "j-1");
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, kExitJobFailed);
+  EXPECT_NE(out_.str().find("\x1b[3A"), std::string::npos);  // the 3-line frame was redrawn
+  EXPECT_NE(out_.str().find("job j-1 CANCELLED after"), std::string::npos);
+}
+
+TEST_F(CommandsTest, WatchUnknownJobIsNotFound) {
+  client_.get_job = {absl::NotFoundError("no job j-9")};
+  auto code = RunWatch(ctx_, "j-9");
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitJobNotFound);
+}
+
+TEST_F(CommandsTest, WatchRidesOutABriefControllerRestart) {
+  client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), absl::UnavailableError("down"),
+                     absl::UnavailableError("down"), MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  auto code = RunWatch(ctx_, "j-1");
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+}
+
+TEST_F(CommandsTest, WatchGivesUpOnAControllerThatStaysDown) {
+  client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), absl::UnavailableError("down")};
+  auto code = RunWatch(ctx_, "j-1");
+  EXPECT_TRUE(absl::IsUnavailable(code.status()));
+}
+
+TEST_F(CommandsTest, WatchJsonPrintsOneFinalDocument) {
+  ctx_.json = true;
+  client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  ASSERT_TRUE(RunWatch(ctx_, "j-1").ok());
+  const std::string out = out_.str();
+  EXPECT_EQ(out.front(), '{');
+  EXPECT_NE(out.find("\"state\": \"JOB_SUCCEEDED\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"job_id\": \"j-1\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"restarts\": 0"), std::string::npos) << out;  // defaults printed
+  EXPECT_EQ(out.find("JOB_RUNNING"), std::string::npos);
+}
+
+TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
+  const std::string path = ::testing::TempDir() + "/job.yaml";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("name: x\nkind: commcheck\n", f);
+  fclose(f);
+  auto code = RunSubmit(ctx_, path, false);
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, kExitOk);
+  EXPECT_EQ(client_.submitted.yaml(), "name: x\nkind: commcheck\n");
+  EXPECT_EQ(client_.submitted.filename(), path);
+  EXPECT_EQ(out_.str(), "submitted job j-1\n");
+
+  client_.submit_error = absl::InvalidArgumentError("job.yaml:2: kind: 'x' is not allowed");
+  code = RunSubmit(ctx_, path, false);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_EQ(code.status().message(), "job.yaml:2: kind: 'x' is not allowed");
+
+  code = RunSubmit(ctx_, ::testing::TempDir() + "/missing.yaml", false);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+}
+
+v1::GetLogsResponse Page(std::vector<std::string> lines, uint64_t next, bool done) {
+  v1::GetLogsResponse page;
+  for (auto& l : lines) page.add_lines(l);
+  page.set_next_offset(next);
+  page.set_job_done(done);
+  return page;
+}
+
+TEST_F(CommandsTest, LogsPagesByOffsetUntilEmpty) {
+  client_.logs = {Page({"a", "b"}, 2, false), Page({"c"}, 3, false), Page({}, 3, false)};
+  ASSERT_TRUE(RunLogs(ctx_, "j-1", LogsOptions{.rank = 1, .attempt = 2}).ok());
+  EXPECT_EQ(out_.str(), "a\nb\nc\n");
+  ASSERT_EQ(client_.log_requests.size(), 3u);
+  EXPECT_EQ(client_.log_requests[1].offset(), 2u);
+  EXPECT_EQ(client_.log_requests[2].offset(), 3u);
+  EXPECT_EQ(client_.log_requests[0].rank(), 1);
+  EXPECT_EQ(client_.log_requests[0].attempt(), 2);
+  EXPECT_EQ(sleeps_, 0);
+}
+
+TEST_F(CommandsTest, LogsFollowPollsUntilJobDone) {
+  client_.logs = {Page({"a"}, 1, false), Page({}, 1, false), Page({"b"}, 2, true),
+                  Page({}, 2, true)};
+  ASSERT_TRUE(RunLogs(ctx_, "j-1", LogsOptions{.follow = true}).ok());
+  EXPECT_EQ(out_.str(), "a\nb\n");
+  EXPECT_EQ(sleeps_, 1);
+  EXPECT_EQ(client_.log_requests.size(), 4u);
+}
+
+TEST_F(CommandsTest, CancelPrintsResultingState) {
+  ASSERT_TRUE(RunCancel(ctx_, "j-1").ok());
+  EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
+}
+
+}  // namespace
+}  // namespace furnace::cli
