@@ -1,0 +1,180 @@
+#include "controller/spec/cross_checks.h"
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "controller/spec/scalars.h"
+
+namespace furnace::spec {
+namespace {
+
+// "1, 2, 4, 8" for small n; "divisors of n" when the list would be long.
+std::string Divisors(uint64_t n) {
+  std::vector<uint64_t> out;
+  for (uint64_t d = 1; d <= n && d <= 4096; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  if (n > 4096 || out.size() > 16) return absl::StrCat("divisors of ", n);
+  return absl::StrJoin(out, ", ");
+}
+
+class Checker {
+ public:
+  explicit Checker(Diagnostics* diag) : diag_(diag) {}
+
+  // Reports `problem` about `paths[0]` (the field the message is about) unless a field in `paths`
+  // already failed on its own. The position is that of the first path present in the file, so the
+  // user is sent to a line they wrote; a subject taking its default value is marked as such.
+  void Fail(std::initializer_list<absl::string_view> paths, Problem problem) {
+    for (absl::string_view p : paths) {
+      if (diag_->Failed(p)) return;
+    }
+    const absl::string_view subject = *paths.begin();
+    absl::string_view anchor = subject;
+    for (absl::string_view p : paths) {
+      if (diag_->Present(p)) {
+        anchor = p;
+        break;
+      }
+    }
+    if (!diag_->Present(subject) && !problem.got.empty()) {
+      absl::StrAppend(&problem.got, ", the default");
+    }
+    diag_->Add(diag_->Where(anchor), subject, std::move(problem));
+  }
+
+  // The first of `paths` present in the file, else the first.
+  absl::string_view FirstPresent(std::initializer_list<absl::string_view> paths) const {
+    for (absl::string_view p : paths) {
+      if (diag_->Present(p)) return p;
+    }
+    return *paths.begin();
+  }
+
+  // `divisor` must divide `dividend`. Reported on the divisor when the user wrote it (that is the
+  // knob being turned, e.g. parallel.tp against model.heads), else on the dividend.
+  void Divides(absl::string_view divisor_path, uint64_t divisor, absl::string_view dividend_path,
+               uint64_t dividend) {
+    if (divisor == 0 || dividend % divisor == 0) return;
+    if (diag_->Failed(divisor_path) || diag_->Failed(dividend_path)) return;
+    if (diag_->Present(divisor_path) || !diag_->Present(dividend_path)) {
+      Fail({divisor_path}, Problem{absl::StrCat("inconsistent sizes: must divide ", dividend_path,
+                                                " (= ", dividend, ")"),
+                                   absl::StrCat(divisor), Divisors(dividend)});
+    } else {
+      Fail({dividend_path},
+           Problem{absl::StrCat("inconsistent sizes: must be a multiple of ", divisor_path,
+                                " (= ", divisor, ")"),
+                   absl::StrCat(dividend), absl::StrCat("multiples of ", divisor)});
+    }
+  }
+
+ private:
+  Diagnostics* diag_;
+};
+
+}  // namespace
+
+void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
+  Checker c(diag);
+  const auto& m = spec.model();
+  const auto& p = spec.parallel();
+  const auto& moe = spec.moe();
+  const uint64_t world = uint64_t{p.pp()} * p.dp() * p.tp();
+
+  // Ranks are int32 on the wire (fault.rank) and uint32 in resources.workers.
+  if (world > INT32_MAX) {
+    c.Fail({c.FirstPresent({"parallel.pp", "parallel.dp", "parallel.tp"}), "parallel.pp",
+            "parallel.dp", "parallel.tp"},
+           Problem{"inconsistent sizes: pp * dp * tp is too large",
+                   absl::StrCat(p.pp(), " * ", p.dp(), " * ", p.tp(), " = ", world),
+                   absl::StrCat("pp * dp * tp <= ", INT32_MAX)});
+  }
+
+  // Parallel layout: expert groups tile the dp x tp ranks of one pipeline stage.
+  const uint64_t ep_esp = uint64_t{p.ep()} * p.esp();
+  const uint64_t dp_tp = uint64_t{p.dp()} * p.tp();
+  if (dp_tp % ep_esp != 0) {
+    c.Fail({c.FirstPresent({"parallel.ep", "parallel.esp"}), "parallel.ep", "parallel.esp",
+            "parallel.dp", "parallel.tp"},
+           Problem{"inconsistent sizes: ep * esp must divide dp * tp",
+                   absl::StrCat("ep * esp = ", p.ep(), " * ", p.esp(), " = ", ep_esp,
+                                ", dp * tp = ", p.dp(), " * ", p.tp(), " = ", dp_tp),
+                   absl::StrCat("ep * esp in {", Divisors(dp_tp), "}")});
+  }
+  if (diag->Present("resources.workers") && spec.resources().workers() != world) {
+    c.Fail({"resources.workers", "parallel.pp", "parallel.dp", "parallel.tp"},
+           Problem{"inconsistent sizes: resources.workers must equal parallel.pp * parallel.dp * "
+                   "parallel.tp",
+                   absl::StrCat(spec.resources().workers()),
+                   absl::StrCat(world, " = pp ", p.pp(), " * dp ", p.dp(), " * tp ", p.tp())});
+  }
+
+  // Model shape. Only a training job builds the model; a commcheck ignores it, so a commcheck on
+  // e.g. pp=4 need not also raise model.layers.
+  c.Divides("model.heads", m.heads(), "model.d_model", m.d_model());
+  if (spec.kind() == "train") {
+    c.Divides("parallel.tp", p.tp(), "model.heads", m.heads());
+    c.Divides("parallel.tp", p.tp(), "model.d_model", m.d_model());
+    c.Divides("parallel.pp", p.pp(), "model.layers", m.layers());
+    c.Divides("parallel.ep", p.ep(), "moe.experts", moe.experts());
+    c.Divides("parallel.esp", p.esp(), "model.expert_ffn", m.expert_ffn());
+  }
+
+  if (moe.top_k() > moe.experts()) {
+    c.Fail({"moe.top_k", "moe.experts"},
+           Problem{absl::StrCat("must be <= moe.experts (= ", moe.experts(), ")"),
+                   absl::StrCat(moe.top_k()), absl::StrCat("1..", moe.experts())});
+  }
+
+  const auto& t = spec.train();
+  if (t.min_lr() > t.lr()) {
+    c.Fail({"train.min_lr", "train.lr"},
+           Problem{absl::StrCat("must be <= train.lr (= ", t.lr(), ")"), absl::StrCat(t.min_lr()),
+                   absl::StrCat("[0, ", t.lr(), "]")});
+  }
+  if (t.warmup() > t.steps()) {
+    c.Fail({"train.warmup", "train.steps"},
+           Problem{absl::StrCat("must be <= train.steps (= ", t.steps(), ")"),
+                   absl::StrCat(t.warmup()), absl::StrCat("0..", t.steps())});
+  }
+
+  const auto& d = spec.data();
+  if (d.source() == "tokens" && d.path().empty()) {
+    c.Fail({"data.path", "data.source"},
+           Problem{"required when data.source is tokens", "", "the path of a token file"});
+  } else if (d.source() != "tokens" && diag->Present("data.path")) {
+    c.Fail({"data.path"}, Problem{"only used when data.source is tokens",
+                                  absl::StrCat("'", d.path(), "' with source ", d.source()),
+                                  "omit it, or set data.source: tokens"});
+  }
+
+  const auto& b = spec.recovery().backoff();
+  if (b.max_s() < b.initial_s()) {
+    c.Fail({"recovery.backoff.max_s", "recovery.backoff.initial_s"},
+           Problem{absl::StrCat("must be >= recovery.backoff.initial_s (= ", b.initial_s(), ")"),
+                   absl::StrCat(b.max_s()), absl::StrCat(">= ", b.initial_s())});
+  }
+
+  const auto& cc = spec.commcheck();
+  if (cc.min_bytes() > cc.max_bytes()) {
+    c.Fail(
+        {"commcheck.min_bytes", "commcheck.max_bytes"},
+        Problem{absl::StrCat("must be <= commcheck.max_bytes (= ", FormatSize(cc.max_bytes()), ")"),
+                FormatSize(cc.min_bytes()), absl::StrCat("4..", FormatSize(cc.max_bytes()))});
+  }
+
+  const auto& f = spec.fault();
+  if (static_cast<uint64_t>(f.rank()) >= world) {
+    c.Fail({"fault.rank"},
+           Problem{absl::StrCat("must be < the world size pp * dp * tp (= ", world, ")"),
+                   absl::StrCat(f.rank()), absl::StrCat("0..", world - 1)});
+  }
+}
+
+}  // namespace furnace::spec

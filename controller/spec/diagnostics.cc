@@ -1,0 +1,55 @@
+#include "controller/spec/diagnostics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace furnace::spec {
+
+void Diagnostics::Add(Position pos, absl::string_view path, Problem problem) {
+  std::string text = absl::StrCat(path, ": ", problem.what);
+  if (!problem.got.empty() && !problem.allowed.empty()) {
+    absl::StrAppend(&text, " (got ", problem.got, "; allowed: ", problem.allowed, ")");
+  } else if (!problem.got.empty()) {
+    absl::StrAppend(&text, " (got ", problem.got, ")");
+  } else if (!problem.allowed.empty()) {
+    absl::StrAppend(&text, " (allowed: ", problem.allowed, ")");
+  }
+  failed_paths_.insert(std::string(path));
+  AddRaw(pos, text);
+}
+
+void Diagnostics::AddRaw(Position pos, absl::string_view message) {
+  if (!pos.known) pos = Position{0, 0, true};
+  entries_.push_back(
+      Entry{pos, entries_.size(),
+            absl::StrCat(filename_, ":", pos.line + 1, ":", pos.column + 1, ": ", message)});
+}
+
+Position Diagnostics::Where(absl::string_view path) const {
+  std::string p(path);
+  while (true) {
+    auto it = fields_.find(p);
+    if (it != fields_.end()) return it->second;
+    size_t dot = p.rfind('.');
+    if (dot == std::string::npos) return Position{0, 0, true};
+    p.resize(dot);
+  }
+}
+
+absl::Status Diagnostics::ToStatus() const {
+  if (entries_.empty()) return absl::OkStatus();
+  std::vector<Entry> sorted = entries_;
+  std::sort(sorted.begin(), sorted.end(), [](const Entry& a, const Entry& b) {
+    if (a.pos.line != b.pos.line) return a.pos.line < b.pos.line;
+    if (a.pos.column != b.pos.column) return a.pos.column < b.pos.column;
+    return a.seq < b.seq;
+  });
+  std::vector<std::string> lines;
+  lines.reserve(sorted.size());
+  for (const Entry& e : sorted) lines.push_back(e.text);
+  return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+}
+
+}  // namespace furnace::spec

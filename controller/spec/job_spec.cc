@@ -1,0 +1,141 @@
+#include "controller/spec/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "controller/spec/cross_checks.h"
+#include "controller/spec/diagnostics.h"
+#include "controller/spec/sections.h"
+#include "controller/spec/yaml_reader.h"
+
+namespace furnace::spec {
+namespace {
+
+bool IsValidName(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
+void ReadDocument(const YAML::Node& doc, Diagnostics* diag, furnace::v1::JobSpec* spec) {
+  MapReader root(doc, "", PositionOf(doc.Mark()), diag);
+
+  std::optional<std::string> name = root.String("name");
+  if (!name) {
+    if (!diag->Failed("name")) {
+      root.Report("name", Problem{"required field is missing", "",
+                                  "a name matching [a-z0-9][a-z0-9_-]{0,62}"});
+    }
+  } else if (!IsValidName(*name)) {
+    root.Report("name", Problem{"invalid job name", absl::StrCat("'", *name, "'"),
+                                "lowercase letters, digits, '_' and '-', starting with a letter "
+                                "or digit, at most 63 characters ([a-z0-9][a-z0-9_-]{0,62})"});
+  } else {
+    spec->set_name(*name);
+  }
+  std::optional<std::string> kind = root.Enum("kind", {"commcheck", "train"});
+  if (!kind && !diag->Failed("kind")) {
+    root.Report("kind", Problem{"required field is missing", "", "commcheck, train"});
+  }
+  spec->set_kind(kind.value_or(""));
+
+  MapReader model = root.Section("model");
+  ReadModel(model, spec->mutable_model());
+  MapReader parallel = root.Section("parallel");
+  ReadParallel(parallel, spec->mutable_parallel());
+  MapReader moe = root.Section("moe");
+  ReadMoe(moe, spec->mutable_moe());
+  MapReader memory = root.Section("memory");
+  ReadMemory(memory, spec->mutable_memory());
+  MapReader train = root.Section("train");
+  ReadTrain(train, spec->mutable_train());
+  MapReader data = root.Section("data");
+  ReadData(data, spec->mutable_data());
+  MapReader checkpoint = root.Section("checkpoint");
+  ReadCheckpoint(checkpoint, spec->mutable_checkpoint());
+  MapReader recovery = root.Section("recovery");
+  ReadRecovery(recovery, spec->mutable_recovery());
+  MapReader resources = root.Section("resources");
+  ReadResources(resources, spec->mutable_resources());
+  MapReader commcheck = root.Section("commcheck");
+  ReadCommcheck(commcheck, spec->mutable_commcheck());
+  MapReader fault = root.Section("fault");
+  ReadFault(fault, spec->mutable_fault());
+  root.ReportUnknownKeys();
+
+  if (!diag->Present("resources.workers")) spec->mutable_resources()->set_workers(WorldSize(*spec));
+  CheckCrossFields(*spec, diag);
+}
+
+}  // namespace
+
+absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,
+                                                  std::string_view filename) {
+  Diagnostics diag{std::string(filename)};
+  furnace::v1::JobSpec spec;
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.empty() || docs[0].IsNull()) {
+      diag.AddRaw(Position{0, 0, true},
+                  "the job file is empty; expected a mapping with at least 'name' and 'kind'");
+    } else if (docs.size() > 1) {
+      diag.AddRaw(PositionOf(docs[1].Mark()),
+                  "a job file holds one YAML document; found a second one (remove the '---')");
+    } else if (!docs[0].IsMap()) {
+      diag.AddRaw(PositionOf(docs[0].Mark()),
+                  absl::StrCat("top level: expected a mapping with at least 'name' and 'kind', "
+                               "got ",
+                               DescribeNode(docs[0])));
+    } else {
+      ReadDocument(docs[0], &diag, &spec);
+    }
+  } catch (const YAML::ParserException& e) {
+    diag.AddRaw(PositionOf(e.mark), absl::StrCat("malformed YAML: ", e.msg));
+  } catch (const YAML::Exception& e) {
+    diag.AddRaw(PositionOf(e.mark), absl::StrCat("invalid YAML: ", e.msg));
+  }
+  if (absl::Status status = diag.ToStatus(); !status.ok()) return status;
+  return spec;
+}
+
+absl::StatusOr<furnace::v1::JobSpec> LoadJobFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("job file ", path, " is a directory"));
+  }
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    const std::string why = absl::StrCat("cannot open job file ", path, ": ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(why);
+    if (err == EACCES) return absl::PermissionDeniedError(why);
+    return absl::InternalError(why);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::InternalError(absl::StrCat("cannot read job file ", path));
+  return ParseJobYaml(text.str(), path);
+}
+
+uint32_t WorldSize(const furnace::v1::JobSpec& spec) {
+  const auto& p = spec.parallel();
+  const uint64_t world = uint64_t{p.pp()} * p.dp() * p.tp();
+  return world > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(world);
+}
+
+}  // namespace furnace::spec

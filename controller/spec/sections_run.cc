@@ -1,0 +1,115 @@
+// Sections describing how the job runs: train, data, checkpoint, recovery, resources, commcheck,
+// fault.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "controller/spec/scalars.h"
+#include "controller/spec/sections.h"
+
+namespace furnace::spec {
+namespace {
+
+uint32_t U32(std::optional<uint64_t> v, uint32_t fallback) {
+  return v ? static_cast<uint32_t>(*v) : fallback;
+}
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+constexpr uint64_t kGiB = 1024 * kMiB;
+
+}  // namespace
+
+void ReadTrain(MapReader& s, furnace::v1::TrainSpec* out) {
+  out->set_steps(U32(s.Integer("steps", 1, kMaxU32), 100));
+  out->set_lr(s.Number("lr", Above(0)).value_or(3e-4));
+  // Upper bound (lr) is a cross-field check.
+  out->set_min_lr(s.Number("min_lr", AtLeast(0)).value_or(0.1 * out->lr()));
+  // Upper bound (steps) is a cross-field check.
+  out->set_warmup(U32(s.Integer("warmup", 0, kMaxU32), 0));
+  out->set_schedule(s.Enum("schedule", {"cosine", "constant"}).value_or("cosine"));
+  out->set_clip(s.Number("clip", AtLeast(0)).value_or(1.0));
+  out->set_seed(s.Integer("seed", 0, kMaxU64).value_or(0));
+  out->set_weight_decay(s.Number("weight_decay", AtLeast(0)).value_or(0.1));
+  s.ReportUnknownKeys();
+}
+
+void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
+  out->set_source(s.Enum("source", {"markov", "tokens"}).value_or("markov"));
+  // Required iff source is tokens: a cross-field check.
+  out->set_path(s.String("path").value_or(""));
+  out->set_seed(s.Integer("seed", 0, kMaxU64).value_or(0));
+  s.ReportUnknownKeys();
+}
+
+void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
+  out->set_dir(s.String("dir").value_or(""));
+  out->set_every(U32(s.Integer("every", 0, kMaxU32), 0));
+  out->set_keep(U32(s.Integer("keep", 1, kMaxU32), 2));
+  out->set_async(s.Bool("async").value_or(false));
+  s.ReportUnknownKeys();
+}
+
+void ReadRecovery(MapReader& s, furnace::v1::RecoverySpec* out) {
+  out->set_max_restarts(U32(s.Integer("max_restarts", 0, kMaxU32), 3));
+  MapReader backoff = s.Section("backoff");
+  furnace::v1::BackoffSpec* b = out->mutable_backoff();
+  b->set_initial_s(backoff.Number("initial_s", Above(0)).value_or(1.0));
+  // Lower bound (initial_s) is a cross-field check.
+  b->set_max_s(backoff.Number("max_s", Above(0)).value_or(30.0));
+  b->set_multiplier(backoff.Number("multiplier", AtLeast(1)).value_or(2.0));
+  backoff.ReportUnknownKeys();
+  out->set_heartbeat_timeout_s(s.Number("heartbeat_timeout_s", Above(0)).value_or(10.0));
+  out->set_hang_timeout_s(s.Number("hang_timeout_s", Above(0)).value_or(60.0));
+  out->set_start_timeout_s(s.Number("start_timeout_s", Above(0)).value_or(60.0));
+  s.ReportUnknownKeys();
+}
+
+void ReadResources(MapReader& s, furnace::v1::ResourcesSpec* out) {
+  out->set_workers(U32(s.Integer("workers", 1, kMaxU32), 0));
+  out->set_device(s.Enum("device", {"cpu", "cuda"}).value_or("cpu"));
+  s.ReportUnknownKeys();
+}
+
+void ReadCommcheck(MapReader& s, furnace::v1::CommcheckSpec* out) {
+  // Sizes are float32 element counts on the wire, hence multiples of 4.
+  for (const char* key : {"min_bytes", "max_bytes"}) {
+    const uint64_t fallback = std::string_view(key) == "min_bytes" ? 4 * kKiB : 4 * kMiB;
+    std::optional<uint64_t> bytes = s.Size(key, 4, kGiB);
+    if (bytes && *bytes % 4 != 0) {
+      s.Report(key, Problem{"must be a multiple of 4 bytes", absl::StrCat(*bytes),
+                            "multiples of 4 in 4..1GiB"});
+      bytes.reset();
+    }
+    if (std::string_view(key) == "min_bytes") {
+      out->set_min_bytes(bytes.value_or(fallback));
+    } else {
+      out->set_max_bytes(bytes.value_or(fallback));
+    }
+  }
+  out->set_step_factor(U32(s.Integer("step_factor", 2, kMaxU32), 4));
+  out->set_iters(U32(s.Integer("iters", 1, kMaxU32), 5));
+  out->set_warmup_iters(U32(s.Integer("warmup_iters", 0, kMaxU32), 1));
+  std::vector<std::string> collectives =
+      s.EnumList("collectives", {"allreduce", "allgather", "alltoall", "broadcast"})
+          .value_or(std::vector<std::string>{"allreduce", "allgather", "alltoall", "broadcast"});
+  for (const std::string& c : collectives) out->add_collectives(c);
+  out->set_rounds(U32(s.Integer("rounds", 1, kMaxU32), 1));
+  out->set_timeout_s(s.Number("timeout_s", Above(0)).value_or(30.0));
+  s.ReportUnknownKeys();
+}
+
+void ReadFault(MapReader& s, furnace::v1::FaultSpec* out) {
+  out->set_mode(s.Enum("mode", {"", "crash", "hang", "exit"}).value_or(""));
+  // Upper bound (world size) is a cross-field check.
+  out->set_rank(static_cast<int32_t>(s.Integer("rank", 0, INT32_MAX).value_or(0)));
+  out->set_at_step(U32(s.Integer("at_step", 0, kMaxU32), 0));
+  out->set_every_attempt(s.Bool("every_attempt").value_or(false));
+  out->set_exit_code(static_cast<int32_t>(s.Integer("exit_code", 1, 255).value_or(1)));
+  s.ReportUnknownKeys();
+}
+
+}  // namespace furnace::spec

@@ -1,0 +1,94 @@
+// Typed, position-tracking access to one YAML mapping of the job file. Each getter names a key the
+// schema allows at this level; it returns the value when the key is present and valid, nullopt when
+// it is absent or invalid (an invalid value is recorded in Diagnostics with its path, position,
+// the offending text and what is allowed). After the schema has asked for every key it knows,
+// ReportUnknownKeys() flags the rest, listing the allowed keys and suggesting the closest one.
+//
+// Presence of every key is noted in Diagnostics so later cross-field checks can point at it.
+// Holds a reference to a yaml-cpp node tree and to Diagnostics, both owned by the caller and
+// outliving the reader. Not thread-safe.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "controller/spec/diagnostics.h"
+
+namespace furnace::spec {
+
+inline constexpr uint64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
+inline constexpr uint64_t kMaxU64 = std::numeric_limits<uint64_t>::max();
+
+// Bounds for a real-valued field; `*_open` excludes the bound itself.
+struct NumberRange {
+  double min = -std::numeric_limits<double>::infinity();
+  bool min_open = false;
+  double max = std::numeric_limits<double>::infinity();
+  bool max_open = false;
+};
+inline NumberRange AtLeast(double min) { return NumberRange{.min = min}; }
+inline NumberRange Above(double min) { return NumberRange{.min = min, .min_open = true}; }
+inline NumberRange Between(double min, double max) { return NumberRange{.min = min, .max = max}; }
+
+// Renders a YAML node for "got ...": scalars quoted, others by kind ("a list", "a mapping").
+std::string DescribeNode(const YAML::Node& node);
+// Renders a range for "allowed: ...", e.g. "> 0", "[0, 1]", "1..255".
+std::string DescribeRange(const NumberRange& range);
+std::string DescribeRange(uint64_t min, uint64_t max);
+
+class MapReader {
+ public:
+  // `node` is the mapping at dotted `path` ("" for the document root); `pos` is where it starts.
+  // A null (absent or empty) node reads as an empty mapping; any other non-mapping is reported.
+  MapReader(const YAML::Node& node, std::string path, Position pos, Diagnostics* diag);
+
+  std::optional<uint64_t> Integer(absl::string_view key, uint64_t min, uint64_t max);
+  std::optional<double> Number(absl::string_view key, const NumberRange& range);
+  std::optional<bool> Bool(absl::string_view key);
+  std::optional<std::string> String(absl::string_view key);
+  std::optional<std::string> Enum(absl::string_view key, const std::vector<std::string>& allowed);
+  // Bytes, as an integer or a string with a unit (see ParseSize).
+  std::optional<uint64_t> Size(absl::string_view key, uint64_t min, uint64_t max);
+  // A non-empty list of distinct values from `allowed`.
+  std::optional<std::vector<std::string>> EnumList(absl::string_view key,
+                                                   const std::vector<std::string>& allowed);
+  // The nested mapping at `key` (empty when absent).
+  MapReader Section(absl::string_view key);
+
+  // Records a problem about `key` (at its value's position, or this mapping's when absent).
+  void Report(absl::string_view key, Problem problem);
+  // Flags every key in the mapping that no getter asked for.
+  void ReportUnknownKeys();
+
+  std::string PathOf(absl::string_view key) const;
+
+ private:
+  struct Entry {
+    std::string key;
+    YAML::Node key_node;
+    YAML::Node value;
+  };
+  // Registers `key` as allowed; returns its entry when present.
+  const Entry* Find(absl::string_view key);
+  Position ValuePosition(const Entry& entry) const;
+  // The scalar text of a field that must be a plain (unquoted) scalar of kind `expected`
+  // ("an integer", "a number", true or false); nullopt (and a recorded problem) otherwise.
+  std::optional<std::string> PlainScalar(const Entry& entry, absl::string_view expected,
+                                         const std::string& allowed);
+
+  std::string path_;
+  Position pos_;
+  Diagnostics* diag_;
+  std::vector<Entry> entries_;
+  std::vector<std::string> allowed_keys_;
+};
+
+Position PositionOf(const YAML::Mark& mark);
+
+}  // namespace furnace::spec

@@ -1,0 +1,310 @@
+// Every rejected input must say where (file:line:col), which field, what was given and what is
+// allowed. Each case lists substrings the error message must contain.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "controller/spec/job_spec.h"
+
+namespace furnace::spec {
+namespace {
+
+struct BadCase {
+  std::string label;
+  std::string yaml;
+  std::vector<std::string> expect;  // substrings of the error message
+};
+
+// Prepended to most cases (lines 1-2), so their own lines start at 3.
+constexpr char kHead[] = "name: j\nkind: train\n";
+
+std::string H(std::string body) { return kHead + body; }
+
+std::vector<BadCase> Cases() {
+  return {
+      // Syntax and document shape.
+      {"malformed_flow",
+       H("model: {d_model: 8\n"),
+       {"job.yaml:4:1: malformed YAML: end of map flow not found"}},
+      {"malformed_indent", "name: j\n  kind: train\n", {"job.yaml:2:7: malformed YAML: "}},
+      {"empty_file", "", {"job.yaml:1:1: the job file is empty"}},
+      {"only_comments", "# nothing\n", {"job.yaml:1:1: the job file is empty"}},
+      {"top_level_list", "- name: j\n", {"job.yaml:1:1: top level: expected a mapping", "a list"}},
+      {"top_level_scalar", "hello\n", {"job.yaml:1:1: top level: expected a mapping", "'hello'"}},
+      {"two_documents",
+       "name: j\nkind: train\n---\nname: k\n",
+       {"job.yaml:4:1: a job file holds one YAML document"}},
+      {"duplicate_key",
+       H("train:\n  steps: 1\n  steps: 2\n"),
+       {"job.yaml:5:3: train.steps: duplicate field (first set on line 4)"}},
+
+      // Required fields.
+      {"missing_name_and_kind",
+       "model:\n  d_model: 8\n",
+       {"job.yaml:1:1: name: required field is missing",
+        "job.yaml:1:1: kind: required field is missing (allowed: commcheck, train)"}},
+      {"bad_name",
+       "name: My_Job\nkind: train\n",
+       {"job.yaml:1:7: name: invalid job name (got 'My_Job'; allowed:",
+        "[a-z0-9][a-z0-9_-]{0,62}"}},
+      {"name_too_long",
+       "name: " + std::string(64, 'a') + "\nkind: train\n",
+       {"job.yaml:1:7: name: invalid job name"}},
+      {"unknown_kind",
+       "name: j\nkind: trian\n",
+       {"job.yaml:2:7: kind: unknown value; did you mean 'train'? (got 'trian'; allowed: "
+        "commcheck, train)"}},
+
+      // Unknown fields, with suggestions and the allowed keys.
+      {"unknown_top_level",
+       H("modle:\n  d_model: 8\n"),
+       {"job.yaml:3:1: modle: unknown field; did you mean 'model'? (allowed: name, kind, model, "
+        "parallel, moe, memory, train, data, checkpoint, recovery, resources, commcheck, fault)"}},
+      {"unknown_top_level_no_guess",
+       H("gpus: 8\n"),
+       {"job.yaml:3:1: gpus: unknown field (allowed: name, kind, model,"}},
+      {"unknown_nested",
+       H("moe:\n  topk: 2\n"),
+       {"job.yaml:4:3: moe.topk: unknown field; did you mean 'top_k'? (allowed: experts, top_k, "
+        "capacity_factor, schedule, normalize_topk, aux_alpha, spikes)"}},
+      {"unknown_deeply_nested",
+       H("recovery:\n  backoff:\n    intial_s: 2\n"),
+       {"job.yaml:5:5: recovery.backoff.intial_s: unknown field; did you mean 'initial_s'? "
+        "(allowed: initial_s, max_s, multiplier)"}},
+
+      // Wrong types.
+      {"string_for_int",
+       H("model:\n  d_model: abc\n"),
+       {"job.yaml:4:12: model.d_model: expected an integer, got 'abc' (allowed: 1..4294967295)"}},
+      {"float_for_int",
+       H("train:\n  steps: 1.5\n"),
+       {"job.yaml:4:10: train.steps: expected an integer, got '1.5'"}},
+      {"bool_for_int",
+       H("train:\n  seed: true\n"),
+       {"job.yaml:4:9: train.seed: expected an integer, got 'true'"}},
+      {"quoted_int",
+       H("train:\n  steps: \"100\"\n"),
+       {"job.yaml:4:10: train.steps: expected an integer, got the quoted string \"100\""}},
+      {"list_for_int",
+       H("train:\n  steps: [1]\n"),
+       {"job.yaml:4:10: train.steps: expected an integer, got a list"}},
+      {"empty_value_for_int",
+       H("train:\n  steps:\n"),
+       {"job.yaml:4:3: train.steps: expected an integer, got an empty value"}},
+      {"int_for_bool",
+       H("checkpoint:\n  async: 1\n"),
+       {"job.yaml:4:10: checkpoint.async: expected true or false, got '1' (allowed: true, false)"}},
+      {"yes_for_bool",
+       H("moe:\n  normalize_topk: yes\n"),
+       {"job.yaml:4:19: moe.normalize_topk: expected true or false, got 'yes'"}},
+      {"string_for_number",
+       H("train:\n  lr: fast\n"),
+       {"job.yaml:4:7: train.lr: expected a number, got 'fast' (allowed: > 0)"}},
+      {"scalar_for_section",
+       H("model: 5\n"),
+       {"job.yaml:3:8: model: expected a mapping of fields (got '5')"}},
+      {"mapping_for_string",
+       H("checkpoint:\n  dir: {a: 1}\n"),
+       {"job.yaml:4:8: checkpoint.dir: expected a string, got a mapping"}},
+      {"scalar_for_list",
+       H("commcheck:\n  collectives: allreduce\n"),
+       {"job.yaml:4:16: commcheck.collectives: expected a list, got 'allreduce'"}},
+
+      // Out of range.
+      {"negative_dp",
+       H("parallel:\n  dp: -2\n"),
+       {"job.yaml:4:7: parallel.dp: must be >= 1 (got -2; allowed: 1..4294967295)"}},
+      {"zero_layers",
+       H("model:\n  layers: 0\n"),
+       {"job.yaml:4:11: model.layers: must be >= 1 (got 0; allowed: 1..4294967295)"}},
+      {"uint32_overflow",
+       H("train:\n  steps: 4294967296\n"),
+       {"job.yaml:4:10: train.steps: must be <= 4294967295 (got 4294967296; allowed: "
+        "1..4294967295)"}},
+      {"zero_lr",
+       H("train:\n  lr: 0\n"),
+       {"job.yaml:4:7: train.lr: out of range (got 0; allowed: > 0)"}},
+      {"probability_above_one",
+       H("moe:\n  spikes:\n    probability: 1.5\n"),
+       {"job.yaml:5:18: moe.spikes.probability: out of range (got 1.5; allowed: [0, 1])"}},
+      {"exit_code_too_big",
+       H("fault:\n  exit_code: 256\n"),
+       {"job.yaml:4:14: fault.exit_code: must be <= 255 (got 256; allowed: 1..255)"}},
+      {"step_factor_one",
+       H("commcheck:\n  step_factor: 1\n"),
+       {"commcheck.step_factor: must be >= 2 (got 1; allowed: 2..4294967295)"}},
+
+      // Enums and lists.
+      {"unknown_schedule",
+       H("moe:\n  schedule: deepsped\n"),
+       {"job.yaml:4:13: moe.schedule: unknown value; did you mean 'deepspeed'? (got 'deepsped'; "
+        "allowed: deepspeed, s1, s2, auto)"}},
+      {"unknown_policy",
+       H("memory:\n  policy: lazy\n"),
+       {"job.yaml:4:11: memory.policy: unknown value (got 'lazy'; allowed: none, full_recompute, "
+        "selective, offload, adaptive)"}},
+      {"unknown_fault_mode",
+       H("fault:\n  mode: boom\n"),
+       {"fault.mode: unknown value (got 'boom'; allowed: \"\", crash, hang, exit)"}},
+      {"bad_order",
+       H("parallel:\n  order: tp-dp-dp\n"),
+       {"job.yaml:4:10: parallel.order: must name tp, dp and pp once each", "got 'tp-dp-dp'",
+        "allowed: tp-dp-pp,"}},
+      {"duplicate_collective",
+       H("commcheck:\n  collectives: [allreduce, alltoall, allreduce]\n"),
+       {"job.yaml:4:38: commcheck.collectives[2]: duplicate value (got 'allreduce'; allowed: a "
+        "non-empty list of distinct values from: allreduce, allgather, alltoall, broadcast)"}},
+      {"unknown_collective",
+       H("commcheck:\n  collectives:\n    - allreduse\n"),
+       {"job.yaml:5:7: commcheck.collectives[0]: unknown value; did you mean 'allreduce'?"}},
+      {"empty_collectives",
+       H("commcheck:\n  collectives: []\n"),
+       {"job.yaml:4:16: commcheck.collectives: must not be empty"}},
+
+      // Sizes.
+      {"bad_unit",
+       H("memory:\n  device_budget: 4XB\n"),
+       {"job.yaml:4:18: memory.device_budget: unknown size unit 'XB' (got '4XB'; allowed:",
+        "KiB, MiB, GiB"}},
+      {"negative_size",
+       H("memory:\n  device_budget: -1\n"),
+       {"job.yaml:4:18: memory.device_budget: size must not be negative (got '-1'"}},
+      {"fractional_bytes",
+       H("commcheck:\n  min_bytes: 0.1KiB\n"),
+       {"job.yaml:4:14: commcheck.min_bytes: not a whole number of bytes"}},
+      {"size_not_multiple_of_4",
+       H("commcheck:\n  min_bytes: 6\n"),
+       {"job.yaml:4:14: commcheck.min_bytes: must be a multiple of 4 bytes (got 6;"}},
+      {"size_zero",
+       H("commcheck:\n  min_bytes: 0\n"),
+       {"job.yaml:4:14: commcheck.min_bytes: must be >= 4 (got '0'; allowed: 4..1GiB"}},
+      {"size_above_1gib",
+       H("commcheck:\n  max_bytes: 2GiB\n"),
+       {"job.yaml:4:14: commcheck.max_bytes: must be <= 1GiB (got '2GiB'; allowed: 4..1GiB"}},
+      {"min_bytes_above_max",
+       H("commcheck:\n  min_bytes: 1MiB\n  max_bytes: 64KiB\n"),
+       {"job.yaml:4:14: commcheck.min_bytes: must be <= commcheck.max_bytes (= 64KiB) (got 1MiB; "
+        "allowed: 4..64KiB)"}},
+
+      // Inconsistent sizes across fields.
+      {"workers_vs_world",
+       H("parallel:\n  dp: 2\n  tp: 2\nresources:\n  workers: 3\n"),
+       {"job.yaml:7:12: resources.workers: inconsistent sizes: resources.workers must equal "
+        "parallel.pp * parallel.dp * parallel.tp (got 3; allowed: 4 = pp 1 * dp 2 * tp 2)"}},
+      {"ep_esp_not_dividing_dp_tp",
+       H("parallel:\n  dp: 2\n  ep: 4\n"),
+       {"job.yaml:5:7: parallel.ep: inconsistent sizes: ep * esp must divide dp * tp (got ep * "
+        "esp = 4 * 1 = 4, dp * tp = 2 * 1 = 2; allowed: ep * esp in {1, 2})"}},
+      {"esp_not_dividing",
+       H("parallel:\n  dp: 4\n  esp: 3\n"),
+       {"job.yaml:5:8: parallel.esp: inconsistent sizes: ep * esp must divide dp * tp"}},
+      {"world_too_large",
+       H("parallel:\n  dp: 65536\n  tp: 65536\n"),
+       {"job.yaml:4:7: parallel.dp: inconsistent sizes: pp * dp * tp is too large (got 1 * 65536 * "
+        "65536 = 4294967296; allowed: pp * dp * tp <= 2147483647)"}},
+      {"heads_mod_tp",
+       H("model:\n  d_model: 96\n  heads: 4\nparallel:\n  tp: 3\n"),
+       {"job.yaml:7:7: parallel.tp: inconsistent sizes: must divide model.heads (= 4) (got 3; "
+        "allowed: 1, 2, 4)"}},
+      {"experts_mod_ep",
+       H("parallel:\n  dp: 4\n  ep: 4\nmoe:\n  experts: 6\n"),
+       {"job.yaml:5:7: parallel.ep: inconsistent sizes: must divide moe.experts (= 6) (got 4; "
+        "allowed: 1, 2, 3, 6)"}},
+      {"layers_mod_pp",
+       H("parallel:\n  pp: 3\n"),
+       {"job.yaml:4:7: parallel.pp: inconsistent sizes: must divide model.layers (= 2) (got 3; "
+        "allowed: 1, 2)"}},
+      {"expert_ffn_mod_esp",
+       H("model:\n  expert_ffn: 100\nparallel:\n  dp: 8\n  esp: 8\n"),
+       {"job.yaml:7:8: parallel.esp: inconsistent sizes: must divide model.expert_ffn (= 100)"}},
+      {"d_model_mod_heads",
+       H("model:\n  d_model: 30\n"),
+       {"job.yaml:4:12: model.d_model: inconsistent sizes: must be a multiple of model.heads (= 4) "
+        "(got 30; allowed: multiples of 4)"}},
+      {"top_k_above_experts",
+       H("moe:\n  experts: 4\n  top_k: 5\n"),
+       {"job.yaml:5:10: moe.top_k: must be <= moe.experts (= 4) (got 5; allowed: 1..4)"}},
+      {"default_top_k_above_experts",
+       H("moe:\n  experts: 1\n"),
+       {"job.yaml:4:12: moe.top_k: must be <= moe.experts (= 1) (got 2, the default; allowed: "
+        "1..1)"}},
+      {"fault_rank_outside_world",
+       H("parallel:\n  dp: 2\nfault:\n  mode: crash\n  rank: 2\n"),
+       {"job.yaml:7:9: fault.rank: must be < the world size pp * dp * tp (= 2) (got 2; allowed: "
+        "0..1)"}},
+      {"warmup_above_steps",
+       H("train:\n  steps: 10\n  warmup: 20\n"),
+       {"job.yaml:5:11: train.warmup: must be <= train.steps (= 10) (got 20; allowed: 0..10)"}},
+      {"min_lr_above_lr",
+       H("train:\n  lr: 0.001\n  min_lr: 0.01\n"),
+       {"job.yaml:5:11: train.min_lr: must be <= train.lr (= 0.001)"}},
+      {"backoff_max_below_initial",
+       H("recovery:\n  backoff:\n    initial_s: 60\n"),
+       {"job.yaml:5:16: recovery.backoff.max_s: must be >= recovery.backoff.initial_s (= 60) (got "
+        "30, the default; allowed: >= 60)"}},
+      {"tokens_without_path",
+       H("data:\n  source: tokens\n"),
+       {"job.yaml:4:11: data.path: required when data.source is tokens (allowed: the path of a "
+        "token file)"}},
+      {"path_with_markov",
+       H("data:\n  path: /x\n"),
+       {"job.yaml:4:9: data.path: only used when data.source is tokens"}},
+  };
+}
+
+class BadInputTest : public testing::TestWithParam<BadCase> {};
+
+TEST_P(BadInputTest, ReportsFileLineFieldAndAllowed) {
+  const BadCase& c = GetParam();
+  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(c.yaml, "job.yaml");
+  ASSERT_FALSE(spec.ok()) << "accepted:\n" << c.yaml;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  for (const std::string& want : c.expect) {
+    EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\nin message:\n"
+                                                     << message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, testing::ValuesIn(Cases()),
+                         [](const testing::TestParamInfo<BadCase>& info) {
+                           return info.param.label;
+                         });
+
+TEST(BadInputTest, ReportsEveryProblemOncePerLineInFileOrder) {
+  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(R"(name: j
+kind: train
+parallel:
+  dp: -2
+  tpp: 2
+moe:
+  schedule: fast
+train:
+  steps: abc
+resources:
+  device: tpu
+)",
+                                                           "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 5u) << spec.status();
+  EXPECT_EQ(lines[0].rfind("job.yaml:4:7: parallel.dp: must be >= 1", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("job.yaml:5:3: parallel.tpp: unknown field", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("job.yaml:7:13: moe.schedule: unknown value", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("job.yaml:9:10: train.steps: expected an integer", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[4].rfind("job.yaml:11:11: resources.device: unknown value", 0), 0u) << lines[4];
+}
+
+TEST(BadInputTest, FieldWithItsOwnErrorSkipsCrossChecks) {
+  // parallel.tp is invalid on its own; no second "inconsistent sizes" message about it.
+  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(
+      "name: j\nkind: train\nparallel:\n  tp: x\nresources:\n  workers: 1\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
+  EXPECT_EQ(lines.size(), 1u) << spec.status();
+}
+
+}  // namespace
+}  // namespace furnace::spec

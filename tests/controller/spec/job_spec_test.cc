@@ -1,0 +1,291 @@
+#include "controller/spec/job_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace furnace::spec {
+namespace {
+
+using furnace::v1::JobSpec;
+
+JobSpec MustParse(std::string_view yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobYaml(yaml, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec();
+}
+
+TEST(JobSpecTest, CommcheckConfigParses) {
+  absl::StatusOr<JobSpec> spec = LoadJobFile(FURNACE_SOURCE_DIR "/configs/commcheck.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "commcheck");
+  EXPECT_EQ(spec->kind(), "commcheck");
+  EXPECT_EQ(spec->parallel().dp(), 4u);
+  EXPECT_EQ(spec->parallel().pp(), 1u);
+  EXPECT_EQ(spec->parallel().tp(), 1u);
+  EXPECT_EQ(WorldSize(*spec), 4u);
+  EXPECT_EQ(spec->resources().workers(), 4u);
+  const auto& cc = spec->commcheck();
+  EXPECT_EQ(cc.min_bytes(), 4096u);
+  EXPECT_EQ(cc.max_bytes(), 4u << 20);
+  EXPECT_EQ(cc.step_factor(), 4u);
+  EXPECT_EQ(cc.iters(), 5u);
+  EXPECT_EQ(cc.warmup_iters(), 1u);
+  EXPECT_EQ(cc.rounds(), 1u);
+  EXPECT_DOUBLE_EQ(cc.timeout_s(), 30.0);
+  ASSERT_EQ(cc.collectives_size(), 4);
+  EXPECT_EQ(cc.collectives(0), "allreduce");
+  EXPECT_EQ(cc.collectives(3), "broadcast");
+  EXPECT_EQ(spec->fault().mode(), "");
+}
+
+TEST(JobSpecTest, MinimalFileGetsEveryDefault) {
+  JobSpec s = MustParse("name: tiny\nkind: train\n");
+  EXPECT_EQ(s.name(), "tiny");
+  EXPECT_EQ(s.kind(), "train");
+
+  const auto& m = s.model();
+  EXPECT_EQ(m.vocab(), 256u);
+  EXPECT_EQ(m.seq_len(), 64u);
+  EXPECT_EQ(m.d_model(), 64u);
+  EXPECT_EQ(m.heads(), 4u);
+  EXPECT_EQ(m.layers(), 2u);
+  EXPECT_EQ(m.dense_ffn(), 256u);
+  EXPECT_EQ(m.moe_every(), 1u);
+  EXPECT_EQ(m.expert_ffn(), 256u);
+
+  const auto& p = s.parallel();
+  EXPECT_EQ(p.pp(), 1u);
+  EXPECT_EQ(p.dp(), 1u);
+  EXPECT_EQ(p.tp(), 1u);
+  EXPECT_EQ(p.ep(), 1u);
+  EXPECT_EQ(p.esp(), 1u);
+  EXPECT_EQ(p.micro_batch(), 1u);
+  EXPECT_EQ(p.micro_batches(), 1u);
+  EXPECT_EQ(p.order(), "tp-dp-pp");
+
+  const auto& moe = s.moe();
+  EXPECT_EQ(moe.experts(), 8u);
+  EXPECT_EQ(moe.top_k(), 2u);
+  EXPECT_DOUBLE_EQ(moe.capacity_factor(), 0.0);
+  EXPECT_EQ(moe.schedule(), "deepspeed");
+  EXPECT_TRUE(moe.normalize_topk());
+  EXPECT_DOUBLE_EQ(moe.aux_alpha(), 0.01);
+  EXPECT_DOUBLE_EQ(moe.spikes().probability(), 0.0);
+  EXPECT_DOUBLE_EQ(moe.spikes().max_ratio(), 1.0);
+  EXPECT_EQ(moe.spikes().seed(), 0u);
+
+  EXPECT_EQ(s.memory().policy(), "none");
+  EXPECT_EQ(s.memory().device_budget(), 0u);
+
+  const auto& t = s.train();
+  EXPECT_EQ(t.steps(), 100u);
+  EXPECT_DOUBLE_EQ(t.lr(), 3e-4);
+  EXPECT_DOUBLE_EQ(t.min_lr(), 3e-5);
+  EXPECT_EQ(t.warmup(), 0u);
+  EXPECT_EQ(t.schedule(), "cosine");
+  EXPECT_DOUBLE_EQ(t.clip(), 1.0);
+  EXPECT_EQ(t.seed(), 0u);
+  EXPECT_DOUBLE_EQ(t.weight_decay(), 0.1);
+
+  EXPECT_EQ(s.data().source(), "markov");
+  EXPECT_EQ(s.data().path(), "");
+  EXPECT_EQ(s.data().seed(), 0u);
+
+  EXPECT_EQ(s.checkpoint().dir(), "");
+  EXPECT_EQ(s.checkpoint().every(), 0u);
+  EXPECT_EQ(s.checkpoint().keep(), 2u);
+  EXPECT_FALSE(s.checkpoint().async());
+
+  const auto& r = s.recovery();
+  EXPECT_EQ(r.max_restarts(), 3u);
+  EXPECT_DOUBLE_EQ(r.backoff().initial_s(), 1.0);
+  EXPECT_DOUBLE_EQ(r.backoff().max_s(), 30.0);
+  EXPECT_DOUBLE_EQ(r.backoff().multiplier(), 2.0);
+  EXPECT_DOUBLE_EQ(r.heartbeat_timeout_s(), 10.0);
+  EXPECT_DOUBLE_EQ(r.hang_timeout_s(), 60.0);
+  EXPECT_DOUBLE_EQ(r.start_timeout_s(), 60.0);
+
+  EXPECT_EQ(s.resources().workers(), 1u);
+  EXPECT_EQ(s.resources().device(), "cpu");
+
+  const auto& cc = s.commcheck();
+  EXPECT_EQ(cc.min_bytes(), 4096u);
+  EXPECT_EQ(cc.max_bytes(), 4u << 20);
+  EXPECT_EQ(cc.step_factor(), 4u);
+  EXPECT_EQ(cc.iters(), 5u);
+  EXPECT_EQ(cc.warmup_iters(), 1u);
+  ASSERT_EQ(cc.collectives_size(), 4);
+  EXPECT_EQ(cc.collectives(0), "allreduce");
+  EXPECT_EQ(cc.collectives(1), "allgather");
+  EXPECT_EQ(cc.collectives(2), "alltoall");
+  EXPECT_EQ(cc.collectives(3), "broadcast");
+  EXPECT_EQ(cc.rounds(), 1u);
+  EXPECT_DOUBLE_EQ(cc.timeout_s(), 30.0);
+
+  const auto& f = s.fault();
+  EXPECT_EQ(f.mode(), "");
+  EXPECT_EQ(f.rank(), 0);
+  EXPECT_EQ(f.at_step(), 0u);
+  EXPECT_FALSE(f.every_attempt());
+  EXPECT_EQ(f.exit_code(), 1);
+}
+
+TEST(JobSpecTest, DerivedDefaultsFollowTheirInputs) {
+  JobSpec s = MustParse(R"(name: derived
+kind: train
+model: {d_model: 128, heads: 8}
+moe: {top_k: 1}
+train: {lr: 1.0e-3}
+parallel: {pp: 2, dp: 3}
+)");
+  EXPECT_EQ(s.model().dense_ffn(), 512u);
+  EXPECT_EQ(s.model().expert_ffn(), 512u);
+  EXPECT_FALSE(s.moe().normalize_topk());
+  EXPECT_DOUBLE_EQ(s.train().min_lr(), 1e-4);
+  EXPECT_EQ(s.resources().workers(), 6u);
+  EXPECT_EQ(WorldSize(s), 6u);
+}
+
+TEST(JobSpecTest, EveryFieldCanBeSet) {
+  JobSpec s = MustParse(R"(name: full-job_1
+kind: train
+model:
+  vocab: 512
+  seq_len: 128
+  d_model: 96
+  heads: 6
+  layers: 4
+  dense_ffn: 100
+  moe_every: 2
+  expert_ffn: 200
+parallel:
+  pp: 2
+  dp: 2
+  tp: 2
+  ep: 2
+  esp: 2
+  micro_batch: 4
+  micro_batches: 8
+  order: pp-dp-tp
+moe:
+  experts: 4
+  top_k: 1
+  capacity_factor: 1.25
+  schedule: s2
+  normalize_topk: true
+  aux_alpha: 0
+  spikes: {probability: 0.5, max_ratio: 4, seed: 18446744073709551615}
+memory: {policy: adaptive, device_budget: 512MiB}
+train:
+  steps: 50
+  lr: 0.001
+  min_lr: 0
+  warmup: 50
+  schedule: constant
+  clip: 0
+  seed: 7
+  weight_decay: 0
+data: {source: tokens, path: /data/tokens.bin, seed: 3}
+checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true}
+recovery:
+  max_restarts: 0
+  backoff: {initial_s: 0.5, max_s: 0.5, multiplier: 1}
+  heartbeat_timeout_s: 2.5
+  hang_timeout_s: 5
+  start_timeout_s: 7
+resources: {workers: 8, device: cuda}
+commcheck:
+  min_bytes: 1KB
+  max_bytes: 1GiB
+  step_factor: 2
+  iters: 1
+  warmup_iters: 0
+  collectives: [broadcast, alltoall]
+  rounds: 3
+  timeout_s: 0.5
+fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
+)");
+  EXPECT_EQ(s.name(), "full-job_1");
+  EXPECT_EQ(s.model().dense_ffn(), 100u);
+  EXPECT_EQ(s.model().expert_ffn(), 200u);
+  EXPECT_EQ(s.parallel().order(), "pp-dp-tp");
+  EXPECT_EQ(s.parallel().micro_batches(), 8u);
+  EXPECT_DOUBLE_EQ(s.moe().capacity_factor(), 1.25);
+  EXPECT_EQ(s.moe().schedule(), "s2");
+  EXPECT_TRUE(s.moe().normalize_topk());
+  EXPECT_EQ(s.moe().spikes().seed(), 18446744073709551615ull);
+  EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);
+  EXPECT_EQ(s.memory().policy(), "adaptive");
+  EXPECT_EQ(s.memory().device_budget(), 512ull << 20);
+  EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
+  EXPECT_EQ(s.train().warmup(), 50u);
+  EXPECT_EQ(s.data().path(), "/data/tokens.bin");
+  EXPECT_TRUE(s.checkpoint().async());
+  EXPECT_EQ(s.recovery().max_restarts(), 0u);
+  EXPECT_DOUBLE_EQ(s.recovery().backoff().max_s(), 0.5);
+  EXPECT_EQ(s.resources().workers(), 8u);
+  EXPECT_EQ(s.resources().device(), "cuda");
+  EXPECT_EQ(s.commcheck().min_bytes(), 1000u);
+  EXPECT_EQ(s.commcheck().max_bytes(), 1ull << 30);
+  ASSERT_EQ(s.commcheck().collectives_size(), 2);
+  EXPECT_EQ(s.commcheck().collectives(0), "broadcast");
+  EXPECT_EQ(s.fault().mode(), "exit");
+  EXPECT_EQ(s.fault().rank(), 7);
+  EXPECT_EQ(s.fault().exit_code(), 255);
+}
+
+TEST(JobSpecTest, SizesAcceptUnitStrings) {
+  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {device_budget: \"1.5GB\"}\n")
+                .memory()
+                .device_budget(),
+            1500000000u);
+  EXPECT_EQ(
+      MustParse("name: a\nkind: train\nmemory: {device_budget: 4096}\n").memory().device_budget(),
+      4096u);
+  JobSpec s =
+      MustParse("name: a\nkind: commcheck\ncommcheck: {min_bytes: 4KiB, max_bytes: 512MiB}\n");
+  EXPECT_EQ(s.commcheck().min_bytes(), 4096u);
+  EXPECT_EQ(s.commcheck().max_bytes(), 512ull << 20);
+}
+
+TEST(JobSpecTest, EmptySectionsAndCommentsAreFine) {
+  JobSpec s = MustParse("# a job\nname: a\nkind: train\nmoe:\ntrain: {}\n");
+  EXPECT_EQ(s.moe().experts(), 8u);
+  EXPECT_EQ(s.train().steps(), 100u);
+}
+
+TEST(JobSpecTest, CommcheckIgnoresModelShape) {
+  // A communication check does not build the model, so pp=4 need not divide model.layers (2).
+  JobSpec s = MustParse("name: a\nkind: commcheck\nparallel: {pp: 4, tp: 8}\n");
+  EXPECT_EQ(WorldSize(s), 32u);
+  EXPECT_FALSE(ParseJobYaml("name: a\nkind: train\nparallel: {pp: 4}\n", "job.yaml").ok());
+}
+
+TEST(JobSpecTest, LoadJobFileReportsIoErrors) {
+  absl::StatusOr<JobSpec> missing = LoadJobFile("/nonexistent/furnace/job.yaml");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/furnace/job.yaml"), std::string::npos);
+  EXPECT_EQ(LoadJobFile(FURNACE_SOURCE_DIR "/configs").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobSpecTest, ErrorsNameTheLoadedFile) {
+  const std::string path = testing::TempDir() + "/spec_test_bad_job.yaml";
+  {
+    std::ofstream out(path);
+    out << "name: a\nkind: trian\n";
+  }
+  absl::StatusOr<JobSpec> spec = LoadJobFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find(path + ":2:7: kind: unknown value; did you mean 'train'?"),
+            std::string::npos)
+      << spec.status();
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace furnace::spec
