@@ -1,0 +1,246 @@
+#include "worker/agent.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fake_agent_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/controller_channel.h"
+
+namespace furnace::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("agent_test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override {
+    StopAgent();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // The rank is `sh -c script sh TASK_FILE`.
+  void StartAgent(const std::string& address, const std::string& script) {
+    AgentOptions options;
+    options.controller = address;
+    options.slot = 4;
+    options.worker_id = "test/4";
+    options.work_dir = dir_.string();
+    options.rank_command = {"/bin/sh", "-c", script, "sh"};
+    options.flush_interval_s = 0.05;
+    options.shutdown_grace_s = 1;
+    agent_ = std::make_unique<Agent>(
+        options, furnace::v1::AgentService::NewStub(MakeControllerChannel(address)));
+    runner_ = std::thread([this] { run_status_ = agent_->Run(); });
+  }
+  void StopAgent() {
+    if (!agent_) return;
+    agent_->Shutdown();
+    runner_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+    agent_.reset();
+  }
+
+  static furnace::v1::AgentCommand Start(uint32_t rank) {
+    furnace::v1::AgentCommand command;
+    furnace::v1::RankTask* task = command.mutable_start();
+    task->set_job_id("job-1");
+    task->set_attempt(1);
+    task->set_rank(rank);
+    task->set_world_size(2);
+    task->mutable_spec()->set_kind("commcheck");
+    return command;
+  }
+  static furnace::v1::AgentCommand Stop(uint32_t rank, double grace_s) {
+    furnace::v1::AgentCommand command;
+    furnace::v1::StopRank* stop = command.mutable_stop();
+    stop->set_job_id("job-1");
+    stop->set_attempt(1);
+    stop->set_rank(rank);
+    stop->set_grace_s(grace_s);
+    stop->set_reason("job cancelled");
+    return command;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<Agent> agent_;
+  std::thread runner_;
+  absl::Status run_status_;
+};
+
+TEST_F(AgentTest, RegistersRunsARankAndReportsIt) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "echo task=$1; exit 0");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    const furnace::v1::RegisterRequest& registration = fake.registrations.at(0);
+    EXPECT_EQ(registration.worker_id(), "test/4");
+    EXPECT_EQ(registration.slot(), 4u);
+    EXPECT_EQ(registration.host(), "127.0.0.1");
+    EXPECT_EQ(registration.device_kind(), "cpu");
+    EXPECT_EQ(registration.pid(), getpid());
+  }
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 2; }));
+  const std::string task_path = (dir_ / "tasks/job-1-a1-r0.pb").string();
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    for (const auto& line : fake.logs) {
+      if (line.text() == "task=" + task_path) return true;
+    }
+    return false;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    EXPECT_EQ(fake.reports[0].event(), furnace::v1::RANK_STARTED);
+    EXPECT_EQ(fake.reports[0].worker_id(), "test/4");
+    EXPECT_GT(fake.reports[0].pid(), 0);
+    EXPECT_EQ(fake.reports[1].event(), furnace::v1::RANK_EXITED);
+    EXPECT_EQ(fake.reports[1].exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+    EXPECT_EQ(fake.reports[1].pid(), fake.reports[0].pid());
+  }
+  furnace::v1::RankTask task;
+  std::ifstream in(task_path, std::ios::binary);
+  ASSERT_TRUE(task.ParseFromIstream(&in));
+  EXPECT_EQ(task.job_id(), "job-1");
+  EXPECT_EQ(task.controller_address(), controller.address());  // filled in by the agent
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "logs/job-1/attempt-1/rank-0.log"));
+}
+
+TEST_F(AgentTest, StartIsIdempotentAndStopEndsTheRank) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "echo ready; exec sleep 30");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(1));
+  fake.Push(Start(1));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 2; }));
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    return !fake.heartbeats.empty() && fake.heartbeats.back().running_size() == 1;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    EXPECT_EQ(fake.reports[1].event(), furnace::v1::RANK_STARTED);
+    EXPECT_EQ(fake.reports[1].pid(), fake.reports[0].pid());  // the same process
+    EXPECT_EQ(fake.heartbeats.back().running(0).pid(), fake.reports[0].pid());
+  }
+  fake.Push(Stop(1, 0.2));
+  fake.Push(Stop(7, 0.2));  // never started here
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 4; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  // Rank 7's answer is immediate, rank 1's comes when it has exited: either order.
+  for (int i : {2, 3}) {
+    const furnace::v1::RankReport& report = fake.reports[i];
+    EXPECT_EQ(report.event(), furnace::v1::RANK_EXITED);
+    EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+    EXPECT_THAT(report.reason(), HasSubstr("job cancelled"));
+    if (report.rank() == 7) {
+      EXPECT_THAT(report.reason(), HasSubstr("not running"));
+    } else {
+      EXPECT_EQ(report.rank(), 1u);
+      EXPECT_EQ(report.pid(), fake.reports[0].pid());
+    }
+  }
+  EXPECT_NE(fake.reports[2].rank(), fake.reports[3].rank());
+}
+
+TEST_F(AgentTest, LaunchFailureIsReported) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "unused");
+  agent_->Shutdown();
+  runner_.join();
+  agent_.reset();
+  AgentOptions bad;
+  bad.controller = controller.address();
+  bad.worker_id = "test/4";
+  bad.work_dir = dir_.string();
+  bad.rank_command = {"/nonexistent/furnace-worker", "rank", "--task"};
+  agent_ = std::make_unique<Agent>(
+      bad, furnace::v1::AgentService::NewStub(MakeControllerChannel(controller.address())));
+  runner_ = std::thread([this] { run_status_ = agent_->Run(); });
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.reports[0].event(), furnace::v1::RANK_EXITED);
+  EXPECT_EQ(fake.reports[0].exit_kind(), furnace::v1::EXIT_KIND_LAUNCH);
+  EXPECT_THAT(fake.reports[0].reason(), HasSubstr("/nonexistent/furnace-worker"));
+}
+
+TEST_F(AgentTest, ReportsAreRetriedUntilAcked) {
+  testing::FakeController controller;
+  controller.service.unavailable_reports = 3;
+  StartAgent(controller.address(), "exit 5");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 2; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.report_calls, 5);
+  EXPECT_EQ(fake.reports[0].event(), furnace::v1::RANK_STARTED);  // order kept
+  EXPECT_EQ(fake.reports[1].exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(fake.reports[1].exit_code(), 5);
+}
+
+TEST_F(AgentTest, RanksSurviveAControllerRestartAndAreReattached) {
+  auto first = std::make_unique<testing::FakeController>();
+  const int port = first->port();
+  StartAgent(first->address(), "echo ready; exec sleep 30");
+  ASSERT_TRUE(first->service.AwaitLocked([&] { return first->service.watchers > 0; }));
+  first->service.Push(Start(0));
+  ASSERT_TRUE(first->service.AwaitLocked([&] { return !first->service.reports.empty(); }));
+  const int pid = first->service.reports[0].pid();
+  first.reset();  // the controller goes away
+
+  testing::FakeController second(port);
+  auto& fake = second.service;
+  // The agent registers again, listing the rank that kept running.
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    return !fake.registrations.empty() && fake.registrations[0].running_size() == 1 &&
+           fake.watchers > 0;
+  }));
+  EXPECT_EQ(fake.registrations[0].running(0).pid(), pid);
+  EXPECT_EQ(kill(pid, 0), 0);
+  fake.Push(Stop(0, 0.2));
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    for (const auto& report : fake.reports) {
+      if (report.event() == furnace::v1::RANK_EXITED) return true;
+    }
+    return false;
+  }));
+}
+
+TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.05; done");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    for (const auto& line : fake.logs) {
+      if (line.text() == "ready") return true;
+    }
+    return false;
+  }));
+  StopAgent();
+  std::lock_guard<std::mutex> lock(fake.mu);
+  ASSERT_EQ(fake.reports.size(), 2u);
+  EXPECT_EQ(fake.reports[1].exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(fake.reports[1].exit_code(), 0);
+}
+
+}  // namespace
+}  // namespace furnace::worker

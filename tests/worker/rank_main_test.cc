@@ -1,0 +1,198 @@
+// `furnace-worker rank` end to end: RankSupervisors run the real binary on task files, the ranks
+// rendezvous through the fake controller's KV store and run a tiny commcheck over Gloo.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "fake_agent_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/rank_supervisor.h"
+
+namespace furnace::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct RankRun {
+  std::unique_ptr<RankSupervisor> supervisor;
+  std::mutex mu;
+  std::vector<furnace::v1::TelemetryRecord> records;
+  std::vector<std::string> lines;
+};
+
+class RankMainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("rank_main_test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  furnace::v1::JobSpec Spec(const std::string& kind = "commcheck") {
+    furnace::v1::JobSpec spec;
+    spec.set_kind(kind);
+    spec.mutable_recovery()->set_start_timeout_s(20);
+    furnace::v1::CommcheckSpec* commcheck = spec.mutable_commcheck();
+    commcheck->set_min_bytes(1024);
+    commcheck->set_max_bytes(4096);
+    commcheck->set_step_factor(4);
+    commcheck->set_iters(2);
+    commcheck->set_warmup_iters(1);
+    commcheck->set_rounds(2);
+    commcheck->add_collectives("allreduce");
+    commcheck->add_collectives("allgather");
+    commcheck->set_timeout_s(10);
+    return spec;
+  }
+
+  // Starts `world` ranks of attempt `attempt`.
+  void Launch(const furnace::v1::JobSpec& spec, uint32_t world, uint32_t attempt = 1) {
+    for (uint32_t r = 0; r < world; ++r) {
+      furnace::v1::RankTask task;
+      task.set_job_id("job-1");
+      task.set_attempt(attempt);
+      task.set_rank(r);
+      task.set_world_size(world);
+      *task.mutable_spec() = spec;
+      task.set_controller_address(controller_.address());
+      task.set_host("127.0.0.1");
+      const std::string path = (dir_ / ("task-" + std::to_string(r) + ".pb")).string();
+      std::ofstream out(path, std::ios::binary);
+      ASSERT_TRUE(task.SerializeToOstream(&out));
+      out.close();
+      auto run = std::make_unique<RankRun>();
+      RankLaunch launch;
+      launch.job_id = "job-1";
+      launch.attempt = attempt;
+      launch.rank = r;
+      launch.argv = {FURNACE_WORKER_BIN, "rank", "--task", path};
+      launch.log_path = (dir_ / ("rank-" + std::to_string(r) + ".log")).string();
+      launch.hang_timeout_s = spec.recovery().hang_timeout_s();
+      RankSinks sinks;
+      RankRun* raw = run.get();
+      sinks.on_telemetry = [raw](furnace::v1::TelemetryRecord record) {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->records.push_back(std::move(record));
+      };
+      sinks.on_log = [raw](furnace::v1::LogLine line) {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->lines.push_back(line.text());
+      };
+      auto supervisor = RankSupervisor::Start(std::move(launch), std::move(sinks));
+      ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+      run->supervisor = *std::move(supervisor);
+      runs_.push_back(std::move(run));
+    }
+  }
+
+  furnace::v1::RankReport Finish(uint32_t rank) {
+    runs_[rank]->supervisor->Wait();
+    return *runs_[rank]->supervisor->exit_report();
+  }
+
+  std::filesystem::path dir_;
+  testing::FakeController controller_;
+  std::vector<std::unique_ptr<RankRun>> runs_;
+};
+
+TEST_F(RankMainTest, CommcheckPassesAndReportsProgress) {
+  Launch(Spec(), 2);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const furnace::v1::RankReport report = Finish(r);
+    ASSERT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS) << report.reason();
+    const RankRun& run = *runs_[r];
+    ASSERT_FALSE(run.records.empty());
+    EXPECT_EQ(run.records.front().phase(), "starting");
+    EXPECT_EQ(run.records.back().phase(), "done");
+    EXPECT_EQ(run.records.back().step(), 2u);
+    EXPECT_EQ(run.records.back().total_steps(), 2u);
+    int results = 0;
+    for (const auto& record : run.records) {
+      for (const auto& comm : record.comm()) {
+        ++results;
+        EXPECT_TRUE(comm.verified());
+        EXPECT_EQ(comm.world_size(), 2u);
+        EXPECT_EQ(record.phase(), "running");
+      }
+    }
+    EXPECT_EQ(results, 2 /*rounds*/ * 2 /*sizes*/ * 2 /*collectives*/);
+  }
+}
+
+TEST_F(RankMainTest, UnknownKindExitsWithTwo) {
+  Launch(Spec("train"), 1);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(report.exit_code(), 2);
+  EXPECT_THAT(report.reason(), HasSubstr("'train' is not supported"));
+}
+
+TEST_F(RankMainTest, ExitFaultAfterTheFirstRound) {
+  furnace::v1::JobSpec spec = Spec();
+  spec.mutable_fault()->set_mode("exit");
+  spec.mutable_fault()->set_rank(1);
+  spec.mutable_fault()->set_at_step(1);
+  spec.mutable_fault()->set_exit_code(9);
+  spec.mutable_commcheck()->set_timeout_s(2);  // rank 0 then fails fast
+  Launch(spec, 2);
+  const furnace::v1::RankReport faulty = Finish(1);
+  EXPECT_EQ(faulty.exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(faulty.exit_code(), 9);
+  EXPECT_THAT(faulty.reason(), HasSubstr("fault injection"));
+  const furnace::v1::RankReport peer = Finish(0);
+  EXPECT_EQ(peer.exit_kind(), furnace::v1::EXIT_KIND_CODE) << peer.reason();
+  EXPECT_EQ(peer.exit_code(), 1);
+}
+
+TEST_F(RankMainTest, CrashFaultAtStart) {
+  furnace::v1::JobSpec spec = Spec();
+  spec.mutable_fault()->set_mode("crash");
+  spec.mutable_fault()->set_rank(0);
+  Launch(spec, 1);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SIGNAL);
+  EXPECT_EQ(report.signal(), SIGSEGV);
+}
+
+TEST_F(RankMainTest, HangFaultIsCaughtByTheWatchdog) {
+  furnace::v1::JobSpec spec = Spec();
+  spec.mutable_fault()->set_mode("hang");
+  spec.mutable_fault()->set_rank(0);
+  spec.mutable_recovery()->set_hang_timeout_s(1);
+  Launch(spec, 1);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
+  EXPECT_THAT(report.reason(), HasSubstr("last step 0"));
+}
+
+TEST_F(RankMainTest, FaultOnlyInTheFirstAttemptUnlessEveryAttempt) {
+  furnace::v1::JobSpec spec = Spec();
+  spec.mutable_fault()->set_mode("exit");
+  spec.mutable_fault()->set_rank(0);
+  spec.mutable_fault()->set_exit_code(9);
+  Launch(spec, 1, /*attempt=*/2);
+  EXPECT_EQ(Finish(0).exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  spec.mutable_fault()->set_every_attempt(true);
+  runs_.clear();
+  Launch(spec, 1, /*attempt=*/3);
+  EXPECT_EQ(Finish(0).exit_code(), 9);
+}
+
+TEST_F(RankMainTest, FencedAttemptFailsRendezvous) {
+  controller_.service.min_attempt = 5;
+  Launch(Spec(), 2, /*attempt=*/1);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_code(), 1);
+  EXPECT_THAT(report.reason(), HasSubstr("rendezvous failed"));
+  Finish(1);
+}
+
+}  // namespace
+}  // namespace furnace::worker

@@ -1,0 +1,286 @@
+#include "worker/rank_supervisor.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/telemetry_pipe.h"
+
+namespace furnace::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// What the sinks saw.
+struct Seen {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::vector<furnace::v1::TelemetryRecord> records;
+  int exits = 0;
+
+  bool HasLine(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::find(lines.begin(), lines.end(), text) != lines.end();
+  }
+};
+
+// A shell printf that writes `record`, framed, to fd 3.
+std::string EmitRecordCommand(const furnace::v1::TelemetryRecord& record) {
+  std::string escaped;
+  for (unsigned char c : FrameRecord(record)) {
+    char octal[8];
+    std::snprintf(octal, sizeof(octal), "\\%03o", c);
+    escaped += octal;
+  }
+  return "printf '" + escaped + "' >&3";
+}
+
+furnace::v1::TelemetryRecord Record(uint64_t step, const std::string& message = "") {
+  furnace::v1::TelemetryRecord record;
+  record.set_job_id("spoofed");
+  record.set_step(step);
+  record.set_phase("running");
+  record.set_message(message);
+  return record;
+}
+
+class RankSupervisorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("rank_supervisor_test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string LogPath() const { return (dir_ / "logs/job-1/attempt-2/rank-1.log").string(); }
+
+  absl::StatusOr<std::unique_ptr<RankSupervisor>> Run(const std::string& script,
+                                                       double hang_timeout_s = 0) {
+    RankLaunch launch;
+    launch.job_id = "job-1";
+    launch.attempt = 2;
+    launch.rank = 1;
+    launch.argv = {"/bin/sh", "-c", script};
+    launch.log_path = LogPath();
+    launch.hang_timeout_s = hang_timeout_s;
+    RankSinks sinks;
+    sinks.on_log = [this](furnace::v1::LogLine line) {
+      EXPECT_EQ(line.job_id(), "job-1");
+      EXPECT_EQ(line.attempt(), 2u);
+      EXPECT_EQ(line.rank(), 1u);
+      std::lock_guard<std::mutex> lock(seen_.mu);
+      seen_.lines.push_back(line.text());
+    };
+    sinks.on_telemetry = [this](furnace::v1::TelemetryRecord record) {
+      std::lock_guard<std::mutex> lock(seen_.mu);
+      seen_.records.push_back(std::move(record));
+    };
+    sinks.on_exit = [this](const furnace::v1::RankReport&) {
+      std::lock_guard<std::mutex> lock(seen_.mu);
+      ++seen_.exits;
+    };
+    return RankSupervisor::Start(std::move(launch), std::move(sinks));
+  }
+
+  furnace::v1::RankReport RunToEnd(const std::string& script, double hang_timeout_s = 0) {
+    auto supervisor = Run(script, hang_timeout_s);
+    EXPECT_TRUE(supervisor.ok()) << supervisor.status();
+    if (!supervisor.ok()) return {};
+    (*supervisor)->Wait();
+    EXPECT_TRUE((*supervisor)->done());
+    EXPECT_EQ(seen_.exits, 1);
+    return *(*supervisor)->exit_report();
+  }
+
+  // Waits until the sink saw `text` (the child is then surely set up, e.g. its traps).
+  void AwaitLine(const std::string& text) {
+    for (int i = 0; i < 200 && !seen_.HasLine(text); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(seen_.HasLine(text)) << "never saw " << text;
+  }
+
+  std::filesystem::path dir_;
+  Seen seen_;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST_F(RankSupervisorTest, ExitZeroIsSuccess) {
+  const furnace::v1::RankReport report = RunToEnd("echo hello; echo oops >&2; exit 0");
+  EXPECT_EQ(report.event(), furnace::v1::RANK_EXITED);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(report.exit_code(), 0);
+  EXPECT_EQ(report.job_id(), "job-1");
+  EXPECT_EQ(report.attempt(), 2u);
+  EXPECT_EQ(report.rank(), 1u);
+  EXPECT_GT(report.pid(), 0);
+  EXPECT_EQ(report.reason(), "exited with code 0");
+  EXPECT_TRUE(seen_.HasLine("hello"));
+  EXPECT_TRUE(seen_.HasLine("oops"));
+}
+
+TEST_F(RankSupervisorTest, ExitThreeIsOutOfMemoryWithTheRanksLastWord) {
+  const furnace::v1::RankReport report = RunToEnd(
+      EmitRecordCommand(Record(4, "device arena exhausted: 3 GiB requested")) + "; exit 3");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_OOM);
+  EXPECT_EQ(report.exit_code(), 3);
+  EXPECT_THAT(report.reason(), StartsWith("exited with code 3"));
+  EXPECT_THAT(report.reason(), HasSubstr("device arena exhausted: 3 GiB requested"));
+}
+
+TEST_F(RankSupervisorTest, OtherExitCodesAreCode) {
+  const furnace::v1::RankReport report = RunToEnd("exit 7");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(report.exit_code(), 7);
+  EXPECT_EQ(report.reason(), "exited with code 7");
+}
+
+TEST_F(RankSupervisorTest, KilledBySignal) {
+  const furnace::v1::RankReport report = RunToEnd("kill -KILL $$");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SIGNAL);
+  EXPECT_EQ(report.signal(), SIGKILL);
+  EXPECT_THAT(report.reason(), StartsWith("killed by signal 9 (SIGKILL)"));
+}
+
+TEST_F(RankSupervisorTest, SegfaultIsSignal) {
+  const furnace::v1::RankReport report = RunToEnd("ulimit -c 0; kill -SEGV $$");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SIGNAL);
+  EXPECT_EQ(report.signal(), SIGSEGV);
+  EXPECT_THAT(report.reason(), StartsWith("killed by signal 11 (SIGSEGV)"));
+}
+
+TEST_F(RankSupervisorTest, StoppedChildIsHungAndReaped) {
+  const double start = Now();
+  const furnace::v1::RankReport report =
+      RunToEnd(EmitRecordCommand(Record(5)) + "; kill -STOP $$; echo never", /*hang=*/1.0);
+  const double elapsed = Now() - start;
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
+  EXPECT_EQ(report.signal(), SIGKILL);
+  EXPECT_THAT(report.reason(), StartsWith("hung: no progress for 1."));
+  EXPECT_THAT(report.reason(), HasSubstr("(last step 5)"));
+  EXPECT_GE(elapsed, 1.0);
+  EXPECT_LT(elapsed, 5.0);
+  EXPECT_FALSE(seen_.HasLine("never"));
+  EXPECT_EQ(kill(report.pid(), 0), -1);  // reaped: the pid is gone
+}
+
+TEST_F(RankSupervisorTest, RecordsAreProgressForTheWatchdog) {
+  std::string script;
+  for (int step = 1; step <= 4; ++step) {
+    script += EmitRecordCommand(Record(step)) + "; sleep 0.3; ";
+  }
+  const furnace::v1::RankReport report = RunToEnd(script + "exit 0", /*hang=*/0.8);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS) << report.reason();
+  ASSERT_EQ(seen_.records.size(), 4u);
+  for (const auto& record : seen_.records) {
+    EXPECT_EQ(record.job_id(), "job-1");  // the supervisor's identity, not the rank's claim
+    EXPECT_EQ(record.attempt(), 2u);
+    EXPECT_EQ(record.rank(), 1u);
+  }
+  EXPECT_EQ(seen_.records.back().step(), 4u);
+}
+
+TEST_F(RankSupervisorTest, StopWithGraceLetsATrappingChildExit) {
+  auto supervisor = Run("trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.05; done");
+  ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+  AwaitLine("ready");
+  const double start = Now();
+  (*supervisor)->Stop(5.0, "job cancelled");
+  (*supervisor)->Wait();
+  EXPECT_LT(Now() - start, 3.0);
+  const furnace::v1::RankReport report = *(*supervisor)->exit_report();
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(report.exit_code(), 0);
+  EXPECT_THAT(report.reason(), HasSubstr("job cancelled"));
+  EXPECT_TRUE(seen_.HasLine("bye"));
+}
+
+TEST_F(RankSupervisorTest, StopKillsAChildIgnoringTermAfterGrace) {
+  auto supervisor = Run("trap '' TERM; echo ready; while :; do sleep 0.05; done");
+  ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+  AwaitLine("ready");
+  const double start = Now();
+  (*supervisor)->Stop(0.5, "recovery");
+  (*supervisor)->Wait();
+  const double elapsed = Now() - start;
+  EXPECT_GE(elapsed, 0.5);
+  EXPECT_LT(elapsed, 3.0);
+  const furnace::v1::RankReport report = *(*supervisor)->exit_report();
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(report.signal(), SIGKILL);
+  EXPECT_THAT(report.reason(), HasSubstr("recovery"));
+}
+
+TEST_F(RankSupervisorTest, StopReachesAStoppedChild) {
+  auto supervisor = Run("echo ready; kill -STOP $$");
+  ASSERT_TRUE(supervisor.ok());
+  AwaitLine("ready");
+  (*supervisor)->Stop(0.2, "cancel");
+  (*supervisor)->Wait();
+  EXPECT_EQ((*supervisor)->exit_report()->exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+}
+
+TEST_F(RankSupervisorTest, OutputLinesInOrderInTheSinkAndTheLogFile) {
+  const furnace::v1::RankReport report =
+      RunToEnd("i=1; while [ $i -le 300 ]; do echo line-$i; i=$((i+1)); done; printf 'no-newline'");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  std::vector<std::string> expected;
+  for (int i = 1; i <= 300; ++i) expected.push_back("line-" + std::to_string(i));
+  expected.push_back("no-newline");
+  EXPECT_EQ(seen_.lines, expected);
+  std::ifstream log(LogPath());
+  std::vector<std::string> logged;
+  for (std::string line; std::getline(log, line);) logged.push_back(line);
+  EXPECT_EQ(logged, expected);
+}
+
+TEST_F(RankSupervisorTest, LeftoverProcessesInTheGroupDoNotHoldTheExit) {
+  const double start = Now();
+  const furnace::v1::RankReport report = RunToEnd("sleep 30 & echo started; exit 0");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  EXPECT_LT(Now() - start, 3.0);
+}
+
+TEST_F(RankSupervisorTest, LaunchFailureIsAnError) {
+  RankLaunch launch;
+  launch.job_id = "job-1";
+  launch.argv = {"/nonexistent/furnace-rank"};
+  launch.log_path = LogPath();
+  bool called = false;
+  RankSinks sinks;
+  sinks.on_exit = [&](const furnace::v1::RankReport&) { called = true; };
+  auto supervisor = RankSupervisor::Start(std::move(launch), std::move(sinks));
+  EXPECT_EQ(supervisor.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(supervisor.status().message()), HasSubstr("/nonexistent/furnace-rank"));
+  EXPECT_FALSE(called);
+}
+
+TEST_F(RankSupervisorTest, DestroyingTheSupervisorKillsTheRank) {
+  int pid;
+  {
+    auto supervisor = Run("echo ready; sleep 30");
+    ASSERT_TRUE(supervisor.ok());
+    AwaitLine("ready");
+    pid = (*supervisor)->pid();
+  }
+  EXPECT_EQ(kill(pid, 0), -1);
+}
+
+}  // namespace
+}  // namespace furnace::worker

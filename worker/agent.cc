@@ -1,0 +1,540 @@
+#include "worker/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::worker {
+namespace {
+
+constexpr double kMinBackoffS = 0.2;
+constexpr double kMaxBackoffS = 2.0;
+constexpr size_t kMaxBatch = 1000;
+
+std::string RankKey(const std::string& job_id, uint32_t attempt, uint32_t rank) {
+  return absl::StrCat(job_id, "/", attempt, "/", rank);
+}
+
+// Job ids come from the controller; keep them from escaping the work directory all the same.
+std::string SafeName(std::string name) {
+  for (char& c : name) {
+    if (c == '/' || c == '\0') c = '_';
+  }
+  if (name.empty() || name == "." || name == "..") name = absl::StrCat("_", name);
+  return name;
+}
+
+std::chrono::duration<double> Seconds(double s) { return std::chrono::duration<double>(s); }
+
+void SetDeadline(grpc::ClientContext* context, double seconds) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(seconds)));
+}
+
+std::string Describe(const grpc::Status& status) {
+  if (status.ok()) return "OK";
+  return absl::StrCat(static_cast<int>(status.error_code()), " ", status.error_message());
+}
+
+}  // namespace
+
+AgentOptions ResolveAgentOptions(AgentOptions options) {
+  if (options.worker_id.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+    options.worker_id = absl::StrCat(host, "/", options.slot);
+  }
+  if (options.work_dir.empty()) options.work_dir = absl::StrCat("./worker-", options.slot);
+  if (options.rank_command.empty()) options.rank_command = {"/proc/self/exe", "rank", "--task"};
+  return options;
+}
+
+Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,
+             const Clock& clock)
+    : options_(ResolveAgentOptions(std::move(options))),
+      stub_(std::move(stub)),
+      clock_(clock),
+      telemetry_(options_.telemetry_capacity),
+      logs_(options_.log_capacity) {}
+
+Agent::~Agent() {
+  Shutdown();
+  std::map<std::string, RankEntry> ranks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranks.swap(ranks_);
+  }
+  // Supervisor destructors kill what still runs; their exit sinks take mu_, so not under it.
+  ranks.clear();
+}
+
+void Agent::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutting_down_ = true;
+  if (watch_context_ != nullptr) watch_context_->TryCancel();
+  cv_.notify_all();
+}
+
+absl::Status Agent::Run() {
+  std::error_code ec;
+  for (const char* sub : {"tasks", "logs"}) {
+    std::filesystem::create_directories(std::filesystem::path(options_.work_dir) / sub, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", options_.work_dir, "/", sub, ": ", ec.message()));
+    }
+  }
+  spdlog::info("worker {} (slot {}, {} {} bytes, host {}) -> controller {}, work dir {}",
+               options_.worker_id, options_.slot, options_.device_kind, options_.device_memory,
+               options_.host, options_.controller, options_.work_dir);
+  std::thread watcher(&Agent::WatchLoop, this);
+  std::thread reporter(&Agent::ReportLoop, this);
+  std::thread flusher(&Agent::FlushLoop, this);
+
+  HeartbeatLoop();  // until Shutdown()
+
+  spdlog::info("shutting down: stopping ranks (grace {} s)", options_.shutdown_grace_s);
+  StopAllRanks();
+  const double flush_until = clock_.MonotonicSeconds() + options_.shutdown_flush_s;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!reports_.empty() && clock_.MonotonicSeconds() < flush_until) {
+      cv_.wait_for(lock, Seconds(0.05));
+    }
+    if (!reports_.empty()) {
+      spdlog::warn("exiting with {} rank report(s) the controller did not acknowledge",
+                   reports_.size());
+    }
+    stop_senders_ = true;
+    cv_.notify_all();
+  }
+  watcher.join();
+  reporter.join();
+  flusher.join();
+  bool registered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered = registered_;
+  }
+  if (registered) FlushOnce();
+  ReapFinished();
+  return absl::OkStatus();
+}
+
+void Agent::HeartbeatLoop() {
+  double backoff = kMinBackoffS;
+  int failures = 0;
+  while (true) {
+    bool registered;
+    double interval;
+    uint64_t generation;
+    std::string session;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) return;
+      registered = registered_;
+      interval = heartbeat_interval_s_;
+      generation = generation_;
+      session = session_id_;
+    }
+    ReapFinished();
+    if (!registered) {
+      if (RegisterOnce()) {
+        backoff = kMinBackoffS;
+        failures = 0;
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, Seconds(backoff), [&] { return shutting_down_; });
+      backoff = std::min(kMaxBackoffS, backoff * 2);
+      continue;
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, Seconds(interval), [&] { return shutting_down_ || !registered_; });
+      if (shutting_down_) return;
+      if (!registered_) continue;
+    }
+    furnace::v1::HeartbeatRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_session_id(session);
+    for (auto& running : Running()) *request.add_running() = std::move(running);
+    furnace::v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, std::clamp(interval, 1.0, options_.rpc_timeout_s));
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    if (status.ok() && !response.reregister()) continue;
+    if (status.ok()) {
+      spdlog::warn("controller asked to register again (session {} unknown)", session);
+    } else if (failures++ % 10 == 0) {
+      spdlog::warn("heartbeat failed: {}; registering again", Describe(status));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    RequestReregisterLocked(generation);
+  }
+}
+
+bool Agent::RegisterOnce() {
+  furnace::v1::RegisterRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_host(options_.host);
+  request.set_slot(options_.slot);
+  request.set_device_kind(options_.device_kind);
+  request.set_device_memory(options_.device_memory);
+  request.set_pid(getpid());
+  for (auto& running : Running()) *request.add_running() = std::move(running);
+  furnace::v1::RegisterResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.rpc_timeout_s);
+  const grpc::Status status = stub_->Register(&context, request, &response);
+  if (!status.ok()) {
+    spdlog::debug("register failed: {}", Describe(status));
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  session_id_ = response.session_id();
+  heartbeat_interval_s_ =
+      response.heartbeat_interval_s() > 0 ? response.heartbeat_interval_s() : 1.0;
+  registered_ = true;
+  ++generation_;
+  // A stream from an older session may still be open: close it, WatchLoop opens the new one.
+  if (watch_context_ != nullptr) watch_context_->TryCancel();
+  cv_.notify_all();
+  spdlog::info("registered with {} (session {}, heartbeat every {} s, {} rank(s) running)",
+               options_.controller, session_id_, heartbeat_interval_s_, request.running_size());
+  return true;
+}
+
+void Agent::RequestReregisterLocked(uint64_t generation) {
+  if (generation_ != generation || !registered_) return;  // already handled
+  registered_ = false;
+  cv_.notify_all();
+}
+
+void Agent::WatchLoop() {
+  uint64_t seen = 0;
+  while (true) {
+    furnace::v1::WatchCommandsRequest request;
+    request.set_worker_id(options_.worker_id);
+    grpc::ClientContext context;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return shutting_down_ || (registered_ && generation_ != seen); });
+      if (shutting_down_) return;
+      seen = generation_;
+      request.set_session_id(session_id_);
+      watch_context_ = &context;
+    }
+    std::unique_ptr<grpc::ClientReaderInterface<furnace::v1::AgentCommand>> reader =
+        stub_->WatchCommands(&context, request);
+    furnace::v1::AgentCommand command;
+    while (reader->Read(&command)) HandleCommand(command);
+    const grpc::Status status = reader->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_context_ = nullptr;
+    if (shutting_down_) return;
+    if (generation_ == seen) {
+      spdlog::warn("command stream ended ({}); registering again", Describe(status));
+      RequestReregisterLocked(seen);
+    }
+  }
+}
+
+void Agent::HandleCommand(const furnace::v1::AgentCommand& command) {
+  switch (command.command_case()) {
+    case furnace::v1::AgentCommand::kStart:
+      HandleStart(command.start());
+      break;
+    case furnace::v1::AgentCommand::kStop:
+      HandleStop(command.stop());
+      break;
+    default:
+      spdlog::warn("ignoring an empty or unknown command");
+  }
+}
+
+absl::Status Agent::WriteTaskFile(const furnace::v1::RankTask& task, std::string* path) const {
+  const std::filesystem::path dir = std::filesystem::path(options_.work_dir) / "tasks";
+  *path = (dir / absl::StrCat(SafeName(task.job_id()), "-a", task.attempt(), "-r", task.rank(),
+                              ".pb"))
+              .string();
+  const std::string tmp = *path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !task.SerializeToOstream(&out)) {
+      return absl::InternalError(absl::StrCat("cannot write the task file ", tmp));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, *path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+void Agent::HandleStart(furnace::v1::RankTask task) {
+  const std::string key = RankKey(task.job_id(), task.attempt(), task.rank());
+  if (task.controller_address().empty()) task.set_controller_address(options_.controller);
+  if (task.host().empty()) task.set_host(options_.host);
+
+  furnace::v1::RankReport report;
+  report.set_job_id(task.job_id());
+  report.set_attempt(task.attempt());
+  report.set_rank(task.rank());
+  // Held across the spawn so this rank's exit report cannot overtake its start report.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) {
+    spdlog::warn("not starting rank {}: the agent is shutting down", key);
+    return;
+  }
+  if (auto it = ranks_.find(key); it != ranks_.end()) {
+    if (!it->second.exited) {
+      spdlog::info("rank {} already running (pid {}); confirming", key, it->second.pid);
+      report.set_event(furnace::v1::RANK_STARTED);
+      report.set_pid(it->second.pid);
+      EnqueueReportLocked(std::move(report));
+    } else {
+      spdlog::info("rank {} already ran here; ignoring the repeated start", key);
+    }
+    return;
+  }
+  RankEntry& entry = ranks_[key];
+  entry.task = task;
+
+  std::string task_path;
+  absl::Status status = WriteTaskFile(task, &task_path);
+  absl::StatusOr<std::unique_ptr<RankSupervisor>> supervisor = absl::UnknownError("not started");
+  if (!status.ok()) {
+    supervisor = status;
+  } else {
+    RankLaunch launch;
+    launch.job_id = task.job_id();
+    launch.attempt = task.attempt();
+    launch.rank = task.rank();
+    launch.argv = options_.rank_command;
+    launch.argv.push_back(task_path);
+    launch.log_path = (std::filesystem::path(options_.work_dir) / "logs" /
+                       SafeName(task.job_id()) / absl::StrCat("attempt-", task.attempt()) /
+                       absl::StrCat("rank-", task.rank(), ".log"))
+                          .string();
+    launch.hang_timeout_s = task.spec().recovery().hang_timeout_s();
+    RankSinks sinks;
+    sinks.on_log = [this](furnace::v1::LogLine line) { logs_.Push(std::move(line)); };
+    sinks.on_telemetry = [this](furnace::v1::TelemetryRecord record) {
+      telemetry_.Push(std::move(record));
+    };
+    sinks.on_exit = [this, key](const furnace::v1::RankReport& exit) { OnRankExit(key, exit); };
+    supervisor = RankSupervisor::Start(std::move(launch), std::move(sinks), clock_);
+  }
+  report.set_unix_time(clock_.UnixSeconds());
+  if (!supervisor.ok()) {
+    spdlog::error("rank {} could not be started: {}", key, supervisor.status().ToString());
+    entry.exited = true;
+    report.set_event(furnace::v1::RANK_EXITED);
+    report.set_exit_kind(furnace::v1::EXIT_KIND_LAUNCH);
+    report.set_reason(absl::StrCat("could not start: ", supervisor.status().message()));
+    EnqueueReportLocked(std::move(report));
+    return;
+  }
+  entry.supervisor = *std::move(supervisor);
+  entry.pid = entry.supervisor->pid();
+  spdlog::info("rank {} started (pid {}, world size {}, kind {})", key, entry.pid,
+               task.world_size(), task.spec().kind());
+  report.set_event(furnace::v1::RANK_STARTED);
+  report.set_pid(entry.pid);
+  EnqueueReportLocked(std::move(report));
+}
+
+void Agent::HandleStop(const furnace::v1::StopRank& stop) {
+  const std::string key = RankKey(stop.job_id(), stop.attempt(), stop.rank());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(key);
+  if (it == ranks_.end()) {
+    // Nothing to stop; say so, so a controller waiting for this rank to end can move on.
+    spdlog::info("stop for rank {} which is not running here", key);
+    furnace::v1::RankReport report;
+    report.set_job_id(stop.job_id());
+    report.set_attempt(stop.attempt());
+    report.set_rank(stop.rank());
+    report.set_event(furnace::v1::RANK_EXITED);
+    report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
+    report.set_reason(absl::StrCat("stopped: ", stop.reason(), " (was not running on this worker)"));
+    report.set_unix_time(clock_.UnixSeconds());
+    EnqueueReportLocked(std::move(report));
+    return;
+  }
+  if (it->second.exited || it->second.supervisor == nullptr) return;  // its exit is reported
+  spdlog::info("stopping rank {} (grace {} s): {}", key, stop.grace_s(), stop.reason());
+  it->second.supervisor->Stop(stop.grace_s(), stop.reason());
+}
+
+void Agent::OnRankExit(const std::string& key, furnace::v1::RankReport report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(key);
+  if (it != ranks_.end()) it->second.exited = true;
+  spdlog::info("rank {} (pid {}) ended: {}", key, report.pid(), report.reason());
+  EnqueueReportLocked(std::move(report));
+}
+
+void Agent::EnqueueReportLocked(furnace::v1::RankReport report) {
+  report.set_worker_id(options_.worker_id);
+  reports_.push_back(std::move(report));
+  cv_.notify_all();
+}
+
+void Agent::ReportLoop() {
+  double backoff = kMinBackoffS;
+  while (true) {
+    furnace::v1::RankReport report;
+    uint64_t generation;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_senders_ || (registered_ && !reports_.empty()); });
+      if (stop_senders_) return;
+      report = reports_.front();
+      generation = generation_;
+    }
+    furnace::v1::Ack ack;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout_s);
+    const grpc::Status status = stub_->ReportRank(&context, report, &ack);
+    const grpc::StatusCode code = status.error_code();
+    std::unique_lock<std::mutex> lock(mu_);
+    // Only this thread pops, so the front is still `report`.
+    if (status.ok() || code == grpc::StatusCode::INVALID_ARGUMENT ||
+        code == grpc::StatusCode::NOT_FOUND) {
+      if (!status.ok()) {
+        spdlog::error("controller refused the report for {}/{}/{}: {}; dropping it",
+                      report.job_id(), report.attempt(), report.rank(), Describe(status));
+      }
+      reports_.pop_front();
+      backoff = kMinBackoffS;
+      continue;
+    }
+    spdlog::debug("report failed: {}; will retry", Describe(status));
+    if (code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::UNAUTHENTICATED) {
+      RequestReregisterLocked(generation);  // the controller does not know us (any more)
+    }
+    cv_.wait_for(lock, Seconds(backoff), [&] { return stop_senders_ || generation_ != generation; });
+    backoff = std::min(kMaxBackoffS, backoff * 2);
+  }
+}
+
+void Agent::FlushLoop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, Seconds(options_.flush_interval_s), [&] { return stop_senders_; })) {
+        return;
+      }
+      if (!registered_) continue;  // keep buffering; the queues are bounded
+    }
+    FlushOnce();
+  }
+}
+
+bool Agent::FlushOnce() {
+  // Several batches per tick at most, so a backlog drains quickly after a controller restart.
+  for (int batch = 0; batch < 10; ++batch) {
+    std::vector<furnace::v1::TelemetryRecord> records = telemetry_.Take(kMaxBatch);
+    const uint64_t dropped = telemetry_.TakeDropped();
+    if (records.empty() && dropped == 0) break;
+    furnace::v1::TelemetryBatch request;
+    request.set_worker_id(options_.worker_id);
+    request.set_dropped(dropped);
+    for (auto& record : records) *request.add_records() = std::move(record);
+    furnace::v1::Ack ack;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout_s);
+    const grpc::Status status = stub_->PushTelemetry(&context, request, &ack);
+    if (!status.ok()) {
+      std::vector<furnace::v1::TelemetryRecord> back(request.records().begin(),
+                                                     request.records().end());
+      telemetry_.PutBack(std::move(back));
+      telemetry_.AddDropped(dropped);
+      return false;
+    }
+  }
+  for (int batch = 0; batch < 10; ++batch) {
+    std::vector<furnace::v1::LogLine> lines = logs_.Take(kMaxBatch);
+    if (const uint64_t dropped = logs_.TakeDropped(); dropped > 0) {
+      spdlog::warn("dropped {} rank log line(s) the controller could not take in time (they are "
+                   "still in the local log files)",
+                   dropped);
+    }
+    if (lines.empty()) break;
+    furnace::v1::LogBatch request;
+    request.set_worker_id(options_.worker_id);
+    for (auto& line : lines) *request.add_lines() = std::move(line);
+    furnace::v1::Ack ack;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout_s);
+    const grpc::Status status = stub_->PushLogs(&context, request, &ack);
+    if (!status.ok()) {
+      logs_.PutBack(std::vector<furnace::v1::LogLine>(request.lines().begin(),
+                                                      request.lines().end()));
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<furnace::v1::RunningRank> Agent::Running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return RunningLocked();
+}
+
+std::vector<furnace::v1::RunningRank> Agent::RunningLocked() const {
+  std::vector<furnace::v1::RunningRank> running;
+  for (const auto& [key, entry] : ranks_) {
+    if (entry.exited || entry.supervisor == nullptr) continue;
+    furnace::v1::RunningRank& r = running.emplace_back();
+    r.set_job_id(entry.task.job_id());
+    r.set_attempt(entry.task.attempt());
+    r.set_rank(entry.task.rank());
+    r.set_pid(entry.pid);
+  }
+  return running;
+}
+
+size_t Agent::PendingReports() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reports_.size();
+}
+
+void Agent::ReapFinished() {
+  std::vector<std::unique_ptr<RankSupervisor>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, entry] : ranks_) {
+      // The entry itself stays, so a repeated start of the same rank is recognised.
+      if (entry.supervisor != nullptr && entry.supervisor->done()) {
+        finished.push_back(std::move(entry.supervisor));
+      }
+    }
+  }
+  finished.clear();  // joins threads whose exit sinks already returned
+}
+
+void Agent::StopAllRanks() {
+  std::vector<RankSupervisor*> running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, entry] : ranks_) {
+      if (entry.supervisor != nullptr && !entry.exited) {
+        entry.supervisor->Stop(options_.shutdown_grace_s, "the worker agent is shutting down");
+        running.push_back(entry.supervisor.get());
+      }
+    }
+  }
+  // Only this thread removes supervisors from ranks_ (ReapFinished), so the pointers stay valid.
+  for (RankSupervisor* supervisor : running) supervisor->Wait();
+}
+
+}  // namespace furnace::worker

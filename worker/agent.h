@@ -1,0 +1,127 @@
+// The worker agent: one per slot. It registers with the controller, heart-beats, receives rank
+// commands on a server stream, runs each rank under a RankSupervisor, and forwards rank reports,
+// telemetry and log lines to the controller.
+//
+// Why it is shaped this way: the controller may restart at any time, so nothing the agent does for
+// a rank depends on the controller being reachable. Ranks keep running while the agent
+// re-registers (0.2..2 s backoff), listing them in RegisterRequest.running so the controller can
+// re-attach. RankReports (started / exited) wait in an ordered queue and are re-sent until the
+// controller acks them, also across re-registrations. Telemetry and log lines go through bounded
+// drop-oldest queues flushed every flush_interval_s, so a slow controller costs data, never a
+// blocked rank.
+//
+// Threads: Run() is the registration/heartbeat loop and starts three more (command stream,
+// report sender, telemetry/log flusher); each supervised rank has its own thread.
+// Ownership: the agent owns its supervisors and their ranks; the stub is shared.
+// Thread-safety: Shutdown() may be called from any thread (not from a signal handler); the other
+// public methods are for the owner thread and tests.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "furnace/v1/agent.grpc.pb.h"
+#include "runtime/base/clock.h"
+#include "worker/bounded_queue.h"
+#include "worker/rank_supervisor.h"
+
+namespace grpc {
+class ClientContext;
+}
+
+namespace furnace::worker {
+
+struct AgentOptions {
+  std::string controller = "127.0.0.1:7070";  // also handed to ranks lacking controller_address
+  uint32_t slot = 0;
+  std::string host = "127.0.0.1";  // address peers use to reach this worker's ranks
+  std::string worker_id;           // "" = "<hostname>/<slot>"
+  std::string work_dir;            // "" = "./worker-<slot>"
+  std::string device_kind = "cpu";
+  uint64_t device_memory = 0;
+  // The rank command; the task file path is appended. Empty = {"/proc/self/exe", "rank", "--task"}.
+  std::vector<std::string> rank_command;
+  double shutdown_grace_s = 10;  // SIGTERM -> SIGKILL for ranks when the agent shuts down
+  double shutdown_flush_s = 3;   // how long shutdown keeps trying to deliver queued reports
+  size_t telemetry_capacity = 10000;
+  size_t log_capacity = 10000;
+  double flush_interval_s = 0.2;
+  double rpc_timeout_s = 5;  // per unary call
+};
+
+// Fills worker_id and work_dir defaults.
+AgentOptions ResolveAgentOptions(AgentOptions options);
+
+class Agent {
+ public:
+  Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,
+        const Clock& clock = RealClock());
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Runs until Shutdown(): then stops the ranks (shutdown_grace_s), tries to deliver pending
+  // reports for shutdown_flush_s and returns. Errors: only setup failures (work dir unusable).
+  absl::Status Run();
+  // Makes Run() wind down. Returns immediately.
+  void Shutdown();
+
+  const AgentOptions& options() const { return options_; }
+  std::vector<furnace::v1::RunningRank> Running() const;
+  size_t PendingReports() const;
+
+ private:
+  struct RankEntry {
+    furnace::v1::RankTask task;
+    std::unique_ptr<RankSupervisor> supervisor;
+    int pid = -1;
+    bool exited = false;
+  };
+
+  void HeartbeatLoop();
+  bool RegisterOnce();
+  void WatchLoop();
+  void ReportLoop();
+  void FlushLoop();
+  bool FlushOnce();
+  void HandleCommand(const furnace::v1::AgentCommand& command);
+  void HandleStart(furnace::v1::RankTask task);
+  void HandleStop(const furnace::v1::StopRank& stop);
+  void OnRankExit(const std::string& key, furnace::v1::RankReport report);
+  void EnqueueReportLocked(furnace::v1::RankReport report);
+  std::vector<furnace::v1::RunningRank> RunningLocked() const;
+  void ReapFinished();
+  void StopAllRanks();
+  absl::Status WriteTaskFile(const furnace::v1::RankTask& task, std::string* path) const;
+  // Marks the session dead so HeartbeatLoop registers again.
+  void RequestReregisterLocked(uint64_t generation);
+
+  const AgentOptions options_;
+  const std::shared_ptr<furnace::v1::AgentService::StubInterface> stub_;
+  const Clock& clock_;
+
+  BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;
+  BoundedQueue<furnace::v1::LogLine> logs_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutting_down_ = false;    // guarded by mu_: stop registering and watching
+  bool stop_senders_ = false;     // guarded by mu_: stop the report sender and flusher
+  bool registered_ = false;       // guarded by mu_
+  uint64_t generation_ = 0;       // guarded by mu_: +1 per successful registration
+  std::string session_id_;        // guarded by mu_
+  double heartbeat_interval_s_ = 1.0;          // guarded by mu_
+  grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_: the open command stream
+  std::map<std::string, RankEntry> ranks_;     // guarded by mu_, by RankKey
+  std::deque<furnace::v1::RankReport> reports_;  // guarded by mu_: oldest first, until acked
+};
+
+}  // namespace furnace::worker

@@ -1,0 +1,217 @@
+#include "worker/rank_main.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "furnace/v1/agent.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "worker/controller_channel.h"
+#include "runtime/base/clock.h"
+#include "runtime/comm/commcheck.h"
+#include "runtime/comm/gloo_context.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+#include "worker/grpc_kv_store.h"
+#include "worker/rank_exit.h"
+#include "worker/telemetry_pipe.h"
+
+namespace furnace::worker {
+namespace {
+
+constexpr double kDefaultStartTimeoutS = 60;
+
+// Emits this rank's telemetry records. A broken pipe (the agent is gone) is not the rank's
+// problem: PR_SET_PDEATHSIG ends it anyway.
+class Progress {
+ public:
+  explicit Progress(const furnace::v1::RankTask& task) : task_(task) {}
+
+  void Emit(const std::string& phase, uint64_t step, const std::string& message = "",
+            const comm::CommResult* result = nullptr) {
+    furnace::v1::TelemetryRecord record;
+    record.set_job_id(task_.job_id());
+    record.set_attempt(task_.attempt());
+    record.set_rank(task_.rank());
+    record.set_step(step);
+    record.set_total_steps(total_steps_);
+    record.set_unix_time(RealClock().UnixSeconds());
+    record.set_phase(phase);
+    record.set_message(message);
+    if (result != nullptr) {
+      furnace::v1::CommResult* comm = record.add_comm();
+      comm->set_collective(result->collective);
+      comm->set_bytes(result->bytes);
+      comm->set_world_size(static_cast<uint32_t>(result->world_size));
+      comm->set_time_s(result->time_s);
+      comm->set_algbw_gbps(result->algbw_gbps);
+      comm->set_busbw_gbps(result->busbw_gbps);
+      comm->set_verified(result->verified);
+      comm->set_errors(result->errors);
+    }
+    (void)writer_.Write(record);
+  }
+  void set_total_steps(uint64_t total) { total_steps_ = total; }
+
+ private:
+  const furnace::v1::RankTask& task_;
+  TelemetryWriter writer_;
+  uint64_t total_steps_ = 0;
+};
+
+// Fires spec.fault when it applies to this rank, attempt and step. Returns the exit code for
+// mode "exit"; "crash" and "hang" do not return.
+std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
+                                    Progress& progress) {
+  const furnace::v1::FaultSpec& fault = task.spec().fault();
+  if (fault.mode().empty() || static_cast<int64_t>(task.rank()) != fault.rank() ||
+      (!fault.every_attempt() && task.attempt() != 1) || completed != fault.at_step()) {
+    return std::nullopt;
+  }
+  if (fault.mode() == "crash") {
+    spdlog::error("fault injection: crashing with SIGSEGV at step {}", completed);
+    spdlog::default_logger()->flush();
+    const rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);  // a drill should not litter the disk with cores
+    std::raise(SIGSEGV);
+    return kRankExitError;  // only if SIGSEGV was somehow handled
+  }
+  if (fault.mode() == "hang") {
+    spdlog::error("fault injection: hanging at step {} (no more progress records)", completed);
+    spdlog::default_logger()->flush();
+    while (true) pause();
+  }
+  if (fault.mode() == "exit") {
+    const std::string message =
+        absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " at step ",
+                     completed);
+    spdlog::error("{}", message);
+    progress.Emit("failed", completed, message);
+    return fault.exit_code();
+  }
+  spdlog::warn("unknown fault mode '{}' ignored", fault.mode());
+  return std::nullopt;
+}
+
+comm::CommcheckOptions CommcheckOptionsFrom(const furnace::v1::CommcheckSpec& spec) {
+  comm::CommcheckOptions options;
+  options.min_bytes = spec.min_bytes();
+  options.max_bytes = spec.max_bytes();
+  options.step_factor = spec.step_factor();
+  options.iters = spec.iters();
+  options.warmup_iters = spec.warmup_iters();
+  options.rounds = spec.rounds();
+  options.collectives.assign(spec.collectives().begin(), spec.collectives().end());
+  options.timeout_s = spec.timeout_s();
+  return options;
+}
+
+// Returns the exit code.
+int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress) {
+  const furnace::v1::CommcheckSpec& spec = task.spec().commcheck();
+  progress.set_total_steps(spec.rounds());
+  if (task.controller_address().empty()) {
+    const std::string message = "the task names no controller address for rendezvous";
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return kRankExitError;
+  }
+  const double start_timeout_s = task.spec().recovery().start_timeout_s() > 0
+                                     ? task.spec().recovery().start_timeout_s()
+                                     : kDefaultStartTimeoutS;
+  furnace::v1::KvScope scope;
+  scope.set_job_id(task.job_id());
+  scope.set_attempt(task.attempt());
+  GrpcKvStore store(
+      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
+      start_timeout_s);
+
+  comm::GlooOptions gloo;
+  gloo.rank = static_cast<int>(task.rank());
+  gloo.size = static_cast<int>(task.world_size());
+  gloo.host = task.host().empty() ? "127.0.0.1" : task.host();
+  gloo.timeout_s = start_timeout_s;
+  gloo.on_wait_tick = [&progress] { progress.Emit("rendezvous", 0); };
+  spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", gloo.rank, gloo.size,
+               gloo.host, task.controller_address(), start_timeout_s);
+  progress.Emit("rendezvous", 0);
+  absl::StatusOr<std::shared_ptr<gloo::Context>> context = comm::ConnectGloo(store, gloo);
+  if (!context.ok()) {
+    const std::string message = absl::StrCat("rendezvous failed: ", context.status().ToString());
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return kRankExitError;
+  }
+  spdlog::info("connected; commcheck: {} round(s)", spec.rounds());
+
+  std::optional<int> fault_exit;
+  const absl::Status status = comm::RunCommcheck(
+      **context, CommcheckOptionsFrom(spec),
+      [&](uint32_t round, const comm::CommResult* result, bool round_done) -> absl::Status {
+        if (result != nullptr) {
+          spdlog::info("round {} {:<9} {:>10} B  {:>10.1f} us  algbw {:7.3f} GB/s  busbw {:7.3f} "
+                       "GB/s  {}",
+                       round, result->collective, result->bytes, result->time_s * 1e6,
+                       result->algbw_gbps, result->busbw_gbps,
+                       result->verified ? "OK" : absl::StrCat(result->errors, " ERRORS"));
+          progress.Emit("running", round, "", result);
+        }
+        if (round_done) {
+          progress.Emit("running", round + 1);
+          fault_exit = MaybeInjectFault(task, round + 1, progress);
+          if (fault_exit) return absl::CancelledError("fault injection");
+        }
+        return absl::OkStatus();
+      });
+  if (fault_exit) return *fault_exit;
+  if (!status.ok()) {
+    const std::string message = absl::StrCat("commcheck failed: ", status.ToString());
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return kRankExitError;
+  }
+  spdlog::info("commcheck passed");
+  progress.Emit("done", spec.rounds(), "commcheck passed");
+  return kRankExitSuccess;
+}
+
+}  // namespace
+
+int RankMain(const std::string& task_path) {
+  furnace::v1::RankTask task;
+  {
+    std::ifstream in(task_path, std::ios::binary);
+    if (!in || !task.ParseFromIstream(&in)) {
+      std::fprintf(stderr, "furnace-worker rank: cannot read the rank task %s\n",
+                   task_path.c_str());
+      Progress progress(task);
+      progress.Emit("failed", 0, absl::StrCat("cannot read the rank task ", task_path));
+      return kRankExitError;
+    }
+  }
+  auto logger = spdlog::stderr_logger_mt("rank");
+  logger->set_pattern(absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] [", task.job_id(), " a",
+                                   task.attempt(), " r", task.rank(), "] [%l] %v"));
+  spdlog::set_default_logger(logger);
+  spdlog::flush_on(spdlog::level::info);
+
+  Progress progress(task);
+  progress.Emit("starting", 0);
+  spdlog::info("rank {} of {}, kind {}, pid {}", task.rank(), task.world_size(),
+               task.spec().kind(), getpid());
+  if (std::optional<int> code = MaybeInjectFault(task, 0, progress)) return *code;
+
+  if (task.spec().kind() == "commcheck") return RunCommcheck(task, progress);
+  const std::string message =
+      absl::StrCat("job kind '", task.spec().kind(), "' is not supported by this build");
+  spdlog::error("{}", message);
+  progress.Emit("failed", 0, message);
+  return kRankExitUnknownKind;
+}
+
+}  // namespace furnace::worker

@@ -1,0 +1,439 @@
+#include "worker/rank_supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::worker {
+namespace {
+
+constexpr int kPollIntervalMs = 50;
+constexpr size_t kMaxLineBytes = 64 * 1024;
+constexpr double kDrainAfterExitS = 1.0;
+enum StreamIndex { kStdout = 0, kStderr = 1, kTelemetry = 2 };
+
+std::string SignalName(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signal);
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) ::close(*fd);
+  *fd = -1;
+}
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// The memory.events file of the cgroup (v2) `pid` is in, or "" when there is none to read.
+std::string CgroupEventsPath(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cgroup"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) {
+      std::string path = absl::StrCat("/sys/fs/cgroup", line.substr(3), "/memory.events");
+      if (std::filesystem::exists(path)) return path;
+    }
+  }
+  return "";
+}
+
+std::optional<uint64_t> ReadOomKills(const std::string& events_path) {
+  if (events_path.empty()) return std::nullopt;
+  std::ifstream in(events_path);
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "oom_kill") return value;
+  }
+  return std::nullopt;
+}
+
+// Between fork and exec only async-signal-safe calls: no allocation, no locks, no logging.
+[[noreturn]] void ExecChild(pid_t parent, const int (&sources)[4], int error_fd, char* const* argv) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // the agent died before prctl took effect
+  setpgid(0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
+  }
+  // Lift every source above the targets first, so no dup2 clobbers a source still needed.
+  int high[4];
+  for (int i = 0; i < 4; ++i) high[i] = fcntl(sources[i], F_DUPFD, 100);
+  int err_high = fcntl(error_fd, F_DUPFD_CLOEXEC, 100);
+  for (int i = 0; i < 4; ++i) {
+    if (high[i] < 0 || dup2(high[i], i) < 0) {
+      int err = errno;
+      (void)!write(err_high, &err, sizeof(err));
+      _exit(127);
+    }
+  }
+  if (syscall(SYS_close_range, 4u, static_cast<unsigned>(err_high - 1), 0u) != 0 ||
+      syscall(SYS_close_range, static_cast<unsigned>(err_high + 1), ~0u, 0u) != 0) {
+    for (int fd = 4; fd < 4096; ++fd) {
+      if (fd != err_high) close(fd);
+    }
+  }
+  execv(argv[0], argv);
+  int err = errno;
+  (void)!write(err_high, &err, sizeof(err));
+  _exit(127);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankSupervisor>> RankSupervisor::Start(RankLaunch launch,
+                                                                      RankSinks sinks,
+                                                                      const Clock& clock) {
+  if (launch.argv.empty()) return absl::InvalidArgumentError("rank command is empty");
+  std::unique_ptr<RankSupervisor> supervisor(
+      new RankSupervisor(std::move(launch), std::move(sinks), clock));
+  std::promise<absl::Status> started;
+  std::future<absl::Status> result = started.get_future();
+  supervisor->thread_ = std::thread(&RankSupervisor::ThreadMain, supervisor.get(), &started);
+  absl::Status status = result.get();
+  if (!status.ok()) {
+    supervisor->thread_.join();
+    return status;
+  }
+  return supervisor;
+}
+
+RankSupervisor::RankSupervisor(RankLaunch launch, RankSinks sinks, const Clock& clock)
+    : launch_(std::move(launch)), sinks_(std::move(sinks)), clock_(clock) {}
+
+RankSupervisor::~RankSupervisor() {
+  if (thread_.joinable()) {
+    if (!done_.load()) Stop(0, "the agent dropped the rank");
+    thread_.join();
+  }
+}
+
+void RankSupervisor::Stop(double grace_s, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double deadline = clock_.MonotonicSeconds() + std::max(0.0, grace_s);
+  if (!stop_requested_) {
+    stop_requested_ = true;
+    stop_reason_ = reason;
+  }
+  if (!stop_deadline_s_ || deadline < *stop_deadline_s_) stop_deadline_s_ = deadline;
+}
+
+void RankSupervisor::Wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<furnace::v1::RankReport> RankSupervisor::exit_report() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return report_;
+}
+
+void RankSupervisor::ThreadMain(std::promise<absl::Status>* started) {
+  absl::Status status = Spawn();
+  const bool ok = status.ok();
+  started->set_value(std::move(status));  // `started` is gone after this line
+  if (ok) Supervise();
+}
+
+absl::Status RankSupervisor::Spawn() {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(launch_.log_path).parent_path(), ec);
+  log_fd_ = ::open(launch_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", launch_.log_path));
+
+  int pipes[3][2];
+  int exec_error[2];
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) return ErrnoStatus(errno, "cannot open /dev/null");
+  for (auto& p : pipes) {
+    if (pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+  }
+  if (pipe2(exec_error, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+
+  std::vector<char*> argv;
+  for (const std::string& arg : launch_.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  const int sources[4] = {devnull, pipes[kStdout][1], pipes[kStderr][1], pipes[kTelemetry][1]};
+
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) ExecChild(parent, sources, exec_error[1], argv.data());
+  const int fork_errno = errno;
+  ::close(devnull);
+  ::close(exec_error[1]);
+  for (int i = 0; i < 3; ++i) {
+    ::close(pipes[i][1]);
+    streams_[i].fd = pipes[i][0];
+  }
+  if (pid < 0) {
+    ::close(exec_error[0]);
+    for (Stream& s : streams_) CloseFd(&s.fd);
+    return ErrnoStatus(fork_errno, "fork");
+  }
+  // Set the group from this side too, so signals to -pid work even before the child runs.
+  setpgid(pid, pid);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_error[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  ::close(exec_error[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    for (Stream& s : streams_) CloseFd(&s.fd);
+    return ErrnoStatus(child_errno, absl::StrCat("cannot execute ", launch_.argv[0]));
+  }
+  for (Stream& s : streams_) fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+  pid_ = pid;
+  cgroup_events_path_ = CgroupEventsPath(pid);
+  oom_kills_at_start_ = ReadOomKills(cgroup_events_path_);
+  return absl::OkStatus();
+}
+
+void RankSupervisor::KillGroup(int signal) {
+  if (::kill(-pid_, signal) != 0 && errno == ESRCH) ::kill(pid_, signal);
+}
+
+void RankSupervisor::Supervise() {
+  last_progress_s_ = clock_.MonotonicSeconds();
+  bool exited = false;
+  std::optional<double> drain_until;
+  while (true) {
+    pollfd fds[3];
+    int index[3];
+    nfds_t n = 0;
+    for (int i = 0; i < 3; ++i) {
+      if (streams_[i].fd >= 0) {
+        fds[n] = {streams_[i].fd, POLLIN, 0};
+        index[n++] = i;
+      }
+    }
+    if (exited && (n == 0 || clock_.MonotonicSeconds() >= *drain_until)) break;
+    ::poll(fds, n, kPollIntervalMs);
+    for (nfds_t k = 0; k < n; ++k) {
+      if (fds[k].revents != 0) ReadStream(index[k]);
+    }
+    if (exited) continue;
+
+    // Notice the exit without reaping, so the group id stays reserved while we clean up.
+    siginfo_t info;
+    memset(&info, 0, sizeof(info));
+    if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
+      exited = true;
+      KillGroup(SIGKILL);  // whatever the rank left behind in its group
+      drain_until = clock_.MonotonicSeconds() + kDrainAfterExitS;
+      continue;
+    }
+
+    const double now = clock_.MonotonicSeconds();
+    bool stop_requested;
+    std::optional<double> kill_at;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_requested = stop_requested_;
+      kill_at = stop_deadline_s_;
+    }
+    if (stop_requested && !term_sent_) {
+      term_sent_ = true;
+      KillGroup(SIGTERM);
+    }
+    if (kill_at && now >= *kill_at) KillGroup(SIGKILL);
+    if (!hung_ && !stop_requested && launch_.hang_timeout_s > 0 &&
+        now - last_progress_s_ > launch_.hang_timeout_s) {
+      hung_ = true;
+      hang_for_s_ = now - last_progress_s_;
+      KillGroup(SIGKILL);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (!streams_[i].partial.empty()) EmitLine(std::exchange(streams_[i].partial, ""));
+  }
+  for (Stream& s : streams_) CloseFd(&s.fd);
+
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  furnace::v1::RankReport report = Classify(status);
+  CloseFd(&log_fd_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    report_ = report;
+  }
+  if (sinks_.on_exit) sinks_.on_exit(report);
+  done_.store(true);
+}
+
+void RankSupervisor::ReadStream(int i) {
+  Stream& stream = streams_[i];
+  char buffer[16384];
+  // Bounded, so a rank that writes faster than we read cannot starve the watchdog.
+  for (int reads = 0; reads < 64 && stream.fd >= 0; ++reads) {
+    const ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) CloseFd(&stream.fd);
+      return;
+    }
+    if (n == 0) {  // EOF: every writer is gone
+      if (!stream.partial.empty()) EmitLine(std::exchange(stream.partial, ""));
+      CloseFd(&stream.fd);
+      return;
+    }
+    const std::string_view chunk(buffer, static_cast<size_t>(n));
+    if (i == kTelemetry) {
+      if (telemetry_corrupt_) continue;  // keep draining so the rank never blocks on the pipe
+      decoder_.Feed(chunk);
+      furnace::v1::TelemetryRecord record;
+      while (true) {
+        absl::StatusOr<bool> next = decoder_.Next(&record);
+        if (!next.ok()) {
+          telemetry_corrupt_ = true;
+          EmitLine(absl::StrCat("[furnace-worker] ", next.status().message(),
+                                "; ignoring the rest of the rank's telemetry"));
+          break;
+        }
+        if (!*next) break;
+        record.set_job_id(launch_.job_id);
+        record.set_attempt(launch_.attempt);
+        record.set_rank(launch_.rank);
+        last_progress_s_ = clock_.MonotonicSeconds();
+        last_step_ = record.step();
+        if (!record.message().empty()) last_message_ = record.message();
+        if (sinks_.on_telemetry) sinks_.on_telemetry(std::move(record));
+        record = furnace::v1::TelemetryRecord();
+      }
+      continue;
+    }
+    size_t start = 0;
+    while (start < chunk.size()) {
+      const size_t newline = chunk.find('\n', start);
+      if (newline == std::string_view::npos) {
+        stream.partial.append(chunk.substr(start));
+        if (stream.partial.size() >= kMaxLineBytes) EmitLine(std::exchange(stream.partial, ""));
+        break;
+      }
+      stream.partial.append(chunk.substr(start, newline - start));
+      EmitLine(std::exchange(stream.partial, ""));
+      start = newline + 1;
+    }
+  }
+}
+
+void RankSupervisor::EmitLine(std::string_view line) {
+  if (log_fd_ >= 0) {
+    std::string with_newline(line);
+    with_newline.push_back('\n');
+    size_t written = 0;
+    while (written < with_newline.size()) {
+      const ssize_t n =
+          ::write(log_fd_, with_newline.data() + written, with_newline.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // a full disk loses local log lines, never the rank
+      written += static_cast<size_t>(n);
+    }
+  }
+  if (sinks_.on_log) {
+    furnace::v1::LogLine log;
+    log.set_job_id(launch_.job_id);
+    log.set_attempt(launch_.attempt);
+    log.set_rank(launch_.rank);
+    log.set_text(std::string(line));
+    sinks_.on_log(std::move(log));
+  }
+}
+
+furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
+  furnace::v1::RankReport report;
+  report.set_job_id(launch_.job_id);
+  report.set_attempt(launch_.attempt);
+  report.set_rank(launch_.rank);
+  report.set_event(furnace::v1::RANK_EXITED);
+  report.set_pid(pid_);
+  report.set_unix_time(clock_.UnixSeconds());
+
+  std::string how;
+  int code = -1;
+  int signal = 0;
+  if (WIFEXITED(wait_status)) {
+    code = WEXITSTATUS(wait_status);
+    report.set_exit_code(code);
+    how = absl::StrCat("exited with code ", code);
+  } else if (WIFSIGNALED(wait_status)) {
+    signal = WTERMSIG(wait_status);
+    report.set_signal(signal);
+    how = absl::StrCat("killed by signal ", signal, " (", SignalName(signal), ")");
+  }
+  const std::string said = last_message_.empty() ? "" : absl::StrCat(": ", last_message_);
+
+  std::string stop_reason;
+  bool stop_requested;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_requested = stop_requested_;
+    stop_reason = stop_reason_;
+  }
+  if (hung_) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_HANG);
+    report.set_reason(absl::StrFormat(
+        "hung: no progress for %.1f s (%s)", hang_for_s_,
+        last_step_ ? absl::StrCat("last step ", *last_step_) : std::string("no progress record")));
+  } else if (stop_requested) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
+    report.set_reason(absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (",
+                                   how, ")"));
+  } else if (code == 0) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_SUCCESS);
+    report.set_reason(how);
+  } else if (code == kRankExitOutOfMemory) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_OOM);
+    report.set_reason(absl::StrCat(how, " (out of memory)", said));
+  } else if (code > 0) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_CODE);
+    report.set_reason(absl::StrCat(how, said));
+  } else {
+    const std::optional<uint64_t> oom_kills = ReadOomKills(cgroup_events_path_);
+    if (signal == SIGKILL && oom_kills && oom_kills_at_start_ && *oom_kills > *oom_kills_at_start_) {
+      report.set_exit_kind(furnace::v1::EXIT_KIND_OOM);
+      report.set_reason(absl::StrCat(how, ", likely by the kernel OOM killer (the cgroup's "
+                                          "oom_kill count rose)"));
+    } else {
+      report.set_exit_kind(furnace::v1::EXIT_KIND_SIGNAL);
+      report.set_reason(absl::StrCat(how, said));
+    }
+  }
+  return report;
+}
+
+}  // namespace furnace::worker

@@ -1,0 +1,121 @@
+// Runs one rank as a child process and watches it until it is gone.
+//
+// The child is fork/exec'd from the supervisor's own thread (PR_SET_PDEATHSIG fires when the
+// *thread* that forked exits, so the forking thread must live exactly as long as the child does);
+// it gets SIGKILL if the agent dies, leads its own process group (signals go to the whole group,
+// so helpers the rank spawned die with it), has stdin on /dev/null, stdout and stderr on pipes,
+// and the telemetry pipe on fd 3 (worker/telemetry_pipe.h).
+//
+// The supervisor thread polls the pipes: every output line is appended to the rank's log file and
+// handed to the log sink; every telemetry record is handed to the telemetry sink and counts as
+// progress. The hang watchdog kills the group when no record arrived for hang_timeout_s
+// (measured on the given Clock from the spawn). When the child ends, the supervisor kills what is
+// left of its group, reaps it, classifies the end (ExitKind, reason in words) and calls the exit
+// sink exactly once, from the supervisor thread.
+//
+// Ownership: the supervisor owns the child, its pipes and its thread; destroying it kills the
+// child (if still running) and joins the thread. Sinks are called on the supervisor thread and
+// must not block for long (the rank blocks when its pipes fill) nor destroy the supervisor.
+// Thread-safety: Stop, pid, done and exit_report may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/telemetry.pb.h"
+#include "runtime/base/clock.h"
+#include "worker/rank_exit.h"
+#include "worker/telemetry_pipe.h"
+
+namespace furnace::worker {
+
+struct RankLaunch {
+  std::string job_id;
+  uint32_t attempt = 0;
+  uint32_t rank = 0;
+  std::vector<std::string> argv;  // argv[0] is the program path (execv, no PATH search)
+  std::string log_path;           // created with its parent directories; appended to
+  double hang_timeout_s = 0;      // <= 0: no hang watchdog
+};
+
+struct RankSinks {
+  std::function<void(furnace::v1::LogLine)> on_log;                  // may be empty
+  std::function<void(furnace::v1::TelemetryRecord)> on_telemetry;    // may be empty
+  std::function<void(const furnace::v1::RankReport&)> on_exit;       // may be empty
+};
+
+class RankSupervisor {
+ public:
+  // Spawns the child and returns once it runs (the exec succeeded) or could not be started.
+  // Errors: Internal/NotFound/PermissionDenied with the reason when fork or exec failed (the
+  // caller reports EXIT_KIND_LAUNCH); on error no sink is ever called.
+  static absl::StatusOr<std::unique_ptr<RankSupervisor>> Start(RankLaunch launch, RankSinks sinks,
+                                                               const Clock& clock = RealClock());
+  ~RankSupervisor();
+  RankSupervisor(const RankSupervisor&) = delete;
+  RankSupervisor& operator=(const RankSupervisor&) = delete;
+
+  // Asks the rank to stop: SIGTERM to its group now, SIGKILL after grace_s. The exit is then
+  // reported as EXIT_KIND_STOPPED with `reason`. Repeated calls only shorten the grace.
+  void Stop(double grace_s, const std::string& reason);
+  // Blocks until the child is reaped and the exit sink has returned.
+  void Wait();
+
+  int pid() const { return pid_; }
+  const RankLaunch& launch() const { return launch_; }
+  bool done() const { return done_.load(); }
+  // Set once done().
+  std::optional<furnace::v1::RankReport> exit_report() const;
+
+ private:
+  RankSupervisor(RankLaunch launch, RankSinks sinks, const Clock& clock);
+  void ThreadMain(std::promise<absl::Status>* started);
+  absl::Status Spawn();
+  void Supervise();
+  void ReadStream(int index);
+  void EmitLine(std::string_view line);
+  void KillGroup(int signal);
+  furnace::v1::RankReport Classify(int wait_status);
+
+  const RankLaunch launch_;
+  const RankSinks sinks_;
+  const Clock& clock_;
+  std::thread thread_;
+  int pid_ = -1;
+  std::atomic<bool> done_{false};
+
+  // Owned by the supervisor thread.
+  struct Stream {
+    int fd = -1;
+    std::string partial;  // output streams: bytes after the last newline
+  };
+  Stream streams_[3];     // stdout, stderr, telemetry
+  int log_fd_ = -1;
+  double last_progress_s_ = 0;
+  std::optional<uint64_t> last_step_;
+  std::string last_message_;
+  std::optional<uint64_t> oom_kills_at_start_;
+  std::string cgroup_events_path_;
+  bool hung_ = false;
+  double hang_for_s_ = 0;
+  bool term_sent_ = false;
+  TelemetryDecoder decoder_;
+  bool telemetry_corrupt_ = false;
+
+  mutable std::mutex mu_;
+  std::optional<double> stop_deadline_s_;  // guarded by mu_: SIGKILL at this time
+  std::string stop_reason_;                // guarded by mu_
+  bool stop_requested_ = false;            // guarded by mu_
+  std::optional<furnace::v1::RankReport> report_;  // guarded by mu_
+};
+
+}  // namespace furnace::worker
