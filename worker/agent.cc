@@ -400,6 +400,9 @@ void Agent::ReportLoop() {
       report = reports_.front();
       generation = generation_;
     }
+    // A rank's last records (its final progress, its last words) reach the controller before
+    // the report that it ended.
+    if (report.event() == furnace::v1::RANK_EXITED) FlushOnce();
     furnace::v1::Ack ack;
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout_s);

@@ -16,6 +16,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
+#include "worker/device_probe.h"
 #include "worker/rank_main.h"
 #include "yaml-cpp/yaml.h"
 
@@ -51,6 +52,14 @@ class YamlConfig : public CLI::Config {
 };
 
 int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level) {
+  auto device = furnace::worker::ProbeDevice(options.device_kind, options.slot);
+  if (!device.ok()) {
+    std::fprintf(stderr, "furnace-worker: --device-kind %s: %s\n", options.device_kind.c_str(),
+                 std::string(device.status().message()).c_str());
+    return 2;
+  }
+  options.device_kind = device->kind;
+  if (options.device_memory == 0) options.device_memory = device->memory;
   options = furnace::worker::ResolveAgentOptions(std::move(options));
   auto logger = spdlog::stderr_logger_mt("worker");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [worker " + options.worker_id + "] [%l] %v");
@@ -112,10 +121,12 @@ int main(int argc, char** argv) {
   app.add_option("--id", options.worker_id, "worker id (default <hostname>/<slot>)");
   app.add_option("--work-dir", options.work_dir,
                  "directory for task files and rank logs (default ./worker-<slot>)");
-  app.add_option("--device-kind", options.device_kind, "cpu | cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  app.add_option("--device-kind", options.device_kind,
+                 "cpu | cuda | auto (cuda when this slot has a GPU, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  app.add_option("--device-memory", options.device_memory, "device memory in bytes")
+  app.add_option("--device-memory", options.device_memory,
+                 "device memory in bytes to offer (default: what the device has)")
       ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
