@@ -50,6 +50,18 @@ std::string DescribeExit(const v1::RankReport& r) {
   }
 }
 
+v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32_t rank,
+                             double grace_s, const std::string& reason) {
+  v1::AgentCommand cmd;
+  auto* stop = cmd.mutable_stop();
+  stop->set_job_id(job_id);
+  stop->set_attempt(attempt);
+  stop->set_rank(rank);
+  stop->set_grace_s(grace_s);
+  stop->set_reason(reason);
+  return cmd;
+}
+
 bool AllRanks(const v1::AttemptInfo& attempt, const std::string& state) {
   return std::all_of(attempt.ranks().begin(), attempt.ranks().end(),
                      [&](const v1::RankInfo& r) { return r.state() == state; });
@@ -401,14 +413,8 @@ void Controller::StopAttemptRanks(Job& job, const std::string& reason) {
     if (rank.state() == "exited") continue;
     auto it = workers_.find(rank.worker_id());
     if (it == workers_.end() || it->second.info.state() == kLost) continue;
-    v1::AgentCommand cmd;
-    auto* stop = cmd.mutable_stop();
-    stop->set_job_id(job.summary.job_id());
-    stop->set_attempt(attempt->attempt());
-    stop->set_rank(rank.rank());
-    stop->set_grace_s(options_.stop_grace_s);
-    stop->set_reason(reason);
-    Enqueue(it->second, std::move(cmd));
+    Enqueue(it->second, StopCommand(job.summary.job_id(), attempt->attempt(), rank.rank(),
+                                    options_.stop_grace_s, reason));
   }
 }
 
@@ -596,14 +602,8 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
       }
     }
     if (!wanted) {
-      v1::AgentCommand cmd;
-      auto* stop = cmd.mutable_stop();
-      stop->set_job_id(rr.job_id());
-      stop->set_attempt(rr.attempt());
-      stop->set_rank(rr.rank());
-      stop->set_grace_s(options_.stop_grace_s);
-      stop->set_reason("no attempt of this job wants this rank any more");
-      Enqueue(w, std::move(cmd));
+      Enqueue(w, StopCommand(rr.job_id(), rr.attempt(), rr.rank(), options_.stop_grace_s,
+                             "no attempt of this job wants this rank any more"));
     }
   }
   // A rank we placed here that the agent no longer runs: if the agent itself restarted, the rank
@@ -705,14 +705,8 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
     if (!current) {
       // Started after its attempt ended (e.g. a late command): stop it.
       if (auto wt = workers_.find(report.worker_id()); wt != workers_.end()) {
-        v1::AgentCommand cmd;
-        auto* stop = cmd.mutable_stop();
-        stop->set_job_id(report.job_id());
-        stop->set_attempt(report.attempt());
-        stop->set_rank(report.rank());
-        stop->set_grace_s(options_.stop_grace_s);
-        stop->set_reason("its attempt is over");
-        Enqueue(wt->second, std::move(cmd));
+        Enqueue(wt->second, StopCommand(report.job_id(), report.attempt(), report.rank(),
+                                        options_.stop_grace_s, "its attempt is over"));
       }
       return Persist(job);
     }
