@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <random>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,14 @@
 
 namespace furnace::worker {
 namespace {
+
+std::string RandomInstanceId() {
+  std::random_device rd;
+  const uint64_t a = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const uint64_t b = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return absl::StrCat(absl::Hex(a, absl::kZeroPad16), absl::Hex(b, absl::kZeroPad16));
+}
+
 
 constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
@@ -61,6 +70,7 @@ Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::St
     : options_(ResolveAgentOptions(std::move(options))),
       stub_(std::move(stub)),
       clock_(clock),
+      instance_id_(RandomInstanceId()),
       telemetry_(options_.telemetry_capacity),
       logs_(options_.log_capacity) {}
 
@@ -168,7 +178,8 @@ void Agent::HeartbeatLoop() {
     for (auto& running : Running()) *request.add_running() = std::move(running);
     furnace::v1::HeartbeatResponse response;
     grpc::ClientContext context;
-    SetDeadline(&context, std::clamp(interval, 1.0, options_.rpc_timeout_s));
+    // Well above the interval: a controller busy for a moment (an fsync) is not a lost one.
+    SetDeadline(&context, std::clamp(3 * interval, 3.0, std::max(3.0, options_.rpc_timeout_s)));
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     if (status.ok() && !response.reregister()) continue;
     if (status.ok()) {
@@ -189,6 +200,7 @@ bool Agent::RegisterOnce() {
   request.set_device_kind(options_.device_kind);
   request.set_device_memory(options_.device_memory);
   request.set_pid(getpid());
+  request.set_instance_id(instance_id_);
   for (auto& running : Running()) *request.add_running() = std::move(running);
   furnace::v1::RegisterResponse response;
   grpc::ClientContext context;
@@ -402,7 +414,12 @@ void Agent::ReportLoop() {
     }
     // A rank's last records (its final progress, its last words) reach the controller before
     // the report that it ended.
-    if (report.event() == furnace::v1::RANK_EXITED) FlushOnce();
+    if (report.event() == furnace::v1::RANK_EXITED && !FlushOnce()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, Seconds(backoff), [&] { return stop_senders_; });
+      backoff = std::min(kMaxBackoffS, backoff * 2);
+      continue;
+    }
     furnace::v1::Ack ack;
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout_s);
@@ -443,6 +460,9 @@ void Agent::FlushLoop() {
 }
 
 bool Agent::FlushOnce() {
+  // One flusher at a time (the flush loop, and the report loop before an exit report), so a
+  // rank's records are pushed in order and an exit report never overtakes them.
+  std::lock_guard<std::mutex> flush_lock(flush_mu_);
   // Several batches per tick at most, so a backlog drains quickly after a controller restart.
   for (int batch = 0; batch < 10; ++batch) {
     std::vector<furnace::v1::TelemetryRecord> records = telemetry_.Take(kMaxBatch);

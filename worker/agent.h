@@ -108,6 +108,9 @@ class Agent {
   const std::shared_ptr<furnace::v1::AgentService::StubInterface> stub_;
   const Clock& clock_;
 
+  const std::string instance_id_;  // random per agent process (RegisterRequest.instance_id)
+  std::mutex flush_mu_;             // one FlushOnce at a time
+
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;
   BoundedQueue<furnace::v1::LogLine> logs_;
 

@@ -137,6 +137,7 @@ RankSupervisor::~RankSupervisor() {
     if (!done_.load()) Stop(0, "the agent dropped the rank");
     thread_.join();
   }
+  CloseFd(&log_fd_);
 }
 
 void RankSupervisor::Stop(double grace_s, const std::string& reason) {
@@ -171,14 +172,26 @@ absl::Status RankSupervisor::Spawn() {
   log_fd_ = ::open(launch_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", launch_.log_path));
 
-  int pipes[3][2];
-  int exec_error[2];
+  int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
+  int exec_error[2] = {-1, -1};
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0) return ErrnoStatus(errno, "cannot open /dev/null");
+  // Closes everything opened so far; for the error paths before the fork.
+  auto fail = [&](int err, const std::string& what) {
+    for (auto& p : pipes) {
+      CloseFd(&p[0]);
+      CloseFd(&p[1]);
+    }
+    CloseFd(&exec_error[0]);
+    CloseFd(&exec_error[1]);
+    CloseFd(&devnull);
+    CloseFd(&log_fd_);
+    return ErrnoStatus(err, what);
+  };
+  if (devnull < 0) return fail(errno, "cannot open /dev/null");
   for (auto& p : pipes) {
-    if (pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+    if (pipe2(p, O_CLOEXEC) != 0) return fail(errno, "pipe2");
   }
-  if (pipe2(exec_error, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+  if (pipe2(exec_error, O_CLOEXEC) != 0) return fail(errno, "pipe2");
 
   std::vector<char*> argv;
   for (const std::string& arg : launch_.argv) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -198,6 +211,7 @@ absl::Status RankSupervisor::Spawn() {
   if (pid < 0) {
     ::close(exec_error[0]);
     for (Stream& s : streams_) CloseFd(&s.fd);
+    CloseFd(&log_fd_);
     return ErrnoStatus(fork_errno, "fork");
   }
   // Set the group from this side too, so signals to -pid work even before the child runs.
@@ -213,6 +227,7 @@ absl::Status RankSupervisor::Spawn() {
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     for (Stream& s : streams_) CloseFd(&s.fd);
+    CloseFd(&log_fd_);
     return ErrnoStatus(child_errno, absl::StrCat("cannot execute ", launch_.argv[0]));
   }
   for (Stream& s : streams_) fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);

@@ -95,9 +95,12 @@ absl::Status Controller::Load() {
     Worker& w = workers_[info.worker_id()];
     w.info = info;
     // Until it registers again, a known worker is silent since our start: it gets the full
-    // timeout to come back before it is declared lost.
+    // timeout to come back before it is declared lost. Which rank it holds is rebuilt from the
+    // attempts below, the one source of truth.
     w.last_seen_mono = now;
-    w.has_rank = !info.job_id().empty();
+    w.has_rank = false;
+    w.info.clear_job_id();
+    w.info.set_rank(0);
   }
   ASSIGN_OR_RETURN(auto jobs, store_->LoadJobs());
   int active = 0;
@@ -108,6 +111,20 @@ absl::Status Controller::Load() {
     job.attempts = std::move(stored.attempts);
     job.attempt_started_mono = now;
     job.recover_at_mono = now;
+    // A rank not known to have exited still occupies its worker, whatever its job's state
+    // (a cancelled job's rank may still be stopping); its exit report frees the worker.
+    for (const auto& attempt : job.attempts) {
+      for (const auto& rank : attempt.ranks()) {
+        auto it = workers_.find(rank.worker_id());
+        if (it == workers_.end() || rank.state() == "exited") continue;
+        Worker& w = it->second;
+        if (w.has_rank && w.attempt > attempt.attempt()) continue;
+        w.has_rank = true;
+        w.attempt = attempt.attempt();
+        w.info.set_job_id(job.summary.job_id());
+        w.info.set_rank(rank.rank());
+      }
+    }
     if (IsFinal(job.summary.state())) continue;
     ++active;
     if (auto* attempt = job.current()) {
@@ -115,16 +132,11 @@ absl::Status Controller::Load() {
       for (auto& [key, value] : kv) {
         rendezvous_.Set({job.summary.job_id(), attempt->attempt()}, key, value);
       }
-      // Re-attach bookkeeping: the worker of each live rank is busy with it.
-      for (const auto& rank : attempt->ranks()) {
-        auto it = workers_.find(rank.worker_id());
-        if (it != workers_.end() && rank.state() != "exited") {
-          it->second.has_rank = true;
-          it->second.attempt = attempt->attempt();
-        }
-      }
     }
     Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
+  }
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() != kLost) w.info.set_state(w.has_rank ? kBusy : kReady);
   }
   spdlog::info("job store loaded: {} jobs ({} active), {} workers", jobs_.size(), active,
                workers_.size());
@@ -199,13 +211,13 @@ uint32_t Controller::Capacity(const std::string& device_kind) const {
 absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
                                                const std::string& filename) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
-  if (spec.kind() != "commcheck") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        filename, ": kind: '", spec.kind(),
-        "' is not available in this build (the training runtime is not built yet); allowed: "
-        "commcheck"));
-  }
   const uint32_t world = spec::WorldSize(spec);
+  if (spec.kind() == "train" && world != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: parallel: a train job runs on one rank in this build (got pp*dp*tp = %d*%d*%d = %d); "
+        "allowed: pp = dp = tp = 1 (distributed layouts arrive with the distributed runtime)",
+        filename, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), world));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const uint32_t capacity = Capacity(spec.resources().device());
   if (world > capacity) {
@@ -275,13 +287,18 @@ absl::StatusOr<v1::JobSummary> Controller::Cancel(const std::string& job_id) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
   }
+  const Job backup = job;
   if (auto* attempt = job.current(); attempt && attempt->state() == "running") {
     attempt->set_state("cancelled");
     attempt->set_cause("cancelled by user");
     attempt->set_ended_unix(clock_.UnixSeconds());
   }
   job.summary.set_cause("cancelled by user");
-  RETURN_IF_ERROR(Transition(job, v1::JOB_CANCELLED, "cancelled", "cancelled by user"));
+  if (absl::Status s = Transition(job, v1::JOB_CANCELLED, "cancelled", "cancelled by user");
+      !s.ok()) {
+    job = backup;
+    return s;
+  }
   StopAttemptRanks(job, "job cancelled");
   if (auto* attempt = job.current()) CloseScope(job, attempt->attempt());
   return job.summary;
@@ -367,21 +384,21 @@ void Controller::TryStart(Job& job) {
     rank->set_host(w.info.host());
     rank->set_state("assigned");
   }
+  const Job backup = job;
   job.attempts.push_back(attempt);
   job.summary.set_attempt(n);
   job.summary.set_step(0);
+  // PENDING -> SCHEDULED -> STARTING lands in the store as one write (the STARTING one), so a
+  // controller that dies in between never finds a job parked in SCHEDULED.
   if (job.summary.state() == v1::JOB_PENDING) {
-    if (!Transition(job, v1::JOB_SCHEDULED, "scheduled",
-                    absl::StrCat("attempt ", n, " on ", absl::StrJoin(*placement, ", ")))
-             .ok()) {
-      job.attempts.pop_back();
-      job.summary.set_attempt(n - 1);
-      return;
-    }
+    if (!CheckTransition(v1::JOB_PENDING, v1::JOB_SCHEDULED).ok()) return;
+    job.summary.set_state(v1::JOB_SCHEDULED);
   }
   if (!Transition(job, v1::JOB_STARTING, "starting",
-                  absl::StrCat("attempt ", n, ": starting ", placement->size(), " ranks"))
+                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ",
+                               absl::StrJoin(*placement, ", ")))
            .ok()) {
+    job = backup;
     return;
   }
   job.attempt_started_mono = clock_.MonotonicSeconds();
@@ -393,17 +410,21 @@ void Controller::TryStart(Job& job) {
     w.info.set_job_id(job.summary.job_id());
     w.info.set_rank(r);
     PersistWorker(w);
-    v1::AgentCommand cmd;
-    auto* task = cmd.mutable_start();
-    task->set_job_id(job.summary.job_id());
-    task->set_attempt(n);
-    task->set_rank(r);
-    task->set_world_size(job.summary.world_size());
-    *task->mutable_spec() = job.spec;
-    task->set_controller_address(options_.advertise_address);
-    task->set_host(w.info.host());
-    Enqueue(w, std::move(cmd));
+    Enqueue(w, StartCommand(job, r, w));
   }
+}
+
+v1::AgentCommand Controller::StartCommand(const Job& job, uint32_t rank, const Worker& worker) const {
+  v1::AgentCommand cmd;
+  auto* task = cmd.mutable_start();
+  task->set_job_id(job.summary.job_id());
+  task->set_attempt(job.summary.attempt());
+  task->set_rank(rank);
+  task->set_world_size(job.summary.world_size());
+  *task->mutable_spec() = job.spec;
+  task->set_controller_address(options_.advertise_address);
+  task->set_host(worker.info.host());
+  return cmd;
 }
 
 void Controller::StopAttemptRanks(Job& job, const std::string& reason) {
@@ -426,33 +447,45 @@ void Controller::CloseScope(Job& job, uint32_t attempt) {
 }
 
 void Controller::FailAttempt(Job& job, const std::string& cause,
-                             const std::string& culprit_worker) {
+                             const std::string& culprit_worker, bool counts_as_restart) {
   auto* attempt = job.current();
   if (!attempt || attempt->state() != "running") return;
-  attempt->set_state("failed");
+  const Job backup = job;
+  attempt->set_state(counts_as_restart ? "failed" : "interrupted");
   attempt->set_cause(cause);
   attempt->set_ended_unix(clock_.UnixSeconds());
-  job.avoid_workers.clear();
-  if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
-  StopAttemptRanks(job, absl::StrCat("attempt ", attempt->attempt(), " failed: ", cause));
-  CloseScope(job, attempt->attempt());
+  const uint32_t n = attempt->attempt();
   const uint32_t max_restarts = job.spec.recovery().max_restarts();
-  if (job.summary.restarts() < max_restarts) {
+  absl::Status persisted;
+  if (!counts_as_restart) {
+    job.recover_at_mono = clock_.MonotonicSeconds();
+    job.summary.set_cause(cause);
+    persisted = Transition(job, v1::JOB_RECOVERING, "interrupted",
+                           absl::StrFormat("attempt %d interrupted: %s; it does not count "
+                                           "against recovery.max_restarts", n, cause));
+  } else if (job.summary.restarts() < max_restarts) {
     job.summary.set_restarts(job.summary.restarts() + 1);
     const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
     job.summary.set_cause(cause);
-    Transition(job, v1::JOB_RECOVERING, "restart",
-               absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", attempt->attempt(),
-                               cause, job.summary.restarts(), max_restarts, delay))
-        .IgnoreError();
+    persisted = Transition(job, v1::JOB_RECOVERING, "restart",
+                           absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", n,
+                                           cause, job.summary.restarts(), max_restarts, delay));
   } else {
     job.summary.set_cause(absl::StrFormat(
-        "%s (attempt %d; gave up after %d restart%s, recovery.max_restarts = %d)", cause,
-        attempt->attempt(), job.summary.restarts(), job.summary.restarts() == 1 ? "" : "s",
-        max_restarts));
-    Transition(job, v1::JOB_FAILED, "failed", job.summary.cause()).IgnoreError();
+        "%s (attempt %d; gave up after %d restart%s, recovery.max_restarts = %d)", cause, n,
+        job.summary.restarts(), job.summary.restarts() == 1 ? "" : "s", max_restarts));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   }
+  if (!persisted.ok()) {
+    job = backup;  // nothing happened; the next report or tick tries again
+    return;
+  }
+  job.avoid_workers.clear();
+  if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
+  StopAttemptRanks(job, absl::StrCat("attempt ", n, " ", counts_as_restart ? "failed" :
+                                     "interrupted", ": ", cause));
+  CloseScope(job, n);
 }
 
 void Controller::FreeWorker(const std::string& worker_id, const std::string& job_id,
@@ -489,14 +522,15 @@ void Controller::MarkLost(Worker& worker, const std::string& why) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  auto* attempt = job.current();
-  if (!attempt || attempt->attempt() != attempt_n) return;
+  if (attempt_n == 0 || attempt_n > job.attempts.size()) return;
+  v1::AttemptInfo* attempt = &job.attempts[attempt_n - 1];
   if (rank_n < static_cast<uint32_t>(attempt->ranks_size())) {
     auto* rank = attempt->mutable_ranks(rank_n);
     rank->set_state("exited");
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
   }
-  if (!IsFinal(job.summary.state())) {
+  if (attempt == job.current() && attempt->state() == "running" &&
+      !IsFinal(job.summary.state())) {
     FailAttempt(job,
                 absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                              rank_n, " gone"),
@@ -562,20 +596,24 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
   std::lock_guard<std::mutex> lock(mu_);
   Worker& w = workers_[req.worker_id()];
   const bool known = !w.info.worker_id().empty();
-  const bool agent_restarted = known && w.info.pid() != req.pid();
+  // A different agent process than the one we knew: what it ran died with the old one.
+  const bool agent_restarted =
+      known && (w.info.pid() != req.pid() || w.info.instance_id() != req.instance_id());
   w.info.set_worker_id(req.worker_id());
   w.info.set_host(req.host());
   w.info.set_slot(req.slot());
   w.info.set_device_kind(req.device_kind());
   w.info.set_device_memory(req.device_memory());
   w.info.set_pid(req.pid());
+  w.info.set_instance_id(req.instance_id());
   w.info.set_last_seen_unix(clock_.UnixSeconds());
   w.last_seen_mono = clock_.MonotonicSeconds();
   w.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
   if (agent_restarted) w.commands.clear();
 
-  // Re-attach the ranks it still runs; stop the ones no attempt wants any more.
-  bool reattached_own_rank = false;
+  // The rank it runs: re-attach it if its attempt still wants it; otherwise stop it, and keep the
+  // worker busy (draining) until its exit report arrives, so no second rank lands beside it.
+  bool runs_our_rank = false;
   for (const auto& rr : req.running()) {
     auto jt = jobs_.find(rr.job_id());
     bool wanted = false;
@@ -584,46 +622,68 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
       auto* attempt = job.current();
       if (attempt && attempt->attempt() == rr.attempt() && attempt->state() == "running" &&
           rr.rank() < static_cast<uint32_t>(attempt->ranks_size()) &&
-          attempt->ranks(rr.rank()).worker_id() == req.worker_id()) {
+          attempt->ranks(rr.rank()).worker_id() == req.worker_id() &&
+          attempt->ranks(rr.rank()).state() != "exited") {
         wanted = true;
         auto* rank = attempt->mutable_ranks(rr.rank());
-        if (rank->state() != "exited") {
-          rank->set_state("running");
-          rank->set_pid(rr.pid());
-        }
-        w.has_rank = true;
-        w.attempt = rr.attempt();
-        w.info.set_job_id(rr.job_id());
-        w.info.set_rank(rr.rank());
-        reattached_own_rank = true;
+        rank->set_state("running");
+        rank->set_pid(rr.pid());
         Event(job, "reattached",
               absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
-        Persist(job).IgnoreError();
+        if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, "running")) {
+          attempt->set_all_running_unix(clock_.UnixSeconds());
+          Transition(job, v1::JOB_RUNNING, "running", "all ranks running (re-attached)")
+              .IgnoreError();
+        } else {
+          Persist(job).IgnoreError();
+        }
       }
     }
     if (!wanted) {
       Enqueue(w, StopCommand(rr.job_id(), rr.attempt(), rr.rank(), options_.stop_grace_s,
                              "no attempt of this job wants this rank any more"));
     }
+    w.has_rank = true;
+    w.attempt = rr.attempt();
+    w.info.set_job_id(rr.job_id());
+    w.info.set_rank(rr.rank());
+    runs_our_rank = true;
   }
-  // A rank we placed here that the agent no longer runs: if the agent itself restarted, the rank
-  // died with it; otherwise its exit report is on its way (the agent re-sends unacked reports).
-  if (w.has_rank && !reattached_own_rank && agent_restarted) {
+  // A rank we placed here that the agent no longer runs. If the agent itself restarted, the rank
+  // died with it (when it is the current attempt's, that attempt fails; an older attempt's rank
+  // is simply gone). Otherwise its exit report is on its way (agents re-send unacked reports);
+  // a rank still "assigned" never got its start command (lost with a controller restart): send
+  // it again, the agent ignores a start it already had.
+  if (w.has_rank && !runs_our_rank) {
     auto jt = jobs_.find(w.info.job_id());
-    const std::string job_id = w.info.job_id();
+    Job* job = jt == jobs_.end() ? nullptr : &jt->second;
+    v1::AttemptInfo* attempt =
+        job && w.attempt >= 1 && w.attempt <= job->attempts.size() ? &job->attempts[w.attempt - 1]
+                                                                   : nullptr;
     const uint32_t rank_n = w.info.rank();
-    w.has_rank = false;
-    w.info.clear_job_id();
-    if (jt != jobs_.end() && jt->second.current() &&
-        rank_n < static_cast<uint32_t>(jt->second.current()->ranks_size())) {
-      auto* rank = jt->second.current()->mutable_ranks(rank_n);
-      rank->set_state("exited");
-      rank->set_exit("lost: its worker agent restarted");
-    }
-    if (jt != jobs_.end() && !IsFinal(jt->second.summary.state())) {
-      FailAttempt(jt->second,
-                  absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost"),
-                  req.worker_id());
+    v1::RankInfo* rank = attempt && rank_n < static_cast<uint32_t>(attempt->ranks_size())
+                             ? attempt->mutable_ranks(rank_n)
+                             : nullptr;
+    if (agent_restarted || rank == nullptr) {
+      w.has_rank = false;
+      w.attempt = 0;
+      w.info.clear_job_id();
+      if (rank != nullptr && rank->state() != "exited") {
+        rank->set_state("exited");
+        rank->set_exit("lost: its worker agent restarted");
+        if (attempt == job->current() && attempt->state() == "running" &&
+            !IsFinal(job->summary.state())) {
+          FailAttempt(*job,
+                      absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n,
+                                   " lost"),
+                      req.worker_id());
+        } else {
+          Persist(*job).IgnoreError();
+        }
+      }
+    } else if (rank->state() == "assigned" && attempt == job->current() &&
+               attempt->state() == "running") {
+      Enqueue(w, StartCommand(*job, rank_n, w));
     }
   }
   w.info.set_state(w.has_rank ? kBusy : kReady);
@@ -685,6 +745,7 @@ void Controller::Requeue(const std::string& worker_id, std::vector<v1::AgentComm
 
 absl::Status Controller::ReportRank(const v1::RankReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return absl::OkStatus();  // ranks being stopped by our own shutdown
   if (auto wt = workers_.find(report.worker_id()); wt != workers_.end()) {
     wt->second.last_seen_mono = clock_.MonotonicSeconds();
   }
@@ -692,59 +753,110 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
   if (jt == jobs_.end()) return absl::OkStatus();  // a job we do not know: nothing to update
   Job& job = jt->second;
   if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return absl::OkStatus();
+  const Job backup = job;
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
   if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
   v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
   const bool current = job.current() == &attempt && attempt.state() == "running" &&
                        !IsFinal(job.summary.state());
+  // On a store error, undo and fail the RPC: the agent re-sends the report.
+  auto undo = [&](absl::Status s) {
+    job = backup;
+    return s;
+  };
 
   if (report.event() == v1::RANK_STARTED) {
     if (rank.state() == "exited") return absl::OkStatus();
     rank.set_state("running");
     rank.set_pid(report.pid());
+    absl::Status s;
     if (!current) {
+      s = Persist(job);
       // Started after its attempt ended (e.g. a late command): stop it.
-      if (auto wt = workers_.find(report.worker_id()); wt != workers_.end()) {
+      if (auto wt = workers_.find(report.worker_id()); s.ok() && wt != workers_.end()) {
         Enqueue(wt->second, StopCommand(report.job_id(), report.attempt(), report.rank(),
                                         options_.stop_grace_s, "its attempt is over"));
       }
-      return Persist(job);
-    }
-    if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, "running")) {
+    } else if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, "running")) {
       attempt.set_all_running_unix(clock_.UnixSeconds());
-      return Transition(job, v1::JOB_RUNNING, "running",
-                        absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
-                                        attempt.attempt(), attempt.ranks_size(),
-                                        attempt.all_running_unix() - attempt.started_unix()));
+      s = Transition(job, v1::JOB_RUNNING, "running",
+                     absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
+                                     attempt.attempt(), attempt.ranks_size(),
+                                     attempt.all_running_unix() - attempt.started_unix()));
+    } else {
+      s = Persist(job);
     }
-    return Persist(job);
+    return s.ok() ? s : undo(s);
   }
 
   if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
-  if (rank.state() == "exited") return absl::OkStatus();  // a re-sent report
+  if (rank.state() == "exited") {  // a re-sent report
+    FreeWorker(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
+    return absl::OkStatus();
+  }
   rank.set_state("exited");
   rank.set_exit(DescribeExit(report));
-  FreeWorker(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
-  if (!current) return Persist(job);
-  if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
+  const std::string worker_id = rank.worker_id();
+  absl::Status s;
+  if (!current) {
+    s = Persist(job);
+  } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
     if (AllRanks(attempt, "exited")) {
       attempt.set_state("succeeded");
       attempt.set_ended_unix(clock_.UnixSeconds());
       job.summary.set_cause("");
       if (job.summary.state() == v1::JOB_STARTING) {
         // Every rank finished before the last start report was seen: still a full run.
-        RETURN_IF_ERROR(Transition(job, v1::JOB_RUNNING, "running", "all ranks ran"));
+        s = Transition(job, v1::JOB_RUNNING, "running", "all ranks ran");
       }
-      CloseScope(job, attempt.attempt());
-      return Transition(job, v1::JOB_SUCCEEDED, "succeeded",
-                        absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
+      if (s.ok()) {
+        s = Transition(job, v1::JOB_SUCCEEDED, "succeeded",
+                       absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
+      }
+      if (s.ok()) CloseScope(job, attempt.attempt());
+    } else {
+      s = Persist(job);
     }
-    return Persist(job);
+  } else {
+    FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                  DescribeExit(report)),
+                report.worker_id());
+    if (job.attempts[report.attempt() - 1].state() == "running") {
+      s = absl::UnavailableError("controller could not record the failure; retry");
+    }
   }
-  FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                                DescribeExit(report)),
-              report.worker_id());
+  if (!s.ok()) return undo(s);
+  FreeWorker(worker_id, report.job_id(), report.attempt(), report.rank());
   return absl::OkStatus();
+}
+
+void Controller::Shutdown(bool stopping_workers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stopping_workers) return;
+  for (auto& [id, job] : jobs_) {
+    if (job.summary.state() != v1::JOB_STARTING && job.summary.state() != v1::JOB_RUNNING) {
+      continue;
+    }
+    FailAttempt(job, "the controller shut down and stopped its local workers", "",
+                /*counts_as_restart=*/false);
+    if (auto* attempt = job.current()) {
+      for (auto& rank : *attempt->mutable_ranks()) {
+        if (rank.state() != "exited") {
+          rank.set_state("exited");
+          rank.set_exit("stopped: the controller shut down");
+        }
+      }
+      Persist(job).IgnoreError();
+    }
+  }
+  for (auto& [wid, w] : workers_) {
+    w.has_rank = false;
+    w.attempt = 0;
+    w.info.clear_job_id();
+    if (w.info.state() == kBusy) w.info.set_state(kReady);
+    PersistWorker(w);
+  }
+  shut_down_ = true;
 }
 
 absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {

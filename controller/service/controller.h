@@ -78,6 +78,13 @@ class Controller {
   // Failure detection, placement, recovery. Called every ~100 ms by the daemon.
   void Tick();
 
+  // Graceful shutdown. With stopping_workers (the embedded launcher is about to stop its
+  // workers), the running attempts are recorded as interrupted, not failed, so the job resumes
+  // after the restart without spending its restart budget; reports arriving afterwards (the
+  // ranks being stopped) are ignored. Without it, state is left as is and the running agents
+  // re-attach to the restarted controller.
+  void Shutdown(bool stopping_workers);
+
  private:
   struct Job {
     furnace::v1::JobSummary summary;
@@ -109,8 +116,13 @@ class Controller {
   absl::Status Persist(Job& job);
   void Event(Job& job, const std::string& kind, const std::string& message);
   void TryStart(Job& job);
-  void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker);
+  // Ends the current attempt: persisted first, then its ranks are told to stop. A failure counts
+  // against recovery.max_restarts; an interruption (the controller itself stopping the workers)
+  // does not.
+  void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker,
+                   bool counts_as_restart = true);
   void StopAttemptRanks(Job& job, const std::string& reason);
+  furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
   void MarkLost(Worker& worker, const std::string& why);
   void FreeWorker(const std::string& worker_id, const std::string& job_id, uint32_t attempt,
                   uint32_t rank);
@@ -131,6 +143,7 @@ class Controller {
   std::map<std::string, Job> jobs_;
   std::map<std::string, Worker> workers_;
   std::string instance_id_;  // distinguishes sessions across controller restarts
+  bool shut_down_ = false;   // Shutdown(true) ran: rank reports are no longer acted on
   uint64_t session_counter_ = 0;
 };
 

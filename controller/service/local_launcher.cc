@@ -73,20 +73,30 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
                                    "--host", "127.0.0.1",
                                    "--work-dir", dir.string(),
                                    "--log-level", options_.log_level};
+  // Everything the child needs is prepared before fork: between fork and exec only
+  // async-signal-safe calls.
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  sigset_t all;
+  sigemptyset(&all);
   const pid_t pid = fork();
   if (pid == 0) {
     setsid();  // not in the controller's process group: a Ctrl-C reaches the controller only
+    sigprocmask(SIG_SETMASK, &all, nullptr);
+    signal(SIGPIPE, SIG_DFL);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
-      close(fd);
+      if (fd > STDERR_FILENO) close(fd);
     }
     const int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    if (null_fd >= 0) {
+      dup2(null_fd, STDIN_FILENO);
+      if (null_fd > STDIN_FILENO) close(null_fd);
+    }
+    close_range(3, ~0U, 0);  // no controller socket or database leaks into a worker
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -104,7 +114,7 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
 bool LocalLauncher::Alive(uint32_t slot) {
   Slot& s = slots_[slot];
   if (s.pid <= 0) return false;
-  if (s.adopted) return kill(s.pid, 0) == 0;
+  if (s.adopted) return IsOurWorker(s.pid, slot);  // not our child: also guards pid reuse
   int status = 0;
   const pid_t r = waitpid(s.pid, &status, WNOHANG);
   if (r == 0) return true;

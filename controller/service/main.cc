@@ -170,6 +170,9 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");
+  // Record running attempts as interrupted (not failed) before our own workers stop them, so the
+  // jobs resume after a restart without spending their restart budget.
+  controller->Shutdown(/*stopping_workers=*/launcher != nullptr);
   if (launcher) launcher->Stop(10.0);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

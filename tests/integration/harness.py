@@ -76,9 +76,21 @@ class Cluster:
              "--state-dir", self.state, "--local-workers", str(self.workers),
              "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout)],
             stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_up()
         if wait_workers:
             self.wait_workers(self.workers)
         return self
+
+    def wait_up(self, timeout=30):
+        """Until the controller answers (it binds after loading its job store)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.cli("jobs").returncode == 0:
+                return
+            if self.controller.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError("the controller did not come up\n" + self.dump_logs())
 
     def kill_controller(self):
         self.controller.send_signal(signal.SIGKILL)

@@ -44,8 +44,10 @@ class ControllerTest : public ::testing::Test {
     c_ = std::move(*c);
   }
 
-  std::string Register(int slot, int pid = 100, std::vector<v1::RunningRank> running = {}) {
+  std::string Register(int slot, int pid = 100, std::vector<v1::RunningRank> running = {},
+                       const std::string& instance = "i0") {
     v1::RegisterRequest r;
+    r.set_instance_id(instance);
     r.set_worker_id("h/" + std::to_string(slot));
     r.set_host("127.0.0.1");
     r.set_slot(slot);
@@ -130,8 +132,9 @@ TEST_F(ControllerTest, RefusedJobsLeaveNoTrace) {
   auto bad = c_->Submit("name: t\nkind: commcheck\nparallel: {dp: -1}\n", "bad.yaml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.yaml:3"), absl::string_view::npos);
-  auto train = c_->Submit("name: t\nkind: train\n", "train.yaml");
+  auto train = c_->Submit("name: t\nkind: train\nparallel: {dp: 2}\n", "train.yaml");
   ASSERT_FALSE(train.ok());
+  EXPECT_NE(train.status().message().find("one rank"), absl::string_view::npos);
   EXPECT_TRUE(c_->ListJobs().empty());
   EXPECT_TRUE(Commands(0).empty());
 }
@@ -298,6 +301,129 @@ TEST_F(ControllerTest, CancelStopsRanks) {
   }
   EXPECT_EQ(c_->Cancel(job_).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank) {
+  v1::RunningRank r;
+  r.set_job_id(job);
+  r.set_attempt(attempt);
+  r.set_rank(rank);
+  r.set_pid(1000 + rank);
+  return r;
+}
+
+std::string WorkerState(Controller& c, const std::string& id) {
+  for (auto& w : c.ListWorkers()) {
+    if (w.worker_id() == id) return w.state();
+  }
+  return "";
+}
+
+TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker) {
+  StartRunning();
+  ASSERT_TRUE(c_->Cancel(job_).ok());
+  Restart();  // before the stop reports arrive
+  EXPECT_EQ(WorkerState(*c_, "h/0"), "busy");
+  Register(0, 100, {Running(job_, 1, 0)});
+  auto cmds = Commands(0);
+  ASSERT_EQ(cmds.size(), 1u);
+  EXPECT_TRUE(cmds[0].has_stop());
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(WorkerState(*c_, "h/0"), "ready");
+}
+
+TEST_F(ControllerTest, AgentRestartWithTheSamePidIsStillARestart) {
+  StartRunning();
+  Register(1, 100, {}, "another-process");  // same pid (containers), new instance, runs nothing
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 restarted"), std::string::npos);
+}
+
+TEST_F(ControllerTest, StartCommandsLostWithTheControllerAreSentAgain) {
+  Register(0);
+  Register(1);
+  job_ = *c_->Submit(kJob, "t.yaml");
+  Restart();  // the queued start commands are gone
+  Register(0);
+  Register(1);
+  for (int s = 0; s < 2; ++s) {
+    auto cmds = Commands(s);
+    ASSERT_EQ(cmds.size(), 1u);
+    EXPECT_TRUE(cmds[0].has_start());
+    EXPECT_EQ(cmds[0].start().attempt(), 1u);
+  }
+  Report(0, 1, 0, v1::RANK_STARTED);
+  Report(1, 1, 1, v1::RANK_STARTED);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  EXPECT_EQ(Job().summary().restarts(), 0u);
+}
+
+TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {
+  StartRunning();
+  clock_.Advance(5.5);  // both silent past the job's heartbeat timeout
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  Register(0, 100, {Running(job_, 1, 0)});  // back, still running the old rank
+  Register(1, 100, {Running(job_, 1, 1)});
+  clock_.Advance(2);
+  HeartbeatAll(2);
+  c_->Tick();
+  // Draining: no second rank is placed beside the old one.
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(WorkerState(*c_, "h/0"), "busy");
+  for (int s = 0; s < 2; ++s) {
+    auto cmds = Commands(s);
+    ASSERT_EQ(cmds.size(), 1u);
+    EXPECT_TRUE(cmds[0].has_stop());
+  }
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(Job().summary().attempt(), 2u);
+}
+
+TEST_F(ControllerTest, RestartedAgentDrainingAnOldRankDoesNotFailTheNewAttempt) {
+  Register(0);
+  Register(1);
+  Register(2);
+  job_ = *c_->Submit(kJob, "t.yaml");  // ranks on h/0 and h/1
+  Commands(0);
+  Commands(1);
+  Report(0, 1, 0, v1::RANK_STARTED);
+  Report(1, 1, 1, v1::RANK_STARTED);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  clock_.Advance(1.1);
+  HeartbeatAll(3);
+  c_->Tick();  // attempt 2 avoids h/1: h/0 still drains rank 0 of attempt 1, so h/1 and h/2 it is
+  auto d = Job();
+  ASSERT_EQ(d.summary().attempt(), 2u);
+  EXPECT_EQ(d.attempts(1).ranks(0).worker_id(), "h/1");
+  EXPECT_EQ(d.attempts(1).ranks(1).worker_id(), "h/2");
+  Register(0, /*pid=*/777);  // h/0's agent restarts; its attempt-1 rank died with it
+  d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  EXPECT_EQ(WorkerState(*c_, "h/0"), "ready");
+}
+
+TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
+  StartRunning();
+  c_->Shutdown(/*stopping_workers=*/true);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // ignored: our own doing
+  Restart();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 0u);
+  EXPECT_EQ(d.attempts(0).state(), "interrupted");
+  Register(0, 200, {}, "new0");  // fresh local workers
+  Register(1, 200, {}, "new1");
+  c_->Tick();
+  d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(d.summary().attempt(), 2u);
 }
 
 }  // namespace

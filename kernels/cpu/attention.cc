@@ -1,0 +1,112 @@
+// Causal attention per (batch, head) on GEMMs. Rows are processed in blocks of kRowBlock query
+// positions; a block [r0, r1) only needs keys [0, r1), so the GEMMs skip most of the masked upper
+// triangle (about half the work of a full T x T product) while staying large enough for BLAS.
+//   forward:  S = scale * Q K^T (rows r0..r1, cols 0..r1);  att = causal softmax(S);  out = att V
+//   backward: datt = dout V^T;  dV += att^T dout;  dS = att * (datt - rowsum(att * datt));
+//             dQ += scale * dS K;  dK += scale * dS^T Q
+// q, k and v are strided views into qkv (leading dimension 3C), out and dout have leading
+// dimension C, so no head is ever copied. The backward keeps one (kRowBlock, T) scratch per thread.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fast_math.h"
+#include "gemm.h"
+
+namespace furnace::kernels::cpu {
+using internal::Gemm;
+namespace {
+constexpr int kRowBlock = 128;
+}  // namespace
+
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int B, int Tlen, int C, int NH) {
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int b = 0; b < B; ++b) {
+    const T* qkv_b = qkv + static_cast<int64_t>(b) * Tlen * ld;
+    for (int h = 0; h < NH; ++h) {
+      const T* q = qkv_b + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
+      T* o = out + static_cast<int64_t>(b) * Tlen * C + h * hs;
+      for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
+        const int r1 = std::min(Tlen, r0 + kRowBlock);
+        const int rows = r1 - r0;
+        T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
+        Gemm(false, true, rows, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld, T(0),
+             a_blk, Tlen);
+        for (int t = r0; t < r1; ++t) {
+          T* row = a + static_cast<int64_t>(t) * Tlen;
+          const T mx = internal::Max(row, t + 1);
+          const T sum = internal::ExpShifted(row, row, mx, t + 1);
+          internal::ScaleInPlace(row, T(1) / sum, t + 1);
+          std::fill(row + t + 1, row + Tlen, T(0));
+        }
+        Gemm(false, false, rows, hs, r1, T(1), a_blk, Tlen, v, ld, T(0),
+             o + static_cast<int64_t>(r0) * C, C);
+      }
+    }
+  }
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tlen, int C,
+                       int NH) {
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  thread_local std::vector<T> scratch;
+  scratch.resize(static_cast<size_t>(kRowBlock) * Tlen);
+  T* ds = scratch.data();  // (rows, r1) of the current block, leading dimension Tlen
+  for (int b = 0; b < B; ++b) {
+    const int64_t off_b = static_cast<int64_t>(b) * Tlen * ld;
+    for (int h = 0; h < NH; ++h) {
+      const T* q = qkv + off_b + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + off_b + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
+      const T* d = dout + static_cast<int64_t>(b) * Tlen * C + h * hs;
+      for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
+        const int r1 = std::min(Tlen, r0 + kRowBlock);
+        const int rows = r1 - r0;
+        const T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
+        const T* d_blk = d + static_cast<int64_t>(r0) * C;
+        // dV[0:r1] += att[r0:r1, 0:r1]^T @ dout[r0:r1]
+        Gemm(true, false, r1, hs, rows, T(1), a_blk, Tlen, d_blk, C, T(1), dv, ld);
+        // datt = dout[r0:r1] @ V[0:r1]^T, then the softmax backward in place.
+        Gemm(false, true, rows, r1, hs, T(1), d_blk, C, v, ld, T(0), ds, Tlen);
+        for (int t = r0; t < r1; ++t) {
+          const T* arow = a + static_cast<int64_t>(t) * Tlen;
+          T* drow = ds + static_cast<int64_t>(t - r0) * Tlen;
+          T dot = 0;
+          for (int j = 0; j <= t; ++j) dot += arow[j] * drow[j];
+          for (int j = 0; j <= t; ++j) drow[j] = arow[j] * (drow[j] - dot);
+          for (int j = t + 1; j < r1; ++j) drow[j] = 0;
+        }
+        // dQ[r0:r1] += scale * dS @ K[0:r1];  dK[0:r1] += scale * dS^T @ Q[r0:r1]
+        Gemm(false, false, rows, hs, r1, scale, ds, Tlen, k, ld, T(1),
+             dq + static_cast<int64_t>(r0) * ld, ld);
+        Gemm(true, false, r1, hs, rows, scale, ds, Tlen, q + static_cast<int64_t>(r0) * ld, ld,
+             T(1), dk, ld);
+      }
+    }
+  }
+}
+
+#define FURNACE_INSTANTIATE(T)                                                                 \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                     \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);
+FURNACE_INSTANTIATE(float)
+FURNACE_INSTANTIATE(double)
+#undef FURNACE_INSTANTIATE
+
+}  // namespace furnace::kernels::cpu

@@ -1,0 +1,37 @@
+#include "kernels/optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace furnace::kernels::cpu {
+
+void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  // Bias corrections in double: 1 - beta2^t is tiny for small t and beta2 near 1.
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  const float inv_bc1 = 1.0f / bc1;
+  const float inv_bc2 = 1.0f / bc2;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi * inv_bc1;
+    const float vhat = vi * inv_bc2;
+    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+  }
+}
+
+double SumOfSquares(const float* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  return acc;
+}
+
+void Scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+}  // namespace furnace::kernels::cpu

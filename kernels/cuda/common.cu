@@ -1,0 +1,94 @@
+// Error recording, the cuBLAS handle helper and the deterministic column sum.
+#include <cstdio>
+#include <string>
+
+#include "common.cuh"
+
+namespace furnace::kernels::cuda {
+namespace internal {
+namespace {
+thread_local std::string first_error;
+}  // namespace
+
+void RecordError(const char* op, const char* call, const char* message, const char* file,
+                 int line) {
+  if (!first_error.empty()) return;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "%s: %s failed at %s:%d: %s", op, call, file, line, message);
+  first_error = buf;
+}
+
+bool CheckLaunch(const char* op, const char* file, int line) {
+  cudaError_t err = cudaPeekAtLastError();
+  if (err == cudaSuccess) return true;
+  RecordError(op, "kernel launch", cudaGetErrorString(err), file, line);
+  return false;
+}
+
+bool CheckCublas(cublasStatus_t status, const char* op, const char* call, const char* file,
+                 int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  RecordError(op, call, cublasGetStatusString(status), file, line);
+  return false;
+}
+
+bool CheckCuda(cudaError_t err, const char* op, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) return true;
+  RecordError(op, call, cudaGetErrorString(err), file, line);
+  return false;
+}
+
+namespace {
+constexpr int kStrip = 32;  // columns per block
+constexpr int kRows = 32;   // row lanes per block
+
+__global__ void ColumnSumKernel(float* out, const float* in, int64_t N, int C) {
+  __shared__ float partial[kRows][kStrip + 1];
+  int c = blockIdx.x * kStrip + threadIdx.x;
+  float sum = 0.0f;
+  if (c < C) {
+    for (int64_t n = threadIdx.y; n < N; n += kRows) sum += in[n * C + c];
+  }
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.0f;
+    for (int r = 0; r < kRows; ++r) total += partial[r][threadIdx.x];
+    out[c] += total;
+  }
+}
+}  // namespace
+
+void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStream_t stream) {
+  if (C <= 0 || N <= 0) return;
+  dim3 block(kStrip, kRows);
+  ColumnSumKernel<<<static_cast<unsigned>(CeilDiv(C, kStrip)), block, 0, stream>>>(out, in, N, C);
+  FURNACE_CHECK_LAUNCH("ColumnSumAccumulate");
+}
+
+}  // namespace internal
+
+std::string TakeLastError() {
+  std::string message;
+  message.swap(internal::first_error);
+  cudaError_t err = cudaGetLastError();
+  if (message.empty() && err != cudaSuccess) {
+    message = std::string("CUDA error: ") + cudaGetErrorString(err);
+  }
+  return message;
+}
+
+CublasHandle::CublasHandle() {
+  if (!FURNACE_CHECK_CUBLAS("CublasHandle", cublasCreate(&handle_))) {
+    handle_ = nullptr;
+    return;
+  }
+  // Default math: fp32 GEMMs stay fp32 (TF32 would need CUBLAS_TF32_TENSOR_OP_MATH).
+  FURNACE_CHECK_CUBLAS("CublasHandle", cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+}
+
+CublasHandle::~CublasHandle() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+}  // namespace furnace::kernels::cuda

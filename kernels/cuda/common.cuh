@@ -1,0 +1,70 @@
+// Internals shared by the CUDA kernels: error recording (see kernels/cuda/common.h), launch
+// geometry, warp/block reductions and the deterministic column sum used for bias/weight grads.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.h"
+
+namespace furnace::kernels::cuda::internal {
+
+// Records the first error on this thread (later ones are dropped until TakeLastError()).
+void RecordError(const char* op, const char* call, const char* message, const char* file,
+                 int line);
+// Records cudaPeekAtLastError() if it is set; true when all is well.
+bool CheckLaunch(const char* op, const char* file, int line);
+bool CheckCublas(cublasStatus_t status, const char* op, const char* call, const char* file,
+                 int line);
+bool CheckCuda(cudaError_t err, const char* op, const char* call, const char* file, int line);
+
+// out[c] += sum_n in[n * C + c]; deterministic (one block owns a column strip).
+void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStream_t stream);
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Grid for a grid-stride loop over n elements.
+inline unsigned GridFor(int64_t n, int block) {
+  int64_t blocks = CeilDiv(n, block);
+  if (blocks > 65535LL * 16) blocks = 65535LL * 16;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
+// `shared` needs 32 floats; consecutive calls may reuse it (a barrier guards the reuse).
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0f;
+  return WarpSum(v);
+}
+__device__ __forceinline__ float BlockMax(float v, float* shared) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+}  // namespace furnace::kernels::cuda::internal
+
+#define FURNACE_CHECK_LAUNCH(op) \
+  ::furnace::kernels::cuda::internal::CheckLaunch(op, __FILE__, __LINE__)
+#define FURNACE_CHECK_CUBLAS(op, call) \
+  ::furnace::kernels::cuda::internal::CheckCublas((call), op, #call, __FILE__, __LINE__)
+#define FURNACE_CHECK_CUDA(op, call) \
+  ::furnace::kernels::cuda::internal::CheckCuda((call), op, #call, __FILE__, __LINE__)

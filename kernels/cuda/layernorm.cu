@@ -1,0 +1,119 @@
+// LayerNorm: one warp per row for the forward and for dinp (two-pass mean/variance in fp32, as
+// the CPU oracle); dweight/dbias need dout * xhat and dout summed over rows, done by a
+// deterministic column-strip kernel that recomputes xhat instead of storing it.
+#include "common.cuh"
+#include "kernels/cuda/layernorm.h"
+
+namespace furnace::kernels::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int N, int C,
+                                       float eps) {
+  int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + int64_t{row} * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += x[c];
+  float m = internal::WarpSum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float d = x[c] - m;
+    var += d * d;
+  }
+  float s = rsqrtf(internal::WarpSum(var) / C + eps);
+  float* o = out + int64_t{row} * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+__global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout, const float* inp,
+                                             const float* weight, const float* mean,
+                                             const float* rstd, int N, int C) {
+  int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + int64_t{row} * C;
+  const float* dy = dout + int64_t{row} * C;
+  float m = mean[row], s = rstd[row];
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float xhat = (x[c] - m) * s;
+    float dnorm = weight[c] * dy[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * xhat;
+  }
+  dnorm_mean = internal::WarpSum(dnorm_mean) / C;
+  dnorm_norm_mean = internal::WarpSum(dnorm_norm_mean) / C;
+  float* dx = dinp + int64_t{row} * C;
+  for (int c = lane; c < C; c += 32) {
+    float xhat = (x[c] - m) * s;
+    float dnorm = weight[c] * dy[c];
+    dx[c] += (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * s;
+  }
+}
+
+constexpr int kStrip = 32;
+constexpr int kRows = 16;
+
+__global__ void LayerNormBackwardParamKernel(float* dweight, float* dbias, const float* dout,
+                                             const float* inp, const float* mean,
+                                             const float* rstd, int N, int C) {
+  __shared__ float pw[kRows][kStrip + 1];
+  __shared__ float pb[kRows][kStrip + 1];
+  int c = blockIdx.x * kStrip + threadIdx.x;
+  float sw = 0.0f, sb = 0.0f;
+  if (c < C) {
+    for (int n = threadIdx.y; n < N; n += kRows) {
+      int64_t i = int64_t{n} * C + c;
+      float dy = dout[i];
+      sw += dy * (inp[i] - mean[n]) * rstd[n];
+      sb += dy;
+    }
+  }
+  pw[threadIdx.y][threadIdx.x] = sw;
+  pb[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int r = 0; r < kRows; ++r) {
+      tw += pw[r][threadIdx.x];
+      tb += pb[r][threadIdx.x];
+    }
+    dweight[c] += tw;
+    dbias[c] += tb;
+  }
+}
+
+}  // namespace
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C, float eps, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  unsigned grid = static_cast<unsigned>(internal::CeilDiv(N, kWarpsPerBlock));
+  LayerNormForwardKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(out, mean, rstd, inp, weight,
+                                                                   bias, N, C, eps);
+  FURNACE_CHECK_LAUNCH("LayerNormForward");
+}
+
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean,
+                       const float* rstd, int N, int C, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  unsigned grid = static_cast<unsigned>(internal::CeilDiv(N, kWarpsPerBlock));
+  LayerNormBackwardInputKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(dinp, dout, inp, weight,
+                                                                         mean, rstd, N, C);
+  FURNACE_CHECK_LAUNCH("LayerNormBackward");
+  LayerNormBackwardParamKernel<<<static_cast<unsigned>(internal::CeilDiv(C, kStrip)),
+                                 dim3(kStrip, kRows), 0, stream>>>(dweight, dbias, dout, inp,
+                                                                   mean, rstd, N, C);
+  FURNACE_CHECK_LAUNCH("LayerNormBackward");
+}
+
+}  // namespace furnace::kernels::cuda

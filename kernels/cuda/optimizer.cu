@@ -1,0 +1,86 @@
+// AdamW (elementwise; bias corrections from the host in double) and the global-norm helpers.
+#include <cmath>
+
+#include "common.cuh"
+#include "kernels/cuda/optimizer.h"
+
+namespace furnace::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+
+__global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, int64_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            float inv_correction1, float inv_correction2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float g = grad[i];
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi * inv_correction1;
+    float vhat = vi * inv_correction2;
+    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+  }
+}
+
+__global__ void SumOfSquaresKernel(double* out, const float* x, int64_t n) {
+  __shared__ double shared[kBlock / 32];
+  double sum = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    double v = x[i];
+    sum += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kBlock / 32; ++w) total += shared[w];
+    atomicAdd(out, total);
+  }
+}
+
+__global__ void ScaleKernel(float* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+}  // namespace
+
+void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                 cudaStream_t stream) {
+  if (n <= 0) return;
+  // As the CPU: corrections in double (1 - beta2^t is tiny for small t), applied as reciprocals.
+  float correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  float correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), step));
+  AdamWKernel<<<internal::GridFor(n, kBlock), kBlock, 0, stream>>>(
+      param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, 1.0f / correction1,
+      1.0f / correction2);
+  FURNACE_CHECK_LAUNCH("AdamWUpdate");
+}
+
+void SumOfSquares(double* out, const float* x, int64_t n, cudaStream_t stream) {
+  if (!FURNACE_CHECK_CUDA("SumOfSquares", cudaMemsetAsync(out, 0, sizeof(double), stream))) {
+    return;
+  }
+  if (n <= 0) return;
+  // Few blocks: each reduces a long grid-stride run, so few atomics.
+  unsigned grid = internal::GridFor(n, kBlock * 8);
+  if (grid > 1024) grid = 1024;
+  SumOfSquaresKernel<<<grid, kBlock, 0, stream>>>(out, x, n);
+  FURNACE_CHECK_LAUNCH("SumOfSquares");
+}
+
+void Scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  ScaleKernel<<<internal::GridFor(n, kBlock), kBlock, 0, stream>>>(x, s, n);
+  FURNACE_CHECK_LAUNCH("Scale");
+}
+
+}  // namespace furnace::kernels::cuda

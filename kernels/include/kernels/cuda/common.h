@@ -1,0 +1,42 @@
+// CUDA kernels: error reporting and the cuBLAS handle helper shared by every launcher.
+//
+// Errors: launchers return void (leaf code, as llm.c). Each one checks cudaPeekAtLastError after
+// its launches and the status of every cuBLAS call; the first failure on the calling thread is
+// recorded (op, call, file:line, message) until TakeLastError() collects it. Launch errors are
+// also left in the CUDA runtime's own per-thread error (cudaGetLastError), which TakeLastError
+// clears too. Asynchronous faults (a bad address inside a kernel) appear only at the next
+// synchronisation, as with any CUDA code. Callers above the kernels check once per group of
+// launches and turn a non-empty message into an absl::Status.
+//
+// Memory: every pointer argument is device memory unless its comment says host.
+// Streams: work is enqueued on the given stream; nothing synchronises the host unless noted.
+// Thread-safety: launchers are reentrant; a cublasHandle_t must be used by one thread at a time
+// (launchers bind it to their stream with cublasSetStream).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace furnace::kernels::cuda {
+
+// The first error recorded on this thread since the last call ("" when none), and clears it
+// (including the CUDA runtime's last error, which is reported when nothing else was recorded).
+std::string TakeLastError();
+
+// Owns a cuBLAS handle (fp32 GEMMs in full precision: no TF32). get() is nullptr when creation
+// failed; the reason is then recorded for TakeLastError().
+class CublasHandle {
+ public:
+  CublasHandle();
+  ~CublasHandle();
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+}  // namespace furnace::kernels::cuda

@@ -1,0 +1,206 @@
+// The CUDA device: cudaMalloc'd memory, page-locked host memory, real streams and events, and
+// cudaMemcpyAsync/cudaMemsetAsync enqueued on the caller's stream. Every method first makes this
+// device current on the calling thread (the current device is per-thread state in CUDA), so one
+// Device may be used from several threads.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "runtime/device/cuda_status.h"
+#include "runtime/device/device.h"
+
+namespace furnace::device {
+namespace {
+
+#define CUDA_CALL(call) FURNACE_CUDA_RETURN_IF_ERROR(call)
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int ordinal, cudaStream_t stream) : ordinal_(ordinal), stream_(stream) {}
+  ~CudaStream() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamDestroy(stream_);
+  }
+  void* native() override { return stream_; }
+  int ordinal() const { return ordinal_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  int ordinal_;
+  cudaStream_t stream_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  ~CudaEvent() override {
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(event_);
+  }
+  int ordinal() const { return ordinal_; }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  int ordinal_;
+  cudaEvent_t event_;
+};
+
+cudaMemcpyKind ToCuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+  }
+  return cudaMemcpyDefault;
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name, size_t total_memory)
+      : ordinal_(ordinal), name_(std::move(name)), total_memory_(total_memory) {}
+
+  Kind kind() const override { return Kind::kCuda; }
+  std::string name() const override { return name_; }
+  size_t total_memory() const override { return total_memory_; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky; clear it for later checks
+      return CudaStatus(err, "cudaMalloc", __FILE__, __LINE__);
+    }
+    return ptr;
+  }
+  void Free(void* ptr) override {
+    if (ptr == nullptr) return;
+    cudaSetDevice(ordinal_);
+    cudaFree(ptr);
+  }
+  absl::StatusOr<void*> AllocateHost(size_t bytes) override {
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    void* ptr = nullptr;
+    cudaError_t err = cudaMallocHost(&ptr, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaStatus(err, "cudaMallocHost", __FILE__, __LINE__);
+    }
+    return ptr;
+  }
+  void FreeHost(void* ptr) override {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    cudaStream_t stream = nullptr;
+    CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return std::unique_ptr<Stream>(new CudaStream(ordinal_, stream));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    cudaEvent_t event = nullptr;
+    CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event));
+  }
+
+  absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
+                    Stream& stream) override {
+    auto s = Native(stream);
+    if (!s.ok()) return s.status();
+    if (bytes == 0) return absl::OkStatus();
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), *s));
+    return absl::OkStatus();
+  }
+  absl::Status Memset(void* dst, int value, size_t bytes, Stream& stream) override {
+    auto s = Native(stream);
+    if (!s.ok()) return s.status();
+    if (bytes == 0) return absl::OkStatus();
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    CUDA_CALL(cudaMemsetAsync(dst, value, bytes, *s));
+    return absl::OkStatus();
+  }
+  absl::Status RecordEvent(Event& event, Stream& stream) override {
+    auto s = Native(stream);
+    if (!s.ok()) return s.status();
+    auto e = Native(event);
+    if (!e.ok()) return e.status();
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    CUDA_CALL(cudaEventRecord(*e, *s));
+    return absl::OkStatus();
+  }
+  absl::Status WaitEvent(Stream& stream, Event& event) override {
+    auto s = Native(stream);
+    if (!s.ok()) return s.status();
+    auto e = Native(event);
+    if (!e.ok()) return e.status();
+    CUDA_CALL(cudaSetDevice(ordinal_));
+    CUDA_CALL(cudaStreamWaitEvent(*s, *e, 0));
+    return absl::OkStatus();
+  }
+  absl::Status SynchronizeEvent(Event& event) override {
+    auto e = Native(event);
+    if (!e.ok()) return e.status();
+    CUDA_CALL(cudaEventSynchronize(*e));
+    return absl::OkStatus();
+  }
+  absl::Status SynchronizeStream(Stream& stream) override {
+    auto s = Native(stream);
+    if (!s.ok()) return s.status();
+    CUDA_CALL(cudaStreamSynchronize(*s));
+    return absl::OkStatus();
+  }
+
+ private:
+  // Streams and events of another device (or of the CPU device) are refused, not misused.
+  absl::StatusOr<cudaStream_t> Native(Stream& stream) const {
+    auto* cuda = dynamic_cast<CudaStream*>(&stream);
+    if (cuda == nullptr || cuda->ordinal() != ordinal_) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cuda:%d: stream belongs to another device", ordinal_));
+    }
+    return cuda->stream();
+  }
+  absl::StatusOr<cudaEvent_t> Native(Event& event) const {
+    auto* cuda = dynamic_cast<CudaEvent*>(&event);
+    if (cuda == nullptr || cuda->ordinal() != ordinal_) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cuda:%d: event belongs to another device", ordinal_));
+    }
+    return cuda->event();
+  }
+
+  int ordinal_;
+  std::string name_;
+  size_t total_memory_;
+};
+
+#undef CUDA_CALL
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(err, "cudaGetDeviceCount", __FILE__, __LINE__);
+  }
+  if (count == 0) return absl::UnavailableError("cuda: no GPU present");
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cuda: ordinal %d out of range (%d GPUs)", ordinal, count));
+  }
+  FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  cudaDeviceProp prop{};
+  FURNACE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  return std::unique_ptr<Device>(new CudaDevice(
+      ordinal, absl::StrFormat("cuda:%d (%s)", ordinal, prop.name), prop.totalGlobalMem));
+}
+
+}  // namespace furnace::device

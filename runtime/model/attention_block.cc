@@ -1,0 +1,109 @@
+#include "runtime/model/attention_block.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+
+namespace k = kernels::cpu;
+
+namespace {
+constexpr float kLayerNormEps = 1e-5f;
+int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.NH * d.T * d.T); }
+}  // namespace
+
+absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const Dims& dims,
+                                                     int layer, const LayerOffsets& off,
+                                                     const float* params, StashHandle x_in) {
+  const int B = dims.B, T = dims.T, C = dims.C, NH = dims.NH, N = dims.N();
+  const int64_t NC = int64_t{N} * C;
+  const std::string p = absl::StrCat("layers.", layer, ".");
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
+  AttentionSaved s;
+
+  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, p + "ln1.out", false));    // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, p + "ln1.mean", false));  // (B, T)
+  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, p + "ln1.rstd", false));  // (B, T)
+  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, params + off.ln1_w,
+                      params + off.ln1_b, N, C, kLayerNormEps);
+  const float* a = ln.as<float>();
+  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, p + "ln1.mean", layer, std::move(mean), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, p + "ln1.rstd", layer, std::move(rstd), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, p + "ln1.out", layer, std::move(ln), {B, T, C},
+                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NC, p + "attn.qkv", false));  // (B,T,3C)
+  k::MatmulForward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * C);
+  const float* q = qkv.as<float>();
+  ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * C},
+                                  {"matmul", {s.ln_out}, 2.0 * NC * 3 * C}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer att, AllocF32(ctx, AttBytes(dims) / 4, p + "attn.probs", false));
+  ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NC, p + "attn.y", false));  // (B, T, C)
+  k::AttentionForward(y.as<float>(), att.as<float>(), q, B, T, C, NH);         // att (B, NH, T, T)
+  const float* yv = y.as<float>();
+  const double att_flops = 4.0 * B * NH * T * T * (C / NH);
+  ASSIGN_OR_RETURN(s.att, SaveF32(ctx, p + "attn.probs", layer, std::move(att), {B, NH, T, T},
+                                  {"attention", {s.qkv}, att_flops}));
+  ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, C},
+                                {"attention", {s.qkv}, att_flops}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "attn.residual", false));  // (B,T,C)
+  float* o = out.as<float>();
+  k::MatmulForward(o, yv, params + off.wo, params + off.bo, N, C, C);
+  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "attn.residual", layer, std::move(out), {B, T, C}));
+  return s;
+}
+
+absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const LayerOffsets& off,
+                                    const float* params, float* grads, const AttentionSaved& s,
+                                    StashHandle x_in, float* dres) {
+  const int B = dims.B, T = dims.T, C = dims.C, NH = dims.NH, N = dims.N();
+  const int64_t NC = int64_t{N} * C;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
+  ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));
+  ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
+  ASSIGN_OR_RETURN(const float* rstd, GetF32(ctx, s.ln_rstd));
+  ASSIGN_OR_RETURN(const float* qkv, GetF32(ctx, s.qkv));
+  ASSIGN_OR_RETURN(const float* att, GetF32(ctx, s.att));
+  ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.y));
+
+  ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NC, "attn.dy", true));  // (B, T, C)
+  k::MatmulBackward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo, N, C,
+                    C);
+  ASSIGN_OR_RETURN(tensor::Buffer dqkv, AllocF32(ctx, 3 * NC, "attn.dqkv", true));  // (B, T, 3C)
+  k::AttentionBackward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, C, NH);
+  dy.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer da, AllocF32(ctx, NC, "ln1.dout", true));  // (B, T, C)
+  k::MatmulBackward(da.as<float>(), grads + off.wqkv, grads + off.bqkv, dqkv.as<float>(), a,
+                    params + off.wqkv, N, C, 3 * C);
+  dqkv.Reset();
+  k::LayerNormBackward(dres, grads + off.ln1_w, grads + off.ln1_b, da.as<float>(), x,
+                       params + off.ln1_w, mean, rstd, N, C);
+  da.Reset();
+  return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y, s.out});
+}
+
+int64_t AttentionSavedBytes(const Dims& d) {
+  const int64_t NC = int64_t{d.N()} * d.C;
+  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + F32Bytes(3 * NC) + AttBytes(d) + F32Bytes(NC) +
+         F32Bytes(NC);
+}
+
+int64_t AttentionForwardPeakBytes(const Dims& d) { return AttentionSavedBytes(d); }
+
+int64_t AttentionBackwardPeakBytes(const Dims& d) {
+  const int64_t NC = int64_t{d.N()} * d.C;
+  BytesTimeline t;
+  t.Alloc(F32Bytes(NC));      // dy
+  t.Alloc(F32Bytes(3 * NC));  // dqkv
+  t.Free(F32Bytes(NC));       // dy
+  t.Alloc(F32Bytes(NC));      // da
+  return t.peak();
+}
+
+}  // namespace furnace::model

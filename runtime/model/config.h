@@ -1,0 +1,32 @@
+// ModelConfig: the shape of a GPT with Mixture-of-Experts layers (MODEL.md "Shapes and names").
+// Layer l is an MoE layer iff l % moe_every == moe_every - 1, else a dense MLP of width dense_ffn.
+#pragma once
+
+#include "absl/status/status.h"
+
+namespace furnace::model {
+
+struct ModelConfig {
+  int vocab = 0;               // V
+  int seq_len = 0;             // T
+  int d_model = 0;             // d
+  int heads = 0;               // h, d % h == 0
+  int layers = 0;              // L
+  int dense_ffn = 0;           // width of dense MLPs; 0 = 4 * d_model (MODEL.md default)
+  int moe_every = 1;           // 1 = every layer is MoE
+  int experts = 0;             // E
+  int top_k = 1;               // k
+  int expert_ffn = 0;          // f
+  double capacity_factor = 0;  // 0 = dropless
+  bool normalize_topk = true;
+  double aux_alpha = 0.01;
+
+  // InvalidArgument naming the field, its value and what is allowed.
+  absl::Status Validate() const;
+
+  bool IsMoeLayer(int layer) const { return layer % moe_every == moe_every - 1; }
+  int num_moe_layers() const { return layers / moe_every; }
+  int dense_width() const { return dense_ffn > 0 ? dense_ffn : 4 * d_model; }
+};
+
+}  // namespace furnace::model

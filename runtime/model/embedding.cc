@@ -1,0 +1,41 @@
+#include "runtime/model/embedding.h"
+
+#include <cstring>
+
+#include "kernels/encoder.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+
+namespace k = kernels::cpu;
+
+absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& dims,
+                                                const int32_t* tokens, const float* wte,
+                                                const float* wpe) {
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  EmbeddingSaved saved;
+  ASSIGN_OR_RETURN(tensor::Buffer tok, AllocI32(ctx, N, "embedding.tokens"));  // (B, T)
+  std::memcpy(tok.data(), tokens, I32Bytes(N));
+  ASSIGN_OR_RETURN(saved.tokens, SaveI32(ctx, "embedding.tokens", -1, std::move(tok), {B, T}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, int64_t{N} * C, "embedding.out", false));
+  k::EmbeddingForward(out.as<float>(), tokens, wte, wpe, B, T, C);  // (B, T, C)
+  ASSIGN_OR_RETURN(saved.out, SaveF32(ctx, "embedding.out", -1, std::move(out), {B, T, C},
+                                      {"embedding", {saved.tokens}, 0}));
+  return saved;
+}
+
+absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const EmbeddingSaved& saved,
+                               const float* dres, float* dwte, float* dwpe) {
+  ASSIGN_OR_RETURN(const int32_t* tokens, GetI32(ctx, saved.tokens));
+  k::EmbeddingBackward(dwte, dwpe, dres, tokens, dims.B, dims.T, dims.C);
+  return ReleaseAll(ctx, {saved.tokens, saved.out});
+}
+
+int64_t EmbeddingSavedBytes(const Dims& dims) {
+  return I32Bytes(dims.N()) + F32Bytes(int64_t{dims.N()} * dims.C);
+}
+int64_t EmbeddingForwardPeakBytes(const Dims& dims) { return EmbeddingSavedBytes(dims); }
+int64_t EmbeddingBackwardPeakBytes(const Dims&) { return 0; }
+
+}  // namespace furnace::model

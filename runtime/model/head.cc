@@ -1,0 +1,110 @@
+#include "runtime/model/head.h"
+
+#include <cstring>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+
+namespace k = kernels::cpu;
+
+namespace {
+constexpr float kLayerNormEps = 1e-5f;
+}  // namespace
+
+absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int V, const float* wte,
+                                      const float* lnf_w, const float* lnf_b, StashHandle x_in,
+                                      const int32_t* targets, std::vector<float>* logits_out) {
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
+  HeadSaved s;
+
+  ASSIGN_OR_RETURN(tensor::Buffer tgt, AllocI32(ctx, N, "head.targets"));  // (B, T)
+  std::memcpy(tgt.data(), targets, I32Bytes(N));
+  ASSIGN_OR_RETURN(s.targets, SaveI32(ctx, "head.targets", -1, std::move(tgt), {B, T}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, "lnf.out", false));    // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, "lnf.mean", false));  // (B, T)
+  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, "lnf.rstd", false));  // (B, T)
+  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, lnf_w, lnf_b, N, C,
+                      kLayerNormEps);
+  const float* y = ln.as<float>();
+  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, "lnf.mean", -1, std::move(mean), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, "lnf.rstd", -1, std::move(rstd), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, "lnf.out", -1, std::move(ln), {B, T, C},
+                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer wte_t, AllocF32(ctx, int64_t{C} * V, "head.wte_t", false));
+  float* wt = wte_t.as<float>();  // (C, V)
+  for (int v = 0; v < V; ++v) {
+    for (int c = 0; c < C; ++c) wt[int64_t{c} * V + v] = wte[int64_t{v} * C + c];
+  }
+  ASSIGN_OR_RETURN(tensor::Buffer logits, AllocF32(ctx, NV, "head.logits", false));  // (B, T, V)
+  k::MatmulForward<float>(logits.as<float>(), y, wt, nullptr, N, C, V);
+  wte_t.Reset();
+  if (logits_out != nullptr) logits_out->assign(logits.as<float>(), logits.as<float>() + NV);
+
+  ASSIGN_OR_RETURN(tensor::Buffer probs, AllocF32(ctx, NV, "head.probs", false));   // (B, T, V)
+  ASSIGN_OR_RETURN(tensor::Buffer losses, AllocF32(ctx, N, "head.losses", false));  // (B, T)
+  k::CrossEntropyForward(losses.as<float>(), probs.as<float>(), logits.as<float>(), targets, N, V);
+  for (int i = 0; i < N; ++i) s.ce_sum += losses.as<float>()[i];
+  losses.Reset();
+  logits.Reset();
+  ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, "head.probs", -1, std::move(probs), {B, T, V},
+                                    {"head", {s.ln_out}, 2.0 * NC * V}));
+  return s;
+}
+
+absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const float* wte,
+                          const float* lnf_w, float* dwte, float* dlnf_w, float* dlnf_b,
+                          const HeadSaved& s, StashHandle x_in, double ce_scale, float* dres) {
+  const int C = dims.C, N = dims.N();
+  const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
+  ASSIGN_OR_RETURN(const int32_t* targets, GetI32(ctx, s.targets));
+  ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.ln_out));
+  ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
+  ASSIGN_OR_RETURN(const float* rstd, GetF32(ctx, s.ln_rstd));
+  ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
+
+  ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, NV, "head.dlogits", true));  // (B, T, V)
+  float* dl = dlogits.as<float>();
+  k::CrossEntropyBackward(dl, probs, targets, static_cast<float>(ce_scale), N, V);
+  ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NC, "lnf.dout", false));  // (B, T, C)
+  k::MatmulForward<float>(dy.as<float>(), dl, wte, nullptr, N, V, C);         // dy = dlogits @ wte
+  // dwte (V, C) += dlogits^T @ y: MatmulBackward's weight-gradient GEMM with inp = dlogits.
+  k::MatmulBackward<float>(nullptr, dwte, nullptr, y, dl, wte, N, V, C);
+  dlogits.Reset();
+  k::LayerNormBackward(dres, dlnf_w, dlnf_b, dy.as<float>(), x, lnf_w, mean, rstd, N, C);
+  dy.Reset();
+  return ReleaseAll(ctx, {s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs});
+}
+
+int64_t HeadSavedBytes(const Dims& d, int V) {
+  const int64_t N = d.N();
+  return I32Bytes(N) + F32Bytes(N * d.C) + 2 * F32Bytes(N) + F32Bytes(N * V);
+}
+
+int64_t HeadForwardPeakBytes(const Dims& d, int V) {
+  const int64_t N = d.N(), NC = N * d.C, NV = N * V;
+  BytesTimeline t;
+  t.Alloc(I32Bytes(N));                     // targets
+  t.Alloc(F32Bytes(NC) + 2 * F32Bytes(N));  // lnf out, mean, rstd
+  t.Alloc(F32Bytes(int64_t{d.C} * V));      // wte^T
+  t.Alloc(F32Bytes(NV));                    // logits
+  t.Free(F32Bytes(int64_t{d.C} * V));       // wte^T
+  t.Alloc(F32Bytes(NV));                    // probs
+  t.Alloc(F32Bytes(N));                     // losses
+  return t.peak();
+}
+
+int64_t HeadBackwardPeakBytes(const Dims& d, int V) {
+  const int64_t N = d.N();
+  return F32Bytes(N * V) + F32Bytes(N * d.C);  // dlogits + lnf.dout
+}
+
+}  // namespace furnace::model

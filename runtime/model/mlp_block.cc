@@ -1,0 +1,100 @@
+#include "runtime/model/mlp_block.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+
+namespace k = kernels::cpu;
+
+namespace {
+constexpr float kLayerNormEps = 1e-5f;
+}  // namespace
+
+absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, int F, int layer,
+                                         const LayerOffsets& off, const float* params,
+                                         StashHandle x_in) {
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int64_t NC = int64_t{N} * C, NF = int64_t{N} * F;
+  const std::string p = absl::StrCat("layers.", layer, ".");
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
+  MlpSaved s;
+
+  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, p + "ln2.out", false));    // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, p + "ln2.mean", false));  // (B, T)
+  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, p + "ln2.rstd", false));  // (B, T)
+  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, params + off.ln2_w,
+                      params + off.ln2_b, N, C, kLayerNormEps);
+  const float* u = ln.as<float>();
+  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, p + "ln2.mean", layer, std::move(mean), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, p + "ln2.rstd", layer, std::move(rstd), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, p + "ln2.out", layer, std::move(ln), {B, T, C},
+                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, NF, p + "mlp.pre", false));  // (B, T, F)
+  k::MatmulForward(pre.as<float>(), u, params + off.w1, params + off.b1, N, C, F);
+  ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, NF, p + "mlp.hidden", false));  // (B, T, F)
+  k::GeluForward(hid.as<float>(), pre.as<float>(), NF);
+  const float* h = hid.as<float>();
+  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "mlp.pre", layer, std::move(pre), {B, T, F},
+                                  {"matmul", {s.ln_out}, 2.0 * NC * F}));
+  ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "mlp.hidden", layer, std::move(hid), {B, T, F},
+                                     {"gelu", {s.pre}, 10.0 * NF}));
+
+  ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "mlp.residual", false));  // (B,T,C)
+  float* o = out.as<float>();
+  k::MatmulForward(o, h, params + off.w2, params + off.b2, N, F, C);
+  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "mlp.residual", layer, std::move(out), {B, T, C}));
+  return s;
+}
+
+absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const LayerOffsets& off,
+                              const float* params, float* grads, const MlpSaved& s,
+                              StashHandle x_in, float* dres) {
+  const int C = dims.C, N = dims.N();
+  const int64_t NC = int64_t{N} * C, NF = int64_t{N} * F;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
+  ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
+  ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
+  ASSIGN_OR_RETURN(const float* rstd, GetF32(ctx, s.ln_rstd));
+  ASSIGN_OR_RETURN(const float* pre, GetF32(ctx, s.pre));
+  ASSIGN_OR_RETURN(const float* h, GetF32(ctx, s.hidden));
+
+  ASSIGN_OR_RETURN(tensor::Buffer dh, AllocF32(ctx, NF, "mlp.dhidden", true));  // (B, T, F)
+  k::MatmulBackward(dh.as<float>(), grads + off.w2, grads + off.b2, dres, h, params + off.w2, N, F,
+                    C);
+  ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, NF, "mlp.dpre", true));  // (B, T, F)
+  k::GeluBackward(dpre.as<float>(), pre, dh.as<float>(), NF);
+  dh.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
+  k::MatmulBackward(du.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), u,
+                    params + off.w1, N, C, F);
+  dpre.Reset();
+  k::LayerNormBackward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
+                       params + off.ln2_w, mean, rstd, N, C);
+  du.Reset();
+  return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden, s.out});
+}
+
+int64_t MlpSavedBytes(const Dims& d, int F) {
+  const int64_t NC = int64_t{d.N()} * d.C, NF = int64_t{d.N()} * F;
+  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + 2 * F32Bytes(NF) + F32Bytes(NC);
+}
+
+int64_t MlpForwardPeakBytes(const Dims& d, int F) { return MlpSavedBytes(d, F); }
+
+int64_t MlpBackwardPeakBytes(const Dims& d, int F) {
+  const int64_t NC = int64_t{d.N()} * d.C, NF = int64_t{d.N()} * F;
+  BytesTimeline t;
+  t.Alloc(F32Bytes(NF));  // dhidden
+  t.Alloc(F32Bytes(NF));  // dpre
+  t.Free(F32Bytes(NF));   // dhidden
+  t.Alloc(F32Bytes(NC));  // ln2.dout
+  return t.peak();
+}
+
+}  // namespace furnace::model

@@ -1,0 +1,31 @@
+// The dense FFN half of a non-MoE layer: u = LN2(x); x_out = x + GELU(u @ W1 + b1) @ W2 + b2.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "runtime/model/module.h"
+#include "runtime/model/param_layout.h"
+
+namespace furnace::model {
+
+struct MlpSaved {
+  StashHandle ln_out;   // (B, T, C)
+  StashHandle ln_mean;  // (B, T)
+  StashHandle ln_rstd;  // (B, T)
+  StashHandle pre;      // (B, T, F) u @ W1 + b1
+  StashHandle hidden;   // (B, T, F) GELU(pre)
+  StashHandle out;      // (B, T, C) residual stream after the layer
+};
+
+absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, int F, int layer,
+                                         const LayerOffsets& off, const float* params,
+                                         StashHandle x_in);
+// dres: d loss / d out on entry, d loss / d x_in on return.
+absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const LayerOffsets& off,
+                              const float* params, float* grads, const MlpSaved& saved,
+                              StashHandle x_in, float* dres);
+
+int64_t MlpSavedBytes(const Dims& dims, int F);
+int64_t MlpForwardPeakBytes(const Dims& dims, int F);
+int64_t MlpBackwardPeakBytes(const Dims& dims, int F);
+
+}  // namespace furnace::model

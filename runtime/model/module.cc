@@ -1,0 +1,66 @@
+#include "runtime/model/module.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+namespace {
+
+absl::StatusOr<tensor::TensorView> GetTyped(ModuleContext& ctx, StashHandle handle,
+                                            tensor::DType dtype) {
+  ASSIGN_OR_RETURN(tensor::TensorView view, ctx.stash.Get(handle));
+  if (view.dtype != dtype) {
+    return absl::InternalError(absl::StrCat("stash entry ", handle.id, " is ",
+                                            tensor::DTypeName(view.dtype), ", want ",
+                                            tensor::DTypeName(dtype)));
+  }
+  return view;
+}
+
+}  // namespace
+
+absl::StatusOr<tensor::Buffer> AllocF32(ModuleContext& ctx, int64_t n, std::string tag, bool zero) {
+  ASSIGN_OR_RETURN(tensor::Buffer buffer, ctx.arena.Allocate(F32Bytes(n), std::move(tag)));
+  if (zero && n > 0) std::memset(buffer.data(), 0, buffer.bytes());
+  return buffer;
+}
+
+absl::StatusOr<tensor::Buffer> AllocI32(ModuleContext& ctx, int64_t n, std::string tag) {
+  return ctx.arena.Allocate(I32Bytes(n), std::move(tag));
+}
+
+absl::StatusOr<StashHandle> SaveF32(ModuleContext& ctx, std::string producer, int layer,
+                                    tensor::Buffer&& buffer, std::vector<int64_t> shape,
+                                    RecomputeSpec recompute) {
+  return ctx.stash.Save(std::move(producer), layer, std::move(buffer), std::move(shape),
+                        tensor::DType::kF32, std::move(recompute));
+}
+
+absl::StatusOr<StashHandle> SaveI32(ModuleContext& ctx, std::string producer, int layer,
+                                    tensor::Buffer&& buffer, std::vector<int64_t> shape,
+                                    RecomputeSpec recompute) {
+  return ctx.stash.Save(std::move(producer), layer, std::move(buffer), std::move(shape),
+                        tensor::DType::kI32, std::move(recompute));
+}
+
+absl::StatusOr<float*> GetF32(ModuleContext& ctx, StashHandle handle) {
+  ASSIGN_OR_RETURN(tensor::TensorView view, GetTyped(ctx, handle, tensor::DType::kF32));
+  return view.as<float>();
+}
+
+absl::StatusOr<int32_t*> GetI32(ModuleContext& ctx, StashHandle handle) {
+  ASSIGN_OR_RETURN(tensor::TensorView view, GetTyped(ctx, handle, tensor::DType::kI32));
+  return view.as<int32_t>();
+}
+
+absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& handles) {
+  for (StashHandle h : handles) {
+    if (h.valid()) RETURN_IF_ERROR(ctx.stash.Release(h));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::model

@@ -1,0 +1,69 @@
+// What every module (embedding, attention block, dense MLP, MoE layer, head) shares: the dims of a
+// micro-batch, the arena and stash it allocates from, and helpers that keep the module files about
+// the math. Module contract (the model's declared activation bytes rely on it):
+//   forward:  saves tensors only through the stash; frees its scratch before returning;
+//   backward: reads its saved tensors, accumulates parameter gradients and the residual-stream
+//             gradient `dres` (N, C) in place, frees its scratch, and releases its own saved
+//             tensors as its last step (they stay live during its backward).
+// Each module declares its bytes with three functions mirroring its allocation order exactly:
+// saved bytes, forward peak (own saved + scratch, from entry) and backward peak (scratch only).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/stash.h"
+#include "runtime/tensor/arena.h"
+
+namespace furnace::model {
+
+struct Dims {
+  int B = 0, T = 0, C = 0, NH = 0;
+  int N() const { return B * T; }
+};
+
+struct ModuleContext {
+  tensor::DeviceArena& arena;
+  Stash& stash;
+};
+
+// Replays a module's allocations by size only, for the declared-bytes functions.
+class BytesTimeline {
+ public:
+  void Alloc(int64_t bytes) {
+    current_ += bytes;
+    if (current_ > peak_) peak_ = current_;
+  }
+  void Free(int64_t bytes) { current_ -= bytes; }
+  int64_t current() const { return current_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  int64_t current_ = 0;
+  int64_t peak_ = 0;
+};
+
+constexpr int64_t F32Bytes(int64_t n) { return 4 * n; }
+constexpr int64_t I32Bytes(int64_t n) { return 4 * n; }
+
+// Arena scratch of n floats / int32s; `zero` fills it with 0 (backward accumulators).
+absl::StatusOr<tensor::Buffer> AllocF32(ModuleContext& ctx, int64_t n, std::string tag, bool zero);
+absl::StatusOr<tensor::Buffer> AllocI32(ModuleContext& ctx, int64_t n, std::string tag);
+
+// Saves a float / int32 buffer of `shape` under `producer`.
+absl::StatusOr<StashHandle> SaveF32(ModuleContext& ctx, std::string producer, int layer,
+                                    tensor::Buffer&& buffer, std::vector<int64_t> shape,
+                                    RecomputeSpec recompute = {});
+absl::StatusOr<StashHandle> SaveI32(ModuleContext& ctx, std::string producer, int layer,
+                                    tensor::Buffer&& buffer, std::vector<int64_t> shape,
+                                    RecomputeSpec recompute = {});
+
+absl::StatusOr<float*> GetF32(ModuleContext& ctx, StashHandle handle);
+absl::StatusOr<int32_t*> GetI32(ModuleContext& ctx, StashHandle handle);
+
+// Releases every valid handle in `handles` (a module's own saved tensors).
+absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& handles);
+
+}  // namespace furnace::model

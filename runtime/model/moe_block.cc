@@ -1,0 +1,202 @@
+#include "runtime/model/moe_block.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "runtime/base/status.h"
+
+namespace furnace::model {
+
+namespace k = kernels::cpu;
+
+namespace {
+constexpr float kLayerNormEps = 1e-5f;
+}  // namespace
+
+absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
+                                         int layer, const LayerOffsets& off, const float* params,
+                                         StashHandle x_in) {
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int E = m.E, K = m.k, f = m.f;
+  const int64_t NC = int64_t{N} * C;
+  const std::string p = absl::StrCat("layers.", layer, ".");
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
+  MoeSaved s;
+
+  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, p + "ln2.out", false));    // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, p + "ln2.mean", false));  // (B, T)
+  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, p + "ln2.rstd", false));  // (B, T)
+  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, params + off.ln2_w,
+                      params + off.ln2_b, N, C, kLayerNormEps);
+  const float* u = ln.as<float>();
+  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, p + "ln2.mean", layer, std::move(mean), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, p + "ln2.rstd", layer, std::move(rstd), {B, T}));
+  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, p + "ln2.out", layer, std::move(ln), {B, T, C},
+                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+
+  // Router.
+  {
+    ASSIGN_OR_RETURN(tensor::Buffer logits,
+                     AllocF32(ctx, int64_t{N} * E, p + "moe.router_logits", false));  // (N, E)
+    k::MatmulForward<float>(logits.as<float>(), u, params + off.router, nullptr, N, C, E);
+    ASSIGN_OR_RETURN(tensor::Buffer probs,
+                     AllocF32(ctx, int64_t{N} * E, p + "moe.router_probs", false));  // (N, E)
+    k::SoftmaxForward(probs.as<float>(), logits.as<float>(), N, E);
+    logits.Reset();
+    ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, p + "moe.router_probs", layer, std::move(probs), {N, E},
+                                      {"router", {s.ln_out}, 2.0 * NC * E}));
+  }
+  ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
+  ASSIGN_OR_RETURN(tensor::Buffer idx, AllocI32(ctx, int64_t{N} * K, p + "moe.topk_indices"));
+  ASSIGN_OR_RETURN(tensor::Buffer gates,
+                   AllocF32(ctx, int64_t{N} * K, p + "moe.gates", false));  // (N, k)
+  k::TopKForward(idx.as<int32_t>(), gates.as<float>(), probs, N, E, K, m.normalize);
+  const int32_t* indices = idx.as<int32_t>();
+  const float* g = gates.as<float>();
+  ASSIGN_OR_RETURN(s.indices, SaveI32(ctx, p + "moe.topk_indices", layer, std::move(idx), {N, K},
+                                      {"topk", {s.probs}, 0}));
+  ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(gates), {N, K},
+                                    {"topk", {s.probs}, 0}));
+  s.aux = k::AuxLossForward(probs, indices, N, E, K, static_cast<float>(m.alpha));
+
+  // Dispatch: from here on the sizes depend on routing.
+  const k::DispatchPlan plan = k::MakeDispatchPlan(indices, N, E, K, m.capacity_factor);
+  s.routed = plan.routed;
+  s.rows = plan.rows();
+  s.dropped = int64_t{N} * K - s.rows;
+  const int64_t S = s.rows;
+  const int64_t* offsets = plan.offsets.data();
+
+  ASSIGN_OR_RETURN(tensor::Buffer xin, AllocF32(ctx, S * C, p + "moe.expert_input", false));
+  k::PermuteForward(xin.as<float>(), u, plan, C);  // (S, C)
+  ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, S * f, p + "moe.expert_pre", false));
+  k::GroupedMatmulForward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
+                          offsets, E, C, f);  // (S, f)
+  ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, S * f, p + "moe.expert_hidden", false));
+  k::GeluForward(hid.as<float>(), pre.as<float>(), S * f);  // (S, f)
+  ASSIGN_OR_RETURN(tensor::Buffer eo, AllocF32(ctx, S * C, p + "moe.expert_output", false));
+  k::GroupedMatmulForward(eo.as<float>(), hid.as<float>(), params + off.w2, params + off.b2,
+                          offsets, E, f, C);                                           // (S, C)
+  ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
+  float* o = out.as<float>();
+  k::UnpermuteForward(o, eo.as<float>(), g, plan, C);
+  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+
+  ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {S, C},
+                                  {"permute", {s.ln_out, s.indices}, 0}));
+  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "moe.expert_pre", layer, std::move(pre), {S, f},
+                                  {"grouped_matmul", {s.xin}, 2.0 * S * C * f}));
+  ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "moe.expert_hidden", layer, std::move(hid), {S, f},
+                                     {"gelu", {s.pre}, 10.0 * S * f}));
+  ASSIGN_OR_RETURN(s.eo, SaveF32(ctx, p + "moe.expert_output", layer, std::move(eo), {S, C},
+                                 {"grouped_matmul", {s.hidden}, 2.0 * S * C * f}));
+  ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "moe.residual", layer, std::move(out), {B, T, C}));
+  return s;
+}
+
+absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
+                              const LayerOffsets& off, const float* params, float* grads,
+                              const MoeSaved& s, StashHandle x_in, double aux_scale, float* dres) {
+  const int C = dims.C, N = dims.N();
+  const int E = m.E, K = m.k, f = m.f;
+  const int64_t NC = int64_t{N} * C;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
+  ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
+  ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
+  ASSIGN_OR_RETURN(const float* rstd, GetF32(ctx, s.ln_rstd));
+  ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
+  ASSIGN_OR_RETURN(const int32_t* indices, GetI32(ctx, s.indices));
+  ASSIGN_OR_RETURN(const float* gates, GetF32(ctx, s.gates));
+  ASSIGN_OR_RETURN(const float* xin, GetF32(ctx, s.xin));
+  ASSIGN_OR_RETURN(const float* pre, GetF32(ctx, s.pre));
+  ASSIGN_OR_RETURN(const float* hid, GetF32(ctx, s.hidden));
+  ASSIGN_OR_RETURN(const float* eo, GetF32(ctx, s.eo));
+
+  const k::DispatchPlan plan = k::MakeDispatchPlan(indices, N, E, K, m.capacity_factor);
+  const int64_t S = plan.rows();
+  if (S != s.rows) {
+    return absl::InternalError(
+        absl::StrCat("moe backward: rebuilt dispatch plan has ", S, " rows, forward had ", s.rows));
+  }
+  const int64_t* offsets = plan.offsets.data();
+
+  ASSIGN_OR_RETURN(tensor::Buffer deo, AllocF32(ctx, S * C, "moe.dexpert_output", true));
+  ASSIGN_OR_RETURN(tensor::Buffer dgates, AllocF32(ctx, int64_t{N} * K, "moe.dgates", true));
+  k::UnpermuteBackward(deo.as<float>(), dgates.as<float>(), dres, eo, gates, plan, C);
+  ASSIGN_OR_RETURN(tensor::Buffer dhid, AllocF32(ctx, S * f, "moe.dexpert_hidden", true));
+  k::GroupedMatmulBackward(dhid.as<float>(), grads + off.w2, grads + off.b2, deo.as<float>(), hid,
+                           params + off.w2, offsets, E, f, C);
+  deo.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, S * f, "moe.dexpert_pre", true));
+  k::GeluBackward(dpre.as<float>(), pre, dhid.as<float>(), S * f);
+  dhid.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer dxin, AllocF32(ctx, S * C, "moe.dexpert_input", true));
+  k::GroupedMatmulBackward(dxin.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), xin,
+                           params + off.w1, offsets, E, C, f);
+  dpre.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
+  k::PermuteBackward(du.as<float>(), dxin.as<float>(), plan, C);
+  dxin.Reset();
+
+  ASSIGN_OR_RETURN(tensor::Buffer dprobs, AllocF32(ctx, int64_t{N} * E, "moe.dprobs", true));
+  k::TopKBackward(dprobs.as<float>(), dgates.as<float>(), probs, indices, N, E, K, m.normalize);
+  k::AuxLossBackward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
+                     static_cast<float>(aux_scale));
+  dgates.Reset();
+  ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, int64_t{N} * E, "moe.dlogits", true));
+  k::SoftmaxBackward(dlogits.as<float>(), dprobs.as<float>(), probs, N, E);
+  dprobs.Reset();
+  k::MatmulBackward<float>(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(), u,
+                           params + off.router, N, C, E);
+  dlogits.Reset();
+  k::LayerNormBackward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
+                       params + off.ln2_w, mean, rstd, N, C);
+  du.Reset();
+  return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices, s.gates, s.xin, s.pre,
+                          s.hidden, s.eo, s.out});
+}
+
+int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, int64_t S) {
+  const int64_t N = d.N(), NC = N * d.C;
+  return F32Bytes(NC) + 2 * F32Bytes(N) + F32Bytes(N * m.E) + I32Bytes(N * m.k) +
+         F32Bytes(N * m.k) + 2 * F32Bytes(S * d.C) + 2 * F32Bytes(S * m.f) + F32Bytes(NC);
+}
+
+int64_t MoeForwardPeakBytes(const Dims& d, const MoeShape& m, int64_t S) {
+  const int64_t N = d.N(), NC = N * d.C;
+  BytesTimeline t;
+  t.Alloc(F32Bytes(NC) + 2 * F32Bytes(N));         // ln2 out, mean, rstd
+  t.Alloc(F32Bytes(N * m.E));                      // router logits
+  t.Alloc(F32Bytes(N * m.E));                      // router probs
+  t.Free(F32Bytes(N * m.E));                       // router logits
+  t.Alloc(I32Bytes(N * m.k) + F32Bytes(N * m.k));  // indices, gates
+  t.Alloc(F32Bytes(S * d.C));                      // expert input
+  t.Alloc(2 * F32Bytes(S * m.f));                  // expert pre, hidden
+  t.Alloc(F32Bytes(S * d.C));                      // expert output
+  t.Alloc(F32Bytes(NC));                           // residual
+  return t.peak();
+}
+
+int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, int64_t S) {
+  const int64_t N = d.N(), NC = N * d.C;
+  BytesTimeline t;
+  t.Alloc(F32Bytes(S * d.C));  // dexpert_output
+  t.Alloc(F32Bytes(N * m.k));  // dgates
+  t.Alloc(F32Bytes(S * m.f));  // dexpert_hidden
+  t.Free(F32Bytes(S * d.C));   // dexpert_output
+  t.Alloc(F32Bytes(S * m.f));  // dexpert_pre
+  t.Free(F32Bytes(S * m.f));   // dexpert_hidden
+  t.Alloc(F32Bytes(S * d.C));  // dexpert_input
+  t.Free(F32Bytes(S * m.f));   // dexpert_pre
+  t.Alloc(F32Bytes(NC));       // ln2.dout
+  t.Free(F32Bytes(S * d.C));   // dexpert_input
+  t.Alloc(F32Bytes(N * m.E));  // dprobs
+  t.Free(F32Bytes(N * m.k));   // dgates
+  t.Alloc(F32Bytes(N * m.E));  // dlogits
+  return t.peak();
+}
+
+}  // namespace furnace::model

@@ -1,0 +1,58 @@
+// The MoE half of an MoE layer (MODEL.md "The MoE layer"):
+//   u = LN2(x); p = softmax(u @ Wg); top-k -> gates; MakeDispatchPlan (capacity) -> permute rows
+//   by expert -> grouped GEMM W1 -> GELU -> grouped GEMM W2 -> unpermute weighted by the gates;
+//   x_out = x + that. The Switch aux loss counts every routing choice, dropped or not.
+// The expert buffers (S rows, S = kept assignments) are allocated after routing, which is where a
+// memory planner will hook in; their size is the reason activation memory depends on routing.
+// The dispatch plan is not saved: backward rebuilds it from the saved top-k indices (a pure
+// function of them).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/module.h"
+#include "runtime/model/param_layout.h"
+
+namespace furnace::model {
+
+struct MoeShape {
+  int E = 0, k = 0, f = 0;
+  double capacity_factor = 0;
+  bool normalize = true;
+  double alpha = 0;
+};
+
+struct MoeSaved {
+  StashHandle ln_out, ln_mean, ln_rstd;  // (B, T, C), (B, T), (B, T)
+  StashHandle probs;                     // (N, E) router softmax
+  StashHandle indices;                   // (N, k) int32 chosen experts
+  StashHandle gates;                     // (N, k)
+  StashHandle xin;                       // (S, C) permuted expert input
+  StashHandle pre;                       // (S, f) xin @ W1 + b1
+  StashHandle hidden;                    // (S, f) GELU(pre)
+  StashHandle eo;                        // (S, C) expert output
+  StashHandle out;                       // (B, T, C) residual stream after the layer
+  // Routing results.
+  double aux = 0;
+  std::vector<int64_t> routed;  // (E) assignments before dropping
+  int64_t rows = 0;             // S
+  int64_t dropped = 0;          // N * k - S
+};
+
+absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
+                                         int layer, const LayerOffsets& off, const float* params,
+                                         StashHandle x_in);
+// dres: d loss / d out on entry, d loss / d x_in on return. aux_scale: d loss / d aux.
+absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
+                              const LayerOffsets& off, const float* params, float* grads,
+                              const MoeSaved& saved, StashHandle x_in, double aux_scale,
+                              float* dres);
+
+// `rows` = S, the assignments kept after capacity (N * k when dropless).
+int64_t MoeSavedBytes(const Dims& dims, const MoeShape& m, int64_t rows);
+int64_t MoeForwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);
+int64_t MoeBackwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);
+
+}  // namespace furnace::model

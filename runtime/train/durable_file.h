@@ -1,0 +1,44 @@
+// Durable, atomic file writes for checkpoints: a file is written under `<path>.tmp`, fsynced,
+// renamed over `path`, and its directory fsynced, so after a crash `path` holds either the old
+// content or the complete new one, never a torn mix.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace furnace::train {
+
+// Streams bytes to `<path>.tmp` while computing their CRC-32. Commit makes them durable under
+// `path`; destroying an uncommitted writer removes the temp file. Single-threaded.
+class DurableWriter {
+ public:
+  explicit DurableWriter(std::string path) : path_(std::move(path)) {}
+  ~DurableWriter();
+  DurableWriter(const DurableWriter&) = delete;
+  DurableWriter& operator=(const DurableWriter&) = delete;
+
+  absl::Status Open();
+  absl::Status Append(const void* data, size_t n);
+  absl::Status Commit();  // fsync, rename, fsync the directory
+  uint64_t bytes() const { return bytes_; }
+  uint32_t crc32() const { return crc_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// Writes `contents` to `path` durably and atomically.
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+// fsyncs a directory so that renames and creations inside it survive a crash.
+absl::Status SyncDirectory(const std::string& dir);
+// The whole file, or NotFound / an I/O error naming the path.
+absl::Status ReadFileToString(const std::string& path, std::string* out);
+
+}  // namespace furnace::train

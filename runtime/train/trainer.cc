@@ -1,0 +1,200 @@
+#include "runtime/train/trainer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
+
+namespace furnace::train {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
+                                                         const data::Sampler* data,
+                                                         const TrainConfig& config,
+                                                         const Clock* clock) {
+  if (model == nullptr || data == nullptr) {
+    return absl::InvalidArgumentError("trainer: model and sampler are required");
+  }
+  RETURN_IF_ERROR(config.schedule.Validate());
+  if (config.steps < 0 || config.micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: steps ", config.steps,
+                                                   " must be >= 0 and micro_batches ",
+                                                   config.micro_batches, " >= 1"));
+  }
+  if (!(config.clip >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: clip ", config.clip, " must be >= 0"));
+  }
+  const data::SamplerConfig& sc = data->config();
+  if (sc.seq_len != model->seq_len()) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: sampler seq_len ", sc.seq_len,
+                                                   " != model seq_len ", model->seq_len()));
+  }
+  if (data->vocab() > model->vocab()) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: data vocab ", data->vocab(),
+                                                   " exceeds the model's vocab ", model->vocab()));
+  }
+  if (sc.seed != config.seed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: sampler seed ", sc.seed, " != train seed ", config.seed));
+  }
+  for (const ParamInfo& p : model->params()) {
+    if (p.offset < 0 || p.offset + p.numel() > model->num_params()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer: parameter ", p.name, " lies outside the flat array"));
+    }
+  }
+  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock));
+}
+
+Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
+                 const Clock* clock)
+    : model_(model),
+      data_(data),
+      config_(config),
+      clock_(clock != nullptr ? clock : &RealClock()),
+      adamw_(config.adamw, model->num_params()) {}
+
+absl::StatusOr<StepStats> Trainer::Step() {
+  const data::SamplerConfig& sc = data_->config();
+  const int m = config_.micro_batches;
+  const double tokens = static_cast<double>(sc.batch) * sc.seq_len * m;
+  StepStats stats;
+  stats.step = step_;
+  stats.tokens = static_cast<int64_t>(tokens);
+
+  const double t0 = clock_->MonotonicSeconds();
+  model_->ZeroGrad();
+  for (int micro = 0; micro < m; ++micro) {
+    const data::Batch batch = data_->Sample(step_, config_.dp_rank, micro);
+    ASSIGN_OR_RETURN(MicroBatchResult r,
+                     model_->ForwardBackward(batch.inputs.data(), batch.targets.data(), batch.B,
+                                             1.0 / tokens, 1.0 / m));
+    stats.loss += r.loss / m;
+    stats.aux_loss += r.aux_loss / m;
+    stats.dropped += r.dropped;
+    stats.activation_peak_bytes = std::max(stats.activation_peak_bytes, r.activation_peak_bytes);
+    if (stats.tokens_per_expert.size() < r.tokens_per_expert.size()) {
+      stats.tokens_per_expert.resize(r.tokens_per_expert.size());
+    }
+    for (size_t l = 0; l < r.tokens_per_expert.size(); ++l) {
+      auto& acc = stats.tokens_per_expert[l];
+      if (acc.size() < r.tokens_per_expert[l].size()) acc.resize(r.tokens_per_expert[l].size());
+      for (size_t e = 0; e < r.tokens_per_expert[l].size(); ++e)
+        acc[e] += r.tokens_per_expert[l][e];
+    }
+  }
+  const double t1 = clock_->MonotonicSeconds();
+
+  const int64_t n = model_->num_params();
+  stats.grad_norm = ClipGradNorm(model_->grad_data(), n, config_.clip);
+  stats.lr = config_.schedule.At(step_);
+  adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  const double t2 = clock_->MonotonicSeconds();
+
+  stats.forward_backward_seconds = t1 - t0;
+  stats.optimizer_seconds = t2 - t1;
+  stats.step_seconds = t2 - t0;
+  if (stats.step_seconds > 0) stats.tokens_per_second = tokens / stats.step_seconds;
+  for (const auto& layer : stats.tokens_per_expert) {
+    int64_t sum = 0, max = 0;
+    for (int64_t c : layer) {
+      sum += c;
+      max = std::max(max, c);
+    }
+    const double mean = layer.empty() ? 0 : static_cast<double>(sum) / layer.size();
+    stats.imbalance.push_back(mean > 0 ? max / mean : 0);
+  }
+  stats.model_flops = model_->FlopsPerToken() * tokens;
+  if (config_.peak_flops > 0 && stats.step_seconds > 0) {
+    stats.mfu = stats.model_flops / stats.step_seconds / config_.peak_flops;
+  }
+  ++step_;
+  return stats;
+}
+
+absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
+  const bool checkpoints = !config_.checkpoint.dir.empty();
+  while (step_ < config_.steps) {
+    ASSIGN_OR_RETURN(StepStats stats, Step());
+    if (on_step) on_step(stats);
+    if (checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) {
+      RETURN_IF_ERROR(SaveCheckpoint());
+    }
+    if (stop != nullptr && stop->stop_requested()) break;
+  }
+  if (checkpoints && last_saved_step_ != step_) RETURN_IF_ERROR(SaveCheckpoint());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  if (config_.checkpoint.dir.empty()) {
+    return absl::FailedPreconditionError("trainer: no checkpoint dir configured");
+  }
+  ShardState state;
+  state.step = step_;
+  state.data_position = step_;
+  state.seed = config_.seed;
+  state.shard = 0;
+  state.num_shards = 1;
+  state.n = model_->num_params();
+  state.params = model_->param_data();
+  state.m = adamw_.m().data();
+  state.v = adamw_.v().data();
+  CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  RETURN_IF_ERROR(store.Save(model_->params(), state));
+  last_saved_step_ = step_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatest() {
+  if (config_.checkpoint.dir.empty()) {
+    return absl::FailedPreconditionError("trainer: no checkpoint dir configured");
+  }
+  CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadLatest());
+  RETURN_IF_ERROR(Restore(loaded));
+  return loaded;
+}
+
+absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
+  const std::vector<ParamInfo>& params = model_->params();
+  const int64_t n = model_->num_params();
+  if (c.param_data.size() != static_cast<size_t>(n)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " holds ", c.param_data.size(), " parameters; the model has ", n));
+  }
+  if (c.params.size() != params.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", c.path, " has ",
+                                                      c.params.size(), " tensors; the model has ",
+                                                      params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& a = c.params[i];
+    const ParamInfo& b = params[i];
+    if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ", ShapeText(a.shape), " at ",
+          a.offset, "; the model has ", b.name, " ", ShapeText(b.shape), " at ", b.offset));
+    }
+  }
+  if (c.seed != config_.seed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " was written with seed ", c.seed, "; this run has seed ",
+        config_.seed, " (resuming would change the data order)"));
+  }
+  std::copy(c.param_data.begin(), c.param_data.end(), model_->param_data());
+  std::copy(c.m.begin(), c.m.end(), adamw_.m().begin());
+  std::copy(c.v.begin(), c.v.end(), adamw_.v().begin());
+  step_ = c.data_position;
+  last_saved_step_ = c.step;
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::train

@@ -1,0 +1,117 @@
+// The training loop of one rank (single process today). A step is MODEL.md "Loss and step":
+// ZeroGrad, then m micro-batches of ForwardBackward with ce_scale = 1/(B*T*m) and
+// aux_scale = 1/m, so the accumulated gradient is that of the step's mean loss; then global-norm
+// clipping, then AdamW at the scheduled LR. Batches come from a deterministic Sampler keyed by the
+// step index, and checkpoints hold params, Adam moments, the step and the seed, so Restore + Run
+// continues bit-for-bit as if the run had never stopped.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/base/clock.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/lr_schedule.h"
+#include "runtime/train/optimizer_step.h"
+#include "runtime/train/sampler.h"
+#include "runtime/train/trainable.h"
+
+namespace furnace::train {
+
+struct CheckpointConfig {
+  std::string dir;    // empty: no checkpoints
+  int64_t every = 0;  // save after every `every` steps (0: only at the end of Run)
+  int keep = 3;       // committed checkpoints retained; <= 0 keeps all
+};
+
+struct TrainConfig {
+  int64_t steps = 1;      // Run stops when step() reaches this
+  int micro_batches = 1;  // m; the micro-batch size B and seq_len T are the sampler's
+  int dp_rank = 0;
+  uint64_t seed = 0;  // recorded in checkpoints; must be the sampler's seed
+  LrSchedule schedule;
+  AdamWConfig adamw;
+  double clip = 1.0;      // global-norm clip; 0 = off
+  double peak_flops = 0;  // device peak FLOP/s for MFU; 0 = MFU not reported
+  CheckpointConfig checkpoint;
+};
+
+struct StepStats {
+  int64_t step = 0;     // 0-based index of the step just completed
+  double loss = 0;      // mean token cross-entropy over the step's micro-batches
+  double aux_loss = 0;  // mean over micro-batches of the summed MoE aux losses
+  int64_t tokens = 0;   // B * T * m on this rank
+  double step_seconds = 0;
+  double forward_backward_seconds = 0;
+  double optimizer_seconds = 0;  // clipping + AdamW
+  double tokens_per_second = 0;
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  std::vector<std::vector<int64_t>> tokens_per_expert;  // [moe_layer][e], summed over micro-batches
+  std::vector<double> imbalance;                        // [moe_layer] max / mean
+  int64_t dropped = 0;
+  int64_t activation_peak_bytes = 0;  // max over micro-batches
+  double model_flops = 0;             // FlopsPerToken * tokens
+  double mfu = 0;                     // model_flops / step_seconds / peak_flops
+};
+
+// Asks a running loop to stop after the current step. Thread-safe.
+class StopToken {
+ public:
+  void RequestStop() { stop_.store(true); }
+  bool stop_requested() const { return stop_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+};
+
+using StepCallback = std::function<void(const StepStats&)>;
+
+// Drives one Trainable. Borrows the model, sampler and clock (they must outlive it); owns the
+// Adam moments. Not thread-safe, except StopToken.
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(Trainable* model,
+                                                         const data::Sampler* data,
+                                                         const TrainConfig& config,
+                                                         const Clock* clock = nullptr);
+
+  // One step at index step(); advances step().
+  absl::StatusOr<StepStats> Step();
+
+  // Steps until step() == config.steps or `stop` is requested (checked after each step and its
+  // callback), saving every `checkpoint.every` steps and once at the end when a dir is set.
+  absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr);
+
+  // Saves a checkpoint of the current state (needs checkpoint.dir).
+  absl::Status SaveCheckpoint();
+  // Restores params, Adam moments and the step from the newest usable checkpoint in
+  // checkpoint.dir. NotFound when there is none (a fresh start). Refuses a checkpoint whose
+  // parameter names/shapes or seed differ from this run's.
+  absl::StatusOr<LoadedCheckpoint> RestoreLatest();
+  // Restores from an already loaded checkpoint (same checks).
+  absl::Status Restore(const LoadedCheckpoint& checkpoint);
+
+  int64_t step() const { return step_; }
+  const AdamW& optimizer() const { return adamw_; }
+  const TrainConfig& config() const { return config_; }
+
+ private:
+  Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
+          const Clock* clock);
+
+  Trainable* model_;
+  const data::Sampler* data_;
+  TrainConfig config_;
+  const Clock* clock_;
+  AdamW adamw_;
+  int64_t step_ = 0;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace furnace::train

@@ -1,0 +1,204 @@
+// Embedding, LayerNorm, GEMMs (fp32 and bf16), attention, GELU and cross-entropy on the GPU
+// against the CPU oracle. Gradient buffers start non-zero on both sides, so the accumulate (+=)
+// contract is checked too.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/encoder.h"
+#include "kernels/cuda/gelu.h"
+#include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+
+namespace furnace::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::ExpectClose;
+using testing::RandomInts;
+using testing::RandomVector;
+
+TEST(CudaKernelsTest, Embedding) {
+  SKIP_WITHOUT_GPU();
+  const int B = 3, T = 17, C = 40, V = 11;  // V small: tokens repeat, so dwte needs the atomics
+  auto tokens = RandomInts(B * T, 1, 0, V);
+  auto wte = RandomVector(V * C, 2), wpe = RandomVector(T * C, 3);
+  auto dout = RandomVector(B * T * C, 4);
+  auto dwte = RandomVector(V * C, 5), dwpe = RandomVector(T * C, 6);
+  DeviceBuffer<int32_t> d_tokens(tokens);
+  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(B * T * C), d_dout(dout), d_dwte(dwte),
+      d_dwpe(dwpe);
+  EmbeddingForward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), B, T, C, nullptr);
+  EmbeddingBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), B, T, C, nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(B * T * C);
+  cpu::EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  cpu::EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  ExpectClose(d_out.Download(), out, 0.0f, 0.0f, "out");
+  ExpectClose(d_dwte.Download(), dwte, 1e-5f, 1e-5f, "dwte");  // atomics: order varies
+  ExpectClose(d_dwpe.Download(), dwpe, 1e-5f, 1e-6f, "dwpe");
+}
+
+TEST(CudaKernelsTest, LayerNorm) {
+  SKIP_WITHOUT_GPU();
+  const int N = 37, C = 200;
+  auto inp = RandomVector(N * C, 10, -2.0f, 3.0f);
+  auto weight = RandomVector(C, 11), bias = RandomVector(C, 12), dout = RandomVector(N * C, 13);
+  auto dinp = RandomVector(N * C, 14), dweight = RandomVector(C, 15), dbias = RandomVector(C, 16);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(N * C), d_mean(N), d_rstd(N),
+      d_dout(dout), d_dinp(dinp), d_dw(dweight), d_db(dbias);
+  LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N,
+                   C, 1e-5f, nullptr);
+  LayerNormBackward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                    d_mean.get(), d_rstd.get(), N, C, nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                        bias.data(), N, C, 1e-5f);
+  cpu::LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                         weight.data(), mean.data(), rstd.data(), N, C);
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
+  ExpectClose(d_mean.Download(), mean, 1e-5f, 1e-6f, "mean");
+  ExpectClose(d_rstd.Download(), rstd, 1e-5f, 1e-6f, "rstd");
+  ExpectClose(d_dinp.Download(), dinp, 1e-5f, 1e-5f, "dinp");
+  ExpectClose(d_dw.Download(), dweight, 1e-5f, 1e-5f, "dweight");
+  ExpectClose(d_db.Download(), dbias, 1e-5f, 1e-5f, "dbias");
+}
+
+void CheckMatmul(bool with_bias, bool with_dinp) {
+  const int N = 45, C = 70, OC = 33;
+  auto inp = RandomVector(N * C, 20), weight = RandomVector(C * OC, 21);
+  auto bias = RandomVector(OC, 22), dout = RandomVector(N * OC, 23);
+  auto dinp = RandomVector(N * C, 24), dweight = RandomVector(C * OC, 25),
+       dbias = RandomVector(OC, 26);
+  CublasHandle handle;
+  ASSERT_NE(handle.get(), nullptr) << TakeLastError();
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(N * OC), d_dout(dout),
+      d_dinp(dinp), d_dw(dweight), d_db(dbias);
+  MatmulForward(d_out.get(), d_inp.get(), d_w.get(), with_bias ? d_b.get() : nullptr, N, C, OC,
+                handle.get(), nullptr);
+  MatmulBackward(with_dinp ? d_dinp.get() : nullptr, d_dw.get(), with_bias ? d_db.get() : nullptr,
+                 d_dout.get(), d_inp.get(), d_w.get(), N, C, OC, handle.get(), nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(N * OC);
+  cpu::MatmulForward(out.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr, N,
+                     C, OC);
+  cpu::MatmulBackward(with_dinp ? dinp.data() : nullptr, dweight.data(),
+                      with_bias ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(),
+                      N, C, OC);
+  // GEMM summation order differs from OpenBLAS: relative 1e-5 plus a small absolute floor for
+  // entries that cancel to near zero.
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
+  ExpectClose(d_dinp.Download(), dinp, 1e-5f, 1e-5f, "dinp");
+  ExpectClose(d_dw.Download(), dweight, 1e-5f, 1e-5f, "dweight");
+  ExpectClose(d_db.Download(), dbias, 1e-5f, 1e-5f, "dbias");
+}
+
+TEST(CudaKernelsTest, MatmulWithBias) {
+  SKIP_WITHOUT_GPU();
+  CheckMatmul(true, true);
+}
+
+TEST(CudaKernelsTest, MatmulWithoutBiasOrDinp) {
+  SKIP_WITHOUT_GPU();
+  CheckMatmul(false, false);
+}
+
+TEST(CudaKernelsTest, MatmulBf16) {
+  SKIP_WITHOUT_GPU();
+  const int N = 64, C = 96, OC = 48;
+  auto inp = RandomVector(N * C, 30), weight = RandomVector(C * OC, 31), bias = RandomVector(OC, 32);
+  // The CPU reference runs in fp32 on the bf16-rounded inputs; the GPU rounds its output to bf16.
+  std::vector<uint16_t> inp16(inp.size()), w16(weight.size()), b16(bias.size());
+  cpu::CastF32ToBf16(inp16.data(), inp.data(), inp.size());
+  cpu::CastF32ToBf16(w16.data(), weight.data(), weight.size());
+  cpu::CastF32ToBf16(b16.data(), bias.data(), bias.size());
+  cpu::CastBf16ToF32(inp.data(), inp16.data(), inp.size());
+  cpu::CastBf16ToF32(weight.data(), w16.data(), weight.size());
+  cpu::CastBf16ToF32(bias.data(), b16.data(), bias.size());
+  CublasHandle handle;
+  DeviceBuffer<uint16_t> d_inp(inp16), d_w(w16), d_b(b16), d_out(N * OC);
+  MatmulForwardBf16(reinterpret_cast<__nv_bfloat16*>(d_out.get()),
+                    reinterpret_cast<const __nv_bfloat16*>(d_inp.get()),
+                    reinterpret_cast<const __nv_bfloat16*>(d_w.get()),
+                    reinterpret_cast<const __nv_bfloat16*>(d_b.get()), N, C, OC, handle.get(),
+                    nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(N * OC), got(N * OC);
+  cpu::MatmulForward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  auto got16 = d_out.Download();
+  cpu::CastBf16ToF32(got.data(), got16.data(), got.size());
+  // One bf16 rounding of the output (2^-8 relative) plus fp32 accumulation differences.
+  ExpectClose(got, out, 1.0f / 128, 1e-3f, "out");
+}
+
+TEST(CudaKernelsTest, Attention) {
+  SKIP_WITHOUT_GPU();
+  const int B = 2, T = 19, C = 48, NH = 4;
+  auto qkv = RandomVector(B * T * 3 * C, 40, -2.0f, 2.0f);
+  auto dout = RandomVector(B * T * C, 41);
+  auto dqkv = RandomVector(B * T * 3 * C, 42);
+  CublasHandle handle;
+  DeviceBuffer<float> d_qkv(qkv), d_out(B * T * C), d_att(B * NH * T * T), d_dout(dout),
+      d_dqkv(dqkv);
+  AttentionForward(d_out.get(), d_att.get(), d_qkv.get(), B, T, C, NH, handle.get(), nullptr);
+  AttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), B, T, C, NH,
+                    handle.get(), nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(B * T * C), att(B * NH * T * T);
+  cpu::AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  cpu::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  ExpectClose(d_att.Download(), att, 1e-5f, 1e-6f, "att");
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
+  ExpectClose(d_dqkv.Download(), dqkv, 1e-4f, 1e-5f, "dqkv");
+}
+
+TEST(CudaKernelsTest, Gelu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 10007;
+  auto inp = RandomVector(n, 50, -5.0f, 5.0f), dout = RandomVector(n, 51),
+       dinp = RandomVector(n, 52);
+  DeviceBuffer<float> d_inp(inp), d_out(n), d_dout(dout), d_dinp(dinp);
+  GeluForward(d_out.get(), d_inp.get(), n, nullptr);
+  GeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), n, nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(n);
+  cpu::GeluForward(out.data(), inp.data(), n);
+  cpu::GeluBackward(dinp.data(), inp.data(), dout.data(), n);
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-6f, "out");
+  ExpectClose(d_dinp.Download(), dinp, 1e-5f, 1e-6f, "dinp");
+}
+
+TEST(CudaKernelsTest, CrossEntropy) {
+  SKIP_WITHOUT_GPU();
+  const int N = 23, V = 1000;
+  auto logits = RandomVector(N * V, 60, -4.0f, 4.0f);
+  auto targets = RandomInts(N, 61, 0, V);
+  auto dlogits = RandomVector(N * V, 62);
+  const float dloss = 1.0f / N;
+  DeviceBuffer<float> d_logits(logits), d_losses(N), d_probs(N * V), d_dlogits(dlogits);
+  DeviceBuffer<int32_t> d_targets(targets);
+  CrossEntropyForward(d_losses.get(), d_probs.get(), d_logits.get(), d_targets.get(), N, V,
+                      nullptr);
+  CrossEntropyBackward(d_dlogits.get(), d_probs.get(), d_targets.get(), dloss, N, V, nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> losses(N), probs(N * V);
+  cpu::CrossEntropyForward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
+  cpu::CrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), dloss, N, V);
+  ExpectClose(d_losses.Download(), losses, 1e-5f, 1e-6f, "losses");
+  ExpectClose(d_probs.Download(), probs, 1e-5f, 1e-9f, "probs");
+  ExpectClose(d_dlogits.Download(), dlogits, 1e-5f, 1e-7f, "dlogits");
+}
+
+}  // namespace
+}  // namespace furnace::kernels::cuda

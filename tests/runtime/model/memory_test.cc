@@ -1,0 +1,172 @@
+// The declared activation bytes against the arena, the budget error path, and extreme routing
+// (one expert takes every token, others get none).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model_test_util.h"
+#include "runtime/model/gpt_moe.h"
+
+namespace furnace::model {
+namespace {
+
+using testing::RandomTokens;
+using testing::TinyConfig;
+
+class MemoryTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<GptMoe> Make(const ModelConfig& c, tensor::DeviceArena& arena) {
+    absl::StatusOr<std::unique_ptr<GptMoe>> m = GptMoe::Create(c, 5, *device_, arena);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+  absl::StatusOr<train::MicroBatchResult> Step(GptMoe& m, int B) {
+    const int N = B * m.seq_len();
+    in_ = RandomTokens(N, m.vocab(), 21);
+    tg_ = RandomTokens(N, m.vocab(), 22);
+    return m.ForwardBackward(in_.data(), tg_.data(), B, 1.0 / N, 1.0);
+  }
+
+  std::unique_ptr<device::Device> device_ = device::CreateCpuDevice();
+  std::vector<int32_t> in_, tg_;
+};
+
+TEST_F(MemoryTest, ArenaPeakEqualsDeclaredBytesExactly) {
+  for (double cf : {0.0, 1.0, 0.5}) {
+    for (int B : {1, 2, 3}) {
+      tensor::DeviceArena arena(*device_, 0);
+      std::unique_ptr<GptMoe> m = Make(TinyConfig(cf), arena);
+      ASSERT_NE(m, nullptr);
+      absl::StatusOr<train::MicroBatchResult> r = Step(*m, B);
+      ASSERT_TRUE(r.ok()) << r.status();
+      const int64_t declared = m->ActivationBytesForRouting(B, m->last_rows_per_moe_layer());
+      EXPECT_EQ(r->activation_peak_bytes, declared) << "cf " << cf << " B " << B;
+      EXPECT_EQ(static_cast<int64_t>(arena.peak_bytes()), declared);
+      EXPECT_EQ(arena.current_bytes(), 0u);  // everything went back
+      EXPECT_EQ(m->stash().size(), 0);
+      EXPECT_GT(m->last_stashed_bytes(), 0u);
+      EXPECT_LE(declared, m->ActivationBytes(B));
+      if (cf == 0.0) {
+        EXPECT_EQ(declared, m->ActivationBytes(B));
+      }
+    }
+  }
+}
+
+TEST_F(MemoryTest, PeakIsExactWithSeveralMoeLayersAndDenseOnly) {
+  ModelConfig c = TinyConfig(1.0);
+  c.layers = 4;
+  c.moe_every = 1;
+  c.vocab = 200;  // head-heavy: the peak moves to the head
+  tensor::DeviceArena arena(*device_, 0);
+  std::unique_ptr<GptMoe> m = Make(c, arena);
+  ASSERT_NE(m, nullptr);
+  absl::StatusOr<train::MicroBatchResult> r = Step(*m, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens_per_expert.size(), 4u);
+  EXPECT_EQ(r->activation_peak_bytes,
+            m->ActivationBytesForRouting(2, m->last_rows_per_moe_layer()));
+
+  ModelConfig dense = TinyConfig();
+  dense.moe_every = 3;  // layers 0, 1 dense
+  tensor::DeviceArena arena2(*device_, 0);
+  std::unique_ptr<GptMoe> d = Make(dense, arena2);
+  ASSERT_NE(d, nullptr);
+  r = Step(*d, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tokens_per_expert.empty());
+  EXPECT_EQ(r->activation_peak_bytes, d->ActivationBytes(2));
+}
+
+TEST_F(MemoryTest, OneByteShortIsResourceExhaustedAndLeavesNothingBehind) {
+  tensor::DeviceArena probe(*device_, 0);
+  std::unique_ptr<GptMoe> m = Make(TinyConfig(), probe);
+  ASSERT_NE(m, nullptr);
+  const int64_t need = m->ActivationBytes(2);
+
+  tensor::DeviceArena tight(*device_, need - 1);
+  std::unique_ptr<GptMoe> t = Make(TinyConfig(), tight);
+  ASSERT_NE(t, nullptr);
+  absl::StatusOr<train::MicroBatchResult> r = Step(*t, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr(std::to_string(need - 1)));
+  EXPECT_EQ(tight.current_bytes(), 0u);
+  EXPECT_EQ(t->stash().size(), 0);
+  const std::vector<int32_t> big(64 * 8, 1);
+  EXPECT_EQ(t->Evaluate(big.data(), big.data(), 64).status().code(),
+            absl::StatusCode::kResourceExhausted);  // a forward of B = 64 does not fit either
+
+  tight.set_budget(need);  // exactly enough
+  t->ZeroGrad();
+  r = Step(*t, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->activation_peak_bytes, need);
+}
+
+TEST_F(MemoryTest, BadTokensAreInvalidArgument) {
+  tensor::DeviceArena arena(*device_, 0);
+  std::unique_ptr<GptMoe> m = Make(TinyConfig(), arena);
+  ASSERT_NE(m, nullptr);
+  std::vector<int32_t> in(16, 0), tg(16, 0);
+  tg[3] = 32;
+  EXPECT_EQ(m->ForwardBackward(in.data(), tg.data(), 2, 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  in[0] = -1;
+  EXPECT_EQ(m->Evaluate(in.data(), tg.data(), 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Router weights that send every token to experts 0 and 1: ln2.bias = 1 makes u . 1 = d for every
+// token, so router columns of 1.0 and 0.5 give logits d and d/2 against 0.
+void ForceRouting(GptMoe& m) {
+  const LayerOffsets& o = m.layout().layers[1];
+  const int d = m.config().d_model, E = m.config().experts;
+  float* p = m.param_data();
+  for (int i = 0; i < d; ++i) {
+    p[o.ln2_b + i] = 1.0f;
+    for (int e = 0; e < E; ++e)
+      p[o.router + int64_t{i} * E + e] = e == 0 ? 1.0f : e == 1 ? 0.5f : 0;
+  }
+}
+
+TEST_F(MemoryTest, AllTokensToOneExpertAndIdleExperts) {
+  for (double cf : {0.0, 1.0}) {
+    tensor::DeviceArena arena(*device_, 0);
+    std::unique_ptr<GptMoe> m = Make(TinyConfig(cf), arena);
+    ASSERT_NE(m, nullptr);
+    ForceRouting(*m);
+    m->ZeroGrad();
+    absl::StatusOr<train::MicroBatchResult> r = Step(*m, 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->tokens_per_expert.size(), 1u);
+    EXPECT_EQ(r->tokens_per_expert[0], (std::vector<int64_t>{16, 16, 0, 0}));
+    // capacity = ceil(1.0 * 2 * 16 / 4) = 8 per expert: 8 of 16 dropped at experts 0 and 1.
+    EXPECT_EQ(r->dropped, cf == 0.0 ? 0 : 16);
+    EXPECT_TRUE(std::isfinite(r->loss));
+    // aux = alpha * E * (0.5 * mean p0 + 0.5 * mean p1) > alpha: imbalance is penalised.
+    EXPECT_GT(r->aux_loss, 0.01);
+    EXPECT_EQ(r->activation_peak_bytes,
+              m->ActivationBytesForRouting(2, m->last_rows_per_moe_layer()));
+    for (int64_t i = 0; i < m->num_params(); ++i) ASSERT_TRUE(std::isfinite(m->grad_data()[i]));
+    for (int e : {2, 3}) {
+      for (const char* w : {".w1", ".b1", ".w2", ".b2"}) {
+        const std::string name = "layers.1.moe.experts." + std::to_string(e) + w;
+        const train::ParamInfo* p = m->FindParam(name);
+        for (int64_t i = 0; i < p->numel(); ++i) {
+          ASSERT_EQ(m->grad_data()[p->offset + i], 0.0f) << name;
+        }
+      }
+    }
+    const train::ParamInfo* busy = m->FindParam("layers.1.moe.experts.0.w1");
+    double norm = 0;
+    for (int64_t i = 0; i < busy->numel(); ++i) norm += std::abs(m->grad_data()[busy->offset + i]);
+    EXPECT_GT(norm, 0);
+  }
+}
+
+}  // namespace
+}  // namespace furnace::model

@@ -1,0 +1,327 @@
+#include "runtime/train/trainer.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/train/counter_rng.h"
+#include "runtime/train/markov.h"
+#include "runtime/train/sampler.h"
+#include "tests/runtime/train/test_dir.h"
+
+namespace furnace::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A bigram language model: logits(next | token) = W[token, :], W (V, V). Cross-entropy and its
+// gradient are written out here, so the loop is tested against nothing but arithmetic.
+class BigramModel : public Trainable {
+ public:
+  BigramModel(int vocab, int seq_len, uint64_t seed) : V_(vocab), T_(seq_len) {
+    params_ = {{.name = "w", .shape = {vocab, vocab}, .offset = 0, .weight_decay = true}};
+    w_.resize(static_cast<size_t>(vocab) * vocab);
+    g_.assign(w_.size(), 0.0f);
+    data::CounterRng rng(seed);
+    for (float& x : w_) x = static_cast<float>(0.02 * (rng.NextDouble() - 0.5));
+  }
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  int64_t num_params() const override { return static_cast<int64_t>(w_.size()); }
+  float* param_data() override { return w_.data(); }
+  float* grad_data() override { return g_.data(); }
+  void ZeroGrad() override { std::fill(g_.begin(), g_.end(), 0.0f); }
+  absl::StatusOr<MicroBatchResult> ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                                                   int B, double ce_scale,
+                                                   double /*aux_scale*/) override {
+    return Run(inputs, targets, B, ce_scale);
+  }
+  absl::StatusOr<MicroBatchResult> Evaluate(const int32_t* inputs, const int32_t* targets,
+                                            int B) override {
+    return Run(inputs, targets, B, 0.0);
+  }
+  int seq_len() const override { return T_; }
+  int vocab() const override { return V_; }
+  double FlopsPerToken() const override { return 6.0 * V_; }
+
+  // The exact expected loss under the chain: sum_i pi_i sum_j P_ij (-log softmax(W_i)_j).
+  double ExpectedLoss(const data::MarkovChain& chain) const {
+    double loss = 0;
+    std::vector<double> p(V_);
+    for (int i = 0; i < V_; ++i) {
+      Softmax(i, p.data());
+      for (int j = 0; j < V_; ++j) {
+        loss -= chain.stationary()[i] * chain.transition(i, j) * std::log(p[j]);
+      }
+    }
+    return loss;
+  }
+
+ private:
+  void Softmax(int row, double* p) const {
+    const float* w = w_.data() + static_cast<size_t>(row) * V_;
+    double max = w[0], sum = 0;
+    for (int j = 1; j < V_; ++j) max = std::max<double>(max, w[j]);
+    for (int j = 0; j < V_; ++j) sum += p[j] = std::exp(w[j] - max);
+    for (int j = 0; j < V_; ++j) p[j] /= sum;
+  }
+  MicroBatchResult Run(const int32_t* inputs, const int32_t* targets, int B, double ce_scale) {
+    MicroBatchResult r;
+    std::vector<double> p(V_);
+    const int64_t n = static_cast<int64_t>(B) * T_;
+    for (int64_t i = 0; i < n; ++i) {
+      Softmax(inputs[i], p.data());
+      r.loss -= std::log(p[targets[i]]);
+      if (ce_scale != 0) {
+        float* g = g_.data() + static_cast<size_t>(inputs[i]) * V_;
+        for (int j = 0; j < V_; ++j) {
+          g[j] += static_cast<float>(ce_scale * (p[j] - (j == targets[i] ? 1.0 : 0.0)));
+        }
+      }
+    }
+    r.loss /= static_cast<double>(n);
+    return r;
+  }
+
+  int V_, T_;
+  std::vector<ParamInfo> params_;
+  std::vector<float> w_, g_;
+};
+
+struct MarkovSetup {
+  data::MarkovChain chain;
+  std::unique_ptr<data::Sampler> sampler;
+};
+
+MarkovSetup MakeMarkov(int V, int B, int T, uint64_t seed) {
+  auto chain =
+      data::MarkovChain::Create({.vocab = V, .successors = 3, .smoothing = 0.05, .seed = 7});
+  EXPECT_TRUE(chain.ok());
+  auto sampler = data::MakeMarkovSampler(*chain, {.batch = B, .seq_len = T, .seed = seed});
+  EXPECT_TRUE(sampler.ok());
+  return {*std::move(chain), *std::move(sampler)};
+}
+
+TEST(TrainerTest, LearnsAMarkovChainToItsEntropyRate) {
+  const int V = 16;
+  MarkovSetup data = MakeMarkov(V, /*B=*/16, /*T=*/64, /*seed=*/3);
+  BigramModel model(V, 64, 11);
+  TrainConfig config;
+  config.steps = 300;
+  config.micro_batches = 2;
+  config.seed = 3;
+  config.schedule = {
+      .kind = LrSchedule::Kind::kCosine, .lr = 0.1, .warmup_steps = 10, .max_steps = 300};
+  auto trainer = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const double H = data.chain.entropy_rate();
+  std::vector<double> losses;
+  int64_t within = -1;
+  ASSERT_TRUE((*trainer)
+                  ->Run([&](const StepStats& s) {
+                    losses.push_back(s.loss);
+                    if (within < 0 && model.ExpectedLoss(data.chain) < 1.05 * H)
+                      within = s.step + 1;
+                  })
+                  .ok());
+  ASSERT_EQ(losses.size(), 300u);
+  double tail = 0;
+  for (int i = 290; i < 300; ++i) tail += losses[i] / 10;
+  const double expected = model.ExpectedLoss(data.chain);
+  std::printf(
+      "[ learning ] H = %.4f nats/token, uniform log V = %.4f; first loss %.4f; "
+      "exact expected loss within 5%% of H after %lld steps; final expected loss %.4f "
+      "(%.2f%% above H), mean reported loss of the last 10 steps %.4f\n",
+      H, std::log(double{V}), losses[0], static_cast<long long>(within), expected,
+      100 * (expected / H - 1), tail);
+  EXPECT_NEAR(losses[0], std::log(double{V}), 0.05);
+  EXPECT_GE(expected, H - 1e-9);  // H is a floor
+  EXPECT_LT(expected, 1.05 * H);
+  EXPECT_LT(std::abs(tail / H - 1), 0.05);
+}
+
+TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  TrainConfig config;
+  config.steps = 20;
+  config.micro_batches = 2;
+  config.seed = 5;
+  config.clip = 0.5;
+  config.schedule = {
+      .kind = LrSchedule::Kind::kCosine, .lr = 0.05, .warmup_steps = 5, .max_steps = 20};
+
+  BigramModel straight(V, T, 1);
+  auto a = Trainer::Create(&straight, data.sampler.get(), config);
+  ASSERT_TRUE(a.ok());
+  std::vector<double> losses_a;
+  ASSERT_TRUE((*a)->Run([&](const StepStats& s) { losses_a.push_back(s.loss); }).ok());
+
+  testing_util::TestDir dir;
+  config.checkpoint = {.dir = dir.path(), .every = 4, .keep = 2};
+  BigramModel first(V, T, 1);
+  auto b = Trainer::Create(&first, data.sampler.get(), config);
+  ASSERT_TRUE(b.ok());
+  StopToken stop;
+  ASSERT_TRUE((*b)->Run(
+                      [&](const StepStats& s) {
+                        if (s.step == 9) stop.RequestStop();
+                      },
+                      &stop)
+                  .ok());
+  EXPECT_EQ((*b)->step(), 10);
+  // every=4 saved 4 and 8, the stop saved 10; keep=2 left 8 and 10.
+  EXPECT_TRUE(std::filesystem::exists(dir / "step-00000010/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "step-00000008/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "step-00000004"));
+
+  BigramModel second(V, T, /*seed=*/999);  // different init: the checkpoint must overwrite it
+  auto c = Trainer::Create(&second, data.sampler.get(), config);
+  ASSERT_TRUE(c.ok());
+  auto restored = (*c)->RestoreLatest();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 10);
+  EXPECT_EQ((*c)->step(), 10);
+  std::vector<double> losses_c;
+  ASSERT_TRUE((*c)->Run([&](const StepStats& s) { losses_c.push_back(s.loss); }).ok());
+  EXPECT_EQ((*c)->step(), 20);
+
+  ASSERT_EQ(losses_c.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(losses_c[i], losses_a[10 + i]) << "step " << 10 + i;
+  EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
+                        sizeof(float) * straight.num_params()),
+            0);
+  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
+  EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+}
+
+TEST(TrainerTest, RestoreRefusesAnotherModelOrSeed) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir dir;
+  TrainConfig config;
+  config.steps = 2;
+  config.seed = 1;
+  config.checkpoint = {.dir = dir.path()};
+  BigramModel model(V, T, 1);
+  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Run().ok());
+
+  CheckpointStore store(dir.path(), 3);
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok());
+  LoadedCheckpoint renamed = *loaded;
+  renamed.params[0].name = "v";
+  EXPECT_THAT((*t)->Restore(renamed).message(), HasSubstr("tensor 0 is v"));
+  LoadedCheckpoint reseeded = *loaded;
+  reseeded.seed = 2;
+  EXPECT_THAT((*t)->Restore(reseeded).message(), HasSubstr("seed 2"));
+
+  // A fresh directory is NotFound: the caller starts from scratch.
+  testing_util::TestDir empty;
+  config.checkpoint.dir = empty.path();
+  auto fresh = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE(absl::IsNotFound((*fresh)->RestoreLatest().status()));
+}
+
+// A model with no learning in it that reports routing and memory, driven by a fake clock, to
+// check the step statistics arithmetic.
+class RoutingStub : public Trainable {
+ public:
+  explicit RoutingStub(FakeClock* clock) : clock_(clock) {}
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  int64_t num_params() const override { return 2; }
+  float* param_data() override { return p_; }
+  float* grad_data() override { return g_; }
+  void ZeroGrad() override { g_[0] = g_[1] = 0; }
+  absl::StatusOr<MicroBatchResult> ForwardBackward(const int32_t*, const int32_t*, int B,
+                                                   double ce_scale, double aux_scale) override {
+    seen_ce_scale = ce_scale;
+    seen_aux_scale = aux_scale;
+    seen_B = B;
+    clock_->Advance(1.5);
+    g_[0] += 30;
+    g_[1] += 40;
+    MicroBatchResult r;
+    r.loss = 2.0 + calls_;
+    r.aux_loss = 0.1;
+    r.tokens_per_expert = {{6, 2, 0, 0}, {2, 2, 2, 2}};
+    r.activation_peak_bytes = 1000 * (++calls_);
+    return r;
+  }
+  absl::StatusOr<MicroBatchResult> Evaluate(const int32_t*, const int32_t*, int) override {
+    return MicroBatchResult{};
+  }
+  int seq_len() const override { return 8; }
+  int vocab() const override { return 16; }
+  double FlopsPerToken() const override { return 1000.0; }
+
+  double seen_ce_scale = 0, seen_aux_scale = 0;
+  int seen_B = 0;
+
+ private:
+  FakeClock* clock_;
+  std::vector<ParamInfo> params_ = {{.name = "b", .shape = {2}, .offset = 0}};
+  float p_[2] = {0, 0};
+  float g_[2] = {0, 0};
+  int calls_ = 0;
+};
+
+TEST(TrainerTest, StepStatistics) {
+  FakeClock clock;
+  RoutingStub model(&clock);
+  MarkovSetup data = MakeMarkov(16, 4, 8, 0);
+  TrainConfig config;
+  config.steps = 1;
+  config.micro_batches = 2;
+  config.clip = 1.0;
+  config.peak_flops = 1e4;
+  config.schedule = {.kind = LrSchedule::Kind::kConstant, .lr = 0.25};
+  auto trainer = Trainer::Create(&model, data.sampler.get(), config, &clock);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto stats = (*trainer)->Step();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(model.seen_B, 4);
+  EXPECT_DOUBLE_EQ(model.seen_ce_scale, 1.0 / (4 * 8 * 2));
+  EXPECT_DOUBLE_EQ(model.seen_aux_scale, 0.5);
+  EXPECT_EQ(stats->step, 0);
+  EXPECT_DOUBLE_EQ(stats->loss, 2.5);  // mean of 2 and 3
+  EXPECT_DOUBLE_EQ(stats->aux_loss, 0.1);
+  EXPECT_EQ(stats->tokens, 64);
+  EXPECT_DOUBLE_EQ(stats->forward_backward_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(stats->optimizer_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(stats->step_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(stats->tokens_per_second, 64 / 3.0);
+  EXPECT_DOUBLE_EQ(stats->grad_norm, 100.0);  // (60, 80) accumulated over 2 micro-batches
+  EXPECT_DOUBLE_EQ(stats->lr, 0.25);
+  EXPECT_EQ(stats->tokens_per_expert,
+            (std::vector<std::vector<int64_t>>{{12, 4, 0, 0}, {4, 4, 4, 4}}));
+  EXPECT_EQ(stats->imbalance, (std::vector<double>{3.0, 1.0}));
+  EXPECT_EQ(stats->activation_peak_bytes, 2000);
+  EXPECT_DOUBLE_EQ(stats->model_flops, 64000.0);
+  EXPECT_DOUBLE_EQ(stats->mfu, 64000.0 / 3.0 / 1e4);
+  // Clipped to norm 1 before AdamW, whose first step moves each parameter by lr against its sign.
+  EXPECT_NEAR(model.param_data()[0], -0.25, 1e-6);
+  EXPECT_EQ((*trainer)->step(), 1);
+}
+
+TEST(TrainerTest, CreateRejectsMismatches) {
+  FakeClock clock;
+  RoutingStub model(&clock);
+  MarkovSetup wrong_t = MakeMarkov(16, 4, 9, 0);
+  TrainConfig config;
+  EXPECT_THAT(Trainer::Create(&model, wrong_t.sampler.get(), config).status().message(),
+              HasSubstr("seq_len"));
+  MarkovSetup big_vocab = MakeMarkov(32, 4, 8, 0);
+  EXPECT_THAT(Trainer::Create(&model, big_vocab.sampler.get(), config).status().message(),
+              HasSubstr("vocab"));
+  MarkovSetup other_seed = MakeMarkov(16, 4, 8, 3);
+  EXPECT_THAT(Trainer::Create(&model, other_seed.sampler.get(), config).status().message(),
+              HasSubstr("seed"));
+}
+
+}  // namespace
+}  // namespace furnace::train
