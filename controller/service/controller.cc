@@ -27,6 +27,8 @@ using v1::JobState;
 constexpr const char* kReady = "ready";
 constexpr const char* kBusy = "busy";
 constexpr const char* kLost = "lost";
+// How long an error exit waits for a root-cause failure of another rank (see Job).
+constexpr double kSettleS = 1.0;
 
 std::string RandomHex(int n) {
   std::random_device rd;
@@ -427,6 +429,18 @@ v1::AgentCommand Controller::StartCommand(const Job& job, uint32_t rank, const W
   return cmd;
 }
 
+void Controller::NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker) {
+  if (job.settle_deadline == 0) {
+    job.settle_deadline = clock_.MonotonicSeconds() + kSettleS;
+    job.pending_cause = cause;
+    job.pending_worker = worker;
+  }
+  if (AllRanks(*job.current(), "exited")) {
+    job.settle_deadline = 0;
+    FailAttempt(job, job.pending_cause, job.pending_worker);
+  }
+}
+
 void Controller::StopAttemptRanks(Job& job, const std::string& reason) {
   auto* attempt = job.current();
   if (!attempt) return;
@@ -450,6 +464,7 @@ void Controller::FailAttempt(Job& job, const std::string& cause,
                              const std::string& culprit_worker, bool counts_as_restart) {
   auto* attempt = job.current();
   if (!attempt || attempt->state() != "running") return;
+  job.settle_deadline = 0;
   const Job backup = job;
   attempt->set_state(counts_as_restart ? "failed" : "interrupted");
   attempt->set_cause(cause);
@@ -557,6 +572,10 @@ void Controller::Tick() {
     if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
   }
   for (auto& [id, job] : jobs_) {
+    if (job.settle_deadline > 0 && now >= job.settle_deadline) {
+      job.settle_deadline = 0;
+      FailAttempt(job, job.pending_cause, job.pending_worker);
+    }
     switch (job.summary.state()) {
       case v1::JOB_PENDING:
         TryStart(job);
@@ -816,6 +835,13 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
       if (s.ok()) CloseScope(job, attempt.attempt());
     } else {
       s = Persist(job);
+    }
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
+    s = Persist(job);
+    if (s.ok()) {
+      NoteWeakFailure(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                        DescribeExit(report)),
+                      report.worker_id());
     }
   } else {
     FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",

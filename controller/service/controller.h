@@ -94,6 +94,11 @@ class Controller {
     double recover_at_mono = 0;
     std::set<std::string> avoid_workers;  // workers implicated in the last failure
     std::string waiting_reason;           // last "cannot place" message logged
+    // A rank that exits with an error code is often a victim (its peer died and the collective
+    // failed), so such a failure waits kSettleS for a root cause (a signal, a hang, an OOM, a
+    // lost worker) before the attempt fails with the best cause seen.
+    double settle_deadline = 0;           // 0: no failure pending
+    std::string pending_cause, pending_worker;
     furnace::v1::AttemptInfo* current() {
       return attempts.empty() ? nullptr : &attempts.back();
     }
@@ -122,6 +127,9 @@ class Controller {
   void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker,
                    bool counts_as_restart = true);
   void StopAttemptRanks(Job& job, const std::string& reason);
+  // Records an error exit of a rank of the current attempt; fails the attempt at once when every
+  // rank has ended, otherwise after the settle window (Tick).
+  void NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker);
   furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
   void MarkLost(Worker& worker, const std::string& why);
   void FreeWorker(const std::string& worker_id, const std::string& job_id, uint32_t attempt,

@@ -211,6 +211,9 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
       ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
     }
     Report(0, attempt, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1");
+    clock_.Advance(1.1);  // the settle window: no root cause from another rank came
+    HeartbeatAll(2);
+    c_->Tick();
     Report(1, attempt, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
   }
   auto d = Job();
@@ -243,6 +246,26 @@ TEST_F(ControllerTest, SilentWorkerIsLostAndTheJobRecovers) {
   bool lost = false;
   for (auto& w : c_->ListWorkers()) lost |= w.worker_id() == "h/1" && w.state() == "lost";
   EXPECT_TRUE(lost);
+}
+
+TEST_F(ControllerTest, RootCauseWinsOverTheVictimsErrorExit) {
+  StartRunning();
+  // Rank 0's collective failed because rank 1 was killed; rank 0's report arrives first.
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1: connection closed");
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);  // settling
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("rank 1 on h/1: killed by signal 9"), std::string::npos);
+}
+
+TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 3");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);  // nothing left to wait for
+  EXPECT_NE(d.attempts(0).cause().find("exited with code 3"), std::string::npos);
 }
 
 TEST_F(ControllerTest, StartTimeout) {
