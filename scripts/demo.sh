@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Quick start, first command: installs what is missing, builds, starts a local controller with
-# 4 local worker daemons, runs the demo job to the end with live progress, prints its status,
-# and stops everything. Until the training runtime lands the demo job is the commcheck cluster
-# health check (configs/commcheck.yaml).
+# 4 local worker daemons, trains the demo model (configs/demo.yaml: a small GPT-MoE learning a
+# Markov chain to near its entropy floor) to the end with live progress, prints its status, and
+# stops everything. `--job configs/commcheck.yaml` runs the cluster health check instead.
 #
 # Usage: scripts/demo.sh [--port N] [--job FILE] [--keep]
 #   --keep   leave the controller and workers running afterwards (stop with: kill <pid>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=7070
-job=configs/commcheck.yaml
+job=configs/demo.yaml
 keep=0
 while [ $# -gt 0 ]; do
   case "$1" in

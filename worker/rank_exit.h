@@ -1,12 +1,16 @@
-// The exit-code contract between a rank process (`furnace-worker rank`) and its agent. The agent
-// classifies a rank's end from these (worker/rank_supervisor.h); fault injection may use others.
+// The exit-code contract between a rank process (`furnace-worker rank`), its agent and the
+// controller: furnace.v1.RankExitCode (proto/furnace/v1/agent.proto). Fault injection may use
+// other codes.
 #pragma once
+
+#include "furnace/v1/agent.pb.h"
 
 namespace furnace::worker {
 
-inline constexpr int kRankExitSuccess = 0;
-inline constexpr int kRankExitError = 1;        // any error; the reason is on stderr and in telemetry
-inline constexpr int kRankExitUnknownKind = 2;  // the job kind is not in this build
-inline constexpr int kRankExitOutOfMemory = 3;  // the rank ran out of (device) memory
+inline constexpr int kRankExitSuccess = furnace::v1::RANK_EXIT_SUCCESS;
+inline constexpr int kRankExitError = furnace::v1::RANK_EXIT_ERROR;
+inline constexpr int kRankExitUnknownKind = furnace::v1::RANK_EXIT_UNKNOWN_KIND;
+inline constexpr int kRankExitOutOfMemory = furnace::v1::RANK_EXIT_OUT_OF_MEMORY;
+inline constexpr int kRankExitBadInput = furnace::v1::RANK_EXIT_BAD_INPUT;
 
 }  // namespace furnace::worker

@@ -19,84 +19,14 @@
 #include "spdlog/spdlog.h"
 #include "worker/grpc_kv_store.h"
 #include "worker/rank_exit.h"
+#include "worker/rank_progress.h"
+#include "worker/train_rank.h"
 #include "worker/telemetry_pipe.h"
 
 namespace furnace::worker {
 namespace {
 
 constexpr double kDefaultStartTimeoutS = 60;
-
-// Emits this rank's telemetry records. A broken pipe (the agent is gone) is not the rank's
-// problem: PR_SET_PDEATHSIG ends it anyway.
-class Progress {
- public:
-  explicit Progress(const furnace::v1::RankTask& task) : task_(task) {}
-
-  void Emit(const std::string& phase, uint64_t step, const std::string& message = "",
-            const comm::CommResult* result = nullptr) {
-    furnace::v1::TelemetryRecord record;
-    record.set_job_id(task_.job_id());
-    record.set_attempt(task_.attempt());
-    record.set_rank(task_.rank());
-    record.set_step(step);
-    record.set_total_steps(total_steps_);
-    record.set_unix_time(RealClock().UnixSeconds());
-    record.set_phase(phase);
-    record.set_message(message);
-    if (result != nullptr) {
-      furnace::v1::CommResult* comm = record.add_comm();
-      comm->set_collective(result->collective);
-      comm->set_bytes(result->bytes);
-      comm->set_world_size(static_cast<uint32_t>(result->world_size));
-      comm->set_time_s(result->time_s);
-      comm->set_algbw_gbps(result->algbw_gbps);
-      comm->set_busbw_gbps(result->busbw_gbps);
-      comm->set_verified(result->verified);
-      comm->set_errors(result->errors);
-    }
-    (void)writer_.Write(record);
-  }
-  void set_total_steps(uint64_t total) { total_steps_ = total; }
-
- private:
-  const furnace::v1::RankTask& task_;
-  TelemetryWriter writer_;
-  uint64_t total_steps_ = 0;
-};
-
-// Fires spec.fault when it applies to this rank, attempt and step. Returns the exit code for
-// mode "exit"; "crash" and "hang" do not return.
-std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
-                                    Progress& progress) {
-  const furnace::v1::FaultSpec& fault = task.spec().fault();
-  if (fault.mode().empty() || static_cast<int64_t>(task.rank()) != fault.rank() ||
-      (!fault.every_attempt() && task.attempt() != 1) || completed != fault.at_step()) {
-    return std::nullopt;
-  }
-  if (fault.mode() == "crash") {
-    spdlog::error("fault injection: crashing with SIGSEGV at step {}", completed);
-    spdlog::default_logger()->flush();
-    const rlimit no_core = {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);  // a drill should not litter the disk with cores
-    std::raise(SIGSEGV);
-    return kRankExitError;  // only if SIGSEGV was somehow handled
-  }
-  if (fault.mode() == "hang") {
-    spdlog::error("fault injection: hanging at step {} (no more progress records)", completed);
-    spdlog::default_logger()->flush();
-    while (true) pause();
-  }
-  if (fault.mode() == "exit") {
-    const std::string message =
-        absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " at step ",
-                     completed);
-    spdlog::error("{}", message);
-    progress.Emit("failed", completed, message);
-    return fault.exit_code();
-  }
-  spdlog::warn("unknown fault mode '{}' ignored", fault.mode());
-  return std::nullopt;
-}
 
 comm::CommcheckOptions CommcheckOptionsFrom(const furnace::v1::CommcheckSpec& spec) {
   comm::CommcheckOptions options;
@@ -207,6 +137,7 @@ int RankMain(const std::string& task_path) {
   if (std::optional<int> code = MaybeInjectFault(task, 0, progress)) return *code;
 
   if (task.spec().kind() == "commcheck") return RunCommcheck(task, progress);
+  if (task.spec().kind() == "train") return RunTrainRank(task, progress);
   const std::string message =
       absl::StrCat("job kind '", task.spec().kind(), "' is not supported by this build");
   spdlog::error("{}", message);

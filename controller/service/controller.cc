@@ -461,7 +461,8 @@ void Controller::CloseScope(Job& job, uint32_t attempt) {
 }
 
 void Controller::FailAttempt(Job& job, const std::string& cause,
-                             const std::string& culprit_worker, bool counts_as_restart) {
+                             const std::string& culprit_worker, Failure failure) {
+  const bool counts_as_restart = failure != Failure::kInterrupted;
   auto* attempt = job.current();
   if (!attempt || attempt->state() != "running") return;
   job.settle_deadline = 0;
@@ -478,6 +479,9 @@ void Controller::FailAttempt(Job& job, const std::string& cause,
     persisted = Transition(job, v1::JOB_RECOVERING, "interrupted",
                            absl::StrFormat("attempt %d interrupted: %s; it does not count "
                                            "against recovery.max_restarts", n, cause));
+  } else if (failure == Failure::kPermanent) {
+    job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (job.summary.restarts() < max_restarts) {
     job.summary.set_restarts(job.summary.restarts() + 1);
     const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
@@ -836,6 +840,12 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
     } else {
       s = Persist(job);
     }
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
+             (report.exit_code() == v1::RANK_EXIT_UNKNOWN_KIND ||
+              report.exit_code() == v1::RANK_EXIT_BAD_INPUT)) {
+    FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                  DescribeExit(report)),
+                "", Failure::kPermanent);
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
     s = Persist(job);
     if (s.ok()) {
@@ -864,7 +874,7 @@ void Controller::Shutdown(bool stopping_workers) {
       continue;
     }
     FailAttempt(job, "the controller shut down and stopped its local workers", "",
-                /*counts_as_restart=*/false);
+                Failure::kInterrupted);
     if (auto* attempt = job.current()) {
       for (auto& rank : *attempt->mutable_ranks()) {
         if (rank.state() != "exited") {

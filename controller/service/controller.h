@@ -121,11 +121,13 @@ class Controller {
   absl::Status Persist(Job& job);
   void Event(Job& job, const std::string& kind, const std::string& message);
   void TryStart(Job& job);
-  // Ends the current attempt: persisted first, then its ranks are told to stop. A failure counts
-  // against recovery.max_restarts; an interruption (the controller itself stopping the workers)
-  // does not.
+  // Ends the current attempt: persisted first, then its ranks are told to stop. A retryable
+  // failure counts against recovery.max_restarts; a permanent one (the job's input is invalid:
+  // retrying cannot help) ends the job FAILED at once; an interruption (the controller itself
+  // stopping the workers) restarts without counting.
+  enum class Failure { kRetryable, kPermanent, kInterrupted };
   void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker,
-                   bool counts_as_restart = true);
+                   Failure failure = Failure::kRetryable);
   void StopAttemptRanks(Job& job, const std::string& reason);
   // Records an error exit of a rank of the current attempt; fails the attempt at once when every
   // rank has ended, otherwise after the settle window (Tick).

@@ -1,0 +1,105 @@
+"""The `train` job kind through the control plane: a run that learns, a rank SIGKILLed mid-run
+that resumes from its checkpoint and ends with exactly the parameters of an uninterrupted run,
+and bad input refused before training starts."""
+import json
+import os
+import signal
+import struct
+import time
+
+import harness
+
+
+def train_job(name, steps=120, every=20, extra=""):
+    return f"""name: {name}
+kind: train
+model: {{vocab: 64, seq_len: 64, d_model: 64, heads: 4, layers: 4, expert_ffn: 128}}
+moe: {{experts: 8, top_k: 2}}
+parallel: {{micro_batch: 8, micro_batches: 2}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 10, seed: 11}}
+data: {{source: markov, seed: 5}}
+checkpoint: {{every: {every}, keep: 2}}
+recovery:
+  max_restarts: 2
+  backoff: {{initial_s: 0.2, max_s: 1.0, multiplier: 2.0}}
+{extra}"""
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = (t["dtype"], tuple(t["shape"]), data[a:b])
+    return out
+
+
+class TrainTest(harness.ClusterTest):
+    WORKERS = 2
+
+    def export(self, job, name):
+        path = os.path.join(self.cluster.state, name)
+        r = self.cluster.cli("export", job, "--format", "safetensors", "-o", path)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return read_safetensors(path)
+
+    def test_sigkill_resumes_from_checkpoint_bit_exact(self):
+        c = self.cluster
+        # Two identical runs side by side, one of them killed mid-run.
+        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
+        victim = c.submit(c.write_job("victim.yaml", train_job("victim")))
+        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
+                       int(d["summary"].get("step", 0)) >= 30, timeout=120,
+                       what="victim past its first checkpoint")
+        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
+        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(int(d["summary"]["restarts"]), 1)
+        self.assertIn("signal 9", d["attempts"][0]["cause"])
+        logs = c.cli("logs", victim, "--attempt", "2").stdout
+        self.assertIn("resumed from the checkpoint of step", logs)
+        r = c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
+        self.assertEqual(int(r["summary"]["restarts"]), 0)
+        a, b = self.export(ref, "ref.safetensors"), self.export(victim, "victim.safetensors")
+        self.assertEqual(sorted(a), sorted(b))
+        self.assertIn("layers.3.moe.experts.7.w2", a)
+        for name in a:
+            self.assertEqual(a[name][:2], b[name][:2], name)
+            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        self.assertEqual(a["wte"][1], (64, 64))
+        # The run learned: the last reported loss is near the Markov chain's entropy floor.
+        m = r["metrics"]
+        self.assertLess(m["loss"], 1.25 * m["entropy_floor"], m)
+
+    def test_bad_token_file_fails_at_once_with_the_reason(self):
+        c = self.cluster
+        bad = os.path.join(c.state, "bad.tokens")
+        with open(bad, "wb") as f:
+            f.write(b"NOTTOKEN" + bytes(64))
+        spec = train_job("badfile").replace("data: {source: markov, seed: 5}",
+                                            f"data: {{source: tokens, path: {bad}}}")
+        r = c.cli("submit", c.write_job("bad.yaml", spec), "--watch", timeout=120)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        job = c.cli_json("jobs")["jobs"][0]["job_id"]
+        d = c.job(job)
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED")
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0)  # retrying cannot help
+        self.assertIn("not retried", d["summary"]["cause"])
+        self.assertIn(bad, c.cli("logs", job).stdout)
+
+    def test_sizes_that_do_not_divide_are_refused_at_submit(self):
+        c = self.cluster
+        spec = train_job("baddims").replace("heads: 4", "heads: 5")
+        r = c.cli("submit", c.write_job("dims.yaml", spec))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("heads", r.stderr)
+        self.assertEqual(c.cli_json("jobs").get("jobs", []), [])
+
+
+if __name__ == "__main__":
+    harness.main()

@@ -1,0 +1,38 @@
+// What a rank process tells its agent (telemetry records on fd 3) and the deliberate failures of
+// spec.fault, shared by every job kind's rank program.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "furnace/v1/agent.pb.h"
+#include "runtime/comm/commcheck.h"
+#include "worker/telemetry_pipe.h"
+
+namespace furnace::worker {
+
+// Emits this rank's telemetry records. A broken pipe (the agent is gone) is not the rank's
+// problem: PR_SET_PDEATHSIG ends it anyway. Every record is progress for the agent's watchdog.
+class Progress {
+ public:
+  explicit Progress(const furnace::v1::RankTask& task) : task_(task) {}
+
+  void Emit(const std::string& phase, uint64_t step, const std::string& message = "",
+            const comm::CommResult* result = nullptr,
+            const std::map<std::string, double>* metrics = nullptr);
+  void set_total_steps(uint64_t total) { total_steps_ = total; }
+
+ private:
+  const furnace::v1::RankTask& task_;
+  TelemetryWriter writer_;
+  uint64_t total_steps_ = 0;
+};
+
+// Fires spec.fault when it applies to this rank, attempt and step. Returns the exit code for
+// mode "exit"; "crash" and "hang" do not return.
+std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
+                                    Progress& progress);
+
+}  // namespace furnace::worker

@@ -1,0 +1,208 @@
+#include "worker/train_rank.h"
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/blas.h"
+#include "runtime/device/device.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/arena.h"
+#include "runtime/train/markov.h"
+#include "runtime/train/peak_flops.h"
+#include "runtime/train/sampler.h"
+#include "runtime/train/token_file.h"
+#include "runtime/train/trainer.h"
+#include "spdlog/spdlog.h"
+#include "worker/rank_exit.h"
+
+namespace furnace::worker {
+namespace {
+
+model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
+  model::ModelConfig c;
+  c.vocab = static_cast<int>(spec.model().vocab());
+  c.seq_len = static_cast<int>(spec.model().seq_len());
+  c.d_model = static_cast<int>(spec.model().d_model());
+  c.heads = static_cast<int>(spec.model().heads());
+  c.layers = static_cast<int>(spec.model().layers());
+  c.dense_ffn = static_cast<int>(spec.model().dense_ffn());
+  c.moe_every = static_cast<int>(spec.model().moe_every());
+  c.expert_ffn = static_cast<int>(spec.model().expert_ffn());
+  c.experts = static_cast<int>(spec.moe().experts());
+  c.top_k = static_cast<int>(spec.moe().top_k());
+  c.capacity_factor = spec.moe().capacity_factor();
+  c.normalize_topk = spec.moe().normalize_topk();
+  c.aux_alpha = spec.moe().aux_alpha();
+  return c;
+}
+
+train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak_flops) {
+  const auto& t = spec.train();
+  train::TrainConfig c;
+  c.steps = t.steps();
+  c.micro_batches = static_cast<int>(spec.parallel().micro_batches());
+  c.seed = t.seed();
+  c.schedule.kind = t.schedule() == "constant" ? train::LrSchedule::Kind::kConstant
+                                                : train::LrSchedule::Kind::kCosine;
+  c.schedule.lr = t.lr();
+  c.schedule.min_lr = t.min_lr();
+  c.schedule.warmup_steps = t.warmup();
+  c.schedule.max_steps = t.steps();
+  c.adamw.weight_decay = t.weight_decay();
+  c.clip = t.clip();
+  c.peak_flops = peak_flops;
+  c.checkpoint.dir = spec.checkpoint().dir();
+  c.checkpoint.every = spec.checkpoint().every();
+  c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
+  return c;
+}
+
+// Why this rank ends, for its last telemetry record and its exit code.
+int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
+  spdlog::error("{}", message);
+  progress.Emit("failed", step, message);
+  return code;
+}
+
+}  // namespace
+
+int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
+  const furnace::v1::JobSpec& spec = task.spec();
+  progress.set_total_steps(spec.train().steps());
+  kernels::cpu::SetBlasThreads(1);  // one BLAS thread per rank (ranks share the machine's cores)
+
+  const model::ModelConfig config = ModelConfigFrom(spec);
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    return Fail(progress, 0, kRankExitBadInput, absl::StrCat("model: ", s.message()));
+  }
+
+  // Data first: a bad token file is the user's to fix and is refused before anything else.
+  std::unique_ptr<data::Sampler> sampler;
+  data::SamplerConfig sc;
+  sc.batch = static_cast<int>(spec.parallel().micro_batch());
+  sc.seq_len = config.seq_len;
+  sc.seed = spec.train().seed();
+  double entropy_floor = 0;
+  if (spec.data().source() == "tokens") {
+    auto file = data::TokenFile::Open(spec.data().path(), config.vocab);
+    if (!file.ok()) {
+      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", file.status().message()));
+    }
+    std::shared_ptr<const data::TokenFile> shared = std::move(*file);
+    auto made = data::MakeTokenFileSampler(shared, sc);
+    if (!made.ok()) {
+      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
+    }
+    sampler = std::move(*made);
+    spdlog::info("data: token file {} ({} tokens)", spec.data().path(), shared->size());
+  } else {
+    data::MarkovConfig mc;
+    mc.vocab = config.vocab;
+    mc.seed = spec.data().seed();
+    auto made_chain = data::MarkovChain::Create(mc);
+    if (!made_chain.ok()) {
+      return Fail(progress, 0, kRankExitBadInput,
+                  absl::StrCat("data: ", made_chain.status().message()));
+    }
+    entropy_floor = made_chain->entropy_rate();
+    auto made = data::MakeMarkovSampler(std::move(*made_chain), sc);
+    if (!made.ok()) {
+      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
+    }
+    sampler = std::move(*made);
+    spdlog::info("data: synthetic Markov chain over {} symbols, entropy floor H = {:.4f} nats/token",
+                 config.vocab, entropy_floor);
+  }
+
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
+  auto model = model::GptMoe::Create(config, spec.train().seed(), *cpu, arena);
+  if (!model.ok()) {
+    return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
+  }
+  const double peak = train::MeasureSgemmPeakFlops();
+  spdlog::info("model: {} parameters, {:.1f} MFLOP per token; CPU peak (SGEMM 2048^3, 1 thread) "
+               "{:.1f} GFLOP/s; activation budget {}",
+               (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
+               spec.memory().device_budget() == 0
+                   ? std::string("unlimited")
+                   : absl::StrCat(spec.memory().device_budget(), " bytes"));
+
+  auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak));
+  if (!trainer.ok()) {
+    return Fail(progress, 0, kRankExitBadInput, absl::StrCat("train: ", trainer.status().message()));
+  }
+  if (!spec.checkpoint().dir().empty()) {
+    auto restored = (*trainer)->RestoreLatest();
+    if (restored.ok()) {
+      for (const auto& skipped : restored->skipped) spdlog::warn("checkpoint skipped: {}", skipped);
+      spdlog::info("resumed from the checkpoint of step {} ({})", restored->step, restored->path);
+    } else if (!absl::IsNotFound(restored.status())) {
+      return Fail(progress, 0, kRankExitError,
+                  absl::StrCat("checkpoint: ", restored.status().message()));
+    }
+  }
+  const uint64_t start_step = static_cast<uint64_t>((*trainer)->step());
+  progress.Emit("running", start_step);
+
+  std::optional<int> fault_exit;
+  train::StopToken stop;
+  const auto on_step = [&](const train::StepStats& s) {
+    std::map<std::string, double> m = {
+        {"loss", s.loss},
+        {"aux_loss", s.aux_loss},
+        {"tokens", static_cast<double>(s.tokens)},
+        {"tokens_per_second", s.tokens_per_second},
+        {"step_seconds", s.step_seconds},
+        {"forward_backward_seconds", s.forward_backward_seconds},
+        {"optimizer_seconds", s.optimizer_seconds},
+        {"mfu", s.mfu},
+        {"grad_norm", s.grad_norm},
+        {"lr", s.lr},
+        {"dropped_tokens", static_cast<double>(s.dropped)},
+        {"activation_peak_bytes", static_cast<double>(s.activation_peak_bytes)},
+        {"memory_budget_bytes", static_cast<double>(spec.memory().device_budget())},
+        {"model_flops", s.model_flops},
+    };
+    if (entropy_floor > 0) m["entropy_floor"] = entropy_floor;
+    double worst = 0;
+    for (size_t l = 0; l < s.imbalance.size(); ++l) {
+      m[absl::StrCat("imbalance.", l)] = s.imbalance[l];
+      worst = std::max(worst, s.imbalance[l]);
+      for (size_t e = 0; e < s.tokens_per_expert[l].size(); ++e) {
+        m[absl::StrCat("expert_tokens.", l, ".", e)] =
+            static_cast<double>(s.tokens_per_expert[l][e]);
+      }
+    }
+    m["imbalance_max"] = worst;
+    const uint64_t done = static_cast<uint64_t>(s.step) + 1;
+    progress.Emit("running", done, "", nullptr, &m);
+    const uint64_t total = spec.train().steps();
+    if (done == start_step + 1 || done % 10 == 0 || done == total) {
+      spdlog::info("step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
+                   "imbalance {:.2f}  act peak {:.1f} MiB",
+                   done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3,
+                   s.mfu * 100, worst, s.activation_peak_bytes / 1048576.0);
+    }
+    fault_exit = MaybeInjectFault(task, done, progress);
+    if (fault_exit) stop.RequestStop();
+  };
+  absl::Status status = (*trainer)->Run(on_step, &stop);
+  if (fault_exit) return *fault_exit;
+  if (!status.ok()) {
+    const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
+    return Fail(progress, static_cast<uint64_t>((*trainer)->step()), code,
+                absl::StrCat("training failed at step ", (*trainer)->step(), ": ",
+                             status.ToString()));
+  }
+  const std::string done = absl::StrFormat("trained %d steps", (*trainer)->step());
+  spdlog::info("{}", done);
+  progress.Emit("done", static_cast<uint64_t>((*trainer)->step()), done);
+  return kRankExitSuccess;
+}
+
+}  // namespace furnace::worker
