@@ -127,11 +127,11 @@ TEST_F(RankMainTest, CommcheckPassesAndReportsProgress) {
 }
 
 TEST_F(RankMainTest, UnknownKindExitsWithTwo) {
-  Launch(Spec("train"), 1);
+  Launch(Spec("inference"), 1);
   const furnace::v1::RankReport report = Finish(0);
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
   EXPECT_EQ(report.exit_code(), 2);
-  EXPECT_THAT(report.reason(), HasSubstr("'train' is not supported"));
+  EXPECT_THAT(report.reason(), HasSubstr("'inference' is not supported"));
 }
 
 TEST_F(RankMainTest, ExitFaultAfterTheFirstRound) {
