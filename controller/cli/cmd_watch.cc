@@ -18,6 +18,7 @@ absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_i
   std::optional<v1::JobDetail> previous;
   int frame_lines = 0;
   double unavailable_since = -1;
+  StepRate rate;
   while (true) {
     absl::StatusOr<v1::JobDetail> polled = ctx.client->GetJob(job_id);
     if (!polled.ok()) {
@@ -37,7 +38,9 @@ absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_i
     if (ctx.json) {
       if (final) RETURN_IF_ERROR(PrintJson(job, *ctx.out));
     } else if (ctx.tty) {
-      const std::vector<std::string> lines = WatchFrame(job, now_unix, ctx.width);
+      rate.Observe(ctx.clock->MonotonicSeconds(), job.summary().attempt(), job.summary().step());
+      const std::vector<std::string> lines =
+          WatchFrame(job, now_unix, ctx.width, rate.steps_per_second());
       *ctx.out << RedrawFrame(frame_lines, lines) << std::flush;
       frame_lines = static_cast<int>(lines.size());
     } else {

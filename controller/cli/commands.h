@@ -1,13 +1,15 @@
 // The `furnace` commands. main.cc parses flags and calls these; each one talks to the controller
-// through ctx.client, writes to ctx.out / ctx.err, and returns the process exit code for its
-// outcome (0, or 1 for a job that ended FAILED or CANCELLED) or an error whose code main() maps
-// through ExitCodeForStatus. None of them exits.
+// through ctx.client (data prepare needs none), writes to ctx.out / ctx.err, and returns the
+// process exit code for its outcome (0, or 1 for a job that ended FAILED or CANCELLED) or an error
+// whose code main() maps through ExitCodeForStatus. None of them exits.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,5 +52,30 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
                             const LogsOptions& options);
 absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::string& job_id);
 absl::StatusOr<int> RunWorkers(const CommandContext& ctx);
+
+struct ExportOptions {
+  int64_t step = -1;                   // -1: the newest committed checkpoint that verifies
+  std::string format = "safetensors";  // the only format
+  std::string output;                  // the file to write
+};
+// Asks the controller for the job (GetJob) to learn its checkpoint directory, reads the committed
+// checkpoint there directly (the directory must be visible from this machine), and writes its
+// parameters as fp32 tensors with MODEL.md names and shapes. Errors: an unknown format or no
+// output file -> INVALID_ARGUMENT; the job unknown -> the controller's NOT_FOUND; no checkpoint
+// directory or none committed yet, a checkpoint that does not verify (the loader's message naming
+// the file), an output that cannot be written -> a LocalError (exit 5). Newer checkpoints that
+// were skipped as damaged are reported on ctx.err.
+absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
+                              const ExportOptions& options);
+
+struct DataPrepareOptions {
+  std::vector<std::string> inputs;  // text files, one document each, in order
+  std::string output;               // the token file to write
+  bool eod = false;                 // append the end-of-document token (256) after each document
+};
+// Byte-level tokenization of the inputs into one token file (runtime/train/byte_tokenizer.h);
+// needs no controller. No inputs or no output -> INVALID_ARGUMENT; an input that cannot be read
+// or an output that cannot be written -> a LocalError (exit 5).
+absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareOptions& options);
 
 }  // namespace furnace::cli

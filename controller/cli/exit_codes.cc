@@ -1,10 +1,22 @@
 #include "controller/cli/exit_codes.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 
 namespace furnace::cli {
+namespace {
+
+constexpr char kLocalErrorPayload[] = "type.furnace.dev/furnace.cli.LocalError";
+
+}  // namespace
+
+absl::Status LocalError(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kLocalErrorPayload, absl::Cord("1"));
+  return status;
+}
 
 ExitCode ExitCodeForStatus(const absl::Status& status) {
+  if (!status.ok() && status.GetPayload(kLocalErrorPayload).has_value()) return kExitLocalError;
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return kExitOk;
@@ -38,7 +50,10 @@ std::string ExitCodeHelp() {
          "  1  the job ended FAILED or CANCELLED\n"
          "  2  bad usage or invalid job file\n"
          "  3  controller unreachable or RPC error\n"
-         "  4  job not found\n";
+         "  4  job not found\n"
+         "  5  export, data prepare: no checkpoint to export, or a local file could not be read "
+         "or\n"
+         "     written\n";
 }
 
 }  // namespace furnace::cli

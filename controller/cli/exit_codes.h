@@ -15,10 +15,18 @@ enum ExitCode : int {
   kExitUsage = 2,        // bad usage or an invalid job file
   kExitRpcError = 3,     // the controller is unreachable or an RPC failed
   kExitJobNotFound = 4,  // the job does not exist
+  kExitLocalError = 5,   // export / data prepare: nothing to read, or a local file failed
 };
 
-// INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any other error -> 3, OK -> 0. absl and gRPC share the
-// numeric status codes, so this also maps gRPC codes after FromGrpcStatus.
+// Marks an error that happened on this machine, in a file the CLI itself reads or writes (a
+// checkpoint, an export, a token file), rather than at the controller. Its code and message are
+// kept; ExitCodeForStatus gives kExitLocalError for it whatever the code, so "no checkpoint"
+// (NOT_FOUND from the loader) does not read as "job not found". OK stays OK.
+absl::Status LocalError(absl::Status status);
+
+// A LocalError -> 5; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any other error -> 3,
+// OK -> 0. absl and gRPC share the numeric status codes, so this also maps gRPC codes after
+// FromGrpcStatus.
 ExitCode ExitCodeForStatus(const absl::Status& status);
 
 // SUCCEEDED -> 0, FAILED / CANCELLED -> 1. A state that is not final also gives 1: a caller that

@@ -140,4 +140,36 @@ std::string FormatProgress(uint64_t step, uint64_t total) {
 
 std::string FormatMetric(double value) { return absl::StrFormat("%.6g", value); }
 
+std::string FormatCount(int64_t n) {
+  const std::string digits =
+      absl::StrFormat("%d", n < 0 ? -static_cast<uint64_t>(n) : static_cast<uint64_t>(n));
+  std::string out = n < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string FormatRate(double per_second) {
+  if (!std::isfinite(per_second) || per_second < 0) return "-";
+  if (per_second < 1e3) return absl::StrFormat("%.0f", per_second);
+  if (per_second < 1e6) return absl::StrFormat("%.1fk", per_second / 1e3);
+  if (per_second < 1e9) return absl::StrFormat("%.2fM", per_second / 1e6);
+  return absl::StrFormat("%.2fG", per_second / 1e9);
+}
+
+std::string FormatSeconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  if (seconds < 1e-3) return absl::StrFormat("%.0f us", seconds * 1e6);
+  if (seconds < 1.0) return absl::StrFormat("%.1f ms", seconds * 1e3);
+  if (seconds < 60.0) return absl::StrFormat("%.2f s", seconds);
+  return FormatDuration(seconds);
+}
+
+std::string FormatPercent(double ratio, int decimals) {
+  if (!std::isfinite(ratio)) return "-";
+  return absl::StrFormat("%.*f%%", std::max(decimals, 0), ratio * 100.0);
+}
+
 }  // namespace furnace::cli

@@ -52,5 +52,15 @@ std::string ProgressBar(uint64_t step, uint64_t total, int width);
 std::string FormatProgress(uint64_t step, uint64_t total);
 // A metric value: "%.6g".
 std::string FormatMetric(double value);
+// An integer with thousands separators: "1,234,567"; "-1,000".
+std::string FormatCount(int64_t n);
+// A per-second rate in SI units: "850", "12.3k", "4.56M", "1.23G"; "-" for a negative or
+// non-finite value.
+std::string FormatRate(double per_second);
+// A short time: "850 us", "12.3 ms", "1.25 s", then FormatDuration from a minute on; "-" for a
+// negative or non-finite value.
+std::string FormatSeconds(double seconds);
+// A ratio as a percentage: "21%" at 0.21 with 0 decimals; "-" for a non-finite value.
+std::string FormatPercent(double ratio, int decimals = 0);
 
 }  // namespace furnace::cli

@@ -24,7 +24,7 @@ int TerminalWidth() {
 int main(int argc, char** argv) {
   using namespace furnace::cli;
 
-  CLI::App app{"furnace: submit and follow Mixture-of-Experts training jobs", "furnace"};
+  CLI::App app{"furnace: submit, follow and export Mixture-of-Experts training jobs", "furnace"};
   app.set_version_flag("--version", std::string("furnace ") + FURNACE_VERSION);
   app.footer(ExitCodeHelp());
   app.require_subcommand(1);
@@ -61,6 +61,35 @@ int main(int argc, char** argv) {
   cancel->add_option("JOB", job_id, "job id")->required();
   app.add_subcommand("workers", "list workers");
 
+  ExportOptions export_options;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a job's committed checkpoint as a safetensors file (fp32, MODEL.md names)");
+  export_cmd->add_option("JOB", job_id, "job id")->required();
+  export_cmd
+      ->add_option("--step", export_options.step,
+                   "the checkpoint of this step (default: the newest that verifies)")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            return value.empty() || value[0] == '-' ? std::string("a step is >= 0") : "";
+          },
+          "STEP"));
+  export_cmd->add_option("--format", export_options.format, "output format: safetensors")
+      ->capture_default_str();
+  export_cmd->add_option("-o,--output", export_options.output, "the file to write")->required();
+
+  auto* data = app.add_subcommand("data", "prepare training data (no controller needed)");
+  data->require_subcommand(1);
+  DataPrepareOptions prepare_options;
+  auto* prepare = data->add_subcommand(
+      "prepare", "text files -> token file, byte-level tokenizer (vocab 256, 257 with --eod)");
+  prepare
+      ->add_option("--input,-i", prepare_options.inputs,
+                   "text files, one document each (--input A B or --input A --input B)")
+      ->required();
+  prepare->add_option("-o,--output", prepare_options.output, "the token file to write")->required();
+  prepare->add_flag("--eod", prepare_options.eod,
+                    "append the end-of-document token (256) after each document");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -94,6 +123,10 @@ int main(int argc, char** argv) {
     result = RunCancel(ctx, job_id);
   } else if (app.got_subcommand("workers")) {
     result = RunWorkers(ctx);
+  } else if (*export_cmd) {
+    result = RunExport(ctx, job_id, export_options);
+  } else if (*prepare) {
+    result = RunDataPrepare(ctx, prepare_options);
   }
   std::cout.flush();
   if (result.ok()) return *result;

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/train_view.h"
 
 namespace furnace::cli {
 namespace {
@@ -96,12 +98,18 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
     out += comm.Render();
   }
 
-  if (!job.metrics().empty()) {
-    out += "\nmetrics\n";
-    std::map<std::string, double> sorted(job.metrics().begin(), job.metrics().end());
+  // Training figures get their own section; any other metric is listed as it came.
+  const std::optional<TrainMetrics> train = ParseTrainMetrics(job.metrics());
+  out += RenderTrainSection(s, train);
+  std::map<std::string, double> other;
+  for (const auto& [key, value] : job.metrics()) {
+    if (!train || train->keys.count(key) == 0) other.emplace(key, value);
+  }
+  if (!other.empty()) {
+    out += train ? "\nother metrics\n" : "\nmetrics\n";
     Table metrics({"METRIC", "VALUE"}, "  ");
     metrics.SetRightAligned(1);
-    for (const auto& [key, value] : sorted) metrics.AddRow({key, FormatMetric(value)});
+    for (const auto& [key, value] : other) metrics.AddRow({key, FormatMetric(value)});
     out += metrics.Render();
   }
 

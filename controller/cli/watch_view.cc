@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/train_view.h"
 
 namespace furnace::cli {
 namespace {
@@ -46,8 +47,10 @@ EventKey KeyOf(const v1::JobEvent& e) { return {e.unix_time(), e.kind(), e.messa
 
 }  // namespace
 
-std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width) {
+std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width,
+                                    double observed_steps_per_second) {
   const v1::JobSummary& s = job.summary();
+  const std::optional<TrainMetrics> train = ParseTrainMetrics(job.metrics());
   std::vector<std::string> lines;
   std::string head = absl::StrCat("job ", s.job_id());
   if (!s.name().empty()) absl::StrAppend(&head, " ", s.name());
@@ -55,14 +58,22 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
   absl::StrAppend(&head, "  ", StateName(s.state()), "  attempt ", s.attempt(), "  ",
                   Restarts(s.restarts()));
   lines.push_back(head);
-  lines.push_back(absl::StrCat(ProgressBar(s.step(), s.total_steps(), kBarWidth), "  step ",
-                               FormatProgress(s.step(), s.total_steps()), "  elapsed ",
-                               FormatDuration(Elapsed(s, now_unix))));
+  std::string progress = absl::StrCat(ProgressBar(s.step(), s.total_steps(), kBarWidth), "  step ",
+                                      FormatProgress(s.step(), s.total_steps()), "  elapsed ",
+                                      FormatDuration(Elapsed(s, now_unix)));
+  if (train && !IsFinalState(s.state())) {
+    const std::optional<double> eta = EstimateEtaSeconds(s, train, observed_steps_per_second);
+    absl::StrAppend(&progress, "  ETA ", eta ? FormatDuration(*eta) : "-");
+  }
+  lines.push_back(progress);
+  if (train) {
+    for (auto& line : TrainWatchLines(*train)) lines.push_back(std::move(line));
+  }
   if (!s.cause().empty()) lines.push_back(absl::StrCat("cause: ", s.cause()));
   lines.push_back(job.events().empty() ? std::string("last event: -")
                                        : absl::StrCat("last event: ",
                                                       EventText(*job.events().rbegin())));
-  if (!job.metrics().empty()) {
+  if (!train && !job.metrics().empty()) {
     std::map<std::string, double> sorted(job.metrics().begin(), job.metrics().end());
     std::string line = "metrics:";
     size_t n = 0;
@@ -121,7 +132,9 @@ std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
                        previous->summary().total_steps() != s.total_steps();
   if (changed) {
     const double t = s.updated_unix() > 0 ? s.updated_unix() : s.submitted_unix();
-    lines.push_back(absl::StrCat(FormatClock(t), " job ", s.job_id(), " ", StatusLine(s)));
+    std::string line = absl::StrCat(FormatClock(t), " job ", s.job_id(), " ", StatusLine(s));
+    if (auto train = ParseTrainMetrics(current.metrics())) line += TrainPlainSuffix(*train);
+    lines.push_back(std::move(line));
   }
   // The controller may send only the latest events, so "new" means not in the previous reply
   // and not older than its newest event.
@@ -146,8 +159,28 @@ std::string WatchSummary(const v1::JobDetail& job, double now_unix) {
                                   FormatDuration(Elapsed(s, now_unix)), " (attempt ", s.attempt(),
                                   ", ", Restarts(s.restarts()), ")");
   absl::StrAppend(&line, ", step ", FormatProgress(s.step(), s.total_steps()));
+  if (auto train = ParseTrainMetrics(job.metrics()); train && train->loss) {
+    absl::StrAppend(&line, ", loss ", absl::StrFormat("%.4f", *train->loss));
+  }
   if (!s.cause().empty()) absl::StrAppend(&line, ": ", s.cause());
   return line;
+}
+
+void StepRate::Observe(double monotonic_s, uint32_t attempt, uint64_t step) {
+  if (attempt != attempt_ || (!samples_.empty() && step < samples_.back().step)) samples_.clear();
+  attempt_ = attempt;
+  samples_.push_back({monotonic_s, step});
+  while (samples_.size() > 2 && monotonic_s - samples_.front().t > window_s_) {
+    samples_.erase(samples_.begin());
+  }
+}
+
+double StepRate::steps_per_second() const {
+  if (samples_.size() < 2) return 0;
+  const Sample& first = samples_.front();
+  const Sample& last = samples_.back();
+  if (last.step <= first.step || last.t <= first.t) return 0;
+  return static_cast<double>(last.step - first.step) / (last.t - first.t);
 }
 
 }  // namespace furnace::cli

@@ -4,6 +4,7 @@
 //   Not a TTY: a line only when something changed since the previous poll (PlainWatchLines).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,13 @@
 namespace furnace::cli {
 
 // The lines of one TTY frame: job and state, attempt and restarts, a progress bar with step and
-// elapsed time, the last event, latest metrics if any, and the latest commcheck row per collective.
-// Each line is cut to `width` columns so the terminal never wraps (which would break the redraw).
-std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width);
+// elapsed time, the last event, and the latest commcheck row per collective. A train job adds an
+// ETA to the progress line (EstimateEtaSeconds from `observed_steps_per_second`, 0 when not yet
+// measured) and two lines of training figures (loss, tokens/s, MFU; imbalance, dropped tokens,
+// memory against the budget); any other job shows its first metrics. Each line is cut to `width`
+// columns so the terminal never wraps (which would break the redraw).
+std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width,
+                                    double observed_steps_per_second = 0);
 
 // The bytes that replace a frame of `previous_lines` lines already on screen with `lines`: cursor
 // up, then each line cleared and rewritten; leftover old lines are cleared. The cursor ends below
@@ -22,12 +27,33 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
 std::string RedrawFrame(int previous_lines, const std::vector<std::string>& lines);
 
 // The plain lines for a change from `previous` (null at the first poll) to `current`: one status
-// line when the state, attempt or step changed, and one line per event not seen before. Empty when
-// nothing changed.
+// line when the state, attempt or step changed (a train job's with loss, tokens/s and MFU), and one
+// line per event not seen before. Empty when nothing changed.
 std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
                                          const v1::JobDetail& current);
 
-// The closing line: "job j-1 SUCCEEDED after 1m05s (attempt 2, 1 restart: <cause>), step 10/10".
+// The closing line: "job j-1 SUCCEEDED after 1m05s (attempt 2, 1 restart), step 10/10: <cause>";
+// a train job's adds its last loss after the step.
 std::string WatchSummary(const v1::JobDetail& job, double now_unix);
+
+// The step rate watch measures across polls, for the ETA. Samples (monotonic seconds, step) older
+// than `window_s` are dropped (the latest two always kept); a new attempt or a step that went back
+// starts over, since a restart resumes from a checkpoint. Thread-compatible.
+class StepRate {
+ public:
+  explicit StepRate(double window_s = 60.0) : window_s_(window_s) {}
+  void Observe(double monotonic_s, uint32_t attempt, uint64_t step);
+  // Steps per second over the window; 0 until two samples at least a step apart.
+  double steps_per_second() const;
+
+ private:
+  struct Sample {
+    double t;
+    uint64_t step;
+  };
+  double window_s_;
+  uint32_t attempt_ = 0;
+  std::vector<Sample> samples_;
+};
 
 }  // namespace furnace::cli

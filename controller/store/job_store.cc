@@ -265,14 +265,21 @@ absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std:
 
 absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
     const std::string& job_id, uint32_t rank) {
+  // The newest record that carries metrics (the very last ones, "done" or a failure message,
+  // usually carry none); a few dozen rows back at most.
   Statement q(db_,
               "SELECT record FROM telemetry WHERE job_id = ?1 AND rank = ?2 "
-              "ORDER BY id DESC LIMIT 1");
+              "ORDER BY id DESC LIMIT 64");
   q.BindText(1, job_id).Bind(2, static_cast<int64_t>(rank));
-  ASSIGN_OR_RETURN(bool row, q.Step());
-  if (!row) return std::optional<v1::TelemetryRecord>();
-  ASSIGN_OR_RETURN(auto record, Parse<v1::TelemetryRecord>(q.Blob(0), "telemetry"));
-  return std::optional<v1::TelemetryRecord>(std::move(record));
+  std::optional<v1::TelemetryRecord> newest;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto record, Parse<v1::TelemetryRecord>(q.Blob(0), "telemetry"));
+    if (!newest) newest = record;
+    if (record.metrics_size() > 0) return std::optional<v1::TelemetryRecord>(std::move(record));
+  }
+  return newest;
 }
 
 }  // namespace furnace::controller

@@ -75,7 +75,7 @@ class JobStore {
   absl::Status AddTelemetry(const std::vector<furnace::v1::TelemetryRecord>& records);
   absl::Status PutCommResult(const std::string& job_id, const furnace::v1::CommResult& result);
   absl::StatusOr<std::vector<furnace::v1::CommResult>> LoadCommResults(const std::string& job_id);
-  // Latest metrics of rank 0 of a job (empty when none were reported).
+  // The newest record of a rank that carries metrics (else the newest record; empty when none).
   absl::StatusOr<std::optional<furnace::v1::TelemetryRecord>> LatestRecord(
       const std::string& job_id, uint32_t rank);
 

@@ -42,6 +42,35 @@ TEST(CliBinaryTest, UsageErrorsExit2) {
   EXPECT_EQ(RunFurnace("--controller 127.0.0.1:1 submit /nonexistent/job.yaml").exit_code, 2);
 }
 
+TEST(CliBinaryTest, DataPrepareNeedsNoController) {
+  const std::string dir = ::testing::TempDir();
+  const std::string input = dir + "/furnace_cli_binary_prepare.txt";
+  const std::string output = dir + "/furnace_cli_binary_prepare.tok";
+  FILE* f = fopen(input.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("abc", f);
+  fclose(f);
+  RunResult run = RunFurnace("--controller 127.0.0.1:1 data prepare --input " + input + " -o " +
+                             output + " --eod");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("1 document, 4 tokens, vocab 257"), std::string::npos) << run.output;
+  run = RunFurnace("data prepare --input " + dir + "/furnace_no_such_file.txt -o " + output);
+  EXPECT_EQ(run.exit_code, 5) << run.output;
+  EXPECT_EQ(RunFurnace("data").exit_code, 2);
+  EXPECT_EQ(RunFurnace("data prepare -o " + output).exit_code, 2);  // --input is required
+  std::remove(input.c_str());
+  std::remove(output.c_str());
+}
+
+TEST(CliBinaryTest, ExportRefusesOtherFormatsBeforeAskingTheController) {
+  const RunResult run = RunFurnace("--controller 127.0.0.1:1 export j-1 --format onnx -o x");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("allowed: safetensors"), std::string::npos) << run.output;
+  EXPECT_EQ(RunFurnace("--controller 127.0.0.1:1 export j-1 -o x").exit_code, 3);
+  EXPECT_EQ(RunFurnace("export j-1").exit_code, 2);  // -o is required
+  EXPECT_EQ(RunFurnace("export j-1 --step -2 -o x").exit_code, 2);
+}
+
 TEST(CliBinaryTest, HelpDocumentsExitCodes) {
   const RunResult run = RunFurnace("--help");
   EXPECT_EQ(run.exit_code, 0);

@@ -6,6 +6,7 @@
 
 #include "controller/cli/exit_codes.h"
 #include "gtest/gtest.h"
+#include "tests/controller/cli/fake_job_client.h"
 #include "tests/controller/cli/job_fixtures.h"
 
 namespace furnace::cli {
@@ -15,46 +16,7 @@ using testing::AddEvent;
 using testing::kT0;
 using testing::MakeJob;
 
-// Answers GetJob from a script (the last answer repeats) and GetLogs from pages.
-class FakeJobClient : public JobClient {
- public:
-  std::deque<absl::StatusOr<v1::JobDetail>> get_job;
-  std::deque<v1::GetLogsResponse> logs;
-  std::vector<v1::GetLogsRequest> log_requests;
-  absl::Status submit_error;
-  v1::SubmitJobRequest submitted;
-  int get_job_calls = 0;
-
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
-    submitted = request;
-    if (!submit_error.ok()) return submit_error;
-    v1::SubmitJobResponse response;
-    response.set_job_id("j-1");
-    return response;
-  }
-  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return v1::ListJobsResponse(); }
-  absl::StatusOr<v1::JobDetail> GetJob(const std::string&) override {
-    ++get_job_calls;
-    auto next = get_job.front();
-    if (get_job.size() > 1) get_job.pop_front();
-    return next;
-  }
-  absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
-    v1::CancelJobResponse response;
-    response.mutable_job()->set_job_id(job_id);
-    response.mutable_job()->set_state(v1::JOB_CANCELLED);
-    return response;
-  }
-  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override {
-    return v1::ListWorkersResponse();
-  }
-  absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) override {
-    log_requests.push_back(request);
-    auto next = logs.front();
-    if (logs.size() > 1) logs.pop_front();
-    return next;
-  }
-};
+using testing::FakeJobClient;
 
 class CommandsTest : public ::testing::Test {
  protected:

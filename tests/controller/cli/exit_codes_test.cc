@@ -16,6 +16,16 @@ TEST(ExitCodesTest, FromStatus) {
   EXPECT_EQ(ExitCodeForStatus(absl::FailedPreconditionError("done")), kExitRpcError);
 }
 
+TEST(ExitCodesTest, LocalErrorsKeepCodeAndMessageButExit5) {
+  const absl::Status s = LocalError(absl::NotFoundError("checkpoint: no committed checkpoint"));
+  EXPECT_TRUE(absl::IsNotFound(s));
+  EXPECT_EQ(s.message(), "checkpoint: no committed checkpoint");
+  EXPECT_EQ(ExitCodeForStatus(s), kExitLocalError);
+  EXPECT_EQ(ExitCodeForStatus(LocalError(absl::DataLossError("crc"))), kExitLocalError);
+  EXPECT_TRUE(LocalError(absl::OkStatus()).ok());
+  EXPECT_EQ(ExitCodeForStatus(LocalError(absl::OkStatus())), kExitOk);
+}
+
 TEST(ExitCodesTest, FromGrpcCodes) {
   const std::string addr = "127.0.0.1:7070";
   struct Case {
@@ -73,7 +83,7 @@ TEST(ExitCodesTest, StateNames) {
 
 TEST(ExitCodesTest, HelpListsEveryCode) {
   const std::string help = ExitCodeHelp();
-  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  "}) {
+  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  ", "  5  "}) {
     EXPECT_NE(help.find(code), std::string::npos) << code;
   }
 }

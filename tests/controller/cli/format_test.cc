@@ -84,5 +84,25 @@ TEST(FormatTest, ProgressBar) {
   EXPECT_EQ(FormatProgress(5, 0), "5");
 }
 
+TEST(FormatTest, CountsRatesSecondsPercents) {
+  EXPECT_EQ(FormatCount(0), "0");
+  EXPECT_EQ(FormatCount(999), "999");
+  EXPECT_EQ(FormatCount(1000), "1,000");
+  EXPECT_EQ(FormatCount(1234567), "1,234,567");
+  EXPECT_EQ(FormatCount(-1000), "-1,000");
+  EXPECT_EQ(FormatRate(850), "850");
+  EXPECT_EQ(FormatRate(12345), "12.3k");
+  EXPECT_EQ(FormatRate(4.56e6), "4.56M");
+  EXPECT_EQ(FormatRate(1.234e9), "1.23G");
+  EXPECT_EQ(FormatRate(-1), "-");
+  EXPECT_EQ(FormatSeconds(850e-6), "850 us");
+  EXPECT_EQ(FormatSeconds(0.0123), "12.3 ms");
+  EXPECT_EQ(FormatSeconds(1.25), "1.25 s");
+  EXPECT_EQ(FormatSeconds(65), "1m05s");
+  EXPECT_EQ(FormatSeconds(-1), "-");
+  EXPECT_EQ(FormatPercent(0.2094), "21%");
+  EXPECT_EQ(FormatPercent(0.034, 2), "3.40%");
+}
+
 }  // namespace
 }  // namespace furnace::cli

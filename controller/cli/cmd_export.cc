@@ -1,0 +1,166 @@
+// furnace export JOB [--step S] [--format safetensors] -o FILE: the controller only says where the
+// job's checkpoints are (spec.checkpoint.dir); the CLI reads them itself with the runtime's
+// checkpoint reader, which verifies sizes and checksums before a byte is trusted, and writes the
+// parameters with the runtime's safetensors writer. So an export needs the directory visible from
+// this machine (the same host or a shared filesystem), and never loads the controller.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/format.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/status.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/safetensors.h"
+
+namespace furnace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kAllowedFormats[] = "safetensors";
+
+std::string CompactJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "";
+  return json;
+}
+
+// What the file records about where it came from; safetensors metadata values are strings.
+std::map<std::string, std::string> Metadata(const v1::JobDetail& job,
+                                            const train::LoadedCheckpoint& ckpt) {
+  std::map<std::string, std::string> m = {
+      {"format", "pt"},  // what transformers' loaders expect of a torch-layout file
+      {"furnace.job_id", job.summary().job_id()},
+      {"furnace.step", absl::StrCat(ckpt.step)},
+      {"furnace.seed", absl::StrCat(ckpt.seed)},
+  };
+  if (!job.summary().name().empty()) m["furnace.job_name"] = job.summary().name();
+  if (job.spec().has_model()) m["furnace.model"] = CompactJson(job.spec().model());
+  if (job.spec().has_moe()) m["furnace.moe"] = CompactJson(job.spec().moe());
+  return m;
+}
+
+std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
+  const v1::JobSummary& s = job.summary();
+  const uint32_t every = job.spec().checkpoint().every();
+  return absl::StrCat("job ", s.job_id(), " has no checkpoint yet: ", why, " (job ",
+                      StateName(s.state()), " at step ", FormatProgress(s.step(), s.total_steps()),
+                      "; checkpoint.every ",
+                      every > 0 ? absl::StrCat(every, " steps") : "0: only at the end", ")");
+}
+
+absl::StatusOr<train::LoadedCheckpoint> LoadCheckpoint(const v1::JobDetail& job,
+                                                       const std::string& dir, int64_t step) {
+  const std::string& id = job.summary().job_id();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return LocalError(absl::NotFoundError(NoCheckpointYet(
+        job, absl::StrCat("the checkpoint directory ", dir,
+                          " does not exist on this machine (export reads it directly: run it where "
+                          "the directory is visible)"))));
+  }
+  const train::CheckpointStore store(dir, /*keep=*/0);
+  if (step < 0) {
+    absl::StatusOr<train::LoadedCheckpoint> loaded = store.LoadLatest();
+    if (absl::IsNotFound(loaded.status()) && store.CommittedSteps().empty()) {
+      return LocalError(absl::NotFoundError(
+          NoCheckpointYet(job, absl::StrCat("no committed checkpoint in ", dir))));
+    }
+    if (!loaded.ok()) return LocalError(loaded.status());
+    return loaded;
+  }
+  const std::vector<int64_t> committed = store.CommittedSteps();
+  if (std::find(committed.begin(), committed.end(), step) == committed.end()) {
+    return LocalError(absl::NotFoundError(absl::StrCat(
+        "job ", id, " has no committed checkpoint at step ", step, " in ", dir,
+        " (committed: ", committed.empty() ? "none yet" : absl::StrJoin(committed, ", "), ")")));
+  }
+  absl::StatusOr<train::LoadedCheckpoint> loaded = store.Load(step);
+  if (!loaded.ok()) return LocalError(loaded.status());
+  return loaded;
+}
+
+// The loader checks the manifest against the shard; this keeps a reader-writer disagreement from
+// becoming an out-of-bounds read in the exporter.
+absl::Status CheckParamsFit(const train::LoadedCheckpoint& ckpt) {
+  const int64_t n = static_cast<int64_t>(ckpt.param_data.size());
+  for (const auto& p : ckpt.params) {
+    if (p.offset < 0 || p.numel() < 0 || p.offset + p.numel() > n) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", ckpt.path, ": parameter ", p.name,
+                                              " [", p.offset, ", +", p.numel(),
+                                              ") lies outside the ", n, " stored values"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
+                              const ExportOptions& options) {
+  if (options.format != "safetensors") {
+    return absl::InvalidArgumentError(absl::StrCat("export: unknown --format \"", options.format,
+                                                   "\" (allowed: ", kAllowedFormats, ")"));
+  }
+  if (options.output.empty()) {
+    return absl::InvalidArgumentError("export: -o FILE is required");
+  }
+  if (options.step < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export: --step ", options.step, " is negative (a step is >= 0)"));
+  }
+  ASSIGN_OR_RETURN(const v1::JobDetail job, ctx.client->GetJob(job_id));
+  const std::string& dir = job.spec().checkpoint().dir();
+  if (dir.empty()) {
+    return LocalError(absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no checkpoint directory (spec.checkpoint.dir is empty",
+        job.summary().kind().empty() ? ""
+                                     : absl::StrCat("; it is a ", job.summary().kind(), " job"),
+        "): nothing to export")));
+  }
+  ASSIGN_OR_RETURN(const train::LoadedCheckpoint ckpt, LoadCheckpoint(job, dir, options.step));
+  for (const std::string& reason : ckpt.skipped) {
+    *ctx.err << "furnace: skipped a newer checkpoint: " << reason << "\n";
+  }
+  RETURN_IF_ERROR(LocalError(CheckParamsFit(ckpt)));
+  RETURN_IF_ERROR(LocalError(train::ExportSafetensors(
+      options.output, ckpt.params, ckpt.param_data.data(), Metadata(job, ckpt))));
+  std::error_code ec;
+  const uintmax_t bytes = fs::file_size(options.output, ec);
+  int64_t parameters = 0;
+  for (const auto& p : ckpt.params) parameters += p.numel();
+
+  if (ctx.json) {
+    google::protobuf::Struct result;
+    auto& f = *result.mutable_fields();
+    f["job_id"].set_string_value(job_id);
+    f["step"].set_number_value(static_cast<double>(ckpt.step));
+    f["format"].set_string_value(options.format);
+    f["output"].set_string_value(options.output);
+    f["checkpoint"].set_string_value(ckpt.path);
+    f["tensors"].set_number_value(static_cast<double>(ckpt.params.size()));
+    f["parameters"].set_number_value(static_cast<double>(parameters));
+    f["bytes"].set_number_value(ec ? 0.0 : static_cast<double>(bytes));
+    RETURN_IF_ERROR(PrintJson(result, *ctx.out));
+  } else {
+    *ctx.out << "exported job " << job_id << " step " << ckpt.step << " to " << options.output
+             << ": " << ckpt.params.size() << (ckpt.params.size() == 1 ? " tensor, " : " tensors, ")
+             << FormatCount(parameters) << " fp32 parameters, "
+             << (ec ? std::string("size unknown")
+                    : absl::StrCat(FormatBytes(bytes), " (",
+                                   FormatCount(static_cast<int64_t>(bytes)), " bytes)"))
+             << "\n  from " << ckpt.path << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace furnace::cli

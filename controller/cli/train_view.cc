@@ -1,0 +1,252 @@
+#include "controller/cli/train_view.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/format.h"
+
+namespace furnace::cli {
+namespace {
+
+// More experts than this and the routing table shows a summary per layer instead of a column each.
+constexpr size_t kMaxExpertColumns = 16;
+
+std::string Fixed4(double v) { return std::isfinite(v) ? absl::StrFormat("%.4f", v) : "-"; }
+std::string Fixed2(double v) { return std::isfinite(v) ? absl::StrFormat("%.2f", v) : "-"; }
+std::string Sig4(double v) { return std::isfinite(v) ? absl::StrFormat("%.4g", v) : "-"; }
+std::string Lr(double v) { return std::isfinite(v) ? absl::StrFormat("%.2e", v) : "-"; }
+std::string Count(double v) {
+  return std::isfinite(v) ? FormatCount(static_cast<int64_t>(std::llround(v))) : "-";
+}
+// How far the loss is above the entropy floor, relative to the floor: "+16.7%".
+std::string Gap(double loss, double floor) {
+  return absl::StrFormat("%+.1f%%", (loss - floor) / floor * 100.0);
+}
+uint64_t Bytes(double v) { return std::isfinite(v) && v > 0 ? static_cast<uint64_t>(v) : 0; }
+
+}  // namespace
+
+std::optional<TrainMetrics> ParseTrainMetrics(
+    const google::protobuf::Map<std::string, double>& metrics) {
+  TrainMetrics m;
+  const std::pair<const char*, std::optional<double> TrainMetrics::*> scalars[] = {
+      {"loss", &TrainMetrics::loss},
+      {"aux_loss", &TrainMetrics::aux_loss},
+      {"tokens", &TrainMetrics::tokens},
+      {"tokens_per_second", &TrainMetrics::tokens_per_second},
+      {"step_seconds", &TrainMetrics::step_seconds},
+      {"forward_backward_seconds", &TrainMetrics::forward_backward_seconds},
+      {"optimizer_seconds", &TrainMetrics::optimizer_seconds},
+      {"mfu", &TrainMetrics::mfu},
+      {"grad_norm", &TrainMetrics::grad_norm},
+      {"lr", &TrainMetrics::lr},
+      {"dropped_tokens", &TrainMetrics::dropped_tokens},
+      {"activation_peak_bytes", &TrainMetrics::activation_peak_bytes},
+      {"memory_budget_bytes", &TrainMetrics::memory_budget_bytes},
+      {"model_flops", &TrainMetrics::model_flops},
+      {"entropy_floor", &TrainMetrics::entropy_floor},
+      {"imbalance_max", &TrainMetrics::imbalance_max},
+  };
+  for (const auto& [key, field] : scalars) {
+    auto it = metrics.find(key);
+    if (it == metrics.end()) continue;
+    m.*field = it->second;
+    m.keys.insert(key);
+  }
+  // imbalance.<layer> and expert_tokens.<layer>.<expert>; anything else with those prefixes is left
+  // for the generic metrics table.
+  std::map<int, MoeLayerRouting> layers;
+  for (const auto& [key, value] : metrics) {
+    const std::vector<std::string> parts = absl::StrSplit(key, '.');
+    int layer = 0, expert = 0;
+    if (parts.size() == 2 && parts[0] == "imbalance" && absl::SimpleAtoi(parts[1], &layer) &&
+        layer >= 0) {
+      layers[layer].imbalance = value;
+    } else if (parts.size() == 3 && parts[0] == "expert_tokens" &&
+               absl::SimpleAtoi(parts[1], &layer) && layer >= 0 &&
+               absl::SimpleAtoi(parts[2], &expert) && expert >= 0 && expert < (1 << 20)) {
+      auto& tokens = layers[layer].tokens_per_expert;
+      if (tokens.size() <= static_cast<size_t>(expert)) tokens.resize(expert + 1, 0.0);
+      tokens[expert] = value;
+    } else {
+      continue;
+    }
+    m.keys.insert(key);
+  }
+  for (auto& [layer, routing] : layers) {
+    routing.layer = layer;
+    m.layers.push_back(std::move(routing));
+  }
+  if (!m.imbalance_max.has_value()) {
+    for (const auto& l : m.layers) {
+      if (l.imbalance) {
+        m.imbalance_max = std::max(m.imbalance_max.value_or(*l.imbalance), *l.imbalance);
+      }
+    }
+  }
+  if (m.keys.empty()) return std::nullopt;
+  return m;
+}
+
+std::string FormatLoss(const TrainMetrics& m) {
+  if (!m.loss) return "-";
+  std::string out = Fixed4(*m.loss);
+  if (m.entropy_floor && *m.entropy_floor > 0) {
+    absl::StrAppend(&out, "  (entropy floor ", Fixed4(*m.entropy_floor), ", gap ",
+                    Gap(*m.loss, *m.entropy_floor), ")");
+  }
+  return out;
+}
+
+std::string FormatActivationMemory(const TrainMetrics& m) {
+  if (!m.activation_peak_bytes) return "-";
+  const uint64_t peak = Bytes(*m.activation_peak_bytes);
+  const uint64_t budget = m.memory_budget_bytes ? Bytes(*m.memory_budget_bytes) : 0;
+  if (budget == 0) return absl::StrCat(FormatBytes(peak), " (no budget)");
+  return absl::StrCat(FormatBytes(peak), " of ", FormatBytes(budget), " (",
+                      FormatPercent(static_cast<double>(peak) / static_cast<double>(budget)), ")");
+}
+
+std::string FormatImbalance(const TrainMetrics& m) {
+  if (!m.imbalance_max) return "-";
+  std::string out = Fixed2(*m.imbalance_max);
+  std::vector<std::string> each;
+  for (const auto& l : m.layers) {
+    if (l.imbalance) each.push_back(absl::StrCat("layer ", l.layer, " ", Fixed2(*l.imbalance)));
+  }
+  if (!each.empty()) absl::StrAppend(&out, "  (", absl::StrJoin(each, ", "), ")");
+  return out;
+}
+
+std::string FormatMfu(const TrainMetrics& m) {
+  if (!m.mfu) return "-";
+  return FormatPercent(*m.mfu, *m.mfu < 0.1 ? 2 : 1);
+}
+
+std::string RenderTrainSection(const v1::JobSummary& summary,
+                               const std::optional<TrainMetrics>& metrics) {
+  if (!metrics) return "";
+  const TrainMetrics& m = *metrics;
+  Table kv({"", ""}, "  ");
+  kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
+  if (m.loss) kv.AddRow({"loss", FormatLoss(m)});
+  if (m.aux_loss) kv.AddRow({"aux loss", Fixed4(*m.aux_loss)});
+  if (m.tokens) kv.AddRow({"tokens/step", Count(*m.tokens)});
+  if (m.tokens_per_second) kv.AddRow({"tokens/s", FormatRate(*m.tokens_per_second)});
+  if (m.step_seconds) {
+    std::string time = FormatSeconds(*m.step_seconds);
+    std::vector<std::string> phases;
+    if (m.forward_backward_seconds) {
+      phases.push_back(absl::StrCat("fwd+bwd ", FormatSeconds(*m.forward_backward_seconds)));
+    }
+    if (m.optimizer_seconds) {
+      phases.push_back(absl::StrCat("optimizer ", FormatSeconds(*m.optimizer_seconds)));
+    }
+    if (!phases.empty()) absl::StrAppend(&time, "  (", absl::StrJoin(phases, ", "), ")");
+    kv.AddRow({"step time", time});
+  }
+  if (m.mfu) kv.AddRow({"MFU", FormatMfu(m)});
+  if (m.grad_norm) kv.AddRow({"grad norm", Sig4(*m.grad_norm)});
+  if (m.lr) kv.AddRow({"lr", Lr(*m.lr)});
+  if (m.activation_peak_bytes) kv.AddRow({"activations", FormatActivationMemory(m)});
+  if (m.imbalance_max) kv.AddRow({"imbalance", FormatImbalance(m)});
+  if (m.dropped_tokens) kv.AddRow({"dropped", Count(*m.dropped_tokens)});
+  std::string out = "\ntraining\n";
+  const std::string rendered = kv.Render();
+  out += rendered.substr(rendered.find('\n') + 1);  // drop the empty header row
+
+  size_t experts = 0;
+  for (const auto& l : m.layers) experts = std::max(experts, l.tokens_per_expert.size());
+  if (experts == 0) return out;
+  out += "\ntokens per expert (last step)\n";
+  std::vector<std::string> headers = {"MOE LAYER", "IMBALANCE"};
+  const bool each = experts <= kMaxExpertColumns;
+  if (each) {
+    for (size_t e = 0; e < experts; ++e) headers.push_back(absl::StrCat("E", e));
+  } else {
+    for (const char* h : {"MIN", "MEAN", "MAX", "BUSIEST"}) headers.push_back(h);
+  }
+  Table table(headers, "  ");
+  for (size_t c = 0; c < headers.size(); ++c) table.SetRightAligned(c);
+  for (const auto& l : m.layers) {
+    std::vector<std::string> row = {absl::StrCat(l.layer),
+                                    l.imbalance ? Fixed2(*l.imbalance) : "-"};
+    const auto& t = l.tokens_per_expert;
+    if (each) {
+      for (size_t e = 0; e < experts; ++e) row.push_back(e < t.size() ? Count(t[e]) : "-");
+    } else if (!t.empty()) {
+      const auto [lo, hi] = std::minmax_element(t.begin(), t.end());
+      double sum = 0;
+      for (double v : t) sum += v;
+      row.push_back(Count(*lo));
+      row.push_back(Count(sum / static_cast<double>(t.size())));
+      row.push_back(Count(*hi));
+      row.push_back(absl::StrCat("E", hi - t.begin()));
+    }
+    table.AddRow(std::move(row));
+  }
+  out += table.Render();
+  return out;
+}
+
+std::optional<double> EstimateEtaSeconds(const v1::JobSummary& summary,
+                                         const std::optional<TrainMetrics>& m,
+                                         double observed_steps_per_second) {
+  if (summary.total_steps() == 0 || IsFinalState(summary.state())) return std::nullopt;
+  double rate = 0;
+  if (observed_steps_per_second > 0 && std::isfinite(observed_steps_per_second)) {
+    rate = observed_steps_per_second;
+  } else if (m && m->step_seconds && *m->step_seconds > 0 && std::isfinite(*m->step_seconds)) {
+    rate = 1.0 / *m->step_seconds;
+  } else {
+    return std::nullopt;
+  }
+  const uint64_t left =
+      summary.total_steps() > summary.step() ? summary.total_steps() - summary.step() : 0;
+  return static_cast<double>(left) / rate;
+}
+
+std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
+  std::string first;
+  auto add = [](std::string* line, const std::string& item) {
+    if (!line->empty()) *line += "  ";
+    *line += item;
+  };
+  if (m.loss) {
+    std::string loss = absl::StrCat("loss ", Fixed4(*m.loss));
+    if (m.entropy_floor && *m.entropy_floor > 0) {
+      absl::StrAppend(&loss, " (floor ", Fixed4(*m.entropy_floor), ", gap ",
+                      Gap(*m.loss, *m.entropy_floor), ")");
+    }
+    add(&first, loss);
+  }
+  if (m.aux_loss) add(&first, absl::StrCat("aux ", Fixed4(*m.aux_loss)));
+  if (m.tokens_per_second) add(&first, absl::StrCat("tokens/s ", FormatRate(*m.tokens_per_second)));
+  if (m.mfu) add(&first, absl::StrCat("MFU ", FormatMfu(m)));
+  std::string second;
+  if (m.imbalance_max) add(&second, absl::StrCat("imbalance ", Fixed2(*m.imbalance_max)));
+  if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
+  if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));
+  std::vector<std::string> lines;
+  if (!first.empty()) lines.push_back(first);
+  if (!second.empty()) lines.push_back(second);
+  return lines;
+}
+
+std::string TrainPlainSuffix(const TrainMetrics& m) {
+  std::string out;
+  if (m.loss) absl::StrAppend(&out, "  loss ", Fixed4(*m.loss));
+  if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));
+  if (m.mfu) absl::StrAppend(&out, "  MFU ", FormatMfu(m));
+  return out;
+}
+
+}  // namespace furnace::cli

@@ -1,0 +1,89 @@
+// furnace data prepare: text files in, a token file out, read back with data::TokenFile.
+#include <fstream>
+#include <sstream>
+
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "gtest/gtest.h"
+#include "runtime/train/token_file.h"
+#include "tests/runtime/train/test_dir.h"
+
+namespace furnace::cli {
+namespace {
+
+using testing_util::TestDir;
+
+class DataPrepareTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ctx_.out = &out_;
+    ctx_.err = &err_;  // no client: data prepare must not need the controller
+    std::ofstream(dir_ / "a.txt", std::ios::binary) << "hi\n";
+    std::ofstream(dir_ / "b.txt", std::ios::binary) << std::string("\xc3\xa9z", 3);
+  }
+
+  std::vector<int32_t> ReadTokens(const std::string& path, int64_t* vocab) {
+    auto file = data::TokenFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (!file.ok()) return {};
+    *vocab = (*file)->vocab();
+    std::vector<int32_t> tokens((*file)->size());
+    (*file)->Read(0, (*file)->size(), tokens.data());
+    return tokens;
+  }
+
+  TestDir dir_;
+  std::ostringstream out_, err_;
+  CommandContext ctx_;
+};
+
+TEST_F(DataPrepareTest, RoundTripWithEndOfDocument) {
+  const std::string output = dir_ / "train.tok";
+  auto code = RunDataPrepare(
+      ctx_, {.inputs = {dir_ / "a.txt", dir_ / "b.txt"}, .output = output, .eod = true});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  EXPECT_EQ(out_.str(), "wrote " + output +
+                            ": 2 documents, 8 tokens, vocab 257 (byte tokenizer, end-of-document "
+                            "id 256)\n");
+  int64_t vocab = 0;
+  EXPECT_EQ(ReadTokens(output, &vocab),
+            (std::vector<int32_t>{'h', 'i', '\n', 256, 0xc3, 0xa9, 'z', 256}));
+  EXPECT_EQ(vocab, 257);
+}
+
+TEST_F(DataPrepareTest, RoundTripBytesOnly) {
+  const std::string output = dir_ / "train.tok";
+  auto code = RunDataPrepare(ctx_, {.inputs = {dir_ / "a.txt"}, .output = output});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(out_.str(), "wrote " + output + ": 1 document, 3 tokens, vocab 256 (byte tokenizer)\n");
+  int64_t vocab = 0;
+  EXPECT_EQ(ReadTokens(output, &vocab), (std::vector<int32_t>{'h', 'i', '\n'}));
+  EXPECT_EQ(vocab, 256);
+}
+
+TEST_F(DataPrepareTest, Errors) {
+  auto code = RunDataPrepare(ctx_, {.inputs = {}, .output = dir_ / "x.tok"});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  code = RunDataPrepare(ctx_, {.inputs = {dir_ / "a.txt"}, .output = ""});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  // A missing input is the loader's NOT_FOUND, but it is a local file, not a job: exit 5, not 4.
+  code = RunDataPrepare(ctx_, {.inputs = {dir_ / "missing.txt"}, .output = dir_ / "x.tok"});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_NE(code.status().message().find("missing.txt"), std::string::npos) << code.status();
+  code = RunDataPrepare(ctx_, {.inputs = {dir_ / "a.txt"}, .output = dir_ / "no/such/dir/x.tok"});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError) << code.status();
+  EXPECT_TRUE(out_.str().empty());
+}
+
+TEST_F(DataPrepareTest, Json) {
+  ctx_.json = true;
+  auto code = RunDataPrepare(ctx_, {.inputs = {dir_ / "a.txt"}, .output = dir_ / "t.tok"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  for (const char* want : {"\"documents\": 1", "\"tokens\": 3", "\"vocab\": 256"}) {
+    EXPECT_NE(out_.str().find(want), std::string::npos) << out_.str();
+  }
+}
+
+}  // namespace
+}  // namespace furnace::cli

@@ -1,0 +1,55 @@
+// A JobClient that answers from scripts, for the command tests: no sockets.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "controller/cli/client.h"
+
+namespace furnace::cli::testing {
+
+// Answers GetJob from a script (the last answer repeats) and GetLogs from pages.
+class FakeJobClient : public JobClient {
+ public:
+  std::deque<absl::StatusOr<v1::JobDetail>> get_job;
+  std::deque<v1::GetLogsResponse> logs;
+  std::vector<v1::GetLogsRequest> log_requests;
+  absl::Status submit_error;
+  v1::SubmitJobRequest submitted;
+  int get_job_calls = 0;
+  std::vector<std::string> get_job_ids;
+
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
+    submitted = request;
+    if (!submit_error.ok()) return submit_error;
+    v1::SubmitJobResponse response;
+    response.set_job_id("j-1");
+    return response;
+  }
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return v1::ListJobsResponse(); }
+  absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
+    ++get_job_calls;
+    get_job_ids.push_back(job_id);
+    auto next = get_job.front();
+    if (get_job.size() > 1) get_job.pop_front();
+    return next;
+  }
+  absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
+    v1::CancelJobResponse response;
+    response.mutable_job()->set_job_id(job_id);
+    response.mutable_job()->set_state(v1::JOB_CANCELLED);
+    return response;
+  }
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers() override {
+    return v1::ListWorkersResponse();
+  }
+  absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) override {
+    log_requests.push_back(request);
+    auto next = logs.front();
+    if (logs.size() > 1) logs.pop_front();
+    return next;
+  }
+};
+
+}  // namespace furnace::cli::testing

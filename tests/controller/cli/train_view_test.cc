@@ -1,0 +1,224 @@
+// Training telemetry in `status` and `watch`, from fake JobDetails.
+#include "controller/cli/train_view.h"
+
+#include <cstdlib>
+#include <ctime>
+
+#include "controller/cli/status_view.h"
+#include "controller/cli/watch_view.h"
+#include "gtest/gtest.h"
+#include "tests/controller/cli/job_fixtures.h"
+
+namespace furnace::cli {
+namespace {
+
+using testing::AddComm;
+using testing::kT0;
+using testing::MakeJob;
+using testing::MakeTrainJob;
+
+class TrainViewTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("TZ", "UTC", 1);
+    tzset();
+  }
+};
+
+TEST_F(TrainViewTest, ParsesScalarsAndPerLayerRouting) {
+  const v1::JobDetail job = MakeTrainJob();
+  const std::optional<TrainMetrics> m = ParseTrainMetrics(job.metrics());
+  ASSERT_TRUE(m.has_value());
+  EXPECT_DOUBLE_EQ(*m->loss, 2.4512);
+  EXPECT_DOUBLE_EQ(*m->entropy_floor, 2.1);
+  EXPECT_DOUBLE_EQ(*m->memory_budget_bytes, 64 << 20);
+  ASSERT_EQ(m->layers.size(), 2u);
+  EXPECT_EQ(m->layers[1].layer, 1);
+  EXPECT_DOUBLE_EQ(*m->layers[1].imbalance, 1.12);
+  EXPECT_EQ(m->layers[0].tokens_per_expert, (std::vector<double>{700, 500, 400, 448}));
+  EXPECT_EQ(m->keys.size(), static_cast<size_t>(job.metrics().size()));  // every key understood
+}
+
+TEST_F(TrainViewTest, NotATrainJob) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
+  EXPECT_FALSE(ParseTrainMetrics(job.metrics()).has_value());
+  (*job.mutable_metrics())["busbw_gbps"] = 12.5;
+  (*job.mutable_metrics())["imbalance.x"] = 3;  // not a layer index: not a training figure
+  EXPECT_FALSE(ParseTrainMetrics(job.metrics()).has_value());
+}
+
+TEST_F(TrainViewTest, ImbalanceMaxFromLayersWhenNotReported) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
+  (*job.mutable_metrics())["imbalance.0"] = 1.5;
+  (*job.mutable_metrics())["imbalance.2"] = 2.25;
+  const auto m = ParseTrainMetrics(job.metrics());
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(FormatImbalance(*m), "2.25  (layer 0 1.50, layer 2 2.25)");
+}
+
+TEST_F(TrainViewTest, Formats) {
+  v1::JobDetail job = MakeTrainJob();
+  auto m = *ParseTrainMetrics(job.metrics());
+  EXPECT_EQ(FormatLoss(m), "2.4512  (entropy floor 2.1000, gap +16.7%)");
+  EXPECT_EQ(FormatActivationMemory(m), "13.4 MiB of 64.0 MiB (21%)");
+  EXPECT_EQ(FormatMfu(m), "3.40%");
+  m.entropy_floor.reset();
+  m.memory_budget_bytes = 0;  // unlimited
+  EXPECT_EQ(FormatLoss(m), "2.4512");
+  EXPECT_EQ(FormatActivationMemory(m), "13.4 MiB (no budget)");
+  m.memory_budget_bytes.reset();
+  EXPECT_EQ(FormatActivationMemory(m), "13.4 MiB (no budget)");
+  m.mfu = 0.41;
+  EXPECT_EQ(FormatMfu(m), "41.0%");
+  m = TrainMetrics{};
+  EXPECT_EQ(FormatLoss(m), "-");
+  EXPECT_EQ(FormatActivationMemory(m), "-");
+  EXPECT_EQ(FormatImbalance(m), "-");
+  EXPECT_EQ(FormatMfu(m), "-");
+}
+
+TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
+  v1::JobDetail job = MakeTrainJob();
+  (*job.mutable_metrics())["custom_thing"] = 7;
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  for (const char* want : {
+           "\ntraining\n",
+           "  step         50/100\n",
+           "  loss         2.4512  (entropy floor 2.1000, gap +16.7%)\n",
+           "  aux loss     0.0123\n",
+           "  tokens/step  8,192\n",
+           "  tokens/s     12.3k\n",
+           "  step time    250.0 ms  (fwd+bwd 200.0 ms, optimizer 30.0 ms)\n",
+           "  MFU          3.40%\n",
+           "  grad norm    1.25\n",
+           "  lr           3.00e-04\n",
+           "  activations  13.4 MiB of 64.0 MiB (21%)\n",
+           "  imbalance    1.34  (layer 0 1.34, layer 1 1.12)\n",
+           "  dropped      12\n",
+           "\ntokens per expert (last step)\n"
+           "  MOE LAYER  IMBALANCE   E0   E1   E2   E3\n"
+           "          0       1.34  700  500  400  448\n"
+           "          1       1.12  560  512  500  476\n",
+           // Keys the training view does not know stay visible; the ones it shows are not repeated.
+           "\nother metrics\n  METRIC        VALUE\n  custom_thing      7\n",
+       }) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
+  }
+  EXPECT_EQ(out.find("expert_tokens."), std::string::npos) << out;
+  EXPECT_EQ(out.find("\nmetrics\n"), std::string::npos) << out;
+}
+
+TEST_F(TrainViewTest, StatusSummarisesManyExperts) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 5, 10);
+  auto& m = *job.mutable_metrics();
+  m["loss"] = 3.0;
+  m["imbalance.0"] = 2.0;
+  for (int e = 0; e < 32; ++e) m["expert_tokens.0." + std::to_string(e)] = e == 17 ? 1000 : 100;
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(out.find("  MOE LAYER  IMBALANCE  MIN  MEAN    MAX  BUSIEST\n"
+                     "          0       2.00  100   128  1,000      E17\n"),
+            std::string::npos)
+      << out;
+  // Figures the rank did not report are left out rather than shown as 0.
+  EXPECT_EQ(out.find("MFU"), std::string::npos) << out;
+  EXPECT_EQ(out.find("activations"), std::string::npos) << out;
+}
+
+TEST_F(TrainViewTest, NonTrainStatusKeepsMetricsTable) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
+  (*job.mutable_metrics())["busbw_gbps"] = 12.5;
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(out.find("\nmetrics\n  METRIC      VALUE\n  busbw_gbps   12.5\n"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("training"), std::string::npos) << out;
+}
+
+TEST_F(TrainViewTest, EtaFromObservedRateElseStepTime) {
+  const v1::JobDetail job = MakeTrainJob();
+  const auto m = ParseTrainMetrics(job.metrics());
+  EXPECT_DOUBLE_EQ(*EstimateEtaSeconds(job.summary(), m, 0), 50 * 0.25);
+  EXPECT_DOUBLE_EQ(*EstimateEtaSeconds(job.summary(), m, 2.0), 25.0);  // 50 steps at 2/s
+  EXPECT_FALSE(EstimateEtaSeconds(job.summary(), std::nullopt, 0).has_value());
+  EXPECT_FALSE(EstimateEtaSeconds(MakeTrainJob(v1::JOB_SUCCEEDED).summary(), m, 2.0).has_value());
+  v1::JobSummary unknown_total = job.summary();
+  unknown_total.set_total_steps(0);
+  EXPECT_FALSE(EstimateEtaSeconds(unknown_total, m, 2.0).has_value());
+}
+
+TEST_F(TrainViewTest, WatchFrameShowsTrainingFigures) {
+  const v1::JobDetail job = MakeTrainJob();
+  const auto lines = WatchFrame(job, kT0 + 65, 0, /*observed_steps_per_second=*/0);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0], "job j-1 tiny (train)  RUNNING  attempt 1  0 restarts");
+  EXPECT_EQ(lines[1], "[###############---------------]  50%  step 50/100  elapsed 1m05s  ETA 12s");
+  EXPECT_EQ(lines[2],
+            "loss 2.4512 (floor 2.1000, gap +16.7%)  aux 0.0123  tokens/s 12.3k  MFU 3.40%");
+  EXPECT_EQ(lines[3], "imbalance 1.34  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
+  EXPECT_EQ(lines[4], "last event: -");
+  // A measured rate wins over the last step's time: it includes checkpoints and restarts.
+  EXPECT_NE(WatchFrame(job, kT0 + 65, 0, 0.5)[1].find("ETA 1m40s"), std::string::npos);
+}
+
+TEST_F(TrainViewTest, WatchFrameOfAFreshTrainJobHasUnknownEta) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 0, 100);
+  (*job.mutable_metrics())["loss"] = 5.5;
+  const auto lines = WatchFrame(job, kT0 + 65, 0, 0);
+  EXPECT_NE(lines[1].find("ETA -"), std::string::npos) << lines[1];
+  EXPECT_EQ(lines[2], "loss 5.5000");
+}
+
+TEST_F(TrainViewTest, FinishedTrainFrameHasNoEtaAndSummaryHasLoss) {
+  v1::JobDetail job = MakeTrainJob(v1::JOB_SUCCEEDED);
+  job.mutable_summary()->set_step(100);
+  const auto lines = WatchFrame(job, kT0 + 65, 0, 3.0);
+  EXPECT_EQ(lines[1].find("ETA"), std::string::npos) << lines[1];
+  EXPECT_EQ(WatchSummary(job, kT0 + 1000),
+            "job j-1 SUCCEEDED after 1m05s (attempt 1, 0 restarts), step 100/100, loss 2.4512");
+}
+
+TEST_F(TrainViewTest, WatchFrameOfCommcheckIsUnchanged) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
+  AddComm(&job, "allreduce", 1 << 20, 1.5);
+  const auto lines = WatchFrame(job, kT0 + 65, 0, 2.0);
+  EXPECT_EQ(lines[1], "[#########---------------------]  30%  step 3/10  elapsed 1m05s");
+}
+
+TEST_F(TrainViewTest, PlainLinesCarryLossTokensPerSecondAndMfu) {
+  v1::JobDetail first = MakeTrainJob();
+  auto lines = PlainWatchLines(nullptr, first);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "22:14:25 job j-1 RUNNING  attempt 1  0 restarts  step 50/100 (50%)  loss 2.4512  "
+            "tokens/s 12.3k  MFU 3.40%");
+  // Same step: nothing, even if a figure moved (one line per step, not per poll).
+  v1::JobDetail same = first;
+  (*same.mutable_metrics())["loss"] = 2.3;
+  EXPECT_TRUE(PlainWatchLines(&first, same).empty());
+  v1::JobDetail next = same;
+  next.mutable_summary()->set_step(51);
+  lines = PlainWatchLines(&same, next);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("step 51/100 (51%)  loss 2.3000"), std::string::npos) << lines[0];
+}
+
+TEST(StepRateTest, MeasuresOverWindowAndRestartsOnNewAttempt) {
+  StepRate rate(/*window_s=*/10);
+  EXPECT_EQ(rate.steps_per_second(), 0);
+  rate.Observe(0, 1, 10);
+  EXPECT_EQ(rate.steps_per_second(), 0);
+  rate.Observe(1, 1, 10);
+  EXPECT_EQ(rate.steps_per_second(), 0);  // no step yet
+  rate.Observe(2, 1, 14);
+  EXPECT_DOUBLE_EQ(rate.steps_per_second(), 2.0);
+  rate.Observe(20, 1, 18);  // the samples before t=10 fall out, but two are always kept
+  EXPECT_DOUBLE_EQ(rate.steps_per_second(), 4.0 / 18.0);
+  rate.Observe(21, 2, 15);  // restart from a checkpoint: start over
+  EXPECT_EQ(rate.steps_per_second(), 0);
+  rate.Observe(23, 2, 16);
+  EXPECT_DOUBLE_EQ(rate.steps_per_second(), 0.5);
+  rate.Observe(24, 2, 12);  // the step went back within the attempt: start over too
+  EXPECT_EQ(rate.steps_per_second(), 0);
+}
+
+}  // namespace
+}  // namespace furnace::cli
