@@ -25,9 +25,18 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
 }
 
 double SumOfSquares(const float* x, int64_t n) {
-  double acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
-  return acc;
+  // Independent accumulators so the loop is not one serial chain of dependent adds (and
+  // vectorises); the order is fixed, so the result is reproducible.
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(x[i + l]) * x[i + l];
+  }
+  for (; i < n; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  double total = 0;
+  for (double a : acc) total += a;
+  return total;
 }
 
 void Scale(float* x, float s, int64_t n) {
