@@ -167,6 +167,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
         {"activation_peak_bytes", static_cast<double>(s.activation_peak_bytes)},
         {"memory_budget_bytes", static_cast<double>(spec.memory().device_budget())},
         {"model_flops", s.model_flops},
+        {"checkpoint_seconds", s.checkpoint_seconds},
     };
     if (entropy_floor > 0) m["entropy_floor"] = entropy_floor;
     double worst = 0;

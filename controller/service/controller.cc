@@ -64,6 +64,18 @@ v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32
   return cmd;
 }
 
+// The restart cause as a low-cardinality label (furnace_job_restarts_total{cause}).
+std::string FailureKind(v1::ExitKind kind) {
+  switch (kind) {
+    case v1::EXIT_KIND_SIGNAL: return "signal";
+    case v1::EXIT_KIND_HANG: return "hang";
+    case v1::EXIT_KIND_OOM: return "oom";
+    case v1::EXIT_KIND_LAUNCH: return "launch";
+    case v1::EXIT_KIND_STOPPED: return "stopped";
+    default: return "exit";
+  }
+}
+
 bool AllRanks(const v1::AttemptInfo& attempt, const std::string& state) {
   return std::all_of(attempt.ranks().begin(), attempt.ranks().end(),
                      [&](const v1::RankInfo& r) { return r.state() == state; });
@@ -127,6 +139,8 @@ absl::Status Controller::Load() {
         w.info.set_rank(rank.rank());
       }
     }
+    ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(job.summary.job_id()));
+    for (const auto& st : steps) CountStep(job, st);
     if (IsFinal(job.summary.state())) continue;
     ++active;
     if (auto* attempt = job.current()) {
@@ -437,7 +451,7 @@ void Controller::NoteWeakFailure(Job& job, const std::string& cause, const std::
   }
   if (AllRanks(*job.current(), "exited")) {
     job.settle_deadline = 0;
-    FailAttempt(job, job.pending_cause, job.pending_worker);
+    FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
   }
 }
 
@@ -460,7 +474,7 @@ void Controller::CloseScope(Job& job, uint32_t attempt) {
   }
 }
 
-void Controller::FailAttempt(Job& job, const std::string& cause,
+void Controller::FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                              const std::string& culprit_worker, Failure failure) {
   const bool counts_as_restart = failure != Failure::kInterrupted;
   auto* attempt = job.current();
@@ -469,6 +483,7 @@ void Controller::FailAttempt(Job& job, const std::string& cause,
   const Job backup = job;
   attempt->set_state(counts_as_restart ? "failed" : "interrupted");
   attempt->set_cause(cause);
+  attempt->set_failure_kind(kind);
   attempt->set_ended_unix(clock_.UnixSeconds());
   const uint32_t n = attempt->attempt();
   const uint32_t max_restarts = job.spec.recovery().max_restarts();
@@ -550,7 +565,7 @@ void Controller::MarkLost(Worker& worker, const std::string& why) {
   }
   if (attempt == job.current() && attempt->state() == "running" &&
       !IsFinal(job.summary.state())) {
-    FailAttempt(job,
+    FailAttempt(job, "lost",
                 absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                              rank_n, " gone"),
                 worker.info.worker_id());
@@ -578,7 +593,7 @@ void Controller::Tick() {
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
       job.settle_deadline = 0;
-      FailAttempt(job, job.pending_cause, job.pending_worker);
+      FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
     }
     switch (job.summary.state()) {
       case v1::JOB_PENDING:
@@ -597,7 +612,7 @@ void Controller::Tick() {
               late.push_back(absl::StrCat(r.rank(), " (", r.worker_id(), ")"));
             }
           }
-          FailAttempt(job,
+          FailAttempt(job, "start_timeout",
                       absl::StrFormat("ranks %s not running %.0f s after placement "
                                       "(recovery.start_timeout_s)",
                                       absl::StrJoin(late, ", "), limit),
@@ -696,7 +711,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
         rank->set_exit("lost: its worker agent restarted");
         if (attempt == job->current() && attempt->state() == "running" &&
             !IsFinal(job->summary.state())) {
-          FailAttempt(*job,
+          FailAttempt(*job, "agent_restart",
                       absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n,
                                    " lost"),
                       req.worker_id());
@@ -843,8 +858,9 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              (report.exit_code() == v1::RANK_EXIT_UNKNOWN_KIND ||
               report.exit_code() == v1::RANK_EXIT_BAD_INPUT)) {
-    FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                                  DescribeExit(report)),
+    FailAttempt(job, "bad_input",
+                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                             DescribeExit(report)),
                 "", Failure::kPermanent);
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
     s = Persist(job);
@@ -854,8 +870,9 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
                       report.worker_id());
     }
   } else {
-    FailAttempt(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                                  DescribeExit(report)),
+    FailAttempt(job, FailureKind(report.exit_kind()),
+                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                             DescribeExit(report)),
                 report.worker_id());
     if (job.attempts[report.attempt() - 1].state() == "running") {
       s = absl::UnavailableError("controller could not record the failure; retry");
@@ -873,7 +890,7 @@ void Controller::Shutdown(bool stopping_workers) {
     if (job.summary.state() != v1::JOB_STARTING && job.summary.state() != v1::JOB_RUNNING) {
       continue;
     }
-    FailAttempt(job, "the controller shut down and stopped its local workers", "",
+    FailAttempt(job, "interrupted", "the controller shut down and stopped its local workers", "",
                 Failure::kInterrupted);
     if (auto* attempt = job.current()) {
       for (auto& rank : *attempt->mutable_ranks()) {
@@ -901,9 +918,11 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
     wt->second.last_seen_mono = clock_.MonotonicSeconds();
   }
   if (batch.dropped() > 0) {
+    telemetry_dropped_ += batch.dropped();
     spdlog::warn("worker {} dropped {} telemetry records (controller too slow or away)",
                  batch.worker_id(), batch.dropped());
   }
+  telemetry_records_ += batch.records_size();
   std::set<std::string> touched;
   std::vector<v1::TelemetryRecord> records;
   for (const auto& rec : batch.records()) {
@@ -922,6 +941,7 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
     }
     touched.insert(rec.job_id());
+    if (rec.metrics_size() > 0 && rec.metrics().count("step_seconds")) AccumulateStep(job, rec);
   }
   return store_->Transaction([&]() -> absl::Status {
     RETURN_IF_ERROR(store_->AddTelemetry(records));
@@ -933,9 +953,161 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       Job& job = jobs_.at(id);
       RETURN_IF_ERROR(store_->PutSummary(job.summary));
       if (auto* a = job.current()) RETURN_IF_ERROR(store_->PutAttempt(id, *a));
+      // Retention: raw per-rank records are for recent detail; steps keep the history.
+      constexpr uint64_t kTrimEvery = 1000;
+      constexpr int kKeepRecords = 5000;
+      job.records_since_trim += records.size();
+      if (job.records_since_trim >= kTrimEvery) {
+        job.records_since_trim = 0;
+        RETURN_IF_ERROR(store_->TrimTelemetry(id, kKeepRecords));
+      }
     }
     return absl::OkStatus();
   });
+}
+
+void Controller::AccumulateStep(Job& job, const v1::TelemetryRecord& rec) {
+  auto key = std::make_pair(rec.attempt(), rec.step());
+  if (job.has_step && key <= std::make_pair(job.last_step.attempt(), job.last_step.step())) {
+    return;  // already aggregated (a straggler or a re-sent batch)
+  }
+  Job::PendingStep& p = job.pending_steps[key];
+  const auto& m = rec.metrics();
+  auto get = [&](const char* name) {
+    auto it = m.find(name);
+    return it == m.end() ? 0.0 : it->second;
+  };
+  v1::StepRecord& r = p.record;
+  r.set_attempt(rec.attempt());
+  r.set_step(rec.step());
+  r.set_unix_time(std::max(r.unix_time(), rec.unix_time()));
+  if (m.count("loss")) {
+    p.loss_sum += get("loss");
+    p.aux_sum += get("aux_loss");
+    ++p.loss_n;
+  }
+  p.mfu_sum += get("mfu");
+  p.grad_norm_sum += get("grad_norm");
+  r.set_tokens(r.tokens() + get("tokens"));
+  r.set_step_seconds(std::max(r.step_seconds(), get("step_seconds")));
+  r.set_activation_peak_bytes(std::max(r.activation_peak_bytes(), get("activation_peak_bytes")));
+  r.set_memory_budget_bytes(get("memory_budget_bytes"));
+  r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), get("checkpoint_seconds")));
+  r.set_lr(get("lr"));
+  for (const auto& [name, value] : m) {
+    unsigned layer = 0, expert = 0;
+    int consumed = 0;
+    if (sscanf(name.c_str(), "expert_tokens.%u.%u%n", &layer, &expert, &consumed) == 2 &&
+        consumed == static_cast<int>(name.size()) && layer < 4096 && expert < 65536) {
+      if (p.expert_tokens.size() <= layer) p.expert_tokens.resize(layer + 1);
+      if (p.expert_tokens[layer].size() <= expert) p.expert_tokens[layer].resize(expert + 1);
+      p.expert_tokens[layer][expert] += value;
+    } else if (name.rfind("planner_bytes.", 0) == 0) {
+      (*r.mutable_planner_bytes())[name.substr(14)] += value;
+    } else if (name.rfind("comm_bytes.", 0) == 0) {
+      (*r.mutable_comm_bytes())[name.substr(11)] += value;
+    }
+  }
+  ++p.ranks;
+  if (p.ranks >= job.summary.world_size()) {
+    FinishStep(job, p);
+    // Older steps still pending lost a rank's record (dropped under back-pressure): drop them.
+    job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
+  }
+}
+
+void Controller::FinishStep(Job& job, Job::PendingStep& p) {
+  v1::StepRecord& r = p.record;
+  r.set_ranks(p.ranks);
+  if (p.loss_n > 0) {
+    r.set_loss(p.loss_sum / p.loss_n);
+    r.set_aux_loss(p.aux_sum / p.loss_n);
+  }
+  r.set_mfu(p.mfu_sum / p.ranks);
+  r.set_grad_norm(p.grad_norm_sum / p.ranks);
+  if (r.step_seconds() > 0) r.set_tokens_per_second(r.tokens() / r.step_seconds());
+  for (const auto& layer : p.expert_tokens) {
+    auto* et = r.add_expert_tokens();
+    double sum = 0, max = 0;
+    for (double t : layer) {
+      et->add_tokens(t);
+      sum += t;
+      max = std::max(max, t);
+    }
+    const double mean = layer.empty() ? 0 : sum / layer.size();
+    r.add_imbalance(mean > 0 ? max / mean : 0);
+  }
+  if (absl::Status s = store_->PutStep(job.summary.job_id(), r); !s.ok()) {
+    spdlog::warn("job {}: step {} not stored: {}", job.summary.job_id(), r.step(), s.ToString());
+  }
+  CountStep(job, r);
+}
+
+void Controller::CountStep(Job& job, const v1::StepRecord& r) {
+  job.has_step = true;
+  job.last_step = r;
+  job.tokens_total += r.tokens();
+  for (const auto& [k, v] : r.planner_bytes()) job.planner_total[k] += v;
+  for (const auto& [k, v] : r.comm_bytes()) job.comm_total[k] += v;
+  if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
+}
+
+absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!jobs_.count(req.job_id())) {
+    return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+  }
+  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id()));
+  v1::JobSeries series;
+  series.set_job_id(req.job_id());
+  series.set_telemetry_dropped(telemetry_dropped_);
+  std::vector<const v1::StepRecord*> kept;
+  for (const auto& st : steps) {
+    if (st.step() > req.since_step()) kept.push_back(&st);
+  }
+  const size_t n = kept.size();
+  const size_t max = req.max_points() == 0 ? n : req.max_points();
+  for (size_t i = 0; i < std::min(n, max); ++i) {
+    // Evenly spaced, always including the newest.
+    const size_t idx = n <= max ? i : (max == 1 ? n - 1 : i * (n - 1) / (max - 1));
+    *series.add_steps() = *kept[idx];
+  }
+  return series;
+}
+
+MetricsSnapshot Controller::Metrics() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MetricsSnapshot snap;
+  snap.unix_time = clock_.UnixSeconds();
+  snap.telemetry_dropped_total = telemetry_dropped_;
+  snap.telemetry_records_total = telemetry_records_;
+  for (const auto& st : {kReady, kBusy, kLost}) snap.workers_by_state[st] = 0;
+  for (const auto& [id, w] : workers_) ++snap.workers_by_state[w.info.state()];
+  for (const auto& [id, job] : jobs_) {
+    JobMetrics m;
+    m.job_id = id;
+    m.name = job.summary.name();
+    m.kind = job.summary.kind();
+    m.state = job.summary.state();
+    m.attempt = job.summary.attempt();
+    m.step = job.summary.step();
+    m.total_steps = job.summary.total_steps();
+    m.has_step = job.has_step;
+    m.last = job.last_step;
+    m.tokens_total = job.tokens_total;
+    m.planner_bytes_total = job.planner_total;
+    m.comm_bytes_total = job.comm_total;
+    m.last_checkpoint_seconds = job.last_checkpoint_s;
+    for (size_t i = 0; i < job.attempts.size(); ++i) {
+      const auto& a = job.attempts[i];
+      if (a.state() == "failed") ++m.restarts_by_cause[a.failure_kind().empty() ? "exit" : a.failure_kind()];
+      if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {
+        m.last_recovery_seconds = a.all_running_unix() - job.attempts[i - 1].ended_unix();
+      }
+    }
+    snap.jobs.push_back(std::move(m));
+  }
+  return snap;
 }
 
 absl::Status Controller::PushLogs(const v1::LogBatch& batch) {

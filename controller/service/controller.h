@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/service/metrics_snapshot.h"
 #include "controller/service/rendezvous.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
@@ -55,6 +56,10 @@ class Controller {
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   std::vector<furnace::v1::WorkerInfo> ListWorkers();
   absl::StatusOr<furnace::v1::GetLogsResponse> GetLogs(const furnace::v1::GetLogsRequest& req);
+  // The job's aggregated training steps, ascending; thinned evenly to max_points when set.
+  absl::StatusOr<furnace::v1::JobSeries> GetJobSeries(const furnace::v1::GetJobSeriesRequest& req);
+  // Everything monitoring shows, at this instant.
+  MetricsSnapshot Metrics();
 
   // --- AgentService -----------------------------------------------------------------------
   absl::StatusOr<furnace::v1::RegisterResponse> Register(const furnace::v1::RegisterRequest& req);
@@ -99,6 +104,22 @@ class Controller {
     // lost worker) before the attempt fails with the best cause seen.
     double settle_deadline = 0;           // 0: no failure pending
     std::string pending_cause, pending_worker;
+    // Training steps: per-rank records of a step are combined into one StepRecord once every
+    // rank of the attempt has reported it.
+    struct PendingStep {
+      furnace::v1::StepRecord record;
+      uint32_t ranks = 0;
+      double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
+      uint32_t loss_n = 0;
+      std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed
+    };
+    std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
+    bool has_step = false;
+    furnace::v1::StepRecord last_step;
+    double tokens_total = 0;
+    std::map<std::string, double> planner_total, comm_total;
+    double last_checkpoint_s = -1;
+    uint64_t records_since_trim = 0;
     furnace::v1::AttemptInfo* current() {
       return attempts.empty() ? nullptr : &attempts.back();
     }
@@ -126,8 +147,9 @@ class Controller {
   // retrying cannot help) ends the job FAILED at once; an interruption (the controller itself
   // stopping the workers) restarts without counting.
   enum class Failure { kRetryable, kPermanent, kInterrupted };
-  void FailAttempt(Job& job, const std::string& cause, const std::string& culprit_worker,
-                   Failure failure = Failure::kRetryable);
+  // `kind` labels the cause (AttemptInfo.failure_kind): signal, hang, oom, exit, lost, ...
+  void FailAttempt(Job& job, const std::string& kind, const std::string& cause,
+                   const std::string& culprit_worker, Failure failure = Failure::kRetryable);
   void StopAttemptRanks(Job& job, const std::string& reason);
   // Records an error exit of a rank of the current attempt; fails the attempt at once when every
   // rank has ended, otherwise after the settle window (Tick).
@@ -142,6 +164,9 @@ class Controller {
   uint32_t Capacity(const std::string& device_kind) const;
   std::string LogPath(const std::string& job_id) const;
   void PersistWorker(const Worker& worker);
+  void AccumulateStep(Job& job, const furnace::v1::TelemetryRecord& record);
+  void FinishStep(Job& job, Job::PendingStep& pending);
+  void CountStep(Job& job, const furnace::v1::StepRecord& step);
 
   const ControllerOptions options_;
   const Clock& clock_;
@@ -154,6 +179,8 @@ class Controller {
   std::map<std::string, Worker> workers_;
   std::string instance_id_;  // distinguishes sessions across controller restarts
   bool shut_down_ = false;   // Shutdown(true) ran: rank reports are no longer acted on
+  uint64_t telemetry_dropped_ = 0;   // records agents reported dropping
+  uint64_t telemetry_records_ = 0;   // records received
   uint64_t session_counter_ = 0;
 };
 

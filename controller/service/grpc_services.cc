@@ -56,6 +56,15 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext*, const v1::GetLogsRequ
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::GetJobSeries(grpc::ServerContext*,
+                                          const v1::GetJobSeriesRequest* req,
+                                          v1::JobSeries* resp) {
+  auto series = c_.GetJobSeries(*req);
+  if (!series.ok()) return ToGrpc(series.status());
+  *resp = std::move(*series);
+  return grpc::Status::OK;
+}
+
 grpc::Status AgentServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
                                         v1::RegisterResponse* resp) {
   auto r = c_.Register(*req);

@@ -23,6 +23,8 @@ class JobServiceImpl final : public furnace::v1::JobService::Service {
                            furnace::v1::ListWorkersResponse*) override;
   grpc::Status GetLogs(grpc::ServerContext*, const furnace::v1::GetLogsRequest*,
                        furnace::v1::GetLogsResponse*) override;
+  grpc::Status GetJobSeries(grpc::ServerContext*, const furnace::v1::GetJobSeriesRequest*,
+                            furnace::v1::JobSeries*) override;
 
  private:
   Controller& c_;

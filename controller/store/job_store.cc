@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS telemetry (
   id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt INTEGER NOT NULL,
   rank INTEGER NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS telemetry_by_job ON telemetry (job_id, rank, id);
+CREATE TABLE IF NOT EXISTS job_steps (
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL,
+  PRIMARY KEY (job_id, attempt, step));
 CREATE TABLE IF NOT EXISTS comm_results (
   job_id TEXT NOT NULL, collective TEXT NOT NULL, bytes INTEGER NOT NULL, result BLOB NOT NULL,
   PRIMARY KEY (job_id, collective, bytes));
@@ -280,6 +283,34 @@ absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
     if (record.metrics_size() > 0) return std::optional<v1::TelemetryRecord>(std::move(record));
   }
   return newest;
+}
+
+absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& step) {
+  Statement q(db_,
+              "INSERT OR REPLACE INTO job_steps (job_id, attempt, step, record) "
+              "VALUES (?1, ?2, ?3, ?4)");
+  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(step.attempt()))
+      .Bind(3, static_cast<int64_t>(step.step())).Bind(4, step.SerializeAsString()).Run();
+}
+
+absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id) {
+  Statement q(db_, "SELECT record FROM job_steps WHERE job_id = ?1 ORDER BY attempt, step");
+  q.BindText(1, job_id);
+  std::vector<v1::StepRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
+    out.push_back(std::move(step));
+  }
+  return out;
+}
+
+absl::Status JobStore::TrimTelemetry(const std::string& job_id, int keep) {
+  Statement q(db_,
+              "DELETE FROM telemetry WHERE job_id = ?1 AND id < (SELECT id FROM telemetry "
+              "WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)");
+  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(keep)).Run();
 }
 
 }  // namespace furnace::controller

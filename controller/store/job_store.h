@@ -75,6 +75,12 @@ class JobStore {
   absl::Status AddTelemetry(const std::vector<furnace::v1::TelemetryRecord>& records);
   absl::Status PutCommResult(const std::string& job_id, const furnace::v1::CommResult& result);
   absl::StatusOr<std::vector<furnace::v1::CommResult>> LoadCommResults(const std::string& job_id);
+  // Job-level step aggregates (what dashboards and `furnace report` plot), kept for the whole job.
+  absl::Status PutStep(const std::string& job_id, const furnace::v1::StepRecord& step);
+  absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id);
+  // Retention of raw per-rank records: keeps the newest `keep` of a job.
+  absl::Status TrimTelemetry(const std::string& job_id, int keep);
+
   // The newest record of a rank that carries metrics (else the newest record; empty when none).
   absl::StatusOr<std::optional<furnace::v1::TelemetryRecord>> LatestRecord(
       const std::string& job_id, uint32_t rank);

@@ -123,10 +123,12 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   const bool checkpoints = !config_.checkpoint.dir.empty();
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
-    if (on_step) on_step(stats);
     if (checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) {
+      const double t0 = clock_->MonotonicSeconds();
       RETURN_IF_ERROR(SaveCheckpoint());
+      stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
     }
+    if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) break;
   }
   if (checkpoints && last_saved_step_ != step_) RETURN_IF_ERROR(SaveCheckpoint());

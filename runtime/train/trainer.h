@@ -58,6 +58,7 @@ struct StepStats {
   int64_t activation_peak_bytes = 0;  // max over micro-batches
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
+  double checkpoint_seconds = 0;      // the checkpoint written after this step (0: none)
 };
 
 // Asks a running loop to stop after the current step. Thread-safe.

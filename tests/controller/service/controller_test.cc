@@ -268,6 +268,65 @@ TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
   EXPECT_NE(d.attempts(0).cause().find("exited with code 3"), std::string::npos);
 }
 
+TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
+  StartRunning();
+  auto record = [&](uint32_t rank, uint64_t step, double step_s, double tokens,
+                    std::vector<double> experts) {
+    v1::TelemetryRecord r;
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_step(step);
+    auto& m = *r.mutable_metrics();
+    m["loss"] = 2.0 + rank;
+    m["aux_loss"] = 0.01;
+    m["tokens"] = tokens;
+    m["step_seconds"] = step_s;
+    m["mfu"] = 0.4;
+    m["activation_peak_bytes"] = 100.0 * (rank + 1);
+    m["memory_budget_bytes"] = 1000;
+    for (size_t e = 0; e < experts.size(); ++e) m["expert_tokens.0." + std::to_string(e)] = experts[e];
+    m["comm_bytes.alltoall"] = 10;
+    return r;
+  };
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  *batch.add_records() = record(0, 1, 0.5, 1000, {3, 1});
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // rank 1 has not reported step 1 yet
+  batch.clear_records();
+  batch.set_dropped(7);
+  *batch.add_records() = record(1, 1, 0.8, 1000, {1, 3});
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  auto series = c_->GetJobSeries(req);
+  ASSERT_TRUE(series.ok());
+  ASSERT_EQ(series->steps_size(), 1);
+  const auto& st = series->steps(0);
+  EXPECT_EQ(st.ranks(), 2u);
+  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.8);        // the slowest rank
+  EXPECT_DOUBLE_EQ(st.tokens(), 2000);
+  EXPECT_DOUBLE_EQ(st.tokens_per_second(), 2500);
+  EXPECT_DOUBLE_EQ(st.loss(), 2.5);
+  EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 200);
+  ASSERT_EQ(st.imbalance_size(), 1);
+  EXPECT_DOUBLE_EQ(st.imbalance(0), 1.0);           // {4, 4} over both ranks
+  EXPECT_DOUBLE_EQ(st.comm_bytes().at("alltoall"), 20);
+  auto snap = c_->Metrics();
+  ASSERT_EQ(snap.jobs.size(), 1u);
+  EXPECT_TRUE(snap.jobs[0].has_step);
+  EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);
+  EXPECT_EQ(snap.telemetry_dropped_total, 7u);
+  EXPECT_EQ(snap.workers_by_state["busy"], 2u);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Restart();
+  snap = c_->Metrics();
+  EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);  // history reloaded
+  EXPECT_EQ(snap.jobs[0].restarts_by_cause["signal"], 1u);
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 1);
+}
+
 TEST_F(ControllerTest, StartTimeout) {
   Register(0);
   Register(1);
