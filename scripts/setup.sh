@@ -9,7 +9,12 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libgtest-dev libgmock-dev
   libgloo-dev libcivetweb-dev libopenblas-dev libsqlite3-dev sqlite3 libcli11-dev libbenchmark-dev
   python3 procps curl
+  prometheus  # promtool (metrics tests) and the server (scrape test); 12 packages without recommends
 )
+
+# The dashboard (web/): node/npm to fetch its charting library, chromium to test the page headless.
+packages+=(chromium fonts-dejavu-core)
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -25,4 +30,13 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "[setup] all packages present"
+fi
+
+# web/node_modules from the committed lock file; skipped while it is up to date.
+web_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/web"
+if [ "$web_dir/node_modules/.package-lock.json" -nt "$web_dir/package-lock.json" ]; then
+  echo "[setup] web/node_modules up to date"
+else
+  echo "[setup] npm ci (web/)"
+  npm ci --prefix "$web_dir" --no-audit --no-fund --loglevel=error >/dev/null
 fi

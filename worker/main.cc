@@ -128,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_option("--device-memory", options.device_memory,
                  "device memory in bytes to offer (default: what the device has)")
       ->capture_default_str();
+  app.add_option("--telemetry-capacity", options.telemetry_capacity,
+                 "records the agent buffers for the controller; the oldest are dropped beyond")
+      ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
       ->capture_default_str();

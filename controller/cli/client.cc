@@ -62,6 +62,9 @@ class GrpcJobClient : public JobClient {
   absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) override {
     return Call<v1::GetLogsResponse>("GetLogs", request, &v1::JobService::Stub::GetLogs);
   }
+  absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) override {
+    return Call<v1::JobSeries>("GetJobSeries", request, &v1::JobService::Stub::GetJobSeries);
+  }
 
  private:
   template <typename Response, typename Request, typename Method>

@@ -22,6 +22,7 @@ class JobClient {
   virtual absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) = 0;
   virtual absl::StatusOr<v1::ListWorkersResponse> ListWorkers() = 0;
   virtual absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) = 0;
+  virtual absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) = 0;
 };
 
 // A client for the controller at `address` (host:port). Each call has `deadline_s` to complete.

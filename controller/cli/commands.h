@@ -68,6 +68,16 @@ struct ExportOptions {
 absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
                               const ExportOptions& options);
 
+struct ReportOptions {
+  std::string output;  // the directory to write (created, with parents)
+};
+// Fetches the job (GetJob) and all of its step records (GetJobSeries) and writes report.h's files
+// into options.output; prints the directory and files written (--json: {job_id, dir, files,
+// summary}). The job unknown -> the controller's NOT_FOUND; no output directory ->
+// INVALID_ARGUMENT; a directory or file that cannot be written -> a LocalError (exit 5).
+absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_id,
+                              const ReportOptions& options);
+
 struct DataPrepareOptions {
   std::vector<std::string> inputs;  // text files, one document each, in order
   std::string output;               // the token file to write

@@ -77,6 +77,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   export_cmd->add_option("-o,--output", export_options.output, "the file to write")->required();
 
+  ReportOptions report_options;
+  auto* report = app.add_subcommand(
+      "report", "plots (SVG) and a summary of a training job's step series, written to a directory");
+  report->add_option("JOB", job_id, "job id")->required();
+  report->add_option("-o,--output", report_options.output, "the directory to write")->required();
+
   auto* data = app.add_subcommand("data", "prepare training data (no controller needed)");
   data->require_subcommand(1);
   DataPrepareOptions prepare_options;
@@ -125,6 +131,8 @@ int main(int argc, char** argv) {
     result = RunWorkers(ctx);
   } else if (*export_cmd) {
     result = RunExport(ctx, job_id, export_options);
+  } else if (*report) {
+    result = RunReport(ctx, job_id, report_options);
   } else if (*prepare) {
     result = RunDataPrepare(ctx, prepare_options);
   }

@@ -14,6 +14,10 @@
 #include "CLI/CLI.hpp"
 #include "controller/service/controller.h"
 #include "controller/service/grpc_services.h"
+#include "controller/http/monitoring_server.h"
+#include "controller/http/proto_json.h"
+#include "controller/http/static_files.h"
+#include "controller/metrics/render_metrics.h"
 #include "controller/service/local_launcher.h"
 #include "spdlog/spdlog.h"
 
@@ -31,6 +35,8 @@ struct Flags {
   double heartbeat_interval_s = 1.0;
   double worker_timeout_s = 10.0;
   std::string log_level = "info";
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::string web_root;
 };
 
 // Reads the YAML config file; keys are the long flag names with '-' or '_'.
@@ -55,10 +61,12 @@ bool ApplyConfig(const std::string& path, Flags& f, std::string& error) {
       else if (key == "heartbeat-interval") f.heartbeat_interval_s = v.as<double>();
       else if (key == "worker-timeout") f.worker_timeout_s = v.as<double>();
       else if (key == "log-level") f.log_level = v.as<std::string>();
+      else if (key == "metrics-listen") f.metrics_listen = v.as<std::string>();
+      else if (key == "web-root") f.web_root = v.as<std::string>();
       else {
         error = path + ":" + std::to_string(kv.first.Mark().line + 1) + ": unknown option '" +
                 key + "'; allowed: listen, advertise, state-dir, local-workers, worker-binary, " +
-                "heartbeat-interval, worker-timeout, log-level";
+                "heartbeat-interval, worker-timeout, log-level, metrics-listen, web-root";
         return false;
       }
     }
@@ -89,6 +97,11 @@ int main(int argc, char** argv) {
   auto* wt = app.add_option("--worker-timeout", f.worker_timeout_s,
                             "seconds of silence after which an agent is lost");
   auto* ll = app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  auto* ml = app.add_option("--metrics-listen", f.metrics_listen,
+                            "HTTP address for /metrics (Prometheus) and the dashboard; "
+                            "empty to disable");
+  auto* wr = app.add_option("--web-root", f.web_root,
+                            "dashboard files (default: share/furnace/web next to bin/)");
   CLI11_PARSE(app, argc, argv);
 
   if (!config.empty()) {
@@ -107,6 +120,8 @@ int main(int argc, char** argv) {
     if (!hb->count()) f.heartbeat_interval_s = from_file.heartbeat_interval_s;
     if (!wt->count()) f.worker_timeout_s = from_file.worker_timeout_s;
     if (!ll->count()) f.log_level = from_file.log_level;
+    if (!ml->count()) f.metrics_listen = from_file.metrics_listen;
+    if (!wr->count()) f.web_root = from_file.web_root;
   }
   spdlog::set_level(spdlog::level::from_str(f.log_level));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [controller] %^%l%$ %v");
@@ -149,6 +164,43 @@ int main(int argc, char** argv) {
   }
   spdlog::info("listening on {} (state dir {})", f.listen, options.state_dir);
 
+  // Prometheus /metrics and the dashboard: plain renderings of the controller's state.
+  std::unique_ptr<furnace::controller::http::MonitoringServer> monitoring;
+  if (!f.metrics_listen.empty()) {
+    namespace http = furnace::controller::http;
+    http::MonitoringOptions mo;
+    mo.listen = f.metrics_listen;
+    mo.web_root = f.web_root.empty() ? http::DefaultWebRoot() : f.web_root;
+    http::MonitoringHandlers handlers;
+    auto* c = controller.get();
+    handlers.metrics_text = [c] { return furnace::controller::metrics::RenderMetrics(c->Metrics()); };
+    handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
+      furnace::v1::ListJobsResponse jobs;
+      for (auto& j : c->ListJobs()) *jobs.add_jobs() = std::move(j);
+      return http::JobsJson(jobs);
+    };
+    handlers.series_json = [c](const std::string& job_id, uint64_t since,
+                               uint32_t max_points) -> absl::StatusOr<std::string> {
+      furnace::v1::GetJobSeriesRequest req;
+      req.set_job_id(job_id);
+      req.set_since_step(since);
+      req.set_max_points(max_points);
+      auto series = c->GetJobSeries(req);
+      if (!series.ok()) return series.status();
+      return http::SeriesJson(*series);
+    };
+    auto started = http::MonitoringServer::Start(mo, std::move(handlers));
+    if (!started.ok()) {
+      std::cerr << "furnace-controller: --metrics-listen " << f.metrics_listen << ": "
+                << started.status().message() << "\n";
+      server->Shutdown();
+      return 1;
+    }
+    monitoring = std::move(*started);
+    spdlog::info("metrics and dashboard on http://{}/ (web root {})", monitoring->address(),
+                 mo.web_root);
+  }
+
   std::unique_ptr<furnace::controller::LocalLauncher> launcher;
   if (f.local_workers > 0) {
     furnace::controller::LocalLauncherOptions lo;
@@ -175,5 +227,6 @@ int main(int argc, char** argv) {
   controller->Shutdown(/*stopping_workers=*/launcher != nullptr);
   if (launcher) launcher->Stop(10.0);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  monitoring.reset();
   return 0;
 }

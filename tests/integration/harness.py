@@ -60,12 +60,15 @@ def processes_under(path):
 
 
 class Cluster:
-    def __init__(self, workers=4, worker_timeout=5.0):
+    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None):
         self.state = tempfile.mkdtemp(prefix="furnace-it-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.workers = workers
         self.worker_timeout = worker_timeout
+        # Every cluster serves /metrics and the dashboard on its own free port (never the default
+        # 9464: tests run in parallel).
+        self.metrics_port = metrics_port or free_port()
         self.controller = None
         self.log = open(os.path.join(self.state, "controller.out"), "ab")
 
@@ -74,7 +77,8 @@ class Cluster:
         self.controller = subprocess.Popen(
             [os.path.join(BIN_DIR, "furnace-controller"), "--listen", self.addr,
              "--state-dir", self.state, "--local-workers", str(self.workers),
-             "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout)],
+             "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout),
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_up()
         if wait_workers:

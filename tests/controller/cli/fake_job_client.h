@@ -9,7 +9,8 @@
 
 namespace furnace::cli::testing {
 
-// Answers GetJob from a script (the last answer repeats) and GetLogs from pages.
+// Answers GetJob from a script (the last answer repeats), GetLogs from pages and GetJobSeries
+// with `series`.
 class FakeJobClient : public JobClient {
  public:
   std::deque<absl::StatusOr<v1::JobDetail>> get_job;
@@ -17,6 +18,8 @@ class FakeJobClient : public JobClient {
   std::vector<v1::GetLogsRequest> log_requests;
   absl::Status submit_error;
   v1::SubmitJobRequest submitted;
+  absl::StatusOr<v1::JobSeries> series = v1::JobSeries();
+  std::vector<v1::GetJobSeriesRequest> series_requests;
   int get_job_calls = 0;
   std::vector<std::string> get_job_ids;
 
@@ -49,6 +52,10 @@ class FakeJobClient : public JobClient {
     auto next = logs.front();
     if (logs.size() > 1) logs.pop_front();
     return next;
+  }
+  absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) override {
+    series_requests.push_back(request);
+    return series;
   }
 };
 

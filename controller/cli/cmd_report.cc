@@ -1,0 +1,97 @@
+// furnace report JOB -o DIR: the job and its whole step series from the controller, rendered by
+// report.h into plots and a summary in DIR. The controller keeps the series; the CLI only draws it.
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/report.h"
+#include "google/protobuf/struct.pb.h"
+#include "runtime/base/status.h"
+
+namespace furnace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status WriteFile(const fs::path& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) {
+    return LocalError(absl::PermissionDeniedError(absl::StrCat("cannot write ", path.string())));
+  }
+  return absl::OkStatus();
+}
+
+void SetNumber(google::protobuf::Struct* s, const std::string& key,
+               const std::optional<double>& value) {
+  if (value) (*s->mutable_fields())[key].set_number_value(*value);
+}
+
+google::protobuf::Struct SummaryJson(const ReportSummary& m, const v1::JobSeries& series) {
+  google::protobuf::Struct s;
+  SetNumber(&s, "records", static_cast<double>(m.records));
+  SetNumber(&s, "final_loss", m.final_loss);
+  SetNumber(&s, "min_loss", m.min_loss);
+  SetNumber(&s, "entropy_floor", m.entropy_floor);
+  SetNumber(&s, "median_tokens_per_second", m.median_tokens_per_second);
+  SetNumber(&s, "median_mfu", m.median_mfu);
+  SetNumber(&s, "p10_mfu", m.p10_mfu);
+  SetNumber(&s, "median_step_seconds", m.median_step_seconds);
+  SetNumber(&s, "max_imbalance", m.max_imbalance);
+  SetNumber(&s, "peak_activation_bytes", m.peak_activation_bytes);
+  SetNumber(&s, "memory_budget_bytes", m.memory_budget_bytes);
+  SetNumber(&s, "checkpoints", static_cast<double>(m.checkpoints));
+  SetNumber(&s, "median_checkpoint_seconds", m.median_checkpoint_seconds);
+  SetNumber(&s, "telemetry_dropped", static_cast<double>(series.telemetry_dropped()));
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_id,
+                              const ReportOptions& options) {
+  if (options.output.empty()) return absl::InvalidArgumentError("report: pass -o DIR");
+  ASSIGN_OR_RETURN(const v1::JobDetail job, ctx.client->GetJob(job_id));
+  v1::GetJobSeriesRequest request;
+  request.set_job_id(job_id);
+  request.set_max_points(0);  // every step: the plots are only as honest as their points
+  ASSIGN_OR_RETURN(const v1::JobSeries series, ctx.client->GetJobSeries(request));
+
+  const fs::path dir(options.output);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    return LocalError(absl::PermissionDeniedError(
+        absl::StrCat("cannot create the report directory ", dir.string(), ": ", ec.message())));
+  }
+  const std::vector<ReportFile> files = BuildReport(job, series);
+  std::vector<std::string> written;
+  for (const ReportFile& f : files) {
+    RETURN_IF_ERROR(WriteFile(dir / f.name, f.content));
+    written.push_back((dir / f.name).string());
+  }
+
+  if (ctx.json) {
+    google::protobuf::Struct out;
+    auto& fields = *out.mutable_fields();
+    fields["job_id"].set_string_value(job.summary().job_id());
+    fields["dir"].set_string_value(dir.string());
+    for (const std::string& path : written) {
+      fields["files"].mutable_list_value()->add_values()->set_string_value(path);
+    }
+    *fields["summary"].mutable_struct_value() = SummaryJson(Summarize(job, series), series);
+    RETURN_IF_ERROR(PrintJson(out, *ctx.out));
+  } else {
+    *ctx.out << "report for " << job.summary().job_id() << " (" << series.steps_size()
+             << " step records) in " << dir.string() << ":\n";
+    for (const ReportFile& f : files) *ctx.out << "  " << f.name << "\n";
+    *ctx.out << "\n" << files.back().content;  // summary.txt
+  }
+  return kExitOk;
+}
+
+}  // namespace furnace::cli

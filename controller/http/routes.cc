@@ -1,0 +1,150 @@
+#include "controller/http/routes.h"
+
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "controller/http/static_files.h"
+
+namespace furnace::controller::http {
+
+namespace {
+
+constexpr char kJsonType[] = "application/json; charset=utf-8";
+constexpr char kTextType[] = "text/plain; charset=utf-8";
+
+HttpResponse Text(int status, std::string body) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = kTextType;
+  r.body = std::move(body) + "\n";
+  return r;
+}
+
+int StatusFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kInvalidArgument: return 400;
+    default: return 500;
+  }
+}
+
+HttpResponse FromResult(absl::StatusOr<std::string> result, const char* content_type) {
+  if (!result.ok()) return Text(StatusFor(result.status()), std::string(result.status().message()));
+  HttpResponse r;
+  r.content_type = content_type;
+  r.body = std::move(*result);
+  r.headers.emplace_back("Cache-Control", "no-store");
+  return r;
+}
+
+// %XX and '+' decoding of one query value; nullopt if malformed.
+std::optional<std::string> QueryDecode(absl::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%') {
+      int v = 0;
+      if (i + 2 >= s.size() || !absl::ascii_isxdigit(s[i + 1]) ||
+          !absl::ascii_isxdigit(s[i + 2]) || !absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+        return std::nullopt;
+      }
+      out += static_cast<char>(v);
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The value of `key` in a query string ("" if absent); nullopt if it is malformed.
+std::optional<std::string> QueryParam(absl::string_view query, absl::string_view key) {
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    if (kv.first == key) return QueryDecode(kv.second);
+  }
+  return std::string();
+}
+
+HttpResponse Series(const std::string& job_id, const HttpRequest& request,
+                    const MonitoringHandlers& handlers) {
+  if (!handlers.series_json) return Text(404, "not found");
+  uint64_t since = 0;
+  uint32_t max_points = 0;
+  const std::optional<std::string> since_text = QueryParam(request.query, "since");
+  const std::optional<std::string> max_text = QueryParam(request.query, "max");
+  if (!since_text || (!since_text->empty() && !absl::SimpleAtoi(*since_text, &since))) {
+    return Text(400, "since: expected a step number (unsigned integer)");
+  }
+  if (!max_text || (!max_text->empty() && !absl::SimpleAtoi(*max_text, &max_points))) {
+    return Text(400, "max: expected a number of points (unsigned integer)");
+  }
+  return FromResult(handlers.series_json(job_id, since, max_points), kJsonType);
+}
+
+}  // namespace
+
+const char* StatusText(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    default: return "Unknown";
+  }
+}
+
+HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,
+                   const RouteOptions& options) {
+  if (request.content_length > options.max_body_bytes) {
+    return Text(413, "request body too large (limit " + std::to_string(options.max_body_bytes) +
+                         " bytes)");
+  }
+  if (request.method != "GET") {
+    HttpResponse r = Text(405, "method not allowed: only GET is served here");
+    r.headers.emplace_back("Allow", "GET");
+    return r;
+  }
+  const std::string& path = request.path;
+  if (path == "/metrics") {
+    if (!handlers.metrics_text) return Text(404, "not found");
+    HttpResponse r;
+    r.content_type = kMetricsContentType;
+    r.body = handlers.metrics_text();
+    r.headers.emplace_back("Cache-Control", "no-store");
+    return r;
+  }
+  if (path == "/api/jobs") {
+    if (!handlers.jobs_json) return Text(404, "not found");
+    return FromResult(handlers.jobs_json(), kJsonType);
+  }
+  constexpr absl::string_view kJobs = "/api/jobs/";
+  constexpr absl::string_view kSeries = "/series";
+  if (absl::StartsWith(path, kJobs) && absl::EndsWith(path, kSeries) &&
+      path.size() > kJobs.size() + kSeries.size()) {
+    const std::string id =
+        path.substr(kJobs.size(), path.size() - kJobs.size() - kSeries.size());
+    if (id.find('/') == std::string::npos) return Series(id, request, handlers);
+  }
+  if (absl::StartsWith(path, "/api/")) return Text(404, "not found");
+  if (options.web_root.empty()) return Text(404, "not found (no dashboard installed)");
+  absl::StatusOr<StaticFile> file = ReadStaticFile(options.web_root, path);
+  if (!file.ok()) return Text(StatusFor(file.status()), std::string(file.status().message()));
+  HttpResponse r;
+  r.content_type = std::move(file->content_type);
+  r.body = std::move(file->body);
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  return r;
+}
+
+}  // namespace furnace::controller::http

@@ -1,0 +1,63 @@
+// The monitoring endpoint's routing, apart from any socket: a request (method, path, query, body
+// size) in, a complete response out. MonitoringServer is the thin civetweb adapter around it, so
+// these rules can be tested without HTTP, and the HTTP tests only check the wiring.
+//
+//   GET /metrics                          handlers.metrics_text()  (Prometheus text format 0.0.4)
+//   GET /api/jobs                         handlers.jobs_json()
+//   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, since, max)
+//   GET / and GET /<file>                 the dashboard's static files under web_root
+//
+// Anything else is 404; a method other than GET is 405; a body larger than max_body_bytes is
+// 413; a path with "..", "." or hidden segments, a backslash or a NUL is 400. A handler's
+// NotFound becomes 404, InvalidArgument 400, any other error 500 with its message.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace furnace::controller::http {
+
+// What the server asks of its owner. Each callback may be left empty (its route then answers
+// 404). civetweb's worker threads call them concurrently, so they must be thread-safe.
+struct MonitoringHandlers {
+  std::function<std::string()> metrics_text;
+  std::function<absl::StatusOr<std::string>()> jobs_json;
+  std::function<absl::StatusOr<std::string>(const std::string& job_id, uint64_t since_step,
+                                            uint32_t max_points)>
+      series_json;
+};
+
+struct HttpRequest {
+  std::string method;             // "GET", "POST", ...
+  std::string path;               // URL-decoded, without the query: "/api/jobs"
+  std::string query;              // raw, without '?': "since=3&max=100"
+  int64_t content_length = -1;    // -1: none given
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra ones (Allow, Cache-Control)
+};
+
+inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+struct RouteOptions {
+  std::string web_root;           // directory of the dashboard's files; empty: no dashboard
+  int64_t max_body_bytes = 16 * 1024;
+};
+
+// Thread-safe: reads only its arguments (and files under web_root).
+HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,
+                   const RouteOptions& options);
+
+// The short reason phrase of an HTTP status ("Not Found").
+const char* StatusText(int status);
+
+}  // namespace furnace::controller::http

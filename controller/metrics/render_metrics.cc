@@ -1,0 +1,171 @@
+#include "controller/metrics/render_metrics.h"
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "controller/metrics/exposition.h"
+
+#ifndef FURNACE_VERSION
+#define FURNACE_VERSION "unknown"
+#endif
+
+namespace furnace::controller::metrics {
+
+const char kFurnaceVersion[] = FURNACE_VERSION;
+
+namespace {
+
+using furnace::v1::JobState;
+constexpr MetricType kGauge = MetricType::kGauge;
+constexpr MetricType kCounter = MetricType::kCounter;
+
+struct StateLabel {
+  JobState state;
+  const char* label;
+};
+constexpr std::array<StateLabel, 8> kJobStates = {{
+    {furnace::v1::JOB_PENDING, "pending"},
+    {furnace::v1::JOB_SCHEDULED, "scheduled"},
+    {furnace::v1::JOB_STARTING, "starting"},
+    {furnace::v1::JOB_RUNNING, "running"},
+    {furnace::v1::JOB_RECOVERING, "recovering"},
+    {furnace::v1::JOB_SUCCEEDED, "succeeded"},
+    {furnace::v1::JOB_FAILED, "failed"},
+    {furnace::v1::JOB_CANCELLED, "cancelled"},
+}};
+
+// Failure kinds (AttemptInfo.failure_kind) that count as restarts, exported at 0 before they
+// first happen. Any other kind in the snapshot is exported as it appears.
+constexpr std::array<const char*, 8> kRestartCauses = {
+    "exit", "signal", "oom", "hang", "lost", "start_timeout", "agent_restart", "bad_input"};
+
+// Worker states exported at 0 when no worker is in them.
+constexpr std::array<const char*, 3> kWorkerStates = {"ready", "busy", "lost"};
+
+Labels JobLabel(const JobMetrics& job) { return {{"job", job.job_id}}; }
+
+Labels JobLabelAnd(const JobMetrics& job, const char* key, std::string value) {
+  return {{"job", job.job_id}, {key, std::move(value)}};
+}
+
+}  // namespace
+
+std::string RenderMetrics(const MetricsSnapshot& snapshot) {
+  Exposition x;
+  MetricFamily* build_info = x.Add("furnace_build_info", kGauge,
+                                   "Always 1; the version label is the furnace-controller build.");
+  MetricFamily* state = x.Add("furnace_job_state", kGauge,
+                              "1 for the state the job is in, 0 for the other seven states.");
+  MetricFamily* restarts =
+      x.Add("furnace_job_restarts_total", kCounter,
+            "Failed attempts of the job, by cause (the failure kind), over its lifetime.");
+  MetricFamily* step = x.Add("furnace_job_step", kGauge,
+                             "Training steps completed (progress of the current attempt).");
+  MetricFamily* total_steps =
+      x.Add("furnace_job_total_steps", kGauge, "Training steps the job is configured to run.");
+  MetricFamily* tokens_total = x.Add("furnace_job_tokens_total", kCounter,
+                                     "Tokens trained by the job, over all ranks and attempts.");
+  MetricFamily* mfu = x.Add("furnace_job_mfu_ratio", kGauge,
+                            "Model FLOPs utilization of the last step: model FLOPs / (step "
+                            "seconds * peak FLOP/s of all devices), 0..1.");
+  MetricFamily* step_seconds =
+      x.Add("furnace_job_step_seconds", kGauge,
+            "Wall time of the last training step in seconds (the slowest rank).");
+  MetricFamily* tokens_per_second =
+      x.Add("furnace_job_tokens_per_second", kGauge,
+            "Throughput of the last training step: tokens over all ranks / step seconds.");
+  MetricFamily* loss = x.Add("furnace_job_loss", kGauge,
+                             "Language-model loss (cross-entropy, nats per token) of the last "
+                             "step, mean over ranks.");
+  MetricFamily* aux_loss = x.Add("furnace_job_aux_loss", kGauge,
+                                 "MoE load-balancing auxiliary loss of the last step "
+                                 "(dimensionless), mean over ranks.");
+  MetricFamily* imbalance = x.Add(
+      "furnace_moe_routing_imbalance_ratio", kGauge,
+      "MoE routing imbalance of the last step per layer: max / mean tokens per expert over all "
+      "ranks (1 = perfectly balanced).");
+  MetricFamily* expert_tokens =
+      x.Add("furnace_moe_expert_tokens", kGauge,
+            "Tokens routed to each expert in the last step, summed over ranks.");
+  MetricFamily* act_peak = x.Add("furnace_activation_memory_peak_bytes", kGauge,
+                                 "Peak activation memory of the last step in bytes (the "
+                                 "largest rank).");
+  MetricFamily* budget = x.Add("furnace_memory_budget_bytes", kGauge,
+                               "Per-device memory budget in bytes (absent when unlimited).");
+  MetricFamily* planner =
+      x.Add("furnace_planner_bytes_total", kCounter,
+            "Bytes the memory planner handled, by action (keep, offload, recompute, ...), over all "
+            "steps and ranks.");
+  MetricFamily* comm = x.Add("furnace_comm_bytes_total", kCounter,
+                             "Bytes moved by collectives, by operation, over all steps and ranks.");
+  MetricFamily* checkpoint =
+      x.Add("furnace_checkpoint_seconds", kGauge, "Seconds the last checkpoint took.");
+  MetricFamily* recovery = x.Add("furnace_recovery_seconds", kGauge,
+                                 "Seconds the last recovery took: from the failure until every "
+                                 "rank of the next attempt was running.");
+  MetricFamily* workers =
+      x.Add("furnace_workers", kGauge, "Workers registered with the controller, by state.");
+  MetricFamily* dropped = x.Add("furnace_telemetry_dropped_total", kCounter,
+                                "Telemetry records agents had to drop (queue full).");
+  MetricFamily* records = x.Add("furnace_telemetry_records_total", kCounter,
+                                "Telemetry records the controller received.");
+
+  build_info->Add({{"version", kFurnaceVersion}}, 1.0);
+
+  for (const JobMetrics& job : snapshot.jobs) {
+    for (const StateLabel& s : kJobStates) {
+      state->Add(JobLabelAnd(job, "state", s.label), job.state == s.state ? 1.0 : 0.0);
+    }
+    std::map<std::string, uint64_t> causes(job.restarts_by_cause);
+    for (const char* cause : kRestartCauses) causes.emplace(cause, 0);
+    for (const auto& [cause, n] : causes) restarts->Add(JobLabelAnd(job, "cause", cause), n);
+
+    // Durations that exist without a training step too (a recovered commcheck job).
+    if (job.last_checkpoint_seconds >= 0) {
+      checkpoint->Add(JobLabel(job), job.last_checkpoint_seconds);
+    }
+    if (job.last_recovery_seconds >= 0) recovery->Add(JobLabel(job), job.last_recovery_seconds);
+
+    if (!job.has_step) continue;
+    const furnace::v1::StepRecord& last = job.last;
+    step->Add(JobLabel(job), job.step);
+    total_steps->Add(JobLabel(job), job.total_steps);
+    tokens_total->Add(JobLabel(job), job.tokens_total);
+    mfu->Add(JobLabel(job), last.mfu());
+    step_seconds->Add(JobLabel(job), last.step_seconds());
+    tokens_per_second->Add(JobLabel(job), last.tokens_per_second());
+    loss->Add(JobLabel(job), last.loss());
+    aux_loss->Add(JobLabel(job), last.aux_loss());
+    for (int l = 0; l < last.imbalance_size(); ++l) {
+      imbalance->Add(JobLabelAnd(job, "layer", absl::StrCat(l)), last.imbalance(l));
+    }
+    for (int l = 0; l < last.expert_tokens_size(); ++l) {
+      const auto& per_expert = last.expert_tokens(l).tokens();
+      for (int e = 0; e < per_expert.size(); ++e) {
+        expert_tokens->Add(
+            {{"job", job.job_id}, {"layer", absl::StrCat(l)}, {"expert", absl::StrCat(e)}},
+            per_expert[e]);
+      }
+    }
+    act_peak->Add(JobLabel(job), last.activation_peak_bytes());
+    if (last.memory_budget_bytes() > 0) budget->Add(JobLabel(job), last.memory_budget_bytes());
+    for (const auto& [action, bytes] : job.planner_bytes_total) {
+      planner->Add(JobLabelAnd(job, "action", action), bytes);
+    }
+    for (const auto& [op, bytes] : job.comm_bytes_total) {
+      comm->Add(JobLabelAnd(job, "op", op), bytes);
+    }
+  }
+
+  std::map<std::string, uint32_t> by_state(snapshot.workers_by_state);
+  for (const char* s : kWorkerStates) by_state.emplace(s, 0);
+  for (const auto& [s, n] : by_state) workers->Add({{"state", s}}, uint64_t{n});
+  dropped->Add({}, snapshot.telemetry_dropped_total);
+  records->Add({}, snapshot.telemetry_records_total);
+  return x.Render();
+}
+
+}  // namespace furnace::controller::metrics

@@ -1,0 +1,236 @@
+#include "controller/cli/report.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "gtest/gtest.h"
+#include "tests/controller/cli/fake_job_client.h"
+#include "tests/controller/cli/job_fixtures.h"
+#include "tests/controller/cli/svg_test_util.h"
+
+namespace furnace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Count;
+using testing::SeriesPoints;
+using testing::XmlProblem;
+
+constexpr double kMiB = 1048576.0;
+
+// Attempt 1 ran steps 1..30 and was killed; attempt 2 resumed from the checkpoint of step 20 and
+// ran 21..60: 70 records. Every figure is chosen so its summary statistic is known exactly.
+v1::JobSeries MakeSeries() {
+  v1::JobSeries series;
+  series.set_job_id("j-1");
+  series.set_telemetry_dropped(7);
+  int index = 0;
+  const auto add = [&](uint32_t attempt, uint64_t step) {
+    v1::StepRecord* r = series.add_steps();
+    r->set_attempt(attempt);
+    r->set_step(step);
+    r->set_unix_time(testing::kT0 + static_cast<double>(index));
+    r->set_loss(4.0 - 0.03 * static_cast<double>(step));
+    r->set_tokens(1024);
+    r->set_tokens_per_second(index < 10 ? 12800 : 25600);
+    r->set_step_seconds(index < 10 ? 0.08 : 0.04);
+    r->set_mfu(0.01 * (index % 10 + 1));  // 0.01 .. 0.10, seven of each
+    r->set_activation_peak_bytes(attempt == 2 && step == 42 ? 20 * kMiB : 10 * kMiB);
+    r->set_memory_budget_bytes(64 * kMiB);
+    r->add_imbalance(1.1);
+    r->add_imbalance(attempt == 1 && step == 25 ? 1.9 : 1.2);
+    if ((attempt == 1 && step == 20) || (attempt == 2 && step == 40)) {
+      r->set_checkpoint_seconds(step == 20 ? 0.1 : 0.2);
+    }
+    if (attempt == 2 && step == 60) r->set_checkpoint_seconds(0.4);
+    r->set_ranks(1);
+    ++index;
+  };
+  for (uint64_t s = 1; s <= 30; ++s) add(1, s);
+  for (uint64_t s = 21; s <= 60; ++s) add(2, s);
+  return series;
+}
+
+v1::JobDetail MakeRestartedJob() {
+  v1::JobDetail job = testing::MakeTrainJob(v1::JOB_SUCCEEDED);  // entropy_floor 2.1
+  job.mutable_summary()->set_attempt(2);
+  job.mutable_summary()->set_restarts(1);
+  job.mutable_summary()->set_step(60);
+  job.mutable_summary()->set_total_steps(60);
+  auto* a1 = job.add_attempts();
+  a1->set_attempt(1);
+  a1->set_state("failed");
+  a1->set_cause("rank 0 exited on signal 9");
+  a1->set_failure_kind("signal");
+  a1->set_ended_unix(testing::kT0 + 100);
+  auto* a2 = job.add_attempts();
+  a2->set_attempt(2);
+  a2->set_state("succeeded");
+  a2->set_all_running_unix(testing::kT0 + 101.5);
+  return job;
+}
+
+std::string Read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class ReportCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::path(::testing::TempDir()) /
+        ("report-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    client_.get_job.push_back(MakeRestartedJob());
+    client_.series = MakeSeries();
+    ctx_.client = &client_;
+    ctx_.out = &out_;
+    ctx_.err = &err_;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+  testing::FakeJobClient client_;
+  std::ostringstream out_, err_;
+  CommandContext ctx_;
+};
+
+TEST_F(ReportCommandTest, WritesEveryFileAsWellFormedSvgWithEveryPoint) {
+  ReportOptions options;
+  options.output = (dir_ / "nested").string();
+  auto code = RunReport(ctx_, "j-1", options);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  ASSERT_EQ(client_.series_requests.size(), 1u);
+  EXPECT_EQ(client_.series_requests[0].job_id(), "j-1");
+  EXPECT_EQ(client_.series_requests[0].max_points(), 0u);  // all points
+
+  const fs::path d = dir_ / "nested";
+  for (const char* name : {"loss.svg", "tokens_per_second.svg", "mfu.svg", "step_seconds.svg",
+                           "memory.svg", "imbalance_heatmap.svg"}) {
+    ASSERT_TRUE(fs::exists(d / name)) << name;
+    const std::string svg = Read(d / name);
+    EXPECT_EQ(XmlProblem(svg), "") << name;
+    EXPECT_EQ(Count(svg, "class=\"marker\""), 1) << name << ": the restart";
+    EXPECT_NE(svg.find("restart: attempt 2"), std::string::npos) << name;
+    if (std::string(name) != "imbalance_heatmap.svg") {
+      EXPECT_EQ(SeriesPoints(svg), 70) << name;
+      EXPECT_EQ(Count(svg, "<polyline class=\"series\""), 2) << name << ": one line per attempt";
+    }
+  }
+  const std::string loss = Read(d / "loss.svg");
+  EXPECT_EQ(Count(loss, "class=\"reference\""), 1);
+  EXPECT_NE(loss.find("entropy floor 2.1000"), std::string::npos);
+  EXPECT_NE(loss.find("loss (nats/token)"), std::string::npos);
+  const std::string memory = Read(d / "memory.svg");
+  EXPECT_EQ(Count(memory, "class=\"reference\""), 1);
+  EXPECT_NE(memory.find("budget 64.0 MiB"), std::string::npos);
+  // 2 MoE layers x steps 1..60, one column per step.
+  const std::string heat = Read(d / "imbalance_heatmap.svg");
+  EXPECT_EQ(Count(heat, "class=\"cell\""), 2 * 60);
+  EXPECT_NE(heat.find("MoE layer"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d / "summary.txt"));
+  EXPECT_NE(out_.str().find("imbalance_heatmap.svg"), std::string::npos);
+}
+
+TEST_F(ReportCommandTest, SummaryNumbers) {
+  const ReportSummary m = Summarize(MakeRestartedJob(), MakeSeries());
+  EXPECT_EQ(m.records, 70u);
+  EXPECT_DOUBLE_EQ(*m.final_loss, 4.0 - 0.03 * 60);
+  EXPECT_DOUBLE_EQ(*m.min_loss_step, 60);
+  EXPECT_DOUBLE_EQ(*m.median_tokens_per_second, 25600);
+  EXPECT_DOUBLE_EQ(*m.median_step_seconds, 0.04);
+  EXPECT_NEAR(*m.median_mfu, 0.055, 1e-12);
+  EXPECT_NEAR(*m.p10_mfu, 0.019, 1e-12);
+  EXPECT_DOUBLE_EQ(*m.max_imbalance, 1.9);
+  EXPECT_DOUBLE_EQ(*m.max_imbalance_layer, 1);
+  EXPECT_DOUBLE_EQ(*m.max_imbalance_step, 25);
+  EXPECT_DOUBLE_EQ(*m.peak_activation_bytes, 20 * kMiB);
+  EXPECT_DOUBLE_EQ(*m.memory_budget_bytes, 64 * kMiB);
+  EXPECT_EQ(m.checkpoints, 3u);
+  EXPECT_DOUBLE_EQ(*m.median_checkpoint_seconds, 0.2);
+  EXPECT_DOUBLE_EQ(*m.max_checkpoint_seconds, 0.4);
+  ASSERT_EQ(m.recovery_seconds.size(), 1u);
+  EXPECT_EQ(m.recovery_seconds[0].first, 2u);
+  EXPECT_DOUBLE_EQ(m.recovery_seconds[0].second, 1.5);
+
+  const std::string text = RenderSummaryText(MakeRestartedJob(), MakeSeries(), m);
+  for (const char* want :
+       {"SUCCEEDED", "2 (1 restart)", "attempt 1: failed, rank 0 exited on signal 9 [signal]",
+        "60/60  (70 step records)", "final 2.2000  min 2.2000 (step 60)",
+        "entropy floor 2.1000  gap +0.1000 (+4.8%)", "median 25.6k", "median 5.50%  p10 1.90%",
+        "median 40.0 ms", "1.900 max (layer 1, step 25)",
+        "20.0 MiB activation peak of 64.0 MiB budget (31%)", "3, median 200.0 ms, max 400.0 ms",
+        "attempt 2 running 1.50 s", "7 records dropped"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+TEST_F(ReportCommandTest, NoFloorNoBudgetNoLines) {
+  v1::JobDetail job = MakeRestartedJob();
+  job.mutable_metrics()->erase("entropy_floor");
+  v1::JobSeries series = MakeSeries();
+  for (auto& r : *series.mutable_steps()) r.set_memory_budget_bytes(0);
+  const std::vector<ReportFile> files = BuildReport(job, series);
+  ASSERT_EQ(files.size(), 7u);
+  EXPECT_EQ(files[0].name, "loss.svg");
+  EXPECT_EQ(Count(files[0].content, "class=\"reference\""), 0);
+  EXPECT_EQ(files[4].name, "memory.svg");
+  EXPECT_EQ(Count(files[4].content, "class=\"reference\""), 0);
+  EXPECT_NE(files.back().content.find("(no budget)"), std::string::npos);
+}
+
+TEST_F(ReportCommandTest, EmptySeriesStillWritesDocuments) {
+  const std::vector<ReportFile> files = BuildReport(MakeRestartedJob(), v1::JobSeries());
+  for (const ReportFile& f : files) {
+    if (f.name.ends_with(".svg")) EXPECT_EQ(XmlProblem(f.content), "") << f.name;
+  }
+  EXPECT_NE(files.back().content.find("(0 step records)"), std::string::npos);
+}
+
+TEST_F(ReportCommandTest, JsonListsTheFilesAndSummary) {
+  ctx_.json = true;
+  ReportOptions options;
+  options.output = dir_.string();
+  ASSERT_TRUE(RunReport(ctx_, "j-1", options).ok());
+  const std::string out = out_.str();
+  EXPECT_NE(out.find("\"job_id\": \"j-1\""), std::string::npos) << out;
+  EXPECT_NE(out.find((dir_ / "loss.svg").string()), std::string::npos);
+  EXPECT_NE(out.find("\"max_imbalance\": 1.9"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"telemetry_dropped\": 7"), std::string::npos) << out;
+}
+
+TEST_F(ReportCommandTest, UnknownJobWritesNothing) {
+  client_.get_job.clear();
+  client_.get_job.push_back(absl::NotFoundError("no job j-9"));
+  ReportOptions options;
+  options.output = dir_.string();
+  auto code = RunReport(ctx_, "j-9", options);
+  EXPECT_TRUE(absl::IsNotFound(code.status()));
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitJobNotFound);
+  EXPECT_FALSE(fs::exists(dir_));
+}
+
+TEST_F(ReportCommandTest, UnwritableDirectoryIsALocalError) {
+  ReportOptions options;
+  options.output = "/proc/furnace-report-cannot-exist";
+  auto code = RunReport(ctx_, "j-1", options);
+  ASSERT_FALSE(code.ok());
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+}
+
+TEST(QuantileTest, InterpolatesAndIgnoresNonFinite) {
+  EXPECT_FALSE(Quantile({}, 0.5));
+  EXPECT_DOUBLE_EQ(*Quantile({3, 1, 2}, 0.5), 2);
+  EXPECT_DOUBLE_EQ(*Quantile({1, 2, 3, 4}, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(*Quantile({1, 2, NAN}, 1), 2);
+}
+
+}  // namespace
+}  // namespace furnace::cli

@@ -1,0 +1,151 @@
+// Routing rules and the dashboard JSON without sockets: Route() on plain requests, the static
+// file checks on a temporary directory, and the proto JSON field names the page relies on.
+#include "controller/http/routes.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/status/status.h"
+#include "controller/http/proto_json.h"
+#include "controller/http/static_files.h"
+#include "gtest/gtest.h"
+
+namespace furnace::controller::http {
+namespace {
+
+namespace fs = std::filesystem;
+
+HttpRequest Req(std::string path, std::string query = "", std::string method = "GET") {
+  HttpRequest r;
+  r.method = std::move(method);
+  r.path = std::move(path);
+  r.query = std::move(query);
+  return r;
+}
+
+TEST(RoutesTest, MissingHandlersAnswer404) {
+  MonitoringHandlers none;
+  RouteOptions o;
+  EXPECT_EQ(Route(Req("/metrics"), none, o).status, 404);
+  EXPECT_EQ(Route(Req("/api/jobs"), none, o).status, 404);
+  EXPECT_EQ(Route(Req("/api/jobs/a/series"), none, o).status, 404);
+  EXPECT_EQ(Route(Req("/"), none, o).status, 404);  // no web_root
+}
+
+TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
+  std::string got_id;
+  uint64_t got_since = 99;
+  uint32_t got_max = 99;
+  MonitoringHandlers h;
+  h.series_json = [&](const std::string& id, uint64_t since,
+                      uint32_t max) -> absl::StatusOr<std::string> {
+    got_id = id;
+    got_since = since;
+    got_max = max;
+    return std::string("{}");
+  };
+  RouteOptions o;
+  EXPECT_EQ(Route(Req("/api/jobs/j 1/series", "x=1&since=%34%32&&max=7"), h, o).status, 200);
+  EXPECT_EQ(got_id, "j 1");
+  EXPECT_EQ(got_since, 42u);
+  EXPECT_EQ(got_max, 7u);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "since=%zz"), h, o).status, 400);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "since=%4"), h, o).status, 400);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "max=4294967296"), h, o).status, 400);
+  EXPECT_EQ(Route(Req("/api/jobs//series"), h, o).status, 404);
+  EXPECT_EQ(Route(Req("/api/jobs/series"), h, o).status, 404);
+}
+
+TEST(RoutesTest, HandlerErrorsMapToStatuses) {
+  absl::Status next;
+  MonitoringHandlers h;
+  h.jobs_json = [&]() -> absl::StatusOr<std::string> { return next; };
+  RouteOptions o;
+  next = absl::NotFoundError("gone");
+  EXPECT_EQ(Route(Req("/api/jobs"), h, o).status, 404);
+  next = absl::InvalidArgumentError("bad");
+  EXPECT_EQ(Route(Req("/api/jobs"), h, o).status, 400);
+  next = absl::UnavailableError("busy");
+  HttpResponse r = Route(Req("/api/jobs"), h, o);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(r.body, "busy\n");
+}
+
+TEST(RoutesTest, BodySizeIsCheckedBeforeTheMethod) {
+  MonitoringHandlers h;
+  RouteOptions o;
+  o.max_body_bytes = 10;
+  HttpRequest big = Req("/metrics", "", "POST");
+  big.content_length = 11;
+  EXPECT_EQ(Route(big, h, o).status, 413);
+  big.content_length = 10;
+  EXPECT_EQ(Route(big, h, o).status, 405);
+}
+
+class StaticFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("furnace-static-" + std::to_string(getpid()));
+    fs::create_directories(root_ / "web" / "sub");
+    std::ofstream(root_ / "web" / "index.html") << "<p>hi</p>";
+    std::ofstream(root_ / "web" / "sub" / "a.css") << "p{}";
+    std::ofstream(root_ / "outside.js") << "secret";
+    fs::create_symlink(root_ / "outside.js", root_ / "web" / "link.js");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  std::string web() const { return (root_ / "web").string(); }
+  fs::path root_;
+};
+
+TEST_F(StaticFilesTest, ServesFilesUnderTheRoot) {
+  auto f = ReadStaticFile(web(), "/");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->body, "<p>hi</p>");
+  EXPECT_EQ(f->content_type, "text/html; charset=utf-8");
+  f = ReadStaticFile(web(), "/sub/a.css");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->content_type, "text/css; charset=utf-8");
+}
+
+TEST_F(StaticFilesTest, RefusesWhatCouldLeaveTheRoot) {
+  for (const char* p : {"/../outside.js", "/sub/../../outside.js", "/./index.html", "//index.html",
+                        "/.git/config", "/sub\\a.css", "index.html"}) {
+    EXPECT_EQ(ReadStaticFile(web(), p).status().code(), absl::StatusCode::kInvalidArgument) << p;
+  }
+  EXPECT_EQ(ReadStaticFile(web(), "/link.js").status().code(),
+            absl::StatusCode::kInvalidArgument);  // a symlink out of the root
+  EXPECT_EQ(ReadStaticFile(web(), std::string("/index.html\0.js", 15)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadStaticFile(web(), "/missing.js").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadStaticFile(web(), "/sub").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadStaticFile(web(), "/index.exe").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ProtoJsonTest, UsesProtoFieldNamesAndPrintsZeros) {
+  furnace::v1::JobSeries s;
+  s.set_job_id("j-1");
+  furnace::v1::StepRecord* r = s.add_steps();
+  r->set_step(3);
+  r->set_tokens_per_second(1234.5);
+  r->add_imbalance(1.25);
+  (*r->mutable_planner_bytes())["offload"] = 4096;
+  auto json = SeriesJson(s);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_NE(json->find(R"("job_id":"j-1")"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("step":"3")"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("tokens_per_second":1234.5)"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("imbalance":[1.25])"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("planner_bytes":{"offload":4096})"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("loss":0)"), std::string::npos) << *json;
+
+  furnace::v1::ListJobsResponse jobs;
+  jobs.add_jobs()->set_state(furnace::v1::JOB_RUNNING);
+  json = JobsJson(jobs);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_NE(json->find(R"("state":"JOB_RUNNING")"), std::string::npos) << *json;
+}
+
+}  // namespace
+}  // namespace furnace::controller::http

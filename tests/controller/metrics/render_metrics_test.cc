@@ -1,0 +1,237 @@
+#include "controller/metrics/render_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/controller/metrics/snapshots.h"
+
+namespace furnace::controller::metrics {
+namespace {
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The metric name of a sample line.
+std::string SampleName(const std::string& line) { return line.substr(0, line.find_first_of("{ ")); }
+
+std::vector<std::string> SamplesOf(const std::string& text, const std::string& name) {
+  std::vector<std::string> out;
+  for (const std::string& line : Lines(text)) {
+    if (!line.empty() && line[0] != '#' && SampleName(line) == name) out.push_back(line);
+  }
+  return out;
+}
+
+TEST(RenderMetrics, GoldenSmallSnapshot) {
+  const std::string v = kFurnaceVersion;
+  EXPECT_EQ(
+      RenderMetrics(SmallSnapshot()),
+      "# HELP furnace_build_info Always 1; the version label is the furnace-controller "
+      "build.\n"
+      "# TYPE furnace_build_info gauge\n"
+      "furnace_build_info{version=\"" +
+          v +
+          "\"} 1\n"
+          "# HELP furnace_job_state 1 for the state the job is in, 0 for the other seven "
+          "states.\n"
+          "# TYPE furnace_job_state gauge\n"
+          "furnace_job_state{job=\"j-1\",state=\"pending\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"scheduled\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"starting\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"running\"} 1\n"
+          "furnace_job_state{job=\"j-1\",state=\"recovering\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"succeeded\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"failed\"} 0\n"
+          "furnace_job_state{job=\"j-1\",state=\"cancelled\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"pending\"} 1\n"
+          "furnace_job_state{job=\"j-2\",state=\"scheduled\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"starting\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"running\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"recovering\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"succeeded\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"failed\"} 0\n"
+          "furnace_job_state{job=\"j-2\",state=\"cancelled\"} 0\n"
+          "# HELP furnace_job_restarts_total Failed attempts of the job, by cause (the failure "
+          "kind), over its lifetime.\n"
+          "# TYPE furnace_job_restarts_total counter\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"agent_restart\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"bad_input\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"exit\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"hang\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"lost\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"oom\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"signal\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"start_timeout\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"agent_restart\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"bad_input\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"exit\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"hang\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"lost\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"oom\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"signal\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"start_timeout\"} 0\n"
+          "# HELP furnace_job_step Training steps completed (progress of the current "
+          "attempt).\n"
+          "# TYPE furnace_job_step gauge\n"
+          "furnace_job_step{job=\"j-1\"} 42\n"
+          "# HELP furnace_job_total_steps Training steps the job is configured to run.\n"
+          "# TYPE furnace_job_total_steps gauge\n"
+          "furnace_job_total_steps{job=\"j-1\"} 300\n"
+          "# HELP furnace_job_tokens_total Tokens trained by the job, over all ranks and "
+          "attempts.\n"
+          "# TYPE furnace_job_tokens_total counter\n"
+          "furnace_job_tokens_total{job=\"j-1\"} 43008\n"
+          "# HELP furnace_job_mfu_ratio Model FLOPs utilization of the last step: model FLOPs "
+          "/ (step seconds * peak FLOP/s of all devices), 0..1.\n"
+          "# TYPE furnace_job_mfu_ratio gauge\n"
+          "furnace_job_mfu_ratio{job=\"j-1\"} 0.375\n"
+          "# HELP furnace_job_step_seconds Wall time of the last training step in seconds "
+          "(the slowest rank).\n"
+          "# TYPE furnace_job_step_seconds gauge\n"
+          "furnace_job_step_seconds{job=\"j-1\"} 0.05\n"
+          "# HELP furnace_job_tokens_per_second Throughput of the last training step: tokens "
+          "over all ranks / step seconds.\n"
+          "# TYPE furnace_job_tokens_per_second gauge\n"
+          "furnace_job_tokens_per_second{job=\"j-1\"} 20480\n"
+          "# HELP furnace_job_loss Language-model loss (cross-entropy, nats per token) of the "
+          "last step, mean over ranks.\n"
+          "# TYPE furnace_job_loss gauge\n"
+          "furnace_job_loss{job=\"j-1\"} 2.5\n"
+          "# HELP furnace_job_aux_loss MoE load-balancing auxiliary loss of the last step "
+          "(dimensionless), mean over ranks.\n"
+          "# TYPE furnace_job_aux_loss gauge\n"
+          "furnace_job_aux_loss{job=\"j-1\"} 0.0125\n"
+          "# HELP furnace_moe_routing_imbalance_ratio MoE routing imbalance of the last step "
+          "per layer: max / mean tokens per expert over all ranks (1 = perfectly balanced).\n"
+          "# TYPE furnace_moe_routing_imbalance_ratio gauge\n"
+          "furnace_moe_routing_imbalance_ratio{job=\"j-1\",layer=\"0\"} 1\n"
+          "# HELP furnace_moe_expert_tokens Tokens routed to each expert in the last step, "
+          "summed over ranks.\n"
+          "# TYPE furnace_moe_expert_tokens gauge\n"
+          "furnace_moe_expert_tokens{job=\"j-1\",layer=\"0\",expert=\"0\"} 100\n"
+          "furnace_moe_expert_tokens{job=\"j-1\",layer=\"0\",expert=\"1\"} 110\n"
+          "# HELP furnace_activation_memory_peak_bytes Peak activation memory of the last step "
+          "in bytes (the largest rank).\n"
+          "# TYPE furnace_activation_memory_peak_bytes gauge\n"
+          "furnace_activation_memory_peak_bytes{job=\"j-1\"} 1048576\n"
+          "# HELP furnace_planner_bytes_total Bytes the memory planner handled, by action "
+          "(keep, offload, recompute, ...), over all steps and ranks.\n"
+          "# TYPE furnace_planner_bytes_total counter\n"
+          "furnace_planner_bytes_total{job=\"j-1\",action=\"keep\"} 4096\n"
+          "# HELP furnace_comm_bytes_total Bytes moved by collectives, by operation, over all "
+          "steps and ranks.\n"
+          "# TYPE furnace_comm_bytes_total counter\n"
+          "furnace_comm_bytes_total{job=\"j-1\",op=\"all_reduce\"} 8192\n"
+          "# HELP furnace_workers Workers registered with the controller, by state.\n"
+          "# TYPE furnace_workers gauge\n"
+          "furnace_workers{state=\"busy\"} 0\n"
+          "furnace_workers{state=\"lost\"} 0\n"
+          "furnace_workers{state=\"ready\"} 2\n"
+          "# HELP furnace_telemetry_dropped_total Telemetry records agents had to drop (queue "
+          "full).\n"
+          "# TYPE furnace_telemetry_dropped_total counter\n"
+          "furnace_telemetry_dropped_total 0\n"
+          "# HELP furnace_telemetry_records_total Telemetry records the controller received.\n"
+          "# TYPE furnace_telemetry_records_total counter\n"
+          "furnace_telemetry_records_total 84\n");
+}
+
+TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
+  const std::string text = RenderMetrics(RichSnapshot());
+  std::map<std::string, int> help, type;
+  std::map<std::string, std::string> kind;
+  std::set<std::string> finished;  // families whose samples have ended
+  std::string current;
+  for (const std::string& line : Lines(text)) {
+    ASSERT_FALSE(line.empty());
+    std::istringstream in(line);
+    std::string hash, what, name, t;
+    if (line.rfind("# HELP ", 0) == 0) {
+      in >> hash >> what >> name;
+      ++help[name];
+      EXPECT_GT(line.size(), 8 + name.size()) << "empty HELP for " << name;
+    } else if (line.rfind("# TYPE ", 0) == 0) {
+      in >> hash >> what >> name >> t;
+      ++type[name];
+      kind[name] = t;
+      EXPECT_EQ(help[name], 1) << "TYPE before HELP for " << name;
+      if (!current.empty()) finished.insert(current);
+      current = name;
+    } else {
+      ASSERT_NE(line[0], '#') << line;
+      EXPECT_EQ(SampleName(line), current) << "sample outside its family: " << line;
+      EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
+    }
+  }
+  EXPECT_EQ(help.size(), 22u);  // every family the renderer has
+  for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
+  for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
+  EXPECT_EQ(help.size(), type.size());
+  for (const auto& [name, t] : kind) {
+    const bool total = name.size() > 6 && name.substr(name.size() - 6) == "_total";
+    EXPECT_TRUE(t == "counter" || t == "gauge") << name;
+    EXPECT_EQ(t == "counter", total) << name << " is a " << t;
+  }
+}
+
+TEST(RenderMetrics, JobStateIsOneHotOverAllEightStates) {
+  const std::string text = RenderMetrics(RichSnapshot());
+  for (const std::string job : {"j-a", "j-b"}) {
+    int ones = 0, zeros = 0;
+    std::string hot;
+    for (const std::string& line : SamplesOf(text, "furnace_job_state")) {
+      if (line.find("job=\"" + job + "\"") == std::string::npos) continue;
+      if (line.substr(line.size() - 2) == " 1") {
+        ++ones;
+        hot = line;
+      } else if (line.substr(line.size() - 2) == " 0") {
+        ++zeros;
+      }
+    }
+    EXPECT_EQ(ones, 1) << job;
+    EXPECT_EQ(zeros, 7) << job;
+    EXPECT_NE(hot.find(job == "j-a" ? "state=\"running\"" : "state=\"succeeded\""),
+              std::string::npos)
+        << hot;
+  }
+  EXPECT_EQ(SamplesOf(text, "furnace_job_state").size(), 3u * 8);
+}
+
+TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
+  const std::string text = RenderMetrics(RichSnapshot());
+  EXPECT_EQ(SamplesOf(text, "furnace_job_mfu_ratio").size(), 2u);
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_routing_imbalance_ratio").size(), 4u + 2u);
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_expert_tokens").size(), 4u * 8 + 2u * 4);
+  ASSERT_EQ(SamplesOf(text, "furnace_memory_budget_bytes").size(), 1u);
+  EXPECT_EQ(SamplesOf(text, "furnace_memory_budget_bytes")[0],
+            "furnace_memory_budget_bytes{job=\"j-a\"} 8589934592");
+  EXPECT_EQ(SamplesOf(text, "furnace_job_loss")[1], "furnace_job_loss{job=\"j-b\"} NaN");
+  // Restarts for every job; the commcheck job's recovery is there without a step.
+  EXPECT_EQ(SamplesOf(text, "furnace_job_restarts_total").size(), 8u + 8u + 9u);
+  EXPECT_NE(text.find("furnace_job_restarts_total{job=\"j-a\",cause=\"signal\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("furnace_recovery_seconds{job=\"weird \\\"id\\\"\\\\with\\nnewline\"} "
+                      "0.75\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("furnace_telemetry_records_total 18446744073709551615\n"), std::string::npos);
+}
+
+TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
+  const std::string text = RenderMetrics(MetricsSnapshot{});
+  EXPECT_EQ(SamplesOf(text, "furnace_build_info").size(), 1u);
+  EXPECT_EQ(SamplesOf(text, "furnace_workers").size(), 3u);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_state").size(), 0u);
+}
+
+}  // namespace
+}  // namespace furnace::controller::metrics

@@ -1,0 +1,89 @@
+// Snapshots the metrics tests render: a small one for the golden text and a rich one that
+// exercises every family (for promtool and for the dashboard's metric names).
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "controller/service/metrics_snapshot.h"
+
+namespace furnace::controller::metrics {
+
+inline JobMetrics TrainingJob(const std::string& id, int layers, int experts) {
+  JobMetrics j;
+  j.job_id = id;
+  j.name = "demo";
+  j.kind = "train";
+  j.state = furnace::v1::JOB_RUNNING;
+  j.attempt = 1;
+  j.step = 42;
+  j.total_steps = 300;
+  j.has_step = true;
+  j.tokens_total = 43008;
+  auto& s = j.last;
+  s.set_attempt(1);
+  s.set_step(42);
+  s.set_loss(2.5);
+  s.set_aux_loss(0.0125);
+  s.set_tokens(1024);
+  s.set_tokens_per_second(20480);
+  s.set_step_seconds(0.05);
+  s.set_mfu(0.375);
+  s.set_activation_peak_bytes(1048576);
+  for (int l = 0; l < layers; ++l) {
+    s.add_imbalance(1.0 + 0.25 * l);
+    auto* et = s.add_expert_tokens();
+    for (int e = 0; e < experts; ++e) et->add_tokens(100 + 10 * e + l);
+  }
+  return j;
+}
+
+inline MetricsSnapshot SmallSnapshot() {
+  MetricsSnapshot snap;
+  snap.unix_time = 1700000000;
+  JobMetrics train = TrainingJob("j-1", 1, 2);
+  train.planner_bytes_total["keep"] = 4096;
+  train.comm_bytes_total["all_reduce"] = 8192;
+  snap.jobs.push_back(train);
+  JobMetrics pending;
+  pending.job_id = "j-2";
+  pending.kind = "commcheck";
+  pending.state = furnace::v1::JOB_PENDING;
+  snap.jobs.push_back(pending);
+  snap.workers_by_state["ready"] = 2;
+  snap.telemetry_records_total = 84;
+  return snap;
+}
+
+// Every family present, several jobs in different states, restarts, a budget, odd label values.
+inline MetricsSnapshot RichSnapshot() {
+  MetricsSnapshot snap;
+  snap.unix_time = 1700000000.5;
+  JobMetrics a = TrainingJob("j-a", 4, 8);
+  a.last.set_memory_budget_bytes(8.0 * 1024 * 1024 * 1024);
+  a.planner_bytes_total = {{"keep", 1e9}, {"offload", 2.5e8}, {"recompute", 12345}};
+  a.comm_bytes_total = {{"all_reduce", 3e9}, {"all_to_all", 7.25e8}};
+  a.restarts_by_cause = {{"signal", 2}, {"hang", 1}};
+  a.last_checkpoint_seconds = 1.25;
+  a.last_recovery_seconds = 4.5;
+  a.attempt = 4;
+  snap.jobs.push_back(a);
+  JobMetrics b = TrainingJob("j-b", 2, 4);
+  b.state = furnace::v1::JOB_SUCCEEDED;
+  b.last.set_loss(std::numeric_limits<double>::quiet_NaN());
+  b.last.set_mfu(0);
+  snap.jobs.push_back(b);
+  JobMetrics c;
+  c.job_id = "weird \"id\"\\with\nnewline";
+  c.kind = "commcheck";
+  c.state = furnace::v1::JOB_RECOVERING;
+  c.restarts_by_cause = {{"some_new_cause", 1}};
+  c.last_recovery_seconds = 0.75;
+  snap.jobs.push_back(c);
+  snap.workers_by_state = {{"ready", 1}, {"busy", 3}, {"lost", 1}};
+  snap.telemetry_dropped_total = 7;
+  snap.telemetry_records_total = 18446744073709551615ull;
+  return snap;
+}
+
+}  // namespace furnace::controller::metrics

@@ -1,0 +1,377 @@
+// Furnace dashboard. Polls the controller's monitoring endpoint every 2 s:
+//   GET /api/jobs                          -> {"jobs": [JobSummary]}
+//   GET /api/jobs/<id>/series?since=&max=  -> {"job_id", "steps": [StepRecord]}
+// (protobuf JSON: proto field names, 64-bit integers as strings; camelCase is accepted too).
+// The selected job (a click, or ?job=ID) gets line charts (uPlot) and an imbalance heatmap drawn
+// on a <canvas>. A machine-readable summary of what was drawn goes to #furnace-test-summary.
+(() => {
+  'use strict';
+
+  const REFRESH_MS = 2000;
+  const CHART_HEIGHT = 170;
+  const FIRST_FETCH_MAX = 2000;     // points asked for when a job is first opened
+  const COLORS = ['#d9480f', '#1c7ed6', '#2b8a3e', '#ae3ec9', '#f59f00', '#0ca678', '#e64980'];
+
+  const params = new URLSearchParams(location.search);
+  const view = {
+    jobId: params.get('job') || '',
+    jobs: [],
+    steps: [],          // StepRecords of the selected job, ascending by step
+    charts: {},         // name -> uPlot
+    plannerKeys: '',
+    heatmapCells: 0,
+    busy: false,
+  };
+
+  // -- small helpers ----------------------------------------------------------------------------
+  const $ = (id) => document.getElementById(id);
+
+  function get(o, snake) {
+    if (o == null) return undefined;
+    if (snake in o) return o[snake];
+    return o[snake.replace(/_([a-z])/g, (_, c) => c.toUpperCase())];
+  }
+  function num(o, snake) {
+    const v = Number(get(o, snake));
+    return Number.isFinite(v) ? v : 0;
+  }
+
+  function el(tag, props, ...children) {
+    const e = document.createElement(tag);
+    Object.assign(e, props || {});
+    for (const c of children) e.append(c);
+    return e;
+  }
+
+  function fmtBytes(b) {
+    if (b == null || !Number.isFinite(b)) return '';
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    let v = Math.abs(b);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (b < 0 ? '-' : '') + (v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)) + ' ' + units[i];
+  }
+  function fmtSI(v) {
+    if (v == null || !Number.isFinite(v)) return '';
+    const a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toFixed(1) + 'G';
+    if (a >= 1e6) return (v / 1e6).toFixed(1) + 'M';
+    if (a >= 1e3) return (v / 1e3).toFixed(1) + 'k';
+    return a >= 10 ? v.toFixed(0) : v.toFixed(2);
+  }
+
+  async function fetchJson(url) {
+    const r = await fetch(url, { cache: 'no-store' });
+    if (!r.ok) throw new Error(`${url}: ${r.status} ${(await r.text()).trim()}`);
+    return r.json();
+  }
+
+  function setConn(ok, text) {
+    const c = $('conn');
+    c.textContent = text;
+    c.classList.toggle('bad', !ok);
+  }
+
+  // -- jobs table -------------------------------------------------------------------------------
+  function stateClass(state) {
+    return String(state || '').replace(/^JOB_/, '').toLowerCase();
+  }
+
+  function renderJobs() {
+    const body = $('jobs').tBodies[0];
+    body.replaceChildren();
+    if (view.jobs.length === 0) {
+      body.append(el('tr', { className: 'empty' }, el('td', { colSpan: 8 }, 'no jobs yet')));
+      return;
+    }
+    for (const j of view.jobs) {
+      const id = get(j, 'job_id');
+      const state = String(get(j, 'state') || '');
+      const step = num(j, 'step');
+      const total = num(j, 'total_steps');
+      const pct = total > 0 ? Math.min(100, (100 * step) / total) : 0;
+      const bar = el('span', { className: 'bar' }, el('span'));
+      bar.firstChild.style.width = pct.toFixed(1) + '%';
+      const progress = el('span', { className: 'progress' }, bar,
+        el('span', { className: 'txt' }, total > 0 ? `${step} / ${total}` : String(step)));
+      const tr = el('tr', {},
+        el('td', { className: 'id' }, id),
+        el('td', {}, get(j, 'name') || ''),
+        el('td', {}, get(j, 'kind') || ''),
+        el('td', {}, el('span', { className: 'state ' + stateClass(state) },
+          state.replace(/^JOB_/, ''))),
+        el('td', { className: 'num' }, String(num(j, 'attempt'))),
+        el('td', { className: 'num' }, String(num(j, 'restarts'))),
+        el('td', {}, progress),
+        el('td', { className: 'cause' }, get(j, 'cause') || ''));
+      if (id === view.jobId) tr.classList.add('selected');
+      tr.addEventListener('click', () => selectJob(id));
+      body.append(tr);
+    }
+  }
+
+  function selectJob(id) {
+    if (id === view.jobId) return;
+    view.jobId = id;
+    view.steps = [];
+    for (const c of Object.values(view.charts)) c.destroy();
+    view.charts = {};
+    view.plannerKeys = '';
+    const u = new URL(location.href);
+    u.searchParams.set('job', id);
+    history.replaceState(null, '', u);
+    renderJobs();
+    refresh();
+  }
+
+  // -- series -----------------------------------------------------------------------------------
+  function mergeSteps(incoming) {
+    for (const r of incoming) {
+      const s = num(r, 'step');
+      // A restarted attempt redoes steps after its checkpoint: it replaces the abandoned tail.
+      while (view.steps.length && num(view.steps[view.steps.length - 1], 'step') >= s) {
+        view.steps.pop();
+      }
+      view.steps.push(r);
+    }
+  }
+
+  function lastStep() {
+    return view.steps.length ? num(view.steps[view.steps.length - 1], 'step') : 0;
+  }
+
+  function chartWidth(div) {
+    return Math.max(280, div.clientWidth || div.parentElement.clientWidth - 20);
+  }
+
+  // Creates (or updates) a uPlot line chart in `divId`; series: [{label, stroke, dash}].
+  function lineChart(name, divId, series, data, yFormat) {
+    let chart = view.charts[name];
+    if (!chart) {
+      const div = $(divId);
+      div.replaceChildren();
+      const opts = {
+        width: chartWidth(div),
+        height: CHART_HEIGHT,
+        scales: { x: { time: false } },
+        legend: { show: false },   // the caption names the series
+        cursor: { drag: { x: true, y: false } },
+        axes: [
+          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, size: 30 },
+          { size: 74, stroke: '#6b7280', grid: { stroke: '#eef0f3' },
+            values: (u, vals) => vals.map(yFormat) },
+        ],
+        series: [{ label: 'step' }].concat(series.map((s) => ({
+          label: s.label, stroke: s.stroke, width: 2, dash: s.dash, spanGaps: false,
+          points: { show: false }, value: (u, v) => (v == null ? '–' : yFormat(v)),
+        }))),
+      };
+      chart = new uPlot(opts, data, div);
+      view.charts[name] = chart;
+    } else {
+      chart.setData(data);
+    }
+    return data[0].length;
+  }
+
+  function renderCharts() {
+    const steps = view.steps;
+    const x = steps.map((r) => num(r, 'step'));
+    const col = (f) => steps.map(f);
+    const points = {};
+    $('no-steps').hidden = steps.length > 0;
+
+    points.loss = lineChart('loss', 'chart-loss',
+      [{ label: 'loss', stroke: COLORS[0] }],
+      [x, col((r) => num(r, 'loss'))], (v) => v.toFixed(3));
+    points.tokens_per_second = lineChart('tps', 'chart-tps',
+      [{ label: 'tokens/s', stroke: COLORS[1] }],
+      [x, col((r) => num(r, 'tokens_per_second'))], fmtSI);
+    points.mfu = lineChart('mfu', 'chart-mfu',
+      [{ label: 'MFU %', stroke: COLORS[2] }],
+      [x, col((r) => 100 * num(r, 'mfu'))], (v) => v.toFixed(v >= 10 ? 0 : 2));
+    points.memory = lineChart('mem', 'chart-mem',
+      [{ label: 'peak', stroke: COLORS[3] }, { label: 'budget', stroke: '#868e96', dash: [6, 4] }],
+      [x, col((r) => num(r, 'activation_peak_bytes')),
+        col((r) => (num(r, 'memory_budget_bytes') > 0 ? num(r, 'memory_budget_bytes') : null))],
+      fmtBytes);
+    points.planner = renderPlanner(x);
+    drawHeatmap();
+    return points;
+  }
+
+  function renderPlanner(x) {
+    const keys = new Set();
+    for (const r of view.steps) for (const k of Object.keys(get(r, 'planner_bytes') || {})) keys.add(k);
+    const sorted = [...keys].sort();
+    $('no-planner').hidden = sorted.length > 0;
+    $('chart-planner').hidden = sorted.length === 0;
+    if (sorted.length === 0) return 0;
+    if (sorted.join(',') !== view.plannerKeys && view.charts.planner) {
+      view.charts.planner.destroy();
+      delete view.charts.planner;
+    }
+    view.plannerKeys = sorted.join(',');
+    const data = [x].concat(sorted.map((k) => view.steps.map((r) => {
+      const m = get(r, 'planner_bytes') || {};
+      return k in m ? Number(m[k]) : 0;
+    })));
+    return lineChart('planner', 'chart-planner',
+      sorted.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length] })), data, fmtBytes);
+  }
+
+  // -- imbalance heatmap --------------------------------------------------------------------------
+  // Colour ramp from even (1.0: pale) to strongly imbalanced (dark red).
+  const RAMP = [[255, 247, 236], [253, 212, 158], [252, 141, 89], [215, 48, 31], [127, 0, 0]];
+  function rampColor(t) {
+    t = Math.max(0, Math.min(1, t)) * (RAMP.length - 1);
+    const i = Math.min(RAMP.length - 2, Math.floor(t));
+    const f = t - i;
+    const c = RAMP[i].map((a, k) => Math.round(a + f * (RAMP[i + 1][k] - a)));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  }
+
+  function drawHeatmap() {
+    const canvas = $('heatmap');
+    const cssW = canvas.clientWidth || 800;
+    const cssH = 200;
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(cssW * dpr);
+    canvas.height = Math.round(cssH * dpr);
+    canvas.style.height = cssH + 'px';
+    const g = canvas.getContext('2d');
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.clearRect(0, 0, cssW, cssH);
+    g.font = '11px "DejaVu Sans", sans-serif';
+
+    const steps = view.steps;
+    const layers = steps.reduce((m, r) => Math.max(m, (get(r, 'imbalance') || []).length), 0);
+    view.heatmapCells = 0;
+    if (steps.length === 0 || layers === 0) {
+      g.fillStyle = '#6b7280';
+      g.fillText('no routing data yet', 12, 24);
+      return;
+    }
+    let vmax = 1.5;
+    for (const r of steps) for (const v of get(r, 'imbalance') || []) vmax = Math.max(vmax, Number(v));
+    vmax = Math.ceil(vmax * 4) / 4;
+
+    const left = 44, right = 78, top = 6, bottom = 30;
+    const w = cssW - left - right, h = cssH - top - bottom;
+    const cw = w / steps.length, ch = h / layers;
+    for (let i = 0; i < steps.length; i++) {
+      const imb = get(steps[i], 'imbalance') || [];
+      for (let l = 0; l < imb.length; l++) {
+        const v = Number(imb[l]);
+        if (!Number.isFinite(v)) continue;
+        g.fillStyle = rampColor((v - 1) / (vmax - 1));
+        // Layer 0 at the top; cells overlap by a pixel so no seams show.
+        g.fillRect(left + i * cw, top + l * ch, Math.max(1, cw + 0.5), ch + 0.5);
+        view.heatmapCells++;
+      }
+    }
+    // Axes: layers on the left, steps below.
+    g.fillStyle = '#4b5563';
+    g.textAlign = 'right';
+    g.textBaseline = 'middle';
+    const every = Math.ceil(layers / Math.max(1, Math.floor(h / 14)));
+    for (let l = 0; l < layers; l += every) g.fillText('L' + l, left - 6, top + (l + 0.5) * ch);
+    g.textAlign = 'center';
+    g.textBaseline = 'top';
+    // Step ticks at a round interval (1, 2, 5, 10, 20, 50, ...), about 70 px apart or more.
+    const span = num(steps[steps.length - 1], 'step') - num(steps[0], 'step');
+    let stepEvery = 1;
+    for (let k = 1; span / stepEvery > Math.max(1, w / 70); k++) {
+      stepEvery = [1, 2, 5][k % 3] * 10 ** Math.floor(k / 3);
+    }
+    for (let i = 0; i < steps.length; i++) {
+      const s = num(steps[i], 'step');
+      if (s % stepEvery === 0) g.fillText(String(s), left + (i + 0.5) * cw, top + h + 6);
+    }
+    g.fillText('step', left + w / 2, top + h + 18);
+    // Colour bar.
+    const bx = cssW - right + 16, bw = 12;
+    for (let y = 0; y < h; y++) {
+      g.fillStyle = rampColor(1 - y / h);
+      g.fillRect(bx, top + y, bw, 1.5);
+    }
+    g.textAlign = 'left';
+    g.textBaseline = 'middle';
+    g.fillStyle = '#4b5563';
+    g.fillText(vmax.toFixed(2), bx + bw + 4, top + 4);
+    g.fillText('1.00', bx + bw + 4, top + h - 4);
+  }
+
+  // -- header numbers ---------------------------------------------------------------------------
+  function renderKpis() {
+    const j = view.jobs.find((x) => get(x, 'job_id') === view.jobId);
+    const title = $('job-title');
+    title.textContent = 'Job ' + view.jobId + (j ? ` · ${get(j, 'name')} · ` +
+      String(get(j, 'state') || '').replace(/^JOB_/, '').toLowerCase() : '');
+    const last = view.steps[view.steps.length - 1];
+    const kpis = [
+      ['step', last ? `${num(last, 'step')}${j && num(j, 'total_steps') ? ' / ' + num(j, 'total_steps') : ''}` : '–'],
+      ['loss', last ? num(last, 'loss').toFixed(4) : '–'],
+      ['tokens/s', last ? fmtSI(num(last, 'tokens_per_second')) : '–'],
+      ['MFU', last ? (100 * num(last, 'mfu')).toFixed(2) + ' %' : '–'],
+      ['step time', last ? num(last, 'step_seconds').toFixed(3) + ' s' : '–'],
+      ['attempt', last ? String(num(last, 'attempt')) : (j ? String(num(j, 'attempt')) : '–')],
+    ];
+    $('kpis').replaceChildren(...kpis.map(([k, v]) =>
+      el('div', { className: 'kpi' }, el('div', { className: 'k' }, k), el('div', { className: 'v' }, v))));
+  }
+
+  function writeSummary(points) {
+    const last = view.steps[view.steps.length - 1];
+    const summary = {
+      job_id: view.jobId,
+      points: points || {},
+      last_step: last ? num(last, 'step') : null,
+      last_loss: last ? num(last, 'loss') : null,
+      last_tokens_per_second: last ? num(last, 'tokens_per_second') : null,
+      heatmap_cells: view.heatmapCells,
+      jobs: view.jobs.length,
+    };
+    $('furnace-test-summary').textContent = JSON.stringify(summary);
+  }
+
+  // -- polling ----------------------------------------------------------------------------------
+  async function refresh() {
+    if (view.busy) return;
+    view.busy = true;
+    try {
+      const jobs = await fetchJson('/api/jobs');
+      view.jobs = get(jobs, 'jobs') || [];
+      renderJobs();
+      let points = null;
+      if (view.jobId) {
+        $('job').hidden = false;
+        const id = view.jobId;
+        const q = view.steps.length ? `since=${lastStep()}` : `max=${FIRST_FETCH_MAX}`;
+        const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
+        if (id === view.jobId) {
+          mergeSteps(get(series, 'steps') || []);
+          points = renderCharts();
+          renderKpis();
+        }
+      }
+      writeSummary(points);
+      setConn(true, 'updated ' + new Date().toLocaleTimeString());
+    } catch (e) {
+      setConn(false, String(e.message || e));
+    } finally {
+      view.busy = false;
+    }
+  }
+
+  window.addEventListener('resize', () => {
+    for (const [name, c] of Object.entries(view.charts)) {
+      const div = $('chart-' + name) || c.root.parentElement;
+      c.setSize({ width: chartWidth(div), height: CHART_HEIGHT });
+    }
+    drawHeatmap();
+  });
+
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+})();
