@@ -205,7 +205,7 @@ recovery:
   max_restarts: 3
   backoff: {{initial_s: 0.2, max_s: 1.0, multiplier: 2.0}}
   heartbeat_timeout_s: 5
-  hang_timeout_s: 4
+  hang_timeout_s: 8
   start_timeout_s: 30
 {extra}"""
 
