@@ -45,6 +45,7 @@ std::optional<TrainMetrics> ParseTrainMetrics(
       {"step_seconds", &TrainMetrics::step_seconds},
       {"forward_backward_seconds", &TrainMetrics::forward_backward_seconds},
       {"optimizer_seconds", &TrainMetrics::optimizer_seconds},
+      {"checkpoint_seconds", &TrainMetrics::checkpoint_seconds},
       {"mfu", &TrainMetrics::mfu},
       {"grad_norm", &TrainMetrics::grad_norm},
       {"lr", &TrainMetrics::lr},
@@ -154,6 +155,10 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
     kv.AddRow({"step time", time});
   }
   if (m.mfu) kv.AddRow({"MFU", FormatMfu(m)});
+  if (m.checkpoint_seconds && *m.checkpoint_seconds > 0) {
+    kv.AddRow({"checkpoint", absl::StrFormat("%.0f ms (written after this step)",
+                                             *m.checkpoint_seconds * 1e3)});
+  }
   if (m.grad_norm) kv.AddRow({"grad norm", Sig4(*m.grad_norm)});
   if (m.lr) kv.AddRow({"lr", Lr(*m.lr)});
   if (m.activation_peak_bytes) kv.AddRow({"activations", FormatActivationMemory(m)});
