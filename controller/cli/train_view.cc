@@ -156,8 +156,8 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   }
   if (m.mfu) kv.AddRow({"MFU", FormatMfu(m)});
   if (m.checkpoint_seconds && *m.checkpoint_seconds > 0) {
-    kv.AddRow({"checkpoint", absl::StrFormat("%.0f ms (written after this step)",
-                                             *m.checkpoint_seconds * 1e3)});
+    kv.AddRow({"checkpoint",
+               absl::StrFormat("%.0f ms (written after this step)", *m.checkpoint_seconds * 1e3)});
   }
   if (m.grad_norm) kv.AddRow({"grad norm", Sig4(*m.grad_norm)});
   if (m.lr) kv.AddRow({"lr", Lr(*m.lr)});

@@ -27,8 +27,8 @@ struct MoeLayerRouting {
 struct TrainMetrics {
   std::optional<double> loss, aux_loss, tokens, tokens_per_second, step_seconds,
       forward_backward_seconds, optimizer_seconds, checkpoint_seconds, mfu, grad_norm, lr,
-      dropped_tokens,
-      activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor, imbalance_max;
+      dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
+      imbalance_max;
   std::vector<MoeLayerRouting> layers;  // ascending by layer
   std::set<std::string> keys;           // the metric keys this view consumed
 };
