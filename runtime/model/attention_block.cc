@@ -11,7 +11,6 @@ namespace furnace::model {
 namespace k = kernels::cpu;
 
 namespace {
-constexpr float kLayerNormEps = 1e-5f;
 int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.NH * d.T * d.T); }
 }  // namespace
 
@@ -24,16 +23,12 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
   AttentionSaved s;
 
-  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, p + "ln1.out", false));    // (B, T, C)
-  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, p + "ln1.mean", false));  // (B, T)
-  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, p + "ln1.rstd", false));  // (B, T)
-  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, params + off.ln1_w,
-                      params + off.ln1_b, N, C, kLayerNormEps);
-  const float* a = ln.as<float>();
-  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, p + "ln1.mean", layer, std::move(mean), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, p + "ln1.rstd", layer, std::move(rstd), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, p + "ln1.out", layer, std::move(ln), {B, T, C},
-                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+  ASSIGN_OR_RETURN(SavedNorm norm, NormForward(ctx, dims, p + "ln1", layer, x_in,
+                                               params + off.ln1_w, params + off.ln1_b));
+  s.ln_out = norm.out;
+  s.ln_mean = norm.mean;
+  s.ln_rstd = norm.rstd;
+  ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NC, p + "attn.qkv", false));  // (B,T,3C)
   k::MatmulForward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * C);

@@ -11,9 +11,7 @@ namespace furnace::model {
 
 namespace k = kernels::cpu;
 
-namespace {
-constexpr float kLayerNormEps = 1e-5f;
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int V, const float* wte,
                                       const float* lnf_w, const float* lnf_b, StashHandle x_in,

@@ -10,9 +10,7 @@ namespace furnace::model {
 
 namespace k = kernels::cpu;
 
-namespace {
-constexpr float kLayerNormEps = 1e-5f;
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, int F, int layer,
                                          const LayerOffsets& off, const float* params,
@@ -23,16 +21,12 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
   MlpSaved s;
 
-  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, p + "ln2.out", false));    // (B, T, C)
-  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, p + "ln2.mean", false));  // (B, T)
-  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, p + "ln2.rstd", false));  // (B, T)
-  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, params + off.ln2_w,
-                      params + off.ln2_b, N, C, kLayerNormEps);
-  const float* u = ln.as<float>();
-  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, p + "ln2.mean", layer, std::move(mean), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, p + "ln2.rstd", layer, std::move(rstd), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, p + "ln2.out", layer, std::move(ln), {B, T, C},
-                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+  ASSIGN_OR_RETURN(SavedNorm norm, NormForward(ctx, dims, p + "ln2", layer, x_in,
+                                               params + off.ln2_w, params + off.ln2_b));
+  s.ln_out = norm.out;
+  s.ln_mean = norm.mean;
+  s.ln_rstd = norm.rstd;
+  ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, NF, p + "mlp.pre", false));  // (B, T, F)
   k::MatmulForward(pre.as<float>(), u, params + off.w1, params + off.b1, N, C, F);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/layernorm.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
@@ -61,6 +62,25 @@ absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& hand
     if (h.valid()) RETURN_IF_ERROR(ctx.stash.Release(h));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
+                                      const std::string& prefix, int layer, StashHandle x_in,
+                                      const float* w, const float* b) {
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int64_t NC = int64_t{N} * C;
+  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));                               // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, prefix + ".out", false));    // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, prefix + ".mean", false));  // (B, T)
+  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, prefix + ".rstd", false));  // (B, T)
+  kernels::cpu::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, w, b, N, C,
+                                 kLayerNormEps);
+  SavedNorm s;
+  ASSIGN_OR_RETURN(s.mean, SaveF32(ctx, prefix + ".mean", layer, std::move(mean), {B, T}));
+  ASSIGN_OR_RETURN(s.rstd, SaveF32(ctx, prefix + ".rstd", layer, std::move(rstd), {B, T}));
+  ASSIGN_OR_RETURN(s.out, SaveF32(ctx, prefix + ".out", layer, std::move(ln), {B, T, C},
+                                  {"layernorm", {x_in, s.mean, s.rstd}, 8.0 * NC}));
+  return s;
 }
 
 }  // namespace furnace::model

@@ -45,6 +45,8 @@ class BytesTimeline {
   int64_t peak_ = 0;
 };
 
+inline constexpr float kLayerNormEps = 1e-5f;  // MODEL.md: every LayerNorm
+
 constexpr int64_t F32Bytes(int64_t n) { return 4 * n; }
 constexpr int64_t I32Bytes(int64_t n) { return 4 * n; }
 
@@ -62,6 +64,20 @@ absl::StatusOr<StashHandle> SaveI32(ModuleContext& ctx, std::string producer, in
 
 absl::StatusOr<float*> GetF32(ModuleContext& ctx, StashHandle handle);
 absl::StatusOr<int32_t*> GetI32(ModuleContext& ctx, StashHandle handle);
+
+// A pre-norm (ln1 before attention, ln2 before the FFN): its output, mean and rstd, stashed.
+struct SavedNorm {
+  StashHandle out;   // (B, T, C)
+  StashHandle mean;  // (B, T)
+  StashHandle rstd;  // (B, T)
+};
+
+// LayerNorm (MODEL.md: eps 1e-5) of the residual stream x_in (B, T, C) with weight w and bias b,
+// saved under "<prefix>.out/.mean/.rstd", e.g. prefix "layers.1.ln2". The allocation order (out,
+// mean, rstd) is part of the modules' declared byte timelines.
+absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
+                                      const std::string& prefix, int layer, StashHandle x_in,
+                                      const float* w, const float* b);
 
 // Releases every valid handle in `handles` (a module's own saved tensors).
 absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& handles);
