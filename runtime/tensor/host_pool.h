@@ -8,39 +8,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "runtime/device/device.h"
-#include "runtime/tensor/buffer.h"
+#include "runtime/tensor/budgeted_pool.h"
 
 namespace furnace::tensor {
 
-class HostPool final : public BufferOwner {
+class HostPool final : public BudgetedPool {
  public:
-  // budget_bytes = 0: unlimited.
-  HostPool(device::Device& device, uint64_t budget_bytes);
-  ~HostPool() override;
-  HostPool(const HostPool&) = delete;
-  HostPool& operator=(const HostPool&) = delete;
-
-  absl::StatusOr<Buffer> Allocate(uint64_t bytes, std::string tag);
-
-  uint64_t current_bytes() const;
-  uint64_t peak_bytes() const;
-  void ResetPeak();
-  uint64_t budget() const;
-
- private:
-  void Return(void* data, uint64_t bytes) override;
-
-  device::Device& device_;
-  mutable absl::Mutex mu_;
-  uint64_t budget_ ABSL_GUARDED_BY(mu_);
-  uint64_t current_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  // budget_bytes = 0: unlimited. `device` must outlive the pool.
+  HostPool(device::Device& device, uint64_t budget_bytes)
+      : BudgetedPool(device, Memory::kHost, budget_bytes) {}
 };
 
 }  // namespace furnace::tensor

@@ -1,0 +1,59 @@
+// BudgetedPool: one byte accountant for memory a Device hands out, against an optional budget.
+// DeviceArena (device memory: the activation budget) and HostPool (page-locked host memory for
+// offloads) are its two kinds. Accounting is in requested bytes (the allocator's rounding is not
+// counted), so a model's declared activation bytes can be checked against peak_bytes() exactly.
+//
+// Ownership: the pool owns nothing but its counters; each Buffer owns its bytes and gives them
+// back on destruction. The pool (and its Device) must outlive every Buffer.
+// Thread-safety: all methods may be called from any thread (one mutex): a copy thread allocates
+// and frees while the compute thread runs.
+// Errors: Allocate returns ResourceExhausted when the budget would be exceeded (message: requested
+// bytes, tag, bytes in use, budget, overshoot) or when the device itself is out of memory; it
+// never aborts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/device/device.h"
+#include "runtime/tensor/buffer.h"
+
+namespace furnace::tensor {
+
+class BudgetedPool : public BufferOwner {
+ public:
+  enum class Memory { kDevice, kHost };
+
+  // budget_bytes = 0: unlimited. `device` must outlive the pool.
+  BudgetedPool(device::Device& device, Memory memory, uint64_t budget_bytes);
+  ~BudgetedPool() override = default;
+  BudgetedPool(const BudgetedPool&) = delete;
+  BudgetedPool& operator=(const BudgetedPool&) = delete;
+
+  // `tag` names the tensor in errors and telemetry ("layers.1.moe.expert_hidden"). A zero-byte
+  // request succeeds with a null data pointer and touches neither the device nor the budget.
+  absl::StatusOr<Buffer> Allocate(uint64_t bytes, std::string tag);
+
+  uint64_t current_bytes() const;
+  uint64_t peak_bytes() const;
+  void ResetPeak();  // peak := current
+  uint64_t budget() const;
+  void set_budget(uint64_t budget_bytes);  // 0 = unlimited; does not free anything
+  device::Device& device() const { return device_; }
+
+ private:
+  void Return(void* data, uint64_t bytes) override;
+  const char* name() const { return memory_ == Memory::kDevice ? "device arena" : "host pool"; }
+
+  device::Device& device_;
+  const Memory memory_;
+  mutable absl::Mutex mu_;
+  uint64_t budget_ ABSL_GUARDED_BY(mu_);
+  uint64_t current_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace furnace::tensor
