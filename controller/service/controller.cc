@@ -1057,20 +1057,17 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
   if (!jobs_.count(req.job_id())) {
     return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
   }
-  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id()));
+  // Only the new steps are read: the dashboard polls with since_step every few seconds.
+  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id(), req.since_step()));
   v1::JobSeries series;
   series.set_job_id(req.job_id());
   series.set_telemetry_dropped(telemetry_dropped_);
-  std::vector<const v1::StepRecord*> kept;
-  for (const auto& st : steps) {
-    if (st.step() > req.since_step()) kept.push_back(&st);
-  }
-  const size_t n = kept.size();
+  const size_t n = steps.size();
   const size_t max = req.max_points() == 0 ? n : req.max_points();
   for (size_t i = 0; i < std::min(n, max); ++i) {
     // Evenly spaced, always including the newest.
     const size_t idx = n <= max ? i : (max == 1 ? n - 1 : i * (n - 1) / (max - 1));
-    *series.add_steps() = *kept[idx];
+    *series.add_steps() = steps[idx];
   }
   return series;
 }

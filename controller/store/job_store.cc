@@ -293,9 +293,12 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
       .Bind(3, static_cast<int64_t>(step.step())).Bind(4, step.SerializeAsString()).Run();
 }
 
-absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id) {
-  Statement q(db_, "SELECT record FROM job_steps WHERE job_id = ?1 ORDER BY attempt, step");
-  q.BindText(1, job_id);
+absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
+                                                                 uint64_t since_step) {
+  Statement q(db_,
+              "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
+              "ORDER BY attempt, step");
+  q.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
   std::vector<v1::StepRecord> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());

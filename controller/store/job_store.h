@@ -77,7 +77,9 @@ class JobStore {
   absl::StatusOr<std::vector<furnace::v1::CommResult>> LoadCommResults(const std::string& job_id);
   // Job-level step aggregates (what dashboards and `furnace report` plot), kept for the whole job.
   absl::Status PutStep(const std::string& job_id, const furnace::v1::StepRecord& step);
-  absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id);
+  // Steps with step > since_step (of any attempt), ascending by (attempt, step).
+  absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id,
+                                                                 uint64_t since_step = 0);
   // Retention of raw per-rank records: keeps the newest `keep` of a job.
   absl::Status TrimTelemetry(const std::string& job_id, int keep);
 
