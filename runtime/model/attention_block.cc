@@ -11,14 +11,17 @@ namespace furnace::model {
 namespace k = kernels::cpu;
 
 namespace {
-int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.NH * d.T * d.T); }
+int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.local_NH() * d.T * d.T); }
 }  // namespace
 
 absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const Dims& dims,
                                                      int layer, const LayerOffsets& off,
                                                      const float* params, StashHandle x_in) {
-  const int B = dims.B, T = dims.T, C = dims.C, NH = dims.NH, N = dims.N();
-  const int64_t NC = int64_t{N} * C;
+  // Tensor parallelism: this rank's NH/tp heads (Cl = C/tp columns of q, k and v), then a
+  // row-parallel projection summed over the TP group.
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int Cl = dims.local_C(), NHl = dims.local_NH();
+  const int64_t NC = int64_t{N} * C, NCl = int64_t{N} * Cl;
   const std::string p = absl::StrCat("layers.", layer, ".");
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
   AttentionSaved s;
@@ -30,26 +33,31 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   s.ln_rstd = norm.rstd;
   ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));  // (B, T, C)
 
-  ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NC, p + "attn.qkv", false));  // (B,T,3C)
-  k::MatmulForward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * C);
+  ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NCl, p + "attn.qkv", false));  // (B,T,3Cl)
+  k::MatmulForward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * Cl);
   const float* q = qkv.as<float>();
-  ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * C},
-                                  {"matmul", {s.ln_out}, 2.0 * NC * 3 * C}));
+  ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * Cl},
+                                  {"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl}));
 
   ASSIGN_OR_RETURN(tensor::Buffer att, AllocF32(ctx, AttBytes(dims) / 4, p + "attn.probs", false));
-  ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NC, p + "attn.y", false));  // (B, T, C)
-  k::AttentionForward(y.as<float>(), att.as<float>(), q, B, T, C, NH);         // att (B, NH, T, T)
+  ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NCl, p + "attn.y", false));  // (B, T, Cl)
+  k::AttentionForward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);  // att (B, NHl, T, T)
   const float* yv = y.as<float>();
-  const double att_flops = 4.0 * B * NH * T * T * (C / NH);
-  ASSIGN_OR_RETURN(s.att, SaveF32(ctx, p + "attn.probs", layer, std::move(att), {B, NH, T, T},
+  const double att_flops = 4.0 * B * NHl * T * T * (C / dims.NH);
+  ASSIGN_OR_RETURN(s.att, SaveF32(ctx, p + "attn.probs", layer, std::move(att), {B, NHl, T, T},
                                   {"attention", {s.qkv}, att_flops}));
-  ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, C},
+  ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, Cl},
                                 {"attention", {s.qkv}, att_flops}));
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "attn.residual", false));  // (B,T,C)
   float* o = out.as<float>();
-  k::MatmulForward(o, yv, params + off.wo, params + off.bo, N, C, C);
-  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  if (dims.tp == 1) {
+    k::MatmulForward(o, yv, params + off.wo, params + off.bo, N, C, C);
+    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  } else {
+    k::MatmulForward<float>(o, yv, params + off.wo, nullptr, N, Cl, C);
+    RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.bo, x, N, C));
+  }
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "attn.residual", layer, std::move(out), {B, T, C}));
   return s;
 }
@@ -57,8 +65,9 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
 absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const LayerOffsets& off,
                                     const float* params, float* grads, const AttentionSaved& s,
                                     StashHandle x_in, float* dres) {
-  const int B = dims.B, T = dims.T, C = dims.C, NH = dims.NH, N = dims.N();
-  const int64_t NC = int64_t{N} * C;
+  const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
+  const int Cl = dims.local_C(), NHl = dims.local_NH();
+  const int64_t NC = int64_t{N} * C, NCl = int64_t{N} * Cl;
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
@@ -67,16 +76,17 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   ASSIGN_OR_RETURN(const float* att, GetF32(ctx, s.att));
   ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.y));
 
-  ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NC, "attn.dy", true));  // (B, T, C)
-  k::MatmulBackward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo, N, C,
+  ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NCl, "attn.dy", true));  // (B, T, Cl)
+  k::MatmulBackward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo, N, Cl,
                     C);
-  ASSIGN_OR_RETURN(tensor::Buffer dqkv, AllocF32(ctx, 3 * NC, "attn.dqkv", true));  // (B, T, 3C)
-  k::AttentionBackward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, C, NH);
+  ASSIGN_OR_RETURN(tensor::Buffer dqkv, AllocF32(ctx, 3 * NCl, "attn.dqkv", true));  // (B,T,3Cl)
+  k::AttentionBackward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
   dy.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer da, AllocF32(ctx, NC, "ln1.dout", true));  // (B, T, C)
   k::MatmulBackward(da.as<float>(), grads + off.wqkv, grads + off.bqkv, dqkv.as<float>(), a,
-                    params + off.wqkv, N, C, 3 * C);
+                    params + off.wqkv, N, C, 3 * Cl);
   dqkv.Reset();
+  RETURN_IF_ERROR(ColumnParallelInputGrad(ctx, da.as<float>(), NC));
   k::LayerNormBackward(dres, grads + off.ln1_w, grads + off.ln1_b, da.as<float>(), x,
                        params + off.ln1_w, mean, rstd, N, C);
   da.Reset();
@@ -84,20 +94,20 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
 }
 
 int64_t AttentionSavedBytes(const Dims& d) {
-  const int64_t NC = int64_t{d.N()} * d.C;
-  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + F32Bytes(3 * NC) + AttBytes(d) + F32Bytes(NC) +
+  const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
+  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + F32Bytes(3 * NCl) + AttBytes(d) + F32Bytes(NCl) +
          F32Bytes(NC);
 }
 
 int64_t AttentionForwardPeakBytes(const Dims& d) { return AttentionSavedBytes(d); }
 
 int64_t AttentionBackwardPeakBytes(const Dims& d) {
-  const int64_t NC = int64_t{d.N()} * d.C;
+  const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
   BytesTimeline t;
-  t.Alloc(F32Bytes(NC));      // dy
-  t.Alloc(F32Bytes(3 * NC));  // dqkv
-  t.Free(F32Bytes(NC));       // dy
-  t.Alloc(F32Bytes(NC));      // da
+  t.Alloc(F32Bytes(NCl));      // dy
+  t.Alloc(F32Bytes(3 * NCl));  // dqkv
+  t.Free(F32Bytes(NCl));       // dy
+  t.Alloc(F32Bytes(NC));       // da
   return t.peak();
 }
 

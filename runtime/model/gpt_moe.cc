@@ -24,9 +24,12 @@ struct LayerState {
 };
 
 struct ForwardState {
-  EmbeddingSaved embedding;
-  std::vector<LayerState> layers;
-  HeadSaved head;
+  int B = 0;
+  EmbeddingSaved embedding;  // first stage
+  StashHandle input;         // later stages: the previous stage's output, (B, T, C)
+  std::vector<LayerState> layers;  // this stage's layers, in order
+  HeadSaved head;                  // last stage
+  StashHandle first_input() const { return input.valid() ? input : embedding.out; }
 };
 
 namespace {
@@ -41,26 +44,40 @@ class StashGuard {
   Stash& stash_;
 };
 
-MoeShape ShapeOf(const ModelConfig& c) {
-  return {c.experts, c.top_k, c.expert_ffn, c.capacity_factor, c.normalize_topk, c.aux_alpha};
+MoeShape ShapeOf(const ModelConfig& c, const ModelShard& s) {
+  MoeShape m{c.experts, c.top_k, c.expert_ffn, c.capacity_factor, c.normalize_topk, c.aux_alpha};
+  m.local_E = s.local_experts(c);
+  m.local_f = s.local_expert_ffn(c);
+  m.adds_b2 = s.esp_rank == 0;
+  return m;
 }
 
 }  // namespace
 
-GptMoe::GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations)
+GptMoe::GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations,
+               const ModelShard& shard, ParallelGroups groups)
     : config_(config),
-      layout_(BuildParamLayout(config)),
+      shard_(shard),
+      groups_(groups),
+      layout_(BuildParamLayout(config, shard)),
       device_(device),
       arena_(activations),
       stash_(device.kind()),
       params_(layout_.total),
-      grads_(layout_.total, 0.0f) {}
+      grads_(layout_.total, 0.0f) {
+  global_params_ = shard.whole() ? layout_.total : BuildParamLayout(config).total;
+}
 
-GptMoe::~GptMoe() { stash_.ReleaseAll(); }
+GptMoe::~GptMoe() {
+  in_flight_.clear();
+  stash_.ReleaseAll();
+}
 
 absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config, uint64_t seed,
                                                        device::Device& device,
-                                                       tensor::DeviceArena& activations) {
+                                                       tensor::DeviceArena& activations,
+                                                       const ModelShard& shard,
+                                                       ParallelGroups groups) {
   RETURN_IF_ERROR(config.Validate());
   if (device.kind() != device::Kind::kCpu) {
     return absl::UnimplementedError(
@@ -69,9 +86,18 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
   if (&activations.device() != &device) {
     return absl::InvalidArgumentError("GptMoe: the activation arena belongs to another device");
   }
-  std::unique_ptr<GptMoe> model(new GptMoe(config, device, activations));
+  std::unique_ptr<GptMoe> model(new GptMoe(config, device, activations, shard, groups));
   for (const train::ParamInfo& p : model->layout_.params) {
-    InitParameterRange(seed, p, config.layers, 0, p.numel(), model->params_.data() + p.offset);
+    float* out = model->params_.data() + p.offset;
+    if (!p.shard.sharded()) {
+      InitParameterRange(seed, p, config.layers, 0, p.numel(), out);
+      continue;
+    }
+    // A shard holds the whole model's values at the same global indices.
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const int64_t g = p.GlobalIndex(i);
+      InitParameterRange(seed, p, config.layers, g, g + 1, out + i);
+    }
   }
   return model;
 }
@@ -85,15 +111,17 @@ const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   return nullptr;
 }
 
+ModuleContext GptMoe::Context() { return ModuleContext{arena_, stash_, groups_}; }
+
 absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const {
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("micro-batch size B = ", B, " < 1"));
   const int64_t n = int64_t{B} * config_.seq_len;
   for (int64_t i = 0; i < n; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= config_.vocab) {
+    if (inputs != nullptr && (inputs[i] < 0 || inputs[i] >= config_.vocab)) {
       return absl::InvalidArgumentError(absl::StrCat("input token ", i, " = ", inputs[i],
                                                      " is outside [0, ", config_.vocab, ")"));
     }
-    if (targets[i] < 0 || targets[i] >= config_.vocab) {
+    if (targets != nullptr && (targets[i] < 0 || targets[i] >= config_.vocab)) {
       return absl::InvalidArgumentError(absl::StrCat("target token ", i, " = ", targets[i],
                                                      " is outside [0, ", config_.vocab, ")"));
     }
@@ -101,18 +129,28 @@ absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_t* targets, int B) {
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
-  const MoeShape moe = ShapeOf(config_);
-  ModuleContext ctx{arena_, stash_};
+absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_t* targets,
+                                             const float* x_in, int B) {
+  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const MoeShape moe = ShapeOf(config_, shard_);
+  ModuleContext ctx = Context();
   const float* p = params_.data();
   ForwardState st;
+  st.B = B;
   last_rows_.clear();
 
-  ASSIGN_OR_RETURN(st.embedding,
-                   EmbeddingForward(ctx, dims, inputs, p + layout_.wte, p + layout_.wpe));
-  StashHandle x = st.embedding.out;
-  for (int l = 0; l < config_.layers; ++l) {
+  if (shard_.first_stage()) {
+    ASSIGN_OR_RETURN(st.embedding,
+                     EmbeddingForward(ctx, dims, inputs, p + layout_.wte, p + layout_.wpe));
+  } else {
+    const int64_t NC = int64_t{dims.N()} * dims.C;
+    ASSIGN_OR_RETURN(tensor::Buffer in, AllocF32(ctx, NC, "stage.input", false));  // (B, T, C)
+    std::copy(x_in, x_in + NC, in.as<float>());
+    ASSIGN_OR_RETURN(st.input, SaveF32(ctx, "stage.input", shard_.first_layer, std::move(in),
+                                       {B, dims.T, dims.C}));
+  }
+  StashHandle x = st.first_input();
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
     const LayerOffsets& off = layout_.layers[l];
     LayerState ls;
     ls.moe = off.moe;
@@ -121,58 +159,78 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
       ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out));
       last_rows_.push_back(ls.moe_saved.rows);
     } else {
-      ASSIGN_OR_RETURN(ls.mlp,
-                       MlpBlockForward(ctx, dims, config_.dense_width(), l, off, p, ls.attn.out));
+      ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
+                                               p, ls.attn.out));
     }
     x = ls.out();
     st.layers.push_back(std::move(ls));
   }
-  ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
-                                        p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
-                                        capture_logits_ ? &last_logits_ : nullptr));
+  if (shard_.last_stage()) {
+    ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
+                                          p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
+                                          capture_logits_ ? &last_logits_ : nullptr));
+  }
   last_stashed_bytes_ = stash_.stashed_bytes();
   return st;
 }
 
-absl::Status GptMoe::Backward(const ForwardState& st, int B, double ce_scale, double aux_scale) {
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
-  const MoeShape moe = ShapeOf(config_);
-  ModuleContext ctx{arena_, stash_};
+absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, double ce_scale,
+                              double aux_scale, float* dx_in) {
+  const Dims dims{st.B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const MoeShape moe = ShapeOf(config_, shard_);
+  ModuleContext ctx = Context();
   const float* p = params_.data();
   float* g = grads_.data();
+  const int64_t NC = int64_t{dims.N()} * dims.C;
 
   // d loss / d residual stream, carried down the layers and accumulated in place.
   ASSIGN_OR_RETURN(tensor::Buffer dres_buf,
-                   AllocF32(ctx, int64_t{dims.N()} * dims.C, "residual.grad", true));  // (B,T,C)
+                   AllocF32(ctx, NC, "residual.grad", true));  // (B,T,C)
   float* dres = dres_buf.as<float>();
-  const StashHandle top = st.layers.empty() ? st.embedding.out : st.layers.back().out();
-  RETURN_IF_ERROR(HeadBackward(ctx, dims, config_.vocab, p + layout_.wte, p + layout_.lnf_w,
-                               g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head, top,
-                               ce_scale, dres));
-  for (int l = config_.layers - 1; l >= 0; --l) {
-    const LayerOffsets& off = layout_.layers[l];
-    const LayerState& ls = st.layers[l];
-    const StashHandle x_in = l == 0 ? st.embedding.out : st.layers[l - 1].out();
+  if (shard_.last_stage()) {
+    const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
+    RETURN_IF_ERROR(HeadBackward(ctx, dims, config_.vocab, p + layout_.wte, p + layout_.lnf_w,
+                                 g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head,
+                                 top, ce_scale, dres));
+  } else {
+    std::copy(dx_out, dx_out + NC, dres);
+  }
+  for (int i = static_cast<int>(st.layers.size()) - 1; i >= 0; --i) {
+    const LayerOffsets& off = layout_.layers[shard_.first_layer + i];
+    const LayerState& ls = st.layers[i];
+    const StashHandle x_in = i == 0 ? st.first_input() : st.layers[i - 1].out();
     if (ls.moe) {
       RETURN_IF_ERROR(
           MoeBlockBackward(ctx, dims, moe, off, p, g, ls.moe_saved, ls.attn.out, aux_scale, dres));
     } else {
-      RETURN_IF_ERROR(
-          MlpBlockBackward(ctx, dims, config_.dense_width(), off, p, g, ls.mlp, ls.attn.out, dres));
+      RETURN_IF_ERROR(MlpBlockBackward(ctx, dims, shard_.local_dense_ffn(config_), off, p, g,
+                                       ls.mlp, ls.attn.out, dres));
     }
     RETURN_IF_ERROR(AttentionBlockBackward(ctx, dims, off, p, g, ls.attn, x_in, dres));
   }
-  return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
+  if (shard_.first_stage()) {
+    return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
+  }
+  std::copy(dres, dres + NC, dx_in);
+  return stash_.Release(st.input);
 }
 
-train::MicroBatchResult GptMoe::Summarize(const ForwardState& st, int B) const {
+train::MicroBatchResult GptMoe::Summarize(const ForwardState& st) const {
   train::MicroBatchResult r;
-  r.loss = st.head.ce_sum / (static_cast<double>(B) * config_.seq_len);
-  for (const LayerState& ls : st.layers) {
-    if (!ls.moe) continue;
-    r.aux_loss += ls.moe_saved.aux;
-    r.tokens_per_expert.push_back(ls.moe_saved.routed);
-    r.dropped += ls.moe_saved.dropped;
+  if (shard_.last_stage()) {
+    r.loss = st.head.ce_sum / (static_cast<double>(st.B) * config_.seq_len);
+  }
+  r.tokens_per_expert.resize(config_.num_moe_layers());
+  int moe_index = 0;
+  for (int l = 0; l < config_.layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    if (shard_.HoldsLayer(config_, l)) {
+      const LayerState& ls = st.layers[l - shard_.first_layer];
+      r.aux_loss += ls.moe_saved.aux;
+      r.tokens_per_expert[moe_index] = ls.moe_saved.routed;
+      r.dropped += ls.moe_saved.dropped;
+    }
+    ++moe_index;
   }
   return r;
 }
@@ -180,31 +238,75 @@ train::MicroBatchResult GptMoe::Summarize(const ForwardState& st, int B) const {
 absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardBackward(const int32_t* inputs,
                                                                 const int32_t* targets, int B,
                                                                 double ce_scale, double aux_scale) {
+  if (shard_.stages != 1) {
+    return absl::FailedPreconditionError("ForwardBackward runs a single-stage model; use "
+                                         "StageForward / StageBackward for pipeline stages");
+  }
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);
   arena_.ResetPeak();
-  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, B));
-  RETURN_IF_ERROR(Backward(st, B, ce_scale, aux_scale));
-  train::MicroBatchResult r = Summarize(st, B);
+  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
+  RETURN_IF_ERROR(Backward(st, nullptr, ce_scale, aux_scale, nullptr));
+  train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
   return r;
 }
 
 absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
                                                          const int32_t* targets, int B) {
+  if (shard_.stages != 1) {
+    return absl::FailedPreconditionError("Evaluate runs a single-stage model");
+  }
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);
   arena_.ResetPeak();
-  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, B));
-  train::MicroBatchResult r = Summarize(st, B);
+  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
+  train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
   return r;
+}
+
+absl::StatusOr<train::MicroBatchResult> GptMoe::StageForward(int micro, const int32_t* inputs,
+                                                             const int32_t* targets,
+                                                             const float* x_in, int B,
+                                                             float* x_out) {
+  if (in_flight_.count(micro) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", micro, " is in flight"));
+  }
+  RETURN_IF_ERROR(CheckInputs(shard_.first_stage() ? inputs : nullptr,
+                              shard_.last_stage() ? targets : nullptr, B));
+  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, x_in, B));
+  train::MicroBatchResult r = Summarize(st);
+  if (!shard_.last_stage()) {
+    const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
+    ModuleContext ctx = Context();
+    ASSIGN_OR_RETURN(const float* o, GetF32(ctx, top));
+    std::copy(o, o + int64_t{B} * config_.seq_len * config_.d_model, x_out);
+  }
+  in_flight_[micro] = std::make_unique<ForwardState>(std::move(st));
+  return r;
+}
+
+absl::Status GptMoe::StageBackward(int micro, const float* dx_out, double ce_scale,
+                                   double aux_scale, float* dx_in) {
+  auto it = in_flight_.find(micro);
+  if (it == in_flight_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", micro, " is not in flight"));
+  }
+  std::unique_ptr<ForwardState> st = std::move(it->second);
+  in_flight_.erase(it);
+  return Backward(*st, dx_out, ce_scale, aux_scale, dx_in);
+}
+
+void GptMoe::AbandonMicroBatches() {
+  in_flight_.clear();
+  stash_.ReleaseAll();
 }
 
 int64_t GptMoe::ActivationBytesForRouting(int B,
                                           const std::vector<int64_t>& rows_per_moe_layer) const {
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
-  const MoeShape moe = ShapeOf(config_);
+  const MoeShape moe = ShapeOf(config_, ModelShard{});
   const int F = config_.dense_width();
   struct Module {
     int64_t saved, forward_peak, backward_peak;
@@ -252,7 +354,7 @@ int64_t GptMoe::ActivationBytes(int B) const {
 double GptMoe::FlopsPerToken() const {
   const ModelConfig& c = config_;
   const int64_t d = c.d_model;
-  int64_t active = layout_.total - int64_t{c.seq_len} * d;  // wpe left out; tied wte once
+  int64_t active = global_params_ - int64_t{c.seq_len} * d;  // wpe left out; tied wte once
   const int64_t per_expert = 2 * d * c.expert_ffn + c.expert_ffn + d;
   active -= int64_t{c.num_moe_layers()} * (c.experts - c.top_k) * per_expert;
   return 6.0 * static_cast<double>(active) + 12.0 * c.layers * c.seq_len * d;

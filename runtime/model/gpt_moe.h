@@ -13,12 +13,20 @@
 // routing, through S = rows kept per MoE layer; dropless S is always N * k, so ActivationBytes(B)
 // is exact dropless and an upper bound with a capacity.
 //
+// Parallel layouts: created with a ModelShard (and the groups it talks to), the model holds only
+// that shard's parameters (BuildParamLayout), initialised to exactly the values the whole model
+// has at the same indices, and runs one pipeline stage per micro-batch: StageForward takes the
+// tokens (first stage) or the previous stage's activation, StageBackward the next stage's
+// gradient; micro-batches may be in flight together (1F1B). ForwardBackward and Evaluate need a
+// single-stage shard. The declared activation bytes describe the whole model on one rank.
+//
 // Thread-safety: one thread at a time. Errors: InvalidArgument for bad inputs (token ids outside
 // [0, V), B < 1); ResourceExhausted from the arena when the budget is too small (the gradients may
 // then hold a partial accumulation: the step must be given up or retried after ZeroGrad).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +34,9 @@
 #include "absl/status/statusor.h"
 #include "runtime/device/device.h"
 #include "runtime/model/config.h"
+#include "runtime/model/module.h"
 #include "runtime/model/param_layout.h"
+#include "runtime/model/shard.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/train/trainable.h"
@@ -39,9 +49,13 @@ class GptMoe final : public train::Trainable {
  public:
   // `device` and `activations` must outlive the model. The device must be the CPU device (the
   // model runs the CPU kernels); others: Unimplemented.
+  // `shard` must fit `config` (runtime/topology validates layouts); the groups must outlive the
+  // model.
   static absl::StatusOr<std::unique_ptr<GptMoe>> Create(const ModelConfig& config, uint64_t seed,
                                                         device::Device& device,
-                                                        tensor::DeviceArena& activations);
+                                                        tensor::DeviceArena& activations,
+                                                        const ModelShard& shard = {},
+                                                        ParallelGroups groups = {});
   ~GptMoe() override;
 
   // train::Trainable.
@@ -60,6 +74,33 @@ class GptMoe final : public train::Trainable {
   int vocab() const override { return config_.vocab; }
   double FlopsPerToken() const override;
 
+  // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
+  // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else
+  // ignored); x_in: (B, T, C) the previous stage's output on later stages; x_out: (B, T, C)
+  // receives this stage's output unless it is the last. The result has the loss on the last
+  // stage only, and tokens_per_expert for every MoE layer of the model (empty where this stage
+  // does not hold the layer).
+  absl::StatusOr<train::MicroBatchResult> StageForward(int micro, const int32_t* inputs,
+                                                       const int32_t* targets, const float* x_in,
+                                                       int B, float* x_out) override;
+  // dx_out: (B, T, C) d loss / d this stage's output (ignored on the last stage, which starts
+  // from its loss); dx_in: (B, T, C) receives d loss / d x_in unless this is the first stage.
+  absl::Status StageBackward(int micro, const float* dx_out, double ce_scale, double aux_scale,
+                             float* dx_in) override;
+  int64_t ActivationFloats(int B) const override {
+    return int64_t{B} * config_.seq_len * config_.d_model;
+  }
+  // Micro-batches between StageForward and StageBackward.
+  int in_flight() const { return static_cast<int>(in_flight_.size()); }
+  // Drops every in-flight micro-batch (after an error: the step is given up).
+  void AbandonMicroBatches() override;
+  void ResetActivationPeak() override { arena_.ResetPeak(); }
+  int64_t ActivationPeakBytes() const override {
+    return static_cast<int64_t>(arena_.peak_bytes());
+  }
+  int num_experts() const override { return config_.experts; }
+
+  const ModelShard& shard() const { return shard_; }
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   // nullptr when there is no parameter of that name.
@@ -81,15 +122,23 @@ class GptMoe final : public train::Trainable {
   Stash& stash() { return stash_; }
 
  private:
-  GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations);
+  GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations,
+         const ModelShard& shard, ParallelGroups groups);
 
   absl::Status CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const;
-  absl::StatusOr<ForwardState> Forward(const int32_t* inputs, const int32_t* targets, int B);
-  absl::Status Backward(const ForwardState& state, int B, double ce_scale, double aux_scale);
-  train::MicroBatchResult Summarize(const ForwardState& state, int B) const;
+  absl::StatusOr<ForwardState> Forward(const int32_t* inputs, const int32_t* targets,
+                                       const float* x_in, int B);
+  absl::Status Backward(const ForwardState& state, const float* dx_out, double ce_scale,
+                        double aux_scale, float* dx_in);
+  train::MicroBatchResult Summarize(const ForwardState& state) const;
+  ModuleContext Context();
 
   const ModelConfig config_;
+  const ModelShard shard_;
+  const ParallelGroups groups_;
   const ParamLayout layout_;
+  int64_t global_params_ = 0;  // parameters of the whole model (for the FLOP count)
+  std::map<int, std::unique_ptr<ForwardState>> in_flight_;
   device::Device& device_;
   tensor::DeviceArena& arena_;
   Stash stash_;

@@ -40,8 +40,13 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "mlp.residual", false));  // (B,T,C)
   float* o = out.as<float>();
-  k::MatmulForward(o, h, params + off.w2, params + off.b2, N, F, C);
-  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  if (dims.tp == 1) {
+    k::MatmulForward(o, h, params + off.w2, params + off.b2, N, F, C);
+    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  } else {  // row-parallel w2 (F is this rank's column block of the hidden width)
+    k::MatmulForward<float>(o, h, params + off.w2, nullptr, N, F, C);
+    RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.b2, x, N, C));
+  }
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "mlp.residual", layer, std::move(out), {B, T, C}));
   return s;
 }
@@ -68,6 +73,7 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
   k::MatmulBackward(du.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), u,
                     params + off.w1, N, C, F);
   dpre.Reset();
+  RETURN_IF_ERROR(ColumnParallelInputGrad(ctx, du.as<float>(), NC));
   k::LayerNormBackward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
                        params + off.ln2_w, mean, rstd, N, C);
   du.Reset();

@@ -83,4 +83,20 @@ absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
   return s;
 }
 
+absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias, const float* x,
+                               int64_t N, int C) {
+  if (ctx.tp_size() > 1) RETURN_IF_ERROR(ctx.groups.tp->AllReduce(out, N * C));
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = out + n * C;
+    const float* xr = x + n * C;
+    for (int c = 0; c < C; ++c) row[c] = (row[c] + bias[c]) + xr[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ColumnParallelInputGrad(ModuleContext& ctx, float* din, int64_t n) {
+  if (ctx.tp_size() > 1) return ctx.groups.tp->AllReduce(din, n);
+  return absl::OkStatus();
+}
+
 }  // namespace furnace::model

@@ -14,20 +14,43 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 
 namespace furnace::model {
 
+// tp: the tensor-parallel degree; attention holds NH / tp heads of width C / NH each.
 struct Dims {
-  int B = 0, T = 0, C = 0, NH = 0;
+  int B = 0, T = 0, C = 0, NH = 0, tp = 1;
   int N() const { return B * T; }
+  int local_C() const { return C / tp; }
+  int local_NH() const { return NH / tp; }
+};
+
+// The groups a module talks to; nullptr (or a group of one) where the layout does not split it.
+//   tp:  the tensor-parallel group (attention and dense MLP: all-reduce of row-parallel outputs
+//        in forward and of the input gradients in backward);
+//   ep:  the expert-parallel group (token all-to-all); esp: the expert-sharding group.
+struct ParallelGroups {
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* esp = nullptr;
 };
 
 struct ModuleContext {
   tensor::DeviceArena& arena;
   Stash& stash;
+  ParallelGroups groups = {};
+  int tp_size() const { return groups.tp == nullptr ? 1 : groups.tp->size(); }
 };
+
+// Row-parallel output: out (N, C) holds this rank's partial product; sums it over the TP group,
+// then adds the bias (C) and the residual x (N, C). With tp == 1 only the adds.
+absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias, const float* x,
+                               int64_t N, int C);
+// Column-parallel input gradient: din (N, C) partial over the TP group -> summed in place.
+absl::Status ColumnParallelInputGrad(ModuleContext& ctx, float* din, int64_t n);
 
 // Replays a module's allocations by size only, for the declared-bytes functions.
 class BytesTimeline {

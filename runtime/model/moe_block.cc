@@ -12,13 +12,28 @@ namespace furnace::model {
 
 namespace k = kernels::cpu;
 
-namespace {}  // namespace
+namespace {
+
+bool Distributed(const ModuleContext& ctx) {
+  return (ctx.groups.ep != nullptr && ctx.groups.ep->size() > 1) ||
+         (ctx.groups.esp != nullptr && ctx.groups.esp->size() > 1);
+}
+
+moe::ExpertDispatcher DispatcherOf(const ModuleContext& ctx, int E) {
+  return moe::ExpertDispatcher({ctx.groups.ep, ctx.groups.esp}, E);
+}
+
+int64_t Scratch(const moe::DispatchHandle& h, int C) {
+  return moe::ExpertDispatcher::ScratchRows(h) * C;
+}
+
+}  // namespace
 
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                                          int layer, const LayerOffsets& off, const float* params,
                                          StashHandle x_in) {
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
-  const int E = m.E, K = m.k, f = m.f;
+  const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
   const std::string p = absl::StrCat("layers.", layer, ".");
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
@@ -61,32 +76,58 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   s.routed = plan.routed;
   s.rows = plan.rows();
   s.dropped = int64_t{N} * K - s.rows;
+  s.distributed = Distributed(ctx);
   const int64_t S = s.rows;
-  const int64_t* offsets = plan.offsets.data();
+  const int El = m.El(), fl = m.fl();
 
   ASSIGN_OR_RETURN(tensor::Buffer xin, AllocF32(ctx, S * C, p + "moe.expert_input", false));
   k::PermuteForward(xin.as<float>(), u, plan, C);  // (S, C)
-  ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, S * f, p + "moe.expert_pre", false));
+  const int64_t* offsets = plan.offsets.data();
+  int64_t R = S;
+  if (s.distributed) {
+    const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
+    ASSIGN_OR_RETURN(s.dispatch, dispatcher.Prepare(plan.counts));
+    R = s.dispatch.R();
+    offsets = s.dispatch.expert_offsets.data();
+    ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, p + "moe.expert_input", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch, AllocF32(ctx, Scratch(s.dispatch, C),
+                                                      p + "moe.dispatch_scratch", false));
+    RETURN_IF_ERROR(dispatcher.ToExperts(s.dispatch, xin.as<float>(), ex.as<float>(), C,
+                                         scratch.as<float>()));  // (R, C)
+    scratch.Reset();
+    xin = std::move(ex);
+  }
+  ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, R * fl, p + "moe.expert_pre", false));
   k::GroupedMatmulForward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
-                          offsets, E, C, f);  // (S, f)
-  ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, S * f, p + "moe.expert_hidden", false));
-  k::GeluForward(hid.as<float>(), pre.as<float>(), S * f);  // (S, f)
-  ASSIGN_OR_RETURN(tensor::Buffer eo, AllocF32(ctx, S * C, p + "moe.expert_output", false));
-  k::GroupedMatmulForward(eo.as<float>(), hid.as<float>(), params + off.w2, params + off.b2,
-                          offsets, E, f, C);                                           // (S, C)
+                          offsets, El, C, fl);  // (R, fl)
+  ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, R * fl, p + "moe.expert_hidden", false));
+  k::GeluForward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
+  ASSIGN_OR_RETURN(tensor::Buffer eo, AllocF32(ctx, R * C, p + "moe.expert_output", false));
+  k::GroupedMatmulForward(eo.as<float>(), hid.as<float>(), params + off.w2,
+                          m.adds_b2 ? params + off.b2 : nullptr, offsets, El, fl, C);  // (R, C)
+  if (s.distributed) {
+    const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
+    ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, p + "moe.expert_output", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch, AllocF32(ctx, Scratch(s.dispatch, C),
+                                                      p + "moe.combine_scratch", false));
+    RETURN_IF_ERROR(dispatcher.FromExperts(s.dispatch, eo.as<float>(), back.as<float>(), C,
+                                           scratch.as<float>()));  // (S, C)
+    scratch.Reset();
+    eo = std::move(back);
+  }
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
   float* o = out.as<float>();
   k::UnpermuteForward(o, eo.as<float>(), g, plan, C);
   for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
 
-  ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {S, C},
+  ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {R, C},
                                   {"permute", {s.ln_out, s.indices}, 0}));
-  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "moe.expert_pre", layer, std::move(pre), {S, f},
-                                  {"grouped_matmul", {s.xin}, 2.0 * S * C * f}));
-  ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "moe.expert_hidden", layer, std::move(hid), {S, f},
-                                     {"gelu", {s.pre}, 10.0 * S * f}));
+  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "moe.expert_pre", layer, std::move(pre), {R, fl},
+                                  {"grouped_matmul", {s.xin}, 2.0 * R * C * fl}));
+  ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "moe.expert_hidden", layer, std::move(hid), {R, fl},
+                                     {"gelu", {s.pre}, 10.0 * R * fl}));
   ASSIGN_OR_RETURN(s.eo, SaveF32(ctx, p + "moe.expert_output", layer, std::move(eo), {S, C},
-                                 {"grouped_matmul", {s.hidden}, 2.0 * S * C * f}));
+                                 {"grouped_matmul", {s.hidden}, 2.0 * R * C * fl}));
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "moe.residual", layer, std::move(out), {B, T, C}));
   return s;
 }
@@ -95,7 +136,7 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                               const LayerOffsets& off, const float* params, float* grads,
                               const MoeSaved& s, StashHandle x_in, double aux_scale, float* dres) {
   const int C = dims.C, N = dims.N();
-  const int E = m.E, K = m.k, f = m.f;
+  const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
@@ -115,22 +156,42 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     return absl::InternalError(
         absl::StrCat("moe backward: rebuilt dispatch plan has ", S, " rows, forward had ", s.rows));
   }
-  const int64_t* offsets = plan.offsets.data();
+  const int El = m.El(), fl = m.fl();
+  const int64_t* offsets = s.distributed ? s.dispatch.expert_offsets.data() : plan.offsets.data();
+  const int64_t R = s.distributed ? s.dispatch.R() : S;
 
   ASSIGN_OR_RETURN(tensor::Buffer deo, AllocF32(ctx, S * C, "moe.dexpert_output", true));
   ASSIGN_OR_RETURN(tensor::Buffer dgates, AllocF32(ctx, int64_t{N} * K, "moe.dgates", true));
   k::UnpermuteBackward(deo.as<float>(), dgates.as<float>(), dres, eo, gates, plan, C);
-  ASSIGN_OR_RETURN(tensor::Buffer dhid, AllocF32(ctx, S * f, "moe.dexpert_hidden", true));
+  if (s.distributed) {  // the combine's adjoint: the output gradient goes to the experts
+    ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, "moe.dexpert_output", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                     AllocF32(ctx, Scratch(s.dispatch, C), "moe.combine_scratch", false));
+    RETURN_IF_ERROR(DispatcherOf(ctx, E).ToExperts(s.dispatch, deo.as<float>(), ex.as<float>(), C,
+                                                   scratch.as<float>()));
+    scratch.Reset();
+    deo = std::move(ex);
+  }
+  ASSIGN_OR_RETURN(tensor::Buffer dhid, AllocF32(ctx, R * fl, "moe.dexpert_hidden", true));
   k::GroupedMatmulBackward(dhid.as<float>(), grads + off.w2, grads + off.b2, deo.as<float>(), hid,
-                           params + off.w2, offsets, E, f, C);
+                           params + off.w2, offsets, El, fl, C);
   deo.Reset();
-  ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, S * f, "moe.dexpert_pre", true));
-  k::GeluBackward(dpre.as<float>(), pre, dhid.as<float>(), S * f);
+  ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, R * fl, "moe.dexpert_pre", true));
+  k::GeluBackward(dpre.as<float>(), pre, dhid.as<float>(), R * fl);
   dhid.Reset();
-  ASSIGN_OR_RETURN(tensor::Buffer dxin, AllocF32(ctx, S * C, "moe.dexpert_input", true));
+  ASSIGN_OR_RETURN(tensor::Buffer dxin, AllocF32(ctx, R * C, "moe.dexpert_input", true));
   k::GroupedMatmulBackward(dxin.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), xin,
-                           params + off.w1, offsets, E, C, f);
+                           params + off.w1, offsets, El, C, fl);
   dpre.Reset();
+  if (s.distributed) {  // the dispatch's adjoint: partial input gradients summed, sent back
+    ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, "moe.dexpert_input", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                     AllocF32(ctx, Scratch(s.dispatch, C), "moe.dispatch_scratch", false));
+    RETURN_IF_ERROR(DispatcherOf(ctx, E).FromExperts(s.dispatch, dxin.as<float>(),
+                                                     back.as<float>(), C, scratch.as<float>()));
+    scratch.Reset();
+    dxin = std::move(back);
+  }
   ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
   k::PermuteBackward(du.as<float>(), dxin.as<float>(), plan, C);
   dxin.Reset();

@@ -4,6 +4,10 @@
 //   x_out = x + that. The Switch aux loss counts every routing choice, dropped or not.
 // The expert buffers (S rows, S = kept assignments) are allocated after routing, which is where a
 // memory planner will hook in; their size is the reason activation memory depends on routing.
+// With expert parallelism / sharding (ctx.groups.ep or .esp of more than one rank) the permuted
+// rows go to the expert ranks through moe::ExpertDispatcher and come back before the weighted
+// combine; the expert buffers then hold R rows (what this rank's experts process). The declared
+// bytes below describe the single-rank path.
 // The dispatch plan is not saved: backward rebuilds it from the saved top-k indices (a pure
 // function of them).
 #pragma once
@@ -14,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/model/module.h"
 #include "runtime/model/param_layout.h"
+#include "runtime/moe/dispatcher.h"
 
 namespace furnace::model {
 
@@ -22,6 +27,12 @@ struct MoeShape {
   double capacity_factor = 0;
   bool normalize = true;
   double alpha = 0;
+  // The experts this rank holds (E / ep of them, each with f / esp hidden columns) and whether it
+  // adds the output bias b2 (one ESP rank does: the partial outputs are summed over the group).
+  int local_E = 0, local_f = 0;
+  bool adds_b2 = true;
+  int El() const { return local_E > 0 ? local_E : E; }
+  int fl() const { return local_f > 0 ? local_f : f; }
 };
 
 struct MoeSaved {
@@ -29,16 +40,19 @@ struct MoeSaved {
   StashHandle probs;                     // (N, E) router softmax
   StashHandle indices;                   // (N, k) int32 chosen experts
   StashHandle gates;                     // (N, k)
-  StashHandle xin;                       // (S, C) permuted expert input
-  StashHandle pre;                       // (S, f) xin @ W1 + b1
-  StashHandle hidden;                    // (S, f) GELU(pre)
-  StashHandle eo;                        // (S, C) expert output
+  StashHandle xin;                       // (R, C) expert input (R = S on one rank)
+  StashHandle pre;                       // (R, fl) xin @ W1 + b1
+  StashHandle hidden;                    // (R, fl) GELU(pre)
+  StashHandle eo;                        // (S, C) expert output, back in routed order
   StashHandle out;                       // (B, T, C) residual stream after the layer
   // Routing results.
   double aux = 0;
   std::vector<int64_t> routed;  // (E) assignments before dropping
   int64_t rows = 0;             // S
   int64_t dropped = 0;          // N * k - S
+  // Expert parallelism / sharding only: where the rows went (reused by backward).
+  bool distributed = false;
+  moe::DispatchHandle dispatch;
 };
 
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,

@@ -62,7 +62,82 @@ absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t 
   return absl::OkStatus();
 }
 
+Json ParamsJson(const std::vector<ParamInfo>& params) {
+  Json list = Json::array();
+  for (const ParamInfo& p : params) {
+    Json j = {{"name", p.name},
+              {"shape", p.shape},
+              {"offset", p.offset},
+              {"weight_decay", p.weight_decay}};
+    if (p.shard.sharded()) {
+      Json ranges = Json::array();
+      for (const auto& [b, e] : p.shard.ranges) ranges.push_back({b, e});
+      j["global_shape"] = p.shard.global_shape;
+      j["shard_dim"] = p.shard.dim;
+      j["shard_ranges"] = ranges;
+    }
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
+// Throws Json::exception on a malformed entry (callers catch).
+std::vector<ParamInfo> ParamsFromJson(const Json& list) {
+  std::vector<ParamInfo> params;
+  for (const Json& p : list) {
+    ParamInfo info;
+    info.name = p.at("name").get<std::string>();
+    info.shape = p.at("shape").get<std::vector<int64_t>>();
+    info.offset = p.at("offset").get<int64_t>();
+    info.weight_decay = p.at("weight_decay").get<bool>();
+    if (p.contains("global_shape")) {
+      info.shard.global_shape = p.at("global_shape").get<std::vector<int64_t>>();
+      info.shard.dim = p.at("shard_dim").get<int>();
+      for (const Json& r : p.at("shard_ranges")) {
+        info.shard.ranges.emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+      }
+    }
+    params.push_back(std::move(info));
+  }
+  return params;
+}
+
+Json RecordJson(const ShardRecord& r) {
+  Json j = {{"file", r.file}, {"bytes", r.bytes}, {"crc32", r.crc32}};
+  if (r.n >= 0) {
+    j["num_params"] = r.n;
+    j["params"] = ParamsJson(r.params);
+  }
+  return j;
+}
+
+ShardRecord RecordFromJson(const Json& j) {
+  ShardRecord r;
+  r.file = j.at("file").get<std::string>();
+  r.bytes = j.at("bytes").get<uint64_t>();
+  r.crc32 = j.at("crc32").get<uint32_t>();
+  if (j.contains("num_params")) {
+    r.n = j.at("num_params").get<int64_t>();
+    r.params = ParamsFromJson(j.at("params"));
+  }
+  return r;
+}
+
 }  // namespace
+
+std::string SerializeShardRecord(const ShardRecord& record) { return RecordJson(record).dump(); }
+
+absl::StatusOr<ShardRecord> ParseShardRecord(const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("shard record: not valid JSON");
+  }
+  try {
+    return RecordFromJson(j);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("shard record: ", e.what()));
+  }
+}
 
 std::string CheckpointStore::StepDir(int64_t step) const {
   return (fs::path(dir_) / absl::StrFormat("%s%08d", kStepPrefix, step)).string();
@@ -134,18 +209,9 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
                    {"num_shards", s.num_shards},
                    {"num_params", s.n}};
   Json shard_list = Json::array();
-  for (const ShardRecord& r : shards) {
-    shard_list.push_back({{"file", r.file}, {"bytes", r.bytes}, {"crc32", r.crc32}});
-  }
+  for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
   manifest["shards"] = shard_list;
-  Json param_list = Json::array();
-  for (const ParamInfo& p : params) {
-    param_list.push_back({{"name", p.name},
-                          {"shape", p.shape},
-                          {"offset", p.offset},
-                          {"weight_decay", p.weight_decay}});
-  }
-  manifest["params"] = param_list;
+  manifest["params"] = ParamsJson(params);
   const std::string step_dir = StepDir(s.step);
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(step_dir) / kManifest).string(), manifest.dump(1) + "\n"));
@@ -283,16 +349,12 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
                                        "; shard ", shard, " requested"));
     }
     const Json& entry = m["shards"][static_cast<size_t>(shard)];
-    record.file = entry.at("file").get<std::string>();
-    record.bytes = entry.at("bytes").get<uint64_t>();
-    record.crc32 = entry.at("crc32").get<uint32_t>();
-    for (const Json& p : m["params"]) {
-      ParamInfo info;
-      info.name = p.at("name").get<std::string>();
-      info.shape = p.at("shape").get<std::vector<int64_t>>();
-      info.offset = p.at("offset").get<int64_t>();
-      info.weight_decay = p.at("weight_decay").get<bool>();
-      out.params.push_back(std::move(info));
+    record = RecordFromJson(entry);
+    if (record.n >= 0) {
+      n = record.n;
+      out.params = std::move(record.params);
+    } else {
+      out.params = ParamsFromJson(m["params"]);
     }
   } catch (const Json::exception& e) {
     return bad_manifest(e.what());

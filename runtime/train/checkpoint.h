@@ -14,8 +14,11 @@
 //   0 char[8] "FURNCKPT" | 8 u32 version (1) | 12 u32 shard | 16 u32 num_shards | 20 u32 0
 //   24 i64 step | 32 i64 data_position | 40 u64 seed | 48 i64 n | 56 f32 params[n] m[n] v[n]
 //
-// Single rank today: shard 0 holds the whole flat arrays. With several ranks each writes its own
-// shard with WriteShard, and one rank calls Commit once all are durable.
+// Single rank: shard 0 holds the whole flat arrays. With several ranks (a parallel layout) each
+// writes its own shard with WriteShard (shard = its world rank), the records travel to one rank,
+// which calls Commit once all are durable; the manifest then lists every shard's own parameters
+// (with the part of each global tensor it holds), so a checkpoint loads only into the same layout
+// and tools can reassemble whole tensors from the shards.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +53,15 @@ struct ShardRecord {
   std::string file;  // name inside the step directory
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
+  // Parallel layouts: the shard's own parameters (names, local shapes, offsets and which part of
+  // each global tensor it holds) and their count. Empty / -1: the manifest's top-level "params".
+  std::vector<ParamInfo> params;
+  int64_t n = -1;
 };
+
+// A ShardRecord as one JSON text (ranks exchange them before rank 0 commits), and back.
+std::string SerializeShardRecord(const ShardRecord& record);
+absl::StatusOr<ShardRecord> ParseShardRecord(const std::string& text);
 
 struct LoadedCheckpoint {
   int64_t step = 0;

@@ -9,22 +9,45 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace furnace::train {
 
+// The part of a parameter one rank holds when a parallel layout splits it (tensor parallelism
+// splits columns or rows, expert sharding splits the expert's hidden width): along dimension `dim`
+// of the global tensor, the index ranges `ranges` concatenated in order. Every other dimension is
+// whole. An empty global_shape means the rank holds the whole tensor.
+struct ParamShard {
+  std::vector<int64_t> global_shape;
+  int dim = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) along dim
+  bool sharded() const { return !global_shape.empty(); }
+};
+
+// Which group sums a parameter's gradient after the micro-batches (the data-parallel replicas of
+// it): the data-parallel group for the dense part, the expert-data-parallel group for experts.
+enum class GradSync { kData, kExpertData };
+
 struct ParamInfo {
   std::string name;             // MODEL.md names: "wte", "layers.0.attn.wqkv", ...
-  std::vector<int64_t> shape;   // MODEL.md layout ([in, out] for matrices)
+  std::vector<int64_t> shape;   // MODEL.md layout ([in, out] for matrices); local when sharded
   int64_t offset = 0;           // element offset into the flat arrays
   bool weight_decay = false;    // every 2-D parameter (MODEL.md, AdamW)
+  ParamShard shard;             // parallel layouts only
+  GradSync sync = GradSync::kData;
+  // This rank's copy is the one counted in the global gradient norm (each element of the model
+  // is counted exactly once over all ranks; replicas are not).
+  bool norm_owner = true;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     return n;
   }
+  // Element index in the whole (global) tensor of local element `i`.
+  int64_t GlobalIndex(int64_t i) const;
 };
 
 struct MicroBatchResult {
@@ -57,6 +80,33 @@ class Trainable {
   virtual int vocab() const = 0;
   // Model FLOPs per token of a training step (MODEL.md "FLOPs and MFU").
   virtual double FlopsPerToken() const = 0;
+
+  // Pipeline stages (models that are one stage of a pipeline; see GptMoe). StageForward takes the
+  // tokens (first stage) or the previous stage's activation x_in, and writes x_out unless this is
+  // the last stage; StageBackward takes the next stage's gradient dx_out (ignored on the last
+  // stage) and writes dx_in unless this is the first stage. Micro-batch `micro` stays in flight
+  // between the two. Activations are ActivationFloats(B) floats.
+  virtual absl::StatusOr<MicroBatchResult> StageForward(int micro, const int32_t* inputs,
+                                                        const int32_t* targets, const float* x_in,
+                                                        int B, float* x_out) {
+    (void)micro, (void)inputs, (void)targets, (void)x_in, (void)B, (void)x_out;
+    return absl::UnimplementedError("this model does not run as a pipeline stage");
+  }
+  virtual absl::Status StageBackward(int micro, const float* dx_out, double ce_scale,
+                                     double aux_scale, float* dx_in) {
+    (void)micro, (void)dx_out, (void)ce_scale, (void)aux_scale, (void)dx_in;
+    return absl::UnimplementedError("this model does not run as a pipeline stage");
+  }
+  virtual void AbandonMicroBatches() {}
+  // The arena high-water mark since ResetActivationPeak (0 where the model has no arena).
+  virtual void ResetActivationPeak() {}
+  virtual int64_t ActivationPeakBytes() const { return 0; }
+  // E of the MoE layers (0: none): tokens_per_expert vectors have this length where not empty.
+  virtual int num_experts() const { return 0; }
+  virtual int64_t ActivationFloats(int B) const {
+    (void)B;
+    return 0;
+  }
 };
 
 }  // namespace furnace::train

@@ -18,7 +18,8 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
                                                          const data::Sampler* data,
                                                          const TrainConfig& config,
-                                                         const Clock* clock) {
+                                                         const Clock* clock,
+                                                         const ParallelRuntime* parallel) {
   if (model == nullptr || data == nullptr) {
     return absl::InvalidArgumentError("trainer: model and sampler are required");
   }
@@ -50,18 +51,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
           absl::StrCat("trainer: parameter ", p.name, " lies outside the flat array"));
     }
   }
-  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock));
+  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel));
 }
 
 Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-                 const Clock* clock)
+                 const Clock* clock, const ParallelRuntime* parallel)
     : model_(model),
       data_(data),
       config_(config),
       clock_(clock != nullptr ? clock : &RealClock()),
-      adamw_(config.adamw, model->num_params()) {}
+      parallel_(parallel),
+      adamw_(config.adamw, model->num_params()) {
+  if (parallel_ != nullptr) config_.dp_rank = parallel_->dp_rank;
+}
 
 absl::StatusOr<StepStats> Trainer::Step() {
+  if (parallel_ != nullptr) return StepParallel();
   const data::SamplerConfig& sc = data_->config();
   const int m = config_.micro_batches;
   const double tokens = static_cast<double>(sc.batch) * sc.seq_len * m;
@@ -139,6 +144,7 @@ absl::Status Trainer::SaveCheckpoint() {
   if (config_.checkpoint.dir.empty()) {
     return absl::FailedPreconditionError("trainer: no checkpoint dir configured");
   }
+  if (parallel_ != nullptr) return SaveCheckpointParallel();
   ShardState state;
   state.step = step_;
   state.data_position = step_;
@@ -159,6 +165,7 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatest() {
   if (config_.checkpoint.dir.empty()) {
     return absl::FailedPreconditionError("trainer: no checkpoint dir configured");
   }
+  if (parallel_ != nullptr) return RestoreLatestParallel();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadLatest());
   RETURN_IF_ERROR(Restore(loaded));

@@ -18,6 +18,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
+#include "runtime/train/parallel.h"
 #include "runtime/train/sampler.h"
 #include "runtime/train/trainable.h"
 
@@ -59,6 +60,12 @@ struct StepStats {
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
   double checkpoint_seconds = 0;      // the checkpoint written after this step (0: none)
+  // Parallel layouts (a ParallelRuntime): the numbers above are global (loss, aux loss, tokens,
+  // tokens per expert and imbalance over the whole global batch; model_flops of the whole step,
+  // mfu per device), and these are this rank's.
+  double sync_seconds = 0;  // gradient reductions, norm and statistics after the micro-batches
+  int in_flight_peak = 0;   // most micro-batches holding activations at once (1F1B)
+  std::vector<int64_t> comm_bytes;  // [comm::CollectiveOp] bytes this step, all groups
 };
 
 // Asks a running loop to stop after the current step. Thread-safe.
@@ -77,10 +84,15 @@ using StepCallback = std::function<void(const StepStats&)>;
 // Adam moments. Not thread-safe, except StopToken.
 class Trainer {
  public:
+  // `parallel`: this rank's place in a parallel layout and its groups (borrowed; see
+  // parallel.h); nullptr for one process. config.dp_rank is then parallel->dp_rank, and the batch
+  // of micro-batch j on data-parallel rank r is the sampler's micro-batch r * m + j of rank 0, so
+  // the global batch does not depend on the layout.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(Trainable* model,
                                                          const data::Sampler* data,
                                                          const TrainConfig& config,
-                                                         const Clock* clock = nullptr);
+                                                         const Clock* clock = nullptr,
+                                                         const ParallelRuntime* parallel = nullptr);
 
   // One step at index step(); advances step().
   absl::StatusOr<StepStats> Step();
@@ -104,12 +116,22 @@ class Trainer {
 
  private:
   Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-          const Clock* clock);
+          const Clock* clock, const ParallelRuntime* parallel);
+
+  // The parallel step and checkpoints (trainer_parallel.cc).
+  absl::StatusOr<StepStats> StepParallel();
+  absl::Status RunSchedule(StepStats& stats, std::vector<MicroBatchResult>& results);
+  absl::Status SyncGradients();
+  absl::StatusOr<double> ClipParallel();
+  absl::Status ReduceStats(const std::vector<MicroBatchResult>& results, StepStats& stats);
+  absl::Status SaveCheckpointParallel();
+  absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
 
   Trainable* model_;
   const data::Sampler* data_;
   TrainConfig config_;
   const Clock* clock_;
+  const ParallelRuntime* parallel_;
   AdamW adamw_;
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;

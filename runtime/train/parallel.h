@@ -1,0 +1,45 @@
+// ParallelRuntime: what the training loop needs to run one rank of a parallel layout: its place
+// (pipeline stage, data-parallel rank, tensor-parallel rank) and the groups it synchronises with
+// after the micro-batches. The model talks to its own groups (TP, EP, ESP) inside its modules; the
+// loop talks to these. Borrowed pointers; a nullptr group is a group of one.
+//
+// Step (Trainer with a ParallelRuntime):
+//   1. the 1F1B schedule of this stage (runtime/pipeline), activations and their gradients sent
+//      to the next / previous stage over `pipeline` (group rank == stage), buffered sends;
+//   2. expert gradients scaled by 1 / tp (the `deepspeed` schedule sends every token once per
+//      tensor-parallel peer, so each expert saw it tp times), then summed over `expert_data`;
+//      dense gradients summed over `data` in buckets of bucket_bytes; the tied wte's two copies
+//      (first and last stage) summed over `embedding`;
+//   3. the global gradient norm: each rank's owned elements (ParamInfo::norm_owner), summed over
+//      `world`, so every element of the model counts exactly once;
+//   4. AdamW on every local parameter (replicas stay identical: same gradients, same update);
+//   5. loss, aux loss and tokens per expert summed over `world` from the ranks that own them, so
+//      every rank reports the same global numbers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+
+namespace furnace::train {
+
+struct ParallelRuntime {
+  int world = 1, world_rank = 0;
+  int stages = 1, stage = 0;
+  int dp = 1, dp_rank = 0;
+  int tp = 1, tp_rank = 0;
+  comm::Communicator* world_group = nullptr;
+  comm::Communicator* data = nullptr;
+  comm::Communicator* expert_data = nullptr;
+  comm::Communicator* pipeline = nullptr;
+  comm::Communicator* embedding = nullptr;
+  // Every group this rank uses, the model's included: their byte counters feed the telemetry.
+  std::vector<comm::Communicator*> all_groups;
+  int64_t bucket_bytes = int64_t{4} << 20;
+
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == stages - 1; }
+};
+
+}  // namespace furnace::train

@@ -1,0 +1,100 @@
+#include "runtime/train/rank_layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
+
+namespace furnace::train {
+
+using topology::GroupKind;
+
+topology::ModelDims DimsOf(const model::ModelConfig& c) {
+  topology::ModelDims d;
+  d.heads = c.heads;
+  d.d_model = c.d_model;
+  d.layers = c.layers;
+  d.experts = c.experts;
+  d.expert_ffn = c.expert_ffn;
+  d.dense_ffn = c.dense_width();
+  return d;
+}
+
+model::ModelShard ShardOf(const topology::Topology& topo, int rank, const model::ModelConfig& c) {
+  const topology::ParallelSizes& z = topo.sizes();
+  const topology::Coords co = topo.CoordsOf(rank);
+  model::ModelShard s;
+  s.stage = co.pp;
+  s.stages = z.pp;
+  const auto [first, last] = topology::Topology::StageLayers(co.pp, z.pp, c.layers);
+  s.first_layer = first;
+  s.last_layer = last;
+  s.tp = z.tp;
+  s.tp_rank = co.tp;
+  s.ep = z.ep;
+  s.ep_rank = co.ep;
+  s.esp = z.esp;
+  s.esp_rank = co.esp;
+  s.dp_rank = co.dp;
+  s.edp_rank = co.edp;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topology& topo,
+                                                            int rank,
+                                                            const model::ModelConfig& config,
+                                                            const CommFactory& factory) {
+  auto layout = std::make_unique<RankLayout>();
+  layout->rank = rank;
+  layout->coords = topo.CoordsOf(rank);
+  layout->shard = ShardOf(topo, rank, config);
+
+  auto make = [&](const std::string& kind, const std::vector<int>& members)
+      -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    const int at = static_cast<int>(std::find(members.begin(), members.end(), rank) -
+                                    members.begin());
+    const std::string name = absl::StrCat(kind, "[", absl::StrJoin(members, ","), "]");
+    auto made = factory(absl::StrCat(kind, "/", members.front()), name, at,
+                        static_cast<int>(members.size()));
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat("group ", name, ": ", made.status().message()));
+    }
+    return made;
+  };
+  std::vector<int> everyone(topo.world_size());
+  for (int r = 0; r < topo.world_size(); ++r) everyone[r] = r;
+  ASSIGN_OR_RETURN(layout->world, make("world", everyone));
+  ASSIGN_OR_RETURN(layout->tp, make("tp", topo.Group(GroupKind::kTensor, rank)));
+  ASSIGN_OR_RETURN(layout->dp, make("dp", topo.Group(GroupKind::kData, rank)));
+  ASSIGN_OR_RETURN(layout->pp, make("pp", topo.Group(GroupKind::kPipeline, rank)));
+  ASSIGN_OR_RETURN(layout->ep, make("ep", topo.Group(GroupKind::kExpert, rank)));
+  ASSIGN_OR_RETURN(layout->esp, make("esp", topo.Group(GroupKind::kExpertShard, rank)));
+  ASSIGN_OR_RETURN(layout->edp, make("edp", topo.Group(GroupKind::kExpertData, rank)));
+  ASSIGN_OR_RETURN(layout->embedding, make("embedding", topo.Group(GroupKind::kEmbedding, rank)));
+
+  ParallelRuntime& p = layout->runtime;
+  const topology::ParallelSizes& z = topo.sizes();
+  p.world = topo.world_size();
+  p.world_rank = rank;
+  p.stages = z.pp;
+  p.stage = layout->coords.pp;
+  p.dp = z.dp;
+  p.dp_rank = layout->coords.dp;
+  p.tp = z.tp;
+  p.tp_rank = layout->coords.tp;
+  p.world_group = layout->world.get();
+  p.data = layout->dp.get();
+  p.expert_data = layout->edp.get();
+  p.pipeline = layout->pp.get();
+  p.embedding = layout->embedding.get();
+  for (comm::Communicator* c : {layout->world.get(), layout->tp.get(), layout->dp.get(),
+                                layout->pp.get(), layout->ep.get(), layout->esp.get(),
+                                layout->edp.get(), layout->embedding.get()}) {
+    p.all_groups.push_back(c);
+  }
+  return layout;
+}
+
+}  // namespace furnace::train

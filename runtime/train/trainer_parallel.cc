@@ -1,0 +1,303 @@
+// The step of one rank of a parallel layout (parallel.h has the sequence and why). Everything
+// that crosses ranks goes through comm::Communicator; a failed collective fails the step with
+// its Status, and the caller gives the step (and the job attempt) up.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/optimizer.h"
+#include "runtime/base/status.h"
+#include "runtime/pipeline/one_f_one_b.h"
+#include "runtime/train/trainer.h"
+
+namespace furnace::train {
+namespace {
+
+namespace k = kernels::cpu;
+
+constexpr uint32_t kGradientTag = 1u << 20;  // pipeline tags: activations j, gradients this + j
+
+absl::Status AllReduce(comm::Communicator* group, float* data, int64_t n) {
+  if (group == nullptr || group->size() == 1 || n == 0) return absl::OkStatus();
+  return group->AllReduce(data, n);
+}
+
+// Sums the gradients of `params` (those with sync == `sync`) over `group`, packing them into
+// buckets of at most bucket_floats.
+absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamInfo>& params,
+                            GradSync sync, float* grads, int64_t bucket_floats) {
+  if (group == nullptr || group->size() == 1) return absl::OkStatus();
+  std::vector<float> bucket;
+  std::vector<const ParamInfo*> members;
+  auto flush = [&]() -> absl::Status {
+    if (bucket.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(group->AllReduce(bucket.data(), static_cast<int64_t>(bucket.size())));
+    int64_t at = 0;
+    for (const ParamInfo* p : members) {
+      std::memcpy(grads + p->offset, bucket.data() + at, p->numel() * sizeof(float));
+      at += p->numel();
+    }
+    bucket.clear();
+    members.clear();
+    return absl::OkStatus();
+  };
+  for (const ParamInfo& p : params) {
+    if (p.sync != sync) continue;
+    if (!bucket.empty() && static_cast<int64_t>(bucket.size()) + p.numel() > bucket_floats) {
+      RETURN_IF_ERROR(flush());
+    }
+    bucket.insert(bucket.end(), grads + p.offset, grads + p.offset + p.numel());
+    members.push_back(&p);
+  }
+  return flush();
+}
+
+}  // namespace
+
+absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult>& results) {
+  const ParallelRuntime& P = *parallel_;
+  const data::SamplerConfig& sc = data_->config();
+  const int m = config_.micro_batches, B = sc.batch;
+  const double global_tokens = static_cast<double>(B) * sc.seq_len * m * P.dp;
+  const int64_t act = model_->ActivationFloats(B);
+  const int64_t act_bytes = act * static_cast<int64_t>(sizeof(float));
+  std::vector<float> x_in(act), x_out(act), dx_out(act), dx_in(act);
+  comm::Communicator* pipe = P.pipeline;
+  int in_flight = 0;
+  for (const pipeline::PipelineOp& op : pipeline::OneFOneB(P.stage, P.stages, m)) {
+    const int j = op.micro;
+    if (op.kind == pipeline::PipelineOp::kForward) {
+      data::Batch batch;
+      if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
+      if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, j));
+      ASSIGN_OR_RETURN(results[j], model_->StageForward(j, batch.inputs.data(),
+                                                        batch.targets.data(), x_in.data(), B,
+                                                        x_out.data()));
+      if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, j));
+      stats.in_flight_peak = std::max(stats.in_flight_peak, ++in_flight);
+    } else {
+      if (!P.last_stage()) {
+        RETURN_IF_ERROR(pipe->Recv(dx_out.data(), act_bytes, P.stage + 1, kGradientTag + j));
+      }
+      RETURN_IF_ERROR(model_->StageBackward(j, dx_out.data(), 1.0 / global_tokens,
+                                            1.0 / (m * P.dp), dx_in.data()));
+      if (!P.first_stage()) {
+        RETURN_IF_ERROR(pipe->Send(dx_in.data(), act_bytes, P.stage - 1, kGradientTag + j));
+      }
+      --in_flight;
+    }
+  }
+  if (pipe != nullptr && pipe->size() > 1) RETURN_IF_ERROR(pipe->WaitSends());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SyncGradients() {
+  const ParallelRuntime& P = *parallel_;
+  const std::vector<ParamInfo>& params = model_->params();
+  float* g = model_->grad_data();
+  if (P.tp > 1) {  // every expert saw each token once per tensor-parallel peer
+    const float scale = 1.0f / static_cast<float>(P.tp);
+    for (const ParamInfo& p : params) {
+      if (p.sync == GradSync::kExpertData) k::Scale(g + p.offset, scale, p.numel());
+    }
+  }
+  const int64_t bucket = std::max<int64_t>(1, P.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  RETURN_IF_ERROR(ReduceBucketed(P.data, params, GradSync::kData, g, bucket));
+  RETURN_IF_ERROR(ReduceBucketed(P.expert_data, params, GradSync::kExpertData, g, bucket));
+  if (P.stages > 1 && (P.first_stage() || P.last_stage())) {
+    for (const ParamInfo& p : params) {
+      if (p.name == "wte") RETURN_IF_ERROR(AllReduce(P.embedding, g + p.offset, p.numel()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::ClipParallel() {
+  const ParallelRuntime& P = *parallel_;
+  float* g = model_->grad_data();
+  double local = 0;
+  for (const ParamInfo& p : model_->params()) {
+    if (p.norm_owner) local += k::SumOfSquares(g + p.offset, p.numel());
+  }
+  // Summed in fp32 over the world: each term is already a double-accumulated partial sum.
+  float total = static_cast<float>(local);
+  RETURN_IF_ERROR(AllReduce(P.world_group, &total, 1));
+  const double norm = std::sqrt(static_cast<double>(total));
+  if (config_.clip > 0) {
+    const double coef = config_.clip / (norm + 1e-6);
+    if (coef < 1.0) k::Scale(g, static_cast<float>(coef), model_->num_params());
+  }
+  return norm;
+}
+
+absl::Status Trainer::ReduceStats(const std::vector<MicroBatchResult>& results, StepStats& stats) {
+  const ParallelRuntime& P = *parallel_;
+  const int m = config_.micro_batches;
+  const int E = model_->num_experts();
+  const size_t layers = results.empty() ? 0 : results[0].tokens_per_expert.size();
+  // [loss, aux, dropped, tokens per expert (layers x E)], contributed by tensor-parallel rank 0
+  // only (its peers hold the same tokens).
+  std::vector<float> v(3 + layers * E, 0.0f);
+  if (P.tp_rank == 0) {
+    for (const MicroBatchResult& r : results) {
+      if (P.last_stage()) v[0] += static_cast<float>(r.loss / (m * P.dp));
+      v[1] += static_cast<float>(r.aux_loss / (m * P.dp));
+      v[2] += static_cast<float>(r.dropped);
+      for (size_t l = 0; l < r.tokens_per_expert.size() && l < layers; ++l) {
+        for (size_t e = 0; e < r.tokens_per_expert[l].size() && static_cast<int>(e) < E; ++e) {
+          v[3 + l * E + e] += static_cast<float>(r.tokens_per_expert[l][e]);
+        }
+      }
+    }
+  }
+  RETURN_IF_ERROR(AllReduce(P.world_group, v.data(), static_cast<int64_t>(v.size())));
+  stats.loss = v[0];
+  stats.aux_loss = v[1];
+  stats.dropped = static_cast<int64_t>(std::llround(v[2]));
+  stats.tokens_per_expert.assign(layers, std::vector<int64_t>(E));
+  for (size_t l = 0; l < layers; ++l) {
+    int64_t sum = 0, max = 0;
+    for (int e = 0; e < E; ++e) {
+      const int64_t c = std::llround(v[3 + l * E + e]);
+      stats.tokens_per_expert[l][e] = c;
+      sum += c;
+      max = std::max(max, c);
+    }
+    const double mean = E == 0 ? 0 : static_cast<double>(sum) / E;
+    stats.imbalance.push_back(mean > 0 ? max / mean : 0);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> Trainer::StepParallel() {
+  const ParallelRuntime& P = *parallel_;
+  const data::SamplerConfig& sc = data_->config();
+  const int m = config_.micro_batches;
+  const double tokens = static_cast<double>(sc.batch) * sc.seq_len * m * P.dp;
+  StepStats stats;
+  stats.step = step_;
+  stats.tokens = static_cast<int64_t>(tokens);
+  std::vector<int64_t> bytes_before(comm::kNumCollectiveOps, 0);
+  for (comm::Communicator* c : P.all_groups) {
+    for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
+      bytes_before[op] += c->counters().bytes(static_cast<comm::CollectiveOp>(op));
+    }
+  }
+
+  const double t0 = clock_->MonotonicSeconds();
+  model_->ZeroGrad();
+  model_->ResetActivationPeak();
+  std::vector<MicroBatchResult> results(m);
+  if (absl::Status s = RunSchedule(stats, results); !s.ok()) {
+    model_->AbandonMicroBatches();
+    return s;
+  }
+  stats.activation_peak_bytes = model_->ActivationPeakBytes();
+  const double t1 = clock_->MonotonicSeconds();
+  RETURN_IF_ERROR(SyncGradients());
+  ASSIGN_OR_RETURN(stats.grad_norm, ClipParallel());
+  RETURN_IF_ERROR(ReduceStats(results, stats));
+  const double t2 = clock_->MonotonicSeconds();
+  stats.lr = config_.schedule.At(step_);
+  adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  const double t3 = clock_->MonotonicSeconds();
+
+  stats.forward_backward_seconds = t1 - t0;
+  stats.sync_seconds = t2 - t1;
+  stats.optimizer_seconds = t3 - t2;
+  stats.step_seconds = t3 - t0;
+  if (stats.step_seconds > 0) stats.tokens_per_second = tokens / stats.step_seconds;
+  stats.model_flops = model_->FlopsPerToken() * tokens;
+  if (config_.peak_flops > 0 && stats.step_seconds > 0) {
+    stats.mfu = stats.model_flops / P.world / stats.step_seconds / config_.peak_flops;
+  }
+  stats.comm_bytes.assign(comm::kNumCollectiveOps, 0);
+  for (comm::Communicator* c : P.all_groups) {
+    for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
+      stats.comm_bytes[op] += c->counters().bytes(static_cast<comm::CollectiveOp>(op));
+    }
+  }
+  for (int op = 0; op < comm::kNumCollectiveOps; ++op) stats.comm_bytes[op] -= bytes_before[op];
+  ++step_;
+  return stats;
+}
+
+absl::Status Trainer::SaveCheckpointParallel() {
+  const ParallelRuntime& P = *parallel_;
+  ShardState state;
+  state.step = step_;
+  state.data_position = step_;
+  state.seed = config_.seed;
+  state.shard = P.world_rank;
+  state.num_shards = P.world;
+  state.n = model_->num_params();
+  state.params = model_->param_data();
+  state.m = adamw_.m().data();
+  state.v = adamw_.v().data();
+  CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  ASSIGN_OR_RETURN(ShardRecord mine, store.WriteShard(state));
+  mine.params = model_->params();
+  mine.n = model_->num_params();
+
+  // Every rank's record to every rank (rank 0 commits; the others learn the sizes for free).
+  comm::Communicator* world = P.world_group;
+  std::vector<ShardRecord> records;
+  const std::string text = SerializeShardRecord(mine);
+  if (world == nullptr || world->size() == 1) {
+    records.push_back(std::move(mine));
+  } else {
+    std::vector<int64_t> sizes(world->size());
+    const int64_t my_size = static_cast<int64_t>(text.size());
+    RETURN_IF_ERROR(world->AllGather(&my_size, sizes.data(), sizeof(int64_t)));
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    std::string all(static_cast<size_t>(total), '\0');
+    RETURN_IF_ERROR(world->AllGatherV(text.data(), my_size, all.data(), sizes));
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+      ASSIGN_OR_RETURN(ShardRecord r, ParseShardRecord(all.substr(at, n)));
+      records.push_back(std::move(r));
+      at += n;
+    }
+  }
+  if (P.world_rank == 0) RETURN_IF_ERROR(store.Commit(model_->params(), state, records));
+  // Nobody moves on (or reports the checkpoint) before it is committed.
+  if (world != nullptr && world->size() > 1) RETURN_IF_ERROR(world->Barrier());
+  last_saved_step_ = step_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
+  const ParallelRuntime& P = *parallel_;
+  CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  absl::StatusOr<LoadedCheckpoint> loaded = store.LoadLatest(P.world_rank);
+  // The ranks agree on one step: the oldest any of them could load (a shard that is damaged on
+  // one rank sends every rank back to the previous checkpoint). -1: none.
+  int64_t mine = loaded.ok() ? loaded->step : -1;
+  if (!loaded.ok() && !absl::IsNotFound(loaded.status())) return loaded.status();
+  comm::Communicator* world = P.world_group;
+  int64_t agreed = mine;
+  if (world != nullptr && world->size() > 1) {
+    std::vector<int64_t> steps(world->size());
+    RETURN_IF_ERROR(world->AllGather(&mine, steps.data(), sizeof(int64_t)));
+    agreed = *std::min_element(steps.begin(), steps.end());
+  }
+  if (agreed < 0) {
+    if (mine >= 0) {
+      return absl::NotFoundError("another rank found no usable checkpoint; starting afresh");
+    }
+    return loaded.status();
+  }
+  if (agreed != mine) {
+    ASSIGN_OR_RETURN(LoadedCheckpoint older, store.Load(agreed, P.world_rank));
+    older.skipped = loaded->skipped;
+    older.skipped.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
+    loaded = std::move(older);
+  }
+  RETURN_IF_ERROR(Restore(*loaded));
+  return loaded;
+}
+
+}  // namespace furnace::train

@@ -1,0 +1,258 @@
+#include "tests/runtime/parallel/layout_run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/blas.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/file_kv_store.h"
+#include "runtime/comm/gloo_communicator.h"
+#include "runtime/device/device.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/arena.h"
+#include "runtime/train/markov.h"
+#include "runtime/train/rank_layout.h"
+#include "runtime/train/sampler.h"
+#include "runtime/train/trainer.h"
+#include "tests/runtime/comm/fork_world.h"
+
+namespace furnace::testing {
+namespace {
+
+struct Trained {
+  std::vector<double> loss, aux, norm;
+  int in_flight_peak = 0;
+  std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
+};
+
+absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c) {
+  data::MarkovConfig mc;
+  mc.vocab = c.model.vocab;
+  mc.seed = c.seed + 1;
+  ASSIGN_OR_RETURN(data::MarkovChain chain, data::MarkovChain::Create(mc));
+  data::SamplerConfig sc;
+  sc.batch = c.micro_batch;
+  sc.seq_len = c.model.seq_len;
+  sc.seed = c.seed;
+  return data::MakeMarkovSampler(std::move(chain), sc);
+}
+
+train::TrainConfig TrainConfigOf(const LayoutCase& c, int micro_batches) {
+  train::TrainConfig tc;
+  tc.steps = c.steps;
+  tc.micro_batches = micro_batches;
+  tc.seed = c.seed;
+  tc.schedule.lr = c.lr;
+  tc.schedule.warmup_steps = 2;
+  tc.schedule.max_steps = c.steps;
+  tc.clip = 1.0;
+  return tc;
+}
+
+absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int micro_batches,
+                              const train::ParallelRuntime* parallel) {
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> sampler, MakeSampler(c));
+  ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer,
+                   train::Trainer::Create(&model, sampler.get(), TrainConfigOf(c, micro_batches),
+                                          nullptr, parallel));
+  Trained t;
+  for (int s = 0; s < c.steps; ++s) {
+    ASSIGN_OR_RETURN(train::StepStats st, trainer->Step());
+    t.loss.push_back(st.loss);
+    t.aux.push_back(st.aux_loss);
+    t.norm.push_back(st.grad_norm);
+    t.in_flight_peak = std::max(t.in_flight_peak, st.in_flight_peak);
+    for (size_t op = 0; op < st.comm_bytes.size(); ++op) t.comm_bytes[op] += st.comm_bytes[op];
+  }
+  return t;
+}
+
+int64_t GlobalNumel(const train::ParamInfo& p) {
+  if (!p.shard.sharded()) return p.numel();
+  int64_t n = 1;
+  for (int64_t d : p.shard.global_shape) n *= d;
+  return n;
+}
+
+template <typename T>
+void Put(std::ofstream& out, const T& v) {
+  out.write(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+bool Take(std::ifstream& in, T& v) {
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof(T)));
+}
+
+std::string RankFile(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank-", rank, ".bin");
+}
+
+absl::Status WriteRank(const std::string& path, const Trained& t, const model::GptMoe& model) {
+  std::ofstream out(path, std::ios::binary);
+  Put<int32_t>(out, static_cast<int32_t>(t.loss.size()));
+  for (size_t s = 0; s < t.loss.size(); ++s) {
+    Put(out, t.loss[s]);
+    Put(out, t.aux[s]);
+    Put(out, t.norm[s]);
+  }
+  Put<int32_t>(out, t.in_flight_peak);
+  for (int64_t b : t.comm_bytes) Put(out, b);
+  Put<int32_t>(out, static_cast<int32_t>(model.params().size()));
+  const float* data = const_cast<model::GptMoe&>(model).param_data();
+  for (const train::ParamInfo& p : model.params()) {
+    Put<int32_t>(out, static_cast<int32_t>(p.name.size()));
+    out.write(p.name.data(), static_cast<std::streamsize>(p.name.size()));
+    Put<int64_t>(out, GlobalNumel(p));
+    Put<int64_t>(out, p.numel());
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      Put<int64_t>(out, p.GlobalIndex(i));
+      Put<float>(out, data[p.offset + i]);
+    }
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
+  kernels::cpu::SetBlasThreads(1);
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(topology::Topology topo,
+                     topology::Topology::Create(c.sizes, c.sizes.world(), train::DimsOf(c.model)));
+    comm::FileKvStore store(dir + "/kv");
+    const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
+                                           int r, int size) {
+      comm::GlooOptions o;
+      o.rank = r;
+      o.size = size;
+      o.timeout_s = 60;
+      return comm::CreateGlooCommunicator(store, prefix, name, r, size, o);
+    };
+    ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                     train::BuildRankLayout(topo, rank, c.model, factory));
+    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+    tensor::DeviceArena arena(*cpu, 0);
+    ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
+                     model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard,
+                                           layout->model_groups()));
+    ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
+    return WriteRank(RankFile(dir, rank), t, *model);
+  };
+  const absl::Status s = run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir) {
+  const int world = c.sizes.world();
+  const std::vector<comm::forked::ChildExit> exits = comm::forked::RunForked(
+      world, [&](int rank) { return ChildMain(c, dir, rank); }, 240);
+  std::vector<std::string> failed;
+  for (const auto& e : exits) {
+    if (!e.ok()) failed.push_back(e.Describe());
+  }
+  if (!failed.empty()) return absl::InternalError(absl::StrJoin(failed, "; "));
+
+  RunResult r;
+  std::map<std::string, std::vector<uint8_t>> seen;
+  std::map<std::string, float> spread;  // largest replica difference per tensor
+  for (int rank = 0; rank < world; ++rank) {
+    std::ifstream in(RankFile(dir, rank), std::ios::binary);
+    int32_t steps = 0;
+    if (!Take(in, steps)) return absl::DataLossError(absl::StrCat("rank ", rank, ": no output"));
+    for (int s = 0; s < steps; ++s) {
+      double loss = 0, aux = 0, norm = 0;
+      Take(in, loss);
+      Take(in, aux);
+      Take(in, norm);
+      if (rank == 0) {
+        r.loss.push_back(loss);
+        r.aux_loss.push_back(aux);
+        r.grad_norm.push_back(norm);
+      } else if (loss != r.loss[s] || norm != r.grad_norm[s]) {
+        return absl::InternalError(absl::StrCat("rank ", rank, " reports loss ", loss, " norm ",
+                                                norm, " at step ", s, "; rank 0: ", r.loss[s],
+                                                " ", r.grad_norm[s]));
+      }
+    }
+    int32_t in_flight = 0;
+    Take(in, in_flight);
+    r.in_flight_peak.push_back(in_flight);
+    std::vector<int64_t> bytes(comm::kNumCollectiveOps);
+    for (int64_t& b : bytes) Take(in, b);
+    r.comm_bytes.push_back(bytes);
+    int32_t n = 0;
+    Take(in, n);
+    for (int32_t i = 0; i < n; ++i) {
+      int32_t len = 0;
+      Take(in, len);
+      std::string name(static_cast<size_t>(len), '\0');
+      in.read(name.data(), len);
+      int64_t global = 0, local = 0;
+      Take(in, global);
+      Take(in, local);
+      std::vector<float>& whole = r.params[name];
+      std::vector<uint8_t>& have = seen[name];
+      if (whole.empty()) {
+        whole.assign(global, std::numeric_limits<float>::quiet_NaN());
+        have.assign(global, 0);
+      }
+      for (int64_t e = 0; e < local; ++e) {
+        int64_t idx = 0;
+        float v = 0;
+        Take(in, idx);
+        Take(in, v);
+        if (idx < 0 || idx >= global) return absl::DataLossError("index out of range");
+        if (have[idx]) {
+          spread[name] = std::max(spread[name], std::fabs(whole[idx] - v));
+        } else {
+          whole[idx] = v;
+          have[idx] = 1;
+        }
+      }
+    }
+    if (!in) return absl::DataLossError(absl::StrCat("rank ", rank, ": truncated output"));
+  }
+  for (const auto& [name, have] : seen) {
+    if (std::find(have.begin(), have.end(), 0) != have.end()) {
+      return absl::InternalError(absl::StrCat("no rank holds part of ", name));
+    }
+  }
+  for (const auto& [name, diff] : spread) {
+    float max = 0;
+    for (float v : r.params[name]) max = std::max(max, std::fabs(v));
+    if (max > 0) r.replica_spread = std::max(r.replica_spread, static_cast<double>(diff / max));
+  }
+  return r;
+}
+
+absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
+  kernels::cpu::SetBlasThreads(1);
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  tensor::DeviceArena arena(*cpu, 0);
+  ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
+                   model::GptMoe::Create(c.model, c.seed, *cpu, arena));
+  ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
+  RunResult r;
+  r.loss = t.loss;
+  r.aux_loss = t.aux;
+  r.grad_norm = t.norm;
+  for (const train::ParamInfo& p : model->params()) {
+    const float* d = model->param_data() + p.offset;
+    r.params[p.name] = std::vector<float>(d, d + p.numel());
+  }
+  return r;
+}
+
+}  // namespace furnace::testing

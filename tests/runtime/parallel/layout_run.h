@@ -1,0 +1,43 @@
+// Test helper: trains the tiny model of the layout tests for a few steps on one parallel layout,
+// one fork()ed process per rank talking Gloo over 127.0.0.1 (rendezvous through a FileKvStore),
+// and returns what the ranks reported: per-step loss and gradient norm, the 1F1B in-flight peak
+// per rank, bytes per collective per rank, and the final parameters reassembled by name from the
+// shards (each element from every rank that holds it, so replicas are checked against each
+// other). RunSingle trains the same model in this process with micro_batches * dp micro-batches,
+// the single-process run every layout must reproduce.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/config.h"
+#include "runtime/topology/topology.h"
+
+namespace furnace::testing {
+
+struct LayoutCase {
+  model::ModelConfig model;
+  topology::ParallelSizes sizes;
+  int micro_batch = 2;     // B
+  int micro_batches = 2;   // m per data-parallel rank
+  int steps = 5;
+  double lr = 3e-3;
+  uint64_t seed = 7;
+};
+
+struct RunResult {
+  std::vector<double> loss, aux_loss, grad_norm;  // per step
+  std::vector<int> in_flight_peak;                 // per rank
+  std::vector<std::vector<int64_t>> comm_bytes;    // [rank][op], summed over the steps
+  std::map<std::string, std::vector<float>> params;  // whole tensors by name
+  // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
+  double replica_spread = 0;
+};
+
+absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);
+absl::StatusOr<RunResult> RunSingle(const LayoutCase& c);
+
+}  // namespace furnace::testing
