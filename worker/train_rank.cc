@@ -17,7 +17,9 @@
 #include "runtime/train/token_file.h"
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
+#include "runtime/comm/communicator.h"
 #include "worker/rank_exit.h"
+#include "worker/rank_groups.h"
 
 namespace furnace::worker {
 namespace {
@@ -118,21 +120,49 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                  config.vocab, entropy_floor);
   }
 
+  // The layout: refused as bad input before any rendezvous when it does not fit the model.
+  const bool parallel = task.world_size() > 1;
+  std::unique_ptr<train::RankLayout> layout;
+  if (parallel) {
+    absl::StatusOr<topology::Topology> topo = TopologyFromTask(task, config);
+    if (!topo.ok()) {
+      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("parallel: ", topo.status().message()));
+    }
+    progress.Emit("rendezvous", 0);
+    auto connected = ConnectRankGroups(task, *topo, config, [&progress] {
+      progress.Emit("rendezvous", 0);
+    });
+    if (!connected.ok()) {
+      return Fail(progress, 0, kRankExitError,
+                  absl::StrCat("rendezvous failed: ", connected.status().ToString()));
+    }
+    layout = std::move(*connected);
+    const model::ModelShard& sh = layout->shard;
+    spdlog::info("layout pp={} dp={} tp={} ep={} esp={}: stage {} (layers {}..{}), dp rank {}, "
+                 "tp rank {}, ep rank {}, esp rank {}",
+                 topo->sizes().pp, topo->sizes().dp, topo->sizes().tp, topo->sizes().ep,
+                 topo->sizes().esp, sh.stage, sh.first_layer, sh.last_layer - 1, sh.dp_rank,
+                 sh.tp_rank, sh.ep_rank, sh.esp_rank);
+  }
+
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
-  auto model = model::GptMoe::Create(config, spec.train().seed(), *cpu, arena);
+  auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
+                                                layout->shard, layout->model_groups())
+                        : model::GptMoe::Create(config, spec.train().seed(), *cpu, arena);
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
   const double peak = train::MeasureSgemmPeakFlops();
-  spdlog::info("model: {} parameters, {:.1f} MFLOP per token; CPU peak (SGEMM 2048^3, 1 thread) "
-               "{:.1f} GFLOP/s; activation budget {}",
+  spdlog::info("model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
+               "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",
                (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
                spec.memory().device_budget() == 0
                    ? std::string("unlimited")
                    : absl::StrCat(spec.memory().device_budget(), " bytes"));
 
-  auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak));
+  auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak),
+                                        nullptr, parallel ? &layout->runtime : nullptr);
   if (!trainer.ok()) {
     return Fail(progress, 0, kRankExitBadInput, absl::StrCat("train: ", trainer.status().message()));
   }
@@ -152,10 +182,13 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   std::optional<int> fault_exit;
   train::StopToken stop;
   const auto on_step = [&](const train::StepStats& s) {
+    // Global numbers (tokens, tokens per expert) are reported by rank 0 only: the controller sums
+    // over ranks. Times, memory and bytes are this rank's.
+    const bool reporter = task.rank() == 0;
     std::map<std::string, double> m = {
         {"loss", s.loss},
         {"aux_loss", s.aux_loss},
-        {"tokens", static_cast<double>(s.tokens)},
+        {"tokens", reporter ? static_cast<double>(s.tokens) : 0.0},
         {"tokens_per_second", s.tokens_per_second},
         {"step_seconds", s.step_seconds},
         {"forward_backward_seconds", s.forward_backward_seconds},
@@ -170,10 +203,20 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
         {"checkpoint_seconds", s.checkpoint_seconds},
     };
     if (entropy_floor > 0) m["entropy_floor"] = entropy_floor;
+    if (parallel) {
+      m["sync_seconds"] = s.sync_seconds;
+      m["pipeline_in_flight"] = s.in_flight_peak;
+      for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
+        if (s.comm_bytes[op] == 0) continue;
+        m[absl::StrCat("comm_bytes.", comm::CollectiveOpName(static_cast<comm::CollectiveOp>(op)))] =
+            static_cast<double>(s.comm_bytes[op]);
+      }
+    }
     double worst = 0;
     for (size_t l = 0; l < s.imbalance.size(); ++l) {
       m[absl::StrCat("imbalance.", l)] = s.imbalance[l];
       worst = std::max(worst, s.imbalance[l]);
+      if (!reporter) continue;
       for (size_t e = 0; e < s.tokens_per_expert[l].size(); ++e) {
         m[absl::StrCat("expert_tokens.", l, ".", e)] =
             static_cast<double>(s.tokens_per_expert[l][e]);
@@ -183,7 +226,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     const uint64_t done = static_cast<uint64_t>(s.step) + 1;
     progress.Emit("running", done, "", nullptr, &m);
     const uint64_t total = spec.train().steps();
-    if (done == start_step + 1 || done % 10 == 0 || done == total) {
+    if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
       spdlog::info("step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
                    "imbalance {:.2f}  act peak {:.1f} MiB",
                    done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3,

@@ -228,12 +228,6 @@ absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
                                                const std::string& filename) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
   const uint32_t world = spec::WorldSize(spec);
-  if (spec.kind() == "train" && world != 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: parallel: a train job runs on one rank in this build (got pp*dp*tp = %d*%d*%d = %d); "
-        "allowed: pp = dp = tp = 1 (distributed layouts arrive with the distributed runtime)",
-        filename, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), world));
-  }
   std::lock_guard<std::mutex> lock(mu_);
   const uint32_t capacity = Capacity(spec.resources().device());
   if (world > capacity) {

@@ -1,0 +1,59 @@
+#include "worker/rank_groups.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/comm/gloo_communicator.h"
+#include "spdlog/spdlog.h"
+#include "worker/controller_channel.h"
+#include "worker/grpc_kv_store.h"
+
+namespace furnace::worker {
+namespace {
+constexpr double kDefaultStartTimeoutS = 60;
+}  // namespace
+
+absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask& task,
+                                                    const model::ModelConfig& config) {
+  const auto& p = task.spec().parallel();
+  topology::ParallelSizes sizes;
+  sizes.pp = static_cast<int>(std::max<uint32_t>(1, p.pp()));
+  sizes.dp = static_cast<int>(std::max<uint32_t>(1, p.dp()));
+  sizes.tp = static_cast<int>(std::max<uint32_t>(1, p.tp()));
+  sizes.ep = static_cast<int>(std::max<uint32_t>(1, p.ep()));
+  sizes.esp = static_cast<int>(std::max<uint32_t>(1, p.esp()));
+  if (!p.order().empty()) sizes.order = p.order();
+  return topology::Topology::Create(sizes, static_cast<int>(task.world_size()),
+                                    train::DimsOf(config));
+}
+
+absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
+    const furnace::v1::RankTask& task, const topology::Topology& topology,
+    const model::ModelConfig& config, const std::function<void()>& on_wait) {
+  if (task.controller_address().empty()) {
+    return absl::FailedPreconditionError("the task names no controller address for rendezvous");
+  }
+  const double timeout_s = task.spec().recovery().start_timeout_s() > 0
+                               ? task.spec().recovery().start_timeout_s()
+                               : kDefaultStartTimeoutS;
+  furnace::v1::KvScope scope;
+  scope.set_job_id(task.job_id());
+  scope.set_attempt(task.attempt());
+  auto store = std::make_shared<GrpcKvStore>(
+      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
+      timeout_s);
+  const std::string host = task.host().empty() ? "127.0.0.1" : task.host();
+  spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", task.rank(),
+               task.world_size(), host, task.controller_address(), timeout_s);
+  const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
+                                         int rank, int size) {
+    comm::GlooOptions options;
+    options.rank = rank;
+    options.size = size;
+    options.host = host;
+    options.timeout_s = timeout_s;
+    options.on_wait_tick = on_wait;
+    return comm::CreateGlooCommunicator(*store, prefix, name, rank, size, options);
+  };
+  return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, factory);
+}
+
+}  // namespace furnace::worker

@@ -1,0 +1,28 @@
+// The parallel layout of a train rank, from its RankTask: the topology of the job's `parallel:`
+// section (validated against the model: a bad layout is bad input, exit 4) and the rank's groups,
+// connected with Gloo through the controller's rendezvous store (scoped by job and attempt, so a
+// rank of an earlier attempt can never join these groups).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "furnace/v1/agent.pb.h"
+#include "runtime/model/config.h"
+#include "runtime/topology/topology.h"
+#include "runtime/train/rank_layout.h"
+
+namespace furnace::worker {
+
+// InvalidArgument naming the field when the layout does not fit the model or the world size.
+absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask& task,
+                                                    const model::ModelConfig& config);
+
+// Blocks until every group of this rank is connected (at most the job's start timeout), calling
+// on_wait at least once a second while it waits.
+absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
+    const furnace::v1::RankTask& task, const topology::Topology& topology,
+    const model::ModelConfig& config, const std::function<void()>& on_wait);
+
+}  // namespace furnace::worker
