@@ -2,7 +2,9 @@
 // job's checkpoints are (spec.checkpoint.dir); the CLI reads them itself with the runtime's
 // checkpoint reader, which verifies sizes and checksums before a byte is trusted, and writes the
 // parameters with the runtime's safetensors writer. So an export needs the directory visible from
-// this machine (the same host or a shared filesystem), and never loads the controller.
+// this machine (the same host or a shared filesystem), and never loads the controller. A parallel
+// job's checkpoint has one shard per rank, each with its part of the model; export reassembles
+// whole tensors from all of them (whole_checkpoint.h), so the file is the same whatever the layout.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -13,6 +15,7 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/whole_checkpoint.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/status.h"
@@ -35,8 +38,7 @@ std::string CompactJson(const google::protobuf::Message& message) {
 }
 
 // What the file records about where it came from; safetensors metadata values are strings.
-std::map<std::string, std::string> Metadata(const v1::JobDetail& job,
-                                            const train::LoadedCheckpoint& ckpt) {
+std::map<std::string, std::string> Metadata(const v1::JobDetail& job, const WholeCheckpoint& ckpt) {
   std::map<std::string, std::string> m = {
       {"format", "pt"},  // what transformers' loaders expect of a torch-layout file
       {"furnace.job_id", job.summary().job_id()},
@@ -58,8 +60,8 @@ std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
                       every > 0 ? absl::StrCat(every, " steps") : "0: only at the end", ")");
 }
 
-absl::StatusOr<train::LoadedCheckpoint> LoadCheckpoint(const v1::JobDetail& job,
-                                                       const std::string& dir, int64_t step) {
+absl::StatusOr<WholeCheckpoint> LoadCheckpoint(const v1::JobDetail& job, const std::string& dir,
+                                               int64_t step) {
   const std::string& id = job.summary().job_id();
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -70,7 +72,7 @@ absl::StatusOr<train::LoadedCheckpoint> LoadCheckpoint(const v1::JobDetail& job,
   }
   const train::CheckpointStore store(dir, /*keep=*/0);
   if (step < 0) {
-    absl::StatusOr<train::LoadedCheckpoint> loaded = store.LoadLatest();
+    absl::StatusOr<WholeCheckpoint> loaded = LoadLatestWholeCheckpoint(store);
     if (absl::IsNotFound(loaded.status()) && store.CommittedSteps().empty()) {
       return LocalError(absl::NotFoundError(
           NoCheckpointYet(job, absl::StrCat("no committed checkpoint in ", dir))));
@@ -84,23 +86,9 @@ absl::StatusOr<train::LoadedCheckpoint> LoadCheckpoint(const v1::JobDetail& job,
         "job ", id, " has no committed checkpoint at step ", step, " in ", dir,
         " (committed: ", committed.empty() ? "none yet" : absl::StrJoin(committed, ", "), ")")));
   }
-  absl::StatusOr<train::LoadedCheckpoint> loaded = store.Load(step);
+  absl::StatusOr<WholeCheckpoint> loaded = LoadWholeCheckpoint(store, step);
   if (!loaded.ok()) return LocalError(loaded.status());
   return loaded;
-}
-
-// The loader checks the manifest against the shard; this keeps a reader-writer disagreement from
-// becoming an out-of-bounds read in the exporter.
-absl::Status CheckParamsFit(const train::LoadedCheckpoint& ckpt) {
-  const int64_t n = static_cast<int64_t>(ckpt.param_data.size());
-  for (const auto& p : ckpt.params) {
-    if (p.offset < 0 || p.numel() < 0 || p.offset + p.numel() > n) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", ckpt.path, ": parameter ", p.name,
-                                              " [", p.offset, ", +", p.numel(),
-                                              ") lies outside the ", n, " stored values"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -127,17 +115,20 @@ absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_
                                      : absl::StrCat("; it is a ", job.summary().kind(), " job"),
         "): nothing to export")));
   }
-  ASSIGN_OR_RETURN(const train::LoadedCheckpoint ckpt, LoadCheckpoint(job, dir, options.step));
+  ASSIGN_OR_RETURN(const WholeCheckpoint ckpt, LoadCheckpoint(job, dir, options.step));
   for (const std::string& reason : ckpt.skipped) {
     *ctx.err << "furnace: skipped a newer checkpoint: " << reason << "\n";
   }
-  RETURN_IF_ERROR(LocalError(CheckParamsFit(ckpt)));
-  RETURN_IF_ERROR(LocalError(train::ExportSafetensors(
-      options.output, ckpt.params, ckpt.param_data.data(), Metadata(job, ckpt))));
+  for (const std::string& warning : ckpt.warnings) {
+    *ctx.err << "furnace: warning: " << warning << "\n";
+  }
+  std::vector<train::TensorView> views;
+  for (const WholeTensor& t : ckpt.tensors) views.push_back({t.name, t.shape, t.data.data()});
+  RETURN_IF_ERROR(LocalError(train::WriteSafetensors(options.output, views, Metadata(job, ckpt))));
   std::error_code ec;
   const uintmax_t bytes = fs::file_size(options.output, ec);
-  int64_t parameters = 0;
-  for (const auto& p : ckpt.params) parameters += p.numel();
+  const int64_t parameters = ckpt.num_params();
+  const size_t tensors = ckpt.tensors.size();
 
   if (ctx.json) {
     google::protobuf::Struct result;
@@ -147,18 +138,23 @@ absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_
     f["format"].set_string_value(options.format);
     f["output"].set_string_value(options.output);
     f["checkpoint"].set_string_value(ckpt.path);
-    f["tensors"].set_number_value(static_cast<double>(ckpt.params.size()));
+    f["shards"].set_number_value(ckpt.num_shards);
+    f["tensors"].set_number_value(static_cast<double>(tensors));
     f["parameters"].set_number_value(static_cast<double>(parameters));
     f["bytes"].set_number_value(ec ? 0.0 : static_cast<double>(bytes));
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
   } else {
     *ctx.out << "exported job " << job_id << " step " << ckpt.step << " to " << options.output
-             << ": " << ckpt.params.size() << (ckpt.params.size() == 1 ? " tensor, " : " tensors, ")
+             << ": " << tensors << (tensors == 1 ? " tensor, " : " tensors, ")
              << FormatCount(parameters) << " fp32 parameters, "
              << (ec ? std::string("size unknown")
                     : absl::StrCat(FormatBytes(bytes), " (",
                                    FormatCount(static_cast<int64_t>(bytes)), " bytes)"))
-             << "\n  from " << ckpt.path << "\n";
+             << "\n  from " << ckpt.path
+             << (ckpt.num_shards > 1
+                     ? absl::StrCat(" (reassembled from ", ckpt.num_shards, " shards)")
+                     : "")
+             << "\n";
   }
   return kExitOk;
 }

@@ -60,11 +60,13 @@ struct ExportOptions {
 };
 // Asks the controller for the job (GetJob) to learn its checkpoint directory, reads the committed
 // checkpoint there directly (the directory must be visible from this machine), and writes its
-// parameters as fp32 tensors with MODEL.md names and shapes. Errors: an unknown format or no
-// output file -> INVALID_ARGUMENT; the job unknown -> the controller's NOT_FOUND; no checkpoint
-// directory or none committed yet, a checkpoint that does not verify (the loader's message naming
-// the file), an output that cannot be written -> a LocalError (exit 5). Newer checkpoints that
-// were skipped as damaged are reported on ctx.err.
+// parameters as whole fp32 tensors with MODEL.md names and shapes (a parallel job's shards are
+// reassembled: whole_checkpoint.h). Errors: an unknown format or no output file ->
+// INVALID_ARGUMENT; the job unknown -> the controller's NOT_FOUND; no checkpoint directory or none
+// committed yet, a checkpoint that does not verify (the loader's message naming the file) or whose
+// shards leave part of a tensor out, an output that cannot be written -> a LocalError (exit 5).
+// Newer checkpoints that were skipped as damaged, and replicas that disagree, are reported on
+// ctx.err.
 absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
                               const ExportOptions& options);
 

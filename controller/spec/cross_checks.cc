@@ -58,18 +58,21 @@ class Checker {
 
   // `divisor` must divide `dividend`. Reported on the divisor when the user wrote it (that is the
   // knob being turned, e.g. parallel.tp against model.heads), else on the dividend.
+  // `why`, when given, is appended to the message (", " + why): the condition that makes the check
+  // apply.
   void Divides(absl::string_view divisor_path, uint64_t divisor, absl::string_view dividend_path,
-               uint64_t dividend) {
+               uint64_t dividend, absl::string_view why = "") {
     if (divisor == 0 || dividend % divisor == 0) return;
     if (diag_->Failed(divisor_path) || diag_->Failed(dividend_path)) return;
+    const std::string suffix = why.empty() ? "" : absl::StrCat(", ", why);
     if (diag_->Present(divisor_path) || !diag_->Present(dividend_path)) {
       Fail({divisor_path}, Problem{absl::StrCat("inconsistent sizes: must divide ", dividend_path,
-                                                " (= ", dividend, ")"),
+                                                " (= ", dividend, ")", suffix),
                                    absl::StrCat(divisor), Divisors(dividend)});
     } else {
       Fail({dividend_path},
            Problem{absl::StrCat("inconsistent sizes: must be a multiple of ", divisor_path,
-                                " (= ", divisor, ")"),
+                                " (= ", divisor, ")", suffix),
                    absl::StrCat(dividend), absl::StrCat("multiples of ", divisor)});
     }
   }
@@ -96,17 +99,6 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat("pp * dp * tp <= ", INT32_MAX)});
   }
 
-  // Parallel layout: expert groups tile the dp x tp ranks of one pipeline stage.
-  const uint64_t ep_esp = uint64_t{p.ep()} * p.esp();
-  const uint64_t dp_tp = uint64_t{p.dp()} * p.tp();
-  if (dp_tp % ep_esp != 0) {
-    c.Fail({c.FirstPresent({"parallel.ep", "parallel.esp"}), "parallel.ep", "parallel.esp",
-            "parallel.dp", "parallel.tp"},
-           Problem{"inconsistent sizes: ep * esp must divide dp * tp",
-                   absl::StrCat("ep * esp = ", p.ep(), " * ", p.esp(), " = ", ep_esp,
-                                ", dp * tp = ", p.dp(), " * ", p.tp(), " = ", dp_tp),
-                   absl::StrCat("ep * esp in {", Divisors(dp_tp), "}")});
-  }
   if (diag->Present("resources.workers") && spec.resources().workers() != world) {
     c.Fail({"resources.workers", "parallel.pp", "parallel.dp", "parallel.tp"},
            Problem{"inconsistent sizes: resources.workers must equal parallel.pp * parallel.dp * "
@@ -115,15 +107,43 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(world, " = pp ", p.pp(), " * dp ", p.dp(), " * tp ", p.tp())});
   }
 
-  // Model shape. Only a training job builds the model; a commcheck ignores it, so a commcheck on
-  // e.g. pp=4 need not also raise model.layers.
+  // Model shape and the layout that splits it (runtime/topology checks these again in every rank,
+  // too late for a clear message). Only a training job builds the model and its expert groups; a
+  // commcheck ignores both, so a commcheck on e.g. pp=4 need not also raise model.layers.
   c.Divides("model.heads", m.heads(), "model.d_model", m.d_model());
   if (spec.kind() == "train") {
+    // Expert groups tile the dp x tp ranks of one pipeline stage.
+    const uint64_t ep_esp = uint64_t{p.ep()} * p.esp();
+    const uint64_t dp_tp = uint64_t{p.dp()} * p.tp();
+    if (dp_tp % ep_esp != 0) {
+      c.Fail({c.FirstPresent({"parallel.ep", "parallel.esp"}), "parallel.ep", "parallel.esp",
+              "parallel.dp", "parallel.tp"},
+             Problem{"inconsistent sizes: ep * esp must divide dp * tp",
+                     absl::StrCat("ep * esp = ", p.ep(), " * ", p.esp(), " = ", ep_esp,
+                                  ", dp * tp = ", p.dp(), " * ", p.tp(), " = ", dp_tp),
+                     absl::StrCat("ep * esp in {", Divisors(dp_tp), "}")});
+    }
     c.Divides("parallel.tp", p.tp(), "model.heads", m.heads());
     c.Divides("parallel.tp", p.tp(), "model.d_model", m.d_model());
-    c.Divides("parallel.pp", p.pp(), "model.layers", m.layers());
+    // Stages may hold different numbers of layers (the first layers % pp take one more), but each
+    // holds at least one.
+    if (p.pp() > m.layers()) {
+      c.Fail({"parallel.pp", "model.layers"},
+             Problem{absl::StrCat("inconsistent sizes: must be <= model.layers (= ", m.layers(),
+                                  "): every pipeline stage holds at least one layer (an uneven "
+                                  "split is fine, the first stages take one more)"),
+                     absl::StrCat(p.pp()), absl::StrCat("1..", m.layers())});
+    }
     c.Divides("parallel.ep", p.ep(), "moe.experts", moe.experts());
     c.Divides("parallel.esp", p.esp(), "model.expert_ffn", m.expert_ffn());
+    // Layer l is MoE when l % moe_every == moe_every - 1, so moe_every > 1 leaves layer 0 (at
+    // least) dense, with a tensor-parallel MLP of width dense_ffn (0: 4 * d_model).
+    if (m.moe_every() > 1) {
+      const uint64_t dense_ffn = m.dense_ffn() != 0 ? m.dense_ffn() : 4ull * m.d_model();
+      c.Divides(
+          "parallel.tp", p.tp(), "model.dense_ffn", dense_ffn,
+          absl::StrCat("the width of the dense layers (model.moe_every = ", m.moe_every(), ")"));
+    }
   }
 
   if (moe.top_k() > moe.experts()) {

@@ -11,6 +11,8 @@
 namespace furnace::spec {
 namespace {
 
+constexpr char kDefaultOrder[] = "tp-dp-pp";
+
 uint32_t U32(std::optional<uint64_t> v, uint32_t fallback) {
   return v ? static_cast<uint32_t>(*v) : fallback;
 }
@@ -51,11 +53,18 @@ void ReadParallel(MapReader& s, furnace::v1::ParallelSpec* out) {
   out->set_esp(U32(s.Integer("esp", 1, kMaxU32), 1));
   out->set_micro_batch(U32(s.Integer("micro_batch", 1, kMaxU32), 1));
   out->set_micro_batches(U32(s.Integer("micro_batches", 1, kMaxU32), 1));
-  std::string order = s.String("order").value_or("tp-dp-pp");
-  if (!IsAxisPermutation(order)) {
-    s.Report("order", Problem{"must name tp, dp and pp once each, joined by '-'", "'" + order + "'",
-                              "tp-dp-pp, tp-pp-dp, dp-tp-pp, dp-pp-tp, pp-tp-dp, pp-dp-tp"});
-    order = "tp-dp-pp";
+  // Fastest-varying axis first (runtime/topology); empty means the default.
+  std::string order = s.String("order").value_or("");
+  if (order.empty()) {
+    order = kDefaultOrder;
+  } else if (!IsAxisPermutation(order)) {
+    s.Report("order",
+             Problem{"must name tp, dp and pp once each, joined by '-' (a permutation of tp, dp, "
+                     "pp, the fastest-varying first)",
+                     "'" + order + "'",
+                     "tp-dp-pp, tp-pp-dp, dp-tp-pp, dp-pp-tp, pp-tp-dp, pp-dp-tp, or empty for "
+                     "the default tp-dp-pp"});
+    order = kDefaultOrder;
   }
   out->set_order(order);
   s.ReportUnknownKeys();

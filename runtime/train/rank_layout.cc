@@ -17,7 +17,8 @@ topology::ModelDims DimsOf(const model::ModelConfig& c) {
   d.layers = c.layers;
   d.experts = c.experts;
   d.expert_ffn = c.expert_ffn;
-  d.dense_ffn = c.dense_width();
+  // Only checked when some layer is dense.
+  d.dense_ffn = c.moe_every > 1 ? c.dense_width() : 0;
   return d;
 }
 

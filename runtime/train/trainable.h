@@ -7,6 +7,7 @@
 // micro-batches); the loop calls ZeroGrad once per step.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -36,7 +37,7 @@ struct ParamInfo {
   std::vector<int64_t> shape;   // MODEL.md layout ([in, out] for matrices); local when sharded
   int64_t offset = 0;           // element offset into the flat arrays
   bool weight_decay = false;    // every 2-D parameter (MODEL.md, AdamW)
-  ParamShard shard;             // parallel layouts only
+  ParamShard shard = {};        // parallel layouts only
   GradSync sync = GradSync::kData;
   // This rank's copy is the one counted in the global gradient norm (each element of the model
   // is counted exactly once over all ranks; replicas are not).
@@ -58,6 +59,28 @@ struct MicroBatchResult {
   int64_t dropped = 0;                  // assignments dropped by capacity
   int64_t activation_peak_bytes = 0;    // arena peak during this micro-batch
 };
+
+inline int64_t ParamInfo::GlobalIndex(int64_t i) const {
+  if (!shard.sharded()) return i;
+  // Split i into (outer, coordinate along dim, inner) with the local shape, map the coordinate
+  // through the ranges, and recompose with the global shape.
+  int64_t inner = 1;
+  for (size_t d = shard.dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t local_dim = shape[shard.dim];
+  const int64_t in = i % inner;
+  const int64_t coord = (i / inner) % local_dim;
+  const int64_t outer = i / (inner * local_dim);
+  int64_t global_coord = coord;
+  int64_t seen = 0;
+  for (const auto& [begin, end] : shard.ranges) {
+    if (coord < seen + (end - begin)) {
+      global_coord = begin + (coord - seen);
+      break;
+    }
+    seen += end - begin;
+  }
+  return (outer * shard.global_shape[shard.dim] + global_coord) * inner + in;
+}
 
 class Trainable {
  public:

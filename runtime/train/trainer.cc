@@ -175,14 +175,11 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatest() {
 absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
   const std::vector<ParamInfo>& params = model_->params();
   const int64_t n = model_->num_params();
-  if (c.param_data.size() != static_cast<size_t>(n)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " holds ", c.param_data.size(), " parameters; the model has ", n));
-  }
   if (c.params.size() != params.size()) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", c.path, " has ",
-                                                      c.params.size(), " tensors; the model has ",
-                                                      params.size()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " has ", c.params.size(), " tensors; the model has ", params.size(),
+        parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
+                             : ""));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& a = c.params[i];
@@ -190,8 +187,14 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
     if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ", ShapeText(a.shape), " at ",
-          a.offset, "; the model has ", b.name, " ", ShapeText(b.shape), " at ", b.offset));
+          a.offset, "; the model has ", b.name, " ", ShapeText(b.shape), " at ", b.offset,
+          parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
+                               : ""));
     }
+  }
+  if (c.param_data.size() != static_cast<size_t>(n)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " holds ", c.param_data.size(), " parameters; the model has ", n));
   }
   if (c.seed != config_.seed) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -212,10 +212,10 @@ std::vector<BadCase> Cases() {
        H("parallel:\n  dp: 4\n  ep: 4\nmoe:\n  experts: 6\n"),
        {"job.yaml:5:7: parallel.ep: inconsistent sizes: must divide moe.experts (= 6) (got 4; "
         "allowed: 1, 2, 3, 6)"}},
-      {"layers_mod_pp",
+      {"pp_above_layers",
        H("parallel:\n  pp: 3\n"),
-       {"job.yaml:4:7: parallel.pp: inconsistent sizes: must divide model.layers (= 2) (got 3; "
-        "allowed: 1, 2)"}},
+       {"job.yaml:4:7: parallel.pp: inconsistent sizes: must be <= model.layers (= 2)",
+        "(got 3; allowed: 1..2)"}},
       {"expert_ffn_mod_esp",
        H("model:\n  expert_ffn: 100\nparallel:\n  dp: 8\n  esp: 8\n"),
        {"job.yaml:7:8: parallel.esp: inconsistent sizes: must divide model.expert_ffn (= 100)"}},

@@ -258,7 +258,7 @@ TEST(JobSpecTest, EmptySectionsAndCommentsAreFine) {
 }
 
 TEST(JobSpecTest, CommcheckIgnoresModelShape) {
-  // A communication check does not build the model, so pp=4 need not divide model.layers (2).
+  // A communication check does not build the model, so pp=4 may exceed model.layers (2).
   JobSpec s = MustParse("name: a\nkind: commcheck\nparallel: {pp: 4, tp: 8}\n");
   EXPECT_EQ(WorldSize(s), 32u);
   EXPECT_FALSE(ParseJobYaml("name: a\nkind: train\nparallel: {pp: 4}\n", "job.yaml").ok());

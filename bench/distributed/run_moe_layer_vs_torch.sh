@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The expert-parallel MoE layer, Furnace vs PyTorch, forward + backward, A B A B.
+#
+# For each EP size, runs bench_moe_layer (ours) then bench/distributed/moe_layer_torch.py
+# (PyTorch 1.13, all_to_all_single over gloo), alternating, --pairs times, each a fresh set of
+# processes (one per EP rank) with OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 set
+# before they start and one BLAS / torch thread per rank. Shape: BENCHMARKING.md's MoE (d=256 E=8
+# k=2 f=512 T=128 b=8 per rank). Ratio = ours / theirs of the median fwd+bwd time (slowest rank per
+# repetition) of the two runs of one pair: below 1 means ours is faster. The table gives the
+# median (min-max) over pairs. Writes bench/results/<date>-moe-layer-vs-torch.md (commit, load,
+# exact commands, table) and the raw JSON under bench/results/raw/<stamp>-moe-layer/.
+#
+# THE MACHINE HAS 2 CORES: ep=4 runs 4 processes on them (both sides alike).
+#
+# Usage: bench/distributed/run_moe_layer_vs_torch.sh [--pairs 3] [--eps "1 2 4"] [--reps 20]
+#                                                    [--warmup 3] [--bin build-bench/bin]
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PAIRS=3
+EPS="1 2 4"
+REPS=20
+WARMUP=3
+BIN="$ROOT/build-bench/bin"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --pairs) PAIRS="$2"; shift 2 ;;
+    --eps) EPS="$2"; shift 2 ;;
+    --reps) REPS="$2"; shift 2 ;;
+    --warmup) WARMUP="$2"; shift 2 ;;
+    --bin) BIN="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+OURS="$BIN/bench_moe_layer"
+PEER="$ROOT/bench/distributed/moe_layer_torch.py"
+[[ -x "$OURS" ]] || { echo "missing $OURS (ninja -C build-bench bench_moe_layer)" >&2; exit 1; }
+
+DATE="$(date +%F)"
+STAMP="$(date +%Y%m%d-%H%M%S)"
+RAW="$ROOT/bench/results/raw/$STAMP-moe-layer"
+OUTMD="$ROOT/bench/results/$DATE-moe-layer-vs-torch.md"
+[[ -e "$OUTMD" ]] && OUTMD="$ROOT/bench/results/$DATE-$(date +%H%M%S)-moe-layer-vs-torch.md"
+mkdir -p "$RAW"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)"
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
+CMDLOG="$RAW/commands.txt"
+: > "$CMDLOG"
+T0=$SECONDS
+
+run() {  # run <outfile> <cmd...>
+  local out="$1"; shift
+  echo "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 ${*//"$ROOT"\//}" >> "$CMDLOG"
+  env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 "$@" > "$out" 2> "$out.err" || {
+    echo "*** failed: $* (see $out.err)" >&2; tail -5 "$out.err" >&2; exit 1; }
+}
+
+for ep in $EPS; do
+  for p in $(seq 1 "$PAIRS"); do
+    echo "ep=$ep pair $p/$PAIRS (load $(cut -d' ' -f1 /proc/loadavg), $((SECONDS - T0)) s)" >&2
+    run "$RAW/ep$ep-p$p-ours.json" "$OURS" --ep "$ep" --reps "$REPS" --warmup "$WARMUP" --threads 1
+    run "$RAW/ep$ep-p$p-torch.json" /usr/bin/python3 "$PEER" --ep "$ep" --reps "$REPS" \
+      --warmup "$WARMUP" --threads 1
+  done
+done
+LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)"
+ELAPSED=$((SECONDS - T0))
+
+TABLE="$(/usr/bin/python3 - "$RAW" "$PAIRS" "$EPS" <<'EOF'
+import json, statistics, sys
+raw, pairs, eps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def mmm(v, fmt):
+    return "%s (%s-%s)" % (fmt % statistics.median(v), fmt % min(v), fmt % max(v))
+print("| ep | ours fwd+bwd ms | torch fwd+bwd ms | **ratio ours/torch fwd+bwd** | ratio fwd | ratio bwd |")
+print("|---|---|---|---|---|---|")
+for ep in eps:
+    o = [json.load(open("%s/ep%s-p%d-ours.json" % (raw, ep, p))) for p in range(1, pairs + 1)]
+    t = [json.load(open("%s/ep%s-p%d-torch.json" % (raw, ep, p))) for p in range(1, pairs + 1)]
+    def ratio(key):
+        return [a[key]["median"] / b[key]["median"] for a, b in zip(o, t)]
+    print("| %s | %s | %s | **%s** | %s | %s |" % (
+        ep, mmm([a["fwd_bwd_s"]["median"] * 1e3 for a in o], "%.1f"),
+        mmm([b["fwd_bwd_s"]["median"] * 1e3 for b in t], "%.1f"),
+        mmm(ratio("fwd_bwd_s"), "%.2f"), mmm(ratio("fwd_s"), "%.2f"), mmm(ratio("bwd_s"), "%.2f")))
+print()
+print("Per run: median over its timed repetitions of the slowest rank's time; the table gives the "
+      "median (min-max) over the %d A B pairs. Ratio < 1: ours faster." % pairs)
+EOF
+)"
+
+{
+  echo "# Expert-parallel MoE layer, Furnace vs PyTorch ($DATE)"
+  echo
+  echo "- commit: \`$COMMIT\` ($DIRTY uncommitted paths in the tree at run time)"
+  echo "- host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') — ep=4 time-shares the 2 cores"
+  echo "- load average (1/5/15 min): start $LOAD_START, end $LOAD_END (shared machine: others were compiling)"
+  echo "- torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) (Debian python3-torch, gloo)"
+  echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000, one thread per rank, both sides; $WARMUP warm-up + $REPS timed repetitions per run; $PAIRS A B pairs (ours first); ${ELAPSED} s in all"
+  echo "- shape: d=256 E=8 k=2 f=512 T=128 b=8 per rank (N=1024 tokens, 2048 routed rows per rank), dropless, aux alpha 0.01"
+  echo "- command: \`bench/distributed/run_moe_layer_vs_torch.sh --pairs $PAIRS --eps \"$EPS\" --reps $REPS --warmup $WARMUP\`"
+  echo "- raw JSON: bench/results/raw/$STAMP-moe-layer/"
+  echo
+  echo "$TABLE"
+  echo
+  echo "Exact per-run commands (from the repository root, in the order run):"
+  echo
+  echo '```'
+  cat "$CMDLOG"
+  echo '```'
+} > "$OUTMD"
+echo
+echo "$TABLE"
+echo
+echo "written: $OUTMD ($ELAPSED s)"

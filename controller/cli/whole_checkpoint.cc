@@ -1,0 +1,348 @@
+#include "controller/cli/whole_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/status.h"
+#include "runtime/train/durable_file.h"
+
+namespace furnace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The element count of `shape` (dims >= 0), saturating at INT64_MAX: shapes come from a manifest,
+// which no checksum protects.
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && n > INT64_MAX / d) return INT64_MAX;
+    n *= d;
+  }
+  return n;
+}
+
+// The coordinates of flat element `i` of a tensor of `shape` (row-major), as "[r, c]".
+std::string CoordText(int64_t i, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> coord(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    coord[d] = shape[d] > 0 ? i % shape[d] : 0;
+    i = shape[d] > 0 ? i / shape[d] : 0;
+  }
+  return ShapeText(coord);
+}
+
+// |a - b| relative to the larger magnitude (NaN when either is NaN).
+double RelativeDifference(float a, float b) {
+  const double scale =
+      std::max(std::fabs(static_cast<double>(a)), std::fabs(static_cast<double>(b)));
+  const double diff = std::fabs(static_cast<double>(a) - b);
+  return scale > 0 ? diff / scale : diff;
+}
+
+// Equal bit for bit (NaNs included) or within the relative tolerance.
+bool SameValue(float a, float b) {
+  return std::memcmp(&a, &b, sizeof(float)) == 0 ||
+         RelativeDifference(a, b) <= TensorAssembler::kReplicaTolerance;
+}
+
+// The whole shape of `p`, or why its shard description cannot be right.
+absl::StatusOr<std::vector<int64_t>> GlobalShape(const train::ParamInfo& p) {
+  for (int64_t d : p.shape) {
+    if (d < 0) return absl::DataLossError(absl::StrCat("negative shape ", ShapeText(p.shape)));
+  }
+  if (!p.shard.sharded()) return p.shape;
+  const train::ParamShard& s = p.shard;
+  const std::string what = absl::StrCat("local shape ", ShapeText(p.shape), ", a part of ",
+                                        ShapeText(s.global_shape), " along dim ", s.dim);
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(what, ": ", why));
+  };
+  if (s.global_shape.size() != p.shape.size()) return bad("the ranks differ");
+  if (s.dim < 0 || static_cast<size_t>(s.dim) >= p.shape.size()) return bad("no such dim");
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    if (static_cast<int>(d) != s.dim && p.shape[d] != s.global_shape[d]) {
+      return bad(absl::StrCat("dim ", d, " is not whole"));
+    }
+  }
+  int64_t held = 0;
+  for (const auto& [begin, end] : s.ranges) {
+    if (begin < 0 || end < begin || end > s.global_shape[s.dim]) {
+      return bad(absl::StrCat("range [", begin, ", ", end, ") lies outside [0, ",
+                              s.global_shape[s.dim], ")"));
+    }
+    held += end - begin;
+  }
+  if (held != p.shape[s.dim]) {
+    return bad(
+        absl::StrCat("the ranges hold ", held, " of dim ", s.dim, ", the shape ", p.shape[s.dim]));
+  }
+  return s.global_shape;
+}
+
+// Sort key of the single-process parameter order (runtime/model/param_layout.cc): wte, wpe, the
+// layers in order, names the model does not use, lnf. Inside a layer, tensors keep the order in
+// which their name pattern (the name with an expert index replaced) first appeared, experts of
+// one pattern by index: the order a single process lists them, since every rank holding a layer
+// lists its tensors in that order and its experts in ascending runs.
+struct OrderKey {
+  int section = 0;
+  int64_t layer = -1;
+  size_t pattern = 0;
+  int64_t expert = -1;
+  bool operator<(const OrderKey& o) const {
+    return std::tie(section, layer, pattern, expert) <
+           std::tie(o.section, o.layer, o.pattern, o.expert);
+  }
+};
+
+// "layers.3.moe.experts.5.w1" -> 3; -1 when the name does not start with "layers.<n>.".
+int64_t LayerOf(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "layers.")) return -1;
+  const size_t dot = name.find('.');
+  int64_t layer;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer)) return -1;
+  return layer;
+}
+
+// "...experts.5.w1" -> {"...experts.*.w1", 5}; other names -> {name, -1}.
+std::pair<std::string, int64_t> ExpertPattern(const std::string& name) {
+  constexpr char kExperts[] = ".experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return {name, -1};
+  const size_t first = at + sizeof(kExperts) - 1;
+  const size_t dot = name.find('.', first);
+  int64_t expert;
+  if (dot == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(name).substr(first, dot - first), &expert)) {
+    return {name, -1};
+  }
+  return {absl::StrCat(name.substr(0, first), "*", name.substr(dot)), expert};
+}
+
+std::vector<OrderKey> OrderKeys(const std::vector<std::string>& names) {
+  std::map<std::string, size_t> pattern_seen;
+  std::vector<OrderKey> keys;
+  for (const std::string& name : names) {
+    OrderKey k;
+    auto [pattern, expert] = ExpertPattern(name);
+    k.pattern = pattern_seen.emplace(pattern, pattern_seen.size()).first->second;
+    k.expert = expert;
+    k.layer = LayerOf(name);
+    if (name == "wte") {
+      k.section = 0;
+    } else if (name == "wpe") {
+      k.section = 1;
+    } else if (k.layer >= 0) {
+      k.section = 2;
+    } else if (absl::StartsWith(name, "lnf.")) {
+      k.section = 4;
+    } else {
+      k.section = 3;
+    }
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+struct ManifestSizes {
+  int num_shards = 1;
+  int64_t values = 0;  // parameter values stored in all shards together
+};
+
+absl::StatusOr<ManifestSizes> ReadSizes(const train::CheckpointStore& store, int64_t step) {
+  const std::string path = (fs::path(store.StepDir(step)) / "manifest.json").string();
+  std::string text;
+  RETURN_IF_ERROR(train::ReadFileToString(path, &text));
+  const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto count = [](const nlohmann::json& j, const char* key) -> int64_t {
+    return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
+                                                                          : -1;
+  };
+  ManifestSizes sizes;
+  const int64_t shards = count(m, "num_shards");
+  const int64_t whole = count(m, "num_params");
+  if (shards < 1 || shards > INT32_MAX || whole < 0 || !m.contains("shards") ||
+      !m["shards"].is_array()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint manifest ", path, ": no valid \"num_shards\", \"num_params\" or \"shards\""));
+  }
+  sizes.num_shards = static_cast<int>(shards);
+  constexpr int64_t kCap = INT64_MAX / 2;  // two capped terms cannot overflow
+  for (const nlohmann::json& entry : m["shards"]) {
+    const int64_t n = count(entry, "num_params");  // absent: a single rank's top-level size
+    sizes.values = std::min(sizes.values + std::min(n >= 0 ? n : whole, kCap), kCap);
+  }
+  return sizes;
+}
+
+// Reassembles the checkpoint whose shard 0 is `first`, loading its other shards one at a time
+// (each is dropped once placed: the whole tensors plus one shard are in memory at a time).
+absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
+                                           train::LoadedCheckpoint first) {
+  WholeCheckpoint out;
+  out.step = first.step;
+  out.seed = first.seed;
+  out.path = first.path;
+  out.skipped = std::move(first.skipped);
+  ASSIGN_OR_RETURN(const ManifestSizes sizes, ReadSizes(store, first.step));
+  out.num_shards = sizes.num_shards;
+  TensorAssembler assembler(absl::StrCat("checkpoint ", first.path), sizes.values);
+  RETURN_IF_ERROR(assembler.AddShard(0, first.params, first.param_data.data(),
+                                     static_cast<int64_t>(first.param_data.size())));
+  first = train::LoadedCheckpoint();
+  for (int shard = 1; shard < out.num_shards; ++shard) {
+    ASSIGN_OR_RETURN(const train::LoadedCheckpoint part, store.Load(out.step, shard));
+    RETURN_IF_ERROR(assembler.AddShard(shard, part.params, part.param_data.data(),
+                                       static_cast<int64_t>(part.param_data.size())));
+  }
+  ASSIGN_OR_RETURN(out.tensors, assembler.Finish());
+  out.warnings = assembler.warnings();
+  return out;
+}
+
+}  // namespace
+
+int64_t WholeCheckpoint::num_params() const {
+  int64_t n = 0;
+  for (const WholeTensor& t : tensors) n += static_cast<int64_t>(t.data.size());
+  return n;
+}
+
+absl::Status TensorAssembler::AddShard(int shard, const std::vector<train::ParamInfo>& params,
+                                       const float* data, int64_t n) {
+  for (const train::ParamInfo& p : params) {
+    const std::string where = absl::StrCat(where_, ", shard ", shard, ": parameter ", p.name);
+    absl::StatusOr<std::vector<int64_t>> global = GlobalShape(p);
+    if (!global.ok()) {
+      return absl::DataLossError(absl::StrCat(where, ": ", global.status().message()));
+    }
+    const int64_t numel = Numel(p.shape);
+    if (p.offset < 0 || numel > n || p.offset > n - numel) {
+      return absl::DataLossError(absl::StrCat(where, " [", p.offset, ", +", numel,
+                                              ") lies outside the ", n, " stored values"));
+    }
+    // Every element of a tensor is on some shard, so none holds more than the shards together.
+    if (Numel(*global) > max_elements_) {
+      return absl::DataLossError(absl::StrCat(where, ": the whole tensor ", ShapeText(*global),
+                                              " has more elements than all shards store (",
+                                              max_elements_, ")"));
+    }
+    auto [it, inserted] = index_.emplace(p.name, slots_.size());
+    if (inserted) {
+      Slot slot;
+      slot.tensor.name = p.name;
+      slot.tensor.shape = *global;
+      slot.tensor.data.assign(static_cast<size_t>(Numel(*global)), 0.0f);
+      slot.covered.assign(slot.tensor.data.size(), false);
+      slot.first_shard = shard;
+      slots_.push_back(std::move(slot));
+    }
+    Slot& slot = slots_[it->second];
+    if (slot.tensor.shape != *global) {
+      return absl::DataLossError(absl::StrCat(where, ": the whole tensor is ", ShapeText(*global),
+                                              " here but ", ShapeText(slot.tensor.shape),
+                                              " on shard ", slot.first_shard));
+    }
+    int64_t differ = 0, overlap = 0, worst_at = 0;
+    double worst = 0;
+    const float* local = data + p.offset;
+    for (int64_t i = 0; i < numel; ++i) {
+      const auto g = static_cast<size_t>(p.GlobalIndex(i));
+      if (!slot.covered[g]) {
+        slot.covered[g] = true;
+        slot.tensor.data[g] = local[i];
+        continue;
+      }
+      ++overlap;
+      if (SameValue(slot.tensor.data[g], local[i])) continue;
+      const double rel = RelativeDifference(slot.tensor.data[g], local[i]);
+      if (differ == 0 || rel > worst || std::isnan(rel)) {
+        worst = rel;
+        worst_at = static_cast<int64_t>(g);
+      }
+      ++differ;
+    }
+    if (differ > 0) {
+      warnings_.push_back(absl::StrCat(
+          where_, ": replicas of ", p.name, " disagree: shard ", shard, "'s copy differs in ",
+          differ, " of ", overlap, " shared elements by more than ", kReplicaTolerance,
+          " relative (the most, ", worst, ", at ", CoordText(worst_at, slot.tensor.shape),
+          "); kept the copy read first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WholeTensor>> TensorAssembler::Finish() {
+  std::vector<std::string> names;
+  for (const Slot& slot : slots_) {
+    const int64_t missing = std::count(slot.covered.begin(), slot.covered.end(), false);
+    if (missing > 0) {
+      const auto first = std::find(slot.covered.begin(), slot.covered.end(), false);
+      return absl::DataLossError(absl::StrCat(
+          where_, ": tensor ", slot.tensor.name, " ", ShapeText(slot.tensor.shape), ": ", missing,
+          " of ", slot.covered.size(), " elements are on no shard (the first at ",
+          CoordText(first - slot.covered.begin(), slot.tensor.shape), ")"));
+    }
+    names.push_back(slot.tensor.name);
+  }
+  const std::vector<OrderKey> keys = OrderKeys(names);
+  std::vector<size_t> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  std::vector<WholeTensor> out;
+  out.reserve(order.size());
+  for (size_t i : order) out.push_back(std::move(slots_[i].tensor));
+  slots_.clear();
+  index_.clear();
+  return out;
+}
+
+absl::StatusOr<WholeCheckpoint> LoadWholeCheckpoint(const train::CheckpointStore& store,
+                                                    int64_t step) {
+  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.Load(step, 0));
+  return Reassemble(store, std::move(first));
+}
+
+absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::CheckpointStore& store) {
+  // The loader picks the newest step whose shard 0 verifies; a step whose other shards do not is
+  // passed over here the same way, for the next older committed one.
+  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.LoadLatest(0));
+  std::vector<std::string> skipped = std::move(first.skipped);
+  int64_t step = first.step;
+  absl::StatusOr<WholeCheckpoint> whole = Reassemble(store, std::move(first));
+  while (!whole.ok()) {
+    skipped.push_back(std::string(whole.status().message()));
+    const std::vector<int64_t> committed = store.CommittedSteps();
+    const auto older = std::lower_bound(committed.begin(), committed.end(), step);
+    if (older == committed.begin()) {
+      return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", store.dir(),
+                                              ":\n  ", absl::StrJoin(skipped, "\n  ")));
+    }
+    step = *std::prev(older);
+    absl::StatusOr<train::LoadedCheckpoint> next = store.Load(step, 0);
+    whole = next.ok() ? Reassemble(store, *std::move(next)) : next.status();
+  }
+  whole->skipped.insert(whole->skipped.begin(), skipped.begin(), skipped.end());
+  return whole;
+}
+
+}  // namespace furnace::cli
