@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, first command: installs what is missing, builds, starts a local controller with
 # 4 local worker daemons, trains the demo model (configs/demo.yaml: a small GPT-MoE learning a
-# Markov chain to near its entropy floor) to the end with live progress, prints its status, and
-# stops everything. `--job configs/commcheck.yaml` runs the cluster health check instead.
+# Markov chain to near its entropy floor, on 4 ranks with expert parallelism) to the end with live
+# progress, prints its status, and stops everything. `--job configs/commcheck.yaml` runs the cluster health check instead.
 #
 # Usage: scripts/demo.sh [--port N] [--job FILE] [--keep]
 #   --keep   leave the controller and workers running afterwards (stop with: kill <pid>)
