@@ -1,5 +1,8 @@
 // The attention half of a transformer layer (MODEL.md Forward 2, first bullet):
 //   a = LN1(x); qkv = a @ Wqkv + bqkv; y = causal attention(qkv); x_out = x + y @ Wo + bo.
+// Tensor parallelism (dims.tp > 1): this rank holds NH/tp heads (its column blocks of q, k and v
+// in Wqkv) and the matching rows of Wo; the partial projections are summed over ctx.groups.tp
+// before bo and the residual are added, and backward sums the LN1 input gradient over the group.
 #pragma once
 
 #include "absl/status/statusor.h"

@@ -1,4 +1,7 @@
 // The dense FFN half of a non-MoE layer: u = LN2(x); x_out = x + GELU(u @ W1 + b1) @ W2 + b2.
+// Tensor parallelism (dims.tp > 1): F is this rank's block of the hidden width (dense_ffn / tp);
+// W1 is column-parallel, W2 row-parallel, its partial products summed over ctx.groups.tp before
+// b2 and the residual are added; backward sums the input gradient over the group.
 #pragma once
 
 #include "absl/status/statusor.h"

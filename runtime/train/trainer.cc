@@ -15,6 +15,27 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+double ImbalanceOf(const std::vector<int64_t>& tokens_per_expert) {
+  int64_t sum = 0, max = 0;
+  for (int64_t c : tokens_per_expert) {
+    sum += c;
+    max = std::max(max, c);
+  }
+  const double mean =
+      tokens_per_expert.empty() ? 0 : static_cast<double>(sum) / tokens_per_expert.size();
+  return mean > 0 ? max / mean : 0;
+}
+
+void Trainer::FinishStats(StepStats& stats, double tokens, int devices) const {
+  if (stats.step_seconds > 0) stats.tokens_per_second = tokens / stats.step_seconds;
+  stats.imbalance.clear();
+  for (const auto& layer : stats.tokens_per_expert) stats.imbalance.push_back(ImbalanceOf(layer));
+  stats.model_flops = model_->FlopsPerToken() * tokens;
+  if (config_.peak_flops > 0 && stats.step_seconds > 0) {
+    stats.mfu = stats.model_flops / devices / stats.step_seconds / config_.peak_flops;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
                                                          const data::Sampler* data,
                                                          const TrainConfig& config,
@@ -106,20 +127,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   stats.forward_backward_seconds = t1 - t0;
   stats.optimizer_seconds = t2 - t1;
   stats.step_seconds = t2 - t0;
-  if (stats.step_seconds > 0) stats.tokens_per_second = tokens / stats.step_seconds;
-  for (const auto& layer : stats.tokens_per_expert) {
-    int64_t sum = 0, max = 0;
-    for (int64_t c : layer) {
-      sum += c;
-      max = std::max(max, c);
-    }
-    const double mean = layer.empty() ? 0 : static_cast<double>(sum) / layer.size();
-    stats.imbalance.push_back(mean > 0 ? max / mean : 0);
-  }
-  stats.model_flops = model_->FlopsPerToken() * tokens;
-  if (config_.peak_flops > 0 && stats.step_seconds > 0) {
-    stats.mfu = stats.model_flops / stats.step_seconds / config_.peak_flops;
-  }
+  FinishStats(stats, tokens, 1);
   ++step_;
   return stats;
 }

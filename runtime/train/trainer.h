@@ -68,6 +68,9 @@ struct StepStats {
   std::vector<int64_t> comm_bytes;  // [comm::CollectiveOp] bytes this step, all groups
 };
 
+// max / mean of routed tokens per expert (0 when no token was routed).
+double ImbalanceOf(const std::vector<int64_t>& tokens_per_expert);
+
 // Asks a running loop to stop after the current step. Thread-safe.
 class StopToken {
  public:
@@ -117,6 +120,10 @@ class Trainer {
  private:
   Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
           const Clock* clock, const ParallelRuntime* parallel);
+
+  // Tokens per second, model FLOPs, MFU (over `devices` devices) and imbalance from the times
+  // and tokens already in `stats`.
+  void FinishStats(StepStats& stats, double tokens, int devices) const;
 
   // The parallel step and checkpoints (trainer_parallel.cc).
   absl::StatusOr<StepStats> StepParallel();

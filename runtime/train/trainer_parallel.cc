@@ -158,15 +158,7 @@ absl::Status Trainer::ReduceStats(const std::vector<MicroBatchResult>& results, 
   stats.dropped = static_cast<int64_t>(std::llround(v[2]));
   stats.tokens_per_expert.assign(layers, std::vector<int64_t>(E));
   for (size_t l = 0; l < layers; ++l) {
-    int64_t sum = 0, max = 0;
-    for (int e = 0; e < E; ++e) {
-      const int64_t c = std::llround(v[3 + l * E + e]);
-      stats.tokens_per_expert[l][e] = c;
-      sum += c;
-      max = std::max(max, c);
-    }
-    const double mean = E == 0 ? 0 : static_cast<double>(sum) / E;
-    stats.imbalance.push_back(mean > 0 ? max / mean : 0);
+    for (int e = 0; e < E; ++e) stats.tokens_per_expert[l][e] = std::llround(v[3 + l * E + e]);
   }
   return absl::OkStatus();
 }
@@ -208,11 +200,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.sync_seconds = t2 - t1;
   stats.optimizer_seconds = t3 - t2;
   stats.step_seconds = t3 - t0;
-  if (stats.step_seconds > 0) stats.tokens_per_second = tokens / stats.step_seconds;
-  stats.model_flops = model_->FlopsPerToken() * tokens;
-  if (config_.peak_flops > 0 && stats.step_seconds > 0) {
-    stats.mfu = stats.model_flops / P.world / stats.step_seconds / config_.peak_flops;
-  }
+  FinishStats(stats, tokens, P.world);
   stats.comm_bytes.assign(comm::kNumCollectiveOps, 0);
   for (comm::Communicator* c : P.all_groups) {
     for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
