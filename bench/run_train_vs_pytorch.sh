@@ -17,25 +17,15 @@
 # larger batch, which if anything favours it).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"  # sets ROOT
 PAIRS=3
 THREADS="1 2"
 CONFIGS="demo bench"
 STEPS=10
 WARMUP=3
 BIN=""
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --pairs) PAIRS="$2"; shift 2 ;;
-    --threads) THREADS="$2"; shift 2 ;;
-    --configs) CONFIGS="$2"; shift 2 ;;
-    --steps) STEPS="$2"; shift 2 ;;
-    --warmup) WARMUP="$2"; shift 2 ;;
-    --bin) BIN="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+bench_parse_flags "pairs=PAIRS threads=THREADS configs=CONFIGS steps=STEPS warmup=WARMUP bin=BIN" "$@"
 if [[ -z "$BIN" ]]; then  # the scratch wrapper build, else the in-tree build (bin/ at the top)
   for b in "$ROOT/build-bench/bench" "$ROOT/build/bin"; do
     [[ -x "$b/furnace_bench_train" ]] && { BIN="$b"; break; }
@@ -43,30 +33,19 @@ if [[ -z "$BIN" ]]; then  # the scratch wrapper build, else the in-tree build (b
 fi
 OURS="$BIN/furnace_bench_train"
 PEER="$ROOT/bench/pytorch/moe_train_bench.py"
-[[ -x "$OURS" ]] || { echo "missing $OURS (build furnace_bench_train first)" >&2; exit 1; }
+bench_require_exe "$OURS" "build furnace_bench_train first"
 
 # name -> "our flags|pytorch --config"
 declare -A CFG
 CFG[demo]="--vocab 64 --seq_len 64 --d_model 64 --heads 4 --layers 4 --experts 8 --top_k 2 --expert_ffn 128 --micro_batch 8 --micro_batches 2|vocab=64,seq_len=64,d_model=64,heads=4,layers=4,experts=8,top_k=2,expert_ffn=128,batch=16"
 CFG[bench]="--vocab 256 --seq_len 128 --d_model 256 --heads 4 --layers 4 --experts 8 --top_k 2 --expert_ffn 512 --micro_batch 8 --micro_batches 1|vocab=256,seq_len=128,d_model=256,heads=4,layers=4,experts=8,top_k=2,expert_ffn=512,batch=8"
 
-DATE="$(date +%F)"
-STAMP="$(date +%Y%m%d-%H%M%S)"
-RAW="$ROOT/bench/results/raw/$STAMP"
-OUTMD="$ROOT/bench/results/$DATE-train.md"
-[[ -e "$OUTMD" ]] && OUTMD="$ROOT/bench/results/$DATE-$(date +%H%M%S)-train.md"  # never overwrite
-mkdir -p "$RAW"
-COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
-DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)"
-LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
-CMDLOG="$RAW/commands.txt"
-: > "$CMDLOG"
+bench_begin_results "" train full
 
 run() {  # run <outfile> <threads> <cmd...>: env pinned before the process starts
   local out="$1" t="$2"; shift 2
-  local envs="OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t GOMP_SPINCOUNT=1000"
-  echo "$envs $*" >> "$CMDLOG"
-  env OPENBLAS_NUM_THREADS="$t" OMP_NUM_THREADS="$t" GOMP_SPINCOUNT=1000 "$@" > "$out" 2> "$out.err"
+  echo "$(bench_thread_env "$t") $*" >> "$CMDLOG"
+  bench_pinned "$t" "$@" > "$out" 2> "$out.err"
 }
 
 for t in $THREADS; do
@@ -83,7 +62,7 @@ for t in $THREADS; do
     done
   done
 done
-LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)"
+bench_end_runs
 
 TABLE="$(/usr/bin/python3 - "$RAW" "$PAIRS" "$THREADS" "$CONFIGS" <<'EOF'
 import json, statistics, sys
@@ -131,23 +110,10 @@ EOF
 {
   echo "# Furnace vs PyTorch eager: training throughput ($DATE)"
   echo
-  echo "- commit: \`$COMMIT\` ($DIRTY uncommitted paths in the tree at run time)"
-  echo "- host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-  echo "- load average (1/5/15 min): start $LOAD_START, end $LOAD_END (shared machine: others were compiling)"
+  bench_report_provenance ""
   echo "- torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   echo "- settings: OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=<threads>, GOMP_SPINCOUNT=1000, both sides; $WARMUP warm-up + $STEPS timed steps per run; $PAIRS A B pairs (ours first)"
   echo "- command: \`bench/run_train_vs_pytorch.sh --pairs $PAIRS --threads \"$THREADS\" --configs \"$CONFIGS\" --steps $STEPS --warmup $WARMUP\`"
   echo "- raw JSON: bench/results/raw/$STAMP/"
-  echo
-  echo "$TABLE"
-  echo
-  echo "Exact per-run commands:"
-  echo
-  echo '```'
-  cat "$CMDLOG"
-  echo '```'
 } > "$OUTMD"
-echo
-echo "$TABLE"
-echo
-echo "written: $OUTMD"
+bench_finish_report "$TABLE" "Exact per-run commands:"

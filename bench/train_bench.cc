@@ -17,7 +17,6 @@
 // Run with the pools pinned before the process starts (BENCHMARKING.md):
 //   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 furnace_bench_train --threads 1
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/stats.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/matmul.h"
@@ -46,6 +46,9 @@
 namespace {
 
 using json = nlohmann::json;
+using furnace::bench::Median;
+using furnace::bench::Now;
+using furnace::bench::Summary;
 namespace k = furnace::kernels::cpu;
 
 struct Flags {
@@ -128,22 +131,6 @@ std::vector<std::string> CheckEnv(int threads) {
     w.push_back(std::string("GOMP_SPINCOUNT=") + (spin ? spin : "<unset>") + " (want 1000)");
   }
   return w;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-json Summary(const std::vector<double>& v) {
-  return {{"median", Median(v)},
-          {"min", *std::min_element(v.begin(), v.end())},
-          {"max", *std::max_element(v.begin(), v.end())}};
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 0.1f) {

@@ -29,6 +29,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/common/stats.h"
 #include "bench/distributed/fork_ranks.h"
 #include "bench/distributed/layout_bytes.h"
 #include "bench/distributed/rank_worker.h"
@@ -38,25 +39,15 @@
 namespace {
 
 using json = nlohmann::json;
+using furnace::bench::Median;
 using furnace::bench::OpBytes;
 using furnace::bench::RankBytes;
 using furnace::bench::RunConfig;
+using furnace::bench::Summary;
 namespace comm = furnace::comm;
 namespace topology = furnace::topology;
 
 constexpr int kOps = comm::kNumCollectiveOps;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-json Summary(const std::vector<double>& v) {
-  return {{"median", Median(v)},
-          {"min", *std::min_element(v.begin(), v.end())},
-          {"max", *std::max_element(v.begin(), v.end())}};
-}
 
 // One exact comparison that failed.
 struct Mismatch {

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +26,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "bench/common/stats.h"
 #include "bench/distributed/fork_ranks.h"
 #include "kernels/blas.h"
 #include "nlohmann/json.hpp"
@@ -41,6 +41,8 @@
 namespace {
 
 using json = nlohmann::json;
+using furnace::bench::Now;
+using furnace::bench::Summary;
 namespace model = furnace::model;
 
 struct Flags {
@@ -49,22 +51,6 @@ struct Flags {
   uint64_t seed = 1;
   double timeout_s = 120;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-json Summary(const std::vector<double>& v) {
-  return {{"median", Median(v)},
-          {"min", *std::min_element(v.begin(), v.end())},
-          {"max", *std::max_element(v.begin(), v.end())}};
-}
 
 void Fill(std::vector<float>& v, int64_t at, int64_t n, float std, std::mt19937& rng) {
   std::normal_distribution<float> d(0.0f, std);

@@ -1,11 +1,11 @@
 #include "bench/distributed/rank_worker.h"
 
-#include <chrono>
 #include <fstream>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/common/stats.h"
 #include "kernels/blas.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
@@ -23,10 +23,6 @@ namespace furnace::bench {
 namespace {
 
 using json = nlohmann::json;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<int64_t> Calls(const train::ParallelRuntime& p) {
   std::vector<int64_t> calls(comm::kNumCollectiveOps, 0);

@@ -16,44 +16,24 @@
 #                                                    [--warmup 3] [--bin build-bench/bin]
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=../lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"  # sets ROOT
 PAIRS=3
 EPS="1 2 4"
 REPS=20
 WARMUP=3
 BIN="$ROOT/build-bench/bin"
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --pairs) PAIRS="$2"; shift 2 ;;
-    --eps) EPS="$2"; shift 2 ;;
-    --reps) REPS="$2"; shift 2 ;;
-    --warmup) WARMUP="$2"; shift 2 ;;
-    --bin) BIN="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+bench_parse_flags "pairs=PAIRS eps=EPS reps=REPS warmup=WARMUP bin=BIN" "$@"
 OURS="$BIN/bench_moe_layer"
 PEER="$ROOT/bench/distributed/moe_layer_torch.py"
-[[ -x "$OURS" ]] || { echo "missing $OURS (ninja -C build-bench bench_moe_layer)" >&2; exit 1; }
+bench_require_exe "$OURS" "ninja -C build-bench bench_moe_layer"
 
-DATE="$(date +%F)"
-STAMP="$(date +%Y%m%d-%H%M%S)"
-RAW="$ROOT/bench/results/raw/$STAMP-moe-layer"
-OUTMD="$ROOT/bench/results/$DATE-moe-layer-vs-torch.md"
-[[ -e "$OUTMD" ]] && OUTMD="$ROOT/bench/results/$DATE-$(date +%H%M%S)-moe-layer-vs-torch.md"
-mkdir -p "$RAW"
-COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)"
-LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
-CMDLOG="$RAW/commands.txt"
-: > "$CMDLOG"
-T0=$SECONDS
+bench_begin_results -moe-layer moe-layer-vs-torch
 
 run() {  # run <outfile> <cmd...>
   local out="$1"; shift
-  echo "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 ${*//"$ROOT"\//}" >> "$CMDLOG"
-  env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 "$@" > "$out" 2> "$out.err" || {
+  echo "$(bench_thread_env 1) ${*//"$ROOT"\//}" >> "$CMDLOG"
+  bench_pinned 1 "$@" > "$out" 2> "$out.err" || {
     echo "*** failed: $* (see $out.err)" >&2; tail -5 "$out.err" >&2; exit 1; }
 }
 
@@ -65,8 +45,7 @@ for ep in $EPS; do
       --warmup "$WARMUP" --threads 1
   done
 done
-LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)"
-ELAPSED=$((SECONDS - T0))
+bench_end_runs
 
 TABLE="$(/usr/bin/python3 - "$RAW" "$PAIRS" "$EPS" <<'EOF'
 import json, statistics, sys
@@ -93,24 +72,11 @@ EOF
 {
   echo "# Expert-parallel MoE layer, Furnace vs PyTorch ($DATE)"
   echo
-  echo "- commit: \`$COMMIT\` ($DIRTY uncommitted paths in the tree at run time)"
-  echo "- host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') — ep=4 time-shares the 2 cores"
-  echo "- load average (1/5/15 min): start $LOAD_START, end $LOAD_END (shared machine: others were compiling)"
+  bench_report_provenance " — ep=4 time-shares the 2 cores"
   echo "- torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) (Debian python3-torch, gloo)"
   echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000, one thread per rank, both sides; $WARMUP warm-up + $REPS timed repetitions per run; $PAIRS A B pairs (ours first); ${ELAPSED} s in all"
   echo "- shape: d=256 E=8 k=2 f=512 T=128 b=8 per rank (N=1024 tokens, 2048 routed rows per rank), dropless, aux alpha 0.01"
   echo "- command: \`bench/distributed/run_moe_layer_vs_torch.sh --pairs $PAIRS --eps \"$EPS\" --reps $REPS --warmup $WARMUP\`"
   echo "- raw JSON: bench/results/raw/$STAMP-moe-layer/"
-  echo
-  echo "$TABLE"
-  echo
-  echo "Exact per-run commands (from the repository root, in the order run):"
-  echo
-  echo '```'
-  cat "$CMDLOG"
-  echo '```'
 } > "$OUTMD"
-echo
-echo "$TABLE"
-echo
-echo "written: $OUTMD ($ELAPSED s)"
+bench_finish_report "$TABLE" "Exact per-run commands (from the repository root, in the order run):" " ($ELAPSED s)"

@@ -19,46 +19,25 @@
 # raw JSON of every run under bench/results/raw/<stamp>-scaling/.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=../lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"  # sets ROOT
 ROUNDS=3
 SIZES="1 2 4 8"
 STEPS=10
 WARMUP=3
 BIN="$ROOT/build-bench/bin"
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --rounds) ROUNDS="$2"; shift 2 ;;
-    --sizes) SIZES="$2"; shift 2 ;;
-    --steps) STEPS="$2"; shift 2 ;;
-    --warmup) WARMUP="$2"; shift 2 ;;
-    --bin) BIN="$2"; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+bench_parse_flags "rounds=ROUNDS sizes=SIZES steps=STEPS warmup=WARMUP bin=BIN" "$@"
 EXE="$BIN/bench_distributed"
-[[ -x "$EXE" ]] || { echo "missing $EXE (ninja -C build-bench bench_distributed)" >&2; exit 1; }
+bench_require_exe "$EXE" "ninja -C build-bench bench_distributed"
 
-DATE="$(date +%F)"
-STAMP="$(date +%Y%m%d-%H%M%S)"
-RAW="$ROOT/bench/results/raw/$STAMP-scaling"
-OUTMD="$ROOT/bench/results/$DATE-distributed-scaling.md"
-[[ -e "$OUTMD" ]] && OUTMD="$ROOT/bench/results/$DATE-$(date +%H%M%S)-distributed-scaling.md"
-mkdir -p "$RAW"
-COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)"
-LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
-CMDLOG="$RAW/commands.txt"
-: > "$CMDLOG"
-T0=$SECONDS
+bench_begin_results -scaling distributed-scaling
 
 run() {  # run <name> <flags...>
   local name="$1"; shift
   local out="$RAW/$name"
-  echo "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 ${EXE#"$ROOT"/} $* --steps $STEPS --warmup $WARMUP --json ${out#"$ROOT"/}.json" >> "$CMDLOG"
+  echo "$(bench_thread_env 1) ${EXE#"$ROOT"/} $* --steps $STEPS --warmup $WARMUP --json ${out#"$ROOT"/}.json" >> "$CMDLOG"
   local rc=0
-  env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 \
-    "$EXE" "$@" --steps "$STEPS" --warmup "$WARMUP" --json "$out.json" > "$out.txt" 2> "$out.err" || rc=$?
+  bench_pinned 1 "$EXE" "$@" --steps "$STEPS" --warmup "$WARMUP" --json "$out.json" > "$out.txt" 2> "$out.err" || rc=$?
   if [[ $rc -eq 3 ]]; then
     echo "*** $name: MEASURED AND ANALYTICAL BYTES DIFFER (see $out.txt) ***" >&2
     cat "$out.txt" >&2
@@ -84,8 +63,7 @@ for r in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)"
-ELAPSED=$((SECONDS - T0))
+bench_end_runs
 
 TABLE="$(/usr/bin/python3 - "$RAW" "$ROUNDS" "$SIZES" <<'EOF'
 import json, statistics, sys
@@ -129,23 +107,10 @@ EOF
 {
   echo "# Distributed scaling of the demo model on loopback Gloo ($DATE)"
   echo
-  echo "- commit: \`$COMMIT\` ($DIRTY uncommitted paths in the tree at run time)"
-  echo "- host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') — ranks beyond 2 time-share the 2 cores"
-  echo "- load average (1/5/15 min): start $LOAD_START, end $LOAD_END (shared machine: others were compiling)"
+  bench_report_provenance " — ranks beyond 2 time-share the 2 cores"
   echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 for every rank; $WARMUP warm-up + $STEPS timed steps per run; $ROUNDS rounds; ${ELAPSED} s in all"
   echo "- model: configs/demo.yaml (V=64 T=64 d=64 h=4 L=4 E=8 k=2 f=128, every layer MoE, dropless)"
   echo "- command: \`bench/distributed/run_scaling.sh --rounds $ROUNDS --sizes \"$SIZES\" --steps $STEPS --warmup $WARMUP\`"
   echo "- raw JSON and text of every run: bench/results/raw/$STAMP-scaling/"
-  echo
-  echo "$TABLE"
-  echo
-  echo "Exact per-run commands (from the repository root, in the order run):"
-  echo
-  echo '```'
-  cat "$CMDLOG"
-  echo '```'
 } > "$OUTMD"
-echo
-echo "$TABLE"
-echo
-echo "written: $OUTMD ($ELAPSED s)"
+bench_finish_report "$TABLE" "Exact per-run commands (from the repository root, in the order run):" " ($ELAPSED s)"

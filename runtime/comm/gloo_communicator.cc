@@ -21,6 +21,7 @@
 #include "gloo/math.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/collective_checks.h"
 #include "runtime/comm/gloo_error.h"
 #include "runtime/comm/prefixed_kv_store.h"
 
@@ -84,15 +85,12 @@ class GlooCommunicator final : public Communicator {
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
     RETURN_IF_ERROR(AsyncError());
-    RETURN_IF_ERROR(CheckSizes("reduce_scatter", "counts", counts));
     return ReduceScatterImpl(in, out, counts);
   }
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
     RETURN_IF_ERROR(AsyncError());
-    if (bytes_per_rank < 0 || (bytes_per_rank > 0 && (in == nullptr || out == nullptr))) {
-      return Fail(Invalid("all_gather", absl::StrFormat("bytes_per_rank %d", bytes_per_rank)));
-    }
+    RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
     if (bytes_per_rank > 0) {
       if (size_ == 1) {
         std::memcpy(out, in, bytes_per_rank);
@@ -114,13 +112,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
     RETURN_IF_ERROR(AsyncError());
-    RETURN_IF_ERROR(CheckSizes("all_gather", "recv_bytes", recv_bytes));
+    RETURN_IF_ERROR(
+        CheckArgs("all_gather", CheckAllGatherVArgs(in, in_bytes, out, recv_bytes, rank_, size_)));
     const int64_t total = Sum(recv_bytes);
-    if (recv_bytes[rank_] != in_bytes || (in_bytes > 0 && in == nullptr) ||
-        (total > 0 && out == nullptr)) {
-      return Fail(Invalid("all_gather", absl::StrFormat("in_bytes %d but recv_bytes[%d] = %d",
-                                                        in_bytes, rank_, recv_bytes[rank_])));
-    }
     if (total > 0) {
       if (size_ == 1) {
         std::memcpy(out, in, in_bytes);
@@ -143,15 +137,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
     RETURN_IF_ERROR(AsyncError());
-    RETURN_IF_ERROR(CheckSizes("all_to_all", "send_bytes", send_bytes));
-    RETURN_IF_ERROR(CheckSizes("all_to_all", "recv_bytes", recv_bytes));
+    RETURN_IF_ERROR(
+        CheckArgs("all_to_all", CheckAllToAllVArgs(in, send_bytes, out, recv_bytes, rank_, size_)));
     const int64_t sent = Sum(send_bytes);
-    if (send_bytes[rank_] != recv_bytes[rank_] || (sent > 0 && in == nullptr) ||
-        (Sum(recv_bytes) > 0 && out == nullptr)) {
-      return Fail(
-          Invalid("all_to_all", absl::StrFormat("send_bytes[%d] = %d, recv_bytes[%d] = %d", rank_,
-                                                send_bytes[rank_], rank_, recv_bytes[rank_])));
-    }
     RETURN_IF_ERROR(AllToAllBytes("all_to_all", in, send_bytes, out, recv_bytes));
     counters_.Add(CollectiveOp::kAllToAll, sent);
     return absl::OkStatus();
@@ -159,9 +147,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
     RETURN_IF_ERROR(AsyncError());
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || root < 0 || root >= size_) {
-      return Fail(Invalid("broadcast", absl::StrFormat("bytes %d, root %d", bytes, root)));
-    }
+    RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size_)));
     if (size_ > 1 && bytes > 0) {
       RETURN_IF_ERROR(RunGloo("broadcast", root, [&] {
         gloo::BroadcastOptions opts(ctx_);
@@ -178,9 +164,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
     RETURN_IF_ERROR(AsyncError());
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || peer < 0 || peer >= size_) {
-      return Fail(Invalid("send", absl::StrFormat("bytes %d, peer %d", bytes, peer)));
-    }
+    RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, size_)));
     std::vector<char> copy(static_cast<const char*>(data),
                            static_cast<const char*>(data) + (bytes > 0 ? bytes : 0));
     if (peer == rank_) {
@@ -202,9 +186,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
     RETURN_IF_ERROR(AsyncError());
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || peer < 0 || peer >= size_) {
-      return Fail(Invalid("recv", absl::StrFormat("bytes %d, peer %d", bytes, peer)));
-    }
+    RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, size_)));
     if (peer == rank_) {
       RETURN_IF_ERROR(RecvFromSelf(data, bytes, tag));
     } else {
@@ -299,14 +281,10 @@ class GlooCommunicator final : public Communicator {
     return absl::InvalidArgumentError(absl::StrCat(What(op, -1), ": invalid arguments: ", detail));
   }
 
-  absl::Status CheckSizes(const char* op, const char* what, const std::vector<int64_t>& sizes) {
-    if (static_cast<int>(sizes.size()) != size_) {
-      return Fail(Invalid(op, absl::StrFormat("%s has %d entries", what, sizes.size())));
-    }
-    for (int64_t s : sizes) {
-      if (s < 0) return Fail(Invalid(op, absl::StrFormat("%s has a negative entry", what)));
-    }
-    return absl::OkStatus();
+  // OK, or `args` (a collective_checks.h verdict) as this op's sticky InvalidArgument error.
+  absl::Status CheckArgs(const char* op, const absl::Status& args) {
+    if (args.ok()) return args;
+    return Fail(Invalid(op, std::string(args.message())));
   }
 
   // Runs a Gloo call; a throw becomes the sticky error. An Abort during the call (which may have
@@ -335,11 +313,10 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status ReduceScatterImpl(const float* in, float* out, const std::vector<int64_t>& counts) {
+    RETURN_IF_ERROR(
+        CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
     const int64_t mine = counts[rank_];
     const int64_t total = Sum(counts);
-    if ((total > 0 && in == nullptr) || (mine > 0 && out == nullptr)) {
-      return Fail(Invalid("reduce_scatter", "null buffer"));
-    }
     if (size_ == 1) {
       if (mine > 0) std::memcpy(out, in, mine * sizeof(float));
     } else if (total > 0) {

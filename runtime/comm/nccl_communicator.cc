@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/collective_checks.h"
 #include "runtime/comm/prefixed_kv_store.h"
 
 namespace furnace::comm {
@@ -150,12 +151,10 @@ class NcclCommunicator final : public Communicator {
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
     RETURN_IF_ERROR(Begin("reduce_scatter"));
-    RETURN_IF_ERROR(CheckSizes("reduce_scatter", "counts", counts));
+    RETURN_IF_ERROR(
+        CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
     const int64_t total = Sum(counts);
     const int64_t widest = *std::max_element(counts.begin(), counts.end());
-    if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
-      return Fail(Invalid("reduce_scatter", "null buffer"));
-    }
     if (widest > 0) {
       const std::vector<int64_t> offsets = Offsets(counts);
       float* padded = nullptr;  // (size * widest) padded input, then (widest) output
@@ -190,9 +189,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
     RETURN_IF_ERROR(Begin("all_gather"));
-    if (bytes_per_rank < 0 || (bytes_per_rank > 0 && (in == nullptr || out == nullptr))) {
-      return Fail(Invalid("all_gather", absl::StrFormat("bytes_per_rank %d", bytes_per_rank)));
-    }
+    RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
     if (bytes_per_rank > 0) {
       RETURN_IF_ERROR(Enqueue("all_gather", [&](ncclComm_t comm) {
         return ncclAllGather(in, out, bytes_per_rank, ncclUint8, comm, stream_);
@@ -206,12 +203,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
     RETURN_IF_ERROR(Begin("all_gather"));
-    RETURN_IF_ERROR(CheckSizes("all_gather", "recv_bytes", recv_bytes));
-    if (recv_bytes[rank_] != in_bytes || (in_bytes > 0 && in == nullptr) ||
-        (Sum(recv_bytes) > 0 && out == nullptr)) {
-      return Fail(Invalid("all_gather", absl::StrFormat("in_bytes %d but recv_bytes[%d] = %d",
-                                                        in_bytes, rank_, recv_bytes[rank_])));
-    }
+    RETURN_IF_ERROR(
+        CheckArgs("all_gather", CheckAllGatherVArgs(in, in_bytes, out, recv_bytes, rank_, size_)));
     if (Sum(recv_bytes) > 0) {
       const std::vector<int64_t> offsets = Offsets(recv_bytes);
       char* base = static_cast<char*>(out);
@@ -235,15 +228,9 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
     RETURN_IF_ERROR(Begin("all_to_all"));
-    RETURN_IF_ERROR(CheckSizes("all_to_all", "send_bytes", send_bytes));
-    RETURN_IF_ERROR(CheckSizes("all_to_all", "recv_bytes", recv_bytes));
+    RETURN_IF_ERROR(
+        CheckArgs("all_to_all", CheckAllToAllVArgs(in, send_bytes, out, recv_bytes, rank_, size_)));
     const int64_t sent = Sum(send_bytes);
-    if (send_bytes[rank_] != recv_bytes[rank_] || (sent > 0 && in == nullptr) ||
-        (Sum(recv_bytes) > 0 && out == nullptr)) {
-      return Fail(
-          Invalid("all_to_all", absl::StrFormat("send_bytes[%d] = %d, recv_bytes[%d] = %d", rank_,
-                                                send_bytes[rank_], rank_, recv_bytes[rank_])));
-    }
     const std::vector<int64_t> send_offsets = Offsets(send_bytes);
     const std::vector<int64_t> recv_offsets = Offsets(recv_bytes);
     const char* src = static_cast<const char*>(in);
@@ -277,9 +264,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
     RETURN_IF_ERROR(Begin("broadcast"));
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || root < 0 || root >= size_) {
-      return Fail(Invalid("broadcast", absl::StrFormat("bytes %d, root %d", bytes, root)));
-    }
+    RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size_)));
     if (bytes > 0) {
       RETURN_IF_ERROR(Enqueue("broadcast", [&](ncclComm_t comm) {
         return ncclBroadcast(data, data, bytes, ncclUint8, root, comm, stream_);
@@ -291,9 +276,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t /*tag*/) override {
     RETURN_IF_ERROR(Begin("send", /*flush=*/false));
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || peer < 0 || peer >= size_) {
-      return Fail(Invalid("send", absl::StrFormat("bytes %d, peer %d", bytes, peer)));
-    }
+    RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, size_)));
     if (bytes > 0) {
       PendingSend send{nullptr, bytes, peer};
       RETURN_IF_ERROR(Cuda("send", cudaMallocAsync(&send.data, bytes, stream_)));
@@ -307,9 +290,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t /*tag*/) override {
     RETURN_IF_ERROR(Begin("recv", /*flush=*/false));
-    if (bytes < 0 || (bytes > 0 && data == nullptr) || peer < 0 || peer >= size_) {
-      return Fail(Invalid("recv", absl::StrFormat("bytes %d, peer %d", bytes, peer)));
-    }
+    RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, size_)));
     RETURN_IF_ERROR(PostSends("recv", [&](ncclComm_t comm) {
       return bytes > 0 ? ncclRecv(data, bytes, ncclUint8, peer, comm, stream_) : ncclSuccess;
     }));
@@ -382,14 +363,10 @@ class NcclCommunicator final : public Communicator {
                                                    cudaGetErrorName(err))));
   }
 
-  absl::Status CheckSizes(const char* op, const char* what, const std::vector<int64_t>& sizes) {
-    if (static_cast<int>(sizes.size()) != size_) {
-      return Fail(Invalid(op, absl::StrFormat("%s has %d entries", what, sizes.size())));
-    }
-    for (int64_t s : sizes) {
-      if (s < 0) return Fail(Invalid(op, absl::StrFormat("%s has a negative entry", what)));
-    }
-    return absl::OkStatus();
+  // OK, or `args` (a collective_checks.h verdict) as this op's sticky InvalidArgument error.
+  absl::Status CheckArgs(const char* op, const absl::Status& args) {
+    if (args.ok()) return args;
+    return Fail(Invalid(op, std::string(args.message())));
   }
 
   // Every op starts here: the sticky error, NCCL's asynchronous one, the device, and (except for

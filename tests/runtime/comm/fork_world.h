@@ -5,6 +5,9 @@
 //
 // Call only from a single-threaded parent (no Gloo context, no threads alive in the test process):
 // the children inherit nothing but this thread.
+//
+// TempDir: a fresh directory (mkdtemp under gtest's temp dir) for one world's rendezvous, made in
+// the parent before the fork and removed when the test ends; path() is empty if mkdtemp failed.
 #pragma once
 
 #include <signal.h>
@@ -15,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -22,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
 
 namespace furnace::comm::forked {
 
@@ -102,6 +107,25 @@ inline std::vector<ChildExit> RunForked(int world, const std::function<int(int r
   }
   return exits;
 }
+
+class TempDir {
+ public:
+  // `prefix` starts the directory's name ("furnace_gloo_comm_").
+  explicit TempDir(const std::string& prefix) {
+    std::string pattern = ::testing::TempDir() + prefix + "XXXXXX";
+    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace furnace::comm::forked
 

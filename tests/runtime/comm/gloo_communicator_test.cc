@@ -6,13 +6,11 @@
 #include "runtime/comm/gloo_communicator.h"
 
 #include <signal.h>
-#include <stdlib.h>
 
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -30,28 +28,12 @@ namespace {
 
 using forked::ChildExit;
 using forked::RunForked;
+using forked::TempDir;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-// A fresh directory for one test's rendezvous; removed when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "furnace_gloo_comm_XXXXXX";
-    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 absl::StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& dir,
                                                       const std::string& prefix, int rank, int size,
@@ -320,7 +302,7 @@ int CollectivesChild(const std::string& dir, int world, int rank) {
 class GlooCommunicatorWorldTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooCommunicatorWorldTest, EveryCollectiveMatchesTheSerialResultAndCountsExactly) {
-  TempDir dir;
+  TempDir dir("furnace_gloo_comm_");
   ASSERT_FALSE(dir.path().empty());
   const int world = GetParam();
   ExpectAllPassed(
@@ -360,7 +342,7 @@ void PrintTo(PeerFate fate, std::ostream* os) { *os << FateName(fate); }
 class GlooCommunicatorPeerFailureTest : public ::testing::TestWithParam<PeerFate> {};
 
 TEST_P(GlooCommunicatorPeerFailureTest, SurvivorsFailWithinTheTimeoutAndStayFailed) {
-  TempDir dir;
+  TempDir dir("furnace_gloo_comm_");
   const PeerFate fate = GetParam();
   const double timeout_s = 3;
   std::vector<ChildExit> exits = RunForked(3, [&](int rank) {
@@ -416,7 +398,7 @@ INSTANTIATE_TEST_SUITE_P(Fates, GlooCommunicatorPeerFailureTest,
 // Rank 0 aborts; its next call fails with Cancelled, and rank 1, blocked in an all-reduce with
 // it, is released long before its 20 s timeout because the abort closed the connections.
 TEST(GlooCommunicatorAbortTest, AbortFailsLaterCallsAndReleasesBlockedPeers) {
-  TempDir dir;
+  TempDir dir("furnace_gloo_comm_");
   ExpectAllPassed(RunForked(2, [&](int rank) {
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(dir.path(), "ab", rank, 2, 20);
     CHILD_OK(rank, comm.status());
@@ -445,7 +427,7 @@ TEST(GlooCommunicatorAbortTest, AbortFailsLaterCallsAndReleasesBlockedPeers) {
 // Abort from a watchdog thread releases this rank's blocked Recv at once; the peer, blocked in
 // WaitSends on a message nobody receives, is released by the closed connection.
 TEST(GlooCommunicatorAbortTest, AbortFromAnotherThreadReleasesBlockedRecvAndWaitSends) {
-  TempDir dir;
+  TempDir dir("furnace_gloo_comm_");
   ExpectAllPassed(RunForked(2, [&](int rank) {
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(dir.path(), "wd", rank, 2, 20);
     CHILD_OK(rank, comm.status());
@@ -478,7 +460,7 @@ TEST(GlooCommunicatorAbortTest, AbortFromAnotherThreadReleasesBlockedRecvAndWait
 // Four processes build three groups from one store: everyone ("all"), pairs {0,1} and {2,3}
 // ("pair/0", "pair/1"), and everyone again under another prefix; each sums its own ranks.
 TEST(GlooCommunicatorGroupsTest, GroupsWithDifferentPrefixesShareOneStore) {
-  TempDir dir;
+  TempDir dir("furnace_gloo_comm_");
   ExpectAllPassed(RunForked(4, [&](int rank) {
     absl::StatusOr<std::unique_ptr<Communicator>> all = Connect(dir.path(), "all", rank, 4, 30);
     CHILD_OK(rank, all.status());

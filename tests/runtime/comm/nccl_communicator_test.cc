@@ -7,12 +7,10 @@
 #include "runtime/comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +26,7 @@ namespace {
 
 using forked::ChildExit;
 using forked::RunForked;
+using forked::TempDir;
 
 // The number of CUDA devices, asked in a child process; 0 when CUDA fails.
 int ProbeGpuCount() {
@@ -48,22 +47,6 @@ int ProbeGpuCount() {
     if (gpus_ == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount returned 0 or failed";      \
     if (gpus_ < (needed)) GTEST_SKIP() << "needs " << (needed) << " GPUs, found " << gpus_; \
   } while (0)
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "furnace_nccl_comm_XXXXXX";
-    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Device buffer holding a copy of a host vector; Read() copies it back (synchronising).
 template <typename T>
@@ -206,7 +189,7 @@ int NcclChild(const std::string& dir, int world, int rank) {
 
 TEST(NcclCommunicatorTest, GroupOfOneRunsEveryOp) {
   SKIP_WITHOUT_GPUS(1);
-  TempDir dir;
+  TempDir dir("furnace_nccl_comm_");
   for (const ChildExit& exit :
        RunForked(1, [&](int rank) { return NcclChild(dir.path(), 1, rank); })) {
     EXPECT_TRUE(exit.ok()) << exit.Describe();
@@ -216,7 +199,7 @@ TEST(NcclCommunicatorTest, GroupOfOneRunsEveryOp) {
 TEST(NcclCommunicatorTest, EveryOpMatchesTheSerialResultAcrossGpus) {
   SKIP_WITHOUT_GPUS(2);
   const int world = std::min(ProbeGpuCount(), 4);
-  TempDir dir;
+  TempDir dir("furnace_nccl_comm_");
   for (const ChildExit& exit :
        RunForked(world, [&](int rank) { return NcclChild(dir.path(), world, rank); })) {
     EXPECT_TRUE(exit.ok()) << exit.Describe();
