@@ -146,6 +146,15 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     }
   }
 
+  // Parm's schedules (s1, s2, auto) are part of the schema but not of this build's runtime: a
+  // train job asking for them is refused rather than silently run with another schedule.
+  if (spec.kind() == "train" && moe.schedule() != "deepspeed") {
+    c.Fail({"moe.schedule"},
+           Problem{"is not available in this build (the runtime runs the deepspeed schedule; "
+                   "Parm's s1, s2 and auto come with the next release)",
+                   absl::StrCat("'", moe.schedule(), "'"), "deepspeed"});
+  }
+
   if (moe.top_k() > moe.experts()) {
     c.Fail({"moe.top_k", "moe.experts"},
            Problem{absl::StrCat("must be <= moe.experts (= ", moe.experts(), ")"),

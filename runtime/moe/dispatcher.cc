@@ -109,40 +109,48 @@ absl::StatusOr<DispatchHandle> ExpertDispatcher::Prepare(
   return h;
 }
 
-absl::Status ExpertDispatcher::ToExperts(const DispatchHandle& h, const float* rows, float* out,
-                                         int C, float* scratch) const {
+absl::StatusOr<const float*> ExpertDispatcher::DispatchCommunicate(const DispatchHandle& h,
+                                                                  const float* rows, int C,
+                                                                  float* scratch) const {
   const int64_t row_bytes = int64_t{C} * sizeof(float);
   // EP all-to-all: rows (S) -> received (A).
   const float* received = rows;
-  float* a = scratch;
   if (h.ep > 1) {
-    RETURN_IF_ERROR(groups_.ep->AllToAllV(rows, Scaled(h.send_rows, row_bytes), a,
+    RETURN_IF_ERROR(groups_.ep->AllToAllV(rows, Scaled(h.send_rows, row_bytes), scratch,
                                           Scaled(h.recv_rows, row_bytes)));
-    received = a;
+    received = scratch;
   }
   // ESP all-gather: received (A) -> gathered (R), peers in rank order.
-  const float* gathered = received;
-  float* gbuf = scratch + h.A() * C;
-  if (h.esp > 1) {
-    RETURN_IF_ERROR(groups_.esp->AllGatherV(received, h.A() * row_bytes, gbuf,
-                                            Scaled(h.peer_rows, row_bytes)));
-    gathered = gbuf;
-  }
+  if (h.esp == 1) return received;
+  float* gathered = scratch + h.A() * C;
+  RETURN_IF_ERROR(groups_.esp->AllGatherV(received, h.A() * row_bytes, gathered,
+                                          Scaled(h.peer_rows, row_bytes)));
+  return gathered;
+}
+
+void ExpertDispatcher::DispatchFinish(const DispatchHandle& h, const float* gathered, int C,
+                                      float* out) const {
+  const int64_t row_bytes = int64_t{C} * sizeof(float);
   for (int64_t i = 0; i < h.R(); ++i) {
     std::memcpy(out + h.gathered_to_expert[i] * C, gathered + i * C, row_bytes);
   }
-  return absl::OkStatus();
 }
 
-absl::Status ExpertDispatcher::FromExperts(const DispatchHandle& h, const float* rows, float* out,
-                                           int C, float* scratch) const {
+const float* ExpertDispatcher::CombinePrepare(const DispatchHandle& h, const float* rows, int C,
+                                              float* scratch) const {
   const int64_t row_bytes = int64_t{C} * sizeof(float);
   float* gathered = scratch + h.A() * C;
   for (int64_t i = 0; i < h.R(); ++i) {
     std::memcpy(gathered + i * C, rows + h.gathered_to_expert[i] * C, row_bytes);
   }
+  return gathered;
+}
+
+absl::Status ExpertDispatcher::CombineCommunicate(const DispatchHandle& h, const float* gathered,
+                                                  int C, float* scratch, float* out) const {
+  const int64_t row_bytes = int64_t{C} * sizeof(float);
   // ESP reduce-scatter: the peers' hidden-width partial outputs summed, each peer its own rows.
-  float* mine = gathered;
+  const float* mine = gathered;
   if (h.esp > 1) {
     std::vector<int64_t> counts(h.peer_rows.size());
     for (size_t q = 0; q < counts.size(); ++q) counts[q] = h.peer_rows[q] * C;
@@ -156,6 +164,19 @@ absl::Status ExpertDispatcher::FromExperts(const DispatchHandle& h, const float*
   }
   std::memcpy(out, mine, h.S * row_bytes);
   return absl::OkStatus();
+}
+
+absl::Status ExpertDispatcher::ToExperts(const DispatchHandle& h, const float* rows, float* out,
+                                         int C, float* scratch) const {
+  ASSIGN_OR_RETURN(const float* gathered, DispatchCommunicate(h, rows, C, scratch));
+  DispatchFinish(h, gathered, C, out);
+  return absl::OkStatus();
+}
+
+absl::Status ExpertDispatcher::FromExperts(const DispatchHandle& h, const float* rows, float* out,
+                                           int C, float* scratch) const {
+  const float* gathered = CombinePrepare(h, rows, C, scratch);
+  return CombineCommunicate(h, gathered, C, scratch, out);
 }
 
 }  // namespace furnace::moe

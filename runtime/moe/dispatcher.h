@@ -61,10 +61,27 @@ class ExpertDispatcher {
   // expert_counts (E): this rank's routed rows per global expert (kept rows, after capacity).
   absl::StatusOr<DispatchHandle> Prepare(const std::vector<int64_t>& expert_counts) const;
 
-  // rows (S, C) -> out (R, C). `scratch` must hold ScratchRows(h) * C floats.
+  // The phases. `scratch` holds ScratchRows(h) * C floats: the EP-received rows (A), then the
+  // ESP-gathered rows (R). A phase that has nothing to move hands its input through, so the
+  // returned pointer may alias `rows`.
+  //   dispatch, communicate: rows (S, C) -> all-to-all over EP -> all-gather over ESP; returns the
+  //                          gathered rows (R, C, in gathered order);
+  //   dispatch, finish:      gathered rows -> out (R, C) grouped by local expert;
+  //   combine, prepare:      expert rows (R, C) -> scratch in gathered order;
+  //   combine, communicate:  reduce-scatter over ESP -> all-to-all back over EP -> out (S, C).
+  // (The combine's finish, the gate-weighted sum per token, is the layer's.)
+  absl::StatusOr<const float*> DispatchCommunicate(const DispatchHandle& h, const float* rows,
+                                                   int C, float* scratch) const;
+  void DispatchFinish(const DispatchHandle& h, const float* gathered, int C, float* out) const;
+  const float* CombinePrepare(const DispatchHandle& h, const float* rows, int C,
+                              float* scratch) const;
+  absl::Status CombineCommunicate(const DispatchHandle& h, const float* gathered, int C,
+                                  float* scratch, float* out) const;
+
+  // The phases chained. rows (S, C) -> out (R, C).
   absl::Status ToExperts(const DispatchHandle& h, const float* rows, float* out, int C,
                          float* scratch) const;
-  // rows (R, C) -> out (S, C), summing over ESP. `scratch` must hold ScratchRows(h) * C floats.
+  // rows (R, C) -> out (S, C), summing over ESP.
   absl::Status FromExperts(const DispatchHandle& h, const float* rows, float* out, int C,
                            float* scratch) const;
   // Rows of scratch either direction needs: A + R (the EP-received rows and the gathered rows).

@@ -174,7 +174,7 @@ moe:
   experts: 4
   top_k: 1
   capacity_factor: 1.25
-  schedule: s2
+  schedule: deepspeed
   normalize_topk: true
   aux_alpha: 0
   spikes: {probability: 0.5, max_ratio: 4, seed: 18446744073709551615}
@@ -214,7 +214,7 @@ fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
   EXPECT_EQ(s.parallel().order(), "pp-dp-tp");
   EXPECT_EQ(s.parallel().micro_batches(), 8u);
   EXPECT_DOUBLE_EQ(s.moe().capacity_factor(), 1.25);
-  EXPECT_EQ(s.moe().schedule(), "s2");
+  EXPECT_EQ(s.moe().schedule(), "deepspeed");
   EXPECT_TRUE(s.moe().normalize_topk());
   EXPECT_EQ(s.moe().spikes().seed(), 18446744073709551615ull);
   EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);

@@ -36,6 +36,10 @@ std::vector<LayoutCase> Cases() {
        Train("parallel:\n  tp: 2\n  esp: 4\n"),
        {"job.yaml:5:8: parallel.esp: inconsistent sizes: ep * esp must divide dp * tp (got ep * "
         "esp = 1 * 4 = 4, dp * tp = 1 * 2 = 2; allowed: ep * esp in {1, 2})"}},
+      {"schedule_not_in_this_build",
+       Train("moe:\n  schedule: s1\n"),
+       {"job.yaml:4:13: moe.schedule: is not available in this build",
+        "(got 's1'; allowed: deepspeed)"}},
       {"order_missing_an_axis",
        Train("parallel:\n  order: dp-tp\n"),
        {"job.yaml:4:10: parallel.order: must name tp, dp and pp once each, joined by '-'",
