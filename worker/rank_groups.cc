@@ -1,5 +1,7 @@
 #include "worker/rank_groups.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "spdlog/spdlog.h"
@@ -31,9 +33,14 @@ absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
   if (task.controller_address().empty()) {
     return absl::FailedPreconditionError("the task names no controller address for rendezvous");
   }
-  const double timeout_s = task.spec().recovery().start_timeout_s() > 0
-                               ? task.spec().recovery().start_timeout_s()
-                               : kDefaultStartTimeoutS;
+  const double start_s = task.spec().recovery().start_timeout_s() > 0
+                            ? task.spec().recovery().start_timeout_s()
+                            : kDefaultStartTimeoutS;
+  // Gloo takes one timeout for connecting and for every later operation. A collective may
+  // legitimately wait for a slow peer (a large checkpoint shard being fsynced, a long pipeline
+  // warm-up), so it gets the hang timeout when that is longer: a rank that is really stuck is the
+  // agent's hang watchdog's to catch.
+  const double timeout_s = std::max(start_s, task.spec().recovery().hang_timeout_s());
   furnace::v1::KvScope scope;
   scope.set_job_id(task.job_id());
   scope.set_attempt(task.attempt());

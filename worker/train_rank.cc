@@ -172,8 +172,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       for (const auto& skipped : restored->skipped) spdlog::warn("checkpoint skipped: {}", skipped);
       spdlog::info("resumed from the checkpoint of step {} ({})", restored->step, restored->path);
     } else if (!absl::IsNotFound(restored.status())) {
-      return Fail(progress, 0, kRankExitError,
-                  absl::StrCat("checkpoint: ", restored.status().message()));
+      // A checkpoint of another layout or model is the user's to fix: retrying cannot help.
+      const int code = absl::IsFailedPrecondition(restored.status()) ? kRankExitBadInput
+                                                                      : kRankExitError;
+      return Fail(progress, 0, code, absl::StrCat("checkpoint: ", restored.status().message()));
     }
   }
   const uint64_t start_step = static_cast<uint64_t>((*trainer)->step());

@@ -50,6 +50,22 @@ int64_t DenseGradFloats(const topology::Topology& topo, int rank, const model::M
   return n;
 }
 
+int64_t TpReplicatedGradFloats(const topology::Topology& topo, int rank,
+                               const model::ModelConfig& c) {
+  const topology::ParallelSizes& z = topo.sizes();
+  const topology::Coords co = topo.CoordsOf(rank);
+  const int64_t V = c.vocab, T = c.seq_len, d = c.d_model, E = c.experts;
+  const bool first = co.pp == 0, last = co.pp == z.pp - 1;
+  int64_t n = 0;
+  if (first || last) n += V * d;  // wte
+  if (first) n += T * d;          // wpe
+  if (last) n += 2 * d;           // lnf
+  const StageLayers s = LayersOf(topo, co.pp, c);
+  // Per layer: ln1, bo, ln2 (5d); MoE: the router; dense: mlp.b2.
+  n += (s.moe + s.dense) * 5 * d + s.moe * d * E + s.dense * d;
+  return n;
+}
+
 int64_t ExpertGradFloats(const topology::Topology& topo, int rank, const model::ModelConfig& c) {
   const topology::ParallelSizes& z = topo.sizes();
   const StageLayers s = LayersOf(topo, topo.CoordsOf(rank).pp, c);
@@ -85,6 +101,10 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   //  * SyncGradients (trainer_parallel.cc): dense gradients over `data`, experts over
   //    `expert_data` (bucketing splits the calls, not the bytes); the tied wte over `embedding`
   //    on the two end stages of a pipeline.
+  //    What TP replicates is averaged over `tensor` first (its replicas stay bit-identical).
+  if (z.tp > 1) {
+    f[Op(CollectiveOp::kAllReduce)] += TpReplicatedGradFloats(topo, rank, c) * kF32;
+  }
   if (z.dp > 1) f[Op(CollectiveOp::kAllReduce)] += DenseGradFloats(topo, rank, c) * kF32;
   if (edp > 1) f[Op(CollectiveOp::kAllReduce)] += ExpertGradFloats(topo, rank, c) * kF32;
   if (z.pp > 1 && (first || last)) f[Op(CollectiveOp::kAllReduce)] += V * C * kF32;

@@ -51,6 +51,9 @@ struct RankBytes {
 // Floats of this rank's gradients summed over the data-parallel group (GradSync::kData) and over
 // the expert-data-parallel group (kExpertData), from the shapes (BuildParamLayout's parameters).
 int64_t DenseGradFloats(const topology::Topology& topo, int rank, const model::ModelConfig& c);
+// Gradient floats of what tensor parallelism replicates on this rank (averaged over `tensor`).
+int64_t TpReplicatedGradFloats(const topology::Topology& topo, int rank,
+                               const model::ModelConfig& c);
 int64_t ExpertGradFloats(const topology::Topology& topo, int rank, const model::ModelConfig& c);
 
 RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const StepShape& shape);

@@ -303,6 +303,8 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
       loaded->skipped = std::move(skipped);
       return loaded;
     }
+    // Written by another layout: an older checkpoint would be no better, and it is not damage.
+    if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
     skipped.push_back(std::string(loaded.status().message()));
   }
   if (skipped.empty()) {
@@ -343,6 +345,13 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
     if (out.step != step) {
       return bad_manifest(
           absl::StrCat("says step ", out.step, " inside the directory of step ", step));
+    }
+    if (shard >= num_shards && num_shards > 0 &&
+        m["shards"].size() == static_cast<size_t>(num_shards)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", step_dir, " was written by ", num_shards, " rank(s); this job's rank ",
+          shard, " has no shard in it (a checkpoint loads only into the parallel layout that "
+          "wrote it)"));
     }
     if (shard < 0 || shard >= num_shards || m["shards"].size() != static_cast<size_t>(num_shards)) {
       return bad_manifest(absl::StrCat("has ", m["shards"].size(), " shards of ", num_shards,
@@ -418,6 +427,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
         "header disagrees with the manifest (shard, step, data position, seed or size)");
   }
   out.path = step_dir;
+  out.num_shards = num_shards;
   return out;
 }
 

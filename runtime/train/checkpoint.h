@@ -68,6 +68,7 @@ struct LoadedCheckpoint {
   int64_t data_position = 0;
   uint64_t seed = 0;
   std::string path;               // the step directory loaded
+  int num_shards = 1;             // ranks that wrote it
   std::vector<ParamInfo> params;  // names, shapes and offsets recorded in the manifest
   std::vector<float> param_data, m, v;
   std::vector<std::string> skipped;  // newer checkpoints passed over, each with the reason

@@ -8,8 +8,12 @@
 //      to the next / previous stage over `pipeline` (group rank == stage), buffered sends;
 //   2. expert gradients scaled by 1 / tp (the `deepspeed` schedule sends every token once per
 //      tensor-parallel peer, so each expert saw it tp times), then summed over `expert_data`;
-//      dense gradients summed over `data` in buckets of bucket_bytes; the tied wte's two copies
-//      (first and last stage) summed over `embedding`;
+//      the gradients of what tensor parallelism replicates (norms, biases added after a
+//      row-parallel sum, the router, the embeddings) averaged over `tensor`: equal in exact
+//      arithmetic, they differ in the last bits once tokens take different paths through the
+//      experts on each peer, and the replicas must stay bit-identical; dense gradients summed
+//      over `data` in buckets of bucket_bytes; the tied wte's two copies (first and last stage)
+//      summed over `embedding`;
 //   3. the global gradient norm: each rank's owned elements (ParamInfo::norm_owner), summed over
 //      `world`, so every element of the model counts exactly once;
 //   4. AdamW on every local parameter (replicas stay identical: same gradients, same update);
@@ -30,6 +34,7 @@ struct ParallelRuntime {
   int dp = 1, dp_rank = 0;
   int tp = 1, tp_rank = 0;
   comm::Communicator* world_group = nullptr;
+  comm::Communicator* tensor = nullptr;
   comm::Communicator* data = nullptr;
   comm::Communicator* expert_data = nullptr;
   comm::Communicator* pipeline = nullptr;

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topo
   p.tp = z.tp;
   p.tp_rank = layout->coords.tp;
   p.world_group = layout->world.get();
+  p.tensor = layout->tp.get();
   p.data = layout->dp.get();
   p.expert_data = layout->edp.get();
   p.pipeline = layout->pp.get();

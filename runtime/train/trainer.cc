@@ -13,6 +13,14 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// " (columns [0, 4) [8, 12) of [16, 48])" style, empty for a whole tensor.
+std::string SliceText(const ParamShard& shard) {
+  if (!shard.sharded()) return "";
+  std::string ranges;
+  for (const auto& [b, e] : shard.ranges) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
+  return absl::StrCat(" (dim ", shard.dim, ranges, " of ", ShapeText(shard.global_shape), ")");
+}
+
 }  // namespace
 
 double ImbalanceOf(const std::vector<int64_t>& tokens_per_expert) {
@@ -142,7 +150,11 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
     }
     if (on_step) on_step(stats);
-    if (stop != nullptr && stop->stop_requested()) break;
+    if (stop != nullptr && stop->stop_requested()) {
+      // A parallel checkpoint is a collective: a rank that stops on its own cannot write one.
+      if (parallel_ != nullptr) return absl::OkStatus();
+      break;
+    }
   }
   if (checkpoints && last_saved_step_ != step_) RETURN_IF_ERROR(SaveCheckpoint());
   return absl::OkStatus();
@@ -192,10 +204,13 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& a = c.params[i];
     const ParamInfo& b = params[i];
-    if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
+    if (a.name != b.name || a.shape != b.shape || a.offset != b.offset ||
+        a.shard.global_shape != b.shard.global_shape || a.shard.dim != b.shard.dim ||
+        a.shard.ranges != b.shard.ranges) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ", ShapeText(a.shape), " at ",
-          a.offset, "; the model has ", b.name, " ", ShapeText(b.shape), " at ", b.offset,
+          a.offset, SliceText(a.shard), "; the model has ", b.name, " ", ShapeText(b.shape),
+          " at ", b.offset, SliceText(b.shard),
           parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
                                : ""));
     }

@@ -102,6 +102,8 @@ class Trainer {
 
   // Steps until step() == config.steps or `stop` is requested (checked after each step and its
   // callback), saving every `checkpoint.every` steps and once at the end when a dir is set.
+  // With a ParallelRuntime a stop skips that last checkpoint: it is a collective, and the other
+  // ranks have not stopped.
   absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr);
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).

@@ -24,10 +24,11 @@ absl::Status AllReduce(comm::Communicator* group, float* data, int64_t n) {
   return group->AllReduce(data, n);
 }
 
-// Sums the gradients of `params` (those with sync == `sync`) over `group`, packing them into
-// buckets of at most bucket_floats.
+// Sums the gradients of the `params` that `select` picks over `group`, packing them into buckets
+// of at most bucket_floats.
+template <typename Select>
 absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamInfo>& params,
-                            GradSync sync, float* grads, int64_t bucket_floats) {
+                            Select select, float* grads, int64_t bucket_floats) {
   if (group == nullptr || group->size() == 1) return absl::OkStatus();
   std::vector<float> bucket;
   std::vector<const ParamInfo*> members;
@@ -44,7 +45,7 @@ absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamIn
     return absl::OkStatus();
   };
   for (const ParamInfo& p : params) {
-    if (p.sync != sync) continue;
+    if (!select(p)) continue;
     if (!bucket.empty() && static_cast<int64_t>(bucket.size()) + p.numel() > bucket_floats) {
       RETURN_IF_ERROR(flush());
     }
@@ -104,8 +105,21 @@ absl::Status Trainer::SyncGradients() {
     }
   }
   const int64_t bucket = std::max<int64_t>(1, P.bucket_bytes / static_cast<int64_t>(sizeof(float)));
-  RETURN_IF_ERROR(ReduceBucketed(P.data, params, GradSync::kData, g, bucket));
-  RETURN_IF_ERROR(ReduceBucketed(P.expert_data, params, GradSync::kExpertData, g, bucket));
+  const auto replicated_over_tp = [](const ParamInfo& p) {
+    return p.sync == GradSync::kData && !p.shard.sharded();
+  };
+  if (P.tp > 1) {
+    RETURN_IF_ERROR(ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket));
+    const float scale = 1.0f / static_cast<float>(P.tp);
+    for (const ParamInfo& p : params) {
+      if (replicated_over_tp(p)) k::Scale(g + p.offset, scale, p.numel());
+    }
+  }
+  RETURN_IF_ERROR(ReduceBucketed(
+      P.data, params, [](const ParamInfo& p) { return p.sync == GradSync::kData; }, g, bucket));
+  RETURN_IF_ERROR(ReduceBucketed(
+      P.expert_data, params, [](const ParamInfo& p) { return p.sync == GradSync::kExpertData; },
+      g, bucket));
   if (P.stages > 1 && (P.first_stage() || P.last_stage())) {
     for (const ParamInfo& p : params) {
       if (p.name == "wte") RETURN_IF_ERROR(AllReduce(P.embedding, g + p.offset, p.numel()));
@@ -277,6 +291,12 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
       return absl::NotFoundError("another rank found no usable checkpoint; starting afresh");
     }
     return loaded.status();
+  }
+  if (loaded.ok() && loaded->num_shards != P.world) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", loaded->path, " was written by ", loaded->num_shards,
+        " rank(s); this job has ", P.world,
+        " (a checkpoint loads only into the parallel layout that wrote it)"));
   }
   if (agreed != mine) {
     ASSIGN_OR_RETURN(LoadedCheckpoint older, store.Load(agreed, P.world_rank));
