@@ -55,6 +55,33 @@ absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamIn
   return flush();
 }
 
+// Every rank of `group` returns the same Status: OK when every rank's `mine` is OK, else the
+// first failing rank's, prefixed with its rank. Used where a failure may hit some ranks only and
+// the others would otherwise go on into collectives their failed peers never join.
+absl::Status AgreeOnStatus(comm::Communicator* group, const absl::Status& mine) {
+  if (group == nullptr || group->size() == 1) return mine;
+  const std::string text = mine.ok() ? std::string() : std::string(mine.message());
+  const int64_t header[2] = {static_cast<int64_t>(mine.code()), static_cast<int64_t>(text.size())};
+  std::vector<int64_t> all(2 * group->size());
+  RETURN_IF_ERROR(group->AllGather(header, all.data(), sizeof(header)));
+  std::vector<int64_t> sizes(group->size());
+  int64_t total = 0;
+  for (int r = 0; r < group->size(); ++r) total += sizes[r] = all[2 * r + 1];
+  std::string messages(static_cast<size_t>(total), '\0');
+  RETURN_IF_ERROR(group->AllGatherV(text.data(), static_cast<int64_t>(text.size()),
+                                    messages.data(), sizes));
+  int64_t at = 0;
+  for (int r = 0; r < group->size(); ++r) {
+    if (all[2 * r] != 0) {
+      if (r == group->rank()) return mine;
+      return absl::Status(static_cast<absl::StatusCode>(all[2 * r]),
+                          absl::StrCat("rank ", r, ": ", messages.substr(at, sizes[r])));
+    }
+    at += sizes[r];
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult>& results) {
@@ -239,12 +266,14 @@ absl::Status Trainer::SaveCheckpointParallel() {
   state.m = adamw_.m().data();
   state.v = adamw_.v().data();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  ASSIGN_OR_RETURN(ShardRecord mine, store.WriteShard(state));
+  comm::Communicator* world = P.world_group;
+  absl::StatusOr<ShardRecord> written = store.WriteShard(state);
+  RETURN_IF_ERROR(AgreeOnStatus(world, written.status()));
+  ShardRecord mine = std::move(*written);
   mine.params = model_->params();
   mine.n = model_->num_params();
 
   // Every rank's record to every rank (rank 0 commits; the others learn the sizes for free).
-  comm::Communicator* world = P.world_group;
   std::vector<ShardRecord> records;
   const std::string text = SerializeShardRecord(mine);
   if (world == nullptr || world->size() == 1) {
@@ -264,22 +293,34 @@ absl::Status Trainer::SaveCheckpointParallel() {
       at += n;
     }
   }
-  if (P.world_rank == 0) RETURN_IF_ERROR(store.Commit(model_->params(), state, records));
-  // Nobody moves on (or reports the checkpoint) before it is committed.
-  if (world != nullptr && world->size() > 1) RETURN_IF_ERROR(world->Barrier());
+  const absl::Status committed =
+      P.world_rank == 0 ? store.Commit(model_->params(), state, records) : absl::OkStatus();
+  // Nobody moves on (or reports the checkpoint) before it is committed, and a failed commit
+  // fails every rank with its cause.
+  RETURN_IF_ERROR(AgreeOnStatus(world, committed));
   last_saved_step_ = step_;
   return absl::OkStatus();
 }
 
 absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   const ParallelRuntime& P = *parallel_;
+  comm::Communicator* world = P.world_group;
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
   absl::StatusOr<LoadedCheckpoint> loaded = store.LoadLatest(P.world_rank);
+  absl::Status usable = absl::OkStatus();
+  if (!loaded.ok() && !absl::IsNotFound(loaded.status())) {
+    usable = loaded.status();
+  } else if (loaded.ok() && loaded->num_shards != P.world) {
+    usable = absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", loaded->path, " was written by ", loaded->num_shards,
+        " rank(s); this job has ", P.world,
+        " (a checkpoint loads only into the parallel layout that wrote it)"));
+  }
+  RETURN_IF_ERROR(AgreeOnStatus(world, usable));
+
   // The ranks agree on one step: the oldest any of them could load (a shard that is damaged on
   // one rank sends every rank back to the previous checkpoint). -1: none.
-  int64_t mine = loaded.ok() ? loaded->step : -1;
-  if (!loaded.ok() && !absl::IsNotFound(loaded.status())) return loaded.status();
-  comm::Communicator* world = P.world_group;
+  const int64_t mine = loaded.ok() ? loaded->step : -1;
   int64_t agreed = mine;
   if (world != nullptr && world->size() > 1) {
     std::vector<int64_t> steps(world->size());
@@ -292,19 +333,21 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
     }
     return loaded.status();
   }
-  if (loaded.ok() && loaded->num_shards != P.world) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", loaded->path, " was written by ", loaded->num_shards,
-        " rank(s); this job has ", P.world,
-        " (a checkpoint loads only into the parallel layout that wrote it)"));
-  }
+  absl::Status restored = absl::OkStatus();
   if (agreed != mine) {
-    ASSIGN_OR_RETURN(LoadedCheckpoint older, store.Load(agreed, P.world_rank));
-    older.skipped = loaded->skipped;
-    older.skipped.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
-    loaded = std::move(older);
+    absl::StatusOr<LoadedCheckpoint> older = store.Load(agreed, P.world_rank);
+    if (older.ok()) {
+      older->skipped = loaded->skipped;
+      older->skipped.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
+      loaded = std::move(older);
+    } else {
+      restored = older.status();
+    }
   }
-  RETURN_IF_ERROR(Restore(*loaded));
+  if (restored.ok()) restored = Restore(*loaded);
+  // Every rank resumes, or every rank fails with the same cause (a layout mismatch shows on
+  // some ranks only).
+  RETURN_IF_ERROR(AgreeOnStatus(world, restored));
   return loaded;
 }
 

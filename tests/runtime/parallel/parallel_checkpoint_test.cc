@@ -144,5 +144,37 @@ TEST_F(ParallelCheckpointTest, ResumedRunEndsBitIdenticalAndOtherLayoutsAreRefus
   EXPECT_NE(other.message().find("tensor"), absl::string_view::npos) << other;
 }
 
+TEST_F(ParallelCheckpointTest, SameShapesOtherSlicesAndOtherWorldSizesAreRefused) {
+  // dp2 x tp2 with TP neighbours (tp-dp-pp) against the same sizes with DP neighbours: every
+  // rank holds tensors of the same shapes, but ranks 1 and 2 hold other column blocks.
+  topology::ParallelSizes tp_first;
+  tp_first.dp = 2;
+  tp_first.tp = 2;
+  const std::string dir = root_ + "/dp2tp2";
+  ASSERT_TRUE(TrainLayout(tp_first, dir, 2, false).ok());
+  topology::ParallelSizes dp_first = tp_first;
+  dp_first.order = "dp-tp-pp";
+  const absl::Status swapped = TrainLayout(dp_first, dir, 4, true);
+  ASSERT_FALSE(swapped.ok());
+  EXPECT_EQ(swapped.code(), absl::StatusCode::kFailedPrecondition) << swapped;
+  EXPECT_NE(swapped.message().find("(dim "), absl::string_view::npos) << swapped;
+  EXPECT_NE(swapped.message().find("parallel layout that wrote it"), absl::string_view::npos);
+
+  // 4 ranks' checkpoint into 8 ranks: the extra ranks have no shard; into 2: too few ranks.
+  topology::ParallelSizes dp8;
+  dp8.dp = 8;
+  const absl::Status bigger = TrainLayout(dp8, dir, 4, true);
+  ASSERT_FALSE(bigger.ok());
+  EXPECT_EQ(bigger.code(), absl::StatusCode::kFailedPrecondition) << bigger;
+  topology::ParallelSizes dp2;
+  dp2.dp = 2;
+  const absl::Status smaller = TrainLayout(dp2, dir, 4, true);
+  ASSERT_FALSE(smaller.ok());
+  EXPECT_EQ(smaller.code(), absl::StatusCode::kFailedPrecondition) << smaller;
+  EXPECT_NE(smaller.message().find("written by 4 rank(s); this job has 2"),
+            absl::string_view::npos)
+      << smaller;
+}
+
 }  // namespace
 }  // namespace furnace::testing
