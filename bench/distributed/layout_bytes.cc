@@ -111,7 +111,9 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   //  * ClipParallel: one float over `world`; ReduceStats: loss, aux, dropped and
   //    tokens per expert of every MoE layer of the model, over `world`.
   if (z.world() > 1) {
-    f[Op(CollectiveOp::kAllReduce)] += kF32 + (3 + int64_t{c.num_moe_layers()} * E) * kF32;
+    // loss, aux, then dropped and each token count as two floats (high and low part).
+    f[Op(CollectiveOp::kAllReduce)] +=
+        kF32 + (2 + 2 * (1 + int64_t{c.num_moe_layers()} * E)) * kF32;
   }
 
   // The MoE dispatcher (dispatcher.cc), per MoE layer of this stage and micro-batch, when the

@@ -18,6 +18,7 @@ namespace {
 namespace k = kernels::cpu;
 
 constexpr uint32_t kGradientTag = 1u << 20;  // pipeline tags: activations j, gradients this + j
+constexpr int kCountShift = 12;              // counts travel as two exact floats (ReduceStats)
 
 absl::Status AllReduce(comm::Communicator* group, float* data, int64_t n) {
   if (group == nullptr || group->size() == 1 || n == 0) return absl::OkStatus();
@@ -178,28 +179,42 @@ absl::Status Trainer::ReduceStats(const std::vector<MicroBatchResult>& results, 
   const int m = config_.micro_batches;
   const int E = model_->num_experts();
   const size_t layers = results.empty() ? 0 : results[0].tokens_per_expert.size();
-  // [loss, aux, dropped, tokens per expert (layers x E)], contributed by tensor-parallel rank 0
-  // only (its peers hold the same tokens).
-  std::vector<float> v(3 + layers * E, 0.0f);
+  // Counts, contributed by tensor-parallel rank 0 only (its peers hold the same tokens):
+  // [dropped, tokens per expert (layers x E)].
+  std::vector<int64_t> counts(1 + layers * E, 0);
+  double loss = 0, aux = 0;
   if (P.tp_rank == 0) {
     for (const MicroBatchResult& r : results) {
-      if (P.last_stage()) v[0] += static_cast<float>(r.loss / (m * P.dp));
-      v[1] += static_cast<float>(r.aux_loss / (m * P.dp));
-      v[2] += static_cast<float>(r.dropped);
+      if (P.last_stage()) loss += r.loss / (m * P.dp);
+      aux += r.aux_loss / (m * P.dp);
+      counts[0] += r.dropped;
       for (size_t l = 0; l < r.tokens_per_expert.size() && l < layers; ++l) {
         for (size_t e = 0; e < r.tokens_per_expert[l].size() && static_cast<int>(e) < E; ++e) {
-          v[3 + l * E + e] += static_cast<float>(r.tokens_per_expert[l][e]);
+          counts[1 + l * E + e] += r.tokens_per_expert[l][e];
         }
       }
     }
   }
+  // One fp32 all-reduce over the world: [loss, aux, then each count as (c >> 12, c & 4095)].
+  // The split keeps the counts exact: the low parts sum to at most world * 4095 and the high
+  // parts to at most 2^24, both exact in fp32, for worlds up to 4096 ranks and counts below 2^36.
+  std::vector<float> v(2 + 2 * counts.size(), 0.0f);
+  v[0] = static_cast<float>(loss);
+  v[1] = static_cast<float>(aux);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    v[2 + 2 * i] = static_cast<float>(counts[i] >> kCountShift);
+    v[3 + 2 * i] = static_cast<float>(counts[i] & ((int64_t{1} << kCountShift) - 1));
+  }
   RETURN_IF_ERROR(AllReduce(P.world_group, v.data(), static_cast<int64_t>(v.size())));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    counts[i] = (std::llround(v[2 + 2 * i]) << kCountShift) + std::llround(v[3 + 2 * i]);
+  }
   stats.loss = v[0];
   stats.aux_loss = v[1];
-  stats.dropped = static_cast<int64_t>(std::llround(v[2]));
+  stats.dropped = counts[0];
   stats.tokens_per_expert.assign(layers, std::vector<int64_t>(E));
   for (size_t l = 0; l < layers; ++l) {
-    for (int e = 0; e < E; ++e) stats.tokens_per_expert[l][e] = std::llround(v[3 + l * E + e]);
+    for (int e = 0; e < E; ++e) stats.tokens_per_expert[l][e] = counts[1 + l * E + e];
   }
   return absl::OkStatus();
 }
