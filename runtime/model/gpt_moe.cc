@@ -88,16 +88,7 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
   }
   std::unique_ptr<GptMoe> model(new GptMoe(config, device, activations, shard, groups));
   for (const train::ParamInfo& p : model->layout_.params) {
-    float* out = model->params_.data() + p.offset;
-    if (!p.shard.sharded()) {
-      InitParameterRange(seed, p, config.layers, 0, p.numel(), out);
-      continue;
-    }
-    // A shard holds the whole model's values at the same global indices.
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      const int64_t g = p.GlobalIndex(i);
-      InitParameterRange(seed, p, config.layers, g, g + 1, out + i);
-    }
+    InitParameter(seed, p, config.layers, model->params_.data() + p.offset);
   }
   return model;
 }

@@ -45,7 +45,7 @@ namespace furnace::model {
 
 struct ForwardState;
 
-class GptMoe final : public train::Trainable {
+class GptMoe final : public train::PipelineStage {
  public:
   // `device` and `activations` must outlive the model. The device must be the CPU device (the
   // model runs the CPU kernels); others: Unimplemented.

@@ -54,23 +54,32 @@ double StandardNormal(uint64_t seed, const std::string& name, int64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+namespace {
+
+float Draw(const InitRule& rule, uint64_t seed, const std::string& name, int64_t index) {
+  switch (rule.kind) {
+    case InitKind::kZeros:
+      return 0;
+    case InitKind::kOnes:
+      return 1;
+    case InitKind::kNormal:
+      break;
+  }
+  return static_cast<float>(rule.std * StandardNormal(seed, name, index));
+}
+
+}  // namespace
+
 void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, int64_t begin,
                         int64_t end, float* out) {
   const InitRule rule = InitRuleFor(param.name, layers);
-  for (int64_t i = begin; i < end; ++i) {
-    float v = 0;
-    switch (rule.kind) {
-      case InitKind::kZeros:
-        v = 0;
-        break;
-      case InitKind::kOnes:
-        v = 1;
-        break;
-      case InitKind::kNormal:
-        v = static_cast<float>(rule.std * StandardNormal(seed, param.name, i));
-        break;
-    }
-    out[i - begin] = v;
+  for (int64_t i = begin; i < end; ++i) out[i - begin] = Draw(rule, seed, param.name, i);
+}
+
+void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out) {
+  const InitRule rule = InitRuleFor(param.name, layers);
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    out[i] = Draw(rule, seed, param.name, param.GlobalIndex(i));
   }
 }
 

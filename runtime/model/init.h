@@ -25,7 +25,12 @@ InitRule InitRuleFor(const std::string& name, int layers);
 // A standard-normal draw for element `index` of parameter `name`.
 double StandardNormal(uint64_t seed, const std::string& name, int64_t index);
 
-// Fills elements [begin, end) of parameter `param` into out[0, end - begin).
+// Fills the param.numel() elements this rank holds of `param` into out: local element i gets the
+// value of element param.GlobalIndex(i) of the whole tensor (a shard holds exactly what the whole
+// model holds at those indices).
+void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out);
+
+// Fills elements [begin, end) of the whole parameter `param` into out[0, end - begin).
 void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, int64_t begin,
                         int64_t end, float* out);
 

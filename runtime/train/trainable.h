@@ -103,33 +103,30 @@ class Trainable {
   virtual int vocab() const = 0;
   // Model FLOPs per token of a training step (MODEL.md "FLOPs and MFU").
   virtual double FlopsPerToken() const = 0;
+};
 
-  // Pipeline stages (models that are one stage of a pipeline; see GptMoe). StageForward takes the
-  // tokens (first stage) or the previous stage's activation x_in, and writes x_out unless this is
-  // the last stage; StageBackward takes the next stage's gradient dx_out (ignored on the last
-  // stage) and writes dx_in unless this is the first stage. Micro-batch `micro` stays in flight
-  // between the two. Activations are ActivationFloats(B) floats.
+// A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what
+// the Trainer's parallel step needs beyond ForwardBackward. GptMoe implements it.
+class PipelineStage : public Trainable {
+ public:
+  // StageForward takes the tokens (first stage) or the previous stage's activation x_in, and
+  // writes x_out unless this is the last stage; StageBackward takes the next stage's gradient
+  // dx_out (ignored on the last stage) and writes dx_in unless this is the first stage.
+  // Micro-batch `micro` stays in flight between the two. Activations are ActivationFloats(B)
+  // floats.
   virtual absl::StatusOr<MicroBatchResult> StageForward(int micro, const int32_t* inputs,
                                                         const int32_t* targets, const float* x_in,
-                                                        int B, float* x_out) {
-    (void)micro, (void)inputs, (void)targets, (void)x_in, (void)B, (void)x_out;
-    return absl::UnimplementedError("this model does not run as a pipeline stage");
-  }
+                                                        int B, float* x_out) = 0;
   virtual absl::Status StageBackward(int micro, const float* dx_out, double ce_scale,
-                                     double aux_scale, float* dx_in) {
-    (void)micro, (void)dx_out, (void)ce_scale, (void)aux_scale, (void)dx_in;
-    return absl::UnimplementedError("this model does not run as a pipeline stage");
-  }
-  virtual void AbandonMicroBatches() {}
-  // The arena high-water mark since ResetActivationPeak (0 where the model has no arena).
-  virtual void ResetActivationPeak() {}
-  virtual int64_t ActivationPeakBytes() const { return 0; }
+                                     double aux_scale, float* dx_in) = 0;
+  // Drops every in-flight micro-batch (after an error: the step is given up).
+  virtual void AbandonMicroBatches() = 0;
+  virtual int64_t ActivationFloats(int B) const = 0;
+  // The activation high-water mark since ResetActivationPeak.
+  virtual void ResetActivationPeak() = 0;
+  virtual int64_t ActivationPeakBytes() const = 0;
   // E of the MoE layers (0: none): tokens_per_expert vectors have this length where not empty.
-  virtual int num_experts() const { return 0; }
-  virtual int64_t ActivationFloats(int B) const {
-    (void)B;
-    return 0;
-  }
+  virtual int num_experts() const = 0;
 };
 
 }  // namespace furnace::train

@@ -80,6 +80,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
           absl::StrCat("trainer: parameter ", p.name, " lies outside the flat array"));
     }
   }
+  if (parallel != nullptr && dynamic_cast<PipelineStage*>(model) == nullptr) {
+    return absl::InvalidArgumentError(
+        "trainer: a parallel layout needs a model that runs as a pipeline stage "
+        "(train::PipelineStage)");
+  }
   return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel));
 }
 
@@ -91,7 +96,10 @@ Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig&
       clock_(clock != nullptr ? clock : &RealClock()),
       parallel_(parallel),
       adamw_(config.adamw, model->num_params()) {
-  if (parallel_ != nullptr) config_.dp_rank = parallel_->dp_rank;
+  if (parallel_ != nullptr) {
+    config_.dp_rank = parallel_->dp_rank;
+    stage_ = dynamic_cast<PipelineStage*>(model);
+  }
 }
 
 absl::StatusOr<StepStats> Trainer::Step() {

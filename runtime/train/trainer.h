@@ -88,7 +88,8 @@ using StepCallback = std::function<void(const StepStats&)>;
 class Trainer {
  public:
   // `parallel`: this rank's place in a parallel layout and its groups (borrowed; see
-  // parallel.h); nullptr for one process. config.dp_rank is then parallel->dp_rank, and the batch
+  // parallel.h); nullptr for one process. With it, the model must be a PipelineStage
+  // (InvalidArgument otherwise). config.dp_rank is then parallel->dp_rank, and the batch
   // of micro-batch j on data-parallel rank r is the sampler's micro-batch r * m + j of rank 0, so
   // the global batch does not depend on the layout.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(Trainable* model,
@@ -141,6 +142,7 @@ class Trainer {
   TrainConfig config_;
   const Clock* clock_;
   const ParallelRuntime* parallel_;
+  PipelineStage* stage_ = nullptr;  // the model, when `parallel_` is set
   AdamW adamw_;
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;

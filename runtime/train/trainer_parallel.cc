@@ -90,7 +90,7 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
   const data::SamplerConfig& sc = data_->config();
   const int m = config_.micro_batches, B = sc.batch;
   const double global_tokens = static_cast<double>(B) * sc.seq_len * m * P.dp;
-  const int64_t act = model_->ActivationFloats(B);
+  const int64_t act = stage_->ActivationFloats(B);
   const int64_t act_bytes = act * static_cast<int64_t>(sizeof(float));
   std::vector<float> x_in(act), x_out(act), dx_out(act), dx_in(act);
   comm::Communicator* pipe = P.pipeline;
@@ -101,7 +101,7 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
       data::Batch batch;
       if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
       if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, j));
-      ASSIGN_OR_RETURN(results[j], model_->StageForward(j, batch.inputs.data(),
+      ASSIGN_OR_RETURN(results[j], stage_->StageForward(j, batch.inputs.data(),
                                                         batch.targets.data(), x_in.data(), B,
                                                         x_out.data()));
       if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, j));
@@ -110,7 +110,7 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
       if (!P.last_stage()) {
         RETURN_IF_ERROR(pipe->Recv(dx_out.data(), act_bytes, P.stage + 1, kGradientTag + j));
       }
-      RETURN_IF_ERROR(model_->StageBackward(j, dx_out.data(), 1.0 / global_tokens,
+      RETURN_IF_ERROR(stage_->StageBackward(j, dx_out.data(), 1.0 / global_tokens,
                                             1.0 / (m * P.dp), dx_in.data()));
       if (!P.first_stage()) {
         RETURN_IF_ERROR(pipe->Send(dx_in.data(), act_bytes, P.stage - 1, kGradientTag + j));
@@ -177,7 +177,7 @@ absl::StatusOr<double> Trainer::ClipParallel() {
 absl::Status Trainer::ReduceStats(const std::vector<MicroBatchResult>& results, StepStats& stats) {
   const ParallelRuntime& P = *parallel_;
   const int m = config_.micro_batches;
-  const int E = model_->num_experts();
+  const int E = stage_->num_experts();
   const size_t layers = results.empty() ? 0 : results[0].tokens_per_expert.size();
   // Counts, contributed by tensor-parallel rank 0 only (its peers hold the same tokens):
   // [dropped, tokens per expert (layers x E)].
@@ -236,13 +236,13 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
 
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
-  model_->ResetActivationPeak();
+  stage_->ResetActivationPeak();
   std::vector<MicroBatchResult> results(m);
   if (absl::Status s = RunSchedule(stats, results); !s.ok()) {
-    model_->AbandonMicroBatches();
+    stage_->AbandonMicroBatches();
     return s;
   }
-  stats.activation_peak_bytes = model_->ActivationPeakBytes();
+  stats.activation_peak_bytes = stage_->ActivationPeakBytes();
   const double t1 = clock_->MonotonicSeconds();
   RETURN_IF_ERROR(SyncGradients());
   ASSIGN_OR_RETURN(stats.grad_norm, ClipParallel());

@@ -323,5 +323,17 @@ TEST(TrainerTest, CreateRejectsMismatches) {
               HasSubstr("seed"));
 }
 
+TEST(TrainerTest, ParallelLayoutNeedsAPipelineStage) {
+  FakeClock clock;
+  RoutingStub model(&clock);  // a Trainable, not a PipelineStage
+  MarkovSetup data = MakeMarkov(16, 4, 8, 0);
+  TrainConfig config;
+  ParallelRuntime parallel;
+  const absl::Status s = Trainer::Create(&model, data.sampler.get(), config, &clock, &parallel)
+                             .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("pipeline stage"));
+}
+
 }  // namespace
 }  // namespace furnace::train
