@@ -25,6 +25,7 @@ std::string RandomInstanceId() {
 
 constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
+constexpr double kRegisterWaitS = 2.0;
 constexpr size_t kMaxBatch = 1000;
 
 std::string RankKey(const std::string& job_id, uint32_t attempt, uint32_t rank) {
@@ -204,7 +205,11 @@ bool Agent::RegisterOnce() {
   for (auto& running : Running()) *request.add_running() = std::move(running);
   furnace::v1::RegisterResponse response;
   grpc::ClientContext context;
-  SetDeadline(&context, options_.rpc_timeout_s);
+  // Wait for the channel rather than fail fast while it is down: after a controller restart the
+  // registration leaves the moment the controller listens, not at our next backoff tick. The
+  // wait is short so a shutdown is not held up by an absent controller.
+  context.set_wait_for_ready(true);
+  SetDeadline(&context, std::min(options_.rpc_timeout_s, kRegisterWaitS));
   const grpc::Status status = stub_->Register(&context, request, &response);
   if (!status.ok()) {
     spdlog::debug("register failed: {}", Describe(status));

@@ -112,6 +112,7 @@ absl::Status Controller::Load() {
     // timeout to come back before it is declared lost. Which rank it holds is rebuilt from the
     // attempts below, the one source of truth.
     w.last_seen_mono = now;
+    w.reattach_by_mono = now + options_.reattach_grace_s;
     w.has_rank = false;
     w.info.clear_job_id();
     w.info.set_rank(0);
@@ -574,6 +575,7 @@ void Controller::Tick() {
   // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
   for (auto& [id, w] : workers_) {
     if (w.info.state() == kLost) continue;
+    if (now < w.reattach_by_mono) continue;  // still within the grace after our restart
     double limit = options_.worker_timeout_s;
     if (w.has_rank) {
       auto jt = jobs_.find(w.info.job_id());
@@ -640,6 +642,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
   w.info.set_instance_id(req.instance_id());
   w.info.set_last_seen_unix(clock_.UnixSeconds());
   w.last_seen_mono = clock_.MonotonicSeconds();
+  w.reattach_by_mono = 0;
   w.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
   if (agent_restarted) w.commands.clear();
 

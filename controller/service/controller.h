@@ -38,6 +38,10 @@ struct ControllerOptions {
   std::string advertise_address;     // what ranks dial for rendezvous
   double heartbeat_interval_s = 1.0;  // told to agents
   double worker_timeout_s = 10.0;     // an agent silent this long is lost
+  // After a controller (re)start, agents known from the store get this long to register again
+  // before their silence counts: the controller's own absence is not the workers' fault, and
+  // their ranks kept running. A job's shorter recovery.heartbeat_timeout_s applies only after.
+  double reattach_grace_s = 30.0;
   uint32_t local_workers = 0;         // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;          // SIGTERM -> SIGKILL grace for ranks we stop
 };
@@ -128,6 +132,7 @@ class Controller {
     furnace::v1::WorkerInfo info;
     std::string session_id;
     double last_seen_mono = 0;
+    double reattach_by_mono = 0;  // known from the store, not registered since our start
     bool has_rank = false;
     uint32_t attempt = 0;
     std::deque<furnace::v1::AgentCommand> commands;

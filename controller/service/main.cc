@@ -34,6 +34,7 @@ struct Flags {
   std::string worker_binary;
   double heartbeat_interval_s = 1.0;
   double worker_timeout_s = 10.0;
+  double reattach_grace_s = 30.0;
   std::string log_level = "info";
   std::string metrics_listen = "127.0.0.1:9464";
   std::string web_root;
@@ -60,13 +61,14 @@ bool ApplyConfig(const std::string& path, Flags& f, std::string& error) {
       else if (key == "worker-binary") f.worker_binary = v.as<std::string>();
       else if (key == "heartbeat-interval") f.heartbeat_interval_s = v.as<double>();
       else if (key == "worker-timeout") f.worker_timeout_s = v.as<double>();
+      else if (key == "reattach-grace") f.reattach_grace_s = v.as<double>();
       else if (key == "log-level") f.log_level = v.as<std::string>();
       else if (key == "metrics-listen") f.metrics_listen = v.as<std::string>();
       else if (key == "web-root") f.web_root = v.as<std::string>();
       else {
         error = path + ":" + std::to_string(kv.first.Mark().line + 1) + ": unknown option '" +
                 key + "'; allowed: listen, advertise, state-dir, local-workers, worker-binary, " +
-                "heartbeat-interval, worker-timeout, log-level, metrics-listen, web-root";
+                "heartbeat-interval, worker-timeout, reattach-grace, log-level, metrics-listen, web-root";
         return false;
       }
     }
@@ -96,6 +98,9 @@ int main(int argc, char** argv) {
                             "seconds between agent heartbeats");
   auto* wt = app.add_option("--worker-timeout", f.worker_timeout_s,
                             "seconds of silence after which an agent is lost");
+  auto* rg = app.add_option("--reattach-grace", f.reattach_grace_s,
+                            "seconds after a controller start that known agents get to register "
+                            "again before their silence counts");
   auto* ll = app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   auto* ml = app.add_option("--metrics-listen", f.metrics_listen,
                             "HTTP address for /metrics (Prometheus) and the dashboard; "
@@ -119,6 +124,7 @@ int main(int argc, char** argv) {
     if (!wbin->count()) f.worker_binary = from_file.worker_binary;
     if (!hb->count()) f.heartbeat_interval_s = from_file.heartbeat_interval_s;
     if (!wt->count()) f.worker_timeout_s = from_file.worker_timeout_s;
+    if (!rg->count()) f.reattach_grace_s = from_file.reattach_grace_s;
     if (!ll->count()) f.log_level = from_file.log_level;
     if (!ml->count()) f.metrics_listen = from_file.metrics_listen;
     if (!wr->count()) f.web_root = from_file.web_root;
@@ -130,6 +136,7 @@ int main(int argc, char** argv) {
   options.state_dir = std::filesystem::absolute(f.state_dir).string();
   options.heartbeat_interval_s = f.heartbeat_interval_s;
   options.worker_timeout_s = f.worker_timeout_s;
+  options.reattach_grace_s = f.reattach_grace_s;
   options.local_workers = f.local_workers;
 
   // Ranks dial the advertised address for rendezvous, so it must be a real one.

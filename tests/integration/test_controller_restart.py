@@ -24,7 +24,8 @@ class ControllerRestartTest(harness.ClusterTest):
         ws = c.cli_json("workers")["workers"]
         self.assertEqual(len(ws), 4)
         kinds = [e["kind"] for e in d["events"]]
-        print("\nREPORT events across the controller restart:", kinds)
+        print("\nREPORT events across the controller restart:",
+              "\n  ".join([""] + [f'{e["kind"]}: {e.get("message", "")}' for e in d["events"]]))
         # The ranks kept running while the controller was away and were re-attached: no restart.
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0, kinds)
         self.assertEqual(kinds.count("reattached"), 4, kinds)

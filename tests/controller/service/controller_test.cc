@@ -363,6 +363,59 @@ TEST_F(ControllerTest, RestartedControllerReloadsAndReattaches) {
   EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
 }
 
+v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank) {
+  v1::RunningRank r;
+  r.set_job_id(job);
+  r.set_attempt(attempt);
+  r.set_rank(rank);
+  r.set_pid(1000 + rank);
+  return r;
+}
+
+std::string WorkerState(Controller& c, const std::string& id) {
+  for (auto& w : c.ListWorkers()) {
+    if (w.worker_id() == id) return w.state();
+  }
+  return "";
+}
+
+TEST_F(ControllerTest, AfterARestartAgentsGetTheReattachGraceNotTheHeartbeatTimeout) {
+  StartRunning();
+  Restart();
+  // Longer than the job's heartbeat timeout (5 s) and the worker timeout (10 s): the controller
+  // was the one away, so nobody is lost yet.
+  clock_.Advance(12);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Register(0, 100, {Running(job_, 1, 0)});
+  // Once registered, worker 0 is held to the job's heartbeat timeout again.
+  clock_.Advance(6);
+  c_->Tick();
+  EXPECT_EQ(WorkerState(*c_, "h/0"), "lost");
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+}
+
+TEST_F(ControllerTest, AnAgentThatNeverComesBackIsLostAfterTheReattachGrace) {
+  StartRunning();
+  Restart();
+  Register(0, 100, {Running(job_, 1, 0)});
+  for (int i = 0; i < 29; ++i) {  // worker 0 keeps heart-beating; worker 1 stays silent
+    clock_.Advance(1);
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/0");
+    h.set_session_id(sessions_[0]);
+    EXPECT_FALSE(c_->Heartbeat(h).reregister());
+    c_->Tick();
+  }
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  clock_.Advance(1.5);
+  c_->Tick();
+  EXPECT_EQ(WorkerState(*c_, "h/1"), "lost");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_NE(d.attempts(0).cause().find("h/1 lost"), std::string::npos) << d.attempts(0).cause();
+}
+
 TEST_F(ControllerTest, RestartedAgentLosesItsRank) {
   StartRunning();
   Register(1, /*pid=*/555);  // same worker id, new agent process, runs nothing
@@ -383,22 +436,6 @@ TEST_F(ControllerTest, CancelStopsRanks) {
   }
   EXPECT_EQ(c_->Cancel(job_).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
-}
-
-v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank) {
-  v1::RunningRank r;
-  r.set_job_id(job);
-  r.set_attempt(attempt);
-  r.set_rank(rank);
-  r.set_pid(1000 + rank);
-  return r;
-}
-
-std::string WorkerState(Controller& c, const std::string& id) {
-  for (auto& w : c.ListWorkers()) {
-    if (w.worker_id() == id) return w.state();
-  }
-  return "";
 }
 
 TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker) {
