@@ -25,7 +25,6 @@ std::string RandomInstanceId() {
 
 constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
-constexpr double kRegisterWaitS = 2.0;
 constexpr size_t kMaxBatch = 1000;
 
 std::string RankKey(const std::string& job_id, uint32_t attempt, uint32_t rank) {
@@ -90,6 +89,7 @@ void Agent::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   shutting_down_ = true;
   if (watch_context_ != nullptr) watch_context_->TryCancel();
+  if (register_context_ != nullptr) register_context_->TryCancel();
   cv_.notify_all();
 }
 
@@ -206,11 +206,20 @@ bool Agent::RegisterOnce() {
   furnace::v1::RegisterResponse response;
   grpc::ClientContext context;
   // Wait for the channel rather than fail fast while it is down: after a controller restart the
-  // registration leaves the moment the controller listens, not at our next backoff tick. The
-  // wait is short so a shutdown is not held up by an absent controller.
+  // registration leaves the moment the controller listens, not at our next backoff tick. A
+  // shutdown cancels the wait.
   context.set_wait_for_ready(true);
-  SetDeadline(&context, std::min(options_.rpc_timeout_s, kRegisterWaitS));
+  SetDeadline(&context, options_.rpc_timeout_s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return false;
+    register_context_ = &context;
+  }
   const grpc::Status status = stub_->Register(&context, request, &response);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    register_context_ = nullptr;
+  }
   if (!status.ok()) {
     spdlog::debug("register failed: {}", Describe(status));
     return false;

@@ -123,6 +123,7 @@ class Agent {
   std::string session_id_;        // guarded by mu_
   double heartbeat_interval_s_ = 1.0;          // guarded by mu_
   grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_: the open command stream
+  grpc::ClientContext* register_context_ = nullptr;  // guarded by mu_: a Register in flight
   std::map<std::string, RankEntry> ranks_;     // guarded by mu_, by RankKey
   std::deque<furnace::v1::RankReport> reports_;  // guarded by mu_: oldest first, until acked
 };

@@ -416,6 +416,7 @@ void Controller::TryStart(Job& job) {
   for (uint32_t r = 0; r < placement->size(); ++r) {
     Worker& w = workers_.at((*placement)[r]);
     w.has_rank = true;
+    w.rank_attached = false;
     w.attempt = n;
     w.info.set_state(kBusy);
     w.info.set_job_id(job.summary.job_id());
@@ -526,6 +527,7 @@ void Controller::FreeWorker(const std::string& worker_id, const std::string& job
     return;
   }
   w.has_rank = false;
+  w.rank_attached = false;
   w.attempt = 0;
   w.info.clear_job_id();
   w.info.set_rank(0);
@@ -544,6 +546,7 @@ void Controller::MarkLost(Worker& worker, const std::string& why) {
   const uint32_t rank_n = worker.info.rank();
   const bool had_rank = worker.has_rank;
   worker.has_rank = false;
+  worker.rank_attached = false;
   worker.attempt = 0;
   worker.info.clear_job_id();
   PersistWorker(worker);
@@ -663,8 +666,12 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
         auto* rank = attempt->mutable_ranks(rr.rank());
         rank->set_state("running");
         rank->set_pid(rr.pid());
-        Event(job, "reattached",
-              absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
+        // Once per rank and controller run: an agent that registers again (its first Register
+        // timed out on its side after we took it) re-attaches nothing new.
+        if (!w.rank_attached || w.attempt != rr.attempt() || w.info.rank() != rr.rank()) {
+          Event(job, "reattached",
+                absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
+        }
         if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, "running")) {
           attempt->set_all_running_unix(clock_.UnixSeconds());
           Transition(job, v1::JOB_RUNNING, "running", "all ranks running (re-attached)")
@@ -679,6 +686,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
                              "no attempt of this job wants this rank any more"));
     }
     w.has_rank = true;
+    w.rank_attached = wanted;
     w.attempt = rr.attempt();
     w.info.set_job_id(rr.job_id());
     w.info.set_rank(rr.rank());
@@ -701,6 +709,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
                              : nullptr;
     if (agent_restarted || rank == nullptr) {
       w.has_rank = false;
+      w.rank_attached = false;
       w.attempt = 0;
       w.info.clear_job_id();
       if (rank != nullptr && rank->state() != "exited") {
@@ -901,6 +910,7 @@ void Controller::Shutdown(bool stopping_workers) {
   }
   for (auto& [wid, w] : workers_) {
     w.has_rank = false;
+    w.rank_attached = false;
     w.attempt = 0;
     w.info.clear_job_id();
     if (w.info.state() == kBusy) w.info.set_state(kReady);

@@ -134,6 +134,7 @@ class Controller {
     double last_seen_mono = 0;
     double reattach_by_mono = 0;  // known from the store, not registered since our start
     bool has_rank = false;
+    bool rank_attached = false;  // its running rank was re-attached by this controller run
     uint32_t attempt = 0;
     std::deque<furnace::v1::AgentCommand> commands;
   };

@@ -356,6 +356,13 @@ TEST_F(ControllerTest, RestartedControllerReloadsAndReattaches) {
   r1.set_rank(1);
   Register(0, 100, {r0});
   Register(1, 100, {r1});
+  // An agent whose Register timed out on its side after we took it registers again: the rank is
+  // re-attached once, not twice.
+  Register(1, 100, {r1});
+  int reattached = 0;
+  const v1::JobDetail detail = Job();
+  for (const auto& e : detail.events()) reattached += e.kind() == "reattached";
+  EXPECT_EQ(reattached, 2);
   EXPECT_TRUE(Commands(0).empty());  // nothing to start or stop: re-attached
   for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), "busy");
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
