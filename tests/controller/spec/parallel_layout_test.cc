@@ -9,15 +9,12 @@
 
 #include "absl/strings/str_split.h"
 #include "controller/spec/job_spec.h"
+#include "tests/controller/spec/refusal_case.h"
 
 namespace furnace::spec {
 namespace {
 
-struct LayoutCase {
-  std::string label;
-  std::string yaml;
-  std::vector<std::string> expect;  // substrings of the error message
-};
+using LayoutCase = testing_util::RefusalCase;
 
 // Lines 1-2; a case's own lines start at 3.
 std::string Train(const std::string& body) { return "name: j\nkind: train\n" + body; }
@@ -90,24 +87,13 @@ std::vector<LayoutCase> Cases() {
 class ParallelLayoutTest : public testing::TestWithParam<LayoutCase> {};
 
 TEST_P(ParallelLayoutTest, RefusedWithFieldValueAndAllowed) {
-  const LayoutCase& c = GetParam();
-  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(c.yaml, "job.yaml");
-  ASSERT_FALSE(spec.ok()) << "accepted:\n" << c.yaml;
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(spec.status().message());
-  for (const std::string& want : c.expect) {
-    EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\nin message:\n"
-                                                     << message;
-  }
+  const std::string message = testing_util::ExpectRefused(GetParam());
   // One mistake, one message.
   const std::vector<std::string> lines = absl::StrSplit(message, '\n');
   EXPECT_EQ(lines.size(), 1u) << message;
 }
-
 INSTANTIATE_TEST_SUITE_P(Table, ParallelLayoutTest, testing::ValuesIn(Cases()),
-                         [](const testing::TestParamInfo<LayoutCase>& info) {
-                           return info.param.label;
-                         });
+                         testing_util::CaseName);
 
 furnace::v1::JobSpec MustParse(const std::string& yaml) {
   absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(yaml, "job.yaml");
