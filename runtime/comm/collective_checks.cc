@@ -6,13 +6,25 @@
 #include "runtime/base/status.h"
 
 namespace furnace::comm {
-namespace {
 
 int64_t Sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
 
-}  // namespace
+absl::Status CheckAllReduceArgs(const float* data, int64_t count) {
+  if (count < 0 || (count > 0 && data == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("count %d with %s data", count, data == nullptr ? "null" : "non-null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceScatterArgs(const float* in, const float* out, int64_t count_per_rank) {
+  if (count_per_rank < 0 || (count_per_rank > 0 && (in == nullptr || out == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrFormat("count_per_rank %d", count_per_rank));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckPerRankSizes(const char* what, const std::vector<int64_t>& sizes, int size) {
   if (static_cast<int>(sizes.size()) != size) {

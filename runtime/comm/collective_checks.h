@@ -5,7 +5,6 @@
 // Each returns OK or InvalidArgument whose message is only the detail ("send_bytes has 3 entries");
 // the communicator prefixes its own "<backend> <op> on <group> (rank r of n)" and makes the result
 // its sticky error. `size` is the group's size, `rank` this rank in it. Pure functions: any thread.
-// AllReduce and ReduceScatter keep their checks in each implementation, whose messages differ.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +13,15 @@
 #include "absl/status/status.h"
 
 namespace furnace::comm {
+
+// The sum of a per-rank size vector.
+int64_t Sum(const std::vector<int64_t>& v);
+
+absl::Status CheckAllReduceArgs(const float* data, int64_t count);
+
+// ReduceScatter: `count_per_rank` floats per rank; buffers for the whole input and this rank's
+// chunk.
+absl::Status CheckReduceScatterArgs(const float* in, const float* out, int64_t count_per_rank);
 
 // `sizes` (named `what` in the message) has one non-negative entry per rank.
 absl::Status CheckPerRankSizes(const char* what, const std::vector<int64_t>& sizes, int size);

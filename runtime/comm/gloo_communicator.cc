@@ -6,7 +6,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -40,10 +39,6 @@ uint64_t P2pSlot(uint32_t tag) { return (kP2pSlotPrefix << 56) | (uint64_t{tag} 
 char empty_buffer[1];
 void* OrEmpty(void* ptr) { return ptr != nullptr ? ptr : empty_buffer; }
 
-int64_t Sum(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::string name, int rank, int size,
@@ -56,9 +51,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllReduce(float* data, int64_t count) override {
     RETURN_IF_ERROR(AsyncError());
-    if (count < 0 || (count > 0 && data == nullptr)) {
-      return Fail(Invalid("all_reduce", absl::StrFormat("count %d, data %p", count, data)));
-    }
+    RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
     if (size_ > 1 && count > 0) {
       RETURN_IF_ERROR(RunGloo("all_reduce", -1, [&] {
         gloo::AllreduceOptions opts(ctx_);
@@ -76,15 +69,15 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
     RETURN_IF_ERROR(AsyncError());
-    if (count_per_rank < 0) {
-      return Fail(Invalid("reduce_scatter", absl::StrFormat("count_per_rank %d", count_per_rank)));
-    }
+    RETURN_IF_ERROR(CheckArgs("reduce_scatter", CheckReduceScatterArgs(in, out, count_per_rank)));
     return ReduceScatterImpl(in, out, std::vector<int64_t>(size_, count_per_rank));
   }
 
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
     RETURN_IF_ERROR(AsyncError());
+    RETURN_IF_ERROR(
+        CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
     return ReduceScatterImpl(in, out, counts);
   }
 
@@ -312,9 +305,8 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // `counts` already checked.
   absl::Status ReduceScatterImpl(const float* in, float* out, const std::vector<int64_t>& counts) {
-    RETURN_IF_ERROR(
-        CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
     const int64_t mine = counts[rank_];
     const int64_t total = Sum(counts);
     if (size_ == 1) {

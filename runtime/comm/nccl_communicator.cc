@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
-#include <numeric>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,10 +38,6 @@ absl::StatusCode CodeOf(ncclResult_t result) {
 }
 
 bool Failed(ncclResult_t result) { return result != ncclSuccess && result != ncclInProgress; }
-
-int64_t Sum(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{0});
-}
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> offsets(sizes.size(), 0);
@@ -121,9 +116,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllReduce(float* data, int64_t count) override {
     RETURN_IF_ERROR(Begin("all_reduce"));
-    if (count < 0 || (count > 0 && data == nullptr)) {
-      return Fail(Invalid("all_reduce", absl::StrFormat("count %d", count)));
-    }
+    RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
     if (count > 0) {
       RETURN_IF_ERROR(Enqueue("all_reduce", [&](ncclComm_t comm) {
         return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm, stream_);
@@ -135,9 +128,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
     RETURN_IF_ERROR(Begin("reduce_scatter"));
-    if (count_per_rank < 0 || (count_per_rank > 0 && (in == nullptr || out == nullptr))) {
-      return Fail(Invalid("reduce_scatter", absl::StrFormat("count_per_rank %d", count_per_rank)));
-    }
+    RETURN_IF_ERROR(CheckArgs("reduce_scatter", CheckReduceScatterArgs(in, out, count_per_rank)));
     if (count_per_rank > 0) {
       RETURN_IF_ERROR(Enqueue("reduce_scatter", [&](ncclComm_t comm) {
         return ncclReduceScatter(in, out, count_per_rank, ncclFloat32, ncclSum, comm, stream_);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -533,6 +534,31 @@ TEST(GlooCommunicatorTest, InvalidArgumentsFailAndAreSticky) {
   EXPECT_TRUE(absl::StrContains(status.message(), "solo[0]")) << status;
   EXPECT_EQ(comm->Barrier(), status);
   EXPECT_EQ(comm->AsyncError(), status);
+}
+
+// AllReduce and ReduceScatter go through the same argument checks as every other op (shared with
+// the NCCL communicator): one message per misuse, before any transport call.
+TEST(GlooCommunicatorTest, BadAllReduceAndReduceScatterArgumentsAreRefused) {
+  float x[4] = {};
+  struct Misuse {
+    std::function<absl::Status(Communicator&)> call;
+    std::string message;
+  };
+  const std::vector<Misuse> misuses = {
+      {[](Communicator& c) { return c.AllReduce(nullptr, 2); }, "count 2 with null data"},
+      {[&](Communicator& c) { return c.AllReduce(x, -1); }, "count -1 with non-null data"},
+      {[&](Communicator& c) { return c.ReduceScatter(nullptr, x, 1); }, "count_per_rank 1"},
+      {[&](Communicator& c) { return c.ReduceScatter(x, x, -2); }, "count_per_rank -2"},
+      {[&](Communicator& c) { return c.ReduceScatterV(x, nullptr, {1}); }, "null buffer"},
+  };
+  for (const Misuse& m : misuses) {
+    std::unique_ptr<Communicator> comm = SizeOne();
+    ASSERT_NE(comm, nullptr);
+    const absl::Status status = m.call(*comm);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), m.message)) << status;
+    EXPECT_EQ(comm->AsyncError(), status);
+  }
 }
 
 TEST(GlooCommunicatorTest, AbortIsStickyAndKeepsTheFirstReason) {
