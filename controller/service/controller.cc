@@ -112,7 +112,6 @@ absl::Status Controller::Load() {
     // timeout to come back before it is declared lost. Which rank it holds is rebuilt from the
     // attempts below, the one source of truth.
     w.last_seen_mono = now;
-    w.reattach_by_mono = now + options_.reattach_grace_s;
     w.has_rank = false;
     w.info.clear_job_id();
     w.info.set_rank(0);
@@ -416,7 +415,6 @@ void Controller::TryStart(Job& job) {
   for (uint32_t r = 0; r < placement->size(); ++r) {
     Worker& w = workers_.at((*placement)[r]);
     w.has_rank = true;
-    w.rank_attached = false;
     w.attempt = n;
     w.info.set_state(kBusy);
     w.info.set_job_id(job.summary.job_id());
@@ -527,7 +525,6 @@ void Controller::FreeWorker(const std::string& worker_id, const std::string& job
     return;
   }
   w.has_rank = false;
-  w.rank_attached = false;
   w.attempt = 0;
   w.info.clear_job_id();
   w.info.set_rank(0);
@@ -546,7 +543,6 @@ void Controller::MarkLost(Worker& worker, const std::string& why) {
   const uint32_t rank_n = worker.info.rank();
   const bool had_rank = worker.has_rank;
   worker.has_rank = false;
-  worker.rank_attached = false;
   worker.attempt = 0;
   worker.info.clear_job_id();
   PersistWorker(worker);
@@ -578,7 +574,6 @@ void Controller::Tick() {
   // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
   for (auto& [id, w] : workers_) {
     if (w.info.state() == kLost) continue;
-    if (now < w.reattach_by_mono) continue;  // still within the grace after our restart
     double limit = options_.worker_timeout_s;
     if (w.has_rank) {
       auto jt = jobs_.find(w.info.job_id());
@@ -586,6 +581,9 @@ void Controller::Tick() {
         limit = std::min(limit, jt->second.spec.recovery().heartbeat_timeout_s());
       }
     }
+    // Known from the store and not registered since our start: the controller was the one away,
+    // so the agent gets the re-attach grace, counted from our start, whatever the job asks.
+    if (w.session_id.empty()) limit = std::max(limit, options_.reattach_grace_s);
     const double silent = now - w.last_seen_mono;
     if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
   }
@@ -645,7 +643,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
   w.info.set_instance_id(req.instance_id());
   w.info.set_last_seen_unix(clock_.UnixSeconds());
   w.last_seen_mono = clock_.MonotonicSeconds();
-  w.reattach_by_mono = 0;
+  const bool first_since_start = w.session_id.empty();
   w.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
   if (agent_restarted) w.commands.clear();
 
@@ -666,9 +664,10 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
         auto* rank = attempt->mutable_ranks(rr.rank());
         rank->set_state("running");
         rank->set_pid(rr.pid());
-        // Once per rank and controller run: an agent that registers again (its first Register
-        // timed out on its side after we took it) re-attaches nothing new.
-        if (!w.rank_attached || w.attempt != rr.attempt() || w.info.rank() != rr.rank()) {
+        // Only an agent's first registration with this controller run re-attaches: one that
+        // registers again (its Register timed out on its side after we took it) brings nothing
+        // new.
+        if (first_since_start) {
           Event(job, "reattached",
                 absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
         }
@@ -686,7 +685,6 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
                              "no attempt of this job wants this rank any more"));
     }
     w.has_rank = true;
-    w.rank_attached = wanted;
     w.attempt = rr.attempt();
     w.info.set_job_id(rr.job_id());
     w.info.set_rank(rr.rank());
@@ -709,7 +707,6 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
                              : nullptr;
     if (agent_restarted || rank == nullptr) {
       w.has_rank = false;
-      w.rank_attached = false;
       w.attempt = 0;
       w.info.clear_job_id();
       if (rank != nullptr && rank->state() != "exited") {
@@ -910,7 +907,6 @@ void Controller::Shutdown(bool stopping_workers) {
   }
   for (auto& [wid, w] : workers_) {
     w.has_rank = false;
-    w.rank_attached = false;
     w.attempt = 0;
     w.info.clear_job_id();
     if (w.info.state() == kBusy) w.info.set_state(kReady);

@@ -130,11 +130,9 @@ class Controller {
   };
   struct Worker {
     furnace::v1::WorkerInfo info;
-    std::string session_id;
+    std::string session_id;  // empty until it registers with this controller run (or when lost)
     double last_seen_mono = 0;
-    double reattach_by_mono = 0;  // known from the store, not registered since our start
     bool has_rank = false;
-    bool rank_attached = false;  // its running rank was re-attached by this controller run
     uint32_t attempt = 0;
     std::deque<furnace::v1::AgentCommand> commands;
   };
