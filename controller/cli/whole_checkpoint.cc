@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -14,14 +13,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
-#include "runtime/train/durable_file.h"
 
 namespace furnace::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -161,37 +156,6 @@ std::vector<OrderKey> OrderKeys(const std::vector<std::string>& names) {
   return keys;
 }
 
-struct ManifestSizes {
-  int num_shards = 1;
-  int64_t values = 0;  // parameter values stored in all shards together
-};
-
-absl::StatusOr<ManifestSizes> ReadSizes(const train::CheckpointStore& store, int64_t step) {
-  const std::string path = (fs::path(store.StepDir(step)) / "manifest.json").string();
-  std::string text;
-  RETURN_IF_ERROR(train::ReadFileToString(path, &text));
-  const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  auto count = [](const nlohmann::json& j, const char* key) -> int64_t {
-    return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>()
-                                                                          : -1;
-  };
-  ManifestSizes sizes;
-  const int64_t shards = count(m, "num_shards");
-  const int64_t whole = count(m, "num_params");
-  if (shards < 1 || shards > INT32_MAX || whole < 0 || !m.contains("shards") ||
-      !m["shards"].is_array()) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint manifest ", path, ": no valid \"num_shards\", \"num_params\" or \"shards\""));
-  }
-  sizes.num_shards = static_cast<int>(shards);
-  constexpr int64_t kCap = INT64_MAX / 2;  // two capped terms cannot overflow
-  for (const nlohmann::json& entry : m["shards"]) {
-    const int64_t n = count(entry, "num_params");  // absent: a single rank's top-level size
-    sizes.values = std::min(sizes.values + std::min(n >= 0 ? n : whole, kCap), kCap);
-  }
-  return sizes;
-}
-
 // Reassembles the checkpoint whose shard 0 is `first`, loading its other shards one at a time
 // (each is dropped once placed: the whole tensors plus one shard are in memory at a time).
 absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
@@ -201,9 +165,8 @@ absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
   out.seed = first.seed;
   out.path = first.path;
   out.skipped = std::move(first.skipped);
-  ASSIGN_OR_RETURN(const ManifestSizes sizes, ReadSizes(store, first.step));
-  out.num_shards = sizes.num_shards;
-  TensorAssembler assembler(absl::StrCat("checkpoint ", first.path), sizes.values);
+  out.num_shards = first.num_shards;
+  TensorAssembler assembler(absl::StrCat("checkpoint ", first.path), first.values_in_all_shards);
   RETURN_IF_ERROR(assembler.AddShard(0, first.params, first.param_data.data(),
                                      static_cast<int64_t>(first.param_data.size())));
   first = train::LoadedCheckpoint();

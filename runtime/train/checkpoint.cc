@@ -348,14 +348,22 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
     }
     if (shard >= num_shards && num_shards > 0 &&
         m["shards"].size() == static_cast<size_t>(num_shards)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", step_dir, " was written by ", num_shards, " rank(s); this job's rank ",
-          shard, " has no shard in it (a checkpoint loads only into the parallel layout that "
-          "wrote it)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", step_dir, " was written by ", num_shards,
+                       " rank(s); this job's rank ", shard,
+                       " has no shard in it (a checkpoint loads only into the parallel layout that "
+                       "wrote it)"));
     }
     if (shard < 0 || shard >= num_shards || m["shards"].size() != static_cast<size_t>(num_shards)) {
       return bad_manifest(absl::StrCat("has ", m["shards"].size(), " shards of ", num_shards,
                                        "; shard ", shard, " requested"));
+    }
+    for (const Json& e : m["shards"]) {  // absent: a single rank's top-level size
+      const int64_t values = e.contains("num_params") ? e["num_params"].get<int64_t>() : n;
+      if (values < 0 || values > INT64_MAX / 2 - out.values_in_all_shards) {
+        return bad_manifest(absl::StrCat("bad shard size ", values));
+      }
+      out.values_in_all_shards += values;
     }
     const Json& entry = m["shards"][static_cast<size_t>(shard)];
     record = RecordFromJson(entry);

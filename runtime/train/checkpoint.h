@@ -67,9 +67,10 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
-  std::string path;               // the step directory loaded
-  int num_shards = 1;             // ranks that wrote it
-  std::vector<ParamInfo> params;  // names, shapes and offsets recorded in the manifest
+  std::string path;                  // the step directory loaded
+  int num_shards = 1;                // ranks that wrote it
+  int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together
+  std::vector<ParamInfo> params;     // names, shapes and offsets recorded in the manifest
   std::vector<float> param_data, m, v;
   std::vector<std::string> skipped;  // newer checkpoints passed over, each with the reason
 };
