@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "spdlog/spdlog.h"
 #include "worker/controller_channel.h"
@@ -27,38 +28,46 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
                                     train::DimsOf(config));
 }
 
-absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
-    const furnace::v1::RankTask& task, const topology::Topology& topology,
-    const model::ModelConfig& config, const std::function<void()>& on_wait) {
+double StartTimeoutS(const furnace::v1::RankTask& task) {
+  const double s = task.spec().recovery().start_timeout_s();
+  return s > 0 ? s : kDefaultStartTimeoutS;
+}
+
+absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, double timeout_s) {
   if (task.controller_address().empty()) {
     return absl::FailedPreconditionError("the task names no controller address for rendezvous");
   }
-  const double start_s = task.spec().recovery().start_timeout_s() > 0
-                            ? task.spec().recovery().start_timeout_s()
-                            : kDefaultStartTimeoutS;
+  furnace::v1::KvScope scope;
+  scope.set_job_id(task.job_id());
+  scope.set_attempt(task.attempt());
+  Rendezvous out;
+  out.store = std::make_shared<GrpcKvStore>(
+      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
+      timeout_s);
+  out.host = task.host().empty() ? "127.0.0.1" : task.host();
+  spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", task.rank(),
+               task.world_size(), out.host, task.controller_address(), timeout_s);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
+    const furnace::v1::RankTask& task, const topology::Topology& topology,
+    const model::ModelConfig& config, const std::function<void()>& on_wait) {
   // Gloo takes one timeout for connecting and for every later operation. A collective may
   // legitimately wait for a slow peer (a large checkpoint shard being fsynced, a long pipeline
   // warm-up), so it gets the hang timeout when that is longer: a rank that is really stuck is the
   // agent's hang watchdog's to catch.
-  const double timeout_s = std::max(start_s, task.spec().recovery().hang_timeout_s());
-  furnace::v1::KvScope scope;
-  scope.set_job_id(task.job_id());
-  scope.set_attempt(task.attempt());
-  auto store = std::make_shared<GrpcKvStore>(
-      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
-      timeout_s);
-  const std::string host = task.host().empty() ? "127.0.0.1" : task.host();
-  spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", task.rank(),
-               task.world_size(), host, task.controller_address(), timeout_s);
+  const double timeout_s = std::max(StartTimeoutS(task), task.spec().recovery().hang_timeout_s());
+  ASSIGN_OR_RETURN(const Rendezvous rendezvous, OpenRendezvous(task, timeout_s));
   const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
                                          int rank, int size) {
     comm::GlooOptions options;
     options.rank = rank;
     options.size = size;
-    options.host = host;
+    options.host = rendezvous.host;
     options.timeout_s = timeout_s;
     options.on_wait_tick = on_wait;
-    return comm::CreateGlooCommunicator(*store, prefix, name, rank, size, options);
+    return comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options);
   };
   return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, factory);
 }

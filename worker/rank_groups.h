@@ -6,14 +6,28 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "furnace/v1/agent.pb.h"
 #include "runtime/model/config.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
+#include "worker/grpc_kv_store.h"
 
 namespace furnace::worker {
+
+// The job's recovery.start_timeout_s (the spec defaults it; 60 s for a task without one).
+double StartTimeoutS(const furnace::v1::RankTask& task);
+
+// Where a rank meets its peers: the controller's rendezvous store, scoped by (job, attempt) so a
+// rank of an earlier attempt can never join, and the host its Gloo pairs listen on. Every store
+// wait gives up after `timeout_s`. FailedPrecondition when the task names no controller address.
+struct Rendezvous {
+  std::shared_ptr<GrpcKvStore> store;
+  std::string host;
+};
+absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, double timeout_s);
 
 // InvalidArgument naming the field when the layout does not fit the model or the world size.
 absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask& task,

@@ -9,24 +9,19 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "furnace/v1/agent.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
-#include "worker/controller_channel.h"
 #include "runtime/base/clock.h"
 #include "runtime/comm/commcheck.h"
 #include "runtime/comm/gloo_context.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
-#include "worker/grpc_kv_store.h"
 #include "worker/rank_exit.h"
+#include "worker/rank_groups.h"
 #include "worker/rank_progress.h"
-#include "worker/train_rank.h"
 #include "worker/telemetry_pipe.h"
+#include "worker/train_rank.h"
 
 namespace furnace::worker {
 namespace {
-
-constexpr double kDefaultStartTimeoutS = 60;
 
 comm::CommcheckOptions CommcheckOptionsFrom(const furnace::v1::CommcheckSpec& spec) {
   comm::CommcheckOptions options;
@@ -45,32 +40,23 @@ comm::CommcheckOptions CommcheckOptionsFrom(const furnace::v1::CommcheckSpec& sp
 int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress) {
   const furnace::v1::CommcheckSpec& spec = task.spec().commcheck();
   progress.set_total_steps(spec.rounds());
-  if (task.controller_address().empty()) {
-    const std::string message = "the task names no controller address for rendezvous";
+  const double start_timeout_s = StartTimeoutS(task);
+  absl::StatusOr<Rendezvous> rendezvous = OpenRendezvous(task, start_timeout_s);
+  if (!rendezvous.ok()) {
+    const std::string message(rendezvous.status().message());
     spdlog::error("{}", message);
     progress.Emit("failed", 0, message);
     return kRankExitError;
   }
-  const double start_timeout_s = task.spec().recovery().start_timeout_s() > 0
-                                     ? task.spec().recovery().start_timeout_s()
-                                     : kDefaultStartTimeoutS;
-  furnace::v1::KvScope scope;
-  scope.set_job_id(task.job_id());
-  scope.set_attempt(task.attempt());
-  GrpcKvStore store(
-      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
-      start_timeout_s);
-
   comm::GlooOptions gloo;
   gloo.rank = static_cast<int>(task.rank());
   gloo.size = static_cast<int>(task.world_size());
-  gloo.host = task.host().empty() ? "127.0.0.1" : task.host();
+  gloo.host = rendezvous->host;
   gloo.timeout_s = start_timeout_s;
   gloo.on_wait_tick = [&progress] { progress.Emit("rendezvous", 0); };
-  spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", gloo.rank, gloo.size,
-               gloo.host, task.controller_address(), start_timeout_s);
   progress.Emit("rendezvous", 0);
-  absl::StatusOr<std::shared_ptr<gloo::Context>> context = comm::ConnectGloo(store, gloo);
+  absl::StatusOr<std::shared_ptr<gloo::Context>> context =
+      comm::ConnectGloo(*rendezvous->store, gloo);
   if (!context.ok()) {
     const std::string message = absl::StrCat("rendezvous failed: ", context.status().ToString());
     spdlog::error("{}", message);
@@ -84,11 +70,12 @@ int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress) {
       **context, CommcheckOptionsFrom(spec),
       [&](uint32_t round, const comm::CommResult* result, bool round_done) -> absl::Status {
         if (result != nullptr) {
-          spdlog::info("round {} {:<9} {:>10} B  {:>10.1f} us  algbw {:7.3f} GB/s  busbw {:7.3f} "
-                       "GB/s  {}",
-                       round, result->collective, result->bytes, result->time_s * 1e6,
-                       result->algbw_gbps, result->busbw_gbps,
-                       result->verified ? "OK" : absl::StrCat(result->errors, " ERRORS"));
+          spdlog::info(
+              "round {} {:<9} {:>10} B  {:>10.1f} us  algbw {:7.3f} GB/s  busbw {:7.3f} "
+              "GB/s  {}",
+              round, result->collective, result->bytes, result->time_s * 1e6, result->algbw_gbps,
+              result->busbw_gbps,
+              result->verified ? "OK" : absl::StrCat(result->errors, " ERRORS"));
           progress.Emit("running", round, "", result);
         }
         if (round_done) {
@@ -125,15 +112,15 @@ int RankMain(const std::string& task_path) {
     }
   }
   auto logger = spdlog::stderr_logger_mt("rank");
-  logger->set_pattern(absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] [", task.job_id(), " a",
-                                   task.attempt(), " r", task.rank(), "] [%l] %v"));
+  logger->set_pattern(absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] [", task.job_id(), " a", task.attempt(),
+                                   " r", task.rank(), "] [%l] %v"));
   spdlog::set_default_logger(logger);
   spdlog::flush_on(spdlog::level::info);
 
   Progress progress(task);
   progress.Emit("starting", 0);
-  spdlog::info("rank {} of {}, kind {}, pid {}", task.rank(), task.world_size(),
-               task.spec().kind(), getpid());
+  spdlog::info("rank {} of {}, kind {}, pid {}", task.rank(), task.world_size(), task.spec().kind(),
+               getpid());
   if (std::optional<int> code = MaybeInjectFault(task, 0, progress)) return *code;
 
   if (task.spec().kind() == "commcheck") return RunCommcheck(task, progress);
