@@ -126,22 +126,21 @@ absl::Status Trainer::SyncGradients() {
   const ParallelRuntime& P = *parallel_;
   const std::vector<ParamInfo>& params = model_->params();
   float* g = model_->grad_data();
-  if (P.tp > 1) {  // every expert saw each token once per tensor-parallel peer
-    const float scale = 1.0f / static_cast<float>(P.tp);
-    for (const ParamInfo& p : params) {
-      if (p.sync == GradSync::kExpertData) k::Scale(g + p.offset, scale, p.numel());
-    }
-  }
   const int64_t bucket = std::max<int64_t>(1, P.bucket_bytes / static_cast<int64_t>(sizeof(float)));
   const auto replicated_over_tp = [](const ParamInfo& p) {
     return p.sync == GradSync::kData && !p.shard.sharded();
   };
   if (P.tp > 1) {
-    RETURN_IF_ERROR(ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket));
+    // One pass scales by 1/tp what tensor parallelism counts tp times: every expert saw each token
+    // once per tensor-parallel peer, and what TP replicates is averaged over the tensor group
+    // (equal in exact arithmetic; the average keeps the replicas bit-identical).
     const float scale = 1.0f / static_cast<float>(P.tp);
     for (const ParamInfo& p : params) {
-      if (replicated_over_tp(p)) k::Scale(g + p.offset, scale, p.numel());
+      if (p.sync == GradSync::kExpertData || replicated_over_tp(p)) {
+        k::Scale(g + p.offset, scale, p.numel());
+      }
     }
+    RETURN_IF_ERROR(ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket));
   }
   RETURN_IF_ERROR(ReduceBucketed(
       P.data, params, [](const ParamInfo& p) { return p.sync == GradSync::kData; }, g, bucket));
