@@ -18,9 +18,7 @@
 namespace furnace::cli {
 namespace {
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
+using train::ShapeText;
 
 // The element count of `shape` (dims >= 0), saturating at INT64_MAX: shapes come from a manifest,
 // which no checksum protects.

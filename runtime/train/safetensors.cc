@@ -25,10 +25,6 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 }  // namespace
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,

@@ -14,8 +14,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace furnace::train {
+
+// "[4, 8]": a tensor shape in error messages.
+inline std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 // The part of a parameter one rank holds when a parallel layout splits it (tensor parallelism
 // splits columns or rows, expert sharding splits the expert's hidden width): along dimension `dim`
@@ -33,11 +40,11 @@ struct ParamShard {
 enum class GradSync { kData, kExpertData };
 
 struct ParamInfo {
-  std::string name;             // MODEL.md names: "wte", "layers.0.attn.wqkv", ...
-  std::vector<int64_t> shape;   // MODEL.md layout ([in, out] for matrices); local when sharded
-  int64_t offset = 0;           // element offset into the flat arrays
-  bool weight_decay = false;    // every 2-D parameter (MODEL.md, AdamW)
-  ParamShard shard = {};        // parallel layouts only
+  std::string name;            // MODEL.md names: "wte", "layers.0.attn.wqkv", ...
+  std::vector<int64_t> shape;  // MODEL.md layout ([in, out] for matrices); local when sharded
+  int64_t offset = 0;          // element offset into the flat arrays
+  bool weight_decay = false;   // every 2-D parameter (MODEL.md, AdamW)
+  ParamShard shard = {};       // parallel layouts only
   GradSync sync = GradSync::kData;
   // This rank's copy is the one counted in the global gradient norm (each element of the model
   // is counted exactly once over all ranks; replicas are not).
@@ -56,8 +63,8 @@ struct MicroBatchResult {
   double aux_loss = 0;  // sum over MoE layers of aux (MODEL.md)
   // tokens_per_expert[moe_layer][e]: routed assignments (before capacity dropping).
   std::vector<std::vector<int64_t>> tokens_per_expert;
-  int64_t dropped = 0;                  // assignments dropped by capacity
-  int64_t activation_peak_bytes = 0;    // arena peak during this micro-batch
+  int64_t dropped = 0;                // assignments dropped by capacity
+  int64_t activation_peak_bytes = 0;  // arena peak during this micro-batch
 };
 
 inline int64_t ParamInfo::GlobalIndex(int64_t i) const {

@@ -9,10 +9,6 @@
 namespace furnace::train {
 namespace {
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // " (columns [0, 4) [8, 12) of [16, 48])" style, empty for a whole tensor.
 std::string SliceText(const ParamShard& shard) {
   if (!shard.sharded()) return "";
