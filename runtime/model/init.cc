@@ -46,17 +46,29 @@ InitRule InitRuleFor(const std::string& name, int layers) {
   return {InitKind::kNormal, 0.02};
 }
 
-double StandardNormal(uint64_t seed, const std::string& name, int64_t index) {
-  const uint64_t key = SplitMix64(seed ^ SplitMix64(Fnv1a(name)));
+namespace {
+
+// The stream of parameter `name`: a function of the seed and the name only.
+uint64_t StreamKey(uint64_t seed, const std::string& name) {
+  return SplitMix64(seed ^ SplitMix64(Fnv1a(name)));
+}
+
+double StandardNormalAt(uint64_t key, int64_t index) {
   const uint64_t counter = key + 2 * static_cast<uint64_t>(index);
   const double u1 = Unit(SplitMix64(counter));
   const double u2 = Unit(SplitMix64(counter + 1));
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+}  // namespace
+
+double StandardNormal(uint64_t seed, const std::string& name, int64_t index) {
+  return StandardNormalAt(StreamKey(seed, name), index);
+}
+
 namespace {
 
-float Draw(const InitRule& rule, uint64_t seed, const std::string& name, int64_t index) {
+float Draw(const InitRule& rule, uint64_t key, int64_t index) {
   switch (rule.kind) {
     case InitKind::kZeros:
       return 0;
@@ -65,22 +77,16 @@ float Draw(const InitRule& rule, uint64_t seed, const std::string& name, int64_t
     case InitKind::kNormal:
       break;
   }
-  return static_cast<float>(rule.std * StandardNormal(seed, name, index));
+  return static_cast<float>(rule.std * StandardNormalAt(key, index));
 }
 
 }  // namespace
 
-void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, int64_t begin,
-                        int64_t end, float* out) {
-  const InitRule rule = InitRuleFor(param.name, layers);
-  for (int64_t i = begin; i < end; ++i) out[i - begin] = Draw(rule, seed, param.name, i);
-}
-
 void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out) {
+  // The rule and the stream depend on the parameter only: computed once, not per element.
   const InitRule rule = InitRuleFor(param.name, layers);
-  for (int64_t i = 0; i < param.numel(); ++i) {
-    out[i] = Draw(rule, seed, param.name, param.GlobalIndex(i));
-  }
+  const uint64_t key = StreamKey(seed, param.name);
+  for (int64_t i = 0; i < param.numel(); ++i) out[i] = Draw(rule, key, param.GlobalIndex(i));
 }
 
 }  // namespace furnace::model

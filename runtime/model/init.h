@@ -30,8 +30,4 @@ double StandardNormal(uint64_t seed, const std::string& name, int64_t index);
 // model holds at those indices).
 void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out);
 
-// Fills elements [begin, end) of the whole parameter `param` into out[0, end - begin).
-void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, int64_t begin,
-                        int64_t end, float* out);
-
 }  // namespace furnace::model

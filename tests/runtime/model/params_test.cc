@@ -195,9 +195,17 @@ TEST_F(ParamsTest, InitIsLayoutIndependent) {
 
   // A shard computed on its own holds the same values as the whole parameter.
   const train::ParamInfo* p = a->FindParam("layers.1.moe.experts.1.w1");
-  std::vector<float> shard(100);
-  InitParameterRange(1234, *p, 2, 150, 250, shard.data());
-  for (int i = 0; i < 100; ++i) ASSERT_EQ(shard[i], a->param_data()[p->offset + 150 + i]);
+  train::ParamInfo rows = *p;  // rows [2, 4) and [6, 9) of it
+  rows.shard.global_shape = p->shape;
+  rows.shard.dim = 0;
+  rows.shard.ranges = {{2, 4}, {6, 9}};
+  rows.shape = {5, p->shape[1]};
+  std::vector<float> shard(static_cast<size_t>(rows.numel()));
+  InitParameter(1234, rows, 2, shard.data());
+  ASSERT_EQ(rows.GlobalIndex(2 * p->shape[1]), 6 * p->shape[1]);  // local row 2 is global row 6
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    ASSERT_EQ(shard[i], a->param_data()[p->offset + rows.GlobalIndex(i)]) << i;
+  }
 }
 
 TEST_F(ParamsTest, FlopsPerTokenByHand) {
