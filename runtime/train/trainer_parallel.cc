@@ -56,29 +56,41 @@ absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamIn
   return flush();
 }
 
+// Every rank's `mine`, in rank order, on every rank of `group` (just `mine` without a group).
+absl::StatusOr<std::vector<std::string>> AllGatherStrings(comm::Communicator* group,
+                                                          const std::string& mine) {
+  if (group == nullptr || group->size() == 1) return std::vector<std::string>{mine};
+  std::vector<int64_t> sizes(group->size());
+  const int64_t my_size = static_cast<int64_t>(mine.size());
+  RETURN_IF_ERROR(group->AllGather(&my_size, sizes.data(), sizeof(int64_t)));
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::string all(static_cast<size_t>(total), '\0');
+  RETURN_IF_ERROR(group->AllGatherV(mine.data(), my_size, all.data(), sizes));
+  std::vector<std::string> out;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    out.push_back(all.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
 // Every rank of `group` returns the same Status: OK when every rank's `mine` is OK, else the
 // first failing rank's, prefixed with its rank. Used where a failure may hit some ranks only and
 // the others would otherwise go on into collectives their failed peers never join.
 absl::Status AgreeOnStatus(comm::Communicator* group, const absl::Status& mine) {
   if (group == nullptr || group->size() == 1) return mine;
-  const std::string text = mine.ok() ? std::string() : std::string(mine.message());
-  const int64_t header[2] = {static_cast<int64_t>(mine.code()), static_cast<int64_t>(text.size())};
-  std::vector<int64_t> all(2 * group->size());
-  RETURN_IF_ERROR(group->AllGather(header, all.data(), sizeof(header)));
-  std::vector<int64_t> sizes(group->size());
-  int64_t total = 0;
-  for (int r = 0; r < group->size(); ++r) total += sizes[r] = all[2 * r + 1];
-  std::string messages(static_cast<size_t>(total), '\0');
-  RETURN_IF_ERROR(group->AllGatherV(text.data(), static_cast<int64_t>(text.size()),
-                                    messages.data(), sizes));
-  int64_t at = 0;
+  // Empty for OK; else one byte of status code, then the message.
+  const std::string text =
+      mine.ok() ? std::string()
+                : absl::StrCat(std::string(1, static_cast<char>(mine.code())), mine.message());
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(group, text));
   for (int r = 0; r < group->size(); ++r) {
-    if (all[2 * r] != 0) {
-      if (r == group->rank()) return mine;
-      return absl::Status(static_cast<absl::StatusCode>(all[2 * r]),
-                          absl::StrCat("rank ", r, ": ", messages.substr(at, sizes[r])));
-    }
-    at += sizes[r];
+    if (all[r].empty()) continue;
+    if (r == group->rank()) return mine;
+    return absl::Status(static_cast<absl::StatusCode>(all[r][0]),
+                        absl::StrCat("rank ", r, ": ", all[r].substr(1)));
   }
   return absl::OkStatus();
 }
@@ -289,22 +301,14 @@ absl::Status Trainer::SaveCheckpointParallel() {
 
   // Every rank's record to every rank (rank 0 commits; the others learn the sizes for free).
   std::vector<ShardRecord> records;
-  const std::string text = SerializeShardRecord(mine);
   if (world == nullptr || world->size() == 1) {
     records.push_back(std::move(mine));
   } else {
-    std::vector<int64_t> sizes(world->size());
-    const int64_t my_size = static_cast<int64_t>(text.size());
-    RETURN_IF_ERROR(world->AllGather(&my_size, sizes.data(), sizeof(int64_t)));
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n;
-    std::string all(static_cast<size_t>(total), '\0');
-    RETURN_IF_ERROR(world->AllGatherV(text.data(), my_size, all.data(), sizes));
-    int64_t at = 0;
-    for (int64_t n : sizes) {
-      ASSIGN_OR_RETURN(ShardRecord r, ParseShardRecord(all.substr(at, n)));
+    ASSIGN_OR_RETURN(const std::vector<std::string> texts,
+                     AllGatherStrings(world, SerializeShardRecord(mine)));
+    for (const std::string& text : texts) {
+      ASSIGN_OR_RETURN(ShardRecord r, ParseShardRecord(text));
       records.push_back(std::move(r));
-      at += n;
     }
   }
   const absl::Status committed =
