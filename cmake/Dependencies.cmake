@@ -15,6 +15,10 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(GTest CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(Gloo CONFIG REQUIRED)                 # un-namespaced target `gloo`
+# prometheus-cpp (1.0.1): only prometheus-cpp::core (families, text serializer) is linked. Its
+# config also looks for civetweb, zlib and curl for the pull and push parts: prometheus-cpp-dev
+# depends on their -dev packages and on `civetweb`, whose presence makes civetweb's config load.
+find_package(prometheus-cpp CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(Python3 COMPONENTS Interpreter REQUIRED)
 

@@ -10,46 +10,16 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/str_replace.h"
 #include "furnace/v1/agent.grpc.pb.h"
+#include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
 #include "worker/rank_main.h"
-#include "yaml-cpp/yaml.h"
 
 namespace {
-
-// Reads the --config file: a flat YAML map whose keys are the long flag names (work-dir or
-// work_dir). Flags given on the command line override it (CLI11's precedence).
-class YamlConfig : public CLI::Config {
- public:
-  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return ""; }
-
-  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    YAML::Node root;
-    try {
-      root = YAML::Load(input);
-    } catch (const YAML::Exception& e) {
-      throw CLI::ConversionError(std::string("config file: ") + e.what());
-    }
-    std::vector<CLI::ConfigItem> items;
-    if (root.IsNull()) return items;
-    if (!root.IsMap()) throw CLI::ConversionError("config file: expected a map of flag: value");
-    for (const auto& entry : root) {
-      CLI::ConfigItem item;
-      item.name = absl::StrReplaceAll(entry.first.as<std::string>(), {{"_", "-"}});
-      if (!entry.second.IsScalar()) {
-        throw CLI::ConversionError("config file: '" + item.name + "' must be a single value");
-      }
-      item.inputs = {entry.second.as<std::string>()};
-      items.push_back(std::move(item));
-    }
-    return items;
-  }
-};
 
 int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level) {
   auto device = furnace::worker::ProbeDevice(options.device_kind, options.slot);
@@ -107,9 +77,8 @@ int main(int argc, char** argv) {
   CLI::App app(
       "furnace-worker: the Furnace worker agent. Registers with the controller, runs the rank "
       "tasks it is given as child processes, and reports their exits, telemetry and logs.");
-  app.config_formatter(std::make_shared<YamlConfig>());
-  app.allow_config_extras(CLI::config_extras_mode::error);
-  app.set_config("--config", "", "YAML file with the same keys as the flags (flags override it)");
+  furnace::AddYamlConfigOption(app,
+                               "YAML file with the same keys as the flags (flags override it)");
 
   furnace::worker::AgentOptions options;
   std::string log_level = "info";

@@ -2,11 +2,13 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "controller/metrics/exposition.h"
+#include "prometheus/text_serializer.h"
 
 #ifndef FURNACE_VERSION
 #define FURNACE_VERSION "unknown"
@@ -19,8 +21,46 @@ const char kFurnaceVersion[] = FURNACE_VERSION;
 namespace {
 
 using furnace::v1::JobState;
-constexpr MetricType kGauge = MetricType::kGauge;
-constexpr MetricType kCounter = MetricType::kCounter;
+using prometheus::MetricFamily;
+using Labels = std::vector<prometheus::ClientMetric::Label>;
+constexpr prometheus::MetricType kGauge = prometheus::MetricType::Gauge;
+constexpr prometheus::MetricType kCounter = prometheus::MetricType::Counter;
+
+// The families of one scrape in the order they are added.
+class Families {
+ public:
+  // The pointer stays valid while families are added (a deque does not move its elements).
+  MetricFamily* Add(std::string name, prometheus::MetricType type, std::string help) {
+    MetricFamily& family = families_.emplace_back();
+    family.name = std::move(name);
+    family.help = std::move(help);
+    family.type = type;
+    return &family;
+  }
+
+  // The families that have samples.
+  std::vector<MetricFamily> Take() && {
+    std::vector<MetricFamily> out;
+    for (MetricFamily& family : families_) {
+      if (!family.metric.empty()) out.push_back(std::move(family));
+    }
+    return out;
+  }
+
+ private:
+  std::deque<MetricFamily> families_;
+};
+
+// One sample; counters and gauges alike carry a double (what Prometheus stores).
+void Add(MetricFamily* family, Labels labels, double value) {
+  prometheus::ClientMetric& sample = family->metric.emplace_back();
+  sample.label = std::move(labels);
+  if (family->type == kCounter) {
+    sample.counter.value = value;
+  } else {
+    sample.gauge.value = value;
+  }
+}
 
 struct StateLabel {
   JobState state;
@@ -53,8 +93,8 @@ Labels JobLabelAnd(const JobMetrics& job, const char* key, std::string value) {
 
 }  // namespace
 
-std::string RenderMetrics(const MetricsSnapshot& snapshot) {
-  Exposition x;
+std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
+  Families x;
   MetricFamily* build_info = x.Add("furnace_build_info", kGauge,
                                    "Always 1; the version label is the furnace-controller build.");
   MetricFamily* state = x.Add("furnace_job_state", kGauge,
@@ -113,59 +153,63 @@ std::string RenderMetrics(const MetricsSnapshot& snapshot) {
   MetricFamily* records = x.Add("furnace_telemetry_records_total", kCounter,
                                 "Telemetry records the controller received.");
 
-  build_info->Add({{"version", kFurnaceVersion}}, 1.0);
+  Add(build_info, {{"version", kFurnaceVersion}}, 1.0);
 
   for (const JobMetrics& job : snapshot.jobs) {
     for (const StateLabel& s : kJobStates) {
-      state->Add(JobLabelAnd(job, "state", s.label), job.state == s.state ? 1.0 : 0.0);
+      Add(state, JobLabelAnd(job, "state", s.label), job.state == s.state ? 1.0 : 0.0);
     }
     std::map<std::string, uint64_t> causes(job.restarts_by_cause);
     for (const char* cause : kRestartCauses) causes.emplace(cause, 0);
-    for (const auto& [cause, n] : causes) restarts->Add(JobLabelAnd(job, "cause", cause), n);
+    for (const auto& [cause, n] : causes) Add(restarts, JobLabelAnd(job, "cause", cause), n);
 
     // Durations that exist without a training step too (a recovered commcheck job).
     if (job.last_checkpoint_seconds >= 0) {
-      checkpoint->Add(JobLabel(job), job.last_checkpoint_seconds);
+      Add(checkpoint, JobLabel(job), job.last_checkpoint_seconds);
     }
-    if (job.last_recovery_seconds >= 0) recovery->Add(JobLabel(job), job.last_recovery_seconds);
+    if (job.last_recovery_seconds >= 0) Add(recovery, JobLabel(job), job.last_recovery_seconds);
 
     if (!job.has_step) continue;
     const furnace::v1::StepRecord& last = job.last;
-    step->Add(JobLabel(job), job.step);
-    total_steps->Add(JobLabel(job), job.total_steps);
-    tokens_total->Add(JobLabel(job), job.tokens_total);
-    mfu->Add(JobLabel(job), last.mfu());
-    step_seconds->Add(JobLabel(job), last.step_seconds());
-    tokens_per_second->Add(JobLabel(job), last.tokens_per_second());
-    loss->Add(JobLabel(job), last.loss());
-    aux_loss->Add(JobLabel(job), last.aux_loss());
+    Add(step, JobLabel(job), job.step);
+    Add(total_steps, JobLabel(job), job.total_steps);
+    Add(tokens_total, JobLabel(job), job.tokens_total);
+    Add(mfu, JobLabel(job), last.mfu());
+    Add(step_seconds, JobLabel(job), last.step_seconds());
+    Add(tokens_per_second, JobLabel(job), last.tokens_per_second());
+    Add(loss, JobLabel(job), last.loss());
+    Add(aux_loss, JobLabel(job), last.aux_loss());
     for (int l = 0; l < last.imbalance_size(); ++l) {
-      imbalance->Add(JobLabelAnd(job, "layer", absl::StrCat(l)), last.imbalance(l));
+      Add(imbalance, JobLabelAnd(job, "layer", absl::StrCat(l)), last.imbalance(l));
     }
     for (int l = 0; l < last.expert_tokens_size(); ++l) {
       const auto& per_expert = last.expert_tokens(l).tokens();
       for (int e = 0; e < per_expert.size(); ++e) {
-        expert_tokens->Add(
+        Add(expert_tokens,
             {{"job", job.job_id}, {"layer", absl::StrCat(l)}, {"expert", absl::StrCat(e)}},
             per_expert[e]);
       }
     }
-    act_peak->Add(JobLabel(job), last.activation_peak_bytes());
-    if (last.memory_budget_bytes() > 0) budget->Add(JobLabel(job), last.memory_budget_bytes());
+    Add(act_peak, JobLabel(job), last.activation_peak_bytes());
+    if (last.memory_budget_bytes() > 0) Add(budget, JobLabel(job), last.memory_budget_bytes());
     for (const auto& [action, bytes] : job.planner_bytes_total) {
-      planner->Add(JobLabelAnd(job, "action", action), bytes);
+      Add(planner, JobLabelAnd(job, "action", action), bytes);
     }
     for (const auto& [op, bytes] : job.comm_bytes_total) {
-      comm->Add(JobLabelAnd(job, "op", op), bytes);
+      Add(comm, JobLabelAnd(job, "op", op), bytes);
     }
   }
 
   std::map<std::string, uint32_t> by_state(snapshot.workers_by_state);
   for (const char* s : kWorkerStates) by_state.emplace(s, 0);
-  for (const auto& [s, n] : by_state) workers->Add({{"state", s}}, uint64_t{n});
-  dropped->Add({}, snapshot.telemetry_dropped_total);
-  records->Add({}, snapshot.telemetry_records_total);
-  return x.Render();
+  for (const auto& [s, n] : by_state) Add(workers, {{"state", s}}, n);
+  Add(dropped, {}, snapshot.telemetry_dropped_total);
+  Add(records, {}, snapshot.telemetry_records_total);
+  return std::move(x).Take();
+}
+
+std::string RenderMetrics(const MetricsSnapshot& snapshot) {
+  return prometheus::TextSerializer().Serialize(CollectMetrics(snapshot));
 }
 
 }  // namespace furnace::controller::metrics

@@ -20,18 +20,32 @@
 // only jobs with an aggregated training step get the step, throughput, loss, MoE and memory
 // series; furnace_memory_budget_bytes only where a budget is set; checkpoint and recovery
 // durations once there has been one.
+//
+// The families are prometheus-cpp values (prometheus::MetricFamily) built from the snapshot at
+// each scrape, and prometheus-cpp's TextSerializer writes the text format (version 0.0.4), so the
+// escaping and number formatting are the library's. No prometheus::Registry: its families order
+// a sample's labels by name and the samples by label value (layer "10" before "2") and its
+// counters only count up, while the snapshot already holds every value; families built per scrape
+// need no locking (both functions are pure and safe to call from any thread).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "controller/service/metrics_snapshot.h"
+#include "prometheus/metric_family.h"
 
 namespace furnace::controller::metrics {
 
 extern const char kFurnaceVersion[];
 
-// Pure: the same snapshot always renders the same text. Families in a fixed order, jobs in the
-// snapshot's order, map-keyed labels in key order.
+// Pure: the same snapshot always gives the same families. Families in a fixed order, jobs in the
+// snapshot's order, map-keyed labels in key order. A family with no sample is left out (as a
+// prometheus-cpp Registry leaves it out), so a metric that does not apply (no job is training) is
+// absent rather than an empty header.
+std::vector<prometheus::MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot);
+
+// CollectMetrics serialized by prometheus::TextSerializer.
 std::string RenderMetrics(const MetricsSnapshot& snapshot);
 
 }  // namespace furnace::controller::metrics

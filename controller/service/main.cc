@@ -9,7 +9,6 @@
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
-#include <yaml-cpp/yaml.h>
 
 #include "CLI/CLI.hpp"
 #include "controller/service/controller.h"
@@ -19,6 +18,7 @@
 #include "controller/http/static_files.h"
 #include "controller/metrics/render_metrics.h"
 #include "controller/service/local_launcher.h"
+#include "controller/service/options.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -26,109 +26,14 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
-struct Flags {
-  std::string listen = "127.0.0.1:7070";
-  std::string advertise;
-  std::string state_dir = "./furnace-state";
-  uint32_t local_workers = 0;
-  std::string worker_binary;
-  double heartbeat_interval_s = 1.0;
-  double worker_timeout_s = 10.0;
-  double reattach_grace_s = 30.0;
-  std::string log_level = "info";
-  std::string metrics_listen = "127.0.0.1:9464";
-  std::string web_root;
-};
-
-// Reads the YAML config file; keys are the long flag names with '-' or '_'.
-bool ApplyConfig(const std::string& path, Flags& f, std::string& error) {
-  try {
-    YAML::Node root = YAML::LoadFile(path);
-    if (!root.IsMap()) {
-      error = path + ": expected a mapping of option: value";
-      return false;
-    }
-    for (const auto& kv : root) {
-      std::string key = kv.first.as<std::string>();
-      for (char& c : key) {
-        if (c == '_') c = '-';
-      }
-      const YAML::Node& v = kv.second;
-      if (key == "listen") f.listen = v.as<std::string>();
-      else if (key == "advertise") f.advertise = v.as<std::string>();
-      else if (key == "state-dir") f.state_dir = v.as<std::string>();
-      else if (key == "local-workers") f.local_workers = v.as<uint32_t>();
-      else if (key == "worker-binary") f.worker_binary = v.as<std::string>();
-      else if (key == "heartbeat-interval") f.heartbeat_interval_s = v.as<double>();
-      else if (key == "worker-timeout") f.worker_timeout_s = v.as<double>();
-      else if (key == "reattach-grace") f.reattach_grace_s = v.as<double>();
-      else if (key == "log-level") f.log_level = v.as<std::string>();
-      else if (key == "metrics-listen") f.metrics_listen = v.as<std::string>();
-      else if (key == "web-root") f.web_root = v.as<std::string>();
-      else {
-        error = path + ":" + std::to_string(kv.first.Mark().line + 1) + ": unknown option '" +
-                key + "'; allowed: listen, advertise, state-dir, local-workers, worker-binary, " +
-                "heartbeat-interval, worker-timeout, reattach-grace, log-level, metrics-listen, web-root";
-        return false;
-      }
-    }
-  } catch (const YAML::Exception& e) {
-    error = path + ": " + e.what();
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f;
-  std::string config;
+  furnace::controller::ControllerFlags f;
   CLI::App app{"furnace-controller: places, watches and restarts Furnace jobs"};
-  app.add_option("--config", config, "YAML file with these options (flags override it)");
-  auto* listen = app.add_option("--listen", f.listen, "gRPC address (JobService, AgentService)");
-  auto* advertise = app.add_option("--advertise", f.advertise,
-                                   "address ranks and workers dial (default: --listen)");
-  auto* state = app.add_option("--state-dir", f.state_dir, "SQLite job store and logs");
-  auto* local = app.add_option("--local-workers", f.local_workers,
-                               "spawn and keep N furnace-worker daemons on this machine");
-  auto* wbin = app.add_option("--worker-binary", f.worker_binary,
-                              "furnace-worker to launch (default: next to this binary)");
-  auto* hb = app.add_option("--heartbeat-interval", f.heartbeat_interval_s,
-                            "seconds between agent heartbeats");
-  auto* wt = app.add_option("--worker-timeout", f.worker_timeout_s,
-                            "seconds of silence after which an agent is lost");
-  auto* rg = app.add_option("--reattach-grace", f.reattach_grace_s,
-                            "seconds after a controller start that known agents get to register "
-                            "again before their silence counts");
-  auto* ll = app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
-  auto* ml = app.add_option("--metrics-listen", f.metrics_listen,
-                            "HTTP address for /metrics (Prometheus) and the dashboard; "
-                            "empty to disable");
-  auto* wr = app.add_option("--web-root", f.web_root,
-                            "dashboard files (default: share/furnace/web next to bin/)");
+  furnace::controller::AddControllerOptions(app, f);
   CLI11_PARSE(app, argc, argv);
 
-  if (!config.empty()) {
-    Flags from_file;
-    std::string error;
-    if (!ApplyConfig(config, from_file, error)) {
-      std::cerr << "furnace-controller: " << error << "\n";
-      return 2;
-    }
-    // Flags given on the command line win over the file.
-    if (!listen->count()) f.listen = from_file.listen;
-    if (!advertise->count()) f.advertise = from_file.advertise;
-    if (!state->count()) f.state_dir = from_file.state_dir;
-    if (!local->count()) f.local_workers = from_file.local_workers;
-    if (!wbin->count()) f.worker_binary = from_file.worker_binary;
-    if (!hb->count()) f.heartbeat_interval_s = from_file.heartbeat_interval_s;
-    if (!wt->count()) f.worker_timeout_s = from_file.worker_timeout_s;
-    if (!rg->count()) f.reattach_grace_s = from_file.reattach_grace_s;
-    if (!ll->count()) f.log_level = from_file.log_level;
-    if (!ml->count()) f.metrics_listen = from_file.metrics_listen;
-    if (!wr->count()) f.web_root = from_file.web_root;
-  }
   spdlog::set_level(spdlog::level::from_str(f.log_level));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [controller] %^%l%$ %v");
 

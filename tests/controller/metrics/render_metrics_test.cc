@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "prometheus/check_names.h"
+#include "prometheus/text_serializer.h"
 #include "tests/controller/metrics/snapshots.h"
 
 namespace furnace::controller::metrics {
@@ -214,7 +216,8 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
   ASSERT_EQ(SamplesOf(text, "furnace_memory_budget_bytes").size(), 1u);
   EXPECT_EQ(SamplesOf(text, "furnace_memory_budget_bytes")[0],
             "furnace_memory_budget_bytes{job=\"j-a\"} 8589934592");
-  EXPECT_EQ(SamplesOf(text, "furnace_job_loss")[1], "furnace_job_loss{job=\"j-b\"} NaN");
+  // prometheus-cpp writes NaN as "Nan" (Prometheus parses floats case-insensitively).
+  EXPECT_EQ(SamplesOf(text, "furnace_job_loss")[1], "furnace_job_loss{job=\"j-b\"} Nan");
   // Restarts for every job; the commcheck job's recovery is there without a step.
   EXPECT_EQ(SamplesOf(text, "furnace_job_restarts_total").size(), 8u + 8u + 9u);
   EXPECT_NE(text.find("furnace_job_restarts_total{job=\"j-a\",cause=\"signal\"} 2\n"),
@@ -223,7 +226,9 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
                       "0.75\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("furnace_telemetry_records_total 18446744073709551615\n"), std::string::npos);
+  // Counters are doubles in prometheus-cpp (as in Prometheus): 2^64 - 1 is about 1.8e19.
+  EXPECT_NE(text.find("furnace_telemetry_records_total 1.844674407370955e+19\n"), std::string::npos)
+      << text;
 }
 
 TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
@@ -231,6 +236,63 @@ TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
   EXPECT_EQ(SamplesOf(text, "furnace_build_info").size(), 1u);
   EXPECT_EQ(SamplesOf(text, "furnace_workers").size(), 3u);
   EXPECT_EQ(SamplesOf(text, "furnace_job_state").size(), 0u);
+}
+
+TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
+  const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
+  EXPECT_EQ(families.size(), 22u);
+  std::set<std::string> names;
+  for (const prometheus::MetricFamily& family : families) {
+    EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;
+    EXPECT_TRUE(prometheus::CheckMetricName(family.name)) << family.name;
+    EXPECT_EQ(family.name.rfind("furnace_", 0), 0u) << family.name;
+    // The library writes HELP as it is: a backslash or newline would break the exposition.
+    EXPECT_FALSE(family.help.empty()) << family.name;
+    EXPECT_EQ(family.help.find_first_of("\\\n"), std::string::npos) << family.name;
+    const bool total =
+        family.name.size() > 6 && family.name.compare(family.name.size() - 6, 6, "_total") == 0;
+    EXPECT_EQ(family.type, total ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge)
+        << family.name;
+    EXPECT_FALSE(family.metric.empty()) << family.name;
+    for (const prometheus::ClientMetric& sample : family.metric) {
+      EXPECT_EQ(sample.timestamp_ms, 0) << family.name << ": Prometheus stamps the scrape";
+      for (const prometheus::ClientMetric::Label& label : sample.label) {
+        EXPECT_TRUE(prometheus::CheckLabelName(label.name)) << family.name << " " << label.name;
+      }
+    }
+  }
+}
+
+TEST(CollectMetrics, FamiliesWithoutSamplesAreLeftOut) {
+  std::vector<std::string> names;
+  for (const prometheus::MetricFamily& family : CollectMetrics(MetricsSnapshot{})) {
+    names.push_back(family.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"furnace_build_info", "furnace_workers",
+                                             "furnace_telemetry_dropped_total",
+                                             "furnace_telemetry_records_total"}));
+}
+
+TEST(CollectMetrics, LabelsKeepTheirOrderAndLayersCountNumerically) {
+  MetricsSnapshot snap;
+  snap.jobs.push_back(TrainingJob("j", 12, 2));
+  std::vector<std::string> layers;
+  for (const prometheus::MetricFamily& family : CollectMetrics(snap)) {
+    if (family.name != "furnace_moe_routing_imbalance_ratio") continue;
+    for (const prometheus::ClientMetric& sample : family.metric) {
+      ASSERT_EQ(sample.label.size(), 2u);
+      EXPECT_EQ(sample.label[0].name, "job");
+      EXPECT_EQ(sample.label[1].name, "layer");
+      layers.push_back(sample.label[1].value);
+    }
+  }
+  EXPECT_EQ(layers, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
+                                              "10", "11"}));
+}
+
+TEST(CollectMetrics, RenderMetricsIsTheLibrarysTextOfTheFamilies) {
+  const MetricsSnapshot snap = RichSnapshot();
+  EXPECT_EQ(RenderMetrics(snap), prometheus::TextSerializer().Serialize(CollectMetrics(snap)));
 }
 
 }  // namespace

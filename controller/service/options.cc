@@ -1,0 +1,40 @@
+#include "controller/service/options.h"
+
+#include "runtime/base/yaml_config.h"
+
+namespace furnace::controller {
+
+void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
+  AddYamlConfigOption(app, "YAML file with the same keys as the flags (flags override it)");
+  app.add_option("--listen", flags.listen, "gRPC address (JobService, AgentService)")
+      ->capture_default_str();
+  app.add_option("--advertise", flags.advertise,
+                 "address ranks and workers dial (default: --listen)");
+  app.add_option("--state-dir", flags.state_dir, "SQLite job store and logs")
+      ->capture_default_str();
+  app.add_option("--local-workers", flags.local_workers,
+                 "spawn and keep N furnace-worker daemons on this machine")
+      ->capture_default_str();
+  app.add_option("--worker-binary", flags.worker_binary,
+                 "furnace-worker to launch (default: next to this binary)");
+  app.add_option("--heartbeat-interval", flags.heartbeat_interval_s,
+                 "seconds between agent heartbeats")
+      ->capture_default_str();
+  app.add_option("--worker-timeout", flags.worker_timeout_s,
+                 "seconds of silence after which an agent is lost")
+      ->capture_default_str();
+  app.add_option("--reattach-grace", flags.reattach_grace_s,
+                 "seconds after a controller start that known agents get to register again "
+                 "before their silence counts")
+      ->capture_default_str();
+  app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  app.add_option("--metrics-listen", flags.metrics_listen,
+                 "HTTP address for /metrics (Prometheus) and the dashboard; empty to disable")
+      ->capture_default_str();
+  app.add_option("--web-root", flags.web_root,
+                 "dashboard files (default: share/furnace/web next to bin/)");
+}
+
+}  // namespace furnace::controller

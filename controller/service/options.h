@@ -1,0 +1,31 @@
+// furnace-controller's options: each defined once (flag, YAML key, default, help) on a CLI11 app.
+// `--config FILE` reads the same keys from YAML (runtime/base/yaml_config.h: `state-dir` or
+// `state_dir`); a flag on the command line overrides the file, and an unknown key is an error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace furnace::controller {
+
+struct ControllerFlags {
+  std::string listen = "127.0.0.1:7070";
+  std::string advertise;  // empty: --listen
+  std::string state_dir = "./furnace-state";
+  uint32_t local_workers = 0;
+  std::string worker_binary;  // empty: next to this binary
+  double heartbeat_interval_s = 1.0;
+  double worker_timeout_s = 10.0;
+  double reattach_grace_s = 30.0;
+  std::string log_level = "info";
+  std::string metrics_listen = "127.0.0.1:9464";  // empty: no HTTP server
+  std::string web_root;                           // empty: share/furnace/web next to bin/
+};
+
+// Adds --config and every option to `app`, each bound to its field of `flags` (which must
+// outlive the parse); the fields' initial values are the defaults --help shows.
+void AddControllerOptions(CLI::App& app, ControllerFlags& flags);
+
+}  // namespace furnace::controller

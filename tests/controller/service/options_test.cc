@@ -1,0 +1,208 @@
+// furnace-controller's options: defaults, the --config file, flags over the file, the shipped
+// example config, and what is refused.
+#include "controller/service/options.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace furnace::controller {
+namespace {
+
+const std::string kSource = FURNACE_SOURCE_DIR;
+
+// Parses `args` (without the program name) into `flags`; CLI11 errors propagate.
+void Parse(const std::vector<std::string>& args, ControllerFlags& flags) {
+  CLI::App app{"furnace-controller"};
+  AddControllerOptions(app, flags);
+  std::vector<const char*> argv = {"furnace-controller"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+}
+
+ControllerFlags Parsed(const std::vector<std::string>& args) {
+  ControllerFlags flags;
+  Parse(args, flags);
+  return flags;
+}
+
+std::string WriteConfig(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ControllerOptions, DefaultsWithoutArguments) {
+  const ControllerFlags f = Parsed({});
+  EXPECT_EQ(f.listen, "127.0.0.1:7070");
+  EXPECT_EQ(f.advertise, "");
+  EXPECT_EQ(f.state_dir, "./furnace-state");
+  EXPECT_EQ(f.local_workers, 0u);
+  EXPECT_EQ(f.worker_binary, "");
+  EXPECT_EQ(f.heartbeat_interval_s, 1.0);
+  EXPECT_EQ(f.worker_timeout_s, 10.0);
+  EXPECT_EQ(f.reattach_grace_s, 30.0);
+  EXPECT_EQ(f.log_level, "info");
+  EXPECT_EQ(f.metrics_listen, "127.0.0.1:9464");
+  EXPECT_EQ(f.web_root, "");
+}
+
+TEST(ControllerOptions, FlagsSetEveryOption) {
+  const ControllerFlags f = Parsed({"--listen",
+                                    "0.0.0.0:7000",
+                                    "--advertise",
+                                    "ctl:7000",
+                                    "--state-dir",
+                                    "/s",
+                                    "--local-workers",
+                                    "4",
+                                    "--worker-binary",
+                                    "/w",
+                                    "--heartbeat-interval",
+                                    "0.5",
+                                    "--worker-timeout",
+                                    "5",
+                                    "--reattach-grace",
+                                    "2.5",
+                                    "--log-level",
+                                    "debug",
+                                    "--metrics-listen",
+                                    "",
+                                    "--web-root",
+                                    "/web"});
+  EXPECT_EQ(f.listen, "0.0.0.0:7000");
+  EXPECT_EQ(f.advertise, "ctl:7000");
+  EXPECT_EQ(f.state_dir, "/s");
+  EXPECT_EQ(f.local_workers, 4u);
+  EXPECT_EQ(f.worker_binary, "/w");
+  EXPECT_EQ(f.heartbeat_interval_s, 0.5);
+  EXPECT_EQ(f.worker_timeout_s, 5.0);
+  EXPECT_EQ(f.reattach_grace_s, 2.5);
+  EXPECT_EQ(f.log_level, "debug");
+  EXPECT_EQ(f.metrics_listen, "");  // empty disables the HTTP server
+  EXPECT_EQ(f.web_root, "/web");
+}
+
+TEST(ControllerOptions, ConfigFileSetsOptionsAndFlagsOverrideIt) {
+  const std::string path = WriteConfig("controller_all.yaml",
+                                       "listen: 10.0.0.1:7070\n"
+                                       "advertise: ctl.example:7070\n"
+                                       "state_dir: /var/lib/f\n"  // '_' spells '-' too
+                                       "local-workers: 3\n"
+                                       "worker-binary: /opt/furnace-worker\n"
+                                       "heartbeat-interval: 0.25\n"
+                                       "worker_timeout: 7.5\n"
+                                       "reattach-grace: 12\n"
+                                       "log-level: warn\n"
+                                       "metrics-listen: \"\"\n"
+                                       "web-root: /srv/web\n");
+  const ControllerFlags file = Parsed({"--config", path});
+  EXPECT_EQ(file.listen, "10.0.0.1:7070");
+  EXPECT_EQ(file.advertise, "ctl.example:7070");
+  EXPECT_EQ(file.state_dir, "/var/lib/f");
+  EXPECT_EQ(file.local_workers, 3u);
+  EXPECT_EQ(file.worker_binary, "/opt/furnace-worker");
+  EXPECT_EQ(file.heartbeat_interval_s, 0.25);
+  EXPECT_EQ(file.worker_timeout_s, 7.5);
+  EXPECT_EQ(file.reattach_grace_s, 12.0);
+  EXPECT_EQ(file.log_level, "warn");
+  EXPECT_EQ(file.metrics_listen, "");
+  EXPECT_EQ(file.web_root, "/srv/web");
+
+  // Flags win whether they come before or after --config; the rest still comes from the file.
+  const ControllerFlags both = Parsed({"--state-dir", "/mine", "--config", path, "--worker-timeout",
+                                       "3", "--metrics-listen", ":9999"});
+  EXPECT_EQ(both.state_dir, "/mine");
+  EXPECT_EQ(both.worker_timeout_s, 3.0);
+  EXPECT_EQ(both.metrics_listen, ":9999");
+  EXPECT_EQ(both.listen, "10.0.0.1:7070");
+  EXPECT_EQ(both.local_workers, 3u);
+  EXPECT_EQ(both.log_level, "warn");
+}
+
+TEST(ControllerOptions, TheShippedExampleConfigParses) {
+  const ControllerFlags f =
+      Parsed({"--config", kSource + "/deploy/controller.example.yaml", "--local-workers", "2"});
+  EXPECT_EQ(f.listen, "127.0.0.1:7070");
+  EXPECT_EQ(f.state_dir, "/var/lib/furnace");
+  EXPECT_EQ(f.local_workers, 2u);
+  EXPECT_EQ(f.heartbeat_interval_s, 1.0);
+  EXPECT_EQ(f.worker_timeout_s, 10.0);
+  EXPECT_EQ(f.reattach_grace_s, 30.0);
+  EXPECT_EQ(f.log_level, "info");
+}
+
+TEST(ControllerOptions, AnEmptyConfigFileChangesNothing) {
+  const ControllerFlags f = Parsed({"--config", WriteConfig("controller_empty.yaml", "")});
+  EXPECT_EQ(f.state_dir, "./furnace-state");
+  EXPECT_EQ(f.metrics_listen, "127.0.0.1:9464");
+}
+
+TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
+  ControllerFlags f;
+  try {
+    Parse({"--config", WriteConfig("controller_unknown.yaml", "listen: a:1\nport: 1\n")}, f);
+    ADD_FAILURE() << "an unknown key was accepted";
+  } catch (const CLI::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
+              "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
+              "log-level, metrics-listen, web-root");
+  }
+  EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
+               CLI::ConversionError);
+  EXPECT_THROW(Parse({"--config", WriteConfig("controller_scalar.yaml", "just text\n")}, f),
+               CLI::ConversionError);
+  EXPECT_THROW(Parse({"--config", WriteConfig("controller_bad.yaml", "listen: [unclosed\n")}, f),
+               CLI::ConversionError);
+  EXPECT_THROW(Parse({"--config", ::testing::TempDir() + "no_such_controller.yaml"}, f),
+               CLI::FileError);
+  EXPECT_THROW(Parse({"--local-workers", "many"}, f), CLI::ConversionError);
+  EXPECT_THROW(Parse({"--log-level", "loud"}, f), CLI::ValidationError);
+  EXPECT_THROW(Parse({"--config", WriteConfig("controller_level.yaml", "log-level: loud\n")}, f),
+               CLI::ValidationError);
+  EXPECT_THROW(Parse({"--no-such-flag", "1"}, f), CLI::ExtrasError);
+}
+
+TEST(ControllerOptions, HelpNamesEveryOptionWithItsDefault) {
+  ControllerFlags f;
+  CLI::App app{"furnace-controller"};
+  AddControllerOptions(app, f);
+  const std::string help = app.help();
+  for (const char* option :
+       {"--config", "--listen", "--advertise", "--state-dir", "--local-workers", "--worker-binary",
+        "--heartbeat-interval", "--worker-timeout", "--reattach-grace", "--log-level",
+        "--metrics-listen", "--web-root", "127.0.0.1:7070", "./furnace-state", "127.0.0.1:9464"}) {
+    EXPECT_NE(help.find(option), std::string::npos) << option << " missing from:\n" << help;
+  }
+}
+
+TEST(ControllerOptions, WrittenConfigReadsBackToTheSameOptions) {
+  ControllerFlags given;
+  CLI::App app{"furnace-controller"};
+  AddControllerOptions(app, given);
+  std::vector<const char*> argv = {"furnace-controller",
+                                   "--state-dir",
+                                   "/x y",
+                                   "--local-workers",
+                                   "5",
+                                   "--web-root",
+                                   "a: b#c",
+                                   "--metrics-listen",
+                                   ""};
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  const std::string path =
+      WriteConfig("controller_written.yaml", app.config_to_str(/*default_also=*/true));
+  const ControllerFlags read = Parsed({"--config", path});
+  EXPECT_EQ(read.state_dir, "/x y");
+  EXPECT_EQ(read.local_workers, 5u);
+  EXPECT_EQ(read.web_root, "a: b#c");
+  EXPECT_EQ(read.metrics_listen, "");
+  EXPECT_EQ(read.listen, "127.0.0.1:7070");
+  EXPECT_EQ(read.worker_timeout_s, 10.0);
+}
+
+}  // namespace
+}  // namespace furnace::controller
