@@ -1,4 +1,4 @@
-#include "runtime/train/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -13,8 +13,8 @@
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
-#include "runtime/train/crc32.h"
-#include "runtime/train/durable_file.h"
+#include "runtime/checkpoint/crc32.h"
+#include "runtime/checkpoint/durable_file.h"
 
 namespace furnace::train {
 namespace {

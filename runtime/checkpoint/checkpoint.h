@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::train {
 

@@ -1,4 +1,4 @@
-#include "runtime/train/byte_tokenizer.h"
+#include "runtime/data/byte_tokenizer.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
-#include "runtime/train/token_file.h"
+#include "runtime/data/token_file.h"
 
 namespace furnace::data {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/train/markov.h"
-#include "runtime/train/token_file.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/token_file.h"
 
 namespace furnace::data {
 

@@ -1,11 +1,11 @@
-#include "runtime/train/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/runtime/train/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::train {
 namespace {

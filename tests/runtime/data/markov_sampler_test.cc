@@ -3,10 +3,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/train/markov.h"
-#include "runtime/train/sampler.h"
-#include "runtime/train/token_file.h"
-#include "tests/runtime/train/test_dir.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
+#include "runtime/data/token_file.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::data {
 namespace {

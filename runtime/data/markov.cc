@@ -1,4 +1,4 @@
-#include "runtime/train/markov.h"
+#include "runtime/data/markov.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::train {
 

@@ -1,4 +1,4 @@
-#include "runtime/train/durable_file.h"
+#include "runtime/checkpoint/durable_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
-#include "runtime/train/crc32.h"
+#include "runtime/checkpoint/crc32.h"
 
 namespace furnace::train {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/train/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
-#include "runtime/train/durable_file.h"
+#include "runtime/checkpoint/durable_file.h"
 
 namespace furnace::train {
 namespace {

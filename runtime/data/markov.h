@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/train/counter_rng.h"
+#include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
 

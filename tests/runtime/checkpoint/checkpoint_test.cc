@@ -1,4 +1,4 @@
-#include "runtime/train/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/runtime/train/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::train {
 namespace {

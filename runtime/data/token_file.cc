@@ -1,4 +1,4 @@
-#include "runtime/train/token_file.h"
+#include "runtime/data/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "runtime/train/crc32.h"
+#include "runtime/checkpoint/crc32.h"
 
 #include <array>
 

@@ -1,9 +1,9 @@
-#include "runtime/train/sampler.h"
+#include "runtime/data/sampler.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/train/counter_rng.h"
+#include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
 namespace {

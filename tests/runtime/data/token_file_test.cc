@@ -1,12 +1,12 @@
-#include "runtime/train/token_file.h"
+#include "runtime/data/token_file.h"
 
 #include <cstring>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/train/byte_tokenizer.h"
-#include "tests/runtime/train/test_dir.h"
+#include "runtime/data/byte_tokenizer.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::data {
 namespace {
