@@ -1,11 +1,11 @@
 #include "runtime/checkpoint/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::train {
@@ -14,15 +14,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing_util::ReadAll;
 using testing_util::TestDir;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
+using testing_util::WriteAll;
 
 // A 2-tensor model state whose values encode the step, so a load shows which step it came from.
 struct State {

@@ -1,25 +1,18 @@
 #include "runtime/checkpoint/safetensors.h"
 
-#include <fstream>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::train {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_util::ReadAll;
 using testing_util::TestDir;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
+using testing_util::WriteAll;
 
 std::vector<ParamInfo> Params() {
   return {{.name = "wte", .shape = {4, 3}, .offset = 0, .weight_decay = true},

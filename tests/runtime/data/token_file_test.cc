@@ -1,26 +1,20 @@
 #include "runtime/data/token_file.h"
 
 #include <cstring>
-#include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/byte_tokenizer.h"
+#include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::data {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_util::ReadAll;
 using testing_util::TestDir;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
+using testing_util::WriteAll;
 
 TEST(TokenFileTest, RoundTripBothWidths) {
   TestDir dir;
