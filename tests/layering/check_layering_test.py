@@ -30,7 +30,8 @@ class CheckLayeringTest(unittest.TestCase):
         self.write("runtime/base/CMakeLists.txt", "add_library(furnace_base STATIC status.cc)\n")
         self.write("runtime/data/CMakeLists.txt",
                    "add_library(furnace_data STATIC a.cc)\n"
-                   "target_link_libraries(furnace_data PUBLIC furnace_base PRIVATE $<$<BOOL:1>:x>)\n")
+                   "target_link_libraries(furnace_data PUBLIC furnace_base\n"
+                   "  PRIVATE $<$<BOOL:1>:x>)\n")
         self.write("runtime/model/CMakeLists.txt",
                    "add_library(furnace_model STATIC a.cc)\n"
                    "target_link_libraries(furnace_model PUBLIC furnace_base)\n")
@@ -40,7 +41,8 @@ class CheckLayeringTest(unittest.TestCase):
                    "target_link_libraries(furnace_cli PUBLIC furnace_proto PRIVATE furnace_data)\n")
         self.write("proto/CMakeLists.txt",
                    "add_library(furnace_proto STATIC x)\n"
-                   "target_link_libraries(furnace_proto PUBLIC protobuf::libprotobuf gRPC::grpc++)\n")
+                   "target_link_libraries(furnace_proto PUBLIC protobuf::libprotobuf\n"
+                   "  gRPC::grpc++)\n")
 
     def write(self, rel, text):
         path = os.path.join(self.root, rel)
