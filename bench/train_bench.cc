@@ -34,13 +34,13 @@
 #include "kernels/blas.h"
 #include "kernels/matmul.h"
 #include "nlohmann/json.hpp"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
 #include "runtime/device/device.h"
 #include "runtime/model/config.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
-#include "runtime/train/markov.h"
 #include "runtime/train/peak_flops.h"
-#include "runtime/train/sampler.h"
 #include "runtime/train/trainer.h"
 
 namespace {

@@ -11,12 +11,12 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/file_kv_store.h"
 #include "runtime/comm/gloo_communicator.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
-#include "runtime/train/markov.h"
 #include "runtime/train/rank_layout.h"
-#include "runtime/train/sampler.h"
 #include "runtime/train/trainer.h"
 
 namespace furnace::bench {

@@ -6,7 +6,7 @@
 #include "controller/cli/format.h"
 #include "google/protobuf/struct.pb.h"
 #include "runtime/base/status.h"
-#include "runtime/train/byte_tokenizer.h"
+#include "runtime/data/byte_tokenizer.h"
 
 namespace furnace::cli {
 

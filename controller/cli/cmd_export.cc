@@ -19,8 +19,8 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/status.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/safetensors.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace furnace::cli {
 namespace {

@@ -85,7 +85,7 @@ struct DataPrepareOptions {
   std::string output;               // the token file to write
   bool eod = false;                 // append the end-of-document token (256) after each document
 };
-// Byte-level tokenization of the inputs into one token file (runtime/train/byte_tokenizer.h);
+// Byte-level tokenization of the inputs into one token file (runtime/data/byte_tokenizer.h);
 // needs no controller. No inputs or no output -> INVALID_ARGUMENT; an input that cannot be read
 // or an output that cannot be written -> a LocalError (exit 5).
 absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareOptions& options);

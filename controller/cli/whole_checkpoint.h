@@ -1,4 +1,4 @@
-// Whole tensors from a committed checkpoint, whatever layout wrote it (runtime/train/checkpoint.h).
+// Whole tensors from a committed checkpoint, whatever layout wrote it (runtime/checkpoint/checkpoint.h).
 // A single-rank checkpoint holds every tensor whole in shard 0. A parallel one holds, in each
 // rank's shard, that rank's part of each tensor it has: ParamInfo::shard says where local element
 // i lies in the whole tensor (GlobalIndex), and a tensor several ranks hold (replicated across data
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/trainable.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::cli {
 

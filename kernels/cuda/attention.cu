@@ -49,20 +49,12 @@ __global__ void CausalSoftmaxBackwardKernel(float* dp, const float* att, int64_t
   for (int j = lane; j < Tlen; j += 32) d[j] = j <= i ? p[j] * (d[j] - dot) : 0.0f;
 }
 
-bool Bind(cublasHandle_t handle, cudaStream_t stream, const char* op) {
-  if (handle == nullptr) {
-    internal::RecordError(op, "cuBLAS", "null handle", __FILE__, __LINE__);
-    return false;
-  }
-  return FURNACE_CHECK_CUBLAS(op, cublasSetStream(handle, stream));
-}
-
 }  // namespace
 
 void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen, int C, int NH,
                       cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "AttentionForward";
-  if (!Bind(handle, stream, op)) return;
+  if (!internal::BindCublas(handle, stream, op)) return;
   if (B <= 0 || Tlen <= 0 || C <= 0) return;
   const int hs = C / NH;
   const int ld = 3 * C;
@@ -98,7 +90,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "AttentionBackward";
-  if (!Bind(handle, stream, op)) return;
+  if (!internal::BindCublas(handle, stream, op)) return;
   if (B <= 0 || Tlen <= 0 || C <= 0) return;
   const int hs = C / NH;
   const int ld = 3 * C;

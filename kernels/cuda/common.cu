@@ -38,6 +38,14 @@ bool CheckCuda(cudaError_t err, const char* op, const char* call, const char* fi
   return false;
 }
 
+bool BindCublas(cublasHandle_t handle, cudaStream_t stream, const char* op) {
+  if (handle == nullptr) {
+    RecordError(op, "cuBLAS", "null handle", __FILE__, __LINE__);
+    return false;
+  }
+  return FURNACE_CHECK_CUBLAS(op, cublasSetStream(handle, stream));
+}
+
 namespace {
 constexpr int kStrip = 32;  // columns per block
 constexpr int kRows = 32;   // row lanes per block

@@ -19,6 +19,9 @@ bool CheckLaunch(const char* op, const char* file, int line);
 bool CheckCublas(cublasStatus_t status, const char* op, const char* call, const char* file,
                  int line);
 bool CheckCuda(cudaError_t err, const char* op, const char* call, const char* file, int line);
+// Points `handle` at `stream` for the cuBLAS calls that follow; records an error (and returns
+// false) for a null handle or a failed cublasSetStream.
+bool BindCublas(cublasHandle_t handle, cudaStream_t stream, const char* op);
 
 // out[c] += sum_n in[n * C + c]; deterministic (one block owns a column strip).
 void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStream_t stream);

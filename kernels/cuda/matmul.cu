@@ -65,26 +65,18 @@ void Backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
   if (dbias != nullptr) internal::ColumnSumAccumulate(dbias, dout, N, OC, stream);
 }
 
-bool Bind(cublasHandle_t handle, cudaStream_t stream, const char* op) {
-  if (handle == nullptr) {
-    internal::RecordError(op, "cuBLAS", "null handle", __FILE__, __LINE__);
-    return false;
-  }
-  return FURNACE_CHECK_CUBLAS(op, cublasSetStream(handle, stream));
-}
-
 }  // namespace
 
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int C, int OC, cublasHandle_t handle, cudaStream_t stream) {
-  if (!Bind(handle, stream, "MatmulForward")) return;
+  if (!internal::BindCublas(handle, stream, "MatmulForward")) return;
   Forward(out, inp, weight, bias, N, C, OC, handle, stream, "MatmulForward");
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                     const float* inp, const float* weight, int N, int C, int OC,
                     cublasHandle_t handle, cudaStream_t stream) {
-  if (!Bind(handle, stream, "MatmulBackward")) return;
+  if (!internal::BindCublas(handle, stream, "MatmulBackward")) return;
   Backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, handle, stream, "MatmulBackward");
 }
 
@@ -92,7 +84,7 @@ void MatmulForwardBf16(__nv_bfloat16* out, const __nv_bfloat16* inp,
                        const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
                        int OC, cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "MatmulForwardBf16";
-  if (!Bind(handle, stream, op)) return;
+  if (!internal::BindCublas(handle, stream, op)) return;
   if (N == 0 || OC == 0) return;
   float alpha = 1.0f, beta = 0.0f;
   if (bias != nullptr) {
@@ -114,7 +106,7 @@ void GroupedMatmulForward(float* out, const float* inp, const float* weight, con
                           const int64_t* offsets, int E, int C, int OC, cublasHandle_t handle,
                           cudaStream_t stream) {
   const char* op = "GroupedMatmulForward";
-  if (!Bind(handle, stream, op)) return;
+  if (!internal::BindCublas(handle, stream, op)) return;
   for (int e = 0; e < E; ++e) {
     int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows <= 0) continue;
@@ -127,7 +119,7 @@ void GroupedMatmulBackward(float* dinp, float* dweight, float* dbias, const floa
                            const float* inp, const float* weight, const int64_t* offsets, int E,
                            int C, int OC, cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "GroupedMatmulBackward";
-  if (!Bind(handle, stream, op)) return;
+  if (!internal::BindCublas(handle, stream, op)) return;
   for (int e = 0; e < E; ++e) {
     int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows <= 0) continue;

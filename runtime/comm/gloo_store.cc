@@ -15,8 +15,11 @@ constexpr double kMaxSliceSeconds = 1.0;
 }  // namespace
 
 GlooStore::GlooStore(KvStore& store, std::chrono::milliseconds default_timeout,
-                     std::function<void()> on_wait_tick)
-    : store_(store), default_timeout_(default_timeout), on_wait_tick_(std::move(on_wait_tick)) {}
+                     std::function<void()> on_wait_tick, const Clock& clock)
+    : store_(store),
+      default_timeout_(default_timeout),
+      on_wait_tick_(std::move(on_wait_tick)),
+      clock_(clock) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   absl::Status status = store_.Set(key, std::string(data.begin(), data.end()));
@@ -39,10 +42,10 @@ void GlooStore::wait(const std::vector<std::string>& keys,
 
 std::vector<std::string> GlooStore::WaitAndGet(const std::vector<std::string>& keys,
                                                std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + timeout;
+  const double timeout_s = std::chrono::duration<double>(timeout).count();
+  const double deadline = clock_.MonotonicSeconds() + timeout_s;
   while (true) {
-    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const double left = deadline - clock_.MonotonicSeconds();
     absl::StatusOr<std::vector<std::string>> values =
         store_.Get(keys, std::clamp(left, 0.0, kMaxSliceSeconds));
     if (values.ok()) return *std::move(values);
@@ -50,10 +53,10 @@ std::vector<std::string> GlooStore::WaitAndGet(const std::vector<std::string>& k
       throw gloo::IoException(absl::StrCat("rendezvous store get: ", values.status().ToString()));
     }
     if (on_wait_tick_) on_wait_tick_();
-    if (Clock::now() >= deadline) {
-      throw gloo::IoException(absl::StrFormat(
-          "rendezvous timed out after %.3f s (last store answer: %s)",
-          std::chrono::duration<double>(timeout).count(), values.status().message()));
+    if (clock_.MonotonicSeconds() >= deadline) {
+      throw gloo::IoException(
+          absl::StrFormat("rendezvous timed out after %.3f s (last store answer: %s)", timeout_s,
+                          values.status().message()));
     }
   }
 }

@@ -7,8 +7,10 @@
 // timeout throws gloo::IoException("... timed out ..."), any other store error throws
 // gloo::IoException with the store's message. Callers (ConnectGloo) catch at their boundary.
 //
-// Holds a reference to the KvStore, which must outlive it. Thread-compatible, like Gloo's stores:
-// one rendezvous uses it from one thread.
+// Timeouts are measured on `clock` (RealClock() unless given; tests pass a FakeClock and a store
+// that advances it, so they need no real sleeps). Holds references to the KvStore and the clock,
+// which must outlive it. Thread-compatible, like Gloo's stores: one rendezvous uses it from one
+// thread.
 #pragma once
 
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "gloo/rendezvous/store.h"
+#include "runtime/base/clock.h"
 #include "runtime/comm/kv_store.h"
 
 namespace furnace::comm {
@@ -24,7 +27,7 @@ namespace furnace::comm {
 class GlooStore : public gloo::rendezvous::Store {
  public:
   GlooStore(KvStore& store, std::chrono::milliseconds default_timeout,
-            std::function<void()> on_wait_tick = nullptr);
+            std::function<void()> on_wait_tick = nullptr, const Clock& clock = RealClock());
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Waits (up to the default timeout) for the key to exist, as Gloo expects.
@@ -41,6 +44,7 @@ class GlooStore : public gloo::rendezvous::Store {
   KvStore& store_;
   std::chrono::milliseconds default_timeout_;
   std::function<void()> on_wait_tick_;
+  const Clock& clock_;
 };
 
 }  // namespace furnace::comm

@@ -39,7 +39,7 @@
 #include "runtime/model/shard.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/trainable.h"
 
 namespace furnace::model {
 

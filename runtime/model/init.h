@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::model {
 

@@ -11,7 +11,7 @@
 
 #include "runtime/model/config.h"
 #include "runtime/model/shard.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::model {
 

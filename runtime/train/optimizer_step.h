@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/param_info.h"
 
 namespace furnace::train {
 

@@ -1,9 +1,10 @@
-// The training loop of one rank (single process today). A step is MODEL.md "Loss and step":
-// ZeroGrad, then m micro-batches of ForwardBackward with ce_scale = 1/(B*T*m) and
-// aux_scale = 1/m, so the accumulated gradient is that of the step's mean loss; then global-norm
-// clipping, then AdamW at the scheduled LR. Batches come from a deterministic Sampler keyed by the
-// step index, and checkpoints hold params, Adam moments, the step and the seed, so Restore + Run
-// continues bit-for-bit as if the run had never stopped.
+// The training loop of one rank: a whole model in one process, or one rank of a parallel layout
+// (a ParallelRuntime, see parallel.h). A step is MODEL.md "Loss and step": ZeroGrad, then m
+// micro-batches of ForwardBackward with ce_scale = 1/(B*T*m) and aux_scale = 1/m, so the
+// accumulated gradient is that of the step's mean loss; then global-norm clipping, then AdamW at
+// the scheduled LR. Batches come from a deterministic Sampler keyed by the step index, and
+// checkpoints hold params, Adam moments, the step and the seed, so Restore + Run continues
+// bit-for-bit as if the run had never stopped.
 #pragma once
 
 #include <atomic>
@@ -15,12 +16,12 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/base/clock.h"
-#include "runtime/train/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/sampler.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
 #include "runtime/train/parallel.h"
-#include "runtime/train/sampler.h"
-#include "runtime/train/trainable.h"
+#include "runtime/trainable/trainable.h"
 
 namespace furnace::train {
 

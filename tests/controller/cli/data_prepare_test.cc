@@ -5,8 +5,8 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "gtest/gtest.h"
-#include "runtime/train/token_file.h"
-#include "tests/runtime/train/test_dir.h"
+#include "runtime/data/token_file.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::cli {
 namespace {

@@ -12,11 +12,11 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "gtest/gtest.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/safetensors.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "tests/controller/cli/fake_job_client.h"
 #include "tests/controller/cli/job_fixtures.h"
-#include "tests/runtime/train/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::cli {
 namespace {

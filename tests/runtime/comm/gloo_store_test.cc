@@ -1,16 +1,71 @@
 #include "runtime/comm/gloo_store.h"
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <thread>
+#include <limits>
+#include <map>
 
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/base/clock.h"
 
 namespace furnace::comm {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::DoubleNear;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A store on simulated time: each key appears at a given FakeClock time, and a blocking Get
+// advances the clock by as much as the real store would have waited (until the keys appear, or
+// the whole timeout). Records the timeout of every Get.
+class SimulatedKvStore : public KvStore {
+ public:
+  explicit SimulatedKvStore(FakeClock& clock) : clock_(clock) {}
+  void SetAt(double seconds, const std::string& key, const std::string& value) {
+    values_[key] = {seconds, value};
+  }
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    values_[key] = {clock_.MonotonicSeconds(), value};
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               double timeout_s) override {
+    slices_.push_back(timeout_s);
+    const double now = clock_.MonotonicSeconds();
+    double ready_at = now;
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      auto it = values_.find(key);
+      if (it == values_.end()) {
+        missing.push_back(key);
+        ready_at = std::numeric_limits<double>::infinity();
+      } else {
+        ready_at = std::max(ready_at, it->second.first);
+      }
+    }
+    if (ready_at > now + timeout_s) {
+      clock_.Advance(timeout_s);
+      return absl::DeadlineExceededError(absl::StrFormat("keys still missing after %.3f s: [%s]",
+                                                         timeout_s, absl::StrJoin(missing, ", ")));
+    }
+    clock_.Advance(ready_at - now);
+    std::vector<std::string> out;
+    for (const std::string& key : keys) out.push_back(values_.at(key).second);
+    return out;
+  }
+  const std::vector<double>& slices() const { return slices_; }
+
+ private:
+  FakeClock& clock_;
+  std::map<std::string, std::pair<double, std::string>> values_;  // key -> (appears at, value)
+  std::vector<double> slices_;
+};
 
 // A store whose Get always fails with a non-timeout error.
 class BrokenKvStore : public KvStore {
@@ -32,33 +87,49 @@ TEST(GlooStoreTest, SetThenGetRoundTripsBytes) {
 }
 
 TEST(GlooStoreTest, GetWaitsForTheKeyAndTicksWhileWaiting) {
-  InMemoryKvStore kv;
-  std::atomic<int> ticks{0};
-  GlooStore store(kv, milliseconds(10000), [&] { ++ticks; });
-  std::thread writer([&] {
-    std::this_thread::sleep_for(milliseconds(1300));
-    ASSERT_TRUE(kv.Set("k", "v").ok());
-  });
-  const std::vector<char> value = store.get("k");
-  writer.join();
-  EXPECT_EQ(value, std::vector<char>({'v'}));
-  EXPECT_GE(ticks.load(), 1);  // one-second slices: at least one passed before the key came
+  FakeClock clock;
+  SimulatedKvStore kv(clock);
+  kv.SetAt(1.3, "k", "v");
+  int ticks = 0;
+  const auto tick = [&] { ++ticks; };
+  GlooStore store(kv, milliseconds(10000), tick, clock);
+  EXPECT_EQ(store.get("k"), std::vector<char>({'v'}));
+  // One-second slices: the first ran out before the key came (one tick), the second found it.
+  EXPECT_THAT(kv.slices(), ElementsAre(DoubleNear(1.0, 1e-9), DoubleNear(1.0, 1e-9)));
+  EXPECT_EQ(ticks, 1);
+  EXPECT_NEAR(clock.MonotonicSeconds(), 1.3, 1e-9);
 }
 
 TEST(GlooStoreTest, WaitTimeoutThrowsTimedOutIoException) {
-  InMemoryKvStore kv;
-  std::atomic<int> ticks{0};
-  GlooStore store(kv, milliseconds(10000), [&] { ++ticks; });
-  const auto start = std::chrono::steady_clock::now();
+  FakeClock clock;
+  SimulatedKvStore kv(clock);
+  int ticks = 0;
+  const auto tick = [&] { ++ticks; };
+  GlooStore store(kv, milliseconds(10000), tick, clock);
   try {
     store.wait({"never"}, milliseconds(300));
     FAIL() << "wait returned";
   } catch (const gloo::IoException& e) {
-    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("timed out after 0.300 s"));
+    EXPECT_THAT(e.what(), HasSubstr("never"));
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
-  EXPECT_GE(ticks.load(), 1);
+  EXPECT_THAT(kv.slices(), ElementsAre(DoubleNear(0.3, 1e-9)));
+  EXPECT_EQ(ticks, 1);
+  EXPECT_NEAR(clock.MonotonicSeconds(), 0.3, 1e-9);
+}
+
+TEST(GlooStoreTest, LongWaitIsSlicedAndStopsAtTheTimeout) {
+  FakeClock clock;
+  SimulatedKvStore kv(clock);
+  kv.SetAt(0.0, "a", "1");
+  int ticks = 0;
+  const auto tick = [&] { ++ticks; };
+  GlooStore store(kv, milliseconds(2500), tick, clock);
+  EXPECT_THROW(store.wait({"a", "b"}), gloo::IoException);  // the default timeout
+  EXPECT_THAT(kv.slices(),
+              ElementsAre(DoubleNear(1.0, 1e-9), DoubleNear(1.0, 1e-9), DoubleNear(0.5, 1e-9)));
+  EXPECT_EQ(ticks, 3);
+  EXPECT_NEAR(clock.MonotonicSeconds(), 2.5, 1e-9);
 }
 
 TEST(GlooStoreTest, StoreErrorsBecomeIoExceptions) {

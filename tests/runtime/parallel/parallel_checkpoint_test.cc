@@ -3,26 +3,27 @@
 // ends with shard files byte-identical to an uninterrupted run; loading into another layout is
 // refused with the tensor that differs.
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/blas.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/markov.h"
 #include "runtime/train/rank_layout.h"
-#include "runtime/train/sampler.h"
 #include "runtime/train/trainer.h"
 #include "tests/runtime/parallel/local_world.h"
+#include "tests/testing/file_bytes.h"
 
 namespace furnace::testing {
 namespace {
+
+using testing_util::ReadAll;
 
 model::ModelConfig Tiny() {
   model::ModelConfig c;
@@ -87,13 +88,6 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
   return absl::OkStatus();
 }
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 class ParallelCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -119,8 +113,8 @@ TEST_F(ParallelCheckpointTest, ResumedRunEndsBitIdenticalAndOtherLayoutsAreRefus
   ASSERT_EQ(steps, (std::vector<int64_t>{2, 4}));
   for (int shard = 0; shard < 2; ++shard) {
     const std::string name = train::CheckpointStore::ShardFileName(shard);
-    const std::string a = Slurp(store.StepDir(4) + "/" + name);
-    const std::string b = Slurp(train::CheckpointStore(resumed, 0).StepDir(4) + "/" + name);
+    const std::string a = ReadAll(store.StepDir(4) + "/" + name);
+    const std::string b = ReadAll(train::CheckpointStore(resumed, 0).StepDir(4) + "/" + name);
     ASSERT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << name << " differs after the resume";
   }

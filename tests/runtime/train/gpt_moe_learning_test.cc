@@ -5,11 +5,11 @@
 
 #include "gtest/gtest.h"
 #include "kernels/blas.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
-#include "runtime/train/markov.h"
-#include "runtime/train/sampler.h"
 #include "runtime/train/trainer.h"
 
 namespace furnace::train {

@@ -6,10 +6,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/train/counter_rng.h"
-#include "runtime/train/markov.h"
-#include "runtime/train/sampler.h"
-#include "tests/runtime/train/test_dir.h"
+#include "runtime/data/counter_rng.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::train {
 namespace {

@@ -1,0 +1,442 @@
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/status.h"
+#include "runtime/checkpoint/crc32.h"
+#include "runtime/checkpoint/durable_file.h"
+
+namespace furnace::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr char kShardMagic[8] = {'F', 'U', 'R', 'N', 'C', 'K', 'P', 'T'};
+constexpr char kManifest[] = "manifest.json";
+constexpr char kLatest[] = "LATEST";
+constexpr char kStepPrefix[] = "step-";
+
+template <typename T>
+void Put(std::string* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out->push_back(static_cast<char>(static_cast<uint64_t>(value) >> (8 * i)));
+  }
+}
+
+template <typename T>
+T Get(const unsigned char* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= uint64_t{p[i]} << (8 * i);
+  return static_cast<T>(v);
+}
+
+// step-00000012 -> 12; anything else -> nullopt.
+std::optional<int64_t> ParseStepDir(const std::string& name) {
+  absl::string_view rest = name;
+  if (!absl::ConsumePrefix(&rest, kStepPrefix) || rest.size() < 8) return std::nullopt;
+  int64_t step;
+  if (!absl::SimpleAtoi(rest, &step) || step < 0) return std::nullopt;
+  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+// Reads exactly n bytes into dst, folding them into *crc.
+absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t n, uint32_t* crc) {
+  if (std::fread(dst, 1, n, f) != n) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": short read"));
+  }
+  *crc = Crc32(*crc, dst, n);
+  return absl::OkStatus();
+}
+
+Json ParamsJson(const std::vector<ParamInfo>& params) {
+  Json list = Json::array();
+  for (const ParamInfo& p : params) {
+    Json j = {{"name", p.name},
+              {"shape", p.shape},
+              {"offset", p.offset},
+              {"weight_decay", p.weight_decay}};
+    if (p.shard.sharded()) {
+      Json ranges = Json::array();
+      for (const auto& [b, e] : p.shard.ranges) ranges.push_back({b, e});
+      j["global_shape"] = p.shard.global_shape;
+      j["shard_dim"] = p.shard.dim;
+      j["shard_ranges"] = ranges;
+    }
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
+// Throws Json::exception on a malformed entry (callers catch).
+std::vector<ParamInfo> ParamsFromJson(const Json& list) {
+  std::vector<ParamInfo> params;
+  for (const Json& p : list) {
+    ParamInfo info;
+    info.name = p.at("name").get<std::string>();
+    info.shape = p.at("shape").get<std::vector<int64_t>>();
+    info.offset = p.at("offset").get<int64_t>();
+    info.weight_decay = p.at("weight_decay").get<bool>();
+    if (p.contains("global_shape")) {
+      info.shard.global_shape = p.at("global_shape").get<std::vector<int64_t>>();
+      info.shard.dim = p.at("shard_dim").get<int>();
+      for (const Json& r : p.at("shard_ranges")) {
+        info.shard.ranges.emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+      }
+    }
+    params.push_back(std::move(info));
+  }
+  return params;
+}
+
+Json RecordJson(const ShardRecord& r) {
+  Json j = {{"file", r.file}, {"bytes", r.bytes}, {"crc32", r.crc32}};
+  if (r.n >= 0) {
+    j["num_params"] = r.n;
+    j["params"] = ParamsJson(r.params);
+  }
+  return j;
+}
+
+ShardRecord RecordFromJson(const Json& j) {
+  ShardRecord r;
+  r.file = j.at("file").get<std::string>();
+  r.bytes = j.at("bytes").get<uint64_t>();
+  r.crc32 = j.at("crc32").get<uint32_t>();
+  if (j.contains("num_params")) {
+    r.n = j.at("num_params").get<int64_t>();
+    r.params = ParamsFromJson(j.at("params"));
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string SerializeShardRecord(const ShardRecord& record) { return RecordJson(record).dump(); }
+
+absl::StatusOr<ShardRecord> ParseShardRecord(const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("shard record: not valid JSON");
+  }
+  try {
+    return RecordFromJson(j);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("shard record: ", e.what()));
+  }
+}
+
+std::string CheckpointStore::StepDir(int64_t step) const {
+  return (fs::path(dir_) / absl::StrFormat("%s%08d", kStepPrefix, step)).string();
+}
+
+std::string CheckpointStore::ShardFileName(int shard) {
+  return absl::StrFormat("shard-%05d.bin", shard);
+}
+
+absl::Status CheckpointStore::Save(const std::vector<ParamInfo>& params, const ShardState& state) {
+  ASSIGN_OR_RETURN(ShardRecord record, WriteShard(state));
+  RETURN_IF_ERROR(Stage("shard"));
+  return Commit(params, state, {record});
+}
+
+absl::StatusOr<ShardRecord> CheckpointStore::WriteShard(const ShardState& s) {
+  const std::string step_dir = StepDir(s.step);
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint: cannot create ", step_dir, ": ", ec.message()));
+  }
+  RETURN_IF_ERROR(SyncDirectory(dir_));
+  // Re-saving a committed step (a resumed run reaching it again): uncommit it first, so a crash
+  // mid-write cannot leave an old manifest describing a new shard.
+  const fs::path manifest = fs::path(step_dir) / kManifest;
+  if (fs::exists(manifest, ec)) {
+    fs::remove(manifest, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint: cannot remove ", manifest.string(), ": ", ec.message()));
+    }
+    RETURN_IF_ERROR(SyncDirectory(step_dir));
+  }
+
+  ShardRecord record;
+  record.file = ShardFileName(s.shard);
+  std::string header;
+  header.append(kShardMagic, 8);
+  Put<uint32_t>(&header, kCheckpointVersion);
+  Put<uint32_t>(&header, static_cast<uint32_t>(s.shard));
+  Put<uint32_t>(&header, static_cast<uint32_t>(s.num_shards));
+  Put<uint32_t>(&header, 0);
+  Put<int64_t>(&header, s.step);
+  Put<int64_t>(&header, s.data_position);
+  Put<uint64_t>(&header, s.seed);
+  Put<int64_t>(&header, s.n);
+  DurableWriter writer((fs::path(step_dir) / record.file).string());
+  RETURN_IF_ERROR(writer.Open());
+  RETURN_IF_ERROR(writer.Append(header.data(), header.size()));
+  const size_t array_bytes = static_cast<size_t>(s.n) * sizeof(float);
+  RETURN_IF_ERROR(writer.Append(s.params, array_bytes));
+  RETURN_IF_ERROR(writer.Append(s.m, array_bytes));
+  RETURN_IF_ERROR(writer.Append(s.v, array_bytes));
+  RETURN_IF_ERROR(writer.Commit());
+  record.bytes = writer.bytes();
+  record.crc32 = writer.crc32();
+  return record;
+}
+
+absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const ShardState& s,
+                                     const std::vector<ShardRecord>& shards) {
+  Json manifest = {{"format", "furnace-checkpoint"},
+                   {"version", kCheckpointVersion},
+                   {"step", s.step},
+                   {"data_position", s.data_position},
+                   {"seed", s.seed},
+                   {"num_shards", s.num_shards},
+                   {"num_params", s.n}};
+  Json shard_list = Json::array();
+  for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
+  manifest["shards"] = shard_list;
+  manifest["params"] = ParamsJson(params);
+  const std::string step_dir = StepDir(s.step);
+  RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(step_dir) / kManifest).string(), manifest.dump(1) + "\n"));
+  RETURN_IF_ERROR(Stage("manifest"));
+  RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(dir_) / kLatest).string(), absl::StrCat(s.step, "\n")));
+  RETURN_IF_ERROR(Stage("latest"));
+  return Prune(s.step);
+}
+
+std::vector<int64_t> CheckpointStore::CommittedSteps() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    std::optional<int64_t> step = ParseStepDir(entry.path().filename().string());
+    if (step && fs::exists(entry.path() / kManifest, ec)) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<std::optional<int64_t>> CheckpointStore::LatestStep() const {
+  const std::string path = (fs::path(dir_) / kLatest).string();
+  std::string text;
+  absl::Status s = ReadFileToString(path, &text);
+  if (absl::IsNotFound(s)) return std::optional<int64_t>();
+  RETURN_IF_ERROR(s);
+  int64_t step;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &step) || step < 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: ", path, " holds \"", text, "\", not a step number"));
+  }
+  return std::optional<int64_t>(step);
+}
+
+absl::Status CheckpointStore::Prune(int64_t latest) const {
+  if (keep_ <= 0) return absl::OkStatus();
+  std::vector<int64_t> committed = CommittedSteps();
+  std::vector<int64_t> doomed;
+  int kept = 0;
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    if (*it > latest) continue;
+    if (kept < keep_) {
+      ++kept;
+    } else {
+      doomed.push_back(*it);
+    }
+  }
+  // Uncommitted directories older than LATEST are leftovers of interrupted saves.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    std::optional<int64_t> step = ParseStepDir(entry.path().filename().string());
+    if (step && *step < latest && !fs::exists(entry.path() / kManifest, ec)) {
+      doomed.push_back(*step);
+    }
+  }
+  for (int64_t step : doomed) {
+    // Uncommit first (manifest), so a crash mid-delete leaves an uncommitted leftover, not a
+    // committed checkpoint with missing shards.
+    fs::remove(fs::path(StepDir(step)) / kManifest, ec);
+    fs::remove_all(StepDir(step), ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint: cannot delete ", StepDir(step), ": ", ec.message()));
+    }
+  }
+  return SyncDirectory(dir_);
+}
+
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
+  std::vector<int64_t> committed = CommittedSteps();
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::optional<int64_t>> latest = LatestStep();
+  std::optional<int64_t> bound;
+  if (!latest.ok()) {
+    skipped.push_back(absl::StrCat(latest.status().message(), "; trying every committed step"));
+  } else if (!latest->has_value()) {
+    if (!committed.empty()) {
+      skipped.push_back(
+          absl::StrCat("checkpoint: ", dir_, "/LATEST is missing; trying every committed step"));
+    }
+  } else {
+    bound = **latest;
+  }
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    if (bound && *it > *bound) continue;  // committed after LATEST moved: never published
+    absl::StatusOr<LoadedCheckpoint> loaded = Load(*it, shard);
+    if (loaded.ok()) {
+      loaded->skipped = std::move(skipped);
+      return loaded;
+    }
+    // Written by another layout: an older checkpoint would be no better, and it is not damage.
+    if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
+    skipped.push_back(std::string(loaded.status().message()));
+  }
+  if (skipped.empty()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint: no committed checkpoint in ", dir_));
+  }
+  std::string all;
+  for (const std::string& s : skipped) absl::StrAppend(&all, "\n  ", s);
+  return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", dir_, ":", all));
+}
+
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) const {
+  const std::string step_dir = StepDir(step);
+  const std::string manifest_path = (fs::path(step_dir) / kManifest).string();
+  std::string text;
+  RETURN_IF_ERROR(ReadFileToString(manifest_path, &text));
+  Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad_manifest = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", manifest_path, ": ", what));
+  };
+  if (m.is_discarded() || !m.is_object()) return bad_manifest("not valid JSON");
+  for (const char* key : {"version", "step", "data_position", "seed", "num_shards", "num_params",
+                          "shards", "params"}) {
+    if (!m.contains(key)) return bad_manifest(absl::StrCat("missing \"", key, "\""));
+  }
+  LoadedCheckpoint out;
+  ShardRecord record;
+  int64_t n = 0;
+  int num_shards = 0;
+  try {  // nlohmann's typed getters throw on a type mismatch: caught here, never escapes
+    if (m["version"].get<uint32_t>() != kCheckpointVersion) {
+      return bad_manifest(absl::StrCat("unsupported version ", m["version"].dump()));
+    }
+    out.step = m["step"].get<int64_t>();
+    out.data_position = m["data_position"].get<int64_t>();
+    out.seed = m["seed"].get<uint64_t>();
+    num_shards = m["num_shards"].get<int>();
+    n = m["num_params"].get<int64_t>();
+    if (out.step != step) {
+      return bad_manifest(
+          absl::StrCat("says step ", out.step, " inside the directory of step ", step));
+    }
+    if (shard >= num_shards && num_shards > 0 &&
+        m["shards"].size() == static_cast<size_t>(num_shards)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", step_dir, " was written by ", num_shards,
+                       " rank(s); this job's rank ", shard,
+                       " has no shard in it (a checkpoint loads only into the parallel layout that "
+                       "wrote it)"));
+    }
+    if (shard < 0 || shard >= num_shards || m["shards"].size() != static_cast<size_t>(num_shards)) {
+      return bad_manifest(absl::StrCat("has ", m["shards"].size(), " shards of ", num_shards,
+                                       "; shard ", shard, " requested"));
+    }
+    for (const Json& e : m["shards"]) {  // absent: a single rank's top-level size
+      const int64_t values = e.contains("num_params") ? e["num_params"].get<int64_t>() : n;
+      if (values < 0 || values > INT64_MAX / 2 - out.values_in_all_shards) {
+        return bad_manifest(absl::StrCat("bad shard size ", values));
+      }
+      out.values_in_all_shards += values;
+    }
+    const Json& entry = m["shards"][static_cast<size_t>(shard)];
+    record = RecordFromJson(entry);
+    if (record.n >= 0) {
+      n = record.n;
+      out.params = std::move(record.params);
+    } else {
+      out.params = ParamsFromJson(m["params"]);
+    }
+  } catch (const Json::exception& e) {
+    return bad_manifest(e.what());
+  }
+  if (record.file.find('/') != std::string::npos || record.file.empty()) {
+    return bad_manifest(absl::StrCat("bad shard file name \"", record.file, "\""));
+  }
+  const uint64_t want_bytes = kShardHeaderBytes + 3 * static_cast<uint64_t>(n) * sizeof(float);
+  if (n < 0 || record.bytes != want_bytes) {
+    return bad_manifest(absl::StrCat("shard bytes ", record.bytes, " do not match ", n, " params (",
+                                     want_bytes, " bytes)"));
+  }
+
+  const std::string shard_path = (fs::path(step_dir) / record.file).string();
+  std::error_code ec;
+  const uint64_t actual = fs::file_size(shard_path, ec);
+  if (ec) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard ", shard_path, ": missing (", ec.message(), ")"));
+  }
+  if (actual != record.bytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", shard_path, ": ",
+                                            actual < record.bytes ? "truncated" : "too long", ": ",
+                                            actual, " bytes, the manifest says ", record.bytes));
+  }
+  std::FILE* f = std::fopen(shard_path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard ", shard_path, ": cannot open: ", std::strerror(errno)));
+  }
+  uint32_t crc = 0;
+  unsigned char header[kShardHeaderBytes];
+  out.param_data.resize(static_cast<size_t>(n));
+  out.m.resize(static_cast<size_t>(n));
+  out.v.resize(static_cast<size_t>(n));
+  const size_t array_bytes = static_cast<size_t>(n) * sizeof(float);
+  absl::Status read = ReadExact(f, shard_path, header, sizeof(header), &crc);
+  if (read.ok()) read = ReadExact(f, shard_path, out.param_data.data(), array_bytes, &crc);
+  if (read.ok()) read = ReadExact(f, shard_path, out.m.data(), array_bytes, &crc);
+  if (read.ok()) read = ReadExact(f, shard_path, out.v.data(), array_bytes, &crc);
+  std::fclose(f);
+  RETURN_IF_ERROR(read);
+  if (crc != record.crc32) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint shard %s: checksum mismatch: crc32 0x%08x, the manifest says 0x%08x "
+        "(the file is corrupted)",
+        shard_path, crc, record.crc32));
+  }
+  auto bad_shard = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", shard_path, ": ", what));
+  };
+  if (std::memcmp(header, kShardMagic, 8) != 0) return bad_shard("bad magic");
+  if (Get<uint32_t>(header + 8) != kCheckpointVersion) {
+    return bad_shard(absl::StrCat("unsupported version ", Get<uint32_t>(header + 8)));
+  }
+  if (Get<uint32_t>(header + 12) != static_cast<uint32_t>(shard) ||
+      Get<uint32_t>(header + 16) != static_cast<uint32_t>(num_shards) ||
+      Get<int64_t>(header + 24) != out.step || Get<int64_t>(header + 32) != out.data_position ||
+      Get<uint64_t>(header + 40) != out.seed || Get<int64_t>(header + 48) != n) {
+    return bad_shard(
+        "header disagrees with the manifest (shard, step, data position, seed or size)");
+  }
+  out.path = step_dir;
+  out.num_shards = num_shards;
+  return out;
+}
+
+}  // namespace furnace::train

@@ -1,0 +1,127 @@
+// Checkpoints (DESIGN.md "Recovery", item 3). Layout under a checkpoint directory:
+//
+//   <dir>/step-<8 digits>/shard-<5 digits>.bin   one per rank: params, Adam m and v, counters
+//   <dir>/step-<8 digits>/manifest.json          written last; its presence commits the step
+//   <dir>/LATEST                                 the newest committed step, moved last
+//
+// Every file is written as <name>.tmp, fsynced, renamed and its directory fsynced, so a crash
+// leaves either the old file or the complete new one. The order (shards, then manifest with each
+// shard's byte size and CRC-32, then LATEST) means LATEST never names a step whose shards are not
+// durable. Loading verifies sizes and checksums before trusting a byte; LoadLatest falls back from
+// a corrupt or partial checkpoint to the previous committed one and says which it skipped and why.
+//
+// Shard file (little-endian):
+//   0 char[8] "FURNCKPT" | 8 u32 version (1) | 12 u32 shard | 16 u32 num_shards | 20 u32 0
+//   24 i64 step | 32 i64 data_position | 40 u64 seed | 48 i64 n | 56 f32 params[n] m[n] v[n]
+//
+// Single rank: shard 0 holds the whole flat arrays. With several ranks (a parallel layout) each
+// writes its own shard with WriteShard (shard = its world rank), the records travel to one rank,
+// which calls Commit once all are durable; the manifest then lists every shard's own parameters
+// (with the part of each global tensor it holds), so a checkpoint loads only into the same layout
+// and tools can reassemble whole tensors from the shards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/trainable/param_info.h"
+
+namespace furnace::train {
+
+inline constexpr uint32_t kCheckpointVersion = 1;
+inline constexpr int64_t kShardHeaderBytes = 56;
+
+// What one rank saves. The arrays are borrowed for the duration of the call.
+struct ShardState {
+  int64_t step = 0;           // completed optimizer steps
+  int64_t data_position = 0;  // the next step index the sampler draws (== step today)
+  uint64_t seed = 0;          // the run's seed: data order and initialisation
+  int shard = 0;
+  int num_shards = 1;
+  int64_t n = 0;  // floats in each of params, m, v
+  const float* params = nullptr;
+  const float* m = nullptr;
+  const float* v = nullptr;
+};
+
+struct ShardRecord {
+  std::string file;  // name inside the step directory
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  // Parallel layouts: the shard's own parameters (names, local shapes, offsets and which part of
+  // each global tensor it holds) and their count. Empty / -1: the manifest's top-level "params".
+  std::vector<ParamInfo> params;
+  int64_t n = -1;
+};
+
+// A ShardRecord as one JSON text (ranks exchange them before rank 0 commits), and back.
+std::string SerializeShardRecord(const ShardRecord& record);
+absl::StatusOr<ShardRecord> ParseShardRecord(const std::string& text);
+
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  int64_t data_position = 0;
+  uint64_t seed = 0;
+  std::string path;                  // the step directory loaded
+  int num_shards = 1;                // ranks that wrote it
+  int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together
+  std::vector<ParamInfo> params;     // names, shapes and offsets recorded in the manifest
+  std::vector<float> param_data, m, v;
+  std::vector<std::string> skipped;  // newer checkpoints passed over, each with the reason
+};
+
+// A checkpoint directory. Not thread-safe; one writer per directory.
+class CheckpointStore {
+ public:
+  // keep: committed checkpoints retained (older ones deleted after each commit); <= 0 keeps all.
+  CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
+
+  // Single rank: WriteShard, then Commit.
+  absl::Status Save(const std::vector<ParamInfo>& params, const ShardState& state);
+
+  // Writes this rank's shard durably into the step directory (uncommitting the step first if a
+  // manifest for it already exists).
+  absl::StatusOr<ShardRecord> WriteShard(const ShardState& state);
+  // Writes the manifest (durably, atomically), then moves LATEST, then deletes old checkpoints.
+  absl::Status Commit(const std::vector<ParamInfo>& params, const ShardState& state,
+                      const std::vector<ShardRecord>& shards);
+
+  // The newest committed checkpoint not newer than LATEST whose manifest, sizes and checksums
+  // verify. NotFound when the directory holds no committed checkpoint; DataLoss (listing each
+  // reason) when every one is damaged.
+  absl::StatusOr<LoadedCheckpoint> LoadLatest(int shard = 0) const;
+  // One step, verified; errors name the file and what is wrong with it.
+  absl::StatusOr<LoadedCheckpoint> Load(int64_t step, int shard = 0) const;
+
+  // Steps whose manifest exists, ascending.
+  std::vector<int64_t> CommittedSteps() const;
+  // The step LATEST names; nullopt when there is no LATEST file.
+  absl::StatusOr<std::optional<int64_t>> LatestStep() const;
+
+  const std::string& dir() const { return dir_; }
+  std::string StepDir(int64_t step) const;
+  static std::string ShardFileName(int shard);
+
+  // Tests: called after each stage of Save ("shard", "manifest", "latest"); an error aborts the
+  // save there, as a crash would.
+  void SetStageHookForTest(std::function<absl::Status(absl::string_view)> hook) {
+    stage_hook_ = std::move(hook);
+  }
+
+ private:
+  absl::Status Prune(int64_t latest) const;
+  absl::Status Stage(absl::string_view name) const {
+    return stage_hook_ ? stage_hook_(name) : absl::OkStatus();
+  }
+
+  std::string dir_;
+  int keep_;
+  std::function<absl::Status(absl::string_view)> stage_hook_;
+};
+
+}  // namespace furnace::train

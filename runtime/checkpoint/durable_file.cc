@@ -1,0 +1,92 @@
+#include "runtime/checkpoint/durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/checkpoint/crc32.h"
+
+namespace furnace::train {
+namespace {
+
+absl::Status IoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+DurableWriter::~DurableWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove((path_ + ".tmp").c_str());
+  }
+}
+
+absl::Status DurableWriter::Open() {
+  const std::string tmp = path_ + ".tmp";
+  file_ = std::fopen(tmp.c_str(), "wb");
+  if (file_ == nullptr) return IoError("cannot create", tmp);
+  return absl::OkStatus();
+}
+
+absl::Status DurableWriter::Append(const void* data, size_t n) {
+  if (file_ == nullptr) return absl::FailedPreconditionError("DurableWriter is not open");
+  if (n > 0 && std::fwrite(data, 1, n, file_) != n) return IoError("write to", path_ + ".tmp");
+  crc_ = Crc32(crc_, data, n);
+  bytes_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status DurableWriter::Commit() {
+  if (file_ == nullptr) return absl::FailedPreconditionError("DurableWriter is not open");
+  const std::string tmp = path_ + ".tmp";
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) return IoError("fsync", tmp);
+  std::fclose(file_);
+  file_ = nullptr;
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    absl::Status s = IoError(absl::StrCat("rename ", tmp, " to"), path_);
+    std::remove(tmp.c_str());
+    return s;
+  }
+  return SyncDirectory(std::filesystem::path(path_).parent_path().string());
+}
+
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+  DurableWriter writer(path);
+  RETURN_IF_ERROR(writer.Open());
+  RETURN_IF_ERROR(writer.Append(contents.data(), contents.size()));
+  return writer.Commit();
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const std::string d = dir.empty() ? "." : dir;
+  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError("open directory", d);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return IoError("fsync directory", d);
+  return absl::OkStatus();
+}
+
+absl::Status ReadFileToString(const std::string& path, std::string* out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return IoError("cannot open", path);
+  }
+  out->clear();
+  char buf[1 << 16];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) out->append(buf, got);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return IoError("read", path);
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::train

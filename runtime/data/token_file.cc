@@ -1,0 +1,226 @@
+#include "runtime/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+
+namespace furnace::data {
+namespace {
+
+uint32_t LoadU32(const unsigned char* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+uint64_t LoadU64(const unsigned char* p) { return LoadU32(p) | uint64_t{LoadU32(p + 4)} << 32; }
+void StoreU32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void StoreU64(unsigned char* p, uint64_t v) {
+  StoreU32(p, static_cast<uint32_t>(v));
+  StoreU32(p + 4, static_cast<uint32_t>(v >> 32));
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path,
+                                                           int64_t expected_vocab) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("token file ", path, ": cannot open: ", ErrnoText()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    std::string err = ErrnoText();
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("token file ", path, ": fstat: ", err));
+  }
+  const int64_t file_bytes = st.st_size;
+  if (file_bytes < kTokenFileHeaderBytes) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
+                                            " bytes, shorter than the ", kTokenFileHeaderBytes,
+                                            "-byte header"));
+  }
+  void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+  std::string map_err = map == MAP_FAILED ? ErrnoText() : "";
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("token file ", path, ": mmap: ", map_err));
+  }
+  std::unique_ptr<TokenFile> file(new TokenFile());
+  file->path_ = path;
+  file->map_ = map;
+  file->map_bytes_ = static_cast<size_t>(file_bytes);
+  const auto* bytes = static_cast<const unsigned char*>(map);
+
+  if (std::memcmp(bytes, kTokenFileMagic, 8) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path, ": bad magic (expected \"FURNTOK1\"): not a Furnace token file"));
+  }
+  const uint32_t version = LoadU32(bytes + 8);
+  if (version != kTokenFileVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": unsupported version ",
+                                                   version, " (this build reads version ",
+                                                   kTokenFileVersion, ")"));
+  }
+  const uint32_t width = LoadU32(bytes + 12);
+  if (width != 2 && width != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, ": token width ", width, " bytes (allowed: 2 or 4)"));
+  }
+  const uint64_t count = LoadU64(bytes + 16);
+  const uint32_t vocab = LoadU32(bytes + 24);
+  if (vocab == 0 || (width == 2 && vocab > 65536u) || vocab > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
+                                                   " invalid for ", width, "-byte tokens"));
+  }
+  const uint64_t payload = static_cast<uint64_t>(file_bytes - kTokenFileHeaderBytes);
+  if (count > payload / width || payload != count * width) {
+    const bool short_file = count > payload / width || payload < count * width;
+    return absl::DataLossError(
+        absl::StrCat("token file ", path, ": ", short_file ? "truncated" : "has trailing bytes",
+                     ": header says ", count, " tokens of ", width, " bytes (",
+                     kTokenFileHeaderBytes + count * width, " bytes in all) but the file has ",
+                     file_bytes, " bytes"));
+  }
+  if (expected_vocab > 0 && vocab > expected_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
+                                                   " exceeds the model's vocab ", expected_vocab));
+  }
+  file->tokens_ = bytes + kTokenFileHeaderBytes;
+  file->count_ = static_cast<int64_t>(count);
+  file->vocab_ = vocab;
+  file->token_bytes_ = static_cast<int>(width);
+  for (int64_t i = 0; i < file->count_; ++i) {
+    const uint32_t t =
+        width == 2 ? (uint32_t{file->tokens_[2 * i]} | uint32_t{file->tokens_[2 * i + 1]} << 8)
+                   : LoadU32(file->tokens_ + 4 * i);
+    if (t >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token file ", path, ": token ", i, " (byte offset ", kTokenFileHeaderBytes + i * width,
+          ") has value ", t, ", not below the vocab ", vocab));
+    }
+  }
+  return file;
+}
+
+TokenFile::~TokenFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+int32_t TokenFile::at(int64_t i) const {
+  if (token_bytes_ == 2) {
+    return static_cast<int32_t>(uint32_t{tokens_[2 * i]} | uint32_t{tokens_[2 * i + 1]} << 8);
+  }
+  return static_cast<int32_t>(LoadU32(tokens_ + 4 * i));
+}
+
+void TokenFile::Read(int64_t begin, int64_t n, int32_t* out) const {
+  for (int64_t i = 0; i < n; ++i) out[i] = at(begin + i);
+}
+
+absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const std::string& path,
+                                                                         int64_t vocab,
+                                                                         int token_bytes) {
+  if (token_bytes != 2 && token_bytes != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, ": token width ", token_bytes, " (allowed: 2 or 4)"));
+  }
+  const int64_t max_vocab = token_bytes == 2 ? 65536 : 0x7FFFFFFF;
+  if (vocab <= 0 || vocab > max_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
+                                                   " must be in [1, ", max_vocab, "] for ",
+                                                   token_bytes, "-byte tokens"));
+  }
+  std::unique_ptr<TokenFileWriter> w(new TokenFileWriter());
+  w->path_ = path;
+  w->tmp_path_ = path + ".tmp";
+  w->vocab_ = vocab;
+  w->token_bytes_ = token_bytes;
+  w->file_ = std::fopen(w->tmp_path_.c_str(), "wb");
+  if (w->file_ == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("token file ", w->tmp_path_, ": cannot create: ", ErrnoText()));
+  }
+  unsigned char header[kTokenFileHeaderBytes] = {};
+  std::memcpy(header, kTokenFileMagic, 8);
+  StoreU32(header + 8, kTokenFileVersion);
+  StoreU32(header + 12, static_cast<uint32_t>(token_bytes));
+  StoreU64(header + 16, 0);  // patched by Finish
+  StoreU32(header + 24, static_cast<uint32_t>(vocab));
+  if (std::fwrite(header, 1, sizeof(header), w->file_) != sizeof(header)) {
+    return absl::InternalError(absl::StrCat("token file ", w->tmp_path_, ": write: ", ErrnoText()));
+  }
+  return w;
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_path_.c_str());
+  }
+}
+
+absl::Status TokenFileWriter::Append(const int32_t* tokens, int64_t n) {
+  if (file_ == nullptr) return absl::FailedPreconditionError("token file writer is finished");
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", path_, ": token ", count_ + i,
+                                                     " has value ", tokens[i], ", outside [0, ",
+                                                     vocab_, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t t = static_cast<uint32_t>(tokens[i]);
+    for (int b = 0; b < token_bytes_; ++b)
+      buffer_.push_back(static_cast<unsigned char>(t >> (8 * b)));
+  }
+  count_ += n;
+  if (buffer_.size() >= (1u << 20)) return Flush();
+  return absl::OkStatus();
+}
+
+absl::Status TokenFileWriter::Flush() {
+  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+    return absl::InternalError(absl::StrCat("token file ", tmp_path_, ": write: ", ErrnoText()));
+  }
+  buffer_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status TokenFileWriter::Finish() {
+  if (file_ == nullptr) return absl::FailedPreconditionError("token file writer is finished");
+  RETURN_IF_ERROR(Flush());
+  unsigned char count_bytes[8];
+  StoreU64(count_bytes, static_cast<uint64_t>(count_));
+  if (std::fseek(file_, 16, SEEK_SET) != 0 || std::fwrite(count_bytes, 1, 8, file_) != 8 ||
+      std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
+    return absl::InternalError(absl::StrCat("token file ", tmp_path_, ": write: ", ErrnoText()));
+  }
+  std::fclose(file_);
+  file_ = nullptr;
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    std::string err = ErrnoText();
+    std::remove(tmp_path_.c_str());
+    return absl::InternalError(
+        absl::StrCat("token file ", path_, ": rename from ", tmp_path_, ": ", err));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens,
+                            int64_t vocab) {
+  ASSIGN_OR_RETURN(auto writer, TokenFileWriter::Create(path, vocab, vocab <= 65536 ? 2 : 4));
+  RETURN_IF_ERROR(writer->Append(tokens.data(), static_cast<int64_t>(tokens.size())));
+  return writer->Finish();
+}
+
+}  // namespace furnace::data

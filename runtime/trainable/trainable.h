@@ -1,0 +1,75 @@
+// Trainable: what the training loop needs of a model. runtime/model's GptMoe implements it; tests
+// of the loop use small models that implement it too. It lives in runtime/trainable, below both
+// runtime/model and runtime/train, so the model implements it without including the loop.
+//
+// Parameters and their gradients are each one flat fp32 array, parameter i occupying
+// [params()[i].offset, + numel) in both, so the optimizer, clipping, checkpoints and exports work
+// on whole arrays. ForwardBackward ACCUMULATES into the gradient array (gradient accumulation over
+// micro-batches); the loop calls ZeroGrad once per step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/trainable/param_info.h"
+
+namespace furnace::train {
+
+struct MicroBatchResult {
+  double loss = 0;      // mean token cross-entropy of this micro-batch
+  double aux_loss = 0;  // sum over MoE layers of aux (MODEL.md)
+  // tokens_per_expert[moe_layer][e]: routed assignments (before capacity dropping).
+  std::vector<std::vector<int64_t>> tokens_per_expert;
+  int64_t dropped = 0;                // assignments dropped by capacity
+  int64_t activation_peak_bytes = 0;  // arena peak during this micro-batch
+};
+
+class Trainable {
+ public:
+  virtual ~Trainable() = default;
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  virtual int64_t num_params() const = 0;
+  virtual float* param_data() = 0;
+  virtual float* grad_data() = 0;
+  virtual void ZeroGrad() = 0;
+  // inputs, targets: (B, T) token ids. Gradients accumulated: d(ce_scale * sum of token
+  // cross-entropies + aux_scale * aux_loss) / d params. The loop passes ce_scale =
+  // 1 / tokens_in_global_batch and aux_scale = 1 / micro_batches (MODEL.md "Loss and step").
+  virtual absl::StatusOr<MicroBatchResult> ForwardBackward(const int32_t* inputs,
+                                                           const int32_t* targets, int B,
+                                                           double ce_scale, double aux_scale) = 0;
+  // Forward only (evaluation): mean cross-entropy and aux of the batch.
+  virtual absl::StatusOr<MicroBatchResult> Evaluate(const int32_t* inputs, const int32_t* targets,
+                                                    int B) = 0;
+  virtual int seq_len() const = 0;
+  virtual int vocab() const = 0;
+  // Model FLOPs per token of a training step (MODEL.md "FLOPs and MFU").
+  virtual double FlopsPerToken() const = 0;
+};
+
+// A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what
+// the Trainer's parallel step needs beyond ForwardBackward. GptMoe implements it.
+class PipelineStage : public Trainable {
+ public:
+  // StageForward takes the tokens (first stage) or the previous stage's activation x_in, and
+  // writes x_out unless this is the last stage; StageBackward takes the next stage's gradient
+  // dx_out (ignored on the last stage) and writes dx_in unless this is the first stage.
+  // Micro-batch `micro` stays in flight between the two. Activations are ActivationFloats(B)
+  // floats.
+  virtual absl::StatusOr<MicroBatchResult> StageForward(int micro, const int32_t* inputs,
+                                                        const int32_t* targets, const float* x_in,
+                                                        int B, float* x_out) = 0;
+  virtual absl::Status StageBackward(int micro, const float* dx_out, double ce_scale,
+                                     double aux_scale, float* dx_in) = 0;
+  // Drops every in-flight micro-batch (after an error: the step is given up).
+  virtual void AbandonMicroBatches() = 0;
+  virtual int64_t ActivationFloats(int B) const = 0;
+  // The activation high-water mark since ResetActivationPeak.
+  virtual void ResetActivationPeak() = 0;
+  virtual int64_t ActivationPeakBytes() const = 0;
+  // E of the MoE layers (0: none): tokens_per_expert vectors have this length where not empty.
+  virtual int num_experts() const = 0;
+};
+
+}  // namespace furnace::train

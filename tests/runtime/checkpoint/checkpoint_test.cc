@@ -1,0 +1,218 @@
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/file_bytes.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_util::ReadAll;
+using testing_util::TestDir;
+using testing_util::WriteAll;
+
+// A 2-tensor model state whose values encode the step, so a load shows which step it came from.
+struct State {
+  std::vector<ParamInfo> params = {
+      {.name = "w", .shape = {2, 3}, .offset = 0, .weight_decay = true},
+      {.name = "b", .shape = {3}, .offset = 6}};
+  std::vector<float> p, m, v;
+  explicit State(int64_t step) {
+    for (int i = 0; i < 9; ++i) {
+      p.push_back(static_cast<float>(step * 100 + i));
+      m.push_back(static_cast<float>(step * 100 + i) + 0.25f);
+      v.push_back(static_cast<float>(step * 100 + i) + 0.5f);
+    }
+  }
+  ShardState Shard(int64_t step) const {
+    return {.step = step,
+            .data_position = step,
+            .seed = 42,
+            .n = 9,
+            .params = p.data(),
+            .m = m.data(),
+            .v = v.data()};
+  }
+};
+
+absl::Status SaveStep(CheckpointStore& store, int64_t step) {
+  State s(step);
+  return store.Save(s.params, s.Shard(step));
+}
+
+TEST(CheckpointTest, SaveLoadRoundTrip) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  State s(7);
+  ASSERT_TRUE(store.Save(s.params, s.Shard(7)).ok());
+  EXPECT_TRUE(fs::exists(dir / "step-00000007/shard-00000.bin"));
+  EXPECT_TRUE(fs::exists(dir / "step-00000007/manifest.json"));
+  EXPECT_EQ(ReadAll(dir / "LATEST"), "7\n");
+  EXPECT_FALSE(fs::exists(dir / "step-00000007/shard-00000.bin.tmp"));
+
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 7);
+  EXPECT_EQ(loaded->data_position, 7);
+  EXPECT_EQ(loaded->seed, 42u);
+  EXPECT_EQ(loaded->param_data, s.p);
+  EXPECT_EQ(loaded->m, s.m);
+  EXPECT_EQ(loaded->v, s.v);
+  EXPECT_TRUE(loaded->skipped.empty());
+  ASSERT_EQ(loaded->params.size(), 2u);
+  EXPECT_EQ(loaded->params[0].name, "w");
+  EXPECT_EQ(loaded->params[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(loaded->params[0].weight_decay);
+  EXPECT_EQ(loaded->params[1].offset, 6);
+
+  auto manifest = nlohmann::json::parse(ReadAll(dir / "step-00000007/manifest.json"));
+  EXPECT_EQ(manifest["step"], 7);
+  EXPECT_EQ(manifest["shards"][0]["file"], "shard-00000.bin");
+  EXPECT_EQ(manifest["shards"][0]["bytes"], 56 + 3 * 9 * 4);
+}
+
+TEST(CheckpointTest, EmptyDirectoryIsNotFound) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  auto loaded = store.LoadLatest();
+  EXPECT_TRUE(absl::IsNotFound(loaded.status())) << loaded.status();
+}
+
+TEST(CheckpointTest, LatestMovesOnlyAfterTheManifest) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 10).ok());
+  std::vector<std::string> seen;
+  // Record what is on disk at each stage of the next save.
+  store.SetStageHookForTest([&](absl::string_view stage) {
+    seen.push_back(absl::StrCat(stage,
+                                ": manifest=", fs::exists(dir / "step-00000020/manifest.json"),
+                                " latest=", ReadAll(dir / "LATEST")));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(SaveStep(store, 20).ok());
+  EXPECT_THAT(seen, ElementsAre("shard: manifest=0 latest=10\n", "manifest: manifest=1 latest=10\n",
+                                "latest: manifest=1 latest=20\n"));
+
+  // A crash after the shard (before the manifest): step 30 is not committed; LATEST stays at 20.
+  store.SetStageHookForTest([](absl::string_view stage) {
+    return stage == "shard" ? absl::AbortedError("crash") : absl::OkStatus();
+  });
+  EXPECT_FALSE(SaveStep(store, 30).ok());
+  EXPECT_TRUE(fs::exists(dir / "step-00000030/shard-00000.bin"));
+  EXPECT_FALSE(fs::exists(dir / "step-00000030/manifest.json"));
+  EXPECT_EQ(ReadAll(dir / "LATEST"), "20\n");
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->step, 20);
+
+  // A crash after the manifest, before LATEST moved: LATEST still rules, 40 is not published.
+  store.SetStageHookForTest([](absl::string_view stage) {
+    return stage == "manifest" ? absl::AbortedError("crash") : absl::OkStatus();
+  });
+  EXPECT_FALSE(SaveStep(store, 40).ok());
+  EXPECT_EQ(ReadAll(dir / "LATEST"), "20\n");
+  loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->step, 20);
+  EXPECT_EQ(loaded->param_data[0], 2000.0f);
+}
+
+TEST(CheckpointTest, KeepsTheNewestN) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 2);
+  for (int64_t step : {5, 10, 15, 20}) ASSERT_TRUE(SaveStep(store, step).ok());
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(15, 20));
+  EXPECT_FALSE(fs::exists(dir / "step-00000005"));
+  EXPECT_FALSE(fs::exists(dir / "step-00000010"));
+  CheckpointStore keep_all(dir.path(), 0);
+  ASSERT_TRUE(SaveStep(keep_all, 25).ok());
+  EXPECT_THAT(keep_all.CommittedSteps(), ElementsAre(15, 20, 25));
+}
+
+TEST(CheckpointTest, CorruptedShardIsRefusedAndLoadLatestFallsBack) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string shard = dir / "step-00000002/shard-00000.bin";
+  std::string bytes = ReadAll(shard);
+  bytes[80] ^= 0x01;  // one bit of a parameter
+  WriteAll(shard, bytes);
+
+  auto direct = store.Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_THAT(direct.status().message(), HasSubstr("checksum mismatch"));
+  EXPECT_THAT(direct.status().message(), HasSubstr(shard));
+
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 1);
+  EXPECT_EQ(loaded->param_data[0], 100.0f);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("checksum mismatch"));
+}
+
+TEST(CheckpointTest, TruncatedShardIsRefusedAndLoadLatestFallsBack) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string shard = dir / "step-00000002/shard-00000.bin";
+  std::string bytes = ReadAll(shard);
+  WriteAll(shard, bytes.substr(0, bytes.size() - 5));
+
+  auto direct = store.Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_THAT(direct.status().message(), HasSubstr("truncated"));
+  EXPECT_THAT(direct.status().message(), HasSubstr(shard));
+  EXPECT_THAT(direct.status().message(), HasSubstr(std::to_string(bytes.size())));
+
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 1);
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("truncated"));
+}
+
+TEST(CheckpointTest, MissingShardAndBrokenManifestAreRefused) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  ASSERT_TRUE(SaveStep(store, 3).ok());
+  fs::remove(dir / "step-00000003/shard-00000.bin");
+  WriteAll(dir / "step-00000002/manifest.json", "{\"step\": 2");
+  EXPECT_THAT(store.Load(3).status().message(), HasSubstr("missing"));
+  EXPECT_THAT(store.Load(2).status().message(), HasSubstr("not valid JSON"));
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->step, 1);
+  EXPECT_EQ(loaded->skipped.size(), 2u);
+
+  fs::remove(dir / "step-00000001/shard-00000.bin");
+  auto none = store.LoadLatest();
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(absl::IsDataLoss(none.status()));
+  EXPECT_THAT(none.status().message(), HasSubstr("no usable checkpoint"));
+}
+
+TEST(CheckpointTest, ResavingACommittedStepReplacesIt) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 4).ok());
+  State other(9);
+  ASSERT_TRUE(store.Save(other.params, other.Shard(4)).ok());
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->param_data, other.p);
+}
+
+}  // namespace
+}  // namespace furnace::train
