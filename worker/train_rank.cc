@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/blas.h"
+#include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
@@ -145,7 +146,18 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                  sh.tp_rank, sh.ep_rank, sh.esp_rank);
   }
 
+  // resources.device names the device; its backend is the one the model computes with. Only the
+  // CPU has a backend today (the controller refuses device: cuda at submit; a spec that still
+  // carries it gets BackendFor's refusal here).
+  const device::Kind kind =
+      spec.resources().device() == "cuda" ? device::Kind::kCuda : device::Kind::kCpu;
+  absl::StatusOr<const device::Backend*> backend = device::BackendFor(kind);
+  if (!backend.ok()) {
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat("resources.device: ", backend.status().message()));
+  }
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  spdlog::info("device {}: training on the {} backend", cpu->name(), (*backend)->name);
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
   auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
                                                 layout->shard, layout->model_groups())
