@@ -157,7 +157,6 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                 absl::StrCat("resources.device: ", backend.status().message()));
   }
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-  spdlog::info("device {}: training on the {} backend", cpu->name(), (*backend)->name);
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
   auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
                                                 layout->shard, layout->model_groups())
@@ -165,6 +164,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
+  spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   const double peak = train::MeasureSgemmPeakFlops();
   spdlog::info("model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
                "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",

@@ -103,6 +103,8 @@ class GptMoe final : public train::PipelineStage {
   }
   int num_experts() const override { return config_.experts; }
 
+  // The ops the model computes with (its device's backend).
+  const device::Backend& backend() const { return ops_; }
   const ModelShard& shard() const { return shard_; }
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model_test_util.h"
+#include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
@@ -20,6 +21,7 @@ TEST(BackendChoiceTest, CpuDeviceIsAccepted) {
   tensor::DeviceArena arena(*cpu, 0);
   auto model = GptMoe::Create(testing::TinyConfig(), 1, *cpu, arena);
   ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(&(*model)->backend(), &device::CpuBackend());
 }
 
 TEST(BackendChoiceTest, DeviceWithoutBackendIsRefused) {
