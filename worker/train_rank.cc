@@ -12,6 +12,7 @@
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
+#include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
@@ -145,6 +146,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                  sh.tp_rank, sh.ep_rank, sh.esp_rank);
   }
 
+  // resources.device names the device; its backend is the one the model computes with. Only the
+  // CPU has a backend today (the controller refuses device: cuda at submit; a spec that still
+  // carries it gets BackendFor's refusal here).
+  const device::Kind kind =
+      spec.resources().device() == "cuda" ? device::Kind::kCuda : device::Kind::kCpu;
+  absl::StatusOr<const device::Backend*> backend = device::BackendFor(kind);
+  if (!backend.ok()) {
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat("resources.device: ", backend.status().message()));
+  }
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
   auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
@@ -153,6 +164,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
+  spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   const double peak = train::MeasureSgemmPeakFlops();
   spdlog::info("model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
                "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",

@@ -33,6 +33,7 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/file_kv_store.h"
 #include "runtime/comm/gloo_communicator.h"
+#include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/model/moe_block.h"
 #include "runtime/model/stash.h"
@@ -103,7 +104,8 @@ absl::Status RunRank(const Flags& f, const std::string& dir, int rank) {
   std::unique_ptr<furnace::device::Device> cpu = furnace::device::CreateCpuDevice();
   furnace::tensor::DeviceArena arena(*cpu, 0);
   model::Stash stash(cpu->kind());
-  model::ModuleContext ctx{arena, stash, {nullptr, ep.get(), nullptr}};
+  ASSIGN_OR_RETURN(const furnace::device::Backend* ops, furnace::device::BackendFor(*cpu));
+  model::ModuleContext ctx{*ops, arena, stash, {nullptr, ep.get(), nullptr}};
 
   const model::Dims dims{f.batch, f.seq_len, f.d_model, 4, 1};
   model::MoeShape shape{f.experts, f.top_k, f.expert_ffn, 0.0, f.top_k > 1, 0.01};

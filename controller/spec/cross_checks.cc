@@ -155,6 +155,48 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat("'", moe.schedule(), "'"), "deepspeed"});
   }
 
+  // Accepted means implemented: these fields are part of the schema but not of this build's
+  // runtime, so any value but the default is refused instead of being parsed and then ignored.
+  // field_uses.h lists every field of the spec as used or refused; a test holds it.
+  // Only the CPU has a kernel backend (runtime/device/backend.h): a CUDA job would be placed on GPU
+  // workers and then train on their CPUs, and its commcheck would measure Gloo, not NCCL.
+  if (spec.resources().device() != "cpu") {
+    c.Fail({"resources.device"},
+           Problem{"is not available in this build (there is no CUDA backend yet: ranks train with "
+                   "the CPU kernels and talk over Gloo; the GPU path comes with its own release)",
+                   absl::StrCat("'", spec.resources().device(), "'"), "cpu"});
+  }
+  if (spec.kind() == "train") {
+    if (spec.memory().policy() != "none") {
+      c.Fail({"memory.policy"},
+             Problem{"is not available in this build (ranks keep every activation for backward, "
+                     "policy none; the static policies and the adaptive planner come with the "
+                     "memory planner)",
+                     absl::StrCat("'", spec.memory().policy(), "'"), "none"});
+    }
+    const auto& sp = moe.spikes();
+    const char* kSpikes =
+        "is not available in this build (routing spikes are not injected yet; they come with "
+        "the memory planner)";
+    if (sp.probability() != 0) {
+      c.Fail({"moe.spikes.probability"},
+             Problem{kSpikes, absl::StrCat(sp.probability()), "0 (the default: no spikes)"});
+    }
+    if (sp.max_ratio() != 1) {
+      c.Fail({"moe.spikes.max_ratio"},
+             Problem{kSpikes, absl::StrCat(sp.max_ratio()), "1 (the default)"});
+    }
+    if (sp.seed() != 0) {
+      c.Fail({"moe.spikes.seed"}, Problem{kSpikes, absl::StrCat(sp.seed()), "0 (the default)"});
+    }
+    if (spec.checkpoint().async()) {
+      c.Fail({"checkpoint.async"},
+             Problem{"is not available in this build (checkpoints are written synchronously, "
+                     "between steps)",
+                     "true", "false"});
+    }
+  }
+
   if (moe.top_k() > moe.experts()) {
     c.Fail({"moe.top_k", "moe.experts"},
            Problem{absl::StrCat("must be <= moe.experts (= ", moe.experts(), ")"),

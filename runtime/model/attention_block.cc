@@ -1,14 +1,9 @@
 #include "runtime/model/attention_block.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/attention.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
-
-namespace k = kernels::cpu;
 
 namespace {
 int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.local_NH() * d.T * d.T); }
@@ -34,14 +29,15 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NCl, p + "attn.qkv", false));  // (B,T,3Cl)
-  k::MatmulForward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * Cl);
+  ctx.ops.matmul_forward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * Cl);
   const float* q = qkv.as<float>();
   ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * Cl},
                                   {"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl}));
 
   ASSIGN_OR_RETURN(tensor::Buffer att, AllocF32(ctx, AttBytes(dims) / 4, p + "attn.probs", false));
   ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NCl, p + "attn.y", false));  // (B, T, Cl)
-  k::AttentionForward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);  // att (B, NHl, T, T)
+  // att (B, NHl, T, T)
+  ctx.ops.attention_forward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
   const float* yv = y.as<float>();
   const double att_flops = 4.0 * B * NHl * T * T * (C / dims.NH);
   ASSIGN_OR_RETURN(s.att, SaveF32(ctx, p + "attn.probs", layer, std::move(att), {B, NHl, T, T},
@@ -52,10 +48,10 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "attn.residual", false));  // (B,T,C)
   float* o = out.as<float>();
   if (dims.tp == 1) {
-    k::MatmulForward(o, yv, params + off.wo, params + off.bo, N, C, C);
+    ctx.ops.matmul_forward(o, yv, params + off.wo, params + off.bo, N, C, C);
     for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
   } else {
-    k::MatmulForward<float>(o, yv, params + off.wo, nullptr, N, Cl, C);
+    ctx.ops.matmul_forward(o, yv, params + off.wo, nullptr, N, Cl, C);
     RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.bo, x, N, C));
   }
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "attn.residual", layer, std::move(out), {B, T, C}));
@@ -77,18 +73,18 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.y));
 
   ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NCl, "attn.dy", true));  // (B, T, Cl)
-  k::MatmulBackward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo, N, Cl,
-                    C);
+  ctx.ops.matmul_backward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo,
+                          N, Cl, C);
   ASSIGN_OR_RETURN(tensor::Buffer dqkv, AllocF32(ctx, 3 * NCl, "attn.dqkv", true));  // (B,T,3Cl)
-  k::AttentionBackward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
+  ctx.ops.attention_backward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
   dy.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer da, AllocF32(ctx, NC, "ln1.dout", true));  // (B, T, C)
-  k::MatmulBackward(da.as<float>(), grads + off.wqkv, grads + off.bqkv, dqkv.as<float>(), a,
-                    params + off.wqkv, N, C, 3 * Cl);
+  ctx.ops.matmul_backward(da.as<float>(), grads + off.wqkv, grads + off.bqkv, dqkv.as<float>(), a,
+                          params + off.wqkv, N, C, 3 * Cl);
   dqkv.Reset();
   RETURN_IF_ERROR(ColumnParallelInputGrad(ctx, da.as<float>(), NC));
-  k::LayerNormBackward(dres, grads + off.ln1_w, grads + off.ln1_b, da.as<float>(), x,
-                       params + off.ln1_w, mean, rstd, N, C);
+  ctx.ops.layernorm_backward(dres, grads + off.ln1_w, grads + off.ln1_b, da.as<float>(), x,
+                             params + off.ln1_w, mean, rstd, N, C);
   da.Reset();
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y, s.out});
 }

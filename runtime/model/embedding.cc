@@ -2,12 +2,9 @@
 
 #include <cstring>
 
-#include "kernels/encoder.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
-
-namespace k = kernels::cpu;
 
 absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& dims,
                                                 const int32_t* tokens, const float* wte,
@@ -19,7 +16,7 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
   ASSIGN_OR_RETURN(saved.tokens, SaveI32(ctx, "embedding.tokens", -1, std::move(tok), {B, T}));
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, int64_t{N} * C, "embedding.out", false));
-  k::EmbeddingForward(out.as<float>(), tokens, wte, wpe, B, T, C);  // (B, T, C)
+  ctx.ops.embedding_forward(out.as<float>(), tokens, wte, wpe, B, T, C);  // (B, T, C)
   ASSIGN_OR_RETURN(saved.out, SaveF32(ctx, "embedding.out", -1, std::move(out), {B, T, C},
                                       {"embedding", {saved.tokens}, 0}));
   return saved;
@@ -28,7 +25,7 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
 absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const EmbeddingSaved& saved,
                                const float* dres, float* dwte, float* dwpe) {
   ASSIGN_OR_RETURN(const int32_t* tokens, GetI32(ctx, saved.tokens));
-  k::EmbeddingBackward(dwte, dwpe, dres, tokens, dims.B, dims.T, dims.C);
+  ctx.ops.embedding_backward(dwte, dwpe, dres, tokens, dims.B, dims.T, dims.C);
   return ReleaseAll(ctx, {saved.tokens, saved.out});
 }
 

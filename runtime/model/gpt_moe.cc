@@ -54,12 +54,13 @@ MoeShape ShapeOf(const ModelConfig& c, const ModelShard& s) {
 
 }  // namespace
 
-GptMoe::GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations,
-               const ModelShard& shard, ParallelGroups groups)
+GptMoe::GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
+               tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups)
     : config_(config),
       shard_(shard),
       groups_(groups),
       layout_(BuildParamLayout(config, shard)),
+      ops_(ops),
       device_(device),
       arena_(activations),
       stash_(device.kind()),
@@ -79,14 +80,11 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
                                                        const ModelShard& shard,
                                                        ParallelGroups groups) {
   RETURN_IF_ERROR(config.Validate());
-  if (device.kind() != device::Kind::kCpu) {
-    return absl::UnimplementedError(
-        absl::StrCat("GptMoe runs the CPU kernels; device '", device.name(), "' is not a CPU"));
-  }
+  ASSIGN_OR_RETURN(const device::Backend* ops, device::BackendFor(device));
   if (&activations.device() != &device) {
     return absl::InvalidArgumentError("GptMoe: the activation arena belongs to another device");
   }
-  std::unique_ptr<GptMoe> model(new GptMoe(config, device, activations, shard, groups));
+  std::unique_ptr<GptMoe> model(new GptMoe(config, *ops, device, activations, shard, groups));
   for (const train::ParamInfo& p : model->layout_.params) {
     InitParameter(seed, p, config.layers, model->params_.data() + p.offset);
   }
@@ -102,7 +100,7 @@ const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   return nullptr;
 }
 
-ModuleContext GptMoe::Context() { return ModuleContext{arena_, stash_, groups_}; }
+ModuleContext GptMoe::Context() { return ModuleContext{ops_, arena_, stash_, groups_}; }
 
 absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const {
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("micro-batch size B = ", B, " < 1"));

@@ -1,5 +1,6 @@
-// GptMoe: the GPT with Mixture-of-Experts layers of MODEL.md, single process, fp32, on the CPU
-// kernels (the oracle every parallel layout and memory policy is compared with).
+// GptMoe: the GPT with Mixture-of-Experts layers of MODEL.md, single process, fp32, on its device's
+// backend (runtime/device/backend.h; on the CPU backend it is the oracle every parallel layout and
+// memory policy is compared with).
 //
 // Parameters and gradients are one flat fp32 array each (ParamLayout). Activations come from the
 // DeviceArena given at creation and everything saved for backward goes through the Stash, so a
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/model/config.h"
 #include "runtime/model/module.h"
@@ -47,8 +49,9 @@ struct ForwardState;
 
 class GptMoe final : public train::PipelineStage {
  public:
-  // `device` and `activations` must outlive the model. The device must be the CPU device (the
-  // model runs the CPU kernels); others: Unimplemented.
+  // `device` and `activations` must outlive the model. The model computes with the device's
+  // backend (device::BackendFor); a device without one is refused with BackendFor's
+  // Unimplemented, which names the device.
   // `shard` must fit `config` (runtime/topology validates layouts); the groups must outlive the
   // model.
   static absl::StatusOr<std::unique_ptr<GptMoe>> Create(const ModelConfig& config, uint64_t seed,
@@ -100,6 +103,8 @@ class GptMoe final : public train::PipelineStage {
   }
   int num_experts() const override { return config_.experts; }
 
+  // The ops the model computes with (its device's backend).
+  const device::Backend& backend() const { return ops_; }
   const ModelShard& shard() const { return shard_; }
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -122,8 +127,8 @@ class GptMoe final : public train::PipelineStage {
   Stash& stash() { return stash_; }
 
  private:
-  GptMoe(const ModelConfig& config, device::Device& device, tensor::DeviceArena& activations,
-         const ModelShard& shard, ParallelGroups groups);
+  GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
+         tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups);
 
   absl::Status CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const;
   absl::StatusOr<ForwardState> Forward(const int32_t* inputs, const int32_t* targets,
@@ -139,6 +144,7 @@ class GptMoe final : public train::PipelineStage {
   const ParamLayout layout_;
   int64_t global_params_ = 0;  // parameters of the whole model (for the FLOP count)
   std::map<int, std::unique_ptr<ForwardState>> in_flight_;
+  const device::Backend& ops_;
   device::Device& device_;
   tensor::DeviceArena& arena_;
   Stash stash_;

@@ -2,14 +2,9 @@
 
 #include <cstring>
 
-#include "kernels/cross_entropy.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
-
-namespace k = kernels::cpu;
 
 namespace {}  // namespace
 
@@ -28,8 +23,8 @@ absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int 
   ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, "lnf.out", false));    // (B, T, C)
   ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, "lnf.mean", false));  // (B, T)
   ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, "lnf.rstd", false));  // (B, T)
-  k::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, lnf_w, lnf_b, N, C,
-                      kLayerNormEps);
+  ctx.ops.layernorm_forward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, lnf_w, lnf_b, N,
+                            C, kLayerNormEps);
   const float* y = ln.as<float>();
   ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, "lnf.mean", -1, std::move(mean), {B, T}));
   ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, "lnf.rstd", -1, std::move(rstd), {B, T}));
@@ -42,13 +37,14 @@ absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int 
     for (int c = 0; c < C; ++c) wt[int64_t{c} * V + v] = wte[int64_t{v} * C + c];
   }
   ASSIGN_OR_RETURN(tensor::Buffer logits, AllocF32(ctx, NV, "head.logits", false));  // (B, T, V)
-  k::MatmulForward<float>(logits.as<float>(), y, wt, nullptr, N, C, V);
+  ctx.ops.matmul_forward(logits.as<float>(), y, wt, nullptr, N, C, V);
   wte_t.Reset();
   if (logits_out != nullptr) logits_out->assign(logits.as<float>(), logits.as<float>() + NV);
 
   ASSIGN_OR_RETURN(tensor::Buffer probs, AllocF32(ctx, NV, "head.probs", false));   // (B, T, V)
   ASSIGN_OR_RETURN(tensor::Buffer losses, AllocF32(ctx, N, "head.losses", false));  // (B, T)
-  k::CrossEntropyForward(losses.as<float>(), probs.as<float>(), logits.as<float>(), targets, N, V);
+  ctx.ops.cross_entropy_forward(losses.as<float>(), probs.as<float>(), logits.as<float>(), targets,
+                                N, V);
   for (int i = 0; i < N; ++i) s.ce_sum += losses.as<float>()[i];
   losses.Reset();
   logits.Reset();
@@ -71,13 +67,13 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
 
   ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, NV, "head.dlogits", true));  // (B, T, V)
   float* dl = dlogits.as<float>();
-  k::CrossEntropyBackward(dl, probs, targets, static_cast<float>(ce_scale), N, V);
+  ctx.ops.cross_entropy_backward(dl, probs, targets, static_cast<float>(ce_scale), N, V);
   ASSIGN_OR_RETURN(tensor::Buffer dy, AllocF32(ctx, NC, "lnf.dout", false));  // (B, T, C)
-  k::MatmulForward<float>(dy.as<float>(), dl, wte, nullptr, N, V, C);         // dy = dlogits @ wte
+  ctx.ops.matmul_forward(dy.as<float>(), dl, wte, nullptr, N, V, C);          // dy = dlogits @ wte
   // dwte (V, C) += dlogits^T @ y: MatmulBackward's weight-gradient GEMM with inp = dlogits.
-  k::MatmulBackward<float>(nullptr, dwte, nullptr, y, dl, wte, N, V, C);
+  ctx.ops.matmul_backward(nullptr, dwte, nullptr, y, dl, wte, N, V, C);
   dlogits.Reset();
-  k::LayerNormBackward(dres, dlnf_w, dlnf_b, dy.as<float>(), x, lnf_w, mean, rstd, N, C);
+  ctx.ops.layernorm_backward(dres, dlnf_w, dlnf_b, dy.as<float>(), x, lnf_w, mean, rstd, N, C);
   dy.Reset();
   return ReleaseAll(ctx, {s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs});
 }

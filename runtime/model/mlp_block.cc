@@ -1,14 +1,9 @@
 #include "runtime/model/mlp_block.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
-
-namespace k = kernels::cpu;
 
 namespace {}  // namespace
 
@@ -29,9 +24,9 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, NF, p + "mlp.pre", false));  // (B, T, F)
-  k::MatmulForward(pre.as<float>(), u, params + off.w1, params + off.b1, N, C, F);
+  ctx.ops.matmul_forward(pre.as<float>(), u, params + off.w1, params + off.b1, N, C, F);
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, NF, p + "mlp.hidden", false));  // (B, T, F)
-  k::GeluForward(hid.as<float>(), pre.as<float>(), NF);
+  ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), NF);
   const float* h = hid.as<float>();
   ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "mlp.pre", layer, std::move(pre), {B, T, F},
                                   {"matmul", {s.ln_out}, 2.0 * NC * F}));
@@ -41,10 +36,10 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "mlp.residual", false));  // (B,T,C)
   float* o = out.as<float>();
   if (dims.tp == 1) {
-    k::MatmulForward(o, h, params + off.w2, params + off.b2, N, F, C);
+    ctx.ops.matmul_forward(o, h, params + off.w2, params + off.b2, N, F, C);
     for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
   } else {  // row-parallel w2 (F is this rank's column block of the hidden width)
-    k::MatmulForward<float>(o, h, params + off.w2, nullptr, N, F, C);
+    ctx.ops.matmul_forward(o, h, params + off.w2, nullptr, N, F, C);
     RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.b2, x, N, C));
   }
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "mlp.residual", layer, std::move(out), {B, T, C}));
@@ -64,18 +59,18 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
   ASSIGN_OR_RETURN(const float* h, GetF32(ctx, s.hidden));
 
   ASSIGN_OR_RETURN(tensor::Buffer dh, AllocF32(ctx, NF, "mlp.dhidden", true));  // (B, T, F)
-  k::MatmulBackward(dh.as<float>(), grads + off.w2, grads + off.b2, dres, h, params + off.w2, N, F,
-                    C);
+  ctx.ops.matmul_backward(dh.as<float>(), grads + off.w2, grads + off.b2, dres, h, params + off.w2,
+                          N, F, C);
   ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, NF, "mlp.dpre", true));  // (B, T, F)
-  k::GeluBackward(dpre.as<float>(), pre, dh.as<float>(), NF);
+  ctx.ops.gelu_backward(dpre.as<float>(), pre, dh.as<float>(), NF);
   dh.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
-  k::MatmulBackward(du.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), u,
-                    params + off.w1, N, C, F);
+  ctx.ops.matmul_backward(du.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), u,
+                          params + off.w1, N, C, F);
   dpre.Reset();
   RETURN_IF_ERROR(ColumnParallelInputGrad(ctx, du.as<float>(), NC));
-  k::LayerNormBackward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
-                       params + off.ln2_w, mean, rstd, N, C);
+  ctx.ops.layernorm_backward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
+                             params + off.ln2_w, mean, rstd, N, C);
   du.Reset();
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden, s.out});
 }

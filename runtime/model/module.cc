@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/layernorm.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
@@ -73,8 +72,8 @@ absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
   ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, prefix + ".out", false));    // (B, T, C)
   ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, prefix + ".mean", false));  // (B, T)
   ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, prefix + ".rstd", false));  // (B, T)
-  kernels::cpu::LayerNormForward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, w, b, N, C,
-                                 kLayerNormEps);
+  ctx.ops.layernorm_forward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, w, b, N, C,
+                            kLayerNormEps);
   SavedNorm s;
   ASSIGN_OR_RETURN(s.mean, SaveF32(ctx, prefix + ".mean", layer, std::move(mean), {B, T}));
   ASSIGN_OR_RETURN(s.rstd, SaveF32(ctx, prefix + ".rstd", layer, std::move(rstd), {B, T}));

@@ -1,6 +1,7 @@
 // What every module (embedding, attention block, dense MLP, MoE layer, head) shares: the dims of a
-// micro-batch, the arena and stash it allocates from, and helpers that keep the module files about
-// the math. Module contract (the model's declared activation bytes rely on it):
+// micro-batch, the backend it computes with, the arena and stash it allocates from, and helpers
+// that keep the module files about the math. Module contract (the model's declared activation bytes
+// rely on it):
 //   forward:  saves tensors only through the stash; frees its scratch before returning;
 //   backward: reads its saved tensors, accumulates parameter gradients and the residual-stream
 //             gradient `dres` (N, C) in place, frees its scratch, and releases its own saved
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/device/backend.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 
@@ -38,7 +40,9 @@ struct ParallelGroups {
   comm::Communicator* esp = nullptr;
 };
 
+// `ops`: the backend of the arena's device (device::BackendFor); every kernel call goes through it.
 struct ModuleContext {
+  const device::Backend& ops;
   tensor::DeviceArena& arena;
   Stash& stash;
   ParallelGroups groups = {};

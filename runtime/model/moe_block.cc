@@ -1,16 +1,9 @@
 #include "runtime/model/moe_block.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/permute.h"
-#include "kernels/router.h"
 #include "runtime/base/status.h"
 
 namespace furnace::model {
-
-namespace k = kernels::cpu;
 
 namespace {
 
@@ -50,10 +43,10 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   {
     ASSIGN_OR_RETURN(tensor::Buffer logits,
                      AllocF32(ctx, int64_t{N} * E, p + "moe.router_logits", false));  // (N, E)
-    k::MatmulForward<float>(logits.as<float>(), u, params + off.router, nullptr, N, C, E);
+    ctx.ops.matmul_forward(logits.as<float>(), u, params + off.router, nullptr, N, C, E);
     ASSIGN_OR_RETURN(tensor::Buffer probs,
                      AllocF32(ctx, int64_t{N} * E, p + "moe.router_probs", false));  // (N, E)
-    k::SoftmaxForward(probs.as<float>(), logits.as<float>(), N, E);
+    ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), N, E);
     logits.Reset();
     ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, p + "moe.router_probs", layer, std::move(probs), {N, E},
                                       {"router", {s.ln_out}, 2.0 * NC * E}));
@@ -62,17 +55,17 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   ASSIGN_OR_RETURN(tensor::Buffer idx, AllocI32(ctx, int64_t{N} * K, p + "moe.topk_indices"));
   ASSIGN_OR_RETURN(tensor::Buffer gates,
                    AllocF32(ctx, int64_t{N} * K, p + "moe.gates", false));  // (N, k)
-  k::TopKForward(idx.as<int32_t>(), gates.as<float>(), probs, N, E, K, m.normalize);
+  ctx.ops.topk_forward(idx.as<int32_t>(), gates.as<float>(), probs, N, E, K, m.normalize);
   const int32_t* indices = idx.as<int32_t>();
   const float* g = gates.as<float>();
   ASSIGN_OR_RETURN(s.indices, SaveI32(ctx, p + "moe.topk_indices", layer, std::move(idx), {N, K},
                                       {"topk", {s.probs}, 0}));
   ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(gates), {N, K},
                                     {"topk", {s.probs}, 0}));
-  s.aux = k::AuxLossForward(probs, indices, N, E, K, static_cast<float>(m.alpha));
+  s.aux = ctx.ops.aux_loss_forward(probs, indices, N, E, K, static_cast<float>(m.alpha));
 
   // Dispatch: from here on the sizes depend on routing.
-  const k::DispatchPlan plan = k::MakeDispatchPlan(indices, N, E, K, m.capacity_factor);
+  const device::DispatchPlan plan = ctx.ops.make_dispatch_plan(indices, N, E, K, m.capacity_factor);
   s.routed = plan.routed;
   s.rows = plan.rows();
   s.dropped = int64_t{N} * K - s.rows;
@@ -81,7 +74,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   const int El = m.El(), fl = m.fl();
 
   ASSIGN_OR_RETURN(tensor::Buffer xin, AllocF32(ctx, S * C, p + "moe.expert_input", false));
-  k::PermuteForward(xin.as<float>(), u, plan, C);  // (S, C)
+  ctx.ops.permute_forward(xin.as<float>(), u, plan, C);  // (S, C)
   const int64_t* offsets = plan.offsets.data();
   int64_t R = S;
   if (s.distributed) {
@@ -98,13 +91,13 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
     xin = std::move(ex);
   }
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, R * fl, p + "moe.expert_pre", false));
-  k::GroupedMatmulForward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
-                          offsets, El, C, fl);  // (R, fl)
+  ctx.ops.grouped_matmul_forward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
+                                 offsets, El, C, fl);  // (R, fl)
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, R * fl, p + "moe.expert_hidden", false));
-  k::GeluForward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
+  ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
   ASSIGN_OR_RETURN(tensor::Buffer eo, AllocF32(ctx, R * C, p + "moe.expert_output", false));
-  k::GroupedMatmulForward(eo.as<float>(), hid.as<float>(), params + off.w2,
-                          m.adds_b2 ? params + off.b2 : nullptr, offsets, El, fl, C);  // (R, C)
+  ctx.ops.grouped_matmul_forward(eo.as<float>(), hid.as<float>(), params + off.w2,  // (R, C)
+                                 m.adds_b2 ? params + off.b2 : nullptr, offsets, El, fl, C);
   if (s.distributed) {
     const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
     ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, p + "moe.expert_output", false));
@@ -117,7 +110,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   }
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
   float* o = out.as<float>();
-  k::UnpermuteForward(o, eo.as<float>(), g, plan, C);
+  ctx.ops.unpermute_forward(o, eo.as<float>(), g, plan, C);
   for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
 
   ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {R, C},
@@ -150,7 +143,7 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   ASSIGN_OR_RETURN(const float* hid, GetF32(ctx, s.hidden));
   ASSIGN_OR_RETURN(const float* eo, GetF32(ctx, s.eo));
 
-  const k::DispatchPlan plan = k::MakeDispatchPlan(indices, N, E, K, m.capacity_factor);
+  const device::DispatchPlan plan = ctx.ops.make_dispatch_plan(indices, N, E, K, m.capacity_factor);
   const int64_t S = plan.rows();
   if (S != s.rows) {
     return absl::InternalError(
@@ -162,7 +155,7 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
 
   ASSIGN_OR_RETURN(tensor::Buffer deo, AllocF32(ctx, S * C, "moe.dexpert_output", true));
   ASSIGN_OR_RETURN(tensor::Buffer dgates, AllocF32(ctx, int64_t{N} * K, "moe.dgates", true));
-  k::UnpermuteBackward(deo.as<float>(), dgates.as<float>(), dres, eo, gates, plan, C);
+  ctx.ops.unpermute_backward(deo.as<float>(), dgates.as<float>(), dres, eo, gates, plan, C);
   if (s.distributed) {  // the combine's adjoint: the output gradient goes to the experts
     ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, "moe.dexpert_output", false));
     ASSIGN_OR_RETURN(tensor::Buffer scratch,
@@ -173,15 +166,15 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     deo = std::move(ex);
   }
   ASSIGN_OR_RETURN(tensor::Buffer dhid, AllocF32(ctx, R * fl, "moe.dexpert_hidden", true));
-  k::GroupedMatmulBackward(dhid.as<float>(), grads + off.w2, grads + off.b2, deo.as<float>(), hid,
-                           params + off.w2, offsets, El, fl, C);
+  ctx.ops.grouped_matmul_backward(dhid.as<float>(), grads + off.w2, grads + off.b2, deo.as<float>(),
+                                  hid, params + off.w2, offsets, El, fl, C);
   deo.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer dpre, AllocF32(ctx, R * fl, "moe.dexpert_pre", true));
-  k::GeluBackward(dpre.as<float>(), pre, dhid.as<float>(), R * fl);
+  ctx.ops.gelu_backward(dpre.as<float>(), pre, dhid.as<float>(), R * fl);
   dhid.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer dxin, AllocF32(ctx, R * C, "moe.dexpert_input", true));
-  k::GroupedMatmulBackward(dxin.as<float>(), grads + off.w1, grads + off.b1, dpre.as<float>(), xin,
-                           params + off.w1, offsets, El, C, fl);
+  ctx.ops.grouped_matmul_backward(dxin.as<float>(), grads + off.w1, grads + off.b1,
+                                  dpre.as<float>(), xin, params + off.w1, offsets, El, C, fl);
   dpre.Reset();
   if (s.distributed) {  // the dispatch's adjoint: partial input gradients summed, sent back
     ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, "moe.dexpert_input", false));
@@ -193,22 +186,23 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     dxin = std::move(back);
   }
   ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
-  k::PermuteBackward(du.as<float>(), dxin.as<float>(), plan, C);
+  ctx.ops.permute_backward(du.as<float>(), dxin.as<float>(), plan, C);
   dxin.Reset();
 
   ASSIGN_OR_RETURN(tensor::Buffer dprobs, AllocF32(ctx, int64_t{N} * E, "moe.dprobs", true));
-  k::TopKBackward(dprobs.as<float>(), dgates.as<float>(), probs, indices, N, E, K, m.normalize);
-  k::AuxLossBackward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
-                     static_cast<float>(aux_scale));
+  ctx.ops.topk_backward(dprobs.as<float>(), dgates.as<float>(), probs, indices, N, E, K,
+                        m.normalize);
+  ctx.ops.aux_loss_backward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
+                            static_cast<float>(aux_scale));
   dgates.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, int64_t{N} * E, "moe.dlogits", true));
-  k::SoftmaxBackward(dlogits.as<float>(), dprobs.as<float>(), probs, N, E);
+  ctx.ops.softmax_backward(dlogits.as<float>(), dprobs.as<float>(), probs, N, E);
   dprobs.Reset();
-  k::MatmulBackward<float>(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(), u,
-                           params + off.router, N, C, E);
+  ctx.ops.matmul_backward(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(), u,
+                          params + off.router, N, C, E);
   dlogits.Reset();
-  k::LayerNormBackward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
-                       params + off.ln2_w, mean, rstd, N, C);
+  ctx.ops.layernorm_backward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
+                             params + off.ln2_w, mean, rstd, N, C);
   du.Reset();
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices, s.gates, s.xin, s.pre,
                           s.hidden, s.eo, s.out});

@@ -1,7 +1,8 @@
 // The optimizer half of a training step: global-norm gradient clipping and AdamW over the flat
 // parameter array of a Trainable, with weight decay only where ParamInfo::weight_decay is set
-// (MODEL.md: every 2-D parameter, nothing else). The arithmetic is the kernels' (AdamWUpdate,
-// SumOfSquares, Scale); this file decides what gets decayed and by how much.
+// (MODEL.md: every 2-D parameter, nothing else). The arithmetic is the CPU backend's (adamw_update,
+// sum_of_squares, scale: the parameters are host arrays); this file decides what gets decayed and
+// by how much.
 #pragma once
 
 #include <cstdint>

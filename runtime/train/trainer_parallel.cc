@@ -7,15 +7,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/optimizer.h"
 #include "runtime/base/status.h"
+#include "runtime/device/backend.h"
 #include "runtime/pipeline/one_f_one_b.h"
 #include "runtime/train/trainer.h"
 
 namespace furnace::train {
 namespace {
 
-namespace k = kernels::cpu;
+// Gradients are host arrays (Trainable::grad_data): scaling and norms run the CPU backend.
+const device::Backend& HostOps() { return device::CpuBackend(); }
 
 constexpr uint32_t kGradientTag = 1u << 20;  // pipeline tags: activations j, gradients this + j
 constexpr int kCountShift = 12;              // counts travel as two exact floats (ReduceStats)
@@ -149,7 +150,7 @@ absl::Status Trainer::SyncGradients() {
     const float scale = 1.0f / static_cast<float>(P.tp);
     for (const ParamInfo& p : params) {
       if (p.sync == GradSync::kExpertData || replicated_over_tp(p)) {
-        k::Scale(g + p.offset, scale, p.numel());
+        HostOps().scale(g + p.offset, scale, p.numel());
       }
     }
     RETURN_IF_ERROR(ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket));
@@ -172,7 +173,7 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   float* g = model_->grad_data();
   double local = 0;
   for (const ParamInfo& p : model_->params()) {
-    if (p.norm_owner) local += k::SumOfSquares(g + p.offset, p.numel());
+    if (p.norm_owner) local += HostOps().sum_of_squares(g + p.offset, p.numel());
   }
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum.
   float total = static_cast<float>(local);
@@ -180,7 +181,7 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   const double norm = std::sqrt(static_cast<double>(total));
   if (config_.clip > 0) {
     const double coef = config_.clip / (norm + 1e-6);
-    if (coef < 1.0) k::Scale(g, static_cast<float>(coef), model_->num_params());
+    if (coef < 1.0) HostOps().scale(g, static_cast<float>(coef), model_->num_params());
   }
   return norm;
 }

@@ -29,6 +29,17 @@ class BadInputTest(harness.ClusterTest):
     def test_more_ranks_than_workers(self):
         self.check_refused(GOOD_HEAD + "parallel:\n  dp: 8\n", "8 ranks", "4")
 
+    def test_cuda_device_is_refused(self):
+        # No CUDA backend yet: the job would train on the GPU workers' CPUs.
+        self.check_refused(GOOD_HEAD + "resources:\n  device: cuda\n",
+                           "resources.device", "'cuda'", "allowed: cpu", "no CUDA backend")
+
+    def test_unimplemented_fields_are_refused(self):
+        self.check_refused(
+            "name: bad\nkind: train\nmemory:\n  policy: adaptive\n"
+            "checkpoint:\n  async: true\n",
+            "memory.policy", "'adaptive'", "allowed: none", "checkpoint.async")
+
     def test_missing_file(self):
         r = self.cluster.cli("submit", "/nonexistent/job.yaml")
         self.assertNotEqual(r.returncode, 0)

@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace furnace::spec {
 namespace {
@@ -149,8 +153,12 @@ parallel: {pp: 2, dp: 3}
   EXPECT_EQ(WorldSize(s), 6u);
 }
 
-TEST(JobSpecTest, EveryFieldCanBeSet) {
-  JobSpec s = MustParse(R"(name: full-job_1
+// Every field of the schema, set away from its default where this build implements it. The fields
+// it refuses unless default (controller/spec/field_uses.h) are placeholders: FullJob(false) gives
+// them their defaults, FullJob(true) values the spec reads and refuses.
+std::string FullJob(bool unimplemented) {
+  return absl::StrReplaceAll(
+      R"(name: full-job_1
 kind: train
 model:
   vocab: 512
@@ -177,8 +185,8 @@ moe:
   schedule: deepspeed
   normalize_topk: true
   aux_alpha: 0
-  spikes: {probability: 0.5, max_ratio: 4, seed: 18446744073709551615}
-memory: {policy: adaptive, device_budget: 512MiB}
+  spikes: {SPIKES}
+memory: {policy: {POLICY}, device_budget: 512MiB}
 train:
   steps: 50
   lr: 0.001
@@ -189,14 +197,14 @@ train:
   seed: 7
   weight_decay: 0
 data: {source: tokens, path: /data/tokens.bin, seed: 3}
-checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true}
+checkpoint: {dir: /ckpt, every: 10, keep: 1, async: {ASYNC}}
 recovery:
   max_restarts: 0
   backoff: {initial_s: 0.5, max_s: 0.5, multiplier: 1}
   heartbeat_timeout_s: 2.5
   hang_timeout_s: 5
   start_timeout_s: 7
-resources: {workers: 8, device: cuda}
+resources: {workers: 8, device: {DEVICE}}
 commcheck:
   min_bytes: 1KB
   max_bytes: 1GiB
@@ -207,7 +215,16 @@ commcheck:
   rounds: 3
   timeout_s: 0.5
 fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
-)");
+)",
+      {{"{SPIKES}", unimplemented ? "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"
+                                  : "{probability: 0, max_ratio: 1, seed: 0}"},
+       {"{POLICY}", unimplemented ? "adaptive" : "none"},
+       {"{ASYNC}", unimplemented ? "true" : "false"},
+       {"{DEVICE}", unimplemented ? "cuda" : "cpu"}});
+}
+
+TEST(JobSpecTest, EveryFieldCanBeSet) {
+  JobSpec s = MustParse(FullJob(false));
   EXPECT_EQ(s.name(), "full-job_1");
   EXPECT_EQ(s.model().dense_ffn(), 100u);
   EXPECT_EQ(s.model().expert_ffn(), 200u);
@@ -216,18 +233,18 @@ fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
   EXPECT_DOUBLE_EQ(s.moe().capacity_factor(), 1.25);
   EXPECT_EQ(s.moe().schedule(), "deepspeed");
   EXPECT_TRUE(s.moe().normalize_topk());
-  EXPECT_EQ(s.moe().spikes().seed(), 18446744073709551615ull);
-  EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);
-  EXPECT_EQ(s.memory().policy(), "adaptive");
+  EXPECT_EQ(s.moe().spikes().seed(), 0u);
+  EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 1.0);
+  EXPECT_EQ(s.memory().policy(), "none");
   EXPECT_EQ(s.memory().device_budget(), 512ull << 20);
   EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
   EXPECT_EQ(s.train().warmup(), 50u);
   EXPECT_EQ(s.data().path(), "/data/tokens.bin");
-  EXPECT_TRUE(s.checkpoint().async());
+  EXPECT_FALSE(s.checkpoint().async());
   EXPECT_EQ(s.recovery().max_restarts(), 0u);
   EXPECT_DOUBLE_EQ(s.recovery().backoff().max_s(), 0.5);
   EXPECT_EQ(s.resources().workers(), 8u);
-  EXPECT_EQ(s.resources().device(), "cuda");
+  EXPECT_EQ(s.resources().device(), "cpu");
   EXPECT_EQ(s.commcheck().min_bytes(), 1000u);
   EXPECT_EQ(s.commcheck().max_bytes(), 1ull << 30);
   ASSERT_EQ(s.commcheck().collectives_size(), 2);
@@ -235,6 +252,26 @@ fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
   EXPECT_EQ(s.fault().mode(), "exit");
   EXPECT_EQ(s.fault().rank(), 7);
   EXPECT_EQ(s.fault().exit_code(), 255);
+}
+
+// The unimplemented fields are read (each refusal shows the value written) and refused, one line
+// each, and nothing else in the full job is.
+TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
+  absl::StatusOr<JobSpec> spec = ParseJobYaml(FullJob(true), "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  const std::vector<std::string> lines = absl::StrSplit(message, '\n');
+  EXPECT_EQ(lines.size(), 6u) << message;
+  for (const char* want :
+       {"moe.spikes.probability: is not available in this build", "(got 0.5; allowed: 0",
+        "moe.spikes.max_ratio: is not available in this build", "(got 4; allowed: 1",
+        "moe.spikes.seed: is not available in this build", "(got 18446744073709551615; allowed: 0",
+        "memory.policy: is not available in this build", "(got 'adaptive'; allowed: none)",
+        "checkpoint.async: is not available in this build", "(got true; allowed: false)",
+        "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
+    EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
+  }
 }
 
 TEST(JobSpecTest, SizesAcceptUnitStrings) {

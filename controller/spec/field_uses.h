@@ -1,0 +1,110 @@
+// What becomes of every field of furnace.v1.JobSpec once the spec has accepted it: accepted means
+// implemented. Each leaf field (by its YAML path) is
+//   kUsed:                 read by the worker, the controller or the runtime (outside this folder:
+//                          validating a field is not using it); `evidence` is a piece of the code
+//                          that reads it;
+//   kRefusedUnlessDefault: part of the schema but not of this build's runtime; the spec refuses
+//                          any value but the default (cross_checks.cc), and `evidence` is a value
+//                          it refuses in a train job;
+//   kMustMatch:            redundant with other fields and refused unless it agrees with them;
+//                          `evidence` is a value that disagrees with the defaults.
+// tests/controller/spec/field_uses_test.cc walks the proto descriptor and fails on a field missing
+// here, on evidence not found in the sources, and on a refused value that is accepted. When a
+// field's feature lands, its refusal goes and its entry becomes kUsed.
+#pragma once
+
+#include <string_view>
+
+namespace furnace::spec {
+
+enum class FieldUse { kUsed, kRefusedUnlessDefault, kMustMatch };
+
+struct JobSpecField {
+  std::string_view path;
+  FieldUse use;
+  std::string_view evidence;
+};
+
+inline constexpr JobSpecField kJobSpecFields[] = {
+    {"name", FieldUse::kUsed, "spec.name()"},
+    {"kind", FieldUse::kUsed, "spec().kind()"},
+
+    {"model.vocab", FieldUse::kUsed, "model().vocab()"},
+    {"model.seq_len", FieldUse::kUsed, "model().seq_len()"},
+    {"model.d_model", FieldUse::kUsed, "model().d_model()"},
+    {"model.heads", FieldUse::kUsed, "model().heads()"},
+    {"model.layers", FieldUse::kUsed, "model().layers()"},
+    {"model.dense_ffn", FieldUse::kUsed, "model().dense_ffn()"},
+    {"model.moe_every", FieldUse::kUsed, "model().moe_every()"},
+    {"model.expert_ffn", FieldUse::kUsed, "model().expert_ffn()"},
+
+    {"parallel.pp", FieldUse::kUsed, "p.pp()"},
+    {"parallel.dp", FieldUse::kUsed, "p.dp()"},
+    {"parallel.tp", FieldUse::kUsed, "p.tp()"},
+    {"parallel.ep", FieldUse::kUsed, "p.ep()"},
+    {"parallel.esp", FieldUse::kUsed, "p.esp()"},
+    {"parallel.micro_batch", FieldUse::kUsed, "parallel().micro_batch()"},
+    {"parallel.micro_batches", FieldUse::kUsed, "parallel().micro_batches()"},
+    {"parallel.order", FieldUse::kUsed, "p.order()"},
+
+    {"moe.experts", FieldUse::kUsed, "moe().experts()"},
+    {"moe.top_k", FieldUse::kUsed, "moe().top_k()"},
+    {"moe.capacity_factor", FieldUse::kUsed, "moe().capacity_factor()"},
+    {"moe.schedule", FieldUse::kRefusedUnlessDefault, "s1"},
+    {"moe.normalize_topk", FieldUse::kUsed, "moe().normalize_topk()"},
+    {"moe.aux_alpha", FieldUse::kUsed, "moe().aux_alpha()"},
+    {"moe.spikes.probability", FieldUse::kRefusedUnlessDefault, "0.5"},
+    {"moe.spikes.max_ratio", FieldUse::kRefusedUnlessDefault, "2"},
+    {"moe.spikes.seed", FieldUse::kRefusedUnlessDefault, "7"},
+
+    {"memory.policy", FieldUse::kRefusedUnlessDefault, "adaptive"},
+    {"memory.device_budget", FieldUse::kUsed, "memory().device_budget()"},
+
+    {"train.steps", FieldUse::kUsed, "train().steps()"},
+    {"train.lr", FieldUse::kUsed, "t.lr()"},
+    {"train.min_lr", FieldUse::kUsed, "t.min_lr()"},
+    {"train.warmup", FieldUse::kUsed, "t.warmup()"},
+    {"train.schedule", FieldUse::kUsed, "t.schedule()"},
+    {"train.clip", FieldUse::kUsed, "t.clip()"},
+    {"train.seed", FieldUse::kUsed, "train().seed()"},
+    {"train.weight_decay", FieldUse::kUsed, "t.weight_decay()"},
+
+    {"data.source", FieldUse::kUsed, "data().source()"},
+    {"data.path", FieldUse::kUsed, "data().path()"},
+    {"data.seed", FieldUse::kUsed, "data().seed()"},
+
+    {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
+    {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
+    {"checkpoint.keep", FieldUse::kUsed, "checkpoint().keep()"},
+    {"checkpoint.async", FieldUse::kRefusedUnlessDefault, "true"},
+
+    {"recovery.max_restarts", FieldUse::kUsed, "recovery().max_restarts()"},
+    {"recovery.backoff.initial_s", FieldUse::kUsed, "spec.initial_s()"},
+    {"recovery.backoff.max_s", FieldUse::kUsed, "spec.max_s()"},
+    {"recovery.backoff.multiplier", FieldUse::kUsed, "spec.multiplier()"},
+    {"recovery.heartbeat_timeout_s", FieldUse::kUsed, "recovery().heartbeat_timeout_s()"},
+    {"recovery.hang_timeout_s", FieldUse::kUsed, "recovery().hang_timeout_s()"},
+    {"recovery.start_timeout_s", FieldUse::kUsed, "recovery().start_timeout_s()"},
+
+    // The ranks are pp * dp * tp; resources.workers, when written, must say the same.
+    {"resources.workers", FieldUse::kMustMatch, "3"},
+    // Used for placement (cpu workers), and refused unless cpu: no CUDA backend yet.
+    {"resources.device", FieldUse::kRefusedUnlessDefault, "cuda"},
+
+    {"commcheck.min_bytes", FieldUse::kUsed, "spec.min_bytes()"},
+    {"commcheck.max_bytes", FieldUse::kUsed, "spec.max_bytes()"},
+    {"commcheck.step_factor", FieldUse::kUsed, "spec.step_factor()"},
+    {"commcheck.iters", FieldUse::kUsed, "spec.iters()"},
+    {"commcheck.warmup_iters", FieldUse::kUsed, "spec.warmup_iters()"},
+    {"commcheck.collectives", FieldUse::kUsed, "spec.collectives()"},
+    {"commcheck.rounds", FieldUse::kUsed, "spec.rounds()"},
+    {"commcheck.timeout_s", FieldUse::kUsed, "spec.timeout_s()"},
+
+    {"fault.mode", FieldUse::kUsed, "fault.mode()"},
+    {"fault.rank", FieldUse::kUsed, "fault.rank()"},
+    {"fault.at_step", FieldUse::kUsed, "fault.at_step()"},
+    {"fault.every_attempt", FieldUse::kUsed, "fault.every_attempt()"},
+    {"fault.exit_code", FieldUse::kUsed, "fault.exit_code()"},
+};
+
+}  // namespace furnace::spec

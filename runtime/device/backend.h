@@ -1,0 +1,124 @@
+// Backend: the table of operations the model and the optimizer run, one table per kind of device,
+// as ggml's backends. Model code never names a kernel library; it calls through the table its
+// device gives (BackendFor), so a new backend is a new table plus one case in BackendFor, with no
+// change to runtime/model.
+//
+// Every op has the signature and the contract of the CPU kernel it is named after (the shape and
+// accumulate/overwrite comments in kernels/include/kernels/<op>.h): the CPU table points at
+// kernels::cpu, so training through it is bit-identical to calling the kernels directly. Pointer
+// arguments are memory of the table's device, except where the kernel header says host (the
+// dispatch plan is built on the host from host routing indices, as the CUDA permute ops expect).
+//
+// Backends: cpu (kernels::cpu, always). The CUDA table comes with the GPU training path; until
+// then a CUDA device has no backend and BackendFor refuses it, which is what GptMoe::Create and the
+// worker report.
+//
+// Thread-safety: tables are immutable and live for the whole program; the ops are as reentrant as
+// the kernels (CPU: any number of threads on disjoint outputs).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/permute.h"
+#include "runtime/device/device.h"
+
+namespace furnace::device {
+
+// Where each (token, choice) of a MoE layer goes (kernels/permute.h). Built on the host.
+using DispatchPlan = kernels::cpu::DispatchPlan;
+
+// fp32 ops (the model is fp32; casts are the only other dtypes). Field names are the kernel names
+// in snake_case; argument order is the kernel's.
+struct Backend {
+  const char* name;  // "cpu"
+
+  // matmul.h: out (N, OC) = inp (N, C) @ weight (C, OC) [+ bias (OC)], and per expert group.
+  void (*matmul_forward)(float* out, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC);
+  void (*matmul_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int C, int OC);
+  void (*grouped_matmul_forward)(float* out, const float* inp, const float* weight,
+                                 const float* bias, const int64_t* offsets, int E, int C, int OC);
+  void (*grouped_matmul_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const int64_t* offsets,
+                                  int E, int C, int OC);
+
+  // attention.h: causal multi-head attention over qkv (B, T, 3C).
+  void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+  void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* att,
+                             int B, int T, int C, int NH);
+
+  // layernorm.h
+  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int N, int C, float eps);
+  void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, const float* mean,
+                             const float* rstd, int N, int C);
+
+  // gelu.h (tanh approximation).
+  void (*gelu_forward)(float* out, const float* inp, int64_t n);
+  void (*gelu_backward)(float* dinp, const float* inp, const float* dout, int64_t n);
+
+  // encoder.h: token + position embeddings.
+  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                            int B, int T, int C);
+  void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                             int B, int T, int C);
+
+  // cross_entropy.h
+  void (*cross_entropy_forward)(float* losses, float* probs, const float* logits,
+                                const int32_t* targets, int N, int V);
+  void (*cross_entropy_backward)(float* dlogits, const float* probs, const int32_t* targets,
+                                 float dloss, int N, int V);
+
+  // router.h: softmax gate, top-k selection and the load-balancing loss.
+  void (*softmax_forward)(float* probs, const float* logits, int N, int E);
+  void (*softmax_backward)(float* dlogits, const float* dprobs, const float* probs, int N, int E);
+  void (*topk_forward)(int32_t* indices, float* gates, const float* probs, int N, int E, int k,
+                       bool normalize);
+  void (*topk_backward)(float* dprobs, const float* dgates, const float* probs,
+                        const int32_t* indices, int N, int E, int k, bool normalize);
+  float (*aux_loss_forward)(const float* probs, const int32_t* indices, int N, int E, int k,
+                            float alpha);
+  void (*aux_loss_backward)(float* dprobs, const int32_t* indices, int N, int E, int k, float alpha,
+                            float daux);
+
+  // permute.h: token permutation by expert and the weighted combine back.
+  DispatchPlan (*make_dispatch_plan)(const int32_t* indices, int N, int E, int k,
+                                     double capacity_factor);
+  void (*permute_forward)(float* out, const float* inp, const DispatchPlan& plan, int C);
+  void (*permute_backward)(float* dinp, const float* dout, const DispatchPlan& plan, int C);
+  void (*unpermute_forward)(float* out, const float* expert_out, const float* gates,
+                            const DispatchPlan& plan, int C);
+  void (*unpermute_backward)(float* dexpert_out, float* dgates, const float* dout,
+                             const float* expert_out, const float* gates, const DispatchPlan& plan,
+                             int C);
+
+  // optimizer.h: AdamW and the global-norm helpers for clipping.
+  void (*adamw_update)(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t step);
+  double (*sum_of_squares)(const float* x, int64_t n);
+  void (*scale)(float* x, float s, int64_t n);
+
+  // cast.h: bf16 and block-scaled fp8 (e4m3) storage for reduced-precision stashes.
+  void (*cast_f32_to_bf16)(uint16_t* out, const float* inp, int64_t n);
+  void (*cast_bf16_to_f32)(float* out, const uint16_t* inp, int64_t n);
+  void (*quantize_fp8_e4m3)(uint8_t* out, float* scales, const float* inp, int64_t n, int block);
+  void (*dequantize_fp8_e4m3)(float* out, const uint8_t* inp, const float* scales, int64_t n,
+                              int block);
+};
+
+// The CPU table (kernels::cpu). Always available.
+const Backend& CpuBackend();
+
+// The table for a kind of device: the one place that decides which kinds have a backend.
+// Unimplemented, naming the kind, when there is none (CUDA until the GPU path is built).
+absl::StatusOr<const Backend*> BackendFor(Kind kind);
+// The table `device` runs on; Unimplemented naming the device when its kind has none.
+absl::StatusOr<const Backend*> BackendFor(const Device& device);
+
+// "cpu", "cuda".
+const char* KindName(Kind kind);
+
+}  // namespace furnace::device

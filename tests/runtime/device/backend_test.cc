@@ -1,0 +1,108 @@
+// Backend selection: the CPU kind gives the table of kernels::cpu functions; a kind without a
+// backend (CUDA, until the GPU path is built) is refused with Unimplemented naming it.
+#include "runtime/device/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/optimizer.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "tests/runtime/device/fake_device.h"
+
+namespace furnace::device {
+namespace {
+
+namespace k = kernels::cpu;
+
+TEST(BackendTest, CpuKindGivesTheCpuTable) {
+  absl::StatusOr<const Backend*> by_kind = BackendFor(Kind::kCpu);
+  ASSERT_TRUE(by_kind.ok()) << by_kind.status();
+  EXPECT_EQ(*by_kind, &CpuBackend());
+  EXPECT_STREQ((*by_kind)->name, "cpu");
+
+  std::unique_ptr<Device> cpu = CreateCpuDevice();
+  absl::StatusOr<const Backend*> by_device = BackendFor(*cpu);
+  ASSERT_TRUE(by_device.ok()) << by_device.status();
+  EXPECT_EQ(*by_device, &CpuBackend());
+}
+
+// Every entry is the kernels::cpu function of its name: training through the table computes what
+// calling the kernels does, bit for bit, and no entry is left null.
+TEST(BackendTest, CpuTablePointsAtTheCpuKernels) {
+  const Backend& b = CpuBackend();
+  EXPECT_EQ(b.matmul_forward, &k::MatmulForward<float>);
+  EXPECT_EQ(b.matmul_backward, &k::MatmulBackward<float>);
+  EXPECT_EQ(b.grouped_matmul_forward, &k::GroupedMatmulForward<float>);
+  EXPECT_EQ(b.grouped_matmul_backward, &k::GroupedMatmulBackward<float>);
+  EXPECT_EQ(b.attention_forward, &k::AttentionForward<float>);
+  EXPECT_EQ(b.attention_backward, &k::AttentionBackward<float>);
+  EXPECT_EQ(b.layernorm_forward, &k::LayerNormForward<float>);
+  EXPECT_EQ(b.layernorm_backward, &k::LayerNormBackward<float>);
+  EXPECT_EQ(b.gelu_forward, &k::GeluForward<float>);
+  EXPECT_EQ(b.gelu_backward, &k::GeluBackward<float>);
+  EXPECT_EQ(b.embedding_forward, &k::EmbeddingForward<float>);
+  EXPECT_EQ(b.embedding_backward, &k::EmbeddingBackward<float>);
+  EXPECT_EQ(b.cross_entropy_forward, &k::CrossEntropyForward<float>);
+  EXPECT_EQ(b.cross_entropy_backward, &k::CrossEntropyBackward<float>);
+  EXPECT_EQ(b.softmax_forward, &k::SoftmaxForward<float>);
+  EXPECT_EQ(b.softmax_backward, &k::SoftmaxBackward<float>);
+  EXPECT_EQ(b.topk_forward, &k::TopKForward<float>);
+  EXPECT_EQ(b.topk_backward, &k::TopKBackward<float>);
+  EXPECT_EQ(b.aux_loss_forward, &k::AuxLossForward<float>);
+  EXPECT_EQ(b.aux_loss_backward, &k::AuxLossBackward<float>);
+  EXPECT_EQ(b.make_dispatch_plan, &k::MakeDispatchPlan);
+  EXPECT_EQ(b.permute_forward, &k::PermuteForward<float>);
+  EXPECT_EQ(b.permute_backward, &k::PermuteBackward<float>);
+  EXPECT_EQ(b.unpermute_forward, &k::UnpermuteForward<float>);
+  EXPECT_EQ(b.unpermute_backward, &k::UnpermuteBackward<float>);
+  EXPECT_EQ(b.adamw_update, &k::AdamWUpdate);
+  EXPECT_EQ(b.sum_of_squares, &k::SumOfSquares);
+  EXPECT_EQ(b.scale, &k::Scale);
+  EXPECT_EQ(b.cast_f32_to_bf16, &k::CastF32ToBf16);
+  EXPECT_EQ(b.cast_bf16_to_f32, &k::CastBf16ToF32);
+  EXPECT_EQ(b.quantize_fp8_e4m3, &k::QuantizeFp8E4M3);
+  EXPECT_EQ(b.dequantize_fp8_e4m3, &k::DequantizeFp8E4M3);
+}
+
+TEST(BackendTest, CpuTableComputes) {
+  const Backend& b = CpuBackend();
+  const float inp[2] = {1.0f, 2.0f};     // (N=1, C=2)
+  const float weight[2] = {3.0f, 4.0f};  // (C=2, OC=1)
+  float out[1] = {-1.0f};
+  b.matmul_forward(out, inp, weight, nullptr, 1, 2, 1);
+  EXPECT_EQ(out[0], 11.0f);
+  EXPECT_EQ(b.sum_of_squares(inp, 2), 5.0);
+}
+
+TEST(BackendTest, KindWithoutBackendIsRefused) {
+  absl::StatusOr<const Backend*> by_kind = BackendFor(Kind::kCuda);
+  ASSERT_FALSE(by_kind.ok());
+  EXPECT_EQ(by_kind.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(by_kind.status().message().find("no backend for device kind 'cuda'"), std::string::npos)
+      << by_kind.status();
+
+  testing_util::FakeDevice gpu(Kind::kCuda, "cuda:3");
+  absl::StatusOr<const Backend*> by_device = BackendFor(gpu);
+  ASSERT_FALSE(by_device.ok());
+  EXPECT_EQ(by_device.status().code(), absl::StatusCode::kUnimplemented);
+  const std::string message(by_device.status().message());
+  EXPECT_NE(message.find("device 'cuda:3'"), std::string::npos) << message;
+  EXPECT_NE(message.find("no backend for device kind 'cuda'"), std::string::npos) << message;
+}
+
+TEST(BackendTest, KindNames) {
+  EXPECT_STREQ(KindName(Kind::kCpu), "cpu");
+  EXPECT_STREQ(KindName(Kind::kCuda), "cuda");
+}
+
+}  // namespace
+}  // namespace furnace::device

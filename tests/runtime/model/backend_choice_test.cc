@@ -1,0 +1,39 @@
+// The model computes with its device's backend: on the CPU device it is created, on a device whose
+// kind has no backend (CUDA, until the GPU path is built) Create refuses with BackendFor's status,
+// which names the device.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "model_test_util.h"
+#include "runtime/device/backend.h"
+#include "runtime/device/device.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/arena.h"
+#include "tests/runtime/device/fake_device.h"
+
+namespace furnace::model {
+namespace {
+
+TEST(BackendChoiceTest, CpuDeviceIsAccepted) {
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  tensor::DeviceArena arena(*cpu, 0);
+  auto model = GptMoe::Create(testing::TinyConfig(), 1, *cpu, arena);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(&(*model)->backend(), &device::CpuBackend());
+}
+
+TEST(BackendChoiceTest, DeviceWithoutBackendIsRefused) {
+  device::testing_util::FakeDevice gpu(device::Kind::kCuda, "cuda:0");
+  tensor::DeviceArena arena(gpu, 0);
+  auto model = GptMoe::Create(testing::TinyConfig(), 1, gpu, arena);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  const std::string message(model.status().message());
+  EXPECT_NE(message.find("device 'cuda:0'"), std::string::npos) << message;
+  EXPECT_NE(message.find("no backend for device kind 'cuda'"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace furnace::model
