@@ -10,6 +10,7 @@ namespace furnace::controller {
 void Rendezvous::Set(const Scope& scope, const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_.count(scope)) return;  // its attempt is over
     scopes_[scope][key] = value;
   }
   cv_.notify_all();
