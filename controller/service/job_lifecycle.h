@@ -112,6 +112,13 @@ class JobLifecycle {
   absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
                           const std::string& message);
   absl::Status Persist(Job& job);
+  // Writes a change that is a record, not a transition: a rank's end or pid in an attempt that is
+  // already over in the store, or whose state does not change. Nothing is sent because of it, so
+  // no promise depends on it: a failed write is logged and the in-memory state kept. The job's next
+  // write carries it (Persist writes the two newest attempts); a controller restarted before that
+  // finds the rank not ended, which the agents' re-registration resolves (a rank an agent no longer
+  // runs is ended then, or its exit report, which agents re-send, ends it).
+  void PersistRecord(Job& job, const std::string& what);
   void Event(Job& job, const std::string& kind, const std::string& message);
   void TryStart(Job& job);
   // `kind` labels the cause (AttemptInfo.failure_kind): signal, hang, oom, exit, lost, ...

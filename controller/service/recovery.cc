@@ -138,6 +138,12 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
   return true;
 }
 
+void JobLifecycle::PersistRecord(Job& job, const std::string& what) {
+  if (absl::Status s = Persist(job); !s.ok()) {
+    spdlog::warn("job {}: {} not recorded yet: {}", job.summary.job_id(), what, s.ToString());
+  }
+}
+
 void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
   if (worker.info.state() == kWorkerLost) return;
   spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
@@ -159,7 +165,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
                              held.rank, " gone"),
                 worker.info.worker_id());
   } else {
-    Persist(*job).IgnoreError();
+    PersistRecord(*job, "a lost worker's rank ended");
   }
 }
 
@@ -196,7 +202,14 @@ void JobLifecycle::Tick() {
       case v1::JOB_STARTING: {
         auto* attempt = job.current();
         const double limit = job.spec.recovery().start_timeout_s();
-        if (attempt && now - job.attempt_started_mono > limit) {
+        if (attempt && attempt->state() == "running" && AllRanks(*attempt, "running")) {
+          // Every rank runs, but the transition could not be written when the last one started
+          // or re-attached (nothing was sent on it): retried until it lands.
+          attempt->set_all_running_unix(clock_.UnixSeconds());
+          if (!Transition(job, v1::JOB_RUNNING, "running", "all ranks running").ok()) {
+            attempt->set_all_running_unix(0);
+          }
+        } else if (attempt && now - job.attempt_started_mono > limit) {
           std::vector<std::string> late;
           for (const auto& r : attempt->ranks()) {
             if (r.state() == "assigned") {
@@ -260,11 +273,15 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
                 absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
         }
         if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, "running")) {
+          // Nothing is sent on this transition, so a failed write only leaves the job STARTING
+          // in memory and in the store; Tick retries it until it lands.
           attempt->set_all_running_unix(clock_.UnixSeconds());
-          Transition(job, v1::JOB_RUNNING, "running", "all ranks running (re-attached)")
-              .IgnoreError();
+          if (!Transition(job, v1::JOB_RUNNING, "running", "all ranks running (re-attached)")
+                   .ok()) {
+            attempt->set_all_running_unix(0);
+          }
         } else {
-          Persist(job).IgnoreError();
+          PersistRecord(job, "a re-attached rank");
         }
       }
     }
@@ -307,7 +324,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
                                    " lost"),
                       req.worker_id());
         } else {
-          Persist(*job).IgnoreError();
+          PersistRecord(*job, "a rank lost with its restarted agent");
         }
       }
     } else if (rank->state() == "assigned" && attempt == job->current() &&
@@ -429,8 +446,13 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
     if (job.summary.state() != v1::JOB_STARTING && job.summary.state() != v1::JOB_RUNNING) {
       continue;
     }
-    FailAttempt(job, "interrupted", "the controller shut down and stopped its local workers", "",
-                Failure::kInterrupted);
+    // The ranks are marked ended only once the interruption is in the store. When it is not,
+    // the store keeps the attempt running with its ranks, and the restarted controller treats the
+    // stopped agents like any that restarted: the attempt fails and the job recovers.
+    if (!FailAttempt(job, "interrupted", "the controller shut down and stopped its local workers",
+                     "", Failure::kInterrupted)) {
+      continue;
+    }
     if (auto* attempt = job.current()) {
       for (auto& rank : *attempt->mutable_ranks()) {
         if (rank.state() != "exited") {
@@ -438,7 +460,7 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
           rank.set_exit("stopped: the controller shut down");
         }
       }
-      Persist(job).IgnoreError();
+      PersistRecord(job, "the ranks stopped at shutdown");
     }
   }
   for (auto& [wid, w] : workers_.workers()) {
