@@ -273,8 +273,8 @@ absl::StatusOr<v1::KvGetResponse> Controller::KvGet(const v1::KvGetRequest& req)
     RETURN_IF_ERROR(jobs_.CheckScope(req.scope()));
   }
   std::vector<std::string> keys(req.keys().begin(), req.keys().end());
-  ASSIGN_OR_RETURN(auto values, rendezvous_.Wait({req.scope().job_id(), req.scope().attempt()},
-                                                 keys, std::min(req.timeout_s(), 60.0)));
+  ASSIGN_OR_RETURN(auto values, rendezvous_.Get({req.scope().job_id(), req.scope().attempt()},
+                                                keys, std::min(req.timeout_s(), 60.0)));
   v1::KvGetResponse resp;
   for (auto& v : values) resp.add_values(std::move(v));
   return resp;
