@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/metrics/exposition.h"
+#include "proto/furnace/v1/state_names.h"
 
 #ifndef FURNACE_VERSION
 #define FURNACE_VERSION "unknown"
@@ -160,8 +161,9 @@ std::string RenderMetrics(const MetricsSnapshot& snapshot) {
     }
   }
 
-  std::map<std::string, uint32_t> by_state(snapshot.workers_by_state);
+  std::map<std::string, uint32_t> by_state;
   for (const char* s : kWorkerStates) by_state.emplace(s, 0);
+  for (const auto& [state, n] : snapshot.workers_by_state) by_state[v1::StateWord(state)] += n;
   for (const auto& [s, n] : by_state) workers->Add({{"state", s}}, uint64_t{n});
   dropped->Add({}, snapshot.telemetry_dropped_total);
   records->Add({}, snapshot.telemetry_records_total);

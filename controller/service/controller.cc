@@ -148,7 +148,9 @@ MetricsSnapshot Controller::Metrics() {
   snap.unix_time = clock_.UnixSeconds();
   snap.telemetry_dropped_total = telemetry_.dropped();
   snap.telemetry_records_total = telemetry_.records();
-  for (const auto& st : {kWorkerReady, kWorkerBusy, kWorkerLost}) snap.workers_by_state[st] = 0;
+  for (const auto st : {v1::WORKER_STATE_READY, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_LOST}) {
+    snap.workers_by_state[st] = 0;
+  }
   for (const auto& [id, w] : workers_.workers()) ++snap.workers_by_state[w.info.state()];
   for (const auto& [id, job] : jobs_.jobs()) {
     JobMetrics m;
@@ -162,7 +164,7 @@ MetricsSnapshot Controller::Metrics() {
     telemetry_.Fill(id, m);
     for (size_t i = 0; i < job.attempts.size(); ++i) {
       const auto& a = job.attempts[i];
-      if (a.state() == "failed") {
+      if (a.state() == v1::ATTEMPT_STATE_FAILED) {
         ++m.restarts_by_cause[a.failure_kind().empty() ? "exit" : a.failure_kind()];
       }
       if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {

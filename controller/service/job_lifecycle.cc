@@ -39,7 +39,7 @@ absl::StatusOr<int> JobLifecycle::Load() {
     for (const auto& attempt : job.attempts) {
       for (const auto& rank : attempt.ranks()) {
         Worker* w = workers_.Find(rank.worker_id());
-        if (w == nullptr || rank.state() == "exited") continue;
+        if (w == nullptr || rank.state() == v1::RANK_STATE_EXITED) continue;
         if (w->has_rank && w->attempt > attempt.attempt()) continue;
         w->has_rank = true;
         w->attempt = attempt.attempt();
@@ -58,7 +58,8 @@ absl::StatusOr<int> JobLifecycle::Load() {
     Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
   }
   for (auto& [id, w] : workers_.workers()) {
-    if (w.info.state() != kWorkerLost) w.info.set_state(w.has_rank ? kWorkerBusy : kWorkerReady);
+    if (w.info.state() != v1::WORKER_STATE_LOST)
+      w.info.set_state(w.has_rank ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
   }
   return active;
 }
@@ -162,8 +163,8 @@ absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
         "job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
   }
   const Job backup = job;
-  if (auto* attempt = job.current(); attempt && attempt->state() == "running") {
-    attempt->set_state("cancelled");
+  if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
+    attempt->set_state(v1::ATTEMPT_STATE_CANCELLED);
     attempt->set_cause("cancelled by user");
     attempt->set_ended_unix(clock_.UnixSeconds());
   }
@@ -211,7 +212,7 @@ absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
   }
   const Job& job = jt->second;
   if (IsFinal(job.summary.state()) || job.summary.attempt() != scope.attempt() ||
-      job.attempts.empty() || job.attempts.back().state() != "running") {
+      job.attempts.empty() || job.attempts.back().state() != v1::ATTEMPT_STATE_RUNNING) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rendezvous: attempt %d of job %s is over (job is %s at attempt %d)", scope.attempt(),
         scope.job_id(), StateName(job.summary.state()), job.summary.attempt()));
@@ -237,7 +238,7 @@ void JobLifecycle::TryStart(Job& job) {
   const uint32_t n = job.summary.attempt() + 1;
   v1::AttemptInfo attempt;
   attempt.set_attempt(n);
-  attempt.set_state("running");
+  attempt.set_state(v1::ATTEMPT_STATE_RUNNING);
   attempt.set_started_unix(clock_.UnixSeconds());
   for (uint32_t r = 0; r < placement->size(); ++r) {
     const Worker& w = *workers_.Find((*placement)[r]);
@@ -245,7 +246,7 @@ void JobLifecycle::TryStart(Job& job) {
     rank->set_rank(r);
     rank->set_worker_id(w.info.worker_id());
     rank->set_host(w.info.host());
-    rank->set_state("assigned");
+    rank->set_state(v1::RANK_STATE_ASSIGNED);
   }
   const Job backup = job;
   job.attempts.push_back(attempt);

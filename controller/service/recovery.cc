@@ -57,7 +57,7 @@ std::string FailureKind(v1::ExitKind kind) {
   }
 }
 
-bool AllRanks(const v1::AttemptInfo& attempt, const std::string& state) {
+bool AllRanks(const v1::AttemptInfo& attempt, v1::RankState state) {
   return std::all_of(attempt.ranks().begin(), attempt.ranks().end(),
                      [&](const v1::RankInfo& r) { return r.state() == state; });
 }
@@ -70,7 +70,7 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& cause, const std
     job.pending_cause = cause;
     job.pending_worker = worker;
   }
-  if (AllRanks(*job.current(), "exited")) {
+  if (AllRanks(*job.current(), v1::RANK_STATE_EXITED)) {
     job.settle_deadline = 0;
     FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
   }
@@ -80,9 +80,9 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
   auto* attempt = job.current();
   if (!attempt) return;
   for (const auto& rank : attempt->ranks()) {
-    if (rank.state() == "exited") continue;
+    if (rank.state() == v1::RANK_STATE_EXITED) continue;
     Worker* w = workers_.Find(rank.worker_id());
-    if (w == nullptr || w->info.state() == kWorkerLost) continue;
+    if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) continue;
     workers_.Enqueue(rank.worker_id(),
                      StopCommand(job.summary.job_id(), attempt->attempt(), rank.rank(),
                                  options_.stop_grace_s, reason));
@@ -93,10 +93,10 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
                                const std::string& culprit_worker, Failure failure) {
   const bool counts_as_restart = failure != Failure::kInterrupted;
   auto* attempt = job.current();
-  if (!attempt || attempt->state() != "running") return true;
+  if (!attempt || attempt->state() != v1::ATTEMPT_STATE_RUNNING) return true;
   job.settle_deadline = 0;
   const Job backup = job;
-  attempt->set_state(counts_as_restart ? "failed" : "interrupted");
+  attempt->set_state(counts_as_restart ? v1::ATTEMPT_STATE_FAILED : v1::ATTEMPT_STATE_INTERRUPTED);
   attempt->set_cause(cause);
   attempt->set_failure_kind(kind);
   attempt->set_ended_unix(clock_.UnixSeconds());
@@ -145,7 +145,7 @@ void JobLifecycle::PersistRecord(Job& job, const std::string& what) {
 }
 
 void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
-  if (worker.info.state() == kWorkerLost) return;
+  if (worker.info.state() == v1::WORKER_STATE_LOST) return;
   spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
   const WorkerRegistry::Held held = workers_.MarkLost(worker);
   if (!held.has_rank) return;
@@ -155,10 +155,10 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
   v1::AttemptInfo* attempt = &job->attempts[held.attempt - 1];
   if (held.rank < static_cast<uint32_t>(attempt->ranks_size())) {
     auto* rank = attempt->mutable_ranks(held.rank);
-    rank->set_state("exited");
+    rank->set_state(v1::RANK_STATE_EXITED);
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
   }
-  if (attempt == job->current() && attempt->state() == "running" &&
+  if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
     FailAttempt(*job, "lost",
                 absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
@@ -173,7 +173,7 @@ void JobLifecycle::Tick() {
   const double now = clock_.MonotonicSeconds();
   // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
   for (auto& [id, w] : workers_.workers()) {
-    if (w.info.state() == kWorkerLost) continue;
+    if (w.info.state() == v1::WORKER_STATE_LOST) continue;
     double limit = options_.worker_timeout_s;
     if (w.has_rank) {
       auto jt = jobs_.find(w.info.job_id());
@@ -202,7 +202,8 @@ void JobLifecycle::Tick() {
       case v1::JOB_STARTING: {
         auto* attempt = job.current();
         const double limit = job.spec.recovery().start_timeout_s();
-        if (attempt && attempt->state() == "running" && AllRanks(*attempt, "running")) {
+        if (attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
+            AllRanks(*attempt, v1::RANK_STATE_RUNNING)) {
           // Every rank runs, but the transition could not be written when the last one started
           // or re-attached (nothing was sent on it): retried until it lands.
           attempt->set_all_running_unix(clock_.UnixSeconds());
@@ -212,7 +213,7 @@ void JobLifecycle::Tick() {
         } else if (attempt && now - job.attempt_started_mono > limit) {
           std::vector<std::string> late;
           for (const auto& r : attempt->ranks()) {
-            if (r.state() == "assigned") {
+            if (r.state() == v1::RANK_STATE_ASSIGNED) {
               late.push_back(absl::StrCat(r.rank(), " (", r.worker_id(), ")"));
             }
           }
@@ -257,13 +258,14 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
     if (jt != jobs_.end() && !IsFinal(jt->second.summary.state())) {
       Job& job = jt->second;
       auto* attempt = job.current();
-      if (attempt && attempt->attempt() == rr.attempt() && attempt->state() == "running" &&
+      if (attempt && attempt->attempt() == rr.attempt() &&
+          attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
           rr.rank() < static_cast<uint32_t>(attempt->ranks_size()) &&
           attempt->ranks(rr.rank()).worker_id() == req.worker_id() &&
-          attempt->ranks(rr.rank()).state() != "exited") {
+          attempt->ranks(rr.rank()).state() != v1::RANK_STATE_EXITED) {
         wanted = true;
         auto* rank = attempt->mutable_ranks(rr.rank());
-        rank->set_state("running");
+        rank->set_state(v1::RANK_STATE_RUNNING);
         rank->set_pid(rr.pid());
         // Only an agent's first registration with this controller run re-attaches: one that
         // registers again (its Register timed out on its side after we took it) brings nothing
@@ -272,7 +274,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
           Event(job, "reattached",
                 absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
         }
-        if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, "running")) {
+        if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, v1::RANK_STATE_RUNNING)) {
           // Nothing is sent on this transition, so a failed write only leaves the job STARTING
           // in memory and in the store; Tick retries it until it lands.
           attempt->set_all_running_unix(clock_.UnixSeconds());
@@ -314,10 +316,10 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
       w.has_rank = false;
       w.attempt = 0;
       w.info.clear_job_id();
-      if (rank != nullptr && rank->state() != "exited") {
-        rank->set_state("exited");
+      if (rank != nullptr && rank->state() != v1::RANK_STATE_EXITED) {
+        rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("lost: its worker agent restarted");
-        if (attempt == job->current() && attempt->state() == "running" &&
+        if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
             !IsFinal(job->summary.state())) {
           FailAttempt(*job, "agent_restart",
                       absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n,
@@ -327,12 +329,12 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
           PersistRecord(*job, "a rank lost with its restarted agent");
         }
       }
-    } else if (rank->state() == "assigned" && attempt == job->current() &&
-               attempt->state() == "running") {
+    } else if (rank->state() == v1::RANK_STATE_ASSIGNED && attempt == job->current() &&
+               attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
       workers_.Enqueue(req.worker_id(), StartCommand(*job, rank_n, w));
     }
   }
-  w.info.set_state(w.has_rank ? kWorkerBusy : kWorkerReady);
+  w.info.set_state(w.has_rank ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
   workers_.Persist(w);
   spdlog::info("worker {} registered (host {}, slot {}, pid {}, {} running rank(s))",
                req.worker_id(), req.host(), req.slot(), req.pid(), req.running_size());
@@ -350,7 +352,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
   if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
   v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
-  const bool current = job.current() == &attempt && attempt.state() == "running" &&
+  const bool current = job.current() == &attempt && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
                        !IsFinal(job.summary.state());
   // On a store error, undo and fail the RPC: the agent re-sends the report.
   auto undo = [&](absl::Status s) {
@@ -359,8 +361,8 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   };
 
   if (report.event() == v1::RANK_STARTED) {
-    if (rank.state() == "exited") return absl::OkStatus();
-    rank.set_state("running");
+    if (rank.state() == v1::RANK_STATE_EXITED) return absl::OkStatus();
+    rank.set_state(v1::RANK_STATE_RUNNING);
     rank.set_pid(report.pid());
     absl::Status s;
     if (!current) {
@@ -371,7 +373,8 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                          StopCommand(report.job_id(), report.attempt(), report.rank(),
                                      options_.stop_grace_s, "its attempt is over"));
       }
-    } else if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, "running")) {
+    } else if (job.summary.state() == v1::JOB_STARTING &&
+               AllRanks(attempt, v1::RANK_STATE_RUNNING)) {
       attempt.set_all_running_unix(clock_.UnixSeconds());
       s = Transition(job, v1::JOB_RUNNING, "running",
                      absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
@@ -384,19 +387,19 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   }
 
   if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
-  if (rank.state() == "exited") {  // a re-sent report
+  if (rank.state() == v1::RANK_STATE_EXITED) {  // a re-sent report
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
     return absl::OkStatus();
   }
-  rank.set_state("exited");
+  rank.set_state(v1::RANK_STATE_EXITED);
   rank.set_exit(DescribeExit(report));
   const std::string worker_id = rank.worker_id();
   absl::Status s;
   if (!current) {
     s = Persist(job);
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
-    if (AllRanks(attempt, "exited")) {
-      attempt.set_state("succeeded");
+    if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
+      attempt.set_state(v1::ATTEMPT_STATE_SUCCEEDED);
       attempt.set_ended_unix(clock_.UnixSeconds());
       job.summary.set_cause("");
       if (job.summary.state() == v1::JOB_STARTING) {
@@ -430,7 +433,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                 absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
                              DescribeExit(report)),
                 report.worker_id());
-    if (job.attempts[report.attempt() - 1].state() == "running") {
+    if (job.attempts[report.attempt() - 1].state() == v1::ATTEMPT_STATE_RUNNING) {
       s = absl::UnavailableError("controller could not record the failure; retry");
     }
   }
@@ -455,8 +458,8 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
     }
     if (auto* attempt = job.current()) {
       for (auto& rank : *attempt->mutable_ranks()) {
-        if (rank.state() != "exited") {
-          rank.set_state("exited");
+        if (rank.state() != v1::RANK_STATE_EXITED) {
+          rank.set_state(v1::RANK_STATE_EXITED);
           rank.set_exit("stopped: the controller shut down");
         }
       }
@@ -467,7 +470,7 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
     w.has_rank = false;
     w.attempt = 0;
     w.info.clear_job_id();
-    if (w.info.state() == kWorkerBusy) w.info.set_state(kWorkerReady);
+    if (w.info.state() == v1::WORKER_STATE_BUSY) w.info.set_state(v1::WORKER_STATE_READY);
     workers_.Persist(w);
   }
   shut_down_ = true;

@@ -51,7 +51,7 @@ void WorkerRegistry::Touch(const std::string& worker_id) {
 uint32_t WorkerRegistry::CountUsable(const std::string& device_kind) const {
   uint32_t n = 0;
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() != kWorkerLost && w.info.device_kind() == device_kind) ++n;
+    if (w.info.state() != v1::WORKER_STATE_LOST && w.info.device_kind() == device_kind) ++n;
   }
   return n;
 }
@@ -60,7 +60,7 @@ std::vector<WorkerSlot> WorkerRegistry::Slots() const {
   std::vector<WorkerSlot> slots;
   for (const auto& [id, w] : workers_) {
     slots.push_back({id, w.info.host(), w.info.slot(), w.info.device_kind(),
-                     w.info.state() == kWorkerReady && !w.has_rank && HasSession(id)});
+                     w.info.state() == v1::WORKER_STATE_READY && !w.has_rank && HasSession(id)});
   }
   return slots;
 }
@@ -69,7 +69,7 @@ void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attem
                             uint32_t rank) {
   w.has_rank = true;
   w.attempt = attempt;
-  w.info.set_state(kWorkerBusy);
+  w.info.set_state(v1::WORKER_STATE_BUSY);
   w.info.set_job_id(job_id);
   w.info.set_rank(rank);
   Persist(w);
@@ -86,14 +86,14 @@ void WorkerRegistry::Free(const std::string& worker_id, const std::string& job_i
   w->attempt = 0;
   w->info.clear_job_id();
   w->info.set_rank(0);
-  if (w->info.state() == kWorkerBusy) w->info.set_state(kWorkerReady);
+  if (w->info.state() == v1::WORKER_STATE_BUSY) w->info.set_state(v1::WORKER_STATE_READY);
   Persist(*w);
 }
 
 WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
   Held held;
-  if (worker.info.state() == kWorkerLost) return held;
-  worker.info.set_state(kWorkerLost);
+  if (worker.info.state() == v1::WORKER_STATE_LOST) return held;
+  worker.info.set_state(v1::WORKER_STATE_LOST);
   EndSession(worker.info.worker_id());
   held.has_rank = worker.has_rank;
   held.job_id = worker.info.job_id();

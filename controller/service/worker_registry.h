@@ -34,10 +34,6 @@
 
 namespace furnace::controller {
 
-inline constexpr const char* kWorkerReady = "ready";
-inline constexpr const char* kWorkerBusy = "busy";
-inline constexpr const char* kWorkerLost = "lost";
-
 struct Worker {
   furnace::v1::WorkerInfo info;
   double last_seen_mono = 0;
