@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create state dir ", options.state_dir, ": ", ec.message()));
   }
-  ASSIGN_OR_RETURN(auto store, JobStore::Open((fs::path(options.state_dir) / "furnace.db").string()));
+  ASSIGN_OR_RETURN(auto store,
+                   JobStore::Open((fs::path(options.state_dir) / "furnace.db").string()));
   std::unique_ptr<Controller> controller(new Controller(options, clock, std::move(store)));
   RETURN_IF_ERROR(controller->Load());
   return controller;
@@ -68,9 +69,8 @@ std::vector<v1::JobSummary> Controller::ListJobs() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::JobSummary> out;
   for (const auto& [id, job] : jobs_.jobs()) out.push_back(job.summary);
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.submitted_unix() < b.submitted_unix();
-  });
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.submitted_unix() < b.submitted_unix(); });
   return out;
 }
 
@@ -275,8 +275,8 @@ absl::StatusOr<v1::KvGetResponse> Controller::KvGet(const v1::KvGetRequest& req)
     RETURN_IF_ERROR(jobs_.CheckScope(req.scope()));
   }
   std::vector<std::string> keys(req.keys().begin(), req.keys().end());
-  ASSIGN_OR_RETURN(auto values, rendezvous_.Get({req.scope().job_id(), req.scope().attempt()},
-                                                keys, std::min(req.timeout_s(), 60.0)));
+  ASSIGN_OR_RETURN(auto values, rendezvous_.Get({req.scope().job_id(), req.scope().attempt()}, keys,
+                                                std::min(req.timeout_s(), 60.0)));
   v1::KvGetResponse resp;
   for (auto& v : values) resp.add_values(std::move(v));
   return resp;

@@ -65,8 +65,9 @@ class Controller {
   furnace::v1::HeartbeatResponse Heartbeat(const furnace::v1::HeartbeatRequest& req);
   // Waits up to wait_s for commands for this worker session. FailedPrecondition when the session
   // is not the worker's current one (the agent must register again).
-  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(
-      const std::string& worker_id, const std::string& session_id, double wait_s);
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      double wait_s);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
@@ -98,7 +99,7 @@ class Controller {
   const std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
   LogStore logs_;
-  WorkerRegistry workers_;        // records guarded by mu_; queues by itself
+  WorkerRegistry workers_;         // records guarded by mu_; queues by itself
   TelemetryAggregator telemetry_;  // guarded by mu_
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_

@@ -103,12 +103,12 @@ absl::Status JobLifecycle::Transition(Job& job, JobState to, const std::string& 
   job.summary.set_state(to);
   if (absl::Status s = Persist(job); !s.ok()) {
     job.summary.set_state(from);
-    spdlog::error("job {}: transition to {} not persisted: {}", job.summary.job_id(),
-                  StateName(to), s.ToString());
+    spdlog::error("job {}: transition to {} not persisted: {}", job.summary.job_id(), StateName(to),
+                  s.ToString());
     return s;
   }
-  Event(job, event_kind, absl::StrCat(StateName(from), " -> ", StateName(to),
-                                      message.empty() ? "" : ": ", message));
+  Event(job, event_kind,
+        absl::StrCat(StateName(from), " -> ", StateName(to), message.empty() ? "" : ": ", message));
   return absl::OkStatus();
 }
 
@@ -128,8 +128,8 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: resources.workers: the job needs %d ranks (pp*dp*tp = %d*%d*%d) but this controller "
         "has %d %s worker(s); allowed: at most %d",
-        filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(),
-        capacity, spec.resources().device(), capacity));
+        filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), capacity,
+        spec.resources().device(), capacity));
   }
   ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
   Job job;
@@ -159,8 +159,8 @@ absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
   if (found == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   Job& job = *found;
   if (IsFinal(job.summary.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
   }
   const Job backup = job;
   if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {

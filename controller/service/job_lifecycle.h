@@ -37,15 +37,15 @@ namespace furnace::controller {
 
 struct ControllerOptions {
   std::string state_dir;
-  std::string advertise_address;     // what ranks dial for rendezvous
+  std::string advertise_address;      // what ranks dial for rendezvous
   double heartbeat_interval_s = 1.0;  // told to agents
   double worker_timeout_s = 10.0;     // an agent silent this long is lost
   // After a controller (re)start, agents known from the store get this long to register again
   // before their silence counts: the controller's own absence is not the workers' fault, and
   // their ranks kept running. A job's shorter recovery.heartbeat_timeout_s applies only after.
   double reattach_grace_s = 30.0;
-  uint32_t local_workers = 0;         // capacity the embedded launcher will provide
-  double stop_grace_s = 5.0;          // SIGTERM -> SIGKILL grace for ranks we stop
+  uint32_t local_workers = 0;  // capacity the embedded launcher will provide
+  double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
 };
 
 struct Job {

@@ -22,14 +22,22 @@ constexpr double kSettleS = 1.0;
 std::string DescribeExit(const v1::RankReport& r) {
   if (!r.reason().empty()) return r.reason();
   switch (r.exit_kind()) {
-    case v1::EXIT_KIND_SUCCESS: return "exited with code 0";
-    case v1::EXIT_KIND_CODE: return absl::StrCat("exited with code ", r.exit_code());
-    case v1::EXIT_KIND_SIGNAL: return absl::StrCat("killed by signal ", r.signal());
-    case v1::EXIT_KIND_HANG: return "hung";
-    case v1::EXIT_KIND_OOM: return "out of memory";
-    case v1::EXIT_KIND_STOPPED: return "stopped";
-    case v1::EXIT_KIND_LAUNCH: return "could not be started";
-    default: return "ended";
+    case v1::EXIT_KIND_SUCCESS:
+      return "exited with code 0";
+    case v1::EXIT_KIND_CODE:
+      return absl::StrCat("exited with code ", r.exit_code());
+    case v1::EXIT_KIND_SIGNAL:
+      return absl::StrCat("killed by signal ", r.signal());
+    case v1::EXIT_KIND_HANG:
+      return "hung";
+    case v1::EXIT_KIND_OOM:
+      return "out of memory";
+    case v1::EXIT_KIND_STOPPED:
+      return "stopped";
+    case v1::EXIT_KIND_LAUNCH:
+      return "could not be started";
+    default:
+      return "ended";
   }
 }
 
@@ -48,12 +56,18 @@ v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32
 // The restart cause as a low-cardinality label (furnace_job_restarts_total{cause}).
 std::string FailureKind(v1::ExitKind kind) {
   switch (kind) {
-    case v1::EXIT_KIND_SIGNAL: return "signal";
-    case v1::EXIT_KIND_HANG: return "hang";
-    case v1::EXIT_KIND_OOM: return "oom";
-    case v1::EXIT_KIND_LAUNCH: return "launch";
-    case v1::EXIT_KIND_STOPPED: return "stopped";
-    default: return "exit";
+    case v1::EXIT_KIND_SIGNAL:
+      return "signal";
+    case v1::EXIT_KIND_HANG:
+      return "hang";
+    case v1::EXIT_KIND_OOM:
+      return "oom";
+    case v1::EXIT_KIND_LAUNCH:
+      return "launch";
+    case v1::EXIT_KIND_STOPPED:
+      return "stopped";
+    default:
+      return "exit";
   }
 }
 
@@ -83,9 +97,8 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
     if (rank.state() == v1::RANK_STATE_EXITED) continue;
     Worker* w = workers_.Find(rank.worker_id());
     if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) continue;
-    workers_.Enqueue(rank.worker_id(),
-                     StopCommand(job.summary.job_id(), attempt->attempt(), rank.rank(),
-                                 options_.stop_grace_s, reason));
+    workers_.Enqueue(rank.worker_id(), StopCommand(job.summary.job_id(), attempt->attempt(),
+                                                   rank.rank(), options_.stop_grace_s, reason));
   }
 }
 
@@ -108,7 +121,8 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     job.summary.set_cause(cause);
     persisted = Transition(job, v1::JOB_RECOVERING, "interrupted",
                            absl::StrFormat("attempt %d interrupted: %s; it does not count "
-                                           "against recovery.max_restarts", n, cause));
+                                           "against recovery.max_restarts",
+                                           n, cause));
   } else if (failure == Failure::kPermanent) {
     job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
@@ -132,8 +146,8 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
   }
   job.avoid_workers.clear();
   if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
-  StopAttemptRanks(job, absl::StrCat("attempt ", n, " ", counts_as_restart ? "failed" :
-                                     "interrupted", ": ", cause));
+  StopAttemptRanks(job, absl::StrCat("attempt ", n, " ",
+                                     counts_as_restart ? "failed" : "interrupted", ": ", cause));
   CloseScope(job, n);
   return true;
 }
@@ -305,9 +319,9 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   // it again, the agent ignores a start it already had.
   if (w.has_rank && !runs_our_rank) {
     Job* job = Find(w.info.job_id());
-    v1::AttemptInfo* attempt =
-        job && w.attempt >= 1 && w.attempt <= job->attempts.size() ? &job->attempts[w.attempt - 1]
-                                                                   : nullptr;
+    v1::AttemptInfo* attempt = job && w.attempt >= 1 && w.attempt <= job->attempts.size()
+                                   ? &job->attempts[w.attempt - 1]
+                                   : nullptr;
     const uint32_t rank_n = w.info.rank();
     v1::RankInfo* rank = attempt && rank_n < static_cast<uint32_t>(attempt->ranks_size())
                              ? attempt->mutable_ranks(rank_n)
@@ -321,10 +335,10 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
         rank->set_exit("lost: its worker agent restarted");
         if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
             !IsFinal(job->summary.state())) {
-          FailAttempt(*job, "agent_restart",
-                      absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n,
-                                   " lost"),
-                      req.worker_id());
+          FailAttempt(
+              *job, "agent_restart",
+              absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost"),
+              req.worker_id());
         } else {
           PersistRecord(*job, "a rank lost with its restarted agent");
         }
@@ -424,8 +438,9 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
     s = Persist(job);
     if (s.ok()) {
-      NoteWeakFailure(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                                        DescribeExit(report)),
+      NoteWeakFailure(job,
+                      absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                   DescribeExit(report)),
                       report.worker_id());
     }
   } else {
@@ -441,7 +456,6 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   workers_.Free(worker_id, report.job_id(), report.attempt(), report.rank());
   return absl::OkStatus();
 }
-
 
 void JobLifecycle::Shutdown(bool stopping_workers) {
   if (!stopping_workers) return;

@@ -21,15 +21,17 @@ absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const Scope& scope,
                                                          const std::vector<std::string>& keys,
                                                          double timeout_s) {
   auto closed = [&] {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rendezvous scope of job ", scope.first, " attempt ", scope.second, " is closed"));
+    return absl::FailedPreconditionError(absl::StrCat("rendezvous scope of job ", scope.first,
+                                                      " attempt ", scope.second, " is closed"));
   };
   std::shared_ptr<InMemoryKvStore> store = Open(scope);
   if (!store) return closed();
   auto values = store->Get(keys, timeout_s);
   if (absl::IsFailedPrecondition(values.status())) return closed();
-  if (!values.ok()) return absl::Status(values.status().code(),
-                                        absl::StrCat("rendezvous: ", values.status().message()));
+  if (!values.ok()) {
+    return absl::Status(values.status().code(),
+                        absl::StrCat("rendezvous: ", values.status().message()));
+  }
   return values;
 }
 

@@ -44,7 +44,7 @@ class Rendezvous {
 
   std::mutex mu_;
   std::map<Scope, std::shared_ptr<InMemoryKvStore>> scopes_;  // guarded by mu_
-  std::set<Scope> closed_;                                     // guarded by mu_
+  std::set<Scope> closed_;                                    // guarded by mu_
 };
 
 }  // namespace furnace::controller

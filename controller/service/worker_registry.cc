@@ -65,8 +65,7 @@ std::vector<WorkerSlot> WorkerRegistry::Slots() const {
   return slots;
 }
 
-void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attempt,
-                            uint32_t rank) {
+void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attempt, uint32_t rank) {
   w.has_rank = true;
   w.attempt = attempt;
   w.info.set_state(v1::WORKER_STATE_BUSY);
@@ -75,8 +74,8 @@ void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attem
   Persist(w);
 }
 
-void WorkerRegistry::Free(const std::string& worker_id, const std::string& job_id,
-                          uint32_t attempt, uint32_t rank) {
+void WorkerRegistry::Free(const std::string& worker_id, const std::string& job_id, uint32_t attempt,
+                          uint32_t rank) {
   Worker* w = Find(worker_id);
   if (w == nullptr || !w->has_rank || w->info.job_id() != job_id || w->attempt != attempt ||
       w->info.rank() != rank) {
@@ -145,8 +144,7 @@ bool WorkerRegistry::HasSession(const std::string& worker_id) const {
 bool WorkerRegistry::IsSession(const std::string& worker_id, const std::string& session_id) const {
   std::lock_guard<std::mutex> lock(mail_mu_);
   auto it = mail_.find(worker_id);
-  return it != mail_.end() && !it->second.session_id.empty() &&
-         it->second.session_id == session_id;
+  return it != mail_.end() && !it->second.session_id.empty() && it->second.session_id == session_id;
 }
 
 void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand command) {
@@ -180,8 +178,7 @@ absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
   }
 }
 
-void WorkerRegistry::Requeue(const std::string& worker_id,
-                             std::vector<v1::AgentCommand> commands) {
+void WorkerRegistry::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
   std::lock_guard<std::mutex> lock(mail_mu_);
   auto it = mail_.find(worker_id);
   if (it == mail_.end()) return;

@@ -86,8 +86,9 @@ class WorkerRegistry {
   void Enqueue(const std::string& worker_id, furnace::v1::AgentCommand command);
   // Waits up to wait_s for commands of this session. FailedPrecondition when the session is not
   // the worker's current one.
-  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(
-      const std::string& worker_id, const std::string& session_id, double wait_s);
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      double wait_s);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
 

@@ -46,7 +46,7 @@ class InMemoryKvStore : public KvStore {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> values_;  // guarded by mu_
-  bool closed_ = false;                         // guarded by mu_
+  bool closed_ = false;                        // guarded by mu_
 };
 
 }  // namespace furnace
