@@ -11,6 +11,7 @@
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
 #include "controller/cli/svg_plot.h"
+#include "proto/furnace/v1/state_names.h"
 
 namespace furnace::cli {
 namespace {
@@ -211,7 +212,7 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
   rows.emplace_back("attempts", absl::StrCat(job.attempts_size(), " (", s.restarts(),
                                              s.restarts() == 1 ? " restart)" : " restarts)"));
   for (const v1::AttemptInfo& a : job.attempts()) {
-    std::string line = absl::StrCat("attempt ", a.attempt(), ": ", a.state());
+    std::string line = absl::StrCat("attempt ", a.attempt(), ": ", v1::StateWord(a.state()));
     if (!a.cause().empty()) absl::StrAppend(&line, ", ", a.cause());
     if (!a.failure_kind().empty()) absl::StrAppend(&line, " [", a.failure_kind(), "]");
     rows.emplace_back("", line);

@@ -10,6 +10,7 @@
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
 #include "controller/cli/train_view.h"
+#include "proto/furnace/v1/state_names.h"
 
 namespace furnace::cli {
 namespace {
@@ -54,7 +55,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
     Table attempts({"ATTEMPT", "STATE", "STARTED", "DURATION", "CAUSE"}, "  ");
     attempts.SetRightAligned(0);
     for (const auto& a : job.attempts()) {
-      attempts.AddRow({absl::StrCat(a.attempt()), OrDash(a.state()),
+      attempts.AddRow({absl::StrCat(a.attempt()), OrDash(v1::StateWord(a.state())),
                        FormatUnixTime(a.started_unix()), AttemptDuration(a, now_unix),
                        OrDash(a.cause())});
     }
@@ -69,7 +70,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
       for (const auto& r : a.ranks()) {
         ranks.AddRow({absl::StrCat(a.attempt()), absl::StrCat(r.rank()), OrDash(r.worker_id()),
                       OrDash(r.host()), r.pid() > 0 ? absl::StrCat(r.pid()) : "-",
-                      OrDash(r.state()), absl::StrCat(r.step()), OrDash(r.exit())});
+                      OrDash(v1::StateWord(r.state())), absl::StrCat(r.step()), OrDash(r.exit())});
       }
     }
     out += ranks.Render();
@@ -147,7 +148,8 @@ std::string RenderWorkersTable(const v1::ListWorkersResponse& workers, double no
   for (size_t c : {2, 4, 8}) table.SetRightAligned(c);
   for (const auto& w : workers.workers()) {
     table.AddRow({w.worker_id(), OrDash(w.host()), absl::StrCat(w.slot()), OrDash(w.device_kind()),
-                  w.device_memory() > 0 ? FormatBytes(w.device_memory()) : "-", OrDash(w.state()),
+                  w.device_memory() > 0 ? FormatBytes(w.device_memory()) : "-",
+                  OrDash(v1::StateWord(w.state())),
                   w.job_id().empty() ? "-" : absl::StrCat(w.job_id(), "/", w.rank()),
                   w.last_seen_unix() > 0
                       ? absl::StrCat(FormatDuration(now_unix - w.last_seen_unix()), " ago")

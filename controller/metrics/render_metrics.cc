@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
+#include "proto/furnace/v1/state_names.h"
 
 #ifndef FURNACE_VERSION
 #define FURNACE_VERSION "unknown"
@@ -200,8 +201,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     }
   }
 
-  std::map<std::string, uint32_t> by_state(snapshot.workers_by_state);
+  std::map<std::string, uint32_t> by_state;
   for (const char* s : kWorkerStates) by_state.emplace(s, 0);
+  for (const auto& [state, n] : snapshot.workers_by_state) by_state[v1::StateWord(state)] += n;
   for (const auto& [s, n] : by_state) Add(workers, {{"state", s}}, n);
   Add(dropped, {}, snapshot.telemetry_dropped_total);
   Add(records, {}, snapshot.telemetry_records_total);

@@ -33,7 +33,7 @@ struct JobMetrics {
 struct MetricsSnapshot {
   double unix_time = 0;
   std::vector<JobMetrics> jobs;
-  std::map<std::string, uint32_t> workers_by_state;  // ready | busy | lost
+  std::map<furnace::v1::WorkerState, uint32_t> workers_by_state;  // every state but UNSPECIFIED
   uint64_t telemetry_dropped_total = 0;              // records agents had to drop
   uint64_t telemetry_records_total = 0;              // records received
 };

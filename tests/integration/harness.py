@@ -149,7 +149,7 @@ class Cluster:
             r = self.cli("--json", "workers")
             if r.returncode == 0:
                 ws = json.loads(r.stdout).get("workers", [])
-                if sum(1 for w in ws if w.get("state") == "ready") >= n:
+                if sum(1 for w in ws if w.get("state") == "WORKER_STATE_READY") >= n:
                     return ws
             time.sleep(0.2)
         raise AssertionError(f"{n} workers not ready after {timeout} s\n" + self.dump_logs())

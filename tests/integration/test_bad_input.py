@@ -15,7 +15,7 @@ class BadInputTest(harness.ClusterTest):
         self.assertIn("bad.yaml", r.stderr)
         self.assertEqual(c.cli_json("jobs").get("jobs", []), [])
         ws = c.cli_json("workers")["workers"]
-        self.assertTrue(all(w["state"] == "ready" for w in ws))
+        self.assertTrue(all(w["state"] == "WORKER_STATE_READY" for w in ws))
 
     def test_malformed_yaml(self):
         self.check_refused(GOOD_HEAD + "parallel: {dp: 4\n", "malformed YAML")

@@ -21,7 +21,7 @@ class CommcheckTest(harness.ClusterTest):
         self.assertEqual(s["restarts"], 0)
         self.assertEqual(len(d["attempts"]), 1)
         attempt = d["attempts"][0]
-        self.assertEqual([r["state"] for r in attempt["ranks"]], ["exited"] * 4)
+        self.assertEqual([r["state"] for r in attempt["ranks"]], ["RANK_STATE_EXITED"] * 4)
         self.assertEqual(len({r["worker_id"] for r in attempt["ranks"]}), 4)
         # 4 collectives x sizes 4KiB..4MiB by 4 = 6 sizes, each verified by value.
         comm = d["comm"]

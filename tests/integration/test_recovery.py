@@ -31,10 +31,10 @@ class RecoveryTest(harness.ClusterTest):
         d = c.wait_state(job, "JOB_SUCCEEDED", timeout=180)
         s = d["summary"]
         self.assertEqual(s["restarts"], 1)
-        self.assertEqual(d["attempts"][0]["state"], "failed")
+        self.assertEqual(d["attempts"][0]["state"], "ATTEMPT_STATE_FAILED")
         self.assertIn("rank 1", d["attempts"][0]["cause"])
         self.assertIn("signal 9", d["attempts"][0]["cause"])
-        self.assertEqual(d["attempts"][1]["state"], "succeeded")
+        self.assertEqual(d["attempts"][1]["state"], "ATTEMPT_STATE_SUCCEEDED")
         text = c.cli("status", job).stdout
         self.assertIn("signal 9", text)  # the restart and its cause are visible to a person
         self.assertIn("restart", text.lower())
@@ -48,7 +48,7 @@ class RecoveryTest(harness.ClusterTest):
         victim = rank_pid(d, 2)
         t_stop = time.time()
         os.kill(victim, signal.SIGSTOP)
-        d = c.wait_for(job, lambda d: d["attempts"][0]["state"] == "failed", timeout=60,
+        d = c.wait_for(job, lambda d: d["attempts"][0]["state"] == "ATTEMPT_STATE_FAILED", timeout=60,
                        what="attempt 1 failed")
         detected = time.time() - t_stop
         self.assertIn("hung", d["attempts"][0]["cause"])
@@ -88,7 +88,7 @@ class RecoveryTest(harness.ClusterTest):
         r = c.cli("cancel", job)
         self.assertEqual(r.returncode, 0, r.stderr)
         d = c.wait_for(job, lambda d: d["summary"]["state"] == "JOB_CANCELLED" and all(
-            rk["state"] == "exited" for rk in d["attempts"][-1]["ranks"]), timeout=30,
+            rk["state"] == "RANK_STATE_EXITED" for rk in d["attempts"][-1]["ranks"]), timeout=30,
             what="cancelled with every rank exited")
         deadline = time.time() + 10
         ranks = [p for p in harness.processes_under(c.state) if b"rank" in
@@ -100,7 +100,7 @@ class RecoveryTest(harness.ClusterTest):
         self.assertEqual(ranks, [], "rank processes survived the cancel")
         self.assertEqual(c.cli("cancel", job).returncode != 0, True)  # already ended
         ws = c.wait_workers(4)
-        self.assertTrue(all(w["state"] == "ready" for w in ws))
+        self.assertTrue(all(w["state"] == "WORKER_STATE_READY" for w in ws))
         del d
 
 

@@ -62,13 +62,13 @@ v1::JobDetail MakeRestartedJob() {
   job.mutable_summary()->set_total_steps(60);
   auto* a1 = job.add_attempts();
   a1->set_attempt(1);
-  a1->set_state("failed");
+  a1->set_state(v1::ATTEMPT_STATE_FAILED);
   a1->set_cause("rank 0 exited on signal 9");
   a1->set_failure_kind("signal");
   a1->set_ended_unix(testing::kT0 + 100);
   auto* a2 = job.add_attempts();
   a2->set_attempt(2);
-  a2->set_state("succeeded");
+  a2->set_state(v1::ATTEMPT_STATE_SUCCEEDED);
   a2->set_all_running_unix(testing::kT0 + 101.5);
   return job;
 }

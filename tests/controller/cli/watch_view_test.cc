@@ -100,7 +100,7 @@ TEST_F(WatchViewTest, StatusShowsAttemptsCausesRanksCommAndEvents) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 2, 5);
   auto* a1 = job.add_attempts();
   a1->set_attempt(1);
-  a1->set_state("failed");
+  a1->set_state(v1::ATTEMPT_STATE_FAILED);
   a1->set_cause("rank 1 exited with code 3");
   a1->set_started_unix(kT0 + 1);
   a1->set_ended_unix(kT0 + 13);
@@ -109,11 +109,11 @@ TEST_F(WatchViewTest, StatusShowsAttemptsCausesRanksCommAndEvents) {
   r->set_worker_id("w-b");
   r->set_host("hostb");
   r->set_pid(4242);
-  r->set_state("exited");
+  r->set_state(v1::RANK_STATE_EXITED);
   r->set_exit("code 3");
   auto* a2 = job.add_attempts();
   a2->set_attempt(2);
-  a2->set_state("running");
+  a2->set_state(v1::ATTEMPT_STATE_RUNNING);
   a2->set_started_unix(kT0 + 20);
   AddComm(&job, "allreduce", 4096, 0.5);
   AddEvent(&job, kT0 + 13, "restart", "attempt 2 after rank 1 exited with code 3");
@@ -142,7 +142,7 @@ TEST_F(WatchViewTest, JobsAndWorkersTables) {
   w->set_host("hosta");
   w->set_device_kind("cpu");
   w->set_device_memory(16ull << 30);
-  w->set_state("busy");
+  w->set_state(v1::WORKER_STATE_BUSY);
   w->set_job_id("j-1");
   w->set_rank(0);
   w->set_last_seen_unix(kT0 + 68);

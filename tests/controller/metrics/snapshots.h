@@ -50,7 +50,7 @@ inline MetricsSnapshot SmallSnapshot() {
   pending.kind = "commcheck";
   pending.state = furnace::v1::JOB_PENDING;
   snap.jobs.push_back(pending);
-  snap.workers_by_state["ready"] = 2;
+  snap.workers_by_state[furnace::v1::WORKER_STATE_READY] = 2;
   snap.telemetry_records_total = 84;
   return snap;
 }
@@ -80,7 +80,9 @@ inline MetricsSnapshot RichSnapshot() {
   c.restarts_by_cause = {{"some_new_cause", 1}};
   c.last_recovery_seconds = 0.75;
   snap.jobs.push_back(c);
-  snap.workers_by_state = {{"ready", 1}, {"busy", 3}, {"lost", 1}};
+  snap.workers_by_state = {{furnace::v1::WORKER_STATE_READY, 1},
+                           {furnace::v1::WORKER_STATE_BUSY, 3},
+                           {furnace::v1::WORKER_STATE_LOST, 1}};
   snap.telemetry_dropped_total = 7;
   snap.telemetry_records_total = 18446744073709551615ull;
   return snap;

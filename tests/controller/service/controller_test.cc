@@ -3,6 +3,8 @@
 // in tests/integration.
 #include "controller/service/controller.h"
 
+#include <sqlite3.h>
+
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -116,6 +118,22 @@ class ControllerTest : public ::testing::Test {
     EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
   }
 
+  // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
+  // trigger, so the controller's own writes of job summaries return an error.
+  void FailJobWrites(bool fail) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
+    const char* sql = fail ? "CREATE TRIGGER fail_jobs BEFORE UPDATE ON jobs "
+                             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+                           : "DROP TRIGGER fail_jobs;";
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    const std::string message = err ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << message;
+  }
+
   fs::path dir_;
   FakeClock clock_;
   std::unique_ptr<Controller> c_;
@@ -146,8 +164,8 @@ TEST_F(ControllerTest, HappyPathToSucceeded) {
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_SUCCEEDED);
-  EXPECT_EQ(d.attempts(0).state(), "succeeded");
-  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), "ready");
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_SUCCEEDED);
+  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_READY);
   // Re-sent report (the agent retries until acked) changes nothing.
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
@@ -166,7 +184,7 @@ TEST_F(ControllerTest, RankFailureRecoversWithBackoffAndFencing) {
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_EQ(d.summary().restarts(), 1u);
-  EXPECT_EQ(d.attempts(0).state(), "failed");
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_FAILED);
   EXPECT_NE(d.attempts(0).cause().find("rank 1 on h/1: killed by signal 9"), std::string::npos);
   // The surviving rank is told to stop; attempt 1's rendezvous scope is closed (fenced).
   auto cmds = Commands(0);
@@ -244,7 +262,8 @@ TEST_F(ControllerTest, SilentWorkerIsLostAndTheJobRecovers) {
   h.set_session_id(sessions_[1]);
   EXPECT_TRUE(c_->Heartbeat(h).reregister());
   bool lost = false;
-  for (auto& w : c_->ListWorkers()) lost |= w.worker_id() == "h/1" && w.state() == "lost";
+  for (auto& w : c_->ListWorkers())
+    lost |= w.worker_id() == "h/1" && w.state() == v1::WORKER_STATE_LOST;
   EXPECT_TRUE(lost);
 }
 
@@ -318,7 +337,7 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   EXPECT_TRUE(snap.jobs[0].has_step);
   EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);
   EXPECT_EQ(snap.telemetry_dropped_total, 7u);
-  EXPECT_EQ(snap.workers_by_state["busy"], 2u);
+  EXPECT_EQ(snap.workers_by_state[v1::WORKER_STATE_BUSY], 2u);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
   Restart();
   snap = c_->Metrics();
@@ -364,7 +383,7 @@ TEST_F(ControllerTest, RestartedControllerReloadsAndReattaches) {
   for (const auto& e : detail.events()) reattached += e.kind() == "reattached";
   EXPECT_EQ(reattached, 2);
   EXPECT_TRUE(Commands(0).empty());  // nothing to start or stop: re-attached
-  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), "busy");
+  for (auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_BUSY);
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
@@ -379,11 +398,11 @@ v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank)
   return r;
 }
 
-std::string WorkerState(Controller& c, const std::string& id) {
+v1::WorkerState WorkerState(Controller& c, const std::string& id) {
   for (auto& w : c.ListWorkers()) {
     if (w.worker_id() == id) return w.state();
   }
-  return "";
+  return v1::WORKER_STATE_UNSPECIFIED;
 }
 
 TEST_F(ControllerTest, AfterARestartAgentsGetTheReattachGraceNotTheHeartbeatTimeout) {
@@ -398,7 +417,7 @@ TEST_F(ControllerTest, AfterARestartAgentsGetTheReattachGraceNotTheHeartbeatTime
   // Once registered, worker 0 is held to the job's heartbeat timeout again.
   clock_.Advance(6);
   c_->Tick();
-  EXPECT_EQ(WorkerState(*c_, "h/0"), "lost");
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_LOST);
   EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
 }
 
@@ -417,7 +436,7 @@ TEST_F(ControllerTest, AnAgentThatNeverComesBackIsLostAfterTheReattachGrace) {
   EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
   clock_.Advance(1.5);
   c_->Tick();
-  EXPECT_EQ(WorkerState(*c_, "h/1"), "lost");
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_LOST);
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_NE(d.attempts(0).cause().find("h/1 lost"), std::string::npos) << d.attempts(0).cause();
@@ -449,13 +468,13 @@ TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker
   StartRunning();
   ASSERT_TRUE(c_->Cancel(job_).ok());
   Restart();  // before the stop reports arrive
-  EXPECT_EQ(WorkerState(*c_, "h/0"), "busy");
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_BUSY);
   Register(0, 100, {Running(job_, 1, 0)});
   auto cmds = Commands(0);
   ASSERT_EQ(cmds.size(), 1u);
   EXPECT_TRUE(cmds[0].has_stop());
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
-  EXPECT_EQ(WorkerState(*c_, "h/0"), "ready");
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_READY);
 }
 
 TEST_F(ControllerTest, AgentRestartWithTheSamePidIsStillARestart) {
@@ -497,7 +516,7 @@ TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {
   c_->Tick();
   // Draining: no second rank is placed beside the old one.
   EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
-  EXPECT_EQ(WorkerState(*c_, "h/0"), "busy");
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_BUSY);
   for (int s = 0; s < 2; ++s) {
     auto cmds = Commands(s);
     ASSERT_EQ(cmds.size(), 1u);
@@ -532,7 +551,7 @@ TEST_F(ControllerTest, RestartedAgentDrainingAnOldRankDoesNotFailTheNewAttempt) 
   d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(d.summary().restarts(), 1u);
-  EXPECT_EQ(WorkerState(*c_, "h/0"), "ready");
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_READY);
 }
 
 TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
@@ -543,13 +562,63 @@ TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_EQ(d.summary().restarts(), 0u);
-  EXPECT_EQ(d.attempts(0).state(), "interrupted");
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
   Register(0, 200, {}, "new0");  // fresh local workers
   Register(1, 200, {}, "new1");
   c_->Tick();
   d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(d.summary().attempt(), 2u);
+}
+
+TEST_F(ControllerTest, AStartReportTheStoreCannotRecordIsRefusedAndUndone) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  Commands(0);
+  Commands(1);
+  Report(0, 1, 0, v1::RANK_STARTED);
+  FailJobWrites(true);
+  v1::RankReport r;
+  r.set_worker_id("h/1");
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(1);
+  r.set_event(v1::RANK_STARTED);
+  r.set_pid(1001);
+  EXPECT_FALSE(c_->ReportRank(r).ok());  // the agent re-sends it
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_ASSIGNED);
+  FailJobWrites(false);
+  EXPECT_TRUE(c_->ReportRank(r).ok());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+}
+
+TEST_F(ControllerTest, AReattachTransitionTheStoreCannotRecordIsRetriedByTick) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  Commands(0);
+  Commands(1);
+  Report(0, 1, 0, v1::RANK_STARTED);  // rank 1's start report is lost with the controller
+  Restart();
+  FailJobWrites(true);
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1, 100, {Running(job_, 1, 1)});
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);  // not recorded, so not taken
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+  FailJobWrites(false);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+  EXPECT_GT(d.attempts(0).all_running_unix(), 0);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
 }
 
 }  // namespace

@@ -40,11 +40,11 @@ TEST(JobStoreTest, RoundTripAndReload) {
     ASSERT_TRUE(s.PutJob(Summary("x-1", v1::JOB_PENDING), spec).ok());
     v1::AttemptInfo a1, a2;
     a1.set_attempt(1);
-    a1.set_state("failed");
+    a1.set_state(v1::ATTEMPT_STATE_FAILED);
     a1.set_cause("rank 1 killed by signal 9");
     a1.add_ranks()->set_worker_id("w/0");
     a2.set_attempt(2);
-    a2.set_state("running");
+    a2.set_state(v1::ATTEMPT_STATE_RUNNING);
     ASSERT_TRUE(s.PutAttempt("x-1", a2).ok());
     ASSERT_TRUE(s.PutAttempt("x-1", a1).ok());
     ASSERT_TRUE(s.PutSummary(Summary("x-1", v1::JOB_RUNNING)).ok());
@@ -54,7 +54,7 @@ TEST(JobStoreTest, RoundTripAndReload) {
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(s.AddEvent("x-1", e).ok());
     v1::WorkerInfo w;
     w.set_worker_id("w/0");
-    w.set_state("ready");
+    w.set_state(v1::WORKER_STATE_READY);
     ASSERT_TRUE(s.PutWorker(w).ok());
     ASSERT_TRUE(s.KvPut("x-1", 2, "k", std::string("v\0v", 3)).ok());
     ASSERT_TRUE(s.KvPut("x-1", 1, "old", "o").ok());
@@ -84,6 +84,8 @@ TEST(JobStoreTest, RoundTripAndReload) {
   ASSERT_EQ((*jobs)[0].attempts.size(), 2u);
   EXPECT_EQ((*jobs)[0].attempts[0].attempt(), 1u);
   EXPECT_EQ((*jobs)[0].attempts[0].cause(), "rank 1 killed by signal 9");
+  EXPECT_EQ((*jobs)[0].attempts[0].state(), v1::ATTEMPT_STATE_FAILED);
+  EXPECT_EQ((*jobs)[0].attempts[1].state(), v1::ATTEMPT_STATE_RUNNING);
   auto events = s.LoadEvents("x-1", 3);
   ASSERT_TRUE(events.ok());
   EXPECT_EQ(events->size(), 3u);

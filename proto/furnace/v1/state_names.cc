@@ -1,0 +1,48 @@
+#include "proto/furnace/v1/state_names.h"
+
+namespace furnace::v1 {
+
+const char* StateWord(RankState state) {
+  switch (state) {
+    case RANK_STATE_ASSIGNED:
+      return "assigned";
+    case RANK_STATE_RUNNING:
+      return "running";
+    case RANK_STATE_EXITED:
+      return "exited";
+    default:
+      return "";
+  }
+}
+
+const char* StateWord(AttemptState state) {
+  switch (state) {
+    case ATTEMPT_STATE_RUNNING:
+      return "running";
+    case ATTEMPT_STATE_FAILED:
+      return "failed";
+    case ATTEMPT_STATE_SUCCEEDED:
+      return "succeeded";
+    case ATTEMPT_STATE_CANCELLED:
+      return "cancelled";
+    case ATTEMPT_STATE_INTERRUPTED:
+      return "interrupted";
+    default:
+      return "";
+  }
+}
+
+const char* StateWord(WorkerState state) {
+  switch (state) {
+    case WORKER_STATE_READY:
+      return "ready";
+    case WORKER_STATE_BUSY:
+      return "busy";
+    case WORKER_STATE_LOST:
+      return "lost";
+    default:
+      return "";
+  }
+}
+
+}  // namespace furnace::v1

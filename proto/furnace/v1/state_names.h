@@ -1,0 +1,15 @@
+// The words people and monitoring see for the rank, attempt and worker states ("running",
+// "failed", "ready", ...): the CLI's views and the Prometheus label values use these, so the
+// states travel as enums (controller.proto) and are named in one place.
+#pragma once
+
+#include "furnace/v1/controller.pb.h"
+
+namespace furnace::v1 {
+
+// Lower-case word; "" for UNSPECIFIED and values outside the enum.
+const char* StateWord(RankState state);
+const char* StateWord(AttemptState state);
+const char* StateWord(WorkerState state);
+
+}  // namespace furnace::v1
