@@ -116,11 +116,15 @@ class Controller {
       double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
       uint32_t loss_n = 0;
       std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed
+      std::map<int, uint64_t> planner;                 // v1::PlannerAction -> bytes, summed
+      // (v1::CollectiveOp, v1::ParallelGroup) -> bytes, seconds and calls summed over ranks.
+      std::map<std::pair<int, int>, furnace::v1::CommTelemetry> comm;
     };
     std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
     bool has_step = false;
     furnace::v1::StepRecord last_step;
     double tokens_total = 0;
+    // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
     std::map<std::string, double> planner_total, comm_total;
     double last_checkpoint_s = -1;
     uint64_t records_since_trim = 0;
