@@ -1,64 +1,49 @@
 #include "controller/service/rendezvous.h"
 
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace furnace::controller {
 
-void Rendezvous::Set(const Scope& scope, const std::string& key, const std::string& value) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    scopes_[scope][key] = value;
-  }
-  cv_.notify_all();
-}
-
-absl::StatusOr<std::vector<std::string>> Rendezvous::Wait(const Scope& scope,
-                                                          const std::vector<std::string>& keys,
-                                                          double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (closed_.count(scope)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rendezvous scope of job ", scope.first, " attempt ", scope.second, " is closed"));
-    }
-    std::vector<std::string> values, missing;
-    const auto& kv = scopes_[scope];
-    for (const std::string& key : keys) {
-      auto it = kv.find(key);
-      if (it == kv.end()) {
-        missing.push_back(key);
-      } else {
-        values.push_back(it->second);
-      }
-    }
-    if (missing.empty()) return values;
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("rendezvous: keys still missing after ", timeout_s,
-                       " s: ", absl::StrJoin(missing, ", ")));
-    }
-  }
-}
-
-void Rendezvous::DropScope(const Scope& scope) {
+std::shared_ptr<InMemoryKvStore> Rendezvous::Open(const Scope& scope) {
   std::lock_guard<std::mutex> lock(mu_);
-  scopes_.erase(scope);
+  if (closed_.count(scope)) return nullptr;
+  auto& store = scopes_[scope];
+  if (!store) store = std::make_shared<InMemoryKvStore>();
+  return store;
+}
+
+void Rendezvous::Set(const Scope& scope, const std::string& key, const std::string& value) {
+  // A store closed after Open refuses the value, which is what a closed scope asks for.
+  if (auto store = Open(scope)) store->Set(key, value).IgnoreError();
+}
+
+absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const Scope& scope,
+                                                         const std::vector<std::string>& keys,
+                                                         double timeout_s) {
+  auto closed = [&] {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rendezvous scope of job ", scope.first, " attempt ", scope.second, " is closed"));
+  };
+  std::shared_ptr<InMemoryKvStore> store = Open(scope);
+  if (!store) return closed();
+  auto values = store->Get(keys, timeout_s);
+  if (absl::IsFailedPrecondition(values.status())) return closed();
+  if (!values.ok()) return absl::Status(values.status().code(),
+                                        absl::StrCat("rendezvous: ", values.status().message()));
+  return values;
 }
 
 void Rendezvous::Close(const Scope& scope) {
+  std::shared_ptr<InMemoryKvStore> store;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    scopes_.erase(scope);
-    closed_[scope] = true;
+    closed_.insert(scope);
+    auto it = scopes_.find(scope);
+    if (it == scopes_.end()) return;
+    store = std::move(it->second);
+    scopes_.erase(it);
   }
-  cv_.notify_all();
+  store->Close();
 }
 
 }  // namespace furnace::controller

@@ -76,6 +76,7 @@ absl::Status JobStore::Exec(const std::string& sql) {
 }
 
 absl::Status JobStore::Transaction(const std::function<absl::Status()>& body) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   absl::Status status = body();
   if (!status.ok()) {
@@ -86,6 +87,7 @@ absl::Status JobStore::Transaction(const std::function<absl::Status()>& body) {
 }
 
 absl::StatusOr<uint64_t> JobStore::NextJobSeq() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(Exec("UPDATE meta SET value = value + 1 WHERE key = 'job_seq'"));
   Statement q(db_, "SELECT value FROM meta WHERE key = 'job_seq'");
   ASSIGN_OR_RETURN(bool row, q.Step());
@@ -94,6 +96,7 @@ absl::StatusOr<uint64_t> JobStore::NextJobSeq() {
 }
 
 absl::Status JobStore::PutJob(const v1::JobSummary& summary, const v1::JobSpec& spec) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "INSERT INTO jobs (id, seq, state, summary, spec) VALUES (?1, ?2, ?3, ?4, ?5) "
               "ON CONFLICT(id) DO UPDATE SET state = ?3, summary = ?4, spec = ?5");
@@ -106,6 +109,7 @@ absl::Status JobStore::PutJob(const v1::JobSummary& summary, const v1::JobSpec& 
 }
 
 absl::Status JobStore::PutSummary(const v1::JobSummary& summary) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "UPDATE jobs SET state = ?2, summary = ?3 WHERE id = ?1");
   RETURN_IF_ERROR(q.BindText(1, summary.job_id())
                       .Bind(2, static_cast<int64_t>(summary.state()))
@@ -118,6 +122,7 @@ absl::Status JobStore::PutSummary(const v1::JobSummary& summary) {
 }
 
 absl::Status JobStore::PutAttempt(const std::string& job_id, const v1::AttemptInfo& attempt) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "INSERT OR REPLACE INTO attempts (job_id, attempt, info) VALUES (?1, ?2, ?3)");
   return q.BindText(1, job_id)
       .Bind(2, static_cast<int64_t>(attempt.attempt()))
@@ -126,6 +131,7 @@ absl::Status JobStore::PutAttempt(const std::string& job_id, const v1::AttemptIn
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   std::vector<StoredJob> jobs;
   Statement q(db_, "SELECT summary, spec FROM jobs ORDER BY seq");
   while (true) {
@@ -150,12 +156,14 @@ absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
 }
 
 absl::Status JobStore::AddEvent(const std::string& job_id, const v1::JobEvent& event) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "INSERT INTO events (job_id, event) VALUES (?1, ?2)");
   return q.BindText(1, job_id).Bind(2, event.SerializeAsString()).Run();
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string& job_id,
                                                                int limit) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "SELECT event FROM (SELECT id, event FROM events WHERE job_id = ?1 "
               "ORDER BY id DESC LIMIT ?2) ORDER BY id");
@@ -171,11 +179,13 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string
 }
 
 absl::Status JobStore::PutWorker(const v1::WorkerInfo& worker) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "INSERT OR REPLACE INTO workers (id, info) VALUES (?1, ?2)");
   return q.BindText(1, worker.worker_id()).Bind(2, worker.SerializeAsString()).Run();
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> JobStore::LoadWorkers() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "SELECT info FROM workers ORDER BY id");
   std::vector<v1::WorkerInfo> workers;
   while (true) {
@@ -188,11 +198,13 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> JobStore::LoadWorkers() {
 }
 
 absl::Status JobStore::PutLocalWorker(uint32_t slot, int pid) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "INSERT OR REPLACE INTO local_workers (slot, pid) VALUES (?1, ?2)");
   return q.Bind(1, static_cast<int64_t>(slot)).Bind(2, static_cast<int64_t>(pid)).Run();
 }
 
 absl::StatusOr<std::vector<std::pair<uint32_t, int>>> JobStore::LoadLocalWorkers() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "SELECT slot, pid FROM local_workers ORDER BY slot");
   std::vector<std::pair<uint32_t, int>> out;
   while (true) {
@@ -205,6 +217,7 @@ absl::StatusOr<std::vector<std::pair<uint32_t, int>>> JobStore::LoadLocalWorkers
 
 absl::Status JobStore::KvPut(const std::string& job_id, uint32_t attempt, const std::string& key,
                              const std::string& value) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "INSERT OR REPLACE INTO kv (job_id, attempt, key, value) VALUES (?1, ?2, ?3, ?4)");
   return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt)).BindText(3, key)
@@ -213,6 +226,7 @@ absl::Status JobStore::KvPut(const std::string& job_id, uint32_t attempt, const 
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::KvLoad(
     const std::string& job_id, uint32_t attempt) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "SELECT key, value FROM kv WHERE job_id = ?1 AND attempt = ?2");
   q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt));
   std::vector<std::pair<std::string, std::string>> out;
@@ -225,11 +239,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::KvLoa
 }
 
 absl::Status JobStore::KvDropScope(const std::string& job_id, uint32_t attempt) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "DELETE FROM kv WHERE job_id = ?1 AND attempt = ?2");
   return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt)).Run();
 }
 
 absl::Status JobStore::AddTelemetry(const std::vector<v1::TelemetryRecord>& records) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   for (const v1::TelemetryRecord& r : records) {
     Statement ins(db_,
                   "INSERT INTO telemetry (job_id, attempt, rank, step, record) "
@@ -245,6 +261,7 @@ absl::Status JobStore::AddTelemetry(const std::vector<v1::TelemetryRecord>& reco
 }
 
 absl::Status JobStore::PutCommResult(const std::string& job_id, const v1::CommResult& result) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "INSERT OR REPLACE INTO comm_results (job_id, collective, bytes, result) "
               "VALUES (?1, ?2, ?3, ?4)");
@@ -253,6 +270,7 @@ absl::Status JobStore::PutCommResult(const std::string& job_id, const v1::CommRe
 }
 
 absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std::string& job_id) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "SELECT result FROM comm_results WHERE job_id = ?1 ORDER BY collective, bytes");
   q.BindText(1, job_id);
@@ -268,6 +286,7 @@ absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std:
 
 absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
     const std::string& job_id, uint32_t rank) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   // The newest record that carries a step's telemetry (the very last ones, "done" or a failure
   // message, usually carry none); a few dozen rows back at most.
   Statement q(db_,
@@ -286,6 +305,7 @@ absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
 }
 
 absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& step) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "INSERT OR REPLACE INTO job_steps (job_id, attempt, step, record) "
               "VALUES (?1, ?2, ?3, ?4)");
@@ -295,6 +315,7 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
                                                                  uint64_t since_step) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
               "ORDER BY attempt, step");
@@ -310,6 +331,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
 }
 
 absl::Status JobStore::TrimTelemetry(const std::string& job_id, int keep) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "DELETE FROM telemetry WHERE job_id = ?1 AND id < (SELECT id FROM telemetry "
               "WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)");

@@ -6,13 +6,17 @@
 // used for lookups, so what `furnace status` shows after a controller restart is exactly what was
 // written before it.
 //
-// Thread-safety: none; the controller serialises all calls under its state mutex.
+// Thread-safety: every method may be called from any thread. One (recursive) mutex serialises the
+// calls on the connection, so a Transaction's body runs alone and may call the other methods; the
+// controller therefore reads and writes bulk data (telemetry, steps, events) without holding its
+// own state lock.
 // Errors: Internal with SQLite's message; NotFound for missing rows where stated.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +96,7 @@ class JobStore {
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const std::string& sql);
 
+  std::recursive_mutex mu_;  // guards every use of db_
   sqlite3* db_;
 };
 

@@ -3,6 +3,8 @@
 // in tests/integration.
 #include "controller/service/controller.h"
 
+#include <sqlite3.h>
+
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -117,6 +119,22 @@ class ControllerTest : public ::testing::Test {
     Report(0, 1, 0, v1::RANK_STARTED);
     Report(1, 1, 1, v1::RANK_STARTED);
     EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  }
+
+  // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
+  // trigger, so the controller's own writes of job summaries return an error.
+  void FailJobWrites(bool fail) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
+    const char* sql = fail ? "CREATE TRIGGER fail_jobs BEFORE UPDATE ON jobs "
+                             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+                           : "DROP TRIGGER fail_jobs;";
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    const std::string message = err ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << message;
   }
 
   fs::path dir_;
@@ -673,6 +691,56 @@ TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
   d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(d.summary().attempt(), 2u);
+}
+
+TEST_F(ControllerTest, AStartReportTheStoreCannotRecordIsRefusedAndUndone) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  Commands(0);
+  Commands(1);
+  Report(0, 1, 0, v1::RANK_STARTED);
+  FailJobWrites(true);
+  v1::RankReport r;
+  r.set_worker_id("h/1");
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(1);
+  r.set_event(v1::RANK_STARTED);
+  r.set_pid(1001);
+  EXPECT_FALSE(c_->ReportRank(r).ok());  // the agent re-sends it
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(d.attempts(0).ranks(1).state(), "assigned");
+  FailJobWrites(false);
+  EXPECT_TRUE(c_->ReportRank(r).ok());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+}
+
+TEST_F(ControllerTest, AReattachTransitionTheStoreCannotRecordIsRetriedByTick) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  Commands(0);
+  Commands(1);
+  Report(0, 1, 0, v1::RANK_STARTED);  // rank 1's start report is lost with the controller
+  Restart();
+  FailJobWrites(true);
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1, 100, {Running(job_, 1, 1)});
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);  // not recorded, so not taken
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+  FailJobWrites(false);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+  EXPECT_GT(d.attempts(0).all_running_unix(), 0);
+  EXPECT_EQ(d.attempts(0).state(), "running");
 }
 
 }  // namespace

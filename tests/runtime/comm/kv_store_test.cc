@@ -1,4 +1,4 @@
-#include "runtime/comm/kv_store.h"
+#include "runtime/base/kv_store.h"
 
 #include <chrono>
 #include <thread>
@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace furnace::comm {
+namespace furnace {
 namespace {
 
 using ::testing::ElementsAre;
@@ -61,5 +61,23 @@ TEST(InMemoryKvStoreTest, TimeoutNamesOnlyTheMissingKeys) {
   EXPECT_LT(waited, 2.0);
 }
 
+TEST(InMemoryKvStoreTest, CloseEndsAWaitingGetAndRefusesLaterCalls) {
+  InMemoryKvStore store;
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    store.Close();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::string>> values = store.Get({"a", "never"}, 5.0);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  closer.join();
+  EXPECT_TRUE(absl::IsFailedPrecondition(values.status())) << values.status();
+  EXPECT_LT(waited, 4.0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.Set("b", "2")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.Get({"a"}, 0).status()));
+}
+
 }  // namespace
-}  // namespace furnace::comm
+}  // namespace furnace

@@ -1,15 +1,21 @@
-#include "runtime/comm/kv_store.h"
+#include "runtime/base/kv_store.h"
 
 #include <chrono>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace furnace::comm {
+namespace furnace {
+namespace {
+
+absl::Status Closed() { return absl::FailedPreconditionError("kv store: closed"); }
+
+}  // namespace
 
 absl::Status InMemoryKvStore::Set(const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return Closed();
     values_[key] = value;
   }
   cv_.notify_all();
@@ -28,7 +34,9 @@ absl::StatusOr<std::vector<std::string>> InMemoryKvStore::Get(const std::vector<
     return true;
   };
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, all_present)) {
+  const bool ready = cv_.wait_until(lock, deadline, [&] { return closed_ || all_present(); });
+  if (closed_) return Closed();
+  if (!ready) {
     std::vector<std::string> missing;
     for (const std::string& key : keys) {
       if (values_.find(key) == values_.end()) missing.push_back(key);
@@ -43,4 +51,13 @@ absl::StatusOr<std::vector<std::string>> InMemoryKvStore::Get(const std::vector<
   return out;
 }
 
-}  // namespace furnace::comm
+void InMemoryKvStore::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    values_.clear();
+  }
+  cv_.notify_all();
+}
+
+}  // namespace furnace

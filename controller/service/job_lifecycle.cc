@@ -1,0 +1,296 @@
+// Jobs from submission to placement and cancel; failures and recovery are in recovery.cc.
+#include "controller/service/job_lifecycle.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "controller/spec/job_spec.h"
+#include "controller/store/job_state.h"
+#include "controller/store/placement.h"
+#include "runtime/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+
+namespace fs = std::filesystem;
+namespace v1 = furnace::v1;
+using v1::JobState;
+
+JobLifecycle::JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
+                           WorkerRegistry& workers, Rendezvous& rendezvous)
+    : options_(options), clock_(clock), store_(store), workers_(workers), rendezvous_(rendezvous) {}
+
+absl::StatusOr<int> JobLifecycle::Load() {
+  const double now = clock_.MonotonicSeconds();
+  ASSIGN_OR_RETURN(auto jobs, store_.LoadJobs());
+  int active = 0;
+  for (auto& stored : jobs) {
+    Job& job = jobs_[stored.summary.job_id()];
+    job.summary = std::move(stored.summary);
+    job.spec = std::move(stored.spec);
+    job.attempts = std::move(stored.attempts);
+    job.attempt_started_mono = now;
+    job.recover_at_mono = now;
+    // A rank not known to have exited still occupies its worker, whatever its job's state
+    // (a cancelled job's rank may still be stopping); its exit report frees the worker.
+    for (const auto& attempt : job.attempts) {
+      for (const auto& rank : attempt.ranks()) {
+        Worker* w = workers_.Find(rank.worker_id());
+        if (w == nullptr || rank.state() == "exited") continue;
+        if (w->has_rank && w->attempt > attempt.attempt()) continue;
+        w->has_rank = true;
+        w->attempt = attempt.attempt();
+        w->info.set_job_id(job.summary.job_id());
+        w->info.set_rank(rank.rank());
+      }
+    }
+    if (IsFinal(job.summary.state())) continue;
+    ++active;
+    if (auto* attempt = job.current()) {
+      ASSIGN_OR_RETURN(auto kv, store_.KvLoad(job.summary.job_id(), attempt->attempt()));
+      for (auto& [key, value] : kv) {
+        rendezvous_.Set({job.summary.job_id(), attempt->attempt()}, key, value);
+      }
+    }
+    Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
+  }
+  for (auto& [id, w] : workers_.workers()) {
+    if (w.info.state() != kWorkerLost) w.info.set_state(w.has_rank ? kWorkerBusy : kWorkerReady);
+  }
+  return active;
+}
+
+Job* JobLifecycle::Find(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Persistence helpers
+
+absl::Status JobLifecycle::Persist(Job& job) {
+  job.summary.set_updated_unix(clock_.UnixSeconds());
+  return store_.Transaction([&]() -> absl::Status {
+    RETURN_IF_ERROR(store_.PutSummary(job.summary));
+    // The two newest attempts can change (a failing one and the next); older ones are final.
+    const size_t n = job.attempts.size();
+    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) {
+      RETURN_IF_ERROR(store_.PutAttempt(job.summary.job_id(), job.attempts[i]));
+    }
+    return absl::OkStatus();
+  });
+}
+
+void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& message) {
+  v1::JobEvent event;
+  event.set_unix_time(clock_.UnixSeconds());
+  event.set_kind(kind);
+  event.set_message(message);
+  spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, message);
+  if (absl::Status s = store_.AddEvent(job.summary.job_id(), event); !s.ok()) {
+    spdlog::error("job {}: cannot record event: {}", job.summary.job_id(), s.ToString());
+  }
+}
+
+absl::Status JobLifecycle::Transition(Job& job, JobState to, const std::string& event_kind,
+                                      const std::string& message) {
+  RETURN_IF_ERROR(CheckTransition(job.summary.state(), to));
+  const JobState from = job.summary.state();
+  job.summary.set_state(to);
+  if (absl::Status s = Persist(job); !s.ok()) {
+    job.summary.set_state(from);
+    spdlog::error("job {}: transition to {} not persisted: {}", job.summary.job_id(),
+                  StateName(to), s.ToString());
+    return s;
+  }
+  Event(job, event_kind, absl::StrCat(StateName(from), " -> ", StateName(to),
+                                      message.empty() ? "" : ": ", message));
+  return absl::OkStatus();
+}
+
+uint32_t JobLifecycle::Capacity(const std::string& device_kind) const {
+  const uint32_t known = workers_.CountUsable(device_kind);
+  const uint32_t local = device_kind == "cpu" ? options_.local_workers : 0;
+  return std::max(known, local);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Submit, cancel, progress
+
+absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename) {
+  const uint32_t world = spec::WorldSize(spec);
+  const uint32_t capacity = Capacity(spec.resources().device());
+  if (world > capacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: resources.workers: the job needs %d ranks (pp*dp*tp = %d*%d*%d) but this controller "
+        "has %d %s worker(s); allowed: at most %d",
+        filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(),
+        capacity, spec.resources().device(), capacity));
+  }
+  ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
+  Job job;
+  job.spec = std::move(spec);
+  const std::string id = absl::StrCat(job.spec.name(), "-", seq);
+  if (job.spec.checkpoint().dir().empty()) {
+    job.spec.mutable_checkpoint()->set_dir(
+        (fs::path(options_.state_dir) / "checkpoints" / id).string());
+  }
+  auto& s = job.summary;
+  s.set_job_id(id);
+  s.set_name(job.spec.name());
+  s.set_kind(job.spec.kind());
+  s.set_state(v1::JOB_PENDING);
+  s.set_world_size(world);
+  s.set_submitted_unix(clock_.UnixSeconds());
+  s.set_updated_unix(s.submitted_unix());
+  RETURN_IF_ERROR(store_.PutJob(s, job.spec));
+  auto [it, inserted] = jobs_.emplace(id, std::move(job));
+  Event(it->second, "submitted", absl::StrCat("from ", filename, ", ", world, " ranks"));
+  TryStart(it->second);
+  return id;
+}
+
+absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
+  Job* found = Find(job_id);
+  if (found == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  Job& job = *found;
+  if (IsFinal(job.summary.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended (", StateName(job.summary.state()), ")"));
+  }
+  const Job backup = job;
+  if (auto* attempt = job.current(); attempt && attempt->state() == "running") {
+    attempt->set_state("cancelled");
+    attempt->set_cause("cancelled by user");
+    attempt->set_ended_unix(clock_.UnixSeconds());
+  }
+  job.summary.set_cause("cancelled by user");
+  if (absl::Status s = Transition(job, v1::JOB_CANCELLED, "cancelled", "cancelled by user");
+      !s.ok()) {
+    job = backup;
+    return s;
+  }
+  StopAttemptRanks(job, "job cancelled");
+  if (auto* attempt = job.current()) CloseScope(job, attempt->attempt());
+  return job.summary;
+}
+
+bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
+  if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) return false;
+  auto& attempt = job.attempts[rec.attempt() - 1];
+  if (rec.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return false;
+  attempt.mutable_ranks(rec.rank())->set_step(rec.step());
+  if (&attempt == job.current()) {
+    uint64_t min_step = UINT64_MAX;
+    for (const auto& r : attempt.ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+    job.summary.set_step(min_step);
+    job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
+  }
+  return true;
+}
+
+absl::Status JobLifecycle::PersistProgress(const std::set<std::string>& job_ids) {
+  if (job_ids.empty()) return absl::OkStatus();
+  return store_.Transaction([&]() -> absl::Status {
+    for (const auto& id : job_ids) {
+      Job& job = jobs_.at(id);
+      RETURN_IF_ERROR(store_.PutSummary(job.summary));
+      if (auto* a = job.current()) RETURN_IF_ERROR(store_.PutAttempt(id, *a));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
+  auto jt = jobs_.find(scope.job_id());
+  if (jt == jobs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("rendezvous: no job '", scope.job_id(), "'"));
+  }
+  const Job& job = jt->second;
+  if (IsFinal(job.summary.state()) || job.summary.attempt() != scope.attempt() ||
+      job.attempts.empty() || job.attempts.back().state() != "running") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rendezvous: attempt %d of job %s is over (job is %s at attempt %d)", scope.attempt(),
+        scope.job_id(), StateName(job.summary.state()), job.summary.attempt()));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement
+
+void JobLifecycle::TryStart(Job& job) {
+  auto placement = PlaceRanks(workers_.Slots(), job.summary.world_size(),
+                              job.spec.resources().device(), job.avoid_workers);
+  if (!placement.ok()) {
+    const std::string reason = std::string(placement.status().message());
+    if (reason != job.waiting_reason) {
+      job.waiting_reason = reason;
+      Event(job, "waiting", reason);
+    }
+    return;
+  }
+  job.waiting_reason.clear();
+  const uint32_t n = job.summary.attempt() + 1;
+  v1::AttemptInfo attempt;
+  attempt.set_attempt(n);
+  attempt.set_state("running");
+  attempt.set_started_unix(clock_.UnixSeconds());
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    const Worker& w = *workers_.Find((*placement)[r]);
+    auto* rank = attempt.add_ranks();
+    rank->set_rank(r);
+    rank->set_worker_id(w.info.worker_id());
+    rank->set_host(w.info.host());
+    rank->set_state("assigned");
+  }
+  const Job backup = job;
+  job.attempts.push_back(attempt);
+  job.summary.set_attempt(n);
+  job.summary.set_step(0);
+  // PENDING -> SCHEDULED -> STARTING lands in the store as one write (the STARTING one), so a
+  // controller that dies in between never finds a job parked in SCHEDULED.
+  if (job.summary.state() == v1::JOB_PENDING) {
+    if (!CheckTransition(v1::JOB_PENDING, v1::JOB_SCHEDULED).ok()) return;
+    job.summary.set_state(v1::JOB_SCHEDULED);
+  }
+  if (!Transition(job, v1::JOB_STARTING, "starting",
+                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ",
+                               absl::StrJoin(*placement, ", ")))
+           .ok()) {
+    job = backup;
+    return;
+  }
+  job.attempt_started_mono = clock_.MonotonicSeconds();
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    Worker& w = *workers_.Find((*placement)[r]);
+    workers_.Assign(w, job.summary.job_id(), n, r);
+    workers_.Enqueue(w.info.worker_id(), StartCommand(job, r, w));
+  }
+}
+
+v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
+                                            const Worker& worker) const {
+  v1::AgentCommand cmd;
+  auto* task = cmd.mutable_start();
+  task->set_job_id(job.summary.job_id());
+  task->set_attempt(job.summary.attempt());
+  task->set_rank(rank);
+  task->set_world_size(job.summary.world_size());
+  *task->mutable_spec() = job.spec;
+  task->set_controller_address(options_.advertise_address);
+  task->set_host(worker.info.host());
+  return cmd;
+}
+
+void JobLifecycle::CloseScope(Job& job, uint32_t attempt) {
+  rendezvous_.Close({job.summary.job_id(), attempt});
+  if (absl::Status s = store_.KvDropScope(job.summary.job_id(), attempt); !s.ok()) {
+    spdlog::warn("job {}: cannot drop rendezvous keys: {}", job.summary.job_id(), s.ToString());
+  }
+}
+
+}  // namespace furnace::controller

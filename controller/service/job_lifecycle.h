@@ -1,0 +1,146 @@
+// JobLifecycle: the jobs, their attempts and ranks, and every transition between their states:
+// submission, gang placement, start, cancel (job_lifecycle.cc), and failure detection and recovery:
+// rank reports, lost and re-registering workers, the settle window, restarts with backoff, and
+// shutdown (recovery.cc).
+//
+// What it owns: the in-memory jobs (loaded from and written to the JobStore), their rendezvous
+// scopes' lifetime (a scope closes when its attempt ends), and the rank commands it queues for
+// workers through the WorkerRegistry.
+//
+// Durability: every transition is written to the JobStore (one transaction) before it takes
+// effect, i.e. before any command reaches a worker and before any caller sees the new state. On a
+// failed write the job's in-memory state is restored and nothing is sent; the next report, tick or
+// registration tries again.
+//
+// Threading: externally synchronised. Only the Controller calls it, holding its state mutex; the
+// same mutex guards the WorkerRegistry's records, which change together with the ranks. The
+// transition writes stay under that mutex on purpose: the in-memory state, the commands queued
+// and the store must change in one order, and the writes are single small transactions. Bulk
+// data (telemetry, logs, reads for GetJob and series) is written and read without it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/service/rendezvous.h"
+#include "controller/service/worker_registry.h"
+#include "controller/store/job_store.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+#include "runtime/base/clock.h"
+
+namespace furnace::controller {
+
+struct ControllerOptions {
+  std::string state_dir;
+  std::string advertise_address;     // what ranks dial for rendezvous
+  double heartbeat_interval_s = 1.0;  // told to agents
+  double worker_timeout_s = 10.0;     // an agent silent this long is lost
+  // After a controller (re)start, agents known from the store get this long to register again
+  // before their silence counts: the controller's own absence is not the workers' fault, and
+  // their ranks kept running. A job's shorter recovery.heartbeat_timeout_s applies only after.
+  double reattach_grace_s = 30.0;
+  uint32_t local_workers = 0;         // capacity the embedded launcher will provide
+  double stop_grace_s = 5.0;          // SIGTERM -> SIGKILL grace for ranks we stop
+};
+
+struct Job {
+  furnace::v1::JobSummary summary;
+  furnace::v1::JobSpec spec;
+  std::vector<furnace::v1::AttemptInfo> attempts;  // index = attempt - 1
+  double attempt_started_mono = 0;
+  double recover_at_mono = 0;
+  std::set<std::string> avoid_workers;  // workers implicated in the last failure
+  std::string waiting_reason;           // last "cannot place" message logged
+  // A rank that exits with an error code is often a victim (its peer died and the collective
+  // failed), so such a failure waits kSettleS for a root cause (a signal, a hang, an OOM, a
+  // lost worker) before the attempt fails with the best cause seen.
+  double settle_deadline = 0;  // 0: no failure pending
+  std::string pending_cause, pending_worker;
+  furnace::v1::AttemptInfo* current() { return attempts.empty() ? nullptr : &attempts.back(); }
+  const furnace::v1::AttemptInfo* current() const {
+    return attempts.empty() ? nullptr : &attempts.back();
+  }
+};
+
+class JobLifecycle {
+ public:
+  JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
+               WorkerRegistry& workers, Rendezvous& rendezvous);
+
+  // Rebuilds jobs, attempts, the ranks' workers and the open rendezvous scopes from the store
+  // (the registry's workers are loaded first). Returns how many jobs are still active.
+  absl::StatusOr<int> Load();
+
+  Job* Find(const std::string& job_id);
+  const std::map<std::string, Job>& jobs() const { return jobs_; }
+
+  // --- job_lifecycle.cc ---------------------------------------------------------------------
+  // A validated spec: refused (InvalidArgument naming resources.workers) when this controller
+  // cannot ever hold its ranks; otherwise stored as PENDING and placed when workers are free.
+  absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
+  absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
+  // A rank's reported progress: updates its step and the job's; false when the record names no
+  // rank of the job. PersistProgress then writes the touched jobs' summaries and attempts.
+  bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
+  absl::Status PersistProgress(const std::set<std::string>& job_ids);
+  // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
+  absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
+
+  // --- recovery.cc --------------------------------------------------------------------------
+  // A worker agent (re-)registers: its session starts, the ranks it still runs are re-attached
+  // when their attempt wants them and stopped otherwise; returns the session id.
+  std::string Register(const furnace::v1::RegisterRequest& req);
+  // Unavailable when the store could not record the report (the agent re-sends it).
+  absl::Status ReportRank(const furnace::v1::RankReport& report);
+  // Failure detection (silent workers, settle windows, start timeouts) and (re)placement.
+  void Tick();
+  // See Controller::Shutdown.
+  void Shutdown(bool stopping_workers);
+
+ private:
+  // Ends the current attempt: persisted first, then its ranks are told to stop. A retryable
+  // failure counts against recovery.max_restarts; a permanent one (the job's input is invalid:
+  // retrying cannot help) ends the job FAILED at once; an interruption (the controller itself
+  // stopping the workers) restarts without counting.
+  enum class Failure { kRetryable, kPermanent, kInterrupted };
+
+  absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
+                          const std::string& message);
+  absl::Status Persist(Job& job);
+  // Writes a change that is a record, not a transition: a rank's end or pid in an attempt that is
+  // already over in the store, or whose state does not change. Nothing is sent because of it, so
+  // no promise depends on it: a failed write is logged and the in-memory state kept. The job's next
+  // write carries it (Persist writes the two newest attempts); a controller restarted before that
+  // finds the rank not ended, which the agents' re-registration resolves (a rank an agent no longer
+  // runs is ended then, or its exit report, which agents re-send, ends it).
+  void PersistRecord(Job& job, const std::string& what);
+  void Event(Job& job, const std::string& kind, const std::string& message);
+  void TryStart(Job& job);
+  // `kind` labels the cause (AttemptInfo.failure_kind): signal, hang, oom, exit, lost, ...
+  // Returns false when the failure could not be persisted (the job is left as it was).
+  bool FailAttempt(Job& job, const std::string& kind, const std::string& cause,
+                   const std::string& culprit_worker, Failure failure = Failure::kRetryable);
+  void StopAttemptRanks(Job& job, const std::string& reason);
+  // Records an error exit of a rank of the current attempt; fails the attempt at once when every
+  // rank has ended, otherwise after the settle window (Tick).
+  void NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker);
+  furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
+  void MarkLost(Worker& worker, const std::string& why);
+  void CloseScope(Job& job, uint32_t attempt);
+  uint32_t Capacity(const std::string& device_kind) const;
+
+  const ControllerOptions& options_;
+  const Clock& clock_;
+  JobStore& store_;
+  WorkerRegistry& workers_;
+  Rendezvous& rendezvous_;
+  std::map<std::string, Job> jobs_;
+  bool shut_down_ = false;  // Shutdown(true) ran: rank reports are no longer acted on
+};
+
+}  // namespace furnace::controller

@@ -1,0 +1,61 @@
+#include "controller/service/log_store.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace furnace::controller {
+
+namespace v1 = furnace::v1;
+
+LogStore::LogStore(std::string dir) : dir_(std::move(dir)) {}
+
+std::string LogStore::Path(const std::string& job_id) const {
+  return (std::filesystem::path(dir_) / (job_id + ".log")).string();
+}
+
+std::string LogStore::Format(const v1::LogLine& line) {
+  std::string text = line.text();
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return absl::StrCat(line.attempt(), " ", line.rank(), " ", text, "\n");
+}
+
+absl::Status LogStore::Append(const std::map<std::string, std::string>& text_by_job) {
+  std::lock_guard<std::mutex> lock(append_mu_);
+  for (const auto& [job_id, text] : text_by_job) {
+    std::ofstream out(Path(job_id), std::ios::app);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat("cannot append to ", Path(job_id)));
+  }
+  return absl::OkStatus();
+}
+
+v1::GetLogsResponse LogStore::Read(const v1::GetLogsRequest& req) const {
+  v1::GetLogsResponse resp;
+  std::ifstream in(Path(req.job_id()));
+  std::string line;
+  uint64_t index = 0;
+  constexpr size_t kMaxLines = 5000;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a partial last line: wait until it is complete
+    if (index++ < req.offset()) continue;
+    // Stored as "<attempt> <rank> <text>".
+    unsigned attempt = 0, rank = 0;
+    int consumed = 0;
+    if (sscanf(line.c_str(), "%u %u %n", &attempt, &rank, &consumed) < 2) continue;
+    if (req.rank() >= 0 && static_cast<unsigned>(req.rank()) != rank) continue;
+    if (req.attempt() > 0 && static_cast<unsigned>(req.attempt()) != attempt) continue;
+    resp.add_lines(absl::StrCat("[attempt ", attempt, " rank ", rank, "] ", line.substr(consumed)));
+    if (static_cast<size_t>(resp.lines_size()) >= kMaxLines) {
+      ++index;
+      break;
+    }
+  }
+  resp.set_next_offset(std::max<uint64_t>(index, req.offset()));
+  return resp;
+}
+
+}  // namespace furnace::controller

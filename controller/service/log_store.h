@@ -1,0 +1,44 @@
+// LogStore: the rank logs of every job, one append-only text file per job
+// (<state_dir>/logs/jobs/<job>.log), each line stored as "<attempt> <rank> <text>".
+//
+// What it owns: those files; nothing else writes or reads them.
+// Threading: thread-safe, and independent of the controller's state lock (callers check that the
+// job exists under that lock, then append or read here without it, so a slow disk delays only
+// other log appends). Appends are serialised by the store's own mutex; reads take no lock and
+// return complete lines only (a partial last line waits for the next read).
+// Errors: Append returns Internal naming the file it could not write (the agent re-sends the
+// batch); reading a job that has no file yet returns no lines.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+
+namespace furnace::controller {
+
+class LogStore {
+ public:
+  // `dir` exists (the controller creates it at start).
+  explicit LogStore(std::string dir);
+
+  // Appends `text_by_job` (job id -> complete lines as made by Format) to each job's file.
+  absl::Status Append(const std::map<std::string, std::string>& text_by_job);
+  // One line in the stored format; newlines inside the text become spaces.
+  static std::string Format(const furnace::v1::LogLine& line);
+
+  // The lines of req.job_id() from req.offset() on, filtered by rank and attempt, at most 5000;
+  // next_offset is where the next read continues. job_done is left for the caller to set.
+  furnace::v1::GetLogsResponse Read(const furnace::v1::GetLogsRequest& req) const;
+
+ private:
+  std::string Path(const std::string& job_id) const;
+
+  const std::string dir_;
+  std::mutex append_mu_;  // one appender at a time, so batches never interleave inside a line
+};
+
+}  // namespace furnace::controller

@@ -1,0 +1,476 @@
+// Failure detection and recovery: rank reports, workers that go silent or come back, the settle
+// window for victim exits, restarts with backoff, and the controller's own shutdown.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "controller/service/job_lifecycle.h"
+#include "controller/store/backoff.h"
+#include "controller/store/job_state.h"
+#include "runtime/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace v1 = furnace::v1;
+
+// How long an error exit waits for a root-cause failure of another rank (see Job).
+constexpr double kSettleS = 1.0;
+
+std::string DescribeExit(const v1::RankReport& r) {
+  if (!r.reason().empty()) return r.reason();
+  switch (r.exit_kind()) {
+    case v1::EXIT_KIND_SUCCESS: return "exited with code 0";
+    case v1::EXIT_KIND_CODE: return absl::StrCat("exited with code ", r.exit_code());
+    case v1::EXIT_KIND_SIGNAL: return absl::StrCat("killed by signal ", r.signal());
+    case v1::EXIT_KIND_HANG: return "hung";
+    case v1::EXIT_KIND_OOM: return "out of memory";
+    case v1::EXIT_KIND_STOPPED: return "stopped";
+    case v1::EXIT_KIND_LAUNCH: return "could not be started";
+    default: return "ended";
+  }
+}
+
+v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32_t rank,
+                             double grace_s, const std::string& reason) {
+  v1::AgentCommand cmd;
+  auto* stop = cmd.mutable_stop();
+  stop->set_job_id(job_id);
+  stop->set_attempt(attempt);
+  stop->set_rank(rank);
+  stop->set_grace_s(grace_s);
+  stop->set_reason(reason);
+  return cmd;
+}
+
+// The restart cause as a low-cardinality label (furnace_job_restarts_total{cause}).
+std::string FailureKind(v1::ExitKind kind) {
+  switch (kind) {
+    case v1::EXIT_KIND_SIGNAL: return "signal";
+    case v1::EXIT_KIND_HANG: return "hang";
+    case v1::EXIT_KIND_OOM: return "oom";
+    case v1::EXIT_KIND_LAUNCH: return "launch";
+    case v1::EXIT_KIND_STOPPED: return "stopped";
+    default: return "exit";
+  }
+}
+
+bool AllRanks(const v1::AttemptInfo& attempt, const std::string& state) {
+  return std::all_of(attempt.ranks().begin(), attempt.ranks().end(),
+                     [&](const v1::RankInfo& r) { return r.state() == state; });
+}
+
+}  // namespace
+
+void JobLifecycle::NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker) {
+  if (job.settle_deadline == 0) {
+    job.settle_deadline = clock_.MonotonicSeconds() + kSettleS;
+    job.pending_cause = cause;
+    job.pending_worker = worker;
+  }
+  if (AllRanks(*job.current(), "exited")) {
+    job.settle_deadline = 0;
+    FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
+  }
+}
+
+void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
+  auto* attempt = job.current();
+  if (!attempt) return;
+  for (const auto& rank : attempt->ranks()) {
+    if (rank.state() == "exited") continue;
+    Worker* w = workers_.Find(rank.worker_id());
+    if (w == nullptr || w->info.state() == kWorkerLost) continue;
+    workers_.Enqueue(rank.worker_id(),
+                     StopCommand(job.summary.job_id(), attempt->attempt(), rank.rank(),
+                                 options_.stop_grace_s, reason));
+  }
+}
+
+bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::string& cause,
+                               const std::string& culprit_worker, Failure failure) {
+  const bool counts_as_restart = failure != Failure::kInterrupted;
+  auto* attempt = job.current();
+  if (!attempt || attempt->state() != "running") return true;
+  job.settle_deadline = 0;
+  const Job backup = job;
+  attempt->set_state(counts_as_restart ? "failed" : "interrupted");
+  attempt->set_cause(cause);
+  attempt->set_failure_kind(kind);
+  attempt->set_ended_unix(clock_.UnixSeconds());
+  const uint32_t n = attempt->attempt();
+  const uint32_t max_restarts = job.spec.recovery().max_restarts();
+  absl::Status persisted;
+  if (!counts_as_restart) {
+    job.recover_at_mono = clock_.MonotonicSeconds();
+    job.summary.set_cause(cause);
+    persisted = Transition(job, v1::JOB_RECOVERING, "interrupted",
+                           absl::StrFormat("attempt %d interrupted: %s; it does not count "
+                                           "against recovery.max_restarts", n, cause));
+  } else if (failure == Failure::kPermanent) {
+    job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
+  } else if (job.summary.restarts() < max_restarts) {
+    job.summary.set_restarts(job.summary.restarts() + 1);
+    const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
+    job.recover_at_mono = clock_.MonotonicSeconds() + delay;
+    job.summary.set_cause(cause);
+    persisted = Transition(job, v1::JOB_RECOVERING, "restart",
+                           absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", n,
+                                           cause, job.summary.restarts(), max_restarts, delay));
+  } else {
+    job.summary.set_cause(absl::StrFormat(
+        "%s (attempt %d; gave up after %d restart%s, recovery.max_restarts = %d)", cause, n,
+        job.summary.restarts(), job.summary.restarts() == 1 ? "" : "s", max_restarts));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
+  }
+  if (!persisted.ok()) {
+    job = backup;  // nothing happened; the next report or tick tries again
+    return false;
+  }
+  job.avoid_workers.clear();
+  if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
+  StopAttemptRanks(job, absl::StrCat("attempt ", n, " ", counts_as_restart ? "failed" :
+                                     "interrupted", ": ", cause));
+  CloseScope(job, n);
+  return true;
+}
+
+void JobLifecycle::PersistRecord(Job& job, const std::string& what) {
+  if (absl::Status s = Persist(job); !s.ok()) {
+    spdlog::warn("job {}: {} not recorded yet: {}", job.summary.job_id(), what, s.ToString());
+  }
+}
+
+void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
+  if (worker.info.state() == kWorkerLost) return;
+  spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
+  const WorkerRegistry::Held held = workers_.MarkLost(worker);
+  if (!held.has_rank) return;
+  Job* job = Find(held.job_id);
+  if (job == nullptr) return;
+  if (held.attempt == 0 || held.attempt > job->attempts.size()) return;
+  v1::AttemptInfo* attempt = &job->attempts[held.attempt - 1];
+  if (held.rank < static_cast<uint32_t>(attempt->ranks_size())) {
+    auto* rank = attempt->mutable_ranks(held.rank);
+    rank->set_state("exited");
+    rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
+  }
+  if (attempt == job->current() && attempt->state() == "running" &&
+      !IsFinal(job->summary.state())) {
+    FailAttempt(*job, "lost",
+                absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
+                             held.rank, " gone"),
+                worker.info.worker_id());
+  } else {
+    PersistRecord(*job, "a lost worker's rank ended");
+  }
+}
+
+void JobLifecycle::Tick() {
+  const double now = clock_.MonotonicSeconds();
+  // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
+  for (auto& [id, w] : workers_.workers()) {
+    if (w.info.state() == kWorkerLost) continue;
+    double limit = options_.worker_timeout_s;
+    if (w.has_rank) {
+      auto jt = jobs_.find(w.info.job_id());
+      if (jt != jobs_.end() && jt->second.spec.recovery().heartbeat_timeout_s() > 0) {
+        limit = std::min(limit, jt->second.spec.recovery().heartbeat_timeout_s());
+      }
+    }
+    // Known from the store and not registered since our start: the controller was the one away,
+    // so the agent gets the re-attach grace, counted from our start, whatever the job asks.
+    if (!workers_.HasSession(id)) limit = std::max(limit, options_.reattach_grace_s);
+    const double silent = now - w.last_seen_mono;
+    if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job.settle_deadline > 0 && now >= job.settle_deadline) {
+      job.settle_deadline = 0;
+      FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
+    }
+    switch (job.summary.state()) {
+      case v1::JOB_PENDING:
+        TryStart(job);
+        break;
+      case v1::JOB_RECOVERING:
+        if (now >= job.recover_at_mono) TryStart(job);
+        break;
+      case v1::JOB_STARTING: {
+        auto* attempt = job.current();
+        const double limit = job.spec.recovery().start_timeout_s();
+        if (attempt && attempt->state() == "running" && AllRanks(*attempt, "running")) {
+          // Every rank runs, but the transition could not be written when the last one started
+          // or re-attached (nothing was sent on it): retried until it lands.
+          attempt->set_all_running_unix(clock_.UnixSeconds());
+          if (!Transition(job, v1::JOB_RUNNING, "running", "all ranks running").ok()) {
+            attempt->set_all_running_unix(0);
+          }
+        } else if (attempt && now - job.attempt_started_mono > limit) {
+          std::vector<std::string> late;
+          for (const auto& r : attempt->ranks()) {
+            if (r.state() == "assigned") {
+              late.push_back(absl::StrCat(r.rank(), " (", r.worker_id(), ")"));
+            }
+          }
+          FailAttempt(job, "start_timeout",
+                      absl::StrFormat("ranks %s not running %.0f s after placement "
+                                      "(recovery.start_timeout_s)",
+                                      absl::StrJoin(late, ", "), limit),
+                      "");
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+}
+
+std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
+  Worker& w = workers_.FindOrAdd(req.worker_id());
+  const bool known = !w.info.worker_id().empty();
+  // A different agent process than the one we knew: what it ran died with the old one.
+  const bool agent_restarted =
+      known && (w.info.pid() != req.pid() || w.info.instance_id() != req.instance_id());
+  w.info.set_worker_id(req.worker_id());
+  w.info.set_host(req.host());
+  w.info.set_slot(req.slot());
+  w.info.set_device_kind(req.device_kind());
+  w.info.set_device_memory(req.device_memory());
+  w.info.set_pid(req.pid());
+  w.info.set_instance_id(req.instance_id());
+  w.info.set_last_seen_unix(clock_.UnixSeconds());
+  w.last_seen_mono = clock_.MonotonicSeconds();
+  const bool first_since_start = !workers_.HasSession(req.worker_id());
+  const std::string session = workers_.NewSession(req.worker_id(), agent_restarted);
+
+  // The rank it runs: re-attach it if its attempt still wants it; otherwise stop it, and keep the
+  // worker busy (draining) until its exit report arrives, so no second rank lands beside it.
+  bool runs_our_rank = false;
+  for (const auto& rr : req.running()) {
+    auto jt = jobs_.find(rr.job_id());
+    bool wanted = false;
+    if (jt != jobs_.end() && !IsFinal(jt->second.summary.state())) {
+      Job& job = jt->second;
+      auto* attempt = job.current();
+      if (attempt && attempt->attempt() == rr.attempt() && attempt->state() == "running" &&
+          rr.rank() < static_cast<uint32_t>(attempt->ranks_size()) &&
+          attempt->ranks(rr.rank()).worker_id() == req.worker_id() &&
+          attempt->ranks(rr.rank()).state() != "exited") {
+        wanted = true;
+        auto* rank = attempt->mutable_ranks(rr.rank());
+        rank->set_state("running");
+        rank->set_pid(rr.pid());
+        // Only an agent's first registration with this controller run re-attaches: one that
+        // registers again (its Register timed out on its side after we took it) brings nothing
+        // new.
+        if (first_since_start) {
+          Event(job, "reattached",
+                absl::StrCat("rank ", rr.rank(), " (pid ", rr.pid(), ") on ", req.worker_id()));
+        }
+        if (job.summary.state() == v1::JOB_STARTING && AllRanks(*attempt, "running")) {
+          // Nothing is sent on this transition, so a failed write only leaves the job STARTING
+          // in memory and in the store; Tick retries it until it lands.
+          attempt->set_all_running_unix(clock_.UnixSeconds());
+          if (!Transition(job, v1::JOB_RUNNING, "running", "all ranks running (re-attached)")
+                   .ok()) {
+            attempt->set_all_running_unix(0);
+          }
+        } else {
+          PersistRecord(job, "a re-attached rank");
+        }
+      }
+    }
+    if (!wanted) {
+      workers_.Enqueue(req.worker_id(),
+                       StopCommand(rr.job_id(), rr.attempt(), rr.rank(), options_.stop_grace_s,
+                                   "no attempt of this job wants this rank any more"));
+    }
+    w.has_rank = true;
+    w.attempt = rr.attempt();
+    w.info.set_job_id(rr.job_id());
+    w.info.set_rank(rr.rank());
+    runs_our_rank = true;
+  }
+  // A rank we placed here that the agent no longer runs. If the agent itself restarted, the rank
+  // died with it (when it is the current attempt's, that attempt fails; an older attempt's rank
+  // is simply gone). Otherwise its exit report is on its way (agents re-send unacked reports);
+  // a rank still "assigned" never got its start command (lost with a controller restart): send
+  // it again, the agent ignores a start it already had.
+  if (w.has_rank && !runs_our_rank) {
+    Job* job = Find(w.info.job_id());
+    v1::AttemptInfo* attempt =
+        job && w.attempt >= 1 && w.attempt <= job->attempts.size() ? &job->attempts[w.attempt - 1]
+                                                                   : nullptr;
+    const uint32_t rank_n = w.info.rank();
+    v1::RankInfo* rank = attempt && rank_n < static_cast<uint32_t>(attempt->ranks_size())
+                             ? attempt->mutable_ranks(rank_n)
+                             : nullptr;
+    if (agent_restarted || rank == nullptr) {
+      w.has_rank = false;
+      w.attempt = 0;
+      w.info.clear_job_id();
+      if (rank != nullptr && rank->state() != "exited") {
+        rank->set_state("exited");
+        rank->set_exit("lost: its worker agent restarted");
+        if (attempt == job->current() && attempt->state() == "running" &&
+            !IsFinal(job->summary.state())) {
+          FailAttempt(*job, "agent_restart",
+                      absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n,
+                                   " lost"),
+                      req.worker_id());
+        } else {
+          PersistRecord(*job, "a rank lost with its restarted agent");
+        }
+      }
+    } else if (rank->state() == "assigned" && attempt == job->current() &&
+               attempt->state() == "running") {
+      workers_.Enqueue(req.worker_id(), StartCommand(*job, rank_n, w));
+    }
+  }
+  w.info.set_state(w.has_rank ? kWorkerBusy : kWorkerReady);
+  workers_.Persist(w);
+  spdlog::info("worker {} registered (host {}, slot {}, pid {}, {} running rank(s))",
+               req.worker_id(), req.host(), req.slot(), req.pid(), req.running_size());
+  return session;
+}
+
+absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
+  if (shut_down_) return absl::OkStatus();  // ranks being stopped by our own shutdown
+  workers_.Touch(report.worker_id());
+  Job* found = Find(report.job_id());
+  if (found == nullptr) return absl::OkStatus();  // a job we do not know: nothing to update
+  Job& job = *found;
+  if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return absl::OkStatus();
+  const Job backup = job;
+  v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
+  if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
+  v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
+  const bool current = job.current() == &attempt && attempt.state() == "running" &&
+                       !IsFinal(job.summary.state());
+  // On a store error, undo and fail the RPC: the agent re-sends the report.
+  auto undo = [&](absl::Status s) {
+    job = backup;
+    return s;
+  };
+
+  if (report.event() == v1::RANK_STARTED) {
+    if (rank.state() == "exited") return absl::OkStatus();
+    rank.set_state("running");
+    rank.set_pid(report.pid());
+    absl::Status s;
+    if (!current) {
+      s = Persist(job);
+      // Started after its attempt ended (e.g. a late command): stop it.
+      if (s.ok() && workers_.Find(report.worker_id()) != nullptr) {
+        workers_.Enqueue(report.worker_id(),
+                         StopCommand(report.job_id(), report.attempt(), report.rank(),
+                                     options_.stop_grace_s, "its attempt is over"));
+      }
+    } else if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, "running")) {
+      attempt.set_all_running_unix(clock_.UnixSeconds());
+      s = Transition(job, v1::JOB_RUNNING, "running",
+                     absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
+                                     attempt.attempt(), attempt.ranks_size(),
+                                     attempt.all_running_unix() - attempt.started_unix()));
+    } else {
+      s = Persist(job);
+    }
+    return s.ok() ? s : undo(s);
+  }
+
+  if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
+  if (rank.state() == "exited") {  // a re-sent report
+    workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
+    return absl::OkStatus();
+  }
+  rank.set_state("exited");
+  rank.set_exit(DescribeExit(report));
+  const std::string worker_id = rank.worker_id();
+  absl::Status s;
+  if (!current) {
+    s = Persist(job);
+  } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
+    if (AllRanks(attempt, "exited")) {
+      attempt.set_state("succeeded");
+      attempt.set_ended_unix(clock_.UnixSeconds());
+      job.summary.set_cause("");
+      if (job.summary.state() == v1::JOB_STARTING) {
+        // Every rank finished before the last start report was seen: still a full run.
+        s = Transition(job, v1::JOB_RUNNING, "running", "all ranks ran");
+      }
+      if (s.ok()) {
+        s = Transition(job, v1::JOB_SUCCEEDED, "succeeded",
+                       absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
+      }
+      if (s.ok()) CloseScope(job, attempt.attempt());
+    } else {
+      s = Persist(job);
+    }
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
+             (report.exit_code() == v1::RANK_EXIT_UNKNOWN_KIND ||
+              report.exit_code() == v1::RANK_EXIT_BAD_INPUT)) {
+    FailAttempt(job, "bad_input",
+                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                             DescribeExit(report)),
+                "", Failure::kPermanent);
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
+    s = Persist(job);
+    if (s.ok()) {
+      NoteWeakFailure(job, absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                        DescribeExit(report)),
+                      report.worker_id());
+    }
+  } else {
+    FailAttempt(job, FailureKind(report.exit_kind()),
+                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                             DescribeExit(report)),
+                report.worker_id());
+    if (job.attempts[report.attempt() - 1].state() == "running") {
+      s = absl::UnavailableError("controller could not record the failure; retry");
+    }
+  }
+  if (!s.ok()) return undo(s);
+  workers_.Free(worker_id, report.job_id(), report.attempt(), report.rank());
+  return absl::OkStatus();
+}
+
+
+void JobLifecycle::Shutdown(bool stopping_workers) {
+  if (!stopping_workers) return;
+  for (auto& [id, job] : jobs_) {
+    if (job.summary.state() != v1::JOB_STARTING && job.summary.state() != v1::JOB_RUNNING) {
+      continue;
+    }
+    // The ranks are marked ended only once the interruption is in the store. When it is not,
+    // the store keeps the attempt running with its ranks, and the restarted controller treats the
+    // stopped agents like any that restarted: the attempt fails and the job recovers.
+    if (!FailAttempt(job, "interrupted", "the controller shut down and stopped its local workers",
+                     "", Failure::kInterrupted)) {
+      continue;
+    }
+    if (auto* attempt = job.current()) {
+      for (auto& rank : *attempt->mutable_ranks()) {
+        if (rank.state() != "exited") {
+          rank.set_state("exited");
+          rank.set_exit("stopped: the controller shut down");
+        }
+      }
+      PersistRecord(job, "the ranks stopped at shutdown");
+    }
+  }
+  for (auto& [wid, w] : workers_.workers()) {
+    w.has_rank = false;
+    w.attempt = 0;
+    w.info.clear_job_id();
+    if (w.info.state() == kWorkerBusy) w.info.set_state(kWorkerReady);
+    workers_.Persist(w);
+  }
+  shut_down_ = true;
+}
+
+}  // namespace furnace::controller

@@ -1,0 +1,170 @@
+#include "controller/service/telemetry_aggregator.h"
+
+#include <algorithm>
+
+#include "proto/telemetry_labels.h"
+#include "runtime/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+
+namespace v1 = furnace::v1;
+
+TelemetryAggregator::TelemetryAggregator(JobStore& store) : store_(store) {}
+
+void TelemetryAggregator::NoteBatch(const v1::TelemetryBatch& batch) {
+  if (batch.dropped() > 0) {
+    telemetry_dropped_ += batch.dropped();
+    spdlog::warn("worker {} dropped {} telemetry records (controller too slow or away)",
+                 batch.worker_id(), batch.dropped());
+  }
+  telemetry_records_ += batch.records_size();
+}
+
+void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_size,
+                                     const v1::TelemetryRecord& rec) {
+  JobSteps& job = jobs_[job_id];
+  auto key = std::make_pair(rec.attempt(), rec.step());
+  if (job.has_step && key <= std::make_pair(job.last_step.attempt(), job.last_step.step())) {
+    return;  // already aggregated (a straggler or a re-sent batch)
+  }
+  PendingStep& p = job.pending_steps[key];
+  const v1::StepTelemetry& t = rec.train();
+  v1::StepRecord& r = p.record;
+  r.set_attempt(rec.attempt());
+  r.set_step(rec.step());
+  r.set_unix_time(std::max(r.unix_time(), rec.unix_time()));
+  p.loss_sum += t.loss();
+  p.aux_sum += t.aux_loss();
+  ++p.loss_n;
+  p.mfu_sum += t.mfu();
+  p.grad_norm_sum += t.grad_norm();
+  r.set_tokens(r.tokens() + static_cast<double>(t.tokens()));
+  r.set_step_seconds(std::max(r.step_seconds(), t.step_seconds()));
+  r.set_activation_peak_bytes(
+      std::max(r.activation_peak_bytes(), static_cast<double>(t.memory().activation_peak_bytes())));
+  r.set_memory_budget_bytes(static_cast<double>(t.memory().budget_bytes()));
+  r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
+  r.set_lr(t.lr());
+  for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
+    constexpr uint32_t kMaxLayers = 4096, kMaxExperts = 65536;  // a bound against a bad record
+    if (layer.layer() >= kMaxLayers || layer.expert_tokens_size() > static_cast<int>(kMaxExperts)) {
+      continue;
+    }
+    if (p.expert_tokens.size() <= layer.layer()) p.expert_tokens.resize(layer.layer() + 1);
+    std::vector<double>& sum = p.expert_tokens[layer.layer()];
+    if (sum.size() < static_cast<size_t>(layer.expert_tokens_size())) {
+      sum.resize(layer.expert_tokens_size());
+    }
+    for (int e = 0; e < layer.expert_tokens_size(); ++e) {
+      sum[e] += static_cast<double>(layer.expert_tokens(e));
+    }
+  }
+  for (const v1::PlannerActionBytes& a : t.planner()) p.planner[a.action()] += a.bytes();
+  for (const v1::CommTelemetry& c : t.comm()) {
+    v1::CommTelemetry& sum = p.comm[{c.op(), c.group()}];
+    sum.set_op(c.op());
+    sum.set_group(c.group());
+    sum.set_bytes(sum.bytes() + c.bytes());
+    sum.set_seconds(sum.seconds() + c.seconds());
+    sum.set_calls(sum.calls() + c.calls());
+  }
+  ++p.ranks;
+  if (p.ranks >= world_size) {
+    FinishStep(job_id, p);
+    // Older steps still pending lost a rank's record (dropped under back-pressure): drop them.
+    job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
+  }
+}
+
+void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) {
+  v1::StepRecord& r = p.record;
+  r.set_ranks(p.ranks);
+  if (p.loss_n > 0) {
+    r.set_loss(p.loss_sum / p.loss_n);
+    r.set_aux_loss(p.aux_sum / p.loss_n);
+  }
+  r.set_mfu(p.mfu_sum / p.ranks);
+  r.set_grad_norm(p.grad_norm_sum / p.ranks);
+  if (r.step_seconds() > 0) r.set_tokens_per_second(r.tokens() / r.step_seconds());
+  for (const auto& layer : p.expert_tokens) {
+    auto* et = r.add_expert_tokens();
+    double sum = 0, max = 0;
+    for (double t : layer) {
+      et->add_tokens(t);
+      sum += t;
+      max = std::max(max, t);
+    }
+    const double mean = layer.empty() ? 0 : sum / layer.size();
+    r.add_imbalance(mean > 0 ? max / mean : 0);
+  }
+  for (const auto& [action, bytes] : p.planner) {
+    v1::PlannerActionBytes* a = r.add_planner();
+    a->set_action(static_cast<v1::PlannerAction>(action));
+    a->set_bytes(bytes);
+  }
+  for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
+  if (absl::Status s = store_.PutStep(job_id, r); !s.ok()) {
+    spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
+  }
+  CountStep(job_id, r);
+}
+
+void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRecord& r) {
+  JobSteps& job = jobs_[job_id];
+  job.has_step = true;
+  job.last_step = r;
+  job.tokens_total += r.tokens();
+  // The Prometheus series are by action and by collective (over all groups).
+  for (const auto& a : r.planner()) {
+    job.planner_total[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
+  }
+  for (const auto& c : r.comm()) {
+    job.comm_total[v1::CollectiveOpLabel(c.op())] += static_cast<double>(c.bytes());
+  }
+  if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
+}
+
+std::vector<std::string> TelemetryAggregator::TrimDue(const std::set<std::string>& touched,
+                                                      size_t added) {
+  // Retention: raw per-rank records are for recent detail; steps keep the history.
+  constexpr uint64_t kTrimEvery = 1000;
+  std::vector<std::string> due;
+  for (const auto& id : touched) {
+    JobSteps& job = jobs_[id];
+    job.records_since_trim += added;
+    if (job.records_since_trim >= kTrimEvery) {
+      job.records_since_trim = 0;
+      due.push_back(id);
+    }
+  }
+  return due;
+}
+
+absl::Status TelemetryAggregator::Store(const std::vector<v1::TelemetryRecord>& records,
+                                        const std::vector<std::string>& trim) {
+  constexpr int kKeepRecords = 5000;
+  return store_.Transaction([&]() -> absl::Status {
+    RETURN_IF_ERROR(store_.AddTelemetry(records));
+    for (const auto& rec : records) {
+      if (rec.rank() != 0) continue;
+      for (const auto& c : rec.comm()) RETURN_IF_ERROR(store_.PutCommResult(rec.job_id(), c));
+    }
+    for (const auto& id : trim) RETURN_IF_ERROR(store_.TrimTelemetry(id, kKeepRecords));
+    return absl::OkStatus();
+  });
+}
+
+void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  const JobSteps& job = it->second;
+  m.has_step = job.has_step;
+  m.last = job.last_step;
+  m.tokens_total = job.tokens_total;
+  m.planner_bytes_total = job.planner_total;
+  m.comm_bytes_total = job.comm_total;
+  m.last_checkpoint_seconds = job.last_checkpoint_s;
+}
+
+}  // namespace furnace::controller

@@ -1,0 +1,83 @@
+// TelemetryAggregator: turns the per-rank telemetry records of a job (their typed StepTelemetry)
+// into one StepRecord per training step (once every rank of the attempt reported it), keeps the
+// job's running totals for monitoring, and writes raw records and steps to the JobStore.
+//
+// What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
+// totals (tokens, planner bytes, communication bytes, checkpoint seconds); the counters of records
+// received and dropped by agents.
+// Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
+// Controller calls them holding its state mutex); Store only writes to the JobStore (thread-safe
+// on its own) and is called without that mutex, so bulk inserts never block other RPCs.
+// Errors: a step that cannot be stored is logged and still counted (the dashboards lose a point,
+// training goes on); Store returns the store's error, and the agent re-sends the batch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "controller/service/metrics_snapshot.h"
+#include "controller/store/job_store.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+#include "furnace/v1/telemetry.pb.h"
+
+namespace furnace::controller {
+
+class TelemetryAggregator {
+ public:
+  explicit TelemetryAggregator(JobStore& store);
+
+  // Counts a batch's records and the records its agent reports having dropped.
+  void NoteBatch(const furnace::v1::TelemetryBatch& batch);
+  // One rank's record of a training step of a job whose attempts have `world_size` ranks.
+  void Accumulate(const std::string& job_id, uint32_t world_size,
+                  const furnace::v1::TelemetryRecord& record);
+  // Adds an aggregated step to the job's totals (also used to rebuild them at start).
+  void CountStep(const std::string& job_id, const furnace::v1::StepRecord& step);
+  // The jobs among `touched` whose raw records are due for trimming after `added` more.
+  std::vector<std::string> TrimDue(const std::set<std::string>& touched, size_t added);
+  // Writes raw records (and rank 0's commcheck results) in one transaction, then trims `trim`.
+  absl::Status Store(const std::vector<furnace::v1::TelemetryRecord>& records,
+                     const std::vector<std::string>& trim);
+  // The job's step fields of its metrics.
+  void Fill(const std::string& job_id, JobMetrics& metrics) const;
+  uint64_t dropped() const { return telemetry_dropped_; }
+  uint64_t records() const { return telemetry_records_; }
+
+ private:
+  // Per-rank records of a step are combined into one StepRecord once every rank of the attempt
+  // has reported it.
+  struct PendingStep {
+    furnace::v1::StepRecord record;
+    uint32_t ranks = 0;
+    double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
+    uint32_t loss_n = 0;
+    std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed
+    std::map<int, uint64_t> planner;                 // v1::PlannerAction -> bytes, summed
+    // (v1::CollectiveOp, v1::ParallelGroup) -> bytes, seconds and calls summed over ranks.
+    std::map<std::pair<int, int>, furnace::v1::CommTelemetry> comm;
+  };
+  struct JobSteps {
+    std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
+    bool has_step = false;
+    furnace::v1::StepRecord last_step;
+    double tokens_total = 0;
+    // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
+    std::map<std::string, double> planner_total, comm_total;
+    double last_checkpoint_s = -1;
+    uint64_t records_since_trim = 0;
+  };
+  void FinishStep(const std::string& job_id, PendingStep& pending);
+
+  JobStore& store_;
+  std::map<std::string, JobSteps> jobs_;
+  uint64_t telemetry_dropped_ = 0;  // records agents reported dropping
+  uint64_t telemetry_records_ = 0;  // records received
+};
+
+}  // namespace furnace::controller

@@ -1,0 +1,193 @@
+#include "controller/service/worker_registry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace v1 = furnace::v1;
+
+std::string RandomHex(int n) {
+  std::random_device rd;
+  std::mt19937_64 gen(rd());
+  std::string out;
+  for (int i = 0; i < n; ++i) out += "0123456789abcdef"[gen() % 16];
+  return out;
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(JobStore& store, const Clock& clock)
+    : store_(store), clock_(clock), instance_id_(RandomHex(8)) {}
+
+void WorkerRegistry::Load(std::vector<v1::WorkerInfo> workers) {
+  const double now = clock_.MonotonicSeconds();
+  for (auto& info : workers) {
+    Worker& w = workers_[info.worker_id()];
+    w.info = std::move(info);
+    w.last_seen_mono = now;
+    w.has_rank = false;
+    w.info.clear_job_id();
+    w.info.set_rank(0);
+  }
+}
+
+Worker* WorkerRegistry::Find(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+Worker& WorkerRegistry::FindOrAdd(const std::string& worker_id) { return workers_[worker_id]; }
+
+void WorkerRegistry::Touch(const std::string& worker_id) {
+  if (Worker* w = Find(worker_id)) w->last_seen_mono = clock_.MonotonicSeconds();
+}
+
+uint32_t WorkerRegistry::CountUsable(const std::string& device_kind) const {
+  uint32_t n = 0;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() != kWorkerLost && w.info.device_kind() == device_kind) ++n;
+  }
+  return n;
+}
+
+std::vector<WorkerSlot> WorkerRegistry::Slots() const {
+  std::vector<WorkerSlot> slots;
+  for (const auto& [id, w] : workers_) {
+    slots.push_back({id, w.info.host(), w.info.slot(), w.info.device_kind(),
+                     w.info.state() == kWorkerReady && !w.has_rank && HasSession(id)});
+  }
+  return slots;
+}
+
+void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attempt,
+                            uint32_t rank) {
+  w.has_rank = true;
+  w.attempt = attempt;
+  w.info.set_state(kWorkerBusy);
+  w.info.set_job_id(job_id);
+  w.info.set_rank(rank);
+  Persist(w);
+}
+
+void WorkerRegistry::Free(const std::string& worker_id, const std::string& job_id,
+                          uint32_t attempt, uint32_t rank) {
+  Worker* w = Find(worker_id);
+  if (w == nullptr || !w->has_rank || w->info.job_id() != job_id || w->attempt != attempt ||
+      w->info.rank() != rank) {
+    return;
+  }
+  w->has_rank = false;
+  w->attempt = 0;
+  w->info.clear_job_id();
+  w->info.set_rank(0);
+  if (w->info.state() == kWorkerBusy) w->info.set_state(kWorkerReady);
+  Persist(*w);
+}
+
+WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
+  Held held;
+  if (worker.info.state() == kWorkerLost) return held;
+  worker.info.set_state(kWorkerLost);
+  EndSession(worker.info.worker_id());
+  held.has_rank = worker.has_rank;
+  held.job_id = worker.info.job_id();
+  held.attempt = worker.attempt;
+  held.rank = worker.info.rank();
+  worker.has_rank = false;
+  worker.attempt = 0;
+  worker.info.clear_job_id();
+  Persist(worker);
+  return held;
+}
+
+void WorkerRegistry::Persist(const Worker& worker) {
+  if (absl::Status s = store_.PutWorker(worker.info); !s.ok()) {
+    spdlog::error("worker {}: not persisted: {}", worker.info.worker_id(), s.ToString());
+  }
+}
+
+std::string WorkerRegistry::NewSession(const std::string& worker_id, bool drop_commands) {
+  std::string session;
+  {
+    std::lock_guard<std::mutex> lock(mail_mu_);
+    Mailbox& box = mail_[worker_id];
+    box.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
+    if (drop_commands) box.commands.clear();
+    session = box.session_id;
+  }
+  mail_cv_.notify_all();  // an older command stream of this worker ends
+  return session;
+}
+
+void WorkerRegistry::EndSession(const std::string& worker_id) {
+  {
+    std::lock_guard<std::mutex> lock(mail_mu_);
+    auto it = mail_.find(worker_id);
+    if (it == mail_.end()) return;
+    it->second.session_id.clear();
+    it->second.commands.clear();
+  }
+  mail_cv_.notify_all();
+}
+
+bool WorkerRegistry::HasSession(const std::string& worker_id) const {
+  std::lock_guard<std::mutex> lock(mail_mu_);
+  auto it = mail_.find(worker_id);
+  return it != mail_.end() && !it->second.session_id.empty();
+}
+
+bool WorkerRegistry::IsSession(const std::string& worker_id, const std::string& session_id) const {
+  std::lock_guard<std::mutex> lock(mail_mu_);
+  auto it = mail_.find(worker_id);
+  return it != mail_.end() && !it->second.session_id.empty() &&
+         it->second.session_id == session_id;
+}
+
+void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand command) {
+  {
+    std::lock_guard<std::mutex> lock(mail_mu_);
+    mail_[worker_id].commands.push_back(std::move(command));
+  }
+  mail_cv_.notify_all();
+}
+
+absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
+    const std::string& worker_id, const std::string& session_id, double wait_s) {
+  std::unique_lock<std::mutex> lock(mail_mu_);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(wait_s));
+  while (true) {
+    auto it = mail_.find(worker_id);
+    if (it == mail_.end() || it->second.session_id != session_id) {
+      return absl::FailedPreconditionError("stale worker session: register again");
+    }
+    Mailbox& box = it->second;
+    if (!box.commands.empty()) {
+      std::vector<v1::AgentCommand> out(box.commands.begin(), box.commands.end());
+      box.commands.clear();
+      return out;
+    }
+    if (mail_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return std::vector<v1::AgentCommand>();
+    }
+  }
+}
+
+void WorkerRegistry::Requeue(const std::string& worker_id,
+                             std::vector<v1::AgentCommand> commands) {
+  std::lock_guard<std::mutex> lock(mail_mu_);
+  auto it = mail_.find(worker_id);
+  if (it == mail_.end()) return;
+  for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
+    it->second.commands.push_front(std::move(*c));
+  }
+}
+
+}  // namespace furnace::controller

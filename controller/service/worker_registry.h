@@ -1,0 +1,115 @@
+// WorkerRegistry: the worker agents this controller knows, their sessions, heartbeats and command
+// queues. A worker is ready (free), busy (holds a rank, or is draining one) or lost (silent too
+// long; it must register again).
+//
+// What it owns: the workers' records (persisted to the JobStore on every change of state or rank)
+// and each worker's session id and queue of commands not yet delivered.
+//
+// Threading: two halves.
+//  - The records (Find, FindOrAdd, workers(), Assign, Free, MarkLost, Touch, Slots, ...) are
+//    externally synchronised: only the Controller calls them, holding its state mutex, because
+//    they change together with the jobs' ranks.
+//  - Sessions and queues (NewSession, EndSession, HasSession, Enqueue, NextCommands, Requeue) are
+//    guarded by the registry's own mutex, so an agent's long poll (NextCommands) never holds or
+//    waits for the controller's state mutex. Lock order: state mutex, then the queue mutex.
+// Errors: a failed write of a worker record is logged and otherwise ignored: the record is
+// advisory (the attempts say which worker holds which rank, and a restarted controller rebuilds
+// the rest from them and from the agents' re-registration).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/store/job_store.h"
+#include "controller/store/placement.h"
+#include "furnace/v1/agent.pb.h"
+#include "furnace/v1/controller.pb.h"
+#include "runtime/base/clock.h"
+
+namespace furnace::controller {
+
+inline constexpr const char* kWorkerReady = "ready";
+inline constexpr const char* kWorkerBusy = "busy";
+inline constexpr const char* kWorkerLost = "lost";
+
+struct Worker {
+  furnace::v1::WorkerInfo info;
+  double last_seen_mono = 0;
+  bool has_rank = false;  // info.job_id()/rank() and attempt name it
+  uint32_t attempt = 0;
+};
+
+class WorkerRegistry {
+ public:
+  WorkerRegistry(JobStore& store, const Clock& clock);
+
+  // --- Records (caller holds the Controller's state mutex) ----------------------------------
+  // Workers known from the store at start: each gets the full timeout from now to register again;
+  // which rank it holds is rebuilt from the jobs' attempts (the one source of truth).
+  void Load(std::vector<furnace::v1::WorkerInfo> workers);
+  Worker* Find(const std::string& worker_id);
+  Worker& FindOrAdd(const std::string& worker_id);
+  std::map<std::string, Worker>& workers() { return workers_; }
+  const std::map<std::string, Worker>& workers() const { return workers_; }
+  // Heard from the worker (any RPC): its silence starts again.
+  void Touch(const std::string& worker_id);
+  // Workers of a device kind that are not lost.
+  uint32_t CountUsable(const std::string& device_kind) const;
+  // Every worker as placement sees it (free: ready, no rank, registered in this run).
+  std::vector<WorkerSlot> Slots() const;
+  // The worker now holds `rank` of the job's `attempt` (busy; persisted).
+  void Assign(Worker& worker, const std::string& job_id, uint32_t attempt, uint32_t rank);
+  // Frees the worker if it still holds exactly that rank (its exit was reported).
+  void Free(const std::string& worker_id, const std::string& job_id, uint32_t attempt,
+            uint32_t rank);
+  // Marks the worker lost: no session, no queued commands, no rank (persisted). Returns the rank
+  // it held, so the caller can end it; has_rank false when it held none or was already lost.
+  struct Held {
+    bool has_rank = false;
+    std::string job_id;
+    uint32_t attempt = 0;
+    uint32_t rank = 0;
+  };
+  Held MarkLost(Worker& worker);
+  void Persist(const Worker& worker);
+
+  // --- Sessions and command queues (thread-safe) --------------------------------------------
+  // Starts a new session for the worker (ending any older command stream), optionally dropping
+  // the commands queued for the old agent process; returns the session id.
+  std::string NewSession(const std::string& worker_id, bool drop_commands);
+  // Ends the session and drops the queued commands (the worker must register again).
+  void EndSession(const std::string& worker_id);
+  bool HasSession(const std::string& worker_id) const;
+  bool IsSession(const std::string& worker_id, const std::string& session_id) const;
+  void Enqueue(const std::string& worker_id, furnace::v1::AgentCommand command);
+  // Waits up to wait_s for commands of this session. FailedPrecondition when the session is not
+  // the worker's current one.
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(
+      const std::string& worker_id, const std::string& session_id, double wait_s);
+  // Puts back commands that could not be delivered (front of the queue, same order).
+  void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
+
+ private:
+  struct Mailbox {
+    std::string session_id;  // empty until it registers with this controller run (or when lost)
+    std::deque<furnace::v1::AgentCommand> commands;
+  };
+
+  JobStore& store_;
+  const Clock& clock_;
+  std::map<std::string, Worker> workers_;  // guarded by the caller's state mutex
+
+  mutable std::mutex mail_mu_;
+  std::condition_variable mail_cv_;
+  std::map<std::string, Mailbox> mail_;  // guarded by mail_mu_
+  const std::string instance_id_;        // distinguishes sessions across controller restarts
+  uint64_t session_counter_ = 0;         // guarded by mail_mu_
+};
+
+}  // namespace furnace::controller
