@@ -36,7 +36,7 @@
     return Number.isFinite(v) ? v : 0;
   }
   // A telemetry enum value as its label: 'PLANNER_ACTION_OFFLOAD' -> 'offload' (the names the
-  // Prometheus labels and the CLI use; proto/telemetry_labels.h).
+  // Prometheus labels and the CLI use; proto/furnace/v1/telemetry_labels.h).
   function enumLabel(value, prefix) {
     const s = String(value == null ? '' : value);
     return s.startsWith(prefix) ? s.slice(prefix.length).toLowerCase() : s;

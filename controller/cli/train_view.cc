@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
-#include "proto/telemetry_labels.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 
 namespace furnace::cli {
 namespace {

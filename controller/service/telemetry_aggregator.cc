@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "proto/telemetry_labels.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 

@@ -1,4 +1,4 @@
-#include "proto/telemetry_labels.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 
 #include <cctype>
 #include <string_view>
