@@ -35,6 +35,21 @@
     const v = Number(get(o, snake));
     return Number.isFinite(v) ? v : 0;
   }
+  // A telemetry enum value as its label: 'PLANNER_ACTION_OFFLOAD' -> 'offload' (the names the
+  // Prometheus labels and the CLI use; proto/furnace/v1/telemetry_labels.h).
+  function enumLabel(value, prefix) {
+    const s = String(value == null ? '' : value);
+    return s.startsWith(prefix) ? s.slice(prefix.length).toLowerCase() : s;
+  }
+  // A step record's planner bytes per action label ({} when the planner did nothing).
+  function plannerBytes(r) {
+    const m = {};
+    for (const p of get(r, 'planner') || []) {
+      const k = enumLabel(get(p, 'action'), 'PLANNER_ACTION_');
+      m[k] = (m[k] || 0) + num(p, 'bytes');
+    }
+    return m;
+  }
 
   function el(tag, props, ...children) {
     const e = document.createElement(tag);
@@ -202,7 +217,7 @@
 
   function renderPlanner(x) {
     const keys = new Set();
-    for (const r of view.steps) for (const k of Object.keys(get(r, 'planner_bytes') || {})) keys.add(k);
+    for (const r of view.steps) for (const k of Object.keys(plannerBytes(r))) keys.add(k);
     const sorted = [...keys].sort();
     $('no-planner').hidden = sorted.length > 0;
     $('chart-planner').hidden = sorted.length === 0;
@@ -213,8 +228,8 @@
     }
     view.plannerKeys = sorted.join(',');
     const data = [x].concat(sorted.map((k) => view.steps.map((r) => {
-      const m = get(r, 'planner_bytes') || {};
-      return k in m ? Number(m[k]) : 0;
+      const m = plannerBytes(r);
+      return k in m ? m[k] : 0;
     })));
     return lineChart('planner', 'chart-planner',
       sorted.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length] })), data, fmtBytes);

@@ -14,7 +14,7 @@
 namespace furnace::worker {
 
 void Progress::Emit(const std::string& phase, uint64_t step, const std::string& message,
-                    const comm::CommResult* result, const std::map<std::string, double>* metrics) {
+                    const comm::CommResult* result, const furnace::v1::StepTelemetry* train) {
     furnace::v1::TelemetryRecord record;
     record.set_job_id(task_.job_id());
     record.set_attempt(task_.attempt());
@@ -35,7 +35,7 @@ void Progress::Emit(const std::string& phase, uint64_t step, const std::string& 
       comm->set_verified(result->verified);
       comm->set_errors(result->errors);
     }
-    if (metrics != nullptr) record.mutable_metrics()->insert(metrics->begin(), metrics->end());
+    if (train != nullptr) *record.mutable_train() = *train;
     (void)writer_.Write(record);
 }
 

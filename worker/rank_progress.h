@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 
@@ -21,7 +20,7 @@ class Progress {
 
   void Emit(const std::string& phase, uint64_t step, const std::string& message = "",
             const comm::CommResult* result = nullptr,
-            const std::map<std::string, double>* metrics = nullptr);
+            const furnace::v1::StepTelemetry* train = nullptr);
   void set_total_steps(uint64_t total) { total_steps_ = total; }
 
  private:

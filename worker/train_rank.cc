@@ -1,7 +1,6 @@
 #include "worker/train_rank.h"
 
 #include <cmath>
-#include <map>
 #include <memory>
 #include <optional>
 
@@ -21,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
+#include "worker/step_telemetry.h"
 
 namespace furnace::worker {
 namespace {
@@ -199,46 +199,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     // Global numbers (tokens, tokens per expert) are reported by rank 0 only: the controller sums
     // over ranks. Times, memory and bytes are this rank's.
     const bool reporter = task.rank() == 0;
-    std::map<std::string, double> m = {
-        {"loss", s.loss},
-        {"aux_loss", s.aux_loss},
-        {"tokens", reporter ? static_cast<double>(s.tokens) : 0.0},
-        {"tokens_per_second", s.tokens_per_second},
-        {"step_seconds", s.step_seconds},
-        {"forward_backward_seconds", s.forward_backward_seconds},
-        {"optimizer_seconds", s.optimizer_seconds},
-        {"mfu", s.mfu},
-        {"grad_norm", s.grad_norm},
-        {"lr", s.lr},
-        {"dropped_tokens", static_cast<double>(s.dropped)},
-        {"activation_peak_bytes", static_cast<double>(s.activation_peak_bytes)},
-        {"memory_budget_bytes", static_cast<double>(spec.memory().device_budget())},
-        {"model_flops", s.model_flops},
-        {"checkpoint_seconds", s.checkpoint_seconds},
-    };
-    if (entropy_floor > 0) m["entropy_floor"] = entropy_floor;
-    if (parallel) {
-      m["sync_seconds"] = s.sync_seconds;
-      m["pipeline_in_flight"] = s.in_flight_peak;
-      for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
-        if (s.comm_bytes[op] == 0) continue;
-        m[absl::StrCat("comm_bytes.", comm::CollectiveOpName(static_cast<comm::CollectiveOp>(op)))] =
-            static_cast<double>(s.comm_bytes[op]);
-      }
-    }
+    const furnace::v1::StepTelemetry telemetry =
+        StepTelemetryOf(s, {.reporter = reporter,
+                            .memory_budget_bytes = spec.memory().device_budget(),
+                            .entropy_floor = entropy_floor});
     double worst = 0;
-    for (size_t l = 0; l < s.imbalance.size(); ++l) {
-      m[absl::StrCat("imbalance.", l)] = s.imbalance[l];
-      worst = std::max(worst, s.imbalance[l]);
-      if (!reporter) continue;
-      for (size_t e = 0; e < s.tokens_per_expert[l].size(); ++e) {
-        m[absl::StrCat("expert_tokens.", l, ".", e)] =
-            static_cast<double>(s.tokens_per_expert[l][e]);
-      }
-    }
-    m["imbalance_max"] = worst;
+    for (double imbalance : s.imbalance) worst = std::max(worst, imbalance);
     const uint64_t done = static_cast<uint64_t>(s.step) + 1;
-    progress.Emit("running", done, "", nullptr, &m);
+    progress.Emit("running", done, "", nullptr, &telemetry);
     const uint64_t total = spec.train().steps();
     if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
       spdlog::info("step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "

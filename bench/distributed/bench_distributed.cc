@@ -4,7 +4,7 @@
 // prints:
 //   * step time (per step the slowest rank's StepStats::step_seconds; median, min-max over the
 //     timed steps) and global tokens/s (B * T * m * dp per step over that time);
-//   * the bytes each rank handed to each collective per step (StepStats::comm_bytes);
+//   * the bytes each rank handed to each collective per step (StepStats::comm, over the groups);
 //   * those bytes against the analytical count (layout_bytes.h), checked EXACTLY on every step,
 //     warm-up included: per rank where the count does not depend on routing, else summed over the
 //     ranks of one stage that hold the same experts (so also over all ranks). Any difference is

@@ -1,8 +1,8 @@
 // The analytical communication volume of one training step on one rank of a parallel layout, in
 // the byte accounting of runtime/comm/communicator.h (what each rank hands to each collective),
 // derived from the shapes, the layout and, where it matters, the routing. bench_distributed
-// compares it with what the communicators counted (StepStats::comm_bytes); REPORT.md has the
-// formulas with the code they come from.
+// compares it with what the communicators counted (StepStats::comm summed over the groups);
+// REPORT.md has the formulas with the code they come from.
 //
 // What depends on routing: with expert parallelism (ep > 1) the rows a rank RECEIVES over the EP
 // all-to-all (A) and the rows its experts process (R, the ESP group's A summed) depend on where

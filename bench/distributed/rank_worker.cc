@@ -26,12 +26,19 @@ using json = nlohmann::json;
 
 std::vector<int64_t> Calls(const train::ParallelRuntime& p) {
   std::vector<int64_t> calls(comm::kNumCollectiveOps, 0);
-  for (comm::Communicator* c : p.all_groups) {
+  for (const train::RankGroup& g : p.all_groups) {
     for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
-      calls[op] += c->counters().calls(static_cast<comm::CollectiveOp>(op));
+      calls[op] += g.comm->counters().calls(static_cast<comm::CollectiveOp>(op));
     }
   }
   return calls;
+}
+
+// Bytes per collective over all of the rank's groups (the report's per-op view).
+std::vector<int64_t> BytesPerOp(const train::StepStats& st) {
+  std::vector<int64_t> bytes(comm::kNumCollectiveOps, 0);
+  for (const train::CommStats& c : st.comm) bytes[static_cast<int>(c.op)] += c.bytes;
+  return bytes;
 }
 
 }  // namespace
@@ -111,7 +118,7 @@ absl::Status RunRank(const RunConfig& config, const std::string& dir, int rank) 
                      {"tokens", st->tokens},
                      {"in_flight_peak", st->in_flight_peak},
                      {"dropped", st->dropped},
-                     {"comm_bytes", st->comm_bytes},
+                     {"comm_bytes", BytesPerOp(*st)},
                      {"comm_calls", calls},
                      {"tokens_per_expert", st->tokens_per_expert}});
   }

@@ -2,8 +2,8 @@
 // (Gloo over 127.0.0.1), builds its shard of the GPT-MoE and a Trainer with the layout's
 // ParallelRuntime (the worker's code path), trains warmup + steps steps on Markov data, and writes
 // what every step reported to <dir>/rank-<r>.json: times, loss, the in-flight peak, bytes and calls
-// per collective (StepStats::comm_bytes; calls from the groups' counters), global tokens per
-// expert. The parent reads those files; nothing else crosses the process boundary.
+// per collective (StepStats::comm summed over the groups; calls from the groups' counters), global
+// tokens per expert. The parent reads those files; nothing else crosses the process boundary.
 //
 // Call from a single-threaded process only (after fork). Errors: the Status of whatever failed
 // (rendezvous, model, a step), with the step index where there is one.

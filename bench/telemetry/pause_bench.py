@@ -128,10 +128,10 @@ thread).
 ```
 {micro.strip() or '(not run: pass --micro)'}
 ```
-The record is what `worker/train_rank.cc` sends each step: the loss and timing figures,
-`imbalance.<l>` and `expert_tokens.<l>.<e>` for 4 MoE layers x 8 experts. "build + write" is the
-rank's whole cost (the map, the record, framing, the blocking `write` into the agent's pipe); a
-second thread drains and decodes the pipe as the agent does.
+The record is what `worker/train_rank.cc` sends each step: a `StepTelemetry` with the loss, timing
+and memory figures and, for 4 MoE layers x 8 experts, the imbalance and tokens per expert. "build +
+write" is the rank's whole cost (the message, the record, framing, the blocking `write` into the
+agent's pipe); a second thread drains and decodes the pipe as the agent does.
 
 ## 2. A stopped controller
 

@@ -1,9 +1,10 @@
 // How much of a training step does its telemetry record cost the rank? Builds the per-step
-// TelemetryRecord exactly as worker/train_rank.cc and worker/rank_progress.cc do (the metric map
-// with absl::StrCat keys, then the record), writes it through TelemetryWriter into a pipe, and
-// has a second thread drain and decode the pipe as the agent's supervisor does. Times the rank's
-// side only: build, and build + write. Repetitions alternate the two (A B A B) and report the
-// median and the min-max spread; the overhead ratio is against --step-ms (the demo's ~40 ms step).
+// TelemetryRecord exactly as worker/train_rank.cc and worker/rank_progress.cc do (the step's
+// numbers through worker/step_telemetry.h into a StepTelemetry, then the record), writes it
+// through TelemetryWriter into a pipe, and has a second thread drain and decode the pipe as the
+// agent's supervisor does. Times the rank's side only: build, and build + write. Repetitions
+// alternate the two (A B A B) and report the median and the min-max spread; the overhead ratio is
+// against --step-ms (the demo's ~40 ms step).
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,13 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "furnace/v1/telemetry.pb.h"
+#include "runtime/train/trainer.h"
+#include "worker/step_telemetry.h"
 #include "worker/telemetry_pipe.h"
 
 namespace {
@@ -29,34 +30,25 @@ constexpr int kExperts = 8;
 // The record of one train step, as train_rank.cc's on_step and Progress::Emit build it.
 furnace::v1::TelemetryRecord BuildRecord(uint64_t step) {
   const double x = static_cast<double>(step);
-  std::map<std::string, double> m = {
-      {"loss", 2.5 - x * 1e-4},
-      {"aux_loss", 0.01},
-      {"tokens", 1024},
-      {"tokens_per_second", 25600},
-      {"step_seconds", 0.04},
-      {"forward_backward_seconds", 0.035},
-      {"optimizer_seconds", 0.004},
-      {"mfu", 0.05},
-      {"grad_norm", 1.2},
-      {"lr", 3e-3},
-      {"dropped_tokens", 0},
-      {"activation_peak_bytes", 14050918},
-      {"memory_budget_bytes", 0},
-      {"model_flops", 1e9},
-      {"checkpoint_seconds", 0},
-  };
-  m["entropy_floor"] = 2.08;
-  double worst = 0;
+  furnace::train::StepStats s;
+  s.step = static_cast<int64_t>(step);
+  s.loss = 2.5 - x * 1e-4;
+  s.aux_loss = 0.01;
+  s.tokens = 1024;
+  s.tokens_per_second = 25600;
+  s.step_seconds = 0.04;
+  s.forward_backward_seconds = 0.035;
+  s.optimizer_seconds = 0.004;
+  s.mfu = 0.05;
+  s.grad_norm = 1.2;
+  s.lr = 3e-3;
+  s.activation_peak_bytes = 14050918;
+  s.model_flops = 1e9;
   for (int l = 0; l < kLayers; ++l) {
-    const double imbalance = 1.1 + 0.01 * l;
-    m[absl::StrCat("imbalance.", l)] = imbalance;
-    worst = std::max(worst, imbalance);
-    for (int e = 0; e < kExperts; ++e) {
-      m[absl::StrCat("expert_tokens.", l, ".", e)] = 256 + 7 * e + l;
-    }
+    s.imbalance.push_back(1.1 + 0.01 * l);
+    std::vector<int64_t>& tokens = s.tokens_per_expert.emplace_back();
+    for (int e = 0; e < kExperts; ++e) tokens.push_back(256 + 7 * e + l);
   }
-  m["imbalance_max"] = worst;
   furnace::v1::TelemetryRecord record;
   record.set_job_id("j-0123456789ab");
   record.set_attempt(1);
@@ -66,7 +58,8 @@ furnace::v1::TelemetryRecord BuildRecord(uint64_t step) {
   record.set_unix_time(1.7e9 + x * 0.04);
   record.set_phase("running");
   record.set_message("");
-  record.mutable_metrics()->insert(m.begin(), m.end());
+  *record.mutable_train() =
+      furnace::worker::StepTelemetryOf(s, {.reporter = true, .entropy_floor = 2.08});
   return record;
 }
 
@@ -123,7 +116,7 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < reps; ++rep) {
     // A: build only.
     double t0 = Now();
-    for (int i = 0; i < records; ++i) sink += BuildRecord(++step).metrics_size();
+    for (int i = 0; i < records; ++i) sink += BuildRecord(++step).train().moe_layers_size();
     build_us.push_back((Now() - t0) / records * 1e6);
     // B: build + frame + write into the pipe.
     t0 = Now();
@@ -142,8 +135,8 @@ int main(int argc, char** argv) {
   const auto [bmin, bmax] = std::minmax_element(build_us.begin(), build_us.end());
   const auto [wmin, wmax] = std::minmax_element(write_us.begin(), write_us.end());
   const double w = Median(write_us);
-  std::printf("metrics per record       %zu (%d layers x %d experts of expert_tokens)\n",
-              sink / (static_cast<size_t>(reps) * records), kLayers, kExperts);
+  std::printf("MoE layers per record    %zu (%d experts each)\n",
+              sink / (static_cast<size_t>(reps) * records), kExperts);
   std::printf("serialized record        %zu bytes (%zu framed)\n", record_bytes, framed_bytes);
   std::printf("build only               median %.2f us  (min %.2f, max %.2f; %d reps x %d)\n",
               Median(build_us), *bmin, *bmax, reps, records);

@@ -74,9 +74,8 @@ std::string PlotTitle(const v1::JobDetail& job, const std::string& what) {
 }
 
 std::optional<double> EntropyFloor(const v1::JobDetail& job) {
-  const auto it = job.metrics().find("entropy_floor");
-  if (it == job.metrics().end() || !(it->second > 0)) return std::nullopt;
-  return it->second;
+  if (!job.has_telemetry() || !(job.telemetry().entropy_floor() > 0)) return std::nullopt;
+  return job.telemetry().entropy_floor();
 }
 
 double Budget(const v1::JobSeries& series) {

@@ -99,20 +99,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
     out += comm.Render();
   }
 
-  // Training figures get their own section; any other metric is listed as it came.
-  const std::optional<TrainMetrics> train = ParseTrainMetrics(job.metrics());
-  out += RenderTrainSection(s, train);
-  std::map<std::string, double> other;
-  for (const auto& [key, value] : job.metrics()) {
-    if (!train || train->keys.count(key) == 0) other.emplace(key, value);
-  }
-  if (!other.empty()) {
-    out += train ? "\nother metrics\n" : "\nmetrics\n";
-    Table metrics({"METRIC", "VALUE"}, "  ");
-    metrics.SetRightAligned(1);
-    for (const auto& [key, value] : other) metrics.AddRow({key, FormatMetric(value)});
-    out += metrics.Render();
-  }
+  out += RenderTrainSection(s, TrainMetricsOf(job));
 
   if (!job.events().empty()) {
     out += "\nevents\n";

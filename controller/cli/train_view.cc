@@ -5,13 +5,12 @@
 #include <map>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 
 namespace furnace::cli {
 namespace {
@@ -32,69 +31,93 @@ std::string Gap(double loss, double floor) {
 }
 uint64_t Bytes(double v) { return std::isfinite(v) && v > 0 ? static_cast<uint64_t>(v) : 0; }
 
+// "deepspeed" when every layer ran the same schedule, else "layer 0 deepspeed, layer 1 s1"; empty
+// without MoE layers.
+std::string FormatSchedule(const TrainMetrics& m) {
+  std::vector<std::string> each;
+  bool same = true;
+  for (const auto& l : m.layers) {
+    each.push_back(absl::StrCat("layer ", l.layer, " ", l.schedule));
+    same = same && l.schedule == m.layers.front().schedule;
+  }
+  if (each.empty()) return "";
+  return same ? m.layers.front().schedule : absl::StrJoin(each, ", ");
+}
+
+// The communication table (bytes, time and calls per operation and group) and the planner's bytes
+// per action, each only when there is something to show.
+std::string RenderCommAndPlanner(const TrainMetrics& m) {
+  std::string out;
+  if (!m.comm.empty()) {
+    out += "\ncommunication (last step, rank 0)\n";
+    Table table({"OP", "GROUP", "BYTES", "TIME", "CALLS"}, "  ");
+    for (size_t c = 2; c <= 4; ++c) table.SetRightAligned(c);
+    for (const CommRow& r : m.comm) {
+      table.AddRow(
+          {r.op, r.group, FormatBytes(Bytes(r.bytes)), FormatSeconds(r.seconds), Count(r.calls)});
+    }
+    out += table.Render();
+  }
+  if (!m.planner.empty()) {
+    out += "\nmemory planner (last step, rank 0)\n";
+    Table table({"ACTION", "BYTES"}, "  ");
+    table.SetRightAligned(1);
+    for (const auto& [action, bytes] : m.planner) {
+      table.AddRow({action, FormatBytes(Bytes(bytes))});
+    }
+    out += table.Render();
+  }
+  return out;
+}
+
 }  // namespace
 
-std::optional<TrainMetrics> ParseTrainMetrics(
-    const google::protobuf::Map<std::string, double>& metrics) {
+TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   TrainMetrics m;
-  const std::pair<const char*, std::optional<double> TrainMetrics::*> scalars[] = {
-      {"loss", &TrainMetrics::loss},
-      {"aux_loss", &TrainMetrics::aux_loss},
-      {"tokens", &TrainMetrics::tokens},
-      {"tokens_per_second", &TrainMetrics::tokens_per_second},
-      {"step_seconds", &TrainMetrics::step_seconds},
-      {"forward_backward_seconds", &TrainMetrics::forward_backward_seconds},
-      {"optimizer_seconds", &TrainMetrics::optimizer_seconds},
-      {"checkpoint_seconds", &TrainMetrics::checkpoint_seconds},
-      {"mfu", &TrainMetrics::mfu},
-      {"grad_norm", &TrainMetrics::grad_norm},
-      {"lr", &TrainMetrics::lr},
-      {"dropped_tokens", &TrainMetrics::dropped_tokens},
-      {"activation_peak_bytes", &TrainMetrics::activation_peak_bytes},
-      {"memory_budget_bytes", &TrainMetrics::memory_budget_bytes},
-      {"model_flops", &TrainMetrics::model_flops},
-      {"entropy_floor", &TrainMetrics::entropy_floor},
-      {"imbalance_max", &TrainMetrics::imbalance_max},
-  };
-  for (const auto& [key, field] : scalars) {
-    auto it = metrics.find(key);
-    if (it == metrics.end()) continue;
-    m.*field = it->second;
-    m.keys.insert(key);
-  }
-  // imbalance.<layer> and expert_tokens.<layer>.<expert>; anything else with those prefixes is left
-  // for the generic metrics table.
+  m.loss = t.loss();
+  m.aux_loss = t.aux_loss();
+  m.tokens = static_cast<double>(t.tokens());
+  m.grad_norm = t.grad_norm();
+  m.lr = t.lr();
+  m.dropped_tokens = static_cast<double>(t.dropped_tokens());
+  m.memory_budget_bytes = static_cast<double>(t.memory().budget_bytes());
+  // Zero is "not known" for these: no time measured, no peak FLOPs for the device (MFU), no arena
+  // tracking, no floor for the data, no checkpoint in the step, one process (sync, in flight).
+  auto known = [](double v) { return v > 0 ? std::optional<double>(v) : std::nullopt; };
+  m.tokens_per_second = known(t.tokens_per_second());
+  m.step_seconds = known(t.step_seconds());
+  m.forward_backward_seconds = known(t.forward_backward_seconds());
+  m.optimizer_seconds = known(t.optimizer_seconds());
+  m.sync_seconds = known(t.sync_seconds());
+  m.checkpoint_seconds = known(t.checkpoint_seconds());
+  m.mfu = known(t.mfu());
+  m.model_flops = known(t.model_flops());
+  m.activation_peak_bytes = known(static_cast<double>(t.memory().activation_peak_bytes()));
+  m.pipeline_in_flight = known(static_cast<double>(t.memory().pipeline_in_flight()));
+  m.entropy_floor = known(t.entropy_floor());
   std::map<int, MoeLayerRouting> layers;
-  for (const auto& [key, value] : metrics) {
-    const std::vector<std::string> parts = absl::StrSplit(key, '.');
-    int layer = 0, expert = 0;
-    if (parts.size() == 2 && parts[0] == "imbalance" && absl::SimpleAtoi(parts[1], &layer) &&
-        layer >= 0) {
-      layers[layer].imbalance = value;
-    } else if (parts.size() == 3 && parts[0] == "expert_tokens" &&
-               absl::SimpleAtoi(parts[1], &layer) && layer >= 0 &&
-               absl::SimpleAtoi(parts[2], &expert) && expert >= 0 && expert < (1 << 20)) {
-      auto& tokens = layers[layer].tokens_per_expert;
-      if (tokens.size() <= static_cast<size_t>(expert)) tokens.resize(expert + 1, 0.0);
-      tokens[expert] = value;
-    } else {
-      continue;
-    }
-    m.keys.insert(key);
+  for (const v1::MoeLayerTelemetry& l : t.moe_layers()) {
+    MoeLayerRouting& routing = layers[static_cast<int>(l.layer())];
+    routing.layer = static_cast<int>(l.layer());
+    routing.imbalance = l.imbalance();
+    routing.tokens_per_expert.assign(l.expert_tokens().begin(), l.expert_tokens().end());
+    routing.schedule = v1::MoeLayerScheduleLabel(l.schedule());
+    m.imbalance_max = std::max(m.imbalance_max.value_or(l.imbalance()), l.imbalance());
   }
-  for (auto& [layer, routing] : layers) {
-    routing.layer = layer;
-    m.layers.push_back(std::move(routing));
+  for (auto& [layer, routing] : layers) m.layers.push_back(std::move(routing));
+  for (const v1::CommTelemetry& c : t.comm()) {
+    m.comm.push_back({v1::CollectiveOpLabel(c.op()), v1::ParallelGroupLabel(c.group()),
+                      static_cast<double>(c.bytes()), c.seconds(), static_cast<double>(c.calls())});
   }
-  if (!m.imbalance_max.has_value()) {
-    for (const auto& l : m.layers) {
-      if (l.imbalance) {
-        m.imbalance_max = std::max(m.imbalance_max.value_or(*l.imbalance), *l.imbalance);
-      }
-    }
+  for (const v1::PlannerActionBytes& p : t.planner()) {
+    m.planner.emplace_back(v1::PlannerActionLabel(p.action()), static_cast<double>(p.bytes()));
   }
-  if (m.keys.empty()) return std::nullopt;
   return m;
+}
+
+std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job) {
+  if (!job.has_telemetry()) return std::nullopt;
+  return TrainMetricsOf(job.telemetry());
 }
 
 std::string FormatLoss(const TrainMetrics& m) {
@@ -148,6 +171,7 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
     if (m.forward_backward_seconds) {
       phases.push_back(absl::StrCat("fwd+bwd ", FormatSeconds(*m.forward_backward_seconds)));
     }
+    if (m.sync_seconds) phases.push_back(absl::StrCat("sync ", FormatSeconds(*m.sync_seconds)));
     if (m.optimizer_seconds) {
       phases.push_back(absl::StrCat("optimizer ", FormatSeconds(*m.optimizer_seconds)));
     }
@@ -162,11 +186,18 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   if (m.grad_norm) kv.AddRow({"grad norm", Sig4(*m.grad_norm)});
   if (m.lr) kv.AddRow({"lr", Lr(*m.lr)});
   if (m.activation_peak_bytes) kv.AddRow({"activations", FormatActivationMemory(m)});
+  if (m.pipeline_in_flight) {
+    kv.AddRow({"in flight", absl::StrCat(Count(*m.pipeline_in_flight), " micro-batches (peak)")});
+  }
   if (m.imbalance_max) kv.AddRow({"imbalance", FormatImbalance(m)});
+  if (const std::string schedule = FormatSchedule(m); !schedule.empty()) {
+    kv.AddRow({"schedule", schedule});
+  }
   if (m.dropped_tokens) kv.AddRow({"dropped", Count(*m.dropped_tokens)});
   std::string out = "\ntraining\n";
   const std::string rendered = kv.Render();
   out += rendered.substr(rendered.find('\n') + 1);  // drop the empty header row
+  out += RenderCommAndPlanner(m);
 
   size_t experts = 0;
   for (const auto& l : m.layers) experts = std::max(experts, l.tokens_per_expert.size());

@@ -1,17 +1,15 @@
-// The training telemetry of a `train` job as `status` and `watch` show it. A train rank reports
-// its latest step's figures as JobDetail.metrics (rank 0): loss, aux_loss, tokens,
-// tokens_per_second, step_seconds, forward_backward_seconds, optimizer_seconds, mfu (0..1),
-// grad_norm, lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes (0 = unlimited),
-// model_flops, entropy_floor (Markov data only), imbalance_max, imbalance.<moe_layer> and
-// expert_tokens.<moe_layer>.<expert>. ParseTrainMetrics turns that flat map into a typed view; the
-// rest are pure functions of it (and of the job), so every rendering is testable without a
-// controller. A figure the rank did not report is absent and shown as nothing, never as 0.
+// The training telemetry of a `train` job as `status` and `watch` show it. JobDetail.telemetry is
+// the latest step as rank 0 reported it (furnace.v1.StepTelemetry); TrainMetricsOf turns it into
+// the view the renderings read; they are pure functions of it (and of the job), so every rendering
+// is testable without a controller. A figure that is not known (0 in the message for a time, MFU
+// without the device's peak FLOPs, the activation peak, the entropy floor of data other than the
+// Markov chain) is absent and shown as nothing, never as 0.
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "furnace/v1/controller.pb.h"
@@ -21,22 +19,31 @@ namespace furnace::cli {
 struct MoeLayerRouting {
   int layer = 0;                          // MoE layer index (0 = the first MoE layer)
   std::optional<double> imbalance;        // max / mean tokens per expert
-  std::vector<double> tokens_per_expert;  // [expert]; experts the rank did not report are 0
+  std::vector<double> tokens_per_expert;  // [expert]
+  std::string schedule;                   // "deepspeed" (v1::MoeLayerScheduleLabel)
+};
+
+// One collective on one group of rank 0 in the last step.
+struct CommRow {
+  std::string op, group;  // "all_reduce", "tp" (v1::CollectiveOpLabel, v1::ParallelGroupLabel)
+  double bytes = 0, seconds = 0, calls = 0;
 };
 
 struct TrainMetrics {
   std::optional<double> loss, aux_loss, tokens, tokens_per_second, step_seconds,
-      forward_backward_seconds, optimizer_seconds, checkpoint_seconds, mfu, grad_norm, lr,
-      dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
-      imbalance_max;
-  std::vector<MoeLayerRouting> layers;  // ascending by layer
-  std::set<std::string> keys;           // the metric keys this view consumed
+      forward_backward_seconds, optimizer_seconds, sync_seconds, checkpoint_seconds, mfu, grad_norm,
+      lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
+      imbalance_max, pipeline_in_flight;
+  std::vector<MoeLayerRouting> layers;                  // ascending by layer
+  std::vector<CommRow> comm;                            // as reported
+  std::vector<std::pair<std::string, double>> planner;  // bytes per planner action
 };
 
-// The training view of `metrics`, or nullopt when they hold no training figure (a commcheck job,
-// or a train job before its first step).
-std::optional<TrainMetrics> ParseTrainMetrics(
-    const google::protobuf::Map<std::string, double>& metrics);
+// The training view of a step's telemetry.
+TrainMetrics TrainMetricsOf(const v1::StepTelemetry& telemetry);
+// The training view of the job's latest step, or nullopt when it has none (a commcheck job, or a
+// train job before its first step).
+std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job);
 
 // "2.4512  (entropy floor 2.1000, gap +16.7%)", or just "2.4512" without a floor; "-" without a
 // loss. The gap is (loss - floor) / floor: how far the model is from the best possible loss.
@@ -51,8 +58,10 @@ std::string FormatMfu(const TrainMetrics& m);
 
 // The "training" section of `furnace status`: a key/value block (step, loss, aux loss, tokens per
 // step and per second, step time with its phases, MFU, grad norm, lr, activation memory against
-// the budget, imbalance, dropped tokens) and, when routing was reported, a tokens-per-expert table
-// per MoE layer (each expert up to 16; beyond that, min / mean / max and the busiest expert).
+// the budget, pipeline micro-batches in flight, imbalance, MoE schedule, dropped tokens); when
+// routing was reported, a tokens-per-expert table per MoE layer (each expert up to 16; beyond that,
+// min / mean / max and the busiest expert); when collectives ran, a table of bytes, time and calls
+// per (operation, group) of rank 0; when the memory planner acted, its bytes per action.
 // Starts with a blank line and a heading; empty when `m` is nullopt.
 std::string RenderTrainSection(const v1::JobSummary& summary, const std::optional<TrainMetrics>& m);
 

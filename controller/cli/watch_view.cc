@@ -15,7 +15,6 @@ namespace furnace::cli {
 namespace {
 
 constexpr int kBarWidth = 30;
-constexpr size_t kMaxMetrics = 6;
 
 std::string Restarts(uint32_t n) { return absl::StrCat(n, n == 1 ? " restart" : " restarts"); }
 
@@ -50,7 +49,7 @@ EventKey KeyOf(const v1::JobEvent& e) { return {e.unix_time(), e.kind(), e.messa
 std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width,
                                     double observed_steps_per_second) {
   const v1::JobSummary& s = job.summary();
-  const std::optional<TrainMetrics> train = ParseTrainMetrics(job.metrics());
+  const std::optional<TrainMetrics> train = TrainMetricsOf(job);
   std::vector<std::string> lines;
   std::string head = absl::StrCat("job ", s.job_id());
   if (!s.name().empty()) absl::StrAppend(&head, " ", s.name());
@@ -73,16 +72,6 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
   lines.push_back(job.events().empty() ? std::string("last event: -")
                                        : absl::StrCat("last event: ",
                                                       EventText(*job.events().rbegin())));
-  if (!train && !job.metrics().empty()) {
-    std::map<std::string, double> sorted(job.metrics().begin(), job.metrics().end());
-    std::string line = "metrics:";
-    size_t n = 0;
-    for (const auto& [key, value] : sorted) {
-      if (n++ == kMaxMetrics) break;
-      absl::StrAppend(&line, " ", key, "=", FormatMetric(value));
-    }
-    lines.push_back(line);
-  }
   // The largest size per collective is the figure of merit of a sweep.
   std::map<std::string, const v1::CommResult*> largest;
   for (const auto& r : job.comm()) {
@@ -133,7 +122,7 @@ std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
   if (changed) {
     const double t = s.updated_unix() > 0 ? s.updated_unix() : s.submitted_unix();
     std::string line = absl::StrCat(FormatClock(t), " job ", s.job_id(), " ", StatusLine(s));
-    if (auto train = ParseTrainMetrics(current.metrics())) line += TrainPlainSuffix(*train);
+    if (auto train = TrainMetricsOf(current)) line += TrainPlainSuffix(*train);
     lines.push_back(std::move(line));
   }
   // The controller may send only the latest events, so "new" means not in the previous reply
@@ -159,7 +148,7 @@ std::string WatchSummary(const v1::JobDetail& job, double now_unix) {
                                   FormatDuration(Elapsed(s, now_unix)), " (attempt ", s.attempt(),
                                   ", ", Restarts(s.restarts()), ")");
   absl::StrAppend(&line, ", step ", FormatProgress(s.step(), s.total_steps()));
-  if (auto train = ParseTrainMetrics(job.metrics()); train && train->loss) {
+  if (auto train = TrainMetricsOf(job); train && train->loss) {
     absl::StrAppend(&line, ", loss ", absl::StrFormat("%.4f", *train->loss));
   }
   if (!s.cause().empty()) absl::StrAppend(&line, ": ", s.cause());

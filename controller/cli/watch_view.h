@@ -16,8 +16,8 @@ namespace furnace::cli {
 // elapsed time, the last event, and the latest commcheck row per collective. A train job adds an
 // ETA to the progress line (EstimateEtaSeconds from `observed_steps_per_second`, 0 when not yet
 // measured) and two lines of training figures (loss, tokens/s, MFU; imbalance, dropped tokens,
-// memory against the budget); any other job shows its first metrics. Each line is cut to `width`
-// columns so the terminal never wraps (which would break the redraw).
+// memory against the budget). Each line is cut to `width` columns so the terminal never wraps
+// (which would break the redraw).
 std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, int width,
                                     double observed_steps_per_second = 0);
 

@@ -89,7 +89,7 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
   ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));
   for (auto& c : comm) *detail.add_comm() = std::move(c);
   ASSIGN_OR_RETURN(auto latest, store_->LatestRecord(job_id, 0));
-  if (latest) detail.mutable_metrics()->insert(latest->metrics().begin(), latest->metrics().end());
+  if (latest && latest->has_train()) *detail.mutable_telemetry() = latest->train();
   return detail;
 }
 
@@ -231,7 +231,7 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       records.push_back(rec);
       if (!jobs_.NoteProgress(*job, rec)) continue;
       touched.insert(rec.job_id());
-      if (rec.metrics_size() > 0 && rec.metrics().count("step_seconds")) {
+      if (rec.has_train()) {
         telemetry_.Accumulate(rec.job_id(), job->summary.world_size(), rec);
       }
     }

@@ -1,8 +1,8 @@
 #include "controller/service/telemetry_aggregator.h"
 
 #include <algorithm>
-#include <cstdio>
 
+#include "proto/furnace/v1/telemetry_labels.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -29,41 +29,45 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     return;  // already aggregated (a straggler or a re-sent batch)
   }
   PendingStep& p = job.pending_steps[key];
-  const auto& m = rec.metrics();
-  auto get = [&](const char* name) {
-    auto it = m.find(name);
-    return it == m.end() ? 0.0 : it->second;
-  };
+  const v1::StepTelemetry& t = rec.train();
   v1::StepRecord& r = p.record;
   r.set_attempt(rec.attempt());
   r.set_step(rec.step());
   r.set_unix_time(std::max(r.unix_time(), rec.unix_time()));
-  if (m.count("loss")) {
-    p.loss_sum += get("loss");
-    p.aux_sum += get("aux_loss");
-    ++p.loss_n;
-  }
-  p.mfu_sum += get("mfu");
-  p.grad_norm_sum += get("grad_norm");
-  r.set_tokens(r.tokens() + get("tokens"));
-  r.set_step_seconds(std::max(r.step_seconds(), get("step_seconds")));
-  r.set_activation_peak_bytes(std::max(r.activation_peak_bytes(), get("activation_peak_bytes")));
-  r.set_memory_budget_bytes(get("memory_budget_bytes"));
-  r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), get("checkpoint_seconds")));
-  r.set_lr(get("lr"));
-  for (const auto& [name, value] : m) {
-    unsigned layer = 0, expert = 0;
-    int consumed = 0;
-    if (sscanf(name.c_str(), "expert_tokens.%u.%u%n", &layer, &expert, &consumed) == 2 &&
-        consumed == static_cast<int>(name.size()) && layer < 4096 && expert < 65536) {
-      if (p.expert_tokens.size() <= layer) p.expert_tokens.resize(layer + 1);
-      if (p.expert_tokens[layer].size() <= expert) p.expert_tokens[layer].resize(expert + 1);
-      p.expert_tokens[layer][expert] += value;
-    } else if (name.rfind("planner_bytes.", 0) == 0) {
-      (*r.mutable_planner_bytes())[name.substr(14)] += value;
-    } else if (name.rfind("comm_bytes.", 0) == 0) {
-      (*r.mutable_comm_bytes())[name.substr(11)] += value;
+  p.loss_sum += t.loss();
+  p.aux_sum += t.aux_loss();
+  ++p.loss_n;
+  p.mfu_sum += t.mfu();
+  p.grad_norm_sum += t.grad_norm();
+  r.set_tokens(r.tokens() + static_cast<double>(t.tokens()));
+  r.set_step_seconds(std::max(r.step_seconds(), t.step_seconds()));
+  r.set_activation_peak_bytes(
+      std::max(r.activation_peak_bytes(), static_cast<double>(t.memory().activation_peak_bytes())));
+  r.set_memory_budget_bytes(static_cast<double>(t.memory().budget_bytes()));
+  r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
+  r.set_lr(t.lr());
+  for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
+    constexpr uint32_t kMaxLayers = 4096, kMaxExperts = 65536;  // a bound against a bad record
+    if (layer.layer() >= kMaxLayers || layer.expert_tokens_size() > static_cast<int>(kMaxExperts)) {
+      continue;
     }
+    if (p.expert_tokens.size() <= layer.layer()) p.expert_tokens.resize(layer.layer() + 1);
+    std::vector<double>& sum = p.expert_tokens[layer.layer()];
+    if (sum.size() < static_cast<size_t>(layer.expert_tokens_size())) {
+      sum.resize(layer.expert_tokens_size());
+    }
+    for (int e = 0; e < layer.expert_tokens_size(); ++e) {
+      sum[e] += static_cast<double>(layer.expert_tokens(e));
+    }
+  }
+  for (const v1::PlannerActionBytes& a : t.planner()) p.planner[a.action()] += a.bytes();
+  for (const v1::CommTelemetry& c : t.comm()) {
+    v1::CommTelemetry& sum = p.comm[{c.op(), c.group()}];
+    sum.set_op(c.op());
+    sum.set_group(c.group());
+    sum.set_bytes(sum.bytes() + c.bytes());
+    sum.set_seconds(sum.seconds() + c.seconds());
+    sum.set_calls(sum.calls() + c.calls());
   }
   ++p.ranks;
   if (p.ranks >= world_size) {
@@ -94,6 +98,12 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
     const double mean = layer.empty() ? 0 : sum / layer.size();
     r.add_imbalance(mean > 0 ? max / mean : 0);
   }
+  for (const auto& [action, bytes] : p.planner) {
+    v1::PlannerActionBytes* a = r.add_planner();
+    a->set_action(static_cast<v1::PlannerAction>(action));
+    a->set_bytes(bytes);
+  }
+  for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
   if (absl::Status s = store_.PutStep(job_id, r); !s.ok()) {
     spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
   }
@@ -105,8 +115,13 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
   job.has_step = true;
   job.last_step = r;
   job.tokens_total += r.tokens();
-  for (const auto& [k, v] : r.planner_bytes()) job.planner_total[k] += v;
-  for (const auto& [k, v] : r.comm_bytes()) job.comm_total[k] += v;
+  // The Prometheus series are by action and by collective (over all groups).
+  for (const auto& a : r.planner()) {
+    job.planner_total[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
+  }
+  for (const auto& c : r.comm()) {
+    job.comm_total[v1::CollectiveOpLabel(c.op())] += static_cast<double>(c.bytes());
+  }
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
 }
 

@@ -1,6 +1,6 @@
-// TelemetryAggregator: turns the per-rank telemetry records of a job into one StepRecord per
-// training step (once every rank of the attempt reported it), keeps the job's running totals for
-// monitoring, and writes raw records and steps to the JobStore.
+// TelemetryAggregator: turns the per-rank telemetry records of a job (their typed StepTelemetry)
+// into one StepRecord per training step (once every rank of the attempt reported it), keeps the
+// job's running totals for monitoring, and writes raw records and steps to the JobStore.
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, checkpoint seconds); the counters of records
@@ -58,12 +58,16 @@ class TelemetryAggregator {
     double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
     uint32_t loss_n = 0;
     std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed
+    std::map<int, uint64_t> planner;                 // v1::PlannerAction -> bytes, summed
+    // (v1::CollectiveOp, v1::ParallelGroup) -> bytes, seconds and calls summed over ranks.
+    std::map<std::pair<int, int>, furnace::v1::CommTelemetry> comm;
   };
   struct JobSteps {
     std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
     bool has_step = false;
     furnace::v1::StepRecord last_step;
     double tokens_total = 0;
+    // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
     std::map<std::string, double> planner_total, comm_total;
     double last_checkpoint_s = -1;
     uint64_t records_since_trim = 0;

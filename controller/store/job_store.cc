@@ -287,8 +287,8 @@ absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std:
 absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
     const std::string& job_id, uint32_t rank) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  // The newest record that carries metrics (the very last ones, "done" or a failure message,
-  // usually carry none); a few dozen rows back at most.
+  // The newest record that carries a step's telemetry (the very last ones, "done" or a failure
+  // message, usually carry none); a few dozen rows back at most.
   Statement q(db_,
               "SELECT record FROM telemetry WHERE job_id = ?1 AND rank = ?2 "
               "ORDER BY id DESC LIMIT 64");
@@ -299,7 +299,7 @@ absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
     if (!row) break;
     ASSIGN_OR_RETURN(auto record, Parse<v1::TelemetryRecord>(q.Blob(0), "telemetry"));
     if (!newest) newest = record;
-    if (record.metrics_size() > 0) return std::optional<v1::TelemetryRecord>(std::move(record));
+    if (record.has_train()) return std::optional<v1::TelemetryRecord>(std::move(record));
   }
   return newest;
 }

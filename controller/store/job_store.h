@@ -87,7 +87,8 @@ class JobStore {
   // Retention of raw per-rank records: keeps the newest `keep` of a job.
   absl::Status TrimTelemetry(const std::string& job_id, int keep);
 
-  // The newest record of a rank that carries metrics (else the newest record; empty when none).
+  // The newest record of a rank that carries step telemetry (else the newest record; empty when
+  // none).
   absl::StatusOr<std::optional<furnace::v1::TelemetryRecord>> LatestRecord(
       const std::string& job_id, uint32_t rank);
 

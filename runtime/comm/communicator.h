@@ -21,7 +21,9 @@
 //       included); broadcast: the message size (on every rank); send: the bytes sent; recv: the
 //       bytes received; barrier: 0 (calls are counted).
 //     So per step the counts are a pure function of shapes and routing, and tests compare them
-//     with the analytical count exactly.
+//     with the analytical count exactly. Each successful call also adds its wall time on this
+//     rank (from entry to return: waiting for the peers included; for NCCL, the time to enqueue
+//     the operation on the stream, not its execution).
 //
 // Thread-safety: one thread at a time per Communicator (the rank's compute thread); counters()
 // may be read from any thread. Sends are buffered: Send copies the payload and returns; the bytes
@@ -31,6 +33,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -54,12 +57,14 @@ inline constexpr int kNumCollectiveOps = 8;
 // "barrier": the label values of furnace_comm_bytes_total.
 const char* CollectiveOpName(CollectiveOp op);
 
-// Bytes and calls per collective. Relaxed atomics: exact once the calls have returned.
+// Bytes, calls and wall time per collective. Relaxed atomics: exact once the calls have returned.
 class CommCounters {
  public:
-  void Add(CollectiveOp op, int64_t bytes) {
+  void Add(CollectiveOp op, int64_t bytes, double seconds) {
     bytes_[static_cast<int>(op)].fetch_add(bytes, std::memory_order_relaxed);
     calls_[static_cast<int>(op)].fetch_add(1, std::memory_order_relaxed);
+    nanos_[static_cast<int>(op)].fetch_add(static_cast<int64_t>(seconds * 1e9),
+                                           std::memory_order_relaxed);
   }
   int64_t bytes(CollectiveOp op) const {
     return bytes_[static_cast<int>(op)].load(std::memory_order_relaxed);
@@ -67,14 +72,31 @@ class CommCounters {
   int64_t calls(CollectiveOp op) const {
     return calls_[static_cast<int>(op)].load(std::memory_order_relaxed);
   }
+  double seconds(CollectiveOp op) const {
+    return nanos_[static_cast<int>(op)].load(std::memory_order_relaxed) * 1e-9;
+  }
   void Reset() {
     for (auto& b : bytes_) b.store(0);
     for (auto& c : calls_) c.store(0);
+    for (auto& n : nanos_) n.store(0);
   }
 
  private:
   std::array<std::atomic<int64_t>, kNumCollectiveOps> bytes_{};
   std::array<std::atomic<int64_t>, kNumCollectiveOps> calls_{};
+  std::array<std::atomic<int64_t>, kNumCollectiveOps> nanos_{};
+};
+
+// The wall time of one call for CommCounters::Add: constructed at the top of the call.
+class CallTimer {
+ public:
+  CallTimer() : start_(std::chrono::steady_clock::now()) {}
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
 };
 
 class Communicator {

@@ -50,6 +50,7 @@ class GlooCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
 
   absl::Status AllReduce(float* data, int64_t count) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
     if (size_ > 1 && count > 0) {
@@ -63,7 +64,7 @@ class GlooCommunicator final : public Communicator {
         gloo::allreduce(opts);
       }));
     }
-    counters_.Add(CollectiveOp::kAllReduce, count * 4);
+    counters_.Add(CollectiveOp::kAllReduce, count * 4, timer.Seconds());
     return absl::OkStatus();
   }
 
@@ -82,6 +83,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
     if (bytes_per_rank > 0) {
@@ -98,12 +100,13 @@ class GlooCommunicator final : public Communicator {
         }));
       }
     }
-    counters_.Add(CollectiveOp::kAllGather, bytes_per_rank);
+    counters_.Add(CollectiveOp::kAllGather, bytes_per_rank, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(
         CheckArgs("all_gather", CheckAllGatherVArgs(in, in_bytes, out, recv_bytes, rank_, size_)));
@@ -123,22 +126,24 @@ class GlooCommunicator final : public Communicator {
         }));
       }
     }
-    counters_.Add(CollectiveOp::kAllGather, in_bytes);
+    counters_.Add(CollectiveOp::kAllGather, in_bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(
         CheckArgs("all_to_all", CheckAllToAllVArgs(in, send_bytes, out, recv_bytes, rank_, size_)));
     const int64_t sent = Sum(send_bytes);
     RETURN_IF_ERROR(AllToAllBytes("all_to_all", in, send_bytes, out, recv_bytes));
-    counters_.Add(CollectiveOp::kAllToAll, sent);
+    counters_.Add(CollectiveOp::kAllToAll, sent, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size_)));
     if (size_ > 1 && bytes > 0) {
@@ -151,11 +156,12 @@ class GlooCommunicator final : public Communicator {
         gloo::broadcast(opts);
       }));
     }
-    counters_.Add(CollectiveOp::kBroadcast, bytes);
+    counters_.Add(CollectiveOp::kBroadcast, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, size_)));
     std::vector<char> copy(static_cast<const char*>(data),
@@ -173,11 +179,12 @@ class GlooCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(mu_);
       sends_.push_back(std::move(send));
     }
-    counters_.Add(CollectiveOp::kSend, bytes);
+    counters_.Add(CollectiveOp::kSend, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, size_)));
     if (peer == rank_) {
@@ -203,7 +210,7 @@ class GlooCommunicator final : public Communicator {
       if (!status.ok()) return Fail(status);
       if (!completed) return AsyncError();  // only Abort makes waitRecv return false
     }
-    counters_.Add(CollectiveOp::kRecv, bytes);
+    counters_.Add(CollectiveOp::kRecv, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
@@ -233,6 +240,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
+    const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     if (size_ > 1) {
       RETURN_IF_ERROR(RunGloo("barrier", -1, [&] {
@@ -242,7 +250,7 @@ class GlooCommunicator final : public Communicator {
         gloo::barrier(opts);
       }));
     }
-    counters_.Add(CollectiveOp::kBarrier, 0);
+    counters_.Add(CollectiveOp::kBarrier, 0, timer.Seconds());
     return absl::OkStatus();
   }
 
@@ -307,6 +315,7 @@ class GlooCommunicator final : public Communicator {
 
   // `counts` already checked.
   absl::Status ReduceScatterImpl(const float* in, float* out, const std::vector<int64_t>& counts) {
+    const CallTimer timer;
     const int64_t mine = counts[rank_];
     const int64_t total = Sum(counts);
     if (size_ == 1) {
@@ -323,7 +332,7 @@ class GlooCommunicator final : public Communicator {
         for (int64_t i = 0; i < mine; ++i) out[i] += chunk[i];
       }
     }
-    counters_.Add(CollectiveOp::kReduceScatter, total * 4);
+    counters_.Add(CollectiveOp::kReduceScatter, total * 4, timer.Seconds());
     return absl::OkStatus();
   }
 

@@ -258,6 +258,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const CallTimer timer;
     State& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.error.ok()) return s.error;
@@ -270,11 +271,12 @@ class LocalCommunicator final : public Communicator {
     Append(&message, data, bytes);
     s.mailboxes[{rank_, peer, tag}].push_back(std::move(message));
     s.cv.notify_all();
-    counters_.Add(CollectiveOp::kSend, bytes);
+    counters_.Add(CollectiveOp::kSend, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const CallTimer timer;
     State& s = *state_;
     const auto deadline = SteadyClock::now() + s.timeout;
     std::unique_lock<std::mutex> lock(s.mu);
@@ -300,7 +302,7 @@ class LocalCommunicator final : public Communicator {
                        tag, ", the message has ", message.size())));
     }
     if (bytes > 0) std::memcpy(data, message.data(), bytes);
-    counters_.Add(CollectiveOp::kRecv, bytes);
+    counters_.Add(CollectiveOp::kRecv, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
@@ -332,6 +334,7 @@ class LocalCommunicator final : public Communicator {
   // The protocol of the header: entry barrier, agreement check, compute, exit barrier, copy out.
   absl::Status Collective(const Slot& mine, void* out, int64_t counted_bytes,
                           const Compute& compute) {
+    const CallTimer timer;
     State& s = *state_;
     const KindInfo info = Info(mine.kind);
     const auto deadline = SteadyClock::now() + s.timeout;
@@ -346,7 +349,7 @@ class LocalCommunicator final : public Communicator {
     if (!agreed.ok()) return s.Fail(std::move(agreed));
     lock.unlock();
     if (!result.empty()) std::memcpy(out, result.data(), result.size());
-    counters_.Add(info.op, counted_bytes);
+    counters_.Add(info.op, counted_bytes, timer.Seconds());
     return absl::OkStatus();
   }
 

@@ -115,6 +115,7 @@ class NcclCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
 
   absl::Status AllReduce(float* data, int64_t count) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("all_reduce"));
     RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
     if (count > 0) {
@@ -122,11 +123,12 @@ class NcclCommunicator final : public Communicator {
         return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm, stream_);
       }));
     }
-    counters_.Add(CollectiveOp::kAllReduce, count * 4);
+    counters_.Add(CollectiveOp::kAllReduce, count * 4, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("reduce_scatter"));
     RETURN_IF_ERROR(CheckArgs("reduce_scatter", CheckReduceScatterArgs(in, out, count_per_rank)));
     if (count_per_rank > 0) {
@@ -134,13 +136,14 @@ class NcclCommunicator final : public Communicator {
         return ncclReduceScatter(in, out, count_per_rank, ncclFloat32, ncclSum, comm, stream_);
       }));
     }
-    counters_.Add(CollectiveOp::kReduceScatter, count_per_rank * size_ * 4);
+    counters_.Add(CollectiveOp::kReduceScatter, count_per_rank * size_ * 4, timer.Seconds());
     return absl::OkStatus();
   }
 
   // Pads every chunk to the largest count, reduce-scatters, and copies this rank's part out.
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("reduce_scatter"));
     RETURN_IF_ERROR(
         CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
@@ -174,11 +177,12 @@ class NcclCommunicator final : public Communicator {
       cudaFreeAsync(padded, stream_);
       RETURN_IF_ERROR(status);
     }
-    counters_.Add(CollectiveOp::kReduceScatter, total * 4);
+    counters_.Add(CollectiveOp::kReduceScatter, total * 4, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("all_gather"));
     RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
     if (bytes_per_rank > 0) {
@@ -186,13 +190,14 @@ class NcclCommunicator final : public Communicator {
         return ncclAllGather(in, out, bytes_per_rank, ncclUint8, comm, stream_);
       }));
     }
-    counters_.Add(CollectiveOp::kAllGather, bytes_per_rank);
+    counters_.Add(CollectiveOp::kAllGather, bytes_per_rank, timer.Seconds());
     return absl::OkStatus();
   }
 
   // One broadcast per rank with something to contribute, in one group.
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("all_gather"));
     RETURN_IF_ERROR(
         CheckArgs("all_gather", CheckAllGatherVArgs(in, in_bytes, out, recv_bytes, rank_, size_)));
@@ -212,12 +217,13 @@ class NcclCommunicator final : public Communicator {
         });
       }));
     }
-    counters_.Add(CollectiveOp::kAllGather, in_bytes);
+    counters_.Add(CollectiveOp::kAllGather, in_bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("all_to_all"));
     RETURN_IF_ERROR(
         CheckArgs("all_to_all", CheckAllToAllVArgs(in, send_bytes, out, recv_bytes, rank_, size_)));
@@ -249,11 +255,12 @@ class NcclCommunicator final : public Communicator {
         return ncclSuccess;
       });
     }));
-    counters_.Add(CollectiveOp::kAllToAll, sent);
+    counters_.Add(CollectiveOp::kAllToAll, sent, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("broadcast"));
     RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size_)));
     if (bytes > 0) {
@@ -261,11 +268,12 @@ class NcclCommunicator final : public Communicator {
         return ncclBroadcast(data, data, bytes, ncclUint8, root, comm, stream_);
       }));
     }
-    counters_.Add(CollectiveOp::kBroadcast, bytes);
+    counters_.Add(CollectiveOp::kBroadcast, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t /*tag*/) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("send", /*flush=*/false));
     RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, size_)));
     if (bytes > 0) {
@@ -275,17 +283,18 @@ class NcclCommunicator final : public Communicator {
       RETURN_IF_ERROR(
           Cuda("send", cudaMemcpyAsync(send.data, data, bytes, cudaMemcpyDeviceToDevice, stream_)));
     }
-    counters_.Add(CollectiveOp::kSend, bytes);
+    counters_.Add(CollectiveOp::kSend, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t /*tag*/) override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("recv", /*flush=*/false));
     RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, size_)));
     RETURN_IF_ERROR(PostSends("recv", [&](ncclComm_t comm) {
       return bytes > 0 ? ncclRecv(data, bytes, ncclUint8, peer, comm, stream_) : ncclSuccess;
     }));
-    counters_.Add(CollectiveOp::kRecv, bytes);
+    counters_.Add(CollectiveOp::kRecv, bytes, timer.Seconds());
     return absl::OkStatus();
   }
 
@@ -295,13 +304,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
+    const CallTimer timer;
     RETURN_IF_ERROR(Begin("barrier"));
     RETURN_IF_ERROR(Enqueue("barrier", [&](ncclComm_t comm) {
       return ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm,
                            stream_);
     }));
     RETURN_IF_ERROR(WaitStream("barrier"));
-    counters_.Add(CollectiveOp::kBarrier, 0);
+    counters_.Add(CollectiveOp::kBarrier, 0, timer.Seconds());
     return absl::OkStatus();
   }
 

@@ -22,11 +22,18 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
 
 namespace furnace::train {
+
+// A group this rank belongs to and its role: "world" or a topology::GroupKindName ("tp", ...).
+struct RankGroup {
+  std::string kind;
+  comm::Communicator* comm = nullptr;
+};
 
 struct ParallelRuntime {
   int world = 1, world_rank = 0;
@@ -39,8 +46,8 @@ struct ParallelRuntime {
   comm::Communicator* expert_data = nullptr;
   comm::Communicator* pipeline = nullptr;
   comm::Communicator* embedding = nullptr;
-  // Every group this rank uses, the model's included: their byte counters feed the telemetry.
-  std::vector<comm::Communicator*> all_groups;
+  // Every group this rank uses, the model's included: their counters feed the telemetry.
+  std::vector<RankGroup> all_groups;
   int64_t bucket_bytes = int64_t{4} << 20;
 
   bool first_stage() const { return stage == 0; }

@@ -91,11 +91,14 @@ absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topo
   p.expert_data = layout->edp.get();
   p.pipeline = layout->pp.get();
   p.embedding = layout->embedding.get();
-  for (comm::Communicator* c : {layout->world.get(), layout->tp.get(), layout->dp.get(),
-                                layout->pp.get(), layout->ep.get(), layout->esp.get(),
-                                layout->edp.get(), layout->embedding.get()}) {
-    p.all_groups.push_back(c);
-  }
+  p.all_groups = {{"world", layout->world.get()},
+                  {GroupKindName(GroupKind::kTensor), layout->tp.get()},
+                  {GroupKindName(GroupKind::kData), layout->dp.get()},
+                  {GroupKindName(GroupKind::kPipeline), layout->pp.get()},
+                  {GroupKindName(GroupKind::kExpert), layout->ep.get()},
+                  {GroupKindName(GroupKind::kExpertShard), layout->esp.get()},
+                  {GroupKindName(GroupKind::kExpertData), layout->edp.get()},
+                  {GroupKindName(GroupKind::kEmbedding), layout->embedding.get()}};
   return layout;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/base/clock.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/data/sampler.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
@@ -43,6 +44,16 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
 };
 
+// One collective on one of this rank's groups over one step (runtime/comm/communicator.h has what
+// the bytes count).
+struct CommStats {
+  std::string group;  // RankGroup::kind
+  comm::CollectiveOp op = comm::CollectiveOp::kAllReduce;
+  int64_t bytes = 0;
+  int64_t calls = 0;
+  double seconds = 0;  // wall time of the calls
+};
+
 struct StepStats {
   int64_t step = 0;     // 0-based index of the step just completed
   double loss = 0;      // mean token cross-entropy over the step's micro-batches
@@ -66,7 +77,7 @@ struct StepStats {
   // mfu per device), and these are this rank's.
   double sync_seconds = 0;  // gradient reductions, norm and statistics after the micro-batches
   int in_flight_peak = 0;   // most micro-batches holding activations at once (1F1B)
-  std::vector<int64_t> comm_bytes;  // [comm::CollectiveOp] bytes this step, all groups
+  std::vector<CommStats> comm;  // per (group, op) with calls this step, in all_groups order
 };
 
 // max / mean of routed tokens per expert (0 when no token was routed).

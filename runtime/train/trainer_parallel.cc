@@ -96,6 +96,20 @@ absl::Status AgreeOnStatus(comm::Communicator* group, const absl::Status& mine) 
   return absl::OkStatus();
 }
 
+// The counters of every group and op so far (a step's numbers are the difference).
+std::vector<CommStats> CommTotals(const ParallelRuntime& P) {
+  std::vector<CommStats> totals;
+  totals.reserve(P.all_groups.size() * comm::kNumCollectiveOps);
+  for (const RankGroup& g : P.all_groups) {
+    for (int i = 0; i < comm::kNumCollectiveOps; ++i) {
+      const auto op = static_cast<comm::CollectiveOp>(i);
+      const comm::CommCounters& c = g.comm->counters();
+      totals.push_back({g.kind, op, c.bytes(op), c.calls(op), c.seconds(op)});
+    }
+  }
+  return totals;
+}
+
 }  // namespace
 
 absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult>& results) {
@@ -239,12 +253,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   StepStats stats;
   stats.step = step_;
   stats.tokens = static_cast<int64_t>(tokens);
-  std::vector<int64_t> bytes_before(comm::kNumCollectiveOps, 0);
-  for (comm::Communicator* c : P.all_groups) {
-    for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
-      bytes_before[op] += c->counters().bytes(static_cast<comm::CollectiveOp>(op));
-    }
-  }
+  const std::vector<CommStats> comm_before = CommTotals(P);
 
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
@@ -269,13 +278,14 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.optimizer_seconds = t3 - t2;
   stats.step_seconds = t3 - t0;
   FinishStats(stats, tokens, P.world);
-  stats.comm_bytes.assign(comm::kNumCollectiveOps, 0);
-  for (comm::Communicator* c : P.all_groups) {
-    for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
-      stats.comm_bytes[op] += c->counters().bytes(static_cast<comm::CollectiveOp>(op));
-    }
+  const std::vector<CommStats> comm_after = CommTotals(P);
+  for (size_t i = 0; i < comm_after.size(); ++i) {
+    CommStats d = comm_after[i];
+    d.bytes -= comm_before[i].bytes;
+    d.calls -= comm_before[i].calls;
+    d.seconds -= comm_before[i].seconds;
+    if (d.calls > 0) stats.comm.push_back(std::move(d));
   }
-  for (int op = 0; op < comm::kNumCollectiveOps; ++op) stats.comm_bytes[op] -= bytes_before[op];
   ++step_;
   return stats;
 }

@@ -172,9 +172,9 @@ class PrometheusTest(harness.ClusterTest):
         # job reported for it.
         d = c.wait_state(job, harness.FINAL, timeout=300)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
-        m = d["metrics"]
-        layers = sorted(int(k.split(".")[1]) for k in m if k.startswith("imbalance.")
-                        and k.split(".")[1].isdigit())
+        m = d["telemetry"]
+        imbalance = {int(l["layer"]): l["imbalance"] for l in m["moe_layers"]}
+        layers = sorted(imbalance)
         self.assertEqual(layers, [0, 1, 2, 3], m)
         self.promtool_check(self.scrape())
 
@@ -188,7 +188,7 @@ class PrometheusTest(harness.ClusterTest):
                    "succeeded": [v for _, v in state]}
             ok = (len(mfu) == 1 and math.isclose(mfu[0][1], m["mfu"], rel_tol=1e-6)
                   and sorted(imb) == layers
-                  and all(math.isclose(imb[l], m[f"imbalance.{l}"], rel_tol=1e-6)
+                  and all(math.isclose(imb[l], imbalance[l], rel_tol=1e-6)
                           for l in layers)
                   and got["step"] == [STEPS] and got["succeeded"] == [1])
             seen.append(got)
@@ -201,7 +201,7 @@ class PrometheusTest(harness.ClusterTest):
                       timeout=20)
         except AssertionError as e:
             want = {"mfu": m["mfu"], "step": STEPS,
-                    "imbalance": {l: m[f"imbalance.{l}"] for l in layers}}
+                    "imbalance": {l: imbalance[l] for l in layers}}
             raise AssertionError(f"{e}\nPrometheus has: {seen[-1:]}\n"
                                  f"furnace status has: {want}") from None
 

@@ -73,7 +73,7 @@ class TrainTest(harness.ClusterTest):
             self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
         self.assertEqual(a["wte"][1], (64, 64))
         # The run learned: the last reported loss is near the Markov chain's entropy floor.
-        m = r["metrics"]
+        m = r["telemetry"]
         self.assertLess(m["loss"], 1.25 * m["entropy_floor"], m)
 
     def test_bad_token_file_fails_at_once_with_the_reason(self):

@@ -58,6 +58,18 @@ class TrainParallelTest(harness.ClusterTest):
                     f'op="{op}"' in x]
             self.assertEqual(len(line), 1, op)
             self.assertGreater(float(line[0].split()[-1]), 0, line[0])
+        # Rank 0's last step has bytes, time and calls per (collective, group): the first stage
+        # sends activations over its pipeline group, the experts' tokens go over ep, and the
+        # tensor-parallel sums over tp.
+        comm = {(x["op"], x["group"]): x for x in r["telemetry"]["comm"]}
+        for key in (("COLLECTIVE_OP_SEND", "PARALLEL_GROUP_PP"),
+                    ("COLLECTIVE_OP_ALL_TO_ALL", "PARALLEL_GROUP_EP"),
+                    ("COLLECTIVE_OP_ALL_REDUCE", "PARALLEL_GROUP_TP")):
+            self.assertIn(key, comm, sorted(comm))
+            self.assertGreater(int(comm[key]["bytes"]), 0, comm[key])
+            self.assertGreater(comm[key]["seconds"], 0, comm[key])
+            self.assertGreater(int(comm[key]["calls"]), 0, comm[key])
+        self.assertNotIn("PARALLEL_GROUP_UNSPECIFIED", {g for _, g in comm}, sorted(comm))
 
         victim = c.submit(c.write_job("victim.yaml", layout_job("victim", victim_dir)))
         d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and

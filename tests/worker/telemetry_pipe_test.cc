@@ -18,7 +18,7 @@ furnace::v1::TelemetryRecord MakeRecord(uint64_t step, size_t message_bytes = 0)
   record.set_step(step);
   record.set_phase("running");
   record.set_message(std::string(message_bytes, 'm'));
-  (*record.mutable_metrics())["loss"] = 1.5;
+  record.mutable_train()->set_loss(1.5);
   return record;
 }
 
@@ -44,7 +44,7 @@ TEST(TelemetryPipeTest, RoundTripByteByByte) {
   EXPECT_EQ(got[0].step(), 1u);
   EXPECT_EQ(got[1].message().size(), 300u);
   EXPECT_EQ(got[2].message().size(), 20000u);
-  EXPECT_EQ(got[2].metrics().at("loss"), 1.5);
+  EXPECT_EQ(got[2].train().loss(), 1.5);
   EXPECT_EQ(decoder.pending_bytes(), 0u);
 }
 

@@ -53,30 +53,30 @@ inline v1::JobDetail MakeTrainJob(v1::JobState state = v1::JOB_RUNNING) {
   v1::JobDetail job = MakeJob(state, 1, 50, 100);
   job.mutable_summary()->set_name("tiny");
   job.mutable_summary()->set_kind("train");
-  auto& m = *job.mutable_metrics();
-  m["loss"] = 2.4512;
-  m["aux_loss"] = 0.0123;
-  m["tokens"] = 8192;
-  m["tokens_per_second"] = 12345;
-  m["step_seconds"] = 0.25;
-  m["forward_backward_seconds"] = 0.2;
-  m["optimizer_seconds"] = 0.03;
-  m["mfu"] = 0.034;
-  m["grad_norm"] = 1.25;
-  m["lr"] = 3e-4;
-  m["dropped_tokens"] = 12;
-  m["activation_peak_bytes"] = 14050918;  // 13.4 MiB
-  m["memory_budget_bytes"] = 64 << 20;
-  m["model_flops"] = 1e12;
-  m["entropy_floor"] = 2.1;
-  m["imbalance_max"] = 1.34;
-  m["imbalance.0"] = 1.34;
-  m["imbalance.1"] = 1.12;
-  const double tokens[2][4] = {{700, 500, 400, 448}, {560, 512, 500, 476}};
+  v1::StepTelemetry& t = *job.mutable_telemetry();
+  t.set_loss(2.4512);
+  t.set_aux_loss(0.0123);
+  t.set_tokens(8192);
+  t.set_tokens_per_second(12345);
+  t.set_step_seconds(0.25);
+  t.set_forward_backward_seconds(0.2);
+  t.set_optimizer_seconds(0.03);
+  t.set_mfu(0.034);
+  t.set_grad_norm(1.25);
+  t.set_lr(3e-4);
+  t.set_dropped_tokens(12);
+  t.mutable_memory()->set_activation_peak_bytes(14050918);  // 13.4 MiB
+  t.mutable_memory()->set_budget_bytes(64 << 20);
+  t.set_model_flops(1e12);
+  t.set_entropy_floor(2.1);
+  const double imbalance[2] = {1.34, 1.12};
+  const uint64_t tokens[2][4] = {{700, 500, 400, 448}, {560, 512, 500, 476}};
   for (int l = 0; l < 2; ++l) {
-    for (int e = 0; e < 4; ++e) {
-      m["expert_tokens." + std::to_string(l) + "." + std::to_string(e)] = tokens[l][e];
-    }
+    v1::MoeLayerTelemetry* layer = t.add_moe_layers();
+    layer->set_layer(l);
+    layer->set_imbalance(imbalance[l]);
+    layer->set_schedule(v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
+    for (int e = 0; e < 4; ++e) layer->add_expert_tokens(tokens[l][e]);
   }
   return job;
 }

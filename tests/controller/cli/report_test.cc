@@ -174,7 +174,7 @@ TEST_F(ReportCommandTest, SummaryNumbers) {
 
 TEST_F(ReportCommandTest, NoFloorNoBudgetNoLines) {
   v1::JobDetail job = MakeRestartedJob();
-  job.mutable_metrics()->erase("entropy_floor");
+  job.mutable_telemetry()->clear_entropy_floor();
   v1::JobSeries series = MakeSeries();
   for (auto& r : *series.mutable_steps()) r.set_memory_budget_bytes(0);
   const std::vector<ReportFile> files = BuildReport(job, series);

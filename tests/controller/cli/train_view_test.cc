@@ -27,7 +27,7 @@ class TrainViewTest : public ::testing::Test {
 
 TEST_F(TrainViewTest, ParsesScalarsAndPerLayerRouting) {
   const v1::JobDetail job = MakeTrainJob();
-  const std::optional<TrainMetrics> m = ParseTrainMetrics(job.metrics());
+  const std::optional<TrainMetrics> m = TrainMetricsOf(job);
   ASSERT_TRUE(m.has_value());
   EXPECT_DOUBLE_EQ(*m->loss, 2.4512);
   EXPECT_DOUBLE_EQ(*m->entropy_floor, 2.1);
@@ -36,29 +36,38 @@ TEST_F(TrainViewTest, ParsesScalarsAndPerLayerRouting) {
   EXPECT_EQ(m->layers[1].layer, 1);
   EXPECT_DOUBLE_EQ(*m->layers[1].imbalance, 1.12);
   EXPECT_EQ(m->layers[0].tokens_per_expert, (std::vector<double>{700, 500, 400, 448}));
-  EXPECT_EQ(m->keys.size(), static_cast<size_t>(job.metrics().size()));  // every key understood
+  EXPECT_EQ(m->layers[0].schedule, "deepspeed");
+  EXPECT_DOUBLE_EQ(*m->imbalance_max, 1.34);
+  // Unknown figures (one process, no checkpoint) are absent, not 0.
+  EXPECT_FALSE(m->sync_seconds.has_value());
+  EXPECT_FALSE(m->pipeline_in_flight.has_value());
+  EXPECT_FALSE(m->checkpoint_seconds.has_value());
+  EXPECT_TRUE(m->comm.empty());
+  EXPECT_TRUE(m->planner.empty());
 }
 
 TEST_F(TrainViewTest, NotATrainJob) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
-  EXPECT_FALSE(ParseTrainMetrics(job.metrics()).has_value());
-  (*job.mutable_metrics())["busbw_gbps"] = 12.5;
-  (*job.mutable_metrics())["imbalance.x"] = 3;  // not a layer index: not a training figure
-  EXPECT_FALSE(ParseTrainMetrics(job.metrics()).has_value());
+  EXPECT_FALSE(TrainMetricsOf(job).has_value());
+  AddComm(&job, "allreduce", 1 << 20, 1.5);  // commcheck results are not training figures
+  EXPECT_FALSE(TrainMetricsOf(job).has_value());
 }
 
-TEST_F(TrainViewTest, ImbalanceMaxFromLayersWhenNotReported) {
+TEST_F(TrainViewTest, ImbalanceMaxFromLayers) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
-  (*job.mutable_metrics())["imbalance.0"] = 1.5;
-  (*job.mutable_metrics())["imbalance.2"] = 2.25;
-  const auto m = ParseTrainMetrics(job.metrics());
+  for (const auto& [layer, imbalance] : {std::pair{0, 1.5}, std::pair{2, 2.25}}) {
+    v1::MoeLayerTelemetry* l = job.mutable_telemetry()->add_moe_layers();
+    l->set_layer(layer);
+    l->set_imbalance(imbalance);
+  }
+  const auto m = TrainMetricsOf(job);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(FormatImbalance(*m), "2.25  (layer 0 1.50, layer 2 2.25)");
 }
 
 TEST_F(TrainViewTest, Formats) {
   v1::JobDetail job = MakeTrainJob();
-  auto m = *ParseTrainMetrics(job.metrics());
+  auto m = *TrainMetricsOf(job);
   EXPECT_EQ(FormatLoss(m), "2.4512  (entropy floor 2.1000, gap +16.7%)");
   EXPECT_EQ(FormatActivationMemory(m), "13.4 MiB of 64.0 MiB (21%)");
   EXPECT_EQ(FormatMfu(m), "3.40%");
@@ -78,8 +87,7 @@ TEST_F(TrainViewTest, Formats) {
 }
 
 TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
-  v1::JobDetail job = MakeTrainJob();
-  (*job.mutable_metrics())["custom_thing"] = 7;
+  const v1::JobDetail job = MakeTrainJob();
   const std::string out = RenderJobStatus(job, kT0 + 65);
   for (const char* want : {
            "\ntraining\n",
@@ -94,48 +102,83 @@ TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
            "  lr           3.00e-04\n",
            "  activations  13.4 MiB of 64.0 MiB (21%)\n",
            "  imbalance    1.34  (layer 0 1.34, layer 1 1.12)\n",
+           "  schedule     deepspeed\n",
            "  dropped      12\n",
            "\ntokens per expert (last step)\n"
            "  MOE LAYER  IMBALANCE   E0   E1   E2   E3\n"
            "          0       1.34  700  500  400  448\n"
            "          1       1.12  560  512  500  476\n",
-           // Keys the training view does not know stay visible; the ones it shows are not repeated.
-           "\nother metrics\n  METRIC        VALUE\n  custom_thing      7\n",
        }) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
   }
-  EXPECT_EQ(out.find("expert_tokens."), std::string::npos) << out;
-  EXPECT_EQ(out.find("\nmetrics\n"), std::string::npos) << out;
+  // One process: no communication, and the planner has not acted.
+  EXPECT_EQ(out.find("communication"), std::string::npos) << out;
+  EXPECT_EQ(out.find("memory planner"), std::string::npos) << out;
+}
+
+TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
+  v1::JobDetail job = MakeTrainJob();
+  v1::StepTelemetry& t = *job.mutable_telemetry();
+  t.set_sync_seconds(0.01);
+  t.mutable_memory()->set_pipeline_in_flight(2);
+  v1::CommTelemetry* c = t.add_comm();
+  c->set_op(v1::COLLECTIVE_OP_ALL_TO_ALL);
+  c->set_group(v1::PARALLEL_GROUP_EP);
+  c->set_bytes(3 << 20);
+  c->set_seconds(0.0125);
+  c->set_calls(8);
+  c = t.add_comm();
+  c->set_op(v1::COLLECTIVE_OP_ALL_REDUCE);
+  c->set_group(v1::PARALLEL_GROUP_DP);
+  c->set_bytes(1024);
+  c->set_seconds(0.002);
+  c->set_calls(1);
+  v1::PlannerActionBytes* p = t.add_planner();
+  p->set_action(v1::PLANNER_ACTION_OFFLOAD);
+  p->set_bytes(2048);
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  for (const char* want : {
+           "  step time    250.0 ms  (fwd+bwd 200.0 ms, sync 10.0 ms, optimizer 30.0 ms)\n",
+           "  in flight    2 micro-batches (peak)\n",
+           "\ncommunication (last step, rank 0)\n"
+           "  OP          GROUP    BYTES     TIME  CALLS\n"
+           "  all_to_all  ep     3.0 MiB  12.5 ms      8\n"
+           "  all_reduce  dp     1.0 KiB   2.0 ms      1\n",
+           "\nmemory planner (last step, rank 0)\n"
+           "  ACTION     BYTES\n"
+           "  offload  2.0 KiB\n",
+       }) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
+  }
 }
 
 TEST_F(TrainViewTest, StatusSummarisesManyExperts) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 5, 10);
-  auto& m = *job.mutable_metrics();
-  m["loss"] = 3.0;
-  m["imbalance.0"] = 2.0;
-  for (int e = 0; e < 32; ++e) m["expert_tokens.0." + std::to_string(e)] = e == 17 ? 1000 : 100;
+  job.mutable_telemetry()->set_loss(3.0);
+  v1::MoeLayerTelemetry* layer = job.mutable_telemetry()->add_moe_layers();
+  layer->set_imbalance(2.0);
+  for (int e = 0; e < 32; ++e) layer->add_expert_tokens(e == 17 ? 1000 : 100);
   const std::string out = RenderJobStatus(job, kT0 + 65);
   EXPECT_NE(out.find("  MOE LAYER  IMBALANCE  MIN  MEAN    MAX  BUSIEST\n"
                      "          0       2.00  100   128  1,000      E17\n"),
             std::string::npos)
       << out;
-  // Figures the rank did not report are left out rather than shown as 0.
+  // Figures that are not known (0 in the message) are left out rather than shown as 0.
   EXPECT_EQ(out.find("MFU"), std::string::npos) << out;
   EXPECT_EQ(out.find("activations"), std::string::npos) << out;
 }
 
-TEST_F(TrainViewTest, NonTrainStatusKeepsMetricsTable) {
+TEST_F(TrainViewTest, NonTrainStatusHasNoTrainingSection) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
-  (*job.mutable_metrics())["busbw_gbps"] = 12.5;
+  AddComm(&job, "allreduce", 1 << 20, 1.5);
   const std::string out = RenderJobStatus(job, kT0 + 65);
-  EXPECT_NE(out.find("\nmetrics\n  METRIC      VALUE\n  busbw_gbps   12.5\n"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("allreduce"), std::string::npos) << out;
   EXPECT_EQ(out.find("training"), std::string::npos) << out;
 }
 
 TEST_F(TrainViewTest, EtaFromObservedRateElseStepTime) {
   const v1::JobDetail job = MakeTrainJob();
-  const auto m = ParseTrainMetrics(job.metrics());
+  const auto m = TrainMetricsOf(job);
   EXPECT_DOUBLE_EQ(*EstimateEtaSeconds(job.summary(), m, 0), 50 * 0.25);
   EXPECT_DOUBLE_EQ(*EstimateEtaSeconds(job.summary(), m, 2.0), 25.0);  // 50 steps at 2/s
   EXPECT_FALSE(EstimateEtaSeconds(job.summary(), std::nullopt, 0).has_value());
@@ -161,10 +204,11 @@ TEST_F(TrainViewTest, WatchFrameShowsTrainingFigures) {
 
 TEST_F(TrainViewTest, WatchFrameOfAFreshTrainJobHasUnknownEta) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 0, 100);
-  (*job.mutable_metrics())["loss"] = 5.5;
+  job.mutable_telemetry()->set_loss(5.5);
   const auto lines = WatchFrame(job, kT0 + 65, 0, 0);
   EXPECT_NE(lines[1].find("ETA -"), std::string::npos) << lines[1];
-  EXPECT_EQ(lines[2], "loss 5.5000");
+  // The losses are always figures; tokens/s and MFU are not known yet (0) and left out.
+  EXPECT_EQ(lines[2], "loss 5.5000  aux 0.0000");
 }
 
 TEST_F(TrainViewTest, FinishedTrainFrameHasNoEtaAndSummaryHasLoss) {
@@ -192,7 +236,7 @@ TEST_F(TrainViewTest, PlainLinesCarryLossTokensPerSecondAndMfu) {
             "tokens/s 12.3k  MFU 3.40%");
   // Same step: nothing, even if a figure moved (one line per step, not per poll).
   v1::JobDetail same = first;
-  (*same.mutable_metrics())["loss"] = 2.3;
+  same.mutable_telemetry()->set_loss(2.3);
   EXPECT_TRUE(PlainWatchLines(&first, same).empty());
   v1::JobDetail next = same;
   next.mutable_summary()->set_step(51);

@@ -117,7 +117,7 @@ TEST_F(WatchViewTest, StatusShowsAttemptsCausesRanksCommAndEvents) {
   a2->set_started_unix(kT0 + 20);
   AddComm(&job, "allreduce", 4096, 0.5);
   AddEvent(&job, kT0 + 13, "restart", "attempt 2 after rank 1 exited with code 3");
-  (*job.mutable_metrics())["loss"] = 2.5;
+  job.mutable_telemetry()->set_loss(2.5);
   const std::string out = RenderJobStatus(job, kT0 + 65);
   for (const char* want :
        {"state      RUNNING", "attempt    2  (1 restart)", "1  failed   2023-11-14 22:13:21  12s",

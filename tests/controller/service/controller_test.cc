@@ -8,6 +8,9 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/train/trainer.h"
+#include "worker/step_telemetry.h"
 
 namespace furnace::controller {
 namespace {
@@ -289,23 +292,29 @@ TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
 
 TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   StartRunning();
-  auto record = [&](uint32_t rank, uint64_t step, double step_s, double tokens,
-                    std::vector<double> experts) {
+  auto record = [&](uint32_t rank, uint64_t step, double step_s, uint64_t tokens,
+                    std::vector<uint64_t> experts) {
     v1::TelemetryRecord r;
     r.set_job_id(job_);
     r.set_attempt(1);
     r.set_rank(rank);
     r.set_step(step);
-    auto& m = *r.mutable_metrics();
-    m["loss"] = 2.0 + rank;
-    m["aux_loss"] = 0.01;
-    m["tokens"] = tokens;
-    m["step_seconds"] = step_s;
-    m["mfu"] = 0.4;
-    m["activation_peak_bytes"] = 100.0 * (rank + 1);
-    m["memory_budget_bytes"] = 1000;
-    for (size_t e = 0; e < experts.size(); ++e) m["expert_tokens.0." + std::to_string(e)] = experts[e];
-    m["comm_bytes.alltoall"] = 10;
+    v1::StepTelemetry& t = *r.mutable_train();
+    t.set_loss(2.0 + rank);
+    t.set_aux_loss(0.01);
+    t.set_tokens(tokens);
+    t.set_step_seconds(step_s);
+    t.set_mfu(0.4);
+    t.mutable_memory()->set_activation_peak_bytes(100 * (rank + 1));
+    t.mutable_memory()->set_budget_bytes(1000);
+    v1::MoeLayerTelemetry* layer = t.add_moe_layers();
+    for (uint64_t e : experts) layer->add_expert_tokens(e);
+    v1::CommTelemetry* c = t.add_comm();
+    c->set_op(v1::COLLECTIVE_OP_ALL_TO_ALL);
+    c->set_group(v1::PARALLEL_GROUP_EP);
+    c->set_bytes(10);
+    c->set_seconds(0.25);
+    c->set_calls(1);
     return r;
   };
   v1::TelemetryBatch batch;
@@ -331,19 +340,133 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 200);
   ASSERT_EQ(st.imbalance_size(), 1);
   EXPECT_DOUBLE_EQ(st.imbalance(0), 1.0);           // {4, 4} over both ranks
-  EXPECT_DOUBLE_EQ(st.comm_bytes().at("alltoall"), 20);
+  ASSERT_EQ(st.comm_size(), 1);
+  EXPECT_EQ(st.comm(0).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
+  EXPECT_EQ(st.comm(0).group(), v1::PARALLEL_GROUP_EP);
+  EXPECT_EQ(st.comm(0).bytes(), 20u);
+  EXPECT_DOUBLE_EQ(st.comm(0).seconds(), 0.5);
+  EXPECT_EQ(st.comm(0).calls(), 2u);
   auto snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
   EXPECT_TRUE(snap.jobs[0].has_step);
   EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);
+  EXPECT_EQ(snap.jobs[0].comm_bytes_total, (std::map<std::string, double>{{"all_to_all", 20}}));
   EXPECT_EQ(snap.telemetry_dropped_total, 7u);
   EXPECT_EQ(snap.workers_by_state[v1::WORKER_STATE_BUSY], 2u);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
   Restart();
   snap = c_->Metrics();
   EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);  // history reloaded
+  EXPECT_EQ(snap.jobs[0].comm_bytes_total, (std::map<std::string, double>{{"all_to_all", 20}}));
   EXPECT_EQ(snap.jobs[0].restarts_by_cause["signal"], 1u);
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 1);
+}
+
+// The schema end to end: what a rank's worker makes of its step (worker/step_telemetry.h) is
+// JobDetail.telemetry as rank 0 sent it, the series' aggregate over ranks, and the metrics
+// snapshot's counters under the Prometheus labels.
+TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
+  StartRunning();
+  train::StepStats s;
+  s.step = 0;
+  s.loss = 2.5;
+  s.aux_loss = 0.02;
+  s.tokens = 4096;
+  s.step_seconds = 0.5;
+  s.forward_backward_seconds = 0.4;
+  s.sync_seconds = 0.06;
+  s.optimizer_seconds = 0.04;
+  s.tokens_per_second = 8192;
+  s.grad_norm = 1.5;
+  s.lr = 1e-3;
+  s.dropped = 3;
+  s.tokens_per_expert = {{30, 10}, {20, 20}};
+  s.imbalance = {1.5, 1.0};
+  s.activation_peak_bytes = 1 << 20;
+  s.model_flops = 1e9;
+  s.mfu = 0.25;
+  s.in_flight_peak = 2;
+  s.comm = {{"ep", comm::CollectiveOp::kAllToAll, 4096, 4, 0.01},
+            {"tp", comm::CollectiveOp::kAllReduce, 1024, 2, 0.002}};
+  std::vector<v1::StepTelemetry> sent;
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    sent.push_back(worker::StepTelemetryOf(
+        s, {.reporter = rank == 0, .memory_budget_bytes = 1 << 22, .entropy_floor = 2.0}));
+    v1::TelemetryRecord* r = batch.add_records();
+    r->set_job_id(job_);
+    r->set_attempt(1);
+    r->set_rank(rank);
+    r->set_step(1);
+    *r->mutable_train() = sent.back();
+  }
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+
+  const v1::JobDetail d = Job();
+  ASSERT_TRUE(d.has_telemetry());
+  EXPECT_EQ(d.telemetry().SerializeAsString(), sent[0].SerializeAsString());
+  const v1::StepTelemetry& t = d.telemetry();
+  EXPECT_DOUBLE_EQ(t.entropy_floor(), 2.0);
+  EXPECT_EQ(t.tokens(), 4096u);
+  EXPECT_EQ(t.dropped_tokens(), 3u);
+  EXPECT_EQ(t.memory().budget_bytes(), 1u << 22);
+  EXPECT_EQ(t.memory().pipeline_in_flight(), 2u);
+  ASSERT_EQ(t.moe_layers_size(), 2);
+  EXPECT_EQ(t.moe_layers(1).layer(), 1u);
+  EXPECT_EQ(t.moe_layers(0).schedule(), v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
+  EXPECT_EQ(std::vector<uint64_t>(t.moe_layers(0).expert_tokens().begin(),
+                                  t.moe_layers(0).expert_tokens().end()),
+            (std::vector<uint64_t>{30, 10}));
+  ASSERT_EQ(t.comm_size(), 2);
+  EXPECT_EQ(t.comm(0).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
+  EXPECT_EQ(t.comm(0).group(), v1::PARALLEL_GROUP_EP);
+  EXPECT_EQ(t.comm(1).group(), v1::PARALLEL_GROUP_TP);
+  EXPECT_TRUE(t.planner().empty());
+  EXPECT_TRUE(sent[1].moe_layers(0).expert_tokens().empty());  // only rank 0 counts tokens
+  EXPECT_EQ(sent[1].tokens(), 0u);
+
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  const auto series = c_->GetJobSeries(req);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->steps_size(), 1);
+  const v1::StepRecord& st = series->steps(0);
+  EXPECT_EQ(st.ranks(), 2u);
+  EXPECT_DOUBLE_EQ(st.loss(), 2.5);
+  EXPECT_DOUBLE_EQ(st.tokens(), 4096);
+  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(st.tokens_per_second(), 8192);
+  EXPECT_DOUBLE_EQ(st.mfu(), 0.25);
+  EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 1 << 20);
+  EXPECT_DOUBLE_EQ(st.memory_budget_bytes(), 1 << 22);
+  ASSERT_EQ(st.expert_tokens_size(), 2);
+  EXPECT_EQ(
+      std::vector<double>(st.expert_tokens(0).tokens().begin(), st.expert_tokens(0).tokens().end()),
+      (std::vector<double>{30, 10}));
+  ASSERT_EQ(st.imbalance_size(), 2);
+  EXPECT_DOUBLE_EQ(st.imbalance(0), 1.5);
+  EXPECT_DOUBLE_EQ(st.imbalance(1), 1.0);
+  // Per (op, group), summed over the two ranks, in enum order.
+  ASSERT_EQ(st.comm_size(), 2);
+  EXPECT_EQ(st.comm(0).op(), v1::COLLECTIVE_OP_ALL_REDUCE);
+  EXPECT_EQ(st.comm(0).group(), v1::PARALLEL_GROUP_TP);
+  EXPECT_EQ(st.comm(0).bytes(), 2048u);
+  EXPECT_DOUBLE_EQ(st.comm(0).seconds(), 0.004);
+  EXPECT_EQ(st.comm(0).calls(), 4u);
+  EXPECT_EQ(st.comm(1).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
+  EXPECT_EQ(st.comm(1).bytes(), 8192u);
+  EXPECT_TRUE(st.planner().empty());
+
+  const MetricsSnapshot snap = c_->Metrics();
+  ASSERT_EQ(snap.jobs.size(), 1u);
+  const JobMetrics& m = snap.jobs[0];
+  EXPECT_TRUE(m.has_step);
+  EXPECT_DOUBLE_EQ(m.tokens_total, 4096);
+  EXPECT_EQ(m.comm_bytes_total,
+            (std::map<std::string, double>{{"all_reduce", 2048}, {"all_to_all", 8192}}));
+  EXPECT_TRUE(m.planner_bytes_total.empty());
+  EXPECT_EQ(m.last.SerializeAsString(), st.SerializeAsString());
 }
 
 TEST_F(ControllerTest, StartTimeout) {

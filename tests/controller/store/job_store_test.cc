@@ -70,7 +70,7 @@ TEST(JobStoreTest, RoundTripAndReload) {
     v1::TelemetryRecord r;
     r.set_job_id("x-1");
     r.set_step(9);
-    (*r.mutable_metrics())["loss"] = 1.5;
+    r.mutable_train()->set_loss(1.5);
     ASSERT_TRUE(s.AddTelemetry({r}).ok());
   }
   auto store = JobStore::Open(path);  // a restarted controller
@@ -102,6 +102,7 @@ TEST(JobStoreTest, RoundTripAndReload) {
   auto latest = s.LatestRecord("x-1", 0);
   ASSERT_TRUE(latest.ok() && latest->has_value());
   EXPECT_EQ((*latest)->step(), 9u);
+  EXPECT_EQ((*latest)->train().loss(), 1.5);
   EXPECT_EQ(*s.NextJobSeq(), 2u);  // the sequence survives restarts: ids are never reused
 }
 

@@ -571,6 +571,7 @@ TEST(GlooCommunicatorTest, AbortIsStickyAndKeepsTheFirstReason) {
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
   EXPECT_EQ(status.message(), "aborted: first");
   EXPECT_EQ(comm->counters().calls(CollectiveOp::kAllReduce), 0);
+  EXPECT_EQ(comm->counters().seconds(CollectiveOp::kAllReduce), 0);  // failed calls add no time
 }
 
 TEST(GlooCommunicatorTest, CreateRejectsABadRank) {

@@ -218,6 +218,9 @@ TEST(LocalCommunicatorTest, BarrierCountsCallsNotBytes) {
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.Barrier().ok());
     EXPECT_EQ(c.counters().bytes(CollectiveOp::kBarrier), 0);
     EXPECT_EQ(c.counters().calls(CollectiveOp::kBarrier), 3);
+    // Each call's wall time (waiting for the other threads included) is counted.
+    EXPECT_GT(c.counters().seconds(CollectiveOp::kBarrier), 0);
+    EXPECT_EQ(c.counters().seconds(CollectiveOp::kAllReduce), 0);
   });
 }
 

@@ -68,7 +68,7 @@ absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int mic
     t.aux.push_back(st.aux_loss);
     t.norm.push_back(st.grad_norm);
     t.in_flight_peak = std::max(t.in_flight_peak, st.in_flight_peak);
-    for (size_t op = 0; op < st.comm_bytes.size(); ++op) t.comm_bytes[op] += st.comm_bytes[op];
+    for (const train::CommStats& cs : st.comm) t.comm_bytes[static_cast<int>(cs.op)] += cs.bytes;
   }
   return t;
 }

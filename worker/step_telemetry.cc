@@ -1,0 +1,92 @@
+#include "worker/step_telemetry.h"
+
+#include <utility>
+
+namespace furnace::worker {
+
+furnace::v1::CollectiveOp CollectiveOpOf(comm::CollectiveOp op) {
+  switch (op) {
+    case comm::CollectiveOp::kAllReduce:
+      return furnace::v1::COLLECTIVE_OP_ALL_REDUCE;
+    case comm::CollectiveOp::kReduceScatter:
+      return furnace::v1::COLLECTIVE_OP_REDUCE_SCATTER;
+    case comm::CollectiveOp::kAllGather:
+      return furnace::v1::COLLECTIVE_OP_ALL_GATHER;
+    case comm::CollectiveOp::kAllToAll:
+      return furnace::v1::COLLECTIVE_OP_ALL_TO_ALL;
+    case comm::CollectiveOp::kBroadcast:
+      return furnace::v1::COLLECTIVE_OP_BROADCAST;
+    case comm::CollectiveOp::kSend:
+      return furnace::v1::COLLECTIVE_OP_SEND;
+    case comm::CollectiveOp::kRecv:
+      return furnace::v1::COLLECTIVE_OP_RECV;
+    case comm::CollectiveOp::kBarrier:
+      return furnace::v1::COLLECTIVE_OP_BARRIER;
+  }
+  return furnace::v1::COLLECTIVE_OP_UNSPECIFIED;
+}
+
+furnace::v1::ParallelGroup ParallelGroupOf(const std::string& kind) {
+  static const std::pair<const char*, furnace::v1::ParallelGroup> kGroups[] = {
+      {"world", furnace::v1::PARALLEL_GROUP_WORLD},
+      {"tp", furnace::v1::PARALLEL_GROUP_TP},
+      {"dp", furnace::v1::PARALLEL_GROUP_DP},
+      {"pp", furnace::v1::PARALLEL_GROUP_PP},
+      {"ep", furnace::v1::PARALLEL_GROUP_EP},
+      {"esp", furnace::v1::PARALLEL_GROUP_ESP},
+      {"edp", furnace::v1::PARALLEL_GROUP_EDP},
+      {"embedding", furnace::v1::PARALLEL_GROUP_EMBEDDING},
+  };
+  for (const auto& [name, group] : kGroups) {
+    if (kind == name) return group;
+  }
+  return furnace::v1::PARALLEL_GROUP_UNSPECIFIED;
+}
+
+furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
+                                           const StepTelemetryContext& context) {
+  furnace::v1::StepTelemetry t;
+  t.set_loss(s.loss);
+  t.set_aux_loss(s.aux_loss);
+  t.set_tokens(context.reporter ? static_cast<uint64_t>(s.tokens) : 0);
+  t.set_tokens_per_second(s.tokens_per_second);
+  t.set_step_seconds(s.step_seconds);
+  t.set_forward_backward_seconds(s.forward_backward_seconds);
+  t.set_optimizer_seconds(s.optimizer_seconds);
+  t.set_sync_seconds(s.sync_seconds);
+  t.set_checkpoint_seconds(s.checkpoint_seconds);
+  t.set_mfu(s.mfu);
+  t.set_model_flops(s.model_flops);
+  t.set_grad_norm(s.grad_norm);
+  t.set_lr(s.lr);
+  t.set_dropped_tokens(static_cast<uint64_t>(s.dropped));
+  t.set_entropy_floor(context.entropy_floor);
+  for (size_t l = 0; l < s.imbalance.size(); ++l) {
+    furnace::v1::MoeLayerTelemetry* layer = t.add_moe_layers();
+    layer->set_layer(static_cast<uint32_t>(l));
+    layer->set_imbalance(s.imbalance[l]);
+    // moe.schedule accepts only `deepspeed` until the Parm schedules land.
+    layer->set_schedule(furnace::v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
+    if (context.reporter && l < s.tokens_per_expert.size()) {
+      for (int64_t tokens : s.tokens_per_expert[l]) {
+        layer->add_expert_tokens(static_cast<uint64_t>(tokens));
+      }
+    }
+  }
+  for (const train::CommStats& c : s.comm) {
+    furnace::v1::CommTelemetry* comm = t.add_comm();
+    comm->set_op(CollectiveOpOf(c.op));
+    comm->set_group(ParallelGroupOf(c.group));
+    comm->set_bytes(static_cast<uint64_t>(c.bytes));
+    comm->set_seconds(c.seconds);
+    comm->set_calls(static_cast<uint64_t>(c.calls));
+  }
+  furnace::v1::MemoryTelemetry* memory = t.mutable_memory();
+  memory->set_activation_peak_bytes(static_cast<uint64_t>(s.activation_peak_bytes));
+  memory->set_budget_bytes(static_cast<uint64_t>(context.memory_budget_bytes));
+  memory->set_pipeline_in_flight(static_cast<uint32_t>(s.in_flight_peak));
+  // t.planner stays empty: no memory planner runs yet.
+  return t;
+}
+
+}  // namespace furnace::worker
