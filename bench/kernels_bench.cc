@@ -140,9 +140,9 @@ void BM_DenseLinearFwdBwd(benchmark::State& state) {
 // bench: BENCHMARKING.md (B=8 T=128 d=256 h=4 E=8 k=2 f=512: S = 2048); large: GPT-2-small-like.
 BENCHMARK(BM_ExpertGroupedGemmFwdBwd)
     ->ArgNames({"S", "C", "F", "E"})
-    ->Args({1024, 64, 128, 8})      // demo
-    ->Args({2048, 256, 512, 8})     // bench
-    ->Args({4096, 512, 2048, 8})    // large
+    ->Args({1024, 64, 128, 8})    // demo
+    ->Args({2048, 256, 512, 8})   // bench
+    ->Args({4096, 512, 2048, 8})  // large
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_ExpertGroupedGemmFwd)

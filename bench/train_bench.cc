@@ -1,6 +1,7 @@
 // furnace_bench_train: trains the GPT-MoE (GptMoe + Trainer, the same code path as a worker rank)
-// for --warmup untimed and --steps timed steps on Markov data and prints one JSON object shaped like
-// bench/pytorch/moe_train_bench.py's, so bench/run_train_vs_pytorch.sh can put them side by side.
+// for --warmup untimed and --steps timed steps on Markov data and prints one JSON object shaped
+// like bench/pytorch/moe_train_bench.py's, so bench/run_train_vs_pytorch.sh can put them side by
+// side.
 //
 // Measured in this process, with the BLAS thread count set before the first GEMM:
 //   - the SGEMM peak (train::MeasureSgemmPeakFlops, 2048^3) before and after the steps; MFU uses
@@ -61,26 +62,33 @@ struct Flags {
 };
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::cerr << "furnace_bench_train: " << why << "\n"
-            << "flags (--name value or --name=value): --vocab --seq_len --d_model --heads --layers\n"
-               "  --experts --top_k --expert_ffn --micro_batch --micro_batches --threads --steps\n"
-               "  --warmup --seed --data_seed --lr --breakdown_reps (0 = skip the op breakdown)\n"
-               "  --peak_gflops (> 0: take this SGEMM peak instead of measuring it; for profilers)\n"
-               "defaults: the BENCHMARKING.md MoE (V=256 T=128 d=256 h=4 L=4 E=8 k=2 f=512 b=8 m=1),\n"
-               "  1 thread, 3 warm-up + 10 timed steps\n";
+  std::cerr
+      << "furnace_bench_train: " << why << "\n"
+      << "flags (--name value or --name=value): --vocab --seq_len --d_model --heads --layers\n"
+         "  --experts --top_k --expert_ffn --micro_batch --micro_batches --threads --steps\n"
+         "  --warmup --seed --data_seed --lr --breakdown_reps (0 = skip the op breakdown)\n"
+         "  --peak_gflops (> 0: take this SGEMM peak instead of measuring it; for profilers)\n"
+         "defaults: the BENCHMARKING.md MoE (V=256 T=128 d=256 h=4 L=4 E=8 k=2 f=512 b=8 m=1),\n"
+         "  1 thread, 3 warm-up + 10 timed steps\n";
   std::exit(2);
 }
 
 Flags Parse(int argc, char** argv) {
   Flags f;
-  std::map<std::string, int*> ints = {
-      {"vocab", &f.vocab},          {"seq_len", &f.seq_len},
-      {"d_model", &f.d_model},      {"heads", &f.heads},
-      {"layers", &f.layers},        {"experts", &f.experts},
-      {"top_k", &f.top_k},          {"expert_ffn", &f.expert_ffn},
-      {"micro_batch", &f.micro_batch}, {"micro_batches", &f.micro_batches},
-      {"threads", &f.threads},      {"steps", &f.steps},
-      {"warmup", &f.warmup},        {"breakdown_reps", &f.breakdown_reps}};
+  std::map<std::string, int*> ints = {{"vocab", &f.vocab},
+                                      {"seq_len", &f.seq_len},
+                                      {"d_model", &f.d_model},
+                                      {"heads", &f.heads},
+                                      {"layers", &f.layers},
+                                      {"experts", &f.experts},
+                                      {"top_k", &f.top_k},
+                                      {"expert_ffn", &f.expert_ffn},
+                                      {"micro_batch", &f.micro_batch},
+                                      {"micro_batches", &f.micro_batches},
+                                      {"threads", &f.threads},
+                                      {"steps", &f.steps},
+                                      {"warmup", &f.warmup},
+                                      {"breakdown_reps", &f.breakdown_reps}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") Usage("help");
@@ -211,44 +219,40 @@ json Breakdown(const Flags& f, const std::vector<std::vector<int64_t>>& tokens_p
                                                   dqkv.data(), x.data(), wqkv.data(), N, C, 3 * C);
                        }
                      }});
-  classes.push_back({"attention_core (QK^T, softmax, AV fwd+bwd)", L * 12.0 * B * double(T) * T * C,
-                     [&] {
-                       for (int l = 0; l < L; ++l) {
-                         k::AttentionForward<float>(y.data(), att.data(), qkv.data(), B, T, C, NH);
-                         k::AttentionBackward<float>(dqkv.data(), dy.data(), qkv.data(), att.data(),
-                                                     B, T, C, NH);
-                       }
-                     }});
-  classes.push_back({"expert_gemm (grouped w1+w2 fwd+bwd)", L * 6.0 * double(S) * C * F * 2, [&] {
-                       for (int l = 0; l < L; ++l) {
-                         const int64_t* o = offsets[l].data();
-                         k::GroupedMatmulForward<float>(hid.data(), xin.data(), w1.data(), b1.data(),
-                                                        o, E, C, F);
-                         k::GroupedMatmulForward<float>(eo.data(), hid.data(), w2.data(), b2.data(),
-                                                        o, E, F, C);
-                         k::GroupedMatmulBackward<float>(dhid.data(), dw2.data(), db2.data(),
-                                                         deo.data(), hid.data(), w2.data(), o, E, F,
-                                                         C);
-                         k::GroupedMatmulBackward<float>(dxin.data(), dw1.data(), db1.data(),
-                                                         dhid.data(), xin.data(), w1.data(), o, E,
-                                                         C, F);
-                       }
-                     }});
+  classes.push_back(
+      {"attention_core (QK^T, softmax, AV fwd+bwd)", L * 12.0 * B * double(T) * T * C, [&] {
+         for (int l = 0; l < L; ++l) {
+           k::AttentionForward<float>(y.data(), att.data(), qkv.data(), B, T, C, NH);
+           k::AttentionBackward<float>(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+         }
+       }});
+  classes.push_back(
+      {"expert_gemm (grouped w1+w2 fwd+bwd)", L * 6.0 * double(S) * C * F * 2, [&] {
+         for (int l = 0; l < L; ++l) {
+           const int64_t* o = offsets[l].data();
+           k::GroupedMatmulForward<float>(hid.data(), xin.data(), w1.data(), b1.data(), o, E, C, F);
+           k::GroupedMatmulForward<float>(eo.data(), hid.data(), w2.data(), b2.data(), o, E, F, C);
+           k::GroupedMatmulBackward<float>(dhid.data(), dw2.data(), db2.data(), deo.data(),
+                                           hid.data(), w2.data(), o, E, F, C);
+           k::GroupedMatmulBackward<float>(dxin.data(), dw1.data(), db1.data(), dhid.data(),
+                                           xin.data(), w1.data(), o, E, C, F);
+         }
+       }});
   classes.push_back({"router (linear fwd+bwd)", L * 6.0 * nc * E, [&] {
                        for (int l = 0; l < L; ++l) {
-                         k::MatmulForward<float>(logits_r.data(), x.data(), wr.data(), nullptr, N, C,
-                                                 E);
+                         k::MatmulForward<float>(logits_r.data(), x.data(), wr.data(), nullptr, N,
+                                                 C, E);
                          k::MatmulBackward<float>(dx.data(), dwr.data(), nullptr, logits_r.data(),
                                                   x.data(), wr.data(), N, C, E);
                        }
                      }});
-  classes.push_back({"lm_head (tied wte fwd+bwd)", 6.0 * nc * V, [&] {
-                       k::MatmulForward<float>(logits.data(), y.data(), wt.data(), nullptr, N, C, V);
-                       k::MatmulForward<float>(dy.data(), logits.data(), wte.data(), nullptr, N, V,
-                                               C);
-                       k::MatmulBackward<float>(nullptr, dwte.data(), nullptr, y.data(),
-                                                logits.data(), wte.data(), N, V, C);
-                     }});
+  classes.push_back(
+      {"lm_head (tied wte fwd+bwd)", 6.0 * nc * V, [&] {
+         k::MatmulForward<float>(logits.data(), y.data(), wt.data(), nullptr, N, C, V);
+         k::MatmulForward<float>(dy.data(), logits.data(), wte.data(), nullptr, N, V, C);
+         k::MatmulBackward<float>(nullptr, dwte.data(), nullptr, y.data(), logits.data(),
+                                  wte.data(), N, V, C);
+       }});
   json out = json::array();
   double sum = 0;
   for (OpClass& c : classes) {
@@ -268,8 +272,9 @@ json Breakdown(const Flags& f, const std::vector<std::vector<int64_t>>& tokens_p
                    {"gflops", flops / c.seconds / 1e9},
                    {"fraction_of_sgemm_peak", flops / c.seconds / peak}});
   }
-  out.push_back({{"class", "other (layernorm, gelu, softmax/top-k/aux, permute, CE, embedding, "
-                           "transpose, arena/stash)"},
+  out.push_back({{"class",
+                  "other (layernorm, gelu, softmax/top-k/aux, permute, CE, embedding, "
+                  "transpose, arena/stash)"},
                  {"seconds_per_step", fwd_bwd_median - sum},
                  {"share_of_fwd_bwd", (fwd_bwd_median - sum) / fwd_bwd_median}});
   return out;
@@ -280,7 +285,8 @@ json Breakdown(const Flags& f, const std::vector<std::vector<int64_t>>& tokens_p
 int main(int argc, char** argv) {
   const Flags f = Parse(argc, argv);
   const std::vector<std::string> env_warnings = CheckEnv(f.threads);
-  for (const std::string& w : env_warnings) std::cerr << "WARNING: thread pools not pinned: " << w << "\n";
+  for (const std::string& w : env_warnings)
+    std::cerr << "WARNING: thread pools not pinned: " << w << "\n";
   k::SetBlasThreads(f.threads);
 
   const double peak_start =
@@ -371,10 +377,12 @@ int main(int argc, char** argv) {
   r["threads"] = f.threads;
   r["warmup_steps"] = f.warmup;
   r["timed_steps"] = f.steps;
-  r["config"] = {{"vocab", f.vocab},       {"seq_len", f.seq_len},         {"d_model", f.d_model},
-                 {"heads", f.heads},       {"layers", f.layers},           {"experts", f.experts},
-                 {"top_k", f.top_k},       {"expert_ffn", f.expert_ffn},   {"batch", f.micro_batch},
-                 {"micro_batches", f.micro_batches}, {"capacity_factor", 0}};
+  r["config"] = {{"vocab", f.vocab},       {"seq_len", f.seq_len},
+                 {"d_model", f.d_model},   {"heads", f.heads},
+                 {"layers", f.layers},     {"experts", f.experts},
+                 {"top_k", f.top_k},       {"expert_ffn", f.expert_ffn},
+                 {"batch", f.micro_batch}, {"micro_batches", f.micro_batches},
+                 {"capacity_factor", 0}};
   json env;
   for (const char* v : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "GOMP_SPINCOUNT"}) {
     const char* e = std::getenv(v);

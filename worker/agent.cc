@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
@@ -21,7 +21,6 @@ std::string RandomInstanceId() {
   const uint64_t b = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return absl::StrCat(absl::Hex(a, absl::kZeroPad16), absl::Hex(b, absl::kZeroPad16));
 }
-
 
 constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
@@ -288,9 +287,9 @@ void Agent::HandleCommand(const furnace::v1::AgentCommand& command) {
 
 absl::Status Agent::WriteTaskFile(const furnace::v1::RankTask& task, std::string* path) const {
   const std::filesystem::path dir = std::filesystem::path(options_.work_dir) / "tasks";
-  *path = (dir / absl::StrCat(SafeName(task.job_id()), "-a", task.attempt(), "-r", task.rank(),
-                              ".pb"))
-              .string();
+  *path =
+      (dir / absl::StrCat(SafeName(task.job_id()), "-a", task.attempt(), "-r", task.rank(), ".pb"))
+          .string();
   const std::string tmp = *path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -345,10 +344,10 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
     launch.rank = task.rank();
     launch.argv = options_.rank_command;
     launch.argv.push_back(task_path);
-    launch.log_path = (std::filesystem::path(options_.work_dir) / "logs" /
-                       SafeName(task.job_id()) / absl::StrCat("attempt-", task.attempt()) /
-                       absl::StrCat("rank-", task.rank(), ".log"))
-                          .string();
+    launch.log_path =
+        (std::filesystem::path(options_.work_dir) / "logs" / SafeName(task.job_id()) /
+         absl::StrCat("attempt-", task.attempt()) / absl::StrCat("rank-", task.rank(), ".log"))
+            .string();
     launch.hang_timeout_s = task.spec().recovery().hang_timeout_s();
     RankSinks sinks;
     sinks.on_log = [this](furnace::v1::LogLine line) { logs_.Push(std::move(line)); };
@@ -390,7 +389,8 @@ void Agent::HandleStop(const furnace::v1::StopRank& stop) {
     report.set_rank(stop.rank());
     report.set_event(furnace::v1::RANK_EXITED);
     report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
-    report.set_reason(absl::StrCat("stopped: ", stop.reason(), " (was not running on this worker)"));
+    report.set_reason(
+        absl::StrCat("stopped: ", stop.reason(), " (was not running on this worker)"));
     report.set_unix_time(clock_.UnixSeconds());
     EnqueueReportLocked(std::move(report));
     return;
@@ -452,10 +452,12 @@ void Agent::ReportLoop() {
       continue;
     }
     spdlog::debug("report failed: {}; will retry", Describe(status));
-    if (code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::UNAUTHENTICATED) {
+    if (code == grpc::StatusCode::FAILED_PRECONDITION ||
+        code == grpc::StatusCode::UNAUTHENTICATED) {
       RequestReregisterLocked(generation);  // the controller does not know us (any more)
     }
-    cv_.wait_for(lock, Seconds(backoff), [&] { return stop_senders_ || generation_ != generation; });
+    cv_.wait_for(lock, Seconds(backoff),
+                 [&] { return stop_senders_ || generation_ != generation; });
     backoff = std::min(kMaxBackoffS, backoff * 2);
   }
 }
@@ -501,9 +503,10 @@ bool Agent::FlushOnce() {
   for (int batch = 0; batch < 10; ++batch) {
     std::vector<furnace::v1::LogLine> lines = logs_.Take(kMaxBatch);
     if (const uint64_t dropped = logs_.TakeDropped(); dropped > 0) {
-      spdlog::warn("dropped {} rank log line(s) the controller could not take in time (they are "
-                   "still in the local log files)",
-                   dropped);
+      spdlog::warn(
+          "dropped {} rank log line(s) the controller could not take in time (they are "
+          "still in the local log files)",
+          dropped);
     }
     if (lines.empty()) break;
     furnace::v1::LogBatch request;
@@ -514,8 +517,8 @@ bool Agent::FlushOnce() {
     SetDeadline(&context, options_.rpc_timeout_s);
     const grpc::Status status = stub_->PushLogs(&context, request, &ack);
     if (!status.ok()) {
-      logs_.PutBack(std::vector<furnace::v1::LogLine>(request.lines().begin(),
-                                                      request.lines().end()));
+      logs_.PutBack(
+          std::vector<furnace::v1::LogLine>(request.lines().begin(), request.lines().end()));
       return false;
     }
   }

@@ -109,23 +109,23 @@ class Agent {
   const Clock& clock_;
 
   const std::string instance_id_;  // random per agent process (RegisterRequest.instance_id)
-  std::mutex flush_mu_;             // one FlushOnce at a time
+  std::mutex flush_mu_;            // one FlushOnce at a time
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;
   BoundedQueue<furnace::v1::LogLine> logs_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool shutting_down_ = false;    // guarded by mu_: stop registering and watching
-  bool stop_senders_ = false;     // guarded by mu_: stop the report sender and flusher
-  bool registered_ = false;       // guarded by mu_
-  uint64_t generation_ = 0;       // guarded by mu_: +1 per successful registration
-  std::string session_id_;        // guarded by mu_
-  double heartbeat_interval_s_ = 1.0;          // guarded by mu_
-  grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_: the open command stream
+  bool shutting_down_ = false;         // guarded by mu_: stop registering and watching
+  bool stop_senders_ = false;          // guarded by mu_: stop the report sender and flusher
+  bool registered_ = false;            // guarded by mu_
+  uint64_t generation_ = 0;            // guarded by mu_: +1 per successful registration
+  std::string session_id_;             // guarded by mu_
+  double heartbeat_interval_s_ = 1.0;  // guarded by mu_
+  grpc::ClientContext* watch_context_ = nullptr;     // guarded by mu_: the open command stream
   grpc::ClientContext* register_context_ = nullptr;  // guarded by mu_: a Register in flight
-  std::map<std::string, RankEntry> ranks_;     // guarded by mu_, by RankKey
-  std::deque<furnace::v1::RankReport> reports_;  // guarded by mu_: oldest first, until acked
+  std::map<std::string, RankEntry> ranks_;           // guarded by mu_, by RankKey
+  std::deque<furnace::v1::RankReport> reports_;      // guarded by mu_: oldest first, until acked
 };
 
 }  // namespace furnace::worker

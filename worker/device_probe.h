@@ -12,9 +12,9 @@
 namespace furnace::worker {
 
 struct DeviceInfo {
-  std::string kind;    // cpu | cuda
-  std::string name;    // e.g. "NVIDIA H200" or "cpu"
-  uint64_t memory = 0; // bytes
+  std::string kind;     // cpu | cuda
+  std::string name;     // e.g. "NVIDIA H200" or "cpu"
+  uint64_t memory = 0;  // bytes
 };
 
 // kind: cpu | cuda | auto (cuda when a GPU for this slot is visible, else cpu).

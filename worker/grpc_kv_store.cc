@@ -16,9 +16,9 @@ constexpr double kMinBackoffS = 0.1;
 constexpr double kMaxBackoffS = 1.0;
 
 void SetDeadline(grpc::ClientContext* context, double seconds) {
-  context->set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(seconds)));
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::duration<double>(seconds)));
 }
 
 // Runs `call` until it is not UNAVAILABLE or `deadline_s` (monotonic) passes; `call` gets the
@@ -47,7 +47,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
 
 GrpcKvStore::GrpcKvStore(std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,
                          furnace::v1::KvScope scope, double set_timeout_s, const Clock& clock)
-    : stub_(std::move(stub)), scope_(std::move(scope)), set_timeout_s_(set_timeout_s),
+    : stub_(std::move(stub)),
+      scope_(std::move(scope)),
+      set_timeout_s_(set_timeout_s),
       clock_(clock) {}
 
 absl::Status GrpcKvStore::Set(const std::string& key, const std::string& value) {
@@ -81,8 +83,9 @@ absl::StatusOr<std::vector<std::string>> GrpcKvStore::Get(const std::vector<std:
   });
   const std::string what = absl::StrCat("rendezvous KvGet [", absl::StrJoin(keys, ", "), "]");
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, ": the controller stayed unreachable for ", timeout_s, " s: ", status.error_message()));
+    return absl::DeadlineExceededError(absl::StrCat(what,
+                                                    ": the controller stayed unreachable for ",
+                                                    timeout_s, " s: ", status.error_message()));
   }
   RETURN_IF_ERROR(FromGrpcStatus(status, what));
   if (response.values_size() != static_cast<int>(keys.size())) {

@@ -46,9 +46,9 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  furnace::worker::Agent agent(
-      options,
-      furnace::v1::AgentService::NewStub(furnace::worker::MakeControllerChannel(options.controller)));
+  furnace::worker::Agent agent(options,
+                               furnace::v1::AgentService::NewStub(
+                                   furnace::worker::MakeControllerChannel(options.controller)));
   std::atomic<bool> finished{false};
   std::thread signal_thread([&] {
     while (true) {
@@ -109,8 +109,9 @@ int main(int argc, char** argv) {
 
   std::string task_path;
   CLI::App* rank = app.add_subcommand(
-      "rank", "run one rank task (spawned by the agent; exit codes: 0 success, 1 error, 2 job kind "
-              "not in this build, 3 out of memory)");
+      "rank",
+      "run one rank task (spawned by the agent; exit codes: 0 success, 1 error, 2 job kind "
+      "not in this build, 3 out of memory)");
   rank->add_option("--task", task_path, "RankTask file (binary furnace.v1.RankTask)")
       ->required()
       ->check(CLI::ExistingFile);

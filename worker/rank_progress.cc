@@ -15,28 +15,28 @@ namespace furnace::worker {
 
 void Progress::Emit(const std::string& phase, uint64_t step, const std::string& message,
                     const comm::CommResult* result, const furnace::v1::StepTelemetry* train) {
-    furnace::v1::TelemetryRecord record;
-    record.set_job_id(task_.job_id());
-    record.set_attempt(task_.attempt());
-    record.set_rank(task_.rank());
-    record.set_step(step);
-    record.set_total_steps(total_steps_);
-    record.set_unix_time(RealClock().UnixSeconds());
-    record.set_phase(phase);
-    record.set_message(message);
-    if (result != nullptr) {
-      furnace::v1::CommResult* comm = record.add_comm();
-      comm->set_collective(result->collective);
-      comm->set_bytes(result->bytes);
-      comm->set_world_size(static_cast<uint32_t>(result->world_size));
-      comm->set_time_s(result->time_s);
-      comm->set_algbw_gbps(result->algbw_gbps);
-      comm->set_busbw_gbps(result->busbw_gbps);
-      comm->set_verified(result->verified);
-      comm->set_errors(result->errors);
-    }
-    if (train != nullptr) *record.mutable_train() = *train;
-    (void)writer_.Write(record);
+  furnace::v1::TelemetryRecord record;
+  record.set_job_id(task_.job_id());
+  record.set_attempt(task_.attempt());
+  record.set_rank(task_.rank());
+  record.set_step(step);
+  record.set_total_steps(total_steps_);
+  record.set_unix_time(RealClock().UnixSeconds());
+  record.set_phase(phase);
+  record.set_message(message);
+  if (result != nullptr) {
+    furnace::v1::CommResult* comm = record.add_comm();
+    comm->set_collective(result->collective);
+    comm->set_bytes(result->bytes);
+    comm->set_world_size(static_cast<uint32_t>(result->world_size));
+    comm->set_time_s(result->time_s);
+    comm->set_algbw_gbps(result->algbw_gbps);
+    comm->set_busbw_gbps(result->busbw_gbps);
+    comm->set_verified(result->verified);
+    comm->set_errors(result->errors);
+  }
+  if (train != nullptr) *record.mutable_train() = *train;
+  (void)writer_.Write(record);
 }
 
 std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
@@ -60,9 +60,8 @@ std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t 
     while (true) pause();
   }
   if (fault.mode() == "exit") {
-    const std::string message =
-        absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " at step ",
-                     completed);
+    const std::string message = absl::StrCat("fault injection: exiting with code ",
+                                             fault.exit_code(), " at step ", completed);
     spdlog::error("{}", message);
     progress.Emit("failed", completed, message);
     return fault.exit_code();

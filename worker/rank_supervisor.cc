@@ -74,7 +74,8 @@ std::optional<uint64_t> ReadOomKills(const std::string& events_path) {
 }
 
 // Between fork and exec only async-signal-safe calls: no allocation, no locks, no logging.
-[[noreturn]] void ExecChild(pid_t parent, const int (&sources)[4], int error_fd, char* const* argv) {
+[[noreturn]] void ExecChild(pid_t parent, const int (&sources)[4], int error_fd,
+                            char* const* argv) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the agent died before prctl took effect
   setpgid(0, 0);
@@ -426,8 +427,8 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
         last_step_ ? absl::StrCat("last step ", *last_step_) : std::string("no progress record")));
   } else if (stop_requested) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
-    report.set_reason(absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (",
-                                   how, ")"));
+    report.set_reason(
+        absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (", how, ")"));
   } else if (code == 0) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_SUCCESS);
     report.set_reason(how);
@@ -439,10 +440,12 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
     report.set_reason(absl::StrCat(how, said));
   } else {
     const std::optional<uint64_t> oom_kills = ReadOomKills(cgroup_events_path_);
-    if (signal == SIGKILL && oom_kills && oom_kills_at_start_ && *oom_kills > *oom_kills_at_start_) {
+    if (signal == SIGKILL && oom_kills && oom_kills_at_start_ &&
+        *oom_kills > *oom_kills_at_start_) {
       report.set_exit_kind(furnace::v1::EXIT_KIND_OOM);
-      report.set_reason(absl::StrCat(how, ", likely by the kernel OOM killer (the cgroup's "
-                                          "oom_kill count rose)"));
+      report.set_reason(absl::StrCat(how,
+                                     ", likely by the kernel OOM killer (the cgroup's "
+                                     "oom_kill count rose)"));
     } else {
       report.set_exit_kind(furnace::v1::EXIT_KIND_SIGNAL);
       report.set_reason(absl::StrCat(how, said));

@@ -48,9 +48,9 @@ struct RankLaunch {
 };
 
 struct RankSinks {
-  std::function<void(furnace::v1::LogLine)> on_log;                  // may be empty
-  std::function<void(furnace::v1::TelemetryRecord)> on_telemetry;    // may be empty
-  std::function<void(const furnace::v1::RankReport&)> on_exit;       // may be empty
+  std::function<void(furnace::v1::LogLine)> on_log;                // may be empty
+  std::function<void(furnace::v1::TelemetryRecord)> on_telemetry;  // may be empty
+  std::function<void(const furnace::v1::RankReport&)> on_exit;     // may be empty
 };
 
 class RankSupervisor {
@@ -98,7 +98,7 @@ class RankSupervisor {
     int fd = -1;
     std::string partial;  // output streams: bytes after the last newline
   };
-  Stream streams_[3];     // stdout, stderr, telemetry
+  Stream streams_[3];  // stdout, stderr, telemetry
   int log_fd_ = -1;
   double last_progress_s_ = 0;
   std::optional<uint64_t> last_step_;
@@ -112,9 +112,9 @@ class RankSupervisor {
   bool telemetry_corrupt_ = false;
 
   mutable std::mutex mu_;
-  std::optional<double> stop_deadline_s_;  // guarded by mu_: SIGKILL at this time
-  std::string stop_reason_;                // guarded by mu_
-  bool stop_requested_ = false;            // guarded by mu_
+  std::optional<double> stop_deadline_s_;          // guarded by mu_: SIGKILL at this time
+  std::string stop_reason_;                        // guarded by mu_
+  bool stop_requested_ = false;                    // guarded by mu_
   std::optional<furnace::v1::RankReport> report_;  // guarded by mu_
 };
 

@@ -50,7 +50,7 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.micro_batches = static_cast<int>(spec.parallel().micro_batches());
   c.seed = t.seed();
   c.schedule.kind = t.schedule() == "constant" ? train::LrSchedule::Kind::kConstant
-                                                : train::LrSchedule::Kind::kCosine;
+                                               : train::LrSchedule::Kind::kCosine;
   c.schedule.lr = t.lr();
   c.schedule.min_lr = t.min_lr();
   c.schedule.warmup_steps = t.warmup();
@@ -117,8 +117,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
     }
     sampler = std::move(*made);
-    spdlog::info("data: synthetic Markov chain over {} symbols, entropy floor H = {:.4f} nats/token",
-                 config.vocab, entropy_floor);
+    spdlog::info(
+        "data: synthetic Markov chain over {} symbols, entropy floor H = {:.4f} nats/token",
+        config.vocab, entropy_floor);
   }
 
   // The layout: refused as bad input before any rendezvous when it does not fit the model.
@@ -127,23 +128,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (parallel) {
     absl::StatusOr<topology::Topology> topo = TopologyFromTask(task, config);
     if (!topo.ok()) {
-      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("parallel: ", topo.status().message()));
+      return Fail(progress, 0, kRankExitBadInput,
+                  absl::StrCat("parallel: ", topo.status().message()));
     }
     progress.Emit("rendezvous", 0);
-    auto connected = ConnectRankGroups(task, *topo, config, [&progress] {
-      progress.Emit("rendezvous", 0);
-    });
+    auto connected =
+        ConnectRankGroups(task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); });
     if (!connected.ok()) {
       return Fail(progress, 0, kRankExitError,
                   absl::StrCat("rendezvous failed: ", connected.status().ToString()));
     }
     layout = std::move(*connected);
     const model::ModelShard& sh = layout->shard;
-    spdlog::info("layout pp={} dp={} tp={} ep={} esp={}: stage {} (layers {}..{}), dp rank {}, "
-                 "tp rank {}, ep rank {}, esp rank {}",
-                 topo->sizes().pp, topo->sizes().dp, topo->sizes().tp, topo->sizes().ep,
-                 topo->sizes().esp, sh.stage, sh.first_layer, sh.last_layer - 1, sh.dp_rank,
-                 sh.tp_rank, sh.ep_rank, sh.esp_rank);
+    spdlog::info(
+        "layout pp={} dp={} tp={} ep={} esp={}: stage {} (layers {}..{}), dp rank {}, "
+        "tp rank {}, ep rank {}, esp rank {}",
+        topo->sizes().pp, topo->sizes().dp, topo->sizes().tp, topo->sizes().ep, topo->sizes().esp,
+        sh.stage, sh.first_layer, sh.last_layer - 1, sh.dp_rank, sh.tp_rank, sh.ep_rank,
+        sh.esp_rank);
   }
 
   // resources.device names the device; its backend is the one the model computes with. Only the
@@ -166,17 +168,18 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   const double peak = train::MeasureSgemmPeakFlops();
-  spdlog::info("model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
-               "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",
-               (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
-               spec.memory().device_budget() == 0
-                   ? std::string("unlimited")
-                   : absl::StrCat(spec.memory().device_budget(), " bytes"));
+  spdlog::info(
+      "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
+      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",
+      (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
+      spec.memory().device_budget() == 0 ? std::string("unlimited")
+                                         : absl::StrCat(spec.memory().device_budget(), " bytes"));
 
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak),
                                         nullptr, parallel ? &layout->runtime : nullptr);
   if (!trainer.ok()) {
-    return Fail(progress, 0, kRankExitBadInput, absl::StrCat("train: ", trainer.status().message()));
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat("train: ", trainer.status().message()));
   }
   if (!spec.checkpoint().dir().empty()) {
     auto restored = (*trainer)->RestoreLatest();
@@ -185,8 +188,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       spdlog::info("resumed from the checkpoint of step {} ({})", restored->step, restored->path);
     } else if (!absl::IsNotFound(restored.status())) {
       // A checkpoint of another layout or model is the user's to fix: retrying cannot help.
-      const int code = absl::IsFailedPrecondition(restored.status()) ? kRankExitBadInput
-                                                                      : kRankExitError;
+      const int code =
+          absl::IsFailedPrecondition(restored.status()) ? kRankExitBadInput : kRankExitError;
       return Fail(progress, 0, code, absl::StrCat("checkpoint: ", restored.status().message()));
     }
   }
@@ -209,10 +212,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     progress.Emit("running", done, "", nullptr, &telemetry);
     const uint64_t total = spec.train().steps();
     if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
-      spdlog::info("step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
-                   "imbalance {:.2f}  act peak {:.1f} MiB",
-                   done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3,
-                   s.mfu * 100, worst, s.activation_peak_bytes / 1048576.0);
+      spdlog::info(
+          "step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
+          "imbalance {:.2f}  act peak {:.1f} MiB",
+          done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3, s.mfu * 100,
+          worst, s.activation_peak_bytes / 1048576.0);
     }
     fault_exit = MaybeInjectFault(task, done, progress);
     if (fault_exit) stop.RequestStop();
@@ -221,9 +225,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (fault_exit) return *fault_exit;
   if (!status.ok()) {
     const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
-    return Fail(progress, static_cast<uint64_t>((*trainer)->step()), code,
-                absl::StrCat("training failed at step ", (*trainer)->step(), ": ",
-                             status.ToString()));
+    return Fail(
+        progress, static_cast<uint64_t>((*trainer)->step()), code,
+        absl::StrCat("training failed at step ", (*trainer)->step(), ": ", status.ToString()));
   }
   const std::string done = absl::StrFormat("trained %d steps", (*trainer)->step());
   spdlog::info("{}", done);

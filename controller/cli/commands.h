@@ -23,9 +23,9 @@ struct CommandContext {
   JobClient* client = nullptr;
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
-  bool json = false;          // one JSON document per command instead of text
-  bool tty = false;           // out is a terminal: watch redraws in place
-  int width = 0;              // terminal columns; 0 = do not cut lines
+  bool json = false;  // one JSON document per command instead of text
+  bool tty = false;   // out is a terminal: watch redraws in place
+  int width = 0;      // terminal columns; 0 = do not cut lines
   const Clock* clock = nullptr;
   std::function<void(double seconds)> sleep;  // waits between polls
   double poll_interval_s = 0.5;
@@ -44,8 +44,8 @@ absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_
 absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id);
 
 struct LogsOptions {
-  int rank = -1;     // -1: all ranks
-  int attempt = 0;   // 0: all attempts
+  int rank = -1;    // -1: all ranks
+  int attempt = 0;  // 0: all attempts
   bool follow = false;
 };
 absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id,

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
 
   ReportOptions report_options;
   auto* report = app.add_subcommand(
-      "report", "plots (SVG) and a summary of a training job's step series, written to a directory");
+      "report",
+      "plots (SVG) and a summary of a training job's step series, written to a directory");
   report->add_option("JOB", job_id, "job id")->required();
   report->add_option("-o,--output", report_options.output, "the directory to write")->required();
 

@@ -42,9 +42,9 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   summary.AddRow({"progress", absl::StrCat(ProgressBar(s.step(), s.total_steps(), 30), "  step ",
                                            FormatProgress(s.step(), s.total_steps()))});
   summary.AddRow({"ranks", absl::StrCat(s.world_size())});
-  summary.AddRow({"submitted", absl::StrCat(FormatUnixTime(s.submitted_unix()), "  (",
-                                            FormatDuration(now_unix - s.submitted_unix()),
-                                            " ago)")});
+  summary.AddRow(
+      {"submitted", absl::StrCat(FormatUnixTime(s.submitted_unix()), "  (",
+                                 FormatDuration(now_unix - s.submitted_unix()), " ago)")});
   summary.AddRow({"updated", FormatUnixTime(s.updated_unix())});
   // The header row of a two-column key/value table is empty: drop it.
   const std::string rendered = summary.Render();
@@ -130,8 +130,8 @@ std::string RenderJobsTable(const v1::ListJobsResponse& jobs, double now_unix) {
 }
 
 std::string RenderWorkersTable(const v1::ListWorkersResponse& workers, double now_unix) {
-  Table table({"WORKER", "HOST", "SLOT", "DEVICE", "MEMORY", "STATE", "JOB/RANK", "LAST SEEN",
-               "PID"});
+  Table table(
+      {"WORKER", "HOST", "SLOT", "DEVICE", "MEMORY", "STATE", "JOB/RANK", "LAST SEEN", "PID"});
   for (size_t c : {2, 4, 8}) table.SetRightAligned(c);
   for (const auto& w : workers.workers()) {
     table.AddRow({w.worker_id(), OrDash(w.host()), absl::StrCat(w.slot()), OrDash(w.device_kind()),

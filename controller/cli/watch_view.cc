@@ -30,12 +30,12 @@ std::string EventText(const v1::JobEvent& e) {
 }
 
 std::string StatusLine(const v1::JobSummary& s) {
-  std::string line = absl::StrCat(StateName(s.state()), "  attempt ", s.attempt(), "  ",
-                                  Restarts(s.restarts()), "  step ",
-                                  FormatProgress(s.step(), s.total_steps()));
+  std::string line =
+      absl::StrCat(StateName(s.state()), "  attempt ", s.attempt(), "  ", Restarts(s.restarts()),
+                   "  step ", FormatProgress(s.step(), s.total_steps()));
   if (s.total_steps() > 0) {
     absl::StrAppend(&line, absl::StrFormat(" (%d%%)", std::min(s.step(), s.total_steps()) * 100 /
-                                                         s.total_steps()));
+                                                          s.total_steps()));
   }
   if (!s.cause().empty()) absl::StrAppend(&line, "  cause: ", s.cause());
   return line;
@@ -69,9 +69,9 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
     for (auto& line : TrainWatchLines(*train)) lines.push_back(std::move(line));
   }
   if (!s.cause().empty()) lines.push_back(absl::StrCat("cause: ", s.cause()));
-  lines.push_back(job.events().empty() ? std::string("last event: -")
-                                       : absl::StrCat("last event: ",
-                                                      EventText(*job.events().rbegin())));
+  lines.push_back(job.events().empty()
+                      ? std::string("last event: -")
+                      : absl::StrCat("last event: ", EventText(*job.events().rbegin())));
   // The largest size per collective is the figure of merit of a sweep.
   std::map<std::string, const v1::CommResult*> largest;
   for (const auto& r : job.comm()) {

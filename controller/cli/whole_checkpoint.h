@@ -1,11 +1,11 @@
-// Whole tensors from a committed checkpoint, whatever layout wrote it (runtime/checkpoint/checkpoint.h).
-// A single-rank checkpoint holds every tensor whole in shard 0. A parallel one holds, in each
-// rank's shard, that rank's part of each tensor it has: ParamInfo::shard says where local element
-// i lies in the whole tensor (GlobalIndex), and a tensor several ranks hold (replicated across data
-// or tensor parallelism, the tied wte on the first and last pipeline stage) appears on each of
-// them. Reassembly places every shard's elements by name, keeps the first copy of a replicated
-// element and compares the later ones with it, and refuses a checkpoint that leaves an element of
-// some tensor on no shard.
+// Whole tensors from a committed checkpoint, whatever layout wrote it
+// (runtime/checkpoint/checkpoint.h). A single-rank checkpoint holds every tensor whole in shard 0.
+// A parallel one holds, in each rank's shard, that rank's part of each tensor it has:
+// ParamInfo::shard says where local element i lies in the whole tensor (GlobalIndex), and a tensor
+// several ranks hold (replicated across data or tensor parallelism, the tied wte on the first and
+// last pipeline stage) appears on each of them. Reassembly places every shard's elements by name,
+// keeps the first copy of a replicated element and compares the later ones with it, and refuses a
+// checkpoint that leaves an element of some tensor on no shard.
 //
 // Errors: DataLoss for a damaged or inconsistent checkpoint (the loader's checks, a part outside
 // its shard's values, shapes that disagree between shards, an element on no shard), naming the

@@ -56,14 +56,20 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   self->host_ = self->options_.listen.substr(0, colon);
 
   const std::vector<std::string> civet_options = {
-      "listening_ports", self->options_.listen,
-      "num_threads", std::to_string(self->options_.threads),
+      "listening_ports",
+      self->options_.listen,
+      "num_threads",
+      std::to_string(self->options_.threads),
       // civetweb's buffer gets headroom so that our own check (Handle) decides at the limit with a
       // clear answer; beyond twice the limit civetweb refuses on its own.
-      "max_request_size", std::to_string(2 * self->options_.max_request_bytes),
-      "request_timeout_ms", "10000",
-      "enable_keep_alive", "no",
-      "decode_url", "yes",
+      "max_request_size",
+      std::to_string(2 * self->options_.max_request_bytes),
+      "request_timeout_ms",
+      "10000",
+      "enable_keep_alive",
+      "no",
+      "decode_url",
+      "yes",
   };
   CivetCallbacks callbacks;
   callbacks.log_message = LogMessage;
@@ -101,8 +107,8 @@ int MonitoringServer::Handle(mg_connection* conn) {
   const mg_request_info* info = mg_get_request_info(conn);
   HttpResponse response;
   try {
-    int64_t header_bytes = std::char_traits<char>::length(info->request_uri ? info->request_uri
-                                                                            : "");
+    int64_t header_bytes =
+        std::char_traits<char>::length(info->request_uri ? info->request_uri : "");
     for (int i = 0; i < info->num_headers; ++i) {
       header_bytes += std::char_traits<char>::length(info->http_headers[i].name) +
                       std::char_traits<char>::length(info->http_headers[i].value) + 4;

@@ -46,8 +46,8 @@ class MonitoringServer {
   MonitoringServer(const MonitoringServer&) = delete;
   MonitoringServer& operator=(const MonitoringServer&) = delete;
 
-  int port() const { return port_; }       // the real port, also when `listen` asked for 0
-  std::string address() const;             // "host:port" with the real port
+  int port() const { return port_; }  // the real port, also when `listen` asked for 0
+  std::string address() const;        // "host:port" with the real port
 
  private:
   MonitoringServer(MonitoringOptions options, MonitoringHandlers handlers);

@@ -15,8 +15,8 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
   std::string out;
   const auto status = google::protobuf::util::MessageToJsonString(m, &out, options);
   if (!status.ok()) {
-    return absl::InternalError("cannot print " + m.GetTypeName() + " as JSON: " +
-                               std::string(status.message()));
+    return absl::InternalError("cannot print " + m.GetTypeName() +
+                               " as JSON: " + std::string(status.message()));
   }
   return out;
 }

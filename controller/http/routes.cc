@@ -27,9 +27,12 @@ HttpResponse Text(int status, std::string body) {
 
 int StatusFor(const absl::Status& s) {
   switch (s.code()) {
-    case absl::StatusCode::kNotFound: return 404;
-    case absl::StatusCode::kInvalidArgument: return 400;
-    default: return 500;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    default:
+      return 500;
   }
 }
 
@@ -50,8 +53,8 @@ std::optional<std::string> QueryDecode(absl::string_view s) {
       out += ' ';
     } else if (s[i] == '%') {
       int v = 0;
-      if (i + 2 >= s.size() || !absl::ascii_isxdigit(s[i + 1]) ||
-          !absl::ascii_isxdigit(s[i + 2]) || !absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+      if (i + 2 >= s.size() || !absl::ascii_isxdigit(s[i + 1]) || !absl::ascii_isxdigit(s[i + 2]) ||
+          !absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
         return std::nullopt;
       }
       out += static_cast<char>(v);
@@ -93,22 +96,30 @@ HttpResponse Series(const std::string& job_id, const HttpRequest& request,
 
 const char* StatusText(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Payload Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    default:
+      return "Unknown";
   }
 }
 
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,
                    const RouteOptions& options) {
   if (request.content_length > options.max_body_bytes) {
-    return Text(413, "request body too large (limit " + std::to_string(options.max_body_bytes) +
-                         " bytes)");
+    return Text(
+        413, "request body too large (limit " + std::to_string(options.max_body_bytes) + " bytes)");
   }
   if (request.method != "GET") {
     HttpResponse r = Text(405, "method not allowed: only GET is served here");
@@ -132,8 +143,7 @@ HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handler
   constexpr absl::string_view kSeries = "/series";
   if (absl::StartsWith(path, kJobs) && absl::EndsWith(path, kSeries) &&
       path.size() > kJobs.size() + kSeries.size()) {
-    const std::string id =
-        path.substr(kJobs.size(), path.size() - kJobs.size() - kSeries.size());
+    const std::string id = path.substr(kJobs.size(), path.size() - kJobs.size() - kSeries.size());
     if (id.find('/') == std::string::npos) return Series(id, request, handlers);
   }
   if (absl::StartsWith(path, "/api/")) return Text(404, "not found");

@@ -33,10 +33,10 @@ struct MonitoringHandlers {
 };
 
 struct HttpRequest {
-  std::string method;             // "GET", "POST", ...
-  std::string path;               // URL-decoded, without the query: "/api/jobs"
-  std::string query;              // raw, without '?': "since=3&max=100"
-  int64_t content_length = -1;    // -1: none given
+  std::string method;           // "GET", "POST", ...
+  std::string path;             // URL-decoded, without the query: "/api/jobs"
+  std::string query;            // raw, without '?': "since=3&max=100"
+  int64_t content_length = -1;  // -1: none given
 };
 
 struct HttpResponse {
@@ -49,7 +49,7 @@ struct HttpResponse {
 inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
 struct RouteOptions {
-  std::string web_root;           // directory of the dashboard's files; empty: no dashboard
+  std::string web_root;  // directory of the dashboard's files; empty: no dashboard
   int64_t max_body_bytes = 16 * 1024;
 };
 

@@ -56,8 +56,7 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext*, const v1::GetLogsRequ
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJobSeries(grpc::ServerContext*,
-                                          const v1::GetJobSeriesRequest* req,
+grpc::Status JobServiceImpl::GetJobSeries(grpc::ServerContext*, const v1::GetJobSeriesRequest* req,
                                           v1::JobSeries* resp) {
   auto series = c_.GetJobSeries(*req);
   if (!series.ok()) return ToGrpc(series.status());
@@ -111,8 +110,7 @@ grpc::Status AgentServiceImpl::PushLogs(grpc::ServerContext*, const v1::LogBatch
   return ToGrpc(c_.PushLogs(*req));
 }
 
-grpc::Status AgentServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
-                                     v1::Ack*) {
+grpc::Status AgentServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::Ack*) {
   return ToGrpc(c_.KvSet(*req));
 }
 

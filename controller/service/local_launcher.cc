@@ -65,14 +65,19 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
   const fs::path dir = fs::path(options_.state_dir) / "workers" / absl::StrCat("slot-", slot);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const std::string log = (fs::path(options_.state_dir) / "logs" /
-                           absl::StrCat("worker-", slot, ".log")).string();
+  const std::string log =
+      (fs::path(options_.state_dir) / "logs" / absl::StrCat("worker-", slot, ".log")).string();
   std::vector<std::string> args = {options_.worker_binary,
-                                   "--controller", options_.controller_address,
-                                   "--slot", std::to_string(slot),
-                                   "--host", "127.0.0.1",
-                                   "--work-dir", dir.string(),
-                                   "--log-level", options_.log_level};
+                                   "--controller",
+                                   options_.controller_address,
+                                   "--slot",
+                                   std::to_string(slot),
+                                   "--host",
+                                   "127.0.0.1",
+                                   "--work-dir",
+                                   dir.string(),
+                                   "--log-level",
+                                   options_.log_level};
   // Everything the child needs is prepared before fork: between fork and exec only
   // async-signal-safe calls.
   std::vector<char*> argv;

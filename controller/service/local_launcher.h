@@ -39,8 +39,8 @@ class LocalLauncher {
  private:
   struct Slot {
     pid_t pid = -1;
-    bool adopted = false;      // not our child: watched with kill(pid, 0)
-    double restart_at = 0;     // monotonic seconds
+    bool adopted = false;   // not our child: watched with kill(pid, 0)
+    double restart_at = 0;  // monotonic seconds
   };
   void Monitor();
   pid_t Spawn(uint32_t slot);

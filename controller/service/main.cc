@@ -1,5 +1,6 @@
 // furnace-controller: the job-level coordinator daemon. See controller.h for what it does and
 // README.md for how to run it.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -8,15 +9,13 @@
 #include <iostream>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "CLI/CLI.hpp"
-#include "controller/service/controller.h"
-#include "controller/service/grpc_services.h"
 #include "controller/http/monitoring_server.h"
 #include "controller/http/proto_json.h"
 #include "controller/http/static_files.h"
 #include "controller/metrics/render_metrics.h"
+#include "controller/service/controller.h"
+#include "controller/service/grpc_services.h"
 #include "controller/service/local_launcher.h"
 #include "controller/service/options.h"
 #include "spdlog/spdlog.h"
@@ -85,7 +84,9 @@ int main(int argc, char** argv) {
     mo.web_root = f.web_root.empty() ? http::DefaultWebRoot() : f.web_root;
     http::MonitoringHandlers handlers;
     auto* c = controller.get();
-    handlers.metrics_text = [c] { return furnace::controller::metrics::RenderMetrics(c->Metrics()); };
+    handlers.metrics_text = [c] {
+      return furnace::controller::metrics::RenderMetrics(c->Metrics());
+    };
     handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
       furnace::v1::ListJobsResponse jobs;
       for (auto& j : c->ListJobs()) *jobs.add_jobs() = std::move(j);

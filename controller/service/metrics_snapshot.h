@@ -15,27 +15,27 @@ namespace furnace::controller {
 struct JobMetrics {
   std::string job_id;
   std::string name;
-  std::string kind;                     // commcheck | train
+  std::string kind;  // commcheck | train
   furnace::v1::JobState state = furnace::v1::JOB_STATE_UNSPECIFIED;
   uint32_t attempt = 0;
-  uint64_t step = 0;                    // steps completed (progress)
+  uint64_t step = 0;  // steps completed (progress)
   uint64_t total_steps = 0;
-  bool has_step = false;                // a training step has been aggregated
-  furnace::v1::StepRecord last;         // the newest aggregated step
-  double tokens_total = 0;              // tokens trained, all attempts (counter)
+  bool has_step = false;                              // a training step has been aggregated
+  furnace::v1::StepRecord last;                       // the newest aggregated step
+  double tokens_total = 0;                            // tokens trained, all attempts (counter)
   std::map<std::string, double> planner_bytes_total;  // by action (counter)
   std::map<std::string, double> comm_bytes_total;     // by collective (counter)
   std::map<std::string, uint64_t> restarts_by_cause;  // failure_kind -> failed attempts
-  double last_checkpoint_seconds = -1;  // < 0: no checkpoint yet
-  double last_recovery_seconds = -1;    // failure -> next attempt all running; < 0: none yet
+  double last_checkpoint_seconds = -1;                // < 0: no checkpoint yet
+  double last_recovery_seconds = -1;  // failure -> next attempt all running; < 0: none yet
 };
 
 struct MetricsSnapshot {
   double unix_time = 0;
   std::vector<JobMetrics> jobs;
   std::map<furnace::v1::WorkerState, uint32_t> workers_by_state;  // every state but UNSPECIFIED
-  uint64_t telemetry_dropped_total = 0;              // records agents had to drop
-  uint64_t telemetry_records_total = 0;              // records received
+  uint64_t telemetry_dropped_total = 0;                           // records agents had to drop
+  uint64_t telemetry_records_total = 0;                           // records received
 };
 
 }  // namespace furnace::controller

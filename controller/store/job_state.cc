@@ -12,15 +12,24 @@ bool IsFinal(JobState state) {
 
 const char* StateName(JobState state) {
   switch (state) {
-    case v1::JOB_PENDING: return "pending";
-    case v1::JOB_SCHEDULED: return "scheduled";
-    case v1::JOB_STARTING: return "starting";
-    case v1::JOB_RUNNING: return "running";
-    case v1::JOB_RECOVERING: return "recovering";
-    case v1::JOB_SUCCEEDED: return "succeeded";
-    case v1::JOB_FAILED: return "failed";
-    case v1::JOB_CANCELLED: return "cancelled";
-    default: return "unknown";
+    case v1::JOB_PENDING:
+      return "pending";
+    case v1::JOB_SCHEDULED:
+      return "scheduled";
+    case v1::JOB_STARTING:
+      return "starting";
+    case v1::JOB_RUNNING:
+      return "running";
+    case v1::JOB_RECOVERING:
+      return "recovering";
+    case v1::JOB_SUCCEEDED:
+      return "succeeded";
+    case v1::JOB_FAILED:
+      return "failed";
+    case v1::JOB_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
   }
 }
 
@@ -31,12 +40,23 @@ absl::Status CheckTransition(JobState from, JobState to) {
     legal = true;
   } else {
     switch (from) {
-      case v1::JOB_PENDING: legal = to == v1::JOB_SCHEDULED; break;
-      case v1::JOB_SCHEDULED: legal = to == v1::JOB_STARTING; break;
-      case v1::JOB_STARTING: legal = to == v1::JOB_RUNNING || to == v1::JOB_RECOVERING; break;
-      case v1::JOB_RUNNING: legal = to == v1::JOB_SUCCEEDED || to == v1::JOB_RECOVERING; break;
-      case v1::JOB_RECOVERING: legal = to == v1::JOB_STARTING; break;
-      default: legal = false;
+      case v1::JOB_PENDING:
+        legal = to == v1::JOB_SCHEDULED;
+        break;
+      case v1::JOB_SCHEDULED:
+        legal = to == v1::JOB_STARTING;
+        break;
+      case v1::JOB_STARTING:
+        legal = to == v1::JOB_RUNNING || to == v1::JOB_RECOVERING;
+        break;
+      case v1::JOB_RUNNING:
+        legal = to == v1::JOB_SUCCEEDED || to == v1::JOB_RECOVERING;
+        break;
+      case v1::JOB_RECOVERING:
+        legal = to == v1::JOB_STARTING;
+        break;
+      default:
+        legal = false;
     }
   }
   if (legal) return absl::OkStatus();

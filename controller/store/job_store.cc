@@ -220,8 +220,11 @@ absl::Status JobStore::KvPut(const std::string& job_id, uint32_t attempt, const 
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "INSERT OR REPLACE INTO kv (job_id, attempt, key, value) VALUES (?1, ?2, ?3, ?4)");
-  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(attempt)).BindText(3, key)
-      .Bind(4, value).Run();
+  return q.BindText(1, job_id)
+      .Bind(2, static_cast<int64_t>(attempt))
+      .BindText(3, key)
+      .Bind(4, value)
+      .Run();
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::KvLoad(
@@ -265,14 +268,16 @@ absl::Status JobStore::PutCommResult(const std::string& job_id, const v1::CommRe
   Statement q(db_,
               "INSERT OR REPLACE INTO comm_results (job_id, collective, bytes, result) "
               "VALUES (?1, ?2, ?3, ?4)");
-  return q.BindText(1, job_id).BindText(2, result.collective())
-      .Bind(3, static_cast<int64_t>(result.bytes())).Bind(4, result.SerializeAsString()).Run();
+  return q.BindText(1, job_id)
+      .BindText(2, result.collective())
+      .Bind(3, static_cast<int64_t>(result.bytes()))
+      .Bind(4, result.SerializeAsString())
+      .Run();
 }
 
 absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std::string& job_id) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  Statement q(db_,
-              "SELECT result FROM comm_results WHERE job_id = ?1 ORDER BY collective, bytes");
+  Statement q(db_, "SELECT result FROM comm_results WHERE job_id = ?1 ORDER BY collective, bytes");
   q.BindText(1, job_id);
   std::vector<v1::CommResult> out;
   while (true) {
@@ -284,8 +289,8 @@ absl::StatusOr<std::vector<v1::CommResult>> JobStore::LoadCommResults(const std:
   return out;
 }
 
-absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(
-    const std::string& job_id, uint32_t rank) {
+absl::StatusOr<std::optional<v1::TelemetryRecord>> JobStore::LatestRecord(const std::string& job_id,
+                                                                          uint32_t rank) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   // The newest record that carries a step's telemetry (the very last ones, "done" or a failure
   // message, usually carry none); a few dozen rows back at most.
@@ -309,12 +314,15 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
   Statement q(db_,
               "INSERT OR REPLACE INTO job_steps (job_id, attempt, step, record) "
               "VALUES (?1, ?2, ?3, ?4)");
-  return q.BindText(1, job_id).Bind(2, static_cast<int64_t>(step.attempt()))
-      .Bind(3, static_cast<int64_t>(step.step())).Bind(4, step.SerializeAsString()).Run();
+  return q.BindText(1, job_id)
+      .Bind(2, static_cast<int64_t>(step.attempt()))
+      .Bind(3, static_cast<int64_t>(step.step()))
+      .Bind(4, step.SerializeAsString())
+      .Run();
 }
 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
-                                                                 uint64_t since_step) {
+                                                                uint64_t since_step) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_,
               "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "

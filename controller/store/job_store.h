@@ -71,8 +71,8 @@ class JobStore {
   // Rendezvous key-value pairs, scoped by (job, attempt).
   absl::Status KvPut(const std::string& job_id, uint32_t attempt, const std::string& key,
                      const std::string& value);
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> KvLoad(
-      const std::string& job_id, uint32_t attempt);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> KvLoad(const std::string& job_id,
+                                                                          uint32_t attempt);
   absl::Status KvDropScope(const std::string& job_id, uint32_t attempt);
 
   // Telemetry: raw records, and the latest commcheck result per (collective, bytes).

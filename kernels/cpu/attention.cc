@@ -102,8 +102,8 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                 \
-  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                     \
+#define FURNACE_INSTANTIATE(T)                                             \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int); \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)

@@ -47,7 +47,7 @@ uint8_t EncodeE4M3(float x) {
     // integer m is the code either way.
     code = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, 9)));
   } else {
-    const float mant = std::nearbyint((2.0f * frac - 1.0f) * 8.0f);  // 0..8
+    const float mant = std::nearbyint((2.0f * frac - 1.0f) * 8.0f);              // 0..8
     code = (static_cast<uint32_t>(exp + 7) << 3) + static_cast<uint32_t>(mant);  // 8 carries
   }
   return sign | static_cast<uint8_t>(std::min<uint32_t>(code, kFp8MaxCode));

@@ -35,8 +35,8 @@ void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T 
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                             \
-  template void CrossEntropyForward<T>(T*, T*, const T*, const int32_t*, int, int);        \
+#define FURNACE_INSTANTIATE(T)                                                      \
+  template void CrossEntropyForward<T>(T*, T*, const T*, const int32_t*, int, int); \
   template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, T, int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)

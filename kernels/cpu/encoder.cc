@@ -35,8 +35,8 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                   \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);      \
+#define FURNACE_INSTANTIATE(T)                                                              \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int); \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)

@@ -51,7 +51,8 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
     for (int j = 0; j < kChunk; ++j) x[j] = inp[i + j];
     for (int j = 0; j < kChunk; ++j) a[j] = MinusTwoU(x[j]);
     internal::ExpChunk(e, a);
-    for (int j = 0; j < kChunk; ++j) g[j] = GradFromSigmoid(x[j], T(1) / (T(1) + e[j])) * dout[i + j];
+    for (int j = 0; j < kChunk; ++j)
+      g[j] = GradFromSigmoid(x[j], T(1) / (T(1) + e[j])) * dout[i + j];
     for (int j = 0; j < kChunk; ++j) dinp[i + j] += g[j];
   }
   for (; i < n; ++i) {

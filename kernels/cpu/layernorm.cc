@@ -58,10 +58,10 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                  \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);     \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                     const T*, int, int);
+#define FURNACE_INSTANTIATE(T)                                                                     \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T);        \
+  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                     int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)
 #undef FURNACE_INSTANTIATE

@@ -65,13 +65,13 @@ void GroupedMatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                   \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);               \
-  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);      \
-  template void GroupedMatmulForward<T>(T*, const T*, const T*, const T*, const int64_t*, int,   \
-                                        int, int);                                               \
-  template void GroupedMatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*,               \
-                                         const int64_t*, int, int, int);
+#define FURNACE_INSTANTIATE(T)                                                                     \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int);                 \
+  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);        \
+  template void GroupedMatmulForward<T>(T*, const T*, const T*, const T*, const int64_t*, int,     \
+                                        int, int);                                                 \
+  template void GroupedMatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, const int64_t*, \
+                                         int, int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)
 #undef FURNACE_INSTANTIATE

@@ -11,8 +11,7 @@
 
 namespace furnace::kernels::cpu {
 
-DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k,
-                              double capacity_factor) {
+DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k, double capacity_factor) {
   DispatchPlan plan;
   plan.N = N;
   plan.E = E;
@@ -102,10 +101,10 @@ void UnpermuteBackward(T* dexpert_out, T* dgates, const T* dout, const T* expert
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                 \
-  template void PermuteForward<T>(T*, const T*, const DispatchPlan&, int);                     \
-  template void PermuteBackward<T>(T*, const T*, const DispatchPlan&, int);                    \
-  template void UnpermuteForward<T>(T*, const T*, const T*, const DispatchPlan&, int);         \
+#define FURNACE_INSTANTIATE(T)                                                                  \
+  template void PermuteForward<T>(T*, const T*, const DispatchPlan&, int);                      \
+  template void PermuteBackward<T>(T*, const T*, const DispatchPlan&, int);                     \
+  template void UnpermuteForward<T>(T*, const T*, const T*, const DispatchPlan&, int);          \
   template void UnpermuteBackward<T>(T*, T*, const T*, const T*, const T*, const DispatchPlan&, \
                                      int);
 FURNACE_INSTANTIATE(float)

@@ -127,12 +127,12 @@ void AuxLossBackward(T* dprobs, const int32_t* indices, int N, int E, int k, T a
   }
 }
 
-#define FURNACE_INSTANTIATE(T)                                                                  \
-  template void SoftmaxForward<T>(T*, const T*, int, int);                                      \
-  template void SoftmaxBackward<T>(T*, const T*, const T*, int, int);                           \
-  template void TopKForward<T>(int32_t*, T*, const T*, int, int, int, bool);                    \
-  template void TopKBackward<T>(T*, const T*, const T*, const int32_t*, int, int, int, bool);   \
-  template T AuxLossForward<T>(const T*, const int32_t*, int, int, int, T);                     \
+#define FURNACE_INSTANTIATE(T)                                                                \
+  template void SoftmaxForward<T>(T*, const T*, int, int);                                    \
+  template void SoftmaxBackward<T>(T*, const T*, const T*, int, int);                         \
+  template void TopKForward<T>(int32_t*, T*, const T*, int, int, int, bool);                  \
+  template void TopKBackward<T>(T*, const T*, const T*, const int32_t*, int, int, int, bool); \
+  template T AuxLossForward<T>(const T*, const int32_t*, int, int, int, T);                   \
   template void AuxLossBackward<T>(T*, const int32_t*, int, int, int, T, T);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)

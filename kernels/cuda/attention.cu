@@ -7,8 +7,8 @@
 //   dP^T = Vc^T doutc;  dV^T += doutc Pc^T;  dQ^T += scale Kc dSc;  dK^T += scale Qc dSc^T
 #include <cmath>
 
-#include "kernels/cuda/attention.h"
 #include "common.cuh"
+#include "kernels/cuda/attention.h"
 
 namespace furnace::kernels::cuda {
 namespace {
@@ -65,9 +65,9 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
     const float* q = qkv + int64_t{b} * Tlen * ld;
     const float* k = q + C;
     float* a = att + int64_t{b} * NH * tt;
-    if (!FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(
-                                      handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, &scale, k,
-                                      ld, hs, q, ld, hs, &zero, a, Tlen, tt, NH))) {
+    if (!FURNACE_CHECK_CUBLAS(
+            op, cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, &scale,
+                                          k, ld, hs, q, ld, hs, &zero, a, Tlen, tt, NH))) {
       return;
     }
   }
@@ -79,9 +79,9 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
     const float* v = qkv + int64_t{b} * Tlen * ld + 2 * C;
     const float* a = att + int64_t{b} * NH * tt;
     float* o = out + int64_t{b} * Tlen * C;
-    if (!FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(
-                                      handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tlen, Tlen, &one, v,
-                                      ld, hs, a, Tlen, tt, &zero, o, C, hs, NH))) {
+    if (!FURNACE_CHECK_CUBLAS(
+            op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tlen, Tlen, &one, v,
+                                          ld, hs, a, Tlen, tt, &zero, o, C, hs, NH))) {
       return;
     }
   }
@@ -98,8 +98,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float zero = 0.0f, one = 1.0f;
   float* dp = nullptr;
-  if (!FURNACE_CHECK_CUDA(op, cudaMallocAsync(reinterpret_cast<void**>(&dp),
-                                              NH * tt * sizeof(float), stream))) {
+  if (!FURNACE_CHECK_CUDA(
+          op, cudaMallocAsync(reinterpret_cast<void**>(&dp), NH * tt * sizeof(float), stream))) {
     return;
   }
   int64_t rows = int64_t{NH} * Tlen;
@@ -112,23 +112,22 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
     float* dv = dq + 2 * C;
     const float* dy = dout + int64_t{b} * Tlen * C;
     const float* p = att + int64_t{b} * NH * tt;
-    bool ok =
-        FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen,
-                                                           Tlen, hs, &one, v, ld, hs, dy, C, hs,
-                                                           &zero, dp, Tlen, tt, NH)) &&
-        FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs,
-                                                           Tlen, Tlen, &one, dy, C, hs, p, Tlen,
-                                                           tt, &one, dv, ld, hs, NH));
+    bool ok = FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(
+                                           handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, &one,
+                                           v, ld, hs, dy, C, hs, &zero, dp, Tlen, tt, NH)) &&
+              FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T,
+                                                                 hs, Tlen, Tlen, &one, dy, C, hs, p,
+                                                                 Tlen, tt, &one, dv, ld, hs, NH));
     if (!ok) break;
     CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(internal::CeilDiv(rows, kWarpsPerBlock)),
                                   kWarpsPerBlock * 32, 0, stream>>>(dp, p, rows, Tlen);
     ok = FURNACE_CHECK_LAUNCH(op) &&
-         FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs,
-                                                            Tlen, Tlen, &scale, k, ld, hs, dp,
-                                                            Tlen, tt, &one, dq, ld, hs, NH)) &&
-         FURNACE_CHECK_CUBLAS(op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs,
-                                                            Tlen, Tlen, &scale, q, ld, hs, dp,
-                                                            Tlen, tt, &one, dk, ld, hs, NH));
+         FURNACE_CHECK_CUBLAS(
+             op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tlen, Tlen, &scale,
+                                           k, ld, hs, dp, Tlen, tt, &one, dq, ld, hs, NH)) &&
+         FURNACE_CHECK_CUBLAS(
+             op, cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tlen, Tlen, &scale,
+                                           q, ld, hs, dp, Tlen, tt, &one, dk, ld, hs, NH));
     if (!ok) break;
   }
   FURNACE_CHECK_CUDA(op, cudaFreeAsync(dp, stream));

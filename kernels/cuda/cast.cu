@@ -3,8 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/cast.h"
 #include "common.cuh"
+#include "kernels/cuda/cast.h"
 
 namespace furnace::kernels::cuda {
 namespace {
@@ -81,13 +81,12 @@ void QuantizeFp8E4M3(uint8_t* out, float* scales, const float* inp, int64_t n, i
 void DequantizeFp8E4M3(float* out, const uint8_t* inp, const float* scales, int64_t n, int block,
                        cudaStream_t stream) {
   if (block <= 0) {
-    internal::RecordError("DequantizeFp8E4M3", "argument check", "block must be positive",
-                          __FILE__, __LINE__);
+    internal::RecordError("DequantizeFp8E4M3", "argument check", "block must be positive", __FILE__,
+                          __LINE__);
     return;
   }
   if (n <= 0) return;
-  DequantizeKernel<<<internal::GridFor(n, kBlock), kBlock, 0, stream>>>(out, inp, scales, n,
-                                                                         block);
+  DequantizeKernel<<<internal::GridFor(n, kBlock), kBlock, 0, stream>>>(out, inp, scales, n, block);
   FURNACE_CHECK_LAUNCH("DequantizeFp8E4M3");
 }
 

@@ -12,8 +12,7 @@
 namespace furnace::kernels::cuda::internal {
 
 // Records the first error on this thread (later ones are dropped until TakeLastError()).
-void RecordError(const char* op, const char* call, const char* message, const char* file,
-                 int line);
+void RecordError(const char* op, const char* call, const char* message, const char* file, int line);
 // Records cudaPeekAtLastError() if it is set; true when all is well.
 bool CheckLaunch(const char* op, const char* file, int line);
 bool CheckCublas(cublasStatus_t status, const char* op, const char* call, const char* file,

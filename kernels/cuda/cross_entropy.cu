@@ -31,8 +31,7 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* probs, const flo
 }
 
 __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
-                                           const int32_t* targets, float dloss, int64_t N,
-                                           int V) {
+                                           const int32_t* targets, float dloss, int64_t N, int V) {
   int64_t total = N * V;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -45,8 +44,8 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
 
 }  // namespace
 
-void CrossEntropyForward(float* losses, float* probs, const float* logits,
-                         const int32_t* targets, int N, int V, cudaStream_t stream) {
+void CrossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets,
+                         int N, int V, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return;
   CrossEntropyForwardKernel<<<N, kBlock, 0, stream>>>(losses, probs, logits, targets, V);
   FURNACE_CHECK_LAUNCH("CrossEntropyForward");

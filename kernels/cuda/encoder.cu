@@ -29,8 +29,7 @@ __global__ void EmbeddingBackwardWteKernel(float* dwte, const float* dout, const
   }
 }
 
-__global__ void EmbeddingBackwardWpeKernel(float* dwpe, const float* dout, int B, int Tlen,
-                                           int C) {
+__global__ void EmbeddingBackwardWpeKernel(float* dwpe, const float* dout, int B, int Tlen, int C) {
   int64_t total = int64_t{Tlen} * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -44,8 +43,8 @@ constexpr int kBlock = 256;
 
 }  // namespace
 
-void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                      int B, int Tlen, int C, cudaStream_t stream) {
+void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                      int Tlen, int C, cudaStream_t stream) {
   int64_t BT = int64_t{B} * Tlen;
   if (BT * C == 0) return;
   EmbeddingForwardKernel<<<internal::GridFor(BT * C, kBlock), kBlock, 0, stream>>>(
@@ -60,8 +59,8 @@ void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_
   EmbeddingBackwardWteKernel<<<internal::GridFor(BT * C, kBlock), kBlock, 0, stream>>>(
       dwte, dout, tokens, BT, C);
   FURNACE_CHECK_LAUNCH("EmbeddingBackward");
-  EmbeddingBackwardWpeKernel<<<internal::GridFor(int64_t{Tlen} * C, kBlock), kBlock, 0,
-                               stream>>>(dwpe, dout, B, Tlen, C);
+  EmbeddingBackwardWpeKernel<<<internal::GridFor(int64_t{Tlen} * C, kBlock), kBlock, 0, stream>>>(
+      dwpe, dout, B, Tlen, C);
   FURNACE_CHECK_LAUNCH("EmbeddingBackward");
 }
 

@@ -25,8 +25,8 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
     float arg = kSqrt2OverPi * (x + cube);
     float th = tanhf(arg);
     float sech2 = 1.0f - th * th;
-    float local = 0.5f * (1.0f + th) +
-                  0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+    float local =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] += local * dout[i];
   }
 }

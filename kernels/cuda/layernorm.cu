@@ -63,8 +63,8 @@ constexpr int kStrip = 32;
 constexpr int kRows = 16;
 
 __global__ void LayerNormBackwardParamKernel(float* dweight, float* dbias, const float* dout,
-                                             const float* inp, const float* mean,
-                                             const float* rstd, int N, int C) {
+                                             const float* inp, const float* mean, const float* rstd,
+                                             int N, int C) {
   __shared__ float pw[kRows][kStrip + 1];
   __shared__ float pb[kRows][kStrip + 1];
   int c = blockIdx.x * kStrip + threadIdx.x;
@@ -103,16 +103,16 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, const float* mean,
-                       const float* rstd, int N, int C, cudaStream_t stream) {
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
   unsigned grid = static_cast<unsigned>(internal::CeilDiv(N, kWarpsPerBlock));
   LayerNormBackwardInputKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(dinp, dout, inp, weight,
                                                                          mean, rstd, N, C);
   FURNACE_CHECK_LAUNCH("LayerNormBackward");
   LayerNormBackwardParamKernel<<<static_cast<unsigned>(internal::CeilDiv(C, kStrip)),
-                                 dim3(kStrip, kRows), 0, stream>>>(dweight, dbias, dout, inp,
-                                                                   mean, rstd, N, C);
+                                 dim3(kStrip, kRows), 0, stream>>>(dweight, dbias, dout, inp, mean,
+                                                                   rstd, N, C);
   FURNACE_CHECK_LAUNCH("LayerNormBackward");
 }
 

@@ -24,16 +24,15 @@ __global__ void BroadcastBiasKernel(T* out, const T* bias, int64_t N, int OC) {
 }
 
 template <typename T>
-void BroadcastBias(T* out, const T* bias, int64_t N, int OC, cudaStream_t stream,
-                   const char* op) {
-  BroadcastBiasKernel<T><<<internal::GridFor(N * OC, kBlock), kBlock, 0, stream>>>(out, bias, N,
-                                                                                   OC);
+void BroadcastBias(T* out, const T* bias, int64_t N, int OC, cudaStream_t stream, const char* op) {
+  BroadcastBiasKernel<T>
+      <<<internal::GridFor(N * OC, kBlock), kBlock, 0, stream>>>(out, bias, N, OC);
   FURNACE_CHECK_LAUNCH(op);
 }
 
 // One forward GEMM on rows of inp; `op` names the caller in errors.
-void Forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-             int C, int OC, cublasHandle_t handle, cudaStream_t stream, const char* op) {
+void Forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+             int OC, cublasHandle_t handle, cudaStream_t stream, const char* op) {
   if (N == 0 || OC == 0) return;
   float alpha = 1.0f, beta = 0.0f;
   if (bias != nullptr) {
@@ -41,7 +40,8 @@ void Forward(float* out, const float* inp, const float* weight, const float* bia
     beta = 1.0f;
   }
   if (C == 0) {
-    if (bias == nullptr) FURNACE_CHECK_CUDA(op, cudaMemsetAsync(out, 0, N * OC * sizeof(float), stream));
+    if (bias == nullptr)
+      FURNACE_CHECK_CUDA(op, cudaMemsetAsync(out, 0, N * OC * sizeof(float), stream));
     return;
   }
   FURNACE_CHECK_CUBLAS(op, cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, OC, static_cast<int>(N), C,
@@ -59,8 +59,8 @@ void Backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
                                          OC, dout, OC, &one, dinp, C));
   }
   if (dweight != nullptr && C > 0 && OC > 0) {
-    FURNACE_CHECK_CUBLAS(op, cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, n, &one, dout,
-                                         OC, inp, C, &one, dweight, OC));
+    FURNACE_CHECK_CUBLAS(op, cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, n, &one, dout, OC,
+                                         inp, C, &one, dweight, OC));
   }
   if (dbias != nullptr) internal::ColumnSumAccumulate(dbias, dout, N, OC, stream);
 }
@@ -73,16 +73,16 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
   Forward(out, inp, weight, bias, N, C, OC, handle, stream, "MatmulForward");
 }
 
-void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                    const float* inp, const float* weight, int N, int C, int OC,
-                    cublasHandle_t handle, cudaStream_t stream) {
+void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                    const float* weight, int N, int C, int OC, cublasHandle_t handle,
+                    cudaStream_t stream) {
   if (!internal::BindCublas(handle, stream, "MatmulBackward")) return;
   Backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, handle, stream, "MatmulBackward");
 }
 
-void MatmulForwardBf16(__nv_bfloat16* out, const __nv_bfloat16* inp,
-                       const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
-                       int OC, cublasHandle_t handle, cudaStream_t stream) {
+void MatmulForwardBf16(__nv_bfloat16* out, const __nv_bfloat16* inp, const __nv_bfloat16* weight,
+                       const __nv_bfloat16* bias, int N, int C, int OC, cublasHandle_t handle,
+                       cudaStream_t stream) {
   const char* op = "MatmulForwardBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (N == 0 || OC == 0) return;

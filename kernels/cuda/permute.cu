@@ -86,14 +86,14 @@ void PermuteBackward(float* dinp, const float* dout, const DeviceDispatchPlan& p
 void UnpermuteForward(float* out, const float* expert_out, const float* gates,
                       const DeviceDispatchPlan& plan, int C, cudaStream_t stream) {
   if (plan.N <= 0 || C <= 0) return;
-  UnpermuteForwardKernel<<<plan.N, kBlock, 0, stream>>>(out, expert_out, gates, plan.slot,
-                                                        plan.k, C);
+  UnpermuteForwardKernel<<<plan.N, kBlock, 0, stream>>>(out, expert_out, gates, plan.slot, plan.k,
+                                                        C);
   FURNACE_CHECK_LAUNCH("UnpermuteForward");
 }
 
 void UnpermuteBackward(float* dexpert_out, float* dgates, const float* dout,
-                       const float* expert_out, const float* gates,
-                       const DeviceDispatchPlan& plan, int C, cudaStream_t stream) {
+                       const float* expert_out, const float* gates, const DeviceDispatchPlan& plan,
+                       int C, cudaStream_t stream) {
   if (plan.N <= 0 || C <= 0) return;
   UnpermuteBackwardKernel<<<plan.N, kBlock, 0, stream>>>(dexpert_out, dgates, dout, expert_out,
                                                          gates, plan.slot, plan.k, C);

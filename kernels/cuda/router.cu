@@ -42,8 +42,8 @@ __global__ void SoftmaxBackwardKernel(float* dlogits, const float* dprobs, const
   for (int e = lane; e < E; e += 32) dl[e] += p[e] * (dp[e] - dot);
 }
 
-__global__ void TopKForwardKernel(int32_t* indices, float* gates, const float* probs, int N,
-                                  int E, int k, bool normalize) {
+__global__ void TopKForwardKernel(int32_t* indices, float* gates, const float* probs, int N, int E,
+                                  int k, bool normalize) {
   int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N) return;
   const float* p = probs + int64_t{n} * E;
@@ -94,8 +94,8 @@ __global__ void TopKBackwardKernel(float* dprobs, const float* dgates, const flo
 }
 
 // Block e: count of assignments to e and the sum of p[:, e]; adds alpha E frac_e meanprob_e.
-__global__ void AuxLossForwardKernel(float* aux, const float* probs, const int32_t* indices,
-                                     int N, int E, int k, float alpha) {
+__global__ void AuxLossForwardKernel(float* aux, const float* probs, const int32_t* indices, int N,
+                                     int E, int k, float alpha) {
   __shared__ float shared[32];
   int e = blockIdx.x;
   float psum = 0.0f, count = 0.0f;

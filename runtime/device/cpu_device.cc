@@ -24,7 +24,8 @@ class CpuStream final : public Stream {
 class CpuEvent final : public Event {};
 
 absl::StatusOr<void*> AlignedAllocate(size_t bytes) {
-  // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a unique pointer.
+  // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a unique
+  // pointer.
   size_t rounded = bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded < bytes) return absl::ResourceExhaustedError("cpu: allocation size overflows");
   void* ptr = std::aligned_alloc(kAlignment, rounded);

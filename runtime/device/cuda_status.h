@@ -30,10 +30,10 @@ inline absl::Status CudaStatus(cudaError_t err, const char* call, const char* fi
 }  // namespace furnace::device
 
 // Returns a Status from the enclosing function when a CUDA runtime call fails.
-#define FURNACE_CUDA_RETURN_IF_ERROR(call)                                                 \
-  do {                                                                                     \
-    cudaError_t furnace_cuda_err_ = (call);                                                \
-    if (furnace_cuda_err_ != cudaSuccess) {                                                \
-      return ::furnace::device::CudaStatus(furnace_cuda_err_, #call, __FILE__, __LINE__);  \
-    }                                                                                      \
+#define FURNACE_CUDA_RETURN_IF_ERROR(call)                                                \
+  do {                                                                                    \
+    cudaError_t furnace_cuda_err_ = (call);                                               \
+    if (furnace_cuda_err_ != cudaSuccess) {                                               \
+      return ::furnace::device::CudaStatus(furnace_cuda_err_, #call, __FILE__, __LINE__); \
+    }                                                                                     \
   } while (0)

@@ -25,8 +25,8 @@ struct LayerState {
 
 struct ForwardState {
   int B = 0;
-  EmbeddingSaved embedding;  // first stage
-  StashHandle input;         // later stages: the previous stage's output, (B, T, C)
+  EmbeddingSaved embedding;        // first stage
+  StashHandle input;               // later stages: the previous stage's output, (B, T, C)
   std::vector<LayerState> layers;  // this stage's layers, in order
   HeadSaved head;                  // last stage
   StashHandle first_input() const { return input.valid() ? input : embedding.out; }
@@ -173,8 +173,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   const int64_t NC = int64_t{dims.N()} * dims.C;
 
   // d loss / d residual stream, carried down the layers and accumulated in place.
-  ASSIGN_OR_RETURN(tensor::Buffer dres_buf,
-                   AllocF32(ctx, NC, "residual.grad", true));  // (B,T,C)
+  ASSIGN_OR_RETURN(tensor::Buffer dres_buf, AllocF32(ctx, NC, "residual.grad", true));  // (B,T,C)
   float* dres = dres_buf.as<float>();
   if (shard_.last_stage()) {
     const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
@@ -228,8 +227,9 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardBackward(const int32_t* i
                                                                 const int32_t* targets, int B,
                                                                 double ce_scale, double aux_scale) {
   if (shard_.stages != 1) {
-    return absl::FailedPreconditionError("ForwardBackward runs a single-stage model; use "
-                                         "StageForward / StageBackward for pipeline stages");
+    return absl::FailedPreconditionError(
+        "ForwardBackward runs a single-stage model; use "
+        "StageForward / StageBackward for pipeline stages");
   }
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);

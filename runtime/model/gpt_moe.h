@@ -98,9 +98,7 @@ class GptMoe final : public train::PipelineStage {
   // Drops every in-flight micro-batch (after an error: the step is given up).
   void AbandonMicroBatches() override;
   void ResetActivationPeak() override { arena_.ResetPeak(); }
-  int64_t ActivationPeakBytes() const override {
-    return static_cast<int64_t>(arena_.peak_bytes());
-  }
+  int64_t ActivationPeakBytes() const override { return static_cast<int64_t>(arena_.peak_bytes()); }
   int num_experts() const override { return config_.experts; }
 
   // The ops the model computes with (its device's backend).

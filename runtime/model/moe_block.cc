@@ -83,8 +83,8 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
     R = s.dispatch.R();
     offsets = s.dispatch.expert_offsets.data();
     ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, p + "moe.expert_input", false));
-    ASSIGN_OR_RETURN(tensor::Buffer scratch, AllocF32(ctx, Scratch(s.dispatch, C),
-                                                      p + "moe.dispatch_scratch", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                     AllocF32(ctx, Scratch(s.dispatch, C), p + "moe.dispatch_scratch", false));
     RETURN_IF_ERROR(dispatcher.ToExperts(s.dispatch, xin.as<float>(), ex.as<float>(), C,
                                          scratch.as<float>()));  // (R, C)
     scratch.Reset();
@@ -101,8 +101,8 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   if (s.distributed) {
     const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
     ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, p + "moe.expert_output", false));
-    ASSIGN_OR_RETURN(tensor::Buffer scratch, AllocF32(ctx, Scratch(s.dispatch, C),
-                                                      p + "moe.combine_scratch", false));
+    ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                     AllocF32(ctx, Scratch(s.dispatch, C), p + "moe.combine_scratch", false));
     RETURN_IF_ERROR(dispatcher.FromExperts(s.dispatch, eo.as<float>(), back.as<float>(), C,
                                            scratch.as<float>()));  // (S, C)
     scratch.Reset();
@@ -180,8 +180,8 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, "moe.dexpert_input", false));
     ASSIGN_OR_RETURN(tensor::Buffer scratch,
                      AllocF32(ctx, Scratch(s.dispatch, C), "moe.dispatch_scratch", false));
-    RETURN_IF_ERROR(DispatcherOf(ctx, E).FromExperts(s.dispatch, dxin.as<float>(),
-                                                     back.as<float>(), C, scratch.as<float>()));
+    RETURN_IF_ERROR(DispatcherOf(ctx, E).FromExperts(s.dispatch, dxin.as<float>(), back.as<float>(),
+                                                     C, scratch.as<float>()));
     scratch.Reset();
     dxin = std::move(back);
   }

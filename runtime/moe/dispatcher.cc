@@ -15,7 +15,9 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes_per_
   return out;
 }
 
-int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+int64_t Sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
 
 }  // namespace
 
@@ -33,9 +35,8 @@ absl::StatusOr<DispatchHandle> ExpertDispatcher::Prepare(
   h.ep = groups_.ep_size();
   h.esp = groups_.esp_size();
   if (static_cast<int>(expert_counts.size()) != E_ || E_ % h.ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch: ", expert_counts.size(),
-                                                   " expert counts for E = ", E_, " over ep = ",
-                                                   h.ep));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dispatch: ", expert_counts.size(), " expert counts for E = ", E_, " over ep = ", h.ep));
   }
   h.El = E_ / h.ep;
   const int El = h.El;
@@ -49,8 +50,7 @@ absl::StatusOr<DispatchHandle> ExpertDispatcher::Prepare(
     from_sources = expert_counts;
   } else {
     const std::vector<int64_t> chunk(h.ep, El * int64_t{sizeof(int64_t)});
-    RETURN_IF_ERROR(
-        groups_.ep->AllToAllV(expert_counts.data(), chunk, from_sources.data(), chunk));
+    RETURN_IF_ERROR(groups_.ep->AllToAllV(expert_counts.data(), chunk, from_sources.data(), chunk));
   }
   h.recv_rows.assign(h.ep, 0);
   for (int s = 0; s < h.ep; ++s) {
@@ -110,8 +110,8 @@ absl::StatusOr<DispatchHandle> ExpertDispatcher::Prepare(
 }
 
 absl::StatusOr<const float*> ExpertDispatcher::DispatchCommunicate(const DispatchHandle& h,
-                                                                  const float* rows, int C,
-                                                                  float* scratch) const {
+                                                                   const float* rows, int C,
+                                                                   float* scratch) const {
   const int64_t row_bytes = int64_t{C} * sizeof(float);
   // EP all-to-all: rows (S) -> received (A).
   const float* received = rows;

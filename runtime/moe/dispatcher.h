@@ -47,8 +47,8 @@ struct DispatchHandle {
   std::vector<int64_t> send_rows, recv_rows;
   // counts[q][s][le]: rows that ESP peer q received from EP source s for local expert le.
   std::vector<std::vector<std::vector<int64_t>>> counts;
-  std::vector<int64_t> peer_rows;        // (esp) rows each ESP peer received over EP
-  std::vector<int64_t> expert_offsets;   // (El + 1) row offsets of the local experts in (R, C)
+  std::vector<int64_t> peer_rows;           // (esp) rows each ESP peer received over EP
+  std::vector<int64_t> expert_offsets;      // (El + 1) row offsets of the local experts in (R, C)
   std::vector<int64_t> gathered_to_expert;  // (R) row of the gathered order -> expert order
   int64_t R() const { return expert_offsets.empty() ? 0 : expert_offsets.back(); }
   int64_t A() const;  // rows this rank received over EP

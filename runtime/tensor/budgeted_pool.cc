@@ -15,9 +15,9 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
     absl::MutexLock lock(&mu_);
     if (budget_ != 0 && current_ + bytes > budget_) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(name(), ": cannot allocate ", bytes, " bytes for '", tag,
-                       "': ", current_, " bytes in use of a budget of ", budget_, " (",
-                       current_ + bytes - budget_, " bytes over)"));
+          absl::StrCat(name(), ": cannot allocate ", bytes, " bytes for '", tag, "': ", current_,
+                       " bytes in use of a budget of ", budget_, " (", current_ + bytes - budget_,
+                       " bytes over)"));
     }
     // Reserve before the device call so concurrent allocations cannot overshoot the budget.
     current_ += bytes;

@@ -51,10 +51,11 @@ absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topo
   layout->coords = topo.CoordsOf(rank);
   layout->shard = ShardOf(topo, rank, config);
 
-  auto make = [&](const std::string& kind, const std::vector<int>& members)
-      -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
-    const int at = static_cast<int>(std::find(members.begin(), members.end(), rank) -
-                                    members.begin());
+  auto make =
+      [&](const std::string& kind,
+          const std::vector<int>& members) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    const int at =
+        static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     const std::string name = absl::StrCat(kind, "[", absl::StrJoin(members, ","), "]");
     auto made = factory(absl::StrCat(kind, "/", members.front()), name, at,
                         static_cast<int>(members.size()));

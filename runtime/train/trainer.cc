@@ -213,8 +213,8 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
         a.shard.ranges != b.shard.ranges) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ", ShapeText(a.shape), " at ",
-          a.offset, SliceText(a.shard), "; the model has ", b.name, " ", ShapeText(b.shape),
-          " at ", b.offset, SliceText(b.shard),
+          a.offset, SliceText(a.shard), "; the model has ", b.name, " ", ShapeText(b.shape), " at ",
+          b.offset, SliceText(b.shard),
           parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
                                : ""));
     }

@@ -75,8 +75,8 @@ struct StepStats {
   // Parallel layouts (a ParallelRuntime): the numbers above are global (loss, aux loss, tokens,
   // tokens per expert and imbalance over the whole global batch; model_flops of the whole step,
   // mfu per device), and these are this rank's.
-  double sync_seconds = 0;  // gradient reductions, norm and statistics after the micro-batches
-  int in_flight_peak = 0;   // most micro-batches holding activations at once (1F1B)
+  double sync_seconds = 0;      // gradient reductions, norm and statistics after the micro-batches
+  int in_flight_peak = 0;       // most micro-batches holding activations at once (1F1B)
   std::vector<CommStats> comm;  // per (group, op) with calls this step, in all_groups order
 };
 

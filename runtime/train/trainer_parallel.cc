@@ -128,17 +128,17 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
       data::Batch batch;
       if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
       if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, j));
-      ASSIGN_OR_RETURN(results[j], stage_->StageForward(j, batch.inputs.data(),
-                                                        batch.targets.data(), x_in.data(), B,
-                                                        x_out.data()));
+      ASSIGN_OR_RETURN(results[j],
+                       stage_->StageForward(j, batch.inputs.data(), batch.targets.data(),
+                                            x_in.data(), B, x_out.data()));
       if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, j));
       stats.in_flight_peak = std::max(stats.in_flight_peak, ++in_flight);
     } else {
       if (!P.last_stage()) {
         RETURN_IF_ERROR(pipe->Recv(dx_out.data(), act_bytes, P.stage + 1, kGradientTag + j));
       }
-      RETURN_IF_ERROR(stage_->StageBackward(j, dx_out.data(), 1.0 / global_tokens,
-                                            1.0 / (m * P.dp), dx_in.data()));
+      RETURN_IF_ERROR(stage_->StageBackward(j, dx_out.data(), 1.0 / global_tokens, 1.0 / (m * P.dp),
+                                            dx_in.data()));
       if (!P.first_stage()) {
         RETURN_IF_ERROR(pipe->Send(dx_in.data(), act_bytes, P.stage - 1, kGradientTag + j));
       }
@@ -172,8 +172,8 @@ absl::Status Trainer::SyncGradients() {
   RETURN_IF_ERROR(ReduceBucketed(
       P.data, params, [](const ParamInfo& p) { return p.sync == GradSync::kData; }, g, bucket));
   RETURN_IF_ERROR(ReduceBucketed(
-      P.expert_data, params, [](const ParamInfo& p) { return p.sync == GradSync::kExpertData; },
-      g, bucket));
+      P.expert_data, params, [](const ParamInfo& p) { return p.sync == GradSync::kExpertData; }, g,
+      bucket));
   if (P.stages > 1 && (P.first_stage() || P.last_stage())) {
     for (const ParamInfo& p : params) {
       if (p.name == "wte") RETURN_IF_ERROR(AllReduce(P.embedding, g + p.offset, p.numel()));
@@ -340,10 +340,10 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   if (!loaded.ok() && !absl::IsNotFound(loaded.status())) {
     usable = loaded.status();
   } else if (loaded.ok() && loaded->num_shards != P.world) {
-    usable = absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", loaded->path, " was written by ", loaded->num_shards,
-        " rank(s); this job has ", P.world,
-        " (a checkpoint loads only into the parallel layout that wrote it)"));
+    usable = absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", loaded->path, " was written by ", loaded->num_shards,
+                     " rank(s); this job has ", P.world,
+                     " (a checkpoint loads only into the parallel layout that wrote it)"));
   }
   RETURN_IF_ERROR(AgreeOnStatus(world, usable));
 

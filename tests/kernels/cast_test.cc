@@ -94,10 +94,19 @@ TEST(Fp8, EveryCodeRoundTripsExactly) {
 }
 
 TEST(Fp8, KnownEncodingsAndNearestEven) {
-  const float x[] = {448.0f, 1.0f, 1.0625f, 1.1875f, std::ldexp(0.5f, -9), std::ldexp(1.5f, -9),
-                     -3.0f, std::ldexp(1.0f, -6), 240.0f, 0.0f};
-  const float expect[] = {448.0f, 1.0f, 1.0f, 1.25f, 0.0f, std::ldexp(2.0f, -9),
-                          -3.0f, std::ldexp(1.0f, -6), 240.0f, 0.0f};
+  const float x[] = {448.0f,
+                     1.0f,
+                     1.0625f,
+                     1.1875f,
+                     std::ldexp(0.5f, -9),
+                     std::ldexp(1.5f, -9),
+                     -3.0f,
+                     std::ldexp(1.0f, -6),
+                     240.0f,
+                     0.0f};
+  const float expect[] = {
+      448.0f, 1.0f, 1.0f, 1.25f, 0.0f, std::ldexp(2.0f, -9), -3.0f, std::ldexp(1.0f, -6),
+      240.0f, 0.0f};
   constexpr int n = 10;
   uint8_t q[n];
   float scale, y[n];
@@ -122,7 +131,8 @@ TEST(Fp8, RoundTripErrorWithinOneSixteenth) {
   DequantizeFp8E4M3(y.data(), q.data(), scales.data(), n, block);
   for (int b = 0; b < nblocks; ++b) {
     float amax = 0;
-    for (int i = b * block; i < std::min(n, (b + 1) * block); ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (int i = b * block; i < std::min(n, (b + 1) * block); ++i)
+      amax = std::max(amax, std::fabs(x[i]));
     EXPECT_FLOAT_EQ(scales[b], amax / 448.0f);
   }
   for (int i = 0; i < n; ++i) {

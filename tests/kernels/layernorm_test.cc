@@ -63,8 +63,8 @@ TEST(LayerNorm, FloatMatchesDouble) {
                    1e-5);
   auto inp_f = testing::ToFloat(inp), w_f = testing::ToFloat(w), b_f = testing::ToFloat(b);
   std::vector<float> out_f(n * c), mean_f(n), rstd_f(n);
-  LayerNormForward(out_f.data(), mean_f.data(), rstd_f.data(), inp_f.data(), w_f.data(),
-                   b_f.data(), n, c, 1e-5f);
+  LayerNormForward(out_f.data(), mean_f.data(), rstd_f.data(), inp_f.data(), w_f.data(), b_f.data(),
+                   n, c, 1e-5f);
   testing::ExpectClose(out_f, out);
   testing::ExpectClose(rstd_f, rstd);
 }

@@ -52,8 +52,7 @@ TEST(SumOfSquares, AccumulatesInDouble) {
   // A float accumulator would lose the 1e-8 against 9000.
   std::vector<float> x(1000, 3.0f);
   x.push_back(1e-4f);
-  EXPECT_NEAR(SumOfSquares(x.data(), static_cast<int64_t>(x.size())),
-              9000.0 + 1e-8, 1e-10);
+  EXPECT_NEAR(SumOfSquares(x.data(), static_cast<int64_t>(x.size())), 9000.0 + 1e-8, 1e-10);
   EXPECT_EQ(SumOfSquares(x.data(), 0), 0.0);
 }
 

@@ -126,9 +126,8 @@ TEST_F(AgentTest, StartIsIdempotentAndStopEndsTheRank) {
   fake.Push(Start(1));
   fake.Push(Start(1));
   ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 2; }));
-  ASSERT_TRUE(fake.AwaitLocked([&] {
-    return !fake.heartbeats.empty() && fake.heartbeats.back().running_size() == 1;
-  }));
+  ASSERT_TRUE(fake.AwaitLocked(
+      [&] { return !fake.heartbeats.empty() && fake.heartbeats.back().running_size() == 1; }));
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     EXPECT_EQ(fake.reports[1].event(), furnace::v1::RANK_STARTED);
@@ -224,7 +223,8 @@ TEST_F(AgentTest, RanksSurviveAControllerRestartAndAreReattached) {
 
 TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {
   testing::FakeController controller;
-  StartAgent(controller.address(), "trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.05; done");
+  StartAgent(controller.address(),
+             "trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.05; done");
   auto& fake = controller.service;
   ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
   fake.Push(Start(0));

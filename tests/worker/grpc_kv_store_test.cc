@@ -21,8 +21,7 @@ furnace::v1::KvScope Scope(uint32_t attempt) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 TEST(GrpcKvStoreTest, SetThenGet) {
@@ -92,10 +91,9 @@ TEST(GrpcKvStoreTest, UnavailableIsRetried) {
 
 TEST(GrpcKvStoreTest, UnreachableControllerTimesOut) {
   // Nothing listens on port 1: every call is UNAVAILABLE until the overall timeout.
-  GrpcKvStore store(
-      furnace::v1::AgentService::NewStub(
-          grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials())),
-      Scope(1), /*set_timeout_s=*/0.3);
+  GrpcKvStore store(furnace::v1::AgentService::NewStub(
+                        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials())),
+                    Scope(1), /*set_timeout_s=*/0.3);
   const double start = Now();
   EXPECT_EQ(store.Get({"a"}, 0.5).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(Now() - start, 0.45);

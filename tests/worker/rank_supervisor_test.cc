@@ -67,7 +67,7 @@ class RankSupervisorTest : public ::testing::Test {
   std::string LogPath() const { return (dir_ / "logs/job-1/attempt-2/rank-1.log").string(); }
 
   absl::StatusOr<std::unique_ptr<RankSupervisor>> Run(const std::string& script,
-                                                       double hang_timeout_s = 0) {
+                                                      double hang_timeout_s = 0) {
     RankLaunch launch;
     launch.job_id = "job-1";
     launch.attempt = 2;
@@ -117,8 +117,7 @@ class RankSupervisorTest : public ::testing::Test {
 };
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 TEST_F(RankSupervisorTest, ExitZeroIsSuccess) {

@@ -10,8 +10,8 @@ namespace furnace::worker {
 absl::StatusOr<DeviceInfo> ProbeCudaDevice(uint32_t slot) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("no usable GPU: cudaGetDeviceCount: ",
-                                               cudaGetErrorString(e)));
+    return absl::UnavailableError(
+        absl::StrCat("no usable GPU: cudaGetDeviceCount: ", cudaGetErrorString(e)));
   }
   if (static_cast<int>(slot) >= count) {
     return absl::UnavailableError(
@@ -19,8 +19,8 @@ absl::StatusOr<DeviceInfo> ProbeCudaDevice(uint32_t slot) {
   }
   cudaDeviceProp prop;
   if (cudaError_t e = cudaGetDeviceProperties(&prop, static_cast<int>(slot)); e != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("cudaGetDeviceProperties(", slot, "): ",
-                                               cudaGetErrorString(e)));
+    return absl::UnavailableError(
+        absl::StrCat("cudaGetDeviceProperties(", slot, "): ", cudaGetErrorString(e)));
   }
   DeviceInfo info;
   info.kind = "cuda";

@@ -4,7 +4,7 @@
 
 namespace furnace::kernels::cpu {
 template <typename T>
-void GeluForward(T* out, const T* inp, int64_t n);                 // out overwritten
+void GeluForward(T* out, const T* inp, int64_t n);  // out overwritten
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp accumulated
 }  // namespace furnace::kernels::cpu

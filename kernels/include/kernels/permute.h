@@ -12,22 +12,23 @@ namespace furnace::kernels::cpu {
 
 struct DispatchPlan {
   int N = 0, E = 0, k = 0;
-  int64_t capacity = 0;              // 0 = dropless
-  std::vector<int64_t> counts;       // (E) rows kept per expert
-  std::vector<int64_t> offsets;      // (E + 1) prefix sums of counts
-  std::vector<int64_t> slot;         // (N * k) row in the permuted buffer or -1
-  std::vector<int32_t> token;        // (S) source token of each permuted row
-  std::vector<int64_t> routed;       // (E) assignments before dropping (for telemetry)
+  int64_t capacity = 0;          // 0 = dropless
+  std::vector<int64_t> counts;   // (E) rows kept per expert
+  std::vector<int64_t> offsets;  // (E + 1) prefix sums of counts
+  std::vector<int64_t> slot;     // (N * k) row in the permuted buffer or -1
+  std::vector<int32_t> token;    // (S) source token of each permuted row
+  std::vector<int64_t> routed;   // (E) assignments before dropping (for telemetry)
   int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
 };
 
-DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k,
-                              double capacity_factor);
+DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k, double capacity_factor);
 
 template <typename T>
-void PermuteForward(T* out, const T* inp, const DispatchPlan& plan, int C);   // (S,C) = rows of (N,C)
+void PermuteForward(T* out, const T* inp, const DispatchPlan& plan,
+                    int C);  // (S,C) = rows of (N,C)
 template <typename T>
-void PermuteBackward(T* dinp, const T* dout, const DispatchPlan& plan, int C);  // dinp (N,C) accumulated
+void PermuteBackward(T* dinp, const T* dout, const DispatchPlan& plan,
+                     int C);  // dinp (N,C) accumulated
 
 // out[n] = sum_j gates[n,j] * expert_out[slot[n,j]] over kept choices; out (N, C) overwritten.
 template <typename T>

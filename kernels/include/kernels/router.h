@@ -8,9 +8,9 @@ namespace furnace::kernels::cpu {
 template <typename T>
 void SoftmaxForward(T* probs, const T* logits, int N, int E);  // (N, E) overwritten
 template <typename T>
-void SoftmaxBackward(T* dlogits,      // (N, E) accumulated
-                     const T* dprobs, // (N, E)
-                     const T* probs,  // (N, E)
+void SoftmaxBackward(T* dlogits,       // (N, E) accumulated
+                     const T* dprobs,  // (N, E)
+                     const T* probs,   // (N, E)
                      int N, int E);
 
 // indices (N, k) overwritten, in descending probability order; gates (N, k) overwritten.

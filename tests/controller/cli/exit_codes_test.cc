@@ -32,11 +32,10 @@ TEST(ExitCodesTest, FromGrpcCodes) {
     grpc::StatusCode code;
     int exit;
   };
-  for (const Case& c : {Case{grpc::StatusCode::INVALID_ARGUMENT, 2},
-                        Case{grpc::StatusCode::NOT_FOUND, 4}, Case{grpc::StatusCode::UNAVAILABLE, 3},
-                        Case{grpc::StatusCode::DEADLINE_EXCEEDED, 3},
-                        Case{grpc::StatusCode::INTERNAL, 3},
-                        Case{grpc::StatusCode::PERMISSION_DENIED, 3}}) {
+  for (const Case& c :
+       {Case{grpc::StatusCode::INVALID_ARGUMENT, 2}, Case{grpc::StatusCode::NOT_FOUND, 4},
+        Case{grpc::StatusCode::UNAVAILABLE, 3}, Case{grpc::StatusCode::DEADLINE_EXCEEDED, 3},
+        Case{grpc::StatusCode::INTERNAL, 3}, Case{grpc::StatusCode::PERMISSION_DENIED, 3}}) {
     const absl::Status s = FromGrpcStatus(grpc::Status(c.code, "msg"), "GetJob", addr);
     EXPECT_EQ(static_cast<int>(s.code()), static_cast<int>(c.code));
     EXPECT_EQ(ExitCodeForStatus(s), c.exit) << s;
@@ -56,9 +55,9 @@ TEST(ExitCodesTest, GrpcMessages) {
                            "SubmitJob", addr)
                 .message(),
             "job.yaml:3: parallel.dp: 0 is not allowed");
-  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, "boom"), "GetJob", addr)
-                .message(),
-            "GetJob failed: boom");
+  EXPECT_EQ(
+      FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, "boom"), "GetJob", addr).message(),
+      "GetJob failed: boom");
 }
 
 TEST(ExitCodesTest, FromJobState) {

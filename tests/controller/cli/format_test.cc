@@ -79,7 +79,7 @@ TEST(FormatTest, ProgressBar) {
   EXPECT_EQ(ProgressBar(10, 10, 10), "[##########] 100%");
   EXPECT_EQ(ProgressBar(1, 3, 10), "[###-------]  33%");
   EXPECT_EQ(ProgressBar(12, 10, 4), "[####] 100%");  // clamped
-  EXPECT_EQ(ProgressBar(7, 0, 4), "[----]   ?%");   // unknown total
+  EXPECT_EQ(ProgressBar(7, 0, 4), "[----]   ?%");    // unknown total
   EXPECT_EQ(FormatProgress(5, 10), "5/10");
   EXPECT_EQ(FormatProgress(5, 0), "5");
 }

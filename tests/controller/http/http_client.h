@@ -18,7 +18,7 @@
 namespace furnace::controller::http::testing {
 
 struct RawResponse {
-  int status = 0;                               // 0: no status line came back
+  int status = 0;                              // 0: no status line came back
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   std::string raw;

@@ -33,8 +33,8 @@ struct SeriesCall {
 class MonitoringServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() /
-                        ("furnace-http-test-" + std::to_string(getpid())));
+    dir_ =
+        new fs::path(fs::temp_directory_path() / ("furnace-http-test-" + std::to_string(getpid())));
     fs::create_directories(*dir_ / "web");
     Write(*dir_ / "secret.txt", kSecret);
     Write(*dir_ / "web" / "index.html", "<!doctype html><title>furnace</title>");
@@ -150,9 +150,9 @@ TEST_F(MonitoringServerTest, ServesTheDashboardWithContentTypes) {
 }
 
 TEST_F(MonitoringServerTest, RefusesPathTraversal) {
-  for (const char* target : {"/../secret.txt", "/%2e%2e/secret.txt", "/..%2fsecret.txt",
-                             "/%2E%2E%2Fsecret.txt", "/web/../../secret.txt", "/.hidden.js",
-                             "/..\\secret.txt"}) {
+  for (const char* target :
+       {"/../secret.txt", "/%2e%2e/secret.txt", "/..%2fsecret.txt", "/%2E%2E%2Fsecret.txt",
+        "/web/../../secret.txt", "/.hidden.js", "/..\\secret.txt"}) {
     RawResponse r = Get(port(), target);
     EXPECT_NE(r.status, 200) << target << "\n" << r.raw;
     EXPECT_GE(r.status, 400) << target << "\n" << r.raw;
@@ -191,8 +191,8 @@ TEST_F(MonitoringServerTest, RefusesOversizedRequestsAndKeepsServing) {
   EXPECT_EQ(r.body.find("furnace_up"), std::string::npos);
 
   // Far beyond it: civetweb refuses before any handler runs.
-  r = SendRaw(port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " +
-                          std::string(40 * 1024, 'a') + "\r\n\r\n");
+  r = SendRaw(port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(40 * 1024, 'a') +
+                          "\r\n\r\n");
   EXPECT_TRUE(r.status == 400 || r.status == 413 || r.status == 431) << r.raw.substr(0, 200);
   EXPECT_EQ(r.body.find("furnace_up"), std::string::npos);
 

@@ -333,13 +333,13 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   ASSERT_EQ(series->steps_size(), 1);
   const auto& st = series->steps(0);
   EXPECT_EQ(st.ranks(), 2u);
-  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.8);        // the slowest rank
+  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.8);  // the slowest rank
   EXPECT_DOUBLE_EQ(st.tokens(), 2000);
   EXPECT_DOUBLE_EQ(st.tokens_per_second(), 2500);
   EXPECT_DOUBLE_EQ(st.loss(), 2.5);
   EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 200);
   ASSERT_EQ(st.imbalance_size(), 1);
-  EXPECT_DOUBLE_EQ(st.imbalance(0), 1.0);           // {4, 4} over both ranks
+  EXPECT_DOUBLE_EQ(st.imbalance(0), 1.0);  // {4, 4} over both ranks
   ASSERT_EQ(st.comm_size(), 1);
   EXPECT_EQ(st.comm(0).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
   EXPECT_EQ(st.comm(0).group(), v1::PARALLEL_GROUP_EP);

@@ -10,21 +10,21 @@ namespace {
 
 using v1::JobState;
 
-const JobState kAll[] = {v1::JOB_STATE_UNSPECIFIED, v1::JOB_PENDING,  v1::JOB_SCHEDULED,
-                         v1::JOB_STARTING,          v1::JOB_RUNNING,  v1::JOB_RECOVERING,
-                         v1::JOB_SUCCEEDED,         v1::JOB_FAILED,   v1::JOB_CANCELLED};
+const JobState kAll[] = {v1::JOB_STATE_UNSPECIFIED, v1::JOB_PENDING, v1::JOB_SCHEDULED,
+                         v1::JOB_STARTING,          v1::JOB_RUNNING, v1::JOB_RECOVERING,
+                         v1::JOB_SUCCEEDED,         v1::JOB_FAILED,  v1::JOB_CANCELLED};
 
 // The whole legal set, written out once: every pair not in it must be refused.
 const std::set<std::pair<JobState, JobState>> kLegal = {
-    {v1::JOB_PENDING, v1::JOB_SCHEDULED},     {v1::JOB_SCHEDULED, v1::JOB_STARTING},
-    {v1::JOB_STARTING, v1::JOB_RUNNING},      {v1::JOB_STARTING, v1::JOB_RECOVERING},
-    {v1::JOB_RUNNING, v1::JOB_SUCCEEDED},     {v1::JOB_RUNNING, v1::JOB_RECOVERING},
-    {v1::JOB_RECOVERING, v1::JOB_STARTING},
-    {v1::JOB_PENDING, v1::JOB_FAILED},        {v1::JOB_PENDING, v1::JOB_CANCELLED},
-    {v1::JOB_SCHEDULED, v1::JOB_FAILED},      {v1::JOB_SCHEDULED, v1::JOB_CANCELLED},
-    {v1::JOB_STARTING, v1::JOB_FAILED},       {v1::JOB_STARTING, v1::JOB_CANCELLED},
-    {v1::JOB_RUNNING, v1::JOB_FAILED},        {v1::JOB_RUNNING, v1::JOB_CANCELLED},
-    {v1::JOB_RECOVERING, v1::JOB_FAILED},     {v1::JOB_RECOVERING, v1::JOB_CANCELLED},
+    {v1::JOB_PENDING, v1::JOB_SCHEDULED},    {v1::JOB_SCHEDULED, v1::JOB_STARTING},
+    {v1::JOB_STARTING, v1::JOB_RUNNING},     {v1::JOB_STARTING, v1::JOB_RECOVERING},
+    {v1::JOB_RUNNING, v1::JOB_SUCCEEDED},    {v1::JOB_RUNNING, v1::JOB_RECOVERING},
+    {v1::JOB_RECOVERING, v1::JOB_STARTING},  {v1::JOB_PENDING, v1::JOB_FAILED},
+    {v1::JOB_PENDING, v1::JOB_CANCELLED},    {v1::JOB_SCHEDULED, v1::JOB_FAILED},
+    {v1::JOB_SCHEDULED, v1::JOB_CANCELLED},  {v1::JOB_STARTING, v1::JOB_FAILED},
+    {v1::JOB_STARTING, v1::JOB_CANCELLED},   {v1::JOB_RUNNING, v1::JOB_FAILED},
+    {v1::JOB_RUNNING, v1::JOB_CANCELLED},    {v1::JOB_RECOVERING, v1::JOB_FAILED},
+    {v1::JOB_RECOVERING, v1::JOB_CANCELLED},
 };
 
 TEST(JobStateTest, EveryLegalAndIllegalTransition) {

@@ -6,8 +6,10 @@ namespace furnace::controller {
 namespace {
 
 std::vector<WorkerSlot> Workers() {
-  return {{"b/1", "b", 1, "cpu", true}, {"a/1", "a", 1, "cpu", true},
-          {"a/0", "a", 0, "cpu", true}, {"b/0", "b", 0, "cpu", false},
+  return {{"b/1", "b", 1, "cpu", true},
+          {"a/1", "a", 1, "cpu", true},
+          {"a/0", "a", 0, "cpu", true},
+          {"b/0", "b", 0, "cpu", false},
           {"g/0", "g", 0, "cuda", true}};
 }
 

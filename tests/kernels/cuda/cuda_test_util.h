@@ -17,18 +17,18 @@ namespace furnace::kernels::cuda::testing {
 // "" when a usable GPU is present, otherwise why not.
 std::string NoGpuReason();
 
-#define SKIP_WITHOUT_GPU()                                                        \
-  do {                                                                            \
+#define SKIP_WITHOUT_GPU()                                                          \
+  do {                                                                              \
     std::string furnace_no_gpu_ = ::furnace::kernels::cuda::testing::NoGpuReason(); \
-    if (!furnace_no_gpu_.empty()) GTEST_SKIP() << "no GPU: " << furnace_no_gpu_;  \
+    if (!furnace_no_gpu_.empty()) GTEST_SKIP() << "no GPU: " << furnace_no_gpu_;    \
   } while (0)
 
 // Synchronises the device and asserts that neither the launchers nor the kernels failed.
-#define ASSERT_KERNELS_OK()                                                              \
-  do {                                                                                   \
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);                                     \
-    std::string furnace_err_ = ::furnace::kernels::cuda::TakeLastError();                \
-    ASSERT_TRUE(furnace_err_.empty()) << furnace_err_;                                   \
+#define ASSERT_KERNELS_OK()                                               \
+  do {                                                                    \
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);                      \
+    std::string furnace_err_ = ::furnace::kernels::cuda::TakeLastError(); \
+    ASSERT_TRUE(furnace_err_.empty()) << furnace_err_;                    \
   } while (0)
 
 template <typename T>

@@ -57,8 +57,8 @@ TEST(CudaKernelsTest, LayerNorm) {
   auto dinp = RandomVector(N * C, 14), dweight = RandomVector(C, 15), dbias = RandomVector(C, 16);
   DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(N * C), d_mean(N), d_rstd(N),
       d_dout(dout), d_dinp(dinp), d_dw(dweight), d_db(dbias);
-  LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N,
-                   C, 1e-5f, nullptr);
+  LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N, C,
+                   1e-5f, nullptr);
   LayerNormBackward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
                     d_mean.get(), d_rstd.get(), N, C, nullptr);
   ASSERT_KERNELS_OK();
@@ -83,19 +83,19 @@ void CheckMatmul(bool with_bias, bool with_dinp) {
        dbias = RandomVector(OC, 26);
   CublasHandle handle;
   ASSERT_NE(handle.get(), nullptr) << TakeLastError();
-  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(N * OC), d_dout(dout),
-      d_dinp(dinp), d_dw(dweight), d_db(dbias);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(N * OC), d_dout(dout), d_dinp(dinp),
+      d_dw(dweight), d_db(dbias);
   MatmulForward(d_out.get(), d_inp.get(), d_w.get(), with_bias ? d_b.get() : nullptr, N, C, OC,
                 handle.get(), nullptr);
   MatmulBackward(with_dinp ? d_dinp.get() : nullptr, d_dw.get(), with_bias ? d_db.get() : nullptr,
                  d_dout.get(), d_inp.get(), d_w.get(), N, C, OC, handle.get(), nullptr);
   ASSERT_KERNELS_OK();
   std::vector<float> out(N * OC);
-  cpu::MatmulForward(out.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr, N,
-                     C, OC);
+  cpu::MatmulForward(out.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr, N, C,
+                     OC);
   cpu::MatmulBackward(with_dinp ? dinp.data() : nullptr, dweight.data(),
-                      with_bias ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(),
-                      N, C, OC);
+                      with_bias ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(), N,
+                      C, OC);
   // GEMM summation order differs from OpenBLAS: relative 1e-5 plus a small absolute floor for
   // entries that cancel to near zero.
   ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
@@ -117,7 +117,8 @@ TEST(CudaKernelsTest, MatmulWithoutBiasOrDinp) {
 TEST(CudaKernelsTest, MatmulBf16) {
   SKIP_WITHOUT_GPU();
   const int N = 64, C = 96, OC = 48;
-  auto inp = RandomVector(N * C, 30), weight = RandomVector(C * OC, 31), bias = RandomVector(OC, 32);
+  auto inp = RandomVector(N * C, 30), weight = RandomVector(C * OC, 31),
+       bias = RandomVector(OC, 32);
   // The CPU reference runs in fp32 on the bf16-rounded inputs; the GPU rounds its output to bf16.
   std::vector<uint16_t> inp16(inp.size()), w16(weight.size()), b16(bias.size());
   cpu::CastF32ToBf16(inp16.data(), inp.data(), inp.size());
@@ -152,8 +153,8 @@ TEST(CudaKernelsTest, Attention) {
   DeviceBuffer<float> d_qkv(qkv), d_out(B * T * C), d_att(B * NH * T * T), d_dout(dout),
       d_dqkv(dqkv);
   AttentionForward(d_out.get(), d_att.get(), d_qkv.get(), B, T, C, NH, handle.get(), nullptr);
-  AttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), B, T, C, NH,
-                    handle.get(), nullptr);
+  AttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), B, T, C, NH, handle.get(),
+                    nullptr);
   ASSERT_KERNELS_OK();
   std::vector<float> out(B * T * C), att(B * NH * T * T);
   cpu::AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);

@@ -81,9 +81,9 @@ TEST(CudaKernelsTest, Fp8E4M3IsBitExact) {
   const int block = 128;
   const int64_t n = 5 * block + 37;  // a ragged last block
   auto x = RandomVector(n, 170, -3.0f, 3.0f);
-  for (int i = 0; i < block; ++i) x[block + i] = 0.0f;          // an all-zero block: scale 1
-  for (int i = 0; i < block; ++i) x[2 * block + i] *= 1e-4f;    // small values: subnormal codes
-  x[3 * block] = 1e6f;                                           // one huge value sets the scale
+  for (int i = 0; i < block; ++i) x[block + i] = 0.0f;        // an all-zero block: scale 1
+  for (int i = 0; i < block; ++i) x[2 * block + i] *= 1e-4f;  // small values: subnormal codes
+  x[3 * block] = 1e6f;                                        // one huge value sets the scale
   const int64_t blocks = (n + block - 1) / block;
   DeviceBuffer<float> d_x(x), d_scales(blocks), d_back(n);
   DeviceBuffer<uint8_t> d_q(n);

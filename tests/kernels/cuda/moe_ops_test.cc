@@ -52,8 +52,7 @@ void CheckTopK(int k, bool normalize) {
   std::vector<int32_t> indices(N * k);
   std::vector<float> gates(N * k);
   cpu::TopKForward(indices.data(), gates.data(), probs.data(), N, E, k, normalize);
-  cpu::TopKBackward(dprobs.data(), dgates.data(), probs.data(), indices.data(), N, E, k,
-                    normalize);
+  cpu::TopKBackward(dprobs.data(), dgates.data(), probs.data(), indices.data(), N, E, k, normalize);
   EXPECT_EQ(d_indices.Download(), indices);
   ExpectClose(d_gates.Download(), gates, 1e-6f, 0.0f, "gates");
   ExpectClose(d_dprobs.Download(), dprobs, 1e-5f, 1e-6f, "dprobs");
@@ -129,9 +128,8 @@ void CheckPermute(double capacity_factor) {
   auto dinp = RandomVector(N * C, 117), dexpert = RandomVector(S * C, 118),
        dgates = RandomVector(N * k, 119);
   PlanOnDevice dplan(plan);
-  DeviceBuffer<float> d_inp(inp), d_perm(S * C), d_gates(gates), d_expert(expert_out),
-      d_out(N * C), d_dout(dout), d_dperm(dperm), d_dinp(dinp), d_dexpert(dexpert),
-      d_dgates(dgates);
+  DeviceBuffer<float> d_inp(inp), d_perm(S * C), d_gates(gates), d_expert(expert_out), d_out(N * C),
+      d_dout(dout), d_dperm(dperm), d_dinp(dinp), d_dexpert(dexpert), d_dgates(dgates);
   PermuteForward(d_perm.get(), d_inp.get(), dplan.view, C, nullptr);
   PermuteBackward(d_dinp.get(), d_dperm.get(), dplan.view, C, nullptr);
   UnpermuteForward(d_out.get(), d_expert.get(), d_gates.get(), dplan.view, C, nullptr);
@@ -171,12 +169,12 @@ TEST(CudaKernelsTest, GroupedMatmul) {
   auto dinp = RandomVector(S * C, 124), dweight = RandomVector(E * C * OC, 125),
        dbias = RandomVector(E * OC, 126);
   CublasHandle handle;
-  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(S * OC), d_dout(dout),
-      d_dinp(dinp), d_dw(dweight), d_db(dbias);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(S * OC), d_dout(dout), d_dinp(dinp),
+      d_dw(dweight), d_db(dbias);
   GroupedMatmulForward(d_out.get(), d_inp.get(), d_w.get(), d_b.get(), offsets.data(), E, C, OC,
                        handle.get(), nullptr);
-  GroupedMatmulBackward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(),
-                        d_w.get(), offsets.data(), E, C, OC, handle.get(), nullptr);
+  GroupedMatmulBackward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                        offsets.data(), E, C, OC, handle.get(), nullptr);
   ASSERT_KERNELS_OK();
   std::vector<float> out(S * OC);
   cpu::GroupedMatmulForward(out.data(), inp.data(), weight.data(), bias.data(), offsets.data(), E,

@@ -20,7 +20,8 @@ TEST(CpuDeviceTest, DescribesItself) {
 
 TEST(CpuDeviceTest, AllocatesAligned) {
   auto dev = CreateCpuDevice();
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{1} << 20}) {
+  for (size_t bytes :
+       {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{1} << 20}) {
     auto ptr = dev->Allocate(bytes);
     ASSERT_TRUE(ptr.ok()) << ptr.status();
     EXPECT_EQ(reinterpret_cast<uintptr_t>(*ptr) % 64, 0u) << bytes;
@@ -52,14 +53,17 @@ TEST(CpuDeviceTest, CopiesAndSetsSynchronously) {
   auto a = dev->Allocate(kN * sizeof(float));
   auto b = dev->Allocate(kN * sizeof(float));
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE(dev->Copy(*a, host.data(), kN * sizeof(float), CopyKind::kHostToDevice, **stream).ok());
+  ASSERT_TRUE(
+      dev->Copy(*a, host.data(), kN * sizeof(float), CopyKind::kHostToDevice, **stream).ok());
   ASSERT_TRUE(dev->Copy(*b, *a, kN * sizeof(float), CopyKind::kDeviceToDevice, **stream).ok());
   std::vector<float> back(kN, -1.0f);
-  ASSERT_TRUE(dev->Copy(back.data(), *b, kN * sizeof(float), CopyKind::kDeviceToHost, **stream).ok());
+  ASSERT_TRUE(
+      dev->Copy(back.data(), *b, kN * sizeof(float), CopyKind::kDeviceToHost, **stream).ok());
   EXPECT_EQ(back, host);  // no synchronisation needed on the CPU
 
   ASSERT_TRUE(dev->Memset(*b, 0, kN * sizeof(float), **stream).ok());
-  ASSERT_TRUE(dev->Copy(back.data(), *b, kN * sizeof(float), CopyKind::kDeviceToHost, **stream).ok());
+  ASSERT_TRUE(
+      dev->Copy(back.data(), *b, kN * sizeof(float), CopyKind::kDeviceToHost, **stream).ok());
   EXPECT_EQ(back, std::vector<float>(kN, 0.0f));
   ASSERT_TRUE(dev->Memset(*b, 0xff, 16, **stream).ok());
   uint8_t bytes[17];
@@ -101,14 +105,14 @@ TEST(CpuDeviceTest, RefusesForeignStreamsAndEvents) {
 // A CUDA device or the reason there is none; the cases skip when there is none.
 absl::StatusOr<std::unique_ptr<Device>> CudaOrSkipReason() { return CreateCudaDevice(0); }
 
-#define CUDA_DEVICE_OR_SKIP(var)                                                     \
-  auto var##_or = CudaOrSkipReason();                                                \
-  if (!var##_or.ok()) {                                                              \
-    if (var##_or.status().code() == absl::StatusCode::kUnavailable) {                \
-      GTEST_SKIP() << "no GPU: " << var##_or.status().message();                     \
-    }                                                                                \
-    FAIL() << var##_or.status();                                                     \
-  }                                                                                  \
+#define CUDA_DEVICE_OR_SKIP(var)                                      \
+  auto var##_or = CudaOrSkipReason();                                 \
+  if (!var##_or.ok()) {                                               \
+    if (var##_or.status().code() == absl::StatusCode::kUnavailable) { \
+      GTEST_SKIP() << "no GPU: " << var##_or.status().message();      \
+    }                                                                 \
+    FAIL() << var##_or.status();                                      \
+  }                                                                   \
   std::unique_ptr<Device> var = std::move(*var##_or)
 
 TEST(CudaDeviceTest, DescribesItself) {

@@ -70,8 +70,8 @@ TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
   c.sizes.ep = layout.ep;
   c.sizes.esp = layout.esp;
   c.micro_batches = layout.m;
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-",
-                                       routing.name, "-", getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-", routing.name, "-", getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
 
@@ -84,8 +84,8 @@ TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
   double worst_loss = 0;
   for (size_t s = 0; s < single->loss.size(); ++s) {
     const double rel = std::fabs(parallel->loss[s] - single->loss[s]) / std::fabs(single->loss[s]);
-    const double norm_rel = std::fabs(parallel->grad_norm[s] - single->grad_norm[s]) /
-                            std::fabs(single->grad_norm[s]);
+    const double norm_rel =
+        std::fabs(parallel->grad_norm[s] - single->grad_norm[s]) / std::fabs(single->grad_norm[s]);
     const double aux_abs = std::fabs(parallel->aux_loss[s] - single->aux_loss[s]);
     worst_loss = std::max(worst_loss, rel);
     EXPECT_LE(rel, kLossTol) << "step " << s << " loss " << parallel->loss[s] << " vs "
@@ -145,12 +145,12 @@ TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
 }
 
 const Layout kLayouts[] = {
-    {"dp2", 1, 2, 1, 1, 1, 2},          {"tp2", 1, 1, 2, 1, 1, 2},
-    {"pp2", 2, 1, 1, 1, 1, 2},          {"pp4_m8", 4, 1, 1, 1, 1, 8},
-    {"ep2", 1, 2, 1, 2, 1, 2},          {"ep4", 1, 4, 1, 4, 1, 2},
-    {"ep2_esp2", 1, 4, 1, 2, 2, 2},     {"tp2_ep2", 1, 1, 2, 2, 1, 2},
-    {"dp2_tp2_pp2", 2, 2, 2, 1, 1, 2},  {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
-    {"tp2_esp2", 1, 1, 2, 1, 2, 2},     {"tp4_ep2_esp2", 1, 1, 4, 2, 2, 2},
+    {"dp2", 1, 2, 1, 1, 1, 2},         {"tp2", 1, 1, 2, 1, 1, 2},
+    {"pp2", 2, 1, 1, 1, 1, 2},         {"pp4_m8", 4, 1, 1, 1, 1, 8},
+    {"ep2", 1, 2, 1, 2, 1, 2},         {"ep4", 1, 4, 1, 4, 1, 2},
+    {"ep2_esp2", 1, 4, 1, 2, 2, 2},    {"tp2_ep2", 1, 1, 2, 2, 1, 2},
+    {"dp2_tp2_pp2", 2, 2, 2, 1, 1, 2}, {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
+    {"tp2_esp2", 1, 1, 2, 1, 2, 2},    {"tp4_ep2_esp2", 1, 1, 4, 2, 2, 2},
 };
 const Routing kRoutings[] = {
     {"top1_dropless", 1, 0.0},

@@ -138,9 +138,9 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
                      train::BuildRankLayout(topo, rank, c.model, factory));
     std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
     tensor::DeviceArena arena(*cpu, 0);
-    ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
-                     model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard,
-                                           layout->model_groups()));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<model::GptMoe> model,
+        model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
     return WriteRank(RankFile(dir, rank), t, *model);
   };
@@ -182,8 +182,8 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
         r.grad_norm.push_back(norm);
       } else if (loss != r.loss[s] || norm != r.grad_norm[s]) {
         return absl::InternalError(absl::StrCat("rank ", rank, " reports loss ", loss, " norm ",
-                                                norm, " at step ", s, "; rank 0: ", r.loss[s],
-                                                " ", r.grad_norm[s]));
+                                                norm, " at step ", s, "; rank 0: ", r.loss[s], " ",
+                                                r.grad_norm[s]));
       }
     }
     int32_t in_flight = 0;

@@ -21,17 +21,17 @@ namespace furnace::testing {
 struct LayoutCase {
   model::ModelConfig model;
   topology::ParallelSizes sizes;
-  int micro_batch = 2;     // B
-  int micro_batches = 2;   // m per data-parallel rank
+  int micro_batch = 2;    // B
+  int micro_batches = 2;  // m per data-parallel rank
   int steps = 5;
   double lr = 3e-3;
   uint64_t seed = 7;
 };
 
 struct RunResult {
-  std::vector<double> loss, aux_loss, grad_norm;  // per step
-  std::vector<int> in_flight_peak;                 // per rank
-  std::vector<std::vector<int64_t>> comm_bytes;    // [rank][op], summed over the steps
+  std::vector<double> loss, aux_loss, grad_norm;     // per step
+  std::vector<int> in_flight_peak;                   // per rank
+  std::vector<std::vector<int64_t>> comm_bytes;      // [rank][op], summed over the steps
   std::map<std::string, std::vector<float>> params;  // whole tensors by name
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;

@@ -50,8 +50,8 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
     if (!layout.ok()) return layout.status();
     auto cpu = device::CreateCpuDevice();
     tensor::DeviceArena arena(*cpu, 0);
-    auto model = model::GptMoe::Create(c, 3, *cpu, arena, (*layout)->shard,
-                                       (*layout)->model_groups());
+    auto model =
+        model::GptMoe::Create(c, 3, *cpu, arena, (*layout)->shard, (*layout)->model_groups());
     if (!model.ok()) return model.status();
     data::MarkovConfig mc;
     mc.vocab = c.vocab;
@@ -73,8 +73,8 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
     tc.checkpoint.dir = dir;
     tc.checkpoint.every = 2;
     tc.checkpoint.keep = 0;
-    auto trainer = train::Trainer::Create(model->get(), sampler->get(), tc, nullptr,
-                                          &(*layout)->runtime);
+    auto trainer =
+        train::Trainer::Create(model->get(), sampler->get(), tc, nullptr, &(*layout)->runtime);
     if (!trainer.ok()) return trainer.status();
     if (restore) {
       auto loaded = (*trainer)->RestoreLatest();
@@ -165,8 +165,7 @@ TEST_F(ParallelCheckpointTest, SameShapesOtherSlicesAndOtherWorldSizesAreRefused
   const absl::Status smaller = TrainLayout(dp2, dir, 4, true);
   ASSERT_FALSE(smaller.ok());
   EXPECT_EQ(smaller.code(), absl::StatusCode::kFailedPrecondition) << smaller;
-  EXPECT_NE(smaller.message().find("written by 4 rank(s); this job has 2"),
-            absl::string_view::npos)
+  EXPECT_NE(smaller.message().find("written by 4 rank(s); this job has 2"), absl::string_view::npos)
       << smaller;
 }
 

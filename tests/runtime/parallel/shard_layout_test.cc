@@ -77,8 +77,8 @@ TEST_P(ShardLayoutTest, ShardsTileTheModel) {
   for (const auto& [name, counts] : held) {
     for (size_t g = 0; g < counts.size(); ++g) {
       ASSERT_GE(counts[g], 1) << name << "[" << g << "] is held by no rank";
-      ASSERT_EQ(owned[name][g], 1) << name << "[" << g << "] is counted " << owned[name][g]
-                                   << " times in the norm";
+      ASSERT_EQ(owned[name][g], 1)
+          << name << "[" << g << "] is counted " << owned[name][g] << " times in the norm";
     }
   }
 }

@@ -20,8 +20,8 @@ TEST(OneFOneBTest, FirstStageOfFourWithEightMicroBatches) {
 }
 
 TEST(OneFOneBTest, LastStageAlternates) {
-  const std::vector<Op> want = {{Op::kForward, 0}, {Op::kBackward, 0}, {Op::kForward, 1},
-                                {Op::kBackward, 1}, {Op::kForward, 2}, {Op::kBackward, 2}};
+  const std::vector<Op> want = {{Op::kForward, 0},  {Op::kBackward, 0}, {Op::kForward, 1},
+                                {Op::kBackward, 1}, {Op::kForward, 2},  {Op::kBackward, 2}};
   EXPECT_EQ(OneFOneB(3, 4, 3), want);
 }
 

@@ -82,10 +82,10 @@ TEST(GptMoeLearningTest, ReachesTheMarkovEntropyFloor) {
       if (within_at < 0 && after <= 1.05 * floor) within_at = step + 1;
     }
   }
-  std::printf("entropy floor H = %.4f nats/token; held-out loss %.4f before, %.4f after %lld "
-              "steps; first within 5%% of H at step %lld\n",
-              floor, before, after, static_cast<long long>(tc.steps),
-              static_cast<long long>(within_at));
+  std::printf(
+      "entropy floor H = %.4f nats/token; held-out loss %.4f before, %.4f after %lld "
+      "steps; first within 5%% of H at step %lld\n",
+      floor, before, after, static_cast<long long>(tc.steps), static_cast<long long>(within_at));
   EXPECT_GT(before, 1.5 * floor);  // it had something to learn
   EXPECT_LE(after, 1.05 * floor);
   EXPECT_GE(after, floor * 0.99);  // no model beats the entropy rate (up to sampling noise)

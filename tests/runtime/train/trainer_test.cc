@@ -329,8 +329,8 @@ TEST(TrainerTest, ParallelLayoutNeedsAPipelineStage) {
   MarkovSetup data = MakeMarkov(16, 4, 8, 0);
   TrainConfig config;
   ParallelRuntime parallel;
-  const absl::Status s = Trainer::Create(&model, data.sampler.get(), config, &clock, &parallel)
-                             .status();
+  const absl::Status s =
+      Trainer::Create(&model, data.sampler.get(), config, &clock, &parallel).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("pipeline stage"));
 }

@@ -10,14 +10,12 @@ namespace furnace::kernels::cuda {
 void AttentionForward(float* out,        // (B, T, C)      overwritten
                       float* att,        // (B, NH, T, T)  overwritten (probabilities)
                       const float* qkv,  // (B, T, 3C)
-                      int B, int Tlen, int C, int NH, cublasHandle_t handle,
-                      cudaStream_t stream);
+                      int B, int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream);
 // Needs NH * T * T floats of scratch, taken with cudaMallocAsync on `stream` and freed the same
 // way (stream-ordered: no host synchronisation; the pool makes repeats cheap).
 void AttentionBackward(float* dqkv,        // (B, T, 3C) accumulated
                        const float* dout,  // (B, T, C)
                        const float* qkv,   // (B, T, 3C)
                        const float* att,   // (B, NH, T, T)
-                       int B, int Tlen, int C, int NH, cublasHandle_t handle,
-                       cudaStream_t stream);
+                       int B, int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream);
 }  // namespace furnace::kernels::cuda
