@@ -189,7 +189,9 @@ TEST_F(ReportCommandTest, NoFloorNoBudgetNoLines) {
 TEST_F(ReportCommandTest, EmptySeriesStillWritesDocuments) {
   const std::vector<ReportFile> files = BuildReport(MakeRestartedJob(), v1::JobSeries());
   for (const ReportFile& f : files) {
-    if (f.name.ends_with(".svg")) EXPECT_EQ(XmlProblem(f.content), "") << f.name;
+    if (f.name.ends_with(".svg")) {
+      EXPECT_EQ(XmlProblem(f.content), "") << f.name;
+    }
   }
   EXPECT_NE(files.back().content.find("(0 step records)"), std::string::npos);
 }
