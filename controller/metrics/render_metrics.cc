@@ -63,28 +63,10 @@ void Add(MetricFamily* family, Labels labels, double value) {
   }
 }
 
-struct StateLabel {
-  JobState state;
-  const char* label;
-};
-constexpr std::array<StateLabel, 8> kJobStates = {{
-    {furnace::v1::JOB_PENDING, "pending"},
-    {furnace::v1::JOB_SCHEDULED, "scheduled"},
-    {furnace::v1::JOB_STARTING, "starting"},
-    {furnace::v1::JOB_RUNNING, "running"},
-    {furnace::v1::JOB_RECOVERING, "recovering"},
-    {furnace::v1::JOB_SUCCEEDED, "succeeded"},
-    {furnace::v1::JOB_FAILED, "failed"},
-    {furnace::v1::JOB_CANCELLED, "cancelled"},
-}};
-
 // Failure kinds (AttemptInfo.failure_kind) that count as restarts, exported at 0 before they
 // first happen. Any other kind in the snapshot is exported as it appears.
 constexpr std::array<const char*, 8> kRestartCauses = {
     "exit", "signal", "oom", "hang", "lost", "start_timeout", "agent_restart", "bad_input"};
-
-// Worker states exported at 0 when no worker is in them.
-constexpr std::array<const char*, 3> kWorkerStates = {"ready", "busy", "lost"};
 
 Labels JobLabel(const JobMetrics& job) { return {{"job", job.job_id}}; }
 
@@ -157,8 +139,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   Add(build_info, {{"version", kFurnaceVersion}}, 1.0);
 
   for (const JobMetrics& job : snapshot.jobs) {
-    for (const StateLabel& s : kJobStates) {
-      Add(state, JobLabelAnd(job, "state", s.label), job.state == s.state ? 1.0 : 0.0);
+    // Every state of the enum, in its order; the one the job is in is 1.
+    for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+      if (!v1::JobState_IsValid(s)) continue;
+      const auto js = static_cast<JobState>(s);
+      Add(state, JobLabelAnd(job, "state", v1::StateWord(js)), job.state == js ? 1.0 : 0.0);
     }
     std::map<std::string, uint64_t> causes(job.restarts_by_cause);
     for (const char* cause : kRestartCauses) causes.emplace(cause, 0);
@@ -202,7 +187,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   }
 
   std::map<std::string, uint32_t> by_state;
-  for (const char* s : kWorkerStates) by_state.emplace(s, 0);
+  // Every worker state is exported, at 0 when no worker is in it.
+  for (int s = v1::WorkerState_MIN + 1; s <= v1::WorkerState_MAX; ++s) {
+    if (v1::WorkerState_IsValid(s))
+      by_state.emplace(v1::StateWord(static_cast<v1::WorkerState>(s)), 0);
+  }
   for (const auto& [state, n] : snapshot.workers_by_state) by_state[v1::StateWord(state)] += n;
   for (const auto& [s, n] : by_state) Add(workers, {{"state", s}}, n);
   Add(dropped, {}, snapshot.telemetry_dropped_total);

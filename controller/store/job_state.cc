@@ -1,6 +1,7 @@
 #include "controller/store/job_state.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/furnace/v1/state_names.h"
 
 namespace furnace::controller {
 
@@ -11,26 +12,8 @@ bool IsFinal(JobState state) {
 }
 
 const char* StateName(JobState state) {
-  switch (state) {
-    case v1::JOB_PENDING:
-      return "pending";
-    case v1::JOB_SCHEDULED:
-      return "scheduled";
-    case v1::JOB_STARTING:
-      return "starting";
-    case v1::JOB_RUNNING:
-      return "running";
-    case v1::JOB_RECOVERING:
-      return "recovering";
-    case v1::JOB_SUCCEEDED:
-      return "succeeded";
-    case v1::JOB_FAILED:
-      return "failed";
-    case v1::JOB_CANCELLED:
-      return "cancelled";
-    default:
-      return "unknown";
-  }
+  const char* word = v1::StateWord(state);
+  return *word ? word : "unknown";
 }
 
 absl::Status CheckTransition(JobState from, JobState to) {

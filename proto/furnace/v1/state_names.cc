@@ -2,6 +2,29 @@
 
 namespace furnace::v1 {
 
+const char* StateWord(JobState state) {
+  switch (state) {
+    case JOB_PENDING:
+      return "pending";
+    case JOB_SCHEDULED:
+      return "scheduled";
+    case JOB_STARTING:
+      return "starting";
+    case JOB_RUNNING:
+      return "running";
+    case JOB_RECOVERING:
+      return "recovering";
+    case JOB_SUCCEEDED:
+      return "succeeded";
+    case JOB_FAILED:
+      return "failed";
+    case JOB_CANCELLED:
+      return "cancelled";
+    default:
+      return "";
+  }
+}
+
 const char* StateWord(RankState state) {
   switch (state) {
     case RANK_STATE_ASSIGNED:

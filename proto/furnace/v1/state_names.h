@@ -1,4 +1,4 @@
-// The words people and monitoring see for the rank, attempt and worker states ("running",
+// The words people and monitoring see for the job, rank, attempt and worker states ("running",
 // "failed", "ready", ...): the CLI's views and the Prometheus label values use these, so the
 // states travel as enums (controller.proto) and are named in one place.
 #pragma once
@@ -8,6 +8,7 @@
 namespace furnace::v1 {
 
 // Lower-case word; "" for UNSPECIFIED and values outside the enum.
+const char* StateWord(JobState state);
 const char* StateWord(RankState state);
 const char* StateWord(AttemptState state);
 const char* StateWord(WorkerState state);
