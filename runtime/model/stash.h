@@ -137,7 +137,7 @@ class Stash {
   // Frees a kept, unpinned, rebuildable entry's bytes; Get() rebuilds it.
   absl::Status Drop(StashHandle handle);
   // Decides per new entry whether it is kept or dropped once its module's forward is done (nullptr:
-  // keep everything).
+  // keep everything). Called by Save on the saving thread, with the stash unlocked.
   using SavePolicy = std::function<memory::SaveAction(const StashEntryInfo&)>;
   void SetSavePolicy(SavePolicy policy);
   // Drops the entries the save policy marked since the last call (those still live and kept).

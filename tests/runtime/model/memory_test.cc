@@ -200,10 +200,10 @@ TEST_F(MemoryTest, PoliciesMatchTheirDeclaredPeakAndNoneBitForBit) {
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(r->activation_peak_bytes,
                 m->ActivationBytesForRouting(c.B, m->last_rows_per_moe_layer()));
-      // selective saves, full_recompute saves at least as much (the peak may sit where it drops
-      // nothing more: the head, or a dense layer).
-      if (policy == MemoryPolicy::kSelective) {
-        EXPECT_LT(r->activation_peak_bytes, previous_peak);
+      // selective saves, full_recompute at least as much (with one MoE layer, on top, the peak is
+      // that layer's own backward, where everything it dropped is rebuilt at once).
+      if (policy == MemoryPolicy::kSelective || c.config.layers == 4) {
+        EXPECT_LT(r->activation_peak_bytes, previous_peak);  // deep: MoE layers below the top
       } else {
         EXPECT_LE(r->activation_peak_bytes, previous_peak);
       }
