@@ -13,6 +13,7 @@
 #include "runtime/data/token_file.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/train/peak_flops.h"
@@ -166,14 +167,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
+  // memory.policy: the spec refuses what this build does not run; a task that still carries it
+  // gets the parser's refusal here.
+  absl::StatusOr<memory::MemoryPolicy> policy = memory::ParseMemoryPolicy(spec.memory().policy());
+  if (!policy.ok()) {
+    return Fail(progress, 0, kRankExitBadInput, std::string(policy.status().message()));
+  }
+  if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
+    return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
+  }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   const double peak = train::MeasureSgemmPeakFlops();
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
-      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",
+      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}; memory policy {}",
       (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
       spec.memory().device_budget() == 0 ? std::string("unlimited")
-                                         : absl::StrCat(spec.memory().device_budget(), " bytes"));
+                                         : absl::StrCat(spec.memory().device_budget(), " bytes"),
+      memory::MemoryPolicyName(*policy));
 
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak),
                                         nullptr, parallel ? &layout->runtime : nullptr);

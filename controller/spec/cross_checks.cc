@@ -167,12 +167,13 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat("'", spec.resources().device(), "'"), "cpu"});
   }
   if (spec.kind() == "train") {
-    if (spec.memory().policy() != "none") {
+    const std::string& policy = spec.memory().policy();
+    if (policy != "none" && policy != "selective" && policy != "full_recompute") {
       c.Fail({"memory.policy"},
-             Problem{"is not available in this build (ranks keep every activation for backward, "
-                     "policy none; the static policies and the adaptive planner come with the "
-                     "memory planner)",
-                     absl::StrCat("'", spec.memory().policy(), "'"), "none"});
+             Problem{"is not available in this build (the static policies none, selective and "
+                     "full_recompute run; offload and the adaptive planner come with the memory "
+                     "planner)",
+                     absl::StrCat("'", policy, "'"), "none, selective, full_recompute"});
     }
     const auto& sp = moe.spikes();
     const char* kSpikes =

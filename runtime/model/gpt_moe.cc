@@ -131,6 +131,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   if (shard_.first_stage()) {
     ASSIGN_OR_RETURN(st.embedding,
                      EmbeddingForward(ctx, dims, inputs, p + layout_.wte, p + layout_.wpe));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   } else {
     const int64_t NC = int64_t{dims.N()} * dims.C;
     ASSIGN_OR_RETURN(tensor::Buffer in, AllocF32(ctx, NC, "stage.input", false));  // (B, T, C)
@@ -144,6 +145,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     LayerState ls;
     ls.moe = off.moe;
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
     if (off.moe) {
       ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out));
       last_rows_.push_back(ls.moe_saved.rows);
@@ -151,6 +153,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
       ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
                                                p, ls.attn.out));
     }
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
     x = ls.out();
     st.layers.push_back(std::move(ls));
   }
@@ -158,6 +161,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
                                           p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
                                           capture_logits_ ? &last_logits_ : nullptr));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   }
   last_stashed_bytes_ = stash_.stashed_bytes();
   return st;
@@ -287,6 +291,22 @@ absl::Status GptMoe::StageBackward(int micro, const float* dx_out, double ce_sca
   return Backward(*st, dx_out, ce_scale, aux_scale, dx_in);
 }
 
+absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memory policy: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
+  }
+  policy_ = policy;
+  if (policy == memory::MemoryPolicy::kNone) {
+    stash_.SetSavePolicy(nullptr);
+  } else {
+    stash_.SetSavePolicy([policy](const StashEntryInfo& e) {
+      return memory::StaticSaveAction(policy, memory::TensorTag(e.producer));
+    });
+  }
+  return absl::OkStatus();
+}
+
 void GptMoe::AbandonMicroBatches() {
   in_flight_.clear();
   stash_.ReleaseAll();
@@ -297,32 +317,31 @@ int64_t GptMoe::ActivationBytesForRouting(int B,
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
   const MoeShape moe = ShapeOf(config_, ModelShard{});
   const int F = config_.dense_width();
-  struct Module {
-    int64_t saved, forward_peak, backward_peak;
-  };
-  std::vector<Module> modules;  // forward order
-  modules.push_back({EmbeddingSavedBytes(dims), EmbeddingForwardPeakBytes(dims),
-                     EmbeddingBackwardPeakBytes(dims)});
+  const int V = config_.vocab;
+  std::vector<ModuleBytes> modules;  // forward order
+  modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
+                                  EmbeddingBackwardPeakBytes(dims), policy_));
   size_t moe_index = 0;
   for (int l = 0; l < config_.layers; ++l) {
-    modules.push_back({AttentionSavedBytes(dims), AttentionForwardPeakBytes(dims),
-                       AttentionBackwardPeakBytes(dims)});
+    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
+                                    AttentionBackwardPeakBytes(dims), policy_));
     if (config_.IsMoeLayer(l)) {
       const int64_t S = moe_index < rows_per_moe_layer.size() ? rows_per_moe_layer[moe_index]
                                                               : int64_t{dims.N()} * moe.k;
       ++moe_index;
-      modules.push_back({MoeSavedBytes(dims, moe, S), MoeForwardPeakBytes(dims, moe, S),
-                         MoeBackwardPeakBytes(dims, moe, S)});
+      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, S),
+                                      MoeForwardPeakBytes(dims, moe, S),
+                                      MoeBackwardPeakBytes(dims, moe, S), policy_));
     } else {
-      modules.push_back(
-          {MlpSavedBytes(dims, F), MlpForwardPeakBytes(dims, F), MlpBackwardPeakBytes(dims, F)});
+      modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
+                                      MlpBackwardPeakBytes(dims, F), policy_));
     }
   }
-  modules.push_back({HeadSavedBytes(dims, config_.vocab), HeadForwardPeakBytes(dims, config_.vocab),
-                     HeadBackwardPeakBytes(dims, config_.vocab)});
+  modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
+                                  HeadBackwardPeakBytes(dims, V), policy_));
 
   int64_t live = 0, peak = 0;
-  for (const Module& m : modules) {
+  for (const ModuleBytes& m : modules) {
     peak = std::max(peak, live + m.forward_peak);
     live += m.saved;
   }

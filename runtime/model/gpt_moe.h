@@ -14,6 +14,12 @@
 // routing, through S = rows kept per MoE layer; dropless S is always N * k, so ActivationBytes(B)
 // is exact dropless and an upper bound with a capacity.
 //
+// Memory policy (SetMemoryPolicy, runtime/memory/policy.h): the stash drops the tensors the
+// policy names once their module's forward is done, and each module's backward rebuilds them
+// first (Stash::Acquire). Results are bit-identical to `none`; the declared bytes follow the
+// policy (each dropped tensor leaves the saved bytes and is rebuilt, with its scratch, at the
+// start of its module's backward).
+//
 // Parallel layouts: created with a ModelShard (and the groups it talks to), the model holds only
 // that shard's parameters (BuildParamLayout), initialised to exactly the values the whole model
 // has at the same indices, and runs one pipeline stage per micro-batch: StageForward takes the
@@ -35,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/module.h"
 #include "runtime/model/param_layout.h"
@@ -124,6 +131,11 @@ class GptMoe final : public train::PipelineStage {
 
   Stash& stash() { return stash_; }
 
+  // The static memory policy, for every later forward (and the declared bytes). FailedPrecondition
+  // while micro-batches are in flight.
+  absl::Status SetMemoryPolicy(memory::MemoryPolicy policy);
+  memory::MemoryPolicy memory_policy() const { return policy_; }
+
  private:
   GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
          tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups);
@@ -150,6 +162,7 @@ class GptMoe final : public train::PipelineStage {
   std::vector<float> grads_;
   std::vector<int64_t> last_rows_;
   uint64_t last_stashed_bytes_ = 0;
+  memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;
   std::vector<float> last_logits_;
 };

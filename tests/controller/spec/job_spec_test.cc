@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
@@ -267,10 +268,28 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
        {"moe.spikes.probability: is not available in this build", "(got 0.5; allowed: 0",
         "moe.spikes.max_ratio: is not available in this build", "(got 4; allowed: 1",
         "moe.spikes.seed: is not available in this build", "(got 18446744073709551615; allowed: 0",
-        "memory.policy: is not available in this build", "(got 'adaptive'; allowed: none)",
+        "memory.policy: is not available in this build",
+        "(got 'adaptive'; allowed: none, selective, full_recompute)",
         "checkpoint.async: is not available in this build", "(got true; allowed: false)",
         "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
+  }
+}
+
+// The static memory policies run; offload and adaptive are refused naming the field.
+TEST(JobSpecTest, StaticMemoryPoliciesAreAccepted) {
+  for (const char* policy : {"none", "selective", "full_recompute"}) {
+    EXPECT_EQ(MustParse(absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"))
+                  .memory()
+                  .policy(),
+              policy);
+  }
+  for (const char* policy : {"offload", "adaptive"}) {
+    absl::StatusOr<JobSpec> s = ParseJobYaml(
+        absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"), "job.yaml");
+    ASSERT_FALSE(s.ok()) << policy;
+    EXPECT_NE(s.status().message().find("memory.policy: is not available"), std::string::npos)
+        << s.status();
   }
 }
 

@@ -141,6 +141,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<model::GptMoe> model,
         model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
+    RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
     return WriteRank(RankFile(dir, rank), t, *model);
   };
@@ -243,6 +244,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   tensor::DeviceArena arena(*cpu, 0);
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
                    model::GptMoe::Create(c.model, c.seed, *cpu, arena));
+  RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
   ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
   RunResult r;
   r.loss = t.loss;

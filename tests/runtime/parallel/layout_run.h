@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/topology/topology.h"
 
@@ -26,6 +27,7 @@ struct LayoutCase {
   int steps = 5;
   double lr = 3e-3;
   uint64_t seed = 7;
+  memory::MemoryPolicy policy = memory::MemoryPolicy::kNone;  // on every rank
 };
 
 struct RunResult {
