@@ -1,6 +1,7 @@
 #include "runtime/model/moe_block.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -129,8 +130,9 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   // Router. Its rebuild calls RouterForward with the same RouterInputs.
-  RouterInputs router{params + off.router, N, C, E, p};
-  if (spike != nullptr) router.spike = *spike;
+  std::optional<RoutingSpike> router_spike;
+  if (spike != nullptr) router_spike = *spike;
+  const RouterInputs router{params + off.router, N, C, E, p, router_spike};
   {
     ASSIGN_OR_RETURN(tensor::Buffer probs, RouterForward(ctx, router, u));  // (N, E)
     RecomputeSpec spec{"router", {s.ln_out}, 2.0 * NC * E};

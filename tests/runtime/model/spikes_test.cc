@@ -12,7 +12,8 @@
 //     batch forces the same tokens);
 //   * invalid configurations name the field;
 //   * on the model: spikes off (or on, on a step that is not a spike step) is bit-identical to a
-//     model without spikes; a spike step routes every forced token to the spiking expert.
+//     model without spikes; a spike step routes every forced token to the spiking expert; under
+//     full_recompute the rebuilt router probabilities carry the spike (bit-identical to none).
 #include "runtime/model/spikes.h"
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "model_test_util.h"
 #include "runtime/device/backend.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/gpt_moe.h"
 
 namespace furnace::model {
@@ -193,21 +195,25 @@ class SpikeModelTest : public ::testing::Test {
   struct Run {
     train::MicroBatchResult result;
     std::vector<float> grads;
+    uint64_t rebuilt_bytes = 0;  // by the memory policy's recomputes
   };
   // One ForwardBackward of B = 4 at (step, first sequence); no SetStepContext when step < 0.
-  Run ForwardBackward(const SpikeConfig& spikes, int64_t step, int64_t first_sequence) {
+  Run ForwardBackward(const SpikeConfig& spikes, int64_t step, int64_t first_sequence,
+                      memory::MemoryPolicy policy = memory::MemoryPolicy::kNone) {
     ModelConfig c = TinyConfig();
     c.spikes = spikes;
     tensor::DeviceArena arena(*device_, 0);
     absl::StatusOr<std::unique_ptr<GptMoe>> m = GptMoe::Create(c, 5, *device_, arena);
     EXPECT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE((*m)->SetMemoryPolicy(policy).ok());
     if (step >= 0) (*m)->SetStepContext(step, first_sequence);
     const int B = 4, N = B * c.seq_len;
     const std::vector<int32_t> in = RandomTokens(N, c.vocab, 31), tg = RandomTokens(N, c.vocab, 32);
     absl::StatusOr<train::MicroBatchResult> r =
         (*m)->ForwardBackward(in.data(), tg.data(), B, 1.0 / N, 1.0);
     EXPECT_TRUE(r.ok()) << r.status();
-    return {*r, std::vector<float>((*m)->grad_data(), (*m)->grad_data() + (*m)->num_params())};
+    return {*r, std::vector<float>((*m)->grad_data(), (*m)->grad_data() + (*m)->num_params()),
+            (*m)->stash().rebuilt_bytes()};
   }
   static void ExpectBitIdentical(const Run& a, const Run& b) {
     EXPECT_EQ(std::memcmp(&a.result.loss, &b.result.loss, sizeof(double)), 0);
@@ -260,6 +266,27 @@ TEST_F(SpikeModelTest, SpikeStepRoutesForcedTokensToTheExpert) {
               spike.expert, spike.ratio, static_cast<long long>(forced), 4 * c.seq_len,
               static_cast<long long>(plain.result.tokens_per_expert[0][spike.expert]),
               static_cast<long long>(spiked.result.tokens_per_expert[0][spike.expert]));
+}
+
+// full_recompute drops the router probabilities and rebuilds them in backward: the rebuild adds
+// the same spike, so the step is bit-identical to keeping them.
+TEST_F(SpikeModelTest, RecomputedRouterProbsCarryTheSpike) {
+  const SpikeConfig config = Spikes(1.0, 2.0, 9);
+  const Run kept = ForwardBackward(config, 2, 4);
+  const Run rebuilt = ForwardBackward(config, 2, 4, memory::MemoryPolicy::kFullRecompute);
+  EXPECT_TRUE(kept.result.routing_spike);
+  EXPECT_EQ(kept.rebuilt_bytes, 0u);
+  EXPECT_GT(rebuilt.rebuilt_bytes, 0u);
+  EXPECT_EQ(std::memcmp(&kept.result.loss, &rebuilt.result.loss, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&kept.result.aux_loss, &rebuilt.result.aux_loss, sizeof(double)), 0);
+  EXPECT_EQ(kept.result.tokens_per_expert, rebuilt.result.tokens_per_expert);
+  ASSERT_EQ(kept.grads.size(), rebuilt.grads.size());
+  EXPECT_EQ(std::memcmp(kept.grads.data(), rebuilt.grads.data(), kept.grads.size() * sizeof(float)),
+            0);
+  // And the spike mattered to those gradients.
+  const Run plain = ForwardBackward(SpikeConfig{}, 2, 4);
+  EXPECT_NE(std::memcmp(kept.grads.data(), plain.grads.data(), kept.grads.size() * sizeof(float)),
+            0);
 }
 
 }  // namespace
