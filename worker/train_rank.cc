@@ -41,6 +41,9 @@ model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   c.capacity_factor = spec.moe().capacity_factor();
   c.normalize_topk = spec.moe().normalize_topk();
   c.aux_alpha = spec.moe().aux_alpha();
+  c.spikes.probability = spec.moe().spikes().probability();
+  c.spikes.max_ratio = spec.moe().spikes().max_ratio();
+  c.spikes.seed = spec.moe().spikes().seed();
   return c;
 }
 
@@ -177,6 +180,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
   }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
+  if (config.spikes.enabled()) {
+    spdlog::info(
+        "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",
+        config.spikes.probability * 100, config.spikes.max_ratio, config.spikes.seed);
+  }
   const double peak = train::MeasureSgemmPeakFlops();
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
@@ -225,9 +233,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
       spdlog::info(
           "step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
-          "imbalance {:.2f}  act peak {:.1f} MiB",
+          "imbalance {:.2f}{}  act peak {:.1f} MiB",
           done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3, s.mfu * 100,
-          worst, s.activation_peak_bytes / 1048576.0);
+          worst, s.routing_spike ? " (spike)" : "", s.activation_peak_bytes / 1048576.0);
     }
     fault_exit = MaybeInjectFault(task, done, progress);
     if (fault_exit) stop.RequestStop();

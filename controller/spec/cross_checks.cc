@@ -175,21 +175,6 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      "planner)",
                      absl::StrCat("'", policy, "'"), "none, selective, full_recompute"});
     }
-    const auto& sp = moe.spikes();
-    const char* kSpikes =
-        "is not available in this build (routing spikes are not injected yet; they come with "
-        "the memory planner)";
-    if (sp.probability() != 0) {
-      c.Fail({"moe.spikes.probability"},
-             Problem{kSpikes, absl::StrCat(sp.probability()), "0 (the default: no spikes)"});
-    }
-    if (sp.max_ratio() != 1) {
-      c.Fail({"moe.spikes.max_ratio"},
-             Problem{kSpikes, absl::StrCat(sp.max_ratio()), "1 (the default)"});
-    }
-    if (sp.seed() != 0) {
-      c.Fail({"moe.spikes.seed"}, Problem{kSpikes, absl::StrCat(sp.seed()), "0 (the default)"});
-    }
     if (spec.checkpoint().async()) {
       c.Fail({"checkpoint.async"},
              Problem{"is not available in this build (checkpoints are written synchronously, "
@@ -202,6 +187,19 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     c.Fail({"moe.top_k", "moe.experts"},
            Problem{absl::StrCat("must be <= moe.experts (= ", moe.experts(), ")"),
                    absl::StrCat(moe.top_k()), absl::StrCat("1..", moe.experts())});
+  }
+
+  // Routing spikes (MODEL.md "Routing-spike injection"): at max_ratio = E / k every token of a
+  // spiking layer is forced onto one expert, which is as far as a spike can go.
+  const auto& sp = moe.spikes();
+  if (moe.top_k() >= 1 && moe.top_k() <= moe.experts() &&
+      sp.max_ratio() * moe.top_k() > moe.experts()) {
+    const double bound = static_cast<double>(moe.experts()) / moe.top_k();
+    c.Fail({"moe.spikes.max_ratio", "moe.experts", "moe.top_k"},
+           Problem{absl::StrCat("must be <= moe.experts / moe.top_k (= ", moe.experts(), " / ",
+                                moe.top_k(), " = ", bound,
+                                "): at that ratio every token goes to the spiking expert"),
+                   absl::StrCat(sp.max_ratio()), absl::StrCat("[1, ", bound, "]")});
   }
 
   const auto& t = spec.train();

@@ -56,9 +56,9 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"moe.schedule", FieldUse::kRefusedUnlessDefault, "s1"},
     {"moe.normalize_topk", FieldUse::kUsed, "moe().normalize_topk()"},
     {"moe.aux_alpha", FieldUse::kUsed, "moe().aux_alpha()"},
-    {"moe.spikes.probability", FieldUse::kRefusedUnlessDefault, "0.5"},
-    {"moe.spikes.max_ratio", FieldUse::kRefusedUnlessDefault, "2"},
-    {"moe.spikes.seed", FieldUse::kRefusedUnlessDefault, "7"},
+    {"moe.spikes.probability", FieldUse::kUsed, "spikes().probability()"},
+    {"moe.spikes.max_ratio", FieldUse::kUsed, "spikes().max_ratio()"},
+    {"moe.spikes.seed", FieldUse::kUsed, "spikes().seed()"},
 
     // none, selective and full_recompute run (worker/train_rank.cc); offload and adaptive do not.
     {"memory.policy", FieldUse::kUsed, "memory().policy()", "adaptive"},

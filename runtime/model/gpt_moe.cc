@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "runtime/model/init.h"
 #include "runtime/model/mlp_block.h"
 #include "runtime/model/moe_block.h"
+#include "runtime/model/spikes.h"
 
 namespace furnace::model {
 
@@ -25,6 +27,7 @@ struct LayerState {
 
 struct ForwardState {
   int B = 0;
+  bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
   EmbeddingSaved embedding;        // first stage
   StashHandle input;               // later stages: the previous stage's output, (B, T, C)
   std::vector<LayerState> layers;  // this stage's layers, in order
@@ -93,6 +96,11 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
 
 void GptMoe::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {
+  step_ = step;
+  first_sequence_ = first_global_sequence;
+}
+
 const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   for (const train::ParamInfo& p : layout_.params) {
     if (p.name == name) return &p;
@@ -126,6 +134,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   const float* p = params_.data();
   ForwardState st;
   st.B = B;
+  st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
   last_rows_.clear();
 
   if (shard_.first_stage()) {
@@ -147,7 +156,12 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
     if (off.moe) {
-      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out));
+      const std::optional<RoutingSpike> spike =
+          st.routing_spike ? SpikeFor(config_.spikes, config_.experts, config_.top_k, step_, l,
+                                      first_sequence_, config_.seq_len)
+                           : std::nullopt;
+      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out,
+                                                     spike ? &*spike : nullptr));
       last_rows_.push_back(ls.moe_saved.rows);
     } else {
       ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
@@ -209,6 +223,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
 
 train::MicroBatchResult GptMoe::Summarize(const ForwardState& st) const {
   train::MicroBatchResult r;
+  r.routing_spike = st.routing_spike;
   if (shard_.last_stage()) {
     r.loss = st.head.ce_sum / (static_cast<double>(st.B) * config_.seq_len);
   }

@@ -27,6 +27,10 @@
 // gradient; micro-batches may be in flight together (1F1B). ForwardBackward and Evaluate need a
 // single-stage shard. The declared activation bytes describe the whole model on one rank.
 //
+// Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
+// router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
+// the training loop calls before every micro-batch; a micro-batch in flight keeps its spikes.
+//
 // Thread-safety: one thread at a time. Errors: InvalidArgument for bad inputs (token ids outside
 // [0, V), B < 1); ResourceExhausted from the arena when the budget is too small (the gradients may
 // then hold a partial accumulation: the step must be given up or retried after ZeroGrad).
@@ -83,6 +87,9 @@ class GptMoe final : public train::PipelineStage {
   int seq_len() const override { return config_.seq_len; }
   int vocab() const override { return config_.vocab; }
   double FlopsPerToken() const override;
+  // Routing spikes (config.spikes, spikes.h) are drawn for this step and these sequences. Before
+  // the first call the model has no step and injects no spike.
+  void SetStepContext(int64_t step, int64_t first_global_sequence) override;
 
   // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
   // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else
@@ -164,6 +171,8 @@ class GptMoe final : public train::PipelineStage {
   uint64_t last_stashed_bytes_ = 0;
   memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;
+  int64_t step_ = -1;  // SetStepContext; -1: none yet
+  int64_t first_sequence_ = 0;
   std::vector<float> last_logits_;
 };
 

@@ -1,6 +1,7 @@
 #include "runtime/model/moe_block.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,7 @@ absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInp
   ASSIGN_OR_RETURN(tensor::Buffer probs,
                    AllocF32(ctx, NE, r.prefix + "moe.router_probs", false));  // (N, E)
   ctx.ops.matmul_forward(logits.as<float>(), u, r.weight, nullptr, r.N, r.C, r.E);
+  if (r.spike.has_value()) r.spike->Apply(logits.as<float>(), r.N, r.E);
   ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), r.N, r.E);
   return probs;
 }
@@ -112,7 +114,7 @@ absl::StatusOr<tensor::Buffer> CombinedOutput(ModuleContext& ctx, const std::str
 
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                                          int layer, const LayerOffsets& off, const float* params,
-                                         StashHandle x_in) {
+                                         StashHandle x_in, const RoutingSpike* spike) {
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
@@ -128,7 +130,9 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   // Router. Its rebuild calls RouterForward with the same RouterInputs.
-  const RouterInputs router{params + off.router, N, C, E, p};
+  std::optional<RoutingSpike> router_spike;
+  if (spike != nullptr) router_spike = *spike;
+  const RouterInputs router{params + off.router, N, C, E, p, router_spike};
   {
     ASSIGN_OR_RETURN(tensor::Buffer probs, RouterForward(ctx, router, u));  // (N, E)
     RecomputeSpec spec{"router", {s.ln_out}, 2.0 * NC * E};

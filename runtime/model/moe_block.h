@@ -20,15 +20,20 @@
 //                               on a distributed layout (on one rank R = S and they are the saved
 //                               buffers themselves).
 // The router probabilities are rebuilt by RouterForward with the RouterInputs forward used.
+// A routing spike (spikes.h), when given, is one of those inputs: RouterForward adds its bias to
+// the logits of its forced tokens before the softmax, in forward and in the rebuild alike.
+// Backward needs nothing more: the bias is a constant.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/model/module.h"
 #include "runtime/model/param_layout.h"
+#include "runtime/model/spikes.h"
 #include "runtime/moe/dispatcher.h"
 
 namespace furnace::model {
@@ -53,6 +58,8 @@ struct RouterInputs {
   const float* weight = nullptr;  // (C, E) Wg; must stay valid while the saved probs live
   int N = 0, C = 0, E = 0;
   std::string prefix;  // "layers.<l>.", for the arena tags
+  // Added to the logits of the forced tokens (spikes.h) on a routing-spike step.
+  std::optional<RoutingSpike> spike;
 };
 // probs (N, E) = softmax(u @ Wg), u (N, C); the logits are arena scratch.
 absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInputs& router,
@@ -80,7 +87,7 @@ struct MoeSaved {
 
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                                          int layer, const LayerOffsets& off, const float* params,
-                                         StashHandle x_in);
+                                         StashHandle x_in, const RoutingSpike* spike = nullptr);
 // dres: d loss / d out on entry, d loss / d x_in on return. aux_scale: d loss / d aux.
 absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                               const LayerOffsets& off, const float* params, float* grads,

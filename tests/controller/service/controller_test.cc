@@ -457,6 +457,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   s.model_flops = 1e9;
   s.mfu = 0.25;
   s.in_flight_peak = 2;
+  s.routing_spike = true;
   s.comm = {{"ep", comm::CollectiveOp::kAllToAll, 4096, 4, 0.01},
             {"tp", comm::CollectiveOp::kAllReduce, 1024, 2, 0.002}};
   std::vector<v1::StepTelemetry> sent;
@@ -483,6 +484,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_EQ(t.dropped_tokens(), 3u);
   EXPECT_EQ(t.memory().budget_bytes(), 1u << 22);
   EXPECT_EQ(t.memory().pipeline_in_flight(), 2u);
+  EXPECT_TRUE(t.routing_spike());
   ASSERT_EQ(t.moe_layers_size(), 2);
   EXPECT_EQ(t.moe_layers(1).layer(), 1u);
   EXPECT_EQ(t.moe_layers(0).schedule(), v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
@@ -511,6 +513,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_DOUBLE_EQ(st.mfu(), 0.25);
   EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 1 << 20);
   EXPECT_DOUBLE_EQ(st.memory_budget_bytes(), 1 << 22);
+  EXPECT_TRUE(st.routing_spike());
   ASSERT_EQ(st.expert_tokens_size(), 2);
   EXPECT_EQ(
       std::vector<double>(st.expert_tokens(0).tokens().begin(), st.expert_tokens(0).tokens().end()),

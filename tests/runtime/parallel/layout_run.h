@@ -1,10 +1,11 @@
 // Test helper: trains the tiny model of the layout tests for a few steps on one parallel layout,
 // one fork()ed process per rank talking Gloo over 127.0.0.1 (rendezvous through a FileKvStore),
 // and returns what the ranks reported: per-step loss and gradient norm, the 1F1B in-flight peak
-// per rank, bytes per collective per rank, and the final parameters reassembled by name from the
-// shards (each element from every rank that holds it, so replicas are checked against each
-// other). RunSingle trains the same model in this process with micro_batches * dp micro-batches,
-// the single-process run every layout must reproduce.
+// per rank, bytes per collective per rank, whether each step was a routing-spike step and its
+// global tokens per expert (every rank must report the same), and the final parameters reassembled
+// by name from the shards (each element from every rank that holds it, so replicas are checked
+// against each other). RunSingle trains the same model in this process with micro_batches * dp
+// micro-batches, the single-process run every layout must reproduce.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,12 @@ struct LayoutCase {
 };
 
 struct RunResult {
-  std::vector<double> loss, aux_loss, grad_norm;     // per step
-  std::vector<int> in_flight_peak;                   // per rank
-  std::vector<std::vector<int64_t>> comm_bytes;      // [rank][op], summed over the steps
-  std::map<std::string, std::vector<float>> params;  // whole tensors by name
+  std::vector<double> loss, aux_loss, grad_norm;        // per step
+  std::vector<bool> routing_spike;                      // per step
+  std::vector<std::vector<int64_t>> tokens_per_expert;  // per step: global, MoE layers x E
+  std::vector<int> in_flight_peak;                      // per rank
+  std::vector<std::vector<int64_t>> comm_bytes;         // [rank][op], summed over the steps
+  std::map<std::string, std::vector<float>> params;     // whole tensors by name
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
 };
