@@ -5,11 +5,15 @@
 // rebuilt by re-running the dispatch / combine all-to-all on every rank of the group together),
 // and 1F1B pipelines with several micro-batches in flight (each one's dropped tensors rebuilt in
 // its own backward). Each parallel case forks one process per rank (Gloo over 127.0.0.1).
+// The Spikes suite runs the same layouts with routing spikes (runtime/model/spikes.h) on steps 1
+// and 3: the rebuilt router probabilities must carry the spike as forward's did.
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/model/spikes.h"
 #include "tests/runtime/parallel/layout_run.h"
 
 namespace furnace::testing {
@@ -60,17 +64,16 @@ void ExpectIdentical(const RunResult& got, const RunResult& want) {
   }
 }
 
-class MemoryPolicyTest : public ::testing::TestWithParam<Layout> {};
-
-TEST_P(MemoryPolicyTest, BitIdenticalToNone) {
-  const Layout& layout = GetParam();
+void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {
   const bool single = layout.pp * layout.dp * layout.tp == 1;
   const auto run = [&](MemoryPolicy policy) -> absl::StatusOr<RunResult> {
     LayoutCase c = CaseFor(layout);
+    c.model.spikes = spikes;
     c.policy = policy;
     if (single) return RunSingle(c);
     const std::string dir = absl::StrCat(::testing::TempDir(), "/policy-", layout.name, "-",
-                                         memory::MemoryPolicyName(policy), "-", getpid());
+                                         memory::MemoryPolicyName(policy),
+                                         spikes.enabled() ? "-spikes-" : "-", getpid());
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     absl::StatusOr<RunResult> r = RunLayout(c, dir);
@@ -79,6 +82,9 @@ TEST_P(MemoryPolicyTest, BitIdenticalToNone) {
   };
   absl::StatusOr<RunResult> none = run(MemoryPolicy::kNone);
   ASSERT_TRUE(none.ok()) << none.status();
+  if (spikes.enabled()) {
+    EXPECT_EQ(none->routing_spike, (std::vector<bool>{false, true, false, true}));
+  }
   for (MemoryPolicy policy : {MemoryPolicy::kSelective, MemoryPolicy::kFullRecompute}) {
     SCOPED_TRACE(memory::MemoryPolicyName(policy));
     absl::StatusOr<RunResult> r = run(policy);
@@ -87,16 +93,32 @@ TEST_P(MemoryPolicyTest, BitIdenticalToNone) {
   }
 }
 
+class MemoryPolicyTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(MemoryPolicyTest, BitIdenticalToNone) { CheckPolicies(GetParam(), model::SpikeConfig{}); }
+
+class SpikeMemoryPolicyTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(SpikeMemoryPolicyTest, BitIdenticalToNone) {
+  model::SpikeConfig spikes;
+  spikes.probability = 0.5;
+  spikes.max_ratio = 2;  // experts / top_k
+  spikes.seed = 164;     // spike steps 1 and 3 of 0..3
+  CheckPolicies(GetParam(), spikes);
+}
+
 const Layout kLayouts[] = {
     {"single", 1, 1, 1, 1, 1, 2},           {"ep2_esp2", 1, 4, 1, 2, 2, 2},
     {"pp2_m4", 2, 1, 1, 1, 1, 4},           {"pp4_m8", 4, 1, 1, 1, 1, 8},
     {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
 };
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MemoryPolicyTest, ::testing::ValuesIn(kLayouts),
-                         [](const ::testing::TestParamInfo<Layout>& info) {
-                           return std::string(info.param.name);
-                         });
+std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
+  return std::string(info.param.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MemoryPolicyTest, ::testing::ValuesIn(kLayouts), LayoutName);
+INSTANTIATE_TEST_SUITE_P(Spikes, SpikeMemoryPolicyTest, ::testing::ValuesIn(kLayouts), LayoutName);
 
 }  // namespace
 }  // namespace furnace::testing
