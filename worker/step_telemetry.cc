@@ -1,5 +1,6 @@
 #include "worker/step_telemetry.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace furnace::worker {
@@ -86,7 +87,19 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   memory->set_activation_peak_bytes(static_cast<uint64_t>(s.activation_peak_bytes));
   memory->set_budget_bytes(static_cast<uint64_t>(context.memory_budget_bytes));
   memory->set_pipeline_in_flight(static_cast<uint32_t>(s.in_flight_peak));
-  // t.planner stays empty: no memory planner runs yet.
+  memory->set_late_reloads(
+      static_cast<uint64_t>(std::max<int64_t>(0, s.memory_actions.late_reloads)));
+  const std::pair<furnace::v1::PlannerAction, uint64_t> actions[] = {
+      {furnace::v1::PLANNER_ACTION_OFFLOAD, s.memory_actions.offloaded_bytes},
+      {furnace::v1::PLANNER_ACTION_COMPRESS, s.memory_actions.compressed_bytes},
+      {furnace::v1::PLANNER_ACTION_RECOMPUTE, s.memory_actions.recomputed_bytes},
+  };
+  for (const auto& [action, bytes] : actions) {
+    if (bytes == 0) continue;
+    furnace::v1::PlannerActionBytes* p = t.add_planner();
+    p->set_action(action);
+    p->set_bytes(bytes);
+  }
   return t;
 }
 

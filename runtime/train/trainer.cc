@@ -98,6 +98,15 @@ Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig&
   }
 }
 
+MemoryActionTotals Trainer::MemoryActionsSince(const MemoryActionTotals& before) const {
+  MemoryActionTotals d = model_->MemoryActions();
+  d.recomputed_bytes -= before.recomputed_bytes;
+  d.offloaded_bytes -= before.offloaded_bytes;
+  d.compressed_bytes -= before.compressed_bytes;
+  d.late_reloads -= before.late_reloads;
+  return d;
+}
+
 absl::StatusOr<StepStats> Trainer::Step() {
   if (parallel_ != nullptr) return StepParallel();
   const data::SamplerConfig& sc = data_->config();
@@ -107,6 +116,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   stats.step = step_;
   stats.tokens = static_cast<int64_t>(tokens);
 
+  const MemoryActionTotals actions_before = model_->MemoryActions();
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
   for (int micro = 0; micro < m; ++micro) {
@@ -141,6 +151,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   stats.forward_backward_seconds = t1 - t0;
   stats.optimizer_seconds = t2 - t1;
   stats.step_seconds = t2 - t0;
+  stats.memory_actions = MemoryActionsSince(actions_before);
   FinishStats(stats, tokens, 1);
   ++step_;
   return stats;

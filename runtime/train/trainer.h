@@ -72,6 +72,7 @@ struct StepStats {
   int64_t dropped = 0;
   int64_t activation_peak_bytes = 0;  // max over micro-batches
   bool routing_spike = false;         // a routing-spike step (MicroBatchResult::routing_spike)
+  MemoryActionTotals memory_actions;  // what the memory policy did during this step (this rank)
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
   double checkpoint_seconds = 0;      // the checkpoint written after this step (0: none)
@@ -142,6 +143,8 @@ class Trainer {
   // Tokens per second, model FLOPs, MFU (over `devices` devices) and imbalance from the times
   // and tokens already in `stats`.
   void FinishStats(StepStats& stats, double tokens, int devices) const;
+  // The model's memory actions since `before` (a step's share of the running totals).
+  MemoryActionTotals MemoryActionsSince(const MemoryActionTotals& before) const;
 
   // The parallel step and checkpoints (trainer_parallel.cc).
   absl::StatusOr<StepStats> StepParallel();

@@ -257,6 +257,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.step = step_;
   stats.tokens = static_cast<int64_t>(tokens);
   const std::vector<CommStats> comm_before = CommTotals(P);
+  const MemoryActionTotals actions_before = model_->MemoryActions();
 
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
@@ -280,6 +281,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.sync_seconds = t2 - t1;
   stats.optimizer_seconds = t3 - t2;
   stats.step_seconds = t3 - t0;
+  stats.memory_actions = MemoryActionsSince(actions_before);
   FinishStats(stats, tokens, P.world);
   const std::vector<CommStats> comm_after = CommTotals(P);
   for (size_t i = 0; i < comm_after.size(); ++i) {

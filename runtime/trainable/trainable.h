@@ -27,6 +27,16 @@ struct MicroBatchResult {
   bool routing_spike = false;
 };
 
+// What a model's memory policy did with saved activations, as running totals since the model was
+// made (the loop reports a step's difference). fp32 bytes: recomputed = rebuilt after a drop,
+// offloaded = sent to the host (each comes back once), compressed = stored in reduced precision.
+struct MemoryActionTotals {
+  uint64_t recomputed_bytes = 0;
+  uint64_t offloaded_bytes = 0;
+  uint64_t compressed_bytes = 0;
+  int64_t late_reloads = 0;  // reloads that had not landed when backward needed them
+};
+
 class Trainable {
  public:
   virtual ~Trainable() = default;
@@ -55,6 +65,8 @@ class Trainable {
   // StageForward; it holds until the next call. A model whose forward depends on neither (all but
   // one with routing spikes, runtime/model/spikes.h) ignores it.
   virtual void SetStepContext(int64_t /*step*/, int64_t /*first_global_sequence*/) {}
+  // Running totals of the memory policy's actions (a model without one: all zero).
+  virtual MemoryActionTotals MemoryActions() const { return {}; }
 };
 
 // A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what

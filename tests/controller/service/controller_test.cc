@@ -458,6 +458,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   s.mfu = 0.25;
   s.in_flight_peak = 2;
   s.routing_spike = true;
+  s.memory_actions = {.recomputed_bytes = 300, .offloaded_bytes = 700, .late_reloads = 2};
   s.comm = {{"ep", comm::CollectiveOp::kAllToAll, 4096, 4, 0.01},
             {"tp", comm::CollectiveOp::kAllReduce, 1024, 2, 0.002}};
   std::vector<v1::StepTelemetry> sent;
@@ -495,7 +496,12 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_EQ(t.comm(0).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
   EXPECT_EQ(t.comm(0).group(), v1::PARALLEL_GROUP_EP);
   EXPECT_EQ(t.comm(1).group(), v1::PARALLEL_GROUP_TP);
-  EXPECT_TRUE(t.planner().empty());
+  EXPECT_EQ(t.memory().late_reloads(), 2u);
+  ASSERT_EQ(t.planner_size(), 2);  // compress had no bytes: left out
+  EXPECT_EQ(t.planner(0).action(), v1::PLANNER_ACTION_OFFLOAD);
+  EXPECT_EQ(t.planner(0).bytes(), 700u);
+  EXPECT_EQ(t.planner(1).action(), v1::PLANNER_ACTION_RECOMPUTE);
+  EXPECT_EQ(t.planner(1).bytes(), 300u);
   EXPECT_TRUE(sent[1].moe_layers(0).expert_tokens().empty());  // only rank 0 counts tokens
   EXPECT_EQ(sent[1].tokens(), 0u);
 
@@ -530,7 +536,10 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_EQ(st.comm(0).calls(), 4u);
   EXPECT_EQ(st.comm(1).op(), v1::COLLECTIVE_OP_ALL_TO_ALL);
   EXPECT_EQ(st.comm(1).bytes(), 8192u);
-  EXPECT_TRUE(st.planner().empty());
+  ASSERT_EQ(st.planner_size(), 2);  // summed over the two ranks
+  EXPECT_EQ(st.planner(0).action(), v1::PLANNER_ACTION_OFFLOAD);
+  EXPECT_EQ(st.planner(0).bytes(), 1400u);
+  EXPECT_EQ(st.planner(1).bytes(), 600u);
 
   const MetricsSnapshot snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
@@ -539,7 +548,8 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_DOUBLE_EQ(m.tokens_total, 4096);
   EXPECT_EQ(m.comm_bytes_total,
             (std::map<std::string, double>{{"all_reduce", 2048}, {"all_to_all", 8192}}));
-  EXPECT_TRUE(m.planner_bytes_total.empty());
+  EXPECT_EQ(m.planner_bytes_total,
+            (std::map<std::string, double>{{"offload", 1400}, {"recompute", 600}}));
   EXPECT_EQ(m.last.SerializeAsString(), st.SerializeAsString());
 }
 
