@@ -64,6 +64,7 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   const int Cl = dims.local_C(), NHl = dims.local_NH();
   const int64_t NC = int64_t{N} * C, NCl = int64_t{N} * Cl;
+  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));

@@ -24,6 +24,7 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
 
 absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const EmbeddingSaved& saved,
                                const float* dres, float* dwte, float* dwpe) {
+  RETURN_IF_ERROR(ctx.stash.Acquire({saved.tokens}));
   ASSIGN_OR_RETURN(const int32_t* tokens, GetI32(ctx, saved.tokens));
   ctx.ops.embedding_backward(dwte, dwpe, dres, tokens, dims.B, dims.T, dims.C);
   return ReleaseAll(ctx, {saved.tokens, saved.out});

@@ -58,6 +58,7 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
                           const HeadSaved& s, StashHandle x_in, double ce_scale, float* dres) {
   const int C = dims.C, N = dims.N();
   const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
+  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const int32_t* targets, GetI32(ctx, s.targets));
   ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.ln_out));

@@ -51,6 +51,7 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
                               StashHandle x_in, float* dres) {
   const int C = dims.C, N = dims.N();
   const int64_t NC = int64_t{N} * C, NF = int64_t{N} * F;
+  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));

@@ -3,9 +3,11 @@
 // that keep the module files about the math. Module contract (the model's declared activation bytes
 // rely on it):
 //   forward:  saves tensors only through the stash; frees its scratch before returning;
-//   backward: reads its saved tensors, accumulates parameter gradients and the residual-stream
-//             gradient `dres` (N, C) in place, frees its scratch, and releases its own saved
-//             tensors as its last step (they stay live during its backward).
+//   backward: first Acquires every saved tensor it reads (the stash's backward rule: reloads
+//             land, encodings are decoded, entries are pinned), only then takes raw pointers
+//             with Get; accumulates parameter gradients and the residual-stream gradient `dres`
+//             (N, C) in place, frees its scratch, and releases its own saved tensors as its last
+//             step (they stay live during its backward).
 // Each module declares its bytes with three functions mirroring its allocation order exactly:
 // saved bytes, forward peak (own saved + scratch, from entry) and backward peak (scratch only).
 #pragma once

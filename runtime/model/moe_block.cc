@@ -131,6 +131,8 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   const int C = dims.C, N = dims.N();
   const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
+  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices,
+                                     s.gates, s.xin, s.pre, s.hidden, s.eo}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
