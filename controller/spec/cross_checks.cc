@@ -167,12 +167,14 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat("'", spec.resources().device(), "'"), "cpu"});
   }
   if (spec.kind() == "train") {
-    if (spec.memory().policy() != "none") {
+    const std::string& policy = spec.memory().policy();
+    if (policy != "none" && policy != "offload") {
       c.Fail({"memory.policy"},
              Problem{"is not available in this build (ranks keep every activation for backward, "
-                     "policy none; the static policies and the adaptive planner come with the "
+                     "policy none, or offload a share of the expert activations, policy "
+                     "offload; the other static policies and the adaptive planner come with the "
                      "memory planner)",
-                     absl::StrCat("'", spec.memory().policy(), "'"), "none"});
+                     absl::StrCat("'", policy, "'"), "none, offload"});
     }
     const auto& sp = moe.spikes();
     const char* kSpikes =

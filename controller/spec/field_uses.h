@@ -59,6 +59,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
 
     {"memory.policy", FieldUse::kRefusedUnlessDefault, "adaptive"},
     {"memory.device_budget", FieldUse::kUsed, "memory().device_budget()"},
+    {"memory.offload_ratio", FieldUse::kUsed, "memory().offload_ratio()"},
+    {"memory.host_link_gbps", FieldUse::kUsed, "memory().host_link_gbps()"},
 
     {"train.steps", FieldUse::kUsed, "train().steps()"},
     {"train.lr", FieldUse::kUsed, "t.lr()"},

@@ -267,11 +267,23 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
        {"moe.spikes.probability: is not available in this build", "(got 0.5; allowed: 0",
         "moe.spikes.max_ratio: is not available in this build", "(got 4; allowed: 1",
         "moe.spikes.seed: is not available in this build", "(got 18446744073709551615; allowed: 0",
-        "memory.policy: is not available in this build", "(got 'adaptive'; allowed: none)",
+        "memory.policy: is not available in this build", "(got 'adaptive'; allowed: none, offload)",
         "checkpoint.async: is not available in this build", "(got true; allowed: false)",
         "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
   }
+}
+
+TEST(JobSpecTest, OffloadPolicyIsAcceptedWithItsRatioAndLink) {
+  JobSpec s = MustParse(
+      "name: a\nkind: train\nmemory: {policy: offload, offload_ratio: 0.25, host_link_gbps: "
+      "55}\n");
+  EXPECT_EQ(s.memory().policy(), "offload");
+  EXPECT_EQ(s.memory().offload_ratio(), 0.25);
+  EXPECT_EQ(s.memory().host_link_gbps(), 55.0);
+  s = MustParse("name: a\nkind: train\nmemory: {policy: offload}\n");
+  EXPECT_EQ(s.memory().offload_ratio(), 0.5);   // the default share
+  EXPECT_EQ(s.memory().host_link_gbps(), 0.0);  // unpaced
 }
 
 TEST(JobSpecTest, SizesAcceptUnitStrings) {
