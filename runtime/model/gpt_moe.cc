@@ -420,16 +420,19 @@ absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
 
 absl::Status GptMoe::PrefetchForBackward(const ForwardState& st, int layer_index) {
   if (engine_ == nullptr) return absl::OkStatus();
-  // This layer's buffers (if not started yet), then those of the next MoE layer down, so that
-  // reload overlaps this layer's backward.
-  std::vector<StashHandle> order;
+  // This layer's buffers if it is an MoE layer (needed now, unless their reload already started),
+  // then those of the next MoE layer down, so that their reload overlaps this layer's backward.
+  // The look-ahead is best effort: where the arena has no room for it yet, that layer's own
+  // Acquire reloads it once this layer's backward has released its tensors.
+  const int want = st.layers[layer_index].moe ? 2 : 1;
   int found = 0;
-  for (int i = layer_index; i >= 0 && found < 2; --i) {
+  for (int i = layer_index; i >= 0 && found < want; --i) {
     if (!st.layers[i].moe) continue;
-    for (StashHandle h : ExpertBuffers(st.layers[i].moe_saved)) order.push_back(h);
+    const absl::Status s = stash_.Prefetch(ExpertBuffers(st.layers[i].moe_saved));
+    if (!s.ok() && (i == layer_index || !absl::IsResourceExhausted(s))) return s;
     ++found;
   }
-  return stash_.Prefetch(order);
+  return absl::OkStatus();
 }
 
 }  // namespace furnace::model

@@ -13,6 +13,7 @@
 // compare it with DeviceArena::peak_bytes() byte for byte). Only the MoE expert buffers depend on
 // routing, through S = rows kept per MoE layer; dropless S is always N * k, so ActivationBytes(B)
 // is exact dropless and an upper bound with a capacity.
+// They describe policy none: with stash actions (SetOffload, SetCompress) the arena peak differs.
 //
 // Parallel layouts: created with a ModelShard (and the groups it talks to), the model holds only
 // that shard's parameters (BuildParamLayout), initialised to exactly the values the whole model
