@@ -37,9 +37,9 @@ struct Layout {
   int pp, dp, ep, m;
 };
 
-class MemoryPolicyLayoutTest : public ::testing::TestWithParam<Layout> {};
+class OffloadLayoutTest : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(MemoryPolicyLayoutTest, OffloadIsBitIdenticalToNone) {
+TEST_P(OffloadLayoutTest, OffloadIsBitIdenticalToNone) {
   const Layout& l = GetParam();
   LayoutCase c;
   c.model = TinyModel();
@@ -90,7 +90,7 @@ const Layout kLayouts[] = {
     {"pp2_m4", 2, 1, 1, 4},
 };
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MemoryPolicyLayoutTest, ::testing::ValuesIn(kLayouts),
+INSTANTIATE_TEST_SUITE_P(Layouts, OffloadLayoutTest, ::testing::ValuesIn(kLayouts),
                          [](const ::testing::TestParamInfo<Layout>& info) {
                            return std::string(info.param.name);
                          });

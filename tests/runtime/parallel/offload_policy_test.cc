@@ -1,5 +1,5 @@
 // Stash actions in whole training runs, single process (the layouts are in
-// memory_policy_layout_test.cc):
+// offload_layout_test.cc):
 //   * the static offload policy trains to bit-identical losses, gradient norms and parameters as
 //     policy none, unpaced and paced to a slow host link (reloads then arrive late and are waited
 //     for), and offloads exactly its share of the expert buffers;
@@ -48,7 +48,7 @@ void ExpectBitIdentical(const RunResult& a, const RunResult& b) {
   }
 }
 
-TEST(MemoryPolicyTest, OffloadTrainsBitIdenticallyToNone) {
+TEST(OffloadPolicyTest, OffloadTrainsBitIdenticallyToNone) {
   LayoutCase c;
   c.model = TinyModel();
   c.steps = 5;
@@ -88,7 +88,7 @@ double MeanTail(const std::vector<double>& v, size_t n) {
   return sum / static_cast<double>(n);
 }
 
-TEST(MemoryPolicyTest, CompressedExpertBuffersStayNearNoneOverAMarkovRun) {
+TEST(OffloadPolicyTest, CompressedExpertBuffersStayNearNoneOverAMarkovRun) {
   LayoutCase c;
   c.model = TinyModel();
   c.steps = 50;
