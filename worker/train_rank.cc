@@ -14,6 +14,7 @@
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/memory/copy_engine.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
@@ -42,6 +43,9 @@ model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   c.capacity_factor = spec.moe().capacity_factor();
   c.normalize_topk = spec.moe().normalize_topk();
   c.aux_alpha = spec.moe().aux_alpha();
+  c.spikes.probability = spec.moe().spikes().probability();
+  c.spikes.max_ratio = spec.moe().spikes().max_ratio();
+  c.spikes.seed = spec.moe().spikes().seed();
   return c;
 }
 
@@ -172,7 +176,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
-  if (spec.memory().policy() == "offload") {
+  // memory.policy: the spec refuses what this build does not run; a task that still carries it
+  // gets the parser's refusal here.
+  absl::StatusOr<memory::MemoryPolicy> policy = memory::ParseMemoryPolicy(spec.memory().policy());
+  if (!policy.ok()) {
+    return Fail(progress, 0, kRankExitBadInput, std::string(policy.status().message()));
+  }
+  if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
+    return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
+  }
+  if (*policy == memory::MemoryPolicy::kOffload) {
     memory::CopyEngineOptions copy_options;
     copy_options.host_link_gbps = spec.memory().host_link_gbps();
     auto engine = memory::CopyEngine::Create(*cpu, copy_options);
@@ -195,13 +208,19 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                                            : std::string("unpaced"));
   }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
+  if (config.spikes.enabled()) {
+    spdlog::info(
+        "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",
+        config.spikes.probability * 100, config.spikes.max_ratio, config.spikes.seed);
+  }
   const double peak = train::MeasureSgemmPeakFlops();
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
-      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}",
+      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}; memory policy {}",
       (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
       spec.memory().device_budget() == 0 ? std::string("unlimited")
-                                         : absl::StrCat(spec.memory().device_budget(), " bytes"));
+                                         : absl::StrCat(spec.memory().device_budget(), " bytes"),
+      memory::MemoryPolicyName(*policy));
 
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak),
                                         nullptr, parallel ? &layout->runtime : nullptr);
@@ -242,9 +261,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
       spdlog::info(
           "step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
-          "imbalance {:.2f}  act peak {:.1f} MiB",
+          "imbalance {:.2f}{}  act peak {:.1f} MiB",
           done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3, s.mfu * 100,
-          worst, s.activation_peak_bytes / 1048576.0);
+          worst, s.routing_spike ? " (spike)" : "", s.activation_peak_bytes / 1048576.0);
     }
     fault_exit = MaybeInjectFault(task, done, progress);
     if (fault_exit) stop.RequestStop();

@@ -214,6 +214,10 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
     std::string line = absl::StrCat("attempt ", a.attempt(), ": ", v1::StateWord(a.state()));
     if (!a.cause().empty()) absl::StrAppend(&line, ", ", a.cause());
     if (!a.failure_kind().empty()) absl::StrAppend(&line, " [", a.failure_kind(), "]");
+    // Shown when an out-of-memory exit escalated it away from what the spec asked for.
+    if (!a.memory_policy().empty() && a.memory_policy() != job.spec().memory().policy()) {
+      absl::StrAppend(&line, " (memory.policy ", a.memory_policy(), ")");
+    }
     rows.emplace_back("", line);
   }
   rows.emplace_back("steps", absl::StrCat(FormatProgress(s.step(), s.total_steps()), "  (",

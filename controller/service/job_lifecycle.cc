@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
+#include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -223,6 +224,24 @@ absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
 // ---------------------------------------------------------------------------------------------
 // Placement
 
+namespace {
+
+// The memory policy of the attempt about to start (train jobs only): the spec's for the first
+// attempt; after an out-of-memory exit the next rung of EscalatedMemoryPolicy (a replayed spike
+// would fail the same way again); after any other failure the previous attempt's.
+std::string NextAttemptMemoryPolicy(const Job& job) {
+  if (job.spec.kind() != "train") return "";
+  const std::string& spec_policy = job.spec.memory().policy();
+  const v1::AttemptInfo* last = job.current();
+  if (last == nullptr || last->memory_policy().empty()) {
+    return spec_policy.empty() ? "none" : spec_policy;
+  }
+  if (last->failure_kind() != "oom") return last->memory_policy();
+  return EscalatedMemoryPolicy(last->memory_policy()).value_or(last->memory_policy());
+}
+
+}  // namespace
+
 void JobLifecycle::TryStart(Job& job) {
   auto placement = PlaceRanks(workers_.Slots(), job.summary.world_size(),
                               job.spec.resources().device(), job.avoid_workers);
@@ -239,6 +258,15 @@ void JobLifecycle::TryStart(Job& job) {
   v1::AttemptInfo attempt;
   attempt.set_attempt(n);
   attempt.set_state(v1::ATTEMPT_STATE_RUNNING);
+  attempt.set_memory_policy(NextAttemptMemoryPolicy(job));
+  const v1::AttemptInfo* previous = job.current();
+  const bool escalated = previous != nullptr && !previous->memory_policy().empty() &&
+                         previous->memory_policy() != attempt.memory_policy();
+  const std::string escalation =
+      escalated ? absl::StrCat("attempt ", previous->attempt(),
+                               " ran out of memory under memory.policy ", previous->memory_policy(),
+                               "; attempt ", n, " runs with ", attempt.memory_policy())
+                : "";
   attempt.set_started_unix(clock_.UnixSeconds());
   for (uint32_t r = 0; r < placement->size(); ++r) {
     const Worker& w = *workers_.Find((*placement)[r]);
@@ -265,6 +293,7 @@ void JobLifecycle::TryStart(Job& job) {
     job = backup;
     return;
   }
+  if (escalated) Event(job, "escalate", escalation);
   job.attempt_started_mono = clock_.MonotonicSeconds();
   for (uint32_t r = 0; r < placement->size(); ++r) {
     Worker& w = *workers_.Find((*placement)[r]);
@@ -282,6 +311,12 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
   task->set_rank(rank);
   task->set_world_size(job.summary.world_size());
   *task->mutable_spec() = job.spec;
+  // The attempt's policy, which an out-of-memory exit may have made more conservative than the
+  // spec's; the stored spec keeps what the user submitted.
+  if (const v1::AttemptInfo* attempt = job.current();
+      attempt && !attempt->memory_policy().empty()) {
+    task->mutable_spec()->mutable_memory()->set_policy(attempt->memory_policy());
+  }
   task->set_controller_address(options_.advertise_address);
   task->set_host(worker.info.host());
   return cmd;

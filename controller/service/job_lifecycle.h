@@ -107,7 +107,9 @@ class JobLifecycle {
   // failure counts against recovery.max_restarts; a permanent one (the job's input is invalid:
   // retrying cannot help) ends the job FAILED at once; an interruption (the controller itself
   // stopping the workers) restarts without counting.
-  enum class Failure { kRetryable, kPermanent, kInterrupted };
+  // kOutOfMemoryAtLastRung: an out-of-memory exit under the most conservative memory policy
+  // (controller/store/memory_escalation.h); a restart would replay the same steps and fail again.
+  enum class Failure { kRetryable, kPermanent, kInterrupted, kOutOfMemoryAtLastRung };
 
   absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
                           const std::string& message);

@@ -8,6 +8,7 @@
 #include "controller/service/job_lifecycle.h"
 #include "controller/store/backoff.h"
 #include "controller/store/job_state.h"
+#include "controller/store/memory_escalation.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -125,6 +126,12 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
                                            n, cause));
   } else if (failure == Failure::kPermanent) {
     job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
+  } else if (failure == Failure::kOutOfMemoryAtLastRung) {
+    job.summary.set_cause(absl::StrCat(
+        cause, " (not retried: out of memory under memory.policy ", attempt->memory_policy(),
+        ", the most conservative policy; a restart would replay the same steps and run out of "
+        "memory again: raise memory.device_budget or lower parallel.micro_batch)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (job.summary.restarts() < max_restarts) {
     job.summary.set_restarts(job.summary.restarts() + 1);
@@ -444,10 +451,14 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                       report.worker_id());
     }
   } else {
+    const bool last_rung = report.exit_kind() == v1::EXIT_KIND_OOM &&
+                           !attempt.memory_policy().empty() &&
+                           !EscalatedMemoryPolicy(attempt.memory_policy()).has_value();
     FailAttempt(job, FailureKind(report.exit_kind()),
                 absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
                              DescribeExit(report)),
-                report.worker_id());
+                report.worker_id(),
+                last_rung ? Failure::kOutOfMemoryAtLastRung : Failure::kRetryable);
     if (job.attempts[report.attempt() - 1].state() == v1::ATTEMPT_STATE_RUNNING) {
       s = absl::UnavailableError("controller could not record the failure; retry");
     }

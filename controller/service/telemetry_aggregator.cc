@@ -46,6 +46,7 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_memory_budget_bytes(static_cast<double>(t.memory().budget_bytes()));
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
   r.set_lr(t.lr());
+  r.set_routing_spike(r.routing_spike() || t.routing_spike());
   for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
     constexpr uint32_t kMaxLayers = 4096, kMaxExperts = 65536;  // a bound against a bad record
     if (layer.layer() >= kMaxLayers || layer.expert_tokens_size() > static_cast<int>(kMaxExperts)) {

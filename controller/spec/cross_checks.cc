@@ -168,28 +168,13 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
   if (spec.kind() == "train") {
     const std::string& policy = spec.memory().policy();
-    if (policy != "none" && policy != "offload") {
+    if (policy != "none" && policy != "selective" && policy != "full_recompute" &&
+        policy != "offload") {
       c.Fail({"memory.policy"},
-             Problem{"is not available in this build (ranks keep every activation for backward, "
-                     "policy none, or offload a share of the expert activations, policy "
-                     "offload; the other static policies and the adaptive planner come with the "
-                     "memory planner)",
-                     absl::StrCat("'", policy, "'"), "none, offload"});
-    }
-    const auto& sp = moe.spikes();
-    const char* kSpikes =
-        "is not available in this build (routing spikes are not injected yet; they come with "
-        "the memory planner)";
-    if (sp.probability() != 0) {
-      c.Fail({"moe.spikes.probability"},
-             Problem{kSpikes, absl::StrCat(sp.probability()), "0 (the default: no spikes)"});
-    }
-    if (sp.max_ratio() != 1) {
-      c.Fail({"moe.spikes.max_ratio"},
-             Problem{kSpikes, absl::StrCat(sp.max_ratio()), "1 (the default)"});
-    }
-    if (sp.seed() != 0) {
-      c.Fail({"moe.spikes.seed"}, Problem{kSpikes, absl::StrCat(sp.seed()), "0 (the default)"});
+             Problem{"is not available in this build (the static policies none, selective, "
+                     "full_recompute and offload run; the adaptive planner comes with the memory "
+                     "planner)",
+                     absl::StrCat("'", policy, "'"), "none, selective, full_recompute, offload"});
     }
     if (spec.checkpoint().async()) {
       c.Fail({"checkpoint.async"},
@@ -203,6 +188,19 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     c.Fail({"moe.top_k", "moe.experts"},
            Problem{absl::StrCat("must be <= moe.experts (= ", moe.experts(), ")"),
                    absl::StrCat(moe.top_k()), absl::StrCat("1..", moe.experts())});
+  }
+
+  // Routing spikes (MODEL.md "Routing-spike injection"): at max_ratio = E / k every token of a
+  // spiking layer is forced onto one expert, which is as far as a spike can go.
+  const auto& sp = moe.spikes();
+  if (moe.top_k() >= 1 && moe.top_k() <= moe.experts() &&
+      sp.max_ratio() * moe.top_k() > moe.experts()) {
+    const double bound = static_cast<double>(moe.experts()) / moe.top_k();
+    c.Fail({"moe.spikes.max_ratio", "moe.experts", "moe.top_k"},
+           Problem{absl::StrCat("must be <= moe.experts / moe.top_k (= ", moe.experts(), " / ",
+                                moe.top_k(), " = ", bound,
+                                "): at that ratio every token goes to the spiking expert"),
+                   absl::StrCat(sp.max_ratio()), absl::StrCat("[1, ", bound, "]")});
   }
 
   const auto& t = spec.train();

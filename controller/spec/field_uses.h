@@ -8,6 +8,8 @@
 //                          it refuses in a train job;
 //   kMustMatch:            redundant with other fields and refused unless it agrees with them;
 //                          `evidence` is a value that disagrees with the defaults.
+// A used field of which only some values are built also names, in `refused`, a value the spec
+// refuses in a train job.
 // tests/controller/spec/field_uses_test.cc walks the proto descriptor and fails on a field missing
 // here, on evidence not found in the sources, and on a refused value that is accepted. When a
 // field's feature lands, its refusal goes and its entry becomes kUsed.
@@ -23,6 +25,7 @@ struct JobSpecField {
   std::string_view path;
   FieldUse use;
   std::string_view evidence;
+  std::string_view refused = {};
 };
 
 inline constexpr JobSpecField kJobSpecFields[] = {
@@ -53,11 +56,12 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"moe.schedule", FieldUse::kRefusedUnlessDefault, "s1"},
     {"moe.normalize_topk", FieldUse::kUsed, "moe().normalize_topk()"},
     {"moe.aux_alpha", FieldUse::kUsed, "moe().aux_alpha()"},
-    {"moe.spikes.probability", FieldUse::kRefusedUnlessDefault, "0.5"},
-    {"moe.spikes.max_ratio", FieldUse::kRefusedUnlessDefault, "2"},
-    {"moe.spikes.seed", FieldUse::kRefusedUnlessDefault, "7"},
+    {"moe.spikes.probability", FieldUse::kUsed, "spikes().probability()"},
+    {"moe.spikes.max_ratio", FieldUse::kUsed, "spikes().max_ratio()"},
+    {"moe.spikes.seed", FieldUse::kUsed, "spikes().seed()"},
 
-    {"memory.policy", FieldUse::kRefusedUnlessDefault, "adaptive"},
+    // none, selective and full_recompute run (worker/train_rank.cc); offload and adaptive do not.
+    {"memory.policy", FieldUse::kUsed, "memory().policy()", "adaptive"},
     {"memory.device_budget", FieldUse::kUsed, "memory().device_budget()"},
     {"memory.offload_ratio", FieldUse::kUsed, "memory().offload_ratio()"},
     {"memory.host_link_gbps", FieldUse::kUsed, "memory().host_link_gbps()"},

@@ -64,7 +64,8 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   const int Cl = dims.local_C(), NHl = dims.local_NH();
   const int64_t NC = int64_t{N} * C, NCl = int64_t{N} * Cl;
-  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y}));
+  ASSIGN_OR_RETURN(Stash::Lease lease,
+                   ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* a, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
@@ -90,11 +91,17 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y, s.out});
 }
 
-int64_t AttentionSavedBytes(const Dims& d) {
+std::vector<SavedTensorBytes> AttentionSavedTensors(const Dims& d) {
   const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
-  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + F32Bytes(3 * NCl) + AttBytes(d) + F32Bytes(NCl) +
-         F32Bytes(NC);
+  std::vector<SavedTensorBytes> saved = NormSaved(d, "ln1.out", "ln1.mean", "ln1.rstd");
+  saved.push_back({"attn.qkv", F32Bytes(3 * NCl), 0});
+  saved.push_back({"attn.probs", AttBytes(d), 0});
+  saved.push_back({"attn.y", F32Bytes(NCl), 0});
+  saved.push_back({"attn.residual", F32Bytes(NC), 0});
+  return saved;
 }
+
+int64_t AttentionSavedBytes(const Dims& d) { return TotalBytes(AttentionSavedTensors(d)); }
 
 int64_t AttentionForwardPeakBytes(const Dims& d) { return AttentionSavedBytes(d); }
 

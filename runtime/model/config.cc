@@ -35,7 +35,7 @@ absl::Status ModelConfig::Validate() const {
     }
     if (expert_ffn < 1) return Bad("expert_ffn", expert_ffn, "must be >= 1");
   }
-  return absl::OkStatus();
+  return spikes.Validate(num_moe_layers() > 0 ? experts : 0, top_k);
 }
 
 }  // namespace furnace::model

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "runtime/model/spikes.h"
 
 namespace furnace::model {
 
@@ -20,6 +21,7 @@ struct ModelConfig {
   double capacity_factor = 0;  // 0 = dropless
   bool normalize_topk = true;
   double aux_alpha = 0.01;
+  SpikeConfig spikes;  // routing-spike injection (spikes.h); off by default
 
   // InvalidArgument naming the field, its value and what is allowed.
   absl::Status Validate() const;

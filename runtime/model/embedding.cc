@@ -24,15 +24,18 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
 
 absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const EmbeddingSaved& saved,
                                const float* dres, float* dwte, float* dwpe) {
-  RETURN_IF_ERROR(ctx.stash.Acquire({saved.tokens}));
+  ASSIGN_OR_RETURN(Stash::Lease lease, ctx.stash.Acquire({saved.tokens}));
   ASSIGN_OR_RETURN(const int32_t* tokens, GetI32(ctx, saved.tokens));
   ctx.ops.embedding_backward(dwte, dwpe, dres, tokens, dims.B, dims.T, dims.C);
   return ReleaseAll(ctx, {saved.tokens, saved.out});
 }
 
-int64_t EmbeddingSavedBytes(const Dims& dims) {
-  return I32Bytes(dims.N()) + F32Bytes(int64_t{dims.N()} * dims.C);
+std::vector<SavedTensorBytes> EmbeddingSavedTensors(const Dims& dims) {
+  return {{"embedding.tokens", I32Bytes(dims.N()), 0},
+          {"embedding.out", F32Bytes(int64_t{dims.N()} * dims.C), 0}};
 }
+
+int64_t EmbeddingSavedBytes(const Dims& dims) { return TotalBytes(EmbeddingSavedTensors(dims)); }
 int64_t EmbeddingForwardPeakBytes(const Dims& dims) { return EmbeddingSavedBytes(dims); }
 int64_t EmbeddingBackwardPeakBytes(const Dims&) { return 0; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "runtime/model/init.h"
 #include "runtime/model/mlp_block.h"
 #include "runtime/model/moe_block.h"
+#include "runtime/model/spikes.h"
 
 namespace furnace::model {
 
@@ -25,6 +27,7 @@ struct LayerState {
 
 struct ForwardState {
   int B = 0;
+  bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
   EmbeddingSaved embedding;        // first stage
   StashHandle input;               // later stages: the previous stage's output, (B, T, C)
   std::vector<LayerState> layers;  // this stage's layers, in order
@@ -94,6 +97,11 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
 
 void GptMoe::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {
+  step_ = step;
+  first_sequence_ = first_global_sequence;
+}
+
 const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   for (const train::ParamInfo& p : layout_.params) {
     if (p.name == name) return &p;
@@ -127,11 +135,13 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   const float* p = params_.data();
   ForwardState st;
   st.B = B;
+  st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
   last_rows_.clear();
 
   if (shard_.first_stage()) {
     ASSIGN_OR_RETURN(st.embedding,
                      EmbeddingForward(ctx, dims, inputs, p + layout_.wte, p + layout_.wpe));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   } else {
     const int64_t NC = int64_t{dims.N()} * dims.C;
     ASSIGN_OR_RETURN(tensor::Buffer in, AllocF32(ctx, NC, "stage.input", false));  // (B, T, C)
@@ -145,14 +155,21 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     LayerState ls;
     ls.moe = off.moe;
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
     if (off.moe) {
-      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out));
+      const std::optional<RoutingSpike> spike =
+          st.routing_spike ? SpikeFor(config_.spikes, config_.experts, config_.top_k, step_, l,
+                                      first_sequence_, config_.seq_len)
+                           : std::nullopt;
+      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out,
+                                                     spike ? &*spike : nullptr));
       last_rows_.push_back(ls.moe_saved.rows);
-      RETURN_IF_ERROR(ActAfterMoeForward(ls.moe_saved));
     } else {
       ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
                                                p, ls.attn.out));
     }
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
+    if (off.moe) RETURN_IF_ERROR(ActAfterMoeForward(ls.moe_saved));
     x = ls.out();
     st.layers.push_back(std::move(ls));
   }
@@ -160,6 +177,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
                                           p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
                                           capture_logits_ ? &last_logits_ : nullptr));
+    RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   }
   last_stashed_bytes_ = stash_.stashed_bytes();
   return st;
@@ -208,6 +226,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
 
 train::MicroBatchResult GptMoe::Summarize(const ForwardState& st) const {
   train::MicroBatchResult r;
+  r.routing_spike = st.routing_spike;
   if (shard_.last_stage()) {
     r.loss = st.head.ce_sum / (static_cast<double>(st.B) * config_.seq_len);
   }
@@ -293,6 +312,22 @@ absl::Status GptMoe::StageBackward(int micro, const float* dx_out, double ce_sca
   return Backward(*st, dx_out, ce_scale, aux_scale, dx_in);
 }
 
+absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memory policy: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
+  }
+  policy_ = policy;
+  if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload) {
+    stash_.SetSavePolicy(nullptr);  // drops nothing (offload acts through SetOffload)
+  } else {
+    stash_.SetSavePolicy([policy](const StashEntryInfo& e) {
+      return memory::StaticSaveAction(policy, memory::TensorTag(e.producer));
+    });
+  }
+  return absl::OkStatus();
+}
+
 void GptMoe::AbandonMicroBatches() {
   in_flight_.clear();
   stash_.ReleaseAll();
@@ -303,32 +338,31 @@ int64_t GptMoe::ActivationBytesForRouting(int B,
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
   const MoeShape moe = ShapeOf(config_, ModelShard{});
   const int F = config_.dense_width();
-  struct Module {
-    int64_t saved, forward_peak, backward_peak;
-  };
-  std::vector<Module> modules;  // forward order
-  modules.push_back({EmbeddingSavedBytes(dims), EmbeddingForwardPeakBytes(dims),
-                     EmbeddingBackwardPeakBytes(dims)});
+  const int V = config_.vocab;
+  std::vector<ModuleBytes> modules;  // forward order
+  modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
+                                  EmbeddingBackwardPeakBytes(dims), policy_));
   size_t moe_index = 0;
   for (int l = 0; l < config_.layers; ++l) {
-    modules.push_back({AttentionSavedBytes(dims), AttentionForwardPeakBytes(dims),
-                       AttentionBackwardPeakBytes(dims)});
+    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
+                                    AttentionBackwardPeakBytes(dims), policy_));
     if (config_.IsMoeLayer(l)) {
       const int64_t S = moe_index < rows_per_moe_layer.size() ? rows_per_moe_layer[moe_index]
                                                               : int64_t{dims.N()} * moe.k;
       ++moe_index;
-      modules.push_back({MoeSavedBytes(dims, moe, S), MoeForwardPeakBytes(dims, moe, S),
-                         MoeBackwardPeakBytes(dims, moe, S)});
+      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, S),
+                                      MoeForwardPeakBytes(dims, moe, S),
+                                      MoeBackwardPeakBytes(dims, moe, S), policy_));
     } else {
-      modules.push_back(
-          {MlpSavedBytes(dims, F), MlpForwardPeakBytes(dims, F), MlpBackwardPeakBytes(dims, F)});
+      modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
+                                      MlpBackwardPeakBytes(dims, F), policy_));
     }
   }
-  modules.push_back({HeadSavedBytes(dims, config_.vocab), HeadForwardPeakBytes(dims, config_.vocab),
-                     HeadBackwardPeakBytes(dims, config_.vocab)});
+  modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
+                                  HeadBackwardPeakBytes(dims, V), policy_));
 
   int64_t live = 0, peak = 0;
-  for (const Module& m : modules) {
+  for (const ModuleBytes& m : modules) {
     peak = std::max(peak, live + m.forward_peak);
     live += m.saved;
   }

@@ -15,12 +15,22 @@
 // is exact dropless and an upper bound with a capacity.
 // They describe policy none: with stash actions (SetOffload, SetCompress) the arena peak differs.
 //
+// Memory policy (SetMemoryPolicy, runtime/memory/policy.h): the stash drops the tensors the
+// policy names once their module's forward is done, and each module's backward rebuilds them
+// first (Stash::Acquire). Results are bit-identical to `none`; the declared bytes follow the
+// policy (each dropped tensor leaves the saved bytes and is rebuilt, with its scratch, at the
+// start of its module's backward).
+//
 // Parallel layouts: created with a ModelShard (and the groups it talks to), the model holds only
 // that shard's parameters (BuildParamLayout), initialised to exactly the values the whole model
 // has at the same indices, and runs one pipeline stage per micro-batch: StageForward takes the
 // tokens (first stage) or the previous stage's activation, StageBackward the next stage's
 // gradient; micro-batches may be in flight together (1F1B). ForwardBackward and Evaluate need a
 // single-stage shard. The declared activation bytes describe the whole model on one rank.
+//
+// Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
+// router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
+// the training loop calls before every micro-batch; a micro-batch in flight keeps its spikes.
 //
 // Thread-safety: one thread at a time. Errors: InvalidArgument for bad inputs (token ids outside
 // [0, V), B < 1); ResourceExhausted from the arena when the budget is too small (the gradients may
@@ -39,6 +49,7 @@
 #include "runtime/device/device.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/module.h"
 #include "runtime/model/moe_block.h"
@@ -82,6 +93,9 @@ class GptMoe final : public train::PipelineStage {
   int seq_len() const override { return config_.seq_len; }
   int vocab() const override { return config_.vocab; }
   double FlopsPerToken() const override;
+  // Routing spikes (config.spikes, spikes.h) are drawn for this step and these sequences. Before
+  // the first call the model has no step and injects no spike.
+  void SetStepContext(int64_t step, int64_t first_global_sequence) override;
 
   // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
   // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else
@@ -143,6 +157,10 @@ class GptMoe final : public train::PipelineStage {
   // is stored compressed; nullopt: off. Not bit-exact (see codec.h for the tolerance).
   void SetCompress(std::optional<memory::Codec> codec) { compress_ = codec; }
   double offload_ratio() const { return offload_ratio_; }
+  // The static memory policy, for every later forward (and the declared bytes). FailedPrecondition
+  // while micro-batches are in flight.
+  absl::Status SetMemoryPolicy(memory::MemoryPolicy policy);
+  memory::MemoryPolicy memory_policy() const { return policy_; }
 
  private:
   GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
@@ -170,7 +188,10 @@ class GptMoe final : public train::PipelineStage {
   std::vector<float> grads_;
   std::vector<int64_t> last_rows_;
   uint64_t last_stashed_bytes_ = 0;
+  memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;
+  int64_t step_ = -1;  // SetStepContext; -1: none yet
+  int64_t first_sequence_ = 0;
   std::vector<float> last_logits_;
 
   // ---- Static stash actions ----

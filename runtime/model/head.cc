@@ -6,30 +6,22 @@
 
 namespace furnace::model {
 
-namespace {}  // namespace
-
 absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int V, const float* wte,
                                       const float* lnf_w, const float* lnf_b, StashHandle x_in,
                                       const int32_t* targets, std::vector<float>* logits_out) {
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
-  ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
   HeadSaved s;
 
   ASSIGN_OR_RETURN(tensor::Buffer tgt, AllocI32(ctx, N, "head.targets"));  // (B, T)
   std::memcpy(tgt.data(), targets, I32Bytes(N));
   ASSIGN_OR_RETURN(s.targets, SaveI32(ctx, "head.targets", -1, std::move(tgt), {B, T}));
 
-  ASSIGN_OR_RETURN(tensor::Buffer ln, AllocF32(ctx, NC, "lnf.out", false));    // (B, T, C)
-  ASSIGN_OR_RETURN(tensor::Buffer mean, AllocF32(ctx, N, "lnf.mean", false));  // (B, T)
-  ASSIGN_OR_RETURN(tensor::Buffer rstd, AllocF32(ctx, N, "lnf.rstd", false));  // (B, T)
-  ctx.ops.layernorm_forward(ln.as<float>(), mean.as<float>(), rstd.as<float>(), x, lnf_w, lnf_b, N,
-                            C, kLayerNormEps);
-  const float* y = ln.as<float>();
-  ASSIGN_OR_RETURN(s.ln_mean, SaveF32(ctx, "lnf.mean", -1, std::move(mean), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_rstd, SaveF32(ctx, "lnf.rstd", -1, std::move(rstd), {B, T}));
-  ASSIGN_OR_RETURN(s.ln_out, SaveF32(ctx, "lnf.out", -1, std::move(ln), {B, T, C},
-                                     {"layernorm", {x_in, s.ln_mean, s.ln_rstd}, 8.0 * NC}));
+  ASSIGN_OR_RETURN(SavedNorm norm, NormForward(ctx, dims, "lnf", -1, x_in, lnf_w, lnf_b));
+  s.ln_out = norm.out;
+  s.ln_mean = norm.mean;
+  s.ln_rstd = norm.rstd;
+  ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer wte_t, AllocF32(ctx, int64_t{C} * V, "head.wte_t", false));
   float* wt = wte_t.as<float>();  // (C, V)
@@ -58,7 +50,8 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
                           const HeadSaved& s, StashHandle x_in, double ce_scale, float* dres) {
   const int C = dims.C, N = dims.N();
   const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
-  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs}));
+  ASSIGN_OR_RETURN(Stash::Lease lease,
+                   ctx.stash.Acquire({x_in, s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const int32_t* targets, GetI32(ctx, s.targets));
   ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.ln_out));
@@ -79,10 +72,16 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
   return ReleaseAll(ctx, {s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs});
 }
 
-int64_t HeadSavedBytes(const Dims& d, int V) {
-  const int64_t N = d.N();
-  return I32Bytes(N) + F32Bytes(N * d.C) + 2 * F32Bytes(N) + F32Bytes(N * V);
+std::vector<SavedTensorBytes> HeadSavedTensors(const Dims& d, int V) {
+  std::vector<SavedTensorBytes> saved = {{"head.targets", I32Bytes(d.N()), 0}};
+  for (const SavedTensorBytes& s : NormSaved(d, "lnf.out", "lnf.mean", "lnf.rstd")) {
+    saved.push_back(s);
+  }
+  saved.push_back({"head.probs", F32Bytes(int64_t{d.N()} * V), 0});
+  return saved;
 }
+
+int64_t HeadSavedBytes(const Dims& d, int V) { return TotalBytes(HeadSavedTensors(d, V)); }
 
 int64_t HeadForwardPeakBytes(const Dims& d, int V) {
   const int64_t N = d.N(), NC = N * d.C, NV = N * V;

@@ -5,8 +5,6 @@
 
 namespace furnace::model {
 
-namespace {}  // namespace
-
 absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, int F, int layer,
                                          const LayerOffsets& off, const float* params,
                                          StashHandle x_in) {
@@ -30,8 +28,16 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   const float* h = hid.as<float>();
   ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "mlp.pre", layer, std::move(pre), {B, T, F},
                                   {"matmul", {s.ln_out}, 2.0 * NC * F}));
-  ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "mlp.hidden", layer, std::move(hid), {B, T, F},
-                                     {"gelu", {s.pre}, 10.0 * NF}));
+  RecomputeSpec gelu{"gelu", {s.pre}, 10.0 * NF};
+  gelu.rebuild = [ctx, pre = s.pre, NF,
+                  tag = p + "mlp.hidden"]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* in, GetF32(ctx, pre));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NF, tag, false));  // (B, T, F)
+    ctx.ops.gelu_forward(out.as<float>(), in, NF);
+    return out;
+  };
+  ASSIGN_OR_RETURN(
+      s.hidden, SaveF32(ctx, p + "mlp.hidden", layer, std::move(hid), {B, T, F}, std::move(gelu)));
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "mlp.residual", false));  // (B,T,C)
   float* o = out.as<float>();
@@ -51,7 +57,8 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
                               StashHandle x_in, float* dres) {
   const int C = dims.C, N = dims.N();
   const int64_t NC = int64_t{N} * C, NF = int64_t{N} * F;
-  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden}));
+  ASSIGN_OR_RETURN(Stash::Lease lease,
+                   ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
@@ -76,10 +83,16 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden, s.out});
 }
 
-int64_t MlpSavedBytes(const Dims& d, int F) {
+std::vector<SavedTensorBytes> MlpSavedTensors(const Dims& d, int F) {
   const int64_t NC = int64_t{d.N()} * d.C, NF = int64_t{d.N()} * F;
-  return F32Bytes(NC) + 2 * F32Bytes(d.N()) + 2 * F32Bytes(NF) + F32Bytes(NC);
+  std::vector<SavedTensorBytes> saved = NormSaved(d, "ln2.out", "ln2.mean", "ln2.rstd");
+  saved.push_back({"mlp.pre", F32Bytes(NF), 0});
+  saved.push_back({"mlp.hidden", F32Bytes(NF), 0});  // rebuilt from mlp.pre, no scratch
+  saved.push_back({"mlp.residual", F32Bytes(NC), 0});
+  return saved;
 }
+
+int64_t MlpSavedBytes(const Dims& d, int F) { return TotalBytes(MlpSavedTensors(d, F)); }
 
 int64_t MlpForwardPeakBytes(const Dims& d, int F) { return MlpSavedBytes(d, F); }
 

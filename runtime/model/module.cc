@@ -1,5 +1,6 @@
 #include "runtime/model/module.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -77,9 +78,50 @@ absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
   SavedNorm s;
   ASSIGN_OR_RETURN(s.mean, SaveF32(ctx, prefix + ".mean", layer, std::move(mean), {B, T}));
   ASSIGN_OR_RETURN(s.rstd, SaveF32(ctx, prefix + ".rstd", layer, std::move(rstd), {B, T}));
-  ASSIGN_OR_RETURN(s.out, SaveF32(ctx, prefix + ".out", layer, std::move(ln), {B, T, C},
-                                  {"layernorm", {x_in, s.mean, s.rstd}, 8.0 * NC}));
+  RecomputeSpec spec{"layernorm", {x_in}, 8.0 * NC};
+  spec.rebuild = [ctx, x_in, w, b, N, NC, C, prefix]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* xr, GetF32(ctx, x_in));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, prefix + ".out", false));
+    ASSIGN_OR_RETURN(tensor::Buffer m, AllocF32(ctx, N, prefix + ".mean", false));  // scratch
+    ASSIGN_OR_RETURN(tensor::Buffer r, AllocF32(ctx, N, prefix + ".rstd", false));  // scratch
+    ctx.ops.layernorm_forward(out.as<float>(), m.as<float>(), r.as<float>(), xr, w, b, N, C,
+                              kLayerNormEps);
+    return out;
+  };
+  ASSIGN_OR_RETURN(s.out,
+                   SaveF32(ctx, prefix + ".out", layer, std::move(ln), {B, T, C}, std::move(spec)));
   return s;
+}
+
+std::vector<SavedTensorBytes> NormSaved(const Dims& d, std::string_view out_tag,
+                                        std::string_view mean_tag, std::string_view rstd_tag) {
+  const int64_t N = d.N();
+  return {{out_tag, F32Bytes(N * d.C), 2 * F32Bytes(N)},
+          {mean_tag, F32Bytes(N), 0},
+          {rstd_tag, F32Bytes(N), 0}};
+}
+
+int64_t TotalBytes(const std::vector<SavedTensorBytes>& saved) {
+  int64_t total = 0;
+  for (const SavedTensorBytes& s : saved) total += s.bytes;
+  return total;
+}
+
+ModuleBytes DeclareModule(const std::vector<SavedTensorBytes>& saved, int64_t forward_peak,
+                          int64_t backward_scratch_peak, memory::MemoryPolicy policy) {
+  ModuleBytes m;
+  m.forward_peak = forward_peak;
+  BytesTimeline rebuilt;  // the acquire phase of the backward
+  for (const SavedTensorBytes& s : saved) {
+    if (memory::StaticSaveAction(policy, s.tag) == memory::SaveAction::kKeep) {
+      m.saved += s.bytes;
+    } else {
+      rebuilt.Alloc(s.bytes + s.rebuild_scratch);
+      rebuilt.Free(s.rebuild_scratch);
+    }
+  }
+  m.backward_peak = std::max(rebuilt.peak(), rebuilt.current() + backward_scratch_peak);
+  return m;
 }
 
 absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias, const float* x,

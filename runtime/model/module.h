@@ -3,22 +3,26 @@
 // that keep the module files about the math. Module contract (the model's declared activation bytes
 // rely on it):
 //   forward:  saves tensors only through the stash; frees its scratch before returning;
-//   backward: first Acquires every saved tensor it reads (the stash's backward rule: reloads
-//             land, encodings are decoded, entries are pinned), only then takes raw pointers
-//             with Get; accumulates parameter gradients and the residual-stream gradient `dres`
-//             (N, C) in place, frees its scratch, and releases its own saved tensors as its last
-//             step (they stay live during its backward).
-// Each module declares its bytes with three functions mirroring its allocation order exactly:
-// saved bytes, forward peak (own saved + scratch, from entry) and backward peak (scratch only).
+//   backward: first acquires every saved tensor it reads (Stash::Acquire, the stash's backward
+//             rule: reloads land, encodings are decoded, dropped tensors are rebuilt in the order
+//             given, and all are pinned), only then takes raw pointers with Get; accumulates
+//             parameter gradients and the residual-stream gradient `dres` (N, C) in place, frees
+//             its scratch, and releases its own saved tensors as its last step (they stay live
+//             during its backward).
+// Each module declares its bytes with functions mirroring its allocation order exactly: its saved
+// tensors in acquire order (with each one's rebuild scratch), forward peak (own saved + scratch,
+// from entry) and backward peak (scratch only). DeclareModule composes them under a memory policy.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/backend.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 
@@ -74,6 +78,27 @@ class BytesTimeline {
   int64_t peak_ = 0;
 };
 
+// One saved tensor as its module declares it, in the order its backward acquires it: its tag
+// (memory::TensorTag of its producer), its bytes, and the scratch its rebuild holds together with
+// the rebuilt tensor (0 where it has no rebuild; only tags with a rebuild may be dropped).
+struct SavedTensorBytes {
+  std::string_view tag;
+  int64_t bytes = 0;
+  int64_t rebuild_scratch = 0;
+};
+int64_t TotalBytes(const std::vector<SavedTensorBytes>& saved);
+
+// A module's declared bytes under a memory policy:
+//   saved:         what stays in the stash after its forward (the kept tensors);
+//   forward_peak:  from its entry, during its forward (drops come after it);
+//   backward_peak: from its entry, during its backward: the dropped tensors rebuilt in acquire
+//                  order (each with its scratch), then the backward scratch on top of them.
+struct ModuleBytes {
+  int64_t saved = 0, forward_peak = 0, backward_peak = 0;
+};
+ModuleBytes DeclareModule(const std::vector<SavedTensorBytes>& saved, int64_t forward_peak,
+                          int64_t backward_scratch_peak, memory::MemoryPolicy policy);
+
 inline constexpr float kLayerNormEps = 1e-5f;  // MODEL.md: every LayerNorm
 
 constexpr int64_t F32Bytes(int64_t n) { return 4 * n; }
@@ -103,10 +128,16 @@ struct SavedNorm {
 
 // LayerNorm (MODEL.md: eps 1e-5) of the residual stream x_in (B, T, C) with weight w and bias b,
 // saved under "<prefix>.out/.mean/.rstd", e.g. prefix "layers.1.ln2". The allocation order (out,
-// mean, rstd) is part of the modules' declared byte timelines.
+// mean, rstd) is part of the modules' declared byte timelines. The output can be rebuilt from x_in
+// (the same kernel into a fresh output, mean and rstd as scratch: NormSaved's rebuild scratch).
+// `w` and `b` must stay valid while the entry lives.
 absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
                                       const std::string& prefix, int layer, StashHandle x_in,
                                       const float* w, const float* b);
+// The declared saved tensors of NormForward, in acquire order (out, mean, rstd), under the tags
+// given (literals such as "ln2.out").
+std::vector<SavedTensorBytes> NormSaved(const Dims& dims, std::string_view out_tag,
+                                        std::string_view mean_tag, std::string_view rstd_tag);
 
 // Releases every valid handle in `handles` (a module's own saved tensors).
 absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& handles);

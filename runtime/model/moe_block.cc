@@ -1,5 +1,9 @@
 #include "runtime/model/moe_block.h"
 
+#include <memory>
+#include <optional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 
@@ -22,9 +26,95 @@ int64_t Scratch(const moe::DispatchHandle& h, int C) {
 
 }  // namespace
 
+absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInputs& r,
+                                             const float* u) {
+  const int64_t NE = int64_t{r.N} * r.E;
+  ASSIGN_OR_RETURN(tensor::Buffer logits,
+                   AllocF32(ctx, NE, r.prefix + "moe.router_logits", false));  // (N, E)
+  ASSIGN_OR_RETURN(tensor::Buffer probs,
+                   AllocF32(ctx, NE, r.prefix + "moe.router_probs", false));  // (N, E)
+  ctx.ops.matmul_forward(logits.as<float>(), u, r.weight, nullptr, r.N, r.C, r.E);
+  if (r.spike.has_value()) r.spike->Apply(logits.as<float>(), r.N, r.E);
+  ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), r.N, r.E);
+  return probs;
+}
+
+namespace {
+
+struct TopK {
+  tensor::Buffer indices;  // (N, k) int32
+  tensor::Buffer gates;    // (N, k)
+};
+
+absl::StatusOr<TopK> TopKForward(ModuleContext& ctx, const MoeShape& m, const float* probs, int N,
+                                 const std::string& p) {
+  TopK t;
+  ASSIGN_OR_RETURN(t.indices, AllocI32(ctx, int64_t{N} * m.k, p + "moe.topk_indices"));
+  ASSIGN_OR_RETURN(t.gates, AllocF32(ctx, int64_t{N} * m.k, p + "moe.gates", false));
+  ctx.ops.topk_forward(t.indices.as<int32_t>(), t.gates.as<float>(), probs, N, m.E, m.k,
+                       m.normalize);
+  return t;
+}
+
+// The expert input (R, C): the routed rows (S, C) permuted out of u by the plan, then, on a
+// distributed layout (dispatch != nullptr), sent to the expert ranks. Forward and the rebuild run
+// this one function.
+absl::StatusOr<tensor::Buffer> ExpertInput(ModuleContext& ctx, const std::string& p, const float* u,
+                                           const device::DispatchPlan& plan,
+                                           const moe::DispatchHandle* dispatch, int E, int C) {
+  const int64_t S = plan.rows();
+  ASSIGN_OR_RETURN(
+      tensor::Buffer routed,  // (S, C)
+      AllocF32(ctx, S * C, p + (dispatch == nullptr ? "moe.expert_input" : "moe.routed_input"),
+               false));
+  ctx.ops.permute_forward(routed.as<float>(), u, plan, C);
+  if (dispatch == nullptr) return routed;
+  ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, dispatch->R() * C, p + "moe.expert_input",
+                                               false));  // (R, C)
+  ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                   AllocF32(ctx, Scratch(*dispatch, C), p + "moe.dispatch_scratch", false));
+  RETURN_IF_ERROR(DispatcherOf(ctx, E).ToExperts(*dispatch, routed.as<float>(), ex.as<float>(), C,
+                                                 scratch.as<float>()));
+  return ex;
+}
+
+// The second expert GEMM. Its inputs: hid (R, fl), W2 (El, fl, C), b2 (El, C) or nullptr on the
+// ESP ranks that do not add it.
+struct ExpertOutputInputs {
+  const float* w2 = nullptr;
+  const float* b2 = nullptr;
+  std::vector<int64_t> offsets;  // (El + 1) row offsets of the local experts
+  int El = 0, fl = 0, C = 0, E = 0;
+  int64_t R = 0, S = 0;
+};
+
+// The combined expert output (S, C) in routed order: hid @ W2 + b2 per expert (R, C), then, on a
+// distributed layout, brought back from the expert ranks (summed over ESP). Forward and the
+// rebuild run this one function.
+absl::StatusOr<tensor::Buffer> CombinedOutput(ModuleContext& ctx, const std::string& p,
+                                              const float* hid, const ExpertOutputInputs& in,
+                                              const moe::DispatchHandle* dispatch) {
+  ASSIGN_OR_RETURN(
+      tensor::Buffer eo,  // (R, C)
+      AllocF32(ctx, in.R * in.C,
+               p + (dispatch == nullptr ? "moe.combined_output" : "moe.expert_output"), false));
+  ctx.ops.grouped_matmul_forward(eo.as<float>(), hid, in.w2, in.b2, in.offsets.data(), in.El, in.fl,
+                                 in.C);
+  if (dispatch == nullptr) return eo;
+  ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, in.S * in.C, p + "moe.combined_output",
+                                                 false));  // (S, C)
+  ASSIGN_OR_RETURN(tensor::Buffer scratch,
+                   AllocF32(ctx, Scratch(*dispatch, in.C), p + "moe.combine_scratch", false));
+  RETURN_IF_ERROR(DispatcherOf(ctx, in.E).FromExperts(*dispatch, eo.as<float>(), back.as<float>(),
+                                                      in.C, scratch.as<float>()));
+  return back;
+}
+
+}  // namespace
+
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                                          int layer, const LayerOffsets& off, const float* params,
-                                         StashHandle x_in) {
+                                         StashHandle x_in, const RoutingSpike* spike) {
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
@@ -39,29 +129,42 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   s.ln_rstd = norm.rstd;
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
 
-  // Router.
+  // Router. Its rebuild calls RouterForward with the same RouterInputs.
+  std::optional<RoutingSpike> router_spike;
+  if (spike != nullptr) router_spike = *spike;
+  const RouterInputs router{params + off.router, N, C, E, p, router_spike};
   {
-    ASSIGN_OR_RETURN(tensor::Buffer logits,
-                     AllocF32(ctx, int64_t{N} * E, p + "moe.router_logits", false));  // (N, E)
-    ctx.ops.matmul_forward(logits.as<float>(), u, params + off.router, nullptr, N, C, E);
-    ASSIGN_OR_RETURN(tensor::Buffer probs,
-                     AllocF32(ctx, int64_t{N} * E, p + "moe.router_probs", false));  // (N, E)
-    ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), N, E);
-    logits.Reset();
+    ASSIGN_OR_RETURN(tensor::Buffer probs, RouterForward(ctx, router, u));  // (N, E)
+    RecomputeSpec spec{"router", {s.ln_out}, 2.0 * NC * E};
+    spec.rebuild = [ctx, router, ln_out = s.ln_out]() mutable -> absl::StatusOr<tensor::Buffer> {
+      ASSIGN_OR_RETURN(const float* ur, GetF32(ctx, ln_out));
+      return RouterForward(ctx, router, ur);
+    };
     ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, p + "moe.router_probs", layer, std::move(probs), {N, E},
-                                      {"router", {s.ln_out}, 2.0 * NC * E}));
+                                      std::move(spec)));
   }
   ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
-  ASSIGN_OR_RETURN(tensor::Buffer idx, AllocI32(ctx, int64_t{N} * K, p + "moe.topk_indices"));
-  ASSIGN_OR_RETURN(tensor::Buffer gates,
-                   AllocF32(ctx, int64_t{N} * K, p + "moe.gates", false));  // (N, k)
-  ctx.ops.topk_forward(idx.as<int32_t>(), gates.as<float>(), probs, N, E, K, m.normalize);
-  const int32_t* indices = idx.as<int32_t>();
-  const float* g = gates.as<float>();
-  ASSIGN_OR_RETURN(s.indices, SaveI32(ctx, p + "moe.topk_indices", layer, std::move(idx), {N, K},
-                                      {"topk", {s.probs}, 0}));
-  ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(gates), {N, K},
-                                    {"topk", {s.probs}, 0}));
+  ASSIGN_OR_RETURN(TopK topk, TopKForward(ctx, m, probs, N, p));
+  const int32_t* indices = topk.indices.as<int32_t>();
+  const float* g = topk.gates.as<float>();
+  {
+    RecomputeSpec spec_i{"topk", {s.probs}, 0};
+    spec_i.rebuild = [ctx, m, probs = s.probs, N, p]() mutable -> absl::StatusOr<tensor::Buffer> {
+      ASSIGN_OR_RETURN(const float* pr, GetF32(ctx, probs));
+      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, N, p));
+      return std::move(t.indices);
+    };
+    RecomputeSpec spec_g{"topk", {s.probs}, 0};
+    spec_g.rebuild = [ctx, m, probs = s.probs, N, p]() mutable -> absl::StatusOr<tensor::Buffer> {
+      ASSIGN_OR_RETURN(const float* pr, GetF32(ctx, probs));
+      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, N, p));
+      return std::move(t.gates);
+    };
+    ASSIGN_OR_RETURN(s.indices, SaveI32(ctx, p + "moe.topk_indices", layer, std::move(topk.indices),
+                                        {N, K}, std::move(spec_i)));
+    ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(topk.gates), {N, K},
+                                      std::move(spec_g)));
+  }
   s.aux = ctx.ops.aux_loss_forward(probs, indices, N, E, K, static_cast<float>(m.alpha));
 
   // Dispatch: from here on the sizes depend on routing.
@@ -72,55 +175,85 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   s.distributed = Distributed(ctx);
   const int64_t S = s.rows;
   const int El = m.El(), fl = m.fl();
-
-  ASSIGN_OR_RETURN(tensor::Buffer xin, AllocF32(ctx, S * C, p + "moe.expert_input", false));
-  ctx.ops.permute_forward(xin.as<float>(), u, plan, C);  // (S, C)
-  const int64_t* offsets = plan.offsets.data();
-  int64_t R = S;
+  // What the rebuilds of the expert buffers share: the dispatch handle (counts already exchanged)
+  // and the local experts' row offsets.
+  std::shared_ptr<const moe::DispatchHandle> dispatch;
   if (s.distributed) {
-    const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
-    ASSIGN_OR_RETURN(s.dispatch, dispatcher.Prepare(plan.counts));
-    R = s.dispatch.R();
-    offsets = s.dispatch.expert_offsets.data();
-    ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, p + "moe.expert_input", false));
-    ASSIGN_OR_RETURN(tensor::Buffer scratch,
-                     AllocF32(ctx, Scratch(s.dispatch, C), p + "moe.dispatch_scratch", false));
-    RETURN_IF_ERROR(dispatcher.ToExperts(s.dispatch, xin.as<float>(), ex.as<float>(), C,
-                                         scratch.as<float>()));  // (R, C)
-    scratch.Reset();
-    xin = std::move(ex);
+    ASSIGN_OR_RETURN(s.dispatch, DispatcherOf(ctx, E).Prepare(plan.counts));
+    dispatch = std::make_shared<const moe::DispatchHandle>(s.dispatch);
   }
+  const int64_t R = s.distributed ? s.dispatch.R() : S;
+  ExpertOutputInputs eoin;
+  eoin.w2 = params + off.w2;
+  eoin.b2 = m.adds_b2 ? params + off.b2 : nullptr;
+  eoin.offsets = s.distributed ? s.dispatch.expert_offsets : plan.offsets;
+  eoin.El = El;
+  eoin.fl = fl;
+  eoin.C = C;
+  eoin.E = E;
+  eoin.R = R;
+  eoin.S = S;
+  const int64_t* offsets = eoin.offsets.data();
+  const RecomputeCollective collective =
+      s.distributed ? RecomputeCollective::kExpertDispatch : RecomputeCollective::kNone;
+
+  ASSIGN_OR_RETURN(tensor::Buffer xin,
+                   ExpertInput(ctx, p, u, plan, dispatch.get(), E, C));  // (R,C)
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, R * fl, p + "moe.expert_pre", false));
   ctx.ops.grouped_matmul_forward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
                                  offsets, El, C, fl);  // (R, fl)
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, R * fl, p + "moe.expert_hidden", false));
   ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
-  ASSIGN_OR_RETURN(tensor::Buffer eo, AllocF32(ctx, R * C, p + "moe.expert_output", false));
-  ctx.ops.grouped_matmul_forward(eo.as<float>(), hid.as<float>(), params + off.w2,  // (R, C)
-                                 m.adds_b2 ? params + off.b2 : nullptr, offsets, El, fl, C);
-  if (s.distributed) {
-    const moe::ExpertDispatcher dispatcher = DispatcherOf(ctx, E);
-    ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, p + "moe.expert_output", false));
-    ASSIGN_OR_RETURN(tensor::Buffer scratch,
-                     AllocF32(ctx, Scratch(s.dispatch, C), p + "moe.combine_scratch", false));
-    RETURN_IF_ERROR(dispatcher.FromExperts(s.dispatch, eo.as<float>(), back.as<float>(), C,
-                                           scratch.as<float>()));  // (S, C)
-    scratch.Reset();
-    eo = std::move(back);
-  }
+  ASSIGN_OR_RETURN(tensor::Buffer eo, CombinedOutput(ctx, p, hid.as<float>(), eoin,
+                                                     dispatch.get()));                 // (S, C)
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
   float* o = out.as<float>();
   ctx.ops.unpermute_forward(o, eo.as<float>(), g, plan, C);
   for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
 
+  RecomputeSpec spec_x{
+      s.distributed ? "permute+dispatch" : "permute", {s.ln_out, s.indices}, 0, collective};
+  spec_x.rebuild = [ctx, m, ln_out = s.ln_out, idx = s.indices, dispatch, N, C,
+                    p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* ur, GetF32(ctx, ln_out));
+    ASSIGN_OR_RETURN(const int32_t* ir, GetI32(ctx, idx));
+    const device::DispatchPlan pl = ctx.ops.make_dispatch_plan(ir, N, m.E, m.k, m.capacity_factor);
+    return ExpertInput(ctx, p, ur, pl, dispatch.get(), m.E, C);
+  };
   ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {R, C},
-                                  {"permute", {s.ln_out, s.indices}, 0}));
-  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "moe.expert_pre", layer, std::move(pre), {R, fl},
-                                  {"grouped_matmul", {s.xin}, 2.0 * R * C * fl}));
+                                  std::move(spec_x)));
+  RecomputeSpec spec_p{"grouped_matmul", {s.xin}, 2.0 * R * C * fl};
+  spec_p.rebuild = [ctx, xh = s.xin, w1 = params + off.w1, b1 = params + off.b1, eoin,
+                    p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* xr, GetF32(ctx, xh));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, eoin.R * eoin.fl, p + "moe.expert_pre",
+                                                  false));  // (R, fl)
+    ctx.ops.grouped_matmul_forward(out.as<float>(), xr, w1, b1, eoin.offsets.data(), eoin.El,
+                                   eoin.C, eoin.fl);
+    return out;
+  };
+  ASSIGN_OR_RETURN(
+      s.pre, SaveF32(ctx, p + "moe.expert_pre", layer, std::move(pre), {R, fl}, std::move(spec_p)));
+  RecomputeSpec spec_h{"gelu", {s.pre}, 10.0 * R * fl};
+  spec_h.rebuild = [ctx, ph = s.pre, n = R * fl, p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* pr, GetF32(ctx, ph));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, n, p + "moe.expert_hidden", false));
+    ctx.ops.gelu_forward(out.as<float>(), pr, n);  // (R, fl)
+    return out;
+  };
   ASSIGN_OR_RETURN(s.hidden, SaveF32(ctx, p + "moe.expert_hidden", layer, std::move(hid), {R, fl},
-                                     {"gelu", {s.pre}, 10.0 * R * fl}));
-  ASSIGN_OR_RETURN(s.eo, SaveF32(ctx, p + "moe.expert_output", layer, std::move(eo), {S, C},
-                                 {"grouped_matmul", {s.hidden}, 2.0 * R * C * fl}));
+                                     std::move(spec_h)));
+  RecomputeSpec spec_o{s.distributed ? "grouped_matmul+combine" : "grouped_matmul",
+                       {s.hidden},
+                       2.0 * R * C * fl,
+                       collective};
+  spec_o.rebuild = [ctx, hh = s.hidden, eoin, dispatch,
+                    p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* hr, GetF32(ctx, hh));
+    return CombinedOutput(ctx, p, hr, eoin, dispatch.get());
+  };
+  ASSIGN_OR_RETURN(s.eo, SaveF32(ctx, p + "moe.combined_output", layer, std::move(eo), {S, C},
+                                 std::move(spec_o)));
   ASSIGN_OR_RETURN(s.out, SaveF32(ctx, p + "moe.residual", layer, std::move(out), {B, T, C}));
   return s;
 }
@@ -131,8 +264,9 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   const int C = dims.C, N = dims.N();
   const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
-  RETURN_IF_ERROR(ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices,
-                                     s.gates, s.xin, s.pre, s.hidden, s.eo}));
+  ASSIGN_OR_RETURN(Stash::Lease lease,
+                   ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices,
+                                      s.gates, s.xin, s.pre, s.hidden, s.eo}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
   ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
@@ -210,10 +344,22 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                           s.hidden, s.eo, s.out});
 }
 
-int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, int64_t S) {
+std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& d, const MoeShape& m, int64_t S) {
   const int64_t N = d.N(), NC = N * d.C;
-  return F32Bytes(NC) + 2 * F32Bytes(N) + F32Bytes(N * m.E) + I32Bytes(N * m.k) +
-         F32Bytes(N * m.k) + 2 * F32Bytes(S * d.C) + 2 * F32Bytes(S * m.f) + F32Bytes(NC);
+  std::vector<SavedTensorBytes> saved = NormSaved(d, "ln2.out", "ln2.mean", "ln2.rstd");
+  saved.push_back({"moe.router_probs", F32Bytes(N * m.E), F32Bytes(N * m.E)});  // logits scratch
+  saved.push_back({"moe.topk_indices", I32Bytes(N * m.k), F32Bytes(N * m.k)});  // gates scratch
+  saved.push_back({"moe.gates", F32Bytes(N * m.k), I32Bytes(N * m.k)});         // indices scratch
+  saved.push_back({"moe.expert_input", F32Bytes(S * d.C), 0});
+  saved.push_back({"moe.expert_pre", F32Bytes(S * m.fl()), 0});
+  saved.push_back({"moe.expert_hidden", F32Bytes(S * m.fl()), 0});
+  saved.push_back({"moe.combined_output", F32Bytes(S * d.C), 0});
+  saved.push_back({"moe.residual", F32Bytes(NC), 0});
+  return saved;
+}
+
+int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, int64_t S) {
+  return TotalBytes(MoeSavedTensors(d, m, S));
 }
 
 int64_t MoeForwardPeakBytes(const Dims& d, const MoeShape& m, int64_t S) {

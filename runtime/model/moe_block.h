@@ -10,14 +10,30 @@
 // bytes below describe the single-rank path.
 // The dispatch plan is not saved: backward rebuilds it from the saved top-k indices (a pure
 // function of them).
+// Saved tensors and their rebuilds (memory policies, runtime/memory/policy.h). One tag per shape:
+//   moe.expert_input (R, C)     the rows the local experts process; rebuilt by permuting LN2's
+//                               output again and, distributed, re-running the dispatch all-to-all
+//                               (RecomputeCollective::kExpertDispatch);
+//   moe.combined_output (S, C)  the expert outputs back in routed order; rebuilt by the second
+//                               expert GEMM and, distributed, the combine all-to-all (ditto);
+//   moe.routed_input (S, C), moe.expert_output (R, C): the other side of each all-to-all, scratch
+//                               on a distributed layout (on one rank R = S and they are the saved
+//                               buffers themselves).
+// The router probabilities are rebuilt by RouterForward with the RouterInputs forward used.
+// A routing spike (spikes.h), when given, is one of those inputs: RouterForward adds its bias to
+// the logits of its forced tokens before the softmax, in forward and in the rebuild alike.
+// Backward needs nothing more: the bias is a constant.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/model/module.h"
 #include "runtime/model/param_layout.h"
+#include "runtime/model/spikes.h"
 #include "runtime/moe/dispatcher.h"
 
 namespace furnace::model {
@@ -35,15 +51,29 @@ struct MoeShape {
   int fl() const { return local_f > 0 ? local_f : f; }
 };
 
+// Everything that shapes the router's output. Forward and the router-probs rebuild both call
+// RouterForward with it (the rebuild captures it whole), so a rebuild routes exactly as forward
+// did; an input that modifies routing belongs here.
+struct RouterInputs {
+  const float* weight = nullptr;  // (C, E) Wg; must stay valid while the saved probs live
+  int N = 0, C = 0, E = 0;
+  std::string prefix;  // "layers.<l>.", for the arena tags
+  // Added to the logits of the forced tokens (spikes.h) on a routing-spike step.
+  std::optional<RoutingSpike> spike;
+};
+// probs (N, E) = softmax(u @ Wg), u (N, C); the logits are arena scratch.
+absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInputs& router,
+                                             const float* u);
+
 struct MoeSaved {
   StashHandle ln_out, ln_mean, ln_rstd;  // (B, T, C), (B, T), (B, T)
   StashHandle probs;                     // (N, E) router softmax
   StashHandle indices;                   // (N, k) int32 chosen experts
   StashHandle gates;                     // (N, k)
-  StashHandle xin;                       // (R, C) expert input (R = S on one rank)
+  StashHandle xin;                       // (R, C) moe.expert_input (R = S on one rank)
   StashHandle pre;                       // (R, fl) xin @ W1 + b1
   StashHandle hidden;                    // (R, fl) GELU(pre)
-  StashHandle eo;                        // (S, C) expert output, back in routed order
+  StashHandle eo;                        // (S, C) moe.combined_output, in routed order
   StashHandle out;                       // (B, T, C) residual stream after the layer
   // Routing results.
   double aux = 0;
@@ -57,14 +87,16 @@ struct MoeSaved {
 
 absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                                          int layer, const LayerOffsets& off, const float* params,
-                                         StashHandle x_in);
+                                         StashHandle x_in, const RoutingSpike* spike = nullptr);
 // dres: d loss / d out on entry, d loss / d x_in on return. aux_scale: d loss / d aux.
 absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeShape& m,
                               const LayerOffsets& off, const float* params, float* grads,
                               const MoeSaved& saved, StashHandle x_in, double aux_scale,
                               float* dres);
 
-// `rows` = S, the assignments kept after capacity (N * k when dropless).
+// `rows` = S, the assignments kept after capacity (N * k when dropless). The saved tensors in
+// acquire order (single-rank shapes); MoeSavedBytes is their total.
+std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& dims, const MoeShape& m, int64_t rows);
 int64_t MoeSavedBytes(const Dims& dims, const MoeShape& m, int64_t rows);
 int64_t MoeForwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);
 int64_t MoeBackwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);

@@ -31,26 +31,39 @@ absl::StatusOr<StashHandle> Stash::Save(std::string producer, int layer, tensor:
         "stash: '", producer, "' has ", buffer.bytes(), " bytes but shape ",
         tensor::ShapeString(shape), " of ", tensor::DTypeName(dtype), " needs ", want));
   }
+  StashEntryInfo info;
+  info.producer = std::move(producer);
+  info.layer = layer;
+  info.shape = std::move(shape);
+  info.dtype = dtype;
+  info.bytes = want;
+  info.state = StashState::kKept;
+  info.recompute = std::move(recompute);
+  SavePolicy policy;
+  {
+    absl::MutexLock lock(&mu_);
+    policy = save_policy_;
+  }
+  const bool drop = policy && policy(info) == memory::SaveAction::kDropAfterForward;
+  if (drop && !info.recompute.rebuildable()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stash: the save policy drops '", info.producer, "', which has no rebuild"));
+  }
   absl::MutexLock lock(&mu_);
-  Key key{micro_, producer};
+  info.micro = micro_;
+  Key key{micro_, info.producer};
   if (keys_.count(key) != 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat("stash: '", producer, "' of micro-batch ", micro_, " is already saved"));
+        absl::StrCat("stash: '", info.producer, "' of micro-batch ", micro_, " is already saved"));
   }
   const int64_t id = next_id_++;
   keys_.emplace(std::move(key), id);
   Entry& e = entries_[id];
+  e.info = std::move(info);
   e.info.id = id;
-  e.info.producer = std::move(producer);
-  e.info.layer = layer;
-  e.info.micro = micro_;
-  e.info.shape = std::move(shape);
-  e.info.dtype = dtype;
-  e.info.bytes = want;
-  e.info.state = StashState::kKept;
-  e.info.recompute = std::move(recompute);
   e.buffer = std::move(buffer);
   NoteKeptLocked(want);
+  if (drop) pending_drops_.push_back(id);
   return StashHandle{id};
 }
 
@@ -60,57 +73,29 @@ void Stash::NoteKeptLocked(uint64_t bytes) {
 }
 
 absl::StatusOr<tensor::TensorView> Stash::Get(StashHandle handle) {
-  StashEntryInfo info;
-  RestoreHook restore;
+  bool dropped = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(handle.id);
     if (it == entries_.end()) {
       return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
     }
-    Entry& e = it->second;
+    const Entry& e = it->second;
     if (e.info.state == StashState::kKept) {
       return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
     }
-    const bool ours =
-        e.info.state == StashState::kOffloaded || e.info.state == StashState::kCompressed;
-    if (!ours && !restore_) {
-      return absl::UnimplementedError(absl::StrCat("stash: '", e.info.producer, "' is ",
-                                                   StashStateName(e.info.state),
-                                                   " and no restore hook is set"));
-    }
-    if (!ours) {
-      info = e.info;
-      restore = restore_;
-    }
+    dropped = e.info.state == StashState::kDropped;
   }
-  if (!restore) {  // offloaded or compressed: restored by the stash itself
-    RETURN_IF_ERROR(RestoreOne(handle, Now(), /*pin=*/false));
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(handle.id);
-    if (it == entries_.end() || it->second.info.state != StashState::kKept) {
-      return absl::NotFoundError(
-          absl::StrCat("stash: entry ", handle.id, " released during restore"));
-    }
-    const Entry& e = it->second;
-    return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
-  }
-  absl::StatusOr<tensor::Buffer> restored = restore(info);
-  if (!restored.ok()) return restored.status();
+  if (dropped) return Rebuild(handle);  // through its RecomputeSpec
+  // Offloaded or compressed: restored by the stash itself.
+  RETURN_IF_ERROR(RestoreOne(handle, Now()));
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
+  if (it == entries_.end() || it->second.info.state != StashState::kKept) {
     return absl::NotFoundError(
         absl::StrCat("stash: entry ", handle.id, " released during restore"));
   }
-  Entry& e = it->second;
-  if (restored->bytes() != e.info.bytes) {
-    return absl::InternalError(absl::StrCat("stash: restore of '", e.info.producer, "' returned ",
-                                            restored->bytes(), " bytes, want ", e.info.bytes));
-  }
-  e.buffer = std::move(*restored);
-  e.info.state = StashState::kKept;
-  NoteKeptLocked(e.info.bytes);
+  const Entry& e = it->second;
   return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
 }
 
@@ -166,17 +151,13 @@ void Stash::ReleaseAll() {
         doomed.swap(entries_);
         keys_.clear();
         kept_bytes_ = 0;
+        pending_drops_.clear();
         return;
       }
       engine = engine_;
     }
     for (const memory::CopyTicket& t : pending) engine->Wait(t).IgnoreError();
   }
-}
-
-void Stash::SetRestoreHook(RestoreHook hook) {
-  absl::MutexLock lock(&mu_);
-  restore_ = std::move(hook);
 }
 
 uint64_t Stash::stashed_bytes() const {
@@ -226,6 +207,54 @@ absl::StatusOr<StashHandle> Stash::Find(int micro, const std::string& producer) 
   return StashHandle{it->second};
 }
 
+// ---- Leases (the backward rule) ----
+
+Stash::Lease::Lease(Lease&& other) noexcept
+    : stash_(std::exchange(other.stash_, nullptr)), ids_(std::move(other.ids_)) {}
+
+Stash::Lease& Stash::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (stash_ != nullptr) stash_->Unpin(ids_);
+    stash_ = std::exchange(other.stash_, nullptr);
+    ids_ = std::move(other.ids_);
+  }
+  return *this;
+}
+
+Stash::Lease::~Lease() {
+  if (stash_ != nullptr) stash_->Unpin(ids_);
+}
+
+void Stash::Unpin(const std::vector<int64_t>& ids) {
+  absl::MutexLock lock(&mu_);
+  for (int64_t id : ids) {
+    auto it = entries_.find(id);
+    if (it != entries_.end() && it->second.pins > 0) --it->second.pins;  // released: gone
+  }
+}
+
+absl::StatusOr<Stash::Lease> Stash::Acquire(const std::vector<StashHandle>& handles) {
+  Lease lease;
+  lease.stash_ = this;
+  // Start every reload first so they overlap each other, then wait in order; all of them are
+  // needed now, so each one not landed by now is late.
+  RETURN_IF_ERROR(Prefetch(handles));
+  const double needed_at = Now();
+  for (StashHandle h : handles) {
+    if (!h.valid()) continue;
+    RETURN_IF_ERROR(RestoreOne(h, needed_at));  // offloaded or compressed
+    RETURN_IF_ERROR(Get(h).status());           // dropped: rebuilt
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(h.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("stash: entry ", h.id, " released during Acquire"));
+    }
+    ++it->second.pins;
+    lease.ids_.push_back(h.id);
+  }
+  return lease;
+}
+
 // ---- Offload and compress ----
 
 void Stash::SetDeviceMemory(tensor::DeviceArena* arena, const device::Backend* ops) {
@@ -267,7 +296,7 @@ absl::Status Stash::Offload(StashHandle handle) {
   if (e.info.state != StashState::kKept) {
     return WrongState(e.info, "offload", StashStateName(e.info.state));
   }
-  if (e.pinned) return WrongState(e.info, "offload", "it is acquired by a backward");
+  if (e.pins > 0) return WrongState(e.info, "offload", "it is acquired by a backward");
   if (e.info.bytes == 0) return absl::OkStatus();
   absl::StatusOr<tensor::Buffer> host = host_->Allocate(e.info.bytes, e.info.producer);
   if (!host.ok()) return host.status();
@@ -383,7 +412,7 @@ absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
   if (e.info.state != StashState::kKept) {
     return WrongState(e.info, "compress", StashStateName(e.info.state));
   }
-  if (e.pinned) return WrongState(e.info, "compress", "it is acquired by a backward");
+  if (e.pins > 0) return WrongState(e.info, "compress", "it is acquired by a backward");
   RETURN_IF_ERROR(memory::CheckCompressible(e.info.producer, e.info.dtype, codec));
   const int64_t n = tensor::NumElements(e.info.shape);
   absl::StatusOr<tensor::Buffer> encoded =
@@ -417,7 +446,7 @@ absl::Status Stash::DecodeLocked(Entry& e) {
   return absl::OkStatus();
 }
 
-absl::Status Stash::RestoreOne(StashHandle handle, double needed_at, bool pin) {
+absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   memory::CopyTicket ticket;
   memory::CopyEngine* engine = nullptr;
   {
@@ -435,10 +464,7 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at, bool pin) {
       ticket = *started;
       engine = engine_;
     }
-    if (!ticket.valid()) {
-      if (pin) e.pinned = true;
-      return absl::OkStatus();
-    }
+    if (!ticket.valid()) return absl::OkStatus();
   }
   bool late = false;
   const absl::Status waited = engine->Wait(ticket, needed_at, &late);
@@ -455,20 +481,6 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at, bool pin) {
     return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
                                                           "' completed but it is not kept"))
                        : waited;
-  }
-  if (pin) e.pinned = true;
-  return absl::OkStatus();
-}
-
-absl::Status Stash::Acquire(const std::vector<StashHandle>& handles) {
-  // Start every reload first so they overlap each other, then wait in order; all of them are
-  // needed now, so each one not landed by now is late.
-  RETURN_IF_ERROR(Prefetch(handles));
-  const double needed_at = Now();
-  for (StashHandle h : handles) {
-    if (!h.valid()) continue;
-    RETURN_IF_ERROR(RestoreOne(h, needed_at, /*pin=*/true));
-    RETURN_IF_ERROR(Get(h).status());  // a dropped entry: through the restore hook
   }
   return absl::OkStatus();
 }
@@ -490,6 +502,119 @@ void Stash::WaitForCopies() {
 StashActionStats Stash::action_stats() const {
   absl::MutexLock lock(&mu_);
   return action_stats_;
+}
+
+// ---- Drop and recompute ----
+
+void Stash::DropLocked(Entry& e, tensor::Buffer& doomed) {
+  doomed = std::move(e.buffer);
+  e.info.state = StashState::kDropped;
+  kept_bytes_ -= e.info.bytes;
+  dropped_bytes_ += e.info.bytes;
+}
+
+absl::Status Stash::Drop(StashHandle handle) {
+  tensor::Buffer doomed;  // returned to its owner after the lock is dropped
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("stash: drop of unknown entry ", handle.id));
+  }
+  Entry& e = it->second;
+  const std::string& name = e.info.producer;
+  if (e.info.state != StashState::kKept) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stash: cannot drop '", name, "': it is ", StashStateName(e.info.state)));
+  }
+  if (e.pins > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stash: cannot drop '", name, "': a backward has acquired it"));
+  }
+  if (!e.info.recompute.rebuildable()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stash: cannot drop '", name, "': it has no rebuild"));
+  }
+  if (e.info.recompute.collective != RecomputeCollective::kNone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stash: cannot drop '", name,
+        "' on one rank: its rebuild re-runs the expert all-to-all, so only a save policy applied "
+        "on every rank of the group may drop it"));
+  }
+  DropLocked(e, doomed);
+  return absl::OkStatus();
+}
+
+void Stash::SetSavePolicy(SavePolicy policy) {
+  absl::MutexLock lock(&mu_);
+  save_policy_ = std::move(policy);
+}
+
+absl::Status Stash::ApplyPendingDrops() {
+  std::vector<tensor::Buffer> doomed;  // returned to their owner after the lock is dropped
+  absl::MutexLock lock(&mu_);
+  for (int64_t id : pending_drops_) {
+    auto it = entries_.find(id);
+    if (it == entries_.end() || it->second.info.state != StashState::kKept) continue;
+    if (it->second.pins > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stash: '", it->second.info.producer, "' is acquired before its forward is done"));
+    }
+    doomed.emplace_back();
+    DropLocked(it->second, doomed.back());
+  }
+  pending_drops_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<tensor::TensorView> Stash::Rebuild(StashHandle handle) {
+  std::function<absl::StatusOr<tensor::Buffer>()> rebuild;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(handle.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
+    }
+    Entry& e = it->second;
+    if (e.info.state == StashState::kKept) {  // rebuilt meanwhile, as another one's input
+      return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
+    }
+    if (e.rebuilding) {
+      return absl::InternalError(
+          absl::StrCat("stash: the rebuild of '", e.info.producer, "' needs itself"));
+    }
+    e.rebuilding = true;
+    rebuild = e.info.recompute.rebuild;
+  }
+  absl::StatusOr<tensor::Buffer> rebuilt = rebuild();
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("stash: entry ", handle.id, " released during its rebuild"));
+  }
+  Entry& e = it->second;
+  e.rebuilding = false;
+  if (!rebuilt.ok()) return rebuilt.status();
+  if (rebuilt->bytes() != e.info.bytes) {
+    return absl::InternalError(absl::StrCat("stash: the rebuild of '", e.info.producer,
+                                            "' returned ", rebuilt->bytes(), " bytes, want ",
+                                            e.info.bytes));
+  }
+  e.buffer = std::move(*rebuilt);
+  e.info.state = StashState::kKept;
+  NoteKeptLocked(e.info.bytes);
+  rebuilt_bytes_ += e.info.bytes;
+  return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
+}
+
+uint64_t Stash::dropped_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_bytes_;
+}
+
+uint64_t Stash::rebuilt_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return rebuilt_bytes_;
 }
 
 }  // namespace furnace::model

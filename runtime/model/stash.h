@@ -8,36 +8,51 @@
 // Save tags an entry with the current micro-batch (set_micro_batch), and Find looks one up, so one
 // micro-batch's tensors can be acted on while others are in flight.
 //
-// Actions (each leaves Get() returning the fp32 tensor):
-//   Offload(h): asynchronous, through the copy engine, to the host pool (pinned on CUDA once a GPU
-//     path exists; plain host memory on the CPU backend). The device bytes are freed when the copy
-//     completes (on the copy thread). Bit-exact.
+// States. kKept holds the bytes. The actions below move an entry out of kKept; Get() (and
+// Acquire) bring it back:
+//   Offload(h) -> kOffloaded: asynchronous, through the copy engine, to the host pool (pinned on
+//     CUDA once a GPU path exists; plain host memory on the CPU backend). The device bytes are
+//     freed when the copy completes (on the copy thread). Bit-exact.
 //   Prefetch(hs): starts the reloads (a device buffer from the arena, a host->device job), in the
 //     order given: callers pass backward order. An entry whose offload copy has not landed yet
 //     simply keeps its device bytes (nothing to reload).
-//   Compress(h, codec): synchronous, for tensors on the runtime/memory/codec.h whitelist; the
-//     encoding lives in the arena in place of the fp32 bytes. Get restores fp32 (within the
-//     codec's tolerance, not bit-exact).
-//   Any other non-kept state goes through the restore hook: Get() then calls it, and it must hand
-//   back a device Buffer holding the tensor (recomputed per the entry's RecomputeSpec).
+//   Compress(h, codec) -> kCompressed: synchronous, for tensors on the runtime/memory/codec.h
+//     whitelist; the encoding lives in the arena in place of the fp32 bytes. Get restores fp32
+//     (within the codec's tolerance, not bit-exact).
+//   Drop(h), or a save policy's drop after forward -> kDropped: frees the bytes; Get() rebuilds
+//     the tensor through its RecomputeSpec's `rebuild` and marks it kept again.
 //
-// The backward rule: a module's backward first calls Acquire() with every handle it reads, which
-// restores each entry (waits for its reload, counting a late reload when it has not landed by
-// then, or decodes it) and pins it, and only then takes raw pointers with Get(). A pinned entry
-// refuses Offload/Compress (FailedPrecondition) until it is released, so those pointers stay
-// valid through the backward whatever a planner does meanwhile.
+// Drop and recompute. A rebuild runs the forward's own kernels on the same inputs (other stash
+// entries, rebuilt first if they are dropped too, and the parameters, unchanged until the optimizer
+// step), so a rebuilt tensor is bit-identical to the one forward saved. A tensor whose rebuild
+// re-runs the expert all-to-all (RecomputeCollective::kExpertDispatch) may be dropped only by a
+// save policy (SetSavePolicy): a policy is a function of the tag, so every rank of the group drops
+// the same tensors and rebuilds them at the same point of the same backward; Drop() refuses it.
+// A save policy's drops wait in a pending list until ApplyPendingDrops(), which the model calls
+// when the module's forward is done, so a tensor that forward still reads is not rebuilt for it.
+//
+// The backward rule. A module's backward first calls Acquire() with every saved tensor it reads:
+// that makes them all available (starts every reload, then waits for each, counting a late reload
+// when one has not landed by then; decodes compressed ones; rebuilds dropped ones) and pins them;
+// only then does it take raw pointers with Get(). A pinned entry cannot leave kKept (Drop, Offload
+// and Compress refuse it with FailedPrecondition) until the Lease is gone, so the pointers stay
+// valid for the whole backward. A module's own Release of a pinned entry at the end of its
+// backward is allowed.
 //
 // Thread-safety: one mutex; the compute thread saves/gets/acts/releases while the copy engine's
 // thread completes offloads and reloads (its hooks take the mutex; the stash never waits on the
-// engine while holding it). A TensorView from Get() stays valid until that entry is Released or
-// leaves kKept. Release/ReleaseAll wait for the entry's copies in flight. The arena, backend,
-// copy engine and host pool given to the stash must outlive it.
-// Errors: Get/Release/actions on an unknown or released handle: NotFound naming the handle; Save
-// of a buffer whose size does not match shape x dtype: InvalidArgument; Save of a (micro-batch,
-// producer) that is live: AlreadyExists; Get of a dropped entry without a restore hook:
-// Unimplemented; an action on an entry in the wrong state, or without the engine / arena it
-// needs, or a compress off the whitelist: FailedPrecondition naming the tensor; a failed copy:
-// its status from Get/Acquire.
+// engine while holding it). A rebuild runs on the thread that asked for it, with the stash
+// unlocked (it reads other entries). A TensorView from Get() stays valid until that entry is
+// Released or leaves kKept. Release/ReleaseAll wait for the entry's copies in flight. The arena,
+// backend, copy engine and host pool given to the stash must outlive it.
+// Errors: Get/Release/Drop/Acquire/actions on an unknown or released handle: NotFound naming the
+// handle; Save of a buffer whose size does not match shape x dtype, or that the save policy drops
+// though it has no rebuild: InvalidArgument; Save of a (micro-batch, producer) that is live:
+// AlreadyExists; Drop of an entry that is pinned, not kept, not rebuildable or needs a collective:
+// FailedPrecondition; Offload/Compress of an entry in the wrong state or pinned, or without the
+// engine / arena it needs, or a compress off the whitelist: FailedPrecondition naming the tensor;
+// a failed copy: its status from Get/Acquire; a rebuild's own error is returned as is (the entry
+// stays dropped).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +68,7 @@
 #include "runtime/device/backend.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
+#include "runtime/memory/policy.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/buffer.h"
 #include "runtime/tensor/dtype.h"
@@ -69,14 +85,28 @@ struct StashHandle {
 enum class StashState { kKept, kOffloaded, kCompressed, kDropped };
 const char* StashStateName(StashState state);
 
+// What a rebuild needs beyond this rank's own kernels.
+enum class RecomputeCollective {
+  kNone,
+  // Re-runs the expert all-to-all (moe::ExpertDispatcher) on every rank of the EP / ESP group
+  // together: only a save policy applied on every rank may drop such a tensor.
+  kExpertDispatch,
+};
+
 // What it would take to rebuild a tensor instead of keeping it.
 struct RecomputeSpec {
-  // The op that rebuilds it from `inputs` and the parameters: "gelu", "layernorm", "matmul",
-  // "grouped_matmul", "permute", "attention", ... Empty: not recomputable from the stash (a module
-  // input such as the token ids, or the residual stream itself).
+  // The op that rebuilds it from `inputs` and the parameters: "gelu", "layernorm", "router",
+  // "topk", "permute", "grouped_matmul", "attention", ... Empty: not recomputable from the stash (a
+  // module input such as the token ids, or the residual stream itself).
   std::string op;
   std::vector<StashHandle> inputs;
   double flops = 0;  // cost of the rebuild, for the planner's bytes-per-flop ranking
+  RecomputeCollective collective = RecomputeCollective::kNone;
+  // Recomputes the tensor into a fresh Buffer of the entry's bytes (from the arena it was saved
+  // from), reading `inputs` through the stash. Set where the module implements the rebuild; an
+  // `op` without it names the cost of a rebuild this build does not run.
+  std::function<absl::StatusOr<tensor::Buffer>()> rebuild = nullptr;
+  bool rebuildable() const { return static_cast<bool>(rebuild); }
 };
 
 struct StashEntryInfo {
@@ -102,9 +132,6 @@ struct StashActionStats {
 
 class Stash {
  public:
-  // Rebuilds a tensor that is not kept. Called with the stash unlocked.
-  using RestoreHook = std::function<absl::StatusOr<tensor::Buffer>(const StashEntryInfo&)>;
-
   explicit Stash(device::Kind device = device::Kind::kCpu) : device_(device) {}
   ~Stash();
   Stash(const Stash&) = delete;
@@ -124,6 +151,28 @@ class Stash {
   // The live entry saved by `producer` for `micro`; NotFound naming both.
   absl::StatusOr<StashHandle> Find(int micro, const std::string& producer) const;
 
+  // Pins entries for a module's backward (see "The backward rule"); unpins them when destroyed.
+  // Move-only; must not outlive the stash.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&& other) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+
+   private:
+    friend class Stash;
+    Stash* stash_ = nullptr;
+    std::vector<int64_t> ids_;
+  };
+  // Makes every entry of `handles` kept (starts the reloads of the offloaded ones first, then, in
+  // order, waits for each reload, decodes compressed ones and rebuilds dropped ones) and pins them
+  // until the Lease is destroyed. Invalid handles (id < 0) are skipped. On error nothing stays
+  // pinned.
+  absl::StatusOr<Lease> Acquire(const std::vector<StashHandle>& handles);
+
   // ---- Offload and compress (see the file comment) ----
   // Where reloads and decodes allocate, and the casts Compress uses.
   void SetDeviceMemory(tensor::DeviceArena* arena, const device::Backend* ops);
@@ -132,13 +181,22 @@ class Stash {
   absl::Status Offload(StashHandle handle);
   absl::Status Prefetch(const std::vector<StashHandle>& handles);
   absl::Status Compress(StashHandle handle, memory::Codec codec);
-  // Restores every valid handle and pins it (the backward rule). Invalid handles are skipped.
-  absl::Status Acquire(const std::vector<StashHandle>& handles);
   // Waits for every copy in flight (offloads land, reloads land).
   void WaitForCopies();
   StashActionStats action_stats() const;
 
-  void SetRestoreHook(RestoreHook hook);
+  // ---- Drop and recompute ----
+  // Frees a kept, unpinned, rebuildable entry's bytes; Get() rebuilds it.
+  absl::Status Drop(StashHandle handle);
+  // Decides per new entry whether it is kept or dropped once its module's forward is done (nullptr:
+  // keep everything). Called by Save on the saving thread, with the stash unlocked.
+  using SavePolicy = std::function<memory::SaveAction(const StashEntryInfo&)>;
+  void SetSavePolicy(SavePolicy policy);
+  // Drops the entries the save policy marked since the last call (those still live and kept).
+  absl::Status ApplyPendingDrops();
+  // Bytes dropped and bytes rebuilt since the stash was made.
+  uint64_t dropped_bytes() const;
+  uint64_t rebuilt_bytes() const;
 
   // Device bytes the entries hold: kept tensors, compressed encodings, offloads whose copy is still
   // in flight, reloads.
@@ -151,7 +209,9 @@ class Stash {
  private:
   struct Entry {
     StashEntryInfo info;
-    tensor::Buffer buffer;  // the fp32 device tensor (kept, or offloaded while the copy runs)
+    tensor::Buffer buffer;    // the fp32 device tensor (kept, or offloaded while the copy runs)
+    int pins = 0;             // Leases holding it
+    bool rebuilding = false;  // its rebuild is running (a rebuild that needs itself is a cycle)
     // ---- Offload and compress ----
     tensor::Buffer host;      // kOffloaded: the host copy
     tensor::Buffer incoming;  // kOffloaded: the device buffer a reload fills
@@ -162,7 +222,6 @@ class Stash {
     bool landed = false;           // the offload copy completed and freed `buffer`
     bool keep_device = false;      // needed again before the offload landed: keep `buffer`
     absl::Status copy_error;       // a failed reload
-    bool pinned = false;           // Acquired: refuses actions until released
   };
   using Key = std::pair<int, std::string>;  // (micro-batch, producer)
 
@@ -172,11 +231,17 @@ class Stash {
   // Starts the restore of an offloaded entry (lock held); the ticket to wait for, if any.
   absl::StatusOr<memory::CopyTicket> StartReloadLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DecodeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Restores `handle` if offloaded or compressed (waiting with deadline `needed_at`); pins it.
-  absl::Status RestoreOne(StashHandle handle, double needed_at, bool pin);
+  // Restores `handle` if offloaded or compressed (waiting with deadline `needed_at`).
+  absl::Status RestoreOne(StashHandle handle, double needed_at);
   void NoteKeptLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The copy engine's clock (0 without an engine: nothing can be late then).
   double Now() const;
+
+  // Drop and recompute.
+  absl::StatusOr<tensor::TensorView> Rebuild(StashHandle handle);
+  // Moves a kept entry's buffer out (into `doomed`, freed by the caller after unlocking).
+  void DropLocked(Entry& e, tensor::Buffer& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(const std::vector<int64_t>& ids);
 
   const device::Kind device_;
   mutable absl::Mutex mu_;
@@ -191,7 +256,12 @@ class Stash {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  RestoreHook restore_ ABSL_GUARDED_BY(mu_);
+
+  // Drop and recompute.
+  SavePolicy save_policy_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> pending_drops_ ABSL_GUARDED_BY(mu_);
+  uint64_t dropped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rebuilt_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace furnace::model

@@ -111,6 +111,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   model_->ZeroGrad();
   for (int micro = 0; micro < m; ++micro) {
     const data::Batch batch = data_->Sample(step_, config_.dp_rank, micro);
+    model_->SetStepContext(step_, (int64_t{config_.dp_rank} * m + micro) * sc.batch);
     ASSIGN_OR_RETURN(MicroBatchResult r,
                      model_->ForwardBackward(batch.inputs.data(), batch.targets.data(), batch.B,
                                              1.0 / tokens, 1.0 / m));
@@ -118,6 +119,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
     stats.aux_loss += r.aux_loss / m;
     stats.dropped += r.dropped;
     stats.activation_peak_bytes = std::max(stats.activation_peak_bytes, r.activation_peak_bytes);
+    stats.routing_spike = stats.routing_spike || r.routing_spike;
     if (stats.tokens_per_expert.size() < r.tokens_per_expert.size()) {
       stats.tokens_per_expert.resize(r.tokens_per_expert.size());
     }

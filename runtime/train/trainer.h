@@ -2,8 +2,10 @@
 // (a ParallelRuntime, see parallel.h). A step is MODEL.md "Loss and step": ZeroGrad, then m
 // micro-batches of ForwardBackward with ce_scale = 1/(B*T*m) and aux_scale = 1/m, so the
 // accumulated gradient is that of the step's mean loss; then global-norm clipping, then AdamW at
-// the scheduled LR. Batches come from a deterministic Sampler keyed by the step index, and
-// checkpoints hold params, Adam moments, the step and the seed, so Restore + Run continues
+// the scheduled LR. Before each micro-batch the model learns the step and where the micro-batch's
+// sequences sit in the global batch (Trainable::SetStepContext: what seeds routing spikes, so they
+// are the same on every layout). Batches come from a deterministic Sampler keyed by the step index,
+// and checkpoints hold params, Adam moments, the step and the seed, so Restore + Run continues
 // bit-for-bit as if the run had never stopped.
 #pragma once
 
@@ -69,6 +71,7 @@ struct StepStats {
   std::vector<double> imbalance;                        // [moe_layer] max / mean
   int64_t dropped = 0;
   int64_t activation_peak_bytes = 0;  // max over micro-batches
+  bool routing_spike = false;         // a routing-spike step (MicroBatchResult::routing_spike)
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
   double checkpoint_seconds = 0;      // the checkpoint written after this step (0: none)

@@ -128,11 +128,14 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
       data::Batch batch;
       if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
       if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, j));
+      // Micro-batch j of data-parallel rank r is the sampler's micro-batch r * m + j (above).
+      stage_->SetStepContext(step_, (int64_t{P.dp_rank} * m + j) * B);
       ASSIGN_OR_RETURN(results[j],
                        stage_->StageForward(j, batch.inputs.data(), batch.targets.data(),
                                             x_in.data(), B, x_out.data()));
       if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, j));
       stats.in_flight_peak = std::max(stats.in_flight_peak, ++in_flight);
+      stats.routing_spike = stats.routing_spike || results[j].routing_spike;
     } else {
       if (!P.last_stage()) {
         RETURN_IF_ERROR(pipe->Recv(dx_out.data(), act_bytes, P.stage + 1, kGradientTag + j));

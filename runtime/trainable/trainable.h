@@ -23,6 +23,8 @@ struct MicroBatchResult {
   std::vector<std::vector<int64_t>> tokens_per_expert;
   int64_t dropped = 0;                // assignments dropped by capacity
   int64_t activation_peak_bytes = 0;  // arena peak during this micro-batch
+  // A routing-spike step (runtime/model/spikes.h): each MoE layer pushed tokens onto one expert.
+  bool routing_spike = false;
 };
 
 class Trainable {
@@ -46,6 +48,13 @@ class Trainable {
   virtual int vocab() const = 0;
   // Model FLOPs per token of a training step (MODEL.md "FLOPs and MFU").
   virtual double FlopsPerToken() const = 0;
+  // Where the next micro-batches sit in the run: training step `step` (0-based), and sequence b of
+  // the batch is sequence first_global_sequence + b of the step's global batch, the global batch
+  // ordered by data-parallel rank, then micro-batch ((dp_rank * m + j) * B for micro-batch j, as
+  // the loop samples it). The loop calls it before every micro-batch's ForwardBackward or
+  // StageForward; it holds until the next call. A model whose forward depends on neither (all but
+  // one with routing spikes, runtime/model/spikes.h) ignores it.
+  virtual void SetStepContext(int64_t /*step*/, int64_t /*first_global_sequence*/) {}
 };
 
 // A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what

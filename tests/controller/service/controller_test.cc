@@ -244,6 +244,77 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   EXPECT_NE(d.summary().cause().find("gave up after 2 restarts"), std::string::npos);
 }
 
+// Spikes are seeded by step, so a restart from the checkpoint under the same memory policy would
+// run out of memory again forever: each out-of-memory exit makes the next attempt one rung more
+// conservative (none -> selective -> full_recompute), any other failure keeps the policy, and an
+// out-of-memory exit under full_recompute ends the job instead of looping.
+TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(
+      "name: t\nkind: train\nparallel: {dp: 2}\nrecovery:\n  max_restarts: 5\n"
+      "  backoff: {initial_s: 1.0, max_s: 1.0, multiplier: 1.0}\n",
+      "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  // Runs attempt `n` to RUNNING and returns the policy its start commands carried.
+  auto run_attempt = [&](uint32_t n) {
+    if (n > 1) {
+      clock_.Advance(1.1);
+      HeartbeatAll(2);
+      c_->Tick();
+    }
+    std::string policy;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<v1::RankTask> starts;  // rank 1 also finds the stop of the failed attempt
+      for (const auto& cmd : Commands(s)) {
+        if (cmd.has_start()) starts.push_back(cmd.start());
+      }
+      EXPECT_EQ(starts.size(), 1u);
+      if (starts.size() != 1u) return std::string("(no start)");
+      EXPECT_EQ(starts[0].attempt(), n);
+      if (s == 1) {
+        EXPECT_EQ(starts[0].spec().memory().policy(), policy);
+      }
+      policy = starts[0].spec().memory().policy();
+      Report(s, n, s, v1::RANK_STARTED);
+    }
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    EXPECT_EQ(Job().attempts(n - 1).memory_policy(), policy);
+    return policy;
+  };
+  auto fail_attempt = [&](uint32_t n, v1::ExitKind kind) {
+    Report(0, n, 0, v1::RANK_EXITED, kind);
+    Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  };
+
+  EXPECT_EQ(run_attempt(1), "none");
+  fail_attempt(1, v1::EXIT_KIND_OOM);
+  EXPECT_EQ(run_attempt(2), "selective");
+  fail_attempt(2, v1::EXIT_KIND_SIGNAL);  // not a memory failure: the policy stays
+  EXPECT_EQ(run_attempt(3), "selective");
+  fail_attempt(3, v1::EXIT_KIND_OOM);
+  EXPECT_EQ(run_attempt(4), "full_recompute");
+  fail_attempt(4, v1::EXIT_KIND_OOM);
+
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 3u);  // of 5 allowed: the last out-of-memory exit ended it
+  EXPECT_NE(d.summary().cause().find("the most conservative policy"), std::string::npos)
+      << d.summary().cause();
+  EXPECT_EQ(d.spec().memory().policy(), "none");  // the submitted spec is kept as submitted
+  std::vector<std::string> escalations;
+  for (const auto& e : d.events()) {
+    if (e.kind() == "escalate") escalations.push_back(e.message());
+  }
+  ASSERT_EQ(escalations.size(), 2u);
+  EXPECT_EQ(escalations[0],
+            "attempt 1 ran out of memory under memory.policy none; attempt 2 runs with selective");
+  EXPECT_EQ(escalations[1],
+            "attempt 3 ran out of memory under memory.policy selective; attempt 4 runs with "
+            "full_recompute");
+}
+
 TEST_F(ControllerTest, SilentWorkerIsLostAndTheJobRecovers) {
   StartRunning();
   clock_.Advance(3);
@@ -386,6 +457,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   s.model_flops = 1e9;
   s.mfu = 0.25;
   s.in_flight_peak = 2;
+  s.routing_spike = true;
   s.comm = {{"ep", comm::CollectiveOp::kAllToAll, 4096, 4, 0.01},
             {"tp", comm::CollectiveOp::kAllReduce, 1024, 2, 0.002}};
   std::vector<v1::StepTelemetry> sent;
@@ -412,6 +484,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_EQ(t.dropped_tokens(), 3u);
   EXPECT_EQ(t.memory().budget_bytes(), 1u << 22);
   EXPECT_EQ(t.memory().pipeline_in_flight(), 2u);
+  EXPECT_TRUE(t.routing_spike());
   ASSERT_EQ(t.moe_layers_size(), 2);
   EXPECT_EQ(t.moe_layers(1).layer(), 1u);
   EXPECT_EQ(t.moe_layers(0).schedule(), v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
@@ -440,6 +513,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_DOUBLE_EQ(st.mfu(), 0.25);
   EXPECT_DOUBLE_EQ(st.activation_peak_bytes(), 1 << 20);
   EXPECT_DOUBLE_EQ(st.memory_budget_bytes(), 1 << 22);
+  EXPECT_TRUE(st.routing_spike());
   ASSERT_EQ(st.expert_tokens_size(), 2);
   EXPECT_EQ(
       std::vector<double>(st.expert_tokens(0).tokens().begin(), st.expert_tokens(0).tokens().end()),

@@ -124,11 +124,12 @@ TEST(FieldUsesTest, TheBaseJobIsAccepted) {
 
 TEST(FieldUsesTest, RefusedFieldsAreRefusedByName) {
   for (const JobSpecField& f : kJobSpecFields) {
-    if (f.use == FieldUse::kUsed) continue;
-    const std::string yaml = JobSetting(f.path, f.evidence);
+    if (f.use == FieldUse::kUsed && f.refused.empty()) continue;
+    const std::string_view value = f.use == FieldUse::kUsed ? f.refused : f.evidence;
+    const std::string yaml = JobSetting(f.path, value);
     absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(yaml, "job.yaml");
     if (spec.ok()) {
-      ADD_FAILURE() << f.path << ": " << f.evidence << " was accepted:\n" << yaml;
+      ADD_FAILURE() << f.path << ": " << value << " was accepted:\n" << yaml;
       continue;
     }
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
@@ -136,8 +137,8 @@ TEST(FieldUsesTest, RefusedFieldsAreRefusedByName) {
     EXPECT_NE(message.find(std::string(f.path) + ": "), std::string::npos)
         << "the refusal does not name " << f.path << ":\n"
         << message;
-    EXPECT_NE(message.find(std::string(f.evidence)), std::string::npos)
-        << "the refusal does not show the value " << f.evidence << ":\n"
+    EXPECT_NE(message.find(std::string(value)), std::string::npos)
+        << "the refusal does not show the value " << value << ":\n"
         << message;
   }
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
@@ -216,8 +217,7 @@ commcheck:
   timeout_s: 0.5
 fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
 )",
-      {{"{SPIKES}", unimplemented ? "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"
-                                  : "{probability: 0, max_ratio: 1, seed: 0}"},
+      {{"{SPIKES}", "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"},
        {"{POLICY}", unimplemented ? "adaptive" : "none"},
        {"{ASYNC}", unimplemented ? "true" : "false"},
        {"{DEVICE}", unimplemented ? "cuda" : "cpu"}});
@@ -233,8 +233,9 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_DOUBLE_EQ(s.moe().capacity_factor(), 1.25);
   EXPECT_EQ(s.moe().schedule(), "deepspeed");
   EXPECT_TRUE(s.moe().normalize_topk());
-  EXPECT_EQ(s.moe().spikes().seed(), 0u);
-  EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 1.0);
+  EXPECT_DOUBLE_EQ(s.moe().spikes().probability(), 0.5);
+  EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);  // = experts / top_k, the largest allowed
+  EXPECT_EQ(s.moe().spikes().seed(), 18446744073709551615u);
   EXPECT_EQ(s.memory().policy(), "none");
   EXPECT_EQ(s.memory().device_budget(), 512ull << 20);
   EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
@@ -262,16 +263,29 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(spec.status().message());
   const std::vector<std::string> lines = absl::StrSplit(message, '\n');
-  EXPECT_EQ(lines.size(), 6u) << message;
+  EXPECT_EQ(lines.size(), 3u) << message;
   for (const char* want :
-       {"moe.spikes.probability: is not available in this build", "(got 0.5; allowed: 0",
-        "moe.spikes.max_ratio: is not available in this build", "(got 4; allowed: 1",
-        "moe.spikes.seed: is not available in this build", "(got 18446744073709551615; allowed: 0",
-        "memory.policy: is not available in this build", "(got 'adaptive'; allowed: none, offload)",
+       {"memory.policy: is not available in this build",
+        "(got 'adaptive'; allowed: none, selective, full_recompute, offload)",
         "checkpoint.async: is not available in this build", "(got true; allowed: false)",
         "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
   }
+}
+
+// The static memory policies run; adaptive is refused naming the field.
+TEST(JobSpecTest, StaticMemoryPoliciesAreAccepted) {
+  for (const char* policy : {"none", "selective", "full_recompute", "offload"}) {
+    EXPECT_EQ(MustParse(absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"))
+                  .memory()
+                  .policy(),
+              policy);
+  }
+  absl::StatusOr<JobSpec> adaptive =
+      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive}\n", "job.yaml");
+  ASSERT_FALSE(adaptive.ok());
+  EXPECT_NE(adaptive.status().message().find("memory.policy: is not available"), std::string::npos)
+      << adaptive.status();
 }
 
 TEST(JobSpecTest, OffloadPolicyIsAcceptedWithItsRatioAndLink) {

@@ -7,6 +7,8 @@
 // Tolerance: |fd - analytic| <= 1e-4 + 2e-2 * max(|fd|, |analytic|). Routing is piecewise
 // constant: an element whose +-eps evaluations route differently from the base is skipped (and
 // counted; at most a few per run).
+// A third case runs on a routing-spike step (spikes.h): the spike's logit bias is a constant, so
+// the same finite differences hold with most tokens forced onto one expert.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "model_test_util.h"
 #include "runtime/model/gpt_moe.h"
+#include "runtime/model/spikes.h"
 
 namespace furnace::model {
 namespace {
@@ -60,14 +63,22 @@ Eval Evaluate(GptMoe& m, const std::vector<int32_t>& in, const std::vector<int32
   return {r->loss + r->aux_loss, r->tokens_per_expert, r->dropped};
 }
 
-void GradCheck(double capacity_factor, bool expect_drops) {
+// spikes: when given, every evaluation runs on a spike step whose spike forces most tokens.
+void GradCheck(double capacity_factor, bool expect_drops, const SpikeConfig* spikes = nullptr) {
   std::unique_ptr<device::Device> device = device::CreateCpuDevice();
   tensor::DeviceArena arena(*device, 0);
-  const ModelConfig c = TinyConfig(capacity_factor);
+  ModelConfig c = TinyConfig(capacity_factor);
+  if (spikes != nullptr) c.spikes = *spikes;
   absl::StatusOr<std::unique_ptr<GptMoe>> made = GptMoe::Create(c, 7, *device, arena);
   ASSERT_TRUE(made.ok()) << made.status();
   GptMoe& m = **made;
   Randomize(m, 11);
+  if (spikes != nullptr) {
+    int64_t step = 0;
+    while (SpikeFor(*spikes, c.experts, c.top_k, step, 1, 0, c.seq_len)->force_probability < 0.6)
+      ++step;
+    m.SetStepContext(step, 0);
+  }
   const int B = 2, N = B * c.seq_len;
   const std::vector<int32_t> in = RandomTokens(N, c.vocab, 1), tg = RandomTokens(N, c.vocab, 2);
 
@@ -76,6 +87,7 @@ void GradCheck(double capacity_factor, bool expect_drops) {
       m.ForwardBackward(in.data(), tg.data(), B, 1.0 / N, 1.0);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(std::isfinite(r->loss));
+  EXPECT_EQ(r->routing_spike, spikes != nullptr);
   EXPECT_GT(r->aux_loss, 0);
   if (expect_drops) {
     EXPECT_GT(r->dropped, 0);
@@ -125,6 +137,13 @@ void GradCheck(double capacity_factor, bool expect_drops) {
 
 TEST(GradCheckTest, Dropless) { GradCheck(0.0, false); }
 TEST(GradCheckTest, CapacityOneDrops) { GradCheck(1.0, true); }
+TEST(GradCheckTest, RoutingSpikeStep) {
+  SpikeConfig spikes;
+  spikes.probability = 1;
+  spikes.max_ratio = 2;  // TinyConfig: experts / top_k = 4 / 2
+  spikes.seed = 4;
+  GradCheck(0.0, false, &spikes);
+}
 
 }  // namespace
 }  // namespace furnace::model

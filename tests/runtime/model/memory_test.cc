@@ -1,6 +1,7 @@
 // The declared activation bytes against the arena, the budget error path, extreme routing (one
 // expert takes every token, others get none), and the static offload policy's device bytes.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -221,5 +222,90 @@ TEST_F(MemoryTest, OffloadedExpertBuffersLeaveTheArenaAndComeBackBitExact) {
   EXPECT_EQ(std::memcmp(off->grad_data(), keep->grad_data(), 4 * keep->num_params()), 0);
 }
 
+// The static memory policies: the arena peak equals the declared bytes under each policy, byte
+// for byte; gradients, loss and aux loss are bit-identical to `none`; every dropped byte is
+// rebuilt.
+TEST_F(MemoryTest, PoliciesMatchTheirDeclaredPeakAndNoneBitForBit) {
+  using memory::MemoryPolicy;
+  ModelConfig deep = TinyConfig(1.0);
+  deep.layers = 4;
+  deep.moe_every = 1;  // every layer MoE, capacity drops
+  struct Case {
+    ModelConfig config;
+    int B;
+  };
+  for (const Case& c : {Case{TinyConfig(), 2}, Case{TinyConfig(1.0), 3}, Case{deep, 2}}) {
+    tensor::DeviceArena ref_arena(*device_, 0);
+    std::unique_ptr<GptMoe> ref = Make(c.config, ref_arena);
+    ASSERT_NE(ref, nullptr);
+    absl::StatusOr<train::MicroBatchResult> want = Step(*ref, c.B);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> want_grads(ref->grad_data(), ref->grad_data() + ref->num_params());
+    int64_t previous_peak = want->activation_peak_bytes;
+    for (MemoryPolicy policy : {MemoryPolicy::kSelective, MemoryPolicy::kFullRecompute}) {
+      SCOPED_TRACE(memory::MemoryPolicyName(policy));
+      tensor::DeviceArena arena(*device_, 0);
+      std::unique_ptr<GptMoe> m = Make(c.config, arena);
+      ASSERT_NE(m, nullptr);
+      ASSERT_TRUE(m->SetMemoryPolicy(policy).ok());
+      EXPECT_EQ(m->memory_policy(), policy);
+      absl::StatusOr<train::MicroBatchResult> r = Step(*m, c.B);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->activation_peak_bytes,
+                m->ActivationBytesForRouting(c.B, m->last_rows_per_moe_layer()));
+      // selective saves, full_recompute at least as much (with one MoE layer, on top, the peak is
+      // that layer's own backward, where everything it dropped is rebuilt at once).
+      if (policy == MemoryPolicy::kSelective || c.config.layers == 4) {
+        EXPECT_LT(r->activation_peak_bytes, previous_peak);  // deep: MoE layers below the top
+      } else {
+        EXPECT_LE(r->activation_peak_bytes, previous_peak);
+      }
+      previous_peak = r->activation_peak_bytes;
+      EXPECT_EQ(r->loss, want->loss);
+      EXPECT_EQ(r->aux_loss, want->aux_loss);
+      EXPECT_EQ(r->tokens_per_expert, want->tokens_per_expert);
+      for (int64_t i = 0; i < m->num_params(); ++i) {
+        ASSERT_EQ(m->grad_data()[i], want_grads[i]) << "gradient " << i;
+      }
+      EXPECT_GT(m->stash().dropped_bytes(), 0u);
+      EXPECT_EQ(m->stash().rebuilt_bytes(), m->stash().dropped_bytes());
+      EXPECT_LT(m->last_stashed_bytes(), ref->last_stashed_bytes());
+      EXPECT_EQ(m->stash().size(), 0);
+      EXPECT_EQ(arena.current_bytes(), 0u);
+      std::printf(
+          "REPORT layers %d cf %.1f B %d: none %lld B, %s %lld B (arena peak = declared); "
+          "stash peak %llu B vs %llu B\n",
+          c.config.layers, c.config.capacity_factor, c.B,
+          static_cast<long long>(want->activation_peak_bytes), memory::MemoryPolicyName(policy),
+          static_cast<long long>(r->activation_peak_bytes),
+          static_cast<unsigned long long>(ref->stash().peak_stashed_bytes()),
+          static_cast<unsigned long long>(m->stash().peak_stashed_bytes()));
+    }
+  }
+}
+
+// A budget that fits a policy's declared peak, and not none's, trains under that policy.
+TEST_F(MemoryTest, BudgetBetweenThePoliciesPeaks) {
+  tensor::DeviceArena probe(*device_, 0);
+  std::unique_ptr<GptMoe> p = Make(TinyConfig(), probe);
+  ASSERT_NE(p, nullptr);
+  const int64_t none = p->ActivationBytes(2);
+  ASSERT_TRUE(p->SetMemoryPolicy(memory::MemoryPolicy::kFullRecompute).ok());
+  const int64_t full = p->ActivationBytes(2);
+  ASSERT_LT(full, none);
+
+  tensor::DeviceArena tight(*device_, full);
+  std::unique_ptr<GptMoe> m = Make(TinyConfig(), tight);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(Step(*m, 2).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(tight.current_bytes(), 0u);
+  ASSERT_TRUE(m->SetMemoryPolicy(memory::MemoryPolicy::kFullRecompute).ok());
+  m->ZeroGrad();
+  absl::StatusOr<train::MicroBatchResult> r = Step(*m, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->activation_peak_bytes, full);
+  // Evaluate drops too (nothing is rebuilt: there is no backward).
+  EXPECT_TRUE(m->Evaluate(in_.data(), tg_.data(), 2).ok());
+}
 }  // namespace
 }  // namespace furnace::model

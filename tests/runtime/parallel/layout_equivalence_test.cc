@@ -12,12 +12,21 @@
 // cases below 2e-6, the worst 2.0e-5 L2 / 5.6e-5 max (an expert that receives one or two tokens:
 // AdamW divides by sqrt(v), so where a gradient is tiny the layouts' roundoff differences become
 // visible update differences). The REPORT line of each case prints the measured values.
+//
+// Routing spikes (moe.spikes, runtime/model/spikes.h) are drawn from the step, the layer and each
+// token's place in the global batch, so every layout must force the same tokens as one process:
+// the Spikes suite runs the layouts with spikes at max_ratio = experts / top_k on 3 of the 5
+// steps and checks, besides all of the above, that the global tokens per expert of every step
+// equal the single-process run's exactly, that the same steps are spike steps, and that the
+// spikes changed the routing (the single-process run without them first routes differently on a
+// spike step).
 #include <cmath>
 #include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/model/spikes.h"
 #include "runtime/pipeline/one_f_one_b.h"
 #include "tests/runtime/parallel/layout_run.h"
 
@@ -58,20 +67,19 @@ model::ModelConfig TinyModel(const Routing& r) {
   return c;
 }
 
-class LayoutEquivalenceTest : public ::testing::TestWithParam<Param> {};
-
-TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
-  const auto& [layout, routing] = GetParam();
+// spikes: the routing-spike configuration of the run (default: off).
+void CheckLayout(const Layout& layout, const Routing& routing, const model::SpikeConfig& spikes) {
   LayoutCase c;
   c.model = TinyModel(routing);
+  c.model.spikes = spikes;
   c.sizes.pp = layout.pp;
   c.sizes.dp = layout.dp;
   c.sizes.tp = layout.tp;
   c.sizes.ep = layout.ep;
   c.sizes.esp = layout.esp;
   c.micro_batches = layout.m;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-", routing.name, "-", getpid());
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-",
+                                       routing.name, spikes.enabled() ? "-spikes-" : "-", getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
 
@@ -136,12 +144,53 @@ TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
     EXPECT_EQ(parallel->in_flight_peak[rank], pipeline::MaxInFlight(stage, layout.pp, layout.m))
         << "rank " << rank;
   }
+  if (spikes.enabled()) {
+    int spike_steps = 0;
+    for (int s = 0; s < c.steps; ++s) {
+      EXPECT_EQ(parallel->routing_spike[s], model::IsSpikeStep(spikes, s)) << "step " << s;
+      EXPECT_EQ(single->routing_spike[s], model::IsSpikeStep(spikes, s)) << "step " << s;
+      // The same tokens went to the same experts: the spikes and the rest of the routing.
+      EXPECT_EQ(parallel->tokens_per_expert[s], single->tokens_per_expert[s]) << "step " << s;
+      spike_steps += single->routing_spike[s] ? 1 : 0;
+    }
+    EXPECT_GT(spike_steps, 0);
+    EXPECT_LT(spike_steps, c.steps);
+    // And the spikes changed the routing: without them the single-process run routes the same
+    // up to some step, and that step is a spike step (a spike of small r may force no token).
+    LayoutCase calm = c;
+    calm.model.spikes = model::SpikeConfig{};
+    absl::StatusOr<RunResult> plain = RunSingle(calm);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    int first = 0;
+    while (first < c.steps && plain->tokens_per_expert[first] == single->tokens_per_expert[first])
+      ++first;
+    ASSERT_LT(first, c.steps) << "the spikes changed no routing";
+    EXPECT_TRUE(single->routing_spike[first]) << "step " << first;
+  }
   std::printf(
-      "REPORT %s/%s: worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param max-rel "
+      "REPORT %s/%s%s: worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param max-rel "
       "%.2e, replica spread %.2e\n",
-      layout.name, routing.name, worst_loss, worst_param, worst_name.c_str(), worst_param_max,
-      parallel->replica_spread);
+      layout.name, routing.name, spikes.enabled() ? "/spikes" : "", worst_loss, worst_param,
+      worst_name.c_str(), worst_param_max, parallel->replica_spread);
   std::filesystem::remove_all(dir);
+}
+
+class LayoutEquivalenceTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(LayoutEquivalenceTest, MatchesSingleProcess) {
+  const auto& [layout, routing] = GetParam();
+  CheckLayout(layout, routing, model::SpikeConfig{});
+}
+
+class SpikeLayoutTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(SpikeLayoutTest, MatchesSingleProcess) {
+  const auto& [layout, routing] = GetParam();
+  model::SpikeConfig spikes;
+  spikes.probability = 0.5;
+  spikes.max_ratio = 4.0 / routing.top_k;  // experts / top_k: up to every token forced
+  spikes.seed = 164;  // spike steps 1, 3 and 4, every layer forcing 37% of the tokens or more
+  CheckLayout(layout, routing, spikes);
 }
 
 const Layout kLayouts[] = {
@@ -159,13 +208,20 @@ const Routing kRoutings[] = {
     {"top2_capacity1", 2, 1.0},
 };
 
+std::string CaseName(const ::testing::TestParamInfo<Param>& info) {
+  return absl::StrCat(std::get<0>(info.param).name, "_", std::get<1>(info.param).name);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutEquivalenceTest,
                          ::testing::Combine(::testing::ValuesIn(kLayouts),
                                             ::testing::ValuesIn(kRoutings)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return absl::StrCat(std::get<0>(info.param).name, "_",
-                                               std::get<1>(info.param).name);
-                         });
+                         CaseName);
+// Every layout, with the routings that drop (capacity 1) and that do not, top-1 and top-2.
+const Routing kSpikeRoutings[] = {kRoutings[1], kRoutings[2]};
+INSTANTIATE_TEST_SUITE_P(Spikes, SpikeLayoutTest,
+                         ::testing::Combine(::testing::ValuesIn(kLayouts),
+                                            ::testing::ValuesIn(kSpikeRoutings)),
+                         CaseName);
 
 }  // namespace
 }  // namespace furnace::testing

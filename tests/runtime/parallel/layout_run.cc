@@ -29,6 +29,8 @@ namespace {
 
 struct Trained {
   std::vector<double> loss, aux, norm;
+  std::vector<bool> routing_spike;                      // per step
+  std::vector<std::vector<int64_t>> tokens_per_expert;  // per step, layers x E flattened
   int in_flight_peak = 0;
   std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
   model::StashActionStats stash;
@@ -93,6 +95,12 @@ absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int mic
     t.loss.push_back(st.loss);
     t.aux.push_back(st.aux_loss);
     t.norm.push_back(st.grad_norm);
+    t.routing_spike.push_back(st.routing_spike);
+    std::vector<int64_t> counts;
+    for (const std::vector<int64_t>& layer : st.tokens_per_expert) {
+      counts.insert(counts.end(), layer.begin(), layer.end());
+    }
+    t.tokens_per_expert.push_back(std::move(counts));
     t.in_flight_peak = std::max(t.in_flight_peak, st.in_flight_peak);
     for (const train::CommStats& cs : st.comm) t.comm_bytes[static_cast<int>(cs.op)] += cs.bytes;
   }
@@ -127,6 +135,9 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
     Put(out, t.loss[s]);
     Put(out, t.aux[s]);
     Put(out, t.norm[s]);
+    Put<int8_t>(out, t.routing_spike[s] ? 1 : 0);
+    Put<int32_t>(out, static_cast<int32_t>(t.tokens_per_expert[s].size()));
+    for (int64_t c : t.tokens_per_expert[s]) Put(out, c);
   }
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
@@ -170,6 +181,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<model::GptMoe> model,
         model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
+    RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
     RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
     return WriteRank(RankFile(dir, rank), t, *model);
@@ -206,14 +218,25 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
       Take(in, loss);
       Take(in, aux);
       Take(in, norm);
+      int8_t spike = 0;
+      Take(in, spike);
+      int32_t n_counts = 0;
+      Take(in, n_counts);
+      std::vector<int64_t> counts(std::max(0, n_counts));
+      for (int64_t& c : counts) Take(in, c);
       if (rank == 0) {
         r.loss.push_back(loss);
         r.aux_loss.push_back(aux);
         r.grad_norm.push_back(norm);
-      } else if (loss != r.loss[s] || norm != r.grad_norm[s]) {
-        return absl::InternalError(absl::StrCat("rank ", rank, " reports loss ", loss, " norm ",
-                                                norm, " at step ", s, "; rank 0: ", r.loss[s], " ",
-                                                r.grad_norm[s]));
+        r.routing_spike.push_back(spike != 0);
+        r.tokens_per_expert.push_back(std::move(counts));
+      } else if (loss != r.loss[s] || norm != r.grad_norm[s] ||
+                 (spike != 0) != r.routing_spike[s] || counts != r.tokens_per_expert[s]) {
+        return absl::InternalError(absl::StrCat(
+            "rank ", rank, " reports loss ", loss, " norm ", norm, " spike ", spike,
+            " expert tokens ", absl::StrJoin(counts, ","), " at step ", s, "; rank 0: ", r.loss[s],
+            " ", r.grad_norm[s], " ", r.routing_spike[s] ? 1 : 0, " ",
+            absl::StrJoin(r.tokens_per_expert[s], ",")));
       }
     }
     int32_t in_flight = 0;
@@ -277,6 +300,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
                    model::GptMoe::Create(c.model, c.seed, *cpu, arena));
+  RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
   RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
   ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
   RunResult r;
@@ -284,6 +308,8 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   r.loss = t.loss;
   r.aux_loss = t.aux;
   r.grad_norm = t.norm;
+  r.routing_spike = t.routing_spike;
+  r.tokens_per_expert = t.tokens_per_expert;
   for (const train::ParamInfo& p : model->params()) {
     const float* d = model->param_data() + p.offset;
     r.params[p.name] = std::vector<float>(d, d + p.numel());

@@ -1,10 +1,11 @@
 // Test helper: trains the tiny model of the layout tests for a few steps on one parallel layout,
 // one fork()ed process per rank talking Gloo over 127.0.0.1 (rendezvous through a FileKvStore),
 // and returns what the ranks reported: per-step loss and gradient norm, the 1F1B in-flight peak
-// per rank, bytes per collective per rank, and the final parameters reassembled by name from the
-// shards (each element from every rank that holds it, so replicas are checked against each
-// other). RunSingle trains the same model in this process with micro_batches * dp micro-batches,
-// the single-process run every layout must reproduce.
+// per rank, bytes per collective per rank, whether each step was a routing-spike step and its
+// global tokens per expert (every rank must report the same), and the final parameters reassembled
+// by name from the shards (each element from every rank that holds it, so replicas are checked
+// against each other). RunSingle trains the same model in this process with micro_batches * dp
+// micro-batches, the single-process run every layout must reproduce.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/memory/codec.h"
+#include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/stash.h"
 #include "runtime/topology/topology.h"
@@ -29,6 +31,7 @@ struct LayoutCase {
   int steps = 5;
   double lr = 3e-3;
   uint64_t seed = 7;
+  memory::MemoryPolicy policy = memory::MemoryPolicy::kNone;  // on every rank
   // Stash actions: the static offload policy's share (0: policy none) through a copy engine paced
   // to host_link_gbps, and reduced-precision storage of the expert buffers.
   double offload_ratio = 0;
@@ -37,10 +40,12 @@ struct LayoutCase {
 };
 
 struct RunResult {
-  std::vector<double> loss, aux_loss, grad_norm;     // per step
-  std::vector<int> in_flight_peak;                   // per rank
-  std::vector<std::vector<int64_t>> comm_bytes;      // [rank][op], summed over the steps
-  std::map<std::string, std::vector<float>> params;  // whole tensors by name
+  std::vector<double> loss, aux_loss, grad_norm;        // per step
+  std::vector<bool> routing_spike;                      // per step
+  std::vector<std::vector<int64_t>> tokens_per_expert;  // per step: global, MoE layers x E
+  std::vector<int> in_flight_peak;                      // per rank
+  std::vector<std::vector<int64_t>> comm_bytes;         // [rank][op], summed over the steps
+  std::map<std::string, std::vector<float>> params;     // whole tensors by name
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
   std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps

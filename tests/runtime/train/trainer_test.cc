@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -250,7 +252,11 @@ class RoutingStub : public Trainable {
     r.aux_loss = 0.1;
     r.tokens_per_expert = {{6, 2, 0, 0}, {2, 2, 2, 2}};
     r.activation_peak_bytes = 1000 * (++calls_);
+    r.routing_spike = spike_on_call == calls_;
     return r;
+  }
+  void SetStepContext(int64_t step, int64_t first_global_sequence) override {
+    contexts.emplace_back(step, first_global_sequence);
   }
   absl::StatusOr<MicroBatchResult> Evaluate(const int32_t*, const int32_t*, int) override {
     return MicroBatchResult{};
@@ -261,6 +267,8 @@ class RoutingStub : public Trainable {
 
   double seen_ce_scale = 0, seen_aux_scale = 0;
   int seen_B = 0;
+  std::vector<std::pair<int64_t, int64_t>> contexts;  // SetStepContext calls
+  int spike_on_call = 0;  // the ForwardBackward call (1-based) that reports a routing spike
 
  private:
   FakeClock* clock_;
@@ -306,6 +314,30 @@ TEST(TrainerTest, StepStatistics) {
   // Clipped to norm 1 before AdamW, whose first step moves each parameter by lr against its sign.
   EXPECT_NEAR(model.param_data()[0], -0.25, 1e-6);
   EXPECT_EQ((*trainer)->step(), 1);
+}
+
+// Before every micro-batch the model learns the step and the global index of the micro-batch's
+// first sequence (what seeds routing spikes); a step is a spike step when a micro-batch says so.
+TEST(TrainerTest, StepContextPrecedesEveryMicroBatch) {
+  FakeClock clock;
+  RoutingStub model(&clock);
+  model.spike_on_call = 5;  // step 1, micro-batch 1
+  MarkovSetup data = MakeMarkov(16, 4, 8, 0);
+  TrainConfig config;
+  config.steps = 3;
+  config.micro_batches = 3;
+  auto trainer = Trainer::Create(&model, data.sampler.get(), config, &clock);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<bool> spikes;
+  for (int s = 0; s < 3; ++s) {
+    auto stats = (*trainer)->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    spikes.push_back(stats->routing_spike);
+  }
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 0}, {0, 4}, {0, 8}, {1, 0}, {1, 4},
+                                                         {1, 8}, {2, 0}, {2, 4}, {2, 8}};
+  EXPECT_EQ(model.contexts, want);  // B = 4 sequences per micro-batch
+  EXPECT_EQ(spikes, (std::vector<bool>{false, true, false}));
 }
 
 TEST(TrainerTest, CreateRejectsMismatches) {

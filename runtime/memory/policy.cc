@@ -1,0 +1,80 @@
+#include "runtime/memory/policy.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace furnace::memory {
+namespace {
+
+// Norm and activation outputs: recomputed under selective and full_recompute.
+constexpr std::string_view kSelective[] = {"ln1.out", "ln2.out", "lnf.out", "mlp.hidden",
+                                           "moe.expert_hidden"};
+// The rest of the MoE layer's rebuildable tensors: recomputed under full_recompute. The layer's
+// LayerNorm statistics (two floats a token) and its residual output (the next layer's input) stay.
+constexpr std::string_view kMoeLayer[] = {"moe.router_probs", "moe.topk_indices",
+                                          "moe.gates",        "moe.expert_input",
+                                          "moe.expert_pre",   "moe.combined_output"};
+
+template <size_t n>
+bool In(std::string_view tag, const std::string_view (&tags)[n]) {
+  for (std::string_view t : tags) {
+    if (t == tag) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPolicy> ParseMemoryPolicy(std::string_view name) {
+  if (name == "none") return MemoryPolicy::kNone;
+  if (name == "selective") return MemoryPolicy::kSelective;
+  if (name == "full_recompute") return MemoryPolicy::kFullRecompute;
+  if (name == "offload") return MemoryPolicy::kOffload;
+  if (name == "adaptive") {
+    return absl::UnimplementedError(absl::StrCat(
+        "memory.policy '", std::string(name),
+        "' is not available in this build (allowed: none, selective, full_recompute, offload)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("memory.policy: unknown policy '", std::string(name),
+                   "' (allowed: none, selective, full_recompute, offload)"));
+}
+
+const char* MemoryPolicyName(MemoryPolicy policy) {
+  switch (policy) {
+    case MemoryPolicy::kNone:
+      return "none";
+    case MemoryPolicy::kSelective:
+      return "selective";
+    case MemoryPolicy::kFullRecompute:
+      return "full_recompute";
+    case MemoryPolicy::kOffload:
+      return "offload";
+  }
+  return "?";
+}
+
+std::string_view TensorTag(std::string_view producer) {
+  constexpr std::string_view kLayers = "layers.";
+  if (producer.substr(0, kLayers.size()) != kLayers) return producer;
+  const size_t dot = producer.find('.', kLayers.size());
+  return dot == std::string_view::npos ? producer : producer.substr(dot + 1);
+}
+
+SaveAction StaticSaveAction(MemoryPolicy policy, std::string_view tag) {
+  const bool selective = In(tag, kSelective);
+  const bool moe = In(tag, kMoeLayer);
+  switch (policy) {
+    case MemoryPolicy::kNone:
+    case MemoryPolicy::kOffload:  // keeps every tensor; its offloads are not a save action
+      return SaveAction::kKeep;
+    case MemoryPolicy::kSelective:
+      return selective ? SaveAction::kDropAfterForward : SaveAction::kKeep;
+    case MemoryPolicy::kFullRecompute:
+      return selective || moe ? SaveAction::kDropAfterForward : SaveAction::kKeep;
+  }
+  return SaveAction::kKeep;
+}
+
+}  // namespace furnace::memory
