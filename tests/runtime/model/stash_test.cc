@@ -223,6 +223,70 @@ TEST_F(StashActionTest, PrefetchAcquireAndPin) {
   EXPECT_EQ(host_.current_bytes(), 0u);
 }
 
+// One Acquire over entries in every state: an offloaded one is reloaded, a compressed one decoded,
+// a dropped one rebuilt (its rebuild reads the offloaded one through Get), a kept one stays; all
+// are pinned until the lease ends, and Drop, Offload and Compress refuse them meanwhile.
+TEST_F(StashActionTest, AcquireRestoresOffloadedCompressedAndDroppedEntriesTogether) {
+  std::vector<float> vx, vh, vk;
+  const StashHandle x = SaveValues("layers.1.moe.expert_input", 64, &vx);
+  const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 64, &vh);
+  const StashHandle k = SaveValues("layers.1.moe.gates", 8, &vk);
+  // y = 2 x, rebuilt from x.
+  RecomputeSpec twice{"scale", {x}, 64};
+  int rebuilds = 0;
+  twice.rebuild = [this, x, &rebuilds]() -> absl::StatusOr<tensor::Buffer> {
+    ++rebuilds;
+    absl::StatusOr<tensor::TensorView> in = stash_->Get(x);
+    if (!in.ok()) return in.status();
+    absl::StatusOr<tensor::Buffer> out = arena_.Allocate(4 * 64, "y");
+    if (!out.ok()) return out.status();
+    for (int i = 0; i < 64; ++i) out->as<float>()[i] = 2 * in->as<float>()[i];
+    return out;
+  };
+  absl::StatusOr<tensor::Buffer> yb = arena_.Allocate(4 * 64, "y");
+  ASSERT_TRUE(yb.ok());
+  std::vector<float> vy(64);
+  for (int i = 0; i < 64; ++i) vy[i] = 2 * vx[i];
+  std::memcpy(yb->data(), vy.data(), 4 * 64);
+  absl::StatusOr<StashHandle> y =
+      stash_->Save("layers.1.moe.expert_pre", 1, std::move(*yb), {64}, DType::kF32, twice);
+  ASSERT_TRUE(y.ok()) << y.status();
+
+  ASSERT_TRUE(stash_->Drop(*y).ok());
+  ASSERT_TRUE(stash_->Offload(x).ok());
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kBf16).ok());
+  stash_->WaitForCopies();
+  EXPECT_EQ(State(*y), StashState::kDropped);
+  EXPECT_EQ(State(x), StashState::kOffloaded);
+  EXPECT_EQ(State(h), StashState::kCompressed);
+  EXPECT_EQ(arena_.current_bytes(), memory::EncodedBytes(memory::Codec::kBf16, 64) + 4u * 8);
+
+  absl::StatusOr<Stash::Lease> lease = stash_->Acquire({*y, h, k, x});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  for (StashHandle e : {x, *y, h, k}) EXPECT_EQ(State(e), StashState::kKept);
+  EXPECT_EQ(rebuilds, 1);
+  EXPECT_EQ(Values(x), vx);  // bit-exact
+  EXPECT_EQ(Values(*y), vy);
+  EXPECT_EQ(Values(k), vk);
+  const std::vector<float> got = Values(h);
+  ASSERT_EQ(got.size(), vh.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(std::fabs(got[i] - vh[i]), memory::ErrorBound(memory::Codec::kBf16, vh[i], 0));
+  }
+  EXPECT_EQ(stash_->action_stats().reloaded_bytes, 4u * 64);
+  EXPECT_EQ(stash_->rebuilt_bytes(), 4u * 64);
+  EXPECT_EQ(stash_->Drop(*y).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->Offload(x).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->Compress(h, memory::Codec::kBf16).code(),
+            absl::StatusCode::kFailedPrecondition);
+  *lease = Stash::Lease();
+  EXPECT_TRUE(stash_->Drop(*y).ok());
+  EXPECT_TRUE(stash_->Offload(x).ok());
+  stash_->ReleaseAll();
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+}
+
 TEST_F(StashActionTest, AReloadStillInFlightWhenAcquiredIsLate) {
   std::vector<float> want;
   const StashHandle h = SaveValues("layers.1.moe.expert_pre", 256, &want);
