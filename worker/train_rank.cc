@@ -13,9 +13,11 @@
 #include "runtime/data/token_file.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/host_pool.h"
 #include "runtime/train/peak_flops.h"
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
@@ -164,6 +166,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   }
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
+  // memory.policy offload: the copy engine and host pool the model offloads through (declared
+  // before the model, which must not outlive them).
+  std::unique_ptr<memory::CopyEngine> copy_engine;
+  tensor::HostPool host_pool(*cpu, 0);
   auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
                                                 layout->shard, layout->model_groups())
                         : model::GptMoe::Create(config, spec.train().seed(), *cpu, arena);
@@ -178,6 +184,28 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   }
   if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
+  }
+  if (*policy == memory::MemoryPolicy::kOffload) {
+    memory::CopyEngineOptions copy_options;
+    copy_options.host_link_gbps = spec.memory().host_link_gbps();
+    auto engine = memory::CopyEngine::Create(*cpu, copy_options);
+    if (!engine.ok()) {
+      return Fail(progress, 0, kRankExitBadInput,
+                  absl::StrCat("memory.host_link_gbps: ", engine.status().message()));
+    }
+    copy_engine = std::move(*engine);
+    const absl::Status set =
+        (*model)->SetOffload(spec.memory().offload_ratio(), copy_engine.get(), &host_pool);
+    if (!set.ok()) {
+      return Fail(progress, 0, kRankExitBadInput,
+                  absl::StrCat("memory.offload_ratio: ", set.message()));
+    }
+    spdlog::info(
+        "memory policy offload: {:.0f}% of each MoE layer's expert activations to the "
+        "host, link {}",
+        100 * spec.memory().offload_ratio(),
+        spec.memory().host_link_gbps() > 0 ? absl::StrCat(spec.memory().host_link_gbps(), " GB/s")
+                                           : std::string("unpaced"));
   }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   if (config.spikes.enabled()) {
@@ -247,6 +275,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     return Fail(
         progress, static_cast<uint64_t>((*trainer)->step()), code,
         absl::StrCat("training failed at step ", (*trainer)->step(), ": ", status.ToString()));
+  }
+  if (copy_engine != nullptr) {
+    const memory::CopyEngineStats cs = copy_engine->stats();
+    spdlog::info(
+        "offload: {:.1f} MiB to the host, {:.1f} MiB back, copy thread busy {:.3f} s "
+        "(link model {:.3f} s), {} late reloads",
+        cs.bytes_to_host / 1048576.0, cs.bytes_to_device / 1048576.0, cs.busy_seconds,
+        cs.modelled_seconds, cs.late_reloads);
   }
   const std::string done = absl::StrFormat("trained %d steps", (*trainer)->step());
   spdlog::info("{}", done);

@@ -168,12 +168,13 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
   if (spec.kind() == "train") {
     const std::string& policy = spec.memory().policy();
-    if (policy != "none" && policy != "selective" && policy != "full_recompute") {
+    if (policy != "none" && policy != "selective" && policy != "full_recompute" &&
+        policy != "offload") {
       c.Fail({"memory.policy"},
-             Problem{"is not available in this build (the static policies none, selective and "
-                     "full_recompute run; offload and the adaptive planner come with the memory "
+             Problem{"is not available in this build (the static policies none, selective, "
+                     "full_recompute and offload run; the adaptive planner comes with the memory "
                      "planner)",
-                     absl::StrCat("'", policy, "'"), "none, selective, full_recompute"});
+                     absl::StrCat("'", policy, "'"), "none, selective, full_recompute, offload"});
     }
     if (spec.checkpoint().async()) {
       c.Fail({"checkpoint.async"},

@@ -63,6 +63,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     // none, selective and full_recompute run (worker/train_rank.cc); offload and adaptive do not.
     {"memory.policy", FieldUse::kUsed, "memory().policy()", "adaptive"},
     {"memory.device_budget", FieldUse::kUsed, "memory().device_budget()"},
+    {"memory.offload_ratio", FieldUse::kUsed, "memory().offload_ratio()"},
+    {"memory.host_link_gbps", FieldUse::kUsed, "memory().host_link_gbps()"},
 
     {"train.steps", FieldUse::kUsed, "train().steps()"},
     {"train.lr", FieldUse::kUsed, "t.lr()"},

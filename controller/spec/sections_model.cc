@@ -91,6 +91,8 @@ void ReadMemory(MapReader& s, furnace::v1::MemorySpec* out) {
   out->set_policy(s.Enum("policy", {"none", "full_recompute", "selective", "offload", "adaptive"})
                       .value_or("none"));
   out->set_device_budget(s.Size("device_budget", 0, kMaxU64).value_or(0));
+  out->set_offload_ratio(s.Number("offload_ratio", Between(0, 1)).value_or(0.5));
+  out->set_host_link_gbps(s.Number("host_link_gbps", AtLeast(0)).value_or(0.0));
   s.ReportUnknownKeys();
 }
 

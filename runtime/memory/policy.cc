@@ -30,14 +30,15 @@ absl::StatusOr<MemoryPolicy> ParseMemoryPolicy(std::string_view name) {
   if (name == "none") return MemoryPolicy::kNone;
   if (name == "selective") return MemoryPolicy::kSelective;
   if (name == "full_recompute") return MemoryPolicy::kFullRecompute;
-  if (name == "offload" || name == "adaptive") {
+  if (name == "offload") return MemoryPolicy::kOffload;
+  if (name == "adaptive") {
     return absl::UnimplementedError(absl::StrCat(
         "memory.policy '", std::string(name),
-        "' is not available in this build (allowed: none, selective, full_recompute)"));
+        "' is not available in this build (allowed: none, selective, full_recompute, offload)"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("memory.policy: unknown policy '",
-                                                 std::string(name),
-                                                 "' (allowed: none, selective, full_recompute)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("memory.policy: unknown policy '", std::string(name),
+                   "' (allowed: none, selective, full_recompute, offload)"));
 }
 
 const char* MemoryPolicyName(MemoryPolicy policy) {
@@ -48,6 +49,8 @@ const char* MemoryPolicyName(MemoryPolicy policy) {
       return "selective";
     case MemoryPolicy::kFullRecompute:
       return "full_recompute";
+    case MemoryPolicy::kOffload:
+      return "offload";
   }
   return "?";
 }
@@ -64,6 +67,7 @@ SaveAction StaticSaveAction(MemoryPolicy policy, std::string_view tag) {
   const bool moe = In(tag, kMoeLayer);
   switch (policy) {
     case MemoryPolicy::kNone:
+    case MemoryPolicy::kOffload:  // keeps every tensor; its offloads are not a save action
       return SaveAction::kKeep;
     case MemoryPolicy::kSelective:
       return selective ? SaveAction::kDropAfterForward : SaveAction::kKeep;

@@ -6,16 +6,20 @@
 //   full_recompute: selective, plus every rebuildable tensor of the MoE layers (router
 //                   probabilities, top-k, the expert buffers and the combined expert output); on
 //                   an expert-parallel layout the expert buffers are rebuilt by re-running the
-//                   expert all-to-all on every rank of the group together.
+//                   expert all-to-all on every rank of the group together;
+//   offload:        drop nothing; a fixed share (memory.offload_ratio) of each MoE layer's expert
+//                   buffers goes to host memory through the copy engine after the layer's forward
+//                   and comes back before its backward (GptMoe::SetOffload; copy_engine.h).
 // A policy is a pure function of a tensor's tag (its producer without the layer prefix, e.g.
 // "moe.expert_hidden"), so every rank of a layout takes the same action on the same tensor in the
 // same order: that is what lets a tensor whose rebuild needs a collective be dropped at all.
 // Every tag a policy drops has a rebuild in its module (runtime/model); a stash refuses a policy
 // that drops a tensor without one. Results do not change: a rebuild re-runs the forward's own
-// kernels on the same inputs, so the losses and parameters are bit-identical to `none`.
+// kernels on the same inputs, and an offloaded tensor comes back byte for byte, so the losses and
+// parameters are bit-identical to `none`.
 //
 // Thread-safety: pure functions. Errors: ParseMemoryPolicy returns InvalidArgument for a name that
-// is no policy, Unimplemented for one this build does not run (offload, adaptive).
+// is no policy, Unimplemented for one this build does not run (adaptive).
 #pragma once
 
 #include <string_view>
@@ -24,12 +28,12 @@
 
 namespace furnace::memory {
 
-enum class MemoryPolicy { kNone, kSelective, kFullRecompute };
+enum class MemoryPolicy { kNone, kSelective, kFullRecompute, kOffload };
 
 // What becomes of a saved tensor once the forward of its module is done.
 enum class SaveAction { kKeep, kDropAfterForward };
 
-// "none", "selective", "full_recompute" (the names of the job spec's memory.policy).
+// "none", "selective", "full_recompute", "offload" (the names of the job spec's memory.policy).
 absl::StatusOr<MemoryPolicy> ParseMemoryPolicy(std::string_view name);
 const char* MemoryPolicyName(MemoryPolicy policy);
 

@@ -69,6 +69,7 @@ GptMoe::GptMoe(const ModelConfig& config, const device::Backend& ops, device::De
       stash_(device.kind()),
       params_(layout_.total),
       grads_(layout_.total, 0.0f) {
+  stash_.SetDeviceMemory(&arena_, &ops_);
   global_params_ = shard.whole() ? layout_.total : BuildParamLayout(config).total;
 }
 
@@ -168,6 +169,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
                                                p, ls.attn.out));
     }
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
+    if (off.moe) RETURN_IF_ERROR(ActAfterMoeForward(ls.moe_saved));
     x = ls.out();
     st.layers.push_back(std::move(ls));
   }
@@ -205,6 +207,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     const LayerOffsets& off = layout_.layers[shard_.first_layer + i];
     const LayerState& ls = st.layers[i];
     const StashHandle x_in = i == 0 ? st.first_input() : st.layers[i - 1].out();
+    RETURN_IF_ERROR(PrefetchForBackward(st, i));
     if (ls.moe) {
       RETURN_IF_ERROR(
           MoeBlockBackward(ctx, dims, moe, off, p, g, ls.moe_saved, ls.attn.out, aux_scale, dres));
@@ -253,6 +256,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardBackward(const int32_t* i
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);
   arena_.ResetPeak();
+  stash_.set_micro_batch(0);
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
   RETURN_IF_ERROR(Backward(st, nullptr, ce_scale, aux_scale, nullptr));
   train::MicroBatchResult r = Summarize(st);
@@ -268,6 +272,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);
   arena_.ResetPeak();
+  stash_.set_micro_batch(0);
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
   train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
@@ -283,6 +288,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageForward(int micro, const in
   }
   RETURN_IF_ERROR(CheckInputs(shard_.first_stage() ? inputs : nullptr,
                               shard_.last_stage() ? targets : nullptr, B));
+  stash_.set_micro_batch(micro);
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, x_in, B));
   train::MicroBatchResult r = Summarize(st);
   if (!shard_.last_stage()) {
@@ -312,8 +318,8 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
         "memory policy: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
   }
   policy_ = policy;
-  if (policy == memory::MemoryPolicy::kNone) {
-    stash_.SetSavePolicy(nullptr);
+  if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload) {
+    stash_.SetSavePolicy(nullptr);  // drops nothing (offload acts through SetOffload)
   } else {
     stash_.SetSavePolicy([policy](const StashEntryInfo& e) {
       return memory::StaticSaveAction(policy, memory::TensorTag(e.producer));
@@ -381,6 +387,86 @@ double GptMoe::FlopsPerToken() const {
   const int64_t per_expert = 2 * d * c.expert_ffn + c.expert_ffn + d;
   active -= int64_t{c.num_moe_layers()} * (c.experts - c.top_k) * per_expert;
   return 6.0 * static_cast<double>(active) + 12.0 * c.layers * c.seq_len * d;
+}
+
+// ---- Static stash actions ----
+
+absl::Status GptMoe::SetOffload(double ratio, memory::CopyEngine* engine, tensor::HostPool* host) {
+  if (!(ratio >= 0 && ratio <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("offload ratio must be in [0, 1], got ", ratio));
+  }
+  if (engine != nullptr && &engine->device() != &device_) {
+    return absl::InvalidArgumentError("GptMoe: the copy engine belongs to another device");
+  }
+  if ((engine == nullptr) != (host == nullptr)) {
+    return absl::InvalidArgumentError("GptMoe: offload needs both a copy engine and a host pool");
+  }
+  offload_ratio_ = engine == nullptr ? 0 : ratio;
+  engine_ = engine;
+  stash_.SetOffloadTargets(engine, host);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The MoE layer's expert buffers, the ones whose size follows routing.
+std::vector<StashHandle> ExpertBuffers(const MoeSaved& s) { return {s.xin, s.pre, s.hidden, s.eo}; }
+
+}  // namespace
+
+absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
+  if (compress_) {
+    for (const StashEntryInfo& e : stash_.Entries()) {
+      for (StashHandle h : ExpertBuffers(saved)) {
+        if (h.id == e.id && memory::IsCompressible(e.producer, *compress_)) {
+          RETURN_IF_ERROR(stash_.Compress(h, *compress_));
+        }
+      }
+    }
+  }
+  if (offload_ratio_ <= 0 || engine_ == nullptr) return absl::OkStatus();
+  struct Candidate {
+    StashHandle handle;
+    uint64_t bytes;
+  };
+  std::vector<Candidate> candidates;
+  uint64_t total = 0;
+  for (const StashEntryInfo& e : stash_.Entries()) {
+    for (StashHandle h : ExpertBuffers(saved)) {
+      if (h.id == e.id && e.state == StashState::kKept) {
+        candidates.push_back({h, e.bytes});
+        total += e.bytes;
+      }
+    }
+  }
+  // Largest first (ties in save order); each one that still fits within the share.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.bytes > b.bytes; });
+  const double share = offload_ratio_ * static_cast<double>(total);
+  uint64_t chosen = 0;
+  for (const Candidate& c : candidates) {
+    if (static_cast<double>(chosen + c.bytes) > share) continue;
+    RETURN_IF_ERROR(stash_.Offload(c.handle));
+    chosen += c.bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptMoe::PrefetchForBackward(const ForwardState& st, int layer_index) {
+  if (engine_ == nullptr) return absl::OkStatus();
+  // This layer's buffers if it is an MoE layer (needed now, unless their reload already started),
+  // then those of the next MoE layer down, so that their reload overlaps this layer's backward.
+  // The look-ahead is best effort: where the arena has no room for it yet, that layer's own
+  // Acquire reloads it once this layer's backward has released its tensors.
+  const int want = st.layers[layer_index].moe ? 2 : 1;
+  int found = 0;
+  for (int i = layer_index; i >= 0 && found < want; --i) {
+    if (!st.layers[i].moe) continue;
+    const absl::Status s = stash_.Prefetch(ExpertBuffers(st.layers[i].moe_saved));
+    if (!s.ok() && (i == layer_index || !absl::IsResourceExhausted(s))) return s;
+    ++found;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace furnace::model

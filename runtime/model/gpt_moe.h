@@ -13,6 +13,7 @@
 // compare it with DeviceArena::peak_bytes() byte for byte). Only the MoE expert buffers depend on
 // routing, through S = rows kept per MoE layer; dropless S is always N * k, so ActivationBytes(B)
 // is exact dropless and an upper bound with a capacity.
+// They describe policy none: with stash actions (SetOffload, SetCompress) the arena peak differs.
 //
 // Memory policy (SetMemoryPolicy, runtime/memory/policy.h): the stash drops the tensors the
 // policy names once their module's forward is done, and each module's backward rebuilds them
@@ -39,19 +40,24 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/codec.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/module.h"
+#include "runtime/model/moe_block.h"
 #include "runtime/model/param_layout.h"
 #include "runtime/model/shard.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/host_pool.h"
 #include "runtime/trainable/trainable.h"
 
 namespace furnace::model {
@@ -138,6 +144,19 @@ class GptMoe final : public train::PipelineStage {
 
   Stash& stash() { return stash_; }
 
+  // ---- Static stash actions (memory.policy offload; compress for tests and benchmarks) ----
+  // The static `offload` policy: after each MoE layer's forward, the largest of its expert buffers
+  // (expert input, pre-activation, hidden, output) are offloaded through `engine` to `host`,
+  // largest first, each one that still fits within ratio x their total bytes; they are prefetched
+  // when the backward reaches the layer above (one MoE layer ahead) and acquired by the layer's
+  // backward. Bit-exact. ratio 0 or a null engine: off. `engine` (on this model's device) and
+  // `host` must outlive the model. InvalidArgument for a ratio outside [0, 1] or an engine of
+  // another device.
+  absl::Status SetOffload(double ratio, memory::CopyEngine* engine, tensor::HostPool* host);
+  // After each MoE layer's forward, every expert buffer the codec may store (codec.h whitelist)
+  // is stored compressed; nullopt: off. Not bit-exact (see codec.h for the tolerance).
+  void SetCompress(std::optional<memory::Codec> codec) { compress_ = codec; }
+  double offload_ratio() const { return offload_ratio_; }
   // The static memory policy, for every later forward (and the declared bytes). FailedPrecondition
   // while micro-batches are in flight.
   absl::Status SetMemoryPolicy(memory::MemoryPolicy policy);
@@ -174,6 +193,13 @@ class GptMoe final : public train::PipelineStage {
   int64_t step_ = -1;  // SetStepContext; -1: none yet
   int64_t first_sequence_ = 0;
   std::vector<float> last_logits_;
+
+  // ---- Static stash actions ----
+  absl::Status ActAfterMoeForward(const MoeSaved& saved);
+  absl::Status PrefetchForBackward(const ForwardState& state, int layer_index);
+  double offload_ratio_ = 0;
+  memory::CopyEngine* engine_ = nullptr;
+  std::optional<memory::Codec> compress_;
 };
 
 }  // namespace furnace::model

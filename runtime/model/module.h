@@ -3,11 +3,12 @@
 // that keep the module files about the math. Module contract (the model's declared activation bytes
 // rely on it):
 //   forward:  saves tensors only through the stash; frees its scratch before returning;
-//   backward: first acquires every saved tensor it reads (Stash::Acquire: rebuilds the dropped
-//             ones, in the order given, and pins them), then reads them, accumulates parameter
-//             gradients and the residual-stream gradient `dres` (N, C) in place, frees its
-//             scratch, and releases its own saved tensors as its last step (they stay live during
-//             its backward).
+//   backward: first acquires every saved tensor it reads (Stash::Acquire, the stash's backward
+//             rule: reloads land, encodings are decoded, dropped tensors are rebuilt in the order
+//             given, and all are pinned), only then takes raw pointers with Get; accumulates
+//             parameter gradients and the residual-stream gradient `dres` (N, C) in place, frees
+//             its scratch, and releases its own saved tensors as its last step (they stay live
+//             during its backward).
 // Each module declares its bytes with functions mirroring its allocation order exactly: its saved
 // tensors in acquire order (with each one's rebuild scratch), forward peak (own saved + scratch,
 // from entry) and backward peak (scratch only). DeclareModule composes them under a memory policy.

@@ -50,20 +50,29 @@ absl::StatusOr<StashHandle> Stash::Save(std::string producer, int layer, tensor:
         absl::StrCat("stash: the save policy drops '", info.producer, "', which has no rebuild"));
   }
   absl::MutexLock lock(&mu_);
+  info.micro = micro_;
+  Key key{micro_, info.producer};
+  if (keys_.count(key) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("stash: '", info.producer, "' of micro-batch ", micro_, " is already saved"));
+  }
   const int64_t id = next_id_++;
+  keys_.emplace(std::move(key), id);
   Entry& e = entries_[id];
   e.info = std::move(info);
   e.info.id = id;
   e.buffer = std::move(buffer);
-  kept_bytes_ += want;
-  if (kept_bytes_ > peak_bytes_) peak_bytes_ = kept_bytes_;
+  NoteKeptLocked(want);
   if (drop) pending_drops_.push_back(id);
   return StashHandle{id};
 }
 
+void Stash::NoteKeptLocked(uint64_t bytes) {
+  kept_bytes_ += bytes;
+  if (kept_bytes_ > peak_bytes_) peak_bytes_ = kept_bytes_;
+}
+
 absl::StatusOr<tensor::TensorView> Stash::Get(StashHandle handle) {
-  StashEntryInfo info;
-  RestoreHook restore;
   bool dropped = false;
   {
     absl::MutexLock lock(&mu_);
@@ -71,66 +80,84 @@ absl::StatusOr<tensor::TensorView> Stash::Get(StashHandle handle) {
     if (it == entries_.end()) {
       return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
     }
-    Entry& e = it->second;
+    const Entry& e = it->second;
     if (e.info.state == StashState::kKept) {
       return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
     }
-    dropped = e.info.state == StashState::kDropped;  // rebuilt below, through its spec
-    if (!dropped) {
-      if (!restore_) {
-        return absl::UnimplementedError(absl::StrCat("stash: '", e.info.producer, "' is ",
-                                                     StashStateName(e.info.state),
-                                                     " and no restore hook is set"));
-      }
-      info = e.info;
-      restore = restore_;
-    }
+    dropped = e.info.state == StashState::kDropped;
   }
-  if (dropped) return Rebuild(handle);
-  absl::StatusOr<tensor::Buffer> restored = restore(info);
-  if (!restored.ok()) return restored.status();
+  if (dropped) return Rebuild(handle);  // through its RecomputeSpec
+  // Offloaded or compressed: restored by the stash itself.
+  RETURN_IF_ERROR(RestoreOne(handle, Now()));
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
+  if (it == entries_.end() || it->second.info.state != StashState::kKept) {
     return absl::NotFoundError(
         absl::StrCat("stash: entry ", handle.id, " released during restore"));
   }
-  Entry& e = it->second;
-  if (restored->bytes() != e.info.bytes) {
-    return absl::InternalError(absl::StrCat("stash: restore of '", e.info.producer, "' returned ",
-                                            restored->bytes(), " bytes, want ", e.info.bytes));
-  }
-  e.buffer = std::move(*restored);
-  e.info.state = StashState::kKept;
-  kept_bytes_ += e.info.bytes;
-  if (kept_bytes_ > peak_bytes_) peak_bytes_ = kept_bytes_;
+  const Entry& e = it->second;
   return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
 }
 
+namespace {
+
+bool Pending(memory::CopyEngine* engine, const memory::CopyTicket& ticket) {
+  return engine != nullptr && ticket.valid() && !engine->Done(ticket);
+}
+
+}  // namespace
+
 absl::Status Stash::Release(StashHandle handle) {
-  tensor::Buffer doomed;  // returned to its owner after the lock is dropped
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("stash: release of unknown entry ", handle.id));
+  for (;;) {
+    Entry doomed;  // returned to the pools after the lock is dropped
+    memory::CopyEngine* engine = nullptr;
+    memory::CopyTicket to_host, to_device;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(handle.id);
+      if (it == entries_.end()) {
+        return absl::NotFoundError(absl::StrCat("stash: release of unknown entry ", handle.id));
+      }
+      Entry& e = it->second;
+      if (!Pending(engine_, e.to_host) && !Pending(engine_, e.to_device)) {
+        kept_bytes_ -= e.buffer.bytes() + e.incoming.bytes() + e.encoded.bytes();
+        keys_.erase(Key{e.info.micro, e.info.producer});
+        doomed = std::move(e);
+        entries_.erase(it);
+        return absl::OkStatus();
+      }
+      engine = engine_;
+      to_host = e.to_host;
+      to_device = e.to_device;
+    }
+    // Copies read or write this entry's buffers: let them finish first.
+    engine->Wait(to_host).IgnoreError();
+    engine->Wait(to_device).IgnoreError();
   }
-  if (it->second.info.state == StashState::kKept) kept_bytes_ -= it->second.info.bytes;
-  doomed = std::move(it->second.buffer);
-  entries_.erase(it);
-  return absl::OkStatus();
 }
 
 void Stash::ReleaseAll() {
-  std::map<int64_t, Entry> doomed;
-  absl::MutexLock lock(&mu_);
-  doomed.swap(entries_);
-  kept_bytes_ = 0;
-  pending_drops_.clear();
-}
-
-void Stash::SetRestoreHook(RestoreHook hook) {
-  absl::MutexLock lock(&mu_);
-  restore_ = std::move(hook);
+  for (;;) {
+    std::map<int64_t, Entry> doomed;
+    memory::CopyEngine* engine = nullptr;
+    std::vector<memory::CopyTicket> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, e] : entries_) {
+        if (Pending(engine_, e.to_host)) pending.push_back(e.to_host);
+        if (Pending(engine_, e.to_device)) pending.push_back(e.to_device);
+      }
+      if (pending.empty()) {
+        doomed.swap(entries_);
+        keys_.clear();
+        kept_bytes_ = 0;
+        pending_drops_.clear();
+        return;
+      }
+      engine = engine_;
+    }
+    for (const memory::CopyTicket& t : pending) engine->Wait(t).IgnoreError();
+  }
 }
 
 uint64_t Stash::stashed_bytes() const {
@@ -161,7 +188,26 @@ std::vector<StashEntryInfo> Stash::Entries() const {
   return out;
 }
 
-// ---- Drop and recompute ----
+// ---- Micro-batch keys ----
+
+Stash::~Stash() { ReleaseAll(); }
+
+void Stash::set_micro_batch(int micro) {
+  absl::MutexLock lock(&mu_);
+  micro_ = micro;
+}
+
+absl::StatusOr<StashHandle> Stash::Find(int micro, const std::string& producer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(Key{micro, producer});
+  if (it == keys_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("stash: no live '", producer, "' of micro-batch ", micro));
+  }
+  return StashHandle{it->second};
+}
+
+// ---- Leases (the backward rule) ----
 
 Stash::Lease::Lease(Lease&& other) noexcept
     : stash_(std::exchange(other.stash_, nullptr)), ids_(std::move(other.ids_)) {}
@@ -190,9 +236,14 @@ void Stash::Unpin(const std::vector<int64_t>& ids) {
 absl::StatusOr<Stash::Lease> Stash::Acquire(const std::vector<StashHandle>& handles) {
   Lease lease;
   lease.stash_ = this;
+  // Start every reload first so they overlap each other, then wait in order; all of them are
+  // needed now, so each one not landed by now is late.
+  RETURN_IF_ERROR(Prefetch(handles));
+  const double needed_at = Now();
   for (StashHandle h : handles) {
     if (!h.valid()) continue;
-    RETURN_IF_ERROR(Get(h).status());
+    RETURN_IF_ERROR(RestoreOne(h, needed_at));  // offloaded or compressed
+    RETURN_IF_ERROR(Get(h).status());           // dropped: rebuilt
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(h.id);
     if (it == entries_.end()) {
@@ -203,6 +254,257 @@ absl::StatusOr<Stash::Lease> Stash::Acquire(const std::vector<StashHandle>& hand
   }
   return lease;
 }
+
+// ---- Offload and compress ----
+
+void Stash::SetDeviceMemory(tensor::DeviceArena* arena, const device::Backend* ops) {
+  absl::MutexLock lock(&mu_);
+  arena_ = arena;
+  ops_ = ops;
+}
+
+void Stash::SetOffloadTargets(memory::CopyEngine* engine, tensor::HostPool* host) {
+  absl::MutexLock lock(&mu_);
+  engine_ = engine;
+  host_ = host;
+}
+
+double Stash::Now() const {
+  absl::MutexLock lock(&mu_);
+  return engine_ == nullptr ? 0.0 : engine_->clock().MonotonicSeconds();
+}
+
+namespace {
+
+absl::Status WrongState(const StashEntryInfo& info, const char* action, const char* why) {
+  return absl::FailedPreconditionError(absl::StrCat("stash: cannot ", action, " '", info.producer,
+                                                    "' of micro-batch ", info.micro, ": ", why));
+}
+
+}  // namespace
+
+absl::Status Stash::Offload(StashHandle handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("stash: offload of unknown entry ", handle.id));
+  }
+  Entry& e = it->second;
+  if (engine_ == nullptr || host_ == nullptr) {
+    return WrongState(e.info, "offload", "no copy engine and host pool are set");
+  }
+  if (e.info.state != StashState::kKept) {
+    return WrongState(e.info, "offload", StashStateName(e.info.state));
+  }
+  if (e.pins > 0) return WrongState(e.info, "offload", "it is acquired by a backward");
+  if (e.info.bytes == 0) return absl::OkStatus();
+  absl::StatusOr<tensor::Buffer> host = host_->Allocate(e.info.bytes, e.info.producer);
+  if (!host.ok()) return host.status();
+  e.host = std::move(*host);
+  e.info.state = StashState::kOffloaded;
+  e.landed = false;
+  e.keep_device = false;
+  e.copy_error = absl::OkStatus();
+  const int64_t id = e.info.id;
+  e.to_host =
+      engine_->Submit(memory::CopyDirection::kDeviceToHost, e.host.data(), e.buffer.data(),
+                      e.info.bytes, [this, id](const absl::Status& s) { OnOffloaded(id, s); });
+  if (engine_->Done(e.to_host)) {  // refused (the hook cannot have run: it needs our lock)
+    const absl::Status refused = engine_->Wait(e.to_host);
+    e.host.Reset();
+    e.info.state = StashState::kKept;
+    return refused;
+  }
+  return absl::OkStatus();
+}
+
+void Stash::OnOffloaded(int64_t id, const absl::Status& status) {
+  tensor::Buffer doomed;  // freed after the lock is dropped
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  if (status.ok()) action_stats_.offloaded_bytes += e.info.bytes;
+  if (!status.ok() || e.keep_device) {
+    // The device bytes stay: the copy failed, or the tensor was wanted back before it landed.
+    doomed = std::move(e.host);
+    e.keep_device = false;
+    e.info.state = StashState::kKept;
+    return;
+  }
+  kept_bytes_ -= e.buffer.bytes();
+  doomed = std::move(e.buffer);
+  e.landed = true;
+}
+
+absl::StatusOr<memory::CopyTicket> Stash::StartReloadLocked(Entry& e) {
+  if (e.info.state != StashState::kOffloaded) return memory::CopyTicket();
+  if (!e.landed) {  // the offload is still copying: keep the device bytes instead
+    e.keep_device = true;
+    return e.to_host;
+  }
+  if (Pending(engine_, e.to_device)) return e.to_device;
+  if (!e.copy_error.ok()) return e.copy_error;
+  if (arena_ == nullptr || engine_ == nullptr) {
+    return WrongState(e.info, "reload", "no device arena and copy engine are set");
+  }
+  absl::StatusOr<tensor::Buffer> incoming = arena_->Allocate(e.info.bytes, e.info.producer);
+  if (!incoming.ok()) return incoming.status();
+  e.incoming = std::move(*incoming);
+  NoteKeptLocked(e.incoming.bytes());
+  const int64_t id = e.info.id;
+  e.to_device =
+      engine_->Submit(memory::CopyDirection::kHostToDevice, e.incoming.data(), e.host.data(),
+                      e.info.bytes, [this, id](const absl::Status& s) { OnReloaded(id, s); });
+  if (engine_->Done(e.to_device)) {  // refused
+    const absl::Status refused = engine_->Wait(e.to_device);
+    kept_bytes_ -= e.incoming.bytes();
+    e.incoming.Reset();
+    return refused;
+  }
+  return e.to_device;
+}
+
+void Stash::OnReloaded(int64_t id, const absl::Status& status) {
+  tensor::Buffer doomed;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  if (!status.ok()) {
+    kept_bytes_ -= e.incoming.bytes();
+    doomed = std::move(e.incoming);
+    e.copy_error = status;
+    return;
+  }
+  action_stats_.reloaded_bytes += e.info.bytes;
+  e.buffer = std::move(e.incoming);
+  doomed = std::move(e.host);
+  e.landed = false;
+  e.info.state = StashState::kKept;
+}
+
+absl::Status Stash::Prefetch(const std::vector<StashHandle>& handles) {
+  absl::MutexLock lock(&mu_);
+  for (StashHandle h : handles) {
+    if (!h.valid()) continue;
+    auto it = entries_.find(h.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("stash: prefetch of unknown entry ", h.id));
+    }
+    absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(it->second);
+    if (!started.ok()) return started.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
+  tensor::Buffer doomed;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("stash: compress of unknown entry ", handle.id));
+  }
+  Entry& e = it->second;
+  if (arena_ == nullptr || ops_ == nullptr) {
+    return WrongState(e.info, "compress", "no device arena and backend are set");
+  }
+  if (e.info.state != StashState::kKept) {
+    return WrongState(e.info, "compress", StashStateName(e.info.state));
+  }
+  if (e.pins > 0) return WrongState(e.info, "compress", "it is acquired by a backward");
+  RETURN_IF_ERROR(memory::CheckCompressible(e.info.producer, e.info.dtype, codec));
+  const int64_t n = tensor::NumElements(e.info.shape);
+  absl::StatusOr<tensor::Buffer> encoded =
+      arena_->Allocate(memory::EncodedBytes(codec, n), e.info.producer + ".compressed");
+  if (!encoded.ok()) return encoded.status();
+  e.encoded = std::move(*encoded);
+  NoteKeptLocked(e.encoded.bytes());
+  memory::Encode(*ops_, codec, e.buffer.as<float>(), n, e.encoded.data());
+  kept_bytes_ -= e.buffer.bytes();
+  doomed = std::move(e.buffer);
+  e.codec = codec;
+  e.info.state = StashState::kCompressed;
+  action_stats_.compressed_bytes += e.info.bytes;
+  action_stats_.compressed_saved_bytes += e.info.bytes - e.encoded.bytes();
+  return absl::OkStatus();
+}
+
+absl::Status Stash::DecodeLocked(Entry& e) {
+  if (arena_ == nullptr || ops_ == nullptr) {
+    return WrongState(e.info, "decompress", "no device arena and backend are set");
+  }
+  absl::StatusOr<tensor::Buffer> out = arena_->Allocate(e.info.bytes, e.info.producer);
+  if (!out.ok()) return out.status();
+  e.buffer = std::move(*out);
+  NoteKeptLocked(e.buffer.bytes());
+  memory::Decode(*ops_, e.codec, e.encoded.data(), tensor::NumElements(e.info.shape),
+                 e.buffer.as<float>());
+  kept_bytes_ -= e.encoded.bytes();
+  e.encoded.Reset();
+  e.info.state = StashState::kKept;
+  return absl::OkStatus();
+}
+
+absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
+  memory::CopyTicket ticket;
+  memory::CopyEngine* engine = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(handle.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
+    }
+    Entry& e = it->second;
+    if (e.info.state == StashState::kCompressed) {
+      RETURN_IF_ERROR(DecodeLocked(e));
+    } else if (e.info.state == StashState::kOffloaded) {
+      absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
+      if (!started.ok()) return started.status();
+      ticket = *started;
+      engine = engine_;
+    }
+    if (!ticket.valid()) return absl::OkStatus();
+  }
+  bool late = false;
+  const absl::Status waited = engine->Wait(ticket, needed_at, &late);
+  absl::MutexLock lock(&mu_);
+  if (late) ++action_stats_.late_reloads;
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("stash: entry ", handle.id, " released during reload"));
+  }
+  Entry& e = it->second;
+  if (!e.copy_error.ok()) return e.copy_error;
+  if (e.info.state != StashState::kKept) {
+    // A failed offload copy leaves the tensor kept; anything else is the reload's failure.
+    return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
+                                                          "' completed but it is not kept"))
+                       : waited;
+  }
+  return absl::OkStatus();
+}
+
+void Stash::WaitForCopies() {
+  memory::CopyEngine* engine = nullptr;
+  std::vector<memory::CopyTicket> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : entries_) {
+      if (Pending(engine_, e.to_host)) pending.push_back(e.to_host);
+      if (Pending(engine_, e.to_device)) pending.push_back(e.to_device);
+    }
+    engine = engine_;
+  }
+  for (const memory::CopyTicket& t : pending) engine->Wait(t).IgnoreError();
+}
+
+StashActionStats Stash::action_stats() const {
+  absl::MutexLock lock(&mu_);
+  return action_stats_;
+}
+
+// ---- Drop and recompute ----
 
 void Stash::DropLocked(Entry& e, tensor::Buffer& doomed) {
   doomed = std::move(e.buffer);
@@ -300,8 +602,7 @@ absl::StatusOr<tensor::TensorView> Stash::Rebuild(StashHandle handle) {
   }
   e.buffer = std::move(*rebuilt);
   e.info.state = StashState::kKept;
-  kept_bytes_ += e.info.bytes;
-  if (kept_bytes_ > peak_bytes_) peak_bytes_ = kept_bytes_;
+  NoteKeptLocked(e.info.bytes);
   rebuilt_bytes_ += e.info.bytes;
   return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
 }

@@ -1,13 +1,26 @@
 // Stash: the one place where tensors saved for backward live. Every module registers each tensor
 // it saves with Save() and reads it back with Get(); the model holds saved activations no other
-// way. Each entry records its producer ("layers.1.moe.expert_hidden"), layer, size, dtype and
-// what recomputing it would need, so a memory planner can choose per tensor to keep it, offload it
-// to pinned host memory, store it compressed (bf16 / fp8) or drop it and recompute it.
+// way. Each entry records its producer ("layers.1.moe.expert_hidden"), layer, micro-batch, size,
+// dtype and what recomputing it would need, so a memory planner can choose per tensor to keep it,
+// offload it to pinned host memory, store it compressed (bf16 / fp8) or drop it and recompute it.
 //
-// States. kKept holds the bytes. kDropped (Drop, or a save policy's drop after forward) has freed
-// them; Get() rebuilds the tensor through its RecomputeSpec's `rebuild` and marks it kept again.
-// kOffloaded / kCompressed are the planner's other slots: Get() of such an entry calls the restore
-// hook, which must hand back a device Buffer holding the tensor.
+// Entries are keyed by (micro-batch, producer) (the producer names the layer and the tensor):
+// Save tags an entry with the current micro-batch (set_micro_batch), and Find looks one up, so one
+// micro-batch's tensors can be acted on while others are in flight.
+//
+// States. kKept holds the bytes. The actions below move an entry out of kKept; Get() (and
+// Acquire) bring it back:
+//   Offload(h) -> kOffloaded: asynchronous, through the copy engine, to the host pool (pinned on
+//     CUDA once a GPU path exists; plain host memory on the CPU backend). The device bytes are
+//     freed when the copy completes (on the copy thread). Bit-exact.
+//   Prefetch(hs): starts the reloads (a device buffer from the arena, a host->device job), in the
+//     order given: callers pass backward order. An entry whose offload copy has not landed yet
+//     simply keeps its device bytes (nothing to reload).
+//   Compress(h, codec) -> kCompressed: synchronous, for tensors on the runtime/memory/codec.h
+//     whitelist; the encoding lives in the arena in place of the fp32 bytes. Get restores fp32
+//     (within the codec's tolerance, not bit-exact).
+//   Drop(h), or a save policy's drop after forward -> kDropped: frees the bytes; Get() rebuilds
+//     the tensor through its RecomputeSpec's `rebuild` and marks it kept again.
 //
 // Drop and recompute. A rebuild runs the forward's own kernels on the same inputs (other stash
 // entries, rebuilt first if they are dropped too, and the parameters, unchanged until the optimizer
@@ -19,33 +32,47 @@
 // when the module's forward is done, so a tensor that forward still reads is not rebuilt for it.
 //
 // The backward rule. A module's backward first calls Acquire() with every saved tensor it reads:
-// that makes them all available (rebuilt or reloaded) and pins them; only then does it take raw
-// pointers with Get(). A pinned entry cannot leave kKept (Drop and the planner's actions refuse
-// it) until the Lease is gone, so the pointers stay valid for the whole backward. A module's own
-// Release of a pinned entry at the end of its backward is allowed.
+// that makes them all available (starts every reload, then waits for each, counting a late reload
+// when one has not landed by then; decodes compressed ones; rebuilds dropped ones) and pins them;
+// only then does it take raw pointers with Get(). A pinned entry cannot leave kKept (Drop, Offload
+// and Compress refuse it with FailedPrecondition) until the Lease is gone, so the pointers stay
+// valid for the whole backward. A module's own Release of a pinned entry at the end of its
+// backward is allowed.
 //
-// Thread-safety: one mutex; the compute thread saves/gets/releases while a copy thread (later)
-// may offload. A rebuild runs on the thread that asked for it, with the stash unlocked (it reads
-// other entries). A TensorView from Get() stays valid until that entry is Released or leaves
-// kKept. Errors: Get/Release/Drop/Acquire of an unknown or released handle: NotFound naming the
+// Thread-safety: one mutex; the compute thread saves/gets/acts/releases while the copy engine's
+// thread completes offloads and reloads (its hooks take the mutex; the stash never waits on the
+// engine while holding it). A rebuild runs on the thread that asked for it, with the stash
+// unlocked (it reads other entries). A TensorView from Get() stays valid until that entry is
+// Released or leaves kKept. Release/ReleaseAll wait for the entry's copies in flight. The arena,
+// backend, copy engine and host pool given to the stash must outlive it.
+// Errors: Get/Release/Drop/Acquire/actions on an unknown or released handle: NotFound naming the
 // handle; Save of a buffer whose size does not match shape x dtype, or that the save policy drops
-// though it has no rebuild: InvalidArgument; Drop of an entry that is pinned, not kept, not
-// rebuildable or needs a collective: FailedPrecondition; Get of a non-kept entry without a restore
-// hook: Unimplemented; a rebuild's own error is returned as is (the entry stays dropped).
+// though it has no rebuild: InvalidArgument; Save of a (micro-batch, producer) that is live:
+// AlreadyExists; Drop of an entry that is pinned, not kept, not rebuildable or needs a collective:
+// FailedPrecondition; Offload/Compress of an entry in the wrong state or pinned, or without the
+// engine / arena it needs, or a compress off the whitelist: FailedPrecondition naming the tensor;
+// a failed copy: its status from Get/Acquire; a rebuild's own error is returned as is (the entry
+// stays dropped).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/device/backend.h"
+#include "runtime/memory/codec.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
+#include "runtime/tensor/arena.h"
 #include "runtime/tensor/buffer.h"
 #include "runtime/tensor/dtype.h"
+#include "runtime/tensor/host_pool.h"
 #include "runtime/tensor/tensor.h"
 
 namespace furnace::model {
@@ -86,6 +113,7 @@ struct StashEntryInfo {
   int64_t id = -1;
   std::string producer;
   int layer = -1;  // -1: not inside a transformer layer (embedding, head)
+  int micro = 0;   // the micro-batch it belongs to
   std::vector<int64_t> shape;
   tensor::DType dtype = tensor::DType::kF32;
   uint64_t bytes = 0;  // at full precision
@@ -93,12 +121,19 @@ struct StashEntryInfo {
   RecomputeSpec recompute;
 };
 
+// Totals of the offload / compress actions since the stash was made (for telemetry and tests).
+struct StashActionStats {
+  uint64_t offloaded_bytes = 0;         // fp32 bytes sent to the host
+  uint64_t reloaded_bytes = 0;          // fp32 bytes brought back
+  uint64_t compressed_bytes = 0;        // fp32 bytes stored compressed
+  uint64_t compressed_saved_bytes = 0;  // of those, the bytes the encodings saved
+  int64_t late_reloads = 0;             // reloads not landed when Acquire/Get needed them
+};
+
 class Stash {
  public:
-  // Rebuilds a tensor that is not kept. Called with the stash unlocked.
-  using RestoreHook = std::function<absl::StatusOr<tensor::Buffer>(const StashEntryInfo&)>;
-
   explicit Stash(device::Kind device = device::Kind::kCpu) : device_(device) {}
+  ~Stash();
   Stash(const Stash&) = delete;
   Stash& operator=(const Stash&) = delete;
 
@@ -107,13 +142,15 @@ class Stash {
                                    RecomputeSpec recompute);
   // The kept tensor (restoring it first if it is not kept).
   absl::StatusOr<tensor::TensorView> Get(StashHandle handle);
-  // Drops the tensor and its bytes.
+  // Drops the tensor and its bytes (after its copies in flight, if any, complete).
   absl::Status Release(StashHandle handle);
   void ReleaseAll();
 
-  void SetRestoreHook(RestoreHook hook);
+  // The micro-batch later Saves belong to (0 until set).
+  void set_micro_batch(int micro);
+  // The live entry saved by `producer` for `micro`; NotFound naming both.
+  absl::StatusOr<StashHandle> Find(int micro, const std::string& producer) const;
 
-  // ---- Drop and recompute ----
   // Pins entries for a module's backward (see "The backward rule"); unpins them when destroyed.
   // Move-only; must not outlive the stash.
   class Lease {
@@ -130,10 +167,25 @@ class Stash {
     Stash* stash_ = nullptr;
     std::vector<int64_t> ids_;
   };
-  // Makes every entry of `handles` kept, in order (rebuilding dropped ones, restoring the others
-  // through the hook), and pins them until the Lease is destroyed. Invalid handles (id < 0) are
-  // skipped. On error nothing stays pinned.
+  // Makes every entry of `handles` kept (starts the reloads of the offloaded ones first, then, in
+  // order, waits for each reload, decodes compressed ones and rebuilds dropped ones) and pins them
+  // until the Lease is destroyed. Invalid handles (id < 0) are skipped. On error nothing stays
+  // pinned.
   absl::StatusOr<Lease> Acquire(const std::vector<StashHandle>& handles);
+
+  // ---- Offload and compress (see the file comment) ----
+  // Where reloads and decodes allocate, and the casts Compress uses.
+  void SetDeviceMemory(tensor::DeviceArena* arena, const device::Backend* ops);
+  // Where offloads go; both nullptr: offload unavailable.
+  void SetOffloadTargets(memory::CopyEngine* engine, tensor::HostPool* host);
+  absl::Status Offload(StashHandle handle);
+  absl::Status Prefetch(const std::vector<StashHandle>& handles);
+  absl::Status Compress(StashHandle handle, memory::Codec codec);
+  // Waits for every copy in flight (offloads land, reloads land).
+  void WaitForCopies();
+  StashActionStats action_stats() const;
+
+  // ---- Drop and recompute ----
   // Frees a kept, unpinned, rebuildable entry's bytes; Get() rebuilds it.
   absl::Status Drop(StashHandle handle);
   // Decides per new entry whether it is kept or dropped once its module's forward is done (nullptr:
@@ -146,7 +198,9 @@ class Stash {
   uint64_t dropped_bytes() const;
   uint64_t rebuilt_bytes() const;
 
-  uint64_t stashed_bytes() const;       // bytes of entries currently kept
+  // Device bytes the entries hold: kept tensors, compressed encodings, offloads whose copy is still
+  // in flight, reloads.
+  uint64_t stashed_bytes() const;
   uint64_t peak_stashed_bytes() const;  // since the last ResetPeak
   void ResetPeak();
   int64_t size() const;                         // live entries
@@ -155,10 +209,33 @@ class Stash {
  private:
   struct Entry {
     StashEntryInfo info;
-    tensor::Buffer buffer;
+    tensor::Buffer buffer;    // the fp32 device tensor (kept, or offloaded while the copy runs)
     int pins = 0;             // Leases holding it
     bool rebuilding = false;  // its rebuild is running (a rebuild that needs itself is a cycle)
+    // ---- Offload and compress ----
+    tensor::Buffer host;      // kOffloaded: the host copy
+    tensor::Buffer incoming;  // kOffloaded: the device buffer a reload fills
+    tensor::Buffer encoded;   // kCompressed: the encoding, in the arena
+    memory::Codec codec = memory::Codec::kBf16;
+    memory::CopyTicket to_host;    // the offload copy
+    memory::CopyTicket to_device;  // the reload copy
+    bool landed = false;           // the offload copy completed and freed `buffer`
+    bool keep_device = false;      // needed again before the offload landed: keep `buffer`
+    absl::Status copy_error;       // a failed reload
   };
+  using Key = std::pair<int, std::string>;  // (micro-batch, producer)
+
+  // Copy-thread hooks.
+  void OnOffloaded(int64_t id, const absl::Status& status);
+  void OnReloaded(int64_t id, const absl::Status& status);
+  // Starts the restore of an offloaded entry (lock held); the ticket to wait for, if any.
+  absl::StatusOr<memory::CopyTicket> StartReloadLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DecodeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores `handle` if offloaded or compressed (waiting with deadline `needed_at`).
+  absl::Status RestoreOne(StashHandle handle, double needed_at);
+  void NoteKeptLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy engine's clock (0 without an engine: nothing can be late then).
+  double Now() const;
 
   // Drop and recompute.
   absl::StatusOr<tensor::TensorView> Rebuild(StashHandle handle);
@@ -169,10 +246,16 @@ class Stash {
   const device::Kind device_;
   mutable absl::Mutex mu_;
   std::map<int64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, int64_t> keys_ ABSL_GUARDED_BY(mu_);
+  int micro_ ABSL_GUARDED_BY(mu_) = 0;
+  tensor::DeviceArena* arena_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const device::Backend* ops_ ABSL_GUARDED_BY(mu_) = nullptr;
+  memory::CopyEngine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+  tensor::HostPool* host_ ABSL_GUARDED_BY(mu_) = nullptr;
+  StashActionStats action_stats_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  RestoreHook restore_ ABSL_GUARDED_BY(mu_);
 
   // Drop and recompute.
   SavePolicy save_policy_ ABSL_GUARDED_BY(mu_);

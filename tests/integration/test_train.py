@@ -92,6 +92,27 @@ class TrainTest(harness.ClusterTest):
         self.assertIn("not retried", d["summary"]["cause"])
         self.assertIn(bad, c.cli("logs", job).stdout)
 
+    def test_offload_policy_trains_bit_identically_to_none(self):
+        """memory.policy offload through the whole stack: the worker builds the copy engine
+        (paced to a host link), the model offloads and reloads, and the parameters are exactly
+        those of policy none."""
+        c = self.cluster
+        none = c.submit(c.write_job("none.yaml", train_job("keep", steps=12, every=0)))
+        off = c.submit(c.write_job("offload.yaml", train_job(
+            "offload", steps=12, every=0,
+            extra="memory: {policy: offload, offload_ratio: 0.5, host_link_gbps: 2}\n")))
+        for job in (none, off):
+            d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+            self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        logs = c.cli("logs", off).stdout
+        self.assertIn("memory policy offload: 50% of each MoE layer's expert activations", logs)
+        self.assertIn("link 2 GB/s", logs)
+        self.assertRegex(logs, r"offload: [1-9][0-9.]* MiB to the host")
+        a, b = self.export(none, "none.safetensors"), self.export(off, "offload.safetensors")
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(a[name] == b[name], f"{name} differs with policy offload")
+
     def test_sizes_that_do_not_divide_are_refused_at_submit(self):
         c = self.cluster
         spec = train_job("baddims").replace("heads: 4", "heads: 5")

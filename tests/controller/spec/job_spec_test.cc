@@ -266,28 +266,38 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
   EXPECT_EQ(lines.size(), 3u) << message;
   for (const char* want :
        {"memory.policy: is not available in this build",
-        "(got 'adaptive'; allowed: none, selective, full_recompute)",
+        "(got 'adaptive'; allowed: none, selective, full_recompute, offload)",
         "checkpoint.async: is not available in this build", "(got true; allowed: false)",
         "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
   }
 }
 
-// The static memory policies run; offload and adaptive are refused naming the field.
+// The static memory policies run; adaptive is refused naming the field.
 TEST(JobSpecTest, StaticMemoryPoliciesAreAccepted) {
-  for (const char* policy : {"none", "selective", "full_recompute"}) {
+  for (const char* policy : {"none", "selective", "full_recompute", "offload"}) {
     EXPECT_EQ(MustParse(absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"))
                   .memory()
                   .policy(),
               policy);
   }
-  for (const char* policy : {"offload", "adaptive"}) {
-    absl::StatusOr<JobSpec> s = ParseJobYaml(
-        absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"), "job.yaml");
-    ASSERT_FALSE(s.ok()) << policy;
-    EXPECT_NE(s.status().message().find("memory.policy: is not available"), std::string::npos)
-        << s.status();
-  }
+  absl::StatusOr<JobSpec> adaptive =
+      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive}\n", "job.yaml");
+  ASSERT_FALSE(adaptive.ok());
+  EXPECT_NE(adaptive.status().message().find("memory.policy: is not available"), std::string::npos)
+      << adaptive.status();
+}
+
+TEST(JobSpecTest, OffloadPolicyIsAcceptedWithItsRatioAndLink) {
+  JobSpec s = MustParse(
+      "name: a\nkind: train\nmemory: {policy: offload, offload_ratio: 0.25, host_link_gbps: "
+      "55}\n");
+  EXPECT_EQ(s.memory().policy(), "offload");
+  EXPECT_EQ(s.memory().offload_ratio(), 0.25);
+  EXPECT_EQ(s.memory().host_link_gbps(), 55.0);
+  s = MustParse("name: a\nkind: train\nmemory: {policy: offload}\n");
+  EXPECT_EQ(s.memory().offload_ratio(), 0.5);   // the default share
+  EXPECT_EQ(s.memory().host_link_gbps(), 0.0);  // unpaced
 }
 
 TEST(JobSpecTest, SizesAcceptUnitStrings) {

@@ -1,7 +1,8 @@
-// The declared activation bytes against the arena, the budget error path, and extreme routing
-// (one expert takes every token, others get none).
+// The declared activation bytes against the arena, the budget error path, extreme routing (one
+// expert takes every token, others get none), and the static offload policy's device bytes.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,7 +10,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model_test_util.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/host_pool.h"
 
 namespace furnace::model {
 namespace {
@@ -167,6 +170,58 @@ TEST_F(MemoryTest, AllTokensToOneExpertAndIdleExperts) {
     for (int64_t i = 0; i < busy->numel(); ++i) norm += std::abs(m->grad_data()[busy->offset + i]);
     EXPECT_GT(norm, 0);
   }
+}
+
+// Between a micro-batch's forward and its backward, the offloaded expert buffers leave the arena
+// (once their copies land) and sit in the host pool; the backward reloads them and computes
+// exactly the gradients of policy none.
+TEST_F(MemoryTest, OffloadedExpertBuffersLeaveTheArenaAndComeBackBitExact) {
+  ModelConfig c = TinyConfig();
+  c.layers = 4;  // MoE layers 1 and 3
+  const int B = 2, N = B * c.seq_len;
+  const std::vector<int32_t> in = RandomTokens(N, c.vocab, 31), tg = RandomTokens(N, c.vocab, 32);
+
+  tensor::DeviceArena keep_arena(*device_, 0);
+  std::unique_ptr<GptMoe> keep = Make(c, keep_arena);
+  ASSERT_NE(keep, nullptr);
+  keep->ZeroGrad();
+  ASSERT_TRUE(keep->StageForward(0, in.data(), tg.data(), nullptr, B, nullptr).ok());
+  const uint64_t kept_after_forward = keep_arena.current_bytes();
+  ASSERT_TRUE(keep->StageBackward(0, nullptr, 1.0 / N, 1.0, nullptr).ok());
+
+  absl::StatusOr<std::unique_ptr<memory::CopyEngine>> engine = memory::CopyEngine::Create(*device_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  tensor::HostPool host(*device_, 0);
+  tensor::DeviceArena arena(*device_, 0);
+  std::unique_ptr<GptMoe> off = Make(c, arena);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(off->SetOffload(1.5, engine->get(), &host).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(off->SetOffload(1.0, engine->get(), &host).ok());
+  off->ZeroGrad();
+  ASSERT_TRUE(off->StageForward(0, in.data(), tg.data(), nullptr, B, nullptr).ok());
+  off->stash().WaitForCopies();
+  // Per MoE layer: R = N k = 32 rows; expert input and output 32 x 16, pre and hidden 32 x 24.
+  const uint64_t expert_bytes = 2 * 4 * (2 * 32 * 16 + 2 * 32 * 24);
+  EXPECT_EQ(host.current_bytes(), expert_bytes);
+  EXPECT_EQ(arena.current_bytes(), kept_after_forward - expert_bytes);
+  int offloaded = 0;
+  for (const StashEntryInfo& e : off->stash().Entries()) {
+    if (e.state != StashState::kOffloaded) continue;
+    ++offloaded;
+    EXPECT_THAT(std::string(memory::TensorTag(e.producer)),
+                ::testing::AnyOf("moe.expert_input", "moe.expert_pre", "moe.expert_hidden",
+                                 "moe.combined_output"));
+  }
+  EXPECT_EQ(offloaded, 8);
+
+  ASSERT_TRUE(off->StageBackward(0, nullptr, 1.0 / N, 1.0, nullptr).ok());
+  EXPECT_EQ(arena.current_bytes(), 0u);
+  EXPECT_EQ(host.current_bytes(), 0u);
+  const StashActionStats st = off->stash().action_stats();
+  EXPECT_EQ(st.offloaded_bytes, expert_bytes);
+  EXPECT_EQ(st.reloaded_bytes, expert_bytes);
+  ASSERT_EQ(off->num_params(), keep->num_params());
+  EXPECT_EQ(std::memcmp(off->grad_data(), keep->grad_data(), 4 * keep->num_params()), 0);
 }
 
 // The static memory policies: the arena peak equals the declared bytes under each policy, byte

@@ -1,12 +1,20 @@
 #include "runtime/model/stash.h"
 
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/device/backend.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/host_pool.h"
 
 namespace furnace::model {
 namespace {
@@ -69,6 +77,311 @@ TEST_F(StashTest, SizeMismatchIsInvalidArgument) {
   absl::StatusOr<StashHandle> h = stash_.Save("x", 0, std::move(*a), {3}, DType::kF32, {});
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(h.status().message(), ::testing::HasSubstr("'x'"));
+}
+
+TEST_F(StashTest, EntriesAreKeyedByMicroBatchAndProducer) {
+  for (int micro : {0, 1}) {
+    stash_.set_micro_batch(micro);
+    absl::StatusOr<tensor::Buffer> a = arena_.Allocate(8, "a");
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(stash_.Save("layers.1.moe.gates", 1, std::move(*a), {2}, DType::kF32, {}).ok());
+  }
+  absl::StatusOr<StashHandle> m0 = stash_.Find(0, "layers.1.moe.gates");
+  absl::StatusOr<StashHandle> m1 = stash_.Find(1, "layers.1.moe.gates");
+  ASSERT_TRUE(m0.ok() && m1.ok());
+  EXPECT_NE(m0->id, m1->id);
+  EXPECT_EQ(stash_.Entries()[1].micro, 1);
+  EXPECT_EQ(stash_.Find(2, "layers.1.moe.gates").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<tensor::Buffer> again = arena_.Allocate(8, "again");
+  ASSERT_TRUE(again.ok());
+  absl::StatusOr<StashHandle> dup =
+      stash_.Save("layers.1.moe.gates", 1, std::move(*again), {2}, DType::kF32, {});
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(stash_.Release(*m1).ok());
+  EXPECT_EQ(stash_.Find(1, "layers.1.moe.gates").status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---- Offload and compress ----
+
+// Holds the copy thread inside its pacing sleep while `held` is set (a job then stays in flight).
+struct HeldLink {
+  std::atomic<bool> held{false};
+  absl::Notification entered, release;
+  void Sleep() {
+    if (!held.load()) return;
+    if (!entered.HasBeenNotified()) entered.Notify();
+    release.WaitForNotification();
+  }
+};
+
+class StashActionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    memory::CopyEngineOptions o;
+    o.host_link_gbps = 1000;  // paced, so HeldLink can hold a job; the fake clock never sleeps
+    o.clock = &clock_;
+    o.sleep_until = [this](double) { link_.Sleep(); };
+    absl::StatusOr<std::unique_ptr<memory::CopyEngine>> e = memory::CopyEngine::Create(*device_, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    stash_ = std::make_unique<Stash>();
+    stash_->SetDeviceMemory(&arena_, &device::CpuBackend());
+    stash_->SetOffloadTargets(engine_.get(), &host_);
+  }
+  void TearDown() override {
+    stash_.reset();  // before the engine it waits on
+    engine_.reset();
+  }
+  // A (n) fp32 tensor of distinct values under `producer`; its values in *values.
+  StashHandle SaveValues(const std::string& producer, int n, std::vector<float>* values) {
+    absl::StatusOr<tensor::Buffer> b = arena_.Allocate(4 * n, producer);
+    EXPECT_TRUE(b.ok());
+    values->resize(n);
+    for (int i = 0; i < n; ++i) (*values)[i] = 0.37f * i - 11.0f + 1e-3f * (i % 7);
+    std::memcpy(b->data(), values->data(), 4 * n);
+    absl::StatusOr<StashHandle> h = stash_->Save(producer, 1, std::move(*b), {n}, DType::kF32, {});
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : StashHandle{};
+  }
+  std::vector<float> Values(StashHandle h) {
+    absl::StatusOr<tensor::TensorView> v = stash_->Get(h);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return {};
+    return std::vector<float>(v->as<float>(), v->as<float>() + v->numel());
+  }
+  StashState State(StashHandle h) {
+    for (const StashEntryInfo& e : stash_->Entries()) {
+      if (e.id == h.id) return e.state;
+    }
+    return StashState::kDropped;
+  }
+
+  std::unique_ptr<device::Device> device_ = device::CreateCpuDevice();
+  tensor::DeviceArena arena_{*device_, 0};
+  tensor::HostPool host_{*device_, 0};
+  FakeClock clock_;
+  HeldLink link_;
+  std::unique_ptr<memory::CopyEngine> engine_;
+  std::unique_ptr<Stash> stash_;
+};
+
+TEST_F(StashActionTest, OffloadFreesTheDeviceBytesAndGetIsBitExact) {
+  std::vector<float> want;
+  const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 1000, &want);
+  EXPECT_EQ(arena_.current_bytes(), 4000u);
+  ASSERT_TRUE(stash_->Offload(h).ok());
+  EXPECT_EQ(State(h), StashState::kOffloaded);
+  stash_->WaitForCopies();
+  EXPECT_EQ(arena_.current_bytes(), 0u);  // freed when the copy completed
+  EXPECT_EQ(host_.current_bytes(), 4000u);
+  EXPECT_EQ(stash_->stashed_bytes(), 0u);
+  EXPECT_EQ(stash_->peak_stashed_bytes(), 4000u);
+
+  const std::vector<float> got = Values(h);  // reloads and waits
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0);
+  EXPECT_EQ(State(h), StashState::kKept);
+  EXPECT_EQ(arena_.current_bytes(), 4000u);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+  const StashActionStats st = stash_->action_stats();
+  EXPECT_EQ(st.offloaded_bytes, 4000u);
+  EXPECT_EQ(st.reloaded_bytes, 4000u);
+  const memory::CopyEngineStats es = engine_->stats();
+  EXPECT_EQ(es.bytes_to_host, 4000u);
+  EXPECT_EQ(es.bytes_to_device, 4000u);
+  ASSERT_TRUE(stash_->Release(h).ok());
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+}
+
+TEST_F(StashActionTest, PrefetchAcquireAndPin) {
+  std::vector<float> va, vb;
+  const StashHandle a = SaveValues("layers.1.moe.expert_input", 64, &va);
+  const StashHandle b = SaveValues("layers.1.moe.expert_hidden", 32, &vb);
+  ASSERT_TRUE(stash_->Offload(a).ok());
+  ASSERT_TRUE(stash_->Offload(b).ok());
+  stash_->WaitForCopies();
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+  ASSERT_TRUE(stash_->Prefetch({b, a}).ok());         // backward order
+  EXPECT_EQ(arena_.current_bytes(), 4u * (64 + 32));  // the reload buffers are allocated up front
+  stash_->WaitForCopies();  // the reloads land before the backward needs them
+  absl::StatusOr<Stash::Lease> lease = stash_->Acquire({a, b, StashHandle{}});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(State(a), StashState::kKept);
+  EXPECT_EQ(State(b), StashState::kKept);
+  EXPECT_EQ(Values(a), va);
+  EXPECT_EQ(Values(b), vb);
+  // Acquired entries are pinned: their pointers stay valid until released.
+  EXPECT_EQ(stash_->Offload(a).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->Compress(b, memory::Codec::kBf16).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->action_stats().late_reloads, 0);  // landed before Acquire
+  *lease = Stash::Lease();                            // unpinned: actions are allowed again
+  ASSERT_TRUE(stash_->Compress(b, memory::Codec::kBf16).ok());
+  ASSERT_TRUE(stash_->Release(a).ok());
+  ASSERT_TRUE(stash_->Release(b).ok());
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+}
+
+// One Acquire over entries in every state: an offloaded one is reloaded, a compressed one decoded,
+// a dropped one rebuilt (its rebuild reads the offloaded one through Get), a kept one stays; all
+// are pinned until the lease ends, and Drop, Offload and Compress refuse them meanwhile.
+TEST_F(StashActionTest, AcquireRestoresOffloadedCompressedAndDroppedEntriesTogether) {
+  std::vector<float> vx, vh, vk;
+  const StashHandle x = SaveValues("layers.1.moe.expert_input", 64, &vx);
+  const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 64, &vh);
+  const StashHandle k = SaveValues("layers.1.moe.gates", 8, &vk);
+  // y = 2 x, rebuilt from x.
+  RecomputeSpec twice{"scale", {x}, 64};
+  int rebuilds = 0;
+  twice.rebuild = [this, x, &rebuilds]() -> absl::StatusOr<tensor::Buffer> {
+    ++rebuilds;
+    absl::StatusOr<tensor::TensorView> in = stash_->Get(x);
+    if (!in.ok()) return in.status();
+    absl::StatusOr<tensor::Buffer> out = arena_.Allocate(4 * 64, "y");
+    if (!out.ok()) return out.status();
+    for (int i = 0; i < 64; ++i) out->as<float>()[i] = 2 * in->as<float>()[i];
+    return out;
+  };
+  absl::StatusOr<tensor::Buffer> yb = arena_.Allocate(4 * 64, "y");
+  ASSERT_TRUE(yb.ok());
+  std::vector<float> vy(64);
+  for (int i = 0; i < 64; ++i) vy[i] = 2 * vx[i];
+  std::memcpy(yb->data(), vy.data(), 4 * 64);
+  absl::StatusOr<StashHandle> y =
+      stash_->Save("layers.1.moe.expert_pre", 1, std::move(*yb), {64}, DType::kF32, twice);
+  ASSERT_TRUE(y.ok()) << y.status();
+
+  ASSERT_TRUE(stash_->Drop(*y).ok());
+  ASSERT_TRUE(stash_->Offload(x).ok());
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kBf16).ok());
+  stash_->WaitForCopies();
+  EXPECT_EQ(State(*y), StashState::kDropped);
+  EXPECT_EQ(State(x), StashState::kOffloaded);
+  EXPECT_EQ(State(h), StashState::kCompressed);
+  EXPECT_EQ(arena_.current_bytes(), memory::EncodedBytes(memory::Codec::kBf16, 64) + 4u * 8);
+
+  absl::StatusOr<Stash::Lease> lease = stash_->Acquire({*y, h, k, x});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  for (StashHandle e : {x, *y, h, k}) EXPECT_EQ(State(e), StashState::kKept);
+  EXPECT_EQ(rebuilds, 1);
+  EXPECT_EQ(Values(x), vx);  // bit-exact
+  EXPECT_EQ(Values(*y), vy);
+  EXPECT_EQ(Values(k), vk);
+  const std::vector<float> got = Values(h);
+  ASSERT_EQ(got.size(), vh.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(std::fabs(got[i] - vh[i]), memory::ErrorBound(memory::Codec::kBf16, vh[i], 0));
+  }
+  EXPECT_EQ(stash_->action_stats().reloaded_bytes, 4u * 64);
+  EXPECT_EQ(stash_->rebuilt_bytes(), 4u * 64);
+  EXPECT_EQ(stash_->Drop(*y).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->Offload(x).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stash_->Compress(h, memory::Codec::kBf16).code(),
+            absl::StatusCode::kFailedPrecondition);
+  *lease = Stash::Lease();
+  EXPECT_TRUE(stash_->Drop(*y).ok());
+  EXPECT_TRUE(stash_->Offload(x).ok());
+  stash_->ReleaseAll();
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+}
+
+TEST_F(StashActionTest, AReloadStillInFlightWhenAcquiredIsLate) {
+  std::vector<float> want;
+  const StashHandle h = SaveValues("layers.1.moe.expert_pre", 256, &want);
+  ASSERT_TRUE(stash_->Offload(h).ok());
+  stash_->WaitForCopies();
+  link_.held.store(true);
+  std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({h}).ok()); });
+  link_.entered.WaitForNotification();  // the reload is being copied
+  while (engine_->stats().late_reloads == 0) absl::SleepFor(absl::Milliseconds(1));
+  link_.release.Notify();
+  backward.join();
+  EXPECT_EQ(stash_->action_stats().late_reloads, 1);
+  EXPECT_EQ(Values(h), want);
+}
+
+TEST_F(StashActionTest, WantedBackBeforeTheOffloadLandedKeepsTheDeviceBytes) {
+  std::vector<float> want;
+  const StashHandle h = SaveValues("layers.1.moe.combined_output", 128, &want);
+  link_.held.store(true);
+  ASSERT_TRUE(stash_->Offload(h).ok());
+  link_.entered.WaitForNotification();  // the offload copy is in flight
+  std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({h}).ok()); });
+  while (engine_->stats().late_reloads == 0) absl::SleepFor(absl::Milliseconds(1));
+  link_.release.Notify();
+  backward.join();
+  EXPECT_EQ(Values(h), want);
+  EXPECT_EQ(arena_.current_bytes(), 512u);  // never freed, never reloaded
+  EXPECT_EQ(host_.current_bytes(), 0u);
+  EXPECT_EQ(engine_->stats().bytes_to_device, 0u);
+}
+
+TEST_F(StashActionTest, CompressStoresTheEncodingAndGetRestoresFp32) {
+  std::vector<float> want;
+  const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 1000, &want);
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kFp8E4M3).ok());
+  EXPECT_EQ(State(h), StashState::kCompressed);
+  const uint64_t encoded = memory::EncodedBytes(memory::Codec::kFp8E4M3, 1000);
+  EXPECT_EQ(arena_.current_bytes(), encoded);
+  EXPECT_EQ(stash_->stashed_bytes(), encoded);
+  const std::vector<float> got = Values(h);
+  ASSERT_EQ(got.size(), want.size());
+  float amax = 0;
+  for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(want[i]));
+  for (int i = 0; i < 128; ++i) {
+    EXPECT_LE(std::fabs(got[i] - want[i]),
+              memory::ErrorBound(memory::Codec::kFp8E4M3, want[i], amax / 448.0f));
+  }
+  EXPECT_NE(got, want);  // lossy
+  EXPECT_EQ(arena_.current_bytes(), 4000u);
+  const StashActionStats st = stash_->action_stats();
+  EXPECT_EQ(st.compressed_bytes, 4000u);
+  EXPECT_EQ(st.compressed_saved_bytes, 4000u - encoded);
+
+  // bf16 after decompression: a second action on the same entry.
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kBf16).ok());
+  EXPECT_EQ(arena_.current_bytes(), 2000u);
+  ASSERT_TRUE(stash_->Acquire({h}).ok());
+  EXPECT_EQ(arena_.current_bytes(), 4000u);
+}
+
+TEST_F(StashActionTest, Errors) {
+  std::vector<float> v;
+  const StashHandle gates = SaveValues("layers.1.moe.gates", 16, &v);
+  absl::Status s = stash_->Compress(gates, memory::Codec::kBf16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("'layers.1.moe.gates'"));
+  EXPECT_EQ(State(gates), StashState::kKept);
+  EXPECT_EQ(stash_->Offload(StashHandle{999}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(stash_->Prefetch({StashHandle{999}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(stash_->Compress(StashHandle{999}, memory::Codec::kBf16).code(),
+            absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(stash_->Offload(gates).ok());
+  s = stash_->Offload(gates);  // twice
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("offloaded"));
+  EXPECT_EQ(Values(gates), v);
+
+  // A host pool too small: ResourceExhausted, and the tensor stays kept.
+  tensor::HostPool tiny(*device_, 8);
+  stash_->SetOffloadTargets(engine_.get(), &tiny);
+  EXPECT_EQ(stash_->Offload(gates).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(State(gates), StashState::kKept);
+
+  // Without a copy engine there is no offload.
+  stash_->SetOffloadTargets(nullptr, nullptr);
+  EXPECT_EQ(stash_->Offload(gates).code(), absl::StatusCode::kFailedPrecondition);
+
+  // A shut-down engine refuses the copy; the tensor stays kept.
+  stash_->SetOffloadTargets(engine_.get(), &host_);
+  engine_->Shutdown();
+  EXPECT_EQ(stash_->Offload(gates).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(State(gates), StashState::kKept);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+  EXPECT_EQ(Values(gates), v);
 }
 
 // Drop and recompute: a float buffer of n elements filled with `value`, with a rebuild that
@@ -254,6 +567,7 @@ TEST(MemoryPolicyTest, ParseTagsAndActions) {
   EXPECT_EQ(*memory::ParseMemoryPolicy("selective"), MemoryPolicy::kSelective);
   EXPECT_EQ(*memory::ParseMemoryPolicy("full_recompute"), MemoryPolicy::kFullRecompute);
   EXPECT_EQ(*memory::ParseMemoryPolicy("none"), MemoryPolicy::kNone);
+  EXPECT_EQ(*memory::ParseMemoryPolicy("offload"), MemoryPolicy::kOffload);
   EXPECT_EQ(memory::ParseMemoryPolicy("adaptive").status().code(),
             absl::StatusCode::kUnimplemented);
   absl::Status bad = memory::ParseMemoryPolicy("lazy").status();
@@ -263,12 +577,14 @@ TEST(MemoryPolicyTest, ParseTagsAndActions) {
   EXPECT_EQ(memory::TensorTag("lnf.out"), "lnf.out");
   for (const char* tag : {"ln1.out", "ln2.out", "lnf.out", "mlp.hidden", "moe.expert_hidden"}) {
     EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kNone, tag), SaveAction::kKeep);
+    EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kOffload, tag), SaveAction::kKeep);
     EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kSelective, tag),
               SaveAction::kDropAfterForward);
     EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kFullRecompute, tag),
               SaveAction::kDropAfterForward);
   }
   for (const char* tag : {"moe.router_probs", "moe.expert_input", "moe.combined_output"}) {
+    EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kOffload, tag), SaveAction::kKeep);
     EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kSelective, tag), SaveAction::kKeep);
     EXPECT_EQ(memory::StaticSaveAction(MemoryPolicy::kFullRecompute, tag),
               SaveAction::kDropAfterForward);

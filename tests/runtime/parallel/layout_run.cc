@@ -16,8 +16,10 @@
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/copy_engine.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/host_pool.h"
 #include "runtime/train/rank_layout.h"
 #include "runtime/train/trainer.h"
 #include "tests/runtime/comm/fork_world.h"
@@ -31,7 +33,31 @@ struct Trained {
   std::vector<std::vector<int64_t>> tokens_per_expert;  // per step, layers x E flattened
   int in_flight_peak = 0;
   std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
+  model::StashActionStats stash;
 };
+
+// What the model's stash actions go through; made before the model, which must not outlive it.
+struct MemoryActions {
+  std::unique_ptr<memory::CopyEngine> engine;
+  std::unique_ptr<tensor::HostPool> host;
+};
+
+absl::StatusOr<MemoryActions> MakeMemoryActions(const LayoutCase& c, device::Device& device) {
+  MemoryActions m;
+  if (c.offload_ratio > 0) {
+    memory::CopyEngineOptions options;
+    options.host_link_gbps = c.host_link_gbps;
+    ASSIGN_OR_RETURN(m.engine, memory::CopyEngine::Create(device, options));
+    m.host = std::make_unique<tensor::HostPool>(device, 0);
+  }
+  return m;
+}
+
+absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::GptMoe& model) {
+  model.SetCompress(c.compress);
+  if (m.engine == nullptr) return absl::OkStatus();
+  return model.SetOffload(c.offload_ratio, m.engine.get(), m.host.get());
+}
 
 absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c) {
   data::MarkovConfig mc;
@@ -78,6 +104,7 @@ absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int mic
     t.in_flight_peak = std::max(t.in_flight_peak, st.in_flight_peak);
     for (const train::CommStats& cs : st.comm) t.comm_bytes[static_cast<int>(cs.op)] += cs.bytes;
   }
+  t.stash = model.stash().action_stats();
   return t;
 }
 
@@ -114,6 +141,7 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   }
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
+  Put(out, t.stash);
   Put<int32_t>(out, static_cast<int32_t>(model.params().size()));
   const float* data = const_cast<model::GptMoe&>(model).param_data();
   for (const train::ParamInfo& p : model.params()) {
@@ -149,10 +177,12 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
                      train::BuildRankLayout(topo, rank, c.model, factory));
     std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
     tensor::DeviceArena arena(*cpu, 0);
+    ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
     ASSIGN_OR_RETURN(
         std::unique_ptr<model::GptMoe> model,
         model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
     RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
+    RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
     return WriteRank(RankFile(dir, rank), t, *model);
   };
@@ -215,6 +245,9 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
     std::vector<int64_t> bytes(comm::kNumCollectiveOps);
     for (int64_t& b : bytes) Take(in, b);
     r.comm_bytes.push_back(bytes);
+    model::StashActionStats stash;
+    Take(in, stash);
+    r.stash_actions.push_back(stash);
     int32_t n = 0;
     Take(in, n);
     for (int32_t i = 0; i < n; ++i) {
@@ -264,11 +297,14 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   kernels::cpu::SetBlasThreads(1);
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, 0);
+  ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
                    model::GptMoe::Create(c.model, c.seed, *cpu, arena));
   RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
+  RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
   ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
   RunResult r;
+  r.stash_actions.push_back(t.stash);
   r.loss = t.loss;
   r.aux_loss = t.aux;
   r.grad_norm = t.norm;

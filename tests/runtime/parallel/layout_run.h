@@ -10,12 +10,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/memory/codec.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
+#include "runtime/model/stash.h"
 #include "runtime/topology/topology.h"
 
 namespace furnace::testing {
@@ -29,6 +32,11 @@ struct LayoutCase {
   double lr = 3e-3;
   uint64_t seed = 7;
   memory::MemoryPolicy policy = memory::MemoryPolicy::kNone;  // on every rank
+  // Stash actions: the static offload policy's share (0: policy none) through a copy engine paced
+  // to host_link_gbps, and reduced-precision storage of the expert buffers.
+  double offload_ratio = 0;
+  double host_link_gbps = 0;
+  std::optional<memory::Codec> compress;
 };
 
 struct RunResult {
@@ -40,6 +48,7 @@ struct RunResult {
   std::map<std::string, std::vector<float>> params;     // whole tensors by name
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
+  std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps
 };
 
 absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);

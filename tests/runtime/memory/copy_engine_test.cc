@@ -1,0 +1,204 @@
+#include "runtime/memory/copy_engine.h"
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace furnace::memory {
+namespace {
+
+// A link sleeper that holds the copy thread until released (for jobs that must stay in flight),
+// and otherwise moves a FakeClock to the wake-up time.
+class HeldLink {
+ public:
+  explicit HeldLink(FakeClock& clock) : clock_(clock) {}
+  void Hold() { held_.store(true); }
+  void Release() {
+    held_.store(false);
+    release_.Notify();
+  }
+  void WaitEntered() { entered_.WaitForNotification(); }
+  void SleepUntil(double until) {
+    if (held_.load()) {
+      if (!entered_.HasBeenNotified()) entered_.Notify();
+      release_.WaitForNotification();
+    }
+    const double now = clock_.MonotonicSeconds();
+    if (until > now) clock_.Advance(until - now);
+    absl::MutexLock lock(&mu_);
+    wakeups_.push_back(until);
+  }
+  std::vector<double> wakeups() {
+    absl::MutexLock lock(&mu_);
+    return wakeups_;
+  }
+
+ private:
+  FakeClock& clock_;
+  std::atomic<bool> held_{false};
+  absl::Notification entered_, release_;
+  absl::Mutex mu_;
+  std::vector<double> wakeups_;
+};
+
+class CopyEngineTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<CopyEngine> Make(double gbps) {
+    CopyEngineOptions o;
+    o.host_link_gbps = gbps;
+    o.clock = &clock_;
+    o.sleep_until = [this](double until) { link_.SleepUntil(until); };
+    absl::StatusOr<std::unique_ptr<CopyEngine>> e = CopyEngine::Create(*device_, o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  std::unique_ptr<device::Device> device_ = device::CreateCpuDevice();
+  FakeClock clock_;
+  HeldLink link_{clock_};
+};
+
+TEST_F(CopyEngineTest, JobsCompleteInSubmissionOrderWithTheirBytes) {
+  std::unique_ptr<CopyEngine> engine = Make(0);
+  ASSERT_NE(engine, nullptr);
+  constexpr int kJobs = 20;
+  std::vector<std::vector<float>> src(kJobs), dst(kJobs);
+  std::vector<int> order;  // appended by the hooks, all on the copy thread
+  std::vector<CopyTicket> tickets;
+  uint64_t to_host = 0, to_device = 0;
+  for (int j = 0; j < kJobs; ++j) {
+    src[j].resize(16 * (j + 1));
+    std::iota(src[j].begin(), src[j].end(), 1000.0f * j);
+    dst[j].assign(src[j].size(), -1.0f);
+    const auto dir = j % 2 == 0 ? CopyDirection::kDeviceToHost : CopyDirection::kHostToDevice;
+    const uint64_t bytes = 4 * src[j].size();
+    (j % 2 == 0 ? to_host : to_device) += bytes;
+    tickets.push_back(engine->Submit(dir, dst[j].data(), src[j].data(), bytes,
+                                     [&order, j](const absl::Status& s) {
+                                       EXPECT_TRUE(s.ok()) << s;
+                                       order.push_back(j);
+                                     }));
+  }
+  for (const CopyTicket& t : tickets) ASSERT_TRUE(engine->Wait(t).ok());
+  std::vector<int> want(kJobs);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(order, want);
+  for (int j = 0; j < kJobs; ++j) EXPECT_EQ(dst[j], src[j]) << "job " << j;
+  const CopyEngineStats s = engine->stats();
+  EXPECT_EQ(s.bytes_to_host, to_host);
+  EXPECT_EQ(s.bytes_to_device, to_device);
+  EXPECT_EQ(s.jobs, kJobs);
+  EXPECT_EQ(s.modelled_seconds, 0.0);  // unpaced
+  EXPECT_TRUE(link_.wakeups().empty());
+  EXPECT_EQ(s.late_reloads, 0);
+}
+
+TEST_F(CopyEngineTest, PacingChargesBytesOverTheLinkRate) {
+  std::unique_ptr<CopyEngine> engine = Make(2.0);  // 2 GB/s
+  ASSERT_NE(engine, nullptr);
+  std::vector<char> a(1'000'000, 'a'), b(3'000'000, 'b'), out_a(a.size()), out_b(b.size());
+  CopyTicket ta = engine->Submit(CopyDirection::kDeviceToHost, out_a.data(), a.data(), a.size());
+  CopyTicket tb = engine->Submit(CopyDirection::kHostToDevice, out_b.data(), b.data(), b.size());
+  ASSERT_TRUE(engine->Wait(tb).ok());
+  EXPECT_TRUE(engine->Done(ta));
+  EXPECT_EQ(out_a, a);
+  EXPECT_EQ(out_b, b);
+  // Each job sleeps until its start + bytes / rate; on the fake clock the copies take no time, so
+  // the second starts where the first ended.
+  const double da = 1e6 / 2e9, db = 3e6 / 2e9;
+  ASSERT_THAT(link_.wakeups(),
+              ::testing::ElementsAre(::testing::DoubleEq(da), ::testing::DoubleEq(da + db)));
+  const CopyEngineStats s = engine->stats();
+  EXPECT_DOUBLE_EQ(s.modelled_seconds, da + db);
+  EXPECT_DOUBLE_EQ(s.busy_seconds, da + db);
+  EXPECT_DOUBLE_EQ(clock_.MonotonicSeconds(), da + db);
+  EXPECT_EQ(engine->host_link_gbps(), 2.0);
+}
+
+TEST_F(CopyEngineTest, AReloadNotDoneByItsDeadlineIsLate) {
+  std::unique_ptr<CopyEngine> engine = Make(1.0);
+  ASSERT_NE(engine, nullptr);
+  std::vector<char> src(4096, 'x'), dst(4096, 0);
+  // Done before the deadline: not late.
+  CopyTicket early = engine->Submit(CopyDirection::kHostToDevice, dst.data(), src.data(), 64);
+  ASSERT_TRUE(engine->Wait(early).ok());
+  bool late = true;
+  ASSERT_TRUE(engine->Wait(early, /*deadline=*/-1.0, &late).ok());
+  EXPECT_FALSE(late);
+  EXPECT_EQ(engine->stats().late_reloads, 0);
+
+  // Held in flight, waited for with a deadline already passed: late.
+  link_.Hold();
+  CopyTicket held =
+      engine->Submit(CopyDirection::kHostToDevice, dst.data(), src.data(), src.size());
+  link_.WaitEntered();
+  clock_.Advance(10);
+  std::thread waiter([&] {
+    bool l = false;
+    EXPECT_TRUE(engine->Wait(held, /*deadline=*/5.0, &l).ok());
+    EXPECT_TRUE(l);
+  });
+  while (engine->stats().late_reloads == 0) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_FALSE(engine->Done(held));
+  link_.Release();
+  waiter.join();
+  EXPECT_TRUE(engine->Done(held));
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(engine->stats().late_reloads, 1);
+}
+
+TEST_F(CopyEngineTest, ShutdownFinishesTheJobInFlightAndCancelsTheQueue) {
+  std::unique_ptr<CopyEngine> engine = Make(1.0);
+  ASSERT_NE(engine, nullptr);
+  std::vector<char> src(1024, 'q'), a(1024, 0), b(1024, 0), c(1024, 0);
+  std::vector<absl::StatusCode> hooks(3, absl::StatusCode::kUnknown);
+  auto hook = [&hooks](int i) {
+    return [&hooks, i](const absl::Status& s) { hooks[i] = s.code(); };
+  };
+  link_.Hold();
+  CopyTicket ta = engine->Submit(CopyDirection::kDeviceToHost, a.data(), src.data(), 1024, hook(0));
+  link_.WaitEntered();  // a is being copied
+  CopyTicket tb = engine->Submit(CopyDirection::kDeviceToHost, b.data(), src.data(), 1024, hook(1));
+  CopyTicket tc = engine->Submit(CopyDirection::kHostToDevice, c.data(), src.data(), 1024, hook(2));
+  std::thread stopper([&] { engine->Shutdown(); });
+  // The queued jobs are cancelled while a is still in flight.
+  EXPECT_EQ(engine->Wait(tb).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(engine->Wait(tc).code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(engine->Done(ta));
+  link_.Release();
+  stopper.join();
+  EXPECT_TRUE(engine->Wait(ta).ok());
+  EXPECT_EQ(a, src);
+  EXPECT_EQ(b, std::vector<char>(1024, 0));
+  EXPECT_EQ(c, std::vector<char>(1024, 0));
+  EXPECT_EQ(hooks,
+            (std::vector<absl::StatusCode>{absl::StatusCode::kOk, absl::StatusCode::kCancelled,
+                                           absl::StatusCode::kCancelled}));
+  bool called = false;
+  CopyTicket td = engine->Submit(CopyDirection::kDeviceToHost, b.data(), src.data(), 1024,
+                                 [&called](const absl::Status&) { called = true; });
+  EXPECT_TRUE(engine->Done(td));
+  EXPECT_EQ(engine->Wait(td).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(called);  // a refused job's hook never runs
+  const CopyEngineStats s = engine->stats();
+  EXPECT_EQ(s.bytes_to_host, 1024u);
+  EXPECT_EQ(s.bytes_to_device, 0u);
+  EXPECT_EQ(s.jobs, 1);
+}
+
+TEST_F(CopyEngineTest, BadLinkRateIsRefused) {
+  CopyEngineOptions o;
+  o.host_link_gbps = -1;
+  EXPECT_EQ(CopyEngine::Create(*device_, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace furnace::memory
