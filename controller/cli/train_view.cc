@@ -282,6 +282,13 @@ std::string TrainPlainSuffix(const TrainMetrics& m) {
   if (m.loss) absl::StrAppend(&out, "  loss ", Fixed4(*m.loss));
   if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));
   if (m.mfu) absl::StrAppend(&out, "  MFU ", FormatMfu(m));
+  // The memory policy's actions of the step, when it took any ("memory offload 1.2 MiB").
+  if (!m.planner.empty()) {
+    absl::StrAppend(&out, "  memory");
+    for (const auto& [action, bytes] : m.planner) {
+      absl::StrAppend(&out, " ", action, " ", FormatBytes(Bytes(bytes)));
+    }
+  }
   return out;
 }
 

@@ -97,6 +97,14 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
 
 void GptMoe::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+train::MemoryActionTotals GptMoe::MemoryActions() const {
+  const StashActionStats a = stash_.action_stats();
+  return {.recomputed_bytes = stash_.rebuilt_bytes(),
+          .offloaded_bytes = a.offloaded_bytes,
+          .compressed_bytes = a.compressed_bytes,
+          .late_reloads = a.late_reloads};
+}
+
 void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {
   step_ = step;
   first_sequence_ = first_global_sequence;

@@ -96,6 +96,9 @@ class GptMoe final : public train::PipelineStage {
   // Routing spikes (config.spikes, spikes.h) are drawn for this step and these sequences. Before
   // the first call the model has no step and injects no spike.
   void SetStepContext(int64_t step, int64_t first_global_sequence) override;
+  // The stash's action counters: bytes rebuilt after a drop, offloaded, stored compressed; late
+  // reloads.
+  train::MemoryActionTotals MemoryActions() const override;
 
   // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
   // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else

@@ -1,20 +1,24 @@
 """memory.policy through the control plane: a tiny job trained with `selective` (norm and GELU
 outputs dropped after forward, rebuilt in backward) ends with exactly the parameters of the same
-job under `none`, reports a smaller activation peak, and its rank says which policy it ran."""
+job under `none`, reports a smaller activation peak and its recompute bytes, and its rank says
+which policy it ran. Under a budget that only `selective` fits, a `none` job runs out of memory
+once, is restarted under `selective` (out-of-memory escalation) and ends with the same
+parameters."""
 import json
 import os
 import struct
+import urllib.request
 
 import harness
 
 
-def job(name, policy):
+def job(name, policy, budget=0):
     return f"""name: {name}
 kind: train
 model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 4, expert_ffn: 64}}
 moe: {{experts: 4, top_k: 2}}
 parallel: {{micro_batch: 4, micro_batches: 2}}
-memory: {{policy: {policy}}}
+memory: {{policy: {policy}, device_budget: {budget}}}
 train: {{steps: 12, lr: 3.0e-3, warmup: 2, seed: 11}}
 data: {{source: markov, seed: 5}}
 checkpoint: {{every: 6, keep: 1}}
@@ -33,6 +37,11 @@ def read_safetensors(path):
 def activation_peak(d):
     memory = d["telemetry"]["memory"]
     return int(memory.get("activation_peak_bytes", memory.get("activationPeakBytes", 0)))
+
+
+def planner_bytes(d):
+    """The last step's bytes per memory action on rank 0, e.g. {"PLANNER_ACTION_RECOMPUTE": 4096}."""
+    return {p["action"]: int(p["bytes"]) for p in d["telemetry"].get("planner", [])}
 
 
 class MemoryPolicyTest(harness.ClusterTest):
@@ -56,11 +65,43 @@ class MemoryPolicyTest(harness.ClusterTest):
         self.assertIn("memory policy none", c.cli("logs", none).stdout)
         self.assertLess(activation_peak(d_sel), activation_peak(d_none))
         self.assertGreater(activation_peak(d_sel), 0)
+        # The step telemetry says what the policy did: selective rebuilt what it dropped.
+        self.assertEqual(planner_bytes(d_none), {})
+        self.assertEqual(list(planner_bytes(d_sel)), ["PLANNER_ACTION_RECOMPUTE"], d_sel["telemetry"])
+        self.assertGreater(planner_bytes(d_sel)["PLANNER_ACTION_RECOMPUTE"], 0)
         a, b = self.export(none, "none.safetensors"), self.export(selective, "sel.safetensors")
         self.assertEqual(sorted(a), sorted(b))
         self.assertIn("layers.3.moe.experts.3.w2", a)
         for name in a:
             self.assertTrue(a[name] == b[name], f"{name} differs between none and selective")
+
+        # No out-of-memory loop: with an activation budget between the two policies' peaks (the
+        # largest over every step of the runs above), `none` runs out of memory, the controller
+        # restarts the job under `selective`, and it ends with the same parameters.
+        peak_none, peak_sel = self.max_peak(none), self.max_peak(selective)
+        self.assertLess(peak_sel, peak_none)
+        budget = (peak_sel + peak_none) // 2
+        tight = c.submit(c.write_job("tight.yaml", job("tight", "none", budget)))
+        d = c.wait_state(tight, harness.FINAL, timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        attempts = d["attempts"]
+        self.assertEqual(len(attempts), 2, attempts)
+        self.assertEqual(attempts[0].get("failure_kind"), "oom", attempts[0])
+        self.assertEqual(attempts[0].get("memory_policy"), "none")
+        self.assertEqual(attempts[1].get("memory_policy"), "selective")
+        escalations = [e["message"] for e in d["events"] if e["kind"] == "escalate"]
+        self.assertEqual(escalations, ["attempt 1 ran out of memory under memory.policy none; "
+                                       "attempt 2 runs with selective"])
+        self.assertIn("memory policy selective", c.cli("logs", tight).stdout)
+        t = self.export(tight, "tight.safetensors")
+        for name in a:
+            self.assertTrue(a[name] == t[name], f"{name} differs between none and the escalated run")
+
+    def max_peak(self, job_id):
+        url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job_id}/series?max=1000"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            steps = json.loads(r.read().decode())["steps"]
+        return max(int(s["activation_peak_bytes"]) for s in steps)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "controller/cli/format.h"
 #include "controller/cli/status_view.h"
 #include "controller/cli/watch_view.h"
 #include "gtest/gtest.h"
@@ -243,6 +244,21 @@ TEST_F(TrainViewTest, PlainLinesCarryLossTokensPerSecondAndMfu) {
   lines = PlainWatchLines(&same, next);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find("step 51/100 (51%)  loss 2.3000"), std::string::npos) << lines[0];
+}
+
+TEST_F(TrainViewTest, PlainLinesShowTheMemoryActionsOfTheStep) {
+  v1::JobDetail job = MakeTrainJob();
+  for (const auto& [action, bytes] : {std::pair{v1::PLANNER_ACTION_OFFLOAD, uint64_t{3} << 20},
+                                      std::pair{v1::PLANNER_ACTION_RECOMPUTE, uint64_t{512}}}) {
+    v1::PlannerActionBytes* p = job.mutable_telemetry()->add_planner();
+    p->set_action(action);
+    p->set_bytes(bytes);
+  }
+  const auto lines = PlainWatchLines(nullptr, job);
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string want = "MFU 3.40%  memory offload " + FormatBytes(uint64_t{3} << 20) +
+                           " recompute " + FormatBytes(512);
+  EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
 }
 
 TEST(StepRateTest, MeasuresOverWindowAndRestartsOnNewAttempt) {

@@ -220,6 +220,12 @@ TEST_F(MemoryTest, OffloadedExpertBuffersLeaveTheArenaAndComeBackBitExact) {
   const StashActionStats st = off->stash().action_stats();
   EXPECT_EQ(st.offloaded_bytes, expert_bytes);
   EXPECT_EQ(st.reloaded_bytes, expert_bytes);
+  // What the training loop reports as planner bytes (Trainable::MemoryActions).
+  const train::MemoryActionTotals actions = off->MemoryActions();
+  EXPECT_EQ(actions.offloaded_bytes, expert_bytes);
+  EXPECT_EQ(actions.recomputed_bytes, 0u);
+  EXPECT_EQ(actions.compressed_bytes, 0u);
+  EXPECT_EQ(keep->MemoryActions().offloaded_bytes, 0u);
   ASSERT_EQ(off->num_params(), keep->num_params());
   EXPECT_EQ(std::memcmp(off->grad_data(), keep->grad_data(), 4 * keep->num_params()), 0);
 }
@@ -271,6 +277,9 @@ TEST_F(MemoryTest, PoliciesMatchTheirDeclaredPeakAndNoneBitForBit) {
       }
       EXPECT_GT(m->stash().dropped_bytes(), 0u);
       EXPECT_EQ(m->stash().rebuilt_bytes(), m->stash().dropped_bytes());
+      EXPECT_EQ(m->MemoryActions().recomputed_bytes, m->stash().rebuilt_bytes());
+      EXPECT_EQ(m->MemoryActions().offloaded_bytes, 0u);
+      EXPECT_EQ(ref->MemoryActions().recomputed_bytes, 0u);
       EXPECT_LT(m->last_stashed_bytes(), ref->last_stashed_bytes());
       EXPECT_EQ(m->stash().size(), 0);
       EXPECT_EQ(arena.current_bytes(), 0u);
