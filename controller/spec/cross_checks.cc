@@ -176,6 +176,22 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      "planner)",
                      absl::StrCat("'", policy, "'"), "none, selective, full_recompute, offload"});
     }
+    // The offload settings do something only under the offload policy; elsewhere they would be
+    // accepted and ignored. 0.5 is offload_ratio's default (sections_model.cc).
+    if (policy != "offload") {
+      const std::string only =
+          absl::StrCat("applies only to memory.policy offload (this job's policy is ", policy, ")");
+      if (spec.memory().offload_ratio() != 0.5) {
+        c.Fail({"memory.offload_ratio", "memory.policy"},
+               Problem{only, absl::StrCat(spec.memory().offload_ratio()),
+                       "0.5 (the default), or memory.policy: offload"});
+      }
+      if (spec.memory().host_link_gbps() != 0) {
+        c.Fail({"memory.host_link_gbps", "memory.policy"},
+               Problem{only, absl::StrCat(spec.memory().host_link_gbps()),
+                       "0 (the default), or memory.policy: offload"});
+      }
+    }
     if (spec.checkpoint().async()) {
       c.Fail({"checkpoint.async"},
              Problem{"is not available in this build (checkpoints are written synchronously, "

@@ -288,6 +288,25 @@ TEST(JobSpecTest, StaticMemoryPoliciesAreAccepted) {
       << adaptive.status();
 }
 
+// The offload settings under another policy would be accepted and ignored: refused, naming them.
+TEST(JobSpecTest, OffloadSettingsWithoutTheOffloadPolicyAreRefused) {
+  for (const char* memory : {"{policy: selective, offload_ratio: 0.25}", "{host_link_gbps: 55}"}) {
+    absl::StatusOr<JobSpec> spec =
+        ParseJobYaml(absl::StrCat("name: a\nkind: train\nmemory: ", memory, "\n"), "job.yaml");
+    ASSERT_FALSE(spec.ok()) << memory;
+    EXPECT_NE(spec.status().message().find("applies only to memory.policy offload"),
+              std::string::npos)
+        << spec.status();
+  }
+  absl::StatusOr<JobSpec> spec = ParseJobYaml(
+      "name: a\nkind: train\nmemory: {policy: none, offload_ratio: 0.25}\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("memory.offload_ratio"), std::string::npos)
+      << spec.status();
+  EXPECT_NE(spec.status().message().find("this job's policy is none"), std::string::npos)
+      << spec.status();
+}
+
 TEST(JobSpecTest, OffloadPolicyIsAcceptedWithItsRatioAndLink) {
   JobSpec s = MustParse(
       "name: a\nkind: train\nmemory: {policy: offload, offload_ratio: 0.25, host_link_gbps: "
