@@ -227,8 +227,8 @@ absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
 namespace {
 
 // The memory policy of the attempt about to start (train jobs only): the spec's for the first
-// attempt; after an out-of-memory exit the next rung of EscalatedMemoryPolicy (a replayed spike
-// would fail the same way again); after any other failure the previous attempt's.
+// attempt; after a rank ran out of activation memory the next rung of EscalatedMemoryPolicy (a
+// replayed spike would fail the same way again); after any other failure the previous attempt's.
 std::string NextAttemptMemoryPolicy(const Job& job) {
   if (job.spec.kind() != "train") return "";
   const std::string& spec_policy = job.spec.memory().policy();
@@ -236,7 +236,7 @@ std::string NextAttemptMemoryPolicy(const Job& job) {
   if (last == nullptr || last->memory_policy().empty()) {
     return spec_policy.empty() ? "none" : spec_policy;
   }
-  if (last->failure_kind() != "oom") return last->memory_policy();
+  if (!last->activation_oom()) return last->memory_policy();
   return EscalatedMemoryPolicy(last->memory_policy()).value_or(last->memory_policy());
 }
 

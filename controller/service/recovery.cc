@@ -451,8 +451,12 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                       report.worker_id());
     }
   } else {
-    const bool last_rung = report.exit_kind() == v1::EXIT_KIND_OOM &&
-                           !attempt.memory_policy().empty() &&
+    // The rank's own out-of-memory exit (its activation arena refused) escalates the memory
+    // policy; the kernel's OOM killer (host RAM, maybe another process) is retried as it is.
+    const bool activation_oom = report.exit_kind() == v1::EXIT_KIND_OOM &&
+                                report.exit_code() == v1::RANK_EXIT_OUT_OF_MEMORY;
+    if (activation_oom) attempt.set_activation_oom(true);
+    const bool last_rung = activation_oom && !attempt.memory_policy().empty() &&
                            !EscalatedMemoryPolicy(attempt.memory_policy()).has_value();
     FailAttempt(job, FailureKind(report.exit_kind()),
                 absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",

@@ -125,6 +125,7 @@ absl::Status CopyEngine::Wait(const CopyTicket& ticket) {
   if (!ticket.valid()) return absl::OkStatus();
   CopyTicket::Job* job = ticket.job_.get();
   absl::MutexLock lock(&mu_);
+  if (!job->done) ++stats_.blocked_waits;
   mu_.Await(absl::Condition(&job->done));
   return job->status;
 }
@@ -135,6 +136,7 @@ absl::Status CopyEngine::Wait(const CopyTicket& ticket, double deadline, bool* l
   CopyTicket::Job* job = ticket.job_.get();
   const double left = deadline - options_.clock->MonotonicSeconds();
   absl::MutexLock lock(&mu_);
+  if (!job->done) ++stats_.blocked_waits;
   const bool in_time =
       left > 0 ? mu_.AwaitWithTimeout(absl::Condition(&job->done), absl::Seconds(left)) : job->done;
   if (!in_time) {

@@ -66,6 +66,7 @@ struct CopyEngineStats {
   double busy_seconds = 0;      // copy thread time spent on jobs, pacing included
   double modelled_seconds = 0;  // sum of bytes / rate (0 when unpaced)
   int64_t late_reloads = 0;     // Waits whose job was not done by their deadline
+  int64_t blocked_waits = 0;    // Waits (with or without a deadline) that found their job not done
 };
 
 class CopyEngine;

@@ -409,6 +409,10 @@ absl::Status GptMoe::SetOffload(double ratio, memory::CopyEngine* engine, tensor
   if ((engine == nullptr) != (host == nullptr)) {
     return absl::InvalidArgumentError("GptMoe: offload needs both a copy engine and a host pool");
   }
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "offload: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
+  }
   offload_ratio_ = engine == nullptr ? 0 : ratio;
   engine_ = engine;
   stash_.SetOffloadTargets(engine, host);

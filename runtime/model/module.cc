@@ -23,14 +23,28 @@ absl::StatusOr<tensor::TensorView> GetTyped(ModuleContext& ctx, StashHandle hand
 
 }  // namespace
 
+namespace {
+
+// An allocation the arena refuses is tried once more after the stash's copies in flight land:
+// an offloaded tensor frees its device bytes only when its copy to the host completes, so whether
+// it fits must not depend on how fast the copy thread is.
+absl::StatusOr<tensor::Buffer> Allocate(ModuleContext& ctx, int64_t bytes, std::string tag) {
+  absl::StatusOr<tensor::Buffer> buffer = ctx.arena.Allocate(bytes, tag);
+  if (!absl::IsResourceExhausted(buffer.status())) return buffer;
+  ctx.stash.WaitForCopies();
+  return ctx.arena.Allocate(bytes, std::move(tag));
+}
+
+}  // namespace
+
 absl::StatusOr<tensor::Buffer> AllocF32(ModuleContext& ctx, int64_t n, std::string tag, bool zero) {
-  ASSIGN_OR_RETURN(tensor::Buffer buffer, ctx.arena.Allocate(F32Bytes(n), std::move(tag)));
+  ASSIGN_OR_RETURN(tensor::Buffer buffer, Allocate(ctx, F32Bytes(n), std::move(tag)));
   if (zero && n > 0) std::memset(buffer.data(), 0, buffer.bytes());
   return buffer;
 }
 
 absl::StatusOr<tensor::Buffer> AllocI32(ModuleContext& ctx, int64_t n, std::string tag) {
-  return ctx.arena.Allocate(I32Bytes(n), std::move(tag));
+  return Allocate(ctx, I32Bytes(n), std::move(tag));
 }
 
 absl::StatusOr<StashHandle> SaveF32(ModuleContext& ctx, std::string producer, int layer,

@@ -1,5 +1,6 @@
 #include "runtime/model/stash.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -264,6 +265,7 @@ void Stash::SetDeviceMemory(tensor::DeviceArena* arena, const device::Backend* o
 }
 
 void Stash::SetOffloadTargets(memory::CopyEngine* engine, tensor::HostPool* host) {
+  WaitForCopies();  // no copy of the old engine may still read or write an entry's buffers
   absl::MutexLock lock(&mu_);
   engine_ = engine;
   host_ = host;
@@ -324,6 +326,8 @@ void Stash::OnOffloaded(int64_t id, const absl::Status& status) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   Entry& e = it->second;
+  // Counts what the policy offloaded (deterministic), also when the tensor was wanted back before
+  // its copy landed and kept its device bytes.
   if (status.ok()) action_stats_.offloaded_bytes += e.info.bytes;
   if (!status.ok() || e.keep_device) {
     // The device bytes stay: the copy failed, or the tensor was wanted back before it landed.
@@ -426,7 +430,10 @@ absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
   e.codec = codec;
   e.info.state = StashState::kCompressed;
   action_stats_.compressed_bytes += e.info.bytes;
-  action_stats_.compressed_saved_bytes += e.info.bytes - e.encoded.bytes();
+  // A tiny fp8 tensor can take more bytes than fp32 (one scale per block): nothing saved then.
+  if (e.info.bytes > e.encoded.bytes()) {
+    action_stats_.compressed_saved_bytes += e.info.bytes - e.encoded.bytes();
+  }
   return absl::OkStatus();
 }
 
@@ -459,6 +466,9 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
     if (e.info.state == StashState::kCompressed) {
       RETURN_IF_ERROR(DecodeLocked(e));
     } else if (e.info.state == StashState::kOffloaded) {
+      // Wanted back before its offload landed: the device bytes stay, and waiting for that copy
+      // is not a reload, so it can never be a late one.
+      if (!e.landed) needed_at = std::numeric_limits<double>::infinity();
       absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
       if (!started.ok()) return started.status();
       ticket = *started;

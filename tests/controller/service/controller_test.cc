@@ -72,7 +72,8 @@ class ControllerTest : public ::testing::Test {
   }
 
   void Report(int slot, uint32_t attempt, uint32_t rank, v1::RankEvent event,
-              v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED, const std::string& reason = "") {
+              v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED, const std::string& reason = "",
+              int exit_code = 0) {
     v1::RankReport r;
     r.set_worker_id("h/" + std::to_string(slot));
     r.set_job_id(job_);
@@ -82,6 +83,7 @@ class ControllerTest : public ::testing::Test {
     r.set_pid(1000 + rank);
     r.set_exit_kind(kind);
     r.set_reason(reason);
+    r.set_exit_code(exit_code);
     ASSERT_TRUE(c_->ReportRank(r).ok());
   }
 
@@ -283,8 +285,10 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
     EXPECT_EQ(Job().attempts(n - 1).memory_policy(), policy);
     return policy;
   };
+  // The rank's own out-of-memory exit (exit code 3), or another failure.
   auto fail_attempt = [&](uint32_t n, v1::ExitKind kind) {
-    Report(0, n, 0, v1::RANK_EXITED, kind);
+    Report(0, n, 0, v1::RANK_EXITED, kind, "",
+           kind == v1::EXIT_KIND_OOM ? v1::RANK_EXIT_OUT_OF_MEMORY : 0);
     Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
   };
 
@@ -293,13 +297,19 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
   EXPECT_EQ(run_attempt(2), "selective");
   fail_attempt(2, v1::EXIT_KIND_SIGNAL);  // not a memory failure: the policy stays
   EXPECT_EQ(run_attempt(3), "selective");
-  fail_attempt(3, v1::EXIT_KIND_OOM);
-  EXPECT_EQ(run_attempt(4), "full_recompute");
+  // The kernel's OOM killer (host RAM, no exit code of the rank's): retried under the same policy.
+  Report(0, 3, 0, v1::RANK_EXITED, v1::EXIT_KIND_OOM, "killed by signal 9, likely by the kernel");
+  Report(1, 3, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(Job().attempts(2).failure_kind(), "oom");
+  EXPECT_FALSE(Job().attempts(2).activation_oom());
+  EXPECT_EQ(run_attempt(4), "selective");
   fail_attempt(4, v1::EXIT_KIND_OOM);
+  EXPECT_EQ(run_attempt(5), "full_recompute");
+  fail_attempt(5, v1::EXIT_KIND_OOM);
 
   const v1::JobDetail d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
-  EXPECT_EQ(d.summary().restarts(), 3u);  // of 5 allowed: the last out-of-memory exit ended it
+  EXPECT_EQ(d.summary().restarts(), 4u);  // of 5 allowed: the last out-of-memory exit ended it
   EXPECT_NE(d.summary().cause().find("the most conservative policy"), std::string::npos)
       << d.summary().cause();
   EXPECT_EQ(d.spec().memory().policy(), "none");  // the submitted spec is kept as submitted
@@ -311,7 +321,7 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
   EXPECT_EQ(escalations[0],
             "attempt 1 ran out of memory under memory.policy none; attempt 2 runs with selective");
   EXPECT_EQ(escalations[1],
-            "attempt 3 ran out of memory under memory.policy selective; attempt 4 runs with "
+            "attempt 4 ran out of memory under memory.policy selective; attempt 5 runs with "
             "full_recompute");
 }
 

@@ -141,6 +141,7 @@ TEST_F(CopyEngineTest, AReloadNotDoneByItsDeadlineIsLate) {
       engine->Submit(CopyDirection::kHostToDevice, dst.data(), src.data(), src.size());
   link_.WaitEntered();
   clock_.Advance(10);
+  const int64_t blocked_before = engine->stats().blocked_waits;
   std::thread waiter([&] {
     bool l = false;
     EXPECT_TRUE(engine->Wait(held, /*deadline=*/5.0, &l).ok());
@@ -153,6 +154,10 @@ TEST_F(CopyEngineTest, AReloadNotDoneByItsDeadlineIsLate) {
   EXPECT_TRUE(engine->Done(held));
   EXPECT_EQ(dst, src);
   EXPECT_EQ(engine->stats().late_reloads, 1);
+  EXPECT_EQ(engine->stats().blocked_waits, blocked_before + 1);  // found the job not done
+  EXPECT_TRUE(engine->Wait(held, /*deadline=*/5.0).ok());  // done now: neither late nor blocked
+  EXPECT_EQ(engine->stats().late_reloads, 1);
+  EXPECT_EQ(engine->stats().blocked_waits, blocked_before + 1);
 }
 
 TEST_F(CopyEngineTest, ShutdownFinishesTheJobInFlightAndCancelsTheQueue) {

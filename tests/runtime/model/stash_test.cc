@@ -309,9 +309,12 @@ TEST_F(StashActionTest, WantedBackBeforeTheOffloadLandedKeepsTheDeviceBytes) {
   ASSERT_TRUE(stash_->Offload(h).ok());
   link_.entered.WaitForNotification();  // the offload copy is in flight
   std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({h}).ok()); });
-  while (engine_->stats().late_reloads == 0) absl::SleepFor(absl::Milliseconds(1));
+  while (engine_->stats().blocked_waits == 0) absl::SleepFor(absl::Milliseconds(1));
   link_.release.Notify();
   backward.join();
+  // Waiting for an offload that has not landed is not a reload: it is never a late one.
+  EXPECT_EQ(engine_->stats().late_reloads, 0);
+  EXPECT_EQ(stash_->action_stats().late_reloads, 0);
   EXPECT_EQ(Values(h), want);
   EXPECT_EQ(arena_.current_bytes(), 512u);  // never freed, never reloaded
   EXPECT_EQ(host_.current_bytes(), 0u);
