@@ -285,20 +285,26 @@ absl::Status WrongState(const StashEntryInfo& info, const char* action, const ch
 
 }  // namespace
 
-absl::Status Stash::Offload(StashHandle handle) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<Stash::Entry*> Stash::MovableEntryLocked(StashHandle handle, const char* action) {
   auto it = entries_.find(handle.id);
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("stash: offload of unknown entry ", handle.id));
+    return absl::NotFoundError(absl::StrCat("stash: ", action, " of unknown entry ", handle.id));
   }
   Entry& e = it->second;
+  if (e.info.state != StashState::kKept) {
+    return WrongState(e.info, action, StashStateName(e.info.state));
+  }
+  if (e.pins > 0) return WrongState(e.info, action, "it is acquired by a backward");
+  return &e;
+}
+
+absl::Status Stash::Offload(StashHandle handle) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Entry * entry, MovableEntryLocked(handle, "offload"));
+  Entry& e = *entry;
   if (engine_ == nullptr || host_ == nullptr) {
     return WrongState(e.info, "offload", "no copy engine and host pool are set");
   }
-  if (e.info.state != StashState::kKept) {
-    return WrongState(e.info, "offload", StashStateName(e.info.state));
-  }
-  if (e.pins > 0) return WrongState(e.info, "offload", "it is acquired by a backward");
   if (e.info.bytes == 0) return absl::OkStatus();
   absl::StatusOr<tensor::Buffer> host = host_->Allocate(e.info.bytes, e.info.producer);
   if (!host.ok()) return host.status();
@@ -405,18 +411,11 @@ absl::Status Stash::Prefetch(const std::vector<StashHandle>& handles) {
 absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
   tensor::Buffer doomed;
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("stash: compress of unknown entry ", handle.id));
-  }
-  Entry& e = it->second;
+  ASSIGN_OR_RETURN(Entry * entry, MovableEntryLocked(handle, "compress"));
+  Entry& e = *entry;
   if (arena_ == nullptr || ops_ == nullptr) {
     return WrongState(e.info, "compress", "no device arena and backend are set");
   }
-  if (e.info.state != StashState::kKept) {
-    return WrongState(e.info, "compress", StashStateName(e.info.state));
-  }
-  if (e.pins > 0) return WrongState(e.info, "compress", "it is acquired by a backward");
   RETURN_IF_ERROR(memory::CheckCompressible(e.info.producer, e.info.dtype, codec));
   const int64_t n = tensor::NumElements(e.info.shape);
   absl::StatusOr<tensor::Buffer> encoded =

@@ -231,6 +231,10 @@ class Stash {
   // Starts the restore of an offloaded entry (lock held); the ticket to wait for, if any.
   absl::StatusOr<memory::CopyTicket> StartReloadLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DecodeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live entry `handle` names if `action` ("offload", "compress") may move it: kept and not
+  // acquired by a backward. NotFound or FailedPrecondition naming it otherwise.
+  absl::StatusOr<Entry*> MovableEntryLocked(StashHandle handle, const char* action)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores `handle` if offloaded or compressed (waiting with deadline `needed_at`).
   absl::Status RestoreOne(StashHandle handle, double needed_at);
   void NoteKeptLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
