@@ -50,27 +50,10 @@ struct Routing {
 
 using Param = std::tuple<Layout, Routing>;
 
-model::ModelConfig TinyModel(const Routing& r) {
-  model::ModelConfig c;
-  c.vocab = 32;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.heads = 4;
-  c.layers = 4;
-  c.moe_every = 2;  // layers 1 and 3 are MoE, 0 and 2 dense: both FFN kinds run in every layout
-  c.dense_ffn = 32;
-  c.experts = 4;
-  c.expert_ffn = 16;
-  c.top_k = r.top_k;
-  c.capacity_factor = r.capacity_factor;
-  c.normalize_topk = r.top_k > 1;
-  return c;
-}
-
 // spikes: the routing-spike configuration of the run (default: off).
 void CheckLayout(const Layout& layout, const Routing& routing, const model::SpikeConfig& spikes) {
   LayoutCase c;
-  c.model = TinyModel(routing);
+  c.model = TinyLayoutModel(routing.top_k, routing.capacity_factor);
   c.model.spikes = spikes;
   c.sizes.pp = layout.pp;
   c.sizes.dp = layout.dp;

@@ -317,4 +317,21 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   return r;
 }
 
+model::ModelConfig TinyLayoutModel(int top_k, double capacity_factor) {
+  model::ModelConfig c;
+  c.vocab = 32;
+  c.seq_len = 8;
+  c.d_model = 16;
+  c.heads = 4;
+  c.layers = 4;
+  c.moe_every = 2;
+  c.dense_ffn = 32;
+  c.experts = 4;
+  c.expert_ffn = 16;
+  c.top_k = top_k;
+  c.capacity_factor = capacity_factor;
+  c.normalize_topk = top_k > 1;
+  return c;
+}
+
 }  // namespace furnace::testing

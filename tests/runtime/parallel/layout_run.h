@@ -51,6 +51,10 @@ struct RunResult {
   std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps
 };
 
+// The layout tests' tiny MoE: 4 layers, 1 and 3 MoE and 0 and 2 dense (both FFN kinds run in
+// every layout), d_model 16, 4 experts of 16 hidden; top-k normalized when k > 1.
+model::ModelConfig TinyLayoutModel(int top_k, double capacity_factor);
+
 absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c);
 

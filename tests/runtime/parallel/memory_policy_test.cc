@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/model/spikes.h"
-#include "tests/runtime/parallel/layout_run.h"
+#include "tests/runtime/parallel/layout_checks.h"
 
 namespace furnace::testing {
 namespace {
@@ -28,17 +28,7 @@ struct Layout {
 
 LayoutCase CaseFor(const Layout& l) {
   LayoutCase c;
-  c.model.vocab = 32;
-  c.model.seq_len = 8;
-  c.model.d_model = 16;
-  c.model.heads = 4;
-  c.model.layers = 4;
-  c.model.moe_every = 2;  // layers 1 and 3 MoE, 0 and 2 dense
-  c.model.dense_ffn = 32;
-  c.model.experts = 4;
-  c.model.expert_ffn = 16;
-  c.model.top_k = 2;
-  c.model.capacity_factor = 1.0;
+  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/1.0);
   c.sizes.pp = l.pp;
   c.sizes.dp = l.dp;
   c.sizes.tp = l.tp;
@@ -49,21 +39,6 @@ LayoutCase CaseFor(const Layout& l) {
   return c;
 }
 
-void ExpectIdentical(const RunResult& got, const RunResult& want) {
-  EXPECT_EQ(got.loss, want.loss);
-  EXPECT_EQ(got.aux_loss, want.aux_loss);
-  EXPECT_EQ(got.grad_norm, want.grad_norm);
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (const auto& [name, ref] : want.params) {
-    auto it = got.params.find(name);
-    ASSERT_NE(it, got.params.end()) << name;
-    ASSERT_EQ(it->second.size(), ref.size()) << name;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_EQ(it->second[i], ref[i]) << name << "[" << i << "]";
-    }
-  }
-}
-
 void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {
   const bool single = layout.pp * layout.dp * layout.tp == 1;
   const auto run = [&](MemoryPolicy policy) -> absl::StatusOr<RunResult> {
@@ -71,14 +46,9 @@ void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {
     c.model.spikes = spikes;
     c.policy = policy;
     if (single) return RunSingle(c);
-    const std::string dir = absl::StrCat(::testing::TempDir(), "/policy-", layout.name, "-",
-                                         memory::MemoryPolicyName(policy),
-                                         spikes.enabled() ? "-spikes-" : "-", getpid());
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    absl::StatusOr<RunResult> r = RunLayout(c, dir);
-    std::filesystem::remove_all(dir);
-    return r;
+    return RunLayoutInTempDir(
+        c, absl::StrCat("policy-", layout.name, "-", memory::MemoryPolicyName(policy),
+                        spikes.enabled() ? "-spikes" : ""));
   };
   absl::StatusOr<RunResult> none = run(MemoryPolicy::kNone);
   ASSERT_TRUE(none.ok()) << none.status();
@@ -89,7 +59,7 @@ void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {
     SCOPED_TRACE(memory::MemoryPolicyName(policy));
     absl::StatusOr<RunResult> r = run(policy);
     ASSERT_TRUE(r.ok()) << r.status();
-    ExpectIdentical(*r, *none);
+    ExpectBitIdentical(*r, *none);
   }
 }
 

@@ -10,27 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/runtime/parallel/layout_run.h"
+#include "tests/runtime/parallel/layout_checks.h"
 
 namespace furnace::testing {
 namespace {
-
-model::ModelConfig TinyModel() {
-  model::ModelConfig c;
-  c.vocab = 32;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.heads = 4;
-  c.layers = 4;
-  c.moe_every = 2;
-  c.dense_ffn = 32;
-  c.experts = 4;
-  c.expert_ffn = 16;
-  c.top_k = 2;
-  c.capacity_factor = 1.0;
-  c.normalize_topk = true;
-  return c;
-}
 
 struct Layout {
   const char* name;
@@ -42,20 +25,14 @@ class OffloadLayoutTest : public ::testing::TestWithParam<Layout> {};
 TEST_P(OffloadLayoutTest, OffloadIsBitIdenticalToNone) {
   const Layout& l = GetParam();
   LayoutCase c;
-  c.model = TinyModel();
+  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/1.0);
   c.sizes.pp = l.pp;
   c.sizes.dp = l.dp;
   c.sizes.ep = l.ep;
   c.micro_batches = l.m;
   c.steps = 4;
-  auto run = [&](const char* tag) -> absl::StatusOr<RunResult> {
-    const std::string dir =
-        absl::StrCat(::testing::TempDir(), "/offload-", l.name, "-", tag, "-", getpid());
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    absl::StatusOr<RunResult> r = RunLayout(c, dir);
-    std::filesystem::remove_all(dir);
-    return r;
+  auto run = [&](const char* tag) {
+    return RunLayoutInTempDir(c, absl::StrCat("offload-", l.name, "-", tag));
   };
   absl::StatusOr<RunResult> none = run("none");
   ASSERT_TRUE(none.ok()) << none.status();
@@ -64,15 +41,7 @@ TEST_P(OffloadLayoutTest, OffloadIsBitIdenticalToNone) {
   absl::StatusOr<RunResult> off = run("offload");
   ASSERT_TRUE(off.ok()) << off.status();
 
-  EXPECT_EQ(off->loss, none->loss);
-  EXPECT_EQ(off->aux_loss, none->aux_loss);
-  EXPECT_EQ(off->grad_norm, none->grad_norm);
-  ASSERT_EQ(off->params.size(), none->params.size());
-  for (const auto& [name, values] : none->params) {
-    const std::vector<float>& got = off->params.at(name);
-    ASSERT_EQ(got.size(), values.size()) << name;
-    EXPECT_EQ(std::memcmp(got.data(), values.data(), 4 * values.size()), 0) << name;
-  }
+  ExpectBitIdentical(*off, *none);
   EXPECT_EQ(off->in_flight_peak, none->in_flight_peak);
   int64_t late = 0;
   for (int rank = 0; rank < c.sizes.world(); ++rank) {

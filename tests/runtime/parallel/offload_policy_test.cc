@@ -12,45 +12,14 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "tests/runtime/parallel/layout_run.h"
+#include "tests/runtime/parallel/layout_checks.h"
 
 namespace furnace::testing {
 namespace {
 
-// The layout tests' tiny MoE: layers 1 and 3 MoE, top-2 dropless.
-model::ModelConfig TinyModel() {
-  model::ModelConfig c;
-  c.vocab = 32;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.heads = 4;
-  c.layers = 4;
-  c.moe_every = 2;
-  c.dense_ffn = 32;
-  c.experts = 4;
-  c.expert_ffn = 16;
-  c.top_k = 2;
-  c.capacity_factor = 0;
-  c.normalize_topk = true;
-  return c;
-}
-
-void ExpectBitIdentical(const RunResult& a, const RunResult& b) {
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.aux_loss, b.aux_loss);
-  EXPECT_EQ(a.grad_norm, b.grad_norm);
-  ASSERT_EQ(a.params.size(), b.params.size());
-  for (const auto& [name, values] : b.params) {
-    auto it = a.params.find(name);
-    ASSERT_NE(it, a.params.end()) << name;
-    ASSERT_EQ(it->second.size(), values.size()) << name;
-    EXPECT_EQ(std::memcmp(it->second.data(), values.data(), 4 * values.size()), 0) << name;
-  }
-}
-
 TEST(OffloadPolicyTest, OffloadTrainsBitIdenticallyToNone) {
   LayoutCase c;
-  c.model = TinyModel();
+  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);  // dropless
   c.steps = 5;
   absl::StatusOr<RunResult> none = RunSingle(c);
   ASSERT_TRUE(none.ok()) << none.status();
@@ -90,7 +59,7 @@ double MeanTail(const std::vector<double>& v, size_t n) {
 
 TEST(OffloadPolicyTest, CompressedExpertBuffersStayNearNoneOverAMarkovRun) {
   LayoutCase c;
-  c.model = TinyModel();
+  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);  // dropless
   c.steps = 50;
   absl::StatusOr<RunResult> none = RunSingle(c);
   ASSERT_TRUE(none.ok()) << none.status();
