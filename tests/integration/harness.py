@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -154,6 +155,16 @@ class Cluster:
             time.sleep(0.2)
         raise AssertionError(f"{n} workers not ready after {timeout} s\n" + self.dump_logs())
 
+    def export(self, job_id, name):
+        """`furnace export JOB --format safetensors` into the state dir; {tensor: (dtype, shape,
+        raw bytes)}."""
+        path = os.path.join(self.state, name)
+        r = self.cli("export", job_id, "--format", "safetensors", "-o", path)
+        if r.returncode != 0:
+            raise AssertionError(f"furnace export {job_id} failed ({r.returncode}): "
+                                 f"{r.stdout}{r.stderr}")
+        return read_safetensors(path)
+
     def write_job(self, name, text):
         path = os.path.join(self.state, name)
         with open(path, "w") as f:
@@ -187,6 +198,16 @@ class Cluster:
             states = (states,)
         return self.wait_for(job_id, lambda d: d["summary"]["state"] in states, timeout,
                              f"state in {states}")
+
+
+def read_safetensors(path):
+    """{tensor: (dtype, shape, raw bytes)} of a safetensors file (metadata left out)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {name: (t["dtype"], tuple(t["shape"]), data[t["data_offsets"][0]:t["data_offsets"][1]])
+            for name, t in header.items() if name != "__metadata__"}
 
 
 def commcheck_job(name, ranks=4, rounds=1, extra=""):

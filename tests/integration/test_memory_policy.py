@@ -6,7 +6,6 @@ once, is restarted under `selective` (out-of-memory escalation) and ends with th
 parameters."""
 import json
 import os
-import struct
 import urllib.request
 
 import harness
@@ -25,15 +24,6 @@ checkpoint: {{every: 6, keep: 1}}
 """
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    return {name: data[t["data_offsets"][0]:t["data_offsets"][1]]
-            for name, t in header.items() if name != "__metadata__"}
-
-
 def activation_peak(d):
     memory = d["telemetry"]["memory"]
     return int(memory.get("activation_peak_bytes", memory.get("activationPeakBytes", 0)))
@@ -46,12 +36,6 @@ def planner_bytes(d):
 
 class MemoryPolicyTest(harness.ClusterTest):
     WORKERS = 2
-
-    def export(self, job_id, name):
-        path = os.path.join(self.cluster.state, name)
-        r = self.cluster.cli("export", job_id, "--format", "safetensors", "-o", path)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        return read_safetensors(path)
 
     def test_selective_trains_bit_identical_to_none(self):
         c = self.cluster
@@ -69,7 +53,8 @@ class MemoryPolicyTest(harness.ClusterTest):
         self.assertEqual(planner_bytes(d_none), {})
         self.assertEqual(list(planner_bytes(d_sel)), ["PLANNER_ACTION_RECOMPUTE"], d_sel["telemetry"])
         self.assertGreater(planner_bytes(d_sel)["PLANNER_ACTION_RECOMPUTE"], 0)
-        a, b = self.export(none, "none.safetensors"), self.export(selective, "sel.safetensors")
+        a = c.export(none, "none.safetensors")
+        b = c.export(selective, "sel.safetensors")
         self.assertEqual(sorted(a), sorted(b))
         self.assertIn("layers.3.moe.experts.3.w2", a)
         for name in a:
@@ -93,7 +78,7 @@ class MemoryPolicyTest(harness.ClusterTest):
         self.assertEqual(escalations, ["attempt 1 ran out of memory under memory.policy none; "
                                        "attempt 2 runs with selective"])
         self.assertIn("memory policy selective", c.cli("logs", tight).stdout)
-        t = self.export(tight, "tight.safetensors")
+        t = c.export(tight, "tight.safetensors")
         for name in a:
             self.assertTrue(a[name] == t[name], f"{name} differs between none and the escalated run")
 

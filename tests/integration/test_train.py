@@ -1,10 +1,8 @@
 """The `train` job kind through the control plane: a run that learns, a rank SIGKILLed mid-run
 that resumes from its checkpoint and ends with exactly the parameters of an uninterrupted run,
 and bad input refused before training starts."""
-import json
 import os
 import signal
-import struct
 import time
 
 import harness
@@ -25,28 +23,8 @@ recovery:
 {extra}"""
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        out[name] = (t["dtype"], tuple(t["shape"]), data[a:b])
-    return out
-
-
 class TrainTest(harness.ClusterTest):
     WORKERS = 2
-
-    def export(self, job, name):
-        path = os.path.join(self.cluster.state, name)
-        r = self.cluster.cli("export", job, "--format", "safetensors", "-o", path)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        return read_safetensors(path)
 
     def test_sigkill_resumes_from_checkpoint_bit_exact(self):
         c = self.cluster
@@ -65,7 +43,8 @@ class TrainTest(harness.ClusterTest):
         self.assertIn("resumed from the checkpoint of step", logs)
         r = c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
         self.assertEqual(int(r["summary"]["restarts"]), 0)
-        a, b = self.export(ref, "ref.safetensors"), self.export(victim, "victim.safetensors")
+        a = c.export(ref, "ref.safetensors")
+        b = c.export(victim, "victim.safetensors")
         self.assertEqual(sorted(a), sorted(b))
         self.assertIn("layers.3.moe.experts.7.w2", a)
         for name in a:
@@ -108,7 +87,8 @@ class TrainTest(harness.ClusterTest):
         self.assertIn("memory policy offload: 50% of each MoE layer's expert activations", logs)
         self.assertIn("link 2 GB/s", logs)
         self.assertRegex(logs, r"offload: [1-9][0-9.]* MiB to the host")
-        a, b = self.export(none, "none.safetensors"), self.export(off, "offload.safetensors")
+        a = c.export(none, "none.safetensors")
+        b = c.export(off, "offload.safetensors")
         self.assertEqual(sorted(a), sorted(b))
         for name in a:
             self.assertTrue(a[name] == b[name], f"{name} differs with policy offload")
