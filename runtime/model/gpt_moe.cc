@@ -427,12 +427,13 @@ std::vector<StashHandle> ExpertBuffers(const MoeSaved& s) { return {s.xin, s.pre
 }  // namespace
 
 absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
+  // This layer's four expert buffers by handle (not a scan of every live entry: that would be
+  // O(layers^2) per micro-batch).
   if (compress_) {
-    for (const StashEntryInfo& e : stash_.Entries()) {
-      for (StashHandle h : ExpertBuffers(saved)) {
-        if (h.id == e.id && memory::IsCompressible(e.producer, *compress_)) {
-          RETURN_IF_ERROR(stash_.Compress(h, *compress_));
-        }
+    for (StashHandle h : ExpertBuffers(saved)) {
+      const std::optional<StashEntryInfo> e = stash_.Info(h);
+      if (e && memory::IsCompressible(e->producer, *compress_)) {
+        RETURN_IF_ERROR(stash_.Compress(h, *compress_));
       }
     }
   }
@@ -443,15 +444,17 @@ absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
   };
   std::vector<Candidate> candidates;
   uint64_t total = 0;
-  for (const StashEntryInfo& e : stash_.Entries()) {
-    for (StashHandle h : ExpertBuffers(saved)) {
-      if (h.id == e.id && e.state == StashState::kKept) {
-        candidates.push_back({h, e.bytes});
-        total += e.bytes;
-      }
+  for (StashHandle h : ExpertBuffers(saved)) {
+    const std::optional<StashEntryInfo> e = stash_.Info(h);
+    if (e && e->state == StashState::kKept) {
+      candidates.push_back({h, e->bytes});
+      total += e->bytes;
     }
   }
-  // Largest first (ties in save order); each one that still fits within the share.
+  // Largest first (ties in save order, which handle ids follow); each one that still fits within
+  // the share.
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.handle.id < b.handle.id; });
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.bytes > b.bytes; });
   const double share = offload_ratio_ * static_cast<double>(total);

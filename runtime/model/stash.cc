@@ -189,6 +189,13 @@ std::vector<StashEntryInfo> Stash::Entries() const {
   return out;
 }
 
+std::optional<StashEntryInfo> Stash::Info(StashHandle handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.info;
+}
+
 // ---- Micro-batch keys ----
 
 Stash::~Stash() { ReleaseAll(); }

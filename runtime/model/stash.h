@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -205,6 +206,8 @@ class Stash {
   void ResetPeak();
   int64_t size() const;                         // live entries
   std::vector<StashEntryInfo> Entries() const;  // live entries in save order (for a planner)
+  // One live entry's description; nullopt for an invalid, unknown or released handle.
+  std::optional<StashEntryInfo> Info(StashHandle handle) const;
 
  private:
   struct Entry {
