@@ -89,6 +89,13 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   memory->set_pipeline_in_flight(static_cast<uint32_t>(s.in_flight_peak));
   memory->set_late_reloads(
       static_cast<uint64_t>(std::max<int64_t>(0, s.memory_actions.late_reloads)));
+  memory->set_predicted_peak_bytes(
+      static_cast<uint64_t>(std::max<int64_t>(0, s.predicted_peak_bytes)));
+  memory->set_planner_seconds(s.memory_actions.planner_seconds);
+  memory->set_planner_decisions(
+      static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.planner_decisions)));
+  memory->set_emergency_offloads(
+      static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.emergency_offloads)));
   const std::pair<furnace::v1::PlannerAction, uint64_t> actions[] = {
       {furnace::v1::PLANNER_ACTION_OFFLOAD, s.memory_actions.offloaded_bytes},
       {furnace::v1::PLANNER_ACTION_COMPRESS, s.memory_actions.compressed_bytes},

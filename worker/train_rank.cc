@@ -13,6 +13,7 @@
 #include "runtime/data/token_file.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/gpt_moe.h"
@@ -185,7 +186,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
   }
-  if (*policy == memory::MemoryPolicy::kOffload) {
+  if (*policy == memory::MemoryPolicy::kOffload || *policy == memory::MemoryPolicy::kAdaptive) {
     memory::CopyEngineOptions copy_options;
     copy_options.host_link_gbps = spec.memory().host_link_gbps();
     auto engine = memory::CopyEngine::Create(*cpu, copy_options);
@@ -194,6 +195,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                   absl::StrCat("memory.host_link_gbps: ", engine.status().message()));
     }
     copy_engine = std::move(*engine);
+  }
+  const std::string link = spec.memory().host_link_gbps() > 0
+                               ? absl::StrCat(spec.memory().host_link_gbps(), " GB/s")
+                               : std::string("unpaced");
+  if (*policy == memory::MemoryPolicy::kOffload) {
     const absl::Status set =
         (*model)->SetOffload(spec.memory().offload_ratio(), copy_engine.get(), &host_pool);
     if (!set.ok()) {
@@ -203,9 +209,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     spdlog::info(
         "memory policy offload: {:.0f}% of each MoE layer's expert activations to the "
         "host, link {}",
-        100 * spec.memory().offload_ratio(),
-        spec.memory().host_link_gbps() > 0 ? absl::StrCat(spec.memory().host_link_gbps(), " GB/s")
-                                           : std::string("unpaced"));
+        100 * spec.memory().offload_ratio(), link);
+  }
+  if (*policy == memory::MemoryPolicy::kAdaptive) {
+    model::GptMoe::AdaptiveOptions options;
+    if (spec.memory().codec() == "bf16") options.codec = memory::Codec::kBf16;
+    if (spec.memory().codec() == "fp8") options.codec = memory::Codec::kFp8E4M3;
+    const absl::Status set = (*model)->SetAdaptive(copy_engine.get(), &host_pool, options);
+    if (!set.ok()) {
+      return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
+    }
+    (*model)->SetPlannerLog([](const std::string& line) { spdlog::debug("{}", line); });
+    spdlog::info(
+        "memory policy adaptive: projects each MoE layer's peak after routing and acts only "
+        "when it would not fit ({}); offload link {}; reduced precision {}",
+        spec.memory().device_budget() == 0
+            ? std::string("no budget set: it never will")
+            : absl::StrCat("budget ", spec.memory().device_budget(), " bytes, 2% kept free"),
+        link, spec.memory().codec());
   }
   spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
   if (config.spikes.enabled()) {

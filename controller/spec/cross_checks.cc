@@ -168,29 +168,29 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
   if (spec.kind() == "train") {
     const std::string& policy = spec.memory().policy();
-    if (policy != "none" && policy != "selective" && policy != "full_recompute" &&
-        policy != "offload") {
-      c.Fail({"memory.policy"},
-             Problem{"is not available in this build (the static policies none, selective, "
-                     "full_recompute and offload run; the adaptive planner comes with the memory "
-                     "planner)",
-                     absl::StrCat("'", policy, "'"), "none, selective, full_recompute, offload"});
-    }
-    // The offload settings do something only under the offload policy; elsewhere they would be
+    // The offload settings do something only where something offloads; elsewhere they would be
     // accepted and ignored. 0.5 is offload_ratio's default (sections_model.cc).
-    if (policy != "offload") {
-      const std::string only =
-          absl::StrCat("applies only to memory.policy offload (this job's policy is ", policy, ")");
-      if (spec.memory().offload_ratio() != 0.5) {
-        c.Fail({"memory.offload_ratio", "memory.policy"},
-               Problem{only, absl::StrCat(spec.memory().offload_ratio()),
-                       "0.5 (the default), or memory.policy: offload"});
-      }
-      if (spec.memory().host_link_gbps() != 0) {
-        c.Fail({"memory.host_link_gbps", "memory.policy"},
-               Problem{only, absl::StrCat(spec.memory().host_link_gbps()),
-                       "0 (the default), or memory.policy: offload"});
-      }
+    if (policy != "offload" && spec.memory().offload_ratio() != 0.5) {
+      c.Fail({"memory.offload_ratio", "memory.policy"},
+             Problem{absl::StrCat("applies only to memory.policy offload (this job's policy is ",
+                                  policy, ")"),
+                     absl::StrCat(spec.memory().offload_ratio()),
+                     "0.5 (the default), or memory.policy: offload"});
+    }
+    if (policy != "offload" && policy != "adaptive" && spec.memory().host_link_gbps() != 0) {
+      c.Fail({"memory.host_link_gbps", "memory.policy"},
+             Problem{absl::StrCat("applies only to memory.policy offload or adaptive (this job's "
+                                  "policy is ",
+                                  policy, ")"),
+                     absl::StrCat(spec.memory().host_link_gbps()),
+                     "0 (the default), or memory.policy: offload or adaptive"});
+    }
+    if (policy != "adaptive" && spec.memory().codec() != "none") {
+      c.Fail({"memory.codec", "memory.policy"},
+             Problem{absl::StrCat("applies only to memory.policy adaptive (this job's policy is ",
+                                  policy, ")"),
+                     absl::StrCat("'", spec.memory().codec(), "'"),
+                     "none (the default), or memory.policy: adaptive"});
     }
     if (spec.checkpoint().async()) {
       c.Fail({"checkpoint.async"},

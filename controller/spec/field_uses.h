@@ -60,11 +60,12 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"moe.spikes.max_ratio", FieldUse::kUsed, "spikes().max_ratio()"},
     {"moe.spikes.seed", FieldUse::kUsed, "spikes().seed()"},
 
-    // none, selective and full_recompute run (worker/train_rank.cc); offload and adaptive do not.
-    {"memory.policy", FieldUse::kUsed, "memory().policy()", "adaptive"},
+    // Every policy runs (worker/train_rank.cc).
+    {"memory.policy", FieldUse::kUsed, "memory().policy()"},
     {"memory.device_budget", FieldUse::kUsed, "memory().device_budget()"},
     {"memory.offload_ratio", FieldUse::kUsed, "memory().offload_ratio()"},
     {"memory.host_link_gbps", FieldUse::kUsed, "memory().host_link_gbps()"},
+    {"memory.codec", FieldUse::kUsed, "memory().codec()"},
 
     {"train.steps", FieldUse::kUsed, "train().steps()"},
     {"train.lr", FieldUse::kUsed, "t.lr()"},

@@ -93,6 +93,7 @@ void ReadMemory(MapReader& s, furnace::v1::MemorySpec* out) {
   out->set_device_budget(s.Size("device_budget", 0, kMaxU64).value_or(0));
   out->set_offload_ratio(s.Number("offload_ratio", Between(0, 1)).value_or(0.5));
   out->set_host_link_gbps(s.Number("host_link_gbps", AtLeast(0)).value_or(0.0));
+  out->set_codec(s.Enum("codec", {"none", "bf16", "fp8"}).value_or("none"));
   s.ReportUnknownKeys();
 }
 

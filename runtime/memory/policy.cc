@@ -31,14 +31,10 @@ absl::StatusOr<MemoryPolicy> ParseMemoryPolicy(std::string_view name) {
   if (name == "selective") return MemoryPolicy::kSelective;
   if (name == "full_recompute") return MemoryPolicy::kFullRecompute;
   if (name == "offload") return MemoryPolicy::kOffload;
-  if (name == "adaptive") {
-    return absl::UnimplementedError(absl::StrCat(
-        "memory.policy '", std::string(name),
-        "' is not available in this build (allowed: none, selective, full_recompute, offload)"));
-  }
+  if (name == "adaptive") return MemoryPolicy::kAdaptive;
   return absl::InvalidArgumentError(
       absl::StrCat("memory.policy: unknown policy '", std::string(name),
-                   "' (allowed: none, selective, full_recompute, offload)"));
+                   "' (allowed: none, selective, full_recompute, offload, adaptive)"));
 }
 
 const char* MemoryPolicyName(MemoryPolicy policy) {
@@ -51,6 +47,8 @@ const char* MemoryPolicyName(MemoryPolicy policy) {
       return "full_recompute";
     case MemoryPolicy::kOffload:
       return "offload";
+    case MemoryPolicy::kAdaptive:
+      return "adaptive";
   }
   return "?";
 }
@@ -67,7 +65,8 @@ SaveAction StaticSaveAction(MemoryPolicy policy, std::string_view tag) {
   const bool moe = In(tag, kMoeLayer);
   switch (policy) {
     case MemoryPolicy::kNone:
-    case MemoryPolicy::kOffload:  // keeps every tensor; its offloads are not a save action
+    case MemoryPolicy::kOffload:   // keeps every tensor; its offloads are not a save action
+    case MemoryPolicy::kAdaptive:  // keeps every tensor; the planner acts per micro-batch
       return SaveAction::kKeep;
     case MemoryPolicy::kSelective:
       return selective ? SaveAction::kDropAfterForward : SaveAction::kKeep;

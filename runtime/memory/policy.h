@@ -10,6 +10,11 @@
 //   offload:        drop nothing; a fixed share (memory.offload_ratio) of each MoE layer's expert
 //                   buffers goes to host memory through the copy engine after the layer's forward
 //                   and comes back before its backward (GptMoe::SetOffload; copy_engine.h).
+//   adaptive:       drop nothing up front; after each MoE layer's token-count exchange the model
+//                   projects its peak and, only when it would not fit, offloads, compresses or
+//                   drops the tensors that free bytes cheapest (planner.h; GptMoe::SetAdaptive).
+//                   Its drops are per rank, so it never drops a tensor whose rebuild needs a
+//                   collective.
 // A policy is a pure function of a tensor's tag (its producer without the layer prefix, e.g.
 // "moe.expert_hidden"), so every rank of a layout takes the same action on the same tensor in the
 // same order: that is what lets a tensor whose rebuild needs a collective be dropped at all.
@@ -19,7 +24,7 @@
 // parameters are bit-identical to `none`.
 //
 // Thread-safety: pure functions. Errors: ParseMemoryPolicy returns InvalidArgument for a name that
-// is no policy, Unimplemented for one this build does not run (adaptive).
+// is no policy.
 #pragma once
 
 #include <string_view>
@@ -28,12 +33,13 @@
 
 namespace furnace::memory {
 
-enum class MemoryPolicy { kNone, kSelective, kFullRecompute, kOffload };
+enum class MemoryPolicy { kNone, kSelective, kFullRecompute, kOffload, kAdaptive };
 
 // What becomes of a saved tensor once the forward of its module is done.
 enum class SaveAction { kKeep, kDropAfterForward };
 
-// "none", "selective", "full_recompute", "offload" (the names of the job spec's memory.policy).
+// "none", "selective", "full_recompute", "offload", "adaptive" (the names of the job spec's
+// memory.policy).
 absl::StatusOr<MemoryPolicy> ParseMemoryPolicy(std::string_view name);
 const char* MemoryPolicyName(MemoryPolicy policy);
 

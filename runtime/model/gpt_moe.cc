@@ -1,6 +1,7 @@
 #include "runtime/model/gpt_moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -27,6 +28,11 @@ struct LayerState {
 
 struct ForwardState {
   int B = 0;
+  int micro = 0;
+  std::vector<MoeRows> rows;   // this stage's MoE layers, in order
+  int64_t declared_saved = 0;  // the memory model's saved bytes of this micro-batch
+  int64_t declared_peak = 0;   // and its peak through this stage on an empty arena
+  double forward_seconds = 0;
   bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
   EmbeddingSaved embedding;        // first stage
   StashHandle input;               // later stages: the previous stage's output, (B, T, C)
@@ -47,15 +53,15 @@ class StashGuard {
   Stash& stash_;
 };
 
-MoeShape ShapeOf(const ModelConfig& c, const ModelShard& s) {
+}  // namespace
+
+MoeShape MoeShapeOf(const ModelConfig& c, const ModelShard& s) {
   MoeShape m{c.experts, c.top_k, c.expert_ffn, c.capacity_factor, c.normalize_topk, c.aux_alpha};
   m.local_E = s.local_experts(c);
   m.local_f = s.local_expert_ffn(c);
   m.adds_b2 = s.esp_rank == 0;
   return m;
 }
-
-}  // namespace
 
 GptMoe::GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
                tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups)
@@ -102,7 +108,10 @@ train::MemoryActionTotals GptMoe::MemoryActions() const {
   return {.recomputed_bytes = stash_.rebuilt_bytes(),
           .offloaded_bytes = a.offloaded_bytes,
           .compressed_bytes = a.compressed_bytes,
-          .late_reloads = a.late_reloads};
+          .late_reloads = a.late_reloads,
+          .planner_seconds = planner_stats_.seconds,
+          .planner_decisions = planner_stats_.decisions,
+          .emergency_offloads = planner_stats_.emergency_offloads};
 }
 
 void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {
@@ -117,7 +126,18 @@ const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   return nullptr;
 }
 
-ModuleContext GptMoe::Context() { return ModuleContext{ops_, arena_, stash_, groups_}; }
+ModuleContext GptMoe::Context() {
+  MemoryHooks* hooks = adaptive() && arena_.budget() > 0 ? this : nullptr;
+  return ModuleContext{ops_, arena_, stash_, groups_, hooks};
+}
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const {
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("micro-batch size B = ", B, " < 1"));
@@ -138,13 +158,20 @@ absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, 
 absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_t* targets,
                                              const float* x_in, int B) {
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
-  const MoeShape moe = ShapeOf(config_, shard_);
+  const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
   const float* p = params_.data();
+  const auto t0 = std::chrono::steady_clock::now();
   ForwardState st;
   st.B = B;
+  st.micro = cur_micro_;
   st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
   last_rows_.clear();
+  fwd_rows_.clear();
+  fwd_B_ = B;
+  copy_committed_seconds_ = 0;
+  moved_.erase(cur_micro_);
+  protect_all_ = true;  // the embedding reads nothing of earlier layers, but saves what it reads
 
   if (shard_.first_stage()) {
     ASSIGN_OR_RETURN(st.embedding,
@@ -158,8 +185,10 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
                                        {B, dims.T, dims.C}));
   }
   StashHandle x = st.first_input();
+  protect_all_ = false;
   for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
     const LayerOffsets& off = layout_.layers[l];
+    cur_layer_ = l;
     LayerState ls;
     ls.moe = off.moe;
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
@@ -172,6 +201,10 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
       ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out,
                                                      spike ? &*spike : nullptr));
       last_rows_.push_back(ls.moe_saved.rows);
+      const MoeSaved& ms = ls.moe_saved;
+      fwd_rows_.push_back({ms.rows, ms.distributed ? ms.dispatch.R() : ms.rows,
+                           ms.distributed ? moe::ExpertDispatcher::ScratchRows(ms.dispatch) : 0,
+                           ms.distributed});
     } else {
       ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
                                                p, ls.attn.out));
@@ -182,29 +215,50 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     st.layers.push_back(std::move(ls));
   }
   if (shard_.last_stage()) {
+    protect_all_ = true;
     ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
                                           p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
                                           capture_logits_ ? &last_logits_ : nullptr));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   }
+  protect_all_ = false;
   last_stashed_bytes_ = stash_.stashed_bytes();
+  st.rows = fwd_rows_;
+  last_moe_rows_ = st.rows;
+  // The bytes the saved tensors of this stage's micro-batch take, for the 1F1B reservation.
+  NotePrediction(st);
+  st.forward_seconds = SecondsSince(t0);
   return st;
 }
 
 absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, double ce_scale,
                               double aux_scale, float* dx_in) {
   const Dims dims{st.B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
-  const MoeShape moe = ShapeOf(config_, shard_);
+  const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
   const float* p = params_.data();
   float* g = grads_.data();
   const int64_t NC = int64_t{dims.N()} * dims.C;
+  const int first = shard_.first_layer;
+  cur_micro_ = st.micro;
+  // Adaptive: each module's declared backward scratch, the room its reloads must leave.
+  const std::vector<ModuleBytes> declared =
+      adaptive() ? DeclaredModules(st.B, st.rows) : std::vector<ModuleBytes>{};
+  auto reserve = [&declared](size_t module) {
+    return module < declared.size() ? declared[module].backward_peak : int64_t{0};
+  };
 
   // d loss / d residual stream, carried down the layers and accumulated in place.
   ASSIGN_OR_RETURN(tensor::Buffer dres_buf, AllocF32(ctx, NC, "residual.grad", true));  // (B,T,C)
   float* dres = dres_buf.as<float>();
   if (shard_.last_stage()) {
     const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
+    protect_all_ = true;
+    if (adaptive()) {
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro,
+                                              {-1, first + static_cast<int>(st.layers.size()) - 1},
+                                              kNoLayer, reserve(declared.size() - 1)));
+    }
     RETURN_IF_ERROR(HeadBackward(ctx, dims, config_.vocab, p + layout_.wte, p + layout_.lnf_w,
                                  g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head,
                                  top, ce_scale, dres));
@@ -215,7 +269,19 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     const LayerOffsets& off = layout_.layers[shard_.first_layer + i];
     const LayerState& ls = st.layers[i];
     const StashHandle x_in = i == 0 ? st.first_input() : st.layers[i - 1].out();
+    protect_all_ = false;
+    cur_layer_ = first + i;
     RETURN_IF_ERROR(PrefetchForBackward(st, i));
+    if (adaptive()) {
+      // x_in of the first layer is the embedding's output (layer -1) or the stage input.
+      // The layer's own tensors now (with the embedding's output under the first layer); the
+      // layer below's (x_in among them) start coming back behind this layer's backward.
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(
+          st.micro, i == 0 ? std::vector<int>{first, -1} : std::vector<int>{first + i},
+          i == 0 ? kNoLayer : first + i - 1,
+          std::max(reserve(1 + 2 * static_cast<size_t>(i)),
+                   reserve(2 + 2 * static_cast<size_t>(i)))));
+    }
     if (ls.moe) {
       RETURN_IF_ERROR(
           MoeBlockBackward(ctx, dims, moe, off, p, g, ls.moe_saved, ls.attn.out, aux_scale, dres));
@@ -226,6 +292,8 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     RETURN_IF_ERROR(AttentionBlockBackward(ctx, dims, off, p, g, ls.attn, x_in, dres));
   }
   if (shard_.first_stage()) {
+    protect_all_ = true;
+    if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {-1}, kNoLayer, reserve(0)));
     return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
   }
   std::copy(dres, dres + NC, dx_in);
@@ -264,11 +332,16 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardBackward(const int32_t* i
   RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
   StashGuard guard(stash_);
   arena_.ResetPeak();
+  predicted_peak_ = 0;
   stash_.set_micro_batch(0);
+  cur_micro_ = 0;
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
+  const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(Backward(st, nullptr, ce_scale, aux_scale, nullptr));
+  NoteMicroBatchTime(B, st.forward_seconds + SecondsSince(t0));
   train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
+  r.predicted_peak_bytes = predicted_peak_;
   return r;
 }
 
@@ -281,6 +354,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
   StashGuard guard(stash_);
   arena_.ResetPeak();
   stash_.set_micro_batch(0);
+  cur_micro_ = 0;
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
   train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
@@ -297,6 +371,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageForward(int micro, const in
   RETURN_IF_ERROR(CheckInputs(shard_.first_stage() ? inputs : nullptr,
                               shard_.last_stage() ? targets : nullptr, B));
   stash_.set_micro_batch(micro);
+  cur_micro_ = micro;
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, x_in, B));
   train::MicroBatchResult r = Summarize(st);
   if (!shard_.last_stage()) {
@@ -306,6 +381,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageForward(int micro, const in
     std::copy(o, o + int64_t{B} * config_.seq_len * config_.d_model, x_out);
   }
   in_flight_[micro] = std::make_unique<ForwardState>(std::move(st));
+  max_in_flight_ = std::max(max_in_flight_, static_cast<int>(in_flight_.size()));
   return r;
 }
 
@@ -317,7 +393,14 @@ absl::Status GptMoe::StageBackward(int micro, const float* dx_out, double ce_sca
   }
   std::unique_ptr<ForwardState> st = std::move(it->second);
   in_flight_.erase(it);
-  return Backward(*st, dx_out, ce_scale, aux_scale, dx_in);
+  // Under 1F1B this micro-batch's backward runs beside the saved tensors of those still in flight.
+  int64_t others = 0;
+  for (const auto& [m, other] : in_flight_) others += other->declared_saved;
+  predicted_peak_ = std::max(predicted_peak_, others + st->declared_peak);
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(Backward(*st, dx_out, ce_scale, aux_scale, dx_in));
+  NoteMicroBatchTime(st->B, st->forward_seconds + SecondsSince(t0));
+  return absl::OkStatus();
 }
 
 absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
@@ -326,7 +409,8 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
         "memory policy: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
   }
   policy_ = policy;
-  if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload) {
+  if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload ||
+      policy == memory::MemoryPolicy::kAdaptive) {
     stash_.SetSavePolicy(nullptr);  // drops nothing (offload acts through SetOffload)
   } else {
     stash_.SetSavePolicy([policy](const StashEntryInfo& e) {
@@ -341,10 +425,30 @@ void GptMoe::AbandonMicroBatches() {
   stash_.ReleaseAll();
 }
 
+namespace {
+
+// The arena peak of one micro-batch through `modules` (forward order) on an empty arena: each
+// module's forward on top of the saved tensors of those before it, then the backward in reverse
+// beside the residual-stream gradient, each module releasing its saved tensors when done.
+int64_t ComposePeak(const std::vector<ModuleBytes>& modules, int64_t dres) {
+  int64_t live = 0, peak = 0;
+  for (const ModuleBytes& m : modules) {
+    peak = std::max(peak, live + m.forward_peak);
+    live += m.saved;
+  }
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    peak = std::max(peak, live + dres + it->backward_peak);
+    live -= it->saved;  // a module releases its saved tensors at the end of its backward
+  }
+  return peak;
+}
+
+}  // namespace
+
 int64_t GptMoe::ActivationBytesForRouting(int B,
                                           const std::vector<int64_t>& rows_per_moe_layer) const {
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
-  const MoeShape moe = ShapeOf(config_, ModelShard{});
+  const MoeShape moe = MoeShapeOf(config_, ModelShard{});
   const int F = config_.dense_width();
   const int V = config_.vocab;
   std::vector<ModuleBytes> modules;  // forward order
@@ -355,12 +459,13 @@ int64_t GptMoe::ActivationBytesForRouting(int B,
     modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
                                     AttentionBackwardPeakBytes(dims), policy_));
     if (config_.IsMoeLayer(l)) {
-      const int64_t S = moe_index < rows_per_moe_layer.size() ? rows_per_moe_layer[moe_index]
-                                                              : int64_t{dims.N()} * moe.k;
+      const MoeRows rows =
+          MoeRows::SingleRank(moe_index < rows_per_moe_layer.size() ? rows_per_moe_layer[moe_index]
+                                                                    : int64_t{dims.N()} * moe.k);
       ++moe_index;
-      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, S),
-                                      MoeForwardPeakBytes(dims, moe, S),
-                                      MoeBackwardPeakBytes(dims, moe, S), policy_));
+      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, rows),
+                                      MoeForwardPeakBytes(dims, moe, rows),
+                                      MoeBackwardPeakBytes(dims, moe, rows), policy_));
     } else {
       modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
                                       MlpBackwardPeakBytes(dims, F), policy_));
@@ -368,18 +473,64 @@ int64_t GptMoe::ActivationBytesForRouting(int B,
   }
   modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
                                   HeadBackwardPeakBytes(dims, V), policy_));
+  return ComposePeak(modules, F32Bytes(int64_t{dims.N()} * dims.C));
+}
 
-  int64_t live = 0, peak = 0;
-  for (const ModuleBytes& m : modules) {
-    peak = std::max(peak, live + m.forward_peak);
-    live += m.saved;
+std::vector<ModuleBytes> GptMoe::DeclaredModules(int B, const std::vector<MoeRows>& rows) const {
+  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const MoeShape moe = MoeShapeOf(config_, shard_);
+  const int F = shard_.local_dense_ffn(config_);
+  const int64_t NC = int64_t{dims.N()} * dims.C;
+  // The policy's drops; adaptive and offload keep everything up front.
+  const memory::MemoryPolicy policy = policy_;
+  std::vector<ModuleBytes> modules;  // forward order
+  if (shard_.first_stage()) {
+    modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
+                                    EmbeddingBackwardPeakBytes(dims), policy));
+  } else {
+    modules.push_back({F32Bytes(NC), F32Bytes(NC), 0});  // stage.input
   }
-  const int64_t dres = F32Bytes(int64_t{dims.N()} * dims.C);
-  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-    peak = std::max(peak, live + dres + it->backward_peak);
-    live -= it->saved;  // a module releases its saved tensors at the end of its backward
+  size_t moe_index = 0;
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
+    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
+                                    AttentionBackwardPeakBytes(dims), policy));
+    if (config_.IsMoeLayer(l)) {
+      const MoeRows r = moe_index < rows.size() ? rows[moe_index]
+                        : rows.empty()          ? MoeRows::SingleRank(int64_t{dims.N()} * moe.k)
+                                                : rows.back();
+      ++moe_index;
+      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, r),
+                                      MoeForwardPeakBytes(dims, moe, r),
+                                      MoeBackwardPeakBytes(dims, moe, r), policy));
+    } else {
+      modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
+                                      MlpBackwardPeakBytes(dims, F), policy));
+    }
   }
-  return peak;
+  if (shard_.last_stage()) {
+    const int V = config_.vocab;
+    modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
+                                    HeadBackwardPeakBytes(dims, V), policy));
+  }
+  return modules;
+}
+
+int64_t GptMoe::PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const {
+  return ComposePeak(DeclaredModules(B, rows),
+                     F32Bytes(int64_t{B} * config_.seq_len * config_.d_model));
+}
+
+void GptMoe::NotePrediction(ForwardState& s) {
+  // Called at the end of a forward, before the micro-batch joins in_flight_.
+  const ForwardState& st = s;
+  const std::vector<ModuleBytes> modules = DeclaredModules(st.B, st.rows);
+  s.declared_saved = 0;
+  for (const ModuleBytes& m : modules) s.declared_saved += m.saved;
+  s.declared_peak =
+      ComposePeak(modules, F32Bytes(int64_t{st.B} * config_.seq_len * config_.d_model));
+  int64_t others = 0;
+  for (const auto& [m, other] : in_flight_) others += other->declared_saved;
+  predicted_peak_ = std::max(predicted_peak_, others + s.declared_peak);
 }
 
 int64_t GptMoe::ActivationBytes(int B) const {
@@ -427,6 +578,7 @@ std::vector<StashHandle> ExpertBuffers(const MoeSaved& s) { return {s.xin, s.pre
 }  // namespace
 
 absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
+  RETURN_IF_ERROR(ApplyDeferred(saved));
   // This layer's four expert buffers by handle (not a scan of every live entry: that would be
   // O(layers^2) per micro-batch).
   if (compress_) {

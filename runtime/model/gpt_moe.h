@@ -28,6 +28,29 @@
 // gradient; micro-batches may be in flight together (1F1B). ForwardBackward and Evaluate need a
 // single-stage shard. The declared activation bytes describe the whole model on one rank.
 //
+// The memory model (per rank): DeclaredModules / PredictPeakBytes compose the same module
+// declarations for this rank's shard: its stage's modules only (the embedding on the first stage,
+// the received activation on the others, the head on the last), attention and dense MLP at the TP
+// width, and each MoE layer at its MoeRows (S routed here, R processed by this rank's experts with
+// the ESP width, the dispatch scratch). On a single-stage layout the prediction is exact for the
+// static policies (tests compare it with the arena's peak byte for byte); with micro-batches in
+// flight (1F1B) the model adds the declared saved bytes of the others in flight, an upper bound.
+// PredictedPeakBytes reports the prediction for the rows each micro-batch actually had.
+//
+// The adaptive policy (SetAdaptive, memory.policy adaptive): after each MoE layer's token counts
+// are exchanged, the model projects the rest of the micro-batch with the memory model (this
+// layer's rows assumed for its later MoE layers) on top of what the arena holds now, plus the
+// saved bytes of the micro-batches its 1F1B stage has not started yet. If that fits the budget
+// (less a margin) nothing happens. If not, memory::CoverDeficit picks the cheapest actions per
+// freed byte over the tensors of earlier layers and micro-batches (acted on at once) and this
+// layer's expert buffers (acted on right after its forward): offload the copy engine can hide,
+// then reduced precision (only when a codec is allowed), then per-rank recompute (never a tensor
+// whose rebuild needs a collective). If the arena still refuses an allocation, an emergency
+// offload (MakeRoom) moves the largest tensors not in use to the host before the step fails.
+// Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to none.
+// Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a rebuild
+// and the copy time the compute can hide), the host link (copy_engine.h), the casts at start.
+//
 // Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
 // router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
 // the training loop calls before every micro-batch; a micro-batch in flight keeps its spikes.
@@ -38,6 +61,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,6 +73,7 @@
 #include "runtime/device/device.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
+#include "runtime/memory/planner.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/module.h"
@@ -64,7 +89,7 @@ namespace furnace::model {
 
 struct ForwardState;
 
-class GptMoe final : public train::PipelineStage {
+class GptMoe final : public train::PipelineStage, private MemoryHooks {
  public:
   // `device` and `activations` must outlive the model. The model computes with the device's
   // backend (device::BackendFor); a device without one is refused with BackendFor's
@@ -93,6 +118,30 @@ class GptMoe final : public train::PipelineStage {
   int seq_len() const override { return config_.seq_len; }
   int vocab() const override { return config_.vocab; }
   double FlopsPerToken() const override;
+  // The memory model (per rank): DeclaredModules / PredictPeakBytes compose the same module
+  // declarations for this rank's shard: its stage's modules only (the embedding on the first stage,
+  // the received activation on the others, the head on the last), attention and dense MLP at the TP
+  // width, and each MoE layer at its MoeRows (S routed here, R processed by this rank's experts
+  // with the ESP width, the dispatch scratch). On a single-stage layout the prediction is exact for
+  // the static policies (tests compare it with the arena's peak byte for byte); with micro-batches
+  // in flight (1F1B) the model adds the declared saved bytes of the others in flight, an upper
+  // bound. PredictedPeakBytes reports the prediction for the rows each micro-batch actually had.
+  //
+  // The adaptive policy (SetAdaptive, memory.policy adaptive): after each MoE layer's token counts
+  // are exchanged, the model projects the rest of the micro-batch with the memory model (this
+  // layer's rows assumed for its later MoE layers) on top of what the arena holds now, plus the
+  // saved bytes of the micro-batches its 1F1B stage has not started yet. If that fits the budget
+  // (less a margin) nothing happens. If not, memory::CoverDeficit picks the cheapest actions per
+  // freed byte over the tensors of earlier layers and micro-batches (acted on at once) and this
+  // layer's expert buffers (acted on right after its forward): offload the copy engine can hide,
+  // then reduced precision (only when a codec is allowed), then per-rank recompute (never a tensor
+  // whose rebuild needs a collective). If the arena still refuses an allocation, an emergency
+  // offload (MakeRoom) moves the largest tensors not in use to the host before the step fails.
+  // Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to
+  // none. Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a
+  // rebuild and the copy time the compute can hide), the host link (copy_engine.h), the casts at
+  // start.
+  //
   // Routing spikes (config.spikes, spikes.h) are drawn for this step and these sequences. Before
   // the first call the model has no step and injects no spike.
   void SetStepContext(int64_t step, int64_t first_global_sequence) override;
@@ -116,11 +165,15 @@ class GptMoe final : public train::PipelineStage {
   int64_t ActivationFloats(int B) const override {
     return int64_t{B} * config_.seq_len * config_.d_model;
   }
+  int64_t PredictedPeakBytes() const override { return predicted_peak_; }
   // Micro-batches between StageForward and StageBackward.
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
   // Drops every in-flight micro-batch (after an error: the step is given up).
   void AbandonMicroBatches() override;
-  void ResetActivationPeak() override { arena_.ResetPeak(); }
+  void ResetActivationPeak() override {
+    arena_.ResetPeak();
+    predicted_peak_ = 0;
+  }
   int64_t ActivationPeakBytes() const override { return static_cast<int64_t>(arena_.peak_bytes()); }
   int num_experts() const override { return config_.experts; }
 
@@ -140,6 +193,16 @@ class GptMoe final : public train::PipelineStage {
   const std::vector<int64_t>& last_rows_per_moe_layer() const { return last_rows_; }
   // Bytes held by the stash at the end of the last forward (everything saved for backward).
   uint64_t last_stashed_bytes() const { return last_stashed_bytes_; }
+
+  // ---- The memory model (per rank; see the file comment) ----
+  // This stage's modules in forward order for one micro-batch of B sequences whose MoE layers
+  // (this stage's, in order) have `rows`; a missing entry repeats the last one given (none given:
+  // dropless single-rank rows, S = R = N k).
+  std::vector<ModuleBytes> DeclaredModules(int B, const std::vector<MoeRows>& rows) const;
+  // The arena peak of one micro-batch through this stage on an otherwise empty arena.
+  int64_t PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const;
+  // This stage's MoE rows in the last forward.
+  const std::vector<MoeRows>& last_moe_rows() const { return last_moe_rows_; }
 
   // When on, each forward copies its logits (B, T, V) to the host for last_logits().
   void set_capture_logits(bool on) { capture_logits_ = on; }
@@ -164,6 +227,27 @@ class GptMoe final : public train::PipelineStage {
   // while micro-batches are in flight.
   absl::Status SetMemoryPolicy(memory::MemoryPolicy policy);
   memory::MemoryPolicy memory_policy() const { return policy_; }
+
+  // ---- The adaptive policy (see the file comment) ----
+  struct AdaptiveOptions {
+    double margin = 0.02;                // share of the budget the projection keeps free
+    std::optional<memory::Codec> codec;  // reduced precision allowed (not bit-exact); nullopt: off
+  };
+  // Takes effect with SetMemoryPolicy(kAdaptive). `engine` and `host` (both or neither; neither:
+  // no offload) must outlive the model. InvalidArgument for a margin outside [0, 0.5), an engine of
+  // another device or one without the other; FailedPrecondition while micro-batches are in flight.
+  absl::Status SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* host,
+                           AdaptiveOptions options);
+  struct PlannerStats {
+    int64_t projections = 0;         // MoE layers projected
+    int64_t decisions = 0;           // of those, the ones that acted
+    int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
+    double seconds = 0;              // spent projecting and planning
+  };
+  PlannerStats planner_stats() const { return planner_stats_; }
+  // Receives one line per planner decision and per emergency offload (the worker logs them at
+  // debug level); nullptr: none.
+  void SetPlannerLog(std::function<void(const std::string&)> log) { planner_log_ = std::move(log); }
 
  private:
   GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
@@ -197,6 +281,49 @@ class GptMoe final : public train::PipelineStage {
   int64_t first_sequence_ = 0;
   std::vector<float> last_logits_;
 
+  // ---- The adaptive policy (gpt_moe_adaptive.cc) ----
+  absl::Status BeforeExpertBuffers(int layer, const MoeRows& rows) override;
+  bool MakeRoom(uint64_t bytes) override;
+  // The offloaded and compressed tensors `layers` of micro-batch `micro` hold, brought back ahead
+  // of the backward after making room for them and for `reserve` bytes of its scratch; those of
+  // `ahead_layer` too where that leaves the room. Only under adaptive.
+  static constexpr int kNoLayer = -1000;
+  absl::Status PrepareAdaptiveBackward(int micro, const std::vector<int>& layers, int ahead_layer,
+                                       int64_t reserve);
+  bool Protected(const StashEntrySummary& e) const;
+  // The module (DeclaredModules index) that holds a tensor of `layer` (-1: embedding or head).
+  int ModuleIndexOf(int layer) const;
+  int NumMoeLayersOfStage() const;
+  // Bytes the planner moved out of each module of micro-batch `micro` (at least `modules` long).
+  std::vector<int64_t>& MovedOf(int micro, int modules);
+  std::map<int, std::vector<int64_t>> moved_;
+  int64_t max_projected_ = 0;
+  // The plan's actions on the current MoE layer's own expert buffers, after its forward.
+  absl::Status ApplyDeferred(const MoeSaved& saved);
+  void NoteMicroBatchTime(int B, double seconds);
+  bool adaptive() const { return policy_ == memory::MemoryPolicy::kAdaptive; }
+  AdaptiveOptions adaptive_options_;
+  std::function<void(const std::string&)> planner_log_;
+  memory::CopyEngine* adaptive_engine_ = nullptr;
+  PlannerStats planner_stats_;
+  // Where the compute thread is (MakeRoom must not move what the running module reads).
+  int cur_micro_ = 0;
+  int cur_layer_ = 0;
+  bool protect_all_ = false;       // embedding and head: everything of the current micro-batch
+  std::vector<MoeRows> fwd_rows_;  // this forward's MoE layers so far
+  int fwd_B_ = 0;
+  std::vector<memory::PlanChoice> deferred_;  // for the current MoE layer's expert buffers
+  double micro_seconds_ = 0;                  // compute time of one micro-batch (EMA)
+  double flops_per_second_ = 1e9;             // measured (EMA)
+  double cast_seconds_per_byte_ = 0;
+  double copy_committed_seconds_ = 0;  // offload copy time planned in this micro-batch
+  int max_in_flight_ = 1;              // most micro-batches in flight seen (1F1B)
+
+  // The memory model's bookkeeping.
+  std::vector<MoeRows> last_moe_rows_;
+  int64_t predicted_peak_ = 0;
+  void NotePrediction(ForwardState& st);
+
   // ---- Static stash actions ----
   absl::Status ActAfterMoeForward(const MoeSaved& saved);
   absl::Status PrefetchForBackward(const ForwardState& state, int layer_index);
@@ -204,5 +331,8 @@ class GptMoe final : public train::PipelineStage {
   memory::CopyEngine* engine_ = nullptr;
   std::optional<memory::Codec> compress_;
 };
+
+// The MoE layers' shape on `shard` (its local experts and expert width).
+MoeShape MoeShapeOf(const ModelConfig& config, const ModelShard& shard);
 
 }  // namespace furnace::model

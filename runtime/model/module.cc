@@ -27,11 +27,15 @@ namespace {
 
 // An allocation the arena refuses is tried once more after the stash's copies in flight land:
 // an offloaded tensor frees its device bytes only when its copy to the host completes, so whether
-// it fits must not depend on how fast the copy thread is.
+// it fits must not depend on how fast the copy thread is. If it still does not fit, a planner
+// (ctx.hooks) may make room (the emergency offload) before the step is given up.
 absl::StatusOr<tensor::Buffer> Allocate(ModuleContext& ctx, int64_t bytes, std::string tag) {
   absl::StatusOr<tensor::Buffer> buffer = ctx.arena.Allocate(bytes, tag);
   if (!absl::IsResourceExhausted(buffer.status())) return buffer;
   ctx.stash.WaitForCopies();
+  buffer = ctx.arena.Allocate(bytes, tag);
+  if (!absl::IsResourceExhausted(buffer.status()) || ctx.hooks == nullptr) return buffer;
+  if (!ctx.hooks->MakeRoom(static_cast<uint64_t>(bytes))) return buffer;
   return ctx.arena.Allocate(bytes, std::move(tag));
 }
 

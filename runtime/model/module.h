@@ -46,12 +46,37 @@ struct ParallelGroups {
   comm::Communicator* esp = nullptr;
 };
 
+// The rows of one MoE layer on this rank, what its declared bytes depend on:
+//   S: the assignments kept after capacity that this rank routed (N * k when dropless);
+//   R: the rows its experts process (= S on one rank; under EP / ESP what the exchange brought);
+//   X: the dispatch scratch rows (moe::ExpertDispatcher::ScratchRows; 0 on one rank);
+//   distributed: whether the rows cross ranks (then the routed input and the expert output are
+//   scratch beside the saved buffers, moe_block.h).
+struct MoeRows {
+  int64_t S = 0, R = 0, X = 0;
+  bool distributed = false;
+  static MoeRows SingleRank(int64_t S) { return {S, S, 0, false}; }
+};
+
+// Where a memory planner hooks into the modules (GptMoe's adaptive policy implements it).
+class MemoryHooks {
+ public:
+  virtual ~MemoryHooks() = default;
+  // An MoE block knows its rows (its token counts are exchanged); its expert buffers come next.
+  // An error fails the forward.
+  virtual absl::Status BeforeExpertBuffers(int layer, const MoeRows& rows) = 0;
+  // The arena refused `bytes` even after the stash's copies landed. Make room if possible (the
+  // emergency offload); true: something was freed, try again.
+  virtual bool MakeRoom(uint64_t bytes) = 0;
+};
+
 // `ops`: the backend of the arena's device (device::BackendFor); every kernel call goes through it.
 struct ModuleContext {
   const device::Backend& ops;
   tensor::DeviceArena& arena;
   Stash& stash;
   ParallelGroups groups = {};
+  MemoryHooks* hooks = nullptr;  // nullptr: no planner
   int tp_size() const { return groups.tp == nullptr ? 1 : groups.tp->size(); }
 };
 

@@ -197,6 +197,12 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   const RecomputeCollective collective =
       s.distributed ? RecomputeCollective::kExpertDispatch : RecomputeCollective::kNone;
 
+  // The planner's point: the rows are known, the expert buffers not allocated yet.
+  if (ctx.hooks != nullptr) {
+    const MoeRows rows{S, R, s.distributed ? moe::ExpertDispatcher::ScratchRows(s.dispatch) : 0,
+                       s.distributed};
+    RETURN_IF_ERROR(ctx.hooks->BeforeExpertBuffers(layer, rows));
+  }
   ASSIGN_OR_RETURN(tensor::Buffer xin,
                    ExpertInput(ctx, p, u, plan, dispatch.get(), E, C));  // (R,C)
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, R * fl, p + "moe.expert_pre", false));
@@ -344,52 +350,107 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                           s.hidden, s.eo, s.out});
 }
 
-std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& d, const MoeShape& m, int64_t S) {
-  const int64_t N = d.N(), NC = N * d.C;
+std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& d, const MoeShape& m, const MoeRows& r) {
+  const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
+  // The rebuilds of the expert input and the combined output run the dispatch again: routed (S, C)
+  // or expert output (R, C) beside the dispatch scratch.
+  const int64_t xin_scratch = r.distributed ? F32Bytes(r.S * C + r.X * C) : 0;
+  const int64_t eo_scratch = r.distributed ? F32Bytes(r.R * C + r.X * C) : 0;
   std::vector<SavedTensorBytes> saved = NormSaved(d, "ln2.out", "ln2.mean", "ln2.rstd");
   saved.push_back({"moe.router_probs", F32Bytes(N * m.E), F32Bytes(N * m.E)});  // logits scratch
   saved.push_back({"moe.topk_indices", I32Bytes(N * m.k), F32Bytes(N * m.k)});  // gates scratch
   saved.push_back({"moe.gates", F32Bytes(N * m.k), I32Bytes(N * m.k)});         // indices scratch
-  saved.push_back({"moe.expert_input", F32Bytes(S * d.C), 0});
-  saved.push_back({"moe.expert_pre", F32Bytes(S * m.fl()), 0});
-  saved.push_back({"moe.expert_hidden", F32Bytes(S * m.fl()), 0});
-  saved.push_back({"moe.combined_output", F32Bytes(S * d.C), 0});
+  saved.push_back({"moe.expert_input", F32Bytes(r.R * C), xin_scratch});
+  saved.push_back({"moe.expert_pre", F32Bytes(r.R * fl), 0});
+  saved.push_back({"moe.expert_hidden", F32Bytes(r.R * fl), 0});
+  saved.push_back({"moe.combined_output", F32Bytes(r.S * C), eo_scratch});
   saved.push_back({"moe.residual", F32Bytes(NC), 0});
   return saved;
 }
 
-int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, int64_t S) {
-  return TotalBytes(MoeSavedTensors(d, m, S));
+int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
+  return TotalBytes(MoeSavedTensors(d, m, r));
 }
 
-int64_t MoeForwardPeakBytes(const Dims& d, const MoeShape& m, int64_t S) {
+namespace {
+
+// MoeBlockForward's allocations up to the point where the expert buffers are allocated.
+void RouterTimeline(const Dims& d, const MoeShape& m, BytesTimeline& t) {
   const int64_t N = d.N(), NC = N * d.C;
-  BytesTimeline t;
   t.Alloc(F32Bytes(NC) + 2 * F32Bytes(N));         // ln2 out, mean, rstd
   t.Alloc(F32Bytes(N * m.E));                      // router logits
   t.Alloc(F32Bytes(N * m.E));                      // router probs
   t.Free(F32Bytes(N * m.E));                       // router logits
   t.Alloc(I32Bytes(N * m.k) + F32Bytes(N * m.k));  // indices, gates
-  t.Alloc(F32Bytes(S * d.C));                      // expert input
-  t.Alloc(2 * F32Bytes(S * m.f));                  // expert pre, hidden
-  t.Alloc(F32Bytes(S * d.C));                      // expert output
-  t.Alloc(F32Bytes(NC));                           // residual
+}
+
+// The rest of it: the expert buffers (ExpertInput, CombinedOutput) and the residual.
+void ExpertTimeline(const Dims& d, const MoeShape& m, const MoeRows& r, BytesTimeline& t) {
+  const int64_t NC = int64_t{d.N()} * d.C, C = d.C, fl = m.fl();
+  if (r.distributed) {
+    t.Alloc(F32Bytes(r.S * C));  // routed rows
+    t.Alloc(F32Bytes(r.R * C));  // expert input
+    t.Alloc(F32Bytes(r.X * C));  // dispatch scratch
+    t.Free(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.S * C));
+  } else {
+    t.Alloc(F32Bytes(r.S * C));  // expert input
+  }
+  t.Alloc(2 * F32Bytes(r.R * fl));  // expert pre, hidden
+  if (r.distributed) {
+    t.Alloc(F32Bytes(r.R * C));  // expert output
+    t.Alloc(F32Bytes(r.S * C));  // combined output
+    t.Alloc(F32Bytes(r.X * C));  // combine scratch
+    t.Free(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.R * C));
+  } else {
+    t.Alloc(F32Bytes(r.S * C));  // combined output
+  }
+  t.Alloc(F32Bytes(NC));  // residual
+}
+
+}  // namespace
+
+int64_t MoeForwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
+  BytesTimeline t;
+  RouterTimeline(d, m, t);
+  ExpertTimeline(d, m, r, t);
   return t.peak();
 }
 
-int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, int64_t S) {
-  const int64_t N = d.N(), NC = N * d.C;
+MoeExpertPoint MoeExpertPointBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
+  BytesTimeline before;
+  RouterTimeline(d, m, before);
+  BytesTimeline rest;
+  ExpertTimeline(d, m, r, rest);
+  return {before.current(), rest.peak()};
+}
+
+int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
+  const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
   BytesTimeline t;
-  t.Alloc(F32Bytes(S * d.C));  // dexpert_output
+  t.Alloc(F32Bytes(r.S * C));  // dexpert_output
   t.Alloc(F32Bytes(N * m.k));  // dgates
-  t.Alloc(F32Bytes(S * m.f));  // dexpert_hidden
-  t.Free(F32Bytes(S * d.C));   // dexpert_output
-  t.Alloc(F32Bytes(S * m.f));  // dexpert_pre
-  t.Free(F32Bytes(S * m.f));   // dexpert_hidden
-  t.Alloc(F32Bytes(S * d.C));  // dexpert_input
-  t.Free(F32Bytes(S * m.f));   // dexpert_pre
+  if (r.distributed) {         // to the experts
+    t.Alloc(F32Bytes(r.R * C));
+    t.Alloc(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.S * C));
+  }
+  t.Alloc(F32Bytes(r.R * fl));  // dexpert_hidden
+  t.Free(F32Bytes(r.R * C));    // dexpert_output
+  t.Alloc(F32Bytes(r.R * fl));  // dexpert_pre
+  t.Free(F32Bytes(r.R * fl));   // dexpert_hidden
+  t.Alloc(F32Bytes(r.R * C));   // dexpert_input
+  t.Free(F32Bytes(r.R * fl));   // dexpert_pre
+  if (r.distributed) {          // back from the experts
+    t.Alloc(F32Bytes(r.S * C));
+    t.Alloc(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.X * C));
+    t.Free(F32Bytes(r.R * C));
+  }
   t.Alloc(F32Bytes(NC));       // ln2.dout
-  t.Free(F32Bytes(S * d.C));   // dexpert_input
+  t.Free(F32Bytes(r.S * C));   // dexpert_input
   t.Alloc(F32Bytes(N * m.E));  // dprobs
   t.Free(F32Bytes(N * m.k));   // dgates
   t.Alloc(F32Bytes(N * m.E));  // dlogits

@@ -7,7 +7,7 @@
 // With expert parallelism / sharding (ctx.groups.ep or .esp of more than one rank) the permuted
 // rows go to the expert ranks through moe::ExpertDispatcher and come back before the weighted
 // combine; the expert buffers then hold R rows (what this rank's experts process). The declared
-// bytes below describe the single-rank path.
+// bytes below follow both paths (MoeRows).
 // The dispatch plan is not saved: backward rebuilds it from the saved top-k indices (a pure
 // function of them).
 // Saved tensors and their rebuilds (memory policies, runtime/memory/policy.h). One tag per shape:
@@ -94,11 +94,20 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                               const MoeSaved& saved, StashHandle x_in, double aux_scale,
                               float* dres);
 
-// `rows` = S, the assignments kept after capacity (N * k when dropless). The saved tensors in
-// acquire order (single-rank shapes); MoeSavedBytes is their total.
-std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& dims, const MoeShape& m, int64_t rows);
-int64_t MoeSavedBytes(const Dims& dims, const MoeShape& m, int64_t rows);
-int64_t MoeForwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);
-int64_t MoeBackwardPeakBytes(const Dims& dims, const MoeShape& m, int64_t rows);
+// The saved tensors in acquire order, with their rebuild scratch; MoeSavedBytes is their total.
+// The peaks mirror MoeBlockForward's and MoeBlockBackward's allocation order exactly.
+std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& dims, const MoeShape& m,
+                                              const MoeRows& rows);
+int64_t MoeSavedBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
+int64_t MoeForwardPeakBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
+int64_t MoeBackwardPeakBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
+// The forward seen from the point where the expert buffers are about to be allocated (after the
+// token counts are known, where the adaptive planner decides): the bytes the block holds then
+// (its norm, router and top-k tensors) and how far its forward rises above that.
+struct MoeExpertPoint {
+  int64_t level = 0;      // live at the point, from the block's entry
+  int64_t rest_peak = 0;  // above `level`, for the rest of the forward
+};
+MoeExpertPoint MoeExpertPointBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
 
 }  // namespace furnace::model

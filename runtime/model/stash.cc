@@ -189,6 +189,19 @@ std::vector<StashEntryInfo> Stash::Entries() const {
   return out;
 }
 
+std::vector<StashEntrySummary> Stash::Summaries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<StashEntrySummary> out;
+  out.reserve(entries_.size());
+  for (const auto& [id, e] : entries_) {
+    const RecomputeSpec& r = e.info.recompute;
+    out.push_back({StashHandle{id}, e.info.producer, e.info.layer, e.info.micro, e.info.bytes,
+                   e.info.state, e.pins > 0,
+                   r.rebuildable() && r.collective == RecomputeCollective::kNone, r.flops});
+  }
+  return out;
+}
+
 std::optional<StashEntryInfo> Stash::Info(StashHandle handle) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle.id);

@@ -122,6 +122,19 @@ struct StashEntryInfo {
   RecomputeSpec recompute;
 };
 
+// A live entry as a planner weighs it (Summaries): no rebuild closure, no input list.
+struct StashEntrySummary {
+  StashHandle handle;
+  std::string producer;
+  int layer = -1;
+  int micro = 0;
+  uint64_t bytes = 0;  // at full precision
+  StashState state = StashState::kKept;
+  bool pinned = false;       // acquired by a backward
+  bool rebuildable = false;  // has a rebuild that needs no collective (a per-rank drop is safe)
+  double rebuild_flops = 0;
+};
+
 // Totals of the offload / compress actions since the stash was made (for telemetry and tests).
 struct StashActionStats {
   uint64_t offloaded_bytes = 0;         // fp32 bytes sent to the host
@@ -204,8 +217,9 @@ class Stash {
   uint64_t stashed_bytes() const;
   uint64_t peak_stashed_bytes() const;  // since the last ResetPeak
   void ResetPeak();
-  int64_t size() const;                         // live entries
-  std::vector<StashEntryInfo> Entries() const;  // live entries in save order (for a planner)
+  int64_t size() const;                              // live entries
+  std::vector<StashEntryInfo> Entries() const;       // live entries in save order (for a planner)
+  std::vector<StashEntrySummary> Summaries() const;  // live entries in save order
   // One live entry's description; nullopt for an invalid, unknown or released handle.
   std::optional<StashEntryInfo> Info(StashHandle handle) const;
 

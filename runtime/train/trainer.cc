@@ -104,6 +104,9 @@ MemoryActionTotals Trainer::MemoryActionsSince(const MemoryActionTotals& before)
   d.offloaded_bytes -= before.offloaded_bytes;
   d.compressed_bytes -= before.compressed_bytes;
   d.late_reloads -= before.late_reloads;
+  d.planner_seconds -= before.planner_seconds;
+  d.planner_decisions -= before.planner_decisions;
+  d.emergency_offloads -= before.emergency_offloads;
   return d;
 }
 
@@ -129,6 +132,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
     stats.aux_loss += r.aux_loss / m;
     stats.dropped += r.dropped;
     stats.activation_peak_bytes = std::max(stats.activation_peak_bytes, r.activation_peak_bytes);
+    stats.predicted_peak_bytes = std::max(stats.predicted_peak_bytes, r.predicted_peak_bytes);
     stats.routing_spike = stats.routing_spike || r.routing_spike;
     if (stats.tokens_per_expert.size() < r.tokens_per_expert.size()) {
       stats.tokens_per_expert.resize(r.tokens_per_expert.size());

@@ -71,6 +71,7 @@ struct StepStats {
   std::vector<double> imbalance;                        // [moe_layer] max / mean
   int64_t dropped = 0;
   int64_t activation_peak_bytes = 0;  // max over micro-batches
+  int64_t predicted_peak_bytes = 0;   // the model's prediction for the same (0: none)
   bool routing_spike = false;         // a routing-spike step (MicroBatchResult::routing_spike)
   MemoryActionTotals memory_actions;  // what the memory policy did during this step (this rank)
   double model_flops = 0;             // FlopsPerToken * tokens

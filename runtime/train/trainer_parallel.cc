@@ -268,6 +268,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
     return s;
   }
   stats.activation_peak_bytes = stage_->ActivationPeakBytes();
+  stats.predicted_peak_bytes = stage_->PredictedPeakBytes();
   const double t1 = clock_->MonotonicSeconds();
   RETURN_IF_ERROR(SyncGradients());
   ASSIGN_OR_RETURN(stats.grad_norm, ClipParallel());

@@ -23,6 +23,8 @@ struct MicroBatchResult {
   std::vector<std::vector<int64_t>> tokens_per_expert;
   int64_t dropped = 0;                // assignments dropped by capacity
   int64_t activation_peak_bytes = 0;  // arena peak during this micro-batch
+  // What the model's memory model predicted for it (0: the model has none).
+  int64_t predicted_peak_bytes = 0;
   // A routing-spike step (runtime/model/spikes.h): each MoE layer pushed tokens onto one expert.
   bool routing_spike = false;
 };
@@ -35,6 +37,10 @@ struct MemoryActionTotals {
   uint64_t offloaded_bytes = 0;
   uint64_t compressed_bytes = 0;
   int64_t late_reloads = 0;  // reloads that had not landed when backward needed them
+  // The adaptive planner (memory.policy adaptive).
+  double planner_seconds = 0;      // projecting and planning
+  int64_t planner_decisions = 0;   // MoE layers where it acted
+  int64_t emergency_offloads = 0;  // allocations it rescued after the arena refused them
 };
 
 class Trainable {
@@ -89,6 +95,8 @@ class PipelineStage : public Trainable {
   // The activation high-water mark since ResetActivationPeak.
   virtual void ResetActivationPeak() = 0;
   virtual int64_t ActivationPeakBytes() const = 0;
+  // What the model's memory model predicts for the same span (0: none).
+  virtual int64_t PredictedPeakBytes() const { return 0; }
   // E of the MoE layers (0: none): tokens_per_expert vectors have this length where not empty.
   virtual int num_experts() const = 0;
 };

@@ -36,9 +36,9 @@ class BadInputTest(harness.ClusterTest):
 
     def test_unimplemented_fields_are_refused(self):
         self.check_refused(
-            "name: bad\nkind: train\nmemory:\n  policy: adaptive\n"
+            "name: bad\nkind: train\nmemory:\n  policy: selective\n  codec: bf16\n"
             "checkpoint:\n  async: true\n",
-            "memory.policy", "'adaptive'", "allowed: none", "checkpoint.async")
+            "memory.codec", "applies only to memory.policy adaptive", "checkpoint.async")
 
     def test_missing_file(self):
         r = self.cluster.cli("submit", "/nonexistent/job.yaml")

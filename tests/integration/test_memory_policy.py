@@ -3,7 +3,8 @@ outputs dropped after forward, rebuilt in backward) ends with exactly the parame
 job under `none`, reports a smaller activation peak and its recompute bytes, and its rank says
 which policy it ran. Under a budget that only `selective` fits, a `none` job runs out of memory
 once, is restarted under `selective` (out-of-memory escalation) and ends with the same
-parameters."""
+parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
+does not fit, says so in its telemetry, and the job ends with the same parameters again."""
 import json
 import os
 import urllib.request
@@ -81,6 +82,21 @@ class MemoryPolicyTest(harness.ClusterTest):
         t = c.export(tight, "tight.safetensors")
         for name in a:
             self.assertTrue(a[name] == t[name], f"{name} differs between none and the escalated run")
+
+        # adaptive at the same budget: one attempt, the planner's offloads in the telemetry, the
+        # peak under the budget, the same parameters (offload and recompute are bit-exact).
+        adaptive = c.submit(c.write_job("adaptive.yaml", job("adaptive", "adaptive", budget)))
+        d = c.wait_state(adaptive, harness.FINAL, timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(len(d["attempts"]), 1, d["attempts"])
+        self.assertIn("memory policy adaptive", c.cli("logs", adaptive).stdout)
+        self.assertGreater(planner_bytes(d).get("PLANNER_ACTION_OFFLOAD", 0), 0, d["telemetry"])
+        memory = d["telemetry"]["memory"]
+        self.assertGreater(int(memory.get("planner_decisions", memory.get("plannerDecisions", 0))), 0)
+        self.assertLessEqual(self.max_peak(adaptive), budget)
+        t = c.export(adaptive, "adaptive.safetensors")
+        for name in a:
+            self.assertTrue(a[name] == t[name], f"{name} differs between none and adaptive")
 
     def max_peak(self, job_id):
         url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job_id}/series?max=1000"

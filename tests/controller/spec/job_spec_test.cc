@@ -187,7 +187,7 @@ moe:
   normalize_topk: true
   aux_alpha: 0
   spikes: {SPIKES}
-memory: {policy: {POLICY}, device_budget: 512MiB}
+memory: {policy: {POLICY}, device_budget: 512MiB, host_link_gbps: 55, codec: bf16}
 train:
   steps: 50
   lr: 0.001
@@ -218,7 +218,7 @@ commcheck:
 fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
 )",
       {{"{SPIKES}", "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"},
-       {"{POLICY}", unimplemented ? "adaptive" : "none"},
+       {"{POLICY}", "adaptive"},
        {"{ASYNC}", unimplemented ? "true" : "false"},
        {"{DEVICE}", unimplemented ? "cuda" : "cpu"}});
 }
@@ -236,8 +236,10 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_DOUBLE_EQ(s.moe().spikes().probability(), 0.5);
   EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);  // = experts / top_k, the largest allowed
   EXPECT_EQ(s.moe().spikes().seed(), 18446744073709551615u);
-  EXPECT_EQ(s.memory().policy(), "none");
+  EXPECT_EQ(s.memory().policy(), "adaptive");
   EXPECT_EQ(s.memory().device_budget(), 512ull << 20);
+  EXPECT_DOUBLE_EQ(s.memory().host_link_gbps(), 55.0);
+  EXPECT_EQ(s.memory().codec(), "bf16");
   EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
   EXPECT_EQ(s.train().warmup(), 50u);
   EXPECT_EQ(s.data().path(), "/data/tokens.bin");
@@ -263,29 +265,37 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(spec.status().message());
   const std::vector<std::string> lines = absl::StrSplit(message, '\n');
-  EXPECT_EQ(lines.size(), 3u) << message;
+  EXPECT_EQ(lines.size(), 2u) << message;
   for (const char* want :
-       {"memory.policy: is not available in this build",
-        "(got 'adaptive'; allowed: none, selective, full_recompute, offload)",
-        "checkpoint.async: is not available in this build", "(got true; allowed: false)",
+       {"checkpoint.async: is not available in this build", "(got true; allowed: false)",
         "resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
   }
 }
 
-// The static memory policies run; adaptive is refused naming the field.
-TEST(JobSpecTest, StaticMemoryPoliciesAreAccepted) {
-  for (const char* policy : {"none", "selective", "full_recompute", "offload"}) {
+// Every memory policy runs; a codec is for the adaptive planner only, and an unknown one is
+// refused naming the allowed values.
+TEST(JobSpecTest, MemoryPoliciesAreAccepted) {
+  for (const char* policy : {"none", "selective", "full_recompute", "offload", "adaptive"}) {
     EXPECT_EQ(MustParse(absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"))
                   .memory()
                   .policy(),
               policy);
   }
-  absl::StatusOr<JobSpec> adaptive =
-      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive}\n", "job.yaml");
-  ASSERT_FALSE(adaptive.ok());
-  EXPECT_NE(adaptive.status().message().find("memory.policy: is not available"), std::string::npos)
-      << adaptive.status();
+  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {policy: adaptive}\n").memory().codec(),
+            "none");
+  absl::StatusOr<JobSpec> codec =
+      ParseJobYaml("name: a\nkind: train\nmemory: {policy: offload, codec: fp8}\n", "job.yaml");
+  ASSERT_FALSE(codec.ok());
+  EXPECT_NE(codec.status().message().find("memory.codec: applies only to memory.policy adaptive"),
+            std::string::npos)
+      << codec.status();
+  absl::StatusOr<JobSpec> unknown =
+      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive, codec: int4}\n", "job.yaml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("memory.codec"), std::string::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("none, bf16, fp8"), std::string::npos)
+      << unknown.status();
 }
 
 // The offload settings under another policy would be accepted and ignored: refused, naming them.
@@ -298,6 +308,11 @@ TEST(JobSpecTest, OffloadSettingsWithoutTheOffloadPolicyAreRefused) {
               std::string::npos)
         << spec.status();
   }
+  // The host link also paces the adaptive planner's offloads.
+  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {policy: adaptive, host_link_gbps: 55}\n")
+                .memory()
+                .host_link_gbps(),
+            55.0);
   absl::StatusOr<JobSpec> spec = ParseJobYaml(
       "name: a\nkind: train\nmemory: {policy: none, offload_ratio: 0.25}\n", "job.yaml");
   ASSERT_FALSE(spec.ok());

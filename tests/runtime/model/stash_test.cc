@@ -571,8 +571,7 @@ TEST(MemoryPolicyTest, ParseTagsAndActions) {
   EXPECT_EQ(*memory::ParseMemoryPolicy("full_recompute"), MemoryPolicy::kFullRecompute);
   EXPECT_EQ(*memory::ParseMemoryPolicy("none"), MemoryPolicy::kNone);
   EXPECT_EQ(*memory::ParseMemoryPolicy("offload"), MemoryPolicy::kOffload);
-  EXPECT_EQ(memory::ParseMemoryPolicy("adaptive").status().code(),
-            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(*memory::ParseMemoryPolicy("adaptive"), MemoryPolicy::kAdaptive);
   absl::Status bad = memory::ParseMemoryPolicy("lazy").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.message(), ::testing::HasSubstr("memory.policy"));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -34,6 +35,7 @@ struct Trained {
   int in_flight_peak = 0;
   std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
   model::StashActionStats stash;
+  std::vector<int64_t> activation_peak, predicted_peak, decisions, emergencies;  // per step
 };
 
 // What the model's stash actions go through; made before the model, which must not outlive it.
@@ -44,7 +46,7 @@ struct MemoryActions {
 
 absl::StatusOr<MemoryActions> MakeMemoryActions(const LayoutCase& c, device::Device& device) {
   MemoryActions m;
-  if (c.offload_ratio > 0) {
+  if (c.offload_ratio > 0 || c.policy == memory::MemoryPolicy::kAdaptive) {
     memory::CopyEngineOptions options;
     options.host_link_gbps = c.host_link_gbps;
     ASSIGN_OR_RETURN(m.engine, memory::CopyEngine::Create(device, options));
@@ -55,6 +57,13 @@ absl::StatusOr<MemoryActions> MakeMemoryActions(const LayoutCase& c, device::Dev
 
 absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::GptMoe& model) {
   model.SetCompress(c.compress);
+  if (c.policy == memory::MemoryPolicy::kAdaptive) {
+    if (std::getenv("FURNACE_PLANNER_LOG") != nullptr) {  // the planner's decisions, for debugging
+      model.SetPlannerLog(
+          [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    }
+    return model.SetAdaptive(m.engine.get(), m.host.get(), {});
+  }
   if (m.engine == nullptr) return absl::OkStatus();
   return model.SetOffload(c.offload_ratio, m.engine.get(), m.host.get());
 }
@@ -102,6 +111,10 @@ absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int mic
     }
     t.tokens_per_expert.push_back(std::move(counts));
     t.in_flight_peak = std::max(t.in_flight_peak, st.in_flight_peak);
+    t.activation_peak.push_back(st.activation_peak_bytes);
+    t.predicted_peak.push_back(st.predicted_peak_bytes);
+    t.decisions.push_back(st.memory_actions.planner_decisions);
+    t.emergencies.push_back(st.memory_actions.emergency_offloads);
     for (const train::CommStats& cs : st.comm) t.comm_bytes[static_cast<int>(cs.op)] += cs.bytes;
   }
   t.stash = model.stash().action_stats();
@@ -138,6 +151,10 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
     Put<int8_t>(out, t.routing_spike[s] ? 1 : 0);
     Put<int32_t>(out, static_cast<int32_t>(t.tokens_per_expert[s].size()));
     for (int64_t c : t.tokens_per_expert[s]) Put(out, c);
+    Put(out, t.activation_peak[s]);
+    Put(out, t.predicted_peak[s]);
+    Put(out, t.decisions[s]);
+    Put(out, t.emergencies[s]);
   }
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
@@ -176,7 +193,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
     ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
                      train::BuildRankLayout(topo, rank, c.model, factory));
     std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-    tensor::DeviceArena arena(*cpu, 0);
+    tensor::DeviceArena arena(*cpu, c.device_budget);
     ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
     ASSIGN_OR_RETURN(
         std::unique_ptr<model::GptMoe> model,
@@ -213,6 +230,10 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
     std::ifstream in(RankFile(dir, rank), std::ios::binary);
     int32_t steps = 0;
     if (!Take(in, steps)) return absl::DataLossError(absl::StrCat("rank ", rank, ": no output"));
+    r.activation_peak.emplace_back();
+    r.predicted_peak.emplace_back();
+    r.planner_decisions.emplace_back();
+    r.emergency_offloads.emplace_back();
     for (int s = 0; s < steps; ++s) {
       double loss = 0, aux = 0, norm = 0;
       Take(in, loss);
@@ -224,6 +245,15 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
       Take(in, n_counts);
       std::vector<int64_t> counts(std::max(0, n_counts));
       for (int64_t& c : counts) Take(in, c);
+      int64_t peak = 0, predicted = 0, decisions = 0, emergencies = 0;
+      Take(in, peak);
+      Take(in, predicted);
+      Take(in, decisions);
+      Take(in, emergencies);
+      r.activation_peak.back().push_back(peak);
+      r.predicted_peak.back().push_back(predicted);
+      r.planner_decisions.back().push_back(decisions);
+      r.emergency_offloads.back().push_back(emergencies);
       if (rank == 0) {
         r.loss.push_back(loss);
         r.aux_loss.push_back(aux);
@@ -296,7 +326,7 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   kernels::cpu::SetBlasThreads(1);
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-  tensor::DeviceArena arena(*cpu, 0);
+  tensor::DeviceArena arena(*cpu, c.device_budget);
   ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
                    model::GptMoe::Create(c.model, c.seed, *cpu, arena));
@@ -310,6 +340,10 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   r.grad_norm = t.norm;
   r.routing_spike = t.routing_spike;
   r.tokens_per_expert = t.tokens_per_expert;
+  r.activation_peak = {t.activation_peak};
+  r.predicted_peak = {t.predicted_peak};
+  r.planner_decisions = {t.decisions};
+  r.emergency_offloads = {t.emergencies};
   for (const train::ParamInfo& p : model->params()) {
     const float* d = model->param_data() + p.offset;
     r.params[p.name] = std::vector<float>(d, d + p.numel());

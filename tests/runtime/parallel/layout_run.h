@@ -37,6 +37,9 @@ struct LayoutCase {
   double offload_ratio = 0;
   double host_link_gbps = 0;
   std::optional<memory::Codec> compress;
+  // The activation arena's budget on every rank (0: unlimited). Under policy adaptive the planner
+  // works against it, offloading through a copy engine paced to host_link_gbps.
+  uint64_t device_budget = 0;
 };
 
 struct RunResult {
@@ -49,6 +52,10 @@ struct RunResult {
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
   std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps
+  // [rank][step]: the arena's peak, the memory model's prediction for the same step, and the
+  // adaptive planner's decisions and emergency offloads.
+  std::vector<std::vector<int64_t>> activation_peak, predicted_peak;
+  std::vector<std::vector<int64_t>> planner_decisions, emergency_offloads;
 };
 
 // The layout tests' tiny MoE: 4 layers, 1 and 3 MoE and 0 and 2 dense (both FFN kinds run in

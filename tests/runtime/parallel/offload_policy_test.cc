@@ -6,7 +6,9 @@
 //   * reduced-precision storage of the whitelisted expert buffers (runtime/memory/codec.h) keeps a
 //     50-step run on the Markov chain within a stated margin of policy none: the mean loss of the
 //     last 10 steps within 0.2% (bf16) and 0.5% (fp8 e4m3), every step's loss within 1% / 2%.
-//     Measured: last-10 mean 6.3e-5 (bf16) and 8.8e-5 (fp8) relative, worst step 2.0e-3 / 2.2e-3.
+//     Measured: last-10 mean 6.3e-5 (bf16) and 8.8e-5 (fp8) relative, worst step 2.0e-3 / 2.2e-3;
+//   * the adaptive policy acts only when a micro-batch is short, stays under the budget and trains
+//     bit-identically to none.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -91,6 +93,64 @@ TEST(OffloadPolicyTest, CompressedExpertBuffersStayNearNoneOverAMarkovRun) {
         "rel %.2e, %llu bytes compressed\n",
         memory::CodecName(k.codec), MeanTail(run->loss, 10), MeanTail(none->loss, 10), tail,
         worst_step, static_cast<unsigned long long>(run->stash_actions[0].compressed_bytes));
+  }
+}
+
+}  // namespace
+}  // namespace furnace::testing
+
+namespace furnace::testing {
+namespace {
+
+// The adaptive policy in one process, where dropless routing gives every micro-batch the same
+// bytes: under a budget every micro-batch lacks, it acts on every micro-batch, stays under the
+// budget and trains bit-identically to none (offload and recompute only); under a budget that
+// fits (with its 2% margin) it never acts and changes nothing.
+TEST(AdaptivePolicyTest, ActsOnlyWhenShortAndStaysBitIdentical) {
+  LayoutCase c;
+  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);
+  c.steps = 4;
+  absl::StatusOr<RunResult> none = RunSingle(c);
+  ASSERT_TRUE(none.ok()) << none.status();
+  const int64_t peak = none->activation_peak[0][0];
+  for (int s = 0; s < c.steps; ++s) {
+    ASSERT_EQ(none->activation_peak[0][s], peak) << "dropless: the same bytes every step";
+    EXPECT_EQ(none->predicted_peak[0][s], peak) << "the memory model is exact on one rank";
+  }
+
+  c.policy = memory::MemoryPolicy::kAdaptive;
+  c.device_budget = static_cast<uint64_t>(peak / 0.98) + 64;
+  absl::StatusOr<RunResult> roomy = RunSingle(c);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ExpectBitIdentical(*roomy, *none);
+  for (int s = 0; s < c.steps; ++s) {
+    EXPECT_EQ(roomy->planner_decisions[0][s], 0) << "step " << s;
+    EXPECT_EQ(roomy->activation_peak[0][s], peak) << "step " << s;
+  }
+
+  for (double share : {0.9, 0.8}) {
+    c.device_budget = static_cast<uint64_t>(share * peak);
+    {
+      LayoutCase tight_none = c;
+      tight_none.policy = memory::MemoryPolicy::kNone;
+      EXPECT_FALSE(RunSingle(tight_none).ok()) << "none fits " << share << " of its peak";
+    }
+    absl::StatusOr<RunResult> tight = RunSingle(c);
+    ASSERT_TRUE(tight.ok()) << share << ": " << tight.status();
+    ExpectBitIdentical(*tight, *none);
+    for (int s = 0; s < c.steps; ++s) {
+      EXPECT_LE(tight->activation_peak[0][s], static_cast<int64_t>(c.device_budget));
+      // Two micro-batches a step, each one short.
+      EXPECT_GE(tight->planner_decisions[0][s], 2) << share << " step " << s;
+    }
+    std::printf(
+        "REPORT adaptive single process, budget %.0f%% of none's peak (%lld B): peak %lld B, "
+        "%lld decisions in step 0, %lld emergency offloads, %llu B offloaded and reloaded\n",
+        100 * share, static_cast<long long>(peak),
+        static_cast<long long>(tight->activation_peak[0][0]),
+        static_cast<long long>(tight->planner_decisions[0][0]),
+        static_cast<long long>(tight->emergency_offloads[0][0]),
+        static_cast<unsigned long long>(tight->stash_actions[0].offloaded_bytes));
   }
 }
 

@@ -1,0 +1,84 @@
+// The adaptive memory planner's choice (DESIGN.md "Memory policies", BaGuaLu-2): given the bytes
+// a projection says will not fit and the saved tensors that could make room, the cheapest set of
+// actions per freed byte. A pure function: the model (runtime/model/gpt_moe.cc) builds the
+// candidates from its stash after each MoE layer's token-count exchange, projects the deficits
+// with its memory model and applies the plan; this file only decides.
+//
+// Where an action helps. The projection is a list of points of the micro-batch's timeline (one
+// per module of the model: its forward, then its backward), each with its deficit. A tensor saved
+// by module `position` frees bytes only at the points after it: at its own module's points it is
+// being made (forward) or is needed again (backward), and a tensor saved by a later module is
+// already released when the backward reaches an earlier one. Tensors of other micro-batches have
+// position -1 and help everywhere. A deferred candidate (the current MoE layer's own expert
+// buffers, acted on right after its forward) is positioned at that layer like any other.
+// The plan covers the points in order: for the first point still short, it takes the cheapest
+// helpful action per freed byte (ties: more bytes, then the lower id), and counts what that frees
+// at every point after the candidate's position.
+//
+// Costs, in seconds of compute the step loses:
+//   offload:    free while the copies fit in the compute ahead that can hide them
+//               (PlannerCosts::hidden_seconds, shared by all the offloads of one plan, both
+//               directions counted); beyond it, the copy time that shows.
+//   compress:   the cast there and back (cast_seconds_per_byte); frees what the codec saves.
+//   recompute:  the rebuild's FLOPs at the measured rate.
+// The plan takes, one at a time, the action with the smallest cost per freed byte (ties: more
+// bytes, then the lower id).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace furnace::memory {
+
+enum class PlanAction { kOffload, kCompress, kRecompute };
+const char* PlanActionName(PlanAction action);
+
+struct PlanCandidate {
+  int64_t id = -1;     // the caller's handle
+  uint64_t bytes = 0;  // device bytes it holds now (full precision)
+  int position = -1;   // the module that saved it; -1: another micro-batch
+  bool deferred = false;
+  bool can_offload = false;
+  bool can_recompute = false;
+  double recompute_seconds = 0;
+  bool can_compress = false;
+  double compressed_fraction = 1;  // encoded bytes / bytes
+};
+
+struct PlannerCosts {
+  double link_bytes_per_second = 0;  // the host link, one direction; > 0 for offload to count
+  double hidden_seconds = 0;         // copy time the compute ahead can hide
+  double cast_seconds_per_byte = 0;  // encode + decode
+};
+
+struct PlanChoice {
+  int64_t id = -1;
+  PlanAction action = PlanAction::kOffload;
+  bool deferred = false;
+  uint64_t freed = 0;
+  double cost_seconds = 0;
+};
+
+// What point `position` of the timeline lacks (bytes > 0).
+struct Deficit {
+  int position = 0;
+  int64_t bytes = 0;
+};
+
+struct Plan {
+  std::vector<PlanChoice> choices;  // in the order taken
+  uint64_t freed = 0;               // bytes the choices free (each at the points after it)
+  double cost_seconds = 0;
+  bool covered = false;  // every deficit covered
+};
+
+Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
+                   const std::vector<Deficit>& deficits, const PlannerCosts& costs);
+
+// "offload 3 (1.5 MiB), recompute 2 (0.8 MiB)" for the debug log.
+std::string PlanSummary(const Plan& plan);
+
+}  // namespace furnace::memory

@@ -1,0 +1,361 @@
+// GptMoe's adaptive memory policy (gpt_moe.h "The adaptive policy"; the choice itself is
+// memory::CoverDeficit, runtime/memory/planner.h).
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/base/status.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/model/moe_block.h"
+
+namespace furnace::model {
+namespace {
+
+double MiB(double bytes) { return bytes / 1048576.0; }
+
+// Deferred candidates name this layer's expert buffers by these ids (stash ids are >= 0).
+constexpr int64_t kDeferredXin = -1, kDeferredPre = -2, kDeferredHidden = -3, kDeferredEo = -4;
+
+// Encode + decode seconds per fp32 byte of `codec` on `ops`, measured on 1 MiB.
+double MeasureCastSecondsPerByte(const device::Backend& ops, memory::Codec codec) {
+  constexpr int64_t n = 1 << 18;
+  std::vector<float> in(n), out(n);
+  for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>((i % 1000) - 500) * 1e-3f;
+  std::vector<uint32_t> enc((memory::EncodedBytes(codec, n) + 3) / 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int rep = 0; rep < 4; ++rep) {
+    memory::Encode(ops, codec, in.data(), n, enc.data());
+    memory::Decode(ops, codec, enc.data(), n, out.data());
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s / (4.0 * 4 * n);
+}
+
+}  // namespace
+
+absl::Status GptMoe::SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* host,
+                                 AdaptiveOptions options) {
+  if (!(options.margin >= 0 && options.margin < 0.5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adaptive: margin must be in [0, 0.5), got ", options.margin));
+  }
+  if (engine != nullptr && &engine->device() != &device_) {
+    return absl::InvalidArgumentError("GptMoe: the copy engine belongs to another device");
+  }
+  if ((engine == nullptr) != (host == nullptr)) {
+    return absl::InvalidArgumentError("GptMoe: offload needs both a copy engine and a host pool");
+  }
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adaptive: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
+  }
+  adaptive_options_ = options;
+  adaptive_engine_ = engine;
+  stash_.SetOffloadTargets(engine, host);
+  cast_seconds_per_byte_ = options.codec ? MeasureCastSecondsPerByte(ops_, *options.codec) : 0.0;
+  return absl::OkStatus();
+}
+
+void GptMoe::NoteMicroBatchTime(int B, double seconds) {
+  if (!(seconds > 0)) return;
+  // An exponential average: routing and planner actions change it from one micro-batch to the
+  // next, the costs should follow without jumping.
+  micro_seconds_ = micro_seconds_ == 0 ? seconds : 0.8 * micro_seconds_ + 0.2 * seconds;
+  const double stage_share = static_cast<double>(shard_.end_layer(config_) - shard_.first_layer) /
+                             std::max(1, config_.layers);
+  const double flops = FlopsPerToken() * B * config_.seq_len * stage_share;
+  flops_per_second_ = flops / micro_seconds_;
+}
+
+int GptMoe::NumMoeLayersOfStage() const {
+  int n = 0;
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) n += config_.IsMoeLayer(l);
+  return n;
+}
+
+int GptMoe::ModuleIndexOf(int layer) const {
+  // DeclaredModules' order: the embedding (or the stage input), then per layer its attention and
+  // its MoE or MLP block, then the head. A tensor of a layer is placed at its second module (a
+  // conservative place for the attention's); layer -1 (embedding, head) at the first.
+  return layer < 0 ? 0 : 2 + 2 * (layer - shard_.first_layer);
+}
+
+std::vector<int64_t>& GptMoe::MovedOf(int micro, int modules) {
+  std::vector<int64_t>& v = moved_[micro];
+  if (static_cast<int>(v.size()) < modules) v.resize(modules, 0);
+  return v;
+}
+
+bool GptMoe::Protected(const StashEntrySummary& e) const {
+  if (e.pinned) return true;
+  if (e.micro != cur_micro_) return false;
+  // The running module reads its own layer's tensors and its input, the layer below's output.
+  return protect_all_ || e.layer >= cur_layer_ - 1;
+}
+
+absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ++planner_stats_.projections;
+  const auto done = [this, t0] {
+    planner_stats_.seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const int B = fwd_B_;
+  const int64_t budget = static_cast<int64_t>(arena_.budget());
+  const int64_t usable =
+      static_cast<int64_t>(static_cast<double>(budget) * (1.0 - adaptive_options_.margin));
+  const int64_t used = static_cast<int64_t>(arena_.current_bytes());
+
+  // The memory model for the rest of this micro-batch: the layers done with their rows, this one
+  // with its own.
+  // Later MoE layers are not routed yet. Their S is known (what this rank routes does not depend
+  // on the routing when dropless, and is at most N k otherwise), their R (what this rank's experts
+  // receive) is not: the projection counts it as 0, so that a plan is made only for a deficit that
+  // is certain and a micro-batch that fits is never touched. Each later MoE layer projects again
+  // with its own rows (the last one knows them all), with every tensor saved before it still a
+  // candidate, and the emergency offload is the net below.
+  std::vector<MoeRows> all = fwd_rows_;
+  all.push_back(rows);
+  for (size_t i = all.size(); i < static_cast<size_t>(NumMoeLayersOfStage()); ++i) {
+    all.push_back({rows.S, rows.distributed ? 0 : rows.S, 0, rows.distributed});
+  }
+  const std::vector<ModuleBytes> modules = DeclaredModules(B, all);
+  const int M = static_cast<int>(modules.size());
+  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const MoeShape moe = MoeShapeOf(config_, shard_);
+  const MoeExpertPoint point = MoeExpertPointBytes(dims, moe, rows);
+  const int h = ModuleIndexOf(layer);  // this layer's MoE module
+  std::vector<int64_t> live_before(M + 1, 0);
+  for (int j = 0; j < M; ++j) live_before[j + 1] = live_before[j] + modules[j].saved;
+  const int64_t level = live_before[h] + point.level;  // declared bytes at this point
+  // Actual = declared + (used - level), plus what the planner moved out of this micro-batch's
+  // modules at or after the point (those come back before it, or were never out).
+  std::vector<int64_t>& moved = MovedOf(cur_micro_, M);
+  std::vector<int64_t> moved_from(M + 1, 0);  // moved_from[j]: moved out of modules >= j
+  for (int j = M - 1; j >= 0; --j) moved_from[j] = moved_from[j + 1] + moved[j];
+  const int64_t offset = used - level;
+  // The micro-batches this 1F1B stage starts before this one's backward frees anything.
+  const int not_started = std::max(0, max_in_flight_ - static_cast<int>(in_flight_.size()) - 1);
+  const int64_t reservation = not_started * live_before[M];
+  const int64_t dres = F32Bytes(int64_t{B} * config_.seq_len * config_.d_model);
+  std::vector<memory::Deficit> deficits;
+  int64_t projected = used + point.rest_peak;
+  auto add = [&](int j, int64_t actual) {
+    projected = std::max(projected, actual);
+    if (actual > usable) deficits.push_back({j, actual - usable});
+  };
+  add(h, used + point.rest_peak);
+  for (int j = h + 1; j < M; ++j) add(j, live_before[j] + modules[j].forward_peak + offset);
+  for (int j = M - 1; j >= 0; --j) {
+    add(j, live_before[j + 1] + dres + modules[j].backward_peak + offset + moved_from[j] +
+               reservation);
+  }
+  max_projected_ = std::max(max_projected_, projected);
+  if (deficits.empty()) {
+    done();
+    return absl::OkStatus();  // it fits: the common path, nothing else to do
+  }
+
+  // Candidates: what earlier layers and micro-batches hold (acted on now), this layer's expert
+  // buffers (acted on after its forward).
+  const bool offload = adaptive_engine_ != nullptr;
+  const std::optional<memory::Codec> codec = adaptive_options_.codec;
+  std::vector<memory::PlanCandidate> candidates;
+  std::map<int64_t, int> position_of;  // stash id -> module index (this micro-batch)
+  for (const StashEntrySummary& e : stash_.Summaries()) {
+    if (e.state != StashState::kKept || e.pinned) continue;
+    if (e.micro == cur_micro_ && e.layer == layer) continue;  // the running module reads them
+    memory::PlanCandidate c;
+    c.id = e.handle.id;
+    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer) : -1;
+    c.bytes = e.bytes;
+    c.can_offload = offload;
+    c.can_recompute = e.rebuildable;
+    c.recompute_seconds = e.rebuild_flops / flops_per_second_;
+    c.can_compress = codec && memory::IsCompressible(e.producer, *codec);
+    if (c.can_compress) {
+      c.compressed_fraction =
+          static_cast<double>(memory::EncodedBytes(*codec, static_cast<int64_t>(e.bytes / 4))) /
+          e.bytes;
+    }
+    candidates.push_back(c);
+    if (e.micro == cur_micro_) position_of[c.id] = c.position;
+  }
+  const std::string p = absl::StrCat("layers.", layer, ".");
+  const int64_t C = config_.d_model, fl = moe.fl();
+  auto deferred = [&](int64_t id, std::string_view tag, int64_t floats, double rebuild_flops) {
+    memory::PlanCandidate c;
+    c.id = id;
+    c.position = h;
+    c.bytes = F32Bytes(floats);
+    c.deferred = true;
+    c.can_offload = offload;
+    c.can_recompute = rebuild_flops > 0;
+    c.recompute_seconds = rebuild_flops / flops_per_second_;
+    c.can_compress = codec && memory::IsCompressible(p + std::string(tag), *codec);
+    if (c.can_compress) {
+      c.compressed_fraction =
+          static_cast<double>(memory::EncodedBytes(*codec, floats)) / F32Bytes(floats);
+    }
+    candidates.push_back(c);
+  };
+  // The expert input and the combined output rebuild through the all-to-all on a distributed
+  // layout: a per-rank plan never drops them. Single rank, their rebuilds are local.
+  deferred(kDeferredXin, "moe.expert_input", rows.R * C, 0);
+  deferred(kDeferredPre, "moe.expert_pre", rows.R * fl, 2.0 * rows.R * C * fl);
+  deferred(kDeferredHidden, "moe.expert_hidden", rows.R * fl, 10.0 * rows.R * fl);
+  deferred(kDeferredEo, "moe.combined_output", rows.S * C,
+           rows.distributed ? 0 : 2.0 * rows.R * C * fl);
+
+  memory::PlannerCosts costs;
+  const double gbps = offload ? adaptive_engine_->host_link_gbps() : 0;
+  costs.link_bytes_per_second = gbps > 0 ? gbps * 1e9 : 10e9;  // unpaced: a memcpy
+  costs.hidden_seconds = std::max(0.0, 0.5 * micro_seconds_ - copy_committed_seconds_);
+  costs.cast_seconds_per_byte = cast_seconds_per_byte_;
+  const memory::Plan plan = memory::CoverDeficits(candidates, deficits, costs);
+
+  deferred_.clear();
+  for (const memory::PlanChoice& c : plan.choices) {
+    if (c.action == memory::PlanAction::kOffload) {
+      copy_committed_seconds_ += 2.0 * c.freed / costs.link_bytes_per_second;
+    }
+    if (c.deferred) {
+      moved[h] += static_cast<int64_t>(c.freed);
+      deferred_.push_back(c);
+      continue;
+    }
+    absl::Status s;
+    switch (c.action) {
+      case memory::PlanAction::kOffload:
+        s = stash_.Offload(StashHandle{c.id});
+        break;
+      case memory::PlanAction::kCompress:
+        s = stash_.Compress(StashHandle{c.id}, *codec);
+        break;
+      case memory::PlanAction::kRecompute:
+        s = stash_.Drop(StashHandle{c.id});
+        break;
+    }
+    if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;  // a state change races nothing here
+    auto pos = position_of.find(c.id);
+    if (s.ok() && pos != position_of.end()) moved[pos->second] += static_cast<int64_t>(c.freed);
+  }
+  ++planner_stats_.decisions;
+  done();
+  if (planner_log_) {
+    planner_log_(absl::StrFormat(
+        "adaptive: step %d micro-batch %d layer %d rows S=%d R=%d: projected peak %.3f MiB, usable "
+        "%.3f "
+        "MiB (budget %.3f), %d points short -> %s (est. %.3f ms)%s",
+        step_, cur_micro_, layer, rows.S, rows.R, MiB(projected), MiB(usable), MiB(budget),
+        static_cast<int>(deficits.size()), memory::PlanSummary(plan), plan.cost_seconds * 1e3,
+        plan.covered ? "" : " (not covered: emergency offload may run)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
+  if (deferred_.empty()) return absl::OkStatus();
+  const std::vector<memory::PlanChoice> choices = std::move(deferred_);
+  deferred_.clear();
+  for (const memory::PlanChoice& c : choices) {
+    const StashHandle h = c.id == kDeferredXin      ? saved.xin
+                          : c.id == kDeferredPre    ? saved.pre
+                          : c.id == kDeferredHidden ? saved.hidden
+                                                    : saved.eo;
+    absl::Status s;
+    switch (c.action) {
+      case memory::PlanAction::kOffload:
+        s = stash_.Offload(h);
+        break;
+      case memory::PlanAction::kCompress:
+        s = stash_.Compress(h, *adaptive_options_.codec);
+        break;
+      case memory::PlanAction::kRecompute:
+        s = stash_.Drop(h);
+        break;
+    }
+    if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool GptMoe::MakeRoom(uint64_t bytes) {
+  // The emergency offload: the largest tensors nothing running reads, to the host (or, without a
+  // copy engine, dropped where a per-rank rebuild exists), until `bytes` more are free.
+  std::vector<StashEntrySummary> entries = stash_.Summaries();
+  std::stable_sort(
+      entries.begin(), entries.end(),
+      [](const StashEntrySummary& a, const StashEntrySummary& b) { return a.bytes > b.bytes; });
+  const uint64_t budget = arena_.budget();
+  const uint64_t used = arena_.current_bytes();
+  const uint64_t free_now = budget > used ? budget - used : 0;
+  uint64_t freed = free_now;
+  int moved = 0;
+  for (const StashEntrySummary& e : entries) {
+    if (freed >= bytes) break;
+    if (e.state != StashState::kKept || Protected(e)) continue;
+    absl::Status s = adaptive_engine_ != nullptr ? stash_.Offload(e.handle)
+                     : e.rebuildable             ? stash_.Drop(e.handle)
+                                                 : absl::FailedPreconditionError("no action");
+    if (!s.ok()) continue;
+    freed += e.bytes;
+    ++moved;
+    if (e.micro == cur_micro_) {
+      std::vector<int64_t>& out = MovedOf(e.micro, 0);
+      const int j = ModuleIndexOf(e.layer);
+      if (j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
+    }
+  }
+  if (moved == 0) return false;
+  stash_.WaitForCopies();
+  ++planner_stats_.emergency_offloads;
+  if (planner_log_) {
+    planner_log_(absl::StrFormat(
+        "adaptive: emergency: the arena refused %.2f MiB (%.2f of %.2f MiB in use); moved %d "
+        "tensors (%.2f MiB) out of micro-batch %d layer %d's way",
+        MiB(bytes), MiB(used), MiB(budget), moved, MiB(freed - free_now), cur_micro_, cur_layer_));
+  }
+  return true;
+}
+
+absl::Status GptMoe::PrepareAdaptiveBackward(int micro, const std::vector<int>& layers,
+                                             int ahead_layer, int64_t reserve) {
+  if (arena_.budget() == 0) return absl::OkStatus();
+  // What the backward about to run must bring back, and the layer below it (look-ahead).
+  std::vector<StashHandle> now, ahead;
+  uint64_t need = 0, ahead_bytes = 0;
+  for (const StashEntrySummary& e : stash_.Summaries()) {
+    if (e.micro != micro || e.state == StashState::kKept || e.state == StashState::kDropped) {
+      continue;
+    }
+    if (std::find(layers.begin(), layers.end(), e.layer) != layers.end()) {
+      now.push_back(e.handle);
+      need += e.bytes;
+    } else if (e.layer == ahead_layer && e.state == StashState::kOffloaded) {
+      ahead.push_back(e.handle);
+      ahead_bytes += e.bytes;
+    }
+  }
+  if (now.empty() && ahead.empty()) return absl::OkStatus();
+  const auto usable =
+      static_cast<int64_t>(static_cast<double>(arena_.budget()) * (1 - adaptive_options_.margin));
+  // Room for the tensors it needs and for its own scratch (`reserve`, declared).
+  const int64_t over = static_cast<int64_t>(arena_.current_bytes() + need) + reserve - usable;
+  if (over > 0 && !now.empty()) MakeRoom(static_cast<uint64_t>(over));
+  if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
+  // The look-ahead only where it leaves this backward its scratch: otherwise the layer's own
+  // Acquire brings those tensors back once this one has released its own.
+  if (!ahead.empty() &&
+      static_cast<int64_t>(arena_.current_bytes() + ahead_bytes) + reserve <= usable) {
+    const absl::Status s = stash_.Prefetch(ahead);
+    if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::model

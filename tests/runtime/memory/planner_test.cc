@@ -1,0 +1,90 @@
+// memory::CoverDeficits: the cheapest action per freed byte, taken only where it helps (before the
+// point that is short), offload free while the compute can hide it, and an honest "not covered".
+#include "runtime/memory/planner.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace furnace::memory {
+namespace {
+
+PlanCandidate Tensor(int64_t id, uint64_t bytes, int position) {
+  PlanCandidate c;
+  c.id = id;
+  c.bytes = bytes;
+  c.position = position;
+  return c;
+}
+
+TEST(PlannerTest, NothingShortTakesNothing) {
+  const Plan plan = CoverDeficits({Tensor(1, 100, 0)}, {}, {});
+  EXPECT_TRUE(plan.choices.empty());
+  EXPECT_TRUE(plan.covered);
+}
+
+TEST(PlannerTest, HiddenOffloadFirstThenRecomputeThenExposedOffload) {
+  PlannerCosts costs;
+  costs.link_bytes_per_second = 1000;  // out and back: 100 bytes show as 0.2 s
+  costs.hidden_seconds = 0.2;          // hides 100 bytes of offload
+  std::vector<PlanCandidate> c = {Tensor(1, 100, 0), Tensor(2, 100, 0), Tensor(3, 100, 0)};
+  for (PlanCandidate& t : c) t.can_offload = true;
+  c[2].can_recompute = true;
+  c[2].recompute_seconds = 0.01;  // cheaper than showing 0.2 s of copy
+  const Plan plan = CoverDeficits(c, {{5, 250}}, costs);
+  ASSERT_EQ(plan.choices.size(), 3u);
+  EXPECT_EQ(plan.choices[0].action, PlanAction::kOffload);  // hidden: free
+  EXPECT_EQ(plan.choices[0].cost_seconds, 0);
+  EXPECT_EQ(plan.choices[1].id, 3);
+  EXPECT_EQ(plan.choices[1].action, PlanAction::kRecompute);
+  EXPECT_EQ(plan.choices[2].action, PlanAction::kOffload);  // the copy time shows now
+  EXPECT_NEAR(plan.choices[2].cost_seconds, 0.2, 1e-12);
+  EXPECT_TRUE(plan.covered);
+  EXPECT_EQ(plan.freed, 300u);
+}
+
+TEST(PlannerTest, CompressFreesOnlyWhatTheCodecSaves) {
+  PlannerCosts costs;
+  costs.cast_seconds_per_byte = 1e-6;
+  PlanCandidate t = Tensor(1, 1000, 0);
+  t.can_compress = true;
+  t.compressed_fraction = 0.5;
+  const Plan plan = CoverDeficits({t}, {{3, 400}}, costs);
+  ASSERT_EQ(plan.choices.size(), 1u);
+  EXPECT_EQ(plan.choices[0].action, PlanAction::kCompress);
+  EXPECT_EQ(plan.choices[0].freed, 500u);
+  EXPECT_TRUE(plan.covered);
+  const Plan short_plan = CoverDeficits({t}, {{3, 600}}, costs);
+  EXPECT_FALSE(short_plan.covered);
+}
+
+// A tensor saved at or after the point that is short does not help there (it is being made or is
+// needed again), but does at later points; another micro-batch's (position -1) helps everywhere.
+TEST(PlannerTest, ActionsHelpOnlyAfterTheirModule) {
+  PlannerCosts costs;
+  costs.link_bytes_per_second = 1e9;
+  costs.hidden_seconds = 1;
+  std::vector<PlanCandidate> c = {Tensor(1, 100, 4), Tensor(2, 50, -1), Tensor(3, 500, 6)};
+  for (PlanCandidate& t : c) t.can_offload = true;
+  // Point 4 lacks 40: only id 2 (position -1) helps there (id 1 is saved by module 4 itself).
+  // Point 8 lacks 300: id 2's 50 counts there too, then the largest helpful, id 3.
+  const Plan plan = CoverDeficits(c, {{8, 300}, {4, 40}}, costs);
+  ASSERT_EQ(plan.choices.size(), 2u);
+  EXPECT_EQ(plan.choices[0].id, 2);
+  EXPECT_EQ(plan.choices[1].id, 3);
+  EXPECT_TRUE(plan.covered);
+  // Nothing before point 4 but id 2: a deficit of 60 there cannot be covered.
+  const Plan stuck = CoverDeficits(c, {{4, 60}}, costs);
+  EXPECT_FALSE(stuck.covered);
+  ASSERT_EQ(stuck.choices.size(), 1u);
+}
+
+TEST(PlannerTest, NoActionAllowedMeansNotCovered) {
+  const Plan plan = CoverDeficits({Tensor(1, 100, 0)}, {{2, 10}}, {});
+  EXPECT_TRUE(plan.choices.empty());
+  EXPECT_FALSE(plan.covered);
+  EXPECT_EQ(PlanSummary(plan), "nothing");
+}
+
+}  // namespace
+}  // namespace furnace::memory
