@@ -186,6 +186,22 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
   }
+  // A budget below what any policy needs for one micro-batch would only run out of memory, restart
+  // and escalate to the same end: refused before the first step, with the number needed. (The
+  // controller cannot check it at submit: it does not link the model.)
+  if (const uint64_t budget = spec.memory().device_budget(); budget > 0) {
+    const int64_t floor =
+        (*model)->MinimumActivationBytes(static_cast<int>(spec.parallel().micro_batch()));
+    if (static_cast<int64_t>(budget) < floor) {
+      return Fail(progress, 0, kRankExitBadInput,
+                  absl::StrCat("memory.device_budget: ", budget, " bytes is below ", floor,
+                               " bytes, the least any memory policy needs on rank ", task.rank(),
+                               " for one micro-batch of ", spec.parallel().micro_batch(),
+                               " sequences (one module's forward, or its backward with all its "
+                               "saved tensors back); raise memory.device_budget to at least ",
+                               floor, " or lower parallel.micro_batch"));
+    }
+  }
   if (*policy == memory::MemoryPolicy::kOffload || *policy == memory::MemoryPolicy::kAdaptive) {
     memory::CopyEngineOptions copy_options;
     copy_options.host_link_gbps = spec.memory().host_link_gbps();

@@ -93,7 +93,8 @@ bool Parse(int argc, char** argv, Flags& f) {
 struct Variant {
   std::string name;
   fm::MemoryPolicy policy = fm::MemoryPolicy::kNone;
-  double link_gbps = -1;  // < 0: no copy engine
+  double link_gbps = -1;    // < 0: no copy engine
+  double budget_share = 0;  // of none's declared peak; 0: unlimited (adaptive only)
   std::unique_ptr<furnace::tensor::DeviceArena> arena;
   std::unique_ptr<furnace::tensor::HostPool> host;
   std::unique_ptr<fm::CopyEngine> engine;
@@ -134,11 +135,13 @@ int main(int argc, char** argv) {
   const int total_steps = f.warmup + f.rounds * f.steps_per_round;
 
   std::vector<Variant> variants;
-  auto add = [&](std::string name, fm::MemoryPolicy policy, double link_gbps) {
+  auto add = [&](std::string name, fm::MemoryPolicy policy, double link_gbps,
+                 double budget_share = 0) {
     Variant v;
     v.name = std::move(name);
     v.policy = policy;
     v.link_gbps = link_gbps;
+    v.budget_share = budget_share;
     variants.push_back(std::move(v));
   };
   add("none", fm::MemoryPolicy::kNone, -1);
@@ -146,6 +149,11 @@ int main(int argc, char** argv) {
   add("full_recompute", fm::MemoryPolicy::kFullRecompute, -1);
   add("offload_unpaced", fm::MemoryPolicy::kOffload, 0);
   add("offload_h200", fm::MemoryPolicy::kOffload, h200_gbps);
+  // adaptive with a budget 10% above none's peak: it projects at every MoE layer and never acts
+  // (the cost of the projection alone); and under 85% of it, where none cannot run, at the H200
+  // link ratio (it must act on every micro-batch).
+  add("adaptive_fits", fm::MemoryPolicy::kAdaptive, h200_gbps, 1.10);
+  add("adaptive_85%_h200", fm::MemoryPolicy::kAdaptive, h200_gbps, 0.85);
   for (Variant& v : variants) {
     v.arena = std::make_unique<furnace::tensor::DeviceArena>(*device, 0);
     auto model = furnace::model::GptMoe::Create(mc, /*seed=*/1, *device, *v.arena);
@@ -158,6 +166,13 @@ int main(int argc, char** argv) {
       std::cerr << v.name << ": " << s << "\n";
       return 1;
     }
+    if (v.budget_share > 0) {
+      // Dropless on one rank: every micro-batch's peak is none's declared one.
+      auto none = furnace::model::GptMoe::Create(mc, 1, *device, *v.arena);
+      if (!none.ok()) return 1;
+      v.arena->set_budget(
+          static_cast<uint64_t>(v.budget_share * (*none)->ActivationBytes(f.micro_batch)));
+    }
     if (v.link_gbps >= 0) {
       auto engine = fm::CopyEngine::Create(*device, LinkOptions(v.link_gbps));
       if (!engine.ok()) {
@@ -166,8 +181,11 @@ int main(int argc, char** argv) {
       }
       v.engine = *std::move(engine);
       v.host = std::make_unique<furnace::tensor::HostPool>(*device, 0);
-      if (absl::Status s = v.model->SetOffload(f.offload_ratio, v.engine.get(), v.host.get());
-          !s.ok()) {
+      const absl::Status s =
+          v.policy == fm::MemoryPolicy::kAdaptive
+              ? v.model->SetAdaptive(v.engine.get(), v.host.get(), {})
+              : v.model->SetOffload(f.offload_ratio, v.engine.get(), v.host.get());
+      if (!s.ok()) {
         std::cerr << v.name << ": " << s << "\n";
         return 1;
       }
@@ -208,6 +226,9 @@ int main(int argc, char** argv) {
     v.actions.recomputed_bytes += st->memory_actions.recomputed_bytes;
     v.actions.offloaded_bytes += st->memory_actions.offloaded_bytes;
     v.actions.late_reloads += st->memory_actions.late_reloads;
+    v.actions.planner_seconds += st->memory_actions.planner_seconds;
+    v.actions.planner_decisions += st->memory_actions.planner_decisions;
+    v.actions.emergency_offloads += st->memory_actions.emergency_offloads;
     ++v.timed;
   };
   for (Variant& v : variants) {
@@ -231,17 +252,19 @@ int main(int argc, char** argv) {
               {"spike_ratio", f.spike_ratio},
               {"offload_ratio", f.offload_ratio},
               {"variants", json::array()}};
-  std::printf("%-16s %10s %12s %12s %14s %14s %8s %10s\n", "variant", "step_ms", "vs_none",
-              "tokens/s", "act_peak_B", "bytes/step", "late", "loss");
+  std::printf("%-18s %10s %8s %10s %12s %12s %6s %10s %9s %10s\n", "variant", "step_ms", "vs_none",
+              "tokens/s", "act_peak_B", "bytes/step", "late", "planner_ms", "decisions", "loss");
   for (Variant& v : variants) {
     const double med = furnace::bench::Median(v.step_s);
     const double moved =
         static_cast<double>(v.actions.recomputed_bytes + v.actions.offloaded_bytes) /
         std::max(1, v.timed);
-    std::printf("%-16s %10.1f %12.3f %12.0f %14lld %14.0f %8lld %10.6f\n", v.name.c_str(),
-                med * 1e3, med / none_step, furnace::bench::Median(v.tps),
+    std::printf("%-18s %10.1f %8.3f %10.0f %12lld %12.0f %6lld %10.4f %9lld %10.6f\n",
+                v.name.c_str(), med * 1e3, med / none_step, furnace::bench::Median(v.tps),
                 static_cast<long long>(v.peak), moved,
-                static_cast<long long>(v.actions.late_reloads), v.last_loss);
+                static_cast<long long>(v.actions.late_reloads),
+                v.actions.planner_seconds / std::max(1, v.timed) * 1e3,
+                static_cast<long long>(v.actions.planner_decisions), v.last_loss);
     out["variants"].push_back(
         {{"name", v.name},
          {"step_seconds", furnace::bench::Summary(v.step_s)},
@@ -251,6 +274,9 @@ int main(int argc, char** argv) {
          {"recomputed_bytes_per_step", static_cast<double>(v.actions.recomputed_bytes) / v.timed},
          {"offloaded_bytes_per_step", static_cast<double>(v.actions.offloaded_bytes) / v.timed},
          {"late_reloads", v.actions.late_reloads},
+         {"planner_seconds_per_step", v.actions.planner_seconds / v.timed},
+         {"planner_decisions", v.actions.planner_decisions},
+         {"emergency_offloads", v.actions.emergency_offloads},
          {"final_loss", v.last_loss}});
   }
   bool same = true;

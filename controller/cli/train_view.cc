@@ -95,6 +95,9 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   m.activation_peak_bytes = known(static_cast<double>(t.memory().activation_peak_bytes()));
   m.pipeline_in_flight = known(static_cast<double>(t.memory().pipeline_in_flight()));
   m.entropy_floor = known(t.entropy_floor());
+  m.planner_decisions = known(static_cast<double>(t.memory().planner_decisions()));
+  m.emergency_offloads = known(static_cast<double>(t.memory().emergency_offloads()));
+  m.routing_spike = t.routing_spike();
   std::map<int, MoeLayerRouting> layers;
   for (const v1::MoeLayerTelemetry& l : t.moe_layers()) {
     MoeLayerRouting& routing = layers[static_cast<int>(l.layer())];
@@ -268,7 +271,10 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   if (m.tokens_per_second) add(&first, absl::StrCat("tokens/s ", FormatRate(*m.tokens_per_second)));
   if (m.mfu) add(&first, absl::StrCat("MFU ", FormatMfu(m)));
   std::string second;
-  if (m.imbalance_max) add(&second, absl::StrCat("imbalance ", Fixed2(*m.imbalance_max)));
+  if (m.imbalance_max) {
+    add(&second, absl::StrCat("imbalance ", Fixed2(*m.imbalance_max),
+                              m.routing_spike ? " (routing spike)" : ""));
+  }
   if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
   if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));
   std::vector<std::string> lines;
@@ -282,12 +288,18 @@ std::string TrainPlainSuffix(const TrainMetrics& m) {
   if (m.loss) absl::StrAppend(&out, "  loss ", Fixed4(*m.loss));
   if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));
   if (m.mfu) absl::StrAppend(&out, "  MFU ", FormatMfu(m));
-  // The memory policy's actions of the step, when it took any ("memory offload 1.2 MiB").
+  if (m.routing_spike) absl::StrAppend(&out, "  spike");
+  // The memory policy's actions of the step, when it took any ("memory offload 1.2 MiB"), and the
+  // adaptive planner's decisions and emergency offloads on rank 0.
   if (!m.planner.empty()) {
     absl::StrAppend(&out, "  memory");
     for (const auto& [action, bytes] : m.planner) {
       absl::StrAppend(&out, " ", action, " ", FormatBytes(Bytes(bytes)));
     }
+  }
+  if (m.planner_decisions) absl::StrAppend(&out, "  planner ", Count(*m.planner_decisions), "x");
+  if (m.emergency_offloads) {
+    absl::StrAppend(&out, "  emergency offloads ", Count(*m.emergency_offloads));
   }
   return out;
 }

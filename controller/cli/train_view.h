@@ -33,7 +33,8 @@ struct TrainMetrics {
   std::optional<double> loss, aux_loss, tokens, tokens_per_second, step_seconds,
       forward_backward_seconds, optimizer_seconds, sync_seconds, checkpoint_seconds, mfu, grad_norm,
       lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
-      imbalance_max, pipeline_in_flight;
+      imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads;
+  bool routing_spike = false;
   std::vector<MoeLayerRouting> layers;                  // ascending by layer
   std::vector<CommRow> comm;                            // as reported
   std::vector<std::pair<std::string, double>> planner;  // bytes per planner action

@@ -44,6 +44,11 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_activation_peak_bytes(
       std::max(r.activation_peak_bytes(), static_cast<double>(t.memory().activation_peak_bytes())));
   r.set_memory_budget_bytes(static_cast<double>(t.memory().budget_bytes()));
+  r.set_predicted_peak_bytes(
+      std::max(r.predicted_peak_bytes(), static_cast<double>(t.memory().predicted_peak_bytes())));
+  r.set_planner_seconds(std::max(r.planner_seconds(), t.memory().planner_seconds()));
+  r.set_planner_decisions(r.planner_decisions() + t.memory().planner_decisions());
+  r.set_emergency_offloads(r.emergency_offloads() + t.memory().emergency_offloads());
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
   r.set_lr(t.lr());
   r.set_routing_spike(r.routing_spike() || t.routing_spike());

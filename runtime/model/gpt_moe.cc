@@ -520,6 +520,46 @@ int64_t GptMoe::PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const 
                      F32Bytes(int64_t{B} * config_.seq_len * config_.d_model));
 }
 
+int64_t GptMoe::MinimumActivationBytes(int B) const {
+  const int64_t S = int64_t{B} * config_.seq_len * config_.top_k;
+  const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
+  const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
+  const bool distributed = esp > 1 || ep > 1;
+  const MoeRows rows =
+      distributed ? MoeRows{S, S * esp, S * (1 + esp), true} : MoeRows::SingleRank(S);
+  // Every tensor kept: a module's backward needs all of its own saved tensors back at once.
+  const memory::MemoryPolicy none = memory::MemoryPolicy::kNone;
+  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const MoeShape moe = MoeShapeOf(config_, shard_);
+  const int F = shard_.local_dense_ffn(config_);
+  const int64_t dres = F32Bytes(int64_t{dims.N()} * dims.C);
+  std::vector<ModuleBytes> modules;
+  if (shard_.first_stage()) {
+    modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
+                                    EmbeddingBackwardPeakBytes(dims), none));
+  }
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
+    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
+                                    AttentionBackwardPeakBytes(dims), none));
+    modules.push_back(config_.IsMoeLayer(l)
+                          ? DeclareModule(MoeSavedTensors(dims, moe, rows),
+                                          MoeForwardPeakBytes(dims, moe, rows),
+                                          MoeBackwardPeakBytes(dims, moe, rows), none)
+                          : DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
+                                          MlpBackwardPeakBytes(dims, F), none));
+  }
+  if (shard_.last_stage()) {
+    const int V = config_.vocab;
+    modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
+                                    HeadBackwardPeakBytes(dims, V), none));
+  }
+  int64_t floor = 0;
+  for (const ModuleBytes& m : modules) {
+    floor = std::max({floor, m.forward_peak, m.saved + dres + m.backward_peak});
+  }
+  return floor;
+}
+
 void GptMoe::NotePrediction(ForwardState& s) {
   // Called at the end of a forward, before the micro-batch joins in_flight_.
   const ForwardState& st = s;

@@ -38,18 +38,21 @@
 // PredictedPeakBytes reports the prediction for the rows each micro-batch actually had.
 //
 // The adaptive policy (SetAdaptive, memory.policy adaptive): after each MoE layer's token counts
-// are exchanged, the model projects the rest of the micro-batch with the memory model (this
-// layer's rows assumed for its later MoE layers) on top of what the arena holds now, plus the
-// saved bytes of the micro-batches its 1F1B stage has not started yet. If that fits the budget
-// (less a margin) nothing happens. If not, memory::CoverDeficit picks the cheapest actions per
-// freed byte over the tensors of earlier layers and micro-batches (acted on at once) and this
-// layer's expert buffers (acted on right after its forward): offload the copy engine can hide,
-// then reduced precision (only when a codec is allowed), then per-rank recompute (never a tensor
-// whose rebuild needs a collective). If the arena still refuses an allocation, an emergency
-// offload (MakeRoom) moves the largest tensors not in use to the host before the step fails.
-// Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to none.
-// Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a rebuild
-// and the copy time the compute can hide), the host link (copy_engine.h), the casts at start.
+// are exchanged, the model projects the rest of the micro-batch with the memory model on top of
+// what the arena holds now (later MoE layers counted with no received rows: only a certain deficit
+// is acted on), plus the saved bytes of the micro-batches its 1F1B stage has not started yet, one
+// point per module of the timeline. If every point fits the budget (less a margin), nothing
+// happens. If not, memory::CoverDeficits picks the cheapest actions per freed byte among the
+// tensors that help at the points that are short (earlier layers and micro-batches, acted on at
+// once; this layer's expert buffers, acted on right after its forward): offload the copy engine
+// can hide, then reduced precision (only when a codec is allowed), then per-rank recompute (never
+// a tensor whose rebuild needs a collective). If the arena still refuses an allocation, an
+// emergency offload (MakeRoom) takes the largest tensors nothing running reads out of the arena
+// (dropped where a per-rank rebuild exists, else offloaded and waited for) before the step fails.
+// Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to
+// none. Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a
+// rebuild and the copy time the compute can hide), the host link (copy_engine.h), the casts at
+// start.
 //
 // Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
 // router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
@@ -118,30 +121,6 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   int seq_len() const override { return config_.seq_len; }
   int vocab() const override { return config_.vocab; }
   double FlopsPerToken() const override;
-  // The memory model (per rank): DeclaredModules / PredictPeakBytes compose the same module
-  // declarations for this rank's shard: its stage's modules only (the embedding on the first stage,
-  // the received activation on the others, the head on the last), attention and dense MLP at the TP
-  // width, and each MoE layer at its MoeRows (S routed here, R processed by this rank's experts
-  // with the ESP width, the dispatch scratch). On a single-stage layout the prediction is exact for
-  // the static policies (tests compare it with the arena's peak byte for byte); with micro-batches
-  // in flight (1F1B) the model adds the declared saved bytes of the others in flight, an upper
-  // bound. PredictedPeakBytes reports the prediction for the rows each micro-batch actually had.
-  //
-  // The adaptive policy (SetAdaptive, memory.policy adaptive): after each MoE layer's token counts
-  // are exchanged, the model projects the rest of the micro-batch with the memory model (this
-  // layer's rows assumed for its later MoE layers) on top of what the arena holds now, plus the
-  // saved bytes of the micro-batches its 1F1B stage has not started yet. If that fits the budget
-  // (less a margin) nothing happens. If not, memory::CoverDeficit picks the cheapest actions per
-  // freed byte over the tensors of earlier layers and micro-batches (acted on at once) and this
-  // layer's expert buffers (acted on right after its forward): offload the copy engine can hide,
-  // then reduced precision (only when a codec is allowed), then per-rank recompute (never a tensor
-  // whose rebuild needs a collective). If the arena still refuses an allocation, an emergency
-  // offload (MakeRoom) moves the largest tensors not in use to the host before the step fails.
-  // Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to
-  // none. Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a
-  // rebuild and the copy time the compute can hide), the host link (copy_engine.h), the casts at
-  // start.
-  //
   // Routing spikes (config.spikes, spikes.h) are drawn for this step and these sequences. Before
   // the first call the model has no step and injects no spike.
   void SetStepContext(int64_t step, int64_t first_global_sequence) override;
@@ -201,6 +180,11 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   std::vector<ModuleBytes> DeclaredModules(int B, const std::vector<MoeRows>& rows) const;
   // The arena peak of one micro-batch through this stage on an otherwise empty arena.
   int64_t PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const;
+  // A floor no memory policy goes below for one micro-batch of B sequences on this rank, whatever
+  // it drops or moves: the largest of its modules' forward peak and of its backward (all its own
+  // saved tensors back, its scratch, the residual-stream gradient), with balanced dropless rows
+  // (S = N k; R = S times the ESP width). A budget below it cannot train.
+  int64_t MinimumActivationBytes(int B) const;
   // This stage's MoE rows in the last forward.
   const std::vector<MoeRows>& last_moe_rows() const { return last_moe_rows_; }
 

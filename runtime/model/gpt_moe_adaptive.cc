@@ -285,8 +285,9 @@ absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
 }
 
 bool GptMoe::MakeRoom(uint64_t bytes) {
-  // The emergency offload: the largest tensors nothing running reads, to the host (or, without a
-  // copy engine, dropped where a per-rank rebuild exists), until `bytes` more are free.
+  // The emergency: the largest tensors nothing running reads leave the arena at once, dropped
+  // where a per-rank rebuild exists (instant; rebuilt in their backward), else offloaded (waited
+  // for: on a slow host link that is the expensive part, hence last).
   std::vector<StashEntrySummary> entries = stash_.Summaries();
   std::stable_sort(
       entries.begin(), entries.end(),
@@ -295,30 +296,35 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   const uint64_t used = arena_.current_bytes();
   const uint64_t free_now = budget > used ? budget - used : 0;
   uint64_t freed = free_now;
-  int moved = 0;
-  for (const StashEntrySummary& e : entries) {
-    if (freed >= bytes) break;
-    if (e.state != StashState::kKept || Protected(e)) continue;
-    absl::Status s = adaptive_engine_ != nullptr ? stash_.Offload(e.handle)
-                     : e.rebuildable             ? stash_.Drop(e.handle)
-                                                 : absl::FailedPreconditionError("no action");
-    if (!s.ok()) continue;
-    freed += e.bytes;
-    ++moved;
-    if (e.micro == cur_micro_) {
-      std::vector<int64_t>& out = MovedOf(e.micro, 0);
-      const int j = ModuleIndexOf(e.layer);
-      if (j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
+  int dropped = 0, offloaded = 0;
+  auto note = [this](const StashEntrySummary& e) {
+    if (e.micro != cur_micro_) return;
+    std::vector<int64_t>& out = MovedOf(e.micro, 0);
+    const int j = ModuleIndexOf(e.layer);
+    if (j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
+  };
+  for (bool offload : {false, true}) {
+    if (offload && adaptive_engine_ == nullptr) break;
+    for (const StashEntrySummary& e : entries) {
+      if (freed >= bytes) break;
+      if (e.state != StashState::kKept || Protected(e)) continue;
+      if (!offload && !e.rebuildable) continue;
+      const absl::Status s = offload ? stash_.Offload(e.handle) : stash_.Drop(e.handle);
+      if (!s.ok()) continue;  // moved by the first pass, or pinned meanwhile
+      freed += e.bytes;
+      ++(offload ? offloaded : dropped);
+      note(e);
     }
   }
-  if (moved == 0) return false;
-  stash_.WaitForCopies();
+  if (dropped + offloaded == 0) return false;
+  if (offloaded > 0) stash_.WaitForCopies();
   ++planner_stats_.emergency_offloads;
   if (planner_log_) {
     planner_log_(absl::StrFormat(
-        "adaptive: emergency: the arena refused %.2f MiB (%.2f of %.2f MiB in use); moved %d "
-        "tensors (%.2f MiB) out of micro-batch %d layer %d's way",
-        MiB(bytes), MiB(used), MiB(budget), moved, MiB(freed - free_now), cur_micro_, cur_layer_));
+        "adaptive: emergency: the arena refused %.3f MiB (%.3f of %.3f MiB in use); dropped %d and "
+        "offloaded %d tensors (%.3f MiB) out of micro-batch %d layer %d's way",
+        MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now), cur_micro_,
+        cur_layer_));
   }
   return true;
 }

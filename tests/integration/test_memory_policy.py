@@ -4,7 +4,8 @@ job under `none`, reports a smaller activation peak and its recompute bytes, and
 which policy it ran. Under a budget that only `selective` fits, a `none` job runs out of memory
 once, is restarted under `selective` (out-of-memory escalation) and ends with the same
 parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
-does not fit, says so in its telemetry, and the job ends with the same parameters again."""
+does not fit, says so in its telemetry, and the job ends with the same parameters again. A budget
+below what any policy needs is refused before the first step, with the bytes needed."""
 import json
 import os
 import urllib.request
@@ -97,6 +98,18 @@ class MemoryPolicyTest(harness.ClusterTest):
         t = c.export(adaptive, "adaptive.safetensors")
         for name in a:
             self.assertTrue(a[name] == t[name], f"{name} differs between none and adaptive")
+
+    def test_budget_no_policy_fits_is_refused_before_training(self):
+        # 64 KiB is below one module's backward for this model under any policy: the rank refuses
+        # before its first step, naming the bytes needed, and the job fails without a restart.
+        c = self.cluster
+        small = c.submit(c.write_job("small.yaml", job("small", "adaptive", 65536)))
+        d = c.wait_state(small, harness.FINAL, timeout=120)
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
+        self.assertEqual(len(d["attempts"]), 1, d["attempts"])
+        logs = c.cli("logs", small).stdout
+        self.assertIn("memory.device_budget: 65536 bytes is below", logs)
+        self.assertIn("raise memory.device_budget to at least", logs)
 
     def max_peak(self, job_id):
         url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job_id}/series?max=1000"
