@@ -171,6 +171,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   fwd_B_ = B;
   copy_committed_seconds_ = 0;
   moved_.erase(cur_micro_);
+  future_drops_.erase(cur_micro_);
   protect_all_ = true;  // the embedding reads nothing of earlier layers, but saves what it reads
 
   if (shard_.first_stage()) {
@@ -409,8 +410,10 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
         "memory policy: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
   }
   policy_ = policy;
-  if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload ||
-      policy == memory::MemoryPolicy::kAdaptive) {
+  if (policy == memory::MemoryPolicy::kAdaptive) {
+    // Nothing up front; the planner's drops of tensors not saved yet, as they are saved.
+    stash_.SetSavePolicy([this](const StashEntryInfo& e) { return FutureDrop(e); });
+  } else if (policy == memory::MemoryPolicy::kNone || policy == memory::MemoryPolicy::kOffload) {
     stash_.SetSavePolicy(nullptr);  // drops nothing (offload acts through SetOffload)
   } else {
     stash_.SetSavePolicy([policy](const StashEntryInfo& e) {
@@ -422,6 +425,8 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
 
 void GptMoe::AbandonMicroBatches() {
   in_flight_.clear();
+  moved_.clear();
+  future_drops_.clear();
   stash_.ReleaseAll();
 }
 

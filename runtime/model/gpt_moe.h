@@ -68,6 +68,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -281,6 +282,10 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Bytes the planner moved out of each module of micro-batch `micro` (at least `modules` long).
   std::vector<int64_t>& MovedOf(int micro, int modules);
   std::map<int, std::vector<int64_t>> moved_;
+  // Per micro-batch: (layer, tag) of tensors later modules save that the plan drops as they are
+  // saved (the stash's save policy under adaptive asks FutureDrop).
+  std::map<int, std::set<std::pair<int, std::string>>> future_drops_;
+  memory::SaveAction FutureDrop(const StashEntryInfo& e) const;
   int64_t max_projected_ = 0;
   // The plan's actions on the current MoE layer's own expert buffers, after its forward.
   absl::Status ApplyDeferred(const MoeSaved& saved);

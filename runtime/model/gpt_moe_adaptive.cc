@@ -3,13 +3,18 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
+#include "runtime/model/attention_block.h"
 #include "runtime/model/gpt_moe.h"
+#include "runtime/model/head.h"
+#include "runtime/model/mlp_block.h"
 #include "runtime/model/moe_block.h"
 
 namespace furnace::model {
@@ -19,6 +24,8 @@ double MiB(double bytes) { return bytes / 1048576.0; }
 
 // Deferred candidates name this layer's expert buffers by these ids (stash ids are >= 0).
 constexpr int64_t kDeferredXin = -1, kDeferredPre = -2, kDeferredHidden = -3, kDeferredEo = -4;
+// And the tensors later modules will save by ids from kFutureBase down.
+constexpr int64_t kFutureBase = -1000;
 
 // Encode + decode seconds per fp32 byte of `codec` on `ops`, measured on 1 MiB.
 double MeasureCastSecondsPerByte(const device::Backend& ops, memory::Codec codec) {
@@ -88,6 +95,14 @@ std::vector<int64_t>& GptMoe::MovedOf(int micro, int modules) {
   std::vector<int64_t>& v = moved_[micro];
   if (static_cast<int>(v.size()) < modules) v.resize(modules, 0);
   return v;
+}
+
+memory::SaveAction GptMoe::FutureDrop(const StashEntryInfo& e) const {
+  auto it = future_drops_.find(e.micro);
+  if (it == future_drops_.end()) return memory::SaveAction::kKeep;
+  return it->second.count({e.layer, std::string(memory::TensorTag(e.producer))}) != 0
+             ? memory::SaveAction::kDropAfterForward
+             : memory::SaveAction::kKeep;
 }
 
 bool GptMoe::Protected(const StashEntrySummary& e) const {
@@ -211,6 +226,62 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   deferred(kDeferredEo, "moe.combined_output", rows.S * C,
            rows.distributed ? 0 : 2.0 * rows.R * C * fl);
 
+  // Tensors later modules of this micro-batch will save: a per-rank rebuild exists for these tags
+  // (local kernels on the module's own inputs), so the plan may have them dropped as they are
+  // saved (FutureDrop). Their rebuild FLOPs per element.
+  struct FutureTag {
+    std::string_view tag;
+    double flops_per_float;
+  };
+  const double expert_gemm = 2.0 * config_.d_model;  // per float of expert_pre (R x fl)
+  const FutureTag kFuture[] = {{"ln1.out", 8},
+                               {"ln2.out", 8},
+                               {"lnf.out", 8},
+                               {"mlp.hidden", 10},
+                               {"moe.expert_hidden", 10},
+                               {"moe.expert_pre", expert_gemm}};
+  std::vector<std::pair<int, std::string_view>> future;  // (layer, tag) by candidate
+  {
+    const int F = shard_.local_dense_ffn(config_);
+    const int last = shard_.end_layer(config_);
+    size_t moe_index = 0;
+    for (int l = shard_.first_layer; l <= last; ++l) {
+      const bool head = l == last;
+      if (head && !shard_.last_stage()) break;
+      std::vector<SavedTensorBytes> saved;
+      int position = 0;
+      if (head) {
+        saved = HeadSavedTensors(dims, config_.vocab);
+        position = M - 1;
+      } else {
+        const bool is_moe = config_.IsMoeLayer(l);
+        const MoeRows& r = is_moe ? all[std::min(moe_index, all.size() - 1)] : rows;
+        if (is_moe) ++moe_index;
+        if (l <= layer) continue;  // saved already, or this layer (its buffers are deferred)
+        saved = AttentionSavedTensors(dims);
+        for (const SavedTensorBytes& t :
+             is_moe ? MoeSavedTensors(dims, moe, r) : MlpSavedTensors(dims, F)) {
+          saved.push_back(t);
+        }
+        position = ModuleIndexOf(l);
+      }
+      for (const SavedTensorBytes& t : saved) {
+        for (const FutureTag& f : kFuture) {
+          if (t.tag != f.tag || t.bytes == 0) continue;
+          memory::PlanCandidate c;
+          c.id = kFutureBase - static_cast<int64_t>(future.size());
+          c.position = position;
+          c.bytes = static_cast<uint64_t>(t.bytes);
+          c.deferred = true;
+          c.can_recompute = true;
+          c.recompute_seconds = f.flops_per_float * (t.bytes / 4.0) / flops_per_second_;
+          candidates.push_back(c);
+          future.emplace_back(head ? -1 : l, f.tag);
+        }
+      }
+    }
+  }
+
   memory::PlannerCosts costs;
   const double gbps = offload ? adaptive_engine_->host_link_gbps() : 0;
   costs.link_bytes_per_second = gbps > 0 ? gbps * 1e9 : 10e9;  // unpaced: a memcpy
@@ -222,6 +293,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   for (const memory::PlanChoice& c : plan.choices) {
     if (c.action == memory::PlanAction::kOffload) {
       copy_committed_seconds_ += 2.0 * c.freed / costs.link_bytes_per_second;
+    }
+    if (c.id <= kFutureBase) {  // dropped by the save policy when its module saves it
+      const auto& [l, tag] = future[static_cast<size_t>(kFutureBase - c.id)];
+      future_drops_[cur_micro_].insert({l, std::string(tag)});
+      moved[l < 0 ? M - 1 : ModuleIndexOf(l)] += static_cast<int64_t>(c.freed);
+      continue;
     }
     if (c.deferred) {
       moved[h] += static_cast<int64_t>(c.freed);
