@@ -71,7 +71,8 @@ Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
       double best_per = std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < candidates.size(); ++i) {
         const PlanCandidate& c = candidates[i];
-        if (taken[i] || c.position >= left[point].position) continue;
+        const int at = left[point].position;
+        if (taken[i] || c.position >= at || at >= c.until) continue;
         const Option o = Cheapest(c, costs, hidden_left);
         if (o.freed == 0) continue;
         const double per = o.cost / static_cast<double>(o.freed);
@@ -97,7 +98,9 @@ Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
       plan.freed += best_option.freed;
       plan.cost_seconds += best_option.cost;
       for (Deficit& d : left) {
-        if (d.position > c.position) d.bytes -= static_cast<int64_t>(best_option.freed);
+        if (d.position > c.position && d.position < c.until) {
+          d.bytes -= static_cast<int64_t>(best_option.freed);
+        }
       }
     }
   }

@@ -4,16 +4,16 @@
 // candidates from its stash after each MoE layer's token-count exchange, projects the deficits
 // with its memory model and applies the plan; this file only decides.
 //
-// Where an action helps. The projection is a list of points of the micro-batch's timeline (one
-// per module of the model: its forward, then its backward), each with its deficit. A tensor saved
-// by module `position` frees bytes only at the points after it: at its own module's points it is
-// being made (forward) or is needed again (backward), and a tensor saved by a later module is
-// already released when the backward reaches an earlier one. Tensors of other micro-batches have
-// position -1 and help everywhere. A deferred candidate (the current MoE layer's own expert
-// buffers, acted on right after its forward) is positioned at that layer like any other.
+// Where an action helps. The projection is a list of points in time order along the micro-batch
+// (each module's forward, then the backward in reverse), each with its deficit. A candidate frees
+// bytes only at the points strictly between `position` (when it is saved: before that it does not
+// exist, at that point it is being made) and `until` (when it is needed again: its own backward
+// restores it, or, for another micro-batch's tensor under 1F1B, that micro-batch's backward).
+// A deferred candidate (the current MoE layer's own expert buffers, acted on right after its
+// forward, or a tensor a later module will save, dropped as it is saved) is placed the same way.
 // The plan covers the points in order: for the first point still short, it takes the cheapest
 // helpful action per freed byte (ties: more bytes, then the lower id), and counts what that frees
-// at every point after the candidate's position.
+// at every point of the candidate's interval.
 //
 // Costs, in seconds of compute the step loses:
 //   offload:    free while the copies fit in the compute ahead that can hide them
@@ -37,9 +37,10 @@ enum class PlanAction { kOffload, kCompress, kRecompute };
 const char* PlanActionName(PlanAction action);
 
 struct PlanCandidate {
-  int64_t id = -1;     // the caller's handle
-  uint64_t bytes = 0;  // device bytes it holds now (full precision)
-  int position = -1;   // the module that saved it; -1: another micro-batch
+  int64_t id = -1;      // the caller's handle
+  uint64_t bytes = 0;   // device bytes it holds now (full precision)
+  int position = -1;    // when it is saved (a point's time); -1: before every point
+  int until = 1 << 30;  // when it is needed again
   bool deferred = false;
   bool can_offload = false;
   bool can_recompute = false;
@@ -62,7 +63,7 @@ struct PlanChoice {
   double cost_seconds = 0;
 };
 
-// What point `position` of the timeline lacks (bytes > 0).
+// What the point at time `position` lacks (bytes > 0).
 struct Deficit {
   int position = 0;
   int64_t bytes = 0;

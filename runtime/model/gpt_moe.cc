@@ -172,6 +172,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   copy_committed_seconds_ = 0;
   moved_.erase(cur_micro_);
   future_drops_.erase(cur_micro_);
+  in_backward_ = false;
   protect_all_ = true;  // the embedding reads nothing of earlier layers, but saves what it reads
 
   if (shard_.first_stage()) {
@@ -242,6 +243,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   const int64_t NC = int64_t{dims.N()} * dims.C;
   const int first = shard_.first_layer;
   cur_micro_ = st.micro;
+  in_backward_ = true;
   // Adaptive: each module's declared backward scratch, the room its reloads must leave.
   const std::vector<ModuleBytes> declared =
       adaptive() ? DeclaredModules(st.B, st.rows) : std::vector<ModuleBytes>{};
@@ -563,6 +565,19 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
     floor = std::max({floor, m.forward_peak, m.saved + dres + m.backward_peak});
   }
   return floor;
+}
+
+int64_t GptMoe::InFlightBackwardRise() const {
+  int64_t rise = 0;
+  for (const auto& [m, other] : in_flight_) {
+    // What the planner moved out of it comes back for its backward too.
+    int64_t moved = 0;
+    if (auto it = moved_.find(m); it != moved_.end()) {
+      for (int64_t b : it->second) moved += b;
+    }
+    rise = std::max(rise, other->declared_peak - other->declared_saved + moved);
+  }
+  return rise;
 }
 
 void GptMoe::NotePrediction(ForwardState& s) {

@@ -279,6 +279,9 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // The module (DeclaredModules index) that holds a tensor of `layer` (-1: embedding or head).
   int ModuleIndexOf(int layer) const;
   int NumMoeLayersOfStage() const;
+  // The largest rise of an in-flight micro-batch's backward above the bytes it holds now: its
+  // declared backward rise plus what the planner moved out of it.
+  int64_t InFlightBackwardRise() const;
   // Bytes the planner moved out of each module of micro-batch `micro` (at least `modules` long).
   std::vector<int64_t>& MovedOf(int micro, int modules);
   std::map<int, std::vector<int64_t>> moved_;
@@ -298,7 +301,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Where the compute thread is (MakeRoom must not move what the running module reads).
   int cur_micro_ = 0;
   int cur_layer_ = 0;
-  bool protect_all_ = false;       // embedding and head: everything of the current micro-batch
+  bool protect_all_ = false;  // embedding and head: everything of the current micro-batch
+  bool in_backward_ = false;
   std::vector<MoeRows> fwd_rows_;  // this forward's MoE layers so far
   int fwd_B_ = 0;
   std::vector<memory::PlanChoice> deferred_;  // for the current MoE layer's expert buffers

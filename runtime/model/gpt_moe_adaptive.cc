@@ -163,12 +163,19 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     projected = std::max(projected, actual);
     if (actual > usable) deficits.push_back({j, actual - usable});
   };
+  // Point times: module j's forward at j, the 1F1B gap (another micro-batch's backward) at M, and
+  // module j's backward at 2M - j.
+  const auto back = [M](int j) { return 2 * M - j; };
   add(h, used + point.rest_peak);
   for (int j = h + 1; j < M; ++j) add(j, live_before[j] + modules[j].forward_peak + offset);
   for (int j = M - 1; j >= 0; --j) {
-    add(j, live_before[j + 1] + dres + modules[j].backward_peak + offset + moved_from[j] +
-               reservation);
+    add(back(j), live_before[j + 1] + dres + modules[j].backward_peak + offset + moved_from[j] +
+                     reservation);
   }
+  // 1F1B: once this forward is done, the stage may run the backward of an older micro-batch
+  // before this one's: its rise above its own saved bytes comes on top of everything in flight.
+  const int64_t rise = InFlightBackwardRise();
+  if (rise > 0) add(M, used + (live_before[M] - level) + rise);
   max_projected_ = std::max(max_projected_, projected);
   if (deficits.empty()) {
     done();
@@ -186,7 +193,10 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     if (e.micro == cur_micro_ && e.layer == layer) continue;  // the running module reads them
     memory::PlanCandidate c;
     c.id = e.handle.id;
+    // This micro-batch's: from the module that saved it to that module's backward. Another's
+    // (1F1B): until the gap, when that micro-batch's backward brings it back.
     c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer) : -1;
+    c.until = e.micro == cur_micro_ ? back(c.position) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
     c.can_recompute = e.rebuildable;
@@ -206,6 +216,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     memory::PlanCandidate c;
     c.id = id;
     c.position = h;
+    c.until = back(h);
     c.bytes = F32Bytes(floats);
     c.deferred = true;
     c.can_offload = offload;
@@ -271,6 +282,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
           memory::PlanCandidate c;
           c.id = kFutureBase - static_cast<int64_t>(future.size());
           c.position = position;
+          c.until = back(position);
           c.bytes = static_cast<uint64_t>(t.bytes);
           c.deferred = true;
           c.can_recompute = true;
@@ -399,9 +411,9 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   if (planner_log_) {
     planner_log_(absl::StrFormat(
         "adaptive: emergency: the arena refused %.3f MiB (%.3f of %.3f MiB in use); dropped %d and "
-        "offloaded %d tensors (%.3f MiB) out of micro-batch %d layer %d's way",
-        MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now), cur_micro_,
-        cur_layer_));
+        "offloaded %d tensors (%.3f MiB) out of the %s of micro-batch %d layer %d",
+        MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now),
+        in_backward_ ? "backward" : "forward", cur_micro_, cur_layer_));
   }
   return true;
 }

@@ -79,6 +79,21 @@ TEST(PlannerTest, ActionsHelpOnlyAfterTheirModule) {
   ASSERT_EQ(stuck.choices.size(), 1u);
 }
 
+// A candidate helps only until it is needed again: at point 9 id 1 (needed back at 8) frees
+// nothing, so the plan takes id 2.
+TEST(PlannerTest, ActionsHelpOnlyUntilNeededAgain) {
+  PlannerCosts costs;
+  costs.link_bytes_per_second = 1e9;
+  costs.hidden_seconds = 1;
+  std::vector<PlanCandidate> c = {Tensor(1, 500, 2), Tensor(2, 100, 3)};
+  for (PlanCandidate& t : c) t.can_offload = true;
+  c[0].until = 8;
+  const Plan plan = CoverDeficits(c, {{9, 100}}, costs);
+  ASSERT_EQ(plan.choices.size(), 1u);
+  EXPECT_EQ(plan.choices[0].id, 2);
+  EXPECT_TRUE(plan.covered);
+}
+
 TEST(PlannerTest, NoActionAllowedMeansNotCovered) {
   const Plan plan = CoverDeficits({Tensor(1, 100, 0)}, {{2, 10}}, {});
   EXPECT_TRUE(plan.choices.empty());

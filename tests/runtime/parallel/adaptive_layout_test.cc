@@ -4,9 +4,11 @@
 //     arena's measured peak byte for byte on single-stage layouts (EP, EP with ESP, TP) under the
 //     policies none and full_recompute, and bounds it within 10% on a 1F1B pipeline (the others
 //     in flight are counted at their declared saved bytes);
-//   - Adaptive: with a budget above every balanced step's peak but below the spike steps' peak,
-//     policy none runs out of memory, while adaptive trains bit-identically to the single-process
-//     run, keeps every rank's peak under the budget, and acts on no step without a spike.
+//   - Adaptive: with a budget at 90% of the largest peak of the run, policy none runs out of
+//   memory,
+//     while adaptive trains bit-identically to the unlimited run on the same layout, keeps every
+//     rank's peak under the budget, acts on no step that fits (single stage) and needs no
+//     emergency offload (single stage), on EP, EP with ESP and a 1F1B pipeline.
 #include <unistd.h>
 
 #include <algorithm>
@@ -134,6 +136,11 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
     }
   }
   EXPECT_GT(decisions, 0);
+  // On a single stage the projection is exact once the last MoE layer is routed: the emergency
+  // path never runs. (On a 1F1B stage it is the net under the in-flight estimates.)
+  if (l.pp == 1) {
+    EXPECT_EQ(emergencies, 0);
+  }
   std::printf(
       "REPORT adaptive %s under spikes: unlimited peak %lld B, budget %llu B; "
       "none fails, adaptive peak %lld B with %lld decisions and %lld emergency offloads\n",
