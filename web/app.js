@@ -206,8 +206,11 @@
       [{ label: 'MFU %', stroke: COLORS[2] }],
       [x, col((r) => 100 * num(r, 'mfu'))], (v) => v.toFixed(v >= 10 ? 0 : 2));
     points.memory = lineChart('mem', 'chart-mem',
-      [{ label: 'peak', stroke: COLORS[3] }, { label: 'budget', stroke: '#868e96', dash: [6, 4] }],
+      [{ label: 'peak', stroke: COLORS[3] },
+        { label: 'predicted', stroke: COLORS[4 % COLORS.length], dash: [2, 3] },
+        { label: 'budget', stroke: '#868e96', dash: [6, 4] }],
       [x, col((r) => num(r, 'activation_peak_bytes')),
+        col((r) => (num(r, 'predicted_peak_bytes') > 0 ? num(r, 'predicted_peak_bytes') : null)),
         col((r) => (num(r, 'memory_budget_bytes') > 0 ? num(r, 'memory_budget_bytes') : null))],
       fmtBytes);
     points.planner = renderPlanner(x);
@@ -331,6 +334,10 @@
       ['MFU', last ? (100 * num(last, 'mfu')).toFixed(2) + ' %' : '–'],
       ['step time', last ? num(last, 'step_seconds').toFixed(3) + ' s' : '–'],
       ['attempt', last ? String(num(last, 'attempt')) : (j ? String(num(j, 'attempt')) : '–')],
+      // The last step's routing and what the adaptive planner did in it (all ranks).
+      ['routing', last ? (get(last, 'routing_spike') ? 'spike' : 'normal') : '–'],
+      ['planner', last ? `${num(last, 'planner_decisions')} acted · ` +
+        `${num(last, 'emergency_offloads')} emergency` : '–'],
     ];
     $('kpis').replaceChildren(...kpis.map(([k, v]) =>
       el('div', { className: 'kpi' }, el('div', { className: 'k' }, k), el('div', { className: 'v' }, v))));

@@ -42,13 +42,14 @@ LAYOUTS = {
 POLICIES = ["none", "selective", "full_recompute", "offload", "adaptive"]
 
 
-def job(name, layout, steps, policy, budget, link, spikes, experts, top_k, ckpt):
+def job(name, layout, steps, policy, budget, link, spikes, experts, top_k, ckpt, d_model=64,
+        expert_ffn=256):
     memory = f"policy: {policy}, device_budget: {budget}"
     if policy in ("offload", "adaptive") and link > 0:
         memory += f", host_link_gbps: {link:.6f}"
     return f"""name: {name}
 kind: train
-model: {{vocab: 256, seq_len: 64, d_model: 64, heads: 4, layers: 4, expert_ffn: 256}}
+model: {{vocab: 256, seq_len: 64, d_model: {d_model}, heads: 4, layers: 4, expert_ffn: {expert_ffn}}}
 moe: {{experts: {experts}, top_k: {top_k}, spikes: {spikes}}}
 parallel: {LAYOUTS[layout]}
 memory: {{{memory}}}
@@ -102,6 +103,8 @@ def main():
     ap.add_argument("--spike-ratio", type=float, default=3.0)
     ap.add_argument("--experts", type=int, default=4)
     ap.add_argument("--top-k", type=int, default=1)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--expert-ffn", type=int, default=256)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over the policies (in turn, so the machine's noise falls on all "
@@ -120,7 +123,7 @@ def main():
 
         def spec(name, steps, policy, budget, link):
             return job(name, args.layout, steps, policy, budget, link, spikes, args.experts,
-                       args.top_k, ckpt(name))
+                       args.top_k, ckpt(name), args.d_model, args.expert_ffn)
 
         print(f"warming up: {args.layout}, 10 steps, policy none, no budget", flush=True)
         _, d, _ = run(cluster, "warmup", spec("warmup", 10, "none", 0, 0), 1800)
