@@ -181,6 +181,10 @@ int main(int argc, char** argv) {
       }
       v.engine = *std::move(engine);
       v.host = std::make_unique<furnace::tensor::HostPool>(*device, 0);
+      if (v.policy == fm::MemoryPolicy::kAdaptive &&
+          std::getenv("FURNACE_PLANNER_LOG") != nullptr) {
+        v.model->SetPlannerLog([](const std::string& line) { std::cerr << line << "\n"; });
+      }
       const absl::Status s =
           v.policy == fm::MemoryPolicy::kAdaptive
               ? v.model->SetAdaptive(v.engine.get(), v.host.get(), {})

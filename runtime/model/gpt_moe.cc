@@ -127,7 +127,8 @@ const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
 }
 
 ModuleContext GptMoe::Context() {
-  MemoryHooks* hooks = adaptive() && arena_.budget() > 0 ? this : nullptr;
+  // Evaluation has no backward to plan for: the planner stays out of it.
+  MemoryHooks* hooks = adaptive() && arena_.budget() > 0 && !evaluating_ ? this : nullptr;
   return ModuleContext{ops_, arena_, stash_, groups_, hooks};
 }
 
@@ -171,9 +172,11 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   fwd_B_ = B;
   copy_committed_seconds_ = 0;
   moved_.erase(cur_micro_);
+  planned_.erase(cur_micro_);
   future_drops_.erase(cur_micro_);
   in_backward_ = false;
-  protect_all_ = true;  // the embedding reads nothing of earlier layers, but saves what it reads
+  deferred_.clear();
+  cur_module_ = 0;  // the embedding (or the received activation)
 
   if (shard_.first_stage()) {
     ASSIGN_OR_RETURN(st.embedding,
@@ -187,14 +190,15 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
                                        {B, dims.T, dims.C}));
   }
   StashHandle x = st.first_input();
-  protect_all_ = false;
   for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
     const LayerOffsets& off = layout_.layers[l];
-    cur_layer_ = l;
+    const int i = l - shard_.first_layer;
+    cur_module_ = 1 + 2 * i;
     LayerState ls;
     ls.moe = off.moe;
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
+    cur_module_ = 2 + 2 * i;
     if (off.moe) {
       const std::optional<RoutingSpike> spike =
           st.routing_spike ? SpikeFor(config_.spikes, config_.experts, config_.top_k, step_, l,
@@ -217,13 +221,12 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     st.layers.push_back(std::move(ls));
   }
   if (shard_.last_stage()) {
-    protect_all_ = true;
+    cur_module_ = 1 + 2 * static_cast<int>(st.layers.size());
     ASSIGN_OR_RETURN(st.head, HeadForward(ctx, dims, config_.vocab, p + layout_.wte,
                                           p + layout_.lnf_w, p + layout_.lnf_b, x, targets,
                                           capture_logits_ ? &last_logits_ : nullptr));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
   }
-  protect_all_ = false;
   last_stashed_bytes_ = stash_.stashed_bytes();
   st.rows = fwd_rows_;
   last_moe_rows_ = st.rows;
@@ -241,7 +244,6 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   const float* p = params_.data();
   float* g = grads_.data();
   const int64_t NC = int64_t{dims.N()} * dims.C;
-  const int first = shard_.first_layer;
   cur_micro_ = st.micro;
   in_backward_ = true;
   // Adaptive: each module's declared backward scratch, the room its reloads must leave.
@@ -256,11 +258,11 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   float* dres = dres_buf.as<float>();
   if (shard_.last_stage()) {
     const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
-    protect_all_ = true;
+    const int head = 1 + 2 * static_cast<int>(st.layers.size());
+    cur_module_ = head;
     if (adaptive()) {
-      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro,
-                                              {-1, first + static_cast<int>(st.layers.size()) - 1},
-                                              kNoLayer, reserve(declared.size() - 1)));
+      // The head's tensors, and its input (the last layer's output) behind them.
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {head}, head - 1, reserve(head)));
     }
     RETURN_IF_ERROR(HeadBackward(ctx, dims, config_.vocab, p + layout_.wte, p + layout_.lnf_w,
                                  g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head,
@@ -272,18 +274,13 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     const LayerOffsets& off = layout_.layers[shard_.first_layer + i];
     const LayerState& ls = st.layers[i];
     const StashHandle x_in = i == 0 ? st.first_input() : st.layers[i - 1].out();
-    protect_all_ = false;
-    cur_layer_ = first + i;
+    const int attn = 1 + 2 * i;
+    cur_module_ = attn + 1;
     RETURN_IF_ERROR(PrefetchForBackward(st, i));
     if (adaptive()) {
-      // x_in of the first layer is the embedding's output (layer -1) or the stage input.
-      // The layer's own tensors now (with the embedding's output under the first layer); the
-      // layer below's (x_in among them) start coming back behind this layer's backward.
-      RETURN_IF_ERROR(PrepareAdaptiveBackward(
-          st.micro, i == 0 ? std::vector<int>{first, -1} : std::vector<int>{first + i},
-          i == 0 ? kNoLayer : first + i - 1,
-          std::max(reserve(1 + 2 * static_cast<size_t>(i)),
-                   reserve(2 + 2 * static_cast<size_t>(i)))));
+      // The layer's own tensors now; the module below's (its output is x_in) behind them.
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {attn, attn + 1}, attn - 1,
+                                              std::max(reserve(attn), reserve(attn + 1))));
     }
     if (ls.moe) {
       RETURN_IF_ERROR(
@@ -292,11 +289,12 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
       RETURN_IF_ERROR(MlpBlockBackward(ctx, dims, shard_.local_dense_ffn(config_), off, p, g,
                                        ls.mlp, ls.attn.out, dres));
     }
+    cur_module_ = attn;
     RETURN_IF_ERROR(AttentionBlockBackward(ctx, dims, off, p, g, ls.attn, x_in, dres));
   }
   if (shard_.first_stage()) {
-    protect_all_ = true;
-    if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {-1}, kNoLayer, reserve(0)));
+    cur_module_ = 0;
+    if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {0}, kNoModule, reserve(0)));
     return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
   }
   std::copy(dres, dres + NC, dx_in);
@@ -358,7 +356,11 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
   arena_.ResetPeak();
   stash_.set_micro_batch(0);
   cur_micro_ = 0;
-  ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
+  evaluating_ = true;
+  absl::StatusOr<ForwardState> forward = Forward(inputs, targets, nullptr, B);
+  evaluating_ = false;
+  if (!forward.ok()) return forward.status();
+  const ForwardState& st = *forward;
   train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
   return r;
@@ -428,7 +430,9 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
 void GptMoe::AbandonMicroBatches() {
   in_flight_.clear();
   moved_.clear();
+  planned_.clear();
   future_drops_.clear();
+  deferred_.clear();
   stash_.ReleaseAll();
 }
 

@@ -70,6 +70,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -269,15 +270,16 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // ---- The adaptive policy (gpt_moe_adaptive.cc) ----
   absl::Status BeforeExpertBuffers(int layer, const MoeRows& rows) override;
   bool MakeRoom(uint64_t bytes) override;
-  // The offloaded and compressed tensors `layers` of micro-batch `micro` hold, brought back ahead
-  // of the backward after making room for them and for `reserve` bytes of its scratch; those of
-  // `ahead_layer` too where that leaves the room. Only under adaptive.
-  static constexpr int kNoLayer = -1000;
-  absl::Status PrepareAdaptiveBackward(int micro, const std::vector<int>& layers, int ahead_layer,
+  // The offloaded and compressed tensors of `modules` (DeclaredModules indices) of micro-batch
+  // `micro`, brought back ahead of their backward after making room for them and for `reserve`
+  // bytes of its scratch; those of `ahead_module` too where that leaves the room. Adaptive only.
+  static constexpr int kNoModule = -1000;
+  absl::Status PrepareAdaptiveBackward(int micro, const std::vector<int>& modules, int ahead_module,
                                        int64_t reserve);
   bool Protected(const StashEntrySummary& e) const;
-  // The module (DeclaredModules index) that holds a tensor of `layer` (-1: embedding or head).
-  int ModuleIndexOf(int layer) const;
+  // The module (DeclaredModules index) that saves the tensor tagged `tag` (memory::TensorTag) of
+  // `layer` (-1: the embedding's or the head's).
+  int ModuleIndexOf(int layer, std::string_view tag) const;
   int NumMoeLayersOfStage() const;
   // The largest rise of an in-flight micro-batch's backward above the bytes it holds now: its
   // declared backward rise plus what the planner moved out of it.
@@ -285,13 +287,18 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Bytes the planner moved out of each module of micro-batch `micro` (at least `modules` long).
   std::vector<int64_t>& MovedOf(int micro, int modules);
   std::map<int, std::vector<int64_t>> moved_;
+  // Bytes the plan will drop from each module's tensors as they are saved (not saved yet).
+  std::vector<int64_t>& PlannedOf(int micro, int modules);
+  std::map<int, std::vector<int64_t>> planned_;
   // Per micro-batch: (layer, tag) of tensors later modules save that the plan drops as they are
   // saved (the stash's save policy under adaptive asks FutureDrop).
   std::map<int, std::set<std::pair<int, std::string>>> future_drops_;
   memory::SaveAction FutureDrop(const StashEntryInfo& e) const;
   int64_t max_projected_ = 0;
-  // The plan's actions on the current MoE layer's own expert buffers, after its forward.
+  // The plan's actions on the current MoE layer's own expert buffers, after its forward. An
+  // action that fails is skipped (the emergency path is the net), never an error.
   absl::Status ApplyDeferred(const MoeSaved& saved);
+  int NumModules() const;
   void NoteMicroBatchTime(int B, double seconds);
   bool adaptive() const { return policy_ == memory::MemoryPolicy::kAdaptive; }
   AdaptiveOptions adaptive_options_;
@@ -300,8 +307,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   PlannerStats planner_stats_;
   // Where the compute thread is (MakeRoom must not move what the running module reads).
   int cur_micro_ = 0;
-  int cur_layer_ = 0;
-  bool protect_all_ = false;  // embedding and head: everything of the current micro-batch
+  int cur_module_ = 0;  // DeclaredModules index of the running module
+  bool evaluating_ = false;
   bool in_backward_ = false;
   std::vector<MoeRows> fwd_rows_;  // this forward's MoE layers so far
   int fwd_B_ = 0;

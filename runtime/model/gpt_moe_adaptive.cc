@@ -84,11 +84,21 @@ int GptMoe::NumMoeLayersOfStage() const {
   return n;
 }
 
-int GptMoe::ModuleIndexOf(int layer) const {
+int GptMoe::NumModules() const {
+  return 1 + 2 * (shard_.end_layer(config_) - shard_.first_layer) + (shard_.last_stage() ? 1 : 0);
+}
+
+int GptMoe::ModuleIndexOf(int layer, std::string_view tag) const {
   // DeclaredModules' order: the embedding (or the stage input), then per layer its attention and
-  // its MoE or MLP block, then the head. A tensor of a layer is placed at its second module (a
-  // conservative place for the attention's); layer -1 (embedding, head) at the first.
-  return layer < 0 ? 0 : 2 + 2 * (layer - shard_.first_layer);
+  // its MoE or MLP block, then the head. Layer -1 holds the embedding's tensors and the head's.
+  const int modules = NumModules();
+  const auto starts = [tag](std::string_view prefix) {
+    return tag.substr(0, prefix.size()) == prefix;
+  };
+  if (layer < 0) return starts("embedding.") ? 0 : modules - 1;
+  if (starts("stage.input")) return 0;
+  const int i = layer - shard_.first_layer;
+  return starts("ln1.") || starts("attn.") ? 1 + 2 * i : 2 + 2 * i;
 }
 
 std::vector<int64_t>& GptMoe::MovedOf(int micro, int modules) {
@@ -97,7 +107,15 @@ std::vector<int64_t>& GptMoe::MovedOf(int micro, int modules) {
   return v;
 }
 
+std::vector<int64_t>& GptMoe::PlannedOf(int micro, int modules) {
+  std::vector<int64_t>& v = planned_[micro];
+  if (static_cast<int>(v.size()) < modules) v.resize(modules, 0);
+  return v;
+}
+
 memory::SaveAction GptMoe::FutureDrop(const StashEntryInfo& e) const {
+  // Per rank: never a tensor whose rebuild needs the other ranks.
+  if (e.recompute.collective != RecomputeCollective::kNone) return memory::SaveAction::kKeep;
   auto it = future_drops_.find(e.micro);
   if (it == future_drops_.end()) return memory::SaveAction::kKeep;
   return it->second.count({e.layer, std::string(memory::TensorTag(e.producer))}) != 0
@@ -108,8 +126,9 @@ memory::SaveAction GptMoe::FutureDrop(const StashEntryInfo& e) const {
 bool GptMoe::Protected(const StashEntrySummary& e) const {
   if (e.pinned) return true;
   if (e.micro != cur_micro_) return false;
-  // The running module reads its own layer's tensors and its input, the layer below's output.
-  return protect_all_ || e.layer >= cur_layer_ - 1;
+  // The running module reads its own tensors and its input, the output of the module before it;
+  // the later modules' are being made (forward) or released (backward).
+  return ModuleIndexOf(e.layer, memory::TensorTag(e.producer)) >= cur_module_ - 1;
 }
 
 absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
@@ -135,23 +154,35 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // candidate, and the emergency offload is the net below.
   std::vector<MoeRows> all = fwd_rows_;
   all.push_back(rows);
+  // With a capacity factor S itself depends on the routing: its lower bound is 0 too.
+  const int64_t later_s = config_.capacity_factor > 0 ? 0 : rows.S;
   for (size_t i = all.size(); i < static_cast<size_t>(NumMoeLayersOfStage()); ++i) {
-    all.push_back({rows.S, rows.distributed ? 0 : rows.S, 0, rows.distributed});
+    all.push_back({later_s, rows.distributed ? 0 : later_s, 0, rows.distributed});
   }
   const std::vector<ModuleBytes> modules = DeclaredModules(B, all);
   const int M = static_cast<int>(modules.size());
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   const MoeExpertPoint point = MoeExpertPointBytes(dims, moe, rows);
-  const int h = ModuleIndexOf(layer);  // this layer's MoE module
+  const int h = ModuleIndexOf(layer, "moe.");  // this layer's MoE module
   std::vector<int64_t> live_before(M + 1, 0);
   for (int j = 0; j < M; ++j) live_before[j + 1] = live_before[j] + modules[j].saved;
   const int64_t level = live_before[h] + point.level;  // declared bytes at this point
   // Actual = declared + (used - level), plus what the planner moved out of this micro-batch's
   // modules at or after the point (those come back before it, or were never out).
   std::vector<int64_t>& moved = MovedOf(cur_micro_, M);
+  // Drops planned for tensors later modules save: those of modules whose forward is done have
+  // happened (they are out of `used`: moved); the others (this MoE module's own included, dropped
+  // when its forward ends) will be out after their module, until its backward.
+  std::vector<int64_t>& planned = PlannedOf(cur_micro_, M);
+  for (int j = 0; j < h; ++j) {
+    moved[j] += planned[j];
+    planned[j] = 0;
+  }
   std::vector<int64_t> moved_from(M + 1, 0);  // moved_from[j]: moved out of modules >= j
   for (int j = M - 1; j >= 0; --j) moved_from[j] = moved_from[j + 1] + moved[j];
+  std::vector<int64_t> planned_before(M + 1, 0);  // planned_before[j]: planned for modules < j
+  for (int j = 0; j < M; ++j) planned_before[j + 1] = planned_before[j] + planned[j];
   const int64_t offset = used - level;
   // The micro-batches this 1F1B stage starts before this one's backward frees anything.
   const int not_started = std::max(0, max_in_flight_ - static_cast<int>(in_flight_.size()) - 1);
@@ -167,16 +198,19 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // module j's backward at 2M - j.
   const auto back = [M](int j) { return 2 * M - j; };
   add(h, used + point.rest_peak);
-  for (int j = h + 1; j < M; ++j) add(j, live_before[j] + modules[j].forward_peak + offset);
+  for (int j = h + 1; j < M; ++j) {
+    add(j, live_before[j] + modules[j].forward_peak + offset - planned_before[j]);
+  }
   for (int j = M - 1; j >= 0; --j) {
-    add(back(j), live_before[j + 1] + dres + modules[j].backward_peak + offset + moved_from[j] +
-                     reservation);
+    add(back(j), live_before[j + 1] + dres + modules[j].backward_peak + offset + moved_from[j] -
+                     planned_before[j] + reservation);
   }
   // 1F1B: once this forward is done, the stage may run the backward of an older micro-batch
   // before this one's: its rise above its own saved bytes comes on top of everything in flight.
   const int64_t rise = InFlightBackwardRise();
-  if (rise > 0) add(M, used + (live_before[M] - level) + rise);
+  if (rise > 0) add(M, used + (live_before[M] - level) - planned_before[M] + rise);
   max_projected_ = std::max(max_projected_, projected);
+  deferred_.clear();
   if (deficits.empty()) {
     done();
     return absl::OkStatus();  // it fits: the common path, nothing else to do
@@ -187,7 +221,8 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const bool offload = adaptive_engine_ != nullptr;
   const std::optional<memory::Codec> codec = adaptive_options_.codec;
   std::vector<memory::PlanCandidate> candidates;
-  std::map<int64_t, int> position_of;  // stash id -> module index (this micro-batch)
+  // Stash id -> (micro-batch, module), to record what the plan moves.
+  std::map<int64_t, std::pair<int, int>> position_of;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.state != StashState::kKept || e.pinned) continue;
     if (e.micro == cur_micro_ && e.layer == layer) continue;  // the running module reads them
@@ -195,7 +230,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     c.id = e.handle.id;
     // This micro-batch's: from the module that saved it to that module's backward. Another's
     // (1F1B): until the gap, when that micro-batch's backward brings it back.
-    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer) : -1;
+    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer, memory::TensorTag(e.producer)) : -1;
     c.until = e.micro == cur_micro_ ? back(c.position) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
@@ -208,11 +243,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
           e.bytes;
     }
     candidates.push_back(c);
-    if (e.micro == cur_micro_) position_of[c.id] = c.position;
+    position_of[c.id] = {e.micro, ModuleIndexOf(e.layer, memory::TensorTag(e.producer))};
   }
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t C = config_.d_model, fl = moe.fl();
+  const std::set<std::pair<int, std::string>>& dropping = future_drops_[cur_micro_];
   auto deferred = [&](int64_t id, std::string_view tag, int64_t floats, double rebuild_flops) {
+    if (dropping.count({layer, std::string(tag)}) != 0) return;  // planned already
     memory::PlanCandidate c;
     c.id = id;
     c.position = h;
@@ -251,7 +288,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
                                {"mlp.hidden", 10},
                                {"moe.expert_hidden", 10},
                                {"moe.expert_pre", expert_gemm}};
-  std::vector<std::pair<int, std::string_view>> future;  // (layer, tag) by candidate
+  struct Future {
+    int layer;
+    std::string_view tag;
+    int position;
+  };
+  std::vector<Future> future;  // by candidate
   {
     const int F = shard_.local_dense_ffn(config_);
     const int last = shard_.end_layer(config_);
@@ -274,21 +316,22 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
              is_moe ? MoeSavedTensors(dims, moe, r) : MlpSavedTensors(dims, F)) {
           saved.push_back(t);
         }
-        position = ModuleIndexOf(l);
+        position = -1;  // per tensor below
       }
       for (const SavedTensorBytes& t : saved) {
         for (const FutureTag& f : kFuture) {
           if (t.tag != f.tag || t.bytes == 0) continue;
+          if (dropping.count({head ? -1 : l, std::string(f.tag)}) != 0) continue;  // planned
           memory::PlanCandidate c;
           c.id = kFutureBase - static_cast<int64_t>(future.size());
-          c.position = position;
-          c.until = back(position);
+          c.position = position >= 0 ? position : ModuleIndexOf(l, t.tag);
+          c.until = back(c.position);
           c.bytes = static_cast<uint64_t>(t.bytes);
           c.deferred = true;
           c.can_recompute = true;
           c.recompute_seconds = f.flops_per_float * (t.bytes / 4.0) / flops_per_second_;
           candidates.push_back(c);
-          future.emplace_back(head ? -1 : l, f.tag);
+          future.push_back({head ? -1 : l, f.tag, c.position});
         }
       }
     }
@@ -307,13 +350,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
       copy_committed_seconds_ += 2.0 * c.freed / costs.link_bytes_per_second;
     }
     if (c.id <= kFutureBase) {  // dropped by the save policy when its module saves it
-      const auto& [l, tag] = future[static_cast<size_t>(kFutureBase - c.id)];
-      future_drops_[cur_micro_].insert({l, std::string(tag)});
-      moved[l < 0 ? M - 1 : ModuleIndexOf(l)] += static_cast<int64_t>(c.freed);
+      const Future& f = future[static_cast<size_t>(kFutureBase - c.id)];
+      future_drops_[cur_micro_].insert({f.layer, std::string(f.tag)});
+      planned[f.position] += static_cast<int64_t>(c.freed);
       continue;
     }
-    if (c.deferred) {
-      moved[h] += static_cast<int64_t>(c.freed);
+    if (c.deferred) {  // recorded in `moved` when ApplyDeferred has done it
       deferred_.push_back(c);
       continue;
     }
@@ -329,9 +371,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
         s = stash_.Drop(StashHandle{c.id});
         break;
     }
-    if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;  // a state change races nothing here
-    auto pos = position_of.find(c.id);
-    if (s.ok() && pos != position_of.end()) moved[pos->second] += static_cast<int64_t>(c.freed);
+    // A failed action (a compress whose encoding the arena refuses, an entry that changed state)
+    // is skipped: the projection of the next layer and the emergency path cover what it leaves.
+    if (!s.ok()) continue;
+    const auto [micro, module] = position_of[c.id];
+    std::vector<int64_t>& out = MovedOf(micro, M);
+    if (module >= 0 && module < M) out[module] += static_cast<int64_t>(c.freed);
   }
   ++planner_stats_.decisions;
   done();
@@ -368,7 +413,9 @@ absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
         s = stash_.Drop(h);
         break;
     }
-    if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
+    if (!s.ok()) continue;  // skipped: see BeforeExpertBuffers
+    std::vector<int64_t>& moved = MovedOf(cur_micro_, NumModules());
+    moved[cur_module_] += static_cast<int64_t>(c.freed);
   }
   return absl::OkStatus();
 }
@@ -387,10 +434,9 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   uint64_t freed = free_now;
   int dropped = 0, offloaded = 0;
   auto note = [this](const StashEntrySummary& e) {
-    if (e.micro != cur_micro_) return;
-    std::vector<int64_t>& out = MovedOf(e.micro, 0);
-    const int j = ModuleIndexOf(e.layer);
-    if (j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
+    std::vector<int64_t>& out = MovedOf(e.micro, NumModules());
+    const int j = ModuleIndexOf(e.layer, memory::TensorTag(e.producer));
+    if (j >= 0 && j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
   };
   for (bool offload : {false, true}) {
     if (offload && adaptive_engine_ == nullptr) break;
@@ -411,42 +457,44 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   if (planner_log_) {
     planner_log_(absl::StrFormat(
         "adaptive: emergency: the arena refused %.3f MiB (%.3f of %.3f MiB in use); dropped %d and "
-        "offloaded %d tensors (%.3f MiB) out of the %s of micro-batch %d layer %d",
+        "offloaded %d tensors (%.3f MiB) out of the %s of micro-batch %d module %d",
         MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now),
-        in_backward_ ? "backward" : "forward", cur_micro_, cur_layer_));
+        in_backward_ ? "backward" : "forward", cur_micro_, cur_module_));
   }
   return true;
 }
 
-absl::Status GptMoe::PrepareAdaptiveBackward(int micro, const std::vector<int>& layers,
-                                             int ahead_layer, int64_t reserve) {
+absl::Status GptMoe::PrepareAdaptiveBackward(int micro, const std::vector<int>& modules,
+                                             int ahead_module, int64_t reserve) {
   if (arena_.budget() == 0) return absl::OkStatus();
-  // What the backward about to run must bring back, and the layer below it (look-ahead).
+  // What the backward about to run must bring back, and the module below it (look-ahead).
   std::vector<StashHandle> now, ahead;
   uint64_t need = 0, ahead_bytes = 0;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.micro != micro || e.state == StashState::kKept || e.state == StashState::kDropped) {
       continue;
     }
-    if (std::find(layers.begin(), layers.end(), e.layer) != layers.end()) {
+    const int j = ModuleIndexOf(e.layer, memory::TensorTag(e.producer));
+    if (std::find(modules.begin(), modules.end(), j) != modules.end()) {
       now.push_back(e.handle);
       need += e.bytes;
-    } else if (e.layer == ahead_layer && e.state == StashState::kOffloaded) {
+    } else if (j == ahead_module && e.state == StashState::kOffloaded) {
       ahead.push_back(e.handle);
       ahead_bytes += e.bytes;
     }
   }
   if (now.empty() && ahead.empty()) return absl::OkStatus();
+  const uint64_t budget = arena_.budget();
   const auto usable =
-      static_cast<int64_t>(static_cast<double>(arena_.budget()) * (1 - adaptive_options_.margin));
-  // Room for the tensors it needs and for its own scratch (`reserve`, declared).
-  const int64_t over = static_cast<int64_t>(arena_.current_bytes() + need) + reserve - usable;
-  if (over > 0 && !now.empty()) MakeRoom(static_cast<uint64_t>(over));
+      static_cast<uint64_t>(static_cast<double>(budget) * (1 - adaptive_options_.margin));
+  // Room for the tensors it needs and for its own scratch (`reserve`, declared), within the
+  // usable share: MakeRoom(b) leaves at least b bytes free.
+  const uint64_t want = need + static_cast<uint64_t>(std::max<int64_t>(0, reserve));
+  if (!now.empty() && arena_.current_bytes() + want > usable) MakeRoom(want + (budget - usable));
   if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
-  // The look-ahead only where it leaves this backward its scratch: otherwise the layer's own
+  // The look-ahead only where it leaves this backward its scratch: otherwise the module's own
   // Acquire brings those tensors back once this one has released its own.
-  if (!ahead.empty() &&
-      static_cast<int64_t>(arena_.current_bytes() + ahead_bytes) + reserve <= usable) {
+  if (!ahead.empty() && arena_.current_bytes() + ahead_bytes + want - need <= usable) {
     const absl::Status s = stash_.Prefetch(ahead);
     if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   }
