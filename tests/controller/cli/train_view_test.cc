@@ -261,6 +261,35 @@ TEST_F(TrainViewTest, PlainLinesShowTheMemoryActionsOfTheStep) {
   EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
 }
 
+// A routing-spike step says so, and the adaptive planner's decisions and emergency offloads of
+// the step follow the bytes it moved.
+TEST_F(TrainViewTest, PlainLinesShowSpikesAndThePlannersDecisions) {
+  v1::JobDetail job = MakeTrainJob();
+  job.mutable_telemetry()->set_routing_spike(true);
+  v1::PlannerActionBytes* p = job.mutable_telemetry()->add_planner();
+  p->set_action(v1::PLANNER_ACTION_RECOMPUTE);
+  p->set_bytes(4096);
+  job.mutable_telemetry()->mutable_memory()->set_planner_decisions(3);
+  job.mutable_telemetry()->mutable_memory()->set_emergency_offloads(1);
+  const auto lines = PlainWatchLines(nullptr, job);
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string want = "MFU 3.40%  spike  memory recompute " + FormatBytes(4096) +
+                           "  planner 3x  emergency offloads 1";
+  EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
+
+  // The interactive view marks the spike beside the imbalance.
+  const TrainMetrics m = TrainMetricsOf(job.telemetry());
+  EXPECT_TRUE(m.routing_spike);
+  EXPECT_EQ(m.planner_decisions, 3.0);
+
+  // A step without either shows neither.
+  v1::JobDetail plain = MakeTrainJob();
+  const auto quiet = PlainWatchLines(nullptr, plain);
+  ASSERT_EQ(quiet.size(), 1u);
+  EXPECT_EQ(quiet[0].find("spike"), std::string::npos) << quiet[0];
+  EXPECT_EQ(quiet[0].find("planner"), std::string::npos) << quiet[0];
+}
+
 TEST(StepRateTest, MeasuresOverWindowAndRestartsOnNewAttempt) {
   StepRate rate(/*window_s=*/10);
   EXPECT_EQ(rate.steps_per_second(), 0);

@@ -153,6 +153,7 @@ const Layout kAdaptiveLayouts[] = {
     {"ep4", 1, 4, 1, 4, 1, 2},
     {"ep2_esp2", 1, 4, 1, 2, 2, 2},
     {"pp2_ep2_m4", 2, 2, 1, 2, 1, 4},
+    {"pp4_m8", 4, 1, 1, 1, 1, 8},
 };
 INSTANTIATE_TEST_SUITE_P(Layouts, AdaptiveLayoutTest, ::testing::ValuesIn(kAdaptiveLayouts),
                          [](const auto& info) { return std::string(info.param.name); });
