@@ -63,6 +63,7 @@
 // then hold a partial accumulation: the step must be given up or retried after ZeroGrad).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -147,6 +148,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     return int64_t{B} * config_.seq_len * config_.d_model;
   }
   int64_t PredictedPeakBytes() const override { return predicted_peak_; }
+  void SetInFlightLimit(int micro_batches) override { max_in_flight_ = std::max(1, micro_batches); }
   // Micro-batches between StageForward and StageBackward.
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
   // Drops every in-flight micro-batch (after an error: the step is given up).
@@ -317,7 +319,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   double flops_per_second_ = 1e9;             // measured (EMA)
   double cast_seconds_per_byte_ = 0;
   double copy_committed_seconds_ = 0;  // offload copy time planned in this micro-batch
-  int max_in_flight_ = 1;              // most micro-batches in flight seen (1F1B)
+  int max_in_flight_ = 1;  // micro-batches in flight at most (SetInFlightLimit, else seen)
 
   // The memory model's bookkeeping.
   std::vector<MoeRows> last_moe_rows_;

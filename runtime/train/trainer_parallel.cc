@@ -122,6 +122,7 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
   std::vector<float> x_in(act), x_out(act), dx_out(act), dx_in(act);
   comm::Communicator* pipe = P.pipeline;
   int in_flight = 0;
+  stage_->SetInFlightLimit(std::min(P.stages - P.stage, m));
   for (const pipeline::PipelineOp& op : pipeline::OneFOneB(P.stage, P.stages, m)) {
     const int j = op.micro;
     if (op.kind == pipeline::PipelineOp::kForward) {

@@ -97,6 +97,9 @@ class PipelineStage : public Trainable {
   virtual int64_t ActivationPeakBytes() const = 0;
   // What the model's memory model predicts for the same span (0: none).
   virtual int64_t PredictedPeakBytes() const { return 0; }
+  // The most micro-batches this stage holds at once under the schedule (1F1B: min(pp - stage,
+  // m)), told before each step so that a memory planner can reserve for those not started yet.
+  virtual void SetInFlightLimit(int /*micro_batches*/) {}
   // E of the MoE layers (0: none): tokens_per_expert vectors have this length where not empty.
   virtual int num_experts() const = 0;
 };
