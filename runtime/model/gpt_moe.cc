@@ -167,7 +167,6 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   st.B = B;
   st.micro = cur_micro_;
   st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
-  last_rows_.clear();
   fwd_rows_.clear();
   fwd_B_ = B;
   copy_committed_seconds_ = 0;
@@ -206,7 +205,6 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
                            : std::nullopt;
       ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out,
                                                      spike ? &*spike : nullptr));
-      last_rows_.push_back(ls.moe_saved.rows);
       const MoeSaved& ms = ls.moe_saved;
       fwd_rows_.push_back({ms.rows, ms.distributed ? ms.dispatch.R() : ms.rows,
                            ms.distributed ? moe::ExpertDispatcher::ScratchRows(ms.dispatch) : 0,
@@ -229,7 +227,6 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   }
   last_stashed_bytes_ = stash_.stashed_bytes();
   st.rows = fwd_rows_;
-  last_moe_rows_ = st.rows;
   // The bytes the saved tensors of this stage's micro-batch take, for the 1F1B reservation.
   NotePrediction(st);
   st.forward_seconds = SecondsSince(t0);
@@ -456,56 +453,31 @@ int64_t ComposePeak(const std::vector<ModuleBytes>& modules, int64_t dres) {
 
 }  // namespace
 
-int64_t GptMoe::ActivationBytesForRouting(int B,
-                                          const std::vector<int64_t>& rows_per_moe_layer) const {
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads};
-  const MoeShape moe = MoeShapeOf(config_, ModelShard{});
-  const int F = config_.dense_width();
-  const int V = config_.vocab;
-  std::vector<ModuleBytes> modules;  // forward order
-  modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
-                                  EmbeddingBackwardPeakBytes(dims), policy_));
-  size_t moe_index = 0;
-  for (int l = 0; l < config_.layers; ++l) {
-    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
-                                    AttentionBackwardPeakBytes(dims), policy_));
-    if (config_.IsMoeLayer(l)) {
-      const MoeRows rows =
-          MoeRows::SingleRank(moe_index < rows_per_moe_layer.size() ? rows_per_moe_layer[moe_index]
-                                                                    : int64_t{dims.N()} * moe.k);
-      ++moe_index;
-      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, rows),
-                                      MoeForwardPeakBytes(dims, moe, rows),
-                                      MoeBackwardPeakBytes(dims, moe, rows), policy_));
-    } else {
-      modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
-                                      MlpBackwardPeakBytes(dims, F), policy_));
-    }
-  }
-  modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
-                                  HeadBackwardPeakBytes(dims, V), policy_));
-  return ComposePeak(modules, F32Bytes(int64_t{dims.N()} * dims.C));
-}
+namespace {
 
-std::vector<ModuleBytes> GptMoe::DeclaredModules(int B, const std::vector<MoeRows>& rows) const {
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
-  const MoeShape moe = MoeShapeOf(config_, shard_);
-  const int F = shard_.local_dense_ffn(config_);
+// The declared bytes of one micro-batch through `shard`'s modules in forward order (module.h):
+// the embedding on the first stage or the received activation elsewhere, per layer its attention
+// and its MoE block (at rows[i] for the i-th MoE layer; a missing entry repeats the last, none
+// given: dropless single-rank rows) or dense MLP, the head on the last stage. The one builder
+// behind the whole-model bytes, the per-rank memory model and the floor.
+std::vector<ModuleBytes> ModulesOf(const ModelConfig& config, const ModelShard& shard, int B,
+                                   const std::vector<MoeRows>& rows, memory::MemoryPolicy policy) {
+  const Dims dims{B, config.seq_len, config.d_model, config.heads, shard.tp};
+  const MoeShape moe = MoeShapeOf(config, shard);
+  const int F = shard.local_dense_ffn(config);
   const int64_t NC = int64_t{dims.N()} * dims.C;
-  // The policy's drops; adaptive and offload keep everything up front.
-  const memory::MemoryPolicy policy = policy_;
-  std::vector<ModuleBytes> modules;  // forward order
-  if (shard_.first_stage()) {
+  std::vector<ModuleBytes> modules;
+  if (shard.first_stage()) {
     modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
                                     EmbeddingBackwardPeakBytes(dims), policy));
   } else {
     modules.push_back({F32Bytes(NC), F32Bytes(NC), 0});  // stage.input
   }
   size_t moe_index = 0;
-  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
+  for (int l = shard.first_layer; l < shard.end_layer(config); ++l) {
     modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
                                     AttentionBackwardPeakBytes(dims), policy));
-    if (config_.IsMoeLayer(l)) {
+    if (config.IsMoeLayer(l)) {
       const MoeRows r = moe_index < rows.size() ? rows[moe_index]
                         : rows.empty()          ? MoeRows::SingleRank(int64_t{dims.N()} * moe.k)
                                                 : rows.back();
@@ -518,12 +490,27 @@ std::vector<ModuleBytes> GptMoe::DeclaredModules(int B, const std::vector<MoeRow
                                       MlpBackwardPeakBytes(dims, F), policy));
     }
   }
-  if (shard_.last_stage()) {
-    const int V = config_.vocab;
+  if (shard.last_stage()) {
+    const int V = config.vocab;
     modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
                                     HeadBackwardPeakBytes(dims, V), policy));
   }
   return modules;
+}
+
+}  // namespace
+
+int64_t GptMoe::ActivationBytesForRouting(int B,
+                                          const std::vector<int64_t>& rows_per_moe_layer) const {
+  std::vector<MoeRows> rows;
+  for (int64_t S : rows_per_moe_layer) rows.push_back(MoeRows::SingleRank(S));
+  return ComposePeak(ModulesOf(config_, ModelShard{}, B, rows, policy_),
+                     F32Bytes(int64_t{B} * config_.seq_len * config_.d_model));
+}
+
+std::vector<ModuleBytes> GptMoe::DeclaredModules(int B, const std::vector<MoeRows>& rows) const {
+  // The policy's drops; adaptive and offload keep everything up front.
+  return ModulesOf(config_, shard_, B, rows, policy_);
 }
 
 int64_t GptMoe::PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const {
@@ -535,37 +522,12 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
   const int64_t S = int64_t{B} * config_.seq_len * config_.top_k;
   const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
   const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
-  const bool distributed = esp > 1 || ep > 1;
   const MoeRows rows =
-      distributed ? MoeRows{S, S * esp, S * (1 + esp), true} : MoeRows::SingleRank(S);
+      esp > 1 || ep > 1 ? MoeRows{S, S * esp, S * (1 + esp), true} : MoeRows::SingleRank(S);
   // Every tensor kept: a module's backward needs all of its own saved tensors back at once.
-  const memory::MemoryPolicy none = memory::MemoryPolicy::kNone;
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
-  const MoeShape moe = MoeShapeOf(config_, shard_);
-  const int F = shard_.local_dense_ffn(config_);
-  const int64_t dres = F32Bytes(int64_t{dims.N()} * dims.C);
-  std::vector<ModuleBytes> modules;
-  if (shard_.first_stage()) {
-    modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
-                                    EmbeddingBackwardPeakBytes(dims), none));
-  }
-  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
-    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
-                                    AttentionBackwardPeakBytes(dims), none));
-    modules.push_back(config_.IsMoeLayer(l)
-                          ? DeclareModule(MoeSavedTensors(dims, moe, rows),
-                                          MoeForwardPeakBytes(dims, moe, rows),
-                                          MoeBackwardPeakBytes(dims, moe, rows), none)
-                          : DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
-                                          MlpBackwardPeakBytes(dims, F), none));
-  }
-  if (shard_.last_stage()) {
-    const int V = config_.vocab;
-    modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
-                                    HeadBackwardPeakBytes(dims, V), none));
-  }
+  const int64_t dres = F32Bytes(int64_t{B} * config_.seq_len * config_.d_model);
   int64_t floor = 0;
-  for (const ModuleBytes& m : modules) {
+  for (const ModuleBytes& m : ModulesOf(config_, shard_, B, {rows}, memory::MemoryPolicy::kNone)) {
     floor = std::max({floor, m.forward_peak, m.saved + dres + m.backward_peak});
   }
   return floor;
@@ -614,10 +576,8 @@ double GptMoe::FlopsPerToken() const {
 
 // ---- Static stash actions ----
 
-absl::Status GptMoe::SetOffload(double ratio, memory::CopyEngine* engine, tensor::HostPool* host) {
-  if (!(ratio >= 0 && ratio <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("offload ratio must be in [0, 1], got ", ratio));
-  }
+absl::Status GptMoe::SetCopyTargets(memory::CopyEngine* engine, tensor::HostPool* host,
+                                    const char* what) {
   if (engine != nullptr && &engine->device() != &device_) {
     return absl::InvalidArgumentError("GptMoe: the copy engine belongs to another device");
   }
@@ -626,11 +586,19 @@ absl::Status GptMoe::SetOffload(double ratio, memory::CopyEngine* engine, tensor
   }
   if (!in_flight_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "offload: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
+        what, ": cannot change while ", in_flight_.size(), " micro-batches are in flight"));
   }
+  stash_.SetOffloadTargets(engine, host);
+  return absl::OkStatus();
+}
+
+absl::Status GptMoe::SetOffload(double ratio, memory::CopyEngine* engine, tensor::HostPool* host) {
+  if (!(ratio >= 0 && ratio <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("offload ratio must be in [0, 1], got ", ratio));
+  }
+  RETURN_IF_ERROR(SetCopyTargets(engine, host, "offload"));
   offload_ratio_ = engine == nullptr ? 0 : ratio;
   engine_ = engine;
-  stash_.SetOffloadTargets(engine, host);
   return absl::OkStatus();
 }
 

@@ -172,8 +172,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // layer order.
   int64_t ActivationBytesForRouting(int B, const std::vector<int64_t>& rows_per_moe_layer) const;
   int64_t ActivationBytes(int B) const;
-  // S of each MoE layer in the last forward.
-  const std::vector<int64_t>& last_rows_per_moe_layer() const { return last_rows_; }
+  // S of each MoE layer (this stage's) in the last forward.
+  std::vector<int64_t> last_rows_per_moe_layer() const {
+    std::vector<int64_t> S;
+    for (const MoeRows& r : fwd_rows_) S.push_back(r.S);
+    return S;
+  }
   // Bytes held by the stash at the end of the last forward (everything saved for backward).
   uint64_t last_stashed_bytes() const { return last_stashed_bytes_; }
 
@@ -189,8 +193,6 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // saved tensors back, its scratch, the residual-stream gradient), with balanced dropless rows
   // (S = N k; R = S times the ESP width). A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
-  // This stage's MoE rows in the last forward.
-  const std::vector<MoeRows>& last_moe_rows() const { return last_moe_rows_; }
 
   // When on, each forward copies its logits (B, T, V) to the host for last_logits().
   void set_capture_logits(bool on) { capture_logits_ = on; }
@@ -227,8 +229,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   absl::Status SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* host,
                            AdaptiveOptions options);
   struct PlannerStats {
-    int64_t projections = 0;         // MoE layers projected
-    int64_t decisions = 0;           // of those, the ones that acted
+    int64_t decisions = 0;           // MoE layers where the planner acted
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
     double seconds = 0;              // spent projecting and planning
   };
@@ -261,7 +262,6 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   Stash stash_;
   std::vector<float> params_;
   std::vector<float> grads_;
-  std::vector<int64_t> last_rows_;
   uint64_t last_stashed_bytes_ = 0;
   memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;
@@ -296,7 +296,6 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // saved (the stash's save policy under adaptive asks FutureDrop).
   std::map<int, std::set<std::pair<int, std::string>>> future_drops_;
   memory::SaveAction FutureDrop(const StashEntryInfo& e) const;
-  int64_t max_projected_ = 0;
   // The plan's actions on the current MoE layer's own expert buffers, after its forward. An
   // action that fails is skipped (the emergency path is the net), never an error.
   absl::Status ApplyDeferred(const MoeSaved& saved);
@@ -312,7 +311,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   int cur_module_ = 0;  // DeclaredModules index of the running module
   bool evaluating_ = false;
   bool in_backward_ = false;
-  std::vector<MoeRows> fwd_rows_;  // this forward's MoE layers so far
+  std::vector<MoeRows> fwd_rows_;  // this (or the last) forward's MoE layers so far
   int fwd_B_ = 0;
   std::vector<memory::PlanChoice> deferred_;  // for the current MoE layer's expert buffers
   double micro_seconds_ = 0;                  // compute time of one micro-batch (EMA)
@@ -322,11 +321,13 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   int max_in_flight_ = 1;  // micro-batches in flight at most (SetInFlightLimit, else seen)
 
   // The memory model's bookkeeping.
-  std::vector<MoeRows> last_moe_rows_;
   int64_t predicted_peak_ = 0;
   void NotePrediction(ForwardState& st);
 
   // ---- Static stash actions ----
+  // Where offloads go (SetOffload, SetAdaptive): checks the engine's device, that both or neither
+  // are given and that no micro-batch is in flight (`what` names the caller), then tells the stash.
+  absl::Status SetCopyTargets(memory::CopyEngine* engine, tensor::HostPool* host, const char* what);
   absl::Status ActAfterMoeForward(const MoeSaved& saved);
   absl::Status PrefetchForBackward(const ForwardState& state, int layer_index);
   double offload_ratio_ = 0;

@@ -50,19 +50,9 @@ absl::Status GptMoe::SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* h
     return absl::InvalidArgumentError(
         absl::StrCat("adaptive: margin must be in [0, 0.5), got ", options.margin));
   }
-  if (engine != nullptr && &engine->device() != &device_) {
-    return absl::InvalidArgumentError("GptMoe: the copy engine belongs to another device");
-  }
-  if ((engine == nullptr) != (host == nullptr)) {
-    return absl::InvalidArgumentError("GptMoe: offload needs both a copy engine and a host pool");
-  }
-  if (!in_flight_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "adaptive: cannot change while ", in_flight_.size(), " micro-batches are in flight"));
-  }
+  RETURN_IF_ERROR(SetCopyTargets(engine, host, "adaptive"));
   adaptive_options_ = options;
   adaptive_engine_ = engine;
-  stash_.SetOffloadTargets(engine, host);
   cast_seconds_per_byte_ = options.codec ? MeasureCastSecondsPerByte(ops_, *options.codec) : 0.0;
   return absl::OkStatus();
 }
@@ -133,7 +123,6 @@ bool GptMoe::Protected(const StashEntrySummary& e) const {
 
 absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const auto t0 = std::chrono::steady_clock::now();
-  ++planner_stats_.projections;
   const auto done = [this, t0] {
     planner_stats_.seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -209,7 +198,6 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // before this one's: its rise above its own saved bytes comes on top of everything in flight.
   const int64_t rise = InFlightBackwardRise();
   if (rise > 0) add(M, used + (live_before[M] - level) - planned_before[M] + rise);
-  max_projected_ = std::max(max_projected_, projected);
   deferred_.clear();
   if (deficits.empty()) {
     done();

@@ -384,29 +384,27 @@ void RouterTimeline(const Dims& d, const MoeShape& m, BytesTimeline& t) {
   t.Alloc(I32Bytes(N * m.k) + F32Bytes(N * m.k));  // indices, gates
 }
 
-// The rest of it: the expert buffers (ExpertInput, CombinedOutput) and the residual.
+// One of the expert dispatcher's exchanges (ToExperts, FromExperts) as the code allocates it:
+// the destination rows, the scratch, the scratch freed, then the source rows (the destination
+// takes their place). Rows of C floats.
+void ExchangeTimeline(BytesTimeline& t, int64_t from_rows, int64_t to_rows, int64_t scratch_rows,
+                      int64_t C) {
+  t.Alloc(F32Bytes(to_rows * C));
+  t.Alloc(F32Bytes(scratch_rows * C));
+  t.Free(F32Bytes(scratch_rows * C));
+  t.Free(F32Bytes(from_rows * C));
+}
+
+// The rest of it: the expert buffers (ExpertInput, CombinedOutput) and the residual. On one rank
+// R = S and nothing is exchanged.
 void ExpertTimeline(const Dims& d, const MoeShape& m, const MoeRows& r, BytesTimeline& t) {
   const int64_t NC = int64_t{d.N()} * d.C, C = d.C, fl = m.fl();
-  if (r.distributed) {
-    t.Alloc(F32Bytes(r.S * C));  // routed rows
-    t.Alloc(F32Bytes(r.R * C));  // expert input
-    t.Alloc(F32Bytes(r.X * C));  // dispatch scratch
-    t.Free(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.S * C));
-  } else {
-    t.Alloc(F32Bytes(r.S * C));  // expert input
-  }
-  t.Alloc(2 * F32Bytes(r.R * fl));  // expert pre, hidden
-  if (r.distributed) {
-    t.Alloc(F32Bytes(r.R * C));  // expert output
-    t.Alloc(F32Bytes(r.S * C));  // combined output
-    t.Alloc(F32Bytes(r.X * C));  // combine scratch
-    t.Free(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.R * C));
-  } else {
-    t.Alloc(F32Bytes(r.S * C));  // combined output
-  }
-  t.Alloc(F32Bytes(NC));  // residual
+  t.Alloc(F32Bytes(r.S * C));  // routed rows (the expert input on one rank)
+  if (r.distributed) ExchangeTimeline(t, r.S, r.R, r.X, C);  // -> expert input
+  t.Alloc(2 * F32Bytes(r.R * fl));                           // expert pre, hidden
+  t.Alloc(F32Bytes(r.R * C));  // expert output (the combined output on one rank)
+  if (r.distributed) ExchangeTimeline(t, r.R, r.S, r.X, C);  // -> combined output
+  t.Alloc(F32Bytes(NC));                                     // residual
 }
 
 }  // namespace
@@ -429,31 +427,21 @@ MoeExpertPoint MoeExpertPointBytes(const Dims& d, const MoeShape& m, const MoeRo
 int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
   const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
   BytesTimeline t;
-  t.Alloc(F32Bytes(r.S * C));  // dexpert_output
-  t.Alloc(F32Bytes(N * m.k));  // dgates
-  if (r.distributed) {         // to the experts
-    t.Alloc(F32Bytes(r.R * C));
-    t.Alloc(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.S * C));
-  }
-  t.Alloc(F32Bytes(r.R * fl));  // dexpert_hidden
-  t.Free(F32Bytes(r.R * C));    // dexpert_output
-  t.Alloc(F32Bytes(r.R * fl));  // dexpert_pre
-  t.Free(F32Bytes(r.R * fl));   // dexpert_hidden
-  t.Alloc(F32Bytes(r.R * C));   // dexpert_input
-  t.Free(F32Bytes(r.R * fl));   // dexpert_pre
-  if (r.distributed) {          // back from the experts
-    t.Alloc(F32Bytes(r.S * C));
-    t.Alloc(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.X * C));
-    t.Free(F32Bytes(r.R * C));
-  }
-  t.Alloc(F32Bytes(NC));       // ln2.dout
-  t.Free(F32Bytes(r.S * C));   // dexpert_input
-  t.Alloc(F32Bytes(N * m.E));  // dprobs
-  t.Free(F32Bytes(N * m.k));   // dgates
-  t.Alloc(F32Bytes(N * m.E));  // dlogits
+  t.Alloc(F32Bytes(r.S * C));                                // dexpert_output
+  t.Alloc(F32Bytes(N * m.k));                                // dgates
+  if (r.distributed) ExchangeTimeline(t, r.S, r.R, r.X, C);  // to the experts
+  t.Alloc(F32Bytes(r.R * fl));                               // dexpert_hidden
+  t.Free(F32Bytes(r.R * C));                                 // dexpert_output
+  t.Alloc(F32Bytes(r.R * fl));                               // dexpert_pre
+  t.Free(F32Bytes(r.R * fl));                                // dexpert_hidden
+  t.Alloc(F32Bytes(r.R * C));                                // dexpert_input
+  t.Free(F32Bytes(r.R * fl));                                // dexpert_pre
+  if (r.distributed) ExchangeTimeline(t, r.R, r.S, r.X, C);  // back from the experts
+  t.Alloc(F32Bytes(NC));                                     // ln2.dout
+  t.Free(F32Bytes(r.S * C));                                 // dexpert_input
+  t.Alloc(F32Bytes(N * m.E));                                // dprobs
+  t.Free(F32Bytes(N * m.k));                                 // dgates
+  t.Alloc(F32Bytes(N * m.E));                                // dlogits
   return t.peak();
 }
 
