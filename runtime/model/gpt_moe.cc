@@ -29,9 +29,10 @@ struct LayerState {
 struct ForwardState {
   int B = 0;
   int micro = 0;
-  std::vector<MoeRows> rows;   // this stage's MoE layers, in order
-  int64_t declared_saved = 0;  // the memory model's saved bytes of this micro-batch
-  int64_t declared_peak = 0;   // and its peak through this stage on an empty arena
+  std::vector<MoeRows> rows;          // this stage's MoE layers, in order
+  std::vector<ModuleBytes> declared;  // the memory model's modules for its rows (NotePrediction)
+  int64_t declared_saved = 0;         // their saved bytes
+  int64_t declared_peak = 0;          // and its peak through this stage on an empty arena
   double forward_seconds = 0;
   bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
   EmbeddingSaved embedding;        // first stage
@@ -244,10 +245,8 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   cur_micro_ = st.micro;
   in_backward_ = true;
   // Adaptive: each module's declared backward scratch, the room its reloads must leave.
-  const std::vector<ModuleBytes> declared =
-      adaptive() ? DeclaredModules(st.B, st.rows) : std::vector<ModuleBytes>{};
-  auto reserve = [&declared](size_t module) {
-    return module < declared.size() ? declared[module].backward_peak : int64_t{0};
+  auto reserve = [&st](size_t module) {
+    return module < st.declared.size() ? st.declared[module].backward_peak : int64_t{0};
   };
 
   // d loss / d residual stream, carried down the layers and accumulated in place.
@@ -548,12 +547,11 @@ int64_t GptMoe::InFlightBackwardRise() const {
 
 void GptMoe::NotePrediction(ForwardState& s) {
   // Called at the end of a forward, before the micro-batch joins in_flight_.
-  const ForwardState& st = s;
-  const std::vector<ModuleBytes> modules = DeclaredModules(st.B, st.rows);
+  s.declared = DeclaredModules(s.B, s.rows);
   s.declared_saved = 0;
-  for (const ModuleBytes& m : modules) s.declared_saved += m.saved;
+  for (const ModuleBytes& m : s.declared) s.declared_saved += m.saved;
   s.declared_peak =
-      ComposePeak(modules, F32Bytes(int64_t{st.B} * config_.seq_len * config_.d_model));
+      ComposePeak(s.declared, F32Bytes(int64_t{s.B} * config_.seq_len * config_.d_model));
   int64_t others = 0;
   for (const auto& [m, other] : in_flight_) others += other->declared_saved;
   predicted_peak_ = std::max(predicted_peak_, others + s.declared_peak);
