@@ -22,25 +22,12 @@
 namespace furnace::testing {
 namespace {
 
-struct Layout {
-  const char* name;
-  int pp, dp, tp, ep, esp, m;
-};
-
 LayoutCase SpikeCase(const Layout& l) {
-  LayoutCase c;
-  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);  // dropless: R follows routing
-  c.model.spikes.probability = 0.5;
-  c.model.spikes.max_ratio = 2.0;  // E / k
-  c.model.spikes.seed = 164;
-  c.sizes.pp = l.pp;
-  c.sizes.dp = l.dp;
-  c.sizes.tp = l.tp;
-  c.sizes.ep = l.ep;
-  c.sizes.esp = l.esp;
-  c.micro_batches = l.m;
-  c.steps = 5;
-  return c;
+  model::ModelConfig model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);  // dropless
+  model.spikes.probability = 0.5;
+  model.spikes.max_ratio = 2.0;  // E / k
+  model.spikes.seed = 164;
+  return CaseOn(l, model, /*steps=*/5);
 }
 
 class MemoryModelTest : public ::testing::TestWithParam<Layout> {};

@@ -1,5 +1,6 @@
-// What the whole-run tests of tests/runtime/parallel check and how they run a layout: the
-// bit-for-bit comparison of two runs, and a layout run in a temporary directory of its own.
+// What the whole-run tests of tests/runtime/parallel check and how they run a layout: a layout as
+// they list it, the bit-for-bit comparison of two runs, and a layout run in a temporary directory
+// of its own.
 #pragma once
 
 #include <unistd.h>
@@ -13,6 +14,26 @@
 #include "tests/runtime/parallel/layout_run.h"
 
 namespace furnace::testing {
+
+// A layout as the whole-run tests list it: its sizes and m micro-batches per data-parallel rank.
+struct Layout {
+  const char* name;
+  int pp, dp, tp, ep, esp, m;
+};
+
+// `model` trained for `steps` on layout `l`.
+inline LayoutCase CaseOn(const Layout& l, const model::ModelConfig& model, int steps) {
+  LayoutCase c;
+  c.model = model;
+  c.sizes.pp = l.pp;
+  c.sizes.dp = l.dp;
+  c.sizes.tp = l.tp;
+  c.sizes.ep = l.ep;
+  c.sizes.esp = l.esp;
+  c.micro_batches = l.m;
+  c.steps = steps;
+  return c;
+}
 
 // Losses, aux losses, gradient norms and every parameter byte of `got` equal `want`'s.
 inline void ExpectBitIdentical(const RunResult& got, const RunResult& want) {

@@ -21,22 +21,8 @@ namespace {
 
 using memory::MemoryPolicy;
 
-struct Layout {
-  const char* name;
-  int pp, dp, tp, ep, esp, m;
-};
-
 LayoutCase CaseFor(const Layout& l) {
-  LayoutCase c;
-  c.model = TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/1.0);
-  c.sizes.pp = l.pp;
-  c.sizes.dp = l.dp;
-  c.sizes.tp = l.tp;
-  c.sizes.ep = l.ep;
-  c.sizes.esp = l.esp;
-  c.micro_batches = l.m;
-  c.steps = 4;
-  return c;
+  return CaseOn(l, TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/1.0), /*steps=*/4);
 }
 
 void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {

@@ -14,6 +14,7 @@
 #include "runtime/tensor/arena.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
+#include "tests/runtime/parallel/layout_run.h"
 
 namespace furnace::model {
 namespace {
@@ -27,17 +28,7 @@ class ShardLayoutTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ShardLayoutTest, ShardsTileTheModel) {
   const Case k = GetParam();
-  ModelConfig c;
-  c.vocab = 32;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.heads = 4;
-  c.layers = 4;
-  c.moe_every = 2;
-  c.dense_ffn = 32;
-  c.experts = 4;
-  c.expert_ffn = 16;
-  c.top_k = 2;
+  const ModelConfig c = furnace::testing::TinyLayoutModel(/*top_k=*/2, /*capacity_factor=*/0);
   topology::ParallelSizes sizes;
   sizes.pp = k.pp;
   sizes.dp = k.dp;
