@@ -12,6 +12,12 @@
 namespace furnace::kernels::cpu {
 
 DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k, double capacity_factor) {
+  return MakeDispatchPlanSlice(indices, N, E, k, capacity_factor, N, nullptr);
+}
+
+DispatchPlan MakeDispatchPlanSlice(const int32_t* indices, int N, int E, int k,
+                                   double capacity_factor, int64_t group_tokens,
+                                   const int64_t* queued) {
   DispatchPlan plan;
   plan.N = N;
   plan.E = E;
@@ -19,14 +25,17 @@ DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k, doubl
   const int64_t total = static_cast<int64_t>(N) * k;
   plan.capacity = capacity_factor > 0
                       ? static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(k) *
-                                                       static_cast<double>(N) / E))
+                                                       static_cast<double>(group_tokens) / E))
                       : 0;
   plan.routed.assign(E, 0);
   for (int64_t i = 0; i < total; ++i) ++plan.routed[indices[i]];
   plan.counts.resize(E);
   plan.offsets.assign(E + 1, 0);
   for (int e = 0; e < E; ++e) {
-    plan.counts[e] = plan.capacity > 0 ? std::min(plan.routed[e], plan.capacity) : plan.routed[e];
+    // The slots left to this slice: the capacity less what the slices before it queued.
+    const int64_t ahead = queued == nullptr ? 0 : queued[e];
+    const int64_t room = std::max<int64_t>(0, plan.capacity - ahead);
+    plan.counts[e] = plan.capacity > 0 ? std::min(plan.routed[e], room) : plan.routed[e];
     plan.offsets[e + 1] = plan.offsets[e] + plan.counts[e];
   }
   plan.slot.assign(total, -1);

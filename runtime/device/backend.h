@@ -87,6 +87,9 @@ struct Backend {
   // permute.h: token permutation by expert and the weighted combine back.
   DispatchPlan (*make_dispatch_plan)(const int32_t* indices, int N, int E, int k,
                                      double capacity_factor);
+  DispatchPlan (*make_dispatch_plan_slice)(const int32_t* indices, int N, int E, int k,
+                                           double capacity_factor, int64_t group_tokens,
+                                           const int64_t* queued);
   void (*permute_forward)(float* out, const float* inp, const DispatchPlan& plan, int C);
   void (*permute_backward)(float* dinp, const float* dout, const DispatchPlan& plan, int C);
   void (*unpermute_forward)(float* out, const float* expert_out, const float* gates,

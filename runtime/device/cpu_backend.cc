@@ -40,6 +40,7 @@ constexpr Backend kCpuBackend = {
     .aux_loss_forward = &k::AuxLossForward<float>,
     .aux_loss_backward = &k::AuxLossBackward<float>,
     .make_dispatch_plan = &k::MakeDispatchPlan,
+    .make_dispatch_plan_slice = &k::MakeDispatchPlanSlice,
     .permute_forward = &k::PermuteForward<float>,
     .permute_backward = &k::PermuteBackward<float>,
     .unpermute_forward = &k::UnpermuteForward<float>,

@@ -127,10 +127,60 @@ const train::ParamInfo* GptMoe::FindParam(const std::string& name) const {
   return nullptr;
 }
 
+MoeShape GptMoe::LayerMoe(const MoeShape& base, int layer) const {
+  MoeShape m = base;
+  if (layer >= 0 && layer < static_cast<int>(moe_schedules_.size())) {
+    m.schedule = moe_schedules_[layer];
+  }
+  return m;
+}
+
+absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_layer) {
+  if (static_cast<int>(per_moe_layer.size()) != config_.num_moe_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("moe schedules: ", per_moe_layer.size(),
+                                                   " given for ", config_.num_moe_layers(),
+                                                   " MoE layers"));
+  }
+  const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
+  moe_schedules_.assign(config_.layers, moe::Schedule::kDeepspeed);
+  size_t next = 0;
+  for (int l = 0; l < config_.layers; ++l) {
+    if (config_.IsMoeLayer(l)) moe_schedules_[l] = tp > 1 ? per_moe_layer[next++] : moe::Schedule::kDeepspeed;
+  }
+  // How each layer's gradients are reduced over tp: the experts saw each row once (s1, s2)
+  // or once per peer (deepspeed: scaled by 1 / tp); the router saw this peer's tokens only (s1:
+  // summed over tp) or all of them (averaged).
+  for (train::ParamInfo& info : layout_.params) {
+    info.tp_partial = false;
+    for (int l = 0; l < config_.layers; ++l) {
+      if (!config_.IsMoeLayer(l)) continue;
+      const std::string prefix = absl::StrCat("layers.", l, ".moe.");
+      if (info.name.compare(0, prefix.size(), prefix) != 0) continue;
+      const moe::Schedule s = moe_schedules_[l];
+      info.tp_partial = info.sync == train::GradSync::kExpertData
+                            ? !moe::ExpertRowsDuplicated(s)
+                            : info.name == prefix + "router" && moe::GateOnTokenSlice(s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<moe::Schedule> GptMoe::MoeSchedules() const {
+  std::vector<moe::Schedule> out;
+  for (int l = 0; l < config_.layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    out.push_back(l < static_cast<int>(moe_schedules_.size()) ? moe_schedules_[l]
+                                                               : moe::Schedule::kDeepspeed);
+  }
+  return out;
+}
+
 ModuleContext GptMoe::Context() {
   // Evaluation has no backward to plan for: the planner stays out of it.
   MemoryHooks* hooks = adaptive() && arena_.budget() > 0 && !evaluating_ ? this : nullptr;
-  return ModuleContext{ops_, arena_, stash_, groups_, hooks};
+  ModuleContext ctx{ops_, arena_, stash_, groups_, hooks};
+  ctx.moe_counters = &moe_counters_;
+  return ctx;
 }
 
 namespace {
@@ -204,12 +254,14 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
           st.routing_spike ? SpikeFor(config_.spikes, config_.experts, config_.top_k, step_, l,
                                       first_sequence_, config_.seq_len)
                            : std::nullopt;
-      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, moe, l, off, p, ls.attn.out,
-                                                     spike ? &*spike : nullptr));
+      ASSIGN_OR_RETURN(ls.moe_saved, MoeBlockForward(ctx, dims, LayerMoe(moe, l), l, off, p,
+                                                     ls.attn.out, spike ? &*spike : nullptr));
       const MoeSaved& ms = ls.moe_saved;
-      fwd_rows_.push_back({ms.rows, ms.distributed ? ms.dispatch.R() : ms.rows,
-                           ms.distributed ? moe::ExpertDispatcher::ScratchRows(ms.dispatch) : 0,
-                           ms.distributed});
+      MoeRows rows{ms.rows, ms.distributed ? ms.dispatch.R() : ms.rows,
+                   ms.distributed ? moe::ScheduleExecutor::ScratchRows(ms.dispatch) : 0,
+                   ms.distributed};
+      rows.gated = ms.gated;
+      fwd_rows_.push_back(rows);
     } else {
       ASSIGN_OR_RETURN(ls.mlp, MlpBlockForward(ctx, dims, shard_.local_dense_ffn(config_), l, off,
                                                p, ls.attn.out));
@@ -280,7 +332,8 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     }
     if (ls.moe) {
       RETURN_IF_ERROR(
-          MoeBlockBackward(ctx, dims, moe, off, p, g, ls.moe_saved, ls.attn.out, aux_scale, dres));
+          MoeBlockBackward(ctx, dims, LayerMoe(moe, shard_.first_layer + i), off, p, g,
+                           ls.moe_saved, ls.attn.out, aux_scale, dres));
     } else {
       RETURN_IF_ERROR(MlpBlockBackward(ctx, dims, shard_.local_dense_ffn(config_), off, p, g,
                                        ls.mlp, ls.attn.out, dres));

@@ -87,6 +87,8 @@
 #include "runtime/model/param_layout.h"
 #include "runtime/model/shard.h"
 #include "runtime/model/stash.h"
+#include "runtime/moe/executor.h"
+#include "runtime/moe/schedule.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
 #include "runtime/trainable/trainable.h"
@@ -194,6 +196,16 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // (S = N k; R = S times the ESP width). A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
 
+  // ---- The MoE layers' schedules (runtime/moe/schedule.h) ----
+  // One per MoE layer of the whole model, in layer order (default: deepspeed everywhere). Every
+  // rank of the job must set the same list before its first step. With tp == 1 every schedule
+  // runs as deepspeed. Sets how each layer's gradients are reduced over tp (ParamInfo::tp_partial).
+  absl::Status SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_layer);
+  // The schedule each MoE layer of the model runs (tp == 1: deepspeed), in layer order.
+  std::vector<moe::Schedule> MoeSchedules() const;
+  // What the schedules' ops moved on this rank so far, per op (executor.h).
+  const moe::ExchangeCounters& moe_op_counters() const { return moe_counters_; }
+
   // When on, each forward copies its logits (B, T, V) to the host for last_logits().
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -253,7 +265,10 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   const ModelConfig config_;
   const ModelShard shard_;
   const ParallelGroups groups_;
-  const ParamLayout layout_;
+  std::vector<moe::Schedule> moe_schedules_;  // per model layer (dense layers: unused)
+  moe::ExchangeCounters moe_counters_;
+  MoeShape LayerMoe(const MoeShape& base, int layer) const;
+  ParamLayout layout_;  // fixed at creation but for ParamInfo::tp_partial (SetMoeSchedules)
   int64_t global_params_ = 0;  // parameters of the whole model (for the FLOP count)
   std::map<int, std::unique_ptr<ForwardState>> in_flight_;
   const device::Backend& ops_;

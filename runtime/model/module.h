@@ -26,6 +26,10 @@
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 
+namespace furnace::moe {
+class ExchangeCounters;
+}  // namespace furnace::moe
+
 namespace furnace::model {
 
 // tp: the tensor-parallel degree; attention holds NH / tp heads of width C / NH each.
@@ -52,9 +56,11 @@ struct ParallelGroups {
 //   X: the dispatch scratch rows (moe::ExpertDispatcher::ScratchRows; 0 on one rank);
 //   distributed: whether the rows cross ranks (then the routed input and the expert output are
 //   scratch beside the saved buffers, moe_block.h).
+//   gated: the tokens this rank gates (N, or N / tp under the s1 schedule; 0: N).
 struct MoeRows {
   int64_t S = 0, R = 0, X = 0;
   bool distributed = false;
+  int64_t gated = 0;
   static MoeRows SingleRank(int64_t S) { return {S, S, 0, false}; }
 };
 
@@ -77,6 +83,8 @@ struct ModuleContext {
   Stash& stash;
   ParallelGroups groups = {};
   MemoryHooks* hooks = nullptr;  // nullptr: no planner
+  // The MoE schedules' per-op byte counters (runtime/moe/executor.h); nullptr: not counted.
+  moe::ExchangeCounters* moe_counters = nullptr;
   int tp_size() const { return groups.tp == nullptr ? 1 : groups.tp->size(); }
 };
 

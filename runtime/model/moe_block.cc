@@ -6,22 +6,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/moe/executor.h"
 
 namespace furnace::model {
 
 namespace {
 
-bool Distributed(const ModuleContext& ctx) {
-  return (ctx.groups.ep != nullptr && ctx.groups.ep->size() > 1) ||
-         (ctx.groups.esp != nullptr && ctx.groups.esp->size() > 1);
+moe::ScheduleExecutor ExecutorOf(const ModuleContext& ctx, const MoeShape& m) {
+  return moe::ScheduleExecutor(m.schedule, {ctx.groups.tp, {ctx.groups.ep, ctx.groups.esp}}, m.E,
+                               ctx.moe_counters);
 }
 
-moe::ExpertDispatcher DispatcherOf(const ModuleContext& ctx, int E) {
-  return moe::ExpertDispatcher({ctx.groups.ep, ctx.groups.esp}, E);
+// Whether the routed rows go through the executor's exchanges: experts on other ranks, or rows
+// split over the tp peers (s2).
+bool Exchanges(const moe::ScheduleExecutor& ex) {
+  return ex.distributed() || (ex.schedule() == moe::Schedule::kS2 && ex.tp() > 1);
 }
 
 int64_t Scratch(const moe::DispatchHandle& h, int C) {
-  return moe::ExpertDispatcher::ScratchRows(h) * C;
+  return moe::ScheduleExecutor::ScratchRows(h) * C;
 }
 
 }  // namespace
@@ -56,15 +59,26 @@ absl::StatusOr<TopK> TopKForward(ModuleContext& ctx, const MoeShape& m, const fl
   return t;
 }
 
-// The expert input (R, C): the routed rows (S, C) permuted out of u by the plan, then, on a
-// distributed layout (dispatch != nullptr), sent to the expert ranks. Forward and the rebuild run
-// this one function.
-absl::StatusOr<tensor::Buffer> ExpertInput(ModuleContext& ctx, const std::string& p, const float* u,
+// The dispatch plan of the gated tokens: of the whole micro-batch, or under s1 of this peer's
+// slice with the group's capacity and the queue positions of the peers before it (`queued`,
+// empty otherwise), so the peers keep exactly the choices one plan over all N tokens keeps.
+device::DispatchPlan PlanOf(const ModuleContext& ctx, const MoeShape& m, const int32_t* indices,
+                            int gated, int N, const std::vector<int64_t>& queued) {
+  if (queued.empty()) return ctx.ops.make_dispatch_plan(indices, gated, m.E, m.k, m.capacity_factor);
+  return ctx.ops.make_dispatch_plan_slice(indices, gated, m.E, m.k, m.capacity_factor, N,
+                                          queued.data());
+}
+
+// The expert input (R, C): the routed rows (S_all, C) permuted out of u by the plan, then, when
+// rows cross ranks (dispatch != nullptr), through the schedule's ops on the way to the experts.
+// Forward, its rebuild and (for the output gradient) backward run the same executor segment.
+absl::StatusOr<tensor::Buffer> ExpertInput(ModuleContext& ctx, const MoeShape& m,
+                                           const std::string& p, const float* u,
                                            const device::DispatchPlan& plan,
-                                           const moe::DispatchHandle* dispatch, int E, int C) {
+                                           const moe::DispatchHandle* dispatch, int C) {
   const int64_t S = plan.rows();
   ASSIGN_OR_RETURN(
-      tensor::Buffer routed,  // (S, C)
+      tensor::Buffer routed,  // (S_all, C)
       AllocF32(ctx, S * C, p + (dispatch == nullptr ? "moe.expert_input" : "moe.routed_input"),
                false));
   ctx.ops.permute_forward(routed.as<float>(), u, plan, C);
@@ -73,8 +87,9 @@ absl::StatusOr<tensor::Buffer> ExpertInput(ModuleContext& ctx, const std::string
                                                false));  // (R, C)
   ASSIGN_OR_RETURN(tensor::Buffer scratch,
                    AllocF32(ctx, Scratch(*dispatch, C), p + "moe.dispatch_scratch", false));
-  RETURN_IF_ERROR(DispatcherOf(ctx, E).ToExperts(*dispatch, routed.as<float>(), ex.as<float>(), C,
-                                                 scratch.as<float>()));
+  RETURN_IF_ERROR(ExecutorOf(ctx, m).ToExperts(moe::Direction::kForward, *dispatch,
+                                               routed.as<float>(), ex.as<float>(), C,
+                                               scratch.as<float>()));
   return ex;
 }
 
@@ -84,15 +99,16 @@ struct ExpertOutputInputs {
   const float* w2 = nullptr;
   const float* b2 = nullptr;
   std::vector<int64_t> offsets;  // (El + 1) row offsets of the local experts
-  int El = 0, fl = 0, C = 0, E = 0;
-  int64_t R = 0, S = 0;
+  int El = 0, fl = 0, C = 0;
+  int64_t R = 0, S = 0;  // S: the routed rows (S_all)
 };
 
-// The combined expert output (S, C) in routed order: hid @ W2 + b2 per expert (R, C), then, on a
-// distributed layout, brought back from the expert ranks (summed over ESP). Forward and the
+// The combined expert output (S_all, C) in routed order: hid @ W2 + b2 per expert (R, C), then,
+// when rows cross ranks, back through the schedule's ops (summed over ESP). Forward and the
 // rebuild run this one function.
-absl::StatusOr<tensor::Buffer> CombinedOutput(ModuleContext& ctx, const std::string& p,
-                                              const float* hid, const ExpertOutputInputs& in,
+absl::StatusOr<tensor::Buffer> CombinedOutput(ModuleContext& ctx, const MoeShape& m,
+                                              const std::string& p, const float* hid,
+                                              const ExpertOutputInputs& in,
                                               const moe::DispatchHandle* dispatch) {
   ASSIGN_OR_RETURN(
       tensor::Buffer eo,  // (R, C)
@@ -102,12 +118,24 @@ absl::StatusOr<tensor::Buffer> CombinedOutput(ModuleContext& ctx, const std::str
                                  in.C);
   if (dispatch == nullptr) return eo;
   ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, in.S * in.C, p + "moe.combined_output",
-                                                 false));  // (S, C)
+                                                 false));  // (S_all, C)
   ASSIGN_OR_RETURN(tensor::Buffer scratch,
                    AllocF32(ctx, Scratch(*dispatch, in.C), p + "moe.combine_scratch", false));
-  RETURN_IF_ERROR(DispatcherOf(ctx, in.E).FromExperts(*dispatch, eo.as<float>(), back.as<float>(),
-                                                      in.C, scratch.as<float>()));
+  RETURN_IF_ERROR(ExecutorOf(ctx, m).FromExperts(moe::Direction::kForward, *dispatch,
+                                                 eo.as<float>(), back.as<float>(), in.C,
+                                                 scratch.as<float>()));
   return back;
+}
+
+// The Switch aux loss over the whole tp group from its gathered statistics (s1), as
+// AuxLossForward computes it over one plan's tokens.
+double GroupAuxLoss(const MoeShape& m, const moe::GateStats& g, int64_t N) {
+  double acc = 0;
+  for (int e = 0; e < m.E; ++e) {
+    const double frac = static_cast<double>(g.total[e]) / (static_cast<double>(m.k) * N);
+    acc += frac * (g.psum[e] / N);
+  }
+  return static_cast<float>(m.alpha * m.E * acc);
 }
 
 }  // namespace
@@ -119,67 +147,104 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   const int E = m.E, K = m.k;
   const int64_t NC = int64_t{N} * C;
   const std::string p = absl::StrCat("layers.", layer, ".");
+  const moe::ScheduleExecutor ex = ExecutorOf(ctx, m);
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));  // (B, T, C)
   MoeSaved s;
+  // The tokens this peer gates: all N, or under s1 its slice [first, first + gated) (mp_split:
+  // the layer norm runs on all N tokens, so its gradients stay tp-replicated; the split is of
+  // its output).
+  ASSIGN_OR_RETURN(const int64_t gated64, ex.SliceCount(N));
+  const int G = static_cast<int>(gated64);
+  s.gate_first = ex.SliceBegin(N);
+  s.gated = G;
+  const int64_t g0 = s.gate_first;
 
   ASSIGN_OR_RETURN(SavedNorm norm, NormForward(ctx, dims, p + "ln2", layer, x_in,
                                                params + off.ln2_w, params + off.ln2_b));
   s.ln_out = norm.out;
   s.ln_mean = norm.mean;
   s.ln_rstd = norm.rstd;
-  ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));  // (B, T, C)
+  ASSIGN_OR_RETURN(const float* u_all, GetF32(ctx, s.ln_out));  // (B, T, C)
+  const float* u = u_all + g0 * C;                               // (G, C)
 
-  // Router. Its rebuild calls RouterForward with the same RouterInputs.
+  // Router on the gated tokens. Its rebuild calls RouterForward with the same RouterInputs.
   std::optional<RoutingSpike> router_spike;
-  if (spike != nullptr) router_spike = *spike;
-  const RouterInputs router{params + off.router, N, C, E, p, router_spike};
+  if (spike != nullptr) {
+    router_spike = *spike;
+    router_spike->first_token += g0;
+  }
+  const RouterInputs router{params + off.router, G, C, E, p, router_spike};
   {
-    ASSIGN_OR_RETURN(tensor::Buffer probs, RouterForward(ctx, router, u));  // (N, E)
-    RecomputeSpec spec{"router", {s.ln_out}, 2.0 * NC * E};
-    spec.rebuild = [ctx, router, ln_out = s.ln_out]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(tensor::Buffer probs, RouterForward(ctx, router, u));  // (G, E)
+    RecomputeSpec spec{"router", {s.ln_out}, 2.0 * G * C * E};
+    spec.rebuild = [ctx, router, ln_out = s.ln_out,
+                    g0]() mutable -> absl::StatusOr<tensor::Buffer> {
       ASSIGN_OR_RETURN(const float* ur, GetF32(ctx, ln_out));
-      return RouterForward(ctx, router, ur);
+      return RouterForward(ctx, router, ur + g0 * router.C);
     };
-    ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, p + "moe.router_probs", layer, std::move(probs), {N, E},
+    ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, p + "moe.router_probs", layer, std::move(probs), {G, E},
                                       std::move(spec)));
   }
   ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
-  ASSIGN_OR_RETURN(TopK topk, TopKForward(ctx, m, probs, N, p));
+  ASSIGN_OR_RETURN(TopK topk, TopKForward(ctx, m, probs, G, p));
   const int32_t* indices = topk.indices.as<int32_t>();
   const float* g = topk.gates.as<float>();
   {
     RecomputeSpec spec_i{"topk", {s.probs}, 0};
-    spec_i.rebuild = [ctx, m, probs = s.probs, N, p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    spec_i.rebuild = [ctx, m, probs = s.probs, G, p]() mutable -> absl::StatusOr<tensor::Buffer> {
       ASSIGN_OR_RETURN(const float* pr, GetF32(ctx, probs));
-      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, N, p));
+      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, G, p));
       return std::move(t.indices);
     };
     RecomputeSpec spec_g{"topk", {s.probs}, 0};
-    spec_g.rebuild = [ctx, m, probs = s.probs, N, p]() mutable -> absl::StatusOr<tensor::Buffer> {
+    spec_g.rebuild = [ctx, m, probs = s.probs, G, p]() mutable -> absl::StatusOr<tensor::Buffer> {
       ASSIGN_OR_RETURN(const float* pr, GetF32(ctx, probs));
-      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, N, p));
+      ASSIGN_OR_RETURN(TopK t, TopKForward(ctx, m, pr, G, p));
       return std::move(t.gates);
     };
     ASSIGN_OR_RETURN(s.indices, SaveI32(ctx, p + "moe.topk_indices", layer, std::move(topk.indices),
-                                        {N, K}, std::move(spec_i)));
-    ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(topk.gates), {N, K},
+                                        {G, K}, std::move(spec_i)));
+    ASSIGN_OR_RETURN(s.gates, SaveF32(ctx, p + "moe.gates", layer, std::move(topk.gates), {G, K},
                                       std::move(spec_g)));
   }
-  s.aux = ctx.ops.aux_loss_forward(probs, indices, N, E, K, static_cast<float>(m.alpha));
+  if (G < N) {
+    // s1: the aux loss and the capacity cut of the whole group, from every peer's statistics.
+    std::vector<int64_t> counts(E, 0);
+    for (int64_t i = 0; i < int64_t{G} * K; ++i) ++counts[indices[i]];
+    std::vector<double> psum(E, 0.0);
+    for (int n = 0; n < G; ++n) {
+      for (int e = 0; e < E; ++e) psum[e] += probs[int64_t{n} * E + e];
+    }
+    ASSIGN_OR_RETURN(const moe::GateStats stats, ex.ExchangeGateStats(counts, psum));
+    s.aux = GroupAuxLoss(m, stats, N);
+    s.group_choices = stats.total;
+    s.queued = stats.queued;
+  } else {
+    s.aux = ctx.ops.aux_loss_forward(probs, indices, N, E, K, static_cast<float>(m.alpha));
+  }
 
   // Dispatch: from here on the sizes depend on routing.
-  const device::DispatchPlan plan = ctx.ops.make_dispatch_plan(indices, N, E, K, m.capacity_factor);
-  s.routed = plan.routed;
-  s.rows = plan.rows();
-  s.dropped = int64_t{N} * K - s.rows;
-  s.distributed = Distributed(ctx);
-  const int64_t S = s.rows;
+  const device::DispatchPlan plan = PlanOf(ctx, m, indices, G, N, s.queued);
+  const int64_t S = plan.rows();
+  s.rows = S;
+  if (G < N) {
+    // The group's routing for telemetry: choices per expert and what the capacity dropped.
+    s.routed = s.group_choices;
+    s.dropped = 0;
+    for (int e = 0; e < E; ++e) {
+      if (plan.capacity > 0) s.dropped += std::max<int64_t>(0, s.routed[e] - plan.capacity);
+    }
+  } else {
+    s.routed = plan.routed;
+    s.dropped = int64_t{N} * K - S;
+  }
+  s.distributed = Exchanges(ex);
   const int El = m.El(), fl = m.fl();
   // What the rebuilds of the expert buffers share: the dispatch handle (counts already exchanged)
   // and the local experts' row offsets.
   std::shared_ptr<const moe::DispatchHandle> dispatch;
   if (s.distributed) {
-    ASSIGN_OR_RETURN(s.dispatch, DispatcherOf(ctx, E).Prepare(plan.counts));
+    ASSIGN_OR_RETURN(s.dispatch, ex.Prepare(plan.counts));
     dispatch = std::make_shared<const moe::DispatchHandle>(s.dispatch);
   }
   const int64_t R = s.distributed ? s.dispatch.R() : S;
@@ -190,7 +255,6 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   eoin.El = El;
   eoin.fl = fl;
   eoin.C = C;
-  eoin.E = E;
   eoin.R = R;
   eoin.S = S;
   const int64_t* offsets = eoin.offsets.data();
@@ -199,32 +263,43 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
 
   // The planner's point: the rows are known, the expert buffers not allocated yet.
   if (ctx.hooks != nullptr) {
-    const MoeRows rows{S, R, s.distributed ? moe::ExpertDispatcher::ScratchRows(s.dispatch) : 0,
-                       s.distributed};
+    MoeRows rows{S, R, s.distributed ? moe::ScheduleExecutor::ScratchRows(s.dispatch) : 0,
+                 s.distributed};
+    rows.gated = G;
     RETURN_IF_ERROR(ctx.hooks->BeforeExpertBuffers(layer, rows));
   }
   ASSIGN_OR_RETURN(tensor::Buffer xin,
-                   ExpertInput(ctx, p, u, plan, dispatch.get(), E, C));  // (R,C)
+                   ExpertInput(ctx, m, p, u, plan, dispatch.get(), C));  // (R,C)
   ASSIGN_OR_RETURN(tensor::Buffer pre, AllocF32(ctx, R * fl, p + "moe.expert_pre", false));
   ctx.ops.grouped_matmul_forward(pre.as<float>(), xin.as<float>(), params + off.w1, params + off.b1,
                                  offsets, El, C, fl);  // (R, fl)
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, R * fl, p + "moe.expert_hidden", false));
   ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
-  ASSIGN_OR_RETURN(tensor::Buffer eo, CombinedOutput(ctx, p, hid.as<float>(), eoin,
-                                                     dispatch.get()));                 // (S, C)
+  ASSIGN_OR_RETURN(tensor::Buffer eo, CombinedOutput(ctx, m, p, hid.as<float>(), eoin,
+                                                     dispatch.get()));  // (S_all, C)
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
   float* o = out.as<float>();
-  ctx.ops.unpermute_forward(o, eo.as<float>(), g, plan, C);
-  for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  if (G < N) {
+    // s1: this peer's tokens, then mp_all_gather: every peer's slice in rank order.
+    ASSIGN_OR_RETURN(tensor::Buffer mine,
+                     AllocF32(ctx, int64_t{G} * C, p + "moe.residual_slice", false));  // (G, C)
+    float* mo = mine.as<float>();
+    ctx.ops.unpermute_forward(mo, eo.as<float>(), g, plan, C);
+    for (int64_t i = 0; i < int64_t{G} * C; ++i) mo[i] += x[g0 * C + i];
+    RETURN_IF_ERROR(ex.MpAllGather(mo, G, o, C));
+  } else {
+    ctx.ops.unpermute_forward(o, eo.as<float>(), g, plan, C);
+    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+  }
 
   RecomputeSpec spec_x{
       s.distributed ? "permute+dispatch" : "permute", {s.ln_out, s.indices}, 0, collective};
-  spec_x.rebuild = [ctx, m, ln_out = s.ln_out, idx = s.indices, dispatch, N, C,
-                    p]() mutable -> absl::StatusOr<tensor::Buffer> {
+  spec_x.rebuild = [ctx, m, ln_out = s.ln_out, idx = s.indices, dispatch, G, N, g0, C,
+                    queued = s.queued, p]() mutable -> absl::StatusOr<tensor::Buffer> {
     ASSIGN_OR_RETURN(const float* ur, GetF32(ctx, ln_out));
     ASSIGN_OR_RETURN(const int32_t* ir, GetI32(ctx, idx));
-    const device::DispatchPlan pl = ctx.ops.make_dispatch_plan(ir, N, m.E, m.k, m.capacity_factor);
-    return ExpertInput(ctx, p, ur, pl, dispatch.get(), m.E, C);
+    const device::DispatchPlan pl = PlanOf(ctx, m, ir, G, N, queued);
+    return ExpertInput(ctx, m, p, ur + g0 * C, pl, dispatch.get(), C);
   };
   ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {R, C},
                                   std::move(spec_x)));
@@ -253,10 +328,10 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
                        {s.hidden},
                        2.0 * R * C * fl,
                        collective};
-  spec_o.rebuild = [ctx, hh = s.hidden, eoin, dispatch,
+  spec_o.rebuild = [ctx, m, hh = s.hidden, eoin, dispatch,
                     p]() mutable -> absl::StatusOr<tensor::Buffer> {
     ASSIGN_OR_RETURN(const float* hr, GetF32(ctx, hh));
-    return CombinedOutput(ctx, p, hr, eoin, dispatch.get());
+    return CombinedOutput(ctx, m, p, hr, eoin, dispatch.get());
   };
   ASSIGN_OR_RETURN(s.eo, SaveF32(ctx, p + "moe.combined_output", layer, std::move(eo), {S, C},
                                  std::move(spec_o)));
@@ -269,12 +344,16 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                               const MoeSaved& s, StashHandle x_in, double aux_scale, float* dres) {
   const int C = dims.C, N = dims.N();
   const int E = m.E, K = m.k;
-  const int64_t NC = int64_t{N} * C;
+  const int G = s.gated;
+  const int64_t g0 = s.gate_first;
+  const int64_t NC = int64_t{N} * C, GC = int64_t{G} * C;
+  const moe::ScheduleExecutor ex = ExecutorOf(ctx, m);
   ASSIGN_OR_RETURN(Stash::Lease lease,
                    ctx.stash.Acquire({x_in, s.ln_out, s.ln_mean, s.ln_rstd, s.probs, s.indices,
                                       s.gates, s.xin, s.pre, s.hidden, s.eo}));
   ASSIGN_OR_RETURN(const float* x, GetF32(ctx, x_in));
-  ASSIGN_OR_RETURN(const float* u, GetF32(ctx, s.ln_out));
+  ASSIGN_OR_RETURN(const float* u_all, GetF32(ctx, s.ln_out));
+  const float* u = u_all + g0 * C;  // (G, C)
   ASSIGN_OR_RETURN(const float* mean, GetF32(ctx, s.ln_mean));
   ASSIGN_OR_RETURN(const float* rstd, GetF32(ctx, s.ln_rstd));
   ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
@@ -285,7 +364,7 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   ASSIGN_OR_RETURN(const float* hid, GetF32(ctx, s.hidden));
   ASSIGN_OR_RETURN(const float* eo, GetF32(ctx, s.eo));
 
-  const device::DispatchPlan plan = ctx.ops.make_dispatch_plan(indices, N, E, K, m.capacity_factor);
+  const device::DispatchPlan plan = PlanOf(ctx, m, indices, G, N, s.queued);
   const int64_t S = plan.rows();
   if (S != s.rows) {
     return absl::InternalError(
@@ -295,17 +374,19 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   const int64_t* offsets = s.distributed ? s.dispatch.expert_offsets.data() : plan.offsets.data();
   const int64_t R = s.distributed ? s.dispatch.R() : S;
 
+  // mp_split (s1): the output gradient is tp-replicated; this peer's tokens are its slice.
+  const float* dout = dres + g0 * C;  // (G, C)
   ASSIGN_OR_RETURN(tensor::Buffer deo, AllocF32(ctx, S * C, "moe.dexpert_output", true));
-  ASSIGN_OR_RETURN(tensor::Buffer dgates, AllocF32(ctx, int64_t{N} * K, "moe.dgates", true));
-  ctx.ops.unpermute_backward(deo.as<float>(), dgates.as<float>(), dres, eo, gates, plan, C);
+  ASSIGN_OR_RETURN(tensor::Buffer dgates, AllocF32(ctx, int64_t{G} * K, "moe.dgates", true));
+  ctx.ops.unpermute_backward(deo.as<float>(), dgates.as<float>(), dout, eo, gates, plan, C);
   if (s.distributed) {  // the combine's adjoint: the output gradient goes to the experts
-    ASSIGN_OR_RETURN(tensor::Buffer ex, AllocF32(ctx, R * C, "moe.dexpert_output", false));
+    ASSIGN_OR_RETURN(tensor::Buffer exr, AllocF32(ctx, R * C, "moe.dexpert_output", false));
     ASSIGN_OR_RETURN(tensor::Buffer scratch,
                      AllocF32(ctx, Scratch(s.dispatch, C), "moe.combine_scratch", false));
-    RETURN_IF_ERROR(DispatcherOf(ctx, E).ToExperts(s.dispatch, deo.as<float>(), ex.as<float>(), C,
-                                                   scratch.as<float>()));
+    RETURN_IF_ERROR(ex.ToExperts(moe::Direction::kBackward, s.dispatch, deo.as<float>(),
+                                 exr.as<float>(), C, scratch.as<float>()));
     scratch.Reset();
-    deo = std::move(ex);
+    deo = std::move(exr);
   }
   ASSIGN_OR_RETURN(tensor::Buffer dhid, AllocF32(ctx, R * fl, "moe.dexpert_hidden", true));
   ctx.ops.grouped_matmul_backward(dhid.as<float>(), grads + off.w2, grads + off.b2, deo.as<float>(),
@@ -322,27 +403,44 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     ASSIGN_OR_RETURN(tensor::Buffer back, AllocF32(ctx, S * C, "moe.dexpert_input", false));
     ASSIGN_OR_RETURN(tensor::Buffer scratch,
                      AllocF32(ctx, Scratch(s.dispatch, C), "moe.dispatch_scratch", false));
-    RETURN_IF_ERROR(DispatcherOf(ctx, E).FromExperts(s.dispatch, dxin.as<float>(), back.as<float>(),
-                                                     C, scratch.as<float>()));
+    RETURN_IF_ERROR(ex.FromExperts(moe::Direction::kBackward, s.dispatch, dxin.as<float>(),
+                                   back.as<float>(), C, scratch.as<float>()));
     scratch.Reset();
     dxin = std::move(back);
   }
-  ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, NC, "ln2.dout", true));  // (B, T, C)
+  ASSIGN_OR_RETURN(tensor::Buffer du, AllocF32(ctx, GC, "ln2.dout", true));  // (G, C)
   ctx.ops.permute_backward(du.as<float>(), dxin.as<float>(), plan, C);
   dxin.Reset();
 
-  ASSIGN_OR_RETURN(tensor::Buffer dprobs, AllocF32(ctx, int64_t{N} * E, "moe.dprobs", true));
-  ctx.ops.topk_backward(dprobs.as<float>(), dgates.as<float>(), probs, indices, N, E, K,
+  ASSIGN_OR_RETURN(tensor::Buffer dprobs, AllocF32(ctx, int64_t{G} * E, "moe.dprobs", true));
+  ctx.ops.topk_backward(dprobs.as<float>(), dgates.as<float>(), probs, indices, G, E, K,
                         m.normalize);
-  ctx.ops.aux_loss_backward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
-                            static_cast<float>(aux_scale));
+  if (G < N) {
+    // s1: d aux / d probs of the group's loss: alpha E frac_e / N for every token, with the
+    // group's choice fractions and token count (AuxLossBackward's formula over all N tokens).
+    float* dp = dprobs.as<float>();
+    for (int e = 0; e < E; ++e) {
+      const double frac = static_cast<double>(s.group_choices[e]) / (static_cast<double>(K) * N);
+      const float coef = static_cast<float>(aux_scale * static_cast<float>(m.alpha) * E * frac / N);
+      for (int n = 0; n < G; ++n) dp[int64_t{n} * E + e] += coef;
+    }
+  } else {
+    ctx.ops.aux_loss_backward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
+                              static_cast<float>(aux_scale));
+  }
   dgates.Reset();
-  ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, int64_t{N} * E, "moe.dlogits", true));
-  ctx.ops.softmax_backward(dlogits.as<float>(), dprobs.as<float>(), probs, N, E);
+  ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, int64_t{G} * E, "moe.dlogits", true));
+  ctx.ops.softmax_backward(dlogits.as<float>(), dprobs.as<float>(), probs, G, E);
   dprobs.Reset();
   ctx.ops.matmul_backward(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(), u,
-                          params + off.router, N, C, E);
+                          params + off.router, G, C, E);
   dlogits.Reset();
+  if (G < N) {
+    // The adjoint of mp_split: every peer's slice of d u, in rank order (mp_all_gather).
+    ASSIGN_OR_RETURN(tensor::Buffer du_all, AllocF32(ctx, NC, "ln2.dout", false));  // (B, T, C)
+    RETURN_IF_ERROR(ex.MpAllGather(du.as<float>(), G, du_all.as<float>(), C));
+    du = std::move(du_all);
+  }
   ctx.ops.layernorm_backward(dres, grads + off.ln2_w, grads + off.ln2_b, du.as<float>(), x,
                              params + off.ln2_w, mean, rstd, N, C);
   du.Reset();
@@ -352,14 +450,15 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
 
 std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& d, const MoeShape& m, const MoeRows& r) {
   const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
+  const int64_t G = r.gated > 0 ? r.gated : N;  // gated tokens
   // The rebuilds of the expert input and the combined output run the dispatch again: routed (S, C)
   // or expert output (R, C) beside the dispatch scratch.
   const int64_t xin_scratch = r.distributed ? F32Bytes(r.S * C + r.X * C) : 0;
   const int64_t eo_scratch = r.distributed ? F32Bytes(r.R * C + r.X * C) : 0;
   std::vector<SavedTensorBytes> saved = NormSaved(d, "ln2.out", "ln2.mean", "ln2.rstd");
-  saved.push_back({"moe.router_probs", F32Bytes(N * m.E), F32Bytes(N * m.E)});  // logits scratch
-  saved.push_back({"moe.topk_indices", I32Bytes(N * m.k), F32Bytes(N * m.k)});  // gates scratch
-  saved.push_back({"moe.gates", F32Bytes(N * m.k), I32Bytes(N * m.k)});         // indices scratch
+  saved.push_back({"moe.router_probs", F32Bytes(G * m.E), F32Bytes(G * m.E)});  // logits scratch
+  saved.push_back({"moe.topk_indices", I32Bytes(G * m.k), F32Bytes(G * m.k)});  // gates scratch
+  saved.push_back({"moe.gates", F32Bytes(G * m.k), I32Bytes(G * m.k)});         // indices scratch
   saved.push_back({"moe.expert_input", F32Bytes(r.R * C), xin_scratch});
   saved.push_back({"moe.expert_pre", F32Bytes(r.R * fl), 0});
   saved.push_back({"moe.expert_hidden", F32Bytes(r.R * fl), 0});
@@ -375,18 +474,19 @@ int64_t MoeSavedBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
 namespace {
 
 // MoeBlockForward's allocations up to the point where the expert buffers are allocated.
-void RouterTimeline(const Dims& d, const MoeShape& m, BytesTimeline& t) {
+void RouterTimeline(const Dims& d, const MoeShape& m, const MoeRows& r, BytesTimeline& t) {
   const int64_t N = d.N(), NC = N * d.C;
+  const int64_t G = r.gated > 0 ? r.gated : N;
   t.Alloc(F32Bytes(NC) + 2 * F32Bytes(N));         // ln2 out, mean, rstd
-  t.Alloc(F32Bytes(N * m.E));                      // router logits
-  t.Alloc(F32Bytes(N * m.E));                      // router probs
-  t.Free(F32Bytes(N * m.E));                       // router logits
-  t.Alloc(I32Bytes(N * m.k) + F32Bytes(N * m.k));  // indices, gates
+  t.Alloc(F32Bytes(G * m.E));                      // router logits
+  t.Alloc(F32Bytes(G * m.E));                      // router probs
+  t.Free(F32Bytes(G * m.E));                       // router logits
+  t.Alloc(I32Bytes(G * m.k) + F32Bytes(G * m.k));  // indices, gates
 }
 
-// One of the expert dispatcher's exchanges (ToExperts, FromExperts) as the code allocates it:
-// the destination rows, the scratch, the scratch freed, then the source rows (the destination
-// takes their place). Rows of C floats.
+// One of the executor's exchanges (ToExperts, FromExperts) as the code allocates it: the
+// destination rows, the scratch, the scratch freed, then the source rows (the destination takes
+// their place). Rows of C floats.
 void ExchangeTimeline(BytesTimeline& t, int64_t from_rows, int64_t to_rows, int64_t scratch_rows,
                       int64_t C) {
   t.Alloc(F32Bytes(to_rows * C));
@@ -395,30 +495,35 @@ void ExchangeTimeline(BytesTimeline& t, int64_t from_rows, int64_t to_rows, int6
   t.Free(F32Bytes(from_rows * C));
 }
 
-// The rest of it: the expert buffers (ExpertInput, CombinedOutput) and the residual. On one rank
-// R = S and nothing is exchanged.
+// The rest of it: the expert buffers (ExpertInput, CombinedOutput) and the residual (under s1
+// this peer's slice of it beside the gathered whole). On one rank R = S and nothing is exchanged.
 void ExpertTimeline(const Dims& d, const MoeShape& m, const MoeRows& r, BytesTimeline& t) {
-  const int64_t NC = int64_t{d.N()} * d.C, C = d.C, fl = m.fl();
+  const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
+  const int64_t G = r.gated > 0 ? r.gated : N;
   t.Alloc(F32Bytes(r.S * C));  // routed rows (the expert input on one rank)
   if (r.distributed) ExchangeTimeline(t, r.S, r.R, r.X, C);  // -> expert input
   t.Alloc(2 * F32Bytes(r.R * fl));                           // expert pre, hidden
   t.Alloc(F32Bytes(r.R * C));  // expert output (the combined output on one rank)
   if (r.distributed) ExchangeTimeline(t, r.R, r.S, r.X, C);  // -> combined output
   t.Alloc(F32Bytes(NC));                                     // residual
+  if (G < N) {
+    t.Alloc(F32Bytes(G * C));  // this peer's slice, gathered into the residual
+    t.Free(F32Bytes(G * C));
+  }
 }
 
 }  // namespace
 
 int64_t MoeForwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
   BytesTimeline t;
-  RouterTimeline(d, m, t);
+  RouterTimeline(d, m, r, t);
   ExpertTimeline(d, m, r, t);
   return t.peak();
 }
 
 MoeExpertPoint MoeExpertPointBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
   BytesTimeline before;
-  RouterTimeline(d, m, before);
+  RouterTimeline(d, m, r, before);
   BytesTimeline rest;
   ExpertTimeline(d, m, r, rest);
   return {before.current(), rest.peak()};
@@ -426,9 +531,10 @@ MoeExpertPoint MoeExpertPointBytes(const Dims& d, const MoeShape& m, const MoeRo
 
 int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r) {
   const int64_t N = d.N(), NC = N * d.C, C = d.C, fl = m.fl();
+  const int64_t G = r.gated > 0 ? r.gated : N;
   BytesTimeline t;
   t.Alloc(F32Bytes(r.S * C));                                // dexpert_output
-  t.Alloc(F32Bytes(N * m.k));                                // dgates
+  t.Alloc(F32Bytes(G * m.k));                                // dgates
   if (r.distributed) ExchangeTimeline(t, r.S, r.R, r.X, C);  // to the experts
   t.Alloc(F32Bytes(r.R * fl));                               // dexpert_hidden
   t.Free(F32Bytes(r.R * C));                                 // dexpert_output
@@ -437,11 +543,15 @@ int64_t MoeBackwardPeakBytes(const Dims& d, const MoeShape& m, const MoeRows& r)
   t.Alloc(F32Bytes(r.R * C));                                // dexpert_input
   t.Free(F32Bytes(r.R * fl));                                // dexpert_pre
   if (r.distributed) ExchangeTimeline(t, r.R, r.S, r.X, C);  // back from the experts
-  t.Alloc(F32Bytes(NC));                                     // ln2.dout
+  t.Alloc(F32Bytes(G * C));                                  // ln2.dout (this peer's tokens)
   t.Free(F32Bytes(r.S * C));                                 // dexpert_input
-  t.Alloc(F32Bytes(N * m.E));                                // dprobs
-  t.Free(F32Bytes(N * m.k));                                 // dgates
-  t.Alloc(F32Bytes(N * m.E));                                // dlogits
+  t.Alloc(F32Bytes(G * m.E));                                // dprobs
+  t.Free(F32Bytes(G * m.k));                                 // dgates
+  t.Alloc(F32Bytes(G * m.E));                                // dlogits
+  if (G < N) {
+    t.Free(2 * F32Bytes(G * m.E));  // dprobs, dlogits
+    t.Alloc(F32Bytes(NC));          // ln2.dout gathered over tp
+  }
   return t.peak();
 }
 

@@ -35,6 +35,7 @@
 #include "runtime/model/param_layout.h"
 #include "runtime/model/spikes.h"
 #include "runtime/moe/dispatcher.h"
+#include "runtime/moe/schedule.h"
 
 namespace furnace::model {
 
@@ -47,6 +48,9 @@ struct MoeShape {
   // adds the output bias b2 (one ESP rank does: the partial outputs are summed over the group).
   int local_E = 0, local_f = 0;
   bool adds_b2 = true;
+  // How the layer talks to its groups (runtime/moe/schedule.h); every schedule computes the same
+  // outputs and gradients.
+  moe::Schedule schedule = moe::Schedule::kDeepspeed;
   int El() const { return local_E > 0 ? local_E : E; }
   int fl() const { return local_f > 0 ? local_f : f; }
 };
@@ -67,19 +71,26 @@ absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInp
 
 struct MoeSaved {
   StashHandle ln_out, ln_mean, ln_rstd;  // (B, T, C), (B, T), (B, T)
-  StashHandle probs;                     // (N, E) router softmax
-  StashHandle indices;                   // (N, k) int32 chosen experts
-  StashHandle gates;                     // (N, k)
+  StashHandle probs;                     // (G, E) router softmax of the gated tokens
+  StashHandle indices;                   // (G, k) int32 chosen experts
+  StashHandle gates;                     // (G, k)
   StashHandle xin;                       // (R, C) moe.expert_input (R = S on one rank)
   StashHandle pre;                       // (R, fl) xin @ W1 + b1
   StashHandle hidden;                    // (R, fl) GELU(pre)
   StashHandle eo;                        // (S, C) moe.combined_output, in routed order
   StashHandle out;                       // (B, T, C) residual stream after the layer
+  // The tokens this rank gates: [gate_first, gate_first + gated) of the N (all of them, except
+  // under s1 on tp > 1: this peer's slice).
+  int64_t gate_first = 0;
+  int gated = 0;
+  // s1 on tp > 1: the group's choices per expert (E) and the choices the peers before this one
+  // queued per expert (E), for the capacity cut and the aux loss's backward. Empty otherwise.
+  std::vector<int64_t> group_choices, queued;
   // Routing results.
   double aux = 0;
-  std::vector<int64_t> routed;  // (E) assignments before dropping
-  int64_t rows = 0;             // S
-  int64_t dropped = 0;          // N * k - S
+  std::vector<int64_t> routed;  // (E) assignments before dropping (the tp group's under s1)
+  int64_t rows = 0;             // S (this peer's routed rows)
+  int64_t dropped = 0;          // N * k - S over the group
   // Expert parallelism / sharding only: where the rows went (reused by backward).
   bool distributed = false;
   moe::DispatchHandle dispatch;

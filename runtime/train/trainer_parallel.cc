@@ -162,11 +162,14 @@ absl::Status Trainer::SyncGradients() {
     return p.sync == GradSync::kData && !p.shard.sharded();
   };
   if (P.tp > 1) {
-    // One pass scales by 1/tp what tensor parallelism counts tp times: every expert saw each token
-    // once per tensor-parallel peer, and what TP replicates is averaged over the tensor group
-    // (equal in exact arithmetic; the average keeps the replicas bit-identical).
+    // One pass scales by 1/tp what tensor parallelism counts tp times: under the deepspeed
+    // schedule every expert saw each token once per tensor-parallel peer, and what TP replicates
+    // is averaged over the tensor group (equal in exact arithmetic; the average keeps the
+    // replicas bit-identical). What the peers split (tp_partial: the s1 / s2 schedules' experts,
+    // s1's router) is summed as it is.
     const float scale = 1.0f / static_cast<float>(P.tp);
     for (const ParamInfo& p : params) {
+      if (p.tp_partial) continue;
       if (p.sync == GradSync::kExpertData || replicated_over_tp(p)) {
         HostOps().scale(g + p.offset, scale, p.numel());
       }

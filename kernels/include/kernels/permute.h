@@ -22,6 +22,14 @@ struct DispatchPlan {
 };
 
 DispatchPlan MakeDispatchPlan(const int32_t* indices, int N, int E, int k, double capacity_factor);
+// The plan of one slice of a routing group of `group_tokens` tokens whose slices are routed
+// separately (the MoE schedule s1): the capacity is the group's, and expert e's queue already
+// holds queued[e] choices of the slices before this one (nullptr: none), so the slices together
+// keep exactly the choices one plan over the whole group keeps (the first `capacity` in token
+// order). MakeDispatchPlan is the slice that is the whole group.
+DispatchPlan MakeDispatchPlanSlice(const int32_t* indices, int N, int E, int k,
+                                   double capacity_factor, int64_t group_tokens,
+                                   const int64_t* queued);
 
 template <typename T>
 void PermuteForward(T* out, const T* inp, const DispatchPlan& plan,

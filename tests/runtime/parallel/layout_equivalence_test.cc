@@ -50,9 +50,11 @@ struct Routing {
 
 using Param = std::tuple<Layout, Routing>;
 
-// spikes: the routing-spike configuration of the run (default: off).
-void CheckLayout(const Layout& layout, const Routing& routing, const model::SpikeConfig& spikes) {
+// spikes: the routing-spike configuration of the run (default: off); schedule: moe.schedule.
+void CheckLayout(const Layout& layout, const Routing& routing, const model::SpikeConfig& spikes,
+                 const std::string& schedule = "deepspeed") {
   LayoutCase c;
+  c.schedule = schedule;
   c.model = TinyLayoutModel(routing.top_k, routing.capacity_factor);
   c.model.spikes = spikes;
   c.sizes.pp = layout.pp;
@@ -61,8 +63,9 @@ void CheckLayout(const Layout& layout, const Routing& routing, const model::Spik
   c.sizes.ep = layout.ep;
   c.sizes.esp = layout.esp;
   c.micro_batches = layout.m;
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-",
-                                       routing.name, spikes.enabled() ? "-spikes-" : "-", getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/layout-", layout.name, "-", routing.name, "-", schedule,
+                   spikes.enabled() ? "-spikes-" : "-", getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
 
@@ -150,10 +153,14 @@ void CheckLayout(const Layout& layout, const Routing& routing, const model::Spik
     ASSERT_LT(first, c.steps) << "the spikes changed no routing";
     EXPECT_TRUE(single->routing_spike[first]) << "step " << first;
   }
+  for (const std::vector<std::string>& ran : parallel->moe_schedules) {
+    for (const std::string& name : ran) EXPECT_EQ(name, layout.tp > 1 ? schedule : "deepspeed");
+  }
   std::printf(
-      "REPORT %s/%s%s: worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param max-rel "
+      "REPORT %s/%s%s/%s: worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param max-rel "
       "%.2e, replica spread %.2e\n",
-      layout.name, routing.name, spikes.enabled() ? "/spikes" : "", worst_loss, worst_param,
+      layout.name, routing.name, spikes.enabled() ? "/spikes" : "", schedule.c_str(), worst_loss,
+      worst_param,
       worst_name.c_str(), worst_param_max, parallel->replica_spread);
   std::filesystem::remove_all(dir);
 }
@@ -205,6 +212,53 @@ INSTANTIATE_TEST_SUITE_P(Spikes, SpikeLayoutTest,
                          ::testing::Combine(::testing::ValuesIn(kLayouts),
                                             ::testing::ValuesIn(kSpikeRoutings)),
                          CaseName);
+
+// Parm's schedules (runtime/moe/schedule.h) on the layouts with tensor parallelism: s1 gates
+// each peer's slice of the tokens (the group's capacity and aux loss through the gathered
+// statistics), s2 splits the routed rows and fuses the exchanges; both must train to the
+// single-process numbers on every routing, capacity drops included, and with routing spikes.
+using ScheduleParam = std::tuple<Layout, Routing, const char*>;
+class ScheduleEquivalenceTest : public ::testing::TestWithParam<ScheduleParam> {};
+
+TEST_P(ScheduleEquivalenceTest, MatchesSingleProcess) {
+  const auto& [layout, routing, schedule] = GetParam();
+  CheckLayout(layout, routing, model::SpikeConfig{}, schedule);
+}
+
+class ScheduleSpikeTest : public ::testing::TestWithParam<ScheduleParam> {};
+
+TEST_P(ScheduleSpikeTest, MatchesSingleProcess) {
+  const auto& [layout, routing, schedule] = GetParam();
+  model::SpikeConfig spikes;
+  spikes.probability = 0.5;
+  spikes.max_ratio = 4.0 / routing.top_k;
+  spikes.seed = 164;
+  CheckLayout(layout, routing, spikes, schedule);
+}
+
+const Layout kTpLayouts[] = {
+    {"tp2", 1, 1, 2, 1, 1, 2},         {"tp2_ep2", 1, 1, 2, 2, 1, 2},
+    {"dp2_tp2_pp2", 2, 2, 2, 1, 1, 2}, {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
+    {"tp2_esp2", 1, 1, 2, 1, 2, 2},    {"tp4_ep2_esp2", 1, 1, 4, 2, 2, 2},
+    {"dp2_tp2_ep4", 1, 2, 2, 4, 1, 2},
+};
+const char* const kParmSchedules[] = {"s1", "s2"};
+
+std::string ScheduleCaseName(const ::testing::TestParamInfo<ScheduleParam>& info) {
+  return absl::StrCat(std::get<0>(info.param).name, "_", std::get<1>(info.param).name, "_",
+                      std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ScheduleEquivalenceTest,
+                         ::testing::Combine(::testing::ValuesIn(kTpLayouts),
+                                            ::testing::ValuesIn(kRoutings),
+                                            ::testing::ValuesIn(kParmSchedules)),
+                         ScheduleCaseName);
+INSTANTIATE_TEST_SUITE_P(Schedules, ScheduleSpikeTest,
+                         ::testing::Combine(::testing::ValuesIn(kTpLayouts),
+                                            ::testing::ValuesIn(kSpikeRoutings),
+                                            ::testing::ValuesIn(kParmSchedules)),
+                         ScheduleCaseName);
 
 }  // namespace
 }  // namespace furnace::testing

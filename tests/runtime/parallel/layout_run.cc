@@ -159,6 +159,20 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
   Put(out, t.stash);
+  const auto PutString = [&out](const std::string& text) {
+    Put<int32_t>(out, static_cast<int32_t>(text.size()));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  };
+  const std::map<std::string, moe::ExchangeCounters::Entry> ops =
+      model.moe_op_counters().Snapshot();
+  Put<int32_t>(out, static_cast<int32_t>(ops.size()));
+  for (const auto& [name, entry] : ops) {
+    PutString(name);
+    Put<int64_t>(out, entry.bytes);
+  }
+  const std::vector<moe::Schedule> schedules = model.MoeSchedules();
+  Put<int32_t>(out, static_cast<int32_t>(schedules.size()));
+  for (moe::Schedule sc : schedules) PutString(moe::ScheduleName(sc));
   Put<int32_t>(out, static_cast<int32_t>(model.params().size()));
   const float* data = const_cast<model::GptMoe&>(model).param_data();
   for (const train::ParamInfo& p : model.params()) {
@@ -174,6 +188,14 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
+}
+
+// moe.schedule on every MoE layer of the model.
+absl::Status SetSchedules(const LayoutCase& c, model::GptMoe& model, const train::RankLayout&) {
+  const std::optional<moe::Schedule> s = moe::ParseSchedule(c.schedule);
+  if (!s.has_value()) return absl::InvalidArgumentError("unknown schedule " + c.schedule);
+  return model.SetMoeSchedules(
+      std::vector<moe::Schedule>(c.model.num_moe_layers(), *s));
 }
 
 int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
@@ -200,6 +222,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
         model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
     RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
     RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
+    RETURN_IF_ERROR(SetSchedules(c, *model, *layout));
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
     return WriteRank(RankFile(dir, rank), t, *model);
   };
@@ -278,6 +301,26 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
     model::StashActionStats stash;
     Take(in, stash);
     r.stash_actions.push_back(stash);
+    const auto TakeString = [&in]() {
+      int32_t len = 0;
+      Take(in, len);
+      std::string text(static_cast<size_t>(std::max(0, len)), '\0');
+      in.read(text.data(), len);
+      return text;
+    };
+    int32_t n_ops = 0;
+    Take(in, n_ops);
+    r.moe_op_bytes.emplace_back();
+    for (int32_t i = 0; i < n_ops; ++i) {
+      const std::string name = TakeString();
+      int64_t bytes = 0;
+      Take(in, bytes);
+      r.moe_op_bytes.back()[name] = bytes;
+    }
+    int32_t n_sched = 0;
+    Take(in, n_sched);
+    r.moe_schedules.emplace_back();
+    for (int32_t i = 0; i < n_sched; ++i) r.moe_schedules.back().push_back(TakeString());
     int32_t n = 0;
     Take(in, n);
     for (int32_t i = 0; i < n; ++i) {

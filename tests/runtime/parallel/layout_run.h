@@ -40,6 +40,8 @@ struct LayoutCase {
   // The activation arena's budget on every rank (0: unlimited). Under policy adaptive the planner
   // works against it, offloading through a copy engine paced to host_link_gbps.
   uint64_t device_budget = 0;
+  // moe.schedule on every rank: "deepspeed", "s1", "s2" (every MoE layer), or "auto".
+  std::string schedule = "deepspeed";
 };
 
 struct RunResult {
@@ -52,6 +54,10 @@ struct RunResult {
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
   std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps
+  // [rank]: the MoE schedules' bytes per op ("a2a(ep)", "counts", ...; executor.h), summed over
+  // the steps, and the schedule each MoE layer ran.
+  std::vector<std::map<std::string, int64_t>> moe_op_bytes;
+  std::vector<std::vector<std::string>> moe_schedules;
   // [rank][step]: the arena's peak, the memory model's prediction for the same step, and the
   // adaptive planner's decisions and emergency offloads.
   std::vector<std::vector<int64_t>> activation_peak, predicted_peak;

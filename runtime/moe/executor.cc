@@ -1,0 +1,436 @@
+#include "runtime/moe/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/fused_exchange.h"
+
+namespace furnace::moe {
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes_per_row) {
+  std::vector<int64_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * bytes_per_row;
+  return out;
+}
+
+int SizeOf(const comm::Communicator* c) { return c == nullptr ? 1 : c->size(); }
+int RankOf(const comm::Communicator* c) { return c == nullptr ? 0 : c->rank(); }
+
+// Every member's `value` over `group`, in rank order (one int64 each).
+absl::StatusOr<std::vector<int>> GatherInt(comm::Communicator* group, int value) {
+  if (group == nullptr || group->size() == 1) return std::vector<int>{value};
+  const int64_t mine = value;
+  std::vector<int64_t> all(group->size());
+  RETURN_IF_ERROR(group->AllGather(&mine, all.data(), sizeof(int64_t)));
+  return std::vector<int>(all.begin(), all.end());
+}
+
+// Where row r of expert e's c rows goes under s2: peer q keeps [c q / tp, c (q + 1) / tp).
+int64_t ShareBegin(int64_t c, int tp, int q) { return c * q / tp; }
+
+}  // namespace
+
+void ExchangeCounters::Add(const std::string& op, int64_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[op];
+  e.bytes += bytes;
+  e.calls += 1;
+  e.seconds += seconds;
+}
+
+std::map<std::string, ExchangeCounters::Entry> ExchangeCounters::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_;
+}
+
+void ExchangeCounters::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();
+}
+
+std::vector<int64_t> RowShare(const std::vector<int64_t>& expert_counts, int tp, int q) {
+  std::vector<int64_t> share(expert_counts.size());
+  for (size_t e = 0; e < share.size(); ++e) {
+    share[e] = ShareBegin(expert_counts[e], tp, q + 1) - ShareBegin(expert_counts[e], tp, q);
+  }
+  return share;
+}
+
+ScheduleExecutor::ScheduleExecutor(Schedule schedule, ScheduleGroups groups, int experts,
+                                   ExchangeCounters* counters)
+    : schedule_(SizeOf(groups.tp) == 1 ? Schedule::kDeepspeed : schedule),
+      groups_(groups),
+      dispatcher_(groups.expert, experts),
+      E_(experts),
+      counters_(counters) {}
+
+bool ScheduleExecutor::distributed() const {
+  return groups_.expert.ep_size() > 1 || groups_.expert.esp_size() > 1;
+}
+
+void ScheduleExecutor::Count(const Op& op, int64_t bytes, double seconds) const {
+  if (counters_ != nullptr) counters_->Add(op.Name(), bytes, seconds);
+}
+
+std::vector<Op> ScheduleExecutor::Segment(Direction d, OpKind after, OpKind before) const {
+  const std::vector<Op> ops = d == Direction::kForward ? ForwardOps(schedule_)
+                                                       : BackwardOps(schedule_);
+  std::vector<Op> seg;
+  bool inside = false;
+  for (const Op& op : ops) {
+    if (!inside) {
+      inside = op.kind == after;
+      continue;
+    }
+    if (op.kind == before) break;
+    if (op.kind != OpKind::kCounts) seg.push_back(op);  // Prepare runs the counts
+  }
+  return seg;
+}
+
+absl::StatusOr<int64_t> ScheduleExecutor::SliceCount(int64_t N) const {
+  if (!GateOnTokenSlice(schedule_) || tp() == 1) return N;
+  if (N % tp() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe schedule s1: the micro-batch's ", N,
+                                                   " tokens do not split over tp = ", tp()));
+  }
+  return N / tp();
+}
+
+int64_t ScheduleExecutor::SliceBegin(int64_t N) const {
+  if (!GateOnTokenSlice(schedule_) || tp() == 1) return 0;
+  return N / tp() * tp_rank();
+}
+
+absl::StatusOr<GateStats> ScheduleExecutor::ExchangeGateStats(
+    const std::vector<int64_t>& counts, const std::vector<double>& psum) const {
+  const int n = tp(), E = E_;
+  GateStats g;
+  // [counts as doubles (exact below 2^53), psum] per peer, gathered in rank order so every peer
+  // sums the same numbers in the same order.
+  std::vector<double> mine(2 * E);
+  for (int e = 0; e < E; ++e) {
+    mine[e] = static_cast<double>(counts[e]);
+    mine[E + e] = psum[e];
+  }
+  std::vector<double> all(static_cast<size_t>(n) * 2 * E);
+  if (n == 1) {
+    all = mine;
+  } else {
+    comm::CallTimer timer;
+    RETURN_IF_ERROR(groups_.tp->AllGather(mine.data(), all.data(), 2 * E * sizeof(double)));
+    Count(Op{OpKind::kGate, OpGroup::kTp}, 2 * E * sizeof(double), timer.Seconds());
+  }
+  g.counts.assign(n, std::vector<int64_t>(E));
+  g.psum.assign(E, 0.0);
+  g.total.assign(E, 0);
+  g.queued.assign(E, 0);
+  for (int q = 0; q < n; ++q) {
+    for (int e = 0; e < E; ++e) {
+      const size_t at = static_cast<size_t>(q) * 2 * E;
+      g.counts[q][e] = static_cast<int64_t>(all[at + e]);
+      g.psum[e] += all[at + E + e];
+      g.total[e] += g.counts[q][e];
+      if (q < tp_rank()) g.queued[e] += g.counts[q][e];
+    }
+  }
+  return g;
+}
+
+absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
+    const std::vector<int64_t>& expert_counts) const {
+  comm::CallTimer timer;
+  const bool split_rows = schedule_ == Schedule::kS2 && tp() > 1;
+  const std::vector<int64_t> mine =
+      split_rows ? RowShare(expert_counts, tp(), tp_rank()) : expert_counts;
+  ASSIGN_OR_RETURN(DispatchHandle h, dispatcher_.Prepare(mine));
+  const int ep = h.ep, El = h.El;
+  int64_t bytes = 0;
+  if (ep > 1) bytes += int64_t{ep} * El * int64_t{sizeof(int64_t)};
+  if (h.esp > 1) bytes += int64_t{ep} * El * int64_t{sizeof(int64_t)};
+  h.ep_rank = RankOf(groups_.expert.ep);
+  h.tp = tp();
+  h.tp_rank = tp_rank();
+  if (split_rows) {
+    h.all_counts = expert_counts;
+    // The fused ops' step order needs each peer's ep rank.
+    ASSIGN_OR_RETURN(h.tp_peer_ep, GatherInt(groups_.tp, h.ep_rank));
+    ASSIGN_OR_RETURN(h.esp_peer_ep, GatherInt(groups_.expert.esp, h.ep_rank));
+    if (h.tp > 1) bytes += sizeof(int64_t);
+    if (h.esp > 1) bytes += sizeof(int64_t);
+  }
+  if (distributed() || split_rows) Count(Op{OpKind::kCounts, OpGroup::kEp}, bytes, timer.Seconds());
+  return h;
+}
+
+int64_t ScheduleExecutor::AllRows(const DispatchHandle& h) {
+  return h.all_counts.empty() ? h.S : Sum(h.all_counts);
+}
+
+int64_t ScheduleExecutor::ScratchRows(const DispatchHandle& h) {
+  // The EP-received rows (A) and the gathered rows (R); s2 adds, on the way in, this peer's share
+  // (S) before them and, on the way back, the staging of every peer's rows (S_all) after them.
+  if (h.all_counts.empty()) return h.A() + h.R();
+  return h.A() + h.R() + AllRows(h);
+}
+
+absl::Status ScheduleExecutor::RunFused(const Op& op, const DispatchHandle& h, const float* in,
+                                        float* out, int C, bool to_experts) const {
+  const int64_t row = int64_t{C} * kF32;
+  comm::Communicator* a2a = groups_.expert.ep;
+  comm::Communicator* ag = op.ag_group == OpGroup::kEsp ? groups_.expert.esp : groups_.tp;
+  const int G = h.ep;
+  const std::vector<int>& peer_ep = op.ag_group == OpGroup::kEsp ? h.esp_peer_ep : h.tp_peer_ep;
+  const int n = static_cast<int>(peer_ep.size());
+  comm::FusedLayout layout;
+  layout.chunk_bytes.assign(n, std::vector<int64_t>(G, 0));
+  layout.chunk_offset.assign(n, std::vector<int64_t>(G, 0));
+  int64_t a2a_bytes = 0, ag_bytes = 0, out_rows = 0;
+  if (to_experts) {
+    // in: this peer's rows (S); out: gathered (R) in (esp peer q, ep source s, local expert).
+    layout.send_bytes = Scaled(h.send_rows, row);
+    int64_t offset = 0;
+    std::vector<std::vector<int64_t>> block(n, std::vector<int64_t>(G, 0));
+    for (int q = 0; q < n; ++q) {
+      for (int s = 0; s < G; ++s) {
+        block[q][s] = offset;
+        offset += Sum(h.counts[q][s]) * row;
+      }
+    }
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < G; ++i) {
+        const int s = (peer_ep[q] - i + G) % G;
+        layout.chunk_bytes[q][i] = Sum(h.counts[q][s]) * row;
+        layout.chunk_offset[q][i] = block[q][s];
+      }
+    }
+    a2a_bytes = h.S * row;
+    ag_bytes = h.A() * row;
+    out_rows = h.R();
+  } else {
+    // in: this peer's received rows (A, by source); out: every tp peer's rows back, staged by
+    // (peer q, ep rank j) for the caller to put in routed order.
+    layout.send_bytes = Scaled(h.recv_rows, row);
+    const int El = h.El;
+    std::vector<std::vector<int64_t>> sent(n, std::vector<int64_t>(G, 0));  // rows q sent to j
+    for (int q = 0; q < n; ++q) {
+      const std::vector<int64_t> share = RowShare(h.all_counts, n, q);
+      for (int j = 0; j < G; ++j) {
+        for (int le = 0; le < El; ++le) sent[q][j] += share[j * El + le];
+      }
+    }
+    int64_t offset = 0;
+    std::vector<std::vector<int64_t>> block(n, std::vector<int64_t>(G, 0));
+    for (int q = 0; q < n; ++q) {
+      for (int j = 0; j < G; ++j) {
+        block[q][j] = offset;
+        offset += sent[q][j] * row;
+      }
+    }
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < G; ++i) {
+        const int j = (peer_ep[q] - i + G) % G;
+        layout.chunk_bytes[q][i] = sent[q][j] * row;
+        layout.chunk_offset[q][i] = block[q][j];
+      }
+    }
+    a2a_bytes = h.A() * row;
+    ag_bytes = h.S * row;
+    out_rows = AllRows(h);
+  }
+  comm::CallTimer timer;
+  RETURN_IF_ERROR(comm::FusedAllToAllAllGather(*a2a, *ag, in, out, out_rows * row, layout));
+  Count(op, a2a_bytes + ag_bytes, timer.Seconds());
+  return absl::OkStatus();
+}
+
+absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, const float* routed,
+                                         float* out, int C, float* scratch) const {
+  const int64_t row = int64_t{C} * kF32;
+  // Scratch: [share (S, s2 only)] [received (A)] [gathered (R)].
+  const int64_t share_rows = h.all_counts.empty() ? 0 : h.S;
+  float* share = scratch;
+  float* received = scratch + share_rows * C;
+  float* gathered = received + h.A() * C;
+  const float* cur = routed;  // rows of the current stage
+  for (const Op& op : Segment(d, d == Direction::kForward ? OpKind::kOrder : OpKind::kInverseOrder,
+                              OpKind::kExpert)) {
+    comm::CallTimer timer;
+    switch (op.kind) {
+      case OpKind::kRowSplit: {
+        // Of every expert's rows, this peer's share, in expert order.
+        float* dst = share;
+        int64_t at = 0;
+        for (size_t e = 0; e < h.all_counts.size(); ++e) {
+          const int64_t c = h.all_counts[e];
+          const int64_t lo = ShareBegin(c, h.tp, h.tp_rank), hi = ShareBegin(c, h.tp, h.tp_rank + 1);
+          std::memcpy(dst, cur + (at + lo) * C, (hi - lo) * row);
+          dst += (hi - lo) * C;
+          at += c;
+        }
+        cur = share;
+        break;
+      }
+      case OpKind::kAllToAll:
+        if (h.ep > 1) {
+          RETURN_IF_ERROR(groups_.expert.ep->AllToAllV(cur, Scaled(h.send_rows, row), received,
+                                                       Scaled(h.recv_rows, row)));
+          cur = received;
+          Count(op, h.S * row, timer.Seconds());
+        }
+        break;
+      case OpKind::kEspAllGather:
+        if (h.esp > 1) {
+          RETURN_IF_ERROR(groups_.expert.esp->AllGatherV(cur, h.A() * row, gathered,
+                                                         Scaled(h.peer_rows, row)));
+          cur = gathered;
+          Count(op, h.A() * row, timer.Seconds());
+        }
+        break;
+      case OpKind::kFused:
+        if (h.ep == 1 || h.esp == 1) {  // one of the two is a group of one: nothing to overlap
+          if (h.ep > 1) {
+            RETURN_IF_ERROR(groups_.expert.ep->AllToAllV(cur, Scaled(h.send_rows, row), gathered,
+                                                         Scaled(h.recv_rows, row)));
+            cur = gathered;
+            Count(op, h.S * row, timer.Seconds());
+          } else if (h.esp > 1) {
+            RETURN_IF_ERROR(groups_.expert.esp->AllGatherV(cur, h.A() * row, gathered,
+                                                           Scaled(h.peer_rows, row)));
+            cur = gathered;
+            Count(op, h.A() * row, timer.Seconds());
+          }
+        } else {
+          RETURN_IF_ERROR(RunFused(op, h, cur, gathered, C, /*to_experts=*/true));
+          cur = gathered;
+        }
+        break;
+      default:
+        return absl::InternalError(
+            absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ", op.Name(),
+                         " cannot run on the way to the experts"));
+    }
+  }
+  // Grouped by local expert.
+  if (!distributed()) {
+    std::memcpy(out, cur, h.R() * row);
+  } else {
+    dispatcher_.DispatchFinish(h, cur, C, out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h, const float* rows,
+                                           float* out, int C, float* scratch) const {
+  const int64_t row = int64_t{C} * kF32;
+  // Scratch: [received (A)] [gathered (R)]; s2's staging of every peer's rows (S_all) reuses it
+  // from the start once the gathered rows are reduced.
+  float* received = scratch;
+  float* gathered = scratch + h.A() * C;
+  const float* cur = gathered;
+  if (distributed()) {
+    dispatcher_.CombinePrepare(h, rows, C, scratch);  // writes gathered order at scratch + A * C
+  } else {
+    cur = rows;
+  }
+  bool in_out = false;  // whether `cur` already is `out`
+  for (const Op& op : Segment(d, OpKind::kExpert,
+                              d == Direction::kForward ? OpKind::kInverseOrder : OpKind::kOrder)) {
+    comm::CallTimer timer;
+    switch (op.kind) {
+      case OpKind::kEspReduceScatter:
+        if (h.esp > 1) {
+          std::vector<int64_t> counts(h.peer_rows.size());
+          for (size_t q = 0; q < counts.size(); ++q) counts[q] = h.peer_rows[q] * C;
+          RETURN_IF_ERROR(groups_.expert.esp->ReduceScatterV(cur, received, counts));
+          cur = received;
+          Count(op, h.R() * row, timer.Seconds());
+        }
+        break;
+      case OpKind::kAllToAll:
+        if (h.ep > 1) {
+          RETURN_IF_ERROR(groups_.expert.ep->AllToAllV(cur, Scaled(h.recv_rows, row), out,
+                                                       Scaled(h.send_rows, row)));
+          cur = out;
+          in_out = true;
+          Count(op, h.A() * row, timer.Seconds());
+        }
+        break;
+      case OpKind::kFused: {
+        // s2: back over ep and all-gathered over tp, staged by (tp peer, ep rank), then each
+        // peer's share put at its place in routed order.
+        float* staged = gathered + h.R() * C;  // past the rows still being read
+        if (h.ep > 1 && h.tp > 1) {
+          // The staging may not overlap `cur` (the received rows): use the space after R.
+          RETURN_IF_ERROR(RunFused(op, h, cur, staged, C, /*to_experts=*/false));
+        } else {
+          // A group of one on either side: the plain collective.
+          float* back = staged;
+          int64_t bytes = 0;
+          if (h.ep > 1) {
+            RETURN_IF_ERROR(groups_.expert.ep->AllToAllV(cur, Scaled(h.recv_rows, row), back,
+                                                         Scaled(h.send_rows, row)));
+            bytes += h.A() * row;
+          } else {
+            std::memmove(back, cur, h.S * row);
+          }
+          if (h.tp > 1) {
+            std::vector<int64_t> peer(h.tp);
+            for (int q = 0; q < h.tp; ++q) peer[q] = Sum(RowShare(h.all_counts, h.tp, q)) * row;
+            // AllGatherV reads its input while writing: gather from a copy below the output.
+            std::vector<float> mine(back, back + h.S * C);
+            RETURN_IF_ERROR(groups_.tp->AllGatherV(mine.data(), h.S * row, staged, peer));
+            bytes += h.S * row;
+          }
+          if (bytes > 0) Count(op, bytes, timer.Seconds());
+        }
+        // Staged (q, j, e in j) -> routed order: expert e's rows, peers in order.
+        std::vector<int64_t> start(h.all_counts.size() + 1, 0);
+        for (size_t e = 0; e < h.all_counts.size(); ++e) start[e + 1] = start[e] + h.all_counts[e];
+        const float* src = staged;
+        for (int q = 0; q < h.tp; ++q) {
+          for (size_t e = 0; e < h.all_counts.size(); ++e) {
+            const int64_t c = h.all_counts[e];
+            const int64_t lo = ShareBegin(c, h.tp, q), hi = ShareBegin(c, h.tp, q + 1);
+            std::memcpy(out + (start[e] + lo) * C, src, (hi - lo) * row);
+            src += (hi - lo) * C;
+          }
+        }
+        cur = out;
+        in_out = true;
+        break;
+      }
+      default:
+        return absl::InternalError(
+            absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ", op.Name(),
+                         " cannot run on the way back from the experts"));
+    }
+  }
+  if (!in_out) std::memcpy(out, cur, AllRows(h) * row);
+  return absl::OkStatus();
+}
+
+absl::Status ScheduleExecutor::MpAllGather(const float* local, int64_t count, float* out,
+                                           int C) const {
+  const int64_t row = int64_t{C} * kF32;
+  comm::CallTimer timer;
+  if (tp() == 1) {
+    std::memmove(out, local, count * row);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(groups_.tp->AllGather(local, out, count * row));
+  Count(Op{OpKind::kMpAllGather, OpGroup::kTp}, count * row, timer.Seconds());
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::moe
