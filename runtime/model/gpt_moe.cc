@@ -145,7 +145,8 @@ absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_l
   moe_schedules_.assign(config_.layers, moe::Schedule::kDeepspeed);
   size_t next = 0;
   for (int l = 0; l < config_.layers; ++l) {
-    if (config_.IsMoeLayer(l)) moe_schedules_[l] = tp > 1 ? per_moe_layer[next++] : moe::Schedule::kDeepspeed;
+    if (config_.IsMoeLayer(l))
+      moe_schedules_[l] = tp > 1 ? per_moe_layer[next++] : moe::Schedule::kDeepspeed;
   }
   // How each layer's gradients are reduced over tp: the experts saw each row once (s1, s2)
   // or once per peer (deepspeed: scaled by 1 / tp); the router saw this peer's tokens only (s1:
@@ -170,7 +171,7 @@ std::vector<moe::Schedule> GptMoe::MoeSchedules() const {
   for (int l = 0; l < config_.layers; ++l) {
     if (!config_.IsMoeLayer(l)) continue;
     out.push_back(l < static_cast<int>(moe_schedules_.size()) ? moe_schedules_[l]
-                                                               : moe::Schedule::kDeepspeed);
+                                                              : moe::Schedule::kDeepspeed);
   }
   return out;
 }
@@ -331,9 +332,8 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
                                               std::max(reserve(attn), reserve(attn + 1))));
     }
     if (ls.moe) {
-      RETURN_IF_ERROR(
-          MoeBlockBackward(ctx, dims, LayerMoe(moe, shard_.first_layer + i), off, p, g,
-                           ls.moe_saved, ls.attn.out, aux_scale, dres));
+      RETURN_IF_ERROR(MoeBlockBackward(ctx, dims, LayerMoe(moe, shard_.first_layer + i), off, p, g,
+                                       ls.moe_saved, ls.attn.out, aux_scale, dres));
     } else {
       RETURN_IF_ERROR(MlpBlockBackward(ctx, dims, shard_.local_dense_ffn(config_), off, p, g,
                                        ls.mlp, ls.attn.out, dres));

@@ -268,7 +268,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   std::vector<moe::Schedule> moe_schedules_;  // per model layer (dense layers: unused)
   moe::ExchangeCounters moe_counters_;
   MoeShape LayerMoe(const MoeShape& base, int layer) const;
-  ParamLayout layout_;  // fixed at creation but for ParamInfo::tp_partial (SetMoeSchedules)
+  ParamLayout layout_;         // fixed at creation but for ParamInfo::tp_partial (SetMoeSchedules)
   int64_t global_params_ = 0;  // parameters of the whole model (for the FLOP count)
   std::map<int, std::unique_ptr<ForwardState>> in_flight_;
   const device::Backend& ops_;

@@ -64,7 +64,8 @@ absl::StatusOr<TopK> TopKForward(ModuleContext& ctx, const MoeShape& m, const fl
 // empty otherwise), so the peers keep exactly the choices one plan over all N tokens keeps.
 device::DispatchPlan PlanOf(const ModuleContext& ctx, const MoeShape& m, const int32_t* indices,
                             int gated, int N, const std::vector<int64_t>& queued) {
-  if (queued.empty()) return ctx.ops.make_dispatch_plan(indices, gated, m.E, m.k, m.capacity_factor);
+  if (queued.empty())
+    return ctx.ops.make_dispatch_plan(indices, gated, m.E, m.k, m.capacity_factor);
   return ctx.ops.make_dispatch_plan_slice(indices, gated, m.E, m.k, m.capacity_factor, N,
                                           queued.data());
 }
@@ -165,7 +166,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   s.ln_mean = norm.mean;
   s.ln_rstd = norm.rstd;
   ASSIGN_OR_RETURN(const float* u_all, GetF32(ctx, s.ln_out));  // (B, T, C)
-  const float* u = u_all + g0 * C;                               // (G, C)
+  const float* u = u_all + g0 * C;                              // (G, C)
 
   // Router on the gated tokens. Its rebuild calls RouterForward with the same RouterInputs.
   std::optional<RoutingSpike> router_spike;
@@ -276,7 +277,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, R * fl, p + "moe.expert_hidden", false));
   ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), R * fl);  // (R, fl)
   ASSIGN_OR_RETURN(tensor::Buffer eo, CombinedOutput(ctx, m, p, hid.as<float>(), eoin,
-                                                     dispatch.get()));  // (S_all, C)
+                                                     dispatch.get()));                 // (S_all, C)
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "moe.residual", false));  // (B,T,C)
   float* o = out.as<float>();
   if (G < N) {

@@ -83,8 +83,8 @@ void ScheduleExecutor::Count(const Op& op, int64_t bytes, double seconds) const 
 }
 
 std::vector<Op> ScheduleExecutor::Segment(Direction d, OpKind after, OpKind before) const {
-  const std::vector<Op> ops = d == Direction::kForward ? ForwardOps(schedule_)
-                                                       : BackwardOps(schedule_);
+  const std::vector<Op> ops =
+      d == Direction::kForward ? ForwardOps(schedule_) : BackwardOps(schedule_);
   std::vector<Op> seg;
   bool inside = false;
   for (const Op& op : ops) {
@@ -273,7 +273,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
         int64_t at = 0;
         for (size_t e = 0; e < h.all_counts.size(); ++e) {
           const int64_t c = h.all_counts[e];
-          const int64_t lo = ShareBegin(c, h.tp, h.tp_rank), hi = ShareBegin(c, h.tp, h.tp_rank + 1);
+          const int64_t lo = ShareBegin(c, h.tp, h.tp_rank),
+                        hi = ShareBegin(c, h.tp, h.tp_rank + 1);
           std::memcpy(dst, cur + (at + lo) * C, (hi - lo) * row);
           dst += (hi - lo) * C;
           at += c;
@@ -291,8 +292,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
         break;
       case OpKind::kEspAllGather:
         if (h.esp > 1) {
-          RETURN_IF_ERROR(groups_.expert.esp->AllGatherV(cur, h.A() * row, gathered,
-                                                         Scaled(h.peer_rows, row)));
+          RETURN_IF_ERROR(
+              groups_.expert.esp->AllGatherV(cur, h.A() * row, gathered, Scaled(h.peer_rows, row)));
           cur = gathered;
           Count(op, h.A() * row, timer.Seconds());
         }
@@ -316,9 +317,9 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
         }
         break;
       default:
-        return absl::InternalError(
-            absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ", op.Name(),
-                         " cannot run on the way to the experts"));
+        return absl::InternalError(absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ",
+                                                op.Name(),
+                                                " cannot run on the way to the experts"));
     }
   }
   // Grouped by local expert.
@@ -411,9 +412,9 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
         break;
       }
       default:
-        return absl::InternalError(
-            absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ", op.Name(),
-                         " cannot run on the way back from the experts"));
+        return absl::InternalError(absl::StrCat("moe schedule ", ScheduleName(schedule_), ": ",
+                                                op.Name(),
+                                                " cannot run on the way back from the experts"));
     }
   }
   if (!in_out) std::memcpy(out, cur, AllRows(h) * row);

@@ -50,19 +50,19 @@ enum class OpGroup { kNone, kTp, kEp, kEsp };
 const char* OpGroupName(OpGroup g);  // "", "tp", "ep", "esp"
 
 enum class OpKind {
-  kMpSplit,         // x (N, C) -> this peer's tokens (N/tp, C); local
-  kMpAllGather,     // (N/tp, C) over tp -> (N, C)
-  kGate,            // LN2, router, top-k, aux loss (s1: statistics over tp)
-  kOrder,           // tokens -> routed rows (S, C) grouped by expert
-  kRowSplit,        // routed rows (S, C) -> this peer's share of every expert's rows; local
-  kRowAllGather,    // the peers' shares over tp -> (S, C)
-  kCounts,          // per-expert row counts: a2a over ep, all-gather over esp
-  kAllToAll,        // rows to (or back from) the expert ranks over ep
-  kEspAllGather,    // the ESP peers' rows, so each shard sees every row of its experts
-  kEspReduceScatter,// the ESP shards' partial outputs summed, each peer its own rows
-  kFused,           // a2a over ep pipelined with an all-gather (esp or tp) of what arrives
-  kExpert,          // the local experts' GEMMs (R rows, hidden width f / esp)
-  kInverseOrder,    // routed rows -> tokens, weighted by the gates
+  kMpSplit,           // x (N, C) -> this peer's tokens (N/tp, C); local
+  kMpAllGather,       // (N/tp, C) over tp -> (N, C)
+  kGate,              // LN2, router, top-k, aux loss (s1: statistics over tp)
+  kOrder,             // tokens -> routed rows (S, C) grouped by expert
+  kRowSplit,          // routed rows (S, C) -> this peer's share of every expert's rows; local
+  kRowAllGather,      // the peers' shares over tp -> (S, C)
+  kCounts,            // per-expert row counts: a2a over ep, all-gather over esp
+  kAllToAll,          // rows to (or back from) the expert ranks over ep
+  kEspAllGather,      // the ESP peers' rows, so each shard sees every row of its experts
+  kEspReduceScatter,  // the ESP shards' partial outputs summed, each peer its own rows
+  kFused,             // a2a over ep pipelined with an all-gather (esp or tp) of what arrives
+  kExpert,            // the local experts' GEMMs (R rows, hidden width f / esp)
+  kInverseOrder,      // routed rows -> tokens, weighted by the gates
 };
 const char* OpKindName(OpKind k);  // "mp_split", "gate", ..., "fused"
 

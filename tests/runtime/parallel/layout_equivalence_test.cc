@@ -160,8 +160,7 @@ void CheckLayout(const Layout& layout, const Routing& routing, const model::Spik
       "REPORT %s/%s%s/%s: worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param max-rel "
       "%.2e, replica spread %.2e\n",
       layout.name, routing.name, spikes.enabled() ? "/spikes" : "", schedule.c_str(), worst_loss,
-      worst_param,
-      worst_name.c_str(), worst_param_max, parallel->replica_spread);
+      worst_param, worst_name.c_str(), worst_param_max, parallel->replica_spread);
   std::filesystem::remove_all(dir);
 }
 

@@ -194,8 +194,7 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
 absl::Status SetSchedules(const LayoutCase& c, model::GptMoe& model, const train::RankLayout&) {
   const std::optional<moe::Schedule> s = moe::ParseSchedule(c.schedule);
   if (!s.has_value()) return absl::InvalidArgumentError("unknown schedule " + c.schedule);
-  return model.SetMoeSchedules(
-      std::vector<moe::Schedule>(c.model.num_moe_layers(), *s));
+  return model.SetMoeSchedules(std::vector<moe::Schedule>(c.model.num_moe_layers(), *s));
 }
 
 int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {

@@ -1,0 +1,271 @@
+// moe::ScheduleExecutor on the groups of real layouts (threads as ranks, comm::LocalGroup): for
+// each schedule, the rows a rank routes reach the ranks holding their experts and come back, in
+// routed order, transformed by a stand-in expert whose ESP shards each contribute a part (so the
+// reduce-scatter's sum shows); every row is computed by the experts once under s1 and s2 and once
+// per tp peer under deepspeed; payloads encode their source, so a misrouted row shows by value.
+// The byte counters per op equal the analytical volumes of research/parm.md 1.4 exactly, s1's and
+// s2's all-to-all volumes being deepspeed's divided by tp.
+#include "runtime/moe/executor.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/base/status.h"
+#include "runtime/topology/topology.h"
+#include "runtime/train/rank_layout.h"
+#include "tests/runtime/parallel/layout_run.h"
+#include "tests/runtime/parallel/local_world.h"
+
+namespace furnace::moe {
+namespace {
+
+constexpr int kC = 2;
+constexpr int kE = 4;
+
+struct Grid {
+  const char* name;
+  int dp, tp, ep, esp;
+};
+
+// A row's value: which data-parallel batch and tp peer routed it (the peer matters only where
+// the peers route different rows: s1), its expert and index, the column.
+float Value(int dp, int peer, int e, int64_t i, int col) {
+  return 10000.f * dp + 1000.f * peer + 100.f * e + 10.f * static_cast<float>(i) + col;
+}
+
+// Rows per expert that the tokens of (dp, peer) route: includes experts with none.
+std::vector<int64_t> CountsOf(int dp, int peer, bool balanced, int tp) {
+  std::vector<int64_t> c(kE);
+  for (int e = 0; e < kE; ++e) c[e] = balanced ? 2 * tp : (dp * 5 + peer * 3 + e * 7) % 5;
+  return c;
+}
+
+struct RankRun {
+  std::vector<float> back;     // FromExperts' result (S_all, C)
+  std::vector<float> want;     // what it must be
+  int64_t expert_rows = 0;     // R: rows this rank's experts processed
+  std::map<std::string, int64_t> bytes;
+  DispatchHandle handle;
+};
+
+// Runs one rank: routes its rows to the experts, applies the stand-in expert (global expert e
+// multiplies by e + 1; each ESP shard adds its 1 / esp share), routes them back.
+absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
+                     testing::LocalWorld& world, RankRun& out) {
+  topology::ParallelSizes sizes;
+  sizes.dp = g.dp;
+  sizes.tp = g.tp;
+  sizes.ep = g.ep;
+  sizes.esp = g.esp;
+  model::ModelConfig model = testing::TinyLayoutModel(1, 0);
+  model.heads = 4;
+  ASSIGN_OR_RETURN(topology::Topology topo,
+                   topology::Topology::Create(sizes, sizes.world(), train::DimsOf(model)));
+  ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                   train::BuildRankLayout(topo, rank, model, world.Factory()));
+  const model::ModelShard& sh = layout->shard;
+  ExchangeCounters counters;
+  const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}},
+                            kE, &counters);
+  // The routed rows: a tp peer's own (s1) or the batch's, replicated over tp.
+  const bool own = schedule == Schedule::kS1 && g.tp > 1;
+  const int peer = own ? sh.tp_rank : 0;
+  const std::vector<int64_t> counts = CountsOf(sh.dp_rank, peer, balanced, own ? 1 : g.tp);
+  std::vector<float> routed;
+  for (int e = 0; e < kE; ++e) {
+    for (int64_t i = 0; i < counts[e]; ++i) {
+      for (int c = 0; c < kC; ++c) routed.push_back(Value(sh.dp_rank, peer, e, i, c));
+    }
+  }
+  ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts));
+  const int64_t S_all = ScheduleExecutor::AllRows(h);
+  if (S_all * kC != static_cast<int64_t>(routed.size())) {
+    return absl::InternalError(absl::StrCat("S_all ", S_all, " for ", routed.size() / kC, " rows"));
+  }
+  std::vector<float> scratch(ScheduleExecutor::ScratchRows(h) * kC + 1);
+  std::vector<float> expert(h.R() * kC + 1);
+  if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+    RETURN_IF_ERROR(ex.ToExperts(Direction::kForward, h, routed.data(), expert.data(), kC,
+                                 scratch.data()));
+  } else {
+    expert.assign(routed.begin(), routed.end());
+  }
+  // The stand-in expert, on the rows grouped by local expert.
+  const int El = kE / g.ep;
+  for (int le = 0; le < El; ++le) {
+    const int e = sh.ep_rank * El + le;
+    for (int64_t r = h.expert_offsets[le]; r < h.expert_offsets[le + 1]; ++r) {
+      for (int c = 0; c < kC; ++c) expert[r * kC + c] *= static_cast<float>(e + 1) / g.esp;
+    }
+  }
+  out.back.assign(S_all * kC, -1.f);
+  if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+    RETURN_IF_ERROR(ex.FromExperts(Direction::kForward, h, expert.data(), out.back.data(), kC,
+                                   scratch.data()));
+  } else {
+    std::copy(expert.begin(), expert.begin() + S_all * kC, out.back.begin());
+  }
+  out.want.clear();
+  for (int e = 0; e < kE; ++e) {
+    for (int64_t i = 0; i < counts[e]; ++i) {
+      for (int c = 0; c < kC; ++c) {
+        out.want.push_back(Value(sh.dp_rank, peer, e, i, c) * static_cast<float>(e + 1));
+      }
+    }
+  }
+  out.expert_rows = h.R();
+  for (const auto& [name, entry] : counters.Snapshot()) out.bytes[name] = entry.bytes;
+  out.handle = h;
+  return absl::OkStatus();
+}
+
+std::vector<RankRun> RunGrid(const Grid& g, Schedule schedule, bool balanced) {
+  const int world = g.dp * g.tp;
+  testing::LocalWorld local;
+  std::vector<RankRun> runs(world);
+  const std::vector<absl::Status> status = testing::LocalWorld::Run(
+      world, [&](int rank) { return RunRank(g, schedule, balanced, rank, local, runs[rank]); });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return runs;
+}
+
+// The lists as data: the backward list is the forward list reversed through the adjoints (and
+// fused again under s2), so both directions' exchanges between order and expert, and between
+// expert and inverse order, are the same ops: the executor runs one segment for both.
+TEST(ScheduleOps, BackwardIsTheAdjointOfForward) {
+  EXPECT_EQ(OpListString(ForwardOps(Schedule::kDeepspeed)),
+            "gate . order . counts(ep) . a2a(ep) . ag(esp) . expert . rs(esp) . a2a(ep) . inverse");
+  EXPECT_EQ(OpListString(BackwardOps(Schedule::kDeepspeed)),
+            "inverse . a2a(ep) . ag(esp) . expert . rs(esp) . a2a(ep) . order . gate");
+  EXPECT_EQ(OpListString(ForwardOps(Schedule::kS1)),
+            "mp_split . gate . order . counts(ep) . a2a(ep) . ag(esp) . expert . rs(esp) . "
+            "a2a(ep) . inverse . mp_all_gather(tp)");
+  EXPECT_EQ(OpListString(BackwardOps(Schedule::kS1)),
+            "mp_split . inverse . a2a(ep) . ag(esp) . expert . rs(esp) . a2a(ep) . order . gate . "
+            "mp_all_gather(tp)");
+  EXPECT_EQ(OpListString(ForwardOps(Schedule::kS2)),
+            "gate . order . row_split . counts(ep) . fused(a2a ep, ag esp) . expert . rs(esp) . "
+            "fused(a2a ep, ag tp) . inverse");
+  EXPECT_EQ(OpListString(BackwardOps(Schedule::kS2)),
+            "inverse . row_split . fused(a2a ep, ag esp) . expert . rs(esp) . "
+            "fused(a2a ep, ag tp) . order . gate");
+  for (Schedule s : kAllSchedules) {
+    // The segments around the expert, without the counts (Prepare's), match across directions.
+    const auto segment = [](const std::vector<Op>& ops, OpKind from, OpKind to) {
+      std::vector<std::string> out;
+      bool in = false;
+      for (const Op& op : ops) {
+        if (op.kind == from) {
+          in = true;
+          continue;
+        }
+        if (op.kind == to) break;
+        if (in && op.kind != OpKind::kCounts) out.push_back(op.Name());
+      }
+      return out;
+    };
+    EXPECT_EQ(segment(ForwardOps(s), OpKind::kOrder, OpKind::kExpert),
+              segment(BackwardOps(s), OpKind::kInverseOrder, OpKind::kExpert))
+        << ScheduleName(s);
+    EXPECT_EQ(segment(ForwardOps(s), OpKind::kExpert, OpKind::kInverseOrder),
+              segment(BackwardOps(s), OpKind::kExpert, OpKind::kOrder))
+        << ScheduleName(s);
+    EXPECT_EQ(ParseSchedule(ScheduleName(s)), s);
+  }
+  EXPECT_FALSE(ParseSchedule("auto").has_value());
+}
+
+using Param = std::tuple<Grid, Schedule>;
+class ScheduleExecutorTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(ScheduleExecutorTest, RoutesRowsToTheirExpertsAndBackOnce) {
+  const auto& [g, schedule] = GetParam();
+  const std::vector<RankRun> runs = RunGrid(g, schedule, /*balanced=*/false);
+  int64_t expert_rows = 0, distinct = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].back, runs[r].want) << "rank " << r;
+    expert_rows += runs[r].expert_rows;
+  }
+  // Distinct routed rows over the job: each data-parallel batch's once (s1: each peer's own).
+  for (int d = 0; d < g.dp; ++d) {
+    const bool own = schedule == Schedule::kS1 && g.tp > 1;
+    for (int q = 0; q < (own ? g.tp : 1); ++q) {
+      for (int64_t c : CountsOf(d, q, false, own ? 1 : g.tp)) distinct += c;
+    }
+  }
+  // Every ESP shard of an expert sees each of its rows; deepspeed's experts see each tp times.
+  const int64_t copies = schedule == Schedule::kDeepspeed ? g.tp : 1;
+  EXPECT_EQ(expert_rows, distinct * g.esp * copies);
+}
+
+TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
+  const auto& [g, schedule] = GetParam();
+  const std::vector<RankRun> runs = RunGrid(g, schedule, /*balanced=*/true);
+  const int64_t row = kC * sizeof(float);
+  const int El = kE / g.ep;
+  // Balanced: every rank routes 2 tp rows per expert (deepspeed, s2 before its split); an s1 peer
+  // routes 2 of its own per expert; an s2 peer keeps 2 per expert of the 2 tp.
+  const int64_t S = schedule == Schedule::kDeepspeed ? 2 * g.tp * kE : 2 * kE;
+  const int64_t A = S, R = g.esp * A;  // received over ep, gathered over esp
+  const int64_t counts =
+      (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) + (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
+      (schedule == Schedule::kS2 ? (g.tp > 1 ? 8 : 0) + (g.esp > 1 ? 8 : 0) : 0);
+  std::map<std::string, int64_t> want;
+  if (counts > 0) want["counts(ep)"] = counts;
+  if (schedule == Schedule::kS2) {
+    // Dispatch fused with the ESP all-gather, combine fused with the tp all-gather; where one of
+    // the two groups is of one, the other's plain collective.
+    if (g.ep > 1 && g.esp > 1) {
+      want["fused(a2a ep, ag esp)"] = (S + A) * row;
+    } else if (g.ep > 1) {
+      want["fused(a2a ep, ag esp)"] = S * row;
+    } else if (g.esp > 1) {
+      want["fused(a2a ep, ag esp)"] = A * row;
+    }
+    if (g.esp > 1) want["rs(esp)"] = R * row;
+    want["fused(a2a ep, ag tp)"] = ((g.ep > 1 ? A : 0) + S) * row;
+  } else {
+    if (g.ep > 1) want["a2a(ep)"] = (S + A) * row;
+    if (g.esp > 1) want["ag(esp)"] = A * row;
+    if (g.esp > 1) want["rs(esp)"] = R * row;
+  }
+  for (size_t r = 0; r < runs.size(); ++r) EXPECT_EQ(runs[r].bytes, want) << "rank " << r;
+  // Parm's point: the all-to-all carries 1 / tp of deepspeed's rows.
+  if (schedule != Schedule::kDeepspeed && g.ep > 1) {
+    const std::vector<RankRun> ds = RunGrid(g, Schedule::kDeepspeed, /*balanced=*/true);
+    const int64_t ds_a2a = ds[0].bytes.at("a2a(ep)");
+    const int64_t mine = schedule == Schedule::kS1
+                             ? runs[0].bytes.at("a2a(ep)")
+                             : runs[0].bytes.at("fused(a2a ep, ag esp)") - (g.esp > 1 ? A * row : 0) +
+                                   runs[0].bytes.at("fused(a2a ep, ag tp)") - S * row;
+    EXPECT_EQ(mine * g.tp, ds_a2a);
+  }
+}
+
+// tp in {2, 4}, ep in {2, 4}, esp in {1, 2}: the data-parallel width makes ep * esp divide
+// dp * tp.
+const Grid kGrids[] = {
+    {"tp2_ep2", 1, 2, 2, 1},         {"dp2_tp2_ep2_esp2", 2, 2, 2, 2},
+    {"dp2_tp2_ep4", 2, 2, 4, 1},     {"dp4_tp2_ep4_esp2", 4, 2, 4, 2},
+    {"tp4_ep2", 1, 4, 2, 1},         {"tp4_ep2_esp2", 1, 4, 2, 2},
+    {"tp4_ep4", 1, 4, 4, 1},         {"dp2_tp4_ep4_esp2", 2, 4, 4, 2},
+    {"tp2_esp2", 1, 2, 1, 2},        {"tp2", 1, 2, 1, 1},
+};
+
+std::string Name(const ::testing::TestParamInfo<Param>& info) {
+  return absl::StrCat(std::get<0>(info.param).name, "_", ScheduleName(std::get<1>(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, ScheduleExecutorTest,
+                         ::testing::Combine(::testing::ValuesIn(kGrids),
+                                            ::testing::Values(Schedule::kDeepspeed, Schedule::kS1,
+                                                              Schedule::kS2)),
+                         Name);
+
+}  // namespace
+}  // namespace furnace::moe
