@@ -166,6 +166,18 @@ absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_l
   return absl::OkStatus();
 }
 
+std::vector<train::MoeOpTotal> GptMoe::MoeOps() const {
+  std::vector<train::MoeOpTotal> out;
+  for (const auto& [op, e] : moe_counters_.Snapshot()) out.push_back({op, e.bytes, e.calls, e.seconds});
+  return out;
+}
+
+std::vector<std::string> GptMoe::MoeScheduleNames() const {
+  std::vector<std::string> out;
+  for (moe::Schedule s : MoeSchedules()) out.push_back(moe::ScheduleName(s));
+  return out;
+}
+
 std::vector<moe::Schedule> GptMoe::MoeSchedules() const {
   std::vector<moe::Schedule> out;
   for (int l = 0; l < config_.layers; ++l) {

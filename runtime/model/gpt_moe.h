@@ -132,6 +132,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // The stash's action counters: bytes rebuilt after a drop, offloaded, stored compressed; late
   // reloads.
   train::MemoryActionTotals MemoryActions() const override;
+  std::vector<train::MoeOpTotal> MoeOps() const override;
+  std::vector<std::string> MoeScheduleNames() const override;
 
   // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
   // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else

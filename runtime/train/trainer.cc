@@ -98,6 +98,20 @@ Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig&
   }
 }
 
+std::vector<MoeOpTotal> Trainer::MoeOpsSince(const std::vector<MoeOpTotal>& before) const {
+  std::vector<MoeOpTotal> out;
+  for (MoeOpTotal now : model_->MoeOps()) {
+    for (const MoeOpTotal& b : before) {
+      if (b.op != now.op) continue;
+      now.bytes -= b.bytes;
+      now.calls -= b.calls;
+      now.seconds -= b.seconds;
+    }
+    if (now.calls > 0) out.push_back(std::move(now));
+  }
+  return out;
+}
+
 MemoryActionTotals Trainer::MemoryActionsSince(const MemoryActionTotals& before) const {
   MemoryActionTotals d = model_->MemoryActions();
   d.recomputed_bytes -= before.recomputed_bytes;
@@ -120,6 +134,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   stats.tokens = static_cast<int64_t>(tokens);
 
   const MemoryActionTotals actions_before = model_->MemoryActions();
+  const std::vector<MoeOpTotal> moe_before = model_->MoeOps();
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
   for (int micro = 0; micro < m; ++micro) {
@@ -156,6 +171,8 @@ absl::StatusOr<StepStats> Trainer::Step() {
   stats.optimizer_seconds = t2 - t1;
   stats.step_seconds = t2 - t0;
   stats.memory_actions = MemoryActionsSince(actions_before);
+  stats.moe_ops = MoeOpsSince(moe_before);
+  stats.moe_schedules = model_->MoeScheduleNames();
   FinishStats(stats, tokens, 1);
   ++step_;
   return stats;

@@ -83,6 +83,9 @@ struct StepStats {
   double sync_seconds = 0;      // gradient reductions, norm and statistics after the micro-batches
   int in_flight_peak = 0;       // most micro-batches holding activations at once (1F1B)
   std::vector<CommStats> comm;  // per (group, op) with calls this step, in all_groups order
+  // The MoE schedules' ops this step (calls > 0 only), and each MoE layer's schedule.
+  std::vector<MoeOpTotal> moe_ops;
+  std::vector<std::string> moe_schedules;
 };
 
 // max / mean of routed tokens per expert (0 when no token was routed).
@@ -146,6 +149,8 @@ class Trainer {
   void FinishStats(StepStats& stats, double tokens, int devices) const;
   // The model's memory actions since `before` (a step's share of the running totals).
   MemoryActionTotals MemoryActionsSince(const MemoryActionTotals& before) const;
+  // The model's MoE op totals now less `before`, the ops with calls since.
+  std::vector<MoeOpTotal> MoeOpsSince(const std::vector<MoeOpTotal>& before) const;
 
   // The parallel step and checkpoints (trainer_parallel.cc).
   absl::StatusOr<StepStats> StepParallel();

@@ -262,6 +262,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.tokens = static_cast<int64_t>(tokens);
   const std::vector<CommStats> comm_before = CommTotals(P);
   const MemoryActionTotals actions_before = model_->MemoryActions();
+  const std::vector<MoeOpTotal> moe_before = model_->MoeOps();
 
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
@@ -287,6 +288,8 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   stats.optimizer_seconds = t3 - t2;
   stats.step_seconds = t3 - t0;
   stats.memory_actions = MemoryActionsSince(actions_before);
+  stats.moe_ops = MoeOpsSince(moe_before);
+  stats.moe_schedules = model_->MoeScheduleNames();
   FinishStats(stats, tokens, P.world);
   const std::vector<CommStats> comm_after = CommTotals(P);
   for (size_t i = 0; i < comm_after.size(); ++i) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,14 @@ struct MemoryActionTotals {
   int64_t emergency_offloads = 0;  // allocations it rescued after the arena refused them
 };
 
+// What one op of the MoE layers' schedules (runtime/moe/schedule.h) moved on this rank: running
+// totals since the model was made, per op name ("a2a(ep)", "fused(a2a ep, ag tp)", "counts(ep)").
+struct MoeOpTotal {
+  std::string op;
+  int64_t bytes = 0, calls = 0;
+  double seconds = 0;
+};
+
 class Trainable {
  public:
   virtual ~Trainable() = default;
@@ -73,6 +82,10 @@ class Trainable {
   virtual void SetStepContext(int64_t /*step*/, int64_t /*first_global_sequence*/) {}
   // Running totals of the memory policy's actions (a model without one: all zero).
   virtual MemoryActionTotals MemoryActions() const { return {}; }
+  // The MoE schedules' ops (none: a model without MoE exchanges) and the schedule each MoE layer
+  // of the model runs ("deepspeed", "s1", "s2"), in layer order.
+  virtual std::vector<MoeOpTotal> MoeOps() const { return {}; }
+  virtual std::vector<std::string> MoeScheduleNames() const { return {}; }
 };
 
 // A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what
