@@ -90,4 +90,28 @@ struct DataPrepareOptions {
 // or an output that cannot be written -> a LocalError (exit 5).
 absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareOptions& options);
 
+struct PlanOptions {
+  std::string profile;     // a CostProfile JSON (moe/cost_model.h); empty: the default profile
+  int ranks_per_node = 0;  // default profile: ranks per node; 0 = every rank on one node
+};
+// furnace plan JOB.yaml, no controller needed: parses and validates the job file as submit's
+// controller does (an invalid file -> INVALID_ARGUMENT with the same message), builds the MoE
+// layers' shape (N = parallel.micro_batch * model.seq_len tokens per rank per micro-batch) and
+// prints, for the MoE layers (they share one shape), each schedule's predicted forward and
+// backward time, bytes per group (tp, ep, esp) per direction and op lists, and the schedule
+// `auto` takes with its reason. Without a profile, a group is intra-node iff its size * its
+// stride <= ranks_per_node (PlanIntraNode). A profile that cannot be read -> a LocalError (exit
+// 5); one that does not parse -> INVALID_ARGUMENT.
+absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
+                            const PlanOptions& options);
+
+// The default profile's placement rule, stated in `furnace plan --help`: ranks are numbered tp
+// fastest, then dp, then pp; the expert groups tile the dp * tp ranks of a stage in the order
+// esp-ep-edp. So tp has stride 1, esp stride 1, ep stride esp, and a group is intra-node iff
+// size * stride <= ranks_per_node. Returns {tp, ep, esp}.
+struct IntraNode {
+  bool tp = true, ep = true, esp = true;
+};
+IntraNode PlanIntraNode(int tp, int ep, int esp, int ranks_per_node);
+
 }  // namespace furnace::cli

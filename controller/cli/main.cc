@@ -97,6 +97,24 @@ int main(int argc, char** argv) {
   prepare->add_flag("--eod", prepare_options.eod,
                     "append the end-of-document token (256) after each document");
 
+  PlanOptions plan_options;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "the MoE schedules (deepspeed, s1, s2) priced by the cost model on a job file's shapes: "
+      "time and bytes per group per direction, op lists, and the schedule `auto` takes (no "
+      "controller needed)");
+  plan->add_option("FILE", file, "job YAML")->required();
+  plan->add_option("--profile", plan_options.profile,
+                   "a cost profile JSON (e.g. one a job's calibration wrote); default: the stated "
+                   "default profile, intra- or inter-node links per --ranks-per-node");
+  plan->add_option("--ranks-per-node", plan_options.ranks_per_node,
+                   "ranks per node for the default profile (default: every rank on one node). "
+                   "Ranks are numbered tp fastest, then dp, then pp; expert groups tile the "
+                   "dp * tp ranks of a stage in the order esp-ep-edp. So tp and esp have "
+                   "stride 1, ep stride esp, and a group is intra-node iff its size * its "
+                   "stride <= ranks per node")
+      ->check(CLI::Range(1, 1 << 30));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -136,6 +154,8 @@ int main(int argc, char** argv) {
     result = RunReport(ctx, job_id, report_options);
   } else if (*prepare) {
     result = RunDataPrepare(ctx, prepare_options);
+  } else if (*plan) {
+    result = RunPlan(ctx, file, plan_options);
   }
   std::cout.flush();
   if (result.ok()) return *result;

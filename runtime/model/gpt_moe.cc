@@ -168,7 +168,8 @@ absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_l
 
 std::vector<train::MoeOpTotal> GptMoe::MoeOps() const {
   std::vector<train::MoeOpTotal> out;
-  for (const auto& [op, e] : moe_counters_.Snapshot()) out.push_back({op, e.bytes, e.calls, e.seconds});
+  for (const auto& [op, e] : moe_counters_.Snapshot())
+    out.push_back({op, e.bytes, e.calls, e.seconds});
   return out;
 }
 

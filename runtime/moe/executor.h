@@ -40,8 +40,6 @@
 
 namespace furnace::moe {
 
-enum class Direction { kForward, kBackward };
-
 // Per op name ("a2a(ep)", "fused(a2a ep, ag tp)", "counts", ...): what this rank handed to it.
 class ExchangeCounters {
  public:

@@ -94,6 +94,8 @@ std::optional<Schedule> ParseSchedule(std::string_view name) {
   return std::nullopt;
 }
 
+const char* DirectionName(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
+
 const char* OpGroupName(OpGroup g) {
   switch (g) {
     case OpGroup::kNone:

@@ -45,6 +45,9 @@ inline constexpr Schedule kAllSchedules[] = {Schedule::kDeepspeed, Schedule::kS1
 const char* ScheduleName(Schedule s);  // "deepspeed", "s1", "s2"
 std::optional<Schedule> ParseSchedule(std::string_view name);
 
+enum class Direction { kForward, kBackward };
+const char* DirectionName(Direction d);  // "forward", "backward"
+
 // The groups an op talks to (none for compute and for local copies).
 enum class OpGroup { kNone, kTp, kEp, kEsp };
 const char* OpGroupName(OpGroup g);  // "", "tp", "ep", "esp"

@@ -45,9 +45,18 @@ RULES = [
      "controller/ never links CUDA or the kernels"),
     ("controller", "runtime*", "runtime/base",
      "controller/ never links the training runtime; it may use runtime/base"),
-    ("controller/cli", "runtime*", "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable",
+    ("controller/cli", "runtime*",
+     "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe",
      "the CLI may also use runtime/data and runtime/checkpoint (with the ParamInfo of "
-     "runtime/trainable), not the training runtime"),
+     "runtime/trainable), and runtime/moe for the schedules' op lists and cost model (pure: "
+     "furnace_moe_schedule links no communicator), not the training runtime"),
+]
+
+# Targets a component may not link although RULES allow the target's folder: (from, target, why).
+TARGET_RULES = [
+    ("controller/cli", "furnace_moe",
+     "the CLI uses runtime/moe only through furnace_moe_schedule (pure); furnace_moe links the "
+     "communicators"),
 ]
 
 # Headers and CMake targets outside the project that the rules name.
@@ -270,6 +279,10 @@ def check(root, edges=None):
     edges = edges if edges is not None else include_edges(root) + link_edges(root)
     for src, dst, where, text in edges:
         why = rule_violated(src, dst)
+        words = text.split()
+        if not why and len(words) > 2 and words[1] == "links":  # a link edge: "a links b ..."
+            why = next((w for frm, target, w in TARGET_RULES
+                        if matches(src, frm) and words[2] == target), None)
         if why:
             problems.append("%s: %s -> %s: `%s`: %s" % (where, src, dst, text, why))
     for cycle in runtime_cycles(edges):

@@ -114,6 +114,22 @@ class CheckLayeringTest(unittest.TestCase):
         self.assertOneProblem("controller/cli/CMakeLists.txt:5:", "controller/cli -> ext:cuda",
                               "furnace_cli links CUDA::cudart")
 
+    def test_cli_may_link_the_moe_schedules_but_not_the_dispatcher(self):
+        self.write("runtime/moe/CMakeLists.txt",
+                   "add_library(furnace_moe_schedule STATIC schedule.cc)\n"
+                   "target_link_libraries(furnace_moe_schedule PUBLIC furnace_base)\n"
+                   "add_library(furnace_moe STATIC dispatcher.cc)\n"
+                   "target_link_libraries(furnace_moe PUBLIC furnace_moe_schedule)\n")
+        self.write("runtime/moe/cost_model.h", '#include "runtime/base/status.h"\n')
+        self.write("controller/cli/cmd_plan.cc", '#include "runtime/moe/cost_model.h"\n')
+        self.write("controller/cli/CMakeLists.txt",
+                   "target_link_libraries(furnace_cli PRIVATE furnace_moe_schedule)\n")
+        self.assertEqual(self.problems(), [])
+        self.write("controller/cli/CMakeLists.txt",
+                   "target_link_libraries(furnace_cli PRIVATE furnace_moe)\n")
+        self.assertOneProblem("controller/cli -> runtime/moe", "furnace_cli links furnace_moe",
+                              "furnace_moe_schedule (pure)")
+
     def test_runtime_folder_cycle_names_each_edge(self):
         self.write("runtime/model/gpt_moe.h", '#include "runtime/train/trainer.h"\n')
         problems = self.problems()

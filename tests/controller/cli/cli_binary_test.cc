@@ -71,6 +71,23 @@ TEST(CliBinaryTest, ExportRefusesOtherFormatsBeforeAskingTheController) {
   EXPECT_EQ(RunFurnace("export j-1 --step -2 -o x").exit_code, 2);
 }
 
+TEST(CliBinaryTest, PlanNeedsNoController) {
+  const std::string config = std::string(FURNACE_SOURCE_DIR) + "/configs/layouts/tp2_ep2.yaml";
+  RunResult run = RunFurnace("--controller 127.0.0.1:1 plan " + config);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line :
+       {"\ndeepspeed: forward ", "\ns1: forward ", "\ns2: forward ", "\nauto: "}) {
+    EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;
+  }
+  run = RunFurnace("plan " + config + " --ranks-per-node 1");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("tp 2 inter-node, ep 2 inter-node"), std::string::npos) << run.output;
+  EXPECT_EQ(RunFurnace("plan /nonexistent/job.yaml").exit_code, 2);
+  EXPECT_EQ(RunFurnace("plan").exit_code, 2);
+  run = RunFurnace("plan --help");
+  EXPECT_NE(run.output.find("stride"), std::string::npos) << run.output;
+}
+
 TEST(CliBinaryTest, HelpDocumentsExitCodes) {
   const RunResult run = RunFurnace("--help");
   EXPECT_EQ(run.exit_code, 0);

@@ -5,8 +5,6 @@
 // per tp peer under deepspeed; payloads encode their source, so a misrouted row shows by value.
 // The byte counters per op equal the analytical volumes of research/parm.md 1.4 exactly, s1's and
 // s2's all-to-all volumes being deepspeed's divided by tp.
-#include "runtime/moe/executor.h"
-
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/base/status.h"
+#include "runtime/moe/executor.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
 #include "tests/runtime/parallel/layout_run.h"
@@ -46,9 +45,9 @@ std::vector<int64_t> CountsOf(int dp, int peer, bool balanced, int tp) {
 }
 
 struct RankRun {
-  std::vector<float> back;     // FromExperts' result (S_all, C)
-  std::vector<float> want;     // what it must be
-  int64_t expert_rows = 0;     // R: rows this rank's experts processed
+  std::vector<float> back;  // FromExperts' result (S_all, C)
+  std::vector<float> want;  // what it must be
+  int64_t expert_rows = 0;  // R: rows this rank's experts processed
   std::map<std::string, int64_t> bytes;
   DispatchHandle handle;
 };
@@ -70,8 +69,8 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
                    train::BuildRankLayout(topo, rank, model, world.Factory()));
   const model::ModelShard& sh = layout->shard;
   ExchangeCounters counters;
-  const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}},
-                            kE, &counters);
+  const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}}, kE,
+                            &counters);
   // The routed rows: a tp peer's own (s1) or the batch's, replicated over tp.
   const bool own = schedule == Schedule::kS1 && g.tp > 1;
   const int peer = own ? sh.tp_rank : 0;
@@ -90,8 +89,8 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
   std::vector<float> scratch(ScheduleExecutor::ScratchRows(h) * kC + 1);
   std::vector<float> expert(h.R() * kC + 1);
   if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
-    RETURN_IF_ERROR(ex.ToExperts(Direction::kForward, h, routed.data(), expert.data(), kC,
-                                 scratch.data()));
+    RETURN_IF_ERROR(
+        ex.ToExperts(Direction::kForward, h, routed.data(), expert.data(), kC, scratch.data()));
   } else {
     expert.assign(routed.begin(), routed.end());
   }
@@ -105,8 +104,8 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
   }
   out.back.assign(S_all * kC, -1.f);
   if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
-    RETURN_IF_ERROR(ex.FromExperts(Direction::kForward, h, expert.data(), out.back.data(), kC,
-                                   scratch.data()));
+    RETURN_IF_ERROR(
+        ex.FromExperts(Direction::kForward, h, expert.data(), out.back.data(), kC, scratch.data()));
   } else {
     std::copy(expert.begin(), expert.begin() + S_all * kC, out.back.begin());
   }
@@ -212,9 +211,9 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
   // routes 2 of its own per expert; an s2 peer keeps 2 per expert of the 2 tp.
   const int64_t S = schedule == Schedule::kDeepspeed ? 2 * g.tp * kE : 2 * kE;
   const int64_t A = S, R = g.esp * A;  // received over ep, gathered over esp
-  const int64_t counts =
-      (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) + (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
-      (schedule == Schedule::kS2 ? (g.tp > 1 ? 8 : 0) + (g.esp > 1 ? 8 : 0) : 0);
+  const int64_t counts = (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) +
+                         (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
+                         (schedule == Schedule::kS2 ? (g.tp > 1 ? 8 : 0) + (g.esp > 1 ? 8 : 0) : 0);
   std::map<std::string, int64_t> want;
   if (counts > 0) want["counts(ep)"] = counts;
   if (schedule == Schedule::kS2) {
@@ -241,7 +240,8 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
     const int64_t ds_a2a = ds[0].bytes.at("a2a(ep)");
     const int64_t mine = schedule == Schedule::kS1
                              ? runs[0].bytes.at("a2a(ep)")
-                             : runs[0].bytes.at("fused(a2a ep, ag esp)") - (g.esp > 1 ? A * row : 0) +
+                             : runs[0].bytes.at("fused(a2a ep, ag esp)") -
+                                   (g.esp > 1 ? A * row : 0) +
                                    runs[0].bytes.at("fused(a2a ep, ag tp)") - S * row;
     EXPECT_EQ(mine * g.tp, ds_a2a);
   }
@@ -250,11 +250,11 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
 // tp in {2, 4}, ep in {2, 4}, esp in {1, 2}: the data-parallel width makes ep * esp divide
 // dp * tp.
 const Grid kGrids[] = {
-    {"tp2_ep2", 1, 2, 2, 1},         {"dp2_tp2_ep2_esp2", 2, 2, 2, 2},
-    {"dp2_tp2_ep4", 2, 2, 4, 1},     {"dp4_tp2_ep4_esp2", 4, 2, 4, 2},
-    {"tp4_ep2", 1, 4, 2, 1},         {"tp4_ep2_esp2", 1, 4, 2, 2},
-    {"tp4_ep4", 1, 4, 4, 1},         {"dp2_tp4_ep4_esp2", 2, 4, 4, 2},
-    {"tp2_esp2", 1, 2, 1, 2},        {"tp2", 1, 2, 1, 1},
+    {"tp2_ep2", 1, 2, 2, 1},     {"dp2_tp2_ep2_esp2", 2, 2, 2, 2},
+    {"dp2_tp2_ep4", 2, 2, 4, 1}, {"dp4_tp2_ep4_esp2", 4, 2, 4, 2},
+    {"tp4_ep2", 1, 4, 2, 1},     {"tp4_ep2_esp2", 1, 4, 2, 2},
+    {"tp4_ep4", 1, 4, 4, 1},     {"dp2_tp4_ep4_esp2", 2, 4, 4, 2},
+    {"tp2_esp2", 1, 2, 1, 2},    {"tp2", 1, 2, 1, 1},
 };
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {

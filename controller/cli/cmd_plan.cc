@@ -1,0 +1,177 @@
+// furnace plan JOB.yaml [--profile FILE] [--ranks-per-node N]: the MoE schedules' cost model
+// (runtime/moe/cost_model.h) on the job's shapes, on this machine; the controller is not involved.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/format.h"
+#include "controller/spec/job_spec.h"
+#include "google/protobuf/struct.pb.h"
+#include "runtime/base/status.h"
+#include "runtime/moe/cost_model.h"
+#include "runtime/moe/schedule.h"
+
+namespace furnace::cli {
+namespace {
+
+absl::StatusOr<std::string> ReadText(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", what, " ", path, ": ", std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::InternalError(absl::StrCat("cannot read ", what, " ", path));
+  return text.str();
+}
+
+std::string Ms(double seconds) { return absl::StrFormat("%.3f ms", seconds * 1e3); }
+
+std::string Bytes(const moe::GroupBytes& b) {
+  return absl::StrCat("tp ", FormatBytes(b.tp), ", ep ", FormatBytes(b.ep), ", esp ",
+                      FormatBytes(b.esp));
+}
+
+google::protobuf::Value BytesJson(const moe::GroupBytes& b) {
+  google::protobuf::Value v;
+  auto& f = *v.mutable_struct_value()->mutable_fields();
+  f["tp"].set_number_value(static_cast<double>(b.tp));
+  f["ep"].set_number_value(static_cast<double>(b.ep));
+  f["esp"].set_number_value(static_cast<double>(b.esp));
+  return v;
+}
+
+std::string GroupPlace(int size, bool intra, bool fitted) {
+  if (size <= 1) return absl::StrCat(size, " (no collective)");
+  if (fitted) return absl::StrCat(size);
+  return absl::StrCat(size, intra ? " intra-node" : " inter-node");
+}
+
+}  // namespace
+
+IntraNode PlanIntraNode(int tp, int ep, int esp, int ranks_per_node) {
+  const int64_t rpn = ranks_per_node;
+  return IntraNode{
+      .tp = int64_t{tp} * 1 <= rpn, .ep = int64_t{ep} * esp <= rpn, .esp = int64_t{esp} * 1 <= rpn};
+}
+
+absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
+                            const PlanOptions& options) {
+  absl::StatusOr<std::string> yaml = ReadText(path, "job file");
+  if (!yaml.ok()) return absl::InvalidArgumentError(yaml.status().message());  // as submit
+  ASSIGN_OR_RETURN(const v1::JobSpec spec, spec::ParseJobYaml(*yaml, path));
+  const v1::ModelSpec& m = spec.model();
+  const v1::ParallelSpec& p = spec.parallel();
+  const v1::MoeSpec& moe_spec = spec.moe();
+
+  std::vector<int> moe_layers;
+  const uint32_t every = std::max<uint32_t>(m.moe_every(), 1);
+  for (uint32_t l = 0; l < m.layers(); ++l) {
+    if (l % every == every - 1) moe_layers.push_back(static_cast<int>(l));
+  }
+
+  const moe::LayerShape shape{.N = int64_t{p.micro_batch()} * m.seq_len(),
+                              .C = static_cast<int>(m.d_model()),
+                              .f = static_cast<int>(m.expert_ffn()),
+                              .E = static_cast<int>(moe_spec.experts()),
+                              .k = static_cast<int>(moe_spec.top_k()),
+                              .capacity_factor = moe_spec.capacity_factor(),
+                              .tp = static_cast<int>(p.tp()),
+                              .ep = static_cast<int>(p.ep()),
+                              .esp = static_cast<int>(p.esp())};
+  const int world = static_cast<int>(spec::WorldSize(spec));
+  const int rpn = options.ranks_per_node > 0 ? options.ranks_per_node : world;
+  const IntraNode intra = PlanIntraNode(shape.tp, shape.ep, shape.esp, rpn);
+
+  moe::CostProfile profile;
+  const bool fitted = !options.profile.empty();
+  if (fitted) {
+    absl::StatusOr<std::string> text = ReadText(options.profile, "cost profile");
+    if (!text.ok()) return LocalError(text.status());
+    absl::StatusOr<moe::CostProfile> parsed = moe::CostProfile::FromJson(*text);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.profile, ": ", parsed.status().message()));
+    }
+    profile = *std::move(parsed);
+  } else {
+    profile = moe::DefaultProfile(intra.tp, intra.ep, intra.esp);
+  }
+
+  const moe::Choice choice = moe::ChooseSchedule(profile, shape);
+  const std::string layers = absl::StrJoin(moe_layers, ", ");
+
+  if (ctx.json) {
+    google::protobuf::Struct result;
+    auto& f = *result.mutable_fields();
+    f["job"].set_string_value(spec.name());
+    auto* layer_list = f["moe_layers"].mutable_list_value();
+    for (int l : moe_layers) layer_list->add_values()->set_number_value(l);
+    auto& s = *f["shape"].mutable_struct_value()->mutable_fields();
+    s["N"].set_number_value(static_cast<double>(shape.N));
+    s["C"].set_number_value(shape.C);
+    s["f"].set_number_value(shape.f);
+    s["E"].set_number_value(shape.E);
+    s["k"].set_number_value(shape.k);
+    s["capacity_factor"].set_number_value(shape.capacity_factor);
+    s["tp"].set_number_value(shape.tp);
+    s["ep"].set_number_value(shape.ep);
+    s["esp"].set_number_value(shape.esp);
+    f["profile"].set_string_value(profile.source);
+    auto* schedules = f["schedules"].mutable_list_value();
+    for (const moe::Prediction& pred : choice.all) {
+      auto& e = *schedules->add_values()->mutable_struct_value()->mutable_fields();
+      e["schedule"].set_string_value(moe::ScheduleName(pred.schedule));
+      e["forward_s"].set_number_value(pred.forward_s);
+      e["backward_s"].set_number_value(pred.backward_s);
+      e["forward_bytes"] = BytesJson(pred.forward_bytes);
+      e["backward_bytes"] = BytesJson(pred.backward_bytes);
+      e["forward_ops"].set_string_value(moe::OpListString(moe::ForwardOps(pred.schedule)));
+      e["backward_ops"].set_string_value(moe::OpListString(moe::BackwardOps(pred.schedule)));
+    }
+    auto& a = *f["auto"].mutable_struct_value()->mutable_fields();
+    a["schedule"].set_string_value(moe::ScheduleName(choice.schedule));
+    a["reason"].set_string_value(choice.reason);
+    f["job_schedule"].set_string_value(moe_spec.schedule());
+    RETURN_IF_ERROR(PrintJson(result, *ctx.out));
+    return kExitOk;
+  }
+
+  std::ostream& out = *ctx.out;
+  out << "job " << spec.name() << ": " << m.layers() << " layers, MoE layers "
+      << (moe_layers.empty() ? "none" : layers) << "\n";
+  if (moe_layers.empty()) return kExitOk;
+  out << "MoE layer shape (every MoE layer): N " << shape.N << " tokens per rank per micro-batch ("
+      << "micro_batch " << p.micro_batch() << " x seq_len " << m.seq_len() << "), d_model "
+      << shape.C << ", expert_ffn " << shape.f << ", experts " << shape.E << ", top_k " << shape.k
+      << ", "
+      << (shape.capacity_factor > 0 ? absl::StrCat("capacity_factor ", shape.capacity_factor)
+                                    : std::string("dropless"))
+      << "; " << moe::RoutedRows(shape) << " routed rows\n";
+  out << "groups: tp " << GroupPlace(shape.tp, intra.tp, fitted) << ", ep "
+      << GroupPlace(shape.ep, intra.ep, fitted) << ", esp "
+      << GroupPlace(shape.esp, intra.esp, fitted)
+      << (fitted ? "" : absl::StrCat(" (", world, " ranks, ", rpn, " per node)")) << "\n";
+  out << "profile: " << profile.source << "\n";
+  for (const moe::Prediction& pred : choice.all) {
+    out << "\n"
+        << moe::ScheduleName(pred.schedule) << ": forward " << Ms(pred.forward_s) << ", backward "
+        << Ms(pred.backward_s) << ", total " << Ms(pred.total_s()) << "\n";
+    out << "  forward bytes   " << Bytes(pred.forward_bytes) << "\n";
+    out << "  backward bytes  " << Bytes(pred.backward_bytes) << "\n";
+    out << "  forward ops     " << moe::OpListString(moe::ForwardOps(pred.schedule)) << "\n";
+    out << "  backward ops    " << moe::OpListString(moe::BackwardOps(pred.schedule)) << "\n";
+  }
+  out << "\nauto: " << moe::ScheduleName(choice.schedule) << " (" << choice.reason << ")\n";
+  out << "the job's moe.schedule: " << moe_spec.schedule() << "\n";
+  return kExitOk;
+}
+
+}  // namespace furnace::cli

@@ -1,0 +1,423 @@
+#include "runtime/moe/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace furnace::moe {
+namespace {
+
+constexpr int64_t kF32 = 4;
+constexpr int64_t kI64 = 8;
+
+int GroupIndex(OpGroup g) {
+  switch (g) {
+    case OpGroup::kTp:
+      return 0;
+    case OpGroup::kEp:
+      return 1;
+    case OpGroup::kEsp:
+      return 2;
+    case OpGroup::kNone:
+      break;
+  }
+  return -1;
+}
+
+int GroupSize(const LayerShape& shape, OpGroup g) {
+  switch (g) {
+    case OpGroup::kTp:
+      return shape.tp;
+    case OpGroup::kEp:
+      return shape.ep;
+    case OpGroup::kEsp:
+      return shape.esp;
+    case OpGroup::kNone:
+      break;
+  }
+  return 1;
+}
+
+// Adds `bytes` to group g unless g is a group of one (no collective there).
+void AddOn(GroupBytes& out, const LayerShape& shape, OpGroup g, int64_t bytes) {
+  if (GroupSize(shape, g) <= 1) return;
+  switch (g) {
+    case OpGroup::kTp:
+      out.tp += bytes;
+      break;
+    case OpGroup::kEp:
+      out.ep += bytes;
+      break;
+    case OpGroup::kEsp:
+      out.esp += bytes;
+      break;
+    case OpGroup::kNone:
+      break;
+  }
+}
+
+// The bytes of the all-gather part of an op on group g (esp: the rows received; tp: the row share).
+int64_t AllGatherBytes(OpGroup g, const LayerShape& shape, const ScheduleRows& rows) {
+  if (g == OpGroup::kEsp) return rows.A * shape.C * kF32;
+  return RoutedRows(shape) / std::max(shape.tp, 1) * shape.C * kF32;
+}
+
+double CollectiveSeconds(const CostProfile& p, const LayerShape& shape, CollectiveKind kind,
+                         OpGroup g, int64_t bytes) {
+  if (GroupSize(shape, g) <= 1) return 0;
+  return p.at(kind, g).Seconds(static_cast<double>(bytes));
+}
+
+double CopySeconds(const CostProfile& p, int64_t bytes) {
+  return p.copy.Seconds(static_cast<double>(bytes));
+}
+
+double OpSeconds(const CostProfile& p, const Op& op, Direction dir, const LayerShape& shape,
+                 const ScheduleRows& rows, const GroupBytes& bytes) {
+  const double grad = dir == Direction::kBackward ? 2.0 : 1.0;
+  const int64_t row_bytes = shape.C * kF32;
+  switch (op.kind) {
+    case OpKind::kMpSplit:
+      return 0;
+    case OpKind::kMpAllGather:
+    case OpKind::kRowAllGather:
+      return CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kTp, bytes.tp);
+    case OpKind::kGate: {
+      const double flops = 2.0 * static_cast<double>(rows.gate_tokens) * shape.C * shape.E;
+      return grad * p.gemm.Seconds(flops);
+    }
+    case OpKind::kOrder:
+    case OpKind::kInverseOrder:
+      return CopySeconds(p, rows.order_rows * row_bytes);
+    case OpKind::kRowSplit:
+      return CopySeconds(p, RoutedRows(shape) / std::max(shape.tp, 1) * row_bytes);
+    case OpKind::kCounts:
+      return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep) +
+             CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp, bytes.esp);
+    case OpKind::kAllToAll:
+      return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep);
+    case OpKind::kEspAllGather:
+      return CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp, bytes.esp);
+    case OpKind::kEspReduceScatter:
+      return CollectiveSeconds(p, shape, CollectiveKind::kReduceScatter, OpGroup::kEsp, bytes.esp);
+    case OpKind::kExpert: {
+      const double flops = 2.0 * static_cast<double>(rows.R) * shape.C *
+                           (static_cast<double>(shape.f) / std::max(shape.esp, 1));
+      return grad * 2.0 * p.gemm.Seconds(flops);
+    }
+    case OpKind::kFused: {
+      const int64_t a2a_bytes = rows.S * row_bytes;
+      const int64_t ag_bytes = AllGatherBytes(op.ag_group, shape, rows);
+      const double t_a2a =
+          CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, a2a_bytes);
+      const double t_ag =
+          CollectiveSeconds(p, shape, CollectiveKind::kAllGather, op.ag_group, ag_bytes);
+      double alpha_max = 0;
+      if (shape.ep > 1) alpha_max = p.at(CollectiveKind::kAllToAll, OpGroup::kEp).alpha;
+      if (GroupSize(shape, op.ag_group) > 1) {
+        alpha_max = std::max(alpha_max, p.at(CollectiveKind::kAllGather, op.ag_group).alpha);
+      }
+      return std::max(t_a2a, t_ag) + shape.ep * alpha_max;
+    }
+  }
+  return 0;
+}
+
+std::string Ms(double seconds) { return absl::StrFormat("%.3g ms", seconds * 1e3); }
+
+nlohmann::json FitJson(const AlphaBeta& ab) {
+  return {{"alpha", ab.alpha}, {"beta", ab.beta}, {"r2", ab.r2}, {"points", ab.points}};
+}
+
+absl::StatusOr<AlphaBeta> FitFromJson(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  AlphaBeta ab;
+  for (const char* key : {"alpha", "beta", "r2", "points"}) {
+    if (!j.contains(key) || !j[key].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, ": missing or not a number"));
+    }
+  }
+  ab.alpha = j["alpha"].get<double>();
+  ab.beta = j["beta"].get<double>();
+  ab.r2 = j["r2"].get<double>();
+  ab.points = j["points"].get<int>();
+  return ab;
+}
+
+}  // namespace
+
+int64_t RoutedRows(const LayerShape& shape) {
+  const int64_t all = shape.N * shape.k;
+  if (shape.capacity_factor <= 0 || shape.E <= 0) return all;
+  const double per_expert =
+      std::ceil(shape.capacity_factor * static_cast<double>(all) / static_cast<double>(shape.E));
+  return std::min(all, static_cast<int64_t>(per_expert) * shape.E);
+}
+
+ScheduleRows RowsOf(const LayerShape& shape, Schedule s) {
+  const int64_t s_all = RoutedRows(shape);
+  const int tp = std::max(shape.tp, 1);
+  ScheduleRows r;
+  switch (s) {
+    case Schedule::kDeepspeed:
+      r.gate_tokens = shape.N;
+      r.order_rows = s_all;
+      r.S = s_all;
+      break;
+    case Schedule::kS1:
+      r.gate_tokens = shape.N / tp;
+      r.order_rows = s_all / tp;
+      r.S = s_all / tp;
+      break;
+    case Schedule::kS2:
+      r.gate_tokens = shape.N;
+      r.order_rows = s_all;
+      r.S = s_all / tp;
+      break;
+  }
+  r.A = r.S;
+  r.R = std::max(shape.esp, 1) * r.A;
+  return r;
+}
+
+GroupBytes OpBytes(const Op& op, Direction /*dir: the adjoints keep the volumes*/,
+                   const LayerShape& shape, Schedule s) {
+  const ScheduleRows rows = RowsOf(shape, s);
+  const int64_t row_bytes = shape.C * kF32;
+  GroupBytes b;
+  switch (op.kind) {
+    case OpKind::kMpAllGather:
+      AddOn(b, shape, OpGroup::kTp, shape.N / std::max(shape.tp, 1) * row_bytes);
+      break;
+    case OpKind::kRowAllGather:
+      AddOn(b, shape, OpGroup::kTp, AllGatherBytes(OpGroup::kTp, shape, rows));
+      break;
+    case OpKind::kCounts:
+      AddOn(b, shape, OpGroup::kEp, static_cast<int64_t>(shape.E / shape.ep) * shape.ep * kI64);
+      AddOn(b, shape, OpGroup::kEsp, static_cast<int64_t>(shape.ep) * (shape.E / shape.ep) * kI64);
+      break;
+    case OpKind::kAllToAll:
+      AddOn(b, shape, OpGroup::kEp, rows.S * row_bytes);
+      break;
+    case OpKind::kEspAllGather:
+      AddOn(b, shape, OpGroup::kEsp, rows.A * row_bytes);
+      break;
+    case OpKind::kEspReduceScatter:
+      AddOn(b, shape, OpGroup::kEsp, rows.R * row_bytes);
+      break;
+    case OpKind::kFused:
+      AddOn(b, shape, OpGroup::kEp, rows.S * row_bytes);
+      AddOn(b, shape, op.ag_group, AllGatherBytes(op.ag_group, shape, rows));
+      break;
+    case OpKind::kMpSplit:
+    case OpKind::kGate:
+    case OpKind::kOrder:
+    case OpKind::kRowSplit:
+    case OpKind::kExpert:
+    case OpKind::kInverseOrder:
+      break;
+  }
+  return b;
+}
+
+GroupBytes ScheduleBytes(Direction dir, const LayerShape& shape, Schedule s) {
+  GroupBytes total;
+  for (const Op& op : dir == Direction::kForward ? ForwardOps(s) : BackwardOps(s)) {
+    total += OpBytes(op, dir, shape, s);
+  }
+  return total;
+}
+
+AlphaBeta FitAlphaBeta(const std::vector<std::pair<double, double>>& bytes_seconds) {
+  AlphaBeta ab;
+  ab.points = static_cast<int>(bytes_seconds.size());
+  if (bytes_seconds.empty()) return ab;
+  const double n = static_cast<double>(bytes_seconds.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : bytes_seconds) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double mx = sx / n, my = sy / n;
+  double vxx = 0, vxy = 0, ss_tot = 0;
+  for (const auto& [x, y] : bytes_seconds) {
+    vxx += (x - mx) * (x - mx);
+    vxy += (x - mx) * (y - my);
+    ss_tot += (y - my) * (y - my);
+  }
+  if (vxx > 0) {
+    ab.beta = vxy / vxx;
+    ab.alpha = my - ab.beta * mx;
+  }
+  if (vxx <= 0 || ab.alpha < 0) {  // through the origin
+    ab.alpha = 0;
+    ab.beta = sxx > 0 ? sxy / sxx : 0;
+  }
+  double ss_res = 0;
+  for (const auto& [x, y] : bytes_seconds) {
+    const double e = y - ab.Seconds(x);
+    ss_res += e * e;
+  }
+  if (ss_tot > 0) {
+    ab.r2 = 1.0 - ss_res / ss_tot;
+  } else {
+    ab.r2 = ss_res <= 1e-30 ? 1.0 : 0.0;
+  }
+  return ab;
+}
+
+const char* CollectiveKindName(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+  }
+  return "?";
+}
+
+AlphaBeta& CostProfile::at(CollectiveKind kind, OpGroup group) {
+  return collective[static_cast<int>(kind)][std::max(GroupIndex(group), 0)];
+}
+
+const AlphaBeta& CostProfile::at(CollectiveKind kind, OpGroup group) const {
+  return collective[static_cast<int>(kind)][std::max(GroupIndex(group), 0)];
+}
+
+std::string CostProfile::ToJson() const {
+  nlohmann::json collectives = nlohmann::json::object();
+  for (OpGroup g : kCommGroups) {
+    nlohmann::json group = nlohmann::json::object();
+    for (CollectiveKind k : kAllCollectiveKinds) group[CollectiveKindName(k)] = FitJson(at(k, g));
+    collectives[OpGroupName(g)] = group;
+  }
+  nlohmann::json j = {{"source", source},
+                      {"seconds_spent", seconds_spent},
+                      {"gemm", FitJson(gemm)},
+                      {"copy", FitJson(copy)},
+                      {"collectives", collectives}};
+  return j.dump(2);
+}
+
+absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("cost profile: not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("cost profile: not a JSON object");
+  CostProfile p;
+  if (!j.contains("source") || !j["source"].is_string()) {
+    return absl::InvalidArgumentError("cost profile: source: missing or not a string");
+  }
+  p.source = j["source"].get<std::string>();
+  if (j.contains("seconds_spent") && j["seconds_spent"].is_number()) {
+    p.seconds_spent = j["seconds_spent"].get<double>();
+  }
+  for (const char* key : {"gemm", "copy", "collectives"}) {
+    if (!j.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("cost profile: ", key, ": missing"));
+    }
+  }
+  absl::StatusOr<AlphaBeta> fit = FitFromJson(j["gemm"], "cost profile: gemm");
+  if (!fit.ok()) return fit.status();
+  p.gemm = *fit;
+  fit = FitFromJson(j["copy"], "cost profile: copy");
+  if (!fit.ok()) return fit.status();
+  p.copy = *fit;
+  const nlohmann::json& collectives = j["collectives"];
+  for (OpGroup g : kCommGroups) {
+    const std::string where = absl::StrCat("cost profile: collectives.", OpGroupName(g));
+    if (!collectives.is_object() || !collectives.contains(OpGroupName(g))) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": missing"));
+    }
+    const nlohmann::json& group = collectives[OpGroupName(g)];
+    for (CollectiveKind k : kAllCollectiveKinds) {
+      if (!group.is_object() || !group.contains(CollectiveKindName(k))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".", CollectiveKindName(k), ": missing"));
+      }
+      fit = FitFromJson(group[CollectiveKindName(k)],
+                        absl::StrCat(where, ".", CollectiveKindName(k)));
+      if (!fit.ok()) return fit.status();
+      p.at(k, g) = *fit;
+    }
+  }
+  return p;
+}
+
+CostProfile DefaultProfile(bool tp_intra, bool ep_intra, bool esp_intra) {
+  const AlphaBeta intra{.alpha = 5e-6, .beta = 1.0 / 100e9};
+  const AlphaBeta inter{.alpha = 20e-6, .beta = 1.0 / 12.5e9};
+  CostProfile p;
+  const bool intra_of[3] = {tp_intra, ep_intra, esp_intra};
+  for (int g = 0; g < 3; ++g) {
+    for (CollectiveKind k : kAllCollectiveKinds) {
+      p.at(k, kCommGroups[g]) = intra_of[g] ? intra : inter;
+    }
+  }
+  p.gemm = AlphaBeta{.alpha = 10e-6, .beta = 1.0 / 100e12};
+  p.copy = AlphaBeta{.alpha = 5e-6, .beta = 1.0 / 1e12};
+  p.source = absl::StrCat(
+      "default profile: tp ", tp_intra ? "intra" : "inter", ", ep ", ep_intra ? "intra" : "inter",
+      ", esp ", esp_intra ? "intra" : "inter",
+      "-node (intra 5 us + 100 GB/s, inter 20 us + 12.5 GB/s, GEMM 10 us + 100 TFLOP/s, copy 5 "
+      "us + 1 TB/s)");
+  return p;
+}
+
+Prediction Predict(const CostProfile& profile, const LayerShape& shape, Schedule s) {
+  Prediction pred;
+  pred.schedule = s;
+  const ScheduleRows rows = RowsOf(shape, s);
+  for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    const bool fwd = dir == Direction::kForward;
+    std::vector<OpCost>& ops = fwd ? pred.forward_ops : pred.backward_ops;
+    double& seconds = fwd ? pred.forward_s : pred.backward_s;
+    GroupBytes& bytes = fwd ? pred.forward_bytes : pred.backward_bytes;
+    for (const Op& op : fwd ? ForwardOps(s) : BackwardOps(s)) {
+      OpCost cost{.op = op, .bytes = OpBytes(op, dir, shape, s)};
+      cost.seconds = OpSeconds(profile, op, dir, shape, rows, cost.bytes);
+      seconds += cost.seconds;
+      bytes += cost.bytes;
+      ops.push_back(cost);
+    }
+  }
+  return pred;
+}
+
+Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape) {
+  Choice choice;
+  for (Schedule s : kAllSchedules) choice.all.push_back(Predict(profile, shape, s));
+  if (shape.tp <= 1) {
+    choice.schedule = Schedule::kDeepspeed;
+    choice.reason = "tp = 1: nothing to pause";
+    return choice;
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < choice.all.size(); ++i) {
+    if (choice.all[i].total_s() < choice.all[best].total_s()) best = i;
+  }
+  choice.schedule = choice.all[best].schedule;
+  choice.reason = absl::StrCat(ScheduleName(choice.schedule), ": ", Ms(choice.all[best].total_s()),
+                               " fwd+bwd vs");
+  // The others, fastest first.
+  std::vector<const Prediction*> others;
+  for (size_t i = 0; i < choice.all.size(); ++i) {
+    if (i != best) others.push_back(&choice.all[i]);
+  }
+  std::stable_sort(others.begin(), others.end(), [](const Prediction* a, const Prediction* b) {
+    return a->total_s() < b->total_s();
+  });
+  for (size_t i = 0; i < others.size(); ++i) {
+    absl::StrAppend(&choice.reason, i == 0 ? " " : ", ", ScheduleName(others[i]->schedule), " ",
+                    Ms(others[i]->total_s()));
+  }
+  return choice;
+}
+
+}  // namespace furnace::moe

@@ -1,0 +1,120 @@
+// furnace plan: a job file in, the MoE schedules priced by the cost model out, no controller.
+#include <fstream>
+#include <sstream>
+
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/moe/cost_model.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::TestDir;
+
+constexpr char kJob[] = R"(name: plan_tp2_ep2_esp2
+kind: train
+model:
+  vocab: 64
+  seq_len: 32
+  d_model: 64
+  heads: 4
+  layers: 4
+  moe_every: 2
+  dense_ffn: 128
+  expert_ffn: 64
+moe:
+  experts: 4
+  top_k: 2
+parallel:
+  dp: 2
+  tp: 2
+  ep: 2
+  esp: 2
+  micro_batch: 4
+data:
+  source: markov
+)";
+
+class PlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ctx_.out = &out_;
+    ctx_.err = &err_;  // no client: plan must not need the controller
+    std::ofstream(job_, std::ios::binary) << kJob;
+  }
+
+  TestDir dir_;
+  std::string job_ = dir_ / "job.yaml";
+  std::ostringstream out_, err_;
+  CommandContext ctx_;
+};
+
+TEST_F(PlanTest, PrintsEverySchedulesTimesBytesOpsAndAuto) {
+  auto code = RunPlan(ctx_, job_, {});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("MoE layers 1, 3"));
+  EXPECT_THAT(out, HasSubstr("N 128 tokens per rank per micro-batch (micro_batch 4 x seq_len 32)"));
+  EXPECT_THAT(out, HasSubstr("groups: tp 2 intra-node, ep 2 intra-node, esp 2 intra-node"));
+  for (const char* s : {"\ndeepspeed: forward ", "\ns1: forward ", "\ns2: forward "}) {
+    EXPECT_THAT(out, HasSubstr(s));
+  }
+  EXPECT_THAT(out, HasSubstr("forward bytes   tp "));
+  EXPECT_THAT(out, HasSubstr("backward bytes  tp "));
+  EXPECT_THAT(out, HasSubstr("fused(a2a ep, ag tp)"));
+  EXPECT_THAT(out, HasSubstr("\nauto: "));
+  EXPECT_THAT(out, HasSubstr("profile: default profile"));
+}
+
+TEST_F(PlanTest, RanksPerNodeDecidesIntraNodeGroups) {
+  // 4 ranks, 2 per node: tp (2 x stride 1) and esp (2 x 1) fit a node, ep (2 x stride esp 2) not.
+  auto code = RunPlan(ctx_, job_, {.profile = "", .ranks_per_node = 2});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("groups: tp 2 intra-node, ep 2 inter-node, esp 2 intra-node "
+                                    "(4 ranks, 2 per node)"));
+  const IntraNode one = PlanIntraNode(2, 2, 2, 1);
+  EXPECT_FALSE(one.tp || one.ep || one.esp);
+  const IntraNode four = PlanIntraNode(2, 2, 2, 4);
+  EXPECT_TRUE(four.tp && four.ep && four.esp);
+}
+
+TEST_F(PlanTest, ReadsAProfile) {
+  moe::CostProfile p = moe::DefaultProfile(true, true, true);
+  p.source = "fitted on tp 2 x ep 2 x esp 2 (world 8)";
+  std::ofstream(dir_ / "profile.json") << p.ToJson();
+  auto code = RunPlan(ctx_, job_, {.profile = dir_ / "profile.json"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("profile: fitted on tp 2 x ep 2 x esp 2 (world 8)"));
+
+  std::ofstream(dir_ / "bad.json") << "{";
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(RunPlan(ctx_, job_, {.profile = dir_ / "bad.json"}).status()));
+  const auto missing = RunPlan(ctx_, job_, {.profile = dir_ / "none.json"});
+  EXPECT_EQ(ExitCodeForStatus(missing.status()), kExitLocalError);
+}
+
+TEST_F(PlanTest, InvalidJobIsReportedAsSubmitDoes) {
+  std::ofstream(dir_ / "bad.yaml") << "name: x\nkind: train\nparallel:\n  dp: -2\n";
+  const auto code = RunPlan(ctx_, dir_ / "bad.yaml", {});
+  ASSERT_TRUE(absl::IsInvalidArgument(code.status()));
+  EXPECT_THAT(code.status().message(), HasSubstr("bad.yaml:4:7: parallel.dp"));
+  EXPECT_TRUE(absl::IsInvalidArgument(RunPlan(ctx_, dir_ / "none.yaml", {}).status()));
+}
+
+TEST_F(PlanTest, JsonIsOneDocument) {
+  ctx_.json = true;
+  auto code = RunPlan(ctx_, job_, {});
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string out = out_.str();
+  EXPECT_EQ(out.front(), '{');
+  EXPECT_THAT(out, HasSubstr("\"schedules\""));
+  EXPECT_THAT(out, HasSubstr("\"auto\""));
+}
+
+}  // namespace
+}  // namespace furnace::cli
