@@ -19,6 +19,7 @@
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
+#include "runtime/train/moe_schedules.h"
 #include "runtime/train/peak_flops.h"
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
@@ -72,6 +73,52 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
 }
 
 // Why this rank ends, for its last telemetry record and its exit code.
+// What the MoE layers run and, under auto, why: the fit (calibrated or cached) and each
+// schedule's predicted forward and backward time for the layers' shape. Rank 0 logs at info.
+void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoice& choice,
+                     const model::GptMoe& model, bool reporter) {
+  const auto log = [reporter](const std::string& line) {
+    if (reporter) {
+      spdlog::info("{}", line);
+    } else {
+      spdlog::debug("{}", line);
+    }
+  };
+  const std::vector<std::string> ran = model.MoeScheduleNames();
+  const std::string ran_text = ran.empty() ? std::string("-") : ran.front();
+  if (requested != "auto") {
+    log(absl::StrCat("moe schedule ", ran_text, " on every MoE layer; forward ",
+                     moe::OpListString(moe::ForwardOps(model.MoeSchedules().front())),
+                     "; backward ",
+                     moe::OpListString(moe::BackwardOps(model.MoeSchedules().front()))));
+    return;
+  }
+  if (choice.profile.has_value()) {
+    const moe::CostProfile& p = *choice.profile;
+    log(absl::StrFormat("moe schedule auto: cost profile %s (%s, calibration %.2f s)", p.source,
+                        choice.from_cache ? absl::StrCat("cached in ", choice.cache_path)
+                                          : std::string("measured now"),
+                        p.seconds_spent));
+    for (moe::CollectiveKind kind : moe::kAllCollectiveKinds) {
+      for (moe::OpGroup group : moe::kCommGroups) {
+        const moe::AlphaBeta& f = p.at(kind, group);
+        if (f.points == 0) continue;
+        log(absl::StrFormat("  fit %s over %s: alpha %.1f us, %.2f GB/s, r2 %.4f (%d points)",
+                            moe::CollectiveKindName(kind), moe::OpGroupName(group), f.alpha * 1e6,
+                            f.beta > 0 ? 1e-9 / f.beta : 0.0, f.r2, f.points));
+      }
+    }
+  }
+  if (choice.choice.has_value()) {
+    for (const moe::Prediction& pr : choice.choice->all) {
+      log(absl::StrFormat("  predicted %s: forward %.3f ms, backward %.3f ms",
+                          moe::ScheduleName(pr.schedule), pr.forward_s * 1e3, pr.backward_s * 1e3));
+    }
+    log(absl::StrCat("moe schedule auto -> ", ran_text, " on every MoE layer (",
+                     choice.choice->reason, ")"));
+  }
+}
+
 int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
   spdlog::error("{}", message);
   progress.Emit("failed", step, message);
@@ -185,6 +232,22 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   }
   if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
+  }
+  // moe.schedule: every MoE layer's schedule, the same on every rank (auto: calibrated on this
+  // job's groups, or the profile an earlier attempt of the layout cached in checkpoint.dir).
+  if (parallel) {
+    absl::StatusOr<train::MoeScheduleChoice> choice = train::ChooseMoeSchedules(
+        spec.moe().schedule(), **model, *layout, static_cast<int>(spec.parallel().micro_batch()),
+        spec.checkpoint().dir());
+    if (!choice.ok()) {
+      return Fail(progress, 0,
+                  absl::IsInvalidArgument(choice.status()) ? kRankExitBadInput : kRankExitError,
+                  absl::StrCat("moe.schedule: ", choice.status().message()));
+    }
+    if (absl::Status set = (*model)->SetMoeSchedules(choice->per_layer); !set.ok()) {
+      return Fail(progress, 0, kRankExitError, absl::StrCat("moe.schedule: ", set.message()));
+    }
+    LogMoeSchedules(spec.moe().schedule(), *choice, **model, task.rank() == 0);
   }
   // A budget below what any policy needs for one micro-batch would only run out of memory, restart
   // and escalate to the same end: refused before the first step, with the number needed. (The

@@ -584,11 +584,25 @@ int64_t GptMoe::PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const 
 }
 
 int64_t GptMoe::MinimumActivationBytes(int B) const {
-  const int64_t S = int64_t{B} * config_.seq_len * config_.top_k;
+  const int64_t N = int64_t{B} * config_.seq_len, S = N * config_.top_k;
   const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
   const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
-  const MoeRows rows =
+  const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
+  // Balanced rows under the MoE layers' schedule (the first layer's; auto gives every layer the
+  // same): s1 routes this peer's N / tp tokens, s2 keeps 1 / tp of the rows it routes.
+  const std::vector<moe::Schedule> schedules = MoeSchedules();
+  const moe::Schedule schedule =
+      schedules.empty() || tp == 1 ? moe::Schedule::kDeepspeed : schedules.front();
+  MoeRows rows =
       esp > 1 || ep > 1 ? MoeRows{S, S * esp, S * (1 + esp), true} : MoeRows::SingleRank(S);
+  if (schedule == moe::Schedule::kS1 && N % tp == 0) {
+    const int64_t s = S / tp;
+    rows = esp > 1 || ep > 1 ? MoeRows{s, s * esp, s * (1 + esp), true} : MoeRows::SingleRank(s);
+    rows.gated = N / tp;
+  } else if (schedule == moe::Schedule::kS2) {
+    const int64_t share = S / tp;  // received over ep: share; gathered over esp: esp * share
+    rows = MoeRows{S, share * esp, share + share * esp + S, true};
+  }
   // Every tensor kept: a module's backward needs all of its own saved tensors back at once.
   const int64_t dres = F32Bytes(int64_t{B} * config_.seq_len * config_.d_model);
   int64_t floor = 0;

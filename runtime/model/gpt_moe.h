@@ -195,7 +195,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // A floor no memory policy goes below for one micro-batch of B sequences on this rank, whatever
   // it drops or moves: the largest of its modules' forward peak and of its backward (all its own
   // saved tensors back, its scratch, the residual-stream gradient), with balanced dropless rows
-  // (S = N k; R = S times the ESP width). A budget below it cannot train.
+  // (S = N k; R = S times the ESP width) under the MoE layers' schedule (SetMoeSchedules first).
+  // A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
 
   // ---- The MoE layers' schedules (runtime/moe/schedule.h) ----

@@ -21,6 +21,7 @@
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
+#include "runtime/train/moe_schedules.h"
 #include "runtime/train/rank_layout.h"
 #include "runtime/train/trainer.h"
 #include "tests/runtime/comm/fork_world.h"
@@ -190,11 +191,12 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   return absl::OkStatus();
 }
 
-// moe.schedule on every MoE layer of the model.
-absl::Status SetSchedules(const LayoutCase& c, model::GptMoe& model, const train::RankLayout&) {
-  const std::optional<moe::Schedule> s = moe::ParseSchedule(c.schedule);
-  if (!s.has_value()) return absl::InvalidArgumentError("unknown schedule " + c.schedule);
-  return model.SetMoeSchedules(std::vector<moe::Schedule>(c.model.num_moe_layers(), *s));
+// moe.schedule as a worker applies it (auto: calibrated on this layout's groups, no cache).
+absl::Status SetSchedules(const LayoutCase& c, model::GptMoe& model,
+                          const train::RankLayout& layout) {
+  ASSIGN_OR_RETURN(const train::MoeScheduleChoice choice,
+                   train::ChooseMoeSchedules(c.schedule, model, layout, c.micro_batch, ""));
+  return model.SetMoeSchedules(choice.per_layer);
 }
 
 int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {

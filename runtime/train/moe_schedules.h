@@ -1,0 +1,53 @@
+// ChooseMoeSchedules: the schedule each MoE layer of a rank's model runs (moe.schedule;
+// runtime/moe/schedule.h), decided the same way on every rank of the job.
+//
+//   deepspeed | s1 | s2   every MoE layer runs it (tp == 1: every schedule is deepspeed's
+//                         computation, runtime/moe/executor.h);
+//   auto                  the alpha-beta cost model (runtime/moe/cost_model.h) prices each
+//                         schedule's forward and backward for the layer's shape (N = micro_batch *
+//                         seq_len tokens, d_model, expert_ffn, E, k, capacity, tp, ep, esp) and the
+//                         layer runs the cheapest over both directions (its backward needs what its
+//                         forward saved, so one schedule per layer). s1 is left out where the tokens
+//                         do not split over tp.
+// The profile auto prices with is fitted by moe::Calibrate on the job's own groups (a bounded
+// micro-benchmark: every rank runs it, every rank fits the same numbers), or read from the cache
+// `cost_profile.<layout>.json` under cache_dir (the job's checkpoint directory) when a previous
+// attempt of the same layout wrote it; rank 0 decides whether the cache is used and hands its text
+// to every rank, so no rank calibrates alone. Calibration writes the cache (rank 0). With tp == 1
+// there is nothing to choose: no calibration runs.
+//
+// Every rank of the layout must call it at the same point (collectives on every group).
+// Errors: InvalidArgument for an unknown schedule; a collective's error.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/moe/cost_model.h"
+#include "runtime/train/rank_layout.h"
+
+namespace furnace::train {
+
+struct MoeScheduleChoice {
+  std::vector<moe::Schedule> per_layer;  // per MoE layer of the model, in layer order
+  // auto only: the layer shape's choice (predictions of every schedule, the reason) and the
+  // profile it priced with, whether that came from the cache, and the calibration's seconds.
+  std::optional<moe::Choice> choice;
+  std::optional<moe::CostProfile> profile;
+  bool from_cache = false;
+  std::string cache_path;  // empty: no cache directory
+};
+
+absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
+                                                     const model::GptMoe& model,
+                                                     const RankLayout& layout, int micro_batch,
+                                                     const std::string& cache_dir);
+
+// The layer shape auto prices for `model` on `layout` with micro-batches of micro_batch sequences.
+moe::LayerShape LayerShapeOf(const model::ModelConfig& config, const RankLayout& layout,
+                             int micro_batch);
+
+}  // namespace furnace::train
