@@ -79,8 +79,8 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   if (requested != "auto") {
     const std::optional<moe::Schedule> s = moe::ParseSchedule(requested);
     if (!s.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "moe.schedule: unknown value '", requested, "' (allowed: deepspeed, s1, s2, auto)"));
+      return absl::InvalidArgumentError(absl::StrCat("moe.schedule: unknown value '", requested,
+                                                     "' (allowed: deepspeed, s1, s2, auto)"));
     }
     out.per_layer.assign(layers, *s);
     return out;
@@ -98,10 +98,11 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   // a job keeps across its attempts).
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
-  const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep",
-                                       sh.ep, "_esp", sh.esp);
+  const std::string key =
+      absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep, "_esp", sh.esp);
   if (!cache_dir.empty()) {
-    out.cache_path = (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();
+    out.cache_path =
+        (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();
   }
   // Rank 0 reads the cache; everyone takes its text (empty: calibrate).
   std::string cached = layout.rank == 0 && !out.cache_path.empty() ? ReadFile(out.cache_path) : "";
@@ -119,10 +120,9 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     const device::Backend& ops = model.backend();
     options.gemm_seconds = [&ops](int64_t flops) { return GemmSeconds(ops, flops); };
     options.copy_seconds = CopySeconds;
-    ASSIGN_OR_RETURN(moe::CostProfile p,
-                     moe::Calibrate({layout.world.get(), layout.tp.get(), layout.ep.get(),
-                                     layout.esp.get()},
-                                    options));
+    ASSIGN_OR_RETURN(moe::CostProfile p, moe::Calibrate({layout.world.get(), layout.tp.get(),
+                                                         layout.ep.get(), layout.esp.get()},
+                                                        options));
     out.profile = std::move(p);
     if (layout.rank == 0 && !out.cache_path.empty()) {
       std::error_code ec;
@@ -143,9 +143,9 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
       if (best == nullptr || p.total_s() < best->total_s()) best = &p;
     }
     choice.schedule = best->schedule;
-    choice.reason = absl::StrCat(moe::ScheduleName(best->schedule), ": s1 would be cheaper but ",
-                                 shape.N, " tokens do not split over tp = ", shape.tp, "; ",
-                                 choice.reason);
+    choice.reason =
+        absl::StrCat(moe::ScheduleName(best->schedule), ": s1 would be cheaper but ", shape.N,
+                     " tokens do not split over tp = ", shape.tp, "; ", choice.reason);
   }
   out.per_layer.assign(layers, choice.schedule);
   out.choice = std::move(choice);

@@ -7,8 +7,8 @@
 //                         schedule's forward and backward for the layer's shape (N = micro_batch *
 //                         seq_len tokens, d_model, expert_ffn, E, k, capacity, tp, ep, esp) and the
 //                         layer runs the cheapest over both directions (its backward needs what its
-//                         forward saved, so one schedule per layer). s1 is left out where the tokens
-//                         do not split over tp.
+//                         forward saved, so one schedule per layer). s1 is left out where the
+//                         tokens do not split over tp.
 // The profile auto prices with is fitted by moe::Calibrate on the job's own groups (a bounded
 // micro-benchmark: every rank runs it, every rank fits the same numbers), or read from the cache
 // `cost_profile.<layout>.json` under cache_dir (the job's checkpoint directory) when a previous

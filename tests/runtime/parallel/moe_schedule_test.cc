@@ -5,9 +5,11 @@
 // per tp peer under deepspeed; payloads encode their source, so a misrouted row shows by value.
 // The byte counters per op equal the analytical volumes of research/parm.md 1.4 exactly, s1's and
 // s2's all-to-all volumes being deepspeed's divided by tp.
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -245,6 +247,68 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
                                    runs[0].bytes.at("fused(a2a ep, ag tp)") - S * row;
     EXPECT_EQ(mine * g.tp, ds_a2a);
   }
+}
+
+// The exchanges' explicit adjoints: FromExperts is ToExperts' adjoint, checked by the dot-product
+// identity over the whole job with random rows, <To(x), y> summed over the ranks' expert sides
+// against <x, From(y)> summed over the ranks' routed sides. Under s2 the routed rows are
+// tp-replicated and each peer returns all of them (the all-gather's adjoint is the split of a
+// replicated gradient), so there the routed side counts each tp group once (a 1 / tp weight).
+TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
+  const auto& [g, schedule] = GetParam();
+  const int world = g.dp * g.tp;
+  testing::LocalWorld local;
+  std::vector<double> lhs(world, 0), rhs(world, 0);
+  const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
+    topology::ParallelSizes sizes;
+    sizes.dp = g.dp;
+    sizes.tp = g.tp;
+    sizes.ep = g.ep;
+    sizes.esp = g.esp;
+    const model::ModelConfig model = testing::TinyLayoutModel(1, 0);
+    ASSIGN_OR_RETURN(topology::Topology topo,
+                     topology::Topology::Create(sizes, sizes.world(), train::DimsOf(model)));
+    ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                     train::BuildRankLayout(topo, rank, model, local.Factory()));
+    const model::ModelShard& sh = layout->shard;
+    const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}},
+                              kE, nullptr);
+    const bool own = schedule == Schedule::kS1 && g.tp > 1;
+    const std::vector<int64_t> counts =
+        CountsOf(sh.dp_rank, own ? sh.tp_rank : 0, /*balanced=*/false, g.tp);
+    ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts));
+    const int64_t S_all = ScheduleExecutor::AllRows(h);
+    // x: the routed rows, replicated over tp where the schedule routes the batch's rows (the
+    // seed is the batch's, or the peer's own under s1); y: this rank's expert side.
+    std::mt19937 gen_x(1000 + sh.dp_rank * 17 + (own ? sh.tp_rank : 0));
+    std::mt19937 gen_y(7 + rank);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> x(S_all * kC + 1), y(h.R() * kC + 1), tx(h.R() * kC + 1), fy(S_all * kC + 1);
+    for (float& v : x) v = u(gen_x);
+    for (float& v : y) v = u(gen_y);
+    std::vector<float> scratch(ScheduleExecutor::ScratchRows(h) * kC + 1);
+    if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+      RETURN_IF_ERROR(
+          ex.ToExperts(Direction::kForward, h, x.data(), tx.data(), kC, scratch.data()));
+      RETURN_IF_ERROR(
+          ex.FromExperts(Direction::kBackward, h, y.data(), fy.data(), kC, scratch.data()));
+    } else {
+      tx = x;
+      fy = y;
+    }
+    for (int64_t i = 0; i < h.R() * kC; ++i) lhs[rank] += double{tx[i]} * y[i];
+    const double weight = schedule == Schedule::kS2 ? 1.0 / g.tp : 1.0;
+    for (int64_t i = 0; i < S_all * kC; ++i) rhs[rank] += weight * x[i] * fy[i];
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  double a = 0, b = 0;
+  for (int r = 0; r < world; ++r) {
+    a += lhs[r];
+    b += rhs[r];
+  }
+  EXPECT_NEAR(a, b, 1e-4 * std::max(1.0, std::fabs(a)));
+  EXPECT_NE(a, 0.0);
 }
 
 // tp in {2, 4}, ep in {2, 4}, esp in {1, 2}: the data-parallel width makes ep * esp divide
