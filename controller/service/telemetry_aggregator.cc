@@ -80,6 +80,8 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     sum.set_calls(sum.calls() + c.calls());
   }
   for (const v1::MoeOpTelemetry& o : t.moe_ops()) {
+    constexpr size_t kMaxMoeOps = 256;  // a bound against a bad record (the schedules have ~10)
+    if (p.moe_ops.size() >= kMaxMoeOps && p.moe_ops.count(o.op()) == 0) continue;
     v1::MoeOpTelemetry& sum = p.moe_ops[o.op()];
     sum.set_op(o.op());
     sum.set_bytes(sum.bytes() + o.bytes());
