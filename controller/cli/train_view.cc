@@ -44,6 +44,19 @@ std::string FormatSchedule(const TrainMetrics& m) {
   return same ? m.layers.front().schedule : absl::StrJoin(each, ", ");
 }
 
+// The watch line's form, only where a layer runs one of Parm's schedules (the baseline deepspeed is
+// the default and goes unsaid): "s2" when every layer runs the same, else the layers per schedule
+// ("deepspeed x2, s1 x6").
+std::string CompactSchedule(const TrainMetrics& m) {
+  std::map<std::string, int> layers;
+  for (const auto& l : m.layers) ++layers[l.schedule];
+  if (layers.empty() || (layers.size() == 1 && layers.begin()->first == "deepspeed")) return "";
+  if (layers.size() == 1) return layers.begin()->first;
+  std::vector<std::string> each;
+  for (const auto& [schedule, n] : layers) each.push_back(absl::StrCat(schedule, " x", n));
+  return absl::StrJoin(each, ", ");
+}
+
 // The communication table (bytes, time and calls per operation and group), the MoE ops' table
 // (bytes, time and calls per op) and the planner's bytes per action, each only when there is
 // something to show.
@@ -288,6 +301,9 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   if (m.imbalance_max) {
     add(&second, absl::StrCat("imbalance ", Fixed2(*m.imbalance_max),
                               m.routing_spike ? " (routing spike)" : ""));
+  }
+  if (const std::string schedule = CompactSchedule(m); !schedule.empty()) {
+    add(&second, absl::StrCat("schedule ", schedule));
   }
   if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
   if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));

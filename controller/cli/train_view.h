@@ -83,7 +83,8 @@ std::optional<double> EstimateEtaSeconds(const v1::JobSummary& summary,
 
 // The two watch-frame lines of a training job:
 //   "loss 2.4512 (floor 2.1000, gap +16.7%)  aux 0.0123  tokens/s 12.3k  MFU 3.40%"
-//   "imbalance 1.34  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)"
+//   "imbalance 1.34  schedule s1  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)"
+// (the schedule only where a MoE layer runs s1 or s2: "s1", or "deepspeed x2, s1 x6" when mixed)
 std::vector<std::string> TrainWatchLines(const TrainMetrics& m);
 // What a plain (not a terminal) watch line appends: "  loss 2.4512  tokens/s 12.3k  MFU 3.40%".
 std::string TrainPlainSuffix(const TrainMetrics& m);

@@ -187,9 +187,13 @@ TEST_F(TrainViewTest, StatusShowsEachLayersScheduleAndTheMoeOps) {
        }) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
   }
+  EXPECT_EQ(WatchFrame(job, kT0 + 65, 0, 0)[3],
+            "imbalance 1.34  schedule s1 x1, s2 x1  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
   // Every layer on one schedule: named once.
   t.mutable_moe_layers(0)->set_schedule(v1::MOE_LAYER_SCHEDULE_S2);
   EXPECT_NE(RenderJobStatus(job, kT0 + 65).find("  schedule     s2\n"), std::string::npos);
+  EXPECT_EQ(WatchFrame(job, kT0 + 65, 0, 0)[3],
+            "imbalance 1.34  schedule s2  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
 }
 
 TEST_F(TrainViewTest, StatusSummarisesManyExperts) {
