@@ -44,6 +44,18 @@ furnace::v1::ParallelGroup ParallelGroupOf(const std::string& kind) {
   return furnace::v1::PARALLEL_GROUP_UNSPECIFIED;
 }
 
+furnace::v1::MoeLayerSchedule MoeLayerScheduleOf(const std::string& name) {
+  static const std::pair<const char*, furnace::v1::MoeLayerSchedule> kSchedules[] = {
+      {"deepspeed", furnace::v1::MOE_LAYER_SCHEDULE_DEEPSPEED},
+      {"s1", furnace::v1::MOE_LAYER_SCHEDULE_S1},
+      {"s2", furnace::v1::MOE_LAYER_SCHEDULE_S2},
+  };
+  for (const auto& [n, schedule] : kSchedules) {
+    if (name == n) return schedule;
+  }
+  return furnace::v1::MOE_LAYER_SCHEDULE_UNSPECIFIED;
+}
+
 furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
                                            const StepTelemetryContext& context) {
   furnace::v1::StepTelemetry t;
@@ -67,8 +79,9 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
     furnace::v1::MoeLayerTelemetry* layer = t.add_moe_layers();
     layer->set_layer(static_cast<uint32_t>(l));
     layer->set_imbalance(s.imbalance[l]);
-    // moe.schedule accepts only `deepspeed` until the Parm schedules land.
-    layer->set_schedule(furnace::v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
+    // A model that names no schedule for the layer runs the baseline.
+    layer->set_schedule(l < s.moe_schedules.size() ? MoeLayerScheduleOf(s.moe_schedules[l])
+                                                   : furnace::v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
     if (context.reporter && l < s.tokens_per_expert.size()) {
       for (int64_t tokens : s.tokens_per_expert[l]) {
         layer->add_expert_tokens(static_cast<uint64_t>(tokens));
@@ -82,6 +95,13 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
     comm->set_bytes(static_cast<uint64_t>(c.bytes));
     comm->set_seconds(c.seconds);
     comm->set_calls(static_cast<uint64_t>(c.calls));
+  }
+  for (const train::MoeOpTotal& o : s.moe_ops) {
+    furnace::v1::MoeOpTelemetry* op = t.add_moe_ops();
+    op->set_op(o.op);
+    op->set_bytes(static_cast<uint64_t>(std::max<int64_t>(0, o.bytes)));
+    op->set_seconds(o.seconds);
+    op->set_calls(static_cast<uint64_t>(std::max<int64_t>(0, o.calls)));
   }
   furnace::v1::MemoryTelemetry* memory = t.mutable_memory();
   memory->set_activation_peak_bytes(static_cast<uint64_t>(s.activation_peak_bytes));

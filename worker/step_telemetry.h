@@ -27,5 +27,8 @@ furnace::v1::CollectiveOp CollectiveOpOf(comm::CollectiveOp op);
 // A train::RankGroup kind ("world", "tp", "dp", "pp", "ep", "esp", "edp", "embedding");
 // PARALLEL_GROUP_UNSPECIFIED for anything else.
 furnace::v1::ParallelGroup ParallelGroupOf(const std::string& kind);
+// A schedule as the runtime names it ("deepspeed", "s1", "s2"; runtime/moe/schedule.h:
+// ScheduleName); MOE_LAYER_SCHEDULE_UNSPECIFIED for anything else.
+furnace::v1::MoeLayerSchedule MoeLayerScheduleOf(const std::string& name);
 
 }  // namespace furnace::worker

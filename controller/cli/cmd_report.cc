@@ -47,6 +47,18 @@ google::protobuf::Struct SummaryJson(const ReportSummary& m, const v1::JobSeries
   SetNumber(&s, "checkpoints", static_cast<double>(m.checkpoints));
   SetNumber(&s, "median_checkpoint_seconds", m.median_checkpoint_seconds);
   SetNumber(&s, "telemetry_dropped", static_cast<double>(series.telemetry_dropped()));
+  if (!m.moe_schedules.empty()) {
+    google::protobuf::ListValue* schedules =
+        (*s.mutable_fields())["moe_schedules"].mutable_list_value();
+    for (const std::string& schedule : m.moe_schedules) {
+      schedules->add_values()->set_string_value(schedule);
+    }
+  }
+  if (!m.moe_op_bytes.empty()) {
+    google::protobuf::Struct* ops = (*s.mutable_fields())["moe_op_bytes"].mutable_struct_value();
+    for (const auto& [op, bytes] : m.moe_op_bytes)
+      (*ops->mutable_fields())[op].set_number_value(bytes);
+  }
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include "controller/cli/format.h"
 #include "controller/cli/svg_plot.h"
 #include "proto/furnace/v1/state_names.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 
 namespace furnace::cli {
 namespace {
@@ -178,6 +179,15 @@ ReportSummary Summarize(const v1::JobDetail& job, const v1::JobSeries& series) {
       s.peak_activation_bytes = r.activation_peak_bytes();
     }
     if (r.checkpoint_seconds() > 0) ckpt.push_back(r.checkpoint_seconds());
+    for (const v1::MoeOpTelemetry& o : r.moe_ops()) {
+      s.moe_op_bytes[o.op()] += static_cast<double>(o.bytes());
+    }
+  }
+  if (!series.steps().empty()) {
+    for (int schedule : series.steps().rbegin()->moe_schedules()) {
+      s.moe_schedules.push_back(
+          v1::MoeLayerScheduleLabel(static_cast<v1::MoeLayerSchedule>(schedule)));
+    }
   }
   s.median_tokens_per_second = Quantile(tps, 0.5);
   s.median_mfu = Quantile(mfu, 0.5);
@@ -250,6 +260,27 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
                     static_cast<uint64_t>(*m.max_imbalance_step), ")");
   }
   rows.emplace_back("imbalance", imbalance);
+  if (!m.moe_schedules.empty()) {
+    // One word when every MoE layer ran the same schedule, else each layer's.
+    const bool same = std::all_of(m.moe_schedules.begin(), m.moe_schedules.end(),
+                                  [&](const std::string& x) { return x == m.moe_schedules[0]; });
+    std::string schedule = m.moe_schedules[0];
+    if (!same) {
+      schedule.clear();
+      for (size_t l = 0; l < m.moe_schedules.size(); ++l) {
+        absl::StrAppend(&schedule, l == 0 ? "" : ", ", "layer ", l, " ", m.moe_schedules[l]);
+      }
+    }
+    absl::StrAppend(&schedule, " (last step");
+    const std::string& asked = job.spec().moe().schedule();
+    if (asked == "auto") absl::StrAppend(&schedule, "; moe.schedule auto");
+    rows.emplace_back("schedule", absl::StrCat(schedule, ")"));
+  }
+  for (const auto& [op, bytes] : m.moe_op_bytes) {
+    rows.emplace_back(
+        &op == &m.moe_op_bytes.begin()->first ? "MoE ops" : "",
+        absl::StrCat(op, " ", FormatBytes(static_cast<uint64_t>(bytes)), " (all steps and ranks)"));
+  }
   std::string memory = Opt(m.peak_activation_bytes, [](double v) {
     return absl::StrCat(FormatBytes(static_cast<uint64_t>(v)), " activation peak");
   });

@@ -9,8 +9,10 @@
 // imbalance_heatmap.svg (step x MoE layer) and summary.txt.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "furnace/v1/controller.pb.h"
@@ -33,6 +35,10 @@ struct ReportSummary {
   std::optional<double> median_checkpoint_seconds, max_checkpoint_seconds;
   // Per restart: seconds from the failed attempt's end to the next one's ranks all running.
   std::vector<std::pair<uint32_t, double>> recovery_seconds;  // (new attempt, seconds)
+  // Per MoE layer, the schedule of the last step ("deepspeed", "s1", "s2").
+  std::vector<std::string> moe_schedules;
+  // Per MoE op ("a2a(ep)", ...), bytes over every step and rank of the series.
+  std::map<std::string, double> moe_op_bytes;
 };
 
 // The q-quantile (0..1) by linear interpolation between order statistics; nullopt when empty.

@@ -44,8 +44,22 @@ std::string FormatSchedule(const TrainMetrics& m) {
   return same ? m.layers.front().schedule : absl::StrJoin(each, ", ");
 }
 
-// The communication table (bytes, time and calls per operation and group) and the planner's bytes
-// per action, each only when there is something to show.
+// The watch line's form, only where a layer runs one of Parm's schedules (the baseline deepspeed is
+// the default and goes unsaid): "s2" when every layer runs the same, else the layers per schedule
+// ("deepspeed x2, s1 x6").
+std::string CompactSchedule(const TrainMetrics& m) {
+  std::map<std::string, int> layers;
+  for (const auto& l : m.layers) ++layers[l.schedule];
+  if (layers.empty() || (layers.size() == 1 && layers.begin()->first == "deepspeed")) return "";
+  if (layers.size() == 1) return layers.begin()->first;
+  std::vector<std::string> each;
+  for (const auto& [schedule, n] : layers) each.push_back(absl::StrCat(schedule, " x", n));
+  return absl::StrJoin(each, ", ");
+}
+
+// The communication table (bytes, time and calls per operation and group), the MoE ops' table
+// (bytes, time and calls per op) and the planner's bytes per action, each only when there is
+// something to show.
 std::string RenderCommAndPlanner(const TrainMetrics& m) {
   std::string out;
   if (!m.comm.empty()) {
@@ -55,6 +69,15 @@ std::string RenderCommAndPlanner(const TrainMetrics& m) {
     for (const CommRow& r : m.comm) {
       table.AddRow(
           {r.op, r.group, FormatBytes(Bytes(r.bytes)), FormatSeconds(r.seconds), Count(r.calls)});
+    }
+    out += table.Render();
+  }
+  if (!m.moe_ops.empty()) {
+    out += "\nMoE ops (last step, rank 0)\n";
+    Table table({"OP", "BYTES", "TIME", "CALLS"}, "  ");
+    for (size_t c = 1; c <= 3; ++c) table.SetRightAligned(c);
+    for (const MoeOpRow& r : m.moe_ops) {
+      table.AddRow({r.op, FormatBytes(Bytes(r.bytes)), FormatSeconds(r.seconds), Count(r.calls)});
     }
     out += table.Render();
   }
@@ -111,6 +134,10 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   for (const v1::CommTelemetry& c : t.comm()) {
     m.comm.push_back({v1::CollectiveOpLabel(c.op()), v1::ParallelGroupLabel(c.group()),
                       static_cast<double>(c.bytes()), c.seconds(), static_cast<double>(c.calls())});
+  }
+  for (const v1::MoeOpTelemetry& o : t.moe_ops()) {
+    m.moe_ops.push_back(
+        {o.op(), static_cast<double>(o.bytes()), o.seconds(), static_cast<double>(o.calls())});
   }
   for (const v1::PlannerActionBytes& p : t.planner()) {
     m.planner.emplace_back(v1::PlannerActionLabel(p.action()), static_cast<double>(p.bytes()));
@@ -274,6 +301,9 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   if (m.imbalance_max) {
     add(&second, absl::StrCat("imbalance ", Fixed2(*m.imbalance_max),
                               m.routing_spike ? " (routing spike)" : ""));
+  }
+  if (const std::string schedule = CompactSchedule(m); !schedule.empty()) {
+    add(&second, absl::StrCat("schedule ", schedule));
   }
   if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
   if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));

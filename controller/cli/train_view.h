@@ -20,12 +20,18 @@ struct MoeLayerRouting {
   int layer = 0;                          // MoE layer index (0 = the first MoE layer)
   std::optional<double> imbalance;        // max / mean tokens per expert
   std::vector<double> tokens_per_expert;  // [expert]
-  std::string schedule;                   // "deepspeed" (v1::MoeLayerScheduleLabel)
+  std::string schedule;                   // "deepspeed", "s1", "s2" (v1::MoeLayerScheduleLabel)
 };
 
 // One collective on one group of rank 0 in the last step.
 struct CommRow {
   std::string op, group;  // "all_reduce", "tp" (v1::CollectiveOpLabel, v1::ParallelGroupLabel)
+  double bytes = 0, seconds = 0, calls = 0;
+};
+
+// One op of the MoE schedules on rank 0 in the last step (furnace.v1.MoeOpTelemetry).
+struct MoeOpRow {
+  std::string op;  // as the runtime names it: "a2a(ep)", "fused(a2a ep, ag tp)", ...
   double bytes = 0, seconds = 0, calls = 0;
 };
 
@@ -37,6 +43,7 @@ struct TrainMetrics {
   bool routing_spike = false;
   std::vector<MoeLayerRouting> layers;                  // ascending by layer
   std::vector<CommRow> comm;                            // as reported
+  std::vector<MoeOpRow> moe_ops;                        // as reported
   std::vector<std::pair<std::string, double>> planner;  // bytes per planner action
 };
 
@@ -62,7 +69,8 @@ std::string FormatMfu(const TrainMetrics& m);
 // the budget, pipeline micro-batches in flight, imbalance, MoE schedule, dropped tokens); when
 // routing was reported, a tokens-per-expert table per MoE layer (each expert up to 16; beyond that,
 // min / mean / max and the busiest expert); when collectives ran, a table of bytes, time and calls
-// per (operation, group) of rank 0; when the memory planner acted, its bytes per action.
+// per (operation, group) of rank 0; when the MoE schedules' ops ran, their bytes, time and calls
+// per op of rank 0; when the memory planner acted, its bytes per action.
 // Starts with a blank line and a heading; empty when `m` is nullopt.
 std::string RenderTrainSection(const v1::JobSummary& summary, const std::optional<TrainMetrics>& m);
 
@@ -75,7 +83,8 @@ std::optional<double> EstimateEtaSeconds(const v1::JobSummary& summary,
 
 // The two watch-frame lines of a training job:
 //   "loss 2.4512 (floor 2.1000, gap +16.7%)  aux 0.0123  tokens/s 12.3k  MFU 3.40%"
-//   "imbalance 1.34  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)"
+//   "imbalance 1.34  schedule s1  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)"
+// (the schedule only where a MoE layer runs s1 or s2: "s1", or "deepspeed x2, s1 x6" when mixed)
 std::vector<std::string> TrainWatchLines(const TrainMetrics& m);
 // What a plain (not a terminal) watch line appends: "  loss 2.4512  tokens/s 12.3k  MFU 3.40%".
 std::string TrainPlainSuffix(const TrainMetrics& m);

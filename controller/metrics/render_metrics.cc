@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 #include "proto/furnace/v1/state_names.h"
+#include "proto/furnace/v1/telemetry_labels.h"
 
 #ifndef FURNACE_VERSION
 #define FURNACE_VERSION "unknown"
@@ -113,6 +114,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   MetricFamily* expert_tokens =
       x.Add("furnace_moe_expert_tokens", kGauge,
             "Tokens routed to each expert in the last step, summed over ranks.");
+  MetricFamily* schedule_info =
+      x.Add("furnace_moe_schedule_info", kGauge,
+            "Always 1; the schedule label is the MoE schedule (deepspeed, s1, s2) the layer ran in "
+            "the last step, in each direction (a layer runs one schedule in both).");
   MetricFamily* act_peak = x.Add("furnace_activation_memory_peak_bytes", kGauge,
                                  "Peak activation memory of the last step in bytes (the "
                                  "largest rank).");
@@ -124,6 +129,13 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
             "steps and ranks.");
   MetricFamily* comm = x.Add("furnace_comm_bytes_total", kCounter,
                              "Bytes moved by collectives, by operation, over all steps and ranks.");
+  MetricFamily* moe_op_bytes =
+      x.Add("furnace_moe_op_bytes_total", kCounter,
+            "Bytes moved by the MoE schedules' ops, by op and group (a2a(ep), ag(esp), fused(a2a "
+            "ep, ag tp), ...), over all steps and ranks.");
+  MetricFamily* moe_op_seconds =
+      x.Add("furnace_moe_op_seconds_total", kCounter,
+            "Seconds spent in the MoE schedules' ops, by op and group, over all steps and ranks.");
   MetricFamily* checkpoint =
       x.Add("furnace_checkpoint_seconds", kGauge, "Seconds the last checkpoint took.");
   MetricFamily* recovery = x.Add("furnace_recovery_seconds", kGauge,
@@ -176,6 +188,17 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
             per_expert[e]);
       }
     }
+    for (int l = 0; l < last.moe_schedules_size(); ++l) {
+      const std::string schedule = v1::MoeLayerScheduleLabel(last.moe_schedules(l));
+      for (const char* direction : {"forward", "backward"}) {
+        Add(schedule_info,
+            {{"job", job.job_id},
+             {"layer", absl::StrCat(l)},
+             {"direction", direction},
+             {"schedule", schedule}},
+            1.0);
+      }
+    }
     Add(act_peak, JobLabel(job), last.activation_peak_bytes());
     if (last.memory_budget_bytes() > 0) Add(budget, JobLabel(job), last.memory_budget_bytes());
     for (const auto& [action, bytes] : job.planner_bytes_total) {
@@ -183,6 +206,12 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     }
     for (const auto& [op, bytes] : job.comm_bytes_total) {
       Add(comm, JobLabelAnd(job, "op", op), bytes);
+    }
+    for (const auto& [op, bytes] : job.moe_op_bytes_total) {
+      Add(moe_op_bytes, JobLabelAnd(job, "op", op), bytes);
+    }
+    for (const auto& [op, seconds] : job.moe_op_seconds_total) {
+      Add(moe_op_seconds, JobLabelAnd(job, "op", op), seconds);
     }
   }
 

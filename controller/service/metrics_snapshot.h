@@ -20,13 +20,15 @@ struct JobMetrics {
   uint32_t attempt = 0;
   uint64_t step = 0;  // steps completed (progress)
   uint64_t total_steps = 0;
-  bool has_step = false;                              // a training step has been aggregated
-  furnace::v1::StepRecord last;                       // the newest aggregated step
-  double tokens_total = 0;                            // tokens trained, all attempts (counter)
-  std::map<std::string, double> planner_bytes_total;  // by action (counter)
-  std::map<std::string, double> comm_bytes_total;     // by collective (counter)
-  std::map<std::string, uint64_t> restarts_by_cause;  // failure_kind -> failed attempts
-  double last_checkpoint_seconds = -1;                // < 0: no checkpoint yet
+  bool has_step = false;                               // a training step has been aggregated
+  furnace::v1::StepRecord last;                        // the newest aggregated step
+  double tokens_total = 0;                             // tokens trained, all attempts (counter)
+  std::map<std::string, double> planner_bytes_total;   // by action (counter)
+  std::map<std::string, double> comm_bytes_total;      // by collective (counter)
+  std::map<std::string, double> moe_op_bytes_total;    // by MoE op, e.g. "a2a(ep)" (counter)
+  std::map<std::string, double> moe_op_seconds_total;  // by MoE op (counter)
+  std::map<std::string, uint64_t> restarts_by_cause;   // failure_kind -> failed attempts
+  double last_checkpoint_seconds = -1;                 // < 0: no checkpoint yet
   double last_recovery_seconds = -1;  // failure -> next attempt all running; < 0: none yet
 };
 

@@ -54,9 +54,13 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_routing_spike(r.routing_spike() || t.routing_spike());
   for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
     constexpr uint32_t kMaxLayers = 4096, kMaxExperts = 65536;  // a bound against a bad record
-    if (layer.layer() >= kMaxLayers || layer.expert_tokens_size() > static_cast<int>(kMaxExperts)) {
-      continue;
+    if (layer.layer() >= kMaxLayers) continue;
+    // Every rank of a layer runs its schedule; the first rank that names one says it.
+    if (p.schedules.size() <= layer.layer()) p.schedules.resize(layer.layer() + 1);
+    if (p.schedules[layer.layer()] == v1::MOE_LAYER_SCHEDULE_UNSPECIFIED) {
+      p.schedules[layer.layer()] = layer.schedule();
     }
+    if (layer.expert_tokens_size() > static_cast<int>(kMaxExperts)) continue;
     if (p.expert_tokens.size() <= layer.layer()) p.expert_tokens.resize(layer.layer() + 1);
     std::vector<double>& sum = p.expert_tokens[layer.layer()];
     if (sum.size() < static_cast<size_t>(layer.expert_tokens_size())) {
@@ -74,6 +78,15 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     sum.set_bytes(sum.bytes() + c.bytes());
     sum.set_seconds(sum.seconds() + c.seconds());
     sum.set_calls(sum.calls() + c.calls());
+  }
+  for (const v1::MoeOpTelemetry& o : t.moe_ops()) {
+    constexpr size_t kMaxMoeOps = 256;  // a bound against a bad record (the schedules have ~10)
+    if (p.moe_ops.size() >= kMaxMoeOps && p.moe_ops.count(o.op()) == 0) continue;
+    v1::MoeOpTelemetry& sum = p.moe_ops[o.op()];
+    sum.set_op(o.op());
+    sum.set_bytes(sum.bytes() + o.bytes());
+    sum.set_seconds(sum.seconds() + o.seconds());
+    sum.set_calls(sum.calls() + o.calls());
   }
   ++p.ranks;
   if (p.ranks >= world_size) {
@@ -110,6 +123,8 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
     a->set_bytes(bytes);
   }
   for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
+  for (v1::MoeLayerSchedule schedule : p.schedules) r.add_moe_schedules(schedule);
+  for (const auto& [op, sum] : p.moe_ops) *r.add_moe_ops() = sum;
   if (absl::Status s = store_.PutStep(job_id, r); !s.ok()) {
     spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
   }
@@ -127,6 +142,10 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
   }
   for (const auto& c : r.comm()) {
     job.comm_total[v1::CollectiveOpLabel(c.op())] += static_cast<double>(c.bytes());
+  }
+  for (const auto& o : r.moe_ops()) {
+    job.moe_op_bytes_total[o.op()] += static_cast<double>(o.bytes());
+    job.moe_op_seconds_total[o.op()] += o.seconds();
   }
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
 }
@@ -170,6 +189,8 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.tokens_total = job.tokens_total;
   m.planner_bytes_total = job.planner_total;
   m.comm_bytes_total = job.comm_total;
+  m.moe_op_bytes_total = job.moe_op_bytes_total;
+  m.moe_op_seconds_total = job.moe_op_seconds_total;
   m.last_checkpoint_seconds = job.last_checkpoint_s;
 }
 

@@ -3,8 +3,8 @@
 // job's running totals for monitoring, and writes raw records and steps to the JobStore.
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
-// totals (tokens, planner bytes, communication bytes, checkpoint seconds); the counters of records
-// received and dropped by agents.
+// totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
+// seconds); the counters of records received and dropped by agents.
 // Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
 // Controller calls them holding its state mutex); Store only writes to the JobStore (thread-safe
 // on its own) and is called without that mutex, so bulk inserts never block other RPCs.
@@ -61,6 +61,8 @@ class TelemetryAggregator {
     std::map<int, uint64_t> planner;                 // v1::PlannerAction -> bytes, summed
     // (v1::CollectiveOp, v1::ParallelGroup) -> bytes, seconds and calls summed over ranks.
     std::map<std::pair<int, int>, furnace::v1::CommTelemetry> comm;
+    std::vector<furnace::v1::MoeLayerSchedule> schedules;        // [layer], the first rank's
+    std::map<std::string, furnace::v1::MoeOpTelemetry> moe_ops;  // by op, summed over ranks
   };
   struct JobSteps {
     std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
@@ -69,6 +71,8 @@ class TelemetryAggregator {
     double tokens_total = 0;
     // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
     std::map<std::string, double> planner_total, comm_total;
+    // By MoE op name (MoeOpTelemetry.op).
+    std::map<std::string, double> moe_op_bytes_total, moe_op_seconds_total;
     double last_checkpoint_s = -1;
     uint64_t records_since_trim = 0;
   };

@@ -146,13 +146,21 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     }
   }
 
-  // Parm's schedules (s1, s2, auto) are part of the schema but not of this build's runtime: a
-  // train job asking for them is refused rather than silently run with another schedule.
-  if (spec.kind() == "train" && moe.schedule() != "deepspeed") {
-    c.Fail({"moe.schedule"},
-           Problem{"is not available in this build (the runtime runs the deepspeed schedule; "
-                   "Parm's s1, s2 and auto come with the next release)",
-                   absl::StrCat("'", moe.schedule(), "'"), "deepspeed"});
+  // s1 splits each micro-batch's tokens evenly over the tp peers before the gate
+  // (runtime/moe/schedule.h); s2 and deepspeed keep every token on every peer, and auto picks s1
+  // only where the split is even.
+  if (spec.kind() == "train" && moe.schedule() == "s1" && p.tp() > 1) {
+    const uint64_t tokens = uint64_t{p.micro_batch()} * m.seq_len();
+    if (tokens % p.tp() != 0) {
+      c.Fail({"moe.schedule", "parallel.tp", "parallel.micro_batch", "model.seq_len"},
+             Problem{absl::StrCat("s1 splits a micro-batch's tokens over parallel.tp (= ", p.tp(),
+                                  "), but parallel.micro_batch * model.seq_len = ", p.micro_batch(),
+                                  " * ", m.seq_len(), " = ", tokens, " does not divide by it"),
+                     "'s1'",
+                     absl::StrCat("s2, auto or deepspeed, or a micro_batch * seq_len divisible "
+                                  "by tp = ",
+                                  p.tp())});
+    }
   }
 
   // Accepted means implemented: these fields are part of the schema but not of this build's

@@ -53,7 +53,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"moe.experts", FieldUse::kUsed, "moe().experts()"},
     {"moe.top_k", FieldUse::kUsed, "moe().top_k()"},
     {"moe.capacity_factor", FieldUse::kUsed, "moe().capacity_factor()"},
-    {"moe.schedule", FieldUse::kRefusedUnlessDefault, "s1"},
+    {"moe.schedule", FieldUse::kUsed, "moe().schedule()"},
     {"moe.normalize_topk", FieldUse::kUsed, "moe().normalize_topk()"},
     {"moe.aux_alpha", FieldUse::kUsed, "moe().aux_alpha()"},
     {"moe.spikes.probability", FieldUse::kUsed, "spikes().probability()"},

@@ -2,7 +2,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
@@ -46,6 +49,16 @@ v1::JobSeries MakeSeries() {
       r->set_checkpoint_seconds(step == 20 ? 0.1 : 0.2);
     }
     if (attempt == 2 && step == 60) r->set_checkpoint_seconds(0.4);
+    // Two MoE layers: s1 then s2 in the last step; 1 KiB of a2a(ep) and 512 B of
+    // mp_all_gather(tp) per step.
+    r->add_moe_schedules(v1::MOE_LAYER_SCHEDULE_S1);
+    r->add_moe_schedules(attempt == 2 ? v1::MOE_LAYER_SCHEDULE_S2 : v1::MOE_LAYER_SCHEDULE_S1);
+    v1::MoeOpTelemetry* op = r->add_moe_ops();
+    op->set_op("a2a(ep)");
+    op->set_bytes(1024);
+    op = r->add_moe_ops();
+    op->set_op("mp_all_gather(tp)");
+    op->set_bytes(512);
     r->set_ranks(1);
     ++index;
   };
@@ -159,6 +172,9 @@ TEST_F(ReportCommandTest, SummaryNumbers) {
   ASSERT_EQ(m.recovery_seconds.size(), 1u);
   EXPECT_EQ(m.recovery_seconds[0].first, 2u);
   EXPECT_DOUBLE_EQ(m.recovery_seconds[0].second, 1.5);
+  EXPECT_EQ(m.moe_schedules, (std::vector<std::string>{"s1", "s2"}));
+  EXPECT_EQ(m.moe_op_bytes, (std::map<std::string, double>{{"a2a(ep)", 70 * 1024},
+                                                           {"mp_all_gather(tp)", 70 * 512}}));
 
   const std::string text = RenderSummaryText(MakeRestartedJob(), MakeSeries(), m);
   for (const char* want :
@@ -167,7 +183,10 @@ TEST_F(ReportCommandTest, SummaryNumbers) {
         "entropy floor 2.1000  gap +0.1000 (+4.8%)", "median 25.6k", "median 5.50%  p10 1.90%",
         "median 40.0 ms", "1.900 max (layer 1, step 25)",
         "20.0 MiB activation peak of 64.0 MiB budget (31%)", "3, median 200.0 ms, max 400.0 ms",
-        "attempt 2 running 1.50 s", "7 records dropped"}) {
+        "attempt 2 running 1.50 s", "7 records dropped",
+        "schedule     layer 0 s1, layer 1 s2 (last step)\n",
+        "MoE ops      a2a(ep) 70.0 KiB (all steps and ranks)\n"
+        "             mp_all_gather(tp) 35.0 KiB (all steps and ranks)\n"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
 }
@@ -206,6 +225,8 @@ TEST_F(ReportCommandTest, JsonListsTheFilesAndSummary) {
   EXPECT_NE(out.find((dir_ / "loss.svg").string()), std::string::npos);
   EXPECT_NE(out.find("\"max_imbalance\": 1.9"), std::string::npos) << out;
   EXPECT_NE(out.find("\"telemetry_dropped\": 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"a2a(ep)\": 71680"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"s2\""), std::string::npos) << out;
 }
 
 TEST_F(ReportCommandTest, UnknownJobWritesNothing) {

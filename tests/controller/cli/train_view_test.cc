@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <ctime>
+#include <tuple>
 
 #include "controller/cli/format.h"
 #include "controller/cli/status_view.h"
@@ -45,6 +46,7 @@ TEST_F(TrainViewTest, ParsesScalarsAndPerLayerRouting) {
   EXPECT_FALSE(m->checkpoint_seconds.has_value());
   EXPECT_TRUE(m->comm.empty());
   EXPECT_TRUE(m->planner.empty());
+  EXPECT_TRUE(m->moe_ops.empty());
 }
 
 TEST_F(TrainViewTest, NotATrainJob) {
@@ -115,6 +117,7 @@ TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
   // One process: no communication, and the planner has not acted.
   EXPECT_EQ(out.find("communication"), std::string::npos) << out;
   EXPECT_EQ(out.find("memory planner"), std::string::npos) << out;
+  EXPECT_EQ(out.find("MoE ops"), std::string::npos) << out;
 }
 
 TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
@@ -151,6 +154,46 @@ TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
        }) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
   }
+}
+
+TEST_F(TrainViewTest, StatusShowsEachLayersScheduleAndTheMoeOps) {
+  v1::JobDetail job = MakeTrainJob();
+  v1::StepTelemetry& t = *job.mutable_telemetry();
+  t.mutable_moe_layers(0)->set_schedule(v1::MOE_LAYER_SCHEDULE_S1);
+  t.mutable_moe_layers(1)->set_schedule(v1::MOE_LAYER_SCHEDULE_S2);
+  for (const auto& [op, bytes, seconds, calls] :
+       {std::tuple{"fused(a2a ep, ag esp)", 3 << 20, 0.0125, 4},
+        std::tuple{"fused(a2a ep, ag tp)", 1 << 20, 0.004, 4},
+        std::tuple{"counts(ep)", 64, 0.001, 2}}) {
+    v1::MoeOpTelemetry* o = t.add_moe_ops();
+    o->set_op(op);
+    o->set_bytes(bytes);
+    o->set_seconds(seconds);
+    o->set_calls(calls);
+  }
+  const TrainMetrics m = *TrainMetricsOf(job);
+  EXPECT_EQ(m.layers[0].schedule, "s1");
+  EXPECT_EQ(m.layers[1].schedule, "s2");
+  ASSERT_EQ(m.moe_ops.size(), 3u);
+  EXPECT_EQ(m.moe_ops[1].op, "fused(a2a ep, ag tp)");
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  for (const char* want : {
+           "  schedule     layer 0 s1, layer 1 s2\n",
+           "\nMoE ops (last step, rank 0)\n"
+           "  OP                       BYTES     TIME  CALLS\n"
+           "  fused(a2a ep, ag esp)  3.0 MiB  12.5 ms      4\n"
+           "  fused(a2a ep, ag tp)   1.0 MiB   4.0 ms      4\n"
+           "  counts(ep)                64 B   1.0 ms      2\n",
+       }) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing:\n" << want << "\nin:\n" << out;
+  }
+  EXPECT_EQ(WatchFrame(job, kT0 + 65, 0, 0)[3],
+            "imbalance 1.34  schedule s1 x1, s2 x1  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
+  // Every layer on one schedule: named once.
+  t.mutable_moe_layers(0)->set_schedule(v1::MOE_LAYER_SCHEDULE_S2);
+  EXPECT_NE(RenderJobStatus(job, kT0 + 65).find("  schedule     s2\n"), std::string::npos);
+  EXPECT_EQ(WatchFrame(job, kT0 + 65, 0, 0)[3],
+            "imbalance 1.34  schedule s2  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
 }
 
 TEST_F(TrainViewTest, StatusSummarisesManyExperts) {

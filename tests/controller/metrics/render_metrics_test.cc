@@ -121,6 +121,14 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "# TYPE furnace_moe_expert_tokens gauge\n"
           "furnace_moe_expert_tokens{job=\"j-1\",layer=\"0\",expert=\"0\"} 100\n"
           "furnace_moe_expert_tokens{job=\"j-1\",layer=\"0\",expert=\"1\"} 110\n"
+          "# HELP furnace_moe_schedule_info Always 1; the schedule label is the MoE schedule "
+          "(deepspeed, s1, s2) the layer ran in the last step, in each direction (a layer runs "
+          "one schedule in both).\n"
+          "# TYPE furnace_moe_schedule_info gauge\n"
+          "furnace_moe_schedule_info{job=\"j-1\",layer=\"0\",direction=\"forward\","
+          "schedule=\"s1\"} 1\n"
+          "furnace_moe_schedule_info{job=\"j-1\",layer=\"0\",direction=\"backward\","
+          "schedule=\"s1\"} 1\n"
           "# HELP furnace_activation_memory_peak_bytes Peak activation memory of the last step "
           "in bytes (the largest rank).\n"
           "# TYPE furnace_activation_memory_peak_bytes gauge\n"
@@ -133,6 +141,14 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "steps and ranks.\n"
           "# TYPE furnace_comm_bytes_total counter\n"
           "furnace_comm_bytes_total{job=\"j-1\",op=\"all_reduce\"} 8192\n"
+          "# HELP furnace_moe_op_bytes_total Bytes moved by the MoE schedules' ops, by op and "
+          "group (a2a(ep), ag(esp), fused(a2a ep, ag tp), ...), over all steps and ranks.\n"
+          "# TYPE furnace_moe_op_bytes_total counter\n"
+          "furnace_moe_op_bytes_total{job=\"j-1\",op=\"a2a(ep)\"} 2048\n"
+          "# HELP furnace_moe_op_seconds_total Seconds spent in the MoE schedules' ops, by op and "
+          "group, over all steps and ranks.\n"
+          "# TYPE furnace_moe_op_seconds_total counter\n"
+          "furnace_moe_op_seconds_total{job=\"j-1\",op=\"a2a(ep)\"} 0.5\n"
           "# HELP furnace_workers Workers registered with the controller, by state.\n"
           "# TYPE furnace_workers gauge\n"
           "furnace_workers{state=\"busy\"} 0\n"
@@ -174,7 +190,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 22u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 25u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -240,7 +256,7 @@ TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 22u);
+  EXPECT_EQ(families.size(), 25u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;
@@ -288,6 +304,34 @@ TEST(CollectMetrics, LabelsKeepTheirOrderAndLayersCountNumerically) {
   }
   EXPECT_EQ(layers, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
                                               "10", "11"}));
+}
+
+TEST(RenderMetrics, EveryMoeLayerExportsItsScheduleInBothDirections) {
+  const std::string text = RenderMetrics(RichSnapshot());
+  const std::vector<std::string> info = SamplesOf(text, "furnace_moe_schedule_info");
+  // Job j-a: 4 layers x 2 directions; j-b names no schedule and exports none.
+  ASSERT_EQ(info.size(), 8u) << text;
+  EXPECT_EQ(info[0],
+            "furnace_moe_schedule_info{job=\"j-a\",layer=\"0\",direction=\"forward\","
+            "schedule=\"deepspeed\"} 1");
+  EXPECT_EQ(info[3],
+            "furnace_moe_schedule_info{job=\"j-a\",layer=\"1\",direction=\"backward\","
+            "schedule=\"s1\"} 1");
+  EXPECT_EQ(info[4],
+            "furnace_moe_schedule_info{job=\"j-a\",layer=\"2\",direction=\"forward\","
+            "schedule=\"s2\"} 1");
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_op_bytes_total"),
+            (std::vector<std::string>{
+                "furnace_moe_op_bytes_total{job=\"j-a\",op=\"a2a(ep)\"} 650000000",
+                "furnace_moe_op_bytes_total{job=\"j-a\",op=\"ag(esp)\"} 4096",
+                "furnace_moe_op_bytes_total{job=\"j-a\",op=\"fused(a2a ep, ag tp)\"} 150000000",
+            }));
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_op_seconds_total"),
+            (std::vector<std::string>{
+                "furnace_moe_op_seconds_total{job=\"j-a\",op=\"a2a(ep)\"} 2.25",
+                "furnace_moe_op_seconds_total{job=\"j-a\",op=\"ag(esp)\"} 0.125",
+                "furnace_moe_op_seconds_total{job=\"j-a\",op=\"fused(a2a ep, ag tp)\"} 0.5",
+            }));
 }
 
 TEST(CollectMetrics, RenderMetricsIsTheLibrarysTextOfTheFamilies) {

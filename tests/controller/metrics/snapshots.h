@@ -44,6 +44,9 @@ inline MetricsSnapshot SmallSnapshot() {
   JobMetrics train = TrainingJob("j-1", 1, 2);
   train.planner_bytes_total["keep"] = 4096;
   train.comm_bytes_total["all_reduce"] = 8192;
+  train.last.add_moe_schedules(furnace::v1::MOE_LAYER_SCHEDULE_S1);
+  train.moe_op_bytes_total["a2a(ep)"] = 2048;
+  train.moe_op_seconds_total["a2a(ep)"] = 0.5;
   snap.jobs.push_back(train);
   JobMetrics pending;
   pending.job_id = "j-2";
@@ -63,6 +66,13 @@ inline MetricsSnapshot RichSnapshot() {
   a.last.set_memory_budget_bytes(8.0 * 1024 * 1024 * 1024);
   a.planner_bytes_total = {{"keep", 1e9}, {"offload", 2.5e8}, {"recompute", 12345}};
   a.comm_bytes_total = {{"all_reduce", 3e9}, {"all_to_all", 7.25e8}};
+  for (auto schedule :
+       {furnace::v1::MOE_LAYER_SCHEDULE_DEEPSPEED, furnace::v1::MOE_LAYER_SCHEDULE_S1,
+        furnace::v1::MOE_LAYER_SCHEDULE_S2, furnace::v1::MOE_LAYER_SCHEDULE_S2}) {
+    a.last.add_moe_schedules(schedule);
+  }
+  a.moe_op_bytes_total = {{"a2a(ep)", 6.5e8}, {"fused(a2a ep, ag tp)", 1.5e8}, {"ag(esp)", 4096}};
+  a.moe_op_seconds_total = {{"a2a(ep)", 2.25}, {"fused(a2a ep, ag tp)", 0.5}, {"ag(esp)", 0.125}};
   a.restarts_by_cause = {{"signal", 2}, {"hang", 1}};
   a.last_checkpoint_seconds = 1.25;
   a.last_recovery_seconds = 4.5;

@@ -396,6 +396,11 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
     c->set_bytes(10);
     c->set_seconds(0.25);
     c->set_calls(1);
+    v1::MoeOpTelemetry* op = t.add_moe_ops();
+    op->set_op("a2a(ep)");
+    op->set_bytes(8);
+    op->set_seconds(0.125);
+    op->set_calls(2);
     return r;
   };
   v1::TelemetryBatch batch;
@@ -439,6 +444,8 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   snap = c_->Metrics();
   EXPECT_DOUBLE_EQ(snap.jobs[0].tokens_total, 2000);  // history reloaded
   EXPECT_EQ(snap.jobs[0].comm_bytes_total, (std::map<std::string, double>{{"all_to_all", 20}}));
+  EXPECT_EQ(snap.jobs[0].moe_op_bytes_total, (std::map<std::string, double>{{"a2a(ep)", 16}}));
+  EXPECT_EQ(snap.jobs[0].moe_op_seconds_total, (std::map<std::string, double>{{"a2a(ep)", 0.25}}));
   EXPECT_EQ(snap.jobs[0].restarts_by_cause["signal"], 1u);
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 1);
 }
@@ -471,6 +478,9 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   s.memory_actions = {.recomputed_bytes = 300, .offloaded_bytes = 700, .late_reloads = 2};
   s.comm = {{"ep", comm::CollectiveOp::kAllToAll, 4096, 4, 0.01},
             {"tp", comm::CollectiveOp::kAllReduce, 1024, 2, 0.002}};
+  s.moe_schedules = {"s1", "s2"};
+  s.moe_ops = {{.op = "mp_all_gather(tp)", .bytes = 512, .calls = 2, .seconds = 0.001},
+               {.op = "a2a(ep)", .bytes = 2048, .calls = 4, .seconds = 0.02}};
   std::vector<v1::StepTelemetry> sent;
   v1::TelemetryBatch batch;
   batch.set_worker_id("h/0");
@@ -498,7 +508,14 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_TRUE(t.routing_spike());
   ASSERT_EQ(t.moe_layers_size(), 2);
   EXPECT_EQ(t.moe_layers(1).layer(), 1u);
-  EXPECT_EQ(t.moe_layers(0).schedule(), v1::MOE_LAYER_SCHEDULE_DEEPSPEED);
+  EXPECT_EQ(t.moe_layers(0).schedule(), v1::MOE_LAYER_SCHEDULE_S1);
+  EXPECT_EQ(t.moe_layers(1).schedule(), v1::MOE_LAYER_SCHEDULE_S2);
+  ASSERT_EQ(t.moe_ops_size(), 2);  // the runtime's order
+  EXPECT_EQ(t.moe_ops(0).op(), "mp_all_gather(tp)");
+  EXPECT_EQ(t.moe_ops(0).bytes(), 512u);
+  EXPECT_EQ(t.moe_ops(0).calls(), 2u);
+  EXPECT_DOUBLE_EQ(t.moe_ops(0).seconds(), 0.001);
+  EXPECT_EQ(t.moe_ops(1).op(), "a2a(ep)");
   EXPECT_EQ(std::vector<uint64_t>(t.moe_layers(0).expert_tokens().begin(),
                                   t.moe_layers(0).expert_tokens().end()),
             (std::vector<uint64_t>{30, 10}));
@@ -550,6 +567,16 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   EXPECT_EQ(st.planner(0).action(), v1::PLANNER_ACTION_OFFLOAD);
   EXPECT_EQ(st.planner(0).bytes(), 1400u);
   EXPECT_EQ(st.planner(1).bytes(), 600u);
+  EXPECT_EQ(std::vector<int>(st.moe_schedules().begin(), st.moe_schedules().end()),
+            (std::vector<int>{v1::MOE_LAYER_SCHEDULE_S1, v1::MOE_LAYER_SCHEDULE_S2}));
+  // Per op, summed over the two ranks, in op-name order.
+  ASSERT_EQ(st.moe_ops_size(), 2);
+  EXPECT_EQ(st.moe_ops(0).op(), "a2a(ep)");
+  EXPECT_EQ(st.moe_ops(0).bytes(), 4096u);
+  EXPECT_EQ(st.moe_ops(0).calls(), 8u);
+  EXPECT_DOUBLE_EQ(st.moe_ops(0).seconds(), 0.04);
+  EXPECT_EQ(st.moe_ops(1).op(), "mp_all_gather(tp)");
+  EXPECT_EQ(st.moe_ops(1).bytes(), 1024u);
 
   const MetricsSnapshot snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
@@ -560,6 +587,10 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
             (std::map<std::string, double>{{"all_reduce", 2048}, {"all_to_all", 8192}}));
   EXPECT_EQ(m.planner_bytes_total,
             (std::map<std::string, double>{{"offload", 1400}, {"recompute", 600}}));
+  EXPECT_EQ(m.moe_op_bytes_total,
+            (std::map<std::string, double>{{"a2a(ep)", 4096}, {"mp_all_gather(tp)", 1024}}));
+  EXPECT_EQ(m.moe_op_seconds_total,
+            (std::map<std::string, double>{{"a2a(ep)", 0.04}, {"mp_all_gather(tp)", 0.002}}));
   EXPECT_EQ(m.last.SerializeAsString(), st.SerializeAsString());
 }
 

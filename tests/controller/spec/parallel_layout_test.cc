@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "controller/spec/job_spec.h"
 #include "tests/controller/spec/refusal_case.h"
@@ -33,10 +34,15 @@ std::vector<LayoutCase> Cases() {
        Train("parallel:\n  tp: 2\n  esp: 4\n"),
        {"job.yaml:5:8: parallel.esp: inconsistent sizes: ep * esp must divide dp * tp (got ep * "
         "esp = 1 * 4 = 4, dp * tp = 1 * 2 = 2; allowed: ep * esp in {1, 2})"}},
-      {"schedule_not_in_this_build",
-       Train("moe:\n  schedule: s1\n"),
-       {"job.yaml:4:13: moe.schedule: is not available in this build",
-        "(got 's1'; allowed: deepspeed)"}},
+      {"s1_tokens_not_dividing_tp",
+       Train("model:\n  seq_len: 6\nparallel:\n  tp: 4\nmoe:\n  schedule: s1\n"),
+       {"job.yaml:8:13: moe.schedule: s1 splits a micro-batch's tokens over parallel.tp (= 4), "
+        "but parallel.micro_batch * model.seq_len = 1 * 6 = 6 does not divide by it (got 's1'; "
+        "allowed: s2, auto or deepspeed, or a micro_batch * seq_len divisible by tp = 4)"}},
+      {"s1_tokens_not_dividing_tp_with_micro_batch",
+       Train("model: {seq_len: 5}\nparallel: {tp: 2, micro_batch: 3}\nmoe: {schedule: s1}\n"),
+       {"moe.schedule: s1 splits a micro-batch's tokens over parallel.tp (= 2)",
+        "= 3 * 5 = 15 does not divide by it"}},
       {"order_missing_an_axis",
        Train("parallel:\n  order: dp-tp\n"),
        {"job.yaml:4:10: parallel.order: must name tp, dp and pp once each, joined by '-'",
@@ -110,6 +116,23 @@ TEST(ParallelLayoutAcceptedTest, UnevenPipelineStages) {
 TEST(ParallelLayoutAcceptedTest, EmptyOrderIsTheDefault) {
   EXPECT_EQ(MustParse(Train("parallel:\n  order: \"\"\n")).parallel().order(), "tp-dp-pp");
   EXPECT_EQ(MustParse(Train("parallel: {order: pp-tp-dp}\n")).parallel().order(), "pp-tp-dp");
+}
+
+TEST(ParallelLayoutAcceptedTest, EveryMoeScheduleOnAValidJob) {
+  // tp 2 splits 1 * 64 tokens evenly, so s1 runs too; auto never picks s1 where it would not split.
+  for (const char* schedule : {"deepspeed", "s1", "s2", "auto"}) {
+    const std::string yaml =
+        Train(absl::StrCat("parallel: {dp: 2, tp: 2, ep: 2}\nmoe: {schedule: ", schedule, "}\n"));
+    EXPECT_EQ(MustParse(yaml).moe().schedule(), schedule);
+  }
+  // Only s1 splits tokens: the others run where micro_batch * seq_len does not divide by tp.
+  for (const char* schedule : {"deepspeed", "s2", "auto"}) {
+    const std::string yaml = Train(absl::StrCat("model: {seq_len: 6}\nparallel: {tp: 4}\n",
+                                                "moe: {schedule: ", schedule, "}\n"));
+    EXPECT_EQ(MustParse(yaml).moe().schedule(), schedule);
+  }
+  // tp 1 splits nothing.
+  EXPECT_EQ(MustParse(Train("model: {seq_len: 7}\nmoe: {schedule: s1}\n")).moe().schedule(), "s1");
 }
 
 TEST(ParallelLayoutAcceptedTest, ExpertGroupsTilingAStage) {
