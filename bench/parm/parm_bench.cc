@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
   json result_layouts = json::array();
   // Per config: the measured totals, for the summary.
   struct Row {
-    std::string name;
+    std::string name, layout;
     double ds, s1, s2, autot, best;
     std::string pick, best_name;
     std::vector<double> pred_err_total, pred_err_fwd, pred_err_bwd;
@@ -402,6 +402,7 @@ int main(int argc, char** argv) {
       std::map<moe::Schedule, Measured> m;
       json js;
       Row row;
+      row.layout = absl::StrFormat("tp %d ep %d esp %d", l.tp, l.ep, l.esp);
       row.name = absl::StrFormat("tp%d ep%d esp%d N%d C%d f%d E%d k%d", l.tp, l.ep, l.esp,
                                  sh.B * sh.T, sh.C, sh.f, sh.E, sh.k);
       for (moe::Schedule s : moe::kAllSchedules) {
@@ -498,6 +499,14 @@ int main(int argc, char** argv) {
     for (double e : r.pred_err_fwd) abs_err_fwd.push_back(std::fabs(e));
     for (double e : r.pred_err_bwd) abs_err_bwd.push_back(std::fabs(e));
   }
+  std::map<std::string, std::vector<double>> layout_speedups;
+  for (const Row& r : rows) layout_speedups[r.layout].push_back(r.ds / std::min(r.s1, r.s2));
+  json per_layout;
+  for (const auto& [name, v] : layout_speedups) {
+    per_layout[name] = {{"min", *std::min_element(v.begin(), v.end())},
+                        {"median", Percentile50(v)},
+                        {"max", *std::max_element(v.begin(), v.end())}};
+  }
   const int n = static_cast<int>(rows.size());
   const double sp_min = *std::min_element(speedups.begin(), speedups.end());
   const double sp_max = *std::max_element(speedups.begin(), speedups.end());
@@ -509,6 +518,7 @@ int main(int argc, char** argv) {
                   {"auto_is_measured_best", auto_is_best},
                   {"speedup_best_parm_over_deepspeed",
                    {{"min", sp_min}, {"median", Percentile50(speedups)}, {"max", sp_max}}},
+                  {"speedup_by_layout", per_layout},
                   {"median_abs_prediction_error", Percentile50(abs_err)},
                   {"median_abs_prediction_error_fwd", Percentile50(abs_err_fwd)},
                   {"median_abs_prediction_error_bwd", Percentile50(abs_err_bwd)}};
@@ -521,6 +531,10 @@ int main(int argc, char** argv) {
   std::printf(
       "  best Parm schedule (min of s1, s2) over deepspeed: %.2fx .. %.2fx (median %.2fx)\n",
       sp_min, sp_max, Percentile50(speedups));
+  for (const auto& [name, v] : per_layout.items()) {
+    std::printf("    %s: %.2fx .. %.2fx (median %.2fx)\n", name.c_str(), v["min"].get<double>(),
+                v["max"].get<double>(), v["median"].get<double>());
+  }
   std::printf("  median |prediction error|: %.0f%% fwd+bwd (fwd %.0f%%, bwd %.0f%%)\n",
               100 * Percentile50(abs_err), 100 * Percentile50(abs_err_fwd),
               100 * Percentile50(abs_err_bwd));
