@@ -6,7 +6,7 @@
 # Needs root (ip netns, tc).
 #
 #   bench/parm/run.sh [--quick] [--rates "1gbit 300mbit"] [--reps 7] [--build-dir build]
-# About 11 minutes with the defaults on a 2-core machine (8 ranks oversubscribe the cores).
+# About 13 minutes with the defaults on a 2-core machine (8 ranks oversubscribe the cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build
@@ -27,11 +27,13 @@ if [[ ! -f $build/build.ninja ]]; then
 fi
 ninja -C "$build" bench_parm
 
+# nproc reads OMP_NUM_THREADS: ask it before the thread settings go in.
+cores=$(nproc)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000
 out=$root/bench/parm/results
 mkdir -p "$out"
 trap '"$root/bench/parm/two_nodes.sh" down' EXIT
-echo "== $(date -u +%FT%TZ) nproc $(nproc) commit $(git -C "$root" rev-parse --short HEAD)"
+echo "== $(date -u +%FT%TZ) nproc $cores commit $(git -C "$root" rev-parse --short HEAD)"
 "$build/bin/bench_parm" --nodes 1 --reps "$reps" "${extra[@]}" --json "$out/nodes1.json" \
   | tee "$out/nodes1.txt"
 for rate in $rates; do
