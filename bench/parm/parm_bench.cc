@@ -83,6 +83,8 @@ struct Flags {
   uint64_t seed = 1;
   double timeout_s = 120;
   std::string link = "loopback";  // a label for the report (two_nodes.sh --rate)
+  std::vector<int64_t> calib_sizes = {32 << 10, 256 << 10, 2 << 20};
+  int calib_repeats = 3;
 };
 
 std::vector<Layout> Layouts(bool quick) {
@@ -142,10 +144,10 @@ std::string RankFile(const std::string& dir, int rank) {
 }
 
 // The GEMM and row-copy timers calibration fits (the same BLAS as the experts, on this rank).
-moe::CalibrationOptions CalibrationFor(const furnace::device::Backend& ops) {
+moe::CalibrationOptions CalibrationFor(const Flags& f, const furnace::device::Backend& ops) {
   moe::CalibrationOptions o;
-  o.sizes_bytes = {32 << 10, 256 << 10, 2 << 20};
-  o.repeats = 3;
+  o.sizes_bytes = f.calib_sizes;
+  o.repeats = f.calib_repeats;
   o.gemm_flops = {int64_t{1} << 22, int64_t{1} << 25, int64_t{1} << 28};
   o.gemm_seconds = [&ops](int64_t flops) {
     const int d = std::max(1, static_cast<int>(std::cbrt(static_cast<double>(flops) / 2)));
@@ -191,7 +193,7 @@ absl::Status RunRank(const Flags& f, const Layout& l, const std::vector<bench::L
   const double t_cal = bench::Now();
   ASSIGN_OR_RETURN(moe::CostProfile profile, moe::Calibrate({layout->world.get(), layout->tp.get(),
                                                              layout->ep.get(), layout->esp.get()},
-                                                            CalibrationFor(*ops)));
+                                                            CalibrationFor(f, *ops)));
   json out;
   out["rank"] = rank;
   out["calibration_s"] = bench::Now() - t_cal;
@@ -303,6 +305,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", f.threads, "BLAS threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--seed", f.seed);
   app.add_option("--timeout_s", f.timeout_s, "rendezvous and every collective");
+  app.add_option("--calib_sizes", f.calib_sizes, "calibration message sizes, bytes");
+  app.add_option("--calib_repeats", f.calib_repeats, "calibration repeats per size")
+      ->check(CLI::PositiveNumber);
   app.add_option("--link", f.link, "label of the inter-node link, for the report");
   CLI11_PARSE(app, argc, argv);
   if (f.nodes == 2) {
@@ -556,6 +561,8 @@ int main(int argc, char** argv) {
                 {"warmup", f.warmup},
                 {"threads", f.threads},
                 {"quick", f.quick},
+                {"calib_sizes", f.calib_sizes},
+                {"calib_repeats", f.calib_repeats},
                 {"nproc", std::thread::hardware_concurrency()},
                 {"date", date},
                 {"env", env},
