@@ -86,8 +86,13 @@ double OpSeconds(const CostProfile& p, const Op& op, Direction dir, const LayerS
     case OpKind::kRowAllGather:
       return CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kTp, bytes.tp);
     case OpKind::kGate: {
+      // The router GEMM, the layer norm over all N tokens and the softmax / top-k passes over the
+      // gated ones (elementwise: priced as copies of what they read and write), and under s1 the
+      // forward's exchange of the gate statistics over tp.
       const double flops = 2.0 * static_cast<double>(rows.gate_tokens) * shape.C * shape.E;
-      return grad * p.gemm.Seconds(flops);
+      const int64_t elementwise = (2 * shape.N * shape.C + 3 * rows.gate_tokens * shape.E) * kF32;
+      return grad * (p.gemm.Seconds(flops) + CopySeconds(p, elementwise)) +
+             CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kTp, bytes.tp);
     }
     case OpKind::kOrder:
     case OpKind::kInverseOrder:
@@ -183,12 +188,17 @@ ScheduleRows RowsOf(const LayerShape& shape, Schedule s) {
   return r;
 }
 
-GroupBytes OpBytes(const Op& op, Direction /*dir: the adjoints keep the volumes*/,
-                   const LayerShape& shape, Schedule s) {
+GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedule s) {
   const ScheduleRows rows = RowsOf(shape, s);
   const int64_t row_bytes = shape.C * kF32;
   GroupBytes b;
   switch (op.kind) {
+    case OpKind::kGate:
+      // s1's forward gathers every peer's choice counts and probability sums (2 E doubles).
+      if (s == Schedule::kS1 && dir == Direction::kForward) {
+        AddOn(b, shape, OpGroup::kTp, 2 * static_cast<int64_t>(shape.E) * 8);
+      }
+      break;
     case OpKind::kMpAllGather:
       AddOn(b, shape, OpGroup::kTp, shape.N / std::max(shape.tp, 1) * row_bytes);
       break;
@@ -213,7 +223,6 @@ GroupBytes OpBytes(const Op& op, Direction /*dir: the adjoints keep the volumes*
       AddOn(b, shape, op.ag_group, AllGatherBytes(op.ag_group, shape, rows));
       break;
     case OpKind::kMpSplit:
-    case OpKind::kGate:
     case OpKind::kOrder:
     case OpKind::kRowSplit:
     case OpKind::kExpert:

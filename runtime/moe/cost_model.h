@@ -25,8 +25,9 @@
 //   mp_all_gather(tp)  (N/tp) * C * 4       row_all_gather(tp)  (S_all/tp) * C * 4
 //   fused(a2a, ag g)   the a2a's bytes on ep + the all-gather's bytes on g
 //   counts             E * 8 on ep (the a2a of (E/ep) * ep int64) + E * 8 on esp (all-gather)
+//   gate (s1, forward) 2 E * 8 on tp: every peer's choice counts and probability sums
 // Backward lists are the adjoints (schedule.h), so the same formulas apply op by op: ag <-> rs,
-// the splits are free, counts are not exchanged again. An op on a group of size 1 is no
+// the splits are free, counts and gate statistics are not exchanged again. An op on a group of size 1 is no
 // collective: 0 bytes, 0 s (the executor skips it).
 //
 // Times (Predict):
@@ -34,9 +35,12 @@
 //                    two collectives (a2a on ep, all-gather on esp)
 //   expert           2 GEMMs of R x C x (f/esp), 2 flops per multiply-add, each alpha + beta *
 //                    flops; backward (input and weight gradients) twice forward
-//   gate             one GEMM of N_gate x C x E (2 flops per MAC); backward twice forward
-//   order, inverse,  local copies of their rows (copy alpha + beta * bytes); mp_split free; the
-//   row_split        s1 gate's tiny statistics exchange over tp is not priced
+//   gate             one GEMM of N_gate x C x E (2 flops per MAC), plus its elementwise passes
+//                    priced as copies (the layer norm over all N tokens reads and writes N x C,
+//                    softmax and top-k 3 N_gate x E); backward twice forward; s1's forward adds
+//                    the statistics all-gather over tp
+//   order, inverse,  local copies of their rows (copy alpha + beta * bytes); mp_split free
+//   row_split
 //   fused            max(t_a2a, t_ag) + G * max(alpha_a2a, alpha_ag), G = ep pairwise steps
 //                    (parm.md 2.5: the pipelined exchange pays a start-up per step)
 //

@@ -115,10 +115,12 @@ TEST(CostModelTest, BytesPerGroupForwardAndBackward) {
   EXPECT_EQ(ScheduleBytes(Direction::kBackward, s, Schedule::kDeepspeed),
             (GroupBytes{.tp = 0, .ep = 2 * 512 * row, .esp = (512 + 1024) * row}));
   // s1: S = A = 256, R = 512; the mp_all_gather (forward) and its adjoint's all-gather (backward,
-  // the mp_split's) move N/tp rows.
+  // the mp_split's) move N/tp rows; the forward's gate also gathers 2 E doubles of statistics.
+  const int64_t gate_stats = 2 * s.E * 8;
   EXPECT_EQ(ScheduleBytes(Direction::kForward, s, Schedule::kS1),
-            (GroupBytes{
-                .tp = 128 * row, .ep = 2 * 256 * row + counts, .esp = (256 + 512) * row + counts}));
+            (GroupBytes{.tp = 128 * row + gate_stats,
+                        .ep = 2 * 256 * row + counts,
+                        .esp = (256 + 512) * row + counts}));
   EXPECT_EQ(ScheduleBytes(Direction::kBackward, s, Schedule::kS1),
             (GroupBytes{.tp = 128 * row, .ep = 2 * 256 * row, .esp = (256 + 512) * row}));
   // s2: the tp all-gather moves S_all/tp rows; backward's comes from the row_split's adjoint.
