@@ -75,6 +75,7 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   t.set_dropped_tokens(static_cast<uint64_t>(s.dropped));
   t.set_entropy_floor(context.entropy_floor);
   t.set_routing_spike(s.routing_spike);
+  t.set_moe_schedule_reason(context.moe_schedule_reason);
   for (size_t l = 0; l < s.imbalance.size(); ++l) {
     furnace::v1::MoeLayerTelemetry* layer = t.add_moe_layers();
     layer->set_layer(static_cast<uint32_t>(l));

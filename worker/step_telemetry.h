@@ -16,8 +16,9 @@ struct StepTelemetryContext {
   // Whether this rank reports the global counts (tokens, tokens per expert): rank 0 does, so the
   // controller's sum over ranks counts them once.
   bool reporter = false;
-  uint64_t memory_budget_bytes = 0;  // memory.device_budget (0 = unlimited)
-  double entropy_floor = 0;          // the data's loss floor when known, else 0
+  uint64_t memory_budget_bytes = 0;      // memory.device_budget (0 = unlimited)
+  double entropy_floor = 0;              // the data's loss floor when known, else 0
+  std::string moe_schedule_reason = {};  // moe.schedule auto: the choice's reason, else empty
 };
 
 furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& stats,

@@ -85,7 +85,8 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
     }
   };
   const std::vector<std::string> ran = model.MoeScheduleNames();
-  const std::string ran_text = ran.empty() ? std::string("-") : ran.front();
+  if (ran.empty()) return;  // no MoE layer on this model
+  const std::string ran_text = ran.front();
   if (requested != "auto") {
     log(absl::StrCat("moe schedule ", ran_text, " on every MoE layer; forward ",
                      moe::OpListString(moe::ForwardOps(model.MoeSchedules().front())),
@@ -233,6 +234,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (absl::Status set = (*model)->SetMemoryPolicy(*policy); !set.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
   }
+  std::string moe_schedule_reason;  // auto's, for the step telemetry
   // moe.schedule: every MoE layer's schedule, the same on every rank (auto: calibrated on this
   // job's groups, or the profile an earlier attempt of the layout cached in checkpoint.dir).
   if (parallel) {
@@ -248,6 +250,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       return Fail(progress, 0, kRankExitError, absl::StrCat("moe.schedule: ", set.message()));
     }
     LogMoeSchedules(spec.moe().schedule(), *choice, **model, task.rank() == 0);
+    if (spec.moe().schedule() == "auto" && choice->choice.has_value()) {
+      moe_schedule_reason = choice->choice->reason;
+    }
   }
   // A budget below what any policy needs for one micro-batch would only run out of memory, restart
   // and escalate to the same end: refused before the first step, with the number needed. (The
@@ -352,7 +357,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     const furnace::v1::StepTelemetry telemetry =
         StepTelemetryOf(s, {.reporter = reporter,
                             .memory_budget_bytes = spec.memory().device_budget(),
-                            .entropy_floor = entropy_floor});
+                            .entropy_floor = entropy_floor,
+                            .moe_schedule_reason = moe_schedule_reason});
     double worst = 0;
     for (double imbalance : s.imbalance) worst = std::max(worst, imbalance);
     const uint64_t done = static_cast<uint64_t>(s.step) + 1;

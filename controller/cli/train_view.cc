@@ -121,6 +121,7 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   m.planner_decisions = known(static_cast<double>(t.memory().planner_decisions()));
   m.emergency_offloads = known(static_cast<double>(t.memory().emergency_offloads()));
   m.routing_spike = t.routing_spike();
+  m.schedule_reason = t.moe_schedule_reason();
   std::map<int, MoeLayerRouting> layers;
   for (const v1::MoeLayerTelemetry& l : t.moe_layers()) {
     MoeLayerRouting& routing = layers[static_cast<int>(l.layer())];
@@ -221,7 +222,9 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   }
   if (m.imbalance_max) kv.AddRow({"imbalance", FormatImbalance(m)});
   if (const std::string schedule = FormatSchedule(m); !schedule.empty()) {
-    kv.AddRow({"schedule", schedule});
+    kv.AddRow({"schedule", m.schedule_reason.empty()
+                               ? schedule
+                               : absl::StrCat(schedule, " (auto: ", m.schedule_reason, ")")});
   }
   if (m.dropped_tokens) kv.AddRow({"dropped", Count(*m.dropped_tokens)});
   std::string out = "\ntraining\n";

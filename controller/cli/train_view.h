@@ -42,6 +42,7 @@ struct TrainMetrics {
       imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads;
   bool routing_spike = false;
   std::vector<MoeLayerRouting> layers;                  // ascending by layer
+  std::string schedule_reason;                          // moe.schedule auto: why
   std::vector<CommRow> comm;                            // as reported
   std::vector<MoeOpRow> moe_ops;                        // as reported
   std::vector<std::pair<std::string, double>> planner;  // bytes per planner action

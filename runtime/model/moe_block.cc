@@ -136,7 +136,8 @@ double GroupAuxLoss(const MoeShape& m, const moe::GateStats& g, int64_t N) {
     const double frac = static_cast<double>(g.total[e]) / (static_cast<double>(m.k) * N);
     acc += frac * (g.psum[e] / N);
   }
-  return static_cast<float>(m.alpha * m.E * acc);
+  // alpha as the kernel takes it (fp32), the sum in double as the kernel does.
+  return static_cast<float>(static_cast<double>(static_cast<float>(m.alpha)) * m.E * acc);
 }
 
 }  // namespace
@@ -422,7 +423,8 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
     float* dp = dprobs.as<float>();
     for (int e = 0; e < E; ++e) {
       const double frac = static_cast<double>(s.group_choices[e]) / (static_cast<double>(K) * N);
-      const float coef = static_cast<float>(aux_scale * static_cast<float>(m.alpha) * E * frac / N);
+      const float coef = static_cast<float>(static_cast<double>(static_cast<float>(aux_scale)) *
+                                            static_cast<float>(m.alpha) * E * frac / N);
       for (int n = 0; n < G; ++n) dp[int64_t{n} * E + e] += coef;
     }
   } else {

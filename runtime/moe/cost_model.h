@@ -27,8 +27,8 @@
 //   counts             E * 8 on ep (the a2a of (E/ep) * ep int64) + E * 8 on esp (all-gather)
 //   gate (s1, forward) 2 E * 8 on tp: every peer's choice counts and probability sums
 // Backward lists are the adjoints (schedule.h), so the same formulas apply op by op: ag <-> rs,
-// the splits are free, counts and gate statistics are not exchanged again. An op on a group of size 1 is no
-// collective: 0 bytes, 0 s (the executor skips it).
+// the splits are free, counts and gate statistics are not exchanged again. An op on a group of size
+// 1 is no collective: 0 bytes, 0 s (the executor skips it).
 //
 // Times (Predict):
 //   collective       alpha + beta * bytes with the profile's fit for (kind, group); counts are

@@ -26,13 +26,14 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes_per_
 int SizeOf(const comm::Communicator* c) { return c == nullptr ? 1 : c->size(); }
 int RankOf(const comm::Communicator* c) { return c == nullptr ? 0 : c->rank(); }
 
-// Every member's `value` over `group`, in rank order (one int64 each).
-absl::StatusOr<std::vector<int>> GatherInt(comm::Communicator* group, int value) {
-  if (group == nullptr || group->size() == 1) return std::vector<int>{value};
-  const int64_t mine = value;
-  std::vector<int64_t> all(group->size());
-  RETURN_IF_ERROR(group->AllGather(&mine, all.data(), sizeof(int64_t)));
-  return std::vector<int>(all.begin(), all.end());
+// FNV-1a of the routed rows per expert: the tp peers of s2 must have routed alike.
+int64_t CountsHash(const std::vector<int64_t>& counts) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t c : counts) {
+    h ^= static_cast<uint64_t>(c);
+    h *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(h);
 }
 
 // Where row r of expert e's c rows goes under s2: peer q keeps [c q / tp, c (q + 1) / tp).
@@ -163,11 +164,23 @@ absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
   h.tp_rank = tp_rank();
   if (split_rows) {
     h.all_counts = expert_counts;
-    // The fused ops' step order needs each peer's ep rank.
-    ASSIGN_OR_RETURN(h.tp_peer_ep, GatherInt(groups_.tp, h.ep_rank));
-    ASSIGN_OR_RETURN(h.esp_peer_ep, GatherInt(groups_.expert.esp, h.ep_rank));
-    if (h.tp > 1) bytes += sizeof(int64_t);
-    if (h.esp > 1) bytes += sizeof(int64_t);
+    // The fused ops' step order needs each tp peer's ep rank; its layout, that every peer routed
+    // the same rows (they gate the same tokens with the same weights): one all-gather of
+    // (ep rank, hash of the counts). ESP peers share their ep coordinate (topology.h: an ESP
+    // group is one (stage, edp, ep)), so theirs is this rank's.
+    const int64_t mine_info[2] = {h.ep_rank, CountsHash(expert_counts)};
+    std::vector<int64_t> info(2 * static_cast<size_t>(h.tp));
+    RETURN_IF_ERROR(groups_.tp->AllGather(mine_info, info.data(), sizeof(mine_info)));
+    bytes += sizeof(mine_info);
+    for (int q = 0; q < h.tp; ++q) {
+      if (info[2 * q + 1] != mine_info[1]) {
+        return absl::InternalError(absl::StrCat(
+            "moe schedule s2: tp peer ", q, " routed other rows than tp peer ", h.tp_rank,
+            " (their per-expert counts differ), so the rows cannot be split between them"));
+      }
+      h.tp_peer_ep.push_back(static_cast<int>(info[2 * q]));
+    }
+    h.esp_peer_ep.assign(h.esp, h.ep_rank);
   }
   if (distributed() || split_rows) Count(Op{OpKind::kCounts, OpGroup::kEp}, bytes, timer.Seconds());
   return h;
@@ -334,8 +347,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
 absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h, const float* rows,
                                            float* out, int C, float* scratch) const {
   const int64_t row = int64_t{C} * kF32;
-  // Scratch: [received (A)] [gathered (R)]; s2's staging of every peer's rows (S_all) reuses it
-  // from the start once the gathered rows are reduced.
+  // Scratch: [received (A)] [gathered (R)] and, s2, after them the staging of every peer's rows
+  // (S_all).
   float* received = scratch;
   float* gathered = scratch + h.A() * C;
   const float* cur = gathered;

@@ -77,7 +77,9 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   const int layers = model.config().num_moe_layers();
   MoeScheduleChoice out;
   if (requested != "auto") {
-    const std::optional<moe::Schedule> s = moe::ParseSchedule(requested);
+    // An empty value is the spec's default.
+    const std::optional<moe::Schedule> s =
+        requested.empty() ? moe::Schedule::kDeepspeed : moe::ParseSchedule(requested);
     if (!s.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("moe.schedule: unknown value '", requested,
                                                      "' (allowed: deepspeed, s1, s2, auto)"));

@@ -194,6 +194,12 @@ TEST_F(TrainViewTest, StatusShowsEachLayersScheduleAndTheMoeOps) {
   EXPECT_NE(RenderJobStatus(job, kT0 + 65).find("  schedule     s2\n"), std::string::npos);
   EXPECT_EQ(WatchFrame(job, kT0 + 65, 0, 0)[3],
             "imbalance 1.34  schedule s2  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)");
+  // moe.schedule auto: the choice's reason beside it.
+  t.set_moe_schedule_reason("s2: 1.2 ms fwd+bwd vs s1 1.4 ms, deepspeed 2.9 ms");
+  EXPECT_NE(RenderJobStatus(job, kT0 + 65)
+                .find("  schedule     s2 (auto: s2: 1.2 ms fwd+bwd vs s1 1.4 ms, deepspeed 2.9 "
+                      "ms)\n"),
+            std::string::npos);
 }
 
 TEST_F(TrainViewTest, StatusSummarisesManyExperts) {

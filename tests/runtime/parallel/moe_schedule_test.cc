@@ -213,9 +213,9 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
   // routes 2 of its own per expert; an s2 peer keeps 2 per expert of the 2 tp.
   const int64_t S = schedule == Schedule::kDeepspeed ? 2 * g.tp * kE : 2 * kE;
   const int64_t A = S, R = g.esp * A;  // received over ep, gathered over esp
-  const int64_t counts = (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) +
-                         (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
-                         (schedule == Schedule::kS2 ? (g.tp > 1 ? 8 : 0) + (g.esp > 1 ? 8 : 0) : 0);
+  const int64_t counts =
+      (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) + (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
+      (schedule == Schedule::kS2 && g.tp > 1 ? 16 : 0);  // s2: (ep rank, counts hash) over tp
   std::map<std::string, int64_t> want;
   if (counts > 0) want["counts(ep)"] = counts;
   if (schedule == Schedule::kS2) {
