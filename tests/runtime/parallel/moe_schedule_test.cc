@@ -5,7 +5,10 @@
 // per tp peer under deepspeed; payloads encode their source, so a misrouted row shows by value.
 // The byte counters per op equal the analytical volumes of research/parm.md 1.4 exactly, s1's and
 // s2's all-to-all volumes being deepspeed's divided by tp.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +21,10 @@
 #include "runtime/base/status.h"
 #include "runtime/moe/executor.h"
 #include "runtime/topology/topology.h"
+#include "runtime/device/device.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/arena.h"
+#include "runtime/train/moe_schedules.h"
 #include "runtime/train/rank_layout.h"
 #include "tests/runtime/parallel/layout_run.h"
 #include "tests/runtime/parallel/local_world.h"
@@ -309,6 +316,76 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
   }
   EXPECT_NEAR(a, b, 1e-4 * std::max(1.0, std::fabs(a)));
   EXPECT_NE(a, 0.0);
+}
+
+// auto: every rank takes the same schedule, the first call calibrates and caches the profile
+// under the directory it is given, and the second (a restarted attempt) reads it back instead of
+// calibrating: the same profile and choice on every rank, with no collective of the calibration.
+TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
+  const std::string dir = ::testing::TempDir() + "/choose-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  topology::ParallelSizes sizes;
+  sizes.tp = 2;
+  sizes.ep = 2;
+  const int world = sizes.world();
+  const model::ModelConfig config = testing::TinyLayoutModel(2, 0);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    testing::LocalWorld local;
+    std::vector<train::MoeScheduleChoice> choices(world);
+    std::vector<std::string> profiles(world);
+    const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
+      ASSIGN_OR_RETURN(topology::Topology topo,
+                       topology::Topology::Create(sizes, world, train::DimsOf(config)));
+      ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                       train::BuildRankLayout(topo, rank, config, local.Factory()));
+      std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+      tensor::DeviceArena arena(*cpu, 0);
+      ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
+                       model::GptMoe::Create(config, 7, *cpu, arena, layout->shard,
+                                             layout->model_groups()));
+      ASSIGN_OR_RETURN(choices[rank],
+                       train::ChooseMoeSchedules("auto", *model, *layout, /*micro_batch=*/2, dir));
+      profiles[rank] = choices[rank].profile->ToJson();
+      return model->SetMoeSchedules(choices[rank].per_layer);
+    });
+    for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(choices[r].from_cache, attempt == 1) << "rank " << r;
+      EXPECT_EQ(choices[r].per_layer, choices[0].per_layer) << "rank " << r;
+      EXPECT_EQ(profiles[r], profiles[0]) << "rank " << r;
+      ASSERT_TRUE(choices[r].choice.has_value());
+      EXPECT_EQ(choices[r].choice->reason, choices[0].choice->reason);
+    }
+    EXPECT_TRUE(std::filesystem::exists(choices[0].cache_path)) << choices[0].cache_path;
+    EXPECT_EQ(static_cast<int>(choices[0].per_layer.size()), config.num_moe_layers());
+  }
+  // A schedule named in the spec needs no profile; an unknown one is refused with the allowed
+  // values.
+  testing::LocalWorld local;
+  const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
+    ASSIGN_OR_RETURN(topology::Topology topo,
+                     topology::Topology::Create(sizes, world, train::DimsOf(config)));
+    ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                     train::BuildRankLayout(topo, rank, config, local.Factory()));
+    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+    tensor::DeviceArena arena(*cpu, 0);
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<model::GptMoe> model,
+        model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
+    ASSIGN_OR_RETURN(const train::MoeScheduleChoice s2,
+                     train::ChooseMoeSchedules("s2", *model, *layout, 2, dir));
+    if (s2.profile.has_value() || s2.per_layer != std::vector<Schedule>(2, Schedule::kS2)) {
+      return absl::InternalError("s2 not taken as named");
+    }
+    const absl::StatusOr<train::MoeScheduleChoice> bad =
+        train::ChooseMoeSchedules("s3", *model, *layout, 2, dir);
+    if (bad.ok() || bad.status().message().find("deepspeed, s1, s2, auto") == std::string::npos) {
+      return absl::InternalError(absl::StrCat("s3: ", bad.status().ToString()));
+    }
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  std::filesystem::remove_all(dir);
 }
 
 // tp in {2, 4}, ep in {2, 4}, esp in {1, 2}: the data-parallel width makes ep * esp divide
