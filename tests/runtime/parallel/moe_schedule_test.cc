@@ -19,11 +19,11 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/base/status.h"
-#include "runtime/moe/executor.h"
-#include "runtime/topology/topology.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
+#include "runtime/moe/executor.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/topology/topology.h"
 #include "runtime/train/moe_schedules.h"
 #include "runtime/train/rank_layout.h"
 #include "tests/runtime/parallel/layout_run.h"
@@ -340,15 +340,16 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
                        train::BuildRankLayout(topo, rank, config, local.Factory()));
       std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
       tensor::DeviceArena arena(*cpu, 0);
-      ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
-                       model::GptMoe::Create(config, 7, *cpu, arena, layout->shard,
-                                             layout->model_groups()));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<model::GptMoe> model,
+          model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
       ASSIGN_OR_RETURN(choices[rank],
                        train::ChooseMoeSchedules("auto", *model, *layout, /*micro_batch=*/2, dir));
       profiles[rank] = choices[rank].profile->ToJson();
       return model->SetMoeSchedules(choices[rank].per_layer);
     });
-    for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int r = 0; r < world; ++r)
+      ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
     for (int r = 0; r < world; ++r) {
       EXPECT_EQ(choices[r].from_cache, attempt == 1) << "rank " << r;
       EXPECT_EQ(choices[r].per_layer, choices[0].per_layer) << "rank " << r;
