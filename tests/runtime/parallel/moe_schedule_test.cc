@@ -53,6 +53,20 @@ std::vector<int64_t> CountsOf(int dp, int peer, bool balanced, int tp) {
   return c;
 }
 
+// One rank of grid g's layout on the tiny layout model, its groups from `world`.
+absl::StatusOr<std::unique_ptr<train::RankLayout>> LayoutOf(const Grid& g, int rank,
+                                                            testing::LocalWorld& world,
+                                                            const model::ModelConfig& model) {
+  topology::ParallelSizes sizes;
+  sizes.dp = g.dp;
+  sizes.tp = g.tp;
+  sizes.ep = g.ep;
+  sizes.esp = g.esp;
+  ASSIGN_OR_RETURN(topology::Topology topo,
+                   topology::Topology::Create(sizes, sizes.world(), train::DimsOf(model)));
+  return train::BuildRankLayout(topo, rank, model, world.Factory());
+}
+
 struct RankRun {
   std::vector<float> back;  // FromExperts' result (S_all, C)
   std::vector<float> want;  // what it must be
@@ -65,17 +79,8 @@ struct RankRun {
 // multiplies by e + 1; each ESP shard adds its 1 / esp share), routes them back.
 absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
                      testing::LocalWorld& world, RankRun& out) {
-  topology::ParallelSizes sizes;
-  sizes.dp = g.dp;
-  sizes.tp = g.tp;
-  sizes.ep = g.ep;
-  sizes.esp = g.esp;
-  model::ModelConfig model = testing::TinyLayoutModel(1, 0);
-  model.heads = 4;
-  ASSIGN_OR_RETURN(topology::Topology topo,
-                   topology::Topology::Create(sizes, sizes.world(), train::DimsOf(model)));
   ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
-                   train::BuildRankLayout(topo, rank, model, world.Factory()));
+                   LayoutOf(g, rank, world, testing::TinyLayoutModel(1, 0)));
   const model::ModelShard& sh = layout->shard;
   ExchangeCounters counters;
   const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}}, kE,
@@ -267,16 +272,8 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
   testing::LocalWorld local;
   std::vector<double> lhs(world, 0), rhs(world, 0);
   const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
-    topology::ParallelSizes sizes;
-    sizes.dp = g.dp;
-    sizes.tp = g.tp;
-    sizes.ep = g.ep;
-    sizes.esp = g.esp;
-    const model::ModelConfig model = testing::TinyLayoutModel(1, 0);
-    ASSIGN_OR_RETURN(topology::Topology topo,
-                     topology::Topology::Create(sizes, sizes.world(), train::DimsOf(model)));
     ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
-                     train::BuildRankLayout(topo, rank, model, local.Factory()));
+                     LayoutOf(g, rank, local, testing::TinyLayoutModel(1, 0)));
     const model::ModelShard& sh = layout->shard;
     const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}},
                               kE, nullptr);
@@ -324,29 +321,34 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
 TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
   const std::string dir = ::testing::TempDir() + "/choose-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
-  topology::ParallelSizes sizes;
-  sizes.tp = 2;
-  sizes.ep = 2;
-  const int world = sizes.world();
+  const Grid g{"tp2_ep2", 1, 2, 2, 1};
+  const int world = g.dp * g.tp;
   const model::ModelConfig config = testing::TinyLayoutModel(2, 0);
+  // One rank's layout and model (the model's device and arena outlive it).
+  struct Rank {
+    std::unique_ptr<train::RankLayout> layout;
+    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+    tensor::DeviceArena arena{*cpu, 0};
+    std::unique_ptr<model::GptMoe> model;
+  };
+  const auto make = [&](int rank,
+                        testing::LocalWorld& local) -> absl::StatusOr<std::unique_ptr<Rank>> {
+    auto r = std::make_unique<Rank>();
+    ASSIGN_OR_RETURN(r->layout, LayoutOf(g, rank, local, config));
+    ASSIGN_OR_RETURN(r->model, model::GptMoe::Create(config, 7, *r->cpu, r->arena, r->layout->shard,
+                                                     r->layout->model_groups()));
+    return r;
+  };
   for (int attempt = 0; attempt < 2; ++attempt) {
     testing::LocalWorld local;
     std::vector<train::MoeScheduleChoice> choices(world);
     std::vector<std::string> profiles(world);
     const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
-      ASSIGN_OR_RETURN(topology::Topology topo,
-                       topology::Topology::Create(sizes, world, train::DimsOf(config)));
-      ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
-                       train::BuildRankLayout(topo, rank, config, local.Factory()));
-      std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-      tensor::DeviceArena arena(*cpu, 0);
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<model::GptMoe> model,
-          model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
-      ASSIGN_OR_RETURN(choices[rank],
-                       train::ChooseMoeSchedules("auto", *model, *layout, /*micro_batch=*/2, dir));
+      ASSIGN_OR_RETURN(std::unique_ptr<Rank> r, make(rank, local));
+      ASSIGN_OR_RETURN(choices[rank], train::ChooseMoeSchedules("auto", *r->model, *r->layout,
+                                                                /*micro_batch=*/2, dir));
       profiles[rank] = choices[rank].profile->ToJson();
-      return model->SetMoeSchedules(choices[rank].per_layer);
+      return r->model->SetMoeSchedules(choices[rank].per_layer);
     });
     for (int r = 0; r < world; ++r)
       ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
@@ -364,22 +366,14 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
   // values.
   testing::LocalWorld local;
   const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
-    ASSIGN_OR_RETURN(topology::Topology topo,
-                     topology::Topology::Create(sizes, world, train::DimsOf(config)));
-    ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
-                     train::BuildRankLayout(topo, rank, config, local.Factory()));
-    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-    tensor::DeviceArena arena(*cpu, 0);
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<model::GptMoe> model,
-        model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Rank> r, make(rank, local));
     ASSIGN_OR_RETURN(const train::MoeScheduleChoice s2,
-                     train::ChooseMoeSchedules("s2", *model, *layout, 2, dir));
+                     train::ChooseMoeSchedules("s2", *r->model, *r->layout, 2, dir));
     if (s2.profile.has_value() || s2.per_layer != std::vector<Schedule>(2, Schedule::kS2)) {
       return absl::InternalError("s2 not taken as named");
     }
     const absl::StatusOr<train::MoeScheduleChoice> bad =
-        train::ChooseMoeSchedules("s3", *model, *layout, 2, dir);
+        train::ChooseMoeSchedules("s3", *r->model, *r->layout, 2, dir);
     if (bad.ok() || bad.status().message().find("deepspeed, s1, s2, auto") == std::string::npos) {
       return absl::InternalError(absl::StrCat("s3: ", bad.status().ToString()));
     }
