@@ -69,6 +69,7 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.checkpoint.dir = spec.checkpoint().dir();
   c.checkpoint.every = spec.checkpoint().every();
   c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
+  c.checkpoint.async = spec.checkpoint().async();
   return c;
 }
 
@@ -350,6 +351,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
 
   std::optional<int> fault_exit;
   train::StopToken stop;
+  size_t checkpoint_errors_logged = 0;
   const auto on_step = [&](const train::StepStats& s) {
     // Global numbers (tokens, tokens per expert) are reported by rank 0 only: the controller sums
     // over ranks. Times, memory and bytes are this rank's.
@@ -371,10 +373,19 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
           done, total, s.loss, s.aux_loss, s.tokens_per_second, s.step_seconds * 1e3, s.mfu * 100,
           worst, s.routing_spike ? " (spike)" : "", s.activation_peak_bytes / 1048576.0);
     }
+    if (!s.checkpoint_error.empty()) {
+      spdlog::warn("{}", s.checkpoint_error);
+      ++checkpoint_errors_logged;
+    }
     fault_exit = MaybeInjectFault(task, done, progress);
     if (fault_exit) stop.RequestStop();
   };
   absl::Status status = (*trainer)->Run(on_step, &stop);
+  // Asynchronous checkpoints finished at the end of Run report no step of their own.
+  const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();
+  for (size_t i = checkpoint_errors_logged; i < checkpoint_errors.size(); ++i) {
+    spdlog::warn("{}", checkpoint_errors[i]);
+  }
   if (fault_exit) return *fault_exit;
   if (!status.ok()) {
     const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;

@@ -200,12 +200,6 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      absl::StrCat("'", spec.memory().codec(), "'"),
                      "none (the default), or memory.policy: adaptive"});
     }
-    if (spec.checkpoint().async()) {
-      c.Fail({"checkpoint.async"},
-             Problem{"is not available in this build (checkpoints are written synchronously, "
-                     "between steps)",
-                     "true", "false"});
-    }
   }
 
   if (moe.top_k() > moe.experts()) {

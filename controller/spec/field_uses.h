@@ -83,7 +83,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
     {"checkpoint.keep", FieldUse::kUsed, "checkpoint().keep()"},
-    {"checkpoint.async", FieldUse::kRefusedUnlessDefault, "true"},
+    {"checkpoint.async", FieldUse::kUsed, "checkpoint().async()"},
 
     {"recovery.max_restarts", FieldUse::kUsed, "recovery().max_restarts()"},
     {"recovery.backoff.initial_s", FieldUse::kUsed, "spec.initial_s()"},

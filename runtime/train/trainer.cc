@@ -180,22 +180,89 @@ absl::StatusOr<StepStats> Trainer::Step() {
 
 absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   const bool checkpoints = !config_.checkpoint.dir.empty();
+  const bool async = checkpoints && config_.checkpoint.async;
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
     if (checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) {
       const double t0 = clock_->MonotonicSeconds();
-      RETURN_IF_ERROR(SaveCheckpoint());
-      stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
+      if (async) {
+        // The previous snapshot is committed before the next starts: never two in flight.
+        FinishAsyncCheckpoint(&stats);
+        RETURN_IF_ERROR(StartAsyncCheckpoint());
+      } else {
+        RETURN_IF_ERROR(SaveCheckpoint());
+        stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
+      }
+      stats.checkpoint_stall_seconds = clock_->MonotonicSeconds() - t0;
     }
     if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) {
-      // A parallel checkpoint is a collective: a rank that stops on its own cannot write one.
-      if (parallel_ != nullptr) return absl::OkStatus();
+      // A parallel checkpoint is a collective: a rank that stops on its own cannot write one (nor
+      // commit the one in flight; its shard is still finished).
+      if (parallel_ != nullptr) {
+        if (async_ != nullptr && async_->in_flight()) async_->Wait().IgnoreError();
+        return absl::OkStatus();
+      }
       break;
     }
   }
+  if (async) {
+    FinishAsyncCheckpoint(nullptr);
+    // A snapshot of this very step that failed is not written again.
+    const bool attempted = async_ != nullptr && async_->state().step == step_;
+    if (last_saved_step_ != step_ && !attempted) {
+      RETURN_IF_ERROR(StartAsyncCheckpoint());
+      FinishAsyncCheckpoint(nullptr);
+    }
+    return absl::OkStatus();
+  }
   if (checkpoints && last_saved_step_ != step_) RETURN_IF_ERROR(SaveCheckpoint());
   return absl::OkStatus();
+}
+
+ShardState Trainer::CurrentShardState() const {
+  ShardState state;
+  state.step = step_;
+  state.data_position = step_;
+  state.seed = config_.seed;
+  state.shard = parallel_ != nullptr ? parallel_->world_rank : 0;
+  state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
+  state.n = model_->num_params();
+  state.params = model_->param_data();
+  state.m = adamw_.m().data();
+  state.v = adamw_.v().data();
+  return state;
+}
+
+absl::Status Trainer::StartAsyncCheckpoint() {
+  if (async_ == nullptr) {
+    async_ =
+        std::make_unique<AsyncCheckpointWriter>(config_.checkpoint.dir, config_.checkpoint.keep);
+    async_->SetWriteHookForTest(write_hook_);
+  }
+  return async_->Start(CurrentShardState());
+}
+
+void Trainer::FinishAsyncCheckpoint(StepStats* stats) {
+  if (async_ == nullptr || !async_->in_flight()) return;
+  const absl::StatusOr<ShardRecord> written = async_->Wait();
+  const ShardState& state = async_->state();
+  absl::Status committed;
+  if (parallel_ != nullptr) {
+    committed = CommitShardParallel(written, state);
+  } else if (!written.ok()) {
+    committed = written.status();
+  } else {
+    CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+    committed = store.Commit(model_->params(), state, {*written});
+    if (committed.ok()) last_saved_step_ = state.step;
+  }
+  if (stats != nullptr) stats->checkpoint_seconds = async_->write_seconds();
+  if (committed.ok()) return;
+  std::string error =
+      absl::StrCat("checkpoint of step ", state.step, " not committed: ", committed.message());
+  if (stats != nullptr) stats->checkpoint_error = error;
+  checkpoint_errors_.push_back(std::move(error));
 }
 
 absl::Status Trainer::SaveCheckpoint() {
@@ -203,18 +270,8 @@ absl::Status Trainer::SaveCheckpoint() {
     return absl::FailedPreconditionError("trainer: no checkpoint dir configured");
   }
   if (parallel_ != nullptr) return SaveCheckpointParallel();
-  ShardState state;
-  state.step = step_;
-  state.data_position = step_;
-  state.seed = config_.seed;
-  state.shard = 0;
-  state.num_shards = 1;
-  state.n = model_->num_params();
-  state.params = model_->param_data();
-  state.m = adamw_.m().data();
-  state.v = adamw_.v().data();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  RETURN_IF_ERROR(store.Save(model_->params(), state));
+  RETURN_IF_ERROR(store.Save(model_->params(), CurrentShardState()));
   last_saved_step_ = step_;
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/data/sampler.h"
+#include "runtime/train/async_checkpoint.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
 #include "runtime/train/parallel.h"
@@ -32,6 +33,10 @@ struct CheckpointConfig {
   std::string dir;    // empty: no checkpoints
   int64_t every = 0;  // save after every `every` steps (0: only at the end of Run)
   int keep = 3;       // committed checkpoints retained; <= 0 keeps all
+  // Write shards on a background thread (async_checkpoint.h) and commit a checkpoint at the next
+  // checkpoint step or at the end of Run, once every rank's shard is durable. A failed background
+  // write is reported (StepStats::checkpoint_error) and not committed; training goes on.
+  bool async = false;
 };
 
 struct TrainConfig {
@@ -76,7 +81,13 @@ struct StepStats {
   MemoryActionTotals memory_actions;  // what the memory policy did during this step (this rank)
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
-  double checkpoint_seconds = 0;      // the checkpoint written after this step (0: none)
+  // The checkpoint written after this step (0: none); with checkpoint.async, the background
+  // write of the checkpoint committed (or failed) after this step.
+  double checkpoint_seconds = 0;
+  // How long this step was held by checkpointing: the whole write when synchronous; the snapshot
+  // copy plus the wait for the previous snapshot's write when asynchronous.
+  double checkpoint_stall_seconds = 0;
+  std::string checkpoint_error;  // why the checkpoint finished after this step was not committed
   // Parallel layouts (a ParallelRuntime): the numbers above are global (loss, aux loss, tokens,
   // tokens per expert and imbalance over the whole global batch; model_flops of the whole step,
   // mfu per device), and these are this rank's.
@@ -124,7 +135,9 @@ class Trainer {
   // Steps until step() == config.steps or `stop` is requested (checked after each step and its
   // callback), saving every `checkpoint.every` steps and once at the end when a dir is set.
   // With a ParallelRuntime a stop skips that last checkpoint: it is a collective, and the other
-  // ranks have not stopped.
+  // ranks have not stopped. With checkpoint.async an in-flight snapshot is committed at the next
+  // checkpoint step and at the end (a parallel stop only waits for this rank's write); write and
+  // commit errors are reported, not returned.
   absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr);
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).
@@ -135,6 +148,13 @@ class Trainer {
   absl::StatusOr<LoadedCheckpoint> RestoreLatest();
   // Restores from an already loaded checkpoint (same checks).
   absl::Status Restore(const LoadedCheckpoint& checkpoint);
+
+  // checkpoint.async: why each checkpoint that was not committed failed, oldest first.
+  const std::vector<std::string>& checkpoint_errors() const { return checkpoint_errors_; }
+  // Tests: runs on the async writer's thread before each shard write.
+  void SetCheckpointWriteHookForTest(std::function<void(const ShardState&)> hook) {
+    write_hook_ = std::move(hook);
+  }
 
   int64_t step() const { return step_; }
   const AdamW& optimizer() const { return adamw_; }
@@ -159,6 +179,17 @@ class Trainer {
   absl::StatusOr<double> ClipParallel();
   absl::Status ReduceStats(const std::vector<MicroBatchResult>& results, StepStats& stats);
   absl::Status SaveCheckpointParallel();
+  // Agrees on every rank's write, gathers the records and has rank 0 commit `state`.
+  absl::Status CommitShardParallel(const absl::StatusOr<ShardRecord>& written,
+                                   const ShardState& state);
+
+  // This rank's shard now (arrays borrowed from the model and optimizer).
+  ShardState CurrentShardState() const;
+  // checkpoint.async: snapshots the current state and starts its write (none may be in flight).
+  absl::Status StartAsyncCheckpoint();
+  // checkpoint.async: waits for the in-flight write, if any, and commits it; a failure is
+  // recorded in `stats` (when given) and checkpoint_errors_.
+  void FinishAsyncCheckpoint(StepStats* stats);
   absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
 
   Trainable* model_;
@@ -170,6 +201,9 @@ class Trainer {
   AdamW adamw_;
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
+  std::unique_ptr<AsyncCheckpointWriter> async_;
+  std::function<void(const ShardState&)> write_hook_;
+  std::vector<std::string> checkpoint_errors_;
 };
 
 }  // namespace furnace::train

@@ -304,22 +304,18 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
 }
 
 absl::Status Trainer::SaveCheckpointParallel() {
+  const ShardState state = CurrentShardState();
+  CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  return CommitShardParallel(store.WriteShard(state), state);
+}
+
+absl::Status Trainer::CommitShardParallel(const absl::StatusOr<ShardRecord>& written,
+                                          const ShardState& state) {
   const ParallelRuntime& P = *parallel_;
-  ShardState state;
-  state.step = step_;
-  state.data_position = step_;
-  state.seed = config_.seed;
-  state.shard = P.world_rank;
-  state.num_shards = P.world;
-  state.n = model_->num_params();
-  state.params = model_->param_data();
-  state.m = adamw_.m().data();
-  state.v = adamw_.v().data();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
   comm::Communicator* world = P.world_group;
-  absl::StatusOr<ShardRecord> written = store.WriteShard(state);
   RETURN_IF_ERROR(AgreeOnStatus(world, written.status()));
-  ShardRecord mine = std::move(*written);
+  ShardRecord mine = *written;
   mine.params = model_->params();
   mine.n = model_->num_params();
 
@@ -340,7 +336,7 @@ absl::Status Trainer::SaveCheckpointParallel() {
   // Nobody moves on (or reports the checkpoint) before it is committed, and a failed commit
   // fails every rank with its cause.
   RETURN_IF_ERROR(AgreeOnStatus(world, committed));
-  last_saved_step_ = step_;
+  last_saved_step_ = state.step;
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 // refused with the tensor that differs.
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -38,9 +39,10 @@ model::ModelConfig Tiny() {
   return c;
 }
 
-// Trains `steps` steps (restoring first when `restore`), checkpointing every 2 steps into dir.
+// Trains `steps` steps (restoring first when `restore`), checkpointing every 2 steps into dir
+// (asynchronously when `async`).
 absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string& dir, int steps,
-                         bool restore) {
+                         bool restore, bool async = false) {
   LocalWorld world;
   const model::ModelConfig c = Tiny();
   auto topo = topology::Topology::Create(sizes, sizes.world(), train::DimsOf(c));
@@ -73,6 +75,7 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
     tc.checkpoint.dir = dir;
     tc.checkpoint.every = 2;
     tc.checkpoint.keep = 0;
+    tc.checkpoint.async = async;
     auto trainer =
         train::Trainer::Create(model->get(), sampler->get(), tc, nullptr, &(*layout)->runtime);
     if (!trainer.ok()) return trainer.status();
@@ -136,6 +139,35 @@ TEST_F(ParallelCheckpointTest, ResumedRunEndsBitIdenticalAndOtherLayoutsAreRefus
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
   EXPECT_NE(other.message().find("tensor"), absl::string_view::npos) << other;
+}
+
+TEST_F(ParallelCheckpointTest, AsyncCheckpointsCommitTheSameShardsAndResumeBitIdentical) {
+  topology::ParallelSizes dp2_ep2;
+  dp2_ep2.dp = 2;
+  dp2_ep2.ep = 2;
+  const std::string sync = root_ + "/sync", full = root_ + "/full", resumed = root_ + "/resumed";
+  ASSERT_TRUE(TrainLayout(dp2_ep2, sync, 4, false).ok());
+  ASSERT_TRUE(TrainLayout(dp2_ep2, full, 4, false, true).ok());
+  ASSERT_TRUE(TrainLayout(dp2_ep2, resumed, 2, false, true).ok());
+  ASSERT_TRUE(TrainLayout(dp2_ep2, resumed, 4, true, true).ok());
+
+  train::CheckpointStore store(full, 0);
+  ASSERT_EQ(store.CommittedSteps(), (std::vector<int64_t>{2, 4}));
+  for (const std::string& dir : {full, resumed}) {
+    train::CheckpointStore other(dir, 0);
+    auto latest = other.LatestStep();
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(*latest, std::optional<int64_t>(4)) << dir;
+    for (int shard = 0; shard < 2; ++shard) {
+      auto loaded = other.Load(4, shard);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      const std::string name = train::CheckpointStore::ShardFileName(shard);
+      const std::string a = ReadAll(train::CheckpointStore(sync, 0).StepDir(4) + "/" + name);
+      const std::string b = ReadAll(other.StepDir(4) + "/" + name);
+      ASSERT_FALSE(a.empty());
+      EXPECT_TRUE(a == b) << dir << "/" << name << " differs from the synchronous run's";
+    }
+  }
 }
 
 TEST_F(ParallelCheckpointTest, SameShapesOtherSlicesAndOtherWorldSizesAreRefused) {

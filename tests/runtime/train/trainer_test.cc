@@ -1,8 +1,14 @@
 #include "runtime/train/trainer.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -196,6 +202,142 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
             0);
   EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
   EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+}
+
+TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  TrainConfig config;
+  config.steps = 20;
+  config.micro_batches = 2;
+  config.seed = 5;
+  config.clip = 0.5;
+  config.schedule = {
+      .kind = LrSchedule::Kind::kCosine, .lr = 0.05, .warmup_steps = 5, .max_steps = 20};
+
+  BigramModel straight(V, T, 1);
+  auto a = Trainer::Create(&straight, data.sampler.get(), config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Run().ok());
+
+  testing_util::TestDir dir;
+  config.checkpoint = {.dir = dir.path(), .every = 4, .keep = 2, .async = true};
+  BigramModel first(V, T, 1);
+  auto b = Trainer::Create(&first, data.sampler.get(), config);
+  ASSERT_TRUE(b.ok());
+  StopToken stop;
+  ASSERT_TRUE((*b)->Run(
+                      [&](const StepStats& s) {
+                        if (s.step == 9) stop.RequestStop();
+                      },
+                      &stop)
+                  .ok());
+  EXPECT_EQ((*b)->step(), 10);
+  EXPECT_TRUE((*b)->checkpoint_errors().empty());
+  // Snapshots at 4 and 8 (4 committed when 8 started, 8 at the stop), then 10; keep=2.
+  CheckpointStore store(dir.path(), 2);
+  EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{8, 10}));
+  ASSERT_TRUE(store.LatestStep().ok());
+  EXPECT_EQ(*store.LatestStep(), std::optional<int64_t>(10));
+
+  BigramModel second(V, T, /*seed=*/999);
+  auto c = Trainer::Create(&second, data.sampler.get(), config);
+  ASSERT_TRUE(c.ok());
+  auto restored = (*c)->RestoreLatest();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 10);
+  ASSERT_TRUE((*c)->Run().ok());
+  EXPECT_EQ((*c)->step(), 20);
+  EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
+                        sizeof(float) * straight.num_params()),
+            0);
+  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
+  EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+  // The async run's last checkpoint holds the uninterrupted run's state.
+  auto last = store.LoadLatest();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->step, 20);
+  EXPECT_EQ(std::memcmp(last->param_data.data(), straight.param_data(),
+                        sizeof(float) * straight.num_params()),
+            0);
+}
+
+TEST(TrainerTest, AsyncCommitWaitsForTheDurableShardAndTheNextSnapshotWaitsForTheLast) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir dir;
+  TrainConfig config;
+  config.steps = 4;
+  config.seed = 1;
+  config.checkpoint = {.dir = dir.path(), .every = 1, .keep = 0, .async = true};
+  BigramModel model(V, T, 1);
+  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(t.ok());
+  CheckpointStore store(dir.path(), 0);
+  std::atomic<int> writing{0}, most_writing{0};
+  std::vector<std::pair<int64_t, int64_t>> latest_seen;  // (snapshot step, LATEST at its write)
+  (*t)->SetCheckpointWriteHookForTest([&](const ShardState& s) {
+    most_writing = std::max(most_writing.load(), ++writing);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    auto latest = store.LatestStep();
+    latest_seen.emplace_back(s.step, latest.ok() && latest->has_value() ? **latest : -1);
+    --writing;
+  });
+  std::vector<StepStats> stats;
+  ASSERT_TRUE((*t)->Run([&](const StepStats& s) { stats.push_back(s); }).ok());
+  EXPECT_TRUE((*t)->checkpoint_errors().empty());
+  EXPECT_EQ(most_writing.load(), 1);
+  // While step s was being written, LATEST named the step before it: the previous snapshot was
+  // committed before this one started, and this one not before its shard was durable.
+  ASSERT_EQ(latest_seen.size(), 4u);
+  for (int64_t s = 1; s <= 4; ++s) {
+    EXPECT_EQ(latest_seen[s - 1], std::make_pair(s, s == 1 ? int64_t{-1} : s - 1));
+  }
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 4);
+  // Steps 2..4 each waited for the slow write of the step before (the stall), and report it.
+  ASSERT_EQ(stats.size(), 4u);
+  // The first snapshot had nothing to wait for: training went on while it was written.
+  EXPECT_LT(stats[0].checkpoint_stall_seconds, 0.1);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_GT(stats[i].checkpoint_stall_seconds, 0.05) << "step " << i;
+    EXPECT_GE(stats[i].checkpoint_seconds, 0.14) << "step " << i;
+  }
+}
+
+TEST(TrainerTest, AsyncWriteErrorsAreReportedAndTrainingGoesOn) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir dir;
+  TrainConfig config;
+  config.steps = 2;
+  config.seed = 1;
+  config.checkpoint = {.dir = dir.path(), .every = 1, .keep = 0, .async = true};
+  BigramModel model(V, T, 1);
+  auto first = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Run().ok());
+  // Steps 3 and 4 cannot be written: a file stands where their directories would go (a plain
+  // permission bit does not stop root).
+  for (const char* name : {"step-00000003", "step-00000004"}) {
+    std::ofstream(dir / name) << "in the way";
+  }
+  config.steps = 4;
+  auto second = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(second.ok());
+  std::vector<StepStats> stats;
+  ASSERT_TRUE((*second)->Run([&](const StepStats& s) { stats.push_back(s); }).ok());
+  EXPECT_EQ((*second)->step(), 4);
+  ASSERT_EQ(stats.size(), 4u);
+  EXPECT_THAT(stats[3].checkpoint_error, HasSubstr("checkpoint of step 3 not committed"));
+  ASSERT_EQ((*second)->checkpoint_errors().size(), 2u);
+  EXPECT_THAT((*second)->checkpoint_errors()[1], HasSubstr("checkpoint of step 4 not committed"));
+  CheckpointStore store(dir.path(), 0);
+  EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{1, 2}));
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 2);
 }
 
 TEST(TrainerTest, RestoreRefusesAnotherModelOrSeed) {
