@@ -68,6 +68,7 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   t.set_optimizer_seconds(s.optimizer_seconds);
   t.set_sync_seconds(s.sync_seconds);
   t.set_checkpoint_seconds(s.checkpoint_seconds);
+  t.set_checkpoint_stall_seconds(s.checkpoint_stall_seconds);
   t.set_mfu(s.mfu);
   t.set_model_flops(s.model_flops);
   t.set_grad_norm(s.grad_norm);

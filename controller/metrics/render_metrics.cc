@@ -138,6 +138,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
             "Seconds spent in the MoE schedules' ops, by op and group, over all steps and ranks.");
   MetricFamily* checkpoint =
       x.Add("furnace_checkpoint_seconds", kGauge, "Seconds the last checkpoint took.");
+  MetricFamily* checkpoint_stall =
+      x.Add("furnace_checkpoint_stall_seconds", kGauge,
+            "Seconds the last checkpoint held its step, slowest rank: the whole write when "
+            "synchronous; the snapshot copy plus any wait for the previous write under "
+            "checkpoint.async.");
   MetricFamily* recovery = x.Add("furnace_recovery_seconds", kGauge,
                                  "Seconds the last recovery took: from the failure until every "
                                  "rank of the next attempt was running.");
@@ -164,6 +169,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     // Durations that exist without a training step too (a recovered commcheck job).
     if (job.last_checkpoint_seconds >= 0) {
       Add(checkpoint, JobLabel(job), job.last_checkpoint_seconds);
+    }
+    if (job.last_checkpoint_stall_seconds >= 0) {
+      Add(checkpoint_stall, JobLabel(job), job.last_checkpoint_stall_seconds);
     }
     if (job.last_recovery_seconds >= 0) Add(recovery, JobLabel(job), job.last_recovery_seconds);
 

@@ -50,6 +50,8 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_planner_decisions(r.planner_decisions() + t.memory().planner_decisions());
   r.set_emergency_offloads(r.emergency_offloads() + t.memory().emergency_offloads());
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
+  r.set_checkpoint_stall_seconds(
+      std::max(r.checkpoint_stall_seconds(), t.checkpoint_stall_seconds()));
   r.set_lr(t.lr());
   r.set_routing_spike(r.routing_spike() || t.routing_spike());
   for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
@@ -148,6 +150,7 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
     job.moe_op_seconds_total[o.op()] += o.seconds();
   }
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
+  if (r.checkpoint_stall_seconds() > 0) job.last_checkpoint_stall_s = r.checkpoint_stall_seconds();
 }
 
 std::vector<std::string> TelemetryAggregator::TrimDue(const std::set<std::string>& touched,
@@ -192,6 +195,7 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.moe_op_bytes_total = job.moe_op_bytes_total;
   m.moe_op_seconds_total = job.moe_op_seconds_total;
   m.last_checkpoint_seconds = job.last_checkpoint_s;
+  m.last_checkpoint_stall_seconds = job.last_checkpoint_stall_s;
 }
 
 }  // namespace furnace::controller

@@ -74,6 +74,7 @@ class TelemetryAggregator {
     // By MoE op name (MoeOpTelemetry.op).
     std::map<std::string, double> moe_op_bytes_total, moe_op_seconds_total;
     double last_checkpoint_s = -1;
+    double last_checkpoint_stall_s = -1;
     uint64_t records_since_trim = 0;
   };
   void FinishStep(const std::string& job_id, PendingStep& pending);

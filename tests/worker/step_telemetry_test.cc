@@ -53,5 +53,14 @@ TEST(StepTelemetryTest, MoeOpsAreCopiedInTheRuntimesOrderOnEveryRank) {
   }
 }
 
+TEST(StepTelemetryTest, CheckpointTimesAreCopied) {
+  train::StepStats s;
+  s.checkpoint_seconds = 0.5;
+  s.checkpoint_stall_seconds = 0.125;
+  const v1::StepTelemetry t = StepTelemetryOf(s, {.reporter = false});
+  EXPECT_DOUBLE_EQ(t.checkpoint_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(t.checkpoint_stall_seconds(), 0.125);
+}
+
 }  // namespace
 }  // namespace furnace::worker

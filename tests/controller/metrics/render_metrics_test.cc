@@ -190,7 +190,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 25u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 26u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -242,6 +242,8 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
                       "0.75\n"),
             std::string::npos)
       << text;
+  EXPECT_EQ(SamplesOf(text, "furnace_checkpoint_stall_seconds"),
+            std::vector<std::string>{"furnace_checkpoint_stall_seconds{job=\"j-a\"} 0.25"});
   // Counters are doubles in prometheus-cpp (as in Prometheus): 2^64 - 1 is about 1.8e19.
   EXPECT_NE(text.find("furnace_telemetry_records_total 1.844674407370955e+19\n"), std::string::npos)
       << text;
@@ -256,7 +258,7 @@ TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 25u);
+  EXPECT_EQ(families.size(), 26u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

@@ -75,6 +75,7 @@ inline MetricsSnapshot RichSnapshot() {
   a.moe_op_seconds_total = {{"a2a(ep)", 2.25}, {"fused(a2a ep, ag tp)", 0.5}, {"ag(esp)", 0.125}};
   a.restarts_by_cause = {{"signal", 2}, {"hang", 1}};
   a.last_checkpoint_seconds = 1.25;
+  a.last_checkpoint_stall_seconds = 0.25;
   a.last_recovery_seconds = 4.5;
   a.attempt = 4;
   snap.jobs.push_back(a);

@@ -385,6 +385,7 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
     t.set_aux_loss(0.01);
     t.set_tokens(tokens);
     t.set_step_seconds(step_s);
+    t.set_checkpoint_stall_seconds(0.125 * (rank + 1));
     t.set_mfu(0.4);
     t.mutable_memory()->set_activation_peak_bytes(100 * (rank + 1));
     t.mutable_memory()->set_budget_bytes(1000);
@@ -419,7 +420,8 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   ASSERT_EQ(series->steps_size(), 1);
   const auto& st = series->steps(0);
   EXPECT_EQ(st.ranks(), 2u);
-  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.8);  // the slowest rank
+  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.8);               // the slowest rank
+  EXPECT_DOUBLE_EQ(st.checkpoint_stall_seconds(), 0.25);  // the rank held longest
   EXPECT_DOUBLE_EQ(st.tokens(), 2000);
   EXPECT_DOUBLE_EQ(st.tokens_per_second(), 2500);
   EXPECT_DOUBLE_EQ(st.loss(), 2.5);
