@@ -8,7 +8,7 @@ import time
 import harness
 
 
-def train_job(name, steps=120, every=20, extra=""):
+def train_job(name, steps=120, every=20, extra="", async_checkpoints=False):
     return f"""name: {name}
 kind: train
 model: {{vocab: 64, seq_len: 64, d_model: 64, heads: 4, layers: 4, expert_ffn: 128}}
@@ -16,7 +16,7 @@ moe: {{experts: 8, top_k: 2}}
 parallel: {{micro_batch: 8, micro_batches: 2}}
 train: {{steps: {steps}, lr: 3.0e-3, warmup: 10, seed: 11}}
 data: {{source: markov, seed: 5}}
-checkpoint: {{every: {every}, keep: 2}}
+checkpoint: {{every: {every}, keep: 2, async: {str(async_checkpoints).lower()}}}
 recovery:
   max_restarts: 2
   backoff: {{initial_s: 0.2, max_s: 1.0, multiplier: 2.0}}
@@ -54,6 +54,30 @@ class TrainTest(harness.ClusterTest):
         # The run learned: the last reported loss is near the Markov chain's entropy floor.
         m = r["telemetry"]
         self.assertLess(m["loss"], 1.25 * m["entropy_floor"], m)
+
+    def test_sigkill_resumes_from_an_async_checkpoint_bit_exact(self):
+        """checkpoint.async through the whole stack: shards written in the background, a rank
+        SIGKILLed after the first commit, the run resumed from the newest committed checkpoint."""
+        c = self.cluster
+        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
+        victim = c.submit(c.write_job("victim.yaml", train_job("victim", async_checkpoints=True)))
+        # The snapshot of step 20 is committed when the one of step 40 starts.
+        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
+                       int(d["summary"].get("step", 0)) >= 50, timeout=120,
+                       what="victim past its first committed checkpoint")
+        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
+        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(int(d["summary"]["restarts"]), 1)
+        logs = c.cli("logs", victim, "--attempt", "2").stdout
+        self.assertIn("resumed from the checkpoint of step", logs)
+        self.assertNotIn("not committed", c.cli("logs", victim).stdout)
+        c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
+        a = c.export(ref, "ref.safetensors")
+        b = c.export(victim, "victim.safetensors")
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
 
     def test_bad_token_file_fails_at_once_with_the_reason(self):
         c = self.cluster
