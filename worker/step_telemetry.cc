@@ -69,6 +69,7 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   t.set_sync_seconds(s.sync_seconds);
   t.set_checkpoint_seconds(s.checkpoint_seconds);
   t.set_checkpoint_stall_seconds(s.checkpoint_stall_seconds);
+  t.set_checkpoint_error(s.checkpoint_error);
   t.set_mfu(s.mfu);
   t.set_model_flops(s.model_flops);
   t.set_grad_norm(s.grad_norm);

@@ -231,6 +231,10 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       records.push_back(rec);
       if (!jobs_.NoteProgress(*job, rec)) continue;
       touched.insert(rec.job_id());
+      // Every rank reports an uncommitted checkpoint alike: rank 0's says it once.
+      if (rec.has_train() && rec.rank() == 0 && !rec.train().checkpoint_error().empty()) {
+        jobs_.NoteCheckpointFailure(*job, rec.step(), rec.train().checkpoint_error());
+      }
       if (rec.has_train()) {
         telemetry_.Accumulate(rec.job_id(), job->summary.world_size(), rec);
       }

@@ -180,6 +180,12 @@ absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
   return job.summary;
 }
 
+void JobLifecycle::NoteCheckpointFailure(Job& job, uint64_t step, const std::string& error) {
+  Event(job, "checkpoint_failed",
+        absl::StrCat("the checkpoint after step ", step,
+                     " was not committed (training goes on; the previous one stays): ", error));
+}
+
 bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) return false;
   auto& attempt = job.attempts[rec.attempt() - 1];

@@ -87,6 +87,9 @@ class JobLifecycle {
   // A rank's reported progress: updates its step and the job's; false when the record names no
   // rank of the job. PersistProgress then writes the touched jobs' summaries and attempts.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
+  // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
+  // "checkpoint_failed" naming the step and the error. Training goes on.
+  void NoteCheckpointFailure(Job& job, uint64_t step, const std::string& error);
   absl::Status PersistProgress(const std::set<std::string>& job_ids);
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;

@@ -57,9 +57,11 @@ TEST(StepTelemetryTest, CheckpointTimesAreCopied) {
   train::StepStats s;
   s.checkpoint_seconds = 0.5;
   s.checkpoint_stall_seconds = 0.125;
+  s.checkpoint_error = "disk full";
   const v1::StepTelemetry t = StepTelemetryOf(s, {.reporter = false});
   EXPECT_DOUBLE_EQ(t.checkpoint_seconds(), 0.5);
   EXPECT_DOUBLE_EQ(t.checkpoint_stall_seconds(), 0.125);
+  EXPECT_EQ(t.checkpoint_error(), "disk full");
 }
 
 }  // namespace

@@ -371,6 +371,33 @@ TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
   EXPECT_NE(d.attempts(0).cause().find("exited with code 3"), std::string::npos);
 }
 
+// checkpoint.async: a checkpoint the ranks could not commit (every rank reports the same error)
+// is one event naming the step and the error; the job keeps running.
+TEST_F(ControllerTest, AnUncommittedCheckpointIsOneEvent) {
+  StartRunning();
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  for (uint32_t rank : {0u, 1u}) {
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_step(10);
+    r.mutable_train()->set_step_seconds(0.5);
+    r.mutable_train()->set_checkpoint_error("write step-00000010: No space left on device");
+  }
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  const v1::JobDetail d = Job();
+  std::vector<std::string> failed;
+  for (const auto& e : d.events()) {
+    if (e.kind() == "checkpoint_failed") failed.push_back(e.message());
+  }
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].find("after step 10 was not committed"), std::string::npos) << failed[0];
+  EXPECT_NE(failed[0].find("No space left on device"), std::string::npos) << failed[0];
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+}
+
 TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   StartRunning();
   auto record = [&](uint32_t rank, uint64_t step, double step_s, uint64_t tokens,
