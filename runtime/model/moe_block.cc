@@ -17,12 +17,6 @@ moe::ScheduleExecutor ExecutorOf(const ModuleContext& ctx, const MoeShape& m) {
                                ctx.moe_counters);
 }
 
-// Whether the routed rows go through the executor's exchanges: experts on other ranks, or rows
-// split over the tp peers (s2).
-bool Exchanges(const moe::ScheduleExecutor& ex) {
-  return ex.distributed() || (ex.schedule() == moe::Schedule::kS2 && ex.tp() > 1);
-}
-
 int64_t Scratch(const moe::DispatchHandle& h, int C) {
   return moe::ScheduleExecutor::ScratchRows(h) * C;
 }
@@ -240,7 +234,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
     s.routed = plan.routed;
     s.dropped = int64_t{N} * K - S;
   }
-  s.distributed = Exchanges(ex);
+  s.distributed = ex.exchanges();
   const int El = m.El(), fl = m.fl();
   // What the rebuilds of the expert buffers share: the dispatch handle (counts already exchanged)
   // and the local experts' row offsets.

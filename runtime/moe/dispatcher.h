@@ -52,12 +52,9 @@ struct DispatchHandle {
   std::vector<int64_t> gathered_to_expert;  // (R) row of the gathered order -> expert order
   // Set by ScheduleExecutor::Prepare (executor.h) for a schedule that splits the routed rows over
   // the tp peers (s2): the routed rows per expert before the split (E), and each tp peer's ep rank
-  // and ESP peer's ep rank (for the fused ops' step order; ESP peers share this rank's). Empty
-  // otherwise.
+  // (for the fused ops' step order). Empty otherwise.
   std::vector<int64_t> all_counts;
-  int tp = 1, tp_rank = 0;
-  std::vector<int> tp_peer_ep, esp_peer_ep;
-  int ep_rank = 0;
+  std::vector<int> tp_peer_ep;
   int64_t R() const { return expert_offsets.empty() ? 0 : expert_offsets.back(); }
   int64_t A() const;  // rows this rank received over EP
 };

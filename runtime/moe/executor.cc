@@ -84,7 +84,7 @@ void ScheduleExecutor::Count(const Op& op, int64_t bytes, double seconds) const 
 }
 
 std::vector<Op> ScheduleExecutor::Segment(Direction d, OpKind after, OpKind before) const {
-  const std::vector<Op> ops =
+  const std::vector<Op>& ops =
       d == Direction::kForward ? ForwardOps(schedule_) : BackwardOps(schedule_);
   std::vector<Op> seg;
   bool inside = false;
@@ -132,17 +132,16 @@ absl::StatusOr<GateStats> ScheduleExecutor::ExchangeGateStats(
     RETURN_IF_ERROR(groups_.tp->AllGather(mine.data(), all.data(), 2 * E * sizeof(double)));
     Count(Op{OpKind::kGate, OpGroup::kTp}, 2 * E * sizeof(double), timer.Seconds());
   }
-  g.counts.assign(n, std::vector<int64_t>(E));
   g.psum.assign(E, 0.0);
   g.total.assign(E, 0);
   g.queued.assign(E, 0);
   for (int q = 0; q < n; ++q) {
+    const size_t at = static_cast<size_t>(q) * 2 * E;
     for (int e = 0; e < E; ++e) {
-      const size_t at = static_cast<size_t>(q) * 2 * E;
-      g.counts[q][e] = static_cast<int64_t>(all[at + e]);
+      const int64_t c = static_cast<int64_t>(all[at + e]);
       g.psum[e] += all[at + E + e];
-      g.total[e] += g.counts[q][e];
-      if (q < tp_rank()) g.queued[e] += g.counts[q][e];
+      g.total[e] += c;
+      if (q < tp_rank()) g.queued[e] += c;
     }
   }
   return g;
@@ -159,28 +158,24 @@ absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
   int64_t bytes = 0;
   if (ep > 1) bytes += int64_t{ep} * El * int64_t{sizeof(int64_t)};
   if (h.esp > 1) bytes += int64_t{ep} * El * int64_t{sizeof(int64_t)};
-  h.ep_rank = RankOf(groups_.expert.ep);
-  h.tp = tp();
-  h.tp_rank = tp_rank();
   if (split_rows) {
     h.all_counts = expert_counts;
     // The fused ops' step order needs each tp peer's ep rank; its layout, that every peer routed
     // the same rows (they gate the same tokens with the same weights): one all-gather of
     // (ep rank, hash of the counts). ESP peers share their ep coordinate (topology.h: an ESP
     // group is one (stage, edp, ep)), so theirs is this rank's.
-    const int64_t mine_info[2] = {h.ep_rank, CountsHash(expert_counts)};
-    std::vector<int64_t> info(2 * static_cast<size_t>(h.tp));
+    const int64_t mine_info[2] = {RankOf(groups_.expert.ep), CountsHash(expert_counts)};
+    std::vector<int64_t> info(2 * static_cast<size_t>(tp()));
     RETURN_IF_ERROR(groups_.tp->AllGather(mine_info, info.data(), sizeof(mine_info)));
     bytes += sizeof(mine_info);
-    for (int q = 0; q < h.tp; ++q) {
+    for (int q = 0; q < tp(); ++q) {
       if (info[2 * q + 1] != mine_info[1]) {
         return absl::InternalError(absl::StrCat(
-            "moe schedule s2: tp peer ", q, " routed other rows than tp peer ", h.tp_rank,
+            "moe schedule s2: tp peer ", q, " routed other rows than tp peer ", tp_rank(),
             " (their per-expert counts differ), so the rows cannot be split between them"));
       }
       h.tp_peer_ep.push_back(static_cast<int>(info[2 * q]));
     }
-    h.esp_peer_ep.assign(h.esp, h.ep_rank);
   }
   if (distributed() || split_rows) Count(Op{OpKind::kCounts, OpGroup::kEp}, bytes, timer.Seconds());
   return h;
@@ -203,7 +198,11 @@ absl::Status ScheduleExecutor::RunFused(const Op& op, const DispatchHandle& h, c
   comm::Communicator* a2a = groups_.expert.ep;
   comm::Communicator* ag = op.ag_group == OpGroup::kEsp ? groups_.expert.esp : groups_.tp;
   const int G = h.ep;
-  const std::vector<int>& peer_ep = op.ag_group == OpGroup::kEsp ? h.esp_peer_ep : h.tp_peer_ep;
+  // Each all-gather member's ep rank: ESP peers share this rank's (topology.h: an ESP group is one
+  // (stage, edp, ep)); the tp peers' Prepare gathered.
+  const std::vector<int> peer_ep = op.ag_group == OpGroup::kEsp
+                                       ? std::vector<int>(h.esp, RankOf(groups_.expert.ep))
+                                       : h.tp_peer_ep;
   const int n = static_cast<int>(peer_ep.size());
   comm::FusedLayout layout;
   layout.chunk_bytes.assign(n, std::vector<int64_t>(G, 0));
@@ -286,8 +285,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
         int64_t at = 0;
         for (size_t e = 0; e < h.all_counts.size(); ++e) {
           const int64_t c = h.all_counts[e];
-          const int64_t lo = ShareBegin(c, h.tp, h.tp_rank),
-                        hi = ShareBegin(c, h.tp, h.tp_rank + 1);
+          const int64_t lo = ShareBegin(c, tp(), tp_rank()),
+                        hi = ShareBegin(c, tp(), tp_rank() + 1);
           std::memcpy(dst, cur + (at + lo) * C, (hi - lo) * row);
           dst += (hi - lo) * C;
           at += c;
@@ -383,39 +382,25 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
       case OpKind::kFused: {
         // s2: back over ep and all-gathered over tp, staged by (tp peer, ep rank), then each
         // peer's share put at its place in routed order.
+        // s2 runs only with tp > 1 (tp 1 runs as deepspeed).
         float* staged = gathered + h.R() * C;  // past the rows still being read
-        if (h.ep > 1 && h.tp > 1) {
-          // The staging may not overlap `cur` (the received rows): use the space after R.
+        if (h.ep > 1) {
           RETURN_IF_ERROR(RunFused(op, h, cur, staged, C, /*to_experts=*/false));
         } else {
-          // A group of one on either side: the plain collective.
-          float* back = staged;
-          int64_t bytes = 0;
-          if (h.ep > 1) {
-            RETURN_IF_ERROR(groups_.expert.ep->AllToAllV(cur, Scaled(h.recv_rows, row), back,
-                                                         Scaled(h.send_rows, row)));
-            bytes += h.A() * row;
-          } else {
-            std::memmove(back, cur, h.S * row);
-          }
-          if (h.tp > 1) {
-            std::vector<int64_t> peer(h.tp);
-            for (int q = 0; q < h.tp; ++q) peer[q] = Sum(RowShare(h.all_counts, h.tp, q)) * row;
-            // AllGatherV reads its input while writing: gather from a copy below the output.
-            std::vector<float> mine(back, back + h.S * C);
-            RETURN_IF_ERROR(groups_.tp->AllGatherV(mine.data(), h.S * row, staged, peer));
-            bytes += h.S * row;
-          }
-          if (bytes > 0) Count(op, bytes, timer.Seconds());
+          // No all-to-all: this peer's rows are `cur` (below the staging); the tp all-gather alone.
+          std::vector<int64_t> peer(tp());
+          for (int q = 0; q < tp(); ++q) peer[q] = Sum(RowShare(h.all_counts, tp(), q)) * row;
+          RETURN_IF_ERROR(groups_.tp->AllGatherV(cur, h.S * row, staged, peer));
+          Count(op, h.S * row, timer.Seconds());
         }
         // Staged (q, j, e in j) -> routed order: expert e's rows, peers in order.
         std::vector<int64_t> start(h.all_counts.size() + 1, 0);
         for (size_t e = 0; e < h.all_counts.size(); ++e) start[e + 1] = start[e] + h.all_counts[e];
         const float* src = staged;
-        for (int q = 0; q < h.tp; ++q) {
+        for (int q = 0; q < tp(); ++q) {
           for (size_t e = 0; e < h.all_counts.size(); ++e) {
             const int64_t c = h.all_counts[e];
-            const int64_t lo = ShareBegin(c, h.tp, q), hi = ShareBegin(c, h.tp, q + 1);
+            const int64_t lo = ShareBegin(c, tp(), q), hi = ShareBegin(c, tp(), q + 1);
             std::memcpy(out + (start[e] + lo) * C, src, (hi - lo) * row);
             src += (hi - lo) * C;
           }

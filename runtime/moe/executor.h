@@ -67,10 +67,9 @@ std::vector<int64_t> RowShare(const std::vector<int64_t>& expert_counts, int tp,
 // The s1 gate statistics of the whole tp group: every peer's per-expert choice counts and router
 // probability sums, so the aux loss and the capacity cut are the group's, not the slice's.
 struct GateStats {
-  std::vector<std::vector<int64_t>> counts;  // [peer][expert] choices (top-k picks) per peer
-  std::vector<double> psum;                  // (E) router probabilities summed over the group
-  std::vector<int64_t> total;                // (E) choices summed over the group
-  std::vector<int64_t> queued;               // (E) choices of the peers before this one
+  std::vector<double> psum;     // (E) router probabilities summed over the group
+  std::vector<int64_t> total;   // (E) choices summed over the group
+  std::vector<int64_t> queued;  // (E) choices of the peers before this one
 };
 
 class ScheduleExecutor {
@@ -85,6 +84,9 @@ class ScheduleExecutor {
   int tp_rank() const { return groups_.tp == nullptr ? 0 : groups_.tp->rank(); }
   // Whether rows cross ranks (ep or esp larger than one).
   bool distributed() const;
+  // Whether the routed rows go through ToExperts / FromExperts: they cross ranks, or the tp peers
+  // split them (s2). Otherwise the routed rows are the expert rows.
+  bool exchanges() const { return distributed() || schedule_ == Schedule::kS2; }
 
   // Slice: the tokens this peer gates, [begin, begin + count) of the layer's N (all of them
   // unless s1). N must divide by tp under s1 (InvalidArgument otherwise).

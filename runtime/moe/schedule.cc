@@ -1,6 +1,7 @@
 #include "runtime/moe/schedule.h"
 
 #include <algorithm>
+#include <array>
 
 namespace furnace::moe {
 namespace {
@@ -150,12 +151,14 @@ std::string Op::Name() const {
   return std::string(OpKindName(kind)) + "(" + OpGroupName(group) + ")";
 }
 
-std::vector<Op> ForwardOps(Schedule s) {
+namespace {
+
+std::vector<Op> BuildForward(Schedule s) {
   const std::vector<Op> ops = Unfused(s);
   return Fuses(s) ? Fuse(ops) : ops;
 }
 
-std::vector<Op> BackwardOps(Schedule s) {
+std::vector<Op> BuildBackward(Schedule s) {
   std::vector<Op> ops;
   const std::vector<Op> fwd = Unfused(s);
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
@@ -163,6 +166,19 @@ std::vector<Op> BackwardOps(Schedule s) {
   }
   return Fuses(s) ? Fuse(ops) : ops;
 }
+
+// Per schedule, indexed by its value.
+template <std::vector<Op> (*Build)(Schedule)>
+const std::vector<Op>& Lists(Schedule s) {
+  static const std::array<std::vector<Op>, 3> lists = {Build(Schedule::kDeepspeed),
+                                                       Build(Schedule::kS1), Build(Schedule::kS2)};
+  return lists[static_cast<size_t>(s)];
+}
+
+}  // namespace
+
+const std::vector<Op>& ForwardOps(Schedule s) { return Lists<BuildForward>(s); }
+const std::vector<Op>& BackwardOps(Schedule s) { return Lists<BuildBackward>(s); }
 
 std::string OpListString(const std::vector<Op>& ops) {
   std::string out;

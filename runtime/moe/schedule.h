@@ -77,8 +77,9 @@ struct Op {
   bool communicates() const { return group != OpGroup::kNone; }
 };
 
-std::vector<Op> ForwardOps(Schedule s);
-std::vector<Op> BackwardOps(Schedule s);  // derived from ForwardOps by adjoints (and fusion)
+// Built once per schedule (the executor reads them for every exchange of every layer).
+const std::vector<Op>& ForwardOps(Schedule s);
+const std::vector<Op>& BackwardOps(Schedule s);  // derived from ForwardOps by adjoints (and fusion)
 // "gate . order . counts . a2a(ep) . ..." for logs and `furnace plan`.
 std::string OpListString(const std::vector<Op>& ops);
 

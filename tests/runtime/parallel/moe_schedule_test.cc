@@ -102,7 +102,7 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
   }
   std::vector<float> scratch(ScheduleExecutor::ScratchRows(h) * kC + 1);
   std::vector<float> expert(h.R() * kC + 1);
-  if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+  if (ex.exchanges()) {
     RETURN_IF_ERROR(
         ex.ToExperts(Direction::kForward, h, routed.data(), expert.data(), kC, scratch.data()));
   } else {
@@ -117,7 +117,7 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
     }
   }
   out.back.assign(S_all * kC, -1.f);
-  if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+  if (ex.exchanges()) {
     RETURN_IF_ERROR(
         ex.FromExperts(Direction::kForward, h, expert.data(), out.back.data(), kC, scratch.data()));
   } else {
@@ -291,7 +291,7 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
     for (float& v : x) v = u(gen_x);
     for (float& v : y) v = u(gen_y);
     std::vector<float> scratch(ScheduleExecutor::ScratchRows(h) * kC + 1);
-    if (ex.distributed() || (schedule == Schedule::kS2 && g.tp > 1)) {
+    if (ex.exchanges()) {
       RETURN_IF_ERROR(
           ex.ToExperts(Direction::kForward, h, x.data(), tx.data(), kC, scratch.data()));
       RETURN_IF_ERROR(
