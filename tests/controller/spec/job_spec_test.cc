@@ -155,9 +155,10 @@ parallel: {pp: 2, dp: 3}
 }
 
 // Every field of the schema, set away from its default where this build implements it. The fields
-// it refuses unless default (controller/spec/field_uses.h) are placeholders: FullJob(false) gives
-// them their defaults, FullJob(true) values the spec reads and refuses.
-std::string FullJob(bool unimplemented) {
+// it refuses unless default (controller/spec/field_uses.h; resources.device, while only the CPU
+// has a kernel backend) are placeholders: FullJob(false) gives them their defaults, FullJob(true)
+// values the spec reads and refuses.
+std::string FullJob(bool refused_values) {
   return absl::StrReplaceAll(
       R"(name: full-job_1
 kind: train
@@ -183,7 +184,7 @@ moe:
   experts: 4
   top_k: 1
   capacity_factor: 1.25
-  schedule: deepspeed
+  schedule: s2
   normalize_topk: true
   aux_alpha: 0
   spikes: {SPIKES}
@@ -198,7 +199,7 @@ train:
   seed: 7
   weight_decay: 0
 data: {source: tokens, path: /data/tokens.bin, seed: 3}
-checkpoint: {dir: /ckpt, every: 10, keep: 1, async: {ASYNC}}
+checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true}
 recovery:
   max_restarts: 0
   backoff: {initial_s: 0.5, max_s: 0.5, multiplier: 1}
@@ -219,8 +220,7 @@ fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
 )",
       {{"{SPIKES}", "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"},
        {"{POLICY}", "adaptive"},
-       {"{ASYNC}", unimplemented ? "true" : "false"},
-       {"{DEVICE}", unimplemented ? "cuda" : "cpu"}});
+       {"{DEVICE}", refused_values ? "cuda" : "cpu"}});
 }
 
 TEST(JobSpecTest, EveryFieldCanBeSet) {
@@ -231,7 +231,7 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.parallel().order(), "pp-dp-tp");
   EXPECT_EQ(s.parallel().micro_batches(), 8u);
   EXPECT_DOUBLE_EQ(s.moe().capacity_factor(), 1.25);
-  EXPECT_EQ(s.moe().schedule(), "deepspeed");
+  EXPECT_EQ(s.moe().schedule(), "s2");
   EXPECT_TRUE(s.moe().normalize_topk());
   EXPECT_DOUBLE_EQ(s.moe().spikes().probability(), 0.5);
   EXPECT_DOUBLE_EQ(s.moe().spikes().max_ratio(), 4.0);  // = experts / top_k, the largest allowed
@@ -243,7 +243,7 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
   EXPECT_EQ(s.train().warmup(), 50u);
   EXPECT_EQ(s.data().path(), "/data/tokens.bin");
-  EXPECT_FALSE(s.checkpoint().async());
+  EXPECT_TRUE(s.checkpoint().async());
   EXPECT_EQ(s.recovery().max_restarts(), 0u);
   EXPECT_DOUBLE_EQ(s.recovery().backoff().max_s(), 0.5);
   EXPECT_EQ(s.resources().workers(), 8u);
@@ -257,9 +257,10 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.fault().exit_code(), 255);
 }
 
-// The unimplemented fields are read (each refusal shows the value written) and refused, one line
-// each, and nothing else in the full job is (checkpoint.async: true is accepted).
-TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
+// The fields this build refuses unless default are read (each refusal shows the value written)
+// and refused, one line each, and nothing else in the full job is (checkpoint.async: true and
+// moe.schedule: s2 are accepted).
+TEST(JobSpecTest, RefusedFieldsAreReadAndRefused) {
   absl::StatusOr<JobSpec> spec = ParseJobYaml(FullJob(true), "job.yaml");
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
@@ -271,6 +272,7 @@ TEST(JobSpecTest, UnimplementedFieldsAreReadAndRefused) {
     EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
   }
   EXPECT_EQ(message.find("checkpoint.async"), std::string::npos) << message;
+  EXPECT_EQ(message.find("moe.schedule"), std::string::npos) << message;
 }
 
 TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {

@@ -149,9 +149,8 @@ TEST(TrainerTest, LearnsAMarkovChainToItsEntropyRate) {
   EXPECT_LT(std::abs(tail / H - 1), 0.05);
 }
 
-TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
-  const int V = 16, T = 16;
-  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+// The resume tests' run: 20 steps, 2 micro-batches, cosine schedule, clipped.
+TrainConfig ResumeConfig() {
   TrainConfig config;
   config.steps = 20;
   config.micro_batches = 2;
@@ -159,6 +158,23 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
   config.clip = 0.5;
   config.schedule = {
       .kind = LrSchedule::Kind::kCosine, .lr = 0.05, .warmup_steps = 5, .max_steps = 20};
+  return config;
+}
+
+// Runs `trainer` and stops it after step 9 (10 steps done), as an interruption would.
+absl::Status RunAndStopAfterStep9(Trainer& trainer) {
+  StopToken stop;
+  return trainer.Run(
+      [&](const StepStats& s) {
+        if (s.step == 9) stop.RequestStop();
+      },
+      &stop);
+}
+
+TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  TrainConfig config = ResumeConfig();
 
   BigramModel straight(V, T, 1);
   auto a = Trainer::Create(&straight, data.sampler.get(), config);
@@ -171,13 +187,7 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
   BigramModel first(V, T, 1);
   auto b = Trainer::Create(&first, data.sampler.get(), config);
   ASSERT_TRUE(b.ok());
-  StopToken stop;
-  ASSERT_TRUE((*b)->Run(
-                      [&](const StepStats& s) {
-                        if (s.step == 9) stop.RequestStop();
-                      },
-                      &stop)
-                  .ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**b).ok());
   EXPECT_EQ((*b)->step(), 10);
   // every=4 saved 4 and 8, the stop saved 10; keep=2 left 8 and 10.
   EXPECT_TRUE(std::filesystem::exists(dir / "step-00000010/manifest.json"));
@@ -207,13 +217,7 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
 TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
   const int V = 16, T = 16;
   MarkovSetup data = MakeMarkov(V, 4, T, 5);
-  TrainConfig config;
-  config.steps = 20;
-  config.micro_batches = 2;
-  config.seed = 5;
-  config.clip = 0.5;
-  config.schedule = {
-      .kind = LrSchedule::Kind::kCosine, .lr = 0.05, .warmup_steps = 5, .max_steps = 20};
+  TrainConfig config = ResumeConfig();
 
   BigramModel straight(V, T, 1);
   auto a = Trainer::Create(&straight, data.sampler.get(), config);
@@ -225,13 +229,7 @@ TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
   BigramModel first(V, T, 1);
   auto b = Trainer::Create(&first, data.sampler.get(), config);
   ASSERT_TRUE(b.ok());
-  StopToken stop;
-  ASSERT_TRUE((*b)->Run(
-                      [&](const StepStats& s) {
-                        if (s.step == 9) stop.RequestStop();
-                      },
-                      &stop)
-                  .ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**b).ok());
   EXPECT_EQ((*b)->step(), 10);
   EXPECT_TRUE((*b)->checkpoint_errors().empty());
   // Snapshots at 4 and 8 (4 committed when 8 started, 8 at the stop), then 10; keep=2.
