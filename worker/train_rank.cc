@@ -88,6 +88,11 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
   const std::vector<std::string> ran = model.MoeScheduleNames();
   if (ran.empty()) return;  // no MoE layer on this model
   const std::string ran_text = ran.front();
+  if (!requested.empty() && requested != "auto" && requested != ran_text) {
+    // s1 or s2 with tp 1: every schedule is the same computation.
+    log(absl::StrCat("moe.schedule ", requested, ": tp 1, nothing to pause: the MoE layers run as ",
+                     ran_text));
+  }
   if (requested != "auto") {
     log(absl::StrCat("moe schedule ", ran_text, " on every MoE layer; forward ",
                      moe::OpListString(moe::ForwardOps(model.MoeSchedules().front())),
@@ -254,6 +259,12 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     if (spec.moe().schedule() == "auto" && choice->choice.has_value()) {
       moe_schedule_reason = choice->choice->reason;
     }
+  } else if (spec.moe().schedule() != "deepspeed" && task.rank() == 0) {
+    // One process: no tensor parallelism, so every schedule is deepspeed's computation.
+    spdlog::info(
+        "moe.schedule {}: one rank (tp 1), nothing to pause: the MoE layers run as "
+        "deepspeed",
+        spec.moe().schedule());
   }
   // A budget below what any policy needs for one micro-batch would only run out of memory, restart
   // and escalate to the same end: refused before the first step, with the number needed. (The
