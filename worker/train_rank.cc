@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/blas.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/data/markov.h"
@@ -348,10 +349,19 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!spec.checkpoint().dir().empty()) {
     auto restored = (*trainer)->RestoreLatest();
     if (restored.ok()) {
-      for (const auto& skipped : restored->skipped) spdlog::warn("checkpoint skipped: {}", skipped);
-      spdlog::info("resumed from the checkpoint of step {} ({})", restored->step, restored->path);
+      std::string account =
+          absl::StrCat("resumed from the checkpoint of step ", restored->step, " (", restored->path,
+                       ", written by ", restored->num_shards, " rank(s); rank ", task.rank(),
+                       " read shard", restored->shards_read.size() == 1 ? " " : "s ",
+                       absl::StrJoin(restored->shards_read, ", "), ")");
+      for (const auto& skipped : restored->skipped) {
+        spdlog::warn("checkpoint skipped: {}", skipped);
+        absl::StrAppend(&account, "; passed over: ", skipped);
+      }
+      spdlog::info("{}", account);
+      progress.Emit("restored", static_cast<uint64_t>(restored->step), account);
     } else if (!absl::IsNotFound(restored.status())) {
-      // A checkpoint of another layout or model is the user's to fix: retrying cannot help.
+      // A checkpoint of another model or seed is the user's to fix: retrying cannot help.
       const int code =
           absl::IsFailedPrecondition(restored.status()) ? kRankExitBadInput : kRankExitError;
       return Fail(progress, 0, code, absl::StrCat("checkpoint: ", restored.status().message()));

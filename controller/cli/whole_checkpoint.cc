@@ -55,40 +55,6 @@ bool SameValue(float a, float b) {
          RelativeDifference(a, b) <= TensorAssembler::kReplicaTolerance;
 }
 
-// The whole shape of `p`, or why its shard description cannot be right.
-absl::StatusOr<std::vector<int64_t>> GlobalShape(const train::ParamInfo& p) {
-  for (int64_t d : p.shape) {
-    if (d < 0) return absl::DataLossError(absl::StrCat("negative shape ", ShapeText(p.shape)));
-  }
-  if (!p.shard.sharded()) return p.shape;
-  const train::ParamShard& s = p.shard;
-  const std::string what = absl::StrCat("local shape ", ShapeText(p.shape), ", a part of ",
-                                        ShapeText(s.global_shape), " along dim ", s.dim);
-  auto bad = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat(what, ": ", why));
-  };
-  if (s.global_shape.size() != p.shape.size()) return bad("the ranks differ");
-  if (s.dim < 0 || static_cast<size_t>(s.dim) >= p.shape.size()) return bad("no such dim");
-  for (size_t d = 0; d < p.shape.size(); ++d) {
-    if (static_cast<int>(d) != s.dim && p.shape[d] != s.global_shape[d]) {
-      return bad(absl::StrCat("dim ", d, " is not whole"));
-    }
-  }
-  int64_t held = 0;
-  for (const auto& [begin, end] : s.ranges) {
-    if (begin < 0 || end < begin || end > s.global_shape[s.dim]) {
-      return bad(absl::StrCat("range [", begin, ", ", end, ") lies outside [0, ",
-                              s.global_shape[s.dim], ")"));
-    }
-    held += end - begin;
-  }
-  if (held != p.shape[s.dim]) {
-    return bad(
-        absl::StrCat("the ranges hold ", held, " of dim ", s.dim, ", the shape ", p.shape[s.dim]));
-  }
-  return s.global_shape;
-}
-
 // Sort key of the single-process parameter order (runtime/model/param_layout.cc): wte, wpe, the
 // layers in order, names the model does not use, lnf. Inside a layer, tensors keep the order in
 // which their name pattern (the name with an expert index replaced) first appeared, experts of
@@ -190,7 +156,7 @@ absl::Status TensorAssembler::AddShard(int shard, const std::vector<train::Param
                                        const float* data, int64_t n) {
   for (const train::ParamInfo& p : params) {
     const std::string where = absl::StrCat(where_, ", shard ", shard, ": parameter ", p.name);
-    absl::StatusOr<std::vector<int64_t>> global = GlobalShape(p);
+    absl::StatusOr<std::vector<int64_t>> global = train::ParamGlobalShape(p);
     if (!global.ok()) {
       return absl::DataLossError(absl::StrCat(where, ": ", global.status().message()));
     }

@@ -235,6 +235,9 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       if (rec.has_train() && rec.rank() == 0 && !rec.train().checkpoint_error().empty()) {
         jobs_.NoteCheckpointFailure(*job, rec.step(), rec.train().checkpoint_error());
       }
+      if (rec.rank() == 0 && rec.phase() == "restored") {
+        jobs_.NoteCheckpointRestored(*job, rec.message());
+      }
       if (rec.has_train()) {
         telemetry_.Accumulate(rec.job_id(), job->summary.world_size(), rec);
       }

@@ -186,6 +186,10 @@ void JobLifecycle::NoteCheckpointFailure(Job& job, uint64_t step, const std::str
                      " was not committed (training goes on; the previous one stays): ", error));
 }
 
+void JobLifecycle::NoteCheckpointRestored(Job& job, const std::string& account) {
+  Event(job, "checkpoint_restored", account);
+}
+
 bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) return false;
   auto& attempt = job.attempts[rec.attempt() - 1];

@@ -90,6 +90,9 @@ class JobLifecycle {
   // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
   // "checkpoint_failed" naming the step and the error. Training goes on.
   void NoteCheckpointFailure(Job& job, uint64_t step, const std::string& error);
+  // The attempt's ranks resumed from a checkpoint: an event "checkpoint_restored" with rank 0's
+  // account (the step, the layout that wrote it, and every newer checkpoint passed over and why).
+  void NoteCheckpointRestored(Job& job, const std::string& account);
   absl::Status PersistProgress(const std::set<std::string>& job_ids);
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;

@@ -53,6 +53,17 @@ std::optional<int64_t> ParseStepDir(const std::string& name) {
   return step;
 }
 
+// The element count of `shape` (dims >= 0), saturating at INT64_MAX: shapes come from a manifest,
+// which no checksum protects.
+int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && n > INT64_MAX / d) return INT64_MAX;
+    n *= d;
+  }
+  return n;
+}
+
 // Reads exactly n bytes into dst, folding them into *crc.
 absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t n, uint32_t* crc) {
   if (std::fread(dst, 1, n, f) != n) {
@@ -281,29 +292,41 @@ absl::Status CheckpointStore::Prune(int64_t latest) const {
   return SyncDirectory(dir_);
 }
 
-absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
+std::vector<int64_t> CheckpointStore::LoadableSteps(std::vector<std::string>* notes) const {
   std::vector<int64_t> committed = CommittedSteps();
-  std::vector<std::string> skipped;
   absl::StatusOr<std::optional<int64_t>> latest = LatestStep();
   std::optional<int64_t> bound;
   if (!latest.ok()) {
-    skipped.push_back(absl::StrCat(latest.status().message(), "; trying every committed step"));
+    notes->push_back(absl::StrCat(latest.status().message(), "; trying every committed step"));
   } else if (!latest->has_value()) {
     if (!committed.empty()) {
-      skipped.push_back(
+      notes->push_back(
           absl::StrCat("checkpoint: ", dir_, "/LATEST is missing; trying every committed step"));
     }
   } else {
     bound = **latest;
+    if (!std::binary_search(committed.begin(), committed.end(), *bound)) {
+      notes->push_back(absl::StrCat("checkpoint: ", dir_, "/LATEST names step ", *bound,
+                                    ", which is not committed (its manifest is missing)"));
+    }
   }
+  std::vector<int64_t> steps;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
-    if (bound && *it > *bound) continue;  // committed after LATEST moved: never published
-    absl::StatusOr<LoadedCheckpoint> loaded = Load(*it, shard);
+    if (!bound || *it <= *bound) steps.push_back(*it);
+  }
+  return steps;
+}
+
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
+  std::vector<std::string> skipped;
+  for (int64_t step : LoadableSteps(&skipped)) {
+    absl::StatusOr<LoadedCheckpoint> loaded = Load(step, shard);
     if (loaded.ok()) {
       loaded->skipped = std::move(skipped);
       return loaded;
     }
-    // Written by another layout: an older checkpoint would be no better, and it is not damage.
+    // No such shard (another layout wrote it): an older checkpoint would be no better, and it is
+    // not damage.
     if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
     skipped.push_back(std::string(loaded.status().message()));
   }
@@ -316,6 +339,11 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
 }
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) const {
+  ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(step));
+  return ReadShard(manifest, shard);
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) const {
   const std::string step_dir = StepDir(step);
   const std::string manifest_path = (fs::path(step_dir) / kManifest).string();
   std::string text;
@@ -329,10 +357,8 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
                           "shards", "params"}) {
     if (!m.contains(key)) return bad_manifest(absl::StrCat("missing \"", key, "\""));
   }
-  LoadedCheckpoint out;
-  ShardRecord record;
-  int64_t n = 0;
-  int num_shards = 0;
+  CheckpointManifest out;
+  out.path = step_dir;
   try {  // nlohmann's typed getters throw on a type mismatch: caught here, never escapes
     if (m["version"].get<uint32_t>() != kCheckpointVersion) {
       return bad_manifest(absl::StrCat("unsupported version ", m["version"].dump()));
@@ -340,52 +366,79 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
     out.step = m["step"].get<int64_t>();
     out.data_position = m["data_position"].get<int64_t>();
     out.seed = m["seed"].get<uint64_t>();
-    num_shards = m["num_shards"].get<int>();
-    n = m["num_params"].get<int64_t>();
+    out.num_shards = m["num_shards"].get<int>();
+    const int64_t n = m["num_params"].get<int64_t>();
     if (out.step != step) {
       return bad_manifest(
           absl::StrCat("says step ", out.step, " inside the directory of step ", step));
     }
-    if (shard >= num_shards && num_shards > 0 &&
-        m["shards"].size() == static_cast<size_t>(num_shards)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint ", step_dir, " was written by ", num_shards,
-                       " rank(s); this job's rank ", shard,
-                       " has no shard in it (a checkpoint loads only into the parallel layout that "
-                       "wrote it)"));
+    if (out.num_shards <= 0 || m["shards"].size() != static_cast<size_t>(out.num_shards)) {
+      return bad_manifest(absl::StrCat("has ", m["shards"].size(), " shards of ", out.num_shards));
     }
-    if (shard < 0 || shard >= num_shards || m["shards"].size() != static_cast<size_t>(num_shards)) {
-      return bad_manifest(absl::StrCat("has ", m["shards"].size(), " shards of ", num_shards,
-                                       "; shard ", shard, " requested"));
-    }
-    for (const Json& e : m["shards"]) {  // absent: a single rank's top-level size
-      const int64_t values = e.contains("num_params") ? e["num_params"].get<int64_t>() : n;
-      if (values < 0 || values > INT64_MAX / 2 - out.values_in_all_shards) {
-        return bad_manifest(absl::StrCat("bad shard size ", values));
+    std::vector<ParamInfo> top_level;
+    bool top_level_read = false;
+    for (const Json& e : m["shards"]) {
+      ShardRecord record = RecordFromJson(e);
+      if (record.n < 0) {  // a single rank's: the top-level size and parameters
+        if (!top_level_read) {
+          top_level = ParamsFromJson(m["params"]);
+          top_level_read = true;
+        }
+        record.n = n;
+        record.params = top_level;
       }
-      out.values_in_all_shards += values;
-    }
-    const Json& entry = m["shards"][static_cast<size_t>(shard)];
-    record = RecordFromJson(entry);
-    if (record.n >= 0) {
-      n = record.n;
-      out.params = std::move(record.params);
-    } else {
-      out.params = ParamsFromJson(m["params"]);
+      if (record.n < 0 || record.n > INT64_MAX / 2 - out.values_in_all_shards) {
+        return bad_manifest(absl::StrCat("bad shard size ", record.n));
+      }
+      out.values_in_all_shards += record.n;
+      if (record.file.find('/') != std::string::npos || record.file.empty()) {
+        return bad_manifest(absl::StrCat("bad shard file name \"", record.file, "\""));
+      }
+      const uint64_t want_bytes =
+          kShardHeaderBytes + 3 * static_cast<uint64_t>(record.n) * sizeof(float);
+      if (record.bytes != want_bytes) {
+        return bad_manifest(absl::StrCat("shard ", record.file, ": bytes ", record.bytes,
+                                         " do not match ", record.n, " params (", want_bytes,
+                                         " bytes)"));
+      }
+      for (const ParamInfo& p : record.params) {
+        absl::StatusOr<std::vector<int64_t>> whole = ParamGlobalShape(p);
+        if (!whole.ok()) {
+          return bad_manifest(absl::StrCat("shard ", record.file, ": parameter ", p.name, ": ",
+                                           whole.status().message()));
+        }
+        const int64_t numel = SaturatingNumel(p.shape);
+        if (p.offset < 0 || numel > record.n || p.offset > record.n - numel) {
+          return bad_manifest(absl::StrCat("shard ", record.file, ": parameter ", p.name, " [",
+                                           p.offset, ", +", numel, ") lies outside its ", record.n,
+                                           " stored values"));
+        }
+      }
+      out.shards.push_back(std::move(record));
     }
   } catch (const Json::exception& e) {
     return bad_manifest(e.what());
   }
-  if (record.file.find('/') != std::string::npos || record.file.empty()) {
-    return bad_manifest(absl::StrCat("bad shard file name \"", record.file, "\""));
-  }
-  const uint64_t want_bytes = kShardHeaderBytes + 3 * static_cast<uint64_t>(n) * sizeof(float);
-  if (n < 0 || record.bytes != want_bytes) {
-    return bad_manifest(absl::StrCat("shard bytes ", record.bytes, " do not match ", n, " params (",
-                                     want_bytes, " bytes)"));
-  }
+  return out;
+}
 
-  const std::string shard_path = (fs::path(step_dir) / record.file).string();
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointManifest& manifest,
+                                                            int shard) const {
+  if (shard < 0 || shard >= manifest.num_shards) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", manifest.path,
+                                                      " was written by ", manifest.num_shards,
+                                                      " rank(s) and has no shard ", shard));
+  }
+  const ShardRecord& record = manifest.shards[static_cast<size_t>(shard)];
+  const int64_t n = record.n;
+  LoadedCheckpoint out;
+  out.step = manifest.step;
+  out.data_position = manifest.data_position;
+  out.seed = manifest.seed;
+  out.values_in_all_shards = manifest.values_in_all_shards;
+  out.params = record.params;
+
+  const std::string shard_path = (fs::path(manifest.path) / record.file).string();
   std::error_code ec;
   const uint64_t actual = fs::file_size(shard_path, ec);
   if (ec) {
@@ -428,15 +481,48 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) 
     return bad_shard(absl::StrCat("unsupported version ", Get<uint32_t>(header + 8)));
   }
   if (Get<uint32_t>(header + 12) != static_cast<uint32_t>(shard) ||
-      Get<uint32_t>(header + 16) != static_cast<uint32_t>(num_shards) ||
+      Get<uint32_t>(header + 16) != static_cast<uint32_t>(manifest.num_shards) ||
       Get<int64_t>(header + 24) != out.step || Get<int64_t>(header + 32) != out.data_position ||
       Get<uint64_t>(header + 40) != out.seed || Get<int64_t>(header + 48) != n) {
     return bad_shard(
         "header disagrees with the manifest (shard, step, data position, seed or size)");
   }
-  out.path = step_dir;
-  out.num_shards = num_shards;
+  out.path = manifest.path;
+  out.num_shards = manifest.num_shards;
   return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParamGlobalShape(const ParamInfo& p) {
+  for (int64_t d : p.shape) {
+    if (d < 0) return absl::DataLossError(absl::StrCat("negative shape ", ShapeText(p.shape)));
+  }
+  if (!p.shard.sharded()) return p.shape;
+  const ParamShard& s = p.shard;
+  const std::string what = absl::StrCat("local shape ", ShapeText(p.shape), ", a part of ",
+                                        ShapeText(s.global_shape), " along dim ", s.dim);
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(what, ": ", why));
+  };
+  if (s.global_shape.size() != p.shape.size()) return bad("the ranks differ");
+  if (s.dim < 0 || static_cast<size_t>(s.dim) >= p.shape.size()) return bad("no such dim");
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    if (static_cast<int>(d) != s.dim && p.shape[d] != s.global_shape[d]) {
+      return bad(absl::StrCat("dim ", d, " is not whole"));
+    }
+  }
+  int64_t held = 0;
+  for (const auto& [begin, end] : s.ranges) {
+    if (begin < 0 || end < begin || end > s.global_shape[s.dim]) {
+      return bad(absl::StrCat("range [", begin, ", ", end, ") lies outside [0, ",
+                              s.global_shape[s.dim], ")"));
+    }
+    held += end - begin;
+  }
+  if (held != p.shape[s.dim]) {
+    return bad(
+        absl::StrCat("the ranges hold ", held, " of dim ", s.dim, ", the shape ", p.shape[s.dim]));
+  }
+  return s.global_shape;
 }
 
 }  // namespace furnace::train

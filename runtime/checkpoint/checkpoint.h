@@ -17,12 +17,13 @@
 // Single rank: shard 0 holds the whole flat arrays. With several ranks (a parallel layout) each
 // writes its own shard with WriteShard (shard = its world rank), the records travel to one rank,
 // which calls Commit once all are durable; the manifest then lists every shard's own parameters
-// (with the part of each global tensor it holds), so a checkpoint loads only into the same layout
-// and tools can reassemble whole tensors from the shards.
+// (with the part of each global tensor it holds), so a checkpoint loads into any layout of the
+// same model (reshard.h) and tools can reassemble whole tensors from the shards.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,28 @@ struct ShardRecord {
 std::string SerializeShardRecord(const ShardRecord& record);
 absl::StatusOr<ShardRecord> ParseShardRecord(const std::string& text);
 
+// Every tensor's name and whole shape.
+using TensorShapes = std::map<std::string, std::vector<int64_t>>;
+
+// The whole shape of the tensor `p` is part of, or DataLoss saying why its shard description
+// cannot be right (a manifest is not covered by a checksum): a negative dim, a shard dim that
+// does not exist, another dim that is not whole, a range outside the tensor, ranges that do not
+// add up to the local shape.
+absl::StatusOr<std::vector<int64_t>> ParamGlobalShape(const ParamInfo& p);
+
+// A committed step's manifest, checked for structure (no shard read).
+struct CheckpointManifest {
+  int64_t step = 0;
+  int64_t data_position = 0;
+  uint64_t seed = 0;
+  std::string path;  // the step directory
+  int num_shards = 1;
+  int64_t values_in_all_shards = 0;
+  // Per shard: its file, size, checksum, and its parameters (a single rank's: the top-level list)
+  // with n their stored values.
+  std::vector<ShardRecord> shards;
+};
+
 struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t data_position = 0;
@@ -73,6 +96,10 @@ struct LoadedCheckpoint {
   std::vector<ParamInfo> params;     // names, shapes and offsets recorded in the manifest
   std::vector<float> param_data, m, v;
   std::vector<std::string> skipped;  // newer checkpoints passed over, each with the reason
+  // Loaded into another layout (reshard.h): the shards read, in order, and every tensor of the
+  // checkpoint with its whole shape. Empty for a plain Load.
+  std::vector<int> shards_read;
+  TensorShapes tensors;
 };
 
 // A checkpoint directory. Not thread-safe; one writer per directory.
@@ -97,9 +124,18 @@ class CheckpointStore {
   absl::StatusOr<LoadedCheckpoint> LoadLatest(int shard = 0) const;
   // One step, verified; errors name the file and what is wrong with it.
   absl::StatusOr<LoadedCheckpoint> Load(int64_t step, int shard = 0) const;
+  // The manifest of committed step `step` (DataLoss when damaged; every shard's parameters are
+  // checked with ParamGlobalShape and against its stored values).
+  absl::StatusOr<CheckpointManifest> ReadManifest(int64_t step) const;
+  // Shard `shard` of a manifest ReadManifest returned, verified against it.
+  absl::StatusOr<LoadedCheckpoint> ReadShard(const CheckpointManifest& manifest, int shard) const;
 
   // Steps whose manifest exists, ascending.
   std::vector<int64_t> CommittedSteps() const;
+  // The committed steps a loader may use, newest first: none newer than LATEST (a manifest
+  // written after LATEST moved was never published), all of them when LATEST is missing or
+  // unreadable (and then `notes` says so). LoadLatest tries them in this order.
+  std::vector<int64_t> LoadableSteps(std::vector<std::string>* notes) const;
   // The step LATEST names; nullopt when there is no LATEST file.
   absl::StatusOr<std::optional<int64_t>> LatestStep() const;
 

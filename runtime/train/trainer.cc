@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/reshard.h"
 
 namespace furnace::train {
 namespace {
@@ -282,7 +283,11 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatest() {
   }
   if (parallel_ != nullptr) return RestoreLatestParallel();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadLatest());
+  ASSIGN_OR_RETURN(
+      LoadedCheckpoint loaded,
+      LoadLatestIntoLayout(store, model_->params(), model_->num_params(), /*preferred=*/0));
+  ASSIGN_OR_RETURN(const TensorShapes model, WholeShapes(model_->params()));
+  RETURN_IF_ERROR(CompareTensorSets(loaded.path, loaded.tensors, model));
   RETURN_IF_ERROR(Restore(loaded));
   return loaded;
 }
@@ -291,10 +296,9 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
   const std::vector<ParamInfo>& params = model_->params();
   const int64_t n = model_->num_params();
   if (c.params.size() != params.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " has ", c.params.size(), " tensors; the model has ", params.size(),
-        parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
-                             : ""));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c.path, " has ", c.params.size(), " tensors; the model has ",
+                     params.size(), " (load a checkpoint into another layout with RestoreLatest)"));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& a = c.params[i];
@@ -302,12 +306,11 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
     if (a.name != b.name || a.shape != b.shape || a.offset != b.offset ||
         a.shard.global_shape != b.shard.global_shape || a.shard.dim != b.shard.dim ||
         a.shard.ranges != b.shard.ranges) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ", ShapeText(a.shape), " at ",
-          a.offset, SliceText(a.shard), "; the model has ", b.name, " ", ShapeText(b.shape), " at ",
-          b.offset, SliceText(b.shard),
-          parallel_ != nullptr ? " (a checkpoint loads only into the parallel layout that wrote it)"
-                               : ""));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", c.path, ": tensor ", i, " is ", a.name, " ",
+                       ShapeText(a.shape), " at ", a.offset, SliceText(a.shard), "; the model has ",
+                       b.name, " ", ShapeText(b.shape), " at ", b.offset, SliceText(b.shard),
+                       " (load a checkpoint into another layout with RestoreLatest)"));
     }
   }
   if (c.param_data.size() != static_cast<size_t>(n)) {

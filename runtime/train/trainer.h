@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/base/clock.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/reshard.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/data/sampler.h"
 #include "runtime/train/async_checkpoint.h"
@@ -143,10 +144,15 @@ class Trainer {
   // Saves a checkpoint of the current state (needs checkpoint.dir).
   absl::Status SaveCheckpoint();
   // Restores params, Adam moments and the step from the newest usable checkpoint in
-  // checkpoint.dir. NotFound when there is none (a fresh start). Refuses a checkpoint whose
-  // parameter names/shapes or seed differ from this run's.
+  // checkpoint.dir, whatever parallel layout wrote it (runtime/checkpoint/reshard.h: each rank
+  // gathers its part by name and global offsets). NotFound when there is none (a fresh start).
+  // Refuses (FailedPrecondition) a checkpoint of another model (its tensors, by name and whole
+  // shape, are not this model's) or another seed. The data order is the step's: the global batch
+  // of step s is the sampler's micro-batches 0 .. dp * m - 1 of step s on every layout, so a
+  // layout with another dp continues the same sequence when dp * micro_batches is unchanged.
   absl::StatusOr<LoadedCheckpoint> RestoreLatest();
-  // Restores from an already loaded checkpoint (same checks).
+  // Restores from a checkpoint already loaded into this rank's layout: its parameters must be
+  // this model's exactly (names, shapes, offsets, slices), and its seed this run's.
   absl::Status Restore(const LoadedCheckpoint& checkpoint);
 
   // checkpoint.async: why each checkpoint that was not committed failed, oldest first.
@@ -191,6 +197,8 @@ class Trainer {
   // recorded in `stats` (when given) and checkpoint_errors_.
   void FinishAsyncCheckpoint(StepStats* stats);
   absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
+  // The whole model's tensors (every rank's, merged; a collective over the world).
+  absl::StatusOr<TensorShapes> WholeModelShapes() const;
 
   Trainable* model_;
   const data::Sampler* data_;

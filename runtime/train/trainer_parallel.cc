@@ -6,8 +6,12 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/reshard.h"
 #include "runtime/device/backend.h"
 #include "runtime/pipeline/one_f_one_b.h"
 #include "runtime/train/trainer.h"
@@ -340,23 +344,52 @@ absl::Status Trainer::CommitShardParallel(const absl::StatusOr<ShardRecord>& wri
   return absl::OkStatus();
 }
 
+absl::StatusOr<TensorShapes> Trainer::WholeModelShapes() const {
+  const ParallelRuntime& P = *parallel_;
+  // Every rank's whole tensors as lines "name<TAB>d0,d1,...", gathered and merged.
+  absl::StatusOr<TensorShapes> mine = WholeShapes(model_->params());
+  std::string text;
+  if (mine.ok()) {
+    for (const auto& [name, shape] : *mine) {
+      absl::StrAppend(&text, name, "\t", absl::StrJoin(shape, ","), "\n");
+    }
+  }
+  RETURN_IF_ERROR(AgreeOnStatus(P.world_group, mine.status()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(P.world_group, text));
+  TensorShapes model;
+  for (const std::string& rank_text : all) {
+    for (absl::string_view line : absl::StrSplit(rank_text, '\n', absl::SkipEmpty())) {
+      const std::vector<absl::string_view> parts = absl::StrSplit(line, '\t');
+      std::vector<int64_t> shape;
+      for (absl::string_view d : absl::StrSplit(parts.back(), ',', absl::SkipEmpty())) {
+        int64_t v = 0;
+        if (!absl::SimpleAtoi(d, &v)) return absl::InternalError("trainer: bad tensor shape text");
+        shape.push_back(v);
+      }
+      model.emplace(std::string(parts.front()), std::move(shape));
+    }
+  }
+  return model;
+}
+
 absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   const ParallelRuntime& P = *parallel_;
   comm::Communicator* world = P.world_group;
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  absl::StatusOr<LoadedCheckpoint> loaded = store.LoadLatest(P.world_rank);
+  ASSIGN_OR_RETURN(const TensorShapes model, WholeModelShapes());
+  // Each rank gathers its own part from whichever shards hold it (reshard.h): the layout that
+  // wrote the checkpoint may be another one.
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadLatestIntoLayout(store, model_->params(), model_->num_params(), P.world_rank);
   absl::Status usable = absl::OkStatus();
   if (!loaded.ok() && !absl::IsNotFound(loaded.status())) {
     usable = loaded.status();
-  } else if (loaded.ok() && loaded->num_shards != P.world) {
-    usable = absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", loaded->path, " was written by ", loaded->num_shards,
-                     " rank(s); this job has ", P.world,
-                     " (a checkpoint loads only into the parallel layout that wrote it)"));
+  } else if (loaded.ok()) {
+    usable = CompareTensorSets(loaded->path, loaded->tensors, model);
   }
   RETURN_IF_ERROR(AgreeOnStatus(world, usable));
 
-  // The ranks agree on one step: the oldest any of them could load (a shard that is damaged on
+  // The ranks agree on one step: the oldest any of them could load (a shard that is damaged for
   // one rank sends every rank back to the previous checkpoint). -1: none.
   const int64_t mine = loaded.ok() ? loaded->step : -1;
   int64_t agreed = mine;
@@ -373,7 +406,8 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   }
   absl::Status restored = absl::OkStatus();
   if (agreed != mine) {
-    absl::StatusOr<LoadedCheckpoint> older = store.Load(agreed, P.world_rank);
+    absl::StatusOr<LoadedCheckpoint> older =
+        LoadIntoLayout(store, agreed, model_->params(), model_->num_params(), P.world_rank);
     if (older.ok()) {
       older->skipped = loaded->skipped;
       older->skipped.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
@@ -383,8 +417,7 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
     }
   }
   if (restored.ok()) restored = Restore(*loaded);
-  // Every rank resumes, or every rank fails with the same cause (a layout mismatch shows on
-  // some ranks only).
+  // Every rank resumes, or every rank fails with the same cause.
   RETURN_IF_ERROR(AgreeOnStatus(world, restored));
   return loaded;
 }

@@ -57,6 +57,9 @@ struct ParamInfo {
   }
   // Element index in the whole (global) tensor of local element `i`.
   int64_t GlobalIndex(int64_t i) const;
+  // The inverse: the local element holding element `g` of the whole tensor, or -1 when this
+  // rank's part does not hold it.
+  int64_t LocalIndex(int64_t g) const;
 };
 
 inline int64_t ParamInfo::GlobalIndex(int64_t i) const {
@@ -79,6 +82,24 @@ inline int64_t ParamInfo::GlobalIndex(int64_t i) const {
     seen += end - begin;
   }
   return (outer * shard.global_shape[shard.dim] + global_coord) * inner + in;
+}
+
+inline int64_t ParamInfo::LocalIndex(int64_t g) const {
+  if (!shard.sharded()) return g;
+  int64_t inner = 1;
+  for (size_t d = shard.dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t global_dim = shard.global_shape[shard.dim];
+  const int64_t in = g % inner;
+  const int64_t coord = (g / inner) % global_dim;
+  const int64_t outer = g / (inner * global_dim);
+  int64_t seen = 0;
+  for (const auto& [begin, end] : shard.ranges) {
+    if (coord >= begin && coord < end) {
+      return (outer * shape[shard.dim] + seen + (coord - begin)) * inner + in;
+    }
+    seen += end - begin;
+  }
+  return -1;
 }
 
 }  // namespace furnace::train

@@ -1,0 +1,95 @@
+"""Checkpoints through the whole stack. A damaged newest checkpoint (a flipped byte in a shard, a
+truncated shard, a deleted manifest) sends the next job on the directory back to the previous
+one, and its `checkpoint_restored` event says which step was passed over and why; a missing
+LATEST is said too (the newest checkpoint whose manifest and checksums verify is then used). A
+checkpoint written by one rank continues under dp 2 x ep 2 (the global batch kept: micro_batches
+2 -> 1 per replica), the event naming the layout that wrote it, and ends at the loss the
+single-rank continuation reaches."""
+import os
+import shutil
+
+import harness
+
+
+def job(name, ckpt, steps, parallel="micro_batches: 2"):
+    return f"""name: {name}
+kind: train
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+moe: {{experts: 4, top_k: 2}}
+parallel: {{micro_batch: 4, {parallel}}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 5, seed: 11}}
+data: {{source: markov, seed: 5}}
+checkpoint: {{dir: {ckpt}, every: 10, keep: 5}}
+recovery: {{max_restarts: 0}}
+"""
+
+
+def flip_a_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x20]))
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+
+
+class CheckpointRecoveryTest(harness.ClusterTest):
+    WORKERS = 4
+
+    def test_damaged_checkpoints_fall_back_and_other_layouts_continue(self):
+        c = self.cluster
+        src = os.path.join(c.state, "ckpt-src")
+        first = c.submit(c.write_job("src.yaml", job("source", src, 30)))
+        d = c.wait_state(first, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertTrue(os.path.exists(os.path.join(src, "step-00000030", "manifest.json")))
+
+        shard = os.path.join("step-00000030", "shard-00000.bin")
+        damage = {
+            "flip": (lambda d: flip_a_byte(os.path.join(d, shard)), 20, "checksum mismatch"),
+            "truncate": (lambda d: truncate(os.path.join(d, shard)), 20, "truncated"),
+            "manifest": (lambda d: os.remove(os.path.join(d, "step-00000030", "manifest.json")),
+                         20, "LATEST names step 30, which is not committed"),
+            "latest": (lambda d: os.remove(os.path.join(d, "LATEST")), 30, "LATEST is missing"),
+        }
+        jobs = {}
+        for kind, (hurt, _, _) in damage.items():
+            dir_ = os.path.join(c.state, f"ckpt-{kind}")
+            shutil.copytree(src, dir_)
+            hurt(dir_)
+            jobs[kind] = c.submit(c.write_job(f"{kind}.yaml", job(kind, dir_, 40)))
+        resharded_dir = os.path.join(c.state, "ckpt-reshard")
+        shutil.copytree(src, resharded_dir)
+        resharded = c.submit(c.write_job("reshard.yaml", job(
+            "reshard", resharded_dir, 40, parallel="dp: 2, ep: 2, micro_batches: 1")))
+
+        for kind, (_, step, why) in damage.items():
+            d = c.wait_state(jobs[kind], ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+            self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", (kind, d["summary"]))
+            restored = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
+            self.assertEqual(len(restored), 1, (kind, d["events"]))
+            print(f"\nREPORT {kind}: {restored[0]}")
+            self.assertIn(f"resumed from the checkpoint of step {step} ", restored[0])
+            self.assertIn(why, restored[0])
+
+        d = c.wait_state(resharded, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        restored = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
+        self.assertEqual(len(restored), 1, d["events"])
+        print(f"\nREPORT reshard: {restored[0]}")
+        self.assertIn("resumed from the checkpoint of step 30 ", restored[0])
+        self.assertIn("written by 1 rank(s)", restored[0])
+        # The same 10 steps from the same checkpoint on one rank ("latest": its step 30 is whole)
+        # and on dp 2 x ep 2 end at the same loss, up to the layouts' summation order.
+        single = c.job(jobs["latest"])["telemetry"]["loss"]
+        parallel = d["telemetry"]["loss"]
+        print(f"REPORT loss at step 40: one rank {single}, dp 2 x ep 2 {parallel}")
+        self.assertAlmostEqual(parallel, single, delta=1e-4 * abs(single))
+
+
+if __name__ == "__main__":
+    harness.main()
