@@ -29,14 +29,13 @@ class LayoutGather {
       ASSIGN_OR_RETURN(const std::vector<int64_t> whole, ParamGlobalShape(p));
       const auto it = in_checkpoint.find(p.name);
       if (it == in_checkpoint.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint ", path, " has no tensor ", p.name,
-                         " (it was written by another model)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", path, " has no tensor ", p.name, " (it was written by another model)"));
       }
       if (it->second != whole) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint ", path, ": tensor ", p.name, " is ", ShapeText(it->second),
-            " there and ", ShapeText(whole), " in this model (it was written by another model)"));
+            "checkpoint ", path, ": tensor ", p.name, " is ", ShapeText(it->second), " there and ",
+            ShapeText(whole), " in this model (it was written by another model)"));
       }
     }
     return absl::OkStatus();
@@ -128,9 +127,9 @@ absl::Status CompareTensorSets(const std::string& checkpoint, const TensorShapes
   }
   for (const auto& [name, shape] : model) {
     if (in_checkpoint.count(name) == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint ", checkpoint, " has no tensor ", name,
-                       " (it was written by another model)"));
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint,
+                                                        " has no tensor ", name,
+                                                        " (it was written by another model)"));
     }
   }
   return absl::OkStatus();
@@ -180,8 +179,8 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& store,
-                                                      const std::vector<ParamInfo>& mine,
-                                                      int64_t n, int preferred) {
+                                                      const std::vector<ParamInfo>& mine, int64_t n,
+                                                      int preferred) {
   std::vector<std::string> skipped;
   const std::vector<int64_t> candidates = store.LoadableSteps(&skipped);
   for (int64_t step : candidates) {

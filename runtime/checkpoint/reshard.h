@@ -55,7 +55,7 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
 // rules). A FailedPrecondition (another model) is returned at once: an older checkpoint of the
 // same directory would be no better.
 absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& store,
-                                                      const std::vector<ParamInfo>& mine,
-                                                      int64_t n, int preferred);
+                                                      const std::vector<ParamInfo>& mine, int64_t n,
+                                                      int preferred);
 
 }  // namespace furnace::train

@@ -13,23 +13,42 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
     return absl::FailedPreconditionError(
         "async checkpoint: a snapshot is already in flight (Wait for it first)");
   }
-  const auto n = static_cast<size_t>(state.n);
-  params_.assign(state.params, state.params + n);
-  m_.assign(state.m, state.m + n);
-  v_.assign(state.v, state.v + n);
   state_ = state;
-  state_.params = params_.data();
-  state_.m = m_.data();
-  state_.v = v_.data();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copied_ = false;
+  }
+  durable_.store(false);
   result_ = absl::UnknownError("async checkpoint: not written");
-  thread_.emplace([this] {
+  thread_.emplace([this, borrowed = state] {
     const auto t0 = std::chrono::steady_clock::now();
+    if (copy_hook_) copy_hook_();
+    const auto n = static_cast<size_t>(borrowed.n);
+    params_.assign(borrowed.params, borrowed.params + n);
+    m_.assign(borrowed.m, borrowed.m + n);
+    v_.assign(borrowed.v, borrowed.v + n);
+    state_.params = params_.data();
+    state_.m = m_.data();
+    state_.v = v_.data();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      copied_ = true;
+    }
+    copied_cv_.notify_all();
     if (write_hook_) write_hook_(state_);
     CheckpointStore store(dir_, keep_);
     result_ = store.WriteShard(state_);
     thread_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    durable_.store(true);
   });
   return absl::OkStatus();
+}
+
+double AsyncCheckpointWriter::WaitCopied() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  copied_cv_.wait(lock, [this] { return copied_; });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 absl::StatusOr<ShardRecord> AsyncCheckpointWriter::Wait() {

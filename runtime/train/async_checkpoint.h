@@ -1,12 +1,18 @@
-// Asynchronous checkpoint writes (checkpoint.async). At a checkpoint step a rank copies its shard
-// state into host memory owned here (Start: the only part that holds the step) and a background
-// thread writes and fsyncs the shard with CheckpointStore::WriteShard while training continues.
-// Committing (records exchanged, manifest, then LATEST) is not done here: the trainer does it at a
-// deterministic point on every rank after Wait has said this rank's shard is durable, so LATEST
-// never names a step whose shards are not all on disk.
+// Asynchronous checkpoints (checkpoint.async). At a checkpoint step Start hands this writer the
+// rank's shard state; a background thread first copies its arrays into host memory owned here,
+// then writes and fsyncs the shard with CheckpointStore::WriteShard, while training continues.
+// The copy overlaps the next step's forward and backward, which only read the parameters: the
+// trainer calls WaitCopied before the next optimizer update changes them (CheckFreq's pipelined
+// snapshot), so a checkpoint holds the step only when the copy is slower than a forward and
+// backward pass. Committing (records exchanged, manifest, then LATEST) is not done here: the
+// trainer does it at a deterministic point on every rank once every rank's shard is durable, so
+// LATEST never names a step whose shards are not all on disk.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,16 +32,22 @@ class AsyncCheckpointWriter {
   AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
-  // Copies `state` (its arrays included) and starts writing it. FailedPrecondition while another
-  // snapshot is in flight: the caller Waits first, so two are never in flight.
+  // Starts copying `state` and then writing it. The arrays stay borrowed until WaitCopied
+  // returns: the caller must not change them before. FailedPrecondition while another snapshot is
+  // in flight: the caller Waits first, so two are never in flight.
   absl::Status Start(const ShardState& state);
   bool in_flight() const { return thread_.has_value(); }
+  // Blocks until the in-flight snapshot's arrays are copied (at once when nothing is in flight);
+  // returns the seconds it blocked.
+  double WaitCopied();
+  // The in-flight write has finished (Wait will not block). Thread-safe.
+  bool durable() const { return durable_.load(); }
   // Blocks until the in-flight write is durable; its record or the write's error (disk full, an
   // unwritable directory). FailedPrecondition when nothing is in flight.
   absl::StatusOr<ShardRecord> Wait();
 
-  // The snapshot last started; its arrays point into this writer's buffers, valid until the
-  // next Start.
+  // The snapshot last started (read it after Wait); its arrays point into this writer's
+  // buffers, valid until the next Start.
   const ShardState& state() const { return state_; }
   // Seconds the last finished write took on the background thread (WriteShard, fsyncs included).
   double write_seconds() const { return write_seconds_; }
@@ -44,6 +56,8 @@ class AsyncCheckpointWriter {
   void SetWriteHookForTest(std::function<void(const ShardState&)> hook) {
     write_hook_ = std::move(hook);
   }
+  // Tests: runs on the background thread before each copy (e.g. to make it slower than a step).
+  void SetCopyHookForTest(std::function<void()> hook) { copy_hook_ = std::move(hook); }
 
  private:
   std::string dir_;
@@ -51,10 +65,15 @@ class AsyncCheckpointWriter {
   ShardState state_;
   std::vector<float> params_, m_, v_;  // (n) each: the snapshot's arrays
   std::optional<std::thread> thread_;
+  std::mutex mu_;
+  std::condition_variable copied_cv_;
+  bool copied_ = true;  // guarded by mu_: the borrowed arrays are no longer read
+  std::atomic<bool> durable_{false};
   absl::StatusOr<ShardRecord> result_;  // written by the thread, read after join
   double write_seconds_ = 0;
   double thread_seconds_ = 0;  // written by the thread, read after join
   std::function<void(const ShardState&)> write_hook_;
+  std::function<void()> copy_hook_;
 };
 
 }  // namespace furnace::train

@@ -165,6 +165,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const int64_t n = model_->num_params();
   stats.grad_norm = ClipGradNorm(model_->grad_data(), n, config_.clip);
   stats.lr = config_.schedule.At(step_);
+  stats.checkpoint_stall_seconds += WaitSnapshotCopied();
   adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
   const double t2 = clock_->MonotonicSeconds();
 
@@ -184,17 +185,23 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   const bool async = checkpoints && config_.checkpoint.async;
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
+    if (async) {
+      const double t0 = clock_->MonotonicSeconds();
+      RETURN_IF_ERROR(CommitIfDurable(stats));
+      stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
+    }
     if (checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) {
       const double t0 = clock_->MonotonicSeconds();
       if (async) {
-        // The previous snapshot is committed before the next starts: never two in flight.
+        // A write slower than the interval: the step waits for it and commits it before the
+        // next snapshot starts, so two are never in flight.
         FinishAsyncCheckpoint(&stats);
         RETURN_IF_ERROR(StartAsyncCheckpoint());
       } else {
         RETURN_IF_ERROR(SaveCheckpoint());
         stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
       }
-      stats.checkpoint_stall_seconds = clock_->MonotonicSeconds() - t0;
+      stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
     }
     if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) {
@@ -240,8 +247,24 @@ absl::Status Trainer::StartAsyncCheckpoint() {
     async_ =
         std::make_unique<AsyncCheckpointWriter>(config_.checkpoint.dir, config_.checkpoint.keep);
     async_->SetWriteHookForTest(write_hook_);
+    async_->SetCopyHookForTest(copy_hook_);
   }
   return async_->Start(CurrentShardState());
+}
+
+double Trainer::WaitSnapshotCopied() { return async_ != nullptr ? async_->WaitCopied() : 0.0; }
+
+absl::Status Trainer::CommitIfDurable(StepStats& stats) {
+  if (async_ == nullptr || !async_->in_flight()) return absl::OkStatus();
+  // Ranks still writing, summed over the world: every rank sees the same count after the same
+  // step, so all of them commit together (the commit is a collective).
+  float writing = async_->durable() ? 0.0f : 1.0f;
+  if (parallel_ != nullptr && parallel_->world_group != nullptr &&
+      parallel_->world_group->size() > 1) {
+    RETURN_IF_ERROR(parallel_->world_group->AllReduce(&writing, 1));
+  }
+  if (writing == 0.0f) FinishAsyncCheckpoint(&stats);
+  return absl::OkStatus();
 }
 
 void Trainer::FinishAsyncCheckpoint(StepStats* stats) {

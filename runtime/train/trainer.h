@@ -34,9 +34,10 @@ struct CheckpointConfig {
   std::string dir;    // empty: no checkpoints
   int64_t every = 0;  // save after every `every` steps (0: only at the end of Run)
   int keep = 3;       // committed checkpoints retained; <= 0 keeps all
-  // Write shards on a background thread (async_checkpoint.h) and commit a checkpoint at the next
-  // checkpoint step or at the end of Run, once every rank's shard is durable. A failed background
-  // write is reported (StepStats::checkpoint_error) and not committed; training goes on.
+  // Snapshot and write shards on a background thread (async_checkpoint.h) and commit a
+  // checkpoint after the first step at which every rank's shard is durable (at the latest at the
+  // next checkpoint step, which waits for it, or at the end of Run). A failed background write is
+  // reported (StepStats::checkpoint_error) and not committed; training goes on.
   bool async = false;
 };
 
@@ -85,8 +86,9 @@ struct StepStats {
   // The checkpoint written after this step (0: none); with checkpoint.async, the background
   // write of the checkpoint committed (or failed) after this step.
   double checkpoint_seconds = 0;
-  // How long this step was held by checkpointing: the whole write when synchronous; the snapshot
-  // copy plus the wait for the previous snapshot's write when asynchronous.
+  // How long this step was held by checkpointing: the whole write when synchronous; when
+  // asynchronous, the wait for the snapshot's copy before the optimizer update, the commit, and
+  // at a checkpoint step the wait for the previous snapshot's write.
   double checkpoint_stall_seconds = 0;
   std::string checkpoint_error;  // why the checkpoint finished after this step was not committed
   // Parallel layouts (a ParallelRuntime): the numbers above are global (loss, aux loss, tokens,
@@ -136,9 +138,10 @@ class Trainer {
   // Steps until step() == config.steps or `stop` is requested (checked after each step and its
   // callback), saving every `checkpoint.every` steps and once at the end when a dir is set.
   // With a ParallelRuntime a stop skips that last checkpoint: it is a collective, and the other
-  // ranks have not stopped. With checkpoint.async an in-flight snapshot is committed at the next
-  // checkpoint step and at the end (a parallel stop only waits for this rank's write); write and
-  // commit errors are reported, not returned.
+  // ranks have not stopped. With checkpoint.async an in-flight snapshot is committed after the
+  // first step at which every rank's shard is durable, at the latest at the next checkpoint step
+  // and at the end (a parallel stop only waits for this rank's write); write and commit errors
+  // are reported, not returned.
   absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr);
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).
@@ -161,6 +164,8 @@ class Trainer {
   void SetCheckpointWriteHookForTest(std::function<void(const ShardState&)> hook) {
     write_hook_ = std::move(hook);
   }
+  // Tests: runs on the async writer's thread before each snapshot copy.
+  void SetCheckpointCopyHookForTest(std::function<void()> hook) { copy_hook_ = std::move(hook); }
 
   int64_t step() const { return step_; }
   const AdamW& optimizer() const { return adamw_; }
@@ -196,6 +201,13 @@ class Trainer {
   // checkpoint.async: waits for the in-flight write, if any, and commits it; a failure is
   // recorded in `stats` (when given) and checkpoint_errors_.
   void FinishAsyncCheckpoint(StepStats* stats);
+  // checkpoint.async, after every step: commits the in-flight snapshot once every rank's shard is
+  // durable (with a parallel layout, one all-reduce of a flag over the world decides, so every
+  // rank commits after the same step), instead of waiting for the next checkpoint step.
+  absl::Status CommitIfDurable(StepStats& stats);
+  // checkpoint.async, before an optimizer update: waits until the in-flight snapshot has copied
+  // the parameters and moments the update is about to change; the seconds waited.
+  double WaitSnapshotCopied();
   absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
   // The whole model's tensors (every rank's, merged; a collective over the world).
   absl::StatusOr<TensorShapes> WholeModelShapes() const;
@@ -211,6 +223,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   std::unique_ptr<AsyncCheckpointWriter> async_;
   std::function<void(const ShardState&)> write_hook_;
+  std::function<void()> copy_hook_;
   std::vector<std::string> checkpoint_errors_;
 };
 

@@ -284,6 +284,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   RETURN_IF_ERROR(ReduceStats(results, stats));
   const double t2 = clock_->MonotonicSeconds();
   stats.lr = config_.schedule.At(step_);
+  stats.checkpoint_stall_seconds += WaitSnapshotCopied();
   adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
   const double t3 = clock_->MonotonicSeconds();
 

@@ -124,8 +124,8 @@ TEST(ReshardTest, GathersIntoEveryLayoutFromTheShardsThatHoldIt) {
   ASSERT_TRUE(WriteLayout(store, 4).ok());
 
   // One process: the whole tensor from both shards, b from the first.
-  const std::vector<ParamInfo> whole = {
-      {.name = "a", .shape = {kRows, kCols}, .offset = 0}, WholeB(kRows * kCols)};
+  const std::vector<ParamInfo> whole = {{.name = "a", .shape = {kRows, kCols}, .offset = 0},
+                                        WholeB(kRows * kCols)};
   auto one = LoadIntoLayout(store, 4, whole, Count(whole), 0);
   ASSERT_TRUE(one.ok()) << one.status();
   ExpectGathered(*one, whole, 4);
@@ -182,8 +182,8 @@ TEST(ReshardTest, AnotherModelIsRefusedNamingTheTensor) {
   const absl::Status fewer = CompareTensorSets(loaded->path, loaded->tensors, {{"b", {kB}}});
   ASSERT_EQ(fewer.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(fewer.message(), HasSubstr("holds tensor a [4, 6], which this model does not have"));
-  const absl::Status more = CompareTensorSets(
-      loaded->path, loaded->tensors, {{"a", {kRows, kCols}}, {"b", {kB}}, {"c", {1}}});
+  const absl::Status more = CompareTensorSets(loaded->path, loaded->tensors,
+                                              {{"a", {kRows, kCols}}, {"b", {kB}}, {"c", {1}}});
   EXPECT_THAT(more.message(), HasSubstr("has no tensor c"));
   EXPECT_TRUE(
       CompareTensorSets(loaded->path, loaded->tensors, {{"a", {kRows, kCols}}, {"b", {kB}}}).ok());
@@ -193,9 +193,9 @@ TEST(ReshardTest, AnElementOnNoShardIsDataLoss) {
   TestDir dir;
   CheckpointStore store(dir.path(), 0);
   // Column 5 of "a" is on neither shard.
-  ASSERT_TRUE(WriteLayout(store, 2,
-                          {{ColumnsOfA(0, {{0, 3}}), WholeB(12)}, {ColumnsOfA(0, {{3, 5}})}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteLayout(store, 2, {{ColumnsOfA(0, {{0, 3}}), WholeB(12)}, {ColumnsOfA(0, {{3, 5}})}})
+          .ok());
   const std::vector<ParamInfo> whole = {{.name = "a", .shape = {kRows, kCols}, .offset = 0}};
   auto loaded = LoadIntoLayout(store, 2, whole, Count(whole), 0);
   ASSERT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();

@@ -17,6 +17,7 @@
 #include "runtime/data/counter_rng.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
+#include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::train {
@@ -302,6 +303,79 @@ TEST(TrainerTest, AsyncCommitWaitsForTheDurableShardAndTheNextSnapshotWaitsForTh
     EXPECT_GT(stats[i].checkpoint_stall_seconds, 0.05) << "step " << i;
     EXPECT_GE(stats[i].checkpoint_seconds, 0.14) << "step " << i;
   }
+}
+
+TEST(TrainerTest, AsyncCheckpointIsCommittedOnceDurableNotAtTheNextCheckpointStep) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir dir;
+  TrainConfig config;
+  config.steps = 20;
+  config.seed = 1;
+  config.checkpoint = {.dir = dir.path(), .every = 10, .keep = 0, .async = true};
+  BigramModel model(V, T, 1);
+  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(t.ok());
+  CheckpointStore store(dir.path(), 0);
+  const std::string shard = store.StepDir(10) + "/" + CheckpointStore::ShardFileName(0);
+  int64_t committed_after = -1;  // the step after which LATEST first named 10
+  ASSERT_TRUE((*t)->Run([&](const StepStats& s) {
+                    if (s.step < 10 || committed_after >= 0) return;
+                    auto latest = store.LatestStep();
+                    if (latest.ok() && *latest == std::optional<int64_t>(10)) {
+                      committed_after = s.step;
+                      return;
+                    }
+                    // Give the writer time: until its shard is renamed into place, then a
+                    // little longer per step for the directory's fsync.
+                    for (int i = 0; i < 600 && !std::filesystem::exists(shard); ++i) {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    }
+                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                  })
+                  .ok());
+  EXPECT_TRUE((*t)->checkpoint_errors().empty());
+  // Committed after step 11 or so, before step 20 would have waited for it.
+  EXPECT_GT(committed_after, 10);
+  EXPECT_LT(committed_after, 19);
+  EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{10, 20}));
+}
+
+TEST(TrainerTest, AsyncSnapshotSlowerThanAStepHoldsTheUpdateNotTheValues) {
+  // The copy of step 4's state takes 200 ms; step 5's update must wait for it, or the shard
+  // would hold values of step 5.
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir sync_dir, async_dir;
+  TrainConfig config;
+  config.steps = 6;
+  config.seed = 1;
+  config.checkpoint = {.dir = sync_dir.path(), .every = 4, .keep = 0};
+  BigramModel a(V, T, 1);
+  auto sync = Trainer::Create(&a, data.sampler.get(), config);
+  ASSERT_TRUE(sync.ok());
+  ASSERT_TRUE((*sync)->Run().ok());
+
+  config.checkpoint = {.dir = async_dir.path(), .every = 4, .keep = 0, .async = true};
+  BigramModel b(V, T, 1);
+  auto async = Trainer::Create(&b, data.sampler.get(), config);
+  ASSERT_TRUE(async.ok());
+  (*async)->SetCheckpointCopyHookForTest(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  std::vector<StepStats> stats;
+  ASSERT_TRUE((*async)->Run([&](const StepStats& s) { stats.push_back(s); }).ok());
+  const std::string name = CheckpointStore::ShardFileName(0);
+  for (int64_t step : {4, 6}) {
+    const std::string want =
+        testing_util::ReadAll(CheckpointStore(sync_dir.path(), 0).StepDir(step) + "/" + name);
+    const std::string got =
+        testing_util::ReadAll(CheckpointStore(async_dir.path(), 0).StepDir(step) + "/" + name);
+    ASSERT_FALSE(want.empty());
+    EXPECT_TRUE(want == got) << "the snapshot of step " << step << " differs from the sync one";
+  }
+  // Step 5 (index 4) waited for the copy before its update: the stall it reports.
+  ASSERT_EQ(stats.size(), 6u);
+  EXPECT_GT(stats[4].checkpoint_stall_seconds, 0.1);
 }
 
 TEST(TrainerTest, AsyncWriteErrorsAreReportedAndTrainingGoesOn) {
