@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
-"""Checkpoint stall, synchronous vs asynchronous (checkpoint.async), side by side in one run:
-`train` jobs through a real controller and local worker daemons, the same job with checkpoints
-every --every steps, once with checkpoint.async false and once true, interleaved over --rounds.
+"""Checkpoint stall, synchronous vs asynchronous (checkpoint.async) vs none, side by side in one
+run: `train` jobs through a real controller and local worker daemons, the same job with
+checkpoints every --every steps (checkpoint.async false, then true) and without checkpoints
+(only the one at the end, which is not counted), interleaved over --rounds.
 
     python3 bench/recovery/checkpoint_stall.py --bin build/bin [--steps 60] [--every 5] [--rounds 2]
 
-Reported per mode (median over the rounds): the stall per checkpoint (how long checkpointing held
-the step it followed, the slowest rank's: StepRecord.checkpoint_stall_seconds), the step time of
-the steps without a checkpoint, and the stall as a share of step time over the whole job
-(summed stalls / summed step times). The model is big enough (d 256, 8 experts of 1024) that a
-shard is a few MiB per rank.
+Reported per mode (median over the rounds), from the slowest rank's StepRecords (the first two
+steps and the last are left out: start-up and the final checkpoint):
+  * the stall per checkpoint: every step's checkpoint_stall_seconds summed, over the number of
+    checkpoints (with checkpoint.async the stall is spread: the wait for the snapshot's copy
+    before the next update, the per-step check whether every shard is durable and the commit);
+  * the median step time;
+  * the stall share: summed stalls over summed step times plus stalls (the copy wait is inside
+    the step time too, so this overstates a little);
+  * the slowdown: mean step time plus stall per step against the run without checkpoints (what
+    the background writer costs the training threads on shared cores shows here as well).
+The model is big enough (d 256, 8 experts of 1024) that a shard is about 64 MB per rank.
 """
 import argparse
 import json
@@ -52,44 +59,48 @@ def main():
     args = ap.parse_args()
     harness.BIN_DIR = os.path.abspath(args.bin)
     cluster = harness.Cluster(workers=4).start()
-    rows = {"sync": [], "async": []}
+    rows = {"sync": [], "async": [], "none": []}
     try:
         for rnd in range(args.rounds):
-            for mode in ("sync", "async"):
+            for mode in ("sync", "async", "none"):
                 name = f"stall-{mode}-{rnd}"
                 ckpt = os.path.join(cluster.state, name)
                 shutil.rmtree(ckpt, ignore_errors=True)
+                every = 0 if mode == "none" else args.every
                 path = cluster.write_job(f"{name}.yaml",
-                                         job(name, args.steps, args.every, mode == "async", ckpt))
+                                         job(name, args.steps, every, mode == "async", ckpt))
                 job_id = cluster.submit(path)
                 d = cluster.wait_state(job_id, harness.FINAL, timeout=900)
                 if d["summary"]["state"] != "JOB_SUCCEEDED":
                     cluster.dump_logs()
                     return 1
                 steps = {int(s["step"]): s for s in series(cluster, job_id)}
-                recs = [steps[k] for k in sorted(steps) if k > 1]
-                stalls = [float(s.get("checkpoint_stall_seconds", 0)) for s in recs
-                          if float(s.get("checkpoint_stall_seconds", 0)) > 0]
-                total = sum(float(s.get("step_seconds", 0)) for s in recs)
-                plain = sorted(float(s.get("step_seconds", 0)) for s in recs
-                               if float(s.get("checkpoint_stall_seconds", 0)) == 0)
+                recs = [steps[k] for k in sorted(steps) if 1 < k < args.steps]
+                stall = [float(s.get("checkpoint_stall_seconds", 0)) for s in recs]
+                step_s = [float(s.get("step_seconds", 0)) for s in recs]
+                checkpoints = sum(1 for s in recs if every and int(s["step"]) % every == 0)
                 row = {"mode": mode,
-                       "stall_per_checkpoint_ms": 1e3 * sorted(stalls)[len(stalls) // 2] if stalls else 0,
-                       "checkpoints": len(stalls),
-                       "plain_step_ms": 1e3 * plain[len(plain) // 2] if plain else 0,
-                       "stall_share": sum(stalls) / (total + sum(stalls)) if total else 0}
+                       "stall_per_checkpoint_ms":
+                           1e3 * sum(stall) / checkpoints if checkpoints else 0,
+                       "checkpoints": checkpoints,
+                       "step_ms": 1e3 * sorted(step_s)[len(step_s) // 2],
+                       "cost_per_step_ms": 1e3 * (sum(step_s) + sum(stall)) / len(recs),
+                       "stall_share": sum(stall) / (sum(step_s) + sum(stall))}
                 rows[mode].append(row)
                 print(f"round {rnd} {mode:5s}: stall {row['stall_per_checkpoint_ms']:7.1f} ms per "
-                      f"checkpoint ({row['checkpoints']}), step {row['plain_step_ms']:6.1f} ms, "
+                      f"checkpoint ({checkpoints}), step {row['step_ms']:6.1f} ms, "
                       f"stall share {100 * row['stall_share']:.2f}%", flush=True)
     finally:
         cluster.close()
     out = {}
     for mode, rs in rows.items():
-        med = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0] if k != "mode"}
-        out[mode] = med
+        out[mode] = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0] if k != "mode"}
+    base = out["none"]["cost_per_step_ms"]
+    for mode, med in out.items():
+        med["slowdown_vs_none"] = med["cost_per_step_ms"] / base - 1 if base else 0
         print(f"{mode:5s}: stall {med['stall_per_checkpoint_ms']:.1f} ms per checkpoint, "
-              f"plain step {med['plain_step_ms']:.1f} ms, stall {100 * med['stall_share']:.2f}% of step time")
+              f"step {med['step_ms']:.1f} ms, stall {100 * med['stall_share']:.2f}% of step time, "
+              f"{100 * med['slowdown_vs_none']:+.1f}% per step against no checkpoints")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "steps": args.steps,
