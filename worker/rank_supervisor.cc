@@ -346,7 +346,9 @@ void RankSupervisor::ReadStream(int i) {
         record.set_rank(launch_.rank);
         last_progress_s_ = clock_.MonotonicSeconds();
         last_step_ = record.step();
-        if (!record.message().empty()) last_message_ = record.message();
+        // The rank's latest word (a final "why I exit"); a later record without one clears it,
+        // so an exit is not explained by something said earlier (e.g. the restore account).
+        last_message_ = record.message();
         if (sinks_.on_telemetry) sinks_.on_telemetry(std::move(record));
         record = furnace::v1::TelemetryRecord();
       }
