@@ -258,6 +258,8 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                 FormatSize(cc.min_bytes()), absl::StrCat("4..", FormatSize(cc.max_bytes()))});
   }
 
+  CheckShrinkLayouts(spec, diag);
+
   const auto& f = spec.fault();
   if (static_cast<uint64_t>(f.rank()) >= world) {
     c.Fail({"fault.rank"},
