@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -40,8 +41,18 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   }
   std::vector<std::string> keys;
   for (uint32_t r = 0; r < task.world_size(); ++r) keys.push_back(ArrivedKey(r));
-  if (absl::StatusOr<std::vector<std::string>> all = store.Get(keys, bound); !all.ok()) {
-    if (absl::IsFailedPrecondition(all.status())) return all.status();  // the attempt is over
+  // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
+  // waits for a late peer as alive.
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(bound));
+  while (true) {
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    absl::StatusOr<std::vector<std::string>> all = store.Get(keys, std::clamp(left, 0.0, 1.0));
+    if (all.ok()) break;
+    if (!absl::IsDeadlineExceeded(all.status())) return all.status();  // e.g. the attempt is over
+    progress.Emit("health_check", 0);
+    if (left > 1.0) continue;
     std::vector<std::string> missing;
     for (uint32_t r = 0; r < task.world_size(); ++r) {
       if (!store.Get({ArrivedKey(r)}, 0).ok()) missing.push_back(absl::StrCat(r));

@@ -279,7 +279,7 @@ void JobLifecycle::TryStart(Job& job) {
       return;
     }
     wait(
-        absl::StrFormat("%s; gives up %.0f s after the failure unless workers come back "
+        absl::StrFormat("%s; gives up after waiting %.0f s for workers to come back "
                         "(recovery.wait_for_workers_s)",
                         why, limit));
     return;

@@ -57,12 +57,14 @@ struct Job {
   double recover_at_mono = 0;
   // The restart ladder's view of the workers (recovery.cc says the rules). Suspects: a rank of
   // theirs failed in the last attempt; placed only after spares, and vetted by the next attempt's
-  // health check. Excluded: failed the health check or went silent; never placed for this job
-  // until their agent restarts (registers as a new process) or recovery.exclude_s has passed.
+  // health check. Excluded: failed the health check, or went silent; never placed for this job
+  // until recovery.exclude_s has passed, or sooner: a worker that failed the health check when
+  // its agent restarts (registers as a new process), a silent one when it registers again.
   // In memory only: a restarted controller starts with none (the health check vets again).
   struct Exclusion {
     std::string reason;
     std::string instance_id;  // the agent process that failed
+    bool lost = false;        // went silent: any registration ends it
     double until_mono = 0;
     double until_unix = 0;
   };
@@ -174,10 +176,11 @@ class JobLifecycle {
   // rendezvous keys (ranks that never arrived) and fails the attempt, excluding those workers.
   void HealthCheckFailed(Job& job, const furnace::v1::RankReport& report);
   // Keeps `worker_id` out of the job's placements (see Job::Exclusion); says so in an event.
-  void Exclude(Job& job, const std::string& worker_id, const std::string& reason);
+  void Exclude(Job& job, const std::string& worker_id, const std::string& reason, bool lost);
   // Ends exclusions whose time is over or whose agent restarted (events say which and why).
   void ReleaseExclusions(Job& job);
-  // Not lost, registered in this run, of the job's device kind, not excluded for the job.
+  // Workers of the job's device kind neither lost nor excluded for the job (busy or free); lists
+  // the ones left out, with why, in `left_out`.
   uint32_t HealthyWorkers(const Job& job, std::string* left_out) const;
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);

@@ -6,10 +6,11 @@
 //     recovery.max_restarts lasts.
 //  2. Workers: the worker where the root-cause rank failed becomes a suspect: the next attempt
 //     uses spares (free workers neither suspect nor excluded) first and a suspect only when it is
-//     needed, and then only through the health check. A worker that failed the health check, or
-//     went silent (lost), is excluded: never placed for this job until its agent restarts
-//     (registers as a new process) or recovery.exclude_s has passed; the job waits meanwhile and
-//     its "waiting" event says who is out, why and until when.
+//     needed, and then only through the health check. A worker that failed the health check is
+//     excluded: never placed for this job until its agent restarts (registers as a new process)
+//     or recovery.exclude_s has passed. One that went silent (lost) is excluded until it
+//     registers again (or recovery.exclude_s). The job waits meanwhile, and its "waiting" event
+//     says who is out, why and until when.
 //  3. Every attempt with more than one rank first runs a health check (worker/health_check.h):
 //     each rank marks its arrival in the attempt's rendezvous keys, then runs the commcheck
 //     collectives at small sizes, each step bounded by recovery.health_check_s. A rank that fails
@@ -249,7 +250,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
   }
   // Silent while holding a rank of the job: kept out of its next attempts (restart_ladder.cc).
   if (!IsFinal(job->summary.state())) {
-    Exclude(*job, worker.info.worker_id(), absl::StrCat("lost: ", why));
+    Exclude(*job, worker.info.worker_id(), absl::StrCat("lost: ", why), /*lost=*/true);
   }
 }
 

@@ -13,6 +13,17 @@ namespace furnace::controller {
 
 namespace v1 = furnace::v1;
 
+namespace {
+
+// How an excluded worker becomes usable again, in words.
+std::string UsableAgain(const Job::Exclusion& ex) {
+  return absl::StrCat("usable again when its agent ",
+                      ex.lost ? "registers again" : "restarts (registers as a new process)",
+                      ", or at ", UnixClock(ex.until_unix));
+}
+
+}  // namespace
+
 std::string UnixClock(double unix_s) {
   const time_t t = static_cast<time_t>(unix_s);
   std::tm tm{};
@@ -35,7 +46,10 @@ uint32_t JobLifecycle::HealthyWorkers(const Job& job, std::string* left_out) con
                                  UnixClock(ex->second.until_unix), ")"));
     } else if (w.info.state() == v1::WORKER_STATE_LOST) {
       out.push_back(absl::StrCat(id, " lost (usable again when its agent registers)"));
-    } else if (workers_.HasSession(id)) {
+    } else {
+      // Busy ones too (they free up), and, after a controller restart, ones known from the store
+      // that have not registered yet: within the re-attach grace they are not lost, so a job does
+      // not shrink only because its workers have not re-attached yet.
       ++healthy;
     }
   }
@@ -84,26 +98,27 @@ void JobLifecycle::HealthCheckFailed(Job& job, const v1::RankReport& report) {
     return;
   }
   for (const Missing& m : missing) {
-    Exclude(job, m.worker_id,
-            absl::StrCat("failed the health check of attempt ", n, ": rank ", m.rank,
-                         " never arrived"));
+    Exclude(
+        job, m.worker_id,
+        absl::StrCat("failed the health check of attempt ", n, ": rank ", m.rank, " never arrived"),
+        /*lost=*/false);
   }
 }
 
-void JobLifecycle::Exclude(Job& job, const std::string& worker_id, const std::string& reason) {
+void JobLifecycle::Exclude(Job& job, const std::string& worker_id, const std::string& reason,
+                           bool lost) {
   Job::Exclusion ex;
   ex.reason = reason;
   const Worker* w = workers_.Find(worker_id);
   ex.instance_id = w != nullptr ? w->info.instance_id() : "";
+  ex.lost = lost;
   ex.until_mono = clock_.MonotonicSeconds() + job.spec.recovery().exclude_s();
   ex.until_unix = clock_.UnixSeconds() + job.spec.recovery().exclude_s();
   job.excluded_workers[worker_id] = ex;
   job.suspect_workers.erase(worker_id);
   Event(job, "exclude",
-        absl::StrFormat("worker %s excluded from this job (%s); usable again when its agent "
-                        "restarts (registers as a new process) or after %.0f s "
-                        "(recovery.exclude_s)",
-                        worker_id, reason, job.spec.recovery().exclude_s()));
+        absl::StrFormat("worker %s excluded from this job (%s); %s (recovery.exclude_s = %.0f s)",
+                        worker_id, reason, UsableAgain(ex), job.spec.recovery().exclude_s()));
 }
 
 void JobLifecycle::ReleaseExclusions(Job& job) {
@@ -115,8 +130,12 @@ void JobLifecycle::ReleaseExclusions(Job& job) {
       why = absl::StrFormat("its exclusion of %.0f s is over (recovery.exclude_s)",
                             job.spec.recovery().exclude_s());
     } else if (w != nullptr && w->info.state() != v1::WORKER_STATE_LOST &&
-               workers_.HasSession(it->first) && w->info.instance_id() != it->second.instance_id) {
-      why = "its agent restarted (registered as a new process)";
+               workers_.HasSession(it->first)) {
+      if (w->info.instance_id() != it->second.instance_id) {
+        why = "its agent restarted (registered as a new process)";
+      } else if (it->second.lost) {
+        why = "its agent registered again";
+      }
     }
     if (why.empty()) {
       ++it;

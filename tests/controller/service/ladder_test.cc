@@ -226,7 +226,9 @@ TEST_F(LadderTest, WaitsForHealthyWorkersAndReadmitsAfterExcludeS) {
   EXPECT_NE(waiting.find("needs 4 healthy cpu workers"), std::string::npos) << waiting;
   EXPECT_NE(waiting.find("h/1 excluded (failed the health check of attempt 1"), std::string::npos)
       << waiting;
-  EXPECT_NE(waiting.find("usable again when its agent restarts, or at"), std::string::npos);
+  EXPECT_NE(
+      waiting.find("usable again when its agent restarts (registers as a new process), or at"),
+      std::string::npos);
   EXPECT_TRUE(Starts().empty());
 
   Pass(26, {0, 1, 2, 3});
@@ -246,6 +248,27 @@ TEST_F(LadderTest, AnExcludedWorkerWhoseAgentRestartsIsUsableAgain) {
   Register(2, "i1");  // a new agent process on h/2
   Pass(1, {0, 1, 2, 3});
   EXPECT_NE(LastEvent("include").find("its agent restarted"), std::string::npos);
+  ExpectRunningOn(2, {0, 1, 2, 3});
+}
+
+TEST_F(LadderTest, ALostWorkerIsUsableAgainWhenItRegistersAgain) {
+  for (int s = 0; s < 4; ++s) Register(s);
+  Submit(Commcheck("  health_check_s: 0\n"));
+  ExpectRunningOn(1, {0, 1, 2, 3});
+  Pass(7, {0, 1, 2});  // h/3 lost
+  for (uint32_t r = 0; r < 3; ++r) {
+    Report(static_cast<int>(r), 1, r, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  }
+  EXPECT_NE(LastEvent("exclude").find("worker h/3 excluded from this job (lost: no heartbeat"),
+            std::string::npos)
+      << LastEvent("exclude");
+  Pass(3, {0, 1, 2});
+  EXPECT_EQ(Job().attempts_size(), 1);
+  Register(3);  // the same agent process, reachable again
+  Pass(1, {0, 1, 2, 3});
+  EXPECT_NE(LastEvent("include").find("worker h/3 usable again: its agent registered again"),
+            std::string::npos)
+      << LastEvent("include");
   ExpectRunningOn(2, {0, 1, 2, 3});
 }
 
