@@ -15,9 +15,10 @@
 //     each rank marks its arrival in the attempt's rendezvous keys, then runs the commcheck
 //     collectives at small sizes, each step bounded by recovery.health_check_s. A rank that fails
 //     it exits with RANK_EXIT_HEALTH_CHECK; the controller blames the ranks that never arrived,
-//     excludes their workers and restarts at once. A health-check failure does not count against
-//     recovery.max_restarts (no training failed), but it is an attempt without progress (rung 5),
-//     which bounds a run of them.
+//     excludes their workers and restarts at once. Such a failure does not count against
+//     recovery.max_restarts (no training failed, and the culprit is out), but it is an attempt
+//     without progress (rung 5), which bounds a run of them. A failed check that names nobody
+//     (every rank arrived, then a collective failed) is an ordinary, counted failure.
 //  4. Fewer healthy workers than the job's layout: the first recovery.shrink layout that fits.
 //     When none fits for recovery.wait_for_workers_s, the job ends FAILED: the layout no longer
 //     fits the workers left.
@@ -146,8 +147,12 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
   const uint32_t max_restarts = job.spec.recovery().max_restarts();
   const uint32_t max_stuck = job.spec.recovery().max_attempts_without_progress();
   const NoProgress stuck = AttemptsWithoutProgress(job.attempts);
-  const bool gave_up_stuck =
-      failure != Failure::kInterrupted && max_stuck > 0 && stuck.attempts >= max_stuck;
+  // An activation out-of-memory exit that escalates the memory policy changes the next attempt:
+  // that retry may help, so it is never given up as "no progress".
+  const bool escalates = attempt->activation_oom() && !attempt->memory_policy().empty() &&
+                         EscalatedMemoryPolicy(attempt->memory_policy()).has_value();
+  const bool gave_up_stuck = failure != Failure::kInterrupted && !escalates && max_stuck > 0 &&
+                             stuck.attempts >= max_stuck;
   const std::string stuck_cause = absl::StrFormat(
       "%s (not retried: no progress across %d consecutive attempts, none got past step %d; "
       "recovery.max_attempts_without_progress = %d)",

@@ -40,10 +40,8 @@ uint32_t JobLifecycle::HealthyWorkers(const Job& job, std::string* left_out) con
     if (w.info.device_kind() != job.spec.resources().device()) continue;
     auto ex = job.excluded_workers.find(id);
     if (ex != job.excluded_workers.end()) {
-      out.push_back(absl::StrCat(id, " excluded (", ex->second.reason,
-                                 "; usable again when its "
-                                 "agent restarts, or at ",
-                                 UnixClock(ex->second.until_unix), ")"));
+      out.push_back(
+          absl::StrCat(id, " excluded (", ex->second.reason, "; ", UsableAgain(ex->second), ")"));
     } else if (w.info.state() == v1::WORKER_STATE_LOST) {
       out.push_back(absl::StrCat(id, " lost (usable again when its agent registers)"));
     } else {
@@ -78,12 +76,13 @@ void JobLifecycle::HealthCheckFailed(Job& job, const v1::RankReport& report) {
                    report.reason().empty() ? absl::StrCat("exited with code ", report.exit_code())
                                            : report.reason());
   if (missing.empty() || missing.size() == static_cast<size_t>(job.current()->ranks_size())) {
-    // Everyone arrived (or nobody's arrival is known): the check names no one; the reporting
-    // worker is only a suspect.
+    // Everyone arrived (or nobody's arrival is known): the check names no one, so no worker can be
+    // excluded and a restart on the same workers is an ordinary retry: it counts against
+    // recovery.max_restarts. The reporting worker is a suspect.
     FailAttempt(job, "health_check",
                 absl::StrCat(reporter, missing.empty() ? " (every rank arrived: no worker to blame)"
                                                        : " (no rank's arrival was recorded)"),
-                report.worker_id(), Failure::kHealthCheck);
+                report.worker_id(), Failure::kRetryable);
     return;
   }
   std::vector<std::string> names;

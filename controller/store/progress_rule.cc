@@ -1,6 +1,7 @@
 #include "controller/store/progress_rule.h"
 
 #include <algorithm>
+#include <string>
 
 namespace furnace::controller {
 
@@ -20,10 +21,17 @@ NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& 
     best = std::max(best, AttemptStep(attempts[i]));
   }
   NoProgress out;
+  if (attempts.empty()) return out;
+  const furnace::v1::AttemptInfo& newest = attempts.back();
+  const std::string newest_layout = newest.parallel().SerializeAsString();
   for (size_t i = attempts.size(); i-- > 0;) {
     const auto& a = attempts[i];
     if (a.state() == furnace::v1::ATTEMPT_STATE_INTERRUPTED) continue;
     if (a.state() != furnace::v1::ATTEMPT_STATE_FAILED || AttemptStep(a) > best_before[i]) break;
+    if (a.memory_policy() != newest.memory_policy() ||
+        a.parallel().SerializeAsString() != newest_layout) {
+      break;
+    }
     if (out.attempts == 0) out.step = best_before[i];
     ++out.attempts;
   }

@@ -7,8 +7,10 @@
 // train steps completed, or commcheck rounds). An attempt makes progress when its step passes the
 // highest step of every attempt before it (0 before the first), so a resumed attempt that fails
 // again before the step where the last one failed counts as no progress, and a health-check
-// failure (the attempt never trained) always does. Interrupted attempts (the controller stopped its
-// own workers) neither count nor break a run.
+// failure (the attempt never trained) always does. Only attempts under the same conditions as the
+// newest count: one with another memory policy (an out-of-memory escalation) or another layout
+// (recovery.shrink) ends the run, since a change may be what helps. Interrupted attempts (the
+// controller stopped its own workers) neither count nor break a run.
 #pragma once
 
 #include <cstdint>

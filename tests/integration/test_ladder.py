@@ -108,7 +108,7 @@ class ShrinkTest(harness.ClusterTest):
 
     def test_commcheck_shrinks_when_a_worker_is_lost(self):
         c = self.cluster
-        spec = harness.commcheck_job("shrinkcc", rounds=60).replace(
+        spec = harness.commcheck_job("shrinkcc", rounds=150).replace(
             "heartbeat_timeout_s: 5", "heartbeat_timeout_s: 2") + \
             "  shrink:\n    - {dp: 2}\n"
         job = c.submit(c.write_job("shrinkcc.yaml", spec))

@@ -64,11 +64,14 @@ class LadderTest : public ::testing::Test {
     return cmds.ok() ? *cmds : std::vector<v1::AgentCommand>{};
   }
 
-  // The start commands queued for the registered workers, by worker slot.
+  // The start commands queued for the registered workers, by worker slot (a lost worker's session
+  // is over: it has none).
   std::map<int, v1::RankTask> Starts() {
     std::map<int, v1::RankTask> out;
     for (const auto& [slot, session] : sessions_) {
-      for (const auto& cmd : Commands(slot)) {
+      auto cmds = c_->NextCommands(Id(slot), session, 0.0);
+      if (!cmds.ok()) continue;
+      for (const auto& cmd : *cmds) {
         if (cmd.has_start()) out[slot] = cmd.start();
       }
     }
@@ -120,7 +123,8 @@ class LadderTest : public ::testing::Test {
   // The newest event of `kind`, or "".
   std::string LastEvent(const std::string& kind) {
     std::string out;
-    for (const auto& e : Job().events()) {
+    const v1::JobDetail detail = Job();
+    for (const auto& e : detail.events()) {
       if (e.kind() == kind) out = e.message();
     }
     return out;
@@ -253,7 +257,7 @@ TEST_F(LadderTest, AnExcludedWorkerWhoseAgentRestartsIsUsableAgain) {
 
 TEST_F(LadderTest, ALostWorkerIsUsableAgainWhenItRegistersAgain) {
   for (int s = 0; s < 4; ++s) Register(s);
-  Submit(Commcheck("  health_check_s: 0\n"));
+  Submit(Commcheck(""));
   ExpectRunningOn(1, {0, 1, 2, 3});
   Pass(7, {0, 1, 2});  // h/3 lost
   for (uint32_t r = 0; r < 3; ++r) {
@@ -270,6 +274,22 @@ TEST_F(LadderTest, ALostWorkerIsUsableAgainWhenItRegistersAgain) {
             std::string::npos)
       << LastEvent("include");
   ExpectRunningOn(2, {0, 1, 2, 3});
+}
+
+TEST_F(LadderTest, AHealthCheckThatNamesNobodyIsAnOrdinaryFailure) {
+  for (int s = 0; s < 4; ++s) Register(s);
+  Submit(Commcheck(""));
+  ExpectRunningOn(1, {0, 1, 2, 3});
+  for (uint32_t r = 0; r < 4; ++r) Arrived(1, r);
+  Report(2, 1, 2, v1::RANK_EXITED, v1::EXIT_KIND_CODE, v1::RANK_EXIT_HEALTH_CHECK,
+         "health check: commcheck allreduce 4096 B: 3 mismatched elements");
+  v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "health_check");
+  EXPECT_NE(d.attempts(0).cause().find("every rank arrived: no worker to blame"), std::string::npos)
+      << d.attempts(0).cause();
+  EXPECT_EQ(LastEvent("exclude"), "");
 }
 
 TEST_F(LadderTest, HealthCheckFailuresEndAfterMaxAttemptsWithoutProgress) {
@@ -291,7 +311,7 @@ TEST_F(LadderTest, HealthCheckFailuresEndAfterMaxAttemptsWithoutProgress) {
 
 TEST_F(LadderTest, RepeatedFailuresBeforeTheBestStepEndTheJob) {
   for (int s = 0; s < 4; ++s) Register(s);
-  Submit(Commcheck("  max_attempts_without_progress: 2\n  health_check_s: 0\n"));
+  Submit(Commcheck("  max_attempts_without_progress: 2\n"));
   ExpectRunningOn(1, {0, 1, 2, 3});
   for (uint32_t r = 0; r < 4; ++r) Progress(1, r, 3);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, 0, "killed by signal 9");

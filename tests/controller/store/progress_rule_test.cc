@@ -52,5 +52,18 @@ TEST(ProgressRuleTest, InterruptedAttemptsAreSkippedAndOthersEndTheRun) {
   EXPECT_EQ(AttemptsWithoutProgress({}).attempts, 0u);
 }
 
+TEST(ProgressRuleTest, AnotherMemoryPolicyOrLayoutEndsTheRun) {
+  std::vector<v1::AttemptInfo> a = {Attempt(v1::ATTEMPT_STATE_FAILED, {0}),
+                                    Attempt(v1::ATTEMPT_STATE_FAILED, {0}),
+                                    Attempt(v1::ATTEMPT_STATE_FAILED, {0})};
+  a[0].set_memory_policy("none");
+  a[1].set_memory_policy("selective");
+  a[2].set_memory_policy("selective");
+  EXPECT_EQ(AttemptsWithoutProgress(a).attempts, 2u);
+  a[1].mutable_parallel()->set_dp(4);
+  a[2].mutable_parallel()->set_dp(2);  // shrunk
+  EXPECT_EQ(AttemptsWithoutProgress(a).attempts, 1u);
+}
+
 }  // namespace
 }  // namespace furnace::controller
