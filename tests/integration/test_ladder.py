@@ -84,7 +84,9 @@ class ShrinkTest(harness.ClusterTest):
         os.kill(int(rank["pid"]), signal.SIGKILL)
         return wid, agent
 
-    def _shrinks(self, job, shrink_check):
+    def _shrinks(self, job, ep, shrink_check):
+        """Makes slot 3 unavailable once attempt 1 is past step 7; checks that the next attempt
+        runs dp 2 (ep `ep` -> ep / 2) on two workers and says so; returns the final detail."""
         c = self.cluster
         d = c.wait_for(job, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
                        int(d["summary"].get("step", 0)) >= 7, timeout=180,
@@ -95,8 +97,8 @@ class ShrinkTest(harness.ClusterTest):
                            len(d["attempts"][-1]["ranks"]) == 2, timeout=60,
                            what="an attempt under the shrink layout")
             shrunk = event_messages(d, "shrink")
-            self.assertTrue(any("shrunk from pp 1 dp 4 tp 1 ep 4 esp 1 (4 ranks) to pp 1 dp 2 "
-                                "tp 1 ep 2 esp 1 (2 ranks)" in m and
+            self.assertTrue(any(f"shrunk from pp 1 dp 4 tp 1 ep {ep} esp 1 (4 ranks) to pp 1 "
+                                f"dp 2 tp 1 ep {max(1, ep // 2)} esp 1 (2 ranks)" in m and
                                 f"{wid} excluded (lost: no heartbeat" in m for m in shrunk),
                             shrunk)
             layout = d["attempts"][-1]["parallel"]
@@ -112,7 +114,7 @@ class ShrinkTest(harness.ClusterTest):
             "heartbeat_timeout_s: 5", "heartbeat_timeout_s: 2") + \
             "  shrink:\n    - {dp: 2}\n"
         job = c.submit(c.write_job("shrinkcc.yaml", spec))
-        d = self._shrinks(job, lambda d: None)
+        d = self._shrinks(job, 1, lambda d: None)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
 
     def test_train_dp4_finishes_under_dp2_when_a_worker_is_lost(self):
@@ -128,7 +130,7 @@ class ShrinkTest(harness.ClusterTest):
             self.assertIn("keeps the global batch at 8 sequences",
                           " ".join(event_messages(d, "shrink")))
 
-        d = self._shrinks(job, global_batch_kept)
+        d = self._shrinks(job, 4, global_batch_kept)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED",
                          [(a["attempt"], a["state"], a.get("cause")) for a in d["attempts"]])
         self.assertEqual(int(d["summary"]["step"]), 40)
