@@ -33,7 +33,9 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
     spdlog::default_logger()->flush();
     while (true) pause();
   }
-  absl::StatusOr<Rendezvous> rendezvous = OpenRendezvous(task, bound);
+  // Reaching the controller is start-up (bounded like every rendezvous by the start timeout); the
+  // check's own bound starts at this rank's arrival.
+  absl::StatusOr<Rendezvous> rendezvous = OpenRendezvous(task, StartTimeoutS(task));
   if (!rendezvous.ok()) return rendezvous.status();
   GrpcKvStore& store = *rendezvous->store;
   if (absl::Status s = store.Set(ArrivedKey(task.rank()), "1"); !s.ok()) {
@@ -43,8 +45,9 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   for (uint32_t r = 0; r < task.world_size(); ++r) keys.push_back(ArrivedKey(r));
   // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
   // waits for a late peer as alive.
-  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(bound));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(bound));
   while (true) {
     const double left =
         std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();

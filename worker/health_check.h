@@ -4,12 +4,14 @@
 //
 // Why arrival keys: a collective that times out fails on every rank alike and names nobody. So
 // each rank first writes "health/arrived/<rank>" into the attempt's rendezvous store (the
-// controller's) and waits for every other rank's key; the controller, told by any rank that the
-// check failed, reads which keys are missing and blames exactly those ranks' workers. Ranks that
-// all arrived then run the commcheck collectives (allreduce, allgather, alltoall, broadcast at 4
-// KiB and 64 KiB, one checked call each, every call bounded by the same time) on a Gloo context of
-// their own (keys under "health/gloo/"), so a broken link or a corrupting peer fails the check
-// before any training step.
+// controller's) and waits, at most recovery.health_check_s from its own arrival, for every other
+// rank's key; the controller, told by any rank that the check failed, reads which keys are missing
+// and blames exactly those ranks' workers. A healthy rank that reaches the controller more than
+// health_check_s after a peer did is blamed too: the bound must exceed the ranks' start-up skew.
+// Ranks that all arrived then run the commcheck collectives (allreduce, allgather, alltoall,
+// broadcast at 4 KiB and 64 KiB, one checked call each, every call bounded by the same time) on a
+// Gloo context of their own (keys under "health/gloo/"), so a broken link or a corrupting peer
+// fails the check before any training step.
 #pragma once
 
 #include "absl/status/status.h"

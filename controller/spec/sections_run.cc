@@ -1,5 +1,6 @@
 // Sections describing how the job runs: train, data, checkpoint, recovery, resources, commcheck,
 // fault.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -67,7 +68,10 @@ void ReadRecovery(MapReader& s, furnace::v1::RecoverySpec* out) {
   out->set_start_timeout_s(s.Number("start_timeout_s", Above(0)).value_or(60.0));
   out->set_max_attempts_without_progress(
       U32(s.Integer("max_attempts_without_progress", 0, kMaxU32), 3));
-  out->set_health_check_s(s.Number("health_check_s", AtLeast(0)).value_or(10.0));
+  // A rank stuck in the check must be found by the check, not by the hang watchdog first (upper
+  // bound: a cross-field check); the default leaves it room.
+  out->set_health_check_s(
+      s.Number("health_check_s", AtLeast(0)).value_or(std::min(10.0, out->hang_timeout_s() / 2)));
   out->set_exclude_s(s.Number("exclude_s", AtLeast(0)).value_or(300.0));
   out->set_wait_for_workers_s(s.Number("wait_for_workers_s", AtLeast(0)).value_or(300.0));
   // Sizes left out are the job's own: ResolveShrink fills them once parallel is read.

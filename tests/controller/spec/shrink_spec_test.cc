@@ -30,6 +30,12 @@ TEST(ShrinkSpecTest, DefaultsOfTheLadder) {
   EXPECT_EQ(spec->recovery().shrink_size(), 0);
 }
 
+TEST(ShrinkSpecTest, HealthCheckDefaultLeavesTheHangWatchdogRoom) {
+  auto spec = ParseJobYaml("name: j\nkind: train\nrecovery: {hang_timeout_s: 8}\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->recovery().health_check_s(), 4.0);
+}
+
 TEST(ShrinkSpecTest, LeftOutSizesAreTheJobsOwn) {
   auto spec =
       ParseJobYaml(Job("  shrink:\n    - {dp: 2, ep: 2}\n    - {dp: 1, ep: 1}\n"), "job.yaml");
@@ -72,6 +78,11 @@ TEST(ShrinkSpecTest, BadLayoutsAreRefusedByField) {
       {"negative_wait",
        Job("  wait_for_workers_s: -1\n"),
        {"recovery.wait_for_workers_s: out of range"}},
+      {"health_check_not_below_hang",
+       Job("  hang_timeout_s: 8\n  health_check_s: 8\n"),
+       {"recovery.health_check_s: must be < recovery.hang_timeout_s (= 8): a rank stuck in the "
+        "health check would be killed as hung before the check could name it (got 8; allowed: "
+        "[0, 8))"}},
   };
   for (const RefusalCase& c : cases) {
     SCOPED_TRACE(c.label);
