@@ -56,7 +56,7 @@ kind: train
 model: {{vocab: 64, seq_len: 16, d_model: 32, heads: 2, layers: 2, expert_ffn: 32}}
 moe: {{experts: 4, top_k: 2}}
 parallel: {{dp: 4, ep: 4, micro_batch: 2, micro_batches: 1}}
-train: {{steps: 40, lr: 3.0e-3, warmup: 2, seed: 3}}
+train: {{steps: 150, lr: 3.0e-3, warmup: 2, seed: 3}}
 data: {{source: markov, seed: 5}}
 checkpoint: {{dir: {ckpt_dir}, every: 5, keep: 2}}
 recovery:
@@ -76,9 +76,9 @@ class ShrinkTest(harness.ClusterTest):
         """SIGSTOPs the agent on `slot` (it stops heart-beating and never re-registers) and
         SIGKILLs the rank it runs; returns the agent's pid (to SIGCONT at the end)."""
         c = self.cluster
-        wid = worker_ids(c)[slot]
-        agent = next(int(w["pid"]) for w in c.cli_json("workers")["workers"]
-                     if w["worker_id"] == wid)
+        workers = c.cli_json("workers")["workers"]
+        wid = next(w["worker_id"] for w in workers if int(w.get("slot", 0)) == slot)
+        agent = next(int(w["pid"]) for w in workers if w["worker_id"] == wid)
         rank = next(r for r in d["attempts"][-1]["ranks"] if r["worker_id"] == wid)
         os.kill(agent, signal.SIGSTOP)
         os.kill(int(rank["pid"]), signal.SIGKILL)
@@ -133,7 +133,7 @@ class ShrinkTest(harness.ClusterTest):
         d = self._shrinks(job, 4, global_batch_kept)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED",
                          [(a["attempt"], a["state"], a.get("cause")) for a in d["attempts"]])
-        self.assertEqual(int(d["summary"]["step"]), 40)
+        self.assertEqual(int(d["summary"]["step"]), 150)
 
 
 if __name__ == "__main__":
