@@ -12,5 +12,7 @@ inline constexpr int kRankExitError = furnace::v1::RANK_EXIT_ERROR;
 inline constexpr int kRankExitUnknownKind = furnace::v1::RANK_EXIT_UNKNOWN_KIND;
 inline constexpr int kRankExitOutOfMemory = furnace::v1::RANK_EXIT_OUT_OF_MEMORY;
 inline constexpr int kRankExitBadInput = furnace::v1::RANK_EXIT_BAD_INPUT;
+inline constexpr int kRankExitHealthCheck = furnace::v1::RANK_EXIT_HEALTH_CHECK;
+inline constexpr int kRankExitCorruptData = furnace::v1::RANK_EXIT_CORRUPT_DATA;
 
 }  // namespace furnace::worker

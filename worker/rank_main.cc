@@ -14,6 +14,7 @@
 #include "runtime/comm/gloo_context.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
+#include "worker/health_check.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
 #include "worker/rank_progress.h"
@@ -123,6 +124,15 @@ int RankMain(const std::string& task_path) {
                getpid());
   if (std::optional<int> code = MaybeInjectFault(task, 0, progress)) return *code;
 
+  const bool known = task.spec().kind() == "commcheck" || task.spec().kind() == "train";
+  // Every attempt's ranks vet each other before the real work (recovery.health_check_s).
+  if (absl::Status health = known ? RunHealthCheck(task, progress) : absl::OkStatus();
+      !health.ok()) {
+    const std::string message(health.message());
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return kRankExitHealthCheck;
+  }
   if (task.spec().kind() == "commcheck") return RunCommcheck(task, progress);
   if (task.spec().kind() == "train") return RunTrainRank(task, progress);
   const std::string message =

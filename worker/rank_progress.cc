@@ -39,11 +39,20 @@ void Progress::Emit(const std::string& phase, uint64_t step, const std::string& 
   (void)writer_.Write(record);
 }
 
+bool FaultTargets(const furnace::v1::RankTask& task, const std::string& mode) {
+  const furnace::v1::FaultSpec& fault = task.spec().fault();
+  if (fault.mode().empty() || fault.mode() != mode) return false;
+  if (!fault.every_attempt() && task.attempt() != 1) return false;
+  if (!fault.worker().empty()) return task.worker_id() == fault.worker();
+  return static_cast<int64_t>(task.rank()) == fault.rank();
+}
+
 std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
                                     Progress& progress) {
   const furnace::v1::FaultSpec& fault = task.spec().fault();
-  if (fault.mode().empty() || static_cast<int64_t>(task.rank()) != fault.rank() ||
-      (!fault.every_attempt() && task.attempt() != 1) || completed != fault.at_step()) {
+  // health_check fires in worker/health_check.cc, before any step.
+  if (fault.mode().empty() || fault.mode() == "health_check" || !FaultTargets(task, fault.mode()) ||
+      completed != fault.at_step()) {
     return std::nullopt;
   }
   if (fault.mode() == "crash") {

@@ -29,6 +29,10 @@ class Progress {
   uint64_t total_steps_ = 0;
 };
 
+// True when spec.fault has this mode and targets this rank in this attempt: the rank on
+// fault.worker when that is set, else rank fault.rank; only attempt 1 unless fault.every_attempt.
+bool FaultTargets(const furnace::v1::RankTask& task, const std::string& mode);
+
 // Fires spec.fault when it applies to this rank, attempt and step. Returns the exit code for
 // mode "exit"; "crash" and "hang" do not return.
 std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,

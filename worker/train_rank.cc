@@ -155,7 +155,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (spec.data().source() == "tokens") {
     auto file = data::TokenFile::Open(spec.data().path(), config.vocab);
     if (!file.ok()) {
-      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", file.status().message()));
+      // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
+      const int code = absl::IsDataLoss(file.status()) ? kRankExitCorruptData : kRankExitBadInput;
+      return Fail(progress, 0, code,
+                  absl::StrCat(absl::IsDataLoss(file.status()) ? "data file corrupt: " : "data: ",
+                               file.status().message()));
     }
     std::shared_ptr<const data::TokenFile> shared = std::move(*file);
     auto made = data::MakeTokenFileSampler(shared, sc);

@@ -239,7 +239,7 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
         jobs_.NoteCheckpointRestored(*job, rec.message());
       }
       if (rec.has_train()) {
-        telemetry_.Accumulate(rec.job_id(), job->summary.world_size(), rec);
+        telemetry_.Accumulate(rec.job_id(), job->AttemptWorld(rec.attempt()), rec);
       }
     }
     // Progress lands in the store in the same order as the transitions (under the mutex).

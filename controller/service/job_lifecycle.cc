@@ -253,14 +253,53 @@ std::string NextAttemptMemoryPolicy(const Job& job) {
 }  // namespace
 
 void JobLifecycle::TryStart(Job& job) {
-  auto placement = PlaceRanks(workers_.Slots(), job.summary.world_size(),
-                              job.spec.resources().device(), job.avoid_workers);
-  if (!placement.ok()) {
-    const std::string reason = std::string(placement.status().message());
+  ReleaseExclusions(job);
+  const double now = clock_.MonotonicSeconds();
+  auto wait = [&](const std::string& reason) {
     if (reason != job.waiting_reason) {
       job.waiting_reason = reason;
       Event(job, "waiting", reason);
     }
+  };
+  // A first attempt runs the job's own layout (Submit checked that this controller can hold it);
+  // a recovering job the first allowed layout that fits the healthy workers left (recovery.shrink).
+  const bool recovering = job.summary.state() == v1::JOB_RECOVERING;
+  std::vector<v1::ParallelSpec> layouts = AllowedLayouts(job.spec);
+  if (!recovering) layouts.resize(1);
+  std::string left_out;
+  const uint32_t healthy = HealthyWorkers(job, &left_out);
+  const int chosen = recovering ? FirstFittingLayout(layouts, healthy) : 0;
+  if (chosen < 0) {
+    if (job.unfit_since_mono == 0) job.unfit_since_mono = now;
+    const double limit = job.spec.recovery().wait_for_workers_s();
+    const uint32_t smallest = LayoutWorld(layouts.back());
+    const std::string why =
+        absl::StrFormat("needs %d healthy %s workers for %s%s, %d left%s", smallest,
+                        job.spec.resources().device(), DescribeLayout(layouts.back()),
+                        layouts.size() > 1 ? " (the smallest layout recovery.shrink allows)" : "",
+                        healthy, left_out.empty() ? "" : absl::StrCat(" (", left_out, ")"));
+    if (now - job.unfit_since_mono >= limit) {
+      FailUnfit(job, why);
+      return;
+    }
+    wait(
+        absl::StrFormat("%s; gives up after waiting %.0f s for workers to come back "
+                        "(recovery.wait_for_workers_s)",
+                        why, limit));
+    return;
+  }
+  job.unfit_since_mono = 0;
+  const v1::ParallelSpec& layout = layouts[chosen];
+  const uint32_t world = LayoutWorld(layout);
+  // Excluded workers are never placed: to placement they are not free.
+  std::vector<WorkerSlot> slots = workers_.Slots();
+  for (WorkerSlot& slot : slots) {
+    if (job.excluded_workers.count(slot.worker_id)) slot.free = false;
+  }
+  auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);
+  if (!placement.ok()) {
+    wait(absl::StrCat(placement.status().message(),
+                      left_out.empty() ? "" : absl::StrCat(" (", left_out, ")")));
     return;
   }
   job.waiting_reason.clear();
@@ -269,6 +308,11 @@ void JobLifecycle::TryStart(Job& job) {
   attempt.set_attempt(n);
   attempt.set_state(v1::ATTEMPT_STATE_RUNNING);
   attempt.set_memory_policy(NextAttemptMemoryPolicy(job));
+  *attempt.mutable_parallel() = layout;
+  for (const auto& [id, ex] : job.excluded_workers) {
+    attempt.add_excluded(
+        absl::StrCat(id, " (", ex.reason, "; until ", UnixClock(ex.until_unix), ")"));
+  }
   const v1::AttemptInfo* previous = job.current();
   const bool escalated = previous != nullptr && !previous->memory_policy().empty() &&
                          previous->memory_policy() != attempt.memory_policy();
@@ -277,6 +321,21 @@ void JobLifecycle::TryStart(Job& job) {
                                " ran out of memory under memory.policy ", previous->memory_policy(),
                                "; attempt ", n, " runs with ", attempt.memory_policy())
                 : "";
+  // The layout changes: shrunk (too few healthy workers for a larger one) or grown back.
+  const v1::ParallelSpec previous_layout =
+      previous != nullptr && previous->has_parallel() ? previous->parallel() : job.spec.parallel();
+  std::string relayout;
+  if (LayoutWorld(previous_layout) != world || previous_layout.dp() != layout.dp() ||
+      previous_layout.ep() != layout.ep() || previous_layout.pp() != layout.pp()) {
+    const uint64_t global = uint64_t{layout.micro_batch()} * layout.micro_batches() * layout.dp();
+    relayout = absl::StrFormat(
+        "attempt %d %s from %s to %s: %d healthy %s workers left%s; micro_batches %d -> %d keeps "
+        "the global batch at %d sequences",
+        n, chosen > 0 ? "shrunk" : "grown back", DescribeLayout(previous_layout),
+        DescribeLayout(layout), healthy, job.spec.resources().device(),
+        left_out.empty() ? "" : absl::StrCat(" (", left_out, ")"), previous_layout.micro_batches(),
+        layout.micro_batches(), global);
+  }
   attempt.set_started_unix(clock_.UnixSeconds());
   for (uint32_t r = 0; r < placement->size(); ++r) {
     const Worker& w = *workers_.Find((*placement)[r]);
@@ -304,6 +363,7 @@ void JobLifecycle::TryStart(Job& job) {
     return;
   }
   if (escalated) Event(job, "escalate", escalation);
+  if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();
   for (uint32_t r = 0; r < placement->size(); ++r) {
     Worker& w = *workers_.Find((*placement)[r]);
@@ -319,13 +379,21 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
   task->set_job_id(job.summary.job_id());
   task->set_attempt(job.summary.attempt());
   task->set_rank(rank);
-  task->set_world_size(job.summary.world_size());
   *task->mutable_spec() = job.spec;
+  task->set_worker_id(worker.info.worker_id());
+  task->set_world_size(job.summary.world_size());
   // The attempt's policy, which an out-of-memory exit may have made more conservative than the
   // spec's; the stored spec keeps what the user submitted.
   if (const v1::AttemptInfo* attempt = job.current();
       attempt && !attempt->memory_policy().empty()) {
     task->mutable_spec()->mutable_memory()->set_policy(attempt->memory_policy());
+  }
+  // The attempt's layout (recovery.shrink may have made it smaller than the spec's): the ranks
+  // build their groups, batch and world from task.spec.parallel and task.world_size.
+  if (const v1::AttemptInfo* attempt = job.current(); attempt && attempt->has_parallel()) {
+    *task->mutable_spec()->mutable_parallel() = attempt->parallel();
+    task->set_world_size(static_cast<uint32_t>(attempt->ranks_size()));
+    task->mutable_spec()->mutable_resources()->set_workers(task->world_size());
   }
   task->set_controller_address(options_.advertise_address);
   task->set_host(worker.info.host());

@@ -1,7 +1,8 @@
 // JobLifecycle: the jobs, their attempts and ranks, and every transition between their states:
 // submission, gang placement, start, cancel (job_lifecycle.cc), and failure detection and recovery:
 // rank reports, lost and re-registering workers, the settle window, restarts with backoff, and
-// shutdown (recovery.cc).
+// shutdown (recovery.cc), and the restart ladder's worker rules: suspects, exclusions, the health
+// check's verdict, the layout that no longer fits (restart_ladder.cc).
 //
 // What it owns: the in-memory jobs (loaded from and written to the JobStore), their rendezvous
 // scopes' lifetime (a scope closes when its attempt ends), and the rank commands it queues for
@@ -54,18 +55,43 @@ struct Job {
   std::vector<furnace::v1::AttemptInfo> attempts;  // index = attempt - 1
   double attempt_started_mono = 0;
   double recover_at_mono = 0;
-  std::set<std::string> avoid_workers;  // workers implicated in the last failure
-  std::string waiting_reason;           // last "cannot place" message logged
+  // The restart ladder's view of the workers (recovery.cc says the rules). Suspects: a rank of
+  // theirs failed in the last attempt; placed only after spares, and vetted by the next attempt's
+  // health check. Excluded: failed the health check, or went silent; never placed for this job
+  // until recovery.exclude_s has passed, or sooner: a worker that failed the health check when
+  // its agent restarts (registers as a new process), a silent one when it registers again.
+  // In memory only: a restarted controller starts with none (the health check vets again).
+  struct Exclusion {
+    std::string reason;
+    std::string instance_id;  // the agent process that failed
+    bool lost = false;        // went silent: any registration ends it
+    double until_mono = 0;
+    double until_unix = 0;
+  };
+  std::set<std::string> suspect_workers;
+  std::map<std::string, Exclusion> excluded_workers;
+  double unfit_since_mono = 0;  // recovering and no allowed layout fits the workers left: since
+  std::string waiting_reason;   // last "cannot place" message logged
   // A rank that exits with an error code is often a victim (its peer died and the collective
   // failed), so such a failure waits kSettleS for a root cause (a signal, a hang, an OOM, a
   // lost worker) before the attempt fails with the best cause seen.
   double settle_deadline = 0;  // 0: no failure pending
   std::string pending_cause, pending_worker;
+  // The ranks of an attempt (1-based): its layout's world, which recovery.shrink may make smaller
+  // than the job's; 0 for an attempt it does not have.
+  uint32_t AttemptWorld(uint32_t attempt) const {
+    return attempt >= 1 && attempt <= attempts.size()
+               ? static_cast<uint32_t>(attempts[attempt - 1].ranks_size())
+               : 0;
+  }
   furnace::v1::AttemptInfo* current() { return attempts.empty() ? nullptr : &attempts.back(); }
   const furnace::v1::AttemptInfo* current() const {
     return attempts.empty() ? nullptr : &attempts.back();
   }
 };
+
+// "12:34:56 UTC": when an exclusion ends, in events (restart_ladder.cc).
+std::string UnixClock(double unix_s);
 
 class JobLifecycle {
  public:
@@ -97,7 +123,7 @@ class JobLifecycle {
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
 
-  // --- recovery.cc --------------------------------------------------------------------------
+  // --- recovery.cc, restart_ladder.cc --------------------------------------------------------
   // A worker agent (re-)registers: its session starts, the ranks it still runs are re-attached
   // when their attempt wants them and stopped otherwise; returns the session id.
   std::string Register(const furnace::v1::RegisterRequest& req);
@@ -115,7 +141,17 @@ class JobLifecycle {
   // stopping the workers) restarts without counting.
   // kOutOfMemoryAtLastRung: an out-of-memory exit under the most conservative memory policy
   // (controller/store/memory_escalation.h); a restart would replay the same steps and fail again.
-  enum class Failure { kRetryable, kPermanent, kInterrupted, kOutOfMemoryAtLastRung };
+  // kHealthCheck: the attempt's pre-training health check failed; restarted without counting
+  // against recovery.max_restarts (no training failed), but it is an attempt without progress.
+  // kCorruptData: a rank found the data file damaged; retrying cannot help.
+  enum class Failure {
+    kRetryable,
+    kPermanent,
+    kInterrupted,
+    kOutOfMemoryAtLastRung,
+    kHealthCheck,
+    kCorruptData
+  };
 
   absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
                           const std::string& message);
@@ -139,6 +175,18 @@ class JobLifecycle {
   void NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker);
   furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
   void MarkLost(Worker& worker, const std::string& why);
+  // A rank exited with RANK_EXIT_HEALTH_CHECK: finds who is to blame from the attempt's
+  // rendezvous keys (ranks that never arrived) and fails the attempt, excluding those workers.
+  void HealthCheckFailed(Job& job, const furnace::v1::RankReport& report);
+  // Keeps `worker_id` out of the job's placements (see Job::Exclusion); says so in an event.
+  void Exclude(Job& job, const std::string& worker_id, const std::string& reason, bool lost);
+  // Ends exclusions whose time is over or whose agent restarted (events say which and why).
+  void ReleaseExclusions(Job& job);
+  // Workers of the job's device kind neither lost nor excluded for the job (busy or free); lists
+  // the ones left out, with why, in `left_out`.
+  uint32_t HealthyWorkers(const Job& job, std::string* left_out) const;
+  // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
+  void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);
   uint32_t Capacity(const std::string& device_kind) const;
 

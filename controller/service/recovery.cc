@@ -1,5 +1,32 @@
 // Failure detection and recovery: rank reports, workers that go silent or come back, the settle
 // window for victim exits, restarts with backoff, and the controller's own shutdown.
+//
+// The restart ladder, rung by rung:
+//  1. A failed attempt is followed by a new one (new rendezvous scope) after the backoff, while
+//     recovery.max_restarts lasts.
+//  2. Workers: the worker where the root-cause rank failed becomes a suspect: the next attempt
+//     uses spares (free workers neither suspect nor excluded) first and a suspect only when it is
+//     needed, and then only through the health check. A worker that failed the health check is
+//     excluded: never placed for this job until its agent restarts (registers as a new process)
+//     or recovery.exclude_s has passed. One that went silent (lost) is excluded until it
+//     registers again (or recovery.exclude_s). The job waits meanwhile, and its "waiting" event
+//     says who is out, why and until when.
+//  3. Every attempt with more than one rank first runs a health check (worker/health_check.h):
+//     each rank marks its arrival in the attempt's rendezvous keys, then runs the commcheck
+//     collectives at small sizes, each step bounded by recovery.health_check_s. A rank that fails
+//     it exits with RANK_EXIT_HEALTH_CHECK; the controller blames the ranks that never arrived,
+//     excludes their workers and restarts at once. Such a failure does not count against
+//     recovery.max_restarts (no training failed, and the culprit is out), but it is an attempt
+//     without progress (rung 5), which bounds a run of them. A failed check that names nobody
+//     (every rank arrived, then a collective failed) is an ordinary, counted failure.
+//  4. Fewer healthy workers than the job's layout: the first recovery.shrink layout that fits.
+//     When none fits for recovery.wait_for_workers_s, the job ends FAILED: the layout no longer
+//     fits the workers left.
+//  5. Give up when retrying cannot help: the restart budget is spent; no progress across
+//     recovery.max_attempts_without_progress consecutive attempts (controller/store/
+//     progress_rule.h); a permanent error class: invalid input, a corrupt data file, an
+//     out-of-memory exit under the most conservative memory policy, a layout that no longer
+//     fits.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +36,8 @@
 #include "controller/store/backoff.h"
 #include "controller/store/job_state.h"
 #include "controller/store/memory_escalation.h"
+#include "controller/store/placement.h"
+#include "controller/store/progress_rule.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -105,25 +134,43 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
 
 bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                                const std::string& culprit_worker, Failure failure) {
-  const bool counts_as_restart = failure != Failure::kInterrupted;
   auto* attempt = job.current();
   if (!attempt || attempt->state() != v1::ATTEMPT_STATE_RUNNING) return true;
   job.settle_deadline = 0;
   const Job backup = job;
-  attempt->set_state(counts_as_restart ? v1::ATTEMPT_STATE_FAILED : v1::ATTEMPT_STATE_INTERRUPTED);
+  attempt->set_state(failure == Failure::kInterrupted ? v1::ATTEMPT_STATE_INTERRUPTED
+                                                      : v1::ATTEMPT_STATE_FAILED);
   attempt->set_cause(cause);
   attempt->set_failure_kind(kind);
   attempt->set_ended_unix(clock_.UnixSeconds());
   const uint32_t n = attempt->attempt();
   const uint32_t max_restarts = job.spec.recovery().max_restarts();
+  const uint32_t max_stuck = job.spec.recovery().max_attempts_without_progress();
+  const NoProgress stuck = AttemptsWithoutProgress(job.attempts);
+  // An activation out-of-memory exit that escalates the memory policy changes the next attempt:
+  // that retry may help, so it is never given up as "no progress".
+  const bool escalates = attempt->activation_oom() && !attempt->memory_policy().empty() &&
+                         EscalatedMemoryPolicy(attempt->memory_policy()).has_value();
+  const bool gave_up_stuck = failure != Failure::kInterrupted && !escalates && max_stuck > 0 &&
+                             stuck.attempts >= max_stuck;
+  const std::string stuck_cause = absl::StrFormat(
+      "%s (not retried: no progress across %d consecutive attempts, none got past step %d; "
+      "recovery.max_attempts_without_progress = %d)",
+      cause, stuck.attempts, stuck.step, max_stuck);
   absl::Status persisted;
-  if (!counts_as_restart) {
+  if (failure == Failure::kInterrupted) {
     job.recover_at_mono = clock_.MonotonicSeconds();
     job.summary.set_cause(cause);
     persisted = Transition(job, v1::JOB_RECOVERING, "interrupted",
                            absl::StrFormat("attempt %d interrupted: %s; it does not count "
                                            "against recovery.max_restarts",
                                            n, cause));
+  } else if (failure == Failure::kCorruptData) {
+    job.summary.set_cause(absl::StrCat(
+        cause,
+        " (not retried: the data file is corrupt; every attempt would read the same bytes: "
+        "prepare it again, e.g. furnace data prepare)"));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (failure == Failure::kPermanent) {
     job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
@@ -132,6 +179,21 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
         cause, " (not retried: out of memory under memory.policy ", attempt->memory_policy(),
         ", the most conservative policy; a restart would replay the same steps and run out of "
         "memory again: raise memory.device_budget or lower parallel.micro_batch)"));
+    persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
+  } else if (failure == Failure::kHealthCheck && !gave_up_stuck) {
+    const double delay = job.spec.recovery().backoff().initial_s();
+    job.recover_at_mono = clock_.MonotonicSeconds() + delay;
+    job.summary.set_cause(cause);
+    persisted = Transition(
+        job, v1::JOB_RECOVERING, "health_check",
+        absl::StrFormat("attempt %d failed its health check: %s; restart in %.1f s on spares, not "
+                        "counted against recovery.max_restarts (an attempt without progress: "
+                        "%d of %d)",
+                        n, cause, delay, stuck.attempts, max_stuck));
+  } else if (gave_up_stuck &&
+             (failure == Failure::kHealthCheck || job.summary.restarts() < max_restarts)) {
+    // (With the budget spent too, the budget's message below says so.)
+    job.summary.set_cause(stuck_cause);
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (job.summary.restarts() < max_restarts) {
     job.summary.set_restarts(job.summary.restarts() + 1);
@@ -151,10 +213,11 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     job = backup;  // nothing happened; the next report or tick tries again
     return false;
   }
-  job.avoid_workers.clear();
-  if (!culprit_worker.empty()) job.avoid_workers.insert(culprit_worker);
-  StopAttemptRanks(job, absl::StrCat("attempt ", n, " ",
-                                     counts_as_restart ? "failed" : "interrupted", ": ", cause));
+  job.suspect_workers.clear();
+  if (!culprit_worker.empty()) job.suspect_workers.insert(culprit_worker);
+  StopAttemptRanks(
+      job, absl::StrCat("attempt ", n, " ",
+                        failure == Failure::kInterrupted ? "interrupted" : "failed", ": ", cause));
   CloseScope(job, n);
   return true;
 }
@@ -181,12 +244,18 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
-    FailAttempt(*job, "lost",
-                absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
-                             held.rank, " gone"),
-                worker.info.worker_id());
+    if (!FailAttempt(*job, "lost",
+                     absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
+                                  held.rank, " gone"),
+                     worker.info.worker_id())) {
+      return;
+    }
   } else {
     PersistRecord(*job, "a lost worker's rank ended");
+  }
+  // Silent while holding a rank of the job: kept out of its next attempts (restart_ladder.cc).
+  if (!IsFinal(job->summary.state())) {
+    Exclude(*job, worker.info.worker_id(), absl::StrCat("lost: ", why), /*lost=*/true);
   }
 }
 
@@ -435,6 +504,18 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     } else {
       s = Persist(job);
     }
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
+             report.exit_code() == v1::RANK_EXIT_HEALTH_CHECK) {
+    HealthCheckFailed(job, report);
+    if (job.attempts[report.attempt() - 1].state() == v1::ATTEMPT_STATE_RUNNING) {
+      s = absl::UnavailableError("controller could not record the failure; retry");
+    }
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
+             report.exit_code() == v1::RANK_EXIT_CORRUPT_DATA) {
+    FailAttempt(job, "corrupt_data",
+                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                             DescribeExit(report)),
+                "", Failure::kCorruptData);
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              (report.exit_code() == v1::RANK_EXIT_UNKNOWN_KIND ||
               report.exit_code() == v1::RANK_EXIT_BAD_INPUT)) {

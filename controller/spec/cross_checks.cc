@@ -250,6 +250,16 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(b.max_s()), absl::StrCat(">= ", b.initial_s())});
   }
 
+  const auto& r = spec.recovery();
+  if (r.health_check_s() >= r.hang_timeout_s()) {
+    c.Fail(
+        {"recovery.health_check_s", "recovery.hang_timeout_s"},
+        Problem{absl::StrCat("must be < recovery.hang_timeout_s (= ", r.hang_timeout_s(),
+                             "): a rank stuck in the health check would be killed as hung "
+                             "before the check could name it"),
+                absl::StrCat(r.health_check_s()), absl::StrCat("[0, ", r.hang_timeout_s(), ")")});
+  }
+
   const auto& cc = spec.commcheck();
   if (cc.min_bytes() > cc.max_bytes()) {
     c.Fail(
@@ -257,6 +267,8 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
         Problem{absl::StrCat("must be <= commcheck.max_bytes (= ", FormatSize(cc.max_bytes()), ")"),
                 FormatSize(cc.min_bytes()), absl::StrCat("4..", FormatSize(cc.max_bytes()))});
   }
+
+  CheckShrinkLayouts(spec, diag);
 
   const auto& f = spec.fault();
   if (static_cast<uint64_t>(f.rank()) >= world) {

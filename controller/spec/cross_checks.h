@@ -12,4 +12,9 @@ namespace furnace::spec {
 
 void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag);
 
+// recovery.shrink (shrink_checks.cc): each layout smaller than the one before it, valid for the
+// model, and keeping the global batch with a whole number of micro-batches. Run by
+// CheckCrossFields.
+void CheckShrinkLayouts(const furnace::v1::JobSpec& spec, Diagnostics* diag);
+
 }  // namespace furnace::spec

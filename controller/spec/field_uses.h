@@ -92,6 +92,17 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"recovery.heartbeat_timeout_s", FieldUse::kUsed, "recovery().heartbeat_timeout_s()"},
     {"recovery.hang_timeout_s", FieldUse::kUsed, "recovery().hang_timeout_s()"},
     {"recovery.start_timeout_s", FieldUse::kUsed, "recovery().start_timeout_s()"},
+    {"recovery.max_attempts_without_progress", FieldUse::kUsed,
+     "recovery().max_attempts_without_progress()"},
+    {"recovery.health_check_s", FieldUse::kUsed, "recovery().health_check_s()"},
+    {"recovery.exclude_s", FieldUse::kUsed, "recovery().exclude_s()"},
+    {"recovery.wait_for_workers_s", FieldUse::kUsed, "recovery().wait_for_workers_s()"},
+    // The layouts a recovering job may shrink to (controller/store/placement.cc).
+    {"recovery.shrink.pp", FieldUse::kUsed, "layout.pp()"},
+    {"recovery.shrink.dp", FieldUse::kUsed, "layout.dp()"},
+    {"recovery.shrink.tp", FieldUse::kUsed, "layout.tp()"},
+    {"recovery.shrink.ep", FieldUse::kUsed, "layout.ep()"},
+    {"recovery.shrink.esp", FieldUse::kUsed, "layout.esp()"},
 
     // The ranks are pp * dp * tp; resources.workers, when written, must say the same.
     {"resources.workers", FieldUse::kMustMatch, "3"},
@@ -112,6 +123,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"fault.at_step", FieldUse::kUsed, "fault.at_step()"},
     {"fault.every_attempt", FieldUse::kUsed, "fault.every_attempt()"},
     {"fault.exit_code", FieldUse::kUsed, "fault.exit_code()"},
+    {"fault.worker", FieldUse::kUsed, "fault.worker()"},
 };
 
 }  // namespace furnace::spec

@@ -69,6 +69,7 @@ void ReadDocument(const YAML::Node& doc, Diagnostics* diag, furnace::v1::JobSpec
   ReadCheckpoint(checkpoint, spec->mutable_checkpoint());
   MapReader recovery = root.Section("recovery");
   ReadRecovery(recovery, spec->mutable_recovery());
+  ResolveShrink(spec->parallel(), spec->mutable_recovery());
   MapReader resources = root.Section("resources");
   ReadResources(resources, spec->mutable_resources());
   MapReader commcheck = root.Section("commcheck");

@@ -19,6 +19,8 @@ void ReadTrain(MapReader& section, furnace::v1::TrainSpec* out);
 void ReadData(MapReader& section, furnace::v1::DataSpec* out);
 void ReadCheckpoint(MapReader& section, furnace::v1::CheckpointSpec* out);
 void ReadRecovery(MapReader& section, furnace::v1::RecoverySpec* out);
+// Fills the sizes each recovery.shrink layout left out with the job's own (parallel.*).
+void ResolveShrink(const furnace::v1::ParallelSpec& parallel, furnace::v1::RecoverySpec* out);
 // `workers` is left 0 when absent; the caller fills pp * dp * tp.
 void ReadResources(MapReader& section, furnace::v1::ResourcesSpec* out);
 void ReadCommcheck(MapReader& section, furnace::v1::CommcheckSpec* out);

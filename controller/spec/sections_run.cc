@@ -1,5 +1,6 @@
 // Sections describing how the job runs: train, data, checkpoint, recovery, resources, commcheck,
 // fault.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -65,7 +66,37 @@ void ReadRecovery(MapReader& s, furnace::v1::RecoverySpec* out) {
   out->set_heartbeat_timeout_s(s.Number("heartbeat_timeout_s", Above(0)).value_or(10.0));
   out->set_hang_timeout_s(s.Number("hang_timeout_s", Above(0)).value_or(60.0));
   out->set_start_timeout_s(s.Number("start_timeout_s", Above(0)).value_or(60.0));
+  out->set_max_attempts_without_progress(
+      U32(s.Integer("max_attempts_without_progress", 0, kMaxU32), 3));
+  // A rank stuck in the check must be found by the check, not by the hang watchdog first (upper
+  // bound: a cross-field check); the default leaves it room.
+  out->set_health_check_s(
+      s.Number("health_check_s", AtLeast(0)).value_or(std::min(10.0, out->hang_timeout_s() / 2)));
+  out->set_exclude_s(s.Number("exclude_s", AtLeast(0)).value_or(300.0));
+  out->set_wait_for_workers_s(s.Number("wait_for_workers_s", AtLeast(0)).value_or(300.0));
+  // Sizes left out are the job's own: ResolveShrink fills them once parallel is read.
+  if (auto layouts = s.SectionList("shrink")) {
+    for (MapReader& l : *layouts) {
+      furnace::v1::LayoutSpec* layout = out->add_shrink();
+      layout->set_pp(U32(l.Integer("pp", 1, kMaxU32), 0));
+      layout->set_dp(U32(l.Integer("dp", 1, kMaxU32), 0));
+      layout->set_tp(U32(l.Integer("tp", 1, kMaxU32), 0));
+      layout->set_ep(U32(l.Integer("ep", 1, kMaxU32), 0));
+      layout->set_esp(U32(l.Integer("esp", 1, kMaxU32), 0));
+      l.ReportUnknownKeys();
+    }
+  }
   s.ReportUnknownKeys();
+}
+
+void ResolveShrink(const furnace::v1::ParallelSpec& parallel, furnace::v1::RecoverySpec* out) {
+  for (furnace::v1::LayoutSpec& l : *out->mutable_shrink()) {
+    if (l.pp() == 0) l.set_pp(parallel.pp());
+    if (l.dp() == 0) l.set_dp(parallel.dp());
+    if (l.tp() == 0) l.set_tp(parallel.tp());
+    if (l.ep() == 0) l.set_ep(parallel.ep());
+    if (l.esp() == 0) l.set_esp(parallel.esp());
+  }
 }
 
 void ReadResources(MapReader& s, furnace::v1::ResourcesSpec* out) {
@@ -103,12 +134,13 @@ void ReadCommcheck(MapReader& s, furnace::v1::CommcheckSpec* out) {
 }
 
 void ReadFault(MapReader& s, furnace::v1::FaultSpec* out) {
-  out->set_mode(s.Enum("mode", {"", "crash", "hang", "exit"}).value_or(""));
+  out->set_mode(s.Enum("mode", {"", "crash", "hang", "exit", "health_check"}).value_or(""));
   // Upper bound (world size) is a cross-field check.
   out->set_rank(static_cast<int32_t>(s.Integer("rank", 0, INT32_MAX).value_or(0)));
   out->set_at_step(U32(s.Integer("at_step", 0, kMaxU32), 0));
   out->set_every_attempt(s.Bool("every_attempt").value_or(false));
   out->set_exit_code(static_cast<int32_t>(s.Integer("exit_code", 1, 255).value_or(1)));
+  out->set_worker(s.String("worker").value_or(""));
   s.ReportUnknownKeys();
 }
 

@@ -310,6 +310,27 @@ MapReader MapReader::Section(absl::string_view key) {
   return MapReader(e->value, PathOf(key), PositionOf(e->key_node.Mark()), diag_);
 }
 
+std::optional<std::vector<MapReader>> MapReader::SectionList(absl::string_view key) {
+  const Entry* e = Find(key);
+  if (e == nullptr) return std::nullopt;
+  if (!e->value.IsSequence()) {
+    diag_->Add(ValuePosition(*e), PathOf(key),
+               Problem{absl::StrCat("expected a list, got ", DescribeNode(e->value)), "",
+                       "a list of mappings"});
+    return std::nullopt;
+  }
+  std::vector<MapReader> out;
+  for (size_t i = 0; i < e->value.size(); ++i) {
+    const YAML::Node item = e->value[i];
+    const std::string item_path = absl::StrCat(PathOf(key), "[", i, "]");
+    Position item_pos = PositionOf(item.Mark());
+    if (!item_pos.known || item.IsNull()) item_pos = ValuePosition(*e);
+    diag_->NoteField(item_path, item_pos);
+    out.emplace_back(item, item_path, item_pos, diag_);
+  }
+  return out;
+}
+
 void MapReader::ReportUnknownKeys() {
   for (const Entry& e : entries_) {
     if (std::find(allowed_keys_.begin(), allowed_keys_.end(), e.key) != allowed_keys_.end()) {

@@ -60,6 +60,9 @@ class MapReader {
                                                    const std::vector<std::string>& allowed);
   // The nested mapping at `key` (empty when absent).
   MapReader Section(absl::string_view key);
+  // The list of mappings at `key`, one reader per item (paths "key[i]"); nullopt when absent or
+  // not a list (reported).
+  std::optional<std::vector<MapReader>> SectionList(absl::string_view key);
 
   // Records a problem about `key` (at its value's position, or this mapping's when absent).
   void Report(absl::string_view key, Problem problem);

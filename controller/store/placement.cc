@@ -35,4 +35,41 @@ absl::StatusOr<std::vector<std::string>> PlaceRanks(const std::vector<WorkerSlot
   return placement;
 }
 
+std::vector<furnace::v1::ParallelSpec> AllowedLayouts(const furnace::v1::JobSpec& spec) {
+  std::vector<furnace::v1::ParallelSpec> out = {spec.parallel()};
+  const furnace::v1::ParallelSpec& own = spec.parallel();
+  for (const furnace::v1::LayoutSpec& layout : spec.recovery().shrink()) {
+    furnace::v1::ParallelSpec p = own;
+    p.set_pp(layout.pp());
+    p.set_dp(layout.dp());
+    p.set_tp(layout.tp());
+    p.set_ep(layout.ep());
+    p.set_esp(layout.esp());
+    if (layout.dp() > 0) {
+      // The global batch micro_batch * micro_batches * dp stays the job's.
+      p.set_micro_batches(
+          static_cast<uint32_t>(uint64_t{own.micro_batches()} * own.dp() / layout.dp()));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+uint32_t LayoutWorld(const furnace::v1::ParallelSpec& layout) {
+  const uint64_t world = uint64_t{layout.pp()} * layout.dp() * layout.tp();
+  return world > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(world);
+}
+
+std::string DescribeLayout(const furnace::v1::ParallelSpec& l) {
+  return absl::StrCat("pp ", l.pp(), " dp ", l.dp(), " tp ", l.tp(), " ep ", l.ep(), " esp ",
+                      l.esp(), " (", LayoutWorld(l), " ranks)");
+}
+
+int FirstFittingLayout(const std::vector<furnace::v1::ParallelSpec>& layouts, uint32_t healthy) {
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (LayoutWorld(layouts[i]) <= healthy) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 }  // namespace furnace::controller

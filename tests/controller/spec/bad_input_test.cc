@@ -171,7 +171,7 @@ std::vector<BadCase> Cases() {
         "selective, offload, adaptive)"}},
       {"unknown_fault_mode",
        H("fault:\n  mode: boom\n"),
-       {"fault.mode: unknown value (got 'boom'; allowed: \"\", crash, hang, exit)"}},
+       {"fault.mode: unknown value (got 'boom'; allowed: \"\", crash, hang, exit, health_check)"}},
       {"bad_order",
        H("parallel:\n  order: tp-dp-dp\n"),
        {"job.yaml:4:10: parallel.order: must name tp, dp and pp once each", "got 'tp-dp-dp'",

@@ -51,5 +51,57 @@ TEST(PlacementTest, Deterministic) {
   EXPECT_EQ(*a, *b);
 }
 
+// recovery.shrink: the job's own layout first, then the shrink layouts with micro_batches scaled
+// so that micro_batch * micro_batches * dp stays the job's.
+furnace::v1::JobSpec ShrinkingJob() {
+  furnace::v1::JobSpec spec;
+  auto* p = spec.mutable_parallel();
+  p->set_pp(1);
+  p->set_dp(4);
+  p->set_tp(1);
+  p->set_ep(4);
+  p->set_esp(1);
+  p->set_micro_batch(2);
+  p->set_micro_batches(3);
+  p->set_order("tp-dp-pp");
+  auto* two = spec.mutable_recovery()->add_shrink();
+  two->set_pp(1);
+  two->set_dp(2);
+  two->set_tp(1);
+  two->set_ep(2);
+  two->set_esp(1);
+  auto* one = spec.mutable_recovery()->add_shrink();
+  one->set_pp(1);
+  one->set_dp(1);
+  one->set_tp(1);
+  one->set_ep(1);
+  one->set_esp(1);
+  return spec;
+}
+
+TEST(PlacementTest, AllowedLayoutsKeepTheGlobalBatch) {
+  const auto layouts = AllowedLayouts(ShrinkingJob());
+  ASSERT_EQ(layouts.size(), 3u);
+  EXPECT_EQ(DescribeLayout(layouts[0]), "pp 1 dp 4 tp 1 ep 4 esp 1 (4 ranks)");
+  EXPECT_EQ(DescribeLayout(layouts[1]), "pp 1 dp 2 tp 1 ep 2 esp 1 (2 ranks)");
+  for (const auto& l : layouts) {
+    EXPECT_EQ(uint64_t{l.micro_batch()} * l.micro_batches() * l.dp(), 2u * 3u * 4u)
+        << DescribeLayout(l);
+    EXPECT_EQ(l.order(), "tp-dp-pp");
+  }
+  EXPECT_EQ(layouts[1].micro_batches(), 6u);
+  EXPECT_EQ(layouts[2].micro_batches(), 12u);
+}
+
+TEST(PlacementTest, FirstFittingLayoutIsTheLargestThatFits) {
+  const auto layouts = AllowedLayouts(ShrinkingJob());
+  EXPECT_EQ(FirstFittingLayout(layouts, 5), 0);
+  EXPECT_EQ(FirstFittingLayout(layouts, 4), 0);
+  EXPECT_EQ(FirstFittingLayout(layouts, 3), 1);
+  EXPECT_EQ(FirstFittingLayout(layouts, 1), 2);
+  EXPECT_EQ(FirstFittingLayout(layouts, 0), -1);
+  EXPECT_EQ(FirstFittingLayout({layouts[0]}, 3), -1);  // no shrink allowed
+}
+
 }  // namespace
 }  // namespace furnace::controller

@@ -1,0 +1,41 @@
+#include "controller/store/progress_rule.h"
+
+#include <algorithm>
+#include <string>
+
+namespace furnace::controller {
+
+uint64_t AttemptStep(const furnace::v1::AttemptInfo& attempt) {
+  if (attempt.ranks_size() == 0) return 0;
+  uint64_t step = UINT64_MAX;
+  for (const auto& r : attempt.ranks()) step = std::min<uint64_t>(step, r.step());
+  return step;
+}
+
+NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& attempts) {
+  // best_before[i]: the highest step of the attempts before i.
+  std::vector<uint64_t> best_before(attempts.size(), 0);
+  uint64_t best = 0;
+  for (size_t i = 0; i < attempts.size(); ++i) {
+    best_before[i] = best;
+    best = std::max(best, AttemptStep(attempts[i]));
+  }
+  NoProgress out;
+  if (attempts.empty()) return out;
+  const furnace::v1::AttemptInfo& newest = attempts.back();
+  const std::string newest_layout = newest.parallel().SerializeAsString();
+  for (size_t i = attempts.size(); i-- > 0;) {
+    const auto& a = attempts[i];
+    if (a.state() == furnace::v1::ATTEMPT_STATE_INTERRUPTED) continue;
+    if (a.state() != furnace::v1::ATTEMPT_STATE_FAILED || AttemptStep(a) > best_before[i]) break;
+    if (a.memory_policy() != newest.memory_policy() ||
+        a.parallel().SerializeAsString() != newest_layout) {
+      break;
+    }
+    if (out.attempts == 0) out.step = best_before[i];
+    ++out.attempts;
+  }
+  return out;
+}
+
+}  // namespace furnace::controller

@@ -1,0 +1,98 @@
+#include "worker/health_check.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/comm/commcheck.h"
+#include "runtime/comm/gloo_context.h"
+#include "runtime/comm/prefixed_kv_store.h"
+#include "spdlog/spdlog.h"
+#include "worker/rank_groups.h"
+
+namespace furnace::worker {
+namespace {
+
+std::string ArrivedKey(uint32_t rank) { return absl::StrCat("health/arrived/", rank); }
+
+}  // namespace
+
+absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress) {
+  const double bound = task.spec().recovery().health_check_s();
+  if (bound <= 0 || task.world_size() <= 1) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  progress.Emit("health_check", 0);
+  if (FaultTargets(task, "health_check")) {
+    spdlog::error("fault injection: this rank drops out of its health check (never arrives)");
+    spdlog::default_logger()->flush();
+    while (true) pause();
+  }
+  // Reaching the controller is start-up (bounded like every rendezvous by the start timeout); the
+  // check's own bound starts at this rank's arrival.
+  absl::StatusOr<Rendezvous> rendezvous = OpenRendezvous(task, StartTimeoutS(task));
+  if (!rendezvous.ok()) return rendezvous.status();
+  GrpcKvStore& store = *rendezvous->store;
+  if (absl::Status s = store.Set(ArrivedKey(task.rank()), "1"); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("health check: cannot mark arrival: ", s.message()));
+  }
+  std::vector<std::string> keys;
+  for (uint32_t r = 0; r < task.world_size(); ++r) keys.push_back(ArrivedKey(r));
+  // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
+  // waits for a late peer as alive.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(bound));
+  while (true) {
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    absl::StatusOr<std::vector<std::string>> all = store.Get(keys, std::clamp(left, 0.0, 1.0));
+    if (all.ok()) break;
+    if (!absl::IsDeadlineExceeded(all.status())) return all.status();  // e.g. the attempt is over
+    progress.Emit("health_check", 0);
+    if (left > 1.0) continue;
+    std::vector<std::string> missing;
+    for (uint32_t r = 0; r < task.world_size(); ++r) {
+      if (!store.Get({ArrivedKey(r)}, 0).ok()) missing.push_back(absl::StrCat(r));
+    }
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "health check: rank%s %s did not arrive within %.0f s (recovery.health_check_s)",
+        missing.size() == 1 ? "" : "s", absl::StrJoin(missing, ", "), bound));
+  }
+  comm::PrefixedKvStore gloo_store(store, "health/gloo");
+  comm::GlooOptions gloo;
+  gloo.rank = static_cast<int>(task.rank());
+  gloo.size = static_cast<int>(task.world_size());
+  gloo.host = rendezvous->host;
+  gloo.timeout_s = bound;
+  gloo.on_wait_tick = [&progress] { progress.Emit("health_check", 0); };
+  absl::StatusOr<std::shared_ptr<gloo::Context>> context = comm::ConnectGloo(gloo_store, gloo);
+  if (!context.ok()) {
+    return absl::Status(
+        context.status().code(),
+        absl::StrCat("health check: connecting to the other ranks: ", context.status().message()));
+  }
+  comm::CommcheckOptions options;
+  options.min_bytes = 4096;
+  options.max_bytes = 65536;
+  options.step_factor = 16;
+  options.iters = 1;
+  options.warmup_iters = 0;
+  options.rounds = 1;
+  options.timeout_s = bound;
+  if (absl::Status s = comm::RunCommcheck(**context, options, nullptr); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("health check: ", s.message()));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("health check passed: {} ranks arrived, commcheck collectives verified ({:.2f} s)",
+               task.world_size(), seconds);
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::worker
