@@ -42,7 +42,9 @@ void Progress::Emit(const std::string& phase, uint64_t step, const std::string& 
 std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
                                     Progress& progress) {
   const furnace::v1::FaultSpec& fault = task.spec().fault();
-  if (fault.mode().empty() || static_cast<int64_t>(task.rank()) != fault.rank() ||
+  // fault.mean_steps fails at random steps instead (fault_schedule.h).
+  if (fault.mode().empty() || fault.mean_steps() > 0 ||
+      static_cast<int64_t>(task.rank()) != fault.rank() ||
       (!fault.every_attempt() && task.attempt() != 1) || completed != fault.at_step()) {
     return std::nullopt;
   }
