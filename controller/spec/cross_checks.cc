@@ -270,6 +270,11 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                 ") fails at one: set one of them"),
                    absl::StrCat(f.mean_steps()), "0 (the default), or fault.at_step: 0"});
   }
+  if (f.mean_steps() > 0 && f.mode().empty()) {
+    c.Fail({"fault.mean_steps", "fault.mode"},
+           Problem{"needs fault.mode (what the failure is)", absl::StrCat(f.mean_steps()),
+                   "0 (the default), or fault.mode: crash, hang or exit"});
+  }
   if (f.mean_steps() > 0 && spec.kind() != "train") {
     c.Fail({"fault.mean_steps", "kind"},
            Problem{absl::StrCat("counts training steps; this job's kind is ", spec.kind()),

@@ -38,8 +38,8 @@ v1::StepRecord Step(uint32_t attempt, uint64_t step, double reported, double sec
 
 // `n` steps of attempt `attempt` from step `first`, each `seconds` long and back to back from
 // `start`; a checkpoint with `stall` after every step that is a multiple of `every`.
-std::vector<v1::StepRecord> Run(uint32_t attempt, uint64_t first, int n, double start,
-                                double seconds, uint64_t every = 0, double stall = 0) {
+std::vector<v1::StepRecord> Steps(uint32_t attempt, uint64_t first, int n, double start,
+                                  double seconds, uint64_t every = 0, double stall = 0) {
   std::vector<v1::StepRecord> out;
   double t = start;
   for (int i = 0; i < n; ++i) {
@@ -53,7 +53,7 @@ std::vector<v1::StepRecord> Run(uint32_t attempt, uint64_t first, int n, double 
 
 TEST(Goodput, OneAttemptWithoutFailureLosesOnlyStartUpAndStalls) {
   // Placed at t0, first step starts 3 s later; 10 steps of 0.5 s, a 0.25 s stall every 5.
-  const auto steps = Run(1, 1, 10, kT0 + 3, 0.5, 5, 0.25);
+  const auto steps = Steps(1, 1, 10, kT0 + 3, 0.5, 5, 0.25);
   const std::vector<v1::AttemptInfo> attempts = {
       Attempt(1, kT0, kT0 + 20, v1::ATTEMPT_STATE_SUCCEEDED)};
   const v1::JobGoodput g = ComputeGoodput(attempts, steps, false, kT0 + 20);
@@ -74,11 +74,11 @@ TEST(Goodput, OneAttemptWithoutFailureLosesOnlyStartUpAndStalls) {
 TEST(Goodput, AFailureCostsTheRestartAndTheStepsRedoneSinceTheCheckpoint) {
   // Attempt 1: steps 1..8 from t0 + 2, 1 s each, checkpoint (0.5 s stall) after step 5; a rank
   // dies during step 9 and the attempt ends 4 s after step 8 was reported.
-  std::vector<v1::StepRecord> steps = Run(1, 1, 8, kT0 + 2, 1.0, 5, 0.5);
+  std::vector<v1::StepRecord> steps = Steps(1, 1, 8, kT0 + 2, 1.0, 5, 0.5);
   const double last_reported = steps.back().unix_time();  // t0 + 10.5
   // Attempt 2 resumes from step 5: its first step (6) starts 7 s after step 8 was reported.
   const double resumed = last_reported + 7;
-  for (const auto& s : Run(2, 6, 7, resumed, 1.0, 5, 0.5)) steps.push_back(s);  // steps 6..12
+  for (const auto& s : Steps(2, 6, 7, resumed, 1.0, 5, 0.5)) steps.push_back(s);  // steps 6..12
   const std::vector<v1::AttemptInfo> attempts = {
       Attempt(1, kT0, last_reported + 4, v1::ATTEMPT_STATE_FAILED, "signal"),
       Attempt(2, last_reported + 5, resumed + 20, v1::ATTEMPT_STATE_SUCCEEDED)};
@@ -101,9 +101,10 @@ TEST(Goodput, AFailureCostsTheRestartAndTheStepsRedoneSinceTheCheckpoint) {
 }
 
 TEST(Goodput, TotalsNeverGoDownAsStepsArrive) {
-  std::vector<v1::StepRecord> steps = Run(1, 1, 6, kT0 + 1, 0.5, 3, 0.1);
-  for (const auto& s : Run(2, 4, 6, steps.back().unix_time() + 5, 0.5, 3, 0.1)) steps.push_back(s);
-  for (const auto& s : Run(3, 1, 4, steps.back().unix_time() + 5, 0.5)) steps.push_back(s);
+  std::vector<v1::StepRecord> steps = Steps(1, 1, 6, kT0 + 1, 0.5, 3, 0.1);
+  for (const auto& s : Steps(2, 4, 6, steps.back().unix_time() + 5, 0.5, 3, 0.1))
+    steps.push_back(s);
+  for (const auto& s : Steps(3, 1, 4, steps.back().unix_time() + 5, 0.5)) steps.push_back(s);
   const std::vector<v1::AttemptInfo> attempts = {Attempt(1, kT0, 0, v1::ATTEMPT_STATE_FAILED),
                                                  Attempt(2, kT0, 0, v1::ATTEMPT_STATE_FAILED),
                                                  Attempt(3, kT0, 0, v1::ATTEMPT_STATE_RUNNING)};
@@ -136,7 +137,7 @@ TEST(Goodput, AStepOutOfOrderIsIgnored) {
 }
 
 TEST(Goodput, AnOpenRecoveryIsReportedApartFromTheTotals) {
-  const auto steps = Run(1, 1, 4, kT0 + 2, 1.0);  // last reported at t0 + 6
+  const auto steps = Steps(1, 1, 4, kT0 + 2, 1.0);  // last reported at t0 + 6
   std::vector<v1::AttemptInfo> attempts = {Attempt(1, kT0, kT0 + 8, v1::ATTEMPT_STATE_FAILED),
                                            Attempt(2, kT0 + 9, 0, v1::ATTEMPT_STATE_RUNNING)};
   v1::JobGoodput g = ComputeGoodput(attempts, steps, true, kT0 + 15);
@@ -174,7 +175,7 @@ TEST(Goodput, MtbfIsTheRunningTimeOverFailuresOrThePrior) {
 
 TEST(Goodput, TheCheckpointHintCarriesTheMeasuredStallAndStepTime) {
   GoodputLedger ledger;
-  for (const auto& s : Run(1, 1, 10, kT0 + 1, 0.5, 4, 0.2)) ledger.AddStep(s);
+  for (const auto& s : Steps(1, 1, 10, kT0 + 1, 0.5, 4, 0.2)) ledger.AddStep(s);
   const v1::CheckpointHint hint =
       MakeCheckpointHint({Attempt(1, kT0, kT0 + 20, v1::ATTEMPT_STATE_FAILED, "signal"),
                           Attempt(2, kT0 + 25, 0, v1::ATTEMPT_STATE_RUNNING)},
