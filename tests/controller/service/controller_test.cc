@@ -530,6 +530,7 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
   step(1, 4, t0 + 6.5, 0);
   clock_.Advance(7);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);  // the survivor's stop
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
   clock_.Advance(1.1);
   HeartbeatAll(2);
