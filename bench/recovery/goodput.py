@@ -6,7 +6,7 @@ its rank crashing after a random number of computed steps (fault.mean_steps: geo
 once with `checkpoint.every: --every` and once with `auto`, interleaved over --rounds.
 
     python3 bench/recovery/goodput.py --bin build/bin [--steps 1000] [--mean-steps 200] \
-        [--every 50] [--rounds 1] [--json out.json]
+        [--every 50] [--rounds 1] [--async] [--json out.json]
 
 Reported per mode (the controller's accounting, controller/store/goodput.h, as `furnace status`
 shows it): goodput = productive step time / (productive + lost), and the lost time by cause
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import harness  # noqa: E402
 
 
-def job(name, steps, every, mean_steps, ckpt, model):
+def job(name, steps, every, mean_steps, ckpt, model, asynchronous):
     return f"""name: {name}
 kind: train
 model: {model}
@@ -36,7 +36,7 @@ moe: {{experts: 4, top_k: 2}}
 parallel: {{micro_batch: 4, micro_batches: 1}}
 train: {{steps: {steps}, lr: 2.0e-3, warmup: 10, seed: 3}}
 data: {{source: markov, seed: 9}}
-checkpoint: {{every: {every}, keep: 2, dir: {ckpt}}}
+checkpoint: {{every: {every}, keep: 2, dir: {ckpt}, async: {str(asynchronous).lower()}}}
 recovery:
   max_restarts: 1000
   backoff: {{initial_s: 0.2, max_s: 0.2, multiplier: 1.0}}
@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--model", default="{vocab: 64, seq_len: 64, d_model: 64, heads: 4, layers: 2, "
                                        "expert_ffn: 128}")
+    ap.add_argument("--async", dest="asynchronous", action="store_true",
+                    help="checkpoint.async: true in both modes")
     ap.add_argument("--json")
     args = ap.parse_args()
     harness.BIN_DIR = os.path.abspath(args.bin)
@@ -99,7 +101,8 @@ def main():
                 ckpt = os.path.join(cluster.state, name)
                 shutil.rmtree(ckpt, ignore_errors=True)
                 path = cluster.write_job(f"{name}.yaml", job(name, args.steps, every,
-                                                             args.mean_steps, ckpt, args.model))
+                                                             args.mean_steps, ckpt, args.model,
+                                                             args.asynchronous))
                 t0 = time.time()
                 job_id = cluster.submit(path)
                 d = cluster.wait_state(job_id, ("JOB_SUCCEEDED", "JOB_FAILED", "JOB_CANCELLED"),
@@ -142,6 +145,7 @@ def main():
         with open(args.json, "w") as fh:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M"), "steps": args.steps,
                        "mean_steps": args.mean_steps, "every": args.every, "model": args.model,
+                       "async": args.asynchronous,
                        "rounds": args.rounds, "median": out, "runs": rows}, fh, indent=1)
     return 0
 
