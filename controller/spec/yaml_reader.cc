@@ -149,25 +149,23 @@ std::optional<uint64_t> MapReader::IntegerOrWord(absl::string_view key, uint64_t
   return CheckedInteger(*e, min, max, absl::StrCat(DescribeRange(min, max), ", or ", word));
 }
 
-std::optional<uint64_t> MapReader::CheckedInteger(const Entry& entry, uint64_t min, uint64_t max,
+std::optional<uint64_t> MapReader::CheckedInteger(const Entry& e, uint64_t min, uint64_t max,
                                                   const std::string& allowed) {
-  const Entry* e = &entry;
-  const std::string key = e->key;
-  std::optional<std::string> text = PlainScalar(*e, "an integer", allowed);
+  std::optional<std::string> text = PlainScalar(e, "an integer", allowed);
   if (!text) return std::nullopt;
   absl::StatusOr<ParsedInteger> parsed = ParseInteger(*text);
   if (!parsed.ok() && absl::IsInvalidArgument(parsed.status())) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("expected an integer, got ", Quote(*text)), "", allowed});
     return std::nullopt;
   }
   if (!parsed.ok() || (!parsed->negative && parsed->magnitude > max)) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("must be <= ", max), *text, allowed});
     return std::nullopt;
   }
   if (parsed->negative || parsed->magnitude < min) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("must be >= ", min), *text, allowed});
     return std::nullopt;
   }

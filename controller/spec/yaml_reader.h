@@ -86,7 +86,7 @@ class MapReader {
   std::optional<std::string> PlainScalar(const Entry& entry, absl::string_view expected,
                                          const std::string& allowed);
   // Integer's checks of a present entry, with `allowed` as the allowed text.
-  std::optional<uint64_t> CheckedInteger(const Entry& entry, uint64_t min, uint64_t max,
+  std::optional<uint64_t> CheckedInteger(const Entry& e, uint64_t min, uint64_t max,
                                          const std::string& allowed);
 
   std::string path_;
