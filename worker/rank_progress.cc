@@ -50,9 +50,10 @@ bool FaultTargets(const furnace::v1::RankTask& task, const std::string& mode) {
 std::optional<int> MaybeInjectFault(const furnace::v1::RankTask& task, uint64_t completed,
                                     Progress& progress) {
   const furnace::v1::FaultSpec& fault = task.spec().fault();
-  // health_check fires in worker/health_check.cc, before any step.
-  if (fault.mode().empty() || fault.mode() == "health_check" || !FaultTargets(task, fault.mode()) ||
-      completed != fault.at_step()) {
+  // health_check fires in worker/health_check.cc, before any step; fault.mean_steps fails at
+  // random steps instead (fault_schedule.h).
+  if (fault.mode().empty() || fault.mode() == "health_check" || fault.mean_steps() > 0 ||
+      !FaultTargets(task, fault.mode()) || completed != fault.at_step()) {
     return std::nullopt;
   }
   if (fault.mode() == "crash") {

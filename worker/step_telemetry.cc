@@ -70,6 +70,9 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   t.set_checkpoint_seconds(s.checkpoint_seconds);
   t.set_checkpoint_stall_seconds(s.checkpoint_stall_seconds);
   t.set_checkpoint_error(s.checkpoint_error);
+  t.set_checkpoint_interval_steps(
+      static_cast<uint32_t>(std::max<int64_t>(0, s.checkpoint_interval_steps)));
+  t.set_checkpoint_interval_seconds(s.checkpoint_interval_seconds);
   t.set_mfu(s.mfu);
   t.set_model_flops(s.model_flops);
   t.set_grad_norm(s.grad_norm);

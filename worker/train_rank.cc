@@ -24,6 +24,7 @@
 #include "runtime/train/peak_flops.h"
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
+#include "worker/fault_schedule.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
 #include "worker/step_telemetry.h"
@@ -125,6 +126,31 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
     log(absl::StrCat("moe schedule auto -> ", ran_text, " on every MoE layer (",
                      choice.choice->reason, ")"));
   }
+}
+
+// checkpoint.every auto: the Young/Daly interval with what the controller measured
+// (RankTask.checkpoint_hint). A task without a hint (a controller that sent none) gets the
+// controller's prior MTBF, one day (controller/store/goodput.h: kMtbfPriorSeconds).
+void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointConfig& config) {
+  constexpr double kMtbfWithoutHintSeconds = 24 * 3600.0;
+  const furnace::v1::CheckpointHint& hint = task.checkpoint_hint();
+  config.every_auto = true;
+  config.auto_hint.mtbf_seconds =
+      hint.mtbf_seconds() > 0 ? hint.mtbf_seconds() : kMtbfWithoutHintSeconds;
+  config.auto_hint.stall_seconds = hint.stall_seconds();
+  config.auto_hint.step_seconds = hint.step_seconds();
+  if (task.rank() != 0) return;
+  spdlog::info(
+      "checkpoint.every auto: MTBF {:.1f} s ({}), checkpoint stall {}, step time {}; the "
+      "interval is sqrt(2 * stall * MTBF) in steps, re-evaluated as the ranks measure",
+      config.auto_hint.mtbf_seconds,
+      hint.mtbf_seconds() <= 0 ? std::string("no hint from the controller: the prior")
+      : hint.mtbf_from_prior() ? std::string("the prior: no failure yet")
+                               : absl::StrCat(hint.failures(), " failure(s) observed"),
+      hint.stall_seconds() > 0 ? absl::StrFormat("%.1f ms measured", hint.stall_seconds() * 1e3)
+                               : std::string("not measured yet (checkpoint after the first step)"),
+      hint.step_seconds() > 0 ? absl::StrFormat("%.1f ms", hint.step_seconds() * 1e3)
+                              : std::string("not measured yet"));
 }
 
 int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
@@ -344,8 +370,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                                          : absl::StrCat(spec.memory().device_budget(), " bytes"),
       memory::MemoryPolicyName(*policy));
 
-  auto trainer = train::Trainer::Create(model->get(), sampler.get(), TrainConfigFrom(spec, peak),
-                                        nullptr, parallel ? &layout->runtime : nullptr);
+  train::TrainConfig train_config = TrainConfigFrom(spec, peak);
+  if (spec.checkpoint().every_auto()) ConfigureAutoInterval(task, train_config.checkpoint);
+  auto trainer = train::Trainer::Create(model->get(), sampler.get(), train_config, nullptr,
+                                        parallel ? &layout->runtime : nullptr);
   if (!trainer.ok()) {
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("train: ", trainer.status().message()));
@@ -375,6 +403,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   progress.Emit("running", start_step);
 
   std::optional<int> fault_exit;
+  uint64_t computed = 0;  // steps this attempt computed (fault.mean_steps counts them)
   train::StopToken stop;
   size_t checkpoint_errors_logged = 0;
   const auto on_step = [&](const train::StepStats& s) {
@@ -402,7 +431,20 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       spdlog::warn("{}", s.checkpoint_error);
       ++checkpoint_errors_logged;
     }
+    if (s.checkpoint_interval_changed && reporter && s.checkpoint_interval_seconds == 0) {
+      spdlog::info(
+          "checkpoint.every auto: interval 1 step until a checkpoint has measured its stall");
+    } else if (s.checkpoint_interval_changed && reporter) {
+      const train::IntervalInputs& in = s.checkpoint_interval_inputs;
+      spdlog::info(
+          "checkpoint.every auto: interval {} steps ({:.2f} s = sqrt(2 * stall {:.1f} ms * MTBF "
+          "{:.1f} s), step {:.1f} ms), from step {}",
+          s.checkpoint_interval_steps, s.checkpoint_interval_seconds, in.stall_seconds * 1e3,
+          in.mtbf_seconds, in.step_seconds * 1e3, done);
+    }
+    ++computed;
     fault_exit = MaybeInjectFault(task, done, progress);
+    if (!fault_exit) fault_exit = MaybeInjectRandomFault(task, computed, done, progress);
     if (fault_exit) stop.RequestStop();
   };
   absl::Status status = (*trainer)->Run(on_step, &stop);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/goodput_view.h"
 #include "controller/cli/report.h"
 #include "google/protobuf/struct.pb.h"
 #include "runtime/base/status.h"
@@ -62,6 +63,26 @@ google::protobuf::Struct SummaryJson(const ReportSummary& m, const v1::JobSeries
   return s;
 }
 
+// The job's goodput (JobGoodput), in seconds and steps.
+google::protobuf::Struct GoodputJson(const v1::JobGoodput& g) {
+  google::protobuf::Struct s;
+  SetNumber(&s, "ratio", g.ratio());
+  SetNumber(&s, "productive_seconds", g.productive_seconds());
+  SetNumber(&s, "productive_steps", static_cast<double>(g.productive_steps()));
+  google::protobuf::Struct* lost = (*s.mutable_fields())["lost_seconds"].mutable_struct_value();
+  SetNumber(lost, "restart", g.restart_seconds());
+  SetNumber(lost, "redone", g.redone_seconds());
+  SetNumber(lost, "checkpoint_stall", g.checkpoint_stall_seconds());
+  SetNumber(lost, "startup", g.startup_seconds());
+  SetNumber(&s, "redone_steps", static_cast<double>(g.redone_steps()));
+  SetNumber(&s, "failures", g.failures());
+  SetNumber(&s, "mtbf_seconds", g.mtbf_seconds());
+  if (g.checkpoint_interval_steps() > 0) {
+    SetNumber(&s, "checkpoint_interval_steps", g.checkpoint_interval_steps());
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_id,
@@ -95,7 +116,11 @@ absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_
     for (const std::string& path : written) {
       fields["files"].mutable_list_value()->add_values()->set_string_value(path);
     }
-    *fields["summary"].mutable_struct_value() = SummaryJson(Summarize(job, series), series);
+    google::protobuf::Struct summary = SummaryJson(Summarize(job, series), series);
+    if (HasGoodput(job)) {
+      *(*summary.mutable_fields())["goodput"].mutable_struct_value() = GoodputJson(job.goodput());
+    }
+    *fields["summary"].mutable_struct_value() = std::move(summary);
     RETURN_IF_ERROR(PrintJson(out, *ctx.out));
   } else {
     *ctx.out << "report for " << job.summary().job_id() << " (" << series.steps_size()

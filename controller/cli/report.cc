@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/goodput_view.h"
 #include "controller/cli/svg_plot.h"
 #include "proto/furnace/v1/state_names.h"
 #include "proto/furnace/v1/telemetry_labels.h"
@@ -304,6 +305,9 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
     rows.emplace_back("recovery",
                       absl::StrCat("attempt ", attempt, " running ", FormatSeconds(seconds),
                                    " after the previous attempt ended"));
+  }
+  if (HasGoodput(job)) {
+    for (auto& row : GoodputRows(job.goodput())) rows.push_back(std::move(row));
   }
   rows.emplace_back("telemetry",
                     absl::StrCat(series.telemetry_dropped(), " records dropped by agents"));

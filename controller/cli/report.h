@@ -6,7 +6,8 @@
 //
 // Files: loss.svg (with the entropy floor when the job reported one), tokens_per_second.svg,
 // mfu.svg, step_seconds.svg, memory.svg (activation peak, and the budget when it is > 0),
-// imbalance_heatmap.svg (step x MoE layer) and summary.txt.
+// imbalance_heatmap.svg (step x MoE layer) and summary.txt (with the job's goodput: where its time
+// went, goodput_view.h).
 #pragma once
 
 #include <map>

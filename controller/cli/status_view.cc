@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/goodput_view.h"
 #include "controller/cli/train_view.h"
 #include "proto/furnace/v1/state_names.h"
 
@@ -100,6 +101,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   }
 
   out += RenderTrainSection(s, TrainMetricsOf(job));
+  out += RenderGoodputSection(job);
 
   if (!job.events().empty()) {
     out += "\nevents\n";

@@ -1,7 +1,7 @@
 // What `furnace status JOB` prints, as a pure function of the JobDetail and the time now: a summary
 // (state, attempt, restarts, cause, progress), the attempts with the cause each ended with, the
 // ranks of the latest attempts, the commcheck bandwidth table, a train job's training figures
-// (train_view.h) and recent events.
+// (train_view.h) and goodput (goodput_view.h), and recent events.
 #pragma once
 
 #include <string>

@@ -146,6 +146,27 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   MetricFamily* recovery = x.Add("furnace_recovery_seconds", kGauge,
                                  "Seconds the last recovery took: from the failure until every "
                                  "rank of the next attempt was running.");
+  MetricFamily* goodput_ratio =
+      x.Add("furnace_job_goodput_ratio", kGauge,
+            "Productive step time / (productive + lost time), 0..1, over the job's life "
+            "(controller/store/goodput.h).");
+  MetricFamily* productive =
+      x.Add("furnace_job_productive_seconds_total", kCounter,
+            "Step time of the job's steps, each counted the first time it is computed.");
+  MetricFamily* lost = x.Add(
+      "furnace_job_lost_seconds_total", kCounter,
+      "Time the job lost, by cause: restart (end of the last step before a failure to the next "
+      "attempt's first step), redone (steps computed again after a restart), checkpoint_stall, "
+      "startup (first placement to the first step).");
+  MetricFamily* redone_steps = x.Add("furnace_job_redone_steps_total", kCounter,
+                                     "Steps computed again after a restart went back to a "
+                                     "checkpoint.");
+  MetricFamily* mtbf = x.Add("furnace_job_mtbf_seconds", kGauge,
+                             "The job's observed mean time between failures (running time / "
+                             "failed attempts); the prior while it has had none.");
+  MetricFamily* interval_steps =
+      x.Add("furnace_checkpoint_interval_steps", kGauge,
+            "checkpoint.every auto: the checkpoint interval in force, in steps (Young/Daly).");
   MetricFamily* workers =
       x.Add("furnace_workers", kGauge, "Workers registered with the controller, by state.");
   MetricFamily* dropped = x.Add("furnace_telemetry_dropped_total", kCounter,
@@ -176,6 +197,22 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     if (job.last_recovery_seconds >= 0) Add(recovery, JobLabel(job), job.last_recovery_seconds);
 
     if (!job.has_step) continue;
+    const furnace::v1::JobGoodput& g = job.goodput;
+    Add(goodput_ratio, JobLabel(job), g.ratio());
+    Add(productive, JobLabel(job), g.productive_seconds());
+    const std::pair<const char*, double> lost_by_cause[] = {
+        {"restart", g.restart_seconds()},
+        {"redone", g.redone_seconds()},
+        {"checkpoint_stall", g.checkpoint_stall_seconds()},
+        {"startup", g.startup_seconds()}};
+    for (const auto& [cause, seconds] : lost_by_cause) {
+      Add(lost, JobLabelAnd(job, "cause", cause), seconds);
+    }
+    Add(redone_steps, JobLabel(job), static_cast<double>(g.redone_steps()));
+    Add(mtbf, JobLabel(job), g.mtbf_seconds());
+    if (g.checkpoint_interval_steps() > 0) {
+      Add(interval_steps, JobLabel(job), g.checkpoint_interval_steps());
+    }
     const furnace::v1::StepRecord& last = job.last;
     Add(step, JobLabel(job), job.step);
     Add(total_steps, JobLabel(job), job.total_steps);

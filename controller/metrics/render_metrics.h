@@ -18,8 +18,10 @@
 // Which jobs get what: every job gets furnace_job_state (one-hot over the 8 states) and
 // furnace_job_restarts_total (the common causes start at 0, so increase() sees the first one);
 // only jobs with an aggregated training step get the step, throughput, loss, MoE and memory
-// series; furnace_memory_budget_bytes only where a budget is set; checkpoint and recovery
-// durations once there has been one.
+// series, and the goodput series (ratio, productive and lost seconds by cause, redone steps,
+// MTBF; the auto checkpoint interval where checkpoint.every is auto);
+// furnace_memory_budget_bytes only where a budget is set; checkpoint and recovery durations once
+// there has been one.
 //
 // The families are prometheus-cpp values (prometheus::MetricFamily) built from the snapshot at
 // each scrape, and prometheus-cpp's TextSerializer writes the text format (version 0.0.4), so the

@@ -39,7 +39,13 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
       logs_((fs::path(options_.state_dir) / "logs" / "jobs").string()),
       workers_(*store_, clock_),
       telemetry_(*store_),
-      jobs_(options_, clock_, *store_, workers_, rendezvous_) {}
+      jobs_(options_, clock_, *store_, workers_, rendezvous_) {
+  // Runs under mu_ (StartCommand is called by JobLifecycle, which mu_ guards, as it guards
+  // telemetry_).
+  jobs_.SetCheckpointHintSource([this](const Job& job) {
+    return telemetry_.CheckpointHint(job.summary.job_id(), job.attempts, clock_.UnixSeconds());
+  });
+}
 
 absl::Status Controller::Load() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -83,6 +89,10 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
     *detail.mutable_summary() = job->summary;
     *detail.mutable_spec() = job->spec;
     for (const auto& a : job->attempts) *detail.add_attempts() = a;
+    if (job->spec.kind() == "train") {
+      *detail.mutable_goodput() = telemetry_.Goodput(
+          job_id, job->attempts, !IsFinal(job->summary.state()), clock_.UnixSeconds());
+    }
   }
   ASSIGN_OR_RETURN(auto events, store_->LoadEvents(job_id, 50));
   for (auto& e : events) *detail.add_events() = std::move(e);
@@ -162,6 +172,7 @@ MetricsSnapshot Controller::Metrics() {
     m.step = job.summary.step();
     m.total_steps = job.summary.total_steps();
     telemetry_.Fill(id, m);
+    m.goodput = telemetry_.Goodput(id, job.attempts, !IsFinal(job.summary.state()), snap.unix_time);
     for (size_t i = 0; i < job.attempts.size(); ++i) {
       const auto& a = job.attempts[i];
       if (a.state() == v1::ATTEMPT_STATE_FAILED) {

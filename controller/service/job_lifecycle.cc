@@ -397,6 +397,9 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
   }
   task->set_controller_address(options_.advertise_address);
   task->set_host(worker.info.host());
+  if (job.spec.checkpoint().every_auto() && hint_source_) {
+    *task->mutable_checkpoint_hint() = hint_source_(job);
+  }
   return cmd;
 }
 

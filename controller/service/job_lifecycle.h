@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -104,6 +105,11 @@ class JobLifecycle {
 
   Job* Find(const std::string& job_id);
   const std::map<std::string, Job>& jobs() const { return jobs_; }
+
+  // checkpoint.every auto: what each rank of a new attempt is told about the job's failures and
+  // measurements (RankTask.checkpoint_hint). Called under the same external synchronisation.
+  using CheckpointHintSource = std::function<furnace::v1::CheckpointHint(const Job&)>;
+  void SetCheckpointHintSource(CheckpointHintSource source) { hint_source_ = std::move(source); }
 
   // --- job_lifecycle.cc ---------------------------------------------------------------------
   // A validated spec: refused (InvalidArgument naming resources.workers) when this controller
@@ -197,6 +203,7 @@ class JobLifecycle {
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;
   bool shut_down_ = false;  // Shutdown(true) ran: rank reports are no longer acted on
+  CheckpointHintSource hint_source_;
 };
 
 }  // namespace furnace::controller

@@ -31,6 +31,7 @@ struct JobMetrics {
   double last_checkpoint_seconds = -1;                 // < 0: no checkpoint yet
   double last_checkpoint_stall_seconds = -1;  // the step it held, slowest rank; < 0: none yet
   double last_recovery_seconds = -1;          // failure -> next attempt all running; < 0: none yet
+  furnace::v1::JobGoodput goodput;            // where the job's time went (has_step: measured)
 };
 
 struct MetricsSnapshot {

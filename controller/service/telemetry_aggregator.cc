@@ -52,6 +52,11 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
   r.set_checkpoint_stall_seconds(
       std::max(r.checkpoint_stall_seconds(), t.checkpoint_stall_seconds()));
+  // checkpoint.every auto: every rank agreed on the interval; the largest is the safe reading.
+  if (t.checkpoint_interval_steps() > r.checkpoint_interval_steps()) {
+    r.set_checkpoint_interval_steps(t.checkpoint_interval_steps());
+    r.set_checkpoint_interval_seconds(t.checkpoint_interval_seconds());
+  }
   r.set_lr(t.lr());
   r.set_routing_spike(r.routing_spike() || t.routing_spike());
   for (const v1::MoeLayerTelemetry& layer : t.moe_layers()) {
@@ -151,6 +156,7 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
   }
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
   if (r.checkpoint_stall_seconds() > 0) job.last_checkpoint_stall_s = r.checkpoint_stall_seconds();
+  job.goodput.AddStep(r);
 }
 
 std::vector<std::string> TelemetryAggregator::TrimDue(const std::set<std::string>& touched,
@@ -196,6 +202,22 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.moe_op_seconds_total = job.moe_op_seconds_total;
   m.last_checkpoint_seconds = job.last_checkpoint_s;
   m.last_checkpoint_stall_seconds = job.last_checkpoint_stall_s;
+}
+
+v1::JobGoodput TelemetryAggregator::Goodput(const std::string& job_id,
+                                            const std::vector<v1::AttemptInfo>& attempts,
+                                            bool active, double now_unix) const {
+  static const GoodputLedger kNone;
+  auto it = jobs_.find(job_id);
+  return (it == jobs_.end() ? kNone : it->second.goodput).Report(attempts, active, now_unix);
+}
+
+v1::CheckpointHint TelemetryAggregator::CheckpointHint(const std::string& job_id,
+                                                       const std::vector<v1::AttemptInfo>& attempts,
+                                                       double now_unix) const {
+  static const GoodputLedger kNone;
+  auto it = jobs_.find(job_id);
+  return MakeCheckpointHint(attempts, it == jobs_.end() ? kNone : it->second.goodput, now_unix);
 }
 
 }  // namespace furnace::controller

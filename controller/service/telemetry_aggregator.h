@@ -4,7 +4,8 @@
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
-// seconds); the counters of records received and dropped by agents.
+// seconds), and the goodput ledger (controller/store/goodput.h), fed every aggregated step and
+// rebuilt from the stored steps at start; the counters of records received and dropped by agents.
 // Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
 // Controller calls them holding its state mutex); Store only writes to the JobStore (thread-safe
 // on its own) and is called without that mutex, so bulk inserts never block other RPCs.
@@ -21,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "controller/service/metrics_snapshot.h"
+#include "controller/store/goodput.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
@@ -46,6 +48,14 @@ class TelemetryAggregator {
                      const std::vector<std::string>& trim);
   // The job's step fields of its metrics.
   void Fill(const std::string& job_id, JobMetrics& metrics) const;
+  // Where the job's time went, given its attempts (goodput.h: GoodputLedger::Report).
+  furnace::v1::JobGoodput Goodput(const std::string& job_id,
+                                  const std::vector<furnace::v1::AttemptInfo>& attempts,
+                                  bool active, double now_unix) const;
+  // What a new attempt's ranks get for checkpoint.every auto (goodput.h: MakeCheckpointHint).
+  furnace::v1::CheckpointHint CheckpointHint(const std::string& job_id,
+                                             const std::vector<furnace::v1::AttemptInfo>& attempts,
+                                             double now_unix) const;
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 
@@ -75,6 +85,7 @@ class TelemetryAggregator {
     std::map<std::string, double> moe_op_bytes_total, moe_op_seconds_total;
     double last_checkpoint_s = -1;
     double last_checkpoint_stall_s = -1;
+    GoodputLedger goodput;
     uint64_t records_since_trim = 0;
   };
   void FinishStep(const std::string& job_id, PendingStep& pending);

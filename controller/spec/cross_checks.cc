@@ -276,6 +276,22 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
            Problem{absl::StrCat("must be < the world size pp * dp * tp (= ", world, ")"),
                    absl::StrCat(f.rank()), absl::StrCat("0..", world - 1)});
   }
+  if (f.mean_steps() > 0 && f.at_step() > 0) {
+    c.Fail({"fault.mean_steps", "fault.at_step"},
+           Problem{absl::StrCat("fails at random steps; fault.at_step (= ", f.at_step(),
+                                ") fails at one: set one of them"),
+                   absl::StrCat(f.mean_steps()), "0 (the default), or fault.at_step: 0"});
+  }
+  if (f.mean_steps() > 0 && f.mode().empty()) {
+    c.Fail({"fault.mean_steps", "fault.mode"},
+           Problem{"needs fault.mode (what the failure is)", absl::StrCat(f.mean_steps()),
+                   "0 (the default), or fault.mode: crash, hang or exit"});
+  }
+  if (f.mean_steps() > 0 && spec.kind() != "train") {
+    c.Fail({"fault.mean_steps", "kind"},
+           Problem{absl::StrCat("counts training steps; this job's kind is ", spec.kind()),
+                   absl::StrCat(f.mean_steps()), "0 (the default), or kind: train"});
+  }
 }
 
 }  // namespace furnace::spec

@@ -84,6 +84,9 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
     {"checkpoint.keep", FieldUse::kUsed, "checkpoint().keep()"},
     {"checkpoint.async", FieldUse::kUsed, "checkpoint().async()"},
+    // Set by `every: auto` (checkpoint.every is then 0): the worker turns on the Young/Daly
+    // interval (runtime/train/checkpoint_interval.h) with the controller's hint.
+    {"checkpoint.every_auto", FieldUse::kUsed, "checkpoint().every_auto()"},
 
     {"recovery.max_restarts", FieldUse::kUsed, "recovery().max_restarts()"},
     {"recovery.backoff.initial_s", FieldUse::kUsed, "spec.initial_s()"},
@@ -124,6 +127,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"fault.every_attempt", FieldUse::kUsed, "fault.every_attempt()"},
     {"fault.exit_code", FieldUse::kUsed, "fault.exit_code()"},
     {"fault.worker", FieldUse::kUsed, "fault.worker()"},
+    {"fault.mean_steps", FieldUse::kUsed, "fault.mean_steps()"},
 };
 
 }  // namespace furnace::spec

@@ -48,7 +48,10 @@ void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
 
 void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
   out->set_dir(s.String("dir").value_or(""));
-  out->set_every(U32(s.Integer("every", 0, kMaxU32), 0));
+  // `every: auto`: Young/Daly from the measured stall and the observed failures (every_auto).
+  bool every_auto = false;
+  out->set_every(U32(s.IntegerOrWord("every", 0, kMaxU32, "auto", &every_auto), 0));
+  out->set_every_auto(every_auto);
   out->set_keep(U32(s.Integer("keep", 1, kMaxU32), 2));
   out->set_async(s.Bool("async").value_or(false));
   s.ReportUnknownKeys();
@@ -141,6 +144,8 @@ void ReadFault(MapReader& s, furnace::v1::FaultSpec* out) {
   out->set_every_attempt(s.Bool("every_attempt").value_or(false));
   out->set_exit_code(static_cast<int32_t>(s.Integer("exit_code", 1, 255).value_or(1)));
   out->set_worker(s.String("worker").value_or(""));
+  // Exclusive with at_step and train jobs only: cross-field checks.
+  out->set_mean_steps(U32(s.Integer("mean_steps", 0, kMaxU32), 0));
   s.ReportUnknownKeys();
 }
 

@@ -134,22 +134,38 @@ std::optional<std::string> MapReader::PlainScalar(const Entry& e, absl::string_v
 std::optional<uint64_t> MapReader::Integer(absl::string_view key, uint64_t min, uint64_t max) {
   const Entry* e = Find(key);
   if (e == nullptr) return std::nullopt;
-  const std::string allowed = DescribeRange(min, max);
-  std::optional<std::string> text = PlainScalar(*e, "an integer", allowed);
+  return CheckedInteger(*e, min, max, DescribeRange(min, max));
+}
+
+std::optional<uint64_t> MapReader::IntegerOrWord(absl::string_view key, uint64_t min, uint64_t max,
+                                                 absl::string_view word, bool* is_word) {
+  *is_word = false;
+  const Entry* e = Find(key);
+  if (e == nullptr) return std::nullopt;
+  if (e->value.IsScalar() && !IsQuoted(e->value) && e->value.Scalar() == word) {
+    *is_word = true;
+    return std::nullopt;
+  }
+  return CheckedInteger(*e, min, max, absl::StrCat(DescribeRange(min, max), ", or ", word));
+}
+
+std::optional<uint64_t> MapReader::CheckedInteger(const Entry& e, uint64_t min, uint64_t max,
+                                                  const std::string& allowed) {
+  std::optional<std::string> text = PlainScalar(e, "an integer", allowed);
   if (!text) return std::nullopt;
   absl::StatusOr<ParsedInteger> parsed = ParseInteger(*text);
   if (!parsed.ok() && absl::IsInvalidArgument(parsed.status())) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("expected an integer, got ", Quote(*text)), "", allowed});
     return std::nullopt;
   }
   if (!parsed.ok() || (!parsed->negative && parsed->magnitude > max)) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("must be <= ", max), *text, allowed});
     return std::nullopt;
   }
   if (parsed->negative || parsed->magnitude < min) {
-    diag_->Add(ValuePosition(*e), PathOf(key),
+    diag_->Add(ValuePosition(e), PathOf(e.key),
                Problem{absl::StrCat("must be >= ", min), *text, allowed});
     return std::nullopt;
   }

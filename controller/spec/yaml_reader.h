@@ -49,6 +49,10 @@ class MapReader {
   MapReader(const YAML::Node& node, std::string path, Position pos, Diagnostics* diag);
 
   std::optional<uint64_t> Integer(absl::string_view key, uint64_t min, uint64_t max);
+  // An integer in [min, max], or exactly `word` (plain, e.g. `every: auto`): then nullopt with
+  // *is_word set. Errors name both ("0..4294967295, or auto").
+  std::optional<uint64_t> IntegerOrWord(absl::string_view key, uint64_t min, uint64_t max,
+                                        absl::string_view word, bool* is_word);
   std::optional<double> Number(absl::string_view key, const NumberRange& range);
   std::optional<bool> Bool(absl::string_view key);
   std::optional<std::string> String(absl::string_view key);
@@ -83,6 +87,9 @@ class MapReader {
   // The scalar text of a field that must be a plain (unquoted) scalar of kind `expected`
   // ("an integer", "a number", true or false); nullopt (and a recorded problem) otherwise.
   std::optional<std::string> PlainScalar(const Entry& entry, absl::string_view expected,
+                                         const std::string& allowed);
+  // Integer's checks of a present entry, with `allowed` as the allowed text.
+  std::optional<uint64_t> CheckedInteger(const Entry& e, uint64_t min, uint64_t max,
                                          const std::string& allowed);
 
   std::string path_;

@@ -1,6 +1,7 @@
 #include "runtime/train/trainer.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -183,6 +184,12 @@ absl::StatusOr<StepStats> Trainer::Step() {
 absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   const bool checkpoints = !config_.checkpoint.dir.empty();
   const bool async = checkpoints && config_.checkpoint.async;
+  std::optional<AutoCheckpointInterval> auto_interval;
+  if (checkpoints && config_.checkpoint.every_auto) {
+    auto_interval.emplace(config_.checkpoint.auto_hint, config_.steps);
+  }
+  const int64_t run_start = step_;
+  int64_t checkpointed_at = step_;  // the last checkpoint, or where Run started
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
     if (async) {
@@ -190,7 +197,21 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       RETURN_IF_ERROR(CommitIfDurable(stats));
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
     }
-    if (checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) {
+    bool due = checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
+    if (auto_interval) {
+      auto_interval->ObserveStep(stats.step_seconds);
+      ASSIGN_OR_RETURN(const IntervalInputs agreed,
+                       AgreeIntervalInputs(parallel_ != nullptr ? parallel_->world_group : nullptr,
+                                           auto_interval->Local()));
+      // The first step says the interval in force (from the hint, or the probe's one step).
+      stats.checkpoint_interval_changed = auto_interval->Update(agreed) || step_ == run_start + 1;
+      stats.checkpoint_interval_steps = auto_interval->current().steps;
+      stats.checkpoint_interval_seconds = auto_interval->current().seconds;
+      stats.checkpoint_interval_inputs = agreed;
+      due = auto_interval->Due(step_ - checkpointed_at);
+    }
+    if (due) {
+      checkpointed_at = step_;
       const double t0 = clock_->MonotonicSeconds();
       if (async) {
         // A write slower than the interval: the step waits for it and commits it before the
@@ -202,6 +223,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
         stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
       }
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
+      if (auto_interval) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
     }
     if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) {

@@ -23,6 +23,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/data/sampler.h"
 #include "runtime/train/async_checkpoint.h"
+#include "runtime/train/checkpoint_interval.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
 #include "runtime/train/parallel.h"
@@ -39,6 +40,11 @@ struct CheckpointConfig {
   // next checkpoint step, which waits for it, or at the end of Run). A failed background write is
   // reported (StepStats::checkpoint_error) and not committed; training goes on.
   bool async = false;
+  // checkpoint.every auto (then `every` is not used): the Young/Daly interval
+  // (checkpoint_interval.h), re-evaluated after every step from inputs all ranks agree on.
+  // `auto_hint`: M (> 0), and the stall and step time measured by earlier attempts (0: unknown).
+  bool every_auto = false;
+  IntervalInputs auto_hint;
 };
 
 struct TrainConfig {
@@ -91,6 +97,13 @@ struct StepStats {
   // at a checkpoint step the wait for the previous snapshot's write.
   double checkpoint_stall_seconds = 0;
   std::string checkpoint_error;  // why the checkpoint finished after this step was not committed
+  // checkpoint.every auto: the interval in force after this step (0 steps under a fixed one;
+  // seconds 0 while probing the stall), the agreed inputs it came from, and whether this step
+  // changed it (or is Run's first). The same on every rank.
+  int64_t checkpoint_interval_steps = 0;
+  double checkpoint_interval_seconds = 0;
+  IntervalInputs checkpoint_interval_inputs;
+  bool checkpoint_interval_changed = false;
   // Parallel layouts (a ParallelRuntime): the numbers above are global (loss, aux loss, tokens,
   // tokens per expert and imbalance over the whole global batch; model_flops of the whole step,
   // mfu per device), and these are this rank's.
@@ -136,7 +149,9 @@ class Trainer {
   absl::StatusOr<StepStats> Step();
 
   // Steps until step() == config.steps or `stop` is requested (checked after each step and its
-  // callback), saving every `checkpoint.every` steps and once at the end when a dir is set.
+  // callback), saving every `checkpoint.every` steps (with checkpoint.every_auto, whenever the
+  // auto interval has passed since the last checkpoint or the start of Run) and once at the end
+  // when a dir is set.
   // With a ParallelRuntime a stop skips that last checkpoint: it is a collective, and the other
   // ranks have not stopped. With checkpoint.async an in-flight snapshot is committed after the
   // first step at which every rank's shard is durable, at the latest at the next checkpoint step

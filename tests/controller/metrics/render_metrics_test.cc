@@ -149,6 +149,31 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "group, over all steps and ranks.\n"
           "# TYPE furnace_moe_op_seconds_total counter\n"
           "furnace_moe_op_seconds_total{job=\"j-1\",op=\"a2a(ep)\"} 0.5\n"
+          "# HELP furnace_job_goodput_ratio Productive step time / (productive + lost time), "
+          "0..1, over the job's life (controller/store/goodput.h).\n"
+          "# TYPE furnace_job_goodput_ratio gauge\n"
+          "furnace_job_goodput_ratio{job=\"j-1\"} 0.9\n"
+          "# HELP furnace_job_productive_seconds_total Step time of the job's steps, each counted "
+          "the first time it is computed.\n"
+          "# TYPE furnace_job_productive_seconds_total counter\n"
+          "furnace_job_productive_seconds_total{job=\"j-1\"} 90\n"
+          "# HELP furnace_job_lost_seconds_total Time the job lost, by cause: restart (end of the "
+          "last step before a failure to the next attempt's first step), redone (steps computed "
+          "again after a restart), checkpoint_stall, startup (first placement to the first "
+          "step).\n"
+          "# TYPE furnace_job_lost_seconds_total counter\n"
+          "furnace_job_lost_seconds_total{job=\"j-1\",cause=\"restart\"} 4\n"
+          "furnace_job_lost_seconds_total{job=\"j-1\",cause=\"redone\"} 2.5\n"
+          "furnace_job_lost_seconds_total{job=\"j-1\",cause=\"checkpoint_stall\"} 0.5\n"
+          "furnace_job_lost_seconds_total{job=\"j-1\",cause=\"startup\"} 3\n"
+          "# HELP furnace_job_redone_steps_total Steps computed again after a restart went back "
+          "to a checkpoint.\n"
+          "# TYPE furnace_job_redone_steps_total counter\n"
+          "furnace_job_redone_steps_total{job=\"j-1\"} 12\n"
+          "# HELP furnace_job_mtbf_seconds The job's observed mean time between failures "
+          "(running time / failed attempts); the prior while it has had none.\n"
+          "# TYPE furnace_job_mtbf_seconds gauge\n"
+          "furnace_job_mtbf_seconds{job=\"j-1\"} 86400\n"
           "# HELP furnace_workers Workers registered with the controller, by state.\n"
           "# TYPE furnace_workers gauge\n"
           "furnace_workers{state=\"busy\"} 0\n"
@@ -190,7 +215,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 26u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 32u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -258,7 +283,7 @@ TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 26u);
+  EXPECT_EQ(families.size(), 32u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

@@ -30,6 +30,15 @@ inline JobMetrics TrainingJob(const std::string& id, int layers, int experts) {
   s.set_step_seconds(0.05);
   s.set_mfu(0.375);
   s.set_activation_peak_bytes(1048576);
+  furnace::v1::JobGoodput& g = j.goodput;
+  g.set_productive_seconds(90);
+  g.set_restart_seconds(4);
+  g.set_redone_seconds(2.5);
+  g.set_checkpoint_stall_seconds(0.5);
+  g.set_startup_seconds(3);
+  g.set_ratio(0.9);
+  g.set_redone_steps(12);
+  g.set_mtbf_seconds(86400);
   for (int l = 0; l < layers; ++l) {
     s.add_imbalance(1.0 + 0.25 * l);
     auto* et = s.add_expert_tokens();
@@ -77,6 +86,7 @@ inline MetricsSnapshot RichSnapshot() {
   a.last_checkpoint_seconds = 1.25;
   a.last_checkpoint_stall_seconds = 0.25;
   a.last_recovery_seconds = 4.5;
+  a.goodput.set_checkpoint_interval_steps(25);
   a.attempt = 4;
   snap.jobs.push_back(a);
   JobMetrics b = TrainingJob("j-b", 2, 4);

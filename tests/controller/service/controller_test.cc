@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "controller/store/goodput.h"
 #include "gtest/gtest.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/train/trainer.h"
@@ -102,17 +103,19 @@ class ControllerTest : public ::testing::Test {
     }
   }
 
-  // Two workers, the job submitted, both ranks started: RUNNING at attempt 1.
-  void StartRunning() {
+  // Two workers, the job submitted, both ranks started: RUNNING at attempt 1. `tasks`, when
+  // given, gets the ranks' start commands.
+  void StartRunning(const char* yaml = kJob, std::vector<v1::RankTask>* tasks = nullptr) {
     Register(0);
     Register(1);
-    auto id = c_->Submit(kJob, "t.yaml");
+    auto id = c_->Submit(yaml, "t.yaml");
     ASSERT_TRUE(id.ok()) << id.status();
     job_ = *id;
     for (int s = 0; s < 2; ++s) {
       auto cmds = Commands(s);
       ASSERT_EQ(cmds.size(), 1u);
       ASSERT_TRUE(cmds[0].has_start());
+      if (tasks != nullptr) tasks->push_back(cmds[0].start());
       EXPECT_EQ(cmds[0].start().rank(), static_cast<uint32_t>(s));
       EXPECT_EQ(cmds[0].start().world_size(), 2u);
       EXPECT_EQ(cmds[0].start().attempt(), 1u);
@@ -477,6 +480,99 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   EXPECT_EQ(snap.jobs[0].moe_op_seconds_total, (std::map<std::string, double>{{"a2a(ep)", 0.25}}));
   EXPECT_EQ(snap.jobs[0].restarts_by_cause["signal"], 1u);
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 1);
+}
+
+constexpr const char* kAutoJob = R"(name: t
+kind: train
+parallel: {dp: 2}
+checkpoint: {every: auto}
+recovery:
+  max_restarts: 2
+  backoff: {initial_s: 1.0, max_s: 4.0, multiplier: 2.0}
+  heartbeat_timeout_s: 5
+  start_timeout_s: 20
+)";
+
+// Goodput from the aggregated steps and the attempts: a failure costs the restart and the steps
+// redone since the checkpoint; the numbers come back the same from a restarted controller (the
+// ledger is rebuilt from the stored steps). checkpoint.every auto's ranks are told the job's MTBF
+// and what it measured.
+TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
+  std::vector<v1::RankTask> tasks;
+  StartRunning(kAutoJob, &tasks);
+  ASSERT_EQ(tasks.size(), 2u);
+  ASSERT_TRUE(tasks[0].has_checkpoint_hint());
+  EXPECT_TRUE(tasks[0].checkpoint_hint().mtbf_from_prior());
+  EXPECT_DOUBLE_EQ(tasks[0].checkpoint_hint().mtbf_seconds(), kMtbfPriorSeconds);
+  EXPECT_DOUBLE_EQ(tasks[0].checkpoint_hint().stall_seconds(), 0);
+
+  const double t0 = clock_.UnixSeconds();  // attempt 1 placed
+  // Both ranks report a 1 s step at `reported` (after its checkpoint stall, if any).
+  const auto step = [&](uint32_t attempt, uint64_t n, double reported, double stall) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/0");
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      v1::TelemetryRecord& r = *batch.add_records();
+      r.set_job_id(job_);
+      r.set_attempt(attempt);
+      r.set_rank(rank);
+      r.set_step(n);
+      r.set_unix_time(reported);
+      r.mutable_train()->set_step_seconds(1.0);
+      r.mutable_train()->set_checkpoint_stall_seconds(stall);
+    }
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  // Attempt 1: the first step starts 2 s after placement; a checkpoint (0.5 s) after step 2.
+  step(1, 1, t0 + 3, 0);
+  step(1, 2, t0 + 4.5, 0.5);
+  step(1, 3, t0 + 5.5, 0);
+  step(1, 4, t0 + 6.5, 0);
+  clock_.Advance(7);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);  // the survivor's stop
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  clock_.Advance(1.1);
+  HeartbeatAll(2);
+  c_->Tick();
+  ASSERT_EQ(Job().summary().attempt(), 2u);
+  EXPECT_GT(Job().goodput().recovering_seconds(), 0);
+  for (int s = 0; s < 2; ++s) {
+    auto cmds = Commands(s);
+    ASSERT_EQ(cmds.size(), 1u);
+    const v1::CheckpointHint& hint = cmds[0].start().checkpoint_hint();
+    EXPECT_FALSE(hint.mtbf_from_prior());
+    EXPECT_EQ(hint.failures(), 1u);
+    EXPECT_DOUBLE_EQ(hint.mtbf_seconds(), 7.0);  // attempt 1 ran 7 s before it failed
+    EXPECT_DOUBLE_EQ(hint.stall_seconds(), 0.5);
+    EXPECT_DOUBLE_EQ(hint.step_seconds(), 1.0);
+  }
+  Report(0, 2, 0, v1::RANK_STARTED);
+  Report(1, 2, 1, v1::RANK_STARTED);
+  // Attempt 2 resumed from the checkpoint of step 2: steps 3 and 4 again, then 5.
+  step(2, 3, t0 + 11, 0);
+  step(2, 4, t0 + 12, 0);
+  step(2, 5, t0 + 13, 0);
+
+  const auto expect_numbers = [&](const v1::JobGoodput& g) {
+    EXPECT_DOUBLE_EQ(g.productive_seconds(), 5.0);
+    EXPECT_EQ(g.productive_steps(), 5u);
+    EXPECT_DOUBLE_EQ(g.startup_seconds(), 2.0);
+    EXPECT_DOUBLE_EQ(g.restart_seconds(), 3.5);  // step 4 reported at +6.5, step 3 began at +10
+    EXPECT_DOUBLE_EQ(g.redone_seconds(), 2.0);
+    EXPECT_EQ(g.redone_steps(), 2u);
+    EXPECT_DOUBLE_EQ(g.checkpoint_stall_seconds(), 0.5);
+    EXPECT_DOUBLE_EQ(g.ratio(), 5.0 / (5.0 + 2.0 + 3.5 + 2.0 + 0.5));
+    EXPECT_DOUBLE_EQ(g.recovering_seconds(), 0);
+    EXPECT_EQ(g.failures(), 1u);
+  };
+  expect_numbers(Job().goodput());
+  auto snap = c_->Metrics();
+  ASSERT_EQ(snap.jobs.size(), 1u);
+  expect_numbers(snap.jobs[0].goodput);
+  Restart();
+  expect_numbers(Job().goodput());
+  expect_numbers(c_->Metrics().jobs[0].goodput);
 }
 
 // The schema end to end: what a rank's worker makes of its step (worker/step_telemetry.h) is

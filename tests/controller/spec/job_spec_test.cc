@@ -280,6 +280,45 @@ TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {
   EXPECT_TRUE(s.checkpoint().async());
 }
 
+// checkpoint.every takes a step count or the word auto (Young/Daly: every_auto, every 0); anything
+// else is refused naming both.
+TEST(JobSpecTest, CheckpointEveryIsStepsOrAuto) {
+  JobSpec s = MustParse("name: a\nkind: train\ncheckpoint: {every: auto}\n");
+  EXPECT_TRUE(s.checkpoint().every_auto());
+  EXPECT_EQ(s.checkpoint().every(), 0u);
+  s = MustParse("name: a\nkind: train\ncheckpoint: {every: 25}\n");
+  EXPECT_FALSE(s.checkpoint().every_auto());
+  EXPECT_EQ(s.checkpoint().every(), 25u);
+  for (const char* bad : {"sometimes", "\"auto\"", "-1", "Auto"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobYaml(
+        absl::StrCat("name: a\nkind: train\ncheckpoint: {every: ", bad, "}\n"), "job.yaml");
+    ASSERT_FALSE(spec.ok()) << bad;
+    const std::string message(spec.status().message());
+    EXPECT_NE(message.find("checkpoint.every"), std::string::npos) << message;
+    EXPECT_NE(message.find("0..4294967295, or auto"), std::string::npos) << message;
+  }
+}
+
+// fault.mean_steps fails at random training steps: not with fault.at_step, not in a commcheck.
+TEST(JobSpecTest, FaultMeanStepsIsForTrainJobsWithoutAtStep) {
+  EXPECT_EQ(MustParse("name: a\nkind: train\nfault: {mode: crash, mean_steps: 200}\n")
+                .fault()
+                .mean_steps(),
+            200u);
+  absl::StatusOr<JobSpec> both = ParseJobYaml(
+      "name: a\nkind: train\nfault: {mode: crash, mean_steps: 200, at_step: 5}\n", "job.yaml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("fault.mean_steps: fails at random steps"),
+            std::string::npos)
+      << both.status();
+  absl::StatusOr<JobSpec> commcheck =
+      ParseJobYaml("name: a\nkind: commcheck\nfault: {mode: crash, mean_steps: 200}\n", "job.yaml");
+  ASSERT_FALSE(commcheck.ok());
+  EXPECT_NE(commcheck.status().message().find("fault.mean_steps: counts training steps"),
+            std::string::npos)
+      << commcheck.status();
+}
+
 // Every memory policy runs; a codec is for the adaptive planner only, and an unknown one is
 // refused naming the allowed values.
 TEST(JobSpecTest, MemoryPoliciesAreAccepted) {

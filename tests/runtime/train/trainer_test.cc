@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -579,6 +580,63 @@ TEST(TrainerTest, ParallelLayoutNeedsAPipelineStage) {
       Trainer::Create(&model, data.sampler.get(), config, &clock, &parallel).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("pipeline stage"));
+}
+
+// A clock that moves `tick` seconds at every reading: a step reads it three times and a
+// synchronous checkpoint three (start, write time, stall), so every step and every stall measures
+// 2 * tick.
+class TickingClock : public Clock {
+ public:
+  explicit TickingClock(double tick) : tick_(tick) {}
+  double MonotonicSeconds() const override { return now_ += tick_; }
+  double UnixSeconds() const override { return now_ += tick_; }
+
+ private:
+  double tick_;
+  mutable double now_ = 0;
+};
+
+// Runs 20 steps under checkpoint.every auto with `hint`; returns the committed checkpoints and
+// the interval reported after each step.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> RunAuto(const IntervalInputs& hint) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  TrainConfig config = ResumeConfig();
+  testing_util::TestDir dir;
+  config.checkpoint = {
+      .dir = dir.path(), .every = 0, .keep = 0, .every_auto = true, .auto_hint = hint};
+  TickingClock clock(0.01);
+  BigramModel model(V, T, 1);
+  auto trainer = Trainer::Create(&model, data.sampler.get(), config, &clock);
+  EXPECT_TRUE(trainer.ok());
+  std::vector<int64_t> intervals;
+  EXPECT_TRUE(
+      (*trainer)
+          ->Run([&](const StepStats& s) { intervals.push_back(s.checkpoint_interval_steps); })
+          .ok());
+  return {CheckpointStore(dir.path(), 0).CommittedSteps(), intervals};
+}
+
+TEST(TrainerTest, AutoIntervalProbesTheStallThenSavesAtTheYoungDalyInterval) {
+  // Steps and stalls measure 0.02 s; M = 0.25 s: sqrt(2 * 0.02 * 0.25) = 0.1 s = 5 steps. The
+  // stall is unknown at first: a checkpoint after the first step measures it.
+  const auto [saved, intervals] = RunAuto({.mtbf_seconds = 0.25});
+  EXPECT_EQ(saved, (std::vector<int64_t>{1, 6, 11, 16, 20}));  // 20: the end of the run
+  ASSERT_EQ(intervals.size(), 20u);
+  EXPECT_EQ(intervals[0], 1);
+  for (size_t i = 1; i < intervals.size(); ++i) EXPECT_EQ(intervals[i], 5) << "step " << i;
+}
+
+TEST(TrainerTest, AutoIntervalStartsFromTheHintAndGrowsWithTheMtbf) {
+  // What earlier attempts measured: no probe.
+  auto [saved, intervals] =
+      RunAuto({.stall_seconds = 0.02, .step_seconds = 0.02, .mtbf_seconds = 0.25});
+  EXPECT_EQ(saved, (std::vector<int64_t>{5, 10, 15, 20}));
+  // Four times the MTBF: twice the interval.
+  std::tie(saved, intervals) =
+      RunAuto({.stall_seconds = 0.02, .step_seconds = 0.02, .mtbf_seconds = 1.0});
+  EXPECT_EQ(saved, (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(intervals.back(), 10);
 }
 
 }  // namespace
