@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/recovery_view.h"
 #include "controller/cli/train_view.h"
 #include "proto/furnace/v1/state_names.h"
 
@@ -79,6 +80,8 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
                       ": furnace --json status ", s.job_id(), ")\n");
     }
   }
+
+  out += RenderRecoverySection(job);
 
   if (!job.comm().empty()) {
     std::vector<const v1::CommResult*> rows;

@@ -91,6 +91,12 @@ class JobLifecycle {
   // "checkpoint_failed" naming the step and the error. Training goes on.
   void NoteCheckpointFailure(Job& job, uint64_t step, const std::string& error);
   absl::Status PersistProgress(const std::set<std::string>& job_ids);
+  // --- recovery_timing.cc -------------------------------------------------------------------
+  // A rank's start-up points and first step (TelemetryRecord.startup, the first step record):
+  // kept on its RankInfo and, once every rank has them, on the attempt; when they complete an
+  // attempt started by a restart, its RecoveryPhases and a "recovered" event. True when the
+  // record changed the attempt (PersistProgress writes it).
+  bool NoteRankTimes(Job& job, const furnace::v1::TelemetryRecord& record);
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
 
@@ -137,6 +143,8 @@ class JobLifecycle {
   furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
   void MarkLost(Worker& worker, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);
+  // Sets ranks_exited_unix once every rank of the attempt has ended (recovery_timing.cc).
+  void NoteRanksExited(furnace::v1::AttemptInfo& attempt);
   uint32_t Capacity(const std::string& device_kind) const;
 
   const ControllerOptions& options_;
