@@ -312,7 +312,7 @@ TEST_F(AgentTest, HeartbeatReportsARankTheControllerBelievesAliveButThisWorkerNe
 
 TEST_F(AgentTest, HeartbeatSendsAgainAnExitReportTheControllerLost) {
   testing::FakeController controller;
-  StartAgent(controller.address(), "exit 3");
+  StartAgent(controller.address(), "exit 5");
   auto& fake = controller.service;
   ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
   fake.Push(Start(0));
@@ -325,7 +325,7 @@ TEST_F(AgentTest, HeartbeatSendsAgainAnExitReportTheControllerLost) {
   ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 2; }));
   std::lock_guard<std::mutex> lock(fake.mu);
   EXPECT_EQ(fake.reports.back().exit_kind(), furnace::v1::EXIT_KIND_CODE);
-  EXPECT_EQ(fake.reports.back().exit_code(), 3);
+  EXPECT_EQ(fake.reports.back().exit_code(), 5);
   EXPECT_EQ(fake.reports.back().pid(), fake.reports[0].pid());
 }
 
