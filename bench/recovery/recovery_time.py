@@ -14,9 +14,12 @@ the controller's phases (AttemptInfo.recovery: detection, teardown, backoff, pla
 start, rendezvous, setup, checkpoint load, first step; teardown and backoff overlap) and the
 first attempt's setup phase (which measured the SGEMM peak that restarts read back), then the
 median of each. --variant NAME:KEY=VALUE[,KEY=VALUE] also runs the demo with its YAML edited
-(KEY dotted: section.field or section.field.subfield), interleaved with the default, side by side.
+(KEY dotted: section.field or section.field.subfield), interleaved with the default, side by side;
+the key bench.drop_peak_cache=1 instead deletes the SGEMM peak the first attempt cached in
+checkpoint.dir right after the kill, so the restart measures it again (the behaviour before).
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -63,6 +66,8 @@ def demo_yaml(name, max_restarts, overrides):
 
 
 def one(cluster, name, args, overrides):
+    overrides = dict(overrides)
+    drop_peak_cache = overrides.pop("bench.drop_peak_cache", "0") == "1"
     job = cluster.submit(cluster.write_job(f"{name}.yaml", demo_yaml(name, 2, overrides)))
     d = cluster.wait_for(job, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
                          int(d["summary"].get("step", 0)) >= args.kill_after, timeout=600,
@@ -70,6 +75,9 @@ def one(cluster, name, args, overrides):
     pid = int(d["attempts"][0]["ranks"][args.rank]["pid"])
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
+    if drop_peak_cache:  # the restart measures the SGEMM peak again, as every restart used to
+        for path in glob.glob(os.path.join(d["spec"]["checkpoint"]["dir"], "peak_flops.*.txt")):
+            os.remove(path)
     d = cluster.wait_for(job, lambda d: len(d["attempts"]) >= 2 and "recovery" in d["attempts"][1],
                          timeout=300, what=f"{name}: the next attempt's first step")
     wall = time.time() - t_kill
@@ -113,7 +121,8 @@ def main():
     try:
         for rep in range(args.reps):
             for name, overrides in variants:  # interleaved: side by side in one run
-                row = one(cluster, f"rec-{name}-{rep}", args, overrides)
+                job_name = re.sub(r"[^a-z0-9_-]", "-", f"rec-{name}-{rep}".lower())
+                row = one(cluster, job_name, args, overrides)
                 rows[name].append(row)
                 print(f"rep {rep} {name}: kill -> first step {row['wall_s']:.2f} s (controller "
                       f"{row['total_s']:.2f} s): " +
