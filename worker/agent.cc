@@ -181,7 +181,10 @@ void Agent::HeartbeatLoop() {
     // Well above the interval: a controller busy for a moment (an fsync) is not a lost one.
     SetDeadline(&context, std::clamp(3 * interval, 3.0, std::max(3.0, options_.rpc_timeout_s)));
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
-    if (status.ok() && !response.reregister()) continue;
+    if (status.ok() && !response.reregister()) {
+      if (response.reconcile()) Reconcile(request, response, generation);
+      continue;
+    }
     if (status.ok()) {
       spdlog::warn("controller asked to register again (session {} unknown)", session);
     } else if (failures++ % 10 == 0) {
@@ -229,6 +232,7 @@ bool Agent::RegisterOnce() {
       response.heartbeat_interval_s() > 0 ? response.heartbeat_interval_s() : 1.0;
   registered_ = true;
   ++generation_;
+  reconciled_.clear();
   // A stream from an older session may still be open: close it, WatchLoop opens the new one.
   if (watch_context_ != nullptr) watch_context_->TryCancel();
   cv_.notify_all();
@@ -364,6 +368,9 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
     report.set_event(furnace::v1::RANK_EXITED);
     report.set_exit_kind(furnace::v1::EXIT_KIND_LAUNCH);
     report.set_reason(absl::StrCat("could not start: ", supervisor.status().message()));
+    report.set_failed_unix(report.unix_time());
+    entry.exit_report = report;
+    entry.exit_report->set_worker_id(options_.worker_id);
     EnqueueReportLocked(std::move(report));
     return;
   }
@@ -400,10 +407,76 @@ void Agent::HandleStop(const furnace::v1::StopRank& stop) {
   it->second.supervisor->Stop(stop.grace_s(), stop.reason());
 }
 
+void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
+                      const furnace::v1::HeartbeatResponse& response, uint64_t generation) {
+  constexpr double kStopGraceS = 5;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation != generation_ || shutting_down_) return;
+  std::set<std::string> listed, wanted;
+  for (const furnace::v1::ControllerRankView& view : response.ranks()) {
+    const std::string key = RankKey(view.job_id(), view.attempt(), view.rank());
+    listed.insert(key);
+    if (view.wanted()) wanted.insert(key);
+  }
+  // Only ranks this heartbeat told the controller about: one started since may not be in the
+  // records it answered from.
+  for (const furnace::v1::RunningRank& running : sent.running()) {
+    const std::string key = RankKey(running.job_id(), running.attempt(), running.rank());
+    if (wanted.count(key) > 0) continue;
+    auto it = ranks_.find(key);
+    if (it == ranks_.end() || it->second.exited || it->second.supervisor == nullptr) continue;
+    const std::string why = listed.count(key) > 0
+                                ? "its attempt is over (the controller's view at heartbeat)"
+                                : "the controller has no record of it here (heartbeat)";
+    spdlog::warn("stopping rank {}: {}", key, why);
+    it->second.supervisor->Stop(kStopGraceS, why);
+  }
+  for (const furnace::v1::ControllerRankView& view : response.ranks()) {
+    if (!view.started()) continue;  // its start command may still be on the way
+    const std::string key = RankKey(view.job_id(), view.attempt(), view.rank());
+    auto it = ranks_.find(key);
+    if (it != ranks_.end() && !it->second.exited) continue;  // runs here: nothing to say
+    if (reconciled_.count(key) > 0) continue;
+    const bool on_its_way = std::any_of(reports_.begin(), reports_.end(), [&](const auto& r) {
+      return r.event() == furnace::v1::RANK_EXITED &&
+             RankKey(r.job_id(), r.attempt(), r.rank()) == key;
+    });
+    if (on_its_way) continue;
+    reconciled_.insert(key);
+    if (it != ranks_.end() && it->second.exit_report.has_value()) {
+      spdlog::warn(
+          "the controller still believes rank {} runs here; sending its exit report "
+          "again",
+          key);
+      EnqueueReportLocked(*it->second.exit_report);
+      continue;
+    }
+    spdlog::warn(
+        "the controller believes rank {} runs here, but this worker has no such rank; "
+        "reporting it lost",
+        key);
+    furnace::v1::RankReport report;
+    report.set_job_id(view.job_id());
+    report.set_attempt(view.attempt());
+    report.set_rank(view.rank());
+    report.set_event(furnace::v1::RANK_EXITED);
+    report.set_exit_kind(furnace::v1::EXIT_KIND_LOST);
+    report.set_reason(absl::StrCat("lost: worker ", options_.worker_id,
+                                   " does not run this rank (its agent has no record of it)"));
+    report.set_unix_time(clock_.UnixSeconds());
+    report.set_failed_unix(report.unix_time());
+    EnqueueReportLocked(std::move(report));
+  }
+}
+
 void Agent::OnRankExit(const std::string& key, furnace::v1::RankReport report) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = ranks_.find(key);
-  if (it != ranks_.end()) it->second.exited = true;
+  if (it != ranks_.end()) {
+    it->second.exited = true;
+    it->second.exit_report = report;
+    it->second.exit_report->set_worker_id(options_.worker_id);
+  }
   spdlog::info("rank {} (pid {}) ended: {}", key, report.pid(), report.reason());
   EnqueueReportLocked(std::move(report));
 }

@@ -10,6 +10,16 @@
 // drop-oldest queues flushed every flush_interval_s, so a slow controller costs data, never a
 // blocked rank.
 //
+// Heartbeat reconciliation: a controller answers each heartbeat with the ranks its records place
+// on this worker (HeartbeatResponse.ranks). A rank the agent runs, listed in that heartbeat, that
+// the controller does not want (its attempt is over, or the controller does not know it) is
+// stopped: a StopRank command lost on a broken stream no longer leaves an orphan rank holding the
+// worker. A rank the controller has seen start here and still believes alive, which the agent
+// does not run, is reported ended: its stored exit report is sent again (the controller lost it,
+// e.g. it refused it or restarted before writing it), or, for a rank the agent never had, a
+// RANK_EXITED report with EXIT_KIND_LOST; otherwise such a rank kept its worker busy and its
+// attempt waiting forever. Each such rank is answered once per registration.
+//
 // Threads: Run() is the registration/heartbeat loop and starts three more (command stream,
 // report sender, telemetry/log flusher); each supervised rank has its own thread.
 // Ownership: the agent owns its supervisors and their ranks; the stub is shared.
@@ -23,6 +33,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +96,7 @@ class Agent {
     std::unique_ptr<RankSupervisor> supervisor;
     int pid = -1;
     bool exited = false;
+    std::optional<furnace::v1::RankReport> exit_report;  // once exited
   };
 
   void HeartbeatLoop();
@@ -95,6 +108,10 @@ class Agent {
   void HandleCommand(const furnace::v1::AgentCommand& command);
   void HandleStart(furnace::v1::RankTask task);
   void HandleStop(const furnace::v1::StopRank& stop);
+  // Acts on the controller's view of this worker's ranks (see the file comment); `sent` is the
+  // heartbeat it answers. No-op when the session changed meanwhile.
+  void Reconcile(const furnace::v1::HeartbeatRequest& sent,
+                 const furnace::v1::HeartbeatResponse& response, uint64_t generation);
   void OnRankExit(const std::string& key, furnace::v1::RankReport report);
   void EnqueueReportLocked(furnace::v1::RankReport report);
   std::vector<furnace::v1::RunningRank> RunningLocked() const;
@@ -126,6 +143,7 @@ class Agent {
   grpc::ClientContext* register_context_ = nullptr;  // guarded by mu_: a Register in flight
   std::map<std::string, RankEntry> ranks_;           // guarded by mu_, by RankKey
   std::deque<furnace::v1::RankReport> reports_;      // guarded by mu_: oldest first, until acked
+  std::set<std::string> reconciled_;  // guarded by mu_: ranks answered this registration
 };
 
 }  // namespace furnace::worker

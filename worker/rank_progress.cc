@@ -13,15 +13,29 @@
 
 namespace furnace::worker {
 
-void Progress::Emit(const std::string& phase, uint64_t step, const std::string& message,
-                    const comm::CommResult* result, const furnace::v1::StepTelemetry* train) {
-  furnace::v1::TelemetryRecord record;
+void Progress::Write(furnace::v1::TelemetryRecord& record) {
   record.set_job_id(task_.job_id());
   record.set_attempt(task_.attempt());
   record.set_rank(task_.rank());
-  record.set_step(step);
-  record.set_total_steps(total_steps_);
+  record.set_total_steps(total_steps_.load());
   record.set_unix_time(RealClock().UnixSeconds());
+  std::lock_guard<std::mutex> lock(mu_);
+  (void)writer_.Write(record);
+}
+
+void Progress::EmitWatchdog(const furnace::v1::RankWatchdogRecord& watchdog) {
+  furnace::v1::TelemetryRecord record;
+  record.set_step(watchdog.step());
+  record.set_phase(watchdog.phase());
+  *record.mutable_watchdog() = watchdog;
+  Write(record);
+}
+
+void Progress::Emit(const std::string& phase, uint64_t step, const std::string& message,
+                    const comm::CommResult* result, const furnace::v1::StepTelemetry* train,
+                    const furnace::v1::RankStartupTimes* startup) {
+  furnace::v1::TelemetryRecord record;
+  record.set_step(step);
   record.set_phase(phase);
   record.set_message(message);
   if (result != nullptr) {
@@ -36,7 +50,8 @@ void Progress::Emit(const std::string& phase, uint64_t step, const std::string& 
     comm->set_errors(result->errors);
   }
   if (train != nullptr) *record.mutable_train() = *train;
-  (void)writer_.Write(record);
+  if (startup != nullptr) *record.mutable_startup() = *startup;
+  Write(record);
 }
 
 bool FaultTargets(const furnace::v1::RankTask& task, const std::string& mode) {

@@ -2,7 +2,9 @@
 // spec.fault, shared by every job kind's rank program.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -14,19 +16,26 @@ namespace furnace::worker {
 
 // Emits this rank's telemetry records. A broken pipe (the agent is gone) is not the rank's
 // problem: PR_SET_PDEATHSIG ends it anyway. Every record is progress for the agent's watchdog.
+// Thread-safe: the rank's watchdog thread emits its records through the same pipe.
 class Progress {
  public:
   explicit Progress(const furnace::v1::RankTask& task) : task_(task) {}
 
   void Emit(const std::string& phase, uint64_t step, const std::string& message = "",
             const comm::CommResult* result = nullptr,
-            const furnace::v1::StepTelemetry* train = nullptr);
-  void set_total_steps(uint64_t total) { total_steps_ = total; }
+            const furnace::v1::StepTelemetry* train = nullptr,
+            const furnace::v1::RankStartupTimes* startup = nullptr);
+  // A record of the rank's watchdog (worker/rank_watchdog.h), for the agent only.
+  void EmitWatchdog(const furnace::v1::RankWatchdogRecord& watchdog);
+  void set_total_steps(uint64_t total) { total_steps_.store(total); }
 
  private:
+  void Write(furnace::v1::TelemetryRecord& record);
+
   const furnace::v1::RankTask& task_;
-  TelemetryWriter writer_;
-  uint64_t total_steps_ = 0;
+  std::mutex mu_;
+  TelemetryWriter writer_;  // guarded by mu_
+  std::atomic<uint64_t> total_steps_{0};
 };
 
 // True when spec.fault has this mode and targets this rank in this attempt: the rank on

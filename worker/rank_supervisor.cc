@@ -111,7 +111,31 @@ std::optional<uint64_t> ReadOomKills(const std::string& events_path) {
   _exit(127);
 }
 
+// What the kernel says about a process that went silent: stopped (SIGSTOP, a debugger), stuck in
+// uninterruptible I/O, or nothing unusual ("").
+std::string ProcessStateNote(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return "";
+  switch (stat[paren + 2]) {
+    case 'T':
+      return "; the process is stopped (state T: SIGSTOP or a job-control signal)";
+    case 't':
+      return "; the process is stopped by a debugger (state t)";
+    case 'D':
+      return "; the process is in uninterruptible I/O (state D)";
+    default:
+      return "";
+  }
+}
+
+constexpr double kFrozenFactor = 1.5;
+
 }  // namespace
+
+double FrozenTimeoutS(double hang_timeout_s) { return kFrozenFactor * hang_timeout_s; }
 
 absl::StatusOr<std::unique_ptr<RankSupervisor>> RankSupervisor::Start(RankLaunch launch,
                                                                       RankSinks sinks,
@@ -243,7 +267,7 @@ void RankSupervisor::KillGroup(int signal) {
 }
 
 void RankSupervisor::Supervise() {
-  last_progress_s_ = clock_.MonotonicSeconds();
+  last_record_s_ = clock_.MonotonicSeconds();
   bool exited = false;
   std::optional<double> drain_until;
   while (true) {
@@ -268,6 +292,7 @@ void RankSupervisor::Supervise() {
     memset(&info, 0, sizeof(info));
     if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
       exited = true;
+      if (failed_unix_ == 0) failed_unix_ = clock_.UnixSeconds();
       KillGroup(SIGKILL);  // whatever the rank left behind in its group
       drain_until = clock_.MonotonicSeconds() + kDrainAfterExitS;
       continue;
@@ -286,10 +311,14 @@ void RankSupervisor::Supervise() {
       KillGroup(SIGTERM);
     }
     if (kill_at && now >= *kill_at) KillGroup(SIGKILL);
+    const double silence_limit =
+        has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s) : launch_.hang_timeout_s;
     if (!hung_ && !stop_requested && launch_.hang_timeout_s > 0 &&
-        now - last_progress_s_ > launch_.hang_timeout_s) {
+        now - last_record_s_ > silence_limit) {
       hung_ = true;
-      hang_for_s_ = now - last_progress_s_;
+      hang_for_s_ = now - last_record_s_;
+      failed_unix_ = clock_.UnixSeconds() - hang_for_s_;
+      hang_reason_ = ProcessStateNote(pid_);  // read before the kill changes it
       KillGroup(SIGKILL);
     }
   }
@@ -341,10 +370,16 @@ void RankSupervisor::ReadStream(int i) {
           break;
         }
         if (!*next) break;
+        last_record_s_ = clock_.MonotonicSeconds();
+        if (record.has_watchdog()) {
+          has_watchdog_ = true;
+          OnWatchdogRecord(record.watchdog());
+          record = furnace::v1::TelemetryRecord();
+          continue;
+        }
         record.set_job_id(launch_.job_id);
         record.set_attempt(launch_.attempt);
         record.set_rank(launch_.rank);
-        last_progress_s_ = clock_.MonotonicSeconds();
         last_step_ = record.step();
         // The rank's latest word (a final "why I exit"); a later record without one clears it,
         // so an exit is not explained by something said earlier (e.g. the restore account).
@@ -367,6 +402,21 @@ void RankSupervisor::ReadStream(int i) {
       start = newline + 1;
     }
   }
+}
+
+void RankSupervisor::OnWatchdogRecord(const furnace::v1::RankWatchdogRecord& watchdog) {
+  if (watchdog.kind() != furnace::v1::RankWatchdogRecord::KIND_HUNG || hung_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_requested_) return;  // being stopped anyway: its end is a stop, not a hang
+  }
+  hung_ = true;
+  hang_from_rank_ = true;
+  hang_reason_ = watchdog.reason();
+  failed_unix_ = clock_.UnixSeconds() - watchdog.phase_s();
+  EmitLine(
+      absl::StrCat("[furnace-worker] the rank's watchdog: ", watchdog.reason(), "; killing it"));
+  KillGroup(SIGKILL);
 }
 
 void RankSupervisor::EmitLine(std::string_view line) {
@@ -422,11 +472,19 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
     stop_requested = stop_requested_;
     stop_reason = stop_reason_;
   }
-  if (hung_) {
+  if (hung_ && hang_from_rank_) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_HANG);
-    report.set_reason(absl::StrFormat(
-        "hung: no progress for %.1f s (%s)", hang_for_s_,
-        last_step_ ? absl::StrCat("last step ", *last_step_) : std::string("no progress record")));
+    report.set_reason(hang_reason_);
+  } else if (hung_) {
+    report.set_exit_kind(furnace::v1::EXIT_KIND_HANG);
+    const std::string last =
+        last_step_ ? absl::StrCat("last step ", *last_step_) : std::string("no progress record");
+    report.set_reason(has_watchdog_
+                          ? absl::StrFormat("hung: no sign of life for %.1f s, not even its "
+                                            "watchdog's heartbeat (%s)%s",
+                                            hang_for_s_, last, hang_reason_)
+                          : absl::StrFormat("hung: no progress for %.1f s (%s)%s", hang_for_s_,
+                                            last, hang_reason_));
   } else if (stop_requested) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
     report.set_reason(
@@ -452,6 +510,10 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
       report.set_exit_kind(furnace::v1::EXIT_KIND_SIGNAL);
       report.set_reason(absl::StrCat(how, said));
     }
+  }
+  if (report.exit_kind() != furnace::v1::EXIT_KIND_SUCCESS &&
+      report.exit_kind() != furnace::v1::EXIT_KIND_STOPPED) {
+    report.set_failed_unix(failed_unix_ > 0 ? failed_unix_ : report.unix_time());
   }
   return report;
 }

@@ -8,10 +8,15 @@
 //
 // The supervisor thread polls the pipes: every output line is appended to the rank's log file and
 // handed to the log sink; every telemetry record is handed to the telemetry sink and counts as
-// progress. The hang watchdog kills the group when no record arrived for hang_timeout_s
-// (measured on the given Clock from the spawn). When the child ends, the supervisor kills what is
-// left of its group, reaps it, classifies the end (ExitKind, reason in words) and calls the exit
-// sink exactly once, from the supervisor thread.
+// progress. Records of the rank's own watchdog (worker/rank_watchdog.h) are not handed on: a
+// heartbeat only says the process is alive; a hang report ("hung in step 12: all_reduce on group
+// dp[0,1] (2 ranks) for 8.0 s ...") makes the supervisor kill the group and report EXIT_KIND_HANG
+// with that reason. The supervisor's own hang watchdog kills the group when no record at all
+// arrived for hang_timeout_s, or FrozenTimeoutS(hang_timeout_s) once the rank has sent a
+// watchdog heartbeat (then only a frozen process goes silent; the reason says whether the kernel
+// shows it stopped); measured on the given Clock from the spawn. When the child ends, the
+// supervisor kills what is left of its group, reaps it, classifies the end (ExitKind, reason in
+// words, failed_unix) and calls the exit sink exactly once, from the supervisor thread.
 //
 // Ownership: the supervisor owns the child, its pipes and its thread; destroying it kills the
 // child (if still running) and joins the thread. Sinks are called on the supervisor thread and
@@ -37,6 +42,12 @@
 #include "worker/telemetry_pipe.h"
 
 namespace furnace::worker {
+
+// How long a rank that runs its own watchdog may send nothing at all, not even a heartbeat, before
+// its agent calls it hung: 1.5 x hang_timeout_s, longer than the rank watchdog's step timeout
+// (hang_timeout_s), so that a rank blocked on a frozen peer reports the collective it waits in
+// before the peer's agent gives up on the peer.
+double FrozenTimeoutS(double hang_timeout_s);
 
 struct RankLaunch {
   std::string job_id;
@@ -83,6 +94,7 @@ class RankSupervisor {
   void Supervise();
   void ReadStream(int index);
   void EmitLine(std::string_view line);
+  void OnWatchdogRecord(const furnace::v1::RankWatchdogRecord& watchdog);
   void KillGroup(int signal);
   furnace::v1::RankReport Classify(int wait_status);
 
@@ -100,7 +112,11 @@ class RankSupervisor {
   };
   Stream streams_[3];  // stdout, stderr, telemetry
   int log_fd_ = -1;
-  double last_progress_s_ = 0;
+  double last_record_s_ = 0;     // any record, watchdog heartbeats included
+  bool has_watchdog_ = false;    // the rank sent a watchdog record
+  bool hang_from_rank_ = false;  // the rank's watchdog reported the hang
+  std::string hang_reason_;      // its reason; else what /proc said about the silent process
+  double failed_unix_ = 0;       // when the failure happened, as seen from here
   std::optional<uint64_t> last_step_;
   std::string last_message_;
   std::optional<uint64_t> oom_kills_at_start_;

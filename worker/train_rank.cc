@@ -1,6 +1,11 @@
 #include "worker/train_rank.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -8,7 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/blas.h"
+#include "runtime/base/clock.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/in_flight.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
@@ -27,6 +34,7 @@
 #include "worker/fault_schedule.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
+#include "worker/rank_watchdog.h"
 #include "worker/step_telemetry.h"
 
 namespace furnace::worker {
@@ -153,6 +161,38 @@ void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointC
                               : std::string("not measured yet"));
 }
 
+// The machine's SGEMM peak for MFU. Measuring it costs seconds of start-up (three 2048^3 SGEMMs
+// per rank, ranks sharing the cores), which every restart used to pay again; it is a property of
+// the machine, so the first attempt's measurement is kept in checkpoint.dir per host and later
+// attempts read it (which also keeps MFU comparable across attempts). No dir: measured.
+double PeakFlops(const std::string& checkpoint_dir, uint32_t rank, bool* cached) {
+  *cached = false;
+  if (checkpoint_dir.empty()) return train::MeasureSgemmPeakFlops();
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+  const std::filesystem::path path =
+      std::filesystem::path(checkpoint_dir) / absl::StrCat("peak_flops.", host, ".txt");
+  {
+    std::ifstream in(path);
+    double value = 0;
+    if (in >> value && value > 0) {
+      *cached = true;
+      return value;
+    }
+  }
+  const double peak = train::MeasureSgemmPeakFlops();
+  std::error_code ec;
+  std::filesystem::create_directories(checkpoint_dir, ec);
+  const std::string tmp = absl::StrCat(path.string(), ".tmp.", rank);
+  {
+    std::ofstream out(tmp);
+    out << absl::StrFormat("%.6e\n", peak);
+    if (!out) return peak;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  return peak;
+}
+
 int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
   spdlog::error("{}", message);
   progress.Emit("failed", step, message);
@@ -165,6 +205,15 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   const furnace::v1::JobSpec& spec = task.spec();
   progress.set_total_steps(spec.train().steps());
   kernels::cpu::SetBlasThreads(1);  // one BLAS thread per rank (ranks share the machine's cores)
+  // When each part of the start-up ended (the controller's recovery phases), and the watchdog
+  // that reports a phase overrunning its timeout with the collective it is blocked in.
+  furnace::v1::RankStartupTimes startup;
+  startup.set_process_start_unix(RealClock().UnixSeconds());
+  RankWatchdog watchdog(WatchdogTimeoutsFor(spec.recovery()), RealClock(), comm::ProcessInFlight());
+  watchdog.EnterStartup("data");
+  const WatchdogThread watchdog_thread(
+      watchdog,
+      [&progress](const furnace::v1::RankWatchdogRecord& r) { progress.EmitWatchdog(r); });
 
   const model::ModelConfig config = ModelConfigFrom(spec);
   if (absl::Status s = config.Validate(); !s.ok()) {
@@ -224,6 +273,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                   absl::StrCat("parallel: ", topo.status().message()));
     }
     progress.Emit("rendezvous", 0);
+    watchdog.EnterStartup("rendezvous");
     auto connected =
         ConnectRankGroups(task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); });
     if (!connected.ok()) {
@@ -231,6 +281,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                   absl::StrCat("rendezvous failed: ", connected.status().ToString()));
     }
     layout = std::move(*connected);
+    watchdog.EnterStartup("model");
     const model::ModelShard& sh = layout->shard;
     spdlog::info(
         "layout pp={} dp={} tp={} ep={} esp={}: stage {} (layers {}..{}), dp rank {}, "
@@ -243,6 +294,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   // resources.device names the device; its backend is the one the model computes with. Only the
   // CPU has a backend today (the controller refuses device: cuda at submit; a spec that still
   // carries it gets BackendFor's refusal here).
+  startup.set_rendezvous_unix(parallel ? RealClock().UnixSeconds() : startup.process_start_unix());
   const device::Kind kind =
       spec.resources().device() == "cuda" ? device::Kind::kCuda : device::Kind::kCpu;
   absl::StatusOr<const device::Backend*> backend = device::BackendFor(kind);
@@ -275,6 +327,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   // moe.schedule: every MoE layer's schedule, the same on every rank (auto: calibrated on this
   // job's groups, or the profile an earlier attempt of the layout cached in checkpoint.dir).
   if (parallel) {
+    watchdog.EnterStartup("moe schedules");
     absl::StatusOr<train::MoeScheduleChoice> choice = train::ChooseMoeSchedules(
         spec.moe().schedule(), **model, *layout, static_cast<int>(spec.parallel().micro_batch()),
         spec.checkpoint().dir());
@@ -361,11 +414,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
         "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",
         config.spikes.probability * 100, config.spikes.max_ratio, config.spikes.seed);
   }
-  const double peak = train::MeasureSgemmPeakFlops();
+  watchdog.EnterStartup("peak FLOPs measurement");
+  bool peak_cached = false;
+  const double peak = PeakFlops(spec.checkpoint().dir(), task.rank(), &peak_cached);
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
-      "2048^3, 1 thread) {:.1f} GFLOP/s; activation budget {}; memory policy {}",
+      "2048^3, 1 thread) {:.1f} GFLOP/s{}; activation budget {}; memory policy {}",
       (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
+      peak_cached ? " (measured by an earlier attempt)" : "",
       spec.memory().device_budget() == 0 ? std::string("unlimited")
                                          : absl::StrCat(spec.memory().device_budget(), " bytes"),
       memory::MemoryPolicyName(*policy));
@@ -378,6 +434,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("train: ", trainer.status().message()));
   }
+  startup.set_setup_unix(RealClock().UnixSeconds());
+  watchdog.EnterStartup("checkpoint load");
   if (!spec.checkpoint().dir().empty()) {
     auto restored = (*trainer)->RestoreLatest();
     if (restored.ok()) {
@@ -399,8 +457,25 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       return Fail(progress, 0, code, absl::StrCat("checkpoint: ", restored.status().message()));
     }
   }
+  startup.set_checkpoint_load_unix(RealClock().UnixSeconds());
   const uint64_t start_step = static_cast<uint64_t>((*trainer)->step());
-  progress.Emit("running", start_step);
+  progress.Emit("running", start_step, "", nullptr, nullptr, &startup);
+  // The phase the rank enters after `completed` steps: the next step (with the checkpoint that
+  // follows it inside Trainer::Run, when one is due), the final checkpoint, or nothing.
+  const uint64_t total = spec.train().steps();
+  const bool checkpoints = !spec.checkpoint().dir().empty();
+  const auto watch_next = [&](uint64_t completed) {
+    if (completed < total) {
+      const uint64_t next = completed + 1;
+      const uint64_t every = spec.checkpoint().every();
+      watchdog.EnterStep(next, checkpoints && every > 0 && next % every == 0);
+    } else if (checkpoints) {
+      watchdog.EnterCheckpoint(completed);
+    } else {
+      watchdog.Disarm();
+    }
+  };
+  watch_next(start_step);
 
   std::optional<int> fault_exit;
   uint64_t computed = 0;  // steps this attempt computed (fault.mean_steps counts them)
@@ -419,7 +494,6 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     for (double imbalance : s.imbalance) worst = std::max(worst, imbalance);
     const uint64_t done = static_cast<uint64_t>(s.step) + 1;
     progress.Emit("running", done, "", nullptr, &telemetry);
-    const uint64_t total = spec.train().steps();
     if (reporter && (done == start_step + 1 || done % 10 == 0 || done == total)) {
       spdlog::info(
           "step {}/{}  loss {:.4f}  aux {:.4f}  {:.0f} tok/s  step {:.1f} ms  MFU {:.1f}%  "
@@ -446,8 +520,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     fault_exit = MaybeInjectFault(task, done, progress);
     if (!fault_exit) fault_exit = MaybeInjectRandomFault(task, computed, done, progress);
     if (fault_exit) stop.RequestStop();
+    watch_next(done);
   };
   absl::Status status = (*trainer)->Run(on_step, &stop);
+  watchdog.Disarm();
   // Asynchronous checkpoints finished at the end of Run report no step of their own.
   const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();
   for (size_t i = checkpoint_errors_logged; i < checkpoint_errors.size(); ++i) {

@@ -10,6 +10,7 @@
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
 #include "controller/cli/goodput_view.h"
+#include "controller/cli/recovery_view.h"
 #include "controller/cli/train_view.h"
 #include "proto/furnace/v1/state_names.h"
 
@@ -80,6 +81,8 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
                       ": furnace --json status ", s.job_id(), ")\n");
     }
   }
+
+  out += RenderRecoverySection(job);
 
   if (!job.comm().empty()) {
     std::vector<const v1::CommResult*> rows;

@@ -75,6 +75,22 @@ Labels JobLabelAnd(const JobMetrics& job, const char* key, std::string value) {
   return {{"job", job.job_id}, {key, std::move(value)}};
 }
 
+// furnace_recovery_phase_seconds{job,phase}: the phases of each job's last recovery
+// (controller/service/recovery_phases.h), in its own family.
+void AddRecoveryPhases(Families& x, const MetricsSnapshot& snapshot) {
+  MetricFamily* phases =
+      x.Add("furnace_recovery_phase_seconds", kGauge,
+            "Seconds each phase of the job's last recovery took, from the failure to the first "
+            "completed step of the next attempt (detection, teardown, backoff, placement, start, "
+            "rendezvous, setup, checkpoint_load, first_step; teardown and backoff overlap) and "
+            "their total (phase=\"total\").");
+  for (const JobMetrics& job : snapshot.jobs) {
+    for (const auto& [phase, seconds] : job.last_recovery_phases) {
+      Add(phases, JobLabelAnd(job, "phase", phase), seconds);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
@@ -259,6 +275,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       Add(moe_op_seconds, JobLabelAnd(job, "op", op), seconds);
     }
   }
+
+  AddRecoveryPhases(x, snapshot);
 
   std::map<std::string, uint32_t> by_state;
   // Every worker state is exported, at 0 when no worker is in it.

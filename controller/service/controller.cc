@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "controller/service/recovery_phases.h"
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
 #include "runtime/base/status.h"
@@ -181,6 +182,10 @@ MetricsSnapshot Controller::Metrics() {
       if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {
         m.last_recovery_seconds = a.all_running_unix() - job.attempts[i - 1].ended_unix();
       }
+      if (a.has_recovery()) {
+        m.last_recovery_phases = RecoveryPhaseList(a.recovery());
+        m.last_recovery_phases.emplace_back("total", a.recovery().total_s());
+      }
     }
     snap.jobs.push_back(std::move(m));
   }
@@ -211,7 +216,26 @@ v1::HeartbeatResponse Controller::Heartbeat(const v1::HeartbeatRequest& req) {
   }
   w->last_seen_mono = clock_.MonotonicSeconds();
   w->info.set_last_seen_unix(clock_.UnixSeconds());
+  FillRankView(*w, resp);
   return resp;
+}
+
+void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {
+  resp.set_reconcile(true);
+  if (!w.has_rank) return;
+  Job* job = jobs_.Find(w.info.job_id());
+  if (job == nullptr || w.attempt == 0 || w.attempt > job->attempts.size()) return;
+  const v1::AttemptInfo& attempt = job->attempts[w.attempt - 1];
+  if (w.info.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return;
+  const v1::RankInfo& rank = attempt.ranks(w.info.rank());
+  if (rank.worker_id() != w.info.worker_id() || rank.state() == v1::RANK_STATE_EXITED) return;
+  v1::ControllerRankView* view = resp.add_ranks();
+  view->set_job_id(w.info.job_id());
+  view->set_attempt(w.attempt);
+  view->set_rank(w.info.rank());
+  view->set_wanted(&attempt == job->current() && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
+                   !IsFinal(job->summary.state()));
+  view->set_started(rank.state() == v1::RANK_STATE_RUNNING);
 }
 
 absl::StatusOr<std::vector<v1::AgentCommand>> Controller::NextCommands(
@@ -241,6 +265,7 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       if (job == nullptr) continue;
       records.push_back(rec);
       if (!jobs_.NoteProgress(*job, rec)) continue;
+      jobs_.NoteRankTimes(*job, rec);
       touched.insert(rec.job_id());
       // Every rank reports an uncommitted checkpoint alike: rank 0's says it once.
       if (rec.has_train() && rec.rank() == 0 && !rec.train().checkpoint_error().empty()) {

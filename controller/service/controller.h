@@ -93,6 +93,8 @@ class Controller {
  private:
   Controller(const ControllerOptions& options, const Clock& clock, std::unique_ptr<JobStore> store);
   absl::Status Load();
+  // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
+  void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
 
   const ControllerOptions options_;
   const Clock& clock_;

@@ -126,6 +126,12 @@ class JobLifecycle {
   // account (the step, the layout that wrote it, and every newer checkpoint passed over and why).
   void NoteCheckpointRestored(Job& job, const std::string& account);
   absl::Status PersistProgress(const std::set<std::string>& job_ids);
+  // --- recovery_timing.cc -------------------------------------------------------------------
+  // A rank's start-up points and first step (TelemetryRecord.startup, the first step record):
+  // kept on its RankInfo and, once every rank has them, on the attempt; when they complete an
+  // attempt started by a restart, its RecoveryPhases and a "recovered" event. True when the
+  // record changed the attempt (PersistProgress writes it).
+  bool NoteRankTimes(Job& job, const furnace::v1::TelemetryRecord& record);
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
 
@@ -194,6 +200,8 @@ class JobLifecycle {
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);
+  // Sets ranks_exited_unix once every rank of the attempt has ended (recovery_timing.cc).
+  void NoteRanksExited(furnace::v1::AttemptInfo& attempt);
   uint32_t Capacity(const std::string& device_kind) const;
 
   const ControllerOptions& options_;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "furnace/v1/controller.pb.h"
@@ -32,6 +33,8 @@ struct JobMetrics {
   double last_checkpoint_stall_seconds = -1;  // the step it held, slowest rank; < 0: none yet
   double last_recovery_seconds = -1;          // failure -> next attempt all running; < 0: none yet
   furnace::v1::JobGoodput goodput;            // where the job's time went (has_step: measured)
+  // The last recovery by phase (recovery_phases.h), then ("total", s); empty: none completed yet.
+  std::vector<std::pair<std::string, double>> last_recovery_phases;
 };
 
 struct MetricsSnapshot {

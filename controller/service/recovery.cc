@@ -94,6 +94,8 @@ std::string FailureKind(v1::ExitKind kind) {
       return "oom";
     case v1::EXIT_KIND_LAUNCH:
       return "launch";
+    case v1::EXIT_KIND_LOST:
+      return "lost";
     case v1::EXIT_KIND_STOPPED:
       return "stopped";
     default:
@@ -143,6 +145,8 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
   attempt->set_cause(cause);
   attempt->set_failure_kind(kind);
   attempt->set_ended_unix(clock_.UnixSeconds());
+  if (attempt->failed_unix() == 0) attempt->set_failed_unix(attempt->ended_unix());
+  attempt->set_recover_at_unix(attempt->ended_unix());
   const uint32_t n = attempt->attempt();
   const uint32_t max_restarts = job.spec.recovery().max_restarts();
   const uint32_t max_stuck = job.spec.recovery().max_attempts_without_progress();
@@ -199,6 +203,7 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     job.summary.set_restarts(job.summary.restarts() + 1);
     const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
+    attempt->set_recover_at_unix(attempt->ended_unix() + delay);
     job.summary.set_cause(cause);
     persisted = Transition(job, v1::JOB_RECOVERING, "restart",
                            absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", n,
@@ -241,6 +246,10 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
     auto* rank = attempt->mutable_ranks(held.rank);
     rank->set_state(v1::RANK_STATE_EXITED);
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
+    NoteRanksExited(*attempt);
+    if (attempt->state() == v1::ATTEMPT_STATE_RUNNING && attempt->failed_unix() == 0) {
+      attempt->set_failed_unix(worker.info.last_seen_unix());
+    }
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
@@ -483,6 +492,11 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   }
   rank.set_state(v1::RANK_STATE_EXITED);
   rank.set_exit(DescribeExit(report));
+  NoteRanksExited(attempt);
+  if (current && attempt.failed_unix() == 0 && report.exit_kind() != v1::EXIT_KIND_SUCCESS &&
+      report.exit_kind() != v1::EXIT_KIND_STOPPED) {
+    attempt.set_failed_unix(report.failed_unix() > 0 ? report.failed_unix() : report.unix_time());
+  }
   const std::string worker_id = rank.worker_id();
   absl::Status s;
   if (!current) {

@@ -24,6 +24,9 @@
 //     with the analytical count exactly. Each successful call also adds its wall time on this
 //     rank (from entry to return: waiting for the peers included; for NCCL, the time to enqueue
 //     the operation on the stream, not its execution).
+//   * While a call blocks it is marked in ProcessInFlight() (in_flight.h: op, group, since when),
+//     so a watchdog can name the collective a stuck rank waits in (Gloo and the local fake; NCCL
+//     enqueues and returns, its waits are on the stream).
 //
 // Thread-safety: one thread at a time per Communicator (the rank's compute thread); counters()
 // may be read from any thread. Sends are buffered: Send copies the payload and returns; the bytes

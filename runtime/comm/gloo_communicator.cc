@@ -22,6 +22,7 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/collective_checks.h"
 #include "runtime/comm/gloo_error.h"
+#include "runtime/comm/in_flight.h"
 #include "runtime/comm/prefixed_kv_store.h"
 
 namespace furnace::comm {
@@ -50,6 +51,7 @@ class GlooCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
 
   absl::Status AllReduce(float* data, int64_t count) override {
+    const ScopedInFlight in_flight("all_reduce", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
@@ -69,6 +71,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
+    const ScopedInFlight in_flight("reduce_scatter", *this);
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("reduce_scatter", CheckReduceScatterArgs(in, out, count_per_rank)));
     return ReduceScatterImpl(in, out, std::vector<int64_t>(size_, count_per_rank));
@@ -76,6 +79,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
+    const ScopedInFlight in_flight("reduce_scatter", *this);
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(
         CheckArgs("reduce_scatter", CheckReduceScatterVArgs(in, out, counts, rank_, size_)));
@@ -83,6 +87,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    const ScopedInFlight in_flight("all_gather", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
@@ -106,6 +111,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
+    const ScopedInFlight in_flight("all_gather", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(
@@ -132,6 +138,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
+    const ScopedInFlight in_flight("all_to_all", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(
@@ -143,6 +150,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    const ScopedInFlight in_flight("broadcast", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size_)));
@@ -161,6 +169,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const ScopedInFlight in_flight("send", *this, peer);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, size_)));
@@ -184,6 +193,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const ScopedInFlight in_flight("recv", *this, peer);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, size_)));
@@ -215,6 +225,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status WaitSends() override {
+    const ScopedInFlight in_flight("wait_sends", *this);
     RETURN_IF_ERROR(AsyncError());
     const Clock::time_point deadline = Clock::now() + timeout_;
     while (true) {
@@ -240,6 +251,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
+    const ScopedInFlight in_flight("barrier", *this);
     const CallTimer timer;
     RETURN_IF_ERROR(AsyncError());
     if (size_ > 1) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/in_flight.h"
 
 namespace furnace::comm {
 namespace {
@@ -276,6 +277,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    const ScopedInFlight in_flight("recv", *this, peer);
     const CallTimer timer;
     State& s = *state_;
     const auto deadline = SteadyClock::now() + s.timeout;
@@ -337,6 +339,7 @@ class LocalCommunicator final : public Communicator {
     const CallTimer timer;
     State& s = *state_;
     const KindInfo info = Info(mine.kind);
+    const ScopedInFlight in_flight(info.name, *this);
     const auto deadline = SteadyClock::now() + s.timeout;
     std::unique_lock<std::mutex> lock(s.mu);
     RETURN_IF_ERROR(s.EnterBarrier(lock, rank_, mine, deadline, Where(info.name)));

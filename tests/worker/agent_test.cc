@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -219,6 +220,113 @@ TEST_F(AgentTest, RanksSurviveAControllerRestartAndAreReattached) {
     }
     return false;
   }));
+}
+
+furnace::v1::ControllerRankView View(uint32_t rank, bool wanted, bool started = true) {
+  furnace::v1::ControllerRankView view;
+  view.set_job_id("job-1");
+  view.set_attempt(1);
+  view.set_rank(rank);
+  view.set_wanted(wanted);
+  view.set_started(started);
+  return view;
+}
+
+// Reports for `rank` that say it ended.
+int ExitReports(const testing::FakeAgentService& fake, uint32_t rank) {
+  return static_cast<int>(std::count_if(
+      fake.reports.begin(), fake.reports.end(),
+      [&](const auto& r) { return r.rank() == rank && r.event() == furnace::v1::RANK_EXITED; }));
+}
+
+TEST_F(AgentTest, HeartbeatStopsARankTheControllerNoLongerWants) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "echo ready; exec sleep 30");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;
+    fake.rank_view = {View(1, /*wanted=*/true)};
+  }
+  fake.Push(Start(1));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  // Wanted: several heartbeats listing it leave it running.
+  const size_t seen = fake.heartbeats.size();
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    return fake.heartbeats.size() >= seen + 3 && fake.heartbeats.back().running_size() == 1;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    EXPECT_EQ(ExitReports(fake, 1), 0);
+    // The StopRank command of the failed attempt was lost: only the heartbeat says so.
+    fake.rank_view = {View(1, /*wanted=*/false)};
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 1) == 1; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  const furnace::v1::RankReport& exit = fake.reports.back();
+  EXPECT_EQ(exit.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_THAT(exit.reason(), HasSubstr("its attempt is over (the controller's view at heartbeat)"));
+}
+
+TEST_F(AgentTest, HeartbeatStopsARankTheControllerHasNoRecordOf) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "echo ready; exec sleep 30");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(2));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;  // and lists nothing
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 2) == 1; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.reports.back().exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_THAT(fake.reports.back().reason(), HasSubstr("the controller has no record of it"));
+}
+
+TEST_F(AgentTest, HeartbeatReportsARankTheControllerBelievesAliveButThisWorkerNeverRan) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "exit 0");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;
+    // Rank 5 started here as far as the controller knows; rank 6's start may still be on its way.
+    fake.rank_view = {View(5, true), View(6, true, /*started=*/false)};
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 5) == 1; }));
+  const size_t seen = fake.heartbeats.size();
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.heartbeats.size() >= seen + 5; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(ExitReports(fake, 5), 1);  // answered once, however often it is listed
+  EXPECT_EQ(ExitReports(fake, 6), 0);
+  const furnace::v1::RankReport& lost = fake.reports[0];
+  EXPECT_EQ(lost.exit_kind(), furnace::v1::EXIT_KIND_LOST);
+  EXPECT_EQ(lost.worker_id(), "test/4");
+  EXPECT_GT(lost.failed_unix(), 0);
+  EXPECT_THAT(lost.reason(), HasSubstr("does not run this rank"));
+}
+
+TEST_F(AgentTest, HeartbeatSendsAgainAnExitReportTheControllerLost) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "exit 5");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;
+    fake.rank_view = {View(0, true)};  // acked, but the controller still has it running
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 2; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.reports.back().exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(fake.reports.back().exit_code(), 5);
+  EXPECT_EQ(fake.reports.back().pid(), fake.reports[0].pid());
 }
 
 TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {

@@ -27,6 +27,9 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   // ReportRank answers UNAVAILABLE this many times before acking.
   int unavailable_reports = 0;
   double heartbeat_interval_s = 0.1;
+  // When set, heartbeats answer with rank_view (the controller's records of the worker's ranks).
+  bool reconcile = false;
+  std::vector<furnace::v1::ControllerRankView> rank_view;
 
   grpc::Status Register(grpc::ServerContext*, const furnace::v1::RegisterRequest* request,
                         furnace::v1::RegisterResponse* response) override {
@@ -38,9 +41,13 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const furnace::v1::HeartbeatRequest* request,
-                         furnace::v1::HeartbeatResponse*) override {
+                         furnace::v1::HeartbeatResponse* response) override {
     std::lock_guard<std::mutex> lock(mu);
     heartbeats.push_back(*request);
+    if (reconcile) {
+      response->set_reconcile(true);
+      for (const auto& view : rank_view) *response->add_ranks() = view;
+    }
     cv.notify_all();
     return grpc::Status::OK;
   }

@@ -179,6 +179,66 @@ TEST_F(RankSupervisorTest, StoppedChildIsHungAndReaped) {
   EXPECT_EQ(kill(report.pid(), 0), -1);  // reaped: the pid is gone
 }
 
+furnace::v1::TelemetryRecord WatchdogRecord(furnace::v1::RankWatchdogRecord::Kind kind,
+                                            const std::string& reason = "", double phase_s = 0) {
+  furnace::v1::TelemetryRecord record;
+  record.set_step(12);
+  record.mutable_watchdog()->set_kind(kind);
+  record.mutable_watchdog()->set_phase("step");
+  record.mutable_watchdog()->set_step(12);
+  record.mutable_watchdog()->set_phase_s(phase_s);
+  record.mutable_watchdog()->set_reason(reason);
+  return record;
+}
+
+TEST_F(RankSupervisorTest, TheRanksWatchdogHangReportKillsItWithThatReason) {
+  const std::string reason =
+      "hung in step 12: all_reduce on group dp[0,1] (2 ranks) for 8.0 s; the step had run 8.0 s";
+  const double before = RealClock().UnixSeconds();
+  const furnace::v1::RankReport report = RunToEnd(
+      EmitRecordCommand(Record(11)) + "; " +
+          EmitRecordCommand(WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HEARTBEAT)) +
+          "; " +
+          EmitRecordCommand(
+              WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HUNG, reason, 8.0)) +
+          "; sleep 30; echo never",
+      /*hang=*/20);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
+  EXPECT_EQ(report.signal(), SIGKILL);
+  EXPECT_EQ(report.reason(), reason);
+  // The failure began when the phase did: 8 s before the report arrived.
+  EXPECT_LT(report.failed_unix(), report.unix_time() - 7.0);
+  EXPECT_GT(report.failed_unix(), before - 9.0);
+  EXPECT_TRUE(seen_.HasLine("[furnace-worker] the rank's watchdog: " + reason + "; killing it"));
+  EXPECT_FALSE(seen_.HasLine("never"));
+  // Watchdog records are the agent's: only the step record went on to the controller.
+  std::lock_guard<std::mutex> lock(seen_.mu);
+  ASSERT_EQ(seen_.records.size(), 1u);
+  EXPECT_EQ(seen_.records[0].step(), 11u);
+}
+
+TEST_F(RankSupervisorTest, ARankWithAWatchdogGetsLongerBeforeItCountsAsFrozen) {
+  // Heartbeats every 0.2 s for 1.5 s with no step record: alive, not hung (hang_timeout_s 1);
+  // then it stops, and is called frozen after 1.5 x hang_timeout_s of silence.
+  std::string script;
+  for (int i = 0; i < 8; ++i) {
+    script += EmitRecordCommand(WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HEARTBEAT)) +
+              "; sleep 0.2; ";
+  }
+  const double start = Now();
+  const furnace::v1::RankReport report = RunToEnd(script + "kill -STOP $$", /*hang=*/1.0);
+  const double elapsed = Now() - start;
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
+  EXPECT_THAT(report.reason(), StartsWith("hung: no sign of life for 1.5"));
+  EXPECT_THAT(report.reason(), HasSubstr("the process is stopped (state T"));
+  // The last heartbeat left at about 1.4 s: killed 1.5 s after it (not 1 s, nor at 1 s for
+  // want of a step record).
+  EXPECT_GE(elapsed, 2.8);
+  EXPECT_GT(report.failed_unix(), 0);
+  EXPECT_LT(report.failed_unix(), report.unix_time() - 1.4);
+  EXPECT_TRUE(seen_.records.empty());
+}
+
 TEST_F(RankSupervisorTest, RecordsAreProgressForTheWatchdog) {
   std::string script;
   for (int step = 1; step <= 4; ++step) {

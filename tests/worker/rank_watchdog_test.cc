@@ -1,0 +1,186 @@
+#include "worker/rank_watchdog.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace furnace::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using Kind = furnace::v1::RankWatchdogRecord;
+
+WatchdogTimeouts Timeouts() {
+  WatchdogTimeouts t;
+  t.startup_s = 38;  // start_timeout_s 30 + hang_timeout_s 8
+  t.step_s = 8;
+  t.checkpoint_s = 8;
+  t.heartbeat_s = 1;
+  return t;
+}
+
+class RankWatchdogTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  comm::InFlightCollectives in_flight_{clock_};
+  RankWatchdog watchdog_{Timeouts(), clock_, in_flight_};
+};
+
+TEST(WatchdogTimeoutsTest, DerivedFromTheRecoverySection) {
+  furnace::v1::RecoverySpec recovery;
+  recovery.set_hang_timeout_s(8);
+  recovery.set_start_timeout_s(30);
+  const WatchdogTimeouts t = WatchdogTimeoutsFor(recovery);
+  EXPECT_DOUBLE_EQ(t.startup_s, 38);
+  EXPECT_DOUBLE_EQ(t.step_s, 8);
+  EXPECT_DOUBLE_EQ(t.checkpoint_s, 8);
+  EXPECT_DOUBLE_EQ(t.heartbeat_s, 1);
+  recovery.set_hang_timeout_s(2);
+  EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(recovery).heartbeat_s, 0.5);
+  // A task without a recovery section gets the spec's defaults (60 s each).
+  EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(furnace::v1::RecoverySpec()).startup_s, 120);
+}
+
+TEST_F(RankWatchdogTest, NothingBeforeAPhaseNorAfterDisarm) {
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_UNSPECIFIED);
+  watchdog_.EnterStep(1, false);
+  watchdog_.Disarm();
+  clock_.Advance(100);
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_UNSPECIFIED);
+}
+
+TEST_F(RankWatchdogTest, AStepBlockedInACollectiveIsReportedOnceWithTheOpAndGroup) {
+  watchdog_.EnterStep(12, /*then_checkpoint=*/false);
+  clock_.Advance(0.5);
+  const uint64_t token = in_flight_.Begin("all_reduce", "dp[0,1]", 2);
+  clock_.Advance(7.5);  // exactly at the timeout: still a heartbeat
+  furnace::v1::RankWatchdogRecord beat = watchdog_.Check();
+  EXPECT_EQ(beat.kind(), Kind::KIND_HEARTBEAT);
+  EXPECT_EQ(beat.phase(), "step");
+  EXPECT_EQ(beat.step(), 12u);
+  EXPECT_DOUBLE_EQ(beat.phase_s(), 8);
+  EXPECT_DOUBLE_EQ(beat.timeout_s(), 8);
+  EXPECT_EQ(beat.collective().op(), "all_reduce");
+  EXPECT_DOUBLE_EQ(beat.collective().for_s(), 7.5);
+
+  clock_.Advance(0.5);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_EQ(hung.reason(),
+            "hung in step 12: all_reduce on group dp[0,1] (2 ranks) for 8.0 s; the step had run "
+            "8.5 s, timeout 8 s (recovery.hang_timeout_s)");
+  EXPECT_EQ(hung.collective().group(), "dp[0,1]");
+  EXPECT_EQ(hung.collective().group_size(), 2u);
+  EXPECT_EQ(hung.collectives_in_flight(), 1u);
+  // Said once: the agent kills the rank on the first report.
+  clock_.Advance(5);
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_UNSPECIFIED);
+  in_flight_.End(token);
+}
+
+TEST_F(RankWatchdogTest, EachStepHasItsOwnClock) {
+  for (uint64_t step = 1; step <= 5; ++step) {
+    watchdog_.EnterStep(step, false);
+    clock_.Advance(7);  // 35 s in all, each step within its 8 s
+    EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT) << step;
+  }
+}
+
+TEST_F(RankWatchdogTest, AHangOutsideACollectiveSaysSo) {
+  watchdog_.EnterStep(3, false);
+  clock_.Advance(9);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_FALSE(hung.has_collective());
+  EXPECT_THAT(hung.reason(), HasSubstr("hung in step 3: not in a collective"));
+}
+
+TEST_F(RankWatchdogTest, AStepWithACheckpointGetsTheCheckpointTimeoutToo) {
+  watchdog_.EnterStep(20, /*then_checkpoint=*/true);
+  clock_.Advance(15);
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT);
+  const uint64_t token = in_flight_.Begin("all_gather", "world[0,1,2,3]", 4);
+  clock_.Advance(2);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_THAT(hung.reason(),
+              HasSubstr("hung in step 20 (and the checkpoint after it): all_gather on group "
+                        "world[0,1,2,3] (4 ranks) for 2.0 s"));
+  EXPECT_THAT(hung.reason(), HasSubstr("timeout 16 s"));
+  in_flight_.End(token);
+}
+
+TEST_F(RankWatchdogTest, TheFinalCheckpointIsAPhaseOfItsOwn) {
+  watchdog_.EnterCheckpoint(300);
+  clock_.Advance(8.5);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_EQ(hung.phase(), "checkpoint");
+  EXPECT_THAT(hung.reason(), HasSubstr("hung in the checkpoint after step 300 (the final one)"));
+}
+
+TEST_F(RankWatchdogTest, StartUpKeepsOneClockAcrossItsParts) {
+  watchdog_.EnterStartup("data");
+  clock_.Advance(20);
+  watchdog_.EnterStartup("rendezvous");
+  const uint64_t token = in_flight_.Begin("recv", "pp[0,2]", 2, /*peer=*/1);
+  clock_.Advance(17);
+  const furnace::v1::RankWatchdogRecord beat = watchdog_.Check();
+  EXPECT_EQ(beat.kind(), Kind::KIND_HEARTBEAT);
+  EXPECT_EQ(beat.phase(), "start-up");
+  EXPECT_EQ(beat.detail(), "rendezvous");
+  clock_.Advance(2);  // 39 s > 38 s
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_THAT(hung.reason(),
+              HasSubstr("hung in start-up (rendezvous): recv on group pp[0,2] (2 ranks, peer 1) "
+                        "for 19.0 s"));
+  EXPECT_THAT(hung.reason(), HasSubstr("recovery.start_timeout_s + recovery.hang_timeout_s"));
+  in_flight_.End(token);
+}
+
+TEST_F(RankWatchdogTest, TheOldestCollectiveInFlightIsNamed) {
+  watchdog_.EnterStep(7, false);
+  const uint64_t a2a = in_flight_.Begin("all_to_all", "ep[0,1,2,3]", 4);
+  clock_.Advance(1);
+  const uint64_t gather = in_flight_.Begin("all_gather", "esp[0,1]", 2);  // the fused exchange
+  clock_.Advance(8);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_THAT(hung.reason(), HasSubstr("all_to_all on group ep[0,1,2,3] (4 ranks) for 9.0 s "
+                                       "(1 more in flight)"));
+  in_flight_.End(gather);
+  in_flight_.End(a2a);
+  EXPECT_EQ(in_flight_.count(), 0u);
+}
+
+TEST_F(RankWatchdogTest, TheThreadEmitsHeartbeatsThenTheHang) {
+  WatchdogTimeouts fast = Timeouts();
+  fast.heartbeat_s = 0.01;
+  RankWatchdog watchdog(fast, clock_, in_flight_);
+  watchdog.EnterStep(1, false);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<furnace::v1::RankWatchdogRecord> seen;
+  {
+    const WatchdogThread thread(watchdog, [&](const furnace::v1::RankWatchdogRecord& r) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(r);
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !seen.empty(); }));
+    clock_.Advance(9);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10),
+                            [&] { return seen.back().kind() == Kind::KIND_HUNG; }));
+  }
+  EXPECT_EQ(seen.front().kind(), Kind::KIND_HEARTBEAT);
+  EXPECT_EQ(std::count_if(seen.begin(), seen.end(),
+                          [](const auto& r) { return r.kind() == Kind::KIND_HUNG; }),
+            1);
+}
+
+}  // namespace
+}  // namespace furnace::worker

@@ -1,0 +1,168 @@
+#include "worker/rank_watchdog.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace furnace::worker {
+namespace {
+
+constexpr double kDefaultHangS = 60;  // the spec's defaults, for a task that carries none
+constexpr double kDefaultStartS = 60;
+
+std::string Collective(const furnace::v1::InFlightCollective& c) {
+  std::string out = absl::StrFormat("%s on group %s (%d rank%s", c.op(), c.group(), c.group_size(),
+                                    c.group_size() == 1 ? "" : "s");
+  if (c.peer() >= 0) absl::StrAppend(&out, ", peer ", c.peer());
+  absl::StrAppend(&out, ")");
+  return out;
+}
+
+}  // namespace
+
+WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery) {
+  const double hang = recovery.hang_timeout_s() > 0 ? recovery.hang_timeout_s() : kDefaultHangS;
+  const double start = recovery.start_timeout_s() > 0 ? recovery.start_timeout_s() : kDefaultStartS;
+  WatchdogTimeouts t;
+  t.startup_s = start + hang;
+  t.step_s = hang;
+  t.checkpoint_s = hang;
+  t.heartbeat_s = std::min(1.0, hang / 4);
+  return t;
+}
+
+RankWatchdog::RankWatchdog(WatchdogTimeouts timeouts, const Clock& clock,
+                           const comm::InFlightCollectives& in_flight)
+    : timeouts_(timeouts), clock_(clock), in_flight_(in_flight) {}
+
+void RankWatchdog::Enter(Phase phase, uint64_t step, const std::string& detail, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = phase;
+  step_ = step;
+  detail_ = detail;
+  since_s_ = clock_.MonotonicSeconds();
+  timeout_s_ = timeout_s;
+}
+
+void RankWatchdog::EnterStartup(const std::string& detail) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (phase_ == Phase::kStartup) {
+      detail_ = detail;
+      return;
+    }
+  }
+  Enter(Phase::kStartup, 0, detail, timeouts_.startup_s);
+}
+
+void RankWatchdog::EnterStep(uint64_t step, bool then_checkpoint) {
+  Enter(Phase::kStep, step, then_checkpoint ? "and the checkpoint after it" : "",
+        timeouts_.step_s + (then_checkpoint ? timeouts_.checkpoint_s : 0));
+}
+
+void RankWatchdog::EnterCheckpoint(uint64_t after_step) {
+  Enter(Phase::kCheckpoint, after_step, "the final one", timeouts_.checkpoint_s);
+}
+
+void RankWatchdog::Disarm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = Phase::kNone;
+}
+
+furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
+  furnace::v1::RankWatchdogRecord record;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ == Phase::kNone || reported_) return record;
+  const double now = clock_.MonotonicSeconds();
+  const double in_phase = now - since_s_;
+  record.set_step(step_);
+  record.set_detail(detail_);
+  record.set_phase_s(in_phase);
+  record.set_timeout_s(timeout_s_);
+  switch (phase_) {
+    case Phase::kStartup:
+      record.set_phase("start-up");
+      break;
+    case Phase::kStep:
+      record.set_phase("step");
+      break;
+    default:
+      record.set_phase("checkpoint");
+      break;
+  }
+  if (const std::optional<comm::InFlightCall> call = in_flight_.Oldest()) {
+    furnace::v1::InFlightCollective* c = record.mutable_collective();
+    c->set_op(call->op);
+    c->set_group(call->group);
+    c->set_group_size(static_cast<uint32_t>(call->group_size));
+    c->set_peer(call->peer);
+    c->set_for_s(std::max(0.0, now - call->since_s));
+  }
+  record.set_collectives_in_flight(static_cast<uint32_t>(in_flight_.count()));
+  if (in_phase <= timeout_s_) {
+    record.set_kind(furnace::v1::RankWatchdogRecord::KIND_HEARTBEAT);
+    return record;
+  }
+  reported_ = true;
+  record.set_kind(furnace::v1::RankWatchdogRecord::KIND_HUNG);
+  std::string where;
+  std::string limit;
+  switch (phase_) {
+    case Phase::kStartup:
+      where = absl::StrCat("start-up (", detail_, ")");
+      limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
+      break;
+    case Phase::kStep:
+      where = detail_.empty() ? absl::StrCat("step ", step_)
+                              : absl::StrCat("step ", step_, " (", detail_, ")");
+      limit = detail_.empty() ? "recovery.hang_timeout_s"
+                              : "recovery.hang_timeout_s for the step and as much for its "
+                                "checkpoint";
+      break;
+    default:
+      where = absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
+      limit = "recovery.hang_timeout_s";
+      break;
+  }
+  std::string what;
+  if (record.has_collective()) {
+    what = absl::StrFormat(": %s for %.1f s", Collective(record.collective()),
+                           record.collective().for_s());
+    if (record.collectives_in_flight() > 1) {
+      absl::StrAppend(&what, " (", record.collectives_in_flight() - 1, " more in flight)");
+    }
+  } else {
+    what = ": not in a collective (its own compute, I/O or a lock)";
+  }
+  record.set_reason(absl::StrFormat("hung in %s%s; the %s had run %.1f s, timeout %.0f s (%s)",
+                                    where, what, record.phase(), in_phase, timeout_s_, limit));
+  return record;
+}
+
+WatchdogThread::WatchdogThread(RankWatchdog& watchdog,
+                               std::function<void(const furnace::v1::RankWatchdogRecord&)> emit)
+    : watchdog_(watchdog), emit_(std::move(emit)), thread_(&WatchdogThread::Main, this) {}
+
+WatchdogThread::~WatchdogThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void WatchdogThread::Main() {
+  const auto interval = std::chrono::duration<double>(watchdog_.timeouts().heartbeat_s);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, interval, [&] { return stop_; })) {
+    lock.unlock();
+    const furnace::v1::RankWatchdogRecord record = watchdog_.Check();
+    if (record.kind() != furnace::v1::RankWatchdogRecord::KIND_UNSPECIFIED) emit_(record);
+    lock.lock();
+  }
+}
+
+}  // namespace furnace::worker

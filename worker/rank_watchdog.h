@@ -1,0 +1,112 @@
+// The rank's own watchdog: which phase the rank is in (start-up, a step, a checkpoint), how long
+// each may take, and what the rank is blocked in when one overruns.
+//
+// Why in the rank and not only in the agent: the agent sees a rank that stopped sending records,
+// nothing more. Inside the rank, the phase and the collective in flight are known
+// (runtime/comm/in_flight.h), so a hang is reported as "hung in step 12: all_reduce on group
+// dp[0,1] (2 ranks) for 8.0 s" — which group, which op, in which phase — and a rank blocked on a
+// stopped peer is told apart from one stuck in its own code.
+//
+// Timeouts (WatchdogTimeoutsFor, from the job's `recovery:` section; no new fields):
+//   start-up    recovery.start_timeout_s + recovery.hang_timeout_s: rendezvous may wait for peers
+//               as long as the controller lets them start (start_timeout_s); building the model,
+//               calibrating MoE schedules and loading the checkpoint get hang_timeout_s more.
+//   step        recovery.hang_timeout_s, from the end of the previous step (what "no progress for
+//               hang_timeout_s" meant before, now measured per step).
+//   checkpoint  recovery.hang_timeout_s more for a step that ends with a checkpoint (Trainer::Run
+//               writes it before the step's callback, so from outside the two are one span),
+//               and hang_timeout_s for the final checkpoint after the last step.
+//   heartbeat   every min(1 s, hang_timeout_s / 4) the watchdog thread tells the agent the process
+//               is alive and where it is; the agent's own no-record timeout (rank_supervisor.h:
+//               FrozenTimeoutS) then only catches a frozen process (SIGSTOP, a deadlock that
+//               stops this thread too), and is longer than the step timeout, so a rank blocked on
+//               a frozen peer is reported by its own watchdog, naming the collective, before the
+//               peer's agent gives up on the peer.
+//
+// Thread-safety: the Enter*/Disarm methods are for the rank's main thread, Check for the watchdog
+// thread (or a test); all may run concurrently.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "furnace/v1/job.pb.h"
+#include "furnace/v1/telemetry.pb.h"
+#include "runtime/base/clock.h"
+#include "runtime/comm/in_flight.h"
+
+namespace furnace::worker {
+
+struct WatchdogTimeouts {
+  double startup_s = 120;
+  double step_s = 60;
+  double checkpoint_s = 60;
+  double heartbeat_s = 1;
+};
+WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery);
+
+class RankWatchdog {
+ public:
+  RankWatchdog(WatchdogTimeouts timeouts, const Clock& clock,
+               const comm::InFlightCollectives& in_flight);
+
+  // Start-up: the first call starts its clock; later calls only say which part runs now
+  // ("rendezvous", "model", "checkpoint load").
+  void EnterStartup(const std::string& detail);
+  // Step `step` (1-based) starts now; `then_checkpoint`: a checkpoint follows inside the same span.
+  void EnterStep(uint64_t step, bool then_checkpoint);
+  // The checkpoint after the last step starts now.
+  void EnterCheckpoint(uint64_t after_step);
+  // Nothing more to watch (the rank is finishing or failing on its own).
+  void Disarm();
+
+  // A heartbeat while the phase is within its timeout; once it is overrun, one KIND_HUNG record
+  // with the reason; KIND_UNSPECIFIED when disarmed or after the hang was reported.
+  furnace::v1::RankWatchdogRecord Check();
+
+  const WatchdogTimeouts& timeouts() const { return timeouts_; }
+
+ private:
+  enum class Phase { kNone, kStartup, kStep, kCheckpoint };
+  void Enter(Phase phase, uint64_t step, const std::string& detail, double timeout_s);
+
+  const WatchdogTimeouts timeouts_;
+  const Clock& clock_;
+  const comm::InFlightCollectives& in_flight_;
+
+  std::mutex mu_;
+  Phase phase_ = Phase::kNone;  // guarded by mu_
+  uint64_t step_ = 0;           // guarded by mu_
+  std::string detail_;          // guarded by mu_
+  double since_s_ = 0;          // guarded by mu_
+  double timeout_s_ = 0;        // guarded by mu_
+  bool reported_ = false;       // guarded by mu_
+};
+
+// Runs RankWatchdog::Check every heartbeat_s on a thread of its own and hands each record to
+// `emit` (on that thread). The destructor stops and joins it.
+class WatchdogThread {
+ public:
+  WatchdogThread(RankWatchdog& watchdog,
+                 std::function<void(const furnace::v1::RankWatchdogRecord&)> emit);
+  ~WatchdogThread();
+  WatchdogThread(const WatchdogThread&) = delete;
+  WatchdogThread& operator=(const WatchdogThread&) = delete;
+
+ private:
+  void Main();
+
+  RankWatchdog& watchdog_;
+  const std::function<void(const furnace::v1::RankWatchdogRecord&)> emit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace furnace::worker
