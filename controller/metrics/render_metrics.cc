@@ -156,9 +156,15 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       x.Add("furnace_checkpoint_seconds", kGauge, "Seconds the last checkpoint took.");
   MetricFamily* checkpoint_stall =
       x.Add("furnace_checkpoint_stall_seconds", kGauge,
-            "Seconds the last checkpoint held its step, slowest rank: the whole write when "
-            "synchronous; the snapshot copy plus any wait for the previous write under "
-            "checkpoint.async.");
+            "Seconds checkpointing last held a step, slowest rank: the whole write when "
+            "synchronous; under checkpoint.async the wait for the snapshot's copy before the "
+            "update, the commit, or the wait for a previous write (summed over the job: "
+            "furnace_job_lost_seconds_total{cause=\"checkpoint_stall\"}).");
+  MetricFamily* checkpoint_failures =
+      x.Add("furnace_checkpoint_failures_total", kCounter,
+            "Checkpoints the ranks wrote but could not commit (checkpoint.async: a failed "
+            "background write, e.g. disk full), since the controller started; the previous "
+            "checkpoint stays the newest.");
   MetricFamily* recovery = x.Add("furnace_recovery_seconds", kGauge,
                                  "Seconds the last recovery took: from the failure until every "
                                  "rank of the next attempt was running.");
@@ -211,6 +217,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       Add(checkpoint_stall, JobLabel(job), job.last_checkpoint_stall_seconds);
     }
     if (job.last_recovery_seconds >= 0) Add(recovery, JobLabel(job), job.last_recovery_seconds);
+    if (job.kind == "train") {
+      Add(checkpoint_failures, JobLabel(job), static_cast<double>(job.checkpoint_failures_total));
+    }
 
     if (!job.has_step) continue;
     const furnace::v1::JobGoodput& g = job.goodput;

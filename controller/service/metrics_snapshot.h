@@ -31,6 +31,7 @@ struct JobMetrics {
   std::map<std::string, uint64_t> restarts_by_cause;   // failure_kind -> failed attempts
   double last_checkpoint_seconds = -1;                 // < 0: no checkpoint yet
   double last_checkpoint_stall_seconds = -1;  // the step it held, slowest rank; < 0: none yet
+  uint64_t checkpoint_failures_total = 0;     // checkpoints not committed (since controller start)
   double last_recovery_seconds = -1;          // failure -> next attempt all running; < 0: none yet
   furnace::v1::JobGoodput goodput;            // where the job's time went (has_step: measured)
   // The last recovery by phase (recovery_phases.h), then ("total", s); empty: none completed yet.

@@ -30,6 +30,8 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   }
   PendingStep& p = job.pending_steps[key];
   const v1::StepTelemetry& t = rec.train();
+  // Every rank reports an uncommitted checkpoint alike: rank 0's counts it.
+  if (rec.rank() == 0 && !t.checkpoint_error().empty()) ++job.checkpoint_failures;
   v1::StepRecord& r = p.record;
   r.set_attempt(rec.attempt());
   r.set_step(rec.step());
@@ -202,6 +204,7 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.moe_op_seconds_total = job.moe_op_seconds_total;
   m.last_checkpoint_seconds = job.last_checkpoint_s;
   m.last_checkpoint_stall_seconds = job.last_checkpoint_stall_s;
+  m.checkpoint_failures_total = job.checkpoint_failures;
 }
 
 v1::JobGoodput TelemetryAggregator::Goodput(const std::string& job_id,

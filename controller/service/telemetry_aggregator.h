@@ -85,6 +85,7 @@ class TelemetryAggregator {
     std::map<std::string, double> moe_op_bytes_total, moe_op_seconds_total;
     double last_checkpoint_s = -1;
     double last_checkpoint_stall_s = -1;
+    uint64_t checkpoint_failures = 0;  // checkpoints the ranks could not commit (rank 0 says)
     GoodputLedger goodput;
     uint64_t records_since_trim = 0;
   };

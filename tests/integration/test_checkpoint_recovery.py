@@ -4,9 +4,11 @@ one, and its `checkpoint_restored` event says which step was passed over and why
 LATEST is said too (the newest checkpoint whose manifest and checksums verify is then used). A
 checkpoint written by one rank continues under dp 2 x ep 2 (the global batch kept: micro_batches
 2 -> 1 per replica), the event naming the layout that wrote it, and ends at the loss the
-single-rank continuation reaches."""
+single-rank continuation reaches. An asynchronous checkpoint that cannot be written is an event
+and a metric, and training goes on."""
 import os
 import shutil
+import urllib.request
 
 import harness
 
@@ -89,6 +91,31 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         parallel = d["telemetry"]["loss"]
         print(f"REPORT loss at step 40: one rank {single}, dp 2 x ep 2 {parallel}")
         self.assertAlmostEqual(parallel, single, delta=1e-4 * abs(single))
+
+
+    def test_an_unwritable_async_checkpoint_is_an_event_and_a_metric(self):
+        """A file stands where step 20's directory would go: its background write fails, the job
+        trains on, the event and furnace_checkpoint_failures_total say so, and the checkpoints
+        before and after it are committed."""
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-full")
+        os.makedirs(ckpt)
+        with open(os.path.join(ckpt, "step-00000020"), "w") as f:
+            f.write("in the way")
+        text = job("unwritable", ckpt, 40).replace("keep: 5}", "keep: 5, async: true}")
+        j = c.submit(c.write_job("unwritable.yaml", text))
+        d = c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        failed = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_failed"]
+        print(f"\nREPORT unwritable: {failed}")
+        self.assertEqual(len(failed), 1, d["events"])
+        self.assertIn("step 20", failed[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        self.assertIn(f'furnace_checkpoint_failures_total{{job="{j}"}} 1', metrics)
+        for step in (10, 30, 40):
+            self.assertTrue(os.path.exists(os.path.join(ckpt, f"step-{step:08d}", "manifest.json")),
+                            step)
 
 
 if __name__ == "__main__":

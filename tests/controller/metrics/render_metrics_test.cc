@@ -149,6 +149,11 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "group, over all steps and ranks.\n"
           "# TYPE furnace_moe_op_seconds_total counter\n"
           "furnace_moe_op_seconds_total{job=\"j-1\",op=\"a2a(ep)\"} 0.5\n"
+          "# HELP furnace_checkpoint_failures_total Checkpoints the ranks wrote but could not "
+          "commit (checkpoint.async: a failed background write, e.g. disk full), since the "
+          "controller started; the previous checkpoint stays the newest.\n"
+          "# TYPE furnace_checkpoint_failures_total counter\n"
+          "furnace_checkpoint_failures_total{job=\"j-1\"} 0\n"
           "# HELP furnace_job_goodput_ratio Productive step time / (productive + lost time), "
           "0..1, over the job's life (controller/store/goodput.h).\n"
           "# TYPE furnace_job_goodput_ratio gauge\n"
@@ -215,7 +220,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 32u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 33u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -269,6 +274,10 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
       << text;
   EXPECT_EQ(SamplesOf(text, "furnace_checkpoint_stall_seconds"),
             std::vector<std::string>{"furnace_checkpoint_stall_seconds{job=\"j-a\"} 0.25"});
+  // Failed commits for every train job, 0 included; none for commcheck.
+  EXPECT_EQ(SamplesOf(text, "furnace_checkpoint_failures_total"),
+            (std::vector<std::string>{"furnace_checkpoint_failures_total{job=\"j-a\"} 2",
+                                      "furnace_checkpoint_failures_total{job=\"j-b\"} 0"}));
   // Counters are doubles in prometheus-cpp (as in Prometheus): 2^64 - 1 is about 1.8e19.
   EXPECT_NE(text.find("furnace_telemetry_records_total 1.844674407370955e+19\n"), std::string::npos)
       << text;
@@ -283,7 +292,7 @@ TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 32u);
+  EXPECT_EQ(families.size(), 33u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

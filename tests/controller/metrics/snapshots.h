@@ -85,6 +85,7 @@ inline MetricsSnapshot RichSnapshot() {
   a.restarts_by_cause = {{"signal", 2}, {"hang", 1}};
   a.last_checkpoint_seconds = 1.25;
   a.last_checkpoint_stall_seconds = 0.25;
+  a.checkpoint_failures_total = 2;
   a.last_recovery_seconds = 4.5;
   a.goodput.set_checkpoint_interval_steps(25);
   a.attempt = 4;
