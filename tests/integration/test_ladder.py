@@ -77,9 +77,12 @@ class ShrinkTest(harness.ClusterTest):
         SIGKILLs the rank it runs; returns the agent's pid (to SIGCONT at the end)."""
         c = self.cluster
         workers = c.cli_json("workers")["workers"]
-        wid = next(w["worker_id"] for w in workers if int(w.get("slot", 0)) == slot)
+        ranks = {r["worker_id"]: r for r in d["attempts"][-1]["ranks"] if r.get("pid")}
+        # The worker on `slot` when it runs a rank of this attempt, else the last that does.
+        on_slot = [w["worker_id"] for w in workers if int(w.get("slot", 0)) == slot]
+        wid = on_slot[0] if on_slot and on_slot[0] in ranks else sorted(ranks)[-1]
         agent = next(int(w["pid"]) for w in workers if w["worker_id"] == wid)
-        rank = next(r for r in d["attempts"][-1]["ranks"] if r["worker_id"] == wid)
+        rank = ranks[wid]
         os.kill(agent, signal.SIGSTOP)
         os.kill(int(rank["pid"]), signal.SIGKILL)
         return wid, agent
