@@ -10,6 +10,7 @@
 
 #include "controller/service/controller.h"
 #include "gtest/gtest.h"
+#include "tests/controller/service/controller_on_temp_dir.h"
 
 namespace furnace::controller {
 namespace {
@@ -26,22 +27,11 @@ std::string Commcheck(const std::string& recovery) {
          recovery;
 }
 
-class LadderTest : public ::testing::Test {
+class LadderTest : public ControllerOnTempDir {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("furnace-ladder-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    ControllerOptions o;
-    o.state_dir = dir_.string();
-    o.advertise_address = "127.0.0.1:1";
-    o.worker_timeout_s = 10;
-    auto c = Controller::Create(o, clock_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    c_ = std::move(*c);
+    StartController("furnace-ladder-test", [](ControllerOptions& o) { o.worker_timeout_s = 10; });
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static std::string Id(int slot) { return "h/" + std::to_string(slot); }
 
@@ -179,9 +169,6 @@ class LadderTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
-  FakeClock clock_;
-  std::unique_ptr<Controller> c_;
   std::map<int, std::string> sessions_;
   std::string job_;
 };

@@ -7,6 +7,7 @@
 #include "controller/service/recovery_phases.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/controller/service/controller_on_temp_dir.h"
 
 namespace furnace::controller {
 namespace {
@@ -84,19 +85,11 @@ recovery:
   start_timeout_s: 20
 )";
 
-class RecoveryTimingTest : public ::testing::Test {
+class RecoveryTimingTest : public ControllerOnTempDir {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("furnace-recovery-timing-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    ControllerOptions o;
-    o.state_dir = dir_.string();
-    o.advertise_address = "127.0.0.1:1";
-    auto c = Controller::Create(o, clock_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    c_ = std::move(*c);
+    StartController("furnace-recovery-timing");
+    if (HasFatalFailure()) return;
     for (int slot = 0; slot < 2; ++slot) {
       v1::RegisterRequest r;
       r.set_instance_id("i0");
@@ -112,7 +105,6 @@ class RecoveryTimingTest : public ::testing::Test {
     ASSERT_TRUE(id.ok()) << id.status();
     job_ = *id;
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static std::string Worker(int slot) { return "h/" + std::to_string(slot); }
 
@@ -179,9 +171,6 @@ class RecoveryTimingTest : public ::testing::Test {
     Report(attempt, 1, v1::RANK_STARTED);
   }
 
-  FakeClock clock_;
-  fs::path dir_;
-  std::unique_ptr<Controller> c_;
   std::string sessions_[2];
   std::string job_;
 };

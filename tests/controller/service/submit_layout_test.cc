@@ -9,30 +9,16 @@
 
 #include "controller/service/controller.h"
 #include "gtest/gtest.h"
+#include "tests/controller/service/controller_on_temp_dir.h"
 
 namespace furnace::controller {
 namespace {
 
 namespace fs = std::filesystem;
 
-class SubmitLayoutTest : public ::testing::Test {
+class SubmitLayoutTest : public ControllerOnTempDir {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("furnace-submit-layout-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    ControllerOptions o;
-    o.state_dir = dir_.string();
-    o.advertise_address = "127.0.0.1:1";
-    auto c = Controller::Create(o, clock_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    c_ = std::move(*c);
-  }
-  void TearDown() override {
-    c_.reset();
-    fs::remove_all(dir_);
-  }
+  void SetUp() override { StartController("furnace-submit-layout"); }
 
   void Register(int slot) {
     v1::RegisterRequest r;
@@ -56,9 +42,6 @@ class SubmitLayoutTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
-  FakeClock clock_;
-  std::unique_ptr<Controller> c_;
   std::map<int, std::string> sessions_;
 };
 
