@@ -190,12 +190,17 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   }
   const int64_t run_start = step_;
   int64_t checkpointed_at = step_;  // the last checkpoint, or where Run started
+  // checkpoint.async: what the snapshot in flight has held so far (its copy wait, the commit,
+  // then the wait at the next checkpoint step), the stall `every: auto` learns per checkpoint.
+  double in_flight_stall = 0;
+  bool snapshot_started = false;  // by this Run
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
     if (async) {
       const double t0 = clock_->MonotonicSeconds();
       RETURN_IF_ERROR(CommitIfDurable(stats));
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
+      in_flight_stall += stats.checkpoint_stall_seconds;
     }
     bool due = checkpoints && config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
     if (auto_interval) {
@@ -217,13 +222,20 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
         // A write slower than the interval: the step waits for it and commits it before the
         // next snapshot starts, so two are never in flight.
         FinishAsyncCheckpoint(&stats);
+        const double waited = clock_->MonotonicSeconds() - t0;
+        // The previous snapshot's whole stall (none before the first of this run).
+        if (auto_interval && snapshot_started) {
+          auto_interval->ObserveStall(in_flight_stall + waited);
+        }
         RETURN_IF_ERROR(StartAsyncCheckpoint());
+        snapshot_started = true;
+        in_flight_stall = 0;
       } else {
         RETURN_IF_ERROR(SaveCheckpoint());
         stats.checkpoint_seconds = clock_->MonotonicSeconds() - t0;
       }
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
-      if (auto_interval) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
+      if (auto_interval && !async) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
     }
     if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) {
