@@ -14,6 +14,7 @@ find_package(yaml-cpp CONFIG REQUIRED)             # 0.7: target is plain `yaml-
 find_package(CLI11 CONFIG REQUIRED)
 find_package(GTest CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
+find_package(ZLIB REQUIRED)                       # crc32 of checkpoint shards
 find_package(Gloo CONFIG REQUIRED)                 # un-namespaced target `gloo`
 # prometheus-cpp (1.0.1): only prometheus-cpp::core (families, text serializer) is linked. Its
 # config also looks for civetweb, zlib and curl for the pull and push parts: prometheus-cpp-dev

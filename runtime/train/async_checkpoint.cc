@@ -1,11 +1,26 @@
 #include "runtime/train/async_checkpoint.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 
 namespace furnace::train {
 
+namespace {
+
+// The calling thread's nice value (Linux: per thread). Raising it needs no privilege; the
+// training threads keep theirs.
+void LowerThisThreadsPriority() {
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+}
+
+}  // namespace
+
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   if (thread_.has_value()) thread_->join();
+  if (commit_thread_.has_value()) commit_thread_->join();
 }
 
 absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
@@ -35,6 +50,7 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
       copied_ = true;
     }
     copied_cv_.notify_all();
+    LowerThisThreadsPriority();
     if (write_hook_) write_hook_(state_);
     CheckpointStore store(dir_, keep_);
     result_ = store.WriteShard(state_);
@@ -59,6 +75,30 @@ absl::StatusOr<ShardRecord> AsyncCheckpointWriter::Wait() {
   thread_.reset();
   write_seconds_ = thread_seconds_;
   return std::move(result_);
+}
+
+absl::Status AsyncCheckpointWriter::StartCommit(std::function<absl::Status()> commit) {
+  if (commit_thread_.has_value()) {
+    return absl::FailedPreconditionError(
+        "async checkpoint: a commit is already open (WaitCommit for it first)");
+  }
+  commit_done_.store(false);
+  commit_status_ = absl::UnknownError("async checkpoint: not committed");
+  commit_thread_.emplace([this, commit = std::move(commit)] {
+    LowerThisThreadsPriority();
+    commit_status_ = commit();
+    commit_done_.store(true);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status AsyncCheckpointWriter::WaitCommit() {
+  if (!commit_thread_.has_value()) {
+    return absl::FailedPreconditionError("async checkpoint: no commit is open");
+  }
+  commit_thread_->join();
+  commit_thread_.reset();
+  return commit_status_;
 }
 
 }  // namespace furnace::train

@@ -4,9 +4,12 @@
 // The copy overlaps the next step's forward and backward, which only read the parameters: the
 // trainer calls WaitCopied before the next optimizer update changes them (CheckFreq's pipelined
 // snapshot), so a checkpoint holds the step only when the copy is slower than a forward and
-// backward pass. Committing (records exchanged, manifest, then LATEST) is not done here: the
-// trainer does it at a deterministic point on every rank once every rank's shard is durable, so
-// LATEST never names a step whose shards are not all on disk.
+// backward pass. The copy runs at the caller's priority; the checksum, write and fsync then run at
+// a lower one (nice +10), so on cores shared with training they take what training leaves.
+// When to commit (records exchanged, manifest, then LATEST) is decided by the trainer at a
+// deterministic point on every rank once every rank's shard is durable, so LATEST never names a
+// step whose shards are not all on disk; the commit's own file work (rank 0's manifest, LATEST
+// and pruning, each fsynced) then runs here too, in the background (StartCommit).
 #pragma once
 
 #include <atomic>
@@ -28,7 +31,7 @@ namespace furnace::train {
 class AsyncCheckpointWriter {
  public:
   AsyncCheckpointWriter(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
-  ~AsyncCheckpointWriter();  // waits for an in-flight write (its result is dropped)
+  ~AsyncCheckpointWriter();  // waits for an in-flight write and commit (results dropped)
   AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
@@ -45,6 +48,18 @@ class AsyncCheckpointWriter {
   // Blocks until the in-flight write is durable; its record or the write's error (disk full, an
   // unwritable directory). FailedPrecondition when nothing is in flight.
   absl::StatusOr<ShardRecord> Wait();
+
+  // Runs `commit` on a background thread (the writer's last Wait must have returned; one commit
+  // at a time: FailedPrecondition while one is open).
+  absl::Status StartCommit(std::function<absl::Status()> commit);
+  // A commit was started and WaitCommit has not been called since.
+  bool commit_open() const { return commit_thread_.has_value(); }
+  // The open commit has finished (WaitCommit will not block). Thread-safe.
+  bool commit_finished() const { return commit_done_.load(); }
+  // The open commit has finished and failed (its status is WaitCommit's). Thread-safe.
+  bool commit_failed() const { return commit_done_.load() && !commit_status_.ok(); }
+  // Blocks until the open commit has finished; its status. FailedPrecondition when none is open.
+  absl::Status WaitCommit();
 
   // The snapshot last started (read it after Wait); its arrays point into this writer's
   // buffers, valid until the next Start.
@@ -74,6 +89,9 @@ class AsyncCheckpointWriter {
   double thread_seconds_ = 0;  // written by the thread, read after join
   std::function<void(const ShardState&)> write_hook_;
   std::function<void()> copy_hook_;
+  std::optional<std::thread> commit_thread_;
+  std::atomic<bool> commit_done_{false};
+  absl::Status commit_status_;  // written by the commit thread, read after join
 };
 
 }  // namespace furnace::train

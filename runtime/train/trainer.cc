@@ -166,6 +166,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const int64_t n = model_->num_params();
   stats.grad_norm = ClipGradNorm(model_->grad_data(), n, config_.clip);
   stats.lr = config_.schedule.At(step_);
+  async_agreed_ = LocalAsyncState();
   stats.checkpoint_stall_seconds += WaitSnapshotCopied();
   adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
   const double t2 = clock_->MonotonicSeconds();
@@ -222,6 +223,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
         // A write slower than the interval: the step waits for it and commits it before the
         // next snapshot starts, so two are never in flight.
         FinishAsyncCheckpoint(&stats);
+        FinishCommit(&stats);
         const double waited = clock_->MonotonicSeconds() - t0;
         // The previous snapshot's whole stall (none before the first of this run).
         if (auto_interval && snapshot_started) {
@@ -243,6 +245,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       // commit the one in flight; its shard is still finished).
       if (parallel_ != nullptr) {
         if (async_ != nullptr && async_->in_flight()) async_->Wait().IgnoreError();
+        if (async_ != nullptr && async_->commit_open()) async_->WaitCommit().IgnoreError();
         return absl::OkStatus();
       }
       break;
@@ -250,11 +253,13 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   }
   if (async) {
     FinishAsyncCheckpoint(nullptr);
+    FinishCommit(nullptr);
     // A snapshot of this very step that failed is not written again.
     const bool attempted = async_ != nullptr && async_->state().step == step_;
     if (last_saved_step_ != step_ && !attempted) {
       RETURN_IF_ERROR(StartAsyncCheckpoint());
       FinishAsyncCheckpoint(nullptr);
+      FinishCommit(nullptr);
     }
     return absl::OkStatus();
   }
@@ -288,37 +293,87 @@ absl::Status Trainer::StartAsyncCheckpoint() {
 
 double Trainer::WaitSnapshotCopied() { return async_ != nullptr ? async_->WaitCopied() : 0.0; }
 
+Trainer::AsyncAgreement Trainer::LocalAsyncState() const {
+  AsyncAgreement local;
+  if (async_ == nullptr) return local;
+  local.writing = async_->in_flight() && !async_->durable() ? 1.0f : 0.0f;
+  local.commit_open = async_->commit_open() && !async_->commit_finished() ? 1.0f : 0.0f;
+  local.commit_failed = async_->commit_open() && async_->commit_failed() ? 1.0f : 0.0f;
+  return local;
+}
+
 absl::Status Trainer::CommitIfDurable(StepStats& stats) {
-  if (async_ == nullptr || !async_->in_flight()) return absl::OkStatus();
-  // Ranks still writing, summed over the world: every rank sees the same count after the same
-  // step, so all of them commit together (the commit is a collective).
-  float writing = async_->durable() ? 0.0f : 1.0f;
-  if (parallel_ != nullptr && parallel_->world_group != nullptr &&
-      parallel_->world_group->size() > 1) {
-    RETURN_IF_ERROR(parallel_->world_group->AllReduce(&writing, 1));
+  if (commit_step_ >= 0 && async_agreed_.commit_open == 0.0f) {
+    ResolveCommit(async_agreed_.commit_failed > 0.0f, &stats);
   }
-  if (writing == 0.0f) FinishAsyncCheckpoint(&stats);
+  if (async_ != nullptr && async_->in_flight() && async_agreed_.writing == 0.0f) {
+    FinishAsyncCheckpoint(&stats);
+  }
   return absl::OkStatus();
 }
 
 void Trainer::FinishAsyncCheckpoint(StepStats* stats) {
   if (async_ == nullptr || !async_->in_flight()) return;
+  FinishCommit(stats);  // one commit open at a time
   const absl::StatusOr<ShardRecord> written = async_->Wait();
-  const ShardState& state = async_->state();
-  absl::Status committed;
-  if (parallel_ != nullptr) {
-    committed = CommitShardParallel(written, state);
-  } else if (!written.ok()) {
-    committed = written.status();
-  } else {
-    CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-    committed = store.Commit(model_->params(), state, {*written});
-    if (committed.ok()) last_saved_step_ = state.step;
-  }
+  // The snapshot's header (its arrays are not needed to commit it).
+  ShardState header = async_->state();
+  header.params = header.m = header.v = nullptr;
   if (stats != nullptr) stats->checkpoint_seconds = async_->write_seconds();
-  if (committed.ok()) return;
-  std::string error =
-      absl::StrCat("checkpoint of step ", state.step, " not committed: ", committed.message());
+  absl::StatusOr<std::vector<ShardRecord>> records;
+  if (parallel_ != nullptr) {
+    records = GatherShardRecords(written);
+  } else if (written.ok()) {
+    records = std::vector<ShardRecord>{*written};
+  } else {
+    records = written.status();
+  }
+  if (!records.ok()) {
+    RecordCheckpointError(header.step, records.status(), stats);
+    return;
+  }
+  commit_step_ = header.step;
+  if (parallel_ != nullptr && parallel_->world_rank != 0) return;
+  const absl::Status started =
+      async_->StartCommit([dir = config_.checkpoint.dir, keep = config_.checkpoint.keep,
+                           params = model_->params(), header, records = *std::move(records)] {
+        CheckpointStore store(dir, keep);
+        return store.Commit(params, header, records);
+      });
+  if (!started.ok()) RecordCheckpointError(header.step, started, stats);
+}
+
+void Trainer::FinishCommit(StepStats* stats) {
+  if (commit_step_ < 0) return;
+  const int64_t step = commit_step_;
+  commit_step_ = -1;
+  // Only rank 0 runs a commit; the others learn its outcome from the agreement.
+  absl::Status committed = async_->commit_open() ? async_->WaitCommit() : absl::OkStatus();
+  if (parallel_ != nullptr) committed = AgreeOnWorld(committed);
+  if (committed.ok()) {
+    last_saved_step_ = step;
+    return;
+  }
+  RecordCheckpointError(step, committed, stats);
+}
+
+void Trainer::ResolveCommit(bool failed, StepStats* stats) {
+  const int64_t step = commit_step_;
+  commit_step_ = -1;
+  // Rank 0 joins its finished commit and has the cause; the others know whether it failed.
+  const absl::Status committed =
+      async_->commit_open() ? async_->WaitCommit()
+      : failed              ? absl::AbortedError("rank 0 could not commit it (its log says why)")
+                            : absl::OkStatus();
+  if (committed.ok()) {
+    last_saved_step_ = step;
+    return;
+  }
+  RecordCheckpointError(step, committed, stats);
+}
+
+void Trainer::RecordCheckpointError(int64_t step, const absl::Status& why, StepStats* stats) {
+  std::string error = absl::StrCat("checkpoint of step ", step, " not committed: ", why.message());
   if (stats != nullptr) stats->checkpoint_error = error;
   checkpoint_errors_.push_back(std::move(error));
 }

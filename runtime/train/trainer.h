@@ -44,7 +44,7 @@ struct CheckpointConfig {
   // (checkpoint_interval.h), re-evaluated after every step from inputs all ranks agree on.
   // `auto_hint`: M (> 0), and the stall and step time measured by earlier attempts (0: unknown).
   bool every_auto = false;
-  IntervalInputs auto_hint;
+  IntervalInputs auto_hint = {};
 };
 
 struct TrainConfig {
@@ -205,23 +205,46 @@ class Trainer {
   absl::StatusOr<double> ClipParallel();
   absl::Status ReduceStats(const std::vector<MicroBatchResult>& results, StepStats& stats);
   absl::Status SaveCheckpointParallel();
-  // Agrees on every rank's write, gathers the records and has rank 0 commit `state`.
+  // Agrees on every rank's write (a failure anywhere fails every rank with its cause) and gives
+  // every rank every rank's record (a collective over the world).
+  absl::StatusOr<std::vector<ShardRecord>> GatherShardRecords(
+      const absl::StatusOr<ShardRecord>& written);
+  // Every rank's `mine`, agreed over the world (AgreeOnStatus; `mine` itself without a layout).
+  absl::Status AgreeOnWorld(const absl::Status& mine) const;
+  // Gathers the records, has rank 0 commit `state` and agrees on the outcome (synchronous).
   absl::Status CommitShardParallel(const absl::StatusOr<ShardRecord>& written,
                                    const ShardState& state);
 
   // This rank's shard now (arrays borrowed from the model and optimizer).
   ShardState CurrentShardState() const;
-  // checkpoint.async: snapshots the current state and starts its write (none may be in flight).
+
+  // checkpoint.async. A snapshot goes through: started (StartAsyncCheckpoint, at a checkpoint
+  // step) -> every rank's shard durable -> committed by rank 0 in the background -> its outcome
+  // agreed by every rank (last_saved_step_, or an error). Every transition happens at the same
+  // step on every rank: the "durable" and "commit finished" flags ride on the gradient-norm
+  // all-reduce every step performs anyway (ClipParallel), so following a snapshot costs no
+  // collective of its own per step and nobody waits for rank 0's fsyncs.
+  struct AsyncAgreement {
+    float writing = 0;        // ranks whose shard is still being written
+    float commit_open = 0;    // 1 while rank 0's background commit runs
+    float commit_failed = 0;  // 1 once it has finished and failed
+  };
+  AsyncAgreement LocalAsyncState() const;
+  // Snapshots the current state and starts its write (none may be in flight).
   absl::Status StartAsyncCheckpoint();
-  // checkpoint.async: waits for the in-flight write, if any, and commits it; a failure is
-  // recorded in `stats` (when given) and checkpoint_errors_.
+  // Waits for the in-flight write, if any, gathers the records and starts rank 0's background
+  // commit (after resolving an earlier one); a failed write is recorded (RecordCheckpointError).
   void FinishAsyncCheckpoint(StepStats* stats);
-  // checkpoint.async, after every step: commits the in-flight snapshot once every rank's shard is
-  // durable (with a parallel layout, one all-reduce of a flag over the world decides, so every
-  // rank commits after the same step), instead of waiting for the next checkpoint step.
+  // Waits for the open background commit, if any, and agrees on its outcome (a collective).
+  void FinishCommit(StepStats* stats);
+  // The open commit, which every rank agrees has finished (`failed`: and failed), is resolved.
+  void ResolveCommit(bool failed, StepStats* stats);
+  // After every step: resolves a commit every rank agrees has finished, then starts the commit
+  // of a snapshot every rank agrees is durable (not waiting for the next checkpoint step).
   absl::Status CommitIfDurable(StepStats& stats);
-  // checkpoint.async, before an optimizer update: waits until the in-flight snapshot has copied
-  // the parameters and moments the update is about to change; the seconds waited.
+  void RecordCheckpointError(int64_t step, const absl::Status& why, StepStats* stats);
+  // Before an optimizer update: waits until the in-flight snapshot has copied the parameters
+  // and moments the update is about to change; the seconds waited.
   double WaitSnapshotCopied();
   absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
   // The whole model's tensors (every rank's, merged; a collective over the world).
@@ -237,6 +260,8 @@ class Trainer {
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
   std::unique_ptr<AsyncCheckpointWriter> async_;
+  AsyncAgreement async_agreed_;  // as of the last step
+  int64_t commit_step_ = -1;     // the snapshot whose commit is open (every rank; -1: none)
   std::function<void(const ShardState&)> write_hook_;
   std::function<void()> copy_hook_;
   std::vector<std::string> checkpoint_errors_;

@@ -81,23 +81,31 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(comm::Communicator* gr
   return out;
 }
 
+// A failed Status as text for a gather: a one-byte marker '!', its code, its message (text that
+// does not start with '!' is a rank's payload: OK).
+std::string FailureText(const absl::Status& failed) {
+  return absl::StrCat("!", std::string(1, static_cast<char>(failed.code())), failed.message());
+}
+
+// The first failure among gathered texts, prefixed with its rank (this rank's own as it is).
+absl::Status FirstFailure(const std::vector<std::string>& all, int self, const absl::Status& mine) {
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (all[r].empty() || all[r][0] != '!') continue;
+    if (r == self) return mine;
+    return absl::Status(static_cast<absl::StatusCode>(all[r][1]),
+                        absl::StrCat("rank ", r, ": ", all[r].substr(2)));
+  }
+  return absl::OkStatus();
+}
+
 // Every rank of `group` returns the same Status: OK when every rank's `mine` is OK, else the
 // first failing rank's, prefixed with its rank. Used where a failure may hit some ranks only and
 // the others would otherwise go on into collectives their failed peers never join.
 absl::Status AgreeOnStatus(comm::Communicator* group, const absl::Status& mine) {
   if (group == nullptr || group->size() == 1) return mine;
-  // Empty for OK; else one byte of status code, then the message.
-  const std::string text =
-      mine.ok() ? std::string()
-                : absl::StrCat(std::string(1, static_cast<char>(mine.code())), mine.message());
-  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(group, text));
-  for (int r = 0; r < group->size(); ++r) {
-    if (all[r].empty()) continue;
-    if (r == group->rank()) return mine;
-    return absl::Status(static_cast<absl::StatusCode>(all[r][0]),
-                        absl::StrCat("rank ", r, ": ", all[r].substr(1)));
-  }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<std::string> all,
+                   AllGatherStrings(group, mine.ok() ? std::string() : FailureText(mine)));
+  return FirstFailure(all, group->rank(), mine);
 }
 
 // The counters of every group and op so far (a step's numbers are the difference).
@@ -200,10 +208,14 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   for (const ParamInfo& p : model_->params()) {
     if (p.norm_owner) local += HostOps().sum_of_squares(g + p.offset, p.numel());
   }
-  // Summed in fp32 over the world: each term is already a double-accumulated partial sum.
-  float total = static_cast<float>(local);
-  RETURN_IF_ERROR(AllReduce(P.world_group, &total, 1));
-  const double norm = std::sqrt(static_cast<double>(total));
+  // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
+  // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement).
+  const AsyncAgreement local_async = LocalAsyncState();
+  float sums[4] = {static_cast<float>(local), local_async.writing, local_async.commit_open,
+                   local_async.commit_failed};
+  RETURN_IF_ERROR(AllReduce(P.world_group, sums, 4));
+  async_agreed_ = {.writing = sums[1], .commit_open = sums[2], .commit_failed = sums[3]};
+  const double norm = std::sqrt(static_cast<double>(sums[0]));
   if (config_.clip > 0) {
     const double coef = config_.clip / (norm + 1e-6);
     if (coef < 1.0) HostOps().scale(g, static_cast<float>(coef), model_->num_params());
@@ -314,33 +326,47 @@ absl::Status Trainer::SaveCheckpointParallel() {
   return CommitShardParallel(store.WriteShard(state), state);
 }
 
+absl::Status Trainer::AgreeOnWorld(const absl::Status& mine) const {
+  return AgreeOnStatus(parallel_ != nullptr ? parallel_->world_group : nullptr, mine);
+}
+
+absl::StatusOr<std::vector<ShardRecord>> Trainer::GatherShardRecords(
+    const absl::StatusOr<ShardRecord>& written) {
+  comm::Communicator* world = parallel_->world_group;
+  ShardRecord mine;
+  if (written.ok()) {
+    mine = *written;
+    mine.params = model_->params();
+    mine.n = model_->num_params();
+  }
+  if (world == nullptr || world->size() == 1) {
+    if (!written.ok()) return written.status();
+    return std::vector<ShardRecord>{std::move(mine)};
+  }
+  // One gather: every rank's record (rank 0 commits; the others learn the sizes for free), or
+  // its write's failure, which fails every rank with its cause.
+  ASSIGN_OR_RETURN(const std::vector<std::string> texts,
+                   AllGatherStrings(world, written.ok() ? SerializeShardRecord(mine)
+                                                        : FailureText(written.status())));
+  RETURN_IF_ERROR(FirstFailure(texts, world->rank(), written.status()));
+  std::vector<ShardRecord> records;
+  for (const std::string& text : texts) {
+    ASSIGN_OR_RETURN(ShardRecord r, ParseShardRecord(text));
+    records.push_back(std::move(r));
+  }
+  return records;
+}
+
 absl::Status Trainer::CommitShardParallel(const absl::StatusOr<ShardRecord>& written,
                                           const ShardState& state) {
-  const ParallelRuntime& P = *parallel_;
+  ASSIGN_OR_RETURN(const std::vector<ShardRecord> records, GatherShardRecords(written));
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  comm::Communicator* world = P.world_group;
-  RETURN_IF_ERROR(AgreeOnStatus(world, written.status()));
-  ShardRecord mine = *written;
-  mine.params = model_->params();
-  mine.n = model_->num_params();
-
-  // Every rank's record to every rank (rank 0 commits; the others learn the sizes for free).
-  std::vector<ShardRecord> records;
-  if (world == nullptr || world->size() == 1) {
-    records.push_back(std::move(mine));
-  } else {
-    ASSIGN_OR_RETURN(const std::vector<std::string> texts,
-                     AllGatherStrings(world, SerializeShardRecord(mine)));
-    for (const std::string& text : texts) {
-      ASSIGN_OR_RETURN(ShardRecord r, ParseShardRecord(text));
-      records.push_back(std::move(r));
-    }
-  }
-  const absl::Status committed =
-      P.world_rank == 0 ? store.Commit(model_->params(), state, records) : absl::OkStatus();
+  const absl::Status committed = parallel_->world_rank == 0
+                                     ? store.Commit(model_->params(), state, records)
+                                     : absl::OkStatus();
   // Nobody moves on (or reports the checkpoint) before it is committed, and a failed commit
   // fails every rank with its cause.
-  RETURN_IF_ERROR(AgreeOnStatus(world, committed));
+  RETURN_IF_ERROR(AgreeOnWorld(committed));
   last_saved_step_ = state.step;
   return absl::OkStatus();
 }

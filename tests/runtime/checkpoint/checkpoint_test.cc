@@ -1,10 +1,12 @@
 #include "runtime/checkpoint/checkpoint.h"
 
 #include <filesystem>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/checkpoint/crc32.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -212,6 +214,18 @@ TEST(CheckpointTest, ResavingACommittedStepReplacesIt) {
   auto loaded = store.LoadLatest();
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(loaded->param_data, other.p);
+}
+
+TEST(Crc32Test, MatchesTheStandardCheckValueAndIsIncremental) {
+  // The CRC-32/ISO-HDLC check value (zlib, PNG, gzip): what older shards were written with.
+  EXPECT_EQ(Crc32(0, "123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(Crc32(0, "", 0), 0u);
+  std::string text;
+  for (int i = 0; i < 100000; ++i) text.push_back(static_cast<char>((i * 131) ^ (i >> 7)));
+  const uint32_t whole = Crc32(0, text.data(), text.size());
+  EXPECT_EQ(Crc32(Crc32(0, text.data(), 4097), text.data() + 4097, text.size() - 4097), whole);
+  text[54321] ^= 0x10;  // one flipped bit changes it
+  EXPECT_NE(Crc32(0, text.data(), text.size()), whole);
 }
 
 }  // namespace

@@ -53,7 +53,8 @@ struct TrainOptions {
   bool async = false;          // checkpoint.async
   bool save_restored = false;  // after restoring, save the restored state again (this layout)
   int d_model = 16;            // another model's checkpoint: another width
-  std::vector<double>* losses = nullptr;  // per step run (rank 0's)
+  std::vector<double>* losses = nullptr;                               // per step run (rank 0's)
+  std::vector<std::vector<std::string>>* checkpoint_errors = nullptr;  // per rank, after Run
 };
 
 // Trains `steps` steps (restoring first when `restore`), checkpointing every 2 steps into dir.
@@ -103,9 +104,12 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
         if (absl::Status s = (*trainer)->SaveCheckpoint(); !s.ok()) return s;
       }
     }
-    return (*trainer)->Run([&](const train::StepStats& s) {
+    absl::Status ran = (*trainer)->Run([&](const train::StepStats& s) {
       if (rank == 0 && o.losses != nullptr) o.losses->push_back(s.loss);
     });
+    if (o.checkpoint_errors != nullptr)
+      (*o.checkpoint_errors)[rank] = (*trainer)->checkpoint_errors();
+    return ran;
   });
   for (const absl::Status& s : statuses) {
     if (!s.ok()) return s;
@@ -216,6 +220,31 @@ TEST_F(ParallelCheckpointTest, AsyncCheckpointsCommitTheSameShardsAndResumeBitId
       EXPECT_TRUE(a == b) << dir << "/" << name << " differs from the synchronous run's";
     }
   }
+}
+
+// Rank 0 commits in the background; when that fails (here LATEST cannot be replaced: a
+// directory stands in its place), every rank reports the uncommitted checkpoint at the same point
+// and training goes on to the end.
+TEST_F(ParallelCheckpointTest, AFailedBackgroundCommitIsReportedByEveryRankAndTrainingGoesOn) {
+  topology::ParallelSizes dp2_ep2;
+  dp2_ep2.dp = 2;
+  dp2_ep2.ep = 2;
+  const std::string dir = root_ + "/latest-blocked";
+  std::filesystem::create_directories(dir + "/LATEST");
+  std::vector<std::vector<std::string>> errors(2);
+  ASSERT_TRUE(
+      TrainLayout(dp2_ep2, dir, 4, false, {.async = true, .checkpoint_errors = &errors}).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(errors[rank].size(), 2u) << "rank " << rank;
+    EXPECT_NE(errors[rank][0].find("checkpoint of step 2 not committed"), std::string::npos)
+        << errors[rank][0];
+    EXPECT_NE(errors[rank][1].find("checkpoint of step 4 not committed"), std::string::npos)
+        << errors[rank][1];
+  }
+  // Rank 0 has the cause; rank 1 knows where it is.
+  EXPECT_NE(errors[0][0].find("LATEST"), std::string::npos) << errors[0][0];
+  EXPECT_NE(errors[1][0].find("rank 0"), std::string::npos) << errors[1][0];
+  EXPECT_FALSE(train::CheckpointStore(dir, 0).LatestStep().ok());
 }
 
 struct Reshard {

@@ -413,6 +413,28 @@ TEST(TrainerTest, AsyncWriteErrorsAreReportedAndTrainingGoesOn) {
   EXPECT_EQ(loaded->step, 2);
 }
 
+TEST(TrainerTest, AsyncCommitRunsInTheBackgroundAndItsFailureIsReported) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  testing_util::TestDir dir;
+  // LATEST cannot be replaced (a directory stands in its place): every commit fails after the
+  // shard and the manifest are written.
+  std::filesystem::create_directories(dir / "LATEST");
+  TrainConfig config;
+  config.steps = 4;
+  config.seed = 1;
+  config.checkpoint = {.dir = dir.path(), .every = 2, .keep = 0, .async = true};
+  BigramModel model(V, T, 1);
+  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Run().ok());
+  EXPECT_EQ((*t)->step(), 4);
+  ASSERT_EQ((*t)->checkpoint_errors().size(), 2u);
+  EXPECT_THAT((*t)->checkpoint_errors()[0], HasSubstr("checkpoint of step 2 not committed"));
+  EXPECT_THAT((*t)->checkpoint_errors()[0], HasSubstr("LATEST"));
+  EXPECT_THAT((*t)->checkpoint_errors()[1], HasSubstr("checkpoint of step 4 not committed"));
+}
+
 TEST(TrainerTest, RestoreRefusesAnotherModelOrSeed) {
   const int V = 8, T = 8;
   MarkovSetup data = MakeMarkov(V, 2, T, 1);
