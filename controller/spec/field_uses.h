@@ -79,6 +79,10 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"data.source", FieldUse::kUsed, "data().source()"},
     {"data.path", FieldUse::kUsed, "data().path()"},
     {"data.seed", FieldUse::kUsed, "data().seed()"},
+    {"data.blend.path", FieldUse::kUsed, "b.path()"},
+    {"data.blend.weight", FieldUse::kUsed, "b.weight()"},
+    {"data.validation.fraction", FieldUse::kUsed, "validation().fraction()"},
+    {"data.validation.path", FieldUse::kUsed, "validation().path()"},
 
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},

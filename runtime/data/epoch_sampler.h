@@ -32,21 +32,9 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/data/sampler.h"
+#include "runtime/data/token_stream.h"
 
 namespace furnace::data {
-
-// A dataset as one stream of tokens. Implementations are immutable after opening (thread-safe).
-class TokenStream {
- public:
-  virtual ~TokenStream() = default;
-  virtual const std::string& path() const = 0;
-  virtual int64_t size() const = 0;   // tokens in the stream
-  virtual int64_t vocab() const = 0;  // every token is below it
-  // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()).
-  virtual void Read(int64_t begin, int64_t n, int32_t* out) const = 0;
-  // Identifies the content for DataPosition::order (kind, size; a cheap fingerprint).
-  virtual std::string Fingerprint() const = 0;
-};
 
 // One dataset of an epoch sampler and its share of the blend.
 struct EpochSource {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/data/data_position.h"
 #include "runtime/data/markov.h"
 
 namespace furnace::data {
@@ -39,16 +40,10 @@ struct SamplerConfig {
   int64_t global_batch = 0;
 };
 
-// Where a sampler stands before a step: recorded in checkpoints, checked on resume.
-struct DataPosition {
-  // What defines the order (source, files with their sizes, seq_len, seed, global batch, split).
-  // A resumed run must have the same text, or it would read other sequences.
-  std::string order;
-  int64_t sequences = 0;        // sequences drawn by all earlier steps (step * global batch)
-  int64_t epoch = 0;            // finite sources: the epoch of the next sequence (first dataset)
-  int64_t index_in_epoch = 0;   // ... and its index within that epoch
-  int64_t epoch_sequences = 0;  // sequences per epoch (first dataset); 0: endless (markov)
-};
+// The (B, T) batch of `config`, zero-filled.
+Batch EmptyBatch(const SamplerConfig& config);
+// InvalidArgument unless batch, seq_len >= 1 and global_batch is 0 or a multiple of batch.
+absl::Status CheckSamplerConfig(const SamplerConfig& config);
 
 // Thread-safe (Sample is const and keeps no state).
 class Sampler {
