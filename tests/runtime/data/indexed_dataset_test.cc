@@ -90,7 +90,10 @@ TEST(IndexedDatasetTest, SamplerWindowsAreCutFromTheStream) {
   std::vector<int32_t> stream;
   for (const auto& s : expected) stream.insert(stream.end(), s.begin(), s.end());
   const int T = 8;
-  DataSourceConfig data{.source = "indexed", .paths = {{prefix}}, .model_vocab = 500};
+  DataSourceConfig data;
+  data.source = "indexed";
+  data.paths = {{prefix}};
+  data.model_vocab = 500;
   auto made = MakeSamplers(data, {.batch = 2, .seq_len = T, .seed = 1, .global_batch = 4});
   ASSERT_TRUE(made.ok()) << made.status();
   const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / T;

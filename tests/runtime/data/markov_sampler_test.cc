@@ -137,7 +137,10 @@ TEST(SamplerTest, TokenFileWindowsAreDeterministicAndShifted) {
   std::vector<int32_t> tokens(5000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 1000);
   ASSERT_TRUE(WriteTokenFile(dir / "t.bin", tokens, 1000).ok());
-  DataSourceConfig data{.source = "tokens", .paths = {{dir / "t.bin"}}, .model_vocab = 1000};
+  DataSourceConfig data;
+  data.source = "tokens";
+  data.paths = {{dir / "t.bin"}};
+  data.model_vocab = 1000;
   auto made = MakeSamplers(data, {.batch = 3, .seq_len = 16, .seed = 1, .global_batch = 6});
   ASSERT_TRUE(made.ok()) << made.status();
   const Sampler& sampler = *made->train;
