@@ -2,7 +2,11 @@
 that resumes from its checkpoint and ends with exactly the parameters of an uninterrupted run,
 and bad input refused before training starts."""
 import os
+import random
 import signal
+import struct
+import subprocess
+import sys
 import time
 
 import harness
@@ -23,8 +27,75 @@ recovery:
 {extra}"""
 
 
+def write_token_file(path, tokens, vocab):
+    """A Furnace token file (runtime/data/token_file.h): magic, version 1, 2-byte tokens."""
+    with open(path, "wb") as f:
+        f.write(b"FURNTOK1" + struct.pack("<IIQI", 1, 2, len(tokens), vocab))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def numpy_python():
+    """An interpreter that imports numpy (the indexed-dataset writer needs it)."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        if subprocess.run([exe, "-c", "import numpy"], capture_output=True).returncode == 0:
+            return exe
+    raise RuntimeError("no python3 with numpy (apt-get install python3-numpy)")
+
+
+def write_indexed(prefix, seed, documents):
+    """A Megatron indexed dataset written by the independent writer in tests/reference."""
+    writer = os.path.join(harness.SRC_DIR, "tests", "reference", "megatron_indexed.py")
+    subprocess.run([numpy_python(), writer, "--prefix", prefix, "--seed", str(seed),
+                    "--documents", str(documents), "--vocab", "64", "--max-sequence", "60",
+                    "--sequences-per-document", "2"], check=True)
+
+
 class TrainTest(harness.ClusterTest):
     WORKERS = 2
+
+    def sigkill_resume_bit_exact(self, data):
+        """A rank SIGKILLed mid-epoch resumes and ends with exactly the parameters of an
+        uninterrupted run on the same data."""
+        c = self.cluster
+        spec = lambda name: train_job(name, steps=60, every=10).replace(
+            "data: {source: markov, seed: 5}", data)
+        ref = c.submit(c.write_job("ref.yaml", spec("reference")))
+        victim = c.submit(c.write_job("victim.yaml", spec("victim")))
+        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
+                       int(d["summary"].get("step", 0)) >= 15, timeout=120,
+                       what="victim past its first checkpoint")
+        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
+        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(int(d["summary"]["restarts"]), 1)
+        logs = c.cli("logs", victim, "--attempt", "2").stdout
+        self.assertIn("resumed from the checkpoint of step", logs)
+        c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
+        a = c.export(ref, "ref.safetensors")
+        b = c.export(victim, "victim.safetensors")
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        return c.cli("logs", victim, "--attempt", "1").stdout
+
+    def test_sigkill_resumes_bit_exact_on_token_data(self):
+        path = os.path.join(self.cluster.state, "walk.tokens")
+        rng = random.Random(4)
+        write_token_file(path, [rng.randrange(64) for _ in range(64 * 90 + 1)], 64)
+        # 90 windows, 9 held out and 1 dropped: 80 per epoch, 16 per step.
+        logs = self.sigkill_resume_bit_exact(
+            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}")
+        self.assertIn("80 training sequences of 65 tokens per epoch", logs)
+
+    def test_sigkill_resumes_bit_exact_on_an_indexed_blend(self):
+        a = os.path.join(self.cluster.state, "a")
+        b = os.path.join(self.cluster.state, "b")
+        write_indexed(a, 1, 60)
+        write_indexed(b, 2, 40)
+        logs = self.sigkill_resume_bit_exact(
+            f"data: {{source: indexed, blend: [{{path: {a}, weight: 0.7}}, "
+            f"{{path: {b}, weight: 0.3}}]}}")
+        self.assertIn(f"indexed data {a} (", logs)
 
     def test_sigkill_resumes_from_checkpoint_bit_exact(self):
         c = self.cluster
