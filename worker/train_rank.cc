@@ -46,9 +46,11 @@ data::DataSourceConfig DataSourceConfigFrom(const furnace::v1::DataSpec& spec, i
   d.markov_seed = spec.seed();
   d.model_vocab = vocab;
   if (!spec.path().empty()) d.paths.push_back({spec.path(), 1.0});
-  for (const furnace::v1::DataBlendSpec& b : spec.blend()) d.paths.push_back({b.path(), b.weight()});
+  for (const furnace::v1::DataBlendSpec& b : spec.blend())
+    d.paths.push_back({b.path(), b.weight()});
   d.validation_fraction = spec.validation().fraction();
-  if (!spec.validation().path().empty()) d.validation_paths.push_back({spec.validation().path(), 1.0});
+  if (!spec.validation().path().empty())
+    d.validation_paths.push_back({spec.validation().path(), 1.0});
   return d;
 }
 
@@ -244,9 +246,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (!samplers.ok()) {
     // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
     const bool corrupt = absl::IsDataLoss(samplers.status());
-    return Fail(progress, 0, corrupt ? kRankExitCorruptData : kRankExitBadInput,
-                absl::StrCat(corrupt ? "data file corrupt: " : "data: ",
-                             samplers.status().message()));
+    return Fail(
+        progress, 0, corrupt ? kRankExitCorruptData : kRankExitBadInput,
+        absl::StrCat(corrupt ? "data file corrupt: " : "data: ", samplers.status().message()));
   }
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);

@@ -118,8 +118,8 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
   const auto& v = d.validation();
   if (v.fraction() > 0 && !v.path().empty()) {
     c.Fail({"data.validation.fraction", "data.validation.path"},
-           Problem{"give either data.validation.fraction or data.validation.path, not both",
-                   "both", "fraction: F in (0, 0.5], or path: FILE"});
+           Problem{"give either data.validation.fraction or data.validation.path, not both", "both",
+                   "fraction: F in (0, 0.5], or path: FILE"});
   } else if (d.source() == "markov" && (v.fraction() > 0 || !v.path().empty())) {
     c.Fail({v.fraction() > 0 ? "data.validation.fraction" : "data.validation.path", "data.source"},
            Problem{"not used with data.source markov: its held-out data are independent draws "

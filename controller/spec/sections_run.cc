@@ -54,7 +54,7 @@ void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
   MapReader validation = s.Section("validation");
   furnace::v1::DataValidationSpec* v = out->mutable_validation();
   v->set_fraction(validation.Number("fraction", NumberRange{.min = 0, .min_open = true, .max = 0.5})
-                     .value_or(0));
+                      .value_or(0));
   v->set_path(validation.String("path").value_or(""));
   validation.ReportUnknownKeys();
   if (v->fraction() == 0 && v->path().empty()) out->clear_validation();

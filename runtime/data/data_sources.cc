@@ -31,8 +31,8 @@ absl::StatusOr<std::vector<EpochSource>> OpenAll(const DataSourceConfig& data,
   for (const DataPath& p : paths) {
     ASSIGN_OR_RETURN(std::shared_ptr<const TokenStream> stream,
                      OpenStream(data.source, p.path, data.model_vocab));
-    absl::StrAppendFormat(description, "%s%s (%d tokens, weight %g)",
-                          sources.empty() ? "" : ", ", p.path, stream->size(), p.weight);
+    absl::StrAppendFormat(description, "%s%s (%d tokens, weight %g)", sources.empty() ? "" : ", ",
+                          p.path, stream->size(), p.weight);
     sources.push_back({std::move(stream), p.weight});
   }
   return sources;
@@ -63,10 +63,10 @@ absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const Sample
         absl::StrCat("data.source: ", data.source, " (allowed: markov, tokens, indexed)"));
   }
   if (data.paths.empty() || (data.source == "tokens" && data.paths.size() != 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.path: ", data.source, " data needs ",
-        data.source == "tokens" ? "exactly one token file" : "a prefix or a blend", ", got ",
-        data.paths.size(), " paths"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path: ", data.source, " data needs ",
+                     data.source == "tokens" ? "exactly one token file" : "a prefix or a blend",
+                     ", got ", data.paths.size(), " paths"));
   }
   if (data.validation_fraction > 0 && !data.validation_paths.empty()) {
     return absl::InvalidArgumentError(

@@ -11,7 +11,7 @@
 namespace furnace::data {
 namespace {
 
-constexpr int64_t kBlendSlots = 4096;   // K, the blend's interleave period
+constexpr int64_t kBlendSlots = 4096;             // K, the blend's interleave period
 constexpr uint64_t kEpochStream = 0x45504F43ull;  // "EPOC": keys each epoch's permutation
 
 // One dataset's windows in the requested part: [first, first + count).
@@ -105,15 +105,15 @@ class EpochSampler : public Sampler {
     const int64_t epoch = q / part.count;
     const int64_t j = q % part.count;
     if (!options_.shuffle) return part.first + j;
-    const FeistelPermutation perm(
-        static_cast<uint64_t>(part.count),
-        HashKey({config_.seed, kEpochStream, static_cast<uint64_t>(d), static_cast<uint64_t>(epoch)}));
+    const FeistelPermutation perm(static_cast<uint64_t>(part.count),
+                                  HashKey({config_.seed, kEpochStream, static_cast<uint64_t>(d),
+                                           static_cast<uint64_t>(epoch)}));
     return part.first + static_cast<int64_t>(perm.At(static_cast<uint64_t>(j)));
   }
 
   std::vector<Part> parts_;
-  std::vector<int> layout_;     // (K) the dataset of each slot of the period
-  std::vector<int64_t> rank_;   // (K) how many earlier slots of the period hold the same dataset
+  std::vector<int> layout_;    // (K) the dataset of each slot of the period
+  std::vector<int64_t> rank_;  // (K) how many earlier slots of the period hold the same dataset
   SamplerConfig config_;
   EpochSamplerOptions options_;
   int64_t global_batch_;
@@ -144,10 +144,10 @@ absl::StatusOr<std::vector<int>> BlendLayout(const std::vector<EpochSource>& sou
   for (size_t i = 0; assigned < kBlendSlots; ++i, ++assigned) ++counts[remainders[i].second];
   for (size_t d = 0; d < sources.size(); ++d) {
     if (counts[d] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.blend: ", sources[d].stream->path(), " has weight ", sources[d].weight, " of ",
-          total, " in all, below 1/", kBlendSlots, " of the blend (allowed: a share >= 1/",
-          kBlendSlots, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.blend: ", sources[d].stream->path(), " has weight ", sources[d].weight,
+                       " of ", total, " in all, below 1/", kBlendSlots,
+                       " of the blend (allowed: a share >= 1/", kBlendSlots, ")"));
     }
     parts[d].slots = counts[d];
   }
@@ -198,9 +198,8 @@ absl::StatusOr<std::unique_ptr<Sampler>> MakeEpochSampler(std::vector<EpochSourc
   if (sources.empty()) return absl::InvalidArgumentError("epoch sampler: no dataset");
   if (options.part != SplitPart::kAll &&
       !(options.validation_fraction > 0 && options.validation_fraction <= 0.5)) {
-    return absl::InvalidArgumentError(absl::StrCat("data.validation.fraction: ",
-                                                   options.validation_fraction,
-                                                   " (allowed: (0, 0.5])"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.validation.fraction: ", options.validation_fraction, " (allowed: (0, 0.5])"));
   }
   const int64_t T = config.seq_len;
   std::vector<Part> parts;
@@ -212,8 +211,8 @@ absl::StatusOr<std::unique_ptr<Sampler>> MakeEpochSampler(std::vector<EpochSourc
     }
     const int64_t windows = s.stream->size() > 0 ? (s.stream->size() - 1) / T : 0;
     Part part{.stream = s.stream};
-    const int64_t held_out =
-        std::max<int64_t>(1, std::llround(options.validation_fraction * static_cast<double>(windows)));
+    const int64_t held_out = std::max<int64_t>(
+        1, std::llround(options.validation_fraction * static_cast<double>(windows)));
     switch (options.part) {
       case SplitPart::kAll:
         part.count = windows;

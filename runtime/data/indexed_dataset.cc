@@ -17,10 +17,10 @@ struct DType {
   bool is_signed;
 };
 // Megatron's DType table, integer codes only.
-constexpr DType kDTypes[] = {{1, "uint8", 1, false}, {2, "int8", 1, true},  {3, "int16", 2, true},
-                             {4, "int32", 4, true},  {5, "int64", 8, true}, {8, "uint16", 2, false}};
-constexpr const char* kSupportedDTypes =
-    "1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16";
+constexpr DType kDTypes[] = {{1, "uint8", 1, false}, {2, "int8", 1, true},
+                             {3, "int16", 2, true},  {4, "int32", 4, true},
+                             {5, "int64", 8, true},  {8, "uint16", 2, false}};
+constexpr const char* kSupportedDTypes = "1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16";
 
 const DType* FindDType(int code) {
   for (const DType& d : kDTypes) {
@@ -88,18 +88,19 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
                             "modes), which this build does not read"));
   }
   if (body != expected) {
-    return damaged(absl::StrCat("has ", body - expected, " bytes after the ", S,
-                                " sequences and ", D, " document indices the header describes"));
+    return damaged(absl::StrCat("has ", body - expected, " bytes after the ", S, " sequences and ",
+                                D, " document indices the header describes"));
   }
   const unsigned char* lengths = h + kIndexedHeaderBytes;
   const unsigned char* pointers = lengths + 4 * S;
   const unsigned char* documents = pointers + 8 * S;
-  if (D < 1 || LoadI64(documents) != 0 || LoadI64(documents + 8 * (D - 1)) != static_cast<int64_t>(S)) {
-    return damaged(absl::StrCat("document indices must run from 0 to the sequence count ", S,
-                                "; found ", D, " of them",
-                                D >= 1 ? absl::StrCat(" from ", LoadI64(documents), " to ",
-                                                      LoadI64(documents + 8 * (D - 1)))
-                                       : ""));
+  if (D < 1 || LoadI64(documents) != 0 ||
+      LoadI64(documents + 8 * (D - 1)) != static_cast<int64_t>(S)) {
+    return damaged(absl::StrCat(
+        "document indices must run from 0 to the sequence count ", S, "; found ", D, " of them",
+        D >= 1
+            ? absl::StrCat(" from ", LoadI64(documents), " to ", LoadI64(documents + 8 * (D - 1)))
+            : ""));
   }
   for (uint64_t d = 1; d < D; ++d) {
     if (LoadI64(documents + 8 * d) < LoadI64(documents + 8 * (d - 1))) {
@@ -125,14 +126,14 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
     const int64_t pointer = LoadI64(pointers + 8 * i);
     if (length < 0) return damaged(absl::StrCat("sequence ", i, " has length ", length));
     if (pointer < end_of_previous || pointer % dtype->width != 0) {
-      return damaged(absl::StrCat("sequence ", i, " starts at byte ", pointer,
-                                  i > 0 ? absl::StrCat(", inside sequence ", i - 1,
-                                                       " (which ends at byte ", end_of_previous, ")")
-                                        : "",
-                                  pointer % dtype->width != 0
-                                      ? absl::StrCat(", not a multiple of the ", dtype->width,
-                                                     "-byte token width")
-                                      : ""));
+      return damaged(absl::StrCat(
+          "sequence ", i, " starts at byte ", pointer,
+          i > 0 ? absl::StrCat(", inside sequence ", i - 1, " (which ends at byte ",
+                               end_of_previous, ")")
+                : "",
+          pointer % dtype->width != 0
+              ? absl::StrCat(", not a multiple of the ", dtype->width, "-byte token width")
+              : ""));
     }
     end_of_previous = pointer + int64_t{length} * dtype->width;
     if (end_of_previous > bin_bytes) {
@@ -153,10 +154,10 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
     for (int64_t k = 0; k < n; ++k) {
       const int64_t t = ds->TokenAt(static_cast<int64_t>(i), k);
       if (t < 0 || t >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "indexed dataset data ", bin_path, ": token ", k, " of sequence ", i,
-            " (byte offset ", LoadI64(pointers + 8 * i) + k * dtype->width, ") has value ", t,
-            ", outside the model's vocab [0, ", vocab, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("indexed dataset data ", bin_path, ": token ", k, " of sequence ", i,
+                         " (byte offset ", LoadI64(pointers + 8 * i) + k * dtype->width,
+                         ") has value ", t, ", outside the model's vocab [0, ", vocab, ")"));
       }
     }
   }

@@ -34,7 +34,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   const std::string map_err = map == MAP_FAILED ? ErrnoText() : "";
   ::close(fd);
-  if (map == MAP_FAILED) return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
+  if (map == MAP_FAILED)
+    return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
   file->data_ = static_cast<const unsigned char*>(map);
   file->bytes_ = static_cast<size_t>(st.st_size);
   return file;

@@ -44,9 +44,9 @@ class MarkovSampler : public Sampler {
         h = HashKey({h, bits});
       }
     }
-    order_ = absl::StrFormat("markov v1: vocab %d, chain %016x, seed %d, seq_len %d, %s",
-                             chain_.vocab(), h, config_.seed, config_.seq_len,
-                             validation ? "validation" : "train");
+    order_ =
+        absl::StrFormat("markov v1: vocab %d, chain %016x, seed %d, seq_len %d, %s", chain_.vocab(),
+                        h, config_.seed, config_.seq_len, validation ? "validation" : "train");
   }
 
   Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {

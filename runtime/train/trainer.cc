@@ -70,9 +70,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
   }
   const int64_t dp = parallel != nullptr ? parallel->dp : 1;
   if (sc.global_batch != 0 && sc.global_batch != int64_t{sc.batch} * config.micro_batches * dp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer: sampler global batch ", sc.global_batch, " != micro_batch ", sc.batch,
-        " * micro_batches ", config.micro_batches, " * dp ", dp));
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: sampler global batch ", sc.global_batch, " != micro_batch ",
+                     sc.batch, " * micro_batches ", config.micro_batches, " * dp ", dp));
   }
   if (sc.seed != config.seed) {
     return absl::InvalidArgumentError(
@@ -360,10 +360,11 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
   const data::DataPosition now = data_->PositionAt(c.data_position);
   if (c.data.order.empty()) {
     if (now.epoch_sequences == 0) return absl::OkStatus();  // endless data: the step suffices
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " records no data position (written before positions were "
-        "recorded); this run reads finite data (", now.order,
-        ") and could not resume at the same sequence"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c.path,
+                     " records no data position (written before positions were "
+                     "recorded); this run reads finite data (",
+                     now.order, ") and could not resume at the same sequence"));
   }
   if (c.data.order != now.order) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -374,9 +375,9 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
   }
   if (now.epoch_sequences > 0 && c.data.sequences != now.sequences) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " stopped after ", c.data.sequences,
-        " sequences (epoch ", c.data.epoch, ", index ", c.data.index_in_epoch,
-        "); its step ", c.data_position, " is sequence ", now.sequences, " in this run"));
+        "checkpoint ", c.path, " stopped after ", c.data.sequences, " sequences (epoch ",
+        c.data.epoch, ", index ", c.data.index_in_epoch, "); its step ", c.data_position,
+        " is sequence ", now.sequences, " in this run"));
   }
   return absl::OkStatus();
 }

@@ -289,8 +289,8 @@ TEST(JobSpecTest, IndexedBlendsAndTheHeldOutSplitAreRead) {
   EXPECT_EQ(s.data().blend(0).weight(), 0.7);
   EXPECT_EQ(s.data().blend(1).weight(), 1.0);  // default weight
   EXPECT_EQ(s.data().validation().fraction(), 0.05);
-  JobSpec own = MustParse(
-      "name: a\nkind: train\ndata: {source: tokens, path: /t, validation: {path: /v}}\n");
+  JobSpec own =
+      MustParse("name: a\nkind: train\ndata: {source: tokens, path: /t, validation: {path: /v}}\n");
   EXPECT_EQ(own.data().validation().path(), "/v");
   EXPECT_FALSE(MustParse("name: a\nkind: train\n").data().has_validation());
 }

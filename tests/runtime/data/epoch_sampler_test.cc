@@ -88,8 +88,10 @@ TEST(EpochSamplerTest, EveryWindowOncePerEpochInANewOrderEachEpoch) {
 TEST(EpochSamplerTest, TheGlobalBatchDoesNotDependOnHowItIsSplit) {
   // One process with 4 micro-batches of 2, or dp 2 x 2 micro-batches of 2, or 1 of 8: the step's
   // sequences, in global order, are the same.
-  auto a = MakeEpochSampler({{Stream(1000)}}, {.batch = 2, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
-  auto b = MakeEpochSampler({{Stream(1000)}}, {.batch = 8, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
+  auto a = MakeEpochSampler({{Stream(1000)}},
+                            {.batch = 2, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
+  auto b = MakeEpochSampler({{Stream(1000)}},
+                            {.batch = 8, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
   ASSERT_TRUE(a.ok() && b.ok());
   for (int step : {0, 1, 30}) EXPECT_EQ(StepStarts(**a, step), StepStarts(**b, step));
 }
@@ -127,8 +129,8 @@ TEST(EpochSamplerTest, HeldOutWindowsAreNeverTrainedOn) {
   const int T = 8;
   const SamplerConfig c{.batch = 5, .seq_len = T, .seed = 4, .global_batch = 10};
   EpochSamplerOptions train{.part = SplitPart::kTrain, .validation_fraction = 0.1};
-  EpochSamplerOptions held{.part = SplitPart::kValidation, .validation_fraction = 0.1,
-                           .shuffle = false};
+  EpochSamplerOptions held{
+      .part = SplitPart::kValidation, .validation_fraction = 0.1, .shuffle = false};
   auto tr = MakeEpochSampler({{Stream(100 * T + 1)}}, c, train);
   auto va = MakeEpochSampler({{Stream(100 * T + 1)}}, c, held);
   ASSERT_TRUE(tr.ok() && va.ok());

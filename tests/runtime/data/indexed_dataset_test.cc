@@ -137,7 +137,8 @@ TEST(IndexedDatasetTest, DamagedOrUnsupportedIndexesAreRefusedNamingTheFile) {
   bad = good;
   bad[9] = 2;  // version 2
   Put(idx, bad);
-  EXPECT_THAT(OpenError(prefix), HasSubstr(idx + ": unsupported version 2 (this build reads version 1)"));
+  EXPECT_THAT(OpenError(prefix),
+              HasSubstr(idx + ": unsupported version 2 (this build reads version 1)"));
 
   bad = good;
   bad[17] = 7;  // float32

@@ -219,7 +219,8 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
 }
 
 // A token file of `windows` sequences of T + 1 tokens over V symbols (a fixed pseudo-random walk),
-// sampled in shuffled epochs with a tenth held out, through the prefetching wrapper the worker uses.
+// sampled in shuffled epochs with a tenth held out, through the prefetching wrapper the worker
+// uses.
 std::unique_ptr<data::Sampler> TokenSampler(const std::string& path, int V, int B, int T, int m,
                                             uint64_t seed, double fraction = 0.1) {
   if (!std::filesystem::exists(path)) {
