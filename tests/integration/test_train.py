@@ -53,58 +53,23 @@ def write_indexed(prefix, seed, documents):
 class TrainTest(harness.ClusterTest):
     WORKERS = 2
 
-    def sigkill_resume_bit_exact(self, data):
-        """A rank SIGKILLed mid-epoch resumes and ends with exactly the parameters of an
-        uninterrupted run on the same data."""
+    def sigkill_resume_bit_exact(self, data=None, steps=120, every=20, kill_at=30,
+                                 async_checkpoints=False):
+        """Two identical runs side by side, one of them SIGKILLed once past step `kill_at`: the
+        victim resumes from its newest committed checkpoint and ends with exactly the reference's
+        parameters. Returns (reference job details, reference export, victim job id)."""
         c = self.cluster
-        spec = lambda name: train_job(name, steps=60, every=10).replace(
-            "data: {source: markov, seed: 5}", data)
+
+        def spec(name, **kw):
+            text = train_job(name, steps=steps, every=every, **kw)
+            return text if data is None else text.replace("data: {source: markov, seed: 5}", data)
+
         ref = c.submit(c.write_job("ref.yaml", spec("reference")))
-        victim = c.submit(c.write_job("victim.yaml", spec("victim")))
+        victim = c.submit(c.write_job("victim.yaml", spec("victim",
+                                                          async_checkpoints=async_checkpoints)))
         d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
-                       int(d["summary"].get("step", 0)) >= 15, timeout=120,
-                       what="victim past its first checkpoint")
-        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
-        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
-        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
-        self.assertEqual(int(d["summary"]["restarts"]), 1)
-        logs = c.cli("logs", victim, "--attempt", "2").stdout
-        self.assertIn("resumed from the checkpoint of step", logs)
-        c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
-        a = c.export(ref, "ref.safetensors")
-        b = c.export(victim, "victim.safetensors")
-        self.assertEqual(sorted(a), sorted(b))
-        for name in a:
-            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
-        return c.cli("logs", victim, "--attempt", "1").stdout
-
-    def test_sigkill_resumes_bit_exact_on_token_data(self):
-        path = os.path.join(self.cluster.state, "walk.tokens")
-        rng = random.Random(4)
-        write_token_file(path, [rng.randrange(64) for _ in range(64 * 90 + 1)], 64)
-        # 90 windows, 9 held out and 1 dropped: 80 per epoch, 16 per step.
-        logs = self.sigkill_resume_bit_exact(
-            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}")
-        self.assertIn("80 training sequences of 65 tokens per epoch", logs)
-
-    def test_sigkill_resumes_bit_exact_on_an_indexed_blend(self):
-        a = os.path.join(self.cluster.state, "a")
-        b = os.path.join(self.cluster.state, "b")
-        write_indexed(a, 1, 60)
-        write_indexed(b, 2, 40)
-        logs = self.sigkill_resume_bit_exact(
-            f"data: {{source: indexed, blend: [{{path: {a}, weight: 0.7}}, "
-            f"{{path: {b}, weight: 0.3}}]}}")
-        self.assertIn(f"indexed data {a} (", logs)
-
-    def test_sigkill_resumes_from_checkpoint_bit_exact(self):
-        c = self.cluster
-        # Two identical runs side by side, one of them killed mid-run.
-        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
-        victim = c.submit(c.write_job("victim.yaml", train_job("victim")))
-        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
-                       int(d["summary"].get("step", 0)) >= 30, timeout=120,
-                       what="victim past its first checkpoint")
+                       int(d["summary"].get("step", 0)) >= kill_at, timeout=120,
+                       what="victim past its first committed checkpoint")
         os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
         d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
@@ -117,10 +82,14 @@ class TrainTest(harness.ClusterTest):
         a = c.export(ref, "ref.safetensors")
         b = c.export(victim, "victim.safetensors")
         self.assertEqual(sorted(a), sorted(b))
-        self.assertIn("layers.3.moe.experts.7.w2", a)
         for name in a:
             self.assertEqual(a[name][:2], b[name][:2], name)
             self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        return r, a, victim
+
+    def test_sigkill_resumes_from_checkpoint_bit_exact(self):
+        r, a, _ = self.sigkill_resume_bit_exact()
+        self.assertIn("layers.3.moe.experts.7.w2", a)
         self.assertEqual(a["wte"][1], (64, 64))
         # The run learned: the last reported loss is near the Markov chain's entropy floor.
         m = r["telemetry"]
@@ -129,26 +98,33 @@ class TrainTest(harness.ClusterTest):
     def test_sigkill_resumes_from_an_async_checkpoint_bit_exact(self):
         """checkpoint.async through the whole stack: shards written in the background, a rank
         SIGKILLed after the first commit, the run resumed from the newest committed checkpoint."""
-        c = self.cluster
-        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
-        victim = c.submit(c.write_job("victim.yaml", train_job("victim", async_checkpoints=True)))
         # The snapshot of step 20 is committed when the one of step 40 starts.
-        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
-                       int(d["summary"].get("step", 0)) >= 50, timeout=120,
-                       what="victim past its first committed checkpoint")
-        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
-        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
-        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
-        self.assertEqual(int(d["summary"]["restarts"]), 1)
-        logs = c.cli("logs", victim, "--attempt", "2").stdout
-        self.assertIn("resumed from the checkpoint of step", logs)
-        self.assertNotIn("not committed", c.cli("logs", victim).stdout)
-        c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
-        a = c.export(ref, "ref.safetensors")
-        b = c.export(victim, "victim.safetensors")
-        self.assertEqual(sorted(a), sorted(b))
-        for name in a:
-            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        _, _, victim = self.sigkill_resume_bit_exact(kill_at=50, async_checkpoints=True)
+        self.assertNotIn("not committed", self.cluster.cli("logs", victim).stdout)
+
+    def test_sigkill_resumes_bit_exact_on_token_data(self):
+        """Shuffled epochs of a token file with a held-out split, killed mid-epoch."""
+        path = os.path.join(self.cluster.state, "walk.tokens")
+        rng = random.Random(4)
+        write_token_file(path, [rng.randrange(64) for _ in range(64 * 90 + 1)], 64)
+        # 90 windows, 9 held out and 1 dropped: 80 per epoch, 16 per step.
+        _, _, victim = self.sigkill_resume_bit_exact(
+            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}",
+            steps=60, every=10, kill_at=15)
+        logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
+        self.assertIn("80 training sequences of 65 tokens per epoch", logs)
+
+    def test_sigkill_resumes_bit_exact_on_an_indexed_blend(self):
+        """A blend of two Megatron indexed datasets written by the independent writer."""
+        a = os.path.join(self.cluster.state, "a")
+        b = os.path.join(self.cluster.state, "b")
+        write_indexed(a, 1, 60)
+        write_indexed(b, 2, 40)
+        _, _, victim = self.sigkill_resume_bit_exact(
+            f"data: {{source: indexed, blend: [{{path: {a}, weight: 0.7}}, "
+            f"{{path: {b}, weight: 0.3}}]}}", steps=60, every=10, kill_at=15)
+        logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
+        self.assertIn(f"indexed data {a} (", logs)
 
     def test_bad_token_file_fails_at_once_with_the_reason(self):
         c = self.cluster
