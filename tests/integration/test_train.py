@@ -126,13 +126,10 @@ class TrainTest(harness.ClusterTest):
         logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
         self.assertIn(f"indexed data {a} (", logs)
 
-    def test_bad_token_file_fails_at_once_with_the_reason(self):
+    def bad_data_fails_at_once(self, data, named):
+        """A job on bad data ends FAILED at once (not retried), its log naming `named`."""
         c = self.cluster
-        bad = os.path.join(c.state, "bad.tokens")
-        with open(bad, "wb") as f:
-            f.write(b"NOTTOKEN" + bytes(64))
-        spec = train_job("badfile").replace("data: {source: markov, seed: 5}",
-                                            f"data: {{source: tokens, path: {bad}}}")
+        spec = train_job("badfile").replace("data: {source: markov, seed: 5}", data)
         r = c.cli("submit", c.write_job("bad.yaml", spec), "--watch", timeout=120)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         job = c.cli_json("jobs")["jobs"][0]["job_id"]
@@ -140,7 +137,24 @@ class TrainTest(harness.ClusterTest):
         self.assertEqual(d["summary"]["state"], "JOB_FAILED")
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0)  # retrying cannot help
         self.assertIn("not retried", d["summary"]["cause"])
-        self.assertIn(bad, c.cli("logs", job).stdout)
+        logs = c.cli("logs", job).stdout
+        self.assertIn(named, logs)
+        return logs
+
+    def test_bad_token_file_fails_at_once_with_the_reason(self):
+        bad = os.path.join(self.cluster.state, "bad.tokens")
+        with open(bad, "wb") as f:
+            f.write(b"NOTTOKEN" + bytes(64))
+        self.bad_data_fails_at_once(f"data: {{source: tokens, path: {bad}}}", bad)
+
+    def test_bad_indexed_dataset_fails_at_once_naming_the_file(self):
+        prefix = os.path.join(self.cluster.state, "corpus")
+        write_indexed(prefix, 3, 20)
+        with open(prefix + ".idx", "r+b") as f:
+            f.write(b"TNTIDX")
+        logs = self.bad_data_fails_at_once(f"data: {{source: indexed, path: {prefix}}}",
+                                           prefix + ".idx: bad magic")
+        self.assertIn("not read", logs)
 
     def test_offload_policy_trains_bit_identically_to_none(self):
         """memory.policy offload through the whole stack: the worker builds the copy engine
