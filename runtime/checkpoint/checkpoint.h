@@ -44,7 +44,7 @@ struct ShardState {
   int64_t data_position = 0;  // the next step index the sampler draws (== step)
   uint64_t seed = 0;          // the run's seed: data order and initialisation
   // Where the data stands (epoch, index, what defines the order): the manifest's "data" object.
-  data::DataPosition data;
+  data::DataPosition data{};
   int shard = 0;
   int num_shards = 1;
   int64_t n = 0;  // floats in each of params, m, v
@@ -81,8 +81,8 @@ struct CheckpointManifest {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
-  data::DataPosition data;  // order empty: not recorded (a checkpoint older than the record)
-  std::string path;         // the step directory
+  data::DataPosition data{};  // order empty: not recorded (a checkpoint older than the record)
+  std::string path;           // the step directory
   int num_shards = 1;
   int64_t values_in_all_shards = 0;
   // Per shard: its file, size, checksum, and its parameters (a single rank's: the top-level list)
@@ -94,7 +94,7 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
-  data::DataPosition data;           // order empty: not recorded
+  data::DataPosition data{};         // order empty: not recorded
   std::string path;                  // the step directory loaded
   int num_shards = 1;                // ranks that wrote it
   int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together

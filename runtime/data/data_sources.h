@@ -42,8 +42,8 @@ struct DataSourceConfig {
   int64_t model_vocab = 0;        // every token must be below it; markov: the chain's size
   // The held-out split: at most one of the two. Neither: no validation sampler (except markov,
   // whose validation stream always exists).
-  double validation_fraction = 0;          // in (0, 0.5]: held out of every dataset
-  std::vector<DataPath> validation_paths;  // own files (same source kind and blend weights)
+  double validation_fraction = 0;            // in (0, 0.5]: held out of every dataset
+  std::vector<DataPath> validation_paths{};  // own files (same source kind and blend weights)
 };
 
 struct Samplers {
