@@ -439,6 +439,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                        ", written by ", restored->num_shards, " rank(s); rank ", task.rank(),
                        " read shard", restored->shards_read.size() == 1 ? " " : "s ",
                        absl::StrJoin(restored->shards_read, ", "), ")");
+      if (restored->data.epoch_sequences > 0) {
+        absl::StrAppend(&account, "; data at epoch ", restored->data.epoch, ", sequence ",
+                        restored->data.index_in_epoch, " of ", restored->data.epoch_sequences);
+      }
       for (const auto& skipped : restored->skipped) {
         spdlog::warn("checkpoint skipped: {}", skipped);
         absl::StrAppend(&account, "; passed over: ", skipped);

@@ -113,6 +113,9 @@ class TrainTest(harness.ClusterTest):
             steps=60, every=10, kill_at=15)
         logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
         self.assertIn("80 training sequences of 65 tokens per epoch", logs)
+        # Resumed mid-run: the log says where in which epoch the data continues.
+        resumed = self.cluster.cli("logs", victim, "--attempt", "2").stdout
+        self.assertRegex(resumed, r"data at epoch [0-9]+, sequence [0-9]+ of 80")
 
     def test_sigkill_resumes_bit_exact_on_an_indexed_blend(self):
         """A blend of two Megatron indexed datasets written by the independent writer."""
