@@ -11,6 +11,7 @@ packages=(
   zlib1g-dev  # CRC-32 of checkpoint shards (zlib's table-free, several GB/s)
   prometheus-cpp-dev  # the controller's /metrics families and text serializer (prometheus-cpp::core)
   python3 procps curl
+  python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)
   prometheus  # promtool (metrics tests) and the server (scrape test); 12 packages without recommends
 )

@@ -16,9 +16,8 @@
 #include "runtime/base/clock.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/in_flight.h"
-#include "runtime/data/markov.h"
+#include "runtime/data/data_sources.h"
 #include "runtime/data/sampler.h"
-#include "runtime/data/token_file.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
 #include "runtime/memory/codec.h"
@@ -39,6 +38,21 @@
 
 namespace furnace::worker {
 namespace {
+
+// The job's data section as the data layer's config (runtime/data/data_sources.h).
+data::DataSourceConfig DataSourceConfigFrom(const furnace::v1::DataSpec& spec, int64_t vocab) {
+  data::DataSourceConfig d;
+  d.source = spec.source();
+  d.markov_seed = spec.seed();
+  d.model_vocab = vocab;
+  if (!spec.path().empty()) d.paths.push_back({spec.path(), 1.0});
+  for (const furnace::v1::DataBlendSpec& b : spec.blend())
+    d.paths.push_back({b.path(), b.weight()});
+  d.validation_fraction = spec.validation().fraction();
+  if (!spec.validation().path().empty())
+    d.validation_paths.push_back({spec.validation().path(), 1.0});
+  return d;
+}
 
 model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   model::ModelConfig c;
@@ -220,48 +234,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     return Fail(progress, 0, kRankExitBadInput, absl::StrCat("model: ", s.message()));
   }
 
-  // Data first: a bad token file is the user's to fix and is refused before anything else.
-  std::unique_ptr<data::Sampler> sampler;
+  // Data first: a bad token file or indexed dataset is the user's to fix and is refused before
+  // anything else.
   data::SamplerConfig sc;
   sc.batch = static_cast<int>(spec.parallel().micro_batch());
   sc.seq_len = config.seq_len;
   sc.seed = spec.train().seed();
-  double entropy_floor = 0;
-  if (spec.data().source() == "tokens") {
-    auto file = data::TokenFile::Open(spec.data().path(), config.vocab);
-    if (!file.ok()) {
-      // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
-      const int code = absl::IsDataLoss(file.status()) ? kRankExitCorruptData : kRankExitBadInput;
-      return Fail(progress, 0, code,
-                  absl::StrCat(absl::IsDataLoss(file.status()) ? "data file corrupt: " : "data: ",
-                               file.status().message()));
-    }
-    std::shared_ptr<const data::TokenFile> shared = std::move(*file);
-    auto made = data::MakeTokenFileSampler(shared, sc);
-    if (!made.ok()) {
-      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
-    }
-    sampler = std::move(*made);
-    spdlog::info("data: token file {} ({} tokens)", spec.data().path(), shared->size());
-  } else {
-    data::MarkovConfig mc;
-    mc.vocab = config.vocab;
-    mc.seed = spec.data().seed();
-    auto made_chain = data::MarkovChain::Create(mc);
-    if (!made_chain.ok()) {
-      return Fail(progress, 0, kRankExitBadInput,
-                  absl::StrCat("data: ", made_chain.status().message()));
-    }
-    entropy_floor = made_chain->entropy_rate();
-    auto made = data::MakeMarkovSampler(std::move(*made_chain), sc);
-    if (!made.ok()) {
-      return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
-    }
-    sampler = std::move(*made);
-    spdlog::info(
-        "data: synthetic Markov chain over {} symbols, entropy floor H = {:.4f} nats/token",
-        config.vocab, entropy_floor);
+  sc.global_batch = int64_t{sc.batch} * spec.parallel().micro_batches() * spec.parallel().dp();
+  absl::StatusOr<data::Samplers> samplers =
+      data::MakeSamplers(DataSourceConfigFrom(spec.data(), config.vocab), sc);
+  if (!samplers.ok()) {
+    // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
+    const bool corrupt = absl::IsDataLoss(samplers.status());
+    return Fail(
+        progress, 0, corrupt ? kRankExitCorruptData : kRankExitBadInput,
+        absl::StrCat(corrupt ? "data file corrupt: " : "data: ", samplers.status().message()));
   }
+  const double entropy_floor = samplers->entropy_floor;
+  spdlog::info("data: {}", samplers->description);
 
   // The layout: refused as bad input before any rendezvous when it does not fit the model.
   const bool parallel = task.world_size() > 1;
@@ -428,6 +418,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
 
   train::TrainConfig train_config = TrainConfigFrom(spec, peak);
   if (spec.checkpoint().every_auto()) ConfigureAutoInterval(task, train_config.checkpoint);
+  // A background thread prepares this rank's next micro-batches while it computes.
+  const int first_micro =
+      (parallel ? layout->runtime.dp_rank : 0) * static_cast<int>(spec.parallel().micro_batches());
+  const std::unique_ptr<data::Sampler> sampler = data::MakePrefetchingSampler(
+      std::move(samplers->train), first_micro, static_cast<int>(spec.parallel().micro_batches()));
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), train_config, nullptr,
                                         parallel ? &layout->runtime : nullptr);
   if (!trainer.ok()) {
@@ -444,6 +439,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                        ", written by ", restored->num_shards, " rank(s); rank ", task.rank(),
                        " read shard", restored->shards_read.size() == 1 ? " " : "s ",
                        absl::StrJoin(restored->shards_read, ", "), ")");
+      if (restored->data.epoch_sequences > 0) {
+        absl::StrAppend(&account, "; data at epoch ", restored->data.epoch, ", sequence ",
+                        restored->data.index_in_epoch, " of ", restored->data.epoch_sequences);
+      }
       for (const auto& skipped : restored->skipped) {
         spdlog::warn("checkpoint skipped: {}", skipped);
         absl::StrAppend(&account, "; passed over: ", skipped);

@@ -81,6 +81,53 @@ class Checker {
   Diagnostics* diag_;
 };
 
+// data: which of path / blend / validation each source takes (runtime/data/data_sources.h).
+void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker& c) {
+  const bool file_source = d.source() == "tokens" || d.source() == "indexed";
+  if (d.source() == "indexed" && d.path().empty() && d.blend_size() == 0) {
+    c.Fail({"data.path", "data.source"},
+           Problem{"required when data.source is indexed (or data.blend)", "",
+                   "an indexed-dataset prefix (PREFIX.bin and PREFIX.idx)"});
+  } else if (d.source() == "tokens" && d.path().empty()) {
+    c.Fail({"data.path", "data.source"},
+           Problem{"required when data.source is tokens", "", "the path of a token file"});
+  } else if (!file_source && diag->Present("data.path")) {
+    c.Fail({"data.path"}, Problem{"only used when data.source is tokens or indexed",
+                                  absl::StrCat("'", d.path(), "' with source ", d.source()),
+                                  "omit it, or set data.source: tokens or indexed"});
+  }
+  if (d.blend_size() > 0) {
+    if (d.source() != "indexed") {
+      c.Fail({"data.blend", "data.source"},
+             Problem{"only used when data.source is indexed",
+                     absl::StrCat("a blend with source ", d.source()),
+                     "omit it, or set data.source: indexed"});
+    } else if (!d.path().empty()) {
+      c.Fail({"data.blend", "data.path"},
+             Problem{"give either data.path or data.blend, not both", "both",
+                     "data.path: PREFIX, or data.blend: [{path: PREFIX, weight: W}, ...]"});
+    }
+    for (const auto& b : d.blend()) {
+      if (b.path().empty()) {
+        c.Fail({"data.blend.path"},
+               Problem{"every blend entry needs a path", "", "an indexed-dataset prefix"});
+        break;
+      }
+    }
+  }
+  const auto& v = d.validation();
+  if (v.fraction() > 0 && !v.path().empty()) {
+    c.Fail({"data.validation.fraction", "data.validation.path"},
+           Problem{"give either data.validation.fraction or data.validation.path, not both", "both",
+                   "fraction: F in (0, 0.5], or path: FILE"});
+  } else if (d.source() == "markov" && (v.fraction() > 0 || !v.path().empty())) {
+    c.Fail({v.fraction() > 0 ? "data.validation.fraction" : "data.validation.path", "data.source"},
+           Problem{"not used with data.source markov: its held-out data are independent draws "
+                   "of the same chain",
+                   "a held-out split of markov data", "omit data.validation"});
+  }
+}
+
 }  // namespace
 
 void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
@@ -233,15 +280,7 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(t.warmup()), absl::StrCat("0..", t.steps())});
   }
 
-  const auto& d = spec.data();
-  if (d.source() == "tokens" && d.path().empty()) {
-    c.Fail({"data.path", "data.source"},
-           Problem{"required when data.source is tokens", "", "the path of a token file"});
-  } else if (d.source() != "tokens" && diag->Present("data.path")) {
-    c.Fail({"data.path"}, Problem{"only used when data.source is tokens",
-                                  absl::StrCat("'", d.path(), "' with source ", d.source()),
-                                  "omit it, or set data.source: tokens"});
-  }
+  CheckData(spec.data(), diag, c);
 
   const auto& b = spec.recovery().backoff();
   if (b.max_s() < b.initial_s()) {

@@ -76,9 +76,13 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"train.seed", FieldUse::kUsed, "train().seed()"},
     {"train.weight_decay", FieldUse::kUsed, "t.weight_decay()"},
 
-    {"data.source", FieldUse::kUsed, "data().source()"},
-    {"data.path", FieldUse::kUsed, "data().path()"},
-    {"data.seed", FieldUse::kUsed, "data().seed()"},
+    {"data.source", FieldUse::kUsed, "d.source = spec.source()"},
+    {"data.path", FieldUse::kUsed, "d.paths.push_back({spec.path(), 1.0})"},
+    {"data.seed", FieldUse::kUsed, "d.markov_seed = spec.seed()"},
+    {"data.blend.path", FieldUse::kUsed, "b.path()"},
+    {"data.blend.weight", FieldUse::kUsed, "b.weight()"},
+    {"data.validation.fraction", FieldUse::kUsed, "validation().fraction()"},
+    {"data.validation.path", FieldUse::kUsed, "validation().path()"},
 
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},

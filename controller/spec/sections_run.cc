@@ -39,10 +39,25 @@ void ReadTrain(MapReader& s, furnace::v1::TrainSpec* out) {
 }
 
 void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
-  out->set_source(s.Enum("source", {"markov", "tokens"}).value_or("markov"));
-  // Required iff source is tokens: a cross-field check.
+  out->set_source(s.Enum("source", {"markov", "tokens", "indexed"}).value_or("markov"));
+  // Required iff source is tokens or indexed (or a blend instead): cross-field checks.
   out->set_path(s.String("path").value_or(""));
   out->set_seed(s.Integer("seed", 0, kMaxU64).value_or(0));
+  if (auto blend = s.SectionList("blend")) {
+    for (MapReader& b : *blend) {
+      furnace::v1::DataBlendSpec* entry = out->add_blend();
+      entry->set_path(b.String("path").value_or(""));
+      entry->set_weight(b.Number("weight", Above(0)).value_or(1.0));
+      b.ReportUnknownKeys();
+    }
+  }
+  MapReader validation = s.Section("validation");
+  furnace::v1::DataValidationSpec* v = out->mutable_validation();
+  v->set_fraction(validation.Number("fraction", NumberRange{.min = 0, .min_open = true, .max = 0.5})
+                      .value_or(0));
+  v->set_path(validation.String("path").value_or(""));
+  validation.ReportUnknownKeys();
+  if (v->fraction() == 0 && v->path().empty()) out->clear_validation();
   s.ReportUnknownKeys();
 }
 

@@ -219,6 +219,13 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
                    {"seed", s.seed},
                    {"num_shards", s.num_shards},
                    {"num_params", s.n}};
+  if (!s.data.order.empty()) {
+    manifest["data"] = {{"order", s.data.order},
+                        {"sequences", s.data.sequences},
+                        {"epoch", s.data.epoch},
+                        {"index_in_epoch", s.data.index_in_epoch},
+                        {"epoch_sequences", s.data.epoch_sequences}};
+  }
   Json shard_list = Json::array();
   for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
   manifest["shards"] = shard_list;
@@ -366,6 +373,14 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
     out.step = m["step"].get<int64_t>();
     out.data_position = m["data_position"].get<int64_t>();
     out.seed = m["seed"].get<uint64_t>();
+    if (m.contains("data")) {
+      const Json& d = m["data"];
+      out.data.order = d.at("order").get<std::string>();
+      out.data.sequences = d.at("sequences").get<int64_t>();
+      out.data.epoch = d.at("epoch").get<int64_t>();
+      out.data.index_in_epoch = d.at("index_in_epoch").get<int64_t>();
+      out.data.epoch_sequences = d.at("epoch_sequences").get<int64_t>();
+    }
     out.num_shards = m["num_shards"].get<int>();
     const int64_t n = m["num_params"].get<int64_t>();
     if (out.step != step) {
@@ -435,6 +450,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   out.step = manifest.step;
   out.data_position = manifest.data_position;
   out.seed = manifest.seed;
+  out.data = manifest.data;
   out.values_in_all_shards = manifest.values_in_all_shards;
   out.params = record.params;
 

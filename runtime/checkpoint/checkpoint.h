@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/data/data_position.h"
 #include "runtime/trainable/param_info.h"
 
 namespace furnace::train {
@@ -40,8 +41,10 @@ inline constexpr int64_t kShardHeaderBytes = 56;
 // What one rank saves. The arrays are borrowed for the duration of the call.
 struct ShardState {
   int64_t step = 0;           // completed optimizer steps
-  int64_t data_position = 0;  // the next step index the sampler draws (== step today)
+  int64_t data_position = 0;  // the next step index the sampler draws (== step)
   uint64_t seed = 0;          // the run's seed: data order and initialisation
+  // Where the data stands (epoch, index, what defines the order): the manifest's "data" object.
+  data::DataPosition data{};
   int shard = 0;
   int num_shards = 1;
   int64_t n = 0;  // floats in each of params, m, v
@@ -78,7 +81,8 @@ struct CheckpointManifest {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
-  std::string path;  // the step directory
+  data::DataPosition data{};  // order empty: not recorded (a checkpoint older than the record)
+  std::string path;           // the step directory
   int num_shards = 1;
   int64_t values_in_all_shards = 0;
   // Per shard: its file, size, checksum, and its parameters (a single rank's: the top-level list)
@@ -90,6 +94,7 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
+  data::DataPosition data{};         // order empty: not recorded
   std::string path;                  // the step directory loaded
   int num_shards = 1;                // ranks that wrote it
   int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together

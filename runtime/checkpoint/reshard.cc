@@ -142,6 +142,7 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
   LoadedCheckpoint out;
   out.step = manifest.step;
   out.data_position = manifest.data_position;
+  out.data = manifest.data;
   out.seed = manifest.seed;
   out.path = manifest.path;
   out.num_shards = manifest.num_shards;

@@ -1,73 +1,59 @@
 #include "runtime/data/sampler.h"
 
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
 namespace {
 
-// Keys the stream of one sequence; the constant separates the data streams from any other use of
-// the same seed.
-uint64_t SequenceKey(uint64_t seed, int64_t step, int dp_rank, int micro_batch, int b) {
-  return HashKey({seed, 0x44415441ull, static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank),
+// The constants keep the training ("DATA") and held-out ("VALI") streams apart from each other
+// and from any other use of the same seed.
+constexpr uint64_t kTrainStream = 0x44415441ull;
+constexpr uint64_t kValidationStream = 0x56414C49ull;
+
+uint64_t SequenceKey(uint64_t seed, uint64_t stream, int64_t step, int dp_rank, int micro_batch,
+                     int b) {
+  return HashKey({seed, stream, static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank),
                   static_cast<uint64_t>(micro_batch), static_cast<uint64_t>(b)});
 }
 
-absl::Status CheckConfig(const SamplerConfig& c) {
-  if (c.batch < 1 || c.seq_len < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampler: batch ", c.batch, " and seq_len ", c.seq_len, " must be >= 1"));
-  }
-  return absl::OkStatus();
-}
-
-Batch EmptyBatch(const SamplerConfig& c) {
-  Batch batch;
-  batch.B = c.batch;
-  batch.T = c.seq_len;
-  batch.inputs.resize(static_cast<size_t>(c.batch) * c.seq_len);
-  batch.targets.resize(batch.inputs.size());
-  return batch;
-}
-
-class TokenFileSampler : public Sampler {
- public:
-  TokenFileSampler(std::shared_ptr<const TokenFile> file, SamplerConfig config)
-      : file_(std::move(file)), config_(config) {}
-
-  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
-    Batch batch = EmptyBatch(config_);
-    const int T = config_.seq_len;
-    const uint64_t offsets = static_cast<uint64_t>(file_->size() - T);  // windows of T + 1
-    std::vector<int32_t> window(T + 1);
-    for (int b = 0; b < config_.batch; ++b) {
-      CounterRng rng(SequenceKey(config_.seed, step, dp_rank, micro_batch, b));
-      file_->Read(static_cast<int64_t>(rng.NextBelow(offsets)), T + 1, window.data());
-      std::copy(window.begin(), window.end() - 1, batch.inputs.begin() + b * T);
-      std::copy(window.begin() + 1, window.end(), batch.targets.begin() + b * T);
-    }
-    return batch;
-  }
-  int64_t vocab() const override { return file_->vocab(); }
-  const SamplerConfig& config() const override { return config_; }
-
- private:
-  std::shared_ptr<const TokenFile> file_;
-  SamplerConfig config_;
-};
-
 class MarkovSampler : public Sampler {
  public:
-  MarkovSampler(MarkovChain chain, SamplerConfig config)
-      : chain_(std::move(chain)), config_(config) {}
+  MarkovSampler(MarkovChain chain, SamplerConfig config, bool validation)
+      : chain_(std::move(chain)),
+        config_(config),
+        stream_(validation ? kValidationStream : kTrainStream) {
+    // The chain itself defines the order: its transitions, hashed bit for bit.
+    uint64_t h = HashKey({static_cast<uint64_t>(chain_.vocab())});
+    for (int i = 0; i < chain_.vocab(); ++i) {
+      for (int j = 0; j < chain_.vocab(); ++j) {
+        uint64_t bits;
+        const double p = chain_.transition(i, j);
+        std::memcpy(&bits, &p, sizeof(bits));
+        h = HashKey({h, bits});
+      }
+    }
+    order_ =
+        absl::StrFormat("markov v1: vocab %d, chain %016x, seed %d, seq_len %d, %s", chain_.vocab(),
+                        h, config_.seed, config_.seq_len, validation ? "validation" : "train");
+  }
 
   Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
     Batch batch = EmptyBatch(config_);
     const int T = config_.seq_len;
     for (int b = 0; b < config_.batch; ++b) {
-      CounterRng rng(SequenceKey(config_.seed, step, dp_rank, micro_batch, b));
+      CounterRng rng(SequenceKey(config_.seed, stream_, step, dp_rank, micro_batch, b));
       int32_t* in = batch.inputs.data() + static_cast<size_t>(b) * T;
       int32_t* tg = batch.targets.data() + static_cast<size_t>(b) * T;
       int state = chain_.SampleInitial(rng);
@@ -81,30 +67,142 @@ class MarkovSampler : public Sampler {
   }
   int64_t vocab() const override { return chain_.vocab(); }
   const SamplerConfig& config() const override { return config_; }
+  DataPosition PositionAt(int64_t step) const override {
+    DataPosition p;
+    p.order = order_;
+    p.sequences = step * (config_.global_batch > 0 ? config_.global_batch : config_.batch);
+    p.index_in_epoch = p.sequences;
+    return p;
+  }
 
  private:
   MarkovChain chain_;
   SamplerConfig config_;
+  uint64_t stream_;
+  std::string order_;
+};
+
+// The prefetching wrapper (sampler.h). One background thread; `mu_` guards the rest.
+class PrefetchingSampler : public Sampler {
+ public:
+  using Key = std::tuple<int64_t, int, int>;  // (step, dp_rank, micro-batch)
+
+  PrefetchingSampler(std::unique_ptr<Sampler> inner, int first_micro, int micro_count, int depth)
+      : inner_(std::move(inner)),
+        first_(first_micro),
+        count_(micro_count),
+        depth_(depth),
+        thread_([this] { Loop(); }) {}
+
+  ~PrefetchingSampler() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+    const Key key{step, dp_rank, micro_batch};
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !working_ || *working_ != key; });
+    std::optional<Batch> batch;
+    if (auto it = ready_.find(key); it != ready_.end()) {
+      batch = std::move(it->second);
+      ready_.erase(it);
+    }
+    // Batches before this one will not be asked for again.
+    ready_.erase(ready_.begin(), ready_.lower_bound(key));
+    cursor_ = key;
+    lock.unlock();
+    cv_.notify_all();
+    if (batch) return std::move(*batch);
+    return inner_->Sample(step, dp_rank, micro_batch);
+  }
+  int64_t vocab() const override { return inner_->vocab(); }
+  const SamplerConfig& config() const override { return inner_->config(); }
+  DataPosition PositionAt(int64_t step) const override { return inner_->PositionAt(step); }
+
+ private:
+  Key Next(const Key& k) const {
+    const auto [step, rank, micro] = k;
+    if (micro + 1 < first_ + count_) return {step, rank, micro + 1};
+    return {step + 1, rank, first_};
+  }
+
+  // The first of the `depth_` keys after the cursor that is neither prepared nor being prepared.
+  std::optional<Key> Wanted() const {
+    if (!cursor_) return std::nullopt;
+    Key k = *cursor_;
+    for (int i = 0; i < depth_; ++i) {
+      k = Next(k);
+      if (ready_.count(k) == 0) return k;
+    }
+    return std::nullopt;
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || Wanted().has_value(); });
+      if (stop_) return;
+      const Key key = *Wanted();
+      working_ = key;
+      lock.unlock();
+      Batch batch = inner_->Sample(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+      lock.lock();
+      working_.reset();
+      if (!cursor_ || *cursor_ < key) ready_.emplace(key, std::move(batch));
+      cv_.notify_all();
+    }
+  }
+
+  std::unique_ptr<Sampler> inner_;
+  const int first_, count_, depth_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable std::map<Key, Batch> ready_;
+  mutable std::optional<Key> cursor_;   // the last key asked for
+  mutable std::optional<Key> working_;  // the key the thread is computing
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it reads
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Sampler>> MakeTokenFileSampler(std::shared_ptr<const TokenFile> file,
-                                                              const SamplerConfig& config) {
-  if (auto s = CheckConfig(config); !s.ok()) return s;
-  if (file == nullptr) return absl::InvalidArgumentError("sampler: no token file");
-  if (file->size() < static_cast<int64_t>(config.seq_len) + 1) {
+Batch EmptyBatch(const SamplerConfig& c) {
+  Batch batch;
+  batch.B = c.batch;
+  batch.T = c.seq_len;
+  batch.inputs.resize(static_cast<size_t>(c.batch) * c.seq_len);
+  batch.targets.resize(batch.inputs.size());
+  return batch;
+}
+
+absl::Status CheckSamplerConfig(const SamplerConfig& c) {
+  if (c.batch < 1 || c.seq_len < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("token file ", file->path(), " has ", file->size(), " tokens; seq_len ",
-                     config.seq_len, " needs at least ", config.seq_len + 1));
+        absl::StrCat("sampler: batch ", c.batch, " and seq_len ", c.seq_len, " must be >= 1"));
   }
-  return std::make_unique<TokenFileSampler>(std::move(file), config);
+  if (c.global_batch < 0 || c.global_batch % c.batch != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sampler: global batch ", c.global_batch,
+                                                   " must be a multiple of the batch ", c.batch));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,
-                                                           const SamplerConfig& config) {
-  if (auto s = CheckConfig(config); !s.ok()) return s;
-  return std::make_unique<MarkovSampler>(std::move(chain), config);
+                                                           const SamplerConfig& config,
+                                                           bool validation) {
+  if (auto s = CheckSamplerConfig(config); !s.ok()) return s;
+  return std::make_unique<MarkovSampler>(std::move(chain), config, validation);
+}
+
+std::unique_ptr<Sampler> MakePrefetchingSampler(std::unique_ptr<Sampler> inner, int first_micro,
+                                                int micro_count, int depth) {
+  return std::make_unique<PrefetchingSampler>(std::move(inner), first_micro,
+                                              std::max(micro_count, 1), std::max(depth, 1));
 }
 
 }  // namespace furnace::data

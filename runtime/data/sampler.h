@@ -1,17 +1,25 @@
 // Deterministic batch sampling (MODEL.md "Data"): the batch of (step, data-parallel rank,
-// micro-batch) is a pure function of those numbers and the seed. Sequence b of a batch is drawn
-// from a counter-based stream keyed by hash(seed, step, rank, micro-batch, b), so a run resumed
-// from a checkpoint at step s sees exactly the batches an uninterrupted run would, and no sampler
-// state needs to be checkpointed beyond the seed and the step.
+// micro-batch) is a pure function of those numbers and the seed, so a run resumed from a
+// checkpoint at step s sees exactly the batches an uninterrupted run would. Callers pass rank 0
+// and the global micro-batch index g = dp_rank * micro_batches + j, so the global batch of a step
+// does not depend on the layout.
+//
+// Markov data: sequence b of a batch is drawn from a counter-based stream keyed by hash(seed,
+// step, rank, micro-batch, b). Token files and indexed datasets (epoch_sampler.h): sequence b of
+// global micro-batch g of step s is the sequence at global position s * global_batch + g * B + b
+// of a seeded, per-epoch shuffled order. The data position a checkpoint records (DataPosition)
+// is a function of the step, and a resume checks that it and what defines the order are
+// unchanged.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/data/data_position.h"
 #include "runtime/data/markov.h"
-#include "runtime/data/token_file.h"
 
 namespace furnace::data {
 
@@ -27,7 +35,15 @@ struct SamplerConfig {
   int batch = 1;    // B: sequences per micro-batch
   int seq_len = 1;  // T
   uint64_t seed = 0;
+  // Sequences per step over all ranks (micro_batch * micro_batches * dp); 0: B. Finite sources
+  // need it to place a step's sequences; Sample's micro_batch must stay below global_batch / B.
+  int64_t global_batch = 0;
 };
+
+// The (B, T) batch of `config`, zero-filled.
+Batch EmptyBatch(const SamplerConfig& config);
+// InvalidArgument unless batch, seq_len >= 1 and global_batch is 0 or a multiple of batch.
+absl::Status CheckSamplerConfig(const SamplerConfig& config);
 
 // Thread-safe (Sample is const and keeps no state).
 class Sampler {
@@ -36,15 +52,22 @@ class Sampler {
   virtual Batch Sample(int64_t step, int dp_rank, int micro_batch) const = 0;
   virtual int64_t vocab() const = 0;
   virtual const SamplerConfig& config() const = 0;
+  // The position before step `step` (a pure function of it).
+  virtual DataPosition PositionAt(int64_t step) const = 0;
 };
 
-// Sequences are windows of T+1 tokens at pseudo-random offsets in the file. The file is shared,
-// not copied.
-absl::StatusOr<std::unique_ptr<Sampler>> MakeTokenFileSampler(std::shared_ptr<const TokenFile> file,
-                                                              const SamplerConfig& config);
-
 // Each sequence starts in a state drawn from the stationary distribution and walks the chain.
+// `validation`: the held-out stream, keyed apart from the training stream (independent draws).
 absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,
-                                                           const SamplerConfig& config);
+                                                           const SamplerConfig& config,
+                                                           bool validation = false);
+
+// Wraps `inner` with a background thread that computes the batches this rank asks for next:
+// after (step, 0, g) it prepares (step, 0, g + 1) ... up to `depth` ahead, wrapping from
+// first_micro + micro_count - 1 to (step + 1, first_micro). Sample returns a prepared batch when
+// there is one and computes it otherwise, so results equal inner's exactly. Thread-safe; the
+// thread stops on destruction.
+std::unique_ptr<Sampler> MakePrefetchingSampler(std::unique_ptr<Sampler> inner, int first_micro,
+                                                int micro_count, int depth = 4);
 
 }  // namespace furnace::data

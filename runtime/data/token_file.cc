@@ -1,8 +1,5 @@
 #include "runtime/data/token_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,10 +11,6 @@
 namespace furnace::data {
 namespace {
 
-uint32_t LoadU32(const unsigned char* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-uint64_t LoadU64(const unsigned char* p) { return LoadU32(p) | uint64_t{LoadU32(p + 4)} << 32; }
 void StoreU32(unsigned char* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
@@ -26,40 +19,21 @@ void StoreU64(unsigned char* p, uint64_t v) {
   StoreU32(p + 4, static_cast<uint32_t>(v >> 32));
 }
 
-std::string ErrnoText() { return std::strerror(errno); }
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path,
                                                            int64_t expected_vocab) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("token file ", path, ": cannot open: ", ErrnoText()));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    std::string err = ErrnoText();
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("token file ", path, ": fstat: ", err));
-  }
-  const int64_t file_bytes = st.st_size;
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, MappedFile::Open(path, "token file"));
+  const int64_t file_bytes = map->size();
   if (file_bytes < kTokenFileHeaderBytes) {
-    ::close(fd);
     return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
                                             " bytes, shorter than the ", kTokenFileHeaderBytes,
                                             "-byte header"));
   }
-  void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
-  std::string map_err = map == MAP_FAILED ? ErrnoText() : "";
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("token file ", path, ": mmap: ", map_err));
-  }
   std::unique_ptr<TokenFile> file(new TokenFile());
   file->path_ = path;
-  file->map_ = map;
-  file->map_bytes_ = static_cast<size_t>(file_bytes);
-  const auto* bytes = static_cast<const unsigned char*>(map);
+  const unsigned char* bytes = map->data();
+  file->map_ = std::move(map);
 
   if (std::memcmp(bytes, kTokenFileMagic, 8) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -110,10 +84,6 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
     }
   }
   return file;
-}
-
-TokenFile::~TokenFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
 }
 
 int32_t TokenFile::at(int64_t i) const {

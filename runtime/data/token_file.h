@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/data/mapped_file.h"
+#include "runtime/data/token_stream.h"
 
 namespace furnace::data {
 
@@ -28,7 +30,7 @@ inline constexpr int64_t kTokenFileHeaderBytes = 28;
 
 // An open, validated token file. Immutable after Open: safe to read from any thread. Owns the
 // mapping (unmapped on destruction).
-class TokenFile {
+class TokenFile : public TokenStream {
  public:
   // Maps and validates `path`: magic, version, token width, file size against count, every token
   // below the header's vocab. When expected_vocab > 0 (the model's vocab), the file's vocab must
@@ -36,23 +38,22 @@ class TokenFile {
   // and, for a bad token, its index, byte offset and value.
   static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path,
                                                          int64_t expected_vocab = 0);
-  ~TokenFile();
+  ~TokenFile() override = default;
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
 
-  const std::string& path() const { return path_; }
-  int64_t size() const { return count_; }  // number of tokens
-  int64_t vocab() const { return vocab_; }
+  const std::string& path() const override { return path_; }
+  int64_t size() const override { return count_; }  // number of tokens
+  int64_t vocab() const override { return vocab_; }
   int token_bytes() const { return token_bytes_; }
   int32_t at(int64_t i) const;
   // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()).
-  void Read(int64_t begin, int64_t n, int32_t* out) const;
+  void Read(int64_t begin, int64_t n, int32_t* out) const override;
 
  private:
   TokenFile() = default;
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  std::unique_ptr<MappedFile> map_;
   const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;
   int64_t vocab_ = 0;

@@ -68,6 +68,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
     return absl::InvalidArgumentError(absl::StrCat("trainer: data vocab ", data->vocab(),
                                                    " exceeds the model's vocab ", model->vocab()));
   }
+  const int64_t dp = parallel != nullptr ? parallel->dp : 1;
+  if (sc.global_batch != 0 && sc.global_batch != int64_t{sc.batch} * config.micro_batches * dp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: sampler global batch ", sc.global_batch, " != micro_batch ",
+                     sc.batch, " * micro_batches ", config.micro_batches, " * dp ", dp));
+  }
   if (sc.seed != config.seed) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: sampler seed ", sc.seed, " != train seed ", config.seed));
@@ -140,7 +146,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
   for (int micro = 0; micro < m; ++micro) {
-    const data::Batch batch = data_->Sample(step_, config_.dp_rank, micro);
+    const data::Batch batch = data_->Sample(step_, 0, config_.dp_rank * m + micro);
     model_->SetStepContext(step_, (int64_t{config_.dp_rank} * m + micro) * sc.batch);
     ASSIGN_OR_RETURN(MicroBatchResult r,
                      model_->ForwardBackward(batch.inputs.data(), batch.targets.data(), batch.B,
@@ -271,6 +277,7 @@ ShardState Trainer::CurrentShardState() const {
   ShardState state;
   state.step = step_;
   state.data_position = step_;
+  state.data = data_->PositionAt(step_);
   state.seed = config_.seed;
   state.shard = parallel_ != nullptr ? parallel_->world_rank : 0;
   state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
@@ -404,6 +411,32 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatest() {
   return loaded;
 }
 
+absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
+  const data::DataPosition now = data_->PositionAt(c.data_position);
+  if (c.data.order.empty()) {
+    if (now.epoch_sequences == 0) return absl::OkStatus();  // endless data: the step suffices
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c.path,
+                     " records no data position (written before positions were "
+                     "recorded); this run reads finite data (",
+                     now.order, ") and could not resume at the same sequence"));
+  }
+  if (c.data.order != now.order) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " was written reading the data in the order of\n  ", c.data.order,
+        "\nbut this run's data and settings give\n  ", now.order,
+        "\n(resuming would read other sequences: use the same data, seq_len, seed, global "
+        "batch and data.validation)"));
+  }
+  if (now.epoch_sequences > 0 && c.data.sequences != now.sequences) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " stopped after ", c.data.sequences, " sequences (epoch ",
+        c.data.epoch, ", index ", c.data.index_in_epoch, "); its step ", c.data_position,
+        " is sequence ", now.sequences, " in this run"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
   const std::vector<ParamInfo>& params = model_->params();
   const int64_t n = model_->num_params();
@@ -434,6 +467,7 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
         "checkpoint ", c.path, " was written with seed ", c.seed, "; this run has seed ",
         config_.seed, " (resuming would change the data order)"));
   }
+  RETURN_IF_ERROR(CheckDataPosition(c));
   std::copy(c.param_data.begin(), c.param_data.end(), model_->param_data());
   std::copy(c.m.begin(), c.m.end(), adamw_.m().begin());
   std::copy(c.v.begin(), c.v.end(), adamw_.v().begin());

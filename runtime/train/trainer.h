@@ -165,7 +165,8 @@ class Trainer {
   // checkpoint.dir, whatever parallel layout wrote it (runtime/checkpoint/reshard.h: each rank
   // gathers its part by name and global offsets). NotFound when there is none (a fresh start).
   // Refuses (FailedPrecondition) a checkpoint of another model (its tensors, by name and whole
-  // shape, are not this model's) or another seed. The data order is the step's: the global batch
+  // shape, are not this model's), another seed, or another data order (CheckDataPosition). The
+  // data order is the step's: the global batch
   // of step s is the sampler's micro-batches 0 .. dp * m - 1 of step s on every layout, so a
   // layout with another dp continues the same sequence when dp * micro_batches is unchanged.
   absl::StatusOr<LoadedCheckpoint> RestoreLatest();
@@ -190,6 +191,10 @@ class Trainer {
   Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
           const Clock* clock, const ParallelRuntime* parallel);
 
+  // FailedPrecondition unless the checkpoint's data position (order and sequences drawn) is what
+  // this run's sampler gives at its step, so a resume reads exactly the sequences an
+  // uninterrupted run would. A checkpoint without one passes for endless (markov) data only.
+  absl::Status CheckDataPosition(const LoadedCheckpoint& c) const;
   // Tokens per second, model FLOPs, MFU (over `devices` devices) and imbalance from the times
   // and tokens already in `stats`.
   void FinishStats(StepStats& stats, double tokens, int devices) const;

@@ -2,7 +2,11 @@
 that resumes from its checkpoint and ends with exactly the parameters of an uninterrupted run,
 and bad input refused before training starts."""
 import os
+import random
 import signal
+import struct
+import subprocess
+import sys
 import time
 
 import harness
@@ -23,17 +27,49 @@ recovery:
 {extra}"""
 
 
+def write_token_file(path, tokens, vocab):
+    """A Furnace token file (runtime/data/token_file.h): magic, version 1, 2-byte tokens."""
+    with open(path, "wb") as f:
+        f.write(b"FURNTOK1" + struct.pack("<IIQI", 1, 2, len(tokens), vocab))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def numpy_python():
+    """An interpreter that imports numpy (the indexed-dataset writer needs it)."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        if subprocess.run([exe, "-c", "import numpy"], capture_output=True).returncode == 0:
+            return exe
+    raise RuntimeError("no python3 with numpy (apt-get install python3-numpy)")
+
+
+def write_indexed(prefix, seed, documents):
+    """A Megatron indexed dataset written by the independent writer in tests/reference."""
+    writer = os.path.join(harness.SRC_DIR, "tests", "reference", "megatron_indexed.py")
+    subprocess.run([numpy_python(), writer, "--prefix", prefix, "--seed", str(seed),
+                    "--documents", str(documents), "--vocab", "64", "--max-sequence", "60",
+                    "--sequences-per-document", "2"], check=True)
+
+
 class TrainTest(harness.ClusterTest):
     WORKERS = 2
 
-    def test_sigkill_resumes_from_checkpoint_bit_exact(self):
+    def sigkill_resume_bit_exact(self, data=None, steps=120, every=20, kill_at=30,
+                                 async_checkpoints=False):
+        """Two identical runs side by side, one of them SIGKILLed once past step `kill_at`: the
+        victim resumes from its newest committed checkpoint and ends with exactly the reference's
+        parameters. Returns (reference job details, reference export, victim job id)."""
         c = self.cluster
-        # Two identical runs side by side, one of them killed mid-run.
-        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
-        victim = c.submit(c.write_job("victim.yaml", train_job("victim")))
+
+        def spec(name, **kw):
+            text = train_job(name, steps=steps, every=every, **kw)
+            return text if data is None else text.replace("data: {source: markov, seed: 5}", data)
+
+        ref = c.submit(c.write_job("ref.yaml", spec("reference")))
+        victim = c.submit(c.write_job("victim.yaml", spec("victim",
+                                                          async_checkpoints=async_checkpoints)))
         d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
-                       int(d["summary"].get("step", 0)) >= 30, timeout=120,
-                       what="victim past its first checkpoint")
+                       int(d["summary"].get("step", 0)) >= kill_at, timeout=120,
+                       what="victim past its first committed checkpoint")
         os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
         d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
@@ -46,10 +82,14 @@ class TrainTest(harness.ClusterTest):
         a = c.export(ref, "ref.safetensors")
         b = c.export(victim, "victim.safetensors")
         self.assertEqual(sorted(a), sorted(b))
-        self.assertIn("layers.3.moe.experts.7.w2", a)
         for name in a:
             self.assertEqual(a[name][:2], b[name][:2], name)
             self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        return r, a, victim
+
+    def test_sigkill_resumes_from_checkpoint_bit_exact(self):
+        r, a, _ = self.sigkill_resume_bit_exact()
+        self.assertIn("layers.3.moe.experts.7.w2", a)
         self.assertEqual(a["wte"][1], (64, 64))
         # The run learned: the last reported loss is near the Markov chain's entropy floor.
         m = r["telemetry"]
@@ -58,34 +98,41 @@ class TrainTest(harness.ClusterTest):
     def test_sigkill_resumes_from_an_async_checkpoint_bit_exact(self):
         """checkpoint.async through the whole stack: shards written in the background, a rank
         SIGKILLed after the first commit, the run resumed from the newest committed checkpoint."""
-        c = self.cluster
-        ref = c.submit(c.write_job("ref.yaml", train_job("reference")))
-        victim = c.submit(c.write_job("victim.yaml", train_job("victim", async_checkpoints=True)))
         # The snapshot of step 20 is committed when the one of step 40 starts.
-        d = c.wait_for(victim, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
-                       int(d["summary"].get("step", 0)) >= 50, timeout=120,
-                       what="victim past its first committed checkpoint")
-        os.kill(int(d["attempts"][0]["ranks"][0]["pid"]), signal.SIGKILL)
-        d = c.wait_state(victim, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
-        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
-        self.assertEqual(int(d["summary"]["restarts"]), 1)
-        logs = c.cli("logs", victim, "--attempt", "2").stdout
-        self.assertIn("resumed from the checkpoint of step", logs)
-        self.assertNotIn("not committed", c.cli("logs", victim).stdout)
-        c.wait_state(ref, "JOB_SUCCEEDED", timeout=300)
-        a = c.export(ref, "ref.safetensors")
-        b = c.export(victim, "victim.safetensors")
-        self.assertEqual(sorted(a), sorted(b))
-        for name in a:
-            self.assertTrue(a[name][2] == b[name][2], f"{name} differs after the resume")
+        _, _, victim = self.sigkill_resume_bit_exact(kill_at=50, async_checkpoints=True)
+        self.assertNotIn("not committed", self.cluster.cli("logs", victim).stdout)
 
-    def test_bad_token_file_fails_at_once_with_the_reason(self):
+    def test_sigkill_resumes_bit_exact_on_token_data(self):
+        """Shuffled epochs of a token file with a held-out split, killed mid-epoch."""
+        path = os.path.join(self.cluster.state, "walk.tokens")
+        rng = random.Random(4)
+        write_token_file(path, [rng.randrange(64) for _ in range(64 * 90 + 1)], 64)
+        # 90 windows, 9 held out and 1 dropped: 80 per epoch, 16 per step.
+        _, _, victim = self.sigkill_resume_bit_exact(
+            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}",
+            steps=60, every=10, kill_at=15)
+        logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
+        self.assertIn("80 training sequences of 65 tokens per epoch", logs)
+        # Resumed mid-run: the log says where in which epoch the data continues.
+        resumed = self.cluster.cli("logs", victim, "--attempt", "2").stdout
+        self.assertRegex(resumed, r"data at epoch [0-9]+, sequence [0-9]+ of 80")
+
+    def test_sigkill_resumes_bit_exact_on_an_indexed_blend(self):
+        """A blend of two Megatron indexed datasets written by the independent writer."""
+        a = os.path.join(self.cluster.state, "a")
+        b = os.path.join(self.cluster.state, "b")
+        write_indexed(a, 1, 60)
+        write_indexed(b, 2, 40)
+        _, _, victim = self.sigkill_resume_bit_exact(
+            f"data: {{source: indexed, blend: [{{path: {a}, weight: 0.7}}, "
+            f"{{path: {b}, weight: 0.3}}]}}", steps=60, every=10, kill_at=15)
+        logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
+        self.assertIn(f"indexed data {a} (", logs)
+
+    def bad_data_fails_at_once(self, data, named):
+        """A job on bad data ends FAILED at once (not retried), its log naming `named`."""
         c = self.cluster
-        bad = os.path.join(c.state, "bad.tokens")
-        with open(bad, "wb") as f:
-            f.write(b"NOTTOKEN" + bytes(64))
-        spec = train_job("badfile").replace("data: {source: markov, seed: 5}",
-                                            f"data: {{source: tokens, path: {bad}}}")
+        spec = train_job("badfile").replace("data: {source: markov, seed: 5}", data)
         r = c.cli("submit", c.write_job("bad.yaml", spec), "--watch", timeout=120)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         job = c.cli_json("jobs")["jobs"][0]["job_id"]
@@ -93,7 +140,24 @@ class TrainTest(harness.ClusterTest):
         self.assertEqual(d["summary"]["state"], "JOB_FAILED")
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0)  # retrying cannot help
         self.assertIn("not retried", d["summary"]["cause"])
-        self.assertIn(bad, c.cli("logs", job).stdout)
+        logs = c.cli("logs", job).stdout
+        self.assertIn(named, logs)
+        return logs
+
+    def test_bad_token_file_fails_at_once_with_the_reason(self):
+        bad = os.path.join(self.cluster.state, "bad.tokens")
+        with open(bad, "wb") as f:
+            f.write(b"NOTTOKEN" + bytes(64))
+        self.bad_data_fails_at_once(f"data: {{source: tokens, path: {bad}}}", bad)
+
+    def test_bad_indexed_dataset_fails_at_once_naming_the_file(self):
+        prefix = os.path.join(self.cluster.state, "corpus")
+        write_indexed(prefix, 3, 20)
+        with open(prefix + ".idx", "r+b") as f:
+            f.write(b"TNTIDX")
+        logs = self.bad_data_fails_at_once(f"data: {{source: indexed, path: {prefix}}}",
+                                           prefix + ".idx: bad magic")
+        self.assertIn("not read", logs)
 
     def test_offload_policy_trains_bit_identically_to_none(self):
         """memory.policy offload through the whole stack: the worker builds the copy engine

@@ -275,6 +275,32 @@ std::vector<BadCase> Cases() {
       {"path_with_markov",
        H("data:\n  path: /x\n"),
        {"job.yaml:4:9: data.path: only used when data.source is tokens"}},
+      {"indexed_without_path",
+       H("data:\n  source: indexed\n"),
+       {"job.yaml:4:11: data.path: required when data.source is indexed (or data.blend) "
+        "(allowed: an indexed-dataset prefix (PREFIX.bin and PREFIX.idx))"}},
+      {"source_not_allowed",
+       H("data:\n  source: megatron\n"),
+       {"data.source:", "megatron", "markov, tokens, indexed"}},
+      {"blend_with_tokens",
+       H("data:\n  source: tokens\n  path: /t\n  blend: [{path: /a, weight: 1}]\n"),
+       {"data.blend: only used when data.source is indexed"}},
+      {"blend_and_path",
+       H("data:\n  source: indexed\n  path: /p\n  blend: [{path: /a, weight: 1}]\n"),
+       {"data.blend: give either data.path or data.blend, not both"}},
+      {"blend_weight_not_positive",
+       H("data:\n  source: indexed\n  blend: [{path: /a, weight: 0}]\n"),
+       {"data.blend[0].weight:", "allowed: > 0"}},
+      {"validation_fraction_too_large",
+       H("data:\n  source: tokens\n  path: /t\n  validation: {fraction: 0.7}\n"),
+       {"data.validation.fraction:", "0.7", "(0, 0.5]"}},
+      {"validation_fraction_and_path",
+       H("data:\n  source: tokens\n  path: /t\n  validation: {fraction: 0.1, path: /v}\n"),
+       {"data.validation.fraction: give either data.validation.fraction or "
+        "data.validation.path, not both"}},
+      {"validation_with_markov",
+       H("data:\n  validation: {fraction: 0.1}\n"),
+       {"data.validation.fraction: not used with data.source markov"}},
   };
 }
 

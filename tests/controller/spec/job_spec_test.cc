@@ -280,6 +280,21 @@ TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {
   EXPECT_TRUE(s.checkpoint().async());
 }
 
+TEST(JobSpecTest, IndexedBlendsAndTheHeldOutSplitAreRead) {
+  JobSpec s = MustParse(
+      "name: a\nkind: train\ndata:\n  source: indexed\n  blend: [{path: /a, weight: 0.7}, "
+      "{path: /b}]\n  validation: {fraction: 0.05}\n");
+  ASSERT_EQ(s.data().blend_size(), 2);
+  EXPECT_EQ(s.data().blend(0).path(), "/a");
+  EXPECT_EQ(s.data().blend(0).weight(), 0.7);
+  EXPECT_EQ(s.data().blend(1).weight(), 1.0);  // default weight
+  EXPECT_EQ(s.data().validation().fraction(), 0.05);
+  JobSpec own =
+      MustParse("name: a\nkind: train\ndata: {source: tokens, path: /t, validation: {path: /v}}\n");
+  EXPECT_EQ(own.data().validation().path(), "/v");
+  EXPECT_FALSE(MustParse("name: a\nkind: train\n").data().has_validation());
+}
+
 // checkpoint.every takes a step count or the word auto (Young/Daly: every_auto, every 0); anything
 // else is refused naming both.
 TEST(JobSpecTest, CheckpointEveryIsStepsOrAuto) {

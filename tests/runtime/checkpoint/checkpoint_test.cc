@@ -49,6 +49,36 @@ absl::Status SaveStep(CheckpointStore& store, int64_t step) {
   return store.Save(s.params, s.Shard(step));
 }
 
+TEST(CheckpointTest, TheDataPositionRoundTripsThroughTheManifest) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  State s(4);
+  ShardState shard = s.Shard(4);
+  ASSERT_TRUE(store.Save(s.params, shard).ok());
+  auto unrecorded = store.LoadLatest();  // no position given: none recorded
+  ASSERT_TRUE(unrecorded.ok());
+  EXPECT_EQ(unrecorded->data.order, "");
+  EXPECT_FALSE(
+      nlohmann::json::parse(ReadAll(dir / "step-00000004/manifest.json")).contains("data"));
+
+  shard.step = shard.data_position = 5;
+  shard.data = {.order = "epoch sampler v1: ...",
+                .sequences = 40,
+                .epoch = 2,
+                .index_in_epoch = 6,
+                .epoch_sequences = 17};
+  ASSERT_TRUE(store.Save(s.params, shard).ok());
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->data.order, "epoch sampler v1: ...");
+  EXPECT_EQ(loaded->data.sequences, 40);
+  EXPECT_EQ(loaded->data.epoch, 2);
+  EXPECT_EQ(loaded->data.index_in_epoch, 6);
+  EXPECT_EQ(loaded->data.epoch_sequences, 17);
+  const auto manifest = nlohmann::json::parse(ReadAll(dir / "step-00000005/manifest.json"));
+  EXPECT_EQ(manifest["data"]["index_in_epoch"], 6);
+}
+
 TEST(CheckpointTest, SaveLoadRoundTrip) {
   TestDir dir;
   CheckpointStore store(dir.path(), 3);

@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/data/data_sources.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
@@ -119,29 +120,44 @@ TEST(SamplerTest, MarkovBatchesAreDeterministicInStepRankMicro) {
   EXPECT_FALSE(std::equal(a.inputs.begin(), a.inputs.begin() + 32, a.inputs.begin() + 32));
 }
 
+TEST(SamplerTest, MarkovValidationIsAnIndependentStream) {
+  auto chain = MarkovChain::Create({.vocab = 16, .seed = 1});
+  ASSERT_TRUE(chain.ok());
+  auto train = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 5});
+  auto held_out = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 5}, true);
+  ASSERT_TRUE(train.ok() && held_out.ok());
+  EXPECT_NE((*train)->Sample(3, 0, 1).inputs, (*held_out)->Sample(3, 0, 1).inputs);
+  EXPECT_EQ((*held_out)->Sample(3, 0, 1).inputs, (*held_out)->Sample(3, 0, 1).inputs);
+  EXPECT_NE((*train)->PositionAt(0).order, (*held_out)->PositionAt(0).order);
+  EXPECT_EQ((*train)->PositionAt(5).epoch_sequences, 0);  // endless: no epochs
+}
+
 TEST(SamplerTest, TokenFileWindowsAreDeterministicAndShifted) {
   testing_util::TestDir dir;
   std::vector<int32_t> tokens(5000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 1000);
   ASSERT_TRUE(WriteTokenFile(dir / "t.bin", tokens, 1000).ok());
-  auto file = TokenFile::Open(dir / "t.bin", 1000);
-  ASSERT_TRUE(file.ok());
-  std::shared_ptr<const TokenFile> shared = std::move(*file);
-  auto sampler = MakeTokenFileSampler(shared, {.batch = 3, .seq_len = 16, .seed = 1});
-  ASSERT_TRUE(sampler.ok());
-  const Batch a = (*sampler)->Sample(4, 0, 1);
-  EXPECT_EQ(a.inputs, (*sampler)->Sample(4, 0, 1).inputs);
-  EXPECT_NE(a.inputs, (*sampler)->Sample(5, 0, 1).inputs);
-  EXPECT_NE(a.inputs, (*sampler)->Sample(4, 1, 1).inputs);
-  EXPECT_NE(a.inputs, (*sampler)->Sample(4, 0, 0).inputs);
+  DataSourceConfig data;
+  data.source = "tokens";
+  data.paths = {{dir / "t.bin"}};
+  data.model_vocab = 1000;
+  auto made = MakeSamplers(data, {.batch = 3, .seq_len = 16, .seed = 1, .global_batch = 6});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Sampler& sampler = *made->train;
+  EXPECT_EQ(made->validation, nullptr);  // no data.validation
+  const Batch a = sampler.Sample(4, 0, 1);
+  EXPECT_EQ(a.inputs, sampler.Sample(4, 0, 1).inputs);
+  EXPECT_NE(a.inputs, sampler.Sample(5, 0, 1).inputs);
+  EXPECT_NE(a.inputs, sampler.Sample(4, 0, 0).inputs);
   for (int b = 0; b < 3; ++b) {
     for (int t = 0; t < 16; ++t) {
       EXPECT_EQ(a.targets[b * 16 + t], (a.inputs[b * 16 + t] + 1) % 1000);  // consecutive tokens
     }
   }
-  // A file shorter than seq_len + 1 is refused.
-  auto tiny = MakeTokenFileSampler(shared, {.batch = 1, .seq_len = 5000, .seed = 1});
-  EXPECT_FALSE(tiny.ok());
+  // A file shorter than seq_len + 1 is refused, naming it.
+  auto tiny = MakeSamplers(data, {.batch = 1, .seq_len = 5000, .seed = 1});
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_THAT(std::string(tiny.status().message()), ::testing::HasSubstr(dir / "t.bin"));
 }
 
 }  // namespace

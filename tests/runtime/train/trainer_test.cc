@@ -16,8 +16,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/counter_rng.h"
+#include "runtime/data/data_sources.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
+#include "runtime/data/token_file.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -214,6 +216,78 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
             0);
   EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
   EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+}
+
+// A token file of `windows` sequences of T + 1 tokens over V symbols (a fixed pseudo-random walk),
+// sampled in shuffled epochs with a tenth held out, through the prefetching wrapper the worker
+// uses.
+std::unique_ptr<data::Sampler> TokenSampler(const std::string& path, int V, int B, int T, int m,
+                                            uint64_t seed, double fraction = 0.1) {
+  if (!std::filesystem::exists(path)) {
+    std::vector<int32_t> tokens(static_cast<size_t>(50 * T + 1));
+    data::CounterRng rng(77);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng.NextBelow(V));
+    EXPECT_TRUE(data::WriteTokenFile(path, tokens, V).ok());
+  }
+  data::DataSourceConfig source;
+  source.source = "tokens";
+  source.paths = {{path}};
+  source.model_vocab = V;
+  source.validation_fraction = fraction;
+  auto made = data::MakeSamplers(
+      source, {.batch = B, .seq_len = T, .seed = seed, .global_batch = int64_t{B} * m});
+  EXPECT_TRUE(made.ok()) << made.status();
+  return data::MakePrefetchingSampler(std::move(made->train), 0, m);
+}
+
+TEST(TrainerTest, ResumeMidEpochOnTokenDataIsBitIdentical) {
+  const int V = 16, T = 16;
+  testing_util::TestDir dir;
+  TrainConfig config = ResumeConfig();
+  // 50 windows, 5 held out and 1 dropped: 44 per epoch, 8 per step. The checkpoint of step 10 is
+  // at sequence 80, index 36 of epoch 1; the run ends in epoch 3.
+  const std::unique_ptr<data::Sampler> sampler =
+      TokenSampler(dir / "t.tokens", V, 4, T, config.micro_batches, config.seed);
+  EXPECT_EQ(sampler->PositionAt(10).epoch, 1);
+  EXPECT_EQ(sampler->PositionAt(10).index_in_epoch, 36);
+
+  BigramModel straight(V, T, 1);
+  auto a = Trainer::Create(&straight, sampler.get(), config);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Run().ok());
+
+  config.checkpoint = {.dir = dir / "ckpt", .every = 5, .keep = 2};
+  BigramModel first(V, T, 1);
+  auto b = Trainer::Create(&first, sampler.get(), config);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**b).ok());
+  std::ifstream manifest(dir / "ckpt/step-00000010/manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(manifest)), {});
+  EXPECT_THAT(text, HasSubstr("\"index_in_epoch\": 36"));
+  EXPECT_THAT(text, HasSubstr("\"epoch\": 1"));
+
+  // A fresh process: its own sampler (and prefetch thread) over the same file.
+  const std::unique_ptr<data::Sampler> again =
+      TokenSampler(dir / "t.tokens", V, 4, T, config.micro_batches, config.seed);
+  BigramModel second(V, T, 999);
+  auto c = Trainer::Create(&second, again.get(), config);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->RestoreLatest().ok());
+  ASSERT_TRUE((*c)->Run().ok());
+  EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
+                        sizeof(float) * straight.num_params()),
+            0);
+  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
+
+  // Another split (or seed, seq_len, global batch, file) reads other sequences: refused.
+  const std::unique_ptr<data::Sampler> other =
+      TokenSampler(dir / "t.tokens", V, 4, T, config.micro_batches, config.seed, 0.2);
+  BigramModel third(V, T, 1);
+  auto d = Trainer::Create(&third, other.get(), config);
+  ASSERT_TRUE(d.ok());
+  const absl::Status refused = (*d)->RestoreLatest().status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("resuming would read other sequences"));
 }
 
 TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {

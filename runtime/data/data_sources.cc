@@ -1,0 +1,103 @@
+#include "runtime/data/data_sources.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/base/status.h"
+#include "runtime/data/epoch_sampler.h"
+#include "runtime/data/indexed_dataset.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/token_file.h"
+
+namespace furnace::data {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const TokenStream>> OpenStream(const std::string& source,
+                                                              const std::string& path,
+                                                              int64_t vocab) {
+  if (source == "tokens") {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file, TokenFile::Open(path, vocab));
+    return std::shared_ptr<const TokenStream>(std::move(file));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexedDataset> ds, IndexedDataset::Open(path, vocab));
+  return std::shared_ptr<const TokenStream>(std::move(ds));
+}
+
+absl::StatusOr<std::vector<EpochSource>> OpenAll(const DataSourceConfig& data,
+                                                 const std::vector<DataPath>& paths,
+                                                 std::string* description) {
+  std::vector<EpochSource> sources;
+  for (const DataPath& p : paths) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const TokenStream> stream,
+                     OpenStream(data.source, p.path, data.model_vocab));
+    absl::StrAppendFormat(description, "%s%s (%d tokens, weight %g)", sources.empty() ? "" : ", ",
+                          p.path, stream->size(), p.weight);
+    sources.push_back({std::move(stream), p.weight});
+  }
+  return sources;
+}
+
+absl::StatusOr<Samplers> MakeMarkovSamplers(const DataSourceConfig& data,
+                                            const SamplerConfig& sampler) {
+  MarkovConfig mc;
+  mc.vocab = static_cast<int>(data.model_vocab);
+  mc.seed = data.markov_seed;
+  ASSIGN_OR_RETURN(MarkovChain chain, MarkovChain::Create(mc));
+  Samplers out;
+  out.entropy_floor = chain.entropy_rate();
+  out.description =
+      absl::StrFormat("synthetic Markov chain over %d symbols, entropy floor H = %.4f nats/token",
+                      chain.vocab(), out.entropy_floor);
+  ASSIGN_OR_RETURN(out.train, MakeMarkovSampler(chain, sampler));
+  ASSIGN_OR_RETURN(out.validation, MakeMarkovSampler(std::move(chain), sampler, true));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler) {
+  if (data.source == "markov") return MakeMarkovSamplers(data, sampler);
+  if (data.source != "tokens" && data.source != "indexed") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.source: ", data.source, " (allowed: markov, tokens, indexed)"));
+  }
+  if (data.paths.empty() || (data.source == "tokens" && data.paths.size() != 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path: ", data.source, " data needs ",
+                     data.source == "tokens" ? "exactly one token file" : "a prefix or a blend",
+                     ", got ", data.paths.size(), " paths"));
+  }
+  if (data.validation_fraction > 0 && !data.validation_paths.empty()) {
+    return absl::InvalidArgumentError(
+        "data.validation: give either a fraction or a path, not both");
+  }
+  Samplers out;
+  out.description = absl::StrCat(data.source == "tokens" ? "token file " : "indexed data ");
+  ASSIGN_OR_RETURN(std::vector<EpochSource> sources, OpenAll(data, data.paths, &out.description));
+
+  EpochSamplerOptions train;
+  if (data.validation_fraction > 0) {
+    train.part = SplitPart::kTrain;
+    train.validation_fraction = data.validation_fraction;
+    EpochSamplerOptions held_out = train;
+    held_out.part = SplitPart::kValidation;
+    held_out.shuffle = false;
+    ASSIGN_OR_RETURN(out.validation, MakeEpochSampler(sources, sampler, held_out));
+    absl::StrAppendFormat(&out.description, "; %g of each held out for validation",
+                          data.validation_fraction);
+  } else if (!data.validation_paths.empty()) {
+    absl::StrAppend(&out.description, "; validation ");
+    ASSIGN_OR_RETURN(std::vector<EpochSource> held_out,
+                     OpenAll(data, data.validation_paths, &out.description));
+    ASSIGN_OR_RETURN(out.validation,
+                     MakeEpochSampler(std::move(held_out), sampler, {.shuffle = false}));
+  }
+  ASSIGN_OR_RETURN(out.train, MakeEpochSampler(std::move(sources), sampler, train));
+  const DataPosition start = out.train->PositionAt(0);
+  absl::StrAppendFormat(&out.description, "; %d training sequences of %d tokens per epoch",
+                        start.epoch_sequences, sampler.seq_len + 1);
+  return out;
+}
+
+}  // namespace furnace::data

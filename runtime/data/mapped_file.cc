@@ -1,0 +1,48 @@
+#include "runtime/data/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace furnace::data {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
+                                                             const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open: ", ErrnoText()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    std::string err = ErrnoText();
+    ::close(fd);
+    return absl::InternalError(absl::StrCat(what, " ", path, ": fstat: ", err));
+  }
+  std::unique_ptr<MappedFile> file(new MappedFile());
+  if (st.st_size == 0) {
+    ::close(fd);
+    return file;
+  }
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const std::string map_err = map == MAP_FAILED ? ErrnoText() : "";
+  ::close(fd);
+  if (map == MAP_FAILED)
+    return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
+  file->data_ = static_cast<const unsigned char*>(map);
+  file->bytes_ = static_cast<size_t>(st.st_size);
+  return file;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), bytes_);
+}
+
+}  // namespace furnace::data

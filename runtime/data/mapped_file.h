@@ -1,0 +1,44 @@
+// A whole file memory-mapped read-only, and little-endian loads from it: what the token-file and
+// indexed-dataset readers share.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace furnace::data {
+
+// Owns the mapping (unmapped on destruction). Immutable: safe to read from any thread.
+class MappedFile {
+ public:
+  // `what` names the kind of file in errors ("token file", "indexed dataset index"). NotFound
+  // when it cannot be opened. An empty file maps to size 0 and data nullptr.
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path,
+                                                          const std::string& what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const unsigned char* data() const { return data_; }
+  int64_t size() const { return static_cast<int64_t>(bytes_); }
+
+ private:
+  MappedFile() = default;
+  const unsigned char* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+inline uint32_t LoadU32(const unsigned char* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+inline uint64_t LoadU64(const unsigned char* p) {
+  return LoadU32(p) | uint64_t{LoadU32(p + 4)} << 32;
+}
+
+// strerror(errno) as a string.
+std::string ErrnoText();
+
+}  // namespace furnace::data

@@ -1,0 +1,224 @@
+// Epochs, blends, the held-out split and prefetching over in-memory token streams.
+#include "runtime/data/epoch_sampler.h"
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace furnace::data {
+namespace {
+
+// Token i of stream `tag` is tag * 100000 + i: a window's first token says where it came from.
+class FakeStream : public TokenStream {
+ public:
+  FakeStream(int64_t size, int tag) : size_(size), tag_(tag), path_("fake" + std::to_string(tag)) {}
+  const std::string& path() const override { return path_; }
+  int64_t size() const override { return size_; }
+  int64_t vocab() const override { return 1 << 30; }
+  void Read(int64_t begin, int64_t n, int32_t* out) const override {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(tag_ * 100000 + begin + i);
+  }
+
+ private:
+  int64_t size_;
+  int tag_;
+  std::string path_;
+};
+
+std::shared_ptr<const TokenStream> Stream(int64_t size, int tag = 0) {
+  return std::make_shared<FakeStream>(size, tag);
+}
+
+// The first token of each sequence of micro-batches 0 .. G/B - 1 of `step`.
+std::vector<int32_t> StepStarts(const Sampler& s, int64_t step) {
+  const SamplerConfig& c = s.config();
+  std::vector<int32_t> starts;
+  for (int g = 0; g < c.global_batch / c.batch; ++g) {
+    const Batch b = s.Sample(step, 0, g);
+    for (int i = 0; i < b.B; ++i) starts.push_back(b.inputs[i * b.T]);
+  }
+  return starts;
+}
+
+TEST(FeistelPermutationTest, IsABijectionForEverySize) {
+  for (uint64_t n : {1u, 2u, 3u, 5u, 16u, 17u, 1000u, 4097u}) {
+    const FeistelPermutation p(n, 42 + n);
+    std::set<uint64_t> seen;
+    for (uint64_t i = 0; i < n; ++i) seen.insert(p.At(i));
+    EXPECT_EQ(seen.size(), n);
+    EXPECT_LT(*seen.rbegin(), n);
+  }
+  const FeistelPermutation a(1000, 1), b(1000, 2);
+  int same = 0;
+  for (uint64_t i = 0; i < 1000; ++i) same += a.At(i) == b.At(i) ? 1 : 0;
+  EXPECT_LT(same, 20);  // another key, another order
+}
+
+TEST(EpochSamplerTest, EveryWindowOncePerEpochInANewOrderEachEpoch) {
+  const int T = 4;
+  const int64_t windows = 60;  // a stream of 241 tokens
+  auto made = MakeEpochSampler({{Stream(windows * T + 1)}},
+                               {.batch = 3, .seq_len = T, .seed = 9, .global_batch = 12}, {});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Sampler& s = **made;
+  // 5 steps of 12 sequences are exactly one epoch.
+  std::vector<int32_t> epoch0, epoch1;
+  for (int step = 0; step < 5; ++step) {
+    for (int32_t t : StepStarts(s, step)) epoch0.push_back(t);
+    for (int32_t t : StepStarts(s, step + 5)) epoch1.push_back(t);
+  }
+  std::set<int32_t> all0(epoch0.begin(), epoch0.end()), all1(epoch1.begin(), epoch1.end());
+  EXPECT_EQ(all0.size(), 60u);
+  EXPECT_EQ(all0, all1);
+  for (int32_t t : all0) EXPECT_EQ(t % T, 0);
+  EXPECT_NE(epoch0, epoch1);
+  const DataPosition p = s.PositionAt(7);
+  EXPECT_EQ(p.sequences, 84);
+  EXPECT_EQ(p.epoch, 1);
+  EXPECT_EQ(p.index_in_epoch, 24);
+  EXPECT_EQ(p.epoch_sequences, 60);
+}
+
+TEST(EpochSamplerTest, TheGlobalBatchDoesNotDependOnHowItIsSplit) {
+  // One process with 4 micro-batches of 2, or dp 2 x 2 micro-batches of 2, or 1 of 8: the step's
+  // sequences, in global order, are the same.
+  auto a = MakeEpochSampler({{Stream(1000)}},
+                            {.batch = 2, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
+  auto b = MakeEpochSampler({{Stream(1000)}},
+                            {.batch = 8, .seq_len = 5, .seed = 3, .global_batch = 8}, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int step : {0, 1, 30}) EXPECT_EQ(StepStarts(**a, step), StepStarts(**b, step));
+}
+
+TEST(EpochSamplerTest, BlendFollowsTheWeightsAndEachDatasetHasItsOwnEpochs) {
+  auto made = MakeEpochSampler({{Stream(4001, 1), 0.75}, {Stream(2001, 2), 0.25}},
+                               {.batch = 4, .seq_len = 10, .seed = 1, .global_batch = 16}, {});
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::map<int, int64_t> per_dataset;
+  std::map<int, std::map<int32_t, int>> seen;
+  for (int step = 0; step < 512; ++step) {  // 8192 positions: two periods of 4096
+    for (int32_t t : StepStarts(**made, step)) {
+      ++per_dataset[t / 100000];
+      ++seen[t / 100000][t];
+    }
+  }
+  EXPECT_EQ(per_dataset[1], 6144);
+  EXPECT_EQ(per_dataset[2], 2048);
+  // Dataset 2 has 200 windows: 2048 draws are 10 whole epochs and 48 of the 11th.
+  ASSERT_EQ(seen[2].size(), 200u);
+  int at_eleven = 0;
+  for (const auto& [t, n] : seen[2]) {
+    EXPECT_TRUE(n == 10 || n == 11) << t << " seen " << n;
+    at_eleven += n == 11;
+  }
+  EXPECT_EQ(at_eleven, 48);
+  // A weight below 1/4096 of the blend is refused, naming the dataset.
+  auto tiny = MakeEpochSampler({{Stream(4001, 1), 1.0}, {Stream(2001, 2), 1e-5}},
+                               {.batch = 4, .seq_len = 10, .seed = 1}, {});
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_THAT(std::string(tiny.status().message()), ::testing::HasSubstr("fake2"));
+}
+
+TEST(EpochSamplerTest, HeldOutWindowsAreNeverTrainedOn) {
+  const int T = 8;
+  const SamplerConfig c{.batch = 5, .seq_len = T, .seed = 4, .global_batch = 10};
+  EpochSamplerOptions train{.part = SplitPart::kTrain, .validation_fraction = 0.1};
+  EpochSamplerOptions held{
+      .part = SplitPart::kValidation, .validation_fraction = 0.1, .shuffle = false};
+  auto tr = MakeEpochSampler({{Stream(100 * T + 1)}}, c, train);
+  auto va = MakeEpochSampler({{Stream(100 * T + 1)}}, c, held);
+  ASSERT_TRUE(tr.ok() && va.ok());
+  EXPECT_EQ((*tr)->PositionAt(0).epoch_sequences, 89);  // 100 - 10 held out - 1 dropped
+  std::set<int32_t> trained;  // every token a training sequence reads, targets included
+  for (int step = 0; step < 9; ++step) {
+    for (int g = 0; g < 2; ++g) {
+      const Batch b = (*tr)->Sample(step, 0, g);
+      trained.insert(b.inputs.begin(), b.inputs.end());
+      trained.insert(b.targets.begin(), b.targets.end());
+    }
+  }
+  // Validation: windows 90..99 in order, wrapping; eval batch i is the same at every call.
+  std::vector<int32_t> starts = StepStarts(**va, 0);
+  EXPECT_EQ(starts, (std::vector<int32_t>{720, 728, 736, 744, 752, 760, 768, 776, 784, 792}));
+  EXPECT_EQ(StepStarts(**va, 1), starts);
+  for (int g = 0; g < 2; ++g) {
+    const Batch b = (*va)->Sample(0, 0, g);
+    for (int32_t t : b.inputs) EXPECT_EQ(trained.count(t), 0u) << t;
+    for (int32_t t : b.targets) EXPECT_EQ(trained.count(t), 0u) << t;
+  }
+}
+
+TEST(EpochSamplerTest, TooShortDataIsRefusedNamingTheFile) {
+  auto made = MakeEpochSampler({{Stream(20, 3)}}, {.batch = 1, .seq_len = 32}, {});
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(std::string(made.status().message()), ::testing::HasSubstr("fake3: 20 tokens"));
+}
+
+// Records which threads ask the inner sampler for which batches.
+class RecordingSampler : public Sampler {
+ public:
+  explicit RecordingSampler(std::unique_ptr<Sampler> inner) : inner_(std::move(inner)) {}
+  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (std::this_thread::get_id() != owner_) background_.insert({step, micro_batch});
+    }
+    return inner_->Sample(step, dp_rank, micro_batch);
+  }
+  int64_t vocab() const override { return inner_->vocab(); }
+  const SamplerConfig& config() const override { return inner_->config(); }
+  DataPosition PositionAt(int64_t step) const override { return inner_->PositionAt(step); }
+  bool DoneInBackground(int64_t step, int micro) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return background_.count({step, micro}) > 0;
+  }
+
+ private:
+  std::unique_ptr<Sampler> inner_;
+  std::thread::id owner_ = std::this_thread::get_id();
+  mutable std::mutex mu_;
+  mutable std::set<std::pair<int64_t, int>> background_;
+};
+
+TEST(PrefetchingSamplerTest, PreparesTheNextMicroBatchesOnItsThread) {
+  const SamplerConfig c{.batch = 2, .seq_len = 6, .seed = 8, .global_batch = 8};
+  auto inner = MakeEpochSampler({{Stream(5000)}}, c, {});
+  ASSERT_TRUE(inner.ok());
+  auto recording = std::make_unique<RecordingSampler>(std::move(*inner));
+  const RecordingSampler* rec = recording.get();
+  auto prefetching = MakePrefetchingSampler(std::move(recording), 2, 2, /*depth=*/3);
+  prefetching->Sample(0, 0, 2);
+  // The next three of this rank's micro-batches: (0, 3), (1, 2), (1, 3). Waits for the thread
+  // (no time limit is asserted: the test's own timeout bounds it).
+  for (auto [step, micro] : {std::pair{0, 3}, std::pair{1, 2}, std::pair{1, 3}}) {
+    while (!rec->DoneInBackground(step, micro)) std::this_thread::yield();
+  }
+  EXPECT_FALSE(rec->DoneInBackground(2, 2));  // not beyond the depth
+}
+
+TEST(PrefetchingSamplerTest, ReturnsExactlyTheInnerBatches) {
+  const SamplerConfig c{.batch = 2, .seq_len = 6, .seed = 8, .global_batch = 8};
+  auto inner = MakeEpochSampler({{Stream(5000)}}, c, {});
+  auto reference = MakeEpochSampler({{Stream(5000)}}, c, {});
+  ASSERT_TRUE(inner.ok() && reference.ok());
+  // This rank is data-parallel rank 1 of 2 with 2 micro-batches: global micro-batches 2 and 3.
+  auto prefetching = MakePrefetchingSampler(std::move(*inner), 2, 2);
+  for (int step = 0; step < 20; ++step) {
+    for (int g : {2, 3}) {
+      EXPECT_EQ(prefetching->Sample(step, 0, g).inputs, (*reference)->Sample(step, 0, g).inputs);
+    }
+  }
+  // Out of order and repeated requests are still exact.
+  EXPECT_EQ(prefetching->Sample(3, 0, 0).targets, (*reference)->Sample(3, 0, 0).targets);
+  EXPECT_EQ(prefetching->Sample(3, 0, 0).targets, (*reference)->Sample(3, 0, 0).targets);
+  EXPECT_EQ(prefetching->PositionAt(9).order, (*reference)->PositionAt(9).order);
+}
+
+}  // namespace
+}  // namespace furnace::data

@@ -1,0 +1,186 @@
+// Megatron indexed datasets written by the independent writer tests/reference/megatron_indexed.py
+// (numpy, from the format description) read back through IndexedDataset, and damaged or
+// unsupported files refused with errors that name the file.
+#include "runtime/data/indexed_dataset.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/data/data_sources.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::data {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs the writer; returns the sequences it says it wrote (one per line of PREFIX.expected).
+std::vector<std::vector<int32_t>> WriteWithReference(const std::string& prefix,
+                                                     const std::string& args) {
+  const std::string command = std::string(FURNACE_NUMPY_PYTHON) + " " + FURNACE_SOURCE_DIR +
+                              "/tests/reference/megatron_indexed.py --prefix " + prefix + " " +
+                              args;
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  std::vector<std::vector<int32_t>> sequences;
+  std::ifstream in(prefix + ".expected");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line.substr(line.find(':') + 1));
+    std::vector<int32_t> seq;
+    for (int32_t t; fields >> t;) seq.push_back(t);
+    sequences.push_back(std::move(seq));
+  }
+  return sequences;
+}
+
+std::string Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void Put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string OpenError(const std::string& prefix, int64_t vocab = 1000) {
+  auto ds = IndexedDataset::Open(prefix, vocab);
+  return ds.ok() ? "opened" : std::string(ds.status().message());
+}
+
+class IndexedDtypeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(IndexedDtypeTest, ReadsWhatTheIndependentWriterWrote) {
+  testing_util::TestDir dir;
+  const std::string prefix = dir / "corpus";
+  const int vocab = GetParam() == "uint8" || GetParam() == "int8" ? 100 : 30000;
+  const auto expected = WriteWithReference(
+      prefix, "--seed 7 --documents 23 --sequences-per-document 3 --max-sequence 50 --vocab " +
+                  std::to_string(vocab) + " --dtype " + GetParam());
+  ASSERT_EQ(expected.size(), 69u);
+  auto ds = IndexedDataset::Open(prefix, vocab);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_sequences(), 69);
+  EXPECT_EQ((*ds)->num_documents(), 23);
+  std::vector<int32_t> stream;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ((*ds)->Sequence(static_cast<int64_t>(i)), expected[i]) << "sequence " << i;
+    stream.insert(stream.end(), expected[i].begin(), expected[i].end());
+  }
+  // The stream is every sequence in file order; reads may start and end anywhere.
+  ASSERT_EQ((*ds)->size(), static_cast<int64_t>(stream.size()));
+  for (int64_t begin : {int64_t{0}, int64_t{1}, int64_t{37}, (*ds)->size() - 60}) {
+    std::vector<int32_t> got(60);
+    (*ds)->Read(begin, 60, got.data());
+    EXPECT_EQ(got, std::vector<int32_t>(stream.begin() + begin, stream.begin() + begin + 60))
+        << "from token " << begin;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, IndexedDtypeTest,
+                         ::testing::Values("uint16", "int32", "int64", "uint8", "int8", "int16"));
+
+TEST(IndexedDatasetTest, SamplerWindowsAreCutFromTheStream) {
+  testing_util::TestDir dir;
+  const std::string prefix = dir / "corpus";
+  const auto expected = WriteWithReference(prefix, "--seed 3 --documents 40 --vocab 500");
+  std::vector<int32_t> stream;
+  for (const auto& s : expected) stream.insert(stream.end(), s.begin(), s.end());
+  const int T = 8;
+  DataSourceConfig data;
+  data.source = "indexed";
+  data.paths = {{prefix}};
+  data.model_vocab = 500;
+  auto made = MakeSamplers(data, {.batch = 2, .seq_len = T, .seed = 1, .global_batch = 4});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / T;
+  EXPECT_EQ(made->train->PositionAt(0).epoch_sequences, windows);
+  // Every sequence of a batch is some window k: inputs stream[kT, kT+T), targets shifted by one.
+  const Batch batch = made->train->Sample(3, 0, 1);
+  for (int b = 0; b < 2; ++b) {
+    const int32_t* in = batch.inputs.data() + b * T;
+    bool found = false;
+    for (int64_t k = 0; k < windows && !found; ++k) {
+      found = std::equal(in, in + T, stream.begin() + k * T) &&
+              std::equal(batch.targets.begin() + b * T, batch.targets.begin() + (b + 1) * T,
+                         stream.begin() + k * T + 1);
+    }
+    EXPECT_TRUE(found) << "sequence " << b << " is no window of the stream";
+  }
+}
+
+TEST(IndexedDatasetTest, MissingFilesAreNamed) {
+  testing_util::TestDir dir;
+  const std::string prefix = dir / "corpus";
+  EXPECT_THAT(OpenError(prefix), HasSubstr(prefix + ".idx"));
+  WriteWithReference(prefix, "--documents 3");
+  std::remove((prefix + ".bin").c_str());
+  EXPECT_THAT(OpenError(prefix), HasSubstr(prefix + ".bin"));
+}
+
+TEST(IndexedDatasetTest, DamagedOrUnsupportedIndexesAreRefusedNamingTheFile) {
+  testing_util::TestDir dir;
+  const std::string prefix = dir / "corpus";
+  const std::string idx = prefix + ".idx";
+  WriteWithReference(prefix, "--seed 1 --documents 5");
+  const std::string good = Bytes(idx);
+  ASSERT_EQ(OpenError(prefix), "opened");
+
+  std::string bad = good;
+  bad.replace(0, 6, "TNTIDX");
+  Put(idx, bad);
+  EXPECT_THAT(OpenError(prefix), HasSubstr(idx + ": bad magic"));
+
+  bad = good;
+  bad[9] = 2;  // version 2
+  Put(idx, bad);
+  EXPECT_THAT(OpenError(prefix),
+              HasSubstr(idx + ": unsupported version 2 (this build reads version 1)"));
+
+  bad = good;
+  bad[17] = 7;  // float32
+  Put(idx, bad);
+  EXPECT_THAT(OpenError(prefix), HasSubstr("unsupported dtype code 7"));
+  EXPECT_THAT(OpenError(prefix), HasSubstr("8 uint16"));
+
+  for (size_t keep : {size_t{4}, size_t{20}, good.size() - 3}) {
+    Put(idx, good.substr(0, keep));
+    const std::string error = OpenError(prefix);
+    EXPECT_THAT(error, HasSubstr(idx));
+    EXPECT_THAT(error, ::testing::AnyOf(HasSubstr("truncated"), HasSubstr("bad magic")))
+        << "kept " << keep;
+  }
+
+  Put(idx, good + std::string(3, '\0'));
+  EXPECT_THAT(OpenError(prefix), HasSubstr(idx + ": has 3 bytes after"));
+
+  // The .bin shorter than the index says.
+  Put(idx, good);
+  const std::string bin = Bytes(prefix + ".bin");
+  Put(prefix + ".bin", bin.substr(0, bin.size() - 2));
+  EXPECT_THAT(OpenError(prefix), HasSubstr(prefix + ".bin: truncated"));
+}
+
+TEST(IndexedDatasetTest, MultimodalAndFloatIndexesAreRefusedAsSuch) {
+  testing_util::TestDir dir;
+  WriteWithReference(dir / "mm", "--documents 4 --modes");
+  EXPECT_THAT(OpenError(dir / "mm"), HasSubstr("multimodal"));
+  WriteWithReference(dir / "f", "--documents 4 --dtype float32");
+  EXPECT_THAT(OpenError(dir / "f"), HasSubstr(dir / "f.idx: unsupported dtype code 7"));
+}
+
+TEST(IndexedDatasetTest, TokenBeyondTheVocabIsRefusedWithItsPlace) {
+  testing_util::TestDir dir;
+  const std::string prefix = dir / "corpus";
+  WriteWithReference(prefix, "--seed 2 --documents 30 --vocab 5000");
+  const std::string error = OpenError(prefix, 100);
+  EXPECT_THAT(error, HasSubstr(prefix + ".bin: token "));
+  EXPECT_THAT(error, HasSubstr("outside the model's vocab [0, 100)"));
+  EXPECT_EQ(OpenError(prefix, 5000), "opened");
+}
+
+}  // namespace
+}  // namespace furnace::data
