@@ -16,6 +16,7 @@
 #include "runtime/base/clock.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/in_flight.h"
+#include "runtime/data/counter_rng.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
@@ -39,6 +40,8 @@
 
 namespace furnace::worker {
 namespace {
+
+constexpr uint64_t kHeldOutDomain = 0x48454c444f555431ull;  // "HELDOUT1": the held-out stream
 
 model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   model::ModelConfig c;
@@ -80,6 +83,8 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.checkpoint.every = spec.checkpoint().every();
   c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
   c.checkpoint.async = spec.checkpoint().async();
+  c.eval.every = spec.eval().every();
+  c.eval.batches = static_cast<int>(spec.eval().batches());
   return c;
 }
 
@@ -222,6 +227,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
 
   // Data first: a bad token file is the user's to fix and is refused before anything else.
   std::unique_ptr<data::Sampler> sampler;
+  std::unique_ptr<data::Sampler> held_out;  // eval.every > 0
   data::SamplerConfig sc;
   sc.batch = static_cast<int>(spec.parallel().micro_batch());
   sc.seq_len = config.seq_len;
@@ -253,6 +259,18 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                   absl::StrCat("data: ", made_chain.status().message()));
     }
     entropy_floor = made_chain->entropy_rate();
+    if (spec.eval().every() > 0) {
+      // Held out: independent draws of the same chain on a stream of its own (the training
+      // stream is keyed by the train seed, this one by a hash of it).
+      data::SamplerConfig held_out_config = sc;
+      held_out_config.seed = data::HashKey({kHeldOutDomain, sc.seed});
+      auto made_held_out = data::MakeMarkovSampler(*made_chain, held_out_config);
+      if (!made_held_out.ok()) {
+        return Fail(progress, 0, kRankExitBadInput,
+                    absl::StrCat("data: ", made_held_out.status().message()));
+      }
+      held_out = std::move(*made_held_out);
+    }
     auto made = data::MakeMarkovSampler(std::move(*made_chain), sc);
     if (!made.ok()) {
       return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", made.status().message()));
@@ -428,8 +446,13 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
 
   train::TrainConfig train_config = TrainConfigFrom(spec, peak);
   if (spec.checkpoint().every_auto()) ConfigureAutoInterval(task, train_config.checkpoint);
+  if (spec.eval().every() > 0 && held_out == nullptr) {
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat("eval.every: no held-out data for data.source ", spec.data().source(),
+                             " (only markov has a held-out stream in this build)"));
+  }
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), train_config, nullptr,
-                                        parallel ? &layout->runtime : nullptr);
+                                        parallel ? &layout->runtime : nullptr, held_out.get());
   if (!trainer.ok()) {
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("train: ", trainer.status().message()));
@@ -504,6 +527,12 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     if (!s.checkpoint_error.empty()) {
       spdlog::warn("{}", s.checkpoint_error);
       ++checkpoint_errors_logged;
+    }
+    if (s.eval && reporter) {
+      spdlog::info("eval after step {}: held-out loss {:.4f} (perplexity {:.2f}) over {} batches, "
+                   "{} tokens, {:.1f} ms",
+                   done, s.eval->loss, s.eval->perplexity, s.eval->batches, s.eval->tokens,
+                   s.eval->seconds * 1e3);
     }
     if (s.checkpoint_interval_changed && reporter && s.checkpoint_interval_seconds == 0) {
       spdlog::info(

@@ -243,6 +243,25 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                   "omit it, or set data.source: tokens"});
   }
 
+  const auto& ev = spec.eval();
+  if (ev.every() > 0 && ev.batches() == 0) {
+    c.Fail({"eval.batches", "eval.every"},
+           Problem{"must be >= 1 when eval.every is set", "0",
+                   "1 or more held-out micro-batches of parallel.micro_batch sequences"});
+  } else if (ev.every() == 0 && diag->Present("eval.batches")) {
+    c.Fail({"eval.batches"}, Problem{"only used when eval.every > 0",
+                                     absl::StrCat(ev.batches(), " with eval.every 0"),
+                                     "omit it, or set eval.every"});
+  }
+  if (ev.every() > 0 && d.source() != "markov") {
+    // Markov data has an independent held-out stream; other sources need a held-out split
+    // (data.validation), which this build does not read yet.
+    c.Fail({"eval.every", "data.source"},
+           Problem{absl::StrCat("needs held-out data: data.source ", d.source(),
+                                " has no held-out split in this build (data.validation)"),
+                   absl::StrCat(ev.every()), "0 (off), or data.source: markov"});
+  }
+
   const auto& b = spec.recovery().backoff();
   if (b.max_s() < b.initial_s()) {
     c.Fail({"recovery.backoff.max_s", "recovery.backoff.initial_s"},

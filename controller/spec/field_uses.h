@@ -80,6 +80,9 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"data.path", FieldUse::kUsed, "data().path()"},
     {"data.seed", FieldUse::kUsed, "data().seed()"},
 
+    {"eval.every", FieldUse::kUsed, "c.eval.every = spec.eval().every()"},
+    {"eval.batches", FieldUse::kUsed, "c.eval.batches = static_cast<int>(spec.eval().batches())"},
+
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
     {"checkpoint.keep", FieldUse::kUsed, "checkpoint().keep()"},
