@@ -529,10 +529,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       ++checkpoint_errors_logged;
     }
     if (s.eval && reporter) {
-      spdlog::info("eval after step {}: held-out loss {:.4f} (perplexity {:.2f}) over {} batches, "
-                   "{} tokens, {:.1f} ms",
-                   done, s.eval->loss, s.eval->perplexity, s.eval->batches, s.eval->tokens,
-                   s.eval->seconds * 1e3);
+      spdlog::info(
+          "eval after step {}: held-out loss {:.4f} (perplexity {:.2f}) over {} batches, "
+          "{} tokens, {:.1f} ms",
+          done, s.eval->loss, s.eval->perplexity, s.eval->batches, s.eval->tokens,
+          s.eval->seconds * 1e3);
     }
     if (s.checkpoint_interval_changed && reporter && s.checkpoint_interval_seconds == 0) {
       spdlog::info(

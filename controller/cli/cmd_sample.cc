@@ -48,8 +48,8 @@ model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe)
 struct LoadedModel {
   model::ModelConfig config;
   model::Weights weights;
-  std::string source;  // what the weights came from, for the summary line
-  int64_t step = -1;   // the checkpoint's step (-1: a weights file)
+  std::string source;       // what the weights came from, for the summary line
+  int64_t step = -1;        // the checkpoint's step (-1: a weights file)
   std::string data_source;  // the job's data.source ("" for a weights file)
 };
 
@@ -57,8 +57,8 @@ absl::StatusOr<LoadedModel> FromJob(const CommandContext& ctx, const std::string
                                     int64_t step) {
   ASSIGN_OR_RETURN(const v1::JobDetail job, ctx.client->GetJob(job_id));
   if (job.spec().kind() != "train") {
-    return absl::InvalidArgumentError(absl::StrCat("sample: job ", job_id, " is a ",
-                                                   job.spec().kind(), " job, not a train job"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: job ", job_id, " is a ", job.spec().kind(), " job, not a train job"));
   }
   ASSIGN_OR_RETURN(WholeCheckpoint ckpt, LoadJobCheckpoint(job, step, "sample"));
   for (const std::string& reason : ckpt.skipped) {
@@ -72,9 +72,9 @@ absl::StatusOr<LoadedModel> FromJob(const CommandContext& ctx, const std::string
   for (WholeTensor& t : ckpt.tensors) {
     m.weights[t.name] = {std::move(t.shape), std::move(t.data)};
   }
-  m.source = absl::StrCat("job ", job_id, " step ", ckpt.step, " (", ckpt.path,
-                          ckpt.num_shards > 1 ? absl::StrCat(", ", ckpt.num_shards, " shards") : "",
-                          ")");
+  m.source =
+      absl::StrCat("job ", job_id, " step ", ckpt.step, " (", ckpt.path,
+                   ckpt.num_shards > 1 ? absl::StrCat(", ", ckpt.num_shards, " shards") : "", ")");
   m.step = ckpt.step;
   m.data_source = job.spec().data().source();
   return m;
@@ -85,9 +85,9 @@ absl::Status ParseMetadata(const std::map<std::string, std::string>& metadata,
                            const std::string& key, const std::string& path, Message* out) {
   auto it = metadata.find(key);
   if (it == metadata.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--weights ", path, ": no \"", key,
-        "\" metadata saying what model the tensors are (a file written by `furnace export` has it)"));
+    return absl::InvalidArgumentError(absl::StrCat("--weights ", path, ": no \"", key,
+                                                   "\" metadata saying what model the tensors are "
+                                                   "(a file written by `furnace export` has it)"));
   }
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
@@ -166,7 +166,8 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
     ASSIGN_OR_RETURN(loaded, FromJob(ctx, job_id, options.step));
   } else {
     if (options.step != -1) {
-      return absl::InvalidArgumentError("sample: --step names a checkpoint of a JOB, not --weights");
+      return absl::InvalidArgumentError(
+          "sample: --step names a checkpoint of a JOB, not --weights");
     }
     ASSIGN_OR_RETURN(loaded, FromWeights(options.weights));
   }
@@ -194,9 +195,9 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
   if (prompt.empty()) {
     // An empty prompt starts a new document where the vocabulary has a marker for it.
     if (sampling.stop_id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sample: --prompt \"", options.prompt, "\" has no tokens for the ", tokenizer->identity(),
-          " tokenizer (give at least one)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample: --prompt \"", options.prompt, "\" has no tokens for the ",
+                       tokenizer->identity(), " tokenizer (give at least one)"));
     }
     prompt.push_back(sampling.stop_id);
   }
@@ -210,14 +211,13 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
   absl::StatusOr<std::unique_ptr<model::KvDecoder>> decoder =
       model::KvDecoder::Create(loaded.config, std::move(loaded.weights));
   if (!decoder.ok()) {
-    return LocalError(absl::InvalidArgumentError(
-        absl::StrCat(loaded.source, ": ", decoder.status().message())));
+    return LocalError(
+        absl::InvalidArgumentError(absl::StrCat(loaded.source, ": ", decoder.status().message())));
   }
   if (static_cast<int>(prompt.size()) > loaded.config.seq_len) {
     *ctx.err << "furnace: the prompt is " << prompt.size()
              << " tokens; the model's context is seq_len " << loaded.config.seq_len
-             << " tokens: its first " << prompt.size() - loaded.config.seq_len
-             << " are left out\n";
+             << " tokens: its first " << prompt.size() - loaded.config.seq_len << " are left out\n";
   }
 
   // The text streams out as it is drawn (unless --json: one document at the end).

@@ -71,12 +71,12 @@ absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_
                               const ExportOptions& options);
 
 struct SampleOptions {
-  std::string weights;    // a safetensors file instead of a JOB's checkpoint
-  int64_t step = -1;      // the JOB's checkpoint of this step; -1: the newest that verifies
-  std::string prompt;     // text (ids for the ids tokenizer)
-  int tokens = 200;       // -n: tokens to generate at most
+  std::string weights;       // a safetensors file instead of a JOB's checkpoint
+  int64_t step = -1;         // the JOB's checkpoint of this step; -1: the newest that verifies
+  std::string prompt;        // text (ids for the ids tokenizer)
+  int tokens = 200;          // -n: tokens to generate at most
   double temperature = 1.0;  // 0: greedy
-  int top_k = 0;          // 0: every token
+  int top_k = 0;             // 0: every token
   uint64_t seed = 0;
   std::string tokenizer;  // byte | ids | a tokenizer model; empty: the job's
 };

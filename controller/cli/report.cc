@@ -259,7 +259,7 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
   }
   if (m.evals > 0) {
     rows.emplace_back(
-        "held-out loss",
+        "eval loss",
         absl::StrFormat("final %.4f (perplexity %.2f, step %d)  min %.4f (step %d)  %d evaluations",
                         *m.final_eval_loss, *m.final_eval_perplexity,
                         static_cast<uint64_t>(*m.final_eval_step), *m.min_eval_loss,
@@ -357,11 +357,11 @@ std::vector<ReportFile> BuildReport(const v1::JobDetail& job, const v1::JobSerie
     if (r.has_eval()) *evaluated.add_steps() = r;
   }
   if (evaluated.steps_size() > 0) {
-    files.push_back({"eval_loss.svg",
-                     LinePlotFile(
-                         job, evaluated, "held-out loss (eval.every)", "loss (nats/token)",
-                         "held-out loss", [](const v1::StepRecord& r) { return r.eval().loss(); },
-                         false, floor)});
+    files.push_back(
+        {"eval_loss.svg",
+         LinePlotFile(
+             job, evaluated, "held-out loss (eval.every)", "loss (nats/token)", "held-out loss",
+             [](const v1::StepRecord& r) { return r.eval().loss(); }, false, floor)});
   }
   files.push_back({"tokens_per_second.svg",
                    LinePlotFile(

@@ -5,9 +5,9 @@
 // as its own line and the restart is marked by a vertical line where the new attempt starts.
 //
 // Files: loss.svg (with the entropy floor when the job reported one), tokens_per_second.svg,
-// eval_loss.svg (held-out loss, when the job evaluated), mfu.svg, step_seconds.svg, memory.svg (activation peak, and the budget when it is > 0),
-// imbalance_heatmap.svg (step x MoE layer) and summary.txt (with the job's goodput: where its time
-// went, goodput_view.h).
+// eval_loss.svg (held-out loss, when the job evaluated), mfu.svg, step_seconds.svg, memory.svg
+// (activation peak, and the budget when it is > 0), imbalance_heatmap.svg (step x MoE layer) and
+// summary.txt (with the job's goodput: where its time went, goodput_view.h).
 #pragma once
 
 #include <map>

@@ -31,7 +31,8 @@ class DecimalIds final : public Tokenizer {
   explicit DecimalIds(int64_t vocab) : vocab_(vocab) {}
   std::vector<int32_t> Encode(absl::string_view text) const override {
     std::vector<int32_t> ids;
-    for (absl::string_view word : absl::StrSplit(text, absl::ByAnyChar(" ,\t\n"), absl::SkipEmpty())) {
+    for (absl::string_view word :
+         absl::StrSplit(text, absl::ByAnyChar(" ,\t\n"), absl::SkipEmpty())) {
       int32_t id = 0;
       if (absl::SimpleAtoi(word, &id)) ids.push_back(id);
     }
@@ -60,6 +61,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& path
       "runtime/data/tokenizer.h)"));
 }
 
-std::unique_ptr<Tokenizer> IdTokenizer(int64_t vocab) { return std::make_unique<DecimalIds>(vocab); }
+std::unique_ptr<Tokenizer> IdTokenizer(int64_t vocab) {
+  return std::make_unique<DecimalIds>(vocab);
+}
 
 }  // namespace furnace::cli

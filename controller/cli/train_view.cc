@@ -211,7 +211,7 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
   if (m.loss) kv.AddRow({"loss", FormatLoss(m)});
   if (m.aux_loss) kv.AddRow({"aux loss", Fixed4(*m.aux_loss)});
-  if (m.eval_loss) kv.AddRow({"held-out loss", FormatEvalLoss(m)});
+  if (m.eval_loss) kv.AddRow({"eval loss", FormatEvalLoss(m)});
   if (m.tokens) kv.AddRow({"tokens/step", Count(*m.tokens)});
   if (m.tokens_per_second) kv.AddRow({"tokens/s", FormatRate(*m.tokens_per_second)});
   if (m.step_seconds) {

@@ -164,9 +164,8 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return LocalError(absl::NotFoundError(NoCheckpointYet(
-        job, absl::StrCat("the checkpoint directory ", dir,
-                          " does not exist on this machine (", command,
-                          " reads it directly: run it where the directory is visible)"))));
+        job, absl::StrCat("the checkpoint directory ", dir, " does not exist on this machine (",
+                          command, " reads it directly: run it where the directory is visible)"))));
   }
   const train::CheckpointStore store(dir, /*keep=*/0);
   if (step < 0) {
@@ -322,7 +321,8 @@ absl::StatusOr<WholeCheckpoint> LoadJobCheckpoint(const v1::JobDetail& job, int6
   const std::string& dir = job.spec().checkpoint().dir();
   if (dir.empty()) {
     return LocalError(absl::FailedPreconditionError(absl::StrCat(
-        "job ", job.summary().job_id(), " has no checkpoint directory (spec.checkpoint.dir is empty",
+        "job ", job.summary().job_id(),
+        " has no checkpoint directory (spec.checkpoint.dir is empty",
         job.summary().kind().empty() ? ""
                                      : absl::StrCat("; it is a ", job.summary().kind(), " job"),
         "): nothing to ", command)));

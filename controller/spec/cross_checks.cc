@@ -249,9 +249,9 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
            Problem{"must be >= 1 when eval.every is set", "0",
                    "1 or more held-out micro-batches of parallel.micro_batch sequences"});
   } else if (ev.every() == 0 && diag->Present("eval.batches")) {
-    c.Fail({"eval.batches"}, Problem{"only used when eval.every > 0",
-                                     absl::StrCat(ev.batches(), " with eval.every 0"),
-                                     "omit it, or set eval.every"});
+    c.Fail({"eval.batches"},
+           Problem{"only used when eval.every > 0",
+                   absl::StrCat(ev.batches(), " with eval.every 0"), "omit it, or set eval.every"});
   }
   if (ev.every() > 0 && d.source() != "markov") {
     // Markov data has an independent held-out stream; other sources need a held-out split

@@ -46,8 +46,8 @@ void Norm(const float* in, const float* w, const float* b, int n, int C, float* 
 
 float Gelu(float x) {
   const double v = x;
-  return static_cast<float>(
-      0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v))));
+  return static_cast<float>(0.5 * v *
+                            (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v))));
 }
 
 // y (n, OC) = GELU(u @ w1 + b1) @ w2 + b2, hidden width F.
@@ -68,15 +68,15 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const 
                                                                    {"wpe", {T, d}}};
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
-    for (auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-             {"ln1.weight", {d}},
-             {"ln1.bias", {d}},
-             {"attn.wqkv", {d, 3 * d}},
-             {"attn.bqkv", {3 * d}},
-             {"attn.wo", {d, d}},
-             {"attn.bo", {d}},
-             {"ln2.weight", {d}},
-             {"ln2.bias", {d}}}) {
+    for (auto& [name, shape] :
+         std::vector<std::pair<std::string, std::vector<int64_t>>>{{"ln1.weight", {d}},
+                                                                   {"ln1.bias", {d}},
+                                                                   {"attn.wqkv", {d, 3 * d}},
+                                                                   {"attn.bqkv", {3 * d}},
+                                                                   {"attn.wo", {d, d}},
+                                                                   {"attn.bo", {d}},
+                                                                   {"ln2.weight", {d}},
+                                                                   {"ln2.bias", {d}}}) {
       out.emplace_back(p + name, shape);
     }
     if (m.IsMoeLayer(l)) {
@@ -114,8 +114,8 @@ absl::StatusOr<std::unique_ptr<KvDecoder>> KvDecoder::Create(const ModelConfig& 
     for (int64_t s : shape) numel *= s;
     if (it->second.shape != shape || static_cast<int64_t>(it->second.data.size()) != numel) {
       return absl::InvalidArgumentError(absl::StrCat("weights: tensor ", name, " has shape ",
-                                                     train::ShapeText(it->second.shape), ", the model's is ",
-                                                     train::ShapeText(shape)));
+                                                     train::ShapeText(it->second.shape),
+                                                     ", the model's is ", train::ShapeText(shape)));
     }
   }
   if (weights.size() != shapes.size()) {

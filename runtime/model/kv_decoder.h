@@ -45,7 +45,8 @@ using Weights = std::map<std::string, WeightTensor>;
 
 // Every parameter of `config`'s model, MODEL.md names and whole shapes, in the single-process
 // order (wte, wpe, layer by layer, lnf).
-std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& config);
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(
+    const ModelConfig& config);
 
 class KvDecoder {
  public:

@@ -47,8 +47,8 @@ absl::StatusOr<std::vector<double>> LossesParallel(PipelineStage& stage,
       RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, kEvalTag + r));
     }
     ASSIGN_OR_RETURN(const MicroBatchResult result,
-                     stage.StageEvaluate(batch.inputs.data(), batch.targets.data(), x_in.data(),
-                                         B, x_out.data()));
+                     stage.StageEvaluate(batch.inputs.data(), batch.targets.data(), x_in.data(), B,
+                                         x_out.data()));
     if (!P.last_stage()) {
       RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, kEvalTag + r));
     }
@@ -73,8 +73,8 @@ absl::StatusOr<EvalResult> EvaluateHeldOut(Trainable& model, const data::Sampler
   }
   const data::SamplerConfig& sc = held_out.config();
   if (sc.seq_len != model.seq_len()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "held-out data seq_len ", sc.seq_len, " != model seq_len ", model.seq_len()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("held-out data seq_len ", sc.seq_len, " != model seq_len ", model.seq_len()));
   }
   const double t0 = clock.MonotonicSeconds();
   std::vector<double> losses;

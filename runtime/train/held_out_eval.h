@@ -32,8 +32,8 @@ struct EvalResult {
   double loss = 0;        // mean token cross-entropy over the batches, nats
   double perplexity = 0;  // exp(loss)
   int batches = 0;
-  int64_t tokens = 0;   // batches * B * T
-  double seconds = 0;   // wall time on this rank
+  int64_t tokens = 0;  // batches * B * T
+  double seconds = 0;  // wall time on this rank
 };
 
 // Whether an evaluation runs once `steps_done` of `total_steps` steps are done: every `every`

@@ -42,12 +42,9 @@ void Trainer::FinishStats(StepStats& stats, double tokens, int devices) const {
   }
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
-                                                         const data::Sampler* data,
-                                                         const TrainConfig& config,
-                                                         const Clock* clock,
-                                                         const ParallelRuntime* parallel,
-                                                         const data::Sampler* held_out) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    Trainable* model, const data::Sampler* data, const TrainConfig& config, const Clock* clock,
+    const ParallelRuntime* parallel, const data::Sampler* held_out) {
   if (model == nullptr || data == nullptr) {
     return absl::InvalidArgumentError("trainer: model and sampler are required");
   }
@@ -90,23 +87,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
   }
   if (config.eval.every > 0) {
     if (held_out == nullptr || config.eval.batches < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "trainer: eval.every ", config.eval.every, " needs held-out data and eval.batches >= 1 (",
-          config.eval.batches, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("trainer: eval.every ", config.eval.every,
+                                                     " needs held-out data and eval.batches >= 1 (",
+                                                     config.eval.batches, ")"));
     }
     if (held_out->config().seq_len != model->seq_len() || held_out->vocab() > model->vocab()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "trainer: held-out data (seq_len ", held_out->config().seq_len, ", vocab ",
-          held_out->vocab(), ") does not fit the model (seq_len ", model->seq_len(), ", vocab ",
-          model->vocab(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer: held-out data (seq_len ", held_out->config().seq_len, ", vocab ",
+                       held_out->vocab(), ") does not fit the model (seq_len ", model->seq_len(),
+                       ", vocab ", model->vocab(), ")"));
     }
   }
   return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel, held_out));
 }
 
 Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-                 const Clock* clock, const ParallelRuntime* parallel,
-                 const data::Sampler* held_out)
+                 const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out)
     : model_(model),
       data_(data),
       held_out_(held_out),

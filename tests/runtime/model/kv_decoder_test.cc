@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "model_test_util.h"
+#include "nlohmann/json.hpp"
 #include "runtime/device/device.h"
 #include "runtime/model/generate.h"
 #include "runtime/model/gpt_moe.h"
@@ -93,8 +93,9 @@ TEST(KvDecoderTest, TokenByTokenEqualsTheFullForward) {
       worst = std::max(worst, std::fabs(static_cast<double>(full[i]) - incremental[i]));
     }
     EXPECT_LE(worst, tol) << "seed " << seed;
-    std::printf("REPORT kv cache vs full forward, seed %u: max |logit diff| %.2e (max |logit| %.2f)\n",
-                seed, worst, MaxAbs(full));
+    std::printf(
+        "REPORT kv cache vs full forward, seed %u: max |logit diff| %.2e (max |logit| %.2f)\n",
+        seed, worst, MaxAbs(full));
 
     // The whole sequence in one Append (the prompt's prefill) gives the same rows.
     (*decoder)->Reset();
@@ -276,7 +277,8 @@ TEST(GenerateTest, GreedyEqualsThePyTorchReference) {
   for (size_t t = 0; t < seq.size(); ++t) {
     const std::vector<float> row = *decoder->Append({seq[t]});
     for (int v = 0; v < config.vocab; ++v) {
-      worst = std::max(worst, std::fabs(static_cast<double>(row[v]) - golden[t * config.vocab + v]));
+      worst =
+          std::max(worst, std::fabs(static_cast<double>(row[v]) - golden[t * config.vocab + v]));
     }
   }
   EXPECT_LE(worst, 1e-4 * std::max(1.0, MaxAbs(golden)));

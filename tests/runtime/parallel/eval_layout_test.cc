@@ -38,7 +38,8 @@ TEST_P(EvalLayoutTest, EvalLossIsTheSingleProcessOne) {
   // the layout's sums (tensor-parallel partial products, expert exchange) only.
   double worst = 0;
   for (size_t i = 0; i < single->eval_loss.size(); ++i) {
-    const double rel = std::fabs(parallel->eval_loss[i] - single->eval_loss[i]) / single->eval_loss[i];
+    const double rel =
+        std::fabs(parallel->eval_loss[i] - single->eval_loss[i]) / single->eval_loss[i];
     worst = std::max(worst, rel);
     EXPECT_LE(rel, 1e-5) << "evaluation " << i << ": " << parallel->eval_loss[i] << " vs "
                          << single->eval_loss[i];

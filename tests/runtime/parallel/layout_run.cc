@@ -317,8 +317,8 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
       r.eval_loss = evals;
     } else if (evals != r.eval_loss) {
       return absl::InternalError(absl::StrCat("rank ", rank, " reports held-out losses ",
-                                              absl::StrJoin(evals, ","), "; rank 0: ",
-                                              absl::StrJoin(r.eval_loss, ",")));
+                                              absl::StrJoin(evals, ","),
+                                              "; rank 0: ", absl::StrJoin(r.eval_loss, ",")));
     }
     int32_t in_flight = 0;
     Take(in, in_flight);

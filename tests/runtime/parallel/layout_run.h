@@ -48,8 +48,8 @@ struct LayoutCase {
 };
 
 struct RunResult {
-  std::vector<double> loss, aux_loss, grad_norm;        // per step
-  std::vector<bool> routing_spike;                      // per step
+  std::vector<double> loss, aux_loss, grad_norm;  // per step
+  std::vector<bool> routing_spike;                // per step
   std::vector<double> eval_loss;  // per evaluation (every rank must report the same)
   std::vector<std::vector<int64_t>> tokens_per_expert;  // per step: global, MoE layers x E
   std::vector<int> in_flight_peak;                      // per rank

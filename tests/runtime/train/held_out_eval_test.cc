@@ -52,7 +52,7 @@ std::unique_ptr<data::Sampler> Markov(int vocab, uint64_t seed) {
 
 struct Run {
   std::vector<float> params;
-  std::vector<double> loss;                          // per step
+  std::vector<double> loss;                           // per step
   std::vector<std::pair<int64_t, EvalResult>> evals;  // (steps done, result)
 };
 
@@ -117,9 +117,9 @@ TEST(HeldOutEvalTest, DoesNotChangeTraining) {
   EXPECT_TRUE(without.evals.empty());
   EXPECT_EQ(with.loss, without.loss);
   ASSERT_EQ(with.params.size(), without.params.size());
-  EXPECT_EQ(std::memcmp(with.params.data(), without.params.data(),
-                        sizeof(float) * with.params.size()),
-            0);
+  EXPECT_EQ(
+      std::memcmp(with.params.data(), without.params.data(), sizeof(float) * with.params.size()),
+      0);
 }
 
 TEST(HeldOutEvalTest, RefusesEvalWithoutHeldOutData) {
