@@ -255,9 +255,9 @@ TEST(GenerateTest, GreedyEqualsThePyTorchReference) {
     t.data = std::move(*data);
   }
   const auto ids = [&](const std::string& name) {
-    std::vector<int32_t> out;
-    for (float v : *file->F32(name)) out.push_back(static_cast<int32_t>(v));
-    return out;
+    const std::vector<float> values = file->F32(name).value_or(std::vector<float>{});
+    EXPECT_FALSE(values.empty()) << name;
+    return std::vector<int32_t>(values.begin(), values.end());
   };
   const std::vector<int32_t> prompt = ids("prompt"), want = ids("greedy");
   std::unique_ptr<KvDecoder> decoder = *KvDecoder::Create(config, weights);

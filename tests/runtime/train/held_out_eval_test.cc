@@ -50,13 +50,13 @@ std::unique_ptr<data::Sampler> Markov(int vocab, uint64_t seed) {
   return *data::MakeMarkovSampler(*data::MarkovChain::Create(mc), sc);
 }
 
-struct Run {
+struct Outcome {
   std::vector<float> params;
   std::vector<double> loss;                           // per step
   std::vector<std::pair<int64_t, EvalResult>> evals;  // (steps done, result)
 };
 
-Run Train(int64_t eval_every, int steps) {
+Outcome Train(int64_t eval_every, int steps) {
   kernels::cpu::SetBlasThreads(1);
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, 0);
@@ -74,7 +74,7 @@ Run Train(int64_t eval_every, int steps) {
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       Trainer::Create(model.get(), train.get(), tc, nullptr, nullptr, held_out.get());
   EXPECT_TRUE(trainer.ok()) << trainer.status();
-  Run run;
+  Outcome run;
   const absl::Status s = (*trainer)->Run([&](const StepStats& st) {
     run.loss.push_back(st.loss);
     if (st.eval) run.evals.emplace_back(st.step + 1, *st.eval);
@@ -101,7 +101,7 @@ TEST(HeldOutEvalTest, RunsEveryNStepsAndAfterTheLast) {
   EXPECT_TRUE(EvalDue({3, 4}, 3, 10));
   EXPECT_TRUE(EvalDue({3, 4}, 10, 10));  // the end, off the grid
   EXPECT_FALSE(EvalDue({3, 4}, 0, 10));
-  const Run run = Train(3, 7);
+  const Outcome run = Train(3, 7);
   ASSERT_EQ(run.evals.size(), 3u);
   EXPECT_EQ(run.evals[0].first, 3);
   EXPECT_EQ(run.evals[1].first, 6);
@@ -111,8 +111,8 @@ TEST(HeldOutEvalTest, RunsEveryNStepsAndAfterTheLast) {
 }
 
 TEST(HeldOutEvalTest, DoesNotChangeTraining) {
-  const Run with = Train(1, 6);
-  const Run without = Train(0, 6);
+  const Outcome with = Train(1, 6);
+  const Outcome without = Train(0, 6);
   EXPECT_EQ(with.evals.size(), 6u);
   EXPECT_TRUE(without.evals.empty());
   EXPECT_EQ(with.loss, without.loss);
