@@ -18,22 +18,15 @@
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/train/trainer.h"
+#include "tests/runtime/model/model_test_util.h"
 
 namespace furnace::train {
 namespace {
 
+// The model tests' tiny MoE, with routing spikes on: evaluation must not inject them.
 model::ModelConfig Tiny() {
-  model::ModelConfig c;
-  c.vocab = 16;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.heads = 2;
-  c.layers = 2;
-  c.moe_every = 2;
-  c.experts = 4;
-  c.top_k = 2;
-  c.expert_ffn = 16;
-  c.spikes.probability = 0.5;  // spikes on: evaluation must not inject them
+  model::ModelConfig c = model::testing::TinyConfig();
+  c.spikes.probability = 0.5;
   c.spikes.max_ratio = 2;
   c.spikes.seed = 3;
   return c;
@@ -61,8 +54,8 @@ Outcome Train(int64_t eval_every, int steps) {
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, 0);
   std::unique_ptr<model::GptMoe> model = *model::GptMoe::Create(Tiny(), 1, *cpu, arena);
-  std::unique_ptr<data::Sampler> train = Markov(16, 1);
-  std::unique_ptr<data::Sampler> held_out = Markov(16, 99);
+  std::unique_ptr<data::Sampler> train = Markov(32, 1);
+  std::unique_ptr<data::Sampler> held_out = Markov(32, 99);
   TrainConfig tc;
   tc.steps = steps;
   tc.micro_batches = 2;
@@ -126,14 +119,14 @@ TEST(HeldOutEvalTest, RefusesEvalWithoutHeldOutData) {
   std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, 0);
   std::unique_ptr<model::GptMoe> model = *model::GptMoe::Create(Tiny(), 1, *cpu, arena);
-  std::unique_ptr<data::Sampler> train = Markov(16, 1);
+  std::unique_ptr<data::Sampler> train = Markov(32, 1);
   TrainConfig tc;
   tc.seed = 1;
   tc.eval.every = 2;
   tc.eval.batches = 1;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), train.get(), tc);
   EXPECT_TRUE(absl::IsInvalidArgument(trainer.status())) << trainer.status();
-  std::unique_ptr<data::Sampler> held_out = Markov(16, 2);
+  std::unique_ptr<data::Sampler> held_out = Markov(32, 2);
   tc.eval.batches = 0;
   trainer = Trainer::Create(model.get(), train.get(), tc, nullptr, nullptr, held_out.get());
   EXPECT_TRUE(absl::IsInvalidArgument(trainer.status())) << trainer.status();
