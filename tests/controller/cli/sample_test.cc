@@ -57,7 +57,8 @@ class SampleTest : public ::testing::Test {
     std::vector<float> values;
     for (const auto& [name, t] : golden_.tensors) {
       if (name == "prompt" || name == "greedy" || name == "logits") continue;
-      params.push_back({.name = name, .shape = t.shape, .offset = static_cast<int64_t>(values.size())});
+      params.push_back(
+          {.name = name, .shape = t.shape, .offset = static_cast<int64_t>(values.size())});
       values.insert(values.end(), t.data.begin(), t.data.end());
     }
     std::vector<float> zeros(values.size(), 0.0f);
