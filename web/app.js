@@ -159,7 +159,8 @@
     return Math.max(280, div.clientWidth || div.parentElement.clientWidth - 20);
   }
 
-  // Creates (or updates) a uPlot line chart in `divId`; series: [{label, stroke, dash}].
+  // Creates (or updates) a uPlot line chart in `divId`; series: [{label, stroke, dash, sparse}]
+  // (sparse: a value on some steps only, drawn as points joined across the steps without one).
   function lineChart(name, divId, series, data, yFormat) {
     let chart = view.charts[name];
     if (!chart) {
@@ -177,8 +178,8 @@
             values: (u, vals) => vals.map(yFormat) },
         ],
         series: [{ label: 'step' }].concat(series.map((s) => ({
-          label: s.label, stroke: s.stroke, width: 2, dash: s.dash, spanGaps: false,
-          points: { show: false }, value: (u, v) => (v == null ? '–' : yFormat(v)),
+          label: s.label, stroke: s.stroke, width: 2, dash: s.dash, spanGaps: !!s.sparse,
+          points: { show: !!s.sparse }, value: (u, v) => (v == null ? '–' : yFormat(v)),
         }))),
       };
       chart = new uPlot(opts, data, div);
@@ -196,9 +197,12 @@
     const points = {};
     $('no-steps').hidden = steps.length > 0;
 
+    // The held-out loss (eval.every) on the steps after which it was computed.
+    const evalLoss = (r) => (get(r, 'eval') ? num(get(r, 'eval'), 'loss') : null);
     points.loss = lineChart('loss', 'chart-loss',
-      [{ label: 'loss', stroke: COLORS[0] }],
-      [x, col((r) => num(r, 'loss'))], (v) => v.toFixed(3));
+      [{ label: 'loss', stroke: COLORS[0] }, { label: 'held-out', stroke: COLORS[1], sparse: true }],
+      [x, col((r) => num(r, 'loss')), col(evalLoss)], (v) => v.toFixed(3));
+    points.eval = steps.filter((r) => get(r, 'eval')).length;
     points.tokens_per_second = lineChart('tps', 'chart-tps',
       [{ label: 'tokens/s', stroke: COLORS[1] }],
       [x, col((r) => num(r, 'tokens_per_second'))], fmtSI);
@@ -330,6 +334,8 @@
     const kpis = [
       ['step', last ? `${num(last, 'step')}${j && num(j, 'total_steps') ? ' / ' + num(j, 'total_steps') : ''}` : '–'],
       ['loss', last ? num(last, 'loss').toFixed(4) : '–'],
+      ['held-out loss', lastEval() ? num(lastEval(), 'loss').toFixed(4) +
+        ` (ppl ${num(lastEval(), 'perplexity').toFixed(2)})` : '–'],
       ['tokens/s', last ? fmtSI(num(last, 'tokens_per_second')) : '–'],
       ['MFU', last ? (100 * num(last, 'mfu')).toFixed(2) + ' %' : '–'],
       ['step time', last ? num(last, 'step_seconds').toFixed(3) + ' s' : '–'],
@@ -343,6 +349,14 @@
       el('div', { className: 'kpi' }, el('div', { className: 'k' }, k), el('div', { className: 'v' }, v))));
   }
 
+  // The newest step's held-out evaluation (eval.every), or undefined.
+  function lastEval() {
+    for (let i = view.steps.length - 1; i >= 0; i--) {
+      if (get(view.steps[i], 'eval')) return get(view.steps[i], 'eval');
+    }
+    return undefined;
+  }
+
   function writeSummary(points) {
     const last = view.steps[view.steps.length - 1];
     const summary = {
@@ -350,6 +364,7 @@
       points: points || {},
       last_step: last ? num(last, 'step') : null,
       last_loss: last ? num(last, 'loss') : null,
+      last_eval_loss: lastEval() ? num(lastEval(), 'loss') : null,
       last_tokens_per_second: last ? num(last, 'tokens_per_second') : null,
       heatmap_cells: view.heatmapCells,
       jobs: view.jobs.length,

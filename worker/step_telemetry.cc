@@ -73,6 +73,15 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   t.set_checkpoint_interval_steps(
       static_cast<uint32_t>(std::max<int64_t>(0, s.checkpoint_interval_steps)));
   t.set_checkpoint_interval_seconds(s.checkpoint_interval_seconds);
+  if (s.eval) {
+    furnace::v1::EvalTelemetry* e = t.mutable_eval();
+    e->set_loss(s.eval->loss);
+    e->set_perplexity(s.eval->perplexity);
+    e->set_batches(static_cast<uint32_t>(s.eval->batches));
+    e->set_tokens(static_cast<uint64_t>(s.eval->tokens));
+    e->set_seconds(s.eval->seconds);
+    e->set_step(static_cast<uint64_t>(s.step) + 1);
+  }
   t.set_mfu(s.mfu);
   t.set_model_flops(s.model_flops);
   t.set_grad_norm(s.grad_norm);

@@ -94,6 +94,8 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.checkpoint.every = spec.checkpoint().every();
   c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
   c.checkpoint.async = spec.checkpoint().async();
+  c.eval.every = spec.eval().every();
+  c.eval.batches = static_cast<int>(spec.eval().batches());
   return c;
 }
 
@@ -423,8 +425,17 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
       (parallel ? layout->runtime.dp_rank : 0) * static_cast<int>(spec.parallel().micro_batches());
   const std::unique_ptr<data::Sampler> sampler = data::MakePrefetchingSampler(
       std::move(samplers->train), first_micro, static_cast<int>(spec.parallel().micro_batches()));
+  // Held-out data for eval.every: the data layer's validation sampler (Markov: independent draws
+  // on a stream of their own; token and indexed data: data.validation).
+  std::unique_ptr<data::Sampler> held_out =
+      spec.eval().every() > 0 ? std::move(samplers->validation) : nullptr;
+  if (spec.eval().every() > 0 && held_out == nullptr) {
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat("eval.every: no held-out data for data.source ", spec.data().source(),
+                             " (set data.validation: a fraction of the data or its own files)"));
+  }
   auto trainer = train::Trainer::Create(model->get(), sampler.get(), train_config, nullptr,
-                                        parallel ? &layout->runtime : nullptr);
+                                        parallel ? &layout->runtime : nullptr, held_out.get());
   if (!trainer.ok()) {
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("train: ", trainer.status().message()));
@@ -503,6 +514,13 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     if (!s.checkpoint_error.empty()) {
       spdlog::warn("{}", s.checkpoint_error);
       ++checkpoint_errors_logged;
+    }
+    if (s.eval && reporter) {
+      spdlog::info(
+          "eval after step {}: held-out loss {:.4f} (perplexity {:.2f}) over {} batches, "
+          "{} tokens, {:.1f} ms",
+          done, s.eval->loss, s.eval->perplexity, s.eval->batches, s.eval->tokens,
+          s.eval->seconds * 1e3);
     }
     if (s.checkpoint_interval_changed && reporter && s.checkpoint_interval_seconds == 0) {
       spdlog::info(

@@ -51,46 +51,6 @@ std::map<std::string, std::string> Metadata(const v1::JobDetail& job, const Whol
   return m;
 }
 
-std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
-  const v1::JobSummary& s = job.summary();
-  const uint32_t every = job.spec().checkpoint().every();
-  return absl::StrCat("job ", s.job_id(), " has no checkpoint yet: ", why, " (job ",
-                      StateName(s.state()), " at step ", FormatProgress(s.step(), s.total_steps()),
-                      "; checkpoint.every ",
-                      every > 0 ? absl::StrCat(every, " steps") : "0: only at the end", ")");
-}
-
-absl::StatusOr<WholeCheckpoint> LoadCheckpoint(const v1::JobDetail& job, const std::string& dir,
-                                               int64_t step) {
-  const std::string& id = job.summary().job_id();
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return LocalError(absl::NotFoundError(NoCheckpointYet(
-        job, absl::StrCat("the checkpoint directory ", dir,
-                          " does not exist on this machine (export reads it directly: run it where "
-                          "the directory is visible)"))));
-  }
-  const train::CheckpointStore store(dir, /*keep=*/0);
-  if (step < 0) {
-    absl::StatusOr<WholeCheckpoint> loaded = LoadLatestWholeCheckpoint(store);
-    if (absl::IsNotFound(loaded.status()) && store.CommittedSteps().empty()) {
-      return LocalError(absl::NotFoundError(
-          NoCheckpointYet(job, absl::StrCat("no committed checkpoint in ", dir))));
-    }
-    if (!loaded.ok()) return LocalError(loaded.status());
-    return loaded;
-  }
-  const std::vector<int64_t> committed = store.CommittedSteps();
-  if (std::find(committed.begin(), committed.end(), step) == committed.end()) {
-    return LocalError(absl::NotFoundError(absl::StrCat(
-        "job ", id, " has no committed checkpoint at step ", step, " in ", dir,
-        " (committed: ", committed.empty() ? "none yet" : absl::StrJoin(committed, ", "), ")")));
-  }
-  absl::StatusOr<WholeCheckpoint> loaded = LoadWholeCheckpoint(store, step);
-  if (!loaded.ok()) return LocalError(loaded.status());
-  return loaded;
-}
-
 }  // namespace
 
 absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
@@ -107,15 +67,7 @@ absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_
         absl::StrCat("export: --step ", options.step, " is negative (a step is >= 0)"));
   }
   ASSIGN_OR_RETURN(const v1::JobDetail job, ctx.client->GetJob(job_id));
-  const std::string& dir = job.spec().checkpoint().dir();
-  if (dir.empty()) {
-    return LocalError(absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " has no checkpoint directory (spec.checkpoint.dir is empty",
-        job.summary().kind().empty() ? ""
-                                     : absl::StrCat("; it is a ", job.summary().kind(), " job"),
-        "): nothing to export")));
-  }
-  ASSIGN_OR_RETURN(const WholeCheckpoint ckpt, LoadCheckpoint(job, dir, options.step));
+  ASSIGN_OR_RETURN(const WholeCheckpoint ckpt, LoadJobCheckpoint(job, options.step, "export"));
   for (const std::string& reason : ckpt.skipped) {
     *ctx.err << "furnace: skipped a newer checkpoint: " << reason << "\n";
   }

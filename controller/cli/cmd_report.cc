@@ -38,6 +38,9 @@ google::protobuf::Struct SummaryJson(const ReportSummary& m, const v1::JobSeries
   SetNumber(&s, "final_loss", m.final_loss);
   SetNumber(&s, "min_loss", m.min_loss);
   SetNumber(&s, "entropy_floor", m.entropy_floor);
+  SetNumber(&s, "final_eval_loss", m.final_eval_loss);
+  SetNumber(&s, "final_eval_perplexity", m.final_eval_perplexity);
+  SetNumber(&s, "min_eval_loss", m.min_eval_loss);
   SetNumber(&s, "median_tokens_per_second", m.median_tokens_per_second);
   SetNumber(&s, "median_mfu", m.median_mfu);
   SetNumber(&s, "p10_mfu", m.p10_mfu);

@@ -70,6 +70,24 @@ struct ExportOptions {
 absl::StatusOr<int> RunExport(const CommandContext& ctx, const std::string& job_id,
                               const ExportOptions& options);
 
+struct SampleOptions {
+  std::string weights;       // a safetensors file instead of a JOB's checkpoint
+  int64_t step = -1;         // the JOB's checkpoint of this step; -1: the newest that verifies
+  std::string prompt;        // text (ids for the ids tokenizer)
+  int tokens = 200;          // -n: tokens to generate at most
+  double temperature = 1.0;  // 0: greedy
+  int top_k = 0;             // 0: every token
+  uint64_t seed = 0;
+  std::string tokenizer;  // byte | ids | a tokenizer model; empty: the job's
+};
+// Generates text from a job's committed checkpoint (read here as export reads it, any layout) or a
+// safetensors file with Furnace's model metadata, on this machine's CPU with a key-value cache,
+// and prints it as it is drawn (runtime/model/generate.h: greedy at temperature 0, a fixed seed
+// gives the same text). Errors: bad options -> INVALID_ARGUMENT naming the option; the job
+// unknown -> NOT_FOUND; no checkpoint, an unreadable or foreign weights file -> a LocalError.
+absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_id,
+                              const SampleOptions& options);
+
 struct ReportOptions {
   std::string output;  // the directory to write (created, with parents)
 };

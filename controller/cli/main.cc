@@ -77,6 +77,33 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   export_cmd->add_option("-o,--output", export_options.output, "the file to write")->required();
 
+  SampleOptions sample_options;
+  std::string sample_job;
+  auto* sample = app.add_subcommand(
+      "sample",
+      "generate text from a job's committed checkpoint (or an exported safetensors file) on this "
+      "machine's CPU, with a key-value cache");
+  sample->add_option("JOB", sample_job, "job id (or --weights FILE)");
+  sample->add_option("--weights", sample_options.weights,
+                     "a safetensors file written by `furnace export` instead of a JOB");
+  sample
+      ->add_option("--step", sample_options.step,
+                   "the JOB's checkpoint of this step (default: the newest that verifies)")
+      ->check(CLI::NonNegativeNumber);
+  sample->add_option("--prompt", sample_options.prompt, "the text to continue")->required();
+  sample->add_option("-n,--tokens", sample_options.tokens, "tokens to generate at most")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sample->add_option("--temperature", sample_options.temperature, "0 for greedy decoding")
+      ->capture_default_str();
+  sample->add_option("--top-k", sample_options.top_k, "draw among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  sample->add_option("--seed", sample_options.seed, "the same seed gives the same text")
+      ->capture_default_str();
+  sample->add_option("--tokenizer", sample_options.tokenizer,
+                     "byte, ids (token ids in decimal), or a tokenizer model file (default: the "
+                     "job's; required with --weights)");
+
   ReportOptions report_options;
   auto* report = app.add_subcommand(
       "report",
@@ -150,6 +177,8 @@ int main(int argc, char** argv) {
     result = RunWorkers(ctx);
   } else if (*export_cmd) {
     result = RunExport(ctx, job_id, export_options);
+  } else if (*sample) {
+    result = RunSample(ctx, sample_job, sample_options);
   } else if (*report) {
     result = RunReport(ctx, job_id, report_options);
   } else if (*prepare) {

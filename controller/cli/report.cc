@@ -166,6 +166,16 @@ ReportSummary Summarize(const v1::JobDetail& job, const v1::JobSeries& series) {
       s.min_loss = r.loss();
       s.min_loss_step = static_cast<double>(r.step());
     }
+    if (r.has_eval()) {
+      ++s.evals;
+      s.final_eval_loss = r.eval().loss();
+      s.final_eval_perplexity = r.eval().perplexity();
+      s.final_eval_step = static_cast<double>(r.step());
+      if (!s.min_eval_loss || r.eval().loss() < *s.min_eval_loss) {
+        s.min_eval_loss = r.eval().loss();
+        s.min_eval_step = static_cast<double>(r.step());
+      }
+    }
     tps.push_back(r.tokens_per_second());
     mfu.push_back(r.mfu());
     step_s.push_back(r.step_seconds());
@@ -246,6 +256,14 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
           absl::StrFormat("%+.1f%%", (*m.final_loss / *m.entropy_floor - 1) * 100), ")");
     }
     rows.emplace_back("", floor);
+  }
+  if (m.evals > 0) {
+    rows.emplace_back(
+        "eval loss",
+        absl::StrFormat("final %.4f (perplexity %.2f, step %d)  min %.4f (step %d)  %d evaluations",
+                        *m.final_eval_loss, *m.final_eval_perplexity,
+                        static_cast<uint64_t>(*m.final_eval_step), *m.min_eval_loss,
+                        static_cast<uint64_t>(*m.min_eval_step), m.evals));
   }
   rows.emplace_back("tokens/s",
                     absl::StrCat("median ", Opt(m.median_tokens_per_second,
@@ -334,6 +352,17 @@ std::vector<ReportFile> BuildReport(const v1::JobDetail& job, const v1::JobSerie
       {"loss.svg", LinePlotFile(
                        job, series, "training loss", "loss (nats/token)", "loss",
                        [](const v1::StepRecord& r) { return r.loss(); }, false, floor)});
+  v1::JobSeries evaluated;  // the steps after which the held-out loss was computed
+  for (const v1::StepRecord& r : series.steps()) {
+    if (r.has_eval()) *evaluated.add_steps() = r;
+  }
+  if (evaluated.steps_size() > 0) {
+    files.push_back(
+        {"eval_loss.svg",
+         LinePlotFile(
+             job, evaluated, "held-out loss (eval.every)", "loss (nats/token)", "held-out loss",
+             [](const v1::StepRecord& r) { return r.eval().loss(); }, false, floor)});
+  }
   files.push_back({"tokens_per_second.svg",
                    LinePlotFile(
                        job, series, "throughput", "tokens/s (all ranks)", "tokens/s",

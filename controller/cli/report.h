@@ -5,9 +5,9 @@
 // as its own line and the restart is marked by a vertical line where the new attempt starts.
 //
 // Files: loss.svg (with the entropy floor when the job reported one), tokens_per_second.svg,
-// mfu.svg, step_seconds.svg, memory.svg (activation peak, and the budget when it is > 0),
-// imbalance_heatmap.svg (step x MoE layer) and summary.txt (with the job's goodput: where its time
-// went, goodput_view.h).
+// eval_loss.svg (held-out loss, when the job evaluated), mfu.svg, step_seconds.svg, memory.svg
+// (activation peak, and the budget when it is > 0), imbalance_heatmap.svg (step x MoE layer) and
+// summary.txt (with the job's goodput: where its time went, goodput_view.h).
 #pragma once
 
 #include <map>
@@ -29,6 +29,11 @@ struct ReportFile {
 struct ReportSummary {
   size_t records = 0;
   std::optional<double> final_loss, min_loss, min_loss_step, entropy_floor;
+  // Held-out evaluations (eval.every): how many, the last one's loss, perplexity and step, and the
+  // lowest loss with its step.
+  size_t evals = 0;
+  std::optional<double> final_eval_loss, final_eval_perplexity, final_eval_step, min_eval_loss,
+      min_eval_step;
   std::optional<double> median_tokens_per_second, median_mfu, p10_mfu, median_step_seconds;
   std::optional<double> max_imbalance, max_imbalance_layer, max_imbalance_step;
   std::optional<double> peak_activation_bytes, memory_budget_bytes;

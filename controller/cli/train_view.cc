@@ -121,6 +121,11 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   m.planner_decisions = known(static_cast<double>(t.memory().planner_decisions()));
   m.emergency_offloads = known(static_cast<double>(t.memory().emergency_offloads()));
   m.routing_spike = t.routing_spike();
+  if (t.has_eval()) {
+    m.eval_loss = t.eval().loss();
+    m.eval_perplexity = t.eval().perplexity();
+    m.eval_step = t.eval().step();
+  }
   m.schedule_reason = t.moe_schedule_reason();
   std::map<int, MoeLayerRouting> layers;
   for (const v1::MoeLayerTelemetry& l : t.moe_layers()) {
@@ -148,7 +153,19 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
 
 std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job) {
   if (!job.has_telemetry()) return std::nullopt;
-  return TrainMetricsOf(job.telemetry());
+  TrainMetrics m = TrainMetricsOf(job.telemetry());
+  if (!m.eval_loss && job.has_last_eval()) {
+    m.eval_loss = job.last_eval().loss();
+    m.eval_perplexity = job.last_eval().perplexity();
+    m.eval_step = job.last_eval().step();
+  }
+  return m;
+}
+
+std::string FormatEvalLoss(const TrainMetrics& m) {
+  if (!m.eval_loss) return "-";
+  return absl::StrCat(Fixed4(*m.eval_loss), "  (perplexity ", Fixed2(m.eval_perplexity.value_or(0)),
+                      ", after step ", m.eval_step, ")");
 }
 
 std::string FormatLoss(const TrainMetrics& m) {
@@ -194,6 +211,7 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
   if (m.loss) kv.AddRow({"loss", FormatLoss(m)});
   if (m.aux_loss) kv.AddRow({"aux loss", Fixed4(*m.aux_loss)});
+  if (m.eval_loss) kv.AddRow({"eval loss", FormatEvalLoss(m)});
   if (m.tokens) kv.AddRow({"tokens/step", Count(*m.tokens)});
   if (m.tokens_per_second) kv.AddRow({"tokens/s", FormatRate(*m.tokens_per_second)});
   if (m.step_seconds) {
@@ -298,6 +316,10 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
     add(&first, loss);
   }
   if (m.aux_loss) add(&first, absl::StrCat("aux ", Fixed4(*m.aux_loss)));
+  if (m.eval_loss) {
+    add(&first, absl::StrCat("eval ", Fixed4(*m.eval_loss), " (ppl ",
+                             Fixed2(m.eval_perplexity.value_or(0)), ")"));
+  }
   if (m.tokens_per_second) add(&first, absl::StrCat("tokens/s ", FormatRate(*m.tokens_per_second)));
   if (m.mfu) add(&first, absl::StrCat("MFU ", FormatMfu(m)));
   std::string second;
@@ -319,6 +341,7 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
 std::string TrainPlainSuffix(const TrainMetrics& m) {
   std::string out;
   if (m.loss) absl::StrAppend(&out, "  loss ", Fixed4(*m.loss));
+  if (m.eval_loss) absl::StrAppend(&out, "  eval ", Fixed4(*m.eval_loss));
   if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));
   if (m.mfu) absl::StrAppend(&out, "  MFU ", FormatMfu(m));
   if (m.routing_spike) absl::StrAppend(&out, "  spike");

@@ -41,6 +41,9 @@ struct TrainMetrics {
       lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
       imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads;
   bool routing_spike = false;
+  // The latest held-out evaluation (eval.every): its loss, perplexity and the step it ran after.
+  std::optional<double> eval_loss, eval_perplexity;
+  uint64_t eval_step = 0;
   std::vector<MoeLayerRouting> layers;                  // ascending by layer
   std::string schedule_reason;                          // moe.schedule auto: why
   std::vector<CommRow> comm;                            // as reported
@@ -57,6 +60,8 @@ std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job);
 // "2.4512  (entropy floor 2.1000, gap +16.7%)", or just "2.4512" without a floor; "-" without a
 // loss. The gap is (loss - floor) / floor: how far the model is from the best possible loss.
 std::string FormatLoss(const TrainMetrics& m);
+// "2.5123  (perplexity 12.33, after step 40)"; "-" without an evaluation.
+std::string FormatEvalLoss(const TrainMetrics& m);
 // "13.4 MiB of 64.0 MiB (21%)", or "13.4 MiB (no budget)" when the budget is 0 or unknown; "-"
 // without a peak.
 std::string FormatActivationMemory(const TrainMetrics& m);

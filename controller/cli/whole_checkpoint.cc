@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -13,10 +14,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "controller/cli/exit_codes.h"
+#include "controller/cli/format.h"
 #include "runtime/base/status.h"
 
 namespace furnace::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 using train::ShapeText;
 
@@ -142,6 +147,45 @@ absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
   ASSIGN_OR_RETURN(out.tensors, assembler.Finish());
   out.warnings = assembler.warnings();
   return out;
+}
+
+std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
+  const v1::JobSummary& s = job.summary();
+  const uint32_t every = job.spec().checkpoint().every();
+  return absl::StrCat("job ", s.job_id(), " has no checkpoint yet: ", why, " (job ",
+                      StateName(s.state()), " at step ", FormatProgress(s.step(), s.total_steps()),
+                      "; checkpoint.every ",
+                      every > 0 ? absl::StrCat(every, " steps") : "0: only at the end", ")");
+}
+
+absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::string& dir,
+                                         int64_t step, const char* command) {
+  const std::string& id = job.summary().job_id();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return LocalError(absl::NotFoundError(NoCheckpointYet(
+        job, absl::StrCat("the checkpoint directory ", dir, " does not exist on this machine (",
+                          command, " reads it directly: run it where the directory is visible)"))));
+  }
+  const train::CheckpointStore store(dir, /*keep=*/0);
+  if (step < 0) {
+    absl::StatusOr<WholeCheckpoint> loaded = LoadLatestWholeCheckpoint(store);
+    if (absl::IsNotFound(loaded.status()) && store.CommittedSteps().empty()) {
+      return LocalError(absl::NotFoundError(
+          NoCheckpointYet(job, absl::StrCat("no committed checkpoint in ", dir))));
+    }
+    if (!loaded.ok()) return LocalError(loaded.status());
+    return loaded;
+  }
+  const std::vector<int64_t> committed = store.CommittedSteps();
+  if (std::find(committed.begin(), committed.end(), step) == committed.end()) {
+    return LocalError(absl::NotFoundError(absl::StrCat(
+        "job ", id, " has no committed checkpoint at step ", step, " in ", dir,
+        " (committed: ", committed.empty() ? "none yet" : absl::StrJoin(committed, ", "), ")")));
+  }
+  absl::StatusOr<WholeCheckpoint> loaded = LoadWholeCheckpoint(store, step);
+  if (!loaded.ok()) return LocalError(loaded.status());
+  return loaded;
 }
 
 }  // namespace
@@ -270,6 +314,20 @@ absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::Checkpoin
   }
   whole->skipped.insert(whole->skipped.begin(), skipped.begin(), skipped.end());
   return whole;
+}
+
+absl::StatusOr<WholeCheckpoint> LoadJobCheckpoint(const v1::JobDetail& job, int64_t step,
+                                                  const char* command) {
+  const std::string& dir = job.spec().checkpoint().dir();
+  if (dir.empty()) {
+    return LocalError(absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.summary().job_id(),
+        " has no checkpoint directory (spec.checkpoint.dir is empty",
+        job.summary().kind().empty() ? ""
+                                     : absl::StrCat("; it is a ", job.summary().kind(), " job"),
+        "): nothing to ", command)));
+  }
+  return LoadFrom(job, dir, step, command);
 }
 
 }  // namespace furnace::cli

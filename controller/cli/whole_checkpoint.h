@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "furnace/v1/controller.pb.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/trainable/param_info.h"
 
@@ -83,5 +84,13 @@ absl::StatusOr<WholeCheckpoint> LoadWholeCheckpoint(const train::CheckpointStore
 // The newest committed checkpoint (not newer than LATEST) whose every shard verifies and
 // reassembles; a damaged one is passed over for the previous one and listed in `skipped`.
 absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::CheckpointStore& store);
+
+// The committed checkpoint of `job` at `step` (-1: the newest that verifies), read from the job's
+// checkpoint.dir on this machine, for `command` ("export", "sample") to name in its messages.
+// Errors are LocalErrors (exit 5): no checkpoint directory, the directory not visible here, none
+// committed (saying the job's state and checkpoint.every), no committed checkpoint at `step`
+// (listing those there are), or the loader's and reassembly's errors above.
+absl::StatusOr<WholeCheckpoint> LoadJobCheckpoint(const v1::JobDetail& job, int64_t step,
+                                                  const char* command);
 
 }  // namespace furnace::cli

@@ -120,6 +120,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   MetricFamily* loss = x.Add("furnace_job_loss", kGauge,
                              "Language-model loss (cross-entropy, nats per token) of the last "
                              "step, mean over ranks.");
+  MetricFamily* eval_loss = x.Add("furnace_job_eval_loss", kGauge,
+                                  "Held-out loss (cross-entropy, nats per token) of the last "
+                                  "evaluation (eval.every), the same on every rank.");
   MetricFamily* aux_loss = x.Add("furnace_job_aux_loss", kGauge,
                                  "MoE load-balancing auxiliary loss of the last step "
                                  "(dimensionless), mean over ranks.");
@@ -247,6 +250,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     Add(tokens_per_second, JobLabel(job), last.tokens_per_second());
     Add(loss, JobLabel(job), last.loss());
     Add(aux_loss, JobLabel(job), last.aux_loss());
+    if (job.last_eval) Add(eval_loss, JobLabel(job), job.last_eval->loss());
     for (int l = 0; l < last.imbalance_size(); ++l) {
       Add(imbalance, JobLabelAnd(job, "layer", absl::StrCat(l)), last.imbalance(l));
     }

@@ -94,6 +94,7 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
       *detail.mutable_goodput() = telemetry_.Goodput(
           job_id, job->attempts, !IsFinal(job->summary.state()), clock_.UnixSeconds());
     }
+    if (auto eval = telemetry_.LastEval(job_id)) *detail.mutable_last_eval() = *eval;
   }
   ASSIGN_OR_RETURN(auto events, store_->LoadEvents(job_id, 50));
   for (auto& e : events) *detail.add_events() = std::move(e);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,8 @@ struct JobMetrics {
   uint64_t checkpoint_failures_total = 0;     // checkpoints not committed (since controller start)
   double last_recovery_seconds = -1;          // failure -> next attempt all running; < 0: none yet
   furnace::v1::JobGoodput goodput;            // where the job's time went (has_step: measured)
+  std::optional<furnace::v1::EvalTelemetry>
+      last_eval;  // the newest held-out evaluation (eval.every)
   // The last recovery by phase (recovery_phases.h), then ("total", s); empty: none completed yet.
   std::vector<std::pair<std::string, double>> last_recovery_phases;
 };

@@ -32,6 +32,8 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   const v1::StepTelemetry& t = rec.train();
   // Every rank reports an uncommitted checkpoint alike: rank 0's counts it.
   if (rec.rank() == 0 && !t.checkpoint_error().empty()) ++job.checkpoint_failures;
+  // Every rank computes the same held-out loss: rank 0's is the step's.
+  if (rec.rank() == 0 && t.has_eval()) *p.record.mutable_eval() = t.eval();
   v1::StepRecord& r = p.record;
   r.set_attempt(rec.attempt());
   r.set_step(rec.step());
@@ -156,6 +158,7 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
     job.moe_op_bytes_total[o.op()] += static_cast<double>(o.bytes());
     job.moe_op_seconds_total[o.op()] += o.seconds();
   }
+  if (r.has_eval()) job.last_eval = r.eval();
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
   if (r.checkpoint_stall_seconds() > 0) job.last_checkpoint_stall_s = r.checkpoint_stall_seconds();
   job.goodput.AddStep(r);
@@ -205,6 +208,13 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.last_checkpoint_seconds = job.last_checkpoint_s;
   m.last_checkpoint_stall_seconds = job.last_checkpoint_stall_s;
   m.checkpoint_failures_total = job.checkpoint_failures;
+  m.last_eval = job.last_eval;
+}
+
+std::optional<v1::EvalTelemetry> TelemetryAggregator::LastEval(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  return it->second.last_eval;
 }
 
 v1::JobGoodput TelemetryAggregator::Goodput(const std::string& job_id,

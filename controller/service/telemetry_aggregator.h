@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -48,6 +49,8 @@ class TelemetryAggregator {
                      const std::vector<std::string>& trim);
   // The job's step fields of its metrics.
   void Fill(const std::string& job_id, JobMetrics& metrics) const;
+  // The job's newest held-out evaluation (eval.every), if any ran.
+  std::optional<furnace::v1::EvalTelemetry> LastEval(const std::string& job_id) const;
   // Where the job's time went, given its attempts (goodput.h: GoodputLedger::Report).
   furnace::v1::JobGoodput Goodput(const std::string& job_id,
                                   const std::vector<furnace::v1::AttemptInfo>& attempts,
@@ -86,6 +89,7 @@ class TelemetryAggregator {
     double last_checkpoint_s = -1;
     double last_checkpoint_stall_s = -1;
     uint64_t checkpoint_failures = 0;  // checkpoints the ranks could not commit (rank 0 says)
+    std::optional<furnace::v1::EvalTelemetry> last_eval;  // the newest held-out evaluation
     GoodputLedger goodput;
     uint64_t records_since_trim = 0;
   };

@@ -282,6 +282,27 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
 
   CheckData(spec.data(), diag, c);
 
+  const auto& ev = spec.eval();
+  if (ev.every() > 0 && ev.batches() == 0) {
+    c.Fail({"eval.batches", "eval.every"},
+           Problem{"must be >= 1 when eval.every is set", "0",
+                   "1 or more held-out micro-batches of parallel.micro_batch sequences"});
+  } else if (ev.every() == 0 && diag->Present("eval.batches")) {
+    c.Fail({"eval.batches"},
+           Problem{"only used when eval.every > 0",
+                   absl::StrCat(ev.batches(), " with eval.every 0"), "omit it, or set eval.every"});
+  }
+  const bool held_out_split = d.validation().fraction() > 0 || !d.validation().path().empty();
+  if (ev.every() > 0 && d.source() != "markov" && !held_out_split) {
+    // Markov data has an independent held-out stream; token and indexed data need a held-out
+    // split (data.validation).
+    c.Fail({"eval.every", "data.validation"},
+           Problem{absl::StrCat("needs held-out data: data.source ", d.source(),
+                                " needs data.validation (a fraction of the data or its own files)"),
+                   absl::StrCat(ev.every()),
+                   "0 (off), or set data.validation: {fraction: F} or {path: FILE}"});
+  }
+
   const auto& b = spec.recovery().backoff();
   if (b.max_s() < b.initial_s()) {
     c.Fail({"recovery.backoff.max_s", "recovery.backoff.initial_s"},

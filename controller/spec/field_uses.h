@@ -84,6 +84,9 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"data.validation.fraction", FieldUse::kUsed, "validation().fraction()"},
     {"data.validation.path", FieldUse::kUsed, "validation().path()"},
 
+    {"eval.every", FieldUse::kUsed, "c.eval.every = spec.eval().every()"},
+    {"eval.batches", FieldUse::kUsed, "c.eval.batches = static_cast<int>(spec.eval().batches())"},
+
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
     {"checkpoint.keep", FieldUse::kUsed, "checkpoint().keep()"},

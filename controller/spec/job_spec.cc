@@ -67,6 +67,8 @@ void ReadDocument(const YAML::Node& doc, Diagnostics* diag, furnace::v1::JobSpec
   ReadData(data, spec->mutable_data());
   MapReader checkpoint = root.Section("checkpoint");
   ReadCheckpoint(checkpoint, spec->mutable_checkpoint());
+  MapReader eval = root.Section("eval");
+  ReadEval(eval, spec->mutable_eval());
   MapReader recovery = root.Section("recovery");
   ReadRecovery(recovery, spec->mutable_recovery());
   ResolveShrink(spec->parallel(), spec->mutable_recovery());

@@ -18,6 +18,8 @@ void ReadMemory(MapReader& section, furnace::v1::MemorySpec* out);
 void ReadTrain(MapReader& section, furnace::v1::TrainSpec* out);
 void ReadData(MapReader& section, furnace::v1::DataSpec* out);
 void ReadCheckpoint(MapReader& section, furnace::v1::CheckpointSpec* out);
+// `batches` is left 0 when absent (eval off); eval.every > 0 needs it (a cross-field check).
+void ReadEval(MapReader& section, furnace::v1::EvalSpec* out);
 void ReadRecovery(MapReader& section, furnace::v1::RecoverySpec* out);
 // Fills the sizes each recovery.shrink layout left out with the job's own (parallel.*).
 void ResolveShrink(const furnace::v1::ParallelSpec& parallel, furnace::v1::RecoverySpec* out);

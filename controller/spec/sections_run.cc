@@ -61,6 +61,13 @@ void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
   s.ReportUnknownKeys();
 }
 
+void ReadEval(MapReader& s, furnace::v1::EvalSpec* out) {
+  out->set_every(U32(s.Integer("every", 0, kMaxU32), 0));
+  // Required (>= 1) when every > 0: a cross-field check.
+  out->set_batches(U32(s.Integer("batches", 1, kMaxU32), 0));
+  s.ReportUnknownKeys();
+}
+
 void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
   out->set_dir(s.String("dir").value_or(""));
   // `every: auto`: Young/Daly from the measured stall and the observed failures (every_auto).

@@ -413,18 +413,40 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
   if (shard_.stages != 1) {
     return absl::FailedPreconditionError("Evaluate runs a single-stage model");
   }
-  RETURN_IF_ERROR(CheckInputs(inputs, targets, B));
-  StashGuard guard(stash_);
   arena_.ResetPeak();
+  ASSIGN_OR_RETURN(train::MicroBatchResult r, StageEvaluate(inputs, targets, nullptr, B, nullptr));
+  r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
+  return r;
+}
+
+absl::StatusOr<train::MicroBatchResult> GptMoe::StageEvaluate(const int32_t* inputs,
+                                                              const int32_t* targets,
+                                                              const float* x_in, int B,
+                                                              float* x_out) {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("evaluation while ", in_flight_.size(), " micro-batches are in flight"));
+  }
+  RETURN_IF_ERROR(CheckInputs(shard_.first_stage() ? inputs : nullptr,
+                              shard_.last_stage() ? targets : nullptr, B));
+  StashGuard guard(stash_);
   stash_.set_micro_batch(0);
   cur_micro_ = 0;
   evaluating_ = true;
-  absl::StatusOr<ForwardState> forward = Forward(inputs, targets, nullptr, B);
+  const int64_t step = step_;
+  step_ = -1;  // no routing spike
+  absl::StatusOr<ForwardState> forward = Forward(inputs, targets, x_in, B);
+  step_ = step;
   evaluating_ = false;
   if (!forward.ok()) return forward.status();
   const ForwardState& st = *forward;
   train::MicroBatchResult r = Summarize(st);
-  r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
+  if (!shard_.last_stage()) {
+    const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
+    ModuleContext ctx = Context();
+    ASSIGN_OR_RETURN(const float* o, GetF32(ctx, top));
+    std::copy(o, o + ActivationFloats(B), x_out);
+  }
   return r;
 }
 

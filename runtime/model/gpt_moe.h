@@ -148,6 +148,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // from its loss); dx_in: (B, T, C) receives d loss / d x_in unless this is the first stage.
   absl::Status StageBackward(int micro, const float* dx_out, double ce_scale, double aux_scale,
                              float* dx_in) override;
+  // Forward only through this stage (held-out evaluation; train::PipelineStage): like
+  // StageForward, but everything it saved is freed before it returns, routing spikes are off and
+  // the adaptive planner does not act. Evaluate is this on a single-stage model.
+  absl::StatusOr<train::MicroBatchResult> StageEvaluate(const int32_t* inputs,
+                                                        const int32_t* targets, const float* x_in,
+                                                        int B, float* x_out) override;
   int64_t ActivationFloats(int B) const override {
     return int64_t{B} * config_.seq_len * config_.d_model;
   }

@@ -42,11 +42,9 @@ void Trainer::FinishStats(StepStats& stats, double tokens, int devices) const {
   }
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
-                                                         const data::Sampler* data,
-                                                         const TrainConfig& config,
-                                                         const Clock* clock,
-                                                         const ParallelRuntime* parallel) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    Trainable* model, const data::Sampler* data, const TrainConfig& config, const Clock* clock,
+    const ParallelRuntime* parallel, const data::Sampler* held_out) {
   if (model == nullptr || data == nullptr) {
     return absl::InvalidArgumentError("trainer: model and sampler are required");
   }
@@ -89,13 +87,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Trainable* model,
         "trainer: a parallel layout needs a model that runs as a pipeline stage "
         "(train::PipelineStage)");
   }
-  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel));
+  if (config.eval.every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: eval.every ", config.eval.every, " must be >= 0"));
+  }
+  if (config.eval.every > 0) {
+    if (held_out == nullptr || config.eval.batches < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer: eval.every ", config.eval.every,
+                                                     " needs held-out data and eval.batches >= 1 (",
+                                                     config.eval.batches, ")"));
+    }
+    if (held_out->config().seq_len != model->seq_len() || held_out->vocab() > model->vocab()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer: held-out data (seq_len ", held_out->config().seq_len, ", vocab ",
+                       held_out->vocab(), ") does not fit the model (seq_len ", model->seq_len(),
+                       ", vocab ", model->vocab(), ")"));
+    }
+  }
+  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel, held_out));
 }
 
 Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-                 const Clock* clock, const ParallelRuntime* parallel)
+                 const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out)
     : model_(model),
       data_(data),
+      held_out_(held_out),
       config_(config),
       clock_(clock != nullptr ? clock : &RealClock()),
       parallel_(parallel),
@@ -188,6 +204,13 @@ absl::StatusOr<StepStats> Trainer::Step() {
   return stats;
 }
 
+absl::StatusOr<EvalResult> Trainer::Evaluate() {
+  if (held_out_ == nullptr || config_.eval.batches < 1) {
+    return absl::FailedPreconditionError("trainer: no held-out data or eval.batches to evaluate");
+  }
+  return EvaluateHeldOut(*model_, *held_out_, config_.eval.batches, parallel_, *clock_);
+}
+
 absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
   const bool checkpoints = !config_.checkpoint.dir.empty();
   const bool async = checkpoints && config_.checkpoint.async;
@@ -244,6 +267,9 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       }
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
       if (auto_interval && !async) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
+    }
+    if (EvalDue(config_.eval, step_, config_.steps)) {
+      ASSIGN_OR_RETURN(stats.eval, Evaluate());
     }
     if (on_step) on_step(stats);
     if (stop != nullptr && stop->stop_requested()) {

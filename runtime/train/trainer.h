@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "runtime/data/sampler.h"
 #include "runtime/train/async_checkpoint.h"
 #include "runtime/train/checkpoint_interval.h"
+#include "runtime/train/held_out_eval.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
 #include "runtime/train/parallel.h"
@@ -57,6 +59,9 @@ struct TrainConfig {
   double clip = 1.0;      // global-norm clip; 0 = off
   double peak_flops = 0;  // device peak FLOP/s for MFU; 0 = MFU not reported
   CheckpointConfig checkpoint;
+  // Held-out evaluation (held_out_eval.h) after every `eval.every` steps and the last; needs the
+  // held-out sampler given to Create.
+  EvalConfig eval;
 };
 
 // One collective on one of this rank's groups over one step (runtime/comm/communicator.h has what
@@ -113,6 +118,8 @@ struct StepStats {
   // The MoE schedules' ops this step (calls > 0 only), and each MoE layer's schedule.
   std::vector<MoeOpTotal> moe_ops;
   std::vector<std::string> moe_schedules;
+  // The held-out evaluation run after this step (TrainConfig::eval), the same on every rank.
+  std::optional<EvalResult> eval;
 };
 
 // max / mean of routed tokens per expert (0 when no token was routed).
@@ -143,10 +150,15 @@ class Trainer {
                                                          const data::Sampler* data,
                                                          const TrainConfig& config,
                                                          const Clock* clock = nullptr,
-                                                         const ParallelRuntime* parallel = nullptr);
+                                                         const ParallelRuntime* parallel = nullptr,
+                                                         const data::Sampler* held_out = nullptr);
 
   // One step at index step(); advances step().
   absl::StatusOr<StepStats> Step();
+
+  // The held-out evaluation of the current parameters (held_out_eval.h); with a parallel layout a
+  // collective of every rank. FailedPrecondition without a held-out sampler or eval.batches.
+  absl::StatusOr<EvalResult> Evaluate();
 
   // Steps until step() == config.steps or `stop` is requested (checked after each step and its
   // callback), saving every `checkpoint.every` steps (with checkpoint.every_auto, whenever the
@@ -189,7 +201,7 @@ class Trainer {
 
  private:
   Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-          const Clock* clock, const ParallelRuntime* parallel);
+          const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out);
 
   // FailedPrecondition unless the checkpoint's data position (order and sequences drawn) is what
   // this run's sampler gives at its step, so a resume reads exactly the sequences an
@@ -257,6 +269,7 @@ class Trainer {
 
   Trainable* model_;
   const data::Sampler* data_;
+  const data::Sampler* held_out_;  // nullptr: no evaluation
   TrainConfig config_;
   const Clock* clock_;
   const ParallelRuntime* parallel_;

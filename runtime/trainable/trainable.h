@@ -102,6 +102,12 @@ class PipelineStage : public Trainable {
                                                         int B, float* x_out) = 0;
   virtual absl::Status StageBackward(int micro, const float* dx_out, double ce_scale,
                                      double aux_scale, float* dx_in) = 0;
+  // Forward only (held-out evaluation): the same inputs and outputs as StageForward, but nothing
+  // stays in flight, no routing spike is injected and no memory planner acts. Only between steps
+  // (FailedPrecondition while a micro-batch is in flight).
+  virtual absl::StatusOr<MicroBatchResult> StageEvaluate(const int32_t* inputs,
+                                                         const int32_t* targets, const float* x_in,
+                                                         int B, float* x_out) = 0;
   // Drops every in-flight micro-batch (after an error: the step is given up).
   virtual void AbandonMicroBatches() = 0;
   virtual int64_t ActivationFloats(int B) const = 0;

@@ -46,10 +46,11 @@ RULES = [
     ("controller", "runtime*", "runtime/base",
      "controller/ never links the training runtime; it may use runtime/base"),
     ("controller/cli", "runtime*",
-     "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe",
+     "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe|runtime/model",
      "the CLI may also use runtime/data and runtime/checkpoint (with the ParamInfo of "
-     "runtime/trainable), and runtime/moe for the schedules' op lists and cost model (pure: "
-     "furnace_moe_schedule links no communicator), not the training runtime"),
+     "runtime/trainable), runtime/moe for the schedules' op lists and cost model (pure: "
+     "furnace_moe_schedule links no communicator), and runtime/model for text generation (plain "
+     "loops: furnace_kv_decoder, furnace_generate), not the training runtime"),
 ]
 
 # Targets a component may not link although RULES allow the target's folder: (from, target, why).
@@ -57,6 +58,9 @@ TARGET_RULES = [
     ("controller/cli", "furnace_moe",
      "the CLI uses runtime/moe only through furnace_moe_schedule (pure); furnace_moe links the "
      "communicators"),
+    ("controller/cli", "furnace_model",
+     "the CLI uses runtime/model only through furnace_model_config, furnace_kv_decoder and "
+     "furnace_generate (no kernels); furnace_model is the training model on the kernels"),
 ]
 
 # Headers and CMake targets outside the project that the rules name.

@@ -1,5 +1,7 @@
 #include "controller/cli/report.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -189,6 +191,29 @@ TEST_F(ReportCommandTest, SummaryNumbers) {
         "             mp_all_gather(tp) 35.0 KiB (all steps and ranks)\n"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
+}
+
+TEST_F(ReportCommandTest, HeldOutEvaluationsGetARowAndAPlot) {
+  v1::JobSeries series = MakeSeries();
+  for (auto& r : *series.mutable_steps()) {
+    if (r.step() % 10 != 0) continue;
+    r.mutable_eval()->set_loss(3.0 - 0.01 * static_cast<double>(r.step()));
+    r.mutable_eval()->set_perplexity(std::exp(r.eval().loss()));
+  }
+  const ReportSummary m = Summarize(MakeRestartedJob(), series);
+  EXPECT_EQ(m.evals, 7u);  // steps 10, 20, 30 of attempt 1; 30, 40, 50, 60 of attempt 2
+  EXPECT_DOUBLE_EQ(*m.final_eval_loss, 2.4);
+  EXPECT_DOUBLE_EQ(*m.min_eval_step, 60);
+  const std::string text = RenderSummaryText(MakeRestartedJob(), series, m);
+  EXPECT_NE(text.find("eval loss    final 2.4000 (perplexity 11.02, step 60)  min 2.4000 (step "
+                      "60)  7 evaluations\n"),
+            std::string::npos)
+      << text;
+  const std::vector<ReportFile> files = BuildReport(MakeRestartedJob(), series);
+  const auto eval = std::find_if(files.begin(), files.end(),
+                                 [](const ReportFile& f) { return f.name == "eval_loss.svg"; });
+  ASSERT_NE(eval, files.end());
+  EXPECT_EQ(XmlProblem(eval->content), "");
 }
 
 TEST_F(ReportCommandTest, NoFloorNoBudgetNoLines) {

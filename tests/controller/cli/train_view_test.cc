@@ -120,6 +120,24 @@ TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
   EXPECT_EQ(out.find("MoE ops"), std::string::npos) << out;
 }
 
+TEST_F(TrainViewTest, StatusAndWatchShowTheLatestEvaluation) {
+  v1::JobDetail job = MakeTrainJob();
+  job.mutable_last_eval()->set_loss(2.3);
+  job.mutable_last_eval()->set_perplexity(9.974);
+  job.mutable_last_eval()->set_step(40);
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(out.find("  eval loss    2.3000  (perplexity 9.97, after step 40)\n"),
+            std::string::npos)
+      << out;
+  const std::optional<TrainMetrics> m = TrainMetricsOf(job);
+  ASSERT_TRUE(m.has_value());
+  const std::vector<std::string> lines = TrainWatchLines(*m);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("eval 2.3000 (ppl 9.97)"), std::string::npos) << lines[0];
+  // Without an evaluation nothing is said about one.
+  EXPECT_EQ(RenderJobStatus(MakeTrainJob(), kT0 + 65).find("eval loss"), std::string::npos);
+}
+
 TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
   v1::JobDetail job = MakeTrainJob();
   v1::StepTelemetry& t = *job.mutable_telemetry();

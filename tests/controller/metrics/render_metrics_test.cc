@@ -283,6 +283,20 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
       << text;
 }
 
+TEST(RenderMetrics, EvalLossOnlyForJobsThatEvaluated) {
+  MetricsSnapshot snapshot = SmallSnapshot();
+  EXPECT_EQ(RenderMetrics(snapshot).find("furnace_job_eval_loss"), std::string::npos);
+  furnace::v1::EvalTelemetry eval;
+  eval.set_loss(2.25);
+  eval.set_step(40);
+  snapshot.jobs[0].last_eval = eval;
+  const std::string text = RenderMetrics(snapshot);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_eval_loss"),
+            std::vector<std::string>{"furnace_job_eval_loss{job=\"j-1\"} 2.25"})
+      << text;
+  EXPECT_NE(text.find("# TYPE furnace_job_eval_loss gauge\n"), std::string::npos);
+}
+
 TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
   const std::string text = RenderMetrics(MetricsSnapshot{});
   EXPECT_EQ(SamplesOf(text, "furnace_build_info").size(), 1u);

@@ -606,6 +606,7 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   s.moe_schedules = {"s1", "s2"};
   s.moe_ops = {{.op = "mp_all_gather(tp)", .bytes = 512, .calls = 2, .seconds = 0.001},
                {.op = "a2a(ep)", .bytes = 2048, .calls = 4, .seconds = 0.02}};
+  s.eval = train::EvalResult{.loss = 2.25, .perplexity = 9.4877, .batches = 4, .tokens = 512};
   std::vector<v1::StepTelemetry> sent;
   v1::TelemetryBatch batch;
   batch.set_worker_id("h/0");
@@ -664,6 +665,14 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   ASSERT_EQ(series->steps_size(), 1);
   const v1::StepRecord& st = series->steps(0);
   EXPECT_EQ(st.ranks(), 2u);
+  // The held-out evaluation after this step: rank 0's, on the step, the detail and the metrics.
+  EXPECT_DOUBLE_EQ(st.eval().loss(), 2.25);
+  EXPECT_EQ(st.eval().step(), 1u);
+  EXPECT_EQ(st.eval().batches(), 4u);
+  EXPECT_DOUBLE_EQ(d.last_eval().loss(), 2.25);
+  EXPECT_DOUBLE_EQ(d.last_eval().perplexity(), 9.4877);
+  ASSERT_TRUE(c_->Metrics().jobs[0].last_eval.has_value());
+  EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].last_eval->loss(), 2.25);
   EXPECT_DOUBLE_EQ(st.loss(), 2.5);
   EXPECT_DOUBLE_EQ(st.tokens(), 4096);
   EXPECT_DOUBLE_EQ(st.step_seconds(), 0.5);

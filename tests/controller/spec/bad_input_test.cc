@@ -58,7 +58,8 @@ std::vector<BadCase> Cases() {
       {"unknown_top_level",
        H("modle:\n  d_model: 8\n"),
        {"job.yaml:3:1: modle: unknown field; did you mean 'model'? (allowed: name, kind, model, "
-        "parallel, moe, memory, train, data, checkpoint, recovery, resources, commcheck, fault)"}},
+        "parallel, moe, memory, train, data, checkpoint, eval, recovery, resources, commcheck, "
+        "fault)"}},
       {"unknown_top_level_no_guess",
        H("gpus: 8\n"),
        {"job.yaml:3:1: gpus: unknown field (allowed: name, kind, model,"}},
@@ -301,6 +302,16 @@ std::vector<BadCase> Cases() {
       {"validation_with_markov",
        H("data:\n  validation: {fraction: 0.1}\n"),
        {"data.validation.fraction: not used with data.source markov"}},
+      {"eval_without_batches",
+       H("eval:\n  every: 10\n"),
+       {"job.yaml:4:10: eval.batches: must be >= 1 when eval.every is set (got 0, the default; "
+        "allowed: 1 or more held-out micro-batches"}},
+      {"eval_batches_without_every",
+       H("eval:\n  batches: 4\n"),
+       {"job.yaml:4:12: eval.batches: only used when eval.every > 0"}},
+      {"eval_on_token_data_without_validation",
+       H("data:\n  source: tokens\n  path: /x\neval:\n  every: 10\n  batches: 2\n"),
+       {"eval.every: needs held-out data: data.source tokens needs data.validation", "(got 10;"}},
   };
 }
 

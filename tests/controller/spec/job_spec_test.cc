@@ -257,6 +257,15 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.fault().exit_code(), 255);
 }
 
+TEST(JobSpecTest, EvalIsOffByDefaultAndParses) {
+  const JobSpec off = MustParse("name: j\nkind: train\n");
+  EXPECT_EQ(off.eval().every(), 0u);
+  EXPECT_EQ(off.eval().batches(), 0u);
+  const JobSpec on = MustParse("name: j\nkind: train\neval:\n  every: 25\n  batches: 4\n");
+  EXPECT_EQ(on.eval().every(), 25u);
+  EXPECT_EQ(on.eval().batches(), 4u);
+}
+
 // The fields this build refuses unless default are read (each refusal shows the value written)
 // and refused, one line each, and nothing else in the full job is (checkpoint.async: true and
 // moe.schedule: s2 are accepted).

@@ -33,6 +33,7 @@ struct Trained {
   std::vector<double> loss, aux, norm;
   std::vector<bool> routing_spike;                      // per step
   std::vector<std::vector<int64_t>> tokens_per_expert;  // per step, layers x E flattened
+  std::vector<double> eval_loss;                        // per evaluation
   int in_flight_peak = 0;
   std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
   model::StashActionStats stash;
@@ -69,7 +70,9 @@ absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::Gp
   return model.SetOffload(c.offload_ratio, m.engine.get(), m.host.get());
 }
 
-absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c) {
+// The training data, or (held_out) the held-out stream: the same chain, another seed.
+absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c,
+                                                           bool held_out = false) {
   data::MarkovConfig mc;
   mc.vocab = c.model.vocab;
   mc.seed = c.seed + 1;
@@ -77,7 +80,7 @@ absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c) 
   data::SamplerConfig sc;
   sc.batch = c.micro_batch;
   sc.seq_len = c.model.seq_len;
-  sc.seed = c.seed;
+  sc.seed = held_out ? c.seed + 1000 : c.seed;
   return data::MakeMarkovSampler(std::move(chain), sc);
 }
 
@@ -90,18 +93,29 @@ train::TrainConfig TrainConfigOf(const LayoutCase& c, int micro_batches) {
   tc.schedule.warmup_steps = 2;
   tc.schedule.max_steps = c.steps;
   tc.clip = 1.0;
+  tc.eval.every = c.eval_every;
+  tc.eval.batches = c.eval_batches;
   return tc;
 }
 
 absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int micro_batches,
                               const train::ParallelRuntime* parallel) {
   ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> sampler, MakeSampler(c));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> held_out, MakeSampler(c, true));
   ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer,
                    train::Trainer::Create(&model, sampler.get(), TrainConfigOf(c, micro_batches),
-                                          nullptr, parallel));
+                                          nullptr, parallel, held_out.get()));
   Trained t;
+  if (c.eval_every > 0) {  // the initial parameters, the same on every layout
+    ASSIGN_OR_RETURN(const train::EvalResult e, trainer->Evaluate());
+    t.eval_loss.push_back(e.loss);
+  }
   for (int s = 0; s < c.steps; ++s) {
     ASSIGN_OR_RETURN(train::StepStats st, trainer->Step());
+    if (train::EvalDue(trainer->config().eval, trainer->step(), c.steps)) {
+      ASSIGN_OR_RETURN(const train::EvalResult e, trainer->Evaluate());
+      t.eval_loss.push_back(e.loss);
+    }
     t.loss.push_back(st.loss);
     t.aux.push_back(st.aux_loss);
     t.norm.push_back(st.grad_norm);
@@ -157,6 +171,8 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
     Put(out, t.decisions[s]);
     Put(out, t.emergencies[s]);
   }
+  Put<int32_t>(out, static_cast<int32_t>(t.eval_loss.size()));
+  for (double e : t.eval_loss) Put(out, e);
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
   Put(out, t.stash);
@@ -293,6 +309,17 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
             absl::StrJoin(r.tokens_per_expert[s], ",")));
       }
     }
+    int32_t n_eval = 0;
+    Take(in, n_eval);
+    std::vector<double> evals(std::max(0, n_eval));
+    for (double& e : evals) Take(in, e);
+    if (rank == 0) {
+      r.eval_loss = evals;
+    } else if (evals != r.eval_loss) {
+      return absl::InternalError(absl::StrCat("rank ", rank, " reports held-out losses ",
+                                              absl::StrJoin(evals, ","),
+                                              "; rank 0: ", absl::StrJoin(r.eval_loss, ",")));
+    }
     int32_t in_flight = 0;
     Take(in, in_flight);
     r.in_flight_peak.push_back(in_flight);
@@ -384,6 +411,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   r.grad_norm = t.norm;
   r.routing_spike = t.routing_spike;
   r.tokens_per_expert = t.tokens_per_expert;
+  r.eval_loss = t.eval_loss;
   r.activation_peak = {t.activation_peak};
   r.predicted_peak = {t.predicted_peak};
   r.planner_decisions = {t.decisions};

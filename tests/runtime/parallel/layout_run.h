@@ -42,11 +42,15 @@ struct LayoutCase {
   uint64_t device_budget = 0;
   // moe.schedule on every rank: "deepspeed", "s1", "s2" (every MoE layer), or "auto".
   std::string schedule = "deepspeed";
+  // Held-out evaluation (eval.every, eval.batches; 0: off) on an independent Markov stream.
+  int eval_every = 0;
+  int eval_batches = 0;
 };
 
 struct RunResult {
-  std::vector<double> loss, aux_loss, grad_norm;        // per step
-  std::vector<bool> routing_spike;                      // per step
+  std::vector<double> loss, aux_loss, grad_norm;  // per step
+  std::vector<bool> routing_spike;                // per step
+  std::vector<double> eval_loss;  // per evaluation (every rank must report the same)
   std::vector<std::vector<int64_t>> tokens_per_expert;  // per step: global, MoE layers x E
   std::vector<int> in_flight_peak;                      // per rank
   std::vector<std::vector<int64_t>> comm_bytes;         // [rank][op], summed over the steps

@@ -1,0 +1,180 @@
+// furnace sample against the PyTorch greedy golden (tests/reference/golden_sample.safetensors):
+// from the file itself (--weights, as an export is read) and from a job's committed checkpoint of
+// the same weights (a fake JobClient says where it is); the continuation must be the golden's,
+// token for token. Plus the option and input errors.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/exit_codes.h"
+#include "gtest/gtest.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "tests/controller/cli/fake_job_client.h"
+#include "tests/controller/cli/job_fixtures.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::cli {
+namespace {
+
+using testing::FakeJobClient;
+using testing::kT0;
+using testing_util::TestDir;
+
+const std::string kGolden = std::string(FURNACE_REFERENCE_DIR) + "/golden_sample.safetensors";
+
+std::vector<int> Ids(const train::SafetensorsFile& file, const std::string& name) {
+  std::vector<int> out;
+  for (float v : file.tensors.at(name).data) out.push_back(static_cast<int>(v));
+  return out;
+}
+
+class SampleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<train::SafetensorsFile> file = train::ReadSafetensors(kGolden);
+    ASSERT_TRUE(file.ok()) << file.status();
+    golden_ = std::move(*file);
+    prompt_ = absl::StrJoin(Ids(golden_, "prompt"), " ");
+    for (int id : Ids(golden_, "greedy")) absl::StrAppend(&want_, id, " ");
+    ctx_.client = &client_;
+    ctx_.out = &out_;
+    ctx_.err = &err_;
+    ctx_.clock = &clock_;
+    ctx_.sleep = [](double) {};
+    options_.prompt = prompt_;
+    options_.temperature = 0;
+    options_.tokens = 20;
+    options_.tokenizer = "ids";
+  }
+
+  // The golden's parameters as a single-rank committed checkpoint of a markov job at step 30.
+  void SaveAsJobCheckpoint() {
+    std::vector<train::ParamInfo> params;
+    std::vector<float> values;
+    for (const auto& [name, t] : golden_.tensors) {
+      if (name == "prompt" || name == "greedy" || name == "logits") continue;
+      params.push_back(
+          {.name = name, .shape = t.shape, .offset = static_cast<int64_t>(values.size())});
+      values.insert(values.end(), t.data.begin(), t.data.end());
+    }
+    std::vector<float> zeros(values.size(), 0.0f);
+    train::ShardState s;
+    s.step = 30;
+    s.seed = 1;
+    s.n = static_cast<int64_t>(values.size());
+    s.params = values.data();
+    s.m = zeros.data();
+    s.v = zeros.data();
+    ASSERT_TRUE(train::CheckpointStore(ckpt_, 0).Save(params, s).ok());
+    v1::JobDetail job = testing::MakeTrainJob(v1::JOB_SUCCEEDED);
+    v1::JobSpec& spec = *job.mutable_spec();
+    spec.set_kind("train");
+    spec.mutable_checkpoint()->set_dir(ckpt_);
+    spec.mutable_data()->set_source("markov");
+    v1::ModelSpec& m = *spec.mutable_model();
+    m.set_vocab(64);
+    m.set_seq_len(32);
+    m.set_d_model(32);
+    m.set_heads(4);
+    m.set_layers(2);
+    m.set_dense_ffn(64);
+    m.set_moe_every(2);
+    m.set_expert_ffn(48);
+    spec.mutable_moe()->set_experts(4);
+    spec.mutable_moe()->set_top_k(2);
+    spec.mutable_moe()->set_normalize_topk(true);
+    client_.get_job = {job};
+  }
+
+  train::SafetensorsFile golden_;
+  std::string prompt_, want_;
+  TestDir dir_;
+  std::string ckpt_ = dir_ / "ckpt";
+  FakeJobClient client_;
+  std::ostringstream out_, err_;
+  FakeClock clock_{kT0};
+  CommandContext ctx_;
+  SampleOptions options_;
+};
+
+TEST_F(SampleTest, GreedyFromAWeightsFileIsThePyTorchContinuation) {
+  options_.weights = kGolden;
+  absl::StatusOr<int> code = RunSample(ctx_, "", options_);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  EXPECT_EQ(out_.str(), want_ + "\n");
+  EXPECT_NE(err_.str().find("20 tokens from " + kGolden), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("greedy"), std::string::npos) << err_.str();
+  EXPECT_EQ(client_.get_job_calls, 0);
+}
+
+TEST_F(SampleTest, GreedyFromAJobCheckpointIsThePyTorchContinuation) {
+  SaveAsJobCheckpoint();
+  options_.tokenizer.clear();  // a markov job: token ids
+  absl::StatusOr<int> code = RunSample(ctx_, "j-1", options_);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(out_.str(), want_ + "\n");
+  EXPECT_NE(err_.str().find("from job j-1 step 30"), std::string::npos) << err_.str();
+}
+
+TEST_F(SampleTest, FixedSeedRepeatsAndJsonSaysWhatRan) {
+  options_.weights = kGolden;
+  options_.temperature = 1.0;
+  options_.top_k = 8;
+  options_.seed = 5;
+  ctx_.json = true;
+  // The document's "text" line (its fields come in no fixed order; "seconds" varies).
+  const auto text_of = [](const std::string& json) {
+    const size_t at = json.find("\"text\": ");
+    return at == std::string::npos ? std::string() : json.substr(at, json.find('\n', at) - at);
+  };
+  ASSERT_TRUE(RunSample(ctx_, "", options_).ok());
+  const std::string first = out_.str();
+  out_.str("");
+  ASSERT_TRUE(RunSample(ctx_, "", options_).ok());
+  EXPECT_FALSE(text_of(first).empty()) << first;
+  EXPECT_EQ(text_of(out_.str()), text_of(first));
+  EXPECT_NE(first.find("\"tokenizer\": \"ids\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"prompt_tokens\": 6"), std::string::npos) << first;
+  options_.seed = 6;  // another seed, another text
+  out_.str("");
+  ASSERT_TRUE(RunSample(ctx_, "", options_).ok());
+  EXPECT_NE(text_of(out_.str()), text_of(first));
+}
+
+TEST_F(SampleTest, BadInputIsNamed) {
+  options_.weights = kGolden;
+  options_.tokenizer.clear();
+  absl::StatusOr<int> no_tokenizer = RunSample(ctx_, "", options_);
+  EXPECT_TRUE(absl::IsInvalidArgument(no_tokenizer.status()));
+  EXPECT_NE(no_tokenizer.status().message().find("--weights needs --tokenizer"), std::string::npos);
+
+  options_.tokenizer = "ids";
+  options_.prompt = "3 64";
+  absl::StatusOr<int> outside = RunSample(ctx_, "", options_);
+  EXPECT_NE(outside.status().message().find("token 64 (ids tokenizer), outside the model's "
+                                            "vocabulary [0, 64)"),
+            std::string::npos)
+      << outside.status();
+
+  options_.prompt = prompt_;
+  options_.temperature = -1;
+  absl::StatusOr<int> temperature = RunSample(ctx_, "", options_);
+  EXPECT_NE(temperature.status().message().find("--temperature -1"), std::string::npos);
+
+  options_.temperature = 0;
+  absl::StatusOr<int> both = RunSample(ctx_, "j-1", options_);
+  EXPECT_TRUE(absl::IsInvalidArgument(both.status()));
+
+  options_.weights = dir_ / "missing.safetensors";
+  absl::StatusOr<int> missing = RunSample(ctx_, "", options_);
+  EXPECT_EQ(ExitCodeForStatus(missing.status()), kExitLocalError) << missing.status();
+  EXPECT_NE(missing.status().message().find("missing.safetensors"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace furnace::cli
