@@ -9,6 +9,8 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libgtest-dev libgmock-dev
   libgloo-dev libcivetweb-dev libopenblas-dev libsqlite3-dev sqlite3 libcli11-dev libbenchmark-dev
   prometheus-cpp-dev  # the controller's /metrics families and text serializer (prometheus-cpp::core)
+  libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
+  libssl-dev  # SHA-256 of tokenizer models (libcrypto)
   python3 procps curl
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)
   prometheus  # promtool (metrics tests) and the server (scrape test); 12 packages without recommends

@@ -236,6 +236,18 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                   absl::StrCat(absl::IsDataLoss(file.status()) ? "data file corrupt: " : "data: ",
                                file.status().message()));
     }
+    // data.tokenizer: the file must have been made by it (a version 1 file does not say).
+    if (const std::string& tokenizer = spec.data().tokenizer(); !tokenizer.empty()) {
+      if (absl::Status s = data::CheckTokenizerIdentity(**file, tokenizer); !s.ok()) {
+        return Fail(progress, 0, kRankExitBadInput, absl::StrCat("data: ", s.message()));
+      }
+      if ((*file)->identity().empty()) {
+        spdlog::warn(
+            "data: token file {} (version 1) does not record its tokenizer; "
+            "data.tokenizer {} is not checked",
+            spec.data().path(), tokenizer);
+      }
+    }
     std::shared_ptr<const data::TokenFile> shared = std::move(*file);
     auto made = data::MakeTokenFileSampler(shared, sc);
     if (!made.ok()) {

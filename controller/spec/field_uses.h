@@ -79,6 +79,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"data.source", FieldUse::kUsed, "data().source()"},
     {"data.path", FieldUse::kUsed, "data().path()"},
     {"data.seed", FieldUse::kUsed, "data().seed()"},
+    // The worker compares it with the token file's recorded tokenizer (worker/train_rank.cc).
+    {"data.tokenizer", FieldUse::kUsed, "data().tokenizer()"},
 
     {"checkpoint.dir", FieldUse::kUsed, "checkpoint().dir()"},
     {"checkpoint.every", FieldUse::kUsed, "checkpoint().every()"},
