@@ -23,7 +23,8 @@ using testing_util::WriteAll;
 
 // Not in the corpus: characters the vocabulary lacks come back through byte fallback.
 const std::string kSample =
-    "  Héllo wörld, naïve café\n\tÆsir — “quotes” 日本語 and emoji 🙂\n\nend with spaces "
+    "  Héllo wörld, naïve café\n\tÆsir — “quotes” 日本語 and emoji 🙂\n\nend with "
+    "spaces "
     " "
     "\n";
 
