@@ -111,7 +111,7 @@ class TrainTest(harness.ClusterTest):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
         def job(name, tokenizer):
-            return train_job(name, steps=3, every=0).replace("vocab: 64", "vocab: 512").replace(
+            return train_job(name, steps=10, every=0).replace("vocab: 64", "vocab: 512").replace(
                 "data: {source: markov, seed: 5}",
                 f"data: {{source: tokens, path: {tokens}, tokenizer: {tokenizer}}}")
 
