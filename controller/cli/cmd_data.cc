@@ -111,6 +111,13 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
                                               .model_type = options.model_type,
                                               .output = options.output};
   RETURN_IF_ERROR(data::CheckSentencePieceTrainOptions(train));
+  // SentencePiece's trainer reports no progress of its own: say what runs (it takes seconds for
+  // megabytes of text, minutes for a million long lines).
+  if (!ctx.json && ctx.err != nullptr) {
+    *ctx.err << "training a SentencePiece " << options.model_type << " vocabulary of "
+             << options.vocab << " pieces on " << options.inputs.size()
+             << (options.inputs.size() == 1 ? " file" : " files") << " ...\n";
+  }
   absl::StatusOr<data::SentencePieceTrainResult> trained = data::TrainSentencePiece(train);
   if (!trained.ok()) return LocalError(trained.status());
 
