@@ -21,6 +21,11 @@ find_package(Gloo CONFIG REQUIRED)                 # un-namespaced target `gloo`
 # depends on their -dev packages and on `civetweb`, whose presence makes civetweb's config load.
 find_package(prometheus-cpp CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# SentencePiece (libsentencepiece-dev): linked only into the module runtime/data loads with
+# dlopen (runtime/data/sentencepiece_bridge.h says why). OpenSSL's libcrypto: SHA-256 of
+# tokenizer models (already a dependency of gRPC; libssl-dev).
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+find_package(OpenSSL REQUIRED)
 find_package(Python3 COMPONENTS Interpreter REQUIRED)
 
 # civetweb's CMake config is broken on Debian: find the library directly.

@@ -10,6 +10,8 @@ packages=(
   libgloo-dev libcivetweb-dev libopenblas-dev libsqlite3-dev sqlite3 libcli11-dev libbenchmark-dev
   zlib1g-dev  # CRC-32 of checkpoint shards (zlib's table-free, several GB/s)
   prometheus-cpp-dev  # the controller's /metrics families and text serializer (prometheus-cpp::core)
+  libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
+  libssl-dev  # SHA-256 of tokenizer models (libcrypto)
   python3 procps curl
   python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)

@@ -48,6 +48,7 @@ data::DataSourceConfig DataSourceConfigFrom(const furnace::v1::DataSpec& spec, i
   if (!spec.path().empty()) d.paths.push_back({spec.path(), 1.0});
   for (const furnace::v1::DataBlendSpec& b : spec.blend())
     d.paths.push_back({b.path(), b.weight()});
+  d.tokenizer = spec.tokenizer();
   d.validation_fraction = spec.validation().fraction();
   if (!spec.validation().path().empty())
     d.validation_paths.push_back({spec.validation().path(), 1.0});

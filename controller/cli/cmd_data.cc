@@ -1,5 +1,7 @@
-// furnace data prepare --input TEXT... -o FILE [--eod]: text files into a token file with the
-// byte-level tokenizer, on this machine; the controller is not involved.
+// furnace data tokenizer train / data prepare: text into a SentencePiece model and token files, on
+// this machine; the controller is not involved.
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
@@ -7,36 +9,134 @@
 #include "google/protobuf/struct.pb.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/prepare.h"
+#include "runtime/data/sentencepiece_tokenizer.h"
 
 namespace furnace::cli {
+namespace {
+
+constexpr int kBarWidth = 30;
+
+// "[#####-----]  45%  12.0 MiB / 27.0 MiB"
+std::string BytesProgress(int64_t done, int64_t total) {
+  return absl::StrCat(
+      ProgressBar(static_cast<uint64_t>(done), static_cast<uint64_t>(total), kBarWidth), "  ",
+      FormatBytes(static_cast<uint64_t>(done)), " / ", FormatBytes(static_cast<uint64_t>(total)));
+}
+
+// Draws the progress bar on ctx.err: redrawn in place on a terminal at each percent, else a line
+// at each tenth (a log stays short). Nothing with --json.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(const CommandContext& ctx) : ctx_(ctx) {}
+  void Update(int64_t done, int64_t total) {
+    if (ctx_.json || ctx_.err == nullptr || total <= 0) return;
+    const int step = ctx_.tty ? 100 : 10;
+    const int64_t at = done * step / total;
+    if (at == last_) return;
+    last_ = at;
+    *ctx_.err << (ctx_.tty ? "\r" : "") << BytesProgress(done, total) << (ctx_.tty ? "" : "\n");
+    ctx_.err->flush();
+    drawn_ = true;
+  }
+  ~ProgressPrinter() {
+    if (drawn_ && ctx_.tty) *ctx_.err << "\n";
+  }
+
+ private:
+  const CommandContext& ctx_;
+  int64_t last_ = -1;
+  bool drawn_ = false;
+};
+
+}  // namespace
 
 absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareOptions& options) {
   if (options.inputs.empty()) {
-    return absl::InvalidArgumentError("data prepare: at least one --input TEXT is required");
+    return absl::InvalidArgumentError("data prepare: at least one --input FILE is required");
   }
   if (options.output.empty()) {
     return absl::InvalidArgumentError("data prepare: -o FILE is required");
   }
-  absl::StatusOr<data::PrepareStats> stats =
-      data::PrepareTokenFile(options.inputs, options.output, options.eod);
+  const bool byte = options.tokenizer == data::kByteTokenizerName;
+  if (options.eod && !byte) {
+    return absl::InvalidArgumentError(
+        "data prepare: --eod is for --tokenizer byte (a SentencePiece model always appends its "
+        "end-of-document id)");
+  }
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (byte) {
+    tokenizer = std::make_unique<data::ByteTokenizer>(options.eod);
+  } else {
+    absl::StatusOr<std::unique_ptr<data::Tokenizer>> opened =
+        data::OpenTokenizer(options.tokenizer);
+    if (!opened.ok()) return LocalError(opened.status());
+    tokenizer = std::move(*opened);
+  }
+  absl::StatusOr<data::PrepareStats> stats;
+  {
+    ProgressPrinter progress(ctx);
+    stats = data::PrepareTokenFile(
+        *tokenizer,
+        {.inputs = options.inputs, .jsonl_field = options.jsonl_field, .output = options.output},
+        [&progress](int64_t done, int64_t total) { progress.Update(done, total); });
+  }
   if (!stats.ok()) return LocalError(stats.status());
 
   if (ctx.json) {
     google::protobuf::Struct result;
     auto& f = *result.mutable_fields();
     f["output"].set_string_value(options.output);
-    f["tokenizer"].set_string_value("byte");
+    f["tokenizer"].set_string_value(stats->identity);
     f["documents"].set_number_value(static_cast<double>(stats->documents));
     f["tokens"].set_number_value(static_cast<double>(stats->tokens));
     f["vocab"].set_number_value(static_cast<double>(stats->vocab));
+    f["input_bytes"].set_number_value(static_cast<double>(stats->input_bytes));
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
   } else {
+    const int32_t eod = tokenizer->eod_id();
     *ctx.out << "wrote " << options.output << ": " << FormatCount(stats->documents)
              << (stats->documents == 1 ? " document, " : " documents, ")
-             << FormatCount(stats->tokens) << " tokens, vocab " << stats->vocab
-             << " (byte tokenizer"
-             << (options.eod ? absl::StrCat(", end-of-document id ", data::kEndOfDocument) : "")
-             << ")\n";
+             << FormatCount(stats->tokens) << " tokens, vocab " << stats->vocab << " ("
+             << (byte ? "byte tokenizer" : stats->identity)
+             << (eod >= 0 ? absl::StrCat(", end-of-document id ", eod) : "") << ")\n";
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
+                                      const TokenizerTrainOptions& options) {
+  const data::SentencePieceTrainOptions train{.inputs = options.inputs,
+                                              .vocab = options.vocab,
+                                              .model_type = options.model_type,
+                                              .output = options.output};
+  RETURN_IF_ERROR(data::CheckSentencePieceTrainOptions(train));
+  // SentencePiece's trainer reports no progress of its own: say what runs (it takes seconds for
+  // megabytes of text, minutes for a million long lines).
+  if (!ctx.json && ctx.err != nullptr) {
+    *ctx.err << "training a SentencePiece " << options.model_type << " vocabulary of "
+             << options.vocab << " pieces on " << options.inputs.size()
+             << (options.inputs.size() == 1 ? " file" : " files") << " ...\n";
+  }
+  absl::StatusOr<data::SentencePieceTrainResult> trained = data::TrainSentencePiece(train);
+  if (!trained.ok()) return LocalError(trained.status());
+
+  if (ctx.json) {
+    google::protobuf::Struct result;
+    auto& f = *result.mutable_fields();
+    f["output"].set_string_value(options.output);
+    f["identity"].set_string_value(trained->identity);
+    f["model_type"].set_string_value(options.model_type);
+    f["vocab"].set_number_value(static_cast<double>(trained->vocab));
+    f["input_bytes"].set_number_value(static_cast<double>(trained->input_bytes));
+    RETURN_IF_ERROR(PrintJson(result, *ctx.out));
+  } else {
+    *ctx.out << "wrote " << options.output << ": SentencePiece " << options.model_type
+             << " model, vocab " << trained->vocab << " (end-of-document id "
+             << data::kSentencePieceEodId << "), trained on "
+             << FormatBytes(static_cast<uint64_t>(trained->input_bytes)) << " in "
+             << options.inputs.size() << (options.inputs.size() == 1 ? " file" : " files")
+             << "\nidentity " << trained->identity << "\n";
   }
   return kExitOk;
 }

@@ -51,6 +51,7 @@ struct LoadedModel {
   std::string source;       // what the weights came from, for the summary line
   int64_t step = -1;        // the checkpoint's step (-1: a weights file)
   std::string data_source;  // the job's data.source ("" for a weights file)
+  std::string data_tokenizer;  // the job's data.tokenizer ("" when it does not say)
 };
 
 absl::StatusOr<LoadedModel> FromJob(const CommandContext& ctx, const std::string& job_id,
@@ -77,6 +78,7 @@ absl::StatusOr<LoadedModel> FromJob(const CommandContext& ctx, const std::string
                    ckpt.num_shards > 1 ? absl::StrCat(", ", ckpt.num_shards, " shards") : "", ")");
   m.step = ckpt.step;
   m.data_source = job.spec().data().source();
+  m.data_tokenizer = job.spec().data().tokenizer();
   return m;
 }
 
@@ -171,8 +173,8 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
     }
     ASSIGN_OR_RETURN(loaded, FromWeights(options.weights));
   }
-  // The tokenizer: as asked, else the job's (a Markov job has symbols: ids; a token-file job was
-  // prepared with the byte tokenizer).
+  // The tokenizer: as asked, else the job's (a Markov job has symbols: ids; other data was
+  // prepared with data.tokenizer, or the byte tokenizer when the job does not say).
   std::string tokenizer_name = options.tokenizer;
   if (tokenizer_name.empty()) {
     if (!options.weights.empty()) {
@@ -180,7 +182,9 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
           "sample: --weights needs --tokenizer (byte, ids, or the tokenizer model the data was "
           "prepared with)");
     }
-    tokenizer_name = loaded.data_source == "markov" ? "ids" : "byte";
+    tokenizer_name = loaded.data_source == "markov"  ? "ids"
+                     : !loaded.data_tokenizer.empty() ? loaded.data_tokenizer
+                                                      : "byte";
   }
   std::unique_ptr<Tokenizer> tokenizer;
   if (tokenizer_name == "ids") {

@@ -99,14 +99,32 @@ absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_
                               const ReportOptions& options);
 
 struct DataPrepareOptions {
-  std::vector<std::string> inputs;  // text files, one document each, in order
+  std::vector<std::string> inputs;  // text files (one document each) or JSON Lines files
   std::string output;               // the token file to write
-  bool eod = false;                 // append the end-of-document token (256) after each document
+  std::string tokenizer = "byte";   // "byte" or a SentencePiece model file
+  std::string jsonl_field = {};     // non-empty: inputs are JSON Lines, one document per line
+  bool eod = false;  // byte tokenizer: append the end-of-document id (256) after each document;
+                     // a SentencePiece model always appends its own
 };
-// Byte-level tokenization of the inputs into one token file (runtime/data/byte_tokenizer.h);
-// needs no controller. No inputs or no output -> INVALID_ARGUMENT; an input that cannot be read
-// or an output that cannot be written -> a LocalError (exit 5).
+// Tokenizes the inputs into one token file that records the tokenizer's identity
+// (runtime/data/prepare.h); needs no controller. Shows a progress bar (input bytes) on ctx.err
+// unless --json. No inputs or no output -> INVALID_ARGUMENT; a tokenizer or input that cannot be
+// read or used (an empty file, a JSON Lines line without the field), or an output that cannot be
+// written -> a LocalError (exit 5) naming the file.
 absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareOptions& options);
+
+struct TokenizerTrainOptions {
+  std::vector<std::string> inputs;     // text files; each line is a training sentence
+  int64_t vocab = 0;                   // pieces in the model
+  std::string model_type = "unigram";  // unigram | bpe
+  std::string output;                  // the .model file to write
+};
+// Trains a SentencePiece model (runtime/data/sentencepiece_tokenizer.h); needs no controller.
+// Options the CLI can check (no inputs, no output, model type, vocab too small) ->
+// INVALID_ARGUMENT; an input that cannot be read or is empty, a vocab the text cannot fill, an
+// output that cannot be written -> a LocalError (exit 5).
+absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
+                                      const TokenizerTrainOptions& options);
 
 struct PlanOptions {
   std::string profile;     // a CostProfile JSON (moe/cost_model.h); empty: the default profile

@@ -51,7 +51,7 @@ std::string ExitCodeHelp() {
          "  2  bad usage or invalid job file\n"
          "  3  controller unreachable or RPC error\n"
          "  4  job not found\n"
-         "  5  export, data prepare: no checkpoint to export, or a local file could not be read "
+         "  5  export, data: no checkpoint to export, or a local file could not be read, used "
          "or\n"
          "     written\n";
 }

@@ -115,14 +115,48 @@ int main(int argc, char** argv) {
   data->require_subcommand(1);
   DataPrepareOptions prepare_options;
   auto* prepare = data->add_subcommand(
-      "prepare", "text files -> token file, byte-level tokenizer (vocab 256, 257 with --eod)");
+      "prepare",
+      "text files or JSON Lines -> a token file that records its tokenizer (byte-level, or a "
+      "SentencePiece model from `data tokenizer train`); documents end with the "
+      "end-of-document id");
   prepare
       ->add_option("--input,-i", prepare_options.inputs,
-                   "text files, one document each (--input A B or --input A --input B)")
+                   "text files, one document each, or with --jsonl-field JSON Lines files, one "
+                   "document per line (--input A B or --input A --input B)")
       ->required();
   prepare->add_option("-o,--output", prepare_options.output, "the token file to write")->required();
+  prepare
+      ->add_option("--tokenizer", prepare_options.tokenizer,
+                   "`byte` (vocab 256, 257 with --eod) or a SentencePiece .model file")
+      ->capture_default_str();
+  prepare->add_option("--jsonl-field", prepare_options.jsonl_field,
+                      "the inputs are JSON Lines; each line's document is this string field "
+                      "(e.g. text)");
   prepare->add_flag("--eod", prepare_options.eod,
-                    "append the end-of-document token (256) after each document");
+                    "byte tokenizer: append the end-of-document token (256) after each document "
+                    "(a SentencePiece model always appends its own)");
+
+  auto* tokenizer_cmd = data->add_subcommand("tokenizer", "subword tokenizers (SentencePiece)");
+  tokenizer_cmd->require_subcommand(1);
+  TokenizerTrainOptions train_options;
+  auto* tokenizer_train = tokenizer_cmd->add_subcommand(
+      "train",
+      "train a SentencePiece vocabulary (unigram or BPE) on text files -> a .model file for "
+      "`data prepare --tokenizer` and data.tokenizer; lossless on UTF-8 (byte fallback), "
+      "end-of-document id 1");
+  tokenizer_train
+      ->add_option("--input,-i", train_options.inputs,
+                   "text files; each line is one training sentence (at most a million lines "
+                   "are sampled)")
+      ->required();
+  tokenizer_train
+      ->add_option("--vocab", train_options.vocab,
+                   "pieces in the model, including the 256 byte pieces (at least 260)")
+      ->required();
+  tokenizer_train->add_option("--model-type", train_options.model_type, "unigram or bpe")
+      ->capture_default_str();
+  tokenizer_train->add_option("-o,--output", train_options.output, "the .model file to write")
+      ->required();
 
   PlanOptions plan_options;
   auto* plan = app.add_subcommand(
@@ -183,6 +217,8 @@ int main(int argc, char** argv) {
     result = RunReport(ctx, job_id, report_options);
   } else if (*prepare) {
     result = RunDataPrepare(ctx, prepare_options);
+  } else if (*tokenizer_train) {
+    result = RunTokenizerTrain(ctx, train_options);
   } else if (*plan) {
     result = RunPlan(ctx, file, plan_options);
   }

@@ -302,6 +302,24 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(ev.every()),
                    "0 (off), or set data.validation: {fraction: F} or {path: FILE}"});
   }
+  // data.tokenizer: what can be checked without the file, which may exist only on the workers.
+  if (diag->Present("data.tokenizer")) {
+    if (d.source() == "markov") {
+      c.Fail({"data.tokenizer", "data.source"},
+             Problem{"only used with token data: the synthetic Markov chain has no tokenizer",
+                     absl::StrCat("'", d.tokenizer(), "' with source markov"),
+                     "omit it, or set data.source: tokens"});
+    } else if (d.tokenizer().empty()) {
+      c.Fail({"data.tokenizer"},
+             Problem{"empty", "''",
+                     "byte, or the path of a SentencePiece .model file (furnace "
+                     "data tokenizer train)"});
+    } else if (d.tokenizer() == "byte" && spec.model().vocab() < 256) {
+      c.Fail({"model.vocab", "data.tokenizer"},
+             Problem{"the byte tokenizer's ids go up to 255 (256 with the end-of-document id)",
+                     absl::StrCat(spec.model().vocab()), ">= 256 with data.tokenizer: byte"});
+    }
+  }
 
   const auto& b = spec.recovery().backoff();
   if (b.max_s() < b.initial_s()) {

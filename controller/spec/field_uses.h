@@ -83,6 +83,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"data.blend.weight", FieldUse::kUsed, "b.weight()"},
     {"data.validation.fraction", FieldUse::kUsed, "validation().fraction()"},
     {"data.validation.path", FieldUse::kUsed, "validation().path()"},
+    // The worker compares it with the token file's recorded tokenizer (worker/train_rank.cc).
+    {"data.tokenizer", FieldUse::kUsed, "d.tokenizer = spec.tokenizer()"},
 
     {"eval.every", FieldUse::kUsed, "c.eval.every = spec.eval().every()"},
     {"eval.batches", FieldUse::kUsed, "c.eval.batches = static_cast<int>(spec.eval().batches())"},

@@ -43,6 +43,8 @@ void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
   // Required iff source is tokens or indexed (or a blend instead): cross-field checks.
   out->set_path(s.String("path").value_or(""));
   out->set_seed(s.Integer("seed", 0, kMaxU64).value_or(0));
+  // `byte` or a SentencePiece model path; checked against the token file by the worker.
+  out->set_tokenizer(s.String("tokenizer").value_or(""));
   if (auto blend = s.SectionList("blend")) {
     for (MapReader& b : *blend) {
       furnace::v1::DataBlendSpec* entry = out->add_blend();

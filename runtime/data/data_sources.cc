@@ -13,14 +13,23 @@
 namespace furnace::data {
 namespace {
 
-absl::StatusOr<std::shared_ptr<const TokenStream>> OpenStream(const std::string& source,
+absl::StatusOr<std::shared_ptr<const TokenStream>> OpenStream(const DataSourceConfig& data,
                                                               const std::string& path,
-                                                              int64_t vocab) {
-  if (source == "tokens") {
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file, TokenFile::Open(path, vocab));
+                                                              std::string* description) {
+  if (data.source == "tokens") {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file, TokenFile::Open(path, data.model_vocab));
+    if (!data.tokenizer.empty()) {
+      RETURN_IF_ERROR(CheckTokenizerIdentity(*file, data.tokenizer));
+      if (file->identity().empty()) {
+        absl::StrAppend(description, "[", path,
+                        " is a version 1 token file: it does not record its tokenizer, so "
+                        "data.tokenizer ",
+                        data.tokenizer, " is not checked] ");
+      }
+    }
     return std::shared_ptr<const TokenStream>(std::move(file));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<IndexedDataset> ds, IndexedDataset::Open(path, vocab));
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexedDataset> ds, IndexedDataset::Open(path, data.model_vocab));
   return std::shared_ptr<const TokenStream>(std::move(ds));
 }
 
@@ -30,7 +39,7 @@ absl::StatusOr<std::vector<EpochSource>> OpenAll(const DataSourceConfig& data,
   std::vector<EpochSource> sources;
   for (const DataPath& p : paths) {
     ASSIGN_OR_RETURN(std::shared_ptr<const TokenStream> stream,
-                     OpenStream(data.source, p.path, data.model_vocab));
+                     OpenStream(data, p.path, description));
     absl::StrAppendFormat(description, "%s%s (%d tokens, weight %g)", sources.empty() ? "" : ", ",
                           p.path, stream->size(), p.weight);
     sources.push_back({std::move(stream), p.weight});

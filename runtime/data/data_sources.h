@@ -40,6 +40,10 @@ struct DataSourceConfig {
   std::vector<DataPath> paths;    // tokens: exactly one; indexed: one, or several (a blend)
   uint64_t markov_seed = 0;       // markov: the chain's seed (data.seed)
   int64_t model_vocab = 0;        // every token must be below it; markov: the chain's size
+  // data.tokenizer ("byte" or a SentencePiece model path; empty: not checked): every token file
+  // must have been made by it (CheckTokenizerIdentity); a version 1 file does not say, and the
+  // description says it was not checked.
+  std::string tokenizer;
   // The held-out split: at most one of the two. Neither: no validation sampler (except markov,
   // whose validation stream always exists).
   double validation_fraction = 0;            // in (0, 0.5]: held out of every dataset

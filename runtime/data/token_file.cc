@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/data/tokenizer.h"
 
 namespace furnace::data {
 namespace {
@@ -40,11 +41,28 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
         "token file ", path, ": bad magic (expected \"FURNTOK1\"): not a Furnace token file"));
   }
   const uint32_t version = LoadU32(bytes + 8);
-  if (version != kTokenFileVersion) {
+  if (version != 1 && version != 2) {
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": unsupported version ",
-                                                   version, " (this build reads version ",
+                                                   version, " (this build reads versions 1 and ",
                                                    kTokenFileVersion, ")"));
   }
+  int64_t header_bytes = kTokenFileHeaderBytes;
+  if (version == 2) {
+    const uint32_t n = file_bytes >= kTokenFileHeaderBytes + 4 ? LoadU32(bytes + 28) : 0;
+    if (n == 0 || n > kMaxTokenizerIdentityBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token file ", path, ": version 2 tokenizer identity length ", n,
+                       " (allowed: 1 to ", kMaxTokenizerIdentityBytes, " bytes)"));
+    }
+    header_bytes = kTokenFileHeaderBytes + 4 + n;
+    if (file_bytes < header_bytes) {
+      return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
+                                              " bytes, shorter than the ", header_bytes,
+                                              "-byte header"));
+    }
+    file->identity_.assign(reinterpret_cast<const char*>(bytes + 32), n);
+  }
+  file->version_ = static_cast<int>(version);
   const uint32_t width = LoadU32(bytes + 12);
   if (width != 2 && width != 4) {
     return absl::InvalidArgumentError(
@@ -56,20 +74,19 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
                                                    " invalid for ", width, "-byte tokens"));
   }
-  const uint64_t payload = static_cast<uint64_t>(file_bytes - kTokenFileHeaderBytes);
+  const uint64_t payload = static_cast<uint64_t>(file_bytes - header_bytes);
   if (count > payload / width || payload != count * width) {
     const bool short_file = count > payload / width || payload < count * width;
-    return absl::DataLossError(
-        absl::StrCat("token file ", path, ": ", short_file ? "truncated" : "has trailing bytes",
-                     ": header says ", count, " tokens of ", width, " bytes (",
-                     kTokenFileHeaderBytes + count * width, " bytes in all) but the file has ",
-                     file_bytes, " bytes"));
+    return absl::DataLossError(absl::StrCat(
+        "token file ", path, ": ", short_file ? "truncated" : "has trailing bytes",
+        ": header says ", count, " tokens of ", width, " bytes (", header_bytes + count * width,
+        " bytes in all) but the file has ", file_bytes, " bytes"));
   }
   if (expected_vocab > 0 && vocab > expected_vocab) {
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
                                                    " exceeds the model's vocab ", expected_vocab));
   }
-  file->tokens_ = bytes + kTokenFileHeaderBytes;
+  file->tokens_ = bytes + header_bytes;
   file->count_ = static_cast<int64_t>(count);
   file->vocab_ = vocab;
   file->token_bytes_ = static_cast<int>(width);
@@ -79,7 +96,7 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
                    : LoadU32(file->tokens_ + 4 * i);
     if (t >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "token file ", path, ": token ", i, " (byte offset ", kTokenFileHeaderBytes + i * width,
+          "token file ", path, ": token ", i, " (byte offset ", header_bytes + i * width,
           ") has value ", t, ", not below the vocab ", vocab));
     }
   }
@@ -97,9 +114,8 @@ void TokenFile::Read(int64_t begin, int64_t n, int32_t* out) const {
   for (int64_t i = 0; i < n; ++i) out[i] = at(begin + i);
 }
 
-absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const std::string& path,
-                                                                         int64_t vocab,
-                                                                         int token_bytes) {
+absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(
+    const std::string& path, int64_t vocab, int token_bytes, const std::string& identity) {
   if (token_bytes != 2 && token_bytes != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("token file ", path, ": token width ", token_bytes, " (allowed: 2 or 4)"));
@@ -109,6 +125,11 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
                                                    " must be in [1, ", max_vocab, "] for ",
                                                    token_bytes, "-byte tokens"));
+  }
+  if (identity.size() > static_cast<size_t>(kMaxTokenizerIdentityBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": tokenizer identity of ",
+                                                   identity.size(), " bytes (at most ",
+                                                   kMaxTokenizerIdentityBytes, ")"));
   }
   std::unique_ptr<TokenFileWriter> w(new TokenFileWriter());
   w->path_ = path;
@@ -120,13 +141,18 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
     return absl::InternalError(
         absl::StrCat("token file ", w->tmp_path_, ": cannot create: ", ErrnoText()));
   }
-  unsigned char header[kTokenFileHeaderBytes] = {};
-  std::memcpy(header, kTokenFileMagic, 8);
-  StoreU32(header + 8, kTokenFileVersion);
-  StoreU32(header + 12, static_cast<uint32_t>(token_bytes));
-  StoreU64(header + 16, 0);  // patched by Finish
-  StoreU32(header + 24, static_cast<uint32_t>(vocab));
-  if (std::fwrite(header, 1, sizeof(header), w->file_) != sizeof(header)) {
+  std::vector<unsigned char> header(kTokenFileHeaderBytes);
+  std::memcpy(header.data(), kTokenFileMagic, 8);
+  StoreU32(header.data() + 8, identity.empty() ? 1 : 2);
+  StoreU32(header.data() + 12, static_cast<uint32_t>(token_bytes));
+  StoreU64(header.data() + 16, 0);  // patched by Finish
+  StoreU32(header.data() + 24, static_cast<uint32_t>(vocab));
+  if (!identity.empty()) {
+    header.resize(kTokenFileHeaderBytes + 4);
+    StoreU32(header.data() + 28, static_cast<uint32_t>(identity.size()));
+    header.insert(header.end(), identity.begin(), identity.end());
+  }
+  if (std::fwrite(header.data(), 1, header.size(), w->file_) != header.size()) {
     return absl::InternalError(absl::StrCat("token file ", w->tmp_path_, ": write: ", ErrnoText()));
   }
   return w;
@@ -186,9 +212,23 @@ absl::Status TokenFileWriter::Finish() {
   return absl::OkStatus();
 }
 
+absl::Status CheckTokenizerIdentity(const TokenFile& file, const std::string& job_tokenizer) {
+  if (file.identity().empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::string job_identity, TokenizerIdentity(job_tokenizer));
+  if (file.identity() == job_identity) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "token file ", file.path(), " was made by tokenizer ", file.identity(),
+      " but data.tokenizer is ", job_tokenizer,
+      job_tokenizer == job_identity ? "" : absl::StrCat(" (", job_identity, ")"),
+      ": its ids would stand for other text; prepare the data again with `furnace data prepare "
+      "--tokenizer ",
+      job_tokenizer, "`, or set data.tokenizer to the tokenizer that made the file"));
+}
+
 absl::Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens,
-                            int64_t vocab) {
-  ASSIGN_OR_RETURN(auto writer, TokenFileWriter::Create(path, vocab, vocab <= 65536 ? 2 : 4));
+                            int64_t vocab, const std::string& identity) {
+  ASSIGN_OR_RETURN(auto writer,
+                   TokenFileWriter::Create(path, vocab, vocab <= 65536 ? 2 : 4, identity));
   RETURN_IF_ERROR(writer->Append(tokens.data(), static_cast<int64_t>(tokens.size())));
   return writer->Finish();
 }

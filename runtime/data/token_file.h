@@ -1,11 +1,20 @@
-// Token files (MODEL.md "Data"): a 28-byte little-endian header followed by the tokens.
+// Token files (MODEL.md "Data"): a little-endian header followed by the tokens.
 //
 //   offset 0  char[8]  magic "FURNTOK1"
-//          8  uint32   version (1)
+//          8  uint32   version (1 or 2)
 //         12  uint32   token_bytes (2 or 4)
 //         16  uint64   count
 //         24  uint32   vocab (every token is < vocab)
+//   version 1 (identity unknown):
 //         28  count tokens, each token_bytes wide, little-endian, unsigned
+//   version 2 (the tokenizer that wrote the tokens is known):
+//         28  uint32   n, the length of the tokenizer identity (1..256)
+//         32  char[n]  tokenizer identity, e.g. "byte" or "sentencepiece:<sha256>" (tokenizer.h)
+//     32 + n  count tokens, as in version 1
+//
+// Version 2 lets a job refuse a token file made with another vocabulary (data.tokenizer). A
+// writer given no identity writes version 1, so files made before identities existed and files
+// made without one read the same.
 //
 // TokenFile memory-maps a file read-only and validates all of it on Open, so a sampler can index
 // it without checks. TokenFileWriter writes one through a temporary file renamed into place on
@@ -25,17 +34,18 @@
 namespace furnace::data {
 
 inline constexpr char kTokenFileMagic[8] = {'F', 'U', 'R', 'N', 'T', 'O', 'K', '1'};
-inline constexpr uint32_t kTokenFileVersion = 1;
-inline constexpr int64_t kTokenFileHeaderBytes = 28;
+inline constexpr uint32_t kTokenFileVersion = 2;      // the newest this build reads and writes
+inline constexpr int64_t kTokenFileHeaderBytes = 28;  // version 1; version 2 adds 4 + identity
+inline constexpr int64_t kMaxTokenizerIdentityBytes = 256;
 
 // An open, validated token file. Immutable after Open: safe to read from any thread. Owns the
 // mapping (unmapped on destruction).
 class TokenFile : public TokenStream {
  public:
-  // Maps and validates `path`: magic, version, token width, file size against count, every token
-  // below the header's vocab. When expected_vocab > 0 (the model's vocab), the file's vocab must
-  // not exceed it (a model may pad its vocab, e.g. 50304 for GPT-2's 50257). Errors name the file
-  // and, for a bad token, its index, byte offset and value.
+  // Maps and validates `path`: magic, version (1 or 2), token width, identity length, file size
+  // against count, every token below the header's vocab. When expected_vocab > 0 (the model's
+  // vocab), the file's vocab must not exceed it (a model may pad its vocab, e.g. 50304 for GPT-2's
+  // 50257). Errors name the file and, for a bad token, its index, byte offset and value.
   static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path,
                                                          int64_t expected_vocab = 0);
   ~TokenFile() override = default;
@@ -46,6 +56,9 @@ class TokenFile : public TokenStream {
   int64_t size() const override { return count_; }  // number of tokens
   int64_t vocab() const override { return vocab_; }
   int token_bytes() const { return token_bytes_; }
+  int version() const { return version_; }
+  // The identity of the tokenizer that wrote the file; empty for version 1 (unknown).
+  const std::string& identity() const { return identity_; }
   int32_t at(int64_t i) const;
   // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()).
   void Read(int64_t begin, int64_t n, int32_t* out) const override;
@@ -53,6 +66,8 @@ class TokenFile : public TokenStream {
  private:
   TokenFile() = default;
   std::string path_;
+  std::string identity_;
+  int version_ = 0;
   std::unique_ptr<MappedFile> map_;
   const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;
@@ -64,9 +79,11 @@ class TokenFile : public TokenStream {
 // the header, fsyncs and renames to `path`. Destroying an unfinished writer removes the temp file.
 class TokenFileWriter {
  public:
-  // token_bytes 2 needs vocab <= 65536; 4 allows up to 2^31.
+  // token_bytes 2 needs vocab <= 65536; 4 allows up to 2^31. A non-empty `identity` (at most
+  // kMaxTokenizerIdentityBytes) is recorded in a version 2 header; empty writes version 1.
   static absl::StatusOr<std::unique_ptr<TokenFileWriter>> Create(const std::string& path,
-                                                                 int64_t vocab, int token_bytes);
+                                                                 int64_t vocab, int token_bytes,
+                                                                 const std::string& identity = "");
   ~TokenFileWriter();
   // Every token must be in [0, vocab): an out-of-range token is refused and nothing is written.
   absl::Status Append(const int32_t* tokens, int64_t n);
@@ -84,8 +101,15 @@ class TokenFileWriter {
   std::vector<unsigned char> buffer_;
 };
 
-// Convenience: writes `tokens` with the narrowest width that holds `vocab`.
+// Whether `file` may be read by a job whose data.tokenizer is `job_tokenizer` ("byte" or a
+// SentencePiece model path, hashed here: TokenizerIdentity). OK when the identities are equal,
+// and for a version 1 file (its identity unknown: the caller may warn). FAILED_PRECONDITION
+// naming the file and both tokenizers when they differ; NOT_FOUND when the model cannot be read.
+absl::Status CheckTokenizerIdentity(const TokenFile& file, const std::string& job_tokenizer);
+
+// Convenience: writes `tokens` with the narrowest width that holds `vocab` (version 2 with a
+// non-empty identity, else version 1).
 absl::Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens,
-                            int64_t vocab);
+                            int64_t vocab, const std::string& identity = "");
 
 }  // namespace furnace::data

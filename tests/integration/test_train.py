@@ -159,6 +159,41 @@ class TrainTest(harness.ClusterTest):
                                            prefix + ".idx: bad magic")
         self.assertIn("not read", logs)
 
+    def test_token_file_of_another_tokenizer_fails_at_once_naming_both(self):
+        """data.tokenizer: a token file made by another tokenizer is refused by the rank (naming
+        the file and both tokenizers) and not retried; the matching tokenizer trains."""
+        c = self.cluster
+        corpus = os.path.join(c.state, "corpus.txt")
+        with open(corpus, "w", encoding="utf-8") as f:
+            for i in range(300):
+                f.write(f"line {i % 17}: the experts route tokens, naïve café über {i}\n")
+        model = os.path.join(c.state, "tok.model")
+        tokens = os.path.join(c.state, "byte.tok")
+        r = c.cli("data", "tokenizer", "train", "--input", corpus, "--vocab", "300", "-o", model)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = c.cli("data", "prepare", "--eod", "--input", corpus, "-o", tokens)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+        def job(name, tokenizer):
+            return train_job(name, steps=10, every=0).replace("vocab: 64", "vocab: 512").replace(
+                "data: {source: markov, seed: 5}",
+                f"data: {{source: tokens, path: {tokens}, tokenizer: {tokenizer}}}")
+
+        r = c.cli("submit", c.write_job("mismatch.yaml", job("mismatch", model)), "--watch",
+                  timeout=120)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        bad = c.cli_json("jobs")["jobs"][-1]["job_id"]
+        d = c.job(bad)
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED")
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0)  # retrying cannot help
+        logs = c.cli("logs", bad).stdout
+        self.assertIn(f"token file {tokens} was made by tokenizer byte", logs)
+        self.assertIn(f"data.tokenizer is {model} (sentencepiece:", logs)
+
+        good = c.submit(c.write_job("match.yaml", job("match", "byte")))
+        d = c.wait_state(good, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+
     def test_offload_policy_trains_bit_identically_to_none(self):
         """memory.policy offload through the whole stack: the worker builds the copy engine
         (paced to a host link), the model offloads and reloads, and the parameters are exactly

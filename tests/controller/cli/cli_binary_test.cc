@@ -62,6 +62,31 @@ TEST(CliBinaryTest, DataPrepareNeedsNoController) {
   std::remove(output.c_str());
 }
 
+// The real binary links gRPC's protobuf and loads SentencePiece (with its own protobuf-lite) as a
+// module: training and using a vocabulary in that process must work.
+TEST(CliBinaryTest, TokenizerTrainAndPrepare) {
+  const std::string dir = ::testing::TempDir();
+  const std::string input = dir + "/furnace_cli_binary_corpus.txt";
+  const std::string model = dir + "/furnace_cli_binary_tok.model";
+  const std::string output = dir + "/furnace_cli_binary_sp.tok";
+  FILE* f = fopen(input.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  for (int i = 0; i < 200; ++i) fprintf(f, "line %d of the naïve corpus, café %d\n", i % 13, i);
+  fclose(f);
+  RunResult run = RunFurnace("data tokenizer train --input " + input + " --vocab 300 -o " + model);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("SentencePiece unigram model, vocab 300"), std::string::npos)
+      << run.output;
+  run = RunFurnace("data prepare --tokenizer " + model + " --input " + input + " -o " + output);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("1 document, "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("(sentencepiece:"), std::string::npos) << run.output;
+  EXPECT_EQ(RunFurnace("data tokenizer train --input " + input + " -o " + model).exit_code, 2);
+  std::remove(input.c_str());
+  std::remove(model.c_str());
+  std::remove(output.c_str());
+}
+
 TEST(CliBinaryTest, ExportRefusesOtherFormatsBeforeAskingTheController) {
   const RunResult run = RunFurnace("--controller 127.0.0.1:1 export j-1 --format onnx -o x");
   EXPECT_EQ(run.exit_code, 2) << run.output;

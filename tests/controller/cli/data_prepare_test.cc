@@ -1,11 +1,14 @@
-// furnace data prepare: text files in, a token file out, read back with data::TokenFile.
+// furnace data prepare and data tokenizer train: text files in, a SentencePiece model and token
+// files out, read back with data::TokenFile.
 #include <fstream>
 #include <sstream>
 
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/token_file.h"
+#include "runtime/data/tokenizer.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::cli {
@@ -83,6 +86,87 @@ TEST_F(DataPrepareTest, Json) {
   for (const char* want : {"\"documents\": 1", "\"tokens\": 3", "\"vocab\": 256"}) {
     EXPECT_NE(out_.str().find(want), std::string::npos) << out_.str();
   }
+}
+
+// A small corpus with non-ASCII text, enough for a 300-piece vocabulary.
+std::string Corpus() {
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    text += "line " + std::to_string(i % 17) + ": the experts route tokens, naïve café über ";
+    text += (i % 3 == 0 ? "日本語" : "données") + std::string("\n");
+  }
+  return text;
+}
+
+TEST_F(DataPrepareTest, TrainTokenizerThenPrepare) {
+  std::ofstream(dir_ / "corpus.txt", std::ios::binary) << Corpus();
+  const std::string model = dir_ / "tok.model";
+  auto code = RunTokenizerTrain(
+      ctx_, {.inputs = {dir_ / "corpus.txt"}, .vocab = 300, .model_type = "bpe", .output = model});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+  const std::string identity = *data::TokenizerIdentity(model);
+  EXPECT_THAT(out_.str(), ::testing::StartsWith("wrote " + model +
+                                                ": SentencePiece bpe model, vocab 300 "
+                                                "(end-of-document id 1), trained on "));
+  EXPECT_THAT(out_.str(), ::testing::EndsWith(" KiB in 1 file\nidentity " + identity + "\n"));
+
+  out_.str("");
+  const std::string output = dir_ / "train.tok";
+  code = RunDataPrepare(
+      ctx_,
+      {.inputs = {dir_ / "corpus.txt", dir_ / "b.txt"}, .output = output, .tokenizer = model});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), ::testing::StartsWith("wrote " + output + ": 2 documents, "));
+  EXPECT_THAT(out_.str(),
+              ::testing::HasSubstr("vocab 300 (" + identity + ", end-of-document id 1)\n"));
+  EXPECT_THAT(err_.str(), ::testing::HasSubstr("] 100%"));  // the progress bar
+  auto file = data::TokenFile::Open(output);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->identity(), identity);
+  EXPECT_EQ((*file)->vocab(), 300);
+  auto tokenizer = data::OpenTokenizer(model);
+  ASSERT_TRUE(tokenizer.ok());
+  std::vector<int32_t> tokens((*file)->size());
+  (*file)->Read(0, (*file)->size(), tokens.data());
+  EXPECT_EQ((*tokenizer)->Decode(tokens), Corpus() + std::string("\xc3\xa9z", 3));
+}
+
+TEST_F(DataPrepareTest, TokenizerErrors) {
+  std::ofstream(dir_ / "corpus.txt", std::ios::binary) << Corpus();
+  std::ofstream(dir_ / "empty.txt", std::ios::binary) << "";
+  TokenizerTrainOptions train{
+      .inputs = {dir_ / "empty.txt"}, .vocab = 300, .output = dir_ / "tok.model"};
+  auto code = RunTokenizerTrain(ctx_, train);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_THAT(code.status().message(), ::testing::HasSubstr(dir_ / "empty.txt" + " is empty"));
+  train.inputs = {dir_ / "corpus.txt"};
+  train.vocab = 50000;
+  code = RunTokenizerTrain(ctx_, train);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_THAT(code.status().message(), ::testing::HasSubstr("--vocab 50000 is too large"));
+  train.vocab = 300;
+  train.model_type = "char";
+  code = RunTokenizerTrain(ctx_, train);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_THAT(code.status().message(), ::testing::HasSubstr("(allowed: unigram, bpe)"));
+
+  code = RunDataPrepare(
+      ctx_,
+      {.inputs = {dir_ / "a.txt"}, .output = dir_ / "x.tok", .tokenizer = dir_ / "missing.model"});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_THAT(code.status().message(), ::testing::HasSubstr(dir_ / "missing.model"));
+  code = RunDataPrepare(ctx_,
+                        {.inputs = {dir_ / "a.txt", dir_ / "empty.txt"}, .output = dir_ / "x.tok"});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_THAT(code.status().message(), ::testing::HasSubstr(dir_ / "empty.txt" + " is empty"));
+  code = RunDataPrepare(ctx_, {.inputs = {dir_ / "a.txt"},
+                               .output = dir_ / "x.tok",
+                               .tokenizer = dir_ / "tok.model",
+                               .eod = true});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_FALSE(std::ifstream(dir_ / "x.tok").good());
+  EXPECT_TRUE(out_.str().empty());
 }
 
 }  // namespace

@@ -312,6 +312,19 @@ std::vector<BadCase> Cases() {
       {"eval_on_token_data_without_validation",
        H("data:\n  source: tokens\n  path: /x\neval:\n  every: 10\n  batches: 2\n"),
        {"eval.every: needs held-out data: data.source tokens needs data.validation", "(got 10;"}},
+      {"tokenizer_with_markov",
+       H("data:\n  tokenizer: byte\n"),
+       {"job.yaml:4:14: data.tokenizer: only used with token data",
+        "omit it, or set "
+        "data.source: tokens"}},
+      {"tokenizer_empty",
+       H("data:\n  source: tokens\n  path: /x\n  tokenizer: \"\"\n"),
+       {"job.yaml:6:14: data.tokenizer: empty", "byte, or the path of a SentencePiece"}},
+      {"byte_tokenizer_small_vocab",
+       H("model:\n  vocab: 100\ndata:\n  source: tokens\n  path: /x\n  tokenizer: byte\n"),
+       {"model.vocab: the byte tokenizer's ids go up to 255",
+        "allowed: >= 256 with "
+        "data.tokenizer: byte"}},
   };
 }
 

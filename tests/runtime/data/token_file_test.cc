@@ -4,7 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/tokenizer.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -66,11 +66,12 @@ TEST(TokenFileTest, RefusesWrongVersion) {
   TestDir dir;
   ASSERT_TRUE(WriteTokenFile(dir / "t.bin", {1, 2, 3}, 10).ok());
   std::string b = ReadAll(dir / "t.bin");
-  b[8] = 2;
+  b[8] = 3;
   WriteAll(dir / "t.bin", b);
   auto file = TokenFile::Open(dir / "t.bin");
   ASSERT_FALSE(file.ok());
-  EXPECT_THAT(file.status().message(), HasSubstr("unsupported version 2"));
+  EXPECT_THAT(file.status().message(), HasSubstr("unsupported version 3"));
+  EXPECT_THAT(file.status().message(), HasSubstr("reads versions 1 and 2"));
 }
 
 TEST(TokenFileTest, RefusesBadTokenWidth) {
@@ -131,34 +132,108 @@ TEST(TokenFileTest, WriterRefusesOutOfRangeTokens) {
   EXPECT_FALSE(TokenFile::Open(dir / "missing.bin").ok());
 }
 
-TEST(ByteTokenizerTest, TokenizesBytesAndAppendsEndOfDocument) {
-  EXPECT_EQ(ByteTokenize("ab\xff", false), (std::vector<int32_t>{'a', 'b', 255}));
-  EXPECT_EQ(ByteTokenize("ab", true), (std::vector<int32_t>{'a', 'b', 256}));
+TEST(TokenFileTest, VersionTwoRecordsTheTokenizerIdentity) {
+  TestDir dir;
+  const std::string identity = "sentencepiece:" + std::string(64, 'a');
+  ASSERT_TRUE(WriteTokenFile(dir / "t.bin", {1, 2, 258}, 300, identity).ok());
+  const std::string b = ReadAll(dir / "t.bin");
+  const size_t header = 28 + 4 + identity.size();
+  ASSERT_EQ(b.size(), header + 6u);
+  EXPECT_EQ(b.substr(0, 8), "FURNTOK1");
+  EXPECT_EQ(b[8], 2);                                             // version
+  EXPECT_EQ(static_cast<unsigned char>(b[28]), identity.size());  // identity length
+  EXPECT_EQ(b.substr(32, identity.size()), identity);
+  EXPECT_EQ(b[header + 4], 2);  // token 258 = 0x0102, little-endian
+  EXPECT_EQ(b[header + 5], 1);
+  auto file = TokenFile::Open(dir / "t.bin", 300);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->version(), 2);
+  EXPECT_EQ((*file)->identity(), identity);
+  std::vector<int32_t> back(3);
+  (*file)->Read(0, 3, back.data());
+  EXPECT_EQ(back, (std::vector<int32_t>{1, 2, 258}));
 }
 
-TEST(ByteTokenizerTest, PreparesATokenFileFromTextFiles) {
+// A version 1 file written byte by byte as the format was before identities (not by this build's
+// writer) still reads, with its identity unknown.
+TEST(TokenFileTest, ReadsVersionOneFiles) {
   TestDir dir;
-  WriteAll(dir / "a.txt", "hello");
-  WriteAll(dir / "b.txt", std::string("w\0\xfe", 3));
-  auto stats = PrepareTokenFile({dir / "a.txt", dir / "b.txt"}, dir / "out.bin", true);
-  ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(stats->documents, 2);
-  EXPECT_EQ(stats->tokens, 10);
-  EXPECT_EQ(stats->vocab, 257);
-  auto file = TokenFile::Open(dir / "out.bin", 257);
+  std::string b = "FURNTOK1";
+  for (uint32_t v : {1u, 2u}) b += std::string(reinterpret_cast<const char*>(&v), 4);
+  const uint64_t count = 2;
+  b += std::string(reinterpret_cast<const char*>(&count), 8);
+  const uint32_t vocab = 257;
+  b += std::string(reinterpret_cast<const char*>(&vocab), 4);
+  b += std::string("\x00\x01\x05\x00", 4);  // tokens 256, 5
+  WriteAll(dir / "v1.bin", b);
+  auto file = TokenFile::Open(dir / "v1.bin", 257);
   ASSERT_TRUE(file.ok()) << file.status();
-  std::vector<int32_t> tokens((*file)->size());
-  (*file)->Read(0, (*file)->size(), tokens.data());
-  EXPECT_EQ(tokens, (std::vector<int32_t>{'h', 'e', 'l', 'l', 'o', 256, 'w', 0, 254, 256}));
+  EXPECT_EQ((*file)->version(), 1);
+  EXPECT_EQ((*file)->identity(), "");
+  EXPECT_EQ((*file)->at(0), 256);
+  EXPECT_EQ((*file)->at(1), 5);
+  // A version 1 file does not say which tokenizer made it: any data.tokenizer passes.
+  EXPECT_TRUE(CheckTokenizerIdentity(**file, "byte").ok());
+}
 
-  auto plain = PrepareTokenFile({dir / "a.txt"}, dir / "plain.bin", false);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(plain->vocab, 256);
-  EXPECT_EQ(plain->tokens, 5);
+TEST(TokenFileTest, RefusesBadIdentityLength) {
+  TestDir dir;
+  ASSERT_TRUE(WriteTokenFile(dir / "t.bin", {1, 2}, 10, "byte").ok());
+  std::string b = ReadAll(dir / "t.bin");
+  b[28] = 0;
+  WriteAll(dir / "t.bin", b);
+  auto file = TokenFile::Open(dir / "t.bin");
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(file.status().message(), HasSubstr("identity length 0 (allowed: 1 to 256"));
+  b[28] = 100;  // longer than the file
+  WriteAll(dir / "t.bin", b);
+  file = TokenFile::Open(dir / "t.bin");
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(file.status().message(), HasSubstr("truncated"));
+  EXPECT_FALSE(TokenFileWriter::Create(dir / "u.bin", 10, 2, std::string(257, 'x')).ok());
+}
 
-  auto missing = PrepareTokenFile({dir / "nope.txt"}, dir / "x.bin", false);
-  ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.status().message(), HasSubstr("nope.txt"));
+TEST(TokenFileTest, TokenizerMismatchIsRefusedNamingBoth) {
+  TestDir dir;
+  WriteAll(dir / "tok.model", "not really a model, but its hash is an identity");
+  ASSERT_TRUE(WriteTokenFile(dir / "byte.bin", {1, 2}, 257, "byte").ok());
+  auto file = TokenFile::Open(dir / "byte.bin");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE(CheckTokenizerIdentity(**file, "byte").ok());
+  absl::Status s = CheckTokenizerIdentity(**file, dir / "tok.model");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr(dir / "byte.bin"));
+  EXPECT_THAT(s.message(), HasSubstr("made by tokenizer byte"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("data.tokenizer is " + dir / "tok.model" + " (sentencepiece:"));
+
+  auto identity = TokenizerIdentity(dir / "tok.model");
+  ASSERT_TRUE(identity.ok());
+  ASSERT_TRUE(WriteTokenFile(dir / "sp.bin", {1, 2}, 300, *identity).ok());
+  file = TokenFile::Open(dir / "sp.bin");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE(CheckTokenizerIdentity(**file, dir / "tok.model").ok());
+  s = CheckTokenizerIdentity(**file, "byte");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("made by tokenizer " + *identity));
+  // The model changed since the data was made: another identity.
+  WriteAll(dir / "tok.model", "retrained");
+  EXPECT_EQ(CheckTokenizerIdentity(**file, dir / "tok.model").code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The job's model cannot be read: NOT_FOUND naming it.
+  s = CheckTokenizerIdentity(**file, dir / "missing.model");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("missing.model"));
+}
+
+TEST(TokenizerIdentityTest, Sha256OfKnownText) {
+  // FIPS 180-2 test vector.
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  TestDir dir;
+  WriteAll(dir / "abc", "abc");
+  EXPECT_EQ(*Sha256OfFile(dir / "abc"), Sha256Hex("abc"));
+  EXPECT_EQ(*TokenizerIdentity(dir / "abc"), "sentencepiece:" + Sha256Hex("abc"));
+  EXPECT_EQ(*TokenizerIdentity("byte"), "byte");
 }
 
 }  // namespace

@@ -1,0 +1,159 @@
+#include "runtime/data/prepare.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/status.h"
+#include "runtime/data/token_file.h"
+
+namespace furnace::data {
+namespace {
+
+constexpr size_t kBlockBytes = 1 << 20;
+
+// Encodes documents and appends them, each followed by the end-of-document id, to the writer.
+class DocumentSink {
+ public:
+  DocumentSink(const Tokenizer& tokenizer, TokenFileWriter* writer, PrepareStats* stats)
+      : tokenizer_(tokenizer), writer_(writer), stats_(stats) {}
+
+  absl::Status AppendText(absl::string_view text) {
+    if (text.empty()) return absl::OkStatus();
+    const std::vector<int32_t> ids = tokenizer_.Encode(text);
+    return writer_->Append(ids.data(), static_cast<int64_t>(ids.size()));
+  }
+  absl::Status EndDocument() {
+    ++stats_->documents;
+    const int32_t eod = tokenizer_.eod_id();
+    return eod >= 0 ? writer_->Append(&eod, 1) : absl::OkStatus();
+  }
+
+ private:
+  const Tokenizer& tokenizer_;
+  TokenFileWriter* writer_;
+  PrepareStats* stats_;
+};
+
+// Where to cut `text` so the head can be encoded alone: after its last newline, else before the
+// last UTF-8 lead byte (never inside a character). 0 when nothing can be cut yet.
+size_t CutPoint(absl::string_view text) {
+  const size_t newline = text.rfind('\n');
+  if (newline != absl::string_view::npos) return newline + 1;
+  size_t cut = text.size();
+  while (cut > 0 && (static_cast<unsigned char>(text[cut - 1]) & 0xC0) == 0x80) --cut;
+  return cut > 0 ? cut - 1 : 0;
+}
+
+absl::Status PrepareText(const std::string& input, DocumentSink& sink,
+                         const std::function<void(int64_t)>& advance) {
+  std::ifstream in(input, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("data prepare: input ", input, ": cannot open: ", std::strerror(errno)));
+  }
+  std::string pending;  // read, not encoded yet: at most a block plus an unfinished character
+  std::vector<char> block(kBlockBytes);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (got == 0) break;
+    pending.append(block.data(), got);
+    const size_t cut = CutPoint(pending);
+    RETURN_IF_ERROR(sink.AppendText(absl::string_view(pending).substr(0, cut)));
+    pending.erase(0, cut);
+    advance(static_cast<int64_t>(got));
+  }
+  if (in.bad())
+    return absl::DataLossError(absl::StrCat("data prepare: input ", input, ": read error"));
+  RETURN_IF_ERROR(sink.AppendText(pending));
+  return sink.EndDocument();
+}
+
+absl::Status PrepareJsonLines(const std::string& input, const std::string& field,
+                              DocumentSink& sink, const std::function<void(int64_t)>& advance) {
+  std::ifstream in(input, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("data prepare: input ", input, ": cannot open: ", std::strerror(errno)));
+  }
+  std::string line;
+  int64_t line_number = 0, documents = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    advance(static_cast<int64_t>(line.size()) + 1);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded() || !record.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("data prepare: input ", input, " line ",
+                                                     line_number, ": not a JSON object"));
+    }
+    const auto text = record.find(field);
+    if (text == record.end() || !text->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("data prepare: input ", input, " line ",
+                                                     line_number, ": no string field \"", field,
+                                                     "\" (--jsonl-field)"));
+    }
+    RETURN_IF_ERROR(sink.AppendText(text->get_ref<const std::string&>()));
+    RETURN_IF_ERROR(sink.EndDocument());
+    ++documents;
+  }
+  if (in.bad())
+    return absl::DataLossError(absl::StrCat("data prepare: input ", input, ": read error"));
+  if (documents == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data prepare: input ", input, " has no JSON Lines document"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PrepareStats> PrepareTokenFile(const Tokenizer& tokenizer,
+                                              const PrepareOptions& options,
+                                              const PrepareProgress& progress) {
+  if (options.inputs.empty()) {
+    return absl::InvalidArgumentError("data prepare: at least one --input is required");
+  }
+  if (options.output.empty())
+    return absl::InvalidArgumentError("data prepare: -o FILE is required");
+  PrepareStats stats;
+  for (const std::string& input : options.inputs) {
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(input, ec);
+    if (ec) {
+      return absl::NotFoundError(
+          absl::StrCat("data prepare: input ", input, ": cannot read: ", ec.message()));
+    }
+    if (bytes == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data prepare: input ", input, " is empty: no document in it"));
+    }
+    stats.input_bytes += static_cast<int64_t>(bytes);
+  }
+  stats.vocab = tokenizer.vocab();
+  stats.identity = tokenizer.identity();
+  ASSIGN_OR_RETURN(auto writer,
+                   TokenFileWriter::Create(options.output, stats.vocab,
+                                           stats.vocab <= 65536 ? 2 : 4, stats.identity));
+  DocumentSink sink(tokenizer, writer.get(), &stats);
+  int64_t done = 0;
+  const auto advance = [&](int64_t bytes) {
+    done += bytes;
+    if (progress) progress(std::min(done, stats.input_bytes), stats.input_bytes);
+  };
+  for (const std::string& input : options.inputs) {
+    RETURN_IF_ERROR(options.jsonl_field.empty()
+                        ? PrepareText(input, sink, advance)
+                        : PrepareJsonLines(input, options.jsonl_field, sink, advance));
+  }
+  stats.tokens = writer->count();
+  RETURN_IF_ERROR(writer->Finish());
+  return stats;
+}
+
+}  // namespace furnace::data

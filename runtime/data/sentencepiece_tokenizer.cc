@@ -1,0 +1,257 @@
+#include "runtime/data/sentencepiece_tokenizer.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status.h"
+#include "runtime/data/byte_tokenizer.h"
+
+namespace furnace::data {
+namespace {
+
+// Where the module may be: beside the executable, in its ../lib (an installed tree:
+// /usr/local/bin and /usr/local/lib), and in the build's library directory.
+std::vector<std::string> ModuleCandidates() {
+  std::vector<std::string> candidates;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back((exe.parent_path() / kFurnaceSentencePieceModule).string());
+    candidates.push_back((exe.parent_path() / ".." / "lib" / kFurnaceSentencePieceModule).string());
+  }
+#ifdef FURNACE_SENTENCEPIECE_MODULE_DIR
+  candidates.push_back(
+      (std::filesystem::path(FURNACE_SENTENCEPIECE_MODULE_DIR) / kFurnaceSentencePieceModule)
+          .string());
+#endif
+  return candidates;
+}
+
+absl::StatusOr<const spm::Library*> LoadModule() {
+  std::vector<std::string> tried;
+  for (const std::string& path : ModuleCandidates()) {
+    if (!std::filesystem::exists(path)) {
+      tried.push_back(absl::StrCat(path, " (absent)"));
+      continue;
+    }
+    // RTLD_DEEPBIND: SentencePiece's protobuf-lite binds to itself, not to the process's protobuf.
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (handle == nullptr) {
+      tried.push_back(absl::StrCat(path, " (", ::dlerror(), ")"));
+      continue;
+    }
+    auto entry =
+        reinterpret_cast<const spm::Library* (*)()>(::dlsym(handle, kFurnaceSentencePieceEntry));
+    if (entry == nullptr) {
+      tried.push_back(absl::StrCat(path, " (no ", kFurnaceSentencePieceEntry, ")"));
+      ::dlclose(handle);
+      continue;
+    }
+    const spm::Library* library = entry();  // the module stays loaded for the process's life
+    // SentencePiece must never write its log: it writes to std::cerr, which under RTLD_DEEPBIND
+    // binds to libstdc++'s own, never-constructed std::cerr (the executable's copy-relocated one
+    // is the constructed one), and the process crashes. Its errors come back as statuses.
+    library->SetLogLevel(spm::kLogNothing);
+    return library;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot load the SentencePiece module ", kFurnaceSentencePieceModule,
+                   " (install libsentencepiece0 and keep the module beside furnace or in its "
+                   "../lib); tried: ",
+                   absl::StrJoin(tried, "; ")));
+}
+
+absl::StatusOr<const spm::Library*> Module() {
+  static const absl::StatusOr<const spm::Library*> module = LoadModule();
+  return module;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, " ", path, ": cannot open: ", std::strerror(errno)));
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(what, " ", path, ": read error"));
+  return std::move(bytes).str();
+}
+
+// SentencePiece's "Vocabulary size too high (N). Please set it to a value <= M." -> M, else -1.
+int64_t LargestVocabFromError(const std::string& error) {
+  const size_t at = error.find("value <= ");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(error.c_str() + at + 9, nullptr, 10);
+}
+
+// SentencePiece errors start with the source line and the failed condition; keep the sentence.
+std::string TrainerMessage(const std::string& error) {
+  const size_t bracket = error.rfind("] ");
+  return bracket == std::string::npos ? error : error.substr(bracket + 2);
+}
+
+absl::Status WriteModelFile(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("tokenizer model ", tmp, ": cannot create: ", std::strerror(errno)));
+  }
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
+                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const std::string err = std::strerror(errno);
+  std::fclose(f);
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat("tokenizer model ", path, ": write: ", err));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Open(
+    const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, "tokenizer"));
+  ASSIGN_OR_RETURN(const spm::Library* library, Module());
+  std::string error;
+  std::unique_ptr<spm::Processor> processor = library->Load(bytes, &error);
+  if (processor == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer ", path,
+        ": not a SentencePiece model (make one with furnace data tokenizer train, or use "
+        "data.tokenizer: byte): ",
+        error));
+  }
+  std::unique_ptr<SentencePieceTokenizer> tokenizer(new SentencePieceTokenizer());
+  tokenizer->vocab_ = processor->piece_size();
+  tokenizer->eod_id_ = processor->eos_id();
+  tokenizer->identity_ = absl::StrCat("sentencepiece:", Sha256Hex(bytes));
+  tokenizer->processor_ = std::move(processor);
+  return tokenizer;
+}
+
+std::vector<int32_t> SentencePieceTokenizer::Encode(absl::string_view text) const {
+  std::vector<int> ids;
+  std::string error;
+  processor_->Encode(std::string_view(text.data(), text.size()), &ids, &error);
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+std::string SentencePieceTokenizer::Decode(absl::Span<const int32_t> ids) const {
+  std::vector<int> kept;
+  kept.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < vocab_ && id != eod_id_) kept.push_back(id);
+  }
+  std::string text, error;
+  processor_->Decode(kept, &text, &error);
+  return text;
+}
+
+absl::Status CheckSentencePieceTrainOptions(const SentencePieceTrainOptions& options) {
+  if (options.inputs.empty()) {
+    return absl::InvalidArgumentError("tokenizer train: at least one --input FILE is required");
+  }
+  if (options.output.empty()) {
+    return absl::InvalidArgumentError("tokenizer train: -o FILE is required");
+  }
+  if (options.model_type != "unigram" && options.model_type != "bpe") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer train: --model-type '", options.model_type, "' (allowed: unigram, bpe)"));
+  }
+  if (options.vocab < kMinSentencePieceVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer train: --vocab ", options.vocab,
+        " is too small (allowed: ", kMinSentencePieceVocab,
+        " or more; 256 byte pieces, <unk>, the end-of-document id and the newline come first, "
+        "then the text's characters)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
+    const SentencePieceTrainOptions& options) {
+  RETURN_IF_ERROR(CheckSentencePieceTrainOptions(options));
+  SentencePieceTrainResult result;
+  for (const std::string& input : options.inputs) {
+    if (absl::StrContains(input, ',')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer train: input ", input,
+          ": a file name with a comma (SentencePiece reads a comma-separated list); rename it"));
+    }
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(input, ec);
+    if (ec || std::ifstream(input).fail()) {
+      return absl::NotFoundError(absl::StrCat("tokenizer train: input ", input, ": cannot read: ",
+                                              ec ? ec.message() : std::strerror(errno)));
+    }
+    if (bytes == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer train: input ", input, " is empty: nothing to learn from"));
+    }
+    result.input_bytes += static_cast<int64_t>(bytes);
+  }
+  ASSIGN_OR_RETURN(const spm::Library* library, Module());
+  const std::map<std::string, std::string> flags = {
+      {"input", absl::StrJoin(options.inputs, ",")},
+      {"model_type", options.model_type},
+      {"vocab_size", absl::StrCat(options.vocab)},
+      // Lossless: no normalization, whitespace as it is, bytes for what the vocabulary lacks.
+      {"normalization_rule_name", "identity"},
+      {"add_dummy_prefix", "false"},
+      {"remove_extra_whitespaces", "false"},
+      {"byte_fallback", "true"},
+      {"character_coverage", "1.0"},
+      {"user_defined_symbols", "\n"},
+      {"unk_id", "0"},
+      {"eos_id", absl::StrCat(kSentencePieceEodId)},
+      {"bos_id", "-1"},
+      {"pad_id", "-1"},
+      // Bounded memory: at most a million lines, sampled uniformly from larger inputs.
+      {"input_sentence_size", "1000000"},
+      {"shuffle_input_sentence", "true"},
+      {"num_threads", "2"},
+  };
+  std::string model, error;
+  if (!library->Train(flags, &model, &error)) {
+    const int64_t largest = LargestVocabFromError(error);
+    if (largest > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer train: --vocab ", options.vocab, " is too large for this text (",
+                       result.input_bytes, " bytes in ", options.inputs.size(),
+                       options.inputs.size() == 1 ? " file" : " files", "): it gives at most ",
+                       largest, " pieces; use --vocab ", largest, " or less, or more text"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer train: SentencePiece refused: ", TrainerMessage(error)));
+  }
+  std::unique_ptr<spm::Processor> processor = library->Load(model, &error);
+  if (processor == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("tokenizer train: the trained model does not load: ", error));
+  }
+  RETURN_IF_ERROR(WriteModelFile(options.output, model));
+  result.vocab = processor->piece_size();
+  result.identity = absl::StrCat("sentencepiece:", Sha256Hex(model));
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& path_or_byte) {
+  if (path_or_byte == kByteTokenizerName) return std::make_unique<ByteTokenizer>(true);
+  ASSIGN_OR_RETURN(auto tokenizer, SentencePieceTokenizer::Open(path_or_byte));
+  return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+}
+
+}  // namespace furnace::data

@@ -1,0 +1,186 @@
+// runtime/data/prepare.h: text and JSON Lines into token files with either tokenizer, streamed in
+// blocks (a file larger than a block, a line longer than one), and its errors.
+#include "runtime/data/prepare.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/sentencepiece_tokenizer.h"
+#include "runtime/data/token_file.h"
+#include "tests/runtime/data/text_corpus.h"
+#include "tests/testing/file_bytes.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::data {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::ReadAll;
+using testing_util::TestDir;
+using testing_util::WriteAll;
+
+std::vector<int32_t> ReadTokens(const std::string& path) {
+  auto file = TokenFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return {};
+  std::vector<int32_t> tokens((*file)->size());
+  (*file)->Read(0, (*file)->size(), tokens.data());
+  return tokens;
+}
+
+// The documents of a token file: its ids split at the end-of-document id, each decoded.
+std::vector<std::string> Documents(const Tokenizer& t, const std::vector<int32_t>& tokens) {
+  std::vector<std::string> docs;
+  std::vector<int32_t> doc;
+  for (int32_t id : tokens) {
+    if (id == t.eod_id()) {
+      docs.push_back(t.Decode(doc));
+      doc.clear();
+    } else {
+      doc.push_back(id);
+    }
+  }
+  EXPECT_TRUE(doc.empty()) << "the last document has no end-of-document id";
+  return docs;
+}
+
+TEST(PrepareTest, ByteTokenizerTextFiles) {
+  TestDir dir;
+  WriteAll(dir / "a.txt", "hello");
+  WriteAll(dir / "b.txt", std::string("w\0\xfe", 3));
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  auto stats = PrepareTokenFile(
+      ByteTokenizer(true), {.inputs = {dir / "a.txt", dir / "b.txt"}, .output = dir / "out.bin"},
+      [&](int64_t done, int64_t total) { progress.emplace_back(done, total); });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->documents, 2);
+  EXPECT_EQ(stats->tokens, 10);
+  EXPECT_EQ(stats->vocab, 257);
+  EXPECT_EQ(stats->input_bytes, 8);
+  EXPECT_EQ(ReadTokens(dir / "out.bin"),
+            (std::vector<int32_t>{'h', 'e', 'l', 'l', 'o', 256, 'w', 0, 254, 256}));
+  auto file = TokenFile::Open(dir / "out.bin");
+  EXPECT_EQ((*file)->identity(), "byte");
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back(), (std::pair<int64_t, int64_t>{8, 8}));
+
+  auto plain = PrepareTokenFile(ByteTokenizer(false),
+                                {.inputs = {dir / "a.txt"}, .output = dir / "plain.bin"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->vocab, 256);
+  EXPECT_EQ(ReadTokens(dir / "plain.bin"), (std::vector<int32_t>{'h', 'e', 'l', 'l', 'o'}));
+}
+
+// Larger than the 1 MiB block, with multi-byte characters everywhere and a line longer than a
+// block: the blocks are cut between characters and the file decodes back to itself.
+TEST(PrepareTest, StreamsFilesLargerThanABlock) {
+  TestDir dir;
+  std::string big;
+  while (big.size() < (3u << 20) / 2) big += "naïve café 日本語 ";  // one 1.5 MiB line
+  big += "\n" + testing_corpus::Corpus(2000);
+  WriteAll(dir / "big.txt", big);
+  WriteAll(dir / "small.txt", "é");
+  ByteTokenizer tokenizer(true);
+  auto stats = PrepareTokenFile(
+      tokenizer, {.inputs = {dir / "big.txt", dir / "small.txt"}, .output = dir / "big.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(Documents(tokenizer, ReadTokens(dir / "big.bin")),
+            (std::vector<std::string>{big, "é"}));
+}
+
+TEST(PrepareTest, JsonLinesOneDocumentPerLine) {
+  TestDir dir;
+  WriteAll(dir / "a.jsonl",
+           "{\"text\": \"first \\u00e9 doc\\nline two\", \"id\": 1}\n"
+           "\n"
+           "{\"id\": 2, \"text\": \"日本語\"}\n");
+  WriteAll(dir / "b.jsonl", "{\"text\": \"\"}\n{\"text\": \"last\"}");  // no final newline
+  ByteTokenizer tokenizer(true);
+  auto stats = PrepareTokenFile(tokenizer, {.inputs = {dir / "a.jsonl", dir / "b.jsonl"},
+                                            .jsonl_field = "text",
+                                            .output = dir / "j.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->documents, 4);
+  EXPECT_EQ(Documents(tokenizer, ReadTokens(dir / "j.bin")),
+            (std::vector<std::string>{"first é doc\nline two", "日本語", "", "last"}));
+}
+
+TEST(PrepareTest, ErrorsNameTheFileAndKeepTheOldOutput) {
+  TestDir dir;
+  WriteAll(dir / "ok.txt", "fine");
+  WriteAll(dir / "empty.txt", "");
+  WriteAll(dir / "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+  WriteAll(dir / "broken.jsonl", "{\"text\": \"a\"}\nnot json\n");
+  WriteAll(dir / "blank.jsonl", "\n\n");
+  WriteAll(dir / "out.bin", "an older file");
+  ByteTokenizer tokenizer(true);
+  struct Case {
+    std::vector<std::string> inputs;
+    std::string jsonl_field;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{dir / "ok.txt", dir / "empty.txt"},
+       "",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "empty.txt" + " is empty"},
+      {{dir / "ok.txt", dir / "missing.txt"},
+       "",
+       absl::StatusCode::kNotFound,
+       "input " + dir / "missing.txt" + ": cannot read"},
+      {{dir / "bad.jsonl"},
+       "text",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "bad.jsonl" + " line 2: no string field \"text\" (--jsonl-field)"},
+      {{dir / "broken.jsonl"},
+       "text",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "broken.jsonl" + " line 2: not a JSON object"},
+      {{dir / "blank.jsonl"},
+       "text",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "blank.jsonl" + " has no JSON Lines document"},
+  };
+  for (const Case& c : cases) {
+    auto stats = PrepareTokenFile(
+        tokenizer, {.inputs = c.inputs, .jsonl_field = c.jsonl_field, .output = dir / "out.bin"});
+    ASSERT_FALSE(stats.ok()) << c.message;
+    EXPECT_EQ(stats.status().code(), c.code) << stats.status();
+    EXPECT_THAT(stats.status().message(), HasSubstr(c.message));
+    EXPECT_EQ(ReadAll(dir / "out.bin"), "an older file") << "the old output is kept";
+    EXPECT_FALSE(std::ifstream(dir / "out.bin.tmp").good()) << "no temporary file is left";
+  }
+}
+
+// Train a vocabulary, prepare with it, read back: the documents decode to the inputs.
+TEST(PrepareTest, SentencePieceEndToEnd) {
+  TestDir dir;
+  const std::string corpus = testing_corpus::Corpus();
+  WriteAll(dir / "corpus.txt", corpus);
+  WriteAll(dir / "other.txt", "Ünïcödé that the vocabulary never saw: 🙂\n");
+  auto trained = TrainSentencePiece({.inputs = {dir / "corpus.txt"},
+                                     .vocab = 320,
+                                     .model_type = "bpe",
+                                     .output = dir / "tok.model"});
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto tokenizer = OpenTokenizer(dir / "tok.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto stats = PrepareTokenFile(
+      **tokenizer, {.inputs = {dir / "corpus.txt", dir / "other.txt"}, .output = dir / "sp.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->vocab, 320);
+  EXPECT_LT(stats->tokens * 4, static_cast<int64_t>(corpus.size()) * 3);  // subwords, not bytes
+  auto file = TokenFile::Open(dir / "sp.bin");
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ((*file)->identity(), trained->identity);
+  EXPECT_TRUE(CheckTokenizerIdentity(**file, dir / "tok.model").ok());
+  EXPECT_EQ(CheckTokenizerIdentity(**file, "byte").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Documents(**tokenizer, ReadTokens(dir / "sp.bin")),
+            (std::vector<std::string>{corpus, ReadAll(dir / "other.txt")}));
+}
+
+}  // namespace
+}  // namespace furnace::data

@@ -1,0 +1,161 @@
+// The tokenizers behind runtime/data/tokenizer.h: byte-level and SentencePiece (BPE and unigram),
+// trained here on a small corpus. Round trips on text with non-ASCII characters, identities, and
+// the trainer's errors.
+#include "runtime/data/tokenizer.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/sentencepiece_tokenizer.h"
+#include "tests/runtime/data/text_corpus.h"
+#include "tests/testing/file_bytes.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::data {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::ReadAll;
+using testing_util::TestDir;
+using testing_util::WriteAll;
+
+// Not in the corpus: characters the vocabulary lacks come back through byte fallback.
+const std::string kSample =
+    "  Héllo wörld, naïve café\n\tÆsir — “quotes” 日本語 and emoji 🙂\n\nend with "
+    "spaces "
+    " "
+    "\n";
+
+TEST(ByteTokenizerTest, TokenizesBytesAndAppendsEndOfDocument) {
+  EXPECT_EQ(ByteTokenize("ab\xff", false), (std::vector<int32_t>{'a', 'b', 255}));
+  EXPECT_EQ(ByteTokenize("ab", true), (std::vector<int32_t>{'a', 'b', 256}));
+}
+
+TEST(ByteTokenizerTest, RoundTripsNonAscii) {
+  auto tokenizer = OpenTokenizer("byte");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const Tokenizer& t = **tokenizer;
+  EXPECT_EQ(t.vocab(), 257);
+  EXPECT_EQ(t.eod_id(), 256);
+  EXPECT_EQ(t.identity(), "byte");
+  const std::vector<int32_t> ids = t.Encode(kSample);
+  EXPECT_EQ(ids.size(), kSample.size());
+  EXPECT_EQ(t.Decode(ids), kSample);
+  std::vector<int32_t> with_eod = ids;
+  with_eod.push_back(t.eod_id());
+  with_eod.push_back(9999);  // outside the vocab: dropped
+  EXPECT_EQ(t.Decode(with_eod), kSample);
+  EXPECT_EQ(ByteTokenizer(false).vocab(), 256);
+  EXPECT_EQ(ByteTokenizer(false).eod_id(), -1);
+}
+
+class SentencePieceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { WriteAll(dir_ / "corpus.txt", testing_corpus::Corpus()); }
+  SentencePieceTrainOptions Options(int64_t vocab) {
+    return {.inputs = {dir_ / "corpus.txt"},
+            .vocab = vocab,
+            .model_type = GetParam(),
+            .output = dir_ / "tok.model"};
+  }
+  TestDir dir_;
+};
+
+TEST_P(SentencePieceTest, TrainsAndRoundTripsNonAscii) {
+  auto trained = TrainSentencePiece(Options(330));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->vocab, 330);
+  const std::string model_bytes = ReadAll(dir_ / "tok.model");
+  EXPECT_EQ(trained->identity, "sentencepiece:" + Sha256Hex(model_bytes));
+
+  auto tokenizer = OpenTokenizer(dir_ / "tok.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const Tokenizer& t = **tokenizer;
+  EXPECT_EQ(t.vocab(), 330);
+  EXPECT_EQ(t.eod_id(), kSentencePieceEodId);
+  EXPECT_EQ(t.identity(), trained->identity);
+  EXPECT_EQ(*TokenizerIdentity(dir_ / "tok.model"), trained->identity);
+
+  for (const std::string& text : {kSample, testing_corpus::Corpus(50), std::string("x"),
+                                  std::string("\n\n"), std::string(" ")}) {
+    const std::vector<int32_t> ids = t.Encode(text);
+    for (int32_t id : ids) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, t.vocab());
+      ASSERT_NE(id, 0) << "<unk> in the encoding of " << text;  // byte fallback instead
+      ASSERT_NE(id, t.eod_id());
+    }
+    EXPECT_EQ(t.Decode(ids), text);
+  }
+  // Subwords, not bytes: the corpus's own text takes far fewer ids than bytes.
+  const std::string corpus = testing_corpus::Corpus(50);
+  EXPECT_LT(t.Encode(corpus).size() * 4, corpus.size() * 3);
+  // The end-of-document id and ids outside the vocab decode to nothing.
+  std::vector<int32_t> ids = t.Encode("naïve café");
+  ids.insert(ids.begin() + 1, t.eod_id());
+  ids.push_back(-1);
+  ids.push_back(330);
+  EXPECT_EQ(t.Decode(ids), "naïve café");
+}
+
+TEST_P(SentencePieceTest, RefusesVocabTooLargeForTheText) {
+  auto trained = TrainSentencePiece(Options(100000));
+  ASSERT_FALSE(trained.ok());
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trained.status().message(), HasSubstr("--vocab 100000 is too large for this text"));
+  EXPECT_THAT(trained.status().message(), HasSubstr("use --vocab "));
+  EXPECT_FALSE(std::ifstream(dir_ / "tok.model").good()) << "nothing written";
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelTypes, SentencePieceTest, ::testing::Values("unigram", "bpe"));
+
+TEST(SentencePieceTrainTest, ErrorsNameTheFileOrOption) {
+  TestDir dir;
+  WriteAll(dir / "corpus.txt", testing_corpus::Corpus());
+  WriteAll(dir / "empty.txt", "");
+  SentencePieceTrainOptions options{
+      .inputs = {dir / "corpus.txt", dir / "empty.txt"}, .vocab = 400, .output = dir / "t.model"};
+  auto trained = TrainSentencePiece(options);
+  ASSERT_FALSE(trained.ok());
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trained.status().message(), HasSubstr("input " + dir / "empty.txt" + " is empty"));
+
+  options.inputs = {dir / "missing.txt"};
+  trained = TrainSentencePiece(options);
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(trained.status().message(), HasSubstr(dir / "missing.txt"));
+
+  options.inputs = {dir / "corpus.txt"};
+  options.model_type = "wordpiece";
+  trained = TrainSentencePiece(options);
+  EXPECT_THAT(trained.status().message(), HasSubstr("(allowed: unigram, bpe)"));
+
+  options.model_type = "bpe";
+  options.vocab = 100;
+  trained = TrainSentencePiece(options);
+  EXPECT_THAT(trained.status().message(), HasSubstr("--vocab 100 is too small (allowed: 260"));
+
+  options.vocab = 400;
+  options.output = dir / "no/such/dir/t.model";
+  trained = TrainSentencePiece(options);
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(trained.status().message(), HasSubstr("no/such/dir/t.model"));
+}
+
+TEST(SentencePieceTokenizerTest, RefusesWhatIsNotAModel) {
+  TestDir dir;
+  WriteAll(dir / "corpus.txt", "just text\n");
+  auto tokenizer = OpenTokenizer(dir / "corpus.txt");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tokenizer.status().message(), HasSubstr(dir / "corpus.txt"));
+  EXPECT_THAT(tokenizer.status().message(), HasSubstr("not a SentencePiece model"));
+  tokenizer = OpenTokenizer(dir / "missing.model");
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(tokenizer.status().message(), HasSubstr(dir / "missing.model"));
+}
+
+}  // namespace
+}  // namespace furnace::data
