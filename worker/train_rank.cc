@@ -170,6 +170,8 @@ void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointC
       "interval is sqrt(2 * stall * MTBF) in steps, re-evaluated as the ranks measure",
       config.auto_hint.mtbf_seconds,
       hint.mtbf_seconds() <= 0 ? std::string("no hint from the controller: the prior")
+      : hint.mtbf_basis() == "cluster"
+          ? std::string("this cluster's failure rate for this job's ranks: no failure of it yet")
       : hint.mtbf_from_prior() ? std::string("the prior: no failure yet")
                                : absl::StrCat(hint.failures(), " failure(s) observed"),
       hint.stall_seconds() > 0 ? absl::StrFormat("%.1f ms measured", hint.stall_seconds() * 1e3)

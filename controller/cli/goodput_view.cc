@@ -41,7 +41,10 @@ std::vector<std::pair<std::string, std::string>> GoodputRows(const v1::JobGoodpu
   if (g.mtbf_seconds() > 0) {
     rows.emplace_back("failures",
                       absl::StrCat(g.failures(), ", MTBF ", FormatSeconds(g.mtbf_seconds()),
-                                   g.mtbf_from_prior() ? " (prior: no failure yet)" : " observed"));
+                                   !g.mtbf_from_prior() ? " observed"
+                                   : g.mtbf_basis() == "cluster"
+                                       ? " (from this cluster's failures: none of this job yet)"
+                                       : " (prior: no failure yet)"));
   }
   if (g.checkpoint_interval_steps() > 0) {
     rows.emplace_back("interval",

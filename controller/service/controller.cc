@@ -44,7 +44,11 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
   // Runs under mu_ (StartCommand is called by JobLifecycle, which mu_ guards, as it guards
   // telemetry_).
   jobs_.SetCheckpointHintSource([this](const Job& job) {
-    return telemetry_.CheckpointHint(job.summary.job_id(), job.attempts, clock_.UnixSeconds());
+    const double now = clock_.UnixSeconds();
+    ClusterFailureRate cluster;
+    for (const auto& [id, other] : jobs_.jobs()) cluster.Add(other.attempts, now);
+    return telemetry_.CheckpointHint(job.summary.job_id(), job.attempts, now, cluster,
+                                     static_cast<int>(spec::WorldSize(job.spec)));
   });
 }
 

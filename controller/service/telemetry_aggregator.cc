@@ -227,10 +227,13 @@ v1::JobGoodput TelemetryAggregator::Goodput(const std::string& job_id,
 
 v1::CheckpointHint TelemetryAggregator::CheckpointHint(const std::string& job_id,
                                                        const std::vector<v1::AttemptInfo>& attempts,
-                                                       double now_unix) const {
+                                                       double now_unix,
+                                                       const ClusterFailureRate& cluster,
+                                                       int ranks) const {
   static const GoodputLedger kNone;
   auto it = jobs_.find(job_id);
-  return MakeCheckpointHint(attempts, it == jobs_.end() ? kNone : it->second.goodput, now_unix);
+  return MakeCheckpointHint(attempts, it == jobs_.end() ? kNone : it->second.goodput, now_unix,
+                            cluster, ranks);
 }
 
 }  // namespace furnace::controller

@@ -56,9 +56,11 @@ class TelemetryAggregator {
                                   const std::vector<furnace::v1::AttemptInfo>& attempts,
                                   bool active, double now_unix) const;
   // What a new attempt's ranks get for checkpoint.every auto (goodput.h: MakeCheckpointHint).
+  // `cluster`: the failure rate over every job's attempts; `ranks`: the new attempt's.
   furnace::v1::CheckpointHint CheckpointHint(const std::string& job_id,
                                              const std::vector<furnace::v1::AttemptInfo>& attempts,
-                                             double now_unix) const;
+                                             double now_unix, const ClusterFailureRate& cluster,
+                                             int ranks) const;
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 

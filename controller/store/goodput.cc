@@ -59,6 +59,7 @@ v1::JobGoodput GoodputLedger::Report(const std::vector<v1::AttemptInfo>& attempt
   g.set_failures(mtbf.failures);
   g.set_mtbf_seconds(mtbf.seconds);
   g.set_mtbf_from_prior(mtbf.from_prior);
+  g.set_mtbf_basis(mtbf.basis);
   g.set_checkpoint_interval_steps(interval_steps_);
   g.set_checkpoint_interval_seconds(interval_seconds_);
 
@@ -73,19 +74,49 @@ v1::JobGoodput GoodputLedger::Report(const std::vector<v1::AttemptInfo>& attempt
   return g;
 }
 
-MtbfEstimate EstimateMtbf(const std::vector<v1::AttemptInfo>& attempts, double now_unix) {
-  MtbfEstimate e;
-  double running = 0;
+namespace {
+
+// Seconds each attempt ran (placement to end, or to now) and whether it failed for a reason
+// retrying could meet again (a permanent failure, bad_input, is the job's, not the machines').
+template <typename Fn>
+void ForEachRun(const std::vector<v1::AttemptInfo>& attempts, double now_unix, Fn&& fn) {
   for (const v1::AttemptInfo& a : attempts) {
     if (a.started_unix() <= 0) continue;
     const double end = a.ended_unix() > 0 ? a.ended_unix() : now_unix;
-    running += std::max(0.0, end - a.started_unix());
-    // A permanent failure (invalid input) is the job's, not the machines'.
-    if (a.state() == v1::ATTEMPT_STATE_FAILED && a.failure_kind() != "bad_input") ++e.failures;
+    fn(a, std::max(0.0, end - a.started_unix()),
+       a.state() == v1::ATTEMPT_STATE_FAILED && a.failure_kind() != "bad_input");
   }
+}
+
+}  // namespace
+
+void ClusterFailureRate::Add(const std::vector<v1::AttemptInfo>& attempts, double now_unix) {
+  ForEachRun(attempts, now_unix, [this](const v1::AttemptInfo& a, double seconds, bool failed) {
+    rank_seconds += seconds * std::max(1, a.ranks_size());
+    if (failed) ++failures;
+  });
+}
+
+double ClusterFailureRate::MtbfSeconds(int ranks) const {
+  if (failures == 0) return 0;
+  return rank_seconds / failures / std::max(1, ranks);
+}
+
+MtbfEstimate EstimateMtbf(const std::vector<v1::AttemptInfo>& attempts, double now_unix,
+                          const ClusterFailureRate& cluster, int ranks) {
+  MtbfEstimate e;
+  double running = 0;
+  ForEachRun(attempts, now_unix, [&](const v1::AttemptInfo&, double seconds, bool failed) {
+    running += seconds;
+    if (failed) ++e.failures;
+  });
   if (e.failures > 0) {
     e.seconds = running / e.failures;
     e.from_prior = false;
+    e.basis = "observed";
+  } else if (cluster.failures > 0) {
+    e.seconds = cluster.MtbfSeconds(ranks);
+    e.basis = "cluster";
   } else {
     e.seconds = std::max(kMtbfPriorSeconds, running);
   }
@@ -93,11 +124,13 @@ MtbfEstimate EstimateMtbf(const std::vector<v1::AttemptInfo>& attempts, double n
 }
 
 v1::CheckpointHint MakeCheckpointHint(const std::vector<v1::AttemptInfo>& attempts,
-                                      const GoodputLedger& ledger, double now_unix) {
-  const MtbfEstimate mtbf = EstimateMtbf(attempts, now_unix);
+                                      const GoodputLedger& ledger, double now_unix,
+                                      const ClusterFailureRate& cluster, int ranks) {
+  const MtbfEstimate mtbf = EstimateMtbf(attempts, now_unix, cluster, ranks);
   v1::CheckpointHint hint;
   hint.set_mtbf_seconds(mtbf.seconds);
   hint.set_mtbf_from_prior(mtbf.from_prior);
+  hint.set_mtbf_basis(mtbf.basis);
   hint.set_failures(mtbf.failures);
   hint.set_stall_seconds(ledger.last_stall_seconds());
   hint.set_step_seconds(ledger.mean_step_seconds());

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "furnace/v1/agent.pb.h"
@@ -71,20 +72,35 @@ class GoodputLedger {
   double interval_seconds_ = 0;
 };
 
+// The machines' failure rate, seen over the attempts of every job this controller ran: failed
+// attempts (permanent failures, bad_input, aside) over the rank-seconds they ran. Failures are the
+// machines', not a job's: a job that has not failed yet assumes this rate for its own ranks rather
+// than a prior.
+struct ClusterFailureRate {
+  double rank_seconds = 0;
+  uint32_t failures = 0;
+  void Add(const std::vector<furnace::v1::AttemptInfo>& attempts, double now_unix);
+  // The MTBF of a job of `ranks` ranks at this rate; 0 when no failure was seen.
+  double MtbfSeconds(int ranks) const;
+};
+
 // Mean time between failures observed over `attempts` at `now_unix`: the attempts' running time
 // (placement to end, or to now for a running one) over the failed attempts (permanent failures,
-// bad_input, aside); with none, the larger of kMtbfPriorSeconds and that running time.
+// bad_input, aside). With none: the cluster's rate for `ranks` ranks when it has seen a failure,
+// else the larger of kMtbfPriorSeconds and that running time.
 struct MtbfEstimate {
   double seconds = kMtbfPriorSeconds;
-  bool from_prior = true;
+  bool from_prior = true;       // no failure of this job (basis "cluster" or "prior")
+  std::string basis = "prior";  // observed | cluster | prior
   uint32_t failures = 0;
 };
-MtbfEstimate EstimateMtbf(const std::vector<furnace::v1::AttemptInfo>& attempts, double now_unix);
+MtbfEstimate EstimateMtbf(const std::vector<furnace::v1::AttemptInfo>& attempts, double now_unix,
+                          const ClusterFailureRate& cluster = {}, int ranks = 1);
 
 // What a new attempt's ranks get for checkpoint.every auto.
 furnace::v1::CheckpointHint MakeCheckpointHint(
     const std::vector<furnace::v1::AttemptInfo>& attempts, const GoodputLedger& ledger,
-    double now_unix);
+    double now_unix, const ClusterFailureRate& cluster = {}, int ranks = 1);
 
 // The whole accounting as one pure function: `steps` in ascending (attempt, step) order.
 furnace::v1::JobGoodput ComputeGoodput(const std::vector<furnace::v1::AttemptInfo>& attempts,

@@ -173,6 +173,41 @@ TEST(Goodput, MtbfIsTheRunningTimeOverFailuresOrThePrior) {
   EXPECT_TRUE(e.from_prior);
 }
 
+TEST(Goodput, AJobWithoutFailuresAssumesTheClustersRatePerRank) {
+  // Another job: 4 ranks, two machine failures in 100 + 50 s (a bad input does not count).
+  auto ranks = [](v1::AttemptInfo a, int n) {
+    for (int r = 0; r < n; ++r) a.add_ranks();
+    return a;
+  };
+  ClusterFailureRate cluster;
+  EXPECT_DOUBLE_EQ(cluster.MtbfSeconds(4), 0.0);
+  cluster.Add({ranks(Attempt(1, kT0, kT0 + 100, v1::ATTEMPT_STATE_FAILED, "signal"), 4),
+               ranks(Attempt(2, kT0 + 100, kT0 + 150, v1::ATTEMPT_STATE_FAILED, "hang"), 4),
+               ranks(Attempt(3, kT0 + 150, kT0 + 160, v1::ATTEMPT_STATE_FAILED, "bad_input"), 4)},
+              kT0 + 160);
+  EXPECT_EQ(cluster.failures, 2u);
+  EXPECT_DOUBLE_EQ(cluster.rank_seconds, 4 * 160.0);
+  // 320 rank-seconds per failure: a 4-rank job fails every 80 s, a 1-rank one every 320 s.
+  EXPECT_DOUBLE_EQ(cluster.MtbfSeconds(4), 80.0);
+  MtbfEstimate e =
+      EstimateMtbf({Attempt(1, kT0 + 200, 0, v1::ATTEMPT_STATE_RUNNING)}, kT0 + 210, cluster, 1);
+  EXPECT_TRUE(e.from_prior);
+  EXPECT_EQ(e.basis, "cluster");
+  EXPECT_DOUBLE_EQ(e.seconds, 320.0);
+  // Its own failures, once it has some, are what counts.
+  e = EstimateMtbf({Attempt(1, kT0 + 200, kT0 + 230, v1::ATTEMPT_STATE_FAILED, "signal")},
+                   kT0 + 230, cluster, 1);
+  EXPECT_EQ(e.basis, "observed");
+  EXPECT_DOUBLE_EQ(e.seconds, 30.0);
+  // No failure anywhere: the prior.
+  e = EstimateMtbf({}, kT0, ClusterFailureRate{}, 1);
+  EXPECT_EQ(e.basis, "prior");
+  EXPECT_DOUBLE_EQ(e.seconds, kMtbfPriorSeconds);
+  const v1::CheckpointHint hint = MakeCheckpointHint({}, GoodputLedger{}, kT0, cluster, 2);
+  EXPECT_EQ(hint.mtbf_basis(), "cluster");
+  EXPECT_DOUBLE_EQ(hint.mtbf_seconds(), 160.0);
+}
+
 TEST(Goodput, TheCheckpointHintCarriesTheMeasuredStallAndStepTime) {
   GoodputLedger ledger;
   for (const auto& s : Steps(1, 1, 10, kT0 + 1, 0.5, 4, 0.2)) ledger.AddStep(s);
