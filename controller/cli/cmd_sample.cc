@@ -48,9 +48,9 @@ model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe)
 struct LoadedModel {
   model::ModelConfig config;
   model::Weights weights;
-  std::string source;       // what the weights came from, for the summary line
-  int64_t step = -1;        // the checkpoint's step (-1: a weights file)
-  std::string data_source;  // the job's data.source ("" for a weights file)
+  std::string source;          // what the weights came from, for the summary line
+  int64_t step = -1;           // the checkpoint's step (-1: a weights file)
+  std::string data_source;     // the job's data.source ("" for a weights file)
   std::string data_tokenizer;  // the job's data.tokenizer ("" when it does not say)
 };
 
@@ -182,7 +182,7 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
           "sample: --weights needs --tokenizer (byte, ids, or the tokenizer model the data was "
           "prepared with)");
     }
-    tokenizer_name = loaded.data_source == "markov"  ? "ids"
+    tokenizer_name = loaded.data_source == "markov"   ? "ids"
                      : !loaded.data_tokenizer.empty() ? loaded.data_tokenizer
                                                       : "byte";
   }

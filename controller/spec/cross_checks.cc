@@ -292,6 +292,7 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
            Problem{"only used when eval.every > 0",
                    absl::StrCat(ev.batches(), " with eval.every 0"), "omit it, or set eval.every"});
   }
+  const auto& d = spec.data();
   const bool held_out_split = d.validation().fraction() > 0 || !d.validation().path().empty();
   if (ev.every() > 0 && d.source() != "markov" && !held_out_split) {
     // Markov data has an independent held-out stream; token and indexed data need a held-out

@@ -29,7 +29,8 @@ absl::StatusOr<std::shared_ptr<const TokenStream>> OpenStream(const DataSourceCo
     }
     return std::shared_ptr<const TokenStream>(std::move(file));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<IndexedDataset> ds, IndexedDataset::Open(path, data.model_vocab));
+  ASSIGN_OR_RETURN(std::unique_ptr<IndexedDataset> ds,
+                   IndexedDataset::Open(path, data.model_vocab));
   return std::shared_ptr<const TokenStream>(std::move(ds));
 }
 

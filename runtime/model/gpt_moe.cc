@@ -414,7 +414,8 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::Evaluate(const int32_t* inputs,
     return absl::FailedPreconditionError("Evaluate runs a single-stage model");
   }
   arena_.ResetPeak();
-  ASSIGN_OR_RETURN(train::MicroBatchResult r, StageEvaluate(inputs, targets, nullptr, B, nullptr));
+  ASSIGN_OR_RETURN(train::MicroBatchResult r,
+                   ForwardOnly(inputs, targets, nullptr, B, nullptr, /*spikes=*/true));
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
   return r;
 }
@@ -423,6 +424,13 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageEvaluate(const int32_t* inp
                                                               const int32_t* targets,
                                                               const float* x_in, int B,
                                                               float* x_out) {
+  return ForwardOnly(inputs, targets, x_in, B, x_out, /*spikes=*/false);
+}
+
+absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardOnly(const int32_t* inputs,
+                                                            const int32_t* targets,
+                                                            const float* x_in, int B, float* x_out,
+                                                            bool spikes) {
   if (!in_flight_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("evaluation while ", in_flight_.size(), " micro-batches are in flight"));
@@ -434,7 +442,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageEvaluate(const int32_t* inp
   cur_micro_ = 0;
   evaluating_ = true;
   const int64_t step = step_;
-  step_ = -1;  // no routing spike
+  if (!spikes) step_ = -1;  // no step: no routing spike
   absl::StatusOr<ForwardState> forward = Forward(inputs, targets, x_in, B);
   step_ = step;
   evaluating_ = false;

@@ -150,7 +150,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
                              float* dx_in) override;
   // Forward only through this stage (held-out evaluation; train::PipelineStage): like
   // StageForward, but everything it saved is freed before it returns, routing spikes are off and
-  // the adaptive planner does not act. Evaluate is this on a single-stage model.
+  // the adaptive planner does not act. Evaluate is this on a single-stage model, with the step's
+  // routing spikes (Trainable::Evaluate).
   absl::StatusOr<train::MicroBatchResult> StageEvaluate(const int32_t* inputs,
                                                         const int32_t* targets, const float* x_in,
                                                         int B, float* x_out) override;
@@ -264,6 +265,11 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
          tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups);
 
   absl::Status CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const;
+  // Evaluate and StageEvaluate: one forward that keeps nothing; `spikes`: with the step
+  // context's routing spike (Evaluate) or none (held-out evaluation).
+  absl::StatusOr<train::MicroBatchResult> ForwardOnly(const int32_t* inputs, const int32_t* targets,
+                                                      const float* x_in, int B, float* x_out,
+                                                      bool spikes);
   absl::StatusOr<ForwardState> Forward(const int32_t* inputs, const int32_t* targets,
                                        const float* x_in, int B);
   absl::Status Backward(const ForwardState& state, const float* dx_out, double ce_scale,

@@ -79,6 +79,9 @@ absl::StatusOr<EvalResult> EvaluateHeldOut(Trainable& model, const data::Sampler
   const double t0 = clock.MonotonicSeconds();
   std::vector<double> losses;
   if (parallel == nullptr) {
+    // No step context: held-out batches get no routing spike (the next training step sets its
+    // own context before its first micro-batch).
+    model.SetStepContext(-1, 0);
     for (int i = 0; i < batches; ++i) {
       const data::Batch batch = held_out.Sample(0, 0, i);
       ASSIGN_OR_RETURN(const MicroBatchResult r,

@@ -66,7 +66,9 @@ class Trainable {
   virtual absl::StatusOr<MicroBatchResult> ForwardBackward(const int32_t* inputs,
                                                            const int32_t* targets, int B,
                                                            double ce_scale, double aux_scale) = 0;
-  // Forward only (evaluation): mean cross-entropy and aux of the batch.
+  // Forward only: mean cross-entropy and aux of the batch, as the training step set by
+  // SetStepContext computes them (routing spikes included: the objective ForwardBackward
+  // differentiates). Held-out evaluation clears the step context first (a step < 0: none).
   virtual absl::StatusOr<MicroBatchResult> Evaluate(const int32_t* inputs, const int32_t* targets,
                                                     int B) = 0;
   virtual int seq_len() const = 0;
@@ -79,6 +81,7 @@ class Trainable {
   // the loop samples it). The loop calls it before every micro-batch's ForwardBackward or
   // StageForward; it holds until the next call. A model whose forward depends on neither (all but
   // one with routing spikes, runtime/model/spikes.h) ignores it.
+  // A step < 0 is no step: no spike.
   virtual void SetStepContext(int64_t /*step*/, int64_t /*first_global_sequence*/) {}
   // Running totals of the memory policy's actions (a model without one: all zero).
   virtual MemoryActionTotals MemoryActions() const { return {}; }
