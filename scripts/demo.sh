@@ -43,7 +43,7 @@ trap cleanup EXIT
 
 for _ in $(seq 1 150); do
   ready=$("${furnace[@]}" --json workers 2>/dev/null | python3 -c \
-    'import json,sys; print(sum(w.get("state") == "ready" for w in json.load(sys.stdin).get("workers", [])))' \
+    'import json,sys; print(sum(w.get("state") in ("ready", "WORKER_STATE_READY") for w in json.load(sys.stdin).get("workers", [])))' \
     2>/dev/null || echo 0)
   [ "${ready:-0}" -ge 4 ] && break
   if ! kill -0 "$controller" 2>/dev/null; then
