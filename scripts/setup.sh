@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libgtest-dev libgmock-dev
   libgloo-dev libcivetweb-dev libopenblas-dev libsqlite3-dev sqlite3 libcli11-dev libbenchmark-dev
-  zlib1g-dev  # CRC-32 of checkpoint shards (zlib's table-free, several GB/s)
+  zlib1g-dev  # CRC-32 of checkpoint shards (zlib's crc32, several GB/s)
   prometheus-cpp-dev  # the controller's /metrics families and text serializer (prometheus-cpp::core)
   libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
   libssl-dev  # SHA-256 of tokenizer models (libcrypto)
