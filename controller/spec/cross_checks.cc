@@ -305,10 +305,13 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
   // data.tokenizer: what can be checked without the file, which may exist only on the workers.
   if (diag->Present("data.tokenizer")) {
-    if (d.source() == "markov") {
+    if (d.source() != "tokens") {
+      // Markov data has no tokenizer; an indexed dataset does not record the one that made it,
+      // so there is nothing to check it against.
       c.Fail({"data.tokenizer", "data.source"},
-             Problem{"only used with token data: the synthetic Markov chain has no tokenizer",
-                     absl::StrCat("'", d.tokenizer(), "' with source markov"),
+             Problem{"only used with token data: the synthetic Markov chain has no tokenizer and "
+                     "an indexed dataset does not record one",
+                     absl::StrCat("'", d.tokenizer(), "' with source ", d.source()),
                      "omit it, or set data.source: tokens"});
     } else if (d.tokenizer().empty()) {
       c.Fail({"data.tokenizer"},

@@ -317,6 +317,9 @@ std::vector<BadCase> Cases() {
        {"job.yaml:4:14: data.tokenizer: only used with token data",
         "omit it, or set "
         "data.source: tokens"}},
+      {"tokenizer_with_indexed",
+       H("data:\n  source: indexed\n  path: /p\n  tokenizer: byte\n"),
+       {"data.tokenizer: only used with token data", "'byte' with source indexed"}},
       {"tokenizer_empty",
        H("data:\n  source: tokens\n  path: /x\n  tokenizer: \"\"\n"),
        {"job.yaml:6:14: data.tokenizer: empty", "byte, or the path of a SentencePiece"}},
