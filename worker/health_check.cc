@@ -29,9 +29,14 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   const auto start = std::chrono::steady_clock::now();
   progress.Emit("health_check", 0);
   if (FaultTargets(task, "health_check")) {
+    // Alive but never arriving, like a rank that cannot reach the rendezvous: it keeps reporting
+    // progress, so it is the check (not the hang watchdog) that names it.
     spdlog::error("fault injection: this rank drops out of its health check (never arrives)");
     spdlog::default_logger()->flush();
-    while (true) pause();
+    while (true) {
+      progress.Emit("health_check", 0);
+      sleep(1);
+    }
   }
   // Reaching the controller is start-up (bounded like every rendezvous by the start timeout); the
   // check's own bound starts at this rank's arrival.
@@ -45,9 +50,13 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   for (uint32_t r = 0; r < task.world_size(); ++r) keys.push_back(ArrivedKey(r));
   // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
   // waits for a late peer as alive.
+  // The peers' arrival is start-up too (a loaded host can take seconds to exec and link a rank),
+  // so it is bounded by the start timeout when that is longer; the collectives below get
+  // recovery.health_check_s.
+  const double arrival_bound = std::max(bound, StartTimeoutS(task));
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(bound));
+                            std::chrono::duration<double>(arrival_bound));
   while (true) {
     const double left =
         std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
@@ -61,8 +70,9 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
       if (!store.Get({ArrivedKey(r)}, 0).ok()) missing.push_back(absl::StrCat(r));
     }
     return absl::DeadlineExceededError(absl::StrFormat(
-        "health check: rank%s %s did not arrive within %.0f s (recovery.health_check_s)",
-        missing.size() == 1 ? "" : "s", absl::StrJoin(missing, ", "), bound));
+        "health check: rank%s %s did not arrive within %.0f s of this rank "
+        "(recovery.start_timeout_s)",
+        missing.size() == 1 ? "" : "s", absl::StrJoin(missing, ", "), arrival_bound));
   }
   comm::PrefixedKvStore gloo_store(store, "health/gloo");
   comm::GlooOptions gloo;

@@ -4,10 +4,11 @@
 //
 // Why arrival keys: a collective that times out fails on every rank alike and names nobody. So
 // each rank first writes "health/arrived/<rank>" into the attempt's rendezvous store (the
-// controller's) and waits, at most recovery.health_check_s from its own arrival, for every other
-// rank's key; the controller, told by any rank that the check failed, reads which keys are missing
-// and blames exactly those ranks' workers. A healthy rank that reaches the controller more than
-// health_check_s after a peer did is blamed too: the bound must exceed the ranks' start-up skew.
+// controller's) and waits for every other rank's key, at most the longer of
+// recovery.start_timeout_s and recovery.health_check_s from its own arrival: reaching the check is
+// start-up, and on a loaded host the ranks' start-up skew can be seconds. The controller, told by
+// any rank that the check failed, reads which keys are missing and blames exactly those ranks'
+// workers.
 // Ranks that all arrived then run the commcheck collectives (allreduce, allgather, alltoall,
 // broadcast at 4 KiB and 64 KiB, one checked call each, every call bounded by the same time) on a
 // Gloo context of their own (keys under "health/gloo/"), so a broken link or a corrupting peer
@@ -23,7 +24,8 @@ namespace furnace::worker {
 // OK when this rank passed (or the check is off: recovery.health_check_s 0, or one rank). Any
 // error is the check's failure with the reason in words; the rank then exits with
 // RANK_EXIT_HEALTH_CHECK. Under fault.mode health_check the targeted rank never arrives: it
-// stops here without progress until it is stopped.
+// stays here, alive and reporting progress (a rank that cannot reach the rendezvous), until it is
+// stopped.
 absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress);
 
 }  // namespace furnace::worker

@@ -210,7 +210,7 @@ def read_safetensors(path):
             for name, t in header.items() if name != "__metadata__"}
 
 
-def commcheck_job(name, ranks=4, rounds=1, extra=""):
+def commcheck_job(name, ranks=4, rounds=1, extra="", start_timeout_s=30):
     """A small, quick commcheck job spec (YAML text)."""
     return f"""name: {name}
 kind: commcheck
@@ -227,7 +227,7 @@ recovery:
   backoff: {{initial_s: 0.2, max_s: 1.0, multiplier: 2.0}}
   heartbeat_timeout_s: 5
   hang_timeout_s: 8
-  start_timeout_s: 30
+  start_timeout_s: {start_timeout_s}
 {extra}"""
 
 

@@ -23,7 +23,10 @@ class HealthCheckTest(harness.ClusterTest):
     def test_worker_failing_the_health_check_is_excluded_and_the_job_finishes_on_a_spare(self):
         c = self.cluster
         bad = worker_ids(c)[1]
-        spec = harness.commcheck_job("healthcheck", rounds=3, extra=f"""  health_check_s: 5
+        # A rank that never arrives is found once the start timeout has passed (reaching the check
+        # is start-up); a short one keeps the test quick.
+        spec = harness.commcheck_job("healthcheck", rounds=3, start_timeout_s=12,
+                                     extra=f"""  health_check_s: 5
   exclude_s: 600
 fault:
   mode: health_check
@@ -35,7 +38,8 @@ fault:
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         first = d["attempts"][0]
         self.assertEqual(first["failure_kind"], "health_check", first)
-        self.assertIn(f"on {bad} never arrived at the health check within 5 s", first["cause"])
+        self.assertIn(f"on {bad} never arrived at the health check within 12 s "
+                      "(recovery.start_timeout_s)", first["cause"])
         # Not a training failure: the restart budget is untouched.
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0)
         last = d["attempts"][-1]

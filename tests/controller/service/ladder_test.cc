@@ -163,7 +163,7 @@ class LadderTest : public ControllerOnTempDir {
       if (r != missing) Arrived(attempt, r);
     }
     Report(slots[reporter], attempt, reporter, v1::RANK_EXITED, v1::EXIT_KIND_CODE,
-           v1::RANK_EXIT_HEALTH_CHECK, "health check: rank did not arrive within 5 s");
+           v1::RANK_EXIT_HEALTH_CHECK, "health check: rank 2 did not arrive within 60 s of this rank");
     for (uint32_t r = 0; r < slots.size(); ++r) {
       if (r != reporter) Report(slots[r], attempt, r, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
     }
@@ -184,7 +184,8 @@ TEST_F(LadderTest, HealthCheckExcludesTheWorkerThatNeverArrivedAndUsesASpare) {
   EXPECT_EQ(d.summary().restarts(), 0u);  // a health check failure does not spend the budget
   EXPECT_EQ(d.attempts(0).failure_kind(), "health_check");
   EXPECT_NE(
-      d.attempts(0).cause().find("rank 2 on h/2 never arrived at the health check within 5 s"),
+      d.attempts(0).cause().find("rank 2 on h/2 never arrived at the health check within 60 s "
+                                 "(recovery.start_timeout_s)"),
       std::string::npos)
       << d.attempts(0).cause();
   const std::string excluded = LastEvent("exclude");
