@@ -91,11 +91,11 @@ void JobLifecycle::HealthCheckFailed(Job& job, const v1::RankReport& report) {
   // The ranks wait for their peers' arrival as long as start-up may take (worker/health_check.h).
   const auto& recovery = job.spec.recovery();
   const bool start_bound = recovery.start_timeout_s() > recovery.health_check_s();
-  const std::string blamed = absl::StrFormat(
-      "%s never arrived at the health check within %.0f s (recovery.%s)",
-      absl::StrJoin(names, ", "),
-      start_bound ? recovery.start_timeout_s() : recovery.health_check_s(),
-      start_bound ? "start_timeout_s" : "health_check_s");
+  const std::string blamed =
+      absl::StrFormat("%s never arrived at the health check within %.0f s (recovery.%s)",
+                      absl::StrJoin(names, ", "),
+                      start_bound ? recovery.start_timeout_s() : recovery.health_check_s(),
+                      start_bound ? "start_timeout_s" : "health_check_s");
   if (!FailAttempt(job, "health_check", absl::StrCat(blamed, "; ", reporter), "",
                    Failure::kHealthCheck) ||
       IsFinal(job.summary.state())) {

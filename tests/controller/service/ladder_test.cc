@@ -163,7 +163,8 @@ class LadderTest : public ControllerOnTempDir {
       if (r != missing) Arrived(attempt, r);
     }
     Report(slots[reporter], attempt, reporter, v1::RANK_EXITED, v1::EXIT_KIND_CODE,
-           v1::RANK_EXIT_HEALTH_CHECK, "health check: rank 2 did not arrive within 60 s of this rank");
+           v1::RANK_EXIT_HEALTH_CHECK,
+           "health check: rank 2 did not arrive within 60 s of this rank");
     for (uint32_t r = 0; r < slots.size(); ++r) {
       if (r != reporter) Report(slots[r], attempt, r, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
     }
