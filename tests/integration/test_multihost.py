@@ -120,9 +120,10 @@ class MultiHostTest(unittest.TestCase):
         self.assertTrue(stale and survivors, placed)
         self.assertLessEqual(set(cut_workers), set(placed.values()), placed)
 
+        cut_step = int(d["summary"]["step"])
         cut_at = time.time()
         self.net.cut(cut)
-        print(f"cut {cut} ({self.net.address[cut]}) at step {d['summary']['step']}: its "
+        print(f"cut {cut} ({self.net.address[cut]}) at step {cut_step}: its "
               f"workers {cut_workers} run ranks {sorted(stale)}", flush=True)
 
         # Lost once silent for the job's heartbeat timeout (not the controller's longer default).
@@ -187,9 +188,15 @@ class MultiHostTest(unittest.TestCase):
                          [(a["attempt"], a["state"], a.get("cause")) for a in d["attempts"]])
         self.assertEqual(int(d["summary"]["step"]), STEPS)
         self.assertEqual(len(d["attempts"]), 2, [a.get("cause") for a in d["attempts"]])
+        # Every rank resumed from a checkpoint of attempt 1 (one every EVERY steps; the cut came
+        # after step 2 * EVERY + 2), not from the start.
         logs = c.cli("logs", job, "--attempt", "2").stdout
-        self.assertEqual(logs.count("resumed from the checkpoint of step"), 4, logs[-3000:])
-        print(f"job succeeded {time.time() - cut_at:.2f} s after the cut", flush=True)
+        resumed = [int(s) for s in re.findall(r"resumed from the checkpoint of step (\d+)", logs)]
+        self.assertEqual(len(resumed), 4, logs[-3000:])
+        self.assertEqual(len(set(resumed)), 1, resumed)
+        self.assertGreaterEqual(resumed[0], 2 * EVERY, resumed)
+        print(f"job succeeded {time.time() - cut_at:.2f} s after the cut, attempt 2 resumed from "
+              f"step {resumed[0]}", flush=True)
         for a in d["attempts"]:
             for r in a["ranks"]:
                 self.assertFalse(alive(int(r.get("pid", 0) or 0)), (a["attempt"], r))
