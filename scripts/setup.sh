@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
   libssl-dev  # SHA-256 of tokenizer models (libcrypto)
   python3 procps curl
+  iproute2  # ip netns, veth, bridge, tc: emulated hosts (chaos.multihost_cut, two_node_test)
   python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)
   prometheus  # promtool (metrics tests) and the server (scrape test); 12 packages without recommends
