@@ -47,6 +47,9 @@ def unavailable():
                 check=False)
         if r.returncode != 0:
             return f"cannot make a veth pair in a namespace: {r.stderr.strip()}"
+        r = _ip("-n", probe, "link", "add", "probe-br", "type", "bridge", check=False)
+        if r.returncode != 0:
+            return f"cannot make a bridge in a namespace: {r.stderr.strip()}"
     finally:
         _ip("netns", "del", probe, check=False)
     return None
