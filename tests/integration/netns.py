@@ -147,6 +147,14 @@ class Network:
         return [n for n in _names() if n.startswith(self.tag)]
 
 
+def _insecure(binary):
+    """["--insecure"] when `binary` has that flag (a build that refuses a plain non-loopback
+    listen or connection without it), else []."""
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    return ["--insecure"] if "--insecure" in help_text else []
+
+
 def tls_security(cli_binary, certs_dir, controller_host):
     """Flags for mutual TLS and tokens: `furnace certs init` makes a CA, the controller's
     certificate (also valid for `controller_host`), the workers' and the tokens."""
@@ -168,7 +176,7 @@ def tls_security(cli_binary, certs_dir, controller_host):
 class NetnsCluster(harness.Cluster):
     """A controller on host `ctl` and `per_host` worker daemons on each of `worker_hosts`.
 
-    tls: run the daemons and the CLI with TLS and tokens (tls_security). Without, the daemons get
+    tls: run the daemons and the CLI with TLS and tokens (tls_security). Without, each binary gets
     `--insecure` where the build has that flag (the namespace addresses are not loopback)."""
 
     PORT = 7070
@@ -180,22 +188,19 @@ class NetnsCluster(harness.Cluster):
         self.worker_hosts = list(worker_hosts)
         self.per_host = per_host
         self.addr = f"{network.address['ctl']}:{self.PORT}"
-        self.security = {}
+        self.bin = {role: os.path.join(harness.BIN_DIR, name) for role, name in (
+            ("controller", "furnace-controller"), ("worker", "furnace-worker"), ("cli", "furnace"))}
         if tls:
-            self.security = tls_security(os.path.join(harness.BIN_DIR, "furnace"),
-                                         os.path.join(self.state, "certs"),
+            self.security = tls_security(self.bin["cli"], os.path.join(self.state, "certs"),
                                          network.address["ctl"])
+        else:
+            self.security = {role: _insecure(b) for role, b in self.bin.items()}
         self.worker_procs = {}  # worker id -> Popen
         self.worker_host = {}  # worker id -> host name
 
-    def _insecure(self, binary):
-        """["--insecure"] when `binary` has the flag and no TLS flags are given."""
-        help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
-        return ["--insecure"] if "--insecure" in help_text else []
-
     def start(self, wait_workers=True):
-        ctl_bin = os.path.join(harness.BIN_DIR, "furnace-controller")
-        sec = self.security.get("controller") or self._insecure(ctl_bin)
+        ctl_bin = self.bin["controller"]
+        sec = self.security["controller"]
         self.controller = subprocess.Popen(
             self.net.exec_argv("ctl", [
                 ctl_bin, "--listen", self.addr, "--state-dir", self.state,
@@ -203,8 +208,8 @@ class NetnsCluster(harness.Cluster):
                 "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *sec]),
             stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_up()
-        worker_bin = os.path.join(harness.BIN_DIR, "furnace-worker")
-        wsec = self.security.get("worker") or self._insecure(worker_bin)
+        worker_bin = self.bin["worker"]
+        wsec = self.security["worker"]
         for host in self.worker_hosts:
             for slot in range(self.per_host):
                 wid = f"{host}/{slot}"
@@ -224,8 +229,7 @@ class NetnsCluster(harness.Cluster):
         return self
 
     def cli(self, *args, timeout=120):
-        argv = [os.path.join(harness.BIN_DIR, "furnace"), "--controller", self.addr,
-                *self.security.get("cli", []), *args]
+        argv = [self.bin["cli"], "--controller", self.addr, *self.security["cli"], *args]
         return subprocess.run(self.net.exec_argv("ctl", argv), capture_output=True, text=True,
                               timeout=timeout)
 
