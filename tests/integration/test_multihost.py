@@ -19,6 +19,8 @@ and tokens of `furnace certs init` (netns.tls_security)."""
 import datetime
 import os
 import re
+import signal
+import subprocess
 import time
 import unittest
 
@@ -200,6 +202,27 @@ class MultiHostTest(unittest.TestCase):
         for a in d["attempts"]:
             for r in a["ranks"]:
                 self.assertFalse(alive(int(r.get("pid", 0) or 0)), (a["attempt"], r))
+
+
+class LeftoverTest(unittest.TestCase):
+    def test_namespaces_and_processes_of_a_killed_run_are_removed(self):
+        why = netns.unavailable()
+        if why:
+            self.skipTest(f"network namespaces unavailable: {why}")
+        dead = subprocess.Popen(["true"])
+        dead.wait()  # a pid no test process has any more
+        name = f"{netns.PREFIX}{dead.pid}-h1"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        try:
+            stray = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])
+            self.assertTrue(wait_until(lambda: str(stray.pid) in subprocess.run(
+                ["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split(), 30))
+            self.assertIn(name, netns.remove_leftovers())
+            self.assertEqual(stray.wait(timeout=30), -signal.SIGKILL)
+            self.assertNotIn(name, subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                  text=True).stdout)
+        finally:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 if __name__ == "__main__":
