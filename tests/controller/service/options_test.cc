@@ -85,6 +85,24 @@ TEST(ControllerOptions, FlagsSetEveryOption) {
   EXPECT_EQ(f.web_root, "/web");
 }
 
+TEST(ControllerOptions, SecurityKeysFromTheConfigFile) {
+  const std::string path = WriteConfig("controller_security.yaml",
+                                       "tls-cert: /etc/furnace/controller.pem\n"
+                                       "tls_key: /etc/furnace/controller.key\n"
+                                       "tls-ca: /etc/furnace/ca.pem\n"
+                                       "token-file: /etc/furnace/tokens\n"
+                                       "join-token-file: /etc/furnace/join.token\n"
+                                       "insecure: true\n");
+  const ControllerFlags f = Parsed({"--config", path});
+  EXPECT_EQ(f.tls_cert, "/etc/furnace/controller.pem");
+  EXPECT_EQ(f.tls_key, "/etc/furnace/controller.key");
+  EXPECT_EQ(f.tls_ca, "/etc/furnace/ca.pem");
+  EXPECT_EQ(f.token_file, "/etc/furnace/tokens");
+  EXPECT_EQ(f.join_token_file, "/etc/furnace/join.token");
+  EXPECT_TRUE(f.insecure);
+  EXPECT_FALSE(Parsed({}).insecure);
+}
+
 TEST(ControllerOptions, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   const std::string path = WriteConfig("controller_all.yaml",
                                        "listen: 10.0.0.1:7070\n"
