@@ -42,8 +42,7 @@ inline constexpr char kWorkerIdKey[] = "furnace-worker-id";
 // so a CLI with only a token can connect. The controller's auth processor then demands a verified
 // client certificate for AgentService calls (controller/service/auth_processor.h): agents are
 // mutually authenticated, users by token. InvalidArgument names the flag and file at fault.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& tls);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls);
 
 // Channel credentials: plaintext when TLS is not enabled, else TLS verifying the server against
 // --tls-ca (required) with --tls-cert/--tls-key as the client certificate (both or neither). A

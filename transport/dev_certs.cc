@@ -76,8 +76,8 @@ absl::StatusOr<Cert> MakeCertificate(EVP_PKEY* key, const std::string& common_na
   X509_set_pubkey(cert.get(), key);
   X509_NAME* name = X509_get_subject_name(cert.get());
   X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("Furnace development"), -1,
-                             -1, 0);
+                             reinterpret_cast<const unsigned char*>("Furnace development"), -1, -1,
+                             0);
   X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
                              reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1,
                              0);
@@ -151,11 +151,11 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
   };
 
   ASSIGN_OR_RETURN(Key ca_key, NewKey());
-  ASSIGN_OR_RETURN(Cert ca, MakeCertificate(ca_key.get(), "Furnace development CA", nullptr,
-                                            ca_key.get(),
-                                            {{NID_basic_constraints, "critical,CA:TRUE"},
-                                             {NID_key_usage, "critical,keyCertSign,cRLSign"},
-                                             {NID_subject_key_identifier, "hash"}}));
+  ASSIGN_OR_RETURN(Cert ca,
+                   MakeCertificate(ca_key.get(), "Furnace development CA", nullptr, ca_key.get(),
+                                   {{NID_basic_constraints, "critical,CA:TRUE"},
+                                    {NID_key_usage, "critical,keyCertSign,cRLSign"},
+                                    {NID_subject_key_identifier, "hash"}}));
   ASSIGN_OR_RETURN(std::string ca_pem, CertPem(ca.get()));
   ASSIGN_OR_RETURN(std::string ca_key_pem, KeyPem(ca_key.get()));
   add("ca.pem", ca_pem, 0644);
@@ -179,8 +179,8 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
         {NID_subject_key_identifier, "hash"},
         {NID_authority_key_identifier, "keyid"}};
     if (leaf.server) extensions.emplace_back(NID_subject_alt_name, absl::StrJoin(san, ","));
-    ASSIGN_OR_RETURN(Cert cert, MakeCertificate(key.get(), leaf.common_name, ca.get(),
-                                                ca_key.get(), extensions));
+    ASSIGN_OR_RETURN(Cert cert, MakeCertificate(key.get(), leaf.common_name, ca.get(), ca_key.get(),
+                                                extensions));
     ASSIGN_OR_RETURN(std::string cert_pem, CertPem(cert.get()));
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
     add(absl::StrCat(leaf.file, ".pem"), cert_pem, 0644);

@@ -1,17 +1,16 @@
 #include "transport/pem_check.h"
 
+#include <fcntl.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
-#include <fcntl.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -47,7 +46,8 @@ std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
 
 absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read the file"));
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read the file"));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();

@@ -48,9 +48,9 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
     if (fields.empty()) continue;
     const std::string where = absl::StrCat(source, " line ", line_number);
     if (fields.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected `<token> <role> <name>` (role admin or read), found ", fields.size(),
-          " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected `<token> <role> <name>` (role admin or read), found ",
+                       fields.size(), " fields"));
     }
     TokenEntry entry;
     RETURN_IF_ERROR(CheckToken(fields[0], where));

@@ -40,8 +40,7 @@ absl::Status CheckControllerLink(const furnace::worker::AgentOptions& options, b
       "plaintext");
 }
 
-int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level,
-             bool insecure) {
+int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level, bool insecure) {
   if (absl::Status link = CheckControllerLink(options, insecure); !link.ok()) {
     std::fprintf(stderr, "furnace-worker: %s\n", std::string(link.message()).c_str());
     return 2;
@@ -77,7 +76,7 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   auto channel = furnace::worker::MakeControllerChannel(
       options.controller, options.channel_security, options.worker_id);
   if (!channel.ok()) {
-    spdlog::error("{}", channel.status().message());
+    spdlog::error("{}", channel.status().ToString());
     return 2;
   }
   furnace::worker::Agent agent(options, furnace::v1::AgentService::NewStub(*channel));

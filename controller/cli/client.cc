@@ -90,9 +90,9 @@ std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address, double d
   return NewGrpcJobClient(address, grpc::InsecureChannelCredentials(), deadline_s);
 }
 
-std::unique_ptr<JobClient> NewGrpcJobClient(
-    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-    double deadline_s) {
+std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address,
+                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                            double deadline_s) {
   return std::make_unique<GrpcJobClient>(address, credentials, deadline_s);
 }
 

@@ -30,9 +30,9 @@ class JobClient {
 // Creating it does not connect; the first call does. Plaintext, or with `credentials` (TLS and the
 // token: transport::MakeChannelCredentials).
 std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address, double deadline_s = 10.0);
-std::unique_ptr<JobClient> NewGrpcJobClient(
-    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-    double deadline_s = 10.0);
+std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address,
+                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                            double deadline_s = 10.0);
 
 // Turns a gRPC status from `rpc` against `address` into an absl::Status with the same code.
 // UNAVAILABLE says the controller cannot be reached and how to point at another one;

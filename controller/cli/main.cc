@@ -226,8 +226,9 @@ int main(int argc, char** argv) {
       token = furnace::transport::CheckToken(env, "FURNACE_TOKEN");
       security.token = env;
     }
-    auto credentials = token.ok() ? furnace::transport::MakeChannelCredentials(security)
-                                  : absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>(token);
+    auto credentials = token.ok()
+                           ? furnace::transport::MakeChannelCredentials(security)
+                           : absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>(token);
     if (!credentials.ok()) {
       std::cerr << "furnace: " << credentials.status().message() << "\n";
       return kExitUsage;

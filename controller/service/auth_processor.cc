@@ -50,8 +50,9 @@ AuthDecision AuthorizeAgent(const AuthPolicy& policy, const AuthRequest& request
                             const std::string& name) {
   if (!request.peer_certificate_verified) {
     return Refuse(grpc::StatusCode::UNAUTHENTICATED,
-                  absl::StrCat(name, " needs a client certificate signed by the controller's CA "
-                                     "(furnace-worker --tls-cert/--tls-key)"));
+                  absl::StrCat(name,
+                               " needs a client certificate signed by the controller's CA "
+                               "(furnace-worker --tls-cert/--tls-key)"));
   }
   if (!policy.join_token.empty()) {
     const absl::string_view token = BearerToken(request.authorization);

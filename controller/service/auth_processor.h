@@ -29,8 +29,8 @@ inline constexpr char kRoleProperty[] = "furnace.role";
 
 // The JobService methods the read role may call. A method not listed needs admin, so a new RPC is
 // admin-only until someone decides it is read-only.
-inline constexpr const char* kReadOnlyJobMethods[] = {"ListJobs", "GetJob", "ListWorkers",
-                                                      "GetLogs", "GetJobSeries", "ListEvents"};
+inline constexpr const char* kReadOnlyJobMethods[] = {"ListJobs", "GetJob",       "ListWorkers",
+                                                      "GetLogs",  "GetJobSeries", "ListEvents"};
 
 struct AuthPolicy {
   std::vector<transport::TokenEntry> tokens;  // empty: JobService needs no token
@@ -39,10 +39,10 @@ struct AuthPolicy {
 
 // One call as the processor sees it.
 struct AuthRequest {
-  std::string method;                          // ":path", e.g. /furnace.v1.JobService/SubmitJob
-  std::optional<std::string> authorization;    // the `authorization` header, if any
-  std::string worker_id;                       // the `furnace-worker-id` header, if any
-  bool peer_certificate_verified = false;      // a client certificate the CA signed
+  std::string method;                        // ":path", e.g. /furnace.v1.JobService/SubmitJob
+  std::optional<std::string> authorization;  // the `authorization` header, if any
+  std::string worker_id;                     // the `furnace-worker-id` header, if any
+  bool peer_certificate_verified = false;    // a client certificate the CA signed
 };
 
 struct AuthDecision {

@@ -83,10 +83,9 @@ int main(int argc, char** argv) {
               << " (address in use or not valid)\n";
     return 1;
   }
-  spdlog::info("listening on {} ({}{}; state dir {})", f.listen,
-               security->tls ? "mutual TLS" : "plaintext",
-               security->tls ? (security->tokens ? ", tokens" : ", no tokens") : "",
-               options.state_dir);
+  spdlog::info(
+      "listening on {} ({}{}; state dir {})", f.listen, security->tls ? "mutual TLS" : "plaintext",
+      security->tls ? (security->tokens ? ", tokens" : ", no tokens") : "", options.state_dir);
 
   // Prometheus /metrics and the dashboard: plain renderings of the controller's state.
   std::unique_ptr<furnace::controller::http::MonitoringServer> monitoring;
@@ -155,9 +154,8 @@ int main(int argc, char** argv) {
     pass("--tls-ca", f.tls_ca.empty() ? "" : std::filesystem::absolute(f.tls_ca).string());
     pass("--tls-cert", f.tls_cert.empty() ? "" : std::filesystem::absolute(f.tls_cert).string());
     pass("--tls-key", f.tls_key.empty() ? "" : std::filesystem::absolute(f.tls_key).string());
-    pass("--join-token-file", f.join_token_file.empty()
-                                  ? ""
-                                  : std::filesystem::absolute(f.join_token_file).string());
+    pass("--join-token-file",
+         f.join_token_file.empty() ? "" : std::filesystem::absolute(f.join_token_file).string());
     if (f.insecure) lo.extra_args.push_back("--insecure");
     launcher = std::make_unique<furnace::controller::LocalLauncher>(lo, *controller);
     launcher->Start();

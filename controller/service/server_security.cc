@@ -36,9 +36,10 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
                                           " is not a loopback address and the controller has no ",
                                           absl::StrJoin(missing, ", "));
     if (!flags.insecure) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": give them (`furnace certs init DIR` makes development ones), listen on "
-                "127.0.0.1, or pass --insecure to run it open to anyone who can reach it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what,
+                       ": give them (`furnace certs init DIR` makes development ones), listen on "
+                       "127.0.0.1, or pass --insecure to run it open to anyone who can reach it"));
     }
     out.warnings.push_back(absl::StrCat(what, ": anyone who can reach it can submit jobs"));
   }

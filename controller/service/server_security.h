@@ -20,8 +20,8 @@ namespace furnace::controller {
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // with the auth processor under TLS
   bool tls = false;
-  bool tokens = false;           // --token-file given: JobService needs a token
-  bool insecure = false;         // --insecure given
+  bool tokens = false;                // --token-file given: JobService needs a token
+  bool insecure = false;              // --insecure given
   std::vector<std::string> warnings;  // what --insecure leaves open, for the log at start
 };
 

@@ -57,9 +57,9 @@ TEST(Authorize, ReadTokensReadAdminTokensDoEverything) {
   EXPECT_TRUE(submit.status.ok());
   EXPECT_EQ(submit.identity, "alice");
   // A method nobody has classified needs admin.
-  EXPECT_EQ(Authorize(p, Call("/furnace.v1.JobService/SomethingNew", kReader.token))
-                .status.error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(
+      Authorize(p, Call("/furnace.v1.JobService/SomethingNew", kReader.token)).status.error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST(Authorize, MissingOrUnknownTokensAreUnauthenticated) {
@@ -263,8 +263,8 @@ TEST_F(SecureServerTest, TheListenRule) {
   open.listen = "0.0.0.0:0";
   auto refused = MakeServerSecurity(open);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  for (const char* flag : {"--listen 0.0.0.0:0", "--tls-cert, --tls-key, --tls-ca",
-                           "--token-file", "--join-token-file", "--insecure"}) {
+  for (const char* flag : {"--listen 0.0.0.0:0", "--tls-cert, --tls-key, --tls-ca", "--token-file",
+                           "--join-token-file", "--insecure"}) {
     EXPECT_THAT(refused.status().message(), HasSubstr(flag));
   }
   open.insecure = true;
