@@ -17,22 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "transport/openssl_ptr.h"
 #include "transport/pem_check.h"
 
 namespace furnace::transport {
 namespace {
-
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-using Key = std::unique_ptr<EVP_PKEY, KeyFree>;
-using Cert = std::unique_ptr<X509, X509Free>;
 
 constexpr long kValiditySeconds = 365L * 24 * 3600;
 
@@ -92,7 +81,7 @@ absl::StatusOr<Cert> MakeCertificate(EVP_PKEY* key, const std::string& common_na
 
 template <typename WriteFn>
 absl::StatusOr<std::string> ToPem(WriteFn write) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  Bio bio(BIO_new(BIO_s_mem()));
   if (!bio || write(bio.get()) != 1) return OpenSslError("write PEM");
   char* data = nullptr;
   const long size = BIO_get_mem_data(bio.get(), &data);

@@ -16,28 +16,19 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "transport/openssl_ptr.h"
 
 namespace furnace::transport {
 namespace {
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-
-std::unique_ptr<BIO, BioFree> MemoryBio(const std::string& text) {
-  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+Bio MemoryBio(const std::string& text) {
+  return Bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
 }
 
 // OpenSSL's per-thread error queue is left empty: gRPC's own TLS code on this thread reads it.
-std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
+Cert FirstCertificate(const std::string& pem) {
   auto bio = MemoryBio(pem);
-  std::unique_ptr<X509, X509Free> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  Cert cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
   ERR_clear_error();
   return cert;
 }
@@ -63,8 +54,7 @@ absl::Status CheckCertificatePem(const std::string& pem, const std::string& flag
 
 absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::string& cert_pem) {
   auto bio = MemoryBio(key_pem);
-  std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  Key key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
   ERR_clear_error();
   if (!key) {
     return absl::InvalidArgumentError(

@@ -167,7 +167,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
-              "log-level, metrics-listen, web-root");
+              "log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, token-file, "
+              "join-token-file, insecure");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);
