@@ -55,10 +55,9 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
       new MonitoringServer(std::move(options), std::move(handlers)));
   self->host_ = self->options_.listen.substr(0, colon);
 
-  const bool https = !self->options_.tls_certificate.empty();
-  std::vector<std::string> civet_options = {
+  const std::vector<std::string> civet_options = {
       "listening_ports",
-      self->options_.listen + (https ? "s" : ""),
+      self->options_.listen,
       "num_threads",
       std::to_string(self->options_.threads),
       // civetweb's buffer gets headroom so that our own check (Handle) decides at the limit with a
@@ -72,11 +71,6 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
       "decode_url",
       "yes",
   };
-  if (https) {
-    // civetweb loads libssl at run time (libssl-dev's libssl.so); 4: TLS 1.2 and later.
-    civet_options.insert(civet_options.end(), {"ssl_certificate", self->options_.tls_certificate,
-                                               "ssl_protocol_version", "4"});
-  }
   CivetCallbacks callbacks;
   callbacks.log_message = LogMessage;
   try {

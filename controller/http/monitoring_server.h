@@ -36,10 +36,6 @@ struct MonitoringOptions {
                                           // DefaultWebRoot() in static_files.h)
   int64_t max_request_bytes = 16 * 1024;  // request line + headers, and body
   int threads = 4;                        // civetweb worker threads
-  // A PEM file with the private key and the certificate chain (civetweb's ssl_certificate):
-  // HTTPS instead of HTTP. Empty: plain HTTP (the controller allows that on loopback only, or
-  // with --insecure).
-  std::string tls_certificate;
 };
 
 class MonitoringServer {

@@ -20,7 +20,6 @@
 #include "controller/service/options.h"
 #include "controller/service/server_security.h"
 #include "spdlog/spdlog.h"
-#include "transport/listen_address.h"
 
 namespace {
 
@@ -94,15 +93,6 @@ int main(int argc, char** argv) {
     http::MonitoringOptions mo;
     mo.listen = f.metrics_listen;
     mo.web_root = f.web_root.empty() ? http::DefaultWebRoot() : f.web_root;
-    if (security->tls && !furnace::transport::IsLoopbackAddress(f.metrics_listen)) {
-      auto pem = furnace::controller::WriteHttpsCertificate(f, options.state_dir);
-      if (!pem.ok()) {
-        std::cerr << "furnace-controller: " << pem.status().message() << "\n";
-        server->Shutdown();
-        return 1;
-      }
-      mo.tls_certificate = *pem;
-    }
     http::MonitoringHandlers handlers;
     auto* c = controller.get();
     const bool insecure = security->insecure;
@@ -133,8 +123,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     monitoring = std::move(*started);
-    spdlog::info("metrics and dashboard on {}://{}/ (web root {})",
-                 mo.tls_certificate.empty() ? "http" : "https", monitoring->address(), mo.web_root);
+    spdlog::info("metrics and dashboard on http://{}/ (web root {})", monitoring->address(),
+                 mo.web_root);
   }
 
   std::unique_ptr<furnace::controller::LocalLauncher> launcher;

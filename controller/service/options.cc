@@ -36,8 +36,8 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   app.add_option("--web-root", flags.web_root,
                  "dashboard files (default: share/furnace/web next to bin/)");
   app.add_option("--tls-cert", flags.tls_cert,
-                 "PEM certificate of the gRPC listener (and of the HTTPS metrics listener); with "
-                 "--tls-key and --tls-ca: TLS, agents need a client certificate the CA signed");
+                 "PEM certificate of the gRPC listener; with --tls-key and --tls-ca: mutual TLS "
+                 "(agents need a client certificate the CA signed)");
   app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca", flags.tls_ca, "PEM CA that signs the agents' client certificates");
   app.add_option("--token-file", flags.token_file,

@@ -1,14 +1,11 @@
 #include "controller/service/server_security.h"
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "controller/service/auth_processor.h"
 #include "runtime/base/status.h"
 #include "transport/credentials.h"
 #include "transport/listen_address.h"
-#include "transport/pem_check.h"
 #include "transport/token_file.h"
 
 namespace furnace::controller {
@@ -43,14 +40,19 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
     }
     out.warnings.push_back(absl::StrCat(what, ": anyone who can reach it can submit jobs"));
   }
-  if (!flags.metrics_listen.empty() && !transport::IsLoopbackAddress(flags.metrics_listen) &&
-      !out.tls) {
-    const std::string what =
-        absl::StrCat("--metrics-listen ", flags.metrics_listen,
-                     " is not a loopback address and there is no --tls-cert/--tls-key for HTTPS");
+  // The HTTP listener has no TLS: Debian's civetweb 1.15 loads libssl at run time with an OpenSSL
+  // 1.1 function table, and under OpenSSL 3 its first TLS connection calls a null function
+  // (seen in gdb: a segfault in a civetweb worker thread). So beyond loopback it needs --insecure;
+  // put a TLS reverse proxy in front of it, or scrape it on the host.
+  if (!flags.metrics_listen.empty() && !transport::IsLoopbackAddress(flags.metrics_listen)) {
+    const std::string what = absl::StrCat("--metrics-listen ", flags.metrics_listen,
+                                          " is not a loopback address and the metrics/dashboard "
+                                          "listener has no TLS");
     if (!flags.insecure) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": give them, listen on 127.0.0.1, or pass --insecure to serve plain HTTP"));
+          what,
+          ": listen on 127.0.0.1 (behind a TLS reverse proxy), or pass --insecure to serve "
+          "plain HTTP"));
     }
     out.warnings.push_back(absl::StrCat(what, ": /metrics and the dashboard are plain HTTP"));
   }
@@ -69,16 +71,6 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
         std::make_shared<TokenAuthProcessor>(std::move(policy)));
   }
   return out;
-}
-
-absl::StatusOr<std::string> WriteHttpsCertificate(const ControllerFlags& flags,
-                                                  const std::string& dir) {
-  ASSIGN_OR_RETURN(const std::string key, transport::ReadFileForFlag(flags.tls_key, "--tls-key"));
-  ASSIGN_OR_RETURN(const std::string cert,
-                   transport::ReadFileForFlag(flags.tls_cert, "--tls-cert"));
-  const std::string path = (std::filesystem::path(dir) / "https.pem").string();
-  RETURN_IF_ERROR(transport::WriteFileWithMode(path, key + cert, 0600));
-  return path;
 }
 
 std::string InsecureGaugeText(bool insecure) {

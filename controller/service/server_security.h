@@ -1,10 +1,10 @@
 // The controller's listen rule and server credentials, from its flags. An address other
 // machines can reach (not loopback: transport/listen_address.h) needs TLS (--tls-cert, --tls-key,
-// --tls-ca), a --token-file and a --join-token-file; the HTTP metrics/dashboard listener needs
-// TLS. --insecure lifts the rule, and then the controller says so loudly at start and in /metrics
-// (furnace_controller_insecure 1). Tokens need TLS on any address: a bearer token never travels
-// in the clear. Without TLS and tokens on loopback (local mode) nothing changes: plaintext, no
-// auth.
+// --tls-ca), a --token-file and a --join-token-file; the HTTP metrics/dashboard listener has no
+// TLS (server_security.cc says why) and so must stay on loopback. --insecure lifts the rule, and
+// then the controller says so loudly at start and in /metrics (furnace_controller_insecure 1).
+// Tokens need TLS on any address: a bearer token never travels in the clear. Without TLS and tokens
+// on loopback (local mode) nothing changes: plaintext, no auth.
 #pragma once
 
 #include <memory>
@@ -28,11 +28,6 @@ struct ServerSecurity {
 // Checks the listen rule and reads the files (errors name the flag and, for the rule, every flag
 // that would satisfy it). InvalidArgument on any refusal.
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags);
-
-// The PEM that civetweb's ssl_certificate wants (key, then certificate chain) written 0600 into
-// `dir` from --tls-key and --tls-cert; its path.
-absl::StatusOr<std::string> WriteHttpsCertificate(const ControllerFlags& flags,
-                                                  const std::string& dir);
 
 // The Prometheus lines of the furnace_controller_insecure gauge (1 when --insecure was given).
 std::string InsecureGaugeText(bool insecure);

@@ -278,7 +278,10 @@ TEST_F(SecureServerTest, TheListenRule) {
   ControllerFlags secure = SecureFlags();
   secure.listen = "0.0.0.0:0";
   EXPECT_TRUE(MakeServerSecurity(secure).ok());
-  secure.metrics_listen = "0.0.0.0:0";  // HTTPS with the same certificate: allowed
+  secure.metrics_listen = "0.0.0.0:0";  // the HTTP listener has no TLS: loopback or --insecure
+  EXPECT_THAT(MakeServerSecurity(secure).status().message(),
+              HasSubstr("--metrics-listen 0.0.0.0:0"));
+  secure.insecure = true;
   EXPECT_TRUE(MakeServerSecurity(secure).ok());
 
   ControllerFlags plain_metrics;
