@@ -85,6 +85,15 @@ class ListenRuleTest(harness.unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("--metrics-listen 0.0.0.0:0", r.stderr)
 
+    def test_a_worker_refuses_a_remote_controller_without_tls(self):
+        state = tempfile.mkdtemp(prefix="furnace-it-worker-")
+        r = subprocess.run(
+            [os.path.join(harness.BIN_DIR, "furnace-worker"), "--controller", "10.0.0.1:7070",
+             "--work-dir", state], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        for flag in ("--controller 10.0.0.1:7070", "--tls-ca", "--join-token-file", "--insecure"):
+            self.assertIn(flag, r.stderr)
+
     def test_insecure_starts_and_says_so_in_the_log_and_metrics(self):
         state = tempfile.mkdtemp(prefix="furnace-it-insecure-")
         port = harness.free_port()
