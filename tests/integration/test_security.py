@@ -59,6 +59,8 @@ class SecurityTest(harness.ClusterTest):
                 stdout=log, stderr=subprocess.STDOUT)
         try:
             time.sleep(6)  # it retries; give it several tries
+            # Still up and retrying: refused by the handshake, not stopped by a bad flag or file.
+            self.assertIsNone(rogue.poll(), open(log_path, errors="replace").read())
             workers = c.cli_json("workers").get("workers", [])
             self.assertNotIn("rogue/0", [w["worker_id"] for w in workers])
             self.assertEqual(len(workers), self.WORKERS)
