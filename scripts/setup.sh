@@ -11,7 +11,7 @@ packages=(
   zlib1g-dev  # CRC-32 of checkpoint shards (zlib's crc32, several GB/s)
   prometheus-cpp-dev  # the controller's /metrics families and text serializer (prometheus-cpp::core)
   libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
-  libssl-dev  # SHA-256 of tokenizer models (libcrypto)
+  libssl-dev  # SHA-256 of tokenizer models, `furnace certs init` (libcrypto)
   python3 procps curl
   iproute2  # ip netns, veth, bridge, tc: emulated hosts (chaos.multihost_cut, two_node_test)
   python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer

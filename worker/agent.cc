@@ -311,6 +311,7 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
   const std::string key = RankKey(task.job_id(), task.attempt(), task.rank());
   if (task.controller_address().empty()) task.set_controller_address(options_.controller);
   if (task.host().empty()) task.set_host(options_.host);
+  *task.mutable_channel_security() = options_.channel_security;
 
   furnace::v1::RankReport report;
   report.set_job_id(task.job_id());

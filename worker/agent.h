@@ -67,6 +67,9 @@ struct AgentOptions {
   size_t log_capacity = 10000;
   double flush_interval_s = 0.2;
   double rpc_timeout_s = 5;  // per unary call
+  // The TLS files and join token file the agent dials the controller with; handed to each rank
+  // in its RankTask (paths only) for its rendezvous channel. Empty: plaintext.
+  furnace::v1::ChannelSecurity channel_security;
 };
 
 // Fills worker_id and work_dir defaults.

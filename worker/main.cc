@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
+#include "transport/listen_address.h"
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
@@ -21,7 +23,28 @@
 
 namespace {
 
-int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level) {
+// The worker's side of the listen rule: the agent listens on nothing, but it dials the controller
+// and sends its join token; to a controller another machine hosts, that needs TLS and the join
+// token, or --insecure.
+absl::Status CheckControllerLink(const furnace::worker::AgentOptions& options, bool insecure) {
+  const auto& s = options.channel_security;
+  const bool tls = !s.tls_ca().empty() || !s.tls_cert().empty() || !s.tls_key().empty();
+  if (furnace::transport::IsLoopbackAddress(options.controller) || insecure ||
+      (tls && !s.join_token_file().empty())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      "--controller " + options.controller +
+      " is not a loopback address: give --tls-ca, --tls-cert, --tls-key and --join-token-file "
+      "(`furnace certs init DIR` makes development ones), or pass --insecure to dial it in "
+      "plaintext");
+}
+
+int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level, bool insecure) {
+  if (absl::Status link = CheckControllerLink(options, insecure); !link.ok()) {
+    std::fprintf(stderr, "furnace-worker: %s\n", std::string(link.message()).c_str());
+    return 2;
+  }
   auto device = furnace::worker::ProbeDevice(options.device_kind, options.slot);
   if (!device.ok()) {
     std::fprintf(stderr, "furnace-worker: --device-kind %s: %s\n", options.device_kind.c_str(),
@@ -46,9 +69,17 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  furnace::worker::Agent agent(options,
-                               furnace::v1::AgentService::NewStub(
-                                   furnace::worker::MakeControllerChannel(options.controller)));
+  if (insecure && !furnace::transport::IsLoopbackAddress(options.controller)) {
+    spdlog::warn("INSECURE (--insecure): dialing the controller at {} without TLS or a join token",
+                 options.controller);
+  }
+  auto channel = furnace::worker::MakeControllerChannel(
+      options.controller, options.channel_security, options.worker_id);
+  if (!channel.ok()) {
+    spdlog::error("{}", channel.status().ToString());
+    return 2;
+  }
+  furnace::worker::Agent agent(options, furnace::v1::AgentService::NewStub(*channel));
   std::atomic<bool> finished{false};
   std::thread signal_thread([&] {
     while (true) {
@@ -106,6 +137,16 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
+  std::string tls_ca, tls_cert, tls_key, join_token_file;
+  bool insecure = false;
+  app.add_option("--tls-ca", tls_ca, "PEM CA that signed the controller's certificate (TLS)");
+  app.add_option("--tls-cert", tls_cert,
+                 "PEM client certificate signed by the controller's --tls-ca");
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
+  app.add_option("--join-token-file", join_token_file,
+                 "file with the controller's join token (sent on every call; needs TLS)");
+  app.add_flag("--insecure", insecure,
+               "allow a non-loopback --controller without TLS and a join token");
 
   std::string task_path;
   CLI::App* rank = app.add_subcommand(
@@ -118,5 +159,13 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (rank->parsed()) return furnace::worker::RankMain(task_path);
-  return RunAgent(std::move(options), log_level);
+  // Absolute: ranks read them from their own working directories.
+  const auto absolute = [](const std::string& path) {
+    return path.empty() ? path : std::filesystem::absolute(path).string();
+  };
+  options.channel_security.set_tls_ca(absolute(tls_ca));
+  options.channel_security.set_tls_cert(absolute(tls_cert));
+  options.channel_security.set_tls_key(absolute(tls_key));
+  options.channel_security.set_join_token_file(absolute(join_token_file));
+  return RunAgent(std::move(options), log_level, insecure);
 }

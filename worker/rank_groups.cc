@@ -40,10 +40,11 @@ absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, dou
   furnace::v1::KvScope scope;
   scope.set_job_id(task.job_id());
   scope.set_attempt(task.attempt());
+  ASSIGN_OR_RETURN(auto channel, MakeControllerChannel(task.controller_address(),
+                                                       task.channel_security(), task.worker_id()));
   Rendezvous out;
-  out.store = std::make_shared<GrpcKvStore>(
-      furnace::v1::AgentService::NewStub(MakeControllerChannel(task.controller_address())), scope,
-      timeout_s);
+  out.store =
+      std::make_shared<GrpcKvStore>(furnace::v1::AgentService::NewStub(channel), scope, timeout_s);
   out.host = task.host().empty() ? "127.0.0.1" : task.host();
   spdlog::info("rendezvous: rank {} of {} on {} via {} (timeout {} s)", task.rank(),
                task.world_size(), out.host, task.controller_address(), timeout_s);

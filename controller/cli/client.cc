@@ -32,11 +32,11 @@ namespace {
 
 class GrpcJobClient : public JobClient {
  public:
-  GrpcJobClient(std::string address, double deadline_s)
+  GrpcJobClient(std::string address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                double deadline_s)
       : address_(std::move(address)),
         deadline_s_(deadline_s),
-        stub_(v1::JobService::NewStub(
-            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+        stub_(v1::JobService::NewStub(grpc::CreateChannel(address_, credentials))) {}
 
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
     return Call<v1::SubmitJobResponse>("SubmitJob", request, &v1::JobService::Stub::SubmitJob);
@@ -87,7 +87,13 @@ class GrpcJobClient : public JobClient {
 }  // namespace
 
 std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address, double deadline_s) {
-  return std::make_unique<GrpcJobClient>(address, deadline_s);
+  return NewGrpcJobClient(address, grpc::InsecureChannelCredentials(), deadline_s);
+}
+
+std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address,
+                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                            double deadline_s) {
+  return std::make_unique<GrpcJobClient>(address, credentials, deadline_s);
 }
 
 }  // namespace furnace::cli

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "furnace/v1/controller.pb.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/status.h"
 
 namespace furnace::cli {
@@ -26,8 +27,12 @@ class JobClient {
 };
 
 // A client for the controller at `address` (host:port). Each call has `deadline_s` to complete.
-// Creating it does not connect; the first call does.
+// Creating it does not connect; the first call does. Plaintext, or with `credentials` (TLS and the
+// token: transport::MakeChannelCredentials).
 std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address, double deadline_s = 10.0);
+std::unique_ptr<JobClient> NewGrpcJobClient(const std::string& address,
+                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                            double deadline_s = 10.0);
 
 // Turns a gRPC status from `rpc` against `address` into an absl::Status with the same code.
 // UNAVAILABLE says the controller cannot be reached and how to point at another one;

@@ -126,6 +126,16 @@ struct TokenizerTrainOptions {
 absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
                                       const TokenizerTrainOptions& options);
 
+struct CertsInitOptions {
+  std::string dir;
+  std::vector<std::string> hosts;  // extra SAN entries of the controller's certificate
+  bool force = false;              // overwrite existing files
+};
+// furnace certs init DIR: writes a development CA, controller/worker/CLI certificates and tokens
+// (transport/dev_certs.h) and prints the flags that use them; needs no controller. A file that
+// exists without --force -> a LocalError (exit 5) naming it; a bad --host -> INVALID_ARGUMENT.
+absl::StatusOr<int> RunCertsInit(const CommandContext& ctx, const CertsInitOptions& options);
+
 struct PlanOptions {
   std::string profile;     // a CostProfile JSON (moe/cost_model.h); empty: the default profile
   int ranks_per_node = 0;  // default profile: ranks per node; 0 = every rank on one node

@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
 #include "CLI/CLI.hpp"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "transport/credentials.h"
+#include "transport/token_file.h"
 
 namespace {
 
@@ -35,6 +38,33 @@ int main(int argc, char** argv) {
   app.add_option("--controller", controller, "furnace-controller address host:port")
       ->capture_default_str();
   app.add_flag("--json", json, "machine-readable output: one JSON document per command");
+  // TLS and the token (README "Security"). The token is never a flag value (it would show in ps
+  // and shell history): a file, or FURNACE_TOKEN.
+  furnace::transport::ClientSecurity security;
+  std::string token_file;
+  app.add_option("--tls-ca", security.tls.ca,
+                 "PEM CA of the controller's certificate: connect with TLS")
+      ->envname("FURNACE_TLS_CA");
+  app.add_option("--tls-cert", security.tls.cert, "PEM client certificate (optional with TLS)")
+      ->envname("FURNACE_TLS_CERT");
+  app.add_option("--tls-key", security.tls.key, "PEM private key of --tls-cert")
+      ->envname("FURNACE_TLS_KEY");
+  app.add_option("--token-file", token_file,
+                 "file holding the bearer token (default: the FURNACE_TOKEN environment variable)")
+      ->envname("FURNACE_TOKEN_FILE");
+
+  CertsInitOptions certs_options;
+  auto* certs = app.add_subcommand("certs", "development TLS certificates and tokens");
+  certs->require_subcommand(1);
+  auto* certs_init = certs->add_subcommand(
+      "init",
+      "make a development CA, controller/worker/CLI certificates (ECDSA P-256, one year) and "
+      "admin, read and join tokens in DIR (keys and tokens 0600)");
+  certs_init->add_option("DIR", certs_options.dir, "directory to write")->required();
+  certs_init->add_option("--host", certs_options.hosts,
+                         "another DNS name or IP address of the controller for its certificate "
+                         "(it always has localhost, 127.0.0.1 and ::1); repeatable");
+  certs_init->add_flag("--force", certs_options.force, "overwrite files that exist");
 
   std::string file;
   bool submit_watch = false;
@@ -183,7 +213,28 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  std::unique_ptr<JobClient> client = NewGrpcJobClient(controller);
+  // Commands that talk to the controller need the credentials; certs, plan and data do not.
+  const bool needs_controller = !*certs && !*plan && !*data;
+  std::unique_ptr<JobClient> client;
+  if (needs_controller) {
+    absl::Status token = absl::OkStatus();
+    if (!token_file.empty()) {
+      auto read = furnace::transport::ReadClientToken(token_file, "--token-file");
+      token = read.status();
+      if (read.ok()) security.token = *read;
+    } else if (const char* env = std::getenv("FURNACE_TOKEN"); env != nullptr && *env != '\0') {
+      token = furnace::transport::CheckToken(env, "FURNACE_TOKEN");
+      security.token = env;
+    }
+    auto credentials = token.ok()
+                           ? furnace::transport::MakeChannelCredentials(security)
+                           : absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>(token);
+    if (!credentials.ok()) {
+      std::cerr << "furnace: " << credentials.status().message() << "\n";
+      return kExitUsage;
+    }
+    client = NewGrpcJobClient(controller, *credentials);
+  }
   CommandContext ctx;
   ctx.client = client.get();
   ctx.out = &std::cout;
@@ -221,6 +272,8 @@ int main(int argc, char** argv) {
     result = RunTokenizerTrain(ctx, train_options);
   } else if (*plan) {
     result = RunPlan(ctx, file, plan_options);
+  } else if (*certs_init) {
+    result = RunCertsInit(ctx, certs_options);
   }
   std::cout.flush();
   if (result.ok()) return *result;

@@ -78,6 +78,7 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
                                    dir.string(),
                                    "--log-level",
                                    options_.log_level};
+  args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   // Everything the child needs is prepared before fork: between fork and exec only
   // async-signal-safe calls.
   std::vector<char*> argv;

@@ -26,6 +26,9 @@ struct LocalLauncherOptions {
   std::string controller_address;  // what the workers dial
   std::string state_dir;           // workers get <state_dir>/workers/slot-<i>
   std::string log_level = "info";
+  // Passed on to every worker after the flags above: the controller's TLS files, join token file
+  // and --insecure (main.cc), so local workers dial it the way it listens.
+  std::vector<std::string> extra_args;
 };
 
 class LocalLauncher {

@@ -18,6 +18,7 @@
 #include "controller/service/grpc_services.h"
 #include "controller/service/local_launcher.h"
 #include "controller/service/options.h"
+#include "controller/service/server_security.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -50,12 +51,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.advertise_address = f.advertise.empty() ? f.listen : f.advertise;
+  auto security = furnace::controller::MakeServerSecurity(f);
+  if (!security.ok()) {
+    std::cerr << "furnace-controller: " << security.status().message() << "\n";
+    return 2;
+  }
+  for (const std::string& warning : security->warnings) {
+    spdlog::warn("INSECURE (--insecure): {}", warning);
+  }
   std::unique_ptr<furnace::controller::Controller> controller;
   std::unique_ptr<furnace::controller::JobServiceImpl> jobs;
   std::unique_ptr<furnace::controller::AgentServiceImpl> agents;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(f.listen, security->credentials, &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   auto c = furnace::controller::Controller::Create(options);
   if (!c.ok()) {
@@ -73,7 +82,9 @@ int main(int argc, char** argv) {
               << " (address in use or not valid)\n";
     return 1;
   }
-  spdlog::info("listening on {} (state dir {})", f.listen, options.state_dir);
+  spdlog::info(
+      "listening on {} ({}{}; state dir {})", f.listen, security->tls ? "mutual TLS" : "plaintext",
+      security->tls ? (security->tokens ? ", tokens" : ", no tokens") : "", options.state_dir);
 
   // Prometheus /metrics and the dashboard: plain renderings of the controller's state.
   std::unique_ptr<furnace::controller::http::MonitoringServer> monitoring;
@@ -84,8 +95,10 @@ int main(int argc, char** argv) {
     mo.web_root = f.web_root.empty() ? http::DefaultWebRoot() : f.web_root;
     http::MonitoringHandlers handlers;
     auto* c = controller.get();
-    handlers.metrics_text = [c] {
-      return furnace::controller::metrics::RenderMetrics(c->Metrics());
+    const bool insecure = security->insecure;
+    handlers.metrics_text = [c, insecure] {
+      return furnace::controller::metrics::RenderMetrics(c->Metrics()) +
+             furnace::controller::InsecureGaugeText(insecure);
     };
     handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
       furnace::v1::ListJobsResponse jobs;
@@ -123,6 +136,17 @@ int main(int argc, char** argv) {
     lo.controller_address = options.advertise_address;
     lo.state_dir = options.state_dir;
     lo.log_level = f.log_level;
+    // Local workers dial the controller the way it listens: its own certificate (certs init gives
+    // it client usage too) and join token; --insecure where the advertised address needs it.
+    const auto pass = [&lo](const char* flag, const std::string& path) {
+      if (!path.empty()) lo.extra_args.insert(lo.extra_args.end(), {flag, path});
+    };
+    pass("--tls-ca", f.tls_ca.empty() ? "" : std::filesystem::absolute(f.tls_ca).string());
+    pass("--tls-cert", f.tls_cert.empty() ? "" : std::filesystem::absolute(f.tls_cert).string());
+    pass("--tls-key", f.tls_key.empty() ? "" : std::filesystem::absolute(f.tls_key).string());
+    pass("--join-token-file",
+         f.join_token_file.empty() ? "" : std::filesystem::absolute(f.join_token_file).string());
+    if (f.insecure) lo.extra_args.push_back("--insecure");
     launcher = std::make_unique<furnace::controller::LocalLauncher>(lo, *controller);
     launcher->Start();
   }

@@ -35,6 +35,19 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
       ->capture_default_str();
   app.add_option("--web-root", flags.web_root,
                  "dashboard files (default: share/furnace/web next to bin/)");
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "PEM certificate of the gRPC listener; with --tls-key and --tls-ca: mutual TLS "
+                 "(agents need a client certificate the CA signed)");
+  app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", flags.tls_ca, "PEM CA that signs the agents' client certificates");
+  app.add_option("--token-file", flags.token_file,
+                 "bearer tokens for JobService, one `<token> <role> <name>` a line (role admin: "
+                 "everything; read: read-only calls); needs TLS");
+  app.add_option("--join-token-file", flags.join_token_file,
+                 "file with the token agents must present on every AgentService call; needs TLS");
+  app.add_flag("--insecure", flags.insecure,
+               "allow a non-loopback --listen or --metrics-listen without TLS and tokens "
+               "(anyone who reaches it can submit jobs)");
 }
 
 }  // namespace furnace::controller

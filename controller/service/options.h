@@ -22,6 +22,13 @@ struct ControllerFlags {
   std::string log_level = "info";
   std::string metrics_listen = "127.0.0.1:9464";  // empty: no HTTP server
   std::string web_root;                           // empty: share/furnace/web next to bin/
+  // Transport security (server_security.h, README "Security").
+  std::string tls_cert;         // PEM certificate of the gRPC (and HTTPS) listener
+  std::string tls_key;          // its private key
+  std::string tls_ca;           // CA that signs agents' client certificates
+  std::string token_file;       // `<token> <role> <name>` lines; empty: JobService open
+  std::string join_token_file;  // the token agents present; empty: certificate only
+  bool insecure = false;        // allow a non-loopback listen without TLS and tokens
 };
 
 // Adds --config and every option to `app`, each bound to its field of `flags` (which must

@@ -61,7 +61,12 @@ def processes_under(path):
 
 
 class Cluster:
-    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None):
+    """`tls=True`: `furnace certs init` makes a CA, certificates and tokens in <state>/certs; the
+    controller listens with mutual TLS, a token file and a join token (its local workers dial it
+    with its certificate and the join token), and cli() sends the admin token unless told
+    `token="read"` or `token=None`."""
+
+    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None, tls=False):
         self.state = tempfile.mkdtemp(prefix="furnace-it-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -72,6 +77,20 @@ class Cluster:
         self.metrics_port = metrics_port or free_port()
         self.controller = None
         self.log = open(os.path.join(self.state, "controller.out"), "ab")
+        self.tls = tls
+        self.certs = os.path.join(self.state, "certs") if tls else None
+        if tls:
+            subprocess.run([os.path.join(BIN_DIR, "furnace"), "certs", "init", self.certs],
+                           check=True, capture_output=True, timeout=60)
+
+    def security_flags(self):
+        """The controller's TLS and token flags (none without tls)."""
+        if not self.tls:
+            return []
+        c = self.certs
+        return ["--tls-ca", f"{c}/ca.pem", "--tls-cert", f"{c}/controller.pem",
+                "--tls-key", f"{c}/controller.key", "--token-file", f"{c}/tokens",
+                "--join-token-file", f"{c}/join.token"]
 
     # -- processes -------------------------------------------------------------------------
     def start(self, wait_workers=True):
@@ -79,7 +98,7 @@ class Cluster:
             [os.path.join(BIN_DIR, "furnace-controller"), "--listen", self.addr,
              "--state-dir", self.state, "--local-workers", str(self.workers),
              "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout),
-             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.security_flags()],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_up()
         if wait_workers:
@@ -134,9 +153,17 @@ class Cluster:
         return "\n".join(out)
 
     # -- CLI -------------------------------------------------------------------------------
-    def cli(self, *args, timeout=120):
+    def cli(self, *args, timeout=120, token="admin"):
+        """`furnace --controller ADDR ARGS`; with tls, over TLS with <certs>/<token>.token."""
+        flags = []
+        if self.tls:
+            flags = ["--tls-ca", f"{self.certs}/ca.pem"]
+            if token:
+                flags += ["--token-file", f"{self.certs}/{token}.token"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FURNACE_TOKEN")}
         return subprocess.run([os.path.join(BIN_DIR, "furnace"), "--controller", self.addr,
-                               *args], capture_output=True, text=True, timeout=timeout)
+                               *flags, *args], capture_output=True, text=True, timeout=timeout,
+                              env=env)
 
     def cli_json(self, *args):
         r = self.cli("--json", *args)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the source tree keeps the layering of DESIGN.md "Layout of the source tree".
 
-Reads two graphs of the code under controller/ worker/ runtime/ kernels/ proto/ (not tests/ or
-bench/):
+Reads two graphs of the code under controller/ worker/ runtime/ transport/ kernels/ proto/ (not
+tests/ or bench/):
   - the include graph: every #include of a project file (and of gRPC, protobuf and CUDA headers),
     with the file and line it is on;
   - the CMake link graph: add_library/add_executable and target_link_libraries of the
@@ -22,9 +22,9 @@ import os
 import re
 import sys
 
-SOURCE_DIRS = ("controller", "worker", "runtime", "kernels", "proto")
+SOURCE_DIRS = ("controller", "worker", "runtime", "transport", "kernels", "proto")
 SOURCE_EXTS = (".h", ".cc", ".cu", ".cuh")
-PROJECT = "controller*|worker|runtime*|kernels|proto"
+PROJECT = "controller*|worker|runtime*|transport|kernels|proto"
 
 # The forbidden edges: (from, to, unless, why). A dependency of a `from` component on a `to`
 # component is a violation unless it also matches `unless`. Patterns: fnmatch globs joined by "|".
@@ -33,14 +33,17 @@ RULES = [
      "kernels/ is the leaf: no project dependencies"),
     ("proto", PROJECT, "proto",
      "proto/ is generated code below everything else"),
-    ("runtime*", "proto|ext:grpc|ext:protobuf", "",
+    ("runtime*", "proto|ext:grpc|ext:protobuf|transport", "",
      "runtime/ has no gRPC and no protobuf: it is a library a user could embed"),
+    ("transport", PROJECT, "transport|runtime/base",
+     "transport/ (gRPC credentials, tokens, the dev CA) sits below both daemons and the CLI: "
+     "it may use runtime/base, nothing else of the project (no proto, no runtime)"),
     ("runtime*", "worker|controller*", "",
      "dependencies point down: the runtime is below the daemons"),
     ("worker", "controller*", "",
-     "worker/ and controller/ share only proto/ and runtime/base"),
+     "worker/ and controller/ share only proto/, transport/ and runtime/base"),
     ("controller*", "worker", "",
-     "worker/ and controller/ share only proto/ and runtime/base"),
+     "worker/ and controller/ share only proto/, transport/ and runtime/base"),
     ("controller*", "kernels|ext:cuda", "",
      "controller/ never links CUDA or the kernels"),
     ("controller", "runtime*", "runtime/base",

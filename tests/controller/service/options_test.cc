@@ -85,6 +85,24 @@ TEST(ControllerOptions, FlagsSetEveryOption) {
   EXPECT_EQ(f.web_root, "/web");
 }
 
+TEST(ControllerOptions, SecurityKeysFromTheConfigFile) {
+  const std::string path = WriteConfig("controller_security.yaml",
+                                       "tls-cert: /etc/furnace/controller.pem\n"
+                                       "tls_key: /etc/furnace/controller.key\n"
+                                       "tls-ca: /etc/furnace/ca.pem\n"
+                                       "token-file: /etc/furnace/tokens\n"
+                                       "join-token-file: /etc/furnace/join.token\n"
+                                       "insecure: true\n");
+  const ControllerFlags f = Parsed({"--config", path});
+  EXPECT_EQ(f.tls_cert, "/etc/furnace/controller.pem");
+  EXPECT_EQ(f.tls_key, "/etc/furnace/controller.key");
+  EXPECT_EQ(f.tls_ca, "/etc/furnace/ca.pem");
+  EXPECT_EQ(f.token_file, "/etc/furnace/tokens");
+  EXPECT_EQ(f.join_token_file, "/etc/furnace/join.token");
+  EXPECT_TRUE(f.insecure);
+  EXPECT_FALSE(Parsed({}).insecure);
+}
+
 TEST(ControllerOptions, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   const std::string path = WriteConfig("controller_all.yaml",
                                        "listen: 10.0.0.1:7070\n"
@@ -149,7 +167,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
-              "log-level, metrics-listen, web-root");
+              "log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, token-file, "
+              "join-token-file, insecure");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);

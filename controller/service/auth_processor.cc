@@ -1,0 +1,133 @@
+#include "controller/service/auth_processor.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "transport/credentials.h"
+
+namespace furnace::controller {
+namespace {
+
+constexpr absl::string_view kJobService = "/furnace.v1.JobService/";
+constexpr absl::string_view kAgentService = "/furnace.v1.AgentService/";
+constexpr absl::string_view kBearer = "Bearer ";
+
+// Compares in time that depends on the lengths only, not on where the first difference is.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// "JobService/SubmitJob" from "/furnace.v1.JobService/SubmitJob".
+std::string ShortName(absl::string_view method) {
+  const size_t dot = method.rfind('.');
+  return std::string(dot == absl::string_view::npos ? method : method.substr(dot + 1));
+}
+
+// The token of an `authorization: Bearer <token>` header, or empty.
+absl::string_view BearerToken(const std::optional<std::string>& header) {
+  if (!header || !absl::StartsWith(*header, kBearer)) return {};
+  return absl::string_view(*header).substr(kBearer.size());
+}
+
+const transport::TokenEntry* FindToken(const AuthPolicy& policy, absl::string_view token) {
+  const transport::TokenEntry* found = nullptr;
+  for (const auto& entry : policy.tokens) {
+    if (SameSecret(entry.token, token)) found = &entry;  // no early exit: same time for all
+  }
+  return found;
+}
+
+AuthDecision Refuse(grpc::StatusCode code, std::string message) {
+  return {grpc::Status(code, std::move(message)), "", ""};
+}
+
+AuthDecision AuthorizeAgent(const AuthPolicy& policy, const AuthRequest& request,
+                            const std::string& name) {
+  if (!request.peer_certificate_verified) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                  absl::StrCat(name,
+                               " needs a client certificate signed by the controller's CA "
+                               "(furnace-worker --tls-cert/--tls-key)"));
+  }
+  if (!policy.join_token.empty()) {
+    const absl::string_view token = BearerToken(request.authorization);
+    if (token.empty() || !SameSecret(token, policy.join_token)) {
+      return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                    absl::StrCat(name, " needs the join token (furnace-worker --join-token-file)"));
+    }
+  }
+  const std::string id = request.worker_id.empty() ? "unknown" : request.worker_id;
+  return {grpc::Status::OK, "agent:" + id, "agent"};
+}
+
+}  // namespace
+
+AuthDecision Authorize(const AuthPolicy& policy, const AuthRequest& request) {
+  const std::string name = ShortName(request.method);
+  if (absl::StartsWith(request.method, kAgentService)) {
+    return AuthorizeAgent(policy, request, name);
+  }
+  if (policy.tokens.empty()) return {grpc::Status::OK, "anonymous", "anonymous"};
+
+  bool read_only = false;
+  if (absl::StartsWith(request.method, kJobService)) {
+    const absl::string_view method = absl::string_view(request.method).substr(kJobService.size());
+    read_only = std::any_of(std::begin(kReadOnlyJobMethods), std::end(kReadOnlyJobMethods),
+                            [&](const char* m) { return method == m; });
+  }
+  const char* needed = read_only ? "read or admin" : "admin";
+  const absl::string_view token = BearerToken(request.authorization);
+  if (token.empty()) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                  absl::StrCat(name, " needs a token with role ", needed,
+                               " (furnace --token-file FILE, or FURNACE_TOKEN)"));
+  }
+  const transport::TokenEntry* entry = FindToken(policy, token);
+  if (entry == nullptr) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                  absl::StrCat(name, ": the token is not in the controller's --token-file (",
+                               needed, " needed)"));
+  }
+  if (!read_only && entry->role != transport::Role::kAdmin) {
+    return Refuse(grpc::StatusCode::PERMISSION_DENIED,
+                  absl::StrCat(name, " needs role admin; the token of `", entry->name,
+                               "` has role ", transport::RoleName(entry->role)));
+  }
+  return {grpc::Status::OK, entry->name, transport::RoleName(entry->role)};
+}
+
+grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
+                                         grpc::AuthContext* context,
+                                         OutputMetadata* consumed_auth_metadata,
+                                         OutputMetadata* /*response_metadata*/) {
+  AuthRequest request;
+  const auto text = [](const grpc::string_ref& s) { return std::string(s.data(), s.size()); };
+  if (auto it = auth_metadata.find(":path"); it != auth_metadata.end()) {
+    request.method = text(it->second);
+  }
+  if (auto it = auth_metadata.find(transport::kAuthorizationKey); it != auth_metadata.end()) {
+    request.authorization = text(it->second);
+    consumed_auth_metadata->insert({text(it->first), text(it->second)});
+  }
+  if (auto it = auth_metadata.find(transport::kWorkerIdKey); it != auth_metadata.end()) {
+    request.worker_id = text(it->second);
+  }
+  request.peer_certificate_verified = context->IsPeerAuthenticated();
+  AuthDecision decision = Authorize(policy_, request);
+  if (!decision.status.ok()) {
+    spdlog::warn("refused {} from {}: {}", request.method.empty() ? "a call" : request.method,
+                 request.worker_id.empty() ? "a client" : "worker " + request.worker_id,
+                 decision.status.error_message());
+    return decision.status;
+  }
+  context->AddProperty(kIdentityProperty, decision.identity);
+  context->AddProperty(kRoleProperty, decision.role);
+  return grpc::Status::OK;
+}
+
+}  // namespace furnace::controller

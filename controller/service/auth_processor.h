@@ -1,0 +1,69 @@
+// Who may call what on the controller's gRPC server. Installed on the TLS server credentials
+// (grpc::AuthMetadataProcessor runs before every call; tokens are only accepted over TLS), it:
+//   - JobService: with a --token-file, demands `authorization: Bearer <token>` of a listed token;
+//     the read role may call the read-only methods (kReadOnlyJobMethods), everything else needs
+//     admin. Without a token file JobService is open (identity `anonymous`).
+//   - AgentService: demands a client certificate verified against --tls-ca (the credentials
+//     request one and verify it when presented, but cannot require it, or the CLI would need one:
+//     transport/credentials.h) and, with a --join-token-file, the join token.
+//   - any other service: admin (when tokens are on).
+// No token -> UNAUTHENTICATED; a token without the role -> PERMISSION_DENIED; each message names
+// the method and the role or credential it needs. A call let through carries the AuthContext
+// property `furnace.identity` (the token's name, or `agent:<worker id>`, or `anonymous`), read
+// with CallerIdentity (caller_identity.h), and `furnace.role`.
+// Thread-safe: the policy is immutable after construction.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "grpcpp/security/auth_metadata_processor.h"
+#include "transport/token_file.h"
+
+namespace furnace::controller {
+
+inline constexpr char kIdentityProperty[] = "furnace.identity";
+inline constexpr char kRoleProperty[] = "furnace.role";
+
+// The JobService methods the read role may call. A method not listed needs admin, so a new RPC is
+// admin-only until someone decides it is read-only.
+inline constexpr const char* kReadOnlyJobMethods[] = {"ListJobs", "GetJob",       "ListWorkers",
+                                                      "GetLogs",  "GetJobSeries", "ListEvents"};
+
+struct AuthPolicy {
+  std::vector<transport::TokenEntry> tokens;  // empty: JobService needs no token
+  std::string join_token;                     // empty: AgentService needs only the certificate
+};
+
+// One call as the processor sees it.
+struct AuthRequest {
+  std::string method;                        // ":path", e.g. /furnace.v1.JobService/SubmitJob
+  std::optional<std::string> authorization;  // the `authorization` header, if any
+  std::string worker_id;                     // the `furnace-worker-id` header, if any
+  bool peer_certificate_verified = false;    // a client certificate the CA signed
+};
+
+struct AuthDecision {
+  grpc::Status status;
+  std::string identity;  // when status is OK
+  std::string role;      // admin | read | agent | anonymous
+};
+
+// The decision for one call (pure; the processor below is this plus gRPC's plumbing).
+AuthDecision Authorize(const AuthPolicy& policy, const AuthRequest& request);
+
+class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenAuthProcessor(AuthPolicy policy) : policy_(std::move(policy)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override;
+
+ private:
+  const AuthPolicy policy_;
+};
+
+}  // namespace furnace::controller

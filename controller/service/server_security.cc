@@ -1,0 +1,85 @@
+#include "controller/service/server_security.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "controller/service/auth_processor.h"
+#include "runtime/base/status.h"
+#include "transport/credentials.h"
+#include "transport/listen_address.h"
+#include "transport/token_file.h"
+
+namespace furnace::controller {
+
+absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) {
+  ServerSecurity out;
+  const transport::TlsFiles tls{flags.tls_ca, flags.tls_cert, flags.tls_key};
+  out.tls = tls.enabled();
+  out.tokens = !flags.token_file.empty();
+  out.insecure = flags.insecure;
+  if (!out.tls && (out.tokens || !flags.join_token_file.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(out.tokens ? "--token-file" : "--join-token-file",
+                     " needs TLS (--tls-cert, --tls-key, --tls-ca): a bearer token is never "
+                     "accepted in the clear"));
+  }
+
+  // The listen rule.
+  std::vector<std::string> missing;
+  if (!out.tls) missing.push_back("--tls-cert, --tls-key, --tls-ca");
+  if (!out.tokens) missing.push_back("--token-file");
+  if (flags.join_token_file.empty()) missing.push_back("--join-token-file");
+  if (!transport::IsLoopbackAddress(flags.listen) && !missing.empty()) {
+    const std::string what = absl::StrCat("--listen ", flags.listen,
+                                          " is not a loopback address and the controller has no ",
+                                          absl::StrJoin(missing, ", "));
+    if (!flags.insecure) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what,
+                       ": give them (`furnace certs init DIR` makes development ones), listen on "
+                       "127.0.0.1, or pass --insecure to run it open to anyone who can reach it"));
+    }
+    out.warnings.push_back(absl::StrCat(what, ": anyone who can reach it can submit jobs"));
+  }
+  // The HTTP listener has no TLS: Debian's civetweb 1.15 loads libssl at run time with an OpenSSL
+  // 1.1 function table, and under OpenSSL 3 its first TLS connection calls a null function
+  // (seen in gdb: a segfault in a civetweb worker thread). So beyond loopback it needs --insecure;
+  // put a TLS reverse proxy in front of it, or scrape it on the host.
+  if (!flags.metrics_listen.empty() && !transport::IsLoopbackAddress(flags.metrics_listen)) {
+    const std::string what = absl::StrCat("--metrics-listen ", flags.metrics_listen,
+                                          " is not a loopback address and the metrics/dashboard "
+                                          "listener has no TLS");
+    if (!flags.insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          ": listen on 127.0.0.1 (behind a TLS reverse proxy), or pass --insecure to serve "
+          "plain HTTP"));
+    }
+    out.warnings.push_back(absl::StrCat(what, ": /metrics and the dashboard are plain HTTP"));
+  }
+
+  ASSIGN_OR_RETURN(out.credentials, transport::MakeServerCredentials(tls));
+  if (out.tls) {
+    AuthPolicy policy;
+    if (out.tokens) {
+      ASSIGN_OR_RETURN(policy.tokens, transport::ReadTokenFile(flags.token_file, "--token-file"));
+    }
+    if (!flags.join_token_file.empty()) {
+      ASSIGN_OR_RETURN(policy.join_token,
+                       transport::ReadClientToken(flags.join_token_file, "--join-token-file"));
+    }
+    out.credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenAuthProcessor>(std::move(policy)));
+  }
+  return out;
+}
+
+std::string InsecureGaugeText(bool insecure) {
+  return absl::StrCat(
+      "# HELP furnace_controller_insecure 1 when the controller runs with --insecure (a "
+      "non-loopback listener may lack TLS or tokens)\n"
+      "# TYPE furnace_controller_insecure gauge\n"
+      "furnace_controller_insecure ",
+      insecure ? 1 : 0, "\n");
+}
+
+}  // namespace furnace::controller

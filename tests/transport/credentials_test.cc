@@ -1,0 +1,141 @@
+#include "transport/credentials.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "transport/dev_certs.h"
+#include "transport/token_file.h"
+
+namespace furnace::transport {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class DevCertsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("furnace_transport_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    DevCertsOptions options;
+    options.dir = dir_.string();
+    options.hosts = {"ctl.example", "10.1.2.3"};
+    auto files = WriteDevCerts(options);
+    ASSERT_TRUE(files.ok()) << files.status();
+    files_ = *files;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string F(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+  std::vector<std::string> files_;
+};
+
+X509* ReadCert(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  X509* cert = f ? PEM_read_X509(f, nullptr, nullptr, nullptr) : nullptr;
+  if (f) std::fclose(f);
+  return cert;
+}
+
+TEST_F(DevCertsTest, WritesKeysAndTokensPrivateAndCertificatesTheCaSigned) {
+  EXPECT_EQ(files_.size(), 12u);
+  for (const char* name : {"ca.key", "controller.key", "worker.key", "cli.key", "tokens",
+                           "admin.token", "read.token", "join.token"}) {
+    struct stat st {};
+    ASSERT_EQ(stat(F(name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << name;
+  }
+  X509* ca = ReadCert(F("ca.pem"));
+  X509* controller = ReadCert(F("controller.pem"));
+  X509* worker = ReadCert(F("worker.pem"));
+  ASSERT_TRUE(ca && controller && worker);
+  EVP_PKEY* ca_key = X509_get0_pubkey(ca);
+  EXPECT_EQ(X509_verify(controller, ca_key), 1);
+  EXPECT_EQ(X509_verify(worker, ca_key), 1);
+  for (const char* host : {"localhost", "ctl.example"}) {
+    EXPECT_EQ(X509_check_host(controller, host, 0, 0, nullptr), 1) << host;
+  }
+  for (const char* ip : {"127.0.0.1", "10.1.2.3"}) {
+    EXPECT_EQ(X509_check_ip_asc(controller, ip, 0), 1) << ip;
+  }
+  EXPECT_NE(X509_check_host(worker, "localhost", 0, 0, nullptr), 1);
+  X509_free(ca);
+  X509_free(controller);
+  X509_free(worker);
+
+  auto tokens = ReadTokenFile(F("tokens"), "--token-file");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].role, Role::kAdmin);
+  EXPECT_EQ(*ReadClientToken(F("admin.token"), "--token-file"), (*tokens)[0].token);
+  EXPECT_EQ(*ReadClientToken(F("read.token"), "--token-file"), (*tokens)[1].token);
+}
+
+TEST_F(DevCertsTest, RefusesToOverwriteWithoutForce) {
+  const std::string before = *ReadClientToken(F("join.token"), "f");
+  DevCertsOptions again;
+  again.dir = dir_.string();
+  auto refused = WriteDevCerts(again);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--force"));
+  EXPECT_EQ(*ReadClientToken(F("join.token"), "f"), before);
+  again.force = true;
+  ASSERT_TRUE(WriteDevCerts(again).ok());
+  EXPECT_NE(*ReadClientToken(F("join.token"), "f"), before);
+}
+
+TEST_F(DevCertsTest, RefusesABadHost) {
+  DevCertsOptions bad;
+  bad.dir = (dir_ / "other").string();
+  bad.hosts = {"bad host!"};
+  auto refused = WriteDevCerts(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--host `bad host!`"));
+}
+
+TEST_F(DevCertsTest, ServerCredentialsNeedAllThreeFilesThatMatch) {
+  EXPECT_TRUE(MakeServerCredentials({F("ca.pem"), F("controller.pem"), F("controller.key")}).ok());
+  auto partial = MakeServerCredentials({"", F("controller.pem"), F("controller.key")});
+  EXPECT_THAT(partial.status().message(), HasSubstr("--tls-ca"));
+  auto no_key = MakeServerCredentials({F("ca.pem"), F("controller.pem"), ""});
+  EXPECT_THAT(no_key.status().message(), HasSubstr("--tls-cert, --tls-key and --tls-ca"));
+  auto mismatch = MakeServerCredentials({F("ca.pem"), F("controller.pem"), F("worker.key")});
+  EXPECT_THAT(mismatch.status().message(), HasSubstr("--tls-key is not the private key"));
+  auto not_pem = MakeServerCredentials({F("tokens"), F("controller.pem"), F("controller.key")});
+  EXPECT_THAT(not_pem.status().message(), HasSubstr("--tls-ca"));
+  EXPECT_THAT(not_pem.status().message(), HasSubstr("not a PEM certificate"));
+  auto missing = MakeServerCredentials({F("ca.pem"), F("nope.pem"), F("controller.key")});
+  EXPECT_THAT(missing.status().message(), HasSubstr("--tls-cert"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("cannot read"));
+}
+
+TEST_F(DevCertsTest, ChannelCredentialsSendATokenOnlyOverTls) {
+  ClientSecurity plain;
+  EXPECT_TRUE(MakeChannelCredentials(plain).ok());
+  plain.token = "0123456789abcdef";
+  auto refused = MakeChannelCredentials(plain);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--tls-ca"));
+
+  ClientSecurity tls;
+  tls.tls.ca = F("ca.pem");
+  tls.token = "0123456789abcdef";
+  EXPECT_TRUE(MakeChannelCredentials(tls).ok());
+  tls.tls.cert = F("cli.pem");
+  EXPECT_THAT(MakeChannelCredentials(tls).status().message(), HasSubstr("go together"));
+  tls.tls.key = F("cli.key");
+  EXPECT_TRUE(MakeChannelCredentials(tls).ok());
+}
+
+}  // namespace
+}  // namespace furnace::transport

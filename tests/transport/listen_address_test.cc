@@ -1,0 +1,23 @@
+#include "transport/listen_address.h"
+
+#include <gtest/gtest.h>
+
+namespace furnace::transport {
+namespace {
+
+TEST(IsLoopbackAddress, LoopbackHostsAndUnixSockets) {
+  for (const char* a : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "[::1]:7070",
+                        "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555", "unix:/tmp/furnace.sock"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+}
+
+TEST(IsLoopbackAddress, EverythingElseIsNot) {
+  for (const char* a : {"0.0.0.0:0", "[::]:7070", "10.0.0.5:7070", "controller.example:7070",
+                        "128.0.0.1:1", "[::1:7070", "", "ipv4:192.168.1.2:80"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
+}  // namespace
+}  // namespace furnace::transport

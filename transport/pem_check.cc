@@ -1,0 +1,90 @@
+#include "transport/pem_check.h"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "transport/openssl_ptr.h"
+
+namespace furnace::transport {
+namespace {
+
+Bio MemoryBio(const std::string& text) {
+  return Bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+}
+
+// OpenSSL's per-thread error queue is left empty: gRPC's own TLS code on this thread reads it.
+Cert FirstCertificate(const std::string& pem) {
+  auto bio = MemoryBio(pem);
+  Cert cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  return cert;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read the file"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status CheckCertificatePem(const std::string& pem, const std::string& flag) {
+  if (!FirstCertificate(pem)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": not a PEM certificate (expected -----BEGIN CERTIFICATE-----)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::string& cert_pem) {
+  auto bio = MemoryBio(key_pem);
+  Key key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  if (!key) {
+    return absl::InvalidArgumentError(
+        "--tls-key: not an unencrypted PEM private key (expected -----BEGIN PRIVATE KEY-----)");
+  }
+  auto cert = FirstCertificate(cert_pem);
+  if (!cert) return CheckCertificatePem(cert_pem, "--tls-cert");
+  const bool matches = X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (!matches) {
+    return absl::InvalidArgumentError("--tls-key is not the private key of --tls-cert");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileWithMode(const std::string& path, const std::string& text, mode_t mode) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
+  // O_CREAT's mode does not apply to a file that exists (--force), and the umask narrows it.
+  bool ok = fchmod(fd, mode) == 0;
+  size_t done = 0;
+  while (ok && done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  const int saved = errno;
+  ok = close(fd) == 0 && ok;
+  if (!ok) return absl::InternalError(absl::StrCat(path, ": ", std::strerror(saved)));
+  return absl::OkStatus();
+}
+
+}  // namespace furnace::transport

@@ -1,0 +1,27 @@
+// Reads and checks the PEM files named by the --tls-* flags with OpenSSL, so a missing, unreadable
+// or mismatched file is an error naming the flag at start rather than a failed handshake later;
+// and writes key and token files with the mode they need.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace furnace::transport {
+
+// The whole file at `path`; InvalidArgument names `flag` and the path when it cannot be read.
+absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, const std::string& flag);
+
+// `pem` holds at least one X.509 certificate (`flag` names the source in the error).
+absl::Status CheckCertificatePem(const std::string& pem, const std::string& flag);
+
+// `key_pem` is a private key that belongs to the first certificate of `cert_pem`.
+absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::string& cert_pem);
+
+// Writes `text` to `path` (created or truncated) and sets its mode to exactly `mode` (0600 for
+// keys and tokens), whatever the umask or an existing file's mode. Internal error naming the path.
+absl::Status WriteFileWithMode(const std::string& path, const std::string& text, mode_t mode);
+
+}  // namespace furnace::transport
