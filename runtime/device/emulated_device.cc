@@ -40,9 +40,8 @@ struct EventState {
     std::pair<EventState*, uint64_t> arg{this, generation};
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(
-        +[](std::pair<EventState*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return a->first->completed >= a->second;
-        },
+        +[](std::pair<EventState*, uint64_t>* a)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->first->completed >= a->second; },
         &arg));
   }
 };
@@ -90,9 +89,8 @@ class EmulatedStream final : public Stream {
     absl::MutexLock lock(&mu_);
     std::pair<EmulatedStream*, uint64_t> arg{this, enqueued_};
     mu_.Await(absl::Condition(
-        +[](std::pair<EmulatedStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return a->first->executed_ >= a->second;
-        },
+        +[](std::pair<EmulatedStream*, uint64_t>* a)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->first->executed_ >= a->second; },
         &arg));
   }
 
@@ -357,10 +355,10 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     if (Owns(ptr, bytes) == want_device) return absl::OkStatus();
     static constexpr const char* kKinds[] = {"host->device", "device->host", "device->device",
                                              "host->host"};
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %s copy of %d bytes: the %s %p is %s memory, not %s memory", options_.name,
-        kKinds[static_cast<int>(kind)], bytes, side, ptr, want_device ? "host" : "device",
-        want_device ? "device" : "host"));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s copy of %d bytes: the %s %p is %s memory, not %s memory",
+                        options_.name, kKinds[static_cast<int>(kind)], bytes, side, ptr,
+                        want_device ? "host" : "device", want_device ? "device" : "host"));
   }
 
   const EmulatedDeviceOptions options_;
@@ -392,9 +390,8 @@ absl::StatusOr<std::unique_ptr<EmulatedDevice>> CreateEmulatedDevice(
   if (ftruncate(fd, static_cast<off_t>(options.memory_bytes)) != 0) {
     const int err = errno;
     close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("emulated device: ftruncate to ", options.memory_bytes,
-                     " bytes: ", std::strerror(err)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "emulated device: ftruncate to ", options.memory_bytes, " bytes: ", std::strerror(err)));
   }
   void* device_view = mmap(nullptr, options.memory_bytes, PROT_NONE, MAP_SHARED, fd, 0);
   void* rw_view = device_view == MAP_FAILED ? MAP_FAILED
@@ -404,9 +401,8 @@ absl::StatusOr<std::unique_ptr<EmulatedDevice>> CreateEmulatedDevice(
     const int err = errno;
     if (device_view != MAP_FAILED) munmap(device_view, options.memory_bytes);
     close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("emulated device: mmap of ",
-                                                     options.memory_bytes,
-                                                     " bytes: ", std::strerror(err)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "emulated device: mmap of ", options.memory_bytes, " bytes: ", std::strerror(err)));
   }
   return std::unique_ptr<EmulatedDevice>(new EmulatedDeviceImpl(
       std::move(options), fd, static_cast<char*>(device_view), static_cast<char*>(rw_view)));

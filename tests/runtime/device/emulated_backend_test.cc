@@ -79,8 +79,7 @@ class EmulatedBackendTest : public ::testing::Test {
     for (const Bytes& b : buffers) {
       auto d = dev_->Allocate(b.size());
       EXPECT_TRUE(d.ok()) << d.status();
-      EXPECT_TRUE(
-          dev_->Copy(*d, b.data(), b.size(), CopyKind::kHostToDevice, *stream_).ok());
+      EXPECT_TRUE(dev_->Copy(*d, b.data(), b.size(), CopyKind::kHostToDevice, *stream_).ok());
       dev.push_back(*d);
     }
     {
@@ -90,9 +89,8 @@ class EmulatedBackendTest : public ::testing::Test {
     std::vector<Bytes> out;
     for (size_t i = 0; i < buffers.size(); ++i) {
       out.emplace_back(buffers[i].size());
-      EXPECT_TRUE(dev_->Copy(out[i].data(), dev[i], out[i].size(), CopyKind::kDeviceToHost,
-                             *stream_)
-                      .ok());
+      EXPECT_TRUE(
+          dev_->Copy(out[i].data(), dev[i], out[i].size(), CopyKind::kDeviceToHost, *stream_).ok());
     }
     EXPECT_TRUE(dev_->SynchronizeStream(*stream_).ok());
     bool changed = false;
@@ -125,8 +123,8 @@ constexpr int N = 24, C = 16, OC = 12, E = 3;
 TEST_F(EmulatedBackendTest, Matmul) {
   ExpectSameAsCpu({Zeros(N * OC), Random(N * C, 1), Random(C * OC, 2), Random(OC, 3)},
                   [](const Backend& b, const Ptrs& p) {
-                    b.matmul_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
-                                     P<float>(p, 3), N, C, OC);
+                    b.matmul_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3),
+                                     N, C, OC);
                   });
   ExpectSameAsCpu({Random(N * C, 4), Random(C * OC, 5), Random(OC, 6), Random(N * OC, 7),
                    Random(N * C, 8), Random(C * OC, 9)},
@@ -143,8 +141,8 @@ TEST_F(EmulatedBackendTest, GroupedMatmulWithHostOffsets) {
                     b.grouped_matmul_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
                                              P<float>(p, 3), offsets.data(), E, C, OC);
                   });
-  ExpectSameAsCpu({Random(N * C, 4), Random(E * C * OC, 5), Random(E * OC, 6),
-                   Random(N * OC, 7), Random(N * C, 8), Random(E * C * OC, 9)},
+  ExpectSameAsCpu({Random(N * C, 4), Random(E * C * OC, 5), Random(E * OC, 6), Random(N * OC, 7),
+                   Random(N * C, 8), Random(E * C * OC, 9)},
                   [&](const Backend& b, const Ptrs& p) {
                     b.grouped_matmul_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
                                               P<float>(p, 3), P<float>(p, 4), P<float>(p, 5),
@@ -154,12 +152,11 @@ TEST_F(EmulatedBackendTest, GroupedMatmulWithHostOffsets) {
 
 TEST_F(EmulatedBackendTest, Attention) {
   constexpr int B = 2, T = 6, AC = 8, NH = 2;
-  std::vector<Bytes> fwd =
-      ExpectSameAsCpu({Zeros(B * T * AC), Zeros(B * NH * T * T), Random(B * T * 3 * AC, 1)},
-                      [](const Backend& b, const Ptrs& p) {
-                        b.attention_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T,
-                                            AC, NH);
-                      });
+  std::vector<Bytes> fwd = ExpectSameAsCpu(
+      {Zeros(B * T * AC), Zeros(B * NH * T * T), Random(B * T * 3 * AC, 1)},
+      [](const Backend& b, const Ptrs& p) {
+        b.attention_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, AC, NH);
+      });
   ExpectSameAsCpu({Zeros(B * T * 3 * AC), Random(B * T * AC, 2), fwd[2], fwd[1]},
                   [](const Backend& b, const Ptrs& p) {
                     b.attention_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
@@ -174,13 +171,12 @@ TEST_F(EmulatedBackendTest, LayerNormAndGelu) {
         b.layernorm_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3),
                             P<float>(p, 4), P<float>(p, 5), N, C, 1e-5f);
       });
-  ExpectSameAsCpu({Zeros(N * C), Zeros(C), Zeros(C), Random(N * C, 4), fwd[3], fwd[4], fwd[1],
-                   fwd[2]},
-                  [](const Backend& b, const Ptrs& p) {
-                    b.layernorm_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
-                                         P<float>(p, 3), P<float>(p, 4), P<float>(p, 5),
-                                         P<float>(p, 6), P<float>(p, 7), N, C);
-                  });
+  ExpectSameAsCpu(
+      {Zeros(N * C), Zeros(C), Zeros(C), Random(N * C, 4), fwd[3], fwd[4], fwd[1], fwd[2]},
+      [](const Backend& b, const Ptrs& p) {
+        b.layernorm_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3),
+                             P<float>(p, 4), P<float>(p, 5), P<float>(p, 6), P<float>(p, 7), N, C);
+      });
   ExpectSameAsCpu({Zeros(N * C), Random(N * C, 5, -3, 3)}, [](const Backend& b, const Ptrs& p) {
     b.gelu_forward(P<float>(p, 0), P<float>(p, 1), N * C);
   });
@@ -202,12 +198,12 @@ TEST_F(EmulatedBackendTest, EmbeddingAndCrossEntropy) {
                     b.embedding_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
                                          P<int32_t>(p, 3), B, T, C);
                   });
-  std::vector<Bytes> fwd = ExpectSameAsCpu(
-      {Zeros(N), Zeros(N * V), Random(N * V, 6, -4, 4), Ints(N, V, 7)},
-      [](const Backend& b, const Ptrs& p) {
-        b.cross_entropy_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<int32_t>(p, 3),
-                                N, V);
-      });
+  std::vector<Bytes> fwd =
+      ExpectSameAsCpu({Zeros(N), Zeros(N * V), Random(N * V, 6, -4, 4), Ints(N, V, 7)},
+                      [](const Backend& b, const Ptrs& p) {
+                        b.cross_entropy_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
+                                                P<int32_t>(p, 3), N, V);
+                      });
   ExpectSameAsCpu({Zeros(N * V), fwd[1], fwd[3]}, [](const Backend& b, const Ptrs& p) {
     b.cross_entropy_backward(P<float>(p, 0), P<float>(p, 1), P<int32_t>(p, 2), 1.0f / N, N, V);
   });
@@ -215,8 +211,8 @@ TEST_F(EmulatedBackendTest, EmbeddingAndCrossEntropy) {
 
 TEST_F(EmulatedBackendTest, RouterPermuteAndTheHostScalars) {
   constexpr int K = 2;
-  std::vector<Bytes> probs = ExpectSameAsCpu(
-      {Zeros(N * E), Random(N * E, 1, -2, 2)}, [](const Backend& b, const Ptrs& p) {
+  std::vector<Bytes> probs =
+      ExpectSameAsCpu({Zeros(N * E), Random(N * E, 1, -2, 2)}, [](const Backend& b, const Ptrs& p) {
         b.softmax_forward(P<float>(p, 0), P<float>(p, 1), N, E);
       });
   std::vector<Bytes> top = ExpectSameAsCpu(
@@ -258,7 +254,8 @@ TEST_F(EmulatedBackendTest, RouterPermuteAndTheHostScalars) {
   double sum_cpu = 0, sum_emu = 0;
   ExpectSameAsCpu({in[0], in[1], in[2], Zeros(1)}, [&](const Backend& b, const Ptrs& p) {
     const bool cpu = &b == &CpuBackend();
-    (cpu ? aux_cpu : aux_emu) = b.aux_loss_forward(P<float>(p, 0), P<int32_t>(p, 1), N, E, K, 0.01f);
+    (cpu ? aux_cpu : aux_emu) =
+        b.aux_loss_forward(P<float>(p, 0), P<int32_t>(p, 1), N, E, K, 0.01f);
     (cpu ? sum_cpu : sum_emu) = b.sum_of_squares(P<float>(p, 2), N * C);
     b.scale(P<float>(p, 2), 0.5f, N * C);
   });

@@ -70,8 +70,7 @@ TEST_F(EmulatedDeviceTest, CopiesRoundTripThroughTheDevice) {
   ASSERT_TRUE(dev_->Owns(d, host.size() * sizeof(float)));
   EXPECT_EQ(EmulatedDeviceOwning(d), dev_.get());
   EXPECT_EQ(EmulatedDeviceOwning(host.data()), nullptr);
-  ASSERT_TRUE(
-      dev_->Copy(d, host.data(), host.size() * 4, CopyKind::kHostToDevice, *a_).ok());
+  ASSERT_TRUE(dev_->Copy(d, host.data(), host.size() * 4, CopyKind::kHostToDevice, *a_).ok());
   ASSERT_TRUE(dev_->Copy(e, d, host.size() * 4, CopyKind::kDeviceToDevice, *a_).ok());
   EXPECT_EQ(Read(e, host.size(), *a_), host);
   ASSERT_TRUE(dev_->Memset(e, 0, 8, *a_).ok());

@@ -61,9 +61,9 @@ TEST_F(CopyEngineStreamsTest, AnOffloadWaitsForTheComputeStreamStillWritingItsBu
       device::EmulatedBackend().scale(buffer_, 3.0f, kN);
     }
     std::vector<float> host(kN, -1.0f);
-    CopyTicket t = engine_->Submit(CopyDirection::kDeviceToHost, host.data(), buffer_,
-                                   sizeof(float) * kN, nullptr,
-                                   with_producer ? compute_.get() : nullptr);
+    CopyTicket t =
+        engine_->Submit(CopyDirection::kDeviceToHost, host.data(), buffer_, sizeof(float) * kN,
+                        nullptr, with_producer ? compute_.get() : nullptr);
     if (with_producer) {
       absl::SleepFor(absl::Milliseconds(20));
       EXPECT_FALSE(engine_->Done(t));  // behind the held compute stream
@@ -71,7 +71,7 @@ TEST_F(CopyEngineStreamsTest, AnOffloadWaitsForTheComputeStreamStillWritingItsBu
       ASSERT_TRUE(engine_->Wait(t).ok());
       EXPECT_EQ(host, std::vector<float>(kN, 3.0f));
     } else {
-      ASSERT_TRUE(engine_->Wait(t).ok());  // done while the compute stream is still held
+      ASSERT_TRUE(engine_->Wait(t).ok());             // done while the compute stream is still held
       EXPECT_EQ(host, std::vector<float>(kN, 1.0f));  // the bytes before the write: wrong
       ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
     }
@@ -86,8 +86,8 @@ TEST_F(CopyEngineStreamsTest, TheConsumerWaitsForTheReloadsEvent) {
     SCOPED_TRACE(ordered ? "consumer after OrderBefore" : "consumer with no event");
     Fill(0.0f);
     ASSERT_TRUE(dev_->PauseStream(to_device).ok());  // the reload's copy is held
-    CopyTicket t = engine_->Submit(CopyDirection::kHostToDevice, buffer_, stashed.data(),
-                                   sizeof(float) * kN);
+    CopyTicket t =
+        engine_->Submit(CopyDirection::kHostToDevice, buffer_, stashed.data(), sizeof(float) * kN);
     if (ordered) {
       ASSERT_TRUE(engine_->OrderBefore(t, *compute_).ok());
     }
@@ -96,8 +96,8 @@ TEST_F(CopyEngineStreamsTest, TheConsumerWaitsForTheReloadsEvent) {
       device::StreamScope scope(*compute_);
       device::EmulatedBackend().scale(buffer_, 2.0f, kN);  // the consumer
     }
-    ASSERT_TRUE(dev_->Copy(out.data(), buffer_, sizeof(float) * kN,
-                           device::CopyKind::kDeviceToHost, *compute_)
+    ASSERT_TRUE(dev_->Copy(out.data(), buffer_, sizeof(float) * kN, device::CopyKind::kDeviceToHost,
+                           *compute_)
                     .ok());
     if (ordered) {
       ASSERT_TRUE(dev_->ResumeStream(to_device).ok());
@@ -118,9 +118,9 @@ TEST_F(CopyEngineStreamsTest, CopiesGoOnlyThroughTheDevice) {
   // job's status (the hook sees it too).
   std::vector<float> a(kN, 1.0f), b(kN, 0.0f);
   absl::Status hook_status;
-  CopyTicket t = engine_->Submit(CopyDirection::kDeviceToHost, b.data(), a.data(),
-                                 sizeof(float) * kN,
-                                 [&hook_status](const absl::Status& s) { hook_status = s; });
+  CopyTicket t =
+      engine_->Submit(CopyDirection::kDeviceToHost, b.data(), a.data(), sizeof(float) * kN,
+                      [&hook_status](const absl::Status& s) { hook_status = s; });
   EXPECT_EQ(engine_->Wait(t).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(hook_status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine_->OrderBefore(t, *compute_).code(), absl::StatusCode::kInvalidArgument);
