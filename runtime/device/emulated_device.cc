@@ -36,6 +36,19 @@ struct EventState {
   uint64_t recorded ABSL_GUARDED_BY(mu) = 0;
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;
 
+  uint64_t Record() {  // the new record's generation
+    absl::MutexLock lock(&mu);
+    return ++recorded;
+  }
+  uint64_t Latest() {  // the generation a wait made now waits for (0: never recorded)
+    absl::MutexLock lock(&mu);
+    return recorded;
+  }
+  void Complete(uint64_t generation) {
+    absl::MutexLock lock(&mu);
+    completed = std::max(completed, generation);
+  }
+
   void WaitFor(uint64_t generation) {
     std::pair<EventState*, uint64_t> arg{this, generation};
     absl::MutexLock lock(&mu);
@@ -256,36 +269,20 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
   absl::Status RecordEvent(Event& event, Stream& stream) override {
     ASSIGN_OR_RETURN(EmulatedStream * s, StreamOf(stream));
     ASSIGN_OR_RETURN(std::shared_ptr<EventState> e, EventOf(event));
-    uint64_t generation;
-    {
-      absl::MutexLock lock(&e->mu);
-      generation = ++e->recorded;
-    }
-    s->Enqueue([e, generation] {
-      absl::MutexLock lock(&e->mu);
-      e->completed = std::max(e->completed, generation);
-    });
+    const uint64_t generation = e->Record();
+    s->Enqueue([e, generation] { e->Complete(generation); });
     return absl::OkStatus();
   }
   absl::Status WaitEvent(Stream& stream, Event& event) override {
     ASSIGN_OR_RETURN(EmulatedStream * s, StreamOf(stream));
     ASSIGN_OR_RETURN(std::shared_ptr<EventState> e, EventOf(event));
-    uint64_t generation;
-    {
-      absl::MutexLock lock(&e->mu);
-      generation = e->recorded;
-    }
+    const uint64_t generation = e->Latest();
     if (generation > 0) s->Enqueue([e, generation] { e->WaitFor(generation); });
     return absl::OkStatus();
   }
   absl::Status SynchronizeEvent(Event& event) override {
     ASSIGN_OR_RETURN(std::shared_ptr<EventState> e, EventOf(event));
-    uint64_t generation;
-    {
-      absl::MutexLock lock(&e->mu);
-      generation = e->recorded;
-    }
-    e->WaitFor(generation);
+    e->WaitFor(e->Latest());
     return sticky_error();
   }
   absl::Status SynchronizeStream(Stream& stream) override {
