@@ -15,6 +15,8 @@
 #include "runtime/device/current_stream.h"
 #include "runtime/device/emulated_device.h"
 #include "runtime/memory/copy_engine.h"
+#include "runtime/tensor/arena.h"
+#include "runtime/tensor/host_pool.h"
 
 namespace furnace::memory {
 namespace {
@@ -31,9 +33,19 @@ class CopyEngineStreamsTest : public ::testing::Test {
     auto e = CopyEngine::Create(*dev_);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
-    auto d = dev_->Allocate(kN * sizeof(float));
-    ASSERT_TRUE(d.ok());
-    buffer_ = static_cast<float*>(*d);
+    // The buffer from a device arena and the offload's destination from the host pool, as the
+    // stash has them.
+    arena_ = std::make_unique<tensor::DeviceArena>(*dev_, kN * sizeof(float));
+    host_pool_ = std::make_unique<tensor::HostPool>(*dev_, 0);
+    auto d = arena_->Allocate(kN * sizeof(float), "stashed");
+    ASSERT_TRUE(d.ok()) << d.status();
+    device_buffer_ = std::move(*d);
+    buffer_ = static_cast<float*>(device_buffer_.data());
+    ASSERT_TRUE(dev_->Owns(buffer_, kN * sizeof(float)));
+  }
+  void TearDown() override {
+    engine_.reset();
+    device_buffer_ = tensor::Buffer();
   }
   void Fill(float value) {
     std::vector<float> v(kN, value);
@@ -47,6 +59,9 @@ class CopyEngineStreamsTest : public ::testing::Test {
   std::unique_ptr<device::EmulatedDevice> dev_;
   std::unique_ptr<device::Stream> compute_;
   std::unique_ptr<CopyEngine> engine_;
+  std::unique_ptr<tensor::DeviceArena> arena_;
+  std::unique_ptr<tensor::HostPool> host_pool_;
+  tensor::Buffer device_buffer_;
   float* buffer_ = nullptr;
 };
 
@@ -60,19 +75,22 @@ TEST_F(CopyEngineStreamsTest, AnOffloadWaitsForTheComputeStreamStillWritingItsBu
       device::StreamScope scope(*compute_);
       device::EmulatedBackend().scale(buffer_, 3.0f, kN);
     }
-    std::vector<float> host(kN, -1.0f);
+    auto pinned = host_pool_->Allocate(sizeof(float) * kN, "offloaded");
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    float* host_data = static_cast<float*>(pinned->data());
     CopyTicket t =
-        engine_->Submit(CopyDirection::kDeviceToHost, host.data(), buffer_, sizeof(float) * kN,
+        engine_->Submit(CopyDirection::kDeviceToHost, host_data, buffer_, sizeof(float) * kN,
                         nullptr, with_producer ? compute_.get() : nullptr);
+    auto host = [host_data] { return std::vector<float>(host_data, host_data + kN); };
     if (with_producer) {
       absl::SleepFor(absl::Milliseconds(20));
       EXPECT_FALSE(engine_->Done(t));  // behind the held compute stream
       ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
       ASSERT_TRUE(engine_->Wait(t).ok());
-      EXPECT_EQ(host, std::vector<float>(kN, 3.0f));
+      EXPECT_EQ(host(), std::vector<float>(kN, 3.0f));
     } else {
       ASSERT_TRUE(engine_->Wait(t).ok());             // done while the compute stream is still held
-      EXPECT_EQ(host, std::vector<float>(kN, 1.0f));  // the bytes before the write: wrong
+      EXPECT_EQ(host(), std::vector<float>(kN, 1.0f));  // the bytes before the write: wrong
       ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
     }
     ASSERT_TRUE(dev_->SynchronizeStream(*compute_).ok());
