@@ -50,7 +50,8 @@ trap 'rm -rf "$work"' EXIT
 
 status=0
 log() { echo "[gpu-run $(date -u +%H:%M:%S)] $*" >&2; }
-left() { local l=$((budget - SECONDS)); ((l > 0)) && echo "$l" || echo 0; }
+# Seconds left of the budget, at least 1 (`timeout 0` would mean no limit at all).
+left() { local l=$((budget - SECONDS)); ((l > 0)) && echo "$l" || echo 1; }
 section() { printf '\n## %s\n\n' "$1" >>"$work/body.md"; }
 fence() { { echo '```'; tail -c "${2:-4000}" "$1"; echo '```'; } >>"$work/body.md"; }
 
@@ -65,8 +66,12 @@ else
 fi
 section "Machine"
 {
-  echo "- commit: \`$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)\`$(
-    git -C "$repo" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  if commit="$(git -C "$repo" rev-parse --short HEAD 2>/dev/null)"; then
+    git -C "$repo" diff --quiet HEAD 2>/dev/null || commit+=" (with uncommitted changes)"
+  else
+    commit="unknown (not a git checkout)"
+  fi
+  echo "- commit: $commit"
   echo "- host: $(uname -srm), $(nproc) CPUs"
   if ((gpu)); then
     echo "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
@@ -119,7 +124,7 @@ section "gpu-labelled tests"
 if [ ! -f "$build_dir/CTestTestfile.cmake" ]; then
   status=1
   echo "**not run**: $build_dir is not a configured build directory" >>"$work/body.md"
-elif (($(left) < 10)); then
+elif ((budget - SECONDS < 10)); then
   status=1
   echo "**not run**: the time budget ($budget s) was spent before the tests" >>"$work/body.md"
 else
@@ -188,7 +193,7 @@ elif ((!gpu)); then
 else
   for b in "${benches[@]}"; do
     name="${b##*/}"
-    if (($(left) < 5)); then
+    if ((budget - SECONDS < 5)); then
       status=1
       echo "### $name: **not run**, the time budget is spent" >>"$work/body.md"
       continue
