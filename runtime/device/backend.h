@@ -23,9 +23,9 @@
 // and waited by the consumer's stream. Work on two streams is ordered only by events. Host
 // arguments (the grouped GEMMs' offsets, the dispatch plan, scalars) are read or copied at the
 // call; the CUDA table copies the plan's slot/token arrays to the device on the same stream (its
-// kernels take a DeviceDispatchPlan). An op returning a host scalar (aux_loss_forward, sum_of_squares)
-// synchronizes the current stream. The CPU table runs every op on the calling thread before
-// returning, which satisfies the same contract.
+// kernels take a DeviceDispatchPlan). An op returning a host scalar (aux_loss_forward,
+// sum_of_squares) synchronizes the current stream. The CPU table runs every op on the calling
+// thread before returning, which satisfies the same contract.
 //
 // Thread-safety: tables are immutable and live for the whole program; the ops are as reentrant as
 // the kernels (CPU: any number of threads on disjoint outputs).

@@ -78,9 +78,9 @@ TEST_F(CudaCopyEngineTest, ReloadOrderedBeforeItsConsumer) {
     CopyTicket t = engine_->Submit(CopyDirection::kHostToDevice, device_a_, pinned_, kBytes);
     ASSERT_TRUE(engine_->OrderBefore(t, *compute_).ok());
     // The consumer: a device-to-device copy of the reloaded bytes, then a few read back.
-    ASSERT_TRUE(dev_->Copy(device_b_, device_a_, kBytes, device::CopyKind::kDeviceToDevice,
-                           *compute_)
-                    .ok());
+    ASSERT_TRUE(
+        dev_->Copy(device_b_, device_a_, kBytes, device::CopyKind::kDeviceToDevice, *compute_)
+            .ok());
     ASSERT_TRUE(dev_->Copy(out.data(), static_cast<unsigned char*>(device_b_) + kBytes - 16, 16,
                            device::CopyKind::kDeviceToHost, *compute_)
                     .ok());

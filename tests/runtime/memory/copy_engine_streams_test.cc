@@ -89,7 +89,7 @@ TEST_F(CopyEngineStreamsTest, AnOffloadWaitsForTheComputeStreamStillWritingItsBu
       ASSERT_TRUE(engine_->Wait(t).ok());
       EXPECT_EQ(host(), std::vector<float>(kN, 3.0f));
     } else {
-      ASSERT_TRUE(engine_->Wait(t).ok());             // done while the compute stream is still held
+      ASSERT_TRUE(engine_->Wait(t).ok());  // done while the compute stream is still held
       EXPECT_EQ(host(), std::vector<float>(kN, 1.0f));  // the bytes before the write: wrong
       ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
     }
