@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything Furnace needs to build, test and run on Debian 12. Idempotent: packages that
 # are already present are skipped, so a second run costs a few seconds.
+# --no-web: skip the dashboard's packages and web/node_modules (tests/gpu/run.sh: a GPU host needs
+# neither, and may have no route to the npm registry).
 set -euo pipefail
+with_web=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-web) with_web=0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (allowed: --no-web)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build ccache pkgconf git ca-certificates
@@ -20,8 +29,10 @@ packages=(
 )
 
 # The dashboard (web/): node/npm to fetch its charting library, chromium to test the page headless.
-packages+=(chromium fonts-dejavu-core)
-command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+if ((with_web)); then
+  packages+=(chromium fonts-dejavu-core)
+  command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -39,6 +50,7 @@ else
   echo "[setup] all packages present"
 fi
 
+((with_web)) || exit 0
 # web/node_modules from the committed lock file; skipped while it is up to date.
 web_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/web"
 if [ "$web_dir/node_modules/.package-lock.json" -nt "$web_dir/package-lock.json" ]; then

@@ -10,6 +10,8 @@ const char* KindName(Kind kind) {
       return "cpu";
     case Kind::kCuda:
       return "cuda";
+    case Kind::kEmulated:
+      return "emulated";
   }
   return "unknown";
 }
@@ -18,6 +20,8 @@ absl::StatusOr<const Backend*> BackendFor(Kind kind) {
   switch (kind) {
     case Kind::kCpu:
       return &CpuBackend();
+    case Kind::kEmulated:
+      return &EmulatedBackend();
     case Kind::kCuda:
       break;  // The CUDA table comes with the GPU training path.
   }

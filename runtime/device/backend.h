@@ -9,9 +9,23 @@
 // arguments are memory of the table's device, except where the kernel header says host (the
 // dispatch plan is built on the host from host routing indices, as the CUDA permute ops expect).
 //
-// Backends: cpu (kernels::cpu, always). The CUDA table comes with the GPU training path; until
+// Backends: cpu (kernels::cpu, always) and emulated (kernels::cpu enqueued on the emulated
+// device's streams, emulated_device.h). The CUDA table comes with the GPU training path; until
 // then a CUDA device has no backend and BackendFor refuses it, which is what GptMoe::Create and the
 // worker report.
+//
+// Streams (the contract every device table follows, and the CUDA table must): an op runs on the
+// calling thread's current stream (current_stream.h: StreamScope; none set: the device's default
+// stream). On a device with streams an op ENQUEUES and returns, as a CUDA launch does (the CUDA
+// kernels in kernels/cuda take a cudaStream_t and, for GEMMs, a cublasHandle_t: the CUDA table
+// passes CurrentStream()->native() and a per-device handle set to that stream), so its outputs
+// may be read only after the stream passes it: SynchronizeStream, or an event recorded after it
+// and waited by the consumer's stream. Work on two streams is ordered only by events. Host
+// arguments (the grouped GEMMs' offsets, the dispatch plan, scalars) are read or copied at the
+// call; the CUDA table copies the plan's slot/token arrays to the device on the same stream (its
+// kernels take a DeviceDispatchPlan). An op returning a host scalar (aux_loss_forward,
+// sum_of_squares) synchronizes the current stream. The CPU table runs every op on the calling
+// thread before returning, which satisfies the same contract.
 //
 // Thread-safety: tables are immutable and live for the whole program; the ops are as reentrant as
 // the kernels (CPU: any number of threads on disjoint outputs).
@@ -31,7 +45,7 @@ using DispatchPlan = kernels::cpu::DispatchPlan;
 // fp32 ops (the model is fp32; casts are the only other dtypes). Field names are the kernel names
 // in snake_case; argument order is the kernel's.
 struct Backend {
-  const char* name;  // "cpu"
+  const char* name;  // "cpu", "emulated"
 
   // matmul.h: out (N, OC) = inp (N, C) @ weight (C, OC) [+ bias (OC)], and per expert group.
   void (*matmul_forward)(float* out, const float* inp, const float* weight, const float* bias,
@@ -114,6 +128,9 @@ struct Backend {
 
 // The CPU table (kernels::cpu). Always available.
 const Backend& CpuBackend();
+// The emulated device's table: kernels::cpu enqueued on the current stream of an emulated device,
+// pointers translated (emulated_backend.cc). Always available.
+const Backend& EmulatedBackend();
 
 // The table for a kind of device: the one place that decides which kinds have a backend.
 // Unimplemented, naming the kind, when there is none (CUDA until the GPU path is built).
@@ -121,7 +138,7 @@ absl::StatusOr<const Backend*> BackendFor(Kind kind);
 // The table `device` runs on; Unimplemented naming the device when its kind has none.
 absl::StatusOr<const Backend*> BackendFor(const Device& device);
 
-// "cpu", "cuda".
+// "cpu", "cuda", "emulated".
 const char* KindName(Kind kind);
 
 }  // namespace furnace::device

@@ -1,7 +1,8 @@
 // Device: where tensors live and how bytes move. A CPU implementation (plain memory, synchronous
-// copies: streams and events exist so callers are written once) and a CUDA implementation
-// (cudaMalloc, cudaMemcpyAsync on real streams, events) share this interface, so the memory
-// planner and the model behave the same on both.
+// copies: streams and events exist so callers are written once), a CUDA implementation
+// (cudaMalloc, cudaMemcpyAsync on real streams, events) and an emulated discrete device (memory the
+// host cannot read, asynchronous streams on worker threads: emulated_device.h) share this
+// interface, so the memory planner and the model behave the same on all of them.
 //
 // Stream/event contract (as NCCL/DeepEP): an operation is enqueued on a stream; RecordEvent marks
 // the point a later WaitEvent (on another stream) or SynchronizeEvent (host) waits for.
@@ -19,12 +20,12 @@
 
 namespace furnace::device {
 
-enum class Kind { kCpu, kCuda };
+enum class Kind { kCpu, kCuda, kEmulated };
 
 class Stream {
  public:
   virtual ~Stream() = default;
-  virtual void* native() = 0;  // cudaStream_t for CUDA, nullptr for CPU
+  virtual void* native() = 0;  // cudaStream_t for CUDA, nullptr for the CPU and emulated devices
 };
 
 class Event {

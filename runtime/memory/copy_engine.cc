@@ -1,21 +1,29 @@
 #include "runtime/memory/copy_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "runtime/base/status.h"
 
 namespace furnace::memory {
 
-// Fields written by the copy thread (or Shutdown) under the engine's mutex.
+// Fields written by the engine's thread (or Shutdown, or Submit) under the engine's mutex, except
+// the events, which are set before the job is shared.
 struct CopyTicket::Job {
   CopyDirection direction;
   void* dst;
   const void* src;
   uint64_t bytes;
   CopyEngine::DoneHook on_done;
+  std::unique_ptr<device::Event> producer;  // recorded on the producer stream at Submit, or null
+  std::unique_ptr<device::Event> copied;    // recorded on the copy stream after the copy
+  bool launched = false;
+  absl::Status launch_status;
+  double launched_at = 0;
   bool done = false;
   absl::Status status;
 };
@@ -38,34 +46,50 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> CopyEngine::Create(device::Device& d
       if (wait > 0) absl::SleepFor(absl::Seconds(wait));
     };
   }
-  absl::StatusOr<std::unique_ptr<device::Stream>> stream = device.CreateStream();
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> to_host, device.CreateStream());
+  ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> to_device, device.CreateStream());
   return std::unique_ptr<CopyEngine>(
-      new CopyEngine(device, std::move(options), std::move(*stream)));
+      new CopyEngine(device, std::move(options), std::move(to_host), std::move(to_device)));
 }
 
 CopyEngine::CopyEngine(device::Device& device, CopyEngineOptions options,
-                       std::unique_ptr<device::Stream> stream)
-    : device_(device), options_(std::move(options)), stream_(std::move(stream)) {
+                       std::unique_ptr<device::Stream> to_host,
+                       std::unique_ptr<device::Stream> to_device)
+    : device_(device),
+      options_(std::move(options)),
+      to_host_(std::move(to_host)),
+      to_device_(std::move(to_device)) {
   thread_ = std::thread([this] { Run(); });
 }
 
 CopyEngine::~CopyEngine() { Shutdown(); }
 
 CopyTicket CopyEngine::Submit(CopyDirection direction, void* dst, const void* src, uint64_t bytes,
-                              DoneHook on_done) {
+                              DoneHook on_done, device::Stream* producer) {
   auto job = std::make_shared<CopyTicket::Job>();
   job->direction = direction;
   job->dst = dst;
   job->src = src;
   job->bytes = bytes;
   job->on_done = std::move(on_done);
-  {
+  absl::Status events = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(job->copied, device_.CreateEvent());
+    if (producer == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(job->producer, device_.CreateEvent());
+    return device_.RecordEvent(*job->producer, *producer);
+  }();
+  if (events.ok()) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       queue_.push_back(job);
       return CopyTicket(std::move(job));
     }
+  }
+  if (!events.ok()) {
+    Finish(job, absl::Status(events.code(),
+                             absl::StrCat("copy engine: ", CopyDirectionName(direction),
+                                          " copy of ", bytes, " bytes: ", events.message())));
+    return CopyTicket(std::move(job));
   }
   job->on_done = nullptr;  // a refused job's hook is never called
   Finish(job, absl::FailedPreconditionError(absl::StrCat("copy engine: shut down, refusing a ",
@@ -83,42 +107,87 @@ void CopyEngine::Finish(const std::shared_ptr<CopyTicket::Job>& job, const absl:
   job->done = true;
 }
 
+absl::Status CopyEngine::Launch(CopyTicket::Job& job) {
+  device::Stream& copy_stream = stream(job.direction);
+  if (job.producer != nullptr) RETURN_IF_ERROR(device_.WaitEvent(copy_stream, *job.producer));
+  const device::CopyKind kind = job.direction == CopyDirection::kDeviceToHost
+                                    ? device::CopyKind::kDeviceToHost
+                                    : device::CopyKind::kHostToDevice;
+  RETURN_IF_ERROR(device_.Copy(job.dst, job.src, job.bytes, kind, copy_stream));
+  return device_.RecordEvent(*job.copied, copy_stream);
+}
+
+void CopyEngine::Complete(const std::shared_ptr<CopyTicket::Job>& job, double& last_completion) {
+  const Clock& clock = *options_.clock;
+  absl::Status status;
+  double start;
+  {
+    absl::MutexLock lock(&mu_);
+    status = job->launch_status;
+    start = std::max(job->launched_at, last_completion);
+  }
+  if (status.ok()) status = device_.SynchronizeEvent(*job->copied);
+  double modelled = 0;
+  if (status.ok() && options_.host_link_gbps > 0) {
+    modelled = static_cast<double>(job->bytes) / (options_.host_link_gbps * 1e9);
+    options_.sleep_until(start + modelled);
+  }
+  last_completion = clock.MonotonicSeconds();
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    (job->direction == CopyDirection::kDeviceToHost ? stats_.bytes_to_host
+                                                    : stats_.bytes_to_device) += job->bytes;
+    ++stats_.jobs;
+    stats_.busy_seconds += last_completion - start;
+    stats_.modelled_seconds += modelled;
+  }
+  Finish(job, status);
+}
+
 void CopyEngine::Run() {
   const Clock& clock = *options_.clock;
+  std::deque<std::shared_ptr<CopyTicket::Job>> in_flight;  // launched, oldest first
+  double last_completion = clock.MonotonicSeconds();
   for (;;) {
-    std::shared_ptr<CopyTicket::Job> job;
+    std::deque<std::shared_ptr<CopyTicket::Job>> to_launch;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](CopyEngine* e)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->stopping_ || !e->queue_.empty(); },
-          this));
-      if (queue_.empty()) return;  // stopping, and Shutdown took the queued jobs
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      if (in_flight.empty()) {
+        mu_.Await(absl::Condition(
+            +[](CopyEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
+              return e->stopping_ || !e->queue_.empty();
+            },
+            this));
+        if (queue_.empty()) return;  // stopping, and Shutdown took the queued jobs
+      }
+      to_launch.swap(queue_);
     }
-    const double start = clock.MonotonicSeconds();
-    const device::CopyKind kind = job->direction == CopyDirection::kDeviceToHost
-                                      ? device::CopyKind::kDeviceToHost
-                                      : device::CopyKind::kHostToDevice;
-    absl::Status status = device_.Copy(job->dst, job->src, job->bytes, kind, *stream_);
-    if (status.ok()) status = device_.SynchronizeStream(*stream_);
-    double modelled = 0;
-    if (status.ok() && options_.host_link_gbps > 0) {
-      modelled = static_cast<double>(job->bytes) / (options_.host_link_gbps * 1e9);
-      options_.sleep_until(start + modelled);
-    }
-    const double busy = clock.MonotonicSeconds() - start;
-    if (status.ok()) {
+    for (const std::shared_ptr<CopyTicket::Job>& job : to_launch) {
+      absl::Status status = Launch(*job);
+      const double now = clock.MonotonicSeconds();
       absl::MutexLock lock(&mu_);
-      (job->direction == CopyDirection::kDeviceToHost ? stats_.bytes_to_host
-                                                      : stats_.bytes_to_device) += job->bytes;
-      ++stats_.jobs;
-      stats_.busy_seconds += busy;
-      stats_.modelled_seconds += modelled;
+      job->launch_status = std::move(status);
+      job->launched_at = now;
+      job->launched = true;
+      in_flight.push_back(job);
     }
-    Finish(job, status);
+    std::shared_ptr<CopyTicket::Job> head = std::move(in_flight.front());
+    in_flight.pop_front();
+    Complete(head, last_completion);
   }
+}
+
+absl::Status CopyEngine::OrderBefore(const CopyTicket& ticket, device::Stream& consumer) {
+  if (!ticket.valid()) return absl::OkStatus();
+  CopyTicket::Job* job = ticket.job_.get();
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](CopyTicket::Job* j) { return j->launched || j->done; }, job));
+    if (job->done) return job->status;  // complete (or refused, or cancelled): nothing to wait
+    if (!job->launch_status.ok()) return job->launch_status;
+  }
+  return device_.WaitEvent(consumer, *job->copied);
 }
 
 absl::Status CopyEngine::Wait(const CopyTicket& ticket) {

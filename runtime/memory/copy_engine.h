@@ -1,35 +1,49 @@
 // CopyEngine: moves stashed tensors between device memory and the host pool off the compute
 // thread, so an offload or a reload overlaps compute (DESIGN.md "Memory policies").
 //
-// This build has the CPU implementation: one copy thread that takes device->host and host->device
-// jobs in FIFO order and copies with Device::Copy. A CUDA implementation (a copy stream, one event
-// recorded per job, cudaLaunchHostFunc or an event poll for the completion hook) is NOT built
-// here: there is no GPU path yet. The interface is the one such an implementation would satisfy:
-// Submit enqueues and returns at once, a ticket is an event to wait on, completion hooks run off
-// the compute thread, and jobs complete in submission order.
+// One implementation, written against device::Device, so it is the same code on the CPU device,
+// the emulated discrete device and CUDA: a copy stream per direction, and per job an event
+// recorded on its copy stream after the copy. The engine's thread launches every queued job
+// (the copy stream first waits for the job's producer event, when the job has one), then completes
+// the oldest launched job: it waits for the job's event (SynchronizeEvent), applies the link
+// pacing, and runs the completion hook, so hooks run off the compute thread and jobs complete in
+// submission order. On the CPU device a launch is the copy itself (synchronous), so this is one
+// copy thread in FIFO order, as before.
+//
+// Ordering with the compute stream (the stream/event contract of device.h):
+//  - Offload: Submit(..., producer = the compute stream) records an event on that stream at the
+//    call, and the copy waits for it, so a buffer the compute stream is still writing is copied
+//    after the write. Without a producer the copy orders only after what the host has finished.
+//  - Reload: OrderBefore(ticket, compute stream) makes the compute stream wait for the copy's
+//    event before the consumer enqueued after it; the host does not wait for the copy (it waits
+//    only until the job is launched, which the engine's thread does as soon as it is free of its
+//    current completion). Wait(ticket) is the host-side wait.
 //
 // Host-link pacing: on the CPU a "transfer" is a memcpy in the same RAM and would look free, while
 // on an H200 a byte over PCIe costs about as much as 18,000 FLOPs at peak. With host_link_gbps > 0
-// each job costs what its bytes would over that link: the copy thread sleeps until
-// start + bytes / rate (start: when it took the job), so a CPU run keeps a GPU's compute-to-link
-// ratio. stats().modelled_seconds sums bytes / rate; busy_seconds is the copy thread's measured
-// time (memcpy plus the pacing sleep). 0 = unpaced.
+// each job costs what its bytes would over that link: the job starts at its launch or when the
+// previous job completed, whichever is later, and completes no earlier than start + bytes / rate
+// (the engine's thread sleeps until then), so a CPU run keeps a GPU's compute-to-link ratio.
+// stats().modelled_seconds sums bytes / rate; busy_seconds sums each job's start-to-completion
+// time (copy plus the pacing sleep). 0 = unpaced.
 //
 // Late reloads: Wait(ticket, deadline) counts the job as late when it is not done by `deadline`
 // (a MonotonicSeconds reading of the engine's clock); a consumer passes "now" to ask "is the reload
 // there when I need it?". The count feeds the memory planner.
 //
-// Ownership: the engine owns its thread and queue, never the bytes: src and dst of a job must stay
-// valid until its ticket is done (the stash keeps both buffers until then). The device and the
-// clock must outlive the engine.
-// Thread-safety: every method may be called from any thread. Completion hooks run on the copy
-// thread (or, for jobs cancelled by Shutdown, on the thread calling Shutdown) with no engine lock
-// held; they must not Wait on the engine.
-// Shutdown (also the destructor): the job being copied finishes; queued jobs complete with
-// Cancelled (their hooks see that status); later Submits return a ticket already done with
-// FailedPrecondition and never call their hook (so a caller may Submit under its own lock and
-// find the refusal with Done()). Shutdown is called from one thread at a time.
-// Errors of a copy (Device::Copy's status) are the job's status.
+// Ownership: the engine owns its thread, queue, copy streams and events, never the bytes: src and
+// dst of a job must stay valid until its ticket is done (the stash keeps both buffers until then).
+// The device and the clock must outlive the engine; a producer stream must outlive the Submit call.
+// Thread-safety: every method may be called from any thread (Submit with a producer from the
+// thread that drives that stream). Completion hooks run on the engine's thread (or, for jobs
+// cancelled by Shutdown or refused at Submit, on the calling thread) with no engine lock held;
+// they must not Wait on the engine.
+// Shutdown (also the destructor): launched jobs finish (a copy on a stream cannot be recalled);
+// queued jobs complete with Cancelled (their hooks see that status); later Submits return a ticket
+// already done with FailedPrecondition and never call their hook (so a caller may Submit under its
+// own lock and find the refusal with Done()). Shutdown is called from one thread at a time.
+// Errors of a copy (the device's status for the wait, copy, record or synchronize) are the job's
+// status.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +77,7 @@ struct CopyEngineStats {
   uint64_t bytes_to_host = 0;
   uint64_t bytes_to_device = 0;
   int64_t jobs = 0;             // completed copies (not the cancelled ones)
-  double busy_seconds = 0;      // copy thread time spent on jobs, pacing included
+  double busy_seconds = 0;      // sum of each job's start-to-completion time, pacing included
   double modelled_seconds = 0;  // sum of bytes / rate (0 when unpaced)
   int64_t late_reloads = 0;     // Waits whose job was not done by their deadline
   int64_t blocked_waits = 0;    // Waits (with or without a deadline) that found their job not done
@@ -96,9 +110,15 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Enqueues a copy of `bytes` from src to dst; returns at once.
+  // Enqueues a copy of `bytes` from src to dst; returns at once. With `producer`, an event is
+  // recorded on that stream now and the copy runs after it (the offload of a buffer the producer
+  // is still writing); the device's error for that is the job's status.
   CopyTicket Submit(CopyDirection direction, void* dst, const void* src, uint64_t bytes,
-                    DoneHook on_done = nullptr);
+                    DoneHook on_done = nullptr, device::Stream* producer = nullptr);
+  // Makes `consumer` wait (on the device) for the job's copy: work enqueued on `consumer` after
+  // this call runs after the copy (the reload before its consumer). Blocks the host only until the
+  // job is launched. The job's status when it failed or was cancelled; OK for an empty ticket.
+  absl::Status OrderBefore(const CopyTicket& ticket, device::Stream& consumer);
   // Blocks until the job is done; its status. An empty ticket: OK at once.
   absl::Status Wait(const CopyTicket& ticket);
   // As Wait, and counts a late reload (and sets *late) when the job is not done by `deadline`.
@@ -110,18 +130,25 @@ class CopyEngine {
   double host_link_gbps() const { return options_.host_link_gbps; }
   const Clock& clock() const { return *options_.clock; }
   device::Device& device() const { return device_; }
+  // The copy stream of a direction (to pause it in tests, or to order other work after it).
+  device::Stream& stream(CopyDirection direction) const {
+    return direction == CopyDirection::kDeviceToHost ? *to_host_ : *to_device_;
+  }
 
  private:
   CopyEngine(device::Device& device, CopyEngineOptions options,
-             std::unique_ptr<device::Stream> stream);
+             std::unique_ptr<device::Stream> to_host, std::unique_ptr<device::Stream> to_device);
   void Run();
+  absl::Status Launch(CopyTicket::Job& job);
+  void Complete(const std::shared_ptr<CopyTicket::Job>& job, double& last_completion);
   void Finish(const std::shared_ptr<CopyTicket::Job>& job, const absl::Status& status);
 
   device::Device& device_;
   const CopyEngineOptions options_;
-  std::unique_ptr<device::Stream> stream_;  // the copy thread's only
+  std::unique_ptr<device::Stream> to_host_;    // device->host copies
+  std::unique_ptr<device::Stream> to_device_;  // host->device copies
   mutable absl::Mutex mu_;
-  std::deque<std::shared_ptr<CopyTicket::Job>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<CopyTicket::Job>> queue_ ABSL_GUARDED_BY(mu_);  // not yet launched
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   CopyEngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -92,6 +92,12 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
                                                        ParallelGroups groups) {
   RETURN_IF_ERROR(config.Validate());
   ASSIGN_OR_RETURN(const device::Backend* ops, device::BackendFor(device));
+  if (device.kind() != device::Kind::kCpu) {
+    // The model's parameters and its stash live in host memory; only the CPU device can run it.
+    return absl::UnimplementedError(absl::StrCat("GptMoe: device '", device.name(), "' (",
+                                                 device::KindName(device.kind()),
+                                                 "): the model runs only on the cpu device"));
+  }
   if (&activations.device() != &device) {
     return absl::InvalidArgumentError("GptMoe: the activation arena belongs to another device");
   }

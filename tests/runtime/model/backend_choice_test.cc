@@ -9,6 +9,7 @@
 #include "model_test_util.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/device/emulated_device.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "tests/runtime/device/fake_device.h"
@@ -33,6 +34,21 @@ TEST(BackendChoiceTest, DeviceWithoutBackendIsRefused) {
   const std::string message(model.status().message());
   EXPECT_NE(message.find("device 'cuda:0'"), std::string::npos) << message;
   EXPECT_NE(message.find("no backend for device kind 'cuda'"), std::string::npos) << message;
+}
+
+// The emulated device has a backend, but the model keeps its parameters and stash in host memory,
+// which the device cannot read: Create refuses it rather than run on memory it cannot address.
+TEST(BackendChoiceTest, EmulatedDeviceIsRefusedUntilTheModelRunsOnDevices) {
+  auto emulated = device::CreateEmulatedDevice({.memory_bytes = 1 << 20});
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  tensor::DeviceArena arena(**emulated, 0);
+  auto model = GptMoe::Create(testing::TinyConfig(), 1, **emulated, arena);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  const std::string message(model.status().message());
+  EXPECT_NE(message.find("device 'emulated' (emulated): the model runs only on the cpu device"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

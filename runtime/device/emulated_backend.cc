@@ -1,0 +1,253 @@
+// The emulated device's backend: every op is the kernels::cpu function of its name, enqueued on the
+// calling thread's current stream (current_stream.h; else the default stream of the device whose
+// memory the op's first pointer names) and run there with its pointers translated to the device's
+// read-write view. Ops return at once, as CUDA launches do; results are in device memory when the
+// stream gets past them (SynchronizeStream, or an event).
+//
+// Arguments: every pointer is device memory of that device, checked at enqueue; one that is not
+// sets the device's sticky error and the op is skipped (a CUDA kernel given a host pointer faults
+// and poisons the context the same way). Host arguments, as in the CUDA kernels: the grouped GEMMs'
+// offsets (copied at enqueue, as cuBLAS reads them at launch) and the dispatch plan (copied).
+// aux_loss_forward and sum_of_squares return a host scalar, so they synchronize the stream (as
+// the CUDA ops must copy the scalar back); NaN when the device has a sticky error.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/optimizer.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "runtime/device/backend.h"
+#include "runtime/device/current_stream.h"
+#include "runtime/device/emulated_device.h"
+
+namespace furnace::device {
+namespace {
+
+namespace k = kernels::cpu;
+
+struct Target {
+  EmulatedDevice* device = nullptr;
+  Stream* stream = nullptr;
+};
+
+// The device and stream an op runs on, its device pointers checked; {} (op skipped) when one is
+// not that device's memory. With no device to report to (no emulated current stream and no
+// argument in an emulated device's memory) the program is as broken as a GPU kernel launched on
+// host pointers would make it, and it stops with the op's name.
+Target Resolve(const char* op, std::initializer_list<const void*> pointers) {
+  Target t;
+  if (Stream* current = CurrentStream(); current != nullptr) {
+    t.device = EmulatedDeviceOf(*current);
+    t.stream = current;
+  }
+  if (t.device == nullptr) {
+    for (const void* p : pointers) {
+      if (p == nullptr) continue;
+      t.device = EmulatedDeviceOwning(p);
+      if (t.device != nullptr) t.stream = &t.device->default_stream();
+      break;
+    }
+  }
+  if (t.device == nullptr) {
+    std::fprintf(stderr,
+                 "emulated backend: %s called with neither an emulated current stream nor an "
+                 "emulated device's memory as its first pointer\n",
+                 op);
+    std::abort();
+  }
+  int index = 0;
+  for (const void* p : pointers) {
+    if (p != nullptr && !t.device->Owns(p)) {
+      t.device->SetStickyError(absl::InvalidArgumentError(
+          absl::StrFormat("emulated backend: %s: pointer argument %d (%p) is not memory of "
+                          "device '%s'",
+                          op, index, p, t.device->name())));
+      return {};
+    }
+    ++index;
+  }
+  return t;
+}
+
+template <typename A>
+const void* PointerOf(const A& arg) {
+  if constexpr (std::is_pointer_v<A>) {
+    return arg;
+  } else {
+    return nullptr;
+  }
+}
+
+template <typename A>
+A Translated(EmulatedDevice* device, const A& arg) {
+  if constexpr (std::is_pointer_v<A>) {
+    return static_cast<A>(device->Translate(arg));
+  } else {
+    return arg;
+  }
+}
+
+void LaunchOrRecord(const Target& t, const char* op, std::function<void()> body) {
+  absl::Status s = t.device->Launch(*t.stream, std::move(body));
+  if (!s.ok()) {
+    t.device->SetStickyError(absl::Status(s.code(), absl::StrCat(op, ": ", s.message())));
+  }
+}
+
+// An op whose pointer arguments are all device memory: enqueued with them translated.
+template <const char* Name, auto Fn>
+struct Async;
+template <const char* Name, typename... P, void (*Fn)(P...)>
+struct Async<Name, Fn> {
+  static void Run(P... args) {
+    const Target t = Resolve(Name, {PointerOf(args)...});
+    if (t.device == nullptr) return;
+    auto bound = std::make_tuple(Translated(t.device, args)...);
+    LaunchOrRecord(t, Name, [bound] { std::apply(Fn, bound); });
+  }
+};
+
+// An op returning a host scalar: enqueued, then the stream synchronized for the value.
+template <typename R, typename F>
+R RunAndWait(const Target& t, const char* op, F body) {
+  if (t.device == nullptr) return std::numeric_limits<R>::quiet_NaN();
+  auto result = std::make_shared<R>(std::numeric_limits<R>::quiet_NaN());
+  LaunchOrRecord(t, op, [result, body] { *result = body(); });
+  if (!t.device->SynchronizeStream(*t.stream).ok()) return std::numeric_limits<R>::quiet_NaN();
+  return *result;
+}
+
+float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int kk,
+                     float alpha) {
+  const Target t = Resolve("aux_loss_forward", {probs, indices});
+  if (t.device == nullptr) return std::numeric_limits<float>::quiet_NaN();
+  const float* p = Translated(t.device, probs);
+  const int32_t* i = Translated(t.device, indices);
+  return RunAndWait<float>(t, "aux_loss_forward",
+                           [=] { return k::AuxLossForward<float>(p, i, N, E, kk, alpha); });
+}
+
+double SumOfSquares(const float* x, int64_t n) {
+  const Target t = Resolve("sum_of_squares", {x});
+  if (t.device == nullptr) return std::numeric_limits<double>::quiet_NaN();
+  const float* tx = Translated(t.device, x);
+  return RunAndWait<double>(t, "sum_of_squares", [=] { return k::SumOfSquares(tx, n); });
+}
+
+// The grouped GEMMs read `offsets` (E + 1) from the host at launch, as cuBLAS does.
+void GroupedMatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                          const int64_t* offsets, int E, int C, int OC) {
+  const Target t = Resolve("grouped_matmul_forward", {out, inp, weight, bias});
+  if (t.device == nullptr) return;
+  auto bound = std::make_tuple(Translated(t.device, out), Translated(t.device, inp),
+                               Translated(t.device, weight), Translated(t.device, bias));
+  std::vector<int64_t> host_offsets(offsets, offsets + E + 1);
+  LaunchOrRecord(t, "grouped_matmul_forward", [=] {
+    auto [o, i, w, b] = bound;
+    k::GroupedMatmulForward<float>(o, i, w, b, host_offsets.data(), E, C, OC);
+  });
+}
+
+void GroupedMatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, const int64_t* offsets, int E,
+                           int C, int OC) {
+  const Target t = Resolve("grouped_matmul_backward", {dinp, dweight, dbias, dout, inp, weight});
+  if (t.device == nullptr) return;
+  auto bound = std::make_tuple(Translated(t.device, dinp), Translated(t.device, dweight),
+                               Translated(t.device, dbias), Translated(t.device, dout),
+                               Translated(t.device, inp), Translated(t.device, weight));
+  std::vector<int64_t> host_offsets(offsets, offsets + E + 1);
+  LaunchOrRecord(t, "grouped_matmul_backward", [=] {
+    auto [di, dw, db, dout_, in, w] = bound;
+    k::GroupedMatmulBackward<float>(di, dw, db, dout_, in, w, host_offsets.data(), E, C, OC);
+  });
+}
+
+// Op names for errors (template arguments need objects with static storage).
+constexpr char kMatmulForward[] = "matmul_forward";
+constexpr char kMatmulBackward[] = "matmul_backward";
+constexpr char kAttentionForward[] = "attention_forward";
+constexpr char kAttentionBackward[] = "attention_backward";
+constexpr char kLayernormForward[] = "layernorm_forward";
+constexpr char kLayernormBackward[] = "layernorm_backward";
+constexpr char kGeluForward[] = "gelu_forward";
+constexpr char kGeluBackward[] = "gelu_backward";
+constexpr char kEmbeddingForward[] = "embedding_forward";
+constexpr char kEmbeddingBackward[] = "embedding_backward";
+constexpr char kCrossEntropyForward[] = "cross_entropy_forward";
+constexpr char kCrossEntropyBackward[] = "cross_entropy_backward";
+constexpr char kSoftmaxForward[] = "softmax_forward";
+constexpr char kSoftmaxBackward[] = "softmax_backward";
+constexpr char kTopkForward[] = "topk_forward";
+constexpr char kTopkBackward[] = "topk_backward";
+constexpr char kAuxLossBackward[] = "aux_loss_backward";
+constexpr char kPermuteForward[] = "permute_forward";
+constexpr char kPermuteBackward[] = "permute_backward";
+constexpr char kUnpermuteForward[] = "unpermute_forward";
+constexpr char kUnpermuteBackward[] = "unpermute_backward";
+constexpr char kAdamwUpdate[] = "adamw_update";
+constexpr char kScale[] = "scale";
+constexpr char kCastF32ToBf16[] = "cast_f32_to_bf16";
+constexpr char kCastBf16ToF32[] = "cast_bf16_to_f32";
+constexpr char kQuantizeFp8[] = "quantize_fp8_e4m3";
+constexpr char kDequantizeFp8[] = "dequantize_fp8_e4m3";
+
+constexpr Backend kEmulatedBackend = {
+    .name = "emulated",
+    .matmul_forward = &Async<kMatmulForward, &k::MatmulForward<float>>::Run,
+    .matmul_backward = &Async<kMatmulBackward, &k::MatmulBackward<float>>::Run,
+    .grouped_matmul_forward = &GroupedMatmulForward,
+    .grouped_matmul_backward = &GroupedMatmulBackward,
+    .attention_forward = &Async<kAttentionForward, &k::AttentionForward<float>>::Run,
+    .attention_backward = &Async<kAttentionBackward, &k::AttentionBackward<float>>::Run,
+    .layernorm_forward = &Async<kLayernormForward, &k::LayerNormForward<float>>::Run,
+    .layernorm_backward = &Async<kLayernormBackward, &k::LayerNormBackward<float>>::Run,
+    .gelu_forward = &Async<kGeluForward, &k::GeluForward<float>>::Run,
+    .gelu_backward = &Async<kGeluBackward, &k::GeluBackward<float>>::Run,
+    .embedding_forward = &Async<kEmbeddingForward, &k::EmbeddingForward<float>>::Run,
+    .embedding_backward = &Async<kEmbeddingBackward, &k::EmbeddingBackward<float>>::Run,
+    .cross_entropy_forward = &Async<kCrossEntropyForward, &k::CrossEntropyForward<float>>::Run,
+    .cross_entropy_backward = &Async<kCrossEntropyBackward, &k::CrossEntropyBackward<float>>::Run,
+    .softmax_forward = &Async<kSoftmaxForward, &k::SoftmaxForward<float>>::Run,
+    .softmax_backward = &Async<kSoftmaxBackward, &k::SoftmaxBackward<float>>::Run,
+    .topk_forward = &Async<kTopkForward, &k::TopKForward<float>>::Run,
+    .topk_backward = &Async<kTopkBackward, &k::TopKBackward<float>>::Run,
+    .aux_loss_forward = &AuxLossForward,
+    .aux_loss_backward = &Async<kAuxLossBackward, &k::AuxLossBackward<float>>::Run,
+    .make_dispatch_plan = &k::MakeDispatchPlan,  // host: built from host routing indices
+    .make_dispatch_plan_slice = &k::MakeDispatchPlanSlice,
+    .permute_forward = &Async<kPermuteForward, &k::PermuteForward<float>>::Run,
+    .permute_backward = &Async<kPermuteBackward, &k::PermuteBackward<float>>::Run,
+    .unpermute_forward = &Async<kUnpermuteForward, &k::UnpermuteForward<float>>::Run,
+    .unpermute_backward = &Async<kUnpermuteBackward, &k::UnpermuteBackward<float>>::Run,
+    .adamw_update = &Async<kAdamwUpdate, &k::AdamWUpdate>::Run,
+    .sum_of_squares = &SumOfSquares,
+    .scale = &Async<kScale, &k::Scale>::Run,
+    .cast_f32_to_bf16 = &Async<kCastF32ToBf16, &k::CastF32ToBf16>::Run,
+    .cast_bf16_to_f32 = &Async<kCastBf16ToF32, &k::CastBf16ToF32>::Run,
+    .quantize_fp8_e4m3 = &Async<kQuantizeFp8, &k::QuantizeFp8E4M3>::Run,
+    .dequantize_fp8_e4m3 = &Async<kDequantizeFp8, &k::DequantizeFp8E4M3>::Run,
+};
+
+}  // namespace
+
+const Backend& EmulatedBackend() { return kEmulatedBackend; }
+
+}  // namespace furnace::device
