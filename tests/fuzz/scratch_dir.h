@@ -15,8 +15,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                          "/furnace-fuzz-XXXXXX";
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/furnace-fuzz-XXXXXX";
     FUZZ_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot make a scratch directory");
     path_ = pattern;
   }

@@ -22,14 +22,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(absl::IsInvalidArgument(spec.status()), "refusal with code %s",
                std::string(absl::StatusCodeToString(spec.status().code())).c_str());
     const std::string message(spec.status().message());
-    FUZZ_CHECK(message == std::string(again.status().message()), "two parses give different messages");
+    FUZZ_CHECK(message == std::string(again.status().message()),
+               "two parses give different messages");
     size_t begin = 0;
     while (begin < message.size()) {
       size_t end = message.find('\n', begin);
       if (end == std::string::npos) end = message.size();
       const std::string line = message.substr(begin, end - begin);
-      FUZZ_CHECK(line.rfind("fuzz.yaml:", 0) == 0,
-                 "a problem line does not name the file: %s",
+      FUZZ_CHECK(line.rfind("fuzz.yaml:", 0) == 0, "a problem line does not name the file: %s",
                  line.c_str());
       begin = end + 1;
     }

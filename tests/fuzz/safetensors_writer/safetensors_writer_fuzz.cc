@@ -124,7 +124,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(!overflows, "a tensor whose element count overflows was written");
   FUZZ_CHECK(!negative, "a tensor with a negative dim was written");
-  const absl::StatusOr<furnace::train::SafetensorsFile> back = furnace::train::ReadSafetensors(path);
+  const absl::StatusOr<furnace::train::SafetensorsFile> back =
+      furnace::train::ReadSafetensors(path);
   FUZZ_CHECK(back.ok(), "a written file does not read back: %s",
              std::string(back.status().message()).c_str());
   FUZZ_CHECK(back->metadata == metadata, "metadata changes on a write/read round trip");

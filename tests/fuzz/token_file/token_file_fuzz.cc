@@ -21,8 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::StatusOr<std::unique_ptr<TokenFile>> file = TokenFile::Open(path);
   if (!file.ok()) {
     FUZZ_CHECK(file.status().message().find(path) != std::string::npos,
-               "refusal does not name the file: %s",
-               std::string(file.status().message()).c_str());
+               "refusal does not name the file: %s", std::string(file.status().message()).c_str());
     return 0;
   }
   const TokenFile& f = **file;
@@ -45,8 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)furnace::data::CheckTokenizerIdentity(f, "byte");
 
   const std::string copy = scratch.path() + "/copy.tok";
-  const absl::Status written =
-      furnace::data::WriteTokenFile(copy, tokens, f.vocab(), f.identity());
+  const absl::Status written = furnace::data::WriteTokenFile(copy, tokens, f.vocab(), f.identity());
   FUZZ_CHECK(written.ok(), "the tokens of an accepted file cannot be written back: %s",
              std::string(written.message()).c_str());
   const absl::StatusOr<std::unique_ptr<TokenFile>> back = TokenFile::Open(copy);
