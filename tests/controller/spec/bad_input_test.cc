@@ -28,6 +28,9 @@ std::vector<BadCase> Cases() {
       {"malformed_indent", "name: j\n  kind: train\n", {"job.yaml:2:7: malformed YAML: "}},
       {"empty_file", "", {"job.yaml:1:1: the job file is empty"}},
       {"only_comments", "# nothing\n", {"job.yaml:1:1: the job file is empty"}},
+      // yaml-cpp 0.7's LoadAll looped forever (allocating) on these (found by tests/fuzz).
+      {"lone_comma", "# a job\n  ,\n", {"job.yaml:2:3: malformed YAML: no document could be read"}},
+      {"leading_comma", ",name: j\nkind: train\n", {"job.yaml:1:1: malformed YAML: no document"}},
       {"top_level_list", "- name: j\n", {"job.yaml:1:1: top level: expected a mapping", "a list"}},
       {"top_level_scalar", "hello\n", {"job.yaml:1:1: top level: expected a mapping", "'hello'"}},
       {"two_documents",

@@ -5,13 +5,15 @@
 //  - a manifest is refused only with DataLoss (the store's promise), a shard record only with
 //    InvalidArgument;
 //  - an accepted manifest is self-consistent: the step it says, one record per shard, every
-//    parameter inside its shard's stored values, the shard totals adding up;
+//    parameter inside its shard's stored values, the shard totals adding up, its counters JSON
+//    integers;
 //  - every accepted record survives SerializeShardRecord -> ParseShardRecord unchanged;
 //  - ReadShard of an accepted manifest (its shard files absent) fails cleanly.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "nlohmann/json.hpp"
 #include "runtime/checkpoint/checkpoint.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/scratch_dir.h"
@@ -68,6 +70,16 @@ void CheckManifest(const CheckpointManifest& m) {
              static_cast<long long>(total), static_cast<long long>(m.values_in_all_shards));
 }
 
+// The manifest's counters are JSON integers: a float (2e125) accepted for one would have been
+// cast to an integer type (undefined behaviour when it does not fit).
+void CheckIntegers(const uint8_t* data, size_t size) {
+  const nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, false);
+  FUZZ_CHECK(j.is_object(), "an accepted manifest is no JSON object");
+  for (const char* key : {"version", "step", "data_position", "seed", "num_shards", "num_params"}) {
+    FUZZ_CHECK(j[key].is_number_integer(), "accepted \"%s\": %s", key, j[key].dump().c_str());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -77,6 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::StatusOr<CheckpointManifest> manifest = store.ReadManifest(1);
   if (manifest.ok()) {
     CheckManifest(*manifest);
+    CheckIntegers(data, size);
     const absl::StatusOr<furnace::train::LoadedCheckpoint> shard = store.ReadShard(*manifest, 0);
     FUZZ_CHECK(!shard.ok(), "a shard that does not exist was loaded");
   } else {
