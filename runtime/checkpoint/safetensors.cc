@@ -25,10 +25,10 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 // tensor the data does not hold; found by tests/fuzz).
 std::optional<int64_t> Numel(const std::vector<int64_t>& shape) {
   constexpr int64_t kMax = INT64_MAX / static_cast<int64_t>(sizeof(float));
-  for (int64_t d : shape) {
-    if (d < 0) return std::nullopt;
-    if (d == 0) return 0;
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    return std::nullopt;
   }
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) {
     if (n > kMax / d) return std::nullopt;

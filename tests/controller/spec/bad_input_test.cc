@@ -63,6 +63,9 @@ std::vector<BadCase> Cases() {
        {"job.yaml:3:1: modle: unknown field; did you mean 'model'? (allowed: name, kind, model, "
         "parallel, moe, memory, train, data, checkpoint, eval, recovery, resources, commcheck, "
         "fault)"}},
+      {"unknown_multiline_key",  // one problem a line, even for a key that spans lines
+       H("\"gp\\nus\": 8\n"),
+       {"job.yaml:3:1: gp\\nus: unknown field"}},
       {"unknown_top_level_no_guess",
        H("gpus: 8\n"),
        {"job.yaml:3:1: gpus: unknown field (allowed: name, kind, model,"}},
