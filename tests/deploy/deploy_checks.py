@@ -58,6 +58,11 @@ def parse_args(args):
     return pairs
 
 
+def insecure_flags(where, args):
+    return [f"{where}: --insecure in a shipped deployment" for flag, _ in parse_args(args)
+            if flag == "--insecure"]
+
+
 def unknown_flags(where, binary_name, args, flags_of):
     known = flags_of[binary_name]
     return [f"{where}: {binary_name} has no flag {flag} (its --help lists: "
@@ -135,15 +140,23 @@ def check_workloads(docs, flags_of):
         pod = template.get("spec") or {}
         volumes = {v.get("name"): v for v in pod.get("volumes") or []}
         for v in volumes.values():
-            problems += _check_volume_source(where, v, by_kind)
+            problems += _check_volume_source(where, v, by_kind, pod.get("securityContext") or {})
         for c in pod.get("containers") or []:
             cwhere = f"{where} container {c.get('name')!r}"
             problems += _check_container(cwhere, c, volumes, by_kind, flags_of)
     return problems
 
 
-def _check_volume_source(where, volume, by_kind):
+def _check_volume_source(where, volume, by_kind, pod_security):
     problems = []
+    if "secret" in volume and pod_security.get("runAsNonRoot"):
+        # Secret files belong to root (group: the pod's fsGroup): a non-root user reads them
+        # through the group bit, with an fsGroup.
+        mode = volume["secret"].get("defaultMode", 0o644)
+        if not (mode & 0o004 or (mode & 0o040 and "fsGroup" in pod_security)):
+            problems.append(f"{where}: volume {volume['name']!r}: defaultMode {mode:#o} leaves "
+                            "the Secret unreadable to the pod's non-root user (use 0440 and an "
+                            "fsGroup)")
     if "secret" in volume:
         name = volume["secret"].get("secretName")
         secret = by_kind.get("Secret", {}).get(name)
@@ -187,11 +200,14 @@ def _check_container(where, c, volumes, by_kind, flags_of):
     problems = []
     command = c.get("command") or []
     binary = command[0].rsplit("/", 1)[-1] if command else ""
-    if binary not in flags_of:
+    furnace_image = str(c.get("image", "")).startswith("furnace:")
+    if furnace_image and binary not in flags_of:
         problems.append(f"{where}: command {command} is not one of {', '.join(BINARIES)}")
         return problems
     args = [str(a) for a in c.get("args") or []]
-    problems += unknown_flags(where, binary, args, flags_of)
+    if furnace_image:
+        problems += unknown_flags(where, binary, args, flags_of)
+        problems += insecure_flags(where, args)
     env = {e.get("name") for e in c.get("env") or []}
     for a in args:
         for var in re.findall(r"\$\((\w+)\)", a):
@@ -221,9 +237,9 @@ def _check_container(where, c, volumes, by_kind, flags_of):
             problems.append(f"{where}: a worker must request nvidia.com/gpu in resources.limits")
     if binary == "furnace-controller":
         listen = dict(parse_args(args)).get("--metrics-listen") or ""
-        if listen and not listen.endswith(f":{ports.get('metrics')}"):
-            problems.append(f"{where}: --metrics-listen {listen} is not on the port named "
-                            f"metrics ({ports.get('metrics')})")
+        if listen and not listen.startswith("127.0.0.1:"):
+            problems.append(f"{where}: --metrics-listen {listen} must stay on 127.0.0.1 (the HTTP "
+                            "listener has no TLS; the controller refuses it without --insecure)")
     return problems
 
 
@@ -328,6 +344,7 @@ def check_systemd_unit(name, unit_text, flags_of):
     if binary not in flags_of:
         return [f"{name}: ExecStart runs {binary!r}, not one of {', '.join(BINARIES)}"]
     problems += unknown_flags(name, binary, argv[1:], flags_of)
+    problems += insecure_flags(name, argv[1:])
     settings = systemd_settings(unit_text)
     for key, want in HARDENING.items():
         if want not in settings.get(key, []):
@@ -362,3 +379,46 @@ def check_config_keys(name, text, binary, flags_of):
     doc = yaml.safe_load(text) or {}
     return [f"{name}: key {key!r} is no flag of {binary}" for key in doc
             if f"--{key}" not in flags_of[binary]]
+
+
+def check_metrics_proxy(docs):
+    """The controller pod's TLS proxy: it forwards to the controller's --metrics-listen port,
+    listens on the port Prometheus is pointed at, and its certificate files are files of the
+    volumes mounted in its container."""
+    problems = []
+    conf = next((d for _, d in docs if d.get("kind") == "ConfigMap" and
+                 _name(d) == "furnace-metrics-proxy"), None)
+    if conf is None:
+        return ["no ConfigMap furnace-metrics-proxy"]
+    text = "\n".join((conf.get("data") or {}).values())
+    by_kind = {}
+    for _, doc in docs:
+        by_kind.setdefault(doc.get("kind"), {})[_name(doc)] = doc
+    for where, _, template in _pod_specs(docs):
+        pod = template.get("spec") or {}
+        containers = {c.get("name"): c for c in pod.get("containers") or []}
+        proxy = containers.get("metrics-proxy")
+        if proxy is None:
+            continue
+        ann = (template.get("metadata") or {}).get("annotations") or {}
+        controller = next((c for c in containers.values()
+                           if (c.get("command") or [""])[0].endswith("furnace-controller")), {})
+        listen = dict(parse_args([str(a) for a in controller.get("args") or []])).get(
+            "--metrics-listen", "")
+        upstream = re.findall(r"proxy_pass\s+http://([\d.]+:\d+)/", text)
+        if upstream != [listen]:
+            problems.append(f"{where}: the proxy forwards to {upstream}, the controller's "
+                            f"--metrics-listen is {listen!r}")
+        if re.findall(r"listen\s+(\d+)\s+ssl", text) != [ann.get("prometheus.io/port")]:
+            problems.append(f"{where}: the proxy does not listen (ssl) on prometheus.io/port "
+                            f"{ann.get('prometheus.io/port')}")
+        volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+        mounts = {m.get("mountPath"): volumes.get(m.get("name"), {})
+                  for m in proxy.get("volumeMounts") or []}
+        for path in re.findall(r"ssl_\w+\s+(/\S+);", text):
+            mount, _, rel = path.rpartition("/")
+            files = _files_of_volume(mounts.get(mount, {}), by_kind)
+            if not files or rel not in files:
+                problems.append(f"{where}: the proxy reads {path}, which no volume mounted in "
+                                "its container provides")
+    return problems

@@ -66,6 +66,9 @@ class KubernetesTest(unittest.TestCase):
     def test_prometheus_annotations_point_at_the_metrics_port(self):
         self.assertClean(dc.check_prometheus_annotations(self.docs))
 
+    def test_metrics_proxy_forwards_to_the_loopback_listener(self):
+        self.assertClean(dc.check_metrics_proxy(self.docs))
+
     def test_secrets_are_a_template_of_placeholders(self):
         kinds = {d["kind"] for p, d in self.docs if p.endswith(".template.yaml")}
         self.assertEqual(kinds, {"Secret"})
@@ -133,7 +136,26 @@ class KubernetesTest(unittest.TestCase):
             if d.get("kind") == "Secret":
                 d["stringData"]["ca.crt"] = "-----BEGIN CERTIFICATE-----"
 
+        def insecure(d):
+            if pod(d):
+                pod(d)["containers"][0]["args"].append("--insecure")
+
+        def private_secret(d):
+            if pod(d):
+                for v in pod(d)["volumes"]:
+                    if "secret" in v:
+                        v["secret"]["defaultMode"] = 0o400
+
+        def open_metrics(d):
+            if d.get("kind") == "Deployment":
+                args = pod(d)["containers"][0]["args"]
+                args[:] = [a.replace("127.0.0.1:9464", "0.0.0.0:9464") for a in args]
+
         cases = [
+            (insecure, lambda ds: dc.check_workloads(ds, self.flags), "--insecure"),
+            (private_secret, lambda ds: dc.check_workloads(ds, self.flags), "unreadable"),
+            (open_metrics, lambda ds: dc.check_workloads(ds, self.flags), "127.0.0.1"),
+            (open_metrics, dc.check_metrics_proxy, "forwards to"),
             (unknown_flag, lambda ds: dc.check_workloads(ds, self.flags), "--no-such-flag"),
             (bad_selector, lambda ds: dc.check_workloads(ds, self.flags), "selector"),
             (lost_volume, lambda ds: dc.check_workloads(ds, self.flags), "no volume"),
