@@ -26,6 +26,11 @@ packages=(
   python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)
   prometheus  # promtool (metrics tests) and the server (scrape test); 12 packages without recommends
+  # tests/fuzz: clang-14 and its runtime libraries (libFuzzer, ASan, UBSan), a separate build-fuzz/.
+  clang libclang-rt-14-dev
+  # tests/deploy: systemd-analyze verify on the units, shellcheck on the Slurm script, PyYAML for
+  # the manifest checks.
+  systemd shellcheck python3-yaml
 )
 
 # The dashboard (web/): node/npm to fetch its charting library, chromium to test the page headless.

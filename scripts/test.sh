@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Quick start, second command: installs what is missing, builds, runs the whole test suite
-# (unit, integration and chaos tests; the gpu label skips itself where there is no GPU).
+# (unit, integration, chaos and fuzz tests; the gpu label skips itself where there is no GPU).
 # Extra arguments go to ctest, e.g. `scripts/test.sh -L unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
+tests/fuzz/build.sh  # the libFuzzer targets (clang); the fuzz tests run each for a bounded time
 ctest --test-dir build --output-on-failure -j 2 "$@"

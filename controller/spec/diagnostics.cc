@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 namespace furnace::spec {
 
@@ -22,9 +23,11 @@ void Diagnostics::Add(Position pos, absl::string_view path, Problem problem) {
 
 void Diagnostics::AddRaw(Position pos, absl::string_view message) {
   if (!pos.known) pos = Position{0, 0, true};
+  // One problem a line: a key or value quoted from the file may span lines (found by tests/fuzz).
+  const std::string one_line = absl::StrReplaceAll(message, {{"\n", "\\n"}, {"\r", "\\r"}});
   entries_.push_back(
       Entry{pos, entries_.size(),
-            absl::StrCat(filename_, ":", pos.line + 1, ":", pos.column + 1, ": ", message)});
+            absl::StrCat(filename_, ":", pos.line + 1, ":", pos.column + 1, ": ", one_line)});
 }
 
 Position Diagnostics::Where(absl::string_view path) const {

@@ -1,5 +1,6 @@
 #include "controller/spec/job_spec.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +86,73 @@ void ReadDocument(const YAML::Node& doc, Diagnostics* diag, furnace::v1::JobSpec
   CheckCrossFields(*spec, diag);
 }
 
+// The first node event of one document: where it is and whether the document was only a null.
+class FirstNode : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark, true); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark, false); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Node(mark, false);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Node(mark, false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Node(mark, false);
+  }
+  void OnMapEnd() override {}
+
+  bool only_null() const { return nodes_ == 1 && first_null_; }
+  const YAML::Mark& mark() const { return mark_; }
+
+ private:
+  void Node(const YAML::Mark& mark, bool null) {
+    if (nodes_++ == 0) {
+      mark_ = mark;
+      first_null_ = null;
+    }
+  }
+  int nodes_ = 0;
+  bool first_null_ = false;
+  YAML::Mark mark_;
+};
+
+// Where a second document starts, if the stream has one. Not YAML::LoadAll: on some malformed
+// streams (a lone ',') yaml-cpp 0.7's parser returns a null document without consuming the token
+// it stopped at, and LoadAll appends null documents forever, until memory runs out (yaml-cpp issue
+// 1040, fixed upstream after 0.7; found by tests/fuzz). Here at most two documents are read, and
+// a second one that is only a null does not count (upstream's fix stops at it too).
+std::optional<YAML::Mark> SecondDocument(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  FirstNode first, second;
+  if (!parser.HandleNextDocument(first)) return std::nullopt;
+  if (!parser.HandleNextDocument(second) || second.only_null()) return std::nullopt;
+  return second.mark();
+}
+
+// The first character of `text` that is not blank, a comment or a document marker; unknown
+// Position when there is none (the file is empty).
+Position FirstContent(const std::string& text) {
+  std::istringstream in(text);
+  int line = 0;
+  for (std::string l; std::getline(in, l); ++line) {
+    const size_t col = l.find_first_not_of(" \t\r");
+    if (col == std::string::npos || l[col] == '#' || l.rfind("---", 0) == 0 ||
+        l.rfind("...", 0) == 0) {
+      continue;
+    }
+    return Position{line, static_cast<int>(col), true};
+  }
+  return Position{};
+}
+
 }  // namespace
 
 absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,
@@ -91,20 +160,26 @@ absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,
   Diagnostics diag{std::string(filename)};
   furnace::v1::JobSpec spec;
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
-    if (docs.empty() || docs[0].IsNull()) {
+    const std::string text(yaml_text);
+    const YAML::Node root = YAML::Load(text);
+    const std::optional<YAML::Mark> second = SecondDocument(text);
+    if (const Position content = FirstContent(text); root.IsNull() && content.known) {
+      diag.AddRaw(content,
+                  "malformed YAML: no document could be read from here on; expected a mapping "
+                  "with at least 'name' and 'kind'");
+    } else if (root.IsNull()) {
       diag.AddRaw(Position{0, 0, true},
                   "the job file is empty; expected a mapping with at least 'name' and 'kind'");
-    } else if (docs.size() > 1) {
-      diag.AddRaw(PositionOf(docs[1].Mark()),
+    } else if (second.has_value()) {
+      diag.AddRaw(PositionOf(*second),
                   "a job file holds one YAML document; found a second one (remove the '---')");
-    } else if (!docs[0].IsMap()) {
-      diag.AddRaw(PositionOf(docs[0].Mark()),
+    } else if (!root.IsMap()) {
+      diag.AddRaw(PositionOf(root.Mark()),
                   absl::StrCat("top level: expected a mapping with at least 'name' and 'kind', "
                                "got ",
-                               DescribeNode(docs[0])));
+                               DescribeNode(root)));
     } else {
-      ReadDocument(docs[0], &diag, &spec);
+      ReadDocument(root, &diag, &spec);
     }
   } catch (const YAML::ParserException& e) {
     diag.AddRaw(PositionOf(e.mark), absl::StrCat("malformed YAML: ", e.msg));

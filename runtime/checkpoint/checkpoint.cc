@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,31 @@ absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t 
   return absl::OkStatus();
 }
 
+// A JSON integer as T. nlohmann's get<T>() casts a JSON float to an integer type, undefined
+// behaviour when it does not fit (a manifest saying 2e125; found by tests/fuzz), and narrows a
+// large integer silently. A manifest is not covered by a checksum, so both throw here, as
+// nlohmann's getters do on a type mismatch (callers catch Json::exception).
+template <typename T>
+T Integer(const Json& j) {
+  if (j.is_number_unsigned()) {
+    if (const uint64_t v = j.get<uint64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+  } else if (j.is_number_integer()) {
+    if (const int64_t v = j.get<int64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+  } else {
+    throw Json::type_error::create(302, absl::StrCat("expected an integer, got ", j.dump()), &j);
+  }
+  throw Json::out_of_range::create(406, absl::StrCat("integer ", j.dump(), " out of range"), &j);
+}
+
+std::vector<int64_t> Integers(const Json& j) {
+  if (!j.is_array()) {
+    throw Json::type_error::create(302, absl::StrCat("expected an array, got ", j.dump()), &j);
+  }
+  std::vector<int64_t> out;
+  for (const Json& e : j) out.push_back(Integer<int64_t>(e));
+  return out;
+}
+
 Json ParamsJson(const std::vector<ParamInfo>& params) {
   Json list = Json::array();
   for (const ParamInfo& p : params) {
@@ -98,14 +124,14 @@ std::vector<ParamInfo> ParamsFromJson(const Json& list) {
   for (const Json& p : list) {
     ParamInfo info;
     info.name = p.at("name").get<std::string>();
-    info.shape = p.at("shape").get<std::vector<int64_t>>();
-    info.offset = p.at("offset").get<int64_t>();
+    info.shape = Integers(p.at("shape"));
+    info.offset = Integer<int64_t>(p.at("offset"));
     info.weight_decay = p.at("weight_decay").get<bool>();
     if (p.contains("global_shape")) {
-      info.shard.global_shape = p.at("global_shape").get<std::vector<int64_t>>();
-      info.shard.dim = p.at("shard_dim").get<int>();
+      info.shard.global_shape = Integers(p.at("global_shape"));
+      info.shard.dim = Integer<int>(p.at("shard_dim"));
       for (const Json& r : p.at("shard_ranges")) {
-        info.shard.ranges.emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+        info.shard.ranges.emplace_back(Integer<int64_t>(r.at(0)), Integer<int64_t>(r.at(1)));
       }
     }
     params.push_back(std::move(info));
@@ -125,10 +151,10 @@ Json RecordJson(const ShardRecord& r) {
 ShardRecord RecordFromJson(const Json& j) {
   ShardRecord r;
   r.file = j.at("file").get<std::string>();
-  r.bytes = j.at("bytes").get<uint64_t>();
-  r.crc32 = j.at("crc32").get<uint32_t>();
+  r.bytes = Integer<uint64_t>(j.at("bytes"));
+  r.crc32 = Integer<uint32_t>(j.at("crc32"));
   if (j.contains("num_params")) {
-    r.n = j.at("num_params").get<int64_t>();
+    r.n = Integer<int64_t>(j.at("num_params"));
     r.params = ParamsFromJson(j.at("params"));
   }
   return r;
@@ -367,22 +393,22 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
   CheckpointManifest out;
   out.path = step_dir;
   try {  // nlohmann's typed getters throw on a type mismatch: caught here, never escapes
-    if (m["version"].get<uint32_t>() != kCheckpointVersion) {
+    if (Integer<uint32_t>(m["version"]) != kCheckpointVersion) {
       return bad_manifest(absl::StrCat("unsupported version ", m["version"].dump()));
     }
-    out.step = m["step"].get<int64_t>();
-    out.data_position = m["data_position"].get<int64_t>();
-    out.seed = m["seed"].get<uint64_t>();
+    out.step = Integer<int64_t>(m["step"]);
+    out.data_position = Integer<int64_t>(m["data_position"]);
+    out.seed = Integer<uint64_t>(m["seed"]);
     if (m.contains("data")) {
       const Json& d = m["data"];
       out.data.order = d.at("order").get<std::string>();
-      out.data.sequences = d.at("sequences").get<int64_t>();
-      out.data.epoch = d.at("epoch").get<int64_t>();
-      out.data.index_in_epoch = d.at("index_in_epoch").get<int64_t>();
-      out.data.epoch_sequences = d.at("epoch_sequences").get<int64_t>();
+      out.data.sequences = Integer<int64_t>(d.at("sequences"));
+      out.data.epoch = Integer<int64_t>(d.at("epoch"));
+      out.data.index_in_epoch = Integer<int64_t>(d.at("index_in_epoch"));
+      out.data.epoch_sequences = Integer<int64_t>(d.at("epoch_sequences"));
     }
-    out.num_shards = m["num_shards"].get<int>();
-    const int64_t n = m["num_params"].get<int64_t>();
+    out.num_shards = Integer<int>(m["num_shards"]);
+    const int64_t n = Integer<int64_t>(m["num_params"]);
     if (out.step != step) {
       return bad_manifest(
           absl::StrCat("says step ", out.step, " inside the directory of step ", step));

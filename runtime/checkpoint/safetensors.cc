@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -19,9 +20,20 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
-int64_t Numel(const std::vector<int64_t>& shape) {
+// The element count of `shape`, or nullopt when a dim is negative or the tensor's bytes would not
+// fit in an int64 (a count that overflows is undefined behaviour, and wrapped it would describe a
+// tensor the data does not hold; found by tests/fuzz).
+std::optional<int64_t> Numel(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMax = INT64_MAX / static_cast<int64_t>(sizeof(float));
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    return std::nullopt;
+  }
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (n > kMax / d) return std::nullopt;
+    n *= d;
+  }
   return n;
 }
 
@@ -36,19 +48,25 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
       return absl::InvalidArgumentError(
           absl::StrCat("safetensors ", path, ": duplicate or reserved tensor name ", t.name));
     }
-    for (int64_t d : t.shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("safetensors ", path, ": tensor ", t.name,
-                                                       " has negative shape ", ShapeText(t.shape)));
-      }
+    const std::optional<int64_t> numel = Numel(t.shape);
+    if (!numel.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors ", path, ": tensor ", t.name, " has shape ", ShapeText(t.shape),
+                       " (dims must be >= 0 and the bytes fit in 63 bits)"));
     }
-    const uint64_t bytes = static_cast<uint64_t>(Numel(t.shape)) * sizeof(float);
+    const uint64_t bytes = static_cast<uint64_t>(*numel) * sizeof(float);
     header[t.name] = {
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string json = header.dump();
+  std::string json;
+  try {  // the header is JSON, which holds only UTF-8 (dump throws on anything else)
+    json = header.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors ", path, ": tensor names and metadata must be UTF-8 (", e.what(), ")"));
+  }
   json.append((8 - json.size() % 8) % 8, ' ');
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t{json.size()} >> (8 * i));
@@ -58,7 +76,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   RETURN_IF_ERROR(writer.Append(len, 8));
   RETURN_IF_ERROR(writer.Append(json.data(), json.size()));
   for (const TensorView& t : tensors) {
-    RETURN_IF_ERROR(writer.Append(t.data, static_cast<size_t>(Numel(t.shape)) * sizeof(float)));
+    RETURN_IF_ERROR(writer.Append(t.data, static_cast<size_t>(*Numel(t.shape)) * sizeof(float)));
   }
   return writer.Commit();
 }
@@ -111,15 +129,21 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     }
     SafetensorsTensor tensor;
     for (const auto& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) return bad(absl::StrCat("tensor ", name, ": bad shape"));
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX}) {
+        return bad(absl::StrCat("tensor ", name, ": bad shape ", entry["shape"].dump()));
+      }
       tensor.shape.push_back(d.get<int64_t>());
+    }
+    const std::optional<int64_t> numel = Numel(tensor.shape);
+    if (!numel.has_value()) {
+      return bad(absl::StrCat("tensor ", name, ": shape ", ShapeText(tensor.shape), " too large"));
     }
     const auto& off = entry["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
       return bad(absl::StrCat("tensor ", name, ": bad data_offsets"));
     }
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    const uint64_t want = static_cast<uint64_t>(Numel(tensor.shape)) * sizeof(float);
+    const uint64_t want = static_cast<uint64_t>(*numel) * sizeof(float);
     if (e < b || e - b != want) {
       return bad(absl::StrCat("tensor ", name, ": data_offsets [", b, ", ", e, ") hold ", e - b,
                               " bytes but shape ", ShapeText(tensor.shape), " needs ", want));
@@ -129,7 +153,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
                               " of the data section, which has ", data_bytes));
     }
     tensor.data.resize(static_cast<size_t>(want / sizeof(float)));
-    std::memcpy(tensor.data.data(), bytes.data() + data_begin + b, want);
+    if (want > 0) std::memcpy(tensor.data.data(), bytes.data() + data_begin + b, want);
     ranges.emplace_back(b, e);
     file.tensors.emplace(name, std::move(tensor));
   }

@@ -28,6 +28,9 @@ std::vector<BadCase> Cases() {
       {"malformed_indent", "name: j\n  kind: train\n", {"job.yaml:2:7: malformed YAML: "}},
       {"empty_file", "", {"job.yaml:1:1: the job file is empty"}},
       {"only_comments", "# nothing\n", {"job.yaml:1:1: the job file is empty"}},
+      // yaml-cpp 0.7's LoadAll looped forever (allocating) on these (found by tests/fuzz).
+      {"lone_comma", "# a job\n  ,\n", {"job.yaml:2:3: malformed YAML: no document could be read"}},
+      {"leading_comma", ",name: j\nkind: train\n", {"job.yaml:1:1: malformed YAML: no document"}},
       {"top_level_list", "- name: j\n", {"job.yaml:1:1: top level: expected a mapping", "a list"}},
       {"top_level_scalar", "hello\n", {"job.yaml:1:1: top level: expected a mapping", "'hello'"}},
       {"two_documents",
@@ -60,6 +63,9 @@ std::vector<BadCase> Cases() {
        {"job.yaml:3:1: modle: unknown field; did you mean 'model'? (allowed: name, kind, model, "
         "parallel, moe, memory, train, data, checkpoint, eval, recovery, resources, commcheck, "
         "fault)"}},
+      {"unknown_multiline_key",  // one problem a line, even for a key that spans lines
+       H("\"gp\\nus\": 8\n"),
+       {"job.yaml:3:1: gp\\nus: unknown field"}},
       {"unknown_top_level_no_guess",
        H("gpus: 8\n"),
        {"job.yaml:3:1: gpus: unknown field (allowed: name, kind, model,"}},

@@ -1,0 +1,336 @@
+"""deploy/ checked with the validators Debian has: every Kubernetes manifest parsed and checked
+for the fields we rely on (deploy_checks.py), the systemd units by `systemd-analyze verify` and
+for their flags, credentials and hardening, the Slurm script by `bash -n`, shellcheck and a dry
+run under a fake `srun`, the daemons' example configs against their flags. Flags are compared
+with the real binaries' --help, so a renamed flag breaks this test, not a deployment.
+
+    test_deploy.py --bin BUILD/bin --src REPO [unittest args]
+"""
+import argparse
+import copy
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deploy_checks as dc  # noqa: E402
+
+ARGS = None
+SETUP_HINT = "scripts/setup.sh installs it"
+
+
+def src(*parts):
+    return pathlib.Path(ARGS.src, *parts)
+
+
+def flags_of():
+    return {b: dc.help_flags(os.path.join(ARGS.bin, b)) for b in dc.BINARIES}
+
+
+def tool(name, package):
+    path = shutil.which(name)
+    if path is None:
+        raise AssertionError(f"{name} not found (Debian package {package}; {SETUP_HINT})")
+    return path
+
+
+class KubernetesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.flags = flags_of()
+        cls.k8s = src("deploy", "k8s")
+        cls.files = sorted(p for p in cls.k8s.glob("*.yaml") if p.name != "kustomization.yaml")
+        cls.docs = dc.load_manifests(cls.files)
+
+    def assertClean(self, problems):
+        self.assertEqual(problems, [], "\n" + "\n".join(problems))
+
+    def test_every_manifest_is_a_known_object_in_the_namespace(self):
+        self.assertGreaterEqual(len(self.docs), 10)
+        self.assertClean(dc.check_objects(self.docs))
+
+    def test_workloads_selectors_volumes_flags_and_gpus(self):
+        kinds = {d["kind"] for _, d in self.docs}
+        self.assertIn("Deployment", kinds)
+        self.assertTrue(kinds & {"StatefulSet", "DaemonSet"}, "no worker StatefulSet/DaemonSet")
+        self.assertClean(dc.check_workloads(copy.deepcopy(self.docs), self.flags))
+
+    def test_services_select_pods_and_their_ports(self):
+        self.assertClean(dc.check_services(self.docs))
+
+    def test_prometheus_annotations_point_at_the_metrics_port(self):
+        self.assertClean(dc.check_prometheus_annotations(self.docs))
+
+    def test_metrics_proxy_forwards_to_the_loopback_listener(self):
+        self.assertClean(dc.check_metrics_proxy(self.docs))
+
+    def test_secrets_are_a_template_of_placeholders(self):
+        kinds = {d["kind"] for p, d in self.docs if p.endswith(".template.yaml")}
+        self.assertEqual(kinds, {"Secret"})
+        self.assertClean(dc.check_secret_template(self.docs))
+
+    def test_kustomization_applies_every_manifest_but_the_template(self):
+        with open(self.k8s / "kustomization.yaml") as f:
+            k = dc.yaml.safe_load(f)
+        self.assertEqual(k.get("apiVersion"), "kustomize.config.k8s.io/v1beta1")
+        self.assertEqual(k.get("kind"), "Kustomization")
+        want = sorted(p.name for p in self.files if not p.name.endswith(".template.yaml"))
+        self.assertEqual(sorted(k.get("resources", [])), want)
+
+    def test_job_configmap_matches_configs(self):
+        r = subprocess.run([sys.executable, str(self.k8s / "make_job_configs.py"), "--check"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        cm = [d for _, d in self.docs if d["kind"] == "ConfigMap" and
+              d["metadata"]["name"] == "furnace-jobs"]
+        self.assertEqual(len(cm), 1)
+        self.assertEqual(cm[0]["data"]["demo.yaml"], src("configs", "demo.yaml").read_text())
+
+    def test_checks_catch_broken_manifests(self):
+        """Each check fails on a manifest broken in the way it looks for."""
+        def broken(mutate):
+            docs = copy.deepcopy(self.docs)
+            for _, d in docs:
+                mutate(d)
+            return docs
+
+        def pod(d):
+            return d["spec"]["template"]["spec"] if d.get("kind") in dc.WORKLOADS else None
+
+        def unknown_flag(d):
+            if pod(d):
+                pod(d)["containers"][0]["args"].append("--no-such-flag=1")
+
+        def bad_selector(d):
+            if pod(d):
+                d["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "other"}
+
+        def lost_volume(d):
+            if pod(d):
+                pod(d)["volumes"] = [v for v in pod(d)["volumes"] if v["name"] != "tls"]
+
+        def wrong_key(d):
+            if pod(d):
+                for v in pod(d)["volumes"]:
+                    for item in v.get("secret", {}).get("items", []):
+                        item["key"] = item["key"] + ".old"
+
+        def no_gpu(d):
+            if d.get("kind") == "StatefulSet":
+                pod(d)["containers"][0]["resources"]["limits"].pop("nvidia.com/gpu")
+
+        def wrong_port(d):
+            if d.get("kind") == "Service":
+                d["spec"]["ports"] = [{"name": "x", "port": 1, "targetPort": "nope"}]
+
+        def wrong_api(d):
+            if d.get("kind") == "Deployment":
+                d["apiVersion"] = "extensions/v1beta1"
+
+        def real_secret(d):
+            if d.get("kind") == "Secret":
+                d["stringData"]["ca.crt"] = "-----BEGIN CERTIFICATE-----"
+
+        def insecure(d):
+            if pod(d):
+                pod(d)["containers"][0]["args"].append("--insecure")
+
+        def private_secret(d):
+            if pod(d):
+                for v in pod(d)["volumes"]:
+                    if "secret" in v:
+                        v["secret"]["defaultMode"] = 0o400
+
+        def open_metrics(d):
+            if d.get("kind") == "Deployment":
+                args = pod(d)["containers"][0]["args"]
+                args[:] = [a.replace("127.0.0.1:9464", "0.0.0.0:9464") for a in args]
+
+        cases = [
+            (insecure, lambda ds: dc.check_workloads(ds, self.flags), "--insecure"),
+            (private_secret, lambda ds: dc.check_workloads(ds, self.flags), "unreadable"),
+            (open_metrics, lambda ds: dc.check_workloads(ds, self.flags), "127.0.0.1"),
+            (open_metrics, dc.check_metrics_proxy, "forwards to"),
+            (unknown_flag, lambda ds: dc.check_workloads(ds, self.flags), "--no-such-flag"),
+            (bad_selector, lambda ds: dc.check_workloads(ds, self.flags), "selector"),
+            (lost_volume, lambda ds: dc.check_workloads(ds, self.flags), "no volume"),
+            (wrong_key, lambda ds: dc.check_workloads(ds, self.flags), "not in Secret"),
+            (no_gpu, lambda ds: dc.check_workloads(ds, self.flags), "nvidia.com/gpu"),
+            (wrong_port, dc.check_services, "targetPort"),
+            (wrong_api, dc.check_objects, "apiVersion"),
+            (real_secret, dc.check_secret_template, "placeholder"),
+        ]
+        for mutate, check, needle in cases:
+            with self.subTest(mutate.__name__):
+                problems = check(broken(mutate))
+                self.assertTrue(any(needle in p for p in problems),
+                                f"{mutate.__name__}: no problem mentions {needle!r}: {problems}")
+
+
+class SystemdTest(unittest.TestCase):
+    UNITS = ("furnace-controller.service", "furnace-worker@.service")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.flags = flags_of()
+        cls.texts = {u: src("deploy", "systemd", u).read_text() for u in cls.UNITS}
+
+    def verify(self, texts):
+        """systemd-analyze verify on copies whose ExecStart runs the binaries of this build (verify
+        checks that the program exists); the template as instance @0. Returns its output."""
+        analyze = tool("systemd-analyze", "systemd")
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for unit, text in texts.items():
+                text = text.replace("/usr/local/bin/", os.path.abspath(ARGS.bin) + "/")
+                pathlib.Path(tmp, unit).write_text(text)
+                paths.append(os.path.join(tmp, unit.replace("@.", "@0.")))
+            r = subprocess.run([analyze, "verify", *paths], capture_output=True, text=True,
+                               timeout=120, cwd=tmp)
+            return r.returncode, (r.stdout + r.stderr).replace(tmp + "/", "")
+
+    def test_units_pass_systemd_analyze_verify(self):
+        rc, out = self.verify(self.texts)
+        self.assertEqual((rc, out), (0, ""), out)
+
+    def test_verify_reports_a_misspelt_option(self):
+        texts = dict(self.texts)
+        texts["furnace-worker@.service"] = texts["furnace-worker@.service"].replace(
+            "NoNewPrivileges=yes", "NoNewPrivilege=yes")
+        _, out = self.verify(texts)
+        self.assertIn("NoNewPrivilege", out)
+
+    def test_flags_credentials_and_hardening(self):
+        for unit, text in self.texts.items():
+            with self.subTest(unit):
+                problems = dc.check_systemd_unit(unit, text, self.flags)
+                self.assertEqual(problems, [], "\n" + "\n".join(problems))
+
+    def test_checks_catch_broken_units(self):
+        text = self.texts["furnace-worker@.service"]
+        cases = [
+            (text.replace("--tls-key", "--tls-private-key"), "--tls-private-key"),
+            (text.replace("NoNewPrivileges=yes", "NoNewPrivileges=no"), "NoNewPrivileges"),
+            (text.replace("LoadCredential=worker.key:", "LoadCredential=other.key:"),
+             "LoadCredential=worker.key"),
+            (text.replace("ReadWritePaths=/var/lib/furnace-worker /srv/furnace/checkpoints",
+                          "ReadWritePaths=/var/lib/furnace-worker"), "--checkpoint-root"),
+        ]
+        for broken, needle in cases:
+            with self.subTest(needle):
+                problems = dc.check_systemd_unit("unit", broken, self.flags)
+                self.assertTrue(any(needle in p for p in problems), problems)
+
+
+class ConfigExamplesTest(unittest.TestCase):
+    def test_example_config_keys_are_flags(self):
+        flags = flags_of()
+        for name, binary in (("controller.example.yaml", "furnace-controller"),
+                             ("worker.example.yaml", "furnace-worker")):
+            problems = dc.check_config_keys(name, src("deploy", name).read_text(), binary, flags)
+            self.assertEqual(problems, [], "\n".join(problems))
+
+
+FAKE_SRUN = """#!/usr/bin/env bash
+# Runs the step's command once per task of one node, as srun would, with SLURM_LOCALID set.
+set -euo pipefail
+n=1
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do
+  case "$1" in --ntasks-per-node=*) n="${1#*=}" ;; esac
+  shift
+done
+pids=()
+for ((i = 0; i < n; i++)); do SLURM_LOCALID=$i SLURM_PROCID=$i "$@" & pids+=($!); done
+for p in "${pids[@]}"; do wait "$p"; done
+"""
+
+RECORDER = """#!/usr/bin/env bash
+# Stands in for furnace-worker: records its arguments, one a line.
+printf '%s\\n' "$@" > "$FAKE_CALLS/$SLURM_LOCALID"
+"""
+
+
+class SlurmTest(unittest.TestCase):
+    SCRIPT = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.SCRIPT = str(src("deploy", "slurm", "furnace-workers.sbatch"))
+
+    def test_bash_syntax(self):
+        r = subprocess.run(["bash", "-n", self.SCRIPT], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_shellcheck(self):
+        r = subprocess.run([tool("shellcheck", "shellcheck"), self.SCRIPT], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def run_script(self, tmp, args, **env_over):
+        tmp = pathlib.Path(tmp)
+        for name, text in (("srun", FAKE_SRUN), ("recorder", RECORDER)):
+            p = tmp / name
+            p.write_text(text)
+            p.chmod(p.stat().st_mode | stat.S_IXUSR)
+        (tmp / "calls").mkdir(exist_ok=True)
+        (tmp / "tls").mkdir(exist_ok=True)
+        for f in ("ca.crt", "worker.crt", "worker.key", "join-token"):
+            (tmp / "tls" / f).write_text("x")
+        env = dict(os.environ, PATH=f"{tmp}:{os.environ['PATH']}", SLURM_JOB_ID="42",
+                   SLURM_NTASKS_PER_NODE="3(x2)", SLURM_JOB_NUM_NODES="2",
+                   FURNACE_TLS_DIR=str(tmp / "tls"), FURNACE_JOIN_TOKEN=str(tmp / "tls/join-token"),
+                   FURNACE_BIN=str(tmp / "recorder"), FURNACE_WORK_DIR=str(tmp / "work"),
+                   FAKE_CALLS=str(tmp / "calls"))
+        env.pop("FURNACE_CONTROLLER", None)
+        env.update(env_over)
+        return subprocess.run(["bash", self.SCRIPT, *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    def test_dry_run_starts_one_worker_per_gpu_with_tls(self):
+        worker_flags = flags_of()["furnace-worker"]
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self.run_script(tmp, ["head:7070"])
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            calls = sorted(pathlib.Path(tmp, "calls").iterdir())
+            self.assertEqual([c.name for c in calls], ["0", "1", "2"])
+            for c in calls:
+                argv = c.read_text().splitlines()
+                problems = dc.unknown_flags(f"task {c.name}", "furnace-worker", argv,
+                                            {"furnace-worker": worker_flags})
+                self.assertEqual(problems, [], "\n".join(problems))
+                given = dict(dc.parse_args(argv))
+                self.assertEqual(given["--controller"], "head:7070")
+                self.assertEqual(given["--slot"], c.name)
+                self.assertEqual(given["--tls-key"], f"{tmp}/tls/worker.key")
+                self.assertEqual(given["--join-token-file"], f"{tmp}/tls/join-token")
+                self.assertTrue(os.path.isdir(given["--work-dir"]), given["--work-dir"])
+
+    def test_controller_from_the_environment(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self.run_script(tmp, [], FURNACE_CONTROLLER="envhost:7071")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            argv = pathlib.Path(tmp, "calls", "0").read_text().splitlines()
+            self.assertEqual(dict(dc.parse_args(argv))["--controller"], "envhost:7071")
+
+    def test_refusals_say_what_is_missing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self.run_script(tmp, [])
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("CONTROLLER_HOST:PORT", r.stderr)
+            r = self.run_script(tmp, ["head:7070"], FURNACE_TLS_DIR=f"{tmp}/nowhere")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"{tmp}/nowhere/ca.crt", r.stderr)
+            self.assertEqual(list(pathlib.Path(tmp, "calls").iterdir()), [])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--src", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0], *rest])
