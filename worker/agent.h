@@ -67,6 +67,11 @@ struct AgentOptions {
   size_t log_capacity = 10000;
   double flush_interval_s = 0.2;
   double rpc_timeout_s = 5;  // per unary call
+  // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: not confined.
+  // Handed to every rank in its task (RankTask.data_root / checkpoint_root): the rank resolves the
+  // job's paths under them before it opens anything (worker/input_roots.h).
+  std::string data_root;
+  std::string checkpoint_root;
 };
 
 // Fills worker_id and work_dir defaults.

@@ -26,6 +26,10 @@ struct LocalLauncherOptions {
   std::string controller_address;  // what the workers dial
   std::string state_dir;           // workers get <state_dir>/workers/slot-<i>
   std::string log_level = "info";
+  // The controller's --data-root / --checkpoint-root, passed on: workers on this machine confine
+  // the ranks' files to the same directories (empty: not confined).
+  std::string data_root;
+  std::string checkpoint_root;
 };
 
 class LocalLauncher {

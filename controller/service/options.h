@@ -22,6 +22,13 @@ struct ControllerFlags {
   std::string log_level = "info";
   std::string metrics_listen = "127.0.0.1:9464";  // empty: no HTTP server
   std::string web_root;                           // empty: share/furnace/web next to bin/
+  std::string data_root;                          // empty: job data paths are not confined
+  std::string checkpoint_root;                    // empty: checkpoint.dir is not confined
+  // The largest request any RPC accepts (agents push telemetry in batches of up to 1000 records;
+  // a job file is at most 1 MiB).
+  uint64_t max_request_bytes = uint64_t{64} << 20;
+  double submit_rate = 2.0;    // job submissions per second per caller, after the burst
+  double submit_burst = 20.0;  // submissions a caller may make at once
 };
 
 // Adds --config and every option to `app`, each bound to its field of `flags` (which must

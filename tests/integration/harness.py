@@ -61,7 +61,7 @@ def processes_under(path):
 
 
 class Cluster:
-    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None):
+    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None, extra_args=()):
         self.state = tempfile.mkdtemp(prefix="furnace-it-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -71,6 +71,7 @@ class Cluster:
         # 9464: tests run in parallel).
         self.metrics_port = metrics_port or free_port()
         self.controller = None
+        self.extra_args = list(extra_args)  # more furnace-controller flags
         self.log = open(os.path.join(self.state, "controller.out"), "ab")
 
     # -- processes -------------------------------------------------------------------------
@@ -79,7 +80,7 @@ class Cluster:
             [os.path.join(BIN_DIR, "furnace-controller"), "--listen", self.addr,
              "--state-dir", self.state, "--local-workers", str(self.workers),
              "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout),
-             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_up()
         if wait_workers:
