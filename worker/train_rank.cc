@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "furnace/v1/job_paths.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "kernels/blas.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/path_root.h"

@@ -10,7 +10,7 @@
 #include "controller/spec/input_roots.h"
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
-#include "furnace/v1/state_names.h"
+#include "proto/furnace/v1/state_names.h"
 #include "runtime/base/status.h"
 #include "runtime/base/utf8.h"
 #include "spdlog/spdlog.h"
@@ -84,8 +84,9 @@ absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
 absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
                                                  const std::string& yaml,
                                                  const std::string& filename) {
-  absl::StatusOr<std::string> id = submit_limiter_.Admit(identity);
-  if (id.ok()) id = Submit(yaml, filename);
+  const absl::Status admitted = submit_limiter_.Admit(identity);
+  const absl::StatusOr<std::string> id =
+      admitted.ok() ? Submit(yaml, filename) : absl::StatusOr<std::string>(admitted);
   Audit(identity, "submit", id.ok() ? *id : "", id.status(),
         id.ok() ? absl::StrCat("submitted ", filename) : "");
   return id;
@@ -123,7 +124,7 @@ void Controller::Audit(const std::string& identity, const std::string& action,
   e.set_code(absl::StatusCodeToString(outcome.code()));
   e.set_detail(SanitizeUtf8(outcome.ok() ? detail : std::string(outcome.message()), kMaxDetail));
   if (absl::Status s = store_->AddAudit(e); !s.ok()) {
-    spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.message());
+    spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.ToString());
   }
 }
 

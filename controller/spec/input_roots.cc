@@ -1,6 +1,6 @@
 #include "controller/spec/input_roots.h"
 
-#include "furnace/v1/job_paths.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/path_root.h"
 
 namespace furnace::spec {

@@ -90,9 +90,9 @@ void ReadDocument(const YAML::Node& doc, Diagnostics* diag, furnace::v1::JobSpec
 
 absl::Status CheckJobText(std::string_view text, std::string_view filename) {
   if (text.size() > kMaxJobFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(filename, ": the job file is ", text.size(),
-                                                   " bytes; the limit is ", kMaxJobFileBytes,
-                                                   " bytes (1 MiB)"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(filename), ": the job file is ",
+                                                   text.size(), " bytes; the limit is ",
+                                                   kMaxJobFileBytes, " bytes (1 MiB)"));
   }
   if (std::optional<size_t> bad = FirstInvalidUtf8(text)) {
     return absl::InvalidArgumentError(

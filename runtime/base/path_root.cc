@@ -20,14 +20,14 @@ bool IsUnder(const fs::path& p, const fs::path& root) {
   return true;
 }
 
-absl::Status Escape(std::string_view root, std::string_view path, std::string_view field,
-                    std::string_view flag, std::string_view why) {
+absl::Status Escape(const std::string& root, const std::string& path, const std::string& field,
+                    const std::string& flag, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, " is outside ", flag, " ", root,
                                                  " (", why, "); allowed: paths under ", root));
 }
 
 // The real path of `p` (absolute, normal): its existing part with symlinks resolved.
-absl::StatusOr<fs::path> RealPath(const fs::path& p, std::string_view field) {
+absl::StatusOr<fs::path> RealPath(const fs::path& p, const std::string& field) {
   std::error_code ec;
   fs::path real = fs::weakly_canonical(p, ec);
   if (ec) {
@@ -39,7 +39,7 @@ absl::StatusOr<fs::path> RealPath(const fs::path& p, std::string_view field) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveRoot(std::string_view root, std::string_view flag) {
+absl::StatusOr<std::string> ResolveRoot(const std::string& root, const std::string& flag) {
   if (root.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": empty directory"));
   std::error_code ec;
   const fs::path absolute = fs::absolute(fs::path(root), ec);
@@ -57,8 +57,8 @@ absl::StatusOr<std::string> ResolveRoot(std::string_view root, std::string_view 
   return out;
 }
 
-absl::StatusOr<std::string> ConfinePath(std::string_view root, std::string_view path,
-                                        std::string_view field, std::string_view flag,
+absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::string& path,
+                                        const std::string& field, const std::string& flag,
                                         const std::vector<std::string>& suffixes) {
   const fs::path root_path(root);
   const fs::path given(path);

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,15 +22,15 @@ namespace furnace {
 
 // The real path of `root` (made absolute, symlinks resolved; it need not exist). InvalidArgument
 // naming `flag` when root is empty or cannot be resolved.
-absl::StatusOr<std::string> ResolveRoot(std::string_view root, std::string_view flag);
+absl::StatusOr<std::string> ResolveRoot(const std::string& root, const std::string& flag);
 
 // `path` (the value of job field `field`) resolved under `root` (a ResolveRoot result, named
 // `flag` in messages). `suffixes`: files the path is the prefix of (an indexed dataset's ".bin"
 // and ".idx"), each checked the same way. Returns the resolved absolute path; InvalidArgument
 //   "<field>: <path> is outside <flag> <root> (<why>); allowed: paths under <root>"
 // when it escapes.
-absl::StatusOr<std::string> ConfinePath(std::string_view root, std::string_view path,
-                                        std::string_view field, std::string_view flag,
+absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::string& path,
+                                        const std::string& field, const std::string& flag,
                                         const std::vector<std::string>& suffixes = {});
 
 // Resolves each of `fields` in place under its root: a range of records with `field` (the name
@@ -40,11 +39,11 @@ absl::StatusOr<std::string> ConfinePath(std::string_view root, std::string_view 
 // furnace::v1::JobPathFields. An empty root leaves its fields as they are. Every escape is
 // reported, one per line, in one InvalidArgument; fields before a failure may have been rewritten.
 template <typename Fields>
-absl::Status ConfineFields(std::string_view data_root, std::string_view checkpoint_root,
+absl::Status ConfineFields(const std::string& data_root, const std::string& checkpoint_root,
                            Fields&& fields) {
   std::string problems;
   for (auto& f : fields) {
-    const std::string_view root = f.checkpoint ? checkpoint_root : data_root;
+    const std::string& root = f.checkpoint ? checkpoint_root : data_root;
     if (root.empty()) continue;
     absl::StatusOr<std::string> resolved = ConfinePath(
         root, *f.path, f.field, f.checkpoint ? "--checkpoint-root" : "--data-root", f.files);
@@ -52,7 +51,7 @@ absl::Status ConfineFields(std::string_view data_root, std::string_view checkpoi
       *f.path = *std::move(resolved);
     } else {
       if (!problems.empty()) problems += "\n";
-      problems += resolved.status().message();
+      problems += std::string(resolved.status().message());
     }
   }
   return problems.empty() ? absl::OkStatus() : absl::InvalidArgumentError(problems);

@@ -1,4 +1,4 @@
-#include "furnace/v1/job_paths.h"
+#include "proto/furnace/v1/job_paths.h"
 
 namespace furnace::v1 {
 

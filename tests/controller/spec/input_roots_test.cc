@@ -11,7 +11,7 @@
 #include <string>
 
 #include "controller/spec/job_spec.h"
-#include "furnace/v1/job_paths.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "runtime/base/path_root.h"
