@@ -69,7 +69,7 @@ struct AgentOptions {
   double rpc_timeout_s = 5;  // per unary call
   // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: not confined.
   // Handed to every rank in its task (RankTask.data_root / checkpoint_root): the rank resolves the
-  // job's paths under them before it opens anything (worker/input_roots.h).
+  // job's paths under them before it opens anything (worker/train_rank.cc).
   std::string data_root;
   std::string checkpoint_root;
 };

@@ -1,6 +1,6 @@
 // Every field of a JobSpec that names a file or directory the workers open, in one list: the
 // controller confines them under its roots at submit (controller/spec/input_roots.h) and the rank
-// again under its worker's roots before it opens them (worker/input_roots.h). A new path field of
+// again under its worker's roots before it opens them (worker/train_rank.cc). A new path field of
 // job.proto belongs here, or it escapes both checks (tests/controller/spec/input_roots_test.cc
 // walks the descriptor for string fields named path, dir or tokenizer).
 #pragma once

@@ -1,13 +1,14 @@
-// A property test of the CLI's job-file checks, end to end through the real binary: 300 job files
-// mutated at random (seeded: the same files every run) from the shipped configs. Every one must
-// end `furnace submit --dry-run` with exit 0 (valid) or 2 (the file's fault, with a message), never
-// 3 (an RPC error: once, invalid UTF-8 reached protobuf that way) or a crash. The ones that are not
-// valid UTF-8 are also submitted for real to an address where nothing listens: they must be
-// refused before anything is sent (exit 2 naming the file and the byte), not exit 3.
-#include <sys/wait.h>
+// A property test of the job-file checks: 300 job files mutated at random (seeded: the same files
+// every run) from the shipped configs. Every one goes through what `furnace submit --dry-run`
+// runs (spec::CheckJobText, then spec::ParseJobYaml), which must accept it or refuse it with
+// INVALID_ARGUMENT (exit 2), never another error (an RPC error, exit 3: once, invalid UTF-8
+// reached protobuf that way) or a crash; a file that is not valid UTF-8 must be refused by the
+// check, naming the file and the byte. Every 10th file also goes through the real binary, with
+// --dry-run and, when not UTF-8, submitted for real to an address where nothing listens: exit 0
+// or 2, and 2 before anything is sent, never 3 or a signal.
+#include <unistd.h>
 
-#include <array>
-#include <cstdio>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -15,29 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "controller/spec/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/controller/cli/run_furnace.h"
 
 namespace {
 
-struct RunResult {
-  int exit_code = -1;  // -1: did not exit normally (a signal: a crash)
-  int signal = 0;
-  std::string output;
-};
-
-RunResult RunFurnace(const std::string& args) {
-  const std::string command = std::string(FURNACE_CLI_BINARY) + " " + args + " 2>&1";
-  RunResult run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 512> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) run.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);
-  return run;
-}
+using furnace::cli::testing::RunFurnace;
+using furnace::cli::testing::RunResult;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -119,21 +105,30 @@ TEST(CliMutationTest, MutatedJobFilesExitZeroOrTwoNeverThreeOrACrash) {
     const std::string text = Mutate(seeds[static_cast<size_t>(i) % seeds.size()], rng);
     const std::string path = (dir / ("job-" + std::to_string(i) + ".yaml")).string();
     std::ofstream(path, std::ios::binary) << text;
-    const RunResult dry = RunFurnace("--controller 127.0.0.1:1 submit --dry-run " + path);
-    ASSERT_TRUE(dry.exit_code == 0 || dry.exit_code == 2)
-        << "job " << i << " (" << path << "): exit " << dry.exit_code << " signal " << dry.signal
-        << ": " << dry.output;
-    if (dry.exit_code == 0) ++valid;
-    if (dry.exit_code == 2) EXPECT_NE(dry.output.find(path), std::string::npos) << dry.output;
-    if (HasInvalidUtf8(text)) {
+    const absl::Status checked = furnace::spec::CheckJobText(text, path);
+    const absl::Status parsed =
+        checked.ok() ? furnace::spec::ParseJobYaml(text, path).status() : checked;
+    ASSERT_TRUE(parsed.ok() || absl::IsInvalidArgument(parsed)) << path << ": " << parsed;
+    if (parsed.ok()) ++valid;
+    if (!parsed.ok()) EXPECT_NE(parsed.message().find(path), std::string::npos) << parsed;
+    const bool not_utf8 = HasInvalidUtf8(text);
+    if (not_utf8) {
       ++invalid_utf8;
-      EXPECT_EQ(dry.exit_code, 2) << path;
-      const RunResult sent = RunFurnace("--controller 127.0.0.1:1 submit " + path);
-      EXPECT_EQ(sent.exit_code, 2) << path << ": " << sent.output;
-      EXPECT_NE(sent.output.find(path + ": byte "), std::string::npos) << sent.output;
-      EXPECT_NE(sent.output.find("not valid UTF-8"), std::string::npos) << sent.output;
-    } else {
-      std::filesystem::remove(path);
+      EXPECT_FALSE(checked.ok()) << path;
+      EXPECT_NE(checked.message().find(path + ": byte "), std::string::npos) << checked;
+    }
+    if (i % 10 == 0) {
+      const RunResult dry = RunFurnace("--controller 127.0.0.1:1 submit --dry-run " + path);
+      ASSERT_TRUE(dry.exit_code == 0 || dry.exit_code == 2)
+          << "job " << i << " (" << path << "): exit " << dry.exit_code << " signal " << dry.signal
+          << ": " << dry.output;
+      EXPECT_EQ(dry.exit_code, parsed.ok() ? 0 : 2) << path << ": " << dry.output;
+      if (not_utf8) {
+        const RunResult sent = RunFurnace("--controller 127.0.0.1:1 submit " + path);
+        EXPECT_EQ(sent.exit_code, 2) << path << ": " << sent.output;
+        EXPECT_NE(sent.output.find(path + ": byte "), std::string::npos) << sent.output;
+        EXPECT_NE(sent.output.find("not valid UTF-8"), std::string::npos) << sent.output;
+      }
     }
   }
   // The mutations exercise both outcomes and the UTF-8 path (the counts are the seed's).

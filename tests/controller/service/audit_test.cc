@@ -4,8 +4,8 @@
 #include <fstream>
 #include <string>
 
-#include "controller/service/controller_on_temp_dir.h"
 #include "runtime/base/path_root.h"
+#include "tests/controller/service/controller_on_temp_dir.h"
 
 namespace furnace::controller {
 namespace {
@@ -16,6 +16,13 @@ constexpr const char* kJob = "name: t\nkind: commcheck\nparallel: {dp: 2}\n";
 
 class AuditTest : public ControllerOnTempDir {
  protected:
+  // Capacity for the jobs (no worker ever registers: they stay pending).
+  void Start(const std::function<void(ControllerOptions&)>& configure = nullptr) {
+    StartController("furnace-audit", [&](ControllerOptions& o) {
+      o.local_workers = 4;
+      if (configure) configure(o);
+    });
+  }
   v1::ListAuditEventsResponse List(const std::string& job_id = "", uint32_t limit = 0) {
     v1::ListAuditEventsRequest req;
     req.set_job_id(job_id);
@@ -27,7 +34,7 @@ class AuditTest : public ControllerOnTempDir {
 };
 
 TEST_F(AuditTest, RecordsWhoDidWhatAndTheOutcomeAndSurvivesARestart) {
-  StartController("furnace-audit");
+  Start();
   auto id = c_->SubmitAs("alice", kJob, "t.yaml");
   ASSERT_TRUE(id.ok()) << id.status();
   clock_.Advance(1);
@@ -70,7 +77,12 @@ TEST_F(AuditTest, RecordsWhoDidWhatAndTheOutcomeAndSurvivesARestart) {
 
   // A new controller on the same state dir reads the same log.
   c_.reset();
-  StartController("furnace-audit");
+  ControllerOptions o;
+  o.state_dir = dir_.string();
+  o.advertise_address = "127.0.0.1:1";
+  auto restarted = Controller::Create(o, clock_);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  c_ = std::move(*restarted);
   v1::ListAuditEventsResponse again = List();
   ASSERT_EQ(again.events_size(), 4);
   for (int i = 0; i < 4; ++i) {
@@ -79,7 +91,7 @@ TEST_F(AuditTest, RecordsWhoDidWhatAndTheOutcomeAndSurvivesARestart) {
 }
 
 TEST_F(AuditTest, SubmissionsOverTheRateAreRefusedAndRecorded) {
-  StartController("furnace-audit", [](ControllerOptions& o) {
+  Start([](ControllerOptions& o) {
     o.submit_rate = 1;
     o.submit_burst = 2;
   });
@@ -99,7 +111,7 @@ TEST_F(AuditTest, SubmissionsOverTheRateAreRefusedAndRecorded) {
 }
 
 TEST_F(AuditTest, InvalidBytesInWhatIsRecordedAreReplaced) {
-  StartController("furnace-audit");
+  Start();
   ASSERT_FALSE(c_->SubmitAs("peer\xFF", "name: t\nkind: \xFE\n", "f\xFF.yaml").ok());
   v1::ListAuditEventsResponse all = List();
   ASSERT_EQ(all.events_size(), 1);
@@ -114,7 +126,7 @@ TEST_F(AuditTest, PathsAreResolvedUnderTheRootsAtSubmit) {
       std::filesystem::temp_directory_path() / ("furnace-audit-roots-" + std::to_string(getpid()));
   std::filesystem::create_directories(roots / "ckpt");
   const std::string ckpt = *ResolveRoot((roots / "ckpt").string(), "--checkpoint-root");
-  StartController("furnace-audit", [&](ControllerOptions& o) { o.checkpoint_root = ckpt; });
+  Start([&](ControllerOptions& o) { o.checkpoint_root = ckpt; });
   const std::string job = "name: t\nkind: train\ncheckpoint: {dir: run1}\n";
   auto id = c_->SubmitAs("alice", job, "t.yaml");
   ASSERT_TRUE(id.ok()) << id.status();

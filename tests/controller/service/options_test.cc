@@ -149,7 +149,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
-              "log-level, metrics-listen, web-root");
+              "log-level, metrics-listen, web-root, data-root, checkpoint-root, max-request-bytes, "
+              "submit-rate, submit-burst");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);
@@ -199,10 +200,11 @@ TEST(ControllerOptions, HelpNamesEveryOptionWithItsDefault) {
   AddControllerOptions(app, f);
   const std::string help = app.help();
   for (const char* option :
-       {"--config", "--listen", "--advertise", "--state-dir", "--local-workers", "--worker-binary",
-        "--heartbeat-interval", "--worker-timeout", "--reattach-grace", "--log-level",
-        "--metrics-listen", "--web-root", "--data-root", "--checkpoint-root", "--max-request-bytes",
-        "--submit-rate", "--submit-burst", "127.0.0.1:7070", "./furnace-state", "127.0.0.1:9464"}) {
+       {"--config",         "--listen",          "--advertise",          "--state-dir",
+        "--local-workers",  "--worker-binary",   "--heartbeat-interval", "--worker-timeout",
+        "--reattach-grace", "--log-level",       "--metrics-listen",     "--web-root",
+        "--data-root",      "--checkpoint-root", "--max-request-bytes",  "--submit-rate",
+        "--submit-burst",   "127.0.0.1:7070",    "./furnace-state",      "127.0.0.1:9464"}) {
     EXPECT_NE(help.find(option), std::string::npos) << option << " missing from:\n" << help;
   }
 }

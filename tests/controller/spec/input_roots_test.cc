@@ -11,9 +11,9 @@
 #include <string>
 
 #include "controller/spec/job_spec.h"
-#include "proto/furnace/v1/job_paths.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/path_root.h"
 
 namespace furnace::spec {

@@ -73,8 +73,8 @@ TEST_F(PathRootTest, DotDotEscapesAreRefusedNamingFieldAndRoot) {
 }
 
 TEST_F(PathRootTest, AbsolutePathsElsewhereAreRefused) {
-  for (const std::string path :
-       {"/etc/passwd", (base_ / "outside" / "secret").string(), root_ + "-sibling/x"}) {
+  for (const std::string& path : std::vector<std::string>{
+           "/etc/passwd", (base_ / "outside" / "secret").string(), root_ + "-sibling/x"}) {
     auto p = Confine(path);
     ASSERT_FALSE(p.ok()) << path;
     EXPECT_NE(p.status().message().find("an absolute path elsewhere"), std::string::npos)
