@@ -84,9 +84,8 @@ class RootsTest(harness.ClusterTest):
         it, it is a symlink out of the root: the rank refuses it (bad input, not retried)."""
         c = self.cluster
         # Holds the only worker, so the train job waits (pending) while the link is planted.
-        blocker = c.submit(c.write_job("block.yaml", harness.commcheck_job("block", ranks=1,
-                                                                           rounds=500)))
-        c.wait_state(blocker, "JOB_RUNNING")
+        blocker = c.submit(c.write_job("block.yaml", train_job("block", steps=1000000)))
+        c.wait_state(blocker, "JOB_RUNNING", timeout=120)
         with open(os.path.join(self.outside, "secret.tok"), "wb") as f:
             f.write(b"not yours")
         job = c.submit(c.write_job("later.yaml", train_job(

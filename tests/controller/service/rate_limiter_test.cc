@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "controller/service/caller_identity.h"
 #include "gtest/gtest.h"
 #include "runtime/base/clock.h"
 
@@ -50,6 +51,13 @@ TEST(RateLimiterTest, ManyCallersDoNotGrowItWithoutBound) {
   clock.Advance(1.0);
   EXPECT_TRUE(limiter.Admit("peer-1").ok());
   EXPECT_FALSE(limiter.Admit("peer-1").ok());
+}
+
+TEST(CallerIdentityTest, APeerWithoutAnIdentityIsItsHostWithoutThePort) {
+  EXPECT_EQ(PeerHost("ipv4:127.0.0.1:53412"), "ipv4:127.0.0.1");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:5000"), "ipv6:[::1]");
+  EXPECT_EQ(PeerHost("ipv6:[::1]"), "ipv6:[::1]");
+  EXPECT_EQ(PeerHost("unix:/run/furnace.sock"), "unix:/run/furnace.sock");
 }
 
 }  // namespace
