@@ -26,15 +26,44 @@ absl::Status Escape(const std::string& root, const std::string& path, const std:
                                                  " (", why, "); allowed: paths under ", root));
 }
 
-// The real path of `p` (absolute, normal): its existing part with symlinks resolved.
-absl::StatusOr<fs::path> RealPath(const fs::path& p, const std::string& field) {
-  std::error_code ec;
-  fs::path real = fs::weakly_canonical(p, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": cannot resolve ", p.string(), ": ", ec.message()));
+// The real path of `p` (absolute, normal): every symlink along it followed, dangling ones too
+// (std::filesystem::weakly_canonical stops at a symlink whose target does not exist, and a
+// checkpoint written through one would land wherever it points); components that do not exist
+// are kept as written. At most 40 symlinks, as the kernel allows.
+absl::StatusOr<fs::path> Resolve(const fs::path& p, int& links, const std::string& field) {
+  fs::path out = p.root_path();
+  for (const fs::path& part : p.relative_path()) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      out = out.parent_path();
+      continue;
+    }
+    const fs::path next = out / part;
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(next, ec))) {
+      out = next;
+      continue;
+    }
+    if (++links > 40) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": too many symlinks resolving ", p.string()));
+    }
+    fs::path target = fs::read_symlink(next, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": cannot read symlink ", next.string(), ": ", ec.message()));
+    }
+    if (target.is_relative()) target = out / target;
+    absl::StatusOr<fs::path> resolved = Resolve(target.lexically_normal(), links, field);
+    if (!resolved.ok()) return resolved.status();
+    out = *resolved;
   }
-  return real.lexically_normal();
+  return out.lexically_normal();
+}
+
+absl::StatusOr<fs::path> RealPath(const fs::path& p, const std::string& field) {
+  int links = 0;
+  return Resolve(p, links, field);
 }
 
 }  // namespace
@@ -47,12 +76,9 @@ absl::StatusOr<std::string> ResolveRoot(const std::string& root, const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", root, ": cannot resolve: ", ec.message()));
   }
-  fs::path real = fs::weakly_canonical(absolute, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", root, ": cannot resolve: ", ec.message()));
-  }
-  std::string out = real.lexically_normal().string();
+  absl::StatusOr<fs::path> real = RealPath(absolute.lexically_normal(), flag);
+  if (!real.ok()) return real.status();
+  std::string out = real->string();
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   return out;
 }

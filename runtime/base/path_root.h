@@ -4,9 +4,9 @@
 // not reach outside its root by `..`, by being absolute elsewhere, or through a symlink.
 //
 // Resolution: a relative path is joined to the root; the result is normalised lexically and must
-// lie under the root; then every part of it that exists is resolved with realpath semantics
-// (std::filesystem::weakly_canonical: symlinks followed, the part that does not exist yet kept as
-// written) and the result must still lie under the root's own real path. The controller checks at
+// lie under the root; then it is resolved with realpath semantics (every symlink along it
+// followed, a dangling one too; the part that does not exist yet kept as written) and the result
+// must still lie under the root's own real path. The controller checks at
 // submit (its view of the filesystem), the worker again when a rank opens the files (its own),
 // so a symlink planted after submit is caught where it matters.
 //

@@ -89,6 +89,14 @@ TEST_F(PathRootTest, SymlinksLeadingOutsideAreRefused) {
   EXPECT_NE(p.status().message().find("a symlink"), std::string::npos) << p.status();
   // A path below the link that does not exist yet is caught too (the existing part resolves).
   EXPECT_FALSE(Confine("link/new/dir").ok());
+  // A dangling symlink is followed all the same: writing through it would land outside.
+  fs::create_symlink(base_ / "outside" / "not-yet", base_ / "root" / "dangling");
+  auto dangling = Confine("dangling/ckpt");
+  ASSERT_FALSE(dangling.ok());
+  EXPECT_NE(dangling.status().message().find("resolves to " + fs::canonical(base_).string() +
+                                             "/outside/not-yet/ckpt"),
+            std::string::npos)
+      << dangling.status();
   // A symlink that stays inside is fine and resolves to its target.
   fs::create_symlink(base_ / "root" / "data", base_ / "root" / "alias");
   auto inside = Confine("alias/train.tok");
