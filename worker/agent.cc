@@ -312,6 +312,9 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
   if (task.controller_address().empty()) task.set_controller_address(options_.controller);
   if (task.host().empty()) task.set_host(options_.host);
   *task.mutable_channel_security() = options_.channel_security;
+  // The roots are this agent's, whatever the controller sent.
+  task.set_data_root(options_.data_root);
+  task.set_checkpoint_root(options_.checkpoint_root);
 
   furnace::v1::RankReport report;
   report.set_job_id(task.job_id());

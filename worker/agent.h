@@ -70,6 +70,11 @@ struct AgentOptions {
   // The TLS files and join token file the agent dials the controller with; handed to each rank
   // in its RankTask (paths only) for its rendezvous channel. Empty: plaintext.
   furnace::v1::ChannelSecurity channel_security;
+  // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: not confined.
+  // Handed to every rank in its task (RankTask.data_root / checkpoint_root): the rank resolves the
+  // job's paths under them before it opens anything (worker/train_rank.cc).
+  std::string data_root;
+  std::string checkpoint_root;
 };
 
 // Fills worker_id and work_dir defaults.

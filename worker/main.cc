@@ -9,9 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
+#include "runtime/base/path_root.h"
 #include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -54,6 +57,22 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   options.device_kind = device->kind;
   if (options.device_memory == 0) options.device_memory = device->memory;
   options = furnace::worker::ResolveAgentOptions(std::move(options));
+  for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
+                            std::pair{"--checkpoint-root", &options.checkpoint_root}}) {
+    if (root->empty()) continue;
+    absl::StatusOr<std::string> resolved = furnace::ResolveRoot(*root, flag);
+    std::error_code ec;
+    if (resolved.ok() && !std::filesystem::is_directory(*resolved, ec)) {
+      resolved = absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", *root, ": not a directory (allowed: an existing directory)"));
+    }
+    if (!resolved.ok()) {
+      std::fprintf(stderr, "furnace-worker: %s\n",
+                   std::string(resolved.status().message()).c_str());
+      return 2;
+    }
+    *root = *resolved;
+  }
   auto logger = spdlog::stderr_logger_mt("worker");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [worker " + options.worker_id + "] [%l] %v");
   spdlog::set_default_logger(logger);
@@ -134,6 +153,11 @@ int main(int argc, char** argv) {
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
       ->capture_default_str();
+  app.add_option("--data-root", options.data_root,
+                 "confine the data files jobs name to this directory: ranks resolve them under it "
+                 "(realpath) and refuse any that leads outside");
+  app.add_option("--checkpoint-root", options.checkpoint_root,
+                 "confine checkpoint.dir to this directory (as --data-root)");
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();

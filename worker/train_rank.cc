@@ -13,7 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/blas.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/clock.h"
+#include "runtime/base/path_root.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/in_flight.h"
 #include "runtime/data/data_sources.h"
@@ -221,7 +223,16 @@ int Fail(Progress& progress, uint64_t step, int code, const std::string& message
 }  // namespace
 
 int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
-  const furnace::v1::JobSpec& spec = task.spec();
+  // Every file the job names is resolved under this worker's roots (--data-root,
+  // --checkpoint-root) before anything opens it, realpath-based, so a path the controller let
+  // through (its own roots, or none) or a symlink planted since submit cannot lead outside.
+  furnace::v1::JobSpec confined = task.spec();
+  if (absl::Status s = ConfineFields(task.data_root(), task.checkpoint_root(),
+                                     furnace::v1::JobPathFields(confined));
+      !s.ok()) {
+    return Fail(progress, 0, kRankExitBadInput, std::string(s.message()));
+  }
+  const furnace::v1::JobSpec& spec = confined;
   progress.set_total_steps(spec.train().steps());
   kernels::cpu::SetBlasThreads(1);  // one BLAS thread per rank (ranks share the machine's cores)
   // When each part of the start-up ended (the controller's recovery phases), and the watchdog

@@ -65,6 +65,11 @@ class GrpcJobClient : public JobClient {
   absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) override {
     return Call<v1::JobSeries>("GetJobSeries", request, &v1::JobService::Stub::GetJobSeries);
   }
+  absl::StatusOr<v1::ListAuditEventsResponse> ListAuditEvents(
+      const v1::ListAuditEventsRequest& request) override {
+    return Call<v1::ListAuditEventsResponse>("ListAuditEvents", request,
+                                             &v1::JobService::Stub::ListAuditEvents);
+  }
 
  private:
   template <typename Response, typename Request, typename Method>

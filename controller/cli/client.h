@@ -24,6 +24,8 @@ class JobClient {
   virtual absl::StatusOr<v1::ListWorkersResponse> ListWorkers() = 0;
   virtual absl::StatusOr<v1::GetLogsResponse> GetLogs(const v1::GetLogsRequest& request) = 0;
   virtual absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) = 0;
+  virtual absl::StatusOr<v1::ListAuditEventsResponse> ListAuditEvents(
+      const v1::ListAuditEventsRequest& request) = 0;
 };
 
 // A client for the controller at `address` (host:port). Each call has `deadline_s` to complete.

@@ -1,4 +1,5 @@
-// furnace submit FILE [--watch]: the controller validates the file; the CLI only reads it.
+// furnace submit FILE [--watch] [--dry-run]: the CLI checks that the file can be sent (size, UTF-8)
+// and the controller validates it; --dry-run validates here and sends nothing.
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/spec/job_spec.h"
 #include "runtime/base/status.h"
 
 namespace furnace::cli {
@@ -18,20 +20,34 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read job file ", path, ": ", std::strerror(errno)));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read at most one byte past the limit: a huge file is refused without reading all of it.
+  std::string text(spec::kMaxJobFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) return absl::InvalidArgumentError(absl::StrCat("cannot read job file ", path));
-  return text.str();
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
 }
 
 }  // namespace
 
-absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path, bool watch) {
+absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path,
+                              const SubmitOptions& options) {
   v1::SubmitJobRequest request;
   ASSIGN_OR_RETURN(*request.mutable_yaml(), ReadFile(path));
+  RETURN_IF_ERROR(spec::CheckJobText(request.yaml(), path));
+  if (options.dry_run) {
+    ASSIGN_OR_RETURN(const v1::JobSpec job, spec::ParseJobYaml(request.yaml(), path));
+    if (ctx.json) {
+      RETURN_IF_ERROR(PrintJson(job, *ctx.out));
+    } else {
+      *ctx.out << path << ": valid job " << job.name() << " (" << job.kind() << ", "
+               << spec::WorldSize(job) << " ranks); not submitted (--dry-run)\n";
+    }
+    return kExitOk;
+  }
   request.set_filename(path);
   ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, ctx.client->SubmitJob(request));
-  if (watch) {
+  if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
     if (!ctx.json) *ctx.out << "submitted job " << response.job_id() << "\n";
     return RunWatch(ctx, response.job_id());

@@ -34,9 +34,18 @@ struct CommandContext {
 // The message as one JSON document (proto field names, default values included) and a newline.
 absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& out);
 
-// Reads `path` and submits it. An invalid job comes back as INVALID_ARGUMENT with the
-// controller's message; an unreadable file too. With `watch`, continues as Watch.
-absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path, bool watch);
+// Reads `path`, checks it (spec::CheckJobText: at most 1 MiB, valid UTF-8, else
+// INVALID_ARGUMENT naming the file and the limit or the byte offset, and nothing is sent) and
+// submits it. An invalid job comes back as INVALID_ARGUMENT with the controller's message; an
+// unreadable file too. With `watch`, continues as Watch. With `dry_run`, parses and validates the
+// file here as the controller would (without its --data-root / --checkpoint-root) and sends
+// nothing: prints "FILE: valid job <name> (<kind>, <ranks> ranks)" (--json: the resolved JobSpec).
+struct SubmitOptions {
+  bool watch = false;
+  bool dry_run = false;
+};
+absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path,
+                              const SubmitOptions& options);
 absl::StatusOr<int> RunJobs(const CommandContext& ctx);
 absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_id);
 // Polls until the job is final; exit code by ExitCodeForState. A controller that stays
@@ -52,6 +61,14 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
                             const LogsOptions& options);
 absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::string& job_id);
 absl::StatusOr<int> RunWorkers(const CommandContext& ctx);
+
+struct EventsOptions {
+  std::string job_id;  // empty: every job
+  uint32_t limit = 50;
+};
+// furnace events: the controller's audit log (ListAuditEvents), oldest first: time, who, what,
+// job, outcome and why (--json: the response).
+absl::StatusOr<int> RunEvents(const CommandContext& ctx, const EventsOptions& options);
 
 struct ExportOptions {
   int64_t step = -1;                   // -1: the newest committed checkpoint that verifies

@@ -67,10 +67,15 @@ int main(int argc, char** argv) {
   certs_init->add_flag("--force", certs_options.force, "overwrite files that exist");
 
   std::string file;
-  bool submit_watch = false;
-  auto* submit = app.add_subcommand("submit", "submit a job file; the controller validates it");
+  SubmitOptions submit_options;
+  auto* submit = app.add_subcommand(
+      "submit",
+      "submit a job file (at most 1 MiB of UTF-8 text, checked before sending); the controller "
+      "validates it");
   submit->add_option("FILE", file, "job YAML")->required();
-  submit->add_flag("--watch", submit_watch, "then watch the job until it ends");
+  submit->add_flag("--watch", submit_options.watch, "then watch the job until it ends");
+  submit->add_flag("--dry-run", submit_options.dry_run,
+                   "validate the file here as the controller would, and send nothing");
 
   std::string job_id;
   app.add_subcommand("jobs", "list jobs");
@@ -90,6 +95,14 @@ int main(int argc, char** argv) {
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("JOB", job_id, "job id")->required();
   app.add_subcommand("workers", "list workers");
+
+  EventsOptions events_options;
+  auto* events = app.add_subcommand(
+      "events", "the audit log: who submitted, cancelled or changed what, and the outcome");
+  events->add_option("--job", events_options.job_id, "only this job's events");
+  events->add_option("--limit", events_options.limit, "the newest N events")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
 
   ExportOptions export_options;
   auto* export_cmd = app.add_subcommand(
@@ -247,7 +260,7 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<int> result = absl::InternalError("no command");
   if (*submit) {
-    result = RunSubmit(ctx, file, submit_watch);
+    result = RunSubmit(ctx, file, submit_options);
   } else if (app.got_subcommand("jobs")) {
     result = RunJobs(ctx);
   } else if (*status) {
@@ -260,6 +273,8 @@ int main(int argc, char** argv) {
     result = RunCancel(ctx, job_id);
   } else if (app.got_subcommand("workers")) {
     result = RunWorkers(ctx);
+  } else if (*events) {
+    result = RunEvents(ctx, events_options);
   } else if (*export_cmd) {
     result = RunExport(ctx, job_id, export_options);
   } else if (*sample) {

@@ -1,7 +1,7 @@
 // Who made a call to the controller, for the audit log and for messages: the AuthContext property
 // `furnace.identity` that the auth processor sets (auth_processor.h: a token's name, or
 // `agent:<worker id>`, or `anonymous` over TLS without tokens). A plaintext server has no
-// processor: then `local` for a loopback peer, else `anonymous`.
+// processor: then `local` for a loopback peer, else the peer's host (PeerHost).
 #pragma once
 
 #include <string>
@@ -9,6 +9,11 @@
 #include "grpcpp/server_context.h"
 
 namespace furnace::controller {
+
+// "ipv4:10.0.0.1:5000" -> "ipv4:10.0.0.1", "ipv6:[::1]:5000" -> "ipv6:[::1]"; other forms
+// (unix:/path) as they are. Each CLI run connects from a new port, so a caller known only by its
+// address is counted by host (the submission rate limit would otherwise limit nothing).
+std::string PeerHost(const std::string& peer);
 
 std::string CallerIdentity(const grpc::ServerContext& context);
 

@@ -7,9 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/service/recovery_phases.h"
+#include "controller/spec/input_roots.h"
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
+#include "proto/furnace/v1/state_names.h"
 #include "runtime/base/status.h"
+#include "runtime/base/utf8.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::controller {
@@ -37,6 +40,7 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
     : options_(options),
       clock_(clock),
       store_(std::move(store)),
+      submit_limiter_(options_.submit_rate, options_.submit_burst, clock_),
       logs_((fs::path(options_.state_dir) / "logs" / "jobs").string()),
       workers_(*store_, clock_),
       telemetry_(*store_),
@@ -72,8 +76,56 @@ absl::Status Controller::Load() {
 absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
                                                const std::string& filename) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
+  RETURN_IF_ERROR(spec::ConfineJobPaths({options_.data_root, options_.checkpoint_root}, spec));
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_.Submit(std::move(spec), filename);
+}
+
+absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
+                                                 const std::string& yaml,
+                                                 const std::string& filename) {
+  const absl::Status admitted = submit_limiter_.Admit(identity);
+  const absl::StatusOr<std::string> id =
+      admitted.ok() ? Submit(yaml, filename) : absl::StatusOr<std::string>(admitted);
+  Audit(identity, "submit", id.ok() ? *id : "", id.status(),
+        id.ok() ? absl::StrCat("submitted ", filename) : "");
+  return id;
+}
+
+absl::StatusOr<v1::JobSummary> Controller::CancelAs(const std::string& identity,
+                                                    const std::string& job_id) {
+  absl::StatusOr<v1::JobSummary> job = Cancel(job_id);
+  Audit(identity, "cancel", job_id, job.status(),
+        job.ok() ? absl::StrCat("now ", v1::StateWord(job->state())) : "");
+  return job;
+}
+
+absl::StatusOr<v1::ListAuditEventsResponse> Controller::ListAuditEvents(
+    const v1::ListAuditEventsRequest& req) {
+  const int limit = req.limit() == 0 ? 100 : static_cast<int>(std::min(req.limit(), 10000u));
+  ASSIGN_OR_RETURN(auto events, store_->LoadAudit(req.job_id(), limit));
+  v1::ListAuditEventsResponse resp;
+  for (auto& e : events) *resp.add_events() = std::move(e);
+  return resp;
+}
+
+void Controller::Audit(const std::string& identity, const std::string& action,
+                       const std::string& job_id, const absl::Status& outcome,
+                       const std::string& detail) {
+  // Messages quote what the caller sent (file names, job ids): kept to valid UTF-8 and bounded,
+  // so the log can always be served back (a protobuf string field must be UTF-8).
+  constexpr size_t kMaxDetail = 2000;
+  v1::AuditEvent e;
+  e.set_unix_time(clock_.UnixSeconds());
+  e.set_identity(SanitizeUtf8(identity, 256));
+  e.set_action(action);
+  e.set_job_id(SanitizeUtf8(job_id, 256));
+  e.set_accepted(outcome.ok());
+  e.set_code(absl::StatusCodeToString(outcome.code()));
+  e.set_detail(SanitizeUtf8(outcome.ok() ? detail : std::string(outcome.message()), kMaxDetail));
+  if (absl::Status s = store_->AddAudit(e); !s.ok()) {
+    spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.ToString());
+  }
 }
 
 std::vector<v1::JobSummary> Controller::ListJobs() {

@@ -31,6 +31,7 @@
 #include "controller/service/job_lifecycle.h"
 #include "controller/service/log_store.h"
 #include "controller/service/metrics_snapshot.h"
+#include "controller/service/rate_limiter.h"
 #include "controller/service/rendezvous.h"
 #include "controller/service/telemetry_aggregator.h"
 #include "controller/service/worker_registry.h"
@@ -49,7 +50,19 @@ class Controller {
   // --- JobService -------------------------------------------------------------------------
   // Validates the YAML (errors name file, line, field, value and what is allowed); a refused job
   // leaves no trace.
+  // Paths the job names are resolved under options.data_root / checkpoint_root (when set) and
+  // stored resolved; one that escapes is refused naming the field and the root.
   absl::StatusOr<std::string> Submit(const std::string& yaml, const std::string& filename);
+  // Submit and Cancel as `identity` calls them through the JobService: submission is rate limited
+  // per identity (ResourceExhausted saying when to retry), and each call, accepted or refused, is
+  // written to the audit log.
+  absl::StatusOr<std::string> SubmitAs(const std::string& identity, const std::string& yaml,
+                                       const std::string& filename);
+  absl::StatusOr<furnace::v1::JobSummary> CancelAs(const std::string& identity,
+                                                   const std::string& job_id);
+  // The audit log, newest req.limit() (default 100, at most 10000) entries, oldest first.
+  absl::StatusOr<furnace::v1::ListAuditEventsResponse> ListAuditEvents(
+      const furnace::v1::ListAuditEventsRequest& req);
   std::vector<furnace::v1::JobSummary> ListJobs();
   absl::StatusOr<furnace::v1::JobDetail> GetJob(const std::string& job_id);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
@@ -95,11 +108,16 @@ class Controller {
   absl::Status Load();
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
+  // Writes one audit entry; a store failure is logged, not returned (the call it records has
+  // already happened).
+  void Audit(const std::string& identity, const std::string& action, const std::string& job_id,
+             const absl::Status& outcome, const std::string& detail);
 
   const ControllerOptions options_;
   const Clock& clock_;
   const std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
+  RateLimiter submit_limiter_;
   LogStore logs_;
   WorkerRegistry workers_;         // records guarded by mu_; queues by itself
   TelemetryAggregator telemetry_;  // guarded by mu_

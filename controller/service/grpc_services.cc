@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "controller/service/caller_identity.h"
+#include "runtime/base/utf8.h"
+
 namespace furnace::controller {
 namespace {
 
@@ -12,9 +15,13 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
-  auto id = c_.Submit(req->yaml(), req->filename().empty() ? "<job>" : req->filename());
+  // yaml and filename are bytes on the wire: checked here (and in ParseJobYaml) before any of it
+  // goes into a protobuf string. A file name that is not UTF-8 is shown with '?' for its bad bytes.
+  const std::string filename =
+      req->filename().empty() ? "<job>" : SanitizeUtf8(req->filename(), 1024);
+  auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), filename);
   if (!id.ok()) return ToGrpc(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
@@ -34,9 +41,9 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
-  auto job = c_.Cancel(req->job_id());
+  auto job = c_.CancelAs(CallerIdentity(*ctx), req->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   *resp->mutable_job() = std::move(*job);
   return grpc::Status::OK;
@@ -61,6 +68,15 @@ grpc::Status JobServiceImpl::GetJobSeries(grpc::ServerContext*, const v1::GetJob
   auto series = c_.GetJobSeries(*req);
   if (!series.ok()) return ToGrpc(series.status());
   *resp = std::move(*series);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListAuditEvents(grpc::ServerContext*,
+                                             const v1::ListAuditEventsRequest* req,
+                                             v1::ListAuditEventsResponse* resp) {
+  auto events = c_.ListAuditEvents(*req);
+  if (!events.ok()) return ToGrpc(events.status());
+  *resp = std::move(*events);
   return grpc::Status::OK;
 }
 

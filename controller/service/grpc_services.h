@@ -25,6 +25,8 @@ class JobServiceImpl final : public furnace::v1::JobService::Service {
                        furnace::v1::GetLogsResponse*) override;
   grpc::Status GetJobSeries(grpc::ServerContext*, const furnace::v1::GetJobSeriesRequest*,
                             furnace::v1::JobSeries*) override;
+  grpc::Status ListAuditEvents(grpc::ServerContext*, const furnace::v1::ListAuditEventsRequest*,
+                               furnace::v1::ListAuditEventsResponse*) override;
 
  private:
   Controller& c_;

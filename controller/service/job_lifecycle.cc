@@ -137,8 +137,11 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   job.spec = std::move(spec);
   const std::string id = absl::StrCat(job.spec.name(), "-", seq);
   if (job.spec.checkpoint().dir().empty()) {
-    job.spec.mutable_checkpoint()->set_dir(
-        (fs::path(options_.state_dir) / "checkpoints" / id).string());
+    // Under --checkpoint-root when there is one (the workers refuse anything outside it).
+    const fs::path parent = options_.checkpoint_root.empty()
+                                ? fs::path(options_.state_dir) / "checkpoints"
+                                : fs::path(options_.checkpoint_root);
+    job.spec.mutable_checkpoint()->set_dir((parent / id).string());
   }
   auto& s = job.summary;
   s.set_job_id(id);

@@ -48,6 +48,13 @@ struct ControllerOptions {
   double reattach_grace_s = 30.0;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
+  // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: paths are not
+  // confined. Every path a job names is resolved under them at submit.
+  std::string data_root;
+  std::string checkpoint_root;
+  // --submit-rate / --submit-burst: per caller identity (rate_limiter.h); rate <= 0: no limit.
+  double submit_rate = 2.0;
+  double submit_burst = 20.0;
 };
 
 struct Job {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
@@ -79,6 +80,10 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
                                    "--log-level",
                                    options_.log_level};
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
+  for (auto [flag, root] : {std::pair{"--data-root", &options_.data_root},
+                            std::pair{"--checkpoint-root", &options_.checkpoint_root}}) {
+    if (!root->empty()) args.insert(args.end(), {flag, *root});
+  }
   // Everything the child needs is prepared before fork: between fork and exec only
   // async-signal-safe calls.
   std::vector<char*> argv;

@@ -29,6 +29,10 @@ struct LocalLauncherOptions {
   // Passed on to every worker after the flags above: the controller's TLS files, join token file
   // and --insecure (main.cc), so local workers dial it the way it listens.
   std::vector<std::string> extra_args;
+  // The controller's --data-root / --checkpoint-root, passed on: workers on this machine confine
+  // the ranks' files to the same directories (empty: not confined).
+  std::string data_root;
+  std::string checkpoint_root;
 };
 
 class LocalLauncher {

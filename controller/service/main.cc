@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include "CLI/CLI.hpp"
 #include "controller/http/monitoring_server.h"
@@ -19,6 +20,7 @@
 #include "controller/service/local_launcher.h"
 #include "controller/service/options.h"
 #include "controller/service/server_security.h"
+#include "runtime/base/path_root.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -43,6 +45,20 @@ int main(int argc, char** argv) {
   options.worker_timeout_s = f.worker_timeout_s;
   options.reattach_grace_s = f.reattach_grace_s;
   options.local_workers = f.local_workers;
+  options.submit_rate = f.submit_rate;
+  options.submit_burst = f.submit_burst;
+  for (auto [flag, given, resolved] :
+       {std::tuple{"--data-root", &f.data_root, &options.data_root},
+        std::tuple{"--checkpoint-root", &f.checkpoint_root, &options.checkpoint_root}}) {
+    if (given->empty()) continue;
+    absl::StatusOr<std::string> root = furnace::ResolveRoot(*given, flag);
+    if (!root.ok()) {
+      std::cerr << "furnace-controller: " << root.status().message() << "\n";
+      return 2;
+    }
+    *resolved = *root;
+    spdlog::info("{} {}: job paths are confined to it", flag, *resolved);
+  }
 
   // Ranks dial the advertised address for rendezvous, so it must be a real one.
   const bool port_zero = f.listen.size() > 2 && f.listen.substr(f.listen.size() - 2) == ":0";
@@ -65,7 +81,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(f.listen, security->credentials, &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(f.max_request_bytes));
   auto c = furnace::controller::Controller::Create(options);
   if (!c.ok()) {
     std::cerr << "furnace-controller: " << c.status().message() << "\n";
@@ -147,6 +163,8 @@ int main(int argc, char** argv) {
     pass("--join-token-file",
          f.join_token_file.empty() ? "" : std::filesystem::absolute(f.join_token_file).string());
     if (f.insecure) lo.extra_args.push_back("--insecure");
+    lo.data_root = options.data_root;
+    lo.checkpoint_root = options.checkpoint_root;
     launcher = std::make_unique<furnace::controller::LocalLauncher>(lo, *controller);
     launcher->Start();
   }

@@ -48,6 +48,24 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   app.add_flag("--insecure", flags.insecure,
                "allow a non-loopback --listen or --metrics-listen without TLS and tokens "
                "(anyone who reaches it can submit jobs)");
+  app.add_option("--data-root", flags.data_root,
+                 "confine the data files jobs name (data.path, blend, validation, tokenizer) to "
+                 "this directory: relative paths are joined to it, escapes refused at submit");
+  app.add_option("--checkpoint-root", flags.checkpoint_root,
+                 "confine checkpoint.dir to this directory (as --data-root)");
+  app.add_option("--max-request-bytes", flags.max_request_bytes,
+                 "largest request any RPC accepts, in bytes (at least 2 MiB: a job file may be "
+                 "1 MiB)")
+      ->check(CLI::Range(uint64_t{2} << 20, uint64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--submit-rate", flags.submit_rate,
+                 "job submissions per second each caller may make after its burst; 0: no limit")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--submit-burst", flags.submit_burst,
+                 "job submissions each caller may make at once")
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
 }
 
 }  // namespace furnace::controller

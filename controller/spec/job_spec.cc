@@ -15,10 +15,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "controller/spec/cross_checks.h"
 #include "controller/spec/diagnostics.h"
 #include "controller/spec/sections.h"
 #include "controller/spec/yaml_reader.h"
+#include "runtime/base/utf8.h"
 
 namespace furnace::spec {
 namespace {
@@ -155,8 +157,23 @@ Position FirstContent(const std::string& text) {
 
 }  // namespace
 
+absl::Status CheckJobText(std::string_view text, std::string_view filename) {
+  if (text.size() > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(filename), ": the job file is ",
+                                                   text.size(), " bytes; the limit is ",
+                                                   kMaxJobFileBytes, " bytes (1 MiB)"));
+  }
+  if (std::optional<size_t> bad = FirstInvalidUtf8(text)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: byte %d (0x%02x): not valid UTF-8; a job file is UTF-8 text", filename,
+                        *bad, static_cast<unsigned>(static_cast<unsigned char>(text[*bad]))));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,
                                                   std::string_view filename) {
+  if (absl::Status checked = CheckJobText(yaml_text, filename); !checked.ok()) return checked;
   Diagnostics diag{std::string(filename)};
   furnace::v1::JobSpec spec;
   try {

@@ -8,6 +8,7 @@
 // Stateless and thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,8 +18,18 @@
 
 namespace furnace::spec {
 
-// Parses a job YAML, validates every field, fills every default; returns the resolved spec, or
-// InvalidArgument whose message lists ALL problems found, one per line, ordered by position, each
+// The largest job file accepted (the CLI refuses a bigger one before sending it; the controller
+// again). A job file is a few KiB; this leaves room for long shrink lists and blends.
+inline constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
+
+// What every job text must be before it is parsed or sent: at most kMaxJobFileBytes, and valid
+// UTF-8 (protobuf string fields must be). InvalidArgument naming the file and the limit, or the
+// byte offset of the first bad byte.
+absl::Status CheckJobText(std::string_view text, std::string_view filename);
+
+// Parses a job YAML (after CheckJobText), validates every field, fills every default; returns the
+// resolved spec, or InvalidArgument whose message lists ALL problems found, one per line, ordered
+// by position, each
 //   FILE:LINE:COL: FIELD.PATH: <what is wrong> (got VALUE; allowed: ...)
 // with 1-based LINE and COL. `filename` is used only in messages.
 absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,

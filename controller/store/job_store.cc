@@ -33,6 +33,9 @@ CREATE INDEX IF NOT EXISTS telemetry_by_job ON telemetry (job_id, rank, id);
 CREATE TABLE IF NOT EXISTS job_steps (
   job_id TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL,
   PRIMARY KEY (job_id, attempt, step));
+CREATE TABLE IF NOT EXISTS audit (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, event BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_by_job ON audit (job_id, id);
 CREATE TABLE IF NOT EXISTS comm_results (
   job_id TEXT NOT NULL, collective TEXT NOT NULL, bytes INTEGER NOT NULL, result BLOB NOT NULL,
   PRIMARY KEY (job_id, collective, bytes));
@@ -173,6 +176,33 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
     ASSIGN_OR_RETURN(auto event, Parse<v1::JobEvent>(q.Blob(0), "event"));
+    events.push_back(std::move(event));
+  }
+  return events;
+}
+
+absl::Status JobStore::AddAudit(const v1::AuditEvent& event) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Statement q(db_, "INSERT INTO audit (job_id, event) VALUES (?1, ?2)");
+  return q.BindText(1, event.job_id()).Bind(2, event.SerializeAsString()).Run();
+}
+
+absl::StatusOr<std::vector<v1::AuditEvent>> JobStore::LoadAudit(const std::string& job_id,
+                                                                int limit) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Statement q(db_, job_id.empty()
+                       ? "SELECT id, event FROM (SELECT id, event FROM audit "
+                         "ORDER BY id DESC LIMIT ?2) ORDER BY id"
+                       : "SELECT id, event FROM (SELECT id, event FROM audit WHERE job_id = ?1 "
+                         "ORDER BY id DESC LIMIT ?2) ORDER BY id");
+  if (!job_id.empty()) q.BindText(1, job_id);
+  q.Bind(2, static_cast<int64_t>(limit));
+  std::vector<v1::AuditEvent> events;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto event, Parse<v1::AuditEvent>(q.Blob(1), "audit"));
+    event.set_id(static_cast<uint64_t>(q.Int(0)));
     events.push_back(std::move(event));
   }
   return events;

@@ -60,6 +60,13 @@ class JobStore {
   absl::StatusOr<std::vector<furnace::v1::JobEvent>> LoadEvents(const std::string& job_id,
                                                                 int limit);
 
+  // The audit log: every state-changing JobService call, accepted or refused (who, when, what,
+  // the job, the outcome). Kept for the life of the store; ids increase in recording order.
+  absl::Status AddAudit(const furnace::v1::AuditEvent& event);
+  // The newest `limit` entries (of `job_id`; empty: of every job), oldest first, with their ids.
+  absl::StatusOr<std::vector<furnace::v1::AuditEvent>> LoadAudit(const std::string& job_id,
+                                                                 int limit);
+
   // Workers.
   absl::Status PutWorker(const furnace::v1::WorkerInfo& worker);
   absl::StatusOr<std::vector<furnace::v1::WorkerInfo>> LoadWorkers();

@@ -66,7 +66,8 @@ class Cluster:
     with its certificate and the join token), and cli() sends the admin token unless told
     `token="read"` or `token=None`."""
 
-    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None, tls=False):
+    def __init__(self, workers=4, worker_timeout=5.0, metrics_port=None, tls=False,
+                 extra_args=()):
         self.state = tempfile.mkdtemp(prefix="furnace-it-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -76,6 +77,7 @@ class Cluster:
         # 9464: tests run in parallel).
         self.metrics_port = metrics_port or free_port()
         self.controller = None
+        self.extra_args = list(extra_args)  # more furnace-controller flags
         self.log = open(os.path.join(self.state, "controller.out"), "ab")
         self.tls = tls
         self.certs = os.path.join(self.state, "certs") if tls else None
@@ -98,7 +100,8 @@ class Cluster:
             [os.path.join(BIN_DIR, "furnace-controller"), "--listen", self.addr,
              "--state-dir", self.state, "--local-workers", str(self.workers),
              "--heartbeat-interval", "0.5", "--worker-timeout", str(self.worker_timeout),
-             "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.security_flags()],
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.security_flags(),
+             *self.extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_up()
         if wait_workers:

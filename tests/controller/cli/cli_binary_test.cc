@@ -6,26 +6,12 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/controller/cli/run_furnace.h"
 
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-RunResult RunFurnace(const std::string& args) {
-  const std::string command = std::string(FURNACE_CLI_BINARY) + " " + args + " 2>&1";
-  RunResult run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 512> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) run.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
-  return run;
-}
+using furnace::cli::testing::RunFurnace;
+using furnace::cli::testing::RunResult;
 
 TEST(CliBinaryTest, UnreachableControllerExits3) {
   for (const char* command : {"jobs", "status j-1", "workers", "--json watch j-1"}) {

@@ -115,7 +115,7 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
   ASSERT_NE(f, nullptr);
   fputs("name: x\nkind: commcheck\n", f);
   fclose(f);
-  auto code = RunSubmit(ctx_, path, false);
+  auto code = RunSubmit(ctx_, path, {});
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, kExitOk);
   EXPECT_EQ(client_.submitted.yaml(), "name: x\nkind: commcheck\n");
@@ -123,12 +123,92 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
   EXPECT_EQ(out_.str(), "submitted job j-1\n");
 
   client_.submit_error = absl::InvalidArgumentError("job.yaml:2: kind: 'x' is not allowed");
-  code = RunSubmit(ctx_, path, false);
+  code = RunSubmit(ctx_, path, {});
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
   EXPECT_EQ(code.status().message(), "job.yaml:2: kind: 'x' is not allowed");
 
-  code = RunSubmit(ctx_, ::testing::TempDir() + "/missing.yaml", false);
+  code = RunSubmit(ctx_, ::testing::TempDir() + "/missing.yaml", {});
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  FILE* f = fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  fwrite(text.data(), 1, text.size(), f);
+  fclose(f);
+}
+
+TEST_F(CommandsTest, SubmitRefusesWhatCannotBeSentWithoutSendingIt) {
+  const std::string bad = ::testing::TempDir() + "/bad_utf8.yaml";
+  WriteFile(bad, "name: x\nkind: commcheck\n# caf\xE9\n");
+  auto code = RunSubmit(ctx_, bad, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_EQ(code.status().message(),
+            bad + ": byte 29 (0xe9): not valid UTF-8; a job file is UTF-8 text");
+  const std::string huge = ::testing::TempDir() + "/huge.yaml";
+  WriteFile(huge, std::string((size_t{1} << 20) + 10, '#'));
+  code = RunSubmit(ctx_, huge, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_NE(code.status().message().find(huge + ": the job file is 1048577 bytes; the limit is "
+                                                "1048576 bytes"),
+            std::string::npos)
+      << code.status();
+  EXPECT_EQ(client_.submit_calls, 0);
+}
+
+TEST_F(CommandsTest, SubmitDryRunValidatesHereAndSendsNothing) {
+  const std::string path = ::testing::TempDir() + "/dry.yaml";
+  WriteFile(path, "name: x\nkind: commcheck\nparallel: {dp: 2}\n");
+  auto code = RunSubmit(ctx_, path, {.dry_run = true});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(out_.str(), path + ": valid job x (commcheck, 2 ranks); not submitted (--dry-run)\n");
+  WriteFile(path, "name: x\nkind: nope\n");
+  code = RunSubmit(ctx_, path, {.dry_run = true});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_NE(code.status().message().find("kind"), std::string::npos) << code.status();
+  EXPECT_EQ(client_.submit_calls, 0);
+}
+
+TEST_F(CommandsTest, EventsShowsTheAuditLog) {
+  v1::ListAuditEventsResponse audit;
+  v1::AuditEvent* e = audit.add_events();
+  e->set_unix_time(kT0);
+  e->set_identity("alice");
+  e->set_action("submit");
+  e->set_job_id("j-7");
+  e->set_accepted(true);
+  e->set_code("OK");
+  e->set_detail("submitted t.yaml");
+  e = audit.add_events();
+  e->set_unix_time(kT0 + 5);
+  e->set_identity("ipv4:127.0.0.1:5000");
+  e->set_action("cancel");
+  e->set_code("NOT_FOUND");
+  e->set_detail("no job 'j-9'\nsecond line");
+  client_.audit = audit;
+  auto code = RunEvents(ctx_, {.job_id = "j-7", .limit = 20});
+  ASSERT_TRUE(code.ok()) << code.status();
+  ASSERT_EQ(client_.audit_requests.size(), 1u);
+  EXPECT_EQ(client_.audit_requests[0].job_id(), "j-7");
+  EXPECT_EQ(client_.audit_requests[0].limit(), 20u);
+  const std::string out = out_.str();
+  EXPECT_NE(out.find("TIME"), std::string::npos) << out;
+  EXPECT_NE(out.find("alice"), std::string::npos) << out;
+  EXPECT_NE(out.find("accepted"), std::string::npos) << out;
+  EXPECT_NE(out.find("refused (NOT_FOUND)"), std::string::npos) << out;
+  EXPECT_NE(out.find("no job 'j-9'"), std::string::npos) << out;
+  EXPECT_EQ(out.find("second line"), std::string::npos) << out;
+
+  out_.str("");
+  ctx_.json = true;
+  ASSERT_TRUE(RunEvents(ctx_, {}).ok());
+  EXPECT_NE(out_.str().find("\"identity\": \"alice\""), std::string::npos) << out_.str();
+
+  out_.str("");
+  ctx_.json = false;
+  client_.audit = v1::ListAuditEventsResponse();
+  ASSERT_TRUE(RunEvents(ctx_, {.job_id = "j-1"}).ok());
+  EXPECT_EQ(out_.str(), "no events for job j-1\n");
 }
 
 v1::GetLogsResponse Page(std::vector<std::string> lines, uint64_t next, bool done) {

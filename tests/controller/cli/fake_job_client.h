@@ -22,8 +22,12 @@ class FakeJobClient : public JobClient {
   std::vector<v1::GetJobSeriesRequest> series_requests;
   int get_job_calls = 0;
   std::vector<std::string> get_job_ids;
+  int submit_calls = 0;
+  absl::StatusOr<v1::ListAuditEventsResponse> audit = v1::ListAuditEventsResponse();
+  std::vector<v1::ListAuditEventsRequest> audit_requests;
 
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
+    ++submit_calls;
     submitted = request;
     if (!submit_error.ok()) return submit_error;
     v1::SubmitJobResponse response;
@@ -56,6 +60,11 @@ class FakeJobClient : public JobClient {
   absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) override {
     series_requests.push_back(request);
     return series;
+  }
+  absl::StatusOr<v1::ListAuditEventsResponse> ListAuditEvents(
+      const v1::ListAuditEventsRequest& request) override {
+    audit_requests.push_back(request);
+    return audit;
   }
 };
 

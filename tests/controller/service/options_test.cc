@@ -168,7 +168,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
               "log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, token-file, "
-              "join-token-file, insecure");
+              "join-token-file, insecure, data-root, checkpoint-root, max-request-bytes, "
+              "submit-rate, submit-burst");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);
@@ -185,15 +186,44 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
   EXPECT_THROW(Parse({"--no-such-flag", "1"}, f), CLI::ExtrasError);
 }
 
+TEST(ControllerOptions, RootsLimitsAndRatesFromFlagsAndTheConfigFile) {
+  ControllerFlags f = Parsed({});
+  EXPECT_EQ(f.data_root, "");
+  EXPECT_EQ(f.checkpoint_root, "");
+  EXPECT_EQ(f.max_request_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(f.submit_rate, 2.0);
+  EXPECT_EQ(f.submit_burst, 20.0);
+  f = Parsed({"--data-root", "/d", "--checkpoint-root", "/c", "--max-request-bytes", "4194304",
+              "--submit-rate", "0", "--submit-burst", "3"});
+  EXPECT_EQ(f.data_root, "/d");
+  EXPECT_EQ(f.checkpoint_root, "/c");
+  EXPECT_EQ(f.max_request_bytes, 4194304u);
+  EXPECT_EQ(f.submit_rate, 0.0);
+  EXPECT_EQ(f.submit_burst, 3.0);
+  const std::string path = WriteConfig("controller_roots.yaml",
+                                       "data_root: /srv/data\ncheckpoint-root: /srv/ckpt\n"
+                                       "submit-rate: 0.5\n");
+  f = Parsed({"--config", path});
+  EXPECT_EQ(f.data_root, "/srv/data");
+  EXPECT_EQ(f.checkpoint_root, "/srv/ckpt");
+  EXPECT_EQ(f.submit_rate, 0.5);
+  // A request limit too small for a 1 MiB job file, a burst under one, a negative rate.
+  EXPECT_THROW(Parse({"--max-request-bytes", "1000"}, f), CLI::ValidationError);
+  EXPECT_THROW(Parse({"--submit-burst", "0.5"}, f), CLI::ValidationError);
+  EXPECT_THROW(Parse({"--submit-rate", "-1"}, f), CLI::ValidationError);
+}
+
 TEST(ControllerOptions, HelpNamesEveryOptionWithItsDefault) {
   ControllerFlags f;
   CLI::App app{"furnace-controller"};
   AddControllerOptions(app, f);
   const std::string help = app.help();
   for (const char* option :
-       {"--config", "--listen", "--advertise", "--state-dir", "--local-workers", "--worker-binary",
-        "--heartbeat-interval", "--worker-timeout", "--reattach-grace", "--log-level",
-        "--metrics-listen", "--web-root", "127.0.0.1:7070", "./furnace-state", "127.0.0.1:9464"}) {
+       {"--config",         "--listen",          "--advertise",          "--state-dir",
+        "--local-workers",  "--worker-binary",   "--heartbeat-interval", "--worker-timeout",
+        "--reattach-grace", "--log-level",       "--metrics-listen",     "--web-root",
+        "--data-root",      "--checkpoint-root", "--max-request-bytes",  "--submit-rate",
+        "--submit-burst",   "127.0.0.1:7070",    "./furnace-state",      "127.0.0.1:9464"}) {
     EXPECT_NE(help.find(option), std::string::npos) << option << " missing from:\n" << help;
   }
 }

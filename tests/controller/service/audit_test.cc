@@ -1,0 +1,146 @@
+// The audit log (Controller::SubmitAs / CancelAs / ListAuditEvents), the submission rate limit and
+// the input roots as the controller applies them, on a real store in a temporary directory.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "runtime/base/path_root.h"
+#include "tests/controller/service/controller_on_temp_dir.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace v1 = furnace::v1;
+
+constexpr const char* kJob = "name: t\nkind: commcheck\nparallel: {dp: 2}\n";
+
+class AuditTest : public ControllerOnTempDir {
+ protected:
+  // Capacity for the jobs (no worker ever registers: they stay pending).
+  void Start(const std::function<void(ControllerOptions&)>& configure = nullptr) {
+    StartController("furnace-audit", [&](ControllerOptions& o) {
+      o.local_workers = 4;
+      if (configure) configure(o);
+    });
+  }
+  v1::ListAuditEventsResponse List(const std::string& job_id = "", uint32_t limit = 0) {
+    v1::ListAuditEventsRequest req;
+    req.set_job_id(job_id);
+    req.set_limit(limit);
+    auto resp = c_->ListAuditEvents(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : v1::ListAuditEventsResponse();
+  }
+};
+
+TEST_F(AuditTest, RecordsWhoDidWhatAndTheOutcomeAndSurvivesARestart) {
+  Start();
+  auto id = c_->SubmitAs("alice", kJob, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  clock_.Advance(1);
+  auto bad = c_->SubmitAs("bob", "name: t\nkind: nope\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  clock_.Advance(1);
+  ASSERT_TRUE(c_->CancelAs("alice", *id).ok());
+  ASSERT_FALSE(c_->CancelAs("bob", "j-nonexistent").ok());
+
+  v1::ListAuditEventsResponse all = List();
+  ASSERT_EQ(all.events_size(), 4);
+  const v1::AuditEvent& submit = all.events(0);
+  EXPECT_EQ(submit.identity(), "alice");
+  EXPECT_EQ(submit.action(), "submit");
+  EXPECT_EQ(submit.job_id(), *id);
+  EXPECT_TRUE(submit.accepted());
+  EXPECT_EQ(submit.code(), "OK");
+  EXPECT_EQ(submit.detail(), "submitted t.yaml");
+  EXPECT_DOUBLE_EQ(submit.unix_time(), clock_.UnixSeconds() - 2);
+  const v1::AuditEvent& refused = all.events(1);
+  EXPECT_EQ(refused.identity(), "bob");
+  EXPECT_FALSE(refused.accepted());
+  EXPECT_EQ(refused.code(), "INVALID_ARGUMENT");
+  EXPECT_EQ(refused.job_id(), "");
+  EXPECT_NE(refused.detail().find("bad.yaml:2:7: kind"), std::string::npos) << refused.detail();
+  EXPECT_EQ(all.events(2).action(), "cancel");
+  EXPECT_TRUE(all.events(2).accepted());
+  EXPECT_EQ(all.events(2).detail(), "now cancelled");
+  EXPECT_EQ(all.events(3).code(), "NOT_FOUND");
+  EXPECT_LT(all.events(0).id(), all.events(3).id());
+
+  // By job, and the newest N.
+  v1::ListAuditEventsResponse of_job = List(*id);
+  ASSERT_EQ(of_job.events_size(), 2);
+  EXPECT_EQ(of_job.events(0).action(), "submit");
+  EXPECT_EQ(of_job.events(1).action(), "cancel");
+  v1::ListAuditEventsResponse newest = List("", 1);
+  ASSERT_EQ(newest.events_size(), 1);
+  EXPECT_EQ(newest.events(0).job_id(), "j-nonexistent");
+
+  // A new controller on the same state dir reads the same log.
+  c_.reset();
+  ControllerOptions o;
+  o.state_dir = dir_.string();
+  o.advertise_address = "127.0.0.1:1";
+  auto restarted = Controller::Create(o, clock_);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  c_ = std::move(*restarted);
+  v1::ListAuditEventsResponse again = List();
+  ASSERT_EQ(again.events_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(again.events(i).SerializeAsString(), all.events(i).SerializeAsString()) << i;
+  }
+}
+
+TEST_F(AuditTest, SubmissionsOverTheRateAreRefusedAndRecorded) {
+  Start([](ControllerOptions& o) {
+    o.submit_rate = 1;
+    o.submit_burst = 2;
+  });
+  EXPECT_TRUE(c_->SubmitAs("alice", kJob, "t.yaml").ok());
+  EXPECT_TRUE(c_->SubmitAs("alice", kJob, "t.yaml").ok());
+  auto third = c_->SubmitAs("alice", kJob, "t.yaml");
+  ASSERT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_NE(third.status().message().find("retry in 1.0 s"), std::string::npos) << third.status();
+  EXPECT_TRUE(c_->SubmitAs("bob", kJob, "t.yaml").ok());  // a bucket of its own
+  clock_.Advance(1);
+  EXPECT_TRUE(c_->SubmitAs("alice", kJob, "t.yaml").ok());
+  v1::ListAuditEventsResponse all = List();
+  ASSERT_EQ(all.events_size(), 5);
+  EXPECT_EQ(all.events(2).code(), "RESOURCE_EXHAUSTED");
+  EXPECT_FALSE(all.events(2).accepted());
+  EXPECT_EQ(c_->ListJobs().size(), 4u);  // the refused one left no job
+}
+
+TEST_F(AuditTest, InvalidBytesInWhatIsRecordedAreReplaced) {
+  Start();
+  ASSERT_FALSE(c_->SubmitAs("peer\xFF", "name: t\nkind: \xFE\n", "f\xFF.yaml").ok());
+  v1::ListAuditEventsResponse all = List();
+  ASSERT_EQ(all.events_size(), 1);
+  EXPECT_EQ(all.events(0).identity(), "peer?");
+  EXPECT_NE(all.events(0).detail().find("f?.yaml: byte 14 (0xfe): not valid UTF-8"),
+            std::string::npos)
+      << all.events(0).detail();
+}
+
+TEST_F(AuditTest, PathsAreResolvedUnderTheRootsAtSubmit) {
+  const std::filesystem::path roots =
+      std::filesystem::temp_directory_path() / ("furnace-audit-roots-" + std::to_string(getpid()));
+  std::filesystem::create_directories(roots / "ckpt");
+  const std::string ckpt = *ResolveRoot((roots / "ckpt").string(), "--checkpoint-root");
+  Start([&](ControllerOptions& o) { o.checkpoint_root = ckpt; });
+  const std::string job = "name: t\nkind: train\ncheckpoint: {dir: run1}\n";
+  auto id = c_->SubmitAs("alice", job, "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto detail = c_->GetJob(*id);
+  ASSERT_TRUE(detail.ok());
+  EXPECT_EQ(detail->spec().checkpoint().dir(), ckpt + "/run1");  // what the workers get
+  auto escape = c_->SubmitAs("alice", "name: t\nkind: train\ncheckpoint: {dir: ../x}\n", "e.yaml");
+  ASSERT_TRUE(absl::IsInvalidArgument(escape.status()));
+  EXPECT_NE(
+      escape.status().message().find("checkpoint.dir: ../x is outside --checkpoint-root " + ckpt),
+      std::string::npos)
+      << escape.status();
+  std::filesystem::remove_all(roots);
+}
+
+}  // namespace
+}  // namespace furnace::controller
