@@ -75,7 +75,13 @@ Job* JobLifecycle::Find(const std::string& job_id) {
 
 absl::Status JobLifecycle::Persist(Job& job) {
   job.summary.set_updated_unix(clock_.UnixSeconds());
-  return store_.Transaction([&]() -> absl::Status {
+  if (job.step_stale && job.current() != nullptr) {
+    uint64_t min_step = UINT64_MAX;
+    for (const auto& r : job.current()->ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+    job.summary.set_step(min_step);
+  }
+  job.step_stale = false;
+  absl::Status s = store_.Transaction([&]() -> absl::Status {
     RETURN_IF_ERROR(store_.PutSummary(job.summary));
     // The two newest attempts can change (a failing one and the next); older ones are final.
     const size_t n = job.attempts.size();
@@ -84,6 +90,27 @@ absl::Status JobLifecycle::Persist(Job& job) {
     }
     return absl::OkStatus();
   });
+  if (s.ok()) later_.erase(job.summary.job_id());
+  return s;
+}
+
+void JobLifecycle::PersistLater(const std::set<std::string>& job_ids) {
+  later_.insert(job_ids.begin(), job_ids.end());
+}
+
+void JobLifecycle::FlushLater() {
+  const std::set<std::string> ids = later_;
+  for (const auto& id : ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      later_.erase(id);
+      continue;
+    }
+    // Kept marked on failure: the next flush tries again.
+    if (absl::Status s = Persist(it->second); !s.ok()) {
+      spdlog::warn("job {}: progress not recorded yet: {}", id, s.ToString());
+    }
+  }
 }
 
 void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& message) {
@@ -196,24 +223,10 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return false;
   attempt.mutable_ranks(rec.rank())->set_step(rec.step());
   if (&attempt == job.current()) {
-    uint64_t min_step = UINT64_MAX;
-    for (const auto& r : attempt.ranks()) min_step = std::min<uint64_t>(min_step, r.step());
-    job.summary.set_step(min_step);
+    job.step_stale = true;
     job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
   }
   return true;
-}
-
-absl::Status JobLifecycle::PersistProgress(const std::set<std::string>& job_ids) {
-  if (job_ids.empty()) return absl::OkStatus();
-  return store_.Transaction([&]() -> absl::Status {
-    for (const auto& id : job_ids) {
-      Job& job = jobs_.at(id);
-      RETURN_IF_ERROR(store_.PutSummary(job.summary));
-      if (auto* a = job.current()) RETURN_IF_ERROR(store_.PutAttempt(id, *a));
-    }
-    return absl::OkStatus();
-  });
 }
 
 absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
