@@ -348,23 +348,24 @@ std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
 }
 
 void Controller::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   jobs_.Tick();
-  // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist): worker records every
-  // tick, jobs' records about once a second (a job's write carries every rank of its attempt).
-  workers_.Flush();
+  // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state
+  // mutex held during the writes: worker records every tick, jobs' records about once a second
+  // (a job's write carries every rank of its attempt).
+  workers_.Flush(lock);
   const double now = clock_.MonotonicSeconds();
   if (now - last_job_flush_mono_ >= kJobFlushIntervalS) {
-    jobs_.FlushLater();
+    jobs_.FlushLater(lock);
     last_job_flush_mono_ = now;
   }
 }
 
 void Controller::Shutdown(bool stopping_workers) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   jobs_.Shutdown(stopping_workers);
-  jobs_.FlushLater();
-  workers_.Flush();
+  jobs_.FlushLater(lock);
+  workers_.Flush(lock);
 }
 
 }  // namespace furnace::controller

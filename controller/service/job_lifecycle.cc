@@ -81,6 +81,7 @@ absl::Status JobLifecycle::Persist(Job& job) {
     job.summary.set_step(min_step);
   }
   job.step_stale = false;
+  std::lock_guard<std::mutex> order(write_order_mu_);  // after a flush of an older copy
   absl::Status s = store_.Transaction([&]() -> absl::Status {
     RETURN_IF_ERROR(store_.PutSummary(job.summary));
     // The two newest attempts can change (a failing one and the next); older ones are final.
@@ -98,18 +99,49 @@ void JobLifecycle::PersistLater(const std::set<std::string>& job_ids) {
   later_.insert(job_ids.begin(), job_ids.end());
 }
 
-void JobLifecycle::FlushLater() {
-  const std::set<std::string> ids = later_;
+void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
+  if (later_.empty()) return;
+  // Copied under the state mutex, written without it: an fsync must not stall every RPC. A
+  // transition written meanwhile (Persist) waits on write_order_mu_, so it lands after this older
+  // copy, never before it.
+  struct Copy {
+    v1::JobSummary summary;
+    std::vector<v1::AttemptInfo> attempts;  // the two newest, as Persist writes them
+  };
+  std::vector<Copy> copies;
+  const std::set<std::string> ids = std::move(later_);
+  later_.clear();
   for (const auto& id : ids) {
     auto it = jobs_.find(id);
-    if (it == jobs_.end()) {
-      later_.erase(id);
-      continue;
+    if (it == jobs_.end()) continue;
+    Job& job = it->second;
+    if (job.step_stale && job.current() != nullptr) {
+      uint64_t min_step = UINT64_MAX;
+      for (const auto& r : job.current()->ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+      job.summary.set_step(min_step);
     }
-    // Kept marked on failure: the next flush tries again.
-    if (absl::Status s = Persist(it->second); !s.ok()) {
-      spdlog::warn("job {}: progress not recorded yet: {}", id, s.ToString());
+    job.step_stale = false;
+    job.summary.set_updated_unix(clock_.UnixSeconds());
+    Copy c{job.summary, {}};
+    const size_t n = job.attempts.size();
+    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) c.attempts.push_back(job.attempts[i]);
+    copies.push_back(std::move(c));
+  }
+  std::unique_lock<std::mutex> order(write_order_mu_);
+  state_lock.unlock();
+  const absl::Status s = store_.Transaction([&]() -> absl::Status {
+    for (const Copy& c : copies) {
+      RETURN_IF_ERROR(store_.PutSummary(c.summary));
+      for (const auto& a : c.attempts) RETURN_IF_ERROR(store_.PutAttempt(c.summary.job_id(), a));
     }
+    return absl::OkStatus();
+  });
+  order.unlock();
+  state_lock.lock();
+  if (!s.ok()) {
+    // Marked again: the next flush tries again.
+    spdlog::warn("{} job(s)' progress not recorded yet: {}", ids.size(), s.ToString());
+    later_.insert(ids.begin(), ids.end());
   }
 }
 

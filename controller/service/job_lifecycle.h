@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -138,7 +139,9 @@ class JobLifecycle {
   // with the next telemetry, and started or ended ranks with the agents' re-registration and
   // heartbeat reconciliation, as for a PersistRecord that failed.
   void PersistLater(const std::set<std::string>& job_ids);
-  void FlushLater();
+  // `state_lock` holds the state mutex: it is released while the store is written and held again
+  // on return.
+  void FlushLater(std::unique_lock<std::mutex>& state_lock);
   // --- recovery_timing.cc -------------------------------------------------------------------
   // A rank's start-up points and first step (TelemetryRecord.startup, the first step record):
   // kept on its RankInfo and, once every rank has them, on the attempt; when they complete an
@@ -224,6 +227,9 @@ class JobLifecycle {
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> later_;  // jobs with changes not written yet (PersistLater)
+  // Orders job writes: held while one is written (Persist, FlushLater), so a flush's copy, taken
+  // under the state mutex and written without it, never lands after a newer Persist.
+  std::mutex write_order_mu_;
   bool shut_down_ = false;  // Shutdown(true) ran: rank reports are no longer acted on
   CheckpointHintSource hint_source_;
 };

@@ -108,19 +108,24 @@ WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
 
 void WorkerRegistry::Persist(const Worker& worker) { dirty_.insert(worker.info.worker_id()); }
 
-void WorkerRegistry::Flush() {
+void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
   if (dirty_.empty()) return;
+  std::vector<v1::WorkerInfo> copies;
+  for (const auto& id : dirty_) {
+    if (const Worker* w = Find(id)) copies.push_back(w->info);
+  }
+  std::set<std::string> ids = std::move(dirty_);
+  dirty_.clear();
+  state_lock.unlock();
   absl::Status s = store_.Transaction([&]() -> absl::Status {
-    for (const auto& id : dirty_) {
-      if (const Worker* w = Find(id)) RETURN_IF_ERROR(store_.PutWorker(w->info));
-    }
+    for (const auto& info : copies) RETURN_IF_ERROR(store_.PutWorker(info));
     return absl::OkStatus();
   });
+  state_lock.lock();
   if (!s.ok()) {
-    spdlog::error("{} worker record(s) not persisted yet: {}", dirty_.size(), s.ToString());
-    return;
+    spdlog::error("{} worker record(s) not persisted yet: {}", ids.size(), s.ToString());
+    dirty_.insert(ids.begin(), ids.end());
   }
-  dirty_.clear();
 }
 
 std::string WorkerRegistry::NewSession(const std::string& worker_id, bool drop_commands) {

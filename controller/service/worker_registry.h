@@ -80,8 +80,10 @@ class WorkerRegistry {
   Held MarkLost(Worker& worker);
   // Marks the worker's record to be written by the next Flush.
   void Persist(const Worker& worker);
-  // Writes the marked records in one transaction; they stay marked when it fails.
-  void Flush();
+  // Writes the marked records in one transaction; they stay marked when it fails. `state_lock`
+  // holds the state mutex: the records are copied under it and written without it, and it is
+  // held again on return. One caller at a time (the ticker).
+  void Flush(std::unique_lock<std::mutex>& state_lock);
 
   // --- Sessions and command queues (thread-safe) --------------------------------------------
   // Starts a new session for the worker (ending any older command stream), optionally dropping
