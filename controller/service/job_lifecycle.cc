@@ -411,8 +411,11 @@ void JobLifecycle::TryStart(Job& job) {
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();
   for (uint32_t r = 0; r < placement->size(); ++r) {
-    Worker& w = *workers_.Find((*placement)[r]);
-    workers_.Assign(w, job.summary.job_id(), n, r);
+    workers_.Assign(*workers_.Find((*placement)[r]), job.summary.job_id(), n, r);
+  }
+  workers_.FlushNow();  // every placed worker's record in one transaction, before any command
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    const Worker& w = *workers_.Find((*placement)[r]);
     workers_.Enqueue(w.info.worker_id(), StartCommand(job, r, w));
   }
 }

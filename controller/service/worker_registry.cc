@@ -108,6 +108,12 @@ WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
 
 void WorkerRegistry::Persist(const Worker& worker) { dirty_.insert(worker.info.worker_id()); }
 
+void WorkerRegistry::FlushNow() {
+  std::mutex held_by_caller;
+  std::unique_lock<std::mutex> lock(held_by_caller);
+  Flush(lock);
+}
+
 void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
   if (dirty_.empty()) return;
   std::vector<v1::WorkerInfo> copies;

@@ -84,6 +84,9 @@ class WorkerRegistry {
   // holds the state mutex: the records are copied under it and written without it, and it is
   // held again on return. One caller at a time (the ticker).
   void Flush(std::unique_lock<std::mutex>& state_lock);
+  // The same while keeping the state mutex: for records that must be in the store before what
+  // follows (a placement's, before its start commands go out).
+  void FlushNow();
 
   // --- Sessions and command queues (thread-safe) --------------------------------------------
   // Starts a new session for the worker (ending any older command stream), optionally dropping
