@@ -217,9 +217,8 @@ void Fleet::OnCommand(SimAgent& a, const v1::AgentCommand& command) {
     report.set_rank(t.rank());
     report.set_event(v1::RANK_STARTED);
     report.set_pid(static_cast<int>(200000 + a.index));
-    report.set_unix_time(std::chrono::duration<double>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count());
+    report.set_unix_time(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     auto& stub = Stub(a);
     Call<v1::RankReport, v1::Ack>(
         "ReportRank",
@@ -258,7 +257,8 @@ void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt,
       [&stub](auto* c, auto* q, auto* r, auto f) {
         stub.async()->ReportRank(c, q, r, std::move(f));
       },
-      std::move(report), options_.rpc_timeout_s, [this](const grpc::Status& s, v1::Ack&) {
+      std::move(report), options_.rpc_timeout_s,
+      [this](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) ++ranks_stopped_;
         return s.ok();
       });
@@ -287,7 +287,8 @@ void Fleet::Arrive(SimAgent& a) {
   Call<v1::KvSetRequest, v1::Ack>(
       "KvSet",
       [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvSet(c, q, r, std::move(f)); },
-      std::move(req), options_.rpc_timeout_s, [this, &a](const grpc::Status& s, v1::Ack&) {
+      std::move(req), options_.rpc_timeout_s,
+      [this, &a](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) WaitPeers(a);
         return s.ok();
       });
@@ -354,7 +355,8 @@ void Fleet::Heartbeat(SimAgent& a) {
       [&stub](auto* c, auto* q, auto* r, auto f) {
         stub.async()->Heartbeat(c, q, r, std::move(f));
       },
-      std::move(req), deadline, [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
+      std::move(req), deadline,
+      [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
         if (s.ok() && resp.reregister()) ++reregister_asks_;
         return s.ok() && !resp.reregister();
       });
@@ -373,8 +375,7 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
     r->set_step(step);
     r->set_total_steps(1000000);
     r->set_unix_time(
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     r->set_phase("running");
     v1::StepTelemetry* t = r->mutable_train();
     // A plausible step of a large run; the values only need to be the right shape and size.
@@ -390,8 +391,9 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
     t->set_model_flops(1e15);
     t->set_grad_norm(1.0);
     t->set_lr(3e-4);
-    for (const auto& [op, group] : {std::pair{v1::COLLECTIVE_OP_ALL_TO_ALL, v1::PARALLEL_GROUP_EP},
-                                    std::pair{v1::COLLECTIVE_OP_ALL_REDUCE, v1::PARALLEL_GROUP_DP}}) {
+    for (const auto& [op, group] :
+         {std::pair{v1::COLLECTIVE_OP_ALL_TO_ALL, v1::PARALLEL_GROUP_EP},
+          std::pair{v1::COLLECTIVE_OP_ALL_REDUCE, v1::PARALLEL_GROUP_DP}}) {
       v1::CommTelemetry* c = t->add_comm();
       c->set_op(op);
       c->set_group(group);
@@ -411,7 +413,9 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
       [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
 }
 
-void Fleet::Start() { scheduler_ = std::thread([this] { ScheduleLoop(); }); }
+void Fleet::Start() {
+  scheduler_ = std::thread([this] { ScheduleLoop(); });
+}
 
 void Fleet::ScheduleLoop() {
   // Agent i heart-beats at t0 + k * interval + i * interval / N; its rank's step s record leaves
@@ -452,7 +456,8 @@ absl::StatusOr<std::string> Fleet::Submit(const std::string& yaml) {
   grpc::ClientContext context;
   SetDeadline(context, 60);
   const grpc::Status s = jobs_->SubmitJob(&context, req, &resp);
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return resp.job_id();
 }
 
@@ -463,7 +468,8 @@ absl::Status Fleet::Cancel(const std::string& job_id) {
   grpc::ClientContext context;
   SetDeadline(context, 60);
   const grpc::Status s = jobs_->CancelJob(&context, req, &resp);
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return absl::OkStatus();
 }
 
@@ -474,7 +480,8 @@ absl::StatusOr<uint64_t> Fleet::JobStep(const std::string& job_id) {
   grpc::ClientContext context;
   SetDeadline(context, 30);
   const grpc::Status s = jobs_->GetJob(&context, req, &resp);
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return resp.summary().step();
 }
 
@@ -485,7 +492,8 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Fleet::ListWorkers() {
   const double t0 = Now();
   const grpc::Status s = jobs_->ListWorkers(&context, v1::ListWorkersRequest(), &resp);
   book_.Record("ListWorkers", Now() - t0, s.ok(), s.error_message());
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
 }
 

@@ -35,12 +35,12 @@
 namespace furnace::bench {
 
 struct FleetOptions {
-  std::string address;          // the controller's gRPC address
+  std::string address;  // the controller's gRPC address
   uint32_t agents = 1024;
-  uint32_t channels = 8;        // agents are spread over this many HTTP/2 connections
-  double step_s = 2.0;          // seconds per training step once the job runs
-  double flush_s = 0.2;         // the agents' telemetry flush interval (worker/agent.h)
-  double rpc_timeout_s = 10.0;  // client deadline of a unary call
+  uint32_t channels = 8;                // agents are spread over this many HTTP/2 connections
+  double step_s = 2.0;                  // seconds per training step once the job runs
+  double flush_s = 0.2;                 // the agents' telemetry flush interval (worker/agent.h)
+  double rpc_timeout_s = 10.0;          // client deadline of a unary call
   std::string host_prefix = "loadgen";  // worker ids are "<prefix>-<i / 8>/<i % 8>"
   // TLS: with tls set, channels use grpc::SslCredentials (CA to verify the controller, and the
   // client certificate and key for mutual TLS when given).
@@ -53,15 +53,15 @@ class CommandStream;
 struct SimAgent {
   uint32_t index = 0;
   std::string worker_id;
-  std::string session_id;            // written once by Register before anything else runs
-  std::atomic<bool> silent{false};   // Silence()d: sends nothing any more
+  std::string session_id;           // written once by Register before anything else runs
+  std::atomic<bool> silent{false};  // Silence()d: sends nothing any more
   std::mutex mu;
-  bool has_rank = false;             // the fields below name it; guarded by mu
+  bool has_rank = false;  // the fields below name it; guarded by mu
   std::string job_id;
   uint32_t attempt = 0, rank = 0, world = 0;
-  bool arrived_all = false;          // its health-check rendezvous is through
-  double last_heartbeat_sent = 0;    // steady clock
-  CommandStream* stream = nullptr;   // live WatchCommands stream, if any
+  bool arrived_all = false;         // its health-check rendezvous is through
+  double last_heartbeat_sent = 0;   // steady clock
+  CommandStream* stream = nullptr;  // live WatchCommands stream, if any
 };
 
 class Fleet {

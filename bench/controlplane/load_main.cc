@@ -82,8 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--channels", fo.channels, "gRPC channels the agents share")
       ->capture_default_str();
   app.add_option("--step-s", fo.step_s, "seconds per training step")->capture_default_str();
-  app.add_option("--window-s", window_s, "steady-state measurement window")
-      ->capture_default_str();
+  app.add_option("--window-s", window_s, "steady-state measurement window")->capture_default_str();
   app.add_option("--warmup-steps", warmup_steps, "steps run before the window opens")
       ->capture_default_str();
   app.add_option("--worker-timeout", worker_timeout_s,
@@ -208,7 +207,8 @@ int main(int argc, char** argv) {
   if (wrongly_lost > 0) problems.push_back(absl::StrCat(wrongly_lost, " live agents lost"));
 
   // 5. Cancel: every rank is told to stop and reports it.
-  if (auto s = fleet.Cancel(*job); !s.ok()) problems.push_back(absl::StrCat("cancel: ", s.message()));
+  if (auto s = fleet.Cancel(*job); !s.ok())
+    problems.push_back(absl::StrCat("cancel: ", s.message()));
   if (!WaitFor([&] { return fleet.ranks_stopped() >= world; }, start_timeout_s)) {
     problems.push_back(absl::StrCat(fleet.ranks_stopped(), " of ", world, " ranks stopped"));
   }
@@ -220,15 +220,16 @@ int main(int argc, char** argv) {
   auto count_failures = [&](const json& rpcs, const std::string& phase) {
     for (const auto& [kind, r] : rpcs.items()) {
       if (r.value("failures", 0) > 0) {
-        problems.push_back(absl::StrCat(phase, " ", kind, ": ", r.value("failures", 0),
-                                        " failed (", r.value("first_error", ""), ")"));
+        problems.push_back(absl::StrCat(phase, " ", kind, ": ", r.value("failures", 0), " failed (",
+                                        r.value("first_error", ""), ")"));
       }
     }
   };
   count_failures(out["job_start"]["rpcs"], "start");
   count_failures(out["steady"]["rpcs"], "steady");
   count_failures(out["loss"]["rpcs"], "loss");
-  if (book.failures() > 0) problems.push_back(absl::StrCat(book.failures(), " RPCs failed at the end"));
+  if (book.failures() > 0)
+    problems.push_back(absl::StrCat(book.failures(), " RPCs failed at the end"));
   out["problems"] = problems;
   std::cout << out.dump(2) << std::endl;
   return problems.empty() ? 0 : 1;

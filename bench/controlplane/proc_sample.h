@@ -12,13 +12,13 @@
 namespace furnace::bench {
 
 struct ProcSample {
-  double mono_s = 0;        // when it was read (steady clock)
-  double cpu_s = 0;         // utime + stime
-  uint64_t rss_bytes = 0;   // VmRSS
+  double mono_s = 0;       // when it was read (steady clock)
+  double cpu_s = 0;        // utime + stime
+  uint64_t rss_bytes = 0;  // VmRSS
   uint64_t threads = 0;
-  uint64_t wchar = 0;       // bytes passed to write(2)-like calls
-  uint64_t syscw = 0;       // write(2)-like calls
-  uint64_t write_bytes = 0; // bytes sent to the storage layer
+  uint64_t wchar = 0;        // bytes passed to write(2)-like calls
+  uint64_t syscw = 0;        // write(2)-like calls
+  uint64_t write_bytes = 0;  // bytes sent to the storage layer
 };
 
 absl::StatusOr<ProcSample> SampleProcess(int pid);

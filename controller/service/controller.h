@@ -73,8 +73,9 @@ class Controller {
                                                                       double wait_s);
   // The same without waiting: none, and `wake` is called when there may be some (see
   // WorkerRegistry::TakeCommands). For the callback command stream (grpc_services.cc).
-  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(
-      const std::string& worker_id, const std::string& session_id, WorkerRegistry::Wake wake);
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      WorkerRegistry::Wake wake);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);

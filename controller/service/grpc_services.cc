@@ -95,7 +95,9 @@ namespace {
 class CommandWriter : public grpc::ServerWriteReactor<v1::AgentCommand> {
  public:
   CommandWriter(Controller& c, const v1::WatchCommandsRequest& req)
-      : c_(c), worker_id_(req.worker_id()), session_id_(req.session_id()),
+      : c_(c),
+        worker_id_(req.worker_id()),
+        session_id_(req.session_id()),
         shared_(std::make_shared<Shared>()) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->writer = this;

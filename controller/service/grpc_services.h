@@ -35,10 +35,9 @@ class JobServiceImpl final : public furnace::v1::JobService::Service {
 // on each call, which at thousands of agents cost more CPU than the work itself
 // (bench/controlplane/REPORT.md). Both only take short locks, so they run on gRPC's threads. The
 // other methods may wait (a rendezvous KvGet, a commit's fsync) and stay synchronous.
-class AgentServiceImpl final
-    : public furnace::v1::AgentService::WithCallbackMethod_Heartbeat<
-          furnace::v1::AgentService::WithCallbackMethod_WatchCommands<
-              furnace::v1::AgentService::Service>> {
+class AgentServiceImpl final : public furnace::v1::AgentService::WithCallbackMethod_Heartbeat<
+                                   furnace::v1::AgentService::WithCallbackMethod_WatchCommands<
+                                       furnace::v1::AgentService::Service>> {
  public:
   explicit AgentServiceImpl(Controller& controller) : c_(controller) {}
   grpc::Status Register(grpc::ServerContext*, const furnace::v1::RegisterRequest*,

@@ -117,7 +117,8 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     Job& job = it->second;
     if (job.step_stale && job.current() != nullptr) {
       uint64_t min_step = UINT64_MAX;
-      for (const auto& r : job.current()->ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+      for (const auto& r : job.current()->ranks())
+        min_step = std::min<uint64_t>(min_step, r.step());
       job.summary.set_step(min_step);
     }
     job.step_stale = false;

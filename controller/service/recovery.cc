@@ -473,11 +473,11 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, v1::RANK_STATE_RUNNING)) {
       const double old_all_running = attempt.all_running_unix();
       attempt.set_all_running_unix(clock_.UnixSeconds());
-      absl::Status s = Transition(
-          job, v1::JOB_RUNNING, "running",
-          absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
-                          attempt.attempt(), attempt.ranks_size(),
-                          attempt.all_running_unix() - attempt.started_unix()));
+      absl::Status s =
+          Transition(job, v1::JOB_RUNNING, "running",
+                     absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
+                                     attempt.attempt(), attempt.ranks_size(),
+                                     attempt.all_running_unix() - attempt.started_unix()));
       if (!s.ok()) {  // undone; the agent re-sends the report
         rank.set_state(old_state);
         rank.set_pid(old_pid);

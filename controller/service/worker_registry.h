@@ -109,8 +109,9 @@ class WorkerRegistry {
   // lock held) when a command is queued or the session changes or ends. A later call replaces it.
   // FailedPrecondition when the session is not the worker's current one.
   using Wake = std::function<void()>;
-  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(
-      const std::string& worker_id, const std::string& session_id, Wake wake);
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      Wake wake);
 
  private:
   struct Mailbox {

@@ -41,13 +41,13 @@ absl::StatusOr<std::vector<std::string>> InMemoryKvStore::Get(const std::vector<
       }
       // A thousand-rank rendezvous can miss thousands of keys: the first few name the problem.
       constexpr size_t kNamed = 16;
-      std::string named = absl::StrJoin(missing.begin(),
-                                        missing.begin() + std::min(missing.size(), kNamed), ", ");
+      std::string named =
+          absl::StrJoin(missing.begin(), missing.begin() + std::min(missing.size(), kNamed), ", ");
       if (missing.size() > kNamed) {
         named += absl::StrFormat(", ... (%d more)", missing.size() - kNamed);
       }
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "kv store: keys still missing after %.3f s: [%s]", timeout_s, named));
+      return absl::DeadlineExceededError(
+          absl::StrFormat("kv store: keys still missing after %.3f s: [%s]", timeout_s, named));
     }
     auto slot = waiting_.emplace(keys[seen], &waiter);
     waiter.cv.wait_until(lock, deadline);

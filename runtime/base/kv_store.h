@@ -52,9 +52,9 @@ class InMemoryKvStore : public KvStore {
     std::condition_variable cv;
   };
   std::mutex mu_;
-  std::map<std::string, std::string> values_;        // guarded by mu_
-  std::multimap<std::string, Waiter*> waiting_;      // by the key each waits for; guarded by mu_
-  bool closed_ = false;                              // guarded by mu_
+  std::map<std::string, std::string> values_;    // guarded by mu_
+  std::multimap<std::string, Waiter*> waiting_;  // by the key each waits for; guarded by mu_
+  bool closed_ = false;                          // guarded by mu_
 };
 
 }  // namespace furnace
