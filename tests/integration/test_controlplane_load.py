@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import unittest
 
 import harness
@@ -33,6 +34,13 @@ class ControlPlaneLoadTest(unittest.TestCase):
              str(WORKER_TIMEOUT_S), "--metrics-listen", ""],
             stdout=log, stderr=subprocess.STDOUT)
         try:
+            deadline = time.time() + 60
+            while time.time() < deadline:  # it binds after loading its job store
+                up = subprocess.run([os.path.join(harness.BIN_DIR, "furnace"), "--controller",
+                                     addr, "jobs"], capture_output=True, timeout=30)
+                if up.returncode == 0:
+                    break
+                time.sleep(0.2)
             gen = subprocess.run(
                 [os.path.join(harness.BIN_DIR, "furnace_bench_controlplane"),
                  "--controller", addr, "--controller-pid", str(controller.pid),
