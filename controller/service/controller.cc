@@ -300,6 +300,11 @@ absl::StatusOr<std::vector<v1::AgentCommand>> Controller::NextCommands(
   return workers_.NextCommands(worker_id, session_id, wait_s);
 }
 
+absl::StatusOr<std::vector<v1::AgentCommand>> Controller::TakeCommands(
+    const std::string& worker_id, const std::string& session_id, WorkerRegistry::Wake wake) {
+  return workers_.TakeCommands(worker_id, session_id, std::move(wake));
+}
+
 void Controller::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
   workers_.Requeue(worker_id, std::move(commands));
 }
@@ -335,8 +340,9 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
         telemetry_.Accumulate(rec.job_id(), job->AttemptWorld(rec.attempt()), rec);
       }
     }
-    // Progress lands in the store in the same order as the transitions (under the mutex).
-    RETURN_IF_ERROR(jobs_.PersistProgress(touched));
+    // Written behind (JobLifecycle::PersistLater), in order with the transitions: both are
+    // written under the mutex.
+    jobs_.PersistLater(touched);
     trim = telemetry_.TrimDue(touched, records.size());
   }
   return telemetry_.Store(records, trim);
@@ -363,8 +369,10 @@ absl::Status Controller::KvSet(const v1::KvSetRequest& req) {
   // Persisted before it is visible, without the state mutex: a key is write-once data of its own
   // scope and orders with nothing else. A scope closed in between only leaves a row (and an
   // in-memory key) of an attempt that is over, which CheckScope refuses to every later call.
-  RETURN_IF_ERROR(
-      store_->KvPut(req.scope().job_id(), req.scope().attempt(), req.key(), req.value()));
+  // Group commit: a job start's thousands of keys share a few transactions.
+  RETURN_IF_ERROR(kv_commit_.Run([&] {
+    return store_->KvPut(req.scope().job_id(), req.scope().attempt(), req.key(), req.value());
+  }));
   rendezvous_.Set({req.scope().job_id(), req.scope().attempt()}, req.key(), req.value());
   return absl::OkStatus();
 }
@@ -392,13 +400,24 @@ std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
 }
 
 void Controller::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   jobs_.Tick();
+  // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state
+  // mutex held during the writes: worker records every tick, jobs' records about once a second
+  // (a job's write carries every rank of its attempt).
+  workers_.Flush(lock);
+  const double now = clock_.MonotonicSeconds();
+  if (now - last_job_flush_mono_ >= kJobFlushIntervalS) {
+    jobs_.FlushLater(lock);
+    last_job_flush_mono_ = now;
+  }
 }
 
 void Controller::Shutdown(bool stopping_workers) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   jobs_.Shutdown(stopping_workers);
+  jobs_.FlushLater(lock);
+  workers_.Flush(lock);
 }
 
 }  // namespace furnace::controller

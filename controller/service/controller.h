@@ -8,7 +8,9 @@
 // It owns them, the JobStore and the state mutex, and decides what runs under that mutex.
 //
 // Durability: every state transition is written to the JobStore (one transaction) before it takes
-// effect, i.e. before any command reaches a worker. A controller started on the same state dir
+// effect, i.e. before any command reaches a worker. Records that are not transitions (rank steps,
+// one more rank started or ended, worker records) are written behind, within about a second
+// (JobLifecycle::PersistLater, WorkerRegistry::Flush). A controller started on the same state dir
 // reloads every job with its attempts and events; agents that are still running re-register with
 // the ranks they run, and those ranks are re-attached.
 //
@@ -35,6 +37,7 @@
 #include "controller/service/rendezvous.h"
 #include "controller/service/telemetry_aggregator.h"
 #include "controller/service/worker_registry.h"
+#include "controller/store/group_commit.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
@@ -81,6 +84,11 @@ class Controller {
   absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(const std::string& worker_id,
                                                                       const std::string& session_id,
                                                                       double wait_s);
+  // The same without waiting: none, and `wake` is called when there may be some (see
+  // WorkerRegistry::TakeCommands). For the callback command stream (grpc_services.cc).
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      WorkerRegistry::Wake wake);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
@@ -116,6 +124,7 @@ class Controller {
   const ControllerOptions options_;
   const Clock& clock_;
   const std::unique_ptr<JobStore> store_;
+  GroupCommit kv_commit_{*store_};  // the rendezvous keys' writes (thread-safe)
   Rendezvous rendezvous_;
   RateLimiter submit_limiter_;
   LogStore logs_;
@@ -123,6 +132,8 @@ class Controller {
   TelemetryAggregator telemetry_;  // guarded by mu_
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_
+  static constexpr double kJobFlushIntervalS = 1.0;
+  double last_job_flush_mono_ = 0;  // guarded by mu_
 };
 
 }  // namespace furnace::controller

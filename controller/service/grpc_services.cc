@@ -88,28 +88,112 @@ grpc::Status AgentServiceImpl::Register(grpc::ServerContext*, const v1::Register
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                                         v1::HeartbeatResponse* resp) {
+grpc::ServerUnaryReactor* AgentServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                      const v1::HeartbeatRequest* req,
+                                                      v1::HeartbeatResponse* resp) {
   *resp = c_.Heartbeat(*req);
-  return grpc::Status::OK;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
-grpc::Status AgentServiceImpl::WatchCommands(grpc::ServerContext* ctx,
-                                             const v1::WatchCommandsRequest* req,
-                                             grpc::ServerWriter<v1::AgentCommand>* writer) {
-  while (!ctx->IsCancelled()) {
-    auto commands = c_.NextCommands(req->worker_id(), req->session_id(), 1.0);
-    if (!commands.ok()) return ToGrpc(commands.status());
-    for (size_t i = 0; i < commands->size(); ++i) {
-      if (!writer->Write((*commands)[i])) {
-        // The agent went away mid-delivery: keep what it did not get for its next stream.
-        c_.Requeue(req->worker_id(),
-                   std::vector<v1::AgentCommand>(commands->begin() + i, commands->end()));
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "command stream closed");
-      }
-    }
+namespace {
+
+// One agent's command stream: writes the worker's queued commands one at a time and, when there
+// are none, leaves a wake-up with the registry instead of holding a thread. Ends when the session
+// is stale (FAILED_PRECONDITION: register again), the agent goes away or a write fails (what it
+// did not get is put back for its next stream).
+//
+// Threading: gRPC calls OnWriteDone/OnCancel/OnDone on its threads and the registry calls the
+// wake-up on the thread that queued a command; all of them take the shared state's mutex, which
+// outlives the reactor, so a wake-up that comes after the stream ended finds it gone and does
+// nothing. Lock order: this mutex, then the registry's.
+class CommandWriter : public grpc::ServerWriteReactor<v1::AgentCommand> {
+ public:
+  CommandWriter(Controller& c, const v1::WatchCommandsRequest& req)
+      : c_(c),
+        worker_id_(req.worker_id()),
+        session_id_(req.session_id()),
+        shared_(std::make_shared<Shared>()) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->writer = this;
+    PumpLocked();
   }
-  return grpc::Status::OK;
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    writing_ = false;
+    if (!ok) {
+      // The agent went away mid-delivery: keep what it did not get for its next stream.
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "command stream closed"));
+      return;
+    }
+    pending_.erase(pending_.begin());
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->writer = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct Shared {
+    std::mutex mu;
+    CommandWriter* writer = nullptr;  // null once the stream is done
+  };
+
+  void PumpLocked() {
+    if (finished_ || writing_) return;
+    if (pending_.empty()) {
+      std::weak_ptr<Shared> weak = shared_;
+      auto commands = c_.TakeCommands(worker_id_, session_id_, [weak] {
+        if (auto shared = weak.lock()) {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          if (shared->writer != nullptr) shared->writer->PumpLocked();
+        }
+      });
+      if (!commands.ok()) {
+        FinishLocked(ToGrpc(commands.status()));
+        return;
+      }
+      if (commands->empty()) return;  // woken when there are some
+      pending_ = std::move(*commands);
+    }
+    writing_ = true;
+    StartWrite(&pending_.front());
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    // Whatever was not confirmed written goes back for the agent's next stream.
+    if (!pending_.empty()) c_.Requeue(worker_id_, std::move(pending_));
+    pending_.clear();
+    Finish(status);
+  }
+
+  Controller& c_;
+  const std::string worker_id_, session_id_;
+  const std::shared_ptr<Shared> shared_;
+  std::vector<v1::AgentCommand> pending_;  // taken, not yet confirmed written; guarded by mu
+  bool writing_ = false;                   // a StartWrite is outstanding; guarded by mu
+  bool finished_ = false;                  // guarded by mu
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::AgentCommand>* AgentServiceImpl::WatchCommands(
+    grpc::CallbackServerContext*, const v1::WatchCommandsRequest* req) {
+  return new CommandWriter(c_, *req);
 }
 
 grpc::Status AgentServiceImpl::ReportRank(grpc::ServerContext*, const v1::RankReport* req,

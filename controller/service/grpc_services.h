@@ -32,15 +32,23 @@ class JobServiceImpl final : public furnace::v1::JobService::Service {
   Controller& c_;
 };
 
-class AgentServiceImpl final : public furnace::v1::AgentService::Service {
+// Heartbeat and WatchCommands use the callback API: every agent holds a command stream and beats
+// once a second, and the synchronous API spends a thread on each open stream and a thread hand-off
+// on each call, which at thousands of agents cost more CPU than the work itself
+// (bench/controlplane/REPORT.md). Both only take short locks, so they run on gRPC's threads. The
+// other methods may wait (a rendezvous KvGet, a commit's fsync) and stay synchronous.
+class AgentServiceImpl final : public furnace::v1::AgentService::WithCallbackMethod_Heartbeat<
+                                   furnace::v1::AgentService::WithCallbackMethod_WatchCommands<
+                                       furnace::v1::AgentService::Service>> {
  public:
   explicit AgentServiceImpl(Controller& controller) : c_(controller) {}
   grpc::Status Register(grpc::ServerContext*, const furnace::v1::RegisterRequest*,
                         furnace::v1::RegisterResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const furnace::v1::HeartbeatRequest*,
-                         furnace::v1::HeartbeatResponse*) override;
-  grpc::Status WatchCommands(grpc::ServerContext*, const furnace::v1::WatchCommandsRequest*,
-                             grpc::ServerWriter<furnace::v1::AgentCommand>*) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext*,
+                                      const furnace::v1::HeartbeatRequest*,
+                                      furnace::v1::HeartbeatResponse*) override;
+  grpc::ServerWriteReactor<furnace::v1::AgentCommand>* WatchCommands(
+      grpc::CallbackServerContext*, const furnace::v1::WatchCommandsRequest*) override;
   grpc::Status ReportRank(grpc::ServerContext*, const furnace::v1::RankReport*,
                           furnace::v1::Ack*) override;
   grpc::Status PushTelemetry(grpc::ServerContext*, const furnace::v1::TelemetryBatch*,

@@ -75,7 +75,14 @@ Job* JobLifecycle::Find(const std::string& job_id) {
 
 absl::Status JobLifecycle::Persist(Job& job) {
   job.summary.set_updated_unix(clock_.UnixSeconds());
-  return store_.Transaction([&]() -> absl::Status {
+  if (job.step_stale && job.current() != nullptr) {
+    uint64_t min_step = UINT64_MAX;
+    for (const auto& r : job.current()->ranks()) min_step = std::min<uint64_t>(min_step, r.step());
+    job.summary.set_step(min_step);
+  }
+  job.step_stale = false;
+  std::lock_guard<std::mutex> order(write_order_mu_);  // after a flush of an older copy
+  absl::Status s = store_.Transaction([&]() -> absl::Status {
     RETURN_IF_ERROR(store_.PutSummary(job.summary));
     // The two newest attempts can change (a failing one and the next); older ones are final.
     const size_t n = job.attempts.size();
@@ -84,6 +91,59 @@ absl::Status JobLifecycle::Persist(Job& job) {
     }
     return absl::OkStatus();
   });
+  if (s.ok()) later_.erase(job.summary.job_id());
+  return s;
+}
+
+void JobLifecycle::PersistLater(const std::set<std::string>& job_ids) {
+  later_.insert(job_ids.begin(), job_ids.end());
+}
+
+void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
+  if (later_.empty()) return;
+  // Copied under the state mutex, written without it: an fsync must not stall every RPC. A
+  // transition written meanwhile (Persist) waits on write_order_mu_, so it lands after this older
+  // copy, never before it.
+  struct Copy {
+    v1::JobSummary summary;
+    std::vector<v1::AttemptInfo> attempts;  // the two newest, as Persist writes them
+  };
+  std::vector<Copy> copies;
+  const std::set<std::string> ids = std::move(later_);
+  later_.clear();
+  for (const auto& id : ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    Job& job = it->second;
+    if (job.step_stale && job.current() != nullptr) {
+      uint64_t min_step = UINT64_MAX;
+      for (const auto& r : job.current()->ranks())
+        min_step = std::min<uint64_t>(min_step, r.step());
+      job.summary.set_step(min_step);
+    }
+    job.step_stale = false;
+    job.summary.set_updated_unix(clock_.UnixSeconds());
+    Copy c{job.summary, {}};
+    const size_t n = job.attempts.size();
+    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) c.attempts.push_back(job.attempts[i]);
+    copies.push_back(std::move(c));
+  }
+  std::unique_lock<std::mutex> order(write_order_mu_);
+  state_lock.unlock();
+  const absl::Status s = store_.Transaction([&]() -> absl::Status {
+    for (const Copy& c : copies) {
+      RETURN_IF_ERROR(store_.PutSummary(c.summary));
+      for (const auto& a : c.attempts) RETURN_IF_ERROR(store_.PutAttempt(c.summary.job_id(), a));
+    }
+    return absl::OkStatus();
+  });
+  order.unlock();
+  state_lock.lock();
+  if (!s.ok()) {
+    // Marked again: the next flush tries again.
+    spdlog::warn("{} job(s)' progress not recorded yet: {}", ids.size(), s.ToString());
+    later_.insert(ids.begin(), ids.end());
+  }
 }
 
 void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& message) {
@@ -199,24 +259,10 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return false;
   attempt.mutable_ranks(rec.rank())->set_step(rec.step());
   if (&attempt == job.current()) {
-    uint64_t min_step = UINT64_MAX;
-    for (const auto& r : attempt.ranks()) min_step = std::min<uint64_t>(min_step, r.step());
-    job.summary.set_step(min_step);
+    job.step_stale = true;
     job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
   }
   return true;
-}
-
-absl::Status JobLifecycle::PersistProgress(const std::set<std::string>& job_ids) {
-  if (job_ids.empty()) return absl::OkStatus();
-  return store_.Transaction([&]() -> absl::Status {
-    for (const auto& id : job_ids) {
-      Job& job = jobs_.at(id);
-      RETURN_IF_ERROR(store_.PutSummary(job.summary));
-      if (auto* a = job.current()) RETURN_IF_ERROR(store_.PutAttempt(id, *a));
-    }
-    return absl::OkStatus();
-  });
 }
 
 absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
@@ -369,8 +415,11 @@ void JobLifecycle::TryStart(Job& job) {
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();
   for (uint32_t r = 0; r < placement->size(); ++r) {
-    Worker& w = *workers_.Find((*placement)[r]);
-    workers_.Assign(w, job.summary.job_id(), n, r);
+    workers_.Assign(*workers_.Find((*placement)[r]), job.summary.job_id(), n, r);
+  }
+  workers_.FlushNow();  // every placed worker's record in one transaction, before any command
+  for (uint32_t r = 0; r < placement->size(); ++r) {
+    const Worker& w = *workers_.Find((*placement)[r]);
     workers_.Enqueue(w.info.worker_id(), StartCommand(job, r, w));
   }
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct Job {
   // lost worker) before the attempt fails with the best cause seen.
   double settle_deadline = 0;  // 0: no failure pending
   std::string pending_cause, pending_worker;
+  // A rank of the current attempt reported a step since summary.step was last set to the lowest
+  // rank step (done when the job is written, not per record: that is O(ranks) per record).
+  bool step_stale = false;
   // The ranks of an attempt (1-based): its layout's world, which recovery.shrink may make smaller
   // than the job's; 0 for an attempt it does not have.
   uint32_t AttemptWorld(uint32_t attempt) const {
@@ -123,8 +127,8 @@ class JobLifecycle {
   // cannot ever hold its ranks; otherwise stored as PENDING and placed when workers are free.
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
-  // A rank's reported progress: updates its step and the job's; false when the record names no
-  // rank of the job. PersistProgress then writes the touched jobs' summaries and attempts.
+  // A rank's reported progress: updates its step (the job's follows when the job is next
+  // written); false when the record names no rank of the job. PersistLater then marks the job.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
   // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
   // "checkpoint_failed" naming the step and the error. Training goes on.
@@ -132,12 +136,24 @@ class JobLifecycle {
   // The attempt's ranks resumed from a checkpoint: an event "checkpoint_restored" with rank 0's
   // account (the step, the layout that wrote it, and every newer checkpoint passed over and why).
   void NoteCheckpointRestored(Job& job, const std::string& account);
-  absl::Status PersistProgress(const std::set<std::string>& job_ids);
+  // Write-behind of changes that are records, not transitions (a rank's step, a rank started or
+  // ended while nothing else changes): PersistLater marks the job, FlushLater writes every marked
+  // job (the Controller calls it about once a second). A transition is written at once, with the
+  // marked changes (Persist writes the whole job). At thousands of ranks, a transaction per
+  // telemetry batch or rank report wrote the whole attempt (every rank) each time: O(ranks^2)
+  // bytes and an fsync per call, under the state mutex (bench/controlplane/REPORT.md). A
+  // controller that dies loses at most the last interval of such records: rank steps come back
+  // with the next telemetry, and started or ended ranks with the agents' re-registration and
+  // heartbeat reconciliation, as for a PersistRecord that failed.
+  void PersistLater(const std::set<std::string>& job_ids);
+  // `state_lock` holds the state mutex: it is released while the store is written and held again
+  // on return.
+  void FlushLater(std::unique_lock<std::mutex>& state_lock);
   // --- recovery_timing.cc -------------------------------------------------------------------
   // A rank's start-up points and first step (TelemetryRecord.startup, the first step record):
   // kept on its RankInfo and, once every rank has them, on the attempt; when they complete an
   // attempt started by a restart, its RecoveryPhases and a "recovered" event. True when the
-  // record changed the attempt (PersistProgress writes it).
+  // record changed the attempt (PersistLater marks it).
   bool NoteRankTimes(Job& job, const furnace::v1::TelemetryRecord& record);
   // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
   absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
@@ -217,6 +233,10 @@ class JobLifecycle {
   WorkerRegistry& workers_;
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;
+  std::set<std::string> later_;  // jobs with changes not written yet (PersistLater)
+  // Orders job writes: held while one is written (Persist, FlushLater), so a flush's copy, taken
+  // under the state mutex and written without it, never lands after a newer Persist.
+  std::mutex write_order_mu_;
   bool shut_down_ = false;  // Shutdown(true) ran: rank reports are no longer acted on
   CheckpointHintSource hint_source_;
 };

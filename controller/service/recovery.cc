@@ -28,6 +28,7 @@
 //     out-of-memory exit under the most conservative memory policy, a layout that no longer
 //     fits.
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -447,42 +448,46 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   if (found == nullptr) return absl::OkStatus();  // a job we do not know: nothing to update
   Job& job = *found;
   if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return absl::OkStatus();
-  const Job backup = job;
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
   if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
   v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
   const bool current = job.current() == &attempt && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
                        !IsFinal(job.summary.state());
-  // On a store error, undo and fail the RPC: the agent re-sends the report.
-  auto undo = [&](absl::Status s) {
-    job = backup;
-    return s;
-  };
 
   if (report.event() == v1::RANK_STARTED) {
     if (rank.state() == v1::RANK_STATE_EXITED) return absl::OkStatus();
+    const v1::RankState old_state = rank.state();
+    const int32_t old_pid = rank.pid();
     rank.set_state(v1::RANK_STATE_RUNNING);
     rank.set_pid(report.pid());
-    absl::Status s;
     if (!current) {
-      s = Persist(job);
       // Started after its attempt ended (e.g. a late command): stop it.
-      if (s.ok() && workers_.Find(report.worker_id()) != nullptr) {
+      PersistLater({job.summary.job_id()});
+      if (workers_.Find(report.worker_id()) != nullptr) {
         workers_.Enqueue(report.worker_id(),
                          StopCommand(report.job_id(), report.attempt(), report.rank(),
                                      options_.stop_grace_s, "its attempt is over"));
       }
-    } else if (job.summary.state() == v1::JOB_STARTING &&
-               AllRanks(attempt, v1::RANK_STATE_RUNNING)) {
+      return absl::OkStatus();
+    }
+    if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, v1::RANK_STATE_RUNNING)) {
+      const double old_all_running = attempt.all_running_unix();
       attempt.set_all_running_unix(clock_.UnixSeconds());
-      s = Transition(job, v1::JOB_RUNNING, "running",
+      absl::Status s =
+          Transition(job, v1::JOB_RUNNING, "running",
                      absl::StrFormat("attempt %d: all %d ranks running %.2f s after placement",
                                      attempt.attempt(), attempt.ranks_size(),
                                      attempt.all_running_unix() - attempt.started_unix()));
-    } else {
-      s = Persist(job);
+      if (!s.ok()) {  // undone; the agent re-sends the report
+        rank.set_state(old_state);
+        rank.set_pid(old_pid);
+        attempt.set_all_running_unix(old_all_running);
+      }
+      return s;
     }
-    return s.ok() ? s : undo(s);
+    // One rank more running changes nothing else: written behind.
+    PersistLater({job.summary.job_id()});
+    return absl::OkStatus();
   }
 
   if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
@@ -490,6 +495,15 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
     return absl::OkStatus();
   }
+  // On a store error, undo and fail the RPC: the agent re-sends the report. Only a report of the
+  // running attempt can fail (a copy of the job is O(ranks): not taken for the thousands of stop
+  // reports after a cancel).
+  std::optional<Job> backup;
+  if (current) backup.emplace(job);
+  auto undo = [&](absl::Status s) {
+    if (backup) job = std::move(*backup);
+    return s;
+  };
   rank.set_state(v1::RANK_STATE_EXITED);
   rank.set_exit(DescribeExit(report));
   NoteRanksExited(attempt);
@@ -500,7 +514,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   const std::string worker_id = rank.worker_id();
   absl::Status s;
   if (!current) {
-    s = Persist(job);
+    PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
     if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
       attempt.set_state(v1::ATTEMPT_STATE_SUCCEEDED);

@@ -183,7 +183,8 @@ std::vector<std::string> TelemetryAggregator::TrimDue(const std::set<std::string
 absl::Status TelemetryAggregator::Store(const std::vector<v1::TelemetryRecord>& records,
                                         const std::vector<std::string>& trim) {
   constexpr int kKeepRecords = 5000;
-  return store_.Transaction([&]() -> absl::Status {
+  if (records.empty() && trim.empty()) return absl::OkStatus();
+  return commit_.Run([&]() -> absl::Status {
     RETURN_IF_ERROR(store_.AddTelemetry(records));
     for (const auto& rec : records) {
       if (rec.rank() != 0) continue;

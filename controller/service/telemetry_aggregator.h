@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "controller/service/metrics_snapshot.h"
 #include "controller/store/goodput.h"
+#include "controller/store/group_commit.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
@@ -44,7 +45,9 @@ class TelemetryAggregator {
   void CountStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // The jobs among `touched` whose raw records are due for trimming after `added` more.
   std::vector<std::string> TrimDue(const std::set<std::string>& touched, size_t added);
-  // Writes raw records (and rank 0's commcheck results) in one transaction, then trims `trim`.
+  // Writes raw records (and rank 0's commcheck results), then trims `trim`; returns once they are
+  // committed. Group commit (controller/store/group_commit.h): thousands of agents pushing a
+  // step's records cost a few transactions, not one each.
   absl::Status Store(const std::vector<furnace::v1::TelemetryRecord>& records,
                      const std::vector<std::string>& trim);
   // The job's step fields of its metrics.
@@ -98,6 +101,7 @@ class TelemetryAggregator {
   void FinishStep(const std::string& job_id, PendingStep& pending);
 
   JobStore& store_;
+  GroupCommit commit_{store_};  // Store's writes
   std::map<std::string, JobSteps> jobs_;
   uint64_t telemetry_dropped_ = 0;  // records agents reported dropping
   uint64_t telemetry_records_ = 0;  // records received

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::controller {
@@ -105,34 +106,64 @@ WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
   return held;
 }
 
-void WorkerRegistry::Persist(const Worker& worker) {
-  if (absl::Status s = store_.PutWorker(worker.info); !s.ok()) {
-    spdlog::error("worker {}: not persisted: {}", worker.info.worker_id(), s.ToString());
+void WorkerRegistry::Persist(const Worker& worker) { dirty_.insert(worker.info.worker_id()); }
+
+void WorkerRegistry::FlushNow() {
+  std::mutex held_by_caller;
+  std::unique_lock<std::mutex> lock(held_by_caller);
+  Flush(lock);
+}
+
+void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
+  if (dirty_.empty()) return;
+  std::vector<v1::WorkerInfo> copies;
+  for (const auto& id : dirty_) {
+    if (const Worker* w = Find(id)) copies.push_back(w->info);
+  }
+  std::set<std::string> ids = std::move(dirty_);
+  dirty_.clear();
+  state_lock.unlock();
+  absl::Status s = store_.Transaction([&]() -> absl::Status {
+    for (const auto& info : copies) RETURN_IF_ERROR(store_.PutWorker(info));
+    return absl::OkStatus();
+  });
+  state_lock.lock();
+  if (!s.ok()) {
+    spdlog::error("{} worker record(s) not persisted yet: {}", ids.size(), s.ToString());
+    dirty_.insert(ids.begin(), ids.end());
   }
 }
 
 std::string WorkerRegistry::NewSession(const std::string& worker_id, bool drop_commands) {
+  Wake wake;
   std::string session;
   {
     std::lock_guard<std::mutex> lock(mail_mu_);
     Mailbox& box = mail_[worker_id];
     box.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
     if (drop_commands) box.commands.clear();
+    box.cv.notify_all();  // an older command stream of this worker ends
+    wake = std::move(box.wake);
+    box.wake = nullptr;
     session = box.session_id;
   }
-  mail_cv_.notify_all();  // an older command stream of this worker ends
+  CallWake(std::move(wake));
   return session;
 }
 
 void WorkerRegistry::EndSession(const std::string& worker_id) {
+  Wake wake;
   {
     std::lock_guard<std::mutex> lock(mail_mu_);
     auto it = mail_.find(worker_id);
     if (it == mail_.end()) return;
     it->second.session_id.clear();
     it->second.commands.clear();
+    it->second.cv.notify_all();
+    wake = std::move(it->second.wake);
+    it->second.wake = nullptr;
   }
-  mail_cv_.notify_all();
+  CallWake(std::move(wake));
 }
 
 bool WorkerRegistry::HasSession(const std::string& worker_id) const {
@@ -148,11 +179,30 @@ bool WorkerRegistry::IsSession(const std::string& worker_id, const std::string& 
 }
 
 void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand command) {
+  Wake wake;
   {
     std::lock_guard<std::mutex> lock(mail_mu_);
-    mail_[worker_id].commands.push_back(std::move(command));
+    Mailbox& box = mail_[worker_id];
+    box.commands.push_back(std::move(command));
+    box.cv.notify_all();
+    wake = std::move(box.wake);
+    box.wake = nullptr;
   }
-  mail_cv_.notify_all();
+  CallWake(std::move(wake));
+}
+
+absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::TakeCommands(
+    const std::string& worker_id, const std::string& session_id, Wake wake) {
+  std::lock_guard<std::mutex> lock(mail_mu_);
+  auto it = mail_.find(worker_id);
+  if (it == mail_.end() || it->second.session_id != session_id) {
+    return absl::FailedPreconditionError("stale worker session: register again");
+  }
+  Mailbox& box = it->second;
+  std::vector<v1::AgentCommand> out(box.commands.begin(), box.commands.end());
+  box.commands.clear();
+  box.wake = out.empty() ? std::move(wake) : nullptr;
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
@@ -172,19 +222,25 @@ absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
       box.commands.clear();
       return out;
     }
-    if (mail_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (box.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
       return std::vector<v1::AgentCommand>();
     }
   }
 }
 
 void WorkerRegistry::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
-  std::lock_guard<std::mutex> lock(mail_mu_);
-  auto it = mail_.find(worker_id);
-  if (it == mail_.end()) return;
-  for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
-    it->second.commands.push_front(std::move(*c));
+  Wake wake;
+  {
+    std::lock_guard<std::mutex> lock(mail_mu_);
+    auto it = mail_.find(worker_id);
+    if (it == mail_.end()) return;
+    for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
+      it->second.commands.push_front(std::move(*c));
+    }
+    wake = std::move(it->second.wake);
+    it->second.wake = nullptr;
   }
+  CallWake(std::move(wake));
 }
 
 }  // namespace furnace::controller

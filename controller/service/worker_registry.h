@@ -2,17 +2,20 @@
 // queues. A worker is ready (free), busy (holds a rank, or is draining one) or lost (silent too
 // long; it must register again).
 //
-// What it owns: the workers' records (persisted to the JobStore on every change of state or rank)
-// and each worker's session id and queue of commands not yet delivered.
+// What it owns: the workers' records and each worker's session id and queue of commands not yet
+// delivered. A record is written behind: a change of state or rank marks it (Persist) and Flush
+// writes every marked record in one transaction (the Controller calls it every tick), because at
+// thousands of agents a transaction (an fsync) per registration or placed rank held the state
+// mutex for minutes (bench/controlplane/REPORT.md).
 //
 // Threading: two halves.
-//  - The records (Find, FindOrAdd, workers(), Assign, Free, MarkLost, Touch, Slots, ...) are
+//  - The records (Find, FindOrAdd, workers(), Assign, Free, MarkLost, Touch, Slots, Flush...) are
 //    externally synchronised: only the Controller calls them, holding its state mutex, because
 //    they change together with the jobs' ranks.
 //  - Sessions and queues (NewSession, EndSession, HasSession, Enqueue, NextCommands, Requeue) are
 //    guarded by the registry's own mutex, so an agent's long poll (NextCommands) never holds or
 //    waits for the controller's state mutex. Lock order: state mutex, then the queue mutex.
-// Errors: a failed write of a worker record is logged and otherwise ignored: the record is
+// Errors: a failed write of worker records is logged and retried at the next Flush: the record is
 // advisory (the attempts say which worker holds which rank, and a restarted controller rebuilds
 // the rest from them and from the agents' re-registration).
 #pragma once
@@ -20,8 +23,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,7 +78,15 @@ class WorkerRegistry {
     uint32_t rank = 0;
   };
   Held MarkLost(Worker& worker);
+  // Marks the worker's record to be written by the next Flush.
   void Persist(const Worker& worker);
+  // Writes the marked records in one transaction; they stay marked when it fails. `state_lock`
+  // holds the state mutex: the records are copied under it and written without it, and it is
+  // held again on return. One caller at a time (the ticker).
+  void Flush(std::unique_lock<std::mutex>& state_lock);
+  // The same while keeping the state mutex: for records that must be in the store before what
+  // follows (a placement's, before its start commands go out).
+  void FlushNow();
 
   // --- Sessions and command queues (thread-safe) --------------------------------------------
   // Starts a new session for the worker (ending any older command stream), optionally dropping
@@ -91,20 +104,36 @@ class WorkerRegistry {
                                                                       double wait_s);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
+  // NextCommands without waiting, for a stream that must not hold a thread (the callback API):
+  // the queued commands, or none and `wake` is kept, to be called (once, without the registry's
+  // lock held) when a command is queued or the session changes or ends. A later call replaces it.
+  // FailedPrecondition when the session is not the worker's current one.
+  using Wake = std::function<void()>;
+  absl::StatusOr<std::vector<furnace::v1::AgentCommand>> TakeCommands(const std::string& worker_id,
+                                                                      const std::string& session_id,
+                                                                      Wake wake);
 
  private:
   struct Mailbox {
     std::string session_id;  // empty until it registers with this controller run (or when lost)
     std::deque<furnace::v1::AgentCommand> commands;
+    // The worker's command stream waits here: a command or a session change wakes that worker's
+    // stream only (thousands of streams wait at once; one shared variable woke them all).
+    std::condition_variable cv;
+    Wake wake;  // TakeCommands' waiting stream, if any
   };
+  // Calls the mailbox's Wake (taken out under mail_mu_, called after it is released).
+  static void CallWake(Wake wake) {
+    if (wake) wake();
+  }
 
   JobStore& store_;
   const Clock& clock_;
   std::map<std::string, Worker> workers_;  // guarded by the caller's state mutex
+  std::set<std::string> dirty_;            // records not written yet; guarded likewise
 
   mutable std::mutex mail_mu_;
-  std::condition_variable mail_cv_;
-  std::map<std::string, Mailbox> mail_;  // guarded by mail_mu_
+  std::map<std::string, Mailbox> mail_;  // guarded by mail_mu_; entries are never erased
   const std::string instance_id_;        // distinguishes sessions across controller restarts
   uint64_t session_counter_ = 0;         // guarded by mail_mu_
 };

@@ -30,7 +30,12 @@ class KvStore {
                                                        double timeout_s) = 0;
 };
 
-// A KvStore in process memory (mutex + condition variable). Set fails only after Close.
+// A KvStore in process memory. Set fails only after Close.
+// Scale: the controller holds one per attempt, where every rank of a job of thousands waits for
+// every rank's key. A waiter therefore sleeps on the first key it still misses and only a Set of
+// that key wakes it (not every Set), and it never re-checks the keys it has already seen (keys are
+// only dropped by Close): a rendezvous of N ranks costs O(N) wake-ups and O(N^2) lookups in all,
+// not O(N^2) wake-ups each re-scanning the keys.
 class InMemoryKvStore : public KvStore {
  public:
   // FailedPrecondition once the store is closed.
@@ -43,10 +48,13 @@ class InMemoryKvStore : public KvStore {
   void Close();
 
  private:
+  struct Waiter {
+    std::condition_variable cv;
+  };
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;  // guarded by mu_
-  bool closed_ = false;                        // guarded by mu_
+  std::map<std::string, std::string> values_;    // guarded by mu_
+  std::multimap<std::string, Waiter*> waiting_;  // by the key each waits for; guarded by mu_
+  bool closed_ = false;                          // guarded by mu_
 };
 
 }  // namespace furnace

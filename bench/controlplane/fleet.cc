@@ -1,0 +1,525 @@
+#include "bench/controlplane/fleet.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "bench/common/stats.h"
+
+namespace furnace::bench {
+
+namespace v1 = furnace::v1;
+
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, double seconds) {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::duration<double>(seconds)));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const FleetOptions& o) {
+  if (!o.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!o.tls_ca.empty()) ssl.pem_root_certs = ReadFile(o.tls_ca);
+  if (!o.tls_cert.empty()) ssl.pem_cert_chain = ReadFile(o.tls_cert);
+  if (!o.tls_key.empty()) ssl.pem_private_key = ReadFile(o.tls_key);
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+// One agent's WatchCommands stream: reads commands until the controller or Stop() ends it.
+class CommandStream : public grpc::ClientReadReactor<v1::AgentCommand> {
+ public:
+  CommandStream(Fleet& fleet, SimAgent& agent, v1::AgentService::Stub& stub)
+      : fleet_(fleet), agent_(agent) {
+    request_.set_worker_id(agent.worker_id);
+    request_.set_session_id(agent.session_id);
+    stub.async()->WatchCommands(&context_, &request_, this);
+    StartRead(&command_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    fleet_.OnCommand(agent_, command_);
+    StartRead(&command_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    fleet_.OnStreamDone(agent_, this, status);
+    delete this;
+  }
+
+ private:
+  Fleet& fleet_;
+  SimAgent& agent_;
+  grpc::ClientContext context_;
+  v1::WatchCommandsRequest request_;
+  v1::AgentCommand command_;
+};
+
+Fleet::Fleet(FleetOptions options, LatencyBook& book) : options_(std::move(options)), book_(book) {
+  auto creds = Credentials(options_);
+  for (uint32_t c = 0; c < std::max(1u, options_.channels); ++c) {
+    grpc::ChannelArguments args;
+    // A distinct argument per channel: otherwise gRPC shares one connection among them.
+    args.SetInt("furnace.loadgen.channel", static_cast<int>(c));
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channels_.push_back(grpc::CreateCustomChannel(options_.address, creds, args));
+    stubs_.push_back(v1::AgentService::NewStub(channels_.back()));
+  }
+  jobs_ = v1::JobService::NewStub(channels_[0]);
+  for (uint32_t i = 0; i < options_.agents; ++i) {
+    auto a = std::make_unique<SimAgent>();
+    a->index = i;
+    a->worker_id = absl::StrCat(options_.host_prefix, "-", i / 8, "/", i % 8);
+    agents_.push_back(std::move(a));
+  }
+}
+
+Fleet::~Fleet() { Stop(); }
+
+v1::AgentService::Stub& Fleet::Stub(const SimAgent& agent) const {
+  return *stubs_[agent.index % stubs_.size()];
+}
+
+template <typename Req, typename Resp, typename Launch, typename Done>
+void Fleet::Call(const char* kind, Launch launch, Req request, double deadline_s, Done done) {
+  struct State {
+    grpc::ClientContext context;
+    Req request;
+    Resp response;
+    double t0 = 0;
+  };
+  auto* st = new State;
+  st->request = std::move(request);
+  SetDeadline(st->context, deadline_s);
+  {
+    std::lock_guard<std::mutex> lock(flight_mu_);
+    ++in_flight_;
+  }
+  st->t0 = Now();
+  launch(&st->context, &st->request, &st->response, [this, st, kind, done](grpc::Status status) {
+    const bool counted_ok = done(status, st->response);
+    book_.Record(kind, Now() - st->t0, counted_ok,
+                 absl::StrCat(status.error_code(), ": ", status.error_message()));
+    delete st;
+    std::lock_guard<std::mutex> lock(flight_mu_);
+    if (--in_flight_ == 0) flight_cv_.notify_all();
+  });
+}
+
+void Fleet::Register(SimAgent& a, std::function<void()> finished) {
+  v1::RegisterRequest req;
+  req.set_worker_id(a.worker_id);
+  req.set_host("127.0.0.1");
+  req.set_slot(a.index % 8);
+  req.set_device_kind("cpu");
+  req.set_device_memory(80ull << 30);
+  req.set_pid(static_cast<int>(100000 + a.index));
+  req.set_instance_id(absl::StrCat("loadgen-", a.index));
+  auto& stub = Stub(a);
+  Call<v1::RegisterRequest, v1::RegisterResponse>(
+      "Register",
+      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->Register(c, q, r, std::move(f)); },
+      std::move(req), options_.rpc_timeout_s,
+      [this, &a, finished](const grpc::Status& s, v1::RegisterResponse& resp) {
+        if (s.ok()) {
+          a.session_id = resp.session_id();
+          if (resp.heartbeat_interval_s() > 0) heartbeat_interval_s_ = resp.heartbeat_interval_s();
+        }
+        finished();
+        return s.ok();
+      });
+}
+
+uint32_t Fleet::RegisterAll() {
+  // A few hundred in flight, like a cluster's agents coming up over a few seconds.
+  constexpr int kWindow = 256;
+  std::mutex mu;
+  std::condition_variable cv;
+  int outstanding = 0;
+  for (auto& agent : agents_) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return outstanding < kWindow; });
+      ++outstanding;
+    }
+    Register(*agent, [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      --outstanding;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return outstanding == 0; });
+  uint32_t n = 0;
+  for (const auto& a : agents_) n += a->session_id.empty() ? 0 : 1;
+  return n;
+}
+
+void Fleet::OpenStreams() {
+  for (auto& a : agents_) {
+    if (a->session_id.empty()) continue;
+    {
+      std::lock_guard<std::mutex> lock(flight_mu_);
+      ++in_flight_;
+    }
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->stream = new CommandStream(*this, *a, Stub(*a));
+  }
+}
+
+void Fleet::OnStreamDone(SimAgent& a, CommandStream* stream, const grpc::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (a.stream == stream) a.stream = nullptr;
+  }
+  // Ended by us (Silence, Stop) or a failure.
+  const bool ours = a.silent || stopping_;
+  if (!ours) {
+    book_.Record("WatchCommands", 0, false,
+                 absl::StrCat(status.error_code(), ": ", status.error_message()));
+  }
+  std::lock_guard<std::mutex> lock(flight_mu_);
+  if (--in_flight_ == 0) flight_cv_.notify_all();
+}
+
+void Fleet::OnCommand(SimAgent& a, const v1::AgentCommand& command) {
+  if (a.silent) return;
+  if (command.has_start()) {
+    const v1::RankTask& t = command.start();
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      a.has_rank = true;
+      a.job_id = t.job_id();
+      a.attempt = t.attempt();
+      a.rank = t.rank();
+      a.world = t.world_size();
+      a.arrived_all = false;
+    }
+    world_ = t.world_size();
+    ++ranks_started_;
+    v1::RankReport report;
+    report.set_worker_id(a.worker_id);
+    report.set_job_id(t.job_id());
+    report.set_attempt(t.attempt());
+    report.set_rank(t.rank());
+    report.set_event(v1::RANK_STARTED);
+    report.set_pid(static_cast<int>(200000 + a.index));
+    report.set_unix_time(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    auto& stub = Stub(a);
+    Call<v1::RankReport, v1::Ack>(
+        "ReportRank",
+        [&stub](auto* c, auto* q, auto* r, auto f) {
+          stub.async()->ReportRank(c, q, r, std::move(f));
+        },
+        std::move(report), options_.rpc_timeout_s,
+        [this, &a](const grpc::Status& s, v1::Ack&) {
+          if (s.ok()) Arrive(a);
+          return s.ok();
+        });
+  } else if (command.has_stop()) {
+    const v1::StopRank& stop = command.stop();
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      if (a.has_rank && a.job_id == stop.job_id() && a.attempt == stop.attempt()) {
+        a.has_rank = false;
+      }
+    }
+    ReportExit(a, stop.job_id(), stop.attempt(), stop.rank());
+  }
+}
+
+void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt, uint32_t rank) {
+  v1::RankReport report;
+  report.set_worker_id(a.worker_id);
+  report.set_job_id(job_id);
+  report.set_attempt(attempt);
+  report.set_rank(rank);
+  report.set_event(v1::RANK_EXITED);
+  report.set_exit_kind(v1::EXIT_KIND_STOPPED);
+  report.set_reason("stopped on request");
+  auto& stub = Stub(a);
+  Call<v1::RankReport, v1::Ack>(
+      "ReportRank",
+      [&stub](auto* c, auto* q, auto* r, auto f) {
+        stub.async()->ReportRank(c, q, r, std::move(f));
+      },
+      std::move(report), options_.rpc_timeout_s,
+      [this](const grpc::Status& s, v1::Ack&) {
+        if (s.ok()) ++ranks_stopped_;
+        return s.ok();
+      });
+}
+
+const std::vector<std::string>& Fleet::ArrivalKeys(uint32_t world) {
+  std::lock_guard<std::mutex> lock(keys_mu_);
+  if (keys_world_ != world) {
+    keys_.clear();
+    for (uint32_t r = 0; r < world; ++r) keys_.push_back(absl::StrCat("health/arrived/", r));
+    keys_world_ = world;
+  }
+  return keys_;
+}
+
+void Fleet::Arrive(SimAgent& a) {
+  v1::KvSetRequest req;
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    req.mutable_scope()->set_job_id(a.job_id);
+    req.mutable_scope()->set_attempt(a.attempt);
+    req.set_key(absl::StrCat("health/arrived/", a.rank));
+  }
+  req.set_value("1");
+  auto& stub = Stub(a);
+  Call<v1::KvSetRequest, v1::Ack>(
+      "KvSet",
+      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvSet(c, q, r, std::move(f)); },
+      std::move(req), options_.rpc_timeout_s,
+      [this, &a](const grpc::Status& s, v1::Ack&) {
+        if (s.ok()) WaitPeers(a);
+        return s.ok();
+      });
+}
+
+void Fleet::WaitPeers(SimAgent& a) {
+  if (a.silent || stopping_) return;
+  v1::KvGetRequest req;
+  uint32_t world = 0;
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (!a.has_rank) return;
+    req.mutable_scope()->set_job_id(a.job_id);
+    req.mutable_scope()->set_attempt(a.attempt);
+    world = a.world;
+  }
+  for (const auto& k : ArrivalKeys(world)) req.add_keys(k);
+  // health_check.cc waits in 1 s slices; a slice that ends with peers missing is the protocol
+  // (DEADLINE_EXCEEDED from the server), not a failure.
+  constexpr double kSliceS = 1.0;
+  req.set_timeout_s(kSliceS);
+  auto& stub = Stub(a);
+  const double t0 = Now();
+  Call<v1::KvGetRequest, v1::KvGetResponse>(
+      "KvGet",
+      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvGet(c, q, r, std::move(f)); },
+      std::move(req), kSliceS + options_.rpc_timeout_s,
+      [this, &a, t0, world](const grpc::Status& s, v1::KvGetResponse&) {
+        const bool slice_over = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                                Now() - t0 < kSliceS + options_.rpc_timeout_s - 0.5;
+        if (s.ok()) {
+          {
+            std::lock_guard<std::mutex> lock(a.mu);
+            a.arrived_all = true;
+          }
+          if (++ranks_arrived_ == world) all_arrived_at_ = Now();
+        } else if (slice_over) {
+          WaitPeers(a);
+        }
+        return s.ok() || slice_over;
+      });
+}
+
+void Fleet::Heartbeat(SimAgent& a) {
+  v1::HeartbeatRequest req;
+  req.set_worker_id(a.worker_id);
+  req.set_session_id(a.session_id);
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.last_heartbeat_sent = Now();
+    if (a.has_rank) {
+      v1::RunningRank* r = req.add_running();
+      r->set_job_id(a.job_id);
+      r->set_attempt(a.attempt);
+      r->set_rank(a.rank);
+      r->set_pid(static_cast<int>(200000 + a.index));
+    }
+  }
+  auto& stub = Stub(a);
+  // worker/agent.cc: well above the interval (3 s at least).
+  const double deadline = std::max(3.0, 3 * heartbeat_interval_s_);
+  Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      "Heartbeat",
+      [&stub](auto* c, auto* q, auto* r, auto f) {
+        stub.async()->Heartbeat(c, q, r, std::move(f));
+      },
+      std::move(req), deadline,
+      [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
+        if (s.ok() && resp.reregister()) ++reregister_asks_;
+        return s.ok() && !resp.reregister();
+      });
+}
+
+void Fleet::PushStep(SimAgent& a, uint64_t step) {
+  v1::TelemetryBatch batch;
+  batch.set_worker_id(a.worker_id);
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (!a.has_rank || !a.arrived_all) return;
+    v1::TelemetryRecord* r = batch.add_records();
+    r->set_job_id(a.job_id);
+    r->set_attempt(a.attempt);
+    r->set_rank(a.rank);
+    r->set_step(step);
+    r->set_total_steps(1000000);
+    r->set_unix_time(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    r->set_phase("running");
+    v1::StepTelemetry* t = r->mutable_train();
+    // A plausible step of a large run; the values only need to be the right shape and size.
+    t->set_loss(3.0 + 1.0 / static_cast<double>(step));
+    t->set_aux_loss(0.01);
+    t->set_tokens(a.rank == 0 ? 4u << 20 : 0);
+    t->set_tokens_per_second(2.0e6);
+    t->set_step_seconds(options_.step_s);
+    t->set_forward_backward_seconds(0.8 * options_.step_s);
+    t->set_optimizer_seconds(0.05 * options_.step_s);
+    t->set_sync_seconds(0.15 * options_.step_s);
+    t->set_mfu(0.4);
+    t->set_model_flops(1e15);
+    t->set_grad_norm(1.0);
+    t->set_lr(3e-4);
+    for (const auto& [op, group] :
+         {std::pair{v1::COLLECTIVE_OP_ALL_TO_ALL, v1::PARALLEL_GROUP_EP},
+          std::pair{v1::COLLECTIVE_OP_ALL_REDUCE, v1::PARALLEL_GROUP_DP}}) {
+      v1::CommTelemetry* c = t->add_comm();
+      c->set_op(op);
+      c->set_group(group);
+      c->set_calls(8);
+      c->set_bytes(64u << 20);
+      c->set_seconds(0.01);
+    }
+  }
+  ++telemetry_records_;
+  auto& stub = Stub(a);
+  Call<v1::TelemetryBatch, v1::Ack>(
+      "PushTelemetry",
+      [&stub](auto* c, auto* q, auto* r, auto f) {
+        stub.async()->PushTelemetry(c, q, r, std::move(f));
+      },
+      std::move(batch), options_.rpc_timeout_s,
+      [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
+}
+
+void Fleet::Start() {
+  scheduler_ = std::thread([this] { ScheduleLoop(); });
+}
+
+void Fleet::ScheduleLoop() {
+  // Agent i heart-beats at t0 + k * interval + i * interval / N; its rank's step s record leaves
+  // at (all arrived) + s * step_s + i * flush / N.
+  const double t0 = Now();
+  const double n = static_cast<double>(agents_.size());
+  uint64_t beat = 0;  // heartbeats sent in all, in schedule order
+  uint64_t push = 0;  // telemetry slots passed, in schedule order
+  while (!stopping_) {
+    const double now = Now();
+    const double interval = heartbeat_interval_s_;
+    while (true) {
+      const uint64_t round = beat / agents_.size(), i = beat % agents_.size();
+      if (t0 + round * interval + i * interval / n > now) break;
+      SimAgent& a = *agents_[i];
+      if (!a.silent && !a.session_id.empty()) Heartbeat(a);
+      ++beat;
+    }
+    if (const double start = all_arrived_at_; start > 0) {
+      while (true) {
+        const uint64_t step = push / agents_.size() + 1, i = push % agents_.size();
+        if (start + step * options_.step_s + i * options_.flush_s / n > now) break;
+        SimAgent& a = *agents_[i];
+        if (!a.silent) PushStep(a, step);
+        last_step_ = step;
+        ++push;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+absl::StatusOr<std::string> Fleet::Submit(const std::string& yaml) {
+  v1::SubmitJobRequest req;
+  req.set_yaml(yaml);
+  req.set_filename("loadtest.yaml");
+  v1::SubmitJobResponse resp;
+  grpc::ClientContext context;
+  SetDeadline(context, 60);
+  const grpc::Status s = jobs_->SubmitJob(&context, req, &resp);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return resp.job_id();
+}
+
+absl::Status Fleet::Cancel(const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  v1::CancelJobResponse resp;
+  grpc::ClientContext context;
+  SetDeadline(context, 60);
+  const grpc::Status s = jobs_->CancelJob(&context, req, &resp);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Fleet::JobStep(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobDetail resp;
+  grpc::ClientContext context;
+  SetDeadline(context, 30);
+  const grpc::Status s = jobs_->GetJob(&context, req, &resp);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return resp.summary().step();
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Fleet::ListWorkers() {
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext context;
+  SetDeadline(context, 30);
+  const double t0 = Now();
+  const grpc::Status s = jobs_->ListWorkers(&context, v1::ListWorkersRequest(), &resp);
+  book_.Record("ListWorkers", Now() - t0, s.ok(), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
+std::vector<SimAgent*> Fleet::Silence(uint32_t n) {
+  std::vector<SimAgent*> out;
+  // From the end: the first agents are the ones placement fills first.
+  for (auto it = agents_.rbegin(); it != agents_.rend() && out.size() < n; ++it) {
+    SimAgent& a = **it;
+    std::lock_guard<std::mutex> lock(a.mu);
+    if (a.has_rank || a.session_id.empty()) continue;
+    a.silent = true;
+    if (a.stream != nullptr) a.stream->Cancel();
+    out.push_back(&a);
+  }
+  return out;
+}
+
+void Fleet::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (scheduler_.joinable()) scheduler_.join();
+  for (auto& a : agents_) {
+    std::lock_guard<std::mutex> lock(a->mu);
+    if (a->stream != nullptr) a->stream->Cancel();
+  }
+  std::unique_lock<std::mutex> lock(flight_mu_);
+  flight_cv_.wait(lock, [&] { return in_flight_ == 0; });
+}
+
+}  // namespace furnace::bench
