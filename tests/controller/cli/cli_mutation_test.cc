@@ -109,8 +109,11 @@ TEST(CliMutationTest, MutatedJobFilesExitZeroOrTwoNeverThreeOrACrash) {
     const absl::Status parsed =
         checked.ok() ? furnace::spec::ParseJobYaml(text, path).status() : checked;
     ASSERT_TRUE(parsed.ok() || absl::IsInvalidArgument(parsed)) << path << ": " << parsed;
-    if (parsed.ok()) ++valid;
-    if (!parsed.ok()) EXPECT_NE(parsed.message().find(path), std::string::npos) << parsed;
+    if (parsed.ok()) {
+      ++valid;
+    } else {
+      EXPECT_NE(parsed.message().find(path), std::string::npos) << parsed;
+    }
     const bool not_utf8 = HasInvalidUtf8(text);
     if (not_utf8) {
       ++invalid_utf8;
