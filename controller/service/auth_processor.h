@@ -29,8 +29,8 @@ inline constexpr char kRoleProperty[] = "furnace.role";
 
 // The JobService methods the read role may call. A method not listed needs admin, so a new RPC is
 // admin-only until someone decides it is read-only.
-inline constexpr const char* kReadOnlyJobMethods[] = {"ListJobs", "GetJob",       "ListWorkers",
-                                                      "GetLogs",  "GetJobSeries", "ListAuditEvents"};
+inline constexpr const char* kReadOnlyJobMethods[] = {
+    "ListJobs", "GetJob", "ListWorkers", "GetLogs", "GetJobSeries", "ListAuditEvents"};
 
 struct AuthPolicy {
   std::vector<transport::TokenEntry> tokens;  // empty: JobService needs no token

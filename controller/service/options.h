@@ -29,8 +29,8 @@ struct ControllerFlags {
   std::string token_file;       // `<token> <role> <name>` lines; empty: JobService open
   std::string join_token_file;  // the token agents present; empty: certificate only
   bool insecure = false;        // allow a non-loopback listen without TLS and tokens
-  std::string data_root;                          // empty: job data paths are not confined
-  std::string checkpoint_root;                    // empty: checkpoint.dir is not confined
+  std::string data_root;        // empty: job data paths are not confined
+  std::string checkpoint_root;  // empty: checkpoint.dir is not confined
   // The largest request any RPC accepts (agents push telemetry in batches of up to 1000 records;
   // a job file is at most 1 MiB).
   uint64_t max_request_bytes = uint64_t{64} << 20;
