@@ -14,8 +14,9 @@ fails; namespaces of a killed earlier run are removed at the start.
 
 Skips (and says why) where namespaces cannot be made: not root, no iproute2, no netns support.
 
-TLS is one switch: MultiHostTest.TLS = True runs the daemons and the CLI with the certificates
-and tokens of `furnace certs init` (netns.tls_security)."""
+Every link is mutual TLS with tokens (MultiHostTest.TLS: the daemons and the CLI use the
+certificates and tokens of `furnace certs init`, netns.tls_security); False runs it in plaintext
+with --insecure."""
 import datetime
 import os
 import re
@@ -84,7 +85,7 @@ def lost_lines(log_text, worker):
 
 
 class MultiHostTest(unittest.TestCase):
-    TLS = False  # on once the daemons take --tls-cert/--tls-key/--tls-ca and tokens
+    TLS = True  # mutual TLS and tokens on every daemon and the CLI (netns.tls_security)
 
     def setUp(self):
         why = netns.unavailable()
