@@ -219,17 +219,7 @@ void Fleet::OnCommand(SimAgent& a, const v1::AgentCommand& command) {
     report.set_pid(static_cast<int>(200000 + a.index));
     report.set_unix_time(
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-    auto& stub = Stub(a);
-    Call<v1::RankReport, v1::Ack>(
-        "ReportRank",
-        [&stub](auto* c, auto* q, auto* r, auto f) {
-          stub.async()->ReportRank(c, q, r, std::move(f));
-        },
-        std::move(report), options_.rpc_timeout_s,
-        [this, &a](const grpc::Status& s, v1::Ack&) {
-          if (s.ok()) Arrive(a);
-          return s.ok();
-        });
+    ReportRank(a, std::move(report), [this, &a] { Arrive(a); });
   } else if (command.has_stop()) {
     const v1::StopRank& stop = command.stop();
     {
@@ -251,6 +241,10 @@ void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt,
   report.set_event(v1::RANK_EXITED);
   report.set_exit_kind(v1::EXIT_KIND_STOPPED);
   report.set_reason("stopped on request");
+  ReportRank(a, std::move(report), [this] { ++ranks_stopped_; });
+}
+
+void Fleet::ReportRank(SimAgent& a, v1::RankReport report, std::function<void()> on_ok) {
   auto& stub = Stub(a);
   Call<v1::RankReport, v1::Ack>(
       "ReportRank",
@@ -258,8 +252,8 @@ void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt,
         stub.async()->ReportRank(c, q, r, std::move(f));
       },
       std::move(report), options_.rpc_timeout_s,
-      [this](const grpc::Status& s, v1::Ack&) {
-        if (s.ok()) ++ranks_stopped_;
+      [on_ok = std::move(on_ok)](const grpc::Status& s, v1::Ack&) {
+        if (s.ok()) on_ok();
         return s.ok();
       });
 }

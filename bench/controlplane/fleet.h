@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -111,6 +112,8 @@ class Fleet {
   void Arrive(SimAgent& agent);
   void WaitPeers(SimAgent& agent);
   void ReportExit(SimAgent& agent, const std::string& job_id, uint32_t attempt, uint32_t rank);
+  // ReportRank over `agent`'s channel; `on_ok` runs on the completion thread when it succeeded.
+  void ReportRank(SimAgent& agent, furnace::v1::RankReport report, std::function<void()> on_ok);
   const std::vector<std::string>& ArrivalKeys(uint32_t world);
   void ScheduleLoop();
 
