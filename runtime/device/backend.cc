@@ -16,7 +16,26 @@ const char* KindName(Kind kind) {
   return "unknown";
 }
 
-absl::StatusOr<const Backend*> BackendFor(Kind kind) {
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision) {
+  if (precision == Precision::kBf16) {
+    if (kind == Kind::kCpu) {
+      return absl::UnimplementedError(
+          "precision bf16: the CPU trains in fp32 (bf16 GEMMs run on a discrete device: cuda, or "
+          "the emulated device)");
+    }
+    return absl::UnimplementedError(
+        absl::StrCat("no bf16 backend for device kind '", KindName(kind), "' in this build"));
+  }
   switch (kind) {
     case Kind::kCpu:
       return &CpuBackend();
@@ -30,8 +49,8 @@ absl::StatusOr<const Backend*> BackendFor(Kind kind) {
       "': this build runs the model and the optimizer only on the CPU backend (kernels::cpu)"));
 }
 
-absl::StatusOr<const Backend*> BackendFor(const Device& device) {
-  absl::StatusOr<const Backend*> backend = BackendFor(device.kind());
+absl::StatusOr<const Backend*> BackendFor(const Device& device, Precision precision) {
+  absl::StatusOr<const Backend*> backend = BackendFor(device.kind(), precision);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("device '", device.name(), "': ", backend.status().message()));

@@ -14,6 +14,13 @@
 // then a CUDA device has no backend and BackendFor refuses it, which is what GptMoe::Create and the
 // worker report.
 //
+// Precision (model.precision): a table computes either in fp32 throughout, or (kBf16) its GEMMs
+// (matmul and grouped matmul, forward and backward, and the products inside attention) with bf16
+// operands, fp32 accumulation and fp32 results, as the tensor cores do; every other op, the
+// parameters (fp32 master weights), the gradients and the optimizer state stay fp32, and the
+// signatures do not change (the table rounds the operands itself). So precision is a choice of
+// table, and the model's code is the same for both. The CPU trains in fp32 only.
+//
 // Streams (the contract every device table follows, and the CUDA table must): an op runs on the
 // calling thread's current stream (current_stream.h: StreamScope; none set: the device's default
 // stream). On a device with streams an op ENQUEUES and returns, as a CUDA launch does (the CUDA
@@ -42,10 +49,16 @@ namespace furnace::device {
 // Where each (token, choice) of a MoE layer goes (kernels/permute.h). Built on the host.
 using DispatchPlan = kernels::cpu::DispatchPlan;
 
+// The arithmetic of a table's GEMMs (see the file comment).
+enum class Precision { kFp32, kBf16 };
+// "fp32", "bf16": the values of model.precision.
+const char* PrecisionName(Precision precision);
+
 // fp32 ops (the model is fp32; casts are the only other dtypes). Field names are the kernel names
 // in snake_case; argument order is the kernel's.
 struct Backend {
-  const char* name;  // "cpu", "emulated"
+  const char* name;  // "cpu", "emulated", "cuda", with "/bf16" for a bf16 table
+  Precision precision;
 
   // matmul.h: out (N, OC) = inp (N, C) @ weight (C, OC) [+ bias (OC)], and per expert group.
   void (*matmul_forward)(float* out, const float* inp, const float* weight, const float* bias,
@@ -73,6 +86,13 @@ struct Backend {
   // gelu.h (tanh approximation).
   void (*gelu_forward)(float* out, const float* inp, int64_t n);
   void (*gelu_backward)(float* dinp, const float* inp, const float* dout, int64_t n);
+
+  // elementwise.h: the residual stream's adds and the head's transpose. add_row's `row` is HOST
+  // memory (C values, read at the call, as the grouped GEMMs' offsets).
+  void (*add_inplace)(float* out, const float* x, int64_t n);
+  void (*bias_residual)(float* out, const float* bias, const float* x, int64_t N, int C);
+  void (*add_row)(float* out, const float* row, int64_t N, int C);
+  void (*transpose)(float* out, const float* inp, int rows, int cols);
 
   // encoder.h: token + position embeddings.
   void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -132,11 +152,12 @@ const Backend& CpuBackend();
 // pointers translated (emulated_backend.cc). Always available.
 const Backend& EmulatedBackend();
 
-// The table for a kind of device: the one place that decides which kinds have a backend.
-// Unimplemented, naming the kind, when there is none (CUDA until the GPU path is built).
-absl::StatusOr<const Backend*> BackendFor(Kind kind);
+// The table for a kind of device at a precision: the one place that decides which kinds have a
+// backend. Unimplemented, naming the kind and the precision, when there is none.
+absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision = Precision::kFp32);
 // The table `device` runs on; Unimplemented naming the device when its kind has none.
-absl::StatusOr<const Backend*> BackendFor(const Device& device);
+absl::StatusOr<const Backend*> BackendFor(const Device& device,
+                                          Precision precision = Precision::kFp32);
 
 // "cpu", "cuda", "emulated".
 const char* KindName(Kind kind);

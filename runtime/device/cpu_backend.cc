@@ -3,6 +3,7 @@
 #include "kernels/attention.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
@@ -19,6 +20,7 @@ namespace k = kernels::cpu;
 
 constexpr Backend kCpuBackend = {
     .name = "cpu",
+    .precision = Precision::kFp32,
     .matmul_forward = &k::MatmulForward<float>,
     .matmul_backward = &k::MatmulBackward<float>,
     .grouped_matmul_forward = &k::GroupedMatmulForward<float>,
@@ -29,6 +31,10 @@ constexpr Backend kCpuBackend = {
     .layernorm_backward = &k::LayerNormBackward<float>,
     .gelu_forward = &k::GeluForward<float>,
     .gelu_backward = &k::GeluBackward<float>,
+    .add_inplace = &k::AddInPlace<float>,
+    .bias_residual = &k::BiasResidual<float>,
+    .add_row = &k::AddRow<float>,
+    .transpose = &k::Transpose<float>,
     .embedding_forward = &k::EmbeddingForward<float>,
     .embedding_backward = &k::EmbeddingBackward<float>,
     .cross_entropy_forward = &k::CrossEntropyForward<float>,

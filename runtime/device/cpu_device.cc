@@ -1,6 +1,7 @@
 // The CPU device: 64-byte aligned heap memory and synchronous copies. Streams and events exist only
-// so that callers are written once for both devices; on the CPU every operation has completed when
-// it returns, so recording, waiting and synchronising are no-ops.
+// so that callers are written once for every device; on the CPU every operation has completed when
+// it returns, so recording, waiting and synchronising are no-ops, and Free is immediate (which the
+// stream-ordered contract allows: nothing is still queued).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -65,6 +66,8 @@ class CpuDevice final : public Device {
   absl::StatusOr<void*> AllocateHost(size_t bytes) override { return AlignedAllocate(bytes); }
   void FreeHost(void* ptr) override { std::free(ptr); }
 
+  bool IsDeviceMemory(const void* /*ptr*/) const override { return false; }
+  Stream& default_stream() override { return default_stream_; }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     return std::unique_ptr<Stream>(new CpuStream());
   }
@@ -97,6 +100,9 @@ class CpuDevice final : public Device {
   }
   absl::Status SynchronizeEvent(Event& event) override { return CheckEvent(event); }
   absl::Status SynchronizeStream(Stream& stream) override { return CheckStream(stream); }
+
+ private:
+  CpuStream default_stream_;
 };
 
 }  // namespace

@@ -1,14 +1,20 @@
-// The CUDA device: cudaMalloc'd memory, page-locked host memory, real streams and events, and
+// The CUDA device: memory from CUDA's stream-ordered allocator (cudaMallocAsync / cudaFreeAsync on
+// the calling thread's current stream, else the device's default stream, from the device's default
+// pool with its release threshold raised so freed bytes stay cached instead of going back to the
+// driver: the allocator is as cheap as a caching allocator and never synchronises the device, which
+// a plain cudaFree does), page-locked host memory, real streams and events, and
 // cudaMemcpyAsync/cudaMemsetAsync enqueued on the caller's stream. Every method first makes this
 // device current on the calling thread (the current device is per-thread state in CUDA), so one
 // Device may be used from several threads.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "runtime/device/cuda_status.h"
+#include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
 
 namespace furnace::device {
@@ -63,8 +69,12 @@ cudaMemcpyKind ToCuda(CopyKind kind) {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::string name, size_t total_memory)
-      : ordinal_(ordinal), name_(std::move(name)), total_memory_(total_memory) {}
+  CudaDevice(int ordinal, std::string name, size_t total_memory,
+             std::unique_ptr<CudaStream> default_stream)
+      : ordinal_(ordinal),
+        name_(std::move(name)),
+        total_memory_(total_memory),
+        default_stream_(std::move(default_stream)) {}
 
   Kind kind() const override { return Kind::kCuda; }
   std::string name() const override { return name_; }
@@ -73,18 +83,41 @@ class CudaDevice final : public Device {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     CUDA_CALL(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
-    cudaError_t err = cudaMalloc(&ptr, bytes);
+    const char* call = "cudaMallocAsync";
+    cudaError_t err = cudaMallocAsync(&ptr, bytes, OrderingStream());
+    if (err == cudaErrorMemoryAllocation) {
+      // The pool caches what was freed; give the cached bytes back to the driver and try once
+      // more before reporting out-of-memory.
+      cudaGetLastError();
+      cudaMemPool_t pool = nullptr;
+      if (cudaDeviceGetDefaultMemPool(&pool, ordinal_) == cudaSuccess) {
+        cudaStreamSynchronize(OrderingStream());
+        cudaMemPoolTrimTo(pool, 0);
+      }
+      err = cudaMallocAsync(&ptr, bytes, OrderingStream());
+      call = "cudaMallocAsync (after trimming the pool)";
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is not sticky; clear it for later checks
-      return CudaStatus(err, "cudaMalloc", __FILE__, __LINE__);
+      return CudaStatus(err, call, __FILE__, __LINE__);
     }
     return ptr;
   }
   void Free(void* ptr) override {
     if (ptr == nullptr) return;
     cudaSetDevice(ordinal_);
-    cudaFree(ptr);
+    cudaFreeAsync(ptr, OrderingStream());
   }
+  bool IsDeviceMemory(const void* ptr) const override {
+    if (ptr == nullptr) return false;
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+      cudaGetLastError();  // an unregistered host pointer is not an error worth keeping
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
+  Stream& default_stream() override { return *default_stream_; }
   absl::StatusOr<void*> AllocateHost(size_t bytes) override {
     CUDA_CALL(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
@@ -179,9 +212,20 @@ class CudaDevice final : public Device {
     return cuda->event();
   }
 
+  // Where stream-ordered allocations and frees go: the calling thread's current stream when it is
+  // one of this device's, else the default stream.
+  cudaStream_t OrderingStream() const {
+    if (Stream* current = CurrentStream(); current != nullptr) {
+      auto* cuda = dynamic_cast<CudaStream*>(current);
+      if (cuda != nullptr && cuda->ordinal() == ordinal_) return cuda->stream();
+    }
+    return default_stream_->stream();
+  }
+
   int ordinal_;
   std::string name_;
   size_t total_memory_;
+  std::unique_ptr<CudaStream> default_stream_;
 };
 
 #undef CUDA_CALL
@@ -203,8 +247,18 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   cudaDeviceProp prop{};
   FURNACE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
-  return std::unique_ptr<Device>(new CudaDevice(
-      ordinal, absl::StrFormat("cuda:%d (%s)", ordinal, prop.name), prop.totalGlobalMem));
+  // Freed bytes stay in the default pool (a caching allocator) rather than going back to the
+  // driver at every synchronisation.
+  cudaMemPool_t pool = nullptr;
+  FURNACE_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+  uint64_t threshold = UINT64_MAX;
+  FURNACE_CUDA_RETURN_IF_ERROR(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cudaStream_t stream = nullptr;
+  FURNACE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<Device>(
+      new CudaDevice(ordinal, absl::StrFormat("cuda:%d (%s)", ordinal, prop.name),
+                     prop.totalGlobalMem, std::make_unique<CudaStream>(ordinal, stream)));
 }
 
 }  // namespace furnace::device

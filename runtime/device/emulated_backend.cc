@@ -7,7 +7,8 @@
 // Arguments: every pointer is device memory of that device, checked at enqueue; one that is not
 // sets the device's sticky error and the op is skipped (a CUDA kernel given a host pointer faults
 // and poisons the context the same way). Host arguments, as in the CUDA kernels: the grouped GEMMs'
-// offsets (copied at enqueue, as cuBLAS reads them at launch) and the dispatch plan (copied).
+// offsets (copied at enqueue, as cuBLAS reads them at launch), add_row's row and the dispatch plan
+// (copied).
 // aux_loss_forward and sum_of_squares return a host scalar, so they synchronize the stream (as
 // the CUDA ops must copy the scalar back); NaN when the device has a sticky error.
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "kernels/attention.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
@@ -180,6 +182,15 @@ void GroupedMatmulBackward(float* dinp, float* dweight, float* dbias, const floa
   });
 }
 
+// add_row's `row` (C) is host memory, copied at enqueue.
+void AddRow(float* out, const float* row, int64_t N, int C) {
+  const Target t = Resolve("add_row", {out});
+  if (t.device == nullptr) return;
+  float* o = Translated(t.device, out);
+  std::vector<float> host_row(row, row + C);
+  LaunchOrRecord(t, "add_row", [=] { k::AddRow<float>(o, host_row.data(), N, C); });
+}
+
 // Op names for errors (template arguments need objects with static storage).
 constexpr char kMatmulForward[] = "matmul_forward";
 constexpr char kMatmulBackward[] = "matmul_backward";
@@ -189,6 +200,9 @@ constexpr char kLayernormForward[] = "layernorm_forward";
 constexpr char kLayernormBackward[] = "layernorm_backward";
 constexpr char kGeluForward[] = "gelu_forward";
 constexpr char kGeluBackward[] = "gelu_backward";
+constexpr char kAddInPlace[] = "add_inplace";
+constexpr char kBiasResidual[] = "bias_residual";
+constexpr char kTranspose[] = "transpose";
 constexpr char kEmbeddingForward[] = "embedding_forward";
 constexpr char kEmbeddingBackward[] = "embedding_backward";
 constexpr char kCrossEntropyForward[] = "cross_entropy_forward";
@@ -211,6 +225,7 @@ constexpr char kDequantizeFp8[] = "dequantize_fp8_e4m3";
 
 constexpr Backend kEmulatedBackend = {
     .name = "emulated",
+    .precision = Precision::kFp32,
     .matmul_forward = &Async<kMatmulForward, &k::MatmulForward<float>>::Run,
     .matmul_backward = &Async<kMatmulBackward, &k::MatmulBackward<float>>::Run,
     .grouped_matmul_forward = &GroupedMatmulForward,
@@ -221,6 +236,10 @@ constexpr Backend kEmulatedBackend = {
     .layernorm_backward = &Async<kLayernormBackward, &k::LayerNormBackward<float>>::Run,
     .gelu_forward = &Async<kGeluForward, &k::GeluForward<float>>::Run,
     .gelu_backward = &Async<kGeluBackward, &k::GeluBackward<float>>::Run,
+    .add_inplace = &Async<kAddInPlace, &k::AddInPlace<float>>::Run,
+    .bias_residual = &Async<kBiasResidual, &k::BiasResidual<float>>::Run,
+    .add_row = &AddRow,
+    .transpose = &Async<kTranspose, &k::Transpose<float>>::Run,
     .embedding_forward = &Async<kEmbeddingForward, &k::EmbeddingForward<float>>::Run,
     .embedding_backward = &Async<kEmbeddingBackward, &k::EmbeddingBackward<float>>::Run,
     .cross_entropy_forward = &Async<kCrossEntropyForward, &k::CrossEntropyForward<float>>::Run,

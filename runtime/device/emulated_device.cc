@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status.h"
+#include "runtime/device/current_stream.h"
 
 namespace furnace::device {
 namespace {
@@ -193,16 +194,34 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
           absl::StrFormat("%s: Free of %p, which is not device memory", options_.name, ptr)));
       return;
     }
-    size_t offset = static_cast<char*>(ptr) - device_view_;
-    absl::MutexLock lock(&alloc_mu_);
-    auto used = used_.find(offset);
-    if (used == used_.end()) {
-      SetStickyError(absl::InvalidArgumentError(absl::StrFormat(
-          "%s: Free of %p, which is not the start of an allocation", options_.name, ptr)));
-      return;
+    const size_t offset = static_cast<char*>(ptr) - device_view_;
+    size_t size = 0;
+    {
+      // Checked at the call (a double free or a pointer inside an allocation is the caller's
+      // error now, not when the stream gets there); the bytes stay out of the holes until then.
+      absl::MutexLock lock(&alloc_mu_);
+      auto used = used_.find(offset);
+      if (used == used_.end()) {
+        SetStickyError(absl::InvalidArgumentError(absl::StrFormat(
+            "%s: Free of %p, which is not the start of a live allocation", options_.name, ptr)));
+        return;
+      }
+      size = used->second;
+      used_.erase(used);
     }
-    size_t size = used->second;
-    used_.erase(used);
+    // Stream-ordered: the bytes go back when the stream gets past the work enqueued so far.
+    EmulatedStream* stream = default_stream_.get();
+    if (Stream* current = CurrentStream(); current != nullptr) {
+      auto* s = dynamic_cast<EmulatedStream*>(current);
+      if (s != nullptr && s->device() == this) stream = s;
+    }
+    stream->Enqueue([this, offset, size] { Release(offset, size); });
+  }
+  bool IsDeviceMemory(const void* ptr) const override { return ptr != nullptr && Owns(ptr, 1); }
+
+  // Gives a freed allocation's bytes back to the first-fit allocator (Free's stream op).
+  void Release(size_t offset, size_t size) {
+    absl::MutexLock lock(&alloc_mu_);
     allocated_ -= size;
     // Coalesce with the neighbouring holes.
     auto next = free_.lower_bound(offset);

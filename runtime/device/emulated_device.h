@@ -19,7 +19,11 @@
 //
 // Host memory (AllocateHost) is plain aligned memory; an asynchronous copy reads or writes it when
 // the stream reaches the copy, so it must stay valid until then (as pinned memory with
-// cudaMemcpyAsync). Free does not wait for the streams: the caller orders it after the last use.
+// cudaMemcpyAsync). Allocate's bytes are usable at once; Free is stream-ordered (device.h): it is
+// enqueued on the calling thread's current stream when that is one of this device's (else on the
+// default stream), and the bytes go back to the allocator when the stream runs it, so a kernel
+// enqueued before the Free still reads its scratch. Work on other streams must be ordered before it
+// by events, as on CUDA. allocated_bytes() counts a freed allocation until its stream gets there.
 //
 // Errors: argument errors found at enqueue (a pointer that is not this device's memory for a
 // device side, a stream or event of another device) are returned by the call. An error inside an
@@ -56,9 +60,6 @@ class EmulatedDevice : public Device {
   // Enqueues `op` on `stream` (the backend's kernel launch). `op` runs on the stream's thread and
   // reads device memory through Translate; it must not block on other streams.
   virtual absl::Status Launch(Stream& stream, std::function<void()> op) = 0;
-  // The stream used by backend ops when the calling thread has no current stream for this device
-  // (current_stream.h), as CUDA's default stream.
-  virtual Stream& default_stream() = 0;
 
   // True when [ptr, ptr + bytes) lies in this device's memory (the PROT_NONE view).
   virtual bool Owns(const void* ptr, size_t bytes = 1) const = 0;

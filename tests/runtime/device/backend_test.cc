@@ -99,6 +99,18 @@ TEST(BackendTest, KindWithoutBackendIsRefused) {
   EXPECT_NE(message.find("no backend for device kind 'cuda'"), std::string::npos) << message;
 }
 
+// model.precision bf16 is a choice of table; the CPU has none (it trains in fp32), and says so.
+TEST(BackendTest, TheCpuHasNoBf16Table) {
+  absl::StatusOr<const Backend*> bf16 = BackendFor(Kind::kCpu, Precision::kBf16);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(bf16.status().message().find("the CPU trains in fp32"), std::string::npos)
+      << bf16.status();
+  EXPECT_EQ(CpuBackend().precision, Precision::kFp32);
+  EXPECT_STREQ(PrecisionName(Precision::kBf16), "bf16");
+  EXPECT_STREQ(PrecisionName(Precision::kFp32), "fp32");
+}
+
 TEST(BackendTest, KindNames) {
   EXPECT_STREQ(KindName(Kind::kCpu), "cpu");
   EXPECT_STREQ(KindName(Kind::kCuda), "cuda");

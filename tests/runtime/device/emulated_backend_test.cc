@@ -186,6 +186,26 @@ TEST_F(EmulatedBackendTest, LayerNormAndGelu) {
                   });
 }
 
+TEST_F(EmulatedBackendTest, ResidualAddsAndTranspose) {
+  ExpectSameAsCpu({Random(N * C, 1), Random(N * C, 2)}, [](const Backend& b, const Ptrs& p) {
+    b.add_inplace(P<float>(p, 0), P<float>(p, 1), N * C);
+  });
+  ExpectSameAsCpu({Random(N * C, 3), Random(C, 4), Random(N * C, 5)},
+                  [](const Backend& b, const Ptrs& p) {
+                    b.bias_residual(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), N, C);
+                  });
+  const Bytes row = Random(C, 6);  // host memory: add_row reads it at the call
+  ExpectSameAsCpu({Random(N * C, 7)}, [&](const Backend& b, const Ptrs& p) {
+    b.add_row(P<float>(p, 0), reinterpret_cast<const float*>(row.data()), N, C);
+  });
+  std::vector<Bytes> t = ExpectSameAsCpu(
+      {Zeros(C * N), Random(N * C, 8)},
+      [](const Backend& b, const Ptrs& p) { b.transpose(P<float>(p, 0), P<float>(p, 1), N, C); });
+  const float* in = reinterpret_cast<const float*>(t[1].data());
+  const float* out = reinterpret_cast<const float*>(t[0].data());
+  EXPECT_EQ(out[int64_t{3} * N + 5], in[int64_t{5} * C + 3]);
+}
+
 TEST_F(EmulatedBackendTest, EmbeddingAndCrossEntropy) {
   constexpr int B = 2, T = 5, V = 11;
   ExpectSameAsCpu({Zeros(B * T * C), Ints(B * T, V, 1), Random(V * C, 2), Random(T * C, 3)},

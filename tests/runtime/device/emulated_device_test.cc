@@ -18,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "runtime/device/current_stream.h"
 
 namespace furnace::device {
 namespace {
@@ -79,6 +80,34 @@ TEST_F(EmulatedDeviceTest, CopiesRoundTripThroughTheDevice) {
   EXPECT_EQ(Read(e, host.size(), *a_), want);
   dev_->Free(d);
   dev_->Free(e);
+  ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());  // Free is stream-ordered
+  EXPECT_EQ(dev_->allocated_bytes(), 0u);
+}
+
+// Free is stream-ordered (device.h): scratch freed by the host right after it enqueued the kernel
+// that reads it is still intact when that kernel runs, and the bytes are reused only after it.
+TEST_F(EmulatedDeviceTest, FreeWaitsForTheWorkAlreadyOnTheStream) {
+  std::vector<float> host(256, 3.0f);
+  float* scratch = Alloc(host.size());
+  float* out = Alloc(host.size());
+  ASSERT_TRUE(dev_->PauseStream(*a_).ok());
+  ASSERT_TRUE(dev_->Copy(scratch, host.data(), host.size() * 4, CopyKind::kHostToDevice, *a_).ok());
+  ASSERT_TRUE(dev_->Copy(out, scratch, host.size() * 4, CopyKind::kDeviceToDevice, *a_).ok());
+  {
+    StreamScope on_a(*a_);
+    dev_->Free(scratch);  // enqueued on a_, behind the two copies
+  }
+  EXPECT_TRUE(dev_->IsDeviceMemory(scratch));
+  EXPECT_FALSE(dev_->IsDeviceMemory(host.data()));
+  // Not returned yet: a new allocation cannot land on the scratch's bytes while a_ is held.
+  float* other = Alloc(host.size());
+  EXPECT_NE(other, scratch);
+  EXPECT_GE(dev_->allocated_bytes(), 3 * host.size() * sizeof(float));
+  ASSERT_TRUE(dev_->ResumeStream(*a_).ok());
+  EXPECT_EQ(Read(out, host.size(), *a_), host);
+  dev_->Free(out);
+  dev_->Free(other);
+  ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());
   EXPECT_EQ(dev_->allocated_bytes(), 0u);
 }
 
@@ -126,6 +155,7 @@ TEST_F(EmulatedDeviceTest, AllocatorRefusesPastCapacityAndCoalescesFreedMemory) 
   auto more = dev_->Allocate(1);
   EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
   dev_->Free(*whole);
+  ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());  // Free is stream-ordered
   std::vector<void*> quarters;
   for (int i = 0; i < 4; ++i) {
     auto q = dev_->Allocate(1 << 18);
@@ -135,6 +165,7 @@ TEST_F(EmulatedDeviceTest, AllocatorRefusesPastCapacityAndCoalescesFreedMemory) 
   }
   // Freed out of order, the holes merge back into one that fits the whole capacity.
   for (int i : {2, 0, 3, 1}) dev_->Free(quarters[i]);
+  ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());
   EXPECT_TRUE(dev_->Allocate(1 << 20).ok());
   EXPECT_TRUE(dev_->sticky_error().ok());
   dev_->Free(static_cast<char*>(quarters[0]) + 256);  // not the start of an allocation

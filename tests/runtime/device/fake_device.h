@@ -22,6 +22,8 @@ class FakeDevice final : public Device {
   void Free(void*) override {}
   absl::StatusOr<void*> AllocateHost(size_t) override { return Refused(); }
   void FreeHost(void*) override {}
+  bool IsDeviceMemory(const void*) const override { return false; }
+  Stream& default_stream() override { return stream_; }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override { return Refused(); }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return Refused(); }
   absl::Status Copy(void*, const void*, size_t, CopyKind, Stream&) override { return Refused(); }
@@ -36,8 +38,12 @@ class FakeDevice final : public Device {
     return absl::UnimplementedError("fake device " + name_ + ": no memory");
   }
 
+  struct NoStream final : Stream {
+    void* native() override { return nullptr; }
+  };
   Kind kind_;
   std::string name_;
+  NoStream stream_;
 };
 
 }  // namespace furnace::device::testing_util
