@@ -54,7 +54,9 @@ class CudaMark final : public StreamMark {
       : pool_(std::move(pool)), event_(event) {}
   ~CudaMark() override { pool_->Give(event_); }
 
+  // Polled from the watchdog's thread, whose current device is not necessarily the stream's.
   absl::StatusOr<bool> Passed() override {
+    FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(pool_->ordinal()));
     const cudaError_t err = cudaEventQuery(event_);
     if (err == cudaSuccess) return true;
     if (err == cudaErrorNotReady) return false;
@@ -64,6 +66,7 @@ class CudaMark final : public StreamMark {
     const auto* e = dynamic_cast<const CudaMark*>(&earlier);
     if (e == nullptr) return absl::InvalidArgumentError("stream mark: marks of different markers");
     float ms = 0;
+    FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(pool_->ordinal()));
     FURNACE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e->event_, event_));
     return static_cast<double>(ms) * 1e-3;
   }

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "runtime/comm/in_flight.h"
 #include "runtime/comm/local_communicator.h"
+#include "runtime/comm/nccl_stream.h"
 
 namespace furnace::comm {
 namespace {
@@ -386,6 +387,16 @@ TEST(StreamCommunicatorTest, CreateRefusesMissingParts) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       StreamCommunicator::Create(LocalGroup(1).Member(0), nullptr, *rank->dev, rank->watchdog)
           .status()));
+}
+
+// The worker's NCCL factory refuses a device that is not CUDA, whatever the build.
+TEST(StreamCommunicatorTest, TheNcclGroupFactoryRefusesADeviceThatIsNotCuda) {
+  auto rank = MakeRank();
+  InMemoryKvStore store;
+  auto made =
+      CreateNcclStreamCommunicator(store, "tp/0", "tp[0]", 0, 1, *rank->dev, rank->watchdog, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(made.status())) << made.status();
+  EXPECT_THAT(made.status().message(), ::testing::HasSubstr("is not a CUDA device"));
 }
 
 }  // namespace
