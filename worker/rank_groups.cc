@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/comm_watchdog.h"
 #include "runtime/comm/gloo_communicator.h"
+#include "runtime/comm/nccl_stream.h"
 #include "spdlog/spdlog.h"
 #include "worker/controller_channel.h"
 #include "worker/grpc_kv_store.h"
@@ -53,13 +55,38 @@ absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, dou
 
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
-    const model::ModelConfig& config, const std::function<void()>& on_wait) {
+    const model::ModelConfig& config, const std::function<void()>& on_wait,
+    device::Device& device) {
   // Gloo takes one timeout for connecting and for every later operation. A collective may
   // legitimately wait for a slow peer (a large checkpoint shard being fsynced, a long pipeline
   // warm-up), so it gets the hang timeout when that is longer: a rank that is really stuck is the
   // agent's hang watchdog's to catch.
   const double timeout_s = std::max(StartTimeoutS(task), task.spec().recovery().hang_timeout_s());
+  if (device.kind() == device::Kind::kCuda && !comm::NcclAvailable()) {
+    return absl::UnavailableError(
+        "resources.device cuda: this worker was built without CUDA/NCCL (FURNACE_ENABLE_CUDA)");
+  }
   ASSIGN_OR_RETURN(const Rendezvous rendezvous, OpenRendezvous(task, timeout_s));
+  if (device.kind() == device::Kind::kCuda) {
+    // NCCL: every group on a communication stream of its own, under one watchdog that holds the
+    // NCCL collectives to the same timeout Gloo's get, and aborts all of them on a timeout or a
+    // peer's failure. Each communicator shares the watchdog, which lives as long as they do.
+    comm::CommWatchdogOptions watch;
+    watch.timeout_s = timeout_s;
+    ASSIGN_OR_RETURN(std::shared_ptr<comm::CommWatchdog> watchdog,
+                     comm::CommWatchdog::Create(watch));
+    const train::CommFactory nccl = [&](const std::string& prefix, const std::string& name,
+                                        int rank, int size) {
+      comm::NcclGroupOptions options;
+      options.timeout_s = timeout_s;
+      options.on_wait_tick = on_wait;
+      return comm::CreateNcclStreamCommunicator(*rendezvous.store, prefix, name, rank, size, device,
+                                                watchdog, options);
+    };
+    spdlog::info("rendezvous: NCCL groups on {} (collective timeout {} s)", device.name(),
+                 timeout_s);
+    return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, nccl);
+  }
   const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
                                          int rank, int size) {
     comm::GlooOptions options;

@@ -1,7 +1,10 @@
 // The parallel layout of a train rank, from its RankTask: the topology of the job's `parallel:`
 // section (validated against the model: a bad layout is bad input, exit 4) and the rank's groups,
-// connected with Gloo through the controller's rendezvous store (scoped by job and attempt, so a
-// rank of an earlier attempt can never join these groups).
+// connected through the controller's rendezvous store (scoped by job and attempt, so a rank of an
+// earlier attempt can never join these groups): with Gloo on the CPU and emulated devices, with
+// NCCL on a CUDA device (one communicator and one communication stream per group, ordered with the
+// compute by events, under one watchdog per rank that aborts them all when a collective does not
+// complete within the collective timeout: runtime/comm/nccl_stream.h, comm_watchdog.h).
 #pragma once
 
 #include <functional>
@@ -10,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "furnace/v1/agent.pb.h"
+#include "runtime/device/device.h"
 #include "runtime/model/config.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
@@ -34,9 +38,10 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
                                                     const model::ModelConfig& config);
 
 // Blocks until every group of this rank is connected (at most the job's start timeout), calling
-// on_wait at least once a second while it waits.
+// on_wait at least once a second while it waits. `device` is the rank's device (it must outlive the
+// layout): a CUDA device gets NCCL groups (Unavailable in a build without NCCL), any other Gloo.
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
-    const model::ModelConfig& config, const std::function<void()>& on_wait);
+    const model::ModelConfig& config, const std::function<void()>& on_wait, device::Device& device);
 
 }  // namespace furnace::worker

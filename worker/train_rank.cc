@@ -269,6 +269,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);
 
+  // The rank's device (its groups are connected for it: Gloo here, NCCL on a CUDA device).
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   // The layout: refused as bad input before any rendezvous when it does not fit the model.
   const bool parallel = task.world_size() > 1;
   std::unique_ptr<train::RankLayout> layout;
@@ -280,8 +282,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     }
     progress.Emit("rendezvous", 0);
     watchdog.EnterStartup("rendezvous");
-    auto connected =
-        ConnectRankGroups(task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); });
+    auto connected = ConnectRankGroups(
+        task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); }, *cpu);
     if (!connected.ok()) {
       return Fail(progress, 0, kRankExitError,
                   absl::StrCat("rendezvous failed: ", connected.status().ToString()));
@@ -308,7 +310,6 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("resources.device: ", backend.status().message()));
   }
-  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
   tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
   // memory.policy offload: the copy engine and host pool the model offloads through (declared
   // before the model, which must not outlive them).

@@ -1,7 +1,10 @@
 // Communicator: one process group (a set of ranks that run collectives together) behind one small
 // interface, with a Gloo implementation (CPU, TCP; gloo_communicator.h), an NCCL implementation
 // (GPU; nccl_communicator.h, built only with CUDA) and an in-process fake (local_communicator.h)
-// whose "ranks" are threads, for tests where the logic, not the transport, is the point.
+// whose "ranks" are threads, for tests where the logic, not the transport, is the point. On a
+// discrete device a rank's groups wrap them: stream_communicator.h (NCCL, or the emulated device's
+// transport: collectives on their own streams, ordered by events) or device_staging.h (host
+// transports with device buffers).
 //
 // Contract shared by every implementation:
 //   * Every rank of the group calls the same collectives in the same order with matching sizes;
@@ -26,7 +29,8 @@
 //     the operation on the stream, not its execution).
 //   * While a call blocks it is marked in ProcessInFlight() (in_flight.h: op, group, since when),
 //     so a watchdog can name the collective a stuck rank waits in (Gloo and the local fake; NCCL
-//     enqueues and returns, its waits are on the stream).
+//     enqueues and returns, its waits are on the stream: the StreamCommunicator around it marks
+//     each collective from its enqueue until its stream has passed it, comm_watchdog.h).
 //
 // Thread-safety: one thread at a time per Communicator (the rank's compute thread); counters()
 // may be read from any thread. Sends are buffered: Send copies the payload and returns; the bytes

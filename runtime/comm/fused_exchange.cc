@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/stream_communicator.h"
+#include "runtime/device/current_stream.h"
 
 namespace furnace::comm {
 namespace {
@@ -165,6 +167,121 @@ void GatherSteps(Communicator& ag, char* out, const FusedLayout& layout, int ste
   }
 }
 
+// The device communicators of the fused op when it runs on streams: both StreamCommunicators of
+// one device, with the buffers in its memory.
+struct OnStreams {
+  StreamCommunicator* a2a = nullptr;
+  StreamCommunicator* ag = nullptr;
+};
+
+OnStreams DeviceCommunicators(Communicator& a2a, Communicator& ag, const void* in, const void* out,
+                              const FusedLayout& layout) {
+  auto* da = dynamic_cast<StreamCommunicator*>(&a2a);
+  auto* dg = dynamic_cast<StreamCommunicator*>(&ag);
+  if (da == nullptr || dg == nullptr || &da->device() != &dg->device()) return {};
+  device::Device& device = da->device();
+  int64_t in_bytes = 0;
+  for (int64_t b : layout.send_bytes) in_bytes += b;
+  const bool in_ok = in_bytes == 0 || device.IsDeviceMemory(in);
+  const bool out_ok = out == nullptr || device.IsDeviceMemory(out);
+  if (!in_ok || !out_ok) return {};
+  return {da, dg};
+}
+
+// Device scratch for the all-gathers, allocated and freed in the order of the stream that uses it.
+class StreamScratch {
+ public:
+  StreamScratch(device::Device& device, device::Stream& stream)
+      : device_(device), stream_(stream) {}
+  ~StreamScratch() {
+    if (data_ == nullptr) return;
+    const device::StreamScope scope(stream_);
+    device_.Free(data_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  absl::StatusOr<char*> Allocate(int64_t bytes) {
+    if (bytes == 0) return nullptr;
+    const device::StreamScope scope(stream_);
+    ASSIGN_OR_RETURN(void* p, device_.Allocate(static_cast<size_t>(bytes)));
+    data_ = static_cast<char*>(p);
+    return data_;
+  }
+
+ private:
+  device::Device& device_;
+  device::Stream& stream_;
+  char* data_ = nullptr;
+};
+
+// The fused op on the two communication streams (the header's "on device communicators").
+absl::Status FusedOnStreams(StreamCommunicator& a2a, StreamCommunicator& ag, const char* src,
+                            char* dst, const FusedLayout& layout,
+                            const std::vector<int64_t>& send_offset, int64_t scratch_bytes) {
+  const int G = a2a.size(), n = ag.size(), a = a2a.rank(), q0 = ag.rank();
+  device::Device& device = a2a.device();
+  device::Stream* current = device::CurrentStream();
+  device::Stream& caller = current != nullptr ? *current : device.default_stream();
+  // Both streams start after the producer of `in` (and of whatever `out` held). A failed `ag`
+  // does not stop the exchange (as on host threads).
+  RETURN_IF_ERROR(a2a.OrderAfter(caller));
+  absl::Status exchanged, gathered = ag.OrderAfter(caller);
+  {
+    StreamScratch scratch(device, ag.stream());
+    absl::StatusOr<char*> gather_buffer = scratch.Allocate(scratch_bytes);
+    if (!gather_buffer.ok()) {
+      exchanged = gather_buffer.status();
+    } else {
+      std::vector<int64_t> recv_bytes(n);
+      // Step i's all-gather on ag's stream, after a2a's stream has landed step i's chunk; then its
+      // chunks copied into place on the same stream. After a failure the exchange goes on without
+      // it (the a2a peers are not left waiting).
+      auto gather = [&](int i) {
+        if (!gathered.ok()) return;
+        for (int q = 0; q < n; ++q) recv_bytes[q] = layout.chunk_bytes[q][i];
+        gathered = ag.AllGatherV(dst + layout.chunk_offset[q0][i], layout.chunk_bytes[q0][i],
+                                 *gather_buffer, recv_bytes);
+        int64_t from = 0;
+        for (int q = 0; q < n && gathered.ok(); ++q) {
+          if (q != q0 && recv_bytes[q] > 0) {
+            gathered = device.Copy(dst + layout.chunk_offset[q][i], *gather_buffer + from,
+                                   static_cast<size_t>(recv_bytes[q]),
+                                   device::CopyKind::kDeviceToDevice, ag.stream());
+          }
+          from += recv_bytes[q];
+        }
+      };
+      const StreamCommunicator::ScopedOrdering on_a2a(a2a, /*after=*/nullptr, /*join=*/false);
+      const StreamCommunicator::ScopedOrdering on_ag(ag, &a2a.stream(), /*join=*/false);
+      // Step 0: the chunk to this rank itself.
+      if (layout.send_bytes[a] > 0) {
+        exchanged = device.Copy(dst + layout.chunk_offset[q0][0], src + send_offset[a],
+                                static_cast<size_t>(layout.send_bytes[a]),
+                                device::CopyKind::kDeviceToDevice, a2a.stream());
+      }
+      if (exchanged.ok()) gather(0);
+      for (int i = 1; i < G && exchanged.ok(); ++i) {
+        const int to = (a + i) % G, from = (a - i + G) % G;
+        const uint32_t tag = kFusedExchangeTagBase + static_cast<uint32_t>(i);
+        exchanged = a2a.Send(src + send_offset[to], layout.send_bytes[to], to, tag);
+        if (exchanged.ok()) {
+          exchanged =
+              a2a.Recv(dst + layout.chunk_offset[q0][i], layout.chunk_bytes[q0][i], from, tag);
+        }
+        if (exchanged.ok()) gather(i);
+      }
+    }
+  }  // the scratch is freed in ag's stream order, after the last copy out of it
+  // The caller's stream waits for both, on every path: whatever was enqueued still uses `in`,
+  // `out` and the scratch.
+  const absl::Status joined_a2a = a2a.OrderBefore(caller);
+  const absl::Status joined_ag = ag.OrderBefore(caller);
+  RETURN_IF_ERROR(exchanged);
+  RETURN_IF_ERROR(gathered);
+  RETURN_IF_ERROR(joined_a2a);
+  return joined_ag;
+}
+
 }  // namespace
 
 absl::Status FusedAllToAllAllGather(Communicator& a2a, Communicator& ag, const void* in, void* out,
@@ -180,6 +297,9 @@ absl::Status FusedAllToAllAllGather(Communicator& a2a, Communicator& ag, const v
     int64_t step_bytes = 0;
     for (int q = 0; q < n; ++q) step_bytes += layout.chunk_bytes[q][i];
     scratch_bytes = std::max(scratch_bytes, step_bytes);
+  }
+  if (const OnStreams on = DeviceCommunicators(a2a, ag, in, out, layout); on.a2a != nullptr) {
+    return FusedOnStreams(*on.a2a, *on.ag, src, dst, layout, send_offset, scratch_bytes);
   }
   std::vector<char> scratch(scratch_bytes);
 

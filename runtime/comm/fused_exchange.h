@@ -9,10 +9,21 @@
 // Every member of `ag` runs the same steps, so the all-gather of step i collects, from every
 // member q, the chunk q received at ITS step i; the caller says where each of those lands in `out`.
 //
+// On device communicators (both StreamCommunicators of one device, stream_communicator.h, with
+// `in` and `out` in its memory: NCCL on a GPU, the emulated device's transport elsewhere) the same
+// steps overlap on the device instead of on host threads: the calling thread enqueues everything,
+// the all-to-all's steps on a2a's communication stream and step i's all-gather (and the copies
+// that place its chunks) on ag's, which waits, per step, for an event recorded on a2a's stream
+// after step i's Recv. Both streams first wait for the caller's current stream (the producer of
+// `in`), and the caller's stream waits for both at the end, so `out` is ready in its order, as for
+// any collective on a StreamCommunicator; the call returns once everything is enqueued.
+//
 // Communication, per call and rank: on `a2a` G-1 Sends and G-1 Recvs (tags kFusedExchangeTagBase
 // + step; a pair's messages with one tag stay in order, so back-to-back calls do not mix) and one
-// WaitSends; on `ag` exactly G AllGatherV calls (one per step, zero-byte ones included), each with
-// recv_bytes {chunk_bytes[q][i] for q}. The byte counters follow communicator.h.
+// WaitSends (not on device communicators: there each step's sends are posted with its Recv and
+// complete in a2a's stream order, which the caller's stream joins); on `ag` exactly G AllGatherV
+// calls (one per step, zero-byte ones included), each with recv_bytes {chunk_bytes[q][i] for q}.
+// The byte counters follow communicator.h.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +68,8 @@ struct FusedLayout {
 // Neither communicator is aborted here: a local failure is returned, not spread.
 //
 // Thread-safety: `a2a` is driven by the calling thread and `ag` by a thread this call starts and
-// joins before it returns; neither may be used by anyone else during the call. `in` must not
-// overlap `out`.
+// joins before it returns (on device communicators, both by the calling thread); neither may be
+// used by anyone else during the call. `in` must not overlap `out`.
 absl::Status FusedAllToAllAllGather(Communicator& a2a, Communicator& ag, const void* in, void* out,
                                     int64_t out_bytes, const FusedLayout& layout);
 

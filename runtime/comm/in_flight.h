@@ -1,6 +1,8 @@
 // Which collectives this process is blocked in right now: the communicators mark each call on
-// entry and clear the mark on return, so a watchdog on another thread can say WHAT a stuck rank
-// is waiting for ("all_reduce on dp[0,1] (2 ranks) for 30 s") instead of only that it stopped.
+// entry and clear the mark on return (a stream-ordered collective, which returns once enqueued,
+// from its enqueue until its stream has passed it: comm_watchdog.h), so a watchdog on another
+// thread can say WHAT a stuck rank is waiting for ("all_reduce on dp[0,1] (2 ranks) for 30 s")
+// instead of only that it stopped.
 //
 // Why a process-wide registry: a rank runs its collectives on several communicators (one per
 // group) and, for the fused exchange, on two threads at once; the watchdog wants one place to

@@ -55,17 +55,25 @@ ncclResult_t Grouped(Fn&& issue) {
   return Failed(first) ? first : end;
 }
 
-// Polls a nonblocking communicator until its pending operation has left ncclInProgress.
-ncclResult_t WaitInit(ncclComm_t comm, Clock::time_point deadline, bool& timed_out) {
+// Polls a nonblocking communicator until its pending operation has left ncclInProgress, calling
+// `tick` (if any) about once a second.
+ncclResult_t WaitInit(ncclComm_t comm, Clock::time_point deadline, bool& timed_out,
+                      const std::function<void()>& tick = nullptr) {
   timed_out = false;
+  Clock::time_point next_tick = Clock::now() + std::chrono::seconds(1);
   while (true) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
     if (Failed(result)) return result;
     if (state != ncclInProgress) return state;
-    if (Clock::now() >= deadline) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
       timed_out = true;
       return ncclInProgress;
+    }
+    if (tick && now >= next_tick) {
+      tick();
+      next_tick = now + std::chrono::seconds(1);
     }
     std::this_thread::sleep_for(kPollInterval);
   }
@@ -486,7 +494,7 @@ class NcclCommunicator final : public Communicator {
 };
 
 absl::StatusOr<ncclUniqueId> ShareUniqueId(KvStore& store, const std::string& what, int rank,
-                                           double timeout_s) {
+                                           const NcclOptions& options) {
   ncclUniqueId id;
   if (rank == 0) {
     const ncclResult_t result = ncclGetUniqueId(&id);
@@ -497,12 +505,24 @@ absl::StatusOr<ncclUniqueId> ShareUniqueId(KvStore& store, const std::string& wh
     RETURN_IF_ERROR(store.Set(kUniqueIdKey, std::string(id.internal, sizeof(id.internal))));
     return id;
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> values, store.Get({kUniqueIdKey}, timeout_s));
-  if (values[0].size() != sizeof(id.internal)) {
-    return absl::InternalError(absl::StrFormat("%s: the published NCCL id has %d bytes, want %d",
-                                               what, values[0].size(), sizeof(id.internal)));
+  // In slices of at most a second, so the caller's tick runs while rank 0 is not there yet.
+  const Clock::time_point deadline =
+      Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  absl::StatusOr<std::vector<std::string>> values;
+  while (true) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const double slice = options.on_wait_tick ? std::min(1.0, std::max(left, 0.0)) : left;
+    values = store.Get({kUniqueIdKey}, slice);
+    if (values.ok() || !absl::IsDeadlineExceeded(values.status()) || slice >= left) break;
+    options.on_wait_tick();
   }
-  std::memcpy(id.internal, values[0].data(), sizeof(id.internal));
+  if (!values.ok()) return values.status();
+  if ((*values)[0].size() != sizeof(id.internal)) {
+    return absl::InternalError(absl::StrFormat("%s: the published NCCL id has %d bytes, want %d",
+                                               what, (*values)[0].size(), sizeof(id.internal)));
+  }
+  std::memcpy(id.internal, (*values)[0].data(), sizeof(id.internal));
   return id;
 }
 
@@ -525,7 +545,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KvStore& st
                                                   cudaGetErrorString(err)));
   }
   PrefixedKvStore scoped(store, prefix);
-  absl::StatusOr<ncclUniqueId> id = ShareUniqueId(scoped, what, rank, options.timeout_s);
+  absl::StatusOr<ncclUniqueId> id = ShareUniqueId(scoped, what, rank, options);
   if (!id.ok()) {
     return absl::Status(id.status().code(), absl::StrCat(what, ": ", id.status().message()));
   }
@@ -538,7 +558,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KvStore& st
   if (!Failed(result) && comm != nullptr) {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(options.timeout_s));
-    result = WaitInit(comm, deadline, timed_out);
+    result = WaitInit(comm, deadline, timed_out, options.on_wait_tick);
   }
   if (result != ncclSuccess || comm == nullptr) {
     const std::string last = comm != nullptr ? ncclGetLastError(comm) : "";

@@ -33,6 +33,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,8 @@ struct NcclOptions {
   cudaStream_t stream = nullptr;  // where everything is enqueued; not owned, must outlive
   // Bounds rendezvous (the unique id, the communicator's init) and every host-side wait.
   double timeout_s = 300;
+  // Called at least once a second while the rendezvous waits (the worker's progress heartbeat).
+  std::function<void()> on_wait_tick;
 };
 
 // Rank 0 creates the NCCL unique id and publishes it through `store` under "<prefix>/nccl_id";

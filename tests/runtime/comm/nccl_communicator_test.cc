@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "fork_world.h"
+#include "gpu_children.h"
 #include "gtest/gtest.h"
 #include "runtime/comm/file_kv_store.h"
 
@@ -28,25 +29,7 @@ using forked::ChildExit;
 using forked::RunForked;
 using forked::TempDir;
 
-// The number of CUDA devices, asked in a child process; 0 when CUDA fails.
-int ProbeGpuCount() {
-  std::vector<ChildExit> exits = RunForked(
-      1,
-      [](int) {
-        int count = 0;
-        if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
-        return std::min(count, 100);
-      },
-      60);
-  return exits[0].exited ? exits[0].code : 0;
-}
-
-#define SKIP_WITHOUT_GPUS(needed)                                                           \
-  do {                                                                                      \
-    const int gpus_ = ProbeGpuCount();                                                      \
-    if (gpus_ == 0) GTEST_SKIP() << "no GPU: cudaGetDeviceCount returned 0 or failed";      \
-    if (gpus_ < (needed)) GTEST_SKIP() << "needs " << (needed) << " GPUs, found " << gpus_; \
-  } while (0)
+using forked::ProbeGpuCount;
 
 // Device buffer holding a copy of a host vector; Read() copies it back (synchronising).
 template <typename T>
