@@ -30,15 +30,18 @@
 // calling thread's current stream (current_stream.h: StreamScope; none set: the device's default
 // stream). On a device with streams an op ENQUEUES and returns, as a CUDA launch does (the CUDA
 // kernels in kernels/cuda take a cudaStream_t and, for GEMMs, a cublasHandle_t: the CUDA table
-// passes CurrentStream()->native() and a per-device handle set to that stream), so its outputs
-// may be read only after the stream passes it: SynchronizeStream, or an event recorded after it
-// and waited by the consumer's stream. Work on two streams is ordered only by events. Host
-// arguments (the grouped GEMMs' offsets, the dispatch plan, scalars) are read or copied at the
-// call; the CUDA table copies the plan's slot/token arrays to the device on the same stream (its
-// kernels take a DeviceDispatchPlan). An op returning a host scalar (aux_loss_forward,
-// sum_of_squares) synchronizes the current stream. The CPU table runs every op on the calling
-// thread before returning, which satisfies the same contract.
+// passes CurrentStream()->native() and a handle of its own per (thread, device, stream)), so its
+// outputs may be read only after the stream passes it: SynchronizeStream, or an event recorded
+// after it and waited by the consumer's stream. Work on two streams is ordered only by events.
+// Host arguments (the grouped GEMMs' offsets, the dispatch plan, add_row's row, scalars) are read
+// or copied at the call; the CUDA table copies the plan's slot/token arrays (and the row) to the
+// device on the same stream (its kernels take a DeviceDispatchPlan). An op returning a host scalar
+// (aux_loss_forward, sum_of_squares) synchronizes the current stream. The CPU table runs every op
+// on the calling thread before returning, which satisfies the same contract.
 //
+// Errors: the ops return void (or a host scalar); a failure inside one is the device's sticky
+// error (emulated_device.h, cuda_device.h), returned by its next SynchronizeStream/Event; a host
+// scalar is then NaN. The CPU table's kernels cannot fail.
 // Thread-safety: tables are immutable and live for the whole program; the ops are as reentrant as
 // the kernels (CPU: any number of threads on disjoint outputs).
 #pragma once

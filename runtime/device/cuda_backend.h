@@ -27,8 +27,9 @@
 // (e.g. a host pointer given as device memory) is CUDA's own sticky context error, reported by
 // the next synchronisation. aux_loss_forward and sum_of_squares return NaN on any error. Pointer
 // arguments are not checked (that would cost a driver call per pointer); an op whose device
-// cannot be resolved (no CUDA current stream and a first pointer no live CudaDevice owns) stops
-// the program with the op's name, as the emulated table does.
+// cannot be resolved (no CUDA current stream and a first non-null pointer no live CudaDevice
+// owns) stops the program with the op's name, as the emulated table does; with no current stream
+// and only null pointers (an empty op) it does nothing.
 // Thread-safety: tables are immutable; any number of threads may call them, each on its own
 // streams.
 #pragma once

@@ -119,9 +119,11 @@ CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op
       stream_ = static_cast<cudaStream_t>(current->native());
     }
   }
+  bool any_pointer = false;
   if (device_ == nullptr) {
     for (const void* p : pointers) {
       if (p == nullptr) continue;
+      any_pointer = true;
       cudaPointerAttributes attributes{};
       if (cudaPointerGetAttributes(&attributes, p) == cudaSuccess &&
           attributes.type == cudaMemoryTypeDevice) {
@@ -132,6 +134,11 @@ CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op
       break;
     }
     if (device_ != nullptr) stream_ = static_cast<cudaStream_t>(device_->default_stream().native());
+  }
+  if (device_ == nullptr && !any_pointer) {
+    // No stream and no memory named (an empty op with null pointers): nothing to run or report.
+    ok_ = false;
+    return;
   }
   if (device_ == nullptr) {
     std::fprintf(stderr,
@@ -151,6 +158,7 @@ CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op
 }
 
 CudaOp::~CudaOp() {
+  if (device_ == nullptr) return;
   for (void* p : scratch_) device_->Free(p);
   const std::string error = kernels::cuda::TakeLastError();
   if (!error.empty()) Fail(absl::InternalError(error));
@@ -158,6 +166,7 @@ CudaOp::~CudaOp() {
 
 void CudaOp::Fail(absl::Status status) {
   ok_ = false;
+  if (device_ == nullptr) return;
   device_->SetStickyError(
       absl::Status(status.code(), absl::StrCat("cuda backend: ", op_, ": ", status.message())));
 }
@@ -209,6 +218,7 @@ void* CudaOp::Upload(const void* host, size_t bytes) {
 }
 
 bool CudaOp::Synchronize() {
+  if (device_ == nullptr) return false;
   const std::string launch = kernels::cuda::TakeLastError();
   if (!launch.empty()) Fail(absl::InternalError(launch));
   const cudaError_t err = cudaStreamSynchronize(stream_);

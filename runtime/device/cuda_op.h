@@ -27,9 +27,9 @@ class CudaOp {
   CudaOp(const CudaOp&) = delete;
   CudaOp& operator=(const CudaOp&) = delete;
 
-  // False once something failed (recorded as the sticky error): skip the rest of the op.
+  // False once something failed (recorded as the sticky error), or when there is nothing to run
+  // on (no CUDA current stream and only null pointers: an empty op): skip the rest of the op.
   bool ok() const { return ok_; }
-  CudaDevice& device() { return *device_; }
   cudaStream_t stream() const { return stream_; }
   // The (thread, device, stream) handle; nullptr (and !ok()) when it cannot be created.
   cublasHandle_t cublas();

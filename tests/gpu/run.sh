@@ -132,7 +132,10 @@ elif ((budget - SECONDS < 10)); then
 else
   log "ctest -L gpu ($(left) s left)"
   tests_start=$SECONDS
-  timeout "$(left)" ctest --test-dir "$build_dir" -L gpu --timeout 300 -j "$(nproc)" \
+  # One BLAS thread per test process: ctest runs one process per core, and the CPU oracles of the
+  # gpu tests would otherwise start a thread per core each.
+  OPENBLAS_NUM_THREADS=1 timeout "$(left)" ctest --test-dir "$build_dir" -L gpu --timeout 300 \
+    -j "$(nproc)" \
     --output-on-failure --output-junit "$work/gpu-junit.xml" >"$work/ctest.log" 2>&1
   rc=$?
   echo "\`ctest -L gpu\` exit status $rc in $((SECONDS - tests_start)) s." >>"$work/body.md"

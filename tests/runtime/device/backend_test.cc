@@ -119,6 +119,10 @@ TEST(BackendTest, CudaKindGivesTheCudaTables) {
   EXPECT_EQ(a.permute_forward, b.permute_forward);
   EXPECT_EQ(a.adamw_update, b.adamw_update);
   EXPECT_EQ(a.sum_of_squares, b.sum_of_squares);
+  // The dispatch plan is built on the host, by the CPU's functions, in every table.
+  EXPECT_EQ(a.make_dispatch_plan, &k::MakeDispatchPlan);
+  EXPECT_EQ(a.make_dispatch_plan_slice, &k::MakeDispatchPlanSlice);
+  EXPECT_EQ(b.make_dispatch_plan_slice, &k::MakeDispatchPlanSlice);
 }
 #else
 TEST(BackendTest, CudaKindIsRefusedWithoutCuda) {
