@@ -6,27 +6,55 @@
 //             dQ += scale * dS K;  dK += scale * dS^T Q
 // q, k and v are strided views into qkv (leading dimension 3C), out and dout have leading
 // dimension C, so no head is ever copied. The backward keeps one (kRowBlock, T) scratch per thread.
+//
+// The bf16 variants (attention_bf16.h) are the same code with kBf16: qkv and dout are read from
+// bf16-rounded copies, and the probabilities (forward and dV) and dS are rounded into a block
+// scratch before they enter a product; att itself stays the fp32 softmax. With kBf16 false every
+// step is the fp32 code as it always was.
 #include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "fast_math.h"
 #include "gemm.h"
+#include "kernels/attention_bf16.h"
+#include "kernels/cast.h"
 
 namespace furnace::kernels::cpu {
 using internal::Gemm;
 namespace {
 constexpr int kRowBlock = 128;
-}  // namespace
 
-template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, int B, int Tlen, int C, int NH) {
+// A bf16-rounded copy of x (n floats).
+std::unique_ptr<float[]> RoundedCopy(const float* x, int64_t n) {
+  std::unique_ptr<float[]> r(new float[n > 0 ? n : 1]);
+  RoundToBf16(r.get(), x, n);
+  return r;
+}
+
+// Rounds rows [0, rows) x cols [0, cols) of a (.., ld) block to bf16 into dst (same layout).
+void RoundBlock(float* dst, const float* src, int rows, int cols, int ld) {
+  for (int r = 0; r < rows; ++r) {
+    RoundToBf16(dst + static_cast<int64_t>(r) * ld, src + static_cast<int64_t>(r) * ld, cols);
+  }
+}
+
+template <typename T, bool kBf16>
+void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   const int hs = C / NH;
   const int ld = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  std::unique_ptr<T[]> qkv_r;
+  std::vector<T> p_r;  // (kRowBlock, T): the rounded probabilities of a block (bf16 only)
+  if constexpr (kBf16) {
+    qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
+    p_r.resize(static_cast<size_t>(kRowBlock) * Tlen);
+  }
+  const T* qkv = kBf16 ? qkv_r.get() : qkv_in;
   for (int b = 0; b < B; ++b) {
     const T* qkv_b = qkv + static_cast<int64_t>(b) * Tlen * ld;
     for (int h = 0; h < NH; ++h) {
@@ -48,22 +76,36 @@ void AttentionForward(T* out, T* att, const T* qkv, int B, int Tlen, int C, int 
           internal::ScaleInPlace(row, T(1) / sum, t + 1);
           std::fill(row + t + 1, row + Tlen, T(0));
         }
-        Gemm(false, false, rows, hs, r1, T(1), a_blk, Tlen, v, ld, T(0),
+        const T* p_blk = a_blk;
+        if constexpr (kBf16) {
+          RoundBlock(p_r.data(), a_blk, rows, r1, Tlen);
+          p_blk = p_r.data();
+        }
+        Gemm(false, false, rows, hs, r1, T(1), p_blk, Tlen, v, ld, T(0),
              o + static_cast<int64_t>(r0) * C, C);
       }
     }
   }
 }
 
-template <typename T>
-void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tlen, int C,
-                       int NH) {
+template <typename T, bool kBf16>
+void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, int Tlen, int C,
+              int NH) {
   const int hs = C / NH;
   const int ld = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   thread_local std::vector<T> scratch;
   scratch.resize(static_cast<size_t>(kRowBlock) * Tlen);
   T* ds = scratch.data();  // (rows, r1) of the current block, leading dimension Tlen
+  std::unique_ptr<T[]> qkv_r, dout_r;
+  std::vector<T> p_r;  // (kRowBlock, T): the rounded probabilities of a block (bf16 only)
+  if constexpr (kBf16) {
+    qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
+    dout_r = RoundedCopy(dout_in, static_cast<int64_t>(B) * Tlen * C);
+    p_r.resize(static_cast<size_t>(kRowBlock) * Tlen);
+  }
+  const T* qkv = kBf16 ? qkv_r.get() : qkv_in;
+  const T* dout = kBf16 ? dout_r.get() : dout_in;
   for (int b = 0; b < B; ++b) {
     const int64_t off_b = static_cast<int64_t>(b) * Tlen * ld;
     for (int h = 0; h < NH; ++h) {
@@ -80,8 +122,13 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
         const int rows = r1 - r0;
         const T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
         const T* d_blk = d + static_cast<int64_t>(r0) * C;
+        const T* p_blk = a_blk;
+        if constexpr (kBf16) {
+          RoundBlock(p_r.data(), a_blk, rows, r1, Tlen);
+          p_blk = p_r.data();
+        }
         // dV[0:r1] += att[r0:r1, 0:r1]^T @ dout[r0:r1]
-        Gemm(true, false, r1, hs, rows, T(1), a_blk, Tlen, d_blk, C, T(1), dv, ld);
+        Gemm(true, false, r1, hs, rows, T(1), p_blk, Tlen, d_blk, C, T(1), dv, ld);
         // datt = dout[r0:r1] @ V[0:r1]^T, then the softmax backward in place.
         Gemm(false, true, rows, r1, hs, T(1), d_blk, C, v, ld, T(0), ds, Tlen);
         for (int t = r0; t < r1; ++t) {
@@ -92,6 +139,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
           for (int j = 0; j <= t; ++j) drow[j] = arow[j] * (drow[j] - dot);
           for (int j = t + 1; j < r1; ++j) drow[j] = 0;
         }
+        if constexpr (kBf16) RoundBlock(ds, ds, rows, r1, Tlen);
         // dQ[r0:r1] += scale * dS @ K[0:r1];  dK[0:r1] += scale * dS^T @ Q[r0:r1]
         Gemm(false, false, rows, hs, r1, scale, ds, Tlen, k, ld, T(1),
              dq + static_cast<int64_t>(r0) * ld, ld);
@@ -100,6 +148,29 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
       }
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int B, int Tlen, int C, int NH) {
+  Forward<T, false>(out, att, qkv, B, Tlen, C, NH);
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tlen, int C,
+                       int NH) {
+  Backward<T, false>(dqkv, dout, qkv, att, B, Tlen, C, NH);
+}
+
+void AttentionForwardBf16(float* out, float* att, const float* qkv, int B, int Tlen, int C,
+                          int NH) {
+  Forward<float, true>(out, att, qkv, B, Tlen, C, NH);
+}
+
+void AttentionBackwardBf16(float* dqkv, const float* dout, const float* qkv, const float* att,
+                           int B, int Tlen, int C, int NH) {
+  Backward<float, true>(dqkv, dout, qkv, att, B, Tlen, C, NH);
 }
 
 #define FURNACE_INSTANTIATE(T)                                             \

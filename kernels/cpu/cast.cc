@@ -71,6 +71,10 @@ void CastBf16ToF32(float* out, const uint16_t* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(inp[i]);
 }
 
+void RoundToBf16(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(F32ToBf16(inp[i]));
+}
+
 void QuantizeFp8E4M3(uint8_t* out, float* scales, const float* inp, int64_t n, int block) {
   for (int64_t b0 = 0, blk = 0; b0 < n; b0 += block, ++blk) {
     const int64_t b1 = std::min<int64_t>(n, b0 + block);

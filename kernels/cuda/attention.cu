@@ -51,6 +51,22 @@ __global__ void CausalSoftmaxBackwardKernel(float* dp, const float* att, int64_t
 
 }  // namespace
 
+namespace internal {
+void CausalSoftmax(float* att, int64_t rows, int Tlen, cudaStream_t stream, const char* op) {
+  if (rows <= 0) return;
+  CausalSoftmaxKernel<<<static_cast<unsigned>(CeilDiv(rows, kWarpsPerBlock)), kWarpsPerBlock * 32,
+                        0, stream>>>(att, rows, Tlen);
+  FURNACE_CHECK_LAUNCH(op);
+}
+void CausalSoftmaxBackward(float* dp, const float* att, int64_t rows, int Tlen, cudaStream_t stream,
+                           const char* op) {
+  if (rows <= 0) return;
+  CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(CeilDiv(rows, kWarpsPerBlock)),
+                                kWarpsPerBlock * 32, 0, stream>>>(dp, att, rows, Tlen);
+  FURNACE_CHECK_LAUNCH(op);
+}
+}  // namespace internal
+
 void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen, int C, int NH,
                       cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "AttentionForward";

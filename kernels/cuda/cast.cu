@@ -19,6 +19,19 @@ __global__ void F32ToBf16Kernel(uint16_t* out, const float* inp, int64_t n) {
   }
 }
 
+// 4 elements per step from 16-byte loads (inp 16-byte aligned), 8-byte stores.
+__global__ void F32ToBf16x4Kernel(__nv_bfloat16* out, const float4* inp, int64_t n4) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n4;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float4 v = inp[i];
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + 4 * i);
+    o[0] = lo;
+    o[1] = hi;
+  }
+}
+
 __global__ void Bf16ToF32Kernel(float* out, const uint16_t* inp, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -52,6 +65,27 @@ __global__ void DequantizeKernel(float* out, const uint8_t* inp, const float* sc
 }
 
 }  // namespace
+
+namespace internal {
+void ToBf16(__nv_bfloat16* out, const float* inp, int64_t n, cudaStream_t stream, const char* op) {
+  if (n <= 0) return;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(inp) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  int64_t done = 0;
+  if (aligned && n >= 4) {
+    const int64_t n4 = n / 4;
+    F32ToBf16x4Kernel<<<GridFor(n4, kBlock), kBlock, 0, stream>>>(
+        out, reinterpret_cast<const float4*>(inp), n4);
+    if (!FURNACE_CHECK_LAUNCH(op)) return;
+    done = n4 * 4;
+  }
+  if (done < n) {
+    F32ToBf16Kernel<<<GridFor(n - done, kBlock), kBlock, 0, stream>>>(
+        reinterpret_cast<uint16_t*>(out + done), inp + done, n - done);
+    FURNACE_CHECK_LAUNCH(op);
+  }
+}
+}  // namespace internal
 
 void CastF32ToBf16(uint16_t* out, const float* inp, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

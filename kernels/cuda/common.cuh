@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,7 +26,38 @@ bool BindCublas(cublasHandle_t handle, cudaStream_t stream, const char* op);
 // out[c] += sum_n in[n * C + c]; deterministic (one block owns a column strip).
 void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStream_t stream);
 
+// Shared launchers of one op's file used by another's (defined where the comment says).
+// cast.cu: out (n) = inp rounded to bf16 (nearest even), 16-byte loads where aligned.
+void ToBf16(__nv_bfloat16* out, const float* inp, int64_t n, cudaStream_t stream, const char* op);
+// matmul.cu: out (N, OC) = bias (OC) broadcast over rows.
+void BroadcastBias(float* out, const float* bias, int64_t N, int OC, cudaStream_t stream,
+                   const char* op);
+// attention.cu: the causal softmax of `rows` rows of length Tlen in place (row i of each (T, T)
+// matrix over j <= i, zeros above), and its backward dS = P * (dP - rowsum(P * dP)) in place in dp.
+void CausalSoftmax(float* att, int64_t rows, int Tlen, cudaStream_t stream, const char* op);
+void CausalSoftmaxBackward(float* dp, const float* att, int64_t rows, int Tlen, cudaStream_t stream,
+                           const char* op);
+
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Carves a byte workspace into 256-byte aligned pieces (cuBLAS wants 16-byte aligned operands).
+inline constexpr size_t kWorkspaceAlign = 256;
+inline constexpr size_t AlignUp(size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(void* base) : next_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* Take(int64_t n) {
+    T* p = reinterpret_cast<T*>(next_);
+    next_ += AlignUp(static_cast<size_t>(n) * sizeof(T));
+    return p;
+  }
+
+ private:
+  char* next_;
+};
 // Grid for a grid-stride loop over n elements.
 inline unsigned GridFor(int64_t n, int block) {
   int64_t blocks = CeilDiv(n, block);

@@ -67,6 +67,13 @@ void Backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
 
 }  // namespace
 
+namespace internal {
+void BroadcastBias(float* out, const float* bias, int64_t N, int OC, cudaStream_t stream,
+                   const char* op) {
+  ::furnace::kernels::cuda::BroadcastBias<float>(out, bias, N, OC, stream, op);
+}
+}  // namespace internal
+
 void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
                    int C, int OC, cublasHandle_t handle, cudaStream_t stream) {
   if (!internal::BindCublas(handle, stream, "MatmulForward")) return;
@@ -80,10 +87,10 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
   Backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, handle, stream, "MatmulBackward");
 }
 
-void MatmulForwardBf16(__nv_bfloat16* out, const __nv_bfloat16* inp, const __nv_bfloat16* weight,
-                       const __nv_bfloat16* bias, int N, int C, int OC, cublasHandle_t handle,
-                       cudaStream_t stream) {
-  const char* op = "MatmulForwardBf16";
+void MatmulForwardBf16Storage(__nv_bfloat16* out, const __nv_bfloat16* inp,
+                              const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
+                              int OC, cublasHandle_t handle, cudaStream_t stream) {
+  const char* op = "MatmulForwardBf16Storage";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (N == 0 || OC == 0) return;
   float alpha = 1.0f, beta = 0.0f;

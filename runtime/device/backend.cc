@@ -1,6 +1,9 @@
 #include "runtime/device/backend.h"
 
 #include "absl/strings/str_cat.h"
+#if FURNACE_HAVE_CUDA
+#include "runtime/device/cuda_backend.h"
+#endif
 
 namespace furnace::device {
 
@@ -27,26 +30,27 @@ const char* PrecisionName(Precision precision) {
 }
 
 absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision) {
-  if (precision == Precision::kBf16) {
-    if (kind == Kind::kCpu) {
-      return absl::UnimplementedError(
-          "precision bf16: the CPU trains in fp32 (bf16 GEMMs run on a discrete device: cuda, or "
-          "the emulated device)");
-    }
-    return absl::UnimplementedError(
-        absl::StrCat("no bf16 backend for device kind '", KindName(kind), "' in this build"));
-  }
+  const bool bf16 = precision == Precision::kBf16;
   switch (kind) {
     case Kind::kCpu:
+      if (bf16) {
+        return absl::UnimplementedError(
+            "precision bf16: the CPU trains in fp32 (bf16 GEMMs run on a discrete device: cuda, "
+            "or the emulated device)");
+      }
       return &CpuBackend();
     case Kind::kEmulated:
-      return &EmulatedBackend();
+      return bf16 ? &EmulatedBf16Backend() : &EmulatedBackend();
     case Kind::kCuda:
-      break;  // The CUDA table comes with the GPU training path.
+#if FURNACE_HAVE_CUDA
+      return bf16 ? &CudaBf16Backend() : &CudaBackend();
+#else
+      break;
+#endif
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "no backend for device kind '", KindName(kind),
-      "': this build runs the model and the optimizer only on the CPU backend (kernels::cpu)"));
+  return absl::UnimplementedError(
+      absl::StrCat("no backend for device kind '", KindName(kind), "' at precision ",
+                   PrecisionName(precision), ": this build has no CUDA (FURNACE_ENABLE_CUDA=OFF)"));
 }
 
 absl::StatusOr<const Backend*> BackendFor(const Device& device, Precision precision) {

@@ -9,31 +9,39 @@
 // arguments are memory of the table's device, except where the kernel header says host (the
 // dispatch plan is built on the host from host routing indices, as the CUDA permute ops expect).
 //
-// Backends: cpu (kernels::cpu, always) and emulated (kernels::cpu enqueued on the emulated
-// device's streams, emulated_device.h). The CUDA table comes with the GPU training path; until
-// then a CUDA device has no backend and BackendFor refuses it, which is what GptMoe::Create and the
-// worker report.
+// Backends: cpu (kernels::cpu, always), emulated (kernels::cpu enqueued on the emulated device's
+// streams, emulated_device.h; always) and cuda (kernels::cuda on the CUDA device's streams,
+// cuda_backend.h; in builds with FURNACE_ENABLE_CUDA, else BackendFor refuses the kind).
 //
 // Precision (model.precision): a table computes either in fp32 throughout, or (kBf16) its GEMMs
 // (matmul and grouped matmul, forward and backward, and the products inside attention) with bf16
 // operands, fp32 accumulation and fp32 results, as the tensor cores do; every other op, the
 // parameters (fp32 master weights), the gradients and the optimizer state stay fp32, and the
 // signatures do not change (the table rounds the operands itself). So precision is a choice of
-// table, and the model's code is the same for both. The CPU trains in fp32 only.
+// table, and the model's code is the same for both. The CPU trains in fp32 only. The arithmetic
+// of a bf16 op is kernels/matmul_bf16.h and attention_bf16.h (the CPU oracle, which the emulated
+// bf16 table runs); the CUDA bf16 table rounds the same way (round to nearest even) and differs
+// from that oracle only in the order of its fp32 sums. Its bf16 copies of the operands live in
+// scratch the table allocates and frees around each op (stream-ordered, Device::Allocate/Free):
+// like cuBLAS's own workspace they are outside the job's activation budget (DeviceArena).
+// How far bf16 results are from fp32 ones: kBf16*Tolerance below.
 //
 // Streams (the contract every device table follows, and the CUDA table must): an op runs on the
 // calling thread's current stream (current_stream.h: StreamScope; none set: the device's default
 // stream). On a device with streams an op ENQUEUES and returns, as a CUDA launch does (the CUDA
 // kernels in kernels/cuda take a cudaStream_t and, for GEMMs, a cublasHandle_t: the CUDA table
-// passes CurrentStream()->native() and a per-device handle set to that stream), so its outputs
-// may be read only after the stream passes it: SynchronizeStream, or an event recorded after it
-// and waited by the consumer's stream. Work on two streams is ordered only by events. Host
-// arguments (the grouped GEMMs' offsets, the dispatch plan, scalars) are read or copied at the
-// call; the CUDA table copies the plan's slot/token arrays to the device on the same stream (its
-// kernels take a DeviceDispatchPlan). An op returning a host scalar (aux_loss_forward,
-// sum_of_squares) synchronizes the current stream. The CPU table runs every op on the calling
-// thread before returning, which satisfies the same contract.
+// passes CurrentStream()->native() and a handle of its own per (thread, device, stream)), so its
+// outputs may be read only after the stream passes it: SynchronizeStream, or an event recorded
+// after it and waited by the consumer's stream. Work on two streams is ordered only by events.
+// Host arguments (the grouped GEMMs' offsets, the dispatch plan, add_row's row, scalars) are read
+// or copied at the call; the CUDA table copies the plan's slot/token arrays (and the row) to the
+// device on the same stream (its kernels take a DeviceDispatchPlan). An op returning a host scalar
+// (aux_loss_forward, sum_of_squares) synchronizes the current stream. The CPU table runs every op
+// on the calling thread before returning, which satisfies the same contract.
 //
+// Errors: the ops return void (or a host scalar); a failure inside one is the device's sticky
+// error (emulated_device.h, cuda_device.h), returned by its next SynchronizeStream/Event; a host
+// scalar is then NaN. The CPU table's kernels cannot fail.
 // Thread-safety: tables are immutable and live for the whole program; the ops are as reentrant as
 // the kernels (CPU: any number of threads on disjoint outputs).
 #pragma once
@@ -146,11 +154,27 @@ struct Backend {
                               int block);
 };
 
+// The stated tolerance of a bf16 table against the fp32 CPU table, per op: ||out - ref|| / ||ref||
+// over each output buffer (an accumulated gradient starting from zero), on random inputs
+// (uniform in [-1, 1]) at the shapes of a 1B-class MoE (d 2048, f 5632, head width 128, T 1024).
+// A NaN or an infinity never passes. Measured on the emulated bf16 table, whose roundings the
+// CUDA bf16 table shares (only the order of its fp32 sums differs); `bf16_tolerance_test` prints
+// the values. Measured (OPENBLAS_NUM_THREADS=1 build/bin/bf16_tolerance_test): matmul and grouped
+// matmul forward and backward (both GEMMs of an expert, dinp and dweight) 2.1e-3 each; attention
+// out 2.2e-3, att 6.2e-4, dqkv 2.3e-3; with qkv 3x larger (sharper softmax) out 5.0e-3, att
+// 4.5e-3, dqkv 3.2e-3. The bounds leave 3x to 5x of headroom over those.
+// Every op not listed computes in fp32 in a bf16 table too, as in the fp32 table.
+inline constexpr double kBf16MatmulTolerance = 1e-2;       // matmul, grouped matmul: fwd and bwd
+inline constexpr double kBf16AttentionTolerance = 1.5e-2;  // attention: out, att and dqkv
+
 // The CPU table (kernels::cpu). Always available.
 const Backend& CpuBackend();
 // The emulated device's table: kernels::cpu enqueued on the current stream of an emulated device,
 // pointers translated (emulated_backend.cc). Always available.
 const Backend& EmulatedBackend();
+// The emulated device's bf16 table: the bf16 oracle kernels (kernels/matmul_bf16.h,
+// attention_bf16.h) for the GEMMs and attention, EmulatedBackend's ops for the rest.
+const Backend& EmulatedBf16Backend();
 
 // The table for a kind of device at a precision: the one place that decides which kinds have a
 // backend. Unimplemented, naming the kind and the precision, when there is none.

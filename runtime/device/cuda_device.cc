@@ -1,18 +1,37 @@
 // The CUDA device: memory from CUDA's stream-ordered allocator (cudaMallocAsync / cudaFreeAsync on
 // the calling thread's current stream, else the device's default stream, from the device's default
 // pool with its release threshold raised so freed bytes stay cached instead of going back to the
-// driver: the allocator is as cheap as a caching allocator and never synchronises the device, which
-// a plain cudaFree does), page-locked host memory, real streams and events, and
-// cudaMemcpyAsync/cudaMemsetAsync enqueued on the caller's stream. Every method first makes this
-// device current on the calling thread (the current device is per-thread state in CUDA), so one
-// Device may be used from several threads.
+// driver at each synchronisation: the allocator is as cheap as a caching allocator and never
+// synchronises the device, which a plain cudaFree does), page-locked host memory, real streams and
+// events, and cudaMemcpyAsync/cudaMemsetAsync enqueued on the caller's stream. Every method that
+// enqueues or allocates first makes this device current on the calling thread (the current device
+// is per-thread state in CUDA), so one Device may be used from several threads.
+//
+// CUDA facts this relies on (CUDA runtime API reference, 12.x/13.0):
+//  - A failing runtime call also sets the per-thread "last error" that cudaGetLastError returns
+//    and cudaPeekAtLastError peeks; the kernels check launches with the latter, so every failure
+//    handled here is cleared once it became a Status (cuda_status.h).
+//  - cudaMemPoolTrimTo cannot release what backs allocations freed asynchronously whose
+//    completion the host has not yet observed: an out-of-memory retry synchronises the device
+//    first, then trims, then tries once more.
+//  - cudaPointerGetAttributes on an unregistered host pointer succeeds with
+//    cudaMemoryTypeUnregistered (since CUDA 11); `device` names the GPU a device pointer was
+//    allocated on, which IsDeviceMemory compares with this device's ordinal.
+//  - Stream-ordered allocation needs cudaDevAttrMemoryPoolsSupported (every GPU since Pascal on a
+//    recent driver); CreateCudaDevice refuses a GPU without it (Unavailable).
+#include "runtime/device/cuda_device.h"
+
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/device/cuda_status.h"
 #include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
@@ -22,18 +41,26 @@ namespace {
 
 #define CUDA_CALL(call) FURNACE_CUDA_RETURN_IF_ERROR(call)
 
+class CudaDeviceImpl;
+
 class CudaStream final : public Stream {
  public:
-  CudaStream(int ordinal, cudaStream_t stream) : ordinal_(ordinal), stream_(stream) {}
+  CudaStream(CudaDeviceImpl* owner, int ordinal, cudaStream_t stream)
+      : owner_(owner), ordinal_(ordinal), stream_(stream) {}
   ~CudaStream() override {
+    // Work still queued completes first; the stream's resources go when it has (cudaStreamDestroy
+    // returns at once).
     cudaSetDevice(ordinal_);
     cudaStreamDestroy(stream_);
+    cudaGetLastError();
   }
   void* native() override { return stream_; }
+  CudaDeviceImpl* owner() const { return owner_; }
   int ordinal() const { return ordinal_; }
   cudaStream_t stream() const { return stream_; }
 
  private:
+  CudaDeviceImpl* owner_;
   int ordinal_;
   cudaStream_t stream_;
 };
@@ -44,6 +71,7 @@ class CudaEvent final : public Event {
   ~CudaEvent() override {
     cudaSetDevice(ordinal_);
     cudaEventDestroy(event_);
+    cudaGetLastError();
   }
   int ordinal() const { return ordinal_; }
   cudaEvent_t event() const { return event_; }
@@ -67,35 +95,53 @@ cudaMemcpyKind ToCuda(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
-class CudaDevice final : public Device {
+// The live devices, oldest first (LiveCudaDevice).
+absl::Mutex registry_mu(absl::kConstInit);
+std::vector<CudaDeviceImpl*>& Registry() ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_mu) {
+  static auto* devices = new std::vector<CudaDeviceImpl*>();
+  return *devices;
+}
+
+class CudaDeviceImpl final : public CudaDevice {
  public:
-  CudaDevice(int ordinal, std::string name, size_t total_memory,
-             std::unique_ptr<CudaStream> default_stream)
+  CudaDeviceImpl(int ordinal, std::string name, size_t total_memory, cudaStream_t default_stream)
       : ordinal_(ordinal),
         name_(std::move(name)),
         total_memory_(total_memory),
-        default_stream_(std::move(default_stream)) {}
+        default_stream_(std::make_unique<CudaStream>(this, ordinal, default_stream)) {
+    absl::MutexLock lock(&registry_mu);
+    Registry().push_back(this);
+  }
+  ~CudaDeviceImpl() override {
+    absl::MutexLock lock(&registry_mu);
+    auto& r = Registry();
+    r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  }
 
   Kind kind() const override { return Kind::kCuda; }
   std::string name() const override { return name_; }
   size_t total_memory() const override { return total_memory_; }
+  int ordinal() const override { return ordinal_; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     CUDA_CALL(cudaSetDevice(ordinal_));
+    if (bytes == 0) bytes = 1;  // a unique pointer, as the other devices give
     void* ptr = nullptr;
     const char* call = "cudaMallocAsync";
     cudaError_t err = cudaMallocAsync(&ptr, bytes, OrderingStream());
     if (err == cudaErrorMemoryAllocation) {
-      // The pool caches what was freed; give the cached bytes back to the driver and try once
-      // more before reporting out-of-memory.
+      // The pool caches what was freed; once every pending free has completed (a device-wide
+      // synchronisation: frees on other streams count), give the cached bytes back to the driver
+      // and try once more before reporting out-of-memory.
       cudaGetLastError();
       cudaMemPool_t pool = nullptr;
-      if (cudaDeviceGetDefaultMemPool(&pool, ordinal_) == cudaSuccess) {
-        cudaStreamSynchronize(OrderingStream());
+      if (cudaDeviceSynchronize() == cudaSuccess &&
+          cudaDeviceGetDefaultMemPool(&pool, ordinal_) == cudaSuccess) {
         cudaMemPoolTrimTo(pool, 0);
       }
+      cudaGetLastError();
       err = cudaMallocAsync(&ptr, bytes, OrderingStream());
-      call = "cudaMallocAsync (after trimming the pool)";
+      call = "cudaMallocAsync (after synchronising and trimming the pool)";
     }
     if (err != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is not sticky; clear it for later checks
@@ -106,22 +152,23 @@ class CudaDevice final : public Device {
   void Free(void* ptr) override {
     if (ptr == nullptr) return;
     cudaSetDevice(ordinal_);
-    cudaFreeAsync(ptr, OrderingStream());
+    if (cudaFreeAsync(ptr, OrderingStream()) != cudaSuccess) cudaGetLastError();
   }
   bool IsDeviceMemory(const void* ptr) const override {
     if (ptr == nullptr) return false;
     cudaPointerAttributes attributes{};
     if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
-      cudaGetLastError();  // an unregistered host pointer is not an error worth keeping
+      cudaGetLastError();
       return false;
     }
-    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+    // Managed memory is host-addressable, and another GPU's memory is not this device's.
+    return attributes.type == cudaMemoryTypeDevice && attributes.device == ordinal_;
   }
   Stream& default_stream() override { return *default_stream_; }
   absl::StatusOr<void*> AllocateHost(size_t bytes) override {
     CUDA_CALL(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
-    cudaError_t err = cudaMallocHost(&ptr, bytes);
+    cudaError_t err = cudaMallocHost(&ptr, bytes == 0 ? 1 : bytes);
     if (err != cudaSuccess) {
       cudaGetLastError();
       return CudaStatus(err, "cudaMallocHost", __FILE__, __LINE__);
@@ -129,14 +176,14 @@ class CudaDevice final : public Device {
     return ptr;
   }
   void FreeHost(void* ptr) override {
-    if (ptr != nullptr) cudaFreeHost(ptr);
+    if (ptr != nullptr && cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     CUDA_CALL(cudaSetDevice(ordinal_));
     cudaStream_t stream = nullptr;
     CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    return std::unique_ptr<Stream>(new CudaStream(ordinal_, stream));
+    return std::unique_ptr<Stream>(new CudaStream(this, ordinal_, stream));
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     CUDA_CALL(cudaSetDevice(ordinal_));
@@ -184,13 +231,23 @@ class CudaDevice final : public Device {
     auto e = Native(event);
     if (!e.ok()) return e.status();
     CUDA_CALL(cudaEventSynchronize(*e));
-    return absl::OkStatus();
+    return sticky_error();
   }
   absl::Status SynchronizeStream(Stream& stream) override {
     auto s = Native(stream);
     if (!s.ok()) return s.status();
     CUDA_CALL(cudaStreamSynchronize(*s));
-    return absl::OkStatus();
+    return sticky_error();
+  }
+
+  void SetStickyError(absl::Status error) override {
+    if (error.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (sticky_.ok()) sticky_ = std::move(error);
+  }
+  absl::Status sticky_error() const override {
+    absl::MutexLock lock(&mu_);
+    return sticky_;
   }
 
  private:
@@ -222,15 +279,30 @@ class CudaDevice final : public Device {
     return default_stream_->stream();
   }
 
-  int ordinal_;
-  std::string name_;
-  size_t total_memory_;
+  const int ordinal_;
+  const std::string name_;
+  const size_t total_memory_;
   std::unique_ptr<CudaStream> default_stream_;
+  mutable absl::Mutex mu_;
+  absl::Status sticky_ ABSL_GUARDED_BY(mu_);
 };
 
 #undef CUDA_CALL
 
 }  // namespace
+
+CudaDevice* CudaDeviceOf(Stream& stream) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  return cuda == nullptr ? nullptr : cuda->owner();
+}
+
+CudaDevice* LiveCudaDevice(int ordinal) {
+  absl::MutexLock lock(&registry_mu);
+  for (CudaDeviceImpl* d : Registry()) {
+    if (d->ordinal() == ordinal) return d;
+  }
+  return nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   int count = 0;
@@ -247,6 +319,14 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   cudaDeviceProp prop{};
   FURNACE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  int pools = 0;
+  FURNACE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal));
+  if (pools == 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cuda:%d (%s): no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported is 0)",
+        ordinal, prop.name));
+  }
   // Freed bytes stay in the default pool (a caching allocator) rather than going back to the
   // driver at every synchronisation.
   cudaMemPool_t pool = nullptr;
@@ -256,9 +336,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   cudaStream_t stream = nullptr;
   FURNACE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<Device>(
-      new CudaDevice(ordinal, absl::StrFormat("cuda:%d (%s)", ordinal, prop.name),
-                     prop.totalGlobalMem, std::make_unique<CudaStream>(ordinal, stream)));
+  return std::unique_ptr<Device>(new CudaDeviceImpl(
+      ordinal, absl::StrFormat("cuda:%d (%s)", ordinal, prop.name), prop.totalGlobalMem, stream));
 }
 
 }  // namespace furnace::device

@@ -11,6 +11,8 @@
 // (copied).
 // aux_loss_forward and sum_of_squares return a host scalar, so they synchronize the stream (as
 // the CUDA ops must copy the scalar back); NaN when the device has a sticky error.
+// Two tables: fp32 (EmulatedBackend) and bf16 (EmulatedBf16Backend: the GEMMs and attention are
+// the bf16 oracle kernels of kernels/matmul_bf16.h and attention_bf16.h, everything else shared).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/attention.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -32,6 +35,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_bf16.h"
 #include "kernels/optimizer.h"
 #include "kernels/permute.h"
 #include "kernels/router.h"
@@ -153,7 +157,9 @@ double SumOfSquares(const float* x, int64_t n) {
   return RunAndWait<double>(t, "sum_of_squares", [=] { return k::SumOfSquares(tx, n); });
 }
 
-// The grouped GEMMs read `offsets` (E + 1) from the host at launch, as cuBLAS does.
+// The grouped GEMMs read `offsets` (E + 1) from the host at launch, as cuBLAS does. Fn: the fp32
+// or the bf16 kernel.
+template <auto Fn>
 void GroupedMatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                           const int64_t* offsets, int E, int C, int OC) {
   const Target t = Resolve("grouped_matmul_forward", {out, inp, weight, bias});
@@ -163,10 +169,11 @@ void GroupedMatmulForward(float* out, const float* inp, const float* weight, con
   std::vector<int64_t> host_offsets(offsets, offsets + E + 1);
   LaunchOrRecord(t, "grouped_matmul_forward", [=] {
     auto [o, i, w, b] = bound;
-    k::GroupedMatmulForward<float>(o, i, w, b, host_offsets.data(), E, C, OC);
+    Fn(o, i, w, b, host_offsets.data(), E, C, OC);
   });
 }
 
+template <auto Fn>
 void GroupedMatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, const int64_t* offsets, int E,
                            int C, int OC) {
@@ -178,7 +185,7 @@ void GroupedMatmulBackward(float* dinp, float* dweight, float* dbias, const floa
   std::vector<int64_t> host_offsets(offsets, offsets + E + 1);
   LaunchOrRecord(t, "grouped_matmul_backward", [=] {
     auto [di, dw, db, dout_, in, w] = bound;
-    k::GroupedMatmulBackward<float>(di, dw, db, dout_, in, w, host_offsets.data(), E, C, OC);
+    Fn(di, dw, db, dout_, in, w, host_offsets.data(), E, C, OC);
   });
 }
 
@@ -194,6 +201,10 @@ void AddRow(float* out, const float* row, int64_t N, int C) {
 // Op names for errors (template arguments need objects with static storage).
 constexpr char kMatmulForward[] = "matmul_forward";
 constexpr char kMatmulBackward[] = "matmul_backward";
+constexpr char kMatmulForwardBf16[] = "matmul_forward (bf16)";
+constexpr char kMatmulBackwardBf16[] = "matmul_backward (bf16)";
+constexpr char kAttentionForwardBf16[] = "attention_forward (bf16)";
+constexpr char kAttentionBackwardBf16[] = "attention_backward (bf16)";
 constexpr char kAttentionForward[] = "attention_forward";
 constexpr char kAttentionBackward[] = "attention_backward";
 constexpr char kLayernormForward[] = "layernorm_forward";
@@ -228,8 +239,8 @@ constexpr Backend kEmulatedBackend = {
     .precision = Precision::kFp32,
     .matmul_forward = &Async<kMatmulForward, &k::MatmulForward<float>>::Run,
     .matmul_backward = &Async<kMatmulBackward, &k::MatmulBackward<float>>::Run,
-    .grouped_matmul_forward = &GroupedMatmulForward,
-    .grouped_matmul_backward = &GroupedMatmulBackward,
+    .grouped_matmul_forward = &GroupedMatmulForward<&k::GroupedMatmulForward<float>>,
+    .grouped_matmul_backward = &GroupedMatmulBackward<&k::GroupedMatmulBackward<float>>,
     .attention_forward = &Async<kAttentionForward, &k::AttentionForward<float>>::Run,
     .attention_backward = &Async<kAttentionBackward, &k::AttentionBackward<float>>::Run,
     .layernorm_forward = &Async<kLayernormForward, &k::LayerNormForward<float>>::Run,
@@ -265,8 +276,25 @@ constexpr Backend kEmulatedBackend = {
     .dequantize_fp8_e4m3 = &Async<kDequantizeFp8, &k::DequantizeFp8E4M3>::Run,
 };
 
+// The bf16 table (backend.h "Precision"): the fp32 table with the GEMMs and attention replaced by
+// the bf16 oracle kernels (kernels/matmul_bf16.h, attention_bf16.h), on the same streams.
+constexpr Backend MakeEmulatedBf16Backend() {
+  Backend b = kEmulatedBackend;
+  b.name = "emulated/bf16";
+  b.precision = Precision::kBf16;
+  b.matmul_forward = &Async<kMatmulForwardBf16, &k::MatmulForwardBf16>::Run;
+  b.matmul_backward = &Async<kMatmulBackwardBf16, &k::MatmulBackwardBf16>::Run;
+  b.grouped_matmul_forward = &GroupedMatmulForward<&k::GroupedMatmulForwardBf16>;
+  b.grouped_matmul_backward = &GroupedMatmulBackward<&k::GroupedMatmulBackwardBf16>;
+  b.attention_forward = &Async<kAttentionForwardBf16, &k::AttentionForwardBf16>::Run;
+  b.attention_backward = &Async<kAttentionBackwardBf16, &k::AttentionBackwardBf16>::Run;
+  return b;
+}
+constexpr Backend kEmulatedBf16Backend = MakeEmulatedBf16Backend();
+
 }  // namespace
 
 const Backend& EmulatedBackend() { return kEmulatedBackend; }
+const Backend& EmulatedBf16Backend() { return kEmulatedBf16Backend; }
 
 }  // namespace furnace::device

@@ -34,5 +34,15 @@ grep -Eq '^[0-9]+ passed, 0 failed, [0-9]+ skipped of [1-9][0-9]*\.' "$tmp/repor
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   grep -q 'no GPU: the gpu tests skip' "$tmp/report.md" || fail "the report should say no GPU"
   grep -q 'no GPU: the gpu tests skip' "$tmp/stderr" || fail "run.sh should say no GPU"
+  # Every registered GPU benchmark ran, exited 0 and said why it measured nothing.
+  if [ -s "$build/gpu_benches.txt" ]; then
+    while IFS= read -r b; do
+      [ -n "$b" ] || continue
+      grep -q "^### ${b##*/} (exit status 0" "$tmp/report.md" ||
+        fail "benchmark ${b##*/} did not run or did not exit 0 without a GPU"
+    done <"$build/gpu_benches.txt"
+    grep -q 'no GPU: .*nothing measured' "$tmp/report.md" ||
+      fail "the benchmarks should say they measured nothing"
+  fi
 fi
 echo "run_test.sh: ok"

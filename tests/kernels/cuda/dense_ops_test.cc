@@ -129,11 +129,11 @@ TEST(CudaKernelsTest, MatmulBf16) {
   cpu::CastBf16ToF32(bias.data(), b16.data(), bias.size());
   CublasHandle handle;
   DeviceBuffer<uint16_t> d_inp(inp16), d_w(w16), d_b(b16), d_out(N * OC);
-  MatmulForwardBf16(reinterpret_cast<__nv_bfloat16*>(d_out.get()),
-                    reinterpret_cast<const __nv_bfloat16*>(d_inp.get()),
-                    reinterpret_cast<const __nv_bfloat16*>(d_w.get()),
-                    reinterpret_cast<const __nv_bfloat16*>(d_b.get()), N, C, OC, handle.get(),
-                    nullptr);
+  MatmulForwardBf16Storage(reinterpret_cast<__nv_bfloat16*>(d_out.get()),
+                           reinterpret_cast<const __nv_bfloat16*>(d_inp.get()),
+                           reinterpret_cast<const __nv_bfloat16*>(d_w.get()),
+                           reinterpret_cast<const __nv_bfloat16*>(d_b.get()), N, C, OC,
+                           handle.get(), nullptr);
   ASSERT_KERNELS_OK();
   std::vector<float> out(N * OC), got(N * OC);
   cpu::MatmulForward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);

@@ -1,5 +1,6 @@
-// Backend selection: the CPU kind gives the table of kernels::cpu functions; a kind without a
-// backend (CUDA, until the GPU path is built) is refused with Unimplemented naming it.
+// Backend selection: the CPU kind gives the table of kernels::cpu functions (fp32 only), the
+// emulated kind its fp32 and bf16 tables, and the CUDA kind its tables in builds with CUDA (no GPU
+// is needed to select one) and an Unimplemented naming the kind and the precision elsewhere.
 #include "runtime/device/backend.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,11 @@
 #include "kernels/optimizer.h"
 #include "kernels/permute.h"
 #include "kernels/router.h"
+#include "runtime/device/emulated_device.h"
 #include "tests/runtime/device/fake_device.h"
+#if FURNACE_HAVE_CUDA
+#include "runtime/device/cuda_backend.h"
+#endif
 
 namespace furnace::device {
 namespace {
@@ -83,13 +88,54 @@ TEST(BackendTest, CpuTableComputes) {
   EXPECT_EQ(b.sum_of_squares(inp, 2), 5.0);
 }
 
-TEST(BackendTest, KindWithoutBackendIsRefused) {
-  absl::StatusOr<const Backend*> by_kind = BackendFor(Kind::kCuda);
-  ASSERT_FALSE(by_kind.ok());
-  EXPECT_EQ(by_kind.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(by_kind.status().message().find("no backend for device kind 'cuda'"), std::string::npos)
-      << by_kind.status();
+#if FURNACE_HAVE_CUDA
+TEST(BackendTest, CudaKindGivesTheCudaTables) {
+  absl::StatusOr<const Backend*> fp32 = BackendFor(Kind::kCuda);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(*fp32, &CudaBackend());
+  EXPECT_STREQ((*fp32)->name, "cuda");
+  EXPECT_EQ((*fp32)->precision, Precision::kFp32);
+  absl::StatusOr<const Backend*> bf16 = BackendFor(Kind::kCuda, Precision::kBf16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(*bf16, &CudaBf16Backend());
+  EXPECT_STREQ((*bf16)->name, "cuda/bf16");
+  EXPECT_EQ((*bf16)->precision, Precision::kBf16);
 
+  testing_util::FakeDevice gpu(Kind::kCuda, "cuda:3");
+  absl::StatusOr<const Backend*> by_device = BackendFor(gpu, Precision::kBf16);
+  ASSERT_TRUE(by_device.ok()) << by_device.status();
+  EXPECT_EQ(*by_device, &CudaBf16Backend());
+
+  // The bf16 table differs from the fp32 one exactly in the GEMMs and attention.
+  const Backend& a = CudaBackend();
+  const Backend& b = CudaBf16Backend();
+  EXPECT_NE(a.matmul_forward, b.matmul_forward);
+  EXPECT_NE(a.matmul_backward, b.matmul_backward);
+  EXPECT_NE(a.grouped_matmul_forward, b.grouped_matmul_forward);
+  EXPECT_NE(a.grouped_matmul_backward, b.grouped_matmul_backward);
+  EXPECT_NE(a.attention_forward, b.attention_forward);
+  EXPECT_NE(a.attention_backward, b.attention_backward);
+  EXPECT_EQ(a.layernorm_forward, b.layernorm_forward);
+  EXPECT_EQ(a.permute_forward, b.permute_forward);
+  EXPECT_EQ(a.adamw_update, b.adamw_update);
+  EXPECT_EQ(a.sum_of_squares, b.sum_of_squares);
+  // The dispatch plan is built on the host, by the CPU's functions, in every table.
+  EXPECT_EQ(a.make_dispatch_plan, &k::MakeDispatchPlan);
+  EXPECT_EQ(a.make_dispatch_plan_slice, &k::MakeDispatchPlanSlice);
+  EXPECT_EQ(b.make_dispatch_plan_slice, &k::MakeDispatchPlanSlice);
+}
+#else
+TEST(BackendTest, CudaKindIsRefusedWithoutCuda) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    absl::StatusOr<const Backend*> by_kind = BackendFor(Kind::kCuda, precision);
+    ASSERT_FALSE(by_kind.ok());
+    EXPECT_EQ(by_kind.status().code(), absl::StatusCode::kUnimplemented);
+    const std::string message(by_kind.status().message());
+    EXPECT_NE(message.find("no backend for device kind 'cuda' at precision"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find(PrecisionName(precision)), std::string::npos) << message;
+    EXPECT_NE(message.find("FURNACE_ENABLE_CUDA=OFF"), std::string::npos) << message;
+  }
   testing_util::FakeDevice gpu(Kind::kCuda, "cuda:3");
   absl::StatusOr<const Backend*> by_device = BackendFor(gpu);
   ASSERT_FALSE(by_device.ok());
@@ -97,6 +143,24 @@ TEST(BackendTest, KindWithoutBackendIsRefused) {
   const std::string message(by_device.status().message());
   EXPECT_NE(message.find("device 'cuda:3'"), std::string::npos) << message;
   EXPECT_NE(message.find("no backend for device kind 'cuda'"), std::string::npos) << message;
+}
+#endif
+
+TEST(BackendTest, EmulatedKindGivesItsFp32AndBf16Tables) {
+  absl::StatusOr<const Backend*> fp32 = BackendFor(Kind::kEmulated, Precision::kFp32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(*fp32, &EmulatedBackend());
+  EXPECT_EQ((*fp32)->precision, Precision::kFp32);
+  absl::StatusOr<const Backend*> bf16 = BackendFor(Kind::kEmulated, Precision::kBf16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(*bf16, &EmulatedBf16Backend());
+  EXPECT_STREQ((*bf16)->name, "emulated/bf16");
+  EXPECT_EQ((*bf16)->precision, Precision::kBf16);
+  auto emulated = CreateEmulatedDevice({.memory_bytes = 1 << 20});
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  absl::StatusOr<const Backend*> by_device = BackendFor(**emulated, Precision::kBf16);
+  ASSERT_TRUE(by_device.ok()) << by_device.status();
+  EXPECT_EQ(*by_device, &EmulatedBf16Backend());
 }
 
 // model.precision bf16 is a choice of table; the CPU has none (it trains in fp32), and says so.
@@ -109,6 +173,11 @@ TEST(BackendTest, TheCpuHasNoBf16Table) {
   EXPECT_EQ(CpuBackend().precision, Precision::kFp32);
   EXPECT_STREQ(PrecisionName(Precision::kBf16), "bf16");
   EXPECT_STREQ(PrecisionName(Precision::kFp32), "fp32");
+  testing_util::FakeDevice cpu_like(Kind::kCpu, "cpu");
+  absl::StatusOr<const Backend*> by_device = BackendFor(cpu_like, Precision::kBf16);
+  ASSERT_FALSE(by_device.ok());
+  EXPECT_NE(by_device.status().message().find("device 'cpu': precision bf16"), std::string::npos)
+      << by_device.status();
 }
 
 TEST(BackendTest, KindNames) {

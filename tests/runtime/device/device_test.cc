@@ -1,5 +1,7 @@
 // Device interface: the CPU device (always), and the CUDA device where a GPU is present (the
-// CudaDevice* cases skip themselves, saying why, on machines without one or in CPU-only builds).
+// CudaDevice* cases skip themselves, saying why, on machines without one or in CPU-only builds):
+// copies on streams with events, IsDeviceMemory, stream-ordered Free, the sticky error and the
+// lookups of cuda_device.h. Without CUDA those lookups find nothing.
 #include "runtime/device/device.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +9,9 @@
 #include <cstdint>
 #include <numeric>
 #include <vector>
+
+#include "runtime/device/cuda_device.h"
+#include "runtime/device/current_stream.h"
 
 namespace furnace::device {
 namespace {
@@ -185,10 +190,85 @@ TEST(CudaDeviceTest, RefusesCpuStreams) {
   dev->Free(*ptr);
 }
 
+TEST(CudaDeviceTest, IsDeviceMemoryNamesOnlyItsOwnMemory) {
+  CUDA_DEVICE_OR_SKIP(dev);
+  auto d = dev->Allocate(4096);
+  auto pinned = dev->AllocateHost(4096);
+  ASSERT_TRUE(d.ok() && pinned.ok());
+  std::vector<char> pageable(4096);
+  EXPECT_TRUE(dev->IsDeviceMemory(*d));
+  EXPECT_TRUE(dev->IsDeviceMemory(static_cast<char*>(*d) + 100));  // inside the allocation
+  EXPECT_FALSE(dev->IsDeviceMemory(*pinned));
+  EXPECT_FALSE(dev->IsDeviceMemory(pageable.data()));
+  EXPECT_FALSE(dev->IsDeviceMemory(nullptr));
+  auto cpu = CreateCpuDevice();
+  EXPECT_FALSE(cpu->IsDeviceMemory(*d));
+  dev->Free(*d);
+  dev->FreeHost(*pinned);
+}
+
+TEST(CudaDeviceTest, ZeroBytesAndStreamOrderedFree) {
+  CUDA_DEVICE_OR_SKIP(dev);
+  auto zero = dev->Allocate(0);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_NE(*zero, nullptr);
+  dev->Free(*zero);
+  // Free on the current stream: scratch freed right after the copies that use it were enqueued
+  // still holds their bytes when they run.
+  auto stream = dev->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  constexpr size_t kN = 1 << 20;
+  std::vector<float> host(kN, 1.5f), back(kN, 0.0f);
+  auto out = dev->Allocate(kN * sizeof(float));
+  ASSERT_TRUE(out.ok());
+  {
+    StreamScope scope(**stream);
+    auto scratch = dev->Allocate(kN * sizeof(float));
+    ASSERT_TRUE(scratch.ok());
+    ASSERT_TRUE(dev->Copy(*scratch, host.data(), kN * 4, CopyKind::kHostToDevice, **stream).ok());
+    ASSERT_TRUE(dev->Copy(*out, *scratch, kN * 4, CopyKind::kDeviceToDevice, **stream).ok());
+    dev->Free(*scratch);  // stream-ordered: after the copies above
+  }
+  ASSERT_TRUE(dev->Copy(back.data(), *out, kN * 4, CopyKind::kDeviceToHost, **stream).ok());
+  ASSERT_TRUE(dev->SynchronizeStream(**stream).ok());
+  EXPECT_EQ(back, host);
+  dev->Free(*out);
+}
+
+TEST(CudaDeviceTest, StickyErrorAndLookups) {
+  CUDA_DEVICE_OR_SKIP(dev);
+  auto* cuda = dynamic_cast<CudaDevice*>(dev.get());
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_EQ(cuda->ordinal(), 0);
+  EXPECT_EQ(LiveCudaDevice(0), cuda);
+  EXPECT_EQ(CudaDeviceOf(dev->default_stream()), cuda);
+  auto stream = dev->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  EXPECT_EQ(CudaDeviceOf(**stream), cuda);
+  auto cpu = CreateCpuDevice();
+  auto cpu_stream = cpu->CreateStream();
+  ASSERT_TRUE(cpu_stream.ok());
+  EXPECT_EQ(CudaDeviceOf(**cpu_stream), nullptr);
+
+  EXPECT_TRUE(cuda->sticky_error().ok());
+  cuda->SetStickyError(absl::InternalError("first"));
+  cuda->SetStickyError(absl::InternalError("second"));
+  absl::Status s = dev->SynchronizeStream(**stream);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "first");
+  auto event = dev->CreateEvent();
+  ASSERT_TRUE(event.ok());
+  ASSERT_TRUE(dev->RecordEvent(**event, **stream).ok());
+  EXPECT_EQ(dev->SynchronizeEvent(**event).message(), "first");
+  dev.reset();
+  EXPECT_EQ(LiveCudaDevice(0), nullptr);
+}
+
 TEST(CudaDeviceTest, NoGpuIsUnavailable) {
   auto dev = CreateCudaDevice(0);
   if (dev.ok()) GTEST_SKIP() << "a GPU is present; nothing to check";
   EXPECT_EQ(dev.status().code(), absl::StatusCode::kUnavailable) << dev.status();
+  EXPECT_EQ(LiveCudaDevice(0), nullptr);
 }
 
 }  // namespace

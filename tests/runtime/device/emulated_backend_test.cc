@@ -9,9 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -19,93 +17,19 @@
 #include "runtime/device/backend.h"
 #include "runtime/device/current_stream.h"
 #include "runtime/device/emulated_device.h"
+#include "tests/runtime/device/emulated_backend_fixture.h"
 
 namespace furnace::device {
 namespace {
 
-using Bytes = std::vector<char>;
-using Ptrs = std::vector<void*>;
-
-template <typename T>
-Bytes AsBytes(const std::vector<T>& v) {
-  Bytes b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
-Bytes Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return AsBytes(v);
-}
-
-Bytes Zeros(size_t n) { return Bytes(n * sizeof(float), 0); }
-
-Bytes Ints(size_t n, int32_t bound, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(bound));
-  return AsBytes(v);
-}
-
-template <typename T>
-T* P(const Ptrs& p, int i) {
-  return static_cast<T*>(p[i]);
-}
-
-class EmulatedBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto dev = CreateEmulatedDevice({.memory_bytes = 64 << 20});
-    ASSERT_TRUE(dev.ok()) << dev.status();
-    dev_ = std::move(*dev);
-    auto s = dev_->CreateStream();
-    ASSERT_TRUE(s.ok());
-    stream_ = std::move(*s);
-  }
-
-  // Runs `op` on the CPU table over host copies of `buffers` and on the emulated table over device
-  // copies; every buffer must end equal. Returns the oracle's buffers.
-  std::vector<Bytes> ExpectSameAsCpu(const std::vector<Bytes>& buffers,
-                                     const std::function<void(const Backend&, const Ptrs&)>& op) {
-    std::vector<Bytes> cpu = buffers;
-    Ptrs host;
-    for (Bytes& b : cpu) host.push_back(b.data());
-    op(CpuBackend(), host);
-
-    Ptrs dev;
-    for (const Bytes& b : buffers) {
-      auto d = dev_->Allocate(b.size());
-      EXPECT_TRUE(d.ok()) << d.status();
-      EXPECT_TRUE(dev_->Copy(*d, b.data(), b.size(), CopyKind::kHostToDevice, *stream_).ok());
-      dev.push_back(*d);
-    }
-    {
-      StreamScope scope(*stream_);
-      op(EmulatedBackend(), dev);
-    }
-    std::vector<Bytes> out;
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      out.emplace_back(buffers[i].size());
-      EXPECT_TRUE(
-          dev_->Copy(out[i].data(), dev[i], out[i].size(), CopyKind::kDeviceToHost, *stream_).ok());
-    }
-    EXPECT_TRUE(dev_->SynchronizeStream(*stream_).ok());
-    bool changed = false;
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      EXPECT_TRUE(out[i] == cpu[i]) << "buffer " << i << " differs from the CPU oracle";
-      changed = changed || cpu[i] != buffers[i];
-      dev_->Free(dev[i]);
-    }
-    EXPECT_TRUE(changed) << "the op wrote nothing";
-    return cpu;
-  }
-
-  std::unique_ptr<EmulatedDevice> dev_;
-  std::unique_ptr<Stream> stream_;
-};
+using testing_util::AsBytes;
+using testing_util::Bytes;
+using testing_util::EmulatedBackendTest;
+using testing_util::Ints;
+using testing_util::P;
+using testing_util::Ptrs;
+using testing_util::Random;
+using testing_util::Zeros;
 
 TEST_F(EmulatedBackendTest, TableIsTheEmulatedOne) {
   auto by_kind = BackendFor(Kind::kEmulated);

@@ -1,6 +1,7 @@
 // A Device of a chosen kind with no hardware behind it: the backend-selection tests give it a kind
-// that has no backend (CUDA today) to check the refusal without a GPU. Every operation that would
-// touch memory is Unimplemented; nothing here is ever called by the code under test.
+// (CUDA, with or without a CUDA build) to check the choice or the refusal without a GPU. Every
+// operation that would touch memory is Unimplemented; nothing here is ever called by the code under
+// test.
 #pragma once
 
 #include <memory>

@@ -23,12 +23,13 @@ void MatmulBackward(float* dinp,          // (N, C)  accumulated; may be nullptr
                     int N, int C, int OC, cublasHandle_t handle, cudaStream_t stream);
 
 // bf16 storage, fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F); bias added in fp32 by the
-// GEMM epilogue before the single rounding of out to bf16.
-void MatmulForwardBf16(__nv_bfloat16* out,           // (N, OC) overwritten
-                       const __nv_bfloat16* inp,     // (N, C)
-                       const __nv_bfloat16* weight,  // (C, OC)
-                       const __nv_bfloat16* bias,    // (OC) or nullptr
-                       int N, int C, int OC, cublasHandle_t handle, cudaStream_t stream);
+// GEMM epilogue before the single rounding of out to bf16. (The bf16 backend table's GEMMs, fp32
+// in and out with bf16 operands, are matmul_bf16.h.)
+void MatmulForwardBf16Storage(__nv_bfloat16* out,           // (N, OC) overwritten
+                              const __nv_bfloat16* inp,     // (N, C)
+                              const __nv_bfloat16* weight,  // (C, OC)
+                              const __nv_bfloat16* bias,    // (OC) or nullptr
+                              int N, int C, int OC, cublasHandle_t handle, cudaStream_t stream);
 
 // Grouped (per-expert) GEMMs. `offsets` is HOST memory (E + 1 entries): cuBLAS needs the group
 // sizes on the host, so the dispatch plan's offsets are kept there (they are known before the

@@ -1,0 +1,28 @@
+// CUDA causal attention of the bf16 backend table (the arithmetic is ../attention_bf16.h: the
+// operands of QK^T, PV and the four backward products rounded to bf16, fp32 accumulation, the
+// softmax and its backward in fp32). cuBLAS strided-batched GEMMs over the heads of a sequence
+// (cublasGemmStridedBatchedEx, bf16 A/B, fp32 C, CUBLAS_COMPUTE_32F) on bf16 copies in
+// `workspace`; the fp32 probabilities are stored in `att` as in attention.h.
+// Workspace: device memory of at least *WorkspaceBytes(...) of the same arguments, used only by
+// this call's work on `stream` (it may be freed stream-ordered right after). Errors: common.h.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace furnace::kernels::cuda {
+size_t AttentionForwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH);
+void AttentionForwardBf16(float* out,        // (B, T, C)      overwritten
+                          float* att,        // (B, NH, T, T)  overwritten (fp32 probabilities)
+                          const float* qkv,  // (B, T, 3C)
+                          int B, int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
+                          cudaStream_t stream);
+size_t AttentionBackwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH);
+void AttentionBackwardBf16(float* dqkv,        // (B, T, 3C) accumulated
+                           const float* dout,  // (B, T, C)
+                           const float* qkv,   // (B, T, 3C)
+                           const float* att,   // (B, NH, T, T)
+                           int B, int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
+                           cudaStream_t stream);
+}  // namespace furnace::kernels::cuda

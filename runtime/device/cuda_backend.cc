@@ -1,0 +1,228 @@
+// The CUDA fp32 table (cuda_backend.h): each entry opens a CudaOp (device, stream, handle,
+// scratch, errors: cuda_op.h) and calls the kernels::cuda launcher of its name. Launchers whose
+// argument list is the CPU kernel's plus a trailing stream (and, for cuBLAS ones, a handle before
+// it) go through the Streamed / Cublased adapters; the rest (host scalars, the dispatch plan,
+// add_row's host row) are written out below.
+#include "runtime/device/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cast.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/encoder.h"
+#include "kernels/cuda/gelu.h"
+#include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/optimizer.h"
+#include "kernels/cuda/permute.h"
+#include "kernels/cuda/router.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/optimizer.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "runtime/device/cuda_backend_ops.h"
+#include "runtime/device/cuda_op.h"
+
+namespace furnace::device {
+namespace cuda_internal {
+
+namespace kc = kernels::cuda;
+
+// The dispatch plan's slot (N * k) and token (S) arrays on the device, uploaded on op.stream().
+// A plan whose arrays do not match its sizes is refused (sticky error), not read out of bounds.
+kc::DeviceDispatchPlan UploadPlan(CudaOp& op, const DispatchPlan& plan) {
+  kc::DeviceDispatchPlan d;
+  d.N = plan.N;
+  d.E = plan.E;
+  d.k = plan.k;
+  d.rows = plan.rows();
+  if (plan.slot.size() != static_cast<size_t>(plan.N) * plan.k ||
+      plan.token.size() != static_cast<size_t>(d.rows)) {
+    op.Fail(absl::InvalidArgumentError("dispatch plan arrays do not match N * k and rows()"));
+    return d;
+  }
+  d.slot =
+      static_cast<const int64_t*>(op.Upload(plan.slot.data(), plan.slot.size() * sizeof(int64_t)));
+  d.token = static_cast<const int32_t*>(
+      op.Upload(plan.token.data(), plan.token.size() * sizeof(int32_t)));
+  return d;
+}
+
+void PermuteForward(float* out, const float* inp, const DispatchPlan& plan, int C) {
+  CudaOp op("permute_forward", {out, inp});
+  const kc::DeviceDispatchPlan d = UploadPlan(op, plan);
+  if (op.ok()) kc::PermuteForward(out, inp, d, C, op.stream());
+}
+
+void PermuteBackward(float* dinp, const float* dout, const DispatchPlan& plan, int C) {
+  CudaOp op("permute_backward", {dinp, dout});
+  const kc::DeviceDispatchPlan d = UploadPlan(op, plan);
+  if (op.ok()) kc::PermuteBackward(dinp, dout, d, C, op.stream());
+}
+
+void UnpermuteForward(float* out, const float* expert_out, const float* gates,
+                      const DispatchPlan& plan, int C) {
+  CudaOp op("unpermute_forward", {out, expert_out, gates});
+  const kc::DeviceDispatchPlan d = UploadPlan(op, plan);
+  if (op.ok()) kc::UnpermuteForward(out, expert_out, gates, d, C, op.stream());
+}
+
+void UnpermuteBackward(float* dexpert_out, float* dgates, const float* dout,
+                       const float* expert_out, const float* gates, const DispatchPlan& plan,
+                       int C) {
+  CudaOp op("unpermute_backward", {dexpert_out, dgates, dout});
+  const kc::DeviceDispatchPlan d = UploadPlan(op, plan);
+  if (op.ok()) {
+    kc::UnpermuteBackward(dexpert_out, dgates, dout, expert_out, gates, d, C, op.stream());
+  }
+}
+
+void AddRow(float* out, const float* row, int64_t N, int C) {
+  CudaOp op("add_row", {out});
+  if (N <= 0 || C <= 0) return;
+  const auto* d_row = static_cast<const float*>(op.Upload(row, sizeof(float) * C));
+  if (op.ok()) kc::AddRow(out, d_row, N, C, op.stream());
+}
+
+float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int k, float alpha) {
+  CudaOp op("aux_loss_forward", {probs, indices});
+  auto* d_aux = static_cast<float*>(op.Scratch(sizeof(float)));
+  if (!op.ok()) return std::numeric_limits<float>::quiet_NaN();
+  kc::AuxLossForward(d_aux, probs, indices, N, E, k, alpha, op.stream());
+  float aux = std::numeric_limits<float>::quiet_NaN();
+  if (cudaMemcpyAsync(&aux, d_aux, sizeof(float), cudaMemcpyDeviceToHost, op.stream()) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    op.Fail(absl::InternalError("cudaMemcpyAsync of the aux loss failed"));
+  }
+  return op.Synchronize() ? aux : std::numeric_limits<float>::quiet_NaN();
+}
+
+double SumOfSquares(const float* x, int64_t n) {
+  CudaOp op("sum_of_squares", {x});
+  auto* d_sum = static_cast<double*>(op.Scratch(sizeof(double)));
+  if (!op.ok()) return std::numeric_limits<double>::quiet_NaN();
+  kc::SumOfSquares(d_sum, x, n, op.stream());
+  double sum = std::numeric_limits<double>::quiet_NaN();
+  if (cudaMemcpyAsync(&sum, d_sum, sizeof(double), cudaMemcpyDeviceToHost, op.stream()) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    op.Fail(absl::InternalError("cudaMemcpyAsync of the sum of squares failed"));
+  }
+  return op.Synchronize() ? sum : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace cuda_internal
+
+namespace {
+
+namespace k = kernels::cpu;
+namespace kc = kernels::cuda;
+using cuda_internal::Cublased;
+using cuda_internal::Streamed;
+
+// Op names for errors (template arguments need objects with static storage).
+constexpr char kMatmulForward[] = "matmul_forward";
+constexpr char kMatmulBackward[] = "matmul_backward";
+constexpr char kGroupedMatmulForward[] = "grouped_matmul_forward";
+constexpr char kGroupedMatmulBackward[] = "grouped_matmul_backward";
+constexpr char kAttentionForward[] = "attention_forward";
+constexpr char kAttentionBackward[] = "attention_backward";
+constexpr char kLayernormForward[] = "layernorm_forward";
+constexpr char kLayernormBackward[] = "layernorm_backward";
+constexpr char kGeluForward[] = "gelu_forward";
+constexpr char kGeluBackward[] = "gelu_backward";
+constexpr char kAddInPlace[] = "add_inplace";
+constexpr char kBiasResidual[] = "bias_residual";
+constexpr char kTranspose[] = "transpose";
+constexpr char kEmbeddingForward[] = "embedding_forward";
+constexpr char kEmbeddingBackward[] = "embedding_backward";
+constexpr char kCrossEntropyForward[] = "cross_entropy_forward";
+constexpr char kCrossEntropyBackward[] = "cross_entropy_backward";
+constexpr char kSoftmaxForward[] = "softmax_forward";
+constexpr char kSoftmaxBackward[] = "softmax_backward";
+constexpr char kTopkForward[] = "topk_forward";
+constexpr char kTopkBackward[] = "topk_backward";
+constexpr char kAuxLossBackward[] = "aux_loss_backward";
+constexpr char kAdamwUpdate[] = "adamw_update";
+constexpr char kScale[] = "scale";
+constexpr char kCastF32ToBf16[] = "cast_f32_to_bf16";
+constexpr char kCastBf16ToF32[] = "cast_bf16_to_f32";
+constexpr char kQuantizeFp8[] = "quantize_fp8_e4m3";
+constexpr char kDequantizeFp8[] = "dequantize_fp8_e4m3";
+
+constexpr Backend kCudaBackend = {
+    .name = "cuda",
+    .precision = Precision::kFp32,
+    .matmul_forward = &Cublased<kMatmulForward, &k::MatmulForward<float>, &kc::MatmulForward>::Run,
+    .matmul_backward =
+        &Cublased<kMatmulBackward, &k::MatmulBackward<float>, &kc::MatmulBackward>::Run,
+    .grouped_matmul_forward = &Cublased<kGroupedMatmulForward, &k::GroupedMatmulForward<float>,
+                                        &kc::GroupedMatmulForward>::Run,
+    .grouped_matmul_backward = &Cublased<kGroupedMatmulBackward, &k::GroupedMatmulBackward<float>,
+                                         &kc::GroupedMatmulBackward>::Run,
+    .attention_forward =
+        &Cublased<kAttentionForward, &k::AttentionForward<float>, &kc::AttentionForward>::Run,
+    .attention_backward =
+        &Cublased<kAttentionBackward, &k::AttentionBackward<float>, &kc::AttentionBackward>::Run,
+    .layernorm_forward =
+        &Streamed<kLayernormForward, &k::LayerNormForward<float>, &kc::LayerNormForward>::Run,
+    .layernorm_backward =
+        &Streamed<kLayernormBackward, &k::LayerNormBackward<float>, &kc::LayerNormBackward>::Run,
+    .gelu_forward = &Streamed<kGeluForward, &k::GeluForward<float>, &kc::GeluForward>::Run,
+    .gelu_backward = &Streamed<kGeluBackward, &k::GeluBackward<float>, &kc::GeluBackward>::Run,
+    .add_inplace = &Streamed<kAddInPlace, &k::AddInPlace<float>, &kc::AddInPlace>::Run,
+    .bias_residual = &Streamed<kBiasResidual, &k::BiasResidual<float>, &kc::BiasResidual>::Run,
+    .add_row = &cuda_internal::AddRow,
+    .transpose = &Streamed<kTranspose, &k::Transpose<float>, &kc::Transpose>::Run,
+    .embedding_forward =
+        &Streamed<kEmbeddingForward, &k::EmbeddingForward<float>, &kc::EmbeddingForward>::Run,
+    .embedding_backward =
+        &Streamed<kEmbeddingBackward, &k::EmbeddingBackward<float>, &kc::EmbeddingBackward>::Run,
+    .cross_entropy_forward = &Streamed<kCrossEntropyForward, &k::CrossEntropyForward<float>,
+                                       &kc::CrossEntropyForward>::Run,
+    .cross_entropy_backward = &Streamed<kCrossEntropyBackward, &k::CrossEntropyBackward<float>,
+                                        &kc::CrossEntropyBackward>::Run,
+    .softmax_forward =
+        &Streamed<kSoftmaxForward, &k::SoftmaxForward<float>, &kc::SoftmaxForward>::Run,
+    .softmax_backward =
+        &Streamed<kSoftmaxBackward, &k::SoftmaxBackward<float>, &kc::SoftmaxBackward>::Run,
+    .topk_forward = &Streamed<kTopkForward, &k::TopKForward<float>, &kc::TopKForward>::Run,
+    .topk_backward = &Streamed<kTopkBackward, &k::TopKBackward<float>, &kc::TopKBackward>::Run,
+    .aux_loss_forward = &cuda_internal::AuxLossForward,
+    .aux_loss_backward =
+        &Streamed<kAuxLossBackward, &k::AuxLossBackward<float>, &kc::AuxLossBackward>::Run,
+    .make_dispatch_plan = &k::MakeDispatchPlan,  // host: built from host routing indices
+    .make_dispatch_plan_slice = &k::MakeDispatchPlanSlice,
+    .permute_forward = &cuda_internal::PermuteForward,
+    .permute_backward = &cuda_internal::PermuteBackward,
+    .unpermute_forward = &cuda_internal::UnpermuteForward,
+    .unpermute_backward = &cuda_internal::UnpermuteBackward,
+    .adamw_update = &Streamed<kAdamwUpdate, &k::AdamWUpdate, &kc::AdamWUpdate>::Run,
+    .sum_of_squares = &cuda_internal::SumOfSquares,
+    .scale = &Streamed<kScale, &k::Scale, &kc::Scale>::Run,
+    .cast_f32_to_bf16 = &Streamed<kCastF32ToBf16, &k::CastF32ToBf16, &kc::CastF32ToBf16>::Run,
+    .cast_bf16_to_f32 = &Streamed<kCastBf16ToF32, &k::CastBf16ToF32, &kc::CastBf16ToF32>::Run,
+    .quantize_fp8_e4m3 = &Streamed<kQuantizeFp8, &k::QuantizeFp8E4M3, &kc::QuantizeFp8E4M3>::Run,
+    .dequantize_fp8_e4m3 =
+        &Streamed<kDequantizeFp8, &k::DequantizeFp8E4M3, &kc::DequantizeFp8E4M3>::Run,
+};
+
+}  // namespace
+
+const Backend& CudaBackend() { return kCudaBackend; }
+
+}  // namespace furnace::device
