@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
+#include "runtime/device/device.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -41,6 +43,7 @@ class BigramModel : public Trainable {
   }
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return static_cast<int64_t>(w_.size()); }
+  device::Device& device() override { return *cpu_; }  // host arrays
   float* param_data() override { return w_.data(); }
   float* grad_data() override { return g_.data(); }
   void ZeroGrad() override { std::fill(g_.begin(), g_.end(), 0.0f); }
@@ -97,6 +100,7 @@ class BigramModel : public Trainable {
   }
 
   int V_, T_;
+  std::unique_ptr<device::Device> cpu_ = device::CreateCpuDevice();
   std::vector<ParamInfo> params_;
   std::vector<float> w_, g_;
 };
@@ -547,6 +551,7 @@ class RoutingStub : public Trainable {
   explicit RoutingStub(FakeClock* clock) : clock_(clock) {}
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return 2; }
+  device::Device& device() override { return *cpu_; }  // host arrays
   float* param_data() override { return p_; }
   float* grad_data() override { return g_; }
   void ZeroGrad() override { g_[0] = g_[1] = 0; }
@@ -583,6 +588,7 @@ class RoutingStub : public Trainable {
 
  private:
   FakeClock* clock_;
+  std::unique_ptr<device::Device> cpu_ = device::CreateCpuDevice();
   std::vector<ParamInfo> params_ = {{.name = "b", .shape = {2}, .offset = 0}};
   float p_[2] = {0, 0};
   float g_[2] = {0, 0};
