@@ -12,9 +12,10 @@ absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(device::Device& device, uint
   if (bytes == 0) return m;
   absl::StatusOr<void*> data = device.Allocate(bytes);
   if (!data.ok()) {
-    return absl::Status(data.status().code(),
-                        absl::StrCat("device '", device.name(), "': allocating ", bytes,
-                                     " bytes for the ", std::string(what), ": ", data.status().message()));
+    return absl::Status(
+        data.status().code(),
+        absl::StrCat("device '", device.name(), "': allocating ", bytes, " bytes for the ",
+                     std::string(what), ": ", data.status().message()));
   }
   m.device_ = &device;
   m.data_ = *data;

@@ -37,7 +37,9 @@ absl::Status Fill(device::Device& device, void* dst, int value, size_t bytes) {
   return device.Memset(dst, value, bytes, StreamFor(device));
 }
 
-absl::Status Synchronize(device::Device& device) { return device.SynchronizeStream(StreamFor(device)); }
+absl::Status Synchronize(device::Device& device) {
+  return device.SynchronizeStream(StreamFor(device));
+}
 
 UploadRing::UploadRing(device::Device& device, int slots)
     : device_(device), slots_(static_cast<size_t>(slots < 1 ? 1 : slots)) {}

@@ -42,10 +42,10 @@ absl::Status Fill(device::Device& device, void* dst, int value, size_t bytes);
 absl::Status Synchronize(device::Device& device);
 
 // Host-to-device copies that do not block the host. Upload copies the source into one of a ring
-// of pinned staging buffers (device::Device::AllocateHost) and enqueues the copy from there, with an event
-// after it; a slot is reused only after its previous copy's event (the host waits only when the
-// ring has come round faster than the stream). On a device the host can address (the CPU) the
-// copy is made directly. Owns its staging buffers and events; the device must outlive it.
+// of pinned staging buffers (device::Device::AllocateHost) and enqueues the copy from there, with
+// an event after it; a slot is reused only after its previous copy's event (the host waits only
+// when the ring has come round faster than the stream). On a device the host can address (the CPU)
+// the copy is made directly. Owns its staging buffers and events; the device must outlive it.
 class UploadRing {
  public:
   explicit UploadRing(device::Device& device, int slots = 8);

@@ -113,9 +113,8 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
     const std::vector<int32_t> in = RandomTokens(N, config.vocab, 100 + micro);
     const std::vector<int32_t> tg = RandomTokens(N, config.vocab, 200 + micro);
     model->SetStepContext(0, int64_t{micro} * o.B);
-    absl::StatusOr<train::MicroBatchResult> r =
-        model->ForwardBackward(in.data(), tg.data(), o.B, 1.0 / (N * o.micro_batches),
-                               1.0 / o.micro_batches);
+    absl::StatusOr<train::MicroBatchResult> r = model->ForwardBackward(
+        in.data(), tg.data(), o.B, 1.0 / (N * o.micro_batches), 1.0 / o.micro_batches);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return std::nullopt;
     out.loss.push_back(r->loss);
@@ -163,9 +162,9 @@ ModelConfig SpikyConfig() {
 
 TEST(DeviceEquivalenceTest, ForwardBackwardOnTheEmulatedDeviceIsTheCpusBitForBit) {
   for (const ModelConfig& config : {TinyConfig(), TinyConfig(1.0), SpikyConfig()}) {
-    SCOPED_TRACE(::testing::Message() << "layers " << config.layers << " capacity "
-                                      << config.capacity_factor << " spikes "
-                                      << config.spikes.probability);
+    SCOPED_TRACE(::testing::Message()
+                 << "layers " << config.layers << " capacity " << config.capacity_factor
+                 << " spikes " << config.spikes.probability);
     const std::optional<Outcome> cpu = RunOn(device::Kind::kCpu, config, {});
     const std::optional<Outcome> emu = RunOn(device::Kind::kEmulated, config, {});
     ASSERT_TRUE(cpu && emu);
@@ -198,8 +197,8 @@ TEST(DeviceEquivalenceTest, OffloadThroughTheCopyStreamsIsNoneBitForBit) {
   const ModelConfig config = SpikyConfig();
   const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {});
   const std::optional<Outcome> emu =
-      RunOn(device::Kind::kEmulated, config, {.policy = memory::MemoryPolicy::kOffload,
-                                            .offload = Offload::kStatic});
+      RunOn(device::Kind::kEmulated, config,
+            {.policy = memory::MemoryPolicy::kOffload, .offload = Offload::kStatic});
   ASSERT_TRUE(none && emu);
   ExpectSame(*none, *emu, /*peaks=*/false);
   EXPECT_GT(emu->actions.offloaded_bytes, 0u);
@@ -213,10 +212,9 @@ TEST(DeviceEquivalenceTest, AdaptiveUnderABudgetIsNoneBitForBit) {
   const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {});
   ASSERT_TRUE(none);
   const uint64_t budget = static_cast<uint64_t>(none->peaks[0]) * 3 / 4;
-  const std::optional<Outcome> emu =
-      RunOn(device::Kind::kEmulated, config,
-          {.policy = memory::MemoryPolicy::kAdaptive, .offload = Offload::kAdaptive,
-           .budget = budget});
+  const std::optional<Outcome> emu = RunOn(
+      device::Kind::kEmulated, config,
+      {.policy = memory::MemoryPolicy::kAdaptive, .offload = Offload::kAdaptive, .budget = budget});
   ASSERT_TRUE(emu);
   ExpectSame(*none, *emu, /*peaks=*/false);
   for (int64_t peak : emu->peaks) EXPECT_LE(peak, static_cast<int64_t>(budget));

@@ -67,9 +67,9 @@ class StashStreamsTest : public ::testing::Test {
   StashHandle SaveWant() {
     auto buffer = arena_->Allocate(4 * kN, "layers.1.moe.expert_hidden");
     EXPECT_TRUE(buffer.ok());
-    EXPECT_TRUE(dev_->Copy(buffer->data(), want_.data(), 4 * kN, device::CopyKind::kHostToDevice,
-                           *compute_)
-                    .ok());
+    EXPECT_TRUE(
+        dev_->Copy(buffer->data(), want_.data(), 4 * kN, device::CopyKind::kHostToDevice, *compute_)
+            .ok());
     EXPECT_TRUE(dev_->SynchronizeStream(*compute_).ok());
     auto h = stash_->Save("layers.1.moe.expert_hidden", 1, std::move(*buffer), {kN},
                           tensor::DType::kF32, {});
@@ -79,8 +79,7 @@ class StashStreamsTest : public ::testing::Test {
 
   std::vector<float> ReadOn(device::Stream& stream, const void* data) {
     std::vector<float> out(kN);
-    EXPECT_TRUE(
-        dev_->Copy(out.data(), data, 4 * kN, device::CopyKind::kDeviceToHost, stream).ok());
+    EXPECT_TRUE(dev_->Copy(out.data(), data, 4 * kN, device::CopyKind::kDeviceToHost, stream).ok());
     EXPECT_TRUE(dev_->SynchronizeStream(stream).ok());
     return out;
   }
