@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/device_staging.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "spdlog/spdlog.h"
 #include "worker/controller_channel.h"
@@ -53,22 +54,27 @@ absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, dou
 
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
-    const model::ModelConfig& config, const std::function<void()>& on_wait) {
+    const model::ModelConfig& config, device::Device& device,
+    const std::function<void()>& on_wait) {
   // Gloo takes one timeout for connecting and for every later operation. A collective may
   // legitimately wait for a slow peer (a large checkpoint shard being fsynced, a long pipeline
   // warm-up), so it gets the hang timeout when that is longer: a rank that is really stuck is the
   // agent's hang watchdog's to catch.
   const double timeout_s = std::max(StartTimeoutS(task), task.spec().recovery().hang_timeout_s());
   ASSIGN_OR_RETURN(const Rendezvous rendezvous, OpenRendezvous(task, timeout_s));
-  const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
-                                         int rank, int size) {
+  const train::CommFactory factory =
+      [&](const std::string& prefix, const std::string& name, int rank,
+          int size) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     comm::GlooOptions options;
     options.rank = rank;
     options.size = size;
     options.host = rendezvous.host;
     options.timeout_s = timeout_s;
     options.on_wait_tick = on_wait;
-    return comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options);
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<comm::Communicator> gloo,
+        comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options));
+    return comm::ForDevice(std::move(gloo), device);  // the transport itself on the CPU
   };
   return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, factory);
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "furnace/v1/agent.pb.h"
+#include "runtime/device/device.h"
 #include "runtime/model/config.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
@@ -34,9 +35,11 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
                                                     const model::ModelConfig& config);
 
 // Blocks until every group of this rank is connected (at most the job's start timeout), calling
-// on_wait at least once a second while it waits.
+// on_wait at least once a second while it waits. The groups take buffers of `device` (the rank's):
+// on a discrete device the Gloo transport is wrapped by comm::ForDevice (host staging). `device`
+// must outlive the layout.
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
-    const model::ModelConfig& config, const std::function<void()>& on_wait);
+    const model::ModelConfig& config, device::Device& device, const std::function<void()>& on_wait);
 
 }  // namespace furnace::worker

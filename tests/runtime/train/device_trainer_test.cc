@@ -104,8 +104,8 @@ std::optional<Outcome> Train(device::Kind kind, const Options& o) {
   tc.checkpoint.every = 2;
   tc.checkpoint.keep = 0;
   tc.checkpoint.async = o.async;
-  auto trainer = Trainer::Create(model->get(), sampler->get(), tc, nullptr, nullptr,
-                                 held_out->get());
+  auto trainer =
+      Trainer::Create(model->get(), sampler->get(), tc, nullptr, nullptr, held_out->get());
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   if (!trainer.ok()) return std::nullopt;
   if (o.restore) {
@@ -124,9 +124,8 @@ std::optional<Outcome> Train(device::Kind kind, const Options& o) {
   EXPECT_TRUE((*trainer)->checkpoint_errors().empty());
   if (!ran.ok()) return std::nullopt;
   r.params.resize((*model)->num_params());
-  EXPECT_TRUE(tensor::CopyToHost(*dev, r.params.data(), (*model)->param_data(),
-                                 4 * r.params.size())
-                  .ok());
+  EXPECT_TRUE(
+      tensor::CopyToHost(*dev, r.params.data(), (*model)->param_data(), 4 * r.params.size()).ok());
   absl::StatusOr<std::vector<float>> m = (*trainer)->optimizer().HostM();
   EXPECT_TRUE(m.ok());
   if (m.ok()) r.m = *m;
