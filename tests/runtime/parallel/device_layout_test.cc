@@ -5,7 +5,9 @@
 // parameters of every shard, the bytes each collective moved, and the MoE schedules' per-op bytes.
 // Covered: data, tensor, expert with expert sharding, 1F1B pipeline, and the Parm schedules s1 and
 // s2 (s2's fused all-to-all + all-gather on host staging), and the static offload through the copy
-// streams (bit-identical to none on the CPU).
+// streams and the adaptive policy under a budget (both bit-identical to none on the CPU).
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -84,6 +86,50 @@ TEST_P(DeviceLayoutTest, EmulatedRanksTrainAsCpuRanksBitForBit) {
   }
   std::printf("REPORT %s: %zu steps, loss %.7f .. %.7f, emulated == cpu bit for bit\n", k.name,
               cpu->loss.size(), cpu->loss.front(), cpu->loss.back());
+}
+
+// memory.policy adaptive on emulated ranks (ep 2, dp 2) under a budget the unlimited run exceeds:
+// the planner offloads through the copy streams and drops to fit, and training is the CPU's under
+// policy none, bit for bit.
+TEST(DeviceLayoutAdaptiveTest, AdaptiveOnEmulatedRanksIsNoneOnCpuRanks) {
+  const Case k{"ep2_adaptive", 1, 2, 1, 2, 1, 2, "deepspeed", false};
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 0);
+  c.model.spikes = {.probability = 1.0, .max_ratio = 2.0, .seed = 9};
+  c.sizes.dp = 2;
+  c.sizes.ep = 2;
+  c.micro_batches = 2;
+  c.steps = 3;
+  const absl::StatusOr<RunResult> cpu = RunOn(c, k, device::Kind::kCpu, false);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  int64_t top = 0;
+  for (const std::vector<int64_t>& rank : cpu->activation_peak) {
+    for (int64_t peak : rank) top = std::max(top, peak);
+  }
+  LayoutCase a = c;
+  a.policy = memory::MemoryPolicy::kAdaptive;
+  a.device_budget = static_cast<uint64_t>(0.85 * static_cast<double>(top));
+  const absl::StatusOr<RunResult> emu = RunOn(a, k, device::Kind::kEmulated, false);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  EXPECT_EQ(emu->loss, cpu->loss);
+  EXPECT_EQ(emu->grad_norm, cpu->grad_norm);
+  EXPECT_EQ(emu->tokens_per_expert, cpu->tokens_per_expert);
+  for (const auto& [name, want] : cpu->params) {
+    EXPECT_TRUE(SameBits(emu->params.at(name), want)) << name;
+  }
+  int64_t acted = 0;
+  for (size_t r = 0; r < emu->activation_peak.size(); ++r) {
+    for (size_t s = 0; s < emu->activation_peak[r].size(); ++s) {
+      EXPECT_LE(emu->activation_peak[r][s], static_cast<int64_t>(a.device_budget));
+      acted += emu->planner_decisions[r][s] + emu->emergency_offloads[r][s];
+    }
+  }
+  EXPECT_GT(acted, 0);
+  std::printf(
+      "REPORT ep2_adaptive: budget %llu B (85%% of the unlimited peak %lld B), %lld "
+      "planner actions, emulated adaptive == cpu none bit for bit\n",
+      static_cast<unsigned long long>(a.device_budget), static_cast<long long>(top),
+      static_cast<long long>(acted));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -52,10 +52,11 @@ TEST(Bf16TrainingTest, Bf16OnTheEmulatedDeviceFollowsTheFp32Cpu) {
     EXPECT_LE(rel_aux, kAuxTol) << "step " << s << ": " << got->aux[s] << " vs " << want->aux[s];
   }
   EXPECT_LT(got->loss.back(), got->loss.front() - 0.1);
-  std::printf("REPORT bf16 vs fp32 over %d steps: loss within %.2e relative (tolerance %.0e), aux "
-              "within %.2e (tolerance %.0e); loss %.4f -> %.4f (fp32 %.4f -> %.4f)\n",
-              kSteps, worst, kLossTol, worst_aux, kAuxTol, got->loss.front(), got->loss.back(),
-              want->loss.front(), want->loss.back());
+  std::printf(
+      "REPORT bf16 vs fp32 over %d steps: loss within %.2e relative (tolerance %.0e), aux "
+      "within %.2e (tolerance %.0e); loss %.4f -> %.4f (fp32 %.4f -> %.4f)\n",
+      kSteps, worst, kLossTol, worst_aux, kAuxTol, got->loss.front(), got->loss.back(),
+      want->loss.front(), want->loss.back());
 }
 
 }  // namespace

@@ -37,9 +37,10 @@ void ExpectFollows(device::Precision precision, double loss_tol, double aux_tol)
     EXPECT_LE(rel_aux, aux_tol) << "step " << s;
   }
   EXPECT_LT(got->loss.back(), got->loss.front() - 0.1);
-  std::printf("REPORT %s vs the fp32 CPU over %d steps: loss within %.2e relative (tolerance "
-              "%.0e)\n",
-              got->backend.c_str(), kSteps, worst, loss_tol);
+  std::printf(
+      "REPORT %s vs the fp32 CPU over %d steps: loss within %.2e relative (tolerance "
+      "%.0e)\n",
+      got->backend.c_str(), kSteps, worst, loss_tol);
 }
 
 TEST(CudaTrainingTest, Fp32FollowsTheCpu) { ExpectFollows(device::Precision::kFp32, 1e-3, 1e-2); }
