@@ -119,7 +119,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
 
     // The ranks are pp * dp * tp; resources.workers, when written, must say the same.
     {"resources.workers", FieldUse::kMustMatch, "3"},
-    // Used for placement (cpu workers), and refused unless cpu: no CUDA backend yet.
+    // Used for placement (workers of that device kind) and by the rank, which trains on it.
     {"resources.device", FieldUse::kUsed, "resources().device()"},
 
     {"commcheck.min_bytes", FieldUse::kUsed, "spec.min_bytes()"},
