@@ -37,7 +37,9 @@
 #include "nlohmann/json.hpp"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
+#include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
+#include "runtime/device/emulated_device.h"
 #include "runtime/model/config.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
@@ -58,7 +60,8 @@ struct Flags {
   int breakdown_reps = 5;  // 0 = no breakdown
   uint64_t seed = 1, data_seed = 7;
   double lr = 3e-4;
-  double peak_gflops = 0;  // > 0: use this peak instead of measuring (profilers, callgrind)
+  double peak_gflops = 0;      // > 0: use this peak instead of measuring (profilers, callgrind)
+  std::string device = "cpu";  // cpu | emulated (the emulated discrete device, a compute stream)
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -68,6 +71,7 @@ struct Flags {
          "  --experts --top_k --expert_ffn --micro_batch --micro_batches --threads --steps\n"
          "  --warmup --seed --data_seed --lr --breakdown_reps (0 = skip the op breakdown)\n"
          "  --peak_gflops (> 0: take this SGEMM peak instead of measuring it; for profilers)\n"
+         "  --device cpu | emulated (the emulated discrete device: what the GPU path costs here)\n"
          "defaults: the BENCHMARKING.md MoE (V=256 T=128 d=256 h=4 L=4 E=8 k=2 f=512 b=8 m=1),\n"
          "  1 thread, 3 warm-up + 10 timed steps\n";
   std::exit(2);
@@ -112,6 +116,9 @@ Flags Parse(int argc, char** argv) {
         f.lr = std::stod(value);
       } else if (name == "peak_gflops") {
         f.peak_gflops = std::stod(value);
+      } else if (name == "device") {
+        if (value != "cpu" && value != "emulated") Usage("--device: cpu or emulated");
+        f.device = value;
       } else {
         Usage("unknown flag --" + name);
       }
@@ -305,7 +312,23 @@ int main(int argc, char** argv) {
     std::cerr << "config: " << s << "\n";
     return 2;
   }
-  auto device = furnace::device::CreateCpuDevice();
+  std::unique_ptr<furnace::device::Device> device;
+  if (f.device == "emulated") {
+    auto emulated = furnace::device::CreateEmulatedDevice({.memory_bytes = size_t{8} << 30});
+    if (!emulated.ok()) {
+      std::cerr << "device: " << emulated.status() << "\n";
+      return 1;
+    }
+    device = std::move(*emulated);
+  } else {
+    device = furnace::device::CreateCpuDevice();
+  }
+  auto compute = device->CreateStream();
+  if (!compute.ok()) {
+    std::cerr << "stream: " << compute.status() << "\n";
+    return 1;
+  }
+  const furnace::device::StreamScope on_compute(**compute);
   furnace::tensor::DeviceArena arena(*device, 0);
   auto model = furnace::model::GptMoe::Create(mc, f.seed, *device, arena);
   if (!model.ok()) {
@@ -366,6 +389,7 @@ int main(int argc, char** argv) {
 
   json r;
   r["impl"] = "furnace";
+  r["device"] = f.device;
   r["tokens_per_s_median"] = Median(tps);
   r["tokens_per_s_min"] = *std::min_element(tps.begin(), tps.end());
   r["tokens_per_s_max"] = *std::max_element(tps.begin(), tps.end());

@@ -315,6 +315,9 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
   // The roots are this agent's, whatever the controller sent.
   task.set_data_root(options_.data_root);
   task.set_checkpoint_root(options_.checkpoint_root);
+  // The slot's device, for resources.device cuda (its GPU) and emulated (its size).
+  task.set_device_ordinal(options_.slot);
+  task.set_device_memory(options_.device_memory);
 
   furnace::v1::RankReport report;
   report.set_job_id(task.job_id());

@@ -29,12 +29,19 @@ absl::StatusOr<DeviceInfo> ProbeCudaDevice(uint32_t) {
 absl::StatusOr<DeviceInfo> ProbeDevice(const std::string& kind, uint32_t slot) {
   if (kind == "cpu") return HostCpu();
   if (kind == "cuda") return ProbeCudaDevice(slot);
+  if (kind == "emulated") {
+    DeviceInfo info;
+    info.kind = "emulated";
+    info.name = absl::StrCat("emulated:", slot);
+    info.memory = kEmulatedDeviceMemory;
+    return info;
+  }
   if (kind == "auto") {
     auto gpu = ProbeCudaDevice(slot);
     return gpu.ok() ? gpu : HostCpu();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("device kind '", kind, "' is not known; allowed: cpu, cuda, auto"));
+      absl::StrCat("device kind '", kind, "' is not known; allowed: cpu, cuda, emulated, auto"));
 }
 
 }  // namespace furnace::worker

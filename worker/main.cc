@@ -141,11 +141,14 @@ int main(int argc, char** argv) {
   app.add_option("--work-dir", options.work_dir,
                  "directory for task files and rank logs (default ./worker-<slot>)");
   app.add_option("--device-kind", options.device_kind,
-                 "cpu | cuda | auto (cuda when this slot has a GPU, else cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+                 "cpu | cuda | emulated | auto (cuda when this slot has a GPU, else cpu); "
+                 "emulated: the emulated discrete device, for CI and for testing the GPU path "
+                 "(resources.device: emulated)")
+      ->check(CLI::IsMember({"cpu", "cuda", "emulated", "auto"}))
       ->capture_default_str();
   app.add_option("--device-memory", options.device_memory,
-                 "device memory in bytes to offer (default: what the device has)")
+                 "device memory in bytes to offer (default: what the device has; emulated: "
+                 "4 GiB); an emulated device is made this large")
       ->capture_default_str();
   app.add_option("--telemetry-capacity", options.telemetry_capacity,
                  "records the agent buffers for the controller; the oldest are dropped beyond")

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/comm_watchdog.h"
+#include "runtime/comm/device_staging.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/comm/nccl_stream.h"
 #include "spdlog/spdlog.h"
@@ -87,15 +88,19 @@ absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
                  timeout_s);
     return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, nccl);
   }
-  const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
-                                         int rank, int size) {
+  const train::CommFactory factory =
+      [&](const std::string& prefix, const std::string& name, int rank,
+          int size) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     comm::GlooOptions options;
     options.rank = rank;
     options.size = size;
     options.host = rendezvous.host;
     options.timeout_s = timeout_s;
     options.on_wait_tick = on_wait;
-    return comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options);
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<comm::Communicator> gloo,
+        comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options));
+    return comm::ForDevice(std::move(gloo), device);  // the transport itself on the CPU
   };
   return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, factory);
 }

@@ -38,8 +38,10 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
                                                     const model::ModelConfig& config);
 
 // Blocks until every group of this rank is connected (at most the job's start timeout), calling
-// on_wait at least once a second while it waits. `device` is the rank's device (it must outlive the
-// layout): a CUDA device gets NCCL groups (Unavailable in a build without NCCL), any other Gloo.
+// on_wait at least once a second while it waits. The groups take buffers of `device` (the rank's;
+// it must outlive the layout): a CUDA device gets NCCL groups, each on a communication stream of its
+// own (Unavailable in a build without NCCL); any other device Gloo, which on a discrete device
+// (emulated) is wrapped by comm::ForDevice (host staging).
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
     const model::ModelConfig& config, const std::function<void()>& on_wait, device::Device& device);

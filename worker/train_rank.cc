@@ -16,12 +16,15 @@
 #include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/path_root.h"
+#include "runtime/base/status.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/in_flight.h"
 #include "runtime/data/data_sources.h"
 #include "runtime/data/sampler.h"
 #include "runtime/device/backend.h"
+#include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
+#include "runtime/device/emulated_device.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
@@ -220,6 +223,38 @@ int Fail(Progress& progress, uint64_t step, int code, const std::string& message
   return code;
 }
 
+// The device a rank trains on, from resources.device, and the compute stream its training thread
+// enqueues on (device::StreamScope for the rest of the rank): cpu; emulated (an emulated discrete
+// device of the worker's --device-memory, runtime/device/emulated_device.h); cuda (the slot's GPU,
+// device_ordinal). Unavailable when the device cannot be had (a build or machine without CUDA).
+struct RankDevice {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<device::Stream> compute;
+  device::Precision precision = device::Precision::kFp32;
+};
+
+absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task) {
+  const std::string& kind = task.spec().resources().device();
+  RankDevice d;
+  d.precision = task.spec().model().precision() == "bf16" ? device::Precision::kBf16
+                                                          : device::Precision::kFp32;
+  if (kind.empty() || kind == "cpu") {
+    d.device = device::CreateCpuDevice();
+  } else if (kind == "emulated") {
+    device::EmulatedDeviceOptions options;
+    if (task.device_memory() > 0) options.memory_bytes = task.device_memory();
+    options.name = absl::StrCat("emulated:", task.device_ordinal());
+    ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice(options));
+  } else if (kind == "cuda") {
+    ASSIGN_OR_RETURN(d.device, device::CreateCudaDevice(static_cast<int>(task.device_ordinal())));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", kind, "' is not a device kind (allowed: cpu, cuda, emulated)"));
+  }
+  ASSIGN_OR_RETURN(d.compute, d.device->CreateStream());
+  return d;
+}
+
 }  // namespace
 
 int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
@@ -269,8 +304,29 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);
 
-  // The rank's device (its groups are connected for it: Gloo here, NCCL on a CUDA device).
-  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  // The device (resources.device) and its backend at model.precision (resources.device and
+  // model.precision refused here name the field): made before the groups, which stage through it,
+  // and outliving everything below. Its compute stream is this thread's from here on: the model,
+  // the trainer and the collectives' staging enqueue on it.
+  absl::StatusOr<RankDevice> rank_device = MakeRankDevice(task);
+  if (!rank_device.ok()) {
+    const bool unavailable =
+        absl::IsUnavailable(rank_device.status()) || absl::IsInvalidArgument(rank_device.status());
+    return Fail(progress, 0, unavailable ? kRankExitBadInput : kRankExitError,
+                absl::StrCat("resources.device ", spec.resources().device(), ": ",
+                             rank_device.status().message()));
+  }
+  device::Device& dev = *rank_device->device;
+  const device::StreamScope on_compute(*rank_device->compute);
+  if (absl::StatusOr<const device::Backend*> b = device::BackendFor(dev, rank_device->precision);
+      !b.ok()) {
+    return Fail(progress, 0, kRankExitBadInput,
+                absl::StrCat(rank_device->precision == device::Precision::kBf16
+                                 ? "model.precision bf16 with resources.device "
+                                 : "resources.device ",
+                             spec.resources().device(), ": ", b.status().message()));
+  }
+
   // The layout: refused as bad input before any rendezvous when it does not fit the model.
   const bool parallel = task.world_size() > 1;
   std::unique_ptr<train::RankLayout> layout;
@@ -283,7 +339,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
     progress.Emit("rendezvous", 0);
     watchdog.EnterStartup("rendezvous");
     auto connected = ConnectRankGroups(
-        task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); }, *cpu);
+        task, *topo, config, [&progress] { progress.Emit("rendezvous", 0); }, dev);
     if (!connected.ok()) {
       return Fail(progress, 0, kRankExitError,
                   absl::StrCat("rendezvous failed: ", connected.status().ToString()));
@@ -299,25 +355,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
         sh.esp_rank);
   }
 
-  // resources.device names the device; its backend is the one the model computes with. Only the
-  // CPU has a backend today (the controller refuses device: cuda at submit; a spec that still
-  // carries it gets BackendFor's refusal here).
   startup.set_rendezvous_unix(parallel ? RealClock().UnixSeconds() : startup.process_start_unix());
-  const device::Kind kind =
-      spec.resources().device() == "cuda" ? device::Kind::kCuda : device::Kind::kCpu;
-  absl::StatusOr<const device::Backend*> backend = device::BackendFor(kind);
-  if (!backend.ok()) {
-    return Fail(progress, 0, kRankExitBadInput,
-                absl::StrCat("resources.device: ", backend.status().message()));
-  }
-  tensor::DeviceArena arena(*cpu, spec.memory().device_budget());
+  // The activation arena, the pinned host pool and the copy engine on the rank's device.
+  tensor::DeviceArena arena(dev, spec.memory().device_budget());
   // memory.policy offload: the copy engine and host pool the model offloads through (declared
   // before the model, which must not outlive them).
   std::unique_ptr<memory::CopyEngine> copy_engine;
-  tensor::HostPool host_pool(*cpu, 0);
-  auto model = parallel ? model::GptMoe::Create(config, spec.train().seed(), *cpu, arena,
-                                                layout->shard, layout->model_groups())
-                        : model::GptMoe::Create(config, spec.train().seed(), *cpu, arena);
+  tensor::HostPool host_pool(dev, 0);
+  auto model = model::GptMoe::Create(
+      config, spec.train().seed(), dev, arena, parallel ? layout->shard : model::ModelShard{},
+      parallel ? layout->model_groups() : model::ParallelGroups{}, rank_device->precision);
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
@@ -376,7 +423,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   if (*policy == memory::MemoryPolicy::kOffload || *policy == memory::MemoryPolicy::kAdaptive) {
     memory::CopyEngineOptions copy_options;
     copy_options.host_link_gbps = spec.memory().host_link_gbps();
-    auto engine = memory::CopyEngine::Create(*cpu, copy_options);
+    auto engine = memory::CopyEngine::Create(dev, copy_options);
     if (!engine.ok()) {
       return Fail(progress, 0, kRankExitBadInput,
                   absl::StrCat("memory.host_link_gbps: ", engine.status().message()));
@@ -415,7 +462,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
             : absl::StrCat("budget ", spec.memory().device_budget(), " bytes, 2% kept free"),
         link, spec.memory().codec());
   }
-  spdlog::info("device {}: training on the {} backend", cpu->name(), (*model)->backend().name);
+  spdlog::info("device {} ({}): training on the {} backend, precision {}", dev.name(),
+               device::KindName(dev.kind()), (*model)->backend().name,
+               device::PrecisionName((*model)->backend().precision));
   if (config.spikes.enabled()) {
     spdlog::info(
         "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",

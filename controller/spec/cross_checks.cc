@@ -213,13 +213,20 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   // Accepted means implemented: these fields are part of the schema but not of this build's
   // runtime, so any value but the default is refused instead of being parsed and then ignored.
   // field_uses.h lists every field of the spec as used or refused; a test holds it.
-  // Only the CPU has a kernel backend (runtime/device/backend.h): a CUDA job would be placed on GPU
-  // workers and then train on their CPUs, and its commcheck would measure Gloo, not NCCL.
-  if (spec.resources().device() != "cpu") {
-    c.Fail({"resources.device"},
-           Problem{"is not available in this build (there is no CUDA backend yet: ranks train with "
-                   "the CPU kernels and talk over Gloo; the GPU path comes with its own release)",
+  // resources.device: a train job's ranks train on it (worker/train_rank.cc). A commcheck measures
+  // the Gloo transport between CPU ranks, which a device would not change.
+  if (spec.kind() != "train" && spec.resources().device() != "cpu") {
+    c.Fail({"resources.device", "kind"},
+           Problem{absl::StrCat("applies to train jobs only (a ", spec.kind(),
+                                " job measures the Gloo transport between CPU ranks)"),
                    absl::StrCat("'", spec.resources().device(), "'"), "cpu"});
+  }
+  // model.precision bf16 is the GEMMs of a discrete device's table (runtime/device/backend.h).
+  if (spec.model().precision() == "bf16" && spec.resources().device() == "cpu") {
+    c.Fail({"model.precision", "resources.device"},
+           Problem{"bf16 runs on a discrete device (resources.device cuda or emulated); the CPU "
+                   "trains in fp32",
+                   "'bf16'", "fp32 with resources.device cpu, or bf16 with cuda or emulated"});
   }
   if (spec.kind() == "train") {
     const std::string& policy = spec.memory().policy();

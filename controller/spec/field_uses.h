@@ -38,6 +38,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"model.heads", FieldUse::kUsed, "model().heads()"},
     {"model.layers", FieldUse::kUsed, "model().layers()"},
     {"model.dense_ffn", FieldUse::kUsed, "model().dense_ffn()"},
+    {"model.precision", FieldUse::kUsed, "model().precision()", "bf16"},
     {"model.moe_every", FieldUse::kUsed, "model().moe_every()"},
     {"model.expert_ffn", FieldUse::kUsed, "model().expert_ffn()"},
 
@@ -118,8 +119,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
 
     // The ranks are pp * dp * tp; resources.workers, when written, must say the same.
     {"resources.workers", FieldUse::kMustMatch, "3"},
-    // Used for placement (cpu workers), and refused unless cpu: no CUDA backend yet.
-    {"resources.device", FieldUse::kRefusedUnlessDefault, "cuda"},
+    // Used for placement (workers of that device kind) and by the rank, which trains on it.
+    {"resources.device", FieldUse::kUsed, "resources().device()"},
 
     {"commcheck.min_bytes", FieldUse::kUsed, "spec.min_bytes()"},
     {"commcheck.max_bytes", FieldUse::kUsed, "spec.max_bytes()"},

@@ -42,6 +42,7 @@ void ReadModel(MapReader& s, furnace::v1::ModelSpec* out) {
   out->set_dense_ffn(U32(s.Integer("dense_ffn", 1, kMaxU32), static_cast<uint32_t>(four_d)));
   out->set_moe_every(U32(s.Integer("moe_every", 1, kMaxU32), 1));
   out->set_expert_ffn(U32(s.Integer("expert_ffn", 1, kMaxU32), static_cast<uint32_t>(four_d)));
+  out->set_precision(s.Enum("precision", {"fp32", "bf16"}).value_or("fp32"));
   s.ReportUnknownKeys();
 }
 

@@ -128,7 +128,7 @@ void ResolveShrink(const furnace::v1::ParallelSpec& parallel, furnace::v1::Recov
 
 void ReadResources(MapReader& s, furnace::v1::ResourcesSpec* out) {
   out->set_workers(U32(s.Integer("workers", 1, kMaxU32), 0));
-  out->set_device(s.Enum("device", {"cpu", "cuda"}).value_or("cpu"));
+  out->set_device(s.Enum("device", {"cpu", "cuda", "emulated"}).value_or("cpu"));
   s.ReportUnknownKeys();
 }
 

@@ -177,11 +177,17 @@ void CopyEngine::Run() {
   }
 }
 
-absl::Status CopyEngine::OrderBefore(const CopyTicket& ticket, device::Stream& consumer) {
+absl::Status CopyEngine::OrderBefore(const CopyTicket& ticket, device::Stream& consumer,
+                                     bool* late) {
+  if (late != nullptr) *late = false;
   if (!ticket.valid()) return absl::OkStatus();
   CopyTicket::Job* job = ticket.job_.get();
   {
     absl::MutexLock lock(&mu_);
+    if (late != nullptr && !job->done) {
+      ++stats_.late_reloads;
+      *late = true;
+    }
     mu_.Await(absl::Condition(
         +[](CopyTicket::Job* j) { return j->launched || j->done; }, job));
     if (job->done) return job->status;  // complete (or refused, or cancelled): nothing to wait

@@ -29,7 +29,8 @@
 //
 // Late reloads: Wait(ticket, deadline) counts the job as late when it is not done by `deadline`
 // (a MonotonicSeconds reading of the engine's clock); a consumer passes "now" to ask "is the reload
-// there when I need it?". The count feeds the memory planner.
+// there when I need it?". OrderBefore(ticket, stream, &late) asks the same without waiting. The
+// count feeds the memory planner.
 //
 // Ownership: the engine owns its thread, queue, copy streams and events, never the bytes: src and
 // dst of a job must stay valid until its ticket is done (the stash keeps both buffers until then).
@@ -118,7 +119,11 @@ class CopyEngine {
   // Makes `consumer` wait (on the device) for the job's copy: work enqueued on `consumer` after
   // this call runs after the copy (the reload before its consumer). Blocks the host only until the
   // job is launched. The job's status when it failed or was cancelled; OK for an empty ticket.
-  absl::Status OrderBefore(const CopyTicket& ticket, device::Stream& consumer);
+  // With `late`: the job counts as a late reload (stats().late_reloads, *late) when it is not done
+  // at the call (the consumer's stream will wait for it), the stream-ordered counterpart of
+  // Wait(ticket, now, late).
+  absl::Status OrderBefore(const CopyTicket& ticket, device::Stream& consumer,
+                           bool* late = nullptr);
   // Blocks until the job is done; its status. An empty ticket: OK at once.
   absl::Status Wait(const CopyTicket& ticket);
   // As Wait, and counts a late reload (and sets *late) when the job is not done by `deadline`.

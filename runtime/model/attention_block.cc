@@ -49,7 +49,7 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   float* o = out.as<float>();
   if (dims.tp == 1) {
     ctx.ops.matmul_forward(o, yv, params + off.wo, params + off.bo, N, C, C);
-    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+    ctx.ops.add_inplace(o, x, NC);
   } else {
     ctx.ops.matmul_forward(o, yv, params + off.wo, nullptr, N, Cl, C);
     RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.bo, x, N, C));

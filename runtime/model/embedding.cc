@@ -1,7 +1,5 @@
 #include "runtime/model/embedding.h"
 
-#include <cstring>
-
 #include "runtime/base/status.h"
 
 namespace furnace::model {
@@ -11,12 +9,14 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
                                                 const float* wpe) {
   const int B = dims.B, T = dims.T, C = dims.C, N = dims.N();
   EmbeddingSaved saved;
+  // The token ids (host) uploaded: the data path's way in.
   ASSIGN_OR_RETURN(tensor::Buffer tok, AllocI32(ctx, N, "embedding.tokens"));  // (B, T)
-  std::memcpy(tok.data(), tokens, I32Bytes(N));
+  RETURN_IF_ERROR(Upload(ctx, tok.data(), tokens, I32Bytes(N)));
+  const int32_t* dev_tokens = tok.as<int32_t>();
   ASSIGN_OR_RETURN(saved.tokens, SaveI32(ctx, "embedding.tokens", -1, std::move(tok), {B, T}));
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, int64_t{N} * C, "embedding.out", false));
-  ctx.ops.embedding_forward(out.as<float>(), tokens, wte, wpe, B, T, C);  // (B, T, C)
+  ctx.ops.embedding_forward(out.as<float>(), dev_tokens, wte, wpe, B, T, C);  // (B, T, C)
   ASSIGN_OR_RETURN(saved.out, SaveF32(ctx, "embedding.out", -1, std::move(out), {B, T, C},
                                       {"embedding", {saved.tokens}, 0}));
   return saved;

@@ -14,7 +14,7 @@ struct EmbeddingSaved {
 };
 
 absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& dims,
-                                                const int32_t* tokens,  // (B, T)
+                                                const int32_t* tokens,  // (B, T) host
                                                 const float* wte,       // (V, C)
                                                 const float* wpe);      // (T, C)
 // dres (B, T, C): gradient of the residual stream leaving the embedding.

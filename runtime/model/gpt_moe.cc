@@ -74,8 +74,7 @@ GptMoe::GptMoe(const ModelConfig& config, const device::Backend& ops, device::De
       device_(device),
       arena_(activations),
       stash_(device.kind()),
-      params_(layout_.total),
-      grads_(layout_.total, 0.0f) {
+      uploads_(device) {
   stash_.SetDeviceMemory(&arena_, &ops_);
   global_params_ = shard.whole() ? layout_.total : BuildParamLayout(config).total;
 }
@@ -89,26 +88,32 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
                                                        device::Device& device,
                                                        tensor::DeviceArena& activations,
                                                        const ModelShard& shard,
-                                                       ParallelGroups groups) {
+                                                       ParallelGroups groups,
+                                                       device::Precision precision) {
   RETURN_IF_ERROR(config.Validate());
-  ASSIGN_OR_RETURN(const device::Backend* ops, device::BackendFor(device));
-  if (device.kind() != device::Kind::kCpu) {
-    // The model's parameters and its stash live in host memory; only the CPU device can run it.
-    return absl::UnimplementedError(absl::StrCat("GptMoe: device '", device.name(), "' (",
-                                                 device::KindName(device.kind()),
-                                                 "): the model runs only on the cpu device"));
-  }
+  ASSIGN_OR_RETURN(const device::Backend* ops, device::BackendFor(device, precision));
   if (&activations.device() != &device) {
     return absl::InvalidArgumentError("GptMoe: the activation arena belongs to another device");
   }
   std::unique_ptr<GptMoe> model(new GptMoe(config, *ops, device, activations, shard, groups));
+  const uint64_t bytes = static_cast<uint64_t>(model->layout_.total) * sizeof(float);
+  ASSIGN_OR_RETURN(model->params_, tensor::DeviceMemory::Allocate(device, bytes, "parameters"));
+  ASSIGN_OR_RETURN(model->grads_, tensor::DeviceMemory::Allocate(device, bytes, "gradients"));
+  // Initialised on the host (counter-based, layout-independent: init.h), then uploaded once.
+  std::vector<float> init(model->layout_.total);
   for (const train::ParamInfo& p : model->layout_.params) {
-    InitParameter(seed, p, config.layers, model->params_.data() + p.offset);
+    InitParameter(seed, p, config.layers, init.data() + p.offset);
   }
+  RETURN_IF_ERROR(tensor::CopyToDevice(device, model->params_.data(), init.data(), bytes));
+  RETURN_IF_ERROR(tensor::Fill(device, model->grads_.data(), 0, bytes));
   return model;
 }
 
-void GptMoe::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void GptMoe::ZeroGrad() {
+  // Enqueued on the current stream; a failure is the device's sticky error, reported by the next
+  // synchronisation.
+  tensor::Fill(device_, grads_.data(), 0, grads_.bytes()).IgnoreError();
+}
 
 train::MemoryActionTotals GptMoe::MemoryActions() const {
   const StashActionStats a = stash_.action_stats();
@@ -200,6 +205,7 @@ ModuleContext GptMoe::Context() {
   MemoryHooks* hooks = adaptive() && arena_.budget() > 0 && !evaluating_ ? this : nullptr;
   ModuleContext ctx{ops_, arena_, stash_, groups_, hooks};
   ctx.moe_counters = &moe_counters_;
+  ctx.uploads = &uploads_;
   return ctx;
 }
 
@@ -232,7 +238,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
-  const float* p = params_.data();
+  const float* p = params_.as<float>();
   const auto t0 = std::chrono::steady_clock::now();
   ForwardState st;
   st.B = B;
@@ -255,7 +261,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   } else {
     const int64_t NC = int64_t{dims.N()} * dims.C;
     ASSIGN_OR_RETURN(tensor::Buffer in, AllocF32(ctx, NC, "stage.input", false));  // (B, T, C)
-    std::copy(x_in, x_in + NC, in.as<float>());
+    RETURN_IF_ERROR(tensor::CopyOnDevice(device_, in.data(), x_in, F32Bytes(NC)));
     ASSIGN_OR_RETURN(st.input, SaveF32(ctx, "stage.input", shard_.first_layer, std::move(in),
                                        {B, dims.T, dims.C}));
   }
@@ -311,8 +317,8 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   const Dims dims{st.B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
-  const float* p = params_.data();
-  float* g = grads_.data();
+  const float* p = params_.as<float>();
+  float* g = grads_.as<float>();
   const int64_t NC = int64_t{dims.N()} * dims.C;
   cur_micro_ = st.micro;
   in_backward_ = true;
@@ -336,7 +342,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
                                  g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head,
                                  top, ce_scale, dres));
   } else {
-    std::copy(dx_out, dx_out + NC, dres);
+    RETURN_IF_ERROR(tensor::CopyOnDevice(device_, dres, dx_out, F32Bytes(NC)));
   }
   for (int i = static_cast<int>(st.layers.size()) - 1; i >= 0; --i) {
     const LayerOffsets& off = layout_.layers[shard_.first_layer + i];
@@ -365,7 +371,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {0}, kNoModule, reserve(0)));
     return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
   }
-  std::copy(dres, dres + NC, dx_in);
+  RETURN_IF_ERROR(tensor::CopyOnDevice(device_, dx_in, dres, F32Bytes(NC)));
   return stash_.Release(st.input);
 }
 
@@ -459,7 +465,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardOnly(const int32_t* input
     const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
     ModuleContext ctx = Context();
     ASSIGN_OR_RETURN(const float* o, GetF32(ctx, top));
-    std::copy(o, o + ActivationFloats(B), x_out);
+    RETURN_IF_ERROR(tensor::CopyOnDevice(device_, x_out, o, F32Bytes(ActivationFloats(B))));
   }
   return r;
 }
@@ -481,7 +487,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::StageForward(int micro, const in
     const StashHandle top = st.layers.empty() ? st.first_input() : st.layers.back().out();
     ModuleContext ctx = Context();
     ASSIGN_OR_RETURN(const float* o, GetF32(ctx, top));
-    std::copy(o, o + int64_t{B} * config_.seq_len * config_.d_model, x_out);
+    RETURN_IF_ERROR(tensor::CopyOnDevice(device_, x_out, o, F32Bytes(ActivationFloats(B))));
   }
   in_flight_[micro] = std::make_unique<ForwardState>(std::move(st));
   max_in_flight_ = std::max(max_in_flight_, static_cast<int>(in_flight_.size()));

@@ -2,10 +2,31 @@
 // backend (runtime/device/backend.h; on the CPU backend it is the oracle every parallel layout and
 // memory policy is compared with).
 //
-// Parameters and gradients are one flat fp32 array each (ParamLayout). Activations come from the
-// DeviceArena given at creation and everything saved for backward goes through the Stash, so a
-// memory planner sees every saved tensor. ForwardBackward frees everything it allocated before it
-// returns, on success and on error.
+// Parameters and gradients are one flat fp32 array each (ParamLayout), each one allocation of the
+// device's memory outside the activation arena (tensor::DeviceMemory), initialised on the host
+// and uploaded at creation. Activations come from the DeviceArena given at creation and
+// everything saved for backward goes through the Stash, so a memory planner sees every saved
+// tensor. ForwardBackward frees everything it allocated before it returns, on success and on
+// error.
+//
+// Devices and streams (train::Trainable has the contract): every op goes through the device's
+// backend, on the calling thread's current stream (device::StreamScope; none: the device's default
+// stream), so on a discrete device (emulated, CUDA) the model enqueues and the host runs ahead.
+// The host transfers of the data path, and the only places the host waits for the stream:
+//   tokens and targets in      (UploadRing: pinned staging, no wait unless the ring comes round);
+//   each MoE layer's forward   the top-k indices (and under s1 the router probabilities) copied
+//                              to the host and the stream synchronised: the dispatch plan is built
+//                              on the host from them (backend.h), and the aux loss comes back as a
+//                              host scalar (aux_loss_forward synchronises too); backward and the
+//                              rebuilds reuse the host indices (MoeSaved::host_indices), so they
+//                              do not wait;
+//   the head's forward         the per-token losses copied back and the stream synchronised (the
+//                              loss is a host value), and the logits when captured;
+//   collectives                a communicator over a host transport (comm::ForDevice) stages
+//                              device buffers through the host and synchronises per call.
+// Everything else (residual adds, the tied head's transpose, the stage activations in and out,
+// zero fills) stays on the stream. On the CPU device every op has finished when it returns, and
+// the results are bit-identical to the host loops these ops replaced.
 //
 // Declared activation bytes: each module states its saved bytes and its forward / backward peaks
 // by replaying its own allocation order (module.h). ActivationBytesForRouting(B, rows) composes
@@ -90,7 +111,9 @@
 #include "runtime/moe/executor.h"
 #include "runtime/moe/schedule.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/device_memory.h"
 #include "runtime/tensor/host_pool.h"
+#include "runtime/tensor/transfer.h"
 #include "runtime/trainable/trainable.h"
 
 namespace furnace::model {
@@ -100,22 +123,23 @@ struct ForwardState;
 class GptMoe final : public train::PipelineStage, private MemoryHooks {
  public:
   // `device` and `activations` must outlive the model. The model computes with the device's
-  // backend (device::BackendFor); a device without one is refused with BackendFor's
-  // Unimplemented, which names the device.
+  // backend at `precision` (device::BackendFor(device, precision)); a device without one is
+  // refused with BackendFor's Unimplemented, which names the device and the precision.
   // `shard` must fit `config` (runtime/topology validates layouts); the groups must outlive the
-  // model.
-  static absl::StatusOr<std::unique_ptr<GptMoe>> Create(const ModelConfig& config, uint64_t seed,
-                                                        device::Device& device,
-                                                        tensor::DeviceArena& activations,
-                                                        const ModelShard& shard = {},
-                                                        ParallelGroups groups = {});
+  // model and take buffers of `device` (comm::ForDevice over a host transport). ResourceExhausted
+  // when the device cannot hold the parameters and gradients.
+  static absl::StatusOr<std::unique_ptr<GptMoe>> Create(
+      const ModelConfig& config, uint64_t seed, device::Device& device,
+      tensor::DeviceArena& activations, const ModelShard& shard = {}, ParallelGroups groups = {},
+      device::Precision precision = device::Precision::kFp32);
   ~GptMoe() override;
 
   // train::Trainable.
   const std::vector<train::ParamInfo>& params() const override { return layout_.params; }
   int64_t num_params() const override { return layout_.total; }
-  float* param_data() override { return params_.data(); }
-  float* grad_data() override { return grads_.data(); }
+  device::Device& device() override { return device_; }
+  float* param_data() override { return params_.as<float>(); }
+  float* grad_data() override { return grads_.as<float>(); }
   void ZeroGrad() override;
   absl::StatusOr<train::MicroBatchResult> ForwardBackward(const int32_t* inputs,
                                                           const int32_t* targets, int B,
@@ -216,7 +240,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // What the schedules' ops moved on this rank so far, per op (executor.h).
   const moe::ExchangeCounters& moe_op_counters() const { return moe_counters_; }
 
-  // When on, each forward copies its logits (B, T, V) to the host for last_logits().
+  // When on, each forward copies its logits (B, T, V) to the host for last_logits() (a host
+  // transfer: the stream is synchronised for it).
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<float>& last_logits() const { return last_logits_; }
 
@@ -290,8 +315,9 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   device::Device& device_;
   tensor::DeviceArena& arena_;
   Stash stash_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  tensor::DeviceMemory params_;  // (num_params) memory of device_
+  tensor::DeviceMemory grads_;   // (num_params) memory of device_
+  tensor::UploadRing uploads_;   // the token and target uploads
   uint64_t last_stashed_bytes_ = 0;
   memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;

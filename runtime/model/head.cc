@@ -1,6 +1,6 @@
 #include "runtime/model/head.h"
 
-#include <cstring>
+#include <vector>
 
 #include "runtime/base/status.h"
 
@@ -13,8 +13,10 @@ absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int 
   const int64_t NC = int64_t{N} * C, NV = int64_t{N} * V;
   HeadSaved s;
 
+  // The target ids (host) uploaded.
   ASSIGN_OR_RETURN(tensor::Buffer tgt, AllocI32(ctx, N, "head.targets"));  // (B, T)
-  std::memcpy(tgt.data(), targets, I32Bytes(N));
+  RETURN_IF_ERROR(Upload(ctx, tgt.data(), targets, I32Bytes(N)));
+  const int32_t* dev_targets = tgt.as<int32_t>();
   ASSIGN_OR_RETURN(s.targets, SaveI32(ctx, "head.targets", -1, std::move(tgt), {B, T}));
 
   ASSIGN_OR_RETURN(SavedNorm norm, NormForward(ctx, dims, "lnf", -1, x_in, lnf_w, lnf_b));
@@ -24,20 +26,24 @@ absl::StatusOr<HeadSaved> HeadForward(ModuleContext& ctx, const Dims& dims, int 
   ASSIGN_OR_RETURN(const float* y, GetF32(ctx, s.ln_out));  // (B, T, C)
 
   ASSIGN_OR_RETURN(tensor::Buffer wte_t, AllocF32(ctx, int64_t{C} * V, "head.wte_t", false));
-  float* wt = wte_t.as<float>();  // (C, V)
-  for (int v = 0; v < V; ++v) {
-    for (int c = 0; c < C; ++c) wt[int64_t{c} * V + v] = wte[int64_t{v} * C + c];
-  }
+  ctx.ops.transpose(wte_t.as<float>(), wte, V, C);  // (C, V) = wte (V, C) transposed
   ASSIGN_OR_RETURN(tensor::Buffer logits, AllocF32(ctx, NV, "head.logits", false));  // (B, T, V)
-  ctx.ops.matmul_forward(logits.as<float>(), y, wt, nullptr, N, C, V);
+  ctx.ops.matmul_forward(logits.as<float>(), y, wte_t.as<float>(), nullptr, N, C, V);
   wte_t.Reset();
-  if (logits_out != nullptr) logits_out->assign(logits.as<float>(), logits.as<float>() + NV);
+  if (logits_out != nullptr) {  // a host transfer (tests and sampling): the stream waits
+    logits_out->resize(NV);
+    RETURN_IF_ERROR(ToHost(ctx, logits_out->data(), logits.data(), F32Bytes(NV)));
+  }
 
   ASSIGN_OR_RETURN(tensor::Buffer probs, AllocF32(ctx, NV, "head.probs", false));   // (B, T, V)
   ASSIGN_OR_RETURN(tensor::Buffer losses, AllocF32(ctx, N, "head.losses", false));  // (B, T)
-  ctx.ops.cross_entropy_forward(losses.as<float>(), probs.as<float>(), logits.as<float>(), targets,
-                                N, V);
-  for (int i = 0; i < N; ++i) s.ce_sum += losses.as<float>()[i];
+  ctx.ops.cross_entropy_forward(losses.as<float>(), probs.as<float>(), logits.as<float>(),
+                                dev_targets, N, V);
+  // The loss is a host value: the per-token losses come back (the stream waits) and are summed
+  // in token order.
+  std::vector<float> host_losses(N);
+  RETURN_IF_ERROR(ToHost(ctx, host_losses.data(), losses.data(), F32Bytes(N)));
+  for (int i = 0; i < N; ++i) s.ce_sum += host_losses[i];
   losses.Reset();
   logits.Reset();
   ASSIGN_OR_RETURN(s.probs, SaveF32(ctx, "head.probs", -1, std::move(probs), {B, T, V},

@@ -43,7 +43,7 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   float* o = out.as<float>();
   if (dims.tp == 1) {
     ctx.ops.matmul_forward(o, h, params + off.w2, params + off.b2, N, F, C);
-    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+    ctx.ops.add_inplace(o, x, NC);
   } else {  // row-parallel w2 (F is this rank's column block of the hidden width)
     ctx.ops.matmul_forward(o, h, params + off.w2, nullptr, N, F, C);
     RETURN_IF_ERROR(RowParallelFinish(ctx, o, params + off.b2, x, N, C));

@@ -1,7 +1,6 @@
 #include "runtime/model/module.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +42,17 @@ absl::StatusOr<tensor::Buffer> Allocate(ModuleContext& ctx, int64_t bytes, std::
 
 absl::StatusOr<tensor::Buffer> AllocF32(ModuleContext& ctx, int64_t n, std::string tag, bool zero) {
   ASSIGN_OR_RETURN(tensor::Buffer buffer, Allocate(ctx, F32Bytes(n), std::move(tag)));
-  if (zero && n > 0) std::memset(buffer.data(), 0, buffer.bytes());
+  if (zero && n > 0) RETURN_IF_ERROR(tensor::Fill(ctx.device(), buffer.data(), 0, buffer.bytes()));
   return buffer;
+}
+
+absl::Status Upload(ModuleContext& ctx, void* dst, const void* src, int64_t bytes) {
+  if (ctx.uploads != nullptr) return ctx.uploads->Upload(dst, src, static_cast<size_t>(bytes));
+  return tensor::CopyToDevice(ctx.device(), dst, src, static_cast<size_t>(bytes));
+}
+
+absl::Status ToHost(ModuleContext& ctx, void* dst, const void* src, int64_t bytes) {
+  return tensor::CopyToHost(ctx.device(), dst, src, static_cast<size_t>(bytes));
 }
 
 absl::StatusOr<tensor::Buffer> AllocI32(ModuleContext& ctx, int64_t n, std::string tag) {
@@ -145,11 +153,7 @@ ModuleBytes DeclareModule(const std::vector<SavedTensorBytes>& saved, int64_t fo
 absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias, const float* x,
                                int64_t N, int C) {
   if (ctx.tp_size() > 1) RETURN_IF_ERROR(ctx.groups.tp->AllReduce(out, N * C));
-  for (int64_t n = 0; n < N; ++n) {
-    float* row = out + n * C;
-    const float* xr = x + n * C;
-    for (int c = 0; c < C; ++c) row[c] = (row[c] + bias[c]) + xr[c];
-  }
+  ctx.ops.bias_residual(out, bias, x, N, C);
   return absl::OkStatus();
 }
 

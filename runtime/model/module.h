@@ -25,6 +25,7 @@
 #include "runtime/memory/policy.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::moe {
 class ExchangeCounters;
@@ -76,7 +77,10 @@ class MemoryHooks {
   virtual bool MakeRoom(uint64_t bytes) = 0;
 };
 
-// `ops`: the backend of the arena's device (device::BackendFor); every kernel call goes through it.
+// `ops`: the backend of the arena's device (device::BackendFor); every kernel call goes through it,
+// on the calling thread's current stream. Every pointer a module computes on is memory of that
+// device except where a comment says host; bytes cross between the two only through the helpers
+// below (Upload, ToHost) and the copies of runtime/tensor/transfer.h.
 struct ModuleContext {
   const device::Backend& ops;
   tensor::DeviceArena& arena;
@@ -85,8 +89,18 @@ struct ModuleContext {
   MemoryHooks* hooks = nullptr;  // nullptr: no planner
   // The MoE schedules' per-op byte counters (runtime/moe/executor.h); nullptr: not counted.
   moe::ExchangeCounters* moe_counters = nullptr;
+  // Where host inputs (tokens, targets) are staged on their way to the device; nullptr: copied
+  // and waited for (tensor::CopyToDevice).
+  tensor::UploadRing* uploads = nullptr;
   int tp_size() const { return groups.tp == nullptr ? 1 : groups.tp->size(); }
+  device::Device& device() const { return arena.device(); }
 };
+
+// The data path's host transfers (gpt_moe.h lists where they happen):
+// dst (device) <- src (host), on the current stream; src may be reused on return.
+absl::Status Upload(ModuleContext& ctx, void* dst, const void* src, int64_t bytes);
+// dst (host) <- src (device), the current stream synchronised: dst holds the bytes on return.
+absl::Status ToHost(ModuleContext& ctx, void* dst, const void* src, int64_t bytes);
 
 // Row-parallel output: out (N, C) holds this rank's partial product; sums it over the TP group,
 // then adds the bias (C) and the residual x (N, C). With tp == 1 only the adds.
@@ -137,7 +151,8 @@ inline constexpr float kLayerNormEps = 1e-5f;  // MODEL.md: every LayerNorm
 constexpr int64_t F32Bytes(int64_t n) { return 4 * n; }
 constexpr int64_t I32Bytes(int64_t n) { return 4 * n; }
 
-// Arena scratch of n floats / int32s; `zero` fills it with 0 (backward accumulators).
+// Arena scratch of n floats / int32s; `zero` fills it with 0 (backward accumulators), enqueued on
+// the current stream.
 absl::StatusOr<tensor::Buffer> AllocF32(ModuleContext& ctx, int64_t n, std::string tag, bool zero);
 absl::StatusOr<tensor::Buffer> AllocI32(ModuleContext& ctx, int64_t n, std::string tag);
 

@@ -7,14 +7,38 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/moe/executor.h"
+#include "runtime/tensor/device_memory.h"
 
 namespace furnace::model {
 
 namespace {
 
 moe::ScheduleExecutor ExecutorOf(const ModuleContext& ctx, const MoeShape& m) {
-  return moe::ScheduleExecutor(m.schedule, {ctx.groups.tp, {ctx.groups.ep, ctx.groups.esp}}, m.E,
+  return moe::ScheduleExecutor(m.schedule,
+                               {ctx.groups.tp, {ctx.groups.ep, ctx.groups.esp, &ctx.device()}}, m.E,
                                ctx.moe_counters);
+}
+
+// Adds the spike's bias to the forced tokens' logits (N, E). The host can address the logits on
+// the CPU device (RoutingSpike::Apply as it is); elsewhere the bias (kSpikeBias on the forced
+// entries, 0 elsewhere: adding 0 leaves a logit as it is, but for the sign of a zero, which the
+// softmax does not see) is uploaded into device memory outside the arena, so the declared bytes
+// do not change, and added on the stream.
+absl::Status ApplySpike(ModuleContext& ctx, const RoutingSpike& spike, float* logits, int N,
+                        int E) {
+  device::Device& device = ctx.device();
+  if (device::HostAddressable(device)) {
+    spike.Apply(logits, N, E);
+    return absl::OkStatus();
+  }
+  const int64_t NE = int64_t{N} * E;
+  std::vector<float> bias(NE, 0.0f);
+  spike.Apply(bias.data(), N, E);
+  ASSIGN_OR_RETURN(tensor::DeviceMemory dev_bias,
+                   tensor::DeviceMemory::Allocate(device, F32Bytes(NE), "routing-spike bias"));
+  RETURN_IF_ERROR(Upload(ctx, dev_bias.data(), bias.data(), F32Bytes(NE)));
+  ctx.ops.add_inplace(logits, dev_bias.as<float>(), NE);
+  return absl::OkStatus();  // dev_bias is freed in the stream's order, after the add
 }
 
 int64_t Scratch(const moe::DispatchHandle& h, int C) {
@@ -31,7 +55,7 @@ absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInp
   ASSIGN_OR_RETURN(tensor::Buffer probs,
                    AllocF32(ctx, NE, r.prefix + "moe.router_probs", false));  // (N, E)
   ctx.ops.matmul_forward(logits.as<float>(), u, r.weight, nullptr, r.N, r.C, r.E);
-  if (r.spike.has_value()) r.spike->Apply(logits.as<float>(), r.N, r.E);
+  if (r.spike.has_value()) RETURN_IF_ERROR(ApplySpike(ctx, *r.spike, logits.as<float>(), r.N, r.E));
   ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), r.N, r.E);
   return probs;
 }
@@ -56,6 +80,7 @@ absl::StatusOr<TopK> TopKForward(ModuleContext& ctx, const MoeShape& m, const fl
 // The dispatch plan of the gated tokens: of the whole micro-batch, or under s1 of this peer's
 // slice with the group's capacity and the queue positions of the peers before it (`queued`,
 // empty otherwise), so the peers keep exactly the choices one plan over all N tokens keeps.
+// `indices` (gated, k) are HOST memory (MoeSaved::host_indices): the plan is built on the host.
 device::DispatchPlan PlanOf(const ModuleContext& ctx, const MoeShape& m, const int32_t* indices,
                             int gated, int N, const std::vector<int64_t>& queued) {
   if (queued.empty())
@@ -183,8 +208,14 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   }
   ASSIGN_OR_RETURN(const float* probs, GetF32(ctx, s.probs));
   ASSIGN_OR_RETURN(TopK topk, TopKForward(ctx, m, probs, G, p));
-  const int32_t* indices = topk.indices.as<int32_t>();
+  const int32_t* indices = topk.indices.as<int32_t>();  // (G, k) device
   const float* g = topk.gates.as<float>();
+  // The routing comes to the host (the stream waits): the dispatch plan is built there, and
+  // backward and the rebuilds reuse this copy (the indices a rebuild recomputes are the same).
+  auto host_indices = std::make_shared<std::vector<int32_t>>(int64_t{G} * K);
+  RETURN_IF_ERROR(ToHost(ctx, host_indices->data(), indices, I32Bytes(int64_t{G} * K)));
+  s.host_indices = host_indices;
+  const int32_t* hidx = host_indices->data();
   {
     RecomputeSpec spec_i{"topk", {s.probs}, 0};
     spec_i.rebuild = [ctx, m, probs = s.probs, G, p]() mutable -> absl::StatusOr<tensor::Buffer> {
@@ -206,10 +237,13 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   if (G < N) {
     // s1: the aux loss and the capacity cut of the whole group, from every peer's statistics.
     std::vector<int64_t> counts(E, 0);
-    for (int64_t i = 0; i < int64_t{G} * K; ++i) ++counts[indices[i]];
+    for (int64_t i = 0; i < int64_t{G} * K; ++i) ++counts[hidx[i]];
+    // The router probabilities too (the stream waits again): their sums are host statistics.
+    std::vector<float> host_probs(int64_t{G} * E);
+    RETURN_IF_ERROR(ToHost(ctx, host_probs.data(), probs, F32Bytes(int64_t{G} * E)));
     std::vector<double> psum(E, 0.0);
     for (int n = 0; n < G; ++n) {
-      for (int e = 0; e < E; ++e) psum[e] += probs[int64_t{n} * E + e];
+      for (int e = 0; e < E; ++e) psum[e] += host_probs[int64_t{n} * E + e];
     }
     ASSIGN_OR_RETURN(const moe::GateStats stats, ex.ExchangeGateStats(counts, psum));
     s.aux = GroupAuxLoss(m, stats, N);
@@ -220,7 +254,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   }
 
   // Dispatch: from here on the sizes depend on routing.
-  const device::DispatchPlan plan = PlanOf(ctx, m, indices, G, N, s.queued);
+  const device::DispatchPlan plan = PlanOf(ctx, m, hidx, G, N, s.queued);
   const int64_t S = plan.rows();
   s.rows = S;
   if (G < N) {
@@ -281,20 +315,19 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
                      AllocF32(ctx, int64_t{G} * C, p + "moe.residual_slice", false));  // (G, C)
     float* mo = mine.as<float>();
     ctx.ops.unpermute_forward(mo, eo.as<float>(), g, plan, C);
-    for (int64_t i = 0; i < int64_t{G} * C; ++i) mo[i] += x[g0 * C + i];
+    ctx.ops.add_inplace(mo, x + g0 * C, int64_t{G} * C);
     RETURN_IF_ERROR(ex.MpAllGather(mo, G, o, C));
   } else {
     ctx.ops.unpermute_forward(o, eo.as<float>(), g, plan, C);
-    for (int64_t i = 0; i < NC; ++i) o[i] += x[i];
+    ctx.ops.add_inplace(o, x, NC);
   }
 
   RecomputeSpec spec_x{
       s.distributed ? "permute+dispatch" : "permute", {s.ln_out, s.indices}, 0, collective};
-  spec_x.rebuild = [ctx, m, ln_out = s.ln_out, idx = s.indices, dispatch, G, N, g0, C,
+  spec_x.rebuild = [ctx, m, ln_out = s.ln_out, host_indices, dispatch, G, N, g0, C,
                     queued = s.queued, p]() mutable -> absl::StatusOr<tensor::Buffer> {
     ASSIGN_OR_RETURN(const float* ur, GetF32(ctx, ln_out));
-    ASSIGN_OR_RETURN(const int32_t* ir, GetI32(ctx, idx));
-    const device::DispatchPlan pl = PlanOf(ctx, m, ir, G, N, queued);
+    const device::DispatchPlan pl = PlanOf(ctx, m, host_indices->data(), G, N, queued);
     return ExpertInput(ctx, m, p, ur + g0 * C, pl, dispatch.get(), C);
   };
   ASSIGN_OR_RETURN(s.xin, SaveF32(ctx, p + "moe.expert_input", layer, std::move(xin), {R, C},
@@ -360,7 +393,10 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   ASSIGN_OR_RETURN(const float* hid, GetF32(ctx, s.hidden));
   ASSIGN_OR_RETURN(const float* eo, GetF32(ctx, s.eo));
 
-  const device::DispatchPlan plan = PlanOf(ctx, m, indices, G, N, s.queued);
+  if (s.host_indices == nullptr) {
+    return absl::InternalError("moe backward: the forward kept no host copy of the routing");
+  }
+  const device::DispatchPlan plan = PlanOf(ctx, m, s.host_indices->data(), G, N, s.queued);
   const int64_t S = plan.rows();
   if (S != s.rows) {
     return absl::InternalError(
@@ -413,14 +449,15 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                         m.normalize);
   if (G < N) {
     // s1: d aux / d probs of the group's loss: alpha E frac_e / N for every token, with the
-    // group's choice fractions and token count (AuxLossBackward's formula over all N tokens).
-    float* dp = dprobs.as<float>();
+    // group's choice fractions and token count (AuxLossBackward's formula over all N tokens):
+    // one host row (E) added to every row of dprobs.
+    std::vector<float> coef(E);
     for (int e = 0; e < E; ++e) {
       const double frac = static_cast<double>(s.group_choices[e]) / (static_cast<double>(K) * N);
-      const float coef = static_cast<float>(static_cast<double>(static_cast<float>(aux_scale)) *
-                                            static_cast<float>(m.alpha) * E * frac / N);
-      for (int n = 0; n < G; ++n) dp[int64_t{n} * E + e] += coef;
+      coef[e] = static_cast<float>(static_cast<double>(static_cast<float>(aux_scale)) *
+                                   static_cast<float>(m.alpha) * E * frac / N);
     }
+    ctx.ops.add_row(dprobs.as<float>(), coef.data(), G, E);
   } else {
     ctx.ops.aux_loss_backward(dprobs.as<float>(), indices, N, E, K, static_cast<float>(m.alpha),
                               static_cast<float>(aux_scale));

@@ -8,8 +8,8 @@
 // rows go to the expert ranks through moe::ExpertDispatcher and come back before the weighted
 // combine; the expert buffers then hold R rows (what this rank's experts process). The declared
 // bytes below follow both paths (MoeRows).
-// The dispatch plan is not saved: backward rebuilds it from the saved top-k indices (a pure
-// function of them).
+// The dispatch plan is not saved: backward rebuilds it from the top-k indices (a pure function of
+// them), from the host copy forward made of them (the plan is built on the host).
 // Saved tensors and their rebuilds (memory policies, runtime/memory/policy.h). One tag per shape:
 //   moe.expert_input (R, C)     the rows the local experts process; rebuilt by permuting LN2's
 //                               output again and, distributed, re-running the dispatch all-to-all
@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,12 +74,15 @@ struct MoeSaved {
   StashHandle ln_out, ln_mean, ln_rstd;  // (B, T, C), (B, T), (B, T)
   StashHandle probs;                     // (G, E) router softmax of the gated tokens
   StashHandle indices;                   // (G, k) int32 chosen experts
-  StashHandle gates;                     // (G, k)
-  StashHandle xin;                       // (R, C) moe.expert_input (R = S on one rank)
-  StashHandle pre;                       // (R, fl) xin @ W1 + b1
-  StashHandle hidden;                    // (R, fl) GELU(pre)
-  StashHandle eo;                        // (S, C) moe.combined_output, in routed order
-  StashHandle out;                       // (B, T, C) residual stream after the layer
+  // The same (G, k) indices in host memory, copied once in forward: the dispatch plan of the
+  // forward, of backward and of the expert-input rebuild is built from it (host memory).
+  std::shared_ptr<const std::vector<int32_t>> host_indices;
+  StashHandle gates;   // (G, k)
+  StashHandle xin;     // (R, C) moe.expert_input (R = S on one rank)
+  StashHandle pre;     // (R, fl) xin @ W1 + b1
+  StashHandle hidden;  // (R, fl) GELU(pre)
+  StashHandle eo;      // (S, C) moe.combined_output, in routed order
+  StashHandle out;     // (B, T, C) residual stream after the layer
   // The tokens this rank gates: [gate_first, gate_first + gated) of the N (all of them, except
   // under s1 on tp > 1: this peer's slice).
   int64_t gate_first = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::model {
 
@@ -325,6 +326,9 @@ absl::Status Stash::Offload(StashHandle handle) {
   if (engine_ == nullptr || host_ == nullptr) {
     return WrongState(e.info, "offload", "no copy engine and host pool are set");
   }
+  if (Pending(engine_, e.to_device)) {
+    return WrongState(e.info, "offload", "its reload is still being copied");
+  }
   if (e.info.bytes == 0) return absl::OkStatus();
   absl::StatusOr<tensor::Buffer> host = host_->Allocate(e.info.bytes, e.info.producer);
   if (!host.ok()) return host.status();
@@ -334,9 +338,11 @@ absl::Status Stash::Offload(StashHandle handle) {
   e.keep_device = false;
   e.copy_error = absl::OkStatus();
   const int64_t id = e.info.id;
-  e.to_host =
-      engine_->Submit(memory::CopyDirection::kDeviceToHost, e.host.data(), e.buffer.data(),
-                      e.info.bytes, [this, id](const absl::Status& s) { OnOffloaded(id, s); });
+  // The copy waits for what the compute stream has enqueued so far (the kernels writing the
+  // tensor), by an event recorded now on it.
+  e.to_host = engine_->Submit(
+      memory::CopyDirection::kDeviceToHost, e.host.data(), e.buffer.data(), e.info.bytes,
+      [this, id](const absl::Status& s) { OnOffloaded(id, s); }, ComputeStreamLocked());
   if (engine_->Done(e.to_host)) {  // refused (the hook cannot have run: it needs our lock)
     const absl::Status refused = engine_->Wait(e.to_host);
     e.host.Reset();
@@ -383,9 +389,10 @@ absl::StatusOr<memory::CopyTicket> Stash::StartReloadLocked(Entry& e) {
   e.incoming = std::move(*incoming);
   NoteKeptLocked(e.incoming.bytes());
   const int64_t id = e.info.id;
-  e.to_device =
-      engine_->Submit(memory::CopyDirection::kHostToDevice, e.incoming.data(), e.host.data(),
-                      e.info.bytes, [this, id](const absl::Status& s) { OnReloaded(id, s); });
+  // After the compute stream's work so far: the destination was allocated in its order.
+  e.to_device = engine_->Submit(
+      memory::CopyDirection::kHostToDevice, e.incoming.data(), e.host.data(), e.info.bytes,
+      [this, id](const absl::Status& s) { OnReloaded(id, s); }, ComputeStreamLocked());
   if (engine_->Done(e.to_device)) {  // refused
     const absl::Status refused = engine_->Wait(e.to_device);
     kept_bytes_ -= e.incoming.bytes();
@@ -401,6 +408,18 @@ void Stash::OnReloaded(int64_t id, const absl::Status& status) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   Entry& e = it->second;
+  if (e.reload_ordered) {
+    // The compute stream already reads `buffer` after this copy (RestoreOne): the host copy goes.
+    e.reload_ordered = false;
+    if (!status.ok()) {
+      e.copy_error = status;
+      return;
+    }
+    action_stats_.reloaded_bytes += e.info.bytes;
+    doomed = std::move(e.host);
+    e.landed = false;
+    return;
+  }
   if (!status.ok()) {
     kept_bytes_ -= e.incoming.bytes();
     doomed = std::move(e.incoming);
@@ -475,6 +494,7 @@ absl::Status Stash::DecodeLocked(Entry& e) {
 absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   memory::CopyTicket ticket;
   memory::CopyEngine* engine = nullptr;
+  device::Stream* consumer = nullptr;  // set: order the reload before this stream's work
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(handle.id);
@@ -487,15 +507,38 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
     } else if (e.info.state == StashState::kOffloaded) {
       // Wanted back before its offload landed: the device bytes stay, and waiting for that copy
       // is not a reload, so it can never be a late one.
-      if (!e.landed) needed_at = std::numeric_limits<double>::infinity();
+      const bool reload = e.landed;
+      if (!reload) needed_at = std::numeric_limits<double>::infinity();
       absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
       if (!started.ok()) return started.status();
       ticket = *started;
       engine = engine_;
+      if (reload && ticket.valid() && !HostIsComputeLocked()) consumer = ComputeStreamLocked();
     }
     if (!ticket.valid()) return absl::OkStatus();
   }
   bool late = false;
+  if (consumer != nullptr) {
+    // A discrete device: the compute stream waits for the reload's event; the host does not.
+    // (Unlocked: the engine's thread takes our lock in its hooks before it launches more.)
+    const absl::Status ordered = engine->OrderBefore(ticket, *consumer, &late);
+    absl::MutexLock lock(&mu_);
+    if (late) ++action_stats_.late_reloads;
+    auto it = entries_.find(handle.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("stash: entry ", handle.id, " released during reload"));
+    }
+    Entry& e = it->second;
+    if (!e.copy_error.ok()) return e.copy_error;
+    if (!ordered.ok()) return ordered;
+    if (e.info.state == StashState::kOffloaded) {  // still copying: the stream reads it after
+      e.buffer = std::move(e.incoming);
+      e.reload_ordered = true;
+      e.info.state = StashState::kKept;
+    }
+    return absl::OkStatus();
+  }
   const absl::Status waited = engine->Wait(ticket, needed_at, &late);
   absl::MutexLock lock(&mu_);
   if (late) ++action_stats_.late_reloads;
@@ -512,6 +555,14 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
                        : waited;
   }
   return absl::OkStatus();
+}
+
+device::Stream* Stash::ComputeStreamLocked() const {
+  return arena_ == nullptr ? nullptr : &tensor::StreamFor(arena_->device());
+}
+
+bool Stash::HostIsComputeLocked() const {
+  return arena_ == nullptr || device::HostAddressable(arena_->device());
 }
 
 void Stash::WaitForCopies() {

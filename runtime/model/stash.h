@@ -10,12 +10,14 @@
 //
 // States. kKept holds the bytes. The actions below move an entry out of kKept; Get() (and
 // Acquire) bring it back:
-//   Offload(h) -> kOffloaded: asynchronous, through the copy engine, to the host pool (pinned on
-//     CUDA once a GPU path exists; plain host memory on the CPU backend). The device bytes are
-//     freed when the copy completes (on the copy thread). Bit-exact.
-//   Prefetch(hs): starts the reloads (a device buffer from the arena, a host->device job), in the
-//     order given: callers pass backward order. An entry whose offload copy has not landed yet
-//     simply keeps its device bytes (nothing to reload).
+//   Offload(h) -> kOffloaded: asynchronous, through the copy engine, to the host pool (pinned
+//     memory: Device::AllocateHost). The copy runs on the engine's copy stream after an event the
+//     offload records on the calling thread's (compute) stream, so it reads the tensor after the
+//     kernels that wrote it. The device bytes are freed when the copy completes (on the copy
+//     thread). Bit-exact.
+//   Prefetch(hs): starts the reloads (a device buffer from the arena, a host->device job after an
+//     event on the compute stream), in the order given: callers pass backward order. An entry
+//     whose offload copy has not landed yet simply keeps its device bytes (nothing to reload).
 //   Compress(h, codec) -> kCompressed: synchronous, for tensors on the runtime/memory/codec.h
 //     whitelist; the encoding lives in the arena in place of the fp32 bytes. Get restores fp32
 //     (within the codec's tolerance, not bit-exact).
@@ -34,6 +36,11 @@
 // The backward rule. A module's backward first calls Acquire() with every saved tensor it reads:
 // that makes them all available (starts every reload, then waits for each, counting a late reload
 // when one has not landed by then; decodes compressed ones; rebuilds dropped ones) and pins them;
+// on a discrete device (emulated, CUDA) the wait for a reload is the compute stream's, not the
+// host's: CopyEngine::OrderBefore makes the calling thread's stream wait for the copy's event, the
+// entry is kept at once with the reload's destination as its bytes, and a reload not done at that
+// point counts as late (the stream will wait for it). On the CPU device the host is the compute
+// stream, so it waits there (with the engine's deadline accounting);
 // only then does it take raw pointers with Get(). A pinned entry cannot leave kKept (Drop, Offload
 // and Compress refuse it with FailedPrecondition) until the Lease is gone, so the pointers stay
 // valid for the whole backward. A module's own Release of a pinned entry at the end of its
@@ -238,7 +245,10 @@ class Stash {
     memory::CopyTicket to_device;  // the reload copy
     bool landed = false;           // the offload copy completed and freed `buffer`
     bool keep_device = false;      // needed again before the offload landed: keep `buffer`
-    absl::Status copy_error;       // a failed reload
+    // Discrete device: the reload is ordered before the compute stream (RestoreOne) and `buffer`
+    // already is its destination; the copy's hook frees the host copy only.
+    bool reload_ordered = false;
+    absl::Status copy_error;  // a failed reload
   };
   using Key = std::pair<int, std::string>;  // (micro-batch, producer)
 
@@ -257,6 +267,12 @@ class Stash {
   void NoteKeptLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The copy engine's clock (0 without an engine: nothing can be late then).
   double Now() const;
+  // The stream the compute thread enqueues on (the calling thread's, for the arena's device);
+  // nullptr without an arena.
+  device::Stream* ComputeStreamLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the compute "stream" is the host itself (the CPU device, or no arena): a reload is
+  // then waited for on the host.
+  bool HostIsComputeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Drop and recompute.
   absl::StatusOr<tensor::TensorView> Rebuild(StashHandle handle);

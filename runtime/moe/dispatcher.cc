@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::moe {
 namespace {
@@ -19,7 +20,34 @@ int64_t Sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
 
+// Row i of `from` to row map[i] of `to` (to_mapped) or row map[i] of `from` to row i of `to`, one
+// copy per run of consecutive rows (the map is a permutation of (q, s, le) blocks).
+absl::Status PermuteRows(device::Device* device, const std::vector<int64_t>& map, bool to_mapped,
+                         const float* from, float* to, int C) {
+  const int64_t row_bytes = int64_t{C} * sizeof(float);
+  const int64_t R = static_cast<int64_t>(map.size());
+  for (int64_t i = 0; i < R;) {
+    int64_t run = 1;
+    while (i + run < R && map[i + run] == map[i] + run) ++run;
+    const float* src = to_mapped ? from + i * C : from + map[i] * C;
+    float* dst = to_mapped ? to + map[i] * C : to + i * C;
+    RETURN_IF_ERROR(ExpertDispatcher::CopyRows(device, dst, src, run * row_bytes));
+    i += run;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ExpertDispatcher::CopyRows(device::Device* device, void* dst, const void* src,
+                                        int64_t bytes) {
+  if (bytes <= 0 || dst == src) return absl::OkStatus();
+  if (device != nullptr) {
+    return tensor::CopyOnDevice(*device, dst, src, static_cast<size_t>(bytes));
+  }
+  std::memmove(dst, src, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
 
 int64_t DispatchHandle::A() const { return Sum(recv_rows); }
 
@@ -128,21 +156,17 @@ absl::StatusOr<const float*> ExpertDispatcher::DispatchCommunicate(const Dispatc
   return gathered;
 }
 
-void ExpertDispatcher::DispatchFinish(const DispatchHandle& h, const float* gathered, int C,
-                                      float* out) const {
-  const int64_t row_bytes = int64_t{C} * sizeof(float);
-  for (int64_t i = 0; i < h.R(); ++i) {
-    std::memcpy(out + h.gathered_to_expert[i] * C, gathered + i * C, row_bytes);
-  }
+absl::Status ExpertDispatcher::DispatchFinish(const DispatchHandle& h, const float* gathered, int C,
+                                              float* out) const {
+  return PermuteRows(groups_.device, h.gathered_to_expert, /*to_mapped=*/true, gathered, out, C);
 }
 
-const float* ExpertDispatcher::CombinePrepare(const DispatchHandle& h, const float* rows, int C,
-                                              float* scratch) const {
-  const int64_t row_bytes = int64_t{C} * sizeof(float);
+absl::StatusOr<const float*> ExpertDispatcher::CombinePrepare(const DispatchHandle& h,
+                                                              const float* rows, int C,
+                                                              float* scratch) const {
   float* gathered = scratch + h.A() * C;
-  for (int64_t i = 0; i < h.R(); ++i) {
-    std::memcpy(gathered + i * C, rows + h.gathered_to_expert[i] * C, row_bytes);
-  }
+  RETURN_IF_ERROR(
+      PermuteRows(groups_.device, h.gathered_to_expert, /*to_mapped=*/false, rows, gathered, C));
   return gathered;
 }
 
@@ -162,20 +186,18 @@ absl::Status ExpertDispatcher::CombineCommunicate(const DispatchHandle& h, const
     return groups_.ep->AllToAllV(mine, Scaled(h.recv_rows, row_bytes), out,
                                  Scaled(h.send_rows, row_bytes));
   }
-  std::memcpy(out, mine, h.S * row_bytes);
-  return absl::OkStatus();
+  return CopyRows(groups_.device, out, mine, h.S * row_bytes);
 }
 
 absl::Status ExpertDispatcher::ToExperts(const DispatchHandle& h, const float* rows, float* out,
                                          int C, float* scratch) const {
   ASSIGN_OR_RETURN(const float* gathered, DispatchCommunicate(h, rows, C, scratch));
-  DispatchFinish(h, gathered, C, out);
-  return absl::OkStatus();
+  return DispatchFinish(h, gathered, C, out);
 }
 
 absl::Status ExpertDispatcher::FromExperts(const DispatchHandle& h, const float* rows, float* out,
                                            int C, float* scratch) const {
-  const float* gathered = CombinePrepare(h, rows, C, scratch);
+  ASSIGN_OR_RETURN(const float* gathered, CombinePrepare(h, rows, C, scratch));
   return CombineCommunicate(h, gathered, C, scratch, out);
 }
 

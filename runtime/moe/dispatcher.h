@@ -21,8 +21,12 @@
 // counts: an all-to-all over EP and an all-gather over ESP) and is required by every later call
 // of that micro-batch; backward reuses it.
 //
-// Thread-safety: one thread. Errors: the communicators' Status, InvalidArgument for counts that
-// do not match the layout.
+// Rows live in the memory of ExpertGroups::device (a discrete device's rows go to the
+// communicators as device buffers: comm::ForDevice); the reorders are copies on the calling
+// thread's current stream, one per contiguous block of rows. No device: host memory.
+//
+// Thread-safety: one thread. Errors: the communicators' Status, the device's for a copy,
+// InvalidArgument for counts that do not match the layout.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +34,15 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
 
 namespace furnace::moe {
 
 struct ExpertGroups {
   comm::Communicator* ep = nullptr;   // nullptr: a group of one
   comm::Communicator* esp = nullptr;  // nullptr: a group of one
+  // Whose memory the rows are; nullptr: host memory (plain memcpy).
+  device::Device* device = nullptr;
   int ep_size() const { return ep == nullptr ? 1 : ep->size(); }
   int esp_size() const { return esp == nullptr ? 1 : esp->size(); }
 };
@@ -77,9 +84,10 @@ class ExpertDispatcher {
   // (The combine's finish, the gate-weighted sum per token, is the layer's.)
   absl::StatusOr<const float*> DispatchCommunicate(const DispatchHandle& h, const float* rows,
                                                    int C, float* scratch) const;
-  void DispatchFinish(const DispatchHandle& h, const float* gathered, int C, float* out) const;
-  const float* CombinePrepare(const DispatchHandle& h, const float* rows, int C,
-                              float* scratch) const;
+  absl::Status DispatchFinish(const DispatchHandle& h, const float* gathered, int C,
+                              float* out) const;
+  absl::StatusOr<const float*> CombinePrepare(const DispatchHandle& h, const float* rows, int C,
+                                              float* scratch) const;
   absl::Status CombineCommunicate(const DispatchHandle& h, const float* gathered, int C,
                                   float* scratch, float* out) const;
 
@@ -93,6 +101,10 @@ class ExpertDispatcher {
   static int64_t ScratchRows(const DispatchHandle& h);
 
   const ExpertGroups& groups() const { return groups_; }
+
+  // dst <- src (bytes) in the rows' memory: a copy on the current stream of groups().device, or a
+  // memcpy without one.
+  static absl::Status CopyRows(device::Device* device, void* dst, const void* src, int64_t bytes);
 
  private:
   ExpertGroups groups_;

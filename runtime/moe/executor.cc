@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/fused_exchange.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::moe {
 namespace {
@@ -261,7 +262,20 @@ absl::Status ScheduleExecutor::RunFused(const Op& op, const DispatchHandle& h, c
     out_rows = AllRows(h);
   }
   comm::CallTimer timer;
-  RETURN_IF_ERROR(comm::FusedAllToAllAllGather(*a2a, *ag, in, out, out_rows * row, layout));
+  device::Device* dev = Rows();
+  if (dev == nullptr || device::HostAddressable(*dev)) {
+    RETURN_IF_ERROR(comm::FusedAllToAllAllGather(*a2a, *ag, in, out, out_rows * row, layout));
+  } else {
+    // The fused op moves its chunks with host copies (fused_exchange.cc), so on a discrete device
+    // it runs on host staging of `in` and `out` (the communicators pass host buffers through).
+    std::vector<float> host_in(static_cast<size_t>(Sum(layout.send_bytes) / kF32));
+    std::vector<float> host_out(static_cast<size_t>(out_rows * C));
+    RETURN_IF_ERROR(tensor::CopyToHost(*dev, host_in.data(), in, host_in.size() * kF32));
+    RETURN_IF_ERROR(tensor::CopyToHost(*dev, host_out.data(), out, host_out.size() * kF32));
+    RETURN_IF_ERROR(comm::FusedAllToAllAllGather(*a2a, *ag, host_in.data(), host_out.data(),
+                                                 out_rows * row, layout));
+    RETURN_IF_ERROR(tensor::CopyToDevice(*dev, out, host_out.data(), host_out.size() * kF32));
+  }
   Count(op, a2a_bytes + ag_bytes, timer.Seconds());
   return absl::OkStatus();
 }
@@ -287,7 +301,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
           const int64_t c = h.all_counts[e];
           const int64_t lo = ShareBegin(c, tp(), tp_rank()),
                         hi = ShareBegin(c, tp(), tp_rank() + 1);
-          std::memcpy(dst, cur + (at + lo) * C, (hi - lo) * row);
+          RETURN_IF_ERROR(
+              ExpertDispatcher::CopyRows(Rows(), dst, cur + (at + lo) * C, (hi - lo) * row));
           dst += (hi - lo) * C;
           at += c;
         }
@@ -335,12 +350,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
     }
   }
   // Grouped by local expert.
-  if (!distributed()) {
-    std::memcpy(out, cur, h.R() * row);
-  } else {
-    dispatcher_.DispatchFinish(h, cur, C, out);
-  }
-  return absl::OkStatus();
+  if (!distributed()) return ExpertDispatcher::CopyRows(Rows(), out, cur, h.R() * row);
+  return dispatcher_.DispatchFinish(h, cur, C, out);
 }
 
 absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h, const float* rows,
@@ -352,7 +363,8 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
   float* gathered = scratch + h.A() * C;
   const float* cur = gathered;
   if (distributed()) {
-    dispatcher_.CombinePrepare(h, rows, C, scratch);  // writes gathered order at scratch + A * C
+    // Writes the gathered order at scratch + A * C.
+    RETURN_IF_ERROR(dispatcher_.CombinePrepare(h, rows, C, scratch).status());
   } else {
     cur = rows;
   }
@@ -401,7 +413,8 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
           for (size_t e = 0; e < h.all_counts.size(); ++e) {
             const int64_t c = h.all_counts[e];
             const int64_t lo = ShareBegin(c, tp(), q), hi = ShareBegin(c, tp(), q + 1);
-            std::memcpy(out + (start[e] + lo) * C, src, (hi - lo) * row);
+            RETURN_IF_ERROR(ExpertDispatcher::CopyRows(Rows(), out + (start[e] + lo) * C, src,
+                                                       (hi - lo) * row));
             src += (hi - lo) * C;
           }
         }
@@ -415,7 +428,7 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
                                                 " cannot run on the way back from the experts"));
     }
   }
-  if (!in_out) std::memcpy(out, cur, AllRows(h) * row);
+  if (!in_out) return ExpertDispatcher::CopyRows(Rows(), out, cur, AllRows(h) * row);
   return absl::OkStatus();
 }
 
@@ -423,10 +436,7 @@ absl::Status ScheduleExecutor::MpAllGather(const float* local, int64_t count, fl
                                            int C) const {
   const int64_t row = int64_t{C} * kF32;
   comm::CallTimer timer;
-  if (tp() == 1) {
-    std::memmove(out, local, count * row);
-    return absl::OkStatus();
-  }
+  if (tp() == 1) return ExpertDispatcher::CopyRows(Rows(), out, local, count * row);
   RETURN_IF_ERROR(groups_.tp->AllGather(local, out, count * row));
   Count(Op{OpKind::kMpAllGather, OpGroup::kTp}, count * row, timer.Seconds());
   return absl::OkStatus();

@@ -23,6 +23,10 @@
 // the Communicator convention (communicator.h), so tests compare them with the analytical volumes
 // exactly; the count exchange is its own op ("counts").
 //
+// Memory: the rows are memory of groups.expert.device (dispatcher.h); every reorder is a copy on
+// the calling thread's current stream. The fused op (comm/fused_exchange.h) copies chunks on the
+// host, so on a discrete device it runs on host staging (two downloads, one upload per call).
+//
 // Thread-safety: one thread (the rank's compute thread); the fused op runs a helper thread inside
 // a call. Errors: the communicators' Status; InvalidArgument for rows that do not fit the layout.
 #pragma once
@@ -120,6 +124,8 @@ class ScheduleExecutor {
   absl::Status RunFused(const Op& op, const DispatchHandle& h, const float* in, float* out, int C,
                         bool to_experts) const;
   void Count(const Op& op, int64_t bytes, double seconds) const;
+  // The device whose memory the rows are (nullptr: host memory).
+  device::Device* Rows() const { return groups_.expert.device; }
 
   Schedule schedule_;
   ScheduleGroups groups_;

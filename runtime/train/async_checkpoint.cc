@@ -6,6 +6,10 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/tensor/transfer.h"
+
 namespace furnace::train {
 
 namespace {
@@ -28,6 +32,17 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
     return absl::FailedPreconditionError(
         "async checkpoint: a snapshot is already in flight (Wait for it first)");
   }
+  const bool discrete = device_ != nullptr && !device::HostAddressable(*device_);
+  if (discrete) {
+    if (stream_ == nullptr) {
+      ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+    }
+    if (produced_ == nullptr) {
+      ASSIGN_OR_RETURN(produced_, device_->CreateEvent());
+    }
+    // The copy reads the arrays after what the caller's stream has enqueued (the update).
+    RETURN_IF_ERROR(device_->RecordEvent(*produced_, tensor::StreamFor(*device_)));
+  }
   state_ = state;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -38,10 +53,7 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
   thread_.emplace([this, borrowed = state] {
     const auto t0 = std::chrono::steady_clock::now();
     if (copy_hook_) copy_hook_();
-    const auto n = static_cast<size_t>(borrowed.n);
-    params_.assign(borrowed.params, borrowed.params + n);
-    m_.assign(borrowed.m, borrowed.m + n);
-    v_.assign(borrowed.v, borrowed.v + n);
+    const absl::Status copied = CopyArrays(borrowed);
     state_.params = params_.data();
     state_.m = m_.data();
     state_.v = v_.data();
@@ -51,13 +63,39 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
     }
     copied_cv_.notify_all();
     LowerThisThreadsPriority();
-    if (write_hook_) write_hook_(state_);
-    CheckpointStore store(dir_, keep_);
-    result_ = store.WriteShard(state_);
+    if (copied.ok()) {
+      if (write_hook_) write_hook_(state_);
+      CheckpointStore store(dir_, keep_);
+      result_ = store.WriteShard(state_);
+    } else {
+      result_ = absl::Status(copied.code(), absl::StrCat("async checkpoint: copying the snapshot "
+                                                         "from the device: ",
+                                                         copied.message()));
+    }
     thread_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     durable_.store(true);
   });
   return absl::OkStatus();
+}
+
+absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
+  const auto n = static_cast<size_t>(borrowed.n);
+  if (device_ == nullptr || device::HostAddressable(*device_)) {
+    params_.assign(borrowed.params, borrowed.params + n);
+    m_.assign(borrowed.m, borrowed.m + n);
+    v_.assign(borrowed.v, borrowed.v + n);
+    return absl::OkStatus();
+  }
+  params_.resize(n);
+  m_.resize(n);
+  v_.resize(n);
+  RETURN_IF_ERROR(device_->WaitEvent(*stream_, *produced_));
+  const size_t bytes = n * sizeof(float);
+  const auto d2h = device::CopyKind::kDeviceToHost;
+  RETURN_IF_ERROR(device_->Copy(params_.data(), borrowed.params, bytes, d2h, *stream_));
+  RETURN_IF_ERROR(device_->Copy(m_.data(), borrowed.m, bytes, d2h, *stream_));
+  RETURN_IF_ERROR(device_->Copy(v_.data(), borrowed.v, bytes, d2h, *stream_));
+  return device_->SynchronizeStream(*stream_);
 }
 
 double AsyncCheckpointWriter::WaitCopied() {

@@ -1,6 +1,9 @@
 // Asynchronous checkpoints (checkpoint.async). At a checkpoint step Start hands this writer the
 // rank's shard state; a background thread first copies its arrays into host memory owned here,
 // then writes and fsyncs the shard with CheckpointStore::WriteShard, while training continues.
+// On a discrete device (the arrays are the device's memory) the copy is a device-to-host copy on
+// the writer's own stream, after an event Start records on the caller's (compute) stream, so it
+// reads the parameters and moments the optimizer has enqueued so far and nothing later.
 // The copy overlaps the next step's forward and backward, which only read the parameters: the
 // trainer calls WaitCopied before the next optimizer update changes them (CheckFreq's pipelined
 // snapshot), so a checkpoint holds the step only when the copy is slower than a forward and
@@ -15,6 +18,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/device/device.h"
 
 namespace furnace::train {
 
@@ -30,14 +35,18 @@ namespace furnace::train {
 // training loop); the hook runs on the background thread.
 class AsyncCheckpointWriter {
  public:
-  AsyncCheckpointWriter(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
+  // `device`: whose memory the arrays of the states given to Start are (nullptr or a device the
+  // host can address: host arrays); it must outlive the writer.
+  AsyncCheckpointWriter(std::string dir, int keep, device::Device* device = nullptr)
+      : dir_(std::move(dir)), keep_(keep), device_(device) {}
   ~AsyncCheckpointWriter();  // waits for an in-flight write and commit (results dropped)
   AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
   // Starts copying `state` and then writing it. The arrays stay borrowed until WaitCopied
-  // returns: the caller must not change them before. FailedPrecondition while another snapshot is
-  // in flight: the caller Waits first, so two are never in flight.
+  // returns: the caller must not change them before (on a device: must not enqueue work that
+  // changes them before WaitCopied returns). FailedPrecondition while another snapshot is in
+  // flight: the caller Waits first, so two are never in flight; the device's error for the event.
   absl::Status Start(const ShardState& state);
   bool in_flight() const { return thread_.has_value(); }
   // Blocks until the in-flight snapshot's arrays are copied (at once when nothing is in flight);
@@ -75,8 +84,14 @@ class AsyncCheckpointWriter {
   void SetCopyHookForTest(std::function<void()> hook) { copy_hook_ = std::move(hook); }
 
  private:
+  // The background copy of the borrowed arrays into params_, m_, v_.
+  absl::Status CopyArrays(const ShardState& borrowed);
+
   std::string dir_;
   int keep_;
+  device::Device* device_;                   // nullptr: host arrays
+  std::unique_ptr<device::Stream> stream_;   // the copy's stream (discrete devices)
+  std::unique_ptr<device::Event> produced_;  // recorded by Start on the caller's stream
   ShardState state_;
   std::vector<float> params_, m_, v_;  // (n) each: the snapshot's arrays
   std::optional<std::thread> thread_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/tensor/device_memory.h"
 
 namespace furnace::train {
 namespace {
@@ -34,7 +35,13 @@ absl::StatusOr<std::vector<double>> LossesParallel(PipelineStage& stage,
   const int B = held_out.config().batch;
   const int64_t act = stage.ActivationFloats(B);
   const int64_t act_bytes = act * static_cast<int64_t>(sizeof(float));
-  std::vector<float> x_in(act), x_out(act);
+  // Device memory of the stage's device (the pipeline group takes device buffers).
+  ASSIGN_OR_RETURN(tensor::DeviceMemory in_buffer,
+                   tensor::DeviceMemory::Allocate(stage.device(), act_bytes, "eval activations"));
+  ASSIGN_OR_RETURN(tensor::DeviceMemory out_buffer,
+                   tensor::DeviceMemory::Allocate(stage.device(), act_bytes, "eval activations"));
+  float* x_in = in_buffer.as<float>();
+  float* x_out = out_buffer.as<float>();
   std::vector<double> mine(batches, 0.0);
   comm::Communicator* pipe = P.pipeline;
   const int rounds = (batches + P.dp - 1) / P.dp;
@@ -44,13 +51,13 @@ absl::StatusOr<std::vector<double>> LossesParallel(PipelineStage& stage,
     data::Batch batch;
     if (P.first_stage() || P.last_stage()) batch = held_out.Sample(0, 0, counted ? i : 0);
     if (!P.first_stage()) {
-      RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, kEvalTag + r));
+      RETURN_IF_ERROR(pipe->Recv(x_in, act_bytes, P.stage - 1, kEvalTag + r));
     }
-    ASSIGN_OR_RETURN(const MicroBatchResult result,
-                     stage.StageEvaluate(batch.inputs.data(), batch.targets.data(), x_in.data(), B,
-                                         x_out.data()));
+    ASSIGN_OR_RETURN(
+        const MicroBatchResult result,
+        stage.StageEvaluate(batch.inputs.data(), batch.targets.data(), x_in, B, x_out));
     if (!P.last_stage()) {
-      RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, kEvalTag + r));
+      RETURN_IF_ERROR(pipe->Send(x_out, act_bytes, P.stage + 1, kEvalTag + r));
     }
     if (counted && P.last_stage() && P.tp_rank == 0) mine[i] = result.loss;
   }

@@ -1,7 +1,10 @@
 // ParallelRuntime: what the training loop needs to run one rank of a parallel layout: its place
 // (pipeline stage, data-parallel rank, tensor-parallel rank) and the groups it synchronises with
 // after the micro-batches. The model talks to its own groups (TP, EP, ESP) inside its modules; the
-// loop talks to these. Borrowed pointers; a nullptr group is a group of one.
+// loop talks to these. Borrowed pointers; a nullptr group is a group of one. Every group takes
+// buffers of the model's device (Trainable::device(): comm::ForDevice over a host transport on a
+// discrete device), as the loop hands it device memory (gradient buckets, pipeline activations)
+// and host memory only for its small agreements (norms, statistics, records).
 //
 // Step (Trainer with a ParallelRuntime):
 //   1. the 1F1B schedule of this stage (runtime/pipeline), activations and their gradients sent

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/reshard.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::train {
 namespace {
@@ -104,18 +105,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                        ", vocab ", model->vocab(), ")"));
     }
   }
-  return std::unique_ptr<Trainer>(new Trainer(model, data, config, clock, parallel, held_out));
+  // The optimizer runs where the parameters are, in fp32 (master weights and moments).
+  ASSIGN_OR_RETURN(const device::Backend* ops, device::BackendFor(model->device()));
+  ASSIGN_OR_RETURN(std::unique_ptr<AdamW> adamw,
+                   AdamW::Create(config.adamw, model->num_params(), model->device(), *ops));
+  return std::unique_ptr<Trainer>(
+      new Trainer(model, data, config, clock, parallel, held_out, *ops, std::move(adamw)));
 }
 
 Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-                 const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out)
+                 const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out,
+                 const device::Backend& ops, std::unique_ptr<AdamW> adamw)
     : model_(model),
       data_(data),
       held_out_(held_out),
       config_(config),
       clock_(clock != nullptr ? clock : &RealClock()),
       parallel_(parallel),
-      adamw_(config.adamw, model->num_params()) {
+      device_(model->device()),
+      ops_(ops),
+      adamw_(std::move(adamw)) {
   if (parallel_ != nullptr) {
     config_.dp_rank = parallel_->dp_rank;
     stage_ = dynamic_cast<PipelineStage*>(model);
@@ -186,11 +195,13 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const double t1 = clock_->MonotonicSeconds();
 
   const int64_t n = model_->num_params();
-  stats.grad_norm = ClipGradNorm(model_->grad_data(), n, config_.clip);
+  stats.grad_norm = ClipGradNorm(ops_, model_->grad_data(), n, config_.clip);
   stats.lr = config_.schedule.At(step_);
   async_agreed_ = LocalAsyncState();
   stats.checkpoint_stall_seconds += WaitSnapshotCopied();
-  adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  adamw_->Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  // The step's time is the device's: what the update enqueued has run.
+  RETURN_IF_ERROR(tensor::Synchronize(device_));
   const double t2 = clock_->MonotonicSeconds();
 
   stats.forward_backward_seconds = t1 - t0;
@@ -309,15 +320,30 @@ ShardState Trainer::CurrentShardState() const {
   state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
   state.n = model_->num_params();
   state.params = model_->param_data();
-  state.m = adamw_.m().data();
-  state.v = adamw_.v().data();
+  state.m = adamw_->m();
+  state.v = adamw_->v();
+  return state;
+}
+
+absl::StatusOr<ShardState> Trainer::HostShardState(std::vector<float> (&host)[3]) const {
+  ShardState state = CurrentShardState();
+  if (device::HostAddressable(device_)) return state;
+  const float* arrays[3] = {state.params, state.m, state.v};
+  for (int i = 0; i < 3; ++i) {
+    host[i].resize(static_cast<size_t>(state.n));
+    RETURN_IF_ERROR(
+        tensor::CopyToHost(device_, host[i].data(), arrays[i], host[i].size() * sizeof(float)));
+  }
+  state.params = host[0].data();
+  state.m = host[1].data();
+  state.v = host[2].data();
   return state;
 }
 
 absl::Status Trainer::StartAsyncCheckpoint() {
   if (async_ == nullptr) {
-    async_ =
-        std::make_unique<AsyncCheckpointWriter>(config_.checkpoint.dir, config_.checkpoint.keep);
+    async_ = std::make_unique<AsyncCheckpointWriter>(config_.checkpoint.dir,
+                                                     config_.checkpoint.keep, &device_);
     async_->SetWriteHookForTest(write_hook_);
     async_->SetCopyHookForTest(copy_hook_);
   }
@@ -417,7 +443,9 @@ absl::Status Trainer::SaveCheckpoint() {
   }
   if (parallel_ != nullptr) return SaveCheckpointParallel();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  RETURN_IF_ERROR(store.Save(model_->params(), CurrentShardState()));
+  std::vector<float> host[3];
+  ASSIGN_OR_RETURN(const ShardState state, HostShardState(host));
+  RETURN_IF_ERROR(store.Save(model_->params(), state));
   last_saved_step_ = step_;
   return absl::OkStatus();
 }
@@ -494,9 +522,17 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
         config_.seed, " (resuming would change the data order)"));
   }
   RETURN_IF_ERROR(CheckDataPosition(c));
-  std::copy(c.param_data.begin(), c.param_data.end(), model_->param_data());
-  std::copy(c.m.begin(), c.m.end(), adamw_.m().begin());
-  std::copy(c.v.begin(), c.v.end(), adamw_.v().begin());
+  // Host to device (the stream synchronised: the loaded arrays may go on return). c.m and c.v
+  // hold n values each, as c.param_data (the loaders' contract).
+  if (c.m.size() != static_cast<size_t>(n) || c.v.size() != static_cast<size_t>(n)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", c.path, " holds ", c.m.size(),
+                                                      " and ", c.v.size(),
+                                                      " Adam moments; the model has ", n));
+  }
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  RETURN_IF_ERROR(tensor::CopyToDevice(device_, model_->param_data(), c.param_data.data(), bytes));
+  RETURN_IF_ERROR(tensor::CopyToDevice(device_, adamw_->m(), c.m.data(), bytes));
+  RETURN_IF_ERROR(tensor::CopyToDevice(device_, adamw_->v(), c.v.data(), bytes));
   step_ = c.data_position;
   last_saved_step_ = c.step;
   return absl::OkStatus();

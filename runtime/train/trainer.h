@@ -7,6 +7,16 @@
 // are the same on every layout). Batches come from a deterministic Sampler keyed by the step index,
 // and checkpoints hold params, Adam moments, the step and the seed, so Restore + Run continues
 // bit-for-bit as if the run had never stopped.
+//
+// Devices: the loop runs where the model's parameters are (Trainable::device()): the Adam moments,
+// clipping, the gradient reductions (buckets in device memory), the pipeline's activation buffers
+// and the optimizer update live on that device and run through its fp32 backend table on the
+// calling thread's current stream, after the model's kernels. The host waits for the device where
+// it needs a value: the gradient norm (sum_of_squares returns a host scalar), every collective of
+// a communicator over a host transport (comm::ForDevice stages through the host), checkpoints
+// (saved from a device-to-host copy; the asynchronous snapshot is that copy on the writer's
+// stream) and restores (host-to-device). The communicators given in ParallelRuntime must take
+// buffers of the model's device.
 #pragma once
 
 #include <atomic>
@@ -23,6 +33,8 @@
 #include "runtime/checkpoint/reshard.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/data/sampler.h"
+#include "runtime/device/backend.h"
+#include "runtime/tensor/device_memory.h"
 #include "runtime/train/async_checkpoint.h"
 #include "runtime/train/checkpoint_interval.h"
 #include "runtime/train/held_out_eval.h"
@@ -196,12 +208,13 @@ class Trainer {
   void SetCheckpointCopyHookForTest(std::function<void()> hook) { copy_hook_ = std::move(hook); }
 
   int64_t step() const { return step_; }
-  const AdamW& optimizer() const { return adamw_; }
+  const AdamW& optimizer() const { return *adamw_; }
   const TrainConfig& config() const { return config_; }
 
  private:
   Trainer(Trainable* model, const data::Sampler* data, const TrainConfig& config,
-          const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out);
+          const Clock* clock, const ParallelRuntime* parallel, const data::Sampler* held_out,
+          const device::Backend& ops, std::unique_ptr<AdamW> adamw);
 
   // FailedPrecondition unless the checkpoint's data position (order and sequences drawn) is what
   // this run's sampler gives at its step, so a resume reads exactly the sequences an
@@ -232,8 +245,11 @@ class Trainer {
   absl::Status CommitShardParallel(const absl::StatusOr<ShardRecord>& written,
                                    const ShardState& state);
 
-  // This rank's shard now (arrays borrowed from the model and optimizer).
+  // This rank's shard now (arrays borrowed from the model and optimizer: device memory).
   ShardState CurrentShardState() const;
+  // CurrentShardState with host arrays: itself where the host addresses the device, else copies
+  // of its arrays in `host` (device-to-host, the stream synchronised).
+  absl::StatusOr<ShardState> HostShardState(std::vector<float> (&host)[3]) const;
 
   // checkpoint.async. A snapshot goes through: started (StartAsyncCheckpoint, at a checkpoint
   // step) -> every rank's shard durable -> committed by rank 0 in the background -> its outcome
@@ -274,7 +290,10 @@ class Trainer {
   const Clock* clock_;
   const ParallelRuntime* parallel_;
   PipelineStage* stage_ = nullptr;  // the model, when `parallel_` is set
-  AdamW adamw_;
+  device::Device& device_;          // the model's
+  const device::Backend& ops_;      // its fp32 table: optimizer, clipping, gradient scaling
+  std::unique_ptr<AdamW> adamw_;
+  tensor::DeviceMemory bucket_;  // the gradient reductions' bucket (parallel layouts)
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
   std::unique_ptr<AsyncCheckpointWriter> async_;

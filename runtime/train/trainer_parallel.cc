@@ -14,13 +14,11 @@
 #include "runtime/checkpoint/reshard.h"
 #include "runtime/device/backend.h"
 #include "runtime/pipeline/one_f_one_b.h"
+#include "runtime/tensor/transfer.h"
 #include "runtime/train/trainer.h"
 
 namespace furnace::train {
 namespace {
-
-// Gradients are host arrays (Trainable::grad_data): scaling and norms run the CPU backend.
-const device::Backend& HostOps() { return device::CpuBackend(); }
 
 constexpr uint32_t kGradientTag = 1u << 20;  // pipeline tags: activations j, gradients this + j
 constexpr int kCountShift = 12;              // counts travel as two exact floats (ReduceStats)
@@ -31,31 +29,49 @@ absl::Status AllReduce(comm::Communicator* group, float* data, int64_t n) {
 }
 
 // Sums the gradients of the `params` that `select` picks over `group`, packing them into buckets
-// of at most bucket_floats.
+// of at most bucket_floats (a parameter larger than that is a bucket of its own). The gradients
+// and `bucket` (grown to fit) are memory of `device`; the packing is device copies.
 template <typename Select>
 absl::Status ReduceBucketed(comm::Communicator* group, const std::vector<ParamInfo>& params,
-                            Select select, float* grads, int64_t bucket_floats) {
+                            Select select, float* grads, int64_t bucket_floats,
+                            device::Device& device, tensor::DeviceMemory& bucket) {
   if (group == nullptr || group->size() == 1) return absl::OkStatus();
-  std::vector<float> bucket;
+  int64_t largest = 0, total = 0;
+  for (const ParamInfo& p : params) {
+    if (!select(p)) continue;
+    largest = std::max(largest, p.numel());
+    total += p.numel();
+  }
+  const int64_t capacity = std::max(largest, std::min(bucket_floats, total));
+  if (capacity == 0) return absl::OkStatus();
+  if (bucket.bytes() < static_cast<uint64_t>(capacity) * sizeof(float)) {
+    bucket.Reset();
+    ASSIGN_OR_RETURN(
+        bucket, tensor::DeviceMemory::Allocate(
+                    device, static_cast<uint64_t>(capacity) * sizeof(float), "gradient bucket"));
+  }
+  float* data = bucket.as<float>();
+  int64_t used = 0;
   std::vector<const ParamInfo*> members;
   auto flush = [&]() -> absl::Status {
-    if (bucket.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(group->AllReduce(bucket.data(), static_cast<int64_t>(bucket.size())));
+    if (used == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(group->AllReduce(data, used));
     int64_t at = 0;
     for (const ParamInfo* p : members) {
-      std::memcpy(grads + p->offset, bucket.data() + at, p->numel() * sizeof(float));
+      RETURN_IF_ERROR(
+          tensor::CopyOnDevice(device, grads + p->offset, data + at, p->numel() * sizeof(float)));
       at += p->numel();
     }
-    bucket.clear();
+    used = 0;
     members.clear();
     return absl::OkStatus();
   };
   for (const ParamInfo& p : params) {
     if (!select(p)) continue;
-    if (!bucket.empty() && static_cast<int64_t>(bucket.size()) + p.numel() > bucket_floats) {
-      RETURN_IF_ERROR(flush());
-    }
-    bucket.insert(bucket.end(), grads + p.offset, grads + p.offset + p.numel());
+    if (used > 0 && used + p.numel() > bucket_floats) RETURN_IF_ERROR(flush());
+    RETURN_IF_ERROR(
+        tensor::CopyOnDevice(device, data + used, grads + p.offset, p.numel() * sizeof(float)));
+    used += p.numel();
     members.push_back(&p);
   }
   return flush();
@@ -131,7 +147,16 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
   const double global_tokens = static_cast<double>(B) * sc.seq_len * m * P.dp;
   const int64_t act = stage_->ActivationFloats(B);
   const int64_t act_bytes = act * static_cast<int64_t>(sizeof(float));
-  std::vector<float> x_in(act), x_out(act), dx_out(act), dx_in(act);
+  // The activations and their gradients between stages: device memory, sent and received as it
+  // is (the pipeline group takes device buffers).
+  tensor::DeviceMemory buffers[4];
+  for (tensor::DeviceMemory& b : buffers) {
+    ASSIGN_OR_RETURN(b, tensor::DeviceMemory::Allocate(device_, act_bytes, "pipeline activations"));
+  }
+  float* x_in = buffers[0].as<float>();
+  float* x_out = buffers[1].as<float>();
+  float* dx_out = buffers[2].as<float>();
+  float* dx_in = buffers[3].as<float>();
   comm::Communicator* pipe = P.pipeline;
   int in_flight = 0;
   stage_->SetInFlightLimit(std::min(P.stages - P.stage, m));
@@ -140,23 +165,22 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
     if (op.kind == pipeline::PipelineOp::kForward) {
       data::Batch batch;
       if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
-      if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in.data(), act_bytes, P.stage - 1, j));
+      if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in, act_bytes, P.stage - 1, j));
       // Micro-batch j of data-parallel rank r is the sampler's micro-batch r * m + j (above).
       stage_->SetStepContext(step_, (int64_t{P.dp_rank} * m + j) * B);
-      ASSIGN_OR_RETURN(results[j],
-                       stage_->StageForward(j, batch.inputs.data(), batch.targets.data(),
-                                            x_in.data(), B, x_out.data()));
-      if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out.data(), act_bytes, P.stage + 1, j));
+      ASSIGN_OR_RETURN(results[j], stage_->StageForward(j, batch.inputs.data(),
+                                                        batch.targets.data(), x_in, B, x_out));
+      if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out, act_bytes, P.stage + 1, j));
       stats.in_flight_peak = std::max(stats.in_flight_peak, ++in_flight);
       stats.routing_spike = stats.routing_spike || results[j].routing_spike;
     } else {
       if (!P.last_stage()) {
-        RETURN_IF_ERROR(pipe->Recv(dx_out.data(), act_bytes, P.stage + 1, kGradientTag + j));
+        RETURN_IF_ERROR(pipe->Recv(dx_out, act_bytes, P.stage + 1, kGradientTag + j));
       }
-      RETURN_IF_ERROR(stage_->StageBackward(j, dx_out.data(), 1.0 / global_tokens, 1.0 / (m * P.dp),
-                                            dx_in.data()));
+      RETURN_IF_ERROR(
+          stage_->StageBackward(j, dx_out, 1.0 / global_tokens, 1.0 / (m * P.dp), dx_in));
       if (!P.first_stage()) {
-        RETURN_IF_ERROR(pipe->Send(dx_in.data(), act_bytes, P.stage - 1, kGradientTag + j));
+        RETURN_IF_ERROR(pipe->Send(dx_in, act_bytes, P.stage - 1, kGradientTag + j));
       }
       --in_flight;
     }
@@ -183,16 +207,18 @@ absl::Status Trainer::SyncGradients() {
     for (const ParamInfo& p : params) {
       if (p.tp_partial) continue;
       if (p.sync == GradSync::kExpertData || replicated_over_tp(p)) {
-        HostOps().scale(g + p.offset, scale, p.numel());
+        ops_.scale(g + p.offset, scale, p.numel());
       }
     }
-    RETURN_IF_ERROR(ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket));
+    RETURN_IF_ERROR(
+        ReduceBucketed(P.tensor, params, replicated_over_tp, g, bucket, device_, bucket_));
   }
   RETURN_IF_ERROR(ReduceBucketed(
-      P.data, params, [](const ParamInfo& p) { return p.sync == GradSync::kData; }, g, bucket));
+      P.data, params, [](const ParamInfo& p) { return p.sync == GradSync::kData; }, g, bucket,
+      device_, bucket_));
   RETURN_IF_ERROR(ReduceBucketed(
       P.expert_data, params, [](const ParamInfo& p) { return p.sync == GradSync::kExpertData; }, g,
-      bucket));
+      bucket, device_, bucket_));
   if (P.stages > 1 && (P.first_stage() || P.last_stage())) {
     for (const ParamInfo& p : params) {
       if (p.name == "wte") RETURN_IF_ERROR(AllReduce(P.embedding, g + p.offset, p.numel()));
@@ -206,7 +232,7 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   float* g = model_->grad_data();
   double local = 0;
   for (const ParamInfo& p : model_->params()) {
-    if (p.norm_owner) local += HostOps().sum_of_squares(g + p.offset, p.numel());
+    if (p.norm_owner) local += ops_.sum_of_squares(g + p.offset, p.numel());
   }
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
   // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement).
@@ -218,7 +244,7 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   const double norm = std::sqrt(static_cast<double>(sums[0]));
   if (config_.clip > 0) {
     const double coef = config_.clip / (norm + 1e-6);
-    if (coef < 1.0) HostOps().scale(g, static_cast<float>(coef), model_->num_params());
+    if (coef < 1.0) ops_.scale(g, static_cast<float>(coef), model_->num_params());
   }
   return norm;
 }
@@ -297,7 +323,8 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   const double t2 = clock_->MonotonicSeconds();
   stats.lr = config_.schedule.At(step_);
   stats.checkpoint_stall_seconds += WaitSnapshotCopied();
-  adamw_.Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  adamw_->Update(model_->params(), model_->param_data(), model_->grad_data(), stats.lr, step_ + 1);
+  RETURN_IF_ERROR(tensor::Synchronize(device_));  // the step's time is the device's
   const double t3 = clock_->MonotonicSeconds();
 
   stats.forward_backward_seconds = t1 - t0;
@@ -321,9 +348,13 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
 }
 
 absl::Status Trainer::SaveCheckpointParallel() {
-  const ShardState state = CurrentShardState();
+  std::vector<float> host[3];
+  absl::StatusOr<ShardState> copied = HostShardState(host);
+  // A failed copy fails this rank's write, which every rank then learns (CommitShardParallel).
+  const ShardState state = copied.ok() ? *copied : CurrentShardState();
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
-  return CommitShardParallel(store.WriteShard(state), state);
+  return CommitShardParallel(
+      copied.ok() ? store.WriteShard(state) : absl::StatusOr<ShardRecord>(copied.status()), state);
 }
 
 absl::Status Trainer::AgreeOnWorld(const absl::Status& mine) const {

@@ -6,6 +6,17 @@
 // [params()[i].offset, + numel) in both, so the optimizer, clipping, checkpoints and exports work
 // on whole arrays. ForwardBackward ACCUMULATES into the gradient array (gradient accumulation over
 // micro-batches); the loop calls ZeroGrad once per step.
+//
+// Memory and streams (the contract between model and loop on any device): param_data() and
+// grad_data(), and the activation buffers of StageForward / StageBackward (x_in, x_out, dx_out,
+// dx_in), are memory of device() (on the CPU device that is host memory; on a discrete device the
+// host may not dereference them and moves bytes only through device()'s Copy). Token ids
+// (inputs, targets) are host memory. The model enqueues its work on the calling thread's current
+// stream (runtime/device/current_stream.h; none: the device's default stream), and so does the
+// loop, so the loop's optimizer, reductions and copies are ordered after the model's kernels on
+// that one stream without an event. When a call returns, its outputs are complete in the order of
+// that stream (not necessarily on the host): the returned results (losses, counts) are host
+// values the model has synchronised for.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +25,10 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/trainable/param_info.h"
+
+namespace furnace::device {
+class Device;
+}  // namespace furnace::device
 
 namespace furnace::train {
 
@@ -57,6 +72,10 @@ class Trainable {
   virtual ~Trainable() = default;
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_params() const = 0;
+  // The device whose memory holds the parameters, the gradients and the stage activations, and
+  // which the loop's optimizer and reductions run on (see the file comment). Outlives the model.
+  virtual device::Device& device() = 0;
+  // num_params() floats each, memory of device().
   virtual float* param_data() = 0;
   virtual float* grad_data() = 0;
   virtual void ZeroGrad() = 0;

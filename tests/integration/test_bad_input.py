@@ -29,10 +29,15 @@ class BadInputTest(harness.ClusterTest):
     def test_more_ranks_than_workers(self):
         self.check_refused(GOOD_HEAD + "parallel:\n  dp: 8\n", "8 ranks", "4")
 
-    def test_cuda_device_is_refused(self):
-        # No CUDA backend yet: the job would train on the GPU workers' CPUs.
+    def test_a_device_for_a_commcheck_is_refused(self):
+        # A commcheck measures Gloo between CPU ranks; a device is for train jobs.
         self.check_refused(GOOD_HEAD + "resources:\n  device: cuda\n",
-                           "resources.device", "'cuda'", "allowed: cpu", "no CUDA backend")
+                           "resources.device", "'cuda'", "allowed: cpu", "train jobs only")
+
+    def test_bf16_on_the_cpu_is_refused(self):
+        self.check_refused("name: bad\nkind: train\nmodel:\n  precision: bf16\n",
+                           "model.precision", "'bf16'", "bf16 runs on a discrete device",
+                           "allowed: fp32 with resources.device cpu")
 
     def test_a_field_of_another_policy_is_refused(self):
         self.check_refused(

@@ -30,7 +30,18 @@ TEST(DeviceProbeTest, CudaWithoutGpuIsAClearError) {
 TEST(DeviceProbeTest, UnknownKindNamesTheAllowedOnes) {
   auto info = ProbeDevice("tpu", 0);
   ASSERT_FALSE(info.ok());
-  EXPECT_NE(info.status().message().find("allowed: cpu, cuda, auto"), absl::string_view::npos);
+  EXPECT_NE(info.status().message().find("allowed: cpu, cuda, emulated, auto"),
+            absl::string_view::npos);
+}
+
+// An emulated slot offers the emulated discrete device, sized by default (--device-memory
+// overrides it in the agent).
+TEST(DeviceProbeTest, EmulatedOffersAnEmulatedDevice) {
+  auto info = ProbeDevice("emulated", 3);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kind, "emulated");
+  EXPECT_EQ(info->name, "emulated:3");
+  EXPECT_EQ(info->memory, kEmulatedDeviceMemory);
 }
 
 }  // namespace

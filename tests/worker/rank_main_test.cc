@@ -10,6 +10,7 @@
 #include "fake_agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/device/backend.h"
 #include "worker/rank_supervisor.h"
 
 namespace furnace::worker {
@@ -52,8 +53,55 @@ class RankMainTest : public ::testing::Test {
     return spec;
   }
 
+  // A two-step train job of a tiny MoE on `device` (resources.device), as the spec parser would
+  // resolve it.
+  furnace::v1::JobSpec TrainSpec(const std::string& device) {
+    furnace::v1::JobSpec spec;
+    spec.set_kind("train");
+    spec.mutable_recovery()->set_start_timeout_s(20);
+    furnace::v1::ModelSpec* m = spec.mutable_model();
+    m->set_vocab(32);
+    m->set_seq_len(8);
+    m->set_d_model(16);
+    m->set_heads(2);
+    m->set_layers(2);
+    m->set_dense_ffn(32);
+    m->set_moe_every(1);
+    m->set_expert_ffn(16);
+    m->set_precision("fp32");
+    spec.mutable_moe()->set_experts(4);
+    spec.mutable_moe()->set_top_k(2);
+    spec.mutable_moe()->set_normalize_topk(true);
+    spec.mutable_moe()->set_aux_alpha(0.01);
+    spec.mutable_moe()->set_schedule("deepspeed");
+    spec.mutable_moe()->mutable_spikes()->set_max_ratio(1);
+    furnace::v1::ParallelSpec* p = spec.mutable_parallel();
+    p->set_pp(1);
+    p->set_dp(1);
+    p->set_tp(1);
+    p->set_ep(1);
+    p->set_esp(1);
+    p->set_micro_batch(2);
+    p->set_micro_batches(1);
+    p->set_order("tp-dp-pp");
+    spec.mutable_memory()->set_policy("none");
+    spec.mutable_memory()->set_offload_ratio(0.5);
+    spec.mutable_train()->set_steps(2);
+    spec.mutable_train()->set_lr(1e-3);
+    spec.mutable_train()->set_min_lr(1e-4);
+    spec.mutable_train()->set_schedule("cosine");
+    spec.mutable_train()->set_clip(1.0);
+    spec.mutable_train()->set_seed(3);
+    spec.mutable_data()->set_source("markov");
+    spec.mutable_data()->set_seed(5);
+    spec.mutable_resources()->set_workers(1);
+    spec.mutable_resources()->set_device(device);
+    return spec;
+  }
+
   // Starts `world` ranks of attempt `attempt`.
-  void Launch(const furnace::v1::JobSpec& spec, uint32_t world, uint32_t attempt = 1) {
+  void Launch(const furnace::v1::JobSpec& spec, uint32_t world, uint32_t attempt = 1,
+              uint32_t device_ordinal = 0) {
     for (uint32_t r = 0; r < world; ++r) {
       furnace::v1::RankTask task;
       task.set_job_id("job-1");
@@ -63,6 +111,8 @@ class RankMainTest : public ::testing::Test {
       *task.mutable_spec() = spec;
       task.set_controller_address(controller_.address());
       task.set_host("127.0.0.1");
+      task.set_device_ordinal(device_ordinal);
+      task.set_device_memory(uint64_t{64} << 20);
       const std::string path = (dir_ / ("task-" + std::to_string(r) + ".pb")).string();
       std::ofstream out(path, std::ios::binary);
       ASSERT_TRUE(task.SerializeToOstream(&out));
@@ -123,6 +173,54 @@ TEST_F(RankMainTest, CommcheckPassesAndReportsProgress) {
       }
     }
     EXPECT_EQ(results, 2 /*rounds*/ * 2 /*sizes*/ * 2 /*collectives*/);
+  }
+}
+
+// resources.device emulated: the rank trains on an emulated device of the task's size with the
+// emulated backend, and says so in its log.
+TEST_F(RankMainTest, TrainsOnTheEmulatedDevice) {
+  Launch(TrainSpec("emulated"), 1, 1, 3);
+  const furnace::v1::RankReport report = Finish(0);
+  ASSERT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS) << report.reason();
+  bool said = false;
+  for (const std::string& line : runs_[0]->lines) {
+    said = said || line.find(
+                       "device emulated:3 (emulated): training on the emulated backend, "
+                       "precision fp32") != std::string::npos;
+  }
+  EXPECT_TRUE(said);
+  EXPECT_EQ(runs_[0]->records.back().phase(), "done");
+  EXPECT_EQ(runs_[0]->records.back().step(), 2u);
+}
+
+// resources.device cuda where the GPU is not there (no machine has GPU 4096; a build without CUDA
+// has none at all): bad input, naming the field.
+TEST_F(RankMainTest, CudaWithoutTheGpuNamesResourcesDevice) {
+  Launch(TrainSpec("cuda"), 1, 1, 4096);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(report.exit_code(), furnace::v1::RANK_EXIT_BAD_INPUT) << report.reason();
+  EXPECT_THAT(report.reason(), HasSubstr("resources.device cuda: "));
+}
+
+// model.precision bf16 on the emulated device: trains with the emulated bf16 table where the build
+// has one (saying so in the log), else is refused before training, naming both fields.
+TEST_F(RankMainTest, Bf16OnTheEmulatedDeviceTrainsOrNamesModelPrecision) {
+  furnace::v1::JobSpec spec = TrainSpec("emulated");
+  spec.mutable_model()->set_precision("bf16");
+  const bool table = device::BackendFor(device::Kind::kEmulated, device::Precision::kBf16).ok();
+  Launch(spec, 1);
+  const furnace::v1::RankReport report = Finish(0);
+  if (table) {
+    ASSERT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS) << report.reason();
+    bool said = false;
+    for (const std::string& line : runs_[0]->lines) {
+      said = said || line.find("precision bf16") != std::string::npos;
+    }
+    EXPECT_TRUE(said);
+  } else {
+    EXPECT_EQ(report.exit_code(), furnace::v1::RANK_EXIT_BAD_INPUT) << report.reason();
+    EXPECT_THAT(report.reason(), HasSubstr("model.precision bf16 with resources.device emulated"));
   }
 }
 

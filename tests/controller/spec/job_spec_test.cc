@@ -154,11 +154,9 @@ parallel: {pp: 2, dp: 3}
   EXPECT_EQ(WorldSize(s), 6u);
 }
 
-// Every field of the schema, set away from its default where this build implements it. The fields
-// it refuses unless default (controller/spec/field_uses.h; resources.device, while only the CPU
-// has a kernel backend) are placeholders: FullJob(false) gives them their defaults, FullJob(true)
-// values the spec reads and refuses.
-std::string FullJob(bool refused_values) {
+// Every field of the schema, set away from its default (controller/spec/field_uses.h: every field
+// is implemented).
+std::string FullJob() {
   return absl::StrReplaceAll(
       R"(name: full-job_1
 kind: train
@@ -171,6 +169,7 @@ model:
   dense_ffn: 100
   moe_every: 2
   expert_ffn: 200
+  precision: bf16
 parallel:
   pp: 2
   dp: 2
@@ -220,11 +219,11 @@ fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
 )",
       {{"{SPIKES}", "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"},
        {"{POLICY}", "adaptive"},
-       {"{DEVICE}", refused_values ? "cuda" : "cpu"}});
+       {"{DEVICE}", "emulated"}});
 }
 
 TEST(JobSpecTest, EveryFieldCanBeSet) {
-  JobSpec s = MustParse(FullJob(false));
+  JobSpec s = MustParse(FullJob());
   EXPECT_EQ(s.name(), "full-job_1");
   EXPECT_EQ(s.model().dense_ffn(), 100u);
   EXPECT_EQ(s.model().expert_ffn(), 200u);
@@ -247,7 +246,8 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.recovery().max_restarts(), 0u);
   EXPECT_DOUBLE_EQ(s.recovery().backoff().max_s(), 0.5);
   EXPECT_EQ(s.resources().workers(), 8u);
-  EXPECT_EQ(s.resources().device(), "cpu");
+  EXPECT_EQ(s.resources().device(), "emulated");
+  EXPECT_EQ(s.model().precision(), "bf16");
   EXPECT_EQ(s.commcheck().min_bytes(), 1000u);
   EXPECT_EQ(s.commcheck().max_bytes(), 1ull << 30);
   ASSERT_EQ(s.commcheck().collectives_size(), 2);
@@ -266,22 +266,58 @@ TEST(JobSpecTest, EvalIsOffByDefaultAndParses) {
   EXPECT_EQ(on.eval().batches(), 4u);
 }
 
-// The fields this build refuses unless default are read (each refusal shows the value written)
-// and refused, one line each, and nothing else in the full job is (checkpoint.async: true and
-// moe.schedule: s2 are accepted).
-TEST(JobSpecTest, RefusedFieldsAreReadAndRefused) {
-  absl::StatusOr<JobSpec> spec = ParseJobYaml(FullJob(true), "job.yaml");
+// resources.device: cpu (the default), cuda and emulated for a train job; model.precision: fp32
+// (the default) or bf16, which a discrete device runs.
+TEST(JobSpecTest, DevicesAndPrecisions) {
+  const JobSpec plain = MustParse("name: j\nkind: train\n");
+  EXPECT_EQ(plain.resources().device(), "cpu");
+  EXPECT_EQ(plain.model().precision(), "fp32");
+  for (const char* device : {"cpu", "cuda", "emulated"}) {
+    SCOPED_TRACE(device);
+    const JobSpec s =
+        MustParse(absl::StrCat("name: j\nkind: train\nresources: {device: ", device, "}\n"));
+    EXPECT_EQ(s.resources().device(), device);
+  }
+  for (const char* device : {"cuda", "emulated"}) {
+    SCOPED_TRACE(device);
+    const JobSpec s = MustParse(absl::StrCat(
+        "name: j\nkind: train\nmodel: {precision: bf16}\nresources: {device: ", device, "}\n"));
+    EXPECT_EQ(s.model().precision(), "bf16");
+  }
+}
+
+// bf16 on the CPU is refused at the line that set it, naming the field, the value and what is
+// allowed.
+TEST(JobSpecTest, Bf16OnTheCpuIsRefused) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobYaml("name: j\nkind: train\nmodel:\n  precision: bf16\n", "job.yaml");
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(spec.status().message());
-  const std::vector<std::string> lines = absl::StrSplit(message, '\n');
-  EXPECT_EQ(lines.size(), 1u) << message;
-  for (const char* want :
-       {"resources.device: is not available in this build", "(got 'cuda'; allowed: cpu)"}) {
-    EXPECT_NE(message.find(want), std::string::npos) << "missing: " << want << "\n" << message;
-  }
-  EXPECT_EQ(message.find("checkpoint.async"), std::string::npos) << message;
-  EXPECT_EQ(message.find("moe.schedule"), std::string::npos) << message;
+  EXPECT_EQ(message.rfind("job.yaml:4:14: model.precision: bf16 runs on a discrete device", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("(got 'bf16'; allowed: fp32 with resources.device cpu, or bf16 with "
+                         "cuda or emulated)"),
+            std::string::npos)
+      << message;
+  absl::StatusOr<JobSpec> bad =
+      ParseJobYaml("name: j\nkind: train\nmodel:\n  precision: fp16\n", "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(
+      std::string(bad.status().message()).rfind("job.yaml:4:14: model.precision: unknown value", 0),
+      0u)
+      << bad.status();
+}
+
+// A commcheck measures Gloo between CPU ranks: a device is refused there.
+TEST(JobSpecTest, ADeviceIsForTrainJobs) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobYaml("name: j\nkind: commcheck\nresources: {device: emulated}\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find("resources.device: applies to train jobs only"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(got 'emulated'; allowed: cpu)"), std::string::npos) << message;
 }
 
 TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {

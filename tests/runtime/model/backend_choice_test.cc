@@ -38,19 +38,32 @@ TEST(BackendChoiceTest, DeviceWithoutBackendIsRefused) {
       << message;
 }
 
-// The emulated device has a backend, but the model keeps its parameters and stash in host memory,
-// which the device cannot read: Create refuses it rather than run on memory it cannot address.
-TEST(BackendChoiceTest, EmulatedDeviceIsRefusedUntilTheModelRunsOnDevices) {
-  auto emulated = device::CreateEmulatedDevice({.memory_bytes = 1 << 20});
+// The emulated device has a backend and the model runs on it (its parameters, gradients and
+// activations in the device's memory): Create takes it with the emulated table.
+TEST(BackendChoiceTest, EmulatedDeviceRunsTheEmulatedBackend) {
+  auto emulated = device::CreateEmulatedDevice({.memory_bytes = 1 << 24});
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   tensor::DeviceArena arena(**emulated, 0);
   auto model = GptMoe::Create(testing::TinyConfig(), 1, **emulated, arena);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(&(*model)->backend(), &device::EmulatedBackend());
+  EXPECT_EQ(&(*model)->device(), emulated->get());
+  EXPECT_TRUE((*emulated)->Owns((*model)->param_data(), 4 * (*model)->num_params()));
+  EXPECT_TRUE((*emulated)->Owns((*model)->grad_data(), 4 * (*model)->num_params()));
+}
+
+// model.precision bf16 on the CPU device: refused with BackendFor's message (the CPU trains in
+// fp32), which names the device.
+TEST(BackendChoiceTest, Bf16OnTheCpuIsRefused) {
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  tensor::DeviceArena arena(*cpu, 0);
+  auto model =
+      GptMoe::Create(testing::TinyConfig(), 1, *cpu, arena, {}, {}, device::Precision::kBf16);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
   const std::string message(model.status().message());
-  EXPECT_NE(message.find("device 'emulated' (emulated): the model runs only on the cpu device"),
-            std::string::npos)
-      << message;
+  EXPECT_NE(message.find("device 'cpu'"), std::string::npos) << message;
+  EXPECT_NE(message.find("the CPU trains in fp32"), std::string::npos) << message;
 }
 
 }  // namespace

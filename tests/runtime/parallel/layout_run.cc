@@ -12,15 +12,19 @@
 #include "absl/strings/str_join.h"
 #include "kernels/blas.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/device_staging.h"
 #include "runtime/comm/file_kv_store.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
+#include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
+#include "runtime/device/emulated_device.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
+#include "runtime/tensor/transfer.h"
 #include "runtime/train/moe_schedules.h"
 #include "runtime/train/rank_layout.h"
 #include "runtime/train/trainer.h"
@@ -39,6 +43,32 @@ struct Trained {
   model::StashActionStats stash;
   std::vector<int64_t> activation_peak, predicted_peak, decisions, emergencies;  // per step
 };
+
+// The device a rank trains on (LayoutCase::device) and its compute stream.
+struct RankDevice {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<device::Stream> stream;
+};
+
+absl::StatusOr<RankDevice> MakeRankDevice(device::Kind kind) {
+  RankDevice d;
+  if (kind == device::Kind::kEmulated) {
+    ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice({.memory_bytes = size_t{256} << 20}));
+  } else {
+    d.device = device::CreateCpuDevice();
+  }
+  ASSIGN_OR_RETURN(d.stream, d.device->CreateStream());
+  return d;
+}
+
+// The model's parameters in host memory.
+std::vector<float> HostParams(model::GptMoe& model) {
+  std::vector<float> out(model.num_params());
+  const absl::Status s = tensor::CopyToHost(model.device(), out.data(), model.param_data(),
+                                            out.size() * sizeof(float));
+  if (!s.ok()) out.assign(out.size(), std::numeric_limits<float>::quiet_NaN());
+  return out;
+}
 
 // What the model's stash actions go through; made before the model, which must not outlive it.
 struct MemoryActions {
@@ -191,7 +221,8 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   Put<int32_t>(out, static_cast<int32_t>(schedules.size()));
   for (moe::Schedule sc : schedules) PutString(moe::ScheduleName(sc));
   Put<int32_t>(out, static_cast<int32_t>(model.params().size()));
-  const float* data = const_cast<model::GptMoe&>(model).param_data();
+  const std::vector<float> host = HostParams(const_cast<model::GptMoe&>(model));
+  const float* data = host.data();
   for (const train::ParamInfo& p : model.params()) {
     Put<int32_t>(out, static_cast<int32_t>(p.name.size()));
     out.write(p.name.data(), static_cast<std::streamsize>(p.name.size()));
@@ -220,23 +251,29 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(topology::Topology topo,
                      topology::Topology::Create(c.sizes, c.sizes.world(), train::DimsOf(c.model)));
+    // The device outlives everything below: the communicators stage through it.
+    ASSIGN_OR_RETURN(RankDevice dev, MakeRankDevice(c.device));
+    device::StreamScope scope(*dev.stream);
     comm::FileKvStore store(dir + "/kv");
-    const train::CommFactory factory = [&](const std::string& prefix, const std::string& name,
-                                           int r, int size) {
+    const train::CommFactory factory =
+        [&](const std::string& prefix, const std::string& name, int r,
+            int size) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
       comm::GlooOptions o;
       o.rank = r;
       o.size = size;
       o.timeout_s = 60;
-      return comm::CreateGlooCommunicator(store, prefix, name, r, size, o);
+      ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> gloo,
+                       comm::CreateGlooCommunicator(store, prefix, name, r, size, o));
+      return comm::ForDevice(std::move(gloo), *dev.device);
     };
     ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
                      train::BuildRankLayout(topo, rank, c.model, factory));
-    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-    tensor::DeviceArena arena(*cpu, c.device_budget);
-    ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
+    device::Device& cpu = *dev.device;
+    tensor::DeviceArena arena(cpu, c.device_budget);
+    ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, cpu));
     ASSIGN_OR_RETURN(
         std::unique_ptr<model::GptMoe> model,
-        model::GptMoe::Create(c.model, c.seed, *cpu, arena, layout->shard, layout->model_groups()));
+        model::GptMoe::Create(c.model, c.seed, cpu, arena, layout->shard, layout->model_groups()));
     RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
     RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
     RETURN_IF_ERROR(SetSchedules(c, *model, *layout));
@@ -396,11 +433,13 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
 
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   kernels::cpu::SetBlasThreads(1);
-  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-  tensor::DeviceArena arena(*cpu, c.device_budget);
-  ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, *cpu));
+  ASSIGN_OR_RETURN(RankDevice dev, MakeRankDevice(c.device));
+  device::StreamScope scope(*dev.stream);
+  device::Device& cpu = *dev.device;
+  tensor::DeviceArena arena(cpu, c.device_budget);
+  ASSIGN_OR_RETURN(MemoryActions actions, MakeMemoryActions(c, cpu));
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
-                   model::GptMoe::Create(c.model, c.seed, *cpu, arena));
+                   model::GptMoe::Create(c.model, c.seed, cpu, arena));
   RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
   RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
   ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
@@ -416,8 +455,9 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   r.predicted_peak = {t.predicted_peak};
   r.planner_decisions = {t.decisions};
   r.emergency_offloads = {t.emergencies};
+  const std::vector<float> host = HostParams(*model);
   for (const train::ParamInfo& p : model->params()) {
-    const float* d = model->param_data() + p.offset;
+    const float* d = host.data() + p.offset;
     r.params[p.name] = std::vector<float>(d, d + p.numel());
   }
   return r;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/device/device.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
@@ -45,6 +46,9 @@ struct LayoutCase {
   // Held-out evaluation (eval.every, eval.batches; 0: off) on an independent Markov stream.
   int eval_every = 0;
   int eval_batches = 0;
+  // Where every rank trains: the CPU device, or an emulated discrete device of its own (its
+  // communicators wrapped by comm::ForDevice, a compute stream current on the training thread).
+  device::Kind device = device::Kind::kCpu;
 };
 
 struct RunResult {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "runtime/data/markov.h"
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
+#include "runtime/device/device.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -41,6 +43,7 @@ class BigramModel : public Trainable {
   }
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return static_cast<int64_t>(w_.size()); }
+  device::Device& device() override { return *cpu_; }  // host arrays
   float* param_data() override { return w_.data(); }
   float* grad_data() override { return g_.data(); }
   void ZeroGrad() override { std::fill(g_.begin(), g_.end(), 0.0f); }
@@ -97,6 +100,7 @@ class BigramModel : public Trainable {
   }
 
   int V_, T_;
+  std::unique_ptr<device::Device> cpu_ = device::CreateCpuDevice();
   std::vector<ParamInfo> params_;
   std::vector<float> w_, g_;
 };
@@ -214,8 +218,8 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
                         sizeof(float) * straight.num_params()),
             0);
-  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
-  EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+  EXPECT_EQ(*(*a)->optimizer().HostM(), *(*c)->optimizer().HostM());
+  EXPECT_EQ(*(*a)->optimizer().HostV(), *(*c)->optimizer().HostV());
 }
 
 // A token file of `windows` sequences of T + 1 tokens over V symbols (a fixed pseudo-random walk),
@@ -277,7 +281,7 @@ TEST(TrainerTest, ResumeMidEpochOnTokenDataIsBitIdentical) {
   EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
                         sizeof(float) * straight.num_params()),
             0);
-  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
+  EXPECT_EQ(*(*a)->optimizer().HostM(), *(*c)->optimizer().HostM());
 
   // Another split (or seed, seq_len, global batch, file) reads other sequences: refused.
   const std::unique_ptr<data::Sampler> other =
@@ -325,8 +329,8 @@ TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(std::memcmp(straight.param_data(), second.param_data(),
                         sizeof(float) * straight.num_params()),
             0);
-  EXPECT_EQ((*a)->optimizer().m(), (*c)->optimizer().m());
-  EXPECT_EQ((*a)->optimizer().v(), (*c)->optimizer().v());
+  EXPECT_EQ(*(*a)->optimizer().HostM(), *(*c)->optimizer().HostM());
+  EXPECT_EQ(*(*a)->optimizer().HostV(), *(*c)->optimizer().HostV());
   // The async run's last checkpoint holds the uninterrupted run's state.
   auto last = store.LoadLatest();
   ASSERT_TRUE(last.ok()) << last.status();
@@ -547,6 +551,7 @@ class RoutingStub : public Trainable {
   explicit RoutingStub(FakeClock* clock) : clock_(clock) {}
   const std::vector<ParamInfo>& params() const override { return params_; }
   int64_t num_params() const override { return 2; }
+  device::Device& device() override { return *cpu_; }  // host arrays
   float* param_data() override { return p_; }
   float* grad_data() override { return g_; }
   void ZeroGrad() override { g_[0] = g_[1] = 0; }
@@ -583,6 +588,7 @@ class RoutingStub : public Trainable {
 
  private:
   FakeClock* clock_;
+  std::unique_ptr<device::Device> cpu_ = device::CreateCpuDevice();
   std::vector<ParamInfo> params_ = {{.name = "b", .shape = {2}, .offset = 0}};
   float p_[2] = {0, 0};
   float g_[2] = {0, 0};

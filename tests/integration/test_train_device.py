@@ -1,0 +1,106 @@
+"""resources.device through the control plane: two `furnace-worker --device-kind emulated` agents
+register beside two CPU workers; a 2-rank train job (dp 2, ep 2) with resources.device: emulated is
+placed on the emulated workers, its ranks train on emulated discrete devices (device memory the
+host cannot read, asynchronous streams, collectives staged through the host), and every step's
+loss and aux loss, and the exported parameters, equal the same job's on the CPU workers bit for
+bit. A cuda job where no worker has a GPU is refused at submit, naming the device kind."""
+import json
+import os
+import subprocess
+import urllib.request
+
+import harness
+
+
+def device_job(name, device, steps=8):
+    return f"""name: {name}
+kind: train
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+moe: {{experts: 4, top_k: 2, capacity_factor: 1.25, spikes: {{probability: 0.5, max_ratio: 2}}}}
+parallel: {{dp: 2, ep: 2, micro_batch: 4, micro_batches: 2}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 2, seed: 11}}
+data: {{source: markov, seed: 5}}
+checkpoint: {{every: 4, keep: 2}}
+resources: {{device: {device}}}
+recovery:
+  max_restarts: 0
+"""
+
+
+class TrainDeviceTest(harness.unittest.TestCase):
+    def setUp(self):
+        self.cluster = harness.Cluster(workers=2).start()  # two local CPU workers
+        worker_bin = os.path.join(harness.BIN_DIR, "furnace-worker")
+        self.workers, self.logs = [], []
+        for slot in (0, 1):
+            log = open(os.path.join(self.cluster.state, f"emulated-{slot}.log"), "ab")
+            self.logs.append(log)
+            self.workers.append(subprocess.Popen(
+                [worker_bin, "--controller", self.cluster.addr, "--slot", str(slot),
+                 "--id", f"emulated/{slot}", "--host", "127.0.0.1", "--device-kind", "emulated",
+                 "--device-memory", str(256 << 20),
+                 "--work-dir", os.path.join(self.cluster.state, "emulated", f"slot-{slot}")],
+                stdout=log, stderr=subprocess.STDOUT))
+        self.cluster.wait_workers(4)
+
+    def tearDown(self):
+        for w in self.workers:
+            if w.poll() is None:
+                w.terminate()
+                try:
+                    w.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+                    w.wait()
+        for log in self.logs:
+            log.close()
+        leftover = self.cluster.close()
+        self.assertEqual(leftover, [], "processes left behind after the controller stopped")
+
+    def series(self, job):
+        url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job}/series"
+        with urllib.request.urlopen(url) as resp:
+            steps = json.loads(resp.read().decode()).get("steps", [])
+        return [(int(s["step"]), s.get("loss"), s.get("auxLoss", s.get("aux_loss")))
+                for s in steps]
+
+    def test_emulated_workers_train_as_cpu_workers(self):
+        c = self.cluster
+        kinds = {w["worker_id"]: w.get("device_kind") for w in c.cli_json("workers")["workers"]}
+        self.assertEqual(kinds.get("emulated/0"), "emulated", kinds)
+        self.assertEqual(kinds.get("emulated/1"), "emulated", kinds)
+
+        cpu = c.submit(c.write_job("cpu.yaml", device_job("on-cpu", "cpu")))
+        emu = c.submit(c.write_job("emulated.yaml", device_job("on-emulated", "emulated")))
+        for job in (cpu, emu):
+            d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
+            self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        placed = {r.get("worker_id") for r in c.job(emu)["attempts"][0]["ranks"]}
+        self.assertEqual(placed, {"emulated/0", "emulated/1"})
+
+        logs = c.cli("logs", emu).stdout
+        self.assertRegex(logs, r"device emulated:[01] \(emulated\): training on the emulated "
+                               r"backend, precision fp32")
+        self.assertIn("training on the cpu backend", c.cli("logs", cpu).stdout)
+
+        want, got = self.series(cpu), self.series(emu)
+        self.assertEqual([s for s, _, _ in want], list(range(1, 9)), want)
+        self.assertTrue(all(loss is not None and aux is not None for _, loss, aux in want), want)
+        self.assertEqual(got, want)  # every step's loss and aux loss, bit for bit (JSON doubles)
+
+        a = c.export(cpu, "cpu.safetensors")
+        b = c.export(emu, "emulated.safetensors")
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(a[name] == b[name], f"{name} differs on the emulated device")
+
+    def test_a_cuda_job_without_gpu_workers_is_refused_at_submit(self):
+        c = self.cluster
+        r = c.cli("submit", c.write_job("cuda.yaml", device_job("on-cuda", "cuda")))
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("resources.workers", r.stderr)
+        self.assertIn("0 cuda worker(s)", r.stderr)
+
+
+if __name__ == "__main__":
+    harness.main()

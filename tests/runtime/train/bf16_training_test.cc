@@ -1,0 +1,63 @@
+// model.precision bf16 on the emulated device against the fp32 CPU oracle, for a whole short
+// training run (issue 13, item 2): the same model, data and loop, the emulated device's bf16 table
+// (its GEMMs with bf16 operands, fp32 accumulation and fp32 results; everything else fp32) against
+// the CPU's fp32 table.
+//
+// Tolerance (stated, MODEL.md precision note): every step's loss within 2% of the fp32 run's
+// (relative), every step's aux loss within 10% (it is a product of routing fractions, and a token
+// whose top-2 choice flips between near-equal gates moves it by 1/(kN) at once), and the run
+// learns (the last loss below the first by at least 0.1 nats). bf16 keeps 8 significant bits, so
+// each GEMM operand is off by at most 2^-9 relative and, accumulated in fp32, a product by about
+// 2^-8; routing flips (capacity drops, near top-k ties) are what widen the gap over a run.
+// Measured with a stand-in table that rounds the four GEMMs' operands (matmul and grouped
+// matmul, forward and backward) to bf16 and computes the rest in fp32 (a local experiment, not
+// the shipped table): loss within 1.7e-3 relative, aux within 2.0e-2, over these 12 steps.
+//
+// Needs the emulated bf16 table (runtime/device/backend.h: BackendFor(kEmulated, kBf16)), which
+// helper "cuda"'s tables bring; CMake registers this test once FURNACE_BF16_TABLES is ON (the
+// executable is built either way, so it stays compiled against the interfaces).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/device/emulated_device.h"
+#include "tests/runtime/train/short_run.h"
+
+namespace furnace::train {
+namespace {
+
+constexpr int kSteps = 12;
+constexpr double kLossTol = 2e-2;  // relative, per step
+constexpr double kAuxTol = 1e-1;   // relative, per step
+
+TEST(Bf16TrainingTest, Bf16OnTheEmulatedDeviceFollowsTheFp32Cpu) {
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  const absl::StatusOr<testing::ShortRun> want =
+      testing::RunShort(*cpu, device::Precision::kFp32, kSteps);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto emulated = device::CreateEmulatedDevice({.memory_bytes = size_t{256} << 20});
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  const absl::StatusOr<testing::ShortRun> got =
+      testing::RunShort(**emulated, device::Precision::kBf16, kSteps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->backend, "emulated/bf16");
+  ASSERT_EQ(got->loss.size(), want->loss.size());
+  double worst = 0, worst_aux = 0;
+  for (size_t s = 0; s < want->loss.size(); ++s) {
+    const double rel = std::fabs(got->loss[s] - want->loss[s]) / std::fabs(want->loss[s]);
+    const double rel_aux = std::fabs(got->aux[s] - want->aux[s]) / std::fabs(want->aux[s]);
+    worst = std::max(worst, rel);
+    worst_aux = std::max(worst_aux, rel_aux);
+    EXPECT_LE(rel, kLossTol) << "step " << s << ": " << got->loss[s] << " vs " << want->loss[s];
+    EXPECT_LE(rel_aux, kAuxTol) << "step " << s << ": " << got->aux[s] << " vs " << want->aux[s];
+  }
+  EXPECT_LT(got->loss.back(), got->loss.front() - 0.1);
+  std::printf(
+      "REPORT bf16 vs fp32 over %d steps: loss within %.2e relative (tolerance %.0e), aux "
+      "within %.2e (tolerance %.0e); loss %.4f -> %.4f (fp32 %.4f -> %.4f)\n",
+      kSteps, worst, kLossTol, worst_aux, kAuxTol, got->loss.front(), got->loss.back(),
+      want->loss.front(), want->loss.back());
+}
+
+}  // namespace
+}  // namespace furnace::train

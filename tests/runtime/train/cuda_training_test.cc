@@ -1,0 +1,53 @@
+// A short training run on a real GPU against the fp32 CPU oracle (label gpu, for tests/gpu/run.sh;
+// every case skips itself, saying why, where there is no GPU): the model, the loop, the optimizer
+// and the checkpointless step on CUDA device memory through the CUDA backend table, at fp32 and at
+// bf16. Tolerance: fp32, every step's loss within 1e-3 relative (the CUDA kernels sum in another
+// order than the CPU's, and routing may flip on a near tie); bf16, within 2% (and aux within 10%),
+// the tolerance of the emulated bf16 run (bf16_training_test.cc says why). The run learns in both.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/device/device.h"
+#include "tests/runtime/train/short_run.h"
+
+namespace furnace::train {
+namespace {
+
+constexpr int kSteps = 12;
+
+void ExpectFollows(device::Precision precision, double loss_tol, double aux_tol) {
+  auto gpu = device::CreateCudaDevice(0);
+  if (!gpu.ok() && gpu.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no GPU: " << gpu.status().message();
+  }
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  const absl::StatusOr<testing::ShortRun> want =
+      testing::RunShort(*cpu, device::Precision::kFp32, kSteps);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const absl::StatusOr<testing::ShortRun> got = testing::RunShort(**gpu, precision, kSteps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  double worst = 0;
+  for (size_t s = 0; s < want->loss.size(); ++s) {
+    const double rel = std::fabs(got->loss[s] - want->loss[s]) / std::fabs(want->loss[s]);
+    const double rel_aux = std::fabs(got->aux[s] - want->aux[s]) / std::fabs(want->aux[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, loss_tol) << "step " << s << ": " << got->loss[s] << " vs " << want->loss[s];
+    EXPECT_LE(rel_aux, aux_tol) << "step " << s;
+  }
+  EXPECT_LT(got->loss.back(), got->loss.front() - 0.1);
+  std::printf(
+      "REPORT %s vs the fp32 CPU over %d steps: loss within %.2e relative (tolerance "
+      "%.0e)\n",
+      got->backend.c_str(), kSteps, worst, loss_tol);
+}
+
+TEST(CudaTrainingTest, Fp32FollowsTheCpu) { ExpectFollows(device::Precision::kFp32, 1e-3, 1e-2); }
+
+TEST(CudaTrainingTest, Bf16FollowsTheFp32Cpu) {
+  ExpectFollows(device::Precision::kBf16, 2e-2, 1e-1);
+}
+
+}  // namespace
+}  // namespace furnace::train

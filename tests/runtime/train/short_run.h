@@ -1,0 +1,81 @@
+// Test helper: a short training run of a small MoE (MODEL.md, every layer MoE, top-2, a capacity,
+// routing spikes) on a given device at a given precision, through GptMoe and the Trainer on that
+// device, returning each step's loss and aux loss. The tolerance tests compare such runs with the
+// fp32 CPU oracle.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/blas.h"
+#include "runtime/base/status.h"
+#include "runtime/data/markov.h"
+#include "runtime/data/sampler.h"
+#include "runtime/device/backend.h"
+#include "runtime/device/current_stream.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/tensor/arena.h"
+#include "runtime/train/trainer.h"
+
+namespace furnace::train::testing {
+
+struct ShortRun {
+  std::vector<double> loss, aux;
+  std::string backend;  // the model's table ("emulated/bf16", ...)
+};
+
+inline model::ModelConfig ShortRunModel() {
+  model::ModelConfig c;
+  c.vocab = 64;
+  c.seq_len = 16;
+  c.d_model = 32;
+  c.heads = 4;
+  c.layers = 2;
+  c.moe_every = 1;
+  c.experts = 4;
+  c.top_k = 2;
+  c.expert_ffn = 64;
+  c.capacity_factor = 1.25;
+  c.spikes = {.probability = 0.3, .max_ratio = 2.0, .seed = 2};
+  return c;
+}
+
+// `steps` steps of 2 micro-batches of 4 sequences on a Markov chain, lr 3e-3 with 2 warmup steps.
+inline absl::StatusOr<ShortRun> RunShort(device::Device& device, device::Precision precision,
+                                         int steps) {
+  kernels::cpu::SetBlasThreads(1);
+  ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream());
+  device::StreamScope scope(*stream);
+  tensor::DeviceArena arena(device, 0);
+  ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
+                   model::GptMoe::Create(ShortRunModel(), 7, device, arena, {}, {}, precision));
+  data::MarkovConfig mc;
+  mc.vocab = 64;
+  mc.seed = 4;
+  ASSIGN_OR_RETURN(data::MarkovChain chain, data::MarkovChain::Create(mc));
+  data::SamplerConfig sc;
+  sc.batch = 4;
+  sc.seq_len = 16;
+  sc.seed = 9;
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> sampler, data::MakeMarkovSampler(chain, sc));
+  TrainConfig tc;
+  tc.steps = steps;
+  tc.micro_batches = 2;
+  tc.seed = 9;
+  tc.schedule.lr = 3e-3;
+  tc.schedule.warmup_steps = 2;
+  tc.schedule.max_steps = steps;
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(model.get(), sampler.get(), tc));
+  ShortRun run;
+  run.backend = model->backend().name;
+  for (int s = 0; s < steps; ++s) {
+    ASSIGN_OR_RETURN(const StepStats stats, trainer->Step());
+    run.loss.push_back(stats.loss);
+    run.aux.push_back(stats.aux_loss);
+  }
+  return run;
+}
+
+}  // namespace furnace::train::testing
