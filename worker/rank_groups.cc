@@ -6,8 +6,10 @@
 #include "runtime/base/status.h"
 #include "runtime/comm/comm_watchdog.h"
 #include "runtime/comm/device_staging.h"
+#include "runtime/comm/emulated_transport.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/comm/nccl_stream.h"
+#include "runtime/device/emulated_device.h"
 #include "spdlog/spdlog.h"
 #include "worker/controller_channel.h"
 #include "worker/grpc_kv_store.h"
@@ -68,14 +70,17 @@ absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
         "resources.device cuda: this worker was built without CUDA/NCCL (FURNACE_ENABLE_CUDA)");
   }
   ASSIGN_OR_RETURN(const Rendezvous rendezvous, OpenRendezvous(task, timeout_s));
-  if (device.kind() == device::Kind::kCuda) {
-    // NCCL: every group on a communication stream of its own, under one watchdog that holds the
-    // NCCL collectives to the same timeout Gloo's get, and aborts all of them on a timeout or a
-    // peer's failure. Each communicator shares the watchdog, which lives as long as they do.
+  // A discrete device's groups run on communication streams of their own, under one watchdog
+  // that holds their collectives to the same timeout Gloo's get and aborts all of them on a
+  // timeout or a peer's failure (each communicator shares it; it lives as long as they do).
+  std::shared_ptr<comm::CommWatchdog> watchdog;
+  if (!device::HostAddressable(device)) {
     comm::CommWatchdogOptions watch;
     watch.timeout_s = timeout_s;
-    ASSIGN_OR_RETURN(std::shared_ptr<comm::CommWatchdog> watchdog,
-                     comm::CommWatchdog::Create(watch));
+    ASSIGN_OR_RETURN(watchdog, comm::CommWatchdog::Create(watch));
+  }
+  if (device.kind() == device::Kind::kCuda) {
+    // NCCL on each group's stream.
     const train::CommFactory nccl = [&](const std::string& prefix, const std::string& name,
                                         int rank, int size) {
       comm::NcclGroupOptions options;
@@ -100,6 +105,12 @@ absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     ASSIGN_OR_RETURN(
         std::unique_ptr<comm::Communicator> gloo,
         comm::CreateGlooCommunicator(*rendezvous.store, prefix, name, rank, size, options));
+    if (auto* emulated = dynamic_cast<device::EmulatedDevice*>(&device); emulated != nullptr) {
+      // The emulated device runs its groups the way a CUDA rank runs NCCL: Gloo on each group's
+      // communication stream (the emulated transport), ordered with the compute stream by events.
+      return comm::CreateEmulatedStreamCommunicator(std::move(gloo), *emulated, watchdog,
+                                                    {.timeout_s = timeout_s});
+    }
     return comm::ForDevice(std::move(gloo), device);  // the transport itself on the CPU
   };
   return train::BuildRankLayout(topology, static_cast<int>(task.rank()), config, factory);

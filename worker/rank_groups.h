@@ -39,9 +39,10 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
 
 // Blocks until every group of this rank is connected (at most the job's start timeout), calling
 // on_wait at least once a second while it waits. The groups take buffers of `device` (the rank's;
-// it must outlive the layout): a CUDA device gets NCCL groups, each on a communication stream of its
-// own (Unavailable in a build without NCCL); any other device Gloo, which on a discrete device
-// (emulated) is wrapped by comm::ForDevice (host staging).
+// it must outlive the layout). On a discrete device every group is a comm::StreamCommunicator on a
+// communication stream of its own under one watchdog for the rank: NCCL on a CUDA device
+// (Unavailable in a build without NCCL), Gloo through the emulated transport on the emulated one.
+// On the CPU, Gloo.
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
     const model::ModelConfig& config, const std::function<void()>& on_wait, device::Device& device);

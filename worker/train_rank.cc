@@ -470,14 +470,23 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
         "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",
         config.spikes.probability * 100, config.spikes.max_ratio, config.spikes.seed);
   }
+  // The MFU peak: a GPU's datasheet figure at the GEMMs' precision; elsewhere (the CPU, and the
+  // emulated device, which runs the CPU kernels) the machine's measured SGEMM.
   watchdog.EnterStartup("peak FLOPs measurement");
-  bool peak_cached = false;
-  const double peak = PeakFlops(spec.checkpoint().dir(), task.rank(), &peak_cached);
+  double peak = 0;
+  std::string peak_source;
+  if (dev.kind() == device::Kind::kCuda) {
+    peak = train::DatasheetPeakFlops(dev.name(), rank_device->precision, &peak_source);
+  } else {
+    bool peak_cached = false;
+    peak = PeakFlops(spec.checkpoint().dir(), task.rank(), &peak_cached);
+    peak_source = absl::StrCat("CPU SGEMM 2048^3, 1 thread, measured",
+                               peak_cached ? " by an earlier attempt" : "");
+  }
   spdlog::info(
-      "model: {} parameters on this rank, {:.1f} MFLOP per token; CPU peak (SGEMM "
-      "2048^3, 1 thread) {:.1f} GFLOP/s{}; activation budget {}; memory policy {}",
-      (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9,
-      peak_cached ? " (measured by an earlier attempt)" : "",
+      "model: {} parameters on this rank, {:.1f} MFLOP per token; peak {:.1f} GFLOP/s ({}); "
+      "activation budget {}; memory policy {}",
+      (*model)->num_params(), (*model)->FlopsPerToken() / 1e6, peak / 1e9, peak_source,
       spec.memory().device_budget() == 0 ? std::string("unlimited")
                                          : absl::StrCat(spec.memory().device_budget(), " bytes"),
       memory::MemoryPolicyName(*policy));

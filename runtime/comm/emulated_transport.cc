@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/collective_checks.h"
+#include "runtime/comm/stream_communicator.h"
 
 namespace furnace::comm {
 namespace {
@@ -306,6 +307,22 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateEmulatedTransport(
   }
   return std::unique_ptr<Communicator>(
       new EmulatedTransport(std::move(host), device, stream, options));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateEmulatedStreamCommunicator(
+    std::unique_ptr<Communicator> host, device::EmulatedDevice& device,
+    std::shared_ptr<CommWatchdog> watchdog, EmulatedTransportOptions options) {
+  if (host == nullptr || watchdog == nullptr) {
+    return absl::InvalidArgumentError(
+        "emulated stream communicator: needs a host communicator and a watchdog");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream());
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> transport,
+                   CreateEmulatedTransport(std::move(host), device, *stream, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<StreamCommunicator> comm,
+                   StreamCommunicator::Create(std::move(transport), std::move(stream), device,
+                                              std::move(watchdog)));
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace furnace::comm

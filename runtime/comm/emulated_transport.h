@@ -31,6 +31,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/comm_watchdog.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/emulated_device.h"
 
@@ -44,5 +45,15 @@ struct EmulatedTransportOptions {
 absl::StatusOr<std::unique_ptr<Communicator>> CreateEmulatedTransport(
     std::unique_ptr<Communicator> host, device::EmulatedDevice& device, device::Stream& stream,
     EmulatedTransportOptions options = {});
+
+// The communicator of one group for a rank on the emulated device, as rank_groups.cc makes one
+// with NCCL for a CUDA rank: a communication stream of the group's own on `device`, this transport
+// around `host` on it, and a StreamCommunicator (stream_communicator.h) over both that `watchdog`
+// (the rank's, shared by all its groups) follows. So a rank on the emulated device runs its
+// collectives exactly the way a CUDA rank does: on their own streams, ordered by events, under the
+// watchdog. InvalidArgument for a null host or watchdog; the device's errors.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateEmulatedStreamCommunicator(
+    std::unique_ptr<Communicator> host, device::EmulatedDevice& device,
+    std::shared_ptr<CommWatchdog> watchdog, EmulatedTransportOptions options = {});
 
 }  // namespace furnace::comm

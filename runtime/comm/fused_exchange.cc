@@ -284,6 +284,12 @@ absl::Status FusedOnStreams(StreamCommunicator& a2a, StreamCommunicator& ag, con
 
 }  // namespace
 
+bool FusedExchangeOnStreams(Communicator& a2a, Communicator& ag) {
+  auto* da = dynamic_cast<StreamCommunicator*>(&a2a);
+  auto* dg = dynamic_cast<StreamCommunicator*>(&ag);
+  return da != nullptr && dg != nullptr && &da->device() == &dg->device();
+}
+
 absl::Status FusedAllToAllAllGather(Communicator& a2a, Communicator& ag, const void* in, void* out,
                                     int64_t out_bytes, const FusedLayout& layout) {
   RETURN_IF_ERROR(CheckLayout(a2a, ag, in, out, out_bytes, layout));

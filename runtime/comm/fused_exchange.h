@@ -73,4 +73,9 @@ struct FusedLayout {
 absl::Status FusedAllToAllAllGather(Communicator& a2a, Communicator& ag, const void* in, void* out,
                                     int64_t out_bytes, const FusedLayout& layout);
 
+// Whether FusedAllToAllAllGather runs on the two communicators' streams (both StreamCommunicators
+// of one device), so `in` and `out` are to be that device's memory; otherwise it moves its chunks
+// with host copies and they must be host memory (a caller on a discrete device stages them).
+bool FusedExchangeOnStreams(Communicator& a2a, Communicator& ag);
+
 }  // namespace furnace::comm

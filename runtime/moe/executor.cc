@@ -263,11 +263,14 @@ absl::Status ScheduleExecutor::RunFused(const Op& op, const DispatchHandle& h, c
   }
   comm::CallTimer timer;
   device::Device* dev = Rows();
-  if (dev == nullptr || device::HostAddressable(*dev)) {
+  if (dev == nullptr || device::HostAddressable(*dev) || comm::FusedExchangeOnStreams(*a2a, *ag)) {
+    // Host memory, or device memory the fused op runs on the communicators' streams (NCCL, or
+    // the emulated device's transport): the rows go as they are.
     RETURN_IF_ERROR(comm::FusedAllToAllAllGather(*a2a, *ag, in, out, out_rows * row, layout));
   } else {
-    // The fused op moves its chunks with host copies (fused_exchange.cc), so on a discrete device
-    // it runs on host staging of `in` and `out` (the communicators pass host buffers through).
+    // Host transports (Gloo through comm::ForDevice): the fused op moves its chunks with host
+    // copies (fused_exchange.cc), so on a discrete device it runs on host staging of `in` and
+    // `out` (the communicators pass host buffers through).
     std::vector<float> host_in(static_cast<size_t>(Sum(layout.send_bytes) / kF32));
     std::vector<float> host_out(static_cast<size_t>(out_rows * C));
     RETURN_IF_ERROR(tensor::CopyToHost(*dev, host_in.data(), in, host_in.size() * kF32));

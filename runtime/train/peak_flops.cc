@@ -4,6 +4,8 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/matmul.h"
 
 namespace furnace::train {
@@ -18,6 +20,43 @@ double MeasureSgemmPeakFlops(int n, int reps) {
     if (r > 0 && s > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s);
   }
   return best;
+}
+
+namespace {
+
+// NVIDIA's datasheet dense figures (without sparsity), FLOP/s. The first entry whose key the name
+// contains wins, so the more specific keys come first.
+struct Datasheet {
+  const char* key;
+  double bf16;
+  double fp32;
+  const char* sheet;
+};
+constexpr Datasheet kGpus[] = {
+    {"H200 NVL", 835.5e12, 60.0e12, "H200 NVL datasheet"},
+    {"H200", 989.4e12, 66.9e12, "H200 SXM datasheet"},
+    {"H100 PCIe", 756.4e12, 51.2e12, "H100 PCIe datasheet"},
+    {"H100 NVL", 835.5e12, 60.0e12, "H100 NVL datasheet"},
+    {"H100", 989.4e12, 66.9e12, "H100 SXM datasheet"},
+    {"A100", 312.0e12, 19.5e12, "A100 datasheet"},
+};
+
+}  // namespace
+
+double DatasheetPeakFlops(const std::string& gpu_name, device::Precision precision,
+                          std::string* source) {
+  for (const Datasheet& d : kGpus) {
+    if (!absl::StrContains(gpu_name, d.key)) continue;
+    const bool bf16 = precision == device::Precision::kBf16;
+    if (source != nullptr) {
+      *source = absl::StrCat(d.sheet, ", dense ", bf16 ? "bf16 tensor core" : "fp32 (no TF32)");
+    }
+    return bf16 ? d.bf16 : d.fp32;
+  }
+  if (source != nullptr) {
+    *source = absl::StrCat("no datasheet figure for '", gpu_name, "': MFU not reported");
+  }
+  return 0;
 }
 
 }  // namespace furnace::train

@@ -5,7 +5,10 @@
 // parameters of every shard, the bytes each collective moved, and the MoE schedules' per-op bytes.
 // Covered: data, tensor, expert with expert sharding, 1F1B pipeline, and the Parm schedules s1 and
 // s2 (s2's fused all-to-all + all-gather on host staging), and the static offload through the copy
-// streams and the adaptive policy under a budget (both bit-identical to none on the CPU).
+// streams and the adaptive policy under a budget (both bit-identical to none on the CPU). The
+// `_streams` cases run every group as a CUDA rank runs NCCL: a StreamCommunicator over the emulated
+// transport (Gloo on a communication stream of its own per group, ordered with the compute stream
+// by events, under the rank's watchdog), s2's fused exchange on the two groups' streams.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -24,10 +27,14 @@ struct Case {
   int pp, dp, tp, ep, esp, m;
   const char* schedule;
   bool offload;  // the emulated run offloads its expert buffers (policy offload, ratio 1)
+  // The emulated run's groups are stream communicators over the emulated transport (as NCCL on a
+  // GPU: collectives on streams of their own, ordered by events), not Gloo staged through the host.
+  bool streams = false;
 };
 
 absl::StatusOr<RunResult> RunOn(LayoutCase c, const Case& k, device::Kind kind, bool offload) {
   c.device = kind;
+  c.stream_comms = kind == device::Kind::kEmulated && k.streams;
   if (offload) {
     c.policy = memory::MemoryPolicy::kOffload;
     c.offload_ratio = 1.0;
@@ -140,7 +147,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp2_1f1b", 2, 1, 1, 1, 1, 3, "deepspeed", false},
                       Case{"tp2_ep2_s1", 1, 2, 2, 2, 1, 1, "s1", false},
                       Case{"tp2_ep2_s2", 1, 2, 2, 2, 1, 1, "s2", false},
-                      Case{"ep2_offload", 1, 2, 1, 2, 1, 2, "deepspeed", true}),
+                      Case{"ep2_offload", 1, 2, 1, 2, 1, 2, "deepspeed", true},
+                      // The CUDA path's shape: every group on its own stream, ordered by events.
+                      Case{"dp2_streams", 1, 2, 1, 1, 1, 2, "deepspeed", false, true},
+                      Case{"ep2_esp2_streams", 1, 4, 1, 2, 2, 1, "deepspeed", false, true},
+                      Case{"pp2_1f1b_streams", 2, 1, 1, 1, 1, 3, "deepspeed", false, true},
+                      Case{"tp2_ep2_s2_streams", 1, 2, 2, 2, 1, 1, "s2", false, true},
+                      Case{"ep2_offload_streams", 1, 2, 1, 2, 1, 2, "deepspeed", true, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

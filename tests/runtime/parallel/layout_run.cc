@@ -12,7 +12,9 @@
 #include "absl/strings/str_join.h"
 #include "kernels/blas.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/comm_watchdog.h"
 #include "runtime/comm/device_staging.h"
+#include "runtime/comm/emulated_transport.h"
 #include "runtime/comm/file_kv_store.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/data/markov.h"
@@ -255,6 +257,12 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
     ASSIGN_OR_RETURN(RankDevice dev, MakeRankDevice(c.device));
     device::StreamScope scope(*dev.stream);
     comm::FileKvStore store(dir + "/kv");
+    std::shared_ptr<comm::CommWatchdog> watchdog;  // the rank's, for stream communicators
+    auto* emulated = dynamic_cast<device::EmulatedDevice*>(dev.device.get());
+    if (c.stream_comms) {
+      if (emulated == nullptr) return absl::InvalidArgumentError("stream_comms needs emulated");
+      ASSIGN_OR_RETURN(watchdog, comm::CommWatchdog::Create({.timeout_s = 60}));
+    }
     const train::CommFactory factory =
         [&](const std::string& prefix, const std::string& name, int r,
             int size) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
@@ -264,6 +272,10 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
       o.timeout_s = 60;
       ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> gloo,
                        comm::CreateGlooCommunicator(store, prefix, name, r, size, o));
+      if (c.stream_comms) {
+        return comm::CreateEmulatedStreamCommunicator(std::move(gloo), *emulated, watchdog,
+                                                      {.timeout_s = 60});
+      }
       return comm::ForDevice(std::move(gloo), *dev.device);
     };
     ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,

@@ -49,6 +49,11 @@ struct LayoutCase {
   // Where every rank trains: the CPU device, or an emulated discrete device of its own (its
   // communicators wrapped by comm::ForDevice, a compute stream current on the training thread).
   device::Kind device = device::Kind::kCpu;
+  // On the emulated device: each group a StreamCommunicator over the emulated transport (Gloo run
+  // on a communication stream of its own, ordered by events, under one watchdog per rank:
+  // comm::CreateEmulatedStreamCommunicator), the way a CUDA rank runs NCCL, instead of Gloo staged
+  // through the host (comm::ForDevice).
+  bool stream_comms = false;
 };
 
 struct RunResult {

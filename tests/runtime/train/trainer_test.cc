@@ -22,6 +22,7 @@
 #include "runtime/data/sampler.h"
 #include "runtime/data/token_file.h"
 #include "runtime/device/device.h"
+#include "runtime/train/peak_flops.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
 
@@ -739,6 +740,25 @@ TEST(TrainerTest, AutoIntervalStartsFromTheHintAndGrowsWithTheMtbf) {
       RunAuto({.stall_seconds = 0.02, .step_seconds = 0.02, .mtbf_seconds = 1.0});
   EXPECT_EQ(saved, (std::vector<int64_t>{10, 20}));
   EXPECT_EQ(intervals.back(), 10);
+}
+
+}  // namespace
+}  // namespace furnace::train
+
+namespace furnace::train {
+namespace {
+
+// MFU on a GPU divides by the datasheet's dense figure at the GEMMs' precision; a GPU the table
+// does not know gets 0 (MFU not reported), said in the source line, rather than a guess.
+TEST(PeakFlopsTest, DatasheetFigureOfTheGpuAtThePrecision) {
+  std::string source;
+  EXPECT_DOUBLE_EQ(DatasheetPeakFlops("NVIDIA H200", device::Precision::kBf16, &source), 989.4e12);
+  EXPECT_NE(source.find("H200 SXM"), std::string::npos) << source;
+  EXPECT_DOUBLE_EQ(DatasheetPeakFlops("NVIDIA H200", device::Precision::kFp32), 66.9e12);
+  EXPECT_DOUBLE_EQ(DatasheetPeakFlops("NVIDIA H100 PCIe", device::Precision::kBf16), 756.4e12);
+  EXPECT_DOUBLE_EQ(DatasheetPeakFlops("NVIDIA H100 80GB HBM3", device::Precision::kBf16), 989.4e12);
+  EXPECT_EQ(DatasheetPeakFlops("Some Future GPU", device::Precision::kBf16, &source), 0.0);
+  EXPECT_NE(source.find("MFU not reported"), std::string::npos) << source;
 }
 
 }  // namespace
