@@ -6,30 +6,38 @@
 # benchmark (bench/CMakeLists.txt: furnace_gpu_bench), all within a time budget (8 minutes by
 # default), and writes one markdown report. Where there is no GPU it says "no GPU: the gpu tests
 # skip", runs them anyway (each case skips itself, saying why) and still writes the report.
+# On a GPU machine without the build's packages and without a package registry (the ones this
+# workplace lends), give it the archive tests/gpu/bundle.sh made on a development machine instead:
+# it builds nothing, runs the same tests (each executable, its gtest XML read back) and benchmarks
+# from the archive, with the archive's libraries and the machine's CUDA libraries.
 #
-# Usage: tests/gpu/run.sh [REPORT] [--no-build] [--build-dir DIR] [--budget-s SECONDS]
+# Usage: tests/gpu/run.sh [REPORT] [--no-build] [--build-dir DIR] [--bundle ARCHIVE] [--budget-s N]
 #   REPORT       the report file (default: $OUT/gpu-report.md, or ./gpu-report.md without $OUT)
 #   --no-build   skip setup and build; use the build directory as it is
 #   --build-dir  the CMake build directory (default: build)
+#   --bundle     run what tests/gpu/bundle.sh packed (no setup, no build, no build directory)
 #   --budget-s   the whole run's wall-clock budget (default 480); each step gets what is left
 # Exit status: 0 when every step that ran passed (skipped tests are not failures), 1 otherwise,
 # 2 for bad arguments. The report is written in every case.
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-report="" build_dir="build" budget=480 do_build=1
+report="" build_dir="build" budget=480 do_build=1 bundle=""
 while (($#)); do
   case "$1" in
     --no-build) do_build=0 ;;
     --build-dir)
       [ $# -ge 2 ] || { echo "run.sh: --build-dir needs a directory" >&2; exit 2; }
       build_dir="$2"; shift ;;
+    --bundle)
+      [ $# -ge 2 ] || { echo "run.sh: --bundle needs the archive tests/gpu/bundle.sh wrote" >&2; exit 2; }
+      bundle="$2"; do_build=0; shift ;;
     --budget-s)
       [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || {
         echo "run.sh: --budget-s needs a whole number of seconds" >&2; exit 2; }
       budget="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    -*) echo "run.sh: unknown flag '$1' (allowed: --no-build, --build-dir DIR, --budget-s N)" >&2
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -*) echo "run.sh: unknown flag '$1' (allowed: --no-build, --build-dir DIR, --bundle ARCHIVE, --budget-s N)" >&2
         exit 2 ;;
     *)
       [ -z "$report" ] || { echo "run.sh: one report path only, got '$report' and '$1'" >&2; exit 2; }
@@ -42,7 +50,11 @@ if [ -z "$report" ]; then
 fi
 mkdir -p "$(dirname "$report")"
 report="$(cd "$(dirname "$report")" && pwd)/$(basename "$report")"
-cd "$repo"
+if [ -n "$bundle" ]; then
+  [ -f "$bundle" ] || { echo "run.sh: --bundle $bundle: no such file" >&2; exit 2; }
+  bundle="$(cd "$(dirname "$bundle")" && pwd)/$(basename "$bundle")"
+fi
+cd "$repo" || exit 2
 case "$build_dir" in /*) ;; *) build_dir="$repo/$build_dir" ;; esac
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -87,9 +99,55 @@ section "Machine"
   fi
 } >>"$work/body.md"
 
-# --- Setup and build.
+# --- Setup and build (or the bundle: unpacked, and every library its executables load resolved).
 section "Build"
-if ((do_build)); then
+bundle_dir=""
+if [ -n "$bundle" ]; then
+  bundle_dir="$work/bundle"
+  mkdir -p "$bundle_dir"
+  if ! xz -dc "$bundle" | tar -C "$bundle_dir" -xf - 2>"$work/unpack.log"; then
+    status=1
+    echo "- bundle: **could not unpack** $bundle:" >>"$work/body.md"
+    fence "$work/unpack.log" 2000
+  else
+    echo "- bundle: $bundle ($(du -h "$bundle" | cut -f1)); $(tr '\n' ';' <"$bundle_dir/BUILD")" \
+      >>"$work/body.md"
+    # The CUDA libraries the bundle leaves to the machine: its toolkit's, or its Python's
+    # nvidia-* packages (cuBLAS, NCCL), wherever they are.
+    cuda_libs=()
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+      [ -d "$d" ] && cuda_libs+=("$d")
+    done
+    if command -v python3 >/dev/null 2>&1; then
+      while IFS= read -r d; do [ -n "$d" ] && cuda_libs+=("$d"); done < <(python3 -c '
+import glob, os, site
+roots = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+seen = set()
+for r in roots:
+    for lib in glob.glob(os.path.join(r, "nvidia", "**", "lib", "lib*.so*"), recursive=True):
+        d = os.path.dirname(lib)
+        if d not in seen:
+            seen.add(d)
+            print(d)
+' 2>/dev/null)
+    fi
+    LD_LIBRARY_PATH="$bundle_dir/lib$(printf ':%s' "${cuda_libs[@]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH
+    echo "- libraries: the bundle's, then ${cuda_libs[*]:-(no CUDA library directory found)}" \
+      >>"$work/body.md"
+    unresolved=""
+    for exe in "$bundle_dir"/bin/*; do
+      miss="$(ldd "$exe" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')"
+      [ -n "$miss" ] && unresolved+="$(basename "$exe"): $miss; "
+    done
+    if [ -n "$unresolved" ]; then
+      status=1
+      echo "- **libraries not found**: $unresolved" >>"$work/body.md"
+    else
+      echo "- every library the executables load is found" >>"$work/body.md"
+    fi
+  fi
+elif ((do_build)); then
   log "setup (scripts/setup.sh --no-web)"
   if timeout "$(left)" scripts/setup.sh --no-web >"$work/setup.log" 2>&1; then
     echo "- setup: scripts/setup.sh --no-web: ok" >>"$work/body.md"
@@ -116,14 +174,47 @@ if ((do_build)); then
 else
   echo "- build: skipped (--no-build), using $build_dir as it is" >>"$work/body.md"
 fi
-grep -q 'FURNACE_ENABLE_CUDA:BOOL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null &&
-  echo "- build directory: CUDA components ON" >>"$work/body.md" ||
-  echo "- build directory: CUDA components OFF (the CUDA kernel and NCCL tests are not in it)" \
-    >>"$work/body.md"
+if [ -z "$bundle" ]; then
+  grep -q 'FURNACE_ENABLE_CUDA:BOOL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null &&
+    echo "- build directory: CUDA components ON" >>"$work/body.md" ||
+    echo "- build directory: CUDA components OFF (the CUDA kernel and NCCL tests are not in it)" \
+      >>"$work/body.md"
+fi
 
 # --- The gpu-labelled tests.
 section "gpu-labelled tests"
-if [ ! -f "$build_dir/CTestTestfile.cmake" ]; then
+if [ -n "$bundle_dir" ]; then
+  # Each gpu test executable of the bundle, one after the other (one GPU), its gtest XML kept.
+  mkdir -p "$work/xml"
+  tests_start=$SECONDS
+  : >"$work/ctest.log"
+  rc=0
+  while IFS= read -r name; do
+    [ -n "$name" ] || continue
+    if ((budget - SECONDS < 10)); then
+      rc=1
+      echo "$name: not run, the time budget is spent" >>"$work/ctest.log"
+      continue
+    fi
+    log "test $name ($(left) s left)"
+    (cd "$work" && OPENBLAS_NUM_THREADS=1 timeout "$(capped 300)" "$bundle_dir/bin/$name" \
+      --gtest_output="xml:$work/xml/$name.xml") >"$work/$name.log" 2>&1
+    one=$?
+    if ((one != 0)); then
+      rc=1
+      { echo "== $name: exit status $one"; tail -c 3000 "$work/$name.log"; } >>"$work/ctest.log"
+    fi
+  done <"$bundle_dir/tests.txt"
+  echo "The bundle's gpu test executables, one after the other:" \
+    "$( ((rc == 0)) && echo 'each exited 0' || echo 'some did not exit 0') in $((SECONDS - tests_start)) s." \
+    >>"$work/body.md"
+  python3 "$repo/tests/gpu/gtest_report.py" "$work"/xml/*.xml >>"$work/body.md" || status=1
+  if ((rc != 0)); then
+    status=1
+    echo -e "\nFailures (the tail of each failing executable's output):\n" >>"$work/body.md"
+    fence "$work/ctest.log" 8000
+  fi
+elif [ ! -f "$build_dir/CTestTestfile.cmake" ]; then
   status=1
   echo "**not run**: $build_dir is not a configured build directory" >>"$work/body.md"
 elif ((budget - SECONDS < 10)); then
@@ -188,7 +279,10 @@ fi
 # under a minute on an H200), at most 180 s each; its stdout is its result.
 section "GPU benchmarks"
 benches=()
-if [ -f "$build_dir/gpu_benches.txt" ]; then
+if [ -n "$bundle_dir" ]; then
+  while IFS= read -r b; do [ -n "$b" ] && benches+=("$bundle_dir/bin/$b"); done \
+    <"$bundle_dir/benches.txt"
+elif [ -f "$build_dir/gpu_benches.txt" ]; then
   while IFS= read -r b; do [ -n "$b" ] && benches+=("$b"); done <"$build_dir/gpu_benches.txt"
 fi
 if ((${#benches[@]} == 0)); then

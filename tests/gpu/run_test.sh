@@ -2,7 +2,9 @@
 # ctest gpu_run_script: tests/gpu/run.sh passes `bash -n`, refuses a bad flag, and runs end to end
 # with --no-build against the build directory given as $1 (the gpu-labelled tests there pass or
 # skip); the report it writes names the machine, the tests and the benchmarks, and on a host
-# without a GPU says "no GPU: the gpu tests skip".
+# without a GPU says "no GPU: the gpu tests skip". Where the build has CUDA, the same through a
+# bundle (tests/gpu/bundle.sh packs the build's gpu executables and libraries; run.sh --bundle runs
+# them without the build directory), as on the GPU machines that have no package registry.
 set -euo pipefail
 build="${1:?usage: run_test.sh BUILD_DIR}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,5 +46,24 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
     grep -q 'no GPU: .*nothing measured' "$tmp/report.md" ||
       fail "the benchmarks should say they measured nothing"
   fi
+fi
+
+# The bundle: packed from this build, unpacked and run by run.sh with no build directory at all.
+if grep -q 'FURNACE_ENABLE_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  bash "$here/bundle.sh" --build-dir "$build" --no-build -o "$tmp/bundle.tar.xz" 2>"$tmp/bundle.log" ||
+    fail "bundle.sh failed: $(cat "$tmp/bundle.log")"
+  rc=0
+  bash "$here/run.sh" "$tmp/bundle-report.md" --bundle "$tmp/bundle.tar.xz" --build-dir /nonexistent \
+    --budget-s 240 2>"$tmp/stderr" || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$tmp/bundle-report.md" >&2; fail "run.sh --bundle exited $rc"; }
+  grep -q 'every library the executables load is found' "$tmp/bundle-report.md" ||
+    fail "run.sh --bundle did not resolve the executables' libraries"
+  grep -Eq '^[0-9]+ passed, 0 failed, [0-9]+ skipped of [1-9][0-9]*\.' "$tmp/bundle-report.md" ||
+    fail "the bundle's report has no test summary"
+  while IFS= read -r b; do
+    [ -n "$b" ] || continue
+    grep -q "^### ${b##*/} (exit status 0" "$tmp/bundle-report.md" ||
+      fail "the bundle's benchmark ${b##*/} did not run or did not exit 0"
+  done <"$build/gpu_benches.txt"
 fi
 echo "run_test.sh: ok"

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""The gpu tests' table for tests/gpu/run.sh --bundle: reads the gtest XML files the bundle's test
+executables wrote (--gtest_output=xml) and prints a count line and one markdown row per test case
+(passed, failed, or skipped with GTEST_SKIP's reason). Exit status 1 when a case failed or no case
+was found at all (an executable that died before writing its XML shows in run.sh's own log)."""
+import sys
+import xml.etree.ElementTree as ET
+
+
+def main(paths):
+    rows, counts = [], {"passed": 0, "failed": 0, "skipped": 0}
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (ET.ParseError, FileNotFoundError, OSError):
+            continue
+        for case in root.iter("testcase"):
+            why = ""
+            if case.find("failure") is not None or case.find("error") is not None:
+                result = "failed"
+            elif case.get("result") == "skipped" or case.find("skipped") is not None:
+                result = "skipped"
+                skipped = case.find("skipped")
+                lines = (skipped.get("message", "") if skipped is not None else "").strip()
+                lines = [line for line in lines.splitlines() if line.strip()]
+                why = lines[-1][:120].replace("|", "/") if lines else ""
+            else:
+                result = "passed"
+            counts[result] += 1
+            rows.append((f"{case.get('classname')}.{case.get('name')}", result,
+                         case.get("time", ""), why))
+    print(f"\n{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"of {len(rows)}.\n")
+    if rows:
+        print("| test | result | seconds | note |\n|---|---|---|---|")
+        for name, result, secs, why in rows:
+            shown = "**failed**" if result == "failed" else result
+            print(f"| {name} | {shown} | {secs} | {why} |")
+    return 1 if counts["failed"] or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
