@@ -1,9 +1,11 @@
 #include "runtime/model/gpt_moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +86,40 @@ GptMoe::~GptMoe() {
   stash_.ReleaseAll();
 }
 
+namespace {
+
+// InitParameter over every parameter, in chunks of kInitChunk elements shared out to up to one
+// thread per core (one thread for a model below two chunks: tests, small shards).
+void InitParametersParallel(uint64_t seed, const std::vector<train::ParamInfo>& params, int layers,
+                            float* out) {
+  constexpr int64_t kInitChunk = int64_t{1} << 21;
+  struct Task {
+    const train::ParamInfo* param;
+    int64_t begin, end;
+  };
+  std::vector<Task> tasks;
+  for (const train::ParamInfo& p : params) {
+    for (int64_t b = 0; b < p.numel(); b += kInitChunk) {
+      tasks.push_back({&p, b, std::min(p.numel(), b + kInitChunk)});
+    }
+  }
+  const int threads = static_cast<int>(std::min<size_t>(
+      std::max(1u, std::thread::hardware_concurrency()), std::max<size_t>(1, tasks.size() / 2)));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t t = next++; t < tasks.size(); t = next++) {
+      const Task& task = tasks[t];
+      InitParameterRange(seed, *task.param, layers, out + task.param->offset, task.begin, task.end);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config, uint64_t seed,
                                                        device::Device& device,
                                                        tensor::DeviceArena& activations,
@@ -99,11 +135,11 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
   const uint64_t bytes = static_cast<uint64_t>(model->layout_.total) * sizeof(float);
   ASSIGN_OR_RETURN(model->params_, tensor::DeviceMemory::Allocate(device, bytes, "parameters"));
   ASSIGN_OR_RETURN(model->grads_, tensor::DeviceMemory::Allocate(device, bytes, "gradients"));
-  // Initialised on the host (counter-based, layout-independent: init.h), then uploaded once.
+  // Initialised on the host (counter-based, layout-independent: init.h), then uploaded once. Each
+  // element is a pure function of its index, so a large model is filled by several threads in
+  // chunks (a 2-billion-parameter model takes a minute on one core).
   std::vector<float> init(model->layout_.total);
-  for (const train::ParamInfo& p : model->layout_.params) {
-    InitParameter(seed, p, config.layers, init.data() + p.offset);
-  }
+  InitParametersParallel(seed, model->layout_.params, config.layers, init.data());
   RETURN_IF_ERROR(tensor::CopyToDevice(device, model->params_.data(), init.data(), bytes));
   RETURN_IF_ERROR(tensor::Fill(device, model->grads_.data(), 0, bytes));
   return model;

@@ -82,11 +82,16 @@ float Draw(const InitRule& rule, uint64_t key, int64_t index) {
 
 }  // namespace
 
-void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out) {
+void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, float* out,
+                        int64_t begin, int64_t end) {
   // The rule and the stream depend on the parameter only: computed once, not per element.
   const InitRule rule = InitRuleFor(param.name, layers);
   const uint64_t key = StreamKey(seed, param.name);
-  for (int64_t i = 0; i < param.numel(); ++i) out[i] = Draw(rule, key, param.GlobalIndex(i));
+  for (int64_t i = begin; i < end; ++i) out[i] = Draw(rule, key, param.GlobalIndex(i));
+}
+
+void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out) {
+  InitParameterRange(seed, param, layers, out, 0, param.numel());
 }
 
 }  // namespace furnace::model

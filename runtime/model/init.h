@@ -29,5 +29,9 @@ double StandardNormal(uint64_t seed, const std::string& name, int64_t index);
 // value of element param.GlobalIndex(i) of the whole tensor (a shard holds exactly what the whole
 // model holds at those indices).
 void InitParameter(uint64_t seed, const train::ParamInfo& param, int layers, float* out);
+// Elements [begin, end) of the same (out points at element 0 of the parameter): a pure function of
+// each element's global index, so ranges filled on several threads give InitParameter's values.
+void InitParameterRange(uint64_t seed, const train::ParamInfo& param, int layers, float* out,
+                        int64_t begin, int64_t end);
 
 }  // namespace furnace::model
