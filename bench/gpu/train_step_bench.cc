@@ -74,9 +74,9 @@ class ZipfSampler final : public data::Sampler {
     data::Batch batch = data::EmptyBatch(config_);
     const int T = config_.seq_len;
     for (int b = 0; b < config_.batch; ++b) {
-      data::CounterRng rng(data::HashKey(
-          {config_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank),
-           static_cast<uint64_t>(micro_batch), static_cast<uint64_t>(b)}));
+      data::CounterRng rng(
+          data::HashKey({config_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank),
+                         static_cast<uint64_t>(micro_batch), static_cast<uint64_t>(b)}));
       int prev = Draw(rng);
       for (int t = 0; t < T; ++t) {
         const int next = Draw(rng);
@@ -214,8 +214,9 @@ int main(int argc, char** argv) {
   std::printf(
       "# train_step_bench: GptMoe + Trainer on %s, model.precision %s; V %d T %d d %d h %d "
       "L %d E %d k %d f %d; %d x %d sequences per step\n",
-      f.emulated ? "the emulated device" : "cuda:0", precision, f.model.vocab, f.model.seq_len, f.model.d_model, f.model.heads, f.model.layers,
-      f.model.experts, f.model.top_k, f.model.expert_ffn, f.micro_batches, f.micro_batch);
+      f.emulated ? "the emulated device" : "cuda:0", precision, f.model.vocab, f.model.seq_len,
+      f.model.d_model, f.model.heads, f.model.layers, f.model.experts, f.model.top_k,
+      f.model.expert_ffn, f.micro_batches, f.micro_batch);
   std::printf(
       "| step ms (median, min-max) | fwd+bwd ms | optimizer ms | tokens/s | model TFLOP/s | "
       "MFU | busiest expert / mean | activation peak GiB |\n|---|---|---|---|---|---|---|---|\n");
@@ -232,9 +233,9 @@ int main(int argc, char** argv) {
   const Spread step = SpreadOf(m->step_ms), fb = SpreadOf(m->fb_ms), opt = SpreadOf(m->opt_ms);
   const Spread im = SpreadOf(m->imbalance);
   std::string sheet = "the CPU's measured SGEMM";
-  const double peak =
-      f.emulated ? m->peak_flops
-                 : furnace::train::DatasheetPeakFlops(m->device_name, f.precision, &sheet);
+  const double peak = f.emulated
+                          ? m->peak_flops
+                          : furnace::train::DatasheetPeakFlops(m->device_name, f.precision, &sheet);
   const double tflops = m->flops_per_step / (step.median * 1e-3) / 1e12;
   const std::string mfu = peak > 0 ? absl::StrFormat("%.1f%%", 100 * tflops * 1e12 / peak) : "n/a";
   std::printf("| %.1f (%.1f-%.1f) | %.1f | %.1f | %.0f | %.1f | %s | %.2f | %.1f |\n", step.median,

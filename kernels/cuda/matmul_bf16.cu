@@ -63,60 +63,75 @@ size_t Bf16Bytes(int64_t n) { return AlignUp(static_cast<size_t>(n) * sizeof(__n
 
 }  // namespace
 
-size_t MatmulForwardBf16WorkspaceBytes(int N, int C, int OC) {
-  return Bf16Bytes(int64_t{N} * C) + Bf16Bytes(int64_t{C} * OC);
+size_t MatmulForwardBf16WorkspaceBytes(int N, int C, int OC, bool cast_weight) {
+  return Bf16Bytes(int64_t{N} * C) + (cast_weight ? Bf16Bytes(int64_t{C} * OC) : 0);
 }
 
 void MatmulForwardBf16(float* out, const float* inp, const float* weight, const float* bias, int N,
-                       int C, int OC, void* workspace, cublasHandle_t handle, cudaStream_t stream) {
+                       int C, int OC, void* workspace, cublasHandle_t handle, cudaStream_t stream,
+                       const __nv_bfloat16* weight16) {
   const char* op = "MatmulForwardBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (N <= 0 || OC <= 0) return;
   internal::WorkspaceCarver ws(workspace);
   auto* inp16 = ws.Take<__nv_bfloat16>(int64_t{N} * C);
-  auto* w16 = ws.Take<__nv_bfloat16>(int64_t{C} * OC);
   internal::ToBf16(inp16, inp, int64_t{N} * C, stream, op);
-  internal::ToBf16(w16, weight, int64_t{C} * OC, stream, op);
+  const __nv_bfloat16* w16 = weight16;
+  if (w16 == nullptr) {
+    auto* cast = ws.Take<__nv_bfloat16>(int64_t{C} * OC);
+    internal::ToBf16(cast, weight, int64_t{C} * OC, stream, op);
+    w16 = cast;
+  }
   Forward(out, inp16, w16, bias, N, C, OC, handle, stream, op);
 }
 
-size_t MatmulBackwardBf16WorkspaceBytes(int N, int C, int OC, bool with_dinp) {
+size_t MatmulBackwardBf16WorkspaceBytes(int N, int C, int OC, bool with_dinp, bool cast_weight) {
   return Bf16Bytes(int64_t{N} * OC) + Bf16Bytes(int64_t{N} * C) +
-         (with_dinp ? Bf16Bytes(int64_t{C} * OC) : 0);
+         (with_dinp && cast_weight ? Bf16Bytes(int64_t{C} * OC) : 0);
 }
 
 void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int N, int C, int OC,
-                        void* workspace, cublasHandle_t handle, cudaStream_t stream) {
+                        void* workspace, cublasHandle_t handle, cudaStream_t stream,
+                        const __nv_bfloat16* weight16) {
   const char* op = "MatmulBackwardBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (N <= 0) return;
   internal::WorkspaceCarver ws(workspace);
   auto* dout16 = ws.Take<__nv_bfloat16>(int64_t{N} * OC);
   auto* inp16 = ws.Take<__nv_bfloat16>(int64_t{N} * C);
-  __nv_bfloat16* w16 = dinp != nullptr ? ws.Take<__nv_bfloat16>(int64_t{C} * OC) : nullptr;
   internal::ToBf16(dout16, dout, int64_t{N} * OC, stream, op);
   internal::ToBf16(inp16, inp, int64_t{N} * C, stream, op);
-  if (w16 != nullptr) internal::ToBf16(w16, weight, int64_t{C} * OC, stream, op);
+  const __nv_bfloat16* w16 = dinp != nullptr ? weight16 : nullptr;
+  if (dinp != nullptr && w16 == nullptr) {
+    auto* cast = ws.Take<__nv_bfloat16>(int64_t{C} * OC);
+    internal::ToBf16(cast, weight, int64_t{C} * OC, stream, op);
+    w16 = cast;
+  }
   Backward(dinp, dweight, dbias, dout, dout16, inp16, w16, N, C, OC, handle, stream, op);
 }
 
-size_t GroupedMatmulForwardBf16WorkspaceBytes(int64_t S, int E, int C, int OC) {
-  return Bf16Bytes(S * C) + Bf16Bytes(int64_t{E} * C * OC);
+size_t GroupedMatmulForwardBf16WorkspaceBytes(int64_t S, int E, int C, int OC, bool cast_weight) {
+  return Bf16Bytes(S * C) + (cast_weight ? Bf16Bytes(int64_t{E} * C * OC) : 0);
 }
 
 void GroupedMatmulForwardBf16(float* out, const float* inp, const float* weight, const float* bias,
                               const int64_t* offsets, int E, int C, int OC, void* workspace,
-                              cublasHandle_t handle, cudaStream_t stream) {
+                              cublasHandle_t handle, cudaStream_t stream,
+                              const __nv_bfloat16* weight16) {
   const char* op = "GroupedMatmulForwardBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   const int64_t S = offsets[E];
   if (S <= 0 || OC <= 0) return;
   internal::WorkspaceCarver ws(workspace);
   auto* inp16 = ws.Take<__nv_bfloat16>(S * C);
-  auto* w16 = ws.Take<__nv_bfloat16>(int64_t{E} * C * OC);
   internal::ToBf16(inp16, inp, S * C, stream, op);
-  internal::ToBf16(w16, weight, int64_t{E} * C * OC, stream, op);
+  const __nv_bfloat16* w16 = weight16;
+  if (w16 == nullptr) {
+    auto* cast = ws.Take<__nv_bfloat16>(int64_t{E} * C * OC);
+    internal::ToBf16(cast, weight, int64_t{E} * C * OC, stream, op);
+    w16 = cast;
+  }
   for (int e = 0; e < E; ++e) {
     const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows <= 0) continue;
@@ -128,14 +143,16 @@ void GroupedMatmulForwardBf16(float* out, const float* inp, const float* weight,
   }
 }
 
-size_t GroupedMatmulBackwardBf16WorkspaceBytes(int64_t S, int E, int C, int OC, bool with_dinp) {
-  return Bf16Bytes(S * OC) + Bf16Bytes(S * C) + (with_dinp ? Bf16Bytes(int64_t{E} * C * OC) : 0);
+size_t GroupedMatmulBackwardBf16WorkspaceBytes(int64_t S, int E, int C, int OC, bool with_dinp,
+                                               bool cast_weight) {
+  return Bf16Bytes(S * OC) + Bf16Bytes(S * C) +
+         (with_dinp && cast_weight ? Bf16Bytes(int64_t{E} * C * OC) : 0);
 }
 
 void GroupedMatmulBackwardBf16(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const int64_t* offsets, int E,
                                int C, int OC, void* workspace, cublasHandle_t handle,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const __nv_bfloat16* weight16) {
   const char* op = "GroupedMatmulBackwardBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   const int64_t S = offsets[E];
@@ -143,10 +160,14 @@ void GroupedMatmulBackwardBf16(float* dinp, float* dweight, float* dbias, const 
   internal::WorkspaceCarver ws(workspace);
   auto* dout16 = ws.Take<__nv_bfloat16>(S * OC);
   auto* inp16 = ws.Take<__nv_bfloat16>(S * C);
-  __nv_bfloat16* w16 = dinp != nullptr ? ws.Take<__nv_bfloat16>(int64_t{E} * C * OC) : nullptr;
   internal::ToBf16(dout16, dout, S * OC, stream, op);
   internal::ToBf16(inp16, inp, S * C, stream, op);
-  if (w16 != nullptr) internal::ToBf16(w16, weight, int64_t{E} * C * OC, stream, op);
+  const __nv_bfloat16* w16 = dinp != nullptr ? weight16 : nullptr;
+  if (dinp != nullptr && w16 == nullptr) {
+    auto* cast = ws.Take<__nv_bfloat16>(int64_t{E} * C * OC);
+    internal::ToBf16(cast, weight, int64_t{E} * C * OC, stream, op);
+    w16 = cast;
+  }
   for (int e = 0; e < E; ++e) {
     const int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows <= 0) continue;

@@ -3,10 +3,13 @@
 // attention_bf16.h. Each takes its bf16 workspace as op scratch (CudaOp::Scratch: Device::Allocate
 // on the op's stream, freed stream-ordered when the op returns, so it is reused from the pool at
 // the next op and never counted in the job's activation budget, like cuBLAS's own workspace).
+// A GEMM whose weight operand has a bf16 mirror (weight_mirror.h: the model's parameters) reads
+// the mirror and casts only its activation operands.
 #include "kernels/cuda/attention_bf16.h"
 #include "kernels/cuda/matmul_bf16.h"
 #include "runtime/device/cuda_backend.h"
 #include "runtime/device/cuda_op.h"
+#include "runtime/device/weight_mirror.h"
 
 namespace furnace::device {
 namespace {
@@ -14,22 +17,32 @@ namespace {
 namespace kc = kernels::cuda;
 using cuda_internal::CudaOp;
 
+// The weight operand's bf16 mirror (weight_mirror.h), or nullptr: then the launcher rounds it.
+const __nv_bfloat16* Mirror(const float* weight, int64_t n) {
+  return reinterpret_cast<const __nv_bfloat16*>(FindWeightMirror(weight, n));
+}
+
 void MatmulForwardBf16(float* out, const float* inp, const float* weight, const float* bias, int N,
                        int C, int OC) {
   CudaOp op("matmul_forward (bf16)", {out, inp, weight});
   cublasHandle_t handle = op.cublas();
-  void* ws = op.Scratch(kc::MatmulForwardBf16WorkspaceBytes(N, C, OC));
-  if (op.ok()) kc::MatmulForwardBf16(out, inp, weight, bias, N, C, OC, ws, handle, op.stream());
+  const __nv_bfloat16* w16 = Mirror(weight, int64_t{C} * OC);
+  void* ws = op.Scratch(kc::MatmulForwardBf16WorkspaceBytes(N, C, OC, w16 == nullptr));
+  if (op.ok()) {
+    kc::MatmulForwardBf16(out, inp, weight, bias, N, C, OC, ws, handle, op.stream(), w16);
+  }
 }
 
 void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int N, int C, int OC) {
   CudaOp op("matmul_backward (bf16)", {dinp, dweight, dbias, dout});
   cublasHandle_t handle = op.cublas();
-  void* ws = op.Scratch(kc::MatmulBackwardBf16WorkspaceBytes(N, C, OC, dinp != nullptr));
+  const __nv_bfloat16* w16 = Mirror(weight, int64_t{C} * OC);
+  void* ws =
+      op.Scratch(kc::MatmulBackwardBf16WorkspaceBytes(N, C, OC, dinp != nullptr, w16 == nullptr));
   if (op.ok()) {
     kc::MatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, handle,
-                           op.stream());
+                           op.stream(), w16);
   }
 }
 
@@ -37,10 +50,12 @@ void GroupedMatmulForwardBf16(float* out, const float* inp, const float* weight,
                               const int64_t* offsets, int E, int C, int OC) {
   CudaOp op("grouped_matmul_forward (bf16)", {out, inp, weight});
   cublasHandle_t handle = op.cublas();
-  void* ws = op.Scratch(kc::GroupedMatmulForwardBf16WorkspaceBytes(offsets[E], E, C, OC));
+  const __nv_bfloat16* w16 = Mirror(weight, int64_t{E} * C * OC);
+  void* ws =
+      op.Scratch(kc::GroupedMatmulForwardBf16WorkspaceBytes(offsets[E], E, C, OC, w16 == nullptr));
   if (op.ok()) {
-    kc::GroupedMatmulForwardBf16(out, inp, weight, bias, offsets, E, C, OC, ws, handle,
-                                 op.stream());
+    kc::GroupedMatmulForwardBf16(out, inp, weight, bias, offsets, E, C, OC, ws, handle, op.stream(),
+                                 w16);
   }
 }
 
@@ -49,11 +64,12 @@ void GroupedMatmulBackwardBf16(float* dinp, float* dweight, float* dbias, const 
                                int C, int OC) {
   CudaOp op("grouped_matmul_backward (bf16)", {dinp, dweight, dbias, dout});
   cublasHandle_t handle = op.cublas();
-  void* ws = op.Scratch(
-      kc::GroupedMatmulBackwardBf16WorkspaceBytes(offsets[E], E, C, OC, dinp != nullptr));
+  const __nv_bfloat16* w16 = Mirror(weight, int64_t{E} * C * OC);
+  void* ws = op.Scratch(kc::GroupedMatmulBackwardBf16WorkspaceBytes(
+      offsets[E], E, C, OC, dinp != nullptr, w16 == nullptr));
   if (op.ok()) {
     kc::GroupedMatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, offsets, E, C, OC, ws,
-                                  handle, op.stream());
+                                  handle, op.stream(), w16);
   }
 }
 

@@ -141,6 +141,12 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
   std::vector<float> init(model->layout_.total);
   InitParametersParallel(seed, model->layout_.params, config.layers, init.data());
   RETURN_IF_ERROR(tensor::CopyToDevice(device, model->params_.data(), init.data(), bytes));
+  if (ops->precision == device::Precision::kBf16) {
+    ASSIGN_OR_RETURN(model->mirror_,
+                     tensor::DeviceMemory::Allocate(device, bytes / 2, "parameters (bf16 mirror)"));
+    model->mirror_registration_ = device::WeightMirror(
+        model->params_.as<float>(), model->mirror_.as<uint16_t>(), model->layout_.total);
+  }
   RETURN_IF_ERROR(tensor::Fill(device, model->grads_.data(), 0, bytes));
   return model;
 }
@@ -269,8 +275,17 @@ absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, 
   return absl::OkStatus();
 }
 
+absl::Status GptMoe::RefreshWeightMirror() {
+  if (!mirror_registration_.registered() || !mirror_stale_) return absl::OkStatus();
+  // Enqueued on the current stream ahead of this forward's GEMMs, which read it in stream order.
+  ops_.cast_f32_to_bf16(mirror_.as<uint16_t>(), params_.as<float>(), layout_.total);
+  mirror_stale_ = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_t* targets,
                                              const float* x_in, int B) {
+  RETURN_IF_ERROR(RefreshWeightMirror());
   const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();

@@ -4,10 +4,12 @@
 //
 // Parameters and gradients are one flat fp32 array each (ParamLayout), each one allocation of the
 // device's memory outside the activation arena (tensor::DeviceMemory), initialised on the host
-// and uploaded at creation. Activations come from the DeviceArena given at creation and
-// everything saved for backward goes through the Stash, so a memory planner sees every saved
-// tensor. ForwardBackward frees everything it allocated before it returns, on success and on
-// error.
+// and uploaded at creation. At model.precision bf16 a third, a bf16 mirror of the parameters
+// (half their bytes), spares the GEMMs rounding their weights per call (runtime/device/
+// weight_mirror.h; re-rounded once per step, before the first forward after the update).
+// Activations come from the DeviceArena given at creation and everything saved for backward goes
+// through the Stash, so a memory planner sees every saved tensor. ForwardBackward frees everything
+// it allocated before it returns, on success and on error.
 //
 // Devices and streams (train::Trainable has the contract): every op goes through the device's
 // backend, on the calling thread's current stream (device::StreamScope; none: the device's default
@@ -98,6 +100,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/device/weight_mirror.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/memory/planner.h"
@@ -138,7 +141,14 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   const std::vector<train::ParamInfo>& params() const override { return layout_.params; }
   int64_t num_params() const override { return layout_.total; }
   device::Device& device() override { return device_; }
-  float* param_data() override { return params_.as<float>(); }
+  // Tests: GEMMs round their weights per call again (the bf16 weight mirror unregistered), to show
+  // the mirror changes nothing.
+  void DisableWeightMirrorForTest() { mirror_registration_ = device::WeightMirror(); }
+  // Marks the bf16 weight mirror stale (below): whoever takes the array may write it.
+  float* param_data() override {
+    mirror_stale_ = true;
+    return params_.as<float>();
+  }
   float* grad_data() override { return grads_.as<float>(); }
   void ZeroGrad() override;
   absl::StatusOr<train::MicroBatchResult> ForwardBackward(const int32_t* inputs,
@@ -317,7 +327,15 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   Stash stash_;
   tensor::DeviceMemory params_;  // (num_params) memory of device_
   tensor::DeviceMemory grads_;   // (num_params) memory of device_
-  tensor::UploadRing uploads_;   // the token and target uploads
+  // A bf16 table's weight mirror (runtime/device/weight_mirror.h): the parameters rounded to bf16
+  // once, for every GEMM that reads a weight, instead of once per GEMM call. Refreshed at the start
+  // of the first forward after param_data() was taken (the optimizer's update, a restore, a test),
+  // on the current stream. Empty under fp32. The registration goes before the arrays it names.
+  tensor::DeviceMemory mirror_;  // (num_params) bf16
+  device::WeightMirror mirror_registration_;
+  bool mirror_stale_ = true;
+  absl::Status RefreshWeightMirror();
+  tensor::UploadRing uploads_;  // the token and target uploads
   uint64_t last_stashed_bytes_ = 0;
   memory::MemoryPolicy policy_ = memory::MemoryPolicy::kNone;
   bool capture_logits_ = false;

@@ -22,7 +22,8 @@ namespace furnace::train::testing {
 
 struct ShortRun {
   std::vector<double> loss, aux;
-  std::string backend;  // the model's table ("emulated/bf16", ...)
+  std::vector<float> params;  // after the last step
+  std::string backend;        // the model's table ("emulated/bf16", ...)
 };
 
 inline model::ModelConfig ShortRunModel() {
@@ -42,14 +43,16 @@ inline model::ModelConfig ShortRunModel() {
 }
 
 // `steps` steps of 2 micro-batches of 4 sequences on a Markov chain, lr 3e-3 with 2 warmup steps.
+// weight_mirror false: the model's bf16 weight mirror is switched off (GEMMs round per call).
 inline absl::StatusOr<ShortRun> RunShort(device::Device& device, device::Precision precision,
-                                         int steps) {
+                                         int steps, bool weight_mirror = true) {
   kernels::cpu::SetBlasThreads(1);
   ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream());
   device::StreamScope scope(*stream);
   tensor::DeviceArena arena(device, 0);
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
                    model::GptMoe::Create(ShortRunModel(), 7, device, arena, {}, {}, precision));
+  if (!weight_mirror) model->DisableWeightMirrorForTest();
   data::MarkovConfig mc;
   mc.vocab = 64;
   mc.seed = 4;
@@ -75,6 +78,12 @@ inline absl::StatusOr<ShortRun> RunShort(device::Device& device, device::Precisi
     run.loss.push_back(stats.loss);
     run.aux.push_back(stats.aux_loss);
   }
+  run.params.resize(static_cast<size_t>(model->num_params()));
+  RETURN_IF_ERROR(device.Copy(run.params.data(), model->param_data(), run.params.size() * 4,
+                              device::HostAddressable(device) ? device::CopyKind::kHostToHost
+                                                              : device::CopyKind::kDeviceToHost,
+                              *stream));
+  RETURN_IF_ERROR(device.SynchronizeStream(*stream));
   return run;
 }
 
