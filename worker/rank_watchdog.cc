@@ -157,12 +157,16 @@ WatchdogThread::~WatchdogThread() {
 void WatchdogThread::Main() {
   const auto interval = std::chrono::duration<double>(watchdog_.timeouts().heartbeat_s);
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, interval, [&] { return stop_; })) {
+  // The first check at once: its heartbeat tells the agent from the start that this rank has a
+  // watchdog (so the agent gives a silent rank the frozen timeout, 1.5 x hang_timeout_s, and the
+  // watchdog of a rank blocked on it reports first), even if the rank is stopped within the first
+  // interval.
+  do {
     lock.unlock();
     const furnace::v1::RankWatchdogRecord record = watchdog_.Check();
     if (record.kind() != furnace::v1::RankWatchdogRecord::KIND_UNSPECIFIED) emit_(record);
     lock.lock();
-  }
+  } while (!cv_.wait_for(lock, interval, [&] { return stop_; }));
 }
 
 }  // namespace furnace::worker

@@ -28,7 +28,8 @@ const uint16_t* FindWeightMirror(const float* weight, int64_t n) {
   if (weight == nullptr || n <= 0) return nullptr;
   absl::ReaderMutexLock lock(&registry_mu);
   for (const Entry& e : Registry()) {
-    if (weight >= e.weights && weight + n <= e.weights + e.n) return e.mirror + (weight - e.weights);
+    if (weight >= e.weights && weight + n <= e.weights + e.n)
+      return e.mirror + (weight - e.weights);
   }
   return nullptr;
 }

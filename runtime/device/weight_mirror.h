@@ -8,10 +8,10 @@
 // Protocol: the owner of the weights (GptMoe) registers its fp32 array and a mirror of the same
 // element count in the same device's memory (WeightMirror, RAII), and keeps the mirror current: it
 // re-rounds it (cast_f32_to_bf16 on its compute stream) before the first GEMM after anyone could
-// have written the weights. A bf16 table looks the weight operand of each GEMM up (FindWeightMirror)
-// and, when the whole operand lies inside a registered array, reads the mirror at the same offset;
-// anything else (activations, the head's transposed embedding) is rounded per call as before. The
-// fp32 tables never look.
+// have written the weights. A bf16 table looks the weight operand of each GEMM up
+// (FindWeightMirror) and, when the whole operand lies inside a registered array, reads the mirror
+// at the same offset; anything else (activations, the head's transposed embedding) is rounded per
+// call as before. The fp32 tables never look.
 //
 // Thread-safety: the registry is process-wide and locked (lookups share the lock). Ownership: the
 // registry holds pointers only; the registration must end (WeightMirror's destructor) before the

@@ -92,8 +92,8 @@ class WeightMirrorTest : public ::testing::Test {
   void Expect(const char* what, float* weights, int64_t n, float* out, size_t out_n,
               const std::vector<float>& out_init, const std::function<void()>& gemm) {
     auto run = [&] {
-      EXPECT_TRUE(dev_->Copy(out, out_init.data(), out_n * 4, CopyKind::kHostToDevice, *stream_)
-                      .ok());
+      EXPECT_TRUE(
+          dev_->Copy(out, out_init.data(), out_n * 4, CopyKind::kHostToDevice, *stream_).ok());
       gemm();
       return Download(out, out_n);
     };
@@ -154,9 +154,7 @@ TEST_F(WeightMirrorTest, GroupedMatmulReadsTheMirrorOfItsWeight) {
   float* w = Upload(Random(E * C * OC, 8));
   float* out = Upload(std::vector<float>(N * OC, 0.0f));
   Expect("grouped_matmul_forward", w, E * C * OC, out, N * OC, std::vector<float>(N * OC, 0.0f),
-         [&] {
-           table_->grouped_matmul_forward(out, inp, w, nullptr, offsets.data(), E, C, OC);
-         });
+         [&] { table_->grouped_matmul_forward(out, inp, w, nullptr, offsets.data(), E, C, OC); });
   float* dout = Upload(Random(N * OC, 9));
   float* dinp = Upload(std::vector<float>(N * C, 0.0f));
   float* dw = Upload(std::vector<float>(E * C * OC, 0.0f));
