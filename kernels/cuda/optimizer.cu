@@ -9,19 +9,28 @@ namespace {
 
 constexpr int kBlock = 256;
 
+// The CPU's operations in the CPU's order, each rounded on its own: the _rn intrinsics are never
+// contracted into FMAs (nvcc contracts a * b + c by default, which moved m by up to 1.6e-8 from
+// the CPU's over three steps, past the kernel test's 1e-8 floor), so m, v and param are
+// bit-identical to kernels/cpu/optimizer.cc (sqrt and division are IEEE in both).
 __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, int64_t n,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             float inv_correction1, float inv_correction2) {
+  const float one_minus_beta1 = __fsub_rn(1.0f, beta1);
+  const float one_minus_beta2 = __fsub_rn(1.0f, beta2);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    float g = grad[i];
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float g = grad[i];
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, g));
+    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
     m[i] = mi;
     v[i] = vi;
-    float mhat = mi * inv_correction1;
-    float vhat = vi * inv_correction2;
-    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+    const float mhat = __fmul_rn(mi, inv_correction1);
+    const float vhat = __fmul_rn(vi, inv_correction2);
+    const float p = param[i];
+    const float step =
+        __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), eps)), __fmul_rn(weight_decay, p));
+    param[i] = __fsub_rn(p, __fmul_rn(lr, step));
   }
 }
 

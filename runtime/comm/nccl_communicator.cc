@@ -363,8 +363,12 @@ class NcclCommunicator final : public Communicator {
                                         *last != '\0' ? ": " : "", last));
   }
 
+  // A failed CUDA call as this op's sticky error. The runtime's per-thread last error is cleared
+  // (cuda_status.h): left set, the next kernel launch check on this thread (kernels/cuda) would
+  // report it as that kernel's failure.
   absl::Status Cuda(const char* op, cudaError_t err) {
     if (err == cudaSuccess) return absl::OkStatus();
+    cudaGetLastError();
     const absl::StatusCode code = err == cudaErrorMemoryAllocation
                                       ? absl::StatusCode::kResourceExhausted
                                       : absl::StatusCode::kInternal;
@@ -443,6 +447,7 @@ class NcclCommunicator final : public Communicator {
         const cudaError_t query = cudaStreamQuery(stream_);
         if (query == cudaSuccess) return absl::OkStatus();
         if (query != cudaErrorNotReady) return Cuda(op, query);
+        cudaGetLastError();  // not ready is left as the thread's last error too: see Cuda()
       }
       if (Clock::now() >= deadline) {
         return Fail(absl::DeadlineExceededError(

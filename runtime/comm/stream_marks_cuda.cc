@@ -54,11 +54,17 @@ class CudaMark final : public StreamMark {
       : pool_(std::move(pool)), event_(event) {}
   ~CudaMark() override { pool_->Give(event_); }
 
-  // Polled from the watchdog's thread, whose current device is not necessarily the stream's.
+  // Polled from the watchdog's thread, whose current device is not necessarily the stream's, and
+  // from the operations' thread (StreamCommunicator::WaitFor). cudaErrorNotReady is also left as
+  // the thread's last error (as PyTorch's CUDAEvent::query knows), which the next kernel launch
+  // check of that thread (kernels/cuda: cudaPeekAtLastError, TakeLastError) would report as its
+  // own failure, making "device not ready" the device's sticky error: cleared here, as every
+  // failure that became a Status (cuda_status.h).
   absl::StatusOr<bool> Passed() override {
     FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(pool_->ordinal()));
     const cudaError_t err = cudaEventQuery(event_);
     if (err == cudaSuccess) return true;
+    cudaGetLastError();
     if (err == cudaErrorNotReady) return false;
     return device::CudaStatus(err, "cudaEventQuery", __FILE__, __LINE__);
   }

@@ -4,7 +4,7 @@
 // Tolerances (||got - want|| / ||want||): 0 (bit-identical) where the arithmetic is the same
 // operations in the same order (the residual adds, transpose, embedding forward, permute forward,
 // scale, the casts); kSum = 1e-5 where fp32 sums run in another order (cuBLAS vs OpenBLAS, warp
-// reductions, atomics) or the math library differs (tanhf vs the CPU's exp form of GELU, FMA
+// reductions, atomics) or the math library differs (expf vs the CPU's exp in GELU, FMA
 // contraction); kElementwise = 1e-6 for elementwise formulas that FMA contraction alone changes.
 // gpu label: skips without a GPU.
 #include "runtime/device/cuda_backend.h"
