@@ -28,8 +28,11 @@ using testing_util::Ptrs;
 using testing_util::Random;
 using testing_util::RelativeError;
 
-// GEMMs on identical bf16 operands: fp32 sums in another order (and the tensor cores' adders).
-constexpr Check kSameRounding{1e-5};
+// GEMMs on identical bf16 operands: fp32 sums in another order (and the tensor cores' adders,
+// which published measurements of Hopper describe as truncating, not rounding, in the fp32
+// accumulator: estimated 6-9e-6 norm-relative at an inner dimension of 5632, so the bound leaves
+// room above that; a wrong rounding of the operands is off by ~1e-3, far above it either way).
+constexpr Check kSameRounding{3e-5};
 // Attention: the device's fp32 probabilities and dS differ from the CPU's in the last bits, so a
 // rare element rounds to the neighbouring bf16 value.
 constexpr Check kSameRoundingAttention{1e-4};
