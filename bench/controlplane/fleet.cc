@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "bench/common/stats.h"
@@ -18,22 +16,6 @@ void SetDeadline(grpc::ClientContext& context, double seconds) {
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
                            std::chrono::duration<double>(seconds)));
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const FleetOptions& o) {
-  if (!o.tls) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions ssl;
-  if (!o.tls_ca.empty()) ssl.pem_root_certs = ReadFile(o.tls_ca);
-  if (!o.tls_cert.empty()) ssl.pem_cert_chain = ReadFile(o.tls_cert);
-  if (!o.tls_key.empty()) ssl.pem_private_key = ReadFile(o.tls_key);
-  return grpc::SslCredentials(ssl);
 }
 
 }  // namespace
@@ -68,8 +50,23 @@ class CommandStream : public grpc::ClientReadReactor<v1::AgentCommand> {
   v1::AgentCommand command_;
 };
 
-Fleet::Fleet(FleetOptions options, LatencyBook& book) : options_(std::move(options)), book_(book) {
-  auto creds = Credentials(options_);
+absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(FleetOptions options, LatencyBook& book) {
+  transport::ClientSecurity agent{options.tls, options.join_token, ""};
+  transport::ClientSecurity job{options.tls, options.admin_token, ""};
+  // The CLI needs no client certificate; the agents present theirs.
+  job.tls.cert.clear();
+  job.tls.key.clear();
+  auto agent_credentials = transport::MakeChannelCredentials(agent);
+  if (!agent_credentials.ok()) return agent_credentials.status();
+  auto job_credentials = transport::MakeChannelCredentials(job);
+  if (!job_credentials.ok()) return job_credentials.status();
+  return std::make_unique<Fleet>(std::move(options), book, *agent_credentials, *job_credentials);
+}
+
+Fleet::Fleet(FleetOptions options, LatencyBook& book,
+             std::shared_ptr<grpc::ChannelCredentials> creds,
+             std::shared_ptr<grpc::ChannelCredentials> job_credentials)
+    : options_(std::move(options)), book_(book) {
   for (uint32_t c = 0; c < std::max(1u, options_.channels); ++c) {
     grpc::ChannelArguments args;
     // A distinct argument per channel: otherwise gRPC shares one connection among them.
@@ -78,7 +75,11 @@ Fleet::Fleet(FleetOptions options, LatencyBook& book) : options_(std::move(optio
     channels_.push_back(grpc::CreateCustomChannel(options_.address, creds, args));
     stubs_.push_back(v1::AgentService::NewStub(channels_.back()));
   }
-  jobs_ = v1::JobService::NewStub(channels_[0]);
+  grpc::ChannelArguments job_args;
+  job_args.SetInt("furnace.loadgen.channel", -1);
+  job_args.SetMaxReceiveMessageSize(64 << 20);
+  jobs_ = v1::JobService::NewStub(
+      grpc::CreateCustomChannel(options_.address, std::move(job_credentials), job_args));
   for (uint32_t i = 0; i < options_.agents; ++i) {
     auto a = std::make_unique<SimAgent>();
     a->index = i;
@@ -258,16 +259,6 @@ void Fleet::ReportRank(SimAgent& a, v1::RankReport report, std::function<void()>
       });
 }
 
-const std::vector<std::string>& Fleet::ArrivalKeys(uint32_t world) {
-  std::lock_guard<std::mutex> lock(keys_mu_);
-  if (keys_world_ != world) {
-    keys_.clear();
-    for (uint32_t r = 0; r < world; ++r) keys_.push_back(absl::StrCat("health/arrived/", r));
-    keys_world_ = world;
-  }
-  return keys_;
-}
-
 void Fleet::Arrive(SimAgent& a) {
   v1::KvSetRequest req;
   {
@@ -299,30 +290,28 @@ void Fleet::WaitPeers(SimAgent& a) {
     req.mutable_scope()->set_attempt(a.attempt);
     world = a.world;
   }
-  for (const auto& k : ArrivalKeys(world)) req.add_keys(k);
-  // health_check.cc waits in 1 s slices; a slice that ends with peers missing is the protocol
-  // (DEADLINE_EXCEEDED from the server), not a failure.
+  // health_check.cc: an indexed wait for every rank's arrival key, in 1 s slices; a slice that
+  // ends with peers missing is an answer (complete false), and the rank asks again.
+  req.set_indexed_prefix("health/arrived/");
+  req.set_indexed_count(world);
   constexpr double kSliceS = 1.0;
   req.set_timeout_s(kSliceS);
   auto& stub = Stub(a);
-  const double t0 = Now();
   Call<v1::KvGetRequest, v1::KvGetResponse>(
       "KvGet",
       [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvGet(c, q, r, std::move(f)); },
       std::move(req), kSliceS + options_.rpc_timeout_s,
-      [this, &a, t0, world](const grpc::Status& s, v1::KvGetResponse&) {
-        const bool slice_over = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-                                Now() - t0 < kSliceS + options_.rpc_timeout_s - 0.5;
-        if (s.ok()) {
+      [this, &a, world](const grpc::Status& s, v1::KvGetResponse& resp) {
+        if (s.ok() && resp.complete()) {
           {
             std::lock_guard<std::mutex> lock(a.mu);
             a.arrived_all = true;
           }
           if (++ranks_arrived_ == world) all_arrived_at_ = Now();
-        } else if (slice_over) {
+        } else if (s.ok()) {
           WaitPeers(a);
         }
-        return s.ok() || slice_over;
+        return s.ok();
       });
 }
 

@@ -4,12 +4,12 @@
 // Each agent does what worker/agent.cc does on the wire: Register; one WatchCommands stream; a
 // Heartbeat every heartbeat interval (the agents' phases spread evenly over the interval) naming
 // the rank it runs; on a start command ReportRank(RANK_STARTED) and the rendezvous of a rank's
-// health check (worker/health_check.cc: KvSet health/arrived/<rank>, then KvGet of every rank's
-// key in 1 s slices until all arrived); once every rank has arrived, one PushTelemetry per
-// training step with that step's record (the agent flushes every 0.2 s, so a step's records
-// arrive spread over 0.2 s after the step ends); on a stop command ReportRank(RANK_EXITED,
-// STOPPED). Silence() stops some idle agents dead (no heartbeat, stream cancelled), like a host
-// that went away.
+// health check (worker/health_check.cc: KvSet health/arrived/<rank>, then an indexed KvGet for
+// every rank's key, in 1 s slices until all arrived); once every rank has arrived, one
+// PushTelemetry per training step with that step's record (the agent flushes every 0.2 s, so a
+// step's records arrive spread over 0.2 s after the step ends); on a stop command
+// ReportRank(RANK_EXITED, STOPPED). Silence() stops some idle agents dead (no heartbeat, stream
+// cancelled), like a host that went away.
 //
 // Threading: the public methods are called from one driver thread; gRPC's callback threads run
 // the replies. An agent's rank state is guarded by its own mutex; counters are atomics.
@@ -32,6 +32,7 @@
 #include "bench/controlplane/latency_book.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "furnace/v1/controller.grpc.pb.h"
+#include "transport/credentials.h"
 
 namespace furnace::bench {
 
@@ -43,10 +44,12 @@ struct FleetOptions {
   double flush_s = 0.2;                 // the agents' telemetry flush interval (worker/agent.h)
   double rpc_timeout_s = 10.0;          // client deadline of a unary call
   std::string host_prefix = "loadgen";  // worker ids are "<prefix>-<i / 8>/<i % 8>"
-  // TLS: with tls set, channels use grpc::SslCredentials (CA to verify the controller, and the
-  // client certificate and key for mutual TLS when given).
-  bool tls = false;
-  std::string tls_ca, tls_cert, tls_key;
+  // What the agents' channels present (transport/credentials.h, as furnace-worker does): TLS
+  // files (empty: plaintext) and the join token; and the JobService channel's (the CLI's): the
+  // same CA and an admin token for Submit and Cancel when the controller has a --token-file.
+  transport::TlsFiles tls;
+  std::string join_token;
+  std::string admin_token;
 };
 
 class CommandStream;
@@ -67,7 +70,11 @@ struct SimAgent {
 
 class Fleet {
  public:
-  Fleet(FleetOptions options, LatencyBook& book);
+  // Fails (InvalidArgument naming the file) when the TLS files or tokens cannot be used.
+  static absl::StatusOr<std::unique_ptr<Fleet>> Create(FleetOptions options, LatencyBook& book);
+  Fleet(FleetOptions options, LatencyBook& book,
+        std::shared_ptr<grpc::ChannelCredentials> agent_credentials,
+        std::shared_ptr<grpc::ChannelCredentials> job_credentials);
   ~Fleet();
 
   // Registers every agent (a bounded number in flight); returns how many got a session.
@@ -114,7 +121,6 @@ class Fleet {
   void ReportExit(SimAgent& agent, const std::string& job_id, uint32_t attempt, uint32_t rank);
   // ReportRank over `agent`'s channel; `on_ok` runs on the completion thread when it succeeded.
   void ReportRank(SimAgent& agent, furnace::v1::RankReport report, std::function<void()> on_ok);
-  const std::vector<std::string>& ArrivalKeys(uint32_t world);
   void ScheduleLoop();
 
   const FleetOptions options_;
@@ -129,10 +135,6 @@ class Fleet {
   std::atomic<uint32_t> world_{0};
   std::atomic<double> all_arrived_at_{0};
   std::atomic<uint64_t> telemetry_records_{0}, reregister_asks_{0}, last_step_{0};
-
-  std::mutex keys_mu_;
-  uint32_t keys_world_ = 0;
-  std::vector<std::string> keys_;  // guarded by keys_mu_ (built once per world size)
 
   std::atomic<bool> stopping_{false};
   std::thread scheduler_;

@@ -1,9 +1,12 @@
 #include "controller/service/grpc_services.h"
 
+#include <atomic>
+#include <chrono>
 #include <string>
 
 #include "controller/service/caller_identity.h"
 #include "runtime/base/utf8.h"
+#include "spdlog/spdlog.h"
 
 namespace furnace::controller {
 namespace {
@@ -80,18 +83,58 @@ grpc::Status JobServiceImpl::ListAuditEvents(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
-                                        v1::RegisterResponse* resp) {
-  auto r = c_.Register(*req);
-  if (!r.ok()) return ToGrpc(r.status());
-  *resp = std::move(*r);
-  return grpc::Status::OK;
+namespace {
+
+grpc::Status Overloaded(const HandlerPool& pool) {
+  // Said in the log at most every 10 s (a flood of refusals must not flood the log too).
+  static std::atomic<int64_t> last_said{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (int64_t said = last_said.load();
+      now - said >= 10 && last_said.compare_exchange_strong(said, now)) {
+    spdlog::warn("overloaded: {} agent calls queued; refusing more with UNAVAILABLE ({} so far)",
+                 pool.queued(), pool.refused());
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "controller overloaded; retry");
+}
+
+// Runs `start` on the pool; it finishes the call (directly or from a callback). A full pool
+// answers UNAVAILABLE at once.
+template <typename Start>
+grpc::ServerUnaryReactor* Queue(grpc::CallbackServerContext* ctx, HandlerPool& pool, Start start) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!pool.TryPost([reactor, start = std::move(start)]() mutable { start(reactor); })) {
+    reactor->Finish(Overloaded(pool));
+  }
+  return reactor;
+}
+
+// Runs `body` on the pool; it returns the call's status (and fills the response).
+template <typename Body>
+grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx, HandlerPool& pool, Body body) {
+  return Queue(ctx, pool, [body = std::move(body)](grpc::ServerUnaryReactor* reactor) mutable {
+    reactor->Finish(body());
+  });
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AgentServiceImpl::Register(grpc::CallbackServerContext* ctx,
+                                                     const v1::RegisterRequest* req,
+                                                     v1::RegisterResponse* resp) {
+  return OnPool(ctx, pool_, [this, req, resp] {
+    auto r = c_.Register(*req);
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* AgentServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                       const v1::HeartbeatRequest* req,
                                                       v1::HeartbeatResponse* resp) {
-  *resp = c_.Heartbeat(*req);
+  *resp = c_.TryHeartbeat(*req);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -196,30 +239,42 @@ grpc::ServerWriteReactor<v1::AgentCommand>* AgentServiceImpl::WatchCommands(
   return new CommandWriter(c_, *req);
 }
 
-grpc::Status AgentServiceImpl::ReportRank(grpc::ServerContext*, const v1::RankReport* req,
-                                          v1::Ack*) {
-  return ToGrpc(c_.ReportRank(*req));
+grpc::ServerUnaryReactor* AgentServiceImpl::ReportRank(grpc::CallbackServerContext* ctx,
+                                                       const v1::RankReport* req, v1::Ack*) {
+  return OnPool(ctx, pool_, [this, req] { return ToGrpc(c_.ReportRank(*req)); });
 }
 
-grpc::Status AgentServiceImpl::PushTelemetry(grpc::ServerContext*, const v1::TelemetryBatch* req,
-                                             v1::Ack*) {
-  return ToGrpc(c_.PushTelemetry(*req));
+grpc::ServerUnaryReactor* AgentServiceImpl::PushTelemetry(grpc::CallbackServerContext* ctx,
+                                                          const v1::TelemetryBatch* req, v1::Ack*) {
+  return Queue(ctx, pool_, [this, req](grpc::ServerUnaryReactor* reactor) {
+    c_.PushTelemetry(*req, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  });
 }
 
-grpc::Status AgentServiceImpl::PushLogs(grpc::ServerContext*, const v1::LogBatch* req, v1::Ack*) {
-  return ToGrpc(c_.PushLogs(*req));
+grpc::ServerUnaryReactor* AgentServiceImpl::PushLogs(grpc::CallbackServerContext* ctx,
+                                                     const v1::LogBatch* req, v1::Ack*) {
+  return OnPool(ctx, pool_, [this, req] { return ToGrpc(c_.PushLogs(*req)); });
 }
 
-grpc::Status AgentServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::Ack*) {
-  return ToGrpc(c_.KvSet(*req));
+// The rendezvous needs no state mutex (its scopes fence by themselves): KvSet and KvGet run on
+// gRPC's thread and finish from their callbacks.
+grpc::ServerUnaryReactor* AgentServiceImpl::KvSet(grpc::CallbackServerContext* ctx,
+                                                  const v1::KvSetRequest* req, v1::Ack*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  c_.KvSet(*req, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
 }
 
-grpc::Status AgentServiceImpl::KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
-                                     v1::KvGetResponse* resp) {
-  auto r = c_.KvGet(*req);
-  if (!r.ok()) return ToGrpc(r.status());
-  *resp = std::move(*r);
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* AgentServiceImpl::KvGet(grpc::CallbackServerContext* ctx,
+                                                  const v1::KvGetRequest* req,
+                                                  v1::KvGetResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  c_.KvGet(*req, [reactor, resp](absl::StatusOr<v1::KvGetResponse> r) {
+    if (!r.ok()) return reactor->Finish(ToGrpc(r.status()));
+    *resp = std::move(*r);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 }  // namespace furnace::controller

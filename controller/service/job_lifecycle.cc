@@ -50,11 +50,11 @@ absl::StatusOr<int> JobLifecycle::Load() {
     }
     if (IsFinal(job.summary.state())) continue;
     ++active;
-    if (auto* attempt = job.current()) {
+    if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
+      const Rendezvous::Scope scope{job.summary.job_id(), attempt->attempt()};
+      rendezvous_.OpenScope(scope);
       ASSIGN_OR_RETURN(auto kv, store_.KvLoad(job.summary.job_id(), attempt->attempt()));
-      for (auto& [key, value] : kv) {
-        rendezvous_.Set({job.summary.job_id(), attempt->attempt()}, key, value);
-      }
+      for (auto& [key, value] : kv) rendezvous_.Set(scope, key, value);
     }
     Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
   }
@@ -265,21 +265,6 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   return true;
 }
 
-absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
-  auto jt = jobs_.find(scope.job_id());
-  if (jt == jobs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("rendezvous: no job '", scope.job_id(), "'"));
-  }
-  const Job& job = jt->second;
-  if (IsFinal(job.summary.state()) || job.summary.attempt() != scope.attempt() ||
-      job.attempts.empty() || job.attempts.back().state() != v1::ATTEMPT_STATE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rendezvous: attempt %d of job %s is over (job is %s at attempt %d)", scope.attempt(),
-        scope.job_id(), StateName(job.summary.state()), job.summary.attempt()));
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Placement
 
@@ -404,13 +389,20 @@ void JobLifecycle::TryStart(Job& job) {
     if (!CheckTransition(v1::JOB_PENDING, v1::JOB_SCHEDULED).ok()) return;
     job.summary.set_state(v1::JOB_SCHEDULED);
   }
+  // The first workers name the placement; at thousands of ranks the whole list would make one
+  // event of hundreds of kilobytes (`furnace status` lists every rank with its worker anyway).
+  constexpr size_t kNamed = 16;
+  std::string placed = absl::StrJoin(
+      placement->begin(), placement->begin() + std::min(placement->size(), kNamed), ", ");
+  if (placement->size() > kNamed)
+    absl::StrAppend(&placed, ", ... (", placement->size() - kNamed, " more)");
   if (!Transition(job, v1::JOB_STARTING, "starting",
-                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ",
-                               absl::StrJoin(*placement, ", ")))
+                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ", placed))
            .ok()) {
     job = backup;
     return;
   }
+  rendezvous_.OpenScope({job.summary.job_id(), n});
   if (escalated) Event(job, "escalate", escalation);
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();

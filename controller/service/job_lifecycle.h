@@ -5,8 +5,9 @@
 // check's verdict, the layout that no longer fits (restart_ladder.cc).
 //
 // What it owns: the in-memory jobs (loaded from and written to the JobStore), their rendezvous
-// scopes' lifetime (a scope closes when its attempt ends), and the rank commands it queues for
-// workers through the WorkerRegistry.
+// scopes' lifetime (a scope opens when its attempt starts and closes when it ends: that is the
+// fencing the rendezvous checks by itself), and the rank commands it queues for workers through
+// the WorkerRegistry.
 //
 // Durability: every transition is written to the JobStore (one transaction) before it takes
 // effect, i.e. before any command reaches a worker and before any caller sees the new state. On a
@@ -89,6 +90,12 @@ struct Job {
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
+  // ReportRank asks "is every rank of the attempt running now?" once per rank start: O(ranks)
+  // each, O(ranks^2) per job start. Ranks below running_prefix (of attempt running_prefix_attempt)
+  // were seen running, so the scan resumes there; a full check confirms the answer when it
+  // reaches the end (a rank seen running may have exited since). See AllRunning (recovery.cc).
+  uint32_t running_prefix_attempt = 0;
+  uint32_t running_prefix = 0;
   // The ranks of an attempt (1-based): its layout's world, which recovery.shrink may make smaller
   // than the job's; 0 for an attempt it does not have.
   uint32_t AttemptWorld(uint32_t attempt) const {
@@ -155,8 +162,6 @@ class JobLifecycle {
   // attempt started by a restart, its RecoveryPhases and a "recovered" event. True when the
   // record changed the attempt (PersistLater marks it).
   bool NoteRankTimes(Job& job, const furnace::v1::TelemetryRecord& record);
-  // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
-  absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
 
   // --- recovery.cc, restart_ladder.cc --------------------------------------------------------
   // A worker agent (re-)registers: its session starts, the ranks it still runs are re-attached
