@@ -20,34 +20,83 @@ void SetDeadline(grpc::ClientContext& context, double seconds) {
 
 }  // namespace
 
-// One agent's WatchCommands stream: reads commands until the controller or Stop() ends it.
-class CommandStream : public grpc::ClientReadReactor<v1::AgentCommand> {
+// What a tag on one of the fleet's completion queues points to.
+class Event {
  public:
-  CommandStream(Fleet& fleet, SimAgent& agent, v1::AgentService::Stub& stub)
+  virtual ~Event() = default;
+  virtual void Proceed(bool ok) = 0;
+};
+
+namespace {
+
+// One unary call: `done` runs on the queue's thread when it completes, then the call is deleted.
+template <typename Resp>
+class UnaryCall final : public Event {
+ public:
+  grpc::ClientContext context;
+  Resp response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> reader;
+  std::function<void(UnaryCall&)> done;
+  void Proceed(bool) override {
+    done(*this);
+    delete this;
+  }
+};
+
+}  // namespace
+
+// One agent's WatchCommands stream: reads commands until the controller or Stop() ends it. One
+// operation outstanding at a time (start, then reads, then finish); Cancel may come from any
+// thread.
+class CommandStream {
+ public:
+  CommandStream(Fleet& fleet, SimAgent& agent, v1::AgentService::Stub& stub,
+                grpc::CompletionQueue* queue)
       : fleet_(fleet), agent_(agent) {
     request_.set_worker_id(agent.worker_id);
     request_.set_session_id(agent.session_id);
-    stub.async()->WatchCommands(&context_, &request_, this);
-    StartRead(&command_);
-    StartCall();
+    reader_ = stub.PrepareAsyncWatchCommands(&context_, request_, queue);
+    reader_->StartCall(&start_tag_);
   }
   void Cancel() { context_.TryCancel(); }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
-    fleet_.OnCommand(agent_, command_);
-    StartRead(&command_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    fleet_.OnStreamDone(agent_, this, status);
-    delete this;
-  }
 
  private:
+  enum class Kind { kStart, kRead, kFinish };
+  struct Tag final : Event {
+    Tag(CommandStream* s, Kind k) : stream(s), kind(k) {}
+    void Proceed(bool ok) override { stream->On(kind, ok); }
+    CommandStream* const stream;
+    const Kind kind;
+  };
+
+  void On(Kind kind, bool ok) {
+    switch (kind) {
+      case Kind::kStart:
+      case Kind::kRead:
+        if (kind == Kind::kRead && ok) fleet_.OnCommand(agent_, command_);
+        if (ok) {
+          reader_->Read(&command_, &read_tag_);
+        } else {
+          reader_->Finish(&status_, &finish_tag_);  // OnDone follows
+        }
+        break;
+      case Kind::kFinish:
+        fleet_.OnStreamDone(agent_, this, status_);
+        delete this;
+        break;
+    }
+  }
+
   Fleet& fleet_;
   SimAgent& agent_;
   grpc::ClientContext context_;
   v1::WatchCommandsRequest request_;
   v1::AgentCommand command_;
+  grpc::Status status_;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::AgentCommand>> reader_;
+  Tag start_tag_{this, Kind::kStart}, read_tag_{this, Kind::kRead},
+      finish_tag_{this, Kind::kFinish};
 };
 
 absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(FleetOptions options, LatencyBook& book) {
@@ -80,6 +129,14 @@ Fleet::Fleet(FleetOptions options, LatencyBook& book,
   job_args.SetMaxReceiveMessageSize(64 << 20);
   jobs_ = v1::JobService::NewStub(
       grpc::CreateCustomChannel(options_.address, std::move(job_credentials), job_args));
+  for (uint32_t q = 0; q < std::max(1u, options_.queues); ++q) {
+    queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+    threads_.emplace_back([queue = queues_.back().get()] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) static_cast<Event*>(tag)->Proceed(ok);
+    });
+  }
   for (uint32_t i = 0; i < options_.agents; ++i) {
     auto a = std::make_unique<SimAgent>();
     a->index = i;
@@ -94,30 +151,30 @@ v1::AgentService::Stub& Fleet::Stub(const SimAgent& agent) const {
   return *stubs_[agent.index % stubs_.size()];
 }
 
-template <typename Req, typename Resp, typename Launch, typename Done>
-void Fleet::Call(const char* kind, Launch launch, Req request, double deadline_s, Done done) {
-  struct State {
-    grpc::ClientContext context;
-    Req request;
-    Resp response;
-    double t0 = 0;
-  };
-  auto* st = new State;
-  st->request = std::move(request);
-  SetDeadline(st->context, deadline_s);
+grpc::CompletionQueue* Fleet::Queue(const SimAgent& agent) const {
+  return queues_[agent.index % queues_.size()].get();
+}
+
+template <typename Req, typename Resp, typename Prepare, typename Done>
+void Fleet::Call(const char* kind, const SimAgent& agent, Prepare prepare, const Req& request,
+                 double deadline_s, Done done) {
+  auto* call = new UnaryCall<Resp>;
+  SetDeadline(call->context, deadline_s);
   {
     std::lock_guard<std::mutex> lock(flight_mu_);
     ++in_flight_;
   }
-  st->t0 = Now();
-  launch(&st->context, &st->request, &st->response, [this, st, kind, done](grpc::Status status) {
-    const bool counted_ok = done(status, st->response);
-    book_.Record(kind, Now() - st->t0, counted_ok,
-                 absl::StrCat(status.error_code(), ": ", status.error_message()));
-    delete st;
+  const double t0 = Now();
+  call->done = [this, kind, t0, done](UnaryCall<Resp>& c) {
+    const bool counted_ok = done(c.status, c.response);
+    book_.Record(kind, Now() - t0, counted_ok,
+                 absl::StrCat(c.status.error_code(), ": ", c.status.error_message()));
     std::lock_guard<std::mutex> lock(flight_mu_);
     if (--in_flight_ == 0) flight_cv_.notify_all();
-  });
+  };
+  call->reader = prepare(&call->context, request, Queue(agent));
+  call->reader->StartCall();
+  call->reader->Finish(&call->response, &call->status, call);
 }
 
 void Fleet::Register(SimAgent& a, std::function<void()> finished) {
@@ -131,9 +188,9 @@ void Fleet::Register(SimAgent& a, std::function<void()> finished) {
   req.set_instance_id(absl::StrCat("loadgen-", a.index));
   auto& stub = Stub(a);
   Call<v1::RegisterRequest, v1::RegisterResponse>(
-      "Register",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->Register(c, q, r, std::move(f)); },
-      std::move(req), options_.rpc_timeout_s,
+      "Register", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncRegister(c, q, cq); },
+      req, options_.rpc_timeout_s,
       [this, &a, finished](const grpc::Status& s, v1::RegisterResponse& resp) {
         if (s.ok()) {
           a.session_id = resp.session_id();
@@ -177,7 +234,7 @@ void Fleet::OpenStreams() {
       ++in_flight_;
     }
     std::lock_guard<std::mutex> lock(a->mu);
-    a->stream = new CommandStream(*this, *a, Stub(*a));
+    a->stream = new CommandStream(*this, *a, Stub(*a), Queue(*a));
   }
 }
 
@@ -248,11 +305,9 @@ void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt,
 void Fleet::ReportRank(SimAgent& a, v1::RankReport report, std::function<void()> on_ok) {
   auto& stub = Stub(a);
   Call<v1::RankReport, v1::Ack>(
-      "ReportRank",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->ReportRank(c, q, r, std::move(f));
-      },
-      std::move(report), options_.rpc_timeout_s,
+      "ReportRank", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncReportRank(c, q, cq); },
+      report, options_.rpc_timeout_s,
       [on_ok = std::move(on_ok)](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) on_ok();
         return s.ok();
@@ -270,9 +325,9 @@ void Fleet::Arrive(SimAgent& a) {
   req.set_value("1");
   auto& stub = Stub(a);
   Call<v1::KvSetRequest, v1::Ack>(
-      "KvSet",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvSet(c, q, r, std::move(f)); },
-      std::move(req), options_.rpc_timeout_s,
+      "KvSet", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncKvSet(c, q, cq); }, req,
+      options_.rpc_timeout_s,
       [this, &a](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) WaitPeers(a);
         return s.ok();
@@ -298,9 +353,9 @@ void Fleet::WaitPeers(SimAgent& a) {
   req.set_timeout_s(kSliceS);
   auto& stub = Stub(a);
   Call<v1::KvGetRequest, v1::KvGetResponse>(
-      "KvGet",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvGet(c, q, r, std::move(f)); },
-      std::move(req), kSliceS + options_.rpc_timeout_s,
+      "KvGet", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncKvGet(c, q, cq); }, req,
+      kSliceS + options_.rpc_timeout_s,
       [this, &a, world](const grpc::Status& s, v1::KvGetResponse& resp) {
         if (s.ok() && resp.complete()) {
           {
@@ -334,11 +389,9 @@ void Fleet::Heartbeat(SimAgent& a) {
   // worker/agent.cc: well above the interval (3 s at least).
   const double deadline = std::max(3.0, 3 * heartbeat_interval_s_);
   Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      "Heartbeat",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->Heartbeat(c, q, r, std::move(f));
-      },
-      std::move(req), deadline,
+      "Heartbeat", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncHeartbeat(c, q, cq); },
+      req, deadline,
       [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
         if (s.ok() && resp.reregister()) ++reregister_asks_;
         return s.ok() && !resp.reregister();
@@ -388,12 +441,11 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
   ++telemetry_records_;
   auto& stub = Stub(a);
   Call<v1::TelemetryBatch, v1::Ack>(
-      "PushTelemetry",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->PushTelemetry(c, q, r, std::move(f));
+      "PushTelemetry", a,
+      [&stub](auto* c, const auto& q, auto* cq) {
+        return stub.PrepareAsyncPushTelemetry(c, q, cq);
       },
-      std::move(batch), options_.rpc_timeout_s,
-      [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
+      batch, options_.rpc_timeout_s, [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
 }
 
 void Fleet::Start() {
@@ -501,8 +553,13 @@ void Fleet::Stop() {
     std::lock_guard<std::mutex> lock(a->mu);
     if (a->stream != nullptr) a->stream->Cancel();
   }
-  std::unique_lock<std::mutex> lock(flight_mu_);
-  flight_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  {
+    std::unique_lock<std::mutex> lock(flight_mu_);
+    flight_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  }
+  for (auto& queue : queues_) queue->Shutdown();
+  for (auto& thread : threads_) thread.join();
+  threads_.clear();
 }
 
 }  // namespace furnace::bench

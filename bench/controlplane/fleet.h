@@ -1,5 +1,9 @@
 // Fleet: N simulated worker agents driving a real furnace-controller over a few gRPC channels
-// with the asynchronous (callback) client API, so one process holds thousands of agents.
+// with the asynchronous client API on a few completion queues (a thread each), so one process
+// holds thousands of agents. Not the callback API: Debian's gRPC checks, on every completion, the
+// list of operations outstanding on its queue, and the callback API has one queue for the whole
+// process, where 12,288 open command streams made each completion scan 12,288 entries
+// (controller/service/agent_server.h says the same of the controller's side).
 //
 // Each agent does what worker/agent.cc does on the wire: Register; one WatchCommands stream; a
 // Heartbeat every heartbeat interval (the agents' phases spread evenly over the interval) naming
@@ -11,8 +15,8 @@
 // ReportRank(RANK_EXITED, STOPPED). Silence() stops some idle agents dead (no heartbeat, stream
 // cancelled), like a host that went away.
 //
-// Threading: the public methods are called from one driver thread; gRPC's callback threads run
-// the replies. An agent's rank state is guarded by its own mutex; counters are atomics.
+// Threading: the public methods are called from one driver thread; the queues' threads run the
+// replies. An agent's rank state is guarded by its own mutex; counters are atomics.
 // Errors: every RPC's status lands in the LatencyBook (a failure is counted there, never fatal).
 #pragma once
 
@@ -40,6 +44,7 @@ struct FleetOptions {
   std::string address;  // the controller's gRPC address
   uint32_t agents = 1024;
   uint32_t channels = 8;                // agents are spread over this many HTTP/2 connections
+  uint32_t queues = 8;                  // ... and over this many completion queues
   double step_s = 2.0;                  // seconds per training step once the job runs
   double flush_s = 0.2;                 // the agents' telemetry flush interval (worker/agent.h)
   double rpc_timeout_s = 10.0;          // client deadline of a unary call
@@ -110,9 +115,13 @@ class Fleet {
   void OnStreamDone(SimAgent& agent, CommandStream* stream, const grpc::Status& status);
 
  private:
-  template <typename Req, typename Resp, typename Launch, typename Done>
-  void Call(const char* kind, Launch launch, Req request, double deadline_s, Done done);
+  // An asynchronous unary call on the agent's queue: prepare(context, request, queue) makes it;
+  // done(status, response) says whether it counts as a success.
+  template <typename Req, typename Resp, typename Prepare, typename Done>
+  void Call(const char* kind, const SimAgent& agent, Prepare prepare, const Req& request,
+            double deadline_s, Done done);
   furnace::v1::AgentService::Stub& Stub(const SimAgent& agent) const;
+  grpc::CompletionQueue* Queue(const SimAgent& agent) const;
   void Register(SimAgent& agent, std::function<void()> done);
   void Heartbeat(SimAgent& agent);
   void PushStep(SimAgent& agent, uint64_t step);
@@ -128,6 +137,8 @@ class Fleet {
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<furnace::v1::AgentService::Stub>> stubs_;
   std::unique_ptr<furnace::v1::JobService::Stub> jobs_;
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;  // one per queue
   std::vector<std::unique_ptr<SimAgent>> agents_;
   double heartbeat_interval_s_ = 1.0;
 

@@ -87,6 +87,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--channels", fo.channels, "gRPC channels the agents share")
       ->capture_default_str();
+  app.add_option("--queues", fo.queues, "completion queues (a thread each) the agents share")
+      ->capture_default_str();
   app.add_option("--step-s", fo.step_s, "seconds per training step")->capture_default_str();
   app.add_option("--window-s", window_s, "steady-state measurement window")->capture_default_str();
   app.add_option("--warmup-steps", warmup_steps, "steps run before the window opens")
@@ -228,7 +230,10 @@ int main(int argc, char** argv) {
   }
   std::vector<float> detect;
   for (const auto& [id, t] : seen_lost) detect.push_back(static_cast<float>(t - last_beat[id]));
+  std::vector<std::string> gone_ids;
+  for (const auto& [id, t] : last_beat) gone_ids.push_back(id);
   out["loss"] = {{"silent", gone.size()},
+                 {"workers", gone_ids},
                  {"declared_lost", seen_lost.size()},
                  {"others_declared_lost", wrongly_lost},
                  {"worker_timeout_s", worker_timeout_s},
@@ -242,11 +247,15 @@ int main(int argc, char** argv) {
   if (wrongly_lost > 0) problems.push_back(absl::StrCat(wrongly_lost, " live agents lost"));
 
   // 5. Cancel: every rank is told to stop and reports it.
+  book.Reset();
+  const auto s4 = sample();
   if (auto s = fleet.Cancel(*job); !s.ok())
     problems.push_back(absl::StrCat("cancel: ", s.message()));
   if (!WaitFor([&] { return fleet.ranks_stopped() >= world; }, start_timeout_s)) {
     problems.push_back(absl::StrCat(fleet.ranks_stopped(), " of ", world, " ranks stopped"));
   }
+  out["cancel"] = Window(s4, sample());
+  out["cancel"]["rpcs"] = book.Summary();
   fleet.Stop();
   out["ranks_stopped"] = fleet.ranks_stopped();
   out["reregister_asks"] = fleet.reregister_asks();
@@ -264,8 +273,7 @@ int main(int argc, char** argv) {
   count_failures(out["job_start"]["rpcs"], "start");
   count_failures(out["steady"]["rpcs"], "steady");
   count_failures(out["loss"]["rpcs"], "loss");
-  if (book.failures() > 0)
-    problems.push_back(absl::StrCat(book.failures(), " RPCs failed at the end"));
+  count_failures(out["cancel"]["rpcs"], "cancel");
   out["problems"] = problems;
   std::cout << out.dump(2) << std::endl;
   return problems.empty() ? 0 : 1;

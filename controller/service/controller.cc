@@ -127,6 +127,15 @@ void Controller::Audit(const std::string& identity, const std::string& action,
   if (absl::Status s = store_->AddAudit(e); !s.ok()) {
     spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.ToString());
   }
+  // Retention (--audit-keep): trimmed every kAuditTrimEvery entries, so the log holds at most
+  // audit_keep + kAuditTrimEvery of them.
+  if (options_.audit_keep > 0 && ++audits_since_trim_ >= kAuditTrimEvery) {
+    audits_since_trim_ = 0;
+    if (absl::Status s = store_->TrimAudit(options_.audit_keep); !s.ok()) {
+      spdlog::warn("audit log: cannot trim to the newest {}: {}", options_.audit_keep,
+                   s.ToString());
+    }
+  }
 }
 
 std::vector<v1::JobSummary> Controller::ListJobs() {
@@ -325,6 +334,18 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
 }
 
 void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
+  AcceptTelemetry(batch, [](absl::Status s) {
+    // Said once per 1000 failures: a slow or full disk must not flood the log as well.
+    static std::atomic<uint64_t> failures{0};
+    if (!s.ok() && failures++ % 1000 == 0) {
+      spdlog::warn("telemetry records not stored ({} time(s) so far): {}", failures.load(),
+                   s.ToString());
+    }
+  });
+  done(absl::OkStatus());
+}
+
+void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) {
   std::vector<v1::TelemetryRecord> records;
   std::vector<TelemetryAggregator::Trim> trim;
   bool steps = false;  // a step was completed (and queued for the store)
@@ -359,13 +380,13 @@ void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
     jobs_.PersistLater(touched);
     trim = telemetry_.TrimDue(kept, records.size());
   }
-  telemetry_.Store(std::move(records), std::move(trim), steps, std::move(done));
+  telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));
 }
 
 absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
   std::promise<absl::Status> result;
   std::future<absl::Status> status = result.get_future();
-  PushTelemetry(batch, [&result](absl::Status s) { result.set_value(std::move(s)); });
+  AcceptTelemetry(batch, [&result](absl::Status s) { result.set_value(std::move(s)); });
   return status.get();
 }
 

@@ -19,12 +19,13 @@
 // file or bulk database I/O happens under it: log appends and reads, telemetry inserts, rendezvous
 // key writes, and the reads of GetJob, GetJobSeries and LocalWorkers run outside it (the JobStore
 // and LogStore serialise themselves); the transition writes stay under it (see job_lifecycle.h).
-// Heartbeats do not need it (TryHeartbeat). Nothing that waits holds a thread: KvGet, KvSet and
-// PushTelemetry answer through a callback (from the rendezvous or the group commit's thread), and
-// a command stream leaves a wake-up (TakeCommands); none of them holds the state mutex while it
-// waits.
+// Heartbeats do not need it (TryHeartbeat). Nothing that waits holds a thread: KvGet and KvSet
+// answer through a callback (from the rendezvous or the group commit's thread), telemetry is
+// written behind, and a command stream leaves a wake-up (TakeCommands); none of them holds the
+// state mutex while it waits.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -104,8 +105,12 @@ class Controller {
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
-  // Calls `done` once the batch's raw records are committed (on the group commit's thread), or at
-  // once on this thread with nothing to write. The blocking form waits for it.
+  // Takes a batch in (progress, step aggregates, totals) and calls `done` at once, on this thread:
+  // the raw records and completed steps are written behind (group commit), as the rank steps are,
+  // so an agent's telemetry never waits for the disk. A failed write is logged; what it loses is
+  // the sample of raw records (and a point of the dashboards' series) of at most one commit, as
+  // an agent under back-pressure drops records (TelemetryBatch.dropped). The blocking form
+  // returns once they are written, with the write's status (tests).
   using Done = std::function<void(absl::Status)>;
   void PushTelemetry(const furnace::v1::TelemetryBatch& batch, Done done);
   absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch);
@@ -140,6 +145,8 @@ class Controller {
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   // Caller holds mu_.
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
+  // PushTelemetry's work; `written` gets the status of its raw records' write.
+  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done written);
   // Writes one audit entry; a store failure is logged, not returned (the call it records has
   // already happened).
   void Audit(const std::string& identity, const std::string& action, const std::string& job_id,
@@ -159,6 +166,8 @@ class Controller {
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_
   static constexpr double kJobFlushIntervalS = 1.0;
+  static constexpr uint64_t kAuditTrimEvery = 100;
+  std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_
 };
 

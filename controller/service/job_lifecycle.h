@@ -57,6 +57,8 @@ struct ControllerOptions {
   // --submit-rate / --submit-burst: per caller identity (rate_limiter.h); rate <= 0: no limit.
   double submit_rate = 2.0;
   double submit_burst = 20.0;
+  // --audit-keep: the audit log keeps its newest entries, this many; 0: all, forever.
+  uint64_t audit_keep = 1'000'000;
 };
 
 struct Job {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "proto/furnace/v1/telemetry_labels.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -205,6 +206,12 @@ void TelemetryAggregator::Store(std::vector<v1::TelemetryRecord> records, std::v
     done(absl::OkStatus());
     return;
   }
+  if (!records.empty() && commit_.queued() >= kMaxQueuedWrites) {
+    done(absl::ResourceExhaustedError(
+        absl::StrCat(records.size(), " raw telemetry record(s) dropped: ", commit_.queued(),
+                     " writes are waiting for the disk")));
+    return;
+  }
   commit_.Submit(
       [this, records = std::move(records), trim = std::move(trim)]() -> absl::Status {
         RETURN_IF_ERROR(store_.AddTelemetry(records));
@@ -216,6 +223,11 @@ void TelemetryAggregator::Store(std::vector<v1::TelemetryRecord> records, std::v
         return absl::OkStatus();
       },
       std::move(done));
+}
+
+size_t TelemetryAggregator::PendingSteps(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? 0 : it->second.pending_steps.size();
 }
 
 void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {

@@ -61,6 +61,9 @@ class TelemetryAggregator {
   // Whether the record is written raw (see the file comment); the others only feed the steps.
   static constexpr uint32_t kRawPerStep = 256;
   static constexpr size_t kMaxPendingSteps = 64;
+  // Raw records are written behind; past this many writes waiting for the disk, more are dropped
+  // (ResourceExhausted to Store's callback), so a slow disk cannot grow the controller's memory.
+  static constexpr size_t kMaxQueuedWrites = 4096;
   static bool KeepRaw(const furnace::v1::TelemetryRecord& record, uint32_t world_size);
   static int RawRecordsKept(uint32_t world_size);
   // The jobs (id -> world size) whose raw records are due for trimming after `added` more.
@@ -90,6 +93,8 @@ class TelemetryAggregator {
                                              const std::vector<furnace::v1::AttemptInfo>& attempts,
                                              double now_unix, const ClusterFailureRate& cluster,
                                              int ranks) const;
+  // Steps of the job still waiting for ranks (at most kMaxPendingSteps).
+  size_t PendingSteps(const std::string& job_id) const;
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 

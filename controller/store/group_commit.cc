@@ -30,6 +30,11 @@ absl::Status GroupCommit::Run(Write write) {
   return status.get();
 }
 
+size_t GroupCommit::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
 uint64_t GroupCommit::commits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return commits_;

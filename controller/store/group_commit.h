@@ -42,6 +42,8 @@ class GroupCommit {
   absl::Status Run(Write write);
   // Transactions run so far (committed or rolled back), for tests.
   uint64_t commits() const;
+  // Writes queued and not yet started (a write-behind caller bounds its backlog with it).
+  size_t queued() const;
 
  private:
   struct Pending {
