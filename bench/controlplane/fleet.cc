@@ -394,6 +394,7 @@ void Fleet::Heartbeat(SimAgent& a) {
       req, deadline,
       [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
         if (s.ok() && resp.reregister()) ++reregister_asks_;
+        if (s.ok() && resp.reconcile()) ++heartbeats_with_view_;
         return s.ok() && !resp.reregister();
       });
 }
@@ -464,9 +465,15 @@ void Fleet::ScheduleLoop() {
     const double interval = heartbeat_interval_s_;
     while (true) {
       const uint64_t round = beat / agents_.size(), i = beat % agents_.size();
-      if (t0 + round * interval + i * interval / n > now) break;
+      const double due = t0 + round * interval + i * interval / n;
+      if (due > now) break;
       SimAgent& a = *agents_[i];
-      if (!a.silent && !a.session_id.empty()) Heartbeat(a);
+      if (!a.silent && !a.session_id.empty()) {
+        // How late this generator sends it: its own share of the cores, apart from the
+        // controller's answer (a late send is not counted in the Heartbeat round trip).
+        book_.Record("HeartbeatSendLag", Now() - due, true);
+        Heartbeat(a);
+      }
       ++beat;
     }
     if (const double start = all_arrived_at_; start > 0) {

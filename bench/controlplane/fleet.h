@@ -105,6 +105,8 @@ class Fleet {
   uint32_t ranks_stopped() const { return ranks_stopped_; }
   uint64_t telemetry_records() const { return telemetry_records_; }
   uint64_t reregister_asks() const { return reregister_asks_; }
+  // Heartbeats answered with the controller's rank view (it had its state mutex free for them).
+  uint64_t heartbeats_with_view() const { return heartbeats_with_view_; }
   double heartbeat_interval_s() const { return heartbeat_interval_s_; }
   // When the last rank arrived (steady clock); 0 until then.
   double all_arrived_at() const { return all_arrived_at_; }
@@ -146,6 +148,7 @@ class Fleet {
   std::atomic<uint32_t> world_{0};
   std::atomic<double> all_arrived_at_{0};
   std::atomic<uint64_t> telemetry_records_{0}, reregister_asks_{0}, last_step_{0};
+  std::atomic<uint64_t> heartbeats_with_view_{0};
 
   std::atomic<bool> stopping_{false};
   std::thread scheduler_;

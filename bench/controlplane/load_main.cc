@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
   const auto s2 = sample();
   const auto g2 = sample_of(self);
   const uint64_t records0 = fleet.telemetry_records();
+  const uint64_t views0 = fleet.heartbeats_with_view();
   Sleep(window_s);
   const auto s3 = sample();
   const auto g3 = sample_of(self);
@@ -197,6 +198,11 @@ int main(int argc, char** argv) {
       (fleet.telemetry_records() - records0) / (s3.mono_s - s2.mono_s);
   out["steady"]["heartbeats_per_s"] =
       out["steady"]["rpcs"].value("/Heartbeat/calls"_json_pointer, 0) / (s3.mono_s - s2.mono_s);
+  if (const double beats = out["steady"]["rpcs"].value("/Heartbeat/calls"_json_pointer, 0.0);
+      beats > 0) {
+    out["steady"]["heartbeats_with_view_fraction"] =
+        (fleet.heartbeats_with_view() - views0) / beats;
+  }
   auto step = fleet.JobStep(*job);
   out["steps_sent"] = fleet.last_step();
   out["steps_aggregated"] = step.ok() ? *step : 0;

@@ -44,9 +44,10 @@ class Event {
 template <typename Req, typename Resp>
 class Unary final : public Event {
  public:
-  using Request = void (v1::AgentService::AsyncService::*)(
-      grpc::ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*, grpc::CompletionQueue*,
-      grpc::ServerCompletionQueue*, void*);
+  using Request = void (v1::AgentService::AsyncService::*)(grpc::ServerContext*, Req*,
+                                                           grpc::ServerAsyncResponseWriter<Resp>*,
+                                                           grpc::CompletionQueue*,
+                                                           grpc::ServerCompletionQueue*, void*);
   using Handle = std::function<void(Unary*)>;
 
   static void Post(AgentServer& server, grpc::ServerCompletionQueue* queue, Request request,
@@ -248,12 +249,12 @@ class CommandStream {
   // Guarded by shared_->mu from the request on.
   std::string worker_id_, session_id_;
   std::vector<v1::AgentCommand> pending_;  // taken, not yet confirmed written
-  grpc::Status status_;            // how it ends, once ended_
-  bool writing_ = false;          // a Write is outstanding
-  bool ended_ = false;            // the end is decided; Finish once no write is outstanding
-  bool finish_started_ = false;   // Finish is outstanding or done
+  grpc::Status status_;                    // how it ends, once ended_
+  bool writing_ = false;                   // a Write is outstanding
+  bool ended_ = false;           // the end is decided; Finish once no write is outstanding
+  bool finish_started_ = false;  // Finish is outstanding or done
   bool finish_done_ = false;
-  bool call_done_ = false;        // AsyncNotifyWhenDone told the call is over
+  bool call_done_ = false;  // AsyncNotifyWhenDone told the call is over
 };
 
 // Asks for the first calls of every method on `queue`: a few of each waiting, so a burst (thousands

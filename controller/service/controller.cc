@@ -45,7 +45,7 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
       logs_((fs::path(options_.state_dir) / "logs" / "jobs").string()),
       workers_(*store_, clock_),
       telemetry_(*store_),
-      jobs_(options_, clock_, *store_, workers_, rendezvous_) {
+      jobs_(options_, clock_, *store_, kv_commit_, workers_, rendezvous_) {
   // Runs under mu_ (StartCommand is called by JobLifecycle, which mu_ guards, as it guards
   // telemetry_).
   jobs_.SetCheckpointHintSource([this](const Job& job) {
@@ -162,6 +162,8 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
     }
     if (auto eval = telemetry_.LastEval(job_id)) *detail.mutable_last_eval() = *eval;
   }
+  // Events are written behind: what was queued before this call is read too.
+  RETURN_IF_ERROR(kv_commit_.Run([] { return absl::OkStatus(); }));
   ASSIGN_OR_RETURN(auto events, store_->LoadEvents(job_id, 50));
   for (auto& e : events) *detail.add_events() = std::move(e);
   ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));

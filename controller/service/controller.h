@@ -156,8 +156,9 @@ class Controller {
   const Clock& clock_;
   const std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
-  // The rendezvous keys' writes (thread-safe). After rendezvous_: destroyed first, its last
-  // commits still make their keys visible.
+  // The rendezvous keys' writes, and the records JobLifecycle writes behind (events, an ended
+  // attempt's keys dropped), in one order (thread-safe). After rendezvous_: destroyed first, its
+  // last commits still make their keys visible.
   GroupCommit kv_commit_{*store_};
   RateLimiter submit_limiter_;
   LogStore logs_;

@@ -21,8 +21,13 @@ namespace v1 = furnace::v1;
 using v1::JobState;
 
 JobLifecycle::JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
-                           WorkerRegistry& workers, Rendezvous& rendezvous)
-    : options_(options), clock_(clock), store_(store), workers_(workers), rendezvous_(rendezvous) {}
+                           GroupCommit& records, WorkerRegistry& workers, Rendezvous& rendezvous)
+    : options_(options),
+      clock_(clock),
+      store_(store),
+      records_(records),
+      workers_(workers),
+      rendezvous_(rendezvous) {}
 
 absl::StatusOr<int> JobLifecycle::Load() {
   const double now = clock_.MonotonicSeconds();
@@ -152,9 +157,12 @@ void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& m
   event.set_kind(kind);
   event.set_message(message);
   spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, message);
-  if (absl::Status s = store_.AddEvent(job.summary.job_id(), event); !s.ok()) {
-    spdlog::error("job {}: cannot record event: {}", job.summary.job_id(), s.ToString());
-  }
+  // Written behind (an fsync each, under the state mutex, before): an event is a record of what
+  // happened, written in order, and promises nothing to anyone waiting.
+  records_.Submit([this, id = job.summary.job_id(), event] { return store_.AddEvent(id, event); },
+                  [id = job.summary.job_id()](absl::Status s) {
+                    if (!s.ok()) spdlog::error("job {}: cannot record event: {}", id, s.ToString());
+                  });
 }
 
 absl::Status JobLifecycle::Transition(Job& job, JobState to, const std::string& event_kind,
@@ -449,9 +457,12 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
 
 void JobLifecycle::CloseScope(Job& job, uint32_t attempt) {
   rendezvous_.Close({job.summary.job_id(), attempt});
-  if (absl::Status s = store_.KvDropScope(job.summary.job_id(), attempt); !s.ok()) {
-    spdlog::warn("job {}: cannot drop rendezvous keys: {}", job.summary.job_id(), s.ToString());
-  }
+  // After the keys' own writes (the same committer): none of them lands after the drop.
+  records_.Submit(
+      [this, id = job.summary.job_id(), attempt] { return store_.KvDropScope(id, attempt); },
+      [id = job.summary.job_id()](absl::Status s) {
+        if (!s.ok()) spdlog::warn("job {}: cannot drop rendezvous keys: {}", id, s.ToString());
+      });
 }
 
 }  // namespace furnace::controller

@@ -12,7 +12,8 @@
 // Durability: every transition is written to the JobStore (one transaction) before it takes
 // effect, i.e. before any command reaches a worker and before any caller sees the new state. On a
 // failed write the job's in-memory state is restored and nothing is sent; the next report, tick or
-// registration tries again.
+// registration tries again. Events and the drop of an ended attempt's rendezvous keys are written
+// behind, in order (`records`); GetJob waits for what is queued before it reads the events.
 //
 // Threading: externally synchronised. Only the Controller calls it, holding its state mutex; the
 // same mutex guards the WorkerRegistry's records, which change together with the ranks. The
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "controller/service/rendezvous.h"
 #include "controller/service/worker_registry.h"
+#include "controller/store/group_commit.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
@@ -116,8 +118,10 @@ std::string UnixClock(double unix_s);
 
 class JobLifecycle {
  public:
+  // `records` writes behind what is a record and orders with nothing but itself: events and the
+  // drop of an ended attempt's rendezvous keys (one committer for them and the keys' own writes).
   JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
-               WorkerRegistry& workers, Rendezvous& rendezvous);
+               GroupCommit& records, WorkerRegistry& workers, Rendezvous& rendezvous);
 
   // Rebuilds jobs, attempts, the ranks' workers and the open rendezvous scopes from the store
   // (the registry's workers are loaded first). Returns how many jobs are still active.
@@ -237,6 +241,7 @@ class JobLifecycle {
   const ControllerOptions& options_;
   const Clock& clock_;
   JobStore& store_;
+  GroupCommit& records_;
   WorkerRegistry& workers_;
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;

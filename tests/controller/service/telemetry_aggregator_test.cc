@@ -34,8 +34,8 @@ TEST(TelemetryRetentionTest, SmallJobsKeepEveryRecord) {
 
 TEST(TelemetryRetentionTest, LargeJobsSampleEveryRankAndKeepRankZeroAndNonStepRecords) {
   constexpr uint32_t kWorld = 12288;
-  const uint64_t stride = (kWorld + TelemetryAggregator::kRawPerStep - 1) /
-                          TelemetryAggregator::kRawPerStep;  // 48
+  const uint64_t stride =
+      (kWorld + TelemetryAggregator::kRawPerStep - 1) / TelemetryAggregator::kRawPerStep;  // 48
   size_t kept_of_step = 0;
   for (uint32_t rank = 0; rank < kWorld; ++rank) {
     kept_of_step += TelemetryAggregator::KeepRaw(Step(rank, 7), kWorld) ? 1 : 0;
