@@ -3,9 +3,11 @@
 # with mutual TLS and tokens as a cluster runs it (a development CA from `furnace certs init`):
 # the controller gets --tls-cert/--tls-key/--tls-ca, --token-file and --join-token-file, the
 # generator the worker certificate, the join token and an admin token.
-#   bench/controlplane/run.sh N [--plaintext] [--nice K] [--worker-timeout S] [generator flags...]
+#   bench/controlplane/run.sh N [--plaintext] [--nice K] [--pin] [--worker-timeout S] [flags...]
 # --plaintext: no TLS and no tokens (for the ratio). --nice K: run the controller and the generator
-# at nice K (e.g. -5: ahead of other people's builds on a shared machine; the results name it). Writes the generator's JSON to
+# at nice K (e.g. -5: ahead of other people's builds on a shared machine). --pin: the controller on
+# CPU 0, the generator on CPU 1 (taskset), so they do not take each other's core. The results'
+# names say which. Writes the generator's JSON to
 # bench/controlplane/results/N-<commit>[-plaintext].json and `uptime` before and after (the load
 # of the shared machine) to the same name with .load; prints the JSON.
 set -euo pipefail
@@ -15,11 +17,13 @@ shift
 tls=1
 timeout_s=10
 nice_k=0
+pin=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --plaintext) tls=0 ;;
     --nice) nice_k=$2; shift ;;
+    --pin) pin=1 ;;
     --worker-timeout) timeout_s=$2; shift ;;
     *) args+=("$1") ;;
   esac
@@ -38,15 +42,17 @@ if [ "$tls" = 1 ]; then
   gen+=(--tls-ca "$t/ca.pem" --tls-cert "$t/worker.pem" --tls-key "$t/worker.key"
         --join-token-file "$t/join.token" --token-file "$t/admin.token")
 fi
-nice -n "$nice_k" build/bin/furnace-controller "${ctl[@]}" >"$dir/controller.log" 2>&1 &
+cpu_ctl=(); cpu_gen=()
+if [ "$pin" = 1 ]; then cpu_ctl=(taskset -c 0); cpu_gen=(taskset -c 1); fi
+nice -n "$nice_k" "${cpu_ctl[@]}" build/bin/furnace-controller "${ctl[@]}" >"$dir/controller.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; tail -5 "$dir/controller.log" >&2; rm -rf "$dir"' EXIT
 sleep 1
 mkdir -p bench/controlplane/results
-name="bench/controlplane/results/$n-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":!bench/controlplane/results" || echo -dirty)$([ "$tls" = 1 ] || echo -plaintext)$([ "$nice_k" = 0 ] || echo "-nice$nice_k")"
+name="bench/controlplane/results/$n-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":!bench/controlplane/results" || echo -dirty)$([ "$tls" = 1 ] || echo -plaintext)$([ "$nice_k" = 0 ] || echo "-nice$nice_k")$([ "$pin" = 0 ] || echo -pinned)"
 uptime >"$name.load"
 rc=0
-nice -n "$nice_k" build/bin/furnace_bench_controlplane "${gen[@]}" --controller-pid "$pid" "${args[@]}" \
+nice -n "$nice_k" "${cpu_gen[@]}" build/bin/furnace_bench_controlplane "${gen[@]}" --controller-pid "$pid" "${args[@]}" \
   >"$name.json" || rc=$?
 cat "$name.json"
 uptime >>"$name.load"
