@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -235,6 +236,46 @@ TEST_F(AgentServiceTest, TelemetryIsTakenInAtOnceAndWrittenBehind) {
   EXPECT_EQ(series->steps(0).ranks(), static_cast<uint32_t>(kRanks));
   EXPECT_DOUBLE_EQ(series->steps(0).loss(), 3.5);
   EXPECT_DOUBLE_EQ(d->telemetry().loss(), 2.0);
+}
+
+// Reports and telemetry from many threads at once are taken in batches under the state mutex
+// (Controller::Combine): every call is answered once, and every step completed by every rank is
+// aggregated.
+TEST_F(AgentServiceTest, ConcurrentTelemetryAndReportsAreAllTakenIn) {
+  StartJob();
+  constexpr int kSteps = 200;
+  std::atomic<int> answered{0};
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      for (int step = 1; step <= kSteps; ++step) {
+        v1::TelemetryBatch batch;
+        batch.set_worker_id(Id(static_cast<int>(r)));
+        v1::TelemetryRecord* rec = batch.add_records();
+        rec->set_job_id(job_);
+        rec->set_attempt(1);
+        rec->set_rank(r);
+        rec->set_step(step);
+        rec->set_phase("running");
+        rec->mutable_train()->set_loss(1.0);
+        std::promise<absl::Status> taken;
+        c_->PushTelemetry(batch, [&](absl::Status s) { taken.set_value(s); });
+        EXPECT_TRUE(taken.get_future().get().ok());
+        ++answered;
+        v1::RankReport again;  // a re-sent start report changes nothing, and is answered
+        again.set_worker_id(Id(static_cast<int>(r)));
+        again.set_job_id(job_);
+        again.set_attempt(1);
+        again.set_rank(r);
+        again.set_event(v1::RANK_STARTED);
+        EXPECT_TRUE(c_->ReportRank(again).ok());
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(answered.load(), kRanks * kSteps);
+  EXPECT_EQ(c_->Metrics().jobs.at(0).last.step(), static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(c_->Metrics().jobs.at(0).last.ranks(), static_cast<uint32_t>(kRanks));
 }
 
 // 2,000 ranks wait at a barrier at once (more than a synchronous server would give threads to):
