@@ -330,62 +330,13 @@ void Controller::Requeue(const std::string& worker_id, std::vector<v1::AgentComm
   workers_.Requeue(worker_id, std::move(commands));
 }
 
-bool Controller::Combine(std::function<void()> locked, std::function<void()> after) {
-  {
-    std::lock_guard<std::mutex> lock(combine_mu_);
-    if (combine_queue_.size() >= kMaxCombineQueue) return false;
-    combine_queue_.push_back({std::move(locked), std::move(after)});
-    if (combining_) return true;  // the thread running the queue takes it
-    combining_ = true;
-  }
-  while (true) {
-    std::vector<Combined> batch;
-    {
-      std::lock_guard<std::mutex> lock(combine_mu_);
-      if (combine_queue_.empty()) {
-        combining_ = false;
-        return true;
-      }
-      const size_t n = std::min(combine_queue_.size(), kMaxCombined);
-      batch.assign(std::make_move_iterator(combine_queue_.begin()),
-                   std::make_move_iterator(combine_queue_.begin() + static_cast<ptrdiff_t>(n)));
-      combine_queue_.erase(combine_queue_.begin(),
-                           combine_queue_.begin() + static_cast<ptrdiff_t>(n));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (Combined& c : batch) c.locked();
-    }
-    for (Combined& c : batch) c.after();
-  }
-}
-
-namespace {
-
-absl::Status Overloaded() {
-  return absl::UnavailableError("controller overloaded: too many calls waiting; retry");
-}
-
-}  // namespace
-
-void Controller::ReportRank(const v1::RankReport& report, Done done) {
-  auto status = std::make_shared<absl::Status>();
-  auto shared_done = std::make_shared<Done>(std::move(done));
-  if (!Combine([this, &report, status] { *status = jobs_.ReportRank(report); },
-               [status, shared_done] { (*shared_done)(*status); })) {
-    (*shared_done)(Overloaded());
-  }
-}
-
 absl::Status Controller::ReportRank(const v1::RankReport& report) {
-  std::promise<absl::Status> result;
-  std::future<absl::Status> status = result.get_future();
-  ReportRank(report, [&result](absl::Status s) { result.set_value(std::move(s)); });
-  return status.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.ReportRank(report);
 }
 
 void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
-  AcceptTelemetry(batch, std::move(done), [](absl::Status s) {
+  AcceptTelemetry(batch, [](absl::Status s) {
     // Said once per 1000 failures: a slow or full disk must not flood the log as well.
     static std::atomic<uint64_t> failures{0};
     if (!s.ok() && failures++ % 1000 == 0) {
@@ -393,35 +344,15 @@ void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
                    s.ToString());
     }
   });
+  done(absl::OkStatus());
 }
 
-void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done taken_in, Done written) {
-  struct Taken {
-    std::vector<v1::TelemetryRecord> records;
-    std::vector<TelemetryAggregator::Trim> trim;
-    bool steps = false;  // a step was completed (and queued for the store)
-  };
-  auto taken = std::make_shared<Taken>();
-  auto callbacks = std::make_shared<std::pair<Done, Done>>(std::move(taken_in), std::move(written));
-  const bool queued =
-      Combine([this, &batch,
-               taken] { TakeTelemetryLocked(batch, taken->records, taken->trim, taken->steps); },
-              [this, taken, callbacks] {
-                telemetry_.Store(std::move(taken->records), std::move(taken->trim), taken->steps,
-                                 std::move(callbacks->second));
-                if (callbacks->first)
-                  callbacks->first(absl::OkStatus());  // `batch` may go from here on
-              });
-  if (!queued) {
-    if (callbacks->first) callbacks->first(Overloaded());
-    callbacks->second(Overloaded());
-  }
-}
-
-void Controller::TakeTelemetryLocked(const v1::TelemetryBatch& batch,
-                                     std::vector<v1::TelemetryRecord>& records,
-                                     std::vector<TelemetryAggregator::Trim>& trim, bool& steps) {
+void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) {
+  std::vector<v1::TelemetryRecord> records;
+  std::vector<TelemetryAggregator::Trim> trim;
+  bool steps = false;  // a step was completed (and queued for the store)
   {
+    std::lock_guard<std::mutex> lock(mu_);
     workers_.Touch(batch.worker_id());
     telemetry_.NoteBatch(batch);
     std::set<std::string> touched;
@@ -451,12 +382,13 @@ void Controller::TakeTelemetryLocked(const v1::TelemetryBatch& batch,
     jobs_.PersistLater(touched);
     trim = telemetry_.TrimDue(kept, records.size());
   }
+  telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));
 }
 
 absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
   std::promise<absl::Status> result;
   std::future<absl::Status> status = result.get_future();
-  AcceptTelemetry(batch, nullptr, [&result](absl::Status s) { result.set_value(std::move(s)); });
+  AcceptTelemetry(batch, [&result](absl::Status s) { result.set_value(std::move(s)); });
   return status.get();
 }
 

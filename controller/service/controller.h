@@ -104,11 +104,8 @@ class Controller {
                                                                       WorkerRegistry::Wake wake);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
-  // `done` gets the report's status, from the thread that ran it (see Combine); the blocking
-  // form waits for it.
-  void ReportRank(const furnace::v1::RankReport& report, std::function<void(absl::Status)> done);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
-  // Takes a batch in (progress, step aggregates, totals) and calls `done` once it is (see Combine):
+  // Takes a batch in (progress, step aggregates, totals) and calls `done` at once, on this thread:
   // the raw records and completed steps are written behind (group commit), as the rank steps are,
   // so an agent's telemetry never waits for the disk. A failed write is logged; what it loses is
   // the sample of raw records (and a point of the dashboards' series) of at most one commit, as
@@ -148,32 +145,8 @@ class Controller {
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   // Caller holds mu_.
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
-  // PushTelemetry's work: `taken_in` (may be null) once the batch is taken in (it may go away
-  // then), `written` with the status of its raw records' write.
-  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done taken_in, Done written);
-  // Its part under the state mutex: progress, aggregates; what to write behind.
-  void TakeTelemetryLocked(const furnace::v1::TelemetryBatch& batch,
-                           std::vector<furnace::v1::TelemetryRecord>& records,
-                           std::vector<TelemetryAggregator::Trim>& trim, bool& steps);
-  // Work that needs the state mutex, in batches (flat combining): `locked` is queued; the thread
-  // that finds no batch running runs the queue, kMaxCombined at a time under one hold of the
-  // mutex, then each `after` without it, until the queue is empty; any other thread returns at
-  // once. At thousands of agents, a step's telemetry (12,288 records within 0.2 s) and a job
-  // start's reports each took and handed over the contended mutex: a context switch per record
-  // on this 2-core machine (bench/controlplane/REPORT.md). Between batches the mutex is free
-  // for the ticker, the JobService and heartbeats. `locked` may use what it captures by reference
-  // until `after` has run.
-  // False (nothing queued) when kMaxCombineQueue wait already: the caller answers UNAVAILABLE
-  // (agents retry), so a controller that falls behind keeps its memory bounded.
-  bool Combine(std::function<void()> locked, std::function<void()> after);
-  struct Combined {
-    std::function<void()> locked, after;
-  };
-  static constexpr size_t kMaxCombined = 256;
-  static constexpr size_t kMaxCombineQueue = 32768;
-  std::mutex combine_mu_;
-  std::vector<Combined> combine_queue_;  // guarded by combine_mu_
-  bool combining_ = false;               // a thread runs the queue; guarded by combine_mu_
+  // PushTelemetry's work; `written` gets the status of its raw records' write.
+  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done written);
   // Writes one audit entry; a store failure is logged, not returned (the call it records has
   // already happened).
   void Audit(const std::string& identity, const std::string& action, const std::string& job_id,

@@ -238,9 +238,8 @@ TEST_F(AgentServiceTest, TelemetryIsTakenInAtOnceAndWrittenBehind) {
   EXPECT_DOUBLE_EQ(d->telemetry().loss(), 2.0);
 }
 
-// Reports and telemetry from many threads at once are taken in batches under the state mutex
-// (Controller::Combine): every call is answered once, and every step completed by every rank is
-// aggregated.
+// Reports and telemetry from many threads at once: every call is answered once, and every step
+// completed by every rank is aggregated.
 TEST_F(AgentServiceTest, ConcurrentTelemetryAndReportsAreAllTakenIn) {
   StartJob();
   constexpr int kSteps = 200;
