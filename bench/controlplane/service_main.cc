@@ -47,8 +47,8 @@ int main(int argc, char** argv) {
 
   std::map<std::string, std::vector<float>> times;  // name -> one value per repeat
   for (int rep = 0; rep < repeat; ++rep) {
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                      absl::StrCat("furnace-service-bench-", ::getpid());
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / absl::StrCat("furnace-service-bench-", ::getpid());
     std::filesystem::remove_all(dir);
     furnace::controller::ControllerOptions o;
     o.state_dir = dir.string();
