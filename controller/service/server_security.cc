@@ -75,7 +75,7 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
 
 void ConfigureServerLimits(grpc::ServerBuilder& builder, const ControllerFlags& flags) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_request_bytes));
-  // The synchronous methods' threads (JobService; AgentService is on the callback API): gRPC's
+  // The synchronous methods' threads (JobService; AgentService is on completion queues): gRPC's
   // default keeps at most 2 idle pollers and ends the rest, so every burst created and destroyed
   // threads; more idle pollers are kept instead (bench/controlplane).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);

@@ -128,7 +128,7 @@ class WorkerRegistry {
                                                                       double wait_s);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
-  // NextCommands without waiting, for a stream that must not hold a thread (the callback API):
+  // NextCommands without waiting, for a stream that must not hold a thread (agent_server.cc):
   // the queued commands, or none and `wake` is kept, to be called (once, without the registry's
   // lock held) when a command is queued or the session changes or ends. A later call replaces it.
   // FailedPrecondition when the session is not the worker's current one.

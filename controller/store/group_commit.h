@@ -4,7 +4,7 @@
 // a reply sent from it still promises durability). At thousands of agents this turns a step's
 // telemetry batches, or a job start's rendezvous keys, from thousands of commits (each an fsync
 // under synchronous=FULL, ~10 ms on a plain disk) into a few, and no caller's thread waits for
-// the disk: an RPC on gRPC's callback API finishes from the callback
+// the disk: an asynchronous RPC finishes from the callback
 // (bench/controlplane/REPORT.md).
 //
 // What it owns: the committer thread and the writes queued for it.
