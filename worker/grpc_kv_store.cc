@@ -96,4 +96,33 @@ absl::StatusOr<std::vector<std::string>> GrpcKvStore::Get(const std::vector<std:
   return std::vector<std::string>(response.values().begin(), response.values().end());
 }
 
+absl::StatusOr<GrpcKvStore::Arrivals> GrpcKvStore::WaitIndexed(const std::string& prefix,
+                                                               uint32_t count, double timeout_s) {
+  furnace::v1::KvGetRequest request;
+  *request.mutable_scope() = scope_;
+  request.set_indexed_prefix(prefix);
+  request.set_indexed_count(count);
+  furnace::v1::KvGetResponse response;
+  const double deadline = clock_.MonotonicSeconds() + std::max(timeout_s, 0.0);
+  const grpc::Status status = RetryUnavailable(clock_, deadline, [&](double left) {
+    request.set_timeout_s(left);
+    response.Clear();
+    grpc::ClientContext context;
+    SetDeadline(&context, left + kDeadlineSlackS);
+    return stub_->KvGet(&context, request, &response);
+  });
+  const std::string what = absl::StrCat("rendezvous: waiting for ", count, " keys ", prefix, "*");
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::DeadlineExceededError(absl::StrCat(what,
+                                                    ": the controller stayed unreachable for ",
+                                                    timeout_s, " s: ", status.error_message()));
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(status, what));
+  Arrivals a;
+  a.complete = response.complete();
+  a.present = response.present();
+  a.missing.assign(response.missing().begin(), response.missing().end());
+  return a;
+}
+
 }  // namespace furnace::worker

@@ -19,7 +19,9 @@
 namespace furnace::worker {
 namespace {
 
-std::string ArrivedKey(uint32_t rank) { return absl::StrCat("health/arrived/", rank); }
+constexpr char kArrivedPrefix[] = "health/arrived/";
+
+std::string ArrivedKey(uint32_t rank) { return absl::StrCat(kArrivedPrefix, rank); }
 
 }  // namespace
 
@@ -46,10 +48,9 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   if (absl::Status s = store.Set(ArrivedKey(task.rank()), "1"); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("health check: cannot mark arrival: ", s.message()));
   }
-  std::vector<std::string> keys;
-  for (uint32_t r = 0; r < task.world_size(); ++r) keys.push_back(ArrivedKey(r));
   // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
-  // waits for a late peer as alive.
+  // waits for a late peer as alive. The wait is indexed (a count of health/arrived/<r> keys, not
+  // their names): naming all N keys made the arrival O(N^2) on the wire at thousands of ranks.
   // The peers' arrival is start-up too (a loaded host can take seconds to exec and link a rank),
   // so it is bounded by the start timeout when that is longer; the collectives below get
   // recovery.health_check_s.
@@ -60,19 +61,29 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   while (true) {
     const double left =
         std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-    absl::StatusOr<std::vector<std::string>> all = store.Get(keys, std::clamp(left, 0.0, 1.0));
-    if (all.ok()) break;
-    if (!absl::IsDeadlineExceeded(all.status())) return all.status();  // e.g. the attempt is over
+    absl::StatusOr<GrpcKvStore::Arrivals> arrivals =
+        store.WaitIndexed(kArrivedPrefix, task.world_size(), std::clamp(left, 0.0, 1.0));
+    // DEADLINE_EXCEEDED: the controller was unreachable for the slice; anything else (e.g. the
+    // attempt is over) ends the check.
+    if (!arrivals.ok() && !absl::IsDeadlineExceeded(arrivals.status())) return arrivals.status();
+    if (arrivals.ok() && arrivals->complete) break;
     progress.Emit("health_check", 0);
     if (left > 1.0) continue;
-    std::vector<std::string> missing;
-    for (uint32_t r = 0; r < task.world_size(); ++r) {
-      if (!store.Get({ArrivedKey(r)}, 0).ok()) missing.push_back(absl::StrCat(r));
+    if (!arrivals.ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("health check: the peers' arrival could not be read within %.0f s of "
+                          "this rank (recovery.start_timeout_s): %s",
+                          arrival_bound, arrivals.status().message()));
     }
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "health check: rank%s %s did not arrive within %.0f s of this rank "
-        "(recovery.start_timeout_s)",
-        missing.size() == 1 ? "" : "s", absl::StrJoin(missing, ", "), arrival_bound));
+    const size_t missing = task.world_size() - arrivals->present;
+    std::string named = absl::StrJoin(arrivals->missing, ", ");
+    if (missing > arrivals->missing.size()) {
+      absl::StrAppend(&named, ", ... (", missing - arrivals->missing.size(), " more)");
+    }
+    return absl::DeadlineExceededError(
+        absl::StrFormat("health check: rank%s %s did not arrive within %.0f s of this rank "
+                        "(recovery.start_timeout_s)",
+                        missing == 1 ? "" : "s", named, arrival_bound));
   }
   comm::PrefixedKvStore gloo_store(store, "health/gloo");
   comm::GlooOptions gloo;

@@ -4,7 +4,8 @@
 //
 // Why arrival keys: a collective that times out fails on every rank alike and names nobody. So
 // each rank first writes "health/arrived/<rank>" into the attempt's rendezvous store (the
-// controller's) and waits for every other rank's key, at most the longer of
+// controller's) and waits for every other rank's key (an indexed wait: a count on the wire, not N
+// key names, so thousands of ranks arrive in O(N) bytes in all), at most the longer of
 // recovery.start_timeout_s and recovery.health_check_s from its own arrival: reaching the check is
 // start-up, and on a loaded host the ranks' start-up skew can be seconds. The controller, told by
 // any rank that the check failed, reads which keys are missing and blames exactly those ranks'

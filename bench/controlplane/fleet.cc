@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "bench/common/stats.h"
@@ -20,56 +18,104 @@ void SetDeadline(grpc::ClientContext& context, double seconds) {
                            std::chrono::duration<double>(seconds)));
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+}  // namespace
 
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const FleetOptions& o) {
-  if (!o.tls) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions ssl;
-  if (!o.tls_ca.empty()) ssl.pem_root_certs = ReadFile(o.tls_ca);
-  if (!o.tls_cert.empty()) ssl.pem_cert_chain = ReadFile(o.tls_cert);
-  if (!o.tls_key.empty()) ssl.pem_private_key = ReadFile(o.tls_key);
-  return grpc::SslCredentials(ssl);
-}
+// What a tag on one of the fleet's completion queues points to.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void Proceed(bool ok) = 0;
+};
+
+namespace {
+
+// One unary call: `done` runs on the queue's thread when it completes, then the call is deleted.
+template <typename Resp>
+class UnaryCall final : public Event {
+ public:
+  grpc::ClientContext context;
+  Resp response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> reader;
+  std::function<void(UnaryCall&)> done;
+  void Proceed(bool) override {
+    done(*this);
+    delete this;
+  }
+};
 
 }  // namespace
 
-// One agent's WatchCommands stream: reads commands until the controller or Stop() ends it.
-class CommandStream : public grpc::ClientReadReactor<v1::AgentCommand> {
+// One agent's WatchCommands stream: reads commands until the controller or Stop() ends it. One
+// operation outstanding at a time (start, then reads, then finish); Cancel may come from any
+// thread.
+class CommandStream {
  public:
-  CommandStream(Fleet& fleet, SimAgent& agent, v1::AgentService::Stub& stub)
+  CommandStream(Fleet& fleet, SimAgent& agent, v1::AgentService::Stub& stub,
+                grpc::CompletionQueue* queue)
       : fleet_(fleet), agent_(agent) {
     request_.set_worker_id(agent.worker_id);
     request_.set_session_id(agent.session_id);
-    stub.async()->WatchCommands(&context_, &request_, this);
-    StartRead(&command_);
-    StartCall();
+    reader_ = stub.PrepareAsyncWatchCommands(&context_, request_, queue);
+    reader_->StartCall(&start_tag_);
   }
   void Cancel() { context_.TryCancel(); }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
-    fleet_.OnCommand(agent_, command_);
-    StartRead(&command_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    fleet_.OnStreamDone(agent_, this, status);
-    delete this;
-  }
 
  private:
+  enum class Kind { kStart, kRead, kFinish };
+  struct Tag final : Event {
+    Tag(CommandStream* s, Kind k) : stream(s), kind(k) {}
+    void Proceed(bool ok) override { stream->On(kind, ok); }
+    CommandStream* const stream;
+    const Kind kind;
+  };
+
+  void On(Kind kind, bool ok) {
+    switch (kind) {
+      case Kind::kStart:
+      case Kind::kRead:
+        if (kind == Kind::kRead && ok) fleet_.OnCommand(agent_, command_);
+        if (ok) {
+          reader_->Read(&command_, &read_tag_);
+        } else {
+          reader_->Finish(&status_, &finish_tag_);  // OnDone follows
+        }
+        break;
+      case Kind::kFinish:
+        fleet_.OnStreamDone(agent_, this, status_);
+        delete this;
+        break;
+    }
+  }
+
   Fleet& fleet_;
   SimAgent& agent_;
   grpc::ClientContext context_;
   v1::WatchCommandsRequest request_;
   v1::AgentCommand command_;
+  grpc::Status status_;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::AgentCommand>> reader_;
+  Tag start_tag_{this, Kind::kStart}, read_tag_{this, Kind::kRead},
+      finish_tag_{this, Kind::kFinish};
 };
 
-Fleet::Fleet(FleetOptions options, LatencyBook& book) : options_(std::move(options)), book_(book) {
-  auto creds = Credentials(options_);
+absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(FleetOptions options, LatencyBook& book) {
+  transport::ClientSecurity agent{options.tls, options.join_token, ""};
+  transport::ClientSecurity job{options.tls, options.admin_token, ""};
+  // The CLI needs no client certificate; the agents present theirs.
+  job.tls.cert.clear();
+  job.tls.key.clear();
+  auto agent_credentials = transport::MakeChannelCredentials(agent);
+  if (!agent_credentials.ok()) return agent_credentials.status();
+  auto job_credentials = transport::MakeChannelCredentials(job);
+  if (!job_credentials.ok()) return job_credentials.status();
+  return std::make_unique<Fleet>(std::move(options), book, *agent_credentials, *job_credentials);
+}
+
+Fleet::Fleet(FleetOptions options, LatencyBook& book,
+             std::shared_ptr<grpc::ChannelCredentials> creds,
+             std::shared_ptr<grpc::ChannelCredentials> job_credentials)
+    : options_(std::move(options)), book_(book) {
   for (uint32_t c = 0; c < std::max(1u, options_.channels); ++c) {
     grpc::ChannelArguments args;
     // A distinct argument per channel: otherwise gRPC shares one connection among them.
@@ -78,7 +124,19 @@ Fleet::Fleet(FleetOptions options, LatencyBook& book) : options_(std::move(optio
     channels_.push_back(grpc::CreateCustomChannel(options_.address, creds, args));
     stubs_.push_back(v1::AgentService::NewStub(channels_.back()));
   }
-  jobs_ = v1::JobService::NewStub(channels_[0]);
+  grpc::ChannelArguments job_args;
+  job_args.SetInt("furnace.loadgen.channel", -1);
+  job_args.SetMaxReceiveMessageSize(64 << 20);
+  jobs_ = v1::JobService::NewStub(
+      grpc::CreateCustomChannel(options_.address, std::move(job_credentials), job_args));
+  for (uint32_t q = 0; q < std::max(1u, options_.queues); ++q) {
+    queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+    threads_.emplace_back([queue = queues_.back().get()] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) static_cast<Event*>(tag)->Proceed(ok);
+    });
+  }
   for (uint32_t i = 0; i < options_.agents; ++i) {
     auto a = std::make_unique<SimAgent>();
     a->index = i;
@@ -93,30 +151,30 @@ v1::AgentService::Stub& Fleet::Stub(const SimAgent& agent) const {
   return *stubs_[agent.index % stubs_.size()];
 }
 
-template <typename Req, typename Resp, typename Launch, typename Done>
-void Fleet::Call(const char* kind, Launch launch, Req request, double deadline_s, Done done) {
-  struct State {
-    grpc::ClientContext context;
-    Req request;
-    Resp response;
-    double t0 = 0;
-  };
-  auto* st = new State;
-  st->request = std::move(request);
-  SetDeadline(st->context, deadline_s);
+grpc::CompletionQueue* Fleet::Queue(const SimAgent& agent) const {
+  return queues_[agent.index % queues_.size()].get();
+}
+
+template <typename Req, typename Resp, typename Prepare, typename Done>
+void Fleet::Call(const char* kind, const SimAgent& agent, Prepare prepare, const Req& request,
+                 double deadline_s, Done done) {
+  auto* call = new UnaryCall<Resp>;
+  SetDeadline(call->context, deadline_s);
   {
     std::lock_guard<std::mutex> lock(flight_mu_);
     ++in_flight_;
   }
-  st->t0 = Now();
-  launch(&st->context, &st->request, &st->response, [this, st, kind, done](grpc::Status status) {
-    const bool counted_ok = done(status, st->response);
-    book_.Record(kind, Now() - st->t0, counted_ok,
-                 absl::StrCat(status.error_code(), ": ", status.error_message()));
-    delete st;
+  const double t0 = Now();
+  call->done = [this, kind, t0, done](UnaryCall<Resp>& c) {
+    const bool counted_ok = done(c.status, c.response);
+    book_.Record(kind, Now() - t0, counted_ok,
+                 absl::StrCat(c.status.error_code(), ": ", c.status.error_message()));
     std::lock_guard<std::mutex> lock(flight_mu_);
     if (--in_flight_ == 0) flight_cv_.notify_all();
-  });
+  };
+  call->reader = prepare(&call->context, request, Queue(agent));
+  call->reader->StartCall();
+  call->reader->Finish(&call->response, &call->status, call);
 }
 
 void Fleet::Register(SimAgent& a, std::function<void()> finished) {
@@ -130,9 +188,9 @@ void Fleet::Register(SimAgent& a, std::function<void()> finished) {
   req.set_instance_id(absl::StrCat("loadgen-", a.index));
   auto& stub = Stub(a);
   Call<v1::RegisterRequest, v1::RegisterResponse>(
-      "Register",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->Register(c, q, r, std::move(f)); },
-      std::move(req), options_.rpc_timeout_s,
+      "Register", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncRegister(c, q, cq); },
+      req, options_.rpc_timeout_s,
       [this, &a, finished](const grpc::Status& s, v1::RegisterResponse& resp) {
         if (s.ok()) {
           a.session_id = resp.session_id();
@@ -176,7 +234,7 @@ void Fleet::OpenStreams() {
       ++in_flight_;
     }
     std::lock_guard<std::mutex> lock(a->mu);
-    a->stream = new CommandStream(*this, *a, Stub(*a));
+    a->stream = new CommandStream(*this, *a, Stub(*a), Queue(*a));
   }
 }
 
@@ -247,25 +305,13 @@ void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt,
 void Fleet::ReportRank(SimAgent& a, v1::RankReport report, std::function<void()> on_ok) {
   auto& stub = Stub(a);
   Call<v1::RankReport, v1::Ack>(
-      "ReportRank",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->ReportRank(c, q, r, std::move(f));
-      },
-      std::move(report), options_.rpc_timeout_s,
+      "ReportRank", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncReportRank(c, q, cq); },
+      report, options_.rpc_timeout_s,
       [on_ok = std::move(on_ok)](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) on_ok();
         return s.ok();
       });
-}
-
-const std::vector<std::string>& Fleet::ArrivalKeys(uint32_t world) {
-  std::lock_guard<std::mutex> lock(keys_mu_);
-  if (keys_world_ != world) {
-    keys_.clear();
-    for (uint32_t r = 0; r < world; ++r) keys_.push_back(absl::StrCat("health/arrived/", r));
-    keys_world_ = world;
-  }
-  return keys_;
 }
 
 void Fleet::Arrive(SimAgent& a) {
@@ -279,9 +325,9 @@ void Fleet::Arrive(SimAgent& a) {
   req.set_value("1");
   auto& stub = Stub(a);
   Call<v1::KvSetRequest, v1::Ack>(
-      "KvSet",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvSet(c, q, r, std::move(f)); },
-      std::move(req), options_.rpc_timeout_s,
+      "KvSet", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncKvSet(c, q, cq); }, req,
+      options_.rpc_timeout_s,
       [this, &a](const grpc::Status& s, v1::Ack&) {
         if (s.ok()) WaitPeers(a);
         return s.ok();
@@ -299,30 +345,28 @@ void Fleet::WaitPeers(SimAgent& a) {
     req.mutable_scope()->set_attempt(a.attempt);
     world = a.world;
   }
-  for (const auto& k : ArrivalKeys(world)) req.add_keys(k);
-  // health_check.cc waits in 1 s slices; a slice that ends with peers missing is the protocol
-  // (DEADLINE_EXCEEDED from the server), not a failure.
+  // health_check.cc: an indexed wait for every rank's arrival key, in 1 s slices; a slice that
+  // ends with peers missing is an answer (complete false), and the rank asks again.
+  req.set_indexed_prefix("health/arrived/");
+  req.set_indexed_count(world);
   constexpr double kSliceS = 1.0;
   req.set_timeout_s(kSliceS);
   auto& stub = Stub(a);
-  const double t0 = Now();
   Call<v1::KvGetRequest, v1::KvGetResponse>(
-      "KvGet",
-      [&stub](auto* c, auto* q, auto* r, auto f) { stub.async()->KvGet(c, q, r, std::move(f)); },
-      std::move(req), kSliceS + options_.rpc_timeout_s,
-      [this, &a, t0, world](const grpc::Status& s, v1::KvGetResponse&) {
-        const bool slice_over = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-                                Now() - t0 < kSliceS + options_.rpc_timeout_s - 0.5;
-        if (s.ok()) {
+      "KvGet", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncKvGet(c, q, cq); }, req,
+      kSliceS + options_.rpc_timeout_s,
+      [this, &a, world](const grpc::Status& s, v1::KvGetResponse& resp) {
+        if (s.ok() && resp.complete()) {
           {
             std::lock_guard<std::mutex> lock(a.mu);
             a.arrived_all = true;
           }
           if (++ranks_arrived_ == world) all_arrived_at_ = Now();
-        } else if (slice_over) {
+        } else if (s.ok()) {
           WaitPeers(a);
         }
-        return s.ok() || slice_over;
+        return s.ok();
       });
 }
 
@@ -345,13 +389,12 @@ void Fleet::Heartbeat(SimAgent& a) {
   // worker/agent.cc: well above the interval (3 s at least).
   const double deadline = std::max(3.0, 3 * heartbeat_interval_s_);
   Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      "Heartbeat",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->Heartbeat(c, q, r, std::move(f));
-      },
-      std::move(req), deadline,
+      "Heartbeat", a,
+      [&stub](auto* c, const auto& q, auto* cq) { return stub.PrepareAsyncHeartbeat(c, q, cq); },
+      req, deadline,
       [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
         if (s.ok() && resp.reregister()) ++reregister_asks_;
+        if (s.ok() && resp.reconcile()) ++heartbeats_with_view_;
         return s.ok() && !resp.reregister();
       });
 }
@@ -399,12 +442,11 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
   ++telemetry_records_;
   auto& stub = Stub(a);
   Call<v1::TelemetryBatch, v1::Ack>(
-      "PushTelemetry",
-      [&stub](auto* c, auto* q, auto* r, auto f) {
-        stub.async()->PushTelemetry(c, q, r, std::move(f));
+      "PushTelemetry", a,
+      [&stub](auto* c, const auto& q, auto* cq) {
+        return stub.PrepareAsyncPushTelemetry(c, q, cq);
       },
-      std::move(batch), options_.rpc_timeout_s,
-      [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
+      batch, options_.rpc_timeout_s, [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
 }
 
 void Fleet::Start() {
@@ -423,9 +465,15 @@ void Fleet::ScheduleLoop() {
     const double interval = heartbeat_interval_s_;
     while (true) {
       const uint64_t round = beat / agents_.size(), i = beat % agents_.size();
-      if (t0 + round * interval + i * interval / n > now) break;
+      const double due = t0 + round * interval + i * interval / n;
+      if (due > now) break;
       SimAgent& a = *agents_[i];
-      if (!a.silent && !a.session_id.empty()) Heartbeat(a);
+      if (!a.silent && !a.session_id.empty()) {
+        // How late this generator sends it: its own share of the cores, apart from the
+        // controller's answer (a late send is not counted in the Heartbeat round trip).
+        book_.Record("HeartbeatSendLag", Now() - due, true);
+        Heartbeat(a);
+      }
       ++beat;
     }
     if (const double start = all_arrived_at_; start > 0) {
@@ -512,8 +560,13 @@ void Fleet::Stop() {
     std::lock_guard<std::mutex> lock(a->mu);
     if (a->stream != nullptr) a->stream->Cancel();
   }
-  std::unique_lock<std::mutex> lock(flight_mu_);
-  flight_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  {
+    std::unique_lock<std::mutex> lock(flight_mu_);
+    flight_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  }
+  for (auto& queue : queues_) queue->Shutdown();
+  for (auto& thread : threads_) thread.join();
+  threads_.clear();
 }
 
 }  // namespace furnace::bench

@@ -1,18 +1,22 @@
 // Fleet: N simulated worker agents driving a real furnace-controller over a few gRPC channels
-// with the asynchronous (callback) client API, so one process holds thousands of agents.
+// with the asynchronous client API on a few completion queues (a thread each), so one process
+// holds thousands of agents. Not the callback API: Debian's gRPC checks, on every completion, the
+// list of operations outstanding on its queue, and the callback API has one queue for the whole
+// process, where 12,288 open command streams made each completion scan 12,288 entries
+// (controller/service/agent_server.h says the same of the controller's side).
 //
 // Each agent does what worker/agent.cc does on the wire: Register; one WatchCommands stream; a
 // Heartbeat every heartbeat interval (the agents' phases spread evenly over the interval) naming
 // the rank it runs; on a start command ReportRank(RANK_STARTED) and the rendezvous of a rank's
-// health check (worker/health_check.cc: KvSet health/arrived/<rank>, then KvGet of every rank's
-// key in 1 s slices until all arrived); once every rank has arrived, one PushTelemetry per
-// training step with that step's record (the agent flushes every 0.2 s, so a step's records
-// arrive spread over 0.2 s after the step ends); on a stop command ReportRank(RANK_EXITED,
-// STOPPED). Silence() stops some idle agents dead (no heartbeat, stream cancelled), like a host
-// that went away.
+// health check (worker/health_check.cc: KvSet health/arrived/<rank>, then an indexed KvGet for
+// every rank's key, in 1 s slices until all arrived); once every rank has arrived, one
+// PushTelemetry per training step with that step's record (the agent flushes every 0.2 s, so a
+// step's records arrive spread over 0.2 s after the step ends); on a stop command
+// ReportRank(RANK_EXITED, STOPPED). Silence() stops some idle agents dead (no heartbeat, stream
+// cancelled), like a host that went away.
 //
-// Threading: the public methods are called from one driver thread; gRPC's callback threads run
-// the replies. An agent's rank state is guarded by its own mutex; counters are atomics.
+// Threading: the public methods are called from one driver thread; the queues' threads run the
+// replies. An agent's rank state is guarded by its own mutex; counters are atomics.
 // Errors: every RPC's status lands in the LatencyBook (a failure is counted there, never fatal).
 #pragma once
 
@@ -32,6 +36,7 @@
 #include "bench/controlplane/latency_book.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "furnace/v1/controller.grpc.pb.h"
+#include "transport/credentials.h"
 
 namespace furnace::bench {
 
@@ -39,14 +44,17 @@ struct FleetOptions {
   std::string address;  // the controller's gRPC address
   uint32_t agents = 1024;
   uint32_t channels = 8;                // agents are spread over this many HTTP/2 connections
+  uint32_t queues = 8;                  // ... and over this many completion queues
   double step_s = 2.0;                  // seconds per training step once the job runs
   double flush_s = 0.2;                 // the agents' telemetry flush interval (worker/agent.h)
   double rpc_timeout_s = 10.0;          // client deadline of a unary call
   std::string host_prefix = "loadgen";  // worker ids are "<prefix>-<i / 8>/<i % 8>"
-  // TLS: with tls set, channels use grpc::SslCredentials (CA to verify the controller, and the
-  // client certificate and key for mutual TLS when given).
-  bool tls = false;
-  std::string tls_ca, tls_cert, tls_key;
+  // What the agents' channels present (transport/credentials.h, as furnace-worker does): TLS
+  // files (empty: plaintext) and the join token; and the JobService channel's (the CLI's): the
+  // same CA and an admin token for Submit and Cancel when the controller has a --token-file.
+  transport::TlsFiles tls;
+  std::string join_token;
+  std::string admin_token;
 };
 
 class CommandStream;
@@ -67,7 +75,11 @@ struct SimAgent {
 
 class Fleet {
  public:
-  Fleet(FleetOptions options, LatencyBook& book);
+  // Fails (InvalidArgument naming the file) when the TLS files or tokens cannot be used.
+  static absl::StatusOr<std::unique_ptr<Fleet>> Create(FleetOptions options, LatencyBook& book);
+  Fleet(FleetOptions options, LatencyBook& book,
+        std::shared_ptr<grpc::ChannelCredentials> agent_credentials,
+        std::shared_ptr<grpc::ChannelCredentials> job_credentials);
   ~Fleet();
 
   // Registers every agent (a bounded number in flight); returns how many got a session.
@@ -93,6 +105,8 @@ class Fleet {
   uint32_t ranks_stopped() const { return ranks_stopped_; }
   uint64_t telemetry_records() const { return telemetry_records_; }
   uint64_t reregister_asks() const { return reregister_asks_; }
+  // Heartbeats answered with the controller's rank view (it had its state mutex free for them).
+  uint64_t heartbeats_with_view() const { return heartbeats_with_view_; }
   double heartbeat_interval_s() const { return heartbeat_interval_s_; }
   // When the last rank arrived (steady clock); 0 until then.
   double all_arrived_at() const { return all_arrived_at_; }
@@ -103,9 +117,13 @@ class Fleet {
   void OnStreamDone(SimAgent& agent, CommandStream* stream, const grpc::Status& status);
 
  private:
-  template <typename Req, typename Resp, typename Launch, typename Done>
-  void Call(const char* kind, Launch launch, Req request, double deadline_s, Done done);
+  // An asynchronous unary call on the agent's queue: prepare(context, request, queue) makes it;
+  // done(status, response) says whether it counts as a success.
+  template <typename Req, typename Resp, typename Prepare, typename Done>
+  void Call(const char* kind, const SimAgent& agent, Prepare prepare, const Req& request,
+            double deadline_s, Done done);
   furnace::v1::AgentService::Stub& Stub(const SimAgent& agent) const;
+  grpc::CompletionQueue* Queue(const SimAgent& agent) const;
   void Register(SimAgent& agent, std::function<void()> done);
   void Heartbeat(SimAgent& agent);
   void PushStep(SimAgent& agent, uint64_t step);
@@ -114,7 +132,6 @@ class Fleet {
   void ReportExit(SimAgent& agent, const std::string& job_id, uint32_t attempt, uint32_t rank);
   // ReportRank over `agent`'s channel; `on_ok` runs on the completion thread when it succeeded.
   void ReportRank(SimAgent& agent, furnace::v1::RankReport report, std::function<void()> on_ok);
-  const std::vector<std::string>& ArrivalKeys(uint32_t world);
   void ScheduleLoop();
 
   const FleetOptions options_;
@@ -122,6 +139,8 @@ class Fleet {
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<furnace::v1::AgentService::Stub>> stubs_;
   std::unique_ptr<furnace::v1::JobService::Stub> jobs_;
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;  // one per queue
   std::vector<std::unique_ptr<SimAgent>> agents_;
   double heartbeat_interval_s_ = 1.0;
 
@@ -129,10 +148,7 @@ class Fleet {
   std::atomic<uint32_t> world_{0};
   std::atomic<double> all_arrived_at_{0};
   std::atomic<uint64_t> telemetry_records_{0}, reregister_asks_{0}, last_step_{0};
-
-  std::mutex keys_mu_;
-  uint32_t keys_world_ = 0;
-  std::vector<std::string> keys_;  // guarded by keys_mu_ (built once per world size)
+  std::atomic<uint64_t> heartbeats_with_view_{0};
 
   std::atomic<bool> stopping_{false};
   std::thread scheduler_;

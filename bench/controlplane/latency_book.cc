@@ -57,14 +57,4 @@ nlohmann::json LatencyBook::Summary() const {
   return out;
 }
 
-uint64_t LatencyBook::failures() const {
-  uint64_t n = 0;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, k] : kinds_) {
-    std::lock_guard<std::mutex> klock(k->mu);
-    n += k->failures;
-  }
-  return n;
-}
-
 }  // namespace furnace::bench

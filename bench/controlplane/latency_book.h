@@ -21,7 +21,6 @@ class LatencyBook {
   void Reset();
   // {kind: {calls, failures, p50_ms, p99_ms, max_ms, first_error}}.
   nlohmann::json Summary() const;
-  uint64_t failures() const;
 
  private:
   struct Kind {

@@ -30,6 +30,7 @@ absl::StatusOr<ProcSample> SampleProcess(int pid) {
   std::ifstream status(dir + "status");
   while (std::getline(status, line)) {
     if (line.rfind("VmRSS:", 0) == 0) s.rss_bytes = std::stoull(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) s.rss_peak_bytes = std::stoull(line.substr(6)) * 1024;
   }
   std::ifstream io(dir + "io");
   while (std::getline(io, line)) {

@@ -12,9 +12,10 @@
 namespace furnace::bench {
 
 struct ProcSample {
-  double mono_s = 0;       // when it was read (steady clock)
-  double cpu_s = 0;        // utime + stime
-  uint64_t rss_bytes = 0;  // VmRSS
+  double mono_s = 0;            // when it was read (steady clock)
+  double cpu_s = 0;             // utime + stime
+  uint64_t rss_bytes = 0;       // VmRSS
+  uint64_t rss_peak_bytes = 0;  // VmHWM: the most it has been resident since it started
   uint64_t threads = 0;
   uint64_t wchar = 0;        // bytes passed to write(2)-like calls
   uint64_t syscw = 0;        // write(2)-like calls

@@ -2,11 +2,60 @@
 
 #include <chrono>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/controller.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace furnace::cli {
+
+namespace {
+
+// What gRPC's UNAVAILABLE says went wrong, in words a user can act on. gRPC words a failed
+// connection "failed to connect to all addresses; last error: UNKNOWN: ipv4:H:P: <why>": a TLS
+// handshake that failed must not read as a controller that is not running.
+std::string Unreachable(const std::string& message, const std::string& address) {
+  std::string why = message;
+  if (const size_t last = why.rfind("last error: "); last != std::string::npos) {
+    why = why.substr(last + 12);
+  }
+  // "UNKNOWN: ipv4:127.0.0.1:7070: Ssl handshake failed: ..." -> "Ssl handshake failed: ...".
+  if (const size_t at = why.find(address); at != std::string::npos) {
+    why = why.substr(at + address.size());
+    if (absl::StartsWith(why, ": ")) why = why.substr(2);
+  }
+  const std::string lower = absl::AsciiStrToLower(message);
+  const std::string tls =
+      absl::StrCat("TLS handshake with the controller at ", address, " failed: ");
+  if (absl::StrContains(lower, "wrong version number")) {
+    return absl::StrCat(tls,
+                        "it does not speak TLS (a plaintext controller: drop --tls-ca and "
+                        "FURNACE_TLS_CA, or start it with --tls-cert/--tls-key/--tls-ca) (",
+                        why, ")");
+  }
+  if (absl::StrContains(lower, "certificate verify failed")) {
+    return absl::StrCat(tls,
+                        "its certificate is not signed by the CA given (--tls-ca or "
+                        "FURNACE_TLS_CA) (",
+                        why, ")");
+  }
+  if (absl::StrContains(lower, "peer name") || absl::StrContains(lower, "hostname")) {
+    return absl::StrCat(tls, "its certificate does not name ", address,
+                        " (furnace certs init --host NAME) (", why, ")");
+  }
+  if (absl::StrContains(lower, "handshake")) return absl::StrCat(tls, why);
+  if (absl::StrContains(lower, "socket closed") || absl::StrContains(lower, "connection reset")) {
+    return absl::StrCat("the controller at ", address,
+                        " closed the connection before answering (one that runs with TLS needs "
+                        "--tls-ca or FURNACE_TLS_CA) (",
+                        why, ")");
+  }
+  return absl::StrCat("cannot reach the controller at ", address,
+                      " (is furnace-controller running? pass --controller)");
+}
+
+}  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& rpc,
                             const std::string& address) {
@@ -14,9 +63,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& rpc,
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      return absl::UnavailableError(
-          absl::StrCat("cannot reach the controller at ", address,
-                       " (is furnace-controller running? pass --controller)"));
+      return absl::UnavailableError(Unreachable(status.error_message(), address));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(
           absl::StrCat("the controller at ", address, " did not answer ", rpc, " in time"));

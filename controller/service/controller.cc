@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 
@@ -44,7 +45,7 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
       logs_((fs::path(options_.state_dir) / "logs" / "jobs").string()),
       workers_(*store_, clock_),
       telemetry_(*store_),
-      jobs_(options_, clock_, *store_, workers_, rendezvous_) {
+      jobs_(options_, clock_, *store_, kv_commit_, workers_, rendezvous_) {
   // Runs under mu_ (StartCommand is called by JobLifecycle, which mu_ guards, as it guards
   // telemetry_).
   jobs_.SetCheckpointHintSource([this](const Job& job) {
@@ -126,6 +127,15 @@ void Controller::Audit(const std::string& identity, const std::string& action,
   if (absl::Status s = store_->AddAudit(e); !s.ok()) {
     spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.ToString());
   }
+  // Retention (--audit-keep): trimmed every kAuditTrimEvery entries, so the log holds at most
+  // audit_keep + kAuditTrimEvery of them.
+  if (options_.audit_keep > 0 && ++audits_since_trim_ >= kAuditTrimEvery) {
+    audits_since_trim_ = 0;
+    if (absl::Status s = store_->TrimAudit(options_.audit_keep); !s.ok()) {
+      spdlog::warn("audit log: cannot trim to the newest {}: {}", options_.audit_keep,
+                   s.ToString());
+    }
+  }
 }
 
 std::vector<v1::JobSummary> Controller::ListJobs() {
@@ -152,6 +162,8 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
     }
     if (auto eval = telemetry_.LastEval(job_id)) *detail.mutable_last_eval() = *eval;
   }
+  // Events are written behind: what was queued before this call is read too.
+  RETURN_IF_ERROR(kv_commit_.Run([] { return absl::OkStatus(); }));
   ASSIGN_OR_RETURN(auto events, store_->LoadEvents(job_id, 50));
   for (auto& e : events) *detail.add_events() = std::move(e);
   ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));
@@ -169,7 +181,7 @@ absl::StatusOr<v1::JobSummary> Controller::Cancel(const std::string& job_id) {
 std::vector<v1::WorkerInfo> Controller::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::WorkerInfo> out;
-  for (const auto& [id, w] : workers_.workers()) out.push_back(w.info);
+  for (const auto& [id, w] : workers_.workers()) out.push_back(WorkerRegistry::Info(w));
   return out;
 }
 
@@ -264,16 +276,25 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
 }
 
 v1::HeartbeatResponse Controller::Heartbeat(const v1::HeartbeatRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
   v1::HeartbeatResponse resp;
-  Worker* w = workers_.Find(req.worker_id());
-  if (w == nullptr || !workers_.IsSession(req.worker_id(), req.session_id())) {
+  if (!workers_.Beat(req.worker_id(), req.session_id())) {
     resp.set_reregister(true);
     return resp;
   }
-  w->last_seen_mono = clock_.MonotonicSeconds();
-  w->info.set_last_seen_unix(clock_.UnixSeconds());
-  FillRankView(*w, resp);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
+  return resp;
+}
+
+v1::HeartbeatResponse Controller::TryHeartbeat(const v1::HeartbeatRequest& req) {
+  v1::HeartbeatResponse resp;
+  if (!workers_.Beat(req.worker_id(), req.session_id())) {
+    resp.set_reregister(true);
+    return resp;
+  }
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return resp;  // recorded; no view this time
+  if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
   return resp;
 }
 
@@ -314,18 +335,36 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
   return jobs_.ReportRank(report);
 }
 
-absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
+void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
+  AcceptTelemetry(batch, [](absl::Status s) {
+    // Said once per 1000 failures: a slow or full disk must not flood the log as well.
+    static std::atomic<uint64_t> failures{0};
+    if (!s.ok() && failures++ % 1000 == 0) {
+      spdlog::warn("telemetry records not stored ({} time(s) so far): {}", failures.load(),
+                   s.ToString());
+    }
+  });
+  done(absl::OkStatus());
+}
+
+void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) {
   std::vector<v1::TelemetryRecord> records;
-  std::vector<std::string> trim;
+  std::vector<TelemetryAggregator::Trim> trim;
+  bool steps = false;  // a step was completed (and queued for the store)
   {
     std::lock_guard<std::mutex> lock(mu_);
     workers_.Touch(batch.worker_id());
     telemetry_.NoteBatch(batch);
     std::set<std::string> touched;
+    std::map<std::string, uint32_t> kept;  // job -> its world, for the ones with raw records
     for (const auto& rec : batch.records()) {
       Job* job = jobs_.Find(rec.job_id());
       if (job == nullptr) continue;
-      records.push_back(rec);
+      const uint32_t world = job->AttemptWorld(rec.attempt());
+      if (telemetry_.KeepRaw(rec, world)) {
+        records.push_back(rec);
+        kept[rec.job_id()] = world;
+      }
       if (!jobs_.NoteProgress(*job, rec)) continue;
       jobs_.NoteRankTimes(*job, rec);
       touched.insert(rec.job_id());
@@ -336,16 +375,21 @@ absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
       if (rec.rank() == 0 && rec.phase() == "restored") {
         jobs_.NoteCheckpointRestored(*job, rec.message());
       }
-      if (rec.has_train()) {
-        telemetry_.Accumulate(rec.job_id(), job->AttemptWorld(rec.attempt()), rec);
-      }
+      if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec)) steps = true;
     }
     // Written behind (JobLifecycle::PersistLater), in order with the transitions: both are
     // written under the mutex.
     jobs_.PersistLater(touched);
-    trim = telemetry_.TrimDue(touched, records.size());
+    trim = telemetry_.TrimDue(kept, records.size());
   }
-  return telemetry_.Store(records, trim);
+  telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));
+}
+
+absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
+  std::promise<absl::Status> result;
+  std::future<absl::Status> status = result.get_future();
+  AcceptTelemetry(batch, [&result](absl::Status s) { result.set_value(std::move(s)); });
+  return status.get();
 }
 
 absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
@@ -361,33 +405,61 @@ absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
   return logs_.Append(by_job);
 }
 
-absl::Status Controller::KvSet(const v1::KvSetRequest& req) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(jobs_.CheckScope(req.scope()));
+void Controller::KvSet(const v1::KvSetRequest& req, Done done) {
+  // Fencing without the state mutex: the scope is open only while its attempt runs
+  // (rendezvous.h).
+  if (absl::Status s = rendezvous_.CheckOpen({req.scope().job_id(), req.scope().attempt()});
+      !s.ok()) {
+    done(s);
+    return;
   }
-  // Persisted before it is visible, without the state mutex: a key is write-once data of its own
-  // scope and orders with nothing else. A scope closed in between only leaves a row (and an
-  // in-memory key) of an attempt that is over, which CheckScope refuses to every later call.
-  // Group commit: a job start's thousands of keys share a few transactions.
-  RETURN_IF_ERROR(kv_commit_.Run([&] {
-    return store_->KvPut(req.scope().job_id(), req.scope().attempt(), req.key(), req.value());
-  }));
-  rendezvous_.Set({req.scope().job_id(), req.scope().attempt()}, req.key(), req.value());
-  return absl::OkStatus();
+  // Persisted before it is visible: a key is write-once data of its own scope and orders with
+  // nothing else. A scope closed in between only leaves a row (and no in-memory key: Set ignores
+  // a closed scope) of an attempt that is over, which every later call is refused. Group commit:
+  // a job start's thousands of keys share a few transactions.
+  kv_commit_.Submit(
+      [this, job = req.scope().job_id(), attempt = req.scope().attempt(), key = req.key(),
+       value = req.value()] { return store_->KvPut(job, attempt, key, value); },
+      [this, scope = Rendezvous::Scope{req.scope().job_id(), req.scope().attempt()},
+       key = req.key(), value = req.value(), done = std::move(done)](absl::Status s) {
+        if (s.ok()) rendezvous_.Set(scope, key, value);
+        done(std::move(s));
+      });
 }
 
-absl::StatusOr<v1::KvGetResponse> Controller::KvGet(const v1::KvGetRequest& req) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(jobs_.CheckScope(req.scope()));
+absl::Status Controller::KvSet(const v1::KvSetRequest& req) {
+  std::promise<absl::Status> result;
+  std::future<absl::Status> status = result.get_future();
+  KvSet(req, [&result](absl::Status s) { result.set_value(std::move(s)); });
+  return status.get();
+}
+
+void Controller::KvGet(const v1::KvGetRequest& req, KvGetDone done) {
+  // The rendezvous refuses a scope that is not open (fencing) by itself.
+  const Rendezvous::Scope scope{req.scope().job_id(), req.scope().attempt()};
+  if (req.indexed_count() > 0) {
+    if (req.keys_size() > 0) {
+      done(absl::InvalidArgumentError("KvGet: an indexed wait names no keys"));
+      return;
+    }
+    rendezvous_.WaitIndexed(scope, req.indexed_prefix(), req.indexed_count(), req.timeout_s(),
+                            [done = std::move(done)](absl::StatusOr<Rendezvous::Arrivals> a) {
+                              if (!a.ok()) return done(a.status());
+                              v1::KvGetResponse resp;
+                              resp.set_complete(a->complete);
+                              resp.set_present(a->present);
+                              for (uint32_t i : a->missing) resp.add_missing(i);
+                              done(std::move(resp));
+                            });
+    return;
   }
   std::vector<std::string> keys(req.keys().begin(), req.keys().end());
-  ASSIGN_OR_RETURN(auto values, rendezvous_.Get({req.scope().job_id(), req.scope().attempt()}, keys,
-                                                std::min(req.timeout_s(), 60.0)));
-  v1::KvGetResponse resp;
-  for (auto& v : values) resp.add_values(std::move(v));
-  return resp;
+  rendezvous_.Get(scope, keys, req.timeout_s(), [done = std::move(done)](Rendezvous::Values v) {
+    if (!v.ok()) return done(v.status());
+    v1::KvGetResponse resp;
+    for (auto& value : *v) resp.add_values(std::move(value));
+    done(std::move(resp));
+  });
 }
 
 absl::Status Controller::RecordLocalWorker(uint32_t slot, int pid) {
@@ -414,6 +486,7 @@ void Controller::Tick() {
 }
 
 void Controller::Shutdown(bool stopping_workers) {
+  rendezvous_.Shutdown();
   std::unique_lock<std::mutex> lock(mu_);
   jobs_.Shutdown(stopping_workers);
   jobs_.FlushLater(lock);

@@ -19,10 +19,15 @@
 // file or bulk database I/O happens under it: log appends and reads, telemetry inserts, rendezvous
 // key writes, and the reads of GetJob, GetJobSeries and LocalWorkers run outside it (the JobStore
 // and LogStore serialise themselves); the transition writes stay under it (see job_lifecycle.h).
-// NextCommands and KvGet block, and neither holds the state mutex while it waits.
+// Heartbeats do not need it (TryHeartbeat). Nothing that waits holds a thread: KvGet and KvSet
+// answer through a callback (from the rendezvous or the group commit's thread), telemetry is
+// written behind, and a command stream leaves a wake-up (TakeCommands); none of them holds the
+// state mutex while it waits.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,7 +83,15 @@ class Controller {
 
   // --- AgentService -----------------------------------------------------------------------
   absl::StatusOr<furnace::v1::RegisterResponse> Register(const furnace::v1::RegisterRequest& req);
+  // A heartbeat with the controller's view of the worker's ranks (reconcile set), which needs the
+  // state mutex: waits for it.
   furnace::v1::HeartbeatResponse Heartbeat(const furnace::v1::HeartbeatRequest& req);
+  // A heartbeat that never waits for the state mutex: the beat is recorded at once (liveness is
+  // lock-free), and the rank view comes with the answer when the mutex is free. When it is busy
+  // (a job's start or end holds it for thousands of reports) the answer has none, reconcile unset,
+  // and the agent reconciles at a later beat: a storm of transitions delays reconciliation, never
+  // liveness (bench/controlplane/REPORT.md). What gRPC's heartbeat handler calls.
+  furnace::v1::HeartbeatResponse TryHeartbeat(const furnace::v1::HeartbeatRequest& req);
   // Waits up to wait_s for commands for this worker session. FailedPrecondition when the session
   // is not the worker's current one (the agent must register again).
   absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(const std::string& worker_id,
@@ -92,10 +105,23 @@ class Controller {
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
+  // Takes a batch in (progress, step aggregates, totals) and calls `done` at once, on this thread:
+  // the raw records and completed steps are written behind (group commit), as the rank steps are,
+  // so an agent's telemetry never waits for the disk. A failed write is logged; what it loses is
+  // the sample of raw records (and a point of the dashboards' series) of at most one commit, as
+  // an agent under back-pressure drops records (TelemetryBatch.dropped). The blocking form
+  // returns once they are written, with the write's status (tests).
+  using Done = std::function<void(absl::Status)>;
+  void PushTelemetry(const furnace::v1::TelemetryBatch& batch, Done done);
   absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch);
   absl::Status PushLogs(const furnace::v1::LogBatch& batch);
+  // Persists the key (group commit), then makes it visible; `done` as for PushTelemetry.
+  void KvSet(const furnace::v1::KvSetRequest& req, Done done);
   absl::Status KvSet(const furnace::v1::KvSetRequest& req);
-  absl::StatusOr<furnace::v1::KvGetResponse> KvGet(const furnace::v1::KvGetRequest& req);
+  // A rendezvous wait (rendezvous.h): the keys' values, or with req.indexed_count() an indexed
+  // wait's arrivals. `done` is called once, from the thread that completes the wait.
+  using KvGetDone = std::function<void(absl::StatusOr<furnace::v1::KvGetResponse>)>;
+  void KvGet(const furnace::v1::KvGetRequest& req, KvGetDone done);
 
   // --- Embedded launcher bookkeeping --------------------------------------------------------
   absl::Status RecordLocalWorker(uint32_t slot, int pid);
@@ -109,13 +135,18 @@ class Controller {
   // after the restart without spending its restart budget; reports arriving afterwards (the
   // ranks being stopped) are ignored. Without it, state is left as is and the running agents
   // re-attach to the restarted controller.
+  // Every rendezvous wait in progress ends with Unavailable (ranks retry against the controller
+  // that comes next), as does every later one.
   void Shutdown(bool stopping_workers);
 
  private:
   Controller(const ControllerOptions& options, const Clock& clock, std::unique_ptr<JobStore> store);
   absl::Status Load();
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
+  // Caller holds mu_.
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
+  // PushTelemetry's work; `written` gets the status of its raw records' write.
+  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done written);
   // Writes one audit entry; a store failure is logged, not returned (the call it records has
   // already happened).
   void Audit(const std::string& identity, const std::string& action, const std::string& job_id,
@@ -124,8 +155,11 @@ class Controller {
   const ControllerOptions options_;
   const Clock& clock_;
   const std::unique_ptr<JobStore> store_;
-  GroupCommit kv_commit_{*store_};  // the rendezvous keys' writes (thread-safe)
   Rendezvous rendezvous_;
+  // The rendezvous keys' writes, and the records JobLifecycle writes behind (events, an ended
+  // attempt's keys dropped), in one order (thread-safe). After rendezvous_: destroyed first, its
+  // last commits still make their keys visible.
+  GroupCommit kv_commit_{*store_};
   RateLimiter submit_limiter_;
   LogStore logs_;
   WorkerRegistry workers_;         // records guarded by mu_; queues by itself
@@ -133,6 +167,8 @@ class Controller {
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_
   static constexpr double kJobFlushIntervalS = 1.0;
+  static constexpr uint64_t kAuditTrimEvery = 100;
+  std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_
 };
 

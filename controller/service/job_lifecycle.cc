@@ -21,8 +21,13 @@ namespace v1 = furnace::v1;
 using v1::JobState;
 
 JobLifecycle::JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
-                           WorkerRegistry& workers, Rendezvous& rendezvous)
-    : options_(options), clock_(clock), store_(store), workers_(workers), rendezvous_(rendezvous) {}
+                           GroupCommit& records, WorkerRegistry& workers, Rendezvous& rendezvous)
+    : options_(options),
+      clock_(clock),
+      store_(store),
+      records_(records),
+      workers_(workers),
+      rendezvous_(rendezvous) {}
 
 absl::StatusOr<int> JobLifecycle::Load() {
   const double now = clock_.MonotonicSeconds();
@@ -50,11 +55,11 @@ absl::StatusOr<int> JobLifecycle::Load() {
     }
     if (IsFinal(job.summary.state())) continue;
     ++active;
-    if (auto* attempt = job.current()) {
+    if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
+      const Rendezvous::Scope scope{job.summary.job_id(), attempt->attempt()};
+      rendezvous_.OpenScope(scope);
       ASSIGN_OR_RETURN(auto kv, store_.KvLoad(job.summary.job_id(), attempt->attempt()));
-      for (auto& [key, value] : kv) {
-        rendezvous_.Set({job.summary.job_id(), attempt->attempt()}, key, value);
-      }
+      for (auto& [key, value] : kv) rendezvous_.Set(scope, key, value);
     }
     Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
   }
@@ -152,9 +157,12 @@ void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& m
   event.set_kind(kind);
   event.set_message(message);
   spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, message);
-  if (absl::Status s = store_.AddEvent(job.summary.job_id(), event); !s.ok()) {
-    spdlog::error("job {}: cannot record event: {}", job.summary.job_id(), s.ToString());
-  }
+  // Written behind (an fsync each, under the state mutex, before): an event is a record of what
+  // happened, written in order, and promises nothing to anyone waiting.
+  records_.Submit([this, id = job.summary.job_id(), event] { return store_.AddEvent(id, event); },
+                  [id = job.summary.job_id()](absl::Status s) {
+                    if (!s.ok()) spdlog::error("job {}: cannot record event: {}", id, s.ToString());
+                  });
 }
 
 absl::Status JobLifecycle::Transition(Job& job, JobState to, const std::string& event_kind,
@@ -263,21 +271,6 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
     job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));
   }
   return true;
-}
-
-absl::Status JobLifecycle::CheckScope(const v1::KvScope& scope) const {
-  auto jt = jobs_.find(scope.job_id());
-  if (jt == jobs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("rendezvous: no job '", scope.job_id(), "'"));
-  }
-  const Job& job = jt->second;
-  if (IsFinal(job.summary.state()) || job.summary.attempt() != scope.attempt() ||
-      job.attempts.empty() || job.attempts.back().state() != v1::ATTEMPT_STATE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rendezvous: attempt %d of job %s is over (job is %s at attempt %d)", scope.attempt(),
-        scope.job_id(), StateName(job.summary.state()), job.summary.attempt()));
-  }
-  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,13 +397,20 @@ void JobLifecycle::TryStart(Job& job) {
     if (!CheckTransition(v1::JOB_PENDING, v1::JOB_SCHEDULED).ok()) return;
     job.summary.set_state(v1::JOB_SCHEDULED);
   }
+  // The first workers name the placement; at thousands of ranks the whole list would make one
+  // event of hundreds of kilobytes (`furnace status` lists every rank with its worker anyway).
+  constexpr size_t kNamed = 16;
+  std::string placed = absl::StrJoin(
+      placement->begin(), placement->begin() + std::min(placement->size(), kNamed), ", ");
+  if (placement->size() > kNamed)
+    absl::StrAppend(&placed, ", ... (", placement->size() - kNamed, " more)");
   if (!Transition(job, v1::JOB_STARTING, "starting",
-                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ",
-                               absl::StrJoin(*placement, ", ")))
+                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ", placed))
            .ok()) {
     job = backup;
     return;
   }
+  rendezvous_.OpenScope({job.summary.job_id(), n});
   if (escalated) Event(job, "escalate", escalation);
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();
@@ -457,9 +457,12 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
 
 void JobLifecycle::CloseScope(Job& job, uint32_t attempt) {
   rendezvous_.Close({job.summary.job_id(), attempt});
-  if (absl::Status s = store_.KvDropScope(job.summary.job_id(), attempt); !s.ok()) {
-    spdlog::warn("job {}: cannot drop rendezvous keys: {}", job.summary.job_id(), s.ToString());
-  }
+  // After the keys' own writes (the same committer): none of them lands after the drop.
+  records_.Submit(
+      [this, id = job.summary.job_id(), attempt] { return store_.KvDropScope(id, attempt); },
+      [id = job.summary.job_id()](absl::Status s) {
+        if (!s.ok()) spdlog::warn("job {}: cannot drop rendezvous keys: {}", id, s.ToString());
+      });
 }
 
 }  // namespace furnace::controller

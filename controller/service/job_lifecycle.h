@@ -5,13 +5,15 @@
 // check's verdict, the layout that no longer fits (restart_ladder.cc).
 //
 // What it owns: the in-memory jobs (loaded from and written to the JobStore), their rendezvous
-// scopes' lifetime (a scope closes when its attempt ends), and the rank commands it queues for
-// workers through the WorkerRegistry.
+// scopes' lifetime (a scope opens when its attempt starts and closes when it ends: that is the
+// fencing the rendezvous checks by itself), and the rank commands it queues for workers through
+// the WorkerRegistry.
 //
 // Durability: every transition is written to the JobStore (one transaction) before it takes
 // effect, i.e. before any command reaches a worker and before any caller sees the new state. On a
 // failed write the job's in-memory state is restored and nothing is sent; the next report, tick or
-// registration tries again.
+// registration tries again. Events and the drop of an ended attempt's rendezvous keys are written
+// behind, in order (`records`); GetJob waits for what is queued before it reads the events.
 //
 // Threading: externally synchronised. Only the Controller calls it, holding its state mutex; the
 // same mutex guards the WorkerRegistry's records, which change together with the ranks. The
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "controller/service/rendezvous.h"
 #include "controller/service/worker_registry.h"
+#include "controller/store/group_commit.h"
 #include "controller/store/job_store.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
@@ -56,6 +59,8 @@ struct ControllerOptions {
   // --submit-rate / --submit-burst: per caller identity (rate_limiter.h); rate <= 0: no limit.
   double submit_rate = 2.0;
   double submit_burst = 20.0;
+  // --audit-keep: the audit log keeps its newest entries, this many; 0: all, forever.
+  uint64_t audit_keep = 1'000'000;
 };
 
 struct Job {
@@ -89,6 +94,12 @@ struct Job {
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
+  // ReportRank asks "is every rank of the attempt running now?" once per rank start: O(ranks)
+  // each, O(ranks^2) per job start. Ranks below running_prefix (of attempt running_prefix_attempt)
+  // were seen running, so the scan resumes there; a full check confirms the answer when it
+  // reaches the end (a rank seen running may have exited since). See AllRunning (recovery.cc).
+  uint32_t running_prefix_attempt = 0;
+  uint32_t running_prefix = 0;
   // The ranks of an attempt (1-based): its layout's world, which recovery.shrink may make smaller
   // than the job's; 0 for an attempt it does not have.
   uint32_t AttemptWorld(uint32_t attempt) const {
@@ -107,8 +118,10 @@ std::string UnixClock(double unix_s);
 
 class JobLifecycle {
  public:
+  // `records` writes behind what is a record and orders with nothing but itself: events and the
+  // drop of an ended attempt's rendezvous keys (one committer for them and the keys' own writes).
   JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
-               WorkerRegistry& workers, Rendezvous& rendezvous);
+               GroupCommit& records, WorkerRegistry& workers, Rendezvous& rendezvous);
 
   // Rebuilds jobs, attempts, the ranks' workers and the open rendezvous scopes from the store
   // (the registry's workers are loaded first). Returns how many jobs are still active.
@@ -155,8 +168,6 @@ class JobLifecycle {
   // attempt started by a restart, its RecoveryPhases and a "recovered" event. True when the
   // record changed the attempt (PersistLater marks it).
   bool NoteRankTimes(Job& job, const furnace::v1::TelemetryRecord& record);
-  // FailedPrecondition unless the scope is the running attempt of an active job (fencing).
-  absl::Status CheckScope(const furnace::v1::KvScope& scope) const;
 
   // --- recovery.cc, restart_ladder.cc --------------------------------------------------------
   // A worker agent (re-)registers: its session starts, the ranks it still runs are re-attached
@@ -230,6 +241,7 @@ class JobLifecycle {
   const ControllerOptions& options_;
   const Clock& clock_;
   JobStore& store_;
+  GroupCommit& records_;
   WorkerRegistry& workers_;
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;

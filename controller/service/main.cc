@@ -16,6 +16,7 @@
 #include "controller/http/proto_json.h"
 #include "controller/http/static_files.h"
 #include "controller/metrics/render_metrics.h"
+#include "controller/service/agent_server.h"
 #include "controller/service/controller.h"
 #include "controller/service/grpc_services.h"
 #include "controller/service/local_launcher.h"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   options.local_workers = f.local_workers;
   options.submit_rate = f.submit_rate;
   options.submit_burst = f.submit_burst;
+  options.audit_keep = f.audit_keep;
   for (auto [flag, given, resolved] :
        {std::tuple{"--data-root", &f.data_root, &options.data_root},
         std::tuple{"--checkpoint-root", &f.checkpoint_root, &options.checkpoint_root}}) {
@@ -81,16 +83,11 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<furnace::controller::Controller> controller;
   std::unique_ptr<furnace::controller::JobServiceImpl> jobs;
-  std::unique_ptr<furnace::controller::AgentServiceImpl> agents;
+  std::unique_ptr<furnace::controller::AgentServer> agents;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(f.listen, security->credentials, &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(f.max_request_bytes));
-  // The synchronous methods' threads: gRPC's default keeps at most 2 idle pollers and ends the
-  // rest, so every burst (a step's telemetry from thousands of agents, waiting on a group commit)
-  // created and destroyed threads; more idle pollers are kept instead (bench/controlplane).
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
+  furnace::controller::ConfigureServerLimits(builder, f);
   auto c = furnace::controller::Controller::Create(options);
   if (!c.ok()) {
     std::cerr << "furnace-controller: " << c.status().message() << "\n";
@@ -98,15 +95,15 @@ int main(int argc, char** argv) {
   }
   controller = std::move(*c);
   jobs = std::make_unique<furnace::controller::JobServiceImpl>(*controller);
-  agents = std::make_unique<furnace::controller::AgentServiceImpl>(*controller);
+  agents = std::make_unique<furnace::controller::AgentServer>(*controller, builder);
   builder.RegisterService(jobs.get());
-  builder.RegisterService(agents.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "furnace-controller: cannot listen on " << f.listen
               << " (address in use or not valid)\n";
     return 1;
   }
+  agents->Start();
   spdlog::info(
       "listening on {} ({}{}; state dir {})", f.listen, security->tls ? "mutual TLS" : "plaintext",
       security->tls ? (security->tokens ? ", tokens" : ", no tokens") : "", options.state_dir);
@@ -144,7 +141,7 @@ int main(int argc, char** argv) {
     if (!started.ok()) {
       std::cerr << "furnace-controller: --metrics-listen " << f.metrics_listen << ": "
                 << started.status().message() << "\n";
-      server->Shutdown();
+      agents->Stop(*server, std::chrono::system_clock::now());
       return 1;
     }
     monitoring = std::move(*started);
@@ -190,7 +187,7 @@ int main(int argc, char** argv) {
   // jobs resume after a restart without spending their restart budget.
   controller->Shutdown(/*stopping_workers=*/launcher != nullptr);
   if (launcher) launcher->Stop(10.0);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  agents->Stop(*server, std::chrono::system_clock::now() + std::chrono::seconds(2));
   monitoring.reset();
   return 0;
 }

@@ -66,6 +66,9 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "job submissions each caller may make at once")
       ->check(CLI::Range(1.0, 1e6))
       ->capture_default_str();
+  app.add_option("--audit-keep", flags.audit_keep,
+                 "audit log entries kept (the newest; older ones are deleted); 0 keeps all")
+      ->capture_default_str();
 }
 
 }  // namespace furnace::controller

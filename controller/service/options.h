@@ -34,8 +34,9 @@ struct ControllerFlags {
   // The largest request any RPC accepts (agents push telemetry in batches of up to 1000 records;
   // a job file is at most 1 MiB).
   uint64_t max_request_bytes = uint64_t{64} << 20;
-  double submit_rate = 2.0;    // job submissions per second per caller, after the burst
-  double submit_burst = 20.0;  // submissions a caller may make at once
+  double submit_rate = 2.0;         // job submissions per second per caller, after the burst
+  double submit_burst = 20.0;       // submissions a caller may make at once
+  uint64_t audit_keep = 1'000'000;  // audit entries kept (the newest); 0: all, forever
 };
 
 // Adds --config and every option to `app`, each bound to its field of `flags` (which must

@@ -109,6 +109,24 @@ bool AllRanks(const v1::AttemptInfo& attempt, v1::RankState state) {
                      [&](const v1::RankInfo& r) { return r.state() == state; });
 }
 
+// AllRanks(attempt, RANK_STATE_RUNNING) for the job's current attempt, amortised O(1) per call
+// over a job start (Job::running_prefix).
+bool AllRunning(Job& job, const v1::AttemptInfo& attempt) {
+  if (job.running_prefix_attempt != attempt.attempt()) {
+    job.running_prefix_attempt = attempt.attempt();
+    job.running_prefix = 0;
+  }
+  const uint32_t n = static_cast<uint32_t>(attempt.ranks_size());
+  while (job.running_prefix < n &&
+         attempt.ranks(static_cast<int>(job.running_prefix)).state() == v1::RANK_STATE_RUNNING) {
+    ++job.running_prefix;
+  }
+  if (job.running_prefix < n) return false;
+  if (AllRanks(attempt, v1::RANK_STATE_RUNNING)) return true;
+  job.running_prefix = 0;  // one seen running has ended since: scan again up to it
+  return false;
+}
+
 }  // namespace
 
 void JobLifecycle::NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker) {
@@ -249,7 +267,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
     NoteRanksExited(*attempt);
     if (attempt->state() == v1::ATTEMPT_STATE_RUNNING && attempt->failed_unix() == 0) {
-      attempt->set_failed_unix(worker.info.last_seen_unix());
+      attempt->set_failed_unix(worker.seen->unix_s.load(std::memory_order_relaxed));
     }
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
@@ -283,8 +301,8 @@ void JobLifecycle::Tick() {
     }
     // Known from the store and not registered since our start: the controller was the one away,
     // so the agent gets the re-attach grace, counted from our start, whatever the job asks.
-    if (!workers_.HasSession(id)) limit = std::max(limit, options_.reattach_grace_s);
-    const double silent = now - w.last_seen_mono;
+    if (!w.seen->in_session.load()) limit = std::max(limit, options_.reattach_grace_s);
+    const double silent = now - w.seen->mono.load(std::memory_order_relaxed);
     if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
   }
   for (auto& [id, job] : jobs_) {
@@ -344,8 +362,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   w.info.set_device_memory(req.device_memory());
   w.info.set_pid(req.pid());
   w.info.set_instance_id(req.instance_id());
-  w.info.set_last_seen_unix(clock_.UnixSeconds());
-  w.last_seen_mono = clock_.MonotonicSeconds();
+  w.seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
   const bool first_since_start = !workers_.HasSession(req.worker_id());
   const std::string session = workers_.NewSession(req.worker_id(), agent_restarted);
 
@@ -470,7 +487,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
       }
       return absl::OkStatus();
     }
-    if (job.summary.state() == v1::JOB_STARTING && AllRanks(attempt, v1::RANK_STATE_RUNNING)) {
+    if (job.summary.state() == v1::JOB_STARTING && AllRunning(job, attempt)) {
       const double old_all_running = attempt.all_running_unix();
       attempt.set_all_running_unix(clock_.UnixSeconds());
       absl::Status s =

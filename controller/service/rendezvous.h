@@ -1,17 +1,38 @@
-// Rendezvous: the in-memory side of the controller's key-value store for rank processes, a thin
-// layer over one InMemoryKvStore (runtime/base/kv_store.h) per scope (job, attempt). Get blocks
-// until every asked key of its scope exists. Closing a scope (its attempt is over) ends its waits
-// and refuses it from then on, so a rank of a failed attempt can never read keys of the next one.
+// Rendezvous: the in-memory side of the controller's key-value store for rank processes, one set
+// of keys per scope (job, attempt). Waits are callbacks: a KvGet that waits for its keys holds no
+// thread (the gRPC adapter finishes the call from the callback), because at thousands of ranks a
+// thread per waiting call was thousands of threads (bench/controlplane/REPORT.md). Closing a scope
+// (its attempt is over) ends its waits and refuses it from then on, so a rank of a failed attempt
+// can never read keys of the next one.
 //
-// What it owns: the scopes' stores. Durability and the job-level fencing check (refusing a scope
-// whose attempt is not the job's running one) are the Controller's: it persists a key before Set
-// makes it visible and checks the scope before calling Get.
-// Thread-safety: every method may be called from any thread; Get waits without holding any lock
-// but its scope's own.
-// Errors: Get returns DeadlineExceeded naming the keys still missing after timeout_s, and
-// FailedPrecondition for a closed scope.
+// Two kinds of wait:
+//  - Get: every named key exists; answers their values. A waiter sleeps on the first key it still
+//    misses and only a Set of that key looks at it again, and it never re-checks keys it has seen
+//    (keys are only dropped by Close): a rendezvous of N ranks costs O(N) wake-ups, not O(N^2).
+//  - WaitIndexed: the keys <prefix>0 .. <prefix><count-1> all exist (an arrival barrier); answers
+//    how many exist and which are missing, never their values. O(1) on the wire per rank; the
+//    scope keeps, per prefix waited on, which indices exist and the first one missing, so each Set
+//    costs O(1) and wakes only the waits it completes.
+//
+// Fencing: a scope is usable only between OpenScope (the JobLifecycle opens it when its attempt
+// starts running, and again for a running attempt reloaded after a controller restart) and Close
+// (when the attempt ends, whatever the reason). So the check that a call's scope is the job's
+// running attempt needs no state mutex: KvSet and KvGet ask the rendezvous alone.
+//
+// What it owns: the scopes' keys and the waits not yet answered, and the DeadlineTimer that ends
+// them. Durability is the Controller's: it persists a key before Set makes it visible.
+// Thread-safety: every method may be called from any thread. A wait's callback is called exactly
+// once, without any lock of the rendezvous held: on the calling thread when the answer is at hand,
+// else on the thread of the Set that completes it, of Close or Shutdown, or on the timer's.
+// Errors (Get, WaitIndexed): FailedPrecondition for a scope not open (never opened, or closed;
+// also for a wait that Close ends); Unavailable once Shutdown ran (the controller is going away:
+// clients retry); Get: DeadlineExceeded naming the keys still missing after timeout_s; WaitIndexed:
+// InvalidArgument for a count above kMaxIndexedCount, and at the end of timeout_s an answer (not an
+// error) with complete false.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,30 +42,69 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/base/kv_store.h"
+#include "controller/service/deadline_timer.h"
 
 namespace furnace::controller {
 
 class Rendezvous {
  public:
   using Scope = std::pair<std::string, uint32_t>;  // (job id, attempt)
+  using Values = absl::StatusOr<std::vector<std::string>>;
 
-  // Ignored for a closed scope.
+  struct Arrivals {
+    bool complete = false;  // every key exists
+    uint32_t present = 0;   // how many of the keys exist
+    std::vector<uint32_t>
+        missing;  // the indices still missing, ascending, kMaxMissingListed at most
+  };
+  static constexpr size_t kMaxMissingListed = 256;
+  static constexpr uint32_t kMaxIndexedCount = 1u << 20;  // ranks of one attempt, at most
+  // Waits are cut to this (a client re-asks; the timer holds a closure per wait until then).
+  static constexpr double kMaxWaitS = 60.0;
+
+  Rendezvous() = default;
+  ~Rendezvous();  // Shutdown, then the timer stops
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Makes the scope usable; nothing for one closed before (a closed scope never opens again).
+  void OpenScope(const Scope& scope);
+  // FailedPrecondition unless the scope is open (see the errors above).
+  absl::Status CheckOpen(const Scope& scope);
+  // Ignored for a scope not open.
   void Set(const Scope& scope, const std::string& key, const std::string& value);
-  // Values in key order.
-  absl::StatusOr<std::vector<std::string>> Get(const Scope& scope,
-                                               const std::vector<std::string>& keys,
-                                               double timeout_s);
-  // Drops the scope's keys and wakes its waiters; the scope is refused from then on.
+  // Values in key order, once every key exists (at most timeout_s; <= 0: as they are now).
+  void Get(const Scope& scope, const std::vector<std::string>& keys, double timeout_s,
+           std::function<void(Values)> done);
+  // Once the keys <prefix>0 .. <prefix><count-1> all exist, or timeout_s has passed (<= 0: now).
+  // An index is its canonical decimal (no sign, no leading zero): "<prefix>01" is no index.
+  void WaitIndexed(const Scope& scope, const std::string& prefix, uint32_t count, double timeout_s,
+                   std::function<void(absl::StatusOr<Arrivals>)> done);
+  // Whether the key exists now (false for a scope not open).
+  bool Has(const Scope& scope, const std::string& key);
+  // Drops the scope's keys and ends its waits; the scope is refused from then on.
   void Close(const Scope& scope);
+  // Ends every wait with Unavailable and answers every later one so at once (the controller
+  // stops; ranks retry against the next one).
+  void Shutdown();
 
  private:
-  // The scope's store, created on first use; null when the scope is closed.
-  std::shared_ptr<InMemoryKvStore> Open(const Scope& scope);
+  struct KeyWait;
+  struct IndexedWait;
+  struct IndexedGroup;
+  struct ScopeState;
+  // The open scope's state; null when it is not open.
+  std::shared_ptr<ScopeState> Find(const Scope& scope);
+  // Why Find gave null.
+  absl::Status Refused(const Scope& scope);
+  // The answers of waits ended by `fail` (Close, Shutdown), to be called without the lock.
+  static std::vector<std::function<void()>> EndAll(ScopeState& state, const absl::Status& fail);
 
   std::mutex mu_;
-  std::map<Scope, std::shared_ptr<InMemoryKvStore>> scopes_;  // guarded by mu_
-  std::set<Scope> closed_;                                    // guarded by mu_
+  std::map<Scope, std::shared_ptr<ScopeState>> scopes_;  // the open ones; guarded by mu_
+  std::set<Scope> closed_;                               // guarded by mu_
+  bool shut_down_ = false;                               // guarded by mu_
+  DeadlineTimer timer_;  // last member: destroyed first, after Shutdown answered every wait
 };
 
 }  // namespace furnace::controller

@@ -67,7 +67,7 @@ void JobLifecycle::HealthCheckFailed(Job& job, const v1::RankReport& report) {
   };
   std::vector<Missing> missing;
   for (const auto& r : job.current()->ranks()) {
-    if (!rendezvous_.Get(scope, {absl::StrCat("health/arrived/", r.rank())}, 0).ok()) {
+    if (!rendezvous_.Has(scope, absl::StrCat("health/arrived/", r.rank()))) {
       missing.push_back({r.rank(), r.worker_id()});
     }
   }

@@ -73,6 +73,15 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
   return out;
 }
 
+void ConfigureServerLimits(grpc::ServerBuilder& builder, const ControllerFlags& flags) {
+  builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_request_bytes));
+  // The synchronous methods' threads (JobService; AgentService is on completion queues): gRPC's
+  // default keeps at most 2 idle pollers and ends the rest, so every burst created and destroyed
+  // threads; more idle pollers are kept instead (bench/controlplane).
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
+}
+
 std::string InsecureGaugeText(bool insecure) {
   return absl::StrCat(
       "# HELP furnace_controller_insecure 1 when the controller runs with --insecure (a "

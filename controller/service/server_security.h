@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "controller/service/options.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 
 namespace furnace::controller {
 
@@ -28,6 +29,11 @@ struct ServerSecurity {
 // Checks the listen rule and reads the files (errors name the flag and, for the rule, every flag
 // that would satisfy it). InvalidArgument on any refusal.
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags);
+
+// The gRPC server's limits from the flags: the largest request any RPC accepts
+// (--max-request-bytes; a larger one is refused with RESOURCE_EXHAUSTED before any handler runs),
+// and the threads of the synchronous JobService.
+void ConfigureServerLimits(grpc::ServerBuilder& builder, const ControllerFlags& flags);
 
 // The Prometheus lines of the furnace_controller_insecure gauge (1 when --insecure was given).
 std::string InsecureGaugeText(bool insecure);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "proto/furnace/v1/telemetry_labels.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -21,12 +22,12 @@ void TelemetryAggregator::NoteBatch(const v1::TelemetryBatch& batch) {
   telemetry_records_ += batch.records_size();
 }
 
-void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_size,
+bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_size,
                                      const v1::TelemetryRecord& rec) {
   JobSteps& job = jobs_[job_id];
   auto key = std::make_pair(rec.attempt(), rec.step());
   if (job.has_step && key <= std::make_pair(job.last_step.attempt(), job.last_step.step())) {
-    return;  // already aggregated (a straggler or a re-sent batch)
+    return false;  // already aggregated (a straggler or a re-sent batch)
   }
   PendingStep& p = job.pending_steps[key];
   const v1::StepTelemetry& t = rec.train();
@@ -104,7 +105,12 @@ void TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     FinishStep(job_id, p);
     // Older steps still pending lost a rank's record (dropped under back-pressure): drop them.
     job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
+    return true;
   }
+  if (job.pending_steps.size() > kMaxPendingSteps) {
+    job.pending_steps.erase(job.pending_steps.begin());  // the oldest never completes
+  }
+  return false;
 }
 
 void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) {
@@ -136,9 +142,12 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
   for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
   for (v1::MoeLayerSchedule schedule : p.schedules) r.add_moe_schedules(schedule);
   for (const auto& [op, sum] : p.moe_ops) *r.add_moe_ops() = sum;
-  if (absl::Status s = store_.PutStep(job_id, r); !s.ok()) {
-    spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
-  }
+  // Written by the group commit, not under the caller's state mutex (an fsync).
+  commit_.Submit([this, job_id, r] { return store_.PutStep(job_id, r); },
+                 [job_id, step = r.step()](absl::Status s) {
+                   if (!s.ok())
+                     spdlog::warn("job {}: step {} not stored: {}", job_id, step, s.ToString());
+                 });
   CountStep(job_id, r);
 }
 
@@ -164,35 +173,61 @@ void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRec
   job.goodput.AddStep(r);
 }
 
-std::vector<std::string> TelemetryAggregator::TrimDue(const std::set<std::string>& touched,
-                                                      size_t added) {
-  // Retention: raw per-rank records are for recent detail; steps keep the history.
-  constexpr uint64_t kTrimEvery = 1000;
-  std::vector<std::string> due;
-  for (const auto& id : touched) {
+bool TelemetryAggregator::KeepRaw(const v1::TelemetryRecord& rec, uint32_t world) {
+  if (!rec.has_train() || rec.rank() == 0 || rec.has_startup() || !rec.message().empty()) {
+    return true;
+  }
+  const uint64_t stride = std::max<uint64_t>(1, (uint64_t{world} + kRawPerStep - 1) / kRawPerStep);
+  return (rec.step() + rec.rank()) % stride == 0;
+}
+
+int TelemetryAggregator::RawRecordsKept(uint32_t world) {
+  return static_cast<int>(std::max<uint64_t>(5000, 2 * uint64_t{world}));
+}
+
+std::vector<TelemetryAggregator::Trim> TelemetryAggregator::TrimDue(
+    const std::map<std::string, uint32_t>& jobs, size_t added) {
+  constexpr uint64_t kTrimEvery = 1000;  // records added between trims of a job
+  std::vector<Trim> due;
+  for (const auto& [id, world] : jobs) {
     JobSteps& job = jobs_[id];
     job.records_since_trim += added;
     if (job.records_since_trim >= kTrimEvery) {
       job.records_since_trim = 0;
-      due.push_back(id);
+      due.push_back({id, RawRecordsKept(world)});
     }
   }
   return due;
 }
 
-absl::Status TelemetryAggregator::Store(const std::vector<v1::TelemetryRecord>& records,
-                                        const std::vector<std::string>& trim) {
-  constexpr int kKeepRecords = 5000;
-  if (records.empty() && trim.empty()) return absl::OkStatus();
-  return commit_.Run([&]() -> absl::Status {
-    RETURN_IF_ERROR(store_.AddTelemetry(records));
-    for (const auto& rec : records) {
-      if (rec.rank() != 0) continue;
-      for (const auto& c : rec.comm()) RETURN_IF_ERROR(store_.PutCommResult(rec.job_id(), c));
-    }
-    for (const auto& id : trim) RETURN_IF_ERROR(store_.TrimTelemetry(id, kKeepRecords));
-    return absl::OkStatus();
-  });
+void TelemetryAggregator::Store(std::vector<v1::TelemetryRecord> records, std::vector<Trim> trim,
+                                bool after_steps, std::function<void(absl::Status)> done) {
+  if (records.empty() && trim.empty() && !after_steps) {
+    done(absl::OkStatus());
+    return;
+  }
+  if (!records.empty() && commit_.queued() >= kMaxQueuedWrites) {
+    done(absl::ResourceExhaustedError(
+        absl::StrCat(records.size(), " raw telemetry record(s) dropped: ", commit_.queued(),
+                     " writes are waiting for the disk")));
+    return;
+  }
+  commit_.Submit(
+      [this, records = std::move(records), trim = std::move(trim)]() -> absl::Status {
+        RETURN_IF_ERROR(store_.AddTelemetry(records));
+        for (const auto& rec : records) {
+          if (rec.rank() != 0) continue;
+          for (const auto& c : rec.comm()) RETURN_IF_ERROR(store_.PutCommResult(rec.job_id(), c));
+        }
+        for (const Trim& t : trim) RETURN_IF_ERROR(store_.TrimTelemetry(t.job_id, t.keep));
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
+size_t TelemetryAggregator::PendingSteps(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? 0 : it->second.pending_steps.size();
 }
 
 void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {

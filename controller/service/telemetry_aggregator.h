@@ -2,18 +2,31 @@
 // into one StepRecord per training step (once every rank of the attempt reported it), keeps the
 // job's running totals for monitoring, and writes raw records and steps to the JobStore.
 //
+// What is kept (bench/controlplane/REPORT.md: at 12,288 ranks a step is 12,288 records):
+//  - every aggregated step, for the life of the job (JobStore job_steps: dashboards, reports);
+//  - raw per-rank records (JobStore telemetry), a bounded sample: every record that is not a
+//    step's routine telemetry (phases, start-up points, final words, commcheck results), rank 0's
+//    every step (`furnace status` shows its newest), and of the other ranks about kRawPerStep
+//    records per step: rank r's record of step s when (s + r) % stride == 0, stride =
+//    ceil(world / kRawPerStep), so every rank is sampled every `stride` steps. The newest
+//    RawRecordsKept(world) = max(5000, 2 * world) rows per job stay: every rank's last sample;
+//  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks (the oldest are
+//    dropped: a rank whose record never comes must not grow the controller), and the totals.
+//
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
 // seconds), and the goodput ledger (controller/store/goodput.h), fed every aggregated step and
 // rebuilt from the stored steps at start; the counters of records received and dropped by agents.
 // Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
-// Controller calls them holding its state mutex); Store only writes to the JobStore (thread-safe
-// on its own) and is called without that mutex, so bulk inserts never block other RPCs.
+// Controller calls them holding its state mutex); Store only queues writes and may be called
+// without it. Every write (raw records, steps) goes through the group commit's thread, so no
+// insert or fsync happens under the state mutex.
 // Errors: a step that cannot be stored is logged and still counted (the dashboards lose a point,
 // training goes on); Store returns the store's error, and the agent re-sends the batch.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,18 +51,34 @@ class TelemetryAggregator {
 
   // Counts a batch's records and the records its agent reports having dropped.
   void NoteBatch(const furnace::v1::TelemetryBatch& batch);
-  // One rank's record of a training step of a job whose attempts have `world_size` ranks.
-  void Accumulate(const std::string& job_id, uint32_t world_size,
+  // One rank's record of a training step of a job whose attempts have `world_size` ranks. True
+  // when it completed the step (its StepRecord is queued for the store, ahead of what Store queues
+  // next).
+  bool Accumulate(const std::string& job_id, uint32_t world_size,
                   const furnace::v1::TelemetryRecord& record);
   // Adds an aggregated step to the job's totals (also used to rebuild them at start).
   void CountStep(const std::string& job_id, const furnace::v1::StepRecord& step);
-  // The jobs among `touched` whose raw records are due for trimming after `added` more.
-  std::vector<std::string> TrimDue(const std::set<std::string>& touched, size_t added);
-  // Writes raw records (and rank 0's commcheck results), then trims `trim`; returns once they are
-  // committed. Group commit (controller/store/group_commit.h): thousands of agents pushing a
-  // step's records cost a few transactions, not one each.
-  absl::Status Store(const std::vector<furnace::v1::TelemetryRecord>& records,
-                     const std::vector<std::string>& trim);
+  // Whether the record is written raw (see the file comment); the others only feed the steps.
+  static constexpr uint32_t kRawPerStep = 256;
+  static constexpr size_t kMaxPendingSteps = 64;
+  // Raw records are written behind; past this many writes waiting for the disk, more are dropped
+  // (ResourceExhausted to Store's callback), so a slow disk cannot grow the controller's memory.
+  static constexpr size_t kMaxQueuedWrites = 4096;
+  static bool KeepRaw(const furnace::v1::TelemetryRecord& record, uint32_t world_size);
+  static int RawRecordsKept(uint32_t world_size);
+  // The jobs (id -> world size) whose raw records are due for trimming after `added` more.
+  struct Trim {
+    std::string job_id;
+    int keep = 0;
+  };
+  std::vector<Trim> TrimDue(const std::map<std::string, uint32_t>& jobs, size_t added);
+  // Writes raw records (and rank 0's commcheck results), then trims; `done` gets the status once
+  // they are committed (on the group commit's thread), or at once when there is nothing to write
+  // and `after_steps` is false (with it, after the steps Accumulate queued before are committed).
+  // Group commit (controller/store/group_commit.h): thousands of agents pushing a step's records
+  // cost a few transactions, not one each.
+  void Store(std::vector<furnace::v1::TelemetryRecord> records, std::vector<Trim> trim,
+             bool after_steps, std::function<void(absl::Status)> done);
   // The job's step fields of its metrics.
   void Fill(const std::string& job_id, JobMetrics& metrics) const;
   // The job's newest held-out evaluation (eval.every), if any ran.
@@ -64,6 +93,8 @@ class TelemetryAggregator {
                                              const std::vector<furnace::v1::AttemptInfo>& attempts,
                                              double now_unix, const ClusterFailureRate& cluster,
                                              int ranks) const;
+  // Steps of the job still waiting for ranks (at most kMaxPendingSteps).
+  size_t PendingSteps(const std::string& job_id) const;
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 

@@ -29,9 +29,11 @@ WorkerRegistry::WorkerRegistry(JobStore& store, const Clock& clock)
 void WorkerRegistry::Load(std::vector<v1::WorkerInfo> workers) {
   const double now = clock_.MonotonicSeconds();
   for (auto& info : workers) {
-    Worker& w = workers_[info.worker_id()];
+    const std::string id = info.worker_id();
+    Worker& w = FindOrAdd(id);
+    const double last_unix = info.last_seen_unix();
     w.info = std::move(info);
-    w.last_seen_mono = now;
+    w.seen->Set(now, last_unix);
     w.has_rank = false;
     w.info.clear_job_id();
     w.info.set_rank(0);
@@ -43,10 +45,45 @@ Worker* WorkerRegistry::Find(const std::string& worker_id) {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
-Worker& WorkerRegistry::FindOrAdd(const std::string& worker_id) { return workers_[worker_id]; }
+Worker& WorkerRegistry::FindOrAdd(const std::string& worker_id) {
+  Worker& w = workers_[worker_id];
+  if (!w.seen) w.seen = MailboxOf(worker_id).seen;
+  return w;
+}
+
+v1::WorkerInfo WorkerRegistry::Info(const Worker& w) {
+  v1::WorkerInfo info = w.info;
+  info.set_last_seen_unix(w.seen->unix_s.load(std::memory_order_relaxed));
+  return info;
+}
+
+WorkerRegistry::Mailbox* WorkerRegistry::FindMailbox(const std::string& worker_id) const {
+  std::shared_lock<std::shared_mutex> lock(mail_mu_);
+  auto it = mail_.find(worker_id);
+  return it == mail_.end() ? nullptr : const_cast<Mailbox*>(&it->second);
+}
+
+WorkerRegistry::Mailbox& WorkerRegistry::MailboxOf(const std::string& worker_id) {
+  if (Mailbox* box = FindMailbox(worker_id)) return *box;
+  std::unique_lock<std::shared_mutex> lock(mail_mu_);
+  return mail_[worker_id];  // std::map: constructed in place, never moved
+}
 
 void WorkerRegistry::Touch(const std::string& worker_id) {
-  if (Worker* w = Find(worker_id)) w->last_seen_mono = clock_.MonotonicSeconds();
+  if (Mailbox* box = FindMailbox(worker_id)) {
+    box->seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
+  }
+}
+
+bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& session_id) {
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return false;
+  {
+    std::lock_guard<std::mutex> lock(box->mu);
+    if (box->session_id.empty() || box->session_id != session_id) return false;
+  }
+  box->seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
+  return true;
 }
 
 uint32_t WorkerRegistry::CountUsable(const std::string& device_kind) const {
@@ -60,8 +97,9 @@ uint32_t WorkerRegistry::CountUsable(const std::string& device_kind) const {
 std::vector<WorkerSlot> WorkerRegistry::Slots() const {
   std::vector<WorkerSlot> slots;
   for (const auto& [id, w] : workers_) {
-    slots.push_back({id, w.info.host(), w.info.slot(), w.info.device_kind(),
-                     w.info.state() == v1::WORKER_STATE_READY && !w.has_rank && HasSession(id)});
+    slots.push_back(
+        {id, w.info.host(), w.info.slot(), w.info.device_kind(),
+         w.info.state() == v1::WORKER_STATE_READY && !w.has_rank && w.seen->in_session.load()});
   }
   return slots;
 }
@@ -118,7 +156,7 @@ void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
   if (dirty_.empty()) return;
   std::vector<v1::WorkerInfo> copies;
   for (const auto& id : dirty_) {
-    if (const Worker* w = Find(id)) copies.push_back(w->info);
+    if (const Worker* w = Find(id)) copies.push_back(Info(*w));
   }
   std::set<std::string> ids = std::move(dirty_);
   dirty_.clear();
@@ -135,54 +173,57 @@ void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
 }
 
 std::string WorkerRegistry::NewSession(const std::string& worker_id, bool drop_commands) {
+  Mailbox& box = MailboxOf(worker_id);
   Wake wake;
-  std::string session;
+  std::string session = absl::StrCat(instance_id_, "-", ++session_counter_);
   {
-    std::lock_guard<std::mutex> lock(mail_mu_);
-    Mailbox& box = mail_[worker_id];
-    box.session_id = absl::StrCat(instance_id_, "-", ++session_counter_);
+    std::lock_guard<std::mutex> lock(box.mu);
+    box.session_id = session;
+    box.seen->in_session = true;
     if (drop_commands) box.commands.clear();
     box.cv.notify_all();  // an older command stream of this worker ends
     wake = std::move(box.wake);
     box.wake = nullptr;
-    session = box.session_id;
   }
   CallWake(std::move(wake));
   return session;
 }
 
 void WorkerRegistry::EndSession(const std::string& worker_id) {
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return;
   Wake wake;
   {
-    std::lock_guard<std::mutex> lock(mail_mu_);
-    auto it = mail_.find(worker_id);
-    if (it == mail_.end()) return;
-    it->second.session_id.clear();
-    it->second.commands.clear();
-    it->second.cv.notify_all();
-    wake = std::move(it->second.wake);
-    it->second.wake = nullptr;
+    std::lock_guard<std::mutex> lock(box->mu);
+    box->session_id.clear();
+    box->seen->in_session = false;
+    box->commands.clear();
+    box->cv.notify_all();
+    wake = std::move(box->wake);
+    box->wake = nullptr;
   }
   CallWake(std::move(wake));
 }
 
 bool WorkerRegistry::HasSession(const std::string& worker_id) const {
-  std::lock_guard<std::mutex> lock(mail_mu_);
-  auto it = mail_.find(worker_id);
-  return it != mail_.end() && !it->second.session_id.empty();
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return false;
+  std::lock_guard<std::mutex> lock(box->mu);
+  return !box->session_id.empty();
 }
 
 bool WorkerRegistry::IsSession(const std::string& worker_id, const std::string& session_id) const {
-  std::lock_guard<std::mutex> lock(mail_mu_);
-  auto it = mail_.find(worker_id);
-  return it != mail_.end() && !it->second.session_id.empty() && it->second.session_id == session_id;
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return false;
+  std::lock_guard<std::mutex> lock(box->mu);
+  return !box->session_id.empty() && box->session_id == session_id;
 }
 
 void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand command) {
+  Mailbox& box = MailboxOf(worker_id);
   Wake wake;
   {
-    std::lock_guard<std::mutex> lock(mail_mu_);
-    Mailbox& box = mail_[worker_id];
+    std::lock_guard<std::mutex> lock(box.mu);
     box.commands.push_back(std::move(command));
     box.cv.notify_all();
     wake = std::move(box.wake);
@@ -193,52 +234,52 @@ void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand comm
 
 absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::TakeCommands(
     const std::string& worker_id, const std::string& session_id, Wake wake) {
-  std::lock_guard<std::mutex> lock(mail_mu_);
-  auto it = mail_.find(worker_id);
-  if (it == mail_.end() || it->second.session_id != session_id) {
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return absl::FailedPreconditionError("stale worker session: register again");
+  std::lock_guard<std::mutex> lock(box->mu);
+  if (box->session_id != session_id) {
     return absl::FailedPreconditionError("stale worker session: register again");
   }
-  Mailbox& box = it->second;
-  std::vector<v1::AgentCommand> out(box.commands.begin(), box.commands.end());
-  box.commands.clear();
-  box.wake = out.empty() ? std::move(wake) : nullptr;
+  std::vector<v1::AgentCommand> out(box->commands.begin(), box->commands.end());
+  box->commands.clear();
+  box->wake = out.empty() ? std::move(wake) : nullptr;
   return out;
 }
 
 absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
     const std::string& worker_id, const std::string& session_id, double wait_s) {
-  std::unique_lock<std::mutex> lock(mail_mu_);
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return absl::FailedPreconditionError("stale worker session: register again");
+  std::unique_lock<std::mutex> lock(box->mu);
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(wait_s));
   while (true) {
-    auto it = mail_.find(worker_id);
-    if (it == mail_.end() || it->second.session_id != session_id) {
+    if (box->session_id != session_id) {
       return absl::FailedPreconditionError("stale worker session: register again");
     }
-    Mailbox& box = it->second;
-    if (!box.commands.empty()) {
-      std::vector<v1::AgentCommand> out(box.commands.begin(), box.commands.end());
-      box.commands.clear();
+    if (!box->commands.empty()) {
+      std::vector<v1::AgentCommand> out(box->commands.begin(), box->commands.end());
+      box->commands.clear();
       return out;
     }
-    if (box.cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (box->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
       return std::vector<v1::AgentCommand>();
     }
   }
 }
 
 void WorkerRegistry::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
+  Mailbox* box = FindMailbox(worker_id);
+  if (box == nullptr) return;
   Wake wake;
   {
-    std::lock_guard<std::mutex> lock(mail_mu_);
-    auto it = mail_.find(worker_id);
-    if (it == mail_.end()) return;
+    std::lock_guard<std::mutex> lock(box->mu);
     for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
-      it->second.commands.push_front(std::move(*c));
+      box->commands.push_front(std::move(*c));
     }
-    wake = std::move(it->second.wake);
-    it->second.wake = nullptr;
+    wake = std::move(box->wake);
+    box->wake = nullptr;
   }
   CallWake(std::move(wake));
 }

@@ -9,17 +9,22 @@
 // mutex for minutes (bench/controlplane/REPORT.md).
 //
 // Threading: two halves.
-//  - The records (Find, FindOrAdd, workers(), Assign, Free, MarkLost, Touch, Slots, Flush...) are
+//  - The records (Find, FindOrAdd, workers(), Assign, Free, MarkLost, Slots, Flush...) are
 //    externally synchronised: only the Controller calls them, holding its state mutex, because
 //    they change together with the jobs' ranks.
-//  - Sessions and queues (NewSession, EndSession, HasSession, Enqueue, NextCommands, Requeue) are
-//    guarded by the registry's own mutex, so an agent's long poll (NextCommands) never holds or
-//    waits for the controller's state mutex. Lock order: state mutex, then the queue mutex.
+//  - Sessions, liveness and queues (NewSession, EndSession, HasSession, Beat, Touch, Enqueue,
+//    NextCommands, TakeCommands, Requeue) never need the state mutex: a heartbeat or an agent's
+//    command stream must not wait behind a job's transition (bench/controlplane/REPORT.md). They
+//    are sharded by worker: a shared lock on the map of mailboxes (exclusive only to add a worker
+//    never seen), then the worker's own mailbox mutex; the time a worker was last heard from is an
+//    atomic (Liveness) that the records read. Lock order: state mutex, then the map's, then a
+//    mailbox's.
 // Errors: a failed write of worker records is logged and retried at the next Flush: the record is
 // advisory (the attempts say which worker holds which rank, and a restarted controller rebuilds
 // the rest from them and from the agents' re-registration).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -39,10 +45,23 @@
 
 namespace furnace::controller {
 
+// When a worker was last heard from: written by its heartbeats and other calls without the state
+// mutex, read by failure detection under it.
+struct Liveness {
+  std::atomic<double> mono{0};
+  std::atomic<double> unix_s{0};
+  // The worker has a session (HasSession), readable from its record without the map's lock.
+  std::atomic<bool> in_session{false};
+  void Set(double mono_s, double unix_time) {
+    mono.store(mono_s, std::memory_order_relaxed);
+    unix_s.store(unix_time, std::memory_order_relaxed);
+  }
+};
+
 struct Worker {
-  furnace::v1::WorkerInfo info;
-  double last_seen_mono = 0;
-  bool has_rank = false;  // info.job_id()/rank() and attempt name it
+  furnace::v1::WorkerInfo info;    // info.last_seen_unix is filled in from `seen` when copied out
+  std::shared_ptr<Liveness> seen;  // never null (FindOrAdd, Load); shared with its mailbox
+  bool has_rank = false;           // info.job_id()/rank() and attempt name it
   uint32_t attempt = 0;
 };
 
@@ -58,8 +77,8 @@ class WorkerRegistry {
   Worker& FindOrAdd(const std::string& worker_id);
   std::map<std::string, Worker>& workers() { return workers_; }
   const std::map<std::string, Worker>& workers() const { return workers_; }
-  // Heard from the worker (any RPC): its silence starts again.
-  void Touch(const std::string& worker_id);
+  // The record as `furnace workers` shows it (with the time it was last heard from).
+  static furnace::v1::WorkerInfo Info(const Worker& worker);
   // Workers of a device kind that are not lost.
   uint32_t CountUsable(const std::string& device_kind) const;
   // Every worker as placement sees it (free: ready, no rank, registered in this run).
@@ -88,7 +107,12 @@ class WorkerRegistry {
   // follows (a placement's, before its start commands go out).
   void FlushNow();
 
-  // --- Sessions and command queues (thread-safe) --------------------------------------------
+  // --- Sessions, liveness and command queues (thread-safe, no state mutex needed) -------------
+  // Heard from the worker (any RPC): its silence starts again. Nothing for a worker never seen.
+  void Touch(const std::string& worker_id);
+  // A heartbeat: when `session_id` is the worker's current session, records it as heard from now
+  // and returns true; false otherwise (the agent must register again).
+  bool Beat(const std::string& worker_id, const std::string& session_id);
   // Starts a new session for the worker (ending any older command stream), optionally dropping
   // the commands queued for the old agent process; returns the session id.
   std::string NewSession(const std::string& worker_id, bool drop_commands);
@@ -104,7 +128,7 @@ class WorkerRegistry {
                                                                       double wait_s);
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
-  // NextCommands without waiting, for a stream that must not hold a thread (the callback API):
+  // NextCommands without waiting, for a stream that must not hold a thread (agent_server.cc):
   // the queued commands, or none and `wake` is kept, to be called (once, without the registry's
   // lock held) when a command is queued or the session changes or ends. A later call replaces it.
   // FailedPrecondition when the session is not the worker's current one.
@@ -115,27 +139,33 @@ class WorkerRegistry {
 
  private:
   struct Mailbox {
+    std::mutex mu;           // guards the fields below (liveness is atomic)
     std::string session_id;  // empty until it registers with this controller run (or when lost)
     std::deque<furnace::v1::AgentCommand> commands;
     // The worker's command stream waits here: a command or a session change wakes that worker's
     // stream only (thousands of streams wait at once; one shared variable woke them all).
     std::condition_variable cv;
     Wake wake;  // TakeCommands' waiting stream, if any
+    const std::shared_ptr<Liveness> seen = std::make_shared<Liveness>();
   };
-  // Calls the mailbox's Wake (taken out under mail_mu_, called after it is released).
+  // Calls the mailbox's Wake (taken out under its mutex, called after it is released).
   static void CallWake(Wake wake) {
     if (wake) wake();
   }
+  // The worker's mailbox, or null when it has none (shared lock on the map).
+  Mailbox* FindMailbox(const std::string& worker_id) const;
+  // The worker's mailbox, created when missing (exclusive lock on the map for that).
+  Mailbox& MailboxOf(const std::string& worker_id);
 
   JobStore& store_;
   const Clock& clock_;
   std::map<std::string, Worker> workers_;  // guarded by the caller's state mutex
   std::set<std::string> dirty_;            // records not written yet; guarded likewise
 
-  mutable std::mutex mail_mu_;
-  std::map<std::string, Mailbox> mail_;  // guarded by mail_mu_; entries are never erased
+  mutable std::shared_mutex mail_mu_;    // guards the map's structure; each Mailbox guards itself
+  std::map<std::string, Mailbox> mail_;  // entries are never erased (pointers to them stay valid)
   const std::string instance_id_;        // distinguishes sessions across controller restarts
-  uint64_t session_counter_ = 0;         // guarded by mail_mu_
+  std::atomic<uint64_t> session_counter_{0};
 };
 
 }  // namespace furnace::controller

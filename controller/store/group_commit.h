@@ -1,18 +1,24 @@
-// GroupCommit: many threads' small writes to the JobStore in few transactions. A caller's writes
-// run inside a transaction shared with every call that arrived while the previous one was being
-// committed; the call returns once that transaction is committed (so a reply sent after it still
-// promises durability). At thousands of agents this turns a step's telemetry batches, or a job
-// start's rendezvous keys, from thousands of commits (each an fsync under synchronous=FULL, ~10 ms
-// on a plain disk) into a few (bench/controlplane/REPORT.md).
+// GroupCommit: many callers' small writes to the JobStore in few transactions, written by a thread
+// of its own. A write runs inside a transaction shared with every write queued while the previous
+// transaction was being committed; its callback is called once that transaction is committed (so
+// a reply sent from it still promises durability). At thousands of agents this turns a step's
+// telemetry batches, or a job start's rendezvous keys, from thousands of commits (each an fsync
+// under synchronous=FULL, ~10 ms on a plain disk) into a few, and no caller's thread waits for
+// the disk: an asynchronous RPC finishes from the callback
+// (bench/controlplane/REPORT.md).
 //
-// Threading: Run may be called from any thread; the caller that finds no commit in progress
-// writes the waiting batch, the others wait for it. Errors: a failed write or commit rolls the
-// transaction back and fails every call in it (each caller's client retries).
+// What it owns: the committer thread and the writes queued for it.
+// Threading: Submit and Run may be called from any thread (not from a callback: Run would wait on
+// itself). Writes run on the committer thread, in the order they were queued, one transaction at a
+// time; callbacks run there too, after the commit, in queue order.
+// Errors: a failed write or commit rolls the transaction back and fails every write in it (each
+// caller's client retries). Destruction commits what is queued, then stops.
 #pragma once
 
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,23 +28,37 @@ namespace furnace::controller {
 
 class GroupCommit {
  public:
-  explicit GroupCommit(JobStore& store) : store_(store) {}
+  using Write = std::function<absl::Status()>;  // calls on the store
+  using Done = std::function<void(absl::Status)>;
 
-  // Runs `write` (calls on the store) in a shared transaction; its status, or the commit's.
-  absl::Status Run(const std::function<absl::Status()>& write);
+  explicit GroupCommit(JobStore& store);
+  ~GroupCommit();
+  GroupCommit(const GroupCommit&) = delete;
+  GroupCommit& operator=(const GroupCommit&) = delete;
+
+  // Queues `write`; `done` gets its status, or its transaction's.
+  void Submit(Write write, Done done);
+  // Submit and wait for it.
+  absl::Status Run(Write write);
+  // Transactions run so far (committed or rolled back), for tests.
+  uint64_t commits() const;
+  // Writes queued and not yet started (a write-behind caller bounds its backlog with it).
+  size_t queued() const;
 
  private:
   struct Pending {
-    const std::function<absl::Status()>* write;
-    absl::Status status;
-    bool done = false;
+    Write write;
+    Done done;
   };
+  void Loop();
 
   JobStore& store_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Pending*> waiting_;  // guarded by mu_
-  bool committing_ = false;        // a caller is writing a batch; guarded by mu_
+  std::vector<Pending> queue_;  // guarded by mu_
+  bool stopping_ = false;       // guarded by mu_
+  uint64_t commits_ = 0;        // guarded by mu_
+  std::thread thread_;          // last: starts once the rest exists
 };
 
 }  // namespace furnace::controller

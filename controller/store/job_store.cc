@@ -187,6 +187,12 @@ absl::Status JobStore::AddAudit(const v1::AuditEvent& event) {
   return q.BindText(1, event.job_id()).Bind(2, event.SerializeAsString()).Run();
 }
 
+absl::Status JobStore::TrimAudit(uint64_t keep) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Statement q(db_, "DELETE FROM audit WHERE id <= (SELECT MAX(id) FROM audit) - ?1");
+  return q.Bind(1, static_cast<int64_t>(keep)).Run();
+}
+
 absl::StatusOr<std::vector<v1::AuditEvent>> JobStore::LoadAudit(const std::string& job_id,
                                                                 int limit) {
   std::lock_guard<std::recursive_mutex> lock(mu_);

@@ -61,8 +61,10 @@ class JobStore {
                                                                 int limit);
 
   // The audit log: every state-changing JobService call, accepted or refused (who, when, what,
-  // the job, the outcome). Kept for the life of the store; ids increase in recording order.
+  // the job, the outcome). Ids increase in recording order; TrimAudit keeps the newest.
   absl::Status AddAudit(const furnace::v1::AuditEvent& event);
+  // Deletes all but the newest `keep` entries.
+  absl::Status TrimAudit(uint64_t keep);
   // The newest `limit` entries (of `job_id`; empty: of every job), oldest first, with their ids.
   absl::StatusOr<std::vector<furnace::v1::AuditEvent>> LoadAudit(const std::string& job_id,
                                                                  int limit);

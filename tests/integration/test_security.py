@@ -69,6 +69,31 @@ class SecurityTest(harness.ClusterTest):
             rogue.wait(timeout=30)
 
 
+    def test_the_cli_says_when_the_tls_handshake_failed(self):
+        c = self.cluster
+        other = os.path.join(c.state, "cli-other-ca")
+        subprocess.run([os.path.join(harness.BIN_DIR, "furnace"), "certs", "init", other],
+                       check=True, capture_output=True, timeout=60)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FURNACE_")}
+
+        def furnace(*flags):
+            return subprocess.run([os.path.join(harness.BIN_DIR, "furnace"), "--controller",
+                                   c.addr, *flags, "jobs"], capture_output=True, text=True,
+                                  timeout=60, env=env)
+
+        # Another CA: the handshake fails, and the CLI says so instead of "cannot reach".
+        r = furnace("--tls-ca", f"{other}/ca.pem", "--token-file", f"{c.certs}/admin.token")
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn(f"TLS handshake with the controller at {c.addr} failed: its certificate is "
+                      "not signed by the CA given", r.stderr)
+        self.assertNotIn("cannot reach", r.stderr)
+        # Plaintext to a TLS controller: it closes the connection; the CLI points at --tls-ca.
+        r = furnace()
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("closed the connection before answering", r.stderr)
+        self.assertIn("--tls-ca", r.stderr)
+
+
 class ListenRuleTest(harness.unittest.TestCase):
     def run_controller(self, *flags, timeout=30):
         state = tempfile.mkdtemp(prefix="furnace-it-listen-")

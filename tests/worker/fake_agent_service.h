@@ -112,6 +112,22 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(request->timeout_s()));
+    if (request->indexed_count() > 0) {  // an arrival barrier: answers what is missing
+      while (true) {
+        response->Clear();
+        for (uint32_t i = 0; i < request->indexed_count(); ++i) {
+          const std::string key = request->indexed_prefix() + std::to_string(i);
+          if (kv.count(Key(request->scope(), key))) {
+            response->set_present(response->present() + 1);
+          } else {
+            response->add_missing(i);
+          }
+        }
+        response->set_complete(response->missing_size() == 0);
+        if (response->complete() || cv.wait_until(lock, until) == std::cv_status::timeout) break;
+      }
+      return grpc::Status::OK;
+    }
     std::string missing;
     while (true) {
       missing.clear();

@@ -68,14 +68,38 @@ TEST(GrpcKvStoreTest, GetTimesOutNamingTheMissingKeys) {
   EXPECT_LT(Now() - start, 2.0);
 }
 
+TEST(GrpcKvStoreTest, WaitIndexedWaitsForEveryIndexAndSaysWhoIsMissing) {
+  testing::FakeController controller;
+  GrpcKvStore store(controller.NewStub(), Scope(1));
+  ASSERT_TRUE(store.Set("arrived/0", "1").ok());
+  ASSERT_TRUE(store.Set("arrived/2", "1").ok());
+  absl::StatusOr<GrpcKvStore::Arrivals> partial = store.WaitIndexed("arrived/", 4, 0.2);
+  ASSERT_TRUE(partial.ok()) << partial.status();  // the end of the wait is an answer
+  EXPECT_FALSE(partial->complete);
+  EXPECT_EQ(partial->present, 2u);
+  EXPECT_THAT(partial->missing, ElementsAre(1u, 3u));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(store.Set("arrived/1", "1").ok());
+    EXPECT_TRUE(store.Set("arrived/3", "1").ok());
+  });
+  absl::StatusOr<GrpcKvStore::Arrivals> all = store.WaitIndexed("arrived/", 4, 5.0);
+  setter.join();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->complete);
+  EXPECT_EQ(all->present, 4u);
+  EXPECT_TRUE(all->missing.empty());
+}
+
 TEST(GrpcKvStoreTest, FencedAttemptIsNotRetried) {
   testing::FakeController controller;
   controller.service.min_attempt = 2;
   GrpcKvStore store(controller.NewStub(), Scope(1));
   EXPECT_EQ(store.Set("a", "1").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store.Get({"a"}, 5.0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.WaitIndexed("a/", 2, 5.0).status().code(), absl::StatusCode::kFailedPrecondition);
   std::lock_guard<std::mutex> lock(controller.service.mu);
-  EXPECT_EQ(controller.service.kv_calls, 2);
+  EXPECT_EQ(controller.service.kv_calls, 3);
 }
 
 TEST(GrpcKvStoreTest, UnavailableIsRetried) {

@@ -49,6 +49,33 @@ TEST(ExitCodesTest, GrpcMessages) {
                 .message(),
             "cannot reach the controller at 10.0.0.1:7070 (is furnace-controller running? pass "
             "--controller)");
+  // A connection that failed in its TLS handshake says so, and why (gRPC 1.51's wording).
+  const auto unreachable = [&](const std::string& why) {
+    return std::string(
+        FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "failed to connect to all addresses; last error: UNKNOWN: "
+                                    "ipv4:10.0.0.1:7070: " +
+                                        why),
+                       "ListJobs", addr)
+            .message());
+  };
+  EXPECT_EQ(unreachable("Ssl handshake failed: SSL_ERROR_SSL: error:0A000086:SSL "
+                        "routines::certificate verify failed"),
+            "TLS handshake with the controller at 10.0.0.1:7070 failed: its certificate is not "
+            "signed by the CA given (--tls-ca or FURNACE_TLS_CA) (Ssl handshake failed: "
+            "SSL_ERROR_SSL: error:0A000086:SSL routines::certificate verify failed)");
+  EXPECT_EQ(unreachable("Ssl handshake failed: SSL_ERROR_SSL: error:0A00010B:SSL "
+                        "routines::wrong version number"),
+            "TLS handshake with the controller at 10.0.0.1:7070 failed: it does not speak TLS (a "
+            "plaintext controller: drop --tls-ca and FURNACE_TLS_CA, or start it with "
+            "--tls-cert/--tls-key/--tls-ca) (Ssl handshake failed: SSL_ERROR_SSL: "
+            "error:0A00010B:SSL routines::wrong version number)");
+  EXPECT_EQ(unreachable("Socket closed"),
+            "the controller at 10.0.0.1:7070 closed the connection before answering (one that "
+            "runs with TLS needs --tls-ca or FURNACE_TLS_CA) (Socket closed)");
+  EXPECT_EQ(unreachable("Failed to connect to remote host: Connection refused"),
+            "cannot reach the controller at 10.0.0.1:7070 (is furnace-controller running? pass "
+            "--controller)");
   // The controller's validation report reaches the user unchanged.
   EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                         "job.yaml:3: parallel.dp: 0 is not allowed"),

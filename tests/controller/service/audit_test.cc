@@ -110,6 +110,19 @@ TEST_F(AuditTest, SubmissionsOverTheRateAreRefusedAndRecorded) {
   EXPECT_EQ(c_->ListJobs().size(), 4u);  // the refused one left no job
 }
 
+TEST_F(AuditTest, RetentionKeepsTheNewestEntries) {
+  Start([](ControllerOptions& o) { o.audit_keep = 150; });
+  // Refused submissions are recorded too (the rate limit refuses most of them).
+  for (int i = 0; i < 300; ++i) {
+    (void)c_->SubmitAs("mallory", "name: t\nkind: nope\n", "f" + std::to_string(i) + ".yaml");
+  }
+  v1::ListAuditEventsResponse all = List("", 10000);
+  // Trimmed every Controller::kAuditTrimEvery entries: after the 300th exactly the newest 150.
+  ASSERT_EQ(all.events_size(), 150);
+  EXPECT_EQ(all.events(149).id() - all.events(0).id(), 149u);
+  EXPECT_EQ(all.events(149).id(), 300u);
+}
+
 TEST_F(AuditTest, InvalidBytesInWhatIsRecordedAreReplaced) {
   Start();
   ASSERT_FALSE(c_->SubmitAs("peer\xFF", "name: t\nkind: \xFE\n", "f\xFF.yaml").ok());

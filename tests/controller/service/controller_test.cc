@@ -131,6 +131,8 @@ class ControllerTest : public ::testing::Test {
   void FailJobWrites(bool fail) {
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
+    // The controller writes records behind on a thread of its own: wait for its transaction.
+    sqlite3_busy_timeout(db, 10000);
     const char* sql = fail ? "CREATE TRIGGER fail_jobs BEFORE UPDATE ON jobs "
                              "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
                            : "DROP TRIGGER fail_jobs;";

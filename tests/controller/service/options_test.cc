@@ -169,7 +169,7 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
               "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
               "log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, token-file, "
               "join-token-file, insecure, data-root, checkpoint-root, max-request-bytes, "
-              "submit-rate, submit-burst");
+              "submit-rate, submit-burst, audit-keep");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);
@@ -193,6 +193,8 @@ TEST(ControllerOptions, RootsLimitsAndRatesFromFlagsAndTheConfigFile) {
   EXPECT_EQ(f.max_request_bytes, uint64_t{64} << 20);
   EXPECT_EQ(f.submit_rate, 2.0);
   EXPECT_EQ(f.submit_burst, 20.0);
+  EXPECT_EQ(f.audit_keep, 1'000'000u);
+  EXPECT_EQ(Parsed({"--audit-keep", "0"}).audit_keep, 0u);
   f = Parsed({"--data-root", "/d", "--checkpoint-root", "/c", "--max-request-bytes", "4194304",
               "--submit-rate", "0", "--submit-burst", "3"});
   EXPECT_EQ(f.data_root, "/d");

@@ -1,0 +1,95 @@
+// Telemetry retention at scale (telemetry_aggregator.h): which raw records are kept (every rank
+// sampled, rank 0 and non-step records always), how many rows stay per job, and that steps still
+// waiting for ranks are bounded; with a real store in a temporary directory.
+#include "controller/service/telemetry_aggregator.h"
+
+#include <filesystem>
+#include <future>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace furnace::controller {
+namespace {
+
+v1::TelemetryRecord Step(uint32_t rank, uint64_t step) {
+  v1::TelemetryRecord r;
+  r.set_job_id("j-1");
+  r.set_attempt(1);
+  r.set_rank(rank);
+  r.set_step(step);
+  r.set_phase("running");
+  r.mutable_train()->set_loss(1.0);
+  return r;
+}
+
+TEST(TelemetryRetentionTest, SmallJobsKeepEveryRecord) {
+  for (uint32_t rank = 0; rank < 8; ++rank) {
+    for (uint64_t step = 1; step < 20; ++step) {
+      EXPECT_TRUE(TelemetryAggregator::KeepRaw(Step(rank, step), 8));
+    }
+  }
+  EXPECT_EQ(TelemetryAggregator::RawRecordsKept(8), 5000);
+}
+
+TEST(TelemetryRetentionTest, LargeJobsSampleEveryRankAndKeepRankZeroAndNonStepRecords) {
+  constexpr uint32_t kWorld = 12288;
+  const uint64_t stride =
+      (kWorld + TelemetryAggregator::kRawPerStep - 1) / TelemetryAggregator::kRawPerStep;  // 48
+  size_t kept_of_step = 0;
+  for (uint32_t rank = 0; rank < kWorld; ++rank) {
+    kept_of_step += TelemetryAggregator::KeepRaw(Step(rank, 7), kWorld) ? 1 : 0;
+  }
+  EXPECT_LE(kept_of_step, TelemetryAggregator::kRawPerStep + 1);  // + rank 0
+  EXPECT_GE(kept_of_step, TelemetryAggregator::kRawPerStep - 1);
+  // Every rank is sampled once in any `stride` consecutive steps.
+  for (uint32_t rank : {1u, 47u, 48u, 5000u, kWorld - 1}) {
+    int sampled = 0;
+    for (uint64_t step = 100; step < 100 + stride; ++step) {
+      sampled += TelemetryAggregator::KeepRaw(Step(rank, step), kWorld) ? 1 : 0;
+    }
+    EXPECT_EQ(sampled, 1) << "rank " << rank;
+  }
+  for (uint64_t step = 1; step < 100; ++step) {
+    EXPECT_TRUE(TelemetryAggregator::KeepRaw(Step(0, step), kWorld));
+  }
+  v1::TelemetryRecord last_word = Step(5, 1);
+  last_word.clear_train();
+  last_word.set_message("exiting: out of data");
+  EXPECT_TRUE(TelemetryAggregator::KeepRaw(last_word, kWorld));
+  v1::TelemetryRecord startup = Step(5, 1);
+  startup.mutable_startup();
+  EXPECT_TRUE(TelemetryAggregator::KeepRaw(startup, kWorld));
+  // Every rank's last sample fits in what is kept.
+  EXPECT_EQ(TelemetryAggregator::RawRecordsKept(kWorld), 2 * static_cast<int>(kWorld));
+}
+
+TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("furnace-telemetry-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto store = JobStore::Open((dir / "furnace.db").string());
+  ASSERT_TRUE(store.ok()) << store.status();
+  TelemetryAggregator telemetry(**store);
+  // Rank 1 of 2 never reports: no step completes, and the pending ones stop growing.
+  for (uint64_t step = 1; step <= 500; ++step) {
+    EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(0, step)));
+  }
+  EXPECT_EQ(telemetry.PendingSteps("j-1"), TelemetryAggregator::kMaxPendingSteps);
+  // The newest still completes when the other rank catches up, and clears the older ones.
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 2, Step(1, 500)));
+  EXPECT_EQ(telemetry.PendingSteps("j-1"), 0u);
+  // Store answers once the step it queued is committed.
+  std::promise<absl::Status> done;
+  telemetry.Store({}, {}, /*after_steps=*/true, [&](absl::Status s) { done.set_value(s); });
+  EXPECT_TRUE(done.get_future().get().ok());
+  auto steps = (*store)->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ((*steps)[0].step(), 500u);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace furnace::controller
