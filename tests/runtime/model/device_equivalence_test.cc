@@ -202,7 +202,11 @@ TEST(DeviceEquivalenceTest, OffloadThroughTheCopyStreamsIsNoneBitForBit) {
   ASSERT_TRUE(none && emu);
   ExpectSame(*none, *emu, /*peaks=*/false);
   EXPECT_GT(emu->actions.offloaded_bytes, 0u);
-  EXPECT_LT(emu->peaks[0], none->peaks[0]);
+  // Never above none's peak. How far below depends on when the copy streams finish (an offloaded
+  // buffer's device bytes go back when its copy lands, as on a GPU): on a loaded machine the peak
+  // can come before any copy has landed (seen once in a full run on 2 busy cores), so a strict drop
+  // is not asserted.
+  EXPECT_LE(emu->peaks[0], none->peaks[0]);
 }
 
 // The adaptive policy under a budget below none's peak: it offloads and drops to fit, and trains
