@@ -9,34 +9,6 @@
 
 namespace furnace::comm {
 
-// One pinned host buffer, grown to the largest call seen (doubling, so a run settles quickly).
-class StagedCommunicator::Staging {
- public:
-  explicit Staging(device::Device& device) : device_(device) {}
-  ~Staging() {
-    if (data_ != nullptr) device_.FreeHost(data_);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  absl::StatusOr<char*> Reserve(int64_t bytes) {
-    if (bytes <= capacity_) return data_;
-    int64_t want = std::max<int64_t>(bytes, 2 * capacity_);
-    if (data_ != nullptr) device_.FreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    ASSIGN_OR_RETURN(void* p, device_.AllocateHost(static_cast<size_t>(want)));
-    data_ = static_cast<char*>(p);
-    capacity_ = want;
-    return data_;
-  }
-
- private:
-  device::Device& device_;
-  char* data_ = nullptr;
-  int64_t capacity_ = 0;
-};
-
 namespace {
 
 device::Stream& StreamOf(device::Device& device) {
@@ -59,8 +31,8 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> transport,
 StagedCommunicator::StagedCommunicator(Communicator* transport, device::Device& device)
     : transport_(transport),
       device_(device),
-      in_(std::make_unique<Staging>(device)),
-      out_(std::make_unique<Staging>(device)) {}
+      in_(std::make_unique<PinnedStaging>(device)),
+      out_(std::make_unique<PinnedStaging>(device)) {}
 
 StagedCommunicator::~StagedCommunicator() = default;
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/pinned_staging.h"
 #include "runtime/device/device.h"
 
 namespace furnace::comm {
@@ -63,7 +64,6 @@ class StagedCommunicator final : public Communicator {
   Communicator& transport() const { return *transport_; }
 
  private:
-  class Staging;
   // Runs `call` (a transport call) and adds the transport's byte count for `op` to this
   // communicator's counters with the wall time since `timer`.
   template <typename Call>
@@ -72,7 +72,7 @@ class StagedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_;
   Communicator* transport_;
   device::Device& device_;
-  std::unique_ptr<Staging> in_, out_;
+  std::unique_ptr<PinnedStaging> in_, out_;
 };
 
 // The communicator a rank of `device` uses over `transport`: the transport itself when the host

@@ -25,34 +25,6 @@ int64_t RoundUp(int64_t n) {
 
 }  // namespace
 
-// Pinned host memory for the host arguments of a call, grown to the largest call (doubling).
-class StreamCommunicator::Staging {
- public:
-  explicit Staging(device::Device& device) : device_(device) {}
-  ~Staging() {
-    if (data_ != nullptr) device_.FreeHost(data_);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  absl::StatusOr<char*> Reserve(int64_t bytes) {
-    if (bytes <= capacity_) return data_;
-    const int64_t want = std::max<int64_t>(bytes, 2 * capacity_);
-    if (data_ != nullptr) device_.FreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    ASSIGN_OR_RETURN(void* p, device_.AllocateHost(static_cast<size_t>(want)));
-    data_ = static_cast<char*>(p);
-    capacity_ = want;
-    return data_;
-  }
-
- private:
-  device::Device& device_;
-  char* data_ = nullptr;
-  int64_t capacity_ = 0;
-};
-
 namespace {
 
 // Device scratch of one call, freed in the communication stream's order when it goes out of scope
@@ -121,7 +93,7 @@ StreamCommunicator::StreamCommunicator(std::unique_ptr<Communicator> transport,
       marker_(std::move(marker)),
       ready_(std::move(ready)),
       done_(std::move(done)),
-      staging_(std::make_unique<Staging>(device)) {
+      staging_(std::make_unique<PinnedStaging>(device)) {
   watchdog_->Register(this);
 }
 

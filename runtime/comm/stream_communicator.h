@@ -54,6 +54,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/comm/comm_watchdog.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/pinned_staging.h"
 #include "runtime/comm/stream_marks.h"
 #include "runtime/device/device.h"
 
@@ -126,7 +127,6 @@ class StreamCommunicator final : public Communicator {
 
  private:
   friend class CommWatchdog;
-  class Staging;
   // One buffer of a call: what the collective reads (in) and/or writes (out).
   struct Arg {
     const void* ptr;
@@ -166,7 +166,7 @@ class StreamCommunicator final : public Communicator {
   const std::shared_ptr<CommWatchdog> watchdog_;
   const std::unique_ptr<StreamMarker> marker_;
   const std::unique_ptr<device::Event> ready_, done_;
-  std::unique_ptr<Staging> staging_;
+  std::unique_ptr<PinnedStaging> staging_;  // pinned host staging of host arguments
   CommCounters stream_counters_;
 
   // Ordering of the calls (ScopedOrdering); the operations' thread only.
