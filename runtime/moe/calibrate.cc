@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/tensor/device_memory.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::moe {
 namespace {
@@ -34,41 +36,77 @@ struct Series {
   std::vector<double> seconds;
 };
 
+// A group's input and output buffers on the rank's device (host memory without one).
+struct Buffers {
+  device::Device* device = nullptr;  // nullptr: host vectors
+  std::vector<char> host_in, host_out;
+  tensor::DeviceMemory device_in, device_out;
+
+  static absl::StatusOr<Buffers> Make(device::Device* device, int64_t in_bytes, int64_t out_bytes) {
+    Buffers b;
+    if (device == nullptr || device::HostAddressable(*device)) {
+      b.host_in.assign(static_cast<size_t>(in_bytes), 1);
+      b.host_out.assign(static_cast<size_t>(out_bytes), 0);
+      return b;
+    }
+    b.device = device;
+    ASSIGN_OR_RETURN(b.device_in,
+                     tensor::DeviceMemory::Allocate(*device, in_bytes, "calibration input"));
+    ASSIGN_OR_RETURN(b.device_out,
+                     tensor::DeviceMemory::Allocate(*device, out_bytes, "calibration output"));
+    RETURN_IF_ERROR(tensor::Fill(*device, b.device_in.data(), 1, in_bytes));
+    RETURN_IF_ERROR(tensor::Fill(*device, b.device_out.data(), 0, out_bytes));
+    return b;
+  }
+  void* in() { return device == nullptr ? host_in.data() : device_in.data(); }
+  void* out() { return device == nullptr ? host_out.data() : device_out.data(); }
+  // Until what this thread enqueued on the device has run (nothing to wait for on the host).
+  absl::Status Wait() {
+    return device == nullptr ? absl::OkStatus() : tensor::Synchronize(*device);
+  }
+};
+
 // `bytes` logical bytes of `kind` on c, one call.
-absl::Status RunOnce(comm::Communicator& c, CollectiveKind kind, int64_t bytes,
-                     std::vector<char>& in, std::vector<char>& out) {
+absl::Status RunOnce(comm::Communicator& c, CollectiveKind kind, int64_t bytes, Buffers& b) {
   const int n = c.size();
   switch (kind) {
     case CollectiveKind::kAllGather:
-      return c.AllGather(in.data(), out.data(), bytes);
+      return c.AllGather(b.in(), b.out(), bytes);
     case CollectiveKind::kAllToAll: {
       const std::vector<int64_t> chunks(n, bytes / n);
-      return c.AllToAllV(in.data(), chunks, out.data(), chunks);
+      return c.AllToAllV(b.in(), chunks, b.out(), chunks);
     }
     case CollectiveKind::kReduceScatter: {
       const int64_t per_rank = bytes / 4 / n;
-      return c.ReduceScatter(reinterpret_cast<const float*>(in.data()),
-                             reinterpret_cast<float*>(out.data()), per_rank);
+      return c.ReduceScatter(static_cast<const float*>(b.in()), static_cast<float*>(b.out()),
+                             per_rank);
     }
   }
   return absl::InternalError("unknown collective kind");
 }
 
+// The median of `repeats` calls, each timed until it has completed on the device.
 absl::StatusOr<double> TimeCollective(comm::Communicator& c, CollectiveKind kind, int64_t bytes,
-                                      int repeats, std::vector<char>& in, std::vector<char>& out) {
+                                      int repeats, Buffers& b) {
+  RETURN_IF_ERROR(b.Wait());
   RETURN_IF_ERROR(c.Barrier());
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
     const Clock::time_point start = Clock::now();
-    RETURN_IF_ERROR(RunOnce(c, kind, bytes, in, out));
+    RETURN_IF_ERROR(RunOnce(c, kind, bytes, b));
+    RETURN_IF_ERROR(b.Wait());
     times.push_back(Since(start));
   }
   return Median(std::move(times));
 }
 
-double TimeLocal(const std::function<double(int64_t)>& measure, int64_t x, int repeats) {
+absl::StatusOr<double> TimeLocal(const std::function<absl::StatusOr<double>(int64_t)>& measure,
+                                 int64_t x, int repeats) {
   std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) times.push_back(measure(x));
+  for (int i = 0; i < repeats; ++i) {
+    ASSIGN_OR_RETURN(const double t, measure(x));
+    times.push_back(t);
+  }
   return Median(std::move(times));
 }
 
@@ -91,11 +129,12 @@ absl::StatusOr<CostProfile> Calibrate(const CalibrationGroups& g, const Calibrat
     if (group == OpGroup::kEsp)
       kinds = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter};
     // in: the largest whole input (reduce-scatter, a2a) or contribution; out: an all-gather's.
-    std::vector<char> in(max_bytes + 64, 1), out(max_bytes * c->size() + 64, 0);
+    ASSIGN_OR_RETURN(Buffers buffers,
+                     Buffers::Make(o.device, max_bytes + 64, max_bytes * c->size() + 64));
     for (CollectiveKind kind : kinds) {
       Series s{kind, group, {}, {}};
       for (int64_t bytes : o.sizes_bytes) {
-        ASSIGN_OR_RETURN(const double t, TimeCollective(*c, kind, bytes, o.repeats, in, out));
+        ASSIGN_OR_RETURN(const double t, TimeCollective(*c, kind, bytes, o.repeats, buffers));
         s.x.push_back(static_cast<double>(bytes));
         s.seconds.push_back(t);
       }
@@ -106,13 +145,15 @@ absl::StatusOr<CostProfile> Calibrate(const CalibrationGroups& g, const Calibrat
   if (o.gemm_seconds) {
     for (int64_t flops : o.gemm_flops) {
       gemm_x.push_back(static_cast<double>(flops));
-      gemm_y.push_back(TimeLocal(o.gemm_seconds, flops, o.repeats));
+      ASSIGN_OR_RETURN(const double t, TimeLocal(o.gemm_seconds, flops, o.repeats));
+      gemm_y.push_back(t);
     }
   }
   if (o.copy_seconds) {
     for (int64_t bytes : o.sizes_bytes) {
       copy_x.push_back(static_cast<double>(bytes));
-      copy_y.push_back(TimeLocal(o.copy_seconds, bytes, o.repeats));
+      ASSIGN_OR_RETURN(const double t, TimeLocal(o.copy_seconds, bytes, o.repeats));
+      copy_y.push_back(t);
     }
   }
 

@@ -14,10 +14,16 @@
 // Sizes are logical bytes in the Communicator convention (what cost_model's OpBytes counts): the
 // all-gather's own contribution, the all-to-all's whole send, the reduce-scatter's whole input.
 // A kind a group does not use, and every kind of a group of one, is left unfitted (points 0).
+// Buffers: on `device` (CalibrationOptions), so a GPU rank times its collectives on device memory
+// as the MoE layers run them (a stream communicator stages host buffers through pinned memory,
+// which is not what the schedules pay). Each timed call ends when the calling thread's stream has
+// passed it (tensor::Synchronize): a stream communicator returns at enqueue, and the collective is
+// timed to its completion. On the CPU device (or none) the buffers are host memory and the calls
+// complete before they return.
 //
-// Logs nothing. Errors: a collective's error, or InvalidArgument for options that cannot be run
-// (no sizes, repeats < 1). Thread-safety: one call per rank thread; uses the communicators'
-// threads as their contract says (one thread at a time per communicator).
+// Logs nothing. Errors: a collective's, the device's or a measure's error, or InvalidArgument for
+// options that cannot be run (no sizes, repeats < 1). Thread-safety: one call per rank thread; uses
+// the communicators' threads as their contract says (one thread at a time per communicator).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
 #include "runtime/moe/cost_model.h"
 
 namespace furnace::moe {
@@ -40,12 +47,16 @@ struct CalibrationGroups {  // nullptr = a group of one (this rank alone)
 struct CalibrationOptions {
   std::vector<int64_t> sizes_bytes = {16 << 10, 128 << 10, 1 << 20};
   int repeats = 3;
-  // Measures one GEMM of about `flops` and returns its seconds (the caller owns the device). Unset:
+  // Where the collectives' buffers live: the rank's device (the model's). nullptr: host memory.
+  device::Device* device = nullptr;
+  // Measures one GEMM of about `flops` to its completion and returns its seconds (the caller owns
+  // the device). Unset:
   // the profile keeps DefaultProfile's GEMM numbers (points 0).
-  std::function<double(int64_t flops)> gemm_seconds;
+  std::function<absl::StatusOr<double>(int64_t flops)> gemm_seconds;
   std::vector<int64_t> gemm_flops = {1 << 20, 1 << 23, 1 << 26};
-  // Measures one local row copy of `bytes`. Unset: DefaultProfile's copy numbers.
-  std::function<double(int64_t bytes)> copy_seconds;
+  // Measures one local row copy of `bytes` (on the device), to its completion. Unset:
+  // DefaultProfile's copy numbers.
+  std::function<absl::StatusOr<double>(int64_t bytes)> copy_seconds;
 };
 
 // The profile's source reads "fitted on tp T x ep E x esp S (world W)"; seconds_spent is the

@@ -10,29 +10,49 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/moe/calibrate.h"
+#include "runtime/tensor/device_memory.h"
+#include "runtime/tensor/transfer.h"
 
 namespace furnace::train {
 namespace {
 
-double Seconds(const std::function<void()>& f) {
+// f's enqueued work timed to its completion on `device` (the calling thread's stream).
+absl::StatusOr<double> Seconds(device::Device& device, const std::function<absl::Status()>& f) {
+  RETURN_IF_ERROR(tensor::Synchronize(device));
   const auto t0 = std::chrono::steady_clock::now();
-  f();
+  RETURN_IF_ERROR(f());
+  RETURN_IF_ERROR(tensor::Synchronize(device));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// One square-ish GEMM of about `flops` through the model's backend.
-double GemmSeconds(const device::Backend& ops, int64_t flops) {
+// One square-ish GEMM of about `flops` through the model's backend, on the model's device.
+absl::StatusOr<double> GemmSeconds(const device::Backend& ops, device::Device& device,
+                                   int64_t flops) {
   const int n = std::max(8, static_cast<int>(std::cbrt(static_cast<double>(flops) / 2)));
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
-  ops.matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n);  // warm
-  return Seconds([&] { ops.matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n); }) *
-         static_cast<double>(flops) / (2.0 * n * n * n);
+  const uint64_t bytes = uint64_t{4} * n * n;
+  ASSIGN_OR_RETURN(tensor::DeviceMemory a, tensor::DeviceMemory::Allocate(device, bytes, "gemm a"));
+  ASSIGN_OR_RETURN(tensor::DeviceMemory b, tensor::DeviceMemory::Allocate(device, bytes, "gemm b"));
+  ASSIGN_OR_RETURN(tensor::DeviceMemory c, tensor::DeviceMemory::Allocate(device, bytes, "gemm c"));
+  RETURN_IF_ERROR(tensor::Fill(device, a.data(), 0, bytes));
+  RETURN_IF_ERROR(tensor::Fill(device, b.data(), 0, bytes));
+  const auto gemm = [&] {
+    ops.matmul_forward(c.as<float>(), a.as<float>(), b.as<float>(), nullptr, n, n, n);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(Seconds(device, gemm).status());  // warm
+  ASSIGN_OR_RETURN(const double t, Seconds(device, gemm));
+  return t * static_cast<double>(flops) / (2.0 * n * n * n);
 }
 
-double CopySeconds(int64_t bytes) {
-  std::vector<char> from(static_cast<size_t>(bytes), 1), to(from.size());
-  std::memcpy(to.data(), from.data(), from.size());  // warm
-  return Seconds([&] { std::memcpy(to.data(), from.data(), from.size()); });
+// One row copy of `bytes` on the model's device.
+absl::StatusOr<double> CopySeconds(device::Device& device, int64_t bytes) {
+  const uint64_t n = static_cast<uint64_t>(bytes);
+  ASSIGN_OR_RETURN(tensor::DeviceMemory from, tensor::DeviceMemory::Allocate(device, n, "copy"));
+  ASSIGN_OR_RETURN(tensor::DeviceMemory to, tensor::DeviceMemory::Allocate(device, n, "copy"));
+  RETURN_IF_ERROR(tensor::Fill(device, from.data(), 1, n));
+  const auto copy = [&] { return tensor::CopyOnDevice(device, to.data(), from.data(), n); };
+  RETURN_IF_ERROR(Seconds(device, copy).status());  // warm
+  return Seconds(device, copy);
 }
 
 // Rank 0's text to every rank of `world` (a length, then the bytes).
@@ -71,8 +91,8 @@ moe::LayerShape LayerShapeOf(const model::ModelConfig& c, const RankLayout& layo
 }
 
 absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
-                                                     const model::GptMoe& model,
-                                                     const RankLayout& layout, int micro_batch,
+                                                     model::GptMoe& model, const RankLayout& layout,
+                                                     int micro_batch,
                                                      const std::string& cache_dir) {
   const int layers = model.config().num_moe_layers();
   MoeScheduleChoice out;
@@ -120,8 +140,10 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     // Every rank reaches here alike: the cached text was the same everywhere.
     moe::CalibrationOptions options;
     const device::Backend& ops = model.backend();
-    options.gemm_seconds = [&ops](int64_t flops) { return GemmSeconds(ops, flops); };
-    options.copy_seconds = CopySeconds;
+    device::Device& device = model.device();
+    options.device = &device;
+    options.gemm_seconds = [&](int64_t flops) { return GemmSeconds(ops, device, flops); };
+    options.copy_seconds = [&](int64_t bytes) { return CopySeconds(device, bytes); };
     ASSIGN_OR_RETURN(moe::CostProfile p, moe::Calibrate({layout.world.get(), layout.tp.get(),
                                                          layout.ep.get(), layout.esp.get()},
                                                         options));

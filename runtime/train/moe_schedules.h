@@ -14,10 +14,12 @@
 // `cost_profile.<layout>.json` under cache_dir (the job's checkpoint directory) when a previous
 // attempt of the same layout wrote it; rank 0 decides whether the cache is used and hands its text
 // to every rank, so no rank calibrates alone. Calibration writes the cache (rank 0). With tp == 1
-// there is nothing to choose: no calibration runs.
+// there is nothing to choose: no calibration runs. Calibration runs on the model's device (its
+// collectives', GEMM's and copy's buffers are device memory, each timed to its completion), so a
+// GPU rank prices what its layers pay, not host staging.
 //
 // Every rank of the layout must call it at the same point (collectives on every group).
-// Errors: InvalidArgument for an unknown schedule; a collective's error.
+// Errors: InvalidArgument for an unknown schedule; a collective's or the device's error.
 #pragma once
 
 #include <optional>
@@ -42,9 +44,8 @@ struct MoeScheduleChoice {
 };
 
 absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
-                                                     const model::GptMoe& model,
-                                                     const RankLayout& layout, int micro_batch,
-                                                     const std::string& cache_dir);
+                                                     model::GptMoe& model, const RankLayout& layout,
+                                                     int micro_batch, const std::string& cache_dir);
 
 // The layer shape auto prices for `model` on `layout` with micro-batches of micro_batch sequences.
 moe::LayerShape LayerShapeOf(const model::ModelConfig& config, const RankLayout& layout,

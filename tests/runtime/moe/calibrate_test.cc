@@ -1,7 +1,9 @@
 // Calibrate on 4 threads as ranks (LocalGroup): tp 2 x ep 2, every rank gets a bit-identical
-// profile with positive betas on the measured (kind, group) fits and none elsewhere.
+// profile with positive betas on the measured (kind, group) fits and none elsewhere. On a
+// discrete device (the emulated one) every timed collective gets the device's memory.
 #include "runtime/moe/calibrate.h"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -9,7 +11,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/comm/device_staging.h"
 #include "runtime/comm/local_communicator.h"
+#include "runtime/device/emulated_device.h"
 
 namespace furnace::moe {
 namespace {
@@ -80,6 +84,117 @@ TEST(CalibrateTest, ASingleRankFitsNoCollective) {
   }
   EXPECT_EQ(p->gemm.points, 0);  // no gemm_seconds: DefaultProfile's numbers
   EXPECT_GT(p->gemm.beta, 0);
+}
+
+// Forwards to `inner`, counting the timed collectives' buffers that are (not) `device`'s memory.
+class PointerCheck final : public comm::Communicator {
+ public:
+  PointerCheck(std::unique_ptr<comm::Communicator> inner, const device::Device& device)
+      : inner_(std::move(inner)), device_(device) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  absl::Status AllReduce(float* data, int64_t count) override {
+    return inner_->AllReduce(data, count);
+  }
+  absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
+    Note(in, out);
+    return inner_->ReduceScatter(in, out, count_per_rank);
+  }
+  absl::Status ReduceScatterV(const float* in, float* out,
+                              const std::vector<int64_t>& counts) override {
+    return inner_->ReduceScatterV(in, out, counts);
+  }
+  absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    Note(in, out);
+    return inner_->AllGather(in, out, bytes_per_rank);
+  }
+  absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
+                          const std::vector<int64_t>& recv_bytes) override {
+    return inner_->AllGatherV(in, in_bytes, out, recv_bytes);
+  }
+  absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                         const std::vector<int64_t>& recv_bytes) override {
+    Note(in, out);
+    return inner_->AllToAllV(in, send_bytes, out, recv_bytes);
+  }
+  absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    return inner_->Broadcast(data, bytes, root);
+  }
+  absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    return inner_->Send(data, bytes, peer, tag);
+  }
+  absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    return inner_->Recv(data, bytes, peer, tag);
+  }
+  absl::Status WaitSends() override { return inner_->WaitSends(); }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort(const std::string& reason) override { inner_->Abort(reason); }
+  absl::Status AsyncError() const override { return inner_->AsyncError(); }
+
+  int on_device() const { return on_device_; }
+  int on_host() const { return on_host_; }
+
+ private:
+  void Note(const void* in, const void* out) {
+    const bool both = device_.IsDeviceMemory(in) && device_.IsDeviceMemory(out);
+    ++(both ? on_device_ : on_host_);
+  }
+  std::unique_ptr<comm::Communicator> inner_;
+  const device::Device& device_;
+  int on_device_ = 0, on_host_ = 0;
+};
+
+TEST(CalibrateTest, OnADeviceEveryCollectiveGetsDeviceMemory) {
+  constexpr int kWorld = 2;
+  comm::LocalGroup world(kWorld, {.name = "world"}), tp(kWorld, {.name = "tp"});
+  std::vector<std::unique_ptr<device::EmulatedDevice>> devices;
+  std::vector<std::unique_ptr<comm::Communicator>> w;
+  std::vector<PointerCheck*> checks;
+  std::vector<std::unique_ptr<comm::Communicator>> t;
+  for (int r = 0; r < kWorld; ++r) {
+    absl::StatusOr<std::unique_ptr<device::EmulatedDevice>> d =
+        device::CreateEmulatedDevice({.memory_bytes = size_t{64} << 20});
+    ASSERT_TRUE(d.ok()) << d.status();
+    devices.push_back(*std::move(d));
+    w.push_back(comm::ForDevice(world.Member(r), *devices[r]));
+    auto check =
+        std::make_unique<PointerCheck>(comm::ForDevice(tp.Member(r), *devices[r]), *devices[r]);
+    checks.push_back(check.get());
+    t.push_back(std::move(check));
+  }
+  CalibrationOptions options;
+  options.sizes_bytes = {16 << 10, 64 << 10};
+  options.repeats = 2;
+  std::vector<absl::StatusOr<CostProfile>> out(kWorld, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      CalibrationOptions o = options;
+      o.device = devices[r].get();
+      out[r] = Calibrate({.world = w[r].get(), .tp = t[r].get()}, o);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(out[r].ok()) << out[r].status();
+    EXPECT_EQ(checks[r]->on_host(), 0) << "rank " << r;
+    // tp: all_gather at 2 sizes, 2 calls each.
+    EXPECT_EQ(checks[r]->on_device(), 4) << "rank " << r;
+  }
+  EXPECT_EQ(out[0]->ToJson(), out[1]->ToJson());
+  EXPECT_EQ(out[0]->at(CollectiveKind::kAllGather, OpGroup::kTp).points, 2);
+  // The same calibration without a device hands the collectives host memory.
+  threads.clear();
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back(
+        [&, r] { out[r] = Calibrate({.world = w[r].get(), .tp = t[r].get()}, options); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(out[r].ok()) << out[r].status();
+    EXPECT_EQ(checks[r]->on_host(), 4) << "rank " << r;
+  }
 }
 
 }  // namespace

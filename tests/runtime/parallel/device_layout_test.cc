@@ -139,6 +139,46 @@ TEST(DeviceLayoutAdaptiveTest, AdaptiveOnEmulatedRanksIsNoneOnCpuRanks) {
       static_cast<long long>(acted));
 }
 
+// moe.schedule auto on emulated ranks whose groups are stream communicators (as NCCL on a GPU):
+// the calibration runs on device memory (collectives, GEMM and copy timed to their completion on
+// the device) and every rank takes one schedule; training is then the CPU run of that schedule,
+// bit for bit. (Calibrating on host buffers stopped the rank: the emulated backend refuses host
+// pointers, as a GPU kernel faults on them.)
+TEST(DeviceLayoutAutoTest, AutoCalibratesOnTheDeviceAndTrainsAsCpuRanks) {
+  const Case k{"tp2_ep2_auto_streams", 1, 2, 2, 2, 1, 1, "auto", false, true};
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 1.25);
+  c.sizes.dp = 2;
+  c.sizes.tp = 2;
+  c.sizes.ep = 2;
+  c.micro_batches = 1;
+  c.steps = 3;
+  c.schedule = "auto";
+  const absl::StatusOr<RunResult> emu = RunOn(c, k, device::Kind::kEmulated, false);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  ASSERT_FALSE(emu->moe_schedules.empty());
+  ASSERT_FALSE(emu->moe_schedules[0].empty());
+  const std::string chosen = emu->moe_schedules[0][0];
+  for (const std::vector<std::string>& rank : emu->moe_schedules) {
+    for (const std::string& name : rank) EXPECT_EQ(name, chosen);
+  }
+  c.schedule = chosen;
+  const absl::StatusOr<RunResult> cpu = RunOn(c, k, device::Kind::kCpu, false);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(emu->loss, cpu->loss);
+  EXPECT_EQ(emu->aux_loss, cpu->aux_loss);
+  EXPECT_EQ(emu->grad_norm, cpu->grad_norm);
+  EXPECT_EQ(emu->tokens_per_expert, cpu->tokens_per_expert);
+  EXPECT_EQ(emu->moe_op_bytes, cpu->moe_op_bytes);
+  for (const auto& [name, want] : cpu->params) {
+    EXPECT_TRUE(SameBits(emu->params.at(name), want)) << name;
+  }
+  std::printf(
+      "REPORT tp2_ep2_auto_streams: auto chose %s on emulated stream ranks; == cpu %s bit "
+      "for bit\n",
+      chosen.c_str(), chosen.c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DeviceLayoutTest,
     ::testing::Values(Case{"dp2", 1, 2, 1, 1, 1, 2, "deepspeed", false},
