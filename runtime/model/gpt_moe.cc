@@ -387,7 +387,7 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     cur_module_ = head;
     if (adaptive()) {
       // The head's tensors, and its input (the last layer's output) behind them.
-      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {head}, head - 1, reserve(head)));
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, head, head - 1, reserve(head)));
     }
     RETURN_IF_ERROR(HeadBackward(ctx, dims, config_.vocab, p + layout_.wte, p + layout_.lnf_w,
                                  g + layout_.wte, g + layout_.lnf_w, g + layout_.lnf_b, st.head,
@@ -403,9 +403,9 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
     cur_module_ = attn + 1;
     RETURN_IF_ERROR(PrefetchForBackward(st, i));
     if (adaptive()) {
-      // The layer's own tensors now; the module below's (its output is x_in) behind them.
-      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {attn, attn + 1}, attn - 1,
-                                              std::max(reserve(attn), reserve(attn + 1))));
+      // One module at a time, as the memory model and the floor count them: the MoE (or MLP)
+      // module's tensors and its input (the attention's output) now, the attention's behind them.
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, attn + 1, attn, reserve(attn + 1)));
     }
     if (ls.moe) {
       RETURN_IF_ERROR(MoeBlockBackward(ctx, dims, LayerMoe(moe, shard_.first_layer + i), off, p, g,
@@ -415,11 +415,15 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
                                        ls.mlp, ls.attn.out, dres));
     }
     cur_module_ = attn;
+    if (adaptive()) {
+      // The attention's tensors and its input (x_in) now; the module below's behind them.
+      RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, attn, attn - 1, reserve(attn)));
+    }
     RETURN_IF_ERROR(AttentionBlockBackward(ctx, dims, off, p, g, ls.attn, x_in, dres));
   }
   if (shard_.first_stage()) {
     cur_module_ = 0;
-    if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, {0}, kNoModule, reserve(0)));
+    if (adaptive()) RETURN_IF_ERROR(PrepareAdaptiveBackward(st.micro, 0, kNoModule, reserve(0)));
     return EmbeddingBackward(ctx, dims, st.embedding, dres, g + layout_.wte, g + layout_.wpe);
   }
   RETURN_IF_ERROR(tensor::CopyOnDevice(device_, dx_in, dres, F32Bytes(NC)));
@@ -696,11 +700,15 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
     const int64_t share = S / tp;  // received over ep: share; gathered over esp: esp * share
     rows = MoeRows{S, share * esp, share + share * esp + S, true};
   }
-  // Every tensor kept: a module's backward needs all of its own saved tensors back at once.
+  // Every tensor kept: a module's backward needs all of its own saved tensors back at once, and
+  // its input, the module before's output (the residual stream, which the forward reads and the
+  // backward's layer norm and rebuilds read), stays beside it in both directions.
   const int64_t dres = F32Bytes(int64_t{B} * config_.seq_len * config_.d_model);
   int64_t floor = 0;
+  int j = 0;
   for (const ModuleBytes& m : ModulesOf(config_, shard_, B, {rows}, memory::MemoryPolicy::kNone)) {
-    floor = std::max({floor, m.forward_peak, m.saved + dres + m.backward_peak});
+    const int64_t input = j++ == 0 ? 0 : dres;  // module 0 reads tokens or saves its stage input
+    floor = std::max({floor, input + m.forward_peak, input + m.saved + dres + m.backward_peak});
   }
   return floor;
 }

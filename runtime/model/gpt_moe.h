@@ -235,7 +235,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   int64_t PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const;
   // A floor no memory policy goes below for one micro-batch of B sequences on this rank, whatever
   // it drops or moves: the largest of its modules' forward peak and of its backward (all its own
-  // saved tensors back, its scratch, the residual-stream gradient), with balanced dropless rows
+  // saved tensors back, its scratch, the residual-stream gradient), each beside the module's input
+  // (the module before's output), with balanced dropless rows
   // (S = N k; R = S times the ESP width) under the MoE layers' schedule (SetMoeSchedules first).
   // A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
@@ -346,13 +347,19 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // ---- The adaptive policy (gpt_moe_adaptive.cc) ----
   absl::Status BeforeExpertBuffers(int layer, const MoeRows& rows) override;
   bool MakeRoom(uint64_t bytes) override;
-  // The offloaded and compressed tensors of `modules` (DeclaredModules indices) of micro-batch
-  // `micro`, brought back ahead of their backward after making room for them and for `reserve`
-  // bytes of its scratch; those of `ahead_module` too where that leaves the room. Adaptive only.
+  // The offloaded and compressed tensors that `module`'s backward reads (a DeclaredModules index;
+  // its own and its input: ReadByModule) of micro-batch `micro`, brought back ahead of that
+  // backward after making room for them and for `reserve` bytes of its scratch; those of
+  // `ahead_module` too where that leaves the room. One module at a time, as the memory model and
+  // MinimumActivationBytes count them. Adaptive only.
   static constexpr int kNoModule = -1000;
-  absl::Status PrepareAdaptiveBackward(int micro, const std::vector<int>& modules, int ahead_module,
-                                       int64_t reserve);
+  absl::Status PrepareAdaptiveBackward(int micro, int module, int ahead_module, int64_t reserve);
+  // Whether the emergency offload must leave `e` in the arena: pinned, or read by the running
+  // module (ReadByModule).
   bool Protected(const StashEntrySummary& e) const;
+  // Whether module `module`, running (forward or backward), reads a tensor tagged `tag` that module
+  // j saved in the same micro-batch.
+  static bool ReadByModule(int j, std::string_view tag, int module);
   // The module (DeclaredModules index) that saves the tensor tagged `tag` (memory::TensorTag) of
   // `layer` (-1: the embedding's or the head's).
   int ModuleIndexOf(int layer, std::string_view tag) const;

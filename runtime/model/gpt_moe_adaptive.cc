@@ -130,9 +130,19 @@ memory::SaveAction GptMoe::FutureDrop(const StashEntryInfo& e) const {
 bool GptMoe::Protected(const StashEntrySummary& e) const {
   if (e.pinned) return true;
   if (e.micro != cur_micro_) return false;
-  // The running module reads its own tensors and its input, the output of the module before it;
-  // the later modules' are being made (forward) or released (backward).
-  return ModuleIndexOf(e.layer, memory::TensorTag(e.producer)) >= cur_module_ - 1;
+  return ReadByModule(ModuleIndexOf(e.layer, memory::TensorTag(e.producer)),
+                      memory::TensorTag(e.producer), cur_module_);
+}
+
+bool GptMoe::ReadByModule(int j, std::string_view tag, int module) {
+  // Its own tensors, and its input: the output of the module before it (the residual stream,
+  // which its forward adds to and its backward's rebuilds and layer norm read). The rest of the
+  // module before it is read only by that module's own backward. The later modules' are being
+  // made (forward) or released (backward).
+  if (j >= module) return true;
+  const bool output = tag == "embedding.out" || tag == "stage.input" ||
+                      (tag.size() > 9 && tag.substr(tag.size() - 9) == ".residual");
+  return j == module - 1 && output;
 }
 
 absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
@@ -227,12 +237,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   std::map<int64_t, std::pair<int, int>> position_of;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.state != StashState::kKept || e.pinned) continue;
-    if (e.micro == cur_micro_ && e.layer == layer) continue;  // the running module reads them
+    const std::string_view tag = memory::TensorTag(e.producer);
+    if (e.micro == cur_micro_ && ReadByModule(ModuleIndexOf(e.layer, tag), tag, h)) continue;
     memory::PlanCandidate c;
     c.id = e.handle.id;
     // This micro-batch's: from the module that saved it to that module's backward. Another's
     // (1F1B): until the gap, when that micro-batch's backward brings it back.
-    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer, memory::TensorTag(e.producer)) : -1;
+    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer, tag) : -1;
     c.until = e.micro == cur_micro_ ? back(c.position) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
@@ -245,7 +256,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
           e.bytes;
     }
     candidates.push_back(c);
-    position_of[c.id] = {e.micro, ModuleIndexOf(e.layer, memory::TensorTag(e.producer))};
+    position_of[c.id] = {e.micro, ModuleIndexOf(e.layer, tag)};
   }
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t C = config_.d_model, fl = moe.fl();
@@ -466,18 +477,20 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   return true;
 }
 
-absl::Status GptMoe::PrepareAdaptiveBackward(int micro, const std::vector<int>& modules,
-                                             int ahead_module, int64_t reserve) {
+absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_module,
+                                             int64_t reserve) {
   if (arena_.budget() == 0) return absl::OkStatus();
-  // What the backward about to run must bring back, and the module below it (look-ahead).
+  // What the backward about to run must bring back (what the module reads: ReadByModule), and the
+  // module below it (look-ahead).
   std::vector<StashHandle> now, ahead;
   uint64_t need = 0, ahead_bytes = 0;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.micro != micro || e.state == StashState::kKept || e.state == StashState::kDropped) {
       continue;
     }
-    const int j = ModuleIndexOf(e.layer, memory::TensorTag(e.producer));
-    if (std::find(modules.begin(), modules.end(), j) != modules.end()) {
+    const std::string_view tag = memory::TensorTag(e.producer);
+    const int j = ModuleIndexOf(e.layer, tag);
+    if (ReadByModule(j, tag, module)) {
       now.push_back(e.handle);
       need += e.bytes;
     } else if (j == ahead_module && e.state == StashState::kOffloaded) {

@@ -7,6 +7,7 @@
 // read before its stream got there, fails these tests (a crash or a wrong value).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -223,6 +224,49 @@ TEST(DeviceEquivalenceTest, AdaptiveUnderABudgetIsNoneBitForBit) {
   ExpectSame(*none, *emu, /*peaks=*/false);
   for (int64_t peak : emu->peaks) EXPECT_LE(peak, static_cast<int64_t>(budget));
   EXPECT_GT(emu->actions.offloaded_bytes + emu->actions.recomputed_bytes, 0u);
+}
+
+// The adaptive policy at every budget from the floor the worker enforces (MinimumActivationBytes:
+// below it a job is refused before its first step) up to policy none's peak: every one trains, as
+// none bit for bit, with each micro-batch's arena peak within the budget. (Budgets between the
+// floor and about twice it ran out of memory in the backward once.)
+TEST(AdaptiveBudgetTest, TrainsAtEveryBudgetFromTheFloorToNonesPeak) {
+  ModelConfig demo = TinyConfig(1.25);  // the shape of a small job: every layer MoE
+  demo.vocab = 64;
+  demo.seq_len = 32;
+  demo.d_model = 32;
+  demo.heads = 4;
+  demo.expert_ffn = 64;
+  demo.moe_every = 1;
+  demo.spikes = {.probability = 0.5, .max_ratio = 2.0, .seed = 9};
+  for (const ModelConfig& config : {demo, SpikyConfig()}) {
+    constexpr int B = 4;
+    const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {.B = B});
+    ASSERT_TRUE(none);
+    const int64_t peak = *std::max_element(none->peaks.begin(), none->peaks.end());
+    int64_t floor = 0;
+    {
+      std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+      tensor::DeviceArena arena(*cpu, 0);
+      auto model = GptMoe::Create(config, 5, *cpu, arena);
+      ASSERT_TRUE(model.ok()) << model.status();
+      floor = (*model)->MinimumActivationBytes(B);
+    }
+    ASSERT_LT(floor, peak);
+    for (int tenth = 0; tenth <= 10; ++tenth) {
+      const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
+      SCOPED_TRACE(::testing::Message() << "layers " << config.layers << ", budget " << budget
+                                        << " (floor " << floor << ", none's peak " << peak << ")");
+      const std::optional<Outcome> adaptive = RunOn(device::Kind::kCpu, config,
+                                                    {.policy = memory::MemoryPolicy::kAdaptive,
+                                                     .offload = Offload::kAdaptive,
+                                                     .budget = budget,
+                                                     .B = B});
+      ASSERT_TRUE(adaptive);
+      ExpectSame(*none, *adaptive, /*peaks=*/false);
+      for (int64_t p : adaptive->peaks) EXPECT_LE(p, static_cast<int64_t>(budget));
+    }
+  }
 }
 
 // Two pipeline stages on two emulated devices, the activation and its gradient handed over as
