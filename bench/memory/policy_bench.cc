@@ -9,6 +9,8 @@
 // The offload variants copy through the copy engine. `offload_h200` paces it to the host link an
 // H200 would see relative to this CPU's compute: a byte over PCIe costs about 18,000 FLOPs at the
 // GPU's peak, so the link is set to (measured SGEMM peak) / 18,000 bytes per second.
+// The adaptive variants run under a budget: 110% and 85% of none's declared peak, and the floor
+// (GptMoe::MinimumActivationBytes, the least any policy needs).
 //
 // Run (BENCHMARKING.md: pools pinned before the process starts):
 //   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bin/furnace_bench_memory_policies --threads 1
@@ -95,6 +97,7 @@ struct Variant {
   fm::MemoryPolicy policy = fm::MemoryPolicy::kNone;
   double link_gbps = -1;    // < 0: no copy engine
   double budget_share = 0;  // of none's declared peak; 0: unlimited (adaptive only)
+  bool at_floor = false;    // the budget is MinimumActivationBytes, the least any policy needs
   std::unique_ptr<furnace::tensor::DeviceArena> arena;
   std::unique_ptr<furnace::tensor::HostPool> host;
   std::unique_ptr<fm::CopyEngine> engine;
@@ -154,6 +157,9 @@ int main(int argc, char** argv) {
   // link ratio (it must act on every micro-batch).
   add("adaptive_fits", fm::MemoryPolicy::kAdaptive, h200_gbps, 1.10);
   add("adaptive_85%_h200", fm::MemoryPolicy::kAdaptive, h200_gbps, 0.85);
+  // And at the floor the worker enforces (below it a job is refused before its first step).
+  add("adaptive_floor_h200", fm::MemoryPolicy::kAdaptive, h200_gbps);
+  variants.back().at_floor = true;
   for (Variant& v : variants) {
     v.arena = std::make_unique<furnace::tensor::DeviceArena>(*device, 0);
     auto model = furnace::model::GptMoe::Create(mc, /*seed=*/1, *device, *v.arena);
@@ -166,7 +172,9 @@ int main(int argc, char** argv) {
       std::cerr << v.name << ": " << s << "\n";
       return 1;
     }
-    if (v.budget_share > 0) {
+    if (v.at_floor) {
+      v.arena->set_budget(static_cast<uint64_t>(v.model->MinimumActivationBytes(f.micro_batch)));
+    } else if (v.budget_share > 0) {
       // Dropless on one rank every micro-batch's peak is none's declared one (adaptive keeps
       // everything up front, so its model declares none's bytes).
       v.arena->set_budget(
@@ -274,6 +282,7 @@ int main(int argc, char** argv) {
          {"step_time_vs_none", med / none_step},
          {"tokens_per_second", furnace::bench::Summary(v.tps)},
          {"activation_peak_bytes", v.peak},
+         {"budget_bytes", v.arena->budget()},
          {"recomputed_bytes_per_step", static_cast<double>(v.actions.recomputed_bytes) / v.timed},
          {"offloaded_bytes_per_step", static_cast<double>(v.actions.offloaded_bytes) / v.timed},
          {"late_reloads", v.actions.late_reloads},
