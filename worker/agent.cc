@@ -230,14 +230,19 @@ bool Agent::RegisterOnce() {
   session_id_ = response.session_id();
   heartbeat_interval_s_ =
       response.heartbeat_interval_s() > 0 ? response.heartbeat_interval_s() : 1.0;
+  flush_interval_s_ = response.telemetry_flush_s();
   registered_ = true;
   ++generation_;
   reconciled_.clear();
   // A stream from an older session may still be open: close it, WatchLoop opens the new one.
   if (watch_context_ != nullptr) watch_context_->TryCancel();
   cv_.notify_all();
-  spdlog::info("registered with {} (session {}, heartbeat every {} s, {} rank(s) running)",
-               options_.controller, session_id_, heartbeat_interval_s_, request.running_size());
+  spdlog::info(
+      "registered with {} (session {}, heartbeat every {} s, telemetry every {} s, {} rank(s) "
+      "running)",
+      options_.controller, session_id_, heartbeat_interval_s_,
+      flush_interval_s_ > 0 ? flush_interval_s_ : options_.flush_interval_s,
+      request.running_size());
   return true;
 }
 
@@ -546,7 +551,8 @@ void Agent::FlushLoop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, Seconds(options_.flush_interval_s), [&] { return stop_senders_; })) {
+      const double interval = flush_interval_s_ > 0 ? flush_interval_s_ : options_.flush_interval_s;
+      if (cv_.wait_for(lock, Seconds(interval), [&] { return stop_senders_; })) {
         return;
       }
       if (!registered_) continue;  // keep buffering; the queues are bounded

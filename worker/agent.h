@@ -7,8 +7,8 @@
 // re-registers (0.2..2 s backoff), listing them in RegisterRequest.running so the controller can
 // re-attach. RankReports (started / exited) wait in an ordered queue and are re-sent until the
 // controller acks them, also across re-registrations. Telemetry and log lines go through bounded
-// drop-oldest queues flushed every flush_interval_s, so a slow controller costs data, never a
-// blocked rank.
+// drop-oldest queues flushed every flush interval (the controller's RegisterResponse
+// telemetry_flush_s, else flush_interval_s), so a slow controller costs data, never a blocked rank.
 //
 // Heartbeat reconciliation: a controller answers each heartbeat with the ranks its records place
 // on this worker (HeartbeatResponse.ranks). A rank the agent runs, listed in that heartbeat, that
@@ -65,8 +65,8 @@ struct AgentOptions {
   double shutdown_flush_s = 3;   // how long shutdown keeps trying to deliver queued reports
   size_t telemetry_capacity = 10000;
   size_t log_capacity = 10000;
-  double flush_interval_s = 0.2;
-  double rpc_timeout_s = 5;  // per unary call
+  double flush_interval_s = 0.2;  // until a controller says otherwise (RegisterResponse)
+  double rpc_timeout_s = 5;       // per unary call
   // The TLS files and join token file the agent dials the controller with; handed to each rank
   // in its RankTask (paths only) for its rendezvous channel. Empty: plaintext.
   furnace::v1::ChannelSecurity channel_security;
@@ -147,6 +147,7 @@ class Agent {
   uint64_t generation_ = 0;            // guarded by mu_: +1 per successful registration
   std::string session_id_;             // guarded by mu_
   double heartbeat_interval_s_ = 1.0;  // guarded by mu_
+  double flush_interval_s_ = 0;        // guarded by mu_; 0: options_.flush_interval_s
   grpc::ClientContext* watch_context_ = nullptr;     // guarded by mu_: the open command stream
   grpc::ClientContext* register_context_ = nullptr;  // guarded by mu_: a Register in flight
   std::map<std::string, RankEntry> ranks_;           // guarded by mu_, by RankKey

@@ -116,6 +116,7 @@ Fleet::Fleet(FleetOptions options, LatencyBook& book,
              std::shared_ptr<grpc::ChannelCredentials> creds,
              std::shared_ptr<grpc::ChannelCredentials> job_credentials)
     : options_(std::move(options)), book_(book) {
+  flush_s_ = options_.flush_s;
   for (uint32_t c = 0; c < std::max(1u, options_.channels); ++c) {
     grpc::ChannelArguments args;
     // A distinct argument per channel: otherwise gRPC shares one connection among them.
@@ -195,6 +196,7 @@ void Fleet::Register(SimAgent& a, std::function<void()> finished) {
         if (s.ok()) {
           a.session_id = resp.session_id();
           if (resp.heartbeat_interval_s() > 0) heartbeat_interval_s_ = resp.heartbeat_interval_s();
+          if (resp.telemetry_flush_s() > 0) flush_s_ = resp.telemetry_flush_s();
         }
         finished();
         return s.ok();
@@ -463,6 +465,7 @@ void Fleet::ScheduleLoop() {
   while (!stopping_) {
     const double now = Now();
     const double interval = heartbeat_interval_s_;
+    const double flush = flush_s_;
     while (true) {
       const uint64_t round = beat / agents_.size(), i = beat % agents_.size();
       const double due = t0 + round * interval + i * interval / n;
@@ -479,7 +482,7 @@ void Fleet::ScheduleLoop() {
     if (const double start = all_arrived_at_; start > 0) {
       while (true) {
         const uint64_t step = push / agents_.size() + 1, i = push % agents_.size();
-        if (start + step * options_.step_s + i * options_.flush_s / n > now) break;
+        if (start + step * options_.step_s + i * flush / n > now) break;
         SimAgent& a = *agents_[i];
         if (!a.silent) PushStep(a, step);
         last_step_ = step;

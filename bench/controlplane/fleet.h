@@ -10,8 +10,9 @@
 // the rank it runs; on a start command ReportRank(RANK_STARTED) and the rendezvous of a rank's
 // health check (worker/health_check.cc: KvSet health/arrived/<rank>, then an indexed KvGet for
 // every rank's key, in 1 s slices until all arrived); once every rank has arrived, one
-// PushTelemetry per training step with that step's record (the agent flushes every 0.2 s, so a
-// step's records arrive spread over 0.2 s after the step ends); on a stop command
+// PushTelemetry per training step with that step's record (the agent flushes every flush interval,
+// the controller's --telemetry-flush, 0.2 s by default, so a step's records arrive spread over
+// that interval after the step ends); on a stop command
 // ReportRank(RANK_EXITED, STOPPED). Silence() stops some idle agents dead (no heartbeat, stream
 // cancelled), like a host that went away.
 //
@@ -43,10 +44,12 @@ namespace furnace::bench {
 struct FleetOptions {
   std::string address;  // the controller's gRPC address
   uint32_t agents = 1024;
-  uint32_t channels = 8;                // agents are spread over this many HTTP/2 connections
-  uint32_t queues = 8;                  // ... and over this many completion queues
-  double step_s = 2.0;                  // seconds per training step once the job runs
-  double flush_s = 0.2;                 // the agents' telemetry flush interval (worker/agent.h)
+  uint32_t channels = 8;  // agents are spread over this many HTTP/2 connections
+  uint32_t queues = 8;    // ... and over this many completion queues
+  double step_s = 2.0;    // seconds per training step once the job runs
+  // The agents' telemetry flush interval (worker/agent.h) until the controller tells its own
+  // (RegisterResponse.telemetry_flush_s, the controller's --telemetry-flush).
+  double flush_s = 0.2;
   double rpc_timeout_s = 10.0;          // client deadline of a unary call
   std::string host_prefix = "loadgen";  // worker ids are "<prefix>-<i / 8>/<i % 8>"
   // What the agents' channels present (transport/credentials.h, as furnace-worker does): TLS
@@ -108,6 +111,7 @@ class Fleet {
   // Heartbeats answered with the controller's rank view (it had its state mutex free for them).
   uint64_t heartbeats_with_view() const { return heartbeats_with_view_; }
   double heartbeat_interval_s() const { return heartbeat_interval_s_; }
+  double flush_s() const { return flush_s_; }  // as the controller told it
   // When the last rank arrived (steady clock); 0 until then.
   double all_arrived_at() const { return all_arrived_at_; }
   uint64_t last_step() const { return last_step_; }
@@ -142,7 +146,8 @@ class Fleet {
   std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
   std::vector<std::thread> threads_;  // one per queue
   std::vector<std::unique_ptr<SimAgent>> agents_;
-  double heartbeat_interval_s_ = 1.0;
+  std::atomic<double> heartbeat_interval_s_{1.0};
+  std::atomic<double> flush_s_{0.2};
 
   std::atomic<uint32_t> ranks_started_{0}, ranks_arrived_{0}, ranks_stopped_{0};
   std::atomic<uint32_t> world_{0};

@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
   out["ranks_started"] = fleet.ranks_started();
 
   // 3. Steady state.
-  Sleep(warmup_steps * fo.step_s + fo.flush_s);
+  out["telemetry_flush_s"] = fleet.flush_s();
+  Sleep(warmup_steps * fo.step_s + fleet.flush_s());
   book.Reset();
   const auto s2 = sample();
   const auto g2 = sample_of(self);

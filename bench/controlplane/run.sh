@@ -3,11 +3,14 @@
 # with mutual TLS and tokens as a cluster runs it (a development CA from `furnace certs init`):
 # the controller gets --tls-cert/--tls-key/--tls-ca, --token-file and --join-token-file, the
 # generator the worker certificate, the join token and an admin token.
-#   bench/controlplane/run.sh N [--plaintext] [--nice K] [--pin] [--worker-timeout S] [flags...]
+#   bench/controlplane/run.sh N [--plaintext] [--nice K] [--pin] [--worker-timeout S]
+#                               [--telemetry-flush S] [--channels C] [flags...]
 # --plaintext: no TLS and no tokens (for the ratio). --nice K: run the controller and the generator
 # at nice K (e.g. -5: ahead of other people's builds on a shared machine). --pin: the controller on
-# CPU 0, the generator on CPU 1 (taskset), so they do not take each other's core. The results'
-# names say which. Writes the generator's JSON to
+# CPU 0, the generator on CPU 1 (taskset), so they do not take each other's core.
+# --telemetry-flush S: the controller's (told to the agents; default 0.2 s). --channels C: the
+# HTTP/2 connections the simulated agents share (the generator's; default 8). The results' names
+# say which. Other flags go to the generator. Writes the generator's JSON to
 # bench/controlplane/results/N-<commit>[-plaintext].json and `uptime` before and after (the load
 # of the shared machine) to the same name with .load; prints the JSON.
 set -euo pipefail
@@ -18,6 +21,8 @@ tls=1
 timeout_s=10
 nice_k=0
 pin=0
+flush=""
+channels=""
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +30,8 @@ while [ $# -gt 0 ]; do
     --nice) nice_k=$2; shift ;;
     --pin) pin=1 ;;
     --worker-timeout) timeout_s=$2; shift ;;
+    --telemetry-flush) flush=$2; shift ;;
+    --channels) channels=$2; args+=(--channels "$2"); shift ;;
     *) args+=("$1") ;;
   esac
   shift
@@ -33,6 +40,7 @@ dir=$(mktemp -d /tmp/furnace-cp-XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ctl=(--listen "127.0.0.1:$port" --state-dir "$dir/state" --metrics-listen "" --log-level warn
      --worker-timeout "$timeout_s")
+[ -z "$flush" ] || ctl+=(--telemetry-flush "$flush")
 gen=(--controller "127.0.0.1:$port" --agents "$n" --worker-timeout "$timeout_s")
 if [ "$tls" = 1 ]; then
   build/bin/furnace certs init "$dir/tls" >/dev/null
@@ -49,7 +57,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; tail -5 "$dir/controller.log" >&2; rm -rf "$dir"' EXIT
 sleep 1
 mkdir -p bench/controlplane/results
-name="bench/controlplane/results/$n-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":!bench/controlplane/results" || echo -dirty)$([ "$tls" = 1 ] || echo -plaintext)$([ "$nice_k" = 0 ] || echo "-nice$nice_k")$([ "$pin" = 0 ] || echo -pinned)"
+name="bench/controlplane/results/$n-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":!bench/controlplane/results" || echo -dirty)$([ "$tls" = 1 ] || echo -plaintext)$([ "$nice_k" = 0 ] || echo "-nice$nice_k")$([ "$pin" = 0 ] || echo -pinned)$([ -z "$channels" ] || echo "-ch$channels")$([ -z "$flush" ] || echo "-flush$flush")"
 uptime >"$name.load"
 rc=0
 nice -n "$nice_k" "${cpu_gen[@]}" build/bin/furnace_bench_controlplane "${gen[@]}" --controller-pid "$pid" "${args[@]}" \

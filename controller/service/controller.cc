@@ -272,6 +272,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
     resp.set_session_id(jobs_.Register(req));
   }
   resp.set_heartbeat_interval_s(options_.heartbeat_interval_s);
+  resp.set_telemetry_flush_s(options_.telemetry_flush_s);
   return resp;
 }
 

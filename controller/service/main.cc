@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   furnace::controller::ControllerOptions options;
   options.state_dir = std::filesystem::absolute(f.state_dir).string();
   options.heartbeat_interval_s = f.heartbeat_interval_s;
+  options.telemetry_flush_s = f.telemetry_flush_s;
   options.worker_timeout_s = f.worker_timeout_s;
   options.reattach_grace_s = f.reattach_grace_s;
   options.local_workers = f.local_workers;

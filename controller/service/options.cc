@@ -20,6 +20,12 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   app.add_option("--heartbeat-interval", flags.heartbeat_interval_s,
                  "seconds between agent heartbeats")
       ->capture_default_str();
+  app.add_option("--telemetry-flush", flags.telemetry_flush_s,
+                 "seconds between an agent's telemetry and log pushes (told to agents): every rank "
+                 "ends a step at once, so a longer interval spreads a step's records over more "
+                 "time (about 1 s suits 10,000 agents)")
+      ->check(CLI::Range(0.05, 60.0))
+      ->capture_default_str();
   app.add_option("--worker-timeout", flags.worker_timeout_s,
                  "seconds of silence after which an agent is lost")
       ->capture_default_str();

@@ -119,6 +119,24 @@ TEST_F(AgentTest, RegistersRunsARankAndReportsIt) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / "logs/job-1/attempt-1/rank-0.log"));
 }
 
+// The controller tells the agent how often to push its telemetry and logs (RegisterResponse
+// telemetry_flush_s, the controller's --telemetry-flush): the agent's own 0.05 s gives way to it.
+// The agent waits the interval between pushes, so a loaded machine can only widen the gaps.
+TEST_F(AgentTest, PushesAtTheFlushIntervalTheControllerTells) {
+  testing::FakeController controller;
+  auto& fake = controller.service;
+  fake.telemetry_flush_s = 0.5;
+  StartAgent(controller.address(), "while true; do echo line; sleep 0.01; done");
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.log_pushes.size() >= 5; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  // The first wait may have begun before the registration's answer came.
+  for (size_t i = 2; i < fake.log_pushes.size(); ++i) {
+    EXPECT_GE(fake.log_pushes[i] - fake.log_pushes[i - 1], std::chrono::milliseconds(450))
+        << "push " << i;
+  }
+}
+
 TEST_F(AgentTest, StartIsIdempotentAndStopEndsTheRank) {
   testing::FakeController controller;
   StartAgent(controller.address(), "echo ready; exec sleep 30");

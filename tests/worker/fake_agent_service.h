@@ -27,6 +27,7 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   // ReportRank answers UNAVAILABLE this many times before acking.
   int unavailable_reports = 0;
   double heartbeat_interval_s = 0.1;
+  double telemetry_flush_s = 0;  // told to the agent at Register (0: its own interval)
   // When set, heartbeats answer with rank_view (the controller's records of the worker's ranks).
   bool reconcile = false;
   std::vector<furnace::v1::ControllerRankView> rank_view;
@@ -37,6 +38,7 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
     registrations.push_back(*request);
     response->set_session_id("session-" + std::to_string(registrations.size()));
     response->set_heartbeat_interval_s(heartbeat_interval_s);
+    response->set_telemetry_flush_s(telemetry_flush_s);
     cv.notify_all();
     return grpc::Status::OK;
   }
@@ -91,6 +93,7 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
                         furnace::v1::Ack*) override {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& line : request->lines()) logs.push_back(line);
+    log_pushes.push_back(std::chrono::steady_clock::now());
     cv.notify_all();
     return grpc::Status::OK;
   }
@@ -174,6 +177,7 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   std::vector<furnace::v1::RankReport> reports;
   std::vector<furnace::v1::TelemetryRecord> telemetry;
   std::vector<furnace::v1::LogLine> logs;
+  std::vector<std::chrono::steady_clock::time_point> log_pushes;  // when each PushLogs came
 
  private:
   static std::string Key(const furnace::v1::KvScope& scope, const std::string& key) {
