@@ -45,6 +45,8 @@ class ControllerTest : public ::testing::Test {
     o.state_dir = dir_.string();
     o.advertise_address = "127.0.0.1:1";
     o.worker_timeout_s = 10;
+    o.heartbeat_interval_s = 0.75;
+    o.telemetry_flush_s = 1.25;
     auto c = Controller::Create(o, clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
@@ -62,6 +64,9 @@ class ControllerTest : public ::testing::Test {
     for (auto& rr : running) *r.add_running() = rr;
     auto resp = c_->Register(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
+    // What every agent is told to follow (worker/agent.cc).
+    EXPECT_EQ(resp->heartbeat_interval_s(), 0.75);
+    EXPECT_EQ(resp->telemetry_flush_s(), 1.25);
     sessions_[slot] = resp->session_id();
     return resp->session_id();
   }

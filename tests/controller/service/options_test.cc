@@ -42,6 +42,7 @@ TEST(ControllerOptions, DefaultsWithoutArguments) {
   EXPECT_EQ(f.local_workers, 0u);
   EXPECT_EQ(f.worker_binary, "");
   EXPECT_EQ(f.heartbeat_interval_s, 1.0);
+  EXPECT_EQ(f.telemetry_flush_s, 0.2);
   EXPECT_EQ(f.worker_timeout_s, 10.0);
   EXPECT_EQ(f.reattach_grace_s, 30.0);
   EXPECT_EQ(f.log_level, "info");
@@ -111,6 +112,7 @@ TEST(ControllerOptions, ConfigFileSetsOptionsAndFlagsOverrideIt) {
                                        "local-workers: 3\n"
                                        "worker-binary: /opt/furnace-worker\n"
                                        "heartbeat-interval: 0.25\n"
+                                       "telemetry-flush: 1.5\n"
                                        "worker_timeout: 7.5\n"
                                        "reattach-grace: 12\n"
                                        "log-level: warn\n"
@@ -123,6 +125,7 @@ TEST(ControllerOptions, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   EXPECT_EQ(file.local_workers, 3u);
   EXPECT_EQ(file.worker_binary, "/opt/furnace-worker");
   EXPECT_EQ(file.heartbeat_interval_s, 0.25);
+  EXPECT_EQ(file.telemetry_flush_s, 1.5);
   EXPECT_EQ(file.worker_timeout_s, 7.5);
   EXPECT_EQ(file.reattach_grace_s, 12.0);
   EXPECT_EQ(file.log_level, "warn");
@@ -166,10 +169,10 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
   } catch (const CLI::ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
-              "local-workers, worker-binary, heartbeat-interval, worker-timeout, reattach-grace, "
-              "log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, token-file, "
-              "join-token-file, insecure, data-root, checkpoint-root, max-request-bytes, "
-              "submit-rate, submit-burst, audit-keep");
+              "local-workers, worker-binary, heartbeat-interval, telemetry-flush, worker-timeout, "
+              "reattach-grace, log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, "
+              "token-file, join-token-file, insecure, data-root, checkpoint-root, "
+              "max-request-bytes, submit-rate, submit-burst, audit-keep");
   }
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_list.yaml", "listen: [a, b]\n")}, f),
                CLI::ConversionError);
@@ -225,7 +228,8 @@ TEST(ControllerOptions, HelpNamesEveryOptionWithItsDefault) {
         "--local-workers",  "--worker-binary",   "--heartbeat-interval", "--worker-timeout",
         "--reattach-grace", "--log-level",       "--metrics-listen",     "--web-root",
         "--data-root",      "--checkpoint-root", "--max-request-bytes",  "--submit-rate",
-        "--submit-burst",   "127.0.0.1:7070",    "./furnace-state",      "127.0.0.1:9464"}) {
+        "--submit-burst",   "--telemetry-flush", "127.0.0.1:7070",       "./furnace-state",
+        "127.0.0.1:9464"}) {
     EXPECT_NE(help.find(option), std::string::npos) << option << " missing from:\n" << help;
   }
 }
