@@ -182,6 +182,10 @@ void Agent::HeartbeatLoop() {
     SetDeadline(&context, std::clamp(3 * interval, 3.0, std::max(3.0, options_.rpc_timeout_s)));
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     if (status.ok() && !response.reregister()) {
+      if (response.telemetry_flush_s() > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        flush_interval_s_ = response.telemetry_flush_s();
+      }
       if (response.reconcile()) Reconcile(request, response, generation);
       continue;
     }

@@ -396,6 +396,7 @@ void Fleet::Heartbeat(SimAgent& a) {
       req, deadline,
       [this](const grpc::Status& s, v1::HeartbeatResponse& resp) {
         if (s.ok() && resp.reregister()) ++reregister_asks_;
+        if (s.ok() && resp.telemetry_flush_s() > 0) flush_s_ = resp.telemetry_flush_s();
         if (s.ok() && resp.reconcile()) ++heartbeats_with_view_;
         return s.ok() && !resp.reregister();
       });

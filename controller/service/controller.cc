@@ -272,7 +272,7 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
     resp.set_session_id(jobs_.Register(req));
   }
   resp.set_heartbeat_interval_s(options_.heartbeat_interval_s);
-  resp.set_telemetry_flush_s(options_.telemetry_flush_s);
+  resp.set_telemetry_flush_s(TelemetryFlushS());
   return resp;
 }
 
@@ -282,6 +282,7 @@ v1::HeartbeatResponse Controller::Heartbeat(const v1::HeartbeatRequest& req) {
     resp.set_reregister(true);
     return resp;
   }
+  resp.set_telemetry_flush_s(TelemetryFlushS());
   std::lock_guard<std::mutex> lock(mu_);
   if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
   return resp;
@@ -293,10 +294,17 @@ v1::HeartbeatResponse Controller::TryHeartbeat(const v1::HeartbeatRequest& req) 
     resp.set_reregister(true);
     return resp;
   }
+  resp.set_telemetry_flush_s(TelemetryFlushS());
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return resp;  // recorded; no view this time
   if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
   return resp;
+}
+
+double Controller::TelemetryFlushS() const {
+  if (options_.telemetry_flush_s > 0) return options_.telemetry_flush_s;
+  const double fleet = static_cast<double>(workers_.MailboxCount());
+  return std::clamp(fleet / 10000.0, 0.2, 2.0);
 }
 
 void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {

@@ -145,6 +145,8 @@ class Controller {
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   // Caller holds mu_.
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
+  // The telemetry flush interval agents are told (ControllerOptions::telemetry_flush_s).
+  double TelemetryFlushS() const;
   // PushTelemetry's work; `written` gets the status of its raw records' write.
   void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done written);
   // Writes one audit entry; a store failure is logged, not returned (the call it records has

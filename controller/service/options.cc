@@ -23,8 +23,9 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   app.add_option("--telemetry-flush", flags.telemetry_flush_s,
                  "seconds between an agent's telemetry and log pushes (told to agents): every rank "
                  "ends a step at once, so a longer interval spreads a step's records over more "
-                 "time (about 1 s suits 10,000 agents)")
-      ->check(CLI::Range(0.05, 60.0))
+                 "time; 0: sized to the fleet (0.2 s, or one second per 10,000 agents, at most "
+                 "2 s)")
+      ->check(CLI::Range(0.0, 60.0))
       ->capture_default_str();
   app.add_option("--worker-timeout", flags.worker_timeout_s,
                  "seconds of silence after which an agent is lost")

@@ -17,7 +17,7 @@ struct ControllerFlags {
   uint32_t local_workers = 0;
   std::string worker_binary;  // empty: next to this binary
   double heartbeat_interval_s = 1.0;
-  double telemetry_flush_s = 0.2;
+  double telemetry_flush_s = 0;  // 0: sized to the fleet (ControllerOptions)
   double worker_timeout_s = 10.0;
   double reattach_grace_s = 30.0;
   std::string log_level = "info";

@@ -66,7 +66,9 @@ WorkerRegistry::Mailbox* WorkerRegistry::FindMailbox(const std::string& worker_i
 WorkerRegistry::Mailbox& WorkerRegistry::MailboxOf(const std::string& worker_id) {
   if (Mailbox* box = FindMailbox(worker_id)) return *box;
   std::unique_lock<std::shared_mutex> lock(mail_mu_);
-  return mail_[worker_id];  // std::map: constructed in place, never moved
+  auto [it, added] = mail_.try_emplace(worker_id);  // std::map: constructed in place, never moved
+  if (added) mailboxes_.fetch_add(1, std::memory_order_relaxed);
+  return it->second;
 }
 
 void WorkerRegistry::Touch(const std::string& worker_id) {

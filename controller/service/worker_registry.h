@@ -119,6 +119,8 @@ class WorkerRegistry {
   // Ends the session and drops the queued commands (the worker must register again).
   void EndSession(const std::string& worker_id);
   bool HasSession(const std::string& worker_id) const;
+  // Workers heard from in this controller run (their mailboxes; never decreases). Lock-free.
+  uint64_t MailboxCount() const { return mailboxes_.load(std::memory_order_relaxed); }
   bool IsSession(const std::string& worker_id, const std::string& session_id) const;
   void Enqueue(const std::string& worker_id, furnace::v1::AgentCommand command);
   // Waits up to wait_s for commands of this session. FailedPrecondition when the session is not
@@ -166,6 +168,7 @@ class WorkerRegistry {
   std::map<std::string, Mailbox> mail_;  // entries are never erased (pointers to them stay valid)
   const std::string instance_id_;        // distinguishes sessions across controller restarts
   std::atomic<uint64_t> session_counter_{0};
+  std::atomic<uint64_t> mailboxes_{0};
 };
 
 }  // namespace furnace::controller

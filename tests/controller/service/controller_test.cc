@@ -46,7 +46,7 @@ class ControllerTest : public ::testing::Test {
     o.advertise_address = "127.0.0.1:1";
     o.worker_timeout_s = 10;
     o.heartbeat_interval_s = 0.75;
-    o.telemetry_flush_s = 1.25;
+    o.telemetry_flush_s = telemetry_flush_s_;
     auto c = Controller::Create(o, clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
@@ -66,7 +66,9 @@ class ControllerTest : public ::testing::Test {
     EXPECT_TRUE(resp.ok()) << resp.status();
     // What every agent is told to follow (worker/agent.cc).
     EXPECT_EQ(resp->heartbeat_interval_s(), 0.75);
-    EXPECT_EQ(resp->telemetry_flush_s(), 1.25);
+    if (telemetry_flush_s_ > 0) {
+      EXPECT_EQ(resp->telemetry_flush_s(), telemetry_flush_s_);
+    }
     sessions_[slot] = resp->session_id();
     return resp->session_id();
   }
@@ -154,7 +156,26 @@ class ControllerTest : public ::testing::Test {
   std::unique_ptr<Controller> c_;
   std::map<int, std::string> sessions_;
   std::string job_;
+  double telemetry_flush_s_ = 1.25;  // ControllerOptions::telemetry_flush_s at Restart (0: auto)
 };
+
+// How often agents push telemetry (RegisterResponse and every HeartbeatResponse): a fixed
+// --telemetry-flush as given; 0 sizes it to the workers heard from in this run, one second per
+// 10,000 (a step's records then arrive at about 10,000 a second), from 0.2 s up to 2 s.
+TEST_F(ControllerTest, TelemetryFlushIsSizedToTheFleetUnlessGiven) {
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(Register(0));
+  EXPECT_EQ(c_->TryHeartbeat(h).telemetry_flush_s(), 1.25);  // given
+  telemetry_flush_s_ = 0;
+  Restart();
+  h.set_session_id(Register(0));
+  EXPECT_EQ(c_->TryHeartbeat(h).telemetry_flush_s(), 0.2);
+  for (int slot = 1; slot < 12000; ++slot) Register(slot);
+  EXPECT_DOUBLE_EQ(c_->TryHeartbeat(h).telemetry_flush_s(), 1.2);
+  EXPECT_DOUBLE_EQ(c_->Heartbeat(h).telemetry_flush_s(), 1.2);
+  EXPECT_TRUE(c_->TryHeartbeat(h).reconcile());
+}
 
 TEST_F(ControllerTest, RefusedJobsLeaveNoTrace) {
   Register(0);

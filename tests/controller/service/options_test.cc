@@ -42,7 +42,7 @@ TEST(ControllerOptions, DefaultsWithoutArguments) {
   EXPECT_EQ(f.local_workers, 0u);
   EXPECT_EQ(f.worker_binary, "");
   EXPECT_EQ(f.heartbeat_interval_s, 1.0);
-  EXPECT_EQ(f.telemetry_flush_s, 0.2);
+  EXPECT_EQ(f.telemetry_flush_s, 0.0);  // sized to the fleet
   EXPECT_EQ(f.worker_timeout_s, 10.0);
   EXPECT_EQ(f.reattach_grace_s, 30.0);
   EXPECT_EQ(f.log_level, "info");
