@@ -58,6 +58,12 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; tail -5 "$dir/controller.log
 sleep 1
 mkdir -p bench/controlplane/results
 name="bench/controlplane/results/$n-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":!bench/controlplane/results" || echo -dirty)$([ "$tls" = 1 ] || echo -plaintext)$([ "$nice_k" = 0 ] || echo "-nice$nice_k")$([ "$pin" = 0 ] || echo -pinned)$([ -z "$channels" ] || echo "-ch$channels")$([ -z "$flush" ] || echo "-flush$flush")"
+# A repeated run gets its own name (-run2, -run3, ...), never another run's files.
+if [ -e "$name.json" ]; then
+  k=2
+  while [ -e "$name-run$k.json" ]; do k=$((k + 1)); done
+  name="$name-run$k"
+fi
 uptime >"$name.load"
 rc=0
 nice -n "$nice_k" "${cpu_gen[@]}" build/bin/furnace_bench_controlplane "${gen[@]}" --controller-pid "$pid" "${args[@]}" \
