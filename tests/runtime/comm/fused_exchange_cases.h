@@ -21,6 +21,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/fused_exchange.h"
 #include "runtime/comm/local_communicator.h"
+#include "tests/testing/forwarding_communicator.h"
 
 namespace furnace::comm::fused_cases {
 
@@ -253,55 +254,24 @@ inline void RunThreads(int world, const std::function<void(int)>& body) {
 
 // Forwards everything to `inner`; Recv and AllGatherV call the hooks first (with the call's
 // index, from 0).
-class HookedCommunicator : public Communicator {
+class HookedCommunicator : public testing::ForwardingCommunicator {
  public:
   HookedCommunicator(std::unique_ptr<Communicator> inner, std::function<void(int)> on_recv,
                      std::function<void(int)> on_all_gather)
-      : inner_(std::move(inner)),
+      : ForwardingCommunicator(std::move(inner)),
         on_recv_(std::move(on_recv)),
         on_all_gather_(std::move(on_all_gather)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::string& name() const override { return inner_->name(); }
-  absl::Status AllReduce(float* data, int64_t count) override {
-    return inner_->AllReduce(data, count);
-  }
-  absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
-    return inner_->ReduceScatter(in, out, count_per_rank);
-  }
-  absl::Status ReduceScatterV(const float* in, float* out,
-                              const std::vector<int64_t>& counts) override {
-    return inner_->ReduceScatterV(in, out, counts);
-  }
-  absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
-    return inner_->AllGather(in, out, bytes_per_rank);
-  }
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
     if (on_all_gather_) on_all_gather_(all_gathers_++);
-    return inner_->AllGatherV(in, in_bytes, out, recv_bytes);
-  }
-  absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
-                         const std::vector<int64_t>& recv_bytes) override {
-    return inner_->AllToAllV(in, send_bytes, out, recv_bytes);
-  }
-  absl::Status Broadcast(void* data, int64_t bytes, int root) override {
-    return inner_->Broadcast(data, bytes, root);
-  }
-  absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
-    return inner_->Send(data, bytes, peer, tag);
+    return ForwardingCommunicator::AllGatherV(in, in_bytes, out, recv_bytes);
   }
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
     if (on_recv_) on_recv_(recvs_++);
-    return inner_->Recv(data, bytes, peer, tag);
+    return ForwardingCommunicator::Recv(data, bytes, peer, tag);
   }
-  absl::Status WaitSends() override { return inner_->WaitSends(); }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  void Abort(const std::string& reason) override { inner_->Abort(reason); }
-  absl::Status AsyncError() const override { return inner_->AsyncError(); }
 
  private:
-  std::unique_ptr<Communicator> inner_;
   std::function<void(int)> on_recv_, on_all_gather_;
   int recvs_ = 0, all_gathers_ = 0;
 };

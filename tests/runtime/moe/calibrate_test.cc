@@ -3,7 +3,6 @@
 // discrete device (the emulated one) every timed collective gets the device's memory.
 #include "runtime/moe/calibrate.h"
 
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "runtime/comm/device_staging.h"
 #include "runtime/comm/local_communicator.h"
 #include "runtime/device/emulated_device.h"
+#include "tests/testing/forwarding_communicator.h"
 
 namespace furnace::moe {
 namespace {
@@ -87,50 +87,23 @@ TEST(CalibrateTest, ASingleRankFitsNoCollective) {
 }
 
 // Forwards to `inner`, counting the timed collectives' buffers that are (not) `device`'s memory.
-class PointerCheck final : public comm::Communicator {
+class PointerCheck final : public testing::ForwardingCommunicator {
  public:
   PointerCheck(std::unique_ptr<comm::Communicator> inner, const device::Device& device)
-      : inner_(std::move(inner)), device_(device) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::string& name() const override { return inner_->name(); }
-  absl::Status AllReduce(float* data, int64_t count) override {
-    return inner_->AllReduce(data, count);
-  }
+      : ForwardingCommunicator(std::move(inner)), device_(device) {}
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
     Note(in, out);
-    return inner_->ReduceScatter(in, out, count_per_rank);
-  }
-  absl::Status ReduceScatterV(const float* in, float* out,
-                              const std::vector<int64_t>& counts) override {
-    return inner_->ReduceScatterV(in, out, counts);
+    return ForwardingCommunicator::ReduceScatter(in, out, count_per_rank);
   }
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
     Note(in, out);
-    return inner_->AllGather(in, out, bytes_per_rank);
-  }
-  absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
-                          const std::vector<int64_t>& recv_bytes) override {
-    return inner_->AllGatherV(in, in_bytes, out, recv_bytes);
+    return ForwardingCommunicator::AllGather(in, out, bytes_per_rank);
   }
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
     Note(in, out);
-    return inner_->AllToAllV(in, send_bytes, out, recv_bytes);
+    return ForwardingCommunicator::AllToAllV(in, send_bytes, out, recv_bytes);
   }
-  absl::Status Broadcast(void* data, int64_t bytes, int root) override {
-    return inner_->Broadcast(data, bytes, root);
-  }
-  absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
-    return inner_->Send(data, bytes, peer, tag);
-  }
-  absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
-    return inner_->Recv(data, bytes, peer, tag);
-  }
-  absl::Status WaitSends() override { return inner_->WaitSends(); }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  void Abort(const std::string& reason) override { inner_->Abort(reason); }
-  absl::Status AsyncError() const override { return inner_->AsyncError(); }
 
   int on_device() const { return on_device_; }
   int on_host() const { return on_host_; }
@@ -140,7 +113,6 @@ class PointerCheck final : public comm::Communicator {
     const bool both = device_.IsDeviceMemory(in) && device_.IsDeviceMemory(out);
     ++(both ? on_device_ : on_host_);
   }
-  std::unique_ptr<comm::Communicator> inner_;
   const device::Device& device_;
   int on_device_ = 0, on_host_ = 0;
 };
