@@ -419,6 +419,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                                "saved tensors back); raise memory.device_budget to at least ",
                                floor, " or lower parallel.micro_batch"));
     }
+    // Above the floor a step can still need more where routing sends this rank more rows than
+    // balanced (expert parallelism): said once, with the bound where the capacity gives one.
+    const int B = static_cast<int>(spec.parallel().micro_batch());
+    const std::optional<int64_t> bound = (*model)->CapacityBoundActivationBytes(B);
+    if (bound.has_value() && static_cast<int64_t>(budget) < *bound) {
+      spdlog::warn(
+          "memory.device_budget: {} bytes covers balanced routing ({} bytes needed) but not a "
+          "step whose routing fills this rank's experts to capacity ({} bytes on rank {}): such "
+          "a step runs out of activation memory whatever the policy; {} bytes leaves room for any "
+          "routing",
+          budget, floor, *bound, task.rank(), *bound);
+    } else if (!bound.has_value() && spec.moe().capacity_factor() <= 0 && task.rank() == 0) {
+      spdlog::info(
+          "memory.device_budget: {} bytes covers balanced routing ({} bytes needed); with "
+          "dropless routing (moe.capacity_factor 0) under expert parallelism nothing bounds the "
+          "rows a rank receives, so a step routed far from balanced can need more",
+          budget, floor);
+    }
   }
   if (*policy == memory::MemoryPolicy::kOffload || *policy == memory::MemoryPolicy::kAdaptive) {
     memory::CopyEngineOptions copy_options;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -700,6 +701,28 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
     const int64_t share = S / tp;  // received over ep: share; gathered over esp: esp * share
     rows = MoeRows{S, share * esp, share + share * esp + S, true};
   }
+  return LeastBytesAt(B, rows);
+}
+
+std::optional<int64_t> GptMoe::CapacityBoundActivationBytes(int B) const {
+  const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
+  const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
+  const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
+  if (ep == 1 && esp == 1) return MinimumActivationBytes(B);  // a rank's rows are at most N k
+  if (tp > 1 || config_.capacity_factor <= 0) return std::nullopt;
+  // Each source rank sends each expert at most its capacity (kernels/cpu/permute.cc: per expert
+  // ceil(capacity_factor k N / E) of the source's N tokens): S <= min(N k, E c) sent; over ep,
+  // A <= ep min(N k, El c) received by this rank's El experts; R = esp A gathered.
+  const int64_t N = int64_t{B} * config_.seq_len, k = config_.top_k, E = config_.experts;
+  const auto c = static_cast<int64_t>(
+      std::ceil(config_.capacity_factor * static_cast<double>(k * N) / static_cast<double>(E)));
+  const int64_t El = MoeShapeOf(config_, shard_).El();
+  const int64_t S = std::min(N * k, E * c), A = ep * std::min(N * k, El * c);
+  return std::max(MinimumActivationBytes(B),
+                  LeastBytesAt(B, MoeRows{S, A * esp, A + A * esp, true}));
+}
+
+int64_t GptMoe::LeastBytesAt(int B, const MoeRows& rows) const {
   // Every tensor kept: a module's backward needs all of its own saved tensors back at once, and
   // its input, the module before's output (the residual stream, which the forward reads and the
   // backward's layer norm and rebuilds read), stays beside it in both directions.

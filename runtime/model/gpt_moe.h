@@ -240,6 +240,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // (S = N k; R = S times the ESP width) under the MoE layers' schedule (SetMoeSchedules first).
   // A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
+  // The same floor for the most rows routing can send this rank when the layers' capacity bounds
+  // them (expert parallelism with a capacity_factor, tp 1): each source rank gives each expert at
+  // most its capacity. A budget at or above it leaves room for any routing. The floor itself on
+  // one rank (whose rows are at most N k); nullopt where nothing bounds the rows (dropless
+  // routing under expert parallelism) or with tp > 1 (not computed).
+  std::optional<int64_t> CapacityBoundActivationBytes(int B) const;
 
   // ---- The MoE layers' schedules (runtime/moe/schedule.h) ----
   // One per MoE layer of the whole model, in layer order (default: deepspeed everywhere). Every
@@ -357,6 +363,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Whether the emergency offload must leave `e` in the arena: pinned, or read by the running
   // module (ReadByModule).
   bool Protected(const StashEntrySummary& e) const;
+  // MinimumActivationBytes' sum for one micro-batch of B at `rows`.
+  int64_t LeastBytesAt(int B, const MoeRows& rows) const;
   // Whether module `module`, running (forward or backward), reads a tensor tagged `tag` that module
   // j saved in the same micro-batch.
   static bool ReadByModule(int j, std::string_view tag, int module);
