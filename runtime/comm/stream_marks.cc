@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<StreamMarker>> CreateStreamMarker(device::Device&
 #if FURNACE_HAVE_CUDA
       return internal::CreateCudaStreamMarker(device);
 #else
-      return absl::UnimplementedError("stream marks: this build has no CUDA");
+      return absl::FailedPreconditionError("stream marks: this build has no CUDA");
 #endif
   }
   return absl::InvalidArgumentError("stream marks: unknown device kind");

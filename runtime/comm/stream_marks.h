@@ -43,7 +43,7 @@ class StreamMarker {
   virtual absl::StatusOr<std::unique_ptr<StreamMark>> Mark(device::Stream& stream) = 0;
 };
 
-// The marker for `device`'s kind. Unimplemented for CUDA in a build without CUDA.
+// The marker for `device`'s kind. FailedPrecondition for CUDA in a build without CUDA.
 absl::StatusOr<std::unique_ptr<StreamMarker>> CreateStreamMarker(device::Device& device);
 
 }  // namespace furnace::comm

@@ -34,7 +34,7 @@ absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision) {
   switch (kind) {
     case Kind::kCpu:
       if (bf16) {
-        return absl::UnimplementedError(
+        return absl::InvalidArgumentError(
             "precision bf16: the CPU trains in fp32 (bf16 GEMMs run on a discrete device: cuda, "
             "or the emulated device)");
       }
@@ -48,7 +48,7 @@ absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision) {
       break;
 #endif
   }
-  return absl::UnimplementedError(
+  return absl::FailedPreconditionError(
       absl::StrCat("no backend for device kind '", KindName(kind), "' at precision ",
                    PrecisionName(precision), ": this build has no CUDA (FURNACE_ENABLE_CUDA=OFF)"));
 }

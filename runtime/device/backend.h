@@ -177,9 +177,10 @@ const Backend& EmulatedBackend();
 const Backend& EmulatedBf16Backend();
 
 // The table for a kind of device at a precision: the one place that decides which kinds have a
-// backend. Unimplemented, naming the kind and the precision, when there is none.
+// backend. Errors name the kind and the precision: InvalidArgument for bf16 on the CPU (it trains
+// in fp32), FailedPrecondition for CUDA in a build without CUDA.
 absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision = Precision::kFp32);
-// The table `device` runs on; Unimplemented naming the device when its kind has none.
+// The table `device` runs on; BackendFor(kind)'s errors, naming the device.
 absl::StatusOr<const Backend*> BackendFor(const Device& device,
                                           Precision precision = Precision::kFp32);
 

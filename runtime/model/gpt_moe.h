@@ -126,8 +126,8 @@ struct ForwardState;
 class GptMoe final : public train::PipelineStage, private MemoryHooks {
  public:
   // `device` and `activations` must outlive the model. The model computes with the device's
-  // backend at `precision` (device::BackendFor(device, precision)); a device without one is
-  // refused with BackendFor's Unimplemented, which names the device and the precision.
+  // backend at `precision` (device::BackendFor(device, precision)); a device and precision without
+  // one are refused with BackendFor's error, which names the device and the precision.
   // `shard` must fit `config` (runtime/topology validates layouts); the groups must outlive the
   // model and take buffers of `device` (comm::ForDevice over a host transport). ResourceExhausted
   // when the device cannot hold the parameters and gradients.

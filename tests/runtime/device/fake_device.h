@@ -1,7 +1,7 @@
 // A Device of a chosen kind with no hardware behind it: the backend-selection tests give it a kind
 // (CUDA, with or without a CUDA build) to check the choice or the refusal without a GPU. Every
-// operation that would touch memory is Unimplemented; nothing here is ever called by the code under
-// test.
+// operation that would touch memory is refused (FailedPrecondition); nothing here is ever called by
+// the code under test.
 #pragma once
 
 #include <memory>
@@ -36,7 +36,7 @@ class FakeDevice final : public Device {
 
  private:
   absl::Status Refused() const {
-    return absl::UnimplementedError("fake device " + name_ + ": no memory");
+    return absl::FailedPreconditionError("fake device " + name_ + ": no memory");
   }
 
   struct NoStream final : Stream {
