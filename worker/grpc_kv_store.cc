@@ -67,12 +67,9 @@ absl::Status GrpcKvStore::Set(const std::string& key, const std::string& value) 
   return FromGrpcStatus(status, absl::StrCat("rendezvous KvSet ", key));
 }
 
-absl::StatusOr<std::vector<std::string>> GrpcKvStore::Get(const std::vector<std::string>& keys,
-                                                          double timeout_s) {
-  furnace::v1::KvGetRequest request;
-  *request.mutable_scope() = scope_;
-  for (const std::string& key : keys) request.add_keys(key);
-  furnace::v1::KvGetResponse response;
+absl::Status GrpcKvStore::KvGet(furnace::v1::KvGetRequest& request,
+                                furnace::v1::KvGetResponse& response, double timeout_s,
+                                const std::string& what) {
   const double deadline = clock_.MonotonicSeconds() + std::max(timeout_s, 0.0);
   const grpc::Status status = RetryUnavailable(clock_, deadline, [&](double left) {
     request.set_timeout_s(left);
@@ -81,13 +78,22 @@ absl::StatusOr<std::vector<std::string>> GrpcKvStore::Get(const std::vector<std:
     SetDeadline(&context, left + kDeadlineSlackS);
     return stub_->KvGet(&context, request, &response);
   });
-  const std::string what = absl::StrCat("rendezvous KvGet [", absl::StrJoin(keys, ", "), "]");
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::DeadlineExceededError(absl::StrCat(what,
                                                     ": the controller stayed unreachable for ",
                                                     timeout_s, " s: ", status.error_message()));
   }
-  RETURN_IF_ERROR(FromGrpcStatus(status, what));
+  return FromGrpcStatus(status, what);
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcKvStore::Get(const std::vector<std::string>& keys,
+                                                          double timeout_s) {
+  furnace::v1::KvGetRequest request;
+  *request.mutable_scope() = scope_;
+  for (const std::string& key : keys) request.add_keys(key);
+  furnace::v1::KvGetResponse response;
+  const std::string what = absl::StrCat("rendezvous KvGet [", absl::StrJoin(keys, ", "), "]");
+  RETURN_IF_ERROR(KvGet(request, response, timeout_s, what));
   if (response.values_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat(what, ": the controller returned ",
                                             response.values_size(), " values for ", keys.size(),
@@ -103,21 +109,8 @@ absl::StatusOr<GrpcKvStore::Arrivals> GrpcKvStore::WaitIndexed(const std::string
   request.set_indexed_prefix(prefix);
   request.set_indexed_count(count);
   furnace::v1::KvGetResponse response;
-  const double deadline = clock_.MonotonicSeconds() + std::max(timeout_s, 0.0);
-  const grpc::Status status = RetryUnavailable(clock_, deadline, [&](double left) {
-    request.set_timeout_s(left);
-    response.Clear();
-    grpc::ClientContext context;
-    SetDeadline(&context, left + kDeadlineSlackS);
-    return stub_->KvGet(&context, request, &response);
-  });
-  const std::string what = absl::StrCat("rendezvous: waiting for ", count, " keys ", prefix, "*");
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::DeadlineExceededError(absl::StrCat(what,
-                                                    ": the controller stayed unreachable for ",
-                                                    timeout_s, " s: ", status.error_message()));
-  }
-  RETURN_IF_ERROR(FromGrpcStatus(status, what));
+  RETURN_IF_ERROR(KvGet(request, response, timeout_s,
+                        absl::StrCat("rendezvous: waiting for ", count, " keys ", prefix, "*")));
   Arrivals a;
   a.complete = response.complete();
   a.present = response.present();

@@ -48,6 +48,11 @@ class GrpcKvStore : public comm::KvStore {
   static constexpr double kDeadlineSlackS = 2.0;
 
  private:
+  // One KvGet wait of up to timeout_s (retried while the controller is unreachable; still
+  // unreachable at the end: DeadlineExceeded), its errors prefixed with `what`.
+  absl::Status KvGet(furnace::v1::KvGetRequest& request, furnace::v1::KvGetResponse& response,
+                     double timeout_s, const std::string& what);
+
   const std::shared_ptr<furnace::v1::AgentService::StubInterface> stub_;
   const furnace::v1::KvScope scope_;
   const double set_timeout_s_;
