@@ -277,26 +277,26 @@ absl::StatusOr<v1::RegisterResponse> Controller::Register(const v1::RegisterRequ
 }
 
 v1::HeartbeatResponse Controller::Heartbeat(const v1::HeartbeatRequest& req) {
-  v1::HeartbeatResponse resp;
-  if (!workers_.Beat(req.worker_id(), req.session_id())) {
-    resp.set_reregister(true);
-    return resp;
-  }
-  resp.set_telemetry_flush_s(TelemetryFlushS());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
-  return resp;
+  return Beat(req, /*wait=*/true);
 }
 
 v1::HeartbeatResponse Controller::TryHeartbeat(const v1::HeartbeatRequest& req) {
+  return Beat(req, /*wait=*/false);
+}
+
+v1::HeartbeatResponse Controller::Beat(const v1::HeartbeatRequest& req, bool wait) {
   v1::HeartbeatResponse resp;
   if (!workers_.Beat(req.worker_id(), req.session_id())) {
     resp.set_reregister(true);
     return resp;
   }
   resp.set_telemetry_flush_s(TelemetryFlushS());
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return resp;  // recorded; no view this time
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return resp;  // recorded; no view this time
+  }
   if (const Worker* w = workers_.Find(req.worker_id())) FillRankView(*w, resp);
   return resp;
 }

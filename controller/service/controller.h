@@ -144,6 +144,8 @@ class Controller {
   absl::Status Load();
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   // Caller holds mu_.
+  // Heartbeat (wait: for the state mutex) and TryHeartbeat (not).
+  furnace::v1::HeartbeatResponse Beat(const furnace::v1::HeartbeatRequest& req, bool wait);
   void FillRankView(const Worker& w, furnace::v1::HeartbeatResponse& resp);
   // The telemetry flush interval agents are told (ControllerOptions::telemetry_flush_s).
   double TelemetryFlushS() const;
