@@ -103,8 +103,13 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
   }
 }
 
+size_t AttentionBackwardWorkspaceBytes(int /*B*/, int Tlen, int /*C*/, int NH) {
+  return static_cast<size_t>(NH) * Tlen * Tlen * sizeof(float);
+}
+
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                       int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream) {
+                       int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
+                       cudaStream_t stream) {
   const char* op = "AttentionBackward";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (B <= 0 || Tlen <= 0 || C <= 0) return;
@@ -113,11 +118,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const int64_t tt = int64_t{Tlen} * Tlen;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float zero = 0.0f, one = 1.0f;
-  float* dp = nullptr;
-  if (!FURNACE_CHECK_CUDA(
-          op, cudaMallocAsync(reinterpret_cast<void**>(&dp), NH * tt * sizeof(float), stream))) {
-    return;
-  }
+  float* dp = static_cast<float*>(workspace);
   int64_t rows = int64_t{NH} * Tlen;
   for (int b = 0; b < B; ++b) {
     const float* q = qkv + int64_t{b} * Tlen * ld;
@@ -146,7 +147,6 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
                                            q, ld, hs, dp, Tlen, tt, &one, dk, ld, hs, NH));
     if (!ok) break;
   }
-  FURNACE_CHECK_CUDA(op, cudaFreeAsync(dp, stream));
 }
 
 }  // namespace furnace::kernels::cuda

@@ -115,7 +115,9 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
       }
     }
-    cudaFree(barrier_scratch_);
+    // After the destroy or abort: nothing of this communicator is left on the stream to wait for.
+    cudaFreeAsync(barrier_scratch_, stream_);
+    cudaGetLastError();
   }
 
   int rank() const override { return rank_; }
@@ -576,12 +578,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KvStore& st
                                                         ncclGetErrorString(result), last));
   }
 
+  // Stream-ordered on the communicator's stream, as everything the barrier does: a plain
+  // cudaMalloc/cudaFree pair would synchronise the device, and with it every other group's
+  // collective in flight (which may be waiting for a peer).
   float* barrier_scratch = nullptr;
-  err = cudaMalloc(reinterpret_cast<void**>(&barrier_scratch), sizeof(float));
-  if (err == cudaSuccess) err = cudaMemset(barrier_scratch, 0, sizeof(float));
+  err = cudaMallocAsync(reinterpret_cast<void**>(&barrier_scratch), sizeof(float), options.stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(barrier_scratch, 0, sizeof(float), options.stream);
   if (err != cudaSuccess) {
+    cudaGetLastError();
     ncclCommAbort(comm);
-    cudaFree(barrier_scratch);
+    if (barrier_scratch != nullptr) cudaFreeAsync(barrier_scratch, options.stream);
+    cudaGetLastError();
     return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
   }
   return std::unique_ptr<Communicator>(

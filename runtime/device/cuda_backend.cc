@@ -33,6 +33,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/permute.h"
 #include "kernels/router.h"
+#include "runtime/device/backend_op_names.h"
 #include "runtime/device/cuda_backend_ops.h"
 #include "runtime/device/cuda_op.h"
 
@@ -111,6 +112,14 @@ float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, i
   return op.Synchronize() ? aux : std::numeric_limits<float>::quiet_NaN();
 }
 
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH) {
+  CudaOp op("attention_backward", {dqkv, dout, qkv, att});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionBackwardWorkspaceBytes(B, T, C, NH));
+  if (op.ok()) kc::AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, ws, handle, op.stream());
+}
+
 double SumOfSquares(const float* x, int64_t n) {
   CudaOp op("sum_of_squares", {x});
   auto* d_sum = static_cast<double*>(op.Scratch(sizeof(double)));
@@ -134,91 +143,65 @@ namespace kc = kernels::cuda;
 using cuda_internal::Cublased;
 using cuda_internal::Streamed;
 
-// Op names for errors (template arguments need objects with static storage).
-constexpr char kMatmulForward[] = "matmul_forward";
-constexpr char kMatmulBackward[] = "matmul_backward";
-constexpr char kGroupedMatmulForward[] = "grouped_matmul_forward";
-constexpr char kGroupedMatmulBackward[] = "grouped_matmul_backward";
-constexpr char kAttentionForward[] = "attention_forward";
-constexpr char kAttentionBackward[] = "attention_backward";
-constexpr char kLayernormForward[] = "layernorm_forward";
-constexpr char kLayernormBackward[] = "layernorm_backward";
-constexpr char kGeluForward[] = "gelu_forward";
-constexpr char kGeluBackward[] = "gelu_backward";
-constexpr char kAddInPlace[] = "add_inplace";
-constexpr char kBiasResidual[] = "bias_residual";
-constexpr char kTranspose[] = "transpose";
-constexpr char kEmbeddingForward[] = "embedding_forward";
-constexpr char kEmbeddingBackward[] = "embedding_backward";
-constexpr char kCrossEntropyForward[] = "cross_entropy_forward";
-constexpr char kCrossEntropyBackward[] = "cross_entropy_backward";
-constexpr char kSoftmaxForward[] = "softmax_forward";
-constexpr char kSoftmaxBackward[] = "softmax_backward";
-constexpr char kTopkForward[] = "topk_forward";
-constexpr char kTopkBackward[] = "topk_backward";
-constexpr char kAuxLossBackward[] = "aux_loss_backward";
-constexpr char kAdamwUpdate[] = "adamw_update";
-constexpr char kScale[] = "scale";
-constexpr char kCastF32ToBf16[] = "cast_f32_to_bf16";
-constexpr char kCastBf16ToF32[] = "cast_bf16_to_f32";
-constexpr char kQuantizeFp8[] = "quantize_fp8_e4m3";
-constexpr char kDequantizeFp8[] = "dequantize_fp8_e4m3";
+namespace op = op_names;
 
 constexpr Backend kCudaBackend = {
     .name = "cuda",
     .precision = Precision::kFp32,
-    .matmul_forward = &Cublased<kMatmulForward, &k::MatmulForward<float>, &kc::MatmulForward>::Run,
+    .matmul_forward =
+        &Cublased<op::kMatmulForward, &k::MatmulForward<float>, &kc::MatmulForward>::Run,
     .matmul_backward =
-        &Cublased<kMatmulBackward, &k::MatmulBackward<float>, &kc::MatmulBackward>::Run,
-    .grouped_matmul_forward = &Cublased<kGroupedMatmulForward, &k::GroupedMatmulForward<float>,
+        &Cublased<op::kMatmulBackward, &k::MatmulBackward<float>, &kc::MatmulBackward>::Run,
+    .grouped_matmul_forward = &Cublased<op::kGroupedMatmulForward, &k::GroupedMatmulForward<float>,
                                         &kc::GroupedMatmulForward>::Run,
-    .grouped_matmul_backward = &Cublased<kGroupedMatmulBackward, &k::GroupedMatmulBackward<float>,
-                                         &kc::GroupedMatmulBackward>::Run,
+    .grouped_matmul_backward =
+        &Cublased<op::kGroupedMatmulBackward, &k::GroupedMatmulBackward<float>,
+                  &kc::GroupedMatmulBackward>::Run,
     .attention_forward =
-        &Cublased<kAttentionForward, &k::AttentionForward<float>, &kc::AttentionForward>::Run,
-    .attention_backward =
-        &Cublased<kAttentionBackward, &k::AttentionBackward<float>, &kc::AttentionBackward>::Run,
+        &Cublased<op::kAttentionForward, &k::AttentionForward<float>, &kc::AttentionForward>::Run,
+    .attention_backward = &cuda_internal::AttentionBackward,
     .layernorm_forward =
-        &Streamed<kLayernormForward, &k::LayerNormForward<float>, &kc::LayerNormForward>::Run,
-    .layernorm_backward =
-        &Streamed<kLayernormBackward, &k::LayerNormBackward<float>, &kc::LayerNormBackward>::Run,
-    .gelu_forward = &Streamed<kGeluForward, &k::GeluForward<float>, &kc::GeluForward>::Run,
-    .gelu_backward = &Streamed<kGeluBackward, &k::GeluBackward<float>, &kc::GeluBackward>::Run,
-    .add_inplace = &Streamed<kAddInPlace, &k::AddInPlace<float>, &kc::AddInPlace>::Run,
-    .bias_residual = &Streamed<kBiasResidual, &k::BiasResidual<float>, &kc::BiasResidual>::Run,
+        &Streamed<op::kLayernormForward, &k::LayerNormForward<float>, &kc::LayerNormForward>::Run,
+    .layernorm_backward = &Streamed<op::kLayernormBackward, &k::LayerNormBackward<float>,
+                                    &kc::LayerNormBackward>::Run,
+    .gelu_forward = &Streamed<op::kGeluForward, &k::GeluForward<float>, &kc::GeluForward>::Run,
+    .gelu_backward = &Streamed<op::kGeluBackward, &k::GeluBackward<float>, &kc::GeluBackward>::Run,
+    .add_inplace = &Streamed<op::kAddInPlace, &k::AddInPlace<float>, &kc::AddInPlace>::Run,
+    .bias_residual = &Streamed<op::kBiasResidual, &k::BiasResidual<float>, &kc::BiasResidual>::Run,
     .add_row = &cuda_internal::AddRow,
-    .transpose = &Streamed<kTranspose, &k::Transpose<float>, &kc::Transpose>::Run,
+    .transpose = &Streamed<op::kTranspose, &k::Transpose<float>, &kc::Transpose>::Run,
     .embedding_forward =
-        &Streamed<kEmbeddingForward, &k::EmbeddingForward<float>, &kc::EmbeddingForward>::Run,
-    .embedding_backward =
-        &Streamed<kEmbeddingBackward, &k::EmbeddingBackward<float>, &kc::EmbeddingBackward>::Run,
-    .cross_entropy_forward = &Streamed<kCrossEntropyForward, &k::CrossEntropyForward<float>,
+        &Streamed<op::kEmbeddingForward, &k::EmbeddingForward<float>, &kc::EmbeddingForward>::Run,
+    .embedding_backward = &Streamed<op::kEmbeddingBackward, &k::EmbeddingBackward<float>,
+                                    &kc::EmbeddingBackward>::Run,
+    .cross_entropy_forward = &Streamed<op::kCrossEntropyForward, &k::CrossEntropyForward<float>,
                                        &kc::CrossEntropyForward>::Run,
-    .cross_entropy_backward = &Streamed<kCrossEntropyBackward, &k::CrossEntropyBackward<float>,
+    .cross_entropy_backward = &Streamed<op::kCrossEntropyBackward, &k::CrossEntropyBackward<float>,
                                         &kc::CrossEntropyBackward>::Run,
     .softmax_forward =
-        &Streamed<kSoftmaxForward, &k::SoftmaxForward<float>, &kc::SoftmaxForward>::Run,
+        &Streamed<op::kSoftmaxForward, &k::SoftmaxForward<float>, &kc::SoftmaxForward>::Run,
     .softmax_backward =
-        &Streamed<kSoftmaxBackward, &k::SoftmaxBackward<float>, &kc::SoftmaxBackward>::Run,
-    .topk_forward = &Streamed<kTopkForward, &k::TopKForward<float>, &kc::TopKForward>::Run,
-    .topk_backward = &Streamed<kTopkBackward, &k::TopKBackward<float>, &kc::TopKBackward>::Run,
+        &Streamed<op::kSoftmaxBackward, &k::SoftmaxBackward<float>, &kc::SoftmaxBackward>::Run,
+    .topk_forward = &Streamed<op::kTopkForward, &k::TopKForward<float>, &kc::TopKForward>::Run,
+    .topk_backward = &Streamed<op::kTopkBackward, &k::TopKBackward<float>, &kc::TopKBackward>::Run,
     .aux_loss_forward = &cuda_internal::AuxLossForward,
     .aux_loss_backward =
-        &Streamed<kAuxLossBackward, &k::AuxLossBackward<float>, &kc::AuxLossBackward>::Run,
+        &Streamed<op::kAuxLossBackward, &k::AuxLossBackward<float>, &kc::AuxLossBackward>::Run,
     .make_dispatch_plan = &k::MakeDispatchPlan,  // host: built from host routing indices
     .make_dispatch_plan_slice = &k::MakeDispatchPlanSlice,
     .permute_forward = &cuda_internal::PermuteForward,
     .permute_backward = &cuda_internal::PermuteBackward,
     .unpermute_forward = &cuda_internal::UnpermuteForward,
     .unpermute_backward = &cuda_internal::UnpermuteBackward,
-    .adamw_update = &Streamed<kAdamwUpdate, &k::AdamWUpdate, &kc::AdamWUpdate>::Run,
+    .adamw_update = &Streamed<op::kAdamwUpdate, &k::AdamWUpdate, &kc::AdamWUpdate>::Run,
     .sum_of_squares = &cuda_internal::SumOfSquares,
-    .scale = &Streamed<kScale, &k::Scale, &kc::Scale>::Run,
-    .cast_f32_to_bf16 = &Streamed<kCastF32ToBf16, &k::CastF32ToBf16, &kc::CastF32ToBf16>::Run,
-    .cast_bf16_to_f32 = &Streamed<kCastBf16ToF32, &k::CastBf16ToF32, &kc::CastBf16ToF32>::Run,
-    .quantize_fp8_e4m3 = &Streamed<kQuantizeFp8, &k::QuantizeFp8E4M3, &kc::QuantizeFp8E4M3>::Run,
+    .scale = &Streamed<op::kScale, &k::Scale, &kc::Scale>::Run,
+    .cast_f32_to_bf16 = &Streamed<op::kCastF32ToBf16, &k::CastF32ToBf16, &kc::CastF32ToBf16>::Run,
+    .cast_bf16_to_f32 = &Streamed<op::kCastBf16ToF32, &k::CastBf16ToF32, &kc::CastBf16ToF32>::Run,
+    .quantize_fp8_e4m3 =
+        &Streamed<op::kQuantizeFp8, &k::QuantizeFp8E4M3, &kc::QuantizeFp8E4M3>::Run,
     .dequantize_fp8_e4m3 =
-        &Streamed<kDequantizeFp8, &k::DequantizeFp8E4M3, &kc::DequantizeFp8E4M3>::Run,
+        &Streamed<op::kDequantizeFp8, &k::DequantizeFp8E4M3, &kc::DequantizeFp8E4M3>::Run,
 };
 
 }  // namespace

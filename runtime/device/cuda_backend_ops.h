@@ -49,6 +49,8 @@ void UnpermuteForward(float* out, const float* expert_out, const float* gates,
 void UnpermuteBackward(float* dexpert_out, float* dgates, const float* dout,
                        const float* expert_out, const float* gates, const DispatchPlan& plan,
                        int C);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                       int T, int C, int NH);
 void AddRow(float* out, const float* row, int64_t N, int C);
 float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int k, float alpha);
 double SumOfSquares(const float* x, int64_t n);

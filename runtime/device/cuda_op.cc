@@ -4,6 +4,7 @@
 // chunk is reused only after the event recorded behind its last upload has completed.
 #include "runtime/device/cuda_op.h"
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.h"
@@ -48,13 +50,19 @@ class Staging {
       }
       return Use(chunks_.back());
     }
-    Chunk& victim = chunks_[next_victim_++ % chunks_.size()];
+    const size_t v = next_victim_++ % chunks_.size();
+    Chunk& victim = chunks_[v];
     FURNACE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(victim.done));
     if (victim.bytes < bytes) {
       Release(victim);
       victim = Chunk{};
       absl::Status s = Grow(victim, bytes);
-      if (!s.ok()) return s;
+      if (!s.ok()) {
+        // Not left behind as a chunk with no memory and no event: a later Acquire would take it
+        // as a victim and wait on a null event.
+        chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(v));
+        return s;
+      }
     }
     return Use(victim);
   }

@@ -40,6 +40,7 @@
 #include "kernels/permute.h"
 #include "kernels/router.h"
 #include "runtime/device/backend.h"
+#include "runtime/device/backend_op_names.h"
 #include "runtime/device/current_stream.h"
 #include "runtime/device/emulated_device.h"
 #include "runtime/device/weight_mirror.h"
@@ -280,80 +281,49 @@ void AddRow(float* out, const float* row, int64_t N, int C) {
   LaunchOrRecord(t, "add_row", [=] { k::AddRow<float>(o, host_row.data(), N, C); });
 }
 
-// Op names for errors (template arguments need objects with static storage).
-constexpr char kMatmulForward[] = "matmul_forward";
-constexpr char kMatmulBackward[] = "matmul_backward";
-constexpr char kAttentionForwardBf16[] = "attention_forward (bf16)";
-constexpr char kAttentionBackwardBf16[] = "attention_backward (bf16)";
-constexpr char kAttentionForward[] = "attention_forward";
-constexpr char kAttentionBackward[] = "attention_backward";
-constexpr char kLayernormForward[] = "layernorm_forward";
-constexpr char kLayernormBackward[] = "layernorm_backward";
-constexpr char kGeluForward[] = "gelu_forward";
-constexpr char kGeluBackward[] = "gelu_backward";
-constexpr char kAddInPlace[] = "add_inplace";
-constexpr char kBiasResidual[] = "bias_residual";
-constexpr char kTranspose[] = "transpose";
-constexpr char kEmbeddingForward[] = "embedding_forward";
-constexpr char kEmbeddingBackward[] = "embedding_backward";
-constexpr char kCrossEntropyForward[] = "cross_entropy_forward";
-constexpr char kCrossEntropyBackward[] = "cross_entropy_backward";
-constexpr char kSoftmaxForward[] = "softmax_forward";
-constexpr char kSoftmaxBackward[] = "softmax_backward";
-constexpr char kTopkForward[] = "topk_forward";
-constexpr char kTopkBackward[] = "topk_backward";
-constexpr char kAuxLossBackward[] = "aux_loss_backward";
-constexpr char kPermuteForward[] = "permute_forward";
-constexpr char kPermuteBackward[] = "permute_backward";
-constexpr char kUnpermuteForward[] = "unpermute_forward";
-constexpr char kUnpermuteBackward[] = "unpermute_backward";
-constexpr char kAdamwUpdate[] = "adamw_update";
-constexpr char kScale[] = "scale";
-constexpr char kCastF32ToBf16[] = "cast_f32_to_bf16";
-constexpr char kCastBf16ToF32[] = "cast_bf16_to_f32";
-constexpr char kQuantizeFp8[] = "quantize_fp8_e4m3";
-constexpr char kDequantizeFp8[] = "dequantize_fp8_e4m3";
+namespace op = op_names;
 
 constexpr Backend kEmulatedBackend = {
     .name = "emulated",
     .precision = Precision::kFp32,
-    .matmul_forward = &Async<kMatmulForward, &k::MatmulForward<float>>::Run,
-    .matmul_backward = &Async<kMatmulBackward, &k::MatmulBackward<float>>::Run,
+    .matmul_forward = &Async<op::kMatmulForward, &k::MatmulForward<float>>::Run,
+    .matmul_backward = &Async<op::kMatmulBackward, &k::MatmulBackward<float>>::Run,
     .grouped_matmul_forward = &GroupedMatmulForward<&k::GroupedMatmulForward<float>>,
     .grouped_matmul_backward = &GroupedMatmulBackward<&k::GroupedMatmulBackward<float>>,
-    .attention_forward = &Async<kAttentionForward, &k::AttentionForward<float>>::Run,
-    .attention_backward = &Async<kAttentionBackward, &k::AttentionBackward<float>>::Run,
-    .layernorm_forward = &Async<kLayernormForward, &k::LayerNormForward<float>>::Run,
-    .layernorm_backward = &Async<kLayernormBackward, &k::LayerNormBackward<float>>::Run,
-    .gelu_forward = &Async<kGeluForward, &k::GeluForward<float>>::Run,
-    .gelu_backward = &Async<kGeluBackward, &k::GeluBackward<float>>::Run,
-    .add_inplace = &Async<kAddInPlace, &k::AddInPlace<float>>::Run,
-    .bias_residual = &Async<kBiasResidual, &k::BiasResidual<float>>::Run,
+    .attention_forward = &Async<op::kAttentionForward, &k::AttentionForward<float>>::Run,
+    .attention_backward = &Async<op::kAttentionBackward, &k::AttentionBackward<float>>::Run,
+    .layernorm_forward = &Async<op::kLayernormForward, &k::LayerNormForward<float>>::Run,
+    .layernorm_backward = &Async<op::kLayernormBackward, &k::LayerNormBackward<float>>::Run,
+    .gelu_forward = &Async<op::kGeluForward, &k::GeluForward<float>>::Run,
+    .gelu_backward = &Async<op::kGeluBackward, &k::GeluBackward<float>>::Run,
+    .add_inplace = &Async<op::kAddInPlace, &k::AddInPlace<float>>::Run,
+    .bias_residual = &Async<op::kBiasResidual, &k::BiasResidual<float>>::Run,
     .add_row = &AddRow,
-    .transpose = &Async<kTranspose, &k::Transpose<float>>::Run,
-    .embedding_forward = &Async<kEmbeddingForward, &k::EmbeddingForward<float>>::Run,
-    .embedding_backward = &Async<kEmbeddingBackward, &k::EmbeddingBackward<float>>::Run,
-    .cross_entropy_forward = &Async<kCrossEntropyForward, &k::CrossEntropyForward<float>>::Run,
-    .cross_entropy_backward = &Async<kCrossEntropyBackward, &k::CrossEntropyBackward<float>>::Run,
-    .softmax_forward = &Async<kSoftmaxForward, &k::SoftmaxForward<float>>::Run,
-    .softmax_backward = &Async<kSoftmaxBackward, &k::SoftmaxBackward<float>>::Run,
-    .topk_forward = &Async<kTopkForward, &k::TopKForward<float>>::Run,
-    .topk_backward = &Async<kTopkBackward, &k::TopKBackward<float>>::Run,
+    .transpose = &Async<op::kTranspose, &k::Transpose<float>>::Run,
+    .embedding_forward = &Async<op::kEmbeddingForward, &k::EmbeddingForward<float>>::Run,
+    .embedding_backward = &Async<op::kEmbeddingBackward, &k::EmbeddingBackward<float>>::Run,
+    .cross_entropy_forward = &Async<op::kCrossEntropyForward, &k::CrossEntropyForward<float>>::Run,
+    .cross_entropy_backward =
+        &Async<op::kCrossEntropyBackward, &k::CrossEntropyBackward<float>>::Run,
+    .softmax_forward = &Async<op::kSoftmaxForward, &k::SoftmaxForward<float>>::Run,
+    .softmax_backward = &Async<op::kSoftmaxBackward, &k::SoftmaxBackward<float>>::Run,
+    .topk_forward = &Async<op::kTopkForward, &k::TopKForward<float>>::Run,
+    .topk_backward = &Async<op::kTopkBackward, &k::TopKBackward<float>>::Run,
     .aux_loss_forward = &AuxLossForward,
-    .aux_loss_backward = &Async<kAuxLossBackward, &k::AuxLossBackward<float>>::Run,
+    .aux_loss_backward = &Async<op::kAuxLossBackward, &k::AuxLossBackward<float>>::Run,
     .make_dispatch_plan = &k::MakeDispatchPlan,  // host: built from host routing indices
     .make_dispatch_plan_slice = &k::MakeDispatchPlanSlice,
-    .permute_forward = &Async<kPermuteForward, &k::PermuteForward<float>>::Run,
-    .permute_backward = &Async<kPermuteBackward, &k::PermuteBackward<float>>::Run,
-    .unpermute_forward = &Async<kUnpermuteForward, &k::UnpermuteForward<float>>::Run,
-    .unpermute_backward = &Async<kUnpermuteBackward, &k::UnpermuteBackward<float>>::Run,
-    .adamw_update = &Async<kAdamwUpdate, &k::AdamWUpdate>::Run,
+    .permute_forward = &Async<op::kPermuteForward, &k::PermuteForward<float>>::Run,
+    .permute_backward = &Async<op::kPermuteBackward, &k::PermuteBackward<float>>::Run,
+    .unpermute_forward = &Async<op::kUnpermuteForward, &k::UnpermuteForward<float>>::Run,
+    .unpermute_backward = &Async<op::kUnpermuteBackward, &k::UnpermuteBackward<float>>::Run,
+    .adamw_update = &Async<op::kAdamwUpdate, &k::AdamWUpdate>::Run,
     .sum_of_squares = &SumOfSquares,
-    .scale = &Async<kScale, &k::Scale>::Run,
-    .cast_f32_to_bf16 = &Async<kCastF32ToBf16, &k::CastF32ToBf16>::Run,
-    .cast_bf16_to_f32 = &Async<kCastBf16ToF32, &k::CastBf16ToF32>::Run,
-    .quantize_fp8_e4m3 = &Async<kQuantizeFp8, &k::QuantizeFp8E4M3>::Run,
-    .dequantize_fp8_e4m3 = &Async<kDequantizeFp8, &k::DequantizeFp8E4M3>::Run,
+    .scale = &Async<op::kScale, &k::Scale>::Run,
+    .cast_f32_to_bf16 = &Async<op::kCastF32ToBf16, &k::CastF32ToBf16>::Run,
+    .cast_bf16_to_f32 = &Async<op::kCastBf16ToF32, &k::CastBf16ToF32>::Run,
+    .quantize_fp8_e4m3 = &Async<op::kQuantizeFp8, &k::QuantizeFp8E4M3>::Run,
+    .dequantize_fp8_e4m3 = &Async<op::kDequantizeFp8, &k::DequantizeFp8E4M3>::Run,
 };
 
 // The bf16 table (backend.h "Precision"): the fp32 table with the GEMMs and attention replaced by
@@ -366,8 +336,8 @@ constexpr Backend MakeEmulatedBf16Backend() {
   b.matmul_backward = &MatmulBackwardBf16;
   b.grouped_matmul_forward = &GroupedMatmulForwardBf16;
   b.grouped_matmul_backward = &GroupedMatmulBackwardBf16;
-  b.attention_forward = &Async<kAttentionForwardBf16, &k::AttentionForwardBf16>::Run;
-  b.attention_backward = &Async<kAttentionBackwardBf16, &k::AttentionBackwardBf16>::Run;
+  b.attention_forward = &Async<op::kAttentionForwardBf16, &k::AttentionForwardBf16>::Run;
+  b.attention_backward = &Async<op::kAttentionBackwardBf16, &k::AttentionBackwardBf16>::Run;
   return b;
 }
 constexpr Backend kEmulatedBf16Backend = MakeEmulatedBf16Backend();

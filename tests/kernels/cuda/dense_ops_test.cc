@@ -153,8 +153,12 @@ TEST(CudaKernelsTest, Attention) {
   DeviceBuffer<float> d_qkv(qkv), d_out(B * T * C), d_att(B * NH * T * T), d_dout(dout),
       d_dqkv(dqkv);
   AttentionForward(d_out.get(), d_att.get(), d_qkv.get(), B, T, C, NH, handle.get(), nullptr);
-  AttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), B, T, C, NH, handle.get(),
-                    nullptr);
+  // The workspace starts as NaN bytes, so a read of it before it is written shows up.
+  DeviceBuffer<char> workspace(AttentionBackwardWorkspaceBytes(B, T, C, NH));
+  ASSERT_EQ(cudaMemset(workspace.get(), 0xff, AttentionBackwardWorkspaceBytes(B, T, C, NH)),
+            cudaSuccess);
+  AttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), B, T, C, NH,
+                    workspace.get(), handle.get(), nullptr);
   ASSERT_KERNELS_OK();
   std::vector<float> out(B * T * C), att(B * NH * T * T);
   cpu::AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
