@@ -420,21 +420,25 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
                                floor, " or lower parallel.micro_batch"));
     }
     // Above the floor a step can still need more where routing sends this rank more rows than
-    // balanced (expert parallelism): said once, with the bound where the capacity gives one.
+    // balanced (expert parallelism): said once, with the bound on the rows routing can send.
     const int B = static_cast<int>(spec.parallel().micro_batch());
-    const std::optional<int64_t> bound = (*model)->CapacityBoundActivationBytes(B);
+    const std::optional<int64_t> bound = (*model)->RoutingBoundActivationBytes(B);
     if (bound.has_value() && static_cast<int64_t>(budget) < *bound) {
+      const bool dropless = spec.moe().capacity_factor() <= 0;
       spdlog::warn(
           "memory.device_budget: {} bytes covers balanced routing ({} bytes needed) but not a "
-          "step whose routing fills this rank's experts to capacity ({} bytes on rank {}): such "
-          "a step runs out of activation memory whatever the policy; {} bytes leaves room for any "
-          "routing",
-          budget, floor, *bound, task.rank(), *bound);
-    } else if (!bound.has_value() && spec.moe().capacity_factor() <= 0 && task.rank() == 0) {
+          "step whose routing {} ({} bytes on rank {}): such a step runs out of activation memory "
+          "whatever the policy; {} bytes leaves room for any routing{}",
+          budget, floor,
+          dropless ? "sends every token to this rank's experts"
+                   : "fills this rank's experts to capacity",
+          *bound, task.rank(), *bound,
+          dropless ? " (dropless: moe.capacity_factor 0; a capacity bounds it lower)" : "");
+    } else if (!bound.has_value() && task.rank() == 0) {
       spdlog::info(
           "memory.device_budget: {} bytes covers balanced routing ({} bytes needed); with "
-          "dropless routing (moe.capacity_factor 0) under expert parallelism nothing bounds the "
-          "rows a rank receives, so a step routed far from balanced can need more",
+          "tensor parallelism the bound on the rows routing can send a rank is not computed, so "
+          "a step routed far from balanced can need more",
           budget, floor);
     }
   }

@@ -704,20 +704,24 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
   return LeastBytesAt(B, rows);
 }
 
-std::optional<int64_t> GptMoe::CapacityBoundActivationBytes(int B) const {
+std::optional<int64_t> GptMoe::RoutingBoundActivationBytes(int B) const {
   const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
   const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
   const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
   if (ep == 1 && esp == 1) return MinimumActivationBytes(B);  // a rank's rows are at most N k
-  if (tp > 1 || config_.capacity_factor <= 0) return std::nullopt;
-  // Each source rank sends each expert at most its capacity (kernels/cpu/permute.cc: per expert
-  // ceil(capacity_factor k N / E) of the source's N tokens): S <= min(N k, E c) sent; over ep,
-  // A <= ep min(N k, El c) received by this rank's El experts; R = esp A gathered.
+  if (tp > 1) return std::nullopt;
   const int64_t N = int64_t{B} * config_.seq_len, k = config_.top_k, E = config_.experts;
-  const auto c = static_cast<int64_t>(
-      std::ceil(config_.capacity_factor * static_cast<double>(k * N) / static_cast<double>(E)));
   const int64_t El = MoeShapeOf(config_, shard_).El();
-  const int64_t S = std::min(N * k, E * c), A = ep * std::min(N * k, El * c);
+  // S rows sent by this rank, A received over ep by its El experts, R = esp A gathered.
+  int64_t S = N * k, A = ep * N * std::min(k, El);
+  if (config_.capacity_factor > 0) {
+    // Each source rank sends each expert at most its capacity (kernels/cpu/permute.cc: per
+    // expert ceil(capacity_factor k N / E) of the source's N tokens).
+    const auto c = static_cast<int64_t>(
+        std::ceil(config_.capacity_factor * static_cast<double>(k * N) / static_cast<double>(E)));
+    S = std::min(S, E * c);
+    A = std::min(A, ep * El * c);
+  }
   return std::max(MinimumActivationBytes(B),
                   LeastBytesAt(B, MoeRows{S, A * esp, A + A * esp, true}));
 }

@@ -240,12 +240,13 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // (S = N k; R = S times the ESP width) under the MoE layers' schedule (SetMoeSchedules first).
   // A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
-  // The same floor for the most rows routing can send this rank when the layers' capacity bounds
-  // them (expert parallelism with a capacity_factor, tp 1): each source rank gives each expert at
-  // most its capacity. A budget at or above it leaves room for any routing. The floor itself on
-  // one rank (whose rows are at most N k); nullopt where nothing bounds the rows (dropless
-  // routing under expert parallelism) or with tp > 1 (not computed).
-  std::optional<int64_t> CapacityBoundActivationBytes(int B) const;
+  // The same floor for the most rows routing can send this rank (expert parallelism, tp 1): with
+  // a capacity_factor, each source rank gives each expert at most its capacity; dropless, each
+  // source's every token sends one row to each of its k experts that lives here (at most
+  // min(k, local experts) rows a token: every token routed to this rank). A budget at or above
+  // it leaves room for any routing. The floor itself on one rank (whose rows are at most N k);
+  // nullopt with tp > 1 (not computed).
+  std::optional<int64_t> RoutingBoundActivationBytes(int B) const;
 
   // ---- The MoE layers' schedules (runtime/moe/schedule.h) ----
   // One per MoE layer of the whole model, in layer order (default: deepspeed everywhere). Every

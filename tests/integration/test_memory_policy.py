@@ -5,9 +5,13 @@ which policy it ran. Under a budget that only `selective` fits, a `none` job run
 once, is restarted under `selective` (out-of-memory escalation) and ends with the same
 parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
 does not fit, says so in its telemetry, and the job ends with the same parameters again. A budget
-below what any policy needs is refused before the first step, with the bytes needed."""
+below what any policy needs is refused before the first step, with the bytes needed. Under
+expert parallelism a budget between that floor and the routing bound (every token routed to the
+rank's experts, dropless) is warned about at start with the bound, and at the bound an adaptive
+job trains through spikes."""
 import json
 import os
+import re
 import urllib.request
 
 import harness
@@ -110,6 +114,53 @@ class MemoryPolicyTest(harness.ClusterTest):
         logs = c.cli("logs", small).stdout
         self.assertIn("memory.device_budget: 65536 bytes is below", logs)
         self.assertIn("raise memory.device_budget to at least", logs)
+
+    def test_expert_parallel_budget_below_the_routing_bound_is_warned_and_the_bound_trains(self):
+        # dp2 x ep2, dropless, with spikes that route every token of a step to one expert: the
+        # floor covers balanced rows only. A budget between the floor and the routing bound is
+        # warned about at start with the bound; at the bound, adaptive trains every spike.
+        c = self.cluster
+
+        def ep_job(name, budget, steps=6):
+            return f"""name: {name}
+kind: train
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+moe:
+  experts: 4
+  top_k: 2
+  capacity_factor: 0
+  spikes: {{probability: 1.0, max_ratio: 2.0, seed: 9}}
+parallel: {{dp: 2, ep: 2, micro_batch: 4, micro_batches: 1}}
+memory: {{policy: adaptive, device_budget: {budget}}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 0, seed: 11}}
+data: {{source: markov, seed: 5}}
+recovery: {{max_restarts: 0}}
+"""
+
+        def number_after(text, pattern):
+            m = re.search(pattern, text)
+            self.assertIsNotNone(m, f"no {pattern!r} in the logs:\n{text[-3000:]}")
+            return int(m.group(1))
+
+        probe = c.submit(c.write_job("probe.yaml", ep_job("probe", 65536, steps=1)))
+        self.assertEqual(c.wait_state(probe, harness.FINAL, timeout=120)["summary"]["state"],
+                         "JOB_FAILED")
+        floor = number_after(c.cli("logs", probe).stdout, r"is below (\d+) bytes")
+
+        between = c.submit(c.write_job("between.yaml", ep_job("between", floor, steps=1)))
+        c.wait_state(between, harness.FINAL, timeout=120)
+        logs = c.cli("logs", between).stdout
+        self.assertIn("covers balanced routing", logs)
+        self.assertIn("sends every token to this rank's experts", logs)
+        bound = number_after(logs, r"(\d+) bytes leaves room for any routing")
+        self.assertGreater(bound, floor)
+
+        at_bound = c.submit(c.write_job("bound.yaml", ep_job("bound", bound)))
+        d = c.wait_state(at_bound, harness.FINAL, timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(len(d["attempts"]), 1, d["attempts"])
+        self.assertNotIn("leaves room for any routing", c.cli("logs", at_bound).stdout)
+        self.assertLessEqual(self.max_peak(at_bound), bound)
 
     def max_peak(self, job_id):
         url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job_id}/series?max=1000"

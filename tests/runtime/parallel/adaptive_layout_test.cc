@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -159,27 +160,30 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
       static_cast<long long>(emergencies));
 }
 
-// With a capacity, the most rows routing can send a rank are bounded, and so is what a step can
-// need (GptMoe::CapacityBoundActivationBytes). At that budget, under spikes that push the busiest
-// experts past their capacity, adaptive trains every step as the unlimited run does, bit for bit:
-// the layer's own tensors fit, and the planner moves the rest.
-class AdaptiveBoundTest : public ::testing::TestWithParam<Layout> {};
+// The most rows routing can send a rank are bounded, and so is what a step can need
+// (GptMoe::RoutingBoundActivationBytes): with a capacity, by each expert's capacity; dropless, by
+// every token of every source routed to this rank's experts. At that budget, under spikes that
+// push the busiest experts past their capacity (or, dropless, as far from balanced as they go),
+// adaptive trains every step as the unlimited run does, bit for bit: the layer's own tensors fit,
+// and the planner moves the rest.
+class AdaptiveBoundTest : public ::testing::TestWithParam<std::tuple<Layout, double>> {};
 
-TEST_P(AdaptiveBoundTest, AtTheCapacityBoundAnyRoutingTrains) {
-  const Layout& l = GetParam();
+TEST_P(AdaptiveBoundTest, AtTheRoutingBoundAnyRoutingTrains) {
+  const Layout& l = std::get<0>(GetParam());
+  const double capacity_factor = std::get<1>(GetParam());
   LayoutCase c = SpikeCase(l);
-  c.model.capacity_factor = 1.25;
+  c.model.capacity_factor = capacity_factor;
   c.model.experts = 8;
   c.model.expert_ffn = 64;
   c.model.spikes.probability = 1.0;
-  c.model.spikes.max_ratio = 3.5;  // of E / k = 4: well past the capacity
+  c.model.spikes.max_ratio = capacity_factor > 0 ? 3.5 : 4.0;  // of E / k = 4
   c.micro_batch = 4;
   c.steps = 4;
-  const std::string tag = absl::StrCat("adaptive-bound-", l.name, "-");
+  const std::string tag = absl::StrCat("adaptive-bound-", l.name, "-", capacity_factor, "-");
   absl::StatusOr<RunResult> free_run = RunLayoutInTempDir(c, tag + "unlimited");
   ASSERT_TRUE(free_run.ok()) << free_run.status();
   c.policy = memory::MemoryPolicy::kAdaptive;
-  c.budget_at_capacity_bound = true;
+  c.budget_at_routing_bound = true;
   absl::StatusOr<RunResult> adaptive = RunLayoutInTempDir(c, tag + "adaptive");
   ASSERT_TRUE(adaptive.ok()) << adaptive.status();
   ExpectBitIdentical(*adaptive, *free_run);
@@ -193,16 +197,21 @@ TEST_P(AdaptiveBoundTest, AtTheCapacityBoundAnyRoutingTrains) {
   }
   EXPECT_GT(decisions, 0) << "the bound is not binding: the test shows nothing";
   std::printf(
-      "REPORT adaptive %s at the capacity bound: unlimited peak %lld B, adaptive %lld B, "
+      "REPORT adaptive %s %s at the routing bound: unlimited peak %lld B, adaptive %lld B, "
       "%lld actions\n",
-      l.name, static_cast<long long>(free_top), static_cast<long long>(top),
-      static_cast<long long>(decisions));
+      l.name, capacity_factor > 0 ? "capacity 1.25" : "dropless", static_cast<long long>(free_top),
+      static_cast<long long>(top), static_cast<long long>(decisions));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AdaptiveBoundTest,
-                         ::testing::Values(Layout{"ep4", 1, 4, 1, 4, 1, 2},
-                                           Layout{"ep2_esp2", 1, 4, 1, 2, 2, 2}),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         ::testing::Combine(::testing::Values(Layout{"ep4", 1, 4, 1, 4, 1, 2},
+                                                              Layout{"ep2_esp2", 1, 4, 1, 2, 2, 2}),
+                                            ::testing::Values(1.25, 0.0)),
+                         [](const auto& info) {
+                           return absl::StrCat(
+                               std::get<0>(info.param).name,
+                               std::get<1>(info.param) > 0 ? "_capacity" : "_dropless");
+                         });
 
 const Layout kAdaptiveLayouts[] = {
     {"ep4", 1, 4, 1, 4, 1, 2},

@@ -289,9 +289,10 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
     RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
     RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
     RETURN_IF_ERROR(SetSchedules(c, *model, *layout));
-    if (c.budget_at_capacity_bound) {
-      const std::optional<int64_t> bound = model->CapacityBoundActivationBytes(c.micro_batch);
-      if (!bound.has_value()) return absl::InvalidArgumentError("no capacity bound");
+    if (c.budget_at_routing_bound) {
+      const std::optional<int64_t> bound = model->RoutingBoundActivationBytes(c.micro_batch);
+      if (!bound.has_value())
+        return absl::InvalidArgumentError("no routing bound (tp > 1: not computed)");
       arena.set_budget(static_cast<uint64_t>(*bound));
     }
     ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));

@@ -41,9 +41,9 @@ struct LayoutCase {
   // The activation arena's budget on every rank (0: unlimited). Under policy adaptive the planner
   // works against it, offloading through a copy engine paced to host_link_gbps.
   uint64_t device_budget = 0;
-  // Instead: each rank's budget is its model's CapacityBoundActivationBytes(micro_batch), the
+  // Instead: each rank's budget is its model's RoutingBoundActivationBytes(micro_batch), the
   // floor for the most rows routing can send it (the run fails where there is no such bound).
-  bool budget_at_capacity_bound = false;
+  bool budget_at_routing_bound = false;
   // moe.schedule on every rank: "deepspeed", "s1", "s2" (every MoE layer), or "auto".
   std::string schedule = "deepspeed";
   // Held-out evaluation (eval.every, eval.batches; 0: off) on an independent Markov stream.
