@@ -578,9 +578,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KvStore& st
                                                         ncclGetErrorString(result), last));
   }
 
-  // Stream-ordered on the communicator's stream, as everything the barrier does: a plain
-  // cudaMalloc/cudaFree pair would synchronise the device, and with it every other group's
-  // collective in flight (which may be waiting for a peer).
+  // Stream-ordered on the communicator's stream (which outlives it: NcclOptions.stream), as
+  // everything the barrier does: a plain cudaFree would synchronise the device at destruction,
+  // and with it every other group's collective in flight.
   float* barrier_scratch = nullptr;
   err = cudaMallocAsync(reinterpret_cast<void**>(&barrier_scratch), sizeof(float), options.stream);
   if (err == cudaSuccess) err = cudaMemsetAsync(barrier_scratch, 0, sizeof(float), options.stream);

@@ -114,7 +114,7 @@ float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, i
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH) {
-  CudaOp op("attention_backward", {dqkv, dout, qkv, att});
+  CudaOp op(op_names::kAttentionBackward, {dqkv, dout, qkv, att});
   cublasHandle_t handle = op.cublas();
   void* ws = op.Scratch(kc::AttentionBackwardWorkspaceBytes(B, T, C, NH));
   if (op.ok()) kc::AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, ws, handle, op.stream());

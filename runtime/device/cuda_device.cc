@@ -12,8 +12,8 @@
 //    and cudaPeekAtLastError peeks; the kernels check launches with the latter, so every failure
 //    handled here is cleared once it became a Status (cuda_status.h).
 //  - cudaMemPoolTrimTo cannot release what backs allocations freed asynchronously whose
-//    completion the host has not yet observed: an out-of-memory retry synchronises the ordering
-//    stream first (never the device: see Allocate), then trims, then tries once more.
+//    completion the host has not yet observed: an out-of-memory retry synchronises the device
+//    first, then trims, then tries once more.
 //  - cudaPointerGetAttributes on an unregistered host pointer succeeds with
 //    cudaMemoryTypeUnregistered (since CUDA 11); `device` names the GPU a device pointer was
 //    allocated on, which IsDeviceMemory compares with this device's ordinal.
@@ -130,16 +130,15 @@ class CudaDeviceImpl final : public CudaDevice {
     const char* call = "cudaMallocAsync";
     cudaError_t err = cudaMallocAsync(&ptr, bytes, OrderingStream());
     if (err == cudaErrorMemoryAllocation) {
-      // The pool caches what was freed; once the pending frees of the ordering stream (the
-      // stream every allocation and free of this thread goes on) have completed, give the cached
-      // bytes back to the driver and try once more before reporting out-of-memory. Not a
-      // device-wide synchronisation: that would also wait for the NCCL collectives on the
-      // communicators' streams, and one of those may be waiting for a peer that waits for this
-      // rank's host to go on (a hang until the watchdog aborts, NCCL's documented cudaFree
-      // hazard).
+      // The pool caches what was freed; once every pending free has completed (a device-wide
+      // synchronisation: frees on other streams count), give the cached bytes back to the driver
+      // and try once more before reporting out-of-memory. The synchronisation also waits for
+      // the NCCL collectives in flight on the communicators' streams; a rank's program enqueues
+      // them in the same order as its peers, so each completes once the peers have enqueued
+      // theirs, and one that cannot is the watchdog's to abort (which ends the wait).
       cudaGetLastError();
       cudaMemPool_t pool = nullptr;
-      if (cudaStreamSynchronize(OrderingStream()) == cudaSuccess &&
+      if (cudaDeviceSynchronize() == cudaSuccess &&
           cudaDeviceGetDefaultMemPool(&pool, ordinal_) == cudaSuccess) {
         cudaMemPoolTrimTo(pool, 0);
       }
