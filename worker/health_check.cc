@@ -11,8 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/comm/commcheck.h"
-#include "runtime/comm/gloo_context.h"
-#include "runtime/comm/prefixed_kv_store.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_groups.h"
 
@@ -25,7 +23,8 @@ std::string ArrivedKey(uint32_t rank) { return absl::StrCat(kArrivedPrefix, rank
 
 }  // namespace
 
-absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress) {
+absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress,
+                            device::Device& dev) {
   const double bound = task.spec().recovery().health_check_s();
   if (bound <= 0 || task.world_size() <= 1) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
@@ -85,18 +84,16 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
                         "(recovery.start_timeout_s)",
                         missing == 1 ? "" : "s", named, arrival_bound));
   }
-  comm::PrefixedKvStore gloo_store(store, "health/gloo");
-  comm::GlooOptions gloo;
-  gloo.rank = static_cast<int>(task.rank());
-  gloo.size = static_cast<int>(task.world_size());
-  gloo.host = rendezvous->host;
-  gloo.timeout_s = bound;
-  gloo.on_wait_tick = [&progress] { progress.Emit("health_check", 0); };
-  absl::StatusOr<std::shared_ptr<gloo::Context>> context = comm::ConnectGloo(gloo_store, gloo);
-  if (!context.ok()) {
+  // The check's collectives run where the job's will: on the rank's device (resources.device),
+  // NCCL between GPUs, so a GPU or link that cannot carry a collective fails here, before any
+  // model is built. Connecting is start-up too (NCCL's initialisation takes seconds at scale).
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> group = ConnectWorldGroup(
+      task, *rendezvous, "health/group", arrival_bound, bound,
+      [&progress] { progress.Emit("health_check", 0); }, dev);
+  if (!group.ok()) {
     return absl::Status(
-        context.status().code(),
-        absl::StrCat("health check: connecting to the other ranks: ", context.status().message()));
+        group.status().code(),
+        absl::StrCat("health check: connecting to the other ranks: ", group.status().message()));
   }
   comm::CommcheckOptions options;
   options.min_bytes = 4096;
@@ -106,13 +103,14 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   options.warmup_iters = 0;
   options.rounds = 1;
   options.timeout_s = bound;
-  if (absl::Status s = comm::RunCommcheck(**context, options, nullptr); !s.ok()) {
+  if (absl::Status s = comm::RunCommcheck(**group, dev, options, nullptr); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("health check: ", s.message()));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("health check passed: {} ranks arrived, commcheck collectives verified ({:.2f} s)",
-               task.world_size(), seconds);
+  spdlog::info(
+      "health check passed: {} ranks arrived, commcheck collectives verified on {} ({:.2f} s)",
+      task.world_size(), dev.name(), seconds);
   return absl::OkStatus();
 }
 

@@ -12,12 +12,14 @@
 // workers.
 // Ranks that all arrived then run the commcheck collectives (allreduce, allgather, alltoall,
 // broadcast at 4 KiB and 64 KiB, one checked call each, every call bounded by the same time) on a
-// Gloo context of their own (keys under "health/gloo/"), so a broken link or a corrupting peer
-// fails the check before any training step.
+// group of their own on the rank's device (keys under "health/group/": NCCL between GPUs, Gloo
+// between CPU ranks), so a broken link, GPU or corrupting peer fails the check before any
+// training step.
 #pragma once
 
 #include "absl/status/status.h"
 #include "furnace/v1/agent.pb.h"
+#include "runtime/device/device.h"
 #include "worker/rank_progress.h"
 
 namespace furnace::worker {
@@ -27,6 +29,8 @@ namespace furnace::worker {
 // RANK_EXIT_HEALTH_CHECK. Under fault.mode health_check the targeted rank never arrives: it
 // stays here, alive and reporting progress (a rank that cannot reach the rendezvous), until it is
 // stopped.
-absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress);
+// `device`: the rank's (rank_device.h), its compute stream current on this thread.
+absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progress,
+                            device::Device& device);
 
 }  // namespace furnace::worker

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "furnace/v1/agent.pb.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/device/device.h"
 #include "runtime/model/config.h"
 #include "runtime/topology/topology.h"
@@ -46,5 +47,16 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
 absl::StatusOr<std::unique_ptr<train::RankLayout>> ConnectRankGroups(
     const furnace::v1::RankTask& task, const topology::Topology& topology,
     const model::ModelConfig& config, const std::function<void()>& on_wait, device::Device& device);
+
+// The group of every rank of the task (world_size ranks, this one task.rank()) on `device`, made
+// as ConnectRankGroups makes each of its groups (NCCL on a CUDA device, Gloo on the emulated
+// transport's streams on the emulated one, Gloo on the CPU), its rendezvous keys under `prefix`
+// of `rendezvous` (used while connecting). Connecting is bounded by connect_timeout_s (and so are
+// NCCL's host-side waits, Barrier and WaitSends), each collective by op_timeout_s. For the
+// commcheck and the health check.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectWorldGroup(
+    const furnace::v1::RankTask& task, const Rendezvous& rendezvous, const std::string& prefix,
+    double connect_timeout_s, double op_timeout_s, const std::function<void()>& on_wait,
+    device::Device& device);
 
 }  // namespace furnace::worker

@@ -11,10 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
 #include "runtime/comm/commcheck.h"
-#include "runtime/comm/gloo_context.h"
+#include "runtime/device/current_stream.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/health_check.h"
+#include "worker/rank_device.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
 #include "worker/rank_progress.h"
@@ -38,7 +39,7 @@ comm::CommcheckOptions CommcheckOptionsFrom(const furnace::v1::CommcheckSpec& sp
 }
 
 // Returns the exit code.
-int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress) {
+int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress, device::Device& dev) {
   const furnace::v1::CommcheckSpec& spec = task.spec().commcheck();
   progress.set_total_steps(spec.rounds());
   const double start_timeout_s = StartTimeoutS(task);
@@ -49,26 +50,24 @@ int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress) {
     progress.Emit("failed", 0, message);
     return kRankExitError;
   }
-  comm::GlooOptions gloo;
-  gloo.rank = static_cast<int>(task.rank());
-  gloo.size = static_cast<int>(task.world_size());
-  gloo.host = rendezvous->host;
-  gloo.timeout_s = start_timeout_s;
-  gloo.on_wait_tick = [&progress] { progress.Emit("rendezvous", 0); };
+  // The collectives run on the rank's device (resources.device): NCCL between GPUs, Gloo
+  // between CPU ranks (rank_groups.h ConnectWorldGroup).
+  const comm::CommcheckOptions options = CommcheckOptionsFrom(spec);
   progress.Emit("rendezvous", 0);
-  absl::StatusOr<std::shared_ptr<gloo::Context>> context =
-      comm::ConnectGloo(*rendezvous->store, gloo);
-  if (!context.ok()) {
-    const std::string message = absl::StrCat("rendezvous failed: ", context.status().ToString());
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> group = ConnectWorldGroup(
+      task, *rendezvous, "commcheck", start_timeout_s, options.timeout_s,
+      [&progress] { progress.Emit("rendezvous", 0); }, dev);
+  if (!group.ok()) {
+    const std::string message = absl::StrCat("rendezvous failed: ", group.status().ToString());
     spdlog::error("{}", message);
     progress.Emit("failed", 0, message);
     return kRankExitError;
   }
-  spdlog::info("connected; commcheck: {} round(s)", spec.rounds());
+  spdlog::info("connected; commcheck: {} round(s) on {}", spec.rounds(), dev.name());
 
   std::optional<int> fault_exit;
   const absl::Status status = comm::RunCommcheck(
-      **context, CommcheckOptionsFrom(spec),
+      **group, dev, options,
       [&](uint32_t round, const comm::CommResult* result, bool round_done) -> absl::Status {
         if (result != nullptr) {
           spdlog::info(
@@ -125,21 +124,39 @@ int RankMain(const std::string& task_path) {
   if (std::optional<int> code = MaybeInjectFault(task, 0, progress)) return *code;
 
   const bool known = task.spec().kind() == "commcheck" || task.spec().kind() == "train";
+  if (!known) {
+    const std::string message =
+        absl::StrCat("job kind '", task.spec().kind(), "' is not supported by this build");
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return kRankExitUnknownKind;
+  }
+  // The rank's device (resources.device), made once before anything runs on it: a device this
+  // worker cannot give (no GPU, a build without CUDA) is bad input, named before any rendezvous.
+  // Its compute stream is this thread's from here on.
+  absl::StatusOr<RankDevice> rank_device = MakeRankDevice(task);
+  if (!rank_device.ok()) {
+    const std::string message = absl::StrCat("resources.device ", task.spec().resources().device(),
+                                             ": ", rank_device.status().message());
+    spdlog::error("{}", message);
+    progress.Emit("failed", 0, message);
+    return absl::IsUnavailable(rank_device.status()) ||
+                   absl::IsInvalidArgument(rank_device.status())
+               ? kRankExitBadInput
+               : kRankExitError;
+  }
+  const device::StreamScope on_compute(*rank_device->compute);
   // Every attempt's ranks vet each other before the real work (recovery.health_check_s).
-  if (absl::Status health = known ? RunHealthCheck(task, progress) : absl::OkStatus();
-      !health.ok()) {
+  if (absl::Status health = RunHealthCheck(task, progress, *rank_device->device); !health.ok()) {
     const std::string message(health.message());
     spdlog::error("{}", message);
     progress.Emit("failed", 0, message);
     return kRankExitHealthCheck;
   }
-  if (task.spec().kind() == "commcheck") return RunCommcheck(task, progress);
-  if (task.spec().kind() == "train") return RunTrainRank(task, progress);
-  const std::string message =
-      absl::StrCat("job kind '", task.spec().kind(), "' is not supported by this build");
-  spdlog::error("{}", message);
-  progress.Emit("failed", 0, message);
-  return kRankExitUnknownKind;
+  if (task.spec().kind() == "commcheck") {
+    return RunCommcheck(task, progress, *rank_device->device);
+  }
+  return RunTrainRank(task, progress, *rank_device);
 }
 
 }  // namespace furnace::worker

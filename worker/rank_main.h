@@ -3,8 +3,11 @@
 // TelemetryRecords on fd 3 (worker/telemetry_pipe.h; every record is progress for the agent's hang
 // watchdog) and logs to stdout/stderr, which the agent captures line by line.
 //
-// Kinds: "commcheck" rendezvouses through the controller's KV store (worker/grpc_kv_store.h),
-// connects Gloo and runs runtime/comm's RunCommcheck. Others (e.g. "train") are not in this build.
+// It makes the rank's device once (resources.device, rank_device.h), runs the health check on it
+// (health_check.h), then the kind: "commcheck" rendezvouses through the controller's KV store
+// (worker/grpc_kv_store.h), connects the world group on the device (NCCL between GPUs, Gloo
+// between CPU ranks) and runs runtime/comm's RunCommcheck; "train" runs train_rank.h. Other kinds
+// exit with RANK_EXIT_UNKNOWN_KIND.
 //
 // Fault injection (spec.fault, for tests and chaos drills) fires on fault.rank, in attempt 1 only
 // unless fault.every_attempt, when the completed-round count reaches fault.at_step: "crash" raises

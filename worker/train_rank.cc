@@ -24,7 +24,6 @@
 #include "runtime/device/backend.h"
 #include "runtime/device/current_stream.h"
 #include "runtime/device/device.h"
-#include "runtime/device/emulated_device.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
@@ -36,6 +35,7 @@
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
 #include "worker/fault_schedule.h"
+#include "worker/rank_device.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
 #include "worker/rank_watchdog.h"
@@ -223,41 +223,9 @@ int Fail(Progress& progress, uint64_t step, int code, const std::string& message
   return code;
 }
 
-// The device a rank trains on, from resources.device, and the compute stream its training thread
-// enqueues on (device::StreamScope for the rest of the rank): cpu; emulated (an emulated discrete
-// device of the worker's --device-memory, runtime/device/emulated_device.h); cuda (the slot's GPU,
-// device_ordinal). Unavailable when the device cannot be had (a build or machine without CUDA).
-struct RankDevice {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<device::Stream> compute;
-  device::Precision precision = device::Precision::kFp32;
-};
-
-absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task) {
-  const std::string& kind = task.spec().resources().device();
-  RankDevice d;
-  d.precision = task.spec().model().precision() == "bf16" ? device::Precision::kBf16
-                                                          : device::Precision::kFp32;
-  if (kind.empty() || kind == "cpu") {
-    d.device = device::CreateCpuDevice();
-  } else if (kind == "emulated") {
-    device::EmulatedDeviceOptions options;
-    if (task.device_memory() > 0) options.memory_bytes = task.device_memory();
-    options.name = absl::StrCat("emulated:", task.device_ordinal());
-    ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice(options));
-  } else if (kind == "cuda") {
-    ASSIGN_OR_RETURN(d.device, device::CreateCudaDevice(static_cast<int>(task.device_ordinal())));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", kind, "' is not a device kind (allowed: cpu, cuda, emulated)"));
-  }
-  ASSIGN_OR_RETURN(d.compute, d.device->CreateStream());
-  return d;
-}
-
 }  // namespace
 
-int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
+int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevice& rank_device) {
   // Every file the job names is resolved under this worker's roots (--data-root,
   // --checkpoint-root) before anything opens it, realpath-based, so a path the controller let
   // through (its own roots, or none) or a symlink planted since submit cannot lead outside.
@@ -304,24 +272,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);
 
-  // The device (resources.device) and its backend at model.precision (resources.device and
-  // model.precision refused here name the field): made before the groups, which stage through it,
-  // and outliving everything below. Its compute stream is this thread's from here on: the model,
-  // the trainer and the collectives' staging enqueue on it.
-  absl::StatusOr<RankDevice> rank_device = MakeRankDevice(task);
-  if (!rank_device.ok()) {
-    const bool unavailable =
-        absl::IsUnavailable(rank_device.status()) || absl::IsInvalidArgument(rank_device.status());
-    return Fail(progress, 0, unavailable ? kRankExitBadInput : kRankExitError,
-                absl::StrCat("resources.device ", spec.resources().device(), ": ",
-                             rank_device.status().message()));
-  }
-  device::Device& dev = *rank_device->device;
-  const device::StreamScope on_compute(*rank_device->compute);
-  if (absl::StatusOr<const device::Backend*> b = device::BackendFor(dev, rank_device->precision);
+  // The device (rank_main.cc made it from resources.device; its compute stream is this thread's:
+  // the model, the trainer and the collectives' staging enqueue on it) and its backend at
+  // model.precision (refused here naming the fields). It outlives everything below.
+  device::Device& dev = *rank_device.device;
+  if (absl::StatusOr<const device::Backend*> b = device::BackendFor(dev, rank_device.precision);
       !b.ok()) {
     return Fail(progress, 0, kRankExitBadInput,
-                absl::StrCat(rank_device->precision == device::Precision::kBf16
+                absl::StrCat(rank_device.precision == device::Precision::kBf16
                                  ? "model.precision bf16 with resources.device "
                                  : "resources.device ",
                              spec.resources().device(), ": ", b.status().message()));
@@ -364,7 +322,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   tensor::HostPool host_pool(dev, 0);
   auto model = model::GptMoe::Create(
       config, spec.train().seed(), dev, arena, parallel ? layout->shard : model::ModelShard{},
-      parallel ? layout->model_groups() : model::ParallelGroups{}, rank_device->precision);
+      parallel ? layout->model_groups() : model::ParallelGroups{}, rank_device.precision);
   if (!model.ok()) {
     return Fail(progress, 0, kRankExitError, absl::StrCat("model: ", model.status().message()));
   }
@@ -431,9 +389,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
           "whatever the policy; {} bytes leaves room for any routing{}",
           budget, floor,
           dropless ? "sends every token to this rank's experts"
-                   : "fills this rank's experts to capacity",
+                   : "sends this rank's experts the most rows their capacity allows",
           *bound, task.rank(), *bound,
-          dropless ? " (dropless: moe.capacity_factor 0; a capacity bounds it lower)" : "");
+          dropless ? " (dropless, moe.capacity_factor 0: a capacity factor below experts / "
+                     "top_k would bound it lower)"
+                   : "");
     } else if (!bound.has_value() && task.rank() == 0) {
       spdlog::info(
           "memory.device_budget: {} bytes covers balanced routing ({} bytes needed); with "
@@ -498,7 +458,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress) {
   double peak = 0;
   std::string peak_source;
   if (dev.kind() == device::Kind::kCuda) {
-    peak = train::DatasheetPeakFlops(dev.name(), rank_device->precision, &peak_source);
+    peak = train::DatasheetPeakFlops(dev.name(), rank_device.precision, &peak_source);
   } else {
     bool peak_cached = false;
     peak = PeakFlops(spec.checkpoint().dir(), task.rank(), &peak_cached);

@@ -6,11 +6,13 @@
 #pragma once
 
 #include "furnace/v1/agent.pb.h"
+#include "worker/rank_device.h"
 #include "worker/rank_progress.h"
 
 namespace furnace::worker {
 
-// Returns the rank's exit code (worker/rank_exit.h).
-int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress);
+// Returns the rank's exit code (worker/rank_exit.h). `rank_device`: the rank's device
+// (rank_device.h), its compute stream current on this thread; the model trains on it.
+int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevice& rank_device);
 
 }  // namespace furnace::worker

@@ -213,14 +213,9 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   // Accepted means implemented: these fields are part of the schema but not of this build's
   // runtime, so any value but the default is refused instead of being parsed and then ignored.
   // field_uses.h lists every field of the spec as used or refused; a test holds it.
-  // resources.device: a train job's ranks train on it (worker/train_rank.cc). A commcheck measures
-  // the Gloo transport between CPU ranks, which a device would not change.
-  if (spec.kind() != "train" && spec.resources().device() != "cpu") {
-    c.Fail({"resources.device", "kind"},
-           Problem{absl::StrCat("applies to train jobs only (a ", spec.kind(),
-                                " job measures the Gloo transport between CPU ranks)"),
-                   absl::StrCat("'", spec.resources().device(), "'"), "cpu"});
-  }
+  // resources.device: a train job's ranks train on it (worker/train_rank.cc), a commcheck's run
+  // their collectives on its memory (NCCL between GPUs: worker/rank_main.cc); both are placed on
+  // workers of that kind.
   // model.precision bf16 is the GEMMs of a discrete device's table (runtime/device/backend.h).
   if (spec.model().precision() == "bf16" && spec.resources().device() == "cpu") {
     c.Fail({"model.precision", "resources.device"},

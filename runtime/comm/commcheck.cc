@@ -4,23 +4,19 @@
 #include <chrono>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "gloo/allgather.h"
-#include "gloo/allreduce.h"
-#include "gloo/alltoallv.h"
-#include "gloo/broadcast.h"
-#include "gloo/math.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/commcheck_payload.h"
 #include "runtime/comm/gloo_error.h"
+#include "runtime/device/current_stream.h"
 
 namespace furnace::comm {
 namespace {
-
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 bool KnownCollective(const std::string& name) {
   return name == "allreduce" || name == "allgather" || name == "alltoall" || name == "broadcast";
@@ -65,19 +61,49 @@ double BusFactor(const std::string& collective, int n) {
   return static_cast<double>(n - 1) / n;  // allgather, alltoall
 }
 
-// Runs the collectives of one rank. Owns the payload buffers of the (collective, size) being run.
+// Device memory of the run, grown on demand and freed at the end (stream-ordered, device.h).
+class Buffer {
+ public:
+  explicit Buffer(device::Device& device) : device_(device) {}
+  ~Buffer() {
+    if (data_ != nullptr) device_.Free(data_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  absl::StatusOr<void*> Reserve(size_t bytes) {
+    if (bytes > bytes_ || data_ == nullptr) {
+      if (data_ != nullptr) device_.Free(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      ASSIGN_OR_RETURN(data_, device_.Allocate(std::max<size_t>(bytes, 4)));
+      bytes_ = std::max<size_t>(bytes, 4);
+    }
+    return data_;
+  }
+
+ private:
+  device::Device& device_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Runs the collectives of one rank. Owns the payload buffers of the (collective, size) being run:
+// host vectors for filling and checking, device buffers for the collective.
 class Runner {
  public:
-  Runner(gloo::Context& ctx, const CommcheckOptions& options)
-      // gloo's option structs want a shared_ptr; this one aliases the caller's context without
-      // owning it (RunCommcheck's caller keeps it alive for the whole run).
-      : ctx_(std::shared_ptr<void>(), &ctx),
+  Runner(Communicator& group, device::Device& device, const CommcheckOptions& options)
+      : group_(group),
+        device_(device),
+        stream_(device::CurrentStream() != nullptr ? *device::CurrentStream()
+                                                   : device.default_stream()),
         options_(options),
-        timeout_(std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::chrono::duration<double>(options.timeout_s))) {}
+        in_(device),
+        out_(device),
+        agree_(device) {}
 
   absl::StatusOr<CommResult> Run(const std::string& collective, uint64_t bytes) {
-    const int n = ctx_->size;
+    const int n = group_.size();
     const uint64_t elements = bytes / 4;
     double timed_s = 0;
     uint64_t errors = 0;
@@ -87,7 +113,7 @@ class Runner {
       double seconds = 0;
       VerifyResult check;
       const std::string what = absl::StrFormat("commcheck %s %d B iteration %d (rank %d of %d)",
-                                               collective, bytes, iter, ctx_->rank, n);
+                                               collective, bytes, iter, group_.rank(), n);
       absl::Status status;
       if (collective == "allreduce") {
         status = Allreduce(what, elements, iter, seconds, check);
@@ -124,79 +150,105 @@ class Runner {
   const std::string& last_first_error() const { return last_first_error_; }
 
  private:
+  // `host` into `buffer` on the stream (the collective after it is ordered on the same stream).
+  template <typename T>
+  absl::StatusOr<void*> Upload(const std::string& what, Buffer& buffer,
+                               const std::vector<T>& host) {
+    const size_t bytes = host.size() * sizeof(T);
+    absl::StatusOr<void*> d = buffer.Reserve(bytes);
+    if (!d.ok()) return Annotated(what, "device buffer", d.status());
+    RETURN_IF_ERROR(
+        Annotated(what, "upload",
+                  device_.Copy(*d, host.data(), bytes, device::CopyKind::kHostToDevice, stream_)));
+    return *d;
+  }
+
+  // `host.size()` elements of device memory `d` back into `host`, once the stream has got there.
+  template <typename T>
+  absl::Status Download(const std::string& what, const void* d, std::vector<T>& host) {
+    RETURN_IF_ERROR(Annotated(what, "download",
+                              device_.Copy(host.data(), d, host.size() * sizeof(T),
+                                           device::CopyKind::kDeviceToHost, stream_)));
+    return Annotated(what, "download", device_.SynchronizeStream(stream_));
+  }
+
+  // `collective()` timed until the stream has passed it: its completion, on any transport.
   template <typename Fn>
-  absl::Status Timed(const std::string& what, double& seconds, Fn&& fn) {
+  absl::Status Timed(const std::string& what, double& seconds, Fn&& collective) {
+    RETURN_IF_ERROR(Annotated(what, "before the call", device_.SynchronizeStream(stream_)));
     const auto start = std::chrono::steady_clock::now();
-    absl::Status status = GuardGloo(what, std::forward<Fn>(fn));
+    absl::Status status = collective();
+    if (status.ok()) status = device_.SynchronizeStream(stream_);
+    // A stream collective that failed (a peer gone, the watchdog's abort) still lets the stream
+    // go on: the group's sticky error says so, not a count of wrong elements.
+    if (status.ok()) status = group_.AsyncError();
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return status;
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+  }
+
+  static absl::Status Annotated(const std::string& what, const char* step, absl::Status status) {
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat(what, ": ", step, ": ", status.message()));
   }
 
   absl::Status Allreduce(const std::string& what, uint64_t elements, uint32_t iter, double& seconds,
                          VerifyResult& check) {
     floats_.resize(elements);
-    FillAllreduce(ctx_->rank, iter, floats_);
+    FillAllreduce(group_.rank(), iter, floats_);
+    ASSIGN_OR_RETURN(void* d, Upload(what, in_, floats_));
     RETURN_IF_ERROR(Timed(what, seconds, [&] {
-      gloo::AllreduceOptions opts(ctx_);
-      opts.setOutput(floats_.data(), floats_.size());
-      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::allreduce(opts);
+      return group_.AllReduce(static_cast<float*>(d), static_cast<int64_t>(elements));
     }));
-    check = VerifyAllreduce(ctx_->size, iter, floats_);
+    RETURN_IF_ERROR(Download(what, d, floats_));
+    check = VerifyAllreduce(group_.size(), iter, floats_);
     return absl::OkStatus();
   }
 
   absl::Status Allgather(const std::string& what, uint64_t elements, uint32_t iter, double& seconds,
                          VerifyResult& check) {
     ints_in_.resize(elements);
-    ints_out_.assign(elements * ctx_->size, kPoison);
-    FillAllgatherInput(ctx_->rank, iter, ints_in_);
+    ints_out_.assign(elements * group_.size(), kPoison);
+    FillAllgatherInput(group_.rank(), iter, ints_in_);
+    ASSIGN_OR_RETURN(void* d_in, Upload(what, in_, ints_in_));
+    ASSIGN_OR_RETURN(void* d_out, Upload(what, out_, ints_out_));
     RETURN_IF_ERROR(Timed(what, seconds, [&] {
-      gloo::AllgatherOptions opts(ctx_);
-      opts.setInput(ints_in_.data(), ints_in_.size());
-      opts.setOutput(ints_out_.data(), ints_out_.size());
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::allgather(opts);
+      return group_.AllGather(d_in, d_out, static_cast<int64_t>(elements * 4));
     }));
-    check = VerifyAllgather(ctx_->size, iter, ints_out_);
+    RETURN_IF_ERROR(Download(what, d_out, ints_out_));
+    check = VerifyAllgather(group_.size(), iter, ints_out_);
     return absl::OkStatus();
   }
 
   absl::Status Alltoallv(const std::string& what, uint64_t elements, uint32_t iter, double& seconds,
                          VerifyResult& check) {
-    const std::vector<int64_t> send_counts = AlltoallvSendCounts(ctx_->rank, ctx_->size, elements);
-    const std::vector<int64_t> recv_counts = AlltoallvRecvCounts(ctx_->rank, ctx_->size, elements);
+    const int rank = group_.rank(), n = group_.size();
+    std::vector<int64_t> send = AlltoallvSendCounts(rank, n, elements);
+    std::vector<int64_t> recv = AlltoallvRecvCounts(rank, n, elements);
     ints_in_.resize(elements);
-    ints_out_.assign(std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0}), kPoison);
-    FillAlltoallvInput(ctx_->rank, iter, ints_in_);
-    RETURN_IF_ERROR(Timed(what, seconds, [&] {
-      gloo::AlltoallvOptions opts(ctx_);
-      opts.setInput(ints_in_.data(), send_counts);
-      opts.setOutput(ints_out_.data(), recv_counts);
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::alltoallv(opts);
-    }));
-    check = VerifyAlltoallv(ctx_->rank, ctx_->size, elements, iter, ints_out_);
+    ints_out_.assign(std::accumulate(recv.begin(), recv.end(), int64_t{0}), kPoison);
+    FillAlltoallvInput(rank, iter, ints_in_);
+    for (int64_t& c : send) c *= 4;  // elements to bytes
+    for (int64_t& c : recv) c *= 4;
+    ASSIGN_OR_RETURN(void* d_in, Upload(what, in_, ints_in_));
+    ASSIGN_OR_RETURN(void* d_out, Upload(what, out_, ints_out_));
+    RETURN_IF_ERROR(
+        Timed(what, seconds, [&] { return group_.AllToAllV(d_in, send, d_out, recv); }));
+    RETURN_IF_ERROR(Download(what, d_out, ints_out_));
+    check = VerifyAlltoallv(rank, n, elements, iter, ints_out_);
     return absl::OkStatus();
   }
 
   absl::Status Broadcast(const std::string& what, uint64_t elements, uint32_t iter, double& seconds,
                          VerifyResult& check) {
-    const int root = BroadcastRoot(iter, ctx_->size);
+    const int root = BroadcastRoot(iter, group_.size());
     ints_out_.resize(elements);
-    FillBroadcast(ctx_->rank, root, iter, ints_out_);
+    FillBroadcast(group_.rank(), root, iter, ints_out_);
+    ASSIGN_OR_RETURN(void* d, Upload(what, out_, ints_out_));
     RETURN_IF_ERROR(Timed(what, seconds, [&] {
-      gloo::BroadcastOptions opts(ctx_);
-      opts.setOutput(ints_out_.data(), ints_out_.size());
-      opts.setRoot(root);
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::broadcast(opts);
+      return group_.Broadcast(d, static_cast<int64_t>(elements * 4), root);
     }));
+    RETURN_IF_ERROR(Download(what, d, ints_out_));
     check = VerifyBroadcast(root, iter, ints_out_);
     return absl::OkStatus();
   }
@@ -205,18 +257,18 @@ class Runner {
   // mean_s to the max and returns the total.
   absl::StatusOr<uint64_t> AgreeOnResult(const std::string& collective, uint64_t bytes,
                                          double& mean_s, uint64_t errors) {
-    const int n = ctx_->size;
-    double mine[2] = {mean_s, static_cast<double>(errors)};
+    const int n = group_.size();
+    const std::string what =
+        absl::StrFormat("commcheck %s %d B: agreeing on the result", collective, bytes);
+    const std::vector<double> mine = {mean_s, static_cast<double>(errors)};
     std::vector<double> all(2 * n);
-    RETURN_IF_ERROR(GuardGloo(
-        absl::StrFormat("commcheck %s %d B: agreeing on the result", collective, bytes), [&] {
-          gloo::AllgatherOptions opts(ctx_);
-          opts.setInput(mine, 2);
-          opts.setOutput(all.data(), all.size());
-          opts.setTag(NextTag());
-          opts.setTimeout(timeout_);
-          gloo::allgather(opts);
-        }));
+    ASSIGN_OR_RETURN(void* d_in, Upload(what, agree_, mine));
+    ASSIGN_OR_RETURN(void* d_out, out_.Reserve(all.size() * sizeof(double)));
+    double ignored = 0;
+    RETURN_IF_ERROR(Timed(what, ignored, [&] {
+      return group_.AllGather(d_in, d_out, static_cast<int64_t>(2 * sizeof(double)));
+    }));
+    RETURN_IF_ERROR(Download(what, d_out, all));
     double total_errors = 0;
     for (int r = 0; r < n; ++r) {
       mean_s = std::max(mean_s, all[2 * r]);
@@ -225,21 +277,20 @@ class Runner {
     return static_cast<uint64_t>(total_errors);
   }
 
-  uint32_t NextTag() { return next_tag_++; }
-
-  std::shared_ptr<gloo::Context> ctx_;
+  Communicator& group_;
+  device::Device& device_;
+  device::Stream& stream_;
   const CommcheckOptions& options_;
-  std::chrono::milliseconds timeout_;
-  uint32_t next_tag_ = 1;
+  Buffer in_, out_, agree_;
   std::vector<float> floats_;
   std::vector<int32_t> ints_in_;
   std::vector<int32_t> ints_out_;
   std::string last_first_error_;
 };
 
-absl::Status RunRounds(gloo::Context& ctx, const CommcheckOptions& options,
+absl::Status RunRounds(Communicator& group, device::Device& device, const CommcheckOptions& options,
                        const CommcheckCallback& on_progress) {
-  Runner runner(ctx, options);
+  Runner runner(group, device, options);
   const std::vector<uint64_t> sizes = Sizes(options);
   for (uint32_t round = 0; round < options.rounds; ++round) {
     for (uint64_t bytes : sizes) {
@@ -262,13 +313,13 @@ absl::Status RunRounds(gloo::Context& ctx, const CommcheckOptions& options,
 
 }  // namespace
 
-absl::Status RunCommcheck(gloo::Context& ctx, const CommcheckOptions& options,
-                          const CommcheckCallback& on_progress) {
+absl::Status RunCommcheck(Communicator& group, device::Device& device,
+                          const CommcheckOptions& options, const CommcheckCallback& on_progress) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  // Gloo calls are guarded one by one; this catches the rest (allocation failure, a throwing
-  // callback) so that nothing escapes.
+  // Catches what no Status reports (allocation failure, a throwing callback), so that nothing
+  // escapes.
   try {
-    return RunRounds(ctx, options, on_progress);
+    return RunRounds(group, device, options, on_progress);
   } catch (...) {
     return StatusFromException(std::current_exception(), "commcheck");
   }

@@ -1,12 +1,21 @@
-// Commcheck: a cluster communication health check in the spirit of nccl-tests, on Gloo (CPU).
+// Commcheck: a cluster communication health check in the spirit of nccl-tests, on any group
+// (communicator.h) and the device its buffers live on: Gloo between CPU ranks, NCCL between GPUs
+// (a StreamCommunicator, stream_communicator.h), the emulated device's transport in CI.
 //
-// Every rank of a connected gloo::Context calls RunCommcheck with the same options. For each round,
-// each size (min_bytes, min_bytes*step_factor, ... while <= max_bytes; bytes are the per-rank
-// payload) and each collective, it runs warmup_iters + iters calls, checks EVERY call's output
-// (payloads in commcheck_payload.h), and times each timed call. After the calls, one small
-// allgather of (mean time, error count) makes every rank report the same result: the time is the
-// MAX over ranks, the error count the SUM over ranks. Because the result is agreed, every rank
-// stops at the same point when a check fails.
+// Every rank of a connected group calls RunCommcheck with the same options. For each round, each
+// size (min_bytes, min_bytes*step_factor, ... while <= max_bytes; bytes are the per-rank payload)
+// and each collective, it runs warmup_iters + iters calls, checks EVERY call's output (payloads in
+// commcheck_payload.h), and times each timed call. After the calls, one small allgather of (mean
+// time, error count) makes every rank report the same result: the time is the MAX over ranks, the
+// error count the SUM over ranks. Because the result is agreed, every rank stops at the same point
+// when a check fails.
+//
+// Buffers: on `device` (Device::Allocate: host memory on the CPU device, device memory on a
+// discrete one), written and read back through Device::Copy on the calling thread's current
+// stream (device::StreamScope; none: the device's default stream). A call is timed from its start
+// until that stream has passed it (a stream communicator returns at enqueue; the stream then
+// waits for the collective's completion event), so the time is the collective's own, as
+// nccl-tests measures it; filling and checking the payload are outside it.
 //
 // Bandwidth, as nccl-tests defines it:
 //   algbw = size / time / 1e9, where size is the per-rank payload (`bytes`) for allreduce,
@@ -17,7 +26,7 @@
 // Collectives: "allreduce" (float32 sum, in place), "allgather" (int32), "alltoall" (int32
 // alltoallv with uneven per-peer counts), "broadcast" (int32, root = iteration mod n).
 //
-// Thread: runs on the calling thread and uses the context exclusively while it runs.
+// Thread: runs on the calling thread and uses the group exclusively while it runs.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +35,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "gloo/context.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/device/device.h"
 
 namespace furnace::comm {
 
@@ -34,7 +44,9 @@ struct CommcheckOptions {
   uint64_t min_bytes = 4096, max_bytes = 4 << 20;
   uint32_t step_factor = 4, iters = 5, warmup_iters = 1, rounds = 1;
   std::vector<std::string> collectives = {"allreduce", "allgather", "alltoall", "broadcast"};
-  // Per collective call; a peer that does not take part fails the call within this.
+  // Per collective call; a peer that does not take part fails the call within this. The group's
+  // own timeout, which the caller connects it with (GlooOptions.op_timeout_s, the watchdog's of a
+  // stream communicator); RunCommcheck only checks it is positive.
   double timeout_s = 30;
 };
 
@@ -57,9 +69,9 @@ using CommcheckCallback =
 // Errors: InvalidArgument for bad options (checked before any communication); DataLoss naming
 // collective, size and error count for the first unverified result (after it was passed to the
 // callback); the callback's own error, unchanged (this rank stops, its peers will then time out);
-// DeadlineExceeded when a call timed out and Unavailable when a peer went away (Gloo's message).
-// on_progress may be empty.
-absl::Status RunCommcheck(gloo::Context& ctx, const CommcheckOptions& options,
-                          const CommcheckCallback& on_progress);
+// the group's error for a failed call (DeadlineExceeded when a peer did not take part in time,
+// Unavailable when it went away), and the device's. on_progress may be empty.
+absl::Status RunCommcheck(Communicator& group, device::Device& device,
+                          const CommcheckOptions& options, const CommcheckCallback& on_progress);
 
 }  // namespace furnace::comm

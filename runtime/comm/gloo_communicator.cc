@@ -406,9 +406,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(KvStore& st
                                                                      const std::string& name,
                                                                      int rank, int size,
                                                                      const GlooOptions& options) {
-  if (size < 1 || rank < 0 || rank >= size || !(options.timeout_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "gloo communicator %s: rank %d of %d, timeout_s %g", name, rank, size, options.timeout_s));
+  if (size < 1 || rank < 0 || rank >= size || !(options.timeout_s > 0) ||
+      !(options.op_timeout_s >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("gloo communicator %s: rank %d of %d, timeout_s %g, op_timeout_s %g", name,
+                        rank, size, options.timeout_s, options.op_timeout_s));
   }
   std::shared_ptr<gloo::Context> ctx;
   if (size > 1) {
@@ -424,8 +426,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(KvStore& st
     }
     ctx = *std::move(connected);
   }
-  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::duration<double>(options.timeout_s));
+  const auto timeout =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(
+          options.op_timeout_s > 0 ? options.op_timeout_s : options.timeout_s));
   return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
       std::move(ctx), name, rank, size, std::max(timeout, std::chrono::milliseconds(1))));
 }

@@ -35,9 +35,9 @@ namespace furnace::comm {
 // Connects rank `rank` of a group of `size` through `store`, its rendezvous keys scoped under
 // `prefix` (so groups "tp/0", "dp/1", ... can share one store; every rank of a group passes the
 // same prefix, and a prefix serves one connection attempt). `name` ("tp[0,1]") appears in every
-// error message. Of `options`, host, timeout_s (rendezvous and every later operation) and
-// on_wait_tick are used; its rank and size are replaced by the arguments. Blocks up to about
-// timeout_s while peers join.
+// error message. Of `options`, host, timeout_s (rendezvous, and every later operation unless
+// op_timeout_s is set), op_timeout_s and on_wait_tick are used; its rank and size are replaced by
+// the arguments. Blocks up to about timeout_s while peers join.
 // Errors: InvalidArgument for a bad rank/size/timeout; DeadlineExceeded when peers do not show up;
 // Unavailable for store or network failures.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(KvStore& store,

@@ -27,6 +27,10 @@ struct GlooOptions {
   // Bounds rendezvous (waiting for peers' keys and connecting) and becomes the context's
   // default timeout for every collective later run on it.
   double timeout_s = 30;
+  // A GlooCommunicator's timeout for every collective, when it should differ from the
+  // rendezvous' (a health check connects within the start timeout and holds each collective to
+  // its own bound); 0: timeout_s. ConnectGloo ignores it.
+  double op_timeout_s = 0;
   // Called at least once per second while rendezvous waits on the store; may be empty.
   std::function<void()> on_wait_tick;
 };

@@ -29,10 +29,10 @@ class BadInputTest(harness.ClusterTest):
     def test_more_ranks_than_workers(self):
         self.check_refused(GOOD_HEAD + "parallel:\n  dp: 8\n", "8 ranks", "4")
 
-    def test_a_device_for_a_commcheck_is_refused(self):
-        # A commcheck measures Gloo between CPU ranks; a device is for train jobs.
+    def test_a_cuda_commcheck_without_gpu_workers_is_refused(self):
+        # A commcheck runs on the device it names (NCCL between GPUs): none here.
         self.check_refused(GOOD_HEAD + "resources:\n  device: cuda\n",
-                           "resources.device", "'cuda'", "allowed: cpu", "train jobs only")
+                           "resources.workers", "0 cuda worker(s)")
 
     def test_bf16_on_the_cpu_is_refused(self):
         self.check_refused("name: bad\nkind: train\nmodel:\n  precision: bf16\n",

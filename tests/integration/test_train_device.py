@@ -3,7 +3,9 @@ register beside two CPU workers; a 2-rank train job (dp 2, ep 2) with resources.
 placed on the emulated workers, its ranks train on emulated discrete devices (device memory the
 host cannot read, asynchronous streams, collectives staged through the host), and every step's
 loss and aux loss, and the exported parameters, equal the same job's on the CPU workers bit for
-bit. A cuda job where no worker has a GPU is refused at submit, naming the device kind."""
+bit. A commcheck with resources.device: emulated runs its collectives (and its health check's) on
+the emulated devices. A cuda job where no worker has a GPU is refused at submit, naming the device
+kind."""
 import json
 import os
 import subprocess
@@ -94,11 +96,43 @@ class TrainDeviceTest(harness.unittest.TestCase):
         for name in a:
             self.assertTrue(a[name] == b[name], f"{name} differs on the emulated device")
 
+    def test_a_commcheck_runs_on_the_emulated_devices(self):
+        # A commcheck takes a device too: its collectives (and its health check's) run on the
+        # ranks' device memory through the stream-ordered communicators, as NCCL runs on GPUs.
+        c = self.cluster
+        job = c.submit(c.write_job("commcheck.yaml", """name: device-commcheck
+kind: commcheck
+parallel: {dp: 2}
+resources: {device: emulated}
+recovery: {health_check_s: 20, max_restarts: 0}
+commcheck: {min_bytes: 4KiB, max_bytes: 256KiB, step_factor: 8, iters: 2, warmup_iters: 1,
+            rounds: 1, timeout_s: 20}
+"""))
+        d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=120)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        placed = {r.get("worker_id") for r in d["attempts"][0]["ranks"]}
+        self.assertEqual(placed, {"emulated/0", "emulated/1"})
+        comm = d["comm"]
+        # 4 collectives x sizes 4 KiB, 32 KiB, 256 KiB, each verified by value.
+        self.assertEqual(len(comm), 12, comm)
+        self.assertTrue(all(r["verified"] and int(r.get("errors", 0)) == 0 for r in comm), comm)
+        self.assertTrue(all(r["world_size"] == 2 and r["busbw_gbps"] > 0 for r in comm), comm)
+        logs = c.cli("logs", job).stdout
+        self.assertRegex(logs, r"commcheck: 1 round\(s\) on emulated:[01]")
+        self.assertRegex(logs, r"health check passed: 2 ranks arrived, commcheck collectives "
+                               r"verified on emulated:[01]")
+
     def test_a_cuda_job_without_gpu_workers_is_refused_at_submit(self):
         c = self.cluster
         r = c.cli("submit", c.write_job("cuda.yaml", device_job("on-cuda", "cuda")))
         self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("resources.workers", r.stderr)
+        self.assertIn("0 cuda worker(s)", r.stderr)
+        # A commcheck on GPUs is placed the same way.
+        r = c.cli("submit", c.write_job("cuda-commcheck.yaml",
+                                        "name: cc\nkind: commcheck\nparallel: {dp: 2}\n"
+                                        "resources: {device: cuda}\n"))
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("0 cuda worker(s)", r.stderr)
 
 

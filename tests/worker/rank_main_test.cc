@@ -203,6 +203,27 @@ TEST_F(RankMainTest, CudaWithoutTheGpuNamesResourcesDevice) {
   EXPECT_THAT(report.reason(), HasSubstr("resources.device cuda: "));
 }
 
+// The same on two ranks, with the health check on: the device is made before the check (which
+// would run on it), so each rank is bad input naming the field at once, not a failed health check
+// (a counted, retried failure) after waiting for its peer; for a commcheck too.
+TEST_F(RankMainTest, CudaWithoutTheGpuIsBadInputBeforeTheHealthCheck) {
+  uint32_t attempt = 1;
+  for (const char* kind : {"train", "commcheck"}) {
+    furnace::v1::JobSpec spec = TrainSpec("cuda");
+    spec.set_kind(kind);
+    spec.mutable_recovery()->set_health_check_s(10);
+    Launch(spec, 2, attempt++, 4096);
+    for (int r = 0; r < 2; ++r) {
+      const furnace::v1::RankReport report = Finish(r);
+      EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE) << kind;
+      EXPECT_EQ(report.exit_code(), furnace::v1::RANK_EXIT_BAD_INPUT)
+          << kind << ": " << report.reason();
+      EXPECT_THAT(report.reason(), HasSubstr("resources.device cuda: "));
+    }
+    runs_.clear();
+  }
+}
+
 // model.precision bf16 on the emulated device: trains with the emulated bf16 table where the build
 // has one (saying so in the log), else is refused before training, naming both fields.
 TEST_F(RankMainTest, Bf16OnTheEmulatedDeviceTrainsOrNamesModelPrecision) {

@@ -309,15 +309,19 @@ TEST(JobSpecTest, Bf16OnTheCpuIsRefused) {
       << bad.status();
 }
 
-// A commcheck measures Gloo between CPU ranks: a device is refused there.
-TEST(JobSpecTest, ADeviceIsForTrainJobs) {
-  absl::StatusOr<JobSpec> spec =
-      ParseJobYaml("name: j\nkind: commcheck\nresources: {device: emulated}\n", "job.yaml");
-  ASSERT_FALSE(spec.ok());
-  const std::string message(spec.status().message());
-  EXPECT_NE(message.find("resources.device: applies to train jobs only"), std::string::npos)
-      << message;
-  EXPECT_NE(message.find("(got 'emulated'; allowed: cpu)"), std::string::npos) << message;
+// A commcheck runs its collectives on the ranks' device (NCCL between GPUs), so it takes one too.
+TEST(JobSpecTest, ACommcheckTakesADevice) {
+  for (const char* device : {"cpu", "cuda", "emulated"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobYaml(
+        absl::StrCat("name: j\nkind: commcheck\nresources: {device: ", device, "}\n"), "job.yaml");
+    ASSERT_TRUE(spec.ok()) << device << ": " << spec.status();
+    EXPECT_EQ(spec->resources().device(), device);
+  }
+  absl::StatusOr<JobSpec> bad =
+      ParseJobYaml("name: j\nkind: commcheck\nresources: {device: tpu}\n", "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("resources.device"), std::string::npos)
+      << bad.status();
 }
 
 TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {

@@ -1,5 +1,7 @@
-// Real Gloo over TCP on 127.0.0.1, one thread per rank, each with its own ConnectGloo on a shared
-// InMemoryKvStore.
+// The commcheck on its two kinds of group: real Gloo communicators over TCP on 127.0.0.1 between
+// CPU ranks (one thread per rank, each with its own CPU device, rendezvous on a shared
+// InMemoryKvStore), and stream-ordered communicators on emulated discrete devices (the way a GPU
+// rank runs NCCL: buffers the host cannot read, collectives on their own streams).
 #include "runtime/comm/commcheck.h"
 
 #include <atomic>
@@ -12,10 +14,14 @@
 #include <thread>
 #include <tuple>
 
+#include "emulated_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/comm/gloo_communicator.h"
 #include "runtime/comm/gloo_context.h"
 #include "runtime/comm/kv_store.h"
+#include "runtime/comm/local_communicator.h"
+#include "tests/testing/forwarding_communicator.h"
 
 namespace furnace::comm {
 namespace {
@@ -26,22 +32,25 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Runs `body(rank, context)` on one thread per rank after each connected; returns per-rank status
-// of the connect (or of body, if connect succeeded).
+// Runs `body(rank, group, device)` on one thread per rank after each connected a Gloo
+// communicator (rendezvous within `timeout_s`, each collective within `op_timeout_s`, 0: the
+// same); returns per-rank status of the connect (or of body, if connect succeeded).
 std::vector<absl::Status> RunWorld(
     int world, double timeout_s,
-    const std::function<absl::Status(int, std::shared_ptr<gloo::Context>)>& body) {
+    const std::function<absl::Status(int, std::unique_ptr<Communicator>&, device::Device&)>& body,
+    double op_timeout_s = 0) {
   InMemoryKvStore store;
   std::vector<absl::Status> statuses(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       GlooOptions options;
-      options.rank = rank;
-      options.size = world;
       options.timeout_s = timeout_s;
-      absl::StatusOr<std::shared_ptr<gloo::Context>> context = ConnectGloo(store, options);
-      statuses[rank] = context.ok() ? body(rank, *std::move(context)) : context.status();
+      options.op_timeout_s = op_timeout_s;
+      absl::StatusOr<std::unique_ptr<Communicator>> group =
+          CreateGlooCommunicator(store, "commcheck", "world", rank, world, options);
+      std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+      statuses[rank] = group.ok() ? body(rank, *group, *cpu) : group.status();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -71,8 +80,8 @@ TEST_P(CommcheckWorldTest, EveryResultVerifiedAndReported) {
   std::map<int, std::vector<uint32_t>> rounds_done;
 
   std::vector<absl::Status> statuses =
-      RunWorld(world, 10, [&](int rank, std::shared_ptr<gloo::Context> context) {
-        return RunCommcheck(*context, options,
+      RunWorld(world, 10, [&](int rank, std::unique_ptr<Communicator>& group, device::Device& dev) {
+        return RunCommcheck(*group, dev, options,
                             [&](uint32_t round, const CommResult* result, bool round_done) {
                               std::lock_guard<std::mutex> lock(mu);
                               if (round_done) {
@@ -124,15 +133,15 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CommcheckWorldTest, ::testing::Values(1, 2,
 
 TEST(CommcheckTest, InvalidOptionsAreRejectedBeforeCommunicating) {
   std::vector<absl::Status> statuses =
-      RunWorld(1, 5, [](int, std::shared_ptr<gloo::Context> context) {
+      RunWorld(1, 5, [](int, std::unique_ptr<Communicator>& group, device::Device& dev) {
         CommcheckOptions options;
         options.collectives = {"allreduce", "reduce_scatter"};
-        absl::Status unknown = RunCommcheck(*context, options, nullptr);
+        absl::Status unknown = RunCommcheck(*group, dev, options, nullptr);
         EXPECT_TRUE(absl::IsInvalidArgument(unknown)) << unknown;
         options = CommcheckOptions();
         options.min_bytes = 8192;
         options.max_bytes = 4096;
-        return RunCommcheck(*context, options, nullptr);
+        return RunCommcheck(*group, dev, options, nullptr);
       });
   EXPECT_TRUE(absl::IsInvalidArgument(statuses[0])) << statuses[0];
 }
@@ -140,8 +149,8 @@ TEST(CommcheckTest, InvalidOptionsAreRejectedBeforeCommunicating) {
 TEST(CommcheckTest, CallbackErrorStopsTheRunAndIsReturned) {
   int calls = 0;
   std::vector<absl::Status> statuses =
-      RunWorld(1, 5, [&](int, std::shared_ptr<gloo::Context> context) {
-        return RunCommcheck(*context, SmallOptions(), [&](uint32_t, const CommResult*, bool) {
+      RunWorld(1, 5, [&](int, std::unique_ptr<Communicator>& group, device::Device& dev) {
+        return RunCommcheck(*group, dev, SmallOptions(), [&](uint32_t, const CommResult*, bool) {
           ++calls;
           return absl::CancelledError("operator stopped it");
         });
@@ -150,23 +159,23 @@ TEST(CommcheckTest, CallbackErrorStopsTheRunAndIsReturned) {
   EXPECT_EQ(calls, 1);
 }
 
-// World 3: rank 2 connects, then destroys its context without taking part. Ranks 0 and 1 must get
-// a non-OK status within the 2 s collective timeout (plus slack), never hang and never crash.
-TEST(CommcheckFailureTest, PeerThatClosesItsContextFailsTheOthers) {
-  CommcheckOptions options = SmallOptions();
-  options.timeout_s = 2;
+// World 3: rank 2 connects, then destroys its communicator without taking part. Ranks 0 and 1 must
+// get a non-OK status within the 2 s collective timeout (plus slack), never hang and never crash.
+TEST(CommcheckFailureTest, PeerThatClosesItsGroupFailsTheOthers) {
   std::vector<double> elapsed(3, 0);
-  std::vector<absl::Status> statuses =
-      RunWorld(3, 5, [&](int rank, std::shared_ptr<gloo::Context> context) {
+  std::vector<absl::Status> statuses = RunWorld(
+      3, 5,
+      [&](int rank, std::unique_ptr<Communicator>& group, device::Device& dev) {
         if (rank == 2) {
-          context.reset();  // closes its sockets
+          group.reset();  // closes its sockets
           return absl::OkStatus();
         }
         const auto start = std::chrono::steady_clock::now();
-        absl::Status status = RunCommcheck(*context, options, nullptr);
+        absl::Status status = RunCommcheck(*group, dev, SmallOptions(), nullptr);
         elapsed[rank] = SecondsSince(start);
         return status;
-      });
+      },
+      /*op_timeout_s=*/2);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_THAT(statuses[rank].code(),
                 AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
@@ -179,12 +188,11 @@ TEST(CommcheckFailureTest, PeerThatClosesItsContextFailsTheOthers) {
 
 // World 3: rank 2 stays connected but never calls the collective.
 TEST(CommcheckFailureTest, PeerThatNeverJoinsTimesOutTheOthers) {
-  CommcheckOptions options = SmallOptions();
-  options.timeout_s = 2;
   std::atomic<int> finished{0};
   std::vector<double> elapsed(3, 0);
-  std::vector<absl::Status> statuses =
-      RunWorld(3, 5, [&](int rank, std::shared_ptr<gloo::Context> context) {
+  std::vector<absl::Status> statuses = RunWorld(
+      3, 5,
+      [&](int rank, std::unique_ptr<Communicator>& group, device::Device& dev) {
         if (rank == 2) {
           const auto start = std::chrono::steady_clock::now();
           while (finished.load() < 2 && SecondsSince(start) < 20) {
@@ -193,11 +201,12 @@ TEST(CommcheckFailureTest, PeerThatNeverJoinsTimesOutTheOthers) {
           return absl::OkStatus();
         }
         const auto start = std::chrono::steady_clock::now();
-        absl::Status status = RunCommcheck(*context, options, nullptr);
+        absl::Status status = RunCommcheck(*group, dev, SmallOptions(), nullptr);
         elapsed[rank] = SecondsSince(start);
         ++finished;
         return status;
-      });
+      },
+      /*op_timeout_s=*/2);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_THAT(statuses[rank].code(),
                 AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
@@ -206,6 +215,124 @@ TEST(CommcheckFailureTest, PeerThatNeverJoinsTimesOutTheOthers) {
     std::printf("rank %d after %.2f s: %s\n", rank, elapsed[rank],
                 statuses[rank].ToString().c_str());
   }
+}
+
+// A transport that corrupts one element of every all-gather it delivers on rank 1: every call's
+// output is checked, so the run stops at the first all-gather with DataLoss on every rank (the
+// error count is agreed), and the result handed to the callback says how many elements were wrong.
+class CorruptingAllGather final : public testing::ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    absl::Status s = ForwardingCommunicator::AllGather(in, out, bytes_per_rank);
+    // The payloads' all-gathers, not the small one that agrees on the result.
+    const bool payload = bytes_per_rank >= static_cast<int64_t>(SmallOptions().min_bytes);
+    if (s.ok() && rank() == 1 && payload) static_cast<int32_t*>(out)[3] ^= 1;
+    return s;
+  }
+};
+
+TEST(CommcheckTest, AWrongElementIsDataLossOnEveryRank) {
+  std::mutex mu;
+  std::vector<CommResult> unverified;
+  std::vector<absl::Status> statuses =
+      RunWorld(2, 10, [&](int, std::unique_ptr<Communicator>& group, device::Device& dev) {
+        CorruptingAllGather corrupting(std::move(group));
+        return RunCommcheck(corrupting, dev, SmallOptions(),
+                            [&](uint32_t, const CommResult* result, bool) {
+                              if (result != nullptr && !result->verified) {
+                                std::lock_guard<std::mutex> lock(mu);
+                                unverified.push_back(*result);
+                              }
+                              return absl::OkStatus();
+                            });
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(absl::IsDataLoss(statuses[rank])) << statuses[rank];
+    EXPECT_NE(std::string(statuses[rank].message()).find("commcheck allgather 4096 B"),
+              std::string::npos)
+        << statuses[rank];
+  }
+  EXPECT_NE(std::string(statuses[1].message()).find("first here:"), std::string::npos)
+      << statuses[1];
+  ASSERT_EQ(unverified.size(), 2u);
+  // warmup + iters calls, one wrong element each, all on rank 1.
+  EXPECT_EQ(unverified[0].errors, SmallOptions().warmup_iters + SmallOptions().iters);
+}
+
+// The same run on emulated discrete devices: buffers the host cannot read, each collective on a
+// communication stream of its own (the emulated transport where NCCL stands on a GPU), ordered
+// with the compute stream by events, under a watchdog.
+class CommcheckDeviceTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommcheckDeviceTest, EveryResultVerifiedOnTheDevice) {
+  const int world = GetParam();
+  using namespace emulated_ranks;  // NOLINT(build/namespaces): test helpers
+  std::vector<std::unique_ptr<EmulatedRank>> ranks;
+  LocalGroup host(world);
+  std::vector<std::unique_ptr<StreamCommunicator>> groups;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(MakeRank());
+    groups.push_back(Connect(*ranks[r], host.Member(r)));
+    ASSERT_NE(groups.back(), nullptr);
+  }
+  std::mutex mu;
+  std::map<std::tuple<int, std::string, uint64_t>, CommResult> seen;
+  std::vector<absl::Status> statuses(world);
+  const CommcheckOptions options = SmallOptions();
+  RunRanks(ranks, [&](int r) {
+    statuses[r] = RunCommcheck(*groups[r], *ranks[r]->dev, options,
+                               [&](uint32_t round, const CommResult* result, bool) {
+                                 if (result != nullptr && round == options.rounds - 1) {
+                                   std::lock_guard<std::mutex> lock(mu);
+                                   seen[{r, result->collective, result->bytes}] = *result;
+                                 }
+                                 return absl::OkStatus();
+                               });
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  EXPECT_EQ(seen.size(), world * 3 * options.collectives.size());
+  for (const auto& [key, result] : seen) {
+    EXPECT_TRUE(result.verified) << std::get<1>(key) << " " << std::get<2>(key);
+    EXPECT_EQ(result.world_size, world);
+    EXPECT_GT(result.time_s, 0);
+  }
+  // Each collective ran on the communication stream: the watchdog saw them complete there.
+  for (int r = 0; r < world; ++r) {
+    EXPECT_GT(groups[r]->stream_counters().calls(CollectiveOp::kAllToAll), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommcheckDeviceTest, ::testing::Values(1, 2, 3));
+
+// On the device a peer that never takes part is the watchdog's: the collective does not complete
+// within its timeout, the group is aborted, and the commcheck fails instead of waiting forever.
+TEST(CommcheckDeviceFailureTest, APeerThatNeverJoinsIsTheWatchdogs) {
+  using namespace emulated_ranks;  // NOLINT(build/namespaces): test helpers
+  std::vector<std::unique_ptr<EmulatedRank>> ranks;
+  LocalGroup host(2, {.timeout_s = 20});
+  std::vector<std::unique_ptr<StreamCommunicator>> groups;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(MakeRank({.timeout_s = 1}));
+    groups.push_back(Connect(*ranks[r], host.Member(r)));
+  }
+  absl::Status status;
+  double elapsed = 0;
+  std::thread rank0([&] {
+    const device::StreamScope scope(*ranks[0]->compute);
+    const auto start = std::chrono::steady_clock::now();
+    status = RunCommcheck(*groups[0], *ranks[0]->dev, SmallOptions(), nullptr);
+    elapsed = SecondsSince(start);
+  });
+  rank0.join();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                   absl::StatusCode::kCancelled, absl::StatusCode::kUnavailable))
+      << status;
+  EXPECT_LT(elapsed, 15.0) << status;
+  std::printf("rank 0 after %.2f s: %s\n", elapsed, status.ToString().c_str());
+  groups[1]->Abort("the test is over");
 }
 
 // World 2 with only rank 0 present: rendezvous gives up within its timeout and ticked meanwhile.

@@ -13,12 +13,14 @@
 //     group, the rank's other group stopped too, later calls failing fast;
 //   * a two-rank communicator whose rank 1 never joins: DeadlineExceeded at creation;
 //   * the fused all-to-all + all-gather on two NCCL communicators and their streams;
+//   * the commcheck on a one-rank NCCL group, every payload on the device;
 //   * the eight groups of a train rank (world, tp, dp, pp, ep, esp, edp, embedding) as NCCL
 //     communicators, each on a stream of its own, as rank_groups.cc creates them.
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -34,6 +36,7 @@
 #include "gpu_children.h"
 #include "gtest/gtest.h"
 #include "runtime/comm/comm_watchdog.h"
+#include "runtime/comm/commcheck.h"
 #include "runtime/comm/file_kv_store.h"
 #include "runtime/comm/fused_exchange.h"
 #include "runtime/comm/in_flight.h"
@@ -249,6 +252,42 @@ int EveryCollectiveChild(const std::string& dir) {
 TEST(StreamCommunicatorNcclTest, EveryCollectiveMatchesTheHostResult) {
   SKIP_WITHOUT_GPUS(1);
   RunChild(EveryCollectiveChild);
+}
+
+// The commcheck (commcheck.h) on a one-rank NCCL group: every collective's payload uploaded to
+// device memory, run on NCCL's stream, timed to its completion and checked by value after the
+// download, 4 KiB to 4 MiB. The bandwidths printed are the GPU's own copies (one rank: no link).
+int CommcheckChild(const std::string& dir) {
+  auto made = MakeGpuRank(60);
+  CHILD_OK(0, made.status());
+  GpuRank& me = **made;
+  const device::StreamScope scope(*me.compute);
+  FileKvStore store(dir);
+  auto group = Group(store, me, "commcheck[0]");
+  CHILD_OK(0, group.status());
+  CommcheckOptions options;
+  options.min_bytes = 4096;
+  options.max_bytes = 4 << 20;
+  options.step_factor = 4;
+  options.iters = 3;
+  int results = 0, unverified = 0;
+  const auto report = [&](uint32_t, const CommResult* r, bool) -> absl::Status {
+    if (r == nullptr) return absl::OkStatus();
+    ++results;
+    unverified += r->verified ? 0 : 1;
+    std::printf("REPORT commcheck on NCCL (1 rank) %-9s %8llu B %9.1f us algbw %8.2f GB/s %s\n",
+                r->collective.c_str(), static_cast<unsigned long long>(r->bytes), r->time_s * 1e6,
+                r->algbw_gbps, r->verified ? "OK" : "ERRORS");
+    return absl::OkStatus();
+  };
+  CHILD_OK(0, RunCommcheck(**group, *me.dev, options, report));
+  CHILD_CHECK(0, results == 4 * 6 && unverified == 0);
+  return 0;
+}
+
+TEST(StreamCommunicatorNcclTest, TheCommcheckVerifiesEveryCollectiveOnTheDevice) {
+  SKIP_WITHOUT_GPUS(1);
+  RunChild(CommcheckChild);
 }
 
 // A producer kernel held behind a sleep on the compute stream; the collective, then a consumer

@@ -1,0 +1,33 @@
+#include "worker/rank_device.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/device/emulated_device.h"
+
+namespace furnace::worker {
+
+absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task) {
+  const std::string& kind = task.spec().resources().device();
+  RankDevice d;
+  d.precision = task.spec().model().precision() == "bf16" ? device::Precision::kBf16
+                                                          : device::Precision::kFp32;
+  if (kind.empty() || kind == "cpu") {
+    d.device = device::CreateCpuDevice();
+  } else if (kind == "emulated") {
+    device::EmulatedDeviceOptions options;
+    if (task.device_memory() > 0) options.memory_bytes = task.device_memory();
+    options.name = absl::StrCat("emulated:", task.device_ordinal());
+    ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice(options));
+  } else if (kind == "cuda") {
+    ASSIGN_OR_RETURN(d.device, device::CreateCudaDevice(static_cast<int>(task.device_ordinal())));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", kind, "' is not a device kind (allowed: cpu, cuda, emulated)"));
+  }
+  ASSIGN_OR_RETURN(d.compute, d.device->CreateStream());
+  return d;
+}
+
+}  // namespace furnace::worker

@@ -1,0 +1,27 @@
+// The device a rank runs on, from its task's resources.device, and the compute stream its main
+// thread enqueues on (device::StreamScope for the rest of the rank): cpu; emulated (an emulated
+// discrete device of the worker's --device-memory, runtime/device/emulated_device.h); cuda (the
+// slot's GPU, device_ordinal). A train rank trains on it; a commcheck rank and the health check
+// run their collectives on its memory.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "furnace/v1/agent.pb.h"
+#include "runtime/device/backend.h"
+#include "runtime/device/device.h"
+
+namespace furnace::worker {
+
+struct RankDevice {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<device::Stream> compute;
+  device::Precision precision = device::Precision::kFp32;  // model.precision
+};
+
+// Unavailable when the device cannot be had (a build or machine without CUDA); InvalidArgument
+// for an unknown kind.
+absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task);
+
+}  // namespace furnace::worker
