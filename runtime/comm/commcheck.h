@@ -10,9 +10,9 @@
 // error count the SUM over ranks. Because the result is agreed, every rank stops at the same point
 // when a check fails.
 //
-// Buffers: on `device` (Device::Allocate: host memory on the CPU device, device memory on a
-// discrete one), written and read back through Device::Copy on the calling thread's current
-// stream (device::StreamScope; none: the device's default stream). A call is timed from its start
+// Buffers: on `device`, device memory written and read back through Device::Copy on the calling
+// thread's current stream (device::StreamScope; none: the device's default stream); on the CPU
+// device the payload's host vectors themselves. A call is timed from its start
 // until that stream has passed it (a stream communicator returns at enqueue; the stream then
 // waits for the collective's completion event), so the time is the collective's own, as
 // nccl-tests measures it; filling and checking the payload are outside it.
