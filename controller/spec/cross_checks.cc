@@ -154,6 +154,26 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(world, " = pp ", p.pp(), " * dp ", p.dp(), " * tp ", p.tp())});
   }
 
+  // A section only the other kind reads is refused rather than accepted and ignored: a
+  // commcheck builds no model and trains nothing (its ranks run collectives on
+  // resources.device), and a train job runs no commcheck.
+  static constexpr absl::string_view kTrainSections[] = {"model", "moe",        "memory", "train",
+                                                         "data",  "checkpoint", "eval"};
+  if (spec.kind() == "commcheck") {
+    for (absl::string_view section : kTrainSections) {
+      if (!diag->Present(section)) continue;
+      c.Fail({section, "kind"},
+             Problem{"applies to train jobs only (a commcheck builds no model and trains nothing)",
+                     absl::StrCat("a '", section, "' section"),
+                     absl::StrCat("no '", section, "' section, or kind: train")});
+    }
+  }
+  if (spec.kind() == "train" && diag->Present("commcheck")) {
+    c.Fail({"commcheck", "kind"},
+           Problem{"applies to commcheck jobs only (a train job runs no commcheck)",
+                   "a 'commcheck' section", "no 'commcheck' section, or kind: commcheck"});
+  }
+
   // Model shape and the layout that splits it (runtime/topology checks these again in every rank,
   // too late for a clear message). Only a training job builds the model and its expert groups; a
   // commcheck ignores both, so a commcheck on e.g. pp=4 need not also raise model.layers.

@@ -155,7 +155,19 @@ parallel: {pp: 2, dp: 3}
 }
 
 // Every field of the schema, set away from its default (controller/spec/field_uses.h: every field
-// is implemented).
+// is implemented): FullJob() a train job with every field but the commcheck section's, which only
+// a commcheck reads (kFullCommcheck; a train job refuses it).
+constexpr char kFullCommcheck[] = R"(commcheck:
+  min_bytes: 1KB
+  max_bytes: 1GiB
+  step_factor: 2
+  iters: 1
+  warmup_iters: 0
+  collectives: [broadcast, alltoall]
+  rounds: 3
+  timeout_s: 0.5
+)";
+
 std::string FullJob() {
   return absl::StrReplaceAll(
       R"(name: full-job_1
@@ -206,15 +218,6 @@ recovery:
   hang_timeout_s: 5
   start_timeout_s: 7
 resources: {workers: 8, device: {DEVICE}}
-commcheck:
-  min_bytes: 1KB
-  max_bytes: 1GiB
-  step_factor: 2
-  iters: 1
-  warmup_iters: 0
-  collectives: [broadcast, alltoall]
-  rounds: 3
-  timeout_s: 0.5
 fault: {mode: exit, rank: 7, at_step: 3, every_attempt: true, exit_code: 255}
 )",
       {{"{SPIKES}", "{probability: 0.5, max_ratio: 4, seed: 18446744073709551615}"},
@@ -248,13 +251,38 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.resources().workers(), 8u);
   EXPECT_EQ(s.resources().device(), "emulated");
   EXPECT_EQ(s.model().precision(), "bf16");
-  EXPECT_EQ(s.commcheck().min_bytes(), 1000u);
-  EXPECT_EQ(s.commcheck().max_bytes(), 1ull << 30);
-  ASSERT_EQ(s.commcheck().collectives_size(), 2);
-  EXPECT_EQ(s.commcheck().collectives(0), "broadcast");
+  const JobSpec cc = MustParse(absl::StrCat("name: cc\nkind: commcheck\n", kFullCommcheck));
+  EXPECT_EQ(cc.commcheck().min_bytes(), 1000u);
+  EXPECT_EQ(cc.commcheck().max_bytes(), 1ull << 30);
+  ASSERT_EQ(cc.commcheck().collectives_size(), 2);
+  EXPECT_EQ(cc.commcheck().collectives(0), "broadcast");
   EXPECT_EQ(s.fault().mode(), "exit");
   EXPECT_EQ(s.fault().rank(), 7);
   EXPECT_EQ(s.fault().exit_code(), 255);
+}
+
+// A section only the other kind reads is refused, not accepted and ignored.
+TEST(JobSpecTest, ASectionOfTheOtherKindIsRefused) {
+  absl::StatusOr<JobSpec> train = ParseJobYaml(FullJob() + kFullCommcheck, "job.yaml");
+  ASSERT_FALSE(train.ok());
+  EXPECT_NE(std::string(train.status().message())
+                .find("commcheck: applies to commcheck jobs only (a train job runs no commcheck)"),
+            std::string::npos)
+      << train.status();
+  for (const char* section :
+       {"model: {precision: bf16}", "moe: {experts: 4}", "memory: {}", "train: {steps: 5}",
+        "data: {seed: 3}", "checkpoint: {every: 2}", "eval: {every: 2}"}) {
+    absl::StatusOr<JobSpec> cc = ParseJobYaml(
+        absl::StrCat("name: cc\nkind: commcheck\nresources: {device: emulated}\n", section, "\n"),
+        "job.yaml");
+    ASSERT_FALSE(cc.ok()) << section;
+    const std::string message(cc.status().message());
+    EXPECT_NE(message.find(": applies to train jobs only (a commcheck builds no model and trains "
+                           "nothing)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("or kind: train"), std::string::npos) << message;
+  }
 }
 
 TEST(JobSpecTest, EvalIsOffByDefaultAndParses) {
