@@ -23,10 +23,7 @@ DispatchPlan MakeDispatchPlanSlice(const int32_t* indices, int N, int E, int k,
   plan.E = E;
   plan.k = k;
   const int64_t total = static_cast<int64_t>(N) * k;
-  plan.capacity = capacity_factor > 0
-                      ? static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(k) *
-                                                       static_cast<double>(group_tokens) / E))
-                      : 0;
+  plan.capacity = ExpertCapacity(capacity_factor, k, group_tokens, E);
   plan.routed.assign(E, 0);
   for (int64_t i = 0; i < total; ++i) ++plan.routed[indices[i]];
   plan.counts.resize(E);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/permute.h"
 #include "runtime/base/status.h"
 #include "runtime/model/attention_block.h"
 #include "runtime/model/embedding.h"
@@ -715,10 +716,10 @@ std::optional<int64_t> GptMoe::RoutingBoundActivationBytes(int B) const {
   // S rows sent by this rank, A received over ep by its El experts, R = esp A gathered.
   int64_t S = N * k, A = ep * N * std::min(k, El);
   if (config_.capacity_factor > 0) {
-    // Each source rank sends each expert at most its capacity (kernels/cpu/permute.cc: per
-    // expert ceil(capacity_factor k N / E) of the source's N tokens).
-    const auto c = static_cast<int64_t>(
-        std::ceil(config_.capacity_factor * static_cast<double>(k * N) / static_cast<double>(E)));
+    // Each source rank sends each expert at most its capacity (of the source's N tokens, as
+    // its dispatch plan computes it: kernels/permute.h ExpertCapacity).
+    const int64_t c =
+        kernels::cpu::ExpertCapacity(config_.capacity_factor, config_.top_k, N, config_.experts);
     S = std::min(S, E * c);
     A = std::min(A, ep * El * c);
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/permute.h"
 #include "nlohmann/json.hpp"
 
 namespace furnace::moe {
@@ -157,9 +158,9 @@ absl::StatusOr<AlphaBeta> FitFromJson(const nlohmann::json& j, const std::string
 int64_t RoutedRows(const LayerShape& shape) {
   const int64_t all = shape.N * shape.k;
   if (shape.capacity_factor <= 0 || shape.E <= 0) return all;
-  const double per_expert =
-      std::ceil(shape.capacity_factor * static_cast<double>(all) / static_cast<double>(shape.E));
-  return std::min(all, static_cast<int64_t>(per_expert) * shape.E);
+  return std::min(
+      all,
+      kernels::cpu::ExpertCapacity(shape.capacity_factor, shape.k, shape.N, shape.E) * shape.E);
 }
 
 ScheduleRows RowsOf(const LayerShape& shape, Schedule s) {

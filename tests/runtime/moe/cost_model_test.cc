@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/permute.h"
 
 namespace furnace::moe {
 namespace {
@@ -64,6 +65,28 @@ TEST(CostModelTest, RoutedRowsWithCapacity) {
   EXPECT_EQ(RoutedRows(s), 8 * 13);  // E * ceil(0.5 * 200 / 8)
   s.capacity_factor = 2.0;
   EXPECT_EQ(RoutedRows(s), 200);  // capped at N * k
+}
+
+// The routed rows use the dispatch plan's own capacity, rounding included: cf 0.65, k 3, 120
+// tokens, E 2 is 118 per expert for the plan (0.65 * 3 * 120 / 2 in double is just above 117), so
+// 236 rows, not 234.
+TEST(CostModelTest, RoutedRowsUseTheDispatchPlansCapacity) {
+  for (const double cf : {0.5, 0.65, 0.8, 1.25, 1.3}) {
+    for (const int k : {1, 2, 3}) {
+      for (const int E : {2, 4, 8}) {
+        for (const int N : {40, 120, 200, 240}) {
+          const std::vector<int32_t> indices(static_cast<size_t>(N) * k, 0);
+          const kernels::cpu::DispatchPlan plan =
+              kernels::cpu::MakeDispatchPlan(indices.data(), N, E, k, cf);
+          LayerShape s{.N = N, .C = 8, .f = 8, .E = E, .k = k, .capacity_factor = cf};
+          EXPECT_EQ(RoutedRows(s), std::min<int64_t>(int64_t{N} * k, plan.capacity * E))
+              << "cf " << cf << " k " << k << " N " << N << " E " << E;
+        }
+      }
+    }
+  }
+  LayerShape s{.N = 120, .C = 8, .f = 8, .E = 2, .k = 3, .capacity_factor = 0.65};
+  EXPECT_EQ(RoutedRows(s), 236);
 }
 
 TEST(CostModelTest, RowsPerSchedule) {
