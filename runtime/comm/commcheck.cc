@@ -95,12 +95,10 @@ class Runner {
   Runner(Communicator& group, device::Device& device, const CommcheckOptions& options)
       : group_(group),
         device_(device),
-        stream_(device::CurrentStream() != nullptr ? *device::CurrentStream()
-                                                   : device.default_stream()),
+        stream_(device::CurrentStreamOf(device)),
         options_(options),
         in_(device),
-        out_(device),
-        agree_(device) {}
+        out_(device) {}
 
   absl::StatusOr<CommResult> Run(const std::string& collective, uint64_t bytes) {
     const int n = group_.size();
@@ -267,7 +265,7 @@ class Runner {
         absl::StrFormat("commcheck %s %d B: agreeing on the result", collective, bytes);
     const std::vector<double> mine = {mean_s, static_cast<double>(errors)};
     std::vector<double> all(2 * n);
-    ASSIGN_OR_RETURN(void* d_in, Upload(what, agree_, mine));
+    ASSIGN_OR_RETURN(void* d_in, Upload(what, in_, mine));  // the payload's buffers are free
     ASSIGN_OR_RETURN(void* d_out, Upload(what, out_, all));
     double ignored = 0;
     RETURN_IF_ERROR(Timed(what, ignored, [&] {
@@ -286,7 +284,7 @@ class Runner {
   device::Device& device_;
   device::Stream& stream_;
   const CommcheckOptions& options_;
-  Buffer in_, out_, agree_;
+  Buffer in_, out_;
   std::vector<float> floats_;
   std::vector<int32_t> ints_in_;
   std::vector<int32_t> ints_out_;

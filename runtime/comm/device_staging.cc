@@ -11,11 +11,6 @@ namespace furnace::comm {
 
 namespace {
 
-device::Stream& StreamOf(device::Device& device) {
-  device::Stream* current = device::CurrentStream();
-  return current != nullptr ? *current : device.default_stream();
-}
-
 int64_t Sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
@@ -91,7 +86,7 @@ absl::Status CopyBack(device::Device& device, device::Stream& stream, const Side
 
 absl::Status StagedCommunicator::AllReduce(float* data, int64_t count) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, count * 4, true);
   RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
   RETURN_IF_ERROR(Counted(CollectiveOp::kAllReduce, timer, [&] {
@@ -103,7 +98,7 @@ absl::Status StagedCommunicator::AllReduce(float* data, int64_t count) {
 absl::Status StagedCommunicator::ReduceScatter(const float* in, float* out,
                                                int64_t count_per_rank) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, count_per_rank * size() * 4, true);
   FURNACE_STAGE(o, out_, out, count_per_rank * 4, false);
   RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
@@ -117,7 +112,7 @@ absl::Status StagedCommunicator::ReduceScatter(const float* in, float* out,
 absl::Status StagedCommunicator::ReduceScatterV(const float* in, float* out,
                                                 const std::vector<int64_t>& counts) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   const int64_t mine = rank() < static_cast<int>(counts.size()) ? counts[rank()] : 0;
   FURNACE_STAGE(i, in_, in, Sum(counts) * 4, true);
   FURNACE_STAGE(o, out_, out, mine * 4, false);
@@ -131,7 +126,7 @@ absl::Status StagedCommunicator::ReduceScatterV(const float* in, float* out,
 
 absl::Status StagedCommunicator::AllGather(const void* in, void* out, int64_t bytes_per_rank) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, bytes_per_rank, true);
   FURNACE_STAGE(o, out_, out, bytes_per_rank * size(), false);
   RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
@@ -143,7 +138,7 @@ absl::Status StagedCommunicator::AllGather(const void* in, void* out, int64_t by
 absl::Status StagedCommunicator::AllGatherV(const void* in, int64_t in_bytes, void* out,
                                             const std::vector<int64_t>& recv_bytes) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, in_bytes, true);
   FURNACE_STAGE(o, out_, out, Sum(recv_bytes), false);
   RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
@@ -156,7 +151,7 @@ absl::Status StagedCommunicator::AllGatherV(const void* in, int64_t in_bytes, vo
 absl::Status StagedCommunicator::AllToAllV(const void* in, const std::vector<int64_t>& send_bytes,
                                            void* out, const std::vector<int64_t>& recv_bytes) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, Sum(send_bytes), true);
   FURNACE_STAGE(o, out_, out, Sum(recv_bytes), false);
   RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
@@ -168,7 +163,7 @@ absl::Status StagedCommunicator::AllToAllV(const void* in, const std::vector<int
 
 absl::Status StagedCommunicator::Broadcast(void* data, int64_t bytes, int root) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, bytes, rank() == root);
   RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
   RETURN_IF_ERROR(Counted(CollectiveOp::kBroadcast, timer,
@@ -179,7 +174,7 @@ absl::Status StagedCommunicator::Broadcast(void* data, int64_t bytes, int root) 
 
 absl::Status StagedCommunicator::Send(const void* data, int64_t bytes, int peer, uint32_t tag) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, bytes, true);
   RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
   // The transport copies the payload before it returns (buffered sends), so staging is free again.
@@ -189,7 +184,7 @@ absl::Status StagedCommunicator::Send(const void* data, int64_t bytes, int peer,
 
 absl::Status StagedCommunicator::Recv(void* data, int64_t bytes, int peer, uint32_t tag) {
   const CallTimer timer;
-  device::Stream& stream = StreamOf(device_);
+  device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, out_, data, bytes, false);
   RETURN_IF_ERROR(Counted(CollectiveOp::kRecv, timer,
                           [&] { return transport_->Recv(d.host, bytes, peer, tag); }));

@@ -220,8 +220,7 @@ absl::Status FusedOnStreams(StreamCommunicator& a2a, StreamCommunicator& ag, con
                             const std::vector<int64_t>& send_offset, int64_t scratch_bytes) {
   const int G = a2a.size(), n = ag.size(), a = a2a.rank(), q0 = ag.rank();
   device::Device& device = a2a.device();
-  device::Stream* current = device::CurrentStream();
-  device::Stream& caller = current != nullptr ? *current : device.default_stream();
+  device::Stream& caller = device::CurrentStreamOf(device);
   // Both streams start after the producer of `in` (and of whatever `out` held). A failed `ag`
   // does not stop the exchange (as on host threads).
   RETURN_IF_ERROR(a2a.OrderAfter(caller));

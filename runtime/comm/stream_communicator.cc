@@ -100,8 +100,7 @@ StreamCommunicator::StreamCommunicator(std::unique_ptr<Communicator> transport,
 StreamCommunicator::~StreamCommunicator() { watchdog_->Unregister(this); }
 
 device::Stream& StreamCommunicator::CallerStream() const {
-  device::Stream* current = device::CurrentStream();
-  return current != nullptr ? *current : device_.default_stream();
+  return device::CurrentStreamOf(device_);
 }
 
 absl::Status StreamCommunicator::RecordError(absl::Status status) {

@@ -15,6 +15,8 @@ namespace furnace::device {
 
 // The stream set by the innermost StreamScope on this thread; nullptr when none.
 Stream* CurrentStream();
+// Where work that names no stream goes: CurrentStream(), else `device`'s default stream.
+Stream& CurrentStreamOf(Device& device);
 
 class StreamScope {
  public:

@@ -8,10 +8,7 @@
 
 namespace furnace::tensor {
 
-device::Stream& StreamFor(device::Device& device) {
-  device::Stream* current = device::CurrentStream();
-  return current != nullptr ? *current : device.default_stream();
-}
+device::Stream& StreamFor(device::Device& device) { return device::CurrentStreamOf(device); }
 
 absl::Status CopyToDevice(device::Device& device, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
