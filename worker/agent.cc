@@ -71,7 +71,8 @@ Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::St
       clock_(clock),
       instance_id_(RandomInstanceId()),
       telemetry_(options_.telemetry_capacity),
-      logs_(options_.log_capacity) {}
+      logs_(options_.log_capacity),
+      flush_interval_s_(options_.flush_interval_s) {}
 
 Agent::~Agent() {
   Shutdown();
@@ -234,7 +235,8 @@ bool Agent::RegisterOnce() {
   session_id_ = response.session_id();
   heartbeat_interval_s_ =
       response.heartbeat_interval_s() > 0 ? response.heartbeat_interval_s() : 1.0;
-  flush_interval_s_ = response.telemetry_flush_s();
+  flush_interval_s_ =
+      response.telemetry_flush_s() > 0 ? response.telemetry_flush_s() : options_.flush_interval_s;
   registered_ = true;
   ++generation_;
   reconciled_.clear();
@@ -244,8 +246,7 @@ bool Agent::RegisterOnce() {
   spdlog::info(
       "registered with {} (session {}, heartbeat every {} s, telemetry every {} s, {} rank(s) "
       "running)",
-      options_.controller, session_id_, heartbeat_interval_s_,
-      flush_interval_s_ > 0 ? flush_interval_s_ : options_.flush_interval_s,
+      options_.controller, session_id_, heartbeat_interval_s_, flush_interval_s_,
       request.running_size());
   return true;
 }
@@ -555,7 +556,7 @@ void Agent::FlushLoop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const double interval = flush_interval_s_ > 0 ? flush_interval_s_ : options_.flush_interval_s;
+      const double interval = flush_interval_s_;
       if (cv_.wait_for(lock, Seconds(interval), [&] { return stop_senders_; })) {
         return;
       }

@@ -147,7 +147,7 @@ class Agent {
   uint64_t generation_ = 0;            // guarded by mu_: +1 per successful registration
   std::string session_id_;             // guarded by mu_
   double heartbeat_interval_s_ = 1.0;  // guarded by mu_
-  double flush_interval_s_ = 0;        // guarded by mu_; 0: options_.flush_interval_s
+  double flush_interval_s_;            // guarded by mu_; the controller's, else the option
   grpc::ClientContext* watch_context_ = nullptr;     // guarded by mu_: the open command stream
   grpc::ClientContext* register_context_ = nullptr;  // guarded by mu_: a Register in flight
   std::map<std::string, RankEntry> ranks_;           // guarded by mu_, by RankKey

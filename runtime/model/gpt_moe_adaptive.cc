@@ -238,12 +238,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.state != StashState::kKept || e.pinned) continue;
     const std::string_view tag = memory::TensorTag(e.producer);
-    if (e.micro == cur_micro_ && ReadByModule(ModuleIndexOf(e.layer, tag), tag, h)) continue;
+    const int module = ModuleIndexOf(e.layer, tag);
+    if (e.micro == cur_micro_ && ReadByModule(module, tag, h)) continue;
     memory::PlanCandidate c;
     c.id = e.handle.id;
     // This micro-batch's: from the module that saved it to that module's backward. Another's
     // (1F1B): until the gap, when that micro-batch's backward brings it back.
-    c.position = e.micro == cur_micro_ ? ModuleIndexOf(e.layer, tag) : -1;
+    c.position = e.micro == cur_micro_ ? module : -1;
     c.until = e.micro == cur_micro_ ? back(c.position) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
@@ -256,7 +257,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
           e.bytes;
     }
     candidates.push_back(c);
-    position_of[c.id] = {e.micro, ModuleIndexOf(e.layer, tag)};
+    position_of[c.id] = {e.micro, module};
   }
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t C = config_.d_model, fl = moe.fl();
