@@ -67,7 +67,7 @@ void Add(MetricFamily* family, Labels labels, double value) {
 // Failure kinds (AttemptInfo.failure_kind) that count as restarts, exported at 0 before they
 // first happen. Any other kind in the snapshot is exported as it appears.
 constexpr std::array<const char*, 8> kRestartCauses = {
-    "exit", "signal", "oom", "hang", "lost", "start_timeout", "agent_restart", "bad_input"};
+    "exit", "signal", "oom", "hang", "lost", "start_timeout", "agent_restart", "health_check"};
 
 Labels JobLabel(const JobMetrics& job) { return {{"job", job.job_id}}; }
 
@@ -99,9 +99,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
                                    "Always 1; the version label is the furnace-controller build.");
   MetricFamily* state = x.Add("furnace_job_state", kGauge,
                               "1 for the state the job is in, 0 for the other seven states.");
-  MetricFamily* restarts =
-      x.Add("furnace_job_restarts_total", kCounter,
-            "Failed attempts of the job, by cause (the failure kind), over its lifetime.");
+  MetricFamily* restarts = x.Add(
+      "furnace_job_restarts_total", kCounter,
+      "Restarts of the job, by the cause of the failed attempt (its failure kind), over its "
+      "lifetime: failed attempts that a new attempt followed or will follow (the failure that "
+      "ended a job is not one).");
   MetricFamily* step = x.Add("furnace_job_step", kGauge,
                              "Training steps completed (progress of the current attempt).");
   MetricFamily* total_steps =

@@ -223,6 +223,10 @@ class JobLifecycle {
   // Records an error exit of a rank of the current attempt; fails the attempt at once when every
   // rank has ended, otherwise after the settle window (Tick).
   void NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker);
+  // Ends the current attempt, every rank of which has ended: failed when a rank failed (the
+  // settle window's cause, else the first failed rank's), succeeded otherwise. Unavailable when
+  // it could not be written (the job is left as it was; Tick retries).
+  absl::Status EndAttempt(Job& job);
   furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
   void MarkLost(Worker& worker, const std::string& why);
   // A rank exited with RANK_EXIT_HEALTH_CHECK: finds who is to blame from the attempt's

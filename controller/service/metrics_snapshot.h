@@ -29,8 +29,9 @@ struct JobMetrics {
   std::map<std::string, double> comm_bytes_total;      // by collective (counter)
   std::map<std::string, double> moe_op_bytes_total;    // by MoE op, e.g. "a2a(ep)" (counter)
   std::map<std::string, double> moe_op_seconds_total;  // by MoE op (counter)
-  std::map<std::string, uint64_t> restarts_by_cause;   // failure_kind -> failed attempts
-  double last_checkpoint_seconds = -1;                 // < 0: no checkpoint yet
+  std::map<std::string, uint64_t>
+      restarts_by_cause;                      // failure_kind -> restarts (failed, then followed)
+  double last_checkpoint_seconds = -1;        // < 0: no checkpoint yet
   double last_checkpoint_stall_seconds = -1;  // the step it held, slowest rank; < 0: none yet
   uint64_t checkpoint_failures_total = 0;     // checkpoints not committed (since controller start)
   double last_recovery_seconds = -1;          // failure -> next attempt all running; < 0: none yet

@@ -135,10 +135,51 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& cause, const std
     job.pending_cause = cause;
     job.pending_worker = worker;
   }
-  if (AllRanks(*job.current(), v1::RANK_STATE_EXITED)) {
-    job.settle_deadline = 0;
-    FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
+  // Every rank has ended: no root cause can come any more. (Not persisted, the settle deadline
+  // stays and Tick retries.)
+  if (AllRanks(*job.current(), v1::RANK_STATE_EXITED)) EndAttempt(job).IgnoreError();
+}
+
+absl::Status JobLifecycle::EndAttempt(Job& job) {
+  v1::AttemptInfo& attempt = *job.current();
+  // (UNSPECIFIED: a rank ended before its kind was recorded, by an older controller.)
+  const auto failed = [](const v1::RankInfo& r) {
+    return r.exit_kind() != v1::EXIT_KIND_SUCCESS && r.exit_kind() != v1::EXIT_KIND_STOPPED &&
+           r.exit_kind() != v1::EXIT_KIND_UNSPECIFIED;
+  };
+  const auto first_failed = std::find_if(attempt.ranks().begin(), attempt.ranks().end(), failed);
+  if (first_failed != attempt.ranks().end() || attempt.failed_unix() > 0) {
+    // A rank failed: the cause the settle window holds or, when it is gone (a controller
+    // restart), the first failed rank's.
+    std::string cause = job.pending_cause, worker = job.pending_worker;
+    if (job.settle_deadline == 0 || cause.empty()) {
+      cause = "a rank failed";
+      worker.clear();
+      if (first_failed != attempt.ranks().end()) {
+        cause = absl::StrCat("rank ", first_failed->rank(), " on ", first_failed->worker_id(), ": ",
+                             first_failed->exit());
+        worker = first_failed->worker_id();
+      }
+    }
+    if (!FailAttempt(job, "exit", cause, worker)) {
+      return absl::UnavailableError("controller could not record the failure; retry");
+    }
+    return absl::OkStatus();
   }
+  attempt.set_state(v1::ATTEMPT_STATE_SUCCEEDED);
+  attempt.set_ended_unix(clock_.UnixSeconds());
+  job.summary.set_cause("");
+  absl::Status s;
+  if (job.summary.state() == v1::JOB_STARTING) {
+    // Every rank finished before the last start report was seen: still a full run.
+    s = Transition(job, v1::JOB_RUNNING, "running", "all ranks ran");
+  }
+  if (s.ok()) {
+    s = Transition(job, v1::JOB_SUCCEEDED, "succeeded",
+                   absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
+  }
+  if (s.ok()) CloseScope(job, attempt.attempt());
+  return s;
 }
 
 void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
@@ -156,9 +197,13 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
 bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                                const std::string& culprit_worker, Failure failure) {
   auto* attempt = job.current();
-  if (!attempt || attempt->state() != v1::ATTEMPT_STATE_RUNNING) return true;
-  job.settle_deadline = 0;
+  if (!attempt || attempt->state() != v1::ATTEMPT_STATE_RUNNING) {
+    job.settle_deadline = 0;
+    return true;
+  }
+  // (The backup keeps a pending settle deadline: Tick retries a failure that was not written.)
   const Job backup = job;
+  job.settle_deadline = 0;
   attempt->set_state(failure == Failure::kInterrupted ? v1::ATTEMPT_STATE_INTERRUPTED
                                                       : v1::ATTEMPT_STATE_FAILED);
   attempt->set_cause(cause);
@@ -265,6 +310,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
     auto* rank = attempt->mutable_ranks(held.rank);
     rank->set_state(v1::RANK_STATE_EXITED);
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
+    rank->set_exit_kind(v1::EXIT_KIND_LOST);
     NoteRanksExited(*attempt);
     if (attempt->state() == v1::ATTEMPT_STATE_RUNNING && attempt->failed_unix() == 0) {
       attempt->set_failed_unix(worker.seen->unix_s.load(std::memory_order_relaxed));
@@ -307,8 +353,19 @@ void JobLifecycle::Tick() {
   }
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
-      job.settle_deadline = 0;
       FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
+    }
+    // Every rank of the running attempt has ended, yet the attempt was not ended: the write that
+    // would have ended it failed (a store error), or a controller restart lost the settle window.
+    // Retried here until it lands, so no job is left running with nothing running.
+    if (const v1::AttemptInfo* a = job.current();
+        a != nullptr && a->state() == v1::ATTEMPT_STATE_RUNNING && job.settle_deadline == 0 &&
+        !IsFinal(job.summary.state()) && a->ranks_size() > 0 &&
+        AllRanks(*a, v1::RANK_STATE_EXITED)) {
+      if (absl::Status s = EndAttempt(job); !s.ok()) {
+        spdlog::warn("job {}: its ended attempt is not recorded yet: {}", job.summary.job_id(),
+                     s.ToString());
+      }
     }
     switch (job.summary.state()) {
       case v1::JOB_PENDING:
@@ -436,6 +493,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
       if (rank != nullptr && rank->state() != v1::RANK_STATE_EXITED) {
         rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("lost: its worker agent restarted");
+        rank->set_exit_kind(v1::EXIT_KIND_LOST);
         if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
             !IsFinal(job->summary.state())) {
           FailAttempt(
@@ -523,6 +581,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   };
   rank.set_state(v1::RANK_STATE_EXITED);
   rank.set_exit(DescribeExit(report));
+  rank.set_exit_kind(report.exit_kind());
   NoteRanksExited(attempt);
   if (current && attempt.failed_unix() == 0 && report.exit_kind() != v1::EXIT_KIND_SUCCESS &&
       report.exit_kind() != v1::EXIT_KIND_STOPPED) {
@@ -534,18 +593,9 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
     if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
-      attempt.set_state(v1::ATTEMPT_STATE_SUCCEEDED);
-      attempt.set_ended_unix(clock_.UnixSeconds());
-      job.summary.set_cause("");
-      if (job.summary.state() == v1::JOB_STARTING) {
-        // Every rank finished before the last start report was seen: still a full run.
-        s = Transition(job, v1::JOB_RUNNING, "running", "all ranks ran");
-      }
-      if (s.ok()) {
-        s = Transition(job, v1::JOB_SUCCEEDED, "succeeded",
-                       absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
-      }
-      if (s.ok()) CloseScope(job, attempt.attempt());
+      // Succeeded only if no rank failed: one that exited with an error code inside the settle
+      // window ends the attempt as failed now.
+      s = EndAttempt(job);
     } else {
       s = Persist(job);
     }
@@ -557,17 +607,21 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              report.exit_code() == v1::RANK_EXIT_CORRUPT_DATA) {
-    FailAttempt(job, "corrupt_data",
-                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                             DescribeExit(report)),
-                "", Failure::kCorruptData);
+    if (!FailAttempt(job, "corrupt_data",
+                     absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                  DescribeExit(report)),
+                     "", Failure::kCorruptData)) {
+      s = absl::UnavailableError("controller could not record the failure; retry");
+    }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              (report.exit_code() == v1::RANK_EXIT_UNKNOWN_KIND ||
               report.exit_code() == v1::RANK_EXIT_BAD_INPUT)) {
-    FailAttempt(job, "bad_input",
-                absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
-                             DescribeExit(report)),
-                "", Failure::kPermanent);
+    if (!FailAttempt(job, "bad_input",
+                     absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
+                                  DescribeExit(report)),
+                     "", Failure::kPermanent)) {
+      s = absl::UnavailableError("controller could not record the failure; retry");
+    }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
     s = Persist(job);
     if (s.ok()) {
@@ -616,6 +670,7 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
         if (rank.state() != v1::RANK_STATE_EXITED) {
           rank.set_state(v1::RANK_STATE_EXITED);
           rank.set_exit("stopped: the controller shut down");
+          rank.set_exit_kind(v1::EXIT_KIND_STOPPED);
         }
       }
       PersistRecord(job, "the ranks stopped at shutdown");

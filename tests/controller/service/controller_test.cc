@@ -275,6 +275,10 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   EXPECT_EQ(d.summary().restarts(), 2u);
   EXPECT_NE(d.summary().cause().find("exited with code 1"), std::string::npos);
   EXPECT_NE(d.summary().cause().find("gave up after 2 restarts"), std::string::npos);
+  // The metric agrees with the summary: the third failure ended the job, it is not a restart.
+  const MetricsSnapshot snap = c_->Metrics();
+  ASSERT_EQ(snap.jobs.size(), 1u);
+  EXPECT_EQ(snap.jobs[0].restarts_by_cause, (std::map<std::string, uint64_t>{{"exit", 2}}));
 }
 
 // Spikes are seeded by step, so a restart from the checkpoint under the same memory policy would
@@ -1029,6 +1033,77 @@ TEST_F(ControllerTest, AReattachTransitionTheStoreCannotRecordIsRetriedByTick) {
   EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
   EXPECT_GT(d.attempts(0).all_running_unix(), 0);
   EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
+}
+
+}  // namespace
+}  // namespace furnace::controller
+
+namespace furnace::controller {
+namespace {
+
+// A rank that exits with an error code waits the settle window for a root cause; when the other
+// ranks finish inside it, the attempt failed all the same: a job succeeds only if every rank did.
+TEST_F(ControllerTest, ARankThatFailedBeforeTheOthersFinishedFailsTheAttempt) {
+  StartRunning();
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 7", 7);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited with code 0");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_FAILED);
+  EXPECT_EQ(d.attempts(0).cause(), "rank 1 on h/1: exited with code 7");
+  EXPECT_EQ(d.attempts(0).ranks(1).exit_kind(), v1::EXIT_KIND_CODE);
+}
+
+// The settle window is in memory only: the failed rank's exit kind, in the store, still fails
+// the attempt when the last rank finishes after a controller restart.
+TEST_F(ControllerTest, ARankThatFailedBeforeAControllerRestartStillFailsTheAttempt) {
+  StartRunning();
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 7", 7);
+  Restart();
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited with code 0");
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).cause(), "rank 1 on h/1: exited with code 7");
+}
+
+// A failure the store cannot record is never acknowledged (the agent re-sends the report) nor
+// forgotten (Tick retries the settle window's failure until it is written).
+TEST_F(ControllerTest, AFailureTheStoreCannotRecordIsRetried) {
+  StartRunning();
+  FailJobWrites(true);
+  v1::RankReport r;
+  r.set_worker_id("h/0");
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(0);
+  r.set_event(v1::RANK_EXITED);
+  r.set_exit_kind(v1::EXIT_KIND_CODE);
+  r.set_exit_code(v1::RANK_EXIT_BAD_INPUT);
+  r.set_reason("exited with code 4: bad input");
+  EXPECT_FALSE(c_->ReportRank(r).ok());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  FailJobWrites(false);
+  EXPECT_TRUE(c_->ReportRank(r).ok());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_FAILED);
+}
+
+TEST_F(ControllerTest, ASettleWindowFailureTheStoreCannotRecordIsRetriedByTick) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1", 1);
+  FailJobWrites(true);
+  clock_.Advance(1.1);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  FailJobWrites(false);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).cause(), "rank 0 on h/0: exited with code 1");
 }
 
 }  // namespace
