@@ -26,6 +26,25 @@ constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
 constexpr size_t kMaxBatch = 1000;
 
+// Whether a push the controller refused may succeed if sent again: it was not reached, or was
+// busy. Any other error (its log store could not write, the batch is over its request limit, ...)
+// answers the same bytes the same way every time: that batch is dropped and counted, so that it
+// cannot hold back the records behind it, nor an exit report (the report loop flushes first).
+bool PushWorthRetrying(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::UNAUTHENTICATED:  // as the exit report would be: nothing to gain
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string RankKey(const std::string& job_id, uint32_t attempt, uint32_t rank) {
   return absl::StrCat(job_id, "/", attempt, "/", rank);
 }
@@ -583,6 +602,13 @@ bool Agent::FlushOnce() {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout_s);
     const grpc::Status status = stub_->PushTelemetry(&context, request, &ack);
+    if (!status.ok() && !PushWorthRetrying(status.error_code())) {
+      spdlog::warn("dropped {} telemetry record(s) the controller refused: {} ({})",
+                   request.records_size(), status.error_message(),
+                   static_cast<int>(status.error_code()));
+      telemetry_.AddDropped(dropped + static_cast<uint64_t>(request.records_size()));
+      continue;
+    }
     if (!status.ok()) {
       std::vector<furnace::v1::TelemetryRecord> back(request.records().begin(),
                                                      request.records().end());
@@ -607,6 +633,13 @@ bool Agent::FlushOnce() {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout_s);
     const grpc::Status status = stub_->PushLogs(&context, request, &ack);
+    if (!status.ok() && !PushWorthRetrying(status.error_code())) {
+      spdlog::warn(
+          "dropped {} rank log line(s) the controller refused: {} (they are still in the local "
+          "log files)",
+          request.lines_size(), status.error_message());
+      continue;
+    }
     if (!status.ok()) {
       logs_.PutBack(
           std::vector<furnace::v1::LogLine>(request.lines().begin(), request.lines().end()));

@@ -223,6 +223,24 @@ TEST_F(AgentTest, ReportsAreRetriedUntilAcked) {
   EXPECT_EQ(fake.reports[1].exit_code(), 5);
 }
 
+// A log batch the controller cannot take (its log store fails, the batch is over its request
+// limit) would be refused the same way forever: it is dropped, not retried, so it holds back
+// neither the records behind it nor the exit report the report loop flushes before.
+TEST_F(AgentTest, LogsTheControllerRefusesDoNotHoldBackTheExitReport) {
+  testing::FakeController controller;
+  controller.service.refuse_logs = grpc::StatusCode::INTERNAL;
+  StartAgent(controller.address(), "echo last words; exit 0");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.reports.size() >= 2; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.reports[1].event(), furnace::v1::RANK_EXITED);
+  EXPECT_EQ(fake.reports[1].exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  EXPECT_GE(fake.refused_log_pushes, 1);
+  EXPECT_TRUE(fake.logs.empty());
+}
+
 TEST_F(AgentTest, RanksSurviveAControllerRestartAndAreReattached) {
   auto first = std::make_unique<testing::FakeController>();
   const int port = first->port();

@@ -92,6 +92,10 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   grpc::Status PushLogs(grpc::ServerContext*, const furnace::v1::LogBatch* request,
                         furnace::v1::Ack*) override {
     std::lock_guard<std::mutex> lock(mu);
+    if (refuse_logs != grpc::StatusCode::OK) {
+      ++refused_log_pushes;
+      return grpc::Status(refuse_logs, "cannot append to the job's log");
+    }
     for (const auto& line : request->lines()) logs.push_back(line);
     log_pushes.push_back(std::chrono::steady_clock::now());
     cv.notify_all();
@@ -178,6 +182,8 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   std::vector<furnace::v1::TelemetryRecord> telemetry;
   std::vector<furnace::v1::LogLine> logs;
   std::vector<std::chrono::steady_clock::time_point> log_pushes;  // when each PushLogs came
+  grpc::StatusCode refuse_logs = grpc::StatusCode::OK;            // not OK: every PushLogs fails so
+  int refused_log_pushes = 0;
 
  private:
   static std::string Key(const furnace::v1::KvScope& scope, const std::string& key) {
