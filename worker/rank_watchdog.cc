@@ -29,8 +29,18 @@ WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery) 
   t.startup_s = start + hang;
   t.step_s = hang;
   t.checkpoint_s = hang;
+  t.eval_s = hang;
   t.heartbeat_s = std::min(1.0, hang / 4);
   return t;
+}
+
+double EvalTimeoutS(const WatchdogTimeouts& timeouts, int64_t batches, int64_t dp,
+                    int64_t micro_batches) {
+  dp = std::max<int64_t>(1, dp);
+  micro_batches = std::max<int64_t>(1, micro_batches);
+  const int64_t per_rank = (std::max<int64_t>(0, batches) + dp - 1) / dp;
+  const int64_t steps = std::max<int64_t>(1, (per_rank + micro_batches - 1) / micro_batches);
+  return timeouts.step_s * static_cast<double>(steps);
 }
 
 RankWatchdog::RankWatchdog(WatchdogTimeouts timeouts, const Clock& clock,
@@ -57,13 +67,14 @@ void RankWatchdog::EnterStartup(const std::string& detail) {
   Enter(Phase::kStartup, 0, detail, timeouts_.startup_s);
 }
 
-void RankWatchdog::EnterStep(uint64_t step, bool then_checkpoint) {
-  Enter(Phase::kStep, step, then_checkpoint ? "and the checkpoint after it" : "",
-        timeouts_.step_s + (then_checkpoint ? timeouts_.checkpoint_s : 0));
+void RankWatchdog::EnterStep(uint64_t step) { Enter(Phase::kStep, step, "", timeouts_.step_s); }
+
+void RankWatchdog::EnterCheckpoint(uint64_t after_step, bool final) {
+  Enter(Phase::kCheckpoint, after_step, final ? "the final one" : "", timeouts_.checkpoint_s);
 }
 
-void RankWatchdog::EnterCheckpoint(uint64_t after_step) {
-  Enter(Phase::kCheckpoint, after_step, "the final one", timeouts_.checkpoint_s);
+void RankWatchdog::EnterEval(uint64_t after_step) {
+  Enter(Phase::kEval, after_step, "", timeouts_.eval_s);
 }
 
 void RankWatchdog::Disarm() {
@@ -87,6 +98,9 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       break;
     case Phase::kStep:
       record.set_phase("step");
+      break;
+    case Phase::kEval:
+      record.set_phase("evaluation");
       break;
     default:
       record.set_phase("checkpoint");
@@ -115,14 +129,17 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
       break;
     case Phase::kStep:
-      where = detail_.empty() ? absl::StrCat("step ", step_)
-                              : absl::StrCat("step ", step_, " (", detail_, ")");
-      limit = detail_.empty() ? "recovery.hang_timeout_s"
-                              : "recovery.hang_timeout_s for the step and as much for its "
-                                "checkpoint";
+      where = absl::StrCat("step ", step_);
+      limit = "recovery.hang_timeout_s";
+      break;
+    case Phase::kEval:
+      where = absl::StrCat("the held-out evaluation after step ", step_);
+      limit = "recovery.hang_timeout_s for each parallel.micro_batches held-out batches of a rank";
       break;
     default:
-      where = absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
+      where = detail_.empty()
+                  ? absl::StrCat("the checkpoint after step ", step_)
+                  : absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
       limit = "recovery.hang_timeout_s";
       break;
   }
@@ -136,8 +153,10 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
   } else {
     what = ": not in a collective (its own compute, I/O or a lock)";
   }
-  record.set_reason(absl::StrFormat("hung in %s%s; the %s had run %.1f s, timeout %.0f s (%s)",
-                                    where, what, record.phase(), in_phase, timeout_s_, limit));
+  // (The timeout as given, 0.6 or 120: not rounded to whole seconds.)
+  record.set_reason(absl::StrFormat("hung in %s%s; the %s had run %.1f s, timeout %s s (%s)", where,
+                                    what, record.phase(), in_phase, absl::StrCat(timeout_s_),
+                                    limit));
   return record;
 }
 

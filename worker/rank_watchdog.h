@@ -13,9 +13,12 @@
 //               calibrating MoE schedules and loading the checkpoint get hang_timeout_s more.
 //   step        recovery.hang_timeout_s, from the end of the previous step (what "no progress for
 //               hang_timeout_s" meant before, now measured per step).
-//   checkpoint  recovery.hang_timeout_s more for a step that ends with a checkpoint (Trainer::Run
-//               writes it before the step's callback, so from outside the two are one span),
-//               and hang_timeout_s for the final checkpoint after the last step.
+//   checkpoint  recovery.hang_timeout_s for each checkpoint (every N steps, `every: auto` or the
+//               final one), a phase of its own that Trainer::Run's phase callback enters when the
+//               checkpoint starts (so `auto`, decided after the step, needs no prediction).
+//   evaluation  recovery.hang_timeout_s for every parallel.micro_batches held-out batches a rank
+//               runs (eval.batches / dp, rounded up; a batch is a forward only), entered the same
+//               way, so a long evaluation is not taken for a hung step.
 //   heartbeat   every min(1 s, hang_timeout_s / 4) the watchdog thread tells the agent the process
 //               is alive and where it is; the agent's own no-record timeout (rank_supervisor.h:
 //               FrozenTimeoutS) then only catches a frozen process (SIGSTOP, a deadlock that
@@ -46,9 +49,14 @@ struct WatchdogTimeouts {
   double startup_s = 120;
   double step_s = 60;
   double checkpoint_s = 60;
+  double eval_s = 60;
   double heartbeat_s = 1;
 };
 WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery);
+// The evaluation's share of them for a train job: step_s for each `micro_batches` held-out batches
+// of the `batches` its `dp` data-parallel ranks share (at least step_s).
+double EvalTimeoutS(const WatchdogTimeouts& timeouts, int64_t batches, int64_t dp,
+                    int64_t micro_batches);
 
 class RankWatchdog {
  public:
@@ -58,10 +66,13 @@ class RankWatchdog {
   // Start-up: the first call starts its clock; later calls only say which part runs now
   // ("rendezvous", "model", "checkpoint load").
   void EnterStartup(const std::string& detail);
-  // Step `step` (1-based) starts now; `then_checkpoint`: a checkpoint follows inside the same span.
-  void EnterStep(uint64_t step, bool then_checkpoint);
-  // The checkpoint after the last step starts now.
-  void EnterCheckpoint(uint64_t after_step);
+  // Step `step` (1-based) starts now.
+  void EnterStep(uint64_t step);
+  // A checkpoint of the state after step `after_step` starts now (`final`: the one after the last
+  // step).
+  void EnterCheckpoint(uint64_t after_step, bool final);
+  // A held-out evaluation after step `after_step` starts now.
+  void EnterEval(uint64_t after_step);
   // Nothing more to watch (the rank is finishing or failing on its own).
   void Disarm();
 
@@ -72,7 +83,7 @@ class RankWatchdog {
   const WatchdogTimeouts& timeouts() const { return timeouts_; }
 
  private:
-  enum class Phase { kNone, kStartup, kStep, kCheckpoint };
+  enum class Phase { kNone, kStartup, kStep, kCheckpoint, kEval };
   void Enter(Phase phase, uint64_t step, const std::string& detail, double timeout_s);
 
   const WatchdogTimeouts timeouts_;

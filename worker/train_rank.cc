@@ -242,7 +242,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   // that reports a phase overrunning its timeout with the collective it is blocked in.
   furnace::v1::RankStartupTimes startup;
   startup.set_process_start_unix(RealClock().UnixSeconds());
-  RankWatchdog watchdog(WatchdogTimeoutsFor(spec.recovery()), RealClock(), comm::ProcessInFlight());
+  WatchdogTimeouts timeouts = WatchdogTimeoutsFor(spec.recovery());
+  timeouts.eval_s = EvalTimeoutS(timeouts, spec.eval().batches(), spec.parallel().dp(),
+                                 spec.parallel().micro_batches());
+  RankWatchdog watchdog(timeouts, RealClock(), comm::ProcessInFlight());
   watchdog.EnterStartup("data");
   const WatchdogThread watchdog_thread(
       watchdog,
@@ -531,16 +534,24 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   const bool checkpoints = !spec.checkpoint().dir().empty();
   const auto watch_next = [&](uint64_t completed) {
     if (completed < total) {
-      const uint64_t next = completed + 1;
-      const uint64_t every = spec.checkpoint().every();
-      watchdog.EnterStep(next, checkpoints && every > 0 && next % every == 0);
+      watchdog.EnterStep(completed + 1);
     } else if (checkpoints) {
-      watchdog.EnterCheckpoint(completed);
+      watchdog.EnterCheckpoint(completed, /*final=*/true);
     } else {
       watchdog.Disarm();
     }
   };
   watch_next(start_step);
+  // Checkpoints (every N, auto, final) and evaluations are phases of their own, entered as they
+  // start.
+  const auto on_phase = [&](train::RunPhase phase, int64_t step) {
+    const uint64_t after = static_cast<uint64_t>(step);
+    if (phase == train::RunPhase::kCheckpoint) {
+      watchdog.EnterCheckpoint(after, after == total);
+    } else {
+      watchdog.EnterEval(after);
+    }
+  };
 
   std::optional<int> fault_exit;
   uint64_t computed = 0;  // steps this attempt computed (fault.mean_steps counts them)
@@ -594,7 +605,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     if (fault_exit) stop.RequestStop();
     watch_next(done);
   };
-  absl::Status status = (*trainer)->Run(on_step, &stop);
+  absl::Status status = (*trainer)->Run(on_step, &stop, on_phase);
   watchdog.Disarm();
   // Asynchronous checkpoints finished at the end of Run report no step of their own.
   const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();

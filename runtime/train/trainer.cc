@@ -222,7 +222,11 @@ absl::StatusOr<EvalResult> Trainer::Evaluate() {
   return EvaluateHeldOut(*model_, *held_out_, config_.eval.batches, parallel_, *clock_);
 }
 
-absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
+absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
+                          const PhaseCallback& on_phase) {
+  const auto enter = [&](RunPhase phase) {
+    if (on_phase) on_phase(phase, step_);
+  };
   const bool checkpoints = !config_.checkpoint.dir.empty();
   const bool async = checkpoints && config_.checkpoint.async;
   std::optional<AutoCheckpointInterval> auto_interval;
@@ -257,6 +261,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       due = auto_interval->Due(step_ - checkpointed_at);
     }
     if (due) {
+      enter(RunPhase::kCheckpoint);
       checkpointed_at = step_;
       const double t0 = clock_->MonotonicSeconds();
       if (async) {
@@ -280,6 +285,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
       if (auto_interval && !async) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
     }
     if (EvalDue(config_.eval, step_, config_.steps)) {
+      enter(RunPhase::kEval);
       ASSIGN_OR_RETURN(stats.eval, Evaluate());
     }
     if (on_step) on_step(stats);
@@ -295,6 +301,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
     }
   }
   if (async) {
+    enter(RunPhase::kCheckpoint);  // the final one, or the wait for the one in flight
     FinishAsyncCheckpoint(nullptr);
     FinishCommit(nullptr);
     // A snapshot of this very step that failed is not written again.
@@ -306,7 +313,10 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop) {
     }
     return absl::OkStatus();
   }
-  if (checkpoints && last_saved_step_ != step_) RETURN_IF_ERROR(SaveCheckpoint());
+  if (checkpoints && last_saved_step_ != step_) {
+    enter(RunPhase::kCheckpoint);
+    RETURN_IF_ERROR(SaveCheckpoint());
+  }
   return absl::OkStatus();
 }
 

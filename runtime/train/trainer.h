@@ -149,6 +149,12 @@ class StopToken {
 
 using StepCallback = std::function<void(const StepStats&)>;
 
+// What Run does between steps, said when it starts (for a watchdog, worker/rank_watchdog.h): a
+// checkpoint of the state after step `step` (every N steps, `every: auto`, or the final one), or a
+// held-out evaluation after it. The step's callback follows them.
+enum class RunPhase { kCheckpoint, kEval };
+using PhaseCallback = std::function<void(RunPhase phase, int64_t step)>;
+
 // Drives one Trainable. Borrows the model, sampler and clock (they must outlive it); owns the
 // Adam moments. Not thread-safe, except StopToken.
 class Trainer {
@@ -180,8 +186,9 @@ class Trainer {
   // ranks have not stopped. With checkpoint.async an in-flight snapshot is committed after the
   // first step at which every rank's shard is durable, at the latest at the next checkpoint step
   // and at the end (a parallel stop only waits for this rank's write); write and commit errors
-  // are reported, not returned.
-  absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr);
+  // are reported, not returned. `on_phase` is told when each checkpoint and evaluation starts.
+  absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr,
+                   const PhaseCallback& on_phase = nullptr);
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).
   absl::Status SaveCheckpoint();

@@ -45,14 +45,14 @@ TEST(WatchdogTimeoutsTest, DerivedFromTheRecoverySection) {
 
 TEST_F(RankWatchdogTest, NothingBeforeAPhaseNorAfterDisarm) {
   EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_UNSPECIFIED);
-  watchdog_.EnterStep(1, false);
+  watchdog_.EnterStep(1);
   watchdog_.Disarm();
   clock_.Advance(100);
   EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_UNSPECIFIED);
 }
 
 TEST_F(RankWatchdogTest, AStepBlockedInACollectiveIsReportedOnceWithTheOpAndGroup) {
-  watchdog_.EnterStep(12, /*then_checkpoint=*/false);
+  watchdog_.EnterStep(12);
   clock_.Advance(0.5);
   const uint64_t token = in_flight_.Begin("all_reduce", "dp[0,1]", 2);
   clock_.Advance(7.5);  // exactly at the timeout: still a heartbeat
@@ -82,14 +82,14 @@ TEST_F(RankWatchdogTest, AStepBlockedInACollectiveIsReportedOnceWithTheOpAndGrou
 
 TEST_F(RankWatchdogTest, EachStepHasItsOwnClock) {
   for (uint64_t step = 1; step <= 5; ++step) {
-    watchdog_.EnterStep(step, false);
+    watchdog_.EnterStep(step);
     clock_.Advance(7);  // 35 s in all, each step within its 8 s
     EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT) << step;
   }
 }
 
 TEST_F(RankWatchdogTest, AHangOutsideACollectiveSaysSo) {
-  watchdog_.EnterStep(3, false);
+  watchdog_.EnterStep(3);
   clock_.Advance(9);
   const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
   ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
@@ -97,28 +97,55 @@ TEST_F(RankWatchdogTest, AHangOutsideACollectiveSaysSo) {
   EXPECT_THAT(hung.reason(), HasSubstr("hung in step 3: not in a collective"));
 }
 
-TEST_F(RankWatchdogTest, AStepWithACheckpointGetsTheCheckpointTimeoutToo) {
-  watchdog_.EnterStep(20, /*then_checkpoint=*/true);
-  clock_.Advance(15);
+// A checkpoint (every N steps or `every: auto`, which decides after the step) and an evaluation
+// are phases of their own, each with its own clock, entered when they start (Trainer::Run's phase
+// callback): the step before them does not eat into their time, nor they into the next step's.
+TEST_F(RankWatchdogTest, ACheckpointIsAPhaseOfItsOwn) {
+  watchdog_.EnterStep(20);
+  clock_.Advance(7);
+  watchdog_.EnterCheckpoint(20, /*final=*/false);
+  clock_.Advance(7.5);
   EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT);
   const uint64_t token = in_flight_.Begin("all_gather", "world[0,1,2,3]", 4);
-  clock_.Advance(2);
+  clock_.Advance(1);
   const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
   ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
-  EXPECT_THAT(hung.reason(),
-              HasSubstr("hung in step 20 (and the checkpoint after it): all_gather on group "
-                        "world[0,1,2,3] (4 ranks) for 2.0 s"));
-  EXPECT_THAT(hung.reason(), HasSubstr("timeout 16 s"));
+  EXPECT_EQ(hung.phase(), "checkpoint");
+  EXPECT_EQ(hung.reason(),
+            "hung in the checkpoint after step 20: all_gather on group world[0,1,2,3] (4 ranks) "
+            "for 1.0 s; the checkpoint had run 8.5 s, timeout 8 s (recovery.hang_timeout_s)");
   in_flight_.End(token);
 }
 
 TEST_F(RankWatchdogTest, TheFinalCheckpointIsAPhaseOfItsOwn) {
-  watchdog_.EnterCheckpoint(300);
+  watchdog_.EnterCheckpoint(300, /*final=*/true);
   clock_.Advance(8.5);
   const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
   ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
   EXPECT_EQ(hung.phase(), "checkpoint");
   EXPECT_THAT(hung.reason(), HasSubstr("hung in the checkpoint after step 300 (the final one)"));
+}
+
+TEST_F(RankWatchdogTest, AnEvaluationGetsAStepsTimeForEachStepsWorthOfBatches) {
+  WatchdogTimeouts t = WatchdogTimeoutsFor(furnace::v1::RecoverySpec());
+  t.step_s = 8;
+  // 100 batches over dp 4: 25 a rank, 2 micro-batches a step: 13 steps' worth.
+  EXPECT_DOUBLE_EQ(EvalTimeoutS(t, 100, 4, 2), 8 * 13);
+  EXPECT_DOUBLE_EQ(EvalTimeoutS(t, 1, 4, 2), 8);  // never less than a step
+  t.eval_s = EvalTimeoutS(t, 100, 4, 2);
+  RankWatchdog watchdog(t, clock_, in_flight_);
+  watchdog.EnterStep(50);
+  clock_.Advance(7);
+  watchdog.EnterEval(50);
+  clock_.Advance(100);
+  EXPECT_EQ(watchdog.Check().kind(), Kind::KIND_HEARTBEAT);
+  clock_.Advance(5);
+  const furnace::v1::RankWatchdogRecord hung = watchdog.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_EQ(hung.phase(), "evaluation");
+  EXPECT_THAT(hung.reason(), HasSubstr("hung in the held-out evaluation after step 50: not in a "
+                                       "collective"));
+  EXPECT_THAT(hung.reason(), HasSubstr("timeout 104 s"));
 }
 
 TEST_F(RankWatchdogTest, StartUpKeepsOneClockAcrossItsParts) {
@@ -142,7 +169,7 @@ TEST_F(RankWatchdogTest, StartUpKeepsOneClockAcrossItsParts) {
 }
 
 TEST_F(RankWatchdogTest, TheOldestCollectiveInFlightIsNamed) {
-  watchdog_.EnterStep(7, false);
+  watchdog_.EnterStep(7);
   const uint64_t a2a = in_flight_.Begin("all_to_all", "ep[0,1,2,3]", 4);
   clock_.Advance(1);
   const uint64_t gather = in_flight_.Begin("all_gather", "esp[0,1]", 2);  // the fused exchange
@@ -160,7 +187,7 @@ TEST_F(RankWatchdogTest, TheThreadEmitsHeartbeatsThenTheHang) {
   WatchdogTimeouts fast = Timeouts();
   fast.heartbeat_s = 0.01;
   RankWatchdog watchdog(fast, clock_, in_flight_);
-  watchdog.EnterStep(1, false);
+  watchdog.EnterStep(1);
   std::mutex mu;
   std::condition_variable cv;
   std::vector<furnace::v1::RankWatchdogRecord> seen;

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/counter_rng.h"
@@ -728,6 +729,52 @@ TEST(TrainerTest, AutoIntervalProbesTheStallThenSavesAtTheYoungDalyInterval) {
   ASSERT_EQ(intervals.size(), 20u);
   EXPECT_EQ(intervals[0], 1);
   for (size_t i = 1; i < intervals.size(); ++i) EXPECT_EQ(intervals[i], 5) << "step " << i;
+}
+
+// Run says when each checkpoint and evaluation starts, before it runs and before the step's
+// callback (the rank watchdog's phases, worker/rank_watchdog.h): `every: auto` too, which decides
+// after the step, and the final checkpoint once, after the last step's callback.
+TEST(TrainerTest, RunSaysWhenEachCheckpointAndEvaluationStarts) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  MarkovSetup held_out = MakeMarkov(V, 4, T, 99);
+  TrainConfig config = ResumeConfig();
+  config.steps = 19;
+  config.schedule.max_steps = 19;
+  testing_util::TestDir dir;
+  config.checkpoint = {.dir = dir.path(),
+                       .every = 0,
+                       .keep = 0,
+                       .every_auto = true,
+                       .auto_hint = {.mtbf_seconds = 0.25}};
+  config.eval = {.every = 8, .batches = 2};
+  TickingClock clock(0.01);
+  BigramModel model(V, T, 1);
+  auto trainer =
+      Trainer::Create(&model, data.sampler.get(), config, &clock, nullptr, held_out.sampler.get());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::vector<std::string> said;
+  ASSERT_TRUE(
+      (*trainer)
+          ->Run([&](const StepStats& s) { said.push_back(absl::StrCat("step ", s.step + 1)); },
+                nullptr,
+                [&](RunPhase phase, int64_t step) {
+                  said.push_back(
+                      absl::StrCat(phase == RunPhase::kCheckpoint ? "checkpoint " : "eval ", step));
+                })
+          .ok());
+  const std::vector<int64_t> saved = CheckpointStore(dir.path(), 0).CommittedSteps();
+  ASSERT_GE(saved.size(), 3u);  // the probe after step 1, the auto interval's, the final one
+  ASSERT_EQ(saved.back(), 19);
+  std::vector<std::string> expected;
+  for (int64_t step = 1; step <= 19; ++step) {
+    const bool saved_here = std::count(saved.begin(), saved.end(), step) == 1;
+    if (saved_here && step < 19) expected.push_back(absl::StrCat("checkpoint ", step));
+    if (step % 8 == 0 || step == 19) expected.push_back(absl::StrCat("eval ", step));
+    expected.push_back(absl::StrCat("step ", step));
+  }
+  expected.push_back("checkpoint 19");  // the final one (19 is not on the auto interval)
+  EXPECT_EQ(said, expected);
 }
 
 TEST(TrainerTest, AutoIntervalStartsFromTheHintAndGrowsWithTheMtbf) {
