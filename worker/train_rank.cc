@@ -557,6 +557,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   uint64_t computed = 0;  // steps this attempt computed (fault.mean_steps counts them)
   train::StopToken stop;
   size_t checkpoint_errors_logged = 0;
+  size_t checkpoint_warnings_logged = 0;
   const auto on_step = [&](const train::StepStats& s) {
     // Global numbers (tokens, tokens per expert) are reported by rank 0 only: the controller sums
     // over ranks. Times, memory and bytes are this rank's.
@@ -580,6 +581,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     if (!s.checkpoint_error.empty()) {
       spdlog::warn("{}", s.checkpoint_error);
       ++checkpoint_errors_logged;
+    }
+    const std::vector<std::string>& warnings = (*trainer)->checkpoint_warnings();
+    for (; checkpoint_warnings_logged < warnings.size(); ++checkpoint_warnings_logged) {
+      spdlog::warn("{}", warnings[checkpoint_warnings_logged]);
     }
     if (s.eval && reporter) {
       spdlog::info(
@@ -611,6 +616,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();
   for (size_t i = checkpoint_errors_logged; i < checkpoint_errors.size(); ++i) {
     spdlog::warn("{}", checkpoint_errors[i]);
+  }
+  const std::vector<std::string>& checkpoint_warnings = (*trainer)->checkpoint_warnings();
+  for (size_t i = checkpoint_warnings_logged; i < checkpoint_warnings.size(); ++i) {
+    spdlog::warn("{}", checkpoint_warnings[i]);
   }
   if (fault_exit) return *fault_exit;
   if (!status.ok()) {

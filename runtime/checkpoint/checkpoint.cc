@@ -184,10 +184,11 @@ std::string CheckpointStore::ShardFileName(int shard) {
   return absl::StrFormat("shard-%05d.bin", shard);
 }
 
-absl::Status CheckpointStore::Save(const std::vector<ParamInfo>& params, const ShardState& state) {
+absl::Status CheckpointStore::Save(const std::vector<ParamInfo>& params, const ShardState& state,
+                                   std::string* retention_error) {
   ASSIGN_OR_RETURN(ShardRecord record, WriteShard(state));
   RETURN_IF_ERROR(Stage("shard"));
-  return Commit(params, state, {record});
+  return Commit(params, state, {record}, retention_error);
 }
 
 absl::StatusOr<ShardRecord> CheckpointStore::WriteShard(const ShardState& s) {
@@ -237,7 +238,9 @@ absl::StatusOr<ShardRecord> CheckpointStore::WriteShard(const ShardState& s) {
 }
 
 absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const ShardState& s,
-                                     const std::vector<ShardRecord>& shards) {
+                                     const std::vector<ShardRecord>& shards,
+                                     std::string* retention_error) {
+  if (retention_error != nullptr) retention_error->clear();
   Json manifest = {{"format", "furnace-checkpoint"},
                    {"version", kCheckpointVersion},
                    {"step", s.step},
@@ -260,10 +263,32 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(step_dir) / kManifest).string(), manifest.dump(1) + "\n"));
   RETURN_IF_ERROR(Stage("manifest"));
+  // Steps committed after this one belong to a timeline the run left: it resumed from an earlier
+  // checkpoint (a newer one was damaged, or a rank could not read it). LATEST moving back hides
+  // them, but only until it passes them again; then a damaged one would count as one of the
+  // `keep` and good ones be deleted in its place. They are uncommitted first (before LATEST:
+  // a crash between leaves nothing of them loadable), and deleted once LATEST passes them.
+  bool uncommitted = false;
+  for (const int64_t later : CommittedSteps()) {
+    if (later <= s.step) continue;
+    std::error_code ec;
+    fs::remove(fs::path(StepDir(later)) / kManifest, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("checkpoint: cannot uncommit ", StepDir(later),
+                                              " (a step after ", s.step, "): ", ec.message()));
+    }
+    uncommitted = true;
+  }
+  if (uncommitted) RETURN_IF_ERROR(SyncDirectory(dir_));
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(dir_) / kLatest).string(), absl::StrCat(s.step, "\n")));
   RETURN_IF_ERROR(Stage("latest"));
-  return Prune(s.step);
+  // Committed. Deleting old checkpoints that fails (a file another host still holds open, a
+  // directory made immutable) does not undo that: it is said, and tried again at the next commit.
+  if (absl::Status pruned = Prune(s.step); !pruned.ok()) {
+    if (retention_error != nullptr) *retention_error = std::string(pruned.message());
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> CheckpointStore::CommittedSteps() const {
@@ -435,9 +460,15 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
       if (record.file.find('/') != std::string::npos || record.file.empty()) {
         return bad_manifest(absl::StrCat("bad shard file name \"", record.file, "\""));
       }
+      // (Checked by division: the product of a crafted n can wrap around to the bytes given.)
+      const uint64_t per_value = 3 * sizeof(float);
+      const bool sized =
+          record.bytes >= kShardHeaderBytes &&
+          (record.bytes - kShardHeaderBytes) % per_value == 0 &&
+          (record.bytes - kShardHeaderBytes) / per_value == static_cast<uint64_t>(record.n);
       const uint64_t want_bytes =
           kShardHeaderBytes + 3 * static_cast<uint64_t>(record.n) * sizeof(float);
-      if (record.bytes != want_bytes) {
+      if (!sized) {
         return bad_manifest(absl::StrCat("shard ", record.file, ": bytes ", record.bytes,
                                          " do not match ", record.n, " params (", want_bytes,
                                          " bytes)"));

@@ -114,14 +114,19 @@ class CheckpointStore {
   CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
 
   // Single rank: WriteShard, then Commit.
-  absl::Status Save(const std::vector<ParamInfo>& params, const ShardState& state);
+  absl::Status Save(const std::vector<ParamInfo>& params, const ShardState& state,
+                    std::string* retention_error = nullptr);
 
   // Writes this rank's shard durably into the step directory (uncommitting the step first if a
   // manifest for it already exists).
   absl::StatusOr<ShardRecord> WriteShard(const ShardState& state);
-  // Writes the manifest (durably, atomically), then moves LATEST, then deletes old checkpoints.
+  // Writes the manifest (durably, atomically), uncommits any step after this one (a timeline the
+  // run left when it resumed from an earlier checkpoint), then moves LATEST, then deletes old
+  // checkpoints. Once LATEST has moved the checkpoint is committed: a deletion that fails does
+  // not fail it, it is said in `retention_error` (cleared otherwise) and tried again next time.
   absl::Status Commit(const std::vector<ParamInfo>& params, const ShardState& state,
-                      const std::vector<ShardRecord>& shards);
+                      const std::vector<ShardRecord>& shards,
+                      std::string* retention_error = nullptr);
 
   // The newest committed checkpoint not newer than LATEST whose manifest, sizes and checksums
   // verify. NotFound when the directory holds no committed checkpoint; DataLoss (listing each

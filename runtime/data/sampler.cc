@@ -44,9 +44,13 @@ class MarkovSampler : public Sampler {
         h = HashKey({h, bits});
       }
     }
-    order_ =
-        absl::StrFormat("markov v1: vocab %d, chain %016x, seed %d, seq_len %d, %s", chain_.vocab(),
-                        h, config_.seed, config_.seq_len, validation ? "validation" : "train");
+    // And the batch shape: a step's sequences are keyed by (micro-batch, row), so another B or
+    // global batch reads other sequences at the same step (v1 left both out).
+    order_ = absl::StrFormat(
+        "markov v2: vocab %d, chain %016x, seed %d, seq_len %d, batch %d, global batch %d, %s",
+        chain_.vocab(), h, config_.seed, config_.seq_len, config_.batch,
+        config_.global_batch > 0 ? config_.global_batch : config_.batch,
+        validation ? "validation" : "train");
   }
 
   Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {

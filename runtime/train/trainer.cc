@@ -405,9 +405,10 @@ void Trainer::FinishAsyncCheckpoint(StepStats* stats) {
   if (parallel_ != nullptr && parallel_->world_rank != 0) return;
   const absl::Status started =
       async_->StartCommit([dir = config_.checkpoint.dir, keep = config_.checkpoint.keep,
-                           params = model_->params(), header, records = *std::move(records)] {
+                           params = model_->params(), header, records = *std::move(records),
+                           retention = commit_retention_ = std::make_shared<std::string>()] {
         CheckpointStore store(dir, keep);
-        return store.Commit(params, header, records);
+        return store.Commit(params, header, records, retention.get());
       });
   if (!started.ok()) RecordCheckpointError(header.step, started, stats);
 }
@@ -421,6 +422,8 @@ void Trainer::FinishCommit(StepStats* stats) {
   if (parallel_ != nullptr) committed = AgreeOnWorld(committed);
   if (committed.ok()) {
     last_saved_step_ = step;
+    if (commit_retention_ != nullptr) NoteRetention(step, *commit_retention_);
+    commit_retention_.reset();
     return;
   }
   RecordCheckpointError(step, committed, stats);
@@ -436,9 +439,18 @@ void Trainer::ResolveCommit(bool failed, StepStats* stats) {
                             : absl::OkStatus();
   if (committed.ok()) {
     last_saved_step_ = step;
+    if (commit_retention_ != nullptr) NoteRetention(step, *commit_retention_);
+    commit_retention_.reset();
     return;
   }
   RecordCheckpointError(step, committed, stats);
+}
+
+void Trainer::NoteRetention(int64_t step, const std::string& retention_error) {
+  if (retention_error.empty()) return;
+  checkpoint_warnings_.push_back(absl::StrCat(
+      "checkpoint of step ", step, " committed, but an older one could not be deleted ",
+      "(checkpoint.keep; tried again at the next checkpoint): ", retention_error));
 }
 
 void Trainer::RecordCheckpointError(int64_t step, const absl::Status& why, StepStats* stats) {
@@ -455,8 +467,10 @@ absl::Status Trainer::SaveCheckpoint() {
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
   std::vector<float> host[3];
   ASSIGN_OR_RETURN(const ShardState state, HostShardState(host));
-  RETURN_IF_ERROR(store.Save(model_->params(), state));
+  std::string retention;
+  RETURN_IF_ERROR(store.Save(model_->params(), state, &retention));
   last_saved_step_ = step_;
+  NoteRetention(step_, retention);
   return absl::OkStatus();
 }
 

@@ -207,6 +207,9 @@ class Trainer {
 
   // checkpoint.async: why each checkpoint that was not committed failed, oldest first.
   const std::vector<std::string>& checkpoint_errors() const { return checkpoint_errors_; }
+  // Checkpoints committed whose old checkpoints could not all be deleted (checkpoint.keep; tried
+  // again at the next commit), oldest first: warnings, not failures. Rank 0's (it commits).
+  const std::vector<std::string>& checkpoint_warnings() const { return checkpoint_warnings_; }
   // Tests: runs on the async writer's thread before each shard write.
   void SetCheckpointWriteHookForTest(std::function<void(const ShardState&)> hook) {
     write_hook_ = std::move(hook);
@@ -309,6 +312,11 @@ class Trainer {
   std::function<void(const ShardState&)> write_hook_;
   std::function<void()> copy_hook_;
   std::vector<std::string> checkpoint_errors_;
+  std::vector<std::string> checkpoint_warnings_;
+  // checkpoint.async: the retention error of the commit in flight (written by its thread, read
+  // after WaitCommit).
+  std::shared_ptr<std::string> commit_retention_;
+  void NoteRetention(int64_t step, const std::string& retention_error);
 };
 
 }  // namespace furnace::train

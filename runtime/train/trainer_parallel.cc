@@ -392,13 +392,15 @@ absl::Status Trainer::CommitShardParallel(const absl::StatusOr<ShardRecord>& wri
                                           const ShardState& state) {
   ASSIGN_OR_RETURN(const std::vector<ShardRecord> records, GatherShardRecords(written));
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
+  std::string retention;
   const absl::Status committed = parallel_->world_rank == 0
-                                     ? store.Commit(model_->params(), state, records)
+                                     ? store.Commit(model_->params(), state, records, &retention)
                                      : absl::OkStatus();
   // Nobody moves on (or reports the checkpoint) before it is committed, and a failed commit
   // fails every rank with its cause.
   RETURN_IF_ERROR(AgreeOnWorld(committed));
   last_saved_step_ = state.step;
+  NoteRetention(state.step, retention);
   return absl::OkStatus();
 }
 
@@ -451,14 +453,27 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   // one rank sends every rank back to the previous checkpoint). -1: none.
   const int64_t mine = loaded.ok() ? loaded->step : -1;
   int64_t agreed = mine;
+  std::vector<int64_t> steps{mine};
   if (world != nullptr && world->size() > 1) {
-    std::vector<int64_t> steps(world->size());
+    steps.resize(world->size());
     RETURN_IF_ERROR(world->AllGather(&mine, steps.data(), sizeof(int64_t)));
     agreed = *std::min_element(steps.begin(), steps.end());
   }
   if (agreed < 0) {
-    if (mine >= 0) {
-      return absl::NotFoundError("another rank found no usable checkpoint; starting afresh");
+    // Some ranks see checkpoints, others none: the directory is not the same for every rank (a
+    // shared file system not mounted on one host). Starting afresh would write step 1 over the
+    // run's checkpoints; every rank fails instead (retried: another placement may see them).
+    const auto found = std::max_element(steps.begin(), steps.end());
+    if (*found >= 0) {
+      std::vector<int> none;
+      for (size_t r = 0; r < steps.size(); ++r) {
+        if (steps[r] < 0) none.push_back(static_cast<int>(r));
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "rank(s) ", absl::StrJoin(none, ", "), " found no checkpoint in ", config_.checkpoint.dir,
+          " while rank ", found - steps.begin(), " found step ", *found,
+          ": the checkpoint directory is not the same on every rank (a shared file system not "
+          "mounted?); not starting afresh over the run's checkpoints"));
     }
     return loaded.status();
   }

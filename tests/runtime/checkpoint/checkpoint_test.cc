@@ -1,5 +1,10 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 
@@ -167,6 +172,85 @@ TEST(CheckpointTest, KeepsTheNewestN) {
   CheckpointStore keep_all(dir.path(), 0);
   ASSERT_TRUE(SaveStep(keep_all, 25).ok());
   EXPECT_THAT(keep_all.CommittedSteps(), ElementsAre(15, 20, 25));
+}
+
+// A run that resumed from an earlier checkpoint (the newest was damaged) left a timeline: its
+// steps after the one resumed from are uncommitted at the next commit. Before, LATEST passing
+// them again made the damaged one count among the `keep` and good ones were deleted instead.
+TEST(CheckpointTest, StepsOfATimelineTheRunLeftAreUncommitted) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 2);
+  for (int64_t step : {100, 200, 300}) ASSERT_TRUE(SaveStep(store, step).ok());
+  const std::string shard = dir / "step-00000300/shard-00000.bin";
+  std::string bytes = ReadAll(shard);
+  bytes[80] ^= 0x01;
+  WriteAll(shard, bytes);
+  auto resumed = store.LoadLatest();
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(resumed->step, 200);
+  ASSERT_TRUE(SaveStep(store, 250).ok());  // off the old grid: checkpoint.every auto
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(200, 250));
+  ASSERT_TRUE(SaveStep(store, 350).ok());
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(250, 350));
+  EXPECT_FALSE(fs::exists(dir / "step-00000300"));  // deleted once LATEST passed it
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 350);
+  EXPECT_TRUE(loaded->skipped.empty());
+}
+
+// Once LATEST has moved the checkpoint is committed: an older one that cannot be deleted (here
+// an immutable shard, as a file another host holds open on NFS) is said, not a failed save.
+TEST(CheckpointTest, AnOldCheckpointThatCannotBeDeletedDoesNotFailTheCommit) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 1);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  const std::string shard = dir / "step-00000001/shard-00000.bin";
+  const int fd = ::open(shard.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  int flags = 0;
+  const bool immutable = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 &&
+                         (flags |= FS_IMMUTABLE_FL, ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0);
+  if (!immutable) {
+    ::close(fd);
+    GTEST_SKIP() << "cannot make a file immutable here (needs CAP_LINUX_IMMUTABLE)";
+  }
+  State s(2);
+  std::string retention;
+  const absl::Status saved = store.Save(s.params, s.Shard(2), &retention);
+  flags &= ~FS_IMMUTABLE_FL;
+  ::ioctl(fd, FS_IOC_SETFLAGS, &flags);
+  ::close(fd);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_THAT(retention, HasSubstr("cannot delete"));
+  EXPECT_THAT(retention, HasSubstr("step-00000001"));
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 2);
+  // Tried again at the next commit, which succeeds now.
+  ASSERT_TRUE(store.Save(State(3).params, State(3).Shard(3), &retention).ok());
+  EXPECT_EQ(retention, "");
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(3));
+  EXPECT_FALSE(fs::exists(dir / "step-00000001"));
+}
+
+// A shard size in the manifest whose product wraps around to the bytes given is damage, not an
+// allocation of 2^62 values.
+TEST(CheckpointTest, AShardSizeThatOverflowsIsDamage) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  const std::string path = dir / "step-00000001/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(ReadAll(path));
+  m["num_params"] = ((int64_t{1} << 62) + 2) / 3;  // 56 + 12 n wraps to 64
+  m["shards"][0]["bytes"] = 64;
+  m["params"] = nlohmann::json::array(
+      {{{"name", "w"}, {"shape", {1}}, {"offset", 0}, {"weight_decay", false}}});
+  WriteAll(path, m.dump(1));
+  auto manifest = store.ReadManifest(1);
+  ASSERT_FALSE(manifest.ok());
+  EXPECT_EQ(manifest.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(manifest.status().message(), HasSubstr("do not match"));
 }
 
 TEST(CheckpointTest, CorruptedShardIsRefusedAndLoadLatestFallsBack) {

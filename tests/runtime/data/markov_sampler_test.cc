@@ -132,6 +132,24 @@ TEST(SamplerTest, MarkovValidationIsAnIndependentStream) {
   EXPECT_EQ((*train)->PositionAt(5).epoch_sequences, 0);  // endless: no epochs
 }
 
+// A step's sequences depend on the micro-batch size and the global batch (they are keyed by
+// micro-batch and row), so the order a checkpoint records names both: a resume with another
+// parallel.micro_batch or dp x micro_batches is refused, not read from other sequences.
+TEST(SamplerTest, MarkovOrderNamesTheBatchShape) {
+  auto chain = MarkovChain::Create({.vocab = 16, .seed = 1});
+  ASSERT_TRUE(chain.ok());
+  const auto order = [&](int batch, int64_t global_batch) {
+    auto sampler = MakeMarkovSampler(
+        *chain, {.batch = batch, .seq_len = 32, .seed = 5, .global_batch = global_batch});
+    EXPECT_TRUE(sampler.ok()) << sampler.status();
+    return sampler.ok() ? (*sampler)->PositionAt(10).order : std::string();
+  };
+  EXPECT_EQ(order(4, 8), order(4, 8));
+  EXPECT_NE(order(4, 8), order(8, 8));   // B 4 x 2 against B 8 x 1: other sequences
+  EXPECT_NE(order(4, 8), order(4, 16));  // twice the global batch
+  EXPECT_THAT(order(4, 8), ::testing::HasSubstr("batch 4, global batch 8"));
+}
+
 TEST(SamplerTest, TokenFileWindowsAreDeterministicAndShifted) {
   testing_util::TestDir dir;
   std::vector<int32_t> tokens(5000);

@@ -55,6 +55,7 @@ struct TrainOptions {
   int d_model = 16;            // another model's checkpoint: another width
   std::vector<double>* losses = nullptr;                               // per step run (rank 0's)
   std::vector<std::vector<std::string>>* checkpoint_errors = nullptr;  // per rank, after Run
+  std::string rank1_dir = "";  // rank 1's checkpoint.dir when not empty (another host's view)
 };
 
 // Trains `steps` steps (restoring first when `restore`), checkpointing every 2 steps into dir.
@@ -90,7 +91,7 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
     tc.seed = 3;
     tc.schedule.lr = 3e-3;
     tc.schedule.max_steps = 4;
-    tc.checkpoint.dir = dir;
+    tc.checkpoint.dir = rank == 1 && !o.rank1_dir.empty() ? o.rank1_dir : dir;
     tc.checkpoint.every = 2;
     tc.checkpoint.keep = 0;
     tc.checkpoint.async = o.async;
@@ -330,6 +331,24 @@ TEST_F(ParallelCheckpointTest, AnotherModelsCheckpointIsRefusedNamingTheTensor) 
   EXPECT_EQ(wider.code(), absl::StatusCode::kFailedPrecondition) << wider;
   EXPECT_NE(wider.message().find("there and [32"), absl::string_view::npos) << wider;
   EXPECT_NE(wider.message().find("written by another model"), absl::string_view::npos) << wider;
+}
+
+// One rank finds no checkpoint where the others find one (its host lacks the shared mount):
+// every rank fails, retryably, naming who saw what. Before, every rank started afresh and wrote
+// step 2 over the run's checkpoints.
+TEST_F(ParallelCheckpointTest, ARankThatSeesNoCheckpointWhereOthersDoFailsEveryRank) {
+  topology::ParallelSizes dp2;
+  dp2.dp = 2;
+  const std::string dir = root_ + "/dp2", empty = root_ + "/unmounted";
+  ASSERT_TRUE(TrainLayout(dp2, dir, 2, false).ok());
+  std::filesystem::create_directories(empty);
+  const absl::Status resumed = TrainLayout(dp2, dir, 4, true, {.rank1_dir = empty});
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_EQ(resumed.code(), absl::StatusCode::kUnavailable) << resumed;
+  EXPECT_NE(resumed.message().find("rank(s) 1 found no checkpoint"), absl::string_view::npos)
+      << resumed;
+  EXPECT_NE(resumed.message().find("rank 0 found step 2"), absl::string_view::npos) << resumed;
+  EXPECT_EQ(train::CheckpointStore(dir, 0).CommittedSteps(), (std::vector<int64_t>{2}));
 }
 
 }  // namespace
