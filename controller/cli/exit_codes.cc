@@ -24,6 +24,8 @@ ExitCode ExitCodeForStatus(const absl::Status& status) {
       return kExitUsage;
     case absl::StatusCode::kNotFound:
       return kExitJobNotFound;
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitNotApplicable;
     default:
       return kExitRpcError;
   }
@@ -53,7 +55,8 @@ std::string ExitCodeHelp() {
          "  4  job not found\n"
          "  5  export, data: no checkpoint to export, or a local file could not be read, used "
          "or\n"
-         "     written\n";
+         "     written\n"
+         "  6  the request does not apply in the job's state (cancel: the job already ended)\n";
 }
 
 }  // namespace furnace::cli

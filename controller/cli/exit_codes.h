@@ -10,12 +10,13 @@
 namespace furnace::cli {
 
 enum ExitCode : int {
-  kExitOk = 0,           // success; for watch / submit --watch: the job SUCCEEDED
-  kExitJobFailed = 1,    // the job ended FAILED or CANCELLED
-  kExitUsage = 2,        // bad usage or an invalid job file
-  kExitRpcError = 3,     // the controller is unreachable or an RPC failed
-  kExitJobNotFound = 4,  // the job does not exist
-  kExitLocalError = 5,   // export / data prepare: nothing to read, or a local file failed
+  kExitOk = 0,             // success; for watch / submit --watch: the job SUCCEEDED
+  kExitJobFailed = 1,      // the job ended FAILED or CANCELLED
+  kExitUsage = 2,          // bad usage or an invalid job file
+  kExitRpcError = 3,       // the controller is unreachable or an RPC failed
+  kExitJobNotFound = 4,    // the job does not exist
+  kExitLocalError = 5,     // export / data prepare: nothing to read, or a local file failed
+  kExitNotApplicable = 6,  // the request does not apply in the job's state (cancel of an ended job)
 };
 
 // Marks an error that happened on this machine, in a file the CLI itself reads or writes (a
@@ -24,9 +25,9 @@ enum ExitCode : int {
 // (NOT_FOUND from the loader) does not read as "job not found". OK stays OK.
 absl::Status LocalError(absl::Status status);
 
-// A LocalError -> 5; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any other error -> 3,
-// OK -> 0. absl and gRPC share the numeric status codes, so this also maps gRPC codes after
-// FromGrpcStatus.
+// A LocalError -> 5; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, FAILED_PRECONDITION -> 6,
+// any other error -> 3, OK -> 0. absl and gRPC share the numeric status codes, so this also maps
+// gRPC codes after FromGrpcStatus.
 ExitCode ExitCodeForStatus(const absl::Status& status);
 
 // SUCCEEDED -> 0, FAILED / CANCELLED -> 1. A state that is not final also gives 1: a caller that

@@ -247,12 +247,28 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     Add(step, JobLabel(job), job.step);
     Add(total_steps, JobLabel(job), job.total_steps);
     Add(tokens_total, JobLabel(job), job.tokens_total);
-    Add(mfu, JobLabel(job), last.mfu());
-    Add(step_seconds, JobLabel(job), last.step_seconds());
-    Add(tokens_per_second, JobLabel(job), last.tokens_per_second());
+    // What the job reached stays (its last losses); what it is doing now ends with it: a finished
+    // job has no throughput, MFU, routing or memory to add to the running ones' (sums over jobs,
+    // alerts on memory).
     Add(loss, JobLabel(job), last.loss());
     Add(aux_loss, JobLabel(job), last.aux_loss());
     if (job.last_eval) Add(eval_loss, JobLabel(job), job.last_eval->loss());
+    for (const auto& [action, bytes] : job.planner_bytes_total) {
+      Add(planner, JobLabelAnd(job, "action", action), bytes);
+    }
+    for (const auto& [op, bytes] : job.comm_bytes_total) {
+      Add(comm, JobLabelAnd(job, "op", op), bytes);
+    }
+    for (const auto& [op, bytes] : job.moe_op_bytes_total) {
+      Add(moe_op_bytes, JobLabelAnd(job, "op", op), bytes);
+    }
+    for (const auto& [op, seconds] : job.moe_op_seconds_total) {
+      Add(moe_op_seconds, JobLabelAnd(job, "op", op), seconds);
+    }
+    if (job.finished) continue;
+    Add(mfu, JobLabel(job), last.mfu());
+    Add(step_seconds, JobLabel(job), last.step_seconds());
+    Add(tokens_per_second, JobLabel(job), last.tokens_per_second());
     for (int l = 0; l < last.imbalance_size(); ++l) {
       Add(imbalance, JobLabelAnd(job, "layer", absl::StrCat(l)), last.imbalance(l));
     }
@@ -277,18 +293,6 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     }
     Add(act_peak, JobLabel(job), last.activation_peak_bytes());
     if (last.memory_budget_bytes() > 0) Add(budget, JobLabel(job), last.memory_budget_bytes());
-    for (const auto& [action, bytes] : job.planner_bytes_total) {
-      Add(planner, JobLabelAnd(job, "action", action), bytes);
-    }
-    for (const auto& [op, bytes] : job.comm_bytes_total) {
-      Add(comm, JobLabelAnd(job, "op", op), bytes);
-    }
-    for (const auto& [op, bytes] : job.moe_op_bytes_total) {
-      Add(moe_op_bytes, JobLabelAnd(job, "op", op), bytes);
-    }
-    for (const auto& [op, seconds] : job.moe_op_seconds_total) {
-      Add(moe_op_seconds, JobLabelAnd(job, "op", op), seconds);
-    }
   }
 
   AddRecoveryPhases(x, snapshot);

@@ -233,11 +233,18 @@ MetricsSnapshot Controller::Metrics() {
   }
   for (const auto& [id, w] : workers_.workers()) ++snap.workers_by_state[w.info.state()];
   for (const auto& [id, job] : jobs_.jobs()) {
+    // A job over for a day leaves the export (its record stays in the store and the CLI): the
+    // series of the jobs ever run would otherwise only grow.
+    if (IsFinal(job.summary.state()) &&
+        snap.unix_time - job.summary.updated_unix() > kFinishedJobMetricsS) {
+      continue;
+    }
     JobMetrics m;
     m.job_id = id;
     m.name = job.summary.name();
     m.kind = job.summary.kind();
     m.state = job.summary.state();
+    m.finished = IsFinal(m.state);
     m.attempt = job.summary.attempt();
     m.step = job.summary.step();
     m.total_steps = job.summary.total_steps();

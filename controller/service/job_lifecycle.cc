@@ -200,6 +200,17 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), capacity,
         spec.resources().device(), capacity));
   }
+  // A limit an agent heart-beating at this controller's interval could miss with nothing wrong.
+  const double heartbeat_timeout = spec.recovery().heartbeat_timeout_s();
+  const double min_timeout = 2 * options_.heartbeat_interval_s;
+  if (heartbeat_timeout > 0 && heartbeat_timeout < min_timeout) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: recovery.heartbeat_timeout_s: %g s is shorter than two heartbeats of this "
+        "controller's agents (every %g s); allowed: at least %g, or leave it out for the "
+        "controller's --worker-timeout (%g s)",
+        filename, heartbeat_timeout, options_.heartbeat_interval_s, min_timeout,
+        options_.worker_timeout_s));
+  }
   ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
   Job job;
   job.spec = std::move(spec);

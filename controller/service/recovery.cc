@@ -248,7 +248,9 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
         ", the most conservative policy; a restart would replay the same steps and run out of "
         "memory again: raise memory.device_budget or lower parallel.micro_batch)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
-  } else if (failure == Failure::kHealthCheck && !gave_up_stuck) {
+  } else if (failure == Failure::kHealthCheck && !gave_up_stuck && max_stuck > 0) {
+    // (Free only while the no-progress rule bounds it: with that rule off, 0, a health check
+    // that fails every attempt spends recovery.max_restarts like any failure, below.)
     const double delay = job.spec.recovery().backoff().initial_s();
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
     job.summary.set_cause(cause);
@@ -335,14 +337,15 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
 
 void JobLifecycle::Tick() {
   const double now = clock_.MonotonicSeconds();
-  // Agents that stopped heart-beating. A job may ask for a shorter limit for its own workers.
+  // Agents that stopped heart-beating. A job may set the limit for its own workers, shorter or
+  // longer than --worker-timeout (recovery.heartbeat_timeout_s).
   for (auto& [id, w] : workers_.workers()) {
     if (w.info.state() == v1::WORKER_STATE_LOST) continue;
     double limit = options_.worker_timeout_s;
     if (w.has_rank) {
       auto jt = jobs_.find(w.info.job_id());
       if (jt != jobs_.end() && jt->second.spec.recovery().heartbeat_timeout_s() > 0) {
-        limit = std::min(limit, jt->second.spec.recovery().heartbeat_timeout_s());
+        limit = jt->second.spec.recovery().heartbeat_timeout_s();
       }
     }
     // Known from the store and not registered since our start: the controller was the one away,

@@ -85,22 +85,25 @@ void ReadRecovery(MapReader& s, furnace::v1::RecoverySpec* out) {
   out->set_max_restarts(U32(s.Integer("max_restarts", 0, kMaxU32), 3));
   MapReader backoff = s.Section("backoff");
   furnace::v1::BackoffSpec* b = out->mutable_backoff();
-  b->set_initial_s(backoff.Number("initial_s", Above(0)).value_or(1.0));
+  b->set_initial_s(backoff.Number("initial_s", Seconds()).value_or(1.0));
   // Lower bound (initial_s) is a cross-field check.
-  b->set_max_s(backoff.Number("max_s", Above(0)).value_or(30.0));
+  b->set_max_s(backoff.Number("max_s", Seconds()).value_or(30.0));
   b->set_multiplier(backoff.Number("multiplier", AtLeast(1)).value_or(2.0));
   backoff.ReportUnknownKeys();
-  out->set_heartbeat_timeout_s(s.Number("heartbeat_timeout_s", Above(0)).value_or(10.0));
-  out->set_hang_timeout_s(s.Number("hang_timeout_s", Above(0)).value_or(60.0));
-  out->set_start_timeout_s(s.Number("start_timeout_s", Above(0)).value_or(60.0));
+  // Not given: the controller's --worker-timeout (0); given, it is the limit for the job's workers
+  // either way (at least twice the heartbeat interval: checked at submit).
+  out->set_heartbeat_timeout_s(s.Number("heartbeat_timeout_s", Seconds()).value_or(0.0));
+  out->set_hang_timeout_s(s.Number("hang_timeout_s", Seconds()).value_or(60.0));
+  out->set_start_timeout_s(s.Number("start_timeout_s", Seconds()).value_or(60.0));
   out->set_max_attempts_without_progress(
       U32(s.Integer("max_attempts_without_progress", 0, kMaxU32), 3));
   // A rank stuck in the check must be found by the check, not by the hang watchdog first (upper
   // bound: a cross-field check); the default leaves it room.
-  out->set_health_check_s(
-      s.Number("health_check_s", AtLeast(0)).value_or(std::min(10.0, out->hang_timeout_s() / 2)));
-  out->set_exclude_s(s.Number("exclude_s", AtLeast(0)).value_or(300.0));
-  out->set_wait_for_workers_s(s.Number("wait_for_workers_s", AtLeast(0)).value_or(300.0));
+  out->set_health_check_s(s.Number("health_check_s", Seconds(/*zero_ok=*/true))
+                              .value_or(std::min(10.0, out->hang_timeout_s() / 2)));
+  out->set_exclude_s(s.Number("exclude_s", Seconds(/*zero_ok=*/true)).value_or(300.0));
+  out->set_wait_for_workers_s(
+      s.Number("wait_for_workers_s", Seconds(/*zero_ok=*/true)).value_or(300.0));
   // Sizes left out are the job's own: ResolveShrink fills them once parallel is read.
   if (auto layouts = s.SectionList("shrink")) {
     for (MapReader& l : *layouts) {
@@ -156,7 +159,7 @@ void ReadCommcheck(MapReader& s, furnace::v1::CommcheckSpec* out) {
           .value_or(std::vector<std::string>{"allreduce", "allgather", "alltoall", "broadcast"});
   for (const std::string& c : collectives) out->add_collectives(c);
   out->set_rounds(U32(s.Integer("rounds", 1, kMaxU32), 1));
-  out->set_timeout_s(s.Number("timeout_s", Above(0)).value_or(30.0));
+  out->set_timeout_s(s.Number("timeout_s", Seconds()).value_or(30.0));
   s.ReportUnknownKeys();
 }
 

@@ -77,6 +77,16 @@ void CheckShrinkLayouts(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
       fail("tp", absl::StrCat("must divide model.dense_ffn (= ", dense_ffn, ")"),
            absl::StrCat(l.tp()), absl::StrCat("divisors of ", dense_ffn));
     }
+    // s1's token split, as cross_checks.cc checks the job's own tp (micro_batch is kept).
+    const uint64_t tokens = uint64_t{p.micro_batch()} * m.seq_len();
+    if (spec.moe().schedule() == "s1" && l.tp() > 1 && tokens % l.tp() != 0) {
+      fail("tp",
+           absl::StrCat("moe.schedule s1 splits a micro-batch's tokens over tp, but "
+                        "parallel.micro_batch * model.seq_len = ",
+                        p.micro_batch(), " * ", m.seq_len(), " = ", tokens,
+                        " does not divide by it"),
+           absl::StrCat(l.tp()), absl::StrCat("divisors of ", tokens));
+    }
     if (l.pp() > m.layers()) {
       fail("pp", absl::StrCat("must be <= model.layers (= ", m.layers(), ")"), absl::StrCat(l.pp()),
            absl::StrCat("1..", m.layers()));

@@ -35,6 +35,12 @@ struct NumberRange {
 inline NumberRange AtLeast(double min) { return NumberRange{.min = min}; }
 inline NumberRange Above(double min) { return NumberRange{.min = min, .min_open = true}; }
 inline NumberRange Between(double min, double max) { return NumberRange{.min = min, .max = max}; }
+// A duration in seconds: above 0 (or at least 0 with `zero_ok`), at most kMaxDurationS (11.6
+// days), so that no deadline computed from it overflows (gRPC's, the clock's).
+inline constexpr double kMaxDurationS = 1e6;
+inline NumberRange Seconds(bool zero_ok = false) {
+  return NumberRange{.min = 0, .min_open = !zero_ok, .max = kMaxDurationS};
+}
 
 // Renders a YAML node for "got ...": scalars quoted, others by kind ("a list", "a mapping").
 std::string DescribeNode(const YAML::Node& node);

@@ -13,7 +13,8 @@ TEST(ExitCodesTest, FromStatus) {
   EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("down")), kExitRpcError);
   EXPECT_EQ(ExitCodeForStatus(absl::DeadlineExceededError("slow")), kExitRpcError);
   EXPECT_EQ(ExitCodeForStatus(absl::InternalError("bug")), kExitRpcError);
-  EXPECT_EQ(ExitCodeForStatus(absl::FailedPreconditionError("done")), kExitRpcError);
+  EXPECT_EQ(ExitCodeForStatus(absl::FailedPreconditionError("job j-1 already ended")),
+            kExitNotApplicable);
 }
 
 TEST(ExitCodesTest, LocalErrorsKeepCodeAndMessageButExit5) {
@@ -109,7 +110,7 @@ TEST(ExitCodesTest, StateNames) {
 
 TEST(ExitCodesTest, HelpListsEveryCode) {
   const std::string help = ExitCodeHelp();
-  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  ", "  5  "}) {
+  for (const char* code : {"  0  ", "  1  ", "  2  ", "  3  ", "  4  ", "  5  ", "  6  "}) {
     EXPECT_NE(help.find(code), std::string::npos) << code;
   }
 }

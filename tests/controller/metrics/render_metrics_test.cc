@@ -255,11 +255,18 @@ TEST(RenderMetrics, JobStateIsOneHotOverAllEightStates) {
   EXPECT_EQ(SamplesOf(text, "furnace_job_state").size(), 3u * 8);
 }
 
+// Step series for jobs that trained; the live ones (throughput, MFU, routing, memory) only while
+// the job runs: the finished j-b keeps its losses and counters, not a throughput that would add
+// to the running jobs' (and a memory gauge an alert would fire on for ever).
 TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
   const std::string text = RenderMetrics(RichSnapshot());
-  EXPECT_EQ(SamplesOf(text, "furnace_job_mfu_ratio").size(), 2u);
-  EXPECT_EQ(SamplesOf(text, "furnace_moe_routing_imbalance_ratio").size(), 4u + 2u);
-  EXPECT_EQ(SamplesOf(text, "furnace_moe_expert_tokens").size(), 4u * 8 + 2u * 4);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_mfu_ratio").size(), 1u);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_tokens_per_second").size(), 1u);
+  EXPECT_EQ(SamplesOf(text, "furnace_activation_memory_peak_bytes").size(), 1u);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_step").size(), 2u);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_tokens_total").size(), 2u);
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_routing_imbalance_ratio").size(), 4u);
+  EXPECT_EQ(SamplesOf(text, "furnace_moe_expert_tokens").size(), 4u * 8);
   ASSERT_EQ(SamplesOf(text, "furnace_memory_budget_bytes").size(), 1u);
   EXPECT_EQ(SamplesOf(text, "furnace_memory_budget_bytes")[0],
             "furnace_memory_budget_bytes{job=\"j-a\"} 8589934592");

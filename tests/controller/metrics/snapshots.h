@@ -92,6 +92,7 @@ inline MetricsSnapshot RichSnapshot() {
   snap.jobs.push_back(a);
   JobMetrics b = TrainingJob("j-b", 2, 4);
   b.state = furnace::v1::JOB_SUCCEEDED;
+  b.finished = true;
   b.last.set_loss(std::numeric_limits<double>::quiet_NaN());
   b.last.set_mfu(0);
   snap.jobs.push_back(b);

@@ -279,6 +279,13 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   const MetricsSnapshot snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
   EXPECT_EQ(snap.jobs[0].restarts_by_cause, (std::map<std::string, uint64_t>{{"exit", 2}}));
+  EXPECT_TRUE(snap.jobs[0].finished);
+  // A day after it ended the job leaves the export (not the store).
+  clock_.Advance(kFinishedJobMetricsS - 1);
+  EXPECT_EQ(c_->Metrics().jobs.size(), 1u);
+  clock_.Advance(2);
+  EXPECT_TRUE(c_->Metrics().jobs.empty());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_FAILED);
 }
 
 // Spikes are seeded by step, so a restart from the checkpoint under the same memory policy would
@@ -1104,6 +1111,54 @@ TEST_F(ControllerTest, ASettleWindowFailureTheStoreCannotRecordIsRetriedByTick) 
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_EQ(d.attempts(0).cause(), "rank 0 on h/0: exited with code 1");
+}
+
+}  // namespace
+}  // namespace furnace::controller
+
+namespace furnace::controller {
+namespace {
+
+// recovery.heartbeat_timeout_s is the limit for the job's workers either way: here 30 s, longer
+// than the controller's --worker-timeout (10 s), which it replaced only when shorter before.
+TEST_F(ControllerTest, AJobsHeartbeatTimeoutCanBeLongerThanTheControllers) {
+  StartRunning(R"(name: t
+kind: commcheck
+parallel: {dp: 2}
+recovery:
+  heartbeat_timeout_s: 30
+)");
+  const auto beat = [&](int slot) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/" + std::to_string(slot));
+    h.set_session_id(sessions_[slot]);
+    c_->Heartbeat(h);
+  };
+  for (int i = 0; i < 5; ++i) {  // worker 1 silent for 25 s
+    clock_.Advance(5);
+    beat(0);
+    c_->Tick();
+  }
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  clock_.Advance(6);
+  beat(0);
+  c_->Tick();
+  EXPECT_NE(Job().attempts(0).cause().find("worker h/1 lost (no heartbeat for 31.0 s)"),
+            std::string::npos)
+      << Job().attempts(0).cause();
+}
+
+// Shorter than two heartbeats (every 0.75 s here) is refused at submit: a healthy agent would be
+// declared lost.
+TEST_F(ControllerTest, AHeartbeatTimeoutShorterThanTwoHeartbeatsIsRefused) {
+  Register(0);
+  auto id = c_->Submit("name: t\nkind: commcheck\nrecovery: {heartbeat_timeout_s: 1}\n", "t.yaml");
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(id.status().message(),
+            "t.yaml: recovery.heartbeat_timeout_s: 1 s is shorter than two heartbeats of this "
+            "controller's agents (every 0.75 s); allowed: at least 1.5, or leave it out for the "
+            "controller's --worker-timeout (10 s)");
 }
 
 }  // namespace

@@ -298,6 +298,32 @@ TEST_F(LadderTest, HealthCheckFailuresEndAfterMaxAttemptsWithoutProgress) {
       << d.summary().cause();
 }
 
+// With the no-progress rule off (0) nothing else bounds health-check retries: they spend
+// recovery.max_restarts like any failure (before, a check failing every attempt retried forever).
+TEST_F(LadderTest, WithoutTheNoProgressRuleHealthCheckFailuresSpendTheRestartBudget) {
+  for (int s = 0; s < 6; ++s) Register(s);
+  Submit(Commcheck("  max_attempts_without_progress: 0\n  exclude_s: 0\n"));
+  ExpectRunningOn(1, {0, 1, 2, 3});
+  FailHealthCheck(1, {0, 1, 2, 3}, /*missing=*/0, /*reporter=*/1);
+  v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  for (uint32_t attempt = 2; attempt <= 4; ++attempt) {
+    Pass(4, {0, 1, 2, 3, 4, 5});
+    std::map<int, v1::RankTask> starts = Starts();
+    ASSERT_EQ(starts.size(), 4u) << "attempt " << attempt;
+    std::vector<int> slots(4);
+    for (const auto& [slot, task] : starts) slots[task.rank()] = slot;
+    for (uint32_t r = 0; r < 4; ++r) Report(slots[r], attempt, r, v1::RANK_STARTED);
+    FailHealthCheck(attempt, slots, /*missing=*/0, /*reporter=*/1);
+  }
+  d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 3u);
+  EXPECT_NE(d.summary().cause().find("gave up after 3 restarts"), std::string::npos)
+      << d.summary().cause();
+}
+
 TEST_F(LadderTest, RepeatedFailuresBeforeTheBestStepEndTheJob) {
   for (int s = 0; s < 4; ++s) Register(s);
   Submit(Commcheck("  max_attempts_without_progress: 2\n"));

@@ -109,7 +109,7 @@ TEST(JobSpecTest, MinimalFileGetsEveryDefault) {
   EXPECT_DOUBLE_EQ(r.backoff().initial_s(), 1.0);
   EXPECT_DOUBLE_EQ(r.backoff().max_s(), 30.0);
   EXPECT_DOUBLE_EQ(r.backoff().multiplier(), 2.0);
-  EXPECT_DOUBLE_EQ(r.heartbeat_timeout_s(), 10.0);
+  EXPECT_DOUBLE_EQ(r.heartbeat_timeout_s(), 0.0);  // the controller's --worker-timeout
   EXPECT_DOUBLE_EQ(r.hang_timeout_s(), 60.0);
   EXPECT_DOUBLE_EQ(r.start_timeout_s(), 60.0);
 

@@ -78,6 +78,20 @@ TEST(ShrinkSpecTest, BadLayoutsAreRefusedByField) {
       {"negative_wait",
        Job("  wait_for_workers_s: -1\n"),
        {"recovery.wait_for_workers_s: out of range"}},
+      // s1 at tp 3 after a shrink: 1 * 64 tokens do not split over 3 peers.
+      {"s1_split_not_even",
+       "name: j\nkind: train\nmodel: {seq_len: 64, heads: 12, d_model: 96}\n"
+       "moe: {schedule: s1}\nparallel: {dp: 2, tp: 2, micro_batches: 3}\nrecovery:\n"
+       "  shrink:\n    - {dp: 1, tp: 3}\n",
+       {"recovery.shrink[0].tp: moe.schedule s1 splits a micro-batch's tokens over tp, but "
+        "parallel.micro_batch * model.seq_len = 1 * 64 = 64 does not divide by it (got 3; "
+        "allowed: divisors of 64)"}},
+      {"duration_too_long",
+       Job("  hang_timeout_s: 1e300\n"),
+       {"recovery.hang_timeout_s: out of range"}},
+      {"heartbeat_timeout_too_long",
+       Job("  heartbeat_timeout_s: 2e6\n"),
+       {"recovery.heartbeat_timeout_s: out of range"}},
       {"health_check_not_below_hang",
        Job("  hang_timeout_s: 8\n  health_check_s: 8\n"),
        {"recovery.health_check_s: must be < recovery.hang_timeout_s (= 8): a rank stuck in the "
