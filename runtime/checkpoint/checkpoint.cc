@@ -25,6 +25,7 @@ using Json = nlohmann::json;
 
 constexpr char kShardMagic[8] = {'F', 'U', 'R', 'N', 'C', 'K', 'P', 'T'};
 constexpr char kManifest[] = "manifest.json";
+constexpr char kManifestChecksum[] = "manifest_crc32";
 constexpr char kLatest[] = "LATEST";
 constexpr char kStepPrefix[] = "step-";
 
@@ -259,6 +260,10 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
   manifest["shards"] = shard_list;
   manifest["params"] = ParamsJson(params);
+  // Its own checksum, of the text without it: a damaged offset or shape would otherwise load
+  // (the shards' checksums cover their bytes, not where the manifest says each tensor lies).
+  const std::string body = manifest.dump(1);
+  manifest[kManifestChecksum] = Crc32(0, body.data(), body.size());
   const std::string step_dir = StepDir(s.step);
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(step_dir) / kManifest).string(), manifest.dump(1) + "\n"));
@@ -411,6 +416,16 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", manifest_path, ": ", what));
   };
   if (m.is_discarded() || !m.is_object()) return bad_manifest("not valid JSON");
+  if (m.contains(kManifestChecksum)) {  // (manifests written before it have none)
+    Json body = m;
+    body.erase(kManifestChecksum);
+    const std::string text_of_body = body.dump(1);
+    const Json& recorded = m[kManifestChecksum];
+    if (!recorded.is_number_unsigned() ||
+        recorded.get<uint64_t>() != Crc32(0, text_of_body.data(), text_of_body.size())) {
+      return bad_manifest("checksum mismatch (the manifest was changed or damaged)");
+    }
+  }
   for (const char* key : {"version", "step", "data_position", "seed", "num_shards", "num_params",
                           "shards", "params"}) {
     if (!m.contains(key)) return bad_manifest(absl::StrCat("missing \"", key, "\""));

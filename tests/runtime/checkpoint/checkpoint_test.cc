@@ -242,6 +242,7 @@ TEST(CheckpointTest, AShardSizeThatOverflowsIsDamage) {
   ASSERT_TRUE(SaveStep(store, 1).ok());
   const std::string path = dir / "step-00000001/manifest.json";
   nlohmann::json m = nlohmann::json::parse(ReadAll(path));
+  m.erase("manifest_crc32");                       // as written before manifests had one
   m["num_params"] = ((int64_t{1} << 62) + 2) / 3;  // 56 + 12 n wraps to 64
   m["shards"][0]["bytes"] = 64;
   m["params"] = nlohmann::json::array(
@@ -251,6 +252,33 @@ TEST(CheckpointTest, AShardSizeThatOverflowsIsDamage) {
   ASSERT_FALSE(manifest.ok());
   EXPECT_EQ(manifest.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(manifest.status().message(), HasSubstr("do not match"));
+}
+
+// The manifest carries its own checksum: two tensors' offsets swapped (a damaged manifest) would
+// load each one's values into the other, every shard checksum still right.
+TEST(CheckpointTest, AChangedManifestIsDamageAndLoadLatestFallsBack) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string path = dir / "step-00000002/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(ReadAll(path));
+  ASSERT_TRUE(m.contains("manifest_crc32"));
+  m["params"][0]["offset"] = 3;
+  m["params"][1]["offset"] = 0;
+  WriteAll(path, m.dump(1));
+  auto manifest = store.ReadManifest(2);
+  ASSERT_FALSE(manifest.ok());
+  EXPECT_EQ(manifest.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(manifest.status().message(), HasSubstr("checksum mismatch"));
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 1);
+  // A manifest written before the checksum (none recorded) still loads.
+  nlohmann::json old = nlohmann::json::parse(ReadAll(dir / "step-00000001/manifest.json"));
+  old.erase("manifest_crc32");
+  WriteAll(dir / "step-00000001/manifest.json", old.dump(1));
+  EXPECT_TRUE(store.Load(1).ok());
 }
 
 TEST(CheckpointTest, CorruptedShardIsRefusedAndLoadLatestFallsBack) {
