@@ -292,6 +292,10 @@ void RankSupervisor::Supervise() {
     memset(&info, 0, sizeof(info));
     if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
       exited = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopped_before_exit_ = stop_requested_;
+      }
       if (failed_unix_ == 0) failed_unix_ = clock_.UnixSeconds();
       KillGroup(SIGKILL);  // whatever the rank left behind in its group
       drain_until = clock_.MonotonicSeconds() + kDrainAfterExitS;
@@ -469,7 +473,7 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
   bool stop_requested;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_requested = stop_requested_;
+    stop_requested = stopped_before_exit_;
     stop_reason = stop_reason_;
   }
   if (hung_ && hang_from_rank_) {

@@ -124,6 +124,10 @@ class RankSupervisor {
   bool hung_ = false;
   double hang_for_s_ = 0;
   bool term_sent_ = false;
+  // Whether a stop had been asked for when the exit was noticed: a stop that comes in the drain
+  // after it (the controller stopping a failed rank's peers) does not make the rank's own end,
+  // a crash or a success, read "stopped".
+  bool stopped_before_exit_ = false;
   TelemetryDecoder decoder_;
   bool telemetry_corrupt_ = false;
 

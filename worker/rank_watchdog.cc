@@ -77,6 +77,15 @@ void RankWatchdog::EnterEval(uint64_t after_step) {
   Enter(Phase::kEval, after_step, "", timeouts_.eval_s);
 }
 
+void RankWatchdog::EnterFinishing(const std::string& outcome) {
+  uint64_t step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+  }
+  Enter(Phase::kFinishing, step, outcome, timeouts_.step_s);
+}
+
 void RankWatchdog::Disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   phase_ = Phase::kNone;
@@ -101,6 +110,9 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       break;
     case Phase::kEval:
       record.set_phase("evaluation");
+      break;
+    case Phase::kFinishing:
+      record.set_phase("finishing");
       break;
     default:
       record.set_phase("checkpoint");
@@ -130,6 +142,10 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       break;
     case Phase::kStep:
       where = absl::StrCat("step ", step_);
+      limit = "recovery.hang_timeout_s";
+      break;
+    case Phase::kFinishing:
+      where = absl::StrCat("finishing (after: ", detail_, ")");
       limit = "recovery.hang_timeout_s";
       break;
     case Phase::kEval:

@@ -73,7 +73,11 @@ class RankWatchdog {
   void EnterCheckpoint(uint64_t after_step, bool final);
   // A held-out evaluation after step `after_step` starts now.
   void EnterEval(uint64_t after_step);
-  // Nothing more to watch (the rank is finishing or failing on its own).
+  // The rank is finishing (`outcome`: how its work ended, e.g. "training failed at step 12:
+  // ..."): tearing down its groups, which can block on a dead peer. hang_timeout_s for it, and a
+  // hang reported with the outcome, so the cause it was about to report is not lost.
+  void EnterFinishing(const std::string& outcome);
+  // Nothing more to watch.
   void Disarm();
 
   // A heartbeat while the phase is within its timeout; once it is overrun, one KIND_HUNG record
@@ -83,7 +87,7 @@ class RankWatchdog {
   const WatchdogTimeouts& timeouts() const { return timeouts_; }
 
  private:
-  enum class Phase { kNone, kStartup, kStep, kCheckpoint, kEval };
+  enum class Phase { kNone, kStartup, kStep, kCheckpoint, kEval, kFinishing };
   void Enter(Phase phase, uint64_t step, const std::string& detail, double timeout_s);
 
   const WatchdogTimeouts timeouts_;

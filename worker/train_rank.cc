@@ -538,7 +538,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     } else if (checkpoints) {
       watchdog.EnterCheckpoint(completed, /*final=*/true);
     } else {
-      watchdog.Disarm();
+      watchdog.EnterFinishing(absl::StrCat("trained to step ", completed));
     }
   };
   watch_next(start_step);
@@ -611,7 +611,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     watch_next(done);
   };
   absl::Status status = (*trainer)->Run(on_step, &stop, on_phase);
-  watchdog.Disarm();
+  // The groups' teardown follows (it can block on a dead peer): watched, with the outcome.
+  watchdog.EnterFinishing(status.ok() ? absl::StrCat("trained to step ", (*trainer)->step())
+                                      : absl::StrCat("training failed at step ", (*trainer)->step(),
+                                                     ": ", status.message()));
   // Asynchronous checkpoints finished at the end of Run report no step of their own.
   const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();
   for (size_t i = checkpoint_errors_logged; i < checkpoint_errors.size(); ++i) {

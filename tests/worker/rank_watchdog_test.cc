@@ -148,6 +148,22 @@ TEST_F(RankWatchdogTest, AnEvaluationGetsAStepsTimeForEachStepsWorthOfBatches) {
   EXPECT_THAT(hung.reason(), HasSubstr("timeout 104 s"));
 }
 
+// After its work a rank tears its groups down, which can block on a dead peer: watched, and the
+// hang names how the work ended (the cause the rank was about to report).
+TEST_F(RankWatchdogTest, FinishingIsWatchedAndAHangThereKeepsTheOutcome) {
+  watchdog_.EnterStep(12);
+  watchdog_.EnterFinishing("training failed at step 12: all_reduce: peer 1 closed");
+  clock_.Advance(7);
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT);
+  clock_.Advance(2);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_EQ(hung.phase(), "finishing");
+  EXPECT_EQ(hung.step(), 12u);
+  EXPECT_THAT(hung.reason(), HasSubstr("hung in finishing (after: training failed at step 12: "
+                                       "all_reduce: peer 1 closed): not in a collective"));
+}
+
 TEST_F(RankWatchdogTest, StartUpKeepsOneClockAcrossItsParts) {
   watchdog_.EnterStartup("data");
   clock_.Advance(20);
