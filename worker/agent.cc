@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
@@ -603,9 +605,7 @@ bool Agent::FlushOnce() {
     SetDeadline(&context, options_.rpc_timeout_s);
     const grpc::Status status = stub_->PushTelemetry(&context, request, &ack);
     if (!status.ok() && !PushWorthRetrying(status.error_code())) {
-      spdlog::warn("dropped {} telemetry record(s) the controller refused: {} ({})",
-                   request.records_size(), status.error_message(),
-                   static_cast<int>(status.error_code()));
+      NoteRefused("telemetry", request.records_size(), status.error_message());
       telemetry_.AddDropped(dropped + static_cast<uint64_t>(request.records_size()));
       continue;
     }
@@ -634,10 +634,7 @@ bool Agent::FlushOnce() {
     SetDeadline(&context, options_.rpc_timeout_s);
     const grpc::Status status = stub_->PushLogs(&context, request, &ack);
     if (!status.ok() && !PushWorthRetrying(status.error_code())) {
-      spdlog::warn(
-          "dropped {} rank log line(s) the controller refused: {} (they are still in the local "
-          "log files)",
-          request.lines_size(), status.error_message());
+      NoteRefused("logs", request.lines_size(), status.error_message());
       continue;
     }
     if (!status.ok()) {
@@ -647,6 +644,20 @@ bool Agent::FlushOnce() {
     }
   }
   return true;
+}
+
+void Agent::NoteRefused(const char* what, int count, const std::string& why) {
+  constexpr double kRefusalWarnS = 30;
+  (std::string_view(what) == "logs" ? refused_lines_ : refused_records_) +=
+      static_cast<uint64_t>(count);
+  const double now = clock_.MonotonicSeconds();
+  if (now - refusal_warned_s_ < kRefusalWarnS) return;
+  refusal_warned_s_ = now;
+  spdlog::warn(
+      "the controller refused pushes for good ({}): dropped {} telemetry record(s) and {} rank "
+      "log line(s) since the last such warning (the lines are still in the local log files; "
+      "said at most every {:.0f} s)",
+      why, std::exchange(refused_records_, 0), std::exchange(refused_lines_, 0), kRefusalWarnS);
 }
 
 std::vector<furnace::v1::RunningRank> Agent::Running() const {

@@ -135,6 +135,11 @@ class Agent {
 
   const std::string instance_id_;  // random per agent process (RegisterRequest.instance_id)
   std::mutex flush_mu_;            // one FlushOnce at a time
+  // Batches the controller refused for good, dropped: said at most every kRefusalWarnS (guarded
+  // by flush_mu_), with how many records and lines since the last time.
+  void NoteRefused(const char* what, int count, const std::string& why);
+  double refusal_warned_s_ = -1e300;
+  uint64_t refused_records_ = 0, refused_lines_ = 0;
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;
   BoundedQueue<furnace::v1::LogLine> logs_;
