@@ -115,6 +115,13 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
       }
     }
   }
+  if (file_source && diag->Present("data.seed")) {
+    c.Fail(
+        {"data.seed"},
+        Problem{"only used when data.source is markov (it seeds the chain); a file's "
+                "shuffled order follows train.seed",
+                absl::StrCat(d.seed(), " with source ", d.source()), "omit it, or set train.seed"});
+  }
   const auto& v = d.validation();
   if (v.fraction() > 0 && !v.path().empty()) {
     c.Fail({"data.validation.fraction", "data.validation.path"},
@@ -133,6 +140,22 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
 void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   Checker c(diag);
   const auto& m = spec.model();
+  // Fields that only a setting of another field gives a meaning: refused, not ignored.
+  if (spec.train().schedule() == "constant" && diag->Present("train.min_lr")) {
+    c.Fail({"train.min_lr", "train.schedule"},
+           Problem{"only used by train.schedule cosine (the floor it decays to)",
+                   absl::StrCat(spec.train().min_lr(), " with schedule constant"),
+                   "omit it, or set train.schedule: cosine"});
+  }
+  if (spec.fault().mode().empty()) {
+    for (const char* field : {"fault.rank", "fault.at_step", "fault.exit_code", "fault.worker",
+                              "fault.every_attempt", "fault.mean_steps"}) {
+      if (!diag->Present(field)) continue;
+      c.Fail({field}, Problem{"only used with fault.mode (no fault is injected without one)", "",
+                              "omit it, or set fault.mode: crash, hang, exit or health_check"});
+      break;
+    }
+  }
   const auto& p = spec.parallel();
   const auto& moe = spec.moe();
   const uint64_t world = uint64_t{p.pp()} * p.dp() * p.tp();

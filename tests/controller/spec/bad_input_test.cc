@@ -271,6 +271,17 @@ std::vector<BadCase> Cases() {
       {"min_lr_above_lr",
        H("train:\n  lr: 0.001\n  min_lr: 0.01\n"),
        {"job.yaml:5:11: train.min_lr: must be <= train.lr (= 0.001)"}},
+      // Accepted means used: a field another field's setting leaves unused is refused.
+      {"min_lr_with_a_constant_schedule",
+       H("train:\n  schedule: constant\n  min_lr: 0\n"),
+       {"train.min_lr: only used by train.schedule cosine (the floor it decays to) (got 0 with "
+        "schedule constant; allowed: omit it, or set train.schedule: cosine)"}},
+      {"data_seed_with_a_token_file",
+       H("data:\n  source: tokens\n  path: /d/t.tok\n  seed: 3\n"),
+       {"data.seed: only used when data.source is markov"}},
+      {"fault_fields_without_a_mode",
+       H("fault:\n  rank: 0\n  at_step: 3\n"),
+       {"fault.rank: only used with fault.mode (no fault is injected without one)"}},
       {"backoff_max_below_initial",
        H("recovery:\n  backoff:\n    initial_s: 60\n"),
        {"job.yaml:5:16: recovery.backoff.max_s: must be >= recovery.backoff.initial_s (= 60) (got "

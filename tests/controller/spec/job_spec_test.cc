@@ -203,13 +203,12 @@ memory: {policy: {POLICY}, device_budget: 512MiB, host_link_gbps: 55, codec: bf1
 train:
   steps: 50
   lr: 0.001
-  min_lr: 0
   warmup: 50
   schedule: constant
   clip: 0
   seed: 7
   weight_decay: 0
-data: {source: tokens, path: /data/tokens.bin, seed: 3}
+data: {source: tokens, path: /data/tokens.bin}
 checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true}
 recovery:
   max_restarts: 0
@@ -242,8 +241,14 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(s.memory().device_budget(), 512ull << 20);
   EXPECT_DOUBLE_EQ(s.memory().host_link_gbps(), 55.0);
   EXPECT_EQ(s.memory().codec(), "bf16");
-  EXPECT_DOUBLE_EQ(s.train().min_lr(), 0.0);
+  EXPECT_EQ(s.train().schedule(), "constant");
   EXPECT_EQ(s.train().warmup(), 50u);
+  // Fields that only another field's setting uses, set with it (FullJob sets the other one):
+  // train.min_lr with the cosine schedule, data.seed with markov data.
+  const JobSpec cosine =
+      MustParse("name: m\nkind: train\ntrain: {min_lr: 0}\ndata: {source: markov, seed: 3}\n");
+  EXPECT_DOUBLE_EQ(cosine.train().min_lr(), 0.0);
+  EXPECT_EQ(cosine.data().seed(), 3u);
   EXPECT_EQ(s.data().path(), "/data/tokens.bin");
   EXPECT_TRUE(s.checkpoint().async());
   EXPECT_EQ(s.recovery().max_restarts(), 0u);
