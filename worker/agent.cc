@@ -132,6 +132,7 @@ absl::Status Agent::Run() {
 
   HeartbeatLoop();  // until Shutdown()
 
+  SayLeaving();
   spdlog::info("shutting down: stopping ranks (grace {} s)", options_.shutdown_grace_s);
   StopAllRanks();
   const double flush_until = clock_.MonotonicSeconds() + options_.shutdown_flush_s;
@@ -218,6 +219,26 @@ void Agent::HeartbeatLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     RequestReregisterLocked(generation);
+  }
+}
+
+void Agent::SayLeaving() {
+  std::string session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_) return;
+    session = session_id_;
+  }
+  furnace::v1::HeartbeatRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_session_id(session);
+  request.set_leaving(true);
+  furnace::v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, std::min(2.0, options_.rpc_timeout_s));  // best effort: it is leaving
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (!status.ok()) {
+    spdlog::warn("could not tell the controller this worker is leaving: {}", Describe(status));
   }
 }
 

@@ -108,6 +108,9 @@ class Agent {
   };
 
   void HeartbeatLoop();
+  // Tells the controller this agent is shutting down (its ranks' attempts are interrupted, not
+  // failed, and nothing is placed on it any more), before the ranks are stopped.
+  void SayLeaving();
   bool RegisterOnce();
   void WatchLoop();
   void ReportLoop();

@@ -302,6 +302,11 @@ v1::HeartbeatResponse Controller::Beat(const v1::HeartbeatRequest& req, bool wai
     return resp;
   }
   resp.set_telemetry_flush_s(TelemetryFlushS());
+  if (req.leaving()) {  // rare (an agent's last word): worth the wait for the state mutex
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.WorkerLeaving(req.worker_id());
+    return resp;
+  }
   std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
   if (wait) {
     lock.lock();

@@ -177,6 +177,9 @@ class JobLifecycle {
   // A worker agent (re-)registers: its session starts, the ranks it still runs are re-attached
   // when their attempt wants them and stopped otherwise; returns the session id.
   std::string Register(const furnace::v1::RegisterRequest& req);
+  // A worker's agent says it is shutting down (HeartbeatRequest.leaving): the worker is lost
+  // now, not a heartbeat timeout later, and the attempt it holds a rank of is interrupted.
+  void WorkerLeaving(const std::string& worker_id);
   // Unavailable when the store could not record the report (the agent re-sends it).
   absl::Status ReportRank(const furnace::v1::RankReport& report);
   // Failure detection (silent workers, settle windows, start timeouts) and (re)placement.
@@ -228,7 +231,9 @@ class JobLifecycle {
   // it could not be written (the job is left as it was; Tick retries).
   absl::Status EndAttempt(Job& job);
   furnace::v1::AgentCommand StartCommand(const Job& job, uint32_t rank, const Worker& worker) const;
-  void MarkLost(Worker& worker, const std::string& why);
+  // `leaving`: the agent said it is shutting down; its attempt is interrupted (not counted
+  // against recovery.max_restarts) rather than failed.
+  void MarkLost(Worker& worker, const std::string& why, bool leaving = false);
   // A rank exited with RANK_EXIT_HEALTH_CHECK: finds who is to blame from the attempt's
   // rendezvous keys (ranks that never arrived) and fails the attempt, excluding those workers.
   void HealthCheckFailed(Job& job, const furnace::v1::RankReport& report);

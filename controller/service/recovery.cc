@@ -299,7 +299,11 @@ void JobLifecycle::PersistRecord(Job& job, const std::string& what) {
   }
 }
 
-void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
+void JobLifecycle::WorkerLeaving(const std::string& worker_id) {
+  if (Worker* w = workers_.Find(worker_id)) MarkLost(*w, "its agent is shutting down", true);
+}
+
+void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving) {
   if (worker.info.state() == v1::WORKER_STATE_LOST) return;
   spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
   const WorkerRegistry::Held held = workers_.MarkLost(worker);
@@ -320,10 +324,11 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why) {
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
-    if (!FailAttempt(*job, "lost",
+    if (!FailAttempt(*job, leaving ? "interrupted" : "lost",
                      absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                                   held.rank, " gone"),
-                     worker.info.worker_id())) {
+                     worker.info.worker_id(),
+                     leaving ? Failure::kInterrupted : Failure::kRetryable)) {
       return;
     }
   } else {

@@ -395,6 +395,13 @@ TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {
   ASSERT_EQ(fake.reports.size(), 2u);
   EXPECT_EQ(fake.reports[1].exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
   EXPECT_EQ(fake.reports[1].exit_code(), 0);
+  // It said it was leaving, once, before stopping the rank.
+  ASSERT_FALSE(fake.heartbeats.empty());
+  const furnace::v1::HeartbeatRequest& last = fake.heartbeats.back();
+  EXPECT_TRUE(last.leaving());
+  EXPECT_EQ(std::count_if(fake.heartbeats.begin(), fake.heartbeats.end(),
+                          [](const furnace::v1::HeartbeatRequest& h) { return h.leaving(); }),
+            1);
 }
 
 }  // namespace

@@ -1163,3 +1163,49 @@ TEST_F(ControllerTest, AHeartbeatTimeoutShorterThanTwoHeartbeatsIsRefused) {
 
 }  // namespace
 }  // namespace furnace::controller
+
+namespace furnace::controller {
+namespace {
+
+// An agent that shuts down (SIGTERM: a node drained) says so in a last heartbeat: its worker is
+// lost at once, nothing is placed on it, and the attempt it held a rank of is interrupted, which
+// spends no restart. Before, the attempt failed, the next one was placed on the departing worker
+// and failed again: one agent stop cost two restarts.
+TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMoreWork) {
+  StartRunning();
+  Register(2);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/1");
+  h.set_session_id(sessions_[1]);
+  h.set_leaving(true);
+  c_->Heartbeat(h);
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.summary().restarts(), 0u);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost (its agent is shutting down)"),
+            std::string::npos)
+      << d.attempts(0).cause();
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: the agent is shutting down");
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  clock_.Advance(1.1);
+  v1::HeartbeatRequest h0;
+  h0.set_worker_id("h/0");
+  h0.set_session_id(sessions_[0]);
+  c_->Heartbeat(h0);
+  v1::HeartbeatRequest h2;
+  h2.set_worker_id("h/2");
+  h2.set_session_id(sessions_[2]);
+  c_->Heartbeat(h2);
+  c_->Tick();
+  d = Job();
+  ASSERT_EQ(d.summary().attempt(), 2u);
+  for (const auto& r : d.attempts(1).ranks()) EXPECT_NE(r.worker_id(), "h/1");
+  bool lost = false;
+  for (auto& w : c_->ListWorkers())
+    lost |= w.worker_id() == "h/1" && w.state() == v1::WORKER_STATE_LOST;
+  EXPECT_TRUE(lost);
+}
+
+}  // namespace
+}  // namespace furnace::controller
