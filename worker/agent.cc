@@ -628,7 +628,7 @@ bool Agent::FlushOnce() {
     if (!status.ok() && !PushWorthRetrying(status.error_code())) {
       NoteRefused("telemetry", request.records_size(), status.error_message());
       telemetry_.AddDropped(dropped + static_cast<uint64_t>(request.records_size()));
-      continue;
+      break;  // the rest at the next flush (not a burst of count-only batches now)
     }
     if (!status.ok()) {
       std::vector<furnace::v1::TelemetryRecord> back(request.records().begin(),
@@ -656,7 +656,7 @@ bool Agent::FlushOnce() {
     const grpc::Status status = stub_->PushLogs(&context, request, &ack);
     if (!status.ok() && !PushWorthRetrying(status.error_code())) {
       NoteRefused("logs", request.lines_size(), status.error_message());
-      continue;
+      break;
     }
     if (!status.ok()) {
       logs_.PutBack(

@@ -46,7 +46,10 @@ absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_
 }
 
 absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::string& job_id) {
-  ASSIGN_OR_RETURN(const v1::CancelJobResponse response, ctx.client->CancelJob(job_id));
+  absl::StatusOr<v1::CancelJobResponse> cancelled = ctx.client->CancelJob(job_id);
+  // The controller refuses to cancel a job that already ended: not an RPC error (exit 6).
+  if (absl::IsFailedPrecondition(cancelled.status())) return NotApplicable(cancelled.status());
+  ASSIGN_OR_RETURN(const v1::CancelJobResponse response, std::move(cancelled));
   if (ctx.json) {
     RETURN_IF_ERROR(PrintJson(response, *ctx.out));
   } else {

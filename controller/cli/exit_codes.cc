@@ -7,6 +7,7 @@ namespace furnace::cli {
 namespace {
 
 constexpr char kLocalErrorPayload[] = "type.furnace.dev/furnace.cli.LocalError";
+constexpr char kNotApplicablePayload[] = "type.furnace.dev/furnace.cli.NotApplicable";
 
 }  // namespace
 
@@ -15,8 +16,16 @@ absl::Status LocalError(absl::Status status) {
   return status;
 }
 
+absl::Status NotApplicable(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kNotApplicablePayload, absl::Cord("1"));
+  return status;
+}
+
 ExitCode ExitCodeForStatus(const absl::Status& status) {
   if (!status.ok() && status.GetPayload(kLocalErrorPayload).has_value()) return kExitLocalError;
+  if (!status.ok() && status.GetPayload(kNotApplicablePayload).has_value()) {
+    return kExitNotApplicable;
+  }
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return kExitOk;
@@ -24,8 +33,6 @@ ExitCode ExitCodeForStatus(const absl::Status& status) {
       return kExitUsage;
     case absl::StatusCode::kNotFound:
       return kExitJobNotFound;
-    case absl::StatusCode::kFailedPrecondition:
-      return kExitNotApplicable;
     default:
       return kExitRpcError;
   }

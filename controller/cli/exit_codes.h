@@ -25,8 +25,12 @@ enum ExitCode : int {
 // (NOT_FOUND from the loader) does not read as "job not found". OK stays OK.
 absl::Status LocalError(absl::Status status);
 
-// A LocalError -> 5; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, FAILED_PRECONDITION -> 6,
-// any other error -> 3, OK -> 0. absl and gRPC share the numeric status codes, so this also maps
+// Marks a controller's refusal that is about the job's state, not the call (cancel of a job that
+// already ended): ExitCodeForStatus gives kExitNotApplicable for it.
+absl::Status NotApplicable(absl::Status status);
+
+// A LocalError -> 5, a NotApplicable -> 6; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any
+// other error -> 3, OK -> 0. absl and gRPC share the numeric status codes, so this also maps
 // gRPC codes after FromGrpcStatus.
 ExitCode ExitCodeForStatus(const absl::Status& status);
 

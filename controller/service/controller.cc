@@ -252,11 +252,11 @@ MetricsSnapshot Controller::Metrics() {
     m.goodput = telemetry_.Goodput(id, job.attempts, !IsFinal(job.summary.state()), snap.unix_time);
     for (size_t i = 0; i < job.attempts.size(); ++i) {
       const auto& a = job.attempts[i];
-      // A restart: a failed attempt that a new one followed, or will (the job is recovering). The
-      // failure that ended the job is not one.
-      const bool followed =
-          i + 1 < job.attempts.size() || job.summary.state() == v1::JOB_RECOVERING;
-      if (a.state() == v1::ATTEMPT_STATE_FAILED && followed) {
+      // A restart: a failed attempt the job went on from (recorded when it failed, so the count
+      // never goes down; a record older than that field: one a new attempt followed). The failure
+      // that ended the job is not one.
+      const bool restarted = a.restarted() || i + 1 < job.attempts.size();
+      if (a.state() == v1::ATTEMPT_STATE_FAILED && restarted) {
         ++m.restarts_by_cause[a.failure_kind().empty() ? "exit" : a.failure_kind()];
       }
       if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {

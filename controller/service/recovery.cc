@@ -166,6 +166,7 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
     }
     return absl::OkStatus();
   }
+  const Job backup = job;  // restored when not written: the attempt stays running, Tick retries
   attempt.set_state(v1::ATTEMPT_STATE_SUCCEEDED);
   attempt.set_ended_unix(clock_.UnixSeconds());
   job.summary.set_cause("");
@@ -178,7 +179,11 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
     s = Transition(job, v1::JOB_SUCCEEDED, "succeeded",
                    absl::StrCat("all ", attempt.ranks_size(), " ranks exited with code 0"));
   }
-  if (s.ok()) CloseScope(job, attempt.attempt());
+  if (!s.ok()) {
+    job = backup;
+    return s;
+  }
+  CloseScope(job, job.current()->attempt());
   return s;
 }
 
@@ -254,6 +259,7 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     const double delay = job.spec.recovery().backoff().initial_s();
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
     job.summary.set_cause(cause);
+    attempt->set_restarted(true);
     persisted = Transition(
         job, v1::JOB_RECOVERING, "health_check",
         absl::StrFormat("attempt %d failed its health check: %s; restart in %.1f s on spares, not "
@@ -271,6 +277,7 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
     attempt->set_recover_at_unix(attempt->ended_unix() + delay);
     job.summary.set_cause(cause);
+    attempt->set_restarted(true);
     persisted = Transition(job, v1::JOB_RECOVERING, "restart",
                            absl::StrFormat("attempt %d failed: %s; restart %d/%d in %.1f s", n,
                                            cause, job.summary.restarts(), max_restarts, delay));
@@ -324,11 +331,14 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
-    if (!FailAttempt(*job, leaving ? "interrupted" : "lost",
+    constexpr uint32_t kFreeLeavings = 3;
+    const bool interrupted = leaving && job->leaving_interruptions < kFreeLeavings;
+    if (interrupted) ++job->leaving_interruptions;
+    if (!FailAttempt(*job, interrupted ? "interrupted" : "lost",
                      absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                                   held.rank, " gone"),
                      worker.info.worker_id(),
-                     leaving ? Failure::kInterrupted : Failure::kRetryable)) {
+                     interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
       return;
     }
   } else {
@@ -366,10 +376,14 @@ void JobLifecycle::Tick() {
     // Every rank of the running attempt has ended, yet the attempt was not ended: the write that
     // would have ended it failed (a store error), or a controller restart lost the settle window.
     // Retried here until it lands, so no job is left running with nothing running.
-    if (const v1::AttemptInfo* a = job.current();
-        a != nullptr && a->state() == v1::ATTEMPT_STATE_RUNNING && job.settle_deadline == 0 &&
-        !IsFinal(job.summary.state()) && a->ranks_size() > 0 &&
+    // (An attempt SUCCEEDED under a job that is not: a store that took the attempt's end but not
+    // the job's, loaded after a restart. Ended again.)
+    if (v1::AttemptInfo* a = job.current();
+        a != nullptr &&
+        (a->state() == v1::ATTEMPT_STATE_RUNNING || a->state() == v1::ATTEMPT_STATE_SUCCEEDED) &&
+        job.settle_deadline == 0 && !IsFinal(job.summary.state()) && a->ranks_size() > 0 &&
         AllRanks(*a, v1::RANK_STATE_EXITED)) {
+      a->set_state(v1::ATTEMPT_STATE_RUNNING);
       if (absl::Status s = EndAttempt(job); !s.ok()) {
         spdlog::warn("job {}: its ended attempt is not recorded yet: {}", job.summary.job_id(),
                      s.ToString());

@@ -273,7 +273,6 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   // them, but only until it passes them again; then a damaged one would count as one of the
   // `keep` and good ones be deleted in its place. They are uncommitted first (before LATEST:
   // a crash between leaves nothing of them loadable), and deleted once LATEST passes them.
-  bool uncommitted = false;
   for (const int64_t later : CommittedSteps()) {
     if (later <= s.step) continue;
     std::error_code ec;
@@ -282,9 +281,8 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
       return absl::InternalError(absl::StrCat("checkpoint: cannot uncommit ", StepDir(later),
                                               " (a step after ", s.step, "): ", ec.message()));
     }
-    uncommitted = true;
+    RETURN_IF_ERROR(SyncDirectory(StepDir(later)));  // the unlink is the step directory's entry
   }
-  if (uncommitted) RETURN_IF_ERROR(SyncDirectory(dir_));
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(dir_) / kLatest).string(), absl::StrCat(s.step, "\n")));
   RETURN_IF_ERROR(Stage("latest"));
@@ -481,12 +479,10 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
           record.bytes >= kShardHeaderBytes &&
           (record.bytes - kShardHeaderBytes) % per_value == 0 &&
           (record.bytes - kShardHeaderBytes) / per_value == static_cast<uint64_t>(record.n);
-      const uint64_t want_bytes =
-          kShardHeaderBytes + 3 * static_cast<uint64_t>(record.n) * sizeof(float);
       if (!sized) {
         return bad_manifest(absl::StrCat("shard ", record.file, ": bytes ", record.bytes,
-                                         " do not match ", record.n, " params (", want_bytes,
-                                         " bytes)"));
+                                         " do not match ", record.n, " params (", kShardHeaderBytes,
+                                         " + 12 bytes a param)"));
       }
       for (const ParamInfo& p : record.params) {
         absl::StatusOr<std::vector<int64_t>> whole = ParamGlobalShape(p);

@@ -245,5 +245,14 @@ TEST_F(CommandsTest, CancelPrintsResultingState) {
   EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
 }
 
+// The controller refuses to cancel a job that ended: exit 6 (not 3, an RPC error), its words kept.
+TEST_F(CommandsTest, CancelOfAnEndedJobExits6) {
+  client_.cancel_status = absl::FailedPreconditionError("job j-1 already ended (succeeded)");
+  const absl::StatusOr<int> code = RunCancel(ctx_, "j-1");
+  ASSERT_FALSE(code.ok());
+  EXPECT_EQ(code.status().message(), "job j-1 already ended (succeeded)");
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitNotApplicable);
+}
+
 }  // namespace
 }  // namespace furnace::cli

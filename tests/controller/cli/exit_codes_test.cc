@@ -13,8 +13,10 @@ TEST(ExitCodesTest, FromStatus) {
   EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("down")), kExitRpcError);
   EXPECT_EQ(ExitCodeForStatus(absl::DeadlineExceededError("slow")), kExitRpcError);
   EXPECT_EQ(ExitCodeForStatus(absl::InternalError("bug")), kExitRpcError);
-  EXPECT_EQ(ExitCodeForStatus(absl::FailedPreconditionError("job j-1 already ended")),
-            kExitNotApplicable);
+  EXPECT_EQ(ExitCodeForStatus(absl::FailedPreconditionError("done")), kExitRpcError);
+  EXPECT_EQ(
+      ExitCodeForStatus(NotApplicable(absl::FailedPreconditionError("job j-1 already ended"))),
+      kExitNotApplicable);
 }
 
 TEST(ExitCodesTest, LocalErrorsKeepCodeAndMessageButExit5) {

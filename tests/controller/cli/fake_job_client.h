@@ -42,7 +42,9 @@ class FakeJobClient : public JobClient {
     if (get_job.size() > 1) get_job.pop_front();
     return next;
   }
+  absl::Status cancel_status;  // not OK: CancelJob answers it
   absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
+    if (!cancel_status.ok()) return cancel_status;
     v1::CancelJobResponse response;
     response.mutable_job()->set_job_id(job_id);
     response.mutable_job()->set_state(v1::JOB_CANCELLED);

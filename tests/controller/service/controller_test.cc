@@ -1167,6 +1167,20 @@ TEST_F(ControllerTest, AHeartbeatTimeoutShorterThanTwoHeartbeatsIsRefused) {
 namespace furnace::controller {
 namespace {
 
+// furnace_job_restarts_total never goes down: a restart is recorded when the attempt fails, so
+// a job cancelled while it recovers keeps the restart it made.
+TEST_F(ControllerTest, TheRestartCountStaysWhenARecoveringJobEnds) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(c_->Metrics().jobs[0].restarts_by_cause,
+            (std::map<std::string, uint64_t>{{"signal", 1}}));
+  ASSERT_TRUE(c_->Cancel(job_).ok());
+  ASSERT_EQ(Job().summary().state(), v1::JOB_CANCELLED);
+  EXPECT_EQ(c_->Metrics().jobs[0].restarts_by_cause,
+            (std::map<std::string, uint64_t>{{"signal", 1}}));
+}
+
 // An agent that shuts down (SIGTERM: a node drained) says so in a last heartbeat: its worker is
 // lost at once, nothing is placed on it, and the attempt it held a rank of is interrupted, which
 // spends no restart. Before, the attempt failed, the next one was placed on the departing worker

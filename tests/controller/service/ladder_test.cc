@@ -324,6 +324,36 @@ TEST_F(LadderTest, WithoutTheNoProgressRuleHealthCheckFailuresSpendTheRestartBud
       << d.summary().cause();
 }
 
+// An agent that says it is leaving interrupts its attempt without spending a restart, but only
+// the first three times for a job: an agent stopped each time it gets a rank (a probe, a
+// supervisor) would otherwise restart the job forever.
+TEST_F(LadderTest, OnlyTheFirstThreeLeavingAgentsSpendNoRestart) {
+  for (int s = 0; s < 4; ++s) Register(s);
+  Submit(Commcheck("  exclude_s: 0\n"));
+  for (uint32_t attempt = 1; attempt <= 4; ++attempt) {
+    if (attempt > 1) Pass(5, {0, 1, 2, 3});
+    std::map<int, v1::RankTask> starts = Starts();
+    ASSERT_EQ(starts.size(), 4u) << "attempt " << attempt;
+    for (const auto& [slot, task] : starts) Report(slot, attempt, task.rank(), v1::RANK_STARTED);
+    ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING) << "attempt " << attempt;
+    const int leaver = starts.begin()->first;
+    v1::HeartbeatRequest h;
+    h.set_worker_id(Id(leaver));
+    h.set_session_id(sessions_[leaver]);
+    h.set_leaving(true);
+    c_->Heartbeat(h);
+    const v1::JobDetail d = Job();
+    EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING) << "attempt " << attempt;
+    EXPECT_EQ(d.summary().restarts(), attempt <= 3 ? 0u : 1u) << "attempt " << attempt;
+    EXPECT_EQ(d.attempts(attempt - 1).state(),
+              attempt <= 3 ? v1::ATTEMPT_STATE_INTERRUPTED : v1::ATTEMPT_STATE_FAILED);
+    for (const auto& [slot, task] : starts) {
+      Report(slot, attempt, task.rank(), v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+    }
+    Register(leaver, "restarted-" + std::to_string(attempt));  // its agent comes back
+  }
+}
+
 TEST_F(LadderTest, RepeatedFailuresBeforeTheBestStepEndTheJob) {
   for (int s = 0; s < 4; ++s) Register(s);
   Submit(Commcheck("  max_attempts_without_progress: 2\n"));

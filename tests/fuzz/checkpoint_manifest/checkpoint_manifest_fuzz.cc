@@ -1,6 +1,8 @@
 // The checkpoint manifest parser (runtime/checkpoint): the bytes become step 1's manifest.json
 // and CheckpointStore::ReadManifest reads them, as a restart would after a crash or a damaged
-// disk (a manifest is not covered by a checksum). The same bytes also go to ParseShardRecord (the
+// disk (a manifest that records its CRC32 is checked against it; one without, as older builds
+// wrote them, is parsed field by field, which is what this exercises). The same bytes also go to
+// ParseShardRecord (the
 // record ranks exchange before rank 0 commits). Beyond not crashing:
 //  - a manifest is refused only with DataLoss (the store's promise), a shard record only with
 //    InvalidArgument;

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/data/counter_rng.h"
 #include "runtime/data/data_sources.h"
 #include "runtime/data/markov.h"
@@ -222,6 +224,45 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
             0);
   EXPECT_EQ(*(*a)->optimizer().HostM(), *(*c)->optimizer().HostM());
   EXPECT_EQ(*(*a)->optimizer().HostV(), *(*c)->optimizer().HostV());
+}
+
+// A checkpoint written before the Markov order named the batch shape ("markov v1") resumes: its
+// chain, seed and seq_len are this run's. A v1 order of another seed is still refused.
+TEST(TrainerTest, AMarkovV1OrderOfTheSameDataResumes) {
+  const int V = 16, T = 16;
+  MarkovSetup data = MakeMarkov(V, 4, T, 5);
+  TrainConfig config = ResumeConfig();
+  testing_util::TestDir dir;
+  config.checkpoint = {.dir = dir.path(), .every = 4, .keep = 2};
+  BigramModel first(V, T, 1);
+  auto a = Trainer::Create(&first, data.sampler.get(), config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**a).ok());
+  const std::string path = dir / "step-00000010/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(testing_util::ReadAll(path));
+  const std::string v2 = m["data"]["order"];
+  ASSERT_EQ(v2.rfind("markov v2: ", 0), 0u) << v2;
+  // v1 as that build wrote it: no batch fields, and no manifest checksum yet.
+  const size_t batch = v2.find(", batch "), end = v2.rfind(", ");
+  const std::string v1 = "markov v1: " + v2.substr(11, batch - 11) + v2.substr(end);
+  m.erase("manifest_crc32");
+  m["data"]["order"] = v1;
+  testing_util::WriteAll(path, m.dump(1));
+  BigramModel second(V, T, 999);
+  auto b = Trainer::Create(&second, data.sampler.get(), config);
+  ASSERT_TRUE(b.ok());
+  auto restored = (*b)->RestoreLatest();
+  ASSERT_TRUE(restored.ok()) << restored.status() << "\n" << v1;
+  EXPECT_EQ(restored->step, 10);
+  m["data"]["order"] = absl::StrReplaceAll(v1, {{"seed 5", "seed 6"}});
+  ASSERT_NE(m["data"]["order"], v1);
+  testing_util::WriteAll(path, m.dump(1));
+  BigramModel third(V, T, 999);
+  auto c = Trainer::Create(&third, data.sampler.get(), config);
+  ASSERT_TRUE(c.ok());
+  auto refused = (*c)->RestoreLatest();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
 // A token file of `windows` sequences of T + 1 tokens over V symbols (a fixed pseudo-random walk),
