@@ -477,18 +477,63 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
     }
     return loaded.status();
   }
-  absl::Status restored = absl::OkStatus();
+  // Each rank's value of `x`, in rank order (this rank's alone without a group).
+  const auto gather = [&](int64_t x) -> absl::StatusOr<std::vector<int64_t>> {
+    if (world == nullptr || world->size() == 1) return std::vector<int64_t>{x};
+    std::vector<int64_t> all(world->size());
+    RETURN_IF_ERROR(world->AllGather(&x, all.data(), sizeof(int64_t)));
+    return all;
+  };
+  // Every rank loads the agreed step (the one that found a newer one loads it now). When some
+  // rank cannot (its shard of that step is damaged too), every rank goes down to the newest step
+  // below it that each can load, and they agree again, until one loads on every rank or none is
+  // left: two damaged shards of different steps cost the steps between, not the run.
+  std::vector<std::string> no_notes;
+  const std::vector<int64_t> candidates = store.LoadableSteps(&no_notes);  // newest first
+  std::vector<std::string> passed = loaded->skipped;
   if (agreed != mine) {
-    absl::StatusOr<LoadedCheckpoint> older =
-        LoadIntoLayout(store, agreed, model_->params(), model_->num_params(), P.world_rank);
-    if (older.ok()) {
-      older->skipped = loaded->skipped;
-      older->skipped.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
-      loaded = std::move(older);
-    } else {
-      restored = older.status();
+    passed.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
+  }
+  int64_t target = agreed;
+  while (true) {
+    absl::Status here = absl::OkStatus();
+    if (loaded->step != target) {
+      absl::StatusOr<LoadedCheckpoint> at =
+          LoadIntoLayout(store, target, model_->params(), model_->num_params(), P.world_rank);
+      if (at.ok()) {
+        loaded = std::move(at);
+      } else {
+        here = at.status();
+      }
+    }
+    ASSIGN_OR_RETURN(const std::vector<int64_t> loaded_flags, gather(here.ok() ? 1 : 0));
+    if (std::all_of(loaded_flags.begin(), loaded_flags.end(), [](int64_t f) { return f == 1; })) {
+      break;
+    }
+    passed.push_back(here.ok() ? absl::StrCat("step ", target, ": another rank could not load it")
+                               : std::string(here.message()));
+    int64_t next = -1;
+    for (const int64_t step : candidates) {
+      if (step >= target) continue;
+      absl::StatusOr<LoadedCheckpoint> at =
+          LoadIntoLayout(store, step, model_->params(), model_->num_params(), P.world_rank);
+      if (at.ok()) {
+        loaded = std::move(at);
+        next = step;
+        break;
+      }
+      passed.push_back(std::string(at.status().message()));
+    }
+    ASSIGN_OR_RETURN(const std::vector<int64_t> nexts, gather(next));
+    target = *std::min_element(nexts.begin(), nexts.end());
+    if (target < 0) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint: no checkpoint in ", config_.checkpoint.dir,
+          " loads on every rank; this rank passed over:\n  ", absl::StrJoin(passed, "\n  ")));
     }
   }
+  loaded->skipped = std::move(passed);
+  absl::Status restored = absl::OkStatus();
   if (restored.ok()) restored = Restore(*loaded);
   // Every rank resumes, or every rank fails with the same cause.
   RETURN_IF_ERROR(AgreeOnStatus(world, restored));

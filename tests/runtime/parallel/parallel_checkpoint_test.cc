@@ -333,6 +333,32 @@ TEST_F(ParallelCheckpointTest, AnotherModelsCheckpointIsRefusedNamingTheTensor) 
   EXPECT_NE(wider.message().find("written by another model"), absl::string_view::npos) << wider;
 }
 
+// Two damaged shards of different steps: rank 0's of step 6, rank 1's of step 4. Rank 0 finds 4,
+// rank 1 finds 6, they agree on 4, which rank 1 cannot load: both go down to 2 and resume from
+// it. Before, every attempt failed the same way.
+TEST_F(ParallelCheckpointTest, TwoDamagedShardsOfDifferentStepsResumeFromTheStepBelowBoth) {
+  topology::ParallelSizes dp2;
+  dp2.dp = 2;
+  const std::string dir = root_ + "/dp2";
+  ASSERT_TRUE(TrainLayout(dp2, dir, 6, false).ok());
+  train::CheckpointStore store(dir, 0);
+  ASSERT_EQ(store.CommittedSteps(), (std::vector<int64_t>{2, 4, 6}));
+  for (const auto& [step, shard] : {std::pair<int64_t, int>{6, 0}, {4, 1}}) {
+    const std::string path =
+        store.StepDir(step) + "/" + train::CheckpointStore::ShardFileName(shard);
+    std::string bytes = ReadAll(path);
+    bytes[80] ^= 0x01;
+    testing_util::WriteAll(path, bytes);
+  }
+  std::vector<double> losses;
+  const absl::Status resumed = TrainLayout(dp2, dir, 8, true, {.losses = &losses});
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(losses.size(), 6u);  // steps 3 to 8: resumed from 2
+  EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{2, 4, 6, 8}));  // 4 and 6 rewritten
+  EXPECT_TRUE(store.Load(4, 1).ok());
+  EXPECT_TRUE(store.Load(6, 0).ok());
+}
+
 // One rank finds no checkpoint where the others find one (its host lacks the shared mount):
 // every rank fails, retryably, naming who saw what. Before, every rank started afresh and wrote
 // step 2 over the run's checkpoints.
