@@ -191,6 +191,24 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      absl::StrCat("no '", section, "' section, or kind: train")});
     }
   }
+  // And the parallel fields only a train job's layout reads: a commcheck's ranks are pp * dp * tp
+  // peers of one world group, with no experts, micro-batches or rank order (nor shrink ep/esp).
+  if (spec.kind() == "commcheck") {
+    std::vector<std::string> train_fields = {"parallel.ep", "parallel.esp", "parallel.micro_batch",
+                                             "parallel.micro_batches", "parallel.order"};
+    for (int i = 0; i < spec.recovery().shrink_size(); ++i) {
+      for (const char* size : {"ep", "esp"}) {
+        train_fields.push_back(absl::StrCat("recovery.shrink[", i, "].", size));
+      }
+    }
+    for (const std::string& field : train_fields) {
+      if (!diag->Present(field)) continue;
+      c.Fail({field, "kind"},
+             Problem{"applies to train jobs only (a commcheck's ranks are pp * dp * tp peers of "
+                     "one world group: no experts, micro-batches or rank order)",
+                     "", "omit it, or kind: train"});
+    }
+  }
   if (spec.kind() == "train" && diag->Present("commcheck")) {
     c.Fail({"commcheck", "kind"},
            Problem{"applies to commcheck jobs only (a train job runs no commcheck)",
@@ -303,6 +321,14 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   // Routing spikes (MODEL.md "Routing-spike injection"): at max_ratio = E / k every token of a
   // spiking layer is forced onto one expert, which is as far as a spike can go.
   const auto& sp = moe.spikes();
+  if (sp.probability() == 0) {
+    for (const char* field : {"moe.spikes.max_ratio", "moe.spikes.seed"}) {
+      if (!diag->Present(field)) continue;
+      c.Fail({field, "moe.spikes.probability"},
+             Problem{"only used when moe.spikes.probability > 0 (no spike is injected at 0)", "",
+                     "omit it, or set moe.spikes.probability in (0, 1]"});
+    }
+  }
   if (moe.top_k() >= 1 && moe.top_k() <= moe.experts() &&
       sp.max_ratio() * moe.top_k() > moe.experts()) {
     const double bound = static_cast<double>(moe.experts()) / moe.top_k();
@@ -409,10 +435,16 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                 ") fails at one: set one of them"),
                    absl::StrCat(f.mean_steps()), "0 (the default), or fault.at_step: 0"});
   }
-  if (f.mean_steps() > 0 && f.mode().empty()) {
-    c.Fail({"fault.mean_steps", "fault.mode"},
-           Problem{"needs fault.mode (what the failure is)", absl::StrCat(f.mean_steps()),
-                   "0 (the default), or fault.mode: crash, hang or exit"});
+  // (fault.mean_steps without fault.mode: the fields-without-a-mode rule above.)
+  // A fault at a step or round the job never reaches would be accepted and never injected.
+  const uint64_t last = spec.kind() == "train" ? spec.train().steps() : spec.commcheck().rounds();
+  if (!f.mode().empty() && f.mode() != "health_check" && f.at_step() > last) {
+    c.Fail({"fault.at_step", spec.kind() == "train" ? "train.steps" : "commcheck.rounds"},
+           Problem{absl::StrCat("must be <= the job's last ",
+                                spec.kind() == "train" ? "step (train.steps = "
+                                                       : "round (commcheck.rounds = ",
+                                last, "): the fault would never be injected"),
+                   absl::StrCat(f.at_step()), absl::StrCat("0..", last)});
   }
   if (f.mean_steps() > 0 && spec.kind() != "train") {
     c.Fail({"fault.mean_steps", "kind"},

@@ -152,10 +152,17 @@ TEST(ParallelLayoutAcceptedTest, DenseFfnOnlyMattersWithDenseLayers) {
 }
 
 TEST(ParallelLayoutAcceptedTest, CommcheckBuildsNoExpertGroups) {
-  // A communication check builds neither the model nor the expert groups.
-  const furnace::v1::JobSpec s =
-      MustParse("name: c\nkind: commcheck\nparallel: {pp: 3, dp: 2, ep: 4}\n");
-  EXPECT_EQ(s.parallel().ep(), 4u);
+  // A communication check builds neither the model nor the expert groups: its layout is pp * dp
+  // * tp peers, and an expert size (which it would ignore) is refused, naming the field.
+  const furnace::v1::JobSpec s = MustParse("name: c\nkind: commcheck\nparallel: {pp: 3, dp: 2}\n");
+  EXPECT_EQ(s.parallel().pp() * s.parallel().dp(), 6u);
+  const absl::StatusOr<furnace::v1::JobSpec> with_ep =
+      ParseJobYaml("name: c\nkind: commcheck\nparallel: {pp: 3, dp: 2, ep: 4}\n", "job.yaml");
+  ASSERT_FALSE(with_ep.ok());
+  EXPECT_EQ(with_ep.status().message(),
+            "job.yaml:3:30: parallel.ep: applies to train jobs only (a commcheck's ranks are pp * "
+            "dp * tp peers of one world group: no experts, micro-batches or rank order) (allowed: "
+            "omit it, or kind: train)");
 }
 
 TEST(ParallelLayoutAcceptedTest, EveryLayoutConfigParses) {
