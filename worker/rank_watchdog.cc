@@ -101,23 +101,35 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
   record.set_detail(detail_);
   record.set_phase_s(in_phase);
   record.set_timeout_s(timeout_s_);
+  // What the phase is called, where a hang in it is, and which setting bounds it.
+  std::string name, where, limit = "recovery.hang_timeout_s";
   switch (phase_) {
     case Phase::kStartup:
-      record.set_phase("start-up");
+      name = "start-up";
+      where = absl::StrCat("start-up (", detail_, ")");
+      limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
       break;
     case Phase::kStep:
-      record.set_phase("step");
+      name = "step";
+      where = absl::StrCat("step ", step_);
       break;
     case Phase::kEval:
-      record.set_phase("evaluation");
+      name = "evaluation";
+      where = absl::StrCat("the held-out evaluation after step ", step_);
+      limit = "recovery.hang_timeout_s for each parallel.micro_batches held-out batches of a rank";
       break;
     case Phase::kFinishing:
-      record.set_phase("finishing");
+      name = "finishing";
+      where = absl::StrCat("finishing (after: ", detail_, ")");
       break;
     default:
-      record.set_phase("checkpoint");
+      name = "checkpoint";
+      where = detail_.empty()
+                  ? absl::StrCat("the checkpoint after step ", step_)
+                  : absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
       break;
   }
+  record.set_phase(name);
   if (const std::optional<comm::InFlightCall> call = in_flight_.Oldest()) {
     furnace::v1::InFlightCollective* c = record.mutable_collective();
     c->set_op(call->op);
@@ -133,32 +145,6 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
   }
   reported_ = true;
   record.set_kind(furnace::v1::RankWatchdogRecord::KIND_HUNG);
-  std::string where;
-  std::string limit;
-  switch (phase_) {
-    case Phase::kStartup:
-      where = absl::StrCat("start-up (", detail_, ")");
-      limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
-      break;
-    case Phase::kStep:
-      where = absl::StrCat("step ", step_);
-      limit = "recovery.hang_timeout_s";
-      break;
-    case Phase::kFinishing:
-      where = absl::StrCat("finishing (after: ", detail_, ")");
-      limit = "recovery.hang_timeout_s";
-      break;
-    case Phase::kEval:
-      where = absl::StrCat("the held-out evaluation after step ", step_);
-      limit = "recovery.hang_timeout_s for each parallel.micro_batches held-out batches of a rank";
-      break;
-    default:
-      where = detail_.empty()
-                  ? absl::StrCat("the checkpoint after step ", step_)
-                  : absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
-      limit = "recovery.hang_timeout_s";
-      break;
-  }
   std::string what;
   if (record.has_collective()) {
     what = absl::StrFormat(": %s for %.1f s", Collective(record.collective()),

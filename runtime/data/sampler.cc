@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/data/counter_rng.h"
@@ -207,6 +208,17 @@ std::unique_ptr<Sampler> MakePrefetchingSampler(std::unique_ptr<Sampler> inner, 
                                                 int micro_count, int depth) {
   return std::make_unique<PrefetchingSampler>(std::move(inner), first_micro,
                                               std::max(micro_count, 1), std::max(depth, 1));
+}
+
+bool SameDataOrder(const std::string& recorded, const std::string& now) {
+  if (recorded == now) return true;
+  constexpr absl::string_view kV1 = "markov v1: ", kV2 = "markov v2: ";
+  if (!absl::StartsWith(recorded, kV1) || !absl::StartsWith(now, kV2)) return false;
+  // v2 (MarkovSampler): "..., seq_len T, batch B, global batch G, train|validation".
+  const size_t batch = now.find(", batch ");
+  const size_t end = now.rfind(", ");
+  if (batch == std::string::npos || end == std::string::npos || end <= batch) return false;
+  return recorded == absl::StrCat(kV1, now.substr(kV2.size(), batch - kV2.size()), now.substr(end));
 }
 
 }  // namespace furnace::data

@@ -56,6 +56,13 @@ class Sampler {
   virtual DataPosition PositionAt(int64_t step) const = 0;
 };
 
+// Whether `recorded` (a checkpoint's DataPosition::order) is the order `now` of this run. A
+// "markov v1" order, written before the Markov order named the batch shape, is this run's
+// "markov v2" one without its batch fields: the same chain, seed and seq_len (the batch shape
+// goes unchecked, as it did when it was written), so an upgrade does not refuse a run's own
+// checkpoints.
+bool SameDataOrder(const std::string& recorded, const std::string& now);
+
 // Each sequence starts in a state drawn from the stationary distribution and walks the chain.
 // `validation`: the held-out stream, keyed apart from the training stream (independent draws).
 absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,

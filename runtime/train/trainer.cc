@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
@@ -12,23 +11,6 @@
 
 namespace furnace::train {
 namespace {
-
-// Whether a checkpoint's recorded data order is this run's. A "markov v1" order (written before
-// the order named the batch shape) is this run's "markov v2" one without its batch fields: the
-// same chain, seed and seq_len (the batch shape then goes unchecked, as it did when it was
-// written), so an upgrade does not refuse a run's own checkpoints.
-bool SameDataOrder(const std::string& recorded, const std::string& now) {
-  if (recorded == now) return true;
-  constexpr absl::string_view kV1 = "markov v1: ", kV2 = "markov v2: ";
-  if (!absl::StartsWith(recorded, kV1) || !absl::StartsWith(now, kV2)) return false;
-  // v2: "..., seq_len T, batch B, global batch G, train|validation"
-  const size_t batch = now.find(", batch ");
-  const size_t end = now.rfind(", ");
-  if (batch == std::string::npos || end == std::string::npos || end <= batch) return false;
-  const std::string as_v1 =
-      absl::StrCat(kV1, now.substr(kV2.size(), batch - kV2.size()), now.substr(end));
-  return recorded == as_v1;
-}
 
 // " (columns [0, 4) [8, 12) of [16, 48])" style, empty for a whole tensor.
 std::string SliceText(const ParamShard& shard) {
@@ -517,7 +499,7 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
                      "recorded); this run reads finite data (",
                      now.order, ") and could not resume at the same sequence"));
   }
-  if (!SameDataOrder(c.data.order, now.order)) {
+  if (!data::SameDataOrder(c.data.order, now.order)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", c.path, " was written reading the data in the order of\n  ", c.data.order,
         "\nbut this run's data and settings give\n  ", now.order,
