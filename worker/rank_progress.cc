@@ -20,6 +20,7 @@ void Progress::Write(furnace::v1::TelemetryRecord& record) {
   record.set_total_steps(total_steps_.load());
   record.set_unix_time(RealClock().UnixSeconds());
   std::lock_guard<std::mutex> lock(mu_);
+  record.set_seq(++seq_);  // under the lock: numbered in the order they enter the pipe
   (void)writer_.Write(record);
 }
 

@@ -35,6 +35,7 @@ class Progress {
   const furnace::v1::RankTask& task_;
   std::mutex mu_;
   TelemetryWriter writer_;  // guarded by mu_
+  uint64_t seq_ = 0;        // guarded by mu_: the last record's TelemetryRecord.seq
   std::atomic<uint64_t> total_steps_{0};
 };
 

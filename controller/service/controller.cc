@@ -385,12 +385,13 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     for (const auto& rec : batch.records()) {
       Job* job = jobs_.Find(rec.job_id());
       if (job == nullptr) continue;
+      // A record of no rank of the job, or one counted already (re-sent), is not used again.
+      if (!jobs_.NoteProgress(*job, rec)) continue;
       const uint32_t world = job->AttemptWorld(rec.attempt());
       if (telemetry_.KeepRaw(rec, world)) {
         records.push_back(rec);
         kept[rec.job_id()] = world;
       }
-      if (!jobs_.NoteProgress(*job, rec)) continue;
       jobs_.NoteRankTimes(*job, rec);
       touched.insert(rec.job_id());
       // Every rank reports an uncommitted checkpoint alike: rank 0's says it once.

@@ -276,7 +276,12 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) return false;
   auto& attempt = job.attempts[rec.attempt() - 1];
   if (rec.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return false;
-  attempt.mutable_ranks(rec.rank())->set_step(rec.step());
+  v1::RankInfo& rank = *attempt.mutable_ranks(rec.rank());
+  if (rec.seq() > 0) {
+    if (rec.seq() <= rank.telemetry_seq()) return false;  // a re-sent batch brought it again
+    rank.set_telemetry_seq(rec.seq());
+  }
+  rank.set_step(rec.step());
   if (&attempt == job.current()) {
     job.step_stale = true;
     job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));

@@ -149,7 +149,9 @@ class JobLifecycle {
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   // A rank's reported progress: updates its step (the job's follows when the job is next
-  // written); false when the record names no rank of the job. PersistLater then marks the job.
+  // written); false when the record names no rank of the job, or is one the job already counted
+  // (its TelemetryRecord.seq is not above the rank's telemetry_seq: an agent re-sent a batch
+  // whose answer it lost), and then nothing else is done with it. PersistLater then marks the job.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
   // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
   // "checkpoint_failed" naming the step and the error. Training goes on.

@@ -29,7 +29,11 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   if (job.has_step && key <= std::make_pair(job.last_step.attempt(), job.last_step.step())) {
     return false;  // already aggregated (a straggler or a re-sent batch)
   }
+  if (rec.rank() >= world_size) return false;  // not a rank of this attempt
   PendingStep& p = job.pending_steps[key];
+  if (p.seen.size() < world_size) p.seen.resize(world_size, false);
+  if (p.seen[rec.rank()]) return false;  // this rank's record of the step came again
+  p.seen[rec.rank()] = true;
   const v1::StepTelemetry& t = rec.train();
   // Every rank reports an uncommitted checkpoint alike: rank 0's counts it.
   if (rec.rank() == 0 && !t.checkpoint_error().empty()) ++job.checkpoint_failures;

@@ -12,6 +12,9 @@
 //    RawRecordsKept(world) = max(5000, 2 * world) rows per job stay: every rank's last sample;
 //  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks (the oldest are
 //    dropped: a rank whose record never comes must not grow the controller), and the totals.
+//    A step is each rank's record once: a rank's record that comes again (a batch re-sent after
+//    its answer was lost) is not counted twice, nor does it complete a step another rank has not
+//    reported.
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
@@ -104,6 +107,9 @@ class TelemetryAggregator {
   struct PendingStep {
     furnace::v1::StepRecord record;
     uint32_t ranks = 0;
+    // The ranks whose record is counted, [rank]: a re-sent batch (an agent retries a push whose
+    // answer it lost) brings a rank's record again, and it must not stand in for another rank's.
+    std::vector<bool> seen;
     double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
     uint32_t loss_n = 0;
     std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed

@@ -173,6 +173,14 @@ TEST_F(RankMainTest, CommcheckPassesAndReportsProgress) {
       }
     }
     EXPECT_EQ(results, 2 /*rounds*/ * 2 /*sizes*/ * 2 /*collectives*/);
+    // Numbered in the order written, from 1 (the watchdog's records, kept by the supervisor, leave
+    // gaps): what the controller's re-sent-batch rule relies on.
+    uint64_t seq = 0;
+    for (const auto& record : run.records) {
+      EXPECT_GT(record.seq(), seq) << record.phase();
+      seq = record.seq();
+    }
+    EXPECT_GE(run.records.front().seq(), 1u);
   }
 }
 

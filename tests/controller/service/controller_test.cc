@@ -404,6 +404,55 @@ TEST_F(ControllerTest, RootCauseWinsOverTheVictimsErrorExit) {
   EXPECT_NE(d.attempts(0).cause().find("rank 1 on h/1: killed by signal 9"), std::string::npos);
 }
 
+// An agent re-sends a batch whose answer it lost (a deadline passed after the controller took
+// it): the records come again with the same seq, and nothing is counted twice: rank 0's record
+// does not stand in for rank 1's in the step, the step's tokens are each rank's once, and the
+// uncommitted checkpoint is one event. A record with a new seq is counted.
+TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
+  StartRunning();
+  const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
+    v1::TelemetryRecord r;
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(seq);
+    r.set_step(step);
+    r.mutable_train()->set_tokens(1000);
+    r.mutable_train()->set_step_seconds(0.5);
+    r.mutable_train()->set_checkpoint_error("write step-00000001: No space left on device");
+    return r;
+  };
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  *batch.add_records() = record(0, 7, 1);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());  // the same batch again
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // rank 1 has not reported step 1
+  batch.clear_records();
+  *batch.add_records() = record(1, 3, 1);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  auto series = c_->GetJobSeries(req);
+  ASSERT_TRUE(series.ok());
+  ASSERT_EQ(series->steps_size(), 1);
+  EXPECT_EQ(series->steps(0).ranks(), 2u);
+  EXPECT_DOUBLE_EQ(series->steps(0).tokens(), 2000);
+  int failed = 0;
+  const v1::JobDetail detail = Job();
+  for (const auto& e : detail.events()) failed += e.kind() == "checkpoint_failed";
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(Job().attempts(0).ranks(0).telemetry_seq(), 7u);
+  // Newer records of both ranks complete step 2.
+  batch.clear_records();
+  *batch.add_records() = record(0, 8, 2);
+  *batch.add_records() = record(1, 4, 2);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 2);
+  EXPECT_EQ(Job().attempts(0).ranks(1).step(), 2u);
+  EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 4000);
+}
+
 TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
   StartRunning();
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);

@@ -91,5 +91,36 @@ TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
   std::filesystem::remove_all(dir);
 }
 
+// The aggregator's own rule, whatever the transport does: a step is each rank's record once. A
+// rank's record that comes again neither counts twice nor completes the step for a rank that has
+// not reported; a record of no rank of the attempt is not counted.
+TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("furnace-telemetry-dup-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto store = JobStore::Open((dir / "furnace.db").string());
+  ASSERT_TRUE(store.ok()) << store.status();
+  TelemetryAggregator telemetry(**store);
+  v1::TelemetryRecord r0 = Step(0, 1);
+  r0.mutable_train()->set_tokens(100);
+  EXPECT_FALSE(telemetry.Accumulate("j-1", 2, r0));
+  EXPECT_FALSE(telemetry.Accumulate("j-1", 2, r0));          // again: rank 1 is still missing
+  EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(2, 1)));  // no rank of a world of 2
+  EXPECT_EQ(telemetry.PendingSteps("j-1"), 1u);
+  v1::TelemetryRecord r1 = Step(1, 1);
+  r1.mutable_train()->set_tokens(100);
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 2, r1));
+  std::promise<absl::Status> done;
+  telemetry.Store({}, {}, /*after_steps=*/true, [&](absl::Status s) { done.set_value(s); });
+  EXPECT_TRUE(done.get_future().get().ok());
+  auto steps = (*store)->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 1u);
+  EXPECT_EQ((*steps)[0].ranks(), 2u);
+  EXPECT_DOUBLE_EQ((*steps)[0].tokens(), 200);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace furnace::controller
