@@ -54,6 +54,10 @@ struct ControllerOptions {
   // before their silence counts: the controller's own absence is not the workers' fault, and
   // their ranks kept running. A job's shorter recovery.heartbeat_timeout_s applies only after.
   double reattach_grace_s = 30.0;
+  // --forget-lost-workers: a worker lost and silent this long (since it was last heard from, Unix
+  // time, so a controller restart does not renew it) is forgotten: dropped from the registry, the
+  // store and furnace_workers. An elastic fleet's departed hosts must not pile up. 0: never.
+  double forget_lost_s = 86400.0;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
   // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: paths are not
@@ -240,6 +244,8 @@ class JobLifecycle {
   // `leaving`: the agent said it is shutting down; its attempt is interrupted (not counted
   // against recovery.max_restarts) rather than failed.
   void MarkLost(Worker& worker, const std::string& why, bool leaving = false);
+  // Forgets the workers lost and unheard from for longer than options_.forget_lost_s (Tick).
+  void ForgetLongLostWorkers();
   // A rank exited with RANK_EXIT_HEALTH_CHECK: finds who is to blame from the attempt's
   // rendezvous keys (ranks that never arrived) and fails the attempt, excluding those workers.
   void HealthCheckFailed(Job& job, const furnace::v1::RankReport& report);

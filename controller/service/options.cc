@@ -34,6 +34,12 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "seconds after a controller start that known agents get to register again "
                  "before their silence counts")
       ->capture_default_str();
+  app.add_option("--forget-lost-workers", flags.forget_lost_s,
+                 "seconds after which a lost agent that has not registered again is forgotten "
+                 "(no longer listed, counted in furnace_workers or stored; it registers as new "
+                 "if it comes back); 0 keeps lost agents forever")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();

@@ -350,6 +350,24 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   }
 }
 
+void JobLifecycle::ForgetLongLostWorkers() {
+  if (options_.forget_lost_s <= 0) return;
+  const double now_unix = clock_.UnixSeconds();
+  std::vector<std::string> gone;
+  for (const auto& [id, w] : workers_.workers()) {
+    if (w.info.state() != v1::WORKER_STATE_LOST) continue;
+    const double last = w.seen->unix_s.load(std::memory_order_relaxed);
+    if (last > 0 && now_unix - last > options_.forget_lost_s) gone.push_back(id);
+  }
+  for (const std::string& id : gone) {
+    spdlog::info(
+        "forgetting worker {}: lost and not heard from for over {:.0f} s (--forget-lost-workers); "
+        "it registers as a new worker if its agent comes back",
+        id, options_.forget_lost_s);
+    workers_.Forget(id);
+  }
+}
+
 void JobLifecycle::Tick() {
   const double now = clock_.MonotonicSeconds();
   // Agents that stopped heart-beating. A job may set the limit for its own workers, shorter or
@@ -369,6 +387,7 @@ void JobLifecycle::Tick() {
     const double silent = now - w.seen->mono.load(std::memory_order_relaxed);
     if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
   }
+  ForgetLongLostWorkers();
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
       FailAttempt(job, "exit", job.pending_cause, job.pending_worker);

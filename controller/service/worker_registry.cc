@@ -130,6 +130,13 @@ void WorkerRegistry::Free(const std::string& worker_id, const std::string& job_i
   Persist(*w);
 }
 
+void WorkerRegistry::Forget(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() != v1::WORKER_STATE_LOST) return;
+  workers_.erase(it);
+  dirty_.insert(worker_id);  // no record: Flush deletes its row
+}
+
 WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
   Held held;
   if (worker.info.state() == v1::WORKER_STATE_LOST) return held;
@@ -157,14 +164,20 @@ void WorkerRegistry::FlushNow() {
 void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
   if (dirty_.empty()) return;
   std::vector<v1::WorkerInfo> copies;
+  std::vector<std::string> forgotten;
   for (const auto& id : dirty_) {
-    if (const Worker* w = Find(id)) copies.push_back(Info(*w));
+    if (const Worker* w = Find(id)) {
+      copies.push_back(Info(*w));
+    } else {
+      forgotten.push_back(id);
+    }
   }
   std::set<std::string> ids = std::move(dirty_);
   dirty_.clear();
   state_lock.unlock();
   absl::Status s = store_.Transaction([&]() -> absl::Status {
     for (const auto& info : copies) RETURN_IF_ERROR(store_.PutWorker(info));
+    for (const auto& id : forgotten) RETURN_IF_ERROR(store_.DeleteWorker(id));
     return absl::OkStatus();
   });
   state_lock.lock();

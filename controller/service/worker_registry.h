@@ -97,9 +97,13 @@ class WorkerRegistry {
     uint32_t rank = 0;
   };
   Held MarkLost(Worker& worker);
+  // Drops a lost worker's record (the next Flush deletes its row); its mailbox stays, empty, so a
+  // returning agent registers as a new worker. No-op for a worker that is not lost.
+  void Forget(const std::string& worker_id);
   // Marks the worker's record to be written by the next Flush.
   void Persist(const Worker& worker);
-  // Writes the marked records in one transaction; they stay marked when it fails. `state_lock`
+  // Writes the marked records in one transaction (deletes the forgotten ones' rows); they stay
+  // marked when it fails. `state_lock`
   // holds the state mutex: the records are copied under it and written without it, and it is
   // held again on return. One caller at a time (the ticker).
   void Flush(std::unique_lock<std::mutex>& state_lock);

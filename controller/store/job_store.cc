@@ -220,6 +220,12 @@ absl::Status JobStore::PutWorker(const v1::WorkerInfo& worker) {
   return q.BindText(1, worker.worker_id()).Bind(2, worker.SerializeAsString()).Run();
 }
 
+absl::Status JobStore::DeleteWorker(const std::string& worker_id) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Statement q(db_, "DELETE FROM workers WHERE id = ?1");
+  return q.BindText(1, worker_id).Run();
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> JobStore::LoadWorkers() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "SELECT info FROM workers ORDER BY id");

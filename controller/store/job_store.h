@@ -71,6 +71,7 @@ class JobStore {
 
   // Workers.
   absl::Status PutWorker(const furnace::v1::WorkerInfo& worker);
+  absl::Status DeleteWorker(const std::string& worker_id);  // OK when there is no such row
   absl::StatusOr<std::vector<furnace::v1::WorkerInfo>> LoadWorkers();
 
   // Local workers spawned by the embedded launcher: slot -> pid.

@@ -47,6 +47,7 @@ class ControllerTest : public ::testing::Test {
     o.worker_timeout_s = 10;
     o.heartbeat_interval_s = 0.75;
     o.telemetry_flush_s = telemetry_flush_s_;
+    o.forget_lost_s = forget_lost_s_;
     auto c = Controller::Create(o, clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
@@ -157,6 +158,7 @@ class ControllerTest : public ::testing::Test {
   std::map<int, std::string> sessions_;
   std::string job_;
   double telemetry_flush_s_ = 1.25;  // ControllerOptions::telemetry_flush_s at Restart (0: auto)
+  double forget_lost_s_ = 86400;     // ControllerOptions::forget_lost_s at Restart
 };
 
 // How often agents push telemetry (RegisterResponse and every HeartbeatResponse): a fixed
@@ -873,6 +875,42 @@ v1::WorkerState WorkerState(Controller& c, const std::string& id) {
     if (w.worker_id() == id) return w.state();
   }
   return v1::WORKER_STATE_UNSPECIFIED;
+}
+
+// --forget-lost-workers: a lost worker stays listed (and counted as lost) for a while, then is
+// forgotten, in memory and in the store (a restarted controller does not bring it back); its agent
+// coming back registers as a new worker.
+TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
+  forget_lost_s_ = 100;
+  Restart();
+  Register(0);
+  Register(1);
+  const auto listed = [&](const std::string& id) {
+    for (const auto& w : c_->ListWorkers()) {
+      if (w.worker_id() == id) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 99; ++i) {  // h/0 keeps heart-beating; h/1 went silent at 0 s
+    clock_.Advance(1);
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/0");
+    h.set_session_id(sessions_[0]);
+    EXPECT_FALSE(c_->Heartbeat(h).reregister());
+    c_->Tick();
+  }
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(c_->Metrics().workers_by_state[v1::WORKER_STATE_LOST], 1u);
+  clock_.Advance(1.5);
+  c_->Tick();
+  EXPECT_FALSE(listed("h/1"));
+  EXPECT_TRUE(listed("h/0"));
+  EXPECT_EQ(c_->Metrics().workers_by_state[v1::WORKER_STATE_LOST], 0u);
+  Restart();
+  EXPECT_FALSE(listed("h/1"));  // its row is gone too
+  EXPECT_TRUE(listed("h/0"));
+  Register(1, /*pid=*/300);
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
 }
 
 TEST_F(ControllerTest, AfterARestartAgentsGetTheReattachGraceNotTheHeartbeatTimeout) {

@@ -170,7 +170,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, telemetry-flush, worker-timeout, "
-              "reattach-grace, log-level, metrics-listen, web-root, tls-cert, tls-key, tls-ca, "
+              "reattach-grace, forget-lost-workers, log-level, metrics-listen, web-root, tls-cert, "
+              "tls-key, tls-ca, "
               "token-file, join-token-file, insecure, data-root, checkpoint-root, "
               "max-request-bytes, submit-rate, submit-burst, audit-keep");
   }
