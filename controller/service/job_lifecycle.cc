@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "controller/spec/job_spec.h"
+#include "controller/store/backoff.h"
 #include "controller/store/job_state.h"
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
@@ -55,6 +56,17 @@ absl::StatusOr<int> JobLifecycle::Load() {
     }
     if (IsFinal(job.summary.state())) continue;
     ++active;
+    // A job in its restart backoff keeps what is left of it (the failed attempt's
+    // recover_at_unix): a controller restart must not turn a backoff meant to let a flapping
+    // dependency recover into an immediate retry. Bounded by the backoff of the job's restart
+    // count, should the wall clock have jumped.
+    if (const auto* failed = job.current();
+        failed != nullptr && job.summary.state() == v1::JOB_RECOVERING) {
+      const double longest =
+          BackoffDelay(job.spec.recovery().backoff(), std::max(1u, job.summary.restarts()));
+      const double left = failed->recover_at_unix() - clock_.UnixSeconds();
+      if (left > 0) job.recover_at_mono = now + std::min(left, longest);
+    }
     if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
       const Rendezvous::Scope scope{job.summary.job_id(), attempt->attempt()};
       rendezvous_.OpenScope(scope);

@@ -258,6 +258,7 @@ bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::str
     // that fails every attempt spends recovery.max_restarts like any failure, below.)
     const double delay = job.spec.recovery().backoff().initial_s();
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
+    attempt->set_recover_at_unix(attempt->ended_unix() + delay);
     job.summary.set_cause(cause);
     attempt->set_restarted(true);
     persisted = Transition(

@@ -253,6 +253,43 @@ TEST_F(ControllerTest, RankFailureRecoversWithBackoffAndFencing) {
   EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
 }
 
+// A controller restarted during a job's restart backoff keeps what is left of it (from the failed
+// attempt's recover_at_unix), rather than placing the next attempt at once.
+TEST_F(ControllerTest, ARestartedControllerKeepsTheRemainingBackoff) {
+  StartRunning(R"(name: t
+kind: commcheck
+parallel: {dp: 2}
+recovery:
+  max_restarts: 2
+  backoff: {initial_s: 60.0, max_s: 60.0}
+  heartbeat_timeout_s: 5
+  start_timeout_s: 20
+)");
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);  // the survivor's stop
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  clock_.Advance(10);
+  HeartbeatAll(2);
+  c_->Tick();  // writes the stop report's record behind (a restart would lose it otherwise)
+  Restart();
+  Register(0);
+  Register(1);
+  const auto tick_after = [&](double s) {
+    clock_.Advance(s);
+    HeartbeatAll(2);
+    c_->Tick();
+  };
+  tick_after(1);
+  tick_after(47);  // 58 s after the failure: 2 s of the backoff left
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(Job().summary().attempt(), 1u);
+  EXPECT_TRUE(Commands(0).empty());
+  tick_after(2.5);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(Job().summary().attempt(), 2u);
+}
+
 TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   StartRunning();
   for (uint32_t attempt = 1; attempt <= 3; ++attempt) {
