@@ -381,6 +381,10 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
     spdlog::warn("not starting rank {}: the agent is shutting down", key);
     return;
   }
+  if (forgotten_.count(key) > 0) {
+    spdlog::info("rank {} already ran here; ignoring the repeated start", key);
+    return;
+  }
   if (auto it = ranks_.find(key); it != ranks_.end()) {
     if (!it->second.exited) {
       spdlog::info("rank {} already running (pid {}); confirming", key, it->second.pid);
@@ -397,6 +401,7 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
 
   std::string task_path;
   absl::Status status = WriteTaskFile(task, &task_path);
+  entry.task_path = task_path;
   absl::StatusOr<std::unique_ptr<RankSupervisor>> supervisor = absl::UnknownError("not started");
   if (!status.ok()) {
     supervisor = status;
@@ -526,6 +531,39 @@ void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
     report.set_failed_unix(report.unix_time());
     EnqueueReportLocked(std::move(report));
   }
+  ForgetEndedLocked(listed);
+}
+
+void Agent::ForgetEndedLocked(const std::set<std::string>& listed) {
+  std::set<std::string> unacked;  // exit reports still to be delivered
+  for (const furnace::v1::RankReport& r : reports_) {
+    unacked.insert(RankKey(r.job_id(), r.attempt(), r.rank()));
+  }
+  for (auto it = ranks_.begin(); it != ranks_.end();) {
+    const RankEntry& entry = it->second;
+    // Reaped (ReapFinished on this thread), its end delivered, and over for the controller too.
+    if (!entry.exited || entry.supervisor != nullptr || unacked.count(it->first) > 0 ||
+        listed.count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    if (!entry.task_path.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(entry.task_path, ec);  // best effort: a leftover file is harmless
+    }
+    forgotten_.insert(it->first);
+    forgotten_order_.push_back(it->first);
+    if (forgotten_order_.size() > kForgottenKept) {
+      forgotten_.erase(forgotten_order_.front());
+      forgotten_order_.pop_front();
+    }
+    it = ranks_.erase(it);
+  }
+}
+
+size_t Agent::KnownRanks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranks_.size();
 }
 
 void Agent::OnRankExit(const std::string& key, furnace::v1::RankReport report) {

@@ -19,6 +19,10 @@
 // e.g. it refused it or restarted before writing it), or, for a rank the agent never had, a
 // RANK_EXITED report with EXIT_KIND_LOST; otherwise such a rank kept its worker busy and its
 // attempt waiting forever. Each such rank is answered once per registration.
+// A rank that has ended, whose exit report the controller acknowledged and that the controller no
+// longer lists, is forgotten: its entry (task and report) and its task file go, so an agent that
+// runs for months does not grow with every attempt it ever ran. Its key stays among the newest
+// kForgottenKept forgotten ones, so a repeated start of it is still recognised.
 //
 // Threads: Run() is the registration/heartbeat loop and starts three more (command stream,
 // report sender, telemetry/log flusher); each supervised rank has its own thread.
@@ -97,10 +101,13 @@ class Agent {
   const AgentOptions& options() const { return options_; }
   std::vector<furnace::v1::RunningRank> Running() const;
   size_t PendingReports() const;
+  // Ranks with an entry: running, or ended and not forgotten yet.
+  size_t KnownRanks() const;
 
  private:
   struct RankEntry {
     furnace::v1::RankTask task;
+    std::string task_path;  // its task file (removed with the entry)
     std::unique_ptr<RankSupervisor> supervisor;
     int pid = -1;
     bool exited = false;
@@ -161,6 +168,12 @@ class Agent {
   std::map<std::string, RankEntry> ranks_;           // guarded by mu_, by RankKey
   std::deque<furnace::v1::RankReport> reports_;      // guarded by mu_: oldest first, until acked
   std::set<std::string> reconciled_;  // guarded by mu_: ranks answered this registration
+  // Ended ranks forgotten (see the file comment), the newest kForgottenKept; guarded by mu_.
+  static constexpr size_t kForgottenKept = 4096;
+  std::set<std::string> forgotten_;
+  std::deque<std::string> forgotten_order_;  // oldest first
+  // Forgets the ended ranks the controller's view `listed` (RankKeys) does not name.
+  void ForgetEndedLocked(const std::set<std::string>& listed);
 };
 
 }  // namespace furnace::worker

@@ -376,6 +376,42 @@ TEST_F(AgentTest, HeartbeatSendsAgainAnExitReportTheControllerLost) {
   EXPECT_EQ(fake.reports.back().pid(), fake.reports[0].pid());
 }
 
+// A rank that ended, whose exit the controller acknowledged and no longer lists, is forgotten: its
+// entry and task file go (an agent running for months must not grow with every attempt), and a
+// repeated start of it is still ignored.
+TEST_F(AgentTest, AnEndedRankTheControllerNoLongerListsIsForgotten) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "exit 0");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 1; }));
+  const std::filesystem::path tasks = dir_ / "tasks";
+  const auto task_files = [&] {
+    size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(tasks))
+      n += entry.is_regular_file();
+    return n;
+  };
+  EXPECT_EQ(task_files(), 1u);
+  EXPECT_EQ(agent_->KnownRanks(), 1u);  // no reconciling heartbeat yet: remembered
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;  // the controller's view: nothing runs here
+  }
+  for (int i = 0; i < 200 && agent_->KnownRanks() > 0; ++i) {  // heartbeats every 0.1 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(agent_->KnownRanks(), 0u);
+  EXPECT_EQ(task_files(), 0u);
+  const size_t seen = fake.heartbeats.size();
+  fake.Push(Start(0));  // a start of the same rank again: still recognised
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.heartbeats.size() >= seen + 3; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.reports.size(), 2u);  // its started and exited reports only
+  EXPECT_EQ(agent_->KnownRanks(), 0u);
+}
+
 TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {
   testing::FakeController controller;
   StartAgent(controller.address(),
