@@ -102,10 +102,6 @@ struct Job {
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
-  // Attempts interrupted because an agent said it was leaving (in memory): the first few spend
-  // no restart, later ones do, so an agent stopped each time it gets a rank (a probe, a
-  // supervisor) cannot restart a job forever.
-  uint32_t leaving_interruptions = 0;
   // ReportRank asks "is every rank of the attempt running now?" once per rank start: O(ranks)
   // each, O(ranks^2) per job start. Ranks below running_prefix (of attempt running_prefix_attempt)
   // were seen running, so the scan resumes there; a full check confirms the answer when it

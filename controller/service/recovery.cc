@@ -332,14 +332,19 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   }
   if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
       !IsFinal(job->summary.state())) {
+    // An agent leaving interrupts the attempt: the first few times (summary.leaving_interruptions,
+    // stored with the job) that spends no restart; later ones do, so an agent stopped each time
+    // it gets a rank (a probe, a supervisor) cannot restart a job forever.
     constexpr uint32_t kFreeLeavings = 3;
-    const bool interrupted = leaving && job->leaving_interruptions < kFreeLeavings;
-    if (interrupted) ++job->leaving_interruptions;
+    const uint32_t free_so_far = job->summary.leaving_interruptions();
+    const bool interrupted = leaving && free_so_far < kFreeLeavings;
+    if (interrupted) job->summary.set_leaving_interruptions(free_so_far + 1);
     if (!FailAttempt(*job, interrupted ? "interrupted" : "lost",
                      absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                                   held.rank, " gone"),
                      worker.info.worker_id(),
                      interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
+      job->summary.set_leaving_interruptions(free_so_far);  // not written: not spent
       return;
     }
   } else {

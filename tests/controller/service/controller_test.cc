@@ -1166,6 +1166,66 @@ TEST_F(ControllerTest, AReattachTransitionTheStoreCannotRecordIsRetriedByTick) {
   EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
 }
 
+// Only the first three leaving agents of a job spend no restart, and the count is stored with the
+// job: a restarted controller does not start it again from zero.
+TEST_F(ControllerTest, OnlyTheFirstThreeLeavingAgentsAreFreeAcrossAControllerRestart) {
+  StartRunning();
+  std::map<int, int> pids = {{0, 100}, {1, 100}};
+  const auto slot_of = [](const std::string& worker) { return std::stoi(worker.substr(2)); };
+  // The agent of rank 1 says it is leaving; both ranks end; it comes back as a new process.
+  const auto leave = [&](uint32_t attempt) {
+    const v1::JobDetail d = Job();
+    const int slot = slot_of(d.attempts(attempt - 1).ranks(1).worker_id());
+    const int other = slot_of(d.attempts(attempt - 1).ranks(0).worker_id());
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/" + std::to_string(slot));
+    h.set_session_id(sessions_[slot]);
+    h.set_leaving(true);
+    c_->Heartbeat(h);
+    ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+    Report(slot, attempt, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: leaving");
+    Report(other, attempt, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+    pids[slot] += 10;
+    Register(slot, pids[slot]);
+  };
+  const auto place = [&](uint32_t attempt) {
+    clock_.Advance(5);  // past any backoff (at most 4 s)
+    HeartbeatAll(2);
+    c_->Tick();
+    const v1::JobDetail d = Job();
+    ASSERT_EQ(d.summary().attempt(), attempt);
+    for (uint32_t r = 0; r < 2; ++r) {
+      const int slot = slot_of(d.attempts(attempt - 1).ranks(r).worker_id());
+      Commands(slot);
+      Report(slot, attempt, r, v1::RANK_STARTED);
+    }
+    ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  };
+  for (uint32_t attempt = 1; attempt <= 3; ++attempt) {
+    leave(attempt);
+    EXPECT_EQ(Job().attempts(attempt - 1).state(), v1::ATTEMPT_STATE_INTERRUPTED);
+    if (attempt < 3) place(attempt + 1);
+  }
+  EXPECT_EQ(Job().summary().restarts(), 0u);
+  EXPECT_EQ(Job().summary().leaving_interruptions(), 3u);
+  const v1::JobDetail before = Job();
+  Restart();
+  Register(0, pids[0]);
+  Register(1, pids[1]);
+  // The ranks' stop reports were written behind (maybe lost with the controller): their agents
+  // send them again when the controller lists the ranks (worker/agent.cc, Reconcile).
+  for (uint32_t r = 0; r < 2; ++r) {
+    Report(slot_of(before.attempts(2).ranks(r).worker_id()), 3, r, v1::RANK_EXITED,
+           v1::EXIT_KIND_STOPPED, "stopped");
+  }
+  place(4);
+  leave(4);
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.attempts(3).state(), v1::ATTEMPT_STATE_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 1u);  // the fourth is a restart, whatever restarted between
+  EXPECT_EQ(d.summary().leaving_interruptions(), 3u);
+}
+
 }  // namespace
 }  // namespace furnace::controller
 
