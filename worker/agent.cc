@@ -27,6 +27,10 @@ std::string RandomInstanceId() {
 constexpr double kMinBackoffS = 0.2;
 constexpr double kMaxBackoffS = 2.0;
 constexpr size_t kMaxBatch = 1000;
+// A push's records or lines together at most this many bytes (one larger item goes alone), well
+// under the controller's --max-request-bytes (64 MiB by default): 1,000 log lines of the
+// supervisor's longest (64 KiB) came to about 62.5 MiB, and a batch over it is refused for good.
+constexpr size_t kMaxBatchBytes = size_t{8} << 20;
 
 // Whether a push the controller refused may succeed if sent again: it was not reached, or was
 // busy. Any other error (its log store could not write, the batch is over its request limit, ...)
@@ -91,8 +95,8 @@ Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::St
       stub_(std::move(stub)),
       clock_(clock),
       instance_id_(RandomInstanceId()),
-      telemetry_(options_.telemetry_capacity),
-      logs_(options_.log_capacity),
+      telemetry_(options_.telemetry_capacity, options_.telemetry_bytes),
+      logs_(options_.log_capacity, options_.log_bytes),
       flush_interval_s_(options_.flush_interval_s) {}
 
 Agent::~Agent() {
@@ -652,7 +656,7 @@ bool Agent::FlushOnce() {
   std::lock_guard<std::mutex> flush_lock(flush_mu_);
   // Several batches per tick at most, so a backlog drains quickly after a controller restart.
   for (int batch = 0; batch < 10; ++batch) {
-    std::vector<furnace::v1::TelemetryRecord> records = telemetry_.Take(kMaxBatch);
+    std::vector<furnace::v1::TelemetryRecord> records = telemetry_.Take(kMaxBatch, kMaxBatchBytes);
     const uint64_t dropped = telemetry_.TakeDropped();
     if (records.empty() && dropped == 0) break;
     furnace::v1::TelemetryBatch request;
@@ -677,7 +681,7 @@ bool Agent::FlushOnce() {
     }
   }
   for (int batch = 0; batch < 10; ++batch) {
-    std::vector<furnace::v1::LogLine> lines = logs_.Take(kMaxBatch);
+    std::vector<furnace::v1::LogLine> lines = logs_.Take(kMaxBatch, kMaxBatchBytes);
     if (const uint64_t dropped = logs_.TakeDropped(); dropped > 0) {
       spdlog::warn(
           "dropped {} rank log line(s) the controller could not take in time (they are "

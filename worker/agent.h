@@ -69,6 +69,9 @@ struct AgentOptions {
   double shutdown_flush_s = 3;   // how long shutdown keeps trying to deliver queued reports
   size_t telemetry_capacity = 10000;
   size_t log_capacity = 10000;
+  // The same buffers' bounds in bytes (wire size): whichever bound is reached first drops.
+  size_t telemetry_bytes = size_t{256} << 20;
+  size_t log_bytes = size_t{64} << 20;
   double flush_interval_s = 0.2;  // until a controller says otherwise (RegisterResponse)
   double rpc_timeout_s = 5;       // per unary call
   // The TLS files and join token file the agent dials the controller with; handed to each rank

@@ -153,6 +153,14 @@ int main(int argc, char** argv) {
   app.add_option("--telemetry-capacity", options.telemetry_capacity,
                  "records the agent buffers for the controller; the oldest are dropped beyond")
       ->capture_default_str();
+  app.add_option("--telemetry-bytes", options.telemetry_bytes,
+                 "bytes of records the agent buffers for the controller (either bound drops the "
+                 "oldest)")
+      ->capture_default_str();
+  app.add_option("--log-bytes", options.log_bytes,
+                 "bytes of rank log lines the agent buffers for the controller (the oldest are "
+                 "dropped beyond; the local log files keep every line)")
+      ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
       ->capture_default_str();
