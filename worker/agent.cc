@@ -454,6 +454,7 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
 void Agent::HandleStop(const furnace::v1::StopRank& stop) {
   const std::string key = RankKey(stop.job_id(), stop.attempt(), stop.rank());
   std::lock_guard<std::mutex> lock(mu_);
+  if (forgotten_.count(key) > 0) return;  // ended, and its exit report was delivered
   auto it = ranks_.find(key);
   if (it == ranks_.end()) {
     // Nothing to stop; say so, so a controller waiting for this rank to end can move on.
@@ -511,12 +512,18 @@ void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
     });
     if (on_its_way) continue;
     reconciled_.insert(key);
-    if (it != ranks_.end() && it->second.exit_report.has_value()) {
+    const std::optional<furnace::v1::RankReport>* exit_report = nullptr;
+    if (it != ranks_.end()) {
+      exit_report = &it->second.exit_report;
+    } else if (auto f = forgotten_.find(key); f != forgotten_.end()) {
+      exit_report = &f->second;
+    }
+    if (exit_report != nullptr && exit_report->has_value()) {
       spdlog::warn(
           "the controller still believes rank {} runs here; sending its exit report "
           "again",
           key);
-      EnqueueReportLocked(*it->second.exit_report);
+      EnqueueReportLocked(**exit_report);
       continue;
     }
     spdlog::warn(
@@ -555,7 +562,7 @@ void Agent::ForgetEndedLocked(const std::set<std::string>& listed) {
       std::error_code ec;
       std::filesystem::remove(entry.task_path, ec);  // best effort: a leftover file is harmless
     }
-    forgotten_.insert(it->first);
+    forgotten_[it->first] = entry.exit_report;
     forgotten_order_.push_back(it->first);
     if (forgotten_order_.size() > kForgottenKept) {
       forgotten_.erase(forgotten_order_.front());

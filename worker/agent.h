@@ -20,9 +20,11 @@
 // RANK_EXITED report with EXIT_KIND_LOST; otherwise such a rank kept its worker busy and its
 // attempt waiting forever. Each such rank is answered once per registration.
 // A rank that has ended, whose exit report the controller acknowledged and that the controller no
-// longer lists, is forgotten: its entry (task and report) and its task file go, so an agent that
-// runs for months does not grow with every attempt it ever ran. Its key stays among the newest
-// kForgottenKept forgotten ones, so a repeated start of it is still recognised.
+// longer lists, is forgotten: its entry (the task) and its task file go, so an agent that runs for
+// months does not grow with every attempt it ever ran. Its key and exit report stay among the
+// newest kForgottenKept forgotten ones: a repeated start of it is still recognised, a late stop
+// answered by its report, and a controller that lost the report (it restarted before writing it)
+// and lists the rank again gets the report again.
 //
 // Threads: Run() is the registration/heartbeat loop and starts three more (command stream,
 // report sender, telemetry/log flusher); each supervised rank has its own thread.
@@ -173,8 +175,8 @@ class Agent {
   std::set<std::string> reconciled_;  // guarded by mu_: ranks answered this registration
   // Ended ranks forgotten (see the file comment), the newest kForgottenKept; guarded by mu_.
   static constexpr size_t kForgottenKept = 4096;
-  std::set<std::string> forgotten_;
-  std::deque<std::string> forgotten_order_;  // oldest first
+  std::map<std::string, std::optional<furnace::v1::RankReport>> forgotten_;  // key -> exit report
+  std::deque<std::string> forgotten_order_;                                  // oldest first
   // Forgets the ended ranks the controller's view `listed` (RankKeys) does not name.
   void ForgetEndedLocked(const std::set<std::string>& listed);
 };

@@ -54,9 +54,10 @@ struct ControllerOptions {
   // before their silence counts: the controller's own absence is not the workers' fault, and
   // their ranks kept running. A job's shorter recovery.heartbeat_timeout_s applies only after.
   double reattach_grace_s = 30.0;
-  // --forget-lost-workers: a worker lost and silent this long (since it was last heard from, Unix
-  // time, so a controller restart does not renew it) is forgotten: dropped from the registry, the
-  // store and furnace_workers. An elastic fleet's departed hosts must not pile up. 0: never.
+  // --forget-lost-workers: a worker lost this long (since it was declared lost, WorkerInfo
+  // lost_unix, stored, so a controller restart does not renew it) is forgotten: dropped from the
+  // registry, the store and furnace_workers. An elastic fleet's departed hosts must not pile up.
+  // 0: never.
   double forget_lost_s = 86400.0;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop

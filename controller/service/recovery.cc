@@ -361,14 +361,16 @@ void JobLifecycle::ForgetLongLostWorkers() {
   const double now_unix = clock_.UnixSeconds();
   std::vector<std::string> gone;
   for (const auto& [id, w] : workers_.workers()) {
-    if (w.info.state() != v1::WORKER_STATE_LOST) continue;
-    const double last = w.seen->unix_s.load(std::memory_order_relaxed);
-    if (last > 0 && now_unix - last > options_.forget_lost_s) gone.push_back(id);
+    // From when it was declared lost, not last heard from: a worker's stored last-seen time is
+    // only as new as its last change of state, and one lost at a controller restart must still
+    // be shown lost for the whole window.
+    if (w.info.state() != v1::WORKER_STATE_LOST || w.info.lost_unix() <= 0) continue;
+    if (now_unix - w.info.lost_unix() > options_.forget_lost_s) gone.push_back(id);
   }
   for (const std::string& id : gone) {
     spdlog::info(
-        "forgetting worker {}: lost and not heard from for over {:.0f} s (--forget-lost-workers); "
-        "it registers as a new worker if its agent comes back",
+        "forgetting worker {}: lost for over {:.0f} s (--forget-lost-workers); it registers as "
+        "a new worker if its agent comes back",
         id, options_.forget_lost_s);
     workers_.Forget(id);
   }
@@ -466,6 +468,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   w.info.set_device_memory(req.device_memory());
   w.info.set_pid(req.pid());
   w.info.set_instance_id(req.instance_id());
+  w.info.set_lost_unix(0);
   w.seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
   const bool first_since_start = !workers_.HasSession(req.worker_id());
   const std::string session = workers_.NewSession(req.worker_id(), agent_restarted);

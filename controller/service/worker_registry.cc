@@ -34,6 +34,10 @@ void WorkerRegistry::Load(std::vector<v1::WorkerInfo> workers) {
     const double last_unix = info.last_seen_unix();
     w.info = std::move(info);
     w.seen->Set(now, last_unix);
+    // Lost in a store written before lost_unix existed: its time to be forgotten starts now.
+    if (w.info.state() == v1::WORKER_STATE_LOST && w.info.lost_unix() == 0) {
+      w.info.set_lost_unix(clock_.UnixSeconds());
+    }
     w.has_rank = false;
     w.info.clear_job_id();
     w.info.set_rank(0);
@@ -141,6 +145,7 @@ WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
   Held held;
   if (worker.info.state() == v1::WORKER_STATE_LOST) return held;
   worker.info.set_state(v1::WORKER_STATE_LOST);
+  worker.info.set_lost_unix(clock_.UnixSeconds());
   EndSession(worker.info.worker_id());
   held.has_rank = worker.has_rank;
   held.job_id = worker.info.job_id();

@@ -377,8 +377,9 @@ TEST_F(AgentTest, HeartbeatSendsAgainAnExitReportTheControllerLost) {
 }
 
 // A rank that ended, whose exit the controller acknowledged and no longer lists, is forgotten: its
-// entry and task file go (an agent running for months must not grow with every attempt), and a
-// repeated start of it is still ignored.
+// entry and task file go (an agent running for months must not grow with every attempt); a
+// repeated start or a late stop of it is still answered as before, and a controller that lists it
+// again (it lost the report, restarting before writing it) gets its exit report again.
 TEST_F(AgentTest, AnEndedRankTheControllerNoLongerListsIsForgotten) {
   testing::FakeController controller;
   StartAgent(controller.address(), "exit 0");
@@ -404,11 +405,20 @@ TEST_F(AgentTest, AnEndedRankTheControllerNoLongerListsIsForgotten) {
   }
   EXPECT_EQ(agent_->KnownRanks(), 0u);
   EXPECT_EQ(task_files(), 0u);
-  const size_t seen = fake.heartbeats.size();
-  fake.Push(Start(0));  // a start of the same rank again: still recognised
-  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.heartbeats.size() >= seen + 3; }));
+  size_t seen = 0;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return (seen = fake.heartbeats.size()) > 0; }));
+  fake.Push(Start(0));      // a start of the same rank again: still recognised
+  fake.Push(Stop(0, 0.2));  // a late stop: its exit was reported, nothing more to say
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.heartbeats.size() >= seen + 5; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    EXPECT_EQ(fake.reports.size(), 2u);            // its started and exited reports only
+    fake.rank_view = {View(0, /*wanted=*/false)};  // a restarted controller believes it runs
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 2; }));
   std::lock_guard<std::mutex> lock(fake.mu);
-  EXPECT_EQ(fake.reports.size(), 2u);  // its started and exited reports only
+  EXPECT_EQ(fake.reports.back().exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);  // not LOST
+  EXPECT_EQ(fake.reports.back().pid(), fake.reports[0].pid());
   EXPECT_EQ(agent_->KnownRanks(), 0u);
 }
 

@@ -928,7 +928,9 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
     }
     return false;
   };
-  for (int i = 0; i < 99; ++i) {  // h/0 keeps heart-beating; h/1 went silent at 0 s
+  // h/0 keeps heart-beating; h/1 went silent at 0 s, is lost at 11 s (--worker-timeout 10) and
+  // forgotten 100 s after that.
+  for (int i = 0; i < 110; ++i) {
     clock_.Advance(1);
     v1::HeartbeatRequest h;
     h.set_worker_id("h/0");
@@ -948,6 +950,39 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
   EXPECT_TRUE(listed("h/0"));
   Register(1, /*pid=*/300);
   EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
+}
+
+// The window counts from when the worker was declared lost, not from its stored last-seen time
+// (written only when its state changes): a worker that heart-beat for longer than the window and
+// does not come back after a controller restart is shown lost for the whole window.
+TEST_F(ControllerTest, AWorkerLostAtAControllerRestartIsShownLostForTheWholeWindow) {
+  forget_lost_s_ = 100;
+  Restart();
+  Register(0);
+  Register(1);
+  for (int i = 0; i < 150; ++i) {
+    clock_.Advance(1);
+    HeartbeatAll(2);
+    c_->Tick();
+  }
+  Restart();
+  Register(0);
+  for (int i = 0; i < 35; ++i) {  // h/1 never comes back: lost after the 30 s re-attach grace
+    clock_.Advance(1);
+    HeartbeatAll(1);
+    c_->Tick();
+  }
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_LOST);
+  for (int i = 0; i < 90; ++i) {
+    clock_.Advance(1);
+    HeartbeatAll(1);
+    c_->Tick();
+  }
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_LOST);  // lost about 94 s ago
+  clock_.Advance(10);
+  HeartbeatAll(1);
+  c_->Tick();
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_UNSPECIFIED);  // forgotten
 }
 
 TEST_F(ControllerTest, AfterARestartAgentsGetTheReattachGraceNotTheHeartbeatTimeout) {
