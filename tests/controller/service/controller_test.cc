@@ -923,19 +923,13 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
   Register(0);
   Register(1);
   const auto listed = [&](const std::string& id) {
-    for (const auto& w : c_->ListWorkers()) {
-      if (w.worker_id() == id) return true;
-    }
-    return false;
+    return WorkerState(*c_, id) != v1::WORKER_STATE_UNSPECIFIED;
   };
   // h/0 keeps heart-beating; h/1 went silent at 0 s, is lost at 11 s (--worker-timeout 10) and
   // forgotten 100 s after that.
   for (int i = 0; i < 110; ++i) {
     clock_.Advance(1);
-    v1::HeartbeatRequest h;
-    h.set_worker_id("h/0");
-    h.set_session_id(sessions_[0]);
-    EXPECT_FALSE(c_->Heartbeat(h).reregister());
+    HeartbeatAll(1);
     c_->Tick();
   }
   EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_LOST);

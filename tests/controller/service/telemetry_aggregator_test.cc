@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -21,6 +22,33 @@ v1::TelemetryRecord Step(uint32_t rank, uint64_t step) {
   r.set_phase("running");
   r.mutable_train()->set_loss(1.0);
   return r;
+}
+
+// A store of its own in a temporary directory, removed at the end.
+class AggregatorStore {
+ public:
+  explicit AggregatorStore(const std::string& name)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("furnace-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    auto store = JobStore::Open((dir_ / "furnace.db").string());
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (store.ok()) store_ = std::move(*store);
+  }
+  ~AggregatorStore() { std::filesystem::remove_all(dir_); }
+  JobStore* get() { return store_.get(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<JobStore> store_;
+};
+
+// Waits until the steps the aggregator queued are committed.
+void AwaitSteps(TelemetryAggregator& telemetry) {
+  std::promise<absl::Status> done;
+  telemetry.Store({}, {}, /*after_steps=*/true, [&](absl::Status s) { done.set_value(s); });
+  EXPECT_TRUE(done.get_future().get().ok());
 }
 
 TEST(TelemetryRetentionTest, SmallJobsKeepEveryRecord) {
@@ -65,13 +93,9 @@ TEST(TelemetryRetentionTest, LargeJobsSampleEveryRankAndKeepRankZeroAndNonStepRe
 }
 
 TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("furnace-telemetry-test-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto store = JobStore::Open((dir / "furnace.db").string());
-  ASSERT_TRUE(store.ok()) << store.status();
-  TelemetryAggregator telemetry(**store);
+  AggregatorStore store("telemetry-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
   // Rank 1 of 2 never reports: no step completes, and the pending ones stop growing.
   for (uint64_t step = 1; step <= 500; ++step) {
     EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(0, step)));
@@ -80,28 +104,20 @@ TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
   // The newest still completes when the other rank catches up, and clears the older ones.
   EXPECT_TRUE(telemetry.Accumulate("j-1", 2, Step(1, 500)));
   EXPECT_EQ(telemetry.PendingSteps("j-1"), 0u);
-  // Store answers once the step it queued is committed.
-  std::promise<absl::Status> done;
-  telemetry.Store({}, {}, /*after_steps=*/true, [&](absl::Status s) { done.set_value(s); });
-  EXPECT_TRUE(done.get_future().get().ok());
-  auto steps = (*store)->LoadSteps("j-1");
+  AwaitSteps(telemetry);  // Store answers once the step it queued is committed
+  auto steps = store.get()->LoadSteps("j-1");
   ASSERT_TRUE(steps.ok()) << steps.status();
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ((*steps)[0].step(), 500u);
-  std::filesystem::remove_all(dir);
 }
 
 // The aggregator's own rule, whatever the transport does: a step is each rank's record once. A
 // rank's record that comes again neither counts twice nor completes the step for a rank that has
 // not reported; a record of no rank of the attempt is not counted.
 TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("furnace-telemetry-dup-test-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto store = JobStore::Open((dir / "furnace.db").string());
-  ASSERT_TRUE(store.ok()) << store.status();
-  TelemetryAggregator telemetry(**store);
+  AggregatorStore store("telemetry-dup-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
   v1::TelemetryRecord r0 = Step(0, 1);
   r0.mutable_train()->set_tokens(100);
   EXPECT_FALSE(telemetry.Accumulate("j-1", 2, r0));
@@ -111,15 +127,12 @@ TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
   v1::TelemetryRecord r1 = Step(1, 1);
   r1.mutable_train()->set_tokens(100);
   EXPECT_TRUE(telemetry.Accumulate("j-1", 2, r1));
-  std::promise<absl::Status> done;
-  telemetry.Store({}, {}, /*after_steps=*/true, [&](absl::Status s) { done.set_value(s); });
-  EXPECT_TRUE(done.get_future().get().ok());
-  auto steps = (*store)->LoadSteps("j-1");
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
   ASSERT_TRUE(steps.ok()) << steps.status();
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ((*steps)[0].ranks(), 2u);
   EXPECT_DOUBLE_EQ((*steps)[0].tokens(), 200);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
