@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "controller/spec/scalars.h"
@@ -352,6 +353,20 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
 
   CheckData(spec.data(), diag, c);
+  // Markov data is a dense vocab x vocab chain in every rank (runtime/data/markov.h: transition
+  // probabilities and their CDF, 16 bytes an entry, built in O(vocab^2) per power-iteration pass,
+  // and a copy for the held-out sampler): a real vocab's 50,304 would take 75 GiB a rank.
+  constexpr uint64_t kMaxMarkovVocab = 4096;
+  if (spec.kind() == "train" && spec.data().source() == "markov" && m.vocab() > kMaxMarkovVocab) {
+    const double gib = 32.0 * m.vocab() * m.vocab() / (1ull << 30);
+    c.Fail({"model.vocab", "data.source"},
+           Problem{absl::StrCat("too large for data.source markov (a dense vocab x vocab chain "
+                                "in every rank; at most ",
+                                kMaxMarkovVocab, ")"),
+                   absl::StrFormat("%d (%.1f GiB a rank)", m.vocab(), gib),
+                   absl::StrCat("model.vocab <= ", kMaxMarkovVocab,
+                                ", or data.source: tokens or indexed (furnace data prepare)")});
+  }
 
   const auto& ev = spec.eval();
   if (ev.every() > 0 && ev.batches() == 0) {
@@ -392,7 +407,9 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     } else if (d.tokenizer() == "byte" && spec.model().vocab() < 256) {
       c.Fail({"model.vocab", "data.tokenizer"},
              Problem{"the byte tokenizer's ids go up to 255 (256 with the end-of-document id)",
-                     absl::StrCat(spec.model().vocab()), ">= 256 with data.tokenizer: byte"});
+                     absl::StrCat(spec.model().vocab()),
+                     ">= 256 with data.tokenizer: byte (>= 257 when the file was prepared with "
+                     "--eod)"});
     }
   }
 

@@ -51,6 +51,11 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
                    MappedFile::Open(bin_path, "indexed dataset data"));
   const unsigned char* h = idx->data();
   const int64_t idx_bytes = idx->size();
+  // A prefix of the magic (an empty file too) is a file cut short, not another format.
+  if (idx_bytes < 9 &&
+      (idx_bytes == 0 || std::memcmp(h, kIndexedMagic, static_cast<size_t>(idx_bytes)) == 0)) {
+    return damaged(absl::StrCat("truncated: ", idx_bytes, " bytes, shorter than the magic"));
+  }
   if (idx_bytes < 9 || std::memcmp(h, kIndexedMagic, 9) != 0) {
     const std::string found(reinterpret_cast<const char*>(h),
                             static_cast<size_t>(std::min<int64_t>(idx_bytes, 9)));
@@ -135,12 +140,14 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
               ? absl::StrCat(", not a multiple of the ", dtype->width, "-byte token width")
               : ""));
     }
-    end_of_previous = pointer + int64_t{length} * dtype->width;
-    if (end_of_previous > bin_bytes) {
+    // Compared without forming pointer + bytes, which a damaged pointer near INT64_MAX wraps.
+    const int64_t bytes = int64_t{length} * dtype->width;
+    if (pointer > bin_bytes || bytes > bin_bytes - pointer) {
       return absl::DataLossError(absl::StrCat(
-          "indexed dataset data ", bin_path, ": truncated: sequence ", i, " of ", idx_path,
-          " ends at byte ", end_of_previous, " but the file has ", bin_bytes, " bytes"));
+          "indexed dataset data ", bin_path, ": truncated: sequence ", i, " of ", idx_path, " (",
+          bytes, " bytes at byte ", pointer, ") ends past the file's ", bin_bytes, " bytes"));
     }
+    end_of_previous = pointer + bytes;
     ds->offsets_[i + 1] = ds->offsets_[i] + length;
   }
   ds->pointers_ = pointers;

@@ -48,7 +48,12 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
   }
   int64_t header_bytes = kTokenFileHeaderBytes;
   if (version == 2) {
-    const uint32_t n = file_bytes >= kTokenFileHeaderBytes + 4 ? LoadU32(bytes + 28) : 0;
+    if (file_bytes < kTokenFileHeaderBytes + 4) {
+      return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
+                                              " bytes, shorter than the ",
+                                              kTokenFileHeaderBytes + 4, "-byte version 2 header"));
+    }
+    const uint32_t n = LoadU32(bytes + 28);
     if (n == 0 || n > kMaxTokenizerIdentityBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("token file ", path, ": version 2 tokenizer identity length ", n,

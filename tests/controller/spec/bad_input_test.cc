@@ -359,6 +359,12 @@ std::vector<BadCase> Cases() {
       {"tokenizer_empty",
        H("data:\n  source: tokens\n  path: /x\n  tokenizer: \"\"\n"),
        {"job.yaml:6:14: data.tokenizer: empty", "byte, or the path of a SentencePiece"}},
+      {"markov_vocab_too_large",
+       H("model:\n  vocab: 50304\n"),
+       {"model.vocab: too large for data.source markov (a dense vocab x vocab chain in every "
+        "rank; at most 4096)",
+        "(got 50304 (75.4 GiB a rank);",
+        "allowed: model.vocab <= 4096, or data.source: tokens or indexed"}},
       {"byte_tokenizer_small_vocab",
        H("model:\n  vocab: 100\ndata:\n  source: tokens\n  path: /x\n  tokenizer: byte\n"),
        {"model.vocab: the byte tokenizer's ids go up to 255",

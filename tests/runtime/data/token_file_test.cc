@@ -190,6 +190,11 @@ TEST(TokenFileTest, RefusesBadIdentityLength) {
   file = TokenFile::Open(dir / "t.bin");
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(file.status().message(), HasSubstr("truncated"));
+  WriteAll(dir / "t.bin", b.substr(0, 30));  // cut inside the identity's length: corrupt
+  file = TokenFile::Open(dir / "t.bin");
+  ASSERT_FALSE(file.ok());
+  EXPECT_TRUE(absl::IsDataLoss(file.status())) << file.status();
+  EXPECT_THAT(file.status().message(), HasSubstr("truncated: 30 bytes"));
   EXPECT_FALSE(TokenFileWriter::Create(dir / "u.bin", 10, 2, std::string(257, 'x')).ok());
 }
 
