@@ -274,6 +274,22 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   }
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);
+  // An evaluation reads eval.batches micro-batches of held-out sequences from the start of the
+  // held-out data; more than it has wraps around and counts some twice (said, not refused: the
+  // loss is still a held-out loss, weighted).
+  if (samplers->validation != nullptr && spec.eval().every() > 0 && task.rank() == 0) {
+    const int64_t windows = samplers->validation->PositionAt(0).epoch_sequences;
+    const int64_t read = int64_t{spec.eval().batches()} * spec.parallel().micro_batch();
+    if (windows > 0 && read > windows) {
+      spdlog::warn(
+          "eval: {} held-out sequences an evaluation (eval.batches {} x parallel.micro_batch "
+          "{}), but the held-out data has {}: {} of them are repeats, which weigh twice in the "
+          "eval "
+          "loss; lower eval.batches to {} or hold out more data",
+          read, spec.eval().batches(), spec.parallel().micro_batch(), windows, read - windows,
+          windows / spec.parallel().micro_batch());
+    }
+  }
 
   // The device (rank_main.cc made it from resources.device; its compute stream is this thread's:
   // the model, the trainer and the collectives' staging enqueue on it) and its backend at

@@ -128,6 +128,12 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
     c.Fail({"data.validation.fraction", "data.validation.path"},
            Problem{"give either data.validation.fraction or data.validation.path, not both", "both",
                    "fraction: F in (0, 0.5], or path: FILE"});
+  } else if (!v.path().empty() && v.path() == d.path()) {
+    // (A copy under another name is refused by the ranks, which compare the contents.)
+    c.Fail({"data.validation.path", "data.path"},
+           Problem{"is the training data: its loss would be measured on what is trained on",
+                   absl::StrCat("'", v.path(), "'"),
+                   "a held-out file, or data.validation.fraction to hold part of data.path out"});
   } else if (d.source() == "markov" && (v.fraction() > 0 || !v.path().empty())) {
     c.Fail({v.fraction() > 0 ? "data.validation.fraction" : "data.validation.path", "data.source"},
            Problem{"not used with data.source markov: its held-out data are independent draws "

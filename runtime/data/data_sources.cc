@@ -100,6 +100,22 @@ absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const Sample
     absl::StrAppend(&out.description, "; validation ");
     ASSIGN_OR_RETURN(std::vector<EpochSource> held_out,
                      OpenAll(data, data.validation_paths, &out.description));
+    // Held-out data that is the training data (the same file, a copy, a link) would measure the
+    // loss on what is trained on, and look like a model that generalises perfectly.
+    for (const EpochSource& v : held_out) {
+      const std::string fingerprint = v.stream->Fingerprint();
+      for (const EpochSource& t : sources) {
+        if (t.stream->Fingerprint() != fingerprint) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.validation.path: ", v.stream->path(),
+            " has the same content as the training "
+            "data ",
+            t.stream->path(), " (", fingerprint,
+            "): its loss would be measured on what "
+            "is trained on; give held-out data, or data.validation.fraction to hold part of the "
+            "training data out"));
+      }
+    }
     ASSIGN_OR_RETURN(out.validation,
                      MakeEpochSampler(std::move(held_out), sampler, {.shuffle = false}));
   }

@@ -359,6 +359,11 @@ std::vector<BadCase> Cases() {
       {"tokenizer_empty",
        H("data:\n  source: tokens\n  path: /x\n  tokenizer: \"\"\n"),
        {"job.yaml:6:14: data.tokenizer: empty", "byte, or the path of a SentencePiece"}},
+      {"validation_is_the_training_data",
+       H("data:\n  source: tokens\n  path: /d/t.tokens\n  validation: {path: /d/t.tokens}\n"),
+       {"data.validation.path: is the training data: its loss would be measured on what is "
+        "trained on",
+        "(got '/d/t.tokens';", "allowed: a held-out file, or data.validation.fraction"}},
       {"markov_vocab_too_large",
        H("model:\n  vocab: 50304\n"),
        {"model.vocab: too large for data.source markov (a dense vocab x vocab chain in every "

@@ -114,6 +114,34 @@ TEST(IndexedDatasetTest, SamplerWindowsAreCutFromTheStream) {
   }
 }
 
+// data.validation.path naming the training data (the same prefix, or a copy) is refused: its loss
+// would be measured on what is trained on. Other held-out data is taken.
+TEST(IndexedDatasetTest, HeldOutDataThatIsTheTrainingDataIsRefused) {
+  testing_util::TestDir dir;
+  const std::string train = dir / "train", copy = dir / "copy", other = dir / "other";
+  WriteWithReference(train, "--seed 1 --documents 5");
+  WriteWithReference(other, "--seed 2 --documents 5");
+  for (const char* ext : {".bin", ".idx"}) Put(copy + ext, Bytes(train + ext));
+  DataSourceConfig data;
+  data.source = "indexed";
+  data.paths = {{train}};
+  data.model_vocab = 1000;
+  const SamplerConfig sampler{.batch = 2, .seq_len = 8, .seed = 1, .global_batch = 4};
+  for (const std::string& held_out : {train, copy}) {
+    data.validation_paths = {{held_out}};
+    auto made = MakeSamplers(data, sampler);
+    ASSERT_FALSE(made.ok()) << held_out;
+    EXPECT_TRUE(absl::IsInvalidArgument(made.status()));
+    EXPECT_THAT(made.status().message(),
+                HasSubstr("data.validation.path: " + held_out +
+                          " has the same content as the training data " + train));
+  }
+  data.validation_paths = {{other}};
+  auto made = MakeSamplers(data, sampler);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_NE(made->validation, nullptr);
+}
+
 TEST(IndexedDatasetTest, MissingFilesAreNamed) {
   testing_util::TestDir dir;
   const std::string prefix = dir / "corpus";
