@@ -276,8 +276,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   spdlog::info("data: {}", samplers->description);
   // An evaluation reads eval.batches micro-batches of held-out sequences from the start of the
   // held-out data; more than it has wraps around and counts some twice (said, not refused: the
-  // loss is still a held-out loss, weighted).
-  if (samplers->validation != nullptr && spec.eval().every() > 0 && task.rank() == 0) {
+  // loss is still a held-out loss, weighted). One dataset only: a blend's held-out positions go to
+  // its datasets by weight, and which of them wraps is not this count's to say.
+  if (samplers->validation != nullptr && spec.eval().every() > 0 && task.rank() == 0 &&
+      spec.data().blend_size() == 0) {
     const int64_t windows = samplers->validation->PositionAt(0).epoch_sequences;
     const int64_t read = int64_t{spec.eval().batches()} * spec.parallel().micro_batch();
     if (windows > 0 && read > windows) {
@@ -287,7 +289,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
           "eval "
           "loss; lower eval.batches to {} or hold out more data",
           read, spec.eval().batches(), spec.parallel().micro_batch(), windows, read - windows,
-          windows / spec.parallel().micro_batch());
+          std::max<int64_t>(1, windows / spec.parallel().micro_batch()));
     }
   }
 

@@ -37,6 +37,7 @@ void WorkerRegistry::Load(std::vector<v1::WorkerInfo> workers) {
     // Lost in a store written before lost_unix existed: its time to be forgotten starts now.
     if (w.info.state() == v1::WORKER_STATE_LOST && w.info.lost_unix() == 0) {
       w.info.set_lost_unix(clock_.UnixSeconds());
+      Persist(w);  // written back, so the next restart does not start its window again
     }
     w.has_rank = false;
     w.info.clear_job_id();

@@ -192,6 +192,9 @@ TEST(IndexedDatasetTest, DamagedOrUnsupportedIndexesAreRefusedNamingTheFile) {
     uint64_t count = 0;
     std::memcpy(&count, bad.data() + 18, 8);
     ASSERT_GT(count, 0u);
+    int32_t length = 0;  // the last sequence's: not empty, so its end would wrap
+    std::memcpy(&length, bad.data() + kIndexedHeaderBytes + 4 * (count - 1), 4);
+    ASSERT_GT(length, 0);
     const int64_t pointer = INT64_MAX - 1;  // even: a multiple of the uint16 width
     std::memcpy(&bad[kIndexedHeaderBytes + 4 * count + 8 * (count - 1)], &pointer, 8);
     Put(idx, bad);
