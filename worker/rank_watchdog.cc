@@ -34,6 +34,10 @@ WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery) 
   return t;
 }
 
+double DataScanAllowanceS(uint64_t data_bytes) {
+  return static_cast<double>(data_bytes) / kDataScanBytesPerS;
+}
+
 double EvalTimeoutS(const WatchdogTimeouts& timeouts, int64_t batches, int64_t dp,
                     int64_t micro_batches) {
   dp = std::max<int64_t>(1, dp);

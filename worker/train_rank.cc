@@ -60,6 +60,29 @@ data::DataSourceConfig DataSourceConfigFrom(const furnace::v1::DataSpec& spec, i
   return d;
 }
 
+// The bytes of the data files a rank reads at start-up: token files, or an indexed dataset's .bin
+// and .idx, training and held-out (0 for markov data, and for a file it cannot stat: opening it
+// says why).
+uint64_t DataFileBytes(const data::DataSourceConfig& d) {
+  uint64_t bytes = 0;
+  const auto add = [&](const std::string& path) {
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(path, ec);
+    if (!ec) bytes += n;
+  };
+  for (const auto* paths : {&d.paths, &d.validation_paths}) {
+    for (const data::DataPath& p : *paths) {
+      if (d.source == "indexed") {
+        add(p.path + ".bin");
+        add(p.path + ".idx");
+      } else if (d.source == "tokens") {
+        add(p.path);
+      }
+    }
+  }
+  return bytes;
+}
+
 model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   model::ModelConfig c;
   c.vocab = static_cast<int>(spec.model().vocab());
@@ -242,16 +265,28 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   // that reports a phase overrunning its timeout with the collective it is blocked in.
   furnace::v1::RankStartupTimes startup;
   startup.set_process_start_unix(RealClock().UnixSeconds());
+  const model::ModelConfig config = ModelConfigFrom(spec);
+  const data::DataSourceConfig data_config = DataSourceConfigFrom(spec.data(), config.vocab);
   WatchdogTimeouts timeouts = WatchdogTimeoutsFor(spec.recovery());
   timeouts.eval_s = EvalTimeoutS(timeouts, spec.eval().batches(), spec.parallel().dp(),
                                  spec.parallel().micro_batches());
+  // Large data files are read whole at start-up: the start-up budget grows with them.
+  const uint64_t data_bytes = DataFileBytes(data_config);
+  if (const double scan_s = DataScanAllowanceS(data_bytes); scan_s >= 1) {
+    timeouts.startup_s += scan_s;
+    if (task.rank() == 0) {
+      spdlog::info(
+          "data: {:.1f} GiB of data files are checked before training; the start-up watchdog "
+          "allows {:.0f} s more for it ({:.0f} s in all)",
+          static_cast<double>(data_bytes) / (1ull << 30), scan_s, timeouts.startup_s);
+    }
+  }
   RankWatchdog watchdog(timeouts, RealClock(), comm::ProcessInFlight());
   watchdog.EnterStartup("data");
   const WatchdogThread watchdog_thread(
       watchdog,
       [&progress](const furnace::v1::RankWatchdogRecord& r) { progress.EmitWatchdog(r); });
 
-  const model::ModelConfig config = ModelConfigFrom(spec);
   if (absl::Status s = config.Validate(); !s.ok()) {
     return Fail(progress, 0, kRankExitBadInput, absl::StrCat("model: ", s.message()));
   }
@@ -263,8 +298,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   sc.seq_len = config.seq_len;
   sc.seed = spec.train().seed();
   sc.global_batch = int64_t{sc.batch} * spec.parallel().micro_batches() * spec.parallel().dp();
-  absl::StatusOr<data::Samplers> samplers =
-      data::MakeSamplers(DataSourceConfigFrom(spec.data(), config.vocab), sc);
+  absl::StatusOr<data::Samplers> samplers = data::MakeSamplers(data_config, sc);
   if (!samplers.ok()) {
     // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
     const bool corrupt = absl::IsDataLoss(samplers.status());
