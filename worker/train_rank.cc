@@ -60,29 +60,6 @@ data::DataSourceConfig DataSourceConfigFrom(const furnace::v1::DataSpec& spec, i
   return d;
 }
 
-// The bytes of the data files a rank reads at start-up: token files, or an indexed dataset's .bin
-// and .idx, training and held-out (0 for markov data, and for a file it cannot stat: opening it
-// says why).
-uint64_t DataFileBytes(const data::DataSourceConfig& d) {
-  uint64_t bytes = 0;
-  const auto add = [&](const std::string& path) {
-    std::error_code ec;
-    const uintmax_t n = std::filesystem::file_size(path, ec);
-    if (!ec) bytes += n;
-  };
-  for (const auto* paths : {&d.paths, &d.validation_paths}) {
-    for (const data::DataPath& p : *paths) {
-      if (d.source == "indexed") {
-        add(p.path + ".bin");
-        add(p.path + ".idx");
-      } else if (d.source == "tokens") {
-        add(p.path);
-      }
-    }
-  }
-  return bytes;
-}
-
 model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   model::ModelConfig c;
   c.vocab = static_cast<int>(spec.model().vocab());
@@ -271,7 +248,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   timeouts.eval_s = EvalTimeoutS(timeouts, spec.eval().batches(), spec.parallel().dp(),
                                  spec.parallel().micro_batches());
   // Large data files are read whole at start-up: the start-up budget grows with them.
-  const uint64_t data_bytes = DataFileBytes(data_config);
+  const uint64_t data_bytes = data::DataFileBytes(data_config);
   if (const double scan_s = DataScanAllowanceS(data_bytes); scan_s >= 1) {
     timeouts.startup_s += scan_s;
     if (task.rank() == 0) {
@@ -319,9 +296,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     if (windows > 0 && read > windows) {
       spdlog::warn(
           "eval: {} held-out sequences an evaluation (eval.batches {} x parallel.micro_batch "
-          "{}), but the held-out data has {}: {} of them are repeats, which weigh twice in the "
-          "eval "
-          "loss; lower eval.batches to {} or hold out more data",
+          "{}), but the held-out data has {}: {} of them are repeats, which count more than once "
+          "in the eval loss; lower eval.batches to {} or hold out more data",
           read, spec.eval().batches(), spec.parallel().micro_batch(), windows, read - windows,
           std::max<int64_t>(1, windows / spec.parallel().micro_batch()));
     }

@@ -241,7 +241,7 @@ class JobLifecycle {
   // `leaving`: the agent said it is shutting down; its attempt is interrupted (not counted
   // against recovery.max_restarts) rather than failed.
   void MarkLost(Worker& worker, const std::string& why, bool leaving = false);
-  // Forgets the workers lost and unheard from for longer than options_.forget_lost_s (Tick).
+  // Forgets the workers lost for longer than options_.forget_lost_s (WorkerInfo.lost_unix; Tick).
   void ForgetLongLostWorkers();
   // A rank exited with RANK_EXIT_HEALTH_CHECK: finds who is to blame from the attempt's
   // rendezvous keys (ranks that never arrived) and fails the attempt, excluding those workers.

@@ -103,9 +103,8 @@ class WorkerRegistry {
   // Marks the worker's record to be written by the next Flush.
   void Persist(const Worker& worker);
   // Writes the marked records in one transaction (deletes the forgotten ones' rows); they stay
-  // marked when it fails. `state_lock`
-  // holds the state mutex: the records are copied under it and written without it, and it is
-  // held again on return. One caller at a time (the ticker).
+  // marked when it fails. `state_lock` holds the state mutex: the records are copied under it and
+  // written without it, and it is held again on return. One caller at a time (the ticker).
   void Flush(std::unique_lock<std::mutex>& state_lock);
   // The same while keeping the state mutex: for records that must be in the store before what
   // follows (a placement's, before its start commands go out).

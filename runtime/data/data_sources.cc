@@ -1,5 +1,7 @@
 #include "runtime/data/data_sources.h"
 
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +67,26 @@ absl::StatusOr<Samplers> MakeMarkovSamplers(const DataSourceConfig& data,
 }
 
 }  // namespace
+
+uint64_t DataFileBytes(const DataSourceConfig& data) {
+  uint64_t bytes = 0;
+  const auto add = [&](const std::string& path) {
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(path, ec);
+    if (!ec) bytes += n;
+  };
+  for (const std::vector<DataPath>* paths : {&data.paths, &data.validation_paths}) {
+    for (const DataPath& p : *paths) {
+      if (data.source == "tokens") {
+        add(p.path);
+      } else if (data.source == "indexed") {
+        add(IndexedDataset::IndexPath(p.path));
+        add(IndexedDataset::DataPath(p.path));
+      }
+    }
+  }
+  return bytes;
+}
 
 absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler) {
   if (data.source == "markov") return MakeMarkovSamplers(data, sampler);

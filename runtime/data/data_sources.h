@@ -62,4 +62,9 @@ struct Samplers {
 // dp), the same for both; the validation sampler uses the same B and T.
 absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler);
 
+// The bytes of the files MakeSamplers reads (and validates token by token): the token files, or
+// each indexed prefix's .idx and .bin, training and held-out. 0 for markov data; a file that
+// cannot be stat'ed counts 0 (opening it says why).
+uint64_t DataFileBytes(const DataSourceConfig& data);
+
 }  // namespace furnace::data

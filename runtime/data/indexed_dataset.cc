@@ -37,8 +37,8 @@ IndexedDataset::~IndexedDataset() = default;
 
 absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::string& prefix,
                                                                      int64_t vocab) {
-  const std::string idx_path = prefix + ".idx";
-  const std::string bin_path = prefix + ".bin";
+  const std::string idx_path = IndexPath(prefix);
+  const std::string bin_path = DataPath(prefix);
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("indexed dataset index ", idx_path, ": ", what));
   };

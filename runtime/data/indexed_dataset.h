@@ -51,6 +51,9 @@ class IndexedDataset : public TokenStream {
   // message names the file.
   static absl::StatusOr<std::unique_ptr<IndexedDataset>> Open(const std::string& prefix,
                                                               int64_t vocab);
+  // The two files of PREFIX: its index and its data.
+  static std::string IndexPath(const std::string& prefix) { return prefix + ".idx"; }
+  static std::string DataPath(const std::string& prefix) { return prefix + ".bin"; }
   ~IndexedDataset() override;
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;

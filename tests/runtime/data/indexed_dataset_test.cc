@@ -142,6 +142,26 @@ TEST(IndexedDatasetTest, HeldOutDataThatIsTheTrainingDataIsRefused) {
   EXPECT_NE(made->validation, nullptr);
 }
 
+// What a rank reads whole at start-up (its start-up watchdog's allowance): each prefix's .idx and
+// .bin, training and held-out; nothing for markov data.
+TEST(IndexedDatasetTest, DataFileBytesCountsBothFilesOfEveryPrefix) {
+  testing_util::TestDir dir;
+  const std::string train = dir / "train", held_out = dir / "held_out";
+  WriteWithReference(train, "--seed 1 --documents 5");
+  WriteWithReference(held_out, "--seed 2 --documents 3");
+  uint64_t expected = 0;
+  for (const std::string& prefix : {train, held_out}) {
+    expected += Bytes(prefix + ".idx").size() + Bytes(prefix + ".bin").size();
+  }
+  DataSourceConfig data;
+  data.source = "indexed";
+  data.paths = {{train}};
+  data.validation_paths = {{held_out}};
+  EXPECT_EQ(DataFileBytes(data), expected);
+  data.source = "markov";
+  EXPECT_EQ(DataFileBytes(data), 0u);
+}
+
 TEST(IndexedDatasetTest, MissingFilesAreNamed) {
   testing_util::TestDir dir;
   const std::string prefix = dir / "corpus";
