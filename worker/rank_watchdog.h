@@ -53,11 +53,11 @@ struct WatchdogTimeouts {
   double heartbeat_s = 1;
 };
 WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery);
-// The start-up's extra time for `data_bytes` of data files: every rank reads each token of them
-// against the vocab before it trains (runtime/data: token_file.cc, indexed_dataset.cc), so a
-// dataset of hundreds of GB takes minutes, which the fixed start-up budget took for a hang on
-// every attempt. Counted at kDataScanBytesPerS, a slow disk's rate (from the page cache it is
-// several times faster).
+// The start-up's extra time for `data_bytes` of data read whole before training: every rank reads
+// and validates its indexed datasets' .idx files (runtime/data/data_sources.h:
+// DataBytesReadAtOpen), about 1.2 GB for 100M sequences, which the fixed start-up budget could take
+// for a hang. Counted at kDataScanBytesPerS, a slow disk's rate (from the page cache it is several
+// times faster).
 inline constexpr double kDataScanBytesPerS = 100e6;
 double DataScanAllowanceS(uint64_t data_bytes);
 // The evaluation's share of them for a train job: step_s for each `micro_batches` held-out batches

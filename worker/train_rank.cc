@@ -247,13 +247,13 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   WatchdogTimeouts timeouts = WatchdogTimeoutsFor(spec.recovery());
   timeouts.eval_s = EvalTimeoutS(timeouts, spec.eval().batches(), spec.parallel().dp(),
                                  spec.parallel().micro_batches());
-  // Large data files are read whole at start-up: the start-up budget grows with them.
-  const uint64_t data_bytes = data::DataFileBytes(data_config);
+  // Indexed datasets' indexes are read whole at start-up: the start-up budget grows with them.
+  const uint64_t data_bytes = data::DataBytesReadAtOpen(data_config);
   if (const double scan_s = DataScanAllowanceS(data_bytes); scan_s >= 1) {
     timeouts.startup_s += scan_s;
     if (task.rank() == 0) {
       spdlog::info(
-          "data: {:.1f} GiB of data files are checked before training; the start-up watchdog "
+          "data: {:.1f} GiB of dataset indexes are read before training; the start-up watchdog "
           "allows {:.0f} s more for it ({:.0f} s in all)",
           static_cast<double>(data_bytes) / (1ull << 30), scan_s, timeouts.startup_s);
     }
@@ -654,6 +654,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   }
   if (fault_exit) return *fault_exit;
   if (!status.ok()) {
+    // The data's own errors (a token outside the vocab, a damaged file, met as it is read) are
+    // the user's to fix: a restart would meet them again at the same step.
+    if (data::IsDataError(status)) {
+      const bool corrupt = absl::IsDataLoss(status);
+      return Fail(progress, static_cast<uint64_t>((*trainer)->step()),
+                  corrupt ? kRankExitCorruptData : kRankExitBadInput,
+                  absl::StrCat(corrupt ? "data file corrupt: " : "data: ", status.message()));
+    }
     const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
     return Fail(
         progress, static_cast<uint64_t>((*trainer)->step()), code,

@@ -70,7 +70,7 @@ class ZipfSampler final : public data::Sampler {
     }
     cdf_.back() = 1.0;
   }
-  data::Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+  absl::StatusOr<data::Batch> Sample(int64_t step, int dp_rank, int micro_batch) const override {
     data::Batch batch = data::EmptyBatch(config_);
     const int T = config_.seq_len;
     for (int b = 0; b < config_.batch; ++b) {

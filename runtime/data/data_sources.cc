@@ -68,21 +68,14 @@ absl::StatusOr<Samplers> MakeMarkovSamplers(const DataSourceConfig& data,
 
 }  // namespace
 
-uint64_t DataFileBytes(const DataSourceConfig& data) {
+uint64_t DataBytesReadAtOpen(const DataSourceConfig& data) {
+  if (data.source != "indexed") return 0;
   uint64_t bytes = 0;
-  const auto add = [&](const std::string& path) {
-    std::error_code ec;
-    const uintmax_t n = std::filesystem::file_size(path, ec);
-    if (!ec) bytes += n;
-  };
   for (const std::vector<DataPath>* paths : {&data.paths, &data.validation_paths}) {
     for (const DataPath& p : *paths) {
-      if (data.source == "tokens") {
-        add(p.path);
-      } else if (data.source == "indexed") {
-        add(IndexedDataset::IndexPath(p.path));
-        add(IndexedDataset::DataPath(p.path));
-      }
+      std::error_code ec;
+      const uintmax_t n = std::filesystem::file_size(IndexedDataset::IndexPath(p.path), ec);
+      if (!ec) bytes += n;
     }
   }
   return bytes;
@@ -125,9 +118,10 @@ absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const Sample
     // Held-out data that is the training data (the same file, a copy, a link) would measure the
     // loss on what is trained on, and look like a model that generalises perfectly.
     for (const EpochSource& v : held_out) {
-      const std::string fingerprint = v.stream->Fingerprint();
+      ASSIGN_OR_RETURN(const std::string fingerprint, v.stream->Fingerprint());
       for (const EpochSource& t : sources) {
-        if (t.stream->Fingerprint() != fingerprint) continue;
+        ASSIGN_OR_RETURN(const std::string training, t.stream->Fingerprint());
+        if (training != fingerprint) continue;
         return absl::InvalidArgumentError(absl::StrCat(
             "data.validation.path: ", v.stream->path(),
             " has the same content as the training "

@@ -57,14 +57,16 @@ struct Samplers {
   std::string description;              // one line for the log: what was opened, how big
 };
 
-// Opens and validates the data (errors name the file and the allowed values) and builds both
-// samplers. `sampler.global_batch` must be the job's global batch (micro_batch * micro_batches *
-// dp), the same for both; the validation sampler uses the same B and T.
+// Opens and validates the data (errors name the file and the allowed values; tokens are checked
+// as the samplers read them) and builds both samplers. `sampler.global_batch` must be the job's
+// global batch (micro_batch * micro_batches * dp), the same for both; the validation sampler uses
+// the same B and T.
 absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler);
 
-// The bytes of the files MakeSamplers reads (and validates token by token): the token files, or
-// each indexed prefix's .idx and .bin, training and held-out. 0 for markov data; a file that
-// cannot be stat'ed counts 0 (opening it says why).
-uint64_t DataFileBytes(const DataSourceConfig& data);
+// The bytes MakeSamplers reads whole before training: each indexed prefix's .idx (12 bytes a
+// sequence, 8 a document), training and held-out. Token files are opened by their header and
+// every .bin is read only as it is trained on (token_stream.h), so 0 for token files and markov
+// data; an index that cannot be stat'ed counts 0 (opening it says why).
+uint64_t DataBytesReadAtOpen(const DataSourceConfig& data);
 
 }  // namespace furnace::data

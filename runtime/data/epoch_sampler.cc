@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/status.h"
 #include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
@@ -17,6 +18,7 @@ constexpr uint64_t kEpochStream = 0x45504F43ull;  // "EPOC": keys each epoch's p
 // One dataset's windows in the requested part: [first, first + count).
 struct Part {
   std::shared_ptr<const TokenStream> stream;
+  std::string fingerprint;  // TokenStream::Fingerprint, for the order
   int64_t first = 0;
   int64_t count = 0;
   int64_t slots = 0;  // n_d: its slots per period of the blend
@@ -51,14 +53,14 @@ class EpochSampler : public Sampler {
         config_.seq_len, config_.seed, global_batch_, PartName(options_.part),
         options_.validation_fraction, options_.shuffle ? "shuffled per epoch" : "in order");
     for (const Part& p : parts_) {
-      absl::StrAppendFormat(&order_, "; [%s: windows %d..%d, %d of %d slots]",
-                            p.stream->Fingerprint(), p.first, p.first + p.count, p.slots,
-                            layout_.size());
+      absl::StrAppendFormat(&order_, "; [%s: windows %d..%d, %d of %d slots]", p.fingerprint,
+                            p.first, p.first + p.count, p.slots, layout_.size());
     }
   }
 
-  Batch Sample(int64_t step, int /*dp_rank: callers pass 0 and a global micro-batch*/,
-               int micro_batch) const override {
+  absl::StatusOr<Batch> Sample(int64_t step,
+                               int /*dp_rank: callers pass 0 and a global micro-batch*/,
+                               int micro_batch) const override {
     Batch batch = EmptyBatch(config_);
     const int T = config_.seq_len;
     std::vector<int32_t> window(T + 1);
@@ -66,7 +68,16 @@ class EpochSampler : public Sampler {
       const int64_t position = step * global_batch_ + int64_t{micro_batch} * config_.batch + b;
       const auto [d, q] = Locate(position);
       const Part& part = parts_[d];
-      part.stream->Read(WindowAt(d, q) * T, T + 1, window.data());
+      const int64_t w = WindowAt(d, q);
+      if (absl::Status read = part.stream->Read(w * T, T + 1, window.data()); !read.ok()) {
+        // Held-out samplers read in order (data_sources.h): their index is the eval batch.
+        const std::string batch_name =
+            options_.shuffle ? absl::StrCat("step ", step + 1, ", micro-batch ", micro_batch)
+                             : absl::StrCat("held-out batch ", micro_batch);
+        return DataError(
+            absl::Status(read.code(), absl::StrCat(read.message(), " (window ", w, " of ", T + 1,
+                                                   " tokens, read for ", batch_name, ")")));
+      }
       std::copy(window.begin(), window.end() - 1, batch.inputs.begin() + b * T);
       std::copy(window.begin() + 1, window.end(), batch.targets.begin() + b * T);
     }
@@ -210,7 +221,8 @@ absl::StatusOr<std::unique_ptr<Sampler>> MakeEpochSampler(std::vector<EpochSourc
                                                      " has weight ", s.weight, " (allowed: > 0)"));
     }
     const int64_t windows = s.stream->size() > 0 ? (s.stream->size() - 1) / T : 0;
-    Part part{.stream = s.stream};
+    ASSIGN_OR_RETURN(std::string fingerprint, s.stream->Fingerprint());
+    Part part{.stream = s.stream, .fingerprint = std::move(fingerprint)};
     const int64_t held_out = std::max<int64_t>(
         1, std::llround(options.validation_fraction * static_cast<double>(windows)));
     switch (options.part) {

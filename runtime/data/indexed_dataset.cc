@@ -45,10 +45,11 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   auto damaged = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("indexed dataset index ", idx_path, ": ", what));
   };
+  // The index is read through at once; the data a window at a time.
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> idx,
-                   MappedFile::Open(idx_path, "indexed dataset index"));
+                   MappedFile::Open(idx_path, "indexed dataset index", FileAccess::kSequential));
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin,
-                   MappedFile::Open(bin_path, "indexed dataset data"));
+                   MappedFile::Open(bin_path, "indexed dataset data", FileAccess::kRandom));
   const unsigned char* h = idx->data();
   const int64_t idx_bytes = idx->size();
   // A prefix of the magic (an empty file too) is a file cut short, not another format.
@@ -121,11 +122,12 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   ds->dtype_code_ = dtype->code;
   ds->width_ = dtype->width;
   ds->is_signed_ = dtype->is_signed;
+  ds->num_sequences_ = static_cast<int64_t>(S);
   ds->num_documents_ = static_cast<int64_t>(D) - 1;
-  ds->offsets_.resize(S + 1);
-  ds->offsets_[0] = 0;
   const int64_t bin_bytes = bin->size();
   int64_t end_of_previous = 0;
+  int64_t tokens = 0;
+  bool contiguous = true;
   for (uint64_t i = 0; i < S; ++i) {
     const int32_t length = static_cast<int32_t>(LoadU32(lengths + 4 * i));
     const int64_t pointer = LoadI64(pointers + 8 * i);
@@ -147,32 +149,35 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
           "indexed dataset data ", bin_path, ": truncated: sequence ", i, " of ", idx_path, " (",
           bytes, " bytes at byte ", pointer, ") ends past the file's ", bin_bytes, " bytes"));
     }
+    contiguous = contiguous && pointer == end_of_previous;
     end_of_previous = pointer + bytes;
-    ds->offsets_[i + 1] = ds->offsets_[i] + length;
+    tokens += length;
   }
+  ds->size_ = tokens;
+  if (!contiguous) {
+    ds->offsets_.resize(S + 1);
+    for (uint64_t i = 0; i < S; ++i) {
+      ds->offsets_[i + 1] = ds->offsets_[i] + int64_t{LoadU32(lengths + 4 * i)};
+    }
+  }
+  ds->lengths_ = lengths;
   ds->pointers_ = pointers;
   ds->bin_ = bin->data();
   ds->idx_map_ = std::move(idx);
   ds->bin_map_ = std::move(bin);
-
-  // Every token id in range, so a sampler can index the model's embedding without checks.
-  for (uint64_t i = 0; i < S; ++i) {
-    const int64_t n = ds->offsets_[i + 1] - ds->offsets_[i];
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t t = ds->TokenAt(static_cast<int64_t>(i), k);
-      if (t < 0 || t >= vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("indexed dataset data ", bin_path, ": token ", k, " of sequence ", i,
-                         " (byte offset ", LoadI64(pointers + 8 * i) + k * dtype->width,
-                         ") has value ", t, ", outside the model's vocab [0, ", vocab, ")"));
-      }
-    }
-  }
   return ds;
 }
 
-int64_t IndexedDataset::TokenAt(int64_t sequence, int64_t k) const {
-  const unsigned char* p = bin_ + LoadI64(pointers_ + 8 * sequence) + k * width_;
+int64_t IndexedDataset::Length(int64_t sequence) const {
+  return int64_t{LoadU32(lengths_ + 4 * sequence)};
+}
+
+int64_t IndexedDataset::Pointer(int64_t sequence) const {
+  return LoadI64(pointers_ + 8 * sequence);
+}
+
+int64_t IndexedDataset::TokenAtByte(int64_t byte) const {
+  const unsigned char* p = bin_ + byte;
   switch (width_) {
     case 1:
       return is_signed_ ? int64_t{static_cast<int8_t>(p[0])} : int64_t{p[0]};
@@ -187,22 +192,53 @@ int64_t IndexedDataset::TokenAt(int64_t sequence, int64_t k) const {
   }
 }
 
-void IndexedDataset::Read(int64_t begin, int64_t n, int32_t* out) const {
-  // The sequence holding token `begin`: the last offset <= begin.
-  int64_t s = std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin() - 1;
+int64_t IndexedDataset::FirstOf(int64_t sequence) const {
+  return contiguous() ? Pointer(sequence) / width_ : offsets_[sequence];
+}
+
+int64_t IndexedDataset::SequenceOf(int64_t position) const {
+  // The last sequence whose first position is <= position (an empty sequence shares its first
+  // position with the next one, which is the one that holds the token).
+  int64_t lo = 0, hi = num_sequences_;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (FirstOf(mid) <= position) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo - 1;
+}
+
+void IndexedDataset::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
+  if (contiguous()) {
+    for (int64_t i = 0; i < n; ++i) out[i] = TokenAtByte((begin + i) * width_);
+    return;
+  }
+  int64_t s = SequenceOf(begin);
   int64_t k = begin - offsets_[s];
   for (int64_t i = 0; i < n; ++i) {
-    while (k >= offsets_[s + 1] - offsets_[s]) {
+    while (k >= Length(s)) {
       ++s;
       k = 0;
     }
-    out[i] = static_cast<int32_t>(TokenAt(s, k++));
+    out[i] = TokenAtByte(Pointer(s) + k++ * width_);
   }
 }
 
-std::vector<int32_t> IndexedDataset::Sequence(int64_t i) const {
-  std::vector<int32_t> out(static_cast<size_t>(offsets_[i + 1] - offsets_[i]));
-  for (size_t k = 0; k < out.size(); ++k) out[k] = static_cast<int32_t>(TokenAt(i, k));
+absl::Status IndexedDataset::BadToken(int64_t position, int64_t value) const {
+  const int64_t s = SequenceOf(position);
+  const int64_t k = position - FirstOf(s);
+  return absl::InvalidArgumentError(
+      absl::StrCat("indexed dataset data ", DataPath(prefix_), ": token ", k, " of sequence ", s,
+                   " (byte offset ", Pointer(s) + k * width_, ") has value ", value,
+                   ", outside the model's vocab [0, ", vocab_, ")"));
+}
+
+absl::StatusOr<std::vector<int32_t>> IndexedDataset::Sequence(int64_t i) const {
+  std::vector<int32_t> out(static_cast<size_t>(Length(i)));
+  RETURN_IF_ERROR(Read(FirstOf(i), static_cast<int64_t>(out.size()), out.data()));
   return out;
 }
 

@@ -19,7 +19,13 @@
 // version, a float or unknown dtype, an .idx whose size is not exactly that layout (a multimodal
 // index, which appends i8[S] sequence modes, is refused as such), negative lengths, pointers that
 // are not increasing and non-overlapping or run past the .bin, document indices that are not
-// non-decreasing from 0 to S, and token ids outside [0, vocab).
+// non-decreasing from 0 to S. Token ids outside [0, vocab) are refused when read (token_stream.h:
+// Open reads the .idx whole and the .bin not at all).
+//
+// Memory: Megatron writes the sequences back to back from byte 0, so stream position p is the
+// token at byte p * width and nothing per sequence is kept. A .bin with gaps between sequences
+// (another writer's; pointers need only increase) keeps each sequence's first stream position,
+// 8 bytes a sequence, and searches them.
 //
 // Documents: the tokens of a document are its sequences in order; Furnace reads the dataset as
 // one stream of all sequences in file order (token_stream.h), so document boundaries are what
@@ -45,10 +51,10 @@ inline constexpr int64_t kIndexedHeaderBytes = 34;
 // safe to read from any thread. Owns the mappings (unmapped on destruction).
 class IndexedDataset : public TokenStream {
  public:
-  // Opens PREFIX.idx and PREFIX.bin and validates all of both (see above); every token must be
-  // below `vocab` (> 0: the model's). NotFound for a missing file, InvalidArgument for a format
-  // this build does not read or a token beyond the vocab, DataLoss for a damaged file; every
-  // message names the file.
+  // Opens PREFIX.idx and PREFIX.bin and validates the index against the data's size (see above);
+  // every token read must be below `vocab` (> 0: the model's; InvalidArgument naming the token's
+  // place otherwise). NotFound for a missing file, InvalidArgument for a format this build does
+  // not read, DataLoss for a damaged file; every message names the file.
   static absl::StatusOr<std::unique_ptr<IndexedDataset>> Open(const std::string& prefix,
                                                               int64_t vocab);
   // The two files of PREFIX: its index and its data.
@@ -59,26 +65,40 @@ class IndexedDataset : public TokenStream {
   IndexedDataset& operator=(const IndexedDataset&) = delete;
 
   const std::string& path() const override { return prefix_; }
-  int64_t size() const override { return offsets_.back(); }  // tokens in all sequences
+  int64_t size() const override { return size_; }  // tokens in all sequences
   int64_t vocab() const override { return vocab_; }
-  void Read(int64_t begin, int64_t n, int32_t* out) const override;
 
-  int64_t num_sequences() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  int64_t num_sequences() const { return num_sequences_; }
   int64_t num_documents() const { return num_documents_; }
   int dtype_code() const { return dtype_code_; }
-  // Tokens of sequence i (i < num_sequences()).
-  std::vector<int32_t> Sequence(int64_t i) const;
+  // Whether the sequences lie back to back from byte 0 of the .bin (Megatron's layout).
+  bool contiguous() const { return offsets_.empty(); }
+  // Tokens of sequence i (i < num_sequences()), checked as Read checks them.
+  absl::StatusOr<std::vector<int32_t>> Sequence(int64_t i) const;
+
+ protected:
+  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
+  absl::Status BadToken(int64_t position, int64_t value) const override;
 
  private:
   IndexedDataset() = default;
-  int64_t TokenAt(int64_t sequence, int64_t k) const;
+  int64_t Length(int64_t sequence) const;   // from the .idx
+  int64_t Pointer(int64_t sequence) const;  // byte offset in the .bin, from the .idx
+  int64_t TokenAtByte(int64_t byte) const;  // the token stored at that byte of the .bin
+  int64_t FirstOf(int64_t sequence) const;  // the stream position of its first token
+  // The sequence that holds the token at stream position `position` (< size()): binary search.
+  int64_t SequenceOf(int64_t position) const;
 
   std::string prefix_;
   std::unique_ptr<MappedFile> idx_map_;
   std::unique_ptr<MappedFile> bin_map_;
   const unsigned char* bin_ = nullptr;
+  const unsigned char* lengths_ = nullptr;   // i32[S] inside the .idx mapping
   const unsigned char* pointers_ = nullptr;  // i64[S] inside the .idx mapping
-  std::vector<int64_t> offsets_;             // (S + 1) first stream token of each sequence
+  // Empty when contiguous(); else (S + 1) first stream position of each sequence.
+  std::vector<int64_t> offsets_;
+  int64_t size_ = 0;
+  int64_t num_sequences_ = 0;
   int64_t num_documents_ = 0;
   int64_t vocab_ = 0;
   int dtype_code_ = 0;

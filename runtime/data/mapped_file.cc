@@ -15,7 +15,8 @@ namespace furnace::data {
 std::string ErrnoText() { return std::strerror(errno); }
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
-                                                             const std::string& what) {
+                                                             const std::string& what,
+                                                             FileAccess access) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open: ", ErrnoText()));
@@ -36,6 +37,9 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   ::close(fd);
   if (map == MAP_FAILED)
     return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
+  // Advice only: a kernel that ignores it reads ahead as it would have.
+  ::madvise(map, static_cast<size_t>(st.st_size),
+            access == FileAccess::kRandom ? MADV_RANDOM : MADV_SEQUENTIAL);
   file->data_ = static_cast<const unsigned char*>(map);
   file->bytes_ = static_cast<size_t>(st.st_size);
   return file;

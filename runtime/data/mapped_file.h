@@ -11,13 +11,23 @@
 
 namespace furnace::data {
 
+// How a mapping will be read: the kernel's read-ahead follows it.
+enum class FileAccess {
+  kSequential,  // read through once, in order (an index)
+  // Read in small pieces at random places (training windows): no read-ahead, so a window of a
+  // few KB reads a few KB from the disk, not the device's read-ahead (MBs) around each fault, and
+  // a dataset larger than memory is not read many times over.
+  kRandom,
+};
+
 // Owns the mapping (unmapped on destruction). Immutable: safe to read from any thread.
 class MappedFile {
  public:
   // `what` names the kind of file in errors ("token file", "indexed dataset index"). NotFound
   // when it cannot be opened. An empty file maps to size 0 and data nullptr.
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path,
-                                                          const std::string& what);
+                                                          const std::string& what,
+                                                          FileAccess access);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +23,8 @@ namespace {
 // and from any other use of the same seed.
 constexpr uint64_t kTrainStream = 0x44415441ull;
 constexpr uint64_t kValidationStream = 0x56414C49ull;
+
+constexpr absl::string_view kDataErrorPayload = "furnace.data/error";
 
 uint64_t SequenceKey(uint64_t seed, uint64_t stream, int64_t step, int dp_rank, int micro_batch,
                      int b) {
@@ -54,7 +57,7 @@ class MarkovSampler : public Sampler {
         validation ? "validation" : "train");
   }
 
-  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+  absl::StatusOr<Batch> Sample(int64_t step, int dp_rank, int micro_batch) const override {
     Batch batch = EmptyBatch(config_);
     const int T = config_.seq_len;
     for (int b = 0; b < config_.batch; ++b) {
@@ -108,11 +111,11 @@ class PrefetchingSampler : public Sampler {
     thread_.join();
   }
 
-  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+  absl::StatusOr<Batch> Sample(int64_t step, int dp_rank, int micro_batch) const override {
     const Key key{step, dp_rank, micro_batch};
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !working_ || *working_ != key; });
-    std::optional<Batch> batch;
+    std::optional<absl::StatusOr<Batch>> batch;
     if (auto it = ready_.find(key); it != ready_.end()) {
       batch = std::move(it->second);
       ready_.erase(it);
@@ -155,7 +158,8 @@ class PrefetchingSampler : public Sampler {
       const Key key = *Wanted();
       working_ = key;
       lock.unlock();
-      Batch batch = inner_->Sample(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+      absl::StatusOr<Batch> batch =
+          inner_->Sample(std::get<0>(key), std::get<1>(key), std::get<2>(key));
       lock.lock();
       working_.reset();
       if (!cursor_ || *cursor_ < key) ready_.emplace(key, std::move(batch));
@@ -167,7 +171,7 @@ class PrefetchingSampler : public Sampler {
   const int first_, count_, depth_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  mutable std::map<Key, Batch> ready_;
+  mutable std::map<Key, absl::StatusOr<Batch>> ready_;
   mutable std::optional<Key> cursor_;   // the last key asked for
   mutable std::optional<Key> working_;  // the key the thread is computing
   bool stop_ = false;
@@ -175,6 +179,15 @@ class PrefetchingSampler : public Sampler {
 };
 
 }  // namespace
+
+absl::Status DataError(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kDataErrorPayload, absl::Cord("data"));
+  return status;
+}
+
+bool IsDataError(const absl::Status& status) {
+  return status.GetPayload(kDataErrorPayload).has_value();
+}
 
 Batch EmptyBatch(const SamplerConfig& c) {
   Batch batch;

@@ -45,11 +45,19 @@ Batch EmptyBatch(const SamplerConfig& config);
 // InvalidArgument unless batch, seq_len >= 1 and global_batch is 0 or a multiple of batch.
 absl::Status CheckSamplerConfig(const SamplerConfig& config);
 
+// An error of the data itself (a token outside the vocab, a damaged file), met while sampling:
+// the step that asked for the batch fails with it, and the rank reports it as the data's (bad
+// input or corrupt data, which a restart would meet again), not as a failed step. The mark is a
+// payload, so it survives being returned up through the trainer.
+absl::Status DataError(absl::Status status);
+bool IsDataError(const absl::Status& status);
+
 // Thread-safe (Sample is const and keeps no state).
 class Sampler {
  public:
   virtual ~Sampler() = default;
-  virtual Batch Sample(int64_t step, int dp_rank, int micro_batch) const = 0;
+  // The batch, or a DataError (finite data is read, and checked, here: token_stream.h).
+  virtual absl::StatusOr<Batch> Sample(int64_t step, int dp_rank, int micro_batch) const = 0;
   virtual int64_t vocab() const = 0;
   virtual const SamplerConfig& config() const = 0;
   // The position before step `step` (a pure function of it).
@@ -71,9 +79,9 @@ absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,
 
 // Wraps `inner` with a background thread that computes the batches this rank asks for next:
 // after (step, 0, g) it prepares (step, 0, g + 1) ... up to `depth` ahead, wrapping from
-// first_micro + micro_count - 1 to (step + 1, first_micro). Sample returns a prepared batch when
-// there is one and computes it otherwise, so results equal inner's exactly. Thread-safe; the
-// thread stops on destruction.
+// first_micro + micro_count - 1 to (step + 1, first_micro). Sample returns a prepared batch (or
+// error) when there is one and computes it otherwise, so results equal inner's exactly.
+// Thread-safe; the thread stops on destruction.
 std::unique_ptr<Sampler> MakePrefetchingSampler(std::unique_ptr<Sampler> inner, int first_micro,
                                                 int micro_count, int depth = 4);
 

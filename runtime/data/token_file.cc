@@ -24,7 +24,8 @@ void StoreU64(unsigned char* p, uint64_t v) {
 
 absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path,
                                                            int64_t expected_vocab) {
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, MappedFile::Open(path, "token file"));
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map,
+                   MappedFile::Open(path, "token file", FileAccess::kRandom));
   const int64_t file_bytes = map->size();
   if (file_bytes < kTokenFileHeaderBytes) {
     return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
@@ -91,32 +92,28 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": vocab ", vocab,
                                                    " exceeds the model's vocab ", expected_vocab));
   }
+  file->header_bytes_ = header_bytes;
   file->tokens_ = bytes + header_bytes;
   file->count_ = static_cast<int64_t>(count);
   file->vocab_ = vocab;
   file->token_bytes_ = static_cast<int>(width);
-  for (int64_t i = 0; i < file->count_; ++i) {
-    const uint32_t t =
-        width == 2 ? (uint32_t{file->tokens_[2 * i]} | uint32_t{file->tokens_[2 * i + 1]} << 8)
-                   : LoadU32(file->tokens_ + 4 * i);
-    if (t >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token file ", path, ": token ", i, " (byte offset ", header_bytes + i * width,
-          ") has value ", t, ", not below the vocab ", vocab));
-    }
-  }
   return file;
 }
 
-int32_t TokenFile::at(int64_t i) const {
+void TokenFile::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
+  const unsigned char* p = tokens_ + begin * token_bytes_;
   if (token_bytes_ == 2) {
-    return static_cast<int32_t>(uint32_t{tokens_[2 * i]} | uint32_t{tokens_[2 * i + 1]} << 8);
+    for (int64_t i = 0; i < n; ++i, p += 2) out[i] = int64_t{p[0]} | int64_t{p[1]} << 8;
+  } else {
+    for (int64_t i = 0; i < n; ++i, p += 4) out[i] = int64_t{LoadU32(p)};
   }
-  return static_cast<int32_t>(LoadU32(tokens_ + 4 * i));
 }
 
-void TokenFile::Read(int64_t begin, int64_t n, int32_t* out) const {
-  for (int64_t i = 0; i < n; ++i) out[i] = at(begin + i);
+absl::Status TokenFile::BadToken(int64_t position, int64_t value) const {
+  return absl::DataLossError(absl::StrCat("token file ", path_, ": token ", position,
+                                          " (byte offset ", header_bytes_ + position * token_bytes_,
+                                          ") has value ", value, ", not below the vocab ", vocab_,
+                                          " its header gives"));
 }
 
 absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(

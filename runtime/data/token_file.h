@@ -16,8 +16,10 @@
 // writer given no identity writes version 1, so files made before identities existed and files
 // made without one read the same.
 //
-// TokenFile memory-maps a file read-only and validates all of it on Open, so a sampler can index
-// it without checks. TokenFileWriter writes one through a temporary file renamed into place on
+// TokenFile memory-maps a file read-only and validates its header and size on Open; its tokens are
+// checked as they are read (token_stream.h), so a file of hundreds of GB opens at once. A token at
+// or above the header's vocab is damage (DataLoss): the file contradicts its own header.
+// TokenFileWriter writes one through a temporary file renamed into place on
 // Finish, so a reader never sees a half-written file under the final name.
 #pragma once
 
@@ -43,9 +45,8 @@ inline constexpr int64_t kMaxTokenizerIdentityBytes = 256;
 class TokenFile : public TokenStream {
  public:
   // Maps and validates `path`: magic, version (1 or 2), token width, identity length, file size
-  // against count, every token below the header's vocab. When expected_vocab > 0 (the model's
-  // vocab), the file's vocab must not exceed it (a model may pad its vocab, e.g. 50304 for GPT-2's
-  // 50257). Errors name the file and, for a bad token, its index, byte offset and value.
+  // against count. When expected_vocab > 0 (the model's vocab), the file's vocab must not exceed
+  // it (a model may pad its vocab, e.g. 50304 for GPT-2's 50257). Errors name the file.
   static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path,
                                                          int64_t expected_vocab = 0);
   ~TokenFile() override = default;
@@ -59,9 +60,10 @@ class TokenFile : public TokenStream {
   int version() const { return version_; }
   // The identity of the tokenizer that wrote the file; empty for version 1 (unknown).
   const std::string& identity() const { return identity_; }
-  int32_t at(int64_t i) const;
-  // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()).
-  void Read(int64_t begin, int64_t n, int32_t* out) const override;
+
+ protected:
+  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
+  absl::Status BadToken(int64_t position, int64_t value) const override;
 
  private:
   TokenFile() = default;
@@ -69,6 +71,7 @@ class TokenFile : public TokenStream {
   std::string identity_;
   int version_ = 0;
   std::unique_ptr<MappedFile> map_;
+  int64_t header_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;
   int64_t vocab_ = 0;

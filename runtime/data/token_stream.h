@@ -1,9 +1,18 @@
 // A dataset seen as one stream of tokens (epoch_sampler.h cuts it into sequences): a token file,
 // or a Megatron indexed dataset's sequences concatenated in file order.
+//
+// Tokens are checked against the vocab as they are read, not when the dataset is opened: opening
+// reads headers and indexes only, so a dataset of hundreds of GB starts in the time its index
+// takes, and a rank reads (and checks) only the windows it trains on. A token outside the vocab
+// is then an error of the read that meets it (named by file, place and value), which the sampler
+// passes on to the step that asked for it (sampler.h: IsDataError).
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace furnace::data {
 
@@ -13,12 +22,22 @@ class TokenStream {
   virtual ~TokenStream() = default;
   virtual const std::string& path() const = 0;
   virtual int64_t size() const = 0;   // tokens in the stream
-  virtual int64_t vocab() const = 0;  // every token is below it
-  // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()).
-  virtual void Read(int64_t begin, int64_t n, int32_t* out) const = 0;
+  virtual int64_t vocab() const = 0;  // every token read is below it
+  // out[0..n) = tokens [begin, begin + n); the caller keeps the range inside [0, size()). The
+  // error of the first token outside [0, vocab()) (BadToken's) when there is one.
+  absl::Status Read(int64_t begin, int64_t n, int32_t* out) const;
   // Identifies the content for DataPosition::order: kind, size and a hash of up to 1024 tokens
   // spread over the stream (cheap; tells another file from this one, not a one-token edit).
-  std::string Fingerprint() const;
+  // Those tokens are read, and checked, as Read does.
+  absl::StatusOr<std::string> Fingerprint() const;
+
+ protected:
+  // out[0..n) = tokens [begin, begin + n) as stored, unchecked (int64: a 64-bit or unsigned 32-bit
+  // dataset can hold values no int32 can).
+  virtual void ReadStored(int64_t begin, int64_t n, int64_t* out) const = 0;
+  // The error for the token at stream position `position` holding `value` (outside the vocab):
+  // names the file, the token's place in it (byte offset) and the allowed range.
+  virtual absl::Status BadToken(int64_t position, int64_t value) const = 0;
 };
 
 }  // namespace furnace::data

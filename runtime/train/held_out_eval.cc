@@ -49,7 +49,9 @@ absl::StatusOr<std::vector<double>> LossesParallel(PipelineStage& stage,
     const int i = r * P.dp + P.dp_rank;
     const bool counted = i < batches;
     data::Batch batch;
-    if (P.first_stage() || P.last_stage()) batch = held_out.Sample(0, 0, counted ? i : 0);
+    if (P.first_stage() || P.last_stage()) {
+      ASSIGN_OR_RETURN(batch, held_out.Sample(0, 0, counted ? i : 0));
+    }
     if (!P.first_stage()) {
       RETURN_IF_ERROR(pipe->Recv(x_in, act_bytes, P.stage - 1, kEvalTag + r));
     }
@@ -90,7 +92,7 @@ absl::StatusOr<EvalResult> EvaluateHeldOut(Trainable& model, const data::Sampler
     // own context before its first micro-batch).
     model.SetStepContext(-1, 0);
     for (int i = 0; i < batches; ++i) {
-      const data::Batch batch = held_out.Sample(0, 0, i);
+      ASSIGN_OR_RETURN(const data::Batch batch, held_out.Sample(0, 0, i));
       ASSIGN_OR_RETURN(const MicroBatchResult r,
                        model.Evaluate(batch.inputs.data(), batch.targets.data(), batch.B));
       losses.push_back(r.loss);

@@ -171,7 +171,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const double t0 = clock_->MonotonicSeconds();
   model_->ZeroGrad();
   for (int micro = 0; micro < m; ++micro) {
-    const data::Batch batch = data_->Sample(step_, 0, config_.dp_rank * m + micro);
+    ASSIGN_OR_RETURN(const data::Batch batch, data_->Sample(step_, 0, config_.dp_rank * m + micro));
     model_->SetStepContext(step_, (int64_t{config_.dp_rank} * m + micro) * sc.batch);
     ASSIGN_OR_RETURN(MicroBatchResult r,
                      model_->ForwardBackward(batch.inputs.data(), batch.targets.data(), batch.B,

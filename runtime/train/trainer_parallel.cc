@@ -164,7 +164,9 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
     const int j = op.micro;
     if (op.kind == pipeline::PipelineOp::kForward) {
       data::Batch batch;
-      if (P.first_stage() || P.last_stage()) batch = data_->Sample(step_, 0, P.dp_rank * m + j);
+      if (P.first_stage() || P.last_stage()) {
+        ASSIGN_OR_RETURN(batch, data_->Sample(step_, 0, P.dp_rank * m + j));
+      }
       if (!P.first_stage()) RETURN_IF_ERROR(pipe->Recv(x_in, act_bytes, P.stage - 1, j));
       // Micro-batch j of data-parallel rank r is the sampler's micro-batch r * m + j (above).
       stage_->SetStepContext(step_, (int64_t{P.dp_rank} * m + j) * B);

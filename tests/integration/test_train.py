@@ -150,6 +150,24 @@ class TrainTest(harness.ClusterTest):
             f.write(b"NOTTOKEN" + bytes(64))
         self.bad_data_fails_at_once(f"data: {{source: tokens, path: {bad}}}", bad)
 
+    def test_a_bad_token_met_in_training_fails_at_once_naming_it(self):
+        """Tokens are checked as they are read, not at start-up: a token file with one token past
+        its header's vocab trains until the batch that reads it, then fails as corrupt data (not
+        retried), naming the token's place and value and the step."""
+        path = os.path.join(self.cluster.state, "damaged.tokens")
+        rng = random.Random(6)
+        tokens = [rng.randrange(64) for _ in range(64 * 90 + 1)]
+        # Window 45 holds it; not one of the tokens the fingerprint reads at start-up (every 5th).
+        tokens[2891] = 70
+        write_token_file(path, tokens, 64)
+        logs = self.bad_data_fails_at_once(f"data: {{source: tokens, path: {path}}}",
+                                           f"token file {path}: token 2891 (byte offset 5810) "
+                                           "has value 70, not below the vocab 64")
+        self.assertIn("data file corrupt", self.cluster.job(
+            self.cluster.cli_json("jobs")["jobs"][0]["job_id"])["summary"]["cause"])
+        self.assertRegex(logs, r"window 45 of 65 tokens, read for step [0-9]+, micro-batch")
+        self.assertRegex(logs, r"step [0-9]+/120")  # it trained before it met the token
+
     def test_bad_indexed_dataset_fails_at_once_naming_the_file(self):
         prefix = os.path.join(self.cluster.state, "corpus")
         write_indexed(prefix, 3, 20)

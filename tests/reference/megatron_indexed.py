@@ -13,10 +13,11 @@ dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8
 
 Usage (what tests/runtime/data/indexed_dataset_test.cc runs):
   megatron_indexed.py --prefix P --seed S --documents N --vocab V --dtype uint16
-                      [--max-sequence 40] [--sequences-per-document 1] [--modes]
+                      [--max-sequence 40] [--sequences-per-document 1] [--modes] [--gaps]
 writes P.bin, P.idx and P.expected: one line per sequence, "document_index: t0 t1 ...", the
 tokens this writer put there (what a reader must return). The token stream it implies (all
-sequences in order) is what Furnace cuts into windows.
+sequences in order) is what Furnace cuts into windows. --gaps leaves unused bytes (0xFF) between
+some sequences, as a writer other than Megatron's may (pointers need only increase).
 """
 import argparse
 import struct
@@ -30,15 +31,19 @@ DTYPE_CODES = {
 }
 
 
-def write_indexed(prefix, documents, dtype, modes=False):
+def write_indexed(prefix, documents, dtype, modes=False, gaps=False):
     """documents: a list of documents, each a list of sequences (1-D integer arrays).
-    Writes prefix.bin and prefix.idx exactly as Megatron's builder lays them out."""
+    Writes prefix.bin and prefix.idx exactly as Megatron's builder lays them out (with gaps:
+    every third sequence is preceded by two tokens' worth of 0xFF bytes no pointer covers)."""
     np_dtype = np.dtype(dtype)
     lengths, pointers, doc_index = [], [], [0]
     offset = 0
     with open(prefix + ".bin", "wb") as bin_file:
         for document in documents:
             for sequence in document:
+                if gaps and len(lengths) % 3 == 1:
+                    bin_file.write(b"\xff" * (2 * np_dtype.itemsize))
+                    offset += 2 * np_dtype.itemsize
                 data = np.asarray(sequence).astype(np_dtype)
                 bin_file.write(data.astype(np_dtype.newbyteorder("<")).tobytes())
                 lengths.append(len(data))
@@ -84,10 +89,11 @@ def main():
     p.add_argument("--max-sequence", type=int, default=40)
     p.add_argument("--sequences-per-document", type=int, default=1)
     p.add_argument("--modes", action="store_true", help="append multimodal sequence modes")
+    p.add_argument("--gaps", action="store_true", help="unused bytes between some sequences")
     a = p.parse_args()
     documents = random_documents(a.seed, a.documents, a.vocab, a.max_sequence,
                                  a.sequences_per_document)
-    write_indexed(a.prefix, documents, a.dtype, a.modes)
+    write_indexed(a.prefix, documents, a.dtype, a.modes, a.gaps)
     with open(a.prefix + ".expected", "w") as out:
         for d, document in enumerate(documents):
             for sequence in document:

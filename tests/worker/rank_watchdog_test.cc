@@ -41,9 +41,9 @@ TEST(WatchdogTimeoutsTest, DerivedFromTheRecoverySection) {
   EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(recovery).heartbeat_s, 0.5);
   // A task without a recovery section gets the spec's defaults (60 s each).
   EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(furnace::v1::RecoverySpec()).startup_s, 120);
-  // The start-up's allowance for reading data files whole: 100 MB/s, so 200 GB of tokens (100B
-  // uint16) gets 2,000 s more, where the fixed 120 s took every attempt for a hang.
-  EXPECT_DOUBLE_EQ(DataScanAllowanceS(uint64_t{200'000'000'000}), 2000);
+  // The start-up's allowance for the dataset indexes read whole: 100 MB/s, so the 1.2 GB index of
+  // 100M sequences gets 12 s more.
+  EXPECT_DOUBLE_EQ(DataScanAllowanceS(uint64_t{1'200'000'000}), 12);
   EXPECT_DOUBLE_EQ(DataScanAllowanceS(0), 0);
 }
 

@@ -31,7 +31,8 @@ class DataPrepareTest : public ::testing::Test {
     if (!file.ok()) return {};
     *vocab = (*file)->vocab();
     std::vector<int32_t> tokens((*file)->size());
-    (*file)->Read(0, (*file)->size(), tokens.data());
+    const absl::Status read = (*file)->Read(0, (*file)->size(), tokens.data());
+    EXPECT_TRUE(read.ok()) << read;
     return tokens;
   }
 
@@ -128,7 +129,7 @@ TEST_F(DataPrepareTest, TrainTokenizerThenPrepare) {
   auto tokenizer = data::OpenTokenizer(model);
   ASSERT_TRUE(tokenizer.ok());
   std::vector<int32_t> tokens((*file)->size());
-  (*file)->Read(0, (*file)->size(), tokens.data());
+  ASSERT_TRUE((*file)->Read(0, (*file)->size(), tokens.data()).ok());
   EXPECT_EQ((*tokenizer)->Decode(tokens), Corpus() + std::string("\xc3\xa9z", 3));
 }
 

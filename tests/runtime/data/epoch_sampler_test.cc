@@ -1,6 +1,7 @@
 // Epochs, blends, the held-out split and prefetching over in-memory token streams.
 #include "runtime/data/epoch_sampler.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -8,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -15,19 +17,28 @@ namespace furnace::data {
 namespace {
 
 // Token i of stream `tag` is tag * 100000 + i: a window's first token says where it came from.
+// The token at `bad_at` (when >= 0) is -1, outside any vocab.
 class FakeStream : public TokenStream {
  public:
-  FakeStream(int64_t size, int tag) : size_(size), tag_(tag), path_("fake" + std::to_string(tag)) {}
+  FakeStream(int64_t size, int tag, int64_t bad_at = -1)
+      : size_(size), tag_(tag), bad_at_(bad_at), path_("fake" + std::to_string(tag)) {}
   const std::string& path() const override { return path_; }
   int64_t size() const override { return size_; }
   int64_t vocab() const override { return 1 << 30; }
-  void Read(int64_t begin, int64_t n, int32_t* out) const override {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(tag_ * 100000 + begin + i);
+
+ protected:
+  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override {
+    for (int64_t i = 0; i < n; ++i) out[i] = begin + i == bad_at_ ? -1 : tag_ * 100000 + begin + i;
+  }
+  absl::Status BadToken(int64_t position, int64_t value) const override {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": token ", position, " has value ", value));
   }
 
  private:
   int64_t size_;
   int tag_;
+  int64_t bad_at_;
   std::string path_;
 };
 
@@ -40,7 +51,7 @@ std::vector<int32_t> StepStarts(const Sampler& s, int64_t step) {
   const SamplerConfig& c = s.config();
   std::vector<int32_t> starts;
   for (int g = 0; g < c.global_batch / c.batch; ++g) {
-    const Batch b = s.Sample(step, 0, g);
+    const Batch b = s.Sample(step, 0, g).value();
     for (int i = 0; i < b.B; ++i) starts.push_back(b.inputs[i * b.T]);
   }
   return starts;
@@ -138,7 +149,7 @@ TEST(EpochSamplerTest, HeldOutWindowsAreNeverTrainedOn) {
   std::set<int32_t> trained;  // every token a training sequence reads, targets included
   for (int step = 0; step < 9; ++step) {
     for (int g = 0; g < 2; ++g) {
-      const Batch b = (*tr)->Sample(step, 0, g);
+      const Batch b = (*tr)->Sample(step, 0, g).value();
       trained.insert(b.inputs.begin(), b.inputs.end());
       trained.insert(b.targets.begin(), b.targets.end());
     }
@@ -148,7 +159,7 @@ TEST(EpochSamplerTest, HeldOutWindowsAreNeverTrainedOn) {
   EXPECT_EQ(starts, (std::vector<int32_t>{720, 728, 736, 744, 752, 760, 768, 776, 784, 792}));
   EXPECT_EQ(StepStarts(**va, 1), starts);
   for (int g = 0; g < 2; ++g) {
-    const Batch b = (*va)->Sample(0, 0, g);
+    const Batch b = (*va)->Sample(0, 0, g).value();
     for (int32_t t : b.inputs) EXPECT_EQ(trained.count(t), 0u) << t;
     for (int32_t t : b.targets) EXPECT_EQ(trained.count(t), 0u) << t;
   }
@@ -164,7 +175,7 @@ TEST(EpochSamplerTest, TooShortDataIsRefusedNamingTheFile) {
 class RecordingSampler : public Sampler {
  public:
   explicit RecordingSampler(std::unique_ptr<Sampler> inner) : inner_(std::move(inner)) {}
-  Batch Sample(int64_t step, int dp_rank, int micro_batch) const override {
+  absl::StatusOr<Batch> Sample(int64_t step, int dp_rank, int micro_batch) const override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (std::this_thread::get_id() != owner_) background_.insert({step, micro_batch});
@@ -193,7 +204,7 @@ TEST(PrefetchingSamplerTest, PreparesTheNextMicroBatchesOnItsThread) {
   auto recording = std::make_unique<RecordingSampler>(std::move(*inner));
   const RecordingSampler* rec = recording.get();
   auto prefetching = MakePrefetchingSampler(std::move(recording), 2, 2, /*depth=*/3);
-  prefetching->Sample(0, 0, 2);
+  ASSERT_TRUE(prefetching->Sample(0, 0, 2).ok());
   // The next three of this rank's micro-batches: (0, 3), (1, 2), (1, 3). Waits for the thread
   // (no time limit is asserted: the test's own timeout bounds it).
   for (auto [step, micro] : {std::pair{0, 3}, std::pair{1, 2}, std::pair{1, 3}}) {
@@ -211,13 +222,71 @@ TEST(PrefetchingSamplerTest, ReturnsExactlyTheInnerBatches) {
   auto prefetching = MakePrefetchingSampler(std::move(*inner), 2, 2);
   for (int step = 0; step < 20; ++step) {
     for (int g : {2, 3}) {
-      EXPECT_EQ(prefetching->Sample(step, 0, g).inputs, (*reference)->Sample(step, 0, g).inputs);
+      EXPECT_EQ(prefetching->Sample(step, 0, g).value().inputs,
+                (*reference)->Sample(step, 0, g).value().inputs);
     }
   }
   // Out of order and repeated requests are still exact.
-  EXPECT_EQ(prefetching->Sample(3, 0, 0).targets, (*reference)->Sample(3, 0, 0).targets);
-  EXPECT_EQ(prefetching->Sample(3, 0, 0).targets, (*reference)->Sample(3, 0, 0).targets);
+  EXPECT_EQ(prefetching->Sample(3, 0, 0).value().targets,
+            (*reference)->Sample(3, 0, 0).value().targets);
+  EXPECT_EQ(prefetching->Sample(3, 0, 0).value().targets,
+            (*reference)->Sample(3, 0, 0).value().targets);
   EXPECT_EQ(prefetching->PositionAt(9).order, (*reference)->PositionAt(9).order);
+}
+
+// A token outside the vocab is found when its window is read: the batch that holds it fails with
+// a data error naming the file, the token and the batch; every other batch reads as before, and a
+// prefetching sampler hands the error to the caller that asks for that batch.
+TEST(EpochSamplerTest, ATokenOutsideTheVocabFailsTheBatchThatReadsIt) {
+  const SamplerConfig c{.batch = 2, .seq_len = 4, .seed = 5, .global_batch = 4};
+  // 1024 windows of 5 tokens; token 2001 is in window 500 (tokens 2000..2004) only, and not one
+  // of the every 4th tokens the fingerprint reads when the sampler is made. One epoch: 256 steps
+  // of 4 sequences.
+  auto clean = MakeEpochSampler({{Stream(4097)}}, c, {});
+  auto damaged =
+      MakeEpochSampler({{std::make_shared<FakeStream>(4097, 0, /*bad_at=*/2001)}}, c, {});
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_TRUE(damaged.ok()) << damaged.status();
+  int failed = 0;
+  for (int64_t step = 0; step < 256; ++step) {
+    for (int g = 0; g < 2; ++g) {
+      const absl::StatusOr<Batch> got = (*damaged)->Sample(step, 0, g);
+      const absl::StatusOr<Batch> want = (*clean)->Sample(step, 0, g);
+      ASSERT_TRUE(want.ok());
+      const bool holds_window_500 =
+          std::find(want->inputs.begin(), want->inputs.end(), 2000) != want->inputs.end();
+      if (!holds_window_500) {
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(got->inputs, want->inputs);
+        continue;
+      }
+      ++failed;
+      ASSERT_FALSE(got.ok());
+      EXPECT_TRUE(IsDataError(got.status()));
+      EXPECT_THAT(std::string(got.status().message()),
+                  ::testing::AllOf(::testing::HasSubstr("fake0: token 2001 has value -1"),
+                                   ::testing::HasSubstr("window 500 of 5 tokens"),
+                                   ::testing::HasSubstr(absl::StrCat("read for step ", step + 1,
+                                                                     ", micro-batch ", g))));
+      auto prefetching = MakePrefetchingSampler(
+          std::move(*MakeEpochSampler({{std::make_shared<FakeStream>(4097, 0, 2001)}}, c, {})), 0,
+          2);
+      const absl::StatusOr<Batch> prefetched = prefetching->Sample(step, 0, g);
+      EXPECT_EQ(prefetched.status(), got.status());
+      EXPECT_TRUE(IsDataError(prefetched.status()));
+    }
+  }
+  EXPECT_EQ(failed, 1);  // window 500 is read once an epoch
+  // At 1024 samples of 4097 tokens the fingerprint reads every 4th: a bad token there fails the
+  // sampler's making, before any step.
+  auto refused = MakeEpochSampler({{std::make_shared<FakeStream>(4097, 0, 2000)}}, c, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("fake0: token 2000 has value -1"));
+  // An error that is not the data's carries no mark.
+  EXPECT_FALSE(IsDataError(absl::InternalError("x")));
+  EXPECT_TRUE(IsDataError(DataError(absl::InternalError("x"))));
+  EXPECT_TRUE(DataError(absl::OkStatus()).ok());
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/data_sources.h"
@@ -53,37 +55,50 @@ std::string OpenError(const std::string& prefix, int64_t vocab = 1000) {
   return ds.ok() ? "opened" : std::string(ds.status().message());
 }
 
-class IndexedDtypeTest : public ::testing::TestWithParam<std::string> {};
+// (dtype, whether the .bin has gaps between sequences)
+class IndexedDtypeTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(IndexedDtypeTest, ReadsWhatTheIndependentWriterWrote) {
+  const auto& [dtype, gaps] = GetParam();
   testing_util::TestDir dir;
   const std::string prefix = dir / "corpus";
-  const int vocab = GetParam() == "uint8" || GetParam() == "int8" ? 100 : 30000;
+  const int vocab = dtype == "uint8" || dtype == "int8" ? 100 : 30000;
   const auto expected = WriteWithReference(
       prefix, "--seed 7 --documents 23 --sequences-per-document 3 --max-sequence 50 --vocab " +
-                  std::to_string(vocab) + " --dtype " + GetParam());
+                  std::to_string(vocab) + " --dtype " + dtype + (gaps ? " --gaps" : ""));
   ASSERT_EQ(expected.size(), 69u);
   auto ds = IndexedDataset::Open(prefix, vocab);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->num_sequences(), 69);
   EXPECT_EQ((*ds)->num_documents(), 23);
+  EXPECT_EQ((*ds)->contiguous(), !gaps);
   std::vector<int32_t> stream;
   for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_EQ((*ds)->Sequence(static_cast<int64_t>(i)), expected[i]) << "sequence " << i;
+    const absl::StatusOr<std::vector<int32_t>> sequence = (*ds)->Sequence(static_cast<int64_t>(i));
+    ASSERT_TRUE(sequence.ok()) << sequence.status();
+    EXPECT_EQ(*sequence, expected[i]) << "sequence " << i;
     stream.insert(stream.end(), expected[i].begin(), expected[i].end());
   }
   // The stream is every sequence in file order; reads may start and end anywhere.
   ASSERT_EQ((*ds)->size(), static_cast<int64_t>(stream.size()));
   for (int64_t begin : {int64_t{0}, int64_t{1}, int64_t{37}, (*ds)->size() - 60}) {
     std::vector<int32_t> got(60);
-    (*ds)->Read(begin, 60, got.data());
+    ASSERT_TRUE((*ds)->Read(begin, 60, got.data()).ok());
     EXPECT_EQ(got, std::vector<int32_t>(stream.begin() + begin, stream.begin() + begin + 60))
         << "from token " << begin;
+  }
+  // Every single token, so each sequence boundary (and empty sequence) is crossed.
+  for (int64_t p = 0; p < (*ds)->size(); ++p) {
+    int32_t t = -1;
+    ASSERT_TRUE((*ds)->Read(p, 1, &t).ok());
+    ASSERT_EQ(t, stream[p]) << "token " << p;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, IndexedDtypeTest,
-                         ::testing::Values("uint16", "int32", "int64", "uint8", "int8", "int16"));
+                         ::testing::Combine(::testing::Values("uint16", "int32", "int64", "uint8",
+                                                              "int8", "int16"),
+                                            ::testing::Bool()));
 
 TEST(IndexedDatasetTest, SamplerWindowsAreCutFromTheStream) {
   testing_util::TestDir dir;
@@ -101,7 +116,7 @@ TEST(IndexedDatasetTest, SamplerWindowsAreCutFromTheStream) {
   const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / T;
   EXPECT_EQ(made->train->PositionAt(0).epoch_sequences, windows);
   // Every sequence of a batch is some window k: inputs stream[kT, kT+T), targets shifted by one.
-  const Batch batch = made->train->Sample(3, 0, 1);
+  const Batch batch = made->train->Sample(3, 0, 1).value();
   for (int b = 0; b < 2; ++b) {
     const int32_t* in = batch.inputs.data() + b * T;
     bool found = false;
@@ -142,24 +157,22 @@ TEST(IndexedDatasetTest, HeldOutDataThatIsTheTrainingDataIsRefused) {
   EXPECT_NE(made->validation, nullptr);
 }
 
-// What a rank reads whole at start-up (its start-up watchdog's allowance): each prefix's .idx and
-// .bin, training and held-out; nothing for markov data.
-TEST(IndexedDatasetTest, DataFileBytesCountsBothFilesOfEveryPrefix) {
+// What a rank reads whole at start-up (its start-up watchdog's allowance): each prefix's .idx,
+// training and held-out; the .bin files are read as they are trained on; nothing for markov data.
+TEST(IndexedDatasetTest, DataBytesReadAtOpenCountTheIndexOfEveryPrefix) {
   testing_util::TestDir dir;
   const std::string train = dir / "train", held_out = dir / "held_out";
   WriteWithReference(train, "--seed 1 --documents 5");
   WriteWithReference(held_out, "--seed 2 --documents 3");
   uint64_t expected = 0;
-  for (const std::string& prefix : {train, held_out}) {
-    expected += Bytes(prefix + ".idx").size() + Bytes(prefix + ".bin").size();
-  }
+  for (const std::string& prefix : {train, held_out}) expected += Bytes(prefix + ".idx").size();
   DataSourceConfig data;
   data.source = "indexed";
   data.paths = {{train}};
   data.validation_paths = {{held_out}};
-  EXPECT_EQ(DataFileBytes(data), expected);
+  EXPECT_EQ(DataBytesReadAtOpen(data), expected);
   data.source = "markov";
-  EXPECT_EQ(DataFileBytes(data), 0u);
+  EXPECT_EQ(DataBytesReadAtOpen(data), 0u);
 }
 
 TEST(IndexedDatasetTest, MissingFilesAreNamed) {
@@ -242,14 +255,52 @@ TEST(IndexedDatasetTest, MultimodalAndFloatIndexesAreRefusedAsSuch) {
   EXPECT_THAT(OpenError(dir / "f"), HasSubstr(dir / "f.idx: unsupported dtype code 7"));
 }
 
+// A token beyond the model's vocab is refused when it is read (Open reads the index only), naming
+// the .bin, the sequence, the token's place in it and its byte offset; a job whose data is for a
+// larger vocab is refused before training all the same, by the tokens its fingerprint reads.
 TEST(IndexedDatasetTest, TokenBeyondTheVocabIsRefusedWithItsPlace) {
-  testing_util::TestDir dir;
-  const std::string prefix = dir / "corpus";
-  WriteWithReference(prefix, "--seed 2 --documents 30 --vocab 5000");
-  const std::string error = OpenError(prefix, 100);
-  EXPECT_THAT(error, HasSubstr(prefix + ".bin: token "));
-  EXPECT_THAT(error, HasSubstr("outside the model's vocab [0, 100)"));
-  EXPECT_EQ(OpenError(prefix, 5000), "opened");
+  for (const bool gaps : {false, true}) {
+    testing_util::TestDir dir;
+    const std::string prefix = dir / "corpus";
+    const auto expected = WriteWithReference(
+        prefix, std::string("--seed 2 --documents 30 --vocab 5000") + (gaps ? " --gaps" : ""));
+    auto ds = IndexedDataset::Open(prefix, 100);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    // The first token >= 100 in file order, and where the reference put it.
+    int64_t position = 0, sequence = -1, k = -1;
+    for (size_t s = 0; s < expected.size() && sequence < 0; ++s) {
+      for (size_t j = 0; j < expected[s].size(); ++j, ++position) {
+        if (expected[s][j] >= 100) {
+          sequence = static_cast<int64_t>(s);
+          k = static_cast<int64_t>(j);
+          break;
+        }
+      }
+    }
+    ASSERT_GE(sequence, 0);
+    // Its byte in the .bin: uint16 tokens before it, and the reference's gaps (two tokens before
+    // every sequence s with s % 3 == 1).
+    int64_t byte = 2 * position;
+    for (int64_t s = 0; gaps && s <= sequence; ++s) byte += s % 3 == 1 ? 4 : 0;
+    std::vector<int32_t> got((*ds)->size());
+    ASSERT_TRUE((*ds)->Read(0, position, got.data()).ok());  // everything before it reads
+    const absl::Status read = (*ds)->Read(0, (*ds)->size(), got.data());
+    EXPECT_TRUE(absl::IsInvalidArgument(read)) << read;
+    EXPECT_THAT(read.message(), HasSubstr(absl::StrCat(prefix, ".bin: token ", k, " of sequence ",
+                                                       sequence, " (byte offset ", byte, ")")));
+    EXPECT_THAT(read.message(), HasSubstr(absl::StrCat(") has value ", expected[sequence][k],
+                                                       ", outside the model's vocab [0, 100)")));
+    EXPECT_FALSE((*ds)->Sequence(sequence).ok());
+    EXPECT_EQ(OpenError(prefix, 5000), "opened");
+
+    DataSourceConfig data;
+    data.source = "indexed";
+    data.paths = {{prefix}};
+    data.model_vocab = 100;
+    auto made = MakeSamplers(data, {.batch = 1, .seq_len = 4, .seed = 1, .global_batch = 1});
+    ASSERT_FALSE(made.ok());
+    EXPECT_THAT(made.status().message(), HasSubstr("outside the model's vocab [0, 100)"));
+  }
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ TEST(MarkovTest, SampledTransitionsMatchProbabilities) {
   std::vector<double> first(8, 0);
   int64_t sequences = 0;
   for (int step = 0; step < 20; ++step) {
-    Batch batch = (*sampler)->Sample(step, 0, 0);
+    Batch batch = (*sampler)->Sample(step, 0, 0).value();
     for (int b = 0; b < batch.B; ++b) {
       first[batch.inputs[b * batch.T]] += 1;
       ++sequences;
@@ -105,13 +105,13 @@ TEST(SamplerTest, MarkovBatchesAreDeterministicInStepRankMicro) {
   auto s2 = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 5});
   auto s3 = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 6});
   ASSERT_TRUE(s1.ok() && s2.ok() && s3.ok());
-  const Batch a = (*s1)->Sample(7, 1, 2);
-  EXPECT_EQ(a.inputs, (*s2)->Sample(7, 1, 2).inputs);
-  EXPECT_EQ(a.targets, (*s1)->Sample(7, 1, 2).targets);
-  EXPECT_NE(a.inputs, (*s1)->Sample(8, 1, 2).inputs);
-  EXPECT_NE(a.inputs, (*s1)->Sample(7, 0, 2).inputs);
-  EXPECT_NE(a.inputs, (*s1)->Sample(7, 1, 3).inputs);
-  EXPECT_NE(a.inputs, (*s3)->Sample(7, 1, 2).inputs);
+  const Batch a = (*s1)->Sample(7, 1, 2).value();
+  EXPECT_EQ(a.inputs, (*s2)->Sample(7, 1, 2).value().inputs);
+  EXPECT_EQ(a.targets, (*s1)->Sample(7, 1, 2).value().targets);
+  EXPECT_NE(a.inputs, (*s1)->Sample(8, 1, 2).value().inputs);
+  EXPECT_NE(a.inputs, (*s1)->Sample(7, 0, 2).value().inputs);
+  EXPECT_NE(a.inputs, (*s1)->Sample(7, 1, 3).value().inputs);
+  EXPECT_NE(a.inputs, (*s3)->Sample(7, 1, 2).value().inputs);
   // Targets are the inputs shifted by one.
   for (int b = 0; b < a.B; ++b) {
     for (int t = 0; t + 1 < a.T; ++t) EXPECT_EQ(a.targets[b * a.T + t], a.inputs[b * a.T + t + 1]);
@@ -126,8 +126,9 @@ TEST(SamplerTest, MarkovValidationIsAnIndependentStream) {
   auto train = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 5});
   auto held_out = MakeMarkovSampler(*chain, {.batch = 4, .seq_len = 32, .seed = 5}, true);
   ASSERT_TRUE(train.ok() && held_out.ok());
-  EXPECT_NE((*train)->Sample(3, 0, 1).inputs, (*held_out)->Sample(3, 0, 1).inputs);
-  EXPECT_EQ((*held_out)->Sample(3, 0, 1).inputs, (*held_out)->Sample(3, 0, 1).inputs);
+  EXPECT_NE((*train)->Sample(3, 0, 1).value().inputs, (*held_out)->Sample(3, 0, 1).value().inputs);
+  EXPECT_EQ((*held_out)->Sample(3, 0, 1).value().inputs,
+            (*held_out)->Sample(3, 0, 1).value().inputs);
   EXPECT_NE((*train)->PositionAt(0).order, (*held_out)->PositionAt(0).order);
   EXPECT_EQ((*train)->PositionAt(5).epoch_sequences, 0);  // endless: no epochs
 }
@@ -163,10 +164,10 @@ TEST(SamplerTest, TokenFileWindowsAreDeterministicAndShifted) {
   ASSERT_TRUE(made.ok()) << made.status();
   const Sampler& sampler = *made->train;
   EXPECT_EQ(made->validation, nullptr);  // no data.validation
-  const Batch a = sampler.Sample(4, 0, 1);
-  EXPECT_EQ(a.inputs, sampler.Sample(4, 0, 1).inputs);
-  EXPECT_NE(a.inputs, sampler.Sample(5, 0, 1).inputs);
-  EXPECT_NE(a.inputs, sampler.Sample(4, 0, 0).inputs);
+  const Batch a = sampler.Sample(4, 0, 1).value();
+  EXPECT_EQ(a.inputs, sampler.Sample(4, 0, 1).value().inputs);
+  EXPECT_NE(a.inputs, sampler.Sample(5, 0, 1).value().inputs);
+  EXPECT_NE(a.inputs, sampler.Sample(4, 0, 0).value().inputs);
   for (int b = 0; b < 3; ++b) {
     for (int t = 0; t < 16; ++t) {
       EXPECT_EQ(a.targets[b * 16 + t], (a.inputs[b * 16 + t] + 1) % 1000);  // consecutive tokens

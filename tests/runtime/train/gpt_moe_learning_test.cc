@@ -65,7 +65,7 @@ TEST(GptMoeLearningTest, ReachesTheMarkovEntropyFloor) {
     double sum = 0;
     const int batches = 8;
     for (int i = 0; i < batches; ++i) {
-      data::Batch b = (*sampler)->Sample(1'000'000 + i, 0, 0);
+      data::Batch b = (*sampler)->Sample(1'000'000 + i, 0, 0).value();
       auto r = (*model)->Evaluate(b.inputs.data(), b.targets.data(), b.B);
       EXPECT_TRUE(r.ok()) << r.status();
       sum += r.ok() ? r->loss : 0;

@@ -78,7 +78,7 @@ Outcome Train(int64_t eval_every, int steps) {
   if (!run.evals.empty()) {
     double sum = 0;
     for (int i = 0; i < 3; ++i) {
-      const data::Batch b = held_out->Sample(0, 0, i);
+      const data::Batch b = held_out->Sample(0, 0, i).value();
       sum += model->Evaluate(b.inputs.data(), b.targets.data(), b.B)->loss;
     }
     EXPECT_DOUBLE_EQ(run.evals.back().second.loss, sum / 3);

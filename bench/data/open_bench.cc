@@ -1,0 +1,186 @@
+// What a rank pays for its data before and during training, on a Megatron indexed dataset of a
+// given size written here (uint16 tokens, documents of 1..2047 tokens, one sequence each):
+//   open   MakeSamplers: the .idx read and validated, the fingerprint's 1,024 tokens (all a rank
+//          reads before its first step);
+//   scan   every token of the .bin read in order and checked against the vocab: the work a rank
+//          did before its first step when Open checked every token (before 2026-12-04);
+//   sample one training micro-batch (B x (T + 1) tokens from shuffled windows, each token
+//          checked as it is read): what the check now costs a step.
+// Each is measured cold (the files' pages dropped from the page cache with
+// posix_fadvise(DONTNEED) first, so they come from the disk) and warm, A B A B over --rounds.
+// The resident set after a cold open says what the open read: the .idx, and the pages the
+// fingerprint's 1,024 reads brought in. (After a warm one it counts whatever the kernel maps
+// around those reads from the page cache, shared and clean, up to the whole file.)
+// Prints one JSON object.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/common/stats.h"
+#include "nlohmann/json.hpp"
+#include "runtime/data/data_sources.h"
+#include "runtime/data/indexed_dataset.h"
+
+namespace {
+
+using furnace::bench::Now;
+using furnace::bench::Summary;
+namespace data = furnace::data;
+
+constexpr int kVocab = 50304;
+
+// Writes PREFIX.bin / PREFIX.idx (Megatron's layout: sequences back to back) of about `bytes`.
+void WriteDataset(const std::string& prefix, int64_t bytes) {
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> lengths;
+  std::vector<int64_t> pointers;
+  std::ofstream bin(prefix + ".bin", std::ios::binary);
+  std::vector<uint16_t> doc;
+  int64_t offset = 0;
+  while (offset < bytes) {
+    doc.resize(1 + rng() % 2047);
+    for (uint16_t& t : doc) t = static_cast<uint16_t>(rng() % kVocab);
+    bin.write(reinterpret_cast<const char*>(doc.data()),
+              static_cast<std::streamsize>(doc.size() * 2));
+    lengths.push_back(static_cast<int32_t>(doc.size()));
+    pointers.push_back(offset);
+    offset += static_cast<int64_t>(doc.size()) * 2;
+  }
+  std::ofstream idx(prefix + ".idx", std::ios::binary);
+  const auto put = [&](const void* p, size_t n) {
+    idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  put(data::kIndexedMagic, 9);
+  const uint64_t version = 1, S = lengths.size(), D = S + 1;
+  const uint8_t dtype = 8;  // uint16
+  put(&version, 8);
+  put(&dtype, 1);
+  put(&S, 8);
+  put(&D, 8);
+  put(lengths.data(), 4 * S);
+  put(pointers.data(), 8 * S);
+  for (uint64_t d = 0; d < D; ++d) put(&d, 8);
+}
+
+void DropFromPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+double ResidentMiB() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1048576.0;
+}
+
+[[noreturn]] void Die(const absl::Status& s) {
+  std::fprintf(stderr, "furnace_bench_data: %s\n", s.ToString().c_str());
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  double gib = 2;
+  int rounds = 3;
+  bool keep = false;  // --keep 1: leave the dataset in --dir
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--keep") keep = std::atoi(argv[i + 1]) != 0;
+    if (flag == "--dir") dir = argv[i + 1];
+    if (flag == "--gib") gib = std::atof(argv[i + 1]);
+    if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "usage: furnace_bench_data --dir DIR [--gib 2] [--rounds 3]\n");
+    return 2;
+  }
+  const std::string prefix = dir + "/bench_corpus";
+  const double t_write = Now();
+  WriteDataset(prefix, static_cast<int64_t>(gib * (1ull << 30)));
+  const double write_s = Now() - t_write;
+  const std::string files[] = {data::IndexedDataset::IndexPath(prefix),
+                               data::IndexedDataset::DataPath(prefix)};
+  const auto drop = [&] {
+    for (const std::string& f : files) DropFromPageCache(f);
+  };
+
+  data::DataSourceConfig config;
+  config.source = "indexed";
+  config.paths = {{prefix}};
+  config.model_vocab = kVocab;
+  const data::SamplerConfig sampler{.batch = 8, .seq_len = 2048, .seed = 3, .global_batch = 64};
+
+  std::vector<double> open_cold, open_warm, scan_cold, scan_warm, sample_cold, sample_warm;
+  double resident_before = 0, resident_cold = 0, resident_warm = 0;
+  int64_t tokens = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (const bool cold : {true, false}) {
+      // Open, then sample 4 micro-batches, from the page cache's state `cold` says.
+      if (cold) drop();
+      resident_before = ResidentMiB();
+      double t0 = Now();
+      absl::StatusOr<data::Samplers> made = data::MakeSamplers(config, sampler);
+      if (!made.ok()) Die(made.status());
+      (cold ? open_cold : open_warm).push_back(Now() - t0);
+      (cold ? resident_cold : resident_warm) = ResidentMiB();
+      t0 = Now();
+      for (int g = 0; g < 4; ++g) {
+        absl::StatusOr<data::Batch> batch = made->train->Sample(r * 16 + cold, 0, g);
+        if (!batch.ok()) Die(batch.status());
+      }
+      (cold ? sample_cold : sample_warm).push_back((Now() - t0) / 4);
+      made = absl::UnknownError("closed");  // unmapped: the drop below reaches every page
+
+      // Every token read in order and checked, as Open did before tokens were checked as read
+      // (with the kernel's read-ahead, as a sequential read gets it).
+      if (cold) drop();
+      t0 = Now();
+      {
+        std::ifstream bin(files[1], std::ios::binary);
+        std::vector<uint16_t> block(1 << 21);
+        int64_t bad = 0;
+        tokens = 0;
+        while (bin.read(reinterpret_cast<char*>(block.data()),
+                        static_cast<std::streamsize>(block.size() * 2)) ||
+               bin.gcount() > 0) {
+          const int64_t n = bin.gcount() / 2;
+          for (int64_t i = 0; i < n; ++i) bad += block[i] >= kVocab ? 1 : 0;
+          tokens += n;
+        }
+        if (bad != 0) Die(absl::DataLossError("tokens outside the vocab"));
+      }
+      (cold ? scan_cold : scan_warm).push_back(Now() - t0);
+    }
+  }
+  nlohmann::json out = {
+      {"gib", gib},
+      {"tokens", tokens},
+      {"write_s", write_s},
+      {"rounds", rounds},
+      {"open_s", {{"cold", Summary(open_cold)}, {"warm", Summary(open_warm)}}},
+      {"scan_s", {{"cold", Summary(scan_cold)}, {"warm", Summary(scan_warm)}}},
+      {"sample_micro_batch_s", {{"cold", Summary(sample_cold)}, {"warm", Summary(sample_warm)}}},
+      {"resident_mib",
+       {{"before_open", resident_before},
+        {"after_cold_open", resident_cold},
+        {"after_warm_open", resident_warm}}},
+  };
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!keep) {
+    for (const std::string& f : files) std::remove(f.c_str());
+  }
+  return 0;
+}
