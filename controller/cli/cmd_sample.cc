@@ -195,7 +195,13 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
   const int32_t eod = tokenizer->eod_id();
   sampling.stop_id = eod >= 0 && eod < loaded.config.vocab ? eod : -1;
 
-  std::vector<int32_t> prompt = tokenizer->Encode(options.prompt);
+  absl::StatusOr<std::vector<int32_t>> encoded =
+      tokenizer->Encode(options.prompt, data::TextPart::kStart);
+  if (!encoded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample: --prompt: ", encoded.status().message()));
+  }
+  std::vector<int32_t> prompt = std::move(*encoded);
   if (prompt.empty()) {
     // An empty prompt starts a new document where the vocabulary has a marker for it.
     if (sampling.stop_id < 0) {

@@ -8,15 +8,24 @@
 namespace furnace::cli {
 namespace {
 
+using data::TextPart;
+
 class DecimalIds final : public Tokenizer {
  public:
   explicit DecimalIds(int64_t vocab) : vocab_(vocab) {}
-  std::vector<int32_t> Encode(absl::string_view text) const override {
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              TextPart /*part*/) const override {
     std::vector<int32_t> ids;
     for (absl::string_view word :
          absl::StrSplit(text, absl::ByAnyChar(" ,\t\n"), absl::SkipEmpty())) {
       int32_t id = 0;
-      if (absl::SimpleAtoi(word, &id)) ids.push_back(id);
+      if (!absl::SimpleAtoi(word, &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("\"", word,
+                         "\" is not a token id (this model was trained on token ids, not text: "
+                         "give ids in decimal, separated by spaces)"));
+      }
+      ids.push_back(id);
     }
     return ids;
   }

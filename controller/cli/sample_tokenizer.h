@@ -14,8 +14,8 @@ namespace furnace::cli {
 using data::OpenTokenizer;
 using data::Tokenizer;
 
-// Token ids as decimal text ("3 14 15"). Encode skips what is not a number; ids outside
-// [0, vocab) are kept (the decoder refuses them, naming the id).
+// Token ids as decimal text ("3 14 15"). Encode refuses a word that is not a number (naming it);
+// ids outside [0, vocab) are kept (the decoder refuses them, naming the id).
 std::unique_ptr<Tokenizer> IdTokenizer(int64_t vocab);
 
 }  // namespace furnace::cli

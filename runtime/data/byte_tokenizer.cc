@@ -10,7 +10,8 @@ std::vector<int32_t> ByteTokenize(absl::string_view text, bool eod) {
   return tokens;
 }
 
-std::vector<int32_t> ByteTokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> ByteTokenizer::Encode(
+    absl::string_view text, TextPart /*part: bytes need no context*/) const {
   return ByteTokenize(text, false);
 }
 

@@ -27,7 +27,7 @@ std::vector<int32_t> ByteTokenize(absl::string_view text, bool eod);
 class ByteTokenizer final : public Tokenizer {
  public:
   explicit ByteTokenizer(bool eod = true) : eod_(eod) {}
-  std::vector<int32_t> Encode(absl::string_view text) const override;
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text, TextPart part) const override;
   std::string Decode(absl::Span<const int32_t> ids) const override;
   int64_t vocab() const override { return ByteTokenizerVocab(eod_); }
   int32_t eod_id() const override { return eod_ ? kEndOfDocument : -1; }

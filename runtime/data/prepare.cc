@@ -16,19 +16,30 @@ namespace {
 
 constexpr size_t kBlockBytes = 1 << 20;
 
-// Encodes documents and appends them, each followed by the end-of-document id, to the writer.
+// Encodes documents and appends them, each followed by the end-of-document id, to the writer. A
+// document may come in parts (AppendText more than once): the first is encoded as its start, the
+// others as its continuation (tokenizer.h: TextPart), so the ids are those of the whole.
 class DocumentSink {
  public:
   DocumentSink(const Tokenizer& tokenizer, TokenFileWriter* writer, PrepareStats* stats)
       : tokenizer_(tokenizer), writer_(writer), stats_(stats) {}
 
-  absl::Status AppendText(absl::string_view text) {
+  // `where` names the text in an error ("input F", "input F line N").
+  absl::Status AppendText(absl::string_view text, const std::string& where) {
     if (text.empty()) return absl::OkStatus();
-    const std::vector<int32_t> ids = tokenizer_.Encode(text);
-    return writer_->Append(ids.data(), static_cast<int64_t>(ids.size()));
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tokenizer_.Encode(text, started_ ? TextPart::kContinuation : TextPart::kStart);
+    if (!ids.ok()) {
+      return absl::Status(ids.status().code(), absl::StrCat("data prepare: ", where,
+                                                            ": the tokenizer refused the text: ",
+                                                            ids.status().message()));
+    }
+    started_ = true;
+    return writer_->Append(ids->data(), static_cast<int64_t>(ids->size()));
   }
   absl::Status EndDocument() {
     ++stats_->documents;
+    started_ = false;
     const int32_t eod = tokenizer_.eod_id();
     return eod >= 0 ? writer_->Append(&eod, 1) : absl::OkStatus();
   }
@@ -37,6 +48,7 @@ class DocumentSink {
   const Tokenizer& tokenizer_;
   TokenFileWriter* writer_;
   PrepareStats* stats_;
+  bool started_ = false;  // a part of the current document was encoded
 };
 
 // Where to cut `text` so the head can be encoded alone: after its last newline, else before the
@@ -56,6 +68,7 @@ absl::Status PrepareText(const std::string& input, DocumentSink& sink,
     return absl::NotFoundError(
         absl::StrCat("data prepare: input ", input, ": cannot open: ", std::strerror(errno)));
   }
+  const std::string where = absl::StrCat("input ", input);
   std::string pending;  // read, not encoded yet: at most a block plus an unfinished character
   std::vector<char> block(kBlockBytes);
   while (in) {
@@ -64,13 +77,13 @@ absl::Status PrepareText(const std::string& input, DocumentSink& sink,
     if (got == 0) break;
     pending.append(block.data(), got);
     const size_t cut = CutPoint(pending);
-    RETURN_IF_ERROR(sink.AppendText(absl::string_view(pending).substr(0, cut)));
+    RETURN_IF_ERROR(sink.AppendText(absl::string_view(pending).substr(0, cut), where));
     pending.erase(0, cut);
     advance(static_cast<int64_t>(got));
   }
   if (in.bad())
     return absl::DataLossError(absl::StrCat("data prepare: input ", input, ": read error"));
-  RETURN_IF_ERROR(sink.AppendText(pending));
+  RETURN_IF_ERROR(sink.AppendText(pending, where));
   return sink.EndDocument();
 }
 
@@ -98,7 +111,8 @@ absl::Status PrepareJsonLines(const std::string& input, const std::string& field
                                                      line_number, ": no string field \"", field,
                                                      "\" (--jsonl-field)"));
     }
-    RETURN_IF_ERROR(sink.AppendText(text->get_ref<const std::string&>()));
+    RETURN_IF_ERROR(sink.AppendText(text->get_ref<const std::string&>(),
+                                    absl::StrCat("input ", input, " line ", line_number)));
     RETURN_IF_ERROR(sink.EndDocument());
     ++documents;
   }

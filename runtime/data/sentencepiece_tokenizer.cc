@@ -142,10 +142,14 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
   return tokenizer;
 }
 
-std::vector<int32_t> SentencePieceTokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text,
+                                                                    TextPart part) const {
   std::vector<int> ids;
   std::string error;
-  processor_->Encode(std::string_view(text.data(), text.size()), &ids, &error);
+  if (!processor_->Encode(std::string_view(text.data(), text.size()),
+                          part == TextPart::kContinuation, &ids, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("SentencePiece: ", error));
+  }
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 

@@ -164,6 +164,13 @@ TEST_F(SampleTest, BadInputIsNamed) {
                                             "vocabulary [0, 64)"),
             std::string::npos)
       << outside.status();
+  // A word that is no id is refused, naming it (it was skipped, sampling after fewer ids).
+  options_.prompt = "3 x5 7";
+  absl::StatusOr<int> word = RunSample(ctx_, "", options_);
+  EXPECT_TRUE(absl::IsInvalidArgument(word.status()));
+  EXPECT_NE(word.status().message().find("sample: --prompt: \"x5\" is not a token id"),
+            std::string::npos)
+      << word.status();
 
   options_.prompt = prompt_;
   options_.temperature = -1;

@@ -26,7 +26,8 @@ std::vector<int32_t> ReadTokens(const std::string& path) {
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return {};
   std::vector<int32_t> tokens((*file)->size());
-  (*file)->Read(0, (*file)->size(), tokens.data());
+  const absl::Status read = (*file)->Read(0, (*file)->size(), tokens.data());
+  EXPECT_TRUE(read.ok()) << read;
   return tokens;
 }
 
@@ -180,6 +181,35 @@ TEST(PrepareTest, SentencePieceEndToEnd) {
   EXPECT_EQ(CheckTokenizerIdentity(**file, "byte").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Documents(**tokenizer, ReadTokens(dir / "sp.bin")),
             (std::vector<std::string>{corpus, ReadAll(dir / "other.txt")}));
+}
+
+// A model with a dummy prefix that keeps whitespace (Llama's normalizer, made here by merging
+// add_dummy_prefix into a trained model) prepares a document longer than the 1 MiB block into the
+// ids of the whole document: each block after the first is encoded as its continuation, with no
+// "▁" of its own.
+TEST(PrepareTest, ADocumentOfManyBlocksIsEncodedAsAWholeByADummyPrefixModel) {
+  TestDir dir;
+  WriteAll(dir / "corpus.txt", testing_corpus::Corpus());
+  ASSERT_TRUE(TrainSentencePiece({.inputs = {dir / "corpus.txt"},
+                                  .vocab = 320,
+                                  .model_type = "bpe",
+                                  .output = dir / "tok.model"})
+                  .ok());
+  // NormalizerSpec (ModelProto field 3) { add_dummy_prefix (field 3): true }.
+  WriteAll(dir / "prefix.model", ReadAll(dir / "tok.model") + std::string("\x1a\x02\x18\x01", 4));
+  auto tokenizer = OpenTokenizer(dir / "prefix.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::string book;
+  while (book.size() < (5u << 20) / 2) book += testing_corpus::Corpus();  // 2.5 MiB, 3 blocks
+  WriteAll(dir / "book.txt", book);
+  auto stats =
+      PrepareTokenFile(**tokenizer, {.inputs = {dir / "book.txt"}, .output = dir / "book.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  std::vector<int32_t> whole = (*tokenizer)->Encode(book, TextPart::kStart).value();
+  whole.push_back((*tokenizer)->eod_id());
+  const std::vector<int32_t> prepared = ReadTokens(dir / "book.bin");
+  ASSERT_EQ(prepared.size(), whole.size());
+  EXPECT_TRUE(prepared == whole);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ TEST(ByteTokenizerTest, RoundTripsNonAscii) {
   EXPECT_EQ(t.vocab(), 257);
   EXPECT_EQ(t.eod_id(), 256);
   EXPECT_EQ(t.identity(), "byte");
-  const std::vector<int32_t> ids = t.Encode(kSample);
+  const std::vector<int32_t> ids = t.Encode(kSample, TextPart::kStart).value();
   EXPECT_EQ(ids.size(), kSample.size());
   EXPECT_EQ(t.Decode(ids), kSample);
   std::vector<int32_t> with_eod = ids;
@@ -80,7 +80,7 @@ TEST_P(SentencePieceTest, TrainsAndRoundTripsNonAscii) {
 
   for (const std::string& text : {kSample, testing_corpus::Corpus(50), std::string("x"),
                                   std::string("\n\n"), std::string(" ")}) {
-    const std::vector<int32_t> ids = t.Encode(text);
+    const std::vector<int32_t> ids = t.Encode(text, TextPart::kStart).value();
     for (int32_t id : ids) {
       ASSERT_GE(id, 0);
       ASSERT_LT(id, t.vocab());
@@ -91,9 +91,9 @@ TEST_P(SentencePieceTest, TrainsAndRoundTripsNonAscii) {
   }
   // Subwords, not bytes: the corpus's own text takes far fewer ids than bytes.
   const std::string corpus = testing_corpus::Corpus(50);
-  EXPECT_LT(t.Encode(corpus).size() * 4, corpus.size() * 3);
+  EXPECT_LT(t.Encode(corpus, TextPart::kStart)->size() * 4, corpus.size() * 3);
   // The end-of-document id and ids outside the vocab decode to nothing.
-  std::vector<int32_t> ids = t.Encode("naïve café");
+  std::vector<int32_t> ids = t.Encode("naïve café", TextPart::kStart).value();
   ids.insert(ids.begin() + 1, t.eod_id());
   ids.push_back(-1);
   ids.push_back(330);
@@ -107,6 +107,49 @@ TEST_P(SentencePieceTest, RefusesVocabTooLargeForTheText) {
   EXPECT_THAT(trained.status().message(), HasSubstr("--vocab 100000 is too large for this text"));
   EXPECT_THAT(trained.status().message(), HasSubstr("use --vocab "));
   EXPECT_FALSE(std::ifstream(dir_ / "tok.model").good()) << "nothing written";
+}
+
+// The ids of `text` encoded in two parts cut at `cut` (the second as a continuation, or as a start
+// when `as_start`).
+std::vector<int32_t> InTwoParts(const Tokenizer& t, const std::string& text, size_t cut,
+                                bool as_start = false) {
+  std::vector<int32_t> ids = t.Encode(text.substr(0, cut), TextPart::kStart).value();
+  const std::vector<int32_t> rest =
+      t.Encode(text.substr(cut), as_start ? TextPart::kStart : TextPart::kContinuation).value();
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  return ids;
+}
+
+// A document cut after a newline and encoded part by part gives the ids of the whole, with the
+// models trained here (no dummy prefix) and with a model that adds a dummy prefix and keeps
+// whitespace, as Llama's and Mistral's do: made here by merging add_dummy_prefix into a trained
+// model's normalizer spec, as protobuf merges a repeated message field. Encoded as a start, the
+// part after the cut would begin with a "▁" the whole document does not have there.
+TEST_P(SentencePieceTest, ADocumentEncodedInPartsGivesTheIdsOfTheWhole) {
+  ASSERT_TRUE(TrainSentencePiece(Options(330)).ok());
+  const std::string trained = ReadAll(dir_ / "tok.model");
+  // NormalizerSpec (ModelProto field 3) { add_dummy_prefix (field 3): true }.
+  WriteAll(dir_ / "prefix.model", trained + std::string("\x1a\x02\x18\x01", 4));
+  const std::string text = testing_corpus::Corpus(40) + kSample;
+  std::vector<size_t> cuts;
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (text[i] == '\n') cuts.push_back(i + 1);
+  }
+  ASSERT_GT(cuts.size(), 40u);
+  for (const std::string model : {"tok.model", "prefix.model"}) {
+    auto tokenizer = OpenTokenizer(dir_ / model);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    const Tokenizer& t = **tokenizer;
+    const std::vector<int32_t> whole = t.Encode(text, TextPart::kStart).value();
+    EXPECT_EQ(t.Decode(whole), text) << model;  // decoding drops the dummy prefix
+    int differ_as_start = 0;
+    for (size_t cut : cuts) {
+      ASSERT_EQ(InTwoParts(t, text, cut), whole) << model << ", cut at byte " << cut;
+      differ_as_start += InTwoParts(t, text, cut, /*as_start=*/true) != whole ? 1 : 0;
+    }
+    // Only the model with a dummy prefix tells a continuation from a start.
+    EXPECT_EQ(differ_as_start, model == "tok.model" ? 0 : static_cast<int>(cuts.size())) << model;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelTypes, SentencePieceTest, ::testing::Values("unigram", "bpe"));
