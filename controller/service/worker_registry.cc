@@ -52,7 +52,7 @@ Worker* WorkerRegistry::Find(const std::string& worker_id) {
 
 Worker& WorkerRegistry::FindOrAdd(const std::string& worker_id) {
   Worker& w = workers_[worker_id];
-  if (!w.seen) w.seen = MailboxOf(worker_id).seen;
+  if (!w.seen) w.seen = MailboxOf(worker_id)->seen;
   return w;
 }
 
@@ -62,28 +62,32 @@ v1::WorkerInfo WorkerRegistry::Info(const Worker& w) {
   return info;
 }
 
-WorkerRegistry::Mailbox* WorkerRegistry::FindMailbox(const std::string& worker_id) const {
+std::shared_ptr<WorkerRegistry::Mailbox> WorkerRegistry::FindMailbox(
+    const std::string& worker_id) const {
   std::shared_lock<std::shared_mutex> lock(mail_mu_);
   auto it = mail_.find(worker_id);
-  return it == mail_.end() ? nullptr : const_cast<Mailbox*>(&it->second);
+  return it == mail_.end() ? nullptr : it->second;
 }
 
-WorkerRegistry::Mailbox& WorkerRegistry::MailboxOf(const std::string& worker_id) {
-  if (Mailbox* box = FindMailbox(worker_id)) return *box;
+std::shared_ptr<WorkerRegistry::Mailbox> WorkerRegistry::MailboxOf(const std::string& worker_id) {
+  if (std::shared_ptr<Mailbox> box = FindMailbox(worker_id)) return box;
   std::unique_lock<std::shared_mutex> lock(mail_mu_);
-  auto [it, added] = mail_.try_emplace(worker_id);  // std::map: constructed in place, never moved
-  if (added) mailboxes_.fetch_add(1, std::memory_order_relaxed);
-  return it->second;
+  std::shared_ptr<Mailbox>& box = mail_[worker_id];
+  if (box == nullptr) {
+    box = std::make_shared<Mailbox>();
+    mailboxes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return box;
 }
 
 void WorkerRegistry::Touch(const std::string& worker_id) {
-  if (Mailbox* box = FindMailbox(worker_id)) {
+  if (const std::shared_ptr<Mailbox> box = FindMailbox(worker_id)) {
     box->seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
   }
 }
 
 bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& session_id) {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return false;
   {
     std::lock_guard<std::mutex> lock(box->mu);
@@ -140,6 +144,10 @@ void WorkerRegistry::Forget(const std::string& worker_id) {
   if (it == workers_.end() || it->second.info.state() != v1::WORKER_STATE_LOST) return;
   workers_.erase(it);
   dirty_.insert(worker_id);  // no record: Flush deletes its row
+  // Its mailbox too (empty: a lost worker's session ended with its commands); a call of its agent
+  // that holds it finds no session, and the agent registers as a new worker.
+  std::unique_lock<std::shared_mutex> lock(mail_mu_);
+  if (mail_.erase(worker_id) > 0) mailboxes_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
@@ -194,24 +202,24 @@ void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
 }
 
 std::string WorkerRegistry::NewSession(const std::string& worker_id, bool drop_commands) {
-  Mailbox& box = MailboxOf(worker_id);
+  const std::shared_ptr<Mailbox> box = MailboxOf(worker_id);
   Wake wake;
   std::string session = absl::StrCat(instance_id_, "-", ++session_counter_);
   {
-    std::lock_guard<std::mutex> lock(box.mu);
-    box.session_id = session;
-    box.seen->in_session = true;
-    if (drop_commands) box.commands.clear();
-    box.cv.notify_all();  // an older command stream of this worker ends
-    wake = std::move(box.wake);
-    box.wake = nullptr;
+    std::lock_guard<std::mutex> lock(box->mu);
+    box->session_id = session;
+    box->seen->in_session = true;
+    if (drop_commands) box->commands.clear();
+    box->cv.notify_all();  // an older command stream of this worker ends
+    wake = std::move(box->wake);
+    box->wake = nullptr;
   }
   CallWake(std::move(wake));
   return session;
 }
 
 void WorkerRegistry::EndSession(const std::string& worker_id) {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return;
   Wake wake;
   {
@@ -227,35 +235,35 @@ void WorkerRegistry::EndSession(const std::string& worker_id) {
 }
 
 bool WorkerRegistry::HasSession(const std::string& worker_id) const {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return false;
   std::lock_guard<std::mutex> lock(box->mu);
   return !box->session_id.empty();
 }
 
 bool WorkerRegistry::IsSession(const std::string& worker_id, const std::string& session_id) const {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return false;
   std::lock_guard<std::mutex> lock(box->mu);
   return !box->session_id.empty() && box->session_id == session_id;
 }
 
 void WorkerRegistry::Enqueue(const std::string& worker_id, v1::AgentCommand command) {
-  Mailbox& box = MailboxOf(worker_id);
+  const std::shared_ptr<Mailbox> box = MailboxOf(worker_id);
   Wake wake;
   {
-    std::lock_guard<std::mutex> lock(box.mu);
-    box.commands.push_back(std::move(command));
-    box.cv.notify_all();
-    wake = std::move(box.wake);
-    box.wake = nullptr;
+    std::lock_guard<std::mutex> lock(box->mu);
+    box->commands.push_back(std::move(command));
+    box->cv.notify_all();
+    wake = std::move(box->wake);
+    box->wake = nullptr;
   }
   CallWake(std::move(wake));
 }
 
 absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::TakeCommands(
     const std::string& worker_id, const std::string& session_id, Wake wake) {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return absl::FailedPreconditionError("stale worker session: register again");
   std::lock_guard<std::mutex> lock(box->mu);
   if (box->session_id != session_id) {
@@ -269,7 +277,7 @@ absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::TakeCommands(
 
 absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
     const std::string& worker_id, const std::string& session_id, double wait_s) {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return absl::FailedPreconditionError("stale worker session: register again");
   std::unique_lock<std::mutex> lock(box->mu);
   auto deadline = std::chrono::steady_clock::now() +
@@ -291,7 +299,7 @@ absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
 }
 
 void WorkerRegistry::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
-  Mailbox* box = FindMailbox(worker_id);
+  const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return;
   Wake wake;
   {

@@ -97,8 +97,8 @@ class WorkerRegistry {
     uint32_t rank = 0;
   };
   Held MarkLost(Worker& worker);
-  // Drops a lost worker's record (the next Flush deletes its row); its mailbox stays, empty, so a
-  // returning agent registers as a new worker. No-op for a worker that is not lost.
+  // Drops a lost worker's record (the next Flush deletes its row) and its mailbox, so a returning
+  // agent registers as a new worker. No-op for a worker that is not lost.
   void Forget(const std::string& worker_id);
   // Marks the worker's record to be written by the next Flush.
   void Persist(const Worker& worker);
@@ -122,7 +122,8 @@ class WorkerRegistry {
   // Ends the session and drops the queued commands (the worker must register again).
   void EndSession(const std::string& worker_id);
   bool HasSession(const std::string& worker_id) const;
-  // Workers heard from in this controller run (their mailboxes; never decreases). Lock-free.
+  // Workers with a mailbox: heard from in this controller run (or loaded from the store) and not
+  // forgotten. Lock-free.
   uint64_t MailboxCount() const { return mailboxes_.load(std::memory_order_relaxed); }
   bool IsSession(const std::string& worker_id, const std::string& session_id) const;
   void Enqueue(const std::string& worker_id, furnace::v1::AgentCommand command);
@@ -157,19 +158,20 @@ class WorkerRegistry {
   static void CallWake(Wake wake) {
     if (wake) wake();
   }
-  // The worker's mailbox, or null when it has none (shared lock on the map).
-  Mailbox* FindMailbox(const std::string& worker_id) const;
+  // The worker's mailbox, or null when it has none (shared lock on the map). Shared: a caller's
+  // mailbox stays valid when Forget drops it from the map.
+  std::shared_ptr<Mailbox> FindMailbox(const std::string& worker_id) const;
   // The worker's mailbox, created when missing (exclusive lock on the map for that).
-  Mailbox& MailboxOf(const std::string& worker_id);
+  std::shared_ptr<Mailbox> MailboxOf(const std::string& worker_id);
 
   JobStore& store_;
   const Clock& clock_;
   std::map<std::string, Worker> workers_;  // guarded by the caller's state mutex
   std::set<std::string> dirty_;            // records not written yet; guarded likewise
 
-  mutable std::shared_mutex mail_mu_;    // guards the map's structure; each Mailbox guards itself
-  std::map<std::string, Mailbox> mail_;  // entries are never erased (pointers to them stay valid)
-  const std::string instance_id_;        // distinguishes sessions across controller restarts
+  mutable std::shared_mutex mail_mu_;  // guards the map's structure; each Mailbox guards itself
+  std::map<std::string, std::shared_ptr<Mailbox>> mail_;  // erased by Forget
+  const std::string instance_id_;  // distinguishes sessions across controller restarts
   std::atomic<uint64_t> session_counter_{0};
   std::atomic<uint64_t> mailboxes_{0};
 };

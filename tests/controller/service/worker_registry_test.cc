@@ -1,0 +1,82 @@
+// WorkerRegistry's sessions and mailboxes on their own (a real job store on a temp dir, a fake
+// clock): a forgotten worker leaves nothing behind, and a caller holding its mailbox when it is
+// forgotten is not left with a dangling one.
+#include "controller/service/worker_registry.h"
+
+#include <memory>
+
+#include "controller/store/job_store.h"
+#include "gtest/gtest.h"
+#include "runtime/base/clock.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::controller {
+namespace {
+
+namespace v1 = furnace::v1;
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(dir_ / "furnace.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    registry_ = std::make_unique<WorkerRegistry>(*store_, clock_);
+  }
+  // A worker that registered (a record and a session) and was then lost.
+  void AddLost(const std::string& id) {
+    Worker& w = registry_->FindOrAdd(id);
+    w.info.set_worker_id(id);
+    w.info.set_state(v1::WORKER_STATE_READY);
+    registry_->NewSession(id, /*drop_commands=*/true);
+    registry_->MarkLost(w);
+  }
+
+  testing_util::TestDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<WorkerRegistry> registry_;
+};
+
+// Forgetting a lost worker drops its mailbox too: the fleet size that sets the agents' telemetry
+// flush interval (MailboxCount) no longer counts it, and the elastic fleet's departed hosts do not
+// pile up in memory. Its agent coming back gets a new mailbox and session.
+TEST_F(WorkerRegistryTest, AForgottenWorkersMailboxIsDropped) {
+  AddLost("h/0");
+  AddLost("h/1");
+  registry_->NewSession("h/2", true);
+  EXPECT_EQ(registry_->MailboxCount(), 3u);
+  registry_->Forget("h/2");  // not lost (no record even): nothing happens
+  EXPECT_EQ(registry_->MailboxCount(), 3u);
+  registry_->Forget("h/1");
+  EXPECT_EQ(registry_->MailboxCount(), 2u);
+  EXPECT_EQ(registry_->Find("h/1"), nullptr);
+  EXPECT_FALSE(registry_->HasSession("h/1"));
+  registry_->Touch("h/1");  // a late call of the forgotten agent creates nothing
+  EXPECT_EQ(registry_->MailboxCount(), 2u);
+  const std::string session = registry_->NewSession("h/1", true);  // it registers again
+  EXPECT_EQ(registry_->MailboxCount(), 3u);
+  EXPECT_TRUE(registry_->Beat("h/1", session));
+  registry_->FlushNow();
+}
+
+// A command stream that took its commands just before the worker was forgotten still holds its
+// mailbox: the stream's session is gone, so its next call is refused, not a use after free.
+TEST_F(WorkerRegistryTest, ACallHoldingAForgottenMailboxEndsCleanly) {
+  Worker& w = registry_->FindOrAdd("h/0");
+  w.info.set_worker_id("h/0");
+  const std::string session = registry_->NewSession("h/0", true);
+  bool woken = false;
+  auto none = registry_->TakeCommands("h/0", session, [&] { woken = true; });
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  registry_->MarkLost(w);  // ends the session: the waiting stream is woken
+  EXPECT_TRUE(woken);
+  registry_->Forget("h/0");
+  EXPECT_FALSE(registry_->TakeCommands("h/0", session, nullptr).ok());
+  EXPECT_FALSE(registry_->NextCommands("h/0", session, 0.01).ok());
+  EXPECT_FALSE(registry_->IsSession("h/0", session));
+}
+
+}  // namespace
+}  // namespace furnace::controller
