@@ -360,11 +360,11 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
 
   CheckData(spec.data(), diag, c);
   // Markov data is a dense vocab x vocab chain in every rank (runtime/data/markov.h: transition
-  // probabilities and their CDF, 16 bytes an entry, built in O(vocab^2) per power-iteration pass,
-  // and a copy for the held-out sampler): a real vocab's 50,304 would take 75 GiB a rank.
+  // probabilities and their CDF, 16 bytes an entry, built in O(vocab^2) per power-iteration pass;
+  // the held-out sampler shares it): a real vocab's 50,304 would take 38 GiB a rank.
   constexpr uint64_t kMaxMarkovVocab = 4096;
   if (spec.kind() == "train" && spec.data().source() == "markov" && m.vocab() > kMaxMarkovVocab) {
-    const double gib = 32.0 * m.vocab() * m.vocab() / (1ull << 30);
+    const double gib = 16.0 * m.vocab() * m.vocab() / (1ull << 30);
     c.Fail({"model.vocab", "data.source"},
            Problem{absl::StrCat("too large for data.source markov (a dense vocab x vocab chain "
                                 "in every rank; at most ",

@@ -55,14 +55,15 @@ absl::StatusOr<Samplers> MakeMarkovSamplers(const DataSourceConfig& data,
   MarkovConfig mc;
   mc.vocab = static_cast<int>(data.model_vocab);
   mc.seed = data.markov_seed;
-  ASSIGN_OR_RETURN(MarkovChain chain, MarkovChain::Create(mc));
+  ASSIGN_OR_RETURN(MarkovChain created, MarkovChain::Create(mc));
+  const auto chain = std::make_shared<const MarkovChain>(std::move(created));
   Samplers out;
-  out.entropy_floor = chain.entropy_rate();
+  out.entropy_floor = chain->entropy_rate();
   out.description =
       absl::StrFormat("synthetic Markov chain over %d symbols, entropy floor H = %.4f nats/token",
-                      chain.vocab(), out.entropy_floor);
+                      chain->vocab(), out.entropy_floor);
   ASSIGN_OR_RETURN(out.train, MakeMarkovSampler(chain, sampler));
-  ASSIGN_OR_RETURN(out.validation, MakeMarkovSampler(std::move(chain), sampler, true));
+  ASSIGN_OR_RETURN(out.validation, MakeMarkovSampler(chain, sampler, true));
   return out;
 }
 

@@ -34,16 +34,16 @@ uint64_t SequenceKey(uint64_t seed, uint64_t stream, int64_t step, int dp_rank, 
 
 class MarkovSampler : public Sampler {
  public:
-  MarkovSampler(MarkovChain chain, SamplerConfig config, bool validation)
+  MarkovSampler(std::shared_ptr<const MarkovChain> chain, SamplerConfig config, bool validation)
       : chain_(std::move(chain)),
         config_(config),
         stream_(validation ? kValidationStream : kTrainStream) {
     // The chain itself defines the order: its transitions, hashed bit for bit.
-    uint64_t h = HashKey({static_cast<uint64_t>(chain_.vocab())});
-    for (int i = 0; i < chain_.vocab(); ++i) {
-      for (int j = 0; j < chain_.vocab(); ++j) {
+    uint64_t h = HashKey({static_cast<uint64_t>(chain_->vocab())});
+    for (int i = 0; i < chain_->vocab(); ++i) {
+      for (int j = 0; j < chain_->vocab(); ++j) {
         uint64_t bits;
-        const double p = chain_.transition(i, j);
+        const double p = chain_->transition(i, j);
         std::memcpy(&bits, &p, sizeof(bits));
         h = HashKey({h, bits});
       }
@@ -52,7 +52,7 @@ class MarkovSampler : public Sampler {
     // global batch reads other sequences at the same step (v1 left both out).
     order_ = absl::StrFormat(
         "markov v2: vocab %d, chain %016x, seed %d, seq_len %d, batch %d, global batch %d, %s",
-        chain_.vocab(), h, config_.seed, config_.seq_len, config_.batch,
+        chain_->vocab(), h, config_.seed, config_.seq_len, config_.batch,
         config_.global_batch > 0 ? config_.global_batch : config_.batch,
         validation ? "validation" : "train");
   }
@@ -64,16 +64,16 @@ class MarkovSampler : public Sampler {
       CounterRng rng(SequenceKey(config_.seed, stream_, step, dp_rank, micro_batch, b));
       int32_t* in = batch.inputs.data() + static_cast<size_t>(b) * T;
       int32_t* tg = batch.targets.data() + static_cast<size_t>(b) * T;
-      int state = chain_.SampleInitial(rng);
+      int state = chain_->SampleInitial(rng);
       for (int t = 0; t < T; ++t) {
         in[t] = state;
-        state = chain_.SampleNext(state, rng);
+        state = chain_->SampleNext(state, rng);
         tg[t] = state;
       }
     }
     return batch;
   }
-  int64_t vocab() const override { return chain_.vocab(); }
+  int64_t vocab() const override { return chain_->vocab(); }
   const SamplerConfig& config() const override { return config_; }
   DataPosition PositionAt(int64_t step) const override {
     DataPosition p;
@@ -84,7 +84,7 @@ class MarkovSampler : public Sampler {
   }
 
  private:
-  MarkovChain chain_;
+  std::shared_ptr<const MarkovChain> chain_;
   SamplerConfig config_;
   uint64_t stream_;
   std::string order_;
@@ -210,11 +210,19 @@ absl::Status CheckSamplerConfig(const SamplerConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,
+absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(std::shared_ptr<const MarkovChain> chain,
                                                            const SamplerConfig& config,
                                                            bool validation) {
   if (auto s = CheckSamplerConfig(config); !s.ok()) return s;
+  if (chain == nullptr) return absl::InvalidArgumentError("sampler: no Markov chain");
   return std::make_unique<MarkovSampler>(std::move(chain), config, validation);
+}
+
+absl::StatusOr<std::unique_ptr<Sampler>> MakeMarkovSampler(MarkovChain chain,
+                                                           const SamplerConfig& config,
+                                                           bool validation) {
+  return MakeMarkovSampler(std::make_shared<const MarkovChain>(std::move(chain)), config,
+                           validation);
 }
 
 std::unique_ptr<Sampler> MakePrefetchingSampler(std::unique_ptr<Sampler> inner, int first_micro,

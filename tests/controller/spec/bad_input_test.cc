@@ -368,7 +368,7 @@ std::vector<BadCase> Cases() {
        H("model:\n  vocab: 50304\n"),
        {"model.vocab: too large for data.source markov (a dense vocab x vocab chain in every "
         "rank; at most 4096)",
-        "(got 50304 (75.4 GiB a rank);",
+        "(got 50304 (37.7 GiB a rank);",
         "allowed: model.vocab <= 4096, or data.source: tokens or indexed"}},
       {"byte_tokenizer_small_vocab",
        H("model:\n  vocab: 100\ndata:\n  source: tokens\n  path: /x\n  tokenizer: byte\n"),
