@@ -34,8 +34,9 @@ WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery) 
   return t;
 }
 
-double DataScanAllowanceS(uint64_t data_bytes) {
-  return static_cast<double>(data_bytes) / kDataScanBytesPerS;
+double DataScanAllowanceS(uint64_t sequential_bytes, int64_t scattered_reads) {
+  return static_cast<double>(sequential_bytes) / kDataScanBytesPerS +
+         static_cast<double>(scattered_reads) * kScatteredReadS;
 }
 
 double EvalTimeoutS(const WatchdogTimeouts& timeouts, int64_t batches, int64_t dp,

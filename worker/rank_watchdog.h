@@ -53,13 +53,15 @@ struct WatchdogTimeouts {
   double heartbeat_s = 1;
 };
 WatchdogTimeouts WatchdogTimeoutsFor(const furnace::v1::RecoverySpec& recovery);
-// The start-up's extra time for `data_bytes` of data read whole before training: every rank reads
-// and validates its indexed datasets' .idx files (runtime/data/data_sources.h:
-// DataBytesReadAtOpen), about 1.2 GB for 100M sequences, which the fixed start-up budget could take
-// for a hang. Counted at kDataScanBytesPerS, a slow disk's rate (from the page cache it is several
-// times faster).
+// The start-up's extra time for the data a rank reads before training (runtime/data/
+// data_sources.h: DataReadAtOpen): its indexed datasets' .idx files whole (20 bytes a sequence
+// with Megatron's one sequence a document: 2 GB for 100M), counted at kDataScanBytesPerS, and the
+// fingerprint's scattered tokens (1,024 a dataset), counted at kScatteredReadS each, a slow disk's
+// seek (they are asked for together, so a disk that overlaps them takes far less), which the fixed
+// start-up budget could take for a hang.
 inline constexpr double kDataScanBytesPerS = 100e6;
-double DataScanAllowanceS(uint64_t data_bytes);
+inline constexpr double kScatteredReadS = 0.01;
+double DataScanAllowanceS(uint64_t sequential_bytes, int64_t scattered_reads);
 // The evaluation's share of them for a train job: step_s for each `micro_batches` held-out batches
 // of the `batches` its `dp` data-parallel ranks share (at least step_s).
 double EvalTimeoutS(const WatchdogTimeouts& timeouts, int64_t batches, int64_t dp,

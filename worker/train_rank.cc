@@ -247,15 +247,17 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   WatchdogTimeouts timeouts = WatchdogTimeoutsFor(spec.recovery());
   timeouts.eval_s = EvalTimeoutS(timeouts, spec.eval().batches(), spec.parallel().dp(),
                                  spec.parallel().micro_batches());
-  // Indexed datasets' indexes are read whole at start-up: the start-up budget grows with them.
-  const uint64_t data_bytes = data::DataBytesReadAtOpen(data_config);
-  if (const double scan_s = DataScanAllowanceS(data_bytes); scan_s >= 1) {
+  // Datasets' indexes and fingerprints are read at start-up: the start-up budget grows with them.
+  const data::DataReadsAtOpen reads = data::DataReadAtOpen(data_config);
+  if (const double scan_s = DataScanAllowanceS(reads.sequential_bytes, reads.scattered_reads);
+      scan_s >= 1) {
     timeouts.startup_s += scan_s;
     if (task.rank() == 0) {
       spdlog::info(
-          "data: {:.1f} GiB of dataset indexes are read before training; the start-up watchdog "
-          "allows {:.0f} s more for it ({:.0f} s in all)",
-          static_cast<double>(data_bytes) / (1ull << 30), scan_s, timeouts.startup_s);
+          "data: {:.2f} GiB of dataset indexes and {} scattered tokens are read before training; "
+          "the start-up watchdog allows {:.0f} s more for it ({:.0f} s in all)",
+          static_cast<double>(reads.sequential_bytes) / (1ull << 30), reads.scattered_reads, scan_s,
+          timeouts.startup_s);
     }
   }
   RankWatchdog watchdog(timeouts, RealClock(), comm::ProcessInFlight());

@@ -2,15 +2,21 @@
 // given size written here (uint16 tokens, documents of 1..2047 tokens, one sequence each):
 //   open   MakeSamplers: the .idx read and validated, the fingerprint's 1,024 tokens (all a rank
 //          reads before its first step);
-//   scan   every token of the .bin read in order and checked against the vocab: the work a rank
-//          did before its first step when Open checked every token (before 2026-12-04);
+//   scan   every token of the .bin read in order (4 MiB blocks) and compared with the vocab: what
+//          a rank read before its first step when Open checked every token (before 2026-12-04).
+//          That loop read through the mapping a token at a time, slower than this one when the
+//          file is cached, so warm this is a lower bound of what it cost;
 //   sample one training micro-batch (B x (T + 1) tokens from shuffled windows, each token
 //          checked as it is read): what the check now costs a step.
 // Each is measured cold (the files' pages dropped from the page cache with
 // posix_fadvise(DONTNEED) first, so they come from the disk) and warm, A B A B over --rounds.
 // The resident set after a cold open says what the open read: the .idx, and the pages the
-// fingerprint's 1,024 reads brought in. (After a warm one it counts whatever the kernel maps
-// around those reads from the page cache, shared and clean, up to the whole file.)
+// fingerprint's 1,024 reads brought in. (After a warm one it counts what the kernel maps around
+// those reads from the page cache, shared and clean: with large page-cache folios, as on the
+// 6.18 kernel of 2026-12-04's run, that was the whole file.)
+//
+// Usage: furnace_bench_data --dir DIR [--gib 2] [--rounds 3] [--keep 1]   (--keep: leave the
+// dataset in DIR)
 // Prints one JSON object.
 #include <fcntl.h>
 #include <unistd.h>
@@ -104,7 +110,7 @@ int main(int argc, char** argv) {
     if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
   }
   if (dir.empty()) {
-    std::fprintf(stderr, "usage: furnace_bench_data --dir DIR [--gib 2] [--rounds 3]\n");
+    std::fprintf(stderr, "usage: furnace_bench_data --dir DIR [--gib 2] [--rounds 3] [--keep 1]\n");
     return 2;
   }
   const std::string prefix = dir + "/bench_corpus";
@@ -124,13 +130,13 @@ int main(int argc, char** argv) {
   const data::SamplerConfig sampler{.batch = 8, .seq_len = 2048, .seed = 3, .global_batch = 64};
 
   std::vector<double> open_cold, open_warm, scan_cold, scan_warm, sample_cold, sample_warm;
-  double resident_before = 0, resident_cold = 0, resident_warm = 0;
+  double before_cold = 0, before_warm = 0, resident_cold = 0, resident_warm = 0;
   int64_t tokens = 0;
   for (int r = 0; r < rounds; ++r) {
     for (const bool cold : {true, false}) {
       // Open, then sample 4 micro-batches, from the page cache's state `cold` says.
       if (cold) drop();
-      resident_before = ResidentMiB();
+      (cold ? before_cold : before_warm) = ResidentMiB();
       double t0 = Now();
       absl::StatusOr<data::Samplers> made = data::MakeSamplers(config, sampler);
       if (!made.ok()) Die(made.status());
@@ -174,8 +180,9 @@ int main(int argc, char** argv) {
       {"scan_s", {{"cold", Summary(scan_cold)}, {"warm", Summary(scan_warm)}}},
       {"sample_micro_batch_s", {{"cold", Summary(sample_cold)}, {"warm", Summary(sample_warm)}}},
       {"resident_mib",
-       {{"before_open", resident_before},
+       {{"before_cold_open", before_cold},
         {"after_cold_open", resident_cold},
+        {"before_warm_open", before_warm},
         {"after_warm_open", resident_warm}}},
   };
   std::printf("%s\n", out.dump(2).c_str());

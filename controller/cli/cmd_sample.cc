@@ -196,7 +196,7 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
   sampling.stop_id = eod >= 0 && eod < loaded.config.vocab ? eod : -1;
 
   absl::StatusOr<std::vector<int32_t>> encoded =
-      tokenizer->Encode(options.prompt, data::TextPart::kStart);
+      tokenizer->Encode(options.prompt, data::TextPart::kWhole);
   if (!encoded.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sample: --prompt: ", encoded.status().message()));

@@ -69,17 +69,19 @@ absl::StatusOr<Samplers> MakeMarkovSamplers(const DataSourceConfig& data,
 
 }  // namespace
 
-uint64_t DataBytesReadAtOpen(const DataSourceConfig& data) {
-  if (data.source != "indexed") return 0;
-  uint64_t bytes = 0;
+DataReadsAtOpen DataReadAtOpen(const DataSourceConfig& data) {
+  DataReadsAtOpen reads;
+  if (data.source != "indexed" && data.source != "tokens") return reads;
   for (const std::vector<DataPath>* paths : {&data.paths, &data.validation_paths}) {
     for (const DataPath& p : *paths) {
+      reads.scattered_reads += TokenStream::kFingerprintTokens;
+      if (data.source != "indexed") continue;
       std::error_code ec;
       const uintmax_t n = std::filesystem::file_size(IndexedDataset::IndexPath(p.path), ec);
-      if (!ec) bytes += n;
+      if (!ec) reads.sequential_bytes += n;
     }
   }
-  return bytes;
+  return reads;
 }
 
 absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler) {

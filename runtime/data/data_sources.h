@@ -63,10 +63,15 @@ struct Samplers {
 // the same B and T.
 absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const SamplerConfig& sampler);
 
-// The bytes MakeSamplers reads whole before training: each indexed prefix's .idx (12 bytes a
-// sequence, 8 a document), training and held-out. Token files are opened by their header and
-// every .bin is read only as it is trained on (token_stream.h), so 0 for token files and markov
-// data; an index that cannot be stat'ed counts 0 (opening it says why).
-uint64_t DataBytesReadAtOpen(const DataSourceConfig& data);
+// What MakeSamplers reads before training, training and held-out data alike: each indexed
+// prefix's .idx whole (12 bytes a sequence, 8 a document), and the fingerprint's tokens scattered
+// over every dataset (TokenStream::kFingerprintTokens each, asked for together). Token files are
+// opened by their header and every .bin is read only as it is trained on (token_stream.h).
+// Nothing for markov data; an index that cannot be stat'ed counts 0 bytes (opening it says why).
+struct DataReadsAtOpen {
+  uint64_t sequential_bytes = 0;
+  int64_t scattered_reads = 0;
+};
+DataReadsAtOpen DataReadAtOpen(const DataSourceConfig& data);
 
 }  // namespace furnace::data

@@ -160,6 +160,8 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
       ds->offsets_[i + 1] = ds->offsets_[i] + int64_t{LoadU32(lengths + 4 * i)};
     }
   }
+  // Read through; from now on (a .bin with gaps) looked up at random.
+  idx->Advise(FileAccess::kRandom);
   ds->lengths_ = lengths;
   ds->pointers_ = pointers;
   ds->bin_ = bin->data();
@@ -225,6 +227,11 @@ void IndexedDataset::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
     }
     out[i] = TokenAtByte(Pointer(s) + k++ * width_);
   }
+}
+
+void IndexedDataset::Prefetch(int64_t position) const {
+  const int64_t s = SequenceOf(position);
+  bin_map_->WillNeed(Pointer(s) + (position - FirstOf(s)) * width_, width_);
 }
 
 absl::Status IndexedDataset::BadToken(int64_t position, int64_t value) const {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -37,12 +38,26 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   ::close(fd);
   if (map == MAP_FAILED)
     return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
-  // Advice only: a kernel that ignores it reads ahead as it would have.
-  ::madvise(map, static_cast<size_t>(st.st_size),
-            access == FileAccess::kRandom ? MADV_RANDOM : MADV_SEQUENTIAL);
   file->data_ = static_cast<const unsigned char*>(map);
   file->bytes_ = static_cast<size_t>(st.st_size);
+  file->Advise(access);
   return file;
+}
+
+void MappedFile::Advise(FileAccess access) const {
+  // Advice only: a kernel that ignores it reads ahead as it would have.
+  if (data_ == nullptr) return;
+  ::madvise(const_cast<unsigned char*>(data_), bytes_,
+            access == FileAccess::kRandom ? MADV_RANDOM : MADV_SEQUENTIAL);
+}
+
+void MappedFile::WillNeed(int64_t offset, int64_t bytes) const {
+  if (data_ == nullptr || offset < 0 || bytes <= 0 || offset >= size()) return;
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t begin = offset / page * page;
+  const int64_t end = std::min(offset + bytes, size());
+  ::madvise(const_cast<unsigned char*>(data_) + begin, static_cast<size_t>(end - begin),
+            MADV_WILLNEED);
 }
 
 MappedFile::~MappedFile() {

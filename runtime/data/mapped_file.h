@@ -34,6 +34,11 @@ class MappedFile {
 
   const unsigned char* data() const { return data_; }
   int64_t size() const { return static_cast<int64_t>(bytes_); }
+  // How the mapping is read from now on (an index read through once, then looked up at random).
+  void Advise(FileAccess access) const;
+  // Starts reading the pages of [offset, offset + bytes) in the background (MADV_WILLNEED), so
+  // reads of many scattered places wait for the disk once, together, not one after another.
+  void WillNeed(int64_t offset, int64_t bytes) const;
 
  private:
   MappedFile() = default;

@@ -17,8 +17,9 @@ namespace {
 constexpr size_t kBlockBytes = 1 << 20;
 
 // Encodes documents and appends them, each followed by the end-of-document id, to the writer. A
-// document may come in parts (AppendText more than once): the first is encoded as its start, the
-// others as its continuation (tokenizer.h: TextPart), so the ids are those of the whole.
+// document may come in parts (AppendText more than once): each part is held until the next one
+// or the document's end says whether it is the first, a middle or the last part (tokenizer.h:
+// TextPart), so the ids are those of the whole. Holds at most one part.
 class DocumentSink {
  public:
   DocumentSink(const Tokenizer& tokenizer, TokenFileWriter* writer, PrepareStats* stats)
@@ -27,28 +28,41 @@ class DocumentSink {
   // `where` names the text in an error ("input F", "input F line N").
   absl::Status AppendText(absl::string_view text, const std::string& where) {
     if (text.empty()) return absl::OkStatus();
-    absl::StatusOr<std::vector<int32_t>> ids =
-        tokenizer_.Encode(text, started_ ? TextPart::kContinuation : TextPart::kStart);
-    if (!ids.ok()) {
-      return absl::Status(ids.status().code(), absl::StrCat("data prepare: ", where,
-                                                            ": the tokenizer refused the text: ",
-                                                            ids.status().message()));
-    }
-    started_ = true;
-    return writer_->Append(ids->data(), static_cast<int64_t>(ids->size()));
+    if (held_) RETURN_IF_ERROR(EncodeHeld(/*last=*/false));
+    held_text_.assign(text.data(), text.size());
+    held_where_ = where;
+    held_ = true;
+    return absl::OkStatus();
   }
   absl::Status EndDocument() {
+    if (held_) RETURN_IF_ERROR(EncodeHeld(/*last=*/true));
     ++stats_->documents;
-    started_ = false;
+    parts_ = 0;
     const int32_t eod = tokenizer_.eod_id();
     return eod >= 0 ? writer_->Append(&eod, 1) : absl::OkStatus();
   }
 
  private:
+  absl::Status EncodeHeld(bool last) {
+    const TextPart part = parts_ == 0 ? (last ? TextPart::kWhole : TextPart::kFirst)
+                                      : (last ? TextPart::kLast : TextPart::kMiddle);
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer_.Encode(held_text_, part);
+    if (!ids.ok()) {
+      return absl::Status(ids.status().code(), absl::StrCat("data prepare: ", held_where_,
+                                                            ": the tokenizer refused the text: ",
+                                                            ids.status().message()));
+    }
+    held_ = false;
+    ++parts_;
+    return writer_->Append(ids->data(), static_cast<int64_t>(ids->size()));
+  }
+
   const Tokenizer& tokenizer_;
   TokenFileWriter* writer_;
   PrepareStats* stats_;
-  bool started_ = false;  // a part of the current document was encoded
+  bool held_ = false;  // a part of the current document waits in held_text_
+  std::string held_text_, held_where_;
+  int64_t parts_ = 0;  // parts of the current document encoded
 };
 
 // Where to cut `text` so the head can be encoded alone: after its last newline, else before the
@@ -69,7 +83,7 @@ absl::Status PrepareText(const std::string& input, DocumentSink& sink,
         absl::StrCat("data prepare: input ", input, ": cannot open: ", std::strerror(errno)));
   }
   const std::string where = absl::StrCat("input ", input);
-  std::string pending;  // read, not encoded yet: at most a block plus an unfinished character
+  std::string pending;  // read, not cut yet: at most a block plus an unfinished character
   std::vector<char> block(kBlockBytes);
   while (in) {
     in.read(block.data(), static_cast<std::streamsize>(block.size()));

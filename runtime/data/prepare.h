@@ -4,9 +4,10 @@
 //
 // Streams: plain text is read in 1 MiB blocks and encoded a block at a time, cut after a newline
 // (or, in a line longer than a block, between two UTF-8 characters), so memory is bounded
-// whatever the file's size; the blocks after a document's first are encoded as its continuation
-// (tokenizer.h: TextPart), so a SentencePiece model with a dummy prefix (Llama's) gives the ids of
-// the whole document, not a spurious "▁" every MiB. A JSON Lines file is read a line at a time.
+// whatever the file's size; each block is encoded as the first, a middle or the last part of its
+// document (tokenizer.h: TextPart), so a SentencePiece model with a dummy prefix (Llama's) gives
+// the ids of the whole document, not a spurious "▁" every MiB (a line longer than a block is cut
+// inside, where a piece spanning the cut differs). A JSON Lines file is read a line at a time.
 // Tokens go through TokenFileWriter (a temporary file renamed into place by Finish), so a failed
 // run leaves no output file and an older one under the same name is kept until a new one is
 // complete. The file records the tokenizer's identity (version 2 header, token_file.h).
@@ -42,9 +43,9 @@ using PrepareProgress = std::function<void(int64_t bytes_done, int64_t bytes_tot
 // Errors name the file (and for JSON Lines the line): no inputs, or no output (INVALID_ARGUMENT);
 // an input that cannot be read (NOT_FOUND) or is empty, or a JSON Lines file with no document
 // (INVALID_ARGUMENT); a line that is not a JSON object with a string field `jsonl_field`
-// (INVALID_ARGUMENT); text the tokenizer refuses (its error, naming the file and line); an output
-// that cannot be written (INTERNAL). Every input is checked for existence and size before
-// anything is written.
+// (INVALID_ARGUMENT); text the tokenizer refuses (its error, naming the file, and for JSON Lines
+// the line); an output that cannot be written (INTERNAL). Every input is checked for existence and
+// size before anything is written.
 absl::StatusOr<PrepareStats> PrepareTokenFile(const Tokenizer& tokenizer,
                                               const PrepareOptions& options,
                                               const PrepareProgress& progress = nullptr);

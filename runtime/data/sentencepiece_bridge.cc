@@ -109,27 +109,30 @@ std::string WithoutDummyPrefix(std::string_view model) {
 
 class ProcessorImpl final : public Processor {
  public:
-  // A model that adds a dummy prefix to each text it encodes and keeps whitespace as it is
-  // (Llama's, Mistral's) would add a "▁" at the start of every part of a document encoded in
-  // parts: its continuations are encoded by a second copy of the model without the prefix. A
-  // model that removes extra whitespace strips the part's leading whitespace and adds the prefix
-  // back, which is what the whole document gets where a part starts after whitespace, so it
-  // encodes continuations as it is; so does a model whose prefix is a suffix.
+  // A model that adds a dummy whitespace to each text it encodes and keeps whitespace as it is
+  // (Llama's, Mistral's) would add a "▁" to every part of a document encoded in parts: the parts
+  // that do not start the document (or, where the dummy is a suffix, do not end it) are encoded
+  // by a second copy of the model without it. A model that removes extra whitespace strips each
+  // part's leading and trailing whitespace and adds the dummy back: where its normalizer makes
+  // the newline before a cut a space (nmt_nfkc, T5's), that is the one "▁" the whole document
+  // has there, so it encodes every part as it is (elsewhere a part gains a "▁", which no copy of
+  // the model could take back without changing how it treats the whitespace inside the part).
   sentencepiece::util::Status Load(const std::string& serialized) {
     sentencepiece::util::Status status = sp_.LoadFromSerializedProto(serialized);
     if (!status.ok()) return status;
     const StartOfText start = ReadStartOfText(serialized);
-    if (start.add_dummy_prefix && !start.remove_extra_whitespaces &&
-        !start.treat_whitespace_as_suffix) {
-      continuation_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-      status = continuation_->LoadFromSerializedProto(WithoutDummyPrefix(serialized));
+    suffix_ = start.treat_whitespace_as_suffix;
+    if (start.add_dummy_prefix && !start.remove_extra_whitespaces) {
+      no_dummy_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+      status = no_dummy_->LoadFromSerializedProto(WithoutDummyPrefix(serialized));
     }
     return status;
   }
-  bool Encode(std::string_view text, bool continuation, std::vector<int>* ids,
+  bool Encode(std::string_view text, bool document_start, bool document_end, std::vector<int>* ids,
               std::string* error) const override {
+    const bool dummy = suffix_ ? document_end : document_start;
     const sentencepiece::SentencePieceProcessor& sp =
-        continuation && continuation_ != nullptr ? *continuation_ : sp_;
+        dummy || no_dummy_ == nullptr ? sp_ : *no_dummy_;
     const sentencepiece::util::Status status = sp.Encode(text, ids);
     if (!status.ok()) *error = status.ToString();
     return status.ok();
@@ -144,7 +147,9 @@ class ProcessorImpl final : public Processor {
 
  private:
   sentencepiece::SentencePieceProcessor sp_;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> continuation_;  // null: sp_ serves
+  bool suffix_ = false;  // the model's dummy whitespace is a suffix
+  // The model without its dummy whitespace; null where sp_ encodes every part.
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> no_dummy_;
 };
 
 class LibraryImpl final : public Library {

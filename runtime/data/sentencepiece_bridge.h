@@ -27,11 +27,13 @@ inline constexpr int kLogNothing = 4;  // above FATAL (3): SentencePiece prints 
 class Processor {
  public:
   virtual ~Processor() = default;
-  // Ids of `text`; false with *error set when SentencePiece refuses it. `continuation`: the text
-  // continues a document cut after a newline, so no dummy prefix is added where the model would
-  // add one (sentencepiece_tokenizer.h says for which models).
-  virtual bool Encode(std::string_view text, bool continuation, std::vector<int>* ids,
-                      std::string* error) const = 0;
+  // Ids of `text`; false with *error set when SentencePiece refuses it. `document_start`,
+  // `document_end`: whether the text starts or ends its document (a part of a document cut after
+  // newlines may do neither), so the dummy whitespace a model adds at a text's start (or, as a
+  // suffix, its end) is added at the document's only (sentencepiece_tokenizer.h says for which
+  // models).
+  virtual bool Encode(std::string_view text, bool document_start, bool document_end,
+                      std::vector<int>* ids, std::string* error) const = 0;
   // Text of `ids`, every id in [0, piece_size()); false with *error set on failure.
   virtual bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const = 0;
   virtual int piece_size() const = 0;

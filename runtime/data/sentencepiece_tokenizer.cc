@@ -146,8 +146,9 @@ absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string
                                                                     TextPart part) const {
   std::vector<int> ids;
   std::string error;
-  if (!processor_->Encode(std::string_view(text.data(), text.size()),
-                          part == TextPart::kContinuation, &ids, &error)) {
+  const bool start = part == TextPart::kWhole || part == TextPart::kFirst;
+  const bool end = part == TextPart::kWhole || part == TextPart::kLast;
+  if (!processor_->Encode(std::string_view(text.data(), text.size()), start, end, &ids, &error)) {
     return absl::InvalidArgumentError(absl::StrCat("SentencePiece: ", error));
   }
   return std::vector<int32_t>(ids.begin(), ids.end());

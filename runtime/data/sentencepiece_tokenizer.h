@@ -29,11 +29,13 @@ class SentencePieceTokenizer final : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Open(const std::string& path);
 
   // SentencePiece does not refuse valid UTF-8; invalid UTF-8 is encoded as U+FFFD pieces (so only
-  // valid UTF-8 round-trips). A continuation (TextPart) is encoded without the dummy prefix of a
-  // model that adds one and keeps whitespace as it is (Llama's, Mistral's; models trained here add
-  // none), so a document cut after a newline gives the ids of the whole wherever no piece spans
-  // the newline (models trained here: it is a piece of its own). A model that removes extra
-  // whitespace encodes each part as it is (sentencepiece_bridge.cc says why).
+  // valid UTF-8 round-trips). A part (TextPart) that does not start its document (or, for a model
+  // whose dummy whitespace is a suffix, end it) is encoded without the dummy whitespace of a model
+  // that adds one and keeps whitespace as it is (Llama's, Mistral's; models trained here add
+  // none), so a document cut after newlines gives the ids of the whole wherever no piece spans a
+  // newline (models trained here: it is a piece of its own). A model that removes extra whitespace
+  // encodes each part as it is: the ids of the whole where its normalizer makes a newline a space
+  // (nmt_nfkc), one more "▁" a cut elsewhere (sentencepiece_bridge.cc says why).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text, TextPart part) const override;
   std::string Decode(absl::Span<const int32_t> ids) const override;
   int64_t vocab() const override { return vocab_; }

@@ -109,6 +109,10 @@ void TokenFile::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
   }
 }
 
+void TokenFile::Prefetch(int64_t position) const {
+  map_->WillNeed(header_bytes_ + position * token_bytes_, token_bytes_);
+}
+
 absl::Status TokenFile::BadToken(int64_t position, int64_t value) const {
   return absl::DataLossError(absl::StrCat("token file ", path_, ": token ", position,
                                           " (byte offset ", header_bytes_ + position * token_bytes_,

@@ -64,6 +64,7 @@ class TokenFile : public TokenStream {
  protected:
   void ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
   absl::Status BadToken(int64_t position, int64_t value) const override;
+  void Prefetch(int64_t position) const override;
 
  private:
   TokenFile() = default;

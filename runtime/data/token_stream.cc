@@ -27,7 +27,8 @@ absl::Status TokenStream::Read(int64_t begin, int64_t n, int32_t* out) const {
 
 absl::StatusOr<std::string> TokenStream::Fingerprint() const {
   const int64_t n = size();
-  const int64_t samples = std::min<int64_t>(n, 1024);
+  const int64_t samples = std::min<int64_t>(n, kFingerprintTokens);
+  for (int64_t i = 0; i < samples; ++i) Prefetch(i * (n / samples));
   uint64_t h = HashKey({static_cast<uint64_t>(n), static_cast<uint64_t>(vocab())});
   for (int64_t i = 0; i < samples; ++i) {
     int32_t t = 0;

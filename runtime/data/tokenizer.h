@@ -21,22 +21,20 @@
 
 namespace furnace::data {
 
-// Where an encoded text sits in its document.
-enum class TextPart {
-  kStart,         // a whole document, or its first part
-  kContinuation,  // a later part of a document encoded in parts (data prepare's blocks)
-};
+// Where an encoded text sits in its document: the whole of it, or a part of a document encoded in
+// parts (data prepare's blocks), first, between two others, or last.
+enum class TextPart { kWhole, kFirst, kMiddle, kLast };
 
 // Immutable after construction: Encode and Decode may be called from any thread.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   // Ids of `text`, without an end-of-document id. Lossless: Decode(Encode(t)) == t for any UTF-8
-  // text (bytes the vocabulary lacks are spelled with byte pieces). A document cut after a newline
-  // and encoded part by part (kStart, then kContinuation) gives the ids of the whole: a model that
-  // adds a dummy whitespace prefix to a text adds it to the document's start only
-  // (sentencepiece_tokenizer.h says for which models). Errors: the tokenizer refused the text
-  // (INVALID_ARGUMENT, with its reason).
+  // text (bytes the vocabulary lacks are spelled with byte pieces). A document cut after newlines
+  // and encoded part by part (kFirst, kMiddle..., kLast) gives the ids of the whole (kWhole): a
+  // model that adds a dummy whitespace to a text adds it at the document's start (or, as a suffix,
+  // its end) only (sentencepiece_tokenizer.h says for which models). Errors: the tokenizer refused
+  // the text (INVALID_ARGUMENT, with its reason).
   virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                                       TextPart part) const = 0;
   // Text of `ids`. The end-of-document id and ids outside [0, vocab()) decode to nothing.

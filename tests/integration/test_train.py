@@ -129,10 +129,12 @@ class TrainTest(harness.ClusterTest):
         logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
         self.assertIn(f"indexed data {a} (", logs)
 
-    def bad_data_fails_at_once(self, data, named):
+    def bad_data_fails_at_once(self, data, named, parallel=None):
         """A job on bad data ends FAILED at once (not retried), its log naming `named`."""
         c = self.cluster
         spec = train_job("badfile").replace("data: {source: markov, seed: 5}", data)
+        if parallel is not None:
+            spec = spec.replace("parallel: {micro_batch: 8, micro_batches: 2}", parallel)
         r = c.cli("submit", c.write_job("bad.yaml", spec), "--watch", timeout=120)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         job = c.cli_json("jobs")["jobs"][0]["job_id"]
@@ -153,18 +155,21 @@ class TrainTest(harness.ClusterTest):
     def test_a_bad_token_met_in_training_fails_at_once_naming_it(self):
         """Tokens are checked as they are read, not at start-up: a token file with one token past
         its header's vocab trains until the batch that reads it, then fails as corrupt data (not
-        retried), naming the token's place and value and the step."""
+        retried), naming the token's place and value and the step. Two data-parallel ranks: only
+        the one whose batch holds the token meets it, and its cause is the job's, not its peer's
+        broken collective."""
         path = os.path.join(self.cluster.state, "damaged.tokens")
         rng = random.Random(6)
         tokens = [rng.randrange(64) for _ in range(64 * 90 + 1)]
         # Window 45 holds it; not one of the tokens the fingerprint reads at start-up (every 5th).
         tokens[2891] = 70
         write_token_file(path, tokens, 64)
-        logs = self.bad_data_fails_at_once(f"data: {{source: tokens, path: {path}}}",
-                                           f"token file {path}: token 2891 (byte offset 5810) "
-                                           "has value 70, not below the vocab 64")
-        self.assertIn("data file corrupt", self.cluster.job(
-            self.cluster.cli_json("jobs")["jobs"][0]["job_id"])["summary"]["cause"])
+        data = f"data: {{source: tokens, path: {path}}}"
+        logs = self.bad_data_fails_at_once(
+            data, f"token file {path}: token 2891 (byte offset 5810) has value 70, not below the "
+            "vocab 64", parallel="parallel: {dp: 2, micro_batch: 4, micro_batches: 2}")
+        job = self.cluster.cli_json("jobs")["jobs"][0]["job_id"]
+        self.assertIn("data file corrupt", self.cluster.job(job)["summary"]["cause"])
         self.assertRegex(logs, r"window 45 of 65 tokens, read for step [0-9]+, micro-batch")
         self.assertRegex(logs, r"step [0-9]+/120")  # it trained before it met the token
 

@@ -41,10 +41,12 @@ TEST(WatchdogTimeoutsTest, DerivedFromTheRecoverySection) {
   EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(recovery).heartbeat_s, 0.5);
   // A task without a recovery section gets the spec's defaults (60 s each).
   EXPECT_DOUBLE_EQ(WatchdogTimeoutsFor(furnace::v1::RecoverySpec()).startup_s, 120);
-  // The start-up's allowance for the dataset indexes read whole: 100 MB/s, so the 1.2 GB index of
-  // 100M sequences gets 12 s more.
-  EXPECT_DOUBLE_EQ(DataScanAllowanceS(uint64_t{1'200'000'000}), 12);
-  EXPECT_DOUBLE_EQ(DataScanAllowanceS(0), 0);
+  // The start-up's allowance for the data read before training: the dataset indexes at 100 MB/s
+  // (the 2 GB index of 100M one-sequence documents gets 20 s more) and 10 ms for each scattered
+  // fingerprint token (a dataset's 1,024: 10.24 s).
+  EXPECT_DOUBLE_EQ(DataScanAllowanceS(uint64_t{2'000'000'000}, 0), 20);
+  EXPECT_DOUBLE_EQ(DataScanAllowanceS(0, 1024), 10.24);
+  EXPECT_DOUBLE_EQ(DataScanAllowanceS(0, 0), 0);
 }
 
 TEST_F(RankWatchdogTest, NothingBeforeAPhaseNorAfterDisarm) {

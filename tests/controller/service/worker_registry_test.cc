@@ -3,7 +3,10 @@
 // forgotten is not left with a dangling one.
 #include "controller/service/worker_registry.h"
 
+#include <chrono>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "controller/store/job_store.h"
 #include "gtest/gtest.h"
@@ -60,9 +63,12 @@ TEST_F(WorkerRegistryTest, AForgottenWorkersMailboxIsDropped) {
   registry_->FlushNow();
 }
 
-// A command stream that took its commands just before the worker was forgotten still holds its
-// mailbox: the stream's session is gone, so its next call is refused, not a use after free.
-TEST_F(WorkerRegistryTest, ACallHoldingAForgottenMailboxEndsCleanly) {
+// A command stream waiting in NextCommands holds the worker's mailbox while the worker is lost and
+// forgotten: its session ends, so it returns FailedPrecondition at once (not after its 30 s wait),
+// from a mailbox that is no longer in the registry but is still alive (run under ASan, a dangling
+// one would show). A stream that took its commands with a wake-up is woken, and its next call is
+// refused.
+TEST_F(WorkerRegistryTest, AStreamHoldingAForgottenMailboxEndsCleanly) {
   Worker& w = registry_->FindOrAdd("h/0");
   w.info.set_worker_id("h/0");
   const std::string session = registry_->NewSession("h/0", true);
@@ -70,12 +76,19 @@ TEST_F(WorkerRegistryTest, ACallHoldingAForgottenMailboxEndsCleanly) {
   auto none = registry_->TakeCommands("h/0", session, [&] { woken = true; });
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
-  registry_->MarkLost(w);  // ends the session: the waiting stream is woken
-  EXPECT_TRUE(woken);
+  absl::StatusOr<std::vector<v1::AgentCommand>> waited;
+  std::thread stream([&] { waited = registry_->NextCommands("h/0", session, 30); });
+  // Let the stream reach its wait (either order ends the same way: a stream that has not found
+  // the mailbox yet finds none).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  registry_->MarkLost(w);
   registry_->Forget("h/0");
+  stream.join();
+  EXPECT_TRUE(absl::IsFailedPrecondition(waited.status())) << waited.status();
+  EXPECT_TRUE(woken);
   EXPECT_FALSE(registry_->TakeCommands("h/0", session, nullptr).ok());
-  EXPECT_FALSE(registry_->NextCommands("h/0", session, 0.01).ok());
   EXPECT_FALSE(registry_->IsSession("h/0", session));
+  EXPECT_EQ(registry_->MailboxCount(), 0u);
 }
 
 }  // namespace

@@ -157,9 +157,10 @@ TEST(IndexedDatasetTest, HeldOutDataThatIsTheTrainingDataIsRefused) {
   EXPECT_NE(made->validation, nullptr);
 }
 
-// What a rank reads whole at start-up (its start-up watchdog's allowance): each prefix's .idx,
-// training and held-out; the .bin files are read as they are trained on; nothing for markov data.
-TEST(IndexedDatasetTest, DataBytesReadAtOpenCountTheIndexOfEveryPrefix) {
+// What a rank reads at start-up (its start-up watchdog's allowance): each prefix's .idx, training
+// and held-out, and each dataset's fingerprint tokens; the .bin files are read as they are
+// trained on; nothing for markov data.
+TEST(IndexedDatasetTest, DataReadAtOpenCountsTheIndexAndFingerprintOfEveryPrefix) {
   testing_util::TestDir dir;
   const std::string train = dir / "train", held_out = dir / "held_out";
   WriteWithReference(train, "--seed 1 --documents 5");
@@ -170,9 +171,14 @@ TEST(IndexedDatasetTest, DataBytesReadAtOpenCountTheIndexOfEveryPrefix) {
   data.source = "indexed";
   data.paths = {{train}};
   data.validation_paths = {{held_out}};
-  EXPECT_EQ(DataBytesReadAtOpen(data), expected);
+  EXPECT_EQ(DataReadAtOpen(data).sequential_bytes, expected);
+  EXPECT_EQ(DataReadAtOpen(data).scattered_reads, 2 * TokenStream::kFingerprintTokens);
+  data.source = "tokens";
+  EXPECT_EQ(DataReadAtOpen(data).sequential_bytes, 0u);
+  EXPECT_EQ(DataReadAtOpen(data).scattered_reads, 2 * TokenStream::kFingerprintTokens);
   data.source = "markov";
-  EXPECT_EQ(DataBytesReadAtOpen(data), 0u);
+  EXPECT_EQ(DataReadAtOpen(data).sequential_bytes, 0u);
+  EXPECT_EQ(DataReadAtOpen(data).scattered_reads, 0);
 }
 
 TEST(IndexedDatasetTest, MissingFilesAreNamed) {
@@ -257,7 +263,7 @@ TEST(IndexedDatasetTest, MultimodalAndFloatIndexesAreRefusedAsSuch) {
 
 // A token beyond the model's vocab is refused when it is read (Open reads the index only), naming
 // the .bin, the sequence, the token's place in it and its byte offset; a job whose data is for a
-// larger vocab is refused before training all the same, by the tokens its fingerprint reads.
+// much larger vocab is refused before training all the same, by the tokens its fingerprint reads.
 TEST(IndexedDatasetTest, TokenBeyondTheVocabIsRefusedWithItsPlace) {
   for (const bool gaps : {false, true}) {
     testing_util::TestDir dir;
@@ -300,6 +306,49 @@ TEST(IndexedDatasetTest, TokenBeyondTheVocabIsRefusedWithItsPlace) {
     auto made = MakeSamplers(data, {.batch = 1, .seq_len = 4, .seed = 1, .global_batch = 1});
     ASSERT_FALSE(made.ok());
     EXPECT_THAT(made.status().message(), HasSubstr("outside the model's vocab [0, 100)"));
+  }
+}
+
+// One bad token planted in a late sequence, right after an empty one and (with --gaps) after
+// unused bytes: the read that reaches it names its sequence, its place there and its byte offset;
+// everything before it reads.
+TEST(IndexedDatasetTest, APlantedBadTokenIsNamedAtItsPlace) {
+  for (const bool gaps : {false, true}) {
+    testing_util::TestDir dir;
+    const std::string prefix = dir / "corpus";
+    // One sequence a document: sequences 3, 10, 17 and 24 are empty (the writer's d % 7 == 3);
+    // with --gaps, 4 bytes precede every sequence s with s % 3 == 1.
+    const auto expected = WriteWithReference(
+        prefix, std::string("--seed 2 --documents 30 --vocab 5000") + (gaps ? " --gaps" : ""));
+    ASSERT_EQ(expected.size(), 30u);
+    ASSERT_TRUE(expected[10].empty());
+    ASSERT_GE(expected[11].size(), 3u);
+    int64_t position = 0;  // of token 2 of sequence 11
+    for (int s = 0; s < 11; ++s) position += static_cast<int64_t>(expected[s].size());
+    position += 2;
+    int64_t byte = 2 * position;
+    for (int s = 0; gaps && s <= 11; ++s) byte += s % 3 == 1 ? 4 : 0;
+    std::string bin = Bytes(prefix + ".bin");
+    ASSERT_LT(static_cast<size_t>(byte) + 1, bin.size());
+    bin[byte] = '\xff';
+    bin[byte + 1] = '\xff';  // 65535
+    Put(prefix + ".bin", bin);
+
+    auto ds = IndexedDataset::Open(prefix, 5000);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ((*ds)->contiguous(), !gaps);
+    std::vector<int32_t> got((*ds)->size());
+    ASSERT_TRUE((*ds)->Read(0, position, got.data()).ok());
+    ASSERT_TRUE((*ds)->Read(position + 1, (*ds)->size() - position - 1, got.data()).ok());
+    const absl::Status read = (*ds)->Read(position - 5, 10, got.data());
+    EXPECT_TRUE(absl::IsInvalidArgument(read)) << read;
+    EXPECT_THAT(read.message(),
+                HasSubstr(absl::StrCat(prefix, ".bin: token 2 of sequence 11 (byte offset ", byte,
+                                       ") has value 65535, outside the model's vocab [0, 5000)")))
+        << (gaps ? "with gaps" : "contiguous");
+    EXPECT_FALSE((*ds)->Sequence(11).ok());
+    EXPECT_TRUE((*ds)->Sequence(12).ok());
+    EXPECT_TRUE((*ds)->Sequence(10).ok());  // empty
   }
 }
 

@@ -205,7 +205,7 @@ TEST(PrepareTest, ADocumentOfManyBlocksIsEncodedAsAWholeByADummyPrefixModel) {
   auto stats =
       PrepareTokenFile(**tokenizer, {.inputs = {dir / "book.txt"}, .output = dir / "book.bin"});
   ASSERT_TRUE(stats.ok()) << stats.status();
-  std::vector<int32_t> whole = (*tokenizer)->Encode(book, TextPart::kStart).value();
+  std::vector<int32_t> whole = (*tokenizer)->Encode(book, TextPart::kWhole).value();
   whole.push_back((*tokenizer)->eod_id());
   const std::vector<int32_t> prepared = ReadTokens(dir / "book.bin");
   ASSERT_EQ(prepared.size(), whole.size());

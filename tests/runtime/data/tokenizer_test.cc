@@ -40,7 +40,7 @@ TEST(ByteTokenizerTest, RoundTripsNonAscii) {
   EXPECT_EQ(t.vocab(), 257);
   EXPECT_EQ(t.eod_id(), 256);
   EXPECT_EQ(t.identity(), "byte");
-  const std::vector<int32_t> ids = t.Encode(kSample, TextPart::kStart).value();
+  const std::vector<int32_t> ids = t.Encode(kSample, TextPart::kWhole).value();
   EXPECT_EQ(ids.size(), kSample.size());
   EXPECT_EQ(t.Decode(ids), kSample);
   std::vector<int32_t> with_eod = ids;
@@ -80,7 +80,7 @@ TEST_P(SentencePieceTest, TrainsAndRoundTripsNonAscii) {
 
   for (const std::string& text : {kSample, testing_corpus::Corpus(50), std::string("x"),
                                   std::string("\n\n"), std::string(" ")}) {
-    const std::vector<int32_t> ids = t.Encode(text, TextPart::kStart).value();
+    const std::vector<int32_t> ids = t.Encode(text, TextPart::kWhole).value();
     for (int32_t id : ids) {
       ASSERT_GE(id, 0);
       ASSERT_LT(id, t.vocab());
@@ -91,9 +91,9 @@ TEST_P(SentencePieceTest, TrainsAndRoundTripsNonAscii) {
   }
   // Subwords, not bytes: the corpus's own text takes far fewer ids than bytes.
   const std::string corpus = testing_corpus::Corpus(50);
-  EXPECT_LT(t.Encode(corpus, TextPart::kStart)->size() * 4, corpus.size() * 3);
+  EXPECT_LT(t.Encode(corpus, TextPart::kWhole)->size() * 4, corpus.size() * 3);
   // The end-of-document id and ids outside the vocab decode to nothing.
-  std::vector<int32_t> ids = t.Encode("naïve café", TextPart::kStart).value();
+  std::vector<int32_t> ids = t.Encode("naïve café", TextPart::kWhole).value();
   ids.insert(ids.begin() + 1, t.eod_id());
   ids.push_back(-1);
   ids.push_back(330);
@@ -109,46 +109,64 @@ TEST_P(SentencePieceTest, RefusesVocabTooLargeForTheText) {
   EXPECT_FALSE(std::ifstream(dir_ / "tok.model").good()) << "nothing written";
 }
 
-// The ids of `text` encoded in two parts cut at `cut` (the second as a continuation, or as a start
-// when `as_start`).
-std::vector<int32_t> InTwoParts(const Tokenizer& t, const std::string& text, size_t cut,
-                                bool as_start = false) {
-  std::vector<int32_t> ids = t.Encode(text.substr(0, cut), TextPart::kStart).value();
-  const std::vector<int32_t> rest =
-      t.Encode(text.substr(cut), as_start ? TextPart::kStart : TextPart::kContinuation).value();
-  ids.insert(ids.end(), rest.begin(), rest.end());
+// The ids of `text` encoded in parts cut at `cuts` (increasing), each as what it is (first,
+// middle, last), or each as a whole document when `as_whole`.
+std::vector<int32_t> InParts(const Tokenizer& t, const std::string& text,
+                             const std::vector<size_t>& cuts, bool as_whole = false) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i <= cuts.size(); ++i) {
+    const size_t begin = i == 0 ? 0 : cuts[i - 1];
+    const size_t end = i == cuts.size() ? text.size() : cuts[i];
+    const TextPart part = as_whole           ? TextPart::kWhole
+                          : i == 0           ? TextPart::kFirst
+                          : i == cuts.size() ? TextPart::kLast
+                                             : TextPart::kMiddle;
+    const std::vector<int32_t> got = t.Encode(text.substr(begin, end - begin), part).value();
+    ids.insert(ids.end(), got.begin(), got.end());
+  }
   return ids;
 }
 
-// A document cut after a newline and encoded part by part gives the ids of the whole, with the
-// models trained here (no dummy prefix) and with a model that adds a dummy prefix and keeps
-// whitespace, as Llama's and Mistral's do: made here by merging add_dummy_prefix into a trained
-// model's normalizer spec, as protobuf merges a repeated message field. Encoded as a start, the
-// part after the cut would begin with a "▁" the whole document does not have there.
+// A document cut after newlines and encoded part by part gives the ids of the whole, with the
+// models trained here (no dummy whitespace), with a model that adds a dummy prefix and keeps
+// whitespace, as Llama's and Mistral's do, and with one whose dummy whitespace is a suffix: made
+// here by merging add_dummy_prefix (and treat_whitespace_as_suffix) into a trained model's specs,
+// as protobuf merges a repeated message field. Encoded each as a whole document, the parts of
+// the last two would gain a "▁" at every cut.
 TEST_P(SentencePieceTest, ADocumentEncodedInPartsGivesTheIdsOfTheWhole) {
   ASSERT_TRUE(TrainSentencePiece(Options(330)).ok());
   const std::string trained = ReadAll(dir_ / "tok.model");
   // NormalizerSpec (ModelProto field 3) { add_dummy_prefix (field 3): true }.
-  WriteAll(dir_ / "prefix.model", trained + std::string("\x1a\x02\x18\x01", 4));
+  const std::string dummy("\x1a\x02\x18\x01", 4);
+  // TrainerSpec (ModelProto field 2) { treat_whitespace_as_suffix (field 24): true }.
+  const std::string suffix("\x12\x03\xc0\x01\x01", 5);
+  WriteAll(dir_ / "prefix.model", trained + dummy);
+  WriteAll(dir_ / "suffix.model", trained + suffix + dummy);
   const std::string text = testing_corpus::Corpus(40) + kSample;
-  std::vector<size_t> cuts;
+  std::vector<size_t> newlines;
   for (size_t i = 0; i + 1 < text.size(); ++i) {
-    if (text[i] == '\n') cuts.push_back(i + 1);
+    if (text[i] == '\n') newlines.push_back(i + 1);
   }
-  ASSERT_GT(cuts.size(), 40u);
-  for (const std::string model : {"tok.model", "prefix.model"}) {
+  ASSERT_GT(newlines.size(), 40u);
+  for (const std::string model : {"tok.model", "prefix.model", "suffix.model"}) {
     auto tokenizer = OpenTokenizer(dir_ / model);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     const Tokenizer& t = **tokenizer;
-    const std::vector<int32_t> whole = t.Encode(text, TextPart::kStart).value();
-    EXPECT_EQ(t.Decode(whole), text) << model;  // decoding drops the dummy prefix
-    int differ_as_start = 0;
-    for (size_t cut : cuts) {
-      ASSERT_EQ(InTwoParts(t, text, cut), whole) << model << ", cut at byte " << cut;
-      differ_as_start += InTwoParts(t, text, cut, /*as_start=*/true) != whole ? 1 : 0;
+    const std::vector<int32_t> whole = t.Encode(text, TextPart::kWhole).value();
+    if (model != "suffix.model") {
+      EXPECT_EQ(t.Decode(whole), text) << model;  // decoding drops a dummy prefix
     }
-    // Only the model with a dummy prefix tells a continuation from a start.
-    EXPECT_EQ(differ_as_start, model == "tok.model" ? 0 : static_cast<int>(cuts.size())) << model;
+    int differ_as_whole = 0;
+    for (size_t i = 0; i + 1 < newlines.size(); ++i) {
+      const std::vector<size_t> one{newlines[i]}, two{newlines[i], newlines[i + 1]};
+      ASSERT_EQ(InParts(t, text, one), whole) << model << ", cut at byte " << newlines[i];
+      ASSERT_EQ(InParts(t, text, two), whole)
+          << model << ", cut at bytes " << newlines[i] << " and " << newlines[i + 1];
+      differ_as_whole += InParts(t, text, one, /*as_whole=*/true) != whole ? 1 : 0;
+    }
+    // Only the models with a dummy whitespace tell a part from a whole document.
+    EXPECT_EQ(differ_as_whole, model == "tok.model" ? 0 : static_cast<int>(newlines.size()) - 1)
+        << model;
   }
 }
 
