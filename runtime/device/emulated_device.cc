@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -32,10 +34,14 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // A record count and a completion count: RecordEvent takes the next generation on the host and the
 // stream marks it complete when it gets there; waits are for the generation current at the call.
+// A timing event also notes when the stream completed its latest generation.
 struct EventState {
+  explicit EventState(bool timing) : timing(timing) {}
+  const bool timing;
   absl::Mutex mu;
   uint64_t recorded ABSL_GUARDED_BY(mu) = 0;
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;
+  double completed_at ABSL_GUARDED_BY(mu) = 0;  // steady-clock seconds
 
   uint64_t Record() {  // the new record's generation
     absl::MutexLock lock(&mu);
@@ -46,8 +52,21 @@ struct EventState {
     return recorded;
   }
   void Complete(uint64_t generation) {
+    const double now =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     absl::MutexLock lock(&mu);
+    if (generation > completed) completed_at = now;
     completed = std::max(completed, generation);
+  }
+  bool Done() {
+    absl::MutexLock lock(&mu);
+    return completed >= recorded;
+  }
+  // When the latest record was reached; nullopt when never recorded or not reached yet.
+  std::optional<double> DoneAt() {
+    absl::MutexLock lock(&mu);
+    if (recorded == 0 || completed < recorded) return std::nullopt;
+    return completed_at;
   }
 
   void WaitFor(uint64_t generation) {
@@ -62,8 +81,8 @@ struct EventState {
 
 class EmulatedEvent final : public Event {
  public:
-  explicit EmulatedEvent(const void* device)
-      : device_(device), state_(std::make_shared<EventState>()) {}
+  EmulatedEvent(const void* device, bool timing)
+      : device_(device), state_(std::make_shared<EventState>(timing)) {}
   const void* device() const { return device_; }
   // Shared with the operations enqueued on it, so an event may be destroyed before they run.
   const std::shared_ptr<EventState>& state() const { return state_; }
@@ -253,7 +272,10 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     return std::unique_ptr<Stream>(new EmulatedStream(this));
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new EmulatedEvent(this));
+    return std::unique_ptr<Event>(new EmulatedEvent(this, false));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
+    return std::unique_ptr<Event>(new EmulatedEvent(this, true));
   }
 
   absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
@@ -308,6 +330,20 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     ASSIGN_OR_RETURN(EmulatedStream * s, StreamOf(stream));
     s->Synchronize();
     return sticky_error();
+  }
+  absl::StatusOr<bool> EventDone(Event& event) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<EventState> e, EventOf(event));
+    return e->Done();
+  }
+  absl::StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<EventState> a, EventOf(start));
+    ASSIGN_OR_RETURN(std::shared_ptr<EventState> b, EventOf(end));
+    const std::optional<double> from = a->DoneAt(), to = b->DoneAt();
+    if (!a->timing || !b->timing || !from || !to) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          options_.name, ": elapsed time needs two timing events, recorded and reached"));
+    }
+    return *to - *from;
   }
 
   absl::Status PauseStream(Stream& stream) override {

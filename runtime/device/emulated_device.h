@@ -14,7 +14,9 @@
 // CUDA launch does, so work ordered only by the host's program order races exactly as it does on a
 // GPU: a missing WaitEvent between two streams gives a wrong result. Events follow CUDA: a
 // WaitEvent or SynchronizeEvent waits for the most recent RecordEvent made before the call; an
-// event never recorded is complete. PauseStream/ResumeStream hold a stream's queue, which makes
+// event never recorded is complete. A timing event notes the host's clock when its stream's thread
+// reaches it, so ElapsedSeconds is the time the work between two of them took on the stream, not
+// the time it took to enqueue. PauseStream/ResumeStream hold a stream's queue, which makes
 // such races deterministic in tests.
 //
 // Host memory (AllocateHost) is plain aligned memory; an asynchronous copy reads or writes it when

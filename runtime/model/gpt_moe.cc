@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/permute.h"
 #include "runtime/base/status.h"
+#include "runtime/device/current_stream.h"
 #include "runtime/model/attention_block.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/head.h"
@@ -37,12 +37,12 @@ struct ForwardState {
   std::vector<ModuleBytes> declared;  // the memory model's modules for its rows (NotePrediction)
   int64_t declared_saved = 0;         // their saved bytes
   int64_t declared_peak = 0;          // and its peak through this stage on an empty arena
-  double forward_seconds = 0;
-  bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
-  EmbeddingSaved embedding;        // first stage
-  StashHandle input;               // later stages: the previous stage's output, (B, T, C)
-  std::vector<LayerState> layers;  // this stage's layers, in order
-  HeadSaved head;                  // last stage
+  device::DeviceSpan forward_span;    // the forward's work on the device (NoteMicroBatchTime)
+  bool routing_spike = false;         // a spike step: each MoE layer adds its spike (spikes.h)
+  EmbeddingSaved embedding;           // first stage
+  StashHandle input;                  // later stages: the previous stage's output, (B, T, C)
+  std::vector<LayerState> layers;     // this stage's layers, in order
+  HeadSaved head;                     // last stage
   StashHandle first_input() const { return input.valid() ? input : embedding.out; }
 };
 
@@ -253,14 +253,6 @@ ModuleContext GptMoe::Context() {
   return ctx;
 }
 
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 absl::Status GptMoe::CheckInputs(const int32_t* inputs, const int32_t* targets, int B) const {
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("micro-batch size B = ", B, " < 1"));
   const int64_t n = int64_t{B} * config_.seq_len;
@@ -292,8 +284,10 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
   const float* p = params_.as<float>();
-  const auto t0 = std::chrono::steady_clock::now();
   ForwardState st;
+  RETURN_IF_ERROR(ReadMicroBatchTimes());
+  ASSIGN_OR_RETURN(st.forward_span,
+                   device::DeviceSpan::Begin(device_, device::CurrentStreamOf(device_)));
   st.B = B;
   st.micro = cur_micro_;
   st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
@@ -361,8 +355,32 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   st.rows = fwd_rows_;
   // The bytes the saved tensors of this stage's micro-batch take, for the 1F1B reservation.
   NotePrediction(st);
-  st.forward_seconds = SecondsSince(t0);
+  RETURN_IF_ERROR(st.forward_span.End(device::CurrentStreamOf(device_)));
   return st;
+}
+
+absl::Status GptMoe::TimedBackward(ForwardState& st, const float* dx_out, double ce_scale,
+                                   double aux_scale, float* dx_in) {
+  device::Stream& stream = device::CurrentStreamOf(device_);
+  ASSIGN_OR_RETURN(device::DeviceSpan backward, device::DeviceSpan::Begin(device_, stream));
+  RETURN_IF_ERROR(Backward(st, dx_out, ce_scale, aux_scale, dx_in));
+  RETURN_IF_ERROR(backward.End(stream));
+  unread_times_.push_back({st.B, std::move(st.forward_span), std::move(backward)});
+  while (unread_times_.size() > kMaxUnreadTimes) unread_times_.pop_front();
+  return ReadMicroBatchTimes();
+}
+
+absl::Status GptMoe::ReadMicroBatchTimes() {
+  while (!unread_times_.empty()) {
+    MicroBatchTimes& t = unread_times_.front();
+    ASSIGN_OR_RETURN(const std::optional<double> backward, t.backward.Seconds());
+    if (!backward) break;  // not run yet: read at a later micro-batch
+    // The forward ran before its backward on the same stream: it has run too.
+    ASSIGN_OR_RETURN(const std::optional<double> forward, t.forward.Seconds());
+    NoteMicroBatchTime(t.B, forward.value_or(0) + *backward);
+    unread_times_.pop_front();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, double ce_scale,
@@ -468,9 +486,7 @@ absl::StatusOr<train::MicroBatchResult> GptMoe::ForwardBackward(const int32_t* i
   stash_.set_micro_batch(0);
   cur_micro_ = 0;
   ASSIGN_OR_RETURN(ForwardState st, Forward(inputs, targets, nullptr, B));
-  const auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(Backward(st, nullptr, ce_scale, aux_scale, nullptr));
-  NoteMicroBatchTime(B, st.forward_seconds + SecondsSince(t0));
+  RETURN_IF_ERROR(TimedBackward(st, nullptr, ce_scale, aux_scale, nullptr));
   train::MicroBatchResult r = Summarize(st);
   r.activation_peak_bytes = static_cast<int64_t>(arena_.peak_bytes());
   r.predicted_peak_bytes = predicted_peak_;
@@ -563,10 +579,7 @@ absl::Status GptMoe::StageBackward(int micro, const float* dx_out, double ce_sca
   int64_t others = 0;
   for (const auto& [m, other] : in_flight_) others += other->declared_saved;
   predicted_peak_ = std::max(predicted_peak_, others + st->declared_peak);
-  const auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(Backward(*st, dx_out, ce_scale, aux_scale, dx_in));
-  NoteMicroBatchTime(st->B, st->forward_seconds + SecondsSince(t0));
-  return absl::OkStatus();
+  return TimedBackward(*st, dx_out, ce_scale, aux_scale, dx_in);
 }
 
 absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {

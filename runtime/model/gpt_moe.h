@@ -88,6 +88,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -100,6 +101,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
+#include "runtime/device/device_span.h"
 #include "runtime/device/weight_mirror.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
@@ -297,8 +299,15 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     int64_t decisions = 0;           // MoE layers where the planner acted
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
     double seconds = 0;              // spent projecting and planning
+    // The device time of a micro-batch its costs assume (an average of those read: its forward
+    // and backward spans); 0 before the first is read.
+    double micro_batch_seconds = 0;
   };
-  PlannerStats planner_stats() const { return planner_stats_; }
+  PlannerStats planner_stats() const {
+    PlannerStats stats = planner_stats_;
+    stats.micro_batch_seconds = micro_seconds_;
+    return stats;
+  }
   // Receives one line per planner decision and per emergency offload (the worker logs them at
   // debug level); nullptr: none.
   void SetPlannerLog(std::function<void(const std::string&)> log) { planner_log_ = std::move(log); }
@@ -390,6 +399,21 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // action that fails is skipped (the emergency path is the net), never an error.
   absl::Status ApplyDeferred(const MoeSaved& saved);
   int NumModules() const;
+  // The planner's costs follow the device time of each micro-batch: its forward and its backward
+  // spans on the compute stream (device_span.h), read once the device has run them (at the end of
+  // the backward on the CPU device; on a discrete one, at a later micro-batch, as the host runs
+  // ahead), never by waiting. The host's clock would see only the enqueueing on a GPU.
+  struct MicroBatchTimes {
+    int B = 0;
+    device::DeviceSpan forward, backward;
+  };
+  static constexpr size_t kMaxUnreadTimes = 64;  // bounds unread_times_ should the device stall
+  std::deque<MicroBatchTimes> unread_times_;
+  // Backward(st, ...) in a span of its own, its times then queued with the forward's.
+  absl::Status TimedBackward(ForwardState& st, const float* dx_out, double ce_scale,
+                             double aux_scale, float* dx_in);
+  // Notes the queued micro-batches the device has run, oldest first.
+  absl::Status ReadMicroBatchTimes();
   void NoteMicroBatchTime(int B, double seconds);
   bool adaptive() const { return policy_ == memory::MemoryPolicy::kAdaptive; }
   AdaptiveOptions adaptive_options_;

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "runtime/device/current_stream.h"
+#include "runtime/device/device_span.h"
 
 namespace furnace::device {
 namespace {
@@ -264,6 +265,43 @@ TEST_F(EmulatedDeviceTest, DestroyingAHeldStreamRunsItsQueue) {
 TEST_F(EmulatedDeviceTest, BadOptionsAreRefused) {
   EXPECT_EQ(CreateEmulatedDevice({.memory_bytes = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Timing events measure the work on the stream, not its enqueueing: a span around an op that
+// takes 30 ms on the stream's thread is unread (nullopt, never a wait) while the stream is held,
+// then at least 30 ms once it has run, though the host enqueued it in no time. Events that are
+// not timing events, or were never recorded, have no elapsed time; an event never recorded is
+// done.
+TEST_F(EmulatedDeviceTest, TimingEventsMeasureTheWorkOnTheStream) {
+  ASSERT_TRUE(dev_->PauseStream(*a_).ok());
+  auto span = DeviceSpan::Begin(*dev_, *a_);
+  ASSERT_TRUE(span.ok()) << span.status();
+  ASSERT_TRUE(dev_->Launch(*a_, [] { absl::SleepFor(absl::Milliseconds(30)); }).ok());
+  ASSERT_TRUE(span->End(*a_).ok());
+  auto unread = span->Seconds();
+  ASSERT_TRUE(unread.ok()) << unread.status();
+  EXPECT_FALSE(unread->has_value());
+  ASSERT_TRUE(dev_->ResumeStream(*a_).ok());
+  ASSERT_TRUE(dev_->SynchronizeStream(*a_).ok());
+  auto seconds = span->Seconds();
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  ASSERT_TRUE(seconds->has_value());
+  EXPECT_GE(**seconds, 0.03);
+
+  auto plain = dev_->CreateEvent();
+  auto timing = dev_->CreateTimingEvent();
+  ASSERT_TRUE(plain.ok() && timing.ok());
+  EXPECT_TRUE(*dev_->EventDone(**timing));  // never recorded
+  ASSERT_TRUE(dev_->RecordEvent(**plain, *a_).ok());
+  EXPECT_EQ(dev_->ElapsedSeconds(**plain, **timing).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // not a timing event, never recorded
+  ASSERT_TRUE(dev_->RecordEvent(**timing, *a_).ok());
+  ASSERT_TRUE(dev_->SynchronizeStream(*a_).ok());
+  EXPECT_TRUE(*dev_->EventDone(**timing));
+  EXPECT_EQ(dev_->ElapsedSeconds(**plain, **timing).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(DeviceSpan().Seconds()->has_value());
+  EXPECT_FALSE(DeviceSpan().End(*a_).ok());
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ struct Outcome {
   std::vector<float> grads;
   std::vector<float> params;
   train::MemoryActionTotals actions;
+  double micro_batch_seconds = 0;  // the planner's, read from the device's timing events
 };
 
 // A device with a compute stream set current for the scope of a run.
@@ -127,6 +128,7 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   out.grads = ToHostVector(*rig.device, model->grad_data(), model->num_params());
   out.params = ToHostVector(*rig.device, model->param_data(), model->num_params());
   out.actions = model->MemoryActions();
+  out.micro_batch_seconds = model->planner_stats().micro_batch_seconds;
   EXPECT_EQ(arena.current_bytes(), 0u);
   return out;
 }
@@ -224,6 +226,11 @@ TEST(DeviceEquivalenceTest, AdaptiveUnderABudgetIsNoneBitForBit) {
   ExpectSame(*none, *emu, /*peaks=*/false);
   for (int64_t peak : emu->peaks) EXPECT_LE(peak, static_cast<int64_t>(budget));
   EXPECT_GT(emu->actions.offloaded_bytes + emu->actions.recomputed_bytes, 0u);
+  // The planner's micro-batch time comes from the device's timing events, read without waiting:
+  // on the CPU at the end of each backward; on the emulated device, whose stream runs behind the
+  // host, the first micro-batch's once the second forward's loss has come back.
+  EXPECT_GT(none->micro_batch_seconds, 0.0);
+  EXPECT_GT(emu->micro_batch_seconds, 0.0);
 }
 
 // The adaptive policy at every budget from the floor the worker enforces (MinimumActivationBytes:
