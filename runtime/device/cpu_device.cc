@@ -1,18 +1,15 @@
 // The CPU device: 64-byte aligned heap memory and synchronous copies. Streams and events exist only
 // so that callers are written once for every device; on the CPU every operation has completed when
-// it returns, so waiting and synchronising are no-ops, an event is done when recorded (a timing
-// event notes the host's time then), and Free is immediate (which the stream-ordered contract
-// allows: nothing is still queued).
+// it returns, so recording, waiting and synchronising are no-ops, and Free is immediate (which the
+// stream-ordered contract allows: nothing is still queued).
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "runtime/base/status.h"
 #include "runtime/device/device.h"
 
 namespace furnace::device {
@@ -25,25 +22,7 @@ class CpuStream final : public Stream {
   void* native() override { return nullptr; }
 };
 
-// Work on the CPU device has run when its call returns: an event is done when recorded, at the
-// time it is recorded.
-class CpuEvent final : public Event {
- public:
-  explicit CpuEvent(bool timing) : timing_(timing) {}
-  bool timing() const { return timing_; }
-  void Record() {
-    recorded_ = true;
-    at_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
-  bool recorded() const { return recorded_; }
-  double at() const { return at_; }
-
- private:
-  const bool timing_;
-  bool recorded_ = false;
-  double at_ = 0;
-};
+class CpuEvent final : public Event {};
 
 absl::StatusOr<void*> AlignedAllocate(size_t bytes) {
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a unique
@@ -93,10 +72,7 @@ class CpuDevice final : public Device {
     return std::unique_ptr<Stream>(new CpuStream());
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new CpuEvent(false));
-  }
-  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
-    return std::unique_ptr<Event>(new CpuEvent(true));
+    return std::unique_ptr<Event>(new CpuEvent());
   }
 
   absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
@@ -116,9 +92,7 @@ class CpuDevice final : public Device {
   }
   absl::Status RecordEvent(Event& event, Stream& stream) override {
     if (absl::Status s = CheckEvent(event); !s.ok()) return s;
-    RETURN_IF_ERROR(CheckStream(stream));
-    static_cast<CpuEvent&>(event).Record();
-    return absl::OkStatus();
+    return CheckStream(stream);
   }
   absl::Status WaitEvent(Stream& stream, Event& event) override {
     if (absl::Status s = CheckEvent(event); !s.ok()) return s;
@@ -126,21 +100,6 @@ class CpuDevice final : public Device {
   }
   absl::Status SynchronizeEvent(Event& event) override { return CheckEvent(event); }
   absl::Status SynchronizeStream(Stream& stream) override { return CheckStream(stream); }
-  absl::StatusOr<bool> EventDone(Event& event) override {
-    RETURN_IF_ERROR(CheckEvent(event));
-    return true;
-  }
-  absl::StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
-    RETURN_IF_ERROR(CheckEvent(start));
-    RETURN_IF_ERROR(CheckEvent(end));
-    const auto& a = static_cast<CpuEvent&>(start);
-    const auto& b = static_cast<CpuEvent&>(end);
-    if (!a.timing() || !b.timing() || !a.recorded() || !b.recorded()) {
-      return absl::FailedPreconditionError(
-          "cpu device: elapsed time needs two recorded timing events");
-    }
-    return b.at() - a.at();
-  }
 
  private:
   CpuStream default_stream_;

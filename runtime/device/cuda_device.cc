@@ -67,8 +67,7 @@ class CudaStream final : public Stream {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(int ordinal, cudaEvent_t event, bool timing)
-      : ordinal_(ordinal), event_(event), timing_(timing) {}
+  CudaEvent(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
   ~CudaEvent() override {
     cudaSetDevice(ordinal_);
     cudaEventDestroy(event_);
@@ -76,14 +75,10 @@ class CudaEvent final : public Event {
   }
   int ordinal() const { return ordinal_; }
   cudaEvent_t event() const { return event_; }
-  bool timing() const { return timing_; }
-  // Recorded at least once (cudaEventElapsedTime refuses an event never recorded).
-  bool recorded = false;
 
  private:
   int ordinal_;
   cudaEvent_t event_;
-  bool timing_;
 };
 
 cudaMemcpyKind ToCuda(CopyKind kind) {
@@ -197,13 +192,7 @@ class CudaDeviceImpl final : public CudaDevice {
     CUDA_CALL(cudaSetDevice(ordinal_));
     cudaEvent_t event = nullptr;
     CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event, false));
-  }
-  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
-    CUDA_CALL(cudaSetDevice(ordinal_));
-    cudaEvent_t event = nullptr;
-    CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDefault));
-    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event, true));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event));
   }
 
   absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
@@ -230,7 +219,6 @@ class CudaDeviceImpl final : public CudaDevice {
     if (!e.ok()) return e.status();
     CUDA_CALL(cudaSetDevice(ordinal_));
     CUDA_CALL(cudaEventRecord(*e, *s));
-    static_cast<CudaEvent&>(event).recorded = true;
     return absl::OkStatus();
   }
   absl::Status WaitEvent(Stream& stream, Event& event) override {
@@ -253,36 +241,6 @@ class CudaDeviceImpl final : public CudaDevice {
     if (!s.ok()) return s.status();
     CUDA_CALL(cudaStreamSynchronize(*s));
     return sticky_error();
-  }
-  absl::StatusOr<bool> EventDone(Event& event) override {
-    auto e = Native(event);
-    if (!e.ok()) return e.status();
-    CUDA_CALL(cudaSetDevice(ordinal_));
-    const cudaError_t query = cudaEventQuery(*e);
-    if (query == cudaErrorNotReady) return false;  // not an error: nothing to clear
-    CUDA_CALL(query);
-    return true;
-  }
-  absl::StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
-    auto a = Native(start);
-    if (!a.ok()) return a.status();
-    auto b = Native(end);
-    if (!b.ok()) return b.status();
-    const auto& from = static_cast<CudaEvent&>(start);
-    const auto& to = static_cast<CudaEvent&>(end);
-    if (!from.timing() || !to.timing() || !from.recorded || !to.recorded) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cuda:%d: elapsed time needs two recorded timing events", ordinal_));
-    }
-    CUDA_CALL(cudaSetDevice(ordinal_));
-    float ms = 0;
-    const cudaError_t elapsed = cudaEventElapsedTime(&ms, *a, *b);
-    if (elapsed == cudaErrorNotReady) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cuda:%d: elapsed time of events the stream has not reached", ordinal_));
-    }
-    CUDA_CALL(elapsed);
-    return ms / 1e3;
   }
 
   void SetStickyError(absl::Status error) override {

@@ -81,16 +81,6 @@ class Device {
   virtual absl::Status WaitEvent(Stream& stream, Event& event) = 0;  // stream waits for event
   virtual absl::Status SynchronizeEvent(Event& event) = 0;           // host waits
   virtual absl::Status SynchronizeStream(Stream& stream) = 0;
-
-  // Timing (as CUDA's events without cudaEventDisableTiming): an event of CreateTimingEvent also
-  // records when its stream reached it, and ElapsedSeconds reads the device time between two of
-  // them: the time their work took on the device, which the host's clock around enqueueing it does
-  // not see. Neither call waits. EventDone: whether the work before the event's latest record has
-  // run (an event never recorded: true). ElapsedSeconds: FailedPrecondition while either is not
-  // done, was never recorded, or is not a timing event.
-  virtual absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() = 0;
-  virtual absl::StatusOr<bool> EventDone(Event& event) = 0;
-  virtual absl::StatusOr<double> ElapsedSeconds(Event& start, Event& end) = 0;
 };
 
 // Whether host code may read and write this device's memory directly (the CPU device), so a caller

@@ -6,13 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,14 +34,10 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // A record count and a completion count: RecordEvent takes the next generation on the host and the
 // stream marks it complete when it gets there; waits are for the generation current at the call.
-// A timing event also notes when the stream completed its latest generation.
 struct EventState {
-  explicit EventState(bool timing) : timing(timing) {}
-  const bool timing;
   absl::Mutex mu;
   uint64_t recorded ABSL_GUARDED_BY(mu) = 0;
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;
-  double completed_at ABSL_GUARDED_BY(mu) = 0;  // steady-clock seconds
 
   uint64_t Record() {  // the new record's generation
     absl::MutexLock lock(&mu);
@@ -52,21 +48,8 @@ struct EventState {
     return recorded;
   }
   void Complete(uint64_t generation) {
-    const double now =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     absl::MutexLock lock(&mu);
-    if (generation > completed) completed_at = now;
     completed = std::max(completed, generation);
-  }
-  bool Done() {
-    absl::MutexLock lock(&mu);
-    return completed >= recorded;
-  }
-  // When the latest record was reached; nullopt when never recorded or not reached yet.
-  std::optional<double> DoneAt() {
-    absl::MutexLock lock(&mu);
-    if (recorded == 0 || completed < recorded) return std::nullopt;
-    return completed_at;
   }
 
   void WaitFor(uint64_t generation) {
@@ -81,8 +64,8 @@ struct EventState {
 
 class EmulatedEvent final : public Event {
  public:
-  EmulatedEvent(const void* device, bool timing)
-      : device_(device), state_(std::make_shared<EventState>(timing)) {}
+  explicit EmulatedEvent(const void* device)
+      : device_(device), state_(std::make_shared<EventState>()) {}
   const void* device() const { return device_; }
   // Shared with the operations enqueued on it, so an event may be destroyed before they run.
   const std::shared_ptr<EventState>& state() const { return state_; }
@@ -272,10 +255,7 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     return std::unique_ptr<Stream>(new EmulatedStream(this));
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new EmulatedEvent(this, false));
-  }
-  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
-    return std::unique_ptr<Event>(new EmulatedEvent(this, true));
+    return std::unique_ptr<Event>(new EmulatedEvent(this));
   }
 
   absl::Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
@@ -331,20 +311,6 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     s->Synchronize();
     return sticky_error();
   }
-  absl::StatusOr<bool> EventDone(Event& event) override {
-    ASSIGN_OR_RETURN(std::shared_ptr<EventState> e, EventOf(event));
-    return e->Done();
-  }
-  absl::StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
-    ASSIGN_OR_RETURN(std::shared_ptr<EventState> a, EventOf(start));
-    ASSIGN_OR_RETURN(std::shared_ptr<EventState> b, EventOf(end));
-    const std::optional<double> from = a->DoneAt(), to = b->DoneAt();
-    if (!a->timing || !b->timing || !from || !to) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          options_.name, ": elapsed time needs two timing events, recorded and reached"));
-    }
-    return *to - *from;
-  }
 
   absl::Status PauseStream(Stream& stream) override {
     ASSIGN_OR_RETURN(EmulatedStream * s, StreamOf(stream));
@@ -358,9 +324,20 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
   }
   absl::Status Launch(Stream& stream, std::function<void()> op) override {
     ASSIGN_OR_RETURN(EmulatedStream * s, StreamOf(stream));
+    launches_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.min_op_seconds > 0) {
+      op = [op = std::move(op), seconds = options_.min_op_seconds] {
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(seconds));
+        op();
+        std::this_thread::sleep_until(until);
+      };
+    }
     s->Enqueue(std::move(op));
     return absl::OkStatus();
   }
+  uint64_t launches() const override { return launches_.load(std::memory_order_relaxed); }
   Stream& default_stream() override { return *default_stream_; }
 
   bool Owns(const void* ptr, size_t bytes) const override {
@@ -417,6 +394,7 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
   const int fd_;
   char* const device_view_;  // PROT_NONE: the addresses handed out
   char* const rw_view_;      // read-write: the same pages, for the streams
+  std::atomic<uint64_t> launches_{0};
   mutable absl::Mutex alloc_mu_;
   std::map<size_t, size_t> free_ ABSL_GUARDED_BY(alloc_mu_);  // offset -> bytes
   std::map<size_t, size_t> used_ ABSL_GUARDED_BY(alloc_mu_);  // offset -> bytes
@@ -432,6 +410,10 @@ absl::StatusOr<std::unique_ptr<EmulatedDevice>> CreateEmulatedDevice(
     EmulatedDeviceOptions options) {
   if (options.memory_bytes == 0) {
     return absl::InvalidArgumentError("emulated device: memory_bytes must be > 0");
+  }
+  if (!(options.min_op_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("emulated device: min_op_seconds ", options.min_op_seconds, " must be >= 0"));
   }
   options.memory_bytes = RoundUp(options.memory_bytes, static_cast<size_t>(getpagesize()));
   const int fd = memfd_create("furnace-emulated-device", MFD_CLOEXEC);

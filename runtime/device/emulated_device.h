@@ -14,9 +14,7 @@
 // CUDA launch does, so work ordered only by the host's program order races exactly as it does on a
 // GPU: a missing WaitEvent between two streams gives a wrong result. Events follow CUDA: a
 // WaitEvent or SynchronizeEvent waits for the most recent RecordEvent made before the call; an
-// event never recorded is complete. A timing event notes the host's clock when its stream's thread
-// reaches it, so ElapsedSeconds is the time the work between two of them took on the stream, not
-// the time it took to enqueue. PauseStream/ResumeStream hold a stream's queue, which makes
+// event never recorded is complete. PauseStream/ResumeStream hold a stream's queue, which makes
 // such races deterministic in tests.
 //
 // Host memory (AllocateHost) is plain aligned memory; an asynchronous copy reads or writes it when
@@ -50,6 +48,9 @@ namespace furnace::device {
 struct EmulatedDeviceOptions {
   size_t memory_bytes = size_t{1} << 30;  // capacity (virtual until written)
   std::string name = "emulated";
+  // Each operation Launch enqueues (a backend kernel) occupies its stream at least this long: a
+  // slower device, on which tests see the host run ahead of the stream as it does of a GPU's.
+  double min_op_seconds = 0;
 };
 
 class EmulatedDevice : public Device {
@@ -74,6 +75,8 @@ class EmulatedDevice : public Device {
   virtual absl::Status sticky_error() const = 0;
   // Bytes currently allocated.
   virtual size_t allocated_bytes() const = 0;
+  // Operations enqueued with Launch so far, on every stream.
+  virtual uint64_t launches() const = 0;
 };
 
 absl::StatusOr<std::unique_ptr<EmulatedDevice>> CreateEmulatedDevice(

@@ -37,12 +37,12 @@ struct ForwardState {
   std::vector<ModuleBytes> declared;  // the memory model's modules for its rows (NotePrediction)
   int64_t declared_saved = 0;         // their saved bytes
   int64_t declared_peak = 0;          // and its peak through this stage on an empty arena
-  device::DeviceSpan forward_span;    // the forward's work on the device (NoteMicroBatchTime)
-  bool routing_spike = false;         // a spike step: each MoE layer adds its spike (spikes.h)
-  EmbeddingSaved embedding;           // first stage
-  StashHandle input;                  // later stages: the previous stage's output, (B, T, C)
-  std::vector<LayerState> layers;     // this stage's layers, in order
-  HeadSaved head;                     // last stage
+  StreamSpan forward;              // marks around the forward on the compute stream (training only)
+  bool routing_spike = false;      // a spike step: each MoE layer adds its spike (spikes.h)
+  EmbeddingSaved embedding;        // first stage
+  StashHandle input;               // later stages: the previous stage's output, (B, T, C)
+  std::vector<LayerState> layers;  // this stage's layers, in order
+  HeadSaved head;                  // last stage
   StashHandle first_input() const { return input.valid() ? input : embedding.out; }
 };
 
@@ -285,9 +285,10 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   ModuleContext ctx = Context();
   const float* p = params_.as<float>();
   ForwardState st;
-  RETURN_IF_ERROR(ReadMicroBatchTimes());
-  ASSIGN_OR_RETURN(st.forward_span,
-                   device::DeviceSpan::Begin(device_, device::CurrentStreamOf(device_)));
+  if (!evaluating_) {
+    RETURN_IF_ERROR(ReadMicroBatchTimes());
+    ASSIGN_OR_RETURN(st.forward.begin, Mark());
+  }
   st.B = B;
   st.micro = cur_micro_;
   st.routing_spike = step_ >= 0 && IsSpikeStep(config_.spikes, step_);
@@ -355,29 +356,41 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   st.rows = fwd_rows_;
   // The bytes the saved tensors of this stage's micro-batch take, for the 1F1B reservation.
   NotePrediction(st);
-  RETURN_IF_ERROR(st.forward_span.End(device::CurrentStreamOf(device_)));
+  if (!evaluating_) {
+    ASSIGN_OR_RETURN(st.forward.end, Mark());
+  }
   return st;
+}
+
+absl::StatusOr<std::unique_ptr<comm::StreamMark>> GptMoe::Mark() {
+  if (marker_ == nullptr) {
+    ASSIGN_OR_RETURN(marker_, comm::CreateStreamMarker(device_));
+  }
+  return marker_->Mark(device::CurrentStreamOf(device_));
 }
 
 absl::Status GptMoe::TimedBackward(ForwardState& st, const float* dx_out, double ce_scale,
                                    double aux_scale, float* dx_in) {
-  device::Stream& stream = device::CurrentStreamOf(device_);
-  ASSIGN_OR_RETURN(device::DeviceSpan backward, device::DeviceSpan::Begin(device_, stream));
+  StreamSpan backward;
+  ASSIGN_OR_RETURN(backward.begin, Mark());
   RETURN_IF_ERROR(Backward(st, dx_out, ce_scale, aux_scale, dx_in));
-  RETURN_IF_ERROR(backward.End(stream));
-  unread_times_.push_back({st.B, std::move(st.forward_span), std::move(backward)});
-  while (unread_times_.size() > kMaxUnreadTimes) unread_times_.pop_front();
+  ASSIGN_OR_RETURN(backward.end, Mark());
+  if (st.forward.end != nullptr) {
+    unread_times_.push_back({st.B, std::move(st.forward), std::move(backward)});
+    while (unread_times_.size() > kMaxUnreadTimes) unread_times_.pop_front();
+  }
   return ReadMicroBatchTimes();
 }
 
 absl::Status GptMoe::ReadMicroBatchTimes() {
   while (!unread_times_.empty()) {
     MicroBatchTimes& t = unread_times_.front();
-    ASSIGN_OR_RETURN(const std::optional<double> backward, t.backward.Seconds());
-    if (!backward) break;  // not run yet: read at a later micro-batch
-    // The forward ran before its backward on the same stream: it has run too.
-    ASSIGN_OR_RETURN(const std::optional<double> forward, t.forward.Seconds());
-    NoteMicroBatchTime(t.B, forward.value_or(0) + *backward);
+    ASSIGN_OR_RETURN(const bool passed, t.backward.end->Passed());
+    if (!passed) break;  // not run yet: read at a later micro-batch
+    // The forward ran before its backward on the same stream: it has passed too.
+    ASSIGN_OR_RETURN(const double forward, t.forward.end->SecondsSince(*t.forward.begin));
+    ASSIGN_OR_RETURN(const double backward, t.backward.end->SecondsSince(*t.backward.begin));
+    NoteMicroBatchTime(t.B, forward + backward);
     unread_times_.pop_front();
   }
   return absl::OkStatus();
@@ -603,6 +616,7 @@ absl::Status GptMoe::SetMemoryPolicy(memory::MemoryPolicy policy) {
 
 void GptMoe::AbandonMicroBatches() {
   in_flight_.clear();
+  unread_times_.clear();  // an abandoned step's spans say nothing of an ordinary micro-batch
   moved_.clear();
   planned_.clear();
   future_drops_.clear();

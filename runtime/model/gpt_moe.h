@@ -83,7 +83,8 @@
 //
 // Thread-safety: one thread at a time. Errors: InvalidArgument for bad inputs (token ids outside
 // [0, V), B < 1); ResourceExhausted from the arena when the budget is too small (the gradients may
-// then hold a partial accumulation: the step must be given up or retried after ZeroGrad).
+// then hold a partial accumulation: the step must be given up or retried after ZeroGrad); the
+// device's errors (a failed kernel, a stream mark that cannot be made or read) as it gives them.
 #pragma once
 
 #include <algorithm>
@@ -99,9 +100,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/stream_marks.h"
 #include "runtime/device/backend.h"
 #include "runtime/device/device.h"
-#include "runtime/device/device_span.h"
 #include "runtime/device/weight_mirror.h"
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
@@ -124,6 +125,11 @@
 namespace furnace::model {
 
 struct ForwardState;
+
+// Marks around a span of work on a stream (comm/stream_marks.h): its stream time, once passed.
+struct StreamSpan {
+  std::unique_ptr<comm::StreamMark> begin, end;
+};
 
 class GptMoe final : public train::PipelineStage, private MemoryHooks {
  public:
@@ -399,20 +405,24 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // action that fails is skipped (the emergency path is the net), never an error.
   absl::Status ApplyDeferred(const MoeSaved& saved);
   int NumModules() const;
-  // The planner's costs follow the device time of each micro-batch: its forward and its backward
-  // spans on the compute stream (device_span.h), read once the device has run them (at the end of
-  // the backward on the CPU device; on a discrete one, at a later micro-batch, as the host runs
-  // ahead), never by waiting. The host's clock would see only the enqueueing on a GPU.
+  // The planner's costs follow the time each micro-batch takes on the compute stream: marks
+  // (comm/stream_marks.h) around its forward and its backward, read once the stream has passed
+  // them (at the end of the backward on the CPU device; on a discrete one at a later micro-batch,
+  // as the host runs ahead), never by waiting. The host's clock would see only the enqueueing on a
+  // GPU. Stream time counts what the stream waits for too (a late reload, a collective).
   struct MicroBatchTimes {
     int B = 0;
-    device::DeviceSpan forward, backward;
+    StreamSpan forward, backward;
   };
   static constexpr size_t kMaxUnreadTimes = 64;  // bounds unread_times_ should the device stall
+  std::unique_ptr<comm::StreamMarker> marker_;   // made by the first Mark
   std::deque<MicroBatchTimes> unread_times_;
-  // Backward(st, ...) in a span of its own, its times then queued with the forward's.
+  // A mark at the current point of the compute stream (device::CurrentStreamOf).
+  absl::StatusOr<std::unique_ptr<comm::StreamMark>> Mark();
+  // Backward(st, ...) between marks of its own, its span then queued with the forward's.
   absl::Status TimedBackward(ForwardState& st, const float* dx_out, double ce_scale,
                              double aux_scale, float* dx_in);
-  // Notes the queued micro-batches the device has run, oldest first.
+  // Notes the queued micro-batches the stream has passed, oldest first.
   absl::Status ReadMicroBatchTimes();
   void NoteMicroBatchTime(int B, double seconds);
   bool adaptive() const { return policy_ == memory::MemoryPolicy::kAdaptive; }

@@ -1,7 +1,7 @@
 // Device interface: the CPU device (always), and the CUDA device where a GPU is present (the
 // CudaDevice* cases skip themselves, saying why, on machines without one or in CPU-only builds):
-// copies on streams with events, timing events, IsDeviceMemory, stream-ordered Free, the sticky
-// error and the lookups of cuda_device.h. Without CUDA those lookups find nothing.
+// copies on streams with events, IsDeviceMemory, stream-ordered Free, the sticky error and the
+// lookups of cuda_device.h. Without CUDA those lookups find nothing.
 #include "runtime/device/device.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +12,6 @@
 
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/current_stream.h"
-#include "runtime/device/device_span.h"
 
 namespace furnace::device {
 namespace {
@@ -94,30 +93,6 @@ TEST(CpuDeviceTest, StreamsAndEventsAreNoOps) {
   EXPECT_TRUE(dev->SynchronizeStream(**s2).ok());
 }
 
-// On the CPU work has run when its call returns: a span is read at once, and its seconds are the
-// host's time between the two records.
-TEST(CpuDeviceTest, TimingEventsAreDoneWhenRecorded) {
-  auto dev = CreateCpuDevice();
-  auto span = DeviceSpan::Begin(*dev, dev->default_stream());
-  ASSERT_TRUE(span.ok()) << span.status();
-  ASSERT_TRUE(span->End(dev->default_stream()).ok());
-  auto seconds = span->Seconds();
-  ASSERT_TRUE(seconds.ok()) << seconds.status();
-  ASSERT_TRUE(seconds->has_value());
-  EXPECT_GE(**seconds, 0.0);
-  auto plain = dev->CreateEvent();
-  auto timing = dev->CreateTimingEvent();
-  ASSERT_TRUE(plain.ok() && timing.ok());
-  EXPECT_TRUE(*dev->EventDone(**timing));
-  EXPECT_EQ(dev->ElapsedSeconds(**timing, **timing).status().code(),
-            absl::StatusCode::kFailedPrecondition);  // never recorded
-  ASSERT_TRUE(dev->RecordEvent(**plain, dev->default_stream()).ok());
-  ASSERT_TRUE(dev->RecordEvent(**timing, dev->default_stream()).ok());
-  EXPECT_EQ(dev->ElapsedSeconds(**plain, **timing).status().code(),
-            absl::StatusCode::kFailedPrecondition);  // not a timing event
-  EXPECT_TRUE(dev->ElapsedSeconds(**timing, **timing).ok());
-}
-
 TEST(CpuDeviceTest, RefusesForeignStreamsAndEvents) {
   class OtherStream : public Stream {
    public:
@@ -191,37 +166,6 @@ TEST(CudaDeviceTest, CopiesRoundTripOnStreamsWithEvents) {
   dev->Free(*a);
   dev->Free(*b);
   dev->FreeHost(*pinned);
-}
-
-// Timing events on a GPU stream: a span around 1 GiB of device memsets is unread or read without
-// waiting, then has a positive time once the stream has run; plain events have none.
-TEST(CudaDeviceTest, TimingEventsMeasureTheWorkOnTheStream) {
-  CUDA_DEVICE_OR_SKIP(dev);
-  auto stream = dev->CreateStream();
-  ASSERT_TRUE(stream.ok());
-  constexpr size_t kBytes = size_t{256} << 20;
-  auto a = dev->Allocate(kBytes);
-  ASSERT_TRUE(a.ok());
-  auto span = DeviceSpan::Begin(*dev, **stream);
-  ASSERT_TRUE(span.ok()) << span.status();
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(dev->Memset(*a, i, kBytes, **stream).ok());
-  ASSERT_TRUE(span->End(**stream).ok());
-  ASSERT_TRUE(span->Seconds().ok());  // read or not yet, never an error or a wait
-  ASSERT_TRUE(dev->SynchronizeStream(**stream).ok());
-  auto seconds = span->Seconds();
-  ASSERT_TRUE(seconds.ok()) << seconds.status();
-  ASSERT_TRUE(seconds->has_value());
-  EXPECT_GT(**seconds, 0.0);
-  auto plain = dev->CreateEvent();
-  auto timing = dev->CreateTimingEvent();
-  ASSERT_TRUE(plain.ok() && timing.ok());
-  EXPECT_TRUE(*dev->EventDone(**timing));  // never recorded
-  ASSERT_TRUE(dev->RecordEvent(**plain, **stream).ok());
-  ASSERT_TRUE(dev->RecordEvent(**timing, **stream).ok());
-  ASSERT_TRUE(dev->SynchronizeStream(**stream).ok());
-  EXPECT_EQ(dev->ElapsedSeconds(**plain, **timing).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  dev->Free(*a);
 }
 
 TEST(CudaDeviceTest, OversizedAllocationIsResourceExhausted) {

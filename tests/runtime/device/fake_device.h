@@ -33,9 +33,6 @@ class FakeDevice final : public Device {
   absl::Status WaitEvent(Stream&, Event&) override { return Refused(); }
   absl::Status SynchronizeEvent(Event&) override { return Refused(); }
   absl::Status SynchronizeStream(Stream&) override { return Refused(); }
-  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override { return Refused(); }
-  absl::StatusOr<bool> EventDone(Event&) override { return Refused(); }
-  absl::StatusOr<double> ElapsedSeconds(Event&, Event&) override { return Refused(); }
 
  private:
   absl::Status Refused() const {

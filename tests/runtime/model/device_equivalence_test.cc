@@ -226,11 +226,44 @@ TEST(DeviceEquivalenceTest, AdaptiveUnderABudgetIsNoneBitForBit) {
   ExpectSame(*none, *emu, /*peaks=*/false);
   for (int64_t peak : emu->peaks) EXPECT_LE(peak, static_cast<int64_t>(budget));
   EXPECT_GT(emu->actions.offloaded_bytes + emu->actions.recomputed_bytes, 0u);
-  // The planner's micro-batch time comes from the device's timing events, read without waiting:
+  // The planner's micro-batch time comes from marks on the compute stream, read without waiting:
   // on the CPU at the end of each backward; on the emulated device, whose stream runs behind the
   // host, the first micro-batch's once the second forward's loss has come back.
   EXPECT_GT(none->micro_batch_seconds, 0.0);
   EXPECT_GT(emu->micro_batch_seconds, 0.0);
+}
+
+// On a device that runs behind the host, the planner's micro-batch time is the stream's: on an
+// emulated device whose every kernel takes at least 2 ms, a micro-batch's time is at least 2 ms
+// a kernel it ran. The host's clock around the calls (what it read before) sees the forward,
+// which ends waiting for its loss, but only the enqueueing of the backward, which waits for
+// nothing: about half of that.
+TEST(DeviceEquivalenceTest, ThePlannersMicroBatchTimeIsTheStreams) {
+  auto made =
+      device::CreateEmulatedDevice({.memory_bytes = size_t{256} << 20, .min_op_seconds = 0.002});
+  ASSERT_TRUE(made.ok()) << made.status();
+  device::EmulatedDevice& dev = **made;
+  auto stream = dev.CreateStream();
+  ASSERT_TRUE(stream.ok());
+  device::StreamScope scope(**stream);
+  const ModelConfig config = TinyConfig();
+  tensor::DeviceArena arena(dev, 0);
+  auto model = GptMoe::Create(config, 5, dev, arena);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int B = 2, N = B * config.seq_len;
+  uint64_t fewest = UINT64_MAX;  // kernels a micro-batch ran between its marks (4 a micro-batch)
+  for (int micro = 0; micro < 2; ++micro) {
+    const uint64_t before = dev.launches();
+    const std::vector<int32_t> in = RandomTokens(N, config.vocab, 100 + micro);
+    const std::vector<int32_t> tg = RandomTokens(N, config.vocab, 200 + micro);
+    ASSERT_TRUE((*model)->ForwardBackward(in.data(), tg.data(), B, 1.0 / N, 1.0).ok());
+    fewest = std::min(fewest, dev.launches() - before - 4);
+  }
+  ASSERT_TRUE(dev.SynchronizeStream(**stream).ok());
+  ASSERT_GT(fewest, 0u);
+  // The first micro-batch's time was read (the second forward waited for it to finish); the
+  // second's too if the stream had passed it: the planner's average is of those.
+  EXPECT_GE((*model)->planner_stats().micro_batch_seconds, 0.002 * static_cast<double>(fewest));
 }
 
 // The adaptive policy at every budget from the floor the worker enforces (MinimumActivationBytes:
