@@ -223,6 +223,14 @@ int Fail(Progress& progress, uint64_t step, int code, const std::string& message
   return code;
 }
 
+// An error of the data itself, at start-up or met as it is read: the user's to fix, never
+// retried. DataLoss: the file is damaged (corrupt data); else it does not fit the job (bad input).
+int FailOnData(Progress& progress, uint64_t step, const absl::Status& status) {
+  const bool corrupt = absl::IsDataLoss(status);
+  return Fail(progress, step, corrupt ? kRankExitCorruptData : kRankExitBadInput,
+              absl::StrCat(corrupt ? "data file corrupt: " : "data: ", status.message()));
+}
+
 }  // namespace
 
 int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevice& rank_device) {
@@ -278,13 +286,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   sc.seed = spec.train().seed();
   sc.global_batch = int64_t{sc.batch} * spec.parallel().micro_batches() * spec.parallel().dp();
   absl::StatusOr<data::Samplers> samplers = data::MakeSamplers(data_config, sc);
-  if (!samplers.ok()) {
-    // Truncated or failing its checks (DataLoss): the file is damaged, not misconfigured.
-    const bool corrupt = absl::IsDataLoss(samplers.status());
-    return Fail(
-        progress, 0, corrupt ? kRankExitCorruptData : kRankExitBadInput,
-        absl::StrCat(corrupt ? "data file corrupt: " : "data: ", samplers.status().message()));
-  }
+  if (!samplers.ok()) return FailOnData(progress, 0, samplers.status());
   const double entropy_floor = samplers->entropy_floor;
   spdlog::info("data: {}", samplers->description);
   // An evaluation reads eval.batches micro-batches of held-out sequences from the start of the
@@ -656,13 +658,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   }
   if (fault_exit) return *fault_exit;
   if (!status.ok()) {
-    // The data's own errors (a token outside the vocab, a damaged file, met as it is read) are
-    // the user's to fix: a restart would meet them again at the same step.
+    // The data's own errors met as it is read: a restart would meet them again at the same step.
     if (data::IsDataError(status)) {
-      const bool corrupt = absl::IsDataLoss(status);
-      return Fail(progress, static_cast<uint64_t>((*trainer)->step()),
-                  corrupt ? kRankExitCorruptData : kRankExitBadInput,
-                  absl::StrCat(corrupt ? "data file corrupt: " : "data: ", status.message()));
+      return FailOnData(progress, static_cast<uint64_t>((*trainer)->step()), status);
     }
     const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
     return Fail(

@@ -26,6 +26,11 @@ absl::Status TokenStream::Read(int64_t begin, int64_t n, int32_t* out) const {
 }
 
 absl::StatusOr<std::string> TokenStream::Fingerprint() const {
+  std::call_once(fingerprint_once_, [this] { fingerprint_ = ReadFingerprint(); });
+  return fingerprint_;
+}
+
+absl::StatusOr<std::string> TokenStream::ReadFingerprint() const {
   const int64_t n = size();
   const int64_t samples = std::min<int64_t>(n, kFingerprintTokens);
   for (int64_t i = 0; i < samples; ++i) Prefetch(i * (n / samples));

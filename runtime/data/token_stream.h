@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,6 +31,8 @@ class TokenStream {
   // kFingerprintTokens tokens spread over the stream (cheap; tells another file from this one, not
   // a one-token edit). Those tokens are read, and checked, as Read does; their pages are asked for
   // together first (Prefetch), so a cold disk serves them at once, not one seek after another.
+  // Read once per stream (the first call; thread-safe): a dataset's training and held-out
+  // samplers, and the held-out-is-training check, share it.
   absl::StatusOr<std::string> Fingerprint() const;
   static constexpr int64_t kFingerprintTokens = 1024;
 
@@ -42,6 +45,11 @@ class TokenStream {
   // The error for the token at stream position `position` holding `value` (outside the vocab):
   // names the file, the token's place in it (byte offset) and the allowed range.
   virtual absl::Status BadToken(int64_t position, int64_t value) const = 0;
+
+ private:
+  absl::StatusOr<std::string> ReadFingerprint() const;
+  mutable std::once_flag fingerprint_once_;
+  mutable absl::StatusOr<std::string> fingerprint_;
 };
 
 }  // namespace furnace::data

@@ -2,6 +2,7 @@
 #include "runtime/data/epoch_sampler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +29,7 @@ class FakeStream : public TokenStream {
 
  protected:
   void ReadStored(int64_t begin, int64_t n, int64_t* out) const override {
+    reads += n;
     for (int64_t i = 0; i < n; ++i) out[i] = begin + i == bad_at_ ? -1 : tag_ * 100000 + begin + i;
   }
   absl::Status BadToken(int64_t position, int64_t value) const override {
@@ -40,6 +42,9 @@ class FakeStream : public TokenStream {
   int tag_;
   int64_t bad_at_;
   std::string path_;
+
+ public:
+  mutable std::atomic<int64_t> reads{0};  // tokens read so far
 };
 
 std::shared_ptr<const TokenStream> Stream(int64_t size, int tag = 0) {
@@ -287,6 +292,22 @@ TEST(EpochSamplerTest, ATokenOutsideTheVocabFailsTheBatchThatReadsIt) {
   EXPECT_FALSE(IsDataError(absl::InternalError("x")));
   EXPECT_TRUE(IsDataError(DataError(absl::InternalError("x"))));
   EXPECT_TRUE(DataError(absl::OkStatus()).ok());
+}
+
+// A dataset's fingerprint (its 1,024 scattered reads, what a cold start-up waits for) is read once,
+// however many samplers over it are made: the training part and the held-out part here.
+TEST(EpochSamplerTest, ADatasetsFingerprintIsReadOnce) {
+  const SamplerConfig c{.batch = 2, .seq_len = 4, .seed = 5, .global_batch = 4};
+  const auto stream = std::make_shared<FakeStream>(8193, 0);
+  EpochSamplerOptions train{.part = SplitPart::kTrain, .validation_fraction = 0.1};
+  EpochSamplerOptions held_out = train;
+  held_out.part = SplitPart::kValidation;
+  held_out.shuffle = false;
+  ASSERT_TRUE(MakeEpochSampler({{stream}}, c, train).ok());
+  EXPECT_EQ(stream->reads.load(), TokenStream::kFingerprintTokens);
+  ASSERT_TRUE(MakeEpochSampler({{stream}}, c, held_out).ok());
+  EXPECT_EQ(stream->reads.load(), TokenStream::kFingerprintTokens);
+  EXPECT_EQ(stream->Fingerprint().value(), stream->Fingerprint().value());
 }
 
 }  // namespace

@@ -50,6 +50,23 @@ void Put(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// Where token k of sequence `sequence` lies, as the reference writer laid out `expected` (uint16
+// tokens; with --gaps, 4 unused bytes before every sequence s with s % 3 == 1): its stream
+// position and its byte offset in the .bin.
+struct TokenPlace {
+  int64_t position = 0;
+  int64_t byte = 0;
+};
+TokenPlace PlaceOf(const std::vector<std::vector<int32_t>>& expected, int64_t sequence, int64_t k,
+                   bool gaps) {
+  TokenPlace place;
+  for (int64_t s = 0; s < sequence; ++s) place.position += static_cast<int64_t>(expected[s].size());
+  place.position += k;
+  place.byte = 2 * place.position;
+  for (int64_t s = 0; gaps && s <= sequence; ++s) place.byte += s % 3 == 1 ? 4 : 0;
+  return place;
+}
+
 std::string OpenError(const std::string& prefix, int64_t vocab = 1000) {
   auto ds = IndexedDataset::Open(prefix, vocab);
   return ds.ok() ? "opened" : std::string(ds.status().message());
@@ -273,21 +290,17 @@ TEST(IndexedDatasetTest, TokenBeyondTheVocabIsRefusedWithItsPlace) {
     auto ds = IndexedDataset::Open(prefix, 100);
     ASSERT_TRUE(ds.ok()) << ds.status();
     // The first token >= 100 in file order, and where the reference put it.
-    int64_t position = 0, sequence = -1, k = -1;
+    int64_t sequence = -1, k = -1;
     for (size_t s = 0; s < expected.size() && sequence < 0; ++s) {
-      for (size_t j = 0; j < expected[s].size(); ++j, ++position) {
+      for (size_t j = 0; j < expected[s].size() && sequence < 0; ++j) {
         if (expected[s][j] >= 100) {
           sequence = static_cast<int64_t>(s);
           k = static_cast<int64_t>(j);
-          break;
         }
       }
     }
     ASSERT_GE(sequence, 0);
-    // Its byte in the .bin: uint16 tokens before it, and the reference's gaps (two tokens before
-    // every sequence s with s % 3 == 1).
-    int64_t byte = 2 * position;
-    for (int64_t s = 0; gaps && s <= sequence; ++s) byte += s % 3 == 1 ? 4 : 0;
+    const auto [position, byte] = PlaceOf(expected, sequence, k, gaps);
     std::vector<int32_t> got((*ds)->size());
     ASSERT_TRUE((*ds)->Read(0, position, got.data()).ok());  // everything before it reads
     const absl::Status read = (*ds)->Read(0, (*ds)->size(), got.data());
@@ -323,11 +336,7 @@ TEST(IndexedDatasetTest, APlantedBadTokenIsNamedAtItsPlace) {
     ASSERT_EQ(expected.size(), 30u);
     ASSERT_TRUE(expected[10].empty());
     ASSERT_GE(expected[11].size(), 3u);
-    int64_t position = 0;  // of token 2 of sequence 11
-    for (int s = 0; s < 11; ++s) position += static_cast<int64_t>(expected[s].size());
-    position += 2;
-    int64_t byte = 2 * position;
-    for (int s = 0; gaps && s <= 11; ++s) byte += s % 3 == 1 ? 4 : 0;
+    const auto [position, byte] = PlaceOf(expected, 11, 2, gaps);  // token 2 of sequence 11
     std::string bin = Bytes(prefix + ".bin");
     ASSERT_LT(static_cast<size_t>(byte) + 1, bin.size());
     bin[byte] = '\xff';
