@@ -32,6 +32,7 @@
 #include "runtime/tensor/host_pool.h"
 #include "runtime/train/moe_schedules.h"
 #include "runtime/train/peak_flops.h"
+#include "runtime/train/run_settings.h"
 #include "runtime/train/trainer.h"
 #include "spdlog/spdlog.h"
 #include "worker/fault_schedule.h"
@@ -100,6 +101,7 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.checkpoint.every = spec.checkpoint().every();
   c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
   c.checkpoint.async = spec.checkpoint().async();
+  c.override_checkpoint_settings = spec.checkpoint().override_settings();
   c.eval.every = spec.eval().every();
   c.eval.batches = static_cast<int>(spec.eval().batches());
   return c;
@@ -543,6 +545,14 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
       if (restored->data.epoch_sequences > 0) {
         absl::StrAppend(&account, "; data at epoch ", restored->data.epoch, ", sequence ",
                         restored->data.index_in_epoch, " of ", restored->data.epoch_sequences);
+      }
+      if (const auto& changed = (*trainer)->settings_overridden(); !changed.empty()) {
+        const std::string changes = train::DescribeChanges(changed);
+        spdlog::warn(
+            "continuing with this job's optimizer settings where the checkpoint's differ "
+            "(checkpoint.override_settings): {}",
+            changes);
+        absl::StrAppend(&account, "; settings overridden: ", changes);
       }
       for (const auto& skipped : restored->skipped) {
         spdlog::warn("checkpoint skipped: {}", skipped);

@@ -78,6 +78,7 @@ void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
   out->set_every_auto(every_auto);
   out->set_keep(U32(s.Integer("keep", 1, kMaxU32), 2));
   out->set_async(s.Bool("async").value_or(false));
+  out->set_override_settings(s.Bool("override_settings").value_or(false));
   s.ReportUnknownKeys();
 }
 

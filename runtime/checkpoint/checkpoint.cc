@@ -256,6 +256,7 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
                         {"index_in_epoch", s.data.index_in_epoch},
                         {"epoch_sequences", s.data.epoch_sequences}};
   }
+  if (!s.settings.empty()) manifest["settings"] = s.settings;
   Json shard_list = Json::array();
   for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
   manifest["shards"] = shard_list;
@@ -445,6 +446,13 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
       out.data.index_in_epoch = Integer<int64_t>(d.at("index_in_epoch"));
       out.data.epoch_sequences = Integer<int64_t>(d.at("epoch_sequences"));
     }
+    if (m.contains("settings")) {
+      const Json& settings = m["settings"];
+      if (!settings.is_object()) return bad_manifest("\"settings\" is not an object");
+      for (const auto& [key, value] : settings.items()) {
+        out.settings[key] = value.get<std::string>();
+      }
+    }
     out.num_shards = Integer<int>(m["num_shards"]);
     const int64_t n = Integer<int64_t>(m["num_params"]);
     if (out.step != step) {
@@ -519,6 +527,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   out.data_position = manifest.data_position;
   out.seed = manifest.seed;
   out.data = manifest.data;
+  out.settings = manifest.settings;
   out.values_in_all_shards = manifest.values_in_all_shards;
   out.params = record.params;
 

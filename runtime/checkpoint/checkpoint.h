@@ -45,6 +45,9 @@ struct ShardState {
   uint64_t seed = 0;          // the run's seed: data order and initialisation
   // Where the data stands (epoch, index, what defines the order): the manifest's "data" object.
   data::DataPosition data{};
+  // The settings that steer the run from here on (the optimizer's: job-spec field -> its value as
+  // text, e.g. "train.lr" -> "0.0003"): the manifest's "settings" object, compared on resume.
+  std::map<std::string, std::string> settings{};
   int shard = 0;
   int num_shards = 1;
   int64_t n = 0;  // floats in each of params, m, v
@@ -82,7 +85,8 @@ struct CheckpointManifest {
   int64_t data_position = 0;
   uint64_t seed = 0;
   data::DataPosition data{};  // order empty: not recorded (a checkpoint older than the record)
-  std::string path;           // the step directory
+  std::map<std::string, std::string> settings{};  // empty: not recorded (an older checkpoint)
+  std::string path;                               // the step directory
   int num_shards = 1;
   int64_t values_in_all_shards = 0;
   // Per shard: its file, size, checksum, and its parameters (a single rank's: the top-level list)
@@ -94,9 +98,10 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t data_position = 0;
   uint64_t seed = 0;
-  data::DataPosition data{};         // order empty: not recorded
-  std::string path;                  // the step directory loaded
-  int num_shards = 1;                // ranks that wrote it
+  data::DataPosition data{};                      // order empty: not recorded
+  std::map<std::string, std::string> settings{};  // empty: not recorded
+  std::string path;                               // the step directory loaded
+  int num_shards = 1;                             // ranks that wrote it
   int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together
   std::vector<ParamInfo> params;     // names, shapes and offsets recorded in the manifest
   std::vector<float> param_data, m, v;

@@ -143,6 +143,7 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
   out.step = manifest.step;
   out.data_position = manifest.data_position;
   out.data = manifest.data;
+  out.settings = manifest.settings;
   out.seed = manifest.seed;
   out.path = manifest.path;
   out.num_shards = manifest.num_shards;

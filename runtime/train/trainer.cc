@@ -1,9 +1,11 @@
 #include "runtime/train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/reshard.h"
@@ -196,6 +198,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
 
   const int64_t n = model_->num_params();
   stats.grad_norm = ClipGradNorm(ops_, model_->grad_data(), n, config_.clip);
+  RETURN_IF_ERROR(RefuseNonFinite(stats));
   stats.lr = config_.schedule.At(step_);
   async_agreed_ = LocalAsyncState();
   stats.checkpoint_stall_seconds += WaitSnapshotCopied();
@@ -213,6 +216,18 @@ absl::StatusOr<StepStats> Trainer::Step() {
   FinishStats(stats, tokens, 1);
   ++step_;
   return stats;
+}
+
+absl::Status Trainer::RefuseNonFinite(const StepStats& stats) const {
+  if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) return absl::OkStatus();
+  const std::string kept = step_ == 0 ? std::string("the initial ones")
+                                      : absl::StrCat("those after step ", step_ - 1);
+  return absl::AbortedError(absl::StrFormat(
+      "step %d: the loss is %g and the gradient norm %g: the update was not applied (the "
+      "parameters and Adam moments are still %s). The run diverged (a lower train.lr or a longer "
+      "train.warmup may help) or a device computed garbage; a restart resumes from the last "
+      "checkpoint",
+      step_, stats.loss, stats.grad_norm, kept));
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate() {
@@ -326,6 +341,7 @@ ShardState Trainer::CurrentShardState() const {
   state.data_position = step_;
   state.data = data_->PositionAt(step_);
   state.seed = config_.seed;
+  state.settings = RecordedSettings(config_.schedule, config_.adamw, config_.clip);
   state.shard = parallel_ != nullptr ? parallel_->world_rank : 0;
   state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
   state.n = model_->num_params();
@@ -515,6 +531,20 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::CheckSettings(const LoadedCheckpoint& c) {
+  std::vector<SettingChange> changes =
+      ChangedSettings(c.settings, RecordedSettings(config_.schedule, config_.adamw, config_.clip));
+  if (!changes.empty() && !config_.override_checkpoint_settings) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", c.path, " was written with other optimizer settings: ",
+        DescribeChanges(changes), " (checkpoint -> this run); resuming would change the update ",
+        "rule from step ", c.data_position, " on. Submit with the checkpoint's values, or set ",
+        "checkpoint.override_settings: true to continue with this run's"));
+  }
+  settings_overridden_ = std::move(changes);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
   const std::vector<ParamInfo>& params = model_->params();
   const int64_t n = model_->num_params();
@@ -546,6 +576,7 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
         config_.seed, " (resuming would change the data order)"));
   }
   RETURN_IF_ERROR(CheckDataPosition(c));
+  RETURN_IF_ERROR(CheckSettings(c));
   // Host to device (the stream synchronised: the loaded arrays may go on return). c.m and c.v
   // hold n values each, as c.param_data (the loaders' contract).
   if (c.m.size() != static_cast<size_t>(n) || c.v.size() != static_cast<size_t>(n)) {

@@ -41,6 +41,7 @@
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer_step.h"
 #include "runtime/train/parallel.h"
+#include "runtime/train/run_settings.h"
 #include "runtime/trainable/trainable.h"
 
 namespace furnace::train {
@@ -71,6 +72,9 @@ struct TrainConfig {
   double clip = 1.0;      // global-norm clip; 0 = off
   double peak_flops = 0;  // device peak FLOP/s for MFU; 0 = MFU not reported
   CheckpointConfig checkpoint;
+  // A resume from a checkpoint written with other optimizer settings (run_settings.h): refused
+  // (false), or continued with this run's, the differences kept in settings_overridden().
+  bool override_checkpoint_settings = false;
   // Held-out evaluation (held_out_eval.h) after every `eval.every` steps and the last; needs the
   // held-out sampler given to Create.
   EvalConfig eval;
@@ -196,7 +200,8 @@ class Trainer {
   // checkpoint.dir, whatever parallel layout wrote it (runtime/checkpoint/reshard.h: each rank
   // gathers its part by name and global offsets). NotFound when there is none (a fresh start).
   // Refuses (FailedPrecondition) a checkpoint of another model (its tensors, by name and whole
-  // shape, are not this model's), another seed, or another data order (CheckDataPosition). The
+  // shape, are not this model's), another seed, another data order (CheckDataPosition), or
+  // other optimizer settings unless config.override_checkpoint_settings (CheckSettings). The
   // data order is the step's: the global batch
   // of step s is the sampler's micro-batches 0 .. dp * m - 1 of step s on every layout, so a
   // layout with another dp continues the same sequence when dp * micro_batches is unchanged.
@@ -204,6 +209,10 @@ class Trainer {
   // Restores from a checkpoint already loaded into this rank's layout: its parameters must be
   // this model's exactly (names, shapes, offsets, slices), and its seed this run's.
   absl::Status Restore(const LoadedCheckpoint& checkpoint);
+
+  // The optimizer settings the restored checkpoint was written with that this run changed
+  // (config.override_checkpoint_settings); empty when none did or nothing was restored.
+  const std::vector<SettingChange>& settings_overridden() const { return settings_overridden_; }
 
   // checkpoint.async: why each checkpoint that was not committed failed, oldest first.
   const std::vector<std::string>& checkpoint_errors() const { return checkpoint_errors_; }
@@ -230,6 +239,15 @@ class Trainer {
   // this run's sampler gives at its step, so a resume reads exactly the sequences an
   // uninterrupted run would. A checkpoint without one passes for endless (markov) data only.
   absl::Status CheckDataPosition(const LoadedCheckpoint& c) const;
+  // Aborted, naming the step and both values, when a step's loss or gradient norm (global under
+  // a layout: every rank decides alike) is not finite. Called before the update, which would
+  // write NaN into every parameter and Adam moment, and into every checkpoint after it (the
+  // same check as Megatron-LM's check_for_nan_in_loss_and_grad).
+  absl::Status RefuseNonFinite(const StepStats& stats) const;
+  // FailedPrecondition naming each field when the checkpoint's optimizer settings are not this
+  // run's, unless config.override_checkpoint_settings (then they are kept for
+  // settings_overridden()).
+  absl::Status CheckSettings(const LoadedCheckpoint& c);
   // Tokens per second, model FLOPs, MFU (over `devices` devices) and imbalance from the times
   // and tokens already in `stats`.
   void FinishStats(StepStats& stats, double tokens, int devices) const;
@@ -306,6 +324,7 @@ class Trainer {
   tensor::DeviceMemory bucket_;  // the gradient reductions' bucket (parallel layouts)
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
+  std::vector<SettingChange> settings_overridden_;
   std::unique_ptr<AsyncCheckpointWriter> async_;
   AsyncAgreement async_agreed_;  // as of the last step
   int64_t commit_step_ = -1;     // the snapshot whose commit is open (every rank; -1: none)

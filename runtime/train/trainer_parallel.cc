@@ -322,6 +322,7 @@ absl::StatusOr<StepStats> Trainer::StepParallel() {
   RETURN_IF_ERROR(SyncGradients());
   ASSIGN_OR_RETURN(stats.grad_norm, ClipParallel());
   RETURN_IF_ERROR(ReduceStats(results, stats));
+  RETURN_IF_ERROR(RefuseNonFinite(stats));  // global values: every rank refuses, or none
   const double t2 = clock_->MonotonicSeconds();
   stats.lr = config_.schedule.At(step_);
   stats.checkpoint_stall_seconds += WaitSnapshotCopied();

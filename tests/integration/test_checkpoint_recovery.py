@@ -5,7 +5,9 @@ LATEST is said too (the newest checkpoint whose manifest and checksums verify is
 checkpoint written by one rank continues under dp 2 x ep 2 (the global batch kept: micro_batches
 2 -> 1 per replica), the event naming the layout that wrote it, and ends at the loss the
 single-rank continuation reaches. An asynchronous checkpoint that cannot be written is an event
-and a metric, and training goes on."""
+and a metric, and training goes on. A run resubmitted on a checkpoint with other optimizer
+settings (a cosine over more steps) is refused, naming the change, unless it says
+checkpoint.override_settings; then the resume account says what it overrode."""
 import os
 import shutil
 import urllib.request
@@ -13,15 +15,17 @@ import urllib.request
 import harness
 
 
-def job(name, ckpt, steps, parallel="micro_batches: 2"):
+def job(name, ckpt, steps, parallel="micro_batches: 2", schedule="constant", checkpoint=""):
+    """A constant learning rate by default: a run continued to more steps keeps its update rule
+    (under a cosine, train.steps is its horizon, and a resume that changes it is refused)."""
     return f"""name: {name}
 kind: train
 model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
 moe: {{experts: 4, top_k: 2}}
 parallel: {{micro_batch: 4, {parallel}}}
-train: {{steps: {steps}, lr: 3.0e-3, warmup: 5, seed: 11}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 5, seed: 11, schedule: {schedule}}}
 data: {{source: markov, seed: 5}}
-checkpoint: {{dir: {ckpt}, every: 10, keep: 5}}
+checkpoint: {{dir: {ckpt}, every: 10, keep: 5{checkpoint}}}
 recovery: {{max_restarts: 0}}
 """
 
@@ -102,7 +106,7 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         os.makedirs(ckpt)
         with open(os.path.join(ckpt, "step-00000020"), "w") as f:
             f.write("in the way")
-        text = job("unwritable", ckpt, 40).replace("keep: 5}", "keep: 5, async: true}")
+        text = job("unwritable", ckpt, 40, checkpoint=", async: true")
         j = c.submit(c.write_job("unwritable.yaml", text))
         d = c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
@@ -116,6 +120,56 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         for step in (10, 30, 40):
             self.assertTrue(os.path.exists(os.path.join(ckpt, f"step-{step:08d}", "manifest.json")),
                             step)
+
+    def test_a_resume_under_other_optimizer_settings_is_refused_unless_overridden(self):
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-cosine")
+        first = c.submit(c.write_job("cosine.yaml", job("cosine", ckpt, 20, schedule="cosine")))
+        d = c.wait_state(first, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+
+        longer = c.submit(c.write_job("longer.yaml", job("longer", ckpt, 30, schedule="cosine")))
+        d = c.wait_state(longer, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        print(f"\nREPORT refused: {d['summary'].get('cause')}")
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
+        self.assertIn("train.steps 20 -> 30", d["summary"]["cause"])
+        self.assertIn("checkpoint.override_settings", d["summary"]["cause"])
+        self.assertIn("not retried", d["summary"]["cause"])
+        self.assertEqual(d["summary"]["restarts"], 0)
+
+        overridden = c.submit(c.write_job("overridden.yaml", job(
+            "overridden", ckpt, 30, schedule="cosine", checkpoint=", override_settings: true")))
+        d = c.wait_state(overridden, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        restored = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
+        print(f"REPORT overridden: {restored}")
+        self.assertEqual(len(restored), 1, d["events"])
+        self.assertIn("resumed from the checkpoint of step 20 ", restored[0])
+        self.assertIn("settings overridden: train.steps 20 -> 30", restored[0])
+
+    def test_a_diverging_run_never_checkpoints_nan_and_ends_failed(self):
+        """A learning rate of 1e38 makes the loss non-finite within a few steps: that step is not
+        applied, each attempt restarts from the last checkpoint and meets it again, and the job
+        ends FAILED for want of progress, its cause naming the step and the values; every
+        committed checkpoint is from before it."""
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-diverging")
+        text = job("diverging", ckpt, 40).replace("lr: 3.0e-3", "lr: 1.0e+38").replace(
+            "every: 10", "every: 1").replace(
+            "recovery: {max_restarts: 0}",
+            "recovery: {max_restarts: 5, max_attempts_without_progress: 2, "
+            "backoff: {initial_s: 0.1}}")
+        j = c.submit(c.write_job("diverging.yaml", text))
+        d = c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        cause = d["summary"].get("cause", "")
+        print(f"\nREPORT diverging: restarts {d['summary']['restarts']}: {cause}")
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
+        self.assertIn("the update was not applied", cause)
+        self.assertIn("train.lr", cause)
+        self.assertGreaterEqual(d["summary"]["restarts"], 1)
+        steps = sorted(int(n[5:]) for n in os.listdir(ckpt) if n.startswith("step-"))
+        self.assertTrue(steps, os.listdir(ckpt))
+        self.assertIn(f"step {steps[-1]}: the loss is ", cause)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ TEST(JobSpecTest, MinimalFileGetsEveryDefault) {
   EXPECT_EQ(s.checkpoint().every(), 0u);
   EXPECT_EQ(s.checkpoint().keep(), 2u);
   EXPECT_FALSE(s.checkpoint().async());
+  EXPECT_FALSE(s.checkpoint().override_settings());
 
   const auto& r = s.recovery();
   EXPECT_EQ(r.max_restarts(), 3u);
@@ -209,7 +210,7 @@ train:
   seed: 7
   weight_decay: 0
 data: {source: tokens, path: /data/tokens.bin}
-checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true}
+checkpoint: {dir: /ckpt, every: 10, keep: 1, async: true, override_settings: true}
 recovery:
   max_restarts: 0
   backoff: {initial_s: 0.5, max_s: 0.5, multiplier: 1}
@@ -251,6 +252,7 @@ TEST(JobSpecTest, EveryFieldCanBeSet) {
   EXPECT_EQ(cosine.data().seed(), 3u);
   EXPECT_EQ(s.data().path(), "/data/tokens.bin");
   EXPECT_TRUE(s.checkpoint().async());
+  EXPECT_TRUE(s.checkpoint().override_settings());
   EXPECT_EQ(s.recovery().max_restarts(), 0u);
   EXPECT_DOUBLE_EQ(s.recovery().backoff().max_s(), 0.5);
   EXPECT_EQ(s.resources().workers(), 8u);

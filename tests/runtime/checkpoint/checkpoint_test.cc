@@ -84,6 +84,33 @@ TEST(CheckpointTest, TheDataPositionRoundTripsThroughTheManifest) {
   EXPECT_EQ(manifest["data"]["index_in_epoch"], 6);
 }
 
+// The optimizer settings a resume compares (runtime/train/run_settings.h) travel as text, exactly.
+TEST(CheckpointTest, TheSettingsRoundTripThroughTheManifest) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  State s(4);
+  ShardState shard = s.Shard(4);
+  ASSERT_TRUE(store.Save(s.params, shard).ok());
+  auto unrecorded = store.LoadLatest();
+  ASSERT_TRUE(unrecorded.ok());
+  EXPECT_TRUE(unrecorded->settings.empty());
+  EXPECT_FALSE(
+      nlohmann::json::parse(ReadAll(dir / "step-00000004/manifest.json")).contains("settings"));
+
+  shard.step = shard.data_position = 5;
+  shard.settings = {{"train.lr", "2.9999999999999997e-05"}, {"train.schedule", "cosine"}};
+  ASSERT_TRUE(store.Save(s.params, shard).ok());
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->settings, shard.settings);
+  auto manifest = store.ReadManifest(5);
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ(manifest->settings, shard.settings);
+  EXPECT_EQ(nlohmann::json::parse(
+                ReadAll(dir / "step-00000005/manifest.json"))["settings"]["train.schedule"],
+            "cosine");
+}
+
 TEST(CheckpointTest, SaveLoadRoundTrip) {
   TestDir dir;
   CheckpointStore store(dir.path(), 3);

@@ -224,6 +224,30 @@ INSTANTIATE_TEST_SUITE_P(Spikes, SpikeLayoutTest,
                                             ::testing::ValuesIn(kSpikeRoutings)),
                          CaseName);
 
+// A diverging run (a learning rate of 1e38) on a layout with every kind of group: the first step
+// whose loss or gradient norm is not finite is refused on every rank alike (both are global), so
+// every rank stops there with the same cause and none waits in a collective for the others.
+TEST(DivergenceLayoutTest, EveryRankRefusesTheSameNonFiniteStep) {
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 0.0);
+  c.sizes.pp = 2;
+  c.sizes.dp = 2;
+  c.sizes.ep = 2;
+  c.steps = 6;
+  c.lr = 1e38;
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-diverging-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const absl::StatusOr<RunResult> run = RunLayout(c, dir);
+  ASSERT_FALSE(run.ok());
+  const std::string why(run.status().message());
+  for (int rank = 0; rank < c.sizes.world(); ++rank) {
+    EXPECT_NE(why.find(absl::StrCat("rank ", rank, " exited with ", kRankAborted)),
+              std::string::npos)
+        << why;
+  }
+}
+
 // Parm's schedules (runtime/moe/schedule.h) on the layouts with tensor parallelism: s1 gates
 // each peer's slice of the tokens (the group's capacity and aux loss through the gathered
 // statistics), s2 splits the routed rows and fuses the exchanges; both must train to the

@@ -301,7 +301,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
   const absl::Status s = run();
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
-    return 1;
+    return absl::IsAborted(s) ? kRankAborted : 1;
   }
   return 0;
 }

@@ -84,6 +84,9 @@ struct RunResult {
 // every layout), d_model 16, 4 experts of 16 hidden; top-k normalized when k > 1.
 model::ModelConfig TinyLayoutModel(int top_k, double capacity_factor);
 
+// A rank whose training ended Aborted (a step refused as not finite) exits with this code; any
+// other failure with 1. A failed run is an error naming each rank's exit.
+inline constexpr int kRankAborted = 3;
 absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c);
 

@@ -226,6 +226,100 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(*(*a)->optimizer().HostV(), *(*c)->optimizer().HostV());
 }
 
+// A resume under other optimizer settings is refused, naming each field and both values, unless
+// the run overrides the checkpoint's; then it continues with its own (the learning rate it
+// reports is its schedule's from the resumed step on) and says what it changed.
+TEST(TrainerTest, AResumeUnderOtherOptimizerSettingsIsRefusedUnlessOverridden) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 5);
+  testing_util::TestDir dir;
+  TrainConfig config = ResumeConfig();
+  config.checkpoint = {.dir = dir.path()};
+  BigramModel first(V, T, 1);
+  auto a = Trainer::Create(&first, data.sampler.get(), config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**a).ok());
+
+  // The same settings resume, and nothing is said overridden.
+  BigramModel same_model(V, T, 1);
+  auto same = Trainer::Create(&same_model, data.sampler.get(), config);
+  ASSERT_TRUE(same.ok());
+  ASSERT_TRUE((*same)->RestoreLatest().ok());
+  EXPECT_TRUE((*same)->settings_overridden().empty());
+
+  TrainConfig changed = config;
+  changed.schedule.lr = 0.02;
+  changed.schedule.max_steps = 40;  // a cosine over more steps
+  changed.steps = 40;
+  changed.clip = 1.0;
+  BigramModel second(V, T, 1);
+  auto b = Trainer::Create(&second, data.sampler.get(), changed);
+  ASSERT_TRUE(b.ok());
+  const absl::Status refused = (*b)->RestoreLatest().status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("train.clip 0.5 -> 1"));
+  EXPECT_THAT(refused.message(), HasSubstr("train.lr 0.05 -> 0.02"));
+  EXPECT_THAT(refused.message(), HasSubstr("train.min_lr 0.005 -> 0.002"));
+  EXPECT_THAT(refused.message(), HasSubstr("train.steps 20 -> 40"));
+  EXPECT_THAT(refused.message(), HasSubstr("checkpoint.override_settings"));
+  EXPECT_EQ((*b)->step(), 0);  // nothing restored
+
+  changed.override_checkpoint_settings = true;
+  BigramModel third(V, T, 1);
+  auto c = Trainer::Create(&third, data.sampler.get(), changed);
+  ASSERT_TRUE(c.ok());
+  auto restored = (*c)->RestoreLatest();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ((*c)->step(), 10);
+  EXPECT_EQ(DescribeChanges((*c)->settings_overridden()),
+            "train.clip 0.5 -> 1, train.lr 0.05 -> 0.02, train.min_lr 0.005 -> 0.002, "
+            "train.steps 20 -> 40");
+  std::vector<double> lrs;
+  ASSERT_TRUE((*c)->Run([&](const StepStats& s) { lrs.push_back(s.lr); }).ok());
+  ASSERT_EQ(lrs.size(), 30u);
+  EXPECT_DOUBLE_EQ(lrs[0], changed.schedule.At(10));
+  // Its own checkpoints record its settings: a resume of them with the same settings is quiet.
+  BigramModel fourth(V, T, 1);
+  changed.override_checkpoint_settings = false;
+  auto d = Trainer::Create(&fourth, data.sampler.get(), changed);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->RestoreLatest().ok());
+  EXPECT_TRUE((*d)->settings_overridden().empty());
+}
+
+// A step whose loss or gradient norm is not finite is not applied: the run stops there with the
+// parameters and Adam moments of the step before (an update would write NaN into all of them,
+// and into every checkpoint after). A learning rate of 1e38 diverges within a few steps.
+TEST(TrainerTest, AStepWithANonFiniteLossOrGradientIsNotApplied) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 1);
+  TrainConfig config;
+  config.steps = 10;
+  config.seed = 1;
+  config.clip = 0;
+  config.schedule = {.kind = LrSchedule::Kind::kConstant, .lr = 1e38};
+  BigramModel model(V, T, 1);
+  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  ASSERT_TRUE(t.ok());
+  std::vector<float> last;  // the parameters after the last step applied
+  std::vector<float> last_m;
+  const absl::Status diverged = (*t)->Run([&](const StepStats& s) {
+    EXPECT_TRUE(std::isfinite(s.loss) && std::isfinite(s.grad_norm)) << "step " << s.step;
+    last.assign(model.param_data(), model.param_data() + model.num_params());
+    last_m = *(*t)->optimizer().HostM();
+  });
+  ASSERT_TRUE(absl::IsAborted(diverged)) << diverged;
+  const int64_t at = (*t)->step();
+  ASSERT_GE(at, 1);
+  ASSERT_LT(at, config.steps);
+  EXPECT_THAT(diverged.message(), HasSubstr(absl::StrCat("step ", at, ": the loss is ")));
+  EXPECT_THAT(diverged.message(), HasSubstr("the update was not applied"));
+  EXPECT_THAT(diverged.message(), HasSubstr("train.lr"));
+  ASSERT_EQ(last.size(), static_cast<size_t>(model.num_params()));
+  EXPECT_EQ(std::memcmp(last.data(), model.param_data(), last.size() * sizeof(float)), 0);
+  EXPECT_EQ(last_m, *(*t)->optimizer().HostM());
+}
+
 // A checkpoint written before the Markov order named the batch shape ("markov v1") resumes: its
 // chain, seed and seq_len are this run's. A v1 order of another seed is still refused.
 TEST(TrainerTest, AMarkovV1OrderOfTheSameDataResumes) {

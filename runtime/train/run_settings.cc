@@ -1,0 +1,65 @@
+#include "runtime/train/run_settings.h"
+
+#include <charconv>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace furnace::train {
+namespace {
+
+std::string Shortest(double x) {
+  char text[64];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), x);
+  return std::string(text, r.ptr);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> RecordedSettings(const LrSchedule& schedule,
+                                                    const AdamWConfig& adamw, double clip) {
+  const bool cosine = schedule.kind == LrSchedule::Kind::kCosine;
+  std::map<std::string, std::string> out = {
+      {"train.schedule", cosine ? "cosine" : "constant"},
+      {"train.lr", Shortest(schedule.lr)},
+      {"train.warmup", absl::StrCat(schedule.warmup_steps)},
+      {"train.weight_decay", Shortest(adamw.weight_decay)},
+      {"train.clip", Shortest(clip)},
+  };
+  if (cosine) {
+    out["train.min_lr"] = Shortest(schedule.min_lr.value_or(0.1 * schedule.lr));
+    out["train.steps"] = absl::StrCat(schedule.max_steps);
+  }
+  return out;
+}
+
+std::vector<SettingChange> ChangedSettings(const std::map<std::string, std::string>& checkpoint,
+                                           const std::map<std::string, std::string>& now) {
+  std::vector<SettingChange> changes;
+  for (const auto& [field, was] : checkpoint) {
+    const auto it = now.find(field);
+    if (it != now.end() && it->second != was) changes.push_back({field, was, it->second});
+  }
+  return changes;
+}
+
+std::string DescribeChanges(const std::vector<SettingChange>& changes) {
+  return absl::StrJoin(changes, ", ", [](std::string* out, const SettingChange& c) {
+    // Six significant digits (a default min_lr of 0.1 * 3e-4 is 2.9999999999999997e-05 exactly),
+    // unless both values read the same in them.
+    double was = 0, now = 0;
+    std::string was_text = c.checkpoint, now_text = c.now;
+    if (absl::SimpleAtod(c.checkpoint, &was) && absl::SimpleAtod(c.now, &now)) {
+      const std::string a = absl::StrFormat("%.6g", was), b = absl::StrFormat("%.6g", now);
+      if (a != b) {
+        was_text = a;
+        now_text = b;
+      }
+    }
+    absl::StrAppend(out, c.field, " ", was_text, " -> ", now_text);
+  });
+}
+
+}  // namespace furnace::train

@@ -1,0 +1,52 @@
+#include "runtime/train/run_settings.h"
+
+#include <map>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace furnace::train {
+namespace {
+
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+TEST(RunSettingsTest, ACosineScheduleRecordsItsFloorAndHorizonAConstantOneNeither) {
+  const LrSchedule cosine{
+      .kind = LrSchedule::Kind::kCosine, .lr = 3e-4, .warmup_steps = 10, .max_steps = 1000};
+  EXPECT_THAT(RecordedSettings(cosine, {.weight_decay = 0.1}, 1.0),
+              UnorderedElementsAre(Pair("train.schedule", "cosine"), Pair("train.lr", "3e-04"),
+                                   Pair("train.min_lr", "2.9999999999999997e-05"),
+                                   Pair("train.warmup", "10"), Pair("train.steps", "1000"),
+                                   Pair("train.weight_decay", "0.1"), Pair("train.clip", "1")));
+  LrSchedule constant = cosine;
+  constant.kind = LrSchedule::Kind::kConstant;
+  constant.min_lr = 1e-5;
+  EXPECT_THAT(RecordedSettings(constant, {.weight_decay = 0}, 0.0),
+              UnorderedElementsAre(Pair("train.schedule", "constant"), Pair("train.lr", "3e-04"),
+                                   Pair("train.warmup", "10"), Pair("train.weight_decay", "0"),
+                                   Pair("train.clip", "0")));
+}
+
+TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {
+  const std::map<std::string, std::string> checkpoint = {
+      {"train.lr", "0.0003"}, {"train.min_lr", "2.9999999999999997e-05"},
+      {"train.schedule", "cosine"}, {"train.steps", "100"}};
+  const std::map<std::string, std::string> now = {{"train.lr", "0.0003"},
+                                                  {"train.min_lr", "1e-05"},
+                                                  {"train.schedule", "constant"},
+                                                  {"train.clip", "1"}};
+  const std::vector<SettingChange> changes = ChangedSettings(checkpoint, now);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].field, "train.min_lr");
+  EXPECT_EQ(changes[0].checkpoint, "2.9999999999999997e-05");
+  EXPECT_EQ(DescribeChanges(changes),
+            "train.min_lr 3e-05 -> 1e-05, train.schedule cosine -> constant");
+  // Values that differ beyond six digits are shown whole.
+  EXPECT_EQ(DescribeChanges({{"train.lr", "0.1", "0.10000001"}}), "train.lr 0.1 -> 0.10000001");
+  EXPECT_TRUE(ChangedSettings({}, now).empty());  // a checkpoint that records none
+}
+
+}  // namespace
+}  // namespace furnace::train
