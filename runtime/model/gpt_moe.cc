@@ -306,6 +306,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     ASSIGN_OR_RETURN(st.embedding,
                      EmbeddingForward(ctx, dims, inputs, p + layout_.wte, p + layout_.wpe));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
+    RETURN_IF_ERROR(ReleaseBehindEvaluation(st.first_input()));
   } else {
     const int64_t NC = int64_t{dims.N()} * dims.C;
     ASSIGN_OR_RETURN(tensor::Buffer in, AllocF32(ctx, NC, "stage.input", false));  // (B, T, C)
@@ -322,6 +323,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
     ls.moe = off.moe;
     ASSIGN_OR_RETURN(ls.attn, AttentionBlockForward(ctx, dims, l, off, p, x));
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
+    RETURN_IF_ERROR(ReleaseBehindEvaluation(ls.attn.out));
     cur_module_ = 2 + 2 * i;
     if (off.moe) {
       const std::optional<RoutingSpike> spike =
@@ -341,8 +343,10 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
                                                p, ls.attn.out));
     }
     RETURN_IF_ERROR(stash_.ApplyPendingDrops());
-    if (off.moe) RETURN_IF_ERROR(ActAfterMoeForward(ls.moe_saved));
+    // (An evaluation keeps nothing for a backward: nothing to offload or compress.)
+    if (off.moe && !evaluating_) RETURN_IF_ERROR(ActAfterMoeForward(ls.moe_saved));
     x = ls.out();
+    RETURN_IF_ERROR(ReleaseBehindEvaluation(x));
     st.layers.push_back(std::move(ls));
   }
   if (shard_.last_stage()) {
@@ -461,6 +465,14 @@ absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, doubl
   }
   RETURN_IF_ERROR(tensor::CopyOnDevice(device_, dx_in, dres, F32Bytes(NC)));
   return stash_.Release(st.input);
+}
+
+absl::Status GptMoe::ReleaseBehindEvaluation(StashHandle keep) {
+  if (!evaluating_) return absl::OkStatus();
+  for (const StashEntrySummary& e : stash_.Summaries()) {
+    if (e.handle.id != keep.id) RETURN_IF_ERROR(stash_.Release(e.handle));
+  }
+  return absl::OkStatus();
 }
 
 train::MicroBatchResult GptMoe::Summarize(const ForwardState& st) const {

@@ -384,6 +384,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Whether module `module`, running (forward or backward), reads a tensor tagged `tag` that module
   // j saved in the same micro-batch.
   static bool ReadByModule(int j, std::string_view tag, int module);
+  // Whether a tensor tagged `tag` is its module's output (the residual stream: the next module's
+  // input, which that module's backward reads too).
+  static bool IsModuleOutput(std::string_view tag);
+  // The module whose backward first reads the tensor tagged `tag` that module j saved (of
+  // `modules`): the next one for an output, j otherwise. It is back in the arena from there on.
+  static int FirstBackwardReader(int j, std::string_view tag, int modules);
   // The module (DeclaredModules index) that saves the tensor tagged `tag` (memory::TensorTag) of
   // `layer` (-1: the embedding's or the head's).
   int ModuleIndexOf(int layer, std::string_view tag) const;
@@ -391,7 +397,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // The largest rise of an in-flight micro-batch's backward above the bytes it holds now: its
   // declared backward rise plus what the planner moved out of it.
   int64_t InFlightBackwardRise() const;
-  // Bytes the planner moved out of each module of micro-batch `micro` (at least `modules` long).
+  // Bytes the planner moved out of micro-batch `micro`, by the module whose backward first reads
+  // them back (FirstBackwardReader; at least `modules` long).
   std::vector<int64_t>& MovedOf(int micro, int modules);
   std::map<int, std::vector<int64_t>> moved_;
   // Bytes the plan will drop from each module's tensors as they are saved (not saved yet).
@@ -453,6 +460,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // are given and that no micro-batch is in flight (`what` names the caller), then tells the stash.
   absl::Status SetCopyTargets(memory::CopyEngine* engine, tensor::HostPool* host, const char* what);
   absl::Status ActAfterMoeForward(const MoeSaved& saved);
+  // Held-out evaluation (evaluating_) has no backward: once a module's forward is done, nothing
+  // it or an earlier module saved is read again but `keep`, its output (the next module's
+  // input), so the rest is freed. An evaluation then holds one module's tensors at a time,
+  // within any budget the run trains at; kept to its end, it took policy none's forward peak,
+  // above most budgets the adaptive policy trains at. No-op when training.
+  absl::Status ReleaseBehindEvaluation(StashHandle keep);
   absl::Status PrefetchForBackward(const ForwardState& state, int layer_index);
   double offload_ratio_ = 0;
   memory::CopyEngine* engine_ = nullptr;

@@ -140,9 +140,16 @@ bool GptMoe::ReadByModule(int j, std::string_view tag, int module) {
   // module before it is read only by that module's own backward. The later modules' are being
   // made (forward) or released (backward).
   if (j >= module) return true;
-  const bool output = tag == "embedding.out" || tag == "stage.input" ||
-                      (tag.size() > 9 && tag.substr(tag.size() - 9) == ".residual");
-  return j == module - 1 && output;
+  return j == module - 1 && IsModuleOutput(tag);
+}
+
+bool GptMoe::IsModuleOutput(std::string_view tag) {
+  return tag == "embedding.out" || tag == "stage.input" ||
+         (tag.size() > 9 && tag.substr(tag.size() - 9) == ".residual");
+}
+
+int GptMoe::FirstBackwardReader(int j, std::string_view tag, int modules) {
+  return IsModuleOutput(tag) && j + 1 < modules ? j + 1 : j;
 }
 
 absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
@@ -233,7 +240,8 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const bool offload = adaptive_engine_ != nullptr;
   const std::optional<memory::Codec> codec = adaptive_options_.codec;
   std::vector<memory::PlanCandidate> candidates;
-  // Stash id -> (micro-batch, module), to record what the plan moves.
+  // Stash id -> (micro-batch, the module whose backward first reads it), to record what the plan
+  // moves (MovedOf).
   std::map<int64_t, std::pair<int, int>> position_of;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.state != StashState::kKept || e.pinned) continue;
@@ -245,7 +253,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     // This micro-batch's: from the module that saved it to that module's backward. Another's
     // (1F1B): until the gap, when that micro-batch's backward brings it back.
     c.position = e.micro == cur_micro_ ? module : -1;
-    c.until = e.micro == cur_micro_ ? back(c.position) : M;
+    c.until = e.micro == cur_micro_ ? back(FirstBackwardReader(module, tag, M)) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
     c.can_recompute = e.rebuildable;
@@ -257,7 +265,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
           e.bytes;
     }
     candidates.push_back(c);
-    position_of[c.id] = {e.micro, module};
+    position_of[c.id] = {e.micro, FirstBackwardReader(module, tag, M)};
   }
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t C = config_.d_model, fl = moe.fl();
@@ -449,7 +457,8 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   int dropped = 0, offloaded = 0;
   auto note = [this](const StashEntrySummary& e) {
     std::vector<int64_t>& out = MovedOf(e.micro, NumModules());
-    const int j = ModuleIndexOf(e.layer, memory::TensorTag(e.producer));
+    const std::string_view tag = memory::TensorTag(e.producer);
+    const int j = FirstBackwardReader(ModuleIndexOf(e.layer, tag), tag, NumModules());
     if (j >= 0 && j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
   };
   for (bool offload : {false, true}) {

@@ -456,6 +456,13 @@ absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
     return WrongState(e.info, "compress", "no device arena and backend are set");
   }
   RETURN_IF_ERROR(memory::CheckCompressible(e.info.producer, e.info.dtype, codec));
+  if (const Entry* reader = DroppedReaderLocked(e.info.id)) {
+    return WrongState(e.info, "compress",
+                      absl::StrCat("'", reader->info.producer,
+                                   "' is dropped and its rebuild reads it (it would carry the "
+                                   "codec's error)")
+                          .c_str());
+  }
   const int64_t n = tensor::NumElements(e.info.shape);
   absl::StatusOr<tensor::Buffer> encoded =
       arena_->Allocate(memory::EncodedBytes(codec, n), e.info.producer + ".compressed");
@@ -466,6 +473,7 @@ absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
   kept_bytes_ -= e.buffer.bytes();
   doomed = std::move(e.buffer);
   e.codec = codec;
+  e.lossy = true;
   e.info.state = StashState::kCompressed;
   action_stats_.compressed_bytes += e.info.bytes;
   // A tiny fp8 tensor can take more bytes than fp32 (one scale per block): nothing saved then.
@@ -586,6 +594,24 @@ StashActionStats Stash::action_stats() const {
 
 // ---- Drop and recompute ----
 
+const Stash::Entry* Stash::LossyInputLocked(const Entry& e) const {
+  for (const StashHandle input : e.info.recompute.inputs) {
+    auto it = entries_.find(input.id);
+    if (it != entries_.end() && it->second.lossy) return &it->second;
+  }
+  return nullptr;
+}
+
+const Stash::Entry* Stash::DroppedReaderLocked(int64_t id) const {
+  for (const auto& [other, e] : entries_) {
+    if (e.info.state != StashState::kDropped) continue;
+    for (const StashHandle input : e.info.recompute.inputs) {
+      if (input.id == id) return &e;
+    }
+  }
+  return nullptr;
+}
+
 void Stash::DropLocked(Entry& e, tensor::Buffer& doomed) {
   doomed = std::move(e.buffer);
   e.info.state = StashState::kDropped;
@@ -620,6 +646,11 @@ absl::Status Stash::Drop(StashHandle handle) {
         "' on one rank: its rebuild re-runs the expert all-to-all, so only a save policy applied "
         "on every rank of the group may drop it"));
   }
+  if (const Entry* lossy = LossyInputLocked(e)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stash: cannot drop '", name, "': its rebuild reads '", lossy->info.producer,
+                     "', stored in reduced precision (the rebuild would carry the codec's error)"));
+  }
   DropLocked(e, doomed);
   return absl::OkStatus();
 }
@@ -635,6 +666,7 @@ absl::Status Stash::ApplyPendingDrops() {
   for (int64_t id : pending_drops_) {
     auto it = entries_.find(id);
     if (it == entries_.end() || it->second.info.state != StashState::kKept) continue;
+    if (LossyInputLocked(it->second) != nullptr) continue;  // kept: see LossyInputLocked
     if (it->second.pins > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stash: '", it->second.info.producer, "' is acquired before its forward is done"));

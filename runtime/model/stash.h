@@ -241,6 +241,9 @@ class Stash {
     tensor::Buffer incoming;  // kOffloaded: the device buffer a reload fills
     tensor::Buffer encoded;   // kCompressed: the encoding, in the arena
     memory::Codec codec = memory::Codec::kBf16;
+    // Stored compressed at some point: its values carry the codec's error from then on (decoded
+    // too), so nothing may be rebuilt from them (LossyInputLocked).
+    bool lossy = false;
     memory::CopyTicket to_host;    // the offload copy
     memory::CopyTicket to_device;  // the reload copy
     bool landed = false;           // the offload copy completed and freed `buffer`
@@ -276,6 +279,13 @@ class Stash {
 
   // Drop and recompute.
   absl::StatusOr<tensor::TensorView> Rebuild(StashHandle handle);
+  // Recompute and reduced precision never combine: a rebuild from a compressed input would carry
+  // the codec's error into a tensor the codec may not touch (a GELU input under fp8, the expert
+  // output that drives the gate's gradient), and further than its bound for those it may.
+  // The input of `e`'s rebuild that is or was compressed (nullptr: none).
+  const Entry* LossyInputLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A dropped entry whose rebuild reads entry `id` (nullptr: none).
+  const Entry* DroppedReaderLocked(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a kept entry's buffer out (into `doomed`, freed by the caller after unlocking).
   void DropLocked(Entry& e, tensor::Buffer& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(const std::vector<int64_t>& ids);

@@ -40,6 +40,7 @@ struct Options {
   uint64_t budget = 0;  // the arena's (adaptive: the planner works against it)
   int micro_batches = 2;
   int B = 2;
+  bool evaluate = false;  // then a held-out forward (Evaluate) after the micro-batches
 };
 
 // What one run of a few micro-batches gives, read back to the host.
@@ -52,6 +53,11 @@ struct Outcome {
   std::vector<float> params;
   train::MemoryActionTotals actions;
   double micro_batch_seconds = 0;  // the planner's, read from the device's timing events
+  // Options::evaluate: the held-out loss, the evaluation's arena peak and the memory actions it
+  // took (the totals after it less those before).
+  double eval_loss = 0;
+  int64_t eval_peak = 0;
+  train::MemoryActionTotals eval_actions;
 };
 
 // A device with a compute stream set current for the scope of a run.
@@ -129,6 +135,18 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   out.params = ToHostVector(*rig.device, model->param_data(), model->num_params());
   out.actions = model->MemoryActions();
   out.micro_batch_seconds = model->planner_stats().micro_batch_seconds;
+  if (o.evaluate) {
+    const std::vector<int32_t> in = RandomTokens(N, config.vocab, 300);
+    const std::vector<int32_t> tg = RandomTokens(N, config.vocab, 400);
+    absl::StatusOr<train::MicroBatchResult> r = model->Evaluate(in.data(), tg.data(), o.B);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return std::nullopt;
+    out.eval_loss = r->loss;
+    out.eval_peak = r->activation_peak_bytes;
+    const train::MemoryActionTotals after = model->MemoryActions();
+    out.eval_actions.offloaded_bytes = after.offloaded_bytes - out.actions.offloaded_bytes;
+    out.eval_actions.compressed_bytes = after.compressed_bytes - out.actions.compressed_bytes;
+  }
   EXPECT_EQ(arena.current_bytes(), 0u);
   return out;
 }
@@ -307,6 +325,57 @@ TEST(AdaptiveBudgetTest, TrainsAtEveryBudgetFromTheFloorToNonesPeak) {
       for (int64_t p : adaptive->peaks) EXPECT_LE(p, static_cast<int64_t>(budget));
     }
   }
+}
+
+// A held-out evaluation (forward only, no planner: there is no backward to plan for) fits every
+// budget the adaptive policy trains at, and gives none's loss bit for bit: what the forward will
+// not read again is freed after each module. (It kept every activation until its end: none's
+// forward peak, so at most budgets the first evaluation of an adaptive run ran out of memory.)
+// The static offload moves nothing during one either.
+TEST(AdaptiveBudgetTest, HeldOutEvaluationFitsEveryBudgetTheRunTrainsAt) {
+  ModelConfig config = TinyConfig(1.25);
+  config.vocab = 64;
+  config.seq_len = 32;
+  config.d_model = 32;
+  config.heads = 4;
+  config.expert_ffn = 64;
+  config.moe_every = 1;
+  constexpr int B = 4;
+  const std::optional<Outcome> none =
+      RunOn(device::Kind::kCpu, config, {.micro_batches = 1, .B = B, .evaluate = true});
+  ASSERT_TRUE(none);
+  const int64_t peak = none->peaks[0];
+  int64_t floor = 0;
+  {
+    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+    tensor::DeviceArena arena(*cpu, 0);
+    auto model = GptMoe::Create(config, 5, *cpu, arena);
+    ASSERT_TRUE(model.ok()) << model.status();
+    floor = (*model)->MinimumActivationBytes(B);
+  }
+  EXPECT_LT(none->eval_peak, peak);
+  for (int tenth = 0; tenth <= 10; tenth += 2) {
+    const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
+    SCOPED_TRACE(::testing::Message()
+                 << "budget " << budget << " (floor " << floor << ", none's peak " << peak << ")");
+    const std::optional<Outcome> adaptive = RunOn(device::Kind::kEmulated, config,
+                                                  {.policy = memory::MemoryPolicy::kAdaptive,
+                                                   .offload = Offload::kAdaptive,
+                                                   .budget = budget,
+                                                   .micro_batches = 1,
+                                                   .B = B,
+                                                   .evaluate = true});
+    ASSERT_TRUE(adaptive);
+    EXPECT_EQ(adaptive->eval_loss, none->eval_loss);
+    EXPECT_LE(adaptive->eval_peak, static_cast<int64_t>(budget));
+  }
+  const std::optional<Outcome> offload =
+      RunOn(device::Kind::kEmulated, config,
+            {.offload = Offload::kStatic, .micro_batches = 1, .B = B, .evaluate = true});
+  ASSERT_TRUE(offload);
+  EXPECT_GT(offload->actions.offloaded_bytes, 0u);
+  EXPECT_EQ(offload->eval_actions.offloaded_bytes, 0u);
+  EXPECT_EQ(offload->eval_loss, none->eval_loss);
 }
 
 // Two pipeline stages on two emulated devices, the activation and its gradient handed over as

@@ -287,6 +287,62 @@ TEST_F(StashActionTest, AcquireRestoresOffloadedCompressedAndDroppedEntriesToget
   EXPECT_EQ(host_.current_bytes(), 0u);
 }
 
+// Recompute and reduced precision never combine: a tensor is not dropped while its rebuild's input
+// is (or was: decoded values keep the error) stored compressed, and an input is not compressed
+// while a dropped tensor rebuilds from it, whichever comes first; a save policy's drop of such a
+// tensor keeps it. An offloaded input is exact: the drop goes ahead.
+TEST_F(StashActionTest, NothingIsRebuiltFromACompressedInput) {
+  std::vector<float> vx, vy;
+  const StashHandle x = SaveValues("layers.1.moe.expert_input", 64, &vx);
+  RecomputeSpec from_x{"grouped_matmul", {x}, 64};
+  from_x.rebuild = [this]() { return arena_.Allocate(4 * 64, "y"); };
+  const auto save_y = [&]() {
+    absl::StatusOr<tensor::Buffer> b = arena_.Allocate(4 * 64, "y");
+    EXPECT_TRUE(b.ok());
+    absl::StatusOr<StashHandle> h =
+        stash_->Save("layers.1.moe.expert_pre", 1, std::move(*b), {64}, DType::kF32, from_x);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : StashHandle{};
+  };
+
+  // Dropped first: the input stays fp32.
+  StashHandle y = save_y();
+  ASSERT_TRUE(stash_->Drop(y).ok());
+  absl::Status s = stash_->Compress(x, memory::Codec::kBf16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("'layers.1.moe.expert_pre' is dropped"));
+  EXPECT_EQ(State(x), StashState::kKept);
+  ASSERT_TRUE(stash_->Release(y).ok());
+
+  // Compressed first: the tensor stays kept, before and after the input is decoded.
+  ASSERT_TRUE(stash_->Compress(x, memory::Codec::kBf16).ok());
+  y = save_y();
+  s = stash_->Drop(y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("reads 'layers.1.moe.expert_input'"));
+  ASSERT_TRUE(stash_->Get(x).ok());  // decoded
+  EXPECT_EQ(State(x), StashState::kKept);
+  EXPECT_EQ(stash_->Drop(y).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(stash_->Release(y).ok());
+  stash_->SetSavePolicy(
+      [](const StashEntryInfo&) { return memory::SaveAction::kDropAfterForward; });
+  y = save_y();
+  ASSERT_TRUE(stash_->ApplyPendingDrops().ok());
+  EXPECT_EQ(State(y), StashState::kKept);
+  stash_->SetSavePolicy(nullptr);
+  ASSERT_TRUE(stash_->Release(y).ok());
+  ASSERT_TRUE(stash_->Release(x).ok());
+
+  // An offloaded input: exact, so the drop goes ahead.
+  std::vector<float> vz;
+  const StashHandle z = SaveValues("layers.1.moe.expert_input", 64, &vz);
+  from_x.inputs = {z};
+  y = save_y();
+  ASSERT_TRUE(stash_->Offload(z).ok());
+  EXPECT_TRUE(stash_->Drop(y).ok());
+  stash_->ReleaseAll();
+}
+
 TEST_F(StashActionTest, AReloadStillInFlightWhenAcquiredIsLate) {
   std::vector<float> want;
   const StashHandle h = SaveValues("layers.1.moe.expert_pre", 256, &want);
