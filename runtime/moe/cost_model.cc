@@ -121,11 +121,12 @@ double OpSeconds(const CostProfile& p, const Op& op, Direction dir, const LayerS
           CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, a2a_bytes);
       const double t_ag =
           CollectiveSeconds(p, shape, CollectiveKind::kAllGather, op.ag_group, ag_bytes);
-      double alpha_max = 0;
-      if (shape.ep > 1) alpha_max = p.at(CollectiveKind::kAllToAll, OpGroup::kEp).alpha;
-      if (GroupSize(shape, op.ag_group) > 1) {
-        alpha_max = std::max(alpha_max, p.at(CollectiveKind::kAllGather, op.ag_group).alpha);
-      }
+      // A group of one leaves nothing to overlap: the executor runs the other collective alone.
+      if (GroupSize(shape, op.ag_group) <= 1) return t_a2a;
+      if (shape.ep <= 1) return t_ag;
+      // Pipelined over the ep steps: the longer of the two, plus a step's start-up per ep rank.
+      const double alpha_max = std::max(p.at(CollectiveKind::kAllToAll, OpGroup::kEp).alpha,
+                                        p.at(CollectiveKind::kAllGather, op.ag_group).alpha);
       return std::max(t_a2a, t_ag) + shape.ep * alpha_max;
     }
   }
@@ -267,6 +268,12 @@ AlphaBeta FitAlphaBeta(const std::vector<std::pair<double, double>>& bytes_secon
   if (vxx <= 0 || ab.alpha < 0) {  // through the origin
     ab.alpha = 0;
     ab.beta = sxx > 0 ? sxy / sxx : 0;
+  }
+  if (ab.beta < 0) {
+    // Times that fall with size are noise over a flat start-up cost (latency-bound points on a
+    // fast link): a negative slope would price the largest transfers at nothing, or less.
+    ab.beta = 0;
+    ab.alpha = std::max(0.0, my);
   }
   double ss_res = 0;
   for (const auto& [x, y] : bytes_seconds) {
@@ -426,6 +433,14 @@ Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape) {
   for (size_t i = 0; i < others.size(); ++i) {
     absl::StrAppend(&choice.reason, i == 0 ? " " : ", ", ScheduleName(others[i]->schedule), " ",
                     Ms(others[i]->total_s()));
+  }
+  if (choice.schedule == Schedule::kS1 && shape.N % shape.tp != 0) {
+    // s1 splits the tokens over tp (executor.h): the cheapest of the others runs instead.
+    const Prediction* next = others.front();
+    choice.schedule = next->schedule;
+    choice.reason =
+        absl::StrCat(ScheduleName(next->schedule), ": s1 would be cheaper but ", shape.N,
+                     " tokens do not split over tp = ", shape.tp, "; ", choice.reason);
   }
   return choice;
 }

@@ -160,7 +160,8 @@ Prediction Predict(const CostProfile& profile, const LayerShape& shape, Schedule
 
 // One schedule per layer for both directions (backward needs what its forward saved): the lowest
 // forward + backward time, deepspeed winning ties (then s1). tp == 1: deepspeed, reason
-// "tp = 1: nothing to pause". `all` holds the three predictions in kAllSchedules order.
+// "tp = 1: nothing to pause". s1 only where the N tokens split over tp (otherwise the cheapest of
+// the others, the reason saying so). `all` holds the three predictions in kAllSchedules order.
 struct Choice {
   Schedule schedule = Schedule::kDeepspeed;
   std::string reason;  // "s2: 1.84 ms fwd+bwd vs s1 2.10 ms, deepspeed 3.02 ms"

@@ -1,14 +1,18 @@
 #include "runtime/train/moe_schedules.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/device/backend.h"
 #include "runtime/moe/calibrate.h"
 #include "runtime/tensor/device_memory.h"
 #include "runtime/tensor/transfer.h"
@@ -65,6 +69,31 @@ absl::StatusOr<std::string> FromRankZero(comm::Communicator* world, std::string 
   return text;
 }
 
+// FNV-1a over `bytes`, from `h`: stable across processes and builds (a cache key).
+uint64_t Fnv1a(uint64_t h, const void* bytes, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// Where this layout's ranks are: each rank's host and place in the groups (its coordinates,
+// which follow parallel.order), gathered in rank order and hashed. A profile fitted on one
+// placement prices another's links wrongly (tp peers on one node or across two).
+absl::StatusOr<uint64_t> PlacementHash(const RankLayout& layout) {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
+  const topology::Coords& c = layout.coords;
+  const int64_t place[6] = {c.pp, c.dp, c.tp, c.edp, c.ep, c.esp};
+  uint64_t mine = Fnv1a(0xcbf29ce484222325ull, host, std::strlen(host));
+  mine = Fnv1a(mine, place, sizeof(place));
+  std::vector<uint64_t> all{mine};
+  if (layout.world != nullptr && layout.world->size() > 1) {
+    all.resize(static_cast<size_t>(layout.world->size()));
+    RETURN_IF_ERROR(layout.world->AllGather(&mine, all.data(), sizeof(mine)));
+  }
+  return Fnv1a(0xcbf29ce484222325ull, all.data(), all.size() * sizeof(uint64_t));
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return "";
@@ -116,12 +145,14 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     out.choice = choice;
     return out;
   }
-  // The cache key: the layout's sizes (the groups' places follow from them and the orders, which
-  // a job keeps across its attempts).
+  // The cache key: the layout's sizes, the device kind and where the ranks are (PlacementHash):
+  // a resubmission on GPUs after a CPU run, or on another split over nodes, calibrates again.
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
-  const std::string key =
-      absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep, "_esp", sh.esp);
+  ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
+  const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep,
+                                       "_esp", sh.esp, "_", device::KindName(model.device().kind()),
+                                       "_", absl::Hex(placement, absl::kZeroPad16));
   if (!cache_dir.empty()) {
     out.cache_path =
         (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();
@@ -159,18 +190,6 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     }
   }
   moe::Choice choice = moe::ChooseSchedule(*out.profile, shape);
-  if (choice.schedule == moe::Schedule::kS1 && shape.N % shape.tp != 0) {
-    // s1 needs the tokens to split over tp: the cheapest of the others.
-    const moe::Prediction* best = nullptr;
-    for (const moe::Prediction& p : choice.all) {
-      if (p.schedule == moe::Schedule::kS1) continue;
-      if (best == nullptr || p.total_s() < best->total_s()) best = &p;
-    }
-    choice.schedule = best->schedule;
-    choice.reason =
-        absl::StrCat(moe::ScheduleName(best->schedule), ": s1 would be cheaper but ", shape.N,
-                     " tokens do not split over tp = ", shape.tp, "; ", choice.reason);
-  }
   out.per_layer.assign(layers, choice.schedule);
   out.choice = std::move(choice);
   return out;

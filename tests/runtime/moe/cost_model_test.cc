@@ -49,6 +49,15 @@ TEST(FitAlphaBetaTest, NegativeInterceptIsClampedAndRefittedThroughOrigin) {
   EXPECT_LT(fit.r2, 1.0);
 }
 
+TEST(FitAlphaBetaTest, TimesFallingWithSizeFitAFlatCost) {
+  // Latency-bound points whose noise tilts the line down (20, 19, 19.5 us): no negative slope,
+  // which would price the largest transfers at nothing.
+  const AlphaBeta fit = FitAlphaBeta({{16384, 20e-6}, {131072, 19e-6}, {1048576, 19.5e-6}});
+  EXPECT_EQ(fit.beta, 0);
+  EXPECT_NEAR(fit.alpha, 19.5e-6, 1e-12);
+  EXPECT_GT(fit.Seconds(1e9), 0);
+}
+
 TEST(FitAlphaBetaTest, DegenerateInputs) {
   EXPECT_EQ(FitAlphaBeta({}).points, 0);
   const AlphaBeta one = FitAlphaBeta({{4, 2}});
@@ -190,6 +199,36 @@ TEST(CostModelTest, PredictionSumsItsOps) {
                                       s.ep * p.at(CollectiveKind::kAllToAll, OpGroup::kEp).alpha);
 }
 
+// A fused op of which one group is a single rank runs the other collective alone (executor.cc):
+// priced as that collective, without the pipelined exchange's start-ups.
+TEST(CostModelTest, AFusedOpWithAGroupOfOneIsTheOtherCollective) {
+  const CostProfile p = DefaultProfile(true, false, true);
+  LayerShape s = Shape();
+  s.esp = 1;  // forward: the all-to-all alone
+  const Prediction no_esp = Predict(p, s, Schedule::kS2);
+  const OpCost& forward = no_esp.forward_ops[4];
+  ASSERT_EQ(forward.op.kind, OpKind::kFused);
+  EXPECT_DOUBLE_EQ(forward.seconds,
+                   p.at(CollectiveKind::kAllToAll, OpGroup::kEp).Seconds(256 * 64 * 4));
+  // Nothing of the esp link's cost is in it; with ep = 1, nothing of the ep link's.
+  CostProfile slow_esp = p;
+  slow_esp.at(CollectiveKind::kAllGather, OpGroup::kEsp).alpha *= 100;
+  EXPECT_DOUBLE_EQ(Predict(slow_esp, s, Schedule::kS2).forward_ops[4].seconds, forward.seconds);
+  s = Shape();
+  s.ep = 1;
+  CostProfile slow_ep = p;
+  slow_ep.at(CollectiveKind::kAllToAll, OpGroup::kEp).alpha *= 100;
+  const Prediction no_ep = Predict(p, s, Schedule::kS2);
+  const Prediction no_ep_slow = Predict(slow_ep, s, Schedule::kS2);
+  int fused = 0;
+  for (size_t i = 0; i < no_ep.backward_ops.size(); ++i) {
+    if (no_ep.backward_ops[i].op.kind != OpKind::kFused) continue;
+    ++fused;
+    EXPECT_DOUBLE_EQ(no_ep_slow.backward_ops[i].seconds, no_ep.backward_ops[i].seconds);
+  }
+  EXPECT_GT(fused, 0);
+}
+
 // Fast compute and copies, so the links decide.
 CostProfile LinkProfile(double tp_beta, double ep_beta, double esp_beta) {
   CostProfile p = DefaultProfile(true, true, true);
@@ -216,6 +255,20 @@ TEST(ChooseScheduleTest, SlowTpLinkPicksS1) {
   ASSERT_EQ(c.all.size(), 3u);
   EXPECT_LT(c.all[1].total_s() * 1.2, c.all[2].total_s());
   EXPECT_LT(c.all[1].total_s() * 1.2, c.all[0].total_s());
+}
+
+// s1 where its tokens do not split over tp: the cheapest of the others, and the reason says why
+// (the runtime and `furnace plan` both choose through here).
+TEST(ChooseScheduleTest, TokensThatDoNotSplitOverTpTakeTheNextCheapest) {
+  CostProfile p = LinkProfile(/*tp=*/3e-9, /*ep=*/1e-9, /*esp=*/1e-11);
+  p.copy.beta = 4e-10;
+  LayerShape s = Shape();
+  s.N = 255;
+  const Choice c = ChooseSchedule(p, s);
+  const Schedule next =
+      c.all[0].total_s() <= c.all[2].total_s() ? Schedule::kDeepspeed : Schedule::kS2;
+  EXPECT_EQ(c.schedule, next) << c.reason;
+  EXPECT_THAT(c.reason, HasSubstr("s1 would be cheaper but 255 tokens do not split over tp = 2"));
 }
 
 TEST(ChooseScheduleTest, SlowEpLinkWithFastTpAndEspPicksS2) {

@@ -360,6 +360,11 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
       EXPECT_EQ(choices[r].choice->reason, choices[0].choice->reason);
     }
     EXPECT_TRUE(std::filesystem::exists(choices[0].cache_path)) << choices[0].cache_path;
+    // Keyed by the sizes, the device kind and the placement, the same on every rank.
+    EXPECT_NE(choices[0].cache_path.find("cost_profile.world2_pp1_tp2_ep2_esp1_cpu_"),
+              std::string::npos)
+        << choices[0].cache_path;
+    for (int r = 1; r < world; ++r) EXPECT_EQ(choices[r].cache_path, choices[0].cache_path);
     EXPECT_EQ(static_cast<int>(choices[0].per_layer.size()), config.num_moe_layers());
   }
   // A schedule named in the spec needs no profile; an unknown one is refused with the allowed
