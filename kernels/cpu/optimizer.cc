@@ -39,6 +39,12 @@ double SumOfSquares(const float* x, int64_t n) {
   return total;
 }
 
+double SumOfSquaresRanges(const float* x, const int64_t* begin, const int64_t* count, int ranges) {
+  double total = 0;
+  for (int r = 0; r < ranges; ++r) total += SumOfSquares(x + begin[r], count[r]);
+  return total;
+}
+
 void Scale(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }

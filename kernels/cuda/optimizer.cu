@@ -34,7 +34,7 @@ __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v,
   }
 }
 
-__global__ void SumOfSquaresKernel(double* out, const float* x, int64_t n) {
+__global__ void SumOfSquaresKernel(double* partials, const float* x, int64_t n) {
   __shared__ double shared[kBlock / 32];
   double sum = 0.0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -48,8 +48,15 @@ __global__ void SumOfSquaresKernel(double* out, const float* x, int64_t n) {
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int w = 0; w < kBlock / 32; ++w) total += shared[w];
-    atomicAdd(out, total);
+    partials[blockIdx.x] = total;
   }
+}
+
+// One thread: the partials in block order, into (or onto) *out.
+__global__ void AddPartialsKernel(double* out, const double* partials, int count, bool accumulate) {
+  double total = 0.0;
+  for (int b = 0; b < count; ++b) total += partials[b];
+  *out = accumulate ? *out + total : total;
 }
 
 __global__ void ScaleKernel(float* x, float s, int64_t n) {
@@ -74,15 +81,14 @@ void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
   FURNACE_CHECK_LAUNCH("AdamWUpdate");
 }
 
-void SumOfSquares(double* out, const float* x, int64_t n, cudaStream_t stream) {
-  if (!FURNACE_CHECK_CUDA("SumOfSquares", cudaMemsetAsync(out, 0, sizeof(double), stream))) {
-    return;
+void SumOfSquares(double* out, double* partials, const float* x, int64_t n, bool accumulate,
+                  cudaStream_t stream) {
+  if (n > 0) {
+    SumOfSquaresKernel<<<kSumOfSquaresPartials, kBlock, 0, stream>>>(partials, x, n);
+    if (!FURNACE_CHECK_LAUNCH("SumOfSquares")) return;
   }
-  if (n <= 0) return;
-  // Few blocks: each reduces a long grid-stride run, so few atomics.
-  unsigned grid = internal::GridFor(n, kBlock * 8);
-  if (grid > 1024) grid = 1024;
-  SumOfSquaresKernel<<<grid, kBlock, 0, stream>>>(out, x, n);
+  AddPartialsKernel<<<1, 1, 0, stream>>>(out, partials, n > 0 ? kSumOfSquaresPartials : 0,
+                                         accumulate);
   FURNACE_CHECK_LAUNCH("SumOfSquares");
 }
 

@@ -144,6 +144,10 @@ struct Backend {
   void (*adamw_update)(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int64_t step);
   double (*sum_of_squares)(const float* x, int64_t n);
+  // Over several ranges of one array (host arrays begin, count), added in range order: one host
+  // round trip for all of them (a layout's global norm over the parameters each rank counts).
+  double (*sum_of_squares_ranges)(const float* x, const int64_t* begin, const int64_t* count,
+                                  int ranges);
   void (*scale)(float* x, float s, int64_t n);
 
   // cast.h: bf16 and block-scaled fp8 (e4m3) storage for reduced-precision stashes.

@@ -53,6 +53,7 @@ constexpr Backend kCpuBackend = {
     .unpermute_backward = &k::UnpermuteBackward<float>,
     .adamw_update = &k::AdamWUpdate,
     .sum_of_squares = &k::SumOfSquares,
+    .sum_of_squares_ranges = &k::SumOfSquaresRanges,
     .scale = &k::Scale,
     .cast_f32_to_bf16 = &k::CastF32ToBf16,
     .cast_bf16_to_f32 = &k::CastBf16ToF32,

@@ -121,10 +121,24 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 }
 
 double SumOfSquares(const float* x, int64_t n) {
+  const int64_t begin = 0;
+  return SumOfSquaresRanges(x, &begin, &n, 1);
+}
+
+double SumOfSquaresRanges(const float* x, const int64_t* begin, const int64_t* count, int ranges) {
   CudaOp op("sum_of_squares", {x});
-  auto* d_sum = static_cast<double*>(op.Scratch(sizeof(double)));
+  auto* d_sum = static_cast<double*>(
+      op.Scratch(sizeof(double) * (1 + static_cast<size_t>(kc::kSumOfSquaresPartials))));
   if (!op.ok()) return std::numeric_limits<double>::quiet_NaN();
-  kc::SumOfSquares(d_sum, x, n, op.stream());
+  // Each range's partials into the scratch, then added to the sum in order, on the stream: one
+  // copy back and one synchronisation for all of them.
+  for (int r = 0; r < ranges; ++r) {
+    kc::SumOfSquares(d_sum, d_sum + 1, x + begin[r], count[r], /*accumulate=*/r > 0, op.stream());
+  }
+  if (ranges == 0 && cudaMemsetAsync(d_sum, 0, sizeof(double), op.stream()) != cudaSuccess) {
+    cudaGetLastError();
+    op.Fail(absl::InternalError("cudaMemsetAsync of the sum of squares failed"));
+  }
   double sum = std::numeric_limits<double>::quiet_NaN();
   if (cudaMemcpyAsync(&sum, d_sum, sizeof(double), cudaMemcpyDeviceToHost, op.stream()) !=
       cudaSuccess) {
@@ -195,6 +209,7 @@ constexpr Backend kCudaBackend = {
     .unpermute_backward = &cuda_internal::UnpermuteBackward,
     .adamw_update = &Streamed<op::kAdamwUpdate, &k::AdamWUpdate, &kc::AdamWUpdate>::Run,
     .sum_of_squares = &cuda_internal::SumOfSquares,
+    .sum_of_squares_ranges = &cuda_internal::SumOfSquaresRanges,
     .scale = &Streamed<op::kScale, &k::Scale, &kc::Scale>::Run,
     .cast_f32_to_bf16 = &Streamed<op::kCastF32ToBf16, &k::CastF32ToBf16, &kc::CastF32ToBf16>::Run,
     .cast_bf16_to_f32 = &Streamed<op::kCastBf16ToF32, &k::CastBf16ToF32, &kc::CastBf16ToF32>::Run,

@@ -54,5 +54,6 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 void AddRow(float* out, const float* row, int64_t N, int C);
 float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int k, float alpha);
 double SumOfSquares(const float* x, int64_t n);
+double SumOfSquaresRanges(const float* x, const int64_t* begin, const int64_t* count, int ranges);
 
 }  // namespace furnace::device::cuda_internal

@@ -159,6 +159,15 @@ double SumOfSquares(const float* x, int64_t n) {
   return RunAndWait<double>(t, "sum_of_squares", [=] { return k::SumOfSquares(tx, n); });
 }
 
+double SumOfSquaresRanges(const float* x, const int64_t* begin, const int64_t* count, int ranges) {
+  const Target t = Resolve("sum_of_squares_ranges", {x});
+  if (t.device == nullptr) return std::numeric_limits<double>::quiet_NaN();
+  const float* tx = Translated(t.device, x);
+  // The host arrays are the caller's until return, and RunAndWait returns after the op ran.
+  return RunAndWait<double>(t, "sum_of_squares_ranges",
+                            [=] { return k::SumOfSquaresRanges(tx, begin, count, ranges); });
+}
+
 // The grouped GEMMs read `offsets` (E + 1) from the host at launch, as cuBLAS does. Fn: the fp32
 // or the bf16 kernel.
 template <auto Fn>
@@ -319,6 +328,7 @@ constexpr Backend kEmulatedBackend = {
     .unpermute_backward = &Async<op::kUnpermuteBackward, &k::UnpermuteBackward<float>>::Run,
     .adamw_update = &Async<op::kAdamwUpdate, &k::AdamWUpdate>::Run,
     .sum_of_squares = &SumOfSquares,
+    .sum_of_squares_ranges = &SumOfSquaresRanges,
     .scale = &Async<op::kScale, &k::Scale>::Run,
     .cast_f32_to_bf16 = &Async<op::kCastF32ToBf16, &k::CastF32ToBf16>::Run,
     .cast_bf16_to_f32 = &Async<op::kCastBf16ToF32, &k::CastBf16ToF32>::Run,

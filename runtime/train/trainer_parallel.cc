@@ -232,10 +232,15 @@ absl::Status Trainer::SyncGradients() {
 absl::StatusOr<double> Trainer::ClipParallel() {
   const ParallelRuntime& P = *parallel_;
   float* g = model_->grad_data();
-  double local = 0;
+  // The parameters this rank counts, in one call (on a GPU one host round trip, not one a tensor).
+  std::vector<int64_t> begin, count;
   for (const ParamInfo& p : model_->params()) {
-    if (p.norm_owner) local += ops_.sum_of_squares(g + p.offset, p.numel());
+    if (!p.norm_owner) continue;
+    begin.push_back(p.offset);
+    count.push_back(p.numel());
   }
+  const double local =
+      ops_.sum_of_squares_ranges(g, begin.data(), count.data(), static_cast<int>(begin.size()));
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
   // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement).
   const AsyncAgreement local_async = LocalAsyncState();

@@ -8,5 +8,7 @@ namespace furnace::kernels::cpu {
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
 double SumOfSquares(const float* x, int64_t n);  // accumulated in double
+// The sum of SumOfSquares(x + begin[i], count[i]) over i < ranges, added in that order.
+double SumOfSquaresRanges(const float* x, const int64_t* begin, const int64_t* count, int ranges);
 void Scale(float* x, float s, int64_t n);
 }  // namespace furnace::kernels::cpu

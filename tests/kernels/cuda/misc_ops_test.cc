@@ -44,12 +44,19 @@ TEST(CudaKernelsTest, SumOfSquaresAndScale) {
   const int64_t n = 1000003;
   auto x = RandomVector(n, 150);
   DeviceBuffer<float> d_x(x);
-  DeviceBuffer<double> d_sum(1);
-  SumOfSquares(d_sum.get(), d_x.get(), n, nullptr);
+  DeviceBuffer<double> d_sum(1), d_again(1);
+  DeviceBuffer<double> partials(kSumOfSquaresPartials);
+  SumOfSquares(d_sum.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
+  // Twice more onto another sum: the same bits each time (a fixed order, no atomics).
+  SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
+  SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/true, nullptr);
+  ASSERT_KERNELS_OK();
+  const double once = d_sum.Download()[0];
+  double want = cpu::SumOfSquares(x.data(), n);
+  EXPECT_NEAR(once, want, 1e-10 * want);
+  EXPECT_EQ(d_again.Download()[0], once + once);
   Scale(d_x.get(), 0.37f, n, nullptr);
   ASSERT_KERNELS_OK();
-  double want = cpu::SumOfSquares(x.data(), n);
-  EXPECT_NEAR(d_sum.Download()[0], want, 1e-10 * want);
   cpu::Scale(x.data(), 0.37f, n);
   ExpectClose(d_x.Download(), x, 0.0f, 0.0f, "scaled");
 }

@@ -292,17 +292,24 @@ TEST_F(CudaFp32TableTest, RouterPermuteAndTheHostScalars) {
 
     // Host scalars: the op synchronizes its stream and returns the value.
     float aux_cpu = 0, aux_cuda = 0;
-    double sum_cpu = 0, sum_cuda = 0;
+    double sum_cpu = 0, sum_cuda = 0, ranges_cpu = 0, ranges_cuda = 0;
+    const int64_t NC = int64_t{N} * C;
+    const int64_t begin[3] = {0, NC / 3, NC / 2}, count[3] = {NC / 4, 0, NC - NC / 2};
     Same("aux_loss_forward, sum_of_squares, scale", {pb, top[0], Random(N * C, seed++)},
          {kExact, kExact, kExact}, [&](const Backend& b, const Ptrs& p) {
            const bool cpu = &b == &CpuBackend();
            (cpu ? aux_cpu : aux_cuda) =
                b.aux_loss_forward(P<float>(p, 0), P<int32_t>(p, 1), N, E, K, 0.01f);
-           (cpu ? sum_cpu : sum_cuda) = b.sum_of_squares(P<float>(p, 2), int64_t{N} * C);
-           b.scale(P<float>(p, 2), 0.5f, int64_t{N} * C);
+           (cpu ? sum_cpu : sum_cuda) = b.sum_of_squares(P<float>(p, 2), NC);
+           (cpu ? ranges_cpu : ranges_cuda) =
+               b.sum_of_squares_ranges(P<float>(p, 2), begin, count, 3);
+           b.scale(P<float>(p, 2), 0.5f, NC);
          });
     EXPECT_NEAR(aux_cuda, aux_cpu, 1e-5 * std::fabs(aux_cpu)) << N << " tokens, " << E;
     EXPECT_NEAR(sum_cuda, sum_cpu, 1e-12 * sum_cpu);
+    EXPECT_NEAR(ranges_cuda, ranges_cpu, 1e-12 * ranges_cpu);
+    EXPECT_GT(ranges_cpu, 0.0);
+    EXPECT_LT(ranges_cpu, sum_cpu);
     EXPECT_GT(sum_cpu, 0.0);
   }
 }

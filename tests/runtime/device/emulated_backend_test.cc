@@ -195,16 +195,20 @@ TEST_F(EmulatedBackendTest, RouterPermuteAndTheHostScalars) {
   // Scalars come back to the host: the op synchronizes its stream.
   std::vector<Bytes> in = {probs[0], top[0], Random(N * C, 8)};
   float aux_cpu = 0, aux_emu = 0;
-  double sum_cpu = 0, sum_emu = 0;
+  double sum_cpu = 0, sum_emu = 0, ranges_cpu = 0, ranges_emu = 0;
+  const int64_t begin[2] = {3, 40}, count[2] = {20, N * C - 40};
   ExpectSameAsCpu({in[0], in[1], in[2], Zeros(1)}, [&](const Backend& b, const Ptrs& p) {
     const bool cpu = &b == &CpuBackend();
     (cpu ? aux_cpu : aux_emu) =
         b.aux_loss_forward(P<float>(p, 0), P<int32_t>(p, 1), N, E, K, 0.01f);
     (cpu ? sum_cpu : sum_emu) = b.sum_of_squares(P<float>(p, 2), N * C);
+    (cpu ? ranges_cpu : ranges_emu) = b.sum_of_squares_ranges(P<float>(p, 2), begin, count, 2);
     b.scale(P<float>(p, 2), 0.5f, N * C);
   });
   EXPECT_EQ(aux_emu, aux_cpu);
   EXPECT_EQ(sum_emu, sum_cpu);
+  EXPECT_EQ(ranges_emu, ranges_cpu);
+  EXPECT_GT(ranges_cpu, 0.0);
   EXPECT_GT(sum_cpu, 0.0);
 }
 
