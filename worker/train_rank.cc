@@ -542,7 +542,15 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
                        ", written by ", restored->num_shards, " rank(s); rank ", task.rank(),
                        " read shard", restored->shards_read.size() == 1 ? " " : "s ",
                        absl::StrJoin(restored->shards_read, ", "), ")");
-      if (restored->data.epoch_sequences > 0) {
+      if (restored->data.datasets.size() > 1) {  // a blend: each dataset has its own epochs
+        absl::StrAppend(&account, "; data at ",
+                        absl::StrJoin(restored->data.datasets, ", ",
+                                      [](std::string* text, const data::DatasetPosition& d) {
+                                        absl::StrAppend(text, d.path, " epoch ", d.epoch,
+                                                        " sequence ", d.index_in_epoch, " of ",
+                                                        d.epoch_sequences);
+                                      }));
+      } else if (restored->data.epoch_sequences > 0) {
         absl::StrAppend(&account, "; data at epoch ", restored->data.epoch, ", sequence ",
                         restored->data.index_in_epoch, " of ", restored->data.epoch_sequences);
       }

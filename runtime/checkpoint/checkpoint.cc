@@ -255,6 +255,16 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
                         {"epoch", s.data.epoch},
                         {"index_in_epoch", s.data.index_in_epoch},
                         {"epoch_sequences", s.data.epoch_sequences}};
+    if (!s.data.datasets.empty()) {
+      Json datasets = Json::array();
+      for (const data::DatasetPosition& d : s.data.datasets) {
+        datasets.push_back({{"path", d.path},
+                            {"epoch", d.epoch},
+                            {"index_in_epoch", d.index_in_epoch},
+                            {"epoch_sequences", d.epoch_sequences}});
+      }
+      manifest["data"]["datasets"] = datasets;
+    }
   }
   if (!s.settings.empty()) manifest["settings"] = s.settings;
   Json shard_list = Json::array();
@@ -445,6 +455,15 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
       out.data.epoch = Integer<int64_t>(d.at("epoch"));
       out.data.index_in_epoch = Integer<int64_t>(d.at("index_in_epoch"));
       out.data.epoch_sequences = Integer<int64_t>(d.at("epoch_sequences"));
+      if (d.contains("datasets")) {
+        for (const Json& e : d.at("datasets")) {
+          out.data.datasets.push_back(
+              {.path = e.at("path").get<std::string>(),
+               .epoch = Integer<int64_t>(e.at("epoch")),
+               .index_in_epoch = Integer<int64_t>(e.at("index_in_epoch")),
+               .epoch_sequences = Integer<int64_t>(e.at("epoch_sequences"))});
+        }
+      }
     }
     if (m.contains("settings")) {
       const Json& settings = m["settings"];

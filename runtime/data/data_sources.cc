@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/data/epoch_sampler.h"
 #include "runtime/data/indexed_dataset.h"
@@ -140,8 +141,16 @@ absl::StatusOr<Samplers> MakeSamplers(const DataSourceConfig& data, const Sample
   }
   ASSIGN_OR_RETURN(out.train, MakeEpochSampler(std::move(sources), sampler, train));
   const DataPosition start = out.train->PositionAt(0);
-  absl::StrAppendFormat(&out.description, "; %d training sequences of %d tokens per epoch",
-                        start.epoch_sequences, sampler.seq_len + 1);
+  if (start.datasets.size() > 1) {
+    absl::StrAppendFormat(
+        &out.description, "; training sequences of %d tokens per epoch: %s", sampler.seq_len + 1,
+        absl::StrJoin(start.datasets, ", ", [](std::string* text, const DatasetPosition& d) {
+          absl::StrAppend(text, d.path, " ", d.epoch_sequences);
+        }));
+  } else {
+    absl::StrAppendFormat(&out.description, "; %d training sequences of %d tokens per epoch",
+                          start.epoch_sequences, sampler.seq_len + 1);
+  }
   return out;
 }
 

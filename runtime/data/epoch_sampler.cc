@@ -93,13 +93,21 @@ class EpochSampler : public Sampler {
     DataPosition p;
     p.order = order_;
     p.sequences = step * global_batch_;
-    // Dataset 0's own position: how many of the first `sequences` positions went to it.
+    // Each dataset's own position: how many of the first `sequences` positions went to it.
     const int64_t K = static_cast<int64_t>(layout_.size());
-    int64_t q = p.sequences / K * parts_[0].slots;
-    for (int64_t s = 0; s < p.sequences % K; ++s) q += layout_[s] == 0 ? 1 : 0;
-    p.epoch_sequences = parts_[0].count;
-    p.epoch = q / parts_[0].count;
-    p.index_in_epoch = q % parts_[0].count;
+    std::vector<int64_t> q(parts_.size(), 0);
+    for (size_t d = 0; d < parts_.size(); ++d) q[d] = p.sequences / K * parts_[d].slots;
+    for (int64_t s = 0; s < p.sequences % K; ++s) ++q[static_cast<size_t>(layout_[s])];
+    for (size_t d = 0; d < parts_.size(); ++d) {
+      const Part& part = parts_[d];
+      p.datasets.push_back({.path = part.stream->path(),
+                            .epoch = q[d] / part.count,
+                            .index_in_epoch = q[d] % part.count,
+                            .epoch_sequences = part.count});
+    }
+    p.epoch_sequences = p.datasets[0].epoch_sequences;
+    p.epoch = p.datasets[0].epoch;
+    p.index_in_epoch = p.datasets[0].index_in_epoch;
     return p;
   }
 

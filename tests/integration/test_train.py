@@ -128,6 +128,11 @@ class TrainTest(harness.ClusterTest):
             f"{{path: {b}, weight: 0.3}}]}}", steps=60, every=10, kill_at=15)
         logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
         self.assertIn(f"indexed data {a} (", logs)
+        self.assertRegex(logs, rf"training sequences of 65 tokens per epoch: {a} [0-9]+, {b} [0-9]+")
+        # Resumed mid-run: each dataset of the blend has its own epochs, and the log says both.
+        resumed = self.cluster.cli("logs", victim, "--attempt", "2").stdout
+        self.assertRegex(resumed, rf"data at {a} epoch [0-9]+ sequence [0-9]+ of [0-9]+, "
+                                  rf"{b} epoch [0-9]+ sequence [0-9]+ of [0-9]+")
 
     def bad_data_fails_at_once(self, data, named, parallel=None):
         """A job on bad data ends FAILED at once (not retried), its log naming `named`."""

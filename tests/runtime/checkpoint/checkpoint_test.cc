@@ -67,11 +67,14 @@ TEST(CheckpointTest, TheDataPositionRoundTripsThroughTheManifest) {
       nlohmann::json::parse(ReadAll(dir / "step-00000004/manifest.json")).contains("data"));
 
   shard.step = shard.data_position = 5;
-  shard.data = {.order = "epoch sampler v1: ...",
-                .sequences = 40,
-                .epoch = 2,
-                .index_in_epoch = 6,
-                .epoch_sequences = 17};
+  shard.data = {
+      .order = "epoch sampler v1: ...",
+      .sequences = 40,
+      .epoch = 2,
+      .index_in_epoch = 6,
+      .epoch_sequences = 17,
+      .datasets = {{.path = "a", .epoch = 2, .index_in_epoch = 6, .epoch_sequences = 17},
+                   {.path = "b", .epoch = 0, .index_in_epoch = 9, .epoch_sequences = 40}}};
   ASSERT_TRUE(store.Save(s.params, shard).ok());
   auto loaded = store.LoadLatest();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -80,6 +83,10 @@ TEST(CheckpointTest, TheDataPositionRoundTripsThroughTheManifest) {
   EXPECT_EQ(loaded->data.epoch, 2);
   EXPECT_EQ(loaded->data.index_in_epoch, 6);
   EXPECT_EQ(loaded->data.epoch_sequences, 17);
+  ASSERT_EQ(loaded->data.datasets.size(), 2u);
+  EXPECT_EQ(loaded->data.datasets[1].path, "b");
+  EXPECT_EQ(loaded->data.datasets[1].index_in_epoch, 9);
+  EXPECT_EQ(loaded->data.datasets[1].epoch_sequences, 40);
   const auto manifest = nlohmann::json::parse(ReadAll(dir / "step-00000005/manifest.json"));
   EXPECT_EQ(manifest["data"]["index_in_epoch"], 6);
 }

@@ -134,6 +134,19 @@ TEST(EpochSamplerTest, BlendFollowsTheWeightsAndEachDatasetHasItsOwnEpochs) {
     at_eleven += n == 11;
   }
   EXPECT_EQ(at_eleven, 48);
+  // Each dataset's own place, as counted above: after 512 steps dataset 1 (400 windows) drew
+  // 6144 = 15 epochs and 144, dataset 2 10 epochs and 48.
+  const DataPosition at = (*made)->PositionAt(512);
+  ASSERT_EQ(at.datasets.size(), 2u);
+  EXPECT_EQ(at.datasets[0].path, "fake1");
+  EXPECT_EQ(at.datasets[0].epoch_sequences, 400);
+  EXPECT_EQ(at.datasets[0].epoch, 15);
+  EXPECT_EQ(at.datasets[0].index_in_epoch, 144);
+  EXPECT_EQ(at.datasets[1].path, "fake2");
+  EXPECT_EQ(at.datasets[1].epoch_sequences, 200);
+  EXPECT_EQ(at.datasets[1].epoch, 10);
+  EXPECT_EQ(at.datasets[1].index_in_epoch, 48);
+  EXPECT_EQ(at.epoch, at.datasets[0].epoch);  // the first dataset's, as before
   // A weight below 1/4096 of the blend is refused, naming the dataset.
   auto tiny = MakeEpochSampler({{Stream(4001, 1), 1.0}, {Stream(2001, 2), 1e-5}},
                                {.batch = 4, .seq_len = 10, .seed = 1}, {});
