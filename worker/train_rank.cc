@@ -144,9 +144,13 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
       for (moe::OpGroup group : moe::kCommGroups) {
         const moe::AlphaBeta& f = p.at(kind, group);
         if (f.points == 0) continue;
-        log(absl::StrFormat("  fit %s over %s: alpha %.1f us, %.2f GB/s, r2 %.4f (%d points)",
+        // beta 0: times that did not grow with size (latency-bound), fitted as a flat cost.
+        const std::string bandwidth =
+            f.beta > 0 ? absl::StrFormat("%.2f GB/s", 1e-9 / f.beta)
+                       : std::string("no per-byte cost measured (flat: latency-bound sizes)");
+        log(absl::StrFormat("  fit %s over %s: alpha %.1f us, %s, r2 %.4f (%d points)",
                             moe::CollectiveKindName(kind), moe::OpGroupName(group), f.alpha * 1e6,
-                            f.beta > 0 ? 1e-9 / f.beta : 0.0, f.r2, f.points));
+                            bandwidth, f.r2, f.points));
       }
     }
   }

@@ -304,6 +304,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   struct PlannerStats {
     int64_t decisions = 0;           // MoE layers where the planner acted
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
+    int64_t refused_actions = 0;     // planned actions the stash refused (the plan came up short)
     double seconds = 0;              // spent projecting and planning
     // The device time of a micro-batch its costs assume (an average of those read: its forward
     // and backward spans); 0 before the first is read.

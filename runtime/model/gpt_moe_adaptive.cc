@@ -395,7 +395,10 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     }
     // A failed action (a compress whose encoding the arena refuses, an entry that changed state)
     // is skipped: the projection of the next layer and the emergency path cover what it leaves.
-    if (!s.ok()) continue;
+    if (!s.ok()) {
+      ++planner_stats_.refused_actions;
+      continue;
+    }
     const auto [micro, module] = position_of[c.id];
     std::vector<int64_t>& out = MovedOf(micro, M);
     if (module >= 0 && module < M) out[module] += static_cast<int64_t>(c.freed);
@@ -435,7 +438,10 @@ absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
         s = stash_.Drop(h);
         break;
     }
-    if (!s.ok()) continue;  // skipped: see BeforeExpertBuffers
+    if (!s.ok()) {  // skipped: see BeforeExpertBuffers
+      ++planner_stats_.refused_actions;
+      continue;
+    }
     std::vector<int64_t>& moved = MovedOf(cur_micro_, NumModules());
     moved[cur_module_] += static_cast<int64_t>(c.freed);
   }

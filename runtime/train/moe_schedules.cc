@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -76,22 +77,38 @@ uint64_t Fnv1a(uint64_t h, const void* bytes, size_t n) {
   return h;
 }
 
-// Where this layout's ranks are: each rank's host and place in the groups (its coordinates,
-// which follow parallel.order), gathered in rank order and hashed. A profile fitted on one
-// placement prices another's links wrongly (tp peers on one node or across two).
+// Where this layout's ranks are: which ranks share a host (each rank labelled with the first rank
+// on its host, so another set of hosts split the same way gives the same key) and each rank's
+// place in the groups (its coordinates, which follow parallel.order), in rank order, hashed. A
+// profile fitted on one placement prices another's links wrongly (tp peers on one node or across
+// two).
 absl::StatusOr<uint64_t> PlacementHash(const RankLayout& layout) {
+  constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
   const topology::Coords& c = layout.coords;
-  const int64_t place[6] = {c.pp, c.dp, c.tp, c.edp, c.ep, c.esp};
-  uint64_t mine = Fnv1a(0xcbf29ce484222325ull, host, std::strlen(host));
-  mine = Fnv1a(mine, place, sizeof(place));
-  std::vector<uint64_t> all{mine};
-  if (layout.world != nullptr && layout.world->size() > 1) {
-    all.resize(static_cast<size_t>(layout.world->size()));
-    RETURN_IF_ERROR(layout.world->AllGather(&mine, all.data(), sizeof(mine)));
+  // [host hash, pp, dp, tp, edp, ep, esp] per rank.
+  constexpr int kFields = 7;
+  const uint64_t mine[kFields] = {Fnv1a(kFnvBasis, host, std::strlen(host)),
+                                  static_cast<uint64_t>(c.pp),
+                                  static_cast<uint64_t>(c.dp),
+                                  static_cast<uint64_t>(c.tp),
+                                  static_cast<uint64_t>(c.edp),
+                                  static_cast<uint64_t>(c.ep),
+                                  static_cast<uint64_t>(c.esp)};
+  const int world = layout.world == nullptr ? 1 : layout.world->size();
+  std::vector<uint64_t> all(mine, mine + kFields);
+  if (world > 1) {
+    all.resize(static_cast<size_t>(world) * kFields);
+    RETURN_IF_ERROR(layout.world->AllGather(mine, all.data(), sizeof(mine)));
   }
-  return Fnv1a(0xcbf29ce484222325ull, all.data(), all.size() * sizeof(uint64_t));
+  std::vector<uint64_t> hosts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) hosts[r] = all[static_cast<size_t>(r) * kFields];
+  for (int r = 0; r < world; ++r) {  // a host's hash -> the first rank on that host
+    const auto first = std::find(hosts.begin(), hosts.end(), hosts[r]) - hosts.begin();
+    all[static_cast<size_t>(r) * kFields] = static_cast<uint64_t>(first);
+  }
+  return Fnv1a(kFnvBasis, all.data(), all.size() * sizeof(uint64_t));
 }
 
 std::string ReadFile(const std::string& path) {
@@ -103,6 +120,24 @@ std::string ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape) {
+  constexpr int64_t kMaxBytes = int64_t{64} << 20;
+  std::vector<int64_t> sizes = moe::CalibrationOptions().sizes_bytes;
+  int64_t largest = 0;
+  const moe::CostProfile any = moe::DefaultProfile(true, true, true);  // bytes do not depend on it
+  for (moe::Schedule s : moe::kAllSchedules) {
+    const moe::Prediction p = moe::Predict(any, shape, s);
+    for (const std::vector<moe::OpCost>* ops : {&p.forward_ops, &p.backward_ops}) {
+      for (const moe::OpCost& op : *ops) {
+        largest = std::max({largest, op.bytes.tp, op.bytes.ep, op.bytes.esp});
+      }
+    }
+  }
+  largest = std::min(largest, kMaxBytes);
+  if (largest > sizes.back()) sizes.push_back(largest);
+  return sizes;
+}
 
 moe::LayerShape LayerShapeOf(const model::ModelConfig& c, const RankLayout& layout,
                              int micro_batch) {
@@ -145,14 +180,16 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     out.choice = choice;
     return out;
   }
-  // The cache key: the layout's sizes, the device kind and where the ranks are (PlacementHash):
-  // a resubmission on GPUs after a CPU run, or on another split over nodes, calibrates again.
+  // The cache key: the layout's sizes, the device kind, the GEMMs' precision and where the ranks
+  // are (PlacementHash): a resubmission on GPUs after a CPU run, in bf16 after fp32, or on another
+  // split over nodes calibrates again; a restart on other hosts split the same way does not.
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
   const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep,
                                        "_esp", sh.esp, "_", device::KindName(model.device().kind()),
-                                       "_", absl::Hex(placement, absl::kZeroPad16));
+                                       "_", device::PrecisionName(model.backend().precision), "_",
+                                       absl::Hex(placement, absl::kZeroPad16));
   if (!cache_dir.empty()) {
     out.cache_path =
         (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();
@@ -170,6 +207,7 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   if (!out.profile.has_value()) {
     // Every rank reaches here alike: the cached text was the same everywhere.
     moe::CalibrationOptions options;
+    options.sizes_bytes = CalibrationSizesFor(shape);
     const device::Backend& ops = model.backend();
     device::Device& device = model.device();
     options.device = &device;

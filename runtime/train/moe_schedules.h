@@ -47,6 +47,12 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
                                                      model::GptMoe& model, const RankLayout& layout,
                                                      int micro_batch, const std::string& cache_dir);
 
+// The sizes Calibrate times for `shape`: its defaults (16 KiB to 1 MiB), then the layer's largest
+// single collective (at most 64 MiB) where it is above them, so the bandwidth term is measured up
+// to what the layer moves rather than extrapolated tens of times past 1 MiB (where a link may not
+// have reached its bandwidth yet). The same on every rank (a function of the shape).
+std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape);
+
 // The layer shape auto prices for `model` on `layout` with micro-batches of micro_batch sequences.
 moe::LayerShape LayerShapeOf(const model::ModelConfig& config, const RankLayout& layout,
                              int micro_batch);

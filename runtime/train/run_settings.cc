@@ -50,8 +50,11 @@ std::string DescribeChanges(const std::vector<SettingChange>& changes) {
     // Six significant digits (a default min_lr of 0.1 * 3e-4 is 2.9999999999999997e-05 exactly),
     // unless both values read the same in them.
     double was = 0, now = 0;
+    int64_t whole = 0;
     std::string was_text = c.checkpoint, now_text = c.now;
-    if (absl::SimpleAtod(c.checkpoint, &was) && absl::SimpleAtod(c.now, &now)) {
+    const bool integers =
+        absl::SimpleAtoi(c.checkpoint, &whole) && absl::SimpleAtoi(c.now, &whole);  // as they are
+    if (!integers && absl::SimpleAtod(c.checkpoint, &was) && absl::SimpleAtod(c.now, &now)) {
       const std::string a = absl::StrFormat("%.6g", was), b = absl::StrFormat("%.6g", now);
       if (a != b) {
         was_text = a;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -220,14 +221,15 @@ absl::StatusOr<StepStats> Trainer::Step() {
 
 absl::Status Trainer::RefuseNonFinite(const StepStats& stats) const {
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) return absl::OkStatus();
-  const std::string kept = step_ == 0 ? std::string("the initial ones")
-                                      : absl::StrCat("those after step ", step_ - 1);
+  // Steps as the logs and checkpoints count them: step_ + 1 is the one that failed.
+  const std::string kept =
+      step_ == 0 ? std::string("the initial ones") : absl::StrCat("those of step ", step_);
   return absl::AbortedError(absl::StrFormat(
       "step %d: the loss is %g and the gradient norm %g: the update was not applied (the "
-      "parameters and Adam moments are still %s). The run diverged (a lower train.lr or a longer "
-      "train.warmup may help) or a device computed garbage; a restart resumes from the last "
-      "checkpoint",
-      step_, stats.loss, stats.grad_norm, kept));
+      "parameters and Adam moments are still %s). The run diverged or a device computed "
+      "garbage; a restart resumes from the last checkpoint (to resume under a lower train.lr or "
+      "a longer train.warmup, resubmit with checkpoint.override_settings: true)",
+      step_ + 1, stats.loss, stats.grad_norm, kept));
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate() {
@@ -534,6 +536,15 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
 absl::Status Trainer::CheckSettings(const LoadedCheckpoint& c) {
   std::vector<SettingChange> changes =
       ChangedSettings(c.settings, RecordedSettings(config_.schedule, config_.adamw, config_.clip));
+  // Under a constant schedule the warmup matters only while it lasts: a resume past both is the
+  // same rule (under a cosine it also shifts the decay's phase, so it always counts).
+  if (config_.schedule.kind == LrSchedule::Kind::kConstant) {
+    std::erase_if(changes, [&](const SettingChange& change) {
+      int64_t was = 0, now = 0;
+      return change.field == "train.warmup" && absl::SimpleAtoi(change.checkpoint, &was) &&
+             absl::SimpleAtoi(change.now, &now) && c.data_position >= std::max(was, now);
+    });
+  }
   if (!changes.empty() && !config_.override_checkpoint_settings) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", c.path, " was written with other optimizer settings: ",

@@ -167,9 +167,11 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         self.assertIn("the update was not applied", cause)
         self.assertIn("train.lr", cause)
         self.assertGreaterEqual(d["summary"]["restarts"], 1)
+        # The newest checkpoint is of the last step applied; the next one failed.
         steps = sorted(int(n[5:]) for n in os.listdir(ckpt) if n.startswith("step-"))
         self.assertTrue(steps, os.listdir(ckpt))
-        self.assertIn(f"step {steps[-1]}: the loss is ", cause)
+        self.assertIn(f"step {steps[-1] + 1}: the loss is ", cause)
+        self.assertIn(f"still those of step {steps[-1]})", cause)
 
 
 if __name__ == "__main__":

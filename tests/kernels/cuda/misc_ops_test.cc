@@ -2,6 +2,7 @@
 // reporting contract of kernels/cuda/common.h.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -47,13 +48,21 @@ TEST(CudaKernelsTest, SumOfSquaresAndScale) {
   DeviceBuffer<double> d_sum(1), d_again(1);
   DeviceBuffer<double> partials(kSumOfSquaresPartials);
   SumOfSquares(d_sum.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
-  // Twice more onto another sum: the same bits each time (a fixed order, no atomics).
-  SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
-  SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/true, nullptr);
   ASSERT_KERNELS_OK();
   const double once = d_sum.Download()[0];
   double want = cpu::SumOfSquares(x.data(), n);
   EXPECT_NEAR(once, want, 1e-10 * want);
+  // The same bits every time (a fixed order, no atomics: 256 blocks' partials added in order,
+  // where atomics would add them in whatever order the blocks finish).
+  for (int run = 0; run < 16; ++run) {
+    SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
+    ASSERT_KERNELS_OK();
+    const double again = d_again.Download()[0];
+    ASSERT_EQ(std::memcmp(&again, &once, sizeof(double)), 0) << "run " << run;
+  }
+  // Accumulating: onto what is there.
+  SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/true, nullptr);
+  ASSERT_KERNELS_OK();
   EXPECT_EQ(d_again.Download()[0], once + once);
   Scale(d_x.get(), 0.37f, n, nullptr);
   ASSERT_KERNELS_OK();

@@ -71,6 +71,7 @@ TEST(BackendTest, CpuTablePointsAtTheCpuKernels) {
   EXPECT_EQ(b.unpermute_backward, &k::UnpermuteBackward<float>);
   EXPECT_EQ(b.adamw_update, &k::AdamWUpdate);
   EXPECT_EQ(b.sum_of_squares, &k::SumOfSquares);
+  EXPECT_EQ(b.sum_of_squares_ranges, &k::SumOfSquaresRanges);
   EXPECT_EQ(b.scale, &k::Scale);
   EXPECT_EQ(b.cast_f32_to_bf16, &k::CastF32ToBf16);
   EXPECT_EQ(b.cast_bf16_to_f32, &k::CastBf16ToF32);
@@ -86,6 +87,8 @@ TEST(BackendTest, CpuTableComputes) {
   b.matmul_forward(out, inp, weight, nullptr, 1, 2, 1);
   EXPECT_EQ(out[0], 11.0f);
   EXPECT_EQ(b.sum_of_squares(inp, 2), 5.0);
+  const int64_t begin[2] = {1, 0}, count[2] = {1, 1};
+  EXPECT_EQ(b.sum_of_squares_ranges(inp, begin, count, 2), 5.0);
 }
 
 #if FURNACE_HAVE_CUDA
@@ -119,6 +122,7 @@ TEST(BackendTest, CudaKindGivesTheCudaTables) {
   EXPECT_EQ(a.permute_forward, b.permute_forward);
   EXPECT_EQ(a.adamw_update, b.adamw_update);
   EXPECT_EQ(a.sum_of_squares, b.sum_of_squares);
+  EXPECT_EQ(a.sum_of_squares_ranges, b.sum_of_squares_ranges);
   // The dispatch plan is built on the host, by the CPU's functions, in every table.
   EXPECT_EQ(a.make_dispatch_plan, &k::MakeDispatchPlan);
   EXPECT_EQ(a.make_dispatch_plan_slice, &k::MakeDispatchPlanSlice);

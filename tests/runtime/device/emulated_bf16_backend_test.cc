@@ -81,6 +81,7 @@ TEST_F(EmulatedBf16BackendTest, OnlyTheGemmsAndAttentionDiffer) {
   EXPECT_EQ(b.unpermute_backward, f.unpermute_backward);
   EXPECT_EQ(b.adamw_update, f.adamw_update);
   EXPECT_EQ(b.sum_of_squares, f.sum_of_squares);
+  EXPECT_EQ(b.sum_of_squares_ranges, f.sum_of_squares_ranges);
   EXPECT_EQ(b.cast_f32_to_bf16, f.cast_f32_to_bf16);
 }
 

@@ -41,6 +41,7 @@ struct Options {
   int micro_batches = 2;
   int B = 2;
   bool evaluate = false;  // then a held-out forward (Evaluate) after the micro-batches
+  std::optional<memory::Codec> codec{};  // Offload::kAdaptive: the reduced precision it may use
 };
 
 // What one run of a few micro-batches gives, read back to the host.
@@ -53,6 +54,7 @@ struct Outcome {
   std::vector<float> params;
   train::MemoryActionTotals actions;
   double micro_batch_seconds = 0;  // the planner's, read from the device's timing events
+  int64_t refused_actions = 0;     // the planner's actions the stash refused
   // Options::evaluate: the held-out loss, the evaluation's arena peak and the memory actions it
   // took (the totals after it less those before).
   double eval_loss = 0;
@@ -111,7 +113,9 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   if (o.offload == Offload::kStatic) {
     EXPECT_TRUE(model->SetOffload(1.0, engine.get(), host.get()).ok());
   } else if (o.offload == Offload::kAdaptive) {
-    EXPECT_TRUE(model->SetAdaptive(engine.get(), host.get(), {}).ok());
+    EXPECT_TRUE(model->SetAdaptive(engine.get(), host.get(), {.codec = o.codec}).ok());
+  } else if (o.policy == memory::MemoryPolicy::kAdaptive) {  // no offload: recompute, codec
+    EXPECT_TRUE(model->SetAdaptive(nullptr, nullptr, {.codec = o.codec}).ok());
   }
   model->set_capture_logits(true);
   Outcome out;
@@ -135,6 +139,7 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   out.params = ToHostVector(*rig.device, model->param_data(), model->num_params());
   out.actions = model->MemoryActions();
   out.micro_batch_seconds = model->planner_stats().micro_batch_seconds;
+  out.refused_actions = model->planner_stats().refused_actions;
   if (o.evaluate) {
     const std::vector<int32_t> in = RandomTokens(N, config.vocab, 300);
     const std::vector<int32_t> tg = RandomTokens(N, config.vocab, 400);
@@ -376,6 +381,51 @@ TEST(AdaptiveBudgetTest, HeldOutEvaluationFitsEveryBudgetTheRunTrainsAt) {
   EXPECT_GT(offload->actions.offloaded_bytes, 0u);
   EXPECT_EQ(offload->eval_actions.offloaded_bytes, 0u);
   EXPECT_EQ(offload->eval_loss, none->eval_loss);
+}
+
+// Adaptive with a codec and no copy engine (recompute and reduced precision are all it has): at
+// budgets from 80% of the way from the floor to none's peak (below, recompute alone cannot make
+// room: such a job has offload too) every micro-batch fits, bf16 is used, and the stash carries
+// out every action the planner picks (it refuses a recompute from a compressed input and the
+// compression of a dropped tensor's input: Stash::LossyInputLocked).
+TEST(AdaptiveBudgetTest, UnderACodecWithoutOffloadEveryPlannedActionIsCarriedOut) {
+  ModelConfig config = TinyConfig(1.25);
+  config.vocab = 64;
+  config.seq_len = 32;
+  config.d_model = 32;
+  config.heads = 4;
+  config.expert_ffn = 64;
+  config.moe_every = 1;
+  config.spikes = {.probability = 0.5, .max_ratio = 2.0, .seed = 9};
+  constexpr int B = 4;
+  const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {.B = B});
+  ASSERT_TRUE(none);
+  const int64_t peak = *std::max_element(none->peaks.begin(), none->peaks.end());
+  int64_t floor = 0;
+  {
+    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+    tensor::DeviceArena arena(*cpu, 0);
+    auto model = GptMoe::Create(config, 5, *cpu, arena);
+    ASSERT_TRUE(model.ok()) << model.status();
+    floor = (*model)->MinimumActivationBytes(B);
+  }
+  for (memory::Codec codec : {memory::Codec::kBf16, memory::Codec::kFp8E4M3}) {
+    int64_t compressed = 0;
+    for (int tenth = 8; tenth <= 10; ++tenth) {
+      const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
+      SCOPED_TRACE(::testing::Message() << memory::CodecName(codec) << ", budget " << budget);
+      const std::optional<Outcome> adaptive = RunOn(
+          device::Kind::kCpu, config,
+          {.policy = memory::MemoryPolicy::kAdaptive, .budget = budget, .B = B, .codec = codec});
+      ASSERT_TRUE(adaptive);
+      EXPECT_EQ(adaptive->refused_actions, 0);
+      for (int64_t p : adaptive->peaks) EXPECT_LE(p, static_cast<int64_t>(budget));
+      compressed += static_cast<int64_t>(adaptive->actions.compressed_bytes);
+    }
+    if (codec == memory::Codec::kBf16) {
+      EXPECT_GT(compressed, 0);  // the codec was used
+    }
+  }
 }
 
 // Two pipeline stages on two emulated devices, the activation and its gradient handed over as

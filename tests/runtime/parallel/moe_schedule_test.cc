@@ -21,6 +21,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/device.h"
 #include "runtime/model/gpt_moe.h"
+#include "runtime/moe/calibrate.h"
 #include "runtime/moe/executor.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/topology/topology.h"
@@ -318,6 +319,22 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
 // auto: every rank takes the same schedule, the first call calibrates and caches the profile
 // under the directory it is given, and the second (a restarted attempt) reads it back instead of
 // calibrating: the same profile and choice on every rank, with no collective of the calibration.
+// Calibration times the links up to the layer's largest collective (at most 64 MiB): a layer that
+// moves no more than 1 MiB keeps the default sizes.
+TEST(ChooseMoeSchedulesTest, CalibrationReachesTheLayersLargestCollective) {
+  const std::vector<int64_t> defaults = moe::CalibrationOptions().sizes_bytes;
+  moe::LayerShape small{.N = 64, .C = 16, .f = 16, .E = 4, .k = 2, .tp = 2, .ep = 2, .esp = 1};
+  EXPECT_EQ(train::CalibrationSizesFor(small), defaults);
+  // 1B-class: 2048 tokens of 2048, top-2: deepspeed's all-to-all sends every routed row of all
+  // N tokens (32 MiB; s1 and s2 send a tp-th of it).
+  moe::LayerShape big{.N = 2048, .C = 2048, .f = 8192, .E = 64, .k = 2, .tp = 2, .ep = 8, .esp = 1};
+  std::vector<int64_t> sizes = train::CalibrationSizesFor(big);
+  ASSERT_EQ(sizes.size(), defaults.size() + 1);
+  EXPECT_EQ(sizes.back(), int64_t{2048} * 2 * 2048 * 4);
+  big.N = 65536;  // capped
+  EXPECT_EQ(train::CalibrationSizesFor(big).back(), int64_t{64} << 20);
+}
+
 TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
   const std::string dir = ::testing::TempDir() + "/choose-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
@@ -361,7 +378,7 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
     }
     EXPECT_TRUE(std::filesystem::exists(choices[0].cache_path)) << choices[0].cache_path;
     // Keyed by the sizes, the device kind and the placement, the same on every rank.
-    EXPECT_NE(choices[0].cache_path.find("cost_profile.world2_pp1_tp2_ep2_esp1_cpu_"),
+    EXPECT_NE(choices[0].cache_path.find("cost_profile.world2_pp1_tp2_ep2_esp1_cpu_fp32_"),
               std::string::npos)
         << choices[0].cache_path;
     for (int r = 1; r < world; ++r) EXPECT_EQ(choices[r].cache_path, choices[0].cache_path);

@@ -30,9 +30,10 @@ TEST(RunSettingsTest, ACosineScheduleRecordsItsFloorAndHorizonAConstantOneNeithe
 }
 
 TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {
-  const std::map<std::string, std::string> checkpoint = {
-      {"train.lr", "0.0003"}, {"train.min_lr", "2.9999999999999997e-05"},
-      {"train.schedule", "cosine"}, {"train.steps", "100"}};
+  const std::map<std::string, std::string> checkpoint = {{"train.lr", "0.0003"},
+                                                         {"train.min_lr", "2.9999999999999997e-05"},
+                                                         {"train.schedule", "cosine"},
+                                                         {"train.steps", "100"}};
   const std::map<std::string, std::string> now = {{"train.lr", "0.0003"},
                                                   {"train.min_lr", "1e-05"},
                                                   {"train.schedule", "constant"},
@@ -45,6 +46,9 @@ TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {
             "train.min_lr 3e-05 -> 1e-05, train.schedule cosine -> constant");
   // Values that differ beyond six digits are shown whole.
   EXPECT_EQ(DescribeChanges({{"train.lr", "0.1", "0.10000001"}}), "train.lr 0.1 -> 0.10000001");
+  // Whole numbers as they are (not 1e+06).
+  EXPECT_EQ(DescribeChanges({{"train.steps", "1000000", "2000000"}}),
+            "train.steps 1000000 -> 2000000");
   EXPECT_TRUE(ChangedSettings({}, now).empty());  // a checkpoint that records none
 }
 

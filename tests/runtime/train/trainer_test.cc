@@ -278,6 +278,27 @@ TEST(TrainerTest, AResumeUnderOtherOptimizerSettingsIsRefusedUnlessOverridden) {
   ASSERT_TRUE((*c)->Run([&](const StepStats& s) { lrs.push_back(s.lr); }).ok());
   ASSERT_EQ(lrs.size(), 30u);
   EXPECT_DOUBLE_EQ(lrs[0], changed.schedule.At(10));
+  // Under a constant schedule a warmup both runs are past changes nothing: not refused.
+  {
+    TrainConfig flat = config;
+    flat.checkpoint = {.dir = dir / "constant"};
+    flat.schedule.kind = LrSchedule::Kind::kConstant;
+    BigramModel a_model(V, T, 1);
+    auto flat_a = Trainer::Create(&a_model, data.sampler.get(), flat);
+    ASSERT_TRUE(flat_a.ok());
+    ASSERT_TRUE(RunAndStopAfterStep9(**flat_a).ok());  // warmup 5, stopped after 10 steps
+    flat.schedule.warmup_steps = 8;
+    BigramModel b_model(V, T, 1);
+    auto flat_b = Trainer::Create(&b_model, data.sampler.get(), flat);
+    ASSERT_TRUE(flat_b.ok());
+    ASSERT_TRUE((*flat_b)->RestoreLatest().ok());
+    EXPECT_TRUE((*flat_b)->settings_overridden().empty());
+    flat.schedule.warmup_steps = 12;  // still warming up at step 10: refused
+    BigramModel c_model(V, T, 1);
+    auto flat_c = Trainer::Create(&c_model, data.sampler.get(), flat);
+    ASSERT_TRUE(flat_c.ok());
+    EXPECT_THAT((*flat_c)->RestoreLatest().status().message(), HasSubstr("train.warmup 5 -> 12"));
+  }
   // Its own checkpoints record its settings: a resume of them with the same settings is quiet.
   BigramModel fourth(V, T, 1);
   changed.override_checkpoint_settings = false;
@@ -312,9 +333,11 @@ TEST(TrainerTest, AStepWithANonFiniteLossOrGradientIsNotApplied) {
   const int64_t at = (*t)->step();
   ASSERT_GE(at, 1);
   ASSERT_LT(at, config.steps);
-  EXPECT_THAT(diverged.message(), HasSubstr(absl::StrCat("step ", at, ": the loss is ")));
+  // Counted as the logs count steps: `at` steps are done, step at + 1 failed.
+  EXPECT_THAT(diverged.message(), HasSubstr(absl::StrCat("step ", at + 1, ": the loss is ")));
+  EXPECT_THAT(diverged.message(), HasSubstr(absl::StrCat("still those of step ", at, ")")));
   EXPECT_THAT(diverged.message(), HasSubstr("the update was not applied"));
-  EXPECT_THAT(diverged.message(), HasSubstr("train.lr"));
+  EXPECT_THAT(diverged.message(), HasSubstr("checkpoint.override_settings"));
   ASSERT_EQ(last.size(), static_cast<size_t>(model.num_params()));
   EXPECT_EQ(std::memcmp(last.data(), model.param_data(), last.size() * sizeof(float)), 0);
   EXPECT_EQ(last_m, *(*t)->optimizer().HostM());
