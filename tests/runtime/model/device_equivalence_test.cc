@@ -186,6 +186,29 @@ ModelConfig SpikyConfig() {
   return c;
 }
 
+// The shape of a small job: every layer MoE, spikes on half the steps.
+ModelConfig SmallJobConfig() {
+  ModelConfig c = TinyConfig(1.25);
+  c.vocab = 64;
+  c.seq_len = 32;
+  c.d_model = 32;
+  c.heads = 4;
+  c.expert_ffn = 64;
+  c.moe_every = 1;
+  c.spikes = {.probability = 0.5, .max_ratio = 2.0, .seed = 9};
+  return c;
+}
+
+// The floor the worker enforces for micro-batches of B (MinimumActivationBytes): below it a job
+// is refused before its first step.
+int64_t FloorOf(const ModelConfig& config, int B) {
+  std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+  tensor::DeviceArena arena(*cpu, 0);
+  auto model = GptMoe::Create(config, 5, *cpu, arena);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? (*model)->MinimumActivationBytes(B) : 0;
+}
+
 TEST(DeviceEquivalenceTest, ForwardBackwardOnTheEmulatedDeviceIsTheCpusBitForBit) {
   for (const ModelConfig& config : {TinyConfig(), TinyConfig(1.0), SpikyConfig()}) {
     SCOPED_TRACE(::testing::Message()
@@ -294,27 +317,12 @@ TEST(DeviceEquivalenceTest, ThePlannersMicroBatchTimeIsTheStreams) {
 // none bit for bit, with each micro-batch's arena peak within the budget. (Budgets between the
 // floor and about twice it ran out of memory in the backward once.)
 TEST(AdaptiveBudgetTest, TrainsAtEveryBudgetFromTheFloorToNonesPeak) {
-  ModelConfig demo = TinyConfig(1.25);  // the shape of a small job: every layer MoE
-  demo.vocab = 64;
-  demo.seq_len = 32;
-  demo.d_model = 32;
-  demo.heads = 4;
-  demo.expert_ffn = 64;
-  demo.moe_every = 1;
-  demo.spikes = {.probability = 0.5, .max_ratio = 2.0, .seed = 9};
-  for (const ModelConfig& config : {demo, SpikyConfig()}) {
+  for (const ModelConfig& config : {SmallJobConfig(), SpikyConfig()}) {
     constexpr int B = 4;
     const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {.B = B});
     ASSERT_TRUE(none);
     const int64_t peak = *std::max_element(none->peaks.begin(), none->peaks.end());
-    int64_t floor = 0;
-    {
-      std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-      tensor::DeviceArena arena(*cpu, 0);
-      auto model = GptMoe::Create(config, 5, *cpu, arena);
-      ASSERT_TRUE(model.ok()) << model.status();
-      floor = (*model)->MinimumActivationBytes(B);
-    }
+    const int64_t floor = FloorOf(config, B);
     ASSERT_LT(floor, peak);
     for (int tenth = 0; tenth <= 10; ++tenth) {
       const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
@@ -338,26 +346,14 @@ TEST(AdaptiveBudgetTest, TrainsAtEveryBudgetFromTheFloorToNonesPeak) {
 // forward peak, so at most budgets the first evaluation of an adaptive run ran out of memory.)
 // The static offload moves nothing during one either.
 TEST(AdaptiveBudgetTest, HeldOutEvaluationFitsEveryBudgetTheRunTrainsAt) {
-  ModelConfig config = TinyConfig(1.25);
-  config.vocab = 64;
-  config.seq_len = 32;
-  config.d_model = 32;
-  config.heads = 4;
-  config.expert_ffn = 64;
-  config.moe_every = 1;
+  ModelConfig config = SmallJobConfig();
+  config.spikes = {};
   constexpr int B = 4;
   const std::optional<Outcome> none =
       RunOn(device::Kind::kCpu, config, {.micro_batches = 1, .B = B, .evaluate = true});
   ASSERT_TRUE(none);
   const int64_t peak = none->peaks[0];
-  int64_t floor = 0;
-  {
-    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-    tensor::DeviceArena arena(*cpu, 0);
-    auto model = GptMoe::Create(config, 5, *cpu, arena);
-    ASSERT_TRUE(model.ok()) << model.status();
-    floor = (*model)->MinimumActivationBytes(B);
-  }
+  const int64_t floor = FloorOf(config, B);
   EXPECT_LT(none->eval_peak, peak);
   for (int tenth = 0; tenth <= 10; tenth += 2) {
     const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
@@ -389,26 +385,12 @@ TEST(AdaptiveBudgetTest, HeldOutEvaluationFitsEveryBudgetTheRunTrainsAt) {
 // out every action the planner picks (it refuses a recompute from a compressed input and the
 // compression of a dropped tensor's input: Stash::LossyInputLocked).
 TEST(AdaptiveBudgetTest, UnderACodecWithoutOffloadEveryPlannedActionIsCarriedOut) {
-  ModelConfig config = TinyConfig(1.25);
-  config.vocab = 64;
-  config.seq_len = 32;
-  config.d_model = 32;
-  config.heads = 4;
-  config.expert_ffn = 64;
-  config.moe_every = 1;
-  config.spikes = {.probability = 0.5, .max_ratio = 2.0, .seed = 9};
+  const ModelConfig config = SmallJobConfig();
   constexpr int B = 4;
   const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {.B = B});
   ASSERT_TRUE(none);
   const int64_t peak = *std::max_element(none->peaks.begin(), none->peaks.end());
-  int64_t floor = 0;
-  {
-    std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
-    tensor::DeviceArena arena(*cpu, 0);
-    auto model = GptMoe::Create(config, 5, *cpu, arena);
-    ASSERT_TRUE(model.ok()) << model.status();
-    floor = (*model)->MinimumActivationBytes(B);
-  }
+  const int64_t floor = FloorOf(config, B);
   for (memory::Codec codec : {memory::Codec::kBf16, memory::Codec::kFp8E4M3}) {
     int64_t compressed = 0;
     for (int tenth = 8; tenth <= 10; ++tenth) {
