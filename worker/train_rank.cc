@@ -665,10 +665,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     watch_next(done);
   };
   absl::Status status = (*trainer)->Run(on_step, &stop, on_phase);
+  // Steps as the logs count them: step() are done, so step() + 1 is the one that failed.
+  const std::string failed_in = absl::StrCat("training failed in step ", (*trainer)->step() + 1);
   // The groups' teardown follows (it can block on a dead peer): watched, with the outcome.
   watchdog.EnterFinishing(status.ok() ? absl::StrCat("trained to step ", (*trainer)->step())
-                                      : absl::StrCat("training failed at step ", (*trainer)->step(),
-                                                     ": ", status.message()));
+                                      : absl::StrCat(failed_in, ": ", status.message()));
   // Asynchronous checkpoints finished at the end of Run report no step of their own.
   const std::vector<std::string>& checkpoint_errors = (*trainer)->checkpoint_errors();
   for (size_t i = checkpoint_errors_logged; i < checkpoint_errors.size(); ++i) {
@@ -685,9 +686,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
       return FailOnData(progress, static_cast<uint64_t>((*trainer)->step()), status);
     }
     const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
-    return Fail(
-        progress, static_cast<uint64_t>((*trainer)->step()), code,
-        absl::StrCat("training failed at step ", (*trainer)->step(), ": ", status.ToString()));
+    return Fail(progress, static_cast<uint64_t>((*trainer)->step()), code,
+                absl::StrCat(failed_in, ": ", status.ToString()));
   }
   if (copy_engine != nullptr) {
     const memory::CopyEngineStats cs = copy_engine->stats();
