@@ -125,12 +125,12 @@ std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape) {
   constexpr int64_t kMaxBytes = int64_t{64} << 20;
   std::vector<int64_t> sizes = moe::CalibrationOptions().sizes_bytes;
   int64_t largest = 0;
-  const moe::CostProfile any = moe::DefaultProfile(true, true, true);  // bytes do not depend on it
   for (moe::Schedule s : moe::kAllSchedules) {
-    const moe::Prediction p = moe::Predict(any, shape, s);
-    for (const std::vector<moe::OpCost>* ops : {&p.forward_ops, &p.backward_ops}) {
-      for (const moe::OpCost& op : *ops) {
-        largest = std::max({largest, op.bytes.tp, op.bytes.ep, op.bytes.esp});
+    for (const moe::Direction dir : {moe::Direction::kForward, moe::Direction::kBackward}) {
+      for (const moe::Op& op :
+           dir == moe::Direction::kForward ? moe::ForwardOps(s) : moe::BackwardOps(s)) {
+        const moe::GroupBytes b = moe::OpBytes(op, dir, shape, s);
+        largest = std::max({largest, b.tp, b.ep, b.esp});
       }
     }
   }

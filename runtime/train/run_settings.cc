@@ -1,5 +1,6 @@
 #include "runtime/train/run_settings.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "absl/strings/numbers.h"
@@ -36,11 +37,25 @@ std::map<std::string, std::string> RecordedSettings(const LrSchedule& schedule,
 }
 
 std::vector<SettingChange> ChangedSettings(const std::map<std::string, std::string>& checkpoint,
-                                           const std::map<std::string, std::string>& now) {
+                                           const std::map<std::string, std::string>& now,
+                                           int64_t from_step) {
+  const auto value = [](const std::map<std::string, std::string>& m, const std::string& field) {
+    const auto it = m.find(field);
+    return it == m.end() ? std::string() : it->second;
+  };
+  const bool constant = value(checkpoint, "train.schedule") == "constant" &&
+                        value(now, "train.schedule") == "constant";
   std::vector<SettingChange> changes;
   for (const auto& [field, was] : checkpoint) {
     const auto it = now.find(field);
-    if (it != now.end() && it->second != was) changes.push_back({field, was, it->second});
+    if (it == now.end() || it->second == was) continue;
+    int64_t warmup_was = 0, warmup_now = 0;
+    if (constant && field == "train.warmup" && absl::SimpleAtoi(was, &warmup_was) &&
+        absl::SimpleAtoi(it->second, &warmup_now) &&
+        from_step >= std::max(warmup_was, warmup_now)) {
+      continue;  // past both: the same rate
+    }
+    changes.push_back({field, was, it->second});
   }
   return changes;
 }

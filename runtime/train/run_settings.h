@@ -26,10 +26,13 @@ struct SettingChange {
   std::string now;         // this run's
 };
 
-// The fields recorded by both whose values differ, in field order (a field only one records,
-// e.g. an older checkpoint's, is not compared).
+// The fields recorded by both whose values differ, in field order, for a run resumed at step
+// `from_step` (steps done). A field only one records (an older checkpoint's) is not compared, nor
+// a constant schedule's warmup that both runs are past (under a cosine the warmup also shifts the
+// decay's phase, so it always counts).
 std::vector<SettingChange> ChangedSettings(const std::map<std::string, std::string>& checkpoint,
-                                           const std::map<std::string, std::string>& now);
+                                           const std::map<std::string, std::string>& now,
+                                           int64_t from_step);
 
 // "train.lr 0.0003 -> 0.0001, train.clip 1 -> 0.5".
 std::string DescribeChanges(const std::vector<SettingChange>& changes);

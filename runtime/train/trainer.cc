@@ -4,7 +4,6 @@
 #include <cmath>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -127,10 +126,16 @@ Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig&
       parallel_(parallel),
       device_(model->device()),
       ops_(ops),
-      adamw_(std::move(adamw)) {
+      adamw_(std::move(adamw)),
+      settings_(RecordedSettings(config_.schedule, config_.adamw, config_.clip)) {
   if (parallel_ != nullptr) {
     config_.dp_rank = parallel_->dp_rank;
     stage_ = dynamic_cast<PipelineStage*>(model);
+    for (const ParamInfo& p : model_->params()) {  // the global norm's share of this rank
+      if (!p.norm_owner) continue;
+      norm_begin_.push_back(p.offset);
+      norm_count_.push_back(p.numel());
+    }
   }
 }
 
@@ -343,7 +348,7 @@ ShardState Trainer::CurrentShardState() const {
   state.data_position = step_;
   state.data = data_->PositionAt(step_);
   state.seed = config_.seed;
-  state.settings = RecordedSettings(config_.schedule, config_.adamw, config_.clip);
+  state.settings = settings_;
   state.shard = parallel_ != nullptr ? parallel_->world_rank : 0;
   state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
   state.n = model_->num_params();
@@ -534,17 +539,7 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
 }
 
 absl::Status Trainer::CheckSettings(const LoadedCheckpoint& c) {
-  std::vector<SettingChange> changes =
-      ChangedSettings(c.settings, RecordedSettings(config_.schedule, config_.adamw, config_.clip));
-  // Under a constant schedule the warmup matters only while it lasts: a resume past both is the
-  // same rule (under a cosine it also shifts the decay's phase, so it always counts).
-  if (config_.schedule.kind == LrSchedule::Kind::kConstant) {
-    std::erase_if(changes, [&](const SettingChange& change) {
-      int64_t was = 0, now = 0;
-      return change.field == "train.warmup" && absl::SimpleAtoi(change.checkpoint, &was) &&
-             absl::SimpleAtoi(change.now, &now) && c.data_position >= std::max(was, now);
-    });
-  }
+  std::vector<SettingChange> changes = ChangedSettings(c.settings, settings_, c.data_position);
   if (!changes.empty() && !config_.override_checkpoint_settings) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", c.path, " was written with other optimizer settings: ",

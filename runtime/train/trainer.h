@@ -324,7 +324,13 @@ class Trainer {
   tensor::DeviceMemory bucket_;  // the gradient reductions' bucket (parallel layouts)
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
+  // The optimizer settings this run records in its checkpoints and compares on resume
+  // (run_settings.h), from config_.
+  const std::map<std::string, std::string> settings_;
   std::vector<SettingChange> settings_overridden_;
+  // Parallel layouts: the ranges of grad_data() this rank counts in the global norm (its
+  // norm_owner parameters), one sum_of_squares_ranges call a step.
+  std::vector<int64_t> norm_begin_, norm_count_;
   std::unique_ptr<AsyncCheckpointWriter> async_;
   AsyncAgreement async_agreed_;  // as of the last step
   int64_t commit_step_ = -1;     // the snapshot whose commit is open (every rank; -1: none)

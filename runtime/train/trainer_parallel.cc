@@ -233,14 +233,8 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   const ParallelRuntime& P = *parallel_;
   float* g = model_->grad_data();
   // The parameters this rank counts, in one call (on a GPU one host round trip, not one a tensor).
-  std::vector<int64_t> begin, count;
-  for (const ParamInfo& p : model_->params()) {
-    if (!p.norm_owner) continue;
-    begin.push_back(p.offset);
-    count.push_back(p.numel());
-  }
-  const double local =
-      ops_.sum_of_squares_ranges(g, begin.data(), count.data(), static_cast<int>(begin.size()));
+  const double local = ops_.sum_of_squares_ranges(g, norm_begin_.data(), norm_count_.data(),
+                                                  static_cast<int>(norm_begin_.size()));
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
   // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement).
   const AsyncAgreement local_async = LocalAsyncState();

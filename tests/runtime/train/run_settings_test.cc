@@ -38,7 +38,7 @@ TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {
                                                   {"train.min_lr", "1e-05"},
                                                   {"train.schedule", "constant"},
                                                   {"train.clip", "1"}};
-  const std::vector<SettingChange> changes = ChangedSettings(checkpoint, now);
+  const std::vector<SettingChange> changes = ChangedSettings(checkpoint, now, /*from_step=*/0);
   ASSERT_EQ(changes.size(), 2u);
   EXPECT_EQ(changes[0].field, "train.min_lr");
   EXPECT_EQ(changes[0].checkpoint, "2.9999999999999997e-05");
@@ -49,7 +49,7 @@ TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {
   // Whole numbers as they are (not 1e+06).
   EXPECT_EQ(DescribeChanges({{"train.steps", "1000000", "2000000"}}),
             "train.steps 1000000 -> 2000000");
-  EXPECT_TRUE(ChangedSettings({}, now).empty());  // a checkpoint that records none
+  EXPECT_TRUE(ChangedSettings({}, now, /*from_step=*/0).empty());  // a checkpoint that records none
 }
 
 }  // namespace
