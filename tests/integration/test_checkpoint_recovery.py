@@ -46,11 +46,16 @@ def truncate(path):
 class CheckpointRecoveryTest(harness.ClusterTest):
     WORKERS = 4
 
+    def run_to_end(self, name, text):
+        """Submits job file `name`.yaml holding `text` and waits for its end: (job id, details)."""
+        c = self.cluster
+        j = c.submit(c.write_job(f"{name}.yaml", text))
+        return j, c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+
     def test_damaged_checkpoints_fall_back_and_other_layouts_continue(self):
         c = self.cluster
         src = os.path.join(c.state, "ckpt-src")
-        first = c.submit(c.write_job("src.yaml", job("source", src, 30)))
-        d = c.wait_state(first, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        _, d = self.run_to_end("src", job("source", src, 30))
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         self.assertTrue(os.path.exists(os.path.join(src, "step-00000030", "manifest.json")))
 
@@ -107,8 +112,7 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         with open(os.path.join(ckpt, "step-00000020"), "w") as f:
             f.write("in the way")
         text = job("unwritable", ckpt, 40, checkpoint=", async: true")
-        j = c.submit(c.write_job("unwritable.yaml", text))
-        d = c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        j, d = self.run_to_end("unwritable", text)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         failed = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_failed"]
         print(f"\nREPORT unwritable: {failed}")
@@ -124,12 +128,10 @@ class CheckpointRecoveryTest(harness.ClusterTest):
     def test_a_resume_under_other_optimizer_settings_is_refused_unless_overridden(self):
         c = self.cluster
         ckpt = os.path.join(c.state, "ckpt-cosine")
-        first = c.submit(c.write_job("cosine.yaml", job("cosine", ckpt, 20, schedule="cosine")))
-        d = c.wait_state(first, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        _, d = self.run_to_end("cosine", job("cosine", ckpt, 20, schedule="cosine"))
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
 
-        longer = c.submit(c.write_job("longer.yaml", job("longer", ckpt, 30, schedule="cosine")))
-        d = c.wait_state(longer, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        _, d = self.run_to_end("longer", job("longer", ckpt, 30, schedule="cosine"))
         print(f"\nREPORT refused: {d['summary'].get('cause')}")
         self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
         self.assertIn("train.steps 20 -> 30", d["summary"]["cause"])
@@ -137,9 +139,8 @@ class CheckpointRecoveryTest(harness.ClusterTest):
         self.assertIn("not retried", d["summary"]["cause"])
         self.assertEqual(d["summary"]["restarts"], 0)
 
-        overridden = c.submit(c.write_job("overridden.yaml", job(
-            "overridden", ckpt, 30, schedule="cosine", checkpoint=", override_settings: true")))
-        d = c.wait_state(overridden, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        _, d = self.run_to_end("overridden", job(
+            "overridden", ckpt, 30, schedule="cosine", checkpoint=", override_settings: true"))
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         restored = [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
         print(f"REPORT overridden: {restored}")
@@ -159,8 +160,7 @@ class CheckpointRecoveryTest(harness.ClusterTest):
             "recovery: {max_restarts: 0}",
             "recovery: {max_restarts: 5, max_attempts_without_progress: 2, "
             "backoff: {initial_s: 0.1}}")
-        j = c.submit(c.write_job("diverging.yaml", text))
-        d = c.wait_state(j, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
+        _, d = self.run_to_end("diverging", text)
         cause = d["summary"].get("cause", "")
         print(f"\nREPORT diverging: restarts {d['summary']['restarts']}: {cause}")
         self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
