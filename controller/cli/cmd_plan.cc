@@ -67,6 +67,12 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   absl::StatusOr<std::string> yaml = ReadText(path, "job file");
   if (!yaml.ok()) return absl::InvalidArgumentError(yaml.status().message());  // as submit
   ASSIGN_OR_RETURN(const v1::JobSpec spec, spec::ParseJobYaml(*yaml, path));
+  if (spec.kind() != "train") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a ", spec.kind(),
+                     " job builds no model and has no MoE schedule to plan (plan "
+                     "takes a train job)"));
+  }
   const v1::ModelSpec& m = spec.model();
   const v1::ParallelSpec& p = spec.parallel();
   const v1::MoeSpec& moe_spec = spec.moe();

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -166,6 +168,37 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   const auto& p = spec.parallel();
   const auto& moe = spec.moe();
   const uint64_t world = uint64_t{p.pp()} * p.dp() * p.tp();
+  // A fault mode reads only some of the fault fields (worker/rank_progress.cc: MaybeInjectFault,
+  // worker/health_check.cc): the others would be accepted and never act.
+  const auto& fault = spec.fault();
+  if (fault.mode() == "health_check") {
+    // The check runs at each attempt's start, before any step, between two or more ranks, and
+    // only with a bound (worker/health_check.cc).
+    for (const char* field : {"fault.at_step", "fault.mean_steps"}) {
+      if (!diag->Present(field)) continue;
+      c.Fail({field, "fault.mode"},
+             Problem{"not used by fault.mode health_check (it fails the health check at the "
+                     "attempt's start, before any step)",
+                     "", "omit it, or fault.mode: crash, hang or exit"});
+    }
+    if (world < 2) {
+      c.Fail({"fault.mode", "parallel.dp"},
+             Problem{"health_check needs two or more ranks (a rank of one has no peer to check, "
+                     "so no health check runs and the fault would never be injected)",
+                     absl::StrCat("'health_check' with ", world, " rank"),
+                     "crash, hang or exit, or pp * dp * tp >= 2"});
+    } else if (spec.recovery().health_check_s() <= 0) {
+      c.Fail({"fault.mode", "recovery.health_check_s"},
+             Problem{"health_check needs recovery.health_check_s > 0 (at 0 no health check runs, "
+                     "so the fault would never be injected)",
+                     "'health_check'", "crash, hang or exit, or recovery.health_check_s > 0"});
+    }
+  }
+  if (!fault.mode().empty() && fault.mode() != "exit" && diag->Present("fault.exit_code")) {
+    c.Fail({"fault.exit_code", "fault.mode"},
+           Problem{absl::StrCat("only used by fault.mode exit (this fault is ", fault.mode(), ")"),
+                   absl::StrCat(fault.exit_code()), "omit it, or fault.mode: exit"});
+  }
 
   // Ranks are int32 on the wire (fault.rank) and uint32 in resources.workers.
   if (world > INT32_MAX) {
@@ -249,6 +282,42 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                   "split is fine, the first stages take one more)"),
                      absl::StrCat(p.pp()), absl::StrCat("1..", m.layers())});
     }
+    // Layer l is MoE when l % moe_every == moe_every - 1: with moe_every > layers none is, and
+    // the moe section would be accepted and never act.
+    if (m.moe_every() > m.layers()) {
+      c.Fail({"model.moe_every", "model.layers"},
+             Problem{absl::StrCat("must be <= model.layers (= ", m.layers(),
+                                  "): layer l is MoE when (l + 1) is a multiple of moe_every, so "
+                                  "no layer would be"),
+                     absl::StrCat(m.moe_every()), absl::StrCat("1..", m.layers())});
+    } else if (m.moe_every() == 1 && diag->Present("model.dense_ffn")) {
+      c.Fail({"model.dense_ffn", "model.moe_every"},
+             Problem{"only used by dense layers, and with model.moe_every 1 every layer is MoE",
+                     absl::StrCat(m.dense_ffn()),
+                     "omit it, or model.moe_every >= 2 (then every moe_every-th layer is MoE)"});
+    }
+    // Products the runtime holds in 32-bit ints (runtime/model/module.h: Dims::N, the routed
+    // rows N * k; the trainer's first micro-batch of a data-parallel rank, dp * micro_batches).
+    const uint64_t routed = uint64_t{p.micro_batch()} * m.seq_len() * moe.top_k();
+    if (routed > INT32_MAX) {
+      c.Fail({c.FirstPresent({"parallel.micro_batch", "model.seq_len", "moe.top_k"}),
+              "parallel.micro_batch", "model.seq_len", "moe.top_k"},
+             Problem{"inconsistent sizes: a micro-batch's routed token copies (micro_batch * "
+                     "seq_len * top_k) are too many",
+                     absl::StrCat(p.micro_batch(), " * ", m.seq_len(), " * ", moe.top_k(), " = ",
+                                  routed),
+                     absl::StrCat("micro_batch * seq_len * top_k <= ", INT32_MAX)});
+    }
+    const uint64_t sequences = uint64_t{p.dp()} * p.micro_batches() * p.micro_batch();
+    if (sequences > INT32_MAX) {
+      c.Fail({c.FirstPresent({"parallel.micro_batches", "parallel.micro_batch", "parallel.dp"}),
+              "parallel.micro_batches", "parallel.micro_batch", "parallel.dp"},
+             Problem{"inconsistent sizes: a step's sequences (dp * micro_batches * micro_batch) "
+                     "are too many",
+                     absl::StrCat(p.dp(), " * ", p.micro_batches(), " * ", p.micro_batch(), " = ",
+                                  sequences),
+                     absl::StrCat("dp * micro_batches * micro_batch <= ", INT32_MAX)});
+    }
     c.Divides("parallel.ep", p.ep(), "moe.experts", moe.experts());
     c.Divides("parallel.esp", p.esp(), "model.expert_ffn", m.expert_ffn());
     // Layer l is MoE when l % moe_every == moe_every - 1, so moe_every > 1 leaves layer 0 (at
@@ -293,29 +362,40 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
   if (spec.kind() == "train") {
     const std::string& policy = spec.memory().policy();
-    // The offload settings do something only where something offloads; elsewhere they would be
-    // accepted and ignored. 0.5 is offload_ratio's default (sections_model.cc).
-    if (policy != "offload" && spec.memory().offload_ratio() != 0.5) {
+    // The offload settings do something only where something offloads, the codec only under
+    // adaptive; elsewhere they would be accepted and ignored (whatever the value written).
+    if (policy != "offload" && diag->Present("memory.offload_ratio")) {
       c.Fail({"memory.offload_ratio", "memory.policy"},
              Problem{absl::StrCat("applies only to memory.policy offload (this job's policy is ",
                                   policy, ")"),
                      absl::StrCat(spec.memory().offload_ratio()),
-                     "0.5 (the default), or memory.policy: offload"});
+                     "omit it, or memory.policy: offload"});
     }
-    if (policy != "offload" && policy != "adaptive" && spec.memory().host_link_gbps() != 0) {
+    if (policy != "offload" && policy != "adaptive" && diag->Present("memory.host_link_gbps")) {
       c.Fail({"memory.host_link_gbps", "memory.policy"},
              Problem{absl::StrCat("applies only to memory.policy offload or adaptive (this job's "
                                   "policy is ",
                                   policy, ")"),
                      absl::StrCat(spec.memory().host_link_gbps()),
-                     "0 (the default), or memory.policy: offload or adaptive"});
+                     "omit it, or memory.policy: offload or adaptive"});
     }
-    if (policy != "adaptive" && spec.memory().codec() != "none") {
+    if (policy != "adaptive" && diag->Present("memory.codec")) {
       c.Fail({"memory.codec", "memory.policy"},
              Problem{absl::StrCat("applies only to memory.policy adaptive (this job's policy is ",
                                   policy, ")"),
                      absl::StrCat("'", spec.memory().codec(), "'"),
-                     "none (the default), or memory.policy: adaptive"});
+                     "omit it, or memory.policy: adaptive"});
+    }
+    // The planner acts when a micro-batch's projected peak would not fit the budget: without one
+    // it never would (policy none under another name).
+    if (policy == "adaptive" && spec.memory().device_budget() == 0) {
+      c.Fail({"memory.device_budget", "memory.policy"},
+             Problem{"memory.policy adaptive needs a budget: its planner acts only when a "
+                     "micro-batch's activations would not fit memory.device_budget, so without "
+                     "one it never would",
+                     "0",
+                     absl::StrCat("the bytes a rank's activations may use (", kSizeUnitsHelp,
+                                  "), or memory.policy: none")});
     }
   }
 
@@ -374,6 +454,24 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                 ", or data.source: tokens or indexed (furnace data prepare)")});
   }
 
+  // An interval past the last step would be accepted and never reached: only the final
+  // checkpoint (or evaluation) would happen, which is what 0 says.
+  if (spec.kind() == "train") {
+    for (const auto& [field, every] :
+         {std::pair<const char*, uint64_t>{"checkpoint.every", spec.checkpoint().every()},
+          std::pair<const char*, uint64_t>{"eval.every", spec.eval().every()}}) {
+      if (every <= t.steps()) continue;
+      c.Fail({field, "train.steps"},
+             Problem{absl::StrCat("must be <= train.steps (= ", t.steps(),
+                                  "): the interval would never be reached"),
+                     absl::StrCat(every),
+                     absl::StrCat("1..", t.steps(),
+                                  std::string_view(field) == "eval.every"
+                                      ? " (" + std::to_string(t.steps()) +
+                                            ": once, after the last step), or 0 (off)"
+                                      : ", or 0 (only the final checkpoint), or auto")});
+    }
+  }
   const auto& ev = spec.eval();
   if (ev.every() > 0 && ev.batches() == 0) {
     c.Fail({"eval.batches", "eval.every"},

@@ -66,7 +66,7 @@ void ReadData(MapReader& s, furnace::v1::DataSpec* out) {
 void ReadEval(MapReader& s, furnace::v1::EvalSpec* out) {
   out->set_every(U32(s.Integer("every", 0, kMaxU32), 0));
   // Required (>= 1) when every > 0: a cross-field check.
-  out->set_batches(U32(s.Integer("batches", 1, kMaxU32), 0));
+  out->set_batches(U32(s.Integer("batches", 1, kMaxCount), 0));
   s.ReportUnknownKeys();
 }
 
@@ -76,7 +76,7 @@ void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
   bool every_auto = false;
   out->set_every(U32(s.IntegerOrWord("every", 0, kMaxU32, "auto", &every_auto), 0));
   out->set_every_auto(every_auto);
-  out->set_keep(U32(s.Integer("keep", 1, kMaxU32), 2));
+  out->set_keep(U32(s.Integer("keep", 1, kMaxCount), 2));
   out->set_async(s.Bool("async").value_or(false));
   out->set_override_settings(s.Bool("override_settings").value_or(false));
   s.ReportUnknownKeys();
@@ -109,11 +109,11 @@ void ReadRecovery(MapReader& s, furnace::v1::RecoverySpec* out) {
   if (auto layouts = s.SectionList("shrink")) {
     for (MapReader& l : *layouts) {
       furnace::v1::LayoutSpec* layout = out->add_shrink();
-      layout->set_pp(U32(l.Integer("pp", 1, kMaxU32), 0));
-      layout->set_dp(U32(l.Integer("dp", 1, kMaxU32), 0));
-      layout->set_tp(U32(l.Integer("tp", 1, kMaxU32), 0));
-      layout->set_ep(U32(l.Integer("ep", 1, kMaxU32), 0));
-      layout->set_esp(U32(l.Integer("esp", 1, kMaxU32), 0));
+      layout->set_pp(U32(l.Integer("pp", 1, kMaxCount), 0));
+      layout->set_dp(U32(l.Integer("dp", 1, kMaxCount), 0));
+      layout->set_tp(U32(l.Integer("tp", 1, kMaxCount), 0));
+      layout->set_ep(U32(l.Integer("ep", 1, kMaxCount), 0));
+      layout->set_esp(U32(l.Integer("esp", 1, kMaxCount), 0));
       l.ReportUnknownKeys();
     }
   }

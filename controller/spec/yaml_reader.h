@@ -24,6 +24,16 @@ namespace furnace::spec {
 
 inline constexpr uint64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 inline constexpr uint64_t kMaxU64 = std::numeric_limits<uint64_t>::max();
+// Sizes and counts the runtime holds in 32-bit ints (runtime/model/config.h, the trainer's and the
+// layout's counts), bounded far above any real model's and so that the products the runtime forms
+// of them in int (4 * d_model, the fused 3 * d_model) stay in range; the products of several
+// fields are cross-field checks (cross_checks.cc).
+inline constexpr uint64_t kMaxVocab = uint64_t{1} << 24;  // 16,777,216 ids
+inline constexpr uint64_t kMaxSeqLen = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxDModel = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxFfn = uint64_t{1} << 24;
+inline constexpr uint64_t kMaxLayers = uint64_t{1} << 16;  // also heads, experts, top_k
+inline constexpr uint64_t kMaxCount = uint64_t{1} << 20;   // parallel degrees, batch counts, keep
 
 // Bounds for a real-valued field; `*_open` excludes the bound itself.
 struct NumberRange {

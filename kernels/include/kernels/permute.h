@@ -14,11 +14,14 @@ namespace furnace::kernels::cpu {
 // An expert's capacity for `tokens` tokens routed top-k over E experts: the one rounding every
 // user shares (the dispatch plan below, the cost model's routed rows, the memory bounds), as the
 // products grouped otherwise round differently in double (e.g. cf 0.65, k 3, 120 tokens, E 2:
-// 118 here, 117 as cf * (k * tokens) / E). 0 (dropless) when capacity_factor <= 0.
+// 118 here, 117 as cf * (k * tokens) / E). 0 (dropless) when capacity_factor <= 0. At most
+// `tokens`, all an expert can be sent (a token picks an expert once): a factor of E / k or more
+// drops nothing, and a huge one stays in range.
 inline int64_t ExpertCapacity(double capacity_factor, int k, int64_t tokens, int E) {
   if (capacity_factor <= 0 || E <= 0) return 0;
-  return static_cast<int64_t>(
-      std::ceil(capacity_factor * static_cast<double>(k) * static_cast<double>(tokens) / E));
+  const double capacity =
+      std::ceil(capacity_factor * static_cast<double>(k) * static_cast<double>(tokens) / E);
+  return capacity >= static_cast<double>(tokens) ? tokens : static_cast<int64_t>(capacity);
 }
 
 struct DispatchPlan {

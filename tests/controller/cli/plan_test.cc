@@ -104,6 +104,11 @@ TEST_F(PlanTest, InvalidJobIsReportedAsSubmitDoes) {
   ASSERT_TRUE(absl::IsInvalidArgument(code.status()));
   EXPECT_THAT(code.status().message(), HasSubstr("bad.yaml:4:7: parallel.dp"));
   EXPECT_TRUE(absl::IsInvalidArgument(RunPlan(ctx_, dir_ / "none.yaml", {}).status()));
+  // A commcheck has no model to plan: said so, not a plan of the default model's shapes.
+  std::ofstream(dir_ / "cc.yaml") << "name: cc\nkind: commcheck\nparallel: {dp: 2}\n";
+  const auto commcheck = RunPlan(ctx_, dir_ / "cc.yaml", {});
+  ASSERT_TRUE(absl::IsInvalidArgument(commcheck.status()));
+  EXPECT_THAT(commcheck.status().message(), HasSubstr("a commcheck job builds no model"));
 }
 
 TEST_F(PlanTest, JsonIsOneDocument) {

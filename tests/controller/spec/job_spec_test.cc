@@ -421,22 +421,33 @@ TEST(JobSpecTest, FaultMeanStepsIsForTrainJobsWithoutAtStep) {
 // Every memory policy runs; a codec is for the adaptive planner only, and an unknown one is
 // refused naming the allowed values.
 TEST(JobSpecTest, MemoryPoliciesAreAccepted) {
-  for (const char* policy : {"none", "selective", "full_recompute", "offload", "adaptive"}) {
+  for (const char* policy : {"none", "selective", "full_recompute", "offload"}) {
     EXPECT_EQ(MustParse(absl::StrCat("name: a\nkind: train\nmemory: {policy: ", policy, "}\n"))
                   .memory()
                   .policy(),
               policy);
   }
-  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {policy: adaptive}\n").memory().codec(),
-            "none");
+  const JobSpec adaptive =
+      MustParse("name: a\nkind: train\nmemory: {policy: adaptive, device_budget: 1GiB}\n");
+  EXPECT_EQ(adaptive.memory().policy(), "adaptive");
+  EXPECT_EQ(adaptive.memory().codec(), "none");
+  // Without a budget its planner would never act: refused, naming the field.
+  absl::StatusOr<JobSpec> unbudgeted =
+      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive}\n", "job.yaml");
+  ASSERT_FALSE(unbudgeted.ok());
+  EXPECT_NE(unbudgeted.status().message().find(
+                "memory.device_budget: memory.policy adaptive needs a budget"),
+            std::string::npos)
+      << unbudgeted.status();
   absl::StatusOr<JobSpec> codec =
       ParseJobYaml("name: a\nkind: train\nmemory: {policy: offload, codec: fp8}\n", "job.yaml");
   ASSERT_FALSE(codec.ok());
   EXPECT_NE(codec.status().message().find("memory.codec: applies only to memory.policy adaptive"),
             std::string::npos)
       << codec.status();
-  absl::StatusOr<JobSpec> unknown =
-      ParseJobYaml("name: a\nkind: train\nmemory: {policy: adaptive, codec: int4}\n", "job.yaml");
+  absl::StatusOr<JobSpec> unknown = ParseJobYaml(
+      "name: a\nkind: train\nmemory: {policy: adaptive, codec: int4, device_budget: 1GiB}\n",
+      "job.yaml");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("memory.codec"), std::string::npos) << unknown.status();
   EXPECT_NE(unknown.status().message().find("none, bf16, fp8"), std::string::npos)
@@ -454,10 +465,18 @@ TEST(JobSpecTest, OffloadSettingsWithoutTheOffloadPolicyAreRefused) {
         << spec.status();
   }
   // The host link also paces the adaptive planner's offloads.
-  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {policy: adaptive, host_link_gbps: 55}\n")
+  EXPECT_EQ(MustParse("name: a\nkind: train\nmemory: {policy: adaptive, device_budget: 1GiB, "
+                      "host_link_gbps: 55}\n")
                 .memory()
                 .host_link_gbps(),
             55.0);
+  // Refused by presence, not by value: the default ratio written under another policy too.
+  absl::StatusOr<JobSpec> default_ratio = ParseJobYaml(
+      "name: a\nkind: train\nmemory: {policy: none, offload_ratio: 0.5}\n", "job.yaml");
+  ASSERT_FALSE(default_ratio.ok());
+  EXPECT_NE(default_ratio.status().message().find("memory.offload_ratio: applies only"),
+            std::string::npos)
+      << default_ratio.status();
   absl::StatusOr<JobSpec> spec = ParseJobYaml(
       "name: a\nkind: train\nmemory: {policy: none, offload_ratio: 0.25}\n", "job.yaml");
   ASSERT_FALSE(spec.ok());

@@ -145,8 +145,14 @@ TEST(ParallelLayoutAcceptedTest, ExpertGroupsTilingAStage) {
 }
 
 TEST(ParallelLayoutAcceptedTest, DenseFfnOnlyMattersWithDenseLayers) {
-  // moe_every 1: every layer is MoE, dense_ffn is unused.
-  MustParse(Train("model: {dense_ffn: 7}\nparallel: {tp: 2}\n"));
+  // moe_every 1: every layer is MoE, so a dense_ffn would be unused: refused as such, not as a
+  // width tp does not divide.
+  const absl::StatusOr<furnace::v1::JobSpec> unused =
+      ParseJobYaml(Train("model: {dense_ffn: 7}\nparallel: {tp: 2}\n"), "job.yaml");
+  ASSERT_FALSE(unused.ok());
+  EXPECT_NE(unused.status().message().find("model.dense_ffn: only used by dense layers"),
+            std::string::npos)
+      << unused.status();
   // moe_every 2 with the default dense_ffn (4 * d_model) and tp | d_model.
   MustParse(Train("model: {moe_every: 2}\nparallel: {tp: 4}\n"));
 }
