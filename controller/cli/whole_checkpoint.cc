@@ -301,6 +301,9 @@ absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::Checkpoin
   int64_t step = first.step;
   absl::StatusOr<WholeCheckpoint> whole = Reassemble(store, std::move(first));
   while (!whole.ok()) {
+    // Only damage passes a step over: a shard that could not be read (or another version) would
+    // make the export an older step's without saying why it is not the newest.
+    if (!train::IsDamage(whole.status())) return whole.status();
     skipped.push_back(std::string(whole.status().message()));
     const std::vector<int64_t> committed = store.CommittedSteps();
     const auto older = std::lower_bound(committed.begin(), committed.end(), step);

@@ -67,8 +67,26 @@ int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
 }
 
 // Reads exactly n bytes into dst, folding them into *crc.
+// A file that could not be read for a reason other than its absence (EIO, ESTALE, EACCES: a
+// network file system's fault, a mount or permission change): nothing is known of its bytes, so
+// it is not counted as damage, which would send the run back to an older checkpoint and then
+// uncommit the newer ones (CheckpointStore::Commit); a restart reads it again.
+absl::Status UnreadableError(const std::string& what, int error) {
+  return absl::UnavailableError(absl::StrCat(what, ": cannot read: ", std::strerror(error),
+                                             " (not damage: a restart reads it again)"));
+}
+
+absl::Status NewerVersionError(const std::string& what, uint64_t version) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": format version ", version, ", this build reads version ",
+                   kCheckpointVersion, " (written by a newer furnace: run that one)"));
+}
+
 absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t n, uint32_t* crc) {
   if (std::fread(dst, 1, n, f) != n) {
+    // A read error says nothing of the bytes (an I/O error of a network file system); an early
+    // end of a file of the recorded size is damage.
+    if (std::ferror(f)) return UnreadableError(absl::StrCat("checkpoint shard ", path), errno);
     return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": short read"));
   }
   *crc = Crc32(*crc, dst, n);
@@ -195,10 +213,21 @@ absl::Status CheckpointStore::Save(const std::vector<ParamInfo>& params, const S
 absl::StatusOr<ShardRecord> CheckpointStore::WriteShard(const ShardState& s) {
   const std::string step_dir = StepDir(s.step);
   std::error_code ec;
+  // The checkpoint directory and those above it that the first checkpoint creates: each one's
+  // entry is made durable in its parent too (outermost first), or a power loss after the first
+  // commit could lose the whole directory.
+  std::vector<fs::path> created;
+  for (fs::path p = fs::path(dir_); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(step_dir, ec);
   if (ec) {
     return absl::InternalError(
         absl::StrCat("checkpoint: cannot create ", step_dir, ": ", ec.message()));
+  }
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    RETURN_IF_ERROR(SyncDirectory(it->parent_path().string()));
   }
   RETURN_IF_ERROR(SyncDirectory(dir_));
   // Re-saving a committed step (a resumed run reaching it again): uncommit it first, so a crash
@@ -397,9 +426,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
       loaded->skipped = std::move(skipped);
       return loaded;
     }
-    // No such shard (another layout wrote it): an older checkpoint would be no better, and it is
-    // not damage.
-    if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
+    if (!IsDamage(loaded.status())) return loaded.status();
     skipped.push_back(std::string(loaded.status().message()));
   }
   if (skipped.empty()) {
@@ -419,12 +446,29 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
   const std::string step_dir = StepDir(step);
   const std::string manifest_path = (fs::path(step_dir) / kManifest).string();
   std::string text;
-  RETURN_IF_ERROR(ReadFileToString(manifest_path, &text));
+  if (absl::Status read = ReadFileToString(manifest_path, &text); !read.ok()) {
+    // Listed as committed, gone now (deleted while it was being loaded): damage, passed over,
+    // never "no checkpoint" (which would start the run afresh). Any other error says nothing of
+    // its bytes.
+    if (absl::IsNotFound(read)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint manifest ", manifest_path, ": missing (", read.message(), ")"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat(read.message(), " (not damage: a restart reads it again)"));
+  }
   Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad_manifest = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", manifest_path, ": ", what));
   };
   if (m.is_discarded() || !m.is_object()) return bad_manifest("not valid JSON");
+  // A newer version first: its manifest may compute its checksum otherwise, and it is no damage
+  // (this build is older than the checkpoint: an older checkpoint would be no better).
+  if (const auto version = m.find("version"); version != m.end() && version->is_number_unsigned() &&
+                                              version->get<uint64_t>() > kCheckpointVersion) {
+    return NewerVersionError(absl::StrCat("checkpoint manifest ", manifest_path),
+                             version->get<uint64_t>());
+  }
   if (m.contains(kManifestChecksum)) {  // (manifests written before it have none)
     Json body = m;
     body.erase(kManifestChecksum);
@@ -553,10 +597,11 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   const std::string shard_path = (fs::path(manifest.path) / record.file).string();
   std::error_code ec;
   const uint64_t actual = fs::file_size(shard_path, ec);
-  if (ec) {
+  if (ec == std::errc::no_such_file_or_directory) {
     return absl::DataLossError(
         absl::StrCat("checkpoint shard ", shard_path, ": missing (", ec.message(), ")"));
   }
+  if (ec) return UnreadableError(absl::StrCat("checkpoint shard ", shard_path), ec.value());
   if (actual != record.bytes) {
     return absl::DataLossError(absl::StrCat("checkpoint shard ", shard_path, ": ",
                                             actual < record.bytes ? "truncated" : "too long", ": ",
@@ -564,8 +609,11 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   }
   std::FILE* f = std::fopen(shard_path.c_str(), "rb");
   if (f == nullptr) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint shard ", shard_path, ": cannot open: ", std::strerror(errno)));
+    if (errno == ENOENT) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint shard ", shard_path, ": cannot open: ", std::strerror(errno)));
+    }
+    return UnreadableError(absl::StrCat("checkpoint shard ", shard_path), errno);
   }
   uint32_t crc = 0;
   unsigned char header[kShardHeaderBytes];
@@ -590,6 +638,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   };
   if (std::memcmp(header, kShardMagic, 8) != 0) return bad_shard("bad magic");
   if (Get<uint32_t>(header + 8) != kCheckpointVersion) {
+    // (The manifest was this version's: a shard of another one under it is damage.)
     return bad_shard(absl::StrCat("unsupported version ", Get<uint32_t>(header + 8)));
   }
   if (Get<uint32_t>(header + 12) != static_cast<uint32_t>(shard) ||

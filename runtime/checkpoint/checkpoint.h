@@ -79,6 +79,11 @@ using TensorShapes = std::map<std::string, std::vector<int64_t>>;
 // add up to the local shape.
 absl::StatusOr<std::vector<int64_t>> ParamGlobalShape(const ParamInfo& p);
 
+// Whether a load error is damage to the checkpoint (DataLoss), for which a loader passes the step
+// over for the previous one; any other error (unreadable, another version, another model) is one
+// an older checkpoint of the same directory would not cure.
+inline bool IsDamage(const absl::Status& status) { return absl::IsDataLoss(status); }
+
 // A committed step's manifest, checked for structure (no shard read).
 struct CheckpointManifest {
   int64_t step = 0;
@@ -135,9 +140,15 @@ class CheckpointStore {
 
   // The newest committed checkpoint not newer than LATEST whose manifest, sizes and checksums
   // verify. NotFound when the directory holds no committed checkpoint; DataLoss (listing each
-  // reason) when every one is damaged.
+  // reason) when every one is damaged. Only damage (IsDamage) passes a checkpoint over: an
+  // unreadable file or a newer format version is returned at once, since falling back would
+  // resume from an older step and the next commit would uncommit the newer ones.
   absl::StatusOr<LoadedCheckpoint> LoadLatest(int shard = 0) const;
-  // One step, verified; errors name the file and what is wrong with it.
+  // One step, verified; errors name the file and what is wrong with it:
+  //   DataLoss: damage (a missing or truncated file, a checksum or a field that does not verify);
+  //   Unavailable: a file that exists but could not be read (EIO, ESTALE, EACCES), not known to
+  //     be damaged: a restart reads it again;
+  //   FailedPrecondition: a newer format version (a newer furnace wrote it), or no such shard.
   absl::StatusOr<LoadedCheckpoint> Load(int64_t step, int shard = 0) const;
   // The manifest of committed step `step` (DataLoss when damaged; every shard's parameters are
   // checked with ParamGlobalShape and against its stored values).

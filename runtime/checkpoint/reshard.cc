@@ -191,7 +191,7 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& sto
       loaded->skipped = std::move(skipped);
       return loaded;
     }
-    if (absl::IsFailedPrecondition(loaded.status())) return loaded.status();
+    if (!IsDamage(loaded.status())) return loaded.status();
     skipped.push_back(std::string(loaded.status().message()));
   }
   if (skipped.empty()) {

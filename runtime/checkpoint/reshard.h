@@ -20,6 +20,7 @@
 //     (CompareTensorSets, for callers that know the whole model's tensors);
 //   DataLoss: a shard this rank needs is damaged (the loader's message), or an element of a tensor
 //     is on no shard;
+//   Unavailable: a shard or manifest exists but could not be read (CheckpointStore::Load);
 //   NotFound: nothing committed (LoadLatestIntoLayout).
 #pragma once
 
@@ -52,8 +53,8 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
 
 // The newest committed checkpoint (not newer than LATEST) that loads into `mine`; a damaged one
 // is passed over for the previous one and listed in `skipped` (CheckpointStore::LoadLatest's
-// rules). A FailedPrecondition (another model) is returned at once: an older checkpoint of the
-// same directory would be no better.
+// rules). Any other error (another model, another format version, a file that could not be
+// read) is returned at once: an older checkpoint of the same directory would be no better.
 absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& store,
                                                       const std::vector<ParamInfo>& mine, int64_t n,
                                                       int preferred);

@@ -508,6 +508,10 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
         here = at.status();
       }
     }
+    // Damage passes a step over; any other error (a shard that could not be read, another format
+    // version) fails every rank alike, since an older step would be no cure and resuming from one
+    // would uncommit the newer steps at the next checkpoint (checkpoint.h: IsDamage).
+    RETURN_IF_ERROR(AgreeOnStatus(world, here.ok() || IsDamage(here) ? absl::OkStatus() : here));
     ASSIGN_OR_RETURN(const std::vector<int64_t> loaded_flags, gather(here.ok() ? 1 : 0));
     if (std::all_of(loaded_flags.begin(), loaded_flags.end(), [](int64_t f) { return f == 1; })) {
       break;
@@ -515,6 +519,7 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
     passed.push_back(here.ok() ? absl::StrCat("step ", target, ": another rank could not load it")
                                : std::string(here.message()));
     int64_t next = -1;
+    absl::Status unreadable = absl::OkStatus();
     for (const int64_t step : candidates) {
       if (step >= target) continue;
       absl::StatusOr<LoadedCheckpoint> at =
@@ -524,8 +529,13 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
         next = step;
         break;
       }
+      if (!IsDamage(at.status())) {
+        unreadable = at.status();
+        break;
+      }
       passed.push_back(std::string(at.status().message()));
     }
+    RETURN_IF_ERROR(AgreeOnStatus(world, unreadable));
     ASSIGN_OR_RETURN(const std::vector<int64_t> nexts, gather(next));
     target = *std::min_element(nexts.begin(), nexts.end());
     if (target < 0) {

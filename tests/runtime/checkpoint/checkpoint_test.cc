@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -379,6 +380,68 @@ TEST(CheckpointTest, MissingShardAndBrokenManifestAreRefused) {
   ASSERT_FALSE(none.ok());
   EXPECT_TRUE(absl::IsDataLoss(none.status()));
   EXPECT_THAT(none.status().message(), HasSubstr("no usable checkpoint"));
+}
+
+// A shard that exists but cannot be read (an I/O error of a network file system, a permission
+// or mount change; here a directory in its place) is not damage: LoadLatest does not fall back to
+// the older step, from which the run would resume and whose next commit would uncommit the newer
+// one. The attempt fails (Unavailable, retried) and the next one loads the newest step.
+TEST(CheckpointTest, AShardThatCannotBeReadIsNotPassedOver) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string shard = dir / "step-00000002/shard-00000.bin";
+  fs::rename(shard, dir / "aside.bin");
+  fs::create_directory(shard);
+  auto direct = store.Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kUnavailable) << direct.status();
+  EXPECT_THAT(direct.status().message(), HasSubstr(shard));
+  EXPECT_THAT(direct.status().message(), HasSubstr("not damage"));
+  auto latest = store.LoadLatest();
+  ASSERT_FALSE(latest.ok()) << "loaded step " << latest->step;
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(IsDamage(latest.status()));
+
+  // Readable again (the next attempt): the newest step loads, nothing was lost.
+  fs::remove(shard);
+  fs::rename(dir / "aside.bin", shard);
+  auto again = store.LoadLatest();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step, 2);
+  EXPECT_TRUE(again->skipped.empty());
+
+  // A manifest gone between the listing and the read (deleted while loading) is damage, passed
+  // over, never "no checkpoint" (which would start the run afresh).
+  auto gone = store.ReadManifest(7);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kDataLoss) << gone.status();
+  EXPECT_THAT(gone.status().message(), HasSubstr("missing"));
+}
+
+// A checkpoint of a newer format version (a newer furnace wrote it; this build is older) is not
+// damage either, even where its checksum would not verify by this build's rule: refused at once
+// (FailedPrecondition, bad input), not passed over for an older step.
+TEST(CheckpointTest, ACheckpointOfANewerVersionIsRefusedNotPassedOver) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string path = dir / "step-00000002/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(ReadAll(path));
+  m["version"] = kCheckpointVersion + 1;
+  m["manifest_crc32"] = 0;  // computed some other way
+  WriteAll(path, m.dump(1));
+  auto direct = store.Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kFailedPrecondition) << direct.status();
+  EXPECT_THAT(direct.status().message(),
+              HasSubstr(absl::StrCat("format version ", kCheckpointVersion + 1,
+                                     ", this build reads version ", kCheckpointVersion)));
+  EXPECT_THAT(direct.status().message(), HasSubstr("newer furnace"));
+  auto latest = store.LoadLatest();
+  ASSERT_FALSE(latest.ok()) << "loaded step " << latest->step;
+  EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(CheckpointTest, ResavingACommittedStepReplacesIt) {

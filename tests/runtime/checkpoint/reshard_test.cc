@@ -233,5 +233,22 @@ TEST(ReshardTest, ADamagedShardTheRankNeedsFallsBackToThePreviousCheckpoint) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
 }
 
+// A shard the rank needs that exists but cannot be read (here a directory in its place) is not
+// damage: returned at once (Unavailable), not passed over for the previous step.
+TEST(ReshardTest, AShardThatCannotBeReadIsNotPassedOver) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  ASSERT_TRUE(WriteLayout(store, 2).ok());
+  ASSERT_TRUE(WriteLayout(store, 4).ok());
+  const std::string shard1 = store.StepDir(4) + "/" + CheckpointStore::ShardFileName(1);
+  std::filesystem::remove(shard1);
+  std::filesystem::create_directory(shard1);
+  const std::vector<ParamInfo> whole = {{.name = "a", .shape = {kRows, kCols}, .offset = 0}};
+  auto loaded = LoadLatestIntoLayout(store, whole, Count(whole), 0);
+  ASSERT_FALSE(loaded.ok()) << "loaded step " << loaded->step;
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnavailable) << loaded.status();
+  EXPECT_THAT(loaded.status().message(), HasSubstr(shard1));
+}
+
 }  // namespace
 }  // namespace furnace::train

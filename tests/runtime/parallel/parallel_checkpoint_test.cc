@@ -359,6 +359,32 @@ TEST_F(ParallelCheckpointTest, TwoDamagedShardsOfDifferentStepsResumeFromTheStep
   EXPECT_TRUE(store.Load(6, 0).ok());
 }
 
+// A shard one rank needs exists but cannot be read (a network file system's I/O error; here a
+// directory in its place): every rank fails, retryably, rather than resume from the step before,
+// whose next checkpoint would uncommit the newer steps. Readable again, the run resumes from the
+// newest step.
+TEST_F(ParallelCheckpointTest, AShardThatCannotBeReadFailsEveryRankAndLosesNoStep) {
+  topology::ParallelSizes dp2;
+  dp2.dp = 2;
+  const std::string dir = root_ + "/dp2";
+  ASSERT_TRUE(TrainLayout(dp2, dir, 6, false).ok());
+  train::CheckpointStore store(dir, 0);
+  const std::string shard = store.StepDir(6) + "/" + train::CheckpointStore::ShardFileName(1);
+  std::filesystem::rename(shard, root_ + "/aside");
+  std::filesystem::create_directory(shard);
+  const absl::Status resumed = TrainLayout(dp2, dir, 8, true);
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_EQ(resumed.code(), absl::StatusCode::kUnavailable) << resumed;
+  EXPECT_NE(resumed.message().find(shard), absl::string_view::npos) << resumed;
+  EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{2, 4, 6}));
+
+  std::filesystem::remove(shard);
+  std::filesystem::rename(root_ + "/aside", shard);
+  std::vector<double> losses;
+  ASSERT_TRUE(TrainLayout(dp2, dir, 8, true, {.losses = &losses}).ok());
+  EXPECT_EQ(losses.size(), 2u);  // steps 7 and 8: resumed from 6
+}
+
 // One rank finds no checkpoint where the others find one (its host lacks the shared mount):
 // every rank fails, retryably, naming who saw what. Before, every rank started afresh and wrote
 // step 2 over the run's checkpoints.
