@@ -65,11 +65,15 @@ class DocumentSink {
   int64_t parts_ = 0;  // parts of the current document encoded
 };
 
-// Where to cut `text` so the head can be encoded alone: after its last newline, else before the
-// last UTF-8 lead byte (never inside a character). 0 when nothing can be cut yet.
+// Where to cut `text` so the head can be encoded alone: after its last newline; in a line longer
+// than a block, before its last space, where a subword model's pieces end too (they never span a
+// whitespace), so the parts' ids are the whole line's; in a block without either, before the last
+// UTF-8 lead byte (never inside a character). 0 when nothing can be cut yet.
 size_t CutPoint(absl::string_view text) {
   const size_t newline = text.rfind('\n');
   if (newline != absl::string_view::npos) return newline + 1;
+  const size_t space = text.rfind(' ');
+  if (space != absl::string_view::npos && space > 0) return space;
   size_t cut = text.size();
   while (cut > 0 && (static_cast<unsigned char>(text[cut - 1]) & 0xC0) == 0x80) --cut;
   return cut > 0 ? cut - 1 : 0;

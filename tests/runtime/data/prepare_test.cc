@@ -212,5 +212,42 @@ TEST(PrepareTest, ADocumentOfManyBlocksIsEncodedAsAWholeByADummyPrefixModel) {
   EXPECT_TRUE(prepared == whole);
 }
 
+// A document of one line longer than the 1 MiB block (minified text, a JSON dump without
+// newlines) is cut between words, not inside one, so a subword model gives the ids of the whole
+// line: a model that removes extra whitespace (the trained one's nmt_nfkc) and one that keeps it
+// with a dummy prefix (Llama's). The line repeats a 7-byte "kernel ", so a block's end (2^20 =
+// 4 mod 7) falls inside the word, which the vocabulary holds as one piece.
+TEST(PrepareTest, ALineLongerThanABlockIsEncodedAsAWhole) {
+  TestDir dir;
+  std::string corpus = testing_corpus::Corpus();
+  for (int i = 0; i < 1000; ++i) corpus += "a kernel, the kernel\n";
+  WriteAll(dir / "corpus.txt", corpus);
+  ASSERT_TRUE(TrainSentencePiece({.inputs = {dir / "corpus.txt"},
+                                  .vocab = 512,
+                                  .model_type = "bpe",
+                                  .output = dir / "tok.model"})
+                  .ok());
+  WriteAll(dir / "prefix.model", ReadAll(dir / "tok.model") + std::string("\x1a\x02\x18\x01", 4));
+  std::string line;
+  while (line.size() < (5u << 20) / 2) line += "kernel ";  // 2.5 MiB, 3 blocks
+  line += " trailing   runs  of whitespace";
+  WriteAll(dir / "line.txt", line);
+  for (const char* model : {"tok.model", "prefix.model"}) {
+    SCOPED_TRACE(model);
+    auto tokenizer = OpenTokenizer(dir / model);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    const std::vector<int32_t> word = (*tokenizer)->Encode(" kernel", TextPart::kMiddle).value();
+    ASSERT_EQ(word.size(), 1u) << "the word is one piece";
+    auto stats =
+        PrepareTokenFile(**tokenizer, {.inputs = {dir / "line.txt"}, .output = dir / "line.bin"});
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    std::vector<int32_t> whole = (*tokenizer)->Encode(line, TextPart::kWhole).value();
+    whole.push_back((*tokenizer)->eod_id());
+    const std::vector<int32_t> prepared = ReadTokens(dir / "line.bin");
+    ASSERT_EQ(prepared.size(), whole.size());
+    EXPECT_TRUE(prepared == whole);
+  }
+}
+
 }  // namespace
 }  // namespace furnace::data
