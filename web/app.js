@@ -17,6 +17,7 @@
     jobId: params.get('job') || '',
     jobs: [],
     steps: [],          // StepRecords of the selected job, ascending by step
+    refetchedAt: '',    // "attempt:step" of the job when its series was last fetched again
     charts: {},         // name -> uPlot
     plannerKeys: '',
     heatmapCells: 0,
@@ -129,6 +130,7 @@
     if (id === view.jobId) return;
     view.jobId = id;
     view.steps = [];
+    view.refetchedAt = '';
     for (const c of Object.values(view.charts)) c.destroy();
     view.charts = {};
     view.plannerKeys = '';
@@ -140,10 +142,13 @@
   }
 
   // -- series -----------------------------------------------------------------------------------
+  // Records come in (attempt, step) order. A restarted attempt redoes the steps after its
+  // checkpoint: they replace the abandoned tail. An older attempt's steps past what is shown (the
+  // incremental fetch asks by step only) are that tail: skipped.
   function mergeSteps(incoming) {
     for (const r of incoming) {
       const s = num(r, 'step');
-      // A restarted attempt redoes steps after its checkpoint: it replaces the abandoned tail.
+      if (view.steps.length && num(r, 'attempt') < lastAttempt()) continue;
       while (view.steps.length && num(view.steps[view.steps.length - 1], 'step') >= s) {
         view.steps.pop();
       }
@@ -153,6 +158,10 @@
 
   function lastStep() {
     return view.steps.length ? num(view.steps[view.steps.length - 1], 'step') : 0;
+  }
+
+  function lastAttempt() {
+    return view.steps.length ? num(view.steps[view.steps.length - 1], 'attempt') : 0;
   }
 
   function chartWidth(div) {
@@ -384,9 +393,23 @@
       if (view.jobId) {
         $('job').hidden = false;
         const id = view.jobId;
-        const q = view.steps.length ? `since=${lastStep()}` : `max=${FIRST_FETCH_MAX}`;
+        // A newer attempt than the last step shown redoes steps from its checkpoint, which may be
+        // before that step (the incremental fetch would miss them until it passed it): fetch the
+        // series again until its first step is in.
+        // Once per change of the job's progress (not at every poll while it recovers), and only
+        // while the job lives: a job that ended after an attempt with no step keeps its series.
+        const job = view.jobs.find((j) => get(j, 'job_id') === id);
+        const live = job !== undefined &&
+          !/SUCCEEDED|FAILED|CANCELLED/.test(String(get(job, 'state') || ''));
+        const progress = job !== undefined ? `${num(job, 'attempt')}:${num(job, 'step')}` : '';
+        const restarted = live && num(job, 'attempt') > lastAttempt() &&
+          progress !== view.refetchedAt;
+        if (restarted) view.refetchedAt = progress;
+        const q = view.steps.length && !restarted ? `since=${lastStep()}`
+                                                  : `max=${FIRST_FETCH_MAX}`;
         const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
         if (id === view.jobId) {
+          if (restarted) view.steps = [];
           mergeSteps(get(series, 'steps') || []);
           points = renderCharts();
           renderKpis();

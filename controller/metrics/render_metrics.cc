@@ -65,9 +65,13 @@ void Add(MetricFamily* family, Labels labels, double value) {
 }
 
 // Failure kinds (AttemptInfo.failure_kind) that count as restarts, exported at 0 before they
-// first happen. Any other kind in the snapshot is exported as it appears.
-constexpr std::array<const char*, 8> kRestartCauses = {
-    "exit", "signal", "oom", "hang", "lost", "start_timeout", "agent_restart", "health_check"};
+// first happen, so that increase() sees the first one: the kinds of a rank's exit
+// (controller/service/recovery.cc: FailureKind) and of the controller's own failures
+// (start_timeout, agent_restart, health_check). Any other kind in the snapshot is exported as it
+// appears.
+constexpr std::array<const char*, 10> kRestartCauses = {
+    "exit", "signal",  "oom",           "hang",          "launch",
+    "lost", "stopped", "start_timeout", "agent_restart", "health_check"};
 
 Labels JobLabel(const JobMetrics& job) { return {{"job", job.job_id}}; }
 
@@ -247,9 +251,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     Add(step, JobLabel(job), job.step);
     Add(total_steps, JobLabel(job), job.total_steps);
     Add(tokens_total, JobLabel(job), job.tokens_total);
-    // What the job reached stays (its last losses); what it is doing now ends with it: a finished
-    // job has no throughput, MFU, routing or memory to add to the running ones' (sums over jobs,
-    // alerts on memory).
+    // What the job reached stays (its last losses); what it is doing now only while it does it:
+    // a job that ended, is recovering or starting again, or whose new attempt has not finished a
+    // step yet has no throughput, MFU, routing or memory. The last step's would draw a healthy
+    // line through an outage (and into avg_over_time of the MFU), add to the running jobs' sums
+    // and keep a memory alert firing.
     Add(loss, JobLabel(job), last.loss());
     Add(aux_loss, JobLabel(job), last.aux_loss());
     if (job.last_eval) Add(eval_loss, JobLabel(job), job.last_eval->loss());
@@ -265,8 +271,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     for (const auto& [op, seconds] : job.moe_op_seconds_total) {
       Add(moe_op_seconds, JobLabelAnd(job, "op", op), seconds);
     }
-    if (job.finished) continue;
-    Add(mfu, JobLabel(job), last.mfu());
+    if (job.state != JobState::JOB_RUNNING || last.attempt() != job.attempt) continue;
+    if (last.mfu() > 0) Add(mfu, JobLabel(job), last.mfu());  // 0: the peak FLOP/s is not known
     Add(step_seconds, JobLabel(job), last.step_seconds());
     Add(tokens_per_second, JobLabel(job), last.tokens_per_second());
     for (int l = 0; l < last.imbalance_size(); ++l) {

@@ -244,7 +244,6 @@ MetricsSnapshot Controller::Metrics() {
     m.name = job.summary.name();
     m.kind = job.summary.kind();
     m.state = job.summary.state();
-    m.finished = IsFinal(m.state);
     m.attempt = job.summary.attempt();
     m.step = job.summary.step();
     m.total_steps = job.summary.total_steps();
@@ -259,8 +258,14 @@ MetricsSnapshot Controller::Metrics() {
       if (a.state() == v1::ATTEMPT_STATE_FAILED && restarted) {
         ++m.restarts_by_cause[a.failure_kind().empty() ? "exit" : a.failure_kind()];
       }
-      if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {
-        m.last_recovery_seconds = a.all_running_unix() - job.attempts[i - 1].ended_unix();
+      // From the failure (as the culprit's agent saw it; the attempt's end where not recorded),
+      // so the time to detect it counts, as in the recovery's phases (recovery_phases.cc).
+      if (const auto& failed = job.attempts[i > 0 ? i - 1 : 0];
+          i > 0 && a.all_running_unix() > 0 && failed.ended_unix() > 0) {
+        const double failed_at = failed.failed_unix() > 0
+                                     ? std::min(failed.failed_unix(), failed.ended_unix())
+                                     : failed.ended_unix();
+        m.last_recovery_seconds = a.all_running_unix() - failed_at;
       }
       if (a.has_recovery()) {
         m.last_recovery_phases = RecoveryPhaseList(a.recovery());

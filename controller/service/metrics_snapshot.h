@@ -23,7 +23,6 @@ struct JobMetrics {
   std::string name;
   std::string kind;  // commcheck | train
   furnace::v1::JobState state = furnace::v1::JOB_STATE_UNSPECIFIED;
-  bool finished = false;  // the state is final: no live gauges (throughput, MFU, memory, routing)
   uint32_t attempt = 0;
   uint64_t step = 0;  // steps completed (progress)
   uint64_t total_steps = 0;

@@ -70,18 +70,22 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "furnace_job_restarts_total{job=\"j-1\",cause=\"exit\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"hang\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"health_check\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"launch\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"lost\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"oom\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"signal\"} 0\n"
           "furnace_job_restarts_total{job=\"j-1\",cause=\"start_timeout\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-1\",cause=\"stopped\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"agent_restart\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"exit\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"hang\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"health_check\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"launch\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"lost\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"oom\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"signal\"} 0\n"
           "furnace_job_restarts_total{job=\"j-2\",cause=\"start_timeout\"} 0\n"
+          "furnace_job_restarts_total{job=\"j-2\",cause=\"stopped\"} 0\n"
           "# HELP furnace_job_step Training steps completed (progress of the current "
           "attempt).\n"
           "# TYPE furnace_job_step gauge\n"
@@ -273,7 +277,7 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
   // prometheus-cpp writes NaN as "Nan" (Prometheus parses floats case-insensitively).
   EXPECT_EQ(SamplesOf(text, "furnace_job_loss")[1], "furnace_job_loss{job=\"j-b\"} Nan");
   // Restarts for every job; the commcheck job's recovery is there without a step.
-  EXPECT_EQ(SamplesOf(text, "furnace_job_restarts_total").size(), 8u + 8u + 9u);
+  EXPECT_EQ(SamplesOf(text, "furnace_job_restarts_total").size(), 10u + 10u + 11u);
   EXPECT_NE(text.find("furnace_job_restarts_total{job=\"j-a\",cause=\"signal\"} 2\n"),
             std::string::npos);
   EXPECT_NE(text.find("furnace_recovery_seconds{job=\"weird \\\"id\\\"\\\\with\\nnewline\"} "
@@ -289,6 +293,43 @@ TEST(RenderMetrics, StepSeriesOnlyForJobsThatTrainedAndBudgetOnlyWhenSet) {
   // Counters are doubles in prometheus-cpp (as in Prometheus): 2^64 - 1 is about 1.8e19.
   EXPECT_NE(text.find("furnace_telemetry_records_total 1.844674407370955e+19\n"), std::string::npos)
       << text;
+}
+
+// The live gauges (throughput, MFU, routing, memory) are the current attempt's while the job runs:
+// none while it recovers or starts again, nor before its new attempt's first step (the failed
+// attempt's last step would draw a healthy line through the outage); no MFU where the peak FLOP/s
+// is not known (0, which would read as an idle job).
+TEST(RenderMetrics, LiveGaugesOnlyWhileTheCurrentAttemptRuns) {
+  struct Case {
+    furnace::v1::JobState state;
+    uint32_t attempt, step_attempt;
+    double mfu;
+    bool live, with_mfu;
+  };
+  for (const Case& c : {Case{furnace::v1::JOB_RUNNING, 1, 1, 0.375, true, true},
+                        Case{furnace::v1::JOB_RECOVERING, 1, 1, 0.375, false, false},
+                        Case{furnace::v1::JOB_STARTING, 2, 1, 0.375, false, false},
+                        Case{furnace::v1::JOB_RUNNING, 2, 1, 0.375, false, false},
+                        Case{furnace::v1::JOB_RUNNING, 2, 2, 0.375, true, true},
+                        Case{furnace::v1::JOB_RUNNING, 1, 1, 0, true, false}}) {
+    MetricsSnapshot snapshot = SmallSnapshot();
+    JobMetrics& job = snapshot.jobs[0];
+    job.state = c.state;
+    job.attempt = c.attempt;
+    job.last.set_attempt(c.step_attempt);
+    job.last.set_mfu(c.mfu);
+    const std::string text = RenderMetrics(snapshot);
+    SCOPED_TRACE(text);
+    EXPECT_EQ(SamplesOf(text, "furnace_job_mfu_ratio").size(), c.with_mfu ? 1u : 0u);
+    for (const char* live :
+         {"furnace_job_tokens_per_second", "furnace_job_step_seconds",
+          "furnace_moe_routing_imbalance_ratio", "furnace_activation_memory_peak_bytes"}) {
+      EXPECT_EQ(SamplesOf(text, live).size(), c.live ? 1u : 0u) << live;
+    }
+    // What the job reached stays.
+    EXPECT_EQ(SamplesOf(text, "furnace_job_loss").size(), 1u);
+    EXPECT_EQ(SamplesOf(text, "furnace_job_tokens_total").size(), 1u);
+  }
 }
 
 TEST(RenderMetrics, EvalLossOnlyForJobsThatEvaluated) {

@@ -89,10 +89,10 @@ inline MetricsSnapshot RichSnapshot() {
   a.last_recovery_seconds = 4.5;
   a.goodput.set_checkpoint_interval_steps(25);
   a.attempt = 4;
+  a.last.set_attempt(4);
   snap.jobs.push_back(a);
   JobMetrics b = TrainingJob("j-b", 2, 4);
   b.state = furnace::v1::JOB_SUCCEEDED;
-  b.finished = true;
   b.last.set_loss(std::numeric_limits<double>::quiet_NaN());
   b.last.set_mfu(0);
   snap.jobs.push_back(b);

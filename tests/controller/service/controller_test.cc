@@ -318,7 +318,7 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   const MetricsSnapshot snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
   EXPECT_EQ(snap.jobs[0].restarts_by_cause, (std::map<std::string, uint64_t>{{"exit", 2}}));
-  EXPECT_TRUE(snap.jobs[0].finished);
+  EXPECT_EQ(snap.jobs[0].state, v1::JOB_FAILED);
   // A day after it ended the job leaves the export (not the store).
   clock_.Advance(kFinishedJobMetricsS - 1);
   EXPECT_EQ(c_->Metrics().jobs.size(), 1u);
