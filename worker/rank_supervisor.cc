@@ -416,6 +416,9 @@ void RankSupervisor::OnWatchdogRecord(const furnace::v1::RankWatchdogRecord& wat
   }
   hung_ = true;
   hang_from_rank_ = true;
+  // Waiting on its peers: in a collective its stream has reached (one still queued behind the
+  // rank's own device work means this rank is the one stuck).
+  hang_in_collective_ = watchdog.has_collective() && !watchdog.collective().queued();
   hang_reason_ = watchdog.reason();
   failed_unix_ = clock_.UnixSeconds() - watchdog.phase_s();
   EmitLine(
@@ -479,6 +482,7 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
   if (hung_ && hang_from_rank_) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_HANG);
     report.set_reason(hang_reason_);
+    report.set_hang_in_collective(hang_in_collective_);
   } else if (hung_) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_HANG);
     const std::string last =

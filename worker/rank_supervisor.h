@@ -112,11 +112,12 @@ class RankSupervisor {
   };
   Stream streams_[3];  // stdout, stderr, telemetry
   int log_fd_ = -1;
-  double last_record_s_ = 0;     // any record, watchdog heartbeats included
-  bool has_watchdog_ = false;    // the rank sent a watchdog record
-  bool hang_from_rank_ = false;  // the rank's watchdog reported the hang
-  std::string hang_reason_;      // its reason; else what /proc said about the silent process
-  double failed_unix_ = 0;       // when the failure happened, as seen from here
+  double last_record_s_ = 0;         // any record, watchdog heartbeats included
+  bool has_watchdog_ = false;        // the rank sent a watchdog record
+  bool hang_from_rank_ = false;      // the rank's watchdog reported the hang
+  bool hang_in_collective_ = false;  // ... while a collective was in flight (waiting on peers)
+  std::string hang_reason_;          // its reason; else what /proc said about the silent process
+  double failed_unix_ = 0;           // when the failure happened, as seen from here
   std::optional<uint64_t> last_step_;
   std::string last_message_;
   std::optional<uint64_t> oom_kills_at_start_;

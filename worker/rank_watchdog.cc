@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -75,7 +76,24 @@ void RankWatchdog::EnterStartup(const std::string& detail) {
 void RankWatchdog::EnterStep(uint64_t step) { Enter(Phase::kStep, step, "", timeouts_.step_s); }
 
 void RankWatchdog::EnterCheckpoint(uint64_t after_step, bool final) {
-  Enter(Phase::kCheckpoint, after_step, final ? "the final one" : "", timeouts_.checkpoint_s);
+  double extra_s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    extra_s = checkpoint_extra_s_;
+  }
+  Enter(Phase::kCheckpoint, after_step, final ? "the final one" : "",
+        timeouts_.checkpoint_s + extra_s);
+}
+
+void RankWatchdog::AllowForCheckpointBytes(uint64_t bytes) {
+  // Whole tenths of a second (a timeout read as 8.1 s, not 8.00115 s); none for a small shard.
+  const double extra_s = std::round(static_cast<double>(bytes) / kDataScanBytesPerS * 10) / 10;
+  if (extra_s < 0.1) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_extra_s_ = extra_s;
+  extra_text_ = absl::StrFormat(" + %.1f s for its %.2f GB checkpoint shard", checkpoint_extra_s_,
+                                static_cast<double>(bytes) / 1e9);
+  if (phase_ == Phase::kStartup) timeout_s_ += checkpoint_extra_s_;
 }
 
 void RankWatchdog::EnterEval(uint64_t after_step) {
@@ -113,6 +131,7 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       name = "start-up";
       where = absl::StrCat("start-up (", detail_, ")");
       limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
+      if (checkpoint_extra_s_ > 0) absl::StrAppend(&limit, extra_text_);
       break;
     case Phase::kStep:
       name = "step";
@@ -132,6 +151,7 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       where = detail_.empty()
                   ? absl::StrCat("the checkpoint after step ", step_)
                   : absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
+      if (checkpoint_extra_s_ > 0) absl::StrAppend(&limit, extra_text_);
       break;
   }
   record.set_phase(name);
@@ -142,6 +162,7 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
     c->set_group_size(static_cast<uint32_t>(call->group_size));
     c->set_peer(call->peer);
     c->set_for_s(std::max(0.0, now - call->since_s));
+    c->set_queued(!call->started);
   }
   record.set_collectives_in_flight(static_cast<uint32_t>(in_flight_.count()));
   if (in_phase <= timeout_s_) {
@@ -151,7 +172,14 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
   reported_ = true;
   record.set_kind(furnace::v1::RankWatchdogRecord::KIND_HUNG);
   std::string what;
-  if (record.has_collective()) {
+  if (record.has_collective() && record.collective().queued()) {
+    // Its stream never reached the collective: this rank's own device work before it is stuck,
+    // and its peers are the ones waiting.
+    what = absl::StrFormat(
+        ": %s queued behind this rank's own device work for %.1f s (not started on its stream: "
+        "a kernel or copy before it has not finished)",
+        Collective(record.collective()), record.collective().for_s());
+  } else if (record.has_collective()) {
     what = absl::StrFormat(": %s for %.1f s", Collective(record.collective()),
                            record.collective().for_s());
     if (record.collectives_in_flight() > 1) {

@@ -15,7 +15,9 @@
 //               hang_timeout_s" meant before, now measured per step).
 //   checkpoint  recovery.hang_timeout_s for each checkpoint (every N steps, `every: auto` or the
 //               final one), a phase of its own that Trainer::Run's phase callback enters when the
-//               checkpoint starts (so `auto`, decided after the step, needs no prediction).
+//               checkpoint starts (so `auto`, decided after the step, needs no prediction), plus
+//               the rank's shard bytes at kDataScanBytesPerS (AllowForCheckpointBytes), which the
+//               start-up's checkpoint load gets too.
 //   evaluation  recovery.hang_timeout_s for every parallel.micro_batches held-out batches a rank
 //               runs (eval.batches / dp, rounded up; a batch is a forward only), entered the same
 //               way, so a long evaluation is not taken for a hung step.
@@ -80,6 +82,12 @@ class RankWatchdog {
   // A checkpoint of the state after step `after_step` starts now (`final`: the one after the last
   // step).
   void EnterCheckpoint(uint64_t after_step, bool final);
+  // The job's largest checkpoint shard is `bytes` (a rank's parameters and Adam moments):
+  // writing one (each checkpoint phase, which every rank ends waiting for the slowest) and reading
+  // one (the start-up, when called during it: the checkpoint load is its last part) get bytes /
+  // kDataScanBytesPerS more than hang_timeout_s, so a large shard fsynced on a slow disk is not
+  // taken for a hang; below 0.1 s none. Call once, before the checkpoint load.
+  void AllowForCheckpointBytes(uint64_t bytes);
   // A held-out evaluation after step `after_step` starts now.
   void EnterEval(uint64_t after_step);
   // The rank is finishing (`outcome`: how its work ended, e.g. "training failed at step 12:
@@ -104,12 +112,14 @@ class RankWatchdog {
   const comm::InFlightCollectives& in_flight_;
 
   std::mutex mu_;
-  Phase phase_ = Phase::kNone;  // guarded by mu_
-  uint64_t step_ = 0;           // guarded by mu_
-  std::string detail_;          // guarded by mu_
-  double since_s_ = 0;          // guarded by mu_
-  double timeout_s_ = 0;        // guarded by mu_
-  bool reported_ = false;       // guarded by mu_
+  Phase phase_ = Phase::kNone;     // guarded by mu_
+  uint64_t step_ = 0;              // guarded by mu_
+  std::string detail_;             // guarded by mu_
+  double since_s_ = 0;             // guarded by mu_
+  double timeout_s_ = 0;           // guarded by mu_
+  bool reported_ = false;          // guarded by mu_
+  double checkpoint_extra_s_ = 0;  // AllowForCheckpointBytes; guarded by mu_
+  std::string extra_text_;         // how the start-up's timeout grew with it; guarded by mu_
 };
 
 // Runs RankWatchdog::Check every heartbeat_s on a thread of its own and hands each record to

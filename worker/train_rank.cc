@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -537,6 +539,23 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
                 absl::StrCat("train: ", trainer.status().message()));
   }
   startup.set_setup_unix(RealClock().UnixSeconds());
+  if (!spec.checkpoint().dir().empty()) {
+    // The largest rank's shard (parameters and both Adam moments), written at every checkpoint
+    // and read back now: every rank waits for it, a checkpoint ending in a world-wide gather, so
+    // every rank is allowed its time (a stage holding the embedding or more experts writes more).
+    int64_t largest = (*model)->num_params();
+    if (parallel) {
+      comm::Communicator* world = layout->runtime.world_group;
+      std::vector<int64_t> all(static_cast<size_t>(world->size()));
+      if (absl::Status s = world->AllGather(&largest, all.data(), sizeof(int64_t)); !s.ok()) {
+        return Fail(progress, 0, kRankExitError,
+                    absl::StrCat("checkpoint shard sizes: ", s.message()));
+      }
+      largest = *std::max_element(all.begin(), all.end());
+    }
+    watchdog.AllowForCheckpointBytes(static_cast<uint64_t>(train::kShardHeaderBytes) +
+                                     3 * sizeof(float) * static_cast<uint64_t>(largest));
+  }
   watchdog.EnterStartup("checkpoint load");
   if (!spec.checkpoint().dir().empty()) {
     auto restored = (*trainer)->RestoreLatest();

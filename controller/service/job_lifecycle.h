@@ -97,9 +97,12 @@ struct Job {
   std::string waiting_reason;   // last "cannot place" message logged
   // A rank that exits with an error code is often a victim (its peer died and the collective
   // failed), so such a failure waits kSettleS for a root cause (a signal, a hang, an OOM, a
-  // lost worker) before the attempt fails with the best cause seen.
+  // lost worker) before the attempt fails with the best cause seen. So does a rank whose own
+  // watchdog found it hung inside a collective (waiting on its peers: every rank's watchdog fires
+  // within about a second of the others'), for kHangSettleS, for the report of the rank that
+  // hung in its own work.
   double settle_deadline = 0;  // 0: no failure pending
-  std::string pending_cause, pending_worker;
+  std::string pending_kind, pending_cause, pending_worker;
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
@@ -230,9 +233,12 @@ class JobLifecycle {
   bool FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                    const std::string& culprit_worker, Failure failure = Failure::kRetryable);
   void StopAttemptRanks(Job& job, const std::string& reason);
-  // Records an error exit of a rank of the current attempt; fails the attempt at once when every
-  // rank has ended, otherwise after the settle window (Tick).
-  void NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker);
+  // Records a failure of a rank of the current attempt that may be a victim's (an error exit, a
+  // hang inside a collective; `kind` as FailAttempt's); fails the attempt at once when every rank
+  // has ended, otherwise after `settle_s` (Tick) unless a root cause comes first. The first such
+  // failure is kept.
+  void NoteWeakFailure(Job& job, const std::string& kind, const std::string& cause,
+                       const std::string& worker, double settle_s);
   // Ends the current attempt, every rank of which has ended: failed when a rank failed (the
   // settle window's cause, else the first failed rank's), succeeded otherwise. Unavailable when
   // it could not be written (the job is left as it was; Tick retries).

@@ -49,6 +49,11 @@ namespace v1 = furnace::v1;
 
 // How long an error exit waits for a root-cause failure of another rank (see Job).
 constexpr double kSettleS = 1.0;
+// How long a hang inside a collective waits for the report of the rank that hung in its own work:
+// the ranks' watchdogs check every min(1 s, hang_timeout_s / 4) from step clocks started within
+// milliseconds of each other, so the culprit's report follows a victim's by about a second, plus
+// its agent's report.
+constexpr double kHangSettleS = 3.0;
 
 std::string DescribeExit(const v1::RankReport& r) {
   if (!r.reason().empty()) return r.reason();
@@ -129,9 +134,11 @@ bool AllRunning(Job& job, const v1::AttemptInfo& attempt) {
 
 }  // namespace
 
-void JobLifecycle::NoteWeakFailure(Job& job, const std::string& cause, const std::string& worker) {
+void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std::string& cause,
+                                   const std::string& worker, double settle_s) {
   if (job.settle_deadline == 0) {
-    job.settle_deadline = clock_.MonotonicSeconds() + kSettleS;
+    job.settle_deadline = clock_.MonotonicSeconds() + settle_s;
+    job.pending_kind = kind;
     job.pending_cause = cause;
     job.pending_worker = worker;
   }
@@ -151,17 +158,19 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
   if (first_failed != attempt.ranks().end() || attempt.failed_unix() > 0) {
     // A rank failed: the cause the settle window holds or, when it is gone (a controller
     // restart), the first failed rank's.
-    std::string cause = job.pending_cause, worker = job.pending_worker;
+    std::string kind = job.pending_kind, cause = job.pending_cause, worker = job.pending_worker;
     if (job.settle_deadline == 0 || cause.empty()) {
+      kind = "exit";
       cause = "a rank failed";
       worker.clear();
       if (first_failed != attempt.ranks().end()) {
+        kind = FailureKind(first_failed->exit_kind());
         cause = absl::StrCat("rank ", first_failed->rank(), " on ", first_failed->worker_id(), ": ",
                              first_failed->exit());
         worker = first_failed->worker_id();
       }
     }
-    if (!FailAttempt(job, "exit", cause, worker)) {
+    if (!FailAttempt(job, kind.empty() ? "exit" : kind, cause, worker)) {
       return absl::UnavailableError("controller could not record the failure; retry");
     }
     return absl::OkStatus();
@@ -398,7 +407,8 @@ void JobLifecycle::Tick() {
   ForgetLongLostWorkers();
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
-      FailAttempt(job, "exit", job.pending_cause, job.pending_worker);
+      FailAttempt(job, job.pending_kind.empty() ? "exit" : job.pending_kind, job.pending_cause,
+                  job.pending_worker);
     }
     // Every rank of the running attempt has ended, yet the attempt was not ended: the write that
     // would have ended it failed (a store error), or a controller restart lost the settle window.
@@ -672,13 +682,18 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                      "", Failure::kPermanent)) {
       s = absl::UnavailableError("controller could not record the failure; retry");
     }
-  } else if (report.exit_kind() == v1::EXIT_KIND_CODE) {
+  } else if (report.exit_kind() == v1::EXIT_KIND_CODE ||
+             (report.exit_kind() == v1::EXIT_KIND_HANG && report.hang_in_collective())) {
+    // Likely a victim: an error exit (its peer died and the collective failed), or a hang its own
+    // watchdog found inside a collective (waiting on a peer that hung in its own work, whose
+    // watchdog reports in about a second and is the one to blame and to fence).
     s = Persist(job);
     if (s.ok()) {
-      NoteWeakFailure(job,
+      const bool hang = report.exit_kind() == v1::EXIT_KIND_HANG;
+      NoteWeakFailure(job, hang ? "hang" : "exit",
                       absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
                                    DescribeExit(report)),
-                      report.worker_id());
+                      report.worker_id(), hang ? kHangSettleS : kSettleS);
     }
   } else {
     // The rank's own out-of-memory exit (its activation arena refused) escalates the memory

@@ -79,7 +79,8 @@ void CommWatchdog::Unregister(StreamCommunicator* comm) {
 void CommWatchdog::Track(StreamCommunicator* comm, CollectiveOp op, const char* name, int peer,
                          int64_t bytes, std::shared_ptr<StreamMark> start,
                          std::shared_ptr<StreamMark> end) {
-  const uint64_t token = ProcessInFlight().Begin(name, comm->name(), comm->size(), peer);
+  const uint64_t token =
+      ProcessInFlight().Begin(name, comm->name(), comm->size(), peer, /*started=*/false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({comm, op, name, peer, bytes, std::move(start), std::move(end),
@@ -119,6 +120,15 @@ absl::Status CommWatchdog::CheckPendingLocked() {
                                        passed.status().message()));
     }
     if (!*passed) {
+      // Not done: has its stream reached it (waiting on its peers), or is it still queued behind
+      // this rank's own device work?
+      if (!it->started) {
+        absl::StatusOr<bool> started = it->start->Passed();
+        if (started.ok() && *started) {
+          it->started = true;
+          ProcessInFlight().MarkStarted(it->in_flight_token);
+        }
+      }
       ++it;
       continue;
     }
@@ -133,11 +143,17 @@ absl::Status CommWatchdog::CheckPendingLocked() {
   const double age = now - oldest.since_s;
   if (age < options_.timeout_s) return absl::OkStatus();
   const int n = oldest.comm->size();
+  // Not started: the stream never reached it, this rank's own device work before it did not
+  // finish (a stuck kernel), which its peers, waiting in the collective, cannot tell apart.
   return absl::DeadlineExceededError(absl::StrFormat(
-      "%s%s on %s (%d rank%s) not complete on its stream after %.1f s (collective timeout %g s): "
+      "%s%s on %s (%d rank%s) not %s on its stream after %.1f s (collective timeout %g s): "
       "every communicator of this rank is aborted",
       oldest.name, oldest.peer >= 0 ? absl::StrCat(" with peer ", oldest.peer) : "",
-      oldest.comm->name(), n, n == 1 ? "" : "s", age, options_.timeout_s));
+      oldest.comm->name(), n, n == 1 ? "" : "s",
+      oldest.started ? "complete"
+                     : "started (queued behind this rank's own device work, which has not "
+                       "finished)",
+      age, options_.timeout_s));
 }
 
 absl::Status CommWatchdog::CheckTransportsLocked() {

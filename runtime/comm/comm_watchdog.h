@@ -85,6 +85,7 @@ class CommWatchdog {
     std::shared_ptr<StreamMark> start, end;
     double since_s;  // enqueue, on options_.clock
     uint64_t in_flight_token;
+    bool started = false;  // the stream has passed `start` (InFlightCall::started)
   };
 
   explicit CommWatchdog(CommWatchdogOptions options);

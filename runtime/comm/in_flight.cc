@@ -5,12 +5,17 @@
 namespace furnace::comm {
 
 uint64_t InFlightCollectives::Begin(const std::string& op, const std::string& group, int group_size,
-                                    int peer) {
-  InFlightCall call{op, group, group_size, peer, clock_.MonotonicSeconds()};
+                                    int peer, bool started) {
+  InFlightCall call{op, group, group_size, peer, clock_.MonotonicSeconds(), started};
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t token = next_++;
   calls_.emplace(token, std::move(call));
   return token;
+}
+
+void InFlightCollectives::MarkStarted(uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (const auto it = calls_.find(token); it != calls_.end()) it->second.started = true;
 }
 
 void InFlightCollectives::End(uint64_t token) {

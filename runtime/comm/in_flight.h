@@ -30,14 +30,21 @@ struct InFlightCall {
   int group_size = 0;
   int peer = -1;       // point to point: the peer's rank in the group; -1 otherwise
   double since_s = 0;  // entry, on the registry's clock (MonotonicSeconds)
+  // False while a stream-ordered collective waits on its stream behind this rank's own device
+  // work (its start mark not passed: a kernel or copy before it has not finished), so it is not
+  // waiting on its peers yet; a blocking call is started on entry.
+  bool started = true;
 };
 
 class InFlightCollectives {
  public:
   explicit InFlightCollectives(const Clock& clock) : clock_(clock) {}
 
-  // Marks a call as in flight; returns the token End takes.
-  uint64_t Begin(const std::string& op, const std::string& group, int group_size, int peer = -1);
+  // Marks a call as in flight (`started`: see InFlightCall); returns the token End takes.
+  uint64_t Begin(const std::string& op, const std::string& group, int group_size, int peer = -1,
+                 bool started = true);
+  // The call's stream has reached it (InFlightCall::started).
+  void MarkStarted(uint64_t token);
   void End(uint64_t token);
 
   // The call in flight the longest (the one the others are most likely stuck behind), if any.

@@ -59,11 +59,15 @@ absl::StatusOr<std::vector<double>> LossesParallel(PipelineStage& stage,
         const MicroBatchResult result,
         stage.StageEvaluate(batch.inputs.data(), batch.targets.data(), x_in, B, x_out));
     if (!P.last_stage()) {
+      // Each round's send is waited for before the next: an evaluation has no traffic back (no
+      // backward's Recv) to post a queued send, so NCCL's (nccl_communicator.cc: posted with the
+      // next Recv or WaitSends) would wait for the evaluation's end, one device copy of the
+      // activations held per round, and the next stage wait out its collective timeout.
       RETURN_IF_ERROR(pipe->Send(x_out, act_bytes, P.stage + 1, kEvalTag + r));
+      RETURN_IF_ERROR(pipe->WaitSends());
     }
     if (counted && P.last_stage() && P.tp_rank == 0) mine[i] = result.loss;
   }
-  if (pipe != nullptr && pipe->size() > 1) RETURN_IF_ERROR(pipe->WaitSends());
   return GatherLosses(P.world_group, mine);
 }
 

@@ -297,6 +297,7 @@ TEST_F(RankMainTest, HangFaultIsCaughtByTheWatchdog) {
   const furnace::v1::RankReport report = Finish(0);
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
   EXPECT_THAT(report.reason(), HasSubstr("last step 0"));
+  EXPECT_FALSE(report.hang_in_collective());  // hung in its own code: a root cause
 }
 
 TEST_F(RankMainTest, FaultOnlyInTheFirstAttemptUnlessEveryAttempt) {

@@ -180,8 +180,17 @@ TEST_F(RankSupervisorTest, StoppedChildIsHungAndReaped) {
 }
 
 furnace::v1::TelemetryRecord WatchdogRecord(furnace::v1::RankWatchdogRecord::Kind kind,
-                                            const std::string& reason = "", double phase_s = 0) {
+                                            const std::string& reason = "", double phase_s = 0,
+                                            uint32_t in_flight = 0) {
   furnace::v1::TelemetryRecord record;
+  record.mutable_watchdog()->set_collectives_in_flight(in_flight);
+  if (in_flight > 0) {
+    furnace::v1::InFlightCollective* c = record.mutable_watchdog()->mutable_collective();
+    c->set_op("all_reduce");
+    c->set_group("dp[0,1]");
+    c->set_group_size(2);
+    c->set_for_s(phase_s);
+  }
   record.set_step(12);
   record.mutable_watchdog()->set_kind(kind);
   record.mutable_watchdog()->set_phase("step");
@@ -200,12 +209,14 @@ TEST_F(RankSupervisorTest, TheRanksWatchdogHangReportKillsItWithThatReason) {
           EmitRecordCommand(WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HEARTBEAT)) +
           "; " +
           EmitRecordCommand(
-              WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HUNG, reason, 8.0)) +
+              WatchdogRecord(furnace::v1::RankWatchdogRecord::KIND_HUNG, reason, 8.0, 1)) +
           "; sleep 30; echo never",
       /*hang=*/20);
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG);
   EXPECT_EQ(report.signal(), SIGKILL);
   EXPECT_EQ(report.reason(), reason);
+  // It hung waiting on its peers: maybe a victim (the controller waits for a root cause).
+  EXPECT_TRUE(report.hang_in_collective());
   // The failure began when the phase did: 8 s before the report arrived.
   EXPECT_LT(report.failed_unix(), report.unix_time() - 7.0);
   EXPECT_GT(report.failed_unix(), before - 9.0);

@@ -123,6 +123,41 @@ TEST_F(RankWatchdogTest, ACheckpointIsAPhaseOfItsOwn) {
   in_flight_.End(token);
 }
 
+// A rank's checkpoint shard of 2 GB is allowed 20 s more than hang_timeout_s to be written (each
+// checkpoint) and read (the start-up, which the load ends), at 100 MB/s.
+TEST_F(RankWatchdogTest, ACheckpointShardGetsTimeForItsBytes) {
+  watchdog_.EnterStartup("model");
+  clock_.Advance(30);
+  watchdog_.AllowForCheckpointBytes(uint64_t{2'000'000'000});
+  watchdog_.EnterStartup("checkpoint load");
+  clock_.Advance(27);  // 57 s < 38 s + 20 s
+  EXPECT_EQ(watchdog_.Check().kind(), Kind::KIND_HEARTBEAT);
+  clock_.Advance(2);
+  const furnace::v1::RankWatchdogRecord load = watchdog_.Check();
+  ASSERT_EQ(load.kind(), Kind::KIND_HUNG);
+  EXPECT_THAT(load.reason(),
+              HasSubstr("timeout 58 s (recovery.start_timeout_s + recovery.hang_timeout_s + "
+                        "20.0 s for its 2.00 GB checkpoint shard)"));
+
+  RankWatchdog writing(Timeouts(), clock_, in_flight_);
+  writing.AllowForCheckpointBytes(uint64_t{2'000'000'000});
+  writing.EnterCheckpoint(40, /*final=*/false);
+  clock_.Advance(27.5);  // 8 s + 20 s
+  EXPECT_EQ(writing.Check().kind(), Kind::KIND_HEARTBEAT);
+  clock_.Advance(1);
+  const furnace::v1::RankWatchdogRecord write = writing.Check();
+  ASSERT_EQ(write.kind(), Kind::KIND_HUNG);
+  EXPECT_THAT(write.reason(),
+              HasSubstr("timeout 28 s (recovery.hang_timeout_s + 20.0 s for its 2.00 GB "
+                        "checkpoint shard)"));
+  // Steps keep theirs.
+  RankWatchdog stepping(Timeouts(), clock_, in_flight_);
+  stepping.AllowForCheckpointBytes(uint64_t{2'000'000'000});
+  stepping.EnterStep(41);
+  clock_.Advance(8.5);
+  EXPECT_EQ(stepping.Check().kind(), Kind::KIND_HUNG);
+}
+
 TEST_F(RankWatchdogTest, TheFinalCheckpointIsAPhaseOfItsOwn) {
   watchdog_.EnterCheckpoint(300, /*final=*/true);
   clock_.Advance(8.5);
@@ -168,6 +203,34 @@ TEST_F(RankWatchdogTest, FinishingIsWatchedAndAHangThereKeepsTheOutcome) {
   EXPECT_EQ(hung.step(), 12u);
   EXPECT_THAT(hung.reason(), HasSubstr("hung in finishing (after: training failed at step 12: "
                                        "all_reduce: peer 1 closed): not in a collective"));
+}
+
+// A stream-ordered collective its stream has not reached is queued behind this rank's own device
+// work (a kernel that hangs): said so, and marked queued, so the agent and the controller blame
+// this rank rather than take it for one of the peers waiting in the collective.
+TEST_F(RankWatchdogTest, ACollectiveQueuedBehindTheRanksOwnDeviceWorkSaysSo) {
+  watchdog_.EnterStep(5);
+  const uint64_t token = in_flight_.Begin("all_reduce", "dp[0,1]", 2, -1, /*started=*/false);
+  clock_.Advance(9);
+  const furnace::v1::RankWatchdogRecord hung = watchdog_.Check();
+  ASSERT_EQ(hung.kind(), Kind::KIND_HUNG);
+  EXPECT_TRUE(hung.collective().queued());
+  EXPECT_THAT(hung.reason(),
+              HasSubstr("hung in step 5: all_reduce on group dp[0,1] (2 ranks) queued behind this "
+                        "rank's own device work for 9.0 s (not started on its stream"));
+  in_flight_.End(token);
+  // Once its stream reaches it, it waits on its peers.
+  RankWatchdog later(Timeouts(), clock_, in_flight_);
+  later.EnterStep(6);
+  const uint64_t waiting = in_flight_.Begin("all_reduce", "dp[0,1]", 2, -1, /*started=*/false);
+  in_flight_.MarkStarted(waiting);
+  clock_.Advance(9);
+  const furnace::v1::RankWatchdogRecord peers = later.Check();
+  ASSERT_EQ(peers.kind(), Kind::KIND_HUNG);
+  EXPECT_FALSE(peers.collective().queued());
+  EXPECT_THAT(peers.reason(),
+              HasSubstr("hung in step 6: all_reduce on group dp[0,1] (2 ranks) for 9.0 s"));
+  in_flight_.End(waiting);
 }
 
 TEST_F(RankWatchdogTest, StartUpKeepsOneClockAcrossItsParts) {

@@ -96,6 +96,22 @@ class ControllerTest : public ::testing::Test {
     ASSERT_TRUE(c_->ReportRank(r).ok());
   }
 
+  // A hang the rank's own watchdog reported (the agent then killed it), inside a collective or
+  // not.
+  void ReportHang(int slot, uint32_t rank, const std::string& reason, bool in_collective) {
+    v1::RankReport r;
+    r.set_worker_id("h/" + std::to_string(slot));
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_event(v1::RANK_EXITED);
+    r.set_pid(1000 + rank);
+    r.set_exit_kind(v1::EXIT_KIND_HANG);
+    r.set_reason(reason);
+    r.set_hang_in_collective(in_collective);
+    ASSERT_TRUE(c_->ReportRank(r).ok());
+  }
+
   v1::JobDetail Job() {
     auto d = c_->GetJob(job_);
     EXPECT_TRUE(d.ok()) << d.status();
@@ -1273,6 +1289,76 @@ TEST_F(ControllerTest, ARankThatFailedBeforeTheOthersFinishedFailsTheAttempt) {
   EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_FAILED);
   EXPECT_EQ(d.attempts(0).cause(), "rank 1 on h/1: exited with code 7");
   EXPECT_EQ(d.attempts(0).ranks(1).exit_kind(), v1::EXIT_KIND_CODE);
+}
+
+// A rank whose own watchdog found it hung inside a collective is likely a victim (every rank's
+// watchdog fires within about a second of the others'): the attempt waits for the report of the
+// rank that hung in its own work, and that one is the cause.
+TEST_F(ControllerTest, AHangInsideACollectiveWaitsForTheRankThatHungInItsOwnWork) {
+  StartRunning();
+  ReportHang(1, 1, "hung in step 3: all_reduce on group dp[0,1] (2 ranks) for 8.0 s", true);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  clock_.Advance(1.5);  // past an error exit's settle window, inside a hang's
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  ReportHang(0, 0, "hung in step 3: not in a collective (its own compute, I/O or a lock) for 8.0 s",
+             false);
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "hang");
+  EXPECT_EQ(d.attempts(0).cause(),
+            "rank 0 on h/0: hung in step 3: not in a collective (its own compute, I/O or a lock) "
+            "for 8.0 s");
+}
+
+// furnace_recovery_seconds counts from the failure as the culprit's agent saw it (the start of the
+// phase a hang overran), so the time to detect it is in, as in the recovery's phases.
+TEST_F(ControllerTest, RecoverySecondsCountFromTheFailure) {
+  StartRunning();
+  v1::RankReport r;
+  r.set_worker_id("h/1");
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(1);
+  r.set_event(v1::RANK_EXITED);
+  r.set_exit_kind(v1::EXIT_KIND_HANG);
+  r.set_reason("hung in step 3: not in a collective (its own compute, I/O or a lock) for 8.0 s");
+  r.set_unix_time(clock_.UnixSeconds());
+  r.set_failed_unix(clock_.UnixSeconds() - 8);  // the step began 8 s before it was reported
+  ASSERT_TRUE(c_->ReportRank(r).ok());
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  clock_.Advance(10);
+  HeartbeatAll(2);
+  c_->Tick();
+  Commands(0);
+  Commands(1);
+  clock_.Advance(2);
+  Report(0, 2, 0, v1::RANK_STARTED);
+  Report(1, 2, 1, v1::RANK_STARTED);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  const MetricsSnapshot snap = c_->Metrics();
+  ASSERT_EQ(snap.jobs.size(), 1u);
+  EXPECT_DOUBLE_EQ(snap.jobs[0].last_recovery_seconds, 8 + 10 + 2);
+}
+
+// With no other report the victim's hang is the cause, once the window has passed, as a hang.
+TEST_F(ControllerTest, AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow) {
+  StartRunning();
+  ReportHang(1, 1, "hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s", true);
+  clock_.Advance(2.9);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  clock_.Advance(0.2);
+  HeartbeatAll(2);
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "hang");
+  EXPECT_EQ(d.attempts(0).cause(),
+            "rank 1 on h/1: hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s");
 }
 
 // The settle window is in memory only: the failed rank's exit kind, in the store, still fails

@@ -63,12 +63,17 @@ TEST(CommWatchdogTest, AHeldProducerTimesOutTheCollectiveAndStopsEveryCommunicat
   ASSERT_TRUE(call.has_value());
   EXPECT_EQ(call->op, "all_reduce");
   EXPECT_EQ(call->group, "dp[0]");
+  // Its stream has not reached it: queued behind this rank's own (held) device work, not waiting
+  // on its peers, which is what tells a rank whose kernel hangs from the peers waiting for it.
+  EXPECT_FALSE(call->started);
 
   clock.Advance(0.2);
   ASSERT_TRUE(Eventually([&] { return !dp->AsyncError().ok(); }));
   const absl::Status error = dp->AsyncError();
   EXPECT_TRUE(absl::IsDeadlineExceeded(error)) << error;
-  EXPECT_THAT(error.message(), HasSubstr("all_reduce on dp[0] (1 rank) not complete"));
+  EXPECT_THAT(error.message(),
+              HasSubstr("all_reduce on dp[0] (1 rank) not started (queued behind this rank's own "
+                        "device work, which has not finished) on its stream"));
   EXPECT_THAT(error.message(), HasSubstr("after 5.1 s (collective timeout 5 s)"));
   EXPECT_EQ(me->watchdog->error(), error);
   EXPECT_EQ(tp->AsyncError(), error) << "every communicator of the rank is stopped";
@@ -108,6 +113,7 @@ TEST(CommWatchdogTest, APeerThatNeverJoinsFailsTheCollectiveWithinTheTimeout) {
     }
     const double took = SecondsSince(start);
     EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+    // Its stream reached it (started): it waits on its peer, not behind this rank's own work.
     EXPECT_THAT(status.message(), HasSubstr("all_reduce on ep[0,1] (2 ranks) not complete"));
     EXPECT_THAT(status.message(), HasSubstr("collective timeout 0.3 s"));
     EXPECT_GE(took, 0.3);

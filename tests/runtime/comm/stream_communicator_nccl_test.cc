@@ -358,12 +358,15 @@ int WatchdogChild(const std::string& dir) {
   CHILD_OK(0, (*dp)->AllReduce(d, 16));  // enqueued behind the spinning kernel
   const auto call = ProcessInFlight().Oldest();
   CHILD_CHECK(0, call.has_value() && call->op == "all_reduce" && call->group == "dp[0]");
+  CHILD_CHECK(0, !call->started);  // queued behind the spinning kernel, not waiting on peers
   CHILD_CHECK(0, Eventually([&] { return !(*dp)->AsyncError().ok(); }, 30));
   const double took = std::chrono::duration<double>(SteadyClock::now() - start).count();
   const absl::Status error = (*dp)->AsyncError();
   std::fprintf(stderr, "after %.3f s: %s\n", took, error.ToString().c_str());
   CHILD_CHECK(0, absl::IsDeadlineExceeded(error));
-  CHILD_CHECK(0, absl::StrContains(error.message(), "all_reduce on dp[0] (1 rank) not complete"));
+  CHILD_CHECK(0, absl::StrContains(error.message(),
+                                   "all_reduce on dp[0] (1 rank) not started (queued behind this "
+                                   "rank's own device work"));
   CHILD_CHECK(0, took >= 1.0);
   // Release the stream (ncclCommAbort may wait for the device), then the rest of the rank.
   *reinterpret_cast<volatile int*>(flag) = 1;
