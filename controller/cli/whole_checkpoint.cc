@@ -140,7 +140,8 @@ absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
                                      static_cast<int64_t>(first.param_data.size())));
   first = train::LoadedCheckpoint();
   for (int shard = 1; shard < out.num_shards; ++shard) {
-    ASSIGN_OR_RETURN(const train::LoadedCheckpoint part, store.Load(out.step, shard));
+    ASSIGN_OR_RETURN(const train::LoadedCheckpoint part,
+                     store.Load(out.step, shard, train::ShardParts::kParams));
     RETURN_IF_ERROR(assembler.AddShard(shard, part.params, part.param_data.data(),
                                        static_cast<int64_t>(part.param_data.size())));
   }
@@ -289,14 +290,14 @@ absl::StatusOr<std::vector<WholeTensor>> TensorAssembler::Finish() {
 
 absl::StatusOr<WholeCheckpoint> LoadWholeCheckpoint(const train::CheckpointStore& store,
                                                     int64_t step) {
-  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.Load(step, 0));
+  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.Load(step, 0, train::ShardParts::kParams));
   return Reassemble(store, std::move(first));
 }
 
 absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::CheckpointStore& store) {
   // The loader picks the newest step whose shard 0 verifies; a step whose other shards do not is
   // passed over here the same way, for the next older committed one.
-  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.LoadLatest(0));
+  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.LoadLatest(0, train::ShardParts::kParams));
   std::vector<std::string> skipped = std::move(first.skipped);
   int64_t step = first.step;
   absl::StatusOr<WholeCheckpoint> whole = Reassemble(store, std::move(first));
@@ -312,7 +313,7 @@ absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::Checkpoin
                                               ":\n  ", absl::StrJoin(skipped, "\n  ")));
     }
     step = *std::prev(older);
-    absl::StatusOr<train::LoadedCheckpoint> next = store.Load(step, 0);
+    absl::StatusOr<train::LoadedCheckpoint> next = store.Load(step, 0, train::ShardParts::kParams);
     whole = next.ok() ? Reassemble(store, *std::move(next)) : next.status();
   }
   whole->skipped.insert(whole->skipped.begin(), skipped.begin(), skipped.end());

@@ -418,10 +418,10 @@ std::vector<int64_t> CheckpointStore::LoadableSteps(std::vector<std::string>* no
   return steps;
 }
 
-absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard, ShardParts parts) const {
   std::vector<std::string> skipped;
   for (int64_t step : LoadableSteps(&skipped)) {
-    absl::StatusOr<LoadedCheckpoint> loaded = Load(step, shard);
+    absl::StatusOr<LoadedCheckpoint> loaded = Load(step, shard, parts);
     if (loaded.ok()) {
       loaded->skipped = std::move(skipped);
       return loaded;
@@ -437,9 +437,10 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard) const {
   return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", dir_, ":", all));
 }
 
-absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard) const {
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(int64_t step, int shard,
+                                                       ShardParts parts) const {
   ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(step));
-  return ReadShard(manifest, shard);
+  return ReadShard(manifest, shard, parts);
 }
 
 absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) const {
@@ -577,7 +578,7 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
 }
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointManifest& manifest,
-                                                            int shard) const {
+                                                            int shard, ShardParts parts) const {
   if (shard < 0 || shard >= manifest.num_shards) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint ", manifest.path,
                                                       " was written by ", manifest.num_shards,
@@ -617,14 +618,24 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   }
   uint32_t crc = 0;
   unsigned char header[kShardHeaderBytes];
-  out.param_data.resize(static_cast<size_t>(n));
-  out.m.resize(static_cast<size_t>(n));
-  out.v.resize(static_cast<size_t>(n));
   const size_t array_bytes = static_cast<size_t>(n) * sizeof(float);
+  out.param_data.resize(static_cast<size_t>(n));
   absl::Status read = ReadExact(f, shard_path, header, sizeof(header), &crc);
   if (read.ok()) read = ReadExact(f, shard_path, out.param_data.data(), array_bytes, &crc);
-  if (read.ok()) read = ReadExact(f, shard_path, out.m.data(), array_bytes, &crc);
-  if (read.ok()) read = ReadExact(f, shard_path, out.v.data(), array_bytes, &crc);
+  if (parts == ShardParts::kAll) {
+    out.m.resize(static_cast<size_t>(n));
+    out.v.resize(static_cast<size_t>(n));
+    if (read.ok()) read = ReadExact(f, shard_path, out.m.data(), array_bytes, &crc);
+    if (read.ok()) read = ReadExact(f, shard_path, out.v.data(), array_bytes, &crc);
+  } else {
+    // The moments through the checksum only, a block at a time.
+    std::vector<char> block(size_t{4} << 20);
+    for (size_t left = 2 * array_bytes; read.ok() && left > 0;) {
+      const size_t take = std::min(left, block.size());
+      read = ReadExact(f, shard_path, block.data(), take, &crc);
+      left -= take;
+    }
+  }
   std::fclose(f);
   RETURN_IF_ERROR(read);
   if (crc != record.crc32) {

@@ -84,6 +84,11 @@ absl::StatusOr<std::vector<int64_t>> ParamGlobalShape(const ParamInfo& p);
 // an older checkpoint of the same directory would not cure.
 inline bool IsDamage(const absl::Status& status) { return absl::IsDataLoss(status); }
 
+// What a load keeps of a shard: everything, or its parameters only (export and sampling, which
+// need no Adam moments: the moments are still read through the checksum, a block at a time, so a
+// damaged one is found, but not kept, a third of the memory).
+enum class ShardParts { kAll, kParams };
+
 // A committed step's manifest, checked for structure (no shard read).
 struct CheckpointManifest {
   int64_t step = 0;
@@ -143,18 +148,21 @@ class CheckpointStore {
   // reason) when every one is damaged. Only damage (IsDamage) passes a checkpoint over: an
   // unreadable file or a newer format version is returned at once, since falling back would
   // resume from an older step and the next commit would uncommit the newer ones.
-  absl::StatusOr<LoadedCheckpoint> LoadLatest(int shard = 0) const;
+  absl::StatusOr<LoadedCheckpoint> LoadLatest(int shard = 0,
+                                              ShardParts parts = ShardParts::kAll) const;
   // One step, verified; errors name the file and what is wrong with it:
   //   DataLoss: damage (a missing or truncated file, a checksum or a field that does not verify);
   //   Unavailable: a file that exists but could not be read (EIO, ESTALE, EACCES), not known to
   //     be damaged: a restart reads it again;
   //   FailedPrecondition: a newer format version (a newer furnace wrote it), or no such shard.
-  absl::StatusOr<LoadedCheckpoint> Load(int64_t step, int shard = 0) const;
+  absl::StatusOr<LoadedCheckpoint> Load(int64_t step, int shard = 0,
+                                        ShardParts parts = ShardParts::kAll) const;
   // The manifest of committed step `step` (DataLoss when damaged; every shard's parameters are
   // checked with ParamGlobalShape and against its stored values).
   absl::StatusOr<CheckpointManifest> ReadManifest(int64_t step) const;
   // Shard `shard` of a manifest ReadManifest returned, verified against it.
-  absl::StatusOr<LoadedCheckpoint> ReadShard(const CheckpointManifest& manifest, int shard) const;
+  absl::StatusOr<LoadedCheckpoint> ReadShard(const CheckpointManifest& manifest, int shard,
+                                             ShardParts parts = ShardParts::kAll) const;
 
   // Steps whose manifest exists, ascending.
   std::vector<int64_t> CommittedSteps() const;

@@ -444,6 +444,31 @@ TEST(CheckpointTest, ACheckpointOfANewerVersionIsRefusedNotPassedOver) {
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Export and sampling keep a shard's parameters only (a third of its memory); its Adam moments are
+// still read through the checksum, so damage to them is found all the same.
+TEST(CheckpointTest, AParamsOnlyLoadKeepsNoMomentsAndStillVerifiesThem) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  auto params = store.Load(2, 0, ShardParts::kParams);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->param_data, State(2).p);
+  EXPECT_TRUE(params->m.empty());
+  EXPECT_TRUE(params->v.empty());
+  const std::string shard = dir / "step-00000002/shard-00000.bin";
+  std::string bytes = ReadAll(shard);
+  bytes[bytes.size() - 2] ^= 0x01;  // a bit of the last v
+  WriteAll(shard, bytes);
+  auto damaged = store.Load(2, 0, ShardParts::kParams);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_THAT(damaged.status().message(), HasSubstr("checksum mismatch"));
+  auto latest = store.LoadLatest(0, ShardParts::kParams);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 1);
+  EXPECT_TRUE(latest->m.empty());
+}
+
 TEST(CheckpointTest, ResavingACommittedStepReplacesIt) {
   TestDir dir;
   CheckpointStore store(dir.path(), 3);
