@@ -96,9 +96,10 @@ class ControllerTest : public ::testing::Test {
     ASSERT_TRUE(c_->ReportRank(r).ok());
   }
 
-  // A hang the rank's own watchdog reported (the agent then killed it), inside a collective or
-  // not.
-  void ReportHang(int slot, uint32_t rank, const std::string& reason, bool in_collective) {
+  // The report of attempt 1's rank `rank` (on slot `slot`) ending with a hang its own watchdog
+  // found (the agent then killed it), inside a collective or not.
+  v1::RankReport HangReport(int slot, uint32_t rank, const std::string& reason,
+                            bool in_collective) {
     v1::RankReport r;
     r.set_worker_id("h/" + std::to_string(slot));
     r.set_job_id(job_);
@@ -109,7 +110,11 @@ class ControllerTest : public ::testing::Test {
     r.set_exit_kind(v1::EXIT_KIND_HANG);
     r.set_reason(reason);
     r.set_hang_in_collective(in_collective);
-    ASSERT_TRUE(c_->ReportRank(r).ok());
+    r.set_unix_time(clock_.UnixSeconds());
+    return r;
+  }
+  void ReportHang(int slot, uint32_t rank, const std::string& reason, bool in_collective) {
+    ASSERT_TRUE(c_->ReportRank(HangReport(slot, rank, reason, in_collective)).ok());
   }
 
   v1::JobDetail Job() {
@@ -1316,15 +1321,9 @@ TEST_F(ControllerTest, AHangInsideACollectiveWaitsForTheRankThatHungInItsOwnWork
 // phase a hang overran), so the time to detect it is in, as in the recovery's phases.
 TEST_F(ControllerTest, RecoverySecondsCountFromTheFailure) {
   StartRunning();
-  v1::RankReport r;
-  r.set_worker_id("h/1");
-  r.set_job_id(job_);
-  r.set_attempt(1);
-  r.set_rank(1);
-  r.set_event(v1::RANK_EXITED);
-  r.set_exit_kind(v1::EXIT_KIND_HANG);
-  r.set_reason("hung in step 3: not in a collective (its own compute, I/O or a lock) for 8.0 s");
-  r.set_unix_time(clock_.UnixSeconds());
+  v1::RankReport r = HangReport(
+      1, 1, "hung in step 3: not in a collective (its own compute, I/O or a lock) for 8.0 s",
+      false);
   r.set_failed_unix(clock_.UnixSeconds() - 8);  // the step began 8 s before it was reported
   ASSERT_TRUE(c_->ReportRank(r).ok());
   ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
