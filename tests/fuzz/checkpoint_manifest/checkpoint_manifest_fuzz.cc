@@ -4,8 +4,8 @@
 // wrote them, is parsed field by field, which is what this exercises). The same bytes also go to
 // ParseShardRecord (the
 // record ranks exchange before rank 0 commits). Beyond not crashing:
-//  - a manifest is refused only with DataLoss (the store's promise), a shard record only with
-//    InvalidArgument;
+//  - a manifest is refused only with DataLoss (the store's promise), or FailedPrecondition when
+//    it says a newer format version than this build's; a shard record only with InvalidArgument;
 //  - an accepted manifest is self-consistent: the step it says, one record per shard, every
 //    parameter inside its shard's stored values, the shard totals adding up, its counters JSON
 //    integers;
@@ -95,7 +95,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const absl::StatusOr<furnace::train::LoadedCheckpoint> shard = store.ReadShard(*manifest, 0);
     FUZZ_CHECK(!shard.ok(), "a shard that does not exist was loaded");
   } else {
-    FUZZ_CHECK(absl::IsDataLoss(manifest.status()), "manifest refused with %s: %s",
+    // Damage (DataLoss), or a newer format version (FailedPrecondition: a newer furnace wrote
+    // it, not damage) where the text says a version above this build's.
+    const nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, false);
+    const bool newer = j.is_object() && j.contains("version") &&
+                       j["version"].is_number_unsigned() &&
+                       j["version"].get<uint64_t>() > furnace::train::kCheckpointVersion;
+    FUZZ_CHECK(absl::IsDataLoss(manifest.status()) ||
+                   (newer && absl::IsFailedPrecondition(manifest.status())),
+               "manifest refused with %s: %s",
                std::string(absl::StatusCodeToString(manifest.status().code())).c_str(),
                std::string(manifest.status().message()).c_str());
   }
