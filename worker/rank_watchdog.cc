@@ -91,9 +91,15 @@ void RankWatchdog::AllowForCheckpointBytes(uint64_t bytes) {
   if (extra_s < 0.1) return;
   std::lock_guard<std::mutex> lock(mu_);
   checkpoint_extra_s_ = extra_s;
-  extra_text_ = absl::StrFormat(" + %.1f s for its %.2f GB checkpoint shard", checkpoint_extra_s_,
-                                static_cast<double>(bytes) / 1e9);
+  checkpoint_bytes_ = bytes;
   if (phase_ == Phase::kStartup) timeout_s_ += checkpoint_extra_s_;
+}
+
+void RankWatchdog::AppendCheckpointAllowanceLocked(std::string& limit) const {
+  if (checkpoint_extra_s_ <= 0) return;
+  absl::StrAppend(
+      &limit, absl::StrFormat(" + %.1f s for the largest checkpoint shard (%.2f GB)",
+                              checkpoint_extra_s_, static_cast<double>(checkpoint_bytes_) / 1e9));
 }
 
 void RankWatchdog::EnterEval(uint64_t after_step) {
@@ -131,7 +137,7 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       name = "start-up";
       where = absl::StrCat("start-up (", detail_, ")");
       limit = "recovery.start_timeout_s + recovery.hang_timeout_s";
-      if (checkpoint_extra_s_ > 0) absl::StrAppend(&limit, extra_text_);
+      AppendCheckpointAllowanceLocked(limit);
       break;
     case Phase::kStep:
       name = "step";
@@ -151,7 +157,7 @@ furnace::v1::RankWatchdogRecord RankWatchdog::Check() {
       where = detail_.empty()
                   ? absl::StrCat("the checkpoint after step ", step_)
                   : absl::StrCat("the checkpoint after step ", step_, " (", detail_, ")");
-      if (checkpoint_extra_s_ > 0) absl::StrAppend(&limit, extra_text_);
+      AppendCheckpointAllowanceLocked(limit);
       break;
   }
   record.set_phase(name);

@@ -106,6 +106,8 @@ class RankWatchdog {
  private:
   enum class Phase { kNone, kStartup, kStep, kCheckpoint, kEval, kFinishing };
   void Enter(Phase phase, uint64_t step, const std::string& detail, double timeout_s);
+  // " + 20.0 s for the largest checkpoint shard (2.00 GB)" after a timeout's setting, if any.
+  void AppendCheckpointAllowanceLocked(std::string& limit) const;
 
   const WatchdogTimeouts timeouts_;
   const Clock& clock_;
@@ -119,7 +121,7 @@ class RankWatchdog {
   double timeout_s_ = 0;           // guarded by mu_
   bool reported_ = false;          // guarded by mu_
   double checkpoint_extra_s_ = 0;  // AllowForCheckpointBytes; guarded by mu_
-  std::string extra_text_;         // how the start-up's timeout grew with it; guarded by mu_
+  uint64_t checkpoint_bytes_ = 0;  // the shard it allows for; guarded by mu_
 };
 
 // Runs RankWatchdog::Check every heartbeat_s on a thread of its own and hands each record to

@@ -258,14 +258,9 @@ MetricsSnapshot Controller::Metrics() {
       if (a.state() == v1::ATTEMPT_STATE_FAILED && restarted) {
         ++m.restarts_by_cause[a.failure_kind().empty() ? "exit" : a.failure_kind()];
       }
-      // From the failure (as the culprit's agent saw it; the attempt's end where not recorded),
-      // so the time to detect it counts, as in the recovery's phases (recovery_phases.cc).
-      if (const auto& failed = job.attempts[i > 0 ? i - 1 : 0];
-          i > 0 && a.all_running_unix() > 0 && failed.ended_unix() > 0) {
-        const double failed_at = failed.failed_unix() > 0
-                                     ? std::min(failed.failed_unix(), failed.ended_unix())
-                                     : failed.ended_unix();
-        m.last_recovery_seconds = a.all_running_unix() - failed_at;
+      // From the failure, so the time to detect it counts, as in the recovery's phases.
+      if (i > 0 && a.all_running_unix() > 0 && job.attempts[i - 1].ended_unix() > 0) {
+        m.last_recovery_seconds = a.all_running_unix() - FailureUnix(job.attempts[i - 1]);
       }
       if (a.has_recovery()) {
         m.last_recovery_phases = RecoveryPhaseList(a.recovery());

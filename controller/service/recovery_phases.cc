@@ -9,13 +9,17 @@ namespace furnace::controller {
 
 namespace v1 = furnace::v1;
 
+double FailureUnix(const v1::AttemptInfo& failed) {
+  return failed.failed_unix() > 0 ? failed.failed_unix() : failed.ended_unix();
+}
+
 std::optional<v1::RecoveryPhases> RecoveryPhasesOf(const v1::AttemptInfo& failed,
                                                    const v1::AttemptInfo& next) {
   if (next.first_step_unix() <= 0 || failed.ended_unix() <= 0 || next.started_unix() <= 0) {
     return std::nullopt;
   }
   const auto span = [](double from, double to) { return std::max(0.0, to - from); };
-  const double failed_at = failed.failed_unix() > 0 ? failed.failed_unix() : failed.ended_unix();
+  const double failed_at = FailureUnix(failed);
   const double ended = failed.ended_unix();
   const double recover_at = failed.recover_at_unix() > 0 ? failed.recover_at_unix() : ended;
   // Ranks still ending when the next attempt was placed (spares took their place): teardown was

@@ -26,6 +26,10 @@
 
 namespace furnace::controller {
 
+// When `failed` failed: as the culprit's agent saw it (a hang: the start of the phase it
+// overran), else when the controller ended it. The start of a recovery's time.
+double FailureUnix(const furnace::v1::AttemptInfo& failed);
+
 // nullopt until `next` has completed its first step (and `failed` has a failure time).
 std::optional<furnace::v1::RecoveryPhases> RecoveryPhasesOf(const furnace::v1::AttemptInfo& failed,
                                                             const furnace::v1::AttemptInfo& next);

@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -49,6 +48,12 @@ class Checker {
       absl::StrAppend(&problem.got, ", the default");
     }
     diag_->Add(diag_->Where(anchor), subject, std::move(problem));
+  }
+
+  // `field`, written in the file, is not read under the setting of `related`: refused rather than
+  // accepted and ignored.
+  void RefuseIfPresent(absl::string_view field, absl::string_view related, Problem problem) {
+    if (diag_->Present(field)) Fail({field, related}, std::move(problem));
   }
 
   // The first of `paths` present in the file, else the first.
@@ -175,11 +180,10 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     // The check runs at each attempt's start, before any step, between two or more ranks, and
     // only with a bound (worker/health_check.cc).
     for (const char* field : {"fault.at_step", "fault.mean_steps"}) {
-      if (!diag->Present(field)) continue;
-      c.Fail({field, "fault.mode"},
-             Problem{"not used by fault.mode health_check (it fails the health check at the "
-                     "attempt's start, before any step)",
-                     "", "omit it, or fault.mode: crash, hang or exit"});
+      c.RefuseIfPresent(field, "fault.mode",
+                        Problem{"not used by fault.mode health_check (it fails the health check "
+                                "at the attempt's start, before any step)",
+                                "", "omit it, or fault.mode: crash, hang or exit"});
     }
     if (world < 2) {
       c.Fail({"fault.mode", "parallel.dp"},
@@ -194,10 +198,11 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      "'health_check'", "crash, hang or exit, or recovery.health_check_s > 0"});
     }
   }
-  if (!fault.mode().empty() && fault.mode() != "exit" && diag->Present("fault.exit_code")) {
-    c.Fail({"fault.exit_code", "fault.mode"},
-           Problem{absl::StrCat("only used by fault.mode exit (this fault is ", fault.mode(), ")"),
-                   absl::StrCat(fault.exit_code()), "omit it, or fault.mode: exit"});
+  if (!fault.mode().empty() && fault.mode() != "exit") {
+    c.RefuseIfPresent(
+        "fault.exit_code", "fault.mode",
+        Problem{absl::StrCat("only used by fault.mode exit (this fault is ", fault.mode(), ")"),
+                absl::StrCat(fault.exit_code()), "omit it, or fault.mode: exit"});
   }
 
   // Ranks are int32 on the wire (fault.rank) and uint32 in resources.workers.
@@ -290,11 +295,12 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                   "): layer l is MoE when (l + 1) is a multiple of moe_every, so "
                                   "no layer would be"),
                      absl::StrCat(m.moe_every()), absl::StrCat("1..", m.layers())});
-    } else if (m.moe_every() == 1 && diag->Present("model.dense_ffn")) {
-      c.Fail({"model.dense_ffn", "model.moe_every"},
-             Problem{"only used by dense layers, and with model.moe_every 1 every layer is MoE",
-                     absl::StrCat(m.dense_ffn()),
-                     "omit it, or model.moe_every >= 2 (then every moe_every-th layer is MoE)"});
+    } else if (m.moe_every() == 1) {
+      c.RefuseIfPresent(
+          "model.dense_ffn", "model.moe_every",
+          Problem{"only used by dense layers, and with model.moe_every 1 every layer is MoE",
+                  absl::StrCat(m.dense_ffn()),
+                  "omit it, or model.moe_every >= 2 (then every moe_every-th layer is MoE)"});
     }
     // Products the runtime holds in 32-bit ints (runtime/model/module.h: Dims::N, the routed
     // rows N * k; the trainer's first micro-batch of a data-parallel rank, dp * micro_batches).
@@ -364,27 +370,29 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
     const std::string& policy = spec.memory().policy();
     // The offload settings do something only where something offloads, the codec only under
     // adaptive; elsewhere they would be accepted and ignored (whatever the value written).
-    if (policy != "offload" && diag->Present("memory.offload_ratio")) {
-      c.Fail({"memory.offload_ratio", "memory.policy"},
-             Problem{absl::StrCat("applies only to memory.policy offload (this job's policy is ",
-                                  policy, ")"),
-                     absl::StrCat(spec.memory().offload_ratio()),
-                     "omit it, or memory.policy: offload"});
+    if (policy != "offload") {
+      c.RefuseIfPresent(
+          "memory.offload_ratio", "memory.policy",
+          Problem{absl::StrCat("applies only to memory.policy offload (this job's policy is ",
+                               policy, ")"),
+                  absl::StrCat(spec.memory().offload_ratio()),
+                  "omit it, or memory.policy: offload"});
     }
-    if (policy != "offload" && policy != "adaptive" && diag->Present("memory.host_link_gbps")) {
-      c.Fail({"memory.host_link_gbps", "memory.policy"},
-             Problem{absl::StrCat("applies only to memory.policy offload or adaptive (this job's "
-                                  "policy is ",
-                                  policy, ")"),
-                     absl::StrCat(spec.memory().host_link_gbps()),
-                     "omit it, or memory.policy: offload or adaptive"});
+    if (policy != "offload" && policy != "adaptive") {
+      c.RefuseIfPresent("memory.host_link_gbps", "memory.policy",
+                        Problem{absl::StrCat("applies only to memory.policy offload or adaptive "
+                                             "(this job's policy is ",
+                                             policy, ")"),
+                                absl::StrCat(spec.memory().host_link_gbps()),
+                                "omit it, or memory.policy: offload or adaptive"});
     }
-    if (policy != "adaptive" && diag->Present("memory.codec")) {
-      c.Fail({"memory.codec", "memory.policy"},
-             Problem{absl::StrCat("applies only to memory.policy adaptive (this job's policy is ",
-                                  policy, ")"),
-                     absl::StrCat("'", spec.memory().codec(), "'"),
-                     "omit it, or memory.policy: adaptive"});
+    if (policy != "adaptive") {
+      c.RefuseIfPresent(
+          "memory.codec", "memory.policy",
+          Problem{absl::StrCat("applies only to memory.policy adaptive (this job's policy is ",
+                               policy, ")"),
+                  absl::StrCat("'", spec.memory().codec(), "'"),
+                  "omit it, or memory.policy: adaptive"});
     }
     // The planner acts when a micro-batch's projected peak would not fit the budget: without one
     // it never would (policy none under another name).
@@ -457,19 +465,21 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   // An interval past the last step would be accepted and never reached: only the final
   // checkpoint (or evaluation) would happen, which is what 0 says.
   if (spec.kind() == "train") {
-    for (const auto& [field, every] :
-         {std::pair<const char*, uint64_t>{"checkpoint.every", spec.checkpoint().every()},
-          std::pair<const char*, uint64_t>{"eval.every", spec.eval().every()}}) {
-      if (every <= t.steps()) continue;
-      c.Fail({field, "train.steps"},
+    struct Interval {
+      const char* field;
+      uint64_t every;
+      std::string otherwise;  // the allowed values besides 1..steps
+    };
+    for (const Interval& i :
+         {Interval{"checkpoint.every", spec.checkpoint().every(),
+                   ", or 0 (only the final checkpoint), or auto"},
+          Interval{"eval.every", spec.eval().every(),
+                   absl::StrCat(" (", t.steps(), ": once, after the last step), or 0 (off)")}}) {
+      if (i.every <= t.steps()) continue;
+      c.Fail({i.field, "train.steps"},
              Problem{absl::StrCat("must be <= train.steps (= ", t.steps(),
                                   "): the interval would never be reached"),
-                     absl::StrCat(every),
-                     absl::StrCat("1..", t.steps(),
-                                  std::string_view(field) == "eval.every"
-                                      ? " (" + std::to_string(t.steps()) +
-                                            ": once, after the last step), or 0 (off)"
-                                      : ", or 0 (only the final checkpoint), or auto")});
+                     absl::StrCat(i.every), absl::StrCat("1..", t.steps(), i.otherwise)});
     }
   }
   const auto& ev = spec.eval();

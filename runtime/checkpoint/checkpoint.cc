@@ -66,14 +66,16 @@ int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Reads exactly n bytes into dst, folding them into *crc.
 // A file that could not be read for a reason other than its absence (EIO, ESTALE, EACCES: a
 // network file system's fault, a mount or permission change): nothing is known of its bytes, so
 // it is not counted as damage, which would send the run back to an older checkpoint and then
-// uncommit the newer ones (CheckpointStore::Commit); a restart reads it again.
+// uncommit the newer ones (CheckpointStore::Commit); a restart reads it again. `failure` says
+// what failed and why.
+absl::Status UnreadableError(absl::string_view failure) {
+  return absl::UnavailableError(absl::StrCat(failure, " (not damage: a restart reads it again)"));
+}
 absl::Status UnreadableError(const std::string& what, int error) {
-  return absl::UnavailableError(absl::StrCat(what, ": cannot read: ", std::strerror(error),
-                                             " (not damage: a restart reads it again)"));
+  return UnreadableError(absl::StrCat(what, ": cannot read: ", std::strerror(error)));
 }
 
 absl::Status NewerVersionError(const std::string& what, uint64_t version) {
@@ -82,6 +84,7 @@ absl::Status NewerVersionError(const std::string& what, uint64_t version) {
                    kCheckpointVersion, " (written by a newer furnace: run that one)"));
 }
 
+// Reads exactly n bytes into dst, folding them into *crc.
 absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t n, uint32_t* crc) {
   if (std::fread(dst, 1, n, f) != n) {
     // A read error says nothing of the bytes (an I/O error of a network file system); an early
@@ -455,8 +458,7 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
       return absl::DataLossError(
           absl::StrCat("checkpoint manifest ", manifest_path, ": missing (", read.message(), ")"));
     }
-    return absl::UnavailableError(
-        absl::StrCat(read.message(), " (not damage: a restart reads it again)"));
+    return UnreadableError(read.message());
   }
   Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad_manifest = [&](const std::string& what) {

@@ -123,8 +123,8 @@ TEST_F(RankWatchdogTest, ACheckpointIsAPhaseOfItsOwn) {
   in_flight_.End(token);
 }
 
-// A rank's checkpoint shard of 2 GB is allowed 20 s more than hang_timeout_s to be written (each
-// checkpoint) and read (the start-up, which the load ends), at 100 MB/s.
+// The job's largest checkpoint shard of 2 GB is allowed 20 s more than hang_timeout_s to be written
+// (each checkpoint) and read (the start-up, which the load ends), at 100 MB/s.
 TEST_F(RankWatchdogTest, ACheckpointShardGetsTimeForItsBytes) {
   watchdog_.EnterStartup("model");
   clock_.Advance(30);
@@ -137,7 +137,7 @@ TEST_F(RankWatchdogTest, ACheckpointShardGetsTimeForItsBytes) {
   ASSERT_EQ(load.kind(), Kind::KIND_HUNG);
   EXPECT_THAT(load.reason(),
               HasSubstr("timeout 58 s (recovery.start_timeout_s + recovery.hang_timeout_s + "
-                        "20.0 s for its 2.00 GB checkpoint shard)"));
+                        "20.0 s for the largest checkpoint shard (2.00 GB))"));
 
   RankWatchdog writing(Timeouts(), clock_, in_flight_);
   writing.AllowForCheckpointBytes(uint64_t{2'000'000'000});
@@ -148,8 +148,8 @@ TEST_F(RankWatchdogTest, ACheckpointShardGetsTimeForItsBytes) {
   const furnace::v1::RankWatchdogRecord write = writing.Check();
   ASSERT_EQ(write.kind(), Kind::KIND_HUNG);
   EXPECT_THAT(write.reason(),
-              HasSubstr("timeout 28 s (recovery.hang_timeout_s + 20.0 s for its 2.00 GB "
-                        "checkpoint shard)"));
+              HasSubstr("timeout 28 s (recovery.hang_timeout_s + 20.0 s for the largest "
+                        "checkpoint shard (2.00 GB))"));
   // Steps keep theirs.
   RankWatchdog stepping(Timeouts(), clock_, in_flight_);
   stepping.AllowForCheckpointBytes(uint64_t{2'000'000'000});
