@@ -37,11 +37,16 @@ v1::GetLogsResponse LogStore::Read(const v1::GetLogsRequest& req) const {
   v1::GetLogsResponse resp;
   std::ifstream in(Path(req.job_id()));
   std::string line;
-  uint64_t index = 0;
-  constexpr size_t kMaxLines = 5000;
-  while (std::getline(in, line)) {
+  uint64_t index = 0;  // lines read before `line`
+  size_t bytes = 0;
+  for (; std::getline(in, line); ++index) {
     if (in.eof()) break;  // a partial last line: wait until it is complete
-    if (index++ < req.offset()) continue;
+    if (index < req.offset()) continue;
+    // A full page ends before this line, which the next read starts with.
+    if (static_cast<size_t>(resp.lines_size()) >= kMaxLogPageLines ||
+        (resp.lines_size() > 0 && bytes + line.size() > kMaxLogPageBytes)) {
+      break;
+    }
     // Stored as "<attempt> <rank> <text>".
     unsigned attempt = 0, rank = 0;
     int consumed = 0;
@@ -49,10 +54,7 @@ v1::GetLogsResponse LogStore::Read(const v1::GetLogsRequest& req) const {
     if (req.rank() >= 0 && static_cast<unsigned>(req.rank()) != rank) continue;
     if (req.attempt() > 0 && static_cast<unsigned>(req.attempt()) != attempt) continue;
     resp.add_lines(absl::StrCat("[attempt ", attempt, " rank ", rank, "] ", line.substr(consumed)));
-    if (static_cast<size_t>(resp.lines_size()) >= kMaxLines) {
-      ++index;
-      break;
-    }
+    bytes += line.size();
   }
   resp.set_next_offset(std::max<uint64_t>(index, req.offset()));
   return resp;

@@ -20,6 +20,9 @@
 
 namespace furnace::controller {
 
+inline constexpr size_t kMaxLogPageLines = 5000;
+inline constexpr size_t kMaxLogPageBytes = size_t{1} << 20;
+
 class LogStore {
  public:
   // `dir` exists (the controller creates it at start).
@@ -30,8 +33,10 @@ class LogStore {
   // One line in the stored format; newlines inside the text become spaces.
   static std::string Format(const furnace::v1::LogLine& line);
 
-  // The lines of req.job_id() from req.offset() on, filtered by rank and attempt, at most 5000;
-  // next_offset is where the next read continues. job_done is left for the caller to set.
+  // The lines of req.job_id() from req.offset() on, filtered by rank and attempt: a page of at
+  // most kMaxLogPageLines lines and kMaxLogPageBytes bytes of text (one longer line comes alone),
+  // so a page stays far below a gRPC message's limit. next_offset is where the next read
+  // continues (the first line not returned). job_done is left for the caller to set.
   furnace::v1::GetLogsResponse Read(const furnace::v1::GetLogsRequest& req) const;
 
  private:
