@@ -77,13 +77,23 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& rpc,
 
 namespace {
 
+// No limit on an answer's size (gRPC's default is 4 MiB): a long job's whole series (`furnace
+// report` asks for every step) is larger, and the controller bounds the rest (a page of logs is
+// at most a MiB, log_store.h).
+grpc::ChannelArguments ChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  return args;
+}
+
 class GrpcJobClient : public JobClient {
  public:
   GrpcJobClient(std::string address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                 double deadline_s)
       : address_(std::move(address)),
         deadline_s_(deadline_s),
-        stub_(v1::JobService::NewStub(grpc::CreateChannel(address_, credentials))) {}
+        stub_(v1::JobService::NewStub(
+            grpc::CreateCustomChannel(address_, credentials, ChannelArguments()))) {}
 
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
     return Call<v1::SubmitJobResponse>("SubmitJob", request, &v1::JobService::Stub::SubmitJob);

@@ -30,6 +30,18 @@ class FakeJobService final : public v1::JobService::Service {
     response->mutable_summary()->set_state(v1::JOB_RUNNING);
     return grpc::Status::OK;
   }
+  // A long job's series: more than gRPC's default 4 MiB a client takes.
+  grpc::Status GetJobSeries(grpc::ServerContext*, const v1::GetJobSeriesRequest* request,
+                            v1::JobSeries* response) override {
+    response->set_job_id(request->job_id());
+    for (int i = 0; i < 20000; ++i) {
+      v1::StepRecord* step = response->add_steps();
+      step->set_step(static_cast<uint64_t>(i));
+      v1::ExpertTokens* layer = step->add_expert_tokens();
+      for (int e = 0; e < 64; ++e) layer->add_tokens(1000.0 + e);
+    }
+    return grpc::Status::OK;
+  }
 };
 
 class GrpcClientTest : public ::testing::Test {
@@ -72,6 +84,15 @@ TEST_F(GrpcClientTest, RoundTripAndErrorCodes) {
   auto workers = client_->ListWorkers();
   EXPECT_EQ(ExitCodeForStatus(workers.status()), kExitRpcError);
   EXPECT_NE(workers.status().message().find("ListWorkers failed"), std::string::npos);
+}
+
+TEST_F(GrpcClientTest, TakesAnAnswerLargerThanGrpcsDefaultLimit) {
+  v1::GetJobSeriesRequest request;
+  request.set_job_id("j-7");
+  auto series = client_->GetJobSeries(request);
+  ASSERT_TRUE(series.ok()) << series.status();
+  EXPECT_GT(series->ByteSizeLong(), size_t{4} << 20);
+  EXPECT_EQ(series->steps_size(), 20000);
 }
 
 }  // namespace
