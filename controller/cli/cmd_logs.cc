@@ -1,7 +1,8 @@
 // furnace logs JOB: pages GetLogs by line offset; --follow keeps polling until the controller says
-// the job is done and no lines are left.
+// the job is done and no lines are left, and rides out a controller restart (poll_outage.h).
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/poll_outage.h"
 #include "runtime/base/status.h"
 
 namespace furnace::cli {
@@ -14,8 +15,16 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
   request.set_attempt(options.attempt);
   request.set_offset(0);
   v1::GetLogsResponse all;  // for --json: every line, as one document
+  PollOutage outage(*ctx.clock, /*answered=*/false);
   while (true) {
-    ASSIGN_OR_RETURN(const v1::GetLogsResponse page, ctx.client->GetLogs(request));
+    absl::StatusOr<v1::GetLogsResponse> polled = ctx.client->GetLogs(request);
+    if (!polled.ok()) {
+      if (!options.follow || !outage.Retry(polled.status())) return polled.status();
+      ctx.sleep(ctx.poll_interval_s);
+      continue;
+    }
+    outage.Answered();
+    const v1::GetLogsResponse& page = *polled;
     if (ctx.json) {
       for (const auto& line : page.lines()) all.add_lines(line);
     } else {

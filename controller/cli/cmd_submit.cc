@@ -50,7 +50,14 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
     if (!ctx.json) *ctx.out << "submitted job " << response.job_id() << "\n";
-    return RunWatch(ctx, response.job_id());
+    absl::StatusOr<int> watched = RunWatch(ctx, response.job_id(), /*controller_answered=*/true);
+    if (!watched.ok()) {
+      // The job exists: the error names it (with --json it was printed nowhere else).
+      return absl::Status(watched.status().code(),
+                          absl::StrCat("submitted job ", response.job_id(),
+                                       ", but watching it failed: ", watched.status().message()));
+    }
+    return watched;
   }
   if (ctx.json) {
     RETURN_IF_ERROR(PrintJson(response, *ctx.out));

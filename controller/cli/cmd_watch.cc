@@ -3,35 +3,26 @@
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/poll_outage.h"
 #include "controller/cli/watch_view.h"
 #include "runtime/base/status.h"
 
 namespace furnace::cli {
-namespace {
 
-// How long the controller may stay unreachable (e.g. while it restarts) before watch gives up.
-constexpr double kUnavailableGraceS = 10.0;
-
-}  // namespace
-
-absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id) {
+absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id,
+                             bool controller_answered) {
   std::optional<v1::JobDetail> previous;
   int frame_lines = 0;
-  double unavailable_since = -1;
+  PollOutage outage(*ctx.clock, controller_answered);
   StepRate rate;
   while (true) {
     absl::StatusOr<v1::JobDetail> polled = ctx.client->GetJob(job_id);
     if (!polled.ok()) {
-      // Only a controller that never answered is an error at once; one that answered before may be
-      // restarting.
-      const double now = ctx.clock->MonotonicSeconds();
-      if (!previous.has_value() || !absl::IsUnavailable(polled.status())) return polled.status();
-      if (unavailable_since < 0) unavailable_since = now;
-      if (now - unavailable_since > kUnavailableGraceS) return polled.status();
+      if (!outage.Retry(polled.status())) return polled.status();
       ctx.sleep(ctx.poll_interval_s);
       continue;
     }
-    unavailable_since = -1;
+    outage.Answered();
     const v1::JobDetail& job = *polled;
     const double now_unix = ctx.clock->UnixSeconds();
     const bool final = IsFinalState(job.summary().state());

@@ -48,9 +48,11 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
                               const SubmitOptions& options);
 absl::StatusOr<int> RunJobs(const CommandContext& ctx);
 absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_id);
-// Polls until the job is final; exit code by ExitCodeForState. A controller that stays
-// unreachable for longer than ~10 s ends the watch with UNAVAILABLE.
-absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id);
+// Polls until the job is final; exit code by ExitCodeForState. Once the controller has answered
+// (`controller_answered`: before the first poll, as after a submission), an outage of up to
+// kPollOutageGraceS is ridden out (poll_outage.h); a longer one ends the watch with its error.
+absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_id,
+                             bool controller_answered = false);
 
 struct LogsOptions {
   int rank = -1;    // -1: all ranks

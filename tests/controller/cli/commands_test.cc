@@ -4,7 +4,9 @@
 #include <deque>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/poll_outage.h"
 #include "gtest/gtest.h"
 #include "tests/controller/cli/fake_job_client.h"
 #include "tests/controller/cli/job_fixtures.h"
@@ -95,6 +97,37 @@ TEST_F(CommandsTest, WatchGivesUpOnAControllerThatStaysDown) {
   client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), absl::UnavailableError("down")};
   auto code = RunWatch(ctx_, "j-1");
   EXPECT_TRUE(absl::IsUnavailable(code.status()));
+}
+
+// A controller slow to answer (its call deadline passed) is an outage too, not the end.
+TEST_F(CommandsTest, WatchRidesOutASlowController) {
+  client_.get_job = {MakeJob(v1::JOB_RUNNING, 1, 2), absl::DeadlineExceededError("late"),
+                     MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  auto code = RunWatch(ctx_, "j-1");
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+}
+
+// submit --watch: the submission was the controller's answer, so the first poll may already
+// ride out an outage; one that lasts ends with an error that names the job made.
+TEST_F(CommandsTest, SubmitWatchRidesOutAnOutageAndNamesTheJobIfItLasts) {
+  const std::string path = ::testing::TempDir() + "/watched.yaml";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("name: x\nkind: commcheck\n", f);
+  fclose(f);
+  ctx_.json = true;
+  client_.get_job = {absl::UnavailableError("down"), MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  auto code = RunSubmit(ctx_, path, {.watch = true});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitOk);
+
+  client_.get_job = {absl::UnavailableError("down")};
+  code = RunSubmit(ctx_, path, {.watch = true});
+  EXPECT_TRUE(absl::IsUnavailable(code.status()));
+  EXPECT_TRUE(
+      absl::StartsWith(code.status().message(), "submitted job j-1, but watching it failed: down"))
+      << code.status();
 }
 
 TEST_F(CommandsTest, WatchJsonPrintsOneFinalDocument) {
@@ -238,6 +271,31 @@ TEST_F(CommandsTest, LogsFollowPollsUntilJobDone) {
   EXPECT_EQ(out_.str(), "a\nb\n");
   EXPECT_EQ(sleeps_, 1);
   EXPECT_EQ(client_.log_requests.size(), 4u);
+}
+
+// A controller restart while following: the lines go on from where they were (same offset).
+TEST_F(CommandsTest, LogsFollowRidesOutAControllerRestart) {
+  client_.logs = {Page({"a"}, 1, false), absl::UnavailableError("down"),
+                  absl::DeadlineExceededError("late"), Page({"b"}, 2, true), Page({}, 2, true)};
+  ASSERT_TRUE(RunLogs(ctx_, "j-1", LogsOptions{.follow = true}).ok());
+  EXPECT_EQ(out_.str(), "a\nb\n");
+  ASSERT_EQ(client_.log_requests.size(), 5u);
+  EXPECT_EQ(client_.log_requests[3].offset(), 1u);
+}
+
+// Without --follow, or before the controller ever answered, an outage is the command's error.
+TEST_F(CommandsTest, LogsWithoutFollowOrAnswerEndsOnAnOutage) {
+  client_.logs = {Page({"a"}, 1, false), absl::UnavailableError("down")};
+  EXPECT_TRUE(absl::IsUnavailable(RunLogs(ctx_, "j-1", LogsOptions{}).status()));
+  client_.logs = {absl::UnavailableError("down")};
+  EXPECT_TRUE(absl::IsUnavailable(RunLogs(ctx_, "j-1", LogsOptions{.follow = true}).status()));
+  EXPECT_EQ(sleeps_, 0);
+}
+
+TEST_F(CommandsTest, LogsFollowGivesUpOnAControllerThatStaysDown) {
+  client_.logs = {Page({"a"}, 1, false), absl::UnavailableError("down")};
+  EXPECT_TRUE(absl::IsUnavailable(RunLogs(ctx_, "j-1", LogsOptions{.follow = true}).status()));
+  EXPECT_GT(sleeps_ * ctx_.poll_interval_s, kPollOutageGraceS);
 }
 
 TEST_F(CommandsTest, CancelPrintsResultingState) {

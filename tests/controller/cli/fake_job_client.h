@@ -14,7 +14,7 @@ namespace furnace::cli::testing {
 class FakeJobClient : public JobClient {
  public:
   std::deque<absl::StatusOr<v1::JobDetail>> get_job;
-  std::deque<v1::GetLogsResponse> logs;
+  std::deque<absl::StatusOr<v1::GetLogsResponse>> logs;
   std::vector<v1::GetLogsRequest> log_requests;
   absl::Status submit_error;
   v1::SubmitJobRequest submitted;
