@@ -105,8 +105,16 @@ absl::StatusOr<LoadedModel> FromWeights(const std::string& path) {
   if (!file.ok()) return LocalError(file.status());
   v1::ModelSpec spec;
   v1::MoeSpec moe;
-  RETURN_IF_ERROR(ParseMetadata(file->metadata, "furnace.model", path, &spec));
-  RETURN_IF_ERROR(ParseMetadata(file->metadata, "furnace.moe", path, &moe));
+  // A file without a model description (not an export of furnace) is a local error, as an
+  // unreadable one is.
+  if (absl::Status parsed = ParseMetadata(file->metadata, "furnace.model", path, &spec);
+      !parsed.ok()) {
+    return LocalError(parsed);
+  }
+  if (absl::Status parsed = ParseMetadata(file->metadata, "furnace.moe", path, &moe);
+      !parsed.ok()) {
+    return LocalError(parsed);
+  }
   LoadedModel m;
   m.config = ModelConfigOf(spec, moe);
   // The model's parameters; other tensors a file may carry (a test file's inputs) stay behind.
@@ -117,31 +125,6 @@ absl::StatusOr<LoadedModel> FromWeights(const std::string& path) {
   }
   m.source = path;
   return m;
-}
-
-// The text of `ids` beyond what `shown` already holds (appended to it), up to the last whole UTF-8
-// character unless `last`: a character whose bytes span two tokens is printed with its last byte.
-// Nothing while the decoded text no longer starts with what was shown (a tokenizer that joins
-// pieces differently once it sees more of them); the final call prints what then differs.
-std::string NewText(const Tokenizer& tok, const std::vector<int32_t>& ids, bool last,
-                    std::string* shown) {
-  const std::string text = tok.Decode(ids);
-  if (text.compare(0, shown->size(), *shown) != 0) return "";
-  size_t end = text.size();
-  if (!last) {
-    size_t lead = end;  // the start of the last character
-    while (lead > shown->size() && (static_cast<unsigned char>(text[lead - 1]) & 0xC0) == 0x80) {
-      --lead;
-    }
-    if (lead > shown->size()) {
-      const unsigned char c = static_cast<unsigned char>(text[lead - 1]);
-      const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-      if (end - (lead - 1) < need) end = lead - 1;
-    }
-  }
-  std::string out = text.substr(shown->size(), end - shown->size());
-  *shown += out;
-  return out;
 }
 
 }  // namespace
@@ -190,7 +173,10 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
   if (tokenizer_name == "ids") {
     tokenizer = IdTokenizer(loaded.config.vocab);
   } else {
-    ASSIGN_OR_RETURN(tokenizer, OpenTokenizer(tokenizer_name));
+    // A tokenizer file that cannot be opened here is a local error (exit 5), not "no such job".
+    absl::StatusOr<std::unique_ptr<Tokenizer>> opened = OpenTokenizer(tokenizer_name);
+    if (!opened.ok()) return LocalError(opened.status());
+    tokenizer = std::move(*opened);
   }
   const int32_t eod = tokenizer->eod_id();
   sampling.stop_id = eod >= 0 && eod < loaded.config.vocab ? eod : -1;
@@ -238,7 +224,7 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
                    model::Generate(**decoder, prompt, sampling, [&](int32_t token) {
                      generated.push_back(token);
                      if (ctx.json) return;
-                     *ctx.out << NewText(*tokenizer, generated, false, &shown);
+                     *ctx.out << StreamedText(*tokenizer, generated, false, &shown);
                      ctx.out->flush();
                    }));
   const double seconds =
@@ -262,7 +248,7 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
     return kExitOk;
   }
-  *ctx.out << NewText(*tokenizer, generated, true, &shown) << "\n";
+  *ctx.out << StreamedText(*tokenizer, generated, true, &shown) << "\n";
   *ctx.err << "furnace: " << g.tokens.size() << " tokens from " << loaded.source << " in "
            << FormatSeconds(seconds) << " ("
            << absl::StrFormat("%.1f", seconds > 0 ? g.tokens.size() / seconds : 0.0)

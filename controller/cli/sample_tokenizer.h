@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "runtime/data/tokenizer.h"
 
@@ -17,5 +19,15 @@ using data::Tokenizer;
 // Token ids as decimal text ("3 14 15"). Encode refuses a word that is not a number (naming it);
 // ids outside [0, vocab) are kept (the decoder refuses them, naming the id).
 std::unique_ptr<Tokenizer> IdTokenizer(int64_t vocab);
+
+// Streaming the generated text: the text of `ids` beyond what `shown` already holds (appended to
+// it). While not `last`, it stops before what a later token may still change: an incomplete UTF-8
+// character at the end (a character whose bytes span tokens is printed with its last byte), and
+// trailing U+FFFD, which a byte-fallback tokenizer decodes an incomplete byte run to until the run
+// is complete. When the decoded text no longer starts with what was shown (a tokenizer that joins
+// pieces differently once it sees more of them), nothing while streaming; the `last` call then
+// prints the text after the longest prefix the two share, so no generated text goes unprinted.
+std::string StreamedText(const Tokenizer& tok, const std::vector<int32_t>& ids, bool last,
+                         std::string* shown);
 
 }  // namespace furnace::cli

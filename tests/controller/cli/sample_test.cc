@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/sample_tokenizer.h"
 #include "gtest/gtest.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -185,6 +186,95 @@ TEST_F(SampleTest, BadInputIsNamed) {
   absl::StatusOr<int> missing = RunSample(ctx_, "", options_);
   EXPECT_EQ(ExitCodeForStatus(missing.status()), kExitLocalError) << missing.status();
   EXPECT_NE(missing.status().message().find("missing.safetensors"), std::string::npos);
+
+  // A safetensors file that is no export of furnace (no model description): a local error too.
+  const std::string foreign = dir_ / "foreign.safetensors";
+  const float value = 1;
+  ASSERT_TRUE(train::WriteSafetensors(foreign, {{"w", {1}, &value}}).ok());
+  options_.weights = foreign;
+  absl::StatusOr<int> not_ours = RunSample(ctx_, "", options_);
+  EXPECT_EQ(ExitCodeForStatus(not_ours.status()), kExitLocalError) << not_ours.status();
+  EXPECT_NE(not_ours.status().message().find("furnace.model"), std::string::npos)
+      << not_ours.status();
+
+  // A tokenizer model that cannot be read here: exit 5, not 4 (which says "no such job").
+  options_.weights = kGolden;
+  options_.tokenizer = dir_ / "missing.model";
+  absl::StatusOr<int> no_model = RunSample(ctx_, "", options_);
+  EXPECT_EQ(ExitCodeForStatus(no_model.status()), kExitLocalError) << no_model.status();
+  EXPECT_NE(no_model.status().message().find("missing.model"), std::string::npos);
+}
+
+// A stand-in for a byte-fallback SentencePiece model: ids below 256 are bytes, decoded the way
+// SentencePiece decodes byte pieces (an incomplete UTF-8 run becomes one U+FFFD per byte); 300 and
+// 301 decode to "a" and "b", and 302 after 301 joins with it into "B" (a decoder that rewrites
+// what it saw once it sees more).
+class ByteFallbackDecoder final : public Tokenizer {
+ public:
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view, data::TextPart) const override {
+    return std::vector<int32_t>();
+  }
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    std::string out, run;
+    auto flush = [&] {
+      size_t i = 0;
+      while (i < run.size()) {
+        const unsigned char c = static_cast<unsigned char>(run[i]);
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (i + need <= run.size()) {
+          out += run.substr(i, need);
+          i += need;
+        } else {
+          for (; i < run.size(); ++i) out += "\xEF\xBF\xBD";
+        }
+      }
+      run.clear();
+    };
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (ids[k] < 256) {
+        run += static_cast<char>(ids[k]);
+        continue;
+      }
+      flush();
+      if (ids[k] == 300) out += "a";
+      if (ids[k] == 301) out += (k + 1 < ids.size() && ids[k + 1] == 302) ? "B" : "b";
+    }
+    flush();
+    return out;
+  }
+  int64_t vocab() const override { return 303; }
+  int32_t eod_id() const override { return -1; }
+  std::string identity() const override { return "test"; }
+};
+
+// Feeds ids one at a time as sample does; returns what was printed.
+std::string Stream(const std::vector<int32_t>& all) {
+  ByteFallbackDecoder tok;
+  std::vector<int32_t> ids;
+  std::string shown, printed;
+  for (int32_t id : all) {
+    ids.push_back(id);
+    printed += StreamedText(tok, ids, false, &shown);
+  }
+  printed += StreamedText(tok, ids, true, &shown);
+  return printed;
+}
+
+TEST(StreamedTextTest, AByteRunIsPrintedOnceComplete) {
+  // "a€a": € is E2 82 AC, three byte pieces decoded as U+FFFD until the run is complete.
+  EXPECT_EQ(Stream({300, 0xE2, 0x82, 0xAC, 300}),
+            "a\xE2\x82\xAC"
+            "a");
+  // An incomplete run at the end stays U+FFFD, printed by the last call.
+  EXPECT_EQ(Stream({300, 0xE2, 0x82}), "a\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(StreamedTextTest, ARewrittenDecodingIsPrintedByTheLastCall) {
+  // "ab" is shown, then the decoder says "aB" and then "aBa": the last call prints what follows
+  // the shared prefix "a", so every generated character reaches the output.
+  EXPECT_EQ(Stream({300, 301, 302, 300}),
+            "ab"
+            "Ba");
 }
 
 }  // namespace
