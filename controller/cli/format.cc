@@ -17,6 +17,7 @@ void Table::SetRightAligned(size_t column) {
 
 void Table::AddRow(std::vector<std::string> cells) {
   cells.resize(headers_.size());
+  for (std::string& cell : cells) cell = OneLine(cell);
   rows_.push_back(std::move(cells));
 }
 
@@ -55,6 +56,24 @@ size_t DisplayWidth(const std::string& text) {
     if ((ch & 0xC0) != 0x80) ++n;  // count lead bytes only
   }
   return n;
+}
+
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool joined = false;  // the last character was a replaced control character
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F) {
+      if (!out.empty() && out.back() != ' ') out += ' ';
+      joined = true;
+      continue;
+    }
+    if (joined && ch == ' ') continue;
+    joined = false;
+    out += ch;
+  }
+  return out;
 }
 
 std::string Truncate(const std::string& text, size_t width) {

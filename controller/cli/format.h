@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace furnace::cli {
 
 // Columns separated by two spaces, each as wide as its widest cell (UTF-8 code points), left
@@ -31,6 +33,11 @@ class Table {
 // Display width of UTF-8 text: the number of code points.
 size_t DisplayWidth(const std::string& text);
 // Cuts `text` to at most `width` code points, ending in "..." when it had to cut.
+// `text` on one line: each control character (a newline, a tab, an escape) becomes a space, and
+// the spaces that indent a continuation line go with it. Causes and event messages may hold
+// several lines (a checkpoint loader lists what it passed over); a table cell or a redrawn frame's
+// line must not, and a terminal must not be handed escapes from them.
+std::string OneLine(absl::string_view text);
 std::string Truncate(const std::string& text, size_t width);
 
 // "0s", "42s", "1m05s", "2h03m", "3d04h"; "-" for a negative or non-finite value.

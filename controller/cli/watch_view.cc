@@ -26,7 +26,7 @@ double Elapsed(const v1::JobSummary& s, double now_unix) {
 }
 
 std::string EventText(const v1::JobEvent& e) {
-  return absl::StrCat(FormatClock(e.unix_time()), " ", e.kind(), ": ", e.message());
+  return absl::StrCat(FormatClock(e.unix_time()), " ", e.kind(), ": ", OneLine(e.message()));
 }
 
 std::string StatusLine(const v1::JobSummary& s) {
@@ -37,7 +37,7 @@ std::string StatusLine(const v1::JobSummary& s) {
     absl::StrAppend(&line, absl::StrFormat(" (%d%%)", std::min(s.step(), s.total_steps()) * 100 /
                                                           s.total_steps()));
   }
-  if (!s.cause().empty()) absl::StrAppend(&line, "  cause: ", s.cause());
+  if (!s.cause().empty()) absl::StrAppend(&line, "  cause: ", OneLine(s.cause()));
   return line;
 }
 
@@ -68,7 +68,7 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
   if (train) {
     for (auto& line : TrainWatchLines(*train)) lines.push_back(std::move(line));
   }
-  if (!s.cause().empty()) lines.push_back(absl::StrCat("cause: ", s.cause()));
+  if (!s.cause().empty()) lines.push_back(absl::StrCat("cause: ", OneLine(s.cause())));
   lines.push_back(job.events().empty()
                       ? std::string("last event: -")
                       : absl::StrCat("last event: ", EventText(*job.events().rbegin())));
@@ -151,7 +151,7 @@ std::string WatchSummary(const v1::JobDetail& job, double now_unix) {
   if (auto train = TrainMetricsOf(job); train && train->loss) {
     absl::StrAppend(&line, ", loss ", absl::StrFormat("%.4f", *train->loss));
   }
-  if (!s.cause().empty()) absl::StrAppend(&line, ": ", s.cause());
+  if (!s.cause().empty()) absl::StrAppend(&line, ": ", OneLine(s.cause()));
   return line;
 }
 

@@ -31,6 +31,23 @@ TEST(TableTest, CountsUtf8CodePoints) {
   EXPECT_EQ(table.Render(), "NAME   X\nhéllo  1\n");
 }
 
+// A cause of several lines (a checkpoint loader's list of what it passed over) is one cell.
+TEST(TableTest, ACellIsOneLine) {
+  Table t({"JOB", "CAUSE"});
+  t.AddRow({"j-1", "checkpoint: no step loads\n  step 20: checksum\n  step 10: \x1b[2Jgone"});
+  EXPECT_EQ(t.Render(),
+            "JOB  CAUSE\n"
+            "j-1  checkpoint: no step loads step 20: checksum step 10: [2Jgone\n");
+}
+
+TEST(FormatTest, OneLine) {
+  EXPECT_EQ(OneLine("a\n  b\tc\r\n d"), "a b c d");
+  EXPECT_EQ(OneLine("trailing\n"), "trailing ");
+  EXPECT_EQ(OneLine("x  y"), "x  y");  // spaces of the text itself stay
+  EXPECT_EQ(OneLine("\n\nlead"), "lead");
+  EXPECT_EQ(OneLine("caf\xC3\xA9"), "caf\xC3\xA9");
+}
+
 TEST(FormatTest, Truncate) {
   EXPECT_EQ(Truncate("abcdef", 10), "abcdef");
   EXPECT_EQ(Truncate("abcdefghij", 6), "abc...");
