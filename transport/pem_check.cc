@@ -37,8 +37,10 @@ Cert FirstCertificate(const std::string& pem) {
 
 absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read the file"));
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(flag, " ", path, ": cannot read the file (", std::strerror(errno), ")"));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();

@@ -11,7 +11,8 @@
 
 namespace furnace::transport {
 
-// The whole file at `path`; InvalidArgument names `flag` and the path when it cannot be read.
+// The whole file at `path`; NotFound names `flag`, the path and the reason when it cannot be read
+// (missing, or not readable by this user).
 absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, const std::string& flag);
 
 // `pem` holds at least one X.509 certificate (`flag` names the source in the error).

@@ -1,7 +1,6 @@
 // furnace report JOB -o DIR: the job and its whole step series from the controller, rendered by
 // report.h into plots and a summary in DIR. The controller keeps the series; the CLI only draws it.
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -11,18 +10,18 @@
 #include "controller/cli/report.h"
 #include "google/protobuf/struct.pb.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/durable_file.h"
 
 namespace furnace::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
+// Atomically (a temporary file renamed over `path`): a crash or a full disk leaves the previous
+// report's file whole, never a truncated one.
 absl::Status WriteFile(const fs::path& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) {
-    return LocalError(absl::PermissionDeniedError(absl::StrCat("cannot write ", path.string())));
+  if (absl::Status written = train::WriteFileDurably(path.string(), content); !written.ok()) {
+    return LocalError(written);
   }
   return absl::OkStatus();
 }

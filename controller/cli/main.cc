@@ -243,8 +243,9 @@ int main(int argc, char** argv) {
                            ? furnace::transport::MakeChannelCredentials(security)
                            : absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>(token);
     if (!credentials.ok()) {
+      // A token or TLS file that cannot be read is a local error (5); a malformed one, usage (2).
       std::cerr << "furnace: " << credentials.status().message() << "\n";
-      return kExitUsage;
+      return absl::IsNotFound(credentials.status()) ? kExitLocalError : kExitUsage;
     }
     client = NewGrpcJobClient(controller, *credentials);
   }

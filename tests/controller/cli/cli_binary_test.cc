@@ -28,6 +28,24 @@ TEST(CliBinaryTest, UsageErrorsExit2) {
   EXPECT_EQ(RunFurnace("--controller 127.0.0.1:1 submit /nonexistent/job.yaml").exit_code, 2);
 }
 
+// A credential file that cannot be read is a local error (5), one that is malformed bad usage (2).
+TEST(CliBinaryTest, UnreadableCredentialFilesExit5) {
+  RunResult run = RunFurnace("--controller 127.0.0.1:1 --token-file /nonexistent/admin.token jobs");
+  EXPECT_EQ(run.exit_code, 5) << run.output;
+  EXPECT_NE(run.output.find("--token-file /nonexistent/admin.token: cannot read the file"),
+            std::string::npos)
+      << run.output;
+  run = RunFurnace("--controller 127.0.0.1:1 --tls-ca /nonexistent/ca.pem jobs");
+  EXPECT_EQ(run.exit_code, 5) << run.output;
+  const std::string bad = ::testing::TempDir() + "/furnace_bad_ca.pem";
+  FILE* f = fopen(bad.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("not a certificate\n", f);
+  fclose(f);
+  run = RunFurnace("--controller 127.0.0.1:1 --tls-ca " + bad + " jobs");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+}
+
 TEST(CliBinaryTest, DataPrepareNeedsNoController) {
   const std::string dir = ::testing::TempDir();
   const std::string input = dir + "/furnace_cli_binary_prepare.txt";
