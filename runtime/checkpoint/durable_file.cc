@@ -63,16 +63,6 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
   return writer.Commit();
 }
 
-absl::Status SyncDirectory(const std::string& dir) {
-  const std::string d = dir.empty() ? "." : dir;
-  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("open directory", d);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return IoError("fsync directory", d);
-  return absl::OkStatus();
-}
-
 absl::Status ReadFileToString(const std::string& path, std::string* out) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {

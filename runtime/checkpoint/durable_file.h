@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/file_sync.h"  // SyncDirectory
 
 namespace furnace::train {
 
@@ -36,8 +37,6 @@ class DurableWriter {
 
 // Writes `contents` to `path` durably and atomically.
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
-// fsyncs a directory so that renames and creations inside it survive a crash.
-absl::Status SyncDirectory(const std::string& dir);
 // The whole file, or NotFound / an I/O error naming the path.
 absl::Status ReadFileToString(const std::string& path, std::string* out);
 

@@ -13,8 +13,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/mapped_file.h"
 
 namespace furnace::data {
 namespace {
@@ -102,19 +104,21 @@ std::string TrainerMessage(const std::string& error) {
 }
 
 absl::Status WriteModelFile(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("tokenizer model ", tmp, ": cannot create: ", std::strerror(errno)));
+  std::string tmp;
+  absl::StatusOr<std::FILE*> f = CreateTempBeside(path, &tmp);
+  if (!f.ok()) {
+    return absl::Status(f.status().code(), absl::StrCat("tokenizer model ", f.status().message()));
   }
-  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
-                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), *f) == bytes.size() &&
+                       std::fflush(*f) == 0 && ::fsync(::fileno(*f)) == 0;
   const std::string err = std::strerror(errno);
-  std::fclose(f);
-  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  std::fclose(*f);
+  if (!written) {
     std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("tokenizer model ", path, ": write: ", err));
+    return absl::InternalError(absl::StrCat("tokenizer model ", tmp, ": write: ", err));
+  }
+  if (absl::Status renamed = RenameDurably(tmp, path); !renamed.ok()) {
+    return absl::Status(renamed.code(), absl::StrCat("tokenizer model ", renamed.message()));
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "runtime/data/tokenizer.h"
 
@@ -139,14 +140,13 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(
   }
   std::unique_ptr<TokenFileWriter> w(new TokenFileWriter());
   w->path_ = path;
-  w->tmp_path_ = path + ".tmp";
   w->vocab_ = vocab;
   w->token_bytes_ = token_bytes;
-  w->file_ = std::fopen(w->tmp_path_.c_str(), "wb");
-  if (w->file_ == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("token file ", w->tmp_path_, ": cannot create: ", ErrnoText()));
+  absl::StatusOr<std::FILE*> file = CreateTempBeside(path, &w->tmp_path_);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("token file ", file.status().message()));
   }
+  w->file_ = *file;
   std::vector<unsigned char> header(kTokenFileHeaderBytes);
   std::memcpy(header.data(), kTokenFileMagic, 8);
   StoreU32(header.data() + 8, identity.empty() ? 1 : 2);
@@ -209,11 +209,8 @@ absl::Status TokenFileWriter::Finish() {
   }
   std::fclose(file_);
   file_ = nullptr;
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    std::string err = ErrnoText();
-    std::remove(tmp_path_.c_str());
-    return absl::InternalError(
-        absl::StrCat("token file ", path_, ": rename from ", tmp_path_, ": ", err));
+  if (absl::Status renamed = RenameDurably(tmp_path_, path_); !renamed.ok()) {
+    return absl::Status(renamed.code(), absl::StrCat("token file ", renamed.message()));
   }
   return absl::OkStatus();
 }

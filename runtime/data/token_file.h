@@ -79,8 +79,9 @@ class TokenFile : public TokenStream {
   int token_bytes_ = 0;
 };
 
-// Writes a token file. Single-threaded. Tokens go to `<path>.tmp`; Finish writes the count into
-// the header, fsyncs and renames to `path`. Destroying an unfinished writer removes the temp file.
+// Writes a token file. Single-threaded. Tokens go to a temporary file of its own beside `path`
+// (runtime/base/file_sync.h); Finish writes the count into the header, fsyncs and renames to
+// `path`, and fsyncs its directory. Destroying an unfinished writer removes the temp file.
 class TokenFileWriter {
  public:
   // token_bytes 2 needs vocab <= 65536; 4 allows up to 2^31. A non-empty `identity` (at most
