@@ -15,18 +15,35 @@ namespace furnace::data {
 
 std::string ErrnoText() { return std::strerror(errno); }
 
+absl::Status CannotOpenError(const std::string& what, const std::string& path, int error) {
+  const std::string failure =
+      absl::StrCat(what, what.empty() ? "" : " ", path, ": cannot open: ", std::strerror(error));
+  if (error == ENOENT || error == ENOTDIR || error == ENAMETOOLONG || error == ELOOP) {
+    return absl::NotFoundError(failure);
+  }
+  return UnreadableFileError(failure);
+}
+
+absl::Status UnreadableFileError(absl::string_view failure) {
+  return absl::UnavailableError(
+      absl::StrCat(failure, " (not the data's fault: a restart reads it again)"));
+}
+
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
                                                              const std::string& what,
                                                              FileAccess access) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open: ", ErrnoText()));
-  }
+  if (fd < 0) return CannotOpenError(what, path, errno);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     std::string err = ErrnoText();
     ::close(fd);
-    return absl::InternalError(absl::StrCat(what, " ", path, ": fstat: ", err));
+    return UnreadableFileError(absl::StrCat(what, " ", path, ": fstat: ", err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": not a regular file (a directory, a device or a pipe)"));
   }
   std::unique_ptr<MappedFile> file(new MappedFile());
   if (st.st_size == 0) {
@@ -36,8 +53,9 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   const std::string map_err = map == MAP_FAILED ? ErrnoText() : "";
   ::close(fd);
-  if (map == MAP_FAILED)
-    return absl::InternalError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
+  if (map == MAP_FAILED) {
+    return UnreadableFileError(absl::StrCat(what, " ", path, ": mmap: ", map_err));
+  }
   file->data_ = static_cast<const unsigned char*>(map);
   file->bytes_ = static_cast<size_t>(st.st_size);
   file->Advise(access);

@@ -80,13 +80,10 @@ absl::StatusOr<const spm::Library*> Module() {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(what, " ", path, ": cannot open: ", std::strerror(errno)));
-  }
+  if (!in) return CannotOpenError(std::string(what), path, errno);
   std::ostringstream bytes;
   bytes << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(what, " ", path, ": read error"));
+  if (in.bad()) return UnreadableFileError(absl::StrCat(what, " ", path, ": read error"));
   return std::move(bytes).str();
 }
 

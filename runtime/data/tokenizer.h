@@ -45,13 +45,15 @@ class Tokenizer {
 };
 
 // The byte-level tokenizer for "byte" (with its end-of-document id 256, vocab 257), else the
-// SentencePiece model at that path. Errors name the file: NOT_FOUND when it cannot be read,
+// SentencePiece model at that path. Errors name the file: NOT_FOUND when it is not there,
+// UNAVAILABLE when it is but cannot be read now (mapped_file.h: UnreadableFileError),
 // INVALID_ARGUMENT when it is not a SentencePiece model. Defined in furnace_tokenizer (links
 // SentencePiece), not furnace_data.
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& path_or_byte);
 
 // The identity OpenTokenizer(path_or_byte)->identity() would return, computed from the file's
-// bytes alone ("byte" for "byte"). Errors: the file cannot be read (NOT_FOUND, naming it).
+// bytes alone ("byte" for "byte"). Errors name the file: NOT_FOUND when it is not there,
+// UNAVAILABLE when it cannot be read now.
 absl::StatusOr<std::string> TokenizerIdentity(const std::string& path_or_byte);
 
 // Lowercase hex SHA-256 of a file's bytes, read in blocks. Errors name the file.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/mapped_file.h"
 #include "runtime/data/tokenizer.h"
 
 namespace furnace::data {
@@ -49,15 +50,15 @@ std::string Sha256Hex(absl::string_view bytes) {
 
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (f == nullptr) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
+  if (f == nullptr) return CannotOpenError("", path, errno);
   Sha256 sha;
   std::vector<char> block(1 << 16);
   size_t got;
   while ((got = std::fread(block.data(), 1, block.size(), f.get())) > 0)
     sha.Update(block.data(), got);
-  if (std::ferror(f.get()) != 0) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  if (std::ferror(f.get()) != 0) {
+    return UnreadableFileError(absl::StrCat(path, ": read error: ", std::strerror(errno)));
+  }
   return sha.HexDigest();
 }
 

@@ -1,9 +1,11 @@
 #include "runtime/data/token_file.h"
 
+#include <cerrno>
 #include <cstring>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/data/mapped_file.h"
 #include "runtime/data/tokenizer.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
@@ -48,6 +50,28 @@ TEST(TokenFileTest, HeaderLayoutIsAsDocumented) {
   EXPECT_EQ(b[25], 1);
   EXPECT_EQ(b[32], 2);  // token 258 = 0x0102, little-endian
   EXPECT_EQ(b[33], 1);
+}
+
+// Why a file could not be opened decides who fixes it: a path that names nothing, or names a
+// directory, is the job's (NotFound, InvalidArgument: bad input); a file that is there but cannot
+// be read now (EIO, ESTALE, EACCES, EMFILE) is no fault of the data (Unavailable: retried).
+TEST(TokenFileTest, OpenErrorsSayWhoseFaultItIs) {
+  TestDir dir;
+  absl::StatusOr<std::unique_ptr<TokenFile>> missing = TokenFile::Open(dir / "none.bin");
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  absl::StatusOr<std::unique_ptr<TokenFile>> directory = TokenFile::Open(dir / "");
+  EXPECT_TRUE(absl::IsInvalidArgument(directory.status())) << directory.status();
+  EXPECT_THAT(directory.status().message(), ::testing::HasSubstr("not a regular file"));
+  for (int error : {EIO, ESTALE, EACCES, EMFILE, ENOMEM}) {
+    const absl::Status s = CannotOpenError("token file", "/data/t.bin", error);
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("token file /data/t.bin: cannot open: "));
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("a restart reads it again"));
+  }
+  for (int error : {ENOENT, ENOTDIR}) {
+    EXPECT_TRUE(absl::IsNotFound(CannotOpenError("token file", "/data/t.bin", error)));
+  }
+  EXPECT_TRUE(absl::IsNotFound(Sha256OfFile(dir / "none.model").status()));
 }
 
 TEST(TokenFileTest, RefusesWrongMagic) {
