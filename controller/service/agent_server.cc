@@ -172,7 +172,10 @@ class CommandStream {
           writing_ = false;
           if (!ok) {
             // The agent went away mid-delivery: what it did not get is kept for its next stream.
+            // The call may have ended already (its end came while this write was out), in which
+            // case EndLocked does nothing and the Finish it put off waits for this.
             EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "command stream closed"));
+            FinishIfIdleLocked();
           } else {
             pending_.erase(pending_.begin());  // delivered
             if (ended_) {
