@@ -57,6 +57,10 @@ Controller::Controller(const ControllerOptions& options, const Clock& clock,
   });
 }
 
+Controller::~Controller() {
+  kv_commit_.Run([] { return absl::OkStatus(); }).IgnoreError();  // after every write before it
+}
+
 absl::Status Controller::Load() {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(auto workers, store_->LoadWorkers());

@@ -139,6 +139,10 @@ class Controller {
   // that comes next), as does every later one.
   void Shutdown(bool stopping_workers);
 
+  // Runs the writes still queued behind (events, an ended attempt's keys dropped) while the
+  // JobLifecycle they belong to is still there; the members are destroyed after.
+  ~Controller();
+
  private:
   Controller(const ControllerOptions& options, const Clock& clock, std::unique_ptr<JobStore> store);
   absl::Status Load();

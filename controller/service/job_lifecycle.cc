@@ -101,15 +101,21 @@ absl::Status JobLifecycle::Persist(Job& job) {
   std::lock_guard<std::mutex> order(write_order_mu_);  // after a flush of an older copy
   absl::Status s = store_.Transaction([&]() -> absl::Status {
     RETURN_IF_ERROR(store_.PutSummary(job.summary));
-    // The two newest attempts can change (a failing one and the next); older ones are final.
-    const size_t n = job.attempts.size();
-    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) {
+    for (size_t i = job.FirstAttemptToWrite(); i < job.attempts.size(); ++i) {
       RETURN_IF_ERROR(store_.PutAttempt(job.summary.job_id(), job.attempts[i]));
     }
     return absl::OkStatus();
   });
-  if (s.ok()) later_.erase(job.summary.job_id());
+  if (s.ok()) {
+    later_.erase(job.summary.job_id());
+    job.oldest_changed = SIZE_MAX;
+  }
   return s;
+}
+
+void JobLifecycle::NoteOlderAttemptChanged(Job& job, const v1::AttemptInfo& attempt) {
+  const size_t index = static_cast<size_t>(&attempt - job.attempts.data());
+  if (index < job.attempts.size()) job.oldest_changed = std::min(job.oldest_changed, index);
 }
 
 void JobLifecycle::PersistLater(const std::set<std::string>& job_ids) {
@@ -123,7 +129,8 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
   // copy, never before it.
   struct Copy {
     v1::JobSummary summary;
-    std::vector<v1::AttemptInfo> attempts;  // the two newest, as Persist writes them
+    std::vector<v1::AttemptInfo> attempts;  // from FirstAttemptToWrite, as Persist writes them
+    size_t first = 0;                       // the index of attempts[0]
   };
   std::vector<Copy> copies;
   const std::set<std::string> ids = std::move(later_);
@@ -140,9 +147,9 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     }
     job.step_stale = false;
     job.summary.set_updated_unix(clock_.UnixSeconds());
-    Copy c{job.summary, {}};
-    const size_t n = job.attempts.size();
-    for (size_t i = n >= 2 ? n - 2 : 0; i < n; ++i) c.attempts.push_back(job.attempts[i]);
+    Copy c{job.summary, {}, job.FirstAttemptToWrite()};
+    for (size_t i = c.first; i < job.attempts.size(); ++i) c.attempts.push_back(job.attempts[i]);
+    job.oldest_changed = SIZE_MAX;  // in this copy; marked again below if it is not written
     copies.push_back(std::move(c));
   }
   std::unique_lock<std::mutex> order(write_order_mu_);
@@ -160,6 +167,11 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     // Marked again: the next flush tries again.
     spdlog::warn("{} job(s)' progress not recorded yet: {}", ids.size(), s.ToString());
     later_.insert(ids.begin(), ids.end());
+    for (const Copy& c : copies) {
+      auto it = jobs_.find(c.summary.job_id());
+      if (it != jobs_.end())
+        it->second.oldest_changed = std::min(it->second.oldest_changed, c.first);
+    }
   }
 }
 

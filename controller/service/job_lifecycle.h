@@ -22,6 +22,7 @@
 // data (telemetry, logs, reads for GetJob and series) is written and read without it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -106,6 +107,15 @@ struct Job {
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
+  // Writes cover the two newest attempts (a failing one and the next), and from here on: the
+  // index of the oldest older attempt changed since the job was last written (a late exit report,
+  // a lost worker's draining rank); SIZE_MAX: none (JobLifecycle::NoteOlderAttemptChanged).
+  size_t oldest_changed = SIZE_MAX;
+  // The index of the first attempt a write of the job covers.
+  size_t FirstAttemptToWrite() const {
+    const size_t n = attempts.size();
+    return std::min(n >= 2 ? n - 2 : 0, oldest_changed);
+  }
   // ReportRank asks "is every rank of the attempt running now?" once per rank start: O(ranks)
   // each, O(ranks^2) per job start. Ranks below running_prefix (of attempt running_prefix_attempt)
   // were seen running, so the scan resumes there; a full check confirms the answer when it
@@ -262,8 +272,16 @@ class JobLifecycle {
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);
+  // A failure FailAttempt could not record (a store error) whose trigger will not come again (a
+  // worker already marked lost, a rank already marked gone): Tick's settle branch fails the
+  // attempt with it at its next run, and again until the store takes it.
+  void FailLater(Job& job, const std::string& kind, const std::string& cause,
+                 const std::string& worker);
   // Sets ranks_exited_unix once every rank of the attempt has ended (recovery_timing.cc).
   void NoteRanksExited(furnace::v1::AttemptInfo& attempt);
+  // `attempt` (one of job.attempts) changed: the job's next write covers it even when it is older
+  // than the newest two (Job::oldest_changed).
+  static void NoteOlderAttemptChanged(Job& job, const furnace::v1::AttemptInfo& attempt);
   uint32_t Capacity(const std::string& device_kind) const;
 
   const ControllerOptions& options_;

@@ -147,6 +147,15 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
   if (AllRanks(*job.current(), v1::RANK_STATE_EXITED)) EndAttempt(job).IgnoreError();
 }
 
+void JobLifecycle::FailLater(Job& job, const std::string& kind, const std::string& cause,
+                             const std::string& worker) {
+  if (job.settle_deadline > 0) return;  // a failure is pending already: Tick ends it
+  job.settle_deadline = clock_.MonotonicSeconds();
+  job.pending_kind = kind;
+  job.pending_cause = cause;
+  job.pending_worker = worker;
+}
+
 absl::Status JobLifecycle::EndAttempt(Job& job) {
   v1::AttemptInfo& attempt = *job.current();
   // (UNSPECIFIED: a rank ended before its kind was recorded, by an older controller.)
@@ -335,6 +344,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
     rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
     rank->set_exit_kind(v1::EXIT_KIND_LOST);
     NoteRanksExited(*attempt);
+    NoteOlderAttemptChanged(*job, *attempt);
     if (attempt->state() == v1::ATTEMPT_STATE_RUNNING && attempt->failed_unix() == 0) {
       attempt->set_failed_unix(worker.seen->unix_s.load(std::memory_order_relaxed));
     }
@@ -354,6 +364,12 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
                      worker.info.worker_id(),
                      interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
       job->summary.set_leaving_interruptions(free_so_far);  // not written: not spent
+      // Not recorded (a store error). The worker is LOST now, so no later tick comes here
+      // again: Tick's settle branch fails the attempt once the store takes it.
+      FailLater(*job, "lost",
+                absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
+                             held.rank, " gone"),
+                worker.info.worker_id());
       return;
     }
   } else {
@@ -554,19 +570,37 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
         rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("lost: its worker agent restarted");
         rank->set_exit_kind(v1::EXIT_KIND_LOST);
+        NoteOlderAttemptChanged(*job, *attempt);
         if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
             !IsFinal(job->summary.state())) {
-          FailAttempt(
-              *job, "agent_restart",
-              absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost"),
-              req.worker_id());
+          const std::string cause =
+              absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost");
+          if (!FailAttempt(*job, "agent_restart", cause, req.worker_id())) {
+            FailLater(*job, "agent_restart", cause, req.worker_id());  // the rank is gone now
+          }
         } else {
           PersistRecord(*job, "a rank lost with its restarted agent");
         }
       }
-    } else if (rank->state() == v1::RANK_STATE_ASSIGNED && attempt == job->current() &&
-               attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
-      workers_.Enqueue(req.worker_id(), StartCommand(*job, rank_n, w));
+    } else if (rank->state() == v1::RANK_STATE_ASSIGNED) {
+      if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
+          !IsFinal(job->summary.state())) {
+        workers_.Enqueue(req.worker_id(), StartCommand(*job, rank_n, w));
+      } else {
+        // Placed, but its attempt ended before the agent took the start command, which went
+        // with a controller restart (as did the stop after it): it never ran and never will,
+        // and no exit report will come (heartbeats ask the agent only about ranks that started).
+        // Not freed here, the worker would stay busy for good. A start delivered late after all
+        // is stopped at the next heartbeat (the controller lists no such rank).
+        rank->set_state(v1::RANK_STATE_EXITED);
+        rank->set_exit("never started: its attempt ended before its worker took the start command");
+        rank->set_exit_kind(v1::EXIT_KIND_STOPPED);
+        NoteOlderAttemptChanged(*job, *attempt);
+        PersistLater({job->summary.job_id()});
+        w.has_rank = false;
+        w.attempt = 0;
+        w.info.clear_job_id();
+      }
     }
   }
   w.info.set_state(w.has_rank ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
@@ -579,15 +613,25 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
 absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   if (shut_down_) return absl::OkStatus();  // ranks being stopped by our own shutdown
   workers_.Touch(report.worker_id());
+  // A rank of a job, attempt or rank we have no record of (a state directory lost or restored
+  // from an older copy): Register stopped it and keeps its worker busy until it exits; its exit
+  // frees the worker (Free releases only that exact rank's hold).
+  auto unknown = [&] {
+    if (report.event() == v1::RANK_EXITED) {
+      workers_.Free(report.worker_id(), report.job_id(), report.attempt(), report.rank());
+    }
+    return absl::OkStatus();
+  };
   Job* found = Find(report.job_id());
-  if (found == nullptr) return absl::OkStatus();  // a job we do not know: nothing to update
+  if (found == nullptr) return unknown();
   Job& job = *found;
-  if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return absl::OkStatus();
+  if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return unknown();
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
-  if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return absl::OkStatus();
+  if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return unknown();
   v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
   const bool current = job.current() == &attempt && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
                        !IsFinal(job.summary.state());
+  NoteOlderAttemptChanged(job, attempt);  // a late report of an old attempt is written too
 
   if (report.event() == v1::RANK_STARTED) {
     if (rank.state() == v1::RANK_STATE_EXITED) return absl::OkStatus();

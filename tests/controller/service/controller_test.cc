@@ -1099,6 +1099,103 @@ TEST_F(ControllerTest, StartCommandsLostWithTheControllerAreSentAgain) {
   EXPECT_EQ(Job().summary().restarts(), 0u);
 }
 
+// Placed, then the attempt ended (a cancel) before the agents took their start commands, and the
+// controller restarted: start and stop are gone, and the ranks never ran. Their workers must not
+// stay busy waiting for exit reports that will never come.
+TEST_F(ControllerTest, RanksThatNeverStartedFreeTheirWorkersAfterARestart) {
+  Register(0);
+  Register(1);
+  job_ = *c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(c_->Cancel(job_).ok());
+  Restart();
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_BUSY);  // as far as the store knows
+  Register(0);  // the same agent processes, running nothing
+  Register(1);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(s)), v1::WORKER_STATE_READY) << s;
+    EXPECT_TRUE(Commands(s).empty()) << s;  // no start for an attempt that is over
+  }
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_CANCELLED);
+  for (const auto& rank : d.attempts(0).ranks()) {
+    EXPECT_EQ(rank.state(), v1::RANK_STATE_EXITED);
+    EXPECT_EQ(rank.exit_kind(), v1::EXIT_KIND_STOPPED);
+    EXPECT_NE(rank.exit().find("never started"), std::string::npos) << rank.exit();
+  }
+  // Written: a second restart does not make them busy again.
+  clock_.Advance(2);
+  c_->Tick();
+  Restart();
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_READY);
+  EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
+}
+
+// An agent still running a rank of a job the controller has no record of (its state directory
+// lost or restored from an older copy) is told to stop it, and is busy until the rank's exit,
+// which frees it.
+TEST_F(ControllerTest, TheExitOfAnUnknownJobsRankFreesItsWorker) {
+  Register(0, 100, {Running("ghost-1", 3, 1)});
+  auto cmds = Commands(0);
+  ASSERT_EQ(cmds.size(), 1u);
+  EXPECT_TRUE(cmds[0].has_stop());
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_BUSY);
+  v1::RankReport r;
+  r.set_worker_id("h/0");
+  r.set_job_id("ghost-1");
+  r.set_attempt(3);
+  r.set_rank(1);
+  r.set_event(v1::RANK_EXITED);
+  r.set_exit_kind(v1::EXIT_KIND_STOPPED);
+  ASSERT_TRUE(c_->ReportRank(r).ok());
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_READY);
+}
+
+// A rank of an attempt older than the newest two (slow to stop while two more attempts ran) whose
+// exit report comes late: its record is written too, so a restarted controller neither shows it
+// running nor keeps its worker busy.
+TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
+  for (int s = 0; s < 6; ++s) Register(s);
+  job_ = *c_->Submit(kJob, "t.yaml");
+  auto slot_of = [&](uint32_t attempt, uint32_t rank) {
+    const std::string id = Job().attempts(attempt - 1).ranks(rank).worker_id();
+    return std::stoi(id.substr(id.find('/') + 1));
+  };
+  auto start = [&](uint32_t attempt) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      Commands(slot_of(attempt, r));
+      Report(slot_of(attempt, r), attempt, r, v1::RANK_STARTED);
+    }
+    ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING) << attempt;
+  };
+  start(1);
+  const int slow = slot_of(1, 1);  // attempt 1's rank 1: slow to stop
+  Report(slot_of(1, 0), 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed");
+  for (uint32_t attempt = 2; attempt <= 3; ++attempt) {
+    clock_.Advance(5);  // past the backoff
+    HeartbeatAll(6);
+    c_->Tick();
+    ASSERT_EQ(Job().attempts_size(), static_cast<int>(attempt));
+    start(attempt);
+    if (attempt == 2) {
+      for (uint32_t r = 0; r < 2; ++r) {
+        Report(slot_of(2, r), 2, r, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed");
+      }
+    }
+  }
+  EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_BUSY);
+  Report(slow, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // at last
+  EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_READY);
+  clock_.Advance(2);
+  HeartbeatAll(6);
+  c_->Tick();  // writes what changed behind
+  Restart();
+  const v1::JobDetail d = Job();
+  ASSERT_EQ(d.attempts_size(), 3);
+  EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(d.attempts(0).ranks(1).exit_kind(), v1::EXIT_KIND_STOPPED);
+  EXPECT_NE(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_BUSY);
+}
+
 TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {
   StartRunning();
   clock_.Advance(5.5);  // both silent past the job's heartbeat timeout
