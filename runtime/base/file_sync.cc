@@ -17,11 +17,13 @@ namespace furnace {
 absl::Status SyncDirectory(const std::string& dir) {
   const std::string d = dir.empty() ? "." : dir;
   const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open directory ", d, ": ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("open directory ", d, ": ", std::strerror(errno)));
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("fsync directory ", d, ": ", std::strerror(error)));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("fsync directory ", d, ": ", std::strerror(error)));
   return absl::OkStatus();
 }
 
@@ -31,8 +33,8 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
   buf.push_back('\0');
   const int fd = ::mkstemp(buf.data());
   if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot create a temporary file beside ", path, ": ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot create a temporary file beside ", path, ": ", std::strerror(errno)));
   }
   name.assign(buf.data());
   ::fchmod(fd, 0644);  // mkstemp's 0600 would hide the file from the daemons that read it

@@ -64,7 +64,7 @@ TEST(CheckToken, RefusesNonPrintableCharacters) {
 
 TEST(ReadTokenFile, AMissingFileNamesTheFlag) {
   auto missing = ReadTokenFile("/nonexistent/tokens", "--token-file");
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);  // unreadable, not malformed
   EXPECT_THAT(missing.status().message(), HasSubstr("--token-file /nonexistent/tokens"));
 }
 
