@@ -35,6 +35,10 @@ struct ClientSecurity {
 // The metadata keys the credentials below send and the controller's auth processor reads.
 inline constexpr char kAuthorizationKey[] = "authorization";
 inline constexpr char kWorkerIdKey[] = "furnace-worker-id";
+// The common name of a worker certificate that names the host whose workers it may act as
+// (`furnace-worker:<host>`; the controller holds agents to it:
+// controller/service/auth_processor.h).
+inline constexpr char kWorkerCertPrefix[] = "furnace-worker:";
 
 // Server credentials: plaintext when `tls` is not enabled; otherwise --tls-cert, --tls-key and
 // --tls-ca are all required. Client certificates are requested and, when presented, verified

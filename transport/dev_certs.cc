@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "transport/credentials.h"
 #include "transport/openssl_ptr.h"
 #include "transport/pem_check.h"
 
@@ -151,14 +152,27 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
   add("ca.key", ca_key_pem, 0600);
 
   struct Leaf {
-    const char* file;
-    const char* common_name;
+    std::string file;
+    std::string common_name;
     const char* usage;
     bool server;
   };
-  const Leaf leaves[] = {{"controller", "furnace-controller", "serverAuth,clientAuth", true},
-                         {"worker", "furnace-worker", "clientAuth", false},
-                         {"cli", "furnace-cli", "clientAuth", false}};
+  std::vector<Leaf> leaves = {{"controller", "furnace-controller", "serverAuth,clientAuth", true},
+                              {"worker", "furnace-worker", "clientAuth", false},
+                              {"cli", "furnace-cli", "clientAuth", false}};
+  for (const std::string& host : options.worker_hosts) {
+    const bool valid = !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+    });
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker-host `", host,
+                       "`: not a host name (letters, digits, '-', '.', '_'; the part of a worker "
+                       "id before its '/')"));
+    }
+    leaves.push_back({absl::StrCat("worker-", host), absl::StrCat(kWorkerCertPrefix, host),
+                      "clientAuth", false});
+  }
   for (const Leaf& leaf : leaves) {
     ASSIGN_OR_RETURN(Key key, NewKey());
     std::vector<std::pair<int, std::string>> extensions = {

@@ -4,7 +4,11 @@
 //   controller.pem controller.key  the controller's certificate: SAN localhost, 127.0.0.1, ::1
 //                                  and each `hosts` entry; server and client usage (the
 //                                  controller's --local-workers dial it with the same files)
-//   worker.pem worker.key          a client certificate for worker agents (and their ranks)
+//   worker.pem worker.key          a client certificate for worker agents (and their ranks),
+//                                  shared by the fleet: it may act as any worker
+//   worker-<host>.pem/.key         for each `worker_hosts` entry: that host's own certificate
+//                                  (common name furnace-worker:<host>), which the controller lets
+//                                  act only as the workers of that host (<host>, <host>/<slot>)
 //   cli.pem cli.key                a client certificate for `furnace` (optional: tokens suffice)
 //   tokens                         the controller's --token-file: an admin and a read token
 //   admin.token read.token         the same tokens alone, for `furnace --token-file`
@@ -21,14 +25,16 @@
 namespace furnace::transport {
 
 struct DevCertsOptions {
-  std::string dir;                 // created when missing
-  std::vector<std::string> hosts;  // extra names or IP addresses of the controller
-  bool force = false;              // overwrite files that exist
+  std::string dir;                        // created when missing
+  std::vector<std::string> hosts;         // extra names or IP addresses of the controller
+  std::vector<std::string> worker_hosts;  // hosts that get a worker certificate of their own
+  bool force = false;                     // overwrite files that exist
 };
 
 // Writes the files above and returns their paths. Without `force`, refuses (FailedPrecondition
 // naming them) when any of them exists, and writes none. InvalidArgument for a host that is empty
-// or has characters a DNS name or IP address cannot have.
+// or has characters a DNS name or IP address cannot have (for a worker host: a host name as a
+// worker id starts with it, letters, digits, '-', '.', '_').
 absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& options);
 
 }  // namespace furnace::transport

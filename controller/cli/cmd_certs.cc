@@ -17,6 +17,7 @@ absl::StatusOr<int> RunCertsInit(const CommandContext& ctx, const CertsInitOptio
   transport::DevCertsOptions dev;
   dev.dir = options.dir;
   dev.hosts = options.hosts;
+  dev.worker_hosts = options.worker_hosts;
   dev.force = options.force;
   absl::StatusOr<std::vector<std::string>> files = transport::WriteDevCerts(dev);
   if (!files.ok()) {
@@ -37,8 +38,13 @@ absl::StatusOr<int> RunCertsInit(const CommandContext& ctx, const CertsInitOptio
            << "/tokens --join-token-file " << d << "/join.token ...\n"
            << "furnace-worker --tls-cert " << d << "/worker.pem --tls-key " << d
            << "/worker.key --tls-ca " << d << "/ca.pem --join-token-file " << d
-           << "/join.token ...\n"
-           << "furnace --tls-ca " << d << "/ca.pem --token-file " << d << "/admin.token jobs\n"
+           << "/join.token ...\n";
+  for (const std::string& host : options.worker_hosts) {
+    *ctx.out << "furnace-worker --tls-cert " << d << "/worker-" << host << ".pem --tls-key " << d
+             << "/worker-" << host << ".key ...   # on " << host
+             << " only: it may act only as its workers\n";
+  }
+  *ctx.out << "furnace --tls-ca " << d << "/ca.pem --token-file " << d << "/admin.token jobs\n"
            << "(development only: keep ca.key off the cluster; see README \"Security\")\n";
   return kExitOk;
 }

@@ -147,8 +147,9 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
 
 struct CertsInitOptions {
   std::string dir;
-  std::vector<std::string> hosts;  // extra SAN entries of the controller's certificate
-  bool force = false;              // overwrite existing files
+  std::vector<std::string> hosts;         // extra SAN entries of the controller's certificate
+  std::vector<std::string> worker_hosts;  // hosts that get a worker certificate of their own
+  bool force = false;                     // overwrite existing files
 };
 // furnace certs init DIR: writes a development CA, controller/worker/CLI certificates and tokens
 // (transport/dev_certs.h) and prints the flags that use them; needs no controller. A file that

@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   certs_init->add_option("--host", certs_options.hosts,
                          "another DNS name or IP address of the controller for its certificate "
                          "(it always has localhost, 127.0.0.1 and ::1); repeatable");
+  certs_init->add_option("--worker-host", certs_options.worker_hosts,
+                         "a host that gets a worker certificate of its own (worker-HOST.pem: the "
+                         "controller lets it act only as the workers HOST and HOST/<slot>); "
+                         "repeatable");
   certs_init->add_flag("--force", certs_options.force, "overwrite files that exist");
 
   std::string file;

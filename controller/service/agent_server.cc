@@ -4,6 +4,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "controller/service/caller_identity.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::controller {
@@ -38,6 +41,20 @@ class Event {
   virtual void Proceed(bool ok) = 0;
 };
 
+// A worker's call must be about the worker its credentials name (the `agent:<id>` identity, which
+// auth_processor.h holds to a host's own certificate): no worker registers, reports or pushes as
+// another. A server without the processor (plaintext, loopback) has no agent identity to hold
+// it to. Rendezvous calls name no worker.
+grpc::Status CheckCaller(const grpc::ServerContext& context, const std::string& worker_id) {
+  const std::string identity = CallerIdentity(context);
+  if (!absl::StartsWith(identity, "agent:") || identity == "agent:" + worker_id) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      absl::StrCat("the call is for worker `", worker_id,
+                                   "` but comes with the credentials of ", identity));
+}
+
 // One unary call of a method: requested on a queue; when it arrives, the next one is requested
 // and `handle` runs, which must call Reply exactly once (from any thread); the call is deleted
 // when its Finish completes.
@@ -69,6 +86,11 @@ class Unary final : public Event {
       return;
     }
     if (!server_.stopping()) Post(server_, queue_, request_fn_, handle_);
+    if constexpr (requires(const Req& r) { r.worker_id(); }) {
+      if (grpc::Status caller = CheckCaller(context_, request_.worker_id()); !caller.ok()) {
+        return Reply(caller);
+      }
+    }
     handle_(this);
   }
 
@@ -166,6 +188,10 @@ class CommandStream {
           if (!server_.stopping()) Post(server_, queue_);
           worker_id_ = request_.worker_id();
           session_id_ = request_.session_id();
+          if (grpc::Status caller = CheckCaller(context_, worker_id_); !caller.ok()) {
+            EndLocked(caller);
+            break;
+          }
           PumpLocked();
           break;
         case Kind::kWrite:

@@ -1,9 +1,12 @@
 #include "controller/service/auth_processor.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc_security_constants.h"
 #include "spdlog/spdlog.h"
 #include "transport/credentials.h"
 
@@ -62,6 +65,18 @@ AuthDecision AuthorizeAgent(const AuthPolicy& policy, const AuthRequest& request
     }
   }
   const std::string id = request.worker_id.empty() ? "unknown" : request.worker_id;
+  if (absl::StartsWith(request.peer_common_name, transport::kWorkerCertPrefix)) {
+    // A host's own certificate: its workers, and no other's.
+    const absl::string_view host = absl::string_view(request.peer_common_name)
+                                       .substr(std::strlen(transport::kWorkerCertPrefix));
+    if (host.empty() || (request.worker_id != host &&
+                         !absl::StartsWith(request.worker_id, absl::StrCat(host, "/")))) {
+      return Refuse(grpc::StatusCode::PERMISSION_DENIED,
+                    absl::StrCat(name, ": the certificate of ", request.peer_common_name,
+                                 " may act only as worker ", host, " or ", host,
+                                 "/<slot>, not as `", id, "`"));
+    }
+  }
   return {grpc::Status::OK, "agent:" + id, "agent"};
 }
 
@@ -118,6 +133,13 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
     request.worker_id = text(it->second);
   }
   request.peer_certificate_verified = context->IsPeerAuthenticated();
+  if (request.peer_certificate_verified) {
+    if (const std::vector<grpc::string_ref> names =
+            context->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+        !names.empty()) {
+      request.peer_common_name = text(names.front());
+    }
+  }
   AuthDecision decision = Authorize(policy_, request);
   if (!decision.status.ok()) {
     spdlog::warn("refused {} from {}: {}", request.method.empty() ? "a call" : request.method,

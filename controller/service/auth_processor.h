@@ -5,7 +5,11 @@
 //     admin. Without a token file JobService is open (identity `anonymous`).
 //   - AgentService: demands a client certificate verified against --tls-ca (the credentials
 //     request one and verify it when presented, but cannot require it, or the CLI would need one:
-//     transport/credentials.h) and, with a --join-token-file, the join token.
+//     transport/credentials.h) and, with a --join-token-file, the join token. A certificate whose
+//     common name is `furnace-worker:<host>` (transport::kWorkerCertPrefix; `furnace certs init
+//     --worker-host`) may act only as the workers of that host (worker id `<host>` or
+//     `<host>/<slot>`): PERMISSION_DENIED otherwise. Any other certificate (one shared by the
+//     fleet) may act as any worker.
 //   - any other service: admin (when tokens are on).
 // No token -> UNAUTHENTICATED; a token without the role -> PERMISSION_DENIED; each message names
 // the method and the role or credential it needs. A call let through carries the AuthContext
@@ -43,6 +47,7 @@ struct AuthRequest {
   std::optional<std::string> authorization;  // the `authorization` header, if any
   std::string worker_id;                     // the `furnace-worker-id` header, if any
   bool peer_certificate_verified = false;    // a client certificate the CA signed
+  std::string peer_common_name;              // its subject's common name, if any
 };
 
 struct AuthDecision {

@@ -386,9 +386,14 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     telemetry_.NoteBatch(batch);
     std::set<std::string> touched;
     std::map<std::string, uint32_t> kept;  // job -> its world, for the ones with raw records
+    int foreign = 0;                       // records of ranks another worker runs: not taken
     for (const auto& rec : batch.records()) {
       Job* job = jobs_.Find(rec.job_id());
       if (job == nullptr) continue;
+      if (!JobLifecycle::HeldBy(*job, rec.attempt(), rec.rank(), batch.worker_id())) {
+        ++foreign;
+        continue;
+      }
       // A record of no rank of the job, or one counted already (re-sent), is not used again.
       if (!jobs_.NoteProgress(*job, rec)) continue;
       const uint32_t world = job->AttemptWorld(rec.attempt());
@@ -411,6 +416,10 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     // written under the mutex.
     jobs_.PersistLater(touched);
     trim = telemetry_.TrimDue(kept, records.size());
+    if (foreign > 0) {
+      spdlog::warn("worker {} sent {} telemetry record(s) of ranks another worker runs: ignored",
+                   batch.worker_id(), foreign);
+    }
   }
   telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));
 }
@@ -428,7 +437,12 @@ absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
     std::lock_guard<std::mutex> lock(mu_);
     workers_.Touch(batch.worker_id());
     for (const auto& line : batch.lines()) {
-      if (jobs_.Find(line.job_id()) == nullptr) continue;
+      const Job* job = jobs_.Find(line.job_id());
+      // (A line of a rank another worker runs is not this worker's to write.)
+      if (job == nullptr ||
+          !JobLifecycle::HeldBy(*job, line.attempt(), line.rank(), batch.worker_id())) {
+        continue;
+      }
       by_job[line.job_id()] += LogStore::Format(line);
     }
   }

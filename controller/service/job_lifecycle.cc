@@ -296,6 +296,15 @@ void JobLifecycle::NoteCheckpointRestored(Job& job, const std::string& account) 
   Event(job, "checkpoint_restored", account);
 }
 
+bool JobLifecycle::HeldBy(const Job& job, uint32_t attempt, uint32_t rank,
+                          const std::string& worker_id) {
+  if (worker_id.empty() || attempt == 0 || attempt > job.attempts.size()) return true;
+  const v1::AttemptInfo& a = job.attempts[attempt - 1];
+  if (rank >= static_cast<uint32_t>(a.ranks_size())) return true;
+  const std::string& placed = a.ranks(static_cast<int>(rank)).worker_id();
+  return placed.empty() || placed == worker_id;
+}
+
 bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   if (rec.attempt() == 0 || rec.attempt() > job.attempts.size()) return false;
   auto& attempt = job.attempts[rec.attempt() - 1];

@@ -167,6 +167,11 @@ class JobLifecycle {
   // (its TelemetryRecord.seq is not above the rank's telemetry_seq: an agent re-sent a batch
   // whose answer it lost), and then nothing else is done with it. PersistLater then marks the job.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
+  // Whether a report, record or log line of (attempt, rank) may come from `worker_id`: the rank
+  // was placed on that worker, or the sender names no worker (in-process callers), or there is no
+  // such rank (nothing to take from it). One worker cannot speak for another's ranks
+  // (auth_processor.h binds a worker's identity to its host's certificate).
+  static bool HeldBy(const Job& job, uint32_t attempt, uint32_t rank, const std::string& worker_id);
   // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
   // "checkpoint_failed" naming the step and the error. Training goes on.
   void NoteCheckpointFailure(Job& job, uint64_t step, const std::string& error);

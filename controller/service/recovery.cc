@@ -629,6 +629,12 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
   if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return unknown();
   v1::RankInfo& rank = *attempt.mutable_ranks(report.rank());
+  if (!HeldBy(job, report.attempt(), report.rank(), report.worker_id())) {
+    // (InvalidArgument: an agent drops such a report rather than hold its queue up retrying it.)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", report.worker_id(), " reports on rank ", report.rank(), " of attempt ",
+        report.attempt(), " of job ", report.job_id(), ", which runs on ", rank.worker_id()));
+  }
   const bool current = job.current() == &attempt && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
                        !IsFinal(job.summary.state());
   NoteOlderAttemptChanged(job, attempt);  // a late report of an old attempt is written too

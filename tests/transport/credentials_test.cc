@@ -103,6 +103,34 @@ TEST_F(DevCertsTest, RefusesABadHost) {
   EXPECT_THAT(refused.status().message(), HasSubstr("--host `bad host!`"));
 }
 
+// --worker-host: a host's own worker certificate, named furnace-worker:<host>, the CA's, 0600 key.
+TEST_F(DevCertsTest, AWorkerHostGetsACertificateNamingIt) {
+  DevCertsOptions options;
+  options.dir = (dir_ / "hosts").string();
+  options.worker_hosts = {"node7", "rack-2.node_3"};
+  auto files = WriteDevCerts(options);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->size(), 16u);
+  X509* ca = ReadCert((dir_ / "hosts" / "ca.pem").string());
+  X509* node = ReadCert((dir_ / "hosts" / "worker-node7.pem").string());
+  ASSERT_TRUE(ca && node);
+  EXPECT_EQ(X509_verify(node, X509_get0_pubkey(ca)), 1);
+  char name[256] = {};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(node), NID_commonName, name, sizeof name);
+  EXPECT_STREQ(name, "furnace-worker:node7");
+  X509_free(ca);
+  X509_free(node);
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ / "hosts" / "worker-rack-2.node_3.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  options.dir = (dir_ / "bad").string();
+  options.worker_hosts = {"node7/0"};  // a worker id, not a host
+  auto refused = WriteDevCerts(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--worker-host `node7/0`: not a host name"));
+}
+
 TEST_F(DevCertsTest, ServerCredentialsNeedAllThreeFilesThatMatch) {
   EXPECT_TRUE(MakeServerCredentials({F("ca.pem"), F("controller.pem"), F("controller.key")}).ok());
   auto partial = MakeServerCredentials({"", F("controller.pem"), F("controller.key")});

@@ -13,9 +13,13 @@
 #include <thread>
 
 #include "controller/service/agent_server.h"
+#include "controller/service/server_security.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/controller/service/controller_on_temp_dir.h"
+#include "transport/credentials.h"
+#include "transport/dev_certs.h"
+#include "transport/token_file.h"
 
 namespace furnace::controller {
 namespace {
@@ -204,9 +208,9 @@ TEST_F(AgentServiceTest, AClosedAttemptIsRefusedAndANamedKeyWaitStillWorks) {
 
 TEST_F(AgentServiceTest, TelemetryIsTakenInAtOnceAndWrittenBehind) {
   StartJob();
-  v1::TelemetryBatch batch;
-  batch.set_worker_id(Id(0));
   for (uint32_t r = 0; r < kRanks; ++r) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id(Id(static_cast<int>(r)));  // each rank's own worker pushes its record
     v1::TelemetryRecord* rec = batch.add_records();
     rec->set_job_id(job_);
     rec->set_attempt(1);
@@ -214,9 +218,9 @@ TEST_F(AgentServiceTest, TelemetryIsTakenInAtOnceAndWrittenBehind) {
     rec->set_step(1);
     rec->set_phase("running");
     rec->mutable_train()->set_loss(2.0 + r);
+    v1::Ack ack;
+    ASSERT_TRUE(stub_->PushTelemetry(Context().get(), batch, &ack).ok());
   }
-  v1::Ack ack;
-  ASSERT_TRUE(stub_->PushTelemetry(Context().get(), batch, &ack).ok());
   // Taken in: the step every rank completed is aggregated in memory at once...
   auto d = c_->GetJob(job_);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -312,6 +316,97 @@ TEST_F(AgentServiceTest, ThousandsOfWaitingCallsHoldNoThreadEach) {
   }
   EXPECT_EQ(incomplete, kWaits);
   EXPECT_LT(during - before, 100) << "threads before " << before << ", while waiting " << during;
+}
+
+// Over TLS, with a host's own worker certificate (certs init --worker-host h): the processor lets
+// it act only as the workers of host h, and each call must be about the worker its credentials
+// name, so one worker cannot register, report or push as another.
+class SecureAgentServiceTest : public ControllerOnTempDir {
+ protected:
+  void SetUp() override {
+    StartController("furnace-secure-agent-test");
+    certs_ = dir_ / "certs";
+    transport::DevCertsOptions dev;
+    dev.dir = certs_.string();
+    dev.worker_hosts = {"h"};
+    ASSERT_TRUE(transport::WriteDevCerts(dev).ok());
+    ControllerFlags flags;
+    flags.listen = "127.0.0.1:0";
+    flags.tls_ca = (certs_ / "ca.pem").string();
+    flags.tls_cert = (certs_ / "controller.pem").string();
+    flags.tls_key = (certs_ / "controller.key").string();
+    flags.join_token_file = (certs_ / "join.token").string();
+    auto security = MakeServerSecurity(flags);
+    ASSERT_TRUE(security.ok()) << security.status();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(flags.listen, security->credentials, &port_);
+    agents_ = std::make_unique<AgentServer>(*c_, builder);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    agents_->Start();
+  }
+  void TearDown() override {
+    c_->Shutdown(false);
+    agents_->Stop(*server_, std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_.reset();
+    agents_.reset();
+    ControllerOnTempDir::TearDown();
+  }
+
+  // A stub with `cert` (worker.pem: the fleet's; worker-h.pem: host h's) saying it is `header_id`.
+  std::unique_ptr<v1::AgentService::Stub> Stub(const std::string& cert,
+                                               const std::string& header_id) {
+    transport::ClientSecurity s;
+    s.tls = {(certs_ / "ca.pem").string(), (certs_ / (cert + ".pem")).string(),
+             (certs_ / (cert + ".key")).string()};
+    s.token = *transport::ReadClientToken((certs_ / "join.token").string(), "t");
+    s.worker_id = header_id;
+    auto credentials = transport::MakeChannelCredentials(s);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return v1::AgentService::NewStub(
+        grpc::CreateChannel("localhost:" + std::to_string(port_), *credentials));
+  }
+  static grpc::Status Register(v1::AgentService::Stub& stub, const std::string& worker_id) {
+    v1::RegisterRequest r;
+    r.set_worker_id(worker_id);
+    r.set_host("127.0.0.1");
+    r.set_device_kind("cpu");
+    r.set_pid(100);
+    r.set_instance_id("i0");
+    v1::RegisterResponse resp;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub.Register(&context, r, &resp);
+  }
+
+  std::filesystem::path certs_;
+  int port_ = 0;
+  std::unique_ptr<AgentServer> agents_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(SecureAgentServiceTest, AWorkerActsOnlyAsItself) {
+  EXPECT_TRUE(Register(*Stub("worker-h", "h/0"), "h/0").ok());
+  // Host h's certificate saying it is a worker of host g: refused before any handler.
+  const grpc::Status other_host = Register(*Stub("worker-h", "g/0"), "g/0");
+  EXPECT_EQ(other_host.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(other_host.error_message(),
+              ::testing::HasSubstr("the certificate of furnace-worker:h may act only as worker h "
+                                   "or h/<slot>, not as `g/0`"));
+  // (A name that only starts with the host's is another host.)
+  EXPECT_EQ(Register(*Stub("worker-h", "hh/0"), "hh/0").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Credentials of h/0, a call for h/1: refused by the handler.
+  const grpc::Status other_worker = Register(*Stub("worker-h", "h/0"), "h/1");
+  EXPECT_EQ(other_worker.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(other_worker.error_message(),
+              ::testing::HasSubstr("the call is for worker `h/1` but comes with the credentials "
+                                   "of agent:h/0"));
+  EXPECT_TRUE(Register(*Stub("worker-h", "h/1"), "h/1").ok());
+  // The fleet's shared certificate may be any worker, but still only the one it says it is.
+  EXPECT_TRUE(Register(*Stub("worker", "g/0"), "g/0").ok());
+  EXPECT_EQ(Register(*Stub("worker", "g/0"), "g/1").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 }  // namespace

@@ -99,6 +99,32 @@ TEST(Authorize, AgentsNeedAVerifiedCertificateAndTheJoinToken) {
       Authorize(AuthPolicy{}, Call("/furnace.v1.AgentService/KvGet", "", true)).status.ok());
 }
 
+// A certificate named furnace-worker:<host> may act only as that host's workers; any other (the
+// fleet's shared worker.pem, the controller's own that --local-workers use) as any worker.
+TEST(Authorize, AHostsOwnCertificateActsOnlyAsItsWorkers) {
+  const AuthPolicy p = Policy();
+  auto as = [&](const std::string& common_name, const std::string& worker_id) {
+    AuthRequest r = Call("/furnace.v1.AgentService/ReportRank", kJoin, true);
+    r.peer_common_name = common_name;
+    r.worker_id = worker_id;
+    return Authorize(p, r);
+  };
+  EXPECT_TRUE(as("furnace-worker:node7", "node7/0").status.ok());
+  EXPECT_EQ(as("furnace-worker:node7", "node7/0").identity, "agent:node7/0");
+  EXPECT_TRUE(as("furnace-worker:node7", "node7").status.ok());
+  for (const char* other : {"node8/0", "node70/0", "node7x", "", "/node7/0"}) {
+    const AuthDecision d = as("furnace-worker:node7", other);
+    EXPECT_EQ(d.status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << other;
+    EXPECT_THAT(d.status.error_message(),
+                HasSubstr("ReportRank: the certificate of furnace-worker:node7 may act only as "
+                          "worker node7 or node7/<slot>"));
+  }
+  EXPECT_EQ(as("furnace-worker:", "node7/0").status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(as("furnace-worker", "node8/0").status.ok());
+  EXPECT_TRUE(as("furnace-controller", "node8/0").status.ok());
+}
+
 // A JobService whose ListJobs records who called; every other method is gRPC's UNIMPLEMENTED,
 // which a call only reaches once the processor let it through.
 class RecordingJobService : public v1::JobService::Service {

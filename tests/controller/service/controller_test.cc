@@ -491,6 +491,7 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   req.set_job_id(job_);
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // rank 1 has not reported step 1
   batch.clear_records();
+  batch.set_worker_id("h/1");  // rank 1's worker
   *batch.add_records() = record(1, 3, 1);
   ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   auto series = c_->GetJobSeries(req);
@@ -503,10 +504,13 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   for (const auto& e : detail.events()) failed += e.kind() == "checkpoint_failed";
   EXPECT_EQ(failed, 1);
   EXPECT_EQ(Job().attempts(0).ranks(0).telemetry_seq(), 7u);
-  // Newer records of both ranks complete step 2.
+  // Newer records of both ranks (each from its own worker) complete step 2.
   batch.clear_records();
-  *batch.add_records() = record(0, 8, 2);
   *batch.add_records() = record(1, 4, 2);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  batch.clear_records();
+  batch.set_worker_id("h/0");
+  *batch.add_records() = record(0, 8, 2);
   ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 2);
   EXPECT_EQ(Job().attempts(0).ranks(1).step(), 2u);
@@ -590,6 +594,7 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   req.set_job_id(job_);
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // rank 1 has not reported step 1 yet
   batch.clear_records();
+  batch.set_worker_id("h/1");  // rank 1's worker
   batch.set_dropped(7);
   *batch.add_records() = record(1, 1, 0.8, 1000, {1, 3});
   ASSERT_TRUE(c_->PushTelemetry(batch).ok());
@@ -657,9 +662,9 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
   const double t0 = clock_.UnixSeconds();  // attempt 1 placed
   // Both ranks report a 1 s step at `reported` (after its checkpoint stall, if any).
   const auto step = [&](uint32_t attempt, uint64_t n, double reported, double stall) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id("h/0");
     for (uint32_t rank = 0; rank < 2; ++rank) {
+      v1::TelemetryBatch batch;
+      batch.set_worker_id("h/" + std::to_string(rank));  // each rank's own worker
       v1::TelemetryRecord& r = *batch.add_records();
       r.set_job_id(job_);
       r.set_attempt(attempt);
@@ -668,8 +673,8 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
       r.set_unix_time(reported);
       r.mutable_train()->set_step_seconds(1.0);
       r.mutable_train()->set_checkpoint_stall_seconds(stall);
+      ASSERT_TRUE(c_->PushTelemetry(batch).ok());
     }
-    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   };
   // Attempt 1: the first step starts 2 s after placement; a checkpoint (0.5 s) after step 2.
   step(1, 1, t0 + 3, 0);
@@ -756,9 +761,9 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
                {.op = "a2a(ep)", .bytes = 2048, .calls = 4, .seconds = 0.02}};
   s.eval = train::EvalResult{.loss = 2.25, .perplexity = 9.4877, .batches = 4, .tokens = 512};
   std::vector<v1::StepTelemetry> sent;
-  v1::TelemetryBatch batch;
-  batch.set_worker_id("h/0");
   for (uint32_t rank = 0; rank < 2; ++rank) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/" + std::to_string(rank));  // each rank's own worker
     sent.push_back(worker::StepTelemetryOf(
         s, {.reporter = rank == 0, .memory_budget_bytes = 1 << 22, .entropy_floor = 2.0}));
     v1::TelemetryRecord* r = batch.add_records();
@@ -767,8 +772,8 @@ TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
     r->set_rank(rank);
     r->set_step(1);
     *r->mutable_train() = sent.back();
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   }
-  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
 
   const v1::JobDetail d = Job();
   ASSERT_TRUE(d.has_telemetry());
@@ -1194,6 +1199,61 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
   EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_EXITED);
   EXPECT_EQ(d.attempts(0).ranks(1).exit_kind(), v1::EXIT_KIND_STOPPED);
   EXPECT_NE(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_BUSY);
+}
+
+// One worker cannot speak for another's ranks: a report on a rank placed elsewhere is refused
+// (InvalidArgument: the agent drops it) and changes nothing; telemetry records and log lines of
+// such ranks are not taken. (auth_processor.h holds a worker to its host's certificate.)
+TEST_F(ControllerTest, AWorkerCannotSpeakForAnothersRanks) {
+  StartRunning();
+  v1::RankReport r;
+  r.set_worker_id("h/0");
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(1);  // on h/1
+  r.set_event(v1::RANK_EXITED);
+  r.set_exit_kind(v1::EXIT_KIND_CODE);
+  r.set_exit_code(v1::RANK_EXIT_BAD_INPUT);
+  const absl::Status refused = c_->ReportRank(r);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_NE(refused.message().find("which runs on h/1"), std::string::npos) << refused;
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  v1::TelemetryRecord* rec = batch.add_records();
+  rec->set_job_id(job_);
+  rec->set_attempt(1);
+  rec->set_rank(1);
+  rec->set_seq(UINT64_MAX);  // would shadow every real record of rank 1
+  rec->set_step(5);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  EXPECT_EQ(Job().attempts(0).ranks(1).step(), 0u);
+
+  v1::LogBatch logs;
+  logs.set_worker_id("h/0");
+  v1::LogLine* line = logs.add_lines();
+  line->set_job_id(job_);
+  line->set_attempt(1);
+  line->set_rank(1);
+  line->set_text("forged");
+  line = logs.add_lines();
+  line->set_job_id(job_);
+  line->set_attempt(1);
+  line->set_rank(0);
+  line->set_text("its own");
+  ASSERT_TRUE(c_->PushLogs(logs).ok());
+  v1::GetLogsRequest req;
+  req.set_job_id(job_);
+  req.set_rank(-1);
+  const auto page = c_->GetLogs(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->lines_size(), 1);
+  EXPECT_EQ(page->lines(0), "[attempt 1 rank 0] its own");
+
+  // Its own rank's report is taken.
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed");
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
 }
 
 TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {
