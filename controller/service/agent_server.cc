@@ -4,7 +4,6 @@
 #include <functional>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "controller/service/caller_identity.h"
 #include "spdlog/spdlog.h"
@@ -41,18 +40,17 @@ class Event {
   virtual void Proceed(bool ok) = 0;
 };
 
-// A worker's call must be about the worker its credentials name (the `agent:<id>` identity, which
-// auth_processor.h holds to a host's own certificate): no worker registers, reports or pushes as
-// another. A server without the processor (plaintext, loopback) has no agent identity to hold
-// it to. Rendezvous calls name no worker.
+// A worker's call must be about the worker its credentials name (CallerWorker: the worker id it
+// sent, which auth_processor.h holds to a host's own certificate): no worker registers, reports or
+// pushes as another. A caller that names no worker (a plaintext server, or a client sharing its
+// channel among many agents with the fleet's certificate, which may act as any worker anyway) has
+// nothing to hold it to. Rendezvous calls name no worker.
 grpc::Status CheckCaller(const grpc::ServerContext& context, const std::string& worker_id) {
-  const std::string identity = CallerIdentity(context);
-  if (!absl::StartsWith(identity, "agent:") || identity == "agent:" + worker_id) {
-    return grpc::Status::OK;
-  }
+  const std::string caller = CallerWorker(context);
+  if (caller.empty() || caller == worker_id) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                       absl::StrCat("the call is for worker `", worker_id,
-                                   "` but comes with the credentials of ", identity));
+                                   "` but comes with the credentials of agent:", caller));
 }
 
 // One unary call of a method: requested on a queue; when it arrives, the next one is requested

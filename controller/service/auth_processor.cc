@@ -147,8 +147,23 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                  decision.status.error_message());
     return decision.status;
   }
-  context->AddProperty(kIdentityProperty, decision.identity);
-  context->AddProperty(kRoleProperty, decision.role);
+  // The AuthContext is the connection's, shared by every call on it (grpc/grpc#28809): a property
+  // added stays for all later calls, and adding one per call grew it without bound (an agent's
+  // heartbeats) while other calls' handlers read it. So the caller is recorded once, by the
+  // connection's first call, and a connection carries one caller: a later call on it with other
+  // credentials is refused rather than audited under the first caller's name.
+  const std::vector<grpc::string_ref> recorded = context->FindPropertyValues(kIdentityProperty);
+  if (recorded.empty()) {
+    context->AddProperty(kIdentityProperty, decision.identity);
+    context->AddProperty(kRoleProperty, decision.role);
+  } else if (text(recorded.front()) != decision.identity) {
+    const std::string why =
+        absl::StrCat(ShortName(request.method), ": this connection carries the credentials of ",
+                     text(recorded.front()), ", not of ", decision.identity,
+                     " (one caller per connection: open another channel)");
+    spdlog::warn("refused {}: {}", request.method, why);
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, why);
+  }
   return grpc::Status::OK;
 }
 

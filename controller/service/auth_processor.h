@@ -14,7 +14,9 @@
 // No token -> UNAUTHENTICATED; a token without the role -> PERMISSION_DENIED; each message names
 // the method and the role or credential it needs. A call let through carries the AuthContext
 // property `furnace.identity` (the token's name, or `agent:<worker id>`, or `anonymous`), read
-// with CallerIdentity (caller_identity.h), and `furnace.role`.
+// with CallerIdentity (caller_identity.h), and `furnace.role`. Both are the connection's (gRPC's
+// AuthContext is per connection): set by its first call, and a later call with other credentials
+// is refused (PERMISSION_DENIED: one caller per connection).
 // Thread-safe: the policy is immutable after construction.
 #pragma once
 

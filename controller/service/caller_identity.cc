@@ -1,6 +1,7 @@
 #include "controller/service/caller_identity.h"
 
 #include "controller/service/auth_processor.h"
+#include "transport/credentials.h"
 #include "transport/listen_address.h"
 
 namespace furnace::controller {
@@ -20,6 +21,12 @@ std::string CallerIdentity(const grpc::ServerContext& context) {
     if (!values.empty()) return std::string(values.front().data(), values.front().size());
   }
   return transport::IsLoopbackAddress(context.peer()) ? "local" : PeerHost(context.peer());
+}
+
+std::string CallerWorker(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find(transport::kWorkerIdKey);
+  return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
 }  // namespace furnace::controller

@@ -17,4 +17,10 @@ std::string PeerHost(const std::string& peer);
 
 std::string CallerIdentity(const grpc::ServerContext& context);
 
+// The worker a call says it comes from: its own furnace-worker-id header, which the auth processor
+// checked for this call against a host's own certificate (auth_processor.h); empty when it names
+// none (agents send it over TLS only; a client that shares one channel among many agents, as the
+// control-plane bench does, names none).
+std::string CallerWorker(const grpc::ServerContext& context);
+
 }  // namespace furnace::controller

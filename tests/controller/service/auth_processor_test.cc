@@ -133,16 +133,23 @@ class RecordingJobService : public v1::JobService::Service {
                         v1::ListJobsResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     last_identity_ = CallerIdentity(*context);
+    identity_values_ = context->auth_context()->FindPropertyValues(kIdentityProperty).size();
     return grpc::Status::OK;
   }
   std::string last_identity() {
     std::lock_guard<std::mutex> lock(mu_);
     return last_identity_;
   }
+  // How many identity properties the call's AuthContext (its connection's) held.
+  size_t identity_values() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return identity_values_;
+  }
 
  private:
   std::mutex mu_;
   std::string last_identity_;
+  size_t identity_values_ = 0;
 };
 
 class SecureServerTest : public ::testing::Test {
@@ -250,6 +257,31 @@ TEST_F(SecureServerTest, TokensAndRolesOverTls) {
   EXPECT_EQ(jobs_.last_identity(), "admin");
   // Let through: the fake's CancelJob is unimplemented.
   EXPECT_EQ(CancelJob(Cli("admin.token")).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// gRPC's AuthContext is the connection's (grpc/grpc#28809): the caller is recorded once, however
+// many calls the connection carries, and a call with other credentials on it is refused.
+TEST_F(SecureServerTest, AConnectionCarriesOneCaller) {
+  Start(SecureFlags());
+  auto stub = v1::JobService::NewStub(Channel(Cli("")));  // TLS; tokens added per call below
+  auto list = [&](const std::string& token_file) {
+    auto context = Context();
+    context->AddMetadata("authorization",
+                         "Bearer " + *transport::ReadClientToken(F(token_file), "t"));
+    v1::ListJobsResponse response;
+    return stub->ListJobs(context.get(), v1::ListJobsRequest(), &response);
+  };
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(list("read.token").ok()) << i;
+  EXPECT_EQ(jobs_.last_identity(), "reader");
+  EXPECT_EQ(jobs_.identity_values(), 1u);  // not one per call
+  const grpc::Status other = list("admin.token");
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(other.error_message(),
+              HasSubstr("ListJobs: this connection carries the credentials of reader, not of "
+                        "admin (one caller per connection"));
+  // Another connection is another caller.
+  EXPECT_TRUE(ListJobs(Cli("admin.token")).ok());
+  EXPECT_EQ(jobs_.last_identity(), "admin");
 }
 
 TEST_F(SecureServerTest, AgentsNeedACertificateTheCaSignedAndTheJoinToken) {
