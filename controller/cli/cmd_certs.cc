@@ -41,8 +41,8 @@ absl::StatusOr<int> RunCertsInit(const CommandContext& ctx, const CertsInitOptio
            << "/join.token ...\n";
   for (const std::string& host : options.worker_hosts) {
     *ctx.out << "furnace-worker --tls-cert " << d << "/worker-" << host << ".pem --tls-key " << d
-             << "/worker-" << host << ".key ...   # on " << host
-             << " only: it may act only as its workers\n";
+             << "/worker-" << host << ".key --id " << host << "/0 ...   # on " << host
+             << " only: it may act only as worker " << host << " or " << host << "/<slot>\n";
   }
   *ctx.out << "furnace --tls-ca " << d << "/ca.pem --token-file " << d << "/admin.token jobs\n"
            << "(development only: keep ca.key off the cluster; see README \"Security\")\n";

@@ -44,7 +44,8 @@ class Event {
 // sent, which auth_processor.h holds to a host's own certificate): no worker registers, reports or
 // pushes as another. A caller that names no worker (a plaintext server, or a client sharing its
 // channel among many agents with the fleet's certificate, which may act as any worker anyway) has
-// nothing to hold it to. Rendezvous calls name no worker.
+// nothing to hold it to. Rendezvous calls name no worker in the request: the rendezvous holds the
+// caller to the workers of the scope's attempt (Rendezvous::CheckCaller).
 grpc::Status CheckCaller(const grpc::ServerContext& context, const std::string& worker_id) {
   const std::string caller = CallerWorker(context);
   if (caller.empty() || caller == worker_id) return grpc::Status::OK;
@@ -93,6 +94,7 @@ class Unary final : public Event {
   }
 
   const Req& request() const { return request_; }
+  const grpc::ServerContext& context() const { return context_; }
   Resp& response() { return response_; }
   AgentServer& server() { return server_; }
 
@@ -322,15 +324,20 @@ void PostAll(AgentServer& s, grpc::ServerCompletionQueue* queue) {
   });
   using KvSetCall = Unary<v1::KvSetRequest, v1::Ack>;
   KvSetCall::Post(s, queue, &Service::RequestKvSet, [&c](KvSetCall* call) {
-    c.KvSet(call->request(), [call](absl::Status st) { call->Reply(ToGrpc(st)); });
+    c.KvSet(
+        call->request(), [call](absl::Status st) { call->Reply(ToGrpc(st)); },
+        CallerWorker(call->context()));
   });
   using KvGetCall = Unary<v1::KvGetRequest, v1::KvGetResponse>;
   KvGetCall::Post(s, queue, &Service::RequestKvGet, [&c](KvGetCall* call) {
-    c.KvGet(call->request(), [call](absl::StatusOr<v1::KvGetResponse> r) {
-      if (!r.ok()) return call->Reply(ToGrpc(r.status()));
-      call->response() = std::move(*r);
-      call->Reply(grpc::Status::OK);
-    });
+    c.KvGet(
+        call->request(),
+        [call](absl::StatusOr<v1::KvGetResponse> r) {
+          if (!r.ok()) return call->Reply(ToGrpc(r.status()));
+          call->response() = std::move(*r);
+          call->Reply(grpc::Status::OK);
+        },
+        CallerWorker(call->context()));
   });
   CommandStream::Post(s, queue);
 }

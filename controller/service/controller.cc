@@ -417,7 +417,7 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     jobs_.PersistLater(touched);
     trim = telemetry_.TrimDue(kept, records.size());
     if (foreign > 0) {
-      spdlog::warn("worker {} sent {} telemetry record(s) of ranks another worker runs: ignored",
+      spdlog::warn("worker {} sent {} telemetry record(s) of ranks it does not run: ignored",
                    batch.worker_id(), foreign);
     }
   }
@@ -436,23 +436,29 @@ absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     workers_.Touch(batch.worker_id());
+    int foreign = 0;  // lines of ranks another worker runs: not this worker's to write
     for (const auto& line : batch.lines()) {
       const Job* job = jobs_.Find(line.job_id());
-      // (A line of a rank another worker runs is not this worker's to write.)
-      if (job == nullptr ||
-          !JobLifecycle::HeldBy(*job, line.attempt(), line.rank(), batch.worker_id())) {
+      if (job == nullptr) continue;
+      if (!JobLifecycle::HeldBy(*job, line.attempt(), line.rank(), batch.worker_id())) {
+        ++foreign;
         continue;
       }
       by_job[line.job_id()] += LogStore::Format(line);
+    }
+    if (foreign > 0) {
+      spdlog::warn("worker {} sent {} log line(s) of ranks it does not run: ignored",
+                   batch.worker_id(), foreign);
     }
   }
   return logs_.Append(by_job);
 }
 
-void Controller::KvSet(const v1::KvSetRequest& req, Done done) {
-  // Fencing without the state mutex: the scope is open only while its attempt runs
-  // (rendezvous.h).
-  if (absl::Status s = rendezvous_.CheckOpen({req.scope().job_id(), req.scope().attempt()});
+void Controller::KvSet(const v1::KvSetRequest& req, Done done, const std::string& caller) {
+  // Fencing without the state mutex: the scope is open only while its attempt runs, and only to
+  // the workers of its ranks (rendezvous.h).
+  if (absl::Status s =
+          rendezvous_.CheckCaller({req.scope().job_id(), req.scope().attempt()}, caller);
       !s.ok()) {
     done(s);
     return;
@@ -478,9 +484,14 @@ absl::Status Controller::KvSet(const v1::KvSetRequest& req) {
   return status.get();
 }
 
-void Controller::KvGet(const v1::KvGetRequest& req, KvGetDone done) {
-  // The rendezvous refuses a scope that is not open (fencing) by itself.
+void Controller::KvGet(const v1::KvGetRequest& req, KvGetDone done, const std::string& caller) {
+  // The rendezvous refuses a scope that is not open (fencing) by itself; a worker that holds no
+  // rank of it, here.
   const Rendezvous::Scope scope{req.scope().job_id(), req.scope().attempt()};
+  if (absl::Status s = rendezvous_.CheckCaller(scope, caller); !s.ok()) {
+    done(s);
+    return;
+  }
   if (req.indexed_count() > 0) {
     if (req.keys_size() > 0) {
       done(absl::InvalidArgumentError("KvGet: an indexed wait names no keys"));

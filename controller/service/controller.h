@@ -116,12 +116,14 @@ class Controller {
   absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch);
   absl::Status PushLogs(const furnace::v1::LogBatch& batch);
   // Persists the key (group commit), then makes it visible; `done` as for PushTelemetry.
-  void KvSet(const furnace::v1::KvSetRequest& req, Done done);
+  // `caller`: the worker the call comes from (CallerWorker; empty: it names none), refused unless
+  // it holds a rank of the scope's attempt (Rendezvous::CheckCaller).
+  void KvSet(const furnace::v1::KvSetRequest& req, Done done, const std::string& caller = "");
   absl::Status KvSet(const furnace::v1::KvSetRequest& req);
   // A rendezvous wait (rendezvous.h): the keys' values, or with req.indexed_count() an indexed
   // wait's arrivals. `done` is called once, from the thread that completes the wait.
   using KvGetDone = std::function<void(absl::StatusOr<furnace::v1::KvGetResponse>)>;
-  void KvGet(const furnace::v1::KvGetRequest& req, KvGetDone done);
+  void KvGet(const furnace::v1::KvGetRequest& req, KvGetDone done, const std::string& caller = "");
 
   // --- Embedded launcher bookkeeping --------------------------------------------------------
   absl::Status RecordLocalWorker(uint32_t slot, int pid);

@@ -69,7 +69,9 @@ absl::StatusOr<int> JobLifecycle::Load() {
     }
     if (auto* attempt = job.current(); attempt && attempt->state() == v1::ATTEMPT_STATE_RUNNING) {
       const Rendezvous::Scope scope{job.summary.job_id(), attempt->attempt()};
-      rendezvous_.OpenScope(scope);
+      std::set<std::string> workers;
+      for (const auto& rank : attempt->ranks()) workers.insert(rank.worker_id());
+      rendezvous_.OpenScope(scope, std::move(workers));
       ASSIGN_OR_RETURN(auto kv, store_.KvLoad(job.summary.job_id(), attempt->attempt()));
       for (auto& [key, value] : kv) rendezvous_.Set(scope, key, value);
     }
@@ -298,9 +300,10 @@ void JobLifecycle::NoteCheckpointRestored(Job& job, const std::string& account) 
 
 bool JobLifecycle::HeldBy(const Job& job, uint32_t attempt, uint32_t rank,
                           const std::string& worker_id) {
-  if (worker_id.empty() || attempt == 0 || attempt > job.attempts.size()) return true;
+  if (worker_id.empty()) return true;
+  if (attempt == 0 || attempt > job.attempts.size()) return false;
   const v1::AttemptInfo& a = job.attempts[attempt - 1];
-  if (rank >= static_cast<uint32_t>(a.ranks_size())) return true;
+  if (rank >= static_cast<uint32_t>(a.ranks_size())) return false;
   const std::string& placed = a.ranks(static_cast<int>(rank)).worker_id();
   return placed.empty() || placed == worker_id;
 }
@@ -459,7 +462,8 @@ void JobLifecycle::TryStart(Job& job) {
     job = backup;
     return;
   }
-  rendezvous_.OpenScope({job.summary.job_id(), n});
+  rendezvous_.OpenScope({job.summary.job_id(), n},
+                        std::set<std::string>(placement->begin(), placement->end()));
   if (escalated) Event(job, "escalate", escalation);
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   job.attempt_started_mono = clock_.MonotonicSeconds();

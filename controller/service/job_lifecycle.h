@@ -104,6 +104,7 @@ struct Job {
   // hung in its own work.
   double settle_deadline = 0;  // 0: no failure pending
   std::string pending_kind, pending_cause, pending_worker;
+  bool pending_interrupted = false;  // the pending failure interrupts (JobLifecycle::FailLater)
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;
@@ -168,9 +169,9 @@ class JobLifecycle {
   // whose answer it lost), and then nothing else is done with it. PersistLater then marks the job.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
   // Whether a report, record or log line of (attempt, rank) may come from `worker_id`: the rank
-  // was placed on that worker, or the sender names no worker (in-process callers), or there is no
-  // such rank (nothing to take from it). One worker cannot speak for another's ranks
-  // (auth_processor.h binds a worker's identity to its host's certificate).
+  // exists and was placed on that worker, or the sender names no worker (in-process callers). One
+  // worker cannot speak for another's ranks, nor for ranks that do not exist (auth_processor.h
+  // binds a worker's identity to its host's certificate).
   static bool HeldBy(const Job& job, uint32_t attempt, uint32_t rank, const std::string& worker_id);
   // A checkpoint the ranks could not commit (checkpoint.async's write failed): an event
   // "checkpoint_failed" naming the step and the error. Training goes on.
@@ -280,8 +281,9 @@ class JobLifecycle {
   // A failure FailAttempt could not record (a store error) whose trigger will not come again (a
   // worker already marked lost, a rank already marked gone): Tick's settle branch fails the
   // attempt with it at its next run, and again until the store takes it.
+  // `interrupted`: it is an interruption (an agent leaving), which spends no restart.
   void FailLater(Job& job, const std::string& kind, const std::string& cause,
-                 const std::string& worker);
+                 const std::string& worker, bool interrupted);
   // Sets ranks_exited_unix once every rank of the attempt has ended (recovery_timing.cc).
   void NoteRanksExited(furnace::v1::AttemptInfo& attempt);
   // `attempt` (one of job.attempts) changed: the job's next write covers it even when it is older

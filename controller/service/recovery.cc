@@ -141,6 +141,7 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
     job.pending_kind = kind;
     job.pending_cause = cause;
     job.pending_worker = worker;
+    job.pending_interrupted = false;
   }
   // Every rank has ended: no root cause can come any more. (Not persisted, the settle deadline
   // stays and Tick retries.)
@@ -148,12 +149,13 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
 }
 
 void JobLifecycle::FailLater(Job& job, const std::string& kind, const std::string& cause,
-                             const std::string& worker) {
+                             const std::string& worker, bool interrupted) {
   if (job.settle_deadline > 0) return;  // a failure is pending already: Tick ends it
   job.settle_deadline = clock_.MonotonicSeconds();
   job.pending_kind = kind;
   job.pending_cause = cause;
   job.pending_worker = worker;
+  job.pending_interrupted = interrupted;
 }
 
 absl::Status JobLifecycle::EndAttempt(Job& job) {
@@ -366,10 +368,10 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
       job->summary.set_leaving_interruptions(free_so_far);  // not written: not spent
       // Not recorded (a store error). The worker is LOST now, so no later tick comes here
       // again: Tick's settle branch fails the attempt once the store takes it.
-      FailLater(*job, "lost",
+      FailLater(*job, interrupted ? "interrupted" : "lost",
                 absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
                              held.rank, " gone"),
-                worker.info.worker_id());
+                worker.info.worker_id(), interrupted);
       return;
     }
   } else {
@@ -424,7 +426,8 @@ void JobLifecycle::Tick() {
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
       FailAttempt(job, job.pending_kind.empty() ? "exit" : job.pending_kind, job.pending_cause,
-                  job.pending_worker);
+                  job.pending_worker,
+                  job.pending_interrupted ? Failure::kInterrupted : Failure::kRetryable);
     }
     // Every rank of the running attempt has ended, yet the attempt was not ended: the write that
     // would have ended it failed (a store error), or a controller restart lost the settle window.
@@ -576,7 +579,8 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
           const std::string cause =
               absl::StrCat("worker ", req.worker_id(), " restarted; rank ", rank_n, " lost");
           if (!FailAttempt(*job, "agent_restart", cause, req.worker_id())) {
-            FailLater(*job, "agent_restart", cause, req.worker_id());  // the rank is gone now
+            FailLater(*job, "agent_restart", cause, req.worker_id(),
+                      /*interrupted=*/false);  // the rank is gone now
           }
         } else {
           PersistRecord(*job, "a rank lost with its restarted agent");
@@ -586,12 +590,14 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
       if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
           !IsFinal(job->summary.state())) {
         workers_.Enqueue(req.worker_id(), StartCommand(*job, rank_n, w));
-      } else {
+      } else if (first_since_start) {
         // Placed, but its attempt ended before the agent took the start command, which went
         // with a controller restart (as did the stop after it): it never ran and never will,
         // and no exit report will come (heartbeats ask the agent only about ranks that started).
         // Not freed here, the worker would stay busy for good. A start delivered late after all
-        // is stopped at the next heartbeat (the controller lists no such rank).
+        // is stopped at the next heartbeat (the controller lists no such rank). (Without a
+        // restart, the start and the stop after it are still queued for the agent, whose stop
+        // report frees the worker.)
         rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("never started: its attempt ended before its worker took the start command");
         rank->set_exit_kind(v1::EXIT_KIND_STOPPED);

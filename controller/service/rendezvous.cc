@@ -65,6 +65,7 @@ struct Rendezvous::IndexedGroup {
 };
 
 struct Rendezvous::ScopeState {
+  std::set<std::string> workers;  // set when the scope opens; guarded by Rendezvous::mu_
   std::mutex mu;
   // Closed or shut down: Set is ignored and every wait gets end_status. Guarded by mu, as the rest.
   bool ended = false;
@@ -145,15 +146,31 @@ std::shared_ptr<Rendezvous::ScopeState> Rendezvous::Find(const Scope& scope) {
   return it == scopes_.end() ? nullptr : it->second;
 }
 
-void Rendezvous::OpenScope(const Scope& scope) {
+void Rendezvous::OpenScope(const Scope& scope, std::set<std::string> workers) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_ || closed_.count(scope)) return;
   auto& state = scopes_[scope];
   if (!state) state = std::make_shared<ScopeState>();
+  state->workers = std::move(workers);
 }
 
 absl::Status Rendezvous::CheckOpen(const Scope& scope) {
   return Find(scope) ? absl::OkStatus() : Refused(scope);
+}
+
+absl::Status Rendezvous::CheckCaller(const Scope& scope, const std::string& worker) {
+  bool open = false, held = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = scopes_.find(scope);
+    open = it != scopes_.end();
+    held = open && it->second->workers.count(worker) > 0;
+  }
+  if (!open) return Refused(scope);
+  if (worker.empty() || held) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("rendezvous: worker ", worker,
+                                                  " holds no rank of attempt ", scope.second,
+                                                  " of job ", scope.first));
 }
 
 void Rendezvous::Set(const Scope& scope, const std::string& key, const std::string& value) {

@@ -68,9 +68,15 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   // Makes the scope usable; nothing for one closed before (a closed scope never opens again).
-  void OpenScope(const Scope& scope);
+  // `workers`: the workers the attempt's ranks were placed on, the only ones whose calls may use
+  // the scope (CheckCaller).
+  void OpenScope(const Scope& scope, std::set<std::string> workers);
   // FailedPrecondition unless the scope is open (see the errors above).
   absl::Status CheckOpen(const Scope& scope);
+  // CheckOpen, and PermissionDenied when `worker` (the caller's, caller_identity.h: empty when it
+  // names none) holds no rank of the scope's attempt: one worker cannot read or write another
+  // job's rendezvous keys.
+  absl::Status CheckCaller(const Scope& scope, const std::string& worker);
   // Ignored for a scope not open.
   void Set(const Scope& scope, const std::string& key, const std::string& value);
   // Values in key order, once every key exists (at most timeout_s; <= 0: as they are now).

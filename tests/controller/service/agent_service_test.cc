@@ -409,5 +409,44 @@ TEST_F(SecureAgentServiceTest, AWorkerActsOnlyAsItself) {
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// A rendezvous is its attempt's workers' only: another worker (with its own credentials) can
+// neither write nor read its keys.
+TEST_F(SecureAgentServiceTest, ARendezvousIsItsWorkersOnly) {
+  ASSERT_TRUE(Register(*Stub("worker-h", "h/0"), "h/0").ok());
+  auto job = c_->Submit("name: t\nkind: commcheck\nparallel: {dp: 1}\n", "t.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Register(*Stub("worker", "g/0"), "g/0").ok());  // after: holds no rank of it
+  auto set = [&](const std::string& cert, const std::string& worker) {
+    v1::KvSetRequest r;
+    r.mutable_scope()->set_job_id(*job);
+    r.mutable_scope()->set_attempt(1);
+    r.set_key("nccl/id");
+    r.set_value(worker);
+    v1::Ack ack;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return Stub(cert, worker)->KvSet(&context, r, &ack);
+  };
+  EXPECT_TRUE(set("worker-h", "h/0").ok());
+  const grpc::Status foreign = set("worker", "g/0");
+  EXPECT_EQ(foreign.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(foreign.error_message(),
+              ::testing::HasSubstr("worker g/0 holds no rank of attempt 1 of job " + *job));
+  v1::KvGetRequest get;
+  get.mutable_scope()->set_job_id(*job);
+  get.mutable_scope()->set_attempt(1);
+  get.add_keys("nccl/id");
+  v1::KvGetResponse got;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(Stub("worker", "g/0")->KvGet(&context, get, &got).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  grpc::ClientContext own;
+  own.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(Stub("worker-h", "h/0")->KvGet(&own, get, &got).ok());
+  ASSERT_EQ(got.values_size(), 1);
+  EXPECT_EQ(got.values(0), "h/0");
+}
+
 }  // namespace
 }  // namespace furnace::controller

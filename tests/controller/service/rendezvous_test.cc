@@ -37,7 +37,7 @@ using ArrivalsAnswer = Answer<absl::StatusOr<Rendezvous::Arrivals>>;
 // A rendezvous with the scopes open.
 std::unique_ptr<Rendezvous> With(std::vector<Rendezvous::Scope> scopes) {
   auto r = std::make_unique<Rendezvous>();
-  for (const auto& s : scopes) r->OpenScope(s);
+  for (const auto& s : scopes) r->OpenScope(s, {});
   return r;
 }
 
@@ -49,7 +49,7 @@ TEST(RendezvousTest, AScopeNeverOpenedIsRefused) {
   r.Get({"j", 1}, {"k"}, 30, a.Callback());
   ASSERT_TRUE(a.Ready());
   EXPECT_THAT(std::string(a.future.get().status().message()), HasSubstr("is not running"));
-  r.OpenScope({"j", 1});
+  r.OpenScope({"j", 1}, {});
   EXPECT_TRUE(r.CheckOpen({"j", 1}).ok());
   EXPECT_FALSE(r.Has({"j", 1}, "k"));
 }
@@ -119,7 +119,7 @@ TEST(RendezvousTest, CloseEndsWaitsAndTheScopeStaysClosed) {
   r.Get({"j", 1}, {"a"}, 0, later.Callback());
   EXPECT_TRUE(absl::IsFailedPrecondition(later.future.get().status()));
   EXPECT_FALSE(r.Has({"j", 1}, "a"));
-  r.OpenScope({"j", 1});  // a closed scope never opens again
+  r.OpenScope({"j", 1}, {});  // a closed scope never opens again
   EXPECT_TRUE(absl::IsFailedPrecondition(r.CheckOpen({"j", 1})));
   // The next attempt's scope is unaffected.
   r.Set({"j", 2}, "a", "2");
