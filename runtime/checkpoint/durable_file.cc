@@ -23,20 +23,18 @@ absl::Status IoError(const std::string& what, const std::string& path) {
 DurableWriter::~DurableWriter() {
   if (file_ != nullptr) {
     std::fclose(file_);
-    std::remove((path_ + ".tmp").c_str());
+    std::remove(tmp_path_.c_str());
   }
 }
 
 absl::Status DurableWriter::Open() {
-  const std::string tmp = path_ + ".tmp";
-  file_ = std::fopen(tmp.c_str(), "wb");
-  if (file_ == nullptr) return IoError("cannot create", tmp);
+  ASSIGN_OR_RETURN(file_, CreateTempBeside(path_, &tmp_path_));
   return absl::OkStatus();
 }
 
 absl::Status DurableWriter::Append(const void* data, size_t n) {
   if (file_ == nullptr) return absl::FailedPreconditionError("DurableWriter is not open");
-  if (n > 0 && std::fwrite(data, 1, n, file_) != n) return IoError("write to", path_ + ".tmp");
+  if (n > 0 && std::fwrite(data, 1, n, file_) != n) return IoError("write to", tmp_path_);
   crc_ = Crc32(crc_, data, n);
   bytes_ += n;
   return absl::OkStatus();
@@ -44,16 +42,10 @@ absl::Status DurableWriter::Append(const void* data, size_t n) {
 
 absl::Status DurableWriter::Commit() {
   if (file_ == nullptr) return absl::FailedPreconditionError("DurableWriter is not open");
-  const std::string tmp = path_ + ".tmp";
-  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) return IoError("fsync", tmp);
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) return IoError("fsync", tmp_path_);
   std::fclose(file_);
   file_ = nullptr;
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    absl::Status s = IoError(absl::StrCat("rename ", tmp, " to"), path_);
-    std::remove(tmp.c_str());
-    return s;
-  }
-  return SyncDirectory(std::filesystem::path(path_).parent_path().string());
+  return RenameDurably(tmp_path_, path_);
 }
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {

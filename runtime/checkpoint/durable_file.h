@@ -1,6 +1,7 @@
-// Durable, atomic file writes for checkpoints: a file is written under `<path>.tmp`, fsynced,
-// renamed over `path`, and its directory fsynced, so after a crash `path` holds either the old
-// content or the complete new one, never a torn mix.
+// Durable, atomic file writes for checkpoints, exports and reports: a file is written under a
+// temporary file of its own beside `path` (runtime/base/file_sync.h), fsynced, renamed over `path`,
+// and its directory fsynced, so after a crash `path` holds either the old content or the complete
+// new one, never a torn mix, and two writers of one path never share a temporary file.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +14,8 @@
 
 namespace furnace::train {
 
-// Streams bytes to `<path>.tmp` while computing their CRC-32. Commit makes them durable under
-// `path`; destroying an uncommitted writer removes the temp file. Single-threaded.
+// Streams bytes to a temporary file beside `path` while computing their CRC-32. Commit makes them
+// durable under `path`; destroying an uncommitted writer removes the temp file. Single-threaded.
 class DurableWriter {
  public:
   explicit DurableWriter(std::string path) : path_(std::move(path)) {}
@@ -30,6 +31,7 @@ class DurableWriter {
 
  private:
   std::string path_;
+  std::string tmp_path_;  // once open
   std::FILE* file_ = nullptr;
   uint64_t bytes_ = 0;
   uint32_t crc_ = 0;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/durable_file.h"
 #include "runtime/device/backend.h"
 #include "runtime/moe/calibrate.h"
 #include "runtime/tensor/device_memory.h"
@@ -218,13 +219,11 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
                                                         options));
     out.profile = std::move(p);
     if (layout.rank == 0 && !out.cache_path.empty()) {
+      // A cache: a failed write only means the next job calibrates again. Written atomically
+      // through a temporary file of its own (every job's rank 0 may write it at once).
       std::error_code ec;
       std::filesystem::create_directories(cache_dir, ec);
-      const std::string tmp = out.cache_path + ".tmp";
-      std::ofstream f(tmp);
-      f << out.profile->ToJson();
-      f.close();
-      if (f) std::filesystem::rename(tmp, out.cache_path, ec);
+      WriteFileDurably(out.cache_path, out.profile->ToJson()).IgnoreError();
     }
   }
   moe::Choice choice = moe::ChooseSchedule(*out.profile, shape);

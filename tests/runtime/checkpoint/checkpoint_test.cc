@@ -127,7 +127,10 @@ TEST(CheckpointTest, SaveLoadRoundTrip) {
   EXPECT_TRUE(fs::exists(dir / "step-00000007/shard-00000.bin"));
   EXPECT_TRUE(fs::exists(dir / "step-00000007/manifest.json"));
   EXPECT_EQ(ReadAll(dir / "LATEST"), "7\n");
-  EXPECT_FALSE(fs::exists(dir / "step-00000007/shard-00000.bin.tmp"));
+  for (const auto& entry : fs::directory_iterator(dir / "step-00000007")) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos)
+        << "no temporary file is left: " << entry.path();
+  }
 
   auto loaded = store.LoadLatest();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
