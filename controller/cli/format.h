@@ -32,12 +32,12 @@ class Table {
 
 // Display width of UTF-8 text: the number of code points.
 size_t DisplayWidth(const std::string& text);
-// Cuts `text` to at most `width` code points, ending in "..." when it had to cut.
 // `text` on one line: each control character (a newline, a tab, an escape) becomes a space, and
 // the spaces that indent a continuation line go with it. Causes and event messages may hold
 // several lines (a checkpoint loader lists what it passed over); a table cell or a redrawn frame's
 // line must not, and a terminal must not be handed escapes from them.
 std::string OneLine(absl::string_view text);
+// Cuts `text` to at most `width` code points, ending in "..." when it had to cut.
 std::string Truncate(const std::string& text, size_t width);
 
 // "0s", "42s", "1m05s", "2h03m", "3d04h"; "-" for a negative or non-finite value.

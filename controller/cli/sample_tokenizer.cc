@@ -58,6 +58,11 @@ std::string StreamedText(const Tokenizer& tok, const std::vector<int32_t>& ids, 
     while (common < shown->size() && common < text.size() && text[common] == (*shown)[common]) {
       ++common;
     }
+    // Back to a character's start: what follows is printed whole, never from its middle.
+    while (common > 0 && common < text.size() &&
+           (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) {
+      --common;
+    }
     std::string out = text.substr(common);
     *shown = text;
     return out;

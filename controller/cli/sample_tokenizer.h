@@ -26,7 +26,8 @@ std::unique_ptr<Tokenizer> IdTokenizer(int64_t vocab);
 // trailing U+FFFD, which a byte-fallback tokenizer decodes an incomplete byte run to until the run
 // is complete. When the decoded text no longer starts with what was shown (a tokenizer that joins
 // pieces differently once it sees more of them), nothing while streaming; the `last` call then
-// prints the text after the longest prefix the two share, so no generated text goes unprinted.
+// prints the text after the longest prefix the two share (from a character's start), so no
+// generated text goes unprinted; what was shown after that prefix stays on the screen before it.
 std::string StreamedText(const Tokenizer& tok, const std::vector<int32_t>& ids, bool last,
                          std::string* shown);
 

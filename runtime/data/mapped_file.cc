@@ -24,6 +24,20 @@ absl::Status CannotOpenError(const std::string& what, const std::string& path, i
   return UnreadableFileError(failure);
 }
 
+absl::Status CheckRegularFile(int fd, const std::string& what, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return UnreadableFileError(
+        absl::StrCat(what, what.empty() ? "" : " ", path, ": fstat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, what.empty() ? "" : " ", path,
+                                                   ": not a regular file (a directory, a device "
+                                                   "or a pipe)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UnreadableFileError(absl::string_view failure) {
   return absl::UnavailableError(
       absl::StrCat(failure, " (not the data's fault: a restart reads it again)"));
@@ -40,10 +54,9 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);
     return UnreadableFileError(absl::StrCat(what, " ", path, ": fstat: ", err));
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (absl::Status regular = CheckRegularFile(fd, what, path); !regular.ok()) {
     ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " ", path, ": not a regular file (a directory, a device or a pipe)"));
+    return regular;
   }
   std::unique_ptr<MappedFile> file(new MappedFile());
   if (st.st_size == 0) {

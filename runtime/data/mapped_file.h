@@ -32,6 +32,10 @@ absl::Status CannotOpenError(const std::string& what, const std::string& path, i
 // (a restart reads it again). `failure` says what failed and why.
 absl::Status UnreadableFileError(absl::string_view failure);
 
+// OK when open file `fd` (at `path`) is a regular file; InvalidArgument (the path's fault) when it
+// is a directory, a device or a pipe, which open but do not read as data.
+absl::Status CheckRegularFile(int fd, const std::string& what, const std::string& path);
+
 // Owns the mapping (unmapped on destruction). Immutable: safe to read from any thread.
 class MappedFile {
  public:

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -79,12 +79,18 @@ absl::StatusOr<const spm::Library*> Module() {
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return CannotOpenError(std::string(what), path, errno);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) return UnreadableFileError(absl::StrCat(what, " ", path, ": read error"));
-  return std::move(bytes).str();
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (f == nullptr) return CannotOpenError(std::string(what), path, errno);
+  RETURN_IF_ERROR(CheckRegularFile(::fileno(f.get()), std::string(what), path));
+  std::string bytes;
+  char block[1 << 16];
+  size_t got;
+  while ((got = std::fread(block, 1, sizeof block, f.get())) > 0) bytes.append(block, got);
+  if (std::ferror(f.get()) != 0) {
+    return UnreadableFileError(
+        absl::StrCat(what, " ", path, ": read error: ", std::strerror(errno)));
+  }
+  return bytes;
 }
 
 // SentencePiece's "Vocabulary size too high (N). Please set it to a value <= M." -> M, else -1.

@@ -51,6 +51,7 @@ std::string Sha256Hex(absl::string_view bytes) {
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (f == nullptr) return CannotOpenError("", path, errno);
+  RETURN_IF_ERROR(CheckRegularFile(::fileno(f.get()), "", path));
   Sha256 sha;
   std::vector<char> block(1 << 16);
   size_t got;

@@ -275,6 +275,11 @@ TEST(StreamedTextTest, ARewrittenDecodingIsPrintedByTheLastCall) {
   EXPECT_EQ(Stream({300, 301, 302, 300}),
             "ab"
             "Ba");
+  // A rewrite inside a character prints that character whole: e-acute (C3 A9) shown, then the
+  // decoder says e-grave (C3 A8).
+  ByteFallbackDecoder tok;
+  std::string shown = "x\xC3\xA9";
+  EXPECT_EQ(StreamedText(tok, {'x', 0xC3, 0xA8}, true, &shown), "\xC3\xA8");
 }
 
 }  // namespace

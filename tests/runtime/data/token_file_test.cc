@@ -72,6 +72,9 @@ TEST(TokenFileTest, OpenErrorsSayWhoseFaultItIs) {
     EXPECT_TRUE(absl::IsNotFound(CannotOpenError("token file", "/data/t.bin", error)));
   }
   EXPECT_TRUE(absl::IsNotFound(Sha256OfFile(dir / "none.model").status()));
+  // A tokenizer path naming a directory opens, then cannot be read: the path's fault, not retried.
+  EXPECT_TRUE(absl::IsInvalidArgument(Sha256OfFile(dir / "").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(TokenizerIdentity(dir / "").status()));
 }
 
 TEST(TokenFileTest, RefusesWrongMagic) {
