@@ -7,14 +7,19 @@
 #include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "transport/credentials.h"
@@ -212,6 +217,19 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat(options.dir, ": ", error.message()));
+  // Whoever else may write the directory could replace the CA or the tokens after they are made
+  // (a directory another user made in a shared /tmp).
+  struct stat st {};
+  if (::stat(options.dir.c_str(), &st) != 0) {
+    return absl::InternalError(absl::StrCat(options.dir, ": ", std::strerror(errno)));
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & S_IWOTH) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.dir, ": owned by uid ", st.st_uid, " with mode ",
+        absl::StrFormat("%03o", st.st_mode & 0777),
+        ": another user could replace the CA or the tokens written there; use a directory that "
+        "is yours and not writable by everyone"));
+  }
   std::vector<std::string> written;
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string path = (dir / files[i].first).string();

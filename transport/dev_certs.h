@@ -31,10 +31,11 @@ struct DevCertsOptions {
   bool force = false;                     // overwrite files that exist
 };
 
-// Writes the files above and returns their paths. Without `force`, refuses (FailedPrecondition
-// naming them) when any of them exists, and writes none. InvalidArgument for a host that is empty
-// or has characters a DNS name or IP address cannot have (for a worker host: a host name as a
-// worker id starts with it, letters, digits, '-', '.', '_').
+// Writes the files above (each atomically) and returns their paths. Without `force`, refuses
+// (FailedPrecondition naming them) when any of them exists, and writes none. Refuses too
+// (FailedPrecondition) a directory that is not the caller's or that everyone may write.
+// InvalidArgument for a host that is empty or has characters a DNS name or IP address cannot have
+// (for a worker host: a host name as a worker id starts with it, letters, digits, '-', '.', '_').
 absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& options);
 
 }  // namespace furnace::transport

@@ -16,6 +16,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/file_sync.h"
+#include "runtime/base/status.h"
 #include "transport/openssl_ptr.h"
 
 namespace furnace::transport {
@@ -73,9 +75,11 @@ absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::s
 }
 
 absl::Status WriteFileWithMode(const std::string& path, const std::string& text, mode_t mode) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
-  // O_CREAT's mode does not apply to a file that exists (--force), and the umask narrows it.
+  // A temporary file of its own, given `mode` before any byte is written (a key is never readable
+  // by others, not even for a moment), then renamed over `path`: a failure leaves the old file.
+  std::string tmp;
+  ASSIGN_OR_RETURN(std::FILE * file, CreateTempBeside(path, &tmp));
+  const int fd = ::fileno(file);
   bool ok = fchmod(fd, mode) == 0;
   size_t done = 0;
   while (ok && done < text.size()) {
@@ -83,10 +87,14 @@ absl::Status WriteFileWithMode(const std::string& path, const std::string& text,
     ok = n > 0;
     if (ok) done += static_cast<size_t>(n);
   }
+  ok = ok && fsync(fd) == 0;
   const int saved = errno;
-  ok = close(fd) == 0 && ok;
-  if (!ok) return absl::InternalError(absl::StrCat(path, ": ", std::strerror(saved)));
-  return absl::OkStatus();
+  ok = std::fclose(file) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path, ": ", std::strerror(saved)));
+  }
+  return RenameDurably(tmp, path);
 }
 
 }  // namespace furnace::transport

@@ -274,7 +274,21 @@ bool Agent::RegisterOnce() {
     register_context_ = nullptr;
   }
   if (!status.ok()) {
-    spdlog::debug("register failed: {}", Describe(status));
+    // An unreachable controller is the usual wait for one to come up; a refusal (credentials, a
+    // worker id its certificate does not allow) is what an operator must see.
+    const bool refused = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    constexpr double kRegisterWarnS = 30;
+    std::lock_guard<std::mutex> lock(mu_);
+    const double now = clock_.MonotonicSeconds();
+    if (refused && now - register_warned_s_ >= kRegisterWarnS) {
+      register_warned_s_ = now;
+      spdlog::warn(
+          "the controller refused registration: {} (retrying; said at most every {:.0f} s)",
+          Describe(status), kRegisterWarnS);
+    } else {
+      spdlog::debug("register failed: {}", Describe(status));
+    }
     return false;
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -154,6 +154,7 @@ class Agent {
   // by flush_mu_), with how many records and lines since the last time.
   void NoteRefused(const char* what, int count, const std::string& why);
   double refusal_warned_s_ = -1e300;
+  double register_warned_s_ = -1e300;  // a refused registration last said (guarded by mu_)
   uint64_t refused_records_ = 0, refused_lines_ = 0;
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;

@@ -131,6 +131,26 @@ TEST_F(DevCertsTest, AWorkerHostGetsACertificateNamingIt) {
   EXPECT_THAT(refused.status().message(), HasSubstr("--worker-host `node7/0`: not a host name"));
 }
 
+// A directory everyone may write (or another user's) is refused: the CA or the tokens written
+// there could be replaced after.
+TEST_F(DevCertsTest, RefusesADirectoryEveryoneMayWrite) {
+  const fs::path open_dir = dir_ / "open";
+  fs::create_directories(open_dir);
+  fs::permissions(open_dir, fs::perms::all);
+  DevCertsOptions options;
+  options.dir = open_dir.string();
+  auto refused = WriteDevCerts(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("with mode 777: another user could replace"));
+  EXPECT_FALSE(fs::exists(open_dir / "ca.key"));
+  fs::permissions(open_dir, fs::perms::others_write, fs::perm_options::remove);
+  EXPECT_TRUE(WriteDevCerts(options).ok());
+  // Written through temporary files: none is left.
+  for (const auto& entry : fs::directory_iterator(open_dir)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+}
+
 TEST_F(DevCertsTest, ServerCredentialsNeedAllThreeFilesThatMatch) {
   EXPECT_TRUE(MakeServerCredentials({F("ca.pem"), F("controller.pem"), F("controller.key")}).ok());
   auto partial = MakeServerCredentials({"", F("controller.pem"), F("controller.key")});
