@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "runtime/base/file_error.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/crc32.h"
 #include "runtime/checkpoint/durable_file.h"
@@ -66,18 +67,6 @@ int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// A file that could not be read for a reason other than its absence (EIO, ESTALE, EACCES: a
-// network file system's fault, a mount or permission change): nothing is known of its bytes, so
-// it is not counted as damage, which would send the run back to an older checkpoint and then
-// uncommit the newer ones (CheckpointStore::Commit); a restart reads it again. `failure` says
-// what failed and why.
-absl::Status UnreadableError(absl::string_view failure) {
-  return absl::UnavailableError(absl::StrCat(failure, " (not damage: a restart reads it again)"));
-}
-absl::Status UnreadableError(const std::string& what, int error) {
-  return UnreadableError(absl::StrCat(what, ": cannot read: ", std::strerror(error)));
-}
-
 absl::Status NewerVersionError(const std::string& what, uint64_t version) {
   return absl::FailedPreconditionError(
       absl::StrCat(what, ": format version ", version, ", this build reads version ",
@@ -89,7 +78,7 @@ absl::Status ReadExact(std::FILE* f, const std::string& path, void* dst, size_t 
   if (std::fread(dst, 1, n, f) != n) {
     // A read error says nothing of the bytes (an I/O error of a network file system); an early
     // end of a file of the recorded size is damage.
-    if (std::ferror(f)) return UnreadableError(absl::StrCat("checkpoint shard ", path), errno);
+    if (std::ferror(f)) return UnreadableFileError(absl::StrCat("checkpoint shard ", path), errno);
     return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": short read"));
   }
   *crc = Crc32(*crc, dst, n);
@@ -458,7 +447,7 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
       return absl::DataLossError(
           absl::StrCat("checkpoint manifest ", manifest_path, ": missing (", read.message(), ")"));
     }
-    return UnreadableError(read.message());
+    return UnreadableFileError(read.message());
   }
   Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad_manifest = [&](const std::string& what) {
@@ -604,7 +593,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
     return absl::DataLossError(
         absl::StrCat("checkpoint shard ", shard_path, ": missing (", ec.message(), ")"));
   }
-  if (ec) return UnreadableError(absl::StrCat("checkpoint shard ", shard_path), ec.value());
+  if (ec) return UnreadableFileError(absl::StrCat("checkpoint shard ", shard_path), ec.value());
   if (actual != record.bytes) {
     return absl::DataLossError(absl::StrCat("checkpoint shard ", shard_path, ": ",
                                             actual < record.bytes ? "truncated" : "too long", ": ",
@@ -616,7 +605,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
       return absl::DataLossError(
           absl::StrCat("checkpoint shard ", shard_path, ": cannot open: ", std::strerror(errno)));
     }
-    return UnreadableError(absl::StrCat("checkpoint shard ", shard_path), errno);
+    return UnreadableFileError(absl::StrCat("checkpoint shard ", shard_path), errno);
   }
   uint32_t crc = 0;
   unsigned char header[kShardHeaderBytes];

@@ -7,9 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 
 namespace furnace::data {
 
@@ -22,26 +20,12 @@ enum class FileAccess {
   kRandom,
 };
 
-// A data file that could not be opened, by `error` (an errno; `what` may be empty): NotFound when
-// the path names no file (ENOENT, ENOTDIR, ENAMETOOLONG, ELOOP: the job's to fix); otherwise
-// UnreadableFileError.
-absl::Status CannotOpenError(const std::string& what, const std::string& path, int error);
-// A data file that is there but could not be read now, for a reason that is not its bytes' (EIO,
-// ESTALE, EACCES: a network file system's fault, a mount or permission change; EMFILE, ENOMEM):
-// Unavailable, which a rank exits with as a retryable error, never as bad input or corrupt data
-// (a restart reads it again). `failure` says what failed and why.
-absl::Status UnreadableFileError(absl::string_view failure);
-
-// OK when open file `fd` (at `path`) is a regular file; InvalidArgument (the path's fault) when it
-// is a directory, a device or a pipe, which open but do not read as data.
-absl::Status CheckRegularFile(int fd, const std::string& what, const std::string& path);
-
 // Owns the mapping (unmapped on destruction). Immutable: safe to read from any thread.
 class MappedFile {
  public:
   // `what` names the kind of file in errors ("token file", "indexed dataset index"). NotFound
-  // when it is not there (CannotOpenError); InvalidArgument when it is no regular file;
-  // Unavailable when it is but cannot be opened or mapped now. An empty file maps to size 0 and
+  // when it is not there; InvalidArgument when it is no regular file; Unavailable when it is but
+  // cannot be opened or mapped now (runtime/base/file_error.h). An empty file maps to size 0 and
   // data nullptr.
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path,
                                                           const std::string& what,

@@ -13,10 +13,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/file_error.h"
 #include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
-#include "runtime/data/mapped_file.h"
 
 namespace furnace::data {
 namespace {
@@ -81,7 +81,7 @@ absl::StatusOr<const spm::Library*> Module() {
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (f == nullptr) return CannotOpenError(std::string(what), path, errno);
-  RETURN_IF_ERROR(CheckRegularFile(::fileno(f.get()), std::string(what), path));
+  RETURN_IF_ERROR(RegularFileSize(::fileno(f.get()), std::string(what), path).status());
   std::string bytes;
   char block[1 << 16];
   size_t got;

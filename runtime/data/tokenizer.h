@@ -46,7 +46,7 @@ class Tokenizer {
 
 // The byte-level tokenizer for "byte" (with its end-of-document id 256, vocab 257), else the
 // SentencePiece model at that path. Errors name the file: NOT_FOUND when it is not there,
-// UNAVAILABLE when it is but cannot be read now (mapped_file.h: UnreadableFileError),
+// UNAVAILABLE when it is but cannot be read now (runtime/base/file_error.h),
 // INVALID_ARGUMENT when it is not a SentencePiece model. Defined in furnace_tokenizer (links
 // SentencePiece), not furnace_data.
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& path_or_byte);

@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/file_error.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
-#include "runtime/data/mapped_file.h"
 #include "runtime/data/tokenizer.h"
 
 namespace furnace::data {
@@ -51,7 +51,7 @@ std::string Sha256Hex(absl::string_view bytes) {
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (f == nullptr) return CannotOpenError("", path, errno);
-  RETURN_IF_ERROR(CheckRegularFile(::fileno(f.get()), "", path));
+  RETURN_IF_ERROR(RegularFileSize(::fileno(f.get()), "", path).status());
   Sha256 sha;
   std::vector<char> block(1 << 16);
   size_t got;

@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/data/mapped_file.h"
+#include "runtime/base/file_error.h"
 #include "runtime/data/tokenizer.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
