@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "transport/credentials.h"
 #include "transport/openssl_ptr.h"
@@ -233,7 +234,7 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
   std::vector<std::string> written;
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string path = (dir / files[i].first).string();
-    RETURN_IF_ERROR(WriteFileWithMode(path, files[i].second, modes[i]));
+    RETURN_IF_ERROR(WriteFileAtomically(path, files[i].second, modes[i]));  // keys 0600 at once
     written.push_back(path);
   }
   return written;

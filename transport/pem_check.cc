@@ -16,7 +16,6 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "transport/openssl_ptr.h"
 
@@ -72,29 +71,6 @@ absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::s
     return absl::InvalidArgumentError("--tls-key is not the private key of --tls-cert");
   }
   return absl::OkStatus();
-}
-
-absl::Status WriteFileWithMode(const std::string& path, const std::string& text, mode_t mode) {
-  // A temporary file of its own, given `mode` before any byte is written (a key is never readable
-  // by others, not even for a moment), then renamed over `path`: a failure leaves the old file.
-  std::string tmp;
-  ASSIGN_OR_RETURN(std::FILE * file, CreateTempBeside(path, &tmp));
-  const int fd = ::fileno(file);
-  bool ok = fchmod(fd, mode) == 0;
-  size_t done = 0;
-  while (ok && done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && fsync(fd) == 0;
-  const int saved = errno;
-  ok = std::fclose(file) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path, ": ", std::strerror(saved)));
-  }
-  return RenameDurably(tmp, path);
 }
 
 }  // namespace furnace::transport

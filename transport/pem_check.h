@@ -21,9 +21,4 @@ absl::Status CheckCertificatePem(const std::string& pem, const std::string& flag
 // `key_pem` is a private key that belongs to the first certificate of `cert_pem`.
 absl::Status CheckKeyMatchesCertificate(const std::string& key_pem, const std::string& cert_pem);
 
-// Writes `text` to `path` atomically (a temporary file of its own, fsynced and renamed over it: a
-// failure leaves the old file) with its mode exactly `mode` (0600 for keys and tokens) before any
-// byte is written, whatever the umask or an existing file's mode. Internal error naming the path.
-absl::Status WriteFileWithMode(const std::string& path, const std::string& text, mode_t mode);
-
 }  // namespace furnace::transport

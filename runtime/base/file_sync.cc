@@ -86,4 +86,22 @@ absl::Status RenameDurably(const std::string& tmp_path, const std::string& path)
   return SyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 std::optional<mode_t> mode) {
+  std::string tmp;
+  absl::StatusOr<std::FILE*> file = CreateTempBeside(path, &tmp);
+  if (!file.ok()) return file.status();
+  const int fd = ::fileno(*file);
+  bool ok = !mode.has_value() || ::fchmod(fd, *mode) == 0;
+  ok = ok && std::fwrite(contents.data(), 1, contents.size(), *file) == contents.size() &&
+       std::fflush(*file) == 0 && ::fsync(fd) == 0;
+  const int error = errno;
+  ok = std::fclose(*file) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat("write ", tmp, ": ", std::strerror(error)));
+  }
+  return RenameDurably(tmp, path);
+}
+
 }  // namespace furnace

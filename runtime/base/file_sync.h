@@ -5,11 +5,15 @@
 // the target holds either its old content or the whole new one.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace furnace {
 
@@ -26,5 +30,11 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
 // Renames `tmp_path` over `path` and fsyncs path's directory (the file's bytes must be fsynced
 // already). On a failed rename, `tmp_path` is removed.
 absl::Status RenameDurably(const std::string& tmp_path, const std::string& path);
+
+// Writes `contents` to `path` through CreateTempBeside, fsync and RenameDurably: after a crash
+// `path` holds its old content or the whole new one. `mode`, when given, is the file's mode
+// exactly (0600 for a key), set before any byte is written. Errors name the file.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 std::optional<mode_t> mode = std::nullopt);
 
 }  // namespace furnace

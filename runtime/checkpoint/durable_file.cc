@@ -49,10 +49,7 @@ absl::Status DurableWriter::Commit() {
 }
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
-  DurableWriter writer(path);
-  RETURN_IF_ERROR(writer.Open());
-  RETURN_IF_ERROR(writer.Append(contents.data(), contents.size()));
-  return writer.Commit();
+  return WriteFileAtomically(path, contents);
 }
 
 absl::Status ReadFileToString(const std::string& path, std::string* out) {

@@ -107,21 +107,8 @@ std::string TrainerMessage(const std::string& error) {
 }
 
 absl::Status WriteModelFile(const std::string& path, const std::string& bytes) {
-  std::string tmp;
-  absl::StatusOr<std::FILE*> f = CreateTempBeside(path, &tmp);
-  if (!f.ok()) {
-    return absl::Status(f.status().code(), absl::StrCat("tokenizer model ", f.status().message()));
-  }
-  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), *f) == bytes.size() &&
-                       std::fflush(*f) == 0 && ::fsync(::fileno(*f)) == 0;
-  const std::string err = std::strerror(errno);
-  std::fclose(*f);
-  if (!written) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("tokenizer model ", tmp, ": write: ", err));
-  }
-  if (absl::Status renamed = RenameDurably(tmp, path); !renamed.ok()) {
-    return absl::Status(renamed.code(), absl::StrCat("tokenizer model ", renamed.message()));
+  if (absl::Status written = WriteFileAtomically(path, bytes); !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("tokenizer model ", written.message()));
   }
   return absl::OkStatus();
 }
