@@ -26,7 +26,8 @@ absl::Status UnreadableFileError(absl::string_view what, int error) {
 }
 
 absl::Status CannotOpenError(const std::string& what, const std::string& path, int error) {
-  const std::string failure = absl::StrCat(Named(what, path), ": cannot open: ", std::strerror(error));
+  const std::string failure =
+      absl::StrCat(Named(what, path), ": cannot open: ", std::strerror(error));
   if (error == ENOENT || error == ENOTDIR || error == ENAMETOOLONG || error == ELOOP) {
     return absl::NotFoundError(failure);
   }
@@ -39,8 +40,8 @@ absl::StatusOr<int64_t> RegularFileSize(int fd, const std::string& what, const s
     return UnreadableFileError(absl::StrCat(Named(what, path), ": fstat: ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Named(what, path), ": not a regular file (a directory, a device or a pipe)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Named(what, path), ": not a regular file (a directory, a device or a pipe)"));
   }
   return static_cast<int64_t>(st.st_size);
 }
