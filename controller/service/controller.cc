@@ -67,8 +67,8 @@ absl::Status Controller::Load() {
   workers_.Load(std::move(workers));
   ASSIGN_OR_RETURN(const int active, jobs_.Load());
   for (const auto& [id, job] : jobs_.jobs()) {
-    ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(id));
-    for (const auto& st : steps) telemetry_.CountStep(id, st);
+    RETURN_IF_ERROR(
+        store_->ForEachStep(id, [&](const v1::StepRecord& st) { telemetry_.CountStep(id, st); }));
   }
   spdlog::info("job store loaded: {} jobs ({} active), {} workers", jobs_.jobs().size(), active,
                workers_.workers().size());
@@ -211,18 +211,13 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
     }
     dropped = telemetry_.dropped();
   }
-  // Only the new steps are read: the dashboard polls with since_step every few seconds.
-  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id(), req.since_step()));
+  // Only the new steps are read: the dashboard polls with since_step every few seconds; and of
+  // a long history, only the points asked for.
+  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id(), req.since_step(), req.max_points()));
   v1::JobSeries series;
   series.set_job_id(req.job_id());
   series.set_telemetry_dropped(dropped);
-  const size_t n = steps.size();
-  const size_t max = req.max_points() == 0 ? n : req.max_points();
-  for (size_t i = 0; i < std::min(n, max); ++i) {
-    // Evenly spaced, always including the newest.
-    const size_t idx = n <= max ? i : (max == 1 ? n - 1 : i * (n - 1) / (max - 1));
-    *series.add_steps() = steps[idx];
-  }
+  for (auto& st : steps) *series.add_steps() = std::move(st);
   return series;
 }
 

@@ -364,13 +364,42 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
 }
 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
-                                                                uint64_t since_step) {
+                                                                uint64_t since_step,
+                                                                uint32_t max_points) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
+  std::vector<v1::StepRecord> out;
+  if (max_points > 0) {
+    Statement keys(db_,
+                   "SELECT attempt, step FROM job_steps WHERE job_id = ?1 AND step > ?2 "
+                   "ORDER BY attempt, step");
+    keys.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
+    std::vector<std::pair<int64_t, int64_t>> all;
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, keys.Step());
+      if (!row) break;
+      all.emplace_back(keys.Int(0), keys.Int(1));
+    }
+    const size_t n = all.size(), max = max_points;
+    if (n > max) {
+      Statement one(
+          db_, "SELECT record FROM job_steps WHERE job_id = ?1 AND attempt = ?2 AND step = ?3");
+      out.reserve(max);
+      for (size_t i = 0; i < max; ++i) {
+        // Evenly spaced, the newest always included.
+        const size_t idx = max == 1 ? n - 1 : i * (n - 1) / (max - 1);
+        one.Reset().BindText(1, job_id).Bind(2, all[idx].first).Bind(3, all[idx].second);
+        ASSIGN_OR_RETURN(bool row, one.Step());
+        if (!row) continue;  // not possible under the lock; a missing row is no point
+        ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(one.Blob(0), "step"));
+        out.push_back(std::move(step));
+      }
+      return out;
+    }
+  }
   Statement q(db_,
               "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
               "ORDER BY attempt, step");
   q.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
-  std::vector<v1::StepRecord> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
@@ -378,6 +407,19 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
     out.push_back(std::move(step));
   }
   return out;
+}
+
+absl::Status JobStore::ForEachStep(const std::string& job_id,
+                                   const std::function<void(const v1::StepRecord&)>& fn) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Statement q(db_, "SELECT record FROM job_steps WHERE job_id = ?1 ORDER BY attempt, step");
+  q.BindText(1, job_id);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return absl::OkStatus();
+    ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
+    fn(step);
+  }
 }
 
 absl::Status JobStore::TrimTelemetry(const std::string& job_id, int keep) {

@@ -91,9 +91,16 @@ class JobStore {
   absl::StatusOr<std::vector<furnace::v1::CommResult>> LoadCommResults(const std::string& job_id);
   // Job-level step aggregates (what dashboards and `furnace report` plot), kept for the whole job.
   absl::Status PutStep(const std::string& job_id, const furnace::v1::StepRecord& step);
-  // Steps with step > since_step (of any attempt), ascending by (attempt, step).
+  // Steps with step > since_step (of any attempt), ascending by (attempt, step). With max_points
+  // > 0 and more steps than that, max_points of them evenly spaced, the first and the newest
+  // included: only their records are read (the keys come from the primary key's index), so a
+  // dashboard asking for 2000 points of a job of a million steps reads 2000 records.
   absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id,
-                                                                 uint64_t since_step = 0);
+                                                                 uint64_t since_step = 0,
+                                                                 uint32_t max_points = 0);
+  // Calls fn on every step of a job in (attempt, step) order, one record in memory at a time.
+  absl::Status ForEachStep(const std::string& job_id,
+                           const std::function<void(const furnace::v1::StepRecord&)>& fn);
   // Retention of raw per-rank records: keeps the newest `keep` of a job.
   absl::Status TrimTelemetry(const std::string& job_id, int keep);
 

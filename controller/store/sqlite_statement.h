@@ -58,6 +58,12 @@ class Statement {
     return p ? std::string(static_cast<const char*>(p), n) : std::string();
   }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  // Ready to run again with new bindings.
+  Statement& Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    return *this;
+  }
 
  private:
   sqlite3* db_;

@@ -119,5 +119,48 @@ TEST(JobStoreTest, TransactionRollsBack) {
   EXPECT_EQ(s.PutSummary(Summary("nope", v1::JOB_RUNNING)).code(), absl::StatusCode::kNotFound);
 }
 
+// A dashboard's thinned view reads only the points it returns: evenly spaced over (attempt, step)
+// order, the first and the newest included, whatever since_step cut.
+TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {
+  auto store = JobStore::Open(TempDb());
+  ASSERT_TRUE(store.ok());
+  auto& s = **store;
+  for (uint32_t attempt : {1u, 2u}) {
+    for (uint64_t step = 1; step <= 50; ++step) {
+      v1::StepRecord r;
+      r.set_attempt(attempt);
+      r.set_step(attempt == 1 ? step : step + 40);  // attempt 2 resumed from step 40
+      ASSERT_TRUE(s.PutStep("j", r).ok());
+    }
+  }
+  auto all = s.LoadSteps("j");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 100u);
+  auto thin = s.LoadSteps("j", 0, 5);
+  ASSERT_TRUE(thin.ok());
+  ASSERT_EQ(thin->size(), 5u);
+  // Indices 0, 24, 49, 74, 99 of the (attempt, step) order.
+  const std::vector<std::pair<uint32_t, uint64_t>> want = {
+      {1, 1}, {1, 25}, {1, 50}, {2, 65}, {2, 90}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*thin)[i].attempt(), want[i].first) << i;
+    EXPECT_EQ((*thin)[i].step(), want[i].second) << i;
+  }
+  auto newest = s.LoadSteps("j", 0, 1);
+  ASSERT_TRUE(newest.ok() && newest->size() == 1u);
+  EXPECT_EQ((*newest)[0].step(), 90u);
+  // Fewer steps than asked for: all of them.
+  auto tail = s.LoadSteps("j", 85, 10);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(tail->size(), 5u);
+  // ForEachStep visits each one once, in the same order.
+  std::vector<uint64_t> seen;
+  ASSERT_TRUE(s.ForEachStep("j", [&](const v1::StepRecord& r) { seen.push_back(r.step()); }).ok());
+  ASSERT_EQ(seen.size(), 100u);
+  EXPECT_EQ(seen.front(), 1u);
+  EXPECT_EQ(seen.back(), 90u);
+  EXPECT_TRUE(s.ForEachStep("other", [&](const v1::StepRecord&) { ADD_FAILURE(); }).ok());
+}
+
 }  // namespace
 }  // namespace furnace::controller
