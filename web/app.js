@@ -10,6 +10,9 @@
   const REFRESH_MS = 2000;
   const CHART_HEIGHT = 170;
   const FIRST_FETCH_MAX = 2000;     // points asked for when a job is first opened
+  // Past twice that many, every other point goes (the newest and the held-out evaluations
+  // stay): a tab left open on a long job keeps a bounded history and redraws in bounded time.
+  const MAX_POINTS = 2 * FIRST_FETCH_MAX;
   const COLORS = ['#d9480f', '#1c7ed6', '#2b8a3e', '#ae3ec9', '#f59f00', '#0ca678', '#e64980'];
 
   const params = new URLSearchParams(location.search);
@@ -22,6 +25,7 @@
     plannerKeys: '',
     heatmapCells: 0,
     busy: false,
+    again: false,       // a refresh was asked for while one was in flight: run another after it
   };
 
   // -- small helpers ----------------------------------------------------------------------------
@@ -134,11 +138,14 @@
     for (const c of Object.values(view.charts)) c.destroy();
     view.charts = {};
     view.plannerKeys = '';
+    // Nothing of the previous job stays on screen while the new one's series loads.
+    $('job-title').textContent = 'Job ' + id;
+    $('kpis').replaceChildren();
     const u = new URL(location.href);
     u.searchParams.set('job', id);
     history.replaceState(null, '', u);
     renderJobs();
-    refresh();
+    refresh(true);
   }
 
   // -- series -----------------------------------------------------------------------------------
@@ -153,6 +160,10 @@
         view.steps.pop();
       }
       view.steps.push(r);
+    }
+    if (view.steps.length > MAX_POINTS) {
+      const newest = view.steps.length - 1;
+      view.steps = view.steps.filter((r, i) => (newest - i) % 2 === 0 || get(r, 'eval'));
     }
   }
 
@@ -232,8 +243,9 @@
   }
 
   function renderPlanner(x) {
+    const bytes = view.steps.map(plannerBytes);
     const keys = new Set();
-    for (const r of view.steps) for (const k of Object.keys(plannerBytes(r))) keys.add(k);
+    for (const m of bytes) for (const k of Object.keys(m)) keys.add(k);
     const sorted = [...keys].sort();
     $('no-planner').hidden = sorted.length > 0;
     $('chart-planner').hidden = sorted.length === 0;
@@ -243,10 +255,7 @@
       delete view.charts.planner;
     }
     view.plannerKeys = sorted.join(',');
-    const data = [x].concat(sorted.map((k) => view.steps.map((r) => {
-      const m = plannerBytes(r);
-      return k in m ? m[k] : 0;
-    })));
+    const data = [x].concat(sorted.map((k) => bytes.map((m) => (k in m ? m[k] : 0))));
     return lineChart('planner', 'chart-planner',
       sorted.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length] })), data, fmtBytes);
   }
@@ -290,14 +299,26 @@
     const left = 44, right = 78, top = 6, bottom = 30;
     const w = cssW - left - right, h = cssH - top - bottom;
     const cw = w / steps.length, ch = h / layers;
-    for (let i = 0; i < steps.length; i++) {
-      const imb = get(steps[i], 'imbalance') || [];
-      for (let l = 0; l < imb.length; l++) {
-        const v = Number(imb[l]);
-        if (!Number.isFinite(v)) continue;
-        g.fillStyle = rampColor((v - 1) / (vmax - 1));
+    // One column per step, or per pixel when steps outnumber pixels: a column shows the worst
+    // imbalance of its steps (a spike never averages away).
+    const cols = Math.max(1, Math.min(steps.length, Math.floor(w)));
+    const colW = w / cols;
+    for (let c = 0; c < cols; c++) {
+      const first = Math.floor((c * steps.length) / cols);
+      const end = Math.max(first + 1, Math.floor(((c + 1) * steps.length) / cols));
+      const worst = [];
+      for (let i = first; i < end; i++) {
+        const imb = get(steps[i], 'imbalance') || [];
+        for (let l = 0; l < imb.length; l++) {
+          const v = Number(imb[l]);
+          if (Number.isFinite(v) && !(worst[l] >= v)) worst[l] = v;
+        }
+      }
+      for (let l = 0; l < worst.length; l++) {
+        if (worst[l] === undefined) continue;
+        g.fillStyle = rampColor((worst[l] - 1) / (vmax - 1));
         // Layer 0 at the top; cells overlap by a pixel so no seams show.
-        g.fillRect(left + i * cw, top + l * ch, Math.max(1, cw + 0.5), ch + 0.5);
+        g.fillRect(left + c * colW, top + l * ch, Math.max(1, colW + 0.5), ch + 0.5);
         view.heatmapCells++;
       }
     }
@@ -382,9 +403,15 @@
   }
 
   // -- polling ----------------------------------------------------------------------------------
-  async function refresh() {
-    if (view.busy) return;
+  // queue: when a poll is in flight, run again right after it (a click on another job wants its
+  // series now, not in 2 s); the timer's polls are dropped instead, so none pile up.
+  async function refresh(queue) {
+    if (view.busy) {
+      if (queue) view.again = true;
+      return;
+    }
     view.busy = true;
+    view.again = false;
     try {
       const jobs = await fetchJson('/api/jobs');
       view.jobs = get(jobs, 'jobs') || [];
@@ -421,6 +448,7 @@
       setConn(false, String(e.message || e));
     } finally {
       view.busy = false;
+      if (view.again) refresh();
     }
   }
 
@@ -433,5 +461,5 @@
   });
 
   refresh();
-  setInterval(refresh, REFRESH_MS);
+  setInterval(() => refresh(), REFRESH_MS);
 })();
