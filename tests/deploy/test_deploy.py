@@ -11,11 +11,15 @@ import copy
 import os
 import pathlib
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploy_checks as dc  # noqa: E402
@@ -218,6 +222,7 @@ class SystemdTest(unittest.TestCase):
             (text.replace("NoNewPrivileges=yes", "NoNewPrivileges=no"), "NoNewPrivileges"),
             (text.replace("LoadCredential=worker.key:", "LoadCredential=other.key:"),
              "LoadCredential=worker.key"),
+            (text.replace(" --host %H", ""), "--host"),
             (text.replace("ReadWritePaths=/var/lib/furnace-worker /srv/furnace/checkpoints",
                           "ReadWritePaths=/var/lib/furnace-worker"), "--checkpoint-root"),
         ]
@@ -326,6 +331,58 @@ class SlurmTest(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn(f"{tmp}/nowhere/ca.crt", r.stderr)
             self.assertEqual(list(pathlib.Path(tmp, "calls").iterdir()), [])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class InstallTest(unittest.TestCase):
+    """`cmake --install` (README "Deployment") puts what the units and the image run where they
+    run it from: the installed programs start (their CUDA and NCCL libraries found), and the
+    installed controller serves the dashboard from its default web root, with no --web-root."""
+
+    def test_installed_controller_serves_the_dashboard(self):
+        build = os.path.dirname(os.path.abspath(ARGS.bin))
+        cmake = tool("cmake", "cmake")
+        with tempfile.TemporaryDirectory(prefix="furnace-install-") as prefix:
+            r = subprocess.run([cmake, "--install", build, "--prefix", prefix],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for name in ("furnace", *dc.BINARIES):
+                r = subprocess.run([os.path.join(prefix, "bin", name), "--help"],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, f"{name}: {r.stderr[-2000:]}")
+            self.assertTrue(list(pathlib.Path(prefix, "lib").glob("*sentencepiece*")))
+            state = os.path.join(prefix, "state")
+            port, metrics = free_port(), free_port()
+            log = open(os.path.join(prefix, "controller.out"), "wb")
+            controller = subprocess.Popen(
+                [os.path.join(prefix, "bin", "furnace-controller"), "--listen",
+                 f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
+                 "--state-dir", state, "--local-workers", "0"],
+                stdout=log, stderr=subprocess.STDOUT)
+            try:
+                pages = {}
+                deadline = time.time() + 60
+                while time.time() < deadline and len(pages) < 2:
+                    for path in ("/", "/uPlot.iife.min.js"):
+                        try:
+                            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}{path}",
+                                                        timeout=5) as resp:
+                                pages[path] = (resp.status, resp.read())
+                        except (urllib.error.URLError, ConnectionError):
+                            time.sleep(0.2)
+                self.assertEqual(pages.get("/", (0,))[0], 200,
+                                 pathlib.Path(prefix, "controller.out").read_text()[-3000:])
+                self.assertIn(b"app.js", pages["/"][1])
+                self.assertEqual(pages.get("/uPlot.iife.min.js", (0,))[0], 200)
+            finally:
+                controller.terminate()
+                controller.wait(timeout=60)
+                log.close()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 // promtool exits 0 when clean, 1 on a parse error and 3 on lint findings only.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -63,6 +64,22 @@ TEST(Promtool, ScrapeConfigIsValid) {
   ASSERT_FALSE(kPromtool.empty()) << kMissing;
   const Result r = RunShell("'" + kPromtool + "' check config '" + kSource +
                             "/deploy/prometheus/prometheus.yml'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// The in-cluster scrape of deploy/k8s (mutual TLS to the metrics proxy): checked with its
+// certificate paths pointed at files that exist (promtool checks they do) beside a copy of it.
+TEST(Promtool, KubernetesScrapeConfigIsValid) {
+  ASSERT_FALSE(kPromtool.empty()) << kMissing;
+  const std::string dir =
+      ::testing::TempDir() + "/promtool-k8s-" + std::to_string(::getpid());
+  const Result r = RunShell(
+      "set -e; rm -rf '" + dir + "'; mkdir -p '" + dir + "/tls'; cd '" + dir +
+      "'; touch tls/ca.pem tls/client.pem tls/client.key; ln -s '" + kSource +
+      "/deploy/prometheus/rules' rules; sed 's|/etc/prometheus/furnace/|" + dir + "/tls/|' '" +
+      kSource + "/deploy/prometheus/prometheus-k8s.yml' > prometheus-k8s.yml; grep -q '" + dir +
+      "/tls/client.pem' prometheus-k8s.yml; '" + kPromtool +
+      "' check config prometheus-k8s.yml; rm -rf '" + dir + "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
