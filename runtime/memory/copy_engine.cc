@@ -86,6 +86,9 @@ CopyTicket CopyEngine::Submit(CopyDirection direction, void* dst, const void* sr
     }
   }
   if (!events.ok()) {
+    // Refused: the hook is never called, as for a refusal at shutdown (the caller may hold the
+    // lock its hook takes, and finds the refusal with Done()).
+    job->on_done = nullptr;
     Finish(job, absl::Status(events.code(),
                              absl::StrCat("copy engine: ", CopyDirectionName(direction),
                                           " copy of ", bytes, " bytes: ", events.message())));

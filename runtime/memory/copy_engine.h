@@ -37,8 +37,9 @@
 // The device and the clock must outlive the engine; a producer stream must outlive the Submit call.
 // Thread-safety: every method may be called from any thread (Submit with a producer from the
 // thread that drives that stream). Completion hooks run on the engine's thread (or, for jobs
-// cancelled by Shutdown or refused at Submit, on the calling thread) with no engine lock held;
-// they must not Wait on the engine.
+// cancelled by Shutdown, on the calling thread) with no engine lock held; they must not Wait on
+// the engine. A job refused at Submit (shut down, or its events could not be made) never calls
+// its hook: its ticket is done at once with the error.
 // Shutdown (also the destructor): launched jobs finish (a copy on a stream cannot be recalled);
 // queued jobs complete with Cancelled (their hooks see that status); later Submits return a ticket
 // already done with FailedPrecondition and never call their hook (so a caller may Submit under its

@@ -53,10 +53,29 @@ Option Cheapest(const PlanCandidate& c, const PlannerCosts& costs, double hidden
   return best;
 }
 
+// Rules out what taking `action` on candidate `i` conflicts with: a rebuild reads exact inputs.
+void RuleOutConflicts(std::vector<PlanCandidate>& candidates, size_t i, PlanAction action) {
+  const PlanCandidate& c = candidates[i];
+  if (action == PlanAction::kRecompute) {
+    for (PlanCandidate& input : candidates) {
+      if (std::count(c.rebuild_inputs.begin(), c.rebuild_inputs.end(), input.id) != 0) {
+        input.can_compress = false;
+      }
+    }
+  } else if (action == PlanAction::kCompress) {
+    for (PlanCandidate& reader : candidates) {
+      if (std::count(reader.rebuild_inputs.begin(), reader.rebuild_inputs.end(), c.id) != 0) {
+        reader.can_recompute = false;
+      }
+    }
+  }
+}
+
 }  // namespace
 
-Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
-                   const std::vector<Deficit>& deficits, const PlannerCosts& costs) {
+Plan CoverDeficits(const std::vector<PlanCandidate>& given, const std::vector<Deficit>& deficits,
+                   const PlannerCosts& costs) {
+  std::vector<PlanCandidate> candidates = given;  // what conflicts rule out is taken off these
   Plan plan;
   std::vector<Deficit> left = deficits;
   std::sort(left.begin(), left.end(),
@@ -91,6 +110,7 @@ Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
         break;
       }
       taken[best] = true;
+      RuleOutConflicts(candidates, static_cast<size_t>(best), best_option.action);
       hidden_left -= best_option.copy_seconds;
       const PlanCandidate& c = candidates[best];
       plan.choices.push_back(

@@ -22,7 +22,8 @@
 //   compress:   the cast there and back (cast_seconds_per_byte); frees what the codec saves.
 //   recompute:  the rebuild's FLOPs at the measured rate.
 // The plan takes, one at a time, the action with the smallest cost per freed byte (ties: more
-// bytes, then the lower id).
+// bytes, then the lower id); an action taken rules out the ones it conflicts with
+// (PlanCandidate::rebuild_inputs), so every plan is one the stash carries out whole.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -47,6 +48,10 @@ struct PlanCandidate {
   double recompute_seconds = 0;
   bool can_compress = false;
   double compressed_fraction = 1;  // encoded bytes / bytes
+  // The candidates (by id) its rebuild reads. A rebuild must read exact values: once it is
+  // recomputed, none of them may be compressed, and once one of them is compressed, it may not be
+  // recomputed (the stash refuses both, Stash::Compress and Stash::Drop).
+  std::vector<int64_t> rebuild_inputs;
 };
 
 struct PlannerCosts {

@@ -28,10 +28,15 @@ constexpr int64_t kDeferredXin = -1, kDeferredPre = -2, kDeferredHidden = -3, kD
 constexpr int64_t kFutureBase = -1000;
 
 // Encode + decode seconds per fp32 byte of `codec` on `ops` (the table of `device`), measured on
-// 1 MiB of device memory (outside the arena) with the stream synchronised around the timing.
+// 4 MiB of device memory (outside the arena). One untimed round first (a GPU loads the cast
+// kernels at their first launch), and the stream synchronised before the clock starts (the upload,
+// and whatever else was queued, is not the cast's) and after it stops: timed on 1 MiB from a cold
+// start, launch overhead made the cast look 10-1000x dearer than it is, and a GPU plan never
+// compressed.
 absl::StatusOr<double> MeasureCastSecondsPerByte(const device::Backend& ops, device::Device& device,
                                                  memory::Codec codec) {
-  constexpr int64_t n = 1 << 18;
+  constexpr int64_t n = 1 << 20;
+  constexpr int kRounds = 4;
   std::vector<float> in(n);
   for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>((i % 1000) - 500) * 1e-3f;
   ASSIGN_OR_RETURN(tensor::DeviceMemory dev_in,
@@ -42,14 +47,17 @@ absl::StatusOr<double> MeasureCastSecondsPerByte(const device::Backend& ops, dev
                    tensor::DeviceMemory::Allocate(
                        device, (memory::EncodedBytes(codec, n) + 3) / 4 * 4, "cast measurement"));
   RETURN_IF_ERROR(tensor::CopyToDevice(device, dev_in.data(), in.data(), 4 * n));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int rep = 0; rep < 4; ++rep) {
+  auto round = [&] {
     memory::Encode(ops, codec, dev_in.as<float>(), n, enc.data());
     memory::Decode(ops, codec, enc.data(), n, dev_out.as<float>());
-  }
+  };
+  round();
+  RETURN_IF_ERROR(tensor::Synchronize(device));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int rep = 0; rep < kRounds; ++rep) round();
   RETURN_IF_ERROR(tensor::Synchronize(device));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return s / (4.0 * 4 * n);
+  return s / (kRounds * 4.0 * n);
 }
 
 }  // namespace
@@ -256,9 +264,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     c.until = e.micro == cur_micro_ ? back(FirstBackwardReader(module, tag, M)) : M;
     c.bytes = e.bytes;
     c.can_offload = offload;
-    c.can_recompute = e.rebuildable;
+    // A rebuild reads exact inputs: none stored in reduced precision (the stash refuses the drop),
+    // and nothing a dropped tensor's rebuild reads may be compressed (it refuses that too).
+    c.can_recompute = e.rebuildable && !e.lossy_input;
     c.recompute_seconds = e.rebuild_flops / flops_per_second_;
-    c.can_compress = codec && memory::IsCompressible(e.producer, *codec);
+    c.rebuild_inputs = e.rebuild_inputs;
+    c.can_compress = codec && !e.dropped_reader && memory::IsCompressible(e.producer, *codec);
     if (c.can_compress) {
       c.compressed_fraction =
           static_cast<double>(memory::EncodedBytes(*codec, static_cast<int64_t>(e.bytes / 4))) /
@@ -270,7 +281,10 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t C = config_.d_model, fl = moe.fl();
   const std::set<std::pair<int, std::string>>& dropping = future_drops_[cur_micro_];
-  auto deferred = [&](int64_t id, std::string_view tag, int64_t floats, double rebuild_flops) {
+  // input: the deferred buffer its rebuild reads (0: none of them); reader: the tag of this
+  // layer's buffer whose rebuild reads it (a drop already planned for it rules out compressing).
+  auto deferred = [&](int64_t id, std::string_view tag, int64_t floats, double rebuild_flops,
+                      int64_t input, std::string_view reader) {
     if (dropping.count({layer, std::string(tag)}) != 0) return;  // planned already
     memory::PlanCandidate c;
     c.id = id;
@@ -281,7 +295,9 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     c.can_offload = offload;
     c.can_recompute = rebuild_flops > 0;
     c.recompute_seconds = rebuild_flops / flops_per_second_;
-    c.can_compress = codec && memory::IsCompressible(p + std::string(tag), *codec);
+    if (input != 0) c.rebuild_inputs = {input};
+    c.can_compress = codec && dropping.count({layer, std::string(reader)}) == 0 &&
+                     memory::IsCompressible(p + std::string(tag), *codec);
     if (c.can_compress) {
       c.compressed_fraction =
           static_cast<double>(memory::EncodedBytes(*codec, floats)) / F32Bytes(floats);
@@ -290,11 +306,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   };
   // The expert input and the combined output rebuild through the all-to-all on a distributed
   // layout: a per-rank plan never drops them. Single rank, their rebuilds are local.
-  deferred(kDeferredXin, "moe.expert_input", rows.R * C, 0);
-  deferred(kDeferredPre, "moe.expert_pre", rows.R * fl, 2.0 * rows.R * C * fl);
-  deferred(kDeferredHidden, "moe.expert_hidden", rows.R * fl, 10.0 * rows.R * fl);
+  deferred(kDeferredXin, "moe.expert_input", rows.R * C, 0, 0, "moe.expert_pre");
+  deferred(kDeferredPre, "moe.expert_pre", rows.R * fl, 2.0 * rows.R * C * fl, kDeferredXin,
+           "moe.expert_hidden");
+  deferred(kDeferredHidden, "moe.expert_hidden", rows.R * fl, 10.0 * rows.R * fl, kDeferredPre,
+           "moe.combined_output");
   deferred(kDeferredEo, "moe.combined_output", rows.S * C,
-           rows.distributed ? 0 : 2.0 * rows.R * C * fl);
+           rows.distributed ? 0 : 2.0 * rows.R * C * fl, kDeferredHidden, "");
 
   // Tensors later modules of this micro-batch will save: a per-rank rebuild exists for these tags
   // (local kernels on the module's own inputs), so the plan may have them dropped as they are

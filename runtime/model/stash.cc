@@ -1,6 +1,7 @@
 #include "runtime/model/stash.h"
 
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,8 @@ absl::StatusOr<StashHandle> Stash::Save(std::string producer, int layer, tensor:
   {
     absl::MutexLock lock(&mu_);
     policy = save_policy_;
+    // Before the policy sees it: a plan made for micro-batch j drops micro-batch j's tensors.
+    info.micro = micro_;
   }
   const bool drop = policy && policy(info) == memory::SaveAction::kDropAfterForward;
   if (drop && !info.recompute.rebuildable()) {
@@ -52,11 +55,10 @@ absl::StatusOr<StashHandle> Stash::Save(std::string producer, int layer, tensor:
         absl::StrCat("stash: the save policy drops '", info.producer, "', which has no rebuild"));
   }
   absl::MutexLock lock(&mu_);
-  info.micro = micro_;
-  Key key{micro_, info.producer};
+  Key key{info.micro, info.producer};
   if (keys_.count(key) != 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("stash: '", info.producer, "' of micro-batch ", micro_, " is already saved"));
+    return absl::AlreadyExistsError(absl::StrCat("stash: '", info.producer, "' of micro-batch ",
+                                                 info.micro, " is already saved"));
   }
   const int64_t id = next_id_++;
   keys_.emplace(std::move(key), id);
@@ -84,6 +86,9 @@ absl::StatusOr<tensor::TensorView> Stash::Get(StashHandle handle) {
     }
     const Entry& e = it->second;
     if (e.info.state == StashState::kKept) {
+      // Kept with a copy error: its reload was ordered before the compute stream and then failed,
+      // so the buffer holds no tensor.
+      if (!e.copy_error.ok()) return e.copy_error;
       return tensor::TensorView{e.buffer.data(), e.info.shape, e.info.dtype, device_};
     }
     dropped = e.info.state == StashState::kDropped;
@@ -124,9 +129,13 @@ absl::Status Stash::Release(StashHandle handle) {
       if (!Pending(engine_, e.to_host) && !Pending(engine_, e.to_device)) {
         kept_bytes_ -= e.buffer.bytes() + e.incoming.bytes() + e.encoded.bytes();
         keys_.erase(Key{e.info.micro, e.info.producer});
+        // A reload that failed after the compute stream was told to read it: that backward read
+        // no tensor, and its step must not count.
+        const absl::Status failed_reload =
+            e.info.state == StashState::kKept ? e.copy_error : absl::OkStatus();
         doomed = std::move(e);
         entries_.erase(it);
-        return absl::OkStatus();
+        return failed_reload;
       }
       engine = engine_;
       to_host = e.to_host;
@@ -194,11 +203,26 @@ std::vector<StashEntrySummary> Stash::Summaries() const {
   absl::MutexLock lock(&mu_);
   std::vector<StashEntrySummary> out;
   out.reserve(entries_.size());
+  std::set<int64_t> read_by_dropped;
+  for (const auto& [id, e] : entries_) {
+    if (e.info.state != StashState::kDropped) continue;
+    for (const StashHandle input : e.info.recompute.inputs) read_by_dropped.insert(input.id);
+  }
   for (const auto& [id, e] : entries_) {
     const RecomputeSpec& r = e.info.recompute;
-    out.push_back({StashHandle{id}, e.info.producer, e.info.layer, e.info.micro, e.info.bytes,
-                   e.info.state, e.pins > 0,
-                   r.rebuildable() && r.collective == RecomputeCollective::kNone, r.flops});
+    StashEntrySummary& s = out.emplace_back();
+    s.handle = StashHandle{id};
+    s.producer = e.info.producer;
+    s.layer = e.info.layer;
+    s.micro = e.info.micro;
+    s.bytes = e.info.bytes;
+    s.state = e.info.state;
+    s.pinned = e.pins > 0;
+    s.rebuildable = r.rebuildable() && r.collective == RecomputeCollective::kNone;
+    s.rebuild_flops = r.flops;
+    for (const StashHandle input : r.inputs) s.rebuild_inputs.push_back(input.id);
+    s.lossy_input = LossyInputLocked(e) != nullptr;
+    s.dropped_reader = read_by_dropped.count(id) != 0;
   }
   return out;
 }

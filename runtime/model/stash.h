@@ -58,8 +58,9 @@
 // AlreadyExists; Drop of an entry that is pinned, not kept, not rebuildable or needs a collective:
 // FailedPrecondition; Offload/Compress of an entry in the wrong state or pinned, or without the
 // engine / arena it needs, or a compress off the whitelist: FailedPrecondition naming the tensor;
-// a failed copy: its status from Get/Acquire; a rebuild's own error is returned as is (the entry
-// stays dropped).
+// a failed copy: its status from Get/Acquire (a reload that fails after the compute stream was
+// ordered to read it: from Get, Acquire and the entry's Release, which still frees it); a
+// rebuild's own error is returned as is (the entry stays dropped).
 #pragma once
 
 #include <cstdint>
@@ -140,6 +141,9 @@ struct StashEntrySummary {
   bool pinned = false;       // acquired by a backward
   bool rebuildable = false;  // has a rebuild that needs no collective (a per-rank drop is safe)
   double rebuild_flops = 0;
+  std::vector<int64_t> rebuild_inputs;  // the ids of the entries its rebuild reads
+  bool lossy_input = false;     // one of those is stored in reduced precision: Drop refuses it
+  bool dropped_reader = false;  // a dropped entry's rebuild reads it: Compress refuses it
 };
 
 // Totals of the offload / compress actions since the stash was made (for telemetry and tests).

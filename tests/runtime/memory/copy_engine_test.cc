@@ -199,6 +199,74 @@ TEST_F(CopyEngineTest, ShutdownFinishesTheJobInFlightAndCancelsTheQueue) {
   EXPECT_EQ(s.jobs, 1);
 }
 
+// A device whose events cannot be made (a CUDA context after a sticky error): every other call
+// goes to the CPU device.
+class NoEventsDevice : public device::Device {
+ public:
+  device::Kind kind() const override { return inner_->kind(); }
+  std::string name() const override { return "no-events"; }
+  size_t total_memory() const override { return inner_->total_memory(); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
+  void Free(void* ptr) override { inner_->Free(ptr); }
+  absl::StatusOr<void*> AllocateHost(size_t bytes) override { return inner_->AllocateHost(bytes); }
+  void FreeHost(void* ptr) override { inner_->FreeHost(ptr); }
+  bool IsDeviceMemory(const void* ptr) const override { return inner_->IsDeviceMemory(ptr); }
+  device::Stream& default_stream() override { return inner_->default_stream(); }
+  absl::StatusOr<std::unique_ptr<device::Stream>> CreateStream() override {
+    return inner_->CreateStream();
+  }
+  absl::StatusOr<std::unique_ptr<device::Event>> CreateEvent() override {
+    return absl::InternalError("an illegal memory access was encountered");
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes, device::CopyKind kind,
+                    device::Stream& stream) override {
+    return inner_->Copy(dst, src, bytes, kind, stream);
+  }
+  absl::Status Memset(void* dst, int value, size_t bytes, device::Stream& stream) override {
+    return inner_->Memset(dst, value, bytes, stream);
+  }
+  absl::Status RecordEvent(device::Event& event, device::Stream& stream) override {
+    return inner_->RecordEvent(event, stream);
+  }
+  absl::Status WaitEvent(device::Stream& stream, device::Event& event) override {
+    return inner_->WaitEvent(stream, event);
+  }
+  absl::Status SynchronizeEvent(device::Event& event) override {
+    return inner_->SynchronizeEvent(event);
+  }
+  absl::Status SynchronizeStream(device::Stream& stream) override {
+    return inner_->SynchronizeStream(stream);
+  }
+
+ private:
+  std::unique_ptr<device::Device> inner_ = device::CreateCpuDevice();
+};
+
+// A job whose events cannot be made is refused at Submit: done at once with the device's error,
+// and its hook never runs on the calling thread (the stash submits under the lock its hooks take:
+// running the hook there deadlocked the rank).
+TEST_F(CopyEngineTest, AJobWhoseEventsCannotBeMadeIsRefusedWithoutItsHook) {
+  NoEventsDevice device;
+  absl::StatusOr<std::unique_ptr<CopyEngine>> engine = CopyEngine::Create(device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<char> src(64, 1), dst(64, 0);
+  absl::Mutex caller;  // what the stash holds around Submit
+  bool called = false;
+  caller.Lock();
+  const CopyTicket t = (*engine)->Submit(CopyDirection::kDeviceToHost, dst.data(), src.data(),
+                                         src.size(), [&](const absl::Status&) {
+                                           absl::MutexLock lock(&caller);
+                                           called = true;
+                                         });
+  caller.Unlock();
+  EXPECT_TRUE((*engine)->Done(t));
+  const absl::Status s = (*engine)->Wait(t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("illegal memory access"));
+  EXPECT_FALSE(called);
+  EXPECT_EQ(dst[0], 0);
+}
+
 TEST_F(CopyEngineTest, BadLinkRateIsRefused) {
   CopyEngineOptions o;
   o.host_link_gbps = -1;

@@ -94,6 +94,51 @@ TEST(PlannerTest, ActionsHelpOnlyUntilNeededAgain) {
   EXPECT_TRUE(plan.covered);
 }
 
+// A rebuild reads exact inputs. Recomputing the hidden tensor (the cheapest action) rules out
+// compressing the tensor its rebuild reads: that one is offloaded instead. And compressing an
+// input first rules out recomputing its reader. The stash refuses either pair (Stash::Compress,
+// Stash::Drop), so a plan that took one would come up short.
+TEST(PlannerTest, ARebuildsInputIsNeverCompressed) {
+  PlannerCosts costs;
+  costs.link_bytes_per_second = 1000;
+  costs.cast_seconds_per_byte = 1e-5;  // compress 100 bytes: 1 ms for 50 freed
+  PlanCandidate pre = Tensor(1, 100, 0);
+  pre.can_compress = true;
+  pre.compressed_fraction = 0.5;
+  pre.can_offload = true;  // 0.2 s of copy that shows
+  PlanCandidate hidden = Tensor(2, 100, 0);
+  hidden.can_recompute = true;
+  hidden.recompute_seconds = 1e-4;
+  hidden.rebuild_inputs = {1};
+  const Plan plan = CoverDeficits({pre, hidden}, {{5, 150}}, costs);
+  ASSERT_EQ(plan.choices.size(), 2u);
+  EXPECT_EQ(plan.choices[0].id, 2);
+  EXPECT_EQ(plan.choices[0].action, PlanAction::kRecompute);
+  EXPECT_EQ(plan.choices[1].id, 1);
+  EXPECT_EQ(plan.choices[1].action, PlanAction::kOffload);  // not compress: hidden reads it
+  EXPECT_TRUE(plan.covered);
+
+  // Compress cheaper than the recompute, the recompute cheaper than the offload: the compress is
+  // taken first, and then the reader may not be recomputed.
+  hidden.recompute_seconds = 0.01;
+  hidden.can_offload = true;
+  const Plan other = CoverDeficits({pre, hidden}, {{5, 150}}, costs);
+  ASSERT_EQ(other.choices.size(), 2u);
+  EXPECT_EQ(other.choices[0].id, 1);
+  EXPECT_EQ(other.choices[0].action, PlanAction::kCompress);
+  EXPECT_EQ(other.choices[1].id, 2);
+  EXPECT_EQ(other.choices[1].action, PlanAction::kOffload);
+  EXPECT_TRUE(other.covered);
+
+  // Nothing else possible: not covered, rather than a plan the stash would refuse half of.
+  pre.can_offload = false;
+  hidden.recompute_seconds = 1e-4;
+  const Plan stuck = CoverDeficits({pre, hidden}, {{5, 150}}, costs);
+  ASSERT_EQ(stuck.choices.size(), 1u);
+  EXPECT_EQ(stuck.choices[0].action, PlanAction::kRecompute);
+  EXPECT_FALSE(stuck.covered);
+}
+
 TEST(PlannerTest, NoActionAllowedMeansNotCovered) {
   const Plan plan = CoverDeficits({Tensor(1, 100, 0)}, {{2, 10}}, {});
   EXPECT_TRUE(plan.choices.empty());

@@ -592,6 +592,27 @@ TEST_F(DropTest, SavePolicyDropsAfterForwardOnly) {
   EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("layers.2.moe.expert_pre"));
 }
 
+// The save policy sees the micro-batch a tensor is saved in: the adaptive planner's plan for
+// micro-batch j names j's tensors, never micro-batch 0's (a plan made for a spike in micro-batch
+// 1 dropped nothing, and micro-batch 0's plan dropped micro-batch 1's tensors instead).
+TEST_F(DropTest, SavePolicySeesTheMicroBatch) {
+  std::vector<int> seen;
+  stash_.SetSavePolicy([&seen](const StashEntryInfo& e) {
+    seen.push_back(e.micro);
+    return e.micro == 1 ? memory::SaveAction::kDropAfterForward : memory::SaveAction::kKeep;
+  });
+  const StashHandle m0 = SaveFilled("layers.1.ln2.out", 4, 1.0f, Spec(4, 1.0f));
+  stash_.set_micro_batch(1);
+  const StashHandle m1 = SaveFilled("layers.1.ln2.out", 4, 1.0f, Spec(4, 1.0f));
+  stash_.set_micro_batch(0);
+  EXPECT_EQ(seen, (std::vector<int>{0, 1}));
+  ASSERT_TRUE(stash_.ApplyPendingDrops().ok());
+  EXPECT_EQ(stash_.dropped_bytes(), 16u);  // micro-batch 1's, not micro-batch 0's
+  EXPECT_EQ(stash_.stashed_bytes(), 16u);
+  EXPECT_TRUE(stash_.Release(m0).ok());
+  EXPECT_TRUE(stash_.Release(m1).ok());
+}
+
 TEST_F(DropTest, RebuildErrorsLeaveTheEntryDropped) {
   RecomputeSpec failing{"fill", {}, 0};
   failing.rebuild = []() -> absl::StatusOr<tensor::Buffer> {
