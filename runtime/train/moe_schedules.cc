@@ -140,6 +140,22 @@ std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape) {
   return sizes;
 }
 
+std::vector<int64_t> CalibrationGemmFlopsFor(const moe::LayerShape& shape) {
+  constexpr int64_t kMaxFlops = int64_t{1} << 34;
+  std::vector<int64_t> flops = moe::CalibrationOptions().gemm_flops;
+  double largest = 0;
+  for (moe::Schedule s : moe::kAllSchedules) {
+    // The expert op's GEMM (cost_model.cc, OpSeconds kExpert).
+    const moe::ScheduleRows rows = moe::RowsOf(shape, s);
+    largest =
+        std::max(largest, 2.0 * static_cast<double>(rows.R) * shape.C *
+                              (static_cast<double>(shape.f) / std::max<int64_t>(shape.esp, 1)));
+  }
+  const auto top = static_cast<int64_t>(std::min(largest, static_cast<double>(kMaxFlops)));
+  if (top > flops.back()) flops.push_back(top);
+  return flops;
+}
+
 moe::LayerShape LayerShapeOf(const model::ModelConfig& c, const RankLayout& layout,
                              int micro_batch) {
   moe::LayerShape s;
@@ -181,16 +197,21 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     out.choice = choice;
     return out;
   }
-  // The cache key: the layout's sizes, the device kind, the GEMMs' precision and where the ranks
-  // are (PlacementHash): a resubmission on GPUs after a CPU run, in bf16 after fp32, or on another
-  // split over nodes calibrates again; a restart on other hosts split the same way does not.
+  // The cache key: the layout's sizes, the device kind, the GEMMs' precision, where the ranks are
+  // (PlacementHash) and the largest collective and GEMM timed (a function of the layer's shape):
+  // a resubmission on GPUs after a CPU run, in bf16 after fp32, on another split over nodes, or
+  // with larger micro-batches than the profile was fitted for calibrates again; a restart on
+  // other hosts split the same way does not.
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
+  const std::vector<int64_t> sizes = CalibrationSizesFor(shape);
+  const std::vector<int64_t> gemm_flops = CalibrationGemmFlopsFor(shape);
   const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep,
                                        "_esp", sh.esp, "_", device::KindName(model.device().kind()),
                                        "_", device::PrecisionName(model.backend().precision), "_",
-                                       absl::Hex(placement, absl::kZeroPad16));
+                                       absl::Hex(placement, absl::kZeroPad16), "_b", sizes.back(),
+                                       "_f", gemm_flops.back());
   if (!cache_dir.empty()) {
     out.cache_path =
         (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();
@@ -208,7 +229,8 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   if (!out.profile.has_value()) {
     // Every rank reaches here alike: the cached text was the same everywhere.
     moe::CalibrationOptions options;
-    options.sizes_bytes = CalibrationSizesFor(shape);
+    options.sizes_bytes = sizes;
+    options.gemm_flops = gemm_flops;
     const device::Backend& ops = model.backend();
     device::Device& device = model.device();
     options.device = &device;

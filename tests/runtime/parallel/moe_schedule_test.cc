@@ -335,6 +335,26 @@ TEST(ChooseMoeSchedulesTest, CalibrationReachesTheLayersLargestCollective) {
   EXPECT_EQ(train::CalibrationSizesFor(big).back(), int64_t{64} << 20);
 }
 
+// The GEMM fit reaches the layer's largest expert GEMM (at most 2^34 FLOP): on a GPU the default
+// sizes are all launch overhead, and the slope fitted on them alone priced GEMMs thousands of
+// times larger.
+TEST(ChooseMoeSchedulesTest, CalibrationTimesTheLayersLargestExpertGemm) {
+  const std::vector<int64_t> defaults = moe::CalibrationOptions().gemm_flops;
+  moe::LayerShape small{.N = 64, .C = 16, .f = 16, .E = 4, .k = 2, .tp = 2, .ep = 2, .esp = 1};
+  EXPECT_EQ(train::CalibrationGemmFlopsFor(small), defaults);
+  moe::LayerShape big{.N = 512, .C = 1024, .f = 4096, .E = 64, .k = 2, .tp = 2, .ep = 8, .esp = 2};
+  double want = 0;
+  for (moe::Schedule s : moe::kAllSchedules) {
+    want = std::max(want, 2.0 * static_cast<double>(moe::RowsOf(big, s).R) * big.C * big.f / 2);
+  }
+  ASSERT_GT(want, static_cast<double>(defaults.back()));
+  std::vector<int64_t> flops = train::CalibrationGemmFlopsFor(big);
+  ASSERT_EQ(flops.size(), defaults.size() + 1);
+  EXPECT_EQ(flops.back(), static_cast<int64_t>(want));
+  big.N = 1 << 20;  // capped
+  EXPECT_EQ(train::CalibrationGemmFlopsFor(big).back(), int64_t{1} << 34);
+}
+
 TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
   const std::string dir = ::testing::TempDir() + "/choose-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
