@@ -281,7 +281,8 @@ bool Agent::RegisterOnce() {
     constexpr double kRegisterWarnS = 30;
     std::lock_guard<std::mutex> lock(mu_);
     const double now = clock_.MonotonicSeconds();
-    if (refused && now - register_warned_s_ >= kRegisterWarnS) {
+    // A call the agent's own shutdown cancelled is no refusal.
+    if (refused && !shutting_down_ && now - register_warned_s_ >= kRegisterWarnS) {
       register_warned_s_ = now;
       spdlog::warn(
           "the controller refused registration: {} (retrying; said at most every {:.0f} s)",

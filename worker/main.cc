@@ -1,11 +1,15 @@
 // furnace-worker: the worker agent daemon (one per slot) and, as `furnace-worker rank`, the rank
 // process the agent spawns for each rank task. Flags, the YAML config file and signal handling
 // live here; the logic is in agent.h and rank_main.h.
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -41,6 +45,18 @@ absl::Status CheckControllerLink(const furnace::worker::AgentOptions& options, b
       " is not a loopback address: give --tls-ca, --tls-cert, --tls-key and --join-token-file "
       "(`furnace certs init DIR` makes development ones), or pass --insecure to dial it in "
       "plaintext");
+}
+
+// The agent's SIGTERM / SIGINT: the handler only writes the signal's number to this pipe
+// (async-signal-safe), and the signal thread acts on it; 0 tells that thread to return.
+int g_signal_pipe[2] = {-1, -1};
+constexpr unsigned char kSignalThreadDone = 0;
+
+void OnSignal(int sig) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &byte, 1);  // a full pipe already holds a shutdown request
+  errno = saved;
 }
 
 int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level, bool insecure) {
@@ -79,12 +95,26 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::flush_on(spdlog::level::info);
 
-  // Signals are taken by one thread with sigwait, so every other thread (gRPC's, supervisors')
-  // runs with them blocked. Ranks get a clean mask (rank_supervisor.cc).
+  // SIGTERM and SIGINT: a handler writes the signal's number to a pipe the signal thread reads.
+  // Not sigwait on a mask: threads that libraries start before main (OpenBLAS's pool, from its
+  // load-time constructor) never got the mask, the kernel handed them the signal, and its default
+  // action ended the agent without its shutdown. A handler runs on whichever thread gets it. The
+  // threads started from here on block both, except the signal thread, so a signal interrupts no
+  // gRPC or supervisor call. Ranks get default actions and a clean mask (rank_supervisor.cc).
+  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    std::fprintf(stderr, "furnace-worker: pipe: %s\n", std::strerror(errno));
+    return 1;
+  }
+  struct sigaction on_signal {};
+  on_signal.sa_handler = OnSignal;
+  sigemptyset(&on_signal.sa_mask);
+  on_signal.sa_flags = SA_RESTART;
   sigset_t signals;
   sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  for (int sig : {SIGTERM, SIGINT}) {
+    sigaddset(&signals, sig);
+    sigaction(sig, &on_signal, nullptr);
+  }
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -99,19 +129,22 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
     return 2;
   }
   furnace::worker::Agent agent(options, furnace::v1::AgentService::NewStub(*channel));
-  std::atomic<bool> finished{false};
   std::thread signal_thread([&] {
+    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+    pollfd readable{g_signal_pipe[0], POLLIN, 0};
     while (true) {
-      int sig = 0;
-      sigwait(&signals, &sig);
-      if (finished.load()) return;
-      spdlog::info("received {}; shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      agent.Shutdown();
+      if (poll(&readable, 1, -1) < 0 && errno != EINTR) return;
+      unsigned char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (sig == kSignalThreadDone) return;
+        spdlog::info("received {}; shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        agent.Shutdown();
+      }
     }
   });
   const absl::Status status = agent.Run();
-  finished.store(true);
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  const unsigned char done = kSignalThreadDone;
+  (void)!write(g_signal_pipe[1], &done, 1);
   signal_thread.join();
   if (!status.ok()) {
     spdlog::error("{}", status.ToString());

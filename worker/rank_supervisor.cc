@@ -13,9 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/utf8.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::worker {
@@ -79,15 +81,17 @@ std::optional<uint64_t> ReadOomKills(const std::string& events_path) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the agent died before prctl took effect
   setpgid(0, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Default actions first, then the mask cleared: a signal in between never runs the agent's
+  // handler in the child (it would tell the agent to shut down).
   struct sigaction dfl;
   memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
   }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
   // Lift every source above the targets first, so no dup2 clobbers a source still needed.
   int high[4];
   for (int i = 0; i < 4; ++i) high[i] = fcntl(sources[i], F_DUPFD, 100);
@@ -444,7 +448,10 @@ void RankSupervisor::EmitLine(std::string_view line) {
     log.set_job_id(launch_.job_id);
     log.set_attempt(launch_.attempt);
     log.set_rank(launch_.rank);
-    log.set_text(std::string(line));
+    // The local log keeps the rank's bytes; the controller's copy must be valid UTF-8 (protobuf
+    // refuses the whole batch otherwise, and the agent drops it), each invalid byte a '?'.
+    log.set_text(FirstInvalidUtf8(line) ? SanitizeUtf8(line, std::numeric_limits<size_t>::max())
+                                        : std::string(line));
     sinks_.on_log(std::move(log));
   }
 }

@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "runtime/base/utf8.h"
 
 namespace furnace::worker {
 namespace {
@@ -19,10 +23,49 @@ void AppendVarint(uint64_t value, std::string* out) {
   out->push_back(static_cast<char>(value));
 }
 
+// Makes every string field of `m` (nested and repeated ones too) valid UTF-8, each invalid byte a
+// '?'; true when it changed one. Protobuf refuses to parse a string field that is not valid
+// UTF-8: one such byte in a rank's message (a file name in an error, say) made the agent's decoder
+// give up on every later record of the rank, and then call it hung.
+bool MakeStringsUtf8(google::protobuf::Message& m) {
+  using google::protobuf::FieldDescriptor;
+  constexpr size_t kWhole = std::numeric_limits<size_t>::max();
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  bool changed = false;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+      for (int j = 0; j < n; ++j) {
+        const std::string s = f->is_repeated() ? r->GetRepeatedString(m, f, j) : r->GetString(m, f);
+        if (!FirstInvalidUtf8(s)) continue;
+        if (f->is_repeated()) {
+          r->SetRepeatedString(&m, f, j, SanitizeUtf8(s, kWhole));
+        } else {
+          r->SetString(&m, f, SanitizeUtf8(s, kWhole));
+        }
+        changed = true;
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int j = 0; j < r->FieldSize(m, f); ++j) {
+          changed |= MakeStringsUtf8(*r->MutableRepeatedMessage(&m, f, j));
+        }
+      } else if (r->HasField(m, f)) {
+        changed |= MakeStringsUtf8(*r->MutableMessage(&m, f));
+      }
+    }
+  }
+  return changed;
+}
+
 }  // namespace
 
 void AppendFramedRecord(const furnace::v1::TelemetryRecord& record, std::string* out) {
-  std::string body = record.SerializeAsString();
+  furnace::v1::TelemetryRecord valid = record;
+  std::string body =
+      MakeStringsUtf8(valid) ? valid.SerializeAsString() : record.SerializeAsString();
   AppendVarint(body.size(), out);
   out->append(body);
 }

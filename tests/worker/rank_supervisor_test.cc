@@ -320,6 +320,19 @@ TEST_F(RankSupervisorTest, OutputLinesInOrderInTheSinkAndTheLogFile) {
   EXPECT_EQ(logged, expected);
 }
 
+// A line that is not valid UTF-8 (a binary dump, a line cut in a character) reaches the controller
+// with each invalid byte a '?': protobuf refuses the batch otherwise, and the agent dropped it,
+// every rank's lines with it. The local log file keeps the bytes as written.
+TEST_F(RankSupervisorTest, LinesThatAreNotUtf8ReachTheSinkValid) {
+  const furnace::v1::RankReport report = RunToEnd(R"(printf 'caf\303\251 \377\376 end\n')");
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(seen_.lines, std::vector<std::string>{"caf\xc3\xa9 ?? end"});
+  std::ifstream log(LogPath());
+  std::string line;
+  std::getline(log, line);
+  EXPECT_EQ(line, "caf\xc3\xa9 \xff\xfe end");
+}
+
 TEST_F(RankSupervisorTest, LeftoverProcessesInTheGroupDoNotHoldTheExit) {
   const double start = Now();
   const furnace::v1::RankReport report = RunToEnd("sleep 30 & echo started; exit 0");

@@ -95,6 +95,27 @@ TEST(TelemetryPipeTest, CorruptStreamsAreDataLoss) {
   EXPECT_EQ(unparsable.Next(&record).status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A record whose strings are not valid UTF-8 (a file name in an error message) is framed with each
+// invalid byte a '?', nested fields too: protobuf would refuse to parse it, and the agent gave up
+// on the rank's telemetry (and then called it hung).
+TEST(TelemetryPipeTest, StringsThatAreNotUtf8AreFramedValid) {
+  furnace::v1::TelemetryRecord record = MakeRecord(5);
+  record.set_message("cannot open /data/\xff\xfe.bin");
+  record.mutable_watchdog()->set_detail("checkpoint \xc3");
+  std::string stream;
+  AppendFramedRecord(record, &stream);
+  TelemetryDecoder decoder;
+  decoder.Feed(stream);
+  furnace::v1::TelemetryRecord got;
+  absl::StatusOr<bool> next = decoder.Next(&got);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(*next);
+  EXPECT_EQ(got.step(), 5u);
+  EXPECT_EQ(got.message(), "cannot open /data/??.bin");
+  EXPECT_EQ(got.watchdog().detail(), "checkpoint ?");
+  EXPECT_EQ(got.train().loss(), 1.5);
+}
+
 TEST(TelemetryPipeTest, WriterThroughARealPipe) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
