@@ -71,8 +71,7 @@ TEST(Promtool, ScrapeConfigIsValid) {
 // certificate paths pointed at files that exist (promtool checks they do) beside a copy of it.
 TEST(Promtool, KubernetesScrapeConfigIsValid) {
   ASSERT_FALSE(kPromtool.empty()) << kMissing;
-  const std::string dir =
-      ::testing::TempDir() + "/promtool-k8s-" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "/promtool-k8s-" + std::to_string(::getpid());
   const Result r = RunShell(
       "set -e; rm -rf '" + dir + "'; mkdir -p '" + dir + "/tls'; cd '" + dir +
       "'; touch tls/ca.pem tls/client.pem tls/client.key; ln -s '" + kSource +
