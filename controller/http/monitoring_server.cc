@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "civetweb.h"
 #include "spdlog/spdlog.h"
+#include "transport/listen_address.h"
 
 namespace furnace::controller::http {
 
@@ -37,6 +38,7 @@ MonitoringServer::MonitoringServer(MonitoringOptions options, MonitoringHandlers
     : options_(std::move(options)), handlers_(std::move(handlers)) {
   route_options_.web_root = options_.web_root;
   route_options_.max_body_bytes = options_.max_request_bytes;
+  route_options_.loopback_listener = transport::IsLoopbackAddress(options_.listen);
 }
 
 absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
@@ -125,6 +127,8 @@ int MonitoringServer::Handle(mg_connection* conn) {
       request.path = path ? path : "";
       request.query = info->query_string ? info->query_string : "";
       request.content_length = info->content_length;
+      const char* host = mg_get_header(conn, "Host");
+      request.host = host ? host : "";
       response = Route(request, handlers_, route_options_);
     }
   } catch (const std::exception& e) {

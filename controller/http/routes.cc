@@ -1,5 +1,7 @@
 #include "controller/http/routes.h"
 
+#include <arpa/inet.h>
+
 #include <optional>
 
 #include "absl/status/status.h"
@@ -106,6 +108,8 @@ const char* StatusText(int status) {
       return "Method Not Allowed";
     case 413:
       return "Payload Too Large";
+    case 421:
+      return "Misdirected Request";
     case 431:
       return "Request Header Fields Too Large";
     case 500:
@@ -115,11 +119,35 @@ const char* StatusText(int status) {
   }
 }
 
+bool IsAddressOrLocalhost(std::string_view host) {
+  if (host.starts_with('[')) {  // [v6] or [v6]:port
+    const size_t close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    const std::string v6(host.substr(1, close - 1));
+    in6_addr a6{};
+    return inet_pton(AF_INET6, v6.c_str(), &a6) == 1;
+  }
+  const size_t colon = host.rfind(':');
+  if (colon != std::string_view::npos) host = host.substr(0, colon);
+  if (absl::EqualsIgnoreCase(absl::string_view(host.data(), host.size()), "localhost")) {
+    return true;
+  }
+  const std::string v4(host);
+  in_addr a4{};
+  return inet_pton(AF_INET, v4.c_str(), &a4) == 1;
+}
+
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,
                    const RouteOptions& options) {
   if (request.content_length > options.max_body_bytes) {
     return Text(
         413, "request body too large (limit " + std::to_string(options.max_body_bytes) + " bytes)");
+  }
+  if (options.loopback_listener && !request.host.empty() && !IsAddressOrLocalhost(request.host)) {
+    return Text(421,
+                "this listener is on loopback and answers a Host of localhost or an IP address "
+                "only, not '" +
+                    request.host + "' (a name that resolves here is DNS rebinding)");
   }
   if (request.method != "GET") {
     HttpResponse r = Text(405, "method not allowed: only GET is served here");

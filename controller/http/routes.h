@@ -10,11 +10,15 @@
 // Anything else is 404; a method other than GET is 405; a body larger than max_body_bytes is
 // 413; a path with "..", "." or hidden segments, a backslash or a NUL is 400. A handler's
 // NotFound becomes 404, InvalidArgument 400, any other error 500 with its message.
+// On a loopback listener (RouteOptions::loopback_listener) a Host header naming neither an IP
+// address nor localhost is 421: that is a web page elsewhere that rebound its DNS name to this
+// machine (DNS rebinding), reading the API from the browser of someone on it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,6 +41,7 @@ struct HttpRequest {
   std::string path;             // URL-decoded, without the query: "/api/jobs"
   std::string query;            // raw, without '?': "since=3&max=100"
   int64_t content_length = -1;  // -1: none given
+  std::string host;             // the Host header ("" when none was sent)
 };
 
 struct HttpResponse {
@@ -51,7 +56,12 @@ inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charse
 struct RouteOptions {
   std::string web_root;  // directory of the dashboard's files; empty: no dashboard
   int64_t max_body_bytes = 16 * 1024;
+  bool loopback_listener = false;  // the listener is reachable from this machine only
 };
+
+// True when the Host header `host` ("127.0.0.1:9464", "[::1]:9464", "localhost") names an IP
+// address or localhost, never a DNS name.
+bool IsAddressOrLocalhost(std::string_view host);
 
 // Thread-safe: reads only its arguments (and files under web_root).
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,

@@ -179,6 +179,19 @@ TEST_F(MonitoringServerTest, OnlyGetIsAllowed) {
   }
 }
 
+// The listener is on loopback: a request whose Host is a DNS name (a rebinding page's) is refused
+// before any handler runs; one by address is served.
+TEST_F(MonitoringServerTest, RefusesAHostThatIsANameOnLoopback) {
+  RawResponse r =
+      SendRaw(port(), "GET /api/jobs HTTP/1.1\r\nHost: evil.example:" + std::to_string(port()) +
+                          "\r\n\r\n");
+  EXPECT_EQ(r.status, 421) << r.raw.substr(0, 300);
+  EXPECT_NE(r.body.find("DNS rebinding"), std::string::npos) << r.body;
+  r = SendRaw(port(),
+              "GET /api/jobs HTTP/1.1\r\nHost: localhost:" + std::to_string(port()) + "\r\n\r\n");
+  EXPECT_EQ(r.status, 200) << r.raw.substr(0, 300);
+}
+
 TEST_F(MonitoringServerTest, RefusesOversizedRequestsAndKeepsServing) {
   // Headers just beyond the limit (16 KiB): our own check answers 431.
   std::string many = "GET /metrics HTTP/1.1\r\nHost: x\r\n";

@@ -84,6 +84,34 @@ TEST(RoutesTest, BodySizeIsCheckedBeforeTheMethod) {
   EXPECT_EQ(Route(big, h, o).status, 405);
 }
 
+// DNS rebinding: a page elsewhere rebinds its name to 127.0.0.1 and reads the loopback API from
+// a browser on this machine; its requests carry that name as Host. A loopback listener answers a
+// Host of localhost or an IP address only (and a request without one, as HTTP/1.0 sends); a
+// listener others can reach is reached by any name.
+TEST(RoutesTest, ALoopbackListenerRefusesAHostThatIsAName) {
+  MonitoringHandlers h;
+  h.metrics_text = [] { return std::string("m 1\n"); };
+  RouteOptions o;
+  o.loopback_listener = true;
+  auto with_host = [](std::string host) {
+    HttpRequest r = Req("/metrics");
+    r.host = std::move(host);
+    return r;
+  };
+  for (const char* ok : {"127.0.0.1:9464", "127.0.0.1", "localhost:9464", "LOCALHOST", "[::1]:9464",
+                         "[::1]", "10.0.0.5:9464", ""}) {
+    EXPECT_EQ(Route(with_host(ok), h, o).status, 200) << ok;
+  }
+  for (const char* bad : {"evil.example:9464", "evil.example", "localhost.evil.example",
+                          "127.0.0.1.evil.example", "[::1", "furnace-head:9464"}) {
+    const HttpResponse r = Route(with_host(bad), h, o);
+    EXPECT_EQ(r.status, 421) << bad;
+    EXPECT_NE(r.body.find("DNS rebinding"), std::string::npos) << r.body;
+  }
+  o.loopback_listener = false;
+  EXPECT_EQ(Route(with_host("furnace-head:9464"), h, o).status, 200);
+}
+
 class StaticFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
