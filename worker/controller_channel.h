@@ -17,6 +17,12 @@ namespace furnace::worker {
 // Plaintext (local mode, tests).
 std::shared_ptr<grpc::Channel> MakeControllerChannel(const std::string& address);
 
+// The address this machine sends from toward the controller at `address` (host:port,
+// [v6]:port): the one other machines of its network reach it at. A UDP socket "connected" to the
+// controller asks the kernel's routing table; no packet is sent. Unavailable when the name does
+// not resolve or no route leads there.
+absl::StatusOr<std::string> SourceAddressToward(const std::string& address);
+
 // With the TLS files and join token of `security` (read now: InvalidArgument names the flag and
 // file at fault); every call carries `worker_id` so the controller can name the caller.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeControllerChannel(

@@ -44,8 +44,13 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   absl::StatusOr<Rendezvous> rendezvous = OpenRendezvous(task, StartTimeoutS(task));
   if (!rendezvous.ok()) return rendezvous.status();
   GrpcKvStore& store = *rendezvous->store;
-  if (absl::Status s = store.Set(ArrivedKey(task.rank()), "1"); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("health check: cannot mark arrival: ", s.message()));
+  {
+    // The mark retries while the controller is away, up to the start timeout: alive meanwhile.
+    const ProgressBeat beat(progress, "health_check");
+    if (absl::Status s = store.Set(ArrivedKey(task.rank()), "1"); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("health check: cannot mark arrival: ", s.message()));
+    }
   }
   // Waited for in slices, each a progress record, so the agent's hang watchdog sees a rank that
   // waits for a late peer as alive. The wait is indexed (a count of health/arrived/<r> keys, not

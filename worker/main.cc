@@ -72,6 +72,22 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   }
   options.device_kind = device->kind;
   if (options.device_memory == 0) options.device_memory = device->memory;
+  // The address peers dial this worker's ranks at. A loopback default served one machine only:
+  // with a controller elsewhere, every rank on another machine dialled itself.
+  std::string host_note;
+  if (options.host.empty()) {
+    options.host = "127.0.0.1";
+    if (!furnace::transport::IsLoopbackAddress(options.controller)) {
+      absl::StatusOr<std::string> source = furnace::worker::SourceAddressToward(options.controller);
+      if (source.ok()) {
+        options.host = *source;
+        host_note = " (its address toward the controller; --host sets another)";
+      } else {
+        host_note = absl::StrCat(" (no address toward the controller: ", source.status().message(),
+                                 "; ranks on other machines cannot reach this one's: give --host)");
+      }
+    }
+  }
   options = furnace::worker::ResolveAgentOptions(std::move(options));
   for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
                             std::pair{"--checkpoint-root", &options.checkpoint_root}}) {
@@ -94,6 +110,15 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::flush_on(spdlog::level::info);
+  if (!host_note.empty()) {
+    const std::string line =
+        absl::StrCat("peers reach this worker's ranks at ", options.host, host_note);
+    if (options.host == "127.0.0.1") {
+      spdlog::warn("{}", line);
+    } else {
+      spdlog::info("{}", line);
+    }
+  }
 
   // SIGTERM and SIGINT: a handler writes the signal's number to a pipe the signal thread reads.
   // Not sigwait on a mask: threads that libraries start before main (OpenBLAS's pool, from its
@@ -168,8 +193,11 @@ int main(int argc, char** argv) {
   app.add_option("--controller", options.controller, "controller address (AgentService)")
       ->capture_default_str();
   app.add_option("--slot", options.slot, "slot number on this host")->capture_default_str();
-  app.add_option("--host", options.host, "address peers use to reach this worker's ranks")
-      ->capture_default_str();
+  options.host.clear();  // chosen in RunAgent unless given
+  app.add_option("--host", options.host,
+                 "address peers use to reach this worker's ranks (default: 127.0.0.1 for a "
+                 "controller on loopback, else this machine's address on the route to the "
+                 "controller)");
   app.add_option("--id", options.worker_id, "worker id (default <hostname>/<slot>)");
   app.add_option("--work-dir", options.work_dir,
                  "directory for task files and rank logs (default ./worker-<slot>)");

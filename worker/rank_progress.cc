@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,27 @@ void Progress::Write(furnace::v1::TelemetryRecord& record) {
   std::lock_guard<std::mutex> lock(mu_);
   record.set_seq(++seq_);  // under the lock: numbered in the order they enter the pipe
   (void)writer_.Write(record);
+}
+
+ProgressBeat::ProgressBeat(Progress& progress, std::string phase, double interval_s) {
+  thread_ = std::thread([this, &progress, phase = std::move(phase), interval_s] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (
+        !cv_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stop_; })) {
+      lock.unlock();
+      progress.Emit(phase, 0);
+      lock.lock();
+    }
+  });
+}
+
+ProgressBeat::~ProgressBeat() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
 }
 
 void Progress::EmitWatchdog(const furnace::v1::RankWatchdogRecord& watchdog) {

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "furnace/v1/agent.pb.h"
 #include "runtime/comm/commcheck.h"
@@ -37,6 +39,24 @@ class Progress {
   TelemetryWriter writer_;  // guarded by mu_
   uint64_t seq_ = 0;        // guarded by mu_: the last record's TelemetryRecord.seq
   std::atomic<uint64_t> total_steps_{0};
+};
+
+// While it lives, a record of `phase` every `interval_s` from a thread of its own: a rank blocked
+// in a call that retries for as long as recovery.start_timeout_s allows (marking its arrival while
+// the controller restarts) is alive to the agent, whose hang watchdog kills a rank silent for
+// recovery.hang_timeout_s (the rank's own watchdog, which speaks for it later, has not started).
+class ProgressBeat {
+ public:
+  ProgressBeat(Progress& progress, std::string phase, double interval_s = 1.0);
+  ~ProgressBeat();
+  ProgressBeat(const ProgressBeat&) = delete;
+  ProgressBeat& operator=(const ProgressBeat&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
 };
 
 // True when spec.fault has this mode and targets this rank in this attempt: the rank on

@@ -26,6 +26,8 @@ namespace {
 constexpr int kPollIntervalMs = 50;
 constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr double kDrainAfterExitS = 1.0;
+// A process SIGKILL has not ended by then is stuck in the kernel (rank_supervisor.h).
+constexpr double kUnkillableS = 30.0;
 enum StreamIndex { kStdout = 0, kStderr = 1, kTelemetry = 2 };
 
 std::string SignalName(int signal) {
@@ -318,7 +320,29 @@ void RankSupervisor::Supervise() {
       term_sent_ = true;
       KillGroup(SIGTERM);
     }
-    if (kill_at && now >= *kill_at) KillGroup(SIGKILL);
+    if (kill_at && now >= *kill_at) {
+      KillGroup(SIGKILL);
+      if (!killed_at_s_) killed_at_s_ = now;
+    }
+    if (killed_at_s_ && !reported_ && now - *killed_at_s_ >= kUnkillableS) {
+      // Still not ended: report it now (the job recovers), and keep waiting to reap it.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopped_before_exit_ = stop_requested_;
+      }
+      furnace::v1::RankReport report = Classify(SIGKILL);  // "killed by signal 9"
+      report.set_reason(absl::StrFormat(
+          "%s; it did not end %.0f s after SIGKILL%s, and keeps its slot until the kernel lets "
+          "it go (pid %d)",
+          report.reason(), now - *killed_at_s_, ProcessStateNote(pid_), pid_));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        report_ = report;
+      }
+      reported_ = true;
+      spdlog::error("rank {} of job {}: {}", launch_.rank, launch_.job_id, report.reason());
+      if (sinks_.on_exit) sinks_.on_exit(report);
+    }
     const double silence_limit =
         has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s) : launch_.hang_timeout_s;
     if (!hung_ && !stop_requested && launch_.hang_timeout_s > 0 &&
@@ -328,6 +352,7 @@ void RankSupervisor::Supervise() {
       failed_unix_ = clock_.UnixSeconds() - hang_for_s_;
       hang_reason_ = ProcessStateNote(pid_);  // read before the kill changes it
       KillGroup(SIGKILL);
+      if (!killed_at_s_) killed_at_s_ = now;
     }
   }
   for (int i = 0; i < 2; ++i) {
@@ -338,13 +363,15 @@ void RankSupervisor::Supervise() {
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
-  furnace::v1::RankReport report = Classify(status);
   CloseFd(&log_fd_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    report_ = report;
+  if (!reported_) {
+    furnace::v1::RankReport report = Classify(status);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      report_ = report;
+    }
+    if (sinks_.on_exit) sinks_.on_exit(report);
   }
-  if (sinks_.on_exit) sinks_.on_exit(report);
   done_.store(true);
 }
 

@@ -16,7 +16,11 @@
 // watchdog heartbeat (then only a frozen process goes silent; the reason says whether the kernel
 // shows it stopped); measured on the given Clock from the spawn. When the child ends, the
 // supervisor kills what is left of its group, reaps it, classifies the end (ExitKind, reason in
-// words, failed_unix) and calls the exit sink exactly once, from the supervisor thread.
+// words, failed_unix) and calls the exit sink exactly once, from the supervisor thread. A rank the
+// supervisor killed that still has not ended kUnkillableS later (uninterruptible sleep in a
+// driver or a hung mount: state D) is reported then, as killed, with its state in the reason: the
+// controller recovers the job instead of waiting on it; the supervisor goes on waiting to reap it
+// (its slot stays taken until the kernel lets it go), and calls the sink no second time.
 //
 // Ownership: the supervisor owns the child, its pipes and its thread; destroying it kills the
 // child (if still running) and joins the thread. Sinks are called on the supervisor thread and
@@ -125,6 +129,8 @@ class RankSupervisor {
   bool hung_ = false;
   double hang_for_s_ = 0;
   bool term_sent_ = false;
+  std::optional<double> killed_at_s_;  // when the supervisor first sent the group SIGKILL
+  bool reported_ = false;              // the exit sink was called (early, for an unkillable rank)
   // Whether a stop had been asked for when the exit was noticed: a stop that comes in the drain
   // after it (the controller stopping a failed rank's peers) does not make the rank's own end,
   // a crash or a success, read "stopped".

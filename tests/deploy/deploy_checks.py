@@ -359,9 +359,6 @@ def check_systemd_unit(name, unit_text, flags_of):
     given = dict(parse_args(argv[1:]))
     for flag in sorted(needed - set(given)):
         problems.append(f"{name}: ExecStart lacks {flag}")
-    if binary == "furnace-worker" and "--host" not in given:
-        problems.append(f"{name}: ExecStart lacks --host: the ranks' peers on other machines "
-                        "would dial its default, 127.0.0.1")
     for flag, value in given.items():
         if value and value.startswith("${CREDENTIALS_DIRECTORY}/"):
             cred = value.split("/", 1)[1]

@@ -222,7 +222,6 @@ class SystemdTest(unittest.TestCase):
             (text.replace("NoNewPrivileges=yes", "NoNewPrivileges=no"), "NoNewPrivileges"),
             (text.replace("LoadCredential=worker.key:", "LoadCredential=other.key:"),
              "LoadCredential=worker.key"),
-            (text.replace(" --host %H", ""), "--host"),
             (text.replace("ReadWritePaths=/var/lib/furnace-worker /srv/furnace/checkpoints",
                           "ReadWritePaths=/var/lib/furnace-worker"), "--checkpoint-root"),
         ]

@@ -23,8 +23,7 @@ TEST(SourceAddressTowardTest, ANameThatDoesNotResolveIsUnavailable) {
   EXPECT_EQ(source.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(source.status().message().find("furnace-head.invalid"), std::string::npos)
       << source.status();
-  EXPECT_EQ(SourceAddressToward("[::1:7070").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SourceAddressToward("[::1:7070").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
