@@ -146,31 +146,45 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
   for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
   for (v1::MoeLayerSchedule schedule : p.schedules) r.add_moe_schedules(schedule);
   for (const auto& [op, sum] : p.moe_ops) *r.add_moe_ops() = sum;
-  // Written by the group commit, not under the caller's state mutex (an fsync).
+  // Written by the group commit, not under the caller's state mutex (an fsync); counted in the
+  // exported totals once it is stored (the file comment).
   commit_.Submit([this, job_id, r] { return store_.PutStep(job_id, r); },
-                 [job_id, step = r.step()](absl::Status s) {
-                   if (!s.ok())
-                     spdlog::warn("job {}: step {} not stored: {}", job_id, step, s.ToString());
+                 [this, job_id, r](absl::Status s) {
+                   if (s.ok()) {
+                     AddTotals(job_id, r);
+                   } else {
+                     spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
+                   }
                  });
-  CountStep(job_id, r);
+  NoteStep(job_id, r);
 }
 
 void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRecord& r) {
+  NoteStep(job_id, r);
+  AddTotals(job_id, r);
+}
+
+void TelemetryAggregator::AddTotals(const std::string& job_id, const v1::StepRecord& r) {
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  Totals& t = totals_[job_id];
+  t.tokens += r.tokens();
+  // The Prometheus series are by action and by collective (over all groups).
+  for (const auto& a : r.planner()) {
+    t.planner[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
+  }
+  for (const auto& c : r.comm()) {
+    t.comm[v1::CollectiveOpLabel(c.op())] += static_cast<double>(c.bytes());
+  }
+  for (const auto& o : r.moe_ops()) {
+    t.moe_op_bytes[o.op()] += static_cast<double>(o.bytes());
+    t.moe_op_seconds[o.op()] += o.seconds();
+  }
+}
+
+void TelemetryAggregator::NoteStep(const std::string& job_id, const v1::StepRecord& r) {
   JobSteps& job = jobs_[job_id];
   job.has_step = true;
   job.last_step = r;
-  job.tokens_total += r.tokens();
-  // The Prometheus series are by action and by collective (over all groups).
-  for (const auto& a : r.planner()) {
-    job.planner_total[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
-  }
-  for (const auto& c : r.comm()) {
-    job.comm_total[v1::CollectiveOpLabel(c.op())] += static_cast<double>(c.bytes());
-  }
-  for (const auto& o : r.moe_ops()) {
-    job.moe_op_bytes_total[o.op()] += static_cast<double>(o.bytes());
-    job.moe_op_seconds_total[o.op()] += o.seconds();
-  }
   if (r.has_eval()) job.last_eval = r.eval();
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
   if (r.checkpoint_stall_seconds() > 0) job.last_checkpoint_stall_s = r.checkpoint_stall_seconds();
@@ -240,11 +254,16 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   const JobSteps& job = it->second;
   m.has_step = job.has_step;
   m.last = job.last_step;
-  m.tokens_total = job.tokens_total;
-  m.planner_bytes_total = job.planner_total;
-  m.comm_bytes_total = job.comm_total;
-  m.moe_op_bytes_total = job.moe_op_bytes_total;
-  m.moe_op_seconds_total = job.moe_op_seconds_total;
+  {
+    std::lock_guard<std::mutex> lock(totals_mu_);
+    if (auto t = totals_.find(job_id); t != totals_.end()) {
+      m.tokens_total = t->second.tokens;
+      m.planner_bytes_total = t->second.planner;
+      m.comm_bytes_total = t->second.comm;
+      m.moe_op_bytes_total = t->second.moe_op_bytes;
+      m.moe_op_seconds_total = t->second.moe_op_seconds;
+    }
+  }
   m.last_checkpoint_seconds = job.last_checkpoint_s;
   m.last_checkpoint_stall_seconds = job.last_checkpoint_stall_s;
   m.checkpoint_failures_total = job.checkpoint_failures;

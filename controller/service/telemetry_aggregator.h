@@ -20,17 +20,25 @@
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
 // seconds), and the goodput ledger (controller/store/goodput.h), fed every aggregated step and
 // rebuilt from the stored steps at start; the counters of records received and dropped by agents.
+// The exported totals (the Prometheus counters: tokens, planner, communication and MoE op bytes
+// and seconds) count a step once it is committed, so they never run ahead of the store they are
+// rebuilt from at start: a controller restarted after a crash exports at least what it exported
+// before, never less (a counter that goes down reads to Prometheus as a reset, and rate() then
+// shows the whole total as one spike).
 // Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
 // Controller calls them holding its state mutex); Store only queues writes and may be called
 // without it. Every write (raw records, steps) goes through the group commit's thread, so no
-// insert or fsync happens under the state mutex.
-// Errors: a step that cannot be stored is logged and still counted (the dashboards lose a point,
-// training goes on); Store returns the store's error, and the agent re-sends the batch.
+// insert or fsync happens under the state mutex; the totals have a mutex of their own, which that
+// thread takes when a step is committed.
+// Errors: a step that cannot be stored is logged, and not counted in the totals (the dashboards
+// lose a point, training goes on); Store returns the store's error, and the agent re-sends the
+// batch.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -59,7 +67,7 @@ class TelemetryAggregator {
   // next).
   bool Accumulate(const std::string& job_id, uint32_t world_size,
                   const furnace::v1::TelemetryRecord& record);
-  // Adds an aggregated step to the job's totals (also used to rebuild them at start).
+  // Adds a stored step to the job's state and totals (rebuilding them at start).
   void CountStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // Whether the record is written raw (see the file comment); the others only feed the steps.
   static constexpr uint32_t kRawPerStep = 256;
@@ -123,11 +131,6 @@ class TelemetryAggregator {
     std::map<std::pair<uint32_t, uint64_t>, PendingStep> pending_steps;
     bool has_step = false;
     furnace::v1::StepRecord last_step;
-    double tokens_total = 0;
-    // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
-    std::map<std::string, double> planner_total, comm_total;
-    // By MoE op name (MoeOpTelemetry.op).
-    std::map<std::string, double> moe_op_bytes_total, moe_op_seconds_total;
     double last_checkpoint_s = -1;
     double last_checkpoint_stall_s = -1;
     uint64_t checkpoint_failures = 0;  // checkpoints the ranks could not commit (rank 0 says)
@@ -136,9 +139,24 @@ class TelemetryAggregator {
     uint64_t records_since_trim = 0;
   };
   void FinishStep(const std::string& job_id, PendingStep& pending);
+  // The newest step, checkpoint and evaluation readings and the goodput ledger (at once).
+  void NoteStep(const std::string& job_id, const furnace::v1::StepRecord& step);
+  // The exported totals (once the step is stored).
+  void AddTotals(const std::string& job_id, const furnace::v1::StepRecord& step);
+
+  struct Totals {
+    double tokens = 0;
+    // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
+    std::map<std::string, double> planner, comm;
+    // By MoE op name (MoeOpTelemetry.op).
+    std::map<std::string, double> moe_op_bytes, moe_op_seconds;
+  };
 
   JobStore& store_;
-  GroupCommit commit_{store_};  // Store's writes
+  // Before commit_: its callbacks, which add to them, run until commit_ is destroyed.
+  mutable std::mutex totals_mu_;
+  std::map<std::string, Totals> totals_;  // guarded by totals_mu_
+  GroupCommit commit_{store_};            // Store's writes
   std::map<std::string, JobSteps> jobs_;
   uint64_t telemetry_dropped_ = 0;  // records agents reported dropping
   uint64_t telemetry_records_ = 0;  // records received

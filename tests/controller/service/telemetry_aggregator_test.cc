@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -133,6 +134,47 @@ TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ((*steps)[0].ranks(), 2u);
   EXPECT_DOUBLE_EQ((*steps)[0].tokens(), 200);
+}
+
+// The exported totals count a step once it is stored, never before: they are rebuilt from the
+// store at start, so a controller restarted after a crash never exports less than it did (a
+// counter that goes down reads to Prometheus as a reset: one huge spike in rate()).
+TEST(TelemetryAggregatorTest, TotalsCountAStepOnceItIsStored) {
+  AggregatorStore store("telemetry-totals-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  // Hold the store (its mutex, as a slow disk would): the step's write waits behind it.
+  std::promise<void> holding, release;
+  std::thread holder([&] {
+    EXPECT_TRUE(store.get()
+                    ->Transaction([&]() -> absl::Status {
+                      holding.set_value();
+                      release.get_future().wait();
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  });
+  holding.get_future().wait();
+  v1::TelemetryRecord r = Step(0, 1);
+  r.mutable_train()->set_tokens(300);
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 1, r));
+  JobMetrics m;
+  telemetry.Fill("j-1", m);
+  EXPECT_TRUE(m.has_step);              // the newest step shows at once
+  EXPECT_DOUBLE_EQ(m.tokens_total, 0);  // not stored yet: not counted
+  release.set_value();
+  holder.join();
+  AwaitSteps(telemetry);
+  telemetry.Fill("j-1", m);
+  EXPECT_DOUBLE_EQ(m.tokens_total, 300);
+  // A restarted controller rebuilds exactly that from the store.
+  TelemetryAggregator restarted(*store.get());
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok());
+  for (const auto& st : *steps) restarted.CountStep("j-1", st);
+  JobMetrics again;
+  restarted.Fill("j-1", again);
+  EXPECT_DOUBLE_EQ(again.tokens_total, 300);
 }
 
 }  // namespace
