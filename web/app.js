@@ -10,8 +10,9 @@
   const REFRESH_MS = 2000;
   const CHART_HEIGHT = 170;
   const FIRST_FETCH_MAX = 2000;     // points asked for when a job is first opened
-  // Past twice that many, every other point goes (the newest and the held-out evaluations
-  // stay): a tab left open on a long job keeps a bounded history and redraws in bounded time.
+  // Past twice that many, the series is fetched again thinned to FIRST_FETCH_MAX points spread
+  // over the whole job (the controller reads only those): a tab left open on a long job keeps a
+  // bounded history, as evenly spread as a fresh one, and redraws in bounded time.
   const MAX_POINTS = 2 * FIRST_FETCH_MAX;
   const COLORS = ['#d9480f', '#1c7ed6', '#2b8a3e', '#ae3ec9', '#f59f00', '#0ca678', '#e64980'];
 
@@ -26,6 +27,8 @@
     heatmapCells: 0,
     busy: false,
     again: false,       // a refresh was asked for while one was in flight: run another after it
+    thin: false,        // over MAX_POINTS: the next fetch replaces the series with a thinned one
+    generation: 0,      // bumped by a click on a job: a reply fetched before it is not merged
   };
 
   // -- small helpers ----------------------------------------------------------------------------
@@ -133,7 +136,9 @@
   function selectJob(id) {
     if (id === view.jobId) return;
     view.jobId = id;
+    view.generation++;
     view.steps = [];
+    view.thin = false;
     view.refetchedAt = '';
     for (const c of Object.values(view.charts)) c.destroy();
     view.charts = {};
@@ -141,6 +146,7 @@
     // Nothing of the previous job stays on screen while the new one's series loads.
     $('job-title').textContent = 'Job ' + id;
     $('kpis').replaceChildren();
+    drawHeatmap();  // empty
     const u = new URL(location.href);
     u.searchParams.set('job', id);
     history.replaceState(null, '', u);
@@ -161,10 +167,7 @@
       }
       view.steps.push(r);
     }
-    if (view.steps.length > MAX_POINTS) {
-      const newest = view.steps.length - 1;
-      view.steps = view.steps.filter((r, i) => (newest - i) % 2 === 0 || get(r, 'eval'));
-    }
+    if (view.steps.length > MAX_POINTS) view.thin = true;
   }
 
   function lastStep() {
@@ -432,11 +435,15 @@
         const restarted = live && num(job, 'attempt') > lastAttempt() &&
           progress !== view.refetchedAt;
         if (restarted) view.refetchedAt = progress;
-        const q = view.steps.length && !restarted ? `since=${lastStep()}`
-                                                  : `max=${FIRST_FETCH_MAX}`;
+        const whole = restarted || view.thin;
+        const q = view.steps.length && !whole ? `since=${lastStep()}` : `max=${FIRST_FETCH_MAX}`;
+        const generation = view.generation;
         const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
-        if (id === view.jobId) {
-          if (restarted) view.steps = [];
+        if (generation === view.generation) {
+          if (whole) {
+            view.steps = [];
+            view.thin = false;
+          }
           mergeSteps(get(series, 'steps') || []);
           points = renderCharts();
           renderKpis();

@@ -60,12 +60,44 @@ bool MakeStringsUtf8(google::protobuf::Message& m) {
   return changed;
 }
 
+// True when a string field of `m` (nested and repeated ones too) is not valid UTF-8: the check
+// that keeps the common record from being copied.
+bool HasInvalidUtf8(const google::protobuf::Message& m) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      for (int j = 0; j < n; ++j) {
+        const std::string s = f->is_repeated() ? r->GetRepeatedString(m, f, j) : r->GetString(m, f);
+        if (FirstInvalidUtf8(s)) return true;
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      for (int j = 0; j < n; ++j) {
+        if (!f->is_repeated() && !r->HasField(m, f)) break;
+        if (HasInvalidUtf8(f->is_repeated() ? r->GetRepeatedMessage(m, f, j)
+                                            : r->GetMessage(m, f))) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 void AppendFramedRecord(const furnace::v1::TelemetryRecord& record, std::string* out) {
-  furnace::v1::TelemetryRecord valid = record;
-  std::string body =
-      MakeStringsUtf8(valid) ? valid.SerializeAsString() : record.SerializeAsString();
+  std::string body;
+  if (HasInvalidUtf8(record)) {
+    furnace::v1::TelemetryRecord valid = record;
+    MakeStringsUtf8(valid);
+    body = valid.SerializeAsString();
+  } else {
+    body = record.SerializeAsString();
+  }
   AppendVarint(body.size(), out);
   out->append(body);
 }

@@ -327,8 +327,8 @@ std::string RenderSummaryText(const v1::JobDetail& job, const v1::JobSeries& ser
   if (HasGoodput(job)) {
     for (auto& row : GoodputRows(job.goodput())) rows.push_back(std::move(row));
   }
-  rows.emplace_back("telemetry",
-                    absl::StrCat(series.telemetry_dropped(), " records dropped by agents"));
+  rows.emplace_back("telemetry", absl::StrCat(series.telemetry_dropped(),
+                                              " records dropped by agents (all jobs)"));
   size_t width = 0;
   for (const auto& [key, value] : rows) width = std::max(width, key.size());
   std::string out;

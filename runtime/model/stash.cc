@@ -340,6 +340,9 @@ absl::StatusOr<Stash::Entry*> Stash::MovableEntryLocked(StashHandle handle, cons
     return WrongState(e.info, action, StashStateName(e.info.state));
   }
   if (e.pins > 0) return WrongState(e.info, action, "it is acquired by a backward");
+  // Its reload failed after the compute stream was told to read it: no tensor to move (and an
+  // offload would clear the error that says so).
+  if (!e.copy_error.ok()) return WrongState(e.info, action, "its reload failed");
   return &e;
 }
 

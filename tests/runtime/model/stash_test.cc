@@ -305,9 +305,21 @@ TEST_F(StashActionTest, NothingIsRebuiltFromACompressedInput) {
     return h.ok() ? *h : StashHandle{};
   };
 
+  // The summaries tell the planner which actions the stash will refuse (gpt_moe_adaptive.cc).
+  const auto summary = [&](StashHandle h) {
+    for (const StashEntrySummary& e : stash_->Summaries()) {
+      if (e.handle.id == h.id) return e;
+    }
+    ADD_FAILURE() << "no summary of " << h.id;
+    return StashEntrySummary{};
+  };
   // Dropped first: the input stays fp32.
   StashHandle y = save_y();
+  EXPECT_EQ(summary(y).rebuild_inputs, std::vector<int64_t>{x.id});
+  EXPECT_FALSE(summary(x).dropped_reader);
   ASSERT_TRUE(stash_->Drop(y).ok());
+  EXPECT_TRUE(summary(x).dropped_reader);  // compressing x is refused now
+  EXPECT_FALSE(summary(y).lossy_input);
   absl::Status s = stash_->Compress(x, memory::Codec::kBf16);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("'layers.1.moe.expert_pre' is dropped"));
@@ -317,6 +329,8 @@ TEST_F(StashActionTest, NothingIsRebuiltFromACompressedInput) {
   // Compressed first: the tensor stays kept, before and after the input is decoded.
   ASSERT_TRUE(stash_->Compress(x, memory::Codec::kBf16).ok());
   y = save_y();
+  EXPECT_TRUE(summary(y).lossy_input);  // dropping y is refused
+  EXPECT_FALSE(summary(x).dropped_reader);
   s = stash_->Drop(y);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("reads 'layers.1.moe.expert_input'"));
