@@ -171,9 +171,10 @@ TEST_F(MonitoringServerTest, UnknownPathsAre404WithAShortText) {
 
 TEST_F(MonitoringServerTest, OnlyGetIsAllowed) {
   for (const char* method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}) {
-    RawResponse r = SendRaw(port(), std::string(method) +
-                                        " /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                                        "\r\n{}");
+    RawResponse r =
+        SendRaw(port(), std::string(method) +
+                            " /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
+                            "\r\n{}");
     EXPECT_EQ(r.status, 405) << method << "\n" << r.raw;
     EXPECT_EQ(r.headers["allow"], "GET") << method;
   }
