@@ -415,6 +415,27 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
     }
     return;
   }
+  // A rank SIGKILL could not end (stuck in the kernel, reported already) still holds this slot's
+  // device: a new one there would share it with a process the driver will not let go.
+  for (const auto& [other, held] : ranks_) {
+    if (held.supervisor == nullptr || !held.supervisor->stuck()) continue;
+    spdlog::error("not starting rank {}: rank {} (pid {}) still holds this slot", key, other,
+                  held.pid);
+    report.set_event(furnace::v1::RANK_EXITED);
+    report.set_exit_kind(furnace::v1::EXIT_KIND_LAUNCH);
+    report.set_reason(absl::StrCat("could not start: rank ", other, " (pid ", held.pid,
+                                   ") of this worker did not end after SIGKILL and still holds "
+                                   "its slot"));
+    report.set_unix_time(clock_.UnixSeconds());
+    report.set_failed_unix(report.unix_time());
+    RankEntry& refused = ranks_[key];
+    refused.task = task;
+    refused.exited = true;
+    refused.exit_report = report;
+    refused.exit_report->set_worker_id(options_.worker_id);
+    EnqueueReportLocked(std::move(report));
+    return;
+  }
   RankEntry& entry = ranks_[key];
   entry.task = task;
 
@@ -436,6 +457,7 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
          absl::StrCat("attempt-", task.attempt()) / absl::StrCat("rank-", task.rank(), ".log"))
             .string();
     launch.hang_timeout_s = task.spec().recovery().hang_timeout_s();
+    launch.start_timeout_s = StartTimeoutS(task);
     RankSinks sinks;
     sinks.on_log = [this](furnace::v1::LogLine line) { logs_.Push(std::move(line)); };
     sinks.on_telemetry = [this](furnace::v1::TelemetryRecord record) {

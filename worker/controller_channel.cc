@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -38,9 +39,13 @@ absl::StatusOr<std::string> SourceAddressToward(const std::string& address) {
   std::string host = address, port = "0";
   if (host.starts_with("ipv4:") || host.starts_with("ipv6:") || host.starts_with("dns:")) {
     host = host.substr(host.find(':') + 1);
-    if (host.starts_with("///")) host = host.substr(3);  // dns:///name:port
+    // dns:///name:port, or dns://resolver/name:port: the name after the authority.
+    if (host.starts_with("//")) host = host.substr(std::min(host.size(), host.find('/', 2) + 1));
   }
-  if (host.starts_with("[")) {
+  host = host.substr(0, host.find(','));  // ipv4:a:p,b:p: the first address
+  if (std::count(host.begin(), host.end(), ':') > 1 && !host.starts_with("[")) {
+    // A bare IPv6 address, no port.
+  } else if (host.starts_with("[")) {
     const size_t close = host.find(']');
     if (close == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("'", address, "': no closing ']'"));
@@ -69,7 +74,7 @@ absl::StatusOr<std::string> SourceAddressToward(const std::string& address) {
                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
                     getnameinfo(reinterpret_cast<sockaddr*>(&local), length, text, sizeof(text),
                                 nullptr, 0, NI_NUMERICHOST) == 0;
-    if (!ok) error = std::strerror(errno);
+    if (!ok) error = std::strerror(errno);  // (getnameinfo of a numeric host does not fail)
     ::close(fd);
     if (ok) {
       freeaddrinfo(found);

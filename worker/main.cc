@@ -79,13 +79,18 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
     options.host = "127.0.0.1";
     if (!furnace::transport::IsLoopbackAddress(options.controller)) {
       absl::StatusOr<std::string> source = furnace::worker::SourceAddressToward(options.controller);
-      if (source.ok()) {
-        options.host = *source;
-        host_note = " (its address toward the controller; --host sets another)";
-      } else {
-        host_note = absl::StrCat(" (no address toward the controller: ", source.status().message(),
-                                 "; ranks on other machines cannot reach this one's: give --host)");
+      if (!source.ok()) {
+        // Not 127.0.0.1 for the agent's whole life (its peers would dial themselves): exit, and
+        // a service manager starts it again once the name resolves and a route exists.
+        std::fprintf(stderr,
+                     "furnace-worker: --host not given, and this machine's address toward the "
+                     "controller %s is unknown: %s (give --host, the address other machines reach "
+                     "this one at)\n",
+                     options.controller.c_str(), std::string(source.status().message()).c_str());
+        return 1;
       }
+      options.host = *source;
+      host_note = " (its address toward the controller; --host sets another)";
     }
   }
   options = furnace::worker::ResolveAgentOptions(std::move(options));
@@ -111,13 +116,7 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::flush_on(spdlog::level::info);
   if (!host_note.empty()) {
-    const std::string line =
-        absl::StrCat("peers reach this worker's ranks at ", options.host, host_note);
-    if (options.host == "127.0.0.1") {
-      spdlog::warn("{}", line);
-    } else {
-      spdlog::info("{}", line);
-    }
+    spdlog::info("peers reach this worker's ranks at {}{}", options.host, host_note);
   }
 
   // SIGTERM and SIGINT: a handler writes the signal's number to a pipe the signal thread reads.

@@ -15,9 +15,6 @@
 #include "worker/grpc_kv_store.h"
 
 namespace furnace::worker {
-namespace {
-constexpr double kDefaultStartTimeoutS = 60;
-}  // namespace
 
 absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask& task,
                                                     const model::ModelConfig& config) {
@@ -31,11 +28,6 @@ absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask&
   if (!p.order().empty()) sizes.order = p.order();
   return topology::Topology::Create(sizes, static_cast<int>(task.world_size()),
                                     train::DimsOf(config));
-}
-
-double StartTimeoutS(const furnace::v1::RankTask& task) {
-  const double s = task.spec().recovery().start_timeout_s();
-  return s > 0 ? s : kDefaultStartTimeoutS;
 }
 
 absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, double timeout_s) {

@@ -19,11 +19,9 @@
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
 #include "worker/grpc_kv_store.h"
+#include "worker/rank_supervisor.h"  // StartTimeoutS
 
 namespace furnace::worker {
-
-// The job's recovery.start_timeout_s (the spec defaults it; 60 s for a task without one).
-double StartTimeoutS(const furnace::v1::RankTask& task);
 
 // Where a rank meets its peers: the controller's rendezvous store, scoped by (job, attempt) so a
 // rank of an earlier attempt can never join, and the host its Gloo pairs listen on. Every store

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +142,12 @@ constexpr double kFrozenFactor = 1.5;
 
 }  // namespace
 
+double StartTimeoutS(const furnace::v1::RankTask& task) {
+  constexpr double kDefaultStartTimeoutS = 60;
+  const double s = task.spec().recovery().start_timeout_s();
+  return s > 0 ? s : kDefaultStartTimeoutS;
+}
+
 double FrozenTimeoutS(double hang_timeout_s) { return kFrozenFactor * hang_timeout_s; }
 
 absl::StatusOr<std::unique_ptr<RankSupervisor>> RankSupervisor::Start(RankLaunch launch,
@@ -270,6 +277,9 @@ absl::Status RankSupervisor::Spawn() {
 
 void RankSupervisor::KillGroup(int signal) {
   if (::kill(-pid_, signal) != 0 && errno == ESRCH) ::kill(pid_, signal);
+  // The clock of the early report of a rank SIGKILL cannot end (rank_supervisor.h), whichever
+  // path killed it: a stop past its grace, the silence watchdog, or the rank's own watchdog.
+  if (signal == SIGKILL && !killed_at_s_) killed_at_s_ = clock_.MonotonicSeconds();
 }
 
 void RankSupervisor::Supervise() {
@@ -320,10 +330,7 @@ void RankSupervisor::Supervise() {
       term_sent_ = true;
       KillGroup(SIGTERM);
     }
-    if (kill_at && now >= *kill_at) {
-      KillGroup(SIGKILL);
-      if (!killed_at_s_) killed_at_s_ = now;
-    }
+    if (kill_at && now >= *kill_at) KillGroup(SIGKILL);
     if (killed_at_s_ && !reported_ && now - *killed_at_s_ >= kUnkillableS) {
       // Still not ended: report it now (the job recovers), and keep waiting to reap it.
       {
@@ -340,11 +347,14 @@ void RankSupervisor::Supervise() {
         report_ = report;
       }
       reported_ = true;
+      stuck_.store(true);
       spdlog::error("rank {} of job {}: {}", launch_.rank, launch_.job_id, report.reason());
       if (sinks_.on_exit) sinks_.on_exit(report);
     }
-    const double silence_limit =
-        has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s) : launch_.hang_timeout_s;
+    const double silence_limit = has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s)
+                                 : !any_record_
+                                     ? std::max(launch_.hang_timeout_s, launch_.start_timeout_s)
+                                     : launch_.hang_timeout_s;
     if (!hung_ && !stop_requested && launch_.hang_timeout_s > 0 &&
         now - last_record_s_ > silence_limit) {
       hung_ = true;
@@ -352,7 +362,6 @@ void RankSupervisor::Supervise() {
       failed_unix_ = clock_.UnixSeconds() - hang_for_s_;
       hang_reason_ = ProcessStateNote(pid_);  // read before the kill changes it
       KillGroup(SIGKILL);
-      if (!killed_at_s_) killed_at_s_ = now;
     }
   }
   for (int i = 0; i < 2; ++i) {
@@ -372,6 +381,7 @@ void RankSupervisor::Supervise() {
     }
     if (sinks_.on_exit) sinks_.on_exit(report);
   }
+  stuck_.store(false);
   done_.store(true);
 }
 
@@ -406,6 +416,7 @@ void RankSupervisor::ReadStream(int i) {
         }
         if (!*next) break;
         last_record_s_ = clock_.MonotonicSeconds();
+        any_record_ = true;
         if (record.has_watchdog()) {
           has_watchdog_ = true;
           OnWatchdogRecord(record.watchdog());

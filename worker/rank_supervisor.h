@@ -12,7 +12,8 @@
 // heartbeat only says the process is alive; a hang report ("hung in step 12: all_reduce on group
 // dp[0,1] (2 ranks) for 8.0 s ...") makes the supervisor kill the group and report EXIT_KIND_HANG
 // with that reason. The supervisor's own hang watchdog kills the group when no record at all
-// arrived for hang_timeout_s, or FrozenTimeoutS(hang_timeout_s) once the rank has sent a
+// arrived for hang_timeout_s (before the first record, max(hang_timeout_s, start_timeout_s): the
+// rank is still starting), or FrozenTimeoutS(hang_timeout_s) once the rank has sent a
 // watchdog heartbeat (then only a frozen process goes silent; the reason says whether the kernel
 // shows it stopped); measured on the given Clock from the spawn. When the child ends, the
 // supervisor kills what is left of its group, reaps it, classifies the end (ExitKind, reason in
@@ -53,6 +54,9 @@ namespace furnace::worker {
 // before the peer's agent gives up on the peer.
 double FrozenTimeoutS(double hang_timeout_s);
 
+// The job's recovery.start_timeout_s (the spec defaults it; 60 s for a task without one).
+double StartTimeoutS(const furnace::v1::RankTask& task);
+
 struct RankLaunch {
   std::string job_id;
   uint32_t attempt = 0;
@@ -60,6 +64,9 @@ struct RankLaunch {
   std::vector<std::string> argv;  // argv[0] is the program path (execv, no PATH search)
   std::string log_path;           // created with its parent directories; appended to
   double hang_timeout_s = 0;      // <= 0: no hang watchdog
+  // Until its first record the rank is starting (exec, loading its libraries: seconds on a loaded
+  // host), and silence ends it only after max(hang_timeout_s, start_timeout_s).
+  double start_timeout_s = 0;
 };
 
 struct RankSinks {
@@ -88,6 +95,9 @@ class RankSupervisor {
   int pid() const { return pid_; }
   const RankLaunch& launch() const { return launch_; }
   bool done() const { return done_.load(); }
+  // Reported as ended, but SIGKILL has not ended it yet (kUnkillableS): it still holds its
+  // device. False again once it is reaped.
+  bool stuck() const { return stuck_.load(); }
   // Set once done().
   std::optional<furnace::v1::RankReport> exit_report() const;
 
@@ -108,6 +118,7 @@ class RankSupervisor {
   std::thread thread_;
   int pid_ = -1;
   std::atomic<bool> done_{false};
+  std::atomic<bool> stuck_{false};
 
   // Owned by the supervisor thread.
   struct Stream {
@@ -118,6 +129,7 @@ class RankSupervisor {
   int log_fd_ = -1;
   double last_record_s_ = 0;         // any record, watchdog heartbeats included
   bool has_watchdog_ = false;        // the rank sent a watchdog record
+  bool any_record_ = false;          // the rank sent a record: it has started
   bool hang_from_rank_ = false;      // the rank's watchdog reported the hang
   bool hang_in_collective_ = false;  // ... while a collective was in flight (waiting on peers)
   std::string hang_reason_;          // its reason; else what /proc said about the silent process

@@ -125,6 +125,7 @@ class RankMainTest : public ::testing::Test {
       launch.argv = {FURNACE_WORKER_BIN, "rank", "--task", path};
       launch.log_path = (dir_ / ("rank-" + std::to_string(r) + ".log")).string();
       launch.hang_timeout_s = spec.recovery().hang_timeout_s();
+      launch.start_timeout_s = StartTimeoutS(task);  // as the agent launches it
       RankSinks sinks;
       RankRun* raw = run.get();
       sinks.on_telemetry = [raw](furnace::v1::TelemetryRecord record) {

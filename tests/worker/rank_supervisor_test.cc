@@ -67,7 +67,8 @@ class RankSupervisorTest : public ::testing::Test {
   std::string LogPath() const { return (dir_ / "logs/job-1/attempt-2/rank-1.log").string(); }
 
   absl::StatusOr<std::unique_ptr<RankSupervisor>> Run(const std::string& script,
-                                                      double hang_timeout_s = 0) {
+                                                      double hang_timeout_s = 0,
+                                                      double start_timeout_s = 0) {
     RankLaunch launch;
     launch.job_id = "job-1";
     launch.attempt = 2;
@@ -75,6 +76,7 @@ class RankSupervisorTest : public ::testing::Test {
     launch.argv = {"/bin/sh", "-c", script};
     launch.log_path = LogPath();
     launch.hang_timeout_s = hang_timeout_s;
+    launch.start_timeout_s = start_timeout_s;
     RankSinks sinks;
     sinks.on_log = [this](furnace::v1::LogLine line) {
       EXPECT_EQ(line.job_id(), "job-1");
@@ -94,8 +96,9 @@ class RankSupervisorTest : public ::testing::Test {
     return RankSupervisor::Start(std::move(launch), std::move(sinks));
   }
 
-  furnace::v1::RankReport RunToEnd(const std::string& script, double hang_timeout_s = 0) {
-    auto supervisor = Run(script, hang_timeout_s);
+  furnace::v1::RankReport RunToEnd(const std::string& script, double hang_timeout_s = 0,
+                                   double start_timeout_s = 0) {
+    auto supervisor = Run(script, hang_timeout_s, start_timeout_s);
     EXPECT_TRUE(supervisor.ok()) << supervisor.status();
     if (!supervisor.ok()) return {};
     (*supervisor)->Wait();
@@ -264,6 +267,21 @@ TEST_F(RankSupervisorTest, RecordsAreProgressForTheWatchdog) {
     EXPECT_EQ(record.rank(), 1u);
   }
   EXPECT_EQ(seen_.records.back().step(), 4u);
+}
+
+// Before its first record a rank is starting (exec, loading its libraries: seconds on a loaded
+// host, where ranks were killed as hung before they could say a word): silence ends it only
+// after the start timeout then, and after its first record, after the hang timeout.
+TEST_F(RankSupervisorTest, BeforeItsFirstRecordARankIsStarting) {
+  const std::string record = EmitRecordCommand(Record(1));
+  furnace::v1::RankReport report =
+      RunToEnd("sleep 1; " + record + "; exit 0", /*hang=*/0.4, /*start=*/5);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS) << report.reason();
+  seen_.records.clear();
+  seen_.exits = 0;
+  report = RunToEnd("sleep 1; " + record + "; sleep 5; exit 0", /*hang=*/0.4, /*start=*/5);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_HANG) << report.reason();
+  EXPECT_EQ(seen_.records.size(), 1u);
 }
 
 TEST_F(RankSupervisorTest, StopWithGraceLetsATrappingChildExit) {
