@@ -440,11 +440,20 @@
         const generation = view.generation;
         const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
         if (generation === view.generation) {
+          // Thinned again: the newest held-out evaluations shown so far stay, half a fetch's worth
+          // at most (the controller spaces its points evenly and would drop most of them).
+          const evals = whole && !restarted
+            ? view.steps.filter((r) => get(r, 'eval')).slice(-FIRST_FETCH_MAX / 2) : [];
           if (whole) {
             view.steps = [];
             view.thin = false;
           }
           mergeSteps(get(series, 'steps') || []);
+          if (evals.length) {
+            const shown = new Set(view.steps.map((r) => num(r, 'step')));
+            for (const r of evals) if (!shown.has(num(r, 'step'))) view.steps.push(r);
+            view.steps.sort((a, b) => num(a, 'step') - num(b, 'step'));
+          }
           points = renderCharts();
           renderKpis();
         }

@@ -659,6 +659,10 @@ absl::Status Stash::Drop(StashHandle handle) {
     return absl::FailedPreconditionError(
         absl::StrCat("stash: cannot drop '", name, "': it is ", StashStateName(e.info.state)));
   }
+  if (!e.copy_error.ok()) {  // as MovableEntryLocked: its error must reach Release
+    return absl::FailedPreconditionError(
+        absl::StrCat("stash: cannot drop '", name, "': its reload failed"));
+  }
   if (e.pins > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("stash: cannot drop '", name, "': a backward has acquired it"));

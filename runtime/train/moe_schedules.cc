@@ -206,11 +206,12 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
   const std::vector<int64_t> sizes = CalibrationSizesFor(shape);
-  // On a host device the default GEMM sizes already take milliseconds (no launch overhead to
-  // drown in), and a GEMM of the layer's size would cost every rank seconds at start.
-  const std::vector<int64_t> gemm_flops = device::HostAddressable(model.device())
-                                              ? moe::CalibrationOptions().gemm_flops
-                                              : CalibrationGemmFlopsFor(shape);
+  // On a GPU only: where GEMMs run on host cores (the CPU and the emulated device) the default
+  // sizes already take milliseconds (no launch overhead to drown in), and a GEMM of the layer's
+  // size would cost every rank seconds at start.
+  const std::vector<int64_t> gemm_flops = model.device().kind() == device::Kind::kCuda
+                                              ? CalibrationGemmFlopsFor(shape)
+                                              : moe::CalibrationOptions().gemm_flops;
   const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep,
                                        "_esp", sh.esp, "_", device::KindName(model.device().kind()),
                                        "_", device::PrecisionName(model.backend().precision), "_",

@@ -56,8 +56,8 @@ std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape);
 // The GEMM sizes (FLOPs) Calibrate times for `shape`: its defaults (1 to 67 MFLOP), then the
 // layer's largest expert GEMM (at most 2^34 FLOP) where it is above them. On a GPU the defaults
 // take about the launch overhead each, so a slope fitted on them alone is noise, and the expert
-// GEMMs it priced are orders of magnitude larger. (ChooseMoeSchedules uses it on discrete
-// devices; on the host the defaults take milliseconds already.)
+// GEMMs it priced are orders of magnitude larger. (ChooseMoeSchedules uses it on GPUs; where
+// GEMMs run on host cores, the defaults take milliseconds already.)
 std::vector<int64_t> CalibrationGemmFlopsFor(const moe::LayerShape& shape);
 
 // The layer shape auto prices for `model` on `layout` with micro-batches of micro_batch sequences.
