@@ -416,31 +416,21 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
     return;
   }
   // A rank SIGKILL could not end (stuck in the kernel, reported already) still holds this slot's
-  // device: a new one there would share it with a process the driver will not let go.
+  // device: a new one there would share it with a process the driver will not let go. Refused as
+  // any start that fails (the launch report below).
+  absl::Status status;
   for (const auto& [other, held] : ranks_) {
     if (held.supervisor == nullptr || !held.supervisor->stuck()) continue;
-    spdlog::error("not starting rank {}: rank {} (pid {}) still holds this slot", key, other,
-                  held.pid);
-    report.set_event(furnace::v1::RANK_EXITED);
-    report.set_exit_kind(furnace::v1::EXIT_KIND_LAUNCH);
-    report.set_reason(absl::StrCat("could not start: rank ", other, " (pid ", held.pid,
-                                   ") of this worker did not end after SIGKILL and still holds "
-                                   "its slot"));
-    report.set_unix_time(clock_.UnixSeconds());
-    report.set_failed_unix(report.unix_time());
-    RankEntry& refused = ranks_[key];
-    refused.task = task;
-    refused.exited = true;
-    refused.exit_report = report;
-    refused.exit_report->set_worker_id(options_.worker_id);
-    EnqueueReportLocked(std::move(report));
-    return;
+    status = absl::FailedPreconditionError(
+        absl::StrCat("rank ", other, " (pid ", held.pid,
+                     ") of this worker did not end after SIGKILL and still holds its slot"));
+    break;
   }
   RankEntry& entry = ranks_[key];
   entry.task = task;
 
   std::string task_path;
-  absl::Status status = WriteTaskFile(task, &task_path);
+  if (status.ok()) status = WriteTaskFile(task, &task_path);
   entry.task_path = task_path;
   absl::StatusOr<std::unique_ptr<RankSupervisor>> supervisor = absl::UnknownError("not started");
   if (!status.ok()) {
