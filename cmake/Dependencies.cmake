@@ -44,14 +44,23 @@ if(FURNACE_ENABLE_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 90)
   endif()
-  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  # No CUDA library is loaded at exec: the CUDA runtime is linked statically (it opens the driver,
+  # libcuda, on the first CUDA call), and cuBLAS and NCCL are opened on their first call
+  # (kernels/cuda/lazy_library.h: kernels/cuda/cublas_library.cc, runtime/comm/nccl_library.cc),
+  # so CPU and emulated-device processes start fast and run on hosts without the libraries. Only
+  # the headers are needed here; the directories below are where those calls look last.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
-  add_library(NCCL::nccl UNKNOWN IMPORTED)
-  set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
-                        INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+  add_library(furnace_nccl_headers INTERFACE)
+  target_include_directories(furnace_nccl_headers SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(NCCL_LIBRARY)
+    get_filename_component(FURNACE_NCCL_LIBRARY_DIR ${NCCL_LIBRARY} DIRECTORY)
+  else()
+    set(FURNACE_NCCL_LIBRARY_DIR ${CUDAToolkit_LIBRARY_DIR})
+  endif()
   message(STATUS "Furnace: CUDA components ON (sm_${CMAKE_CUDA_ARCHITECTURES})")
 else()
   message(STATUS "Furnace: CUDA components OFF (no nvcc found)")

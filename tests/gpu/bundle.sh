@@ -61,8 +61,10 @@ for list in gpu_tests gpu_benches; do
   done <"$build_dir/$list.txt"
 done
 
-# The libraries every executable loads, resolved here, less what the GPU machine brings itself.
-# libcudart is small and of the toolkit this was built with, so it travels too.
+# The libraries every executable loads at exec, resolved here, less what the GPU machine brings
+# itself. The CUDA runtime is linked statically; cuBLAS and NCCL are not linked at all but opened
+# on their first call (kernels/cuda/lazy_library.h), so ldd does not list them: lazy_libs.txt names
+# them (their sonames, from the build's headers) for run.sh to find on the GPU machine.
 carried_elsewhere='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcublas\.so|libcublasLt\.so|libnccl\.so)'
 missing=0
 for exe in "$stage"/bin/*; do
@@ -78,6 +80,11 @@ for exe in "$stage"/bin/*; do
   done < <(ldd "$exe")
 done
 ((missing == 0)) || exit 1
+cuda_include="$(dirname "$(dirname "$(command -v nvcc)")")/include"
+{
+  echo "libcublas.so.$(awk '/#define CUBLAS_VER_MAJOR/ {print $3; exit}' "$cuda_include/cublas_api.h")"
+  echo "libnccl.so.$(awk '/#define NCCL_MAJOR/ {print $3; exit}' "$cuda_include/nccl.h")"
+} >"$stage/lazy_libs.txt"
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(uname -srm) with $(nvcc --version | grep -o 'release [0-9.]*' | head -1)"
