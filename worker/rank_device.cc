@@ -5,6 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/device/emulated_device.h"
+#ifdef FURNACE_HAVE_CUDA
+#include "kernels/cuda/cublas_library.h"
+#include "runtime/comm/nccl_library.h"
+#endif
 
 namespace furnace::worker {
 
@@ -22,6 +26,18 @@ absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task) {
     ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice(options));
   } else if (kind == "cuda") {
     ASSIGN_OR_RETURN(d.device, device::CreateCudaDevice(static_cast<int>(task.device_ordinal())));
+#ifdef FURNACE_HAVE_CUDA
+    // cuBLAS and NCCL are opened on first use (kernels/cuda/lazy_library.h): a host without them
+    // cannot give this device either, said before any rendezvous rather than at the first GEMM.
+    if (const std::string cublas = kernels::cuda::LoadCublas(); !cublas.empty()) {
+      return absl::UnavailableError(cublas);
+    }
+    if (task.world_size() > 1) {
+      if (absl::Status nccl = comm::LoadNccl(); !nccl.ok()) {
+        return absl::UnavailableError(nccl.message());
+      }
+    }
+#endif
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("'", kind, "' is not a device kind (allowed: cpu, cuda, emulated)"));

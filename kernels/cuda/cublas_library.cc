@@ -28,17 +28,11 @@ std::string LoadCublas() { return Cublas().Load(); }
 
 }  // namespace furnace::kernels::cuda
 
-// Calls the library's `name` with the forwarding function's own arguments: the pointer's type is
-// deduced from them (cublas_api.h overloads some names for C++, so &name is ambiguous).
-template <typename R, typename... Args>
-R CallAs(void* address, Args... args) {
-  return reinterpret_cast<R (*)(Args...)>(address)(args...);
-}
-
+// Forwards to the library's `name`, found once per entry point.
 #define FURNACE_CUBLAS_FORWARD(name, ...)                                   \
   static void* const real = furnace::kernels::cuda::Cublas().Symbol(#name); \
   if (real == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;                \
-  return CallAs<cublasStatus_t>(real, __VA_ARGS__)
+  return furnace::kernels::cuda::CallAs<cublasStatus_t>(real, __VA_ARGS__)
 
 extern "C" {
 
@@ -61,7 +55,7 @@ cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle, cublasMath_
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
   static void* const real = furnace::kernels::cuda::Cublas().Symbol("cublasGetStatusString");
   if (real == nullptr) return furnace::kernels::cuda::Cublas().Load().c_str();
-  return CallAs<const char*>(real, status);
+  return furnace::kernels::cuda::CallAs<const char*>(real, status);
 }
 
 cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,

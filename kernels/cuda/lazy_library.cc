@@ -31,8 +31,9 @@ void LazyLibrary::LoadOnce() {
   std::string tried;
   void* handle = nullptr;
   for (const std::string& path : candidates) {
-    // RTLD_LOCAL: the library's symbols never interpose on the process's (the forwarding functions
-    // carry the same names); RTLD_NOW: a broken installation fails here, not mid-step.
+    // RTLD_LOCAL: the library's symbols are not used to resolve later loads; RTLD_NOW: a broken
+    // installation fails here, not mid-step. (The forwarding functions, which carry the library's
+    // names, are hidden symbols: the library's own calls can never bind to them.)
     handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle != nullptr) break;
     const char* why = ::dlerror();

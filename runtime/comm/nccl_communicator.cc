@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
 #include "runtime/comm/collective_checks.h"
+#include "runtime/comm/nccl_library.h"
 #include "runtime/comm/prefixed_kv_store.h"
 
 namespace furnace::comm {
@@ -545,6 +546,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(KvStore& st
   if (size < 1 || rank < 0 || rank >= size || !(options.timeout_s > 0)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: bad rank/size or timeout_s %g", what, options.timeout_s));
+  }
+  // A host without NCCL fails here, before the rendezvous, as what it is (not a peer's fault).
+  if (absl::Status nccl = LoadNccl(); !nccl.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", nccl.message()));
   }
   cudaError_t err = cudaSetDevice(options.device);
   if (err != cudaSuccess) {

@@ -33,23 +33,17 @@ absl::Status LoadNccl() {
 
 }  // namespace furnace::comm
 
-// Calls the library's `name` with the forwarding function's own arguments (the pointer's type is
-// deduced from them).
-template <typename R, typename... Args>
-R CallAs(void* address, Args... args) {
-  return reinterpret_cast<R (*)(Args...)>(address)(args...);
-}
-
+// Forwards to the library's `name`, found once per entry point.
 #define FURNACE_NCCL_FORWARD(name, ...)                          \
   static void* const real = furnace::comm::Nccl().Symbol(#name); \
   if (real == nullptr) return ncclSystemError;                   \
-  return CallAs<ncclResult_t>(real __VA_OPT__(, ) __VA_ARGS__)
+  return furnace::kernels::cuda::CallAs<ncclResult_t>(real __VA_OPT__(, ) __VA_ARGS__)
 
 // For the two entry points that return a message: the load error where the library is absent.
 #define FURNACE_NCCL_FORWARD_MESSAGE(name, ...)                     \
   static void* const real = furnace::comm::Nccl().Symbol(#name);    \
   if (real == nullptr) return furnace::comm::Nccl().Load().c_str(); \
-  return CallAs<const char*>(real, __VA_ARGS__)
+  return furnace::kernels::cuda::CallAs<const char*>(real, __VA_ARGS__)
 
 extern "C" {
 

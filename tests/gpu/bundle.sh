@@ -80,11 +80,18 @@ for exe in "$stage"/bin/*; do
   done < <(ldd "$exe")
 done
 ((missing == 0)) || exit 1
+# The headers the build used (its cache): cuBLAS's in the toolkit's include directory (nvcc's),
+# NCCL's wherever the build found nccl.h.
 cuda_include="$(dirname "$(dirname "$(command -v nvcc)")")/include"
-{
-  echo "libcublas.so.$(awk '/#define CUBLAS_VER_MAJOR/ {print $3; exit}' "$cuda_include/cublas_api.h")"
-  echo "libnccl.so.$(awk '/#define NCCL_MAJOR/ {print $3; exit}' "$cuda_include/nccl.h")"
-} >"$stage/lazy_libs.txt"
+nccl_include="$(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' "$build_dir/CMakeCache.txt")"
+cublas_major="$(awk '/#define CUBLAS_VER_MAJOR/ {print $3; exit}' "$cuda_include/cublas_api.h" || true)"
+nccl_major="$(awk '/#define NCCL_MAJOR/ {print $3; exit}' "${nccl_include:-$cuda_include}/nccl.h" || true)"
+if ! [[ "$cublas_major" =~ ^[0-9]+$ && "$nccl_major" =~ ^[0-9]+$ ]]; then
+  echo "bundle.sh: cannot read the cuBLAS and NCCL major versions from $cuda_include/cublas_api.h" \
+    "and ${nccl_include:-$cuda_include}/nccl.h (got '$cublas_major', '$nccl_major')" >&2
+  exit 1
+fi
+printf 'libcublas.so.%s\nlibnccl.so.%s\n' "$cublas_major" "$nccl_major" >"$stage/lazy_libs.txt"
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(uname -srm) with $(nvcc --version | grep -o 'release [0-9.]*' | head -1)"

@@ -135,7 +135,7 @@ for r in roots:
     export LD_LIBRARY_PATH
     echo "- libraries: the bundle's, then ${cuda_libs[*]:-(no CUDA library directory found)}" \
       >>"$work/body.md"
-    unresolved=""
+    unresolved="" lazy=""
     for exe in "$bundle_dir"/bin/*; do
       miss="$(ldd "$exe" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')"
       [ -n "$miss" ] && unresolved+="$(basename "$exe"): $miss; "
@@ -149,14 +149,22 @@ for r in roots:
           [ -e "$d/$soname" ] && { found="$d/$soname"; break; }
         done
         [ -n "$found" ] || found="$(ldconfig -p 2>/dev/null | awk -v n="$soname" '$1 == n {print $NF; exit}')"
-        [ -n "$found" ] || unresolved+="(opened on first use) $soname; "
+        if [ -z "$found" ]; then
+          unresolved+="(opened on first use) $soname; "
+          continue
+        fi
+        # Its own dependencies too (libcublas needs libcublasLt beside it).
+        miss="$(ldd "$found" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')"
+        [ -n "$miss" ] && unresolved+="$soname ($found): $miss; "
       done <"$bundle_dir/lazy_libs.txt"
+      lazy="$(tr '\n' ' ' <"$bundle_dir/lazy_libs.txt")"
     fi
     if [ -n "$unresolved" ]; then
       status=1
       echo "- **libraries not found**: $unresolved" >>"$work/body.md"
     else
-      echo "- every library the executables load is found ($(tr '\n' ' ' <"$bundle_dir/lazy_libs.txt" 2>/dev/null)opened on first use)" >>"$work/body.md"
+      echo "- every library the executables load is found${lazy:+ (${lazy}opened on first use)}" \
+        >>"$work/body.md"
     fi
   fi
 elif ((do_build)); then
