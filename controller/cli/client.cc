@@ -36,8 +36,8 @@ std::string Unreachable(const std::string& message, const std::string& address) 
   }
   if (absl::StrContains(lower, "certificate verify failed")) {
     return absl::StrCat(tls,
-                        "its certificate is not signed by the CA given (--tls-ca or "
-                        "FURNACE_TLS_CA) (",
+                        "its certificate failed verification: not signed by the CA given "
+                        "(--tls-ca or FURNACE_TLS_CA), expired or not yet valid (",
                         why, ")");
   }
   if (absl::StrContains(lower, "peer name") || absl::StrContains(lower, "hostname")) {
@@ -79,10 +79,16 @@ namespace {
 
 // No limit on an answer's size (gRPC's default is 4 MiB): a long job's whole series (`furnace
 // report` asks for every step) is larger, and the controller bounds the rest (a page of logs is
-// at most a MiB, log_store.h).
+// at most a MiB, log_store.h). Reconnects every 0.2-1 s, as the agents do: with gRPC's default
+// backoff (1 s growing 1.6x, jittered) the tries after a controller restart fall near 1, 2.6,
+// 5.2, 9.3 and 15.8 s, and `watch`, `logs --follow` and `submit --watch` (which ride out 10 s of
+// outage, poll_outage.h) gave up on a controller that was back after 6.
 grpc::ChannelArguments ChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
 

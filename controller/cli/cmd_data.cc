@@ -1,6 +1,9 @@
 // furnace data tokenizer train / data prepare: text into a SentencePiece model and token files, on
 // this machine; the controller is not involved.
 #include <cmath>
+#include <filesystem>
+#include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
@@ -31,16 +34,17 @@ class ProgressPrinter {
   explicit ProgressPrinter(const CommandContext& ctx) : ctx_(ctx) {}
   void Update(int64_t done, int64_t total) {
     if (ctx_.json || ctx_.err == nullptr || total <= 0) return;
-    const int step = ctx_.tty ? 100 : 10;
+    const int step = ctx_.err_tty ? 100 : 10;
     const int64_t at = done * step / total;
     if (at == last_) return;
     last_ = at;
-    *ctx_.err << (ctx_.tty ? "\r" : "") << BytesProgress(done, total) << (ctx_.tty ? "" : "\n");
+    *ctx_.err << (ctx_.err_tty ? "\r" : "") << BytesProgress(done, total)
+              << (ctx_.err_tty ? "" : "\n");
     ctx_.err->flush();
     drawn_ = true;
   }
   ~ProgressPrinter() {
-    if (drawn_ && ctx_.tty) *ctx_.err << "\n";
+    if (drawn_ && ctx_.err_tty) *ctx_.err << "\n";
   }
 
  private:
@@ -48,6 +52,21 @@ class ProgressPrinter {
   int64_t last_ = -1;
   bool drawn_ = false;
 };
+
+// Refuses an output that is one of the command's inputs (the same file by any path or link):
+// the output is written beside it and renamed over it, so the text would be gone.
+absl::Status OutputIsNoInput(const std::string& command, const std::string& output,
+                             const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [flag, path] : inputs) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(output, path, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(command, ": -o ", output, " is the same file as ", flag, " ", path,
+                       " (writing it would replace that input; choose another output path)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -59,6 +78,10 @@ absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareO
     return absl::InvalidArgumentError("data prepare: -o FILE is required");
   }
   const bool byte = options.tokenizer == data::kByteTokenizerName;
+  std::vector<std::pair<std::string, std::string>> inputs;
+  for (const std::string& input : options.inputs) inputs.emplace_back("--input", input);
+  if (!byte) inputs.emplace_back("--tokenizer", options.tokenizer);
+  RETURN_IF_ERROR(OutputIsNoInput("data prepare", options.output, inputs));
   if (options.eod && !byte) {
     return absl::InvalidArgumentError(
         "data prepare: --eod is for --tokenizer byte (a SentencePiece model always appends its "
@@ -111,6 +134,9 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
                                               .model_type = options.model_type,
                                               .output = options.output};
   RETURN_IF_ERROR(data::CheckSentencePieceTrainOptions(train));
+  std::vector<std::pair<std::string, std::string>> inputs;
+  for (const std::string& input : options.inputs) inputs.emplace_back("--input", input);
+  RETURN_IF_ERROR(OutputIsNoInput("data tokenizer train", options.output, inputs));
   // SentencePiece's trainer reports no progress of its own: say what runs (it takes seconds for
   // megabytes of text, minutes for a million long lines).
   if (!ctx.json && ctx.err != nullptr) {

@@ -9,6 +9,13 @@ namespace furnace::cli {
 
 absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id,
                             const LogsOptions& options) {
+  // --json is one document, printed once the log is read to its end: with --follow nothing would
+  // show until the job ended, every line held in memory meanwhile.
+  if (ctx.json && options.follow) {
+    return absl::InvalidArgumentError(
+        "logs: --json and --follow do not go together (--json prints the whole log as one "
+        "document once it is read to its end; --follow prints lines as they come): drop one");
+  }
   v1::GetLogsRequest request;
   request.set_job_id(job_id);
   request.set_rank(options.rank);

@@ -133,7 +133,8 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
                               const SampleOptions& options) {
   if (job_id.empty() == options.weights.empty()) {
     return absl::InvalidArgumentError(
-        "sample: give either a JOB (its committed checkpoint) or --weights FILE, not both");
+        absl::StrCat("sample: give either a JOB (its committed checkpoint) or --weights FILE",
+                     job_id.empty() ? " (neither was given)" : ", not both"));
   }
   if (options.step < -1) {
     return absl::InvalidArgumentError(

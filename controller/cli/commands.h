@@ -23,9 +23,10 @@ struct CommandContext {
   JobClient* client = nullptr;
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
-  bool json = false;  // one JSON document per command instead of text
-  bool tty = false;   // out is a terminal: watch redraws in place
-  int width = 0;      // terminal columns; 0 = do not cut lines
+  bool json = false;     // one JSON document per command instead of text
+  bool tty = false;      // out is a terminal: watch redraws in place
+  bool err_tty = false;  // err is a terminal: progress bars redraw in place
+  int width = 0;         // terminal columns; 0 = do not cut lines
   const Clock* clock = nullptr;
   std::function<void(double seconds)> sleep;  // waits between polls
   double poll_interval_s = 0.5;

@@ -106,7 +106,8 @@ std::string FormatBytes(uint64_t bytes) {
   if (bytes < 1024) return absl::StrFormat("%d B", bytes);
   double value = static_cast<double>(bytes) / 1024.0;
   size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+  // Up a unit where one decimal would round to 1024 (1048575 B is "1.0 MiB", not "1024.0 KiB").
+  while (value >= 1023.95 && unit + 1 < std::size(kUnits)) {
     value /= 1024.0;
     ++unit;
   }
@@ -172,16 +173,17 @@ std::string FormatCount(int64_t n) {
 
 std::string FormatRate(double per_second) {
   if (!std::isfinite(per_second) || per_second < 0) return "-";
-  if (per_second < 1e3) return absl::StrFormat("%.0f", per_second);
-  if (per_second < 1e6) return absl::StrFormat("%.1fk", per_second / 1e3);
-  if (per_second < 1e9) return absl::StrFormat("%.2fM", per_second / 1e6);
+  // Each bound is where the shown digits would round up to 1000 of the unit: the next one instead.
+  if (per_second < 999.5) return absl::StrFormat("%.0f", per_second);
+  if (per_second < 999.95e3) return absl::StrFormat("%.1fk", per_second / 1e3);
+  if (per_second < 999.995e6) return absl::StrFormat("%.2fM", per_second / 1e6);
   return absl::StrFormat("%.2fG", per_second / 1e9);
 }
 
 std::string FormatSeconds(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "-";
-  if (seconds < 1e-3) return absl::StrFormat("%.0f us", seconds * 1e6);
-  if (seconds < 1.0) return absl::StrFormat("%.1f ms", seconds * 1e3);
+  if (seconds < 999.5e-6) return absl::StrFormat("%.0f us", seconds * 1e6);
+  if (seconds < 0.99995) return absl::StrFormat("%.1f ms", seconds * 1e3);
   if (seconds < 60.0) return absl::StrFormat("%.2f s", seconds);
   return FormatDuration(seconds);
 }

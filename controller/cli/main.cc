@@ -230,8 +230,11 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  // Commands that talk to the controller need the credentials; certs, plan and data do not.
-  const bool needs_controller = !*certs && !*plan && !*data;
+  // Commands that talk to the controller need the credentials; certs, plan, data, a dry run and
+  // sampling from a weights file do not (nor fail on FURNACE_TOKEN without a CA).
+  const bool needs_controller = !*certs && !*plan && !*data &&
+                                !(*submit && submit_options.dry_run) &&
+                                !(*sample && !sample_options.weights.empty());
   std::unique_ptr<JobClient> client;
   if (needs_controller) {
     absl::Status token = absl::OkStatus();
@@ -259,6 +262,7 @@ int main(int argc, char** argv) {
   ctx.err = &std::cerr;
   ctx.json = json;
   ctx.tty = isatty(STDOUT_FILENO) != 0;
+  ctx.err_tty = isatty(STDERR_FILENO) != 0;
   ctx.width = ctx.tty ? TerminalWidth() : 0;
   ctx.clock = &furnace::RealClock();
   ctx.sleep = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };

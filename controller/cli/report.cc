@@ -86,6 +86,9 @@ double Budget(const v1::JobSeries& series) {
   return budget;
 }
 
+// A step's value, or NaN (no point drawn) where it is not known: zero for a time, a rate or MFU.
+double Known(double v) { return v > 0 ? v : std::nan(""); }
+
 std::string LinePlotFile(const v1::JobDetail& job, const v1::JobSeries& series,
                          const std::string& title, const std::string& y_label,
                          const std::string& name, const Field& field, bool y_from_zero,
@@ -176,9 +179,11 @@ ReportSummary Summarize(const v1::JobDetail& job, const v1::JobSeries& series) {
         s.min_eval_step = static_cast<double>(r.step());
       }
     }
-    tps.push_back(r.tokens_per_second());
-    mfu.push_back(r.mfu());
-    step_s.push_back(r.step_seconds());
+    // Zero is "not known" (no time measured; no peak FLOPs for a CPU or emulated device), not a
+    // value: it must not pull a median down or show as 0% MFU where `status` shows "-".
+    if (r.tokens_per_second() > 0) tps.push_back(r.tokens_per_second());
+    if (r.mfu() > 0) mfu.push_back(r.mfu());
+    if (r.step_seconds() > 0) step_s.push_back(r.step_seconds());
     for (int l = 0; l < r.imbalance_size(); ++l) {
       if (!s.max_imbalance || r.imbalance(l) > *s.max_imbalance) {
         s.max_imbalance = r.imbalance(l);
@@ -186,7 +191,8 @@ ReportSummary Summarize(const v1::JobDetail& job, const v1::JobSeries& series) {
         s.max_imbalance_step = static_cast<double>(r.step());
       }
     }
-    if (!s.peak_activation_bytes || r.activation_peak_bytes() > *s.peak_activation_bytes) {
+    if (r.activation_peak_bytes() > 0 &&
+        (!s.peak_activation_bytes || r.activation_peak_bytes() > *s.peak_activation_bytes)) {
       s.peak_activation_bytes = r.activation_peak_bytes();
     }
     if (r.checkpoint_seconds() > 0) ckpt.push_back(r.checkpoint_seconds());
@@ -363,17 +369,20 @@ std::vector<ReportFile> BuildReport(const v1::JobDetail& job, const v1::JobSerie
              job, evaluated, "held-out loss (eval.every)", "loss (nats/token)", "held-out loss",
              [](const v1::StepRecord& r) { return r.eval().loss(); }, false, floor)});
   }
-  files.push_back({"tokens_per_second.svg",
-                   LinePlotFile(
-                       job, series, "throughput", "tokens/s (all ranks)", "tokens/s",
-                       [](const v1::StepRecord& r) { return r.tokens_per_second(); }, true)});
-  files.push_back({"mfu.svg", LinePlotFile(
-                                  job, series, "model FLOPs utilisation", "MFU (%)", "MFU",
-                                  [](const v1::StepRecord& r) { return r.mfu() * 100; }, true)});
-  files.push_back({"step_seconds.svg",
-                   LinePlotFile(
-                       job, series, "step time (slowest rank)", "step time (ms)", "step time",
-                       [](const v1::StepRecord& r) { return r.step_seconds() * 1e3; }, true)});
+  files.push_back(
+      {"tokens_per_second.svg",
+       LinePlotFile(
+           job, series, "throughput", "tokens/s (all ranks)", "tokens/s",
+           [](const v1::StepRecord& r) { return Known(r.tokens_per_second()); }, true)});
+  files.push_back(
+      {"mfu.svg", LinePlotFile(
+                      job, series, "model FLOPs utilisation", "MFU (%)", "MFU",
+                      [](const v1::StepRecord& r) { return Known(r.mfu()) * 100; }, true)});
+  files.push_back(
+      {"step_seconds.svg",
+       LinePlotFile(
+           job, series, "step time (slowest rank)", "step time (ms)", "step time",
+           [](const v1::StepRecord& r) { return Known(r.step_seconds()) * 1e3; }, true)});
   std::vector<ReferenceLine> budget;
   if (const double b = Budget(series); b > 0) {
     ReferenceLine l;

@@ -152,11 +152,13 @@ absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
 
 std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
   const v1::JobSummary& s = job.summary();
-  const uint32_t every = job.spec().checkpoint().every();
+  const v1::CheckpointSpec& checkpoint = job.spec().checkpoint();
+  const std::string every = checkpoint.every_auto()  ? "auto (from the failure rate)"
+                            : checkpoint.every() > 0 ? absl::StrCat(checkpoint.every(), " steps")
+                                                     : "0: only at the end";
   return absl::StrCat("job ", s.job_id(), " has no checkpoint yet: ", why, " (job ",
                       StateName(s.state()), " at step ", FormatProgress(s.step(), s.total_steps()),
-                      "; checkpoint.every ",
-                      every > 0 ? absl::StrCat(every, " steps") : "0: only at the end", ")");
+                      "; checkpoint.every ", every, ")");
 }
 
 absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::string& dir,

@@ -84,8 +84,8 @@ class SecurityTest(harness.ClusterTest):
         # Another CA: the handshake fails, and the CLI says so instead of "cannot reach".
         r = furnace("--tls-ca", f"{other}/ca.pem", "--token-file", f"{c.certs}/admin.token")
         self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
-        self.assertIn(f"TLS handshake with the controller at {c.addr} failed: its certificate is "
-                      "not signed by the CA given", r.stderr)
+        self.assertIn(f"TLS handshake with the controller at {c.addr} failed: its certificate "
+                      "failed verification: not signed by the CA given", r.stderr)
         self.assertNotIn("cannot reach", r.stderr)
         # Plaintext to a TLS controller: it closes the connection; the CLI points at --tls-ca.
         r = furnace()

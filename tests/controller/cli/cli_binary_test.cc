@@ -62,8 +62,32 @@ TEST(CliBinaryTest, DataPrepareNeedsNoController) {
   EXPECT_EQ(run.exit_code, 5) << run.output;
   EXPECT_EQ(RunFurnace("data").exit_code, 2);
   EXPECT_EQ(RunFurnace("data prepare -o " + output).exit_code, 2);  // --input is required
+  // The output would be renamed over the input (by any path to it): refused, the text kept.
+  run = RunFurnace("data prepare --input " + input + " -o " + dir +
+                   "/./furnace_cli_binary_prepare.txt");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("is the same file as --input"), std::string::npos) << run.output;
+  FILE* kept = fopen(input.c_str(), "r");
+  ASSERT_NE(kept, nullptr);
+  char text[8] = {};
+  EXPECT_EQ(fread(text, 1, sizeof(text), kept), 3u);
+  fclose(kept);
+  EXPECT_STREQ(text, "abc");
   std::remove(input.c_str());
   std::remove(output.c_str());
+}
+
+// A dry run sends nothing: a token in the environment without a CA (which a command that talks
+// to the controller refuses: a token only goes over TLS) does not stop it.
+TEST(CliBinaryTest, ADryRunNeedsNoCredentials) {
+  const std::string job = std::string(FURNACE_SOURCE_DIR) + "/configs/commcheck.yaml";
+  setenv("FURNACE_TOKEN", "furnace-test-token-0123456789abcdef", 1);
+  const RunResult dry = RunFurnace("submit --dry-run " + job);
+  const RunResult sent = RunFurnace("--controller 127.0.0.1:1 submit " + job);
+  unsetenv("FURNACE_TOKEN");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("not submitted (--dry-run)"), std::string::npos) << dry.output;
+  EXPECT_EQ(sent.exit_code, 2) << sent.output;  // the token would go in the clear
 }
 
 // The real binary links gRPC's protobuf and loads SentencePiece (with its own protobuf-lite) as a

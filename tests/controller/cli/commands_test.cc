@@ -273,6 +273,15 @@ TEST_F(CommandsTest, LogsFollowPollsUntilJobDone) {
   EXPECT_EQ(client_.log_requests.size(), 4u);
 }
 
+// --json (one document at the end) with --follow would print nothing until the job ended.
+TEST_F(CommandsTest, LogsRefusesJsonWithFollow) {
+  ctx_.json = true;
+  const absl::StatusOr<int> run = RunLogs(ctx_, "j-1", LogsOptions{.follow = true});
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status())) << run.status();
+  EXPECT_NE(run.status().message().find("--json and --follow"), std::string::npos);
+  EXPECT_TRUE(client_.log_requests.empty());
+}
+
 // A controller restart while following: the lines go on from where they were (same offset).
 TEST_F(CommandsTest, LogsFollowRidesOutAControllerRestart) {
   client_.logs = {Page({"a"}, 1, false), absl::UnavailableError("down"),

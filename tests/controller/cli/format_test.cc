@@ -72,6 +72,9 @@ TEST(FormatTest, Bytes) {
   EXPECT_EQ(FormatBytes(1536ull << 20), "1.5 GiB");
   EXPECT_EQ(FormatBytes(80ull << 30), "80.0 GiB");
   EXPECT_EQ(FormatBytes(2ull << 40), "2.0 TiB");
+  // Where one decimal would round to 1024 of a unit, the next unit.
+  EXPECT_EQ(FormatBytes(1048575), "1.0 MiB");
+  EXPECT_EQ(FormatBytes(1048524), "1023.9 KiB");
 }
 
 TEST(FormatTest, Bandwidth) {
@@ -110,6 +113,12 @@ TEST(FormatTest, CountsRatesSecondsPercents) {
   EXPECT_EQ(FormatRate(850), "850");
   EXPECT_EQ(FormatRate(12345), "12.3k");
   EXPECT_EQ(FormatRate(4.56e6), "4.56M");
+  // Never "1000" of a unit: the next unit.
+  EXPECT_EQ(FormatRate(999.4), "999");
+  EXPECT_EQ(FormatRate(999.7), "1.0k");
+  EXPECT_EQ(FormatRate(999960), "1.00M");
+  EXPECT_EQ(FormatSeconds(0.99996), "1.00 s");
+  EXPECT_EQ(FormatSeconds(0.0009996), "1.0 ms");
   EXPECT_EQ(FormatRate(1.234e9), "1.23G");
   EXPECT_EQ(FormatRate(-1), "-");
   EXPECT_EQ(FormatSeconds(850e-6), "850 us");

@@ -193,6 +193,38 @@ TEST_F(ReportCommandTest, SummaryNumbers) {
   }
 }
 
+// A CPU or emulated job has no peak FLOPs (MFU 0 on every record) and steps without a timing or
+// an arena peak: zero is "not known", so no 0.00% median and no flat line at 0 in mfu.svg.
+TEST_F(ReportCommandTest, UnknownFiguresAreNotCountedAsZero) {
+  v1::JobSeries series = MakeSeries();
+  int index = 0;
+  for (auto& r : *series.mutable_steps()) {
+    r.set_mfu(0);
+    r.set_activation_peak_bytes(0);
+    if (index++ % 2 == 0) {
+      r.set_tokens_per_second(0);
+      r.set_step_seconds(0);
+    }
+  }
+  const ReportSummary m = Summarize(MakeRestartedJob(), series);
+  EXPECT_FALSE(m.median_mfu.has_value());
+  EXPECT_FALSE(m.p10_mfu.has_value());
+  EXPECT_FALSE(m.peak_activation_bytes.has_value());
+  // Half the records were timed: the 10 at 12800 tokens/s are indices 0..9, 5 of them kept.
+  EXPECT_DOUBLE_EQ(*m.median_tokens_per_second, 25600);
+  EXPECT_DOUBLE_EQ(*m.median_step_seconds, 0.04);
+  const std::string text = RenderSummaryText(MakeRestartedJob(), series, m);
+  EXPECT_EQ(text.find("0.00%"), std::string::npos) << text;
+  EXPECT_NE(text.find("median -  p10 -"), std::string::npos) << text;
+
+  const fs::path d = dir_ / "unknown";
+  ReportOptions options;
+  options.output = d.string();
+  client_.series = series;
+  ASSERT_TRUE(RunReport(ctx_, "j-1", options).ok());
+  EXPECT_EQ(SeriesPoints(Read(d / "mfu.svg")), 0) << "no MFU point is known";
+}
+
 TEST_F(ReportCommandTest, HeldOutEvaluationsGetARowAndAPlot) {
   v1::JobSeries series = MakeSeries();
   for (auto& r : *series.mutable_steps()) {
