@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -237,6 +238,19 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, heartbeat_timeout, options_.heartbeat_interval_s, min_timeout,
         options_.worker_timeout_s));
   }
+  // One writer per checkpoint directory: two jobs committing into one would uncommit and delete
+  // each other's steps. A job that has ended but whose ranks are still stopping only delays the
+  // start (TryStart).
+  bool active = false;
+  if (const Job* other = CheckpointDirUser(nullptr, spec.checkpoint().dir(), &active);
+      other != nullptr && active) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: checkpoint.dir %s is in use by job %s (%s): two jobs committing into one directory "
+        "would uncommit and delete each other's checkpoints; allowed: another directory, or this "
+        "one once %s has ended (furnace cancel %s)",
+        filename, spec.checkpoint().dir(), other->summary.job_id(),
+        StateName(other->summary.state()), other->summary.job_id(), other->summary.job_id()));
+  }
   ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
   Job job;
   job.spec = std::move(spec);
@@ -261,6 +275,29 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   Event(it->second, "submitted", absl::StrCat("from ", filename, ", ", world, " ranks"));
   TryStart(it->second);
   return id;
+}
+
+const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
+                                           bool* active) const {
+  const auto normal = [](const std::string& path) {
+    std::string s = fs::path(path).lexically_normal().string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  };
+  const std::string want = normal(dir);
+  if (want.empty()) return nullptr;
+  // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
+  // rank stopped writes its final checkpoint): the workers say which still hold one.
+  std::set<std::string> holding;
+  for (const auto& [id, worker] : workers_.workers()) {
+    if (worker.has_rank) holding.insert(worker.info.job_id());
+  }
+  for (const auto& [id, other] : jobs_) {
+    if (&other == self || normal(other.spec.checkpoint().dir()) != want) continue;
+    *active = !IsFinal(other.summary.state());
+    if (*active || holding.count(id) > 0) return &other;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
@@ -383,6 +420,13 @@ void JobLifecycle::TryStart(Job& job) {
     return;
   }
   job.unfit_since_mono = 0;
+  bool active = false;
+  if (const Job* other = CheckpointDirUser(&job, job.spec.checkpoint().dir(), &active)) {
+    wait(absl::StrCat("checkpoint.dir ", job.spec.checkpoint().dir(), " is job ",
+                      other->summary.job_id(), "'s, whose ranks are still ",
+                      active ? "running" : "stopping"));
+    return;
+  }
   const v1::ParallelSpec& layout = layouts[chosen];
   const uint32_t world = LayoutWorld(layout);
   // Excluded workers are never placed: to placement they are not free.

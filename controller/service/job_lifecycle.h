@@ -160,9 +160,15 @@ class JobLifecycle {
 
   // --- job_lifecycle.cc ---------------------------------------------------------------------
   // A validated spec: refused (InvalidArgument naming resources.workers) when this controller
-  // cannot ever hold its ranks; otherwise stored as PENDING and placed when workers are free.
+  // cannot ever hold its ranks, FailedPrecondition when its checkpoint.dir is another job's that
+  // has not ended (CheckpointDirUser); otherwise stored as PENDING and placed when workers are
+  // free and no other job's ranks still hold its checkpoint.dir.
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
+  // One writer per checkpoint directory (compared as normalised paths): a job other than `self`
+  // with the same checkpoint.dir that has not ended (*active) or whose ranks a worker still
+  // holds; nullptr when there is none.
+  const Job* CheckpointDirUser(const Job* self, const std::string& dir, bool* active) const;
   // A rank's reported progress: updates its step (the job's follows when the job is next
   // written); false when the record names no rank of the job, or is one the job already counted
   // (its TelemetryRecord.seq is not above the rank's telemetry_seq: an agent re-sent a batch

@@ -56,6 +56,32 @@ std::optional<int64_t> ParseStepDir(const std::string& name) {
   return step;
 }
 
+// The step directories of `dir`, each with whether it holds a manifest, or Unavailable when `dir`
+// cannot be listed (a missing `dir` has none). A manifest whose status cannot be read (EIO,
+// ESTALE, EACCES: anything but "no such file") counts as present: such a step is never taken for
+// an interrupted save (and deleted) nor skipped by a loader, which then reports the error it meets
+// reading it.
+absl::StatusOr<std::vector<std::pair<int64_t, bool>>> ListStepDirs(const std::string& dir) {
+  std::vector<std::pair<int64_t, bool>> steps;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return steps;
+  // Advanced with increment(ec): the throwing operator++ would end the process on a failing
+  // file system (an NFS server gone stale mid-listing) from the commit thread.
+  for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) {
+    std::optional<int64_t> step = ParseStepDir(it->path().filename().string());
+    if (!step) continue;
+    std::error_code manifest_ec;
+    const fs::file_status manifest = fs::status(it->path() / kManifest, manifest_ec);
+    steps.emplace_back(*step, manifest.type() != fs::file_type::not_found);
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint: cannot list ", dir, ": ", ec.message()));
+  }
+  return steps;
+}
+
 // The element count of `shape` (dims >= 0), saturating at INT64_MAX: shapes come from a manifest,
 // which no checksum protects.
 int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
@@ -297,6 +323,20 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   const std::string body = manifest.dump(1);
   manifest[kManifestChecksum] = Crc32(0, body.data(), body.size());
   const std::string step_dir = StepDir(s.step);
+  // Every shard must be where the manifest is written, whole: ranks on hosts that do not share
+  // checkpoint.dir write their shards on their own disks, and a manifest naming files this host
+  // lacks would commit, step after step, checkpoints no restart can load.
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(fs::path(step_dir) / shards[i].file, ec);
+    if (ec || size != shards[i].bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: shard ", i, "'s file ", step_dir, "/", shards[i].file, " is ",
+          ec ? absl::StrCat("not visible here (", ec.message(), ")")
+             : absl::StrCat(size, " bytes, not the ", shards[i].bytes, " its rank wrote"),
+          ": checkpoint.dir must be one file system that every rank's host shares"));
+    }
+  }
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(step_dir) / kManifest).string(), manifest.dump(1) + "\n"));
   RETURN_IF_ERROR(Stage("manifest"));
@@ -305,7 +345,8 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   // them, but only until it passes them again; then a damaged one would count as one of the
   // `keep` and good ones be deleted in its place. They are uncommitted first (before LATEST:
   // a crash between leaves nothing of them loadable), and deleted once LATEST passes them.
-  for (const int64_t later : CommittedSteps()) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> committed, ListCommittedSteps());
+  for (const int64_t later : committed) {
     if (later <= s.step) continue;
     std::error_code ec;
     fs::remove(fs::path(StepDir(later)) / kManifest, ec);
@@ -326,15 +367,18 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   return absl::OkStatus();
 }
 
-std::vector<int64_t> CheckpointStore::CommittedSteps() const {
+absl::StatusOr<std::vector<int64_t>> CheckpointStore::ListCommittedSteps() const {
+  ASSIGN_OR_RETURN(const auto dirs, ListStepDirs(dir_));
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    std::optional<int64_t> step = ParseStepDir(entry.path().filename().string());
-    if (step && fs::exists(entry.path() / kManifest, ec)) steps.push_back(*step);
+  for (const auto& [step, committed] : dirs) {
+    if (committed) steps.push_back(step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+std::vector<int64_t> CheckpointStore::CommittedSteps() const {
+  return ListCommittedSteps().value_or(std::vector<int64_t>());
 }
 
 absl::StatusOr<std::optional<int64_t>> CheckpointStore::LatestStep() const {
@@ -353,7 +397,13 @@ absl::StatusOr<std::optional<int64_t>> CheckpointStore::LatestStep() const {
 
 absl::Status CheckpointStore::Prune(int64_t latest) const {
   if (keep_ <= 0) return absl::OkStatus();
-  std::vector<int64_t> committed = CommittedSteps();
+  // Nothing is deleted on a listing that failed: a partial one would count too few newer steps.
+  ASSIGN_OR_RETURN(const auto dirs, ListStepDirs(dir_));
+  std::vector<int64_t> committed;
+  for (const auto& [step, has_manifest] : dirs) {
+    if (has_manifest) committed.push_back(step);
+  }
+  std::sort(committed.begin(), committed.end());
   std::vector<int64_t> doomed;
   int kept = 0;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
@@ -364,18 +414,18 @@ absl::Status CheckpointStore::Prune(int64_t latest) const {
       doomed.push_back(*it);
     }
   }
-  // Uncommitted directories older than LATEST are leftovers of interrupted saves.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    std::optional<int64_t> step = ParseStepDir(entry.path().filename().string());
-    if (step && *step < latest && !fs::exists(entry.path() / kManifest, ec)) {
-      doomed.push_back(*step);
-    }
+  // Uncommitted directories older than LATEST (surely without a manifest) are leftovers of
+  // interrupted saves.
+  for (const auto& [step, has_manifest] : dirs) {
+    if (step < latest && !has_manifest) doomed.push_back(step);
   }
+  std::error_code ec;
   for (int64_t step : doomed) {
-    // Uncommit first (manifest), so a crash mid-delete leaves an uncommitted leftover, not a
-    // committed checkpoint with missing shards.
-    fs::remove(fs::path(StepDir(step)) / kManifest, ec);
+    // Uncommit first (manifest, made durable), so a crash mid-delete leaves an uncommitted
+    // leftover, not a committed checkpoint with missing shards.
+    if (fs::remove(fs::path(StepDir(step)) / kManifest, ec) && !ec) {
+      RETURN_IF_ERROR(SyncDirectory(StepDir(step)));
+    }
     fs::remove_all(StepDir(step), ec);
     if (ec) {
       return absl::InternalError(
@@ -385,8 +435,9 @@ absl::Status CheckpointStore::Prune(int64_t latest) const {
   return SyncDirectory(dir_);
 }
 
-std::vector<int64_t> CheckpointStore::LoadableSteps(std::vector<std::string>* notes) const {
-  std::vector<int64_t> committed = CommittedSteps();
+absl::StatusOr<std::vector<int64_t>> CheckpointStore::LoadableSteps(
+    std::vector<std::string>* notes) const {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> committed, ListCommittedSteps());
   absl::StatusOr<std::optional<int64_t>> latest = LatestStep();
   std::optional<int64_t> bound;
   if (!latest.ok()) {
@@ -412,7 +463,8 @@ std::vector<int64_t> CheckpointStore::LoadableSteps(std::vector<std::string>* no
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard, ShardParts parts) const {
   std::vector<std::string> skipped;
-  for (int64_t step : LoadableSteps(&skipped)) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> candidates, LoadableSteps(&skipped));
+  for (int64_t step : candidates) {
     absl::StatusOr<LoadedCheckpoint> loaded = Load(step, shard, parts);
     if (loaded.ok()) {
       loaded->skipped = std::move(skipped);

@@ -164,12 +164,16 @@ class CheckpointStore {
   absl::StatusOr<LoadedCheckpoint> ReadShard(const CheckpointManifest& manifest, int shard,
                                              ShardParts parts = ShardParts::kAll) const;
 
-  // Steps whose manifest exists, ascending.
+  // Steps whose manifest exists (or cannot be told not to: its status unreadable), ascending;
+  // Unavailable when the directory cannot be listed. CommittedSteps: the same, none when it
+  // cannot (for messages and tests).
+  absl::StatusOr<std::vector<int64_t>> ListCommittedSteps() const;
   std::vector<int64_t> CommittedSteps() const;
   // The committed steps a loader may use, newest first: none newer than LATEST (a manifest
   // written after LATEST moved was never published), all of them when LATEST is missing or
-  // unreadable (and then `notes` says so). LoadLatest tries them in this order.
-  std::vector<int64_t> LoadableSteps(std::vector<std::string>* notes) const;
+  // unreadable (and then `notes` says so). LoadLatest tries them in this order. Unavailable when
+  // the directory cannot be listed: a loader must not then start over as if there were none.
+  absl::StatusOr<std::vector<int64_t>> LoadableSteps(std::vector<std::string>* notes) const;
   // The step LATEST names; nullopt when there is no LATEST file.
   absl::StatusOr<std::optional<int64_t>> LatestStep() const;
 

@@ -184,7 +184,7 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& sto
                                                       const std::vector<ParamInfo>& mine, int64_t n,
                                                       int preferred) {
   std::vector<std::string> skipped;
-  const std::vector<int64_t> candidates = store.LoadableSteps(&skipped);
+  ASSIGN_OR_RETURN(const std::vector<int64_t> candidates, store.LoadableSteps(&skipped));
   for (int64_t step : candidates) {
     absl::StatusOr<LoadedCheckpoint> loaded = LoadIntoLayout(store, step, mine, n, preferred);
     if (loaded.ok()) {

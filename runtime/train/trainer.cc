@@ -333,6 +333,19 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
       FinishAsyncCheckpoint(nullptr);
       FinishCommit(nullptr);
     }
+    // The run's success stands on its final checkpoint (what export, sample and a later resume
+    // read): one that failed in the background is written once more in the foreground, and a
+    // second failure fails the run, as a synchronous checkpoint's does (every rank agreed on
+    // last_saved_step_, so they all take this branch together).
+    if (last_saved_step_ != step_) {
+      if (absl::Status saved = SaveCheckpoint(); !saved.ok()) {
+        return absl::Status(saved.code(),
+                            absl::StrCat("the final checkpoint (step ", step_,
+                                         ") failed in the background and again in the "
+                                         "foreground: ",
+                                         saved.message()));
+      }
+    }
     return absl::OkStatus();
   }
   if (checkpoints && last_saved_step_ != step_) {

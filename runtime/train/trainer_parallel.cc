@@ -491,7 +491,8 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   // below it that each can load, and they agree again, until one loads on every rank or none is
   // left: two damaged shards of different steps cost the steps between, not the run.
   std::vector<std::string> no_notes;
-  const std::vector<int64_t> candidates = store.LoadableSteps(&no_notes);  // newest first
+  ASSIGN_OR_RETURN(const std::vector<int64_t> candidates,
+                   store.LoadableSteps(&no_notes));  // newest first
   std::vector<std::string> passed = loaded->skipped;
   if (agreed != mine) {
     passed.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));

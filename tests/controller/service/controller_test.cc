@@ -1064,6 +1064,57 @@ TEST_F(ControllerTest, CancelStopsRanks) {
   EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
+// second job naming the directory of one that has not ended is refused at submit; once that one
+// has ended, the second waits until its ranks have exited (a stopped single rank still writes).
+TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
+  const std::string dir = (dir_ / "ckpt").string();
+  const std::string train = "name: t\nkind: train\nparallel: {dp: 2}\n";
+  const std::string yaml = train + "checkpoint: {dir: " + dir + "}\n";
+  StartRunning(yaml.c_str());
+  const std::string first = job_;
+  const std::string same = train + "checkpoint: {dir: " + dir + "/./}\n";
+  auto refused = c_->Submit(same, "b.yaml");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("checkpoint.dir " + dir + "/./ is in use by job " +
+                                            first + " (running)"),
+            std::string::npos)
+      << refused.status();
+
+  ASSERT_TRUE(c_->Cancel(first).ok());  // its ranks are told to stop, and have not yet
+  Register(2);
+  Register(3);
+  auto second = c_->Submit(same, "b.yaml");
+  ASSERT_TRUE(second.ok()) << second.status();
+  job_ = *second;
+  EXPECT_TRUE(Commands(2).empty());
+  EXPECT_TRUE(Commands(3).empty());
+  EXPECT_EQ(Job().summary().state(), v1::JOB_PENDING);
+  bool said = false;
+  const v1::JobDetail pending = Job();
+  for (const auto& e : pending.events()) {
+    said |= e.kind() == "waiting" &&
+            e.message().find("is job " + first + "'s, whose ranks are still stopping") !=
+                std::string::npos;
+  }
+  EXPECT_TRUE(said) << pending.DebugString();
+
+  job_ = first;
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  job_ = *second;
+  c_->Tick();
+  size_t starts = 0;
+  for (int s = 0; s < 4; ++s) {
+    for (const auto& cmd : Commands(s)) starts += cmd.has_start();
+  }
+  EXPECT_EQ(starts, 2u);
+  // A job of another directory was never held back.
+  auto other = c_->Submit(train + "checkpoint: {dir: " + dir + "-2}\n", "c.yaml");
+  EXPECT_TRUE(other.ok()) << other.status();
+}
+
 TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker) {
   StartRunning();
   ASSERT_TRUE(c_->Cancel(job_).ok());

@@ -422,6 +422,57 @@ TEST(CheckpointTest, AShardThatCannotBeReadIsNotPassedOver) {
   EXPECT_THAT(gone.status().message(), HasSubstr("missing"));
 }
 
+// A manifest whose status cannot be read (here a symlink loop: ELOOP, as an NFS server's EIO or
+// ESTALE would be) is not taken for a missing one: the loader reports it instead of falling back
+// to an older step, and retention does not delete the step as an interrupted save's leftover.
+TEST(CheckpointTest, AManifestThatCannotBeStatedIsNeitherPassedOverNorPruned) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(SaveStep(store, step).ok());
+  const fs::path manifest = dir / "step-00000003/manifest.json";
+  fs::rename(manifest, dir / "aside.json");
+  fs::create_symlink("manifest.json", manifest);  // points at itself
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(1, 2, 3));
+  auto latest = store.LoadLatest();
+  ASSERT_FALSE(latest.ok()) << "loaded step " << latest->step;
+  EXPECT_FALSE(IsDamage(latest.status())) << latest.status();
+
+  ASSERT_TRUE(SaveStep(store, 4).ok());  // keep 3: 4, 3, 2; step 1 goes
+  EXPECT_TRUE(fs::exists(dir / "step-00000003")) << "step 3 deleted as an interrupted save";
+  EXPECT_FALSE(fs::exists(dir / "step-00000001"));
+  fs::remove(manifest);
+  fs::rename(dir / "aside.json", manifest);
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(2, 3, 4));
+}
+
+// Rank 0 commits only shards it can see whole: ranks whose checkpoint.dir is not the same file
+// system wrote theirs elsewhere, and a manifest naming them would be a checkpoint no restart loads.
+TEST(CheckpointTest, ACommitOfAShardNotVisibleHereIsRefused) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  State s(2);
+  ShardState shard = s.Shard(2);
+  shard.num_shards = 2;
+  auto mine = store.WriteShard(shard);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ShardRecord elsewhere = *mine;
+  elsewhere.file = "shard-00001.bin";  // written on another host's disk
+  absl::Status committed = store.Commit(s.params, shard, {*mine, elsewhere});
+  EXPECT_EQ(committed.code(), absl::StatusCode::kFailedPrecondition) << committed;
+  EXPECT_THAT(committed.message(), HasSubstr("shard 1's file"));
+  EXPECT_THAT(committed.message(), HasSubstr("not visible here"));
+  EXPECT_THAT(committed.message(), HasSubstr("one file system that every rank's host shares"));
+  // A shard cut short in transit is refused too.
+  WriteAll(dir / "step-00000002/shard-00001.bin", "short");
+  committed = store.Commit(s.params, shard, {*mine, elsewhere});
+  EXPECT_THAT(committed.message(), HasSubstr("5 bytes, not the"));
+  EXPECT_THAT(store.CommittedSteps(), ElementsAre(1));
+  auto latest = store.LatestStep();
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ(**latest, 1);
+}
+
 // A checkpoint of a newer format version (a newer furnace wrote it; this build is older) is not
 // damage either, even where its checksum would not verify by this build's rule: refused at once
 // (FailedPrecondition, bad input), not passed over for an older step.

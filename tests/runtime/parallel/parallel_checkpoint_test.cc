@@ -225,7 +225,8 @@ TEST_F(ParallelCheckpointTest, AsyncCheckpointsCommitTheSameShardsAndResumeBitId
 
 // Rank 0 commits in the background; when that fails (here LATEST cannot be replaced: a
 // directory stands in its place), every rank reports the uncommitted checkpoint at the same point
-// and training goes on to the end.
+// and training goes on to the end, where the final checkpoint, written again in the foreground,
+// fails every rank: the run does not end as a success without it.
 TEST_F(ParallelCheckpointTest, AFailedBackgroundCommitIsReportedByEveryRankAndTrainingGoesOn) {
   topology::ParallelSizes dp2_ep2;
   dp2_ep2.dp = 2;
@@ -233,8 +234,12 @@ TEST_F(ParallelCheckpointTest, AFailedBackgroundCommitIsReportedByEveryRankAndTr
   const std::string dir = root_ + "/latest-blocked";
   std::filesystem::create_directories(dir + "/LATEST");
   std::vector<std::vector<std::string>> errors(2);
-  ASSERT_TRUE(
-      TrainLayout(dp2_ep2, dir, 4, false, {.async = true, .checkpoint_errors = &errors}).ok());
+  const absl::Status ran =
+      TrainLayout(dp2_ep2, dir, 4, false, {.async = true, .checkpoint_errors = &errors});
+  EXPECT_NE(ran.message().find("the final checkpoint (step 4) failed in the background and "
+                               "again in the foreground"),
+            std::string::npos)
+      << ran;
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_EQ(errors[rank].size(), 2u) << "rank " << rank;
     EXPECT_NE(errors[rank][0].find("checkpoint of step 2 not committed"), std::string::npos)
