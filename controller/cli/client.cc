@@ -82,12 +82,15 @@ namespace {
 // at most a MiB, log_store.h). Reconnects every 0.2-1 s, as the agents do: with gRPC's default
 // backoff (1 s growing 1.6x, jittered) the tries after a controller restart fall near 1, 2.6,
 // 5.2, 9.3 and 15.8 s, and `watch`, `logs --follow` and `submit --watch` (which ride out 10 s of
-// outage, poll_outage.h) gave up on a controller that was back after 6.
+// outage, poll_outage.h) gave up on a controller that was back after 6. GRPC_ARG_MIN_RECONNECT_
+// BACKOFF_MS is also the shortest time gRPC gives a connection attempt (TCP and TLS handshakes):
+// 5 s, not 0.2 (a handshake over a slow link must finish) nor the default 20 (an attempt whose
+// SYN a dead host swallowed holds the next one back that long).
 grpc::ChannelArguments ChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }

@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   logs->add_option("--rank", logs_options.rank, "only this rank")->check(CLI::Range(0, 1 << 20));
   logs->add_option("--attempt", logs_options.attempt, "only this attempt (1, 2, ...)")
       ->check(CLI::Range(1, 1 << 20));
-  logs->add_flag("--follow,-f", logs_options.follow, "keep printing until the job ends");
+  logs->add_flag("--follow,-f", logs_options.follow,
+                 "keep printing until the job ends (not with --json)");
 
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   cancel->add_option("JOB", job_id, "job id")->required();

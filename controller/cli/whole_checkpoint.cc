@@ -180,7 +180,10 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
     if (!loaded.ok()) return LocalError(loaded.status());
     return loaded;
   }
-  const std::vector<int64_t> committed = store.CommittedSteps();
+  // A directory that cannot be listed is said as such, not as "none yet".
+  absl::StatusOr<std::vector<int64_t>> listed = store.ListCommittedSteps();
+  if (!listed.ok()) return LocalError(listed.status());
+  const std::vector<int64_t> committed = *std::move(listed);
   if (std::find(committed.begin(), committed.end(), step) == committed.end()) {
     return LocalError(absl::NotFoundError(absl::StrCat(
         "job ", id, " has no committed checkpoint at step ", step, " in ", dir,
@@ -308,7 +311,7 @@ absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::Checkpoin
     // make the export an older step's without saying why it is not the newest.
     if (!train::IsDamage(whole.status())) return whole.status();
     skipped.push_back(std::string(whole.status().message()));
-    const std::vector<int64_t> committed = store.CommittedSteps();
+    ASSIGN_OR_RETURN(const std::vector<int64_t> committed, store.ListCommittedSteps());
     const auto older = std::lower_bound(committed.begin(), committed.end(), step);
     if (older == committed.begin()) {
       return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", store.dir(),

@@ -241,9 +241,8 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   // One writer per checkpoint directory: two jobs committing into one would uncommit and delete
   // each other's steps. A job that has ended but whose ranks are still stopping only delays the
   // start (TryStart).
-  bool active = false;
-  if (const Job* other = CheckpointDirUser(nullptr, spec.checkpoint().dir(), &active);
-      other != nullptr && active) {
+  if (const Job* other =
+          CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: checkpoint.dir %s is in use by job %s (%s): two jobs committing into one directory "
         "would uncommit and delete each other's checkpoints; allowed: another directory, or this "
@@ -277,25 +276,37 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   return id;
 }
 
+namespace {
+
+// A checkpoint.dir as compared (lexically normal, no trailing slash).
+std::string NormalDir(const std::string& path) {
+  std::string s = fs::path(path).lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
 const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
-                                           bool* active) const {
-  const auto normal = [](const std::string& path) {
-    std::string s = fs::path(path).lexically_normal().string();
-    while (s.size() > 1 && s.back() == '/') s.pop_back();
-    return s;
-  };
-  const std::string want = normal(dir);
+                                           CheckpointDirUse use) const {
+  const std::string want = NormalDir(dir);
   if (want.empty()) return nullptr;
   // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
-  // rank stopped writes its final checkpoint): the workers say which still hold one.
+  // rank stopped writes its final checkpoint): the workers that are not lost say which still
+  // hold one.
   std::set<std::string> holding;
-  for (const auto& [id, worker] : workers_.workers()) {
-    if (worker.has_rank) holding.insert(worker.info.job_id());
+  if (use == CheckpointDirUse::kRanksRunning) {
+    for (const auto& [id, worker] : workers_.workers()) {
+      if (worker.has_rank && worker.info.state() != v1::WORKER_STATE_LOST) {
+        holding.insert(worker.info.job_id());
+      }
+    }
   }
   for (const auto& [id, other] : jobs_) {
-    if (&other == self || normal(other.spec.checkpoint().dir()) != want) continue;
-    *active = !IsFinal(other.summary.state());
-    if (*active || holding.count(id) > 0) return &other;
+    if (&other == self || NormalDir(other.spec.checkpoint().dir()) != want) continue;
+    const bool found = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
+                                                          : holding.count(id) > 0;
+    if (found) return &other;
   }
   return nullptr;
 }
@@ -420,11 +431,13 @@ void JobLifecycle::TryStart(Job& job) {
     return;
   }
   job.unfit_since_mono = 0;
-  bool active = false;
-  if (const Job* other = CheckpointDirUser(&job, job.spec.checkpoint().dir(), &active)) {
+  // Only running ranks hold a start back (a job waits for no other pending one: Submit let one
+  // job that has not ended have the directory, so two never wait on each other).
+  if (const Job* other =
+          CheckpointDirUser(&job, job.spec.checkpoint().dir(), CheckpointDirUse::kRanksRunning)) {
     wait(absl::StrCat("checkpoint.dir ", job.spec.checkpoint().dir(), " is job ",
                       other->summary.job_id(), "'s, whose ranks are still ",
-                      active ? "running" : "stopping"));
+                      IsFinal(other->summary.state()) ? "stopping" : "running"));
     return;
   }
   const v1::ParallelSpec& layout = layouts[chosen];

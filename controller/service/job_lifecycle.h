@@ -166,9 +166,10 @@ class JobLifecycle {
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   // One writer per checkpoint directory (compared as normalised paths): a job other than `self`
-  // with the same checkpoint.dir that has not ended (*active) or whose ranks a worker still
-  // holds; nullptr when there is none.
-  const Job* CheckpointDirUser(const Job* self, const std::string& dir, bool* active) const;
+  // with the same checkpoint.dir that has not ended (kNotEnded: every job is scanned), or whose
+  // ranks a worker that is not lost still holds (kRanksRunning); nullptr when there is none.
+  enum class CheckpointDirUse { kNotEnded, kRanksRunning };
+  const Job* CheckpointDirUser(const Job* self, const std::string& dir, CheckpointDirUse use) const;
   // A rank's reported progress: updates its step (the job's follows when the job is next
   // written); false when the record names no rank of the job, or is one the job already counted
   // (its TelemetryRecord.seq is not above the rank's telemetry_seq: an agent re-sent a batch

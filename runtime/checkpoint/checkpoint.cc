@@ -1,5 +1,9 @@
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -326,14 +330,20 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   // Every shard must be where the manifest is written, whole: ranks on hosts that do not share
   // checkpoint.dir write their shards on their own disks, and a manifest naming files this host
   // lacks would commit, step after step, checkpoints no restart can load.
+  // Opened, then fstat: NFS revalidates a file's attributes at open (close-to-open), where a bare
+  // stat may answer from its attribute cache (a re-saved step's old size).
   for (size_t i = 0; i < shards.size(); ++i) {
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(fs::path(step_dir) / shards[i].file, ec);
-    if (ec || size != shards[i].bytes) {
+    const std::string file = (fs::path(step_dir) / shards[i].file).string();
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    const int err = fd < 0 ? errno : ::fstat(fd, &st) != 0 ? errno : 0;
+    if (fd >= 0) ::close(fd);
+    if (err != 0 || static_cast<uint64_t>(st.st_size) != shards[i].bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint: shard ", i, "'s file ", step_dir, "/", shards[i].file, " is ",
-          ec ? absl::StrCat("not visible here (", ec.message(), ")")
-             : absl::StrCat(size, " bytes, not the ", shards[i].bytes, " its rank wrote"),
+          "checkpoint: shard ", i, "'s file ", file, " is ",
+          err != 0
+              ? absl::StrCat("not visible here (", std::strerror(err), ")")
+              : absl::StrCat(st.st_size, " bytes, not the ", shards[i].bytes, " its rank wrote"),
           ": checkpoint.dir must be one file system that every rank's host shares"));
     }
   }

@@ -338,6 +338,7 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
     // second failure fails the run, as a synchronous checkpoint's does (every rank agreed on
     // last_saved_step_, so they all take this branch together).
     if (last_saved_step_ != step_) {
+      enter(RunPhase::kCheckpoint);  // its own watchdog deadline, not what the first write left
       if (absl::Status saved = SaveCheckpoint(); !saved.ok()) {
         return absl::Status(saved.code(),
                             absl::StrCat("the final checkpoint (step ", step_,

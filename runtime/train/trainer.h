@@ -308,6 +308,11 @@ class Trainer {
   // and moments the update is about to change; the seconds waited.
   double WaitSnapshotCopied();
   absl::StatusOr<LoadedCheckpoint> RestoreLatestParallel();
+  // checkpoint.dir is one directory for every rank (rank 0 commits every rank's shard from it):
+  // rank 0 writes a token there and every rank reads it back; Unavailable on every rank, naming
+  // the ranks that read something else, when one cannot (its host has its own disk at that path,
+  // or lacks the mount), before any checkpoint is loaded or written. A collective.
+  absl::Status CheckSharedCheckpointDir();
   // The whole model's tensors (every rank's, merged; a collective over the world).
   absl::StatusOr<TensorShapes> WholeModelShapes() const;
 

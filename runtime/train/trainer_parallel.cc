@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <random>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/status.h"
+#include "runtime/checkpoint/durable_file.h"
 #include "runtime/checkpoint/reshard.h"
 #include "runtime/device/backend.h"
 #include "runtime/pipeline/one_f_one_b.h"
@@ -434,9 +437,43 @@ absl::StatusOr<TensorShapes> Trainer::WholeModelShapes() const {
   return model;
 }
 
+absl::Status Trainer::CheckSharedCheckpointDir() {
+  comm::Communicator* world = parallel_->world_group;
+  if (world == nullptr || world->size() == 1) return absl::OkStatus();
+  const std::string& dir = config_.checkpoint.dir;
+  const std::string path = (std::filesystem::path(dir) / ".furnace-shared-dir").string();
+  std::string token;
+  absl::Status wrote = absl::OkStatus();
+  if (parallel_->world_rank == 0) {
+    std::random_device random;
+    token = absl::StrCat("furnace ", random(), "-", random(), "\n");
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    wrote = WriteFileDurably(path, token);
+  }
+  RETURN_IF_ERROR(AgreeOnStatus(world, wrote));
+  ASSIGN_OR_RETURN(const std::vector<std::string> tokens, AllGatherStrings(world, token));
+  std::string seen;
+  const absl::Status read = ReadFileToString(path, &seen);
+  const bool same = read.ok() && seen == tokens[0];
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(world, same ? "" : "x"));
+  std::vector<int> other;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) other.push_back(static_cast<int>(r));
+  }
+  if (other.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "checkpoint.dir ", dir, " is not the directory rank 0 writes in on the host of rank(s) ",
+      absl::StrJoin(other, ", "), " (they do not read the token rank 0 wrote there",
+      read.ok() || same ? "" : absl::StrCat("; this rank: ", read.message()),
+      "): it must be one file system that every rank's host shares (rank 0 commits every "
+      "rank's shard from it)"));
+}
+
 absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   const ParallelRuntime& P = *parallel_;
   comm::Communicator* world = P.world_group;
+  RETURN_IF_ERROR(CheckSharedCheckpointDir());
   CheckpointStore store(config_.checkpoint.dir, config_.checkpoint.keep);
   ASSIGN_OR_RETURN(const TensorShapes model, WholeModelShapes());
   // Each rank gathers its own part from whichever shards hold it (reshard.h): the layout that
@@ -491,8 +528,11 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   // below it that each can load, and they agree again, until one loads on every rank or none is
   // left: two damaged shards of different steps cost the steps between, not the run.
   std::vector<std::string> no_notes;
-  ASSIGN_OR_RETURN(const std::vector<int64_t> candidates,
-                   store.LoadableSteps(&no_notes));  // newest first
+  // Listed on every rank, and agreed on: one rank's failed listing must not leave the others in
+  // the collectives below.
+  absl::StatusOr<std::vector<int64_t>> listed = store.LoadableSteps(&no_notes);  // newest first
+  RETURN_IF_ERROR(AgreeOnStatus(world, listed.status()));
+  const std::vector<int64_t> candidates = *std::move(listed);
   std::vector<std::string> passed = loaded->skipped;
   if (agreed != mine) {
     passed.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));

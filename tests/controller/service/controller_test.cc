@@ -1099,6 +1099,13 @@ TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
                 std::string::npos;
   }
   EXPECT_TRUE(said) << pending.DebugString();
+  // A third job of that directory is refused for the second, which has not ended (else the two
+  // would each wait for the other once the first's ranks were gone).
+  auto third = c_->Submit(same, "c.yaml");
+  ASSERT_FALSE(third.ok());
+  EXPECT_NE(third.status().message().find("in use by job " + *second + " (pending)"),
+            std::string::npos)
+      << third.status();
 
   job_ = first;
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);

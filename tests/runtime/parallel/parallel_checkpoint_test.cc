@@ -390,9 +390,9 @@ TEST_F(ParallelCheckpointTest, AShardThatCannotBeReadFailsEveryRankAndLosesNoSte
   EXPECT_EQ(losses.size(), 2u);  // steps 7 and 8: resumed from 6
 }
 
-// One rank finds no checkpoint where the others find one (its host lacks the shared mount):
-// every rank fails, retryably, naming who saw what. Before, every rank started afresh and wrote
-// step 2 over the run's checkpoints.
+// One rank's checkpoint.dir is not rank 0's (its host lacks the shared mount): every rank fails
+// at the start, retryably, naming it, before anything is loaded or written. Before, every rank
+// started afresh and wrote step 2 over the run's checkpoints.
 TEST_F(ParallelCheckpointTest, ARankThatSeesNoCheckpointWhereOthersDoFailsEveryRank) {
   topology::ParallelSizes dp2;
   dp2.dp = 2;
@@ -402,9 +402,13 @@ TEST_F(ParallelCheckpointTest, ARankThatSeesNoCheckpointWhereOthersDoFailsEveryR
   const absl::Status resumed = TrainLayout(dp2, dir, 4, true, {.rank1_dir = empty});
   ASSERT_FALSE(resumed.ok());
   EXPECT_EQ(resumed.code(), absl::StatusCode::kUnavailable) << resumed;
-  EXPECT_NE(resumed.message().find("rank(s) 1 found no checkpoint"), absl::string_view::npos)
+  EXPECT_NE(
+      resumed.message().find("is not the directory rank 0 writes in on the host of rank(s) 1"),
+      absl::string_view::npos)
       << resumed;
-  EXPECT_NE(resumed.message().find("rank 0 found step 2"), absl::string_view::npos) << resumed;
+  EXPECT_NE(resumed.message().find("one file system that every rank's host shares"),
+            absl::string_view::npos)
+      << resumed;
   EXPECT_EQ(train::CheckpointStore(dir, 0).CommittedSteps(), (std::vector<int64_t>{2}));
 }
 
