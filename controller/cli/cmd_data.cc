@@ -84,8 +84,8 @@ absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareO
   RETURN_IF_ERROR(OutputIsNoInput("data prepare", options.output, inputs));
   if (options.eod && !byte) {
     return absl::InvalidArgumentError(
-        "data prepare: --eod is for --tokenizer byte (a SentencePiece model always appends its "
-        "end-of-document id)");
+        "data prepare: --eod is for --tokenizer byte (a SentencePiece model appends its own "
+        "end-of-document id; one without it is refused)");
   }
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (byte) {
@@ -95,6 +95,15 @@ absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareO
         data::OpenTokenizer(options.tokenizer);
     if (!opened.ok()) return LocalError(opened.status());
     tokenizer = std::move(*opened);
+    // Documents are separated by the model's end-of-document piece; one trained without it
+    // (eos_id=-1) would run them together with nothing to say where one ends.
+    if (tokenizer->eod_id() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data prepare: --tokenizer ", options.tokenizer,
+          " has no end-of-document piece (trained with eos_id=-1), so documents would run "
+          "together; allowed: a model with one (furnace data tokenizer train makes </s> id ",
+          data::kSentencePieceEodId, "), or --tokenizer byte --eod"));
+    }
   }
   absl::StatusOr<data::PrepareStats> stats;
   {

@@ -92,14 +92,26 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   absl::StatusOr<std::FILE*> file = CreateTempBeside(path, &tmp);
   if (!file.ok()) return file.status();
   const int fd = ::fileno(*file);
-  bool ok = !mode.has_value() || ::fchmod(fd, *mode) == 0;
-  ok = ok && std::fwrite(contents.data(), 1, contents.size(), *file) == contents.size() &&
-       std::fflush(*file) == 0 && ::fsync(fd) == 0;
-  const int error = errno;
-  ok = std::fclose(*file) == 0 && ok;
-  if (!ok) {
+  // The step that failed and its own errno (a full disk usually shows at the flush; a network
+  // file system may report a failed write only at the close).
+  const char* failed = nullptr;
+  if (mode.has_value() && ::fchmod(fd, *mode) != 0) {
+    failed = "chmod";
+  } else if (std::fwrite(contents.data(), 1, contents.size(), *file) != contents.size()) {
+    failed = "write";
+  } else if (std::fflush(*file) != 0) {
+    failed = "write (flush)";
+  } else if (::fsync(fd) != 0) {
+    failed = "fsync";
+  }
+  int error = failed != nullptr ? errno : 0;
+  if (std::fclose(*file) != 0 && failed == nullptr) {
+    failed = "close";
+    error = errno;
+  }
+  if (failed != nullptr) {
     std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("write ", tmp, ": ", std::strerror(error)));
+    return absl::InternalError(absl::StrCat(failed, " ", tmp, ": ", std::strerror(error)));
   }
   return RenameDurably(tmp, path);
 }

@@ -42,9 +42,16 @@ absl::Status DurableWriter::Append(const void* data, size_t n) {
 
 absl::Status DurableWriter::Commit() {
   if (file_ == nullptr) return absl::FailedPreconditionError("DurableWriter is not open");
-  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) return IoError("fsync", tmp_path_);
-  std::fclose(file_);
+  // Each step named as what failed: a full disk usually shows at the flush (fwrite buffers).
+  if (std::fflush(file_) != 0) return IoError("write (flush) to", tmp_path_);
+  if (::fsync(::fileno(file_)) != 0) return IoError("fsync", tmp_path_);
+  const int closed = std::fclose(file_);
   file_ = nullptr;
+  if (closed != 0) {  // a network file system may report a failed write only here
+    const absl::Status failed = IoError("close", tmp_path_);
+    std::remove(tmp_path_.c_str());
+    return failed;
+  }
   return RenameDurably(tmp_path_, path_);
 }
 

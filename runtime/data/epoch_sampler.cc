@@ -149,18 +149,27 @@ absl::StatusOr<std::vector<int>> BlendLayout(const std::vector<EpochSource>& sou
   }
   double total = 0;
   for (const EpochSource& s : sources) total += s.weight;
+  if (!std::isfinite(total) || !(total > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("data.blend: the weights sum to ", total,
+                                                   " (allowed: positive weights whose sum is a "
+                                                   "finite number; only their ratios matter)"));
+  }
   std::vector<int64_t> counts(sources.size());
   std::vector<std::pair<double, size_t>> remainders;
   int64_t assigned = 0;
   for (size_t d = 0; d < sources.size(); ++d) {
-    const double exact = kBlendSlots * sources[d].weight / total;
+    // The share first: K * w would overflow for weights near the largest double.
+    const double exact = sources[d].weight / total * kBlendSlots;
     counts[d] = static_cast<int64_t>(std::floor(exact));
     assigned += counts[d];
     remainders.push_back({exact - static_cast<double>(counts[d]), d});
   }
   std::stable_sort(remainders.begin(), remainders.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; assigned < kBlendSlots; ++i, ++assigned) ++counts[remainders[i].second];
+  // Largest remainders: fewer than one slot per dataset is left to hand out.
+  for (size_t i = 0; assigned < kBlendSlots && i < remainders.size(); ++i, ++assigned) {
+    ++counts[remainders[i].second];
+  }
   for (size_t d = 0; d < sources.size(); ++d) {
     if (counts[d] == 0) {
       return absl::InvalidArgumentError(

@@ -64,9 +64,10 @@ TEST(ExitCodesTest, GrpcMessages) {
   };
   EXPECT_EQ(unreachable("Ssl handshake failed: SSL_ERROR_SSL: error:0A000086:SSL "
                         "routines::certificate verify failed"),
-            "TLS handshake with the controller at 10.0.0.1:7070 failed: its certificate is not "
-            "signed by the CA given (--tls-ca or FURNACE_TLS_CA) (Ssl handshake failed: "
-            "SSL_ERROR_SSL: error:0A000086:SSL routines::certificate verify failed)");
+            "TLS handshake with the controller at 10.0.0.1:7070 failed: its certificate failed "
+            "verification: not signed by the CA given (--tls-ca or FURNACE_TLS_CA), expired or "
+            "not yet valid (Ssl handshake failed: SSL_ERROR_SSL: error:0A000086:SSL "
+            "routines::certificate verify failed)");
   EXPECT_EQ(unreachable("Ssl handshake failed: SSL_ERROR_SSL: error:0A00010B:SSL "
                         "routines::wrong version number"),
             "TLS handshake with the controller at 10.0.0.1:7070 failed: it does not speak TLS (a "

@@ -154,6 +154,24 @@ TEST(EpochSamplerTest, BlendFollowsTheWeightsAndEachDatasetHasItsOwnEpochs) {
   EXPECT_THAT(std::string(tiny.status().message()), ::testing::HasSubstr("fake2"));
 }
 
+// Only the weights' ratios matter, at any scale the spec accepts (finite and positive): 3e306
+// to 1e306 is the blend of 0.75 to 0.25 (4096 * 3e306 overflowed to infinity before, and its
+// floor cast to an integer); weights whose sum overflows are refused, not undefined.
+TEST(EpochSamplerTest, BlendWeightsNearTheLargestDoubleKeepTheirRatio) {
+  const SamplerConfig config{.batch = 4, .seq_len = 10, .seed = 1, .global_batch = 16};
+  auto small = MakeEpochSampler({{Stream(4001, 1), 0.75}, {Stream(2001, 2), 0.25}}, config, {});
+  auto huge = MakeEpochSampler({{Stream(4001, 1), 3e306}, {Stream(2001, 2), 1e306}}, config, {});
+  ASSERT_TRUE(small.ok()) << small.status();
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  for (int step = 0; step < 64; ++step) {
+    EXPECT_EQ(StepStarts(**huge, step), StepStarts(**small, step)) << "step " << step;
+  }
+  auto overflow =
+      MakeEpochSampler({{Stream(4001, 1), 1.5e308}, {Stream(2001, 2), 1.5e308}}, config, {});
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_THAT(std::string(overflow.status().message()), ::testing::HasSubstr("sum to inf"));
+}
+
 TEST(EpochSamplerTest, HeldOutWindowsAreNeverTrainedOn) {
   const int T = 8;
   const SamplerConfig c{.batch = 5, .seq_len = T, .seed = 4, .global_batch = 10};
