@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "runtime/base/status.h"
+#include "transport/channel_arguments.h"
 #include "transport/credentials.h"
 #include "transport/token_file.h"
 
@@ -22,15 +22,7 @@ namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
-  grpc::ChannelArguments args;
-  // Tries again 0.2 s after a failure, then up to every second. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS
-  // is also the shortest time gRPC gives a connection attempt: 5 s (at 200 ms a TCP and TLS
-  // handshake over a slow link could never complete; at the default 20 s an attempt whose SYN a
-  // cut link swallowed would hold reconnection back that long once the link is back).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, credentials, args);
+  return grpc::CreateCustomChannel(address, credentials, transport::ControllerChannelArguments());
 }
 
 }  // namespace

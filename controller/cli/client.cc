@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/controller.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "transport/channel_arguments.h"
 
 namespace furnace::cli {
 
@@ -79,19 +80,11 @@ namespace {
 
 // No limit on an answer's size (gRPC's default is 4 MiB): a long job's whole series (`furnace
 // report` asks for every step) is larger, and the controller bounds the rest (a page of logs is
-// at most a MiB, log_store.h). Reconnects every 0.2-1 s, as the agents do: with gRPC's default
-// backoff (1 s growing 1.6x, jittered) the tries after a controller restart fall near 1, 2.6,
-// 5.2, 9.3 and 15.8 s, and `watch`, `logs --follow` and `submit --watch` (which ride out 10 s of
-// outage, poll_outage.h) gave up on a controller that was back after 6. GRPC_ARG_MIN_RECONNECT_
-// BACKOFF_MS is also the shortest time gRPC gives a connection attempt (TCP and TLS handshakes):
-// 5 s, not 0.2 (a handshake over a slow link must finish) nor the default 20 (an attempt whose
-// SYN a dead host swallowed holds the next one back that long).
+// at most a MiB, log_store.h). Reconnects as the agents do (transport/channel_arguments.h), so
+// `watch`, `logs --follow` and `submit --watch` ride out a controller restart (poll_outage.h).
 grpc::ChannelArguments ChannelArguments() {
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = transport::ControllerChannelArguments();
   args.SetMaxReceiveMessageSize(-1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
 

@@ -86,6 +86,16 @@ absl::StatusOr<std::vector<std::pair<int64_t, bool>>> ListStepDirs(const std::st
   return steps;
 }
 
+// The steps of ListStepDirs that hold a manifest, ascending.
+std::vector<int64_t> CommittedOf(const std::vector<std::pair<int64_t, bool>>& dirs) {
+  std::vector<int64_t> steps;
+  for (const auto& [step, has_manifest] : dirs) {
+    if (has_manifest) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 // The element count of `shape` (dims >= 0), saturating at INT64_MAX: shapes come from a manifest,
 // which no checksum protects.
 int64_t SaturatingNumel(const std::vector<int64_t>& shape) {
@@ -379,12 +389,7 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
 
 absl::StatusOr<std::vector<int64_t>> CheckpointStore::ListCommittedSteps() const {
   ASSIGN_OR_RETURN(const auto dirs, ListStepDirs(dir_));
-  std::vector<int64_t> steps;
-  for (const auto& [step, committed] : dirs) {
-    if (committed) steps.push_back(step);
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
+  return CommittedOf(dirs);
 }
 
 std::vector<int64_t> CheckpointStore::CommittedSteps() const {
@@ -409,11 +414,7 @@ absl::Status CheckpointStore::Prune(int64_t latest) const {
   if (keep_ <= 0) return absl::OkStatus();
   // Nothing is deleted on a listing that failed: a partial one would count too few newer steps.
   ASSIGN_OR_RETURN(const auto dirs, ListStepDirs(dir_));
-  std::vector<int64_t> committed;
-  for (const auto& [step, has_manifest] : dirs) {
-    if (has_manifest) committed.push_back(step);
-  }
-  std::sort(committed.begin(), committed.end());
+  const std::vector<int64_t> committed = CommittedOf(dirs);
   std::vector<int64_t> doomed;
   int kept = 0;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
