@@ -68,25 +68,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 
 JobStore::~JobStore() { sqlite3_close(db_); }
 
-absl::Status JobStore::Exec(const std::string& sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("job store: ", msg));
-  }
-  return absl::OkStatus();
-}
+absl::Status JobStore::Exec(const std::string& sql) { return ExecSql(db_, sql); }
 
 absl::Status JobStore::Transaction(const std::function<absl::Status()>& body) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::Status status = body();
-  if (!status.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return status;
-  }
-  return Exec("COMMIT");
+  return RunTransaction(db_, body);
 }
 
 absl::StatusOr<uint64_t> JobStore::NextJobSeq() {

@@ -1,13 +1,16 @@
-// A prepared SQLite statement with RAII finalisation and typed binds. Internal to the store.
+// A prepared SQLite statement with RAII finalisation and typed binds, and transactions.
+// Internal to the store.
 #pragma once
 
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 
 namespace furnace::controller {
 
@@ -70,5 +73,31 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
   int rc_;
 };
+
+// Runs `sql` (statements without results) on `db`.
+inline absl::Status ExecSql(sqlite3* db, const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("job store: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+// Runs `body` as one IMMEDIATE transaction on `db`: committed when it returns OK, rolled back when
+// it fails. A COMMIT that fails (SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY, a deferred constraint)
+// may leave the transaction open (sqlite.org/lang_transaction.html, "Response To Errors Within A
+// Transaction"), and the connection's later statements would run inside it, reported done and
+// never committed, while every later BEGIN failed: it is rolled back, and the COMMIT's error
+// returned.
+inline absl::Status RunTransaction(sqlite3* db, const std::function<absl::Status()>& body) {
+  RETURN_IF_ERROR(ExecSql(db, "BEGIN IMMEDIATE"));
+  absl::Status status = body();
+  if (status.ok()) status = ExecSql(db, "COMMIT");
+  // sqlite3_get_autocommit is 0 while a transaction is open.
+  if (!status.ok() && sqlite3_get_autocommit(db) == 0) ExecSql(db, "ROLLBACK").IgnoreError();
+  return status;
+}
 
 }  // namespace furnace::controller

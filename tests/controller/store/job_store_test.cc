@@ -1,7 +1,10 @@
 #include "controller/store/job_store.h"
 
+#include <sqlite3.h>
+
 #include <filesystem>
 
+#include "controller/store/sqlite_statement.h"
 #include "gtest/gtest.h"
 
 namespace furnace::controller {
@@ -160,6 +163,40 @@ TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {
   EXPECT_EQ(seen.front(), 1u);
   EXPECT_EQ(seen.back(), 90u);
   EXPECT_TRUE(s.ForEachStep("other", [&](const v1::StepRecord&) { ADD_FAILURE(); }).ok());
+}
+
+// A COMMIT that fails can leave its transaction open (a deferred constraint here; SQLITE_FULL,
+// SQLITE_IOERR or SQLITE_BUSY on a real disk). It is rolled back: the failed body's writes are
+// gone, the next write commits on its own, and the next transaction begins (it failed with
+// "cannot start a transaction within a transaction", and every write after the failure ran inside
+// the dangling transaction, reported done and never committed).
+TEST(JobStoreTest, AFailedCommitLeavesNoTransactionOpen) {
+  const std::string path = TempDb();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_TRUE(ExecSql(db,
+                      "PRAGMA foreign_keys = ON; CREATE TABLE parent (id INTEGER PRIMARY KEY); "
+                      "CREATE TABLE child (id INTEGER PRIMARY KEY, parent INTEGER REFERENCES "
+                      "parent(id) DEFERRABLE INITIALLY DEFERRED); CREATE TABLE log (v INTEGER);")
+                  .ok());
+  const absl::Status failed = RunTransaction(db, [&] {
+    return ExecSql(db, "INSERT INTO log VALUES (1); INSERT INTO child VALUES (1, 99);");
+  });
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.ToString().find("FOREIGN KEY"), std::string::npos) << failed;
+  EXPECT_EQ(sqlite3_get_autocommit(db), 1) << "the failed transaction is still open";
+  ASSERT_TRUE(ExecSql(db, "INSERT INTO log VALUES (2)").ok());
+  const absl::Status next =
+      RunTransaction(db, [&] { return ExecSql(db, "INSERT INTO log VALUES (3)"); });
+  EXPECT_TRUE(next.ok()) << next;
+  sqlite3_close(db);
+  // Every write that was reported done is there, and none of the failed transaction's.
+  sqlite3* reopened = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &reopened), SQLITE_OK);
+  Statement q(reopened, "SELECT group_concat(v) FROM (SELECT v FROM log ORDER BY v)");
+  ASSERT_TRUE(*q.Step());
+  EXPECT_EQ(q.Blob(0), "2,3");
+  sqlite3_close(reopened);
 }
 
 }  // namespace
