@@ -234,8 +234,8 @@ int Fail(Progress& progress, uint64_t step, int code, const std::string& message
 // An error of the data itself, at start-up or met as it is read: the user's to fix, never
 // retried. DataLoss: the file is damaged (corrupt data); else it does not fit the job (bad input).
 // A file that is there but could not be read now (Unavailable: a network file system's fault, a
-// mount not ready on this node; mapped_file.h) is no fault of the data: an error exit, which the
-// controller retries.
+// mount not ready on this node, a file cut short since it was opened; data_file.h) is no fault
+// of the data: an error exit, which the controller retries.
 int FailOnData(Progress& progress, uint64_t step, const absl::Status& status) {
   if (absl::IsUnavailable(status)) {
     return Fail(progress, step, kRankExitError, absl::StrCat("data: ", status.message()));

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
         if (!batch.ok()) Die(batch.status());
       }
       (cold ? sample_cold : sample_warm).push_back((Now() - t0) / 4);
-      made = absl::UnknownError("closed");  // unmapped: the drop below reaches every page
+      made = absl::UnknownError("closed");  // closed: the drop below reaches every page
 
       // Every token read in order and checked, as Open did before tokens were checked as read
       // (with the kernel's read-ahead, as a sequential read gets it).

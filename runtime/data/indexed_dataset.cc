@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,10 @@ const DType* FindDType(int code) {
 
 int64_t LoadI64(const unsigned char* p) { return static_cast<int64_t>(LoadU64(p)); }
 
+// Entries of the index's arrays read at once while it is validated: 768 KiB of lengths and
+// pointers, whatever the dataset's size.
+constexpr uint64_t kIndexChunk = uint64_t{1} << 16;
+
 }  // namespace
 
 IndexedDataset::~IndexedDataset() = default;
@@ -46,12 +51,13 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
     return absl::DataLossError(absl::StrCat("indexed dataset index ", idx_path, ": ", what));
   };
   // The index is read through at once; the data a window at a time.
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> idx,
-                   MappedFile::Open(idx_path, "indexed dataset index", FileAccess::kSequential));
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin,
-                   MappedFile::Open(bin_path, "indexed dataset data", FileAccess::kRandom));
-  const unsigned char* h = idx->data();
+  ASSIGN_OR_RETURN(std::unique_ptr<DataFile> idx,
+                   DataFile::Open(idx_path, "indexed dataset index", FileAccess::kSequential));
+  ASSIGN_OR_RETURN(std::unique_ptr<DataFile> bin,
+                   DataFile::Open(bin_path, "indexed dataset data", FileAccess::kRandom));
   const int64_t idx_bytes = idx->size();
+  unsigned char h[kIndexedHeaderBytes];
+  RETURN_IF_ERROR(idx->ReadAt(0, std::min(idx_bytes, kIndexedHeaderBytes), h));
   // A prefix of the magic (an empty file too) is a file cut short, not another format.
   if (idx_bytes < 9 &&
       (idx_bytes == 0 || std::memcmp(h, kIndexedMagic, static_cast<size_t>(idx_bytes)) == 0)) {
@@ -97,23 +103,31 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
     return damaged(absl::StrCat("has ", body - expected, " bytes after the ", S, " sequences and ",
                                 D, " document indices the header describes"));
   }
-  const unsigned char* lengths = h + kIndexedHeaderBytes;
-  const unsigned char* pointers = lengths + 4 * S;
-  const unsigned char* documents = pointers + 8 * S;
-  if (D < 1 || LoadI64(documents) != 0 ||
-      LoadI64(documents + 8 * (D - 1)) != static_cast<int64_t>(S)) {
+  const int64_t lengths_at = kIndexedHeaderBytes;
+  const int64_t pointers_at = lengths_at + static_cast<int64_t>(4 * S);
+  const int64_t documents_at = pointers_at + static_cast<int64_t>(8 * S);
+  // Read through in chunks: lengths and pointers side by side, or document indices.
+  std::vector<unsigned char> chunk(12 * kIndexChunk);
+  int64_t first_document = 0, last_document = 0;
+  for (uint64_t d0 = 0; d0 < D; d0 += kIndexChunk) {
+    const uint64_t k = std::min(kIndexChunk, D - d0);
+    RETURN_IF_ERROR(idx->ReadAt(documents_at + static_cast<int64_t>(8 * d0),
+                                static_cast<int64_t>(8 * k), chunk.data()));
+    for (uint64_t i = 0; i < k; ++i) {
+      const uint64_t d = d0 + i;
+      const int64_t value = LoadI64(chunk.data() + 8 * i);
+      if (d == 0) first_document = value;
+      if (d > 0 && value < last_document) {
+        return damaged(absl::StrCat("document index ", d, " (", value,
+                                    ") is below the one before it (", last_document, ")"));
+      }
+      last_document = value;
+    }
+  }
+  if (D < 1 || first_document != 0 || last_document != static_cast<int64_t>(S)) {
     return damaged(absl::StrCat(
         "document indices must run from 0 to the sequence count ", S, "; found ", D, " of them",
-        D >= 1
-            ? absl::StrCat(" from ", LoadI64(documents), " to ", LoadI64(documents + 8 * (D - 1)))
-            : ""));
-  }
-  for (uint64_t d = 1; d < D; ++d) {
-    if (LoadI64(documents + 8 * d) < LoadI64(documents + 8 * (d - 1))) {
-      return damaged(absl::StrCat("document index ", d, " (", LoadI64(documents + 8 * d),
-                                  ") is below the one before it (",
-                                  LoadI64(documents + 8 * (d - 1)), ")"));
-    }
+        D >= 1 ? absl::StrCat(" from ", first_document, " to ", last_document) : ""));
   }
 
   std::unique_ptr<IndexedDataset> ds(new IndexedDataset());
@@ -124,62 +138,79 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   ds->is_signed_ = dtype->is_signed;
   ds->num_sequences_ = static_cast<int64_t>(S);
   ds->num_documents_ = static_cast<int64_t>(D) - 1;
+  ds->pointers_at_ = pointers_at;
   const int64_t bin_bytes = bin->size();
   int64_t end_of_previous = 0;
   int64_t tokens = 0;
   bool contiguous = true;
-  for (uint64_t i = 0; i < S; ++i) {
-    const int32_t length = static_cast<int32_t>(LoadU32(lengths + 4 * i));
-    const int64_t pointer = LoadI64(pointers + 8 * i);
-    if (length < 0) return damaged(absl::StrCat("sequence ", i, " has length ", length));
-    if (pointer < end_of_previous || pointer % dtype->width != 0) {
-      return damaged(absl::StrCat(
-          "sequence ", i, " starts at byte ", pointer,
-          i > 0 ? absl::StrCat(", inside sequence ", i - 1, " (which ends at byte ",
-                               end_of_previous, ")")
-                : "",
-          pointer % dtype->width != 0
-              ? absl::StrCat(", not a multiple of the ", dtype->width, "-byte token width")
-              : ""));
+  for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
+    const uint64_t k = std::min(kIndexChunk, S - s0);
+    unsigned char* lengths = chunk.data();
+    unsigned char* pointers = chunk.data() + 4 * k;
+    RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
+                                static_cast<int64_t>(4 * k), lengths));
+    RETURN_IF_ERROR(idx->ReadAt(pointers_at + static_cast<int64_t>(8 * s0),
+                                static_cast<int64_t>(8 * k), pointers));
+    for (uint64_t j = 0; j < k; ++j) {
+      const uint64_t i = s0 + j;
+      const int32_t length = static_cast<int32_t>(LoadU32(lengths + 4 * j));
+      const int64_t pointer = LoadI64(pointers + 8 * j);
+      if (length < 0) return damaged(absl::StrCat("sequence ", i, " has length ", length));
+      if (pointer < end_of_previous || pointer % dtype->width != 0) {
+        return damaged(absl::StrCat(
+            "sequence ", i, " starts at byte ", pointer,
+            i > 0 ? absl::StrCat(", inside sequence ", i - 1, " (which ends at byte ",
+                                 end_of_previous, ")")
+                  : "",
+            pointer % dtype->width != 0
+                ? absl::StrCat(", not a multiple of the ", dtype->width, "-byte token width")
+                : ""));
+      }
+      // Compared without forming pointer + bytes, which a damaged pointer near INT64_MAX wraps.
+      const int64_t bytes = int64_t{length} * dtype->width;
+      if (pointer > bin_bytes || bytes > bin_bytes - pointer) {
+        return absl::DataLossError(absl::StrCat(
+            "indexed dataset data ", bin_path, ": truncated: sequence ", i, " of ", idx_path, " (",
+            bytes, " bytes at byte ", pointer, ") ends past the file's ", bin_bytes, " bytes"));
+      }
+      contiguous = contiguous && pointer == end_of_previous;
+      end_of_previous = pointer + bytes;
+      tokens += length;
     }
-    // Compared without forming pointer + bytes, which a damaged pointer near INT64_MAX wraps.
-    const int64_t bytes = int64_t{length} * dtype->width;
-    if (pointer > bin_bytes || bytes > bin_bytes - pointer) {
-      return absl::DataLossError(absl::StrCat(
-          "indexed dataset data ", bin_path, ": truncated: sequence ", i, " of ", idx_path, " (",
-          bytes, " bytes at byte ", pointer, ") ends past the file's ", bin_bytes, " bytes"));
-    }
-    contiguous = contiguous && pointer == end_of_previous;
-    end_of_previous = pointer + bytes;
-    tokens += length;
   }
   ds->size_ = tokens;
   if (!contiguous) {
     ds->offsets_.resize(S + 1);
-    for (uint64_t i = 0; i < S; ++i) {
-      ds->offsets_[i + 1] = ds->offsets_[i] + int64_t{LoadU32(lengths + 4 * i)};
+    for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
+      const uint64_t k = std::min(kIndexChunk, S - s0);
+      RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
+                                  static_cast<int64_t>(4 * k), chunk.data()));
+      for (uint64_t j = 0; j < k; ++j) {
+        ds->offsets_[s0 + j + 1] = ds->offsets_[s0 + j] + int64_t{LoadU32(chunk.data() + 4 * j)};
+      }
     }
   }
-  // Read through; from now on (a .bin with gaps) looked up at random.
+  // Read through; from now on (a sequence's place) looked up at random.
   idx->Advise(FileAccess::kRandom);
-  ds->lengths_ = lengths;
-  ds->pointers_ = pointers;
-  ds->bin_ = bin->data();
-  ds->idx_map_ = std::move(idx);
-  ds->bin_map_ = std::move(bin);
+  ds->idx_ = std::move(idx);
+  ds->bin_ = std::move(bin);
   return ds;
 }
 
-int64_t IndexedDataset::Length(int64_t sequence) const {
-  return int64_t{LoadU32(lengths_ + 4 * sequence)};
+absl::StatusOr<int64_t> IndexedDataset::Length(int64_t sequence) const {
+  if (!contiguous()) return offsets_[sequence + 1] - offsets_[sequence];
+  unsigned char bytes[4];
+  RETURN_IF_ERROR(idx_->ReadAt(kIndexedHeaderBytes + 4 * sequence, 4, bytes));
+  return int64_t{LoadU32(bytes)};
 }
 
-int64_t IndexedDataset::Pointer(int64_t sequence) const {
-  return LoadI64(pointers_ + 8 * sequence);
+absl::StatusOr<int64_t> IndexedDataset::Pointer(int64_t sequence) const {
+  unsigned char bytes[8];
+  RETURN_IF_ERROR(idx_->ReadAt(pointers_at_ + 8 * sequence, 8, bytes));
+  return LoadI64(bytes);
 }
 
-int64_t IndexedDataset::TokenAtByte(int64_t byte) const {
-  const unsigned char* p = bin_ + byte;
+int64_t IndexedDataset::Decode(const unsigned char* p) const {
   switch (width_) {
     case 1:
       return is_signed_ ? int64_t{static_cast<int8_t>(p[0])} : int64_t{p[0]};
@@ -194,17 +225,20 @@ int64_t IndexedDataset::TokenAtByte(int64_t byte) const {
   }
 }
 
-int64_t IndexedDataset::FirstOf(int64_t sequence) const {
-  return contiguous() ? Pointer(sequence) / width_ : offsets_[sequence];
+absl::StatusOr<int64_t> IndexedDataset::FirstOf(int64_t sequence) const {
+  if (!contiguous()) return offsets_[sequence];
+  ASSIGN_OR_RETURN(const int64_t pointer, Pointer(sequence));
+  return pointer / width_;
 }
 
-int64_t IndexedDataset::SequenceOf(int64_t position) const {
+absl::StatusOr<int64_t> IndexedDataset::SequenceOf(int64_t position) const {
   // The last sequence whose first position is <= position (an empty sequence shares its first
   // position with the next one, which is the one that holds the token).
   int64_t lo = 0, hi = num_sequences_;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (FirstOf(mid) <= position) {
+    ASSIGN_OR_RETURN(const int64_t first, FirstOf(mid));
+    if (first <= position) {
       lo = mid + 1;
     } else {
       hi = mid;
@@ -213,39 +247,58 @@ int64_t IndexedDataset::SequenceOf(int64_t position) const {
   return lo - 1;
 }
 
-void IndexedDataset::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
+absl::Status IndexedDataset::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
+  unsigned char bytes[kMaxStoredRead * 8];
   if (contiguous()) {
-    for (int64_t i = 0; i < n; ++i) out[i] = TokenAtByte((begin + i) * width_);
-    return;
-  }
-  int64_t s = SequenceOf(begin);
-  int64_t k = begin - offsets_[s];
-  for (int64_t i = 0; i < n; ++i) {
-    while (k >= Length(s)) {
-      ++s;
-      k = 0;
+    RETURN_IF_ERROR(bin_->ReadAt(begin * width_, n * width_, bytes));
+  } else {
+    // One read per sequence the range meets, of the part of it in the range.
+    ASSIGN_OR_RETURN(int64_t s, SequenceOf(begin));
+    int64_t k = begin - offsets_[s];
+    for (int64_t done = 0; done < n;) {
+      while (k >= offsets_[s + 1] - offsets_[s]) {
+        ++s;
+        k = 0;
+      }
+      const int64_t run = std::min(n - done, offsets_[s + 1] - offsets_[s] - k);
+      ASSIGN_OR_RETURN(const int64_t pointer, Pointer(s));
+      RETURN_IF_ERROR(bin_->ReadAt(pointer + k * width_, run * width_, bytes + done * width_));
+      done += run;
+      k += run;
     }
-    out[i] = TokenAtByte(Pointer(s) + k++ * width_);
   }
+  for (int64_t i = 0; i < n; ++i) out[i] = Decode(bytes + i * width_);
+  return absl::OkStatus();
 }
 
 void IndexedDataset::Prefetch(int64_t position) const {
-  const int64_t s = SequenceOf(position);
-  bin_map_->WillNeed(Pointer(s) + (position - FirstOf(s)) * width_, width_);
+  if (contiguous()) {
+    bin_->WillNeed(position * width_, width_);
+    return;
+  }
+  // A hint: an index that cannot be read now is the read's to report.
+  const absl::StatusOr<int64_t> s = SequenceOf(position);
+  if (!s.ok()) return;
+  const absl::StatusOr<int64_t> pointer = Pointer(*s);
+  if (pointer.ok()) bin_->WillNeed(*pointer + (position - offsets_[*s]) * width_, width_);
 }
 
 absl::Status IndexedDataset::BadToken(int64_t position, int64_t value) const {
-  const int64_t s = SequenceOf(position);
-  const int64_t k = position - FirstOf(s);
+  ASSIGN_OR_RETURN(const int64_t s, SequenceOf(position));
+  ASSIGN_OR_RETURN(const int64_t first, FirstOf(s));
+  ASSIGN_OR_RETURN(const int64_t pointer, Pointer(s));
+  const int64_t k = position - first;
   return absl::InvalidArgumentError(
       absl::StrCat("indexed dataset data ", DataPath(prefix_), ": token ", k, " of sequence ", s,
-                   " (byte offset ", Pointer(s) + k * width_, ") has value ", value,
+                   " (byte offset ", pointer + k * width_, ") has value ", value,
                    ", outside the model's vocab [0, ", vocab_, ")"));
 }
 
 absl::StatusOr<std::vector<int32_t>> IndexedDataset::Sequence(int64_t i) const {
-  std::vector<int32_t> out(static_cast<size_t>(Length(i)));
-  RETURN_IF_ERROR(Read(FirstOf(i), static_cast<int64_t>(out.size()), out.data()));
+  ASSIGN_OR_RETURN(const int64_t length, Length(i));
+  ASSIGN_OR_RETURN(const int64_t first, FirstOf(i));
+  std::vector<int32_t> out(static_cast<size_t>(length));
+  RETURN_IF_ERROR(Read(first, length, out.data()));
   return out;
 }
 

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/data/mapped_file.h"
+#include "runtime/data/data_file.h"
 #include "runtime/data/token_stream.h"
 
 namespace furnace::data {
@@ -47,8 +47,8 @@ inline constexpr char kIndexedMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0
 inline constexpr uint64_t kIndexedVersion = 1;
 inline constexpr int64_t kIndexedHeaderBytes = 34;
 
-// An open, validated indexed dataset: both files memory-mapped read-only. Immutable after Open:
-// safe to read from any thread. Owns the mappings (unmapped on destruction).
+// An open, validated indexed dataset: both files open read-only and read as needed (data_file.h).
+// Immutable after Open: safe to read from any thread. Owns the files (closed on destruction).
 class IndexedDataset : public TokenStream {
  public:
   // Opens PREFIX.idx and PREFIX.bin and validates the index against the data's size (see above);
@@ -77,25 +77,24 @@ class IndexedDataset : public TokenStream {
   absl::StatusOr<std::vector<int32_t>> Sequence(int64_t i) const;
 
  protected:
-  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
+  absl::Status ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
   absl::Status BadToken(int64_t position, int64_t value) const override;
   void Prefetch(int64_t position) const override;
 
  private:
   IndexedDataset() = default;
-  int64_t Length(int64_t sequence) const;   // from the .idx
-  int64_t Pointer(int64_t sequence) const;  // byte offset in the .bin, from the .idx
-  int64_t TokenAtByte(int64_t byte) const;  // the token stored at that byte of the .bin
-  int64_t FirstOf(int64_t sequence) const;  // the stream position of its first token
+  // Read from the .idx (Length from offsets_ when there are gaps); its read error otherwise.
+  absl::StatusOr<int64_t> Length(int64_t sequence) const;
+  absl::StatusOr<int64_t> Pointer(int64_t sequence) const;  // byte offset in the .bin
+  absl::StatusOr<int64_t> FirstOf(int64_t sequence) const;  // stream position of its first token
   // The sequence that holds the token at stream position `position` (< size()): binary search.
-  int64_t SequenceOf(int64_t position) const;
+  absl::StatusOr<int64_t> SequenceOf(int64_t position) const;
+  int64_t Decode(const unsigned char* p) const;  // the token stored at p, as the dtype says
 
   std::string prefix_;
-  std::unique_ptr<MappedFile> idx_map_;
-  std::unique_ptr<MappedFile> bin_map_;
-  const unsigned char* bin_ = nullptr;
-  const unsigned char* lengths_ = nullptr;   // i32[S] inside the .idx mapping
-  const unsigned char* pointers_ = nullptr;  // i64[S] inside the .idx mapping
+  std::unique_ptr<DataFile> idx_;
+  std::unique_ptr<DataFile> bin_;
+  int64_t pointers_at_ = 0;  // byte offset of i64[S] in the .idx
   // Empty when contiguous(); else (S + 1) first stream position of each sequence.
   std::vector<int64_t> offsets_;
   int64_t size_ = 0;

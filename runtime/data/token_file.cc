@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -25,18 +26,20 @@ void StoreU64(unsigned char* p, uint64_t v) {
 
 absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path,
                                                            int64_t expected_vocab) {
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map,
-                   MappedFile::Open(path, "token file", FileAccess::kRandom));
-  const int64_t file_bytes = map->size();
+  ASSIGN_OR_RETURN(std::unique_ptr<DataFile> data,
+                   DataFile::Open(path, "token file", FileAccess::kRandom));
+  const int64_t file_bytes = data->size();
   if (file_bytes < kTokenFileHeaderBytes) {
     return absl::DataLossError(absl::StrCat("token file ", path, ": truncated: ", file_bytes,
                                             " bytes, shorter than the ", kTokenFileHeaderBytes,
                                             "-byte header"));
   }
+  // The longest header there is, or the whole file when it is shorter.
+  unsigned char bytes[kTokenFileHeaderBytes + 4 + kMaxTokenizerIdentityBytes];
+  RETURN_IF_ERROR(data->ReadAt(0, std::min<int64_t>(file_bytes, sizeof bytes), bytes));
   std::unique_ptr<TokenFile> file(new TokenFile());
   file->path_ = path;
-  const unsigned char* bytes = map->data();
-  file->map_ = std::move(map);
+  file->data_ = std::move(data);
 
   if (std::memcmp(bytes, kTokenFileMagic, 8) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -94,24 +97,26 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
                                                    " exceeds the model's vocab ", expected_vocab));
   }
   file->header_bytes_ = header_bytes;
-  file->tokens_ = bytes + header_bytes;
   file->count_ = static_cast<int64_t>(count);
   file->vocab_ = vocab;
   file->token_bytes_ = static_cast<int>(width);
   return file;
 }
 
-void TokenFile::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
-  const unsigned char* p = tokens_ + begin * token_bytes_;
+absl::Status TokenFile::ReadStored(int64_t begin, int64_t n, int64_t* out) const {
+  unsigned char bytes[kMaxStoredRead * 4];
+  RETURN_IF_ERROR(data_->ReadAt(header_bytes_ + begin * token_bytes_, n * token_bytes_, bytes));
+  const unsigned char* p = bytes;
   if (token_bytes_ == 2) {
     for (int64_t i = 0; i < n; ++i, p += 2) out[i] = int64_t{p[0]} | int64_t{p[1]} << 8;
   } else {
     for (int64_t i = 0; i < n; ++i, p += 4) out[i] = int64_t{LoadU32(p)};
   }
+  return absl::OkStatus();
 }
 
 void TokenFile::Prefetch(int64_t position) const {
-  map_->WillNeed(header_bytes_ + position * token_bytes_, token_bytes_);
+  data_->WillNeed(header_bytes_ + position * token_bytes_, token_bytes_);
 }
 
 absl::Status TokenFile::BadToken(int64_t position, int64_t value) const {

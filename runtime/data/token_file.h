@@ -16,8 +16,9 @@
 // writer given no identity writes version 1, so files made before identities existed and files
 // made without one read the same.
 //
-// TokenFile memory-maps a file read-only and validates its header and size on Open; its tokens are
-// checked as they are read (token_stream.h), so a file of hundreds of GB opens at once. A token at
+// TokenFile opens a file read-only and validates its header and size on Open; its tokens are read
+// (data_file.h) and checked as they are needed (token_stream.h), so a file of hundreds of GB
+// opens at once. A token at
 // or above the header's vocab is damage (DataLoss): the file contradicts its own header.
 // TokenFileWriter writes one through a temporary file renamed into place on
 // Finish, so a reader never sees a half-written file under the final name.
@@ -30,7 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/data/mapped_file.h"
+#include "runtime/data/data_file.h"
 #include "runtime/data/token_stream.h"
 
 namespace furnace::data {
@@ -41,10 +42,10 @@ inline constexpr int64_t kTokenFileHeaderBytes = 28;  // version 1; version 2 ad
 inline constexpr int64_t kMaxTokenizerIdentityBytes = 256;
 
 // An open, validated token file. Immutable after Open: safe to read from any thread. Owns the
-// mapping (unmapped on destruction).
+// open file (closed on destruction).
 class TokenFile : public TokenStream {
  public:
-  // Maps and validates `path`: magic, version (1 or 2), token width, identity length, file size
+  // Opens and validates `path`: magic, version (1 or 2), token width, identity length, file size
   // against count. When expected_vocab > 0 (the model's vocab), the file's vocab must not exceed
   // it (a model may pad its vocab, e.g. 50304 for GPT-2's 50257). Errors name the file.
   static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path,
@@ -62,7 +63,7 @@ class TokenFile : public TokenStream {
   const std::string& identity() const { return identity_; }
 
  protected:
-  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
+  absl::Status ReadStored(int64_t begin, int64_t n, int64_t* out) const override;
   absl::Status BadToken(int64_t position, int64_t value) const override;
   void Prefetch(int64_t position) const override;
 
@@ -71,9 +72,8 @@ class TokenFile : public TokenStream {
   std::string path_;
   std::string identity_;
   int version_ = 0;
-  std::unique_ptr<MappedFile> map_;
+  std::unique_ptr<DataFile> data_;
   int64_t header_bytes_ = 0;
-  const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;
   int64_t vocab_ = 0;
   int token_bytes_ = 0;

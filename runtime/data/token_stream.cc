@@ -11,12 +11,12 @@ namespace furnace::data {
 absl::Status TokenStream::Read(int64_t begin, int64_t n, int32_t* out) const {
   // In chunks through a buffer on the stack: a window is a few thousand tokens at most, and a
   // read allocates nothing.
-  constexpr int64_t kChunk = 512;
+  constexpr int64_t kChunk = kMaxStoredRead;
   int64_t stored[kChunk];
   const int64_t limit = vocab();
   for (int64_t done = 0; done < n; done += kChunk) {
     const int64_t count = std::min(kChunk, n - done);
-    ReadStored(begin + done, count, stored);
+    RETURN_IF_ERROR(ReadStored(begin + done, count, stored));
     for (int64_t i = 0; i < count; ++i) {
       if (stored[i] < 0 || stored[i] >= limit) return BadToken(begin + done + i, stored[i]);
       out[done + i] = static_cast<int32_t>(stored[i]);

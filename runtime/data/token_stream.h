@@ -5,7 +5,8 @@
 // reads headers and indexes only, so a dataset of hundreds of GB starts in the time its index
 // takes, and a rank reads (and checks) only the windows it trains on. A token outside the vocab
 // is then an error of the read that meets it (named by file, place and value), which the sampler
-// passes on to the step that asked for it (sampler.h: IsDataError).
+// passes on to the step that asked for it (sampler.h: IsDataError). So is a file that cannot be
+// read any more (data_file.h).
 #pragma once
 
 #include <cstdint>
@@ -40,8 +41,10 @@ class TokenStream {
   // A hint that the token at `position` will be read soon (default: none).
   virtual void Prefetch(int64_t /*position*/) const {}
   // out[0..n) = tokens [begin, begin + n) as stored, unchecked (int64: a 64-bit or unsigned 32-bit
-  // dataset can hold values no int32 can).
-  virtual void ReadStored(int64_t begin, int64_t n, int64_t* out) const = 0;
+  // dataset can hold values no int32 can); n <= kMaxStoredRead. The file's read error when they
+  // cannot be read (data_file.h: Unavailable).
+  virtual absl::Status ReadStored(int64_t begin, int64_t n, int64_t* out) const = 0;
+  static constexpr int64_t kMaxStoredRead = 512;
   // The error for the token at stream position `position` holding `value` (outside the vocab):
   // names the file, the token's place in it (byte offset) and the allowed range.
   virtual absl::Status BadToken(int64_t position, int64_t value) const = 0;

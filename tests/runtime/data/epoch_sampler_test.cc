@@ -28,9 +28,10 @@ class FakeStream : public TokenStream {
   int64_t vocab() const override { return 1 << 30; }
 
  protected:
-  void ReadStored(int64_t begin, int64_t n, int64_t* out) const override {
+  absl::Status ReadStored(int64_t begin, int64_t n, int64_t* out) const override {
     reads += n;
     for (int64_t i = 0; i < n; ++i) out[i] = begin + i == bad_at_ ? -1 : tag_ * 100000 + begin + i;
+    return absl::OkStatus();
   }
   absl::Status BadToken(int64_t position, int64_t value) const override {
     return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -358,6 +359,70 @@ TEST(IndexedDatasetTest, APlantedBadTokenIsNamedAtItsPlace) {
     EXPECT_FALSE((*ds)->Sequence(11).ok());
     EXPECT_TRUE((*ds)->Sequence(12).ok());
     EXPECT_TRUE((*ds)->Sequence(10).ok());  // empty
+  }
+}
+
+// An index of more sequences than Open reads at once (it validates the index in chunks of 65,536
+// entries): every sequence reads back, on both sides of each chunk boundary, with and without
+// gaps between sequences.
+TEST(IndexedDatasetTest, AnIndexLargerThanOneReadChunkReadsBack) {
+  for (const bool gaps : {false, true}) {
+    testing_util::TestDir dir;
+    const std::string prefix = dir / "corpus";
+    const auto expected = WriteWithReference(
+        prefix, std::string("--seed 4 --documents 140000 --max-sequence 3 --vocab 300") +
+                    (gaps ? " --gaps" : ""));
+    ASSERT_EQ(expected.size(), 140000u);
+    auto ds = IndexedDataset::Open(prefix, 300);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ((*ds)->contiguous(), !gaps);
+    std::vector<int32_t> all;
+    for (const std::vector<int32_t>& sequence : expected) {
+      all.insert(all.end(), sequence.begin(), sequence.end());
+    }
+    ASSERT_EQ((*ds)->size(), static_cast<int64_t>(all.size()));
+    std::vector<int32_t> got(all.size());
+    ASSERT_TRUE((*ds)->Read(0, (*ds)->size(), got.data()).ok());
+    EXPECT_EQ(got, all);
+    for (int64_t i : {0, 65535, 65536, 65537, 131071, 131072, 139999}) {
+      const absl::StatusOr<std::vector<int32_t>> sequence = (*ds)->Sequence(i);
+      ASSERT_TRUE(sequence.ok()) << sequence.status();
+      EXPECT_EQ(*sequence, expected[static_cast<size_t>(i)]) << "sequence " << i;
+    }
+  }
+}
+
+// A file cut short while a job has it open (rewritten in place by a copy, a preprocessing run
+// writing to the same prefix): the read that meets the missing bytes is an error naming the file,
+// retried by a restart that opens it again (Unavailable), never a SIGBUS that kills the rank
+// without a word. Before the bytes are gone, everything reads.
+TEST(IndexedDatasetTest, AFileCutShortWhileOpenIsAReadErrorNamingIt) {
+  for (const bool gaps : {false, true}) {
+    testing_util::TestDir dir;
+    const std::string prefix = dir / "corpus";
+    WriteWithReference(
+        prefix, std::string("--seed 2 --documents 3000 --vocab 5000") + (gaps ? " --gaps" : ""));
+    auto ds = IndexedDataset::Open(prefix, 5000);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    std::vector<int32_t> got((*ds)->size());
+    ASSERT_TRUE((*ds)->Read(0, (*ds)->size(), got.data()).ok());
+    const uintmax_t bin_bytes = std::filesystem::file_size(prefix + ".bin");
+    std::filesystem::resize_file(prefix + ".bin", bin_bytes / 2);
+    const absl::Status read = (*ds)->Read((*ds)->size() - 100, 100, got.data());
+    EXPECT_TRUE(absl::IsUnavailable(read)) << read;
+    EXPECT_THAT(read.message(), HasSubstr(absl::StrCat("indexed dataset data ", prefix, ".bin")));
+    EXPECT_THAT(read.message(),
+                HasSubstr(absl::StrCat("the file has ", bin_bytes / 2, " bytes now and had ",
+                                       bin_bytes, " when opened")));
+    EXPECT_TRUE((*ds)->Read(0, 100, got.data()).ok());  // what is still there reads
+
+    // The index too: a sequence's place is read from it as it is needed (2998 is not empty).
+    std::filesystem::resize_file(prefix + ".idx", 40);
+    const absl::StatusOr<std::vector<int32_t>> sequence = (*ds)->Sequence(2998);
+    EXPECT_TRUE(absl::IsUnavailable(sequence.status())) << sequence.status();
+    EXPECT_THAT(sequence.status().message(), HasSubstr(absl::StrCat(prefix, ".idx")));
+    // Opened again, the files are judged for what they are now.
+    EXPECT_THAT(OpenError(prefix, 5000), HasSubstr("truncated"));
   }
 }
 
