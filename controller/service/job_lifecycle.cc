@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,8 @@ absl::StatusOr<int> JobLifecycle::Load() {
   const double now = clock_.MonotonicSeconds();
   ASSIGN_OR_RETURN(auto jobs, store_.LoadJobs());
   int active = 0;
+  // Whether the rank that holds each worker (below) belongs to a running attempt.
+  std::map<std::string, bool> held_by_running;
   for (auto& stored : jobs) {
     Job& job = jobs_[stored.summary.job_id()];
     job.summary = std::move(stored.summary);
@@ -43,12 +46,25 @@ absl::StatusOr<int> JobLifecycle::Load() {
     job.attempt_started_mono = now;
     job.recover_at_mono = now;
     // A rank not known to have exited still occupies its worker, whatever its job's state
-    // (a cancelled job's rank may still be stopping); its exit report frees the worker.
+    // (a cancelled job's rank may still be stopping); its exit report frees the worker. Where
+    // two ranks claim one worker (the exit of an attempt that is over is written behind, so a
+    // controller that stopped before writing it left that rank unexited, while the rank placed
+    // on the freed worker since was written at once), the running attempt's holds it, so its
+    // worker's reports reach it; between ranks alike, the newer attempt of the same job.
     for (const auto& attempt : job.attempts) {
+      const bool running = attempt.state() == v1::ATTEMPT_STATE_RUNNING;
       for (const auto& rank : attempt.ranks()) {
         Worker* w = workers_.Find(rank.worker_id());
         if (w == nullptr || rank.state() == v1::RANK_STATE_EXITED) continue;
-        if (w->has_rank && w->attempt > attempt.attempt()) continue;
+        if (w->has_rank) {
+          const bool holder_running = held_by_running[rank.worker_id()];
+          if (holder_running && !running) continue;
+          if (holder_running == running && w->info.job_id() == job.summary.job_id() &&
+              w->attempt > attempt.attempt()) {
+            continue;
+          }
+        }
+        held_by_running[rank.worker_id()] = running;
         w->has_rank = true;
         w->attempt = attempt.attempt();
         w->info.set_job_id(job.summary.job_id());
@@ -366,6 +382,9 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
     rank.set_telemetry_seq(rec.seq());
   }
   rank.set_step(rec.step());
+  // A late batch of an attempt before the newest two is written as well: its ranks' steps feed
+  // the no-progress rule after a controller restart, and their sequence numbers the dedup.
+  NoteOlderAttemptChanged(job, attempt);
   if (&attempt == job.current()) {
     job.step_stale = true;
     job.summary.set_total_steps(std::max(job.summary.total_steps(), rec.total_steps()));

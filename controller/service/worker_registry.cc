@@ -188,12 +188,16 @@ void WorkerRegistry::Flush(std::unique_lock<std::mutex>& state_lock) {
   }
   std::set<std::string> ids = std::move(dirty_);
   dirty_.clear();
+  // Copies are written in the order they were taken: a FlushNow's newer copy must not land
+  // before this older one, which would then overwrite it (the id is no longer marked).
+  std::unique_lock<std::mutex> order(write_order_mu_);
   state_lock.unlock();
   absl::Status s = store_.Transaction([&]() -> absl::Status {
     for (const auto& info : copies) RETURN_IF_ERROR(store_.PutWorker(info));
     for (const auto& id : forgotten) RETURN_IF_ERROR(store_.DeleteWorker(id));
     return absl::OkStatus();
   });
+  order.unlock();  // before the state mutex: the lock order is state mutex, then this
   state_lock.lock();
   if (!s.ok()) {
     spdlog::error("{} worker record(s) not persisted yet: {}", ids.size(), s.ToString());

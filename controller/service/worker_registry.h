@@ -104,7 +104,8 @@ class WorkerRegistry {
   void Persist(const Worker& worker);
   // Writes the marked records in one transaction (deletes the forgotten ones' rows); they stay
   // marked when it fails. `state_lock` holds the state mutex: the records are copied under it and
-  // written without it, and it is held again on return. One caller at a time (the ticker).
+  // written without it, and it is held again on return. Writes land in the order their copies
+  // were taken, whoever flushes (the ticker, FlushNow).
   void Flush(std::unique_lock<std::mutex>& state_lock);
   // The same while keeping the state mutex: for records that must be in the store before what
   // follows (a placement's, before its start commands go out).
@@ -168,6 +169,8 @@ class WorkerRegistry {
   const Clock& clock_;
   std::map<std::string, Worker> workers_;  // guarded by the caller's state mutex
   std::set<std::string> dirty_;            // records not written yet; guarded likewise
+  // Held from a Flush's copy to the end of its write (taken under the state mutex).
+  std::mutex write_order_mu_;
 
   mutable std::shared_mutex mail_mu_;  // guards the map's structure; each Mailbox guards itself
   std::map<std::string, std::shared_ptr<Mailbox>> mail_;  // erased by Forget

@@ -155,6 +155,8 @@ class ControllerTest : public ::testing::Test {
     EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
   }
 
+  int ThreeAttemptsWithAStoppingRank();
+
   // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
   // trigger, so the controller's own writes of job summaries return an error.
   void FailJobWrites(bool fail) {
@@ -1135,6 +1137,51 @@ TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker
   EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_READY);
 }
 
+// Job A's second attempt is cancelled and its ranks' exits arrive (written behind), job B is
+// placed on the freed workers (written at once), and the controller stops before the exits are
+// written. Reloaded, both A's attempt 2 and B's attempt 1 claim each worker: B's, the running
+// one, holds it (an attempt number of another job says nothing), so when the machine's agents
+// come back restarted, B's attempt is the one that fails and restarts. It stayed RUNNING on
+// workers that ran nothing, and A's stale rank took the loss.
+TEST_F(ControllerTest, ARunningAttemptHoldsItsWorkersOverAnEndedAttemptOfAnotherJob) {
+  StartRunning();
+  const std::string a = job_;
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);  // the survivor's stop
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  clock_.Advance(1.1);
+  HeartbeatAll(2);
+  c_->Tick();
+  ASSERT_EQ(Job().summary().attempt(), 2u);
+  for (int s = 0; s < 2; ++s) ASSERT_EQ(Commands(s).size(), 1u);
+  Report(0, 2, 0, v1::RANK_STARTED);
+  Report(1, 2, 1, v1::RANK_STARTED);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  ASSERT_TRUE(c_->Cancel(a).ok());
+  for (int s = 0; s < 2; ++s) Commands(s);  // the stops
+  Report(0, 2, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  Report(1, 2, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+
+  auto b = c_->Submit(kJob, "b.yaml");
+  ASSERT_TRUE(b.ok()) << b.status();
+  job_ = *b;
+  for (int s = 0; s < 2; ++s) ASSERT_EQ(Commands(s).size(), 1u) << s;
+  Report(0, 1, 0, v1::RANK_STARTED);
+  Report(1, 1, 1, v1::RANK_STARTED);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+
+  Restart();  // before A's exit reports are written
+  EXPECT_EQ(WorkerState(*c_, "h/0"), v1::WORKER_STATE_BUSY);
+  Register(0, 100, {}, "rebooted");  // the machine's agents, restarted: they run nothing
+  Register(1, 100, {}, "rebooted");
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  ASSERT_EQ(d.attempts_size(), 1);
+  EXPECT_NE(d.attempts(0).cause().find("restarted"), std::string::npos) << d.attempts(0).cause();
+  job_ = a;
+  EXPECT_EQ(Job().summary().state(), v1::JOB_CANCELLED);
+}
+
 TEST_F(ControllerTest, AgentRestartWithTheSamePidIsStillARestart) {
   StartRunning();
   Register(1, 100, {}, "another-process");  // same pid (containers), new instance, runs nothing
@@ -1216,7 +1263,9 @@ TEST_F(ControllerTest, TheExitOfAnUnknownJobsRankFreesItsWorker) {
 // A rank of an attempt older than the newest two (slow to stop while two more attempts ran) whose
 // exit report comes late: its record is written too, so a restarted controller neither shows it
 // running nor keeps its worker busy.
-TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
+// Three attempts on six workers; attempt 1's rank 1 still stopping (its worker busy) when attempt
+// 3 runs. Returns that rank's slot.
+int ControllerTest::ThreeAttemptsWithAStoppingRank() {
   for (int s = 0; s < 6; ++s) Register(s);
   job_ = *c_->Submit(kJob, "t.yaml");
   auto slot_of = [&](uint32_t attempt, uint32_t rank) {
@@ -1228,7 +1277,7 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
       Commands(slot_of(attempt, r));
       Report(slot_of(attempt, r), attempt, r, v1::RANK_STARTED);
     }
-    ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING) << attempt;
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING) << attempt;
   };
   start(1);
   const int slow = slot_of(1, 1);  // attempt 1's rank 1: slow to stop
@@ -1237,7 +1286,7 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
     clock_.Advance(5);  // past the backoff
     HeartbeatAll(6);
     c_->Tick();
-    ASSERT_EQ(Job().attempts_size(), static_cast<int>(attempt));
+    EXPECT_EQ(Job().attempts_size(), static_cast<int>(attempt));
     start(attempt);
     if (attempt == 2) {
       for (uint32_t r = 0; r < 2; ++r) {
@@ -1246,6 +1295,11 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
     }
   }
   EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_BUSY);
+  return slow;
+}
+
+TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
+  const int slow = ThreeAttemptsWithAStoppingRank();
   Report(slow, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // at last
   EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_READY);
   clock_.Advance(2);
@@ -1257,6 +1311,34 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
   EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_EXITED);
   EXPECT_EQ(d.attempts(0).ranks(1).exit_kind(), v1::EXIT_KIND_STOPPED);
   EXPECT_NE(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_BUSY);
+}
+
+// The last telemetry of that stopping rank is written too: its step feeds the no-progress rule
+// (the best step before each attempt) and its sequence number the dedup of re-sent batches, so a
+// restarted controller must not see them older than they were.
+TEST_F(ControllerTest, LateTelemetryOfAnOldAttemptIsWritten) {
+  const int slow = ThreeAttemptsWithAStoppingRank();
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/" + std::to_string(slow));
+  v1::TelemetryRecord& r = *batch.add_records();
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(1);
+  r.set_seq(9);
+  r.set_step(42);
+  r.set_unix_time(clock_.UnixSeconds());
+  r.mutable_train()->set_tokens(1000);
+  r.mutable_train()->set_step_seconds(0.5);
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  clock_.Advance(2);
+  HeartbeatAll(6);
+  c_->Tick();  // writes what changed behind
+  Restart();
+  const v1::JobDetail d = Job();
+  ASSERT_EQ(d.attempts_size(), 3);
+  EXPECT_EQ(d.attempts(0).ranks(1).step(), 42u);
+  EXPECT_EQ(d.attempts(0).ranks(1).telemetry_seq(), 9u);
+  EXPECT_GT(d.attempts(0).ranks(1).first_step_unix(), 0);
 }
 
 // One worker cannot speak for another's ranks: a report on a rank placed elsewhere is refused
