@@ -1,6 +1,7 @@
 // Furnace dashboard. Polls the controller's monitoring endpoint every 2 s:
 //   GET /api/jobs                          -> {"jobs": [JobSummary]}
-//   GET /api/jobs/<id>/series?since=&max=  -> {"job_id", "steps": [StepRecord]}
+//   GET /api/jobs/<id>/series?since=&max=  -> {"job_id", "steps": [StepRecord]} (max: 1-10000,
+//                                              default 2000)
 // (protobuf JSON: proto field names, 64-bit integers as strings; camelCase is accepted too).
 // The selected job (a click, or ?job=ID) gets line charts (uPlot) and an imbalance heatmap drawn
 // on a <canvas>. A machine-readable summary of what was drawn goes to #furnace-test-summary.
@@ -436,7 +437,9 @@
           progress !== view.refetchedAt;
         if (restarted) view.refetchedAt = progress;
         const whole = restarted || view.thin;
-        const q = view.steps.length && !whole ? `since=${lastStep()}` : `max=${FIRST_FETCH_MAX}`;
+        // Bounded either way (a tab that slept through a night of steps gets them thinned).
+        const q = view.steps.length && !whole
+          ? `since=${lastStep()}&max=${FIRST_FETCH_MAX}` : `max=${FIRST_FETCH_MAX}`;
         const generation = view.generation;
         const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
         if (generation === view.generation) {

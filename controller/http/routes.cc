@@ -82,14 +82,18 @@ HttpResponse Series(const std::string& job_id, const HttpRequest& request,
                     const MonitoringHandlers& handlers) {
   if (!handlers.series_json) return Text(404, "not found");
   uint64_t since = 0;
-  uint32_t max_points = 0;
+  uint32_t max_points = kDefaultSeriesPoints;
   const std::optional<std::string> since_text = QueryParam(request.query, "since");
   const std::optional<std::string> max_text = QueryParam(request.query, "max");
   if (!since_text || (!since_text->empty() && !absl::SimpleAtoi(*since_text, &since))) {
     return Text(400, "since: expected a step number (unsigned integer)");
   }
-  if (!max_text || (!max_text->empty() && !absl::SimpleAtoi(*max_text, &max_points))) {
-    return Text(400, "max: expected a number of points (unsigned integer)");
+  // Bounded: a job's whole history (hundreds of thousands of steps, KBs each with its experts'
+  // loads) in one reply could take the controller's memory.
+  if (!max_text || (!max_text->empty() && (!absl::SimpleAtoi(*max_text, &max_points) ||
+                                           max_points < 1 || max_points > kMaxSeriesPoints))) {
+    return Text(400, absl::StrCat("max: expected a number of points from 1 to ", kMaxSeriesPoints,
+                                  " (default ", kDefaultSeriesPoints, ")"));
   }
   return FromResult(handlers.series_json(job_id, since, max_points), kJsonType);
 }

@@ -4,7 +4,9 @@
 //
 //   GET /metrics                          handlers.metrics_text()  (Prometheus text format 0.0.4)
 //   GET /api/jobs                         handlers.jobs_json()
-//   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, since, max)
+//   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, since, max): the steps after
+//                                         `since`, evenly thinned to `max` points (1 to
+//                                         kMaxSeriesPoints; kDefaultSeriesPoints when absent)
 //   GET / and GET /<file>                 the dashboard's static files under web_root
 //
 // Anything else is 404; a method other than GET is 405; a body larger than max_body_bytes is
@@ -25,6 +27,10 @@
 #include "absl/status/statusor.h"
 
 namespace furnace::controller::http {
+
+// Points of a job's series one reply holds: the default, and the most that may be asked for.
+inline constexpr uint32_t kDefaultSeriesPoints = 2000;
+inline constexpr uint32_t kMaxSeriesPoints = 10000;
 
 // What the server asks of its owner. Each callback may be left empty (its route then answers
 // 404). civetweb's worker threads call them concurrently, so they must be thread-safe.

@@ -179,6 +179,7 @@ void TelemetryAggregator::AddTotals(const std::string& job_id, const v1::StepRec
     t.moe_op_bytes[o.op()] += static_cast<double>(o.bytes());
     t.moe_op_seconds[o.op()] += o.seconds();
   }
+  t.goodput.AddStep(r);
 }
 
 void TelemetryAggregator::NoteStep(const std::string& job_id, const v1::StepRecord& r) {
@@ -188,7 +189,6 @@ void TelemetryAggregator::NoteStep(const std::string& job_id, const v1::StepReco
   if (r.has_eval()) job.last_eval = r.eval();
   if (r.checkpoint_seconds() > 0) job.last_checkpoint_s = r.checkpoint_seconds();
   if (r.checkpoint_stall_seconds() > 0) job.last_checkpoint_stall_s = r.checkpoint_stall_seconds();
-  job.goodput.AddStep(r);
 }
 
 bool TelemetryAggregator::KeepRaw(const v1::TelemetryRecord& rec, uint32_t world) {
@@ -280,8 +280,9 @@ v1::JobGoodput TelemetryAggregator::Goodput(const std::string& job_id,
                                             const std::vector<v1::AttemptInfo>& attempts,
                                             bool active, double now_unix) const {
   static const GoodputLedger kNone;
-  auto it = jobs_.find(job_id);
-  return (it == jobs_.end() ? kNone : it->second.goodput).Report(attempts, active, now_unix);
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  auto it = totals_.find(job_id);
+  return (it == totals_.end() ? kNone : it->second.goodput).Report(attempts, active, now_unix);
 }
 
 v1::CheckpointHint TelemetryAggregator::CheckpointHint(const std::string& job_id,
@@ -290,8 +291,9 @@ v1::CheckpointHint TelemetryAggregator::CheckpointHint(const std::string& job_id
                                                        const ClusterFailureRate& cluster,
                                                        int ranks) const {
   static const GoodputLedger kNone;
-  auto it = jobs_.find(job_id);
-  return MakeCheckpointHint(attempts, it == jobs_.end() ? kNone : it->second.goodput, now_unix,
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  auto it = totals_.find(job_id);
+  return MakeCheckpointHint(attempts, it == totals_.end() ? kNone : it->second.goodput, now_unix,
                             cluster, ranks);
 }
 

@@ -18,13 +18,13 @@
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
-// seconds), and the goodput ledger (controller/store/goodput.h), fed every aggregated step and
+// seconds), and the goodput ledger (controller/store/goodput.h), fed every stored step and
 // rebuilt from the stored steps at start; the counters of records received and dropped by agents.
 // The exported totals (the Prometheus counters: tokens, planner, communication and MoE op bytes
-// and seconds) count a step once it is committed, so they never run ahead of the store they are
-// rebuilt from at start: a controller restarted after a crash exports at least what it exported
-// before, never less (a counter that goes down reads to Prometheus as a reset, and rate() then
-// shows the whole total as one spike).
+// and seconds, the goodput's productive and lost seconds and redone steps) count a step once it
+// is committed, so they never run ahead of the store they are rebuilt from at start: a controller
+// restarted after a crash exports at least what it exported before, never less (a counter that
+// goes down reads to Prometheus as a reset, and rate() then shows the whole total as one spike).
 // Threading: Accumulate, CountStep, NoteBatch, TrimDue and Fill are externally synchronised (the
 // Controller calls them holding its state mutex); Store only queues writes and may be called
 // without it. Every write (raw records, steps) goes through the group commit's thread, so no
@@ -135,13 +135,12 @@ class TelemetryAggregator {
     double last_checkpoint_stall_s = -1;
     uint64_t checkpoint_failures = 0;  // checkpoints the ranks could not commit (rank 0 says)
     std::optional<furnace::v1::EvalTelemetry> last_eval;  // the newest held-out evaluation
-    GoodputLedger goodput;
     uint64_t records_since_trim = 0;
   };
   void FinishStep(const std::string& job_id, PendingStep& pending);
-  // The newest step, checkpoint and evaluation readings and the goodput ledger (at once).
+  // The newest step, checkpoint and evaluation readings (at once).
   void NoteStep(const std::string& job_id, const furnace::v1::StepRecord& step);
-  // The exported totals (once the step is stored).
+  // The exported totals and the goodput ledger (once the step is stored).
   void AddTotals(const std::string& job_id, const furnace::v1::StepRecord& step);
 
   struct Totals {
@@ -150,6 +149,8 @@ class TelemetryAggregator {
     std::map<std::string, double> planner, comm;
     // By MoE op name (MoeOpTelemetry.op).
     std::map<std::string, double> moe_op_bytes, moe_op_seconds;
+    // Exported as counters too (productive and lost seconds, redone steps).
+    GoodputLedger goodput;
   };
 
   JobStore& store_;

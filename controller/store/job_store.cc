@@ -63,10 +63,36 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
   RETURN_IF_ERROR(store->Exec(kSchema));
+  if (path != ":memory:" && !path.empty()) {
+    sqlite3* reader = nullptr;
+    const int rc = sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr);
+    if (rc != SQLITE_OK) {
+      std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+      sqlite3_close(reader);
+      return absl::InternalError(absl::StrCat("cannot open job store ", path, " to read: ", msg));
+    }
+    sqlite3_busy_timeout(reader, 5000);
+    store->read_db_ = reader;
+  }
   return store;
 }
 
-JobStore::~JobStore() { sqlite3_close(db_); }
+JobStore::~JobStore() {
+  sqlite3_close(read_db_);
+  sqlite3_close(db_);
+}
+
+absl::Status JobStore::Read(const std::function<absl::Status(sqlite3*)>& reads) {
+  if (read_db_ == nullptr) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return reads(db_);
+  }
+  std::lock_guard<std::mutex> lock(read_mu_);
+  RETURN_IF_ERROR(ExecSql(read_db_, "BEGIN"));  // one snapshot for all of them
+  const absl::Status status = reads(read_db_);
+  ExecSql(read_db_, "COMMIT").IgnoreError();  // ends a read: nothing to lose
+  return status;
+}
 
 absl::Status JobStore::Exec(const std::string& sql) { return ExecSql(db_, sql); }
 
@@ -352,60 +378,62 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
                                                                 uint64_t since_step,
                                                                 uint32_t max_points) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
   std::vector<v1::StepRecord> out;
-  if (max_points > 0) {
-    Statement keys(db_,
-                   "SELECT attempt, step FROM job_steps WHERE job_id = ?1 AND step > ?2 "
-                   "ORDER BY attempt, step");
-    keys.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
-    std::vector<std::pair<int64_t, int64_t>> all;
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, keys.Step());
-      if (!row) break;
-      all.emplace_back(keys.Int(0), keys.Int(1));
-    }
-    const size_t n = all.size(), max = max_points;
-    if (n > max) {
-      Statement one(
-          db_, "SELECT record FROM job_steps WHERE job_id = ?1 AND attempt = ?2 AND step = ?3");
-      out.reserve(max);
-      for (size_t i = 0; i < max; ++i) {
-        // Evenly spaced, the newest always included.
-        const size_t idx = max == 1 ? n - 1 : i * (n - 1) / (max - 1);
-        one.Reset().BindText(1, job_id).Bind(2, all[idx].first).Bind(3, all[idx].second);
-        ASSIGN_OR_RETURN(bool row, one.Step());
-        if (!row) continue;  // not possible under the lock; a missing row is no point
-        ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(one.Blob(0), "step"));
-        out.push_back(std::move(step));
+  RETURN_IF_ERROR(Read([&](sqlite3* db) -> absl::Status {
+    if (max_points > 0) {
+      Statement keys(db,
+                     "SELECT attempt, step FROM job_steps WHERE job_id = ?1 AND step > ?2 "
+                     "ORDER BY attempt, step");
+      keys.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
+      std::vector<std::pair<int64_t, int64_t>> all;
+      while (true) {
+        ASSIGN_OR_RETURN(bool row, keys.Step());
+        if (!row) break;
+        all.emplace_back(keys.Int(0), keys.Int(1));
       }
-      return out;
+      const size_t n = all.size(), max = max_points;
+      if (n > max) {
+        Statement one(
+            db, "SELECT record FROM job_steps WHERE job_id = ?1 AND attempt = ?2 AND step = ?3");
+        out.reserve(max);
+        for (size_t i = 0; i < max; ++i) {
+          // Evenly spaced, the newest always included.
+          const size_t idx = max == 1 ? n - 1 : i * (n - 1) / (max - 1);
+          one.Reset().BindText(1, job_id).Bind(2, all[idx].first).Bind(3, all[idx].second);
+          ASSIGN_OR_RETURN(bool row, one.Step());
+          if (!row) continue;  // not possible in one snapshot; a missing row is no point
+          ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(one.Blob(0), "step"));
+          out.push_back(std::move(step));
+        }
+        return absl::OkStatus();
+      }
     }
-  }
-  Statement q(db_,
-              "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
-              "ORDER BY attempt, step");
-  q.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
-    out.push_back(std::move(step));
-  }
+    Statement q(db,
+                "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
+                "ORDER BY attempt, step");
+    q.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) return absl::OkStatus();
+      ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
+      out.push_back(std::move(step));
+    }
+  }));
   return out;
 }
 
 absl::Status JobStore::ForEachStep(const std::string& job_id,
                                    const std::function<void(const v1::StepRecord&)>& fn) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
-  Statement q(db_, "SELECT record FROM job_steps WHERE job_id = ?1 ORDER BY attempt, step");
-  q.BindText(1, job_id);
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, q.Step());
-    if (!row) return absl::OkStatus();
-    ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
-    fn(step);
-  }
+  return Read([&](sqlite3* db) -> absl::Status {
+    Statement q(db, "SELECT record FROM job_steps WHERE job_id = ?1 ORDER BY attempt, step");
+    q.BindText(1, job_id);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) return absl::OkStatus();
+      ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
+      fn(step);
+    }
+  });
 }
 
 absl::Status JobStore::TrimTelemetry(const std::string& job_id, int keep) {

@@ -9,7 +9,10 @@
 // Thread-safety: every method may be called from any thread. One (recursive) mutex serialises the
 // calls on the connection, so a Transaction's body runs alone and may call the other methods; the
 // controller therefore reads and writes bulk data (telemetry, steps, events) without holding its
-// own state lock.
+// own state lock. The long reads (a job's step series: LoadSteps, ForEachStep) go through a
+// second, read-only connection, which reads a snapshot while the first one commits (WAL), so a
+// dashboard or `furnace report` reading a long history never holds up job transitions or the
+// telemetry's commits.
 // Errors: Internal with SQLite's message; NotFound for missing rows where stated.
 #pragma once
 
@@ -112,9 +115,15 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const std::string& sql);
+  // Runs `reads` on the read-only connection, in one read transaction (a snapshot); on the
+  // writer's connection, under its mutex, for an in-memory store (a second connection would open
+  // another, empty database).
+  absl::Status Read(const std::function<absl::Status(sqlite3*)>& reads);
 
   std::recursive_mutex mu_;  // guards every use of db_
   sqlite3* db_;
+  std::mutex read_mu_;  // guards every use of read_db_
+  sqlite3* read_db_ = nullptr;
 };
 
 }  // namespace furnace::controller

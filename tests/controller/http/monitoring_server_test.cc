@@ -116,7 +116,7 @@ TEST_F(MonitoringServerTest, SeriesPassesIdAndQueryParameters) {
   c = last_series();
   EXPECT_EQ(c.job_id, "j-0008");
   EXPECT_EQ(c.since, 0u);
-  EXPECT_EQ(c.max, 0u);
+  EXPECT_EQ(c.max, kDefaultSeriesPoints);  // a reply is bounded even when nobody asked
 }
 
 TEST_F(MonitoringServerTest, SeriesRefusesBadNumbers) {

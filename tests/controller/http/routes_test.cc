@@ -54,6 +54,16 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "since=%zz"), h, o).status, 400);
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "since=%4"), h, o).status, 400);
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "max=4294967296"), h, o).status, 400);
+  // Points are bounded: absent is the default, 0 (once "all") and past the most are refused.
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "since=5"), h, o).status, 200);
+  EXPECT_EQ(got_max, kDefaultSeriesPoints);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "max=10000"), h, o).status, 200);
+  EXPECT_EQ(got_max, kMaxSeriesPoints);
+  for (const char* query : {"max=0", "max=10001"}) {
+    const HttpResponse r = Route(Req("/api/jobs/j/series", query), h, o);
+    EXPECT_EQ(r.status, 400) << query;
+    EXPECT_EQ(r.body, "max: expected a number of points from 1 to 10000 (default 2000)\n") << query;
+  }
   EXPECT_EQ(Route(Req("/api/jobs//series"), h, o).status, 404);
   EXPECT_EQ(Route(Req("/api/jobs/series"), h, o).status, 404);
 }

@@ -157,16 +157,22 @@ TEST(TelemetryAggregatorTest, TotalsCountAStepOnceItIsStored) {
   holding.get_future().wait();
   v1::TelemetryRecord r = Step(0, 1);
   r.mutable_train()->set_tokens(300);
+  r.mutable_train()->set_step_seconds(2.5);
+  r.set_unix_time(1000);
   EXPECT_TRUE(telemetry.Accumulate("j-1", 1, r));
   JobMetrics m;
   telemetry.Fill("j-1", m);
   EXPECT_TRUE(m.has_step);              // the newest step shows at once
   EXPECT_DOUBLE_EQ(m.tokens_total, 0);  // not stored yet: not counted
+  const std::vector<v1::AttemptInfo> attempts(1);
+  // The goodput counters (productive and lost seconds) alike.
+  EXPECT_DOUBLE_EQ(telemetry.Goodput("j-1", attempts, true, 1001).productive_seconds(), 0);
   release.set_value();
   holder.join();
   AwaitSteps(telemetry);
   telemetry.Fill("j-1", m);
   EXPECT_DOUBLE_EQ(m.tokens_total, 300);
+  EXPECT_DOUBLE_EQ(telemetry.Goodput("j-1", attempts, true, 1001).productive_seconds(), 2.5);
   // A restarted controller rebuilds exactly that from the store.
   TelemetryAggregator restarted(*store.get());
   auto steps = store.get()->LoadSteps("j-1");
@@ -175,6 +181,7 @@ TEST(TelemetryAggregatorTest, TotalsCountAStepOnceItIsStored) {
   JobMetrics again;
   restarted.Fill("j-1", again);
   EXPECT_DOUBLE_EQ(again.tokens_total, 300);
+  EXPECT_DOUBLE_EQ(restarted.Goodput("j-1", attempts, true, 1001).productive_seconds(), 2.5);
 }
 
 }  // namespace

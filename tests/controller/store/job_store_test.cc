@@ -2,10 +2,14 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "controller/store/sqlite_statement.h"
 #include "gtest/gtest.h"
+#include "runtime/base/status.h"
 
 namespace furnace::controller {
 namespace {
@@ -197,6 +201,48 @@ TEST(JobStoreTest, AFailedCommitLeavesNoTransactionOpen) {
   ASSERT_TRUE(*q.Step());
   EXPECT_EQ(q.Blob(0), "2,3");
   sqlite3_close(reopened);
+}
+
+// A long read of a job's steps (a dashboard's, `furnace report`'s) does not hold up writes: it
+// reads a snapshot on a connection of its own while the writer commits (it held the one
+// connection's mutex, and with it every job transition and telemetry commit, until it was done).
+TEST(JobStoreTest, ALongReadOfStepsDoesNotHoldUpWrites) {
+  auto store = JobStore::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobStore& s = **store;
+  ASSERT_TRUE(s.PutJob(Summary("x-1", v1::JOB_RUNNING), v1::JobSpec()).ok());
+  for (uint64_t step = 1; step <= 3; ++step) {
+    v1::StepRecord r;
+    r.set_attempt(1);
+    r.set_step(step);
+    ASSERT_TRUE(s.PutStep("x-1", r).ok());
+  }
+  int seen = 0;
+  std::promise<absl::Status> written;
+  std::future<absl::Status> write = written.get_future();
+  std::thread writer;
+  const absl::Status read = s.ForEachStep("x-1", [&](const v1::StepRecord&) {
+    if (++seen != 2) return;
+    // Midway through the read: another thread's transition and step commit.
+    writer = std::thread([&] {
+      written.set_value(s.Transaction([&]() -> absl::Status {
+        RETURN_IF_ERROR(s.PutSummary(Summary("x-1", v1::JOB_SUCCEEDED)));
+        v1::StepRecord r;
+        r.set_attempt(1);
+        r.set_step(4);
+        return s.PutStep("x-1", r);
+      }));
+    });
+    EXPECT_EQ(write.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "the write waited for the read";
+  });
+  writer.join();
+  EXPECT_TRUE(write.get().ok());
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_EQ(seen, 3);  // the snapshot the read began with
+  auto steps = s.LoadSteps("x-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(steps->size(), 4u);
 }
 
 }  // namespace
