@@ -1,5 +1,6 @@
 // Furnace dashboard. Polls the controller's monitoring endpoint every 2 s:
-//   GET /api/jobs                          -> {"jobs": [JobSummary]}
+//   GET /api/jobs                          -> {"jobs": [JobSummary], "omitted": N} (every job
+//                                              not ended and the newest 100 that have)
 //   GET /api/jobs/<id>/series?since=&max=  -> {"job_id", "steps": [StepRecord]} (max: 1-10000,
 //                                              default 2000)
 // (protobuf JSON: proto field names, 64-bit integers as strings; camelCase is accepted too).
@@ -21,6 +22,7 @@
   const view = {
     jobId: params.get('job') || '',
     jobs: [],
+    omittedJobs: 0,     // older ended jobs the controller left out of the list
     steps: [],          // StepRecords of the selected job, ascending by step
     refetchedAt: '',    // "attempt:step" of the job when its series was last fetched again
     charts: {},         // name -> uPlot
@@ -101,36 +103,80 @@
     return String(state || '').replace(/^JOB_/, '').toLowerCase();
   }
 
+  // A job's row, built anew when what it shows changed.
+  function jobRow(j) {
+    const id = get(j, 'job_id');
+    const state = String(get(j, 'state') || '');
+    const step = num(j, 'step');
+    const total = num(j, 'total_steps');
+    const pct = total > 0 ? Math.min(100, (100 * step) / total) : 0;
+    const bar = el('span', { className: 'bar' }, el('span'));
+    bar.firstChild.style.width = pct.toFixed(1) + '%';
+    const progress = el('span', { className: 'progress' }, bar,
+      el('span', { className: 'txt' }, total > 0 ? `${step} / ${total}` : String(step)));
+    const tr = el('tr', {},
+      el('td', { className: 'id' }, id),
+      el('td', {}, get(j, 'name') || ''),
+      el('td', {}, get(j, 'kind') || ''),
+      el('td', {}, el('span', { className: 'state ' + stateClass(state) },
+        state.replace(/^JOB_/, ''))),
+      el('td', { className: 'num' }, String(num(j, 'attempt'))),
+      el('td', { className: 'num' }, String(num(j, 'restarts'))),
+      el('td', {}, progress),
+      el('td', { className: 'cause' }, get(j, 'cause') || ''));
+    tr.addEventListener('click', () => selectJob(id));
+    return tr;
+  }
+
+  // Rows are kept by job id and built again only when what they show changed, and moved only when
+  // out of place: a table rebuilt at every poll lost the text selected in it (a job id, a cause
+  // being copied) within 2 s.
+  const jobRows = new Map();  // job id -> { tr, key }
   function renderJobs() {
     const body = $('jobs').tBodies[0];
-    body.replaceChildren();
-    if (view.jobs.length === 0) {
-      body.append(el('tr', { className: 'empty' }, el('td', { colSpan: 8 }, 'no jobs yet')));
-      return;
-    }
+    const rows = [];
+    const seen = new Set();
     for (const j of view.jobs) {
       const id = get(j, 'job_id');
-      const state = String(get(j, 'state') || '');
-      const step = num(j, 'step');
-      const total = num(j, 'total_steps');
-      const pct = total > 0 ? Math.min(100, (100 * step) / total) : 0;
-      const bar = el('span', { className: 'bar' }, el('span'));
-      bar.firstChild.style.width = pct.toFixed(1) + '%';
-      const progress = el('span', { className: 'progress' }, bar,
-        el('span', { className: 'txt' }, total > 0 ? `${step} / ${total}` : String(step)));
-      const tr = el('tr', {},
-        el('td', { className: 'id' }, id),
-        el('td', {}, get(j, 'name') || ''),
-        el('td', {}, get(j, 'kind') || ''),
-        el('td', {}, el('span', { className: 'state ' + stateClass(state) },
-          state.replace(/^JOB_/, ''))),
-        el('td', { className: 'num' }, String(num(j, 'attempt'))),
-        el('td', { className: 'num' }, String(num(j, 'restarts'))),
-        el('td', {}, progress),
-        el('td', { className: 'cause' }, get(j, 'cause') || ''));
-      if (id === view.jobId) tr.classList.add('selected');
-      tr.addEventListener('click', () => selectJob(id));
-      body.append(tr);
+      const key = JSON.stringify(['name', 'kind', 'state', 'attempt', 'restarts', 'step',
+        'total_steps', 'cause'].map((f) => get(j, f)));
+      let row = jobRows.get(id);
+      if (!row || row.key !== key) {
+        const tr = jobRow(j);
+        if (row) row.tr.replaceWith(tr);
+        row = { tr, key };
+        jobRows.set(id, row);
+      }
+      row.tr.classList.toggle('selected', id === view.jobId);
+      seen.add(id);
+      rows.push(row.tr);
+    }
+    for (const [id, row] of jobRows) {
+      if (!seen.has(id)) {
+        row.tr.remove();
+        jobRows.delete(id);
+      }
+    }
+    let next = body.firstElementChild;
+    for (const tr of rows) {
+      if (tr === next) {
+        next = next.nextElementSibling;
+      } else {
+        body.insertBefore(tr, next);
+      }
+    }
+    while (next) {  // the notes below the jobs, drawn again
+      const after = next.nextElementSibling;
+      next.remove();
+      next = after;
+    }
+    if (view.jobs.length === 0) {
+      body.append(el('tr', { className: 'empty' }, el('td', { colSpan: 8 }, 'no jobs yet')));
+    }
+    if (view.omittedJobs > 0) {
+      body.append(el('tr', { className: 'empty' }, el('td', { colSpan: 8 },
+        `${view.omittedJobs} older ended job${view.omittedJobs === 1 ? '' : 's'} not shown ` +
+        '(furnace jobs lists every job)')));
     }
   }
 
@@ -419,6 +465,7 @@
     try {
       const jobs = await fetchJson('/api/jobs');
       view.jobs = get(jobs, 'jobs') || [];
+      view.omittedJobs = num(jobs, 'omitted');
       renderJobs();
       let points = null;
       if (view.jobId) {

@@ -39,6 +39,9 @@ MonitoringServer::MonitoringServer(MonitoringOptions options, MonitoringHandlers
   route_options_.web_root = options_.web_root;
   route_options_.max_body_bytes = options_.max_request_bytes;
   route_options_.loopback_listener = transport::IsLoopbackAddress(options_.listen);
+  for (const std::string& host : options_.allowed_hosts) {
+    route_options_.allowed_hosts.push_back(HostName(host));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(

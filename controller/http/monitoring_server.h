@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "controller/http/routes.h"
@@ -36,6 +37,8 @@ struct MonitoringOptions {
                                           // DefaultWebRoot() in static_files.h)
   int64_t max_request_bytes = 16 * 1024;  // request line + headers, and body
   int threads = 4;                        // civetweb worker threads
+  // DNS names a loopback listener answers besides localhost (RouteOptions::allowed_hosts).
+  std::vector<std::string> allowed_hosts;
 };
 
 class MonitoringServer {

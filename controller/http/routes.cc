@@ -4,10 +4,12 @@
 
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "controller/http/static_files.h"
@@ -141,17 +143,28 @@ bool IsAddressOrLocalhost(std::string_view host) {
   return inet_pton(AF_INET, v4.c_str(), &a4) == 1;
 }
 
+std::string HostName(std::string_view host) {
+  if (!host.starts_with('[')) {
+    const size_t colon = host.rfind(':');
+    if (colon != std::string_view::npos) host = host.substr(0, colon);
+  }
+  return absl::AsciiStrToLower(absl::string_view(host.data(), host.size()));
+}
+
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,
                    const RouteOptions& options) {
   if (request.content_length > options.max_body_bytes) {
     return Text(
         413, "request body too large (limit " + std::to_string(options.max_body_bytes) + " bytes)");
   }
-  if (options.loopback_listener && !request.host.empty() && !IsAddressOrLocalhost(request.host)) {
+  if (options.loopback_listener && !request.host.empty() && !IsAddressOrLocalhost(request.host) &&
+      !absl::c_linear_search(options.allowed_hosts, HostName(request.host))) {
     return Text(421,
                 "this listener is on loopback and answers a Host of localhost or an IP address "
                 "only, not '" +
-                    request.host + "' (a name that resolves here is DNS rebinding)");
+                    request.host +
+                    "' (a name that resolves here is DNS rebinding; a reverse proxy that passes "
+                    "its clients' Host on: furnace-controller --metrics-allowed-host NAME)");
   }
   if (request.method != "GET") {
     HttpResponse r = Text(405, "method not allowed: only GET is served here");

@@ -13,8 +13,9 @@
 // 413; a path with "..", "." or hidden segments, a backslash or a NUL is 400. A handler's
 // NotFound becomes 404, InvalidArgument 400, any other error 500 with its message.
 // On a loopback listener (RouteOptions::loopback_listener) a Host header naming neither an IP
-// address nor localhost is 421: that is a web page elsewhere that rebound its DNS name to this
-// machine (DNS rebinding), reading the API from the browser of someone on it.
+// address, localhost nor one of RouteOptions::allowed_hosts is 421: that is a web page elsewhere
+// that rebound its DNS name to this machine (DNS rebinding), reading the API from the browser of
+// someone on it.
 #pragma once
 
 #include <cstdint>
@@ -63,11 +64,18 @@ struct RouteOptions {
   std::string web_root;  // directory of the dashboard's files; empty: no dashboard
   int64_t max_body_bytes = 16 * 1024;
   bool loopback_listener = false;  // the listener is reachable from this machine only
+  // DNS names a loopback listener answers besides localhost and addresses, without port and
+  // lower-case: the public name of a reverse proxy in front that passes the client's Host on
+  // (Caddy, Traefik, nginx with `proxy_set_header Host $host`).
+  std::vector<std::string> allowed_hosts;
 };
 
 // True when the Host header `host` ("127.0.0.1:9464", "[::1]:9464", "localhost") names an IP
 // address or localhost, never a DNS name.
 bool IsAddressOrLocalhost(std::string_view host);
+// The name of Host header `host` without its port, lower-case ("Furnace.example.com:443" ->
+// "furnace.example.com").
+std::string HostName(std::string_view host);
 
 // Thread-safe: reads only its arguments (and files under web_root).
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,

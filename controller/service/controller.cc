@@ -151,6 +151,23 @@ std::vector<v1::JobSummary> Controller::ListJobs() {
   return out;
 }
 
+v1::ListJobsResponse Controller::RecentJobs(size_t ended) {
+  std::vector<v1::JobSummary> all = ListJobs();
+  size_t to_skip = 0;
+  for (const v1::JobSummary& j : all) to_skip += IsFinal(j.state()) ? 1 : 0;
+  to_skip = to_skip > ended ? to_skip - ended : 0;
+  v1::ListJobsResponse out;
+  out.set_omitted(static_cast<uint32_t>(to_skip));
+  for (v1::JobSummary& j : all) {
+    if (to_skip > 0 && IsFinal(j.state())) {
+      --to_skip;
+      continue;
+    }
+    *out.add_jobs() = std::move(j);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
   v1::JobDetail detail;
   {

@@ -72,6 +72,9 @@ class Controller {
   absl::StatusOr<furnace::v1::ListAuditEventsResponse> ListAuditEvents(
       const furnace::v1::ListAuditEventsRequest& req);
   std::vector<furnace::v1::JobSummary> ListJobs();
+  // ListJobs for a page that polls it: every job that has not ended and the newest `ended` of
+  // those that have (by submission); the rest are counted in `omitted`.
+  furnace::v1::ListJobsResponse RecentJobs(size_t ended);
   absl::StatusOr<furnace::v1::JobDetail> GetJob(const std::string& job_id);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   std::vector<furnace::v1::WorkerInfo> ListWorkers();

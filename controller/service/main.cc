@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
     http::MonitoringOptions mo;
     mo.listen = f.metrics_listen;
     mo.web_root = f.web_root.empty() ? http::DefaultWebRoot() : f.web_root;
+    mo.allowed_hosts = f.metrics_allowed_hosts;
     http::MonitoringHandlers handlers;
     auto* c = controller.get();
     const bool insecure = security->insecure;
@@ -124,10 +125,9 @@ int main(int argc, char** argv) {
       return furnace::controller::metrics::RenderMetrics(c->Metrics()) +
              furnace::controller::InsecureGaugeText(insecure);
     };
+    // A page polls it every 2 s: the jobs ever run would only grow it.
     handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
-      furnace::v1::ListJobsResponse jobs;
-      for (auto& j : c->ListJobs()) *jobs.add_jobs() = std::move(j);
-      return http::JobsJson(jobs);
+      return http::JobsJson(c->RecentJobs(/*ended=*/100));
     };
     handlers.series_json = [c](const std::string& job_id, uint64_t since,
                                uint32_t max_points) -> absl::StatusOr<std::string> {

@@ -46,6 +46,11 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   app.add_option("--metrics-listen", flags.metrics_listen,
                  "HTTP address for /metrics (Prometheus) and the dashboard; empty to disable")
       ->capture_default_str();
+  app.add_option("--metrics-allowed-host", flags.metrics_allowed_hosts,
+                 "a DNS name the loopback --metrics-listen answers besides localhost and "
+                 "addresses (repeatable): the public name of a reverse proxy in front that passes "
+                 "its clients' Host header on; other names are refused (421) against DNS "
+                 "rebinding");
   app.add_option("--web-root", flags.web_root,
                  "dashboard files (default: share/furnace/web next to bin/)");
   app.add_option("--tls-cert", flags.tls_cert,

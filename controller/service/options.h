@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 
@@ -24,6 +25,8 @@ struct ControllerFlags {
   std::string log_level = "info";
   std::string metrics_listen = "127.0.0.1:9464";  // empty: no HTTP server
   std::string web_root;                           // empty: share/furnace/web next to bin/
+  // Names the loopback HTTP listener answers besides localhost (a reverse proxy's public name).
+  std::vector<std::string> metrics_allowed_hosts;
   // Transport security (server_security.h, README "Security").
   std::string tls_cert;         // PEM certificate of the gRPC (and HTTPS) listener
   std::string tls_key;          // its private key

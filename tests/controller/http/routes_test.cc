@@ -122,6 +122,32 @@ TEST(RoutesTest, ALoopbackListenerRefusesAHostThatIsAName) {
   EXPECT_EQ(Route(with_host("furnace-head:9464"), h, o).status, 200);
 }
 
+// A reverse proxy in front of the loopback listener that passes its clients' Host on (Caddy,
+// Traefik, nginx with `proxy_set_header Host $host`) is let through by its public name
+// (--metrics-allowed-host), with any port and in any case; other names are still refused, and
+// the refusal says how to allow a proxy's.
+TEST(RoutesTest, ALoopbackListenerAnswersTheNamesItIsGiven) {
+  MonitoringHandlers h;
+  h.metrics_text = [] { return std::string("m 1\n"); };
+  RouteOptions o;
+  o.loopback_listener = true;
+  o.allowed_hosts = {HostName("Furnace.Example.com")};
+  auto with_host = [](std::string host) {
+    HttpRequest r = Req("/metrics");
+    r.host = std::move(host);
+    return r;
+  };
+  for (const char* ok : {"furnace.example.com", "furnace.example.com:443", "FURNACE.example.COM"}) {
+    EXPECT_EQ(Route(with_host(ok), h, o).status, 200) << ok;
+  }
+  for (const char* bad : {"evil.example.com", "furnace.example.com.evil", "example.com"}) {
+    const HttpResponse r = Route(with_host(bad), h, o);
+    EXPECT_EQ(r.status, 421) << bad;
+    EXPECT_NE(r.body.find("--metrics-allowed-host NAME"), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(HostName("Host.Example:80"), "host.example");
+}
+
 class StaticFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1182,6 +1182,30 @@ TEST_F(ControllerTest, ARunningAttemptHoldsItsWorkersOverAnEndedAttemptOfAnother
   EXPECT_EQ(Job().summary().state(), v1::JOB_CANCELLED);
 }
 
+// The dashboard's job list (polled every 2 s) keeps every job that has not ended and the newest
+// that have; the older ended ones are counted, not sent (a controller that ran thousands of jobs
+// sent them all to every open tab).
+TEST_F(ControllerTest, RecentJobsKeepTheLiveAndTheNewestEnded) {
+  Register(0);
+  Register(1);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(1);
+    auto id = c_->Submit(kJob, "t.yaml");
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  for (int i : {0, 1, 3, 4}) ASSERT_TRUE(c_->Cancel(ids[i]).ok()) << i;
+  const v1::ListJobsResponse recent = c_->RecentJobs(2);
+  EXPECT_EQ(recent.omitted(), 2u);
+  std::vector<std::string> shown;
+  for (const auto& j : recent.jobs()) shown.push_back(j.job_id());
+  EXPECT_EQ(shown, (std::vector<std::string>{ids[2], ids[3], ids[4]}));
+  EXPECT_EQ(c_->RecentJobs(10).omitted(), 0u);
+  EXPECT_EQ(c_->RecentJobs(10).jobs_size(), 5);
+  EXPECT_EQ(c_->ListJobs().size(), 5u);
+}
+
 TEST_F(ControllerTest, AgentRestartWithTheSamePidIsStillARestart) {
   StartRunning();
   Register(1, 100, {}, "another-process");  // same pid (containers), new instance, runs nothing
