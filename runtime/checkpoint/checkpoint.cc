@@ -596,7 +596,9 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
         return bad_manifest(absl::StrCat("bad shard size ", record.n));
       }
       out.values_in_all_shards += record.n;
-      if (record.file.find('/') != std::string::npos || record.file.empty()) {
+      // A name in the step's directory: not a path, not the directory or its parent.
+      if (record.file.find('/') != std::string::npos || record.file.empty() || record.file == "." ||
+          record.file == "..") {
         return bad_manifest(absl::StrCat("bad shard file name \"", record.file, "\""));
       }
       // (Checked by division: the product of a crafted n can wrap around to the bytes given.)

@@ -23,7 +23,7 @@ absl::Status IoError(const std::string& what, const std::string& path) {
 DurableWriter::~DurableWriter() {
   if (file_ != nullptr) {
     std::fclose(file_);
-    std::remove(tmp_path_.c_str());
+    RemoveTemp(tmp_path_);
   }
 }
 
@@ -49,7 +49,7 @@ absl::Status DurableWriter::Commit() {
   file_ = nullptr;
   if (closed != 0) {  // a network file system may report a failed write only here
     const absl::Status failed = IoError("close", tmp_path_);
-    std::remove(tmp_path_.c_str());
+    RemoveTemp(tmp_path_);
     return failed;
   }
   return RenameDurably(tmp_path_, path_);

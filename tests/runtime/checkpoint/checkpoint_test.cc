@@ -292,6 +292,27 @@ TEST(CheckpointTest, AShardSizeThatOverflowsIsDamage) {
   EXPECT_THAT(manifest.status().message(), HasSubstr("do not match"));
 }
 
+// A shard is a file of the step's directory: a manifest (without its checksum, as written before
+// manifests had one) naming a path, the directory itself or its parent is damage.
+TEST(CheckpointTest, AShardNameThatIsNoFileOfTheStepIsDamage) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  const std::string path = dir / "step-00000001/manifest.json";
+  const nlohmann::json saved = nlohmann::json::parse(ReadAll(path));
+  for (const char* name : {"", ".", "..", "../step-00000001/shard-00000.bin", "a/b"}) {
+    nlohmann::json m = saved;
+    m.erase("manifest_crc32");
+    m["shards"][0]["file"] = name;
+    WriteAll(path, m.dump(1));
+    auto manifest = store.ReadManifest(1);
+    ASSERT_FALSE(manifest.ok()) << name;
+    EXPECT_EQ(manifest.status().code(), absl::StatusCode::kDataLoss) << name;
+    EXPECT_THAT(manifest.status().message(),
+                HasSubstr(absl::StrCat("bad shard file name \"", name, "\"")));
+  }
+}
+
 // The manifest carries its own checksum: two tensors' offsets swapped (a damaged manifest) would
 // load each one's values into the other, every shard checksum still right.
 TEST(CheckpointTest, AChangedManifestIsDamageAndLoadLatestFallsBack) {
