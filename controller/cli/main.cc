@@ -11,6 +11,7 @@
 #include "CLI/CLI.hpp"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "runtime/base/file_sync.h"
 #include "transport/credentials.h"
 #include "transport/token_file.h"
 
@@ -26,6 +27,9 @@ int TerminalWidth() {
 
 int main(int argc, char** argv) {
   using namespace furnace::cli;
+  // Ctrl-C during `data prepare`, `tokenizer train`, `export` or `report` leaves no half-written
+  // temporary file beside the output.
+  furnace::RemoveTempFilesOnSignal();
 
   CLI::App app{"furnace: submit, follow and export Mixture-of-Experts training jobs", "furnace"};
   app.set_version_flag("--version", std::string("furnace ") + FURNACE_VERSION);

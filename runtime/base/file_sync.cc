@@ -1,13 +1,17 @@
 #include "runtime/base/file_sync.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +56,68 @@ mode_t ProcessUmask() {
 
 }  // namespace
 
+namespace {
+
+// The temporary files not yet renamed or removed, for the signal handler to remove. Changed under
+// a mutex; the handler takes none (it may interrupt a holder) and reads the slots whose state says
+// their path is whole.
+struct TempSlot {
+  std::atomic<int> state{0};  // 0 free; 1 its path being written; 2 holds a path
+  char path[PATH_MAX];
+};
+constexpr int kTempSlots = 64;
+TempSlot temp_slots[kTempSlots];
+std::mutex temp_slots_mu;
+
+void NoteTemp(const std::string& tmp_path) {
+  if (tmp_path.size() >= PATH_MAX) return;
+  std::lock_guard<std::mutex> lock(temp_slots_mu);
+  for (TempSlot& slot : temp_slots) {
+    if (slot.state.load(std::memory_order_relaxed) != 0) continue;
+    slot.state.store(1, std::memory_order_relaxed);
+    std::memcpy(slot.path, tmp_path.c_str(), tmp_path.size() + 1);
+    slot.state.store(2, std::memory_order_release);
+    return;
+  }
+}
+
+void ForgetTemp(const std::string& tmp_path) {
+  std::lock_guard<std::mutex> lock(temp_slots_mu);
+  for (TempSlot& slot : temp_slots) {
+    if (slot.state.load(std::memory_order_relaxed) == 2 &&
+        std::strcmp(slot.path, tmp_path.c_str()) == 0) {
+      slot.state.store(0, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+void RemoveTempsAndDie(int signal) {
+  // Async-signal-safe: atomic loads, unlink, sigaction, raise.
+  for (TempSlot& slot : temp_slots) {
+    if (slot.state.load(std::memory_order_acquire) == 2) ::unlink(slot.path);
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigemptyset(&dfl.sa_mask);
+  ::sigaction(signal, &dfl, nullptr);
+  ::raise(signal);
+}
+
+}  // namespace
+
+void RemoveTemp(const std::string& tmp_path) {
+  std::remove(tmp_path.c_str());
+  ForgetTemp(tmp_path);
+}
+
+void RemoveTempFilesOnSignal() {
+  struct sigaction action {};
+  action.sa_handler = RemoveTempsAndDie;
+  ::sigemptyset(&action.sa_mask);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
+}
+
 absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string* tmp_path) {
   std::string name = path + ".tmp.XXXXXX";
   std::vector<char> buf(name.begin(), name.end());
@@ -72,6 +138,7 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
     ::unlink(name.c_str());
     return absl::InternalError(absl::StrCat("cannot open ", name, ": ", std::strerror(error)));
   }
+  NoteTemp(name);
   *tmp_path = std::move(name);
   return file;
 }
@@ -79,10 +146,11 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
 absl::Status RenameDurably(const std::string& tmp_path, const std::string& path) {
   if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
     const int error = errno;
-    std::remove(tmp_path.c_str());
+    RemoveTemp(tmp_path);
     return absl::InternalError(
         absl::StrCat("rename ", tmp_path, " to ", path, ": ", std::strerror(error)));
   }
+  ForgetTemp(tmp_path);
   return SyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
@@ -110,7 +178,7 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     error = errno;
   }
   if (failed != nullptr) {
-    std::remove(tmp.c_str());
+    RemoveTemp(tmp);
     return absl::InternalError(absl::StrCat(failed, " ", tmp, ": ", std::strerror(error)));
   }
   return RenameDurably(tmp, path);

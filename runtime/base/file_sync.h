@@ -23,13 +23,24 @@ absl::Status SyncDirectory(const std::string& dir);
 // A new file `<path>.tmp.XXXXXX` beside `path`, created exclusively (mkstemp: two writers of one
 // target never share a temporary file, and no file of that name is overwritten), with the mode a
 // plain create gives (0666 less the umask), opened for writing; its name in *tmp_path. A writer
-// killed before it renames leaves it behind (as it left `<path>.tmp` before). Errors name the
-// directory.
+// killed before it renames leaves it behind (as it left `<path>.tmp` before), unless the program
+// installed RemoveTempFilesOnSignal and the signal is one of those. Errors name the directory.
 absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string* tmp_path);
 
 // Renames `tmp_path` over `path` and fsyncs path's directory (the file's bytes must be fsynced
 // already). On a failed rename, `tmp_path` is removed.
 absl::Status RenameDurably(const std::string& tmp_path, const std::string& path);
+
+// Removes a temporary file of CreateTempBeside that will not be renamed (a writer that failed or
+// was abandoned).
+void RemoveTemp(const std::string& tmp_path);
+
+// Installs handlers of SIGINT, SIGTERM and SIGHUP that remove the temporary files of
+// CreateTempBeside not yet renamed or removed, then end the program by the same signal (its
+// default action): a `furnace data prepare` of hundreds of GB interrupted by Ctrl-C left its
+// half-written output behind. For command-line programs; a daemon handles its signals itself.
+// Up to 64 files at once are known (more are left behind as before).
+void RemoveTempFilesOnSignal();
 
 // Writes `contents` to `path` through CreateTempBeside, fsync and RenameDurably: after a crash
 // `path` holds its old content or the whole new one. `mode`, when given, is the file's mode

@@ -172,7 +172,7 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(
 TokenFileWriter::~TokenFileWriter() {
   if (file_ != nullptr) {
     std::fclose(file_);
-    std::remove(tmp_path_.c_str());
+    RemoveTemp(tmp_path_);
   }
 }
 
@@ -212,8 +212,13 @@ absl::Status TokenFileWriter::Finish() {
       std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
     return absl::InternalError(absl::StrCat("token file ", tmp_path_, ": write: ", ErrnoText()));
   }
-  std::fclose(file_);
+  const int closed = std::fclose(file_);
   file_ = nullptr;
+  if (closed != 0) {  // a network file system may report a failed write only here
+    const std::string error = ErrnoText();
+    RemoveTemp(tmp_path_);
+    return absl::InternalError(absl::StrCat("token file ", tmp_path_, ": close: ", error));
+  }
   if (absl::Status renamed = RenameDurably(tmp_path_, path_); !renamed.ok()) {
     return absl::Status(renamed.code(), absl::StrCat("token file ", renamed.message()));
   }

@@ -1,0 +1,105 @@
+// RemoveTempFilesOnSignal: a program ended by SIGINT, SIGTERM or SIGHUP while writing through
+// CreateTempBeside leaves no temporary file behind, and keeps what it renamed into place. Each case
+// runs in a child process, which the signal ends.
+#include "runtime/base/file_sync.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace furnace {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("furnace-file-sync-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<std::string> Files() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  // Runs `body` in a child, which then raises `signal`; returns the child's wait status.
+  template <typename Body>
+  int RunChild(int signal, Body body) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      RemoveTempFilesOnSignal();
+      body();
+      ::raise(signal);
+      ::_exit(99);  // not reached: the signal ends the child
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return status;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(FileSyncTest, ASignalRemovesTheTemporaryFilesNotYetRenamed) {
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    const int status = RunChild(signal, [&] {
+      // Renamed into place: kept.
+      if (!WriteFileAtomically((dir_ / "done.txt").string(), "whole\n").ok()) ::_exit(1);
+      // Removed by its writer: forgotten.
+      std::string abandoned;
+      absl::StatusOr<std::FILE*> a = CreateTempBeside((dir_ / "abandoned.bin").string(), &abandoned);
+      if (!a.ok()) ::_exit(2);
+      std::fclose(*a);
+      RemoveTemp(abandoned);
+      // In the making when the signal comes: two of them.
+      for (const char* name : {"out.bin", "out.idx"}) {
+        std::string tmp;
+        absl::StatusOr<std::FILE*> f = CreateTempBeside((dir_ / name).string(), &tmp);
+        if (!f.ok()) ::_exit(3);
+        std::fputs("half", *f);
+        std::fflush(*f);
+      }
+    });
+    ASSERT_TRUE(WIFSIGNALED(status)) << "signal " << signal << ": status " << status;
+    EXPECT_EQ(WTERMSIG(status), signal);  // ended by the signal itself, as without the handler
+    EXPECT_EQ(Files(), std::vector<std::string>{"done.txt"}) << "signal " << signal;
+    fs::remove(dir_ / "done.txt");
+  }
+}
+
+// Without the handler (a daemon's choice), a signal leaves the file: the handler is what removes
+// it.
+TEST_F(FileSyncTest, WithoutTheHandlerTheTemporaryFileStays) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string tmp;
+    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
+    ::raise(SIGTERM);
+    ::_exit(99);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const std::vector<std::string> files = Files();
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].rfind("out.bin.tmp.", 0), 0u) << files[0];
+}
+
+}  // namespace
+}  // namespace furnace
