@@ -408,8 +408,10 @@
   function renderKpis() {
     const j = view.jobs.find((x) => get(x, 'job_id') === view.jobId);
     const title = $('job-title');
+    // A job missing from the list is one of the older ended ones the controller leaves out.
     title.textContent = 'Job ' + view.jobId + (j ? ` · ${get(j, 'name')} · ` +
-      String(get(j, 'state') || '').replace(/^JOB_/, '').toLowerCase() : '');
+      String(get(j, 'state') || '').replace(/^JOB_/, '').toLowerCase()
+      : view.omittedJobs > 0 ? ' · an older ended job (not in the list above)' : '');
     const last = view.steps[view.steps.length - 1];
     const kpis = [
       ['step', last ? `${num(last, 'step')}${j && num(j, 'total_steps') ? ' / ' + num(j, 'total_steps') : ''}` : '–'],
@@ -448,6 +450,7 @@
       last_tokens_per_second: last ? num(last, 'tokens_per_second') : null,
       heatmap_cells: view.heatmapCells,
       jobs: view.jobs.length,
+      omitted_jobs: view.omittedJobs,
     };
     $('furnace-test-summary').textContent = JSON.stringify(summary);
   }

@@ -17,6 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr uint32_t kReportPageSteps = 5000;  // steps a GetJobSeries page asks for
+
 // Atomically (a temporary file renamed over `path`): a crash or a full disk leaves the previous
 // report's file whole, never a truncated one.
 absl::Status WriteFile(const fs::path& path, const std::string& content) {
@@ -91,10 +93,21 @@ absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_
                               const ReportOptions& options) {
   if (options.output.empty()) return absl::InvalidArgumentError("report: pass -o DIR");
   ASSIGN_OR_RETURN(const v1::JobDetail job, ctx.client->GetJob(job_id));
+  // Every step (the plots are only as honest as their points), a page at a time: a long job's
+  // whole series in one reply can pass protobuf's 2 GiB limit.
+  v1::JobSeries series;
   v1::GetJobSeriesRequest request;
   request.set_job_id(job_id);
-  request.set_max_points(0);  // every step: the plots are only as honest as their points
-  ASSIGN_OR_RETURN(const v1::JobSeries series, ctx.client->GetJobSeries(request));
+  request.set_page_size(kReportPageSteps);
+  while (true) {
+    ASSIGN_OR_RETURN(v1::JobSeries page, ctx.client->GetJobSeries(request));
+    series.set_job_id(page.job_id());
+    series.set_telemetry_dropped(page.telemetry_dropped());
+    for (v1::StepRecord& step : *page.mutable_steps()) *series.add_steps() = std::move(step);
+    if (!page.more() || page.steps_size() == 0) break;
+    request.set_after_attempt(series.steps(series.steps_size() - 1).attempt());
+    request.set_after_step(series.steps(series.steps_size() - 1).step());
+  }
 
   const fs::path dir(options.output);
   std::error_code ec;

@@ -228,10 +228,26 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
     }
     dropped = telemetry_.dropped();
   }
-  // Only the new steps are read: the dashboard polls with since_step every few seconds; and of
-  // a long history, only the points asked for.
-  ASSIGN_OR_RETURN(auto steps, store_->LoadSteps(req.job_id(), req.since_step(), req.max_points()));
   v1::JobSeries series;
+  std::vector<v1::StepRecord> steps;
+  if (req.page_size() > 0) {
+    if (req.since_step() > 0 || req.max_points() > 0) {
+      return absl::InvalidArgumentError(
+          "GetJobSeries: page_size pages through every step: since_step and max_points must be 0");
+    }
+    if (req.page_size() > kMaxSeriesPageSize) {
+      return absl::InvalidArgumentError(absl::StrCat("GetJobSeries: page_size ", req.page_size(),
+                                                     " (allowed: 1 to ", kMaxSeriesPageSize, ")"));
+    }
+    bool more = false;
+    ASSIGN_OR_RETURN(steps, store_->LoadStepPage(req.job_id(), req.after_attempt(),
+                                                 req.after_step(), req.page_size(), &more));
+    series.set_more(more);
+  } else {
+    // Only the new steps are read: the dashboard polls with since_step every few seconds; and
+    // of a long history, only the points asked for.
+    ASSIGN_OR_RETURN(steps, store_->LoadSteps(req.job_id(), req.since_step(), req.max_points()));
+  }
   series.set_job_id(req.job_id());
   series.set_telemetry_dropped(dropped);
   for (auto& st : steps) *series.add_steps() = std::move(st);

@@ -50,6 +50,9 @@
 
 namespace furnace::controller {
 
+// The most steps one page of GetJobSeries holds (GetJobSeriesRequest.page_size).
+inline constexpr uint32_t kMaxSeriesPageSize = 100000;
+
 class Controller {
  public:
   static absl::StatusOr<std::unique_ptr<Controller>> Create(const ControllerOptions& options,
@@ -79,7 +82,9 @@ class Controller {
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   std::vector<furnace::v1::WorkerInfo> ListWorkers();
   absl::StatusOr<furnace::v1::GetLogsResponse> GetLogs(const furnace::v1::GetLogsRequest& req);
-  // The job's aggregated training steps, ascending; thinned evenly to max_points when set.
+  // The job's aggregated training steps, ascending; thinned evenly to max_points when set; a page
+  // of them after a cursor with page_size (at most kMaxSeriesPageSize; InvalidArgument beside
+  // since_step or max_points).
   absl::StatusOr<furnace::v1::JobSeries> GetJobSeries(const furnace::v1::GetJobSeriesRequest& req);
   // Everything monitoring shows, at this instant.
   MetricsSnapshot Metrics();

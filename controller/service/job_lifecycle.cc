@@ -50,20 +50,14 @@ absl::StatusOr<int> JobLifecycle::Load() {
     // two ranks claim one worker (the exit of an attempt that is over is written behind, so a
     // controller that stopped before writing it left that rank unexited, while the rank placed
     // on the freed worker since was written at once), the running attempt's holds it, so its
-    // worker's reports reach it; between ranks alike, the newer attempt of the same job.
+    // worker's reports reach it; between ranks alike, the one loaded last (jobs by submission,
+    // attempts ascending: the newer).
     for (const auto& attempt : job.attempts) {
       const bool running = attempt.state() == v1::ATTEMPT_STATE_RUNNING;
       for (const auto& rank : attempt.ranks()) {
         Worker* w = workers_.Find(rank.worker_id());
         if (w == nullptr || rank.state() == v1::RANK_STATE_EXITED) continue;
-        if (w->has_rank) {
-          const bool holder_running = held_by_running[rank.worker_id()];
-          if (holder_running && !running) continue;
-          if (holder_running == running && w->info.job_id() == job.summary.job_id() &&
-              w->attempt > attempt.attempt()) {
-            continue;
-          }
-        }
+        if (w->has_rank && held_by_running[rank.worker_id()] && !running) continue;
         held_by_running[rank.worker_id()] = running;
         w->has_rank = true;
         w->attempt = attempt.attempt();

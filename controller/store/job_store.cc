@@ -63,7 +63,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
   RETURN_IF_ERROR(store->Exec(kSchema));
-  if (path != ":memory:" && !path.empty()) {
+  // The pragma leaves another mode in place where WAL cannot be had (a file system without shared
+  // memory): there a reader's lock would make the writer's commits wait, so reads share the
+  // writer's connection.
+  bool wal = false;
+  {
+    Statement mode(db, "PRAGMA journal_mode");
+    ASSIGN_OR_RETURN(const bool row, mode.Step());
+    wal = row && mode.Blob(0) == "wal";
+  }
+  if (wal && path != ":memory:" && !path.empty()) {
     sqlite3* reader = nullptr;
     const int rc = sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr);
     if (rc != SQLITE_OK) {
@@ -90,7 +99,11 @@ absl::Status JobStore::Read(const std::function<absl::Status(sqlite3*)>& reads) 
   std::lock_guard<std::mutex> lock(read_mu_);
   RETURN_IF_ERROR(ExecSql(read_db_, "BEGIN"));  // one snapshot for all of them
   const absl::Status status = reads(read_db_);
-  ExecSql(read_db_, "COMMIT").IgnoreError();  // ends a read: nothing to lose
+  // Ends the read: a snapshot left open would hold back the WAL's checkpoints, and the next BEGIN
+  // would fail.
+  if (!ExecSql(read_db_, "COMMIT").ok() && sqlite3_get_autocommit(read_db_) == 0) {
+    ExecSql(read_db_, "ROLLBACK").IgnoreError();
+  }
   return status;
 }
 
@@ -415,6 +428,35 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) return absl::OkStatus();
+      ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
+      out.push_back(std::move(step));
+    }
+  }));
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadStepPage(const std::string& job_id,
+                                                                   uint32_t after_attempt,
+                                                                   uint64_t after_step,
+                                                                   uint32_t limit, bool* more) {
+  std::vector<v1::StepRecord> out;
+  *more = false;
+  RETURN_IF_ERROR(Read([&](sqlite3* db) -> absl::Status {
+    // One row past the page says whether more follow. The primary key's order: a range scan.
+    Statement q(db,
+                "SELECT record FROM job_steps WHERE job_id = ?1 AND (attempt > ?2 OR "
+                "(attempt = ?2 AND step > ?3)) ORDER BY attempt, step LIMIT ?4");
+    q.BindText(1, job_id)
+        .Bind(2, static_cast<int64_t>(after_attempt))
+        .Bind(3, static_cast<int64_t>(after_step))
+        .Bind(4, int64_t{limit} + 1);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) return absl::OkStatus();
+      if (out.size() == limit) {
+        *more = true;
+        return absl::OkStatus();
+      }
       ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
       out.push_back(std::move(step));
     }

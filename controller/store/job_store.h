@@ -101,6 +101,12 @@ class JobStore {
   absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id,
                                                                  uint64_t since_step = 0,
                                                                  uint32_t max_points = 0);
+  // At most `limit` steps after (after_attempt, after_step), ascending by (attempt, step); *more
+  // says whether steps follow the last one.
+  absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadStepPage(const std::string& job_id,
+                                                                    uint32_t after_attempt,
+                                                                    uint64_t after_step,
+                                                                    uint32_t limit, bool* more);
   // Calls fn on every step of a job in (attempt, step) order, one record in memory at a time.
   absl::Status ForEachStep(const std::string& job_id,
                            const std::function<void(const furnace::v1::StepRecord&)>& fn);

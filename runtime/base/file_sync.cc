@@ -68,12 +68,16 @@ struct TempSlot {
 constexpr int kTempSlots = 64;
 TempSlot temp_slots[kTempSlots];
 std::mutex temp_slots_mu;
+int next_temp_slot = 0;  // slots are taken in turn: one freed is reused last (the handler may be
+                         // reading it as it is freed)
 
 void NoteTemp(const std::string& tmp_path) {
   if (tmp_path.size() >= PATH_MAX) return;
   std::lock_guard<std::mutex> lock(temp_slots_mu);
-  for (TempSlot& slot : temp_slots) {
+  for (int i = 0; i < kTempSlots; ++i) {
+    TempSlot& slot = temp_slots[(next_temp_slot + i) % kTempSlots];
     if (slot.state.load(std::memory_order_relaxed) != 0) continue;
+    next_temp_slot = (next_temp_slot + i + 1) % kTempSlots;
     slot.state.store(1, std::memory_order_relaxed);
     std::memcpy(slot.path, tmp_path.c_str(), tmp_path.size() + 1);
     slot.state.store(2, std::memory_order_release);
@@ -115,7 +119,13 @@ void RemoveTempFilesOnSignal() {
   struct sigaction action {};
   action.sa_handler = RemoveTempsAndDie;
   ::sigemptyset(&action.sa_mask);
-  for (int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the program was started ignoring stays ignored (nohup; a background job of a
+    // shell without job control ignores SIGINT): the handler would end it.
+    struct sigaction old {};
+    if (::sigaction(signal, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(signal, &action, nullptr);
+  }
 }
 
 absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string* tmp_path) {
@@ -128,6 +138,7 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
         absl::StrCat("cannot create a temporary file beside ", path, ": ", std::strerror(errno)));
   }
   name.assign(buf.data());
+  NoteTemp(name);  // from its creation: a signal from here on removes it
   // As a plain create would have it (mkstemp makes 0600, which would hide a token file from the
   // daemons that read it; a umask of 077 keeps it private).
   ::fchmod(fd, 0666 & ~ProcessUmask());
@@ -135,10 +146,9 @@ absl::StatusOr<std::FILE*> CreateTempBeside(const std::string& path, std::string
   if (file == nullptr) {
     const int error = errno;
     ::close(fd);
-    ::unlink(name.c_str());
+    RemoveTemp(name);
     return absl::InternalError(absl::StrCat("cannot open ", name, ": ", std::strerror(error)));
   }
-  NoteTemp(name);
   *tmp_path = std::move(name);
   return file;
 }

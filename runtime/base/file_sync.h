@@ -39,7 +39,8 @@ void RemoveTemp(const std::string& tmp_path);
 // CreateTempBeside not yet renamed or removed, then end the program by the same signal (its
 // default action): a `furnace data prepare` of hundreds of GB interrupted by Ctrl-C left its
 // half-written output behind. For command-line programs; a daemon handles its signals itself.
-// Up to 64 files at once are known (more are left behind as before).
+// A signal the program was started ignoring (nohup) stays ignored. Up to 64 files at once are
+// known (more are left behind as before).
 void RemoveTempFilesOnSignal();
 
 // Writes `contents` to `path` through CreateTempBeside, fsync and RenameDurably: after a crash

@@ -181,12 +181,18 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   ds->size_ = tokens;
   if (!contiguous) {
     ds->offsets_.resize(S + 1);
+    ds->pointers_.resize(S);
     for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
       const uint64_t k = std::min(kIndexChunk, S - s0);
+      unsigned char* lengths = chunk.data();
+      unsigned char* pointers = chunk.data() + 4 * k;
       RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
-                                  static_cast<int64_t>(4 * k), chunk.data()));
+                                  static_cast<int64_t>(4 * k), lengths));
+      RETURN_IF_ERROR(idx->ReadAt(pointers_at + static_cast<int64_t>(8 * s0),
+                                  static_cast<int64_t>(8 * k), pointers));
       for (uint64_t j = 0; j < k; ++j) {
-        ds->offsets_[s0 + j + 1] = ds->offsets_[s0 + j] + int64_t{LoadU32(chunk.data() + 4 * j)};
+        ds->offsets_[s0 + j + 1] = ds->offsets_[s0 + j] + int64_t{LoadU32(lengths + 4 * j)};
+        ds->pointers_[s0 + j] = LoadI64(pointers + 8 * j);
       }
     }
   }
@@ -205,6 +211,7 @@ absl::StatusOr<int64_t> IndexedDataset::Length(int64_t sequence) const {
 }
 
 absl::StatusOr<int64_t> IndexedDataset::Pointer(int64_t sequence) const {
+  if (!contiguous()) return pointers_[sequence];
   unsigned char bytes[8];
   RETURN_IF_ERROR(idx_->ReadAt(pointers_at_ + 8 * sequence, 8, bytes));
   return LoadI64(bytes);

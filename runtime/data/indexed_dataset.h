@@ -24,8 +24,8 @@
 //
 // Memory: Megatron writes the sequences back to back from byte 0, so stream position p is the
 // token at byte p * width and nothing per sequence is kept. A .bin with gaps between sequences
-// (another writer's; pointers need only increase) keeps each sequence's first stream position,
-// 8 bytes a sequence, and searches them.
+// (another writer's; pointers need only increase) keeps each sequence's first stream position
+// and byte offset, 16 bytes a sequence, and searches them.
 //
 // Documents: the tokens of a document are its sequences in order; Furnace reads the dataset as
 // one stream of all sequences in file order (token_stream.h), so document boundaries are what
@@ -83,7 +83,7 @@ class IndexedDataset : public TokenStream {
 
  private:
   IndexedDataset() = default;
-  // Read from the .idx (Length from offsets_ when there are gaps); its read error otherwise.
+  // Read from the .idx, or from offsets_ and pointers_ when there are gaps; the read's error.
   absl::StatusOr<int64_t> Length(int64_t sequence) const;
   absl::StatusOr<int64_t> Pointer(int64_t sequence) const;  // byte offset in the .bin
   absl::StatusOr<int64_t> FirstOf(int64_t sequence) const;  // stream position of its first token
@@ -95,8 +95,10 @@ class IndexedDataset : public TokenStream {
   std::unique_ptr<DataFile> idx_;
   std::unique_ptr<DataFile> bin_;
   int64_t pointers_at_ = 0;  // byte offset of i64[S] in the .idx
-  // Empty when contiguous(); else (S + 1) first stream position of each sequence.
+  // Empty when contiguous(); else (S + 1) first stream position of each sequence, and (S) its
+  // byte offset in the .bin (a window meets many sequences; each is not a read of the .idx).
   std::vector<int64_t> offsets_;
+  std::vector<int64_t> pointers_;
   int64_t size_ = 0;
   int64_t num_sequences_ = 0;
   int64_t num_documents_ = 0;

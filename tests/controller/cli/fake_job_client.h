@@ -3,6 +3,7 @@
 
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "controller/cli/client.h"
@@ -59,9 +60,25 @@ class FakeJobClient : public JobClient {
     if (logs.size() > 1) logs.pop_front();
     return next;
   }
+  // Paged as the controller pages (GetJobSeriesRequest.page_size): the steps of `series` after
+  // the cursor, in their order.
   absl::StatusOr<v1::JobSeries> GetJobSeries(const v1::GetJobSeriesRequest& request) override {
     series_requests.push_back(request);
-    return series;
+    if (request.page_size() == 0 || !series.ok()) return series;
+    v1::JobSeries page = *series;
+    page.clear_steps();
+    for (const v1::StepRecord& step : series->steps()) {
+      if (std::make_pair(step.attempt(), step.step()) <=
+          std::make_pair(request.after_attempt(), request.after_step())) {
+        continue;
+      }
+      if (page.steps_size() == static_cast<int>(request.page_size())) {
+        page.set_more(true);
+        break;
+      }
+      *page.add_steps() = step;
+    }
+    return page;
   }
   absl::StatusOr<v1::ListAuditEventsResponse> ListAuditEvents(
       const v1::ListAuditEventsRequest& request) override {

@@ -124,7 +124,8 @@ TEST_F(ReportCommandTest, WritesEveryFileAsWellFormedSvgWithEveryPoint) {
   EXPECT_EQ(*code, kExitOk);
   ASSERT_EQ(client_.series_requests.size(), 1u);
   EXPECT_EQ(client_.series_requests[0].job_id(), "j-1");
-  EXPECT_EQ(client_.series_requests[0].max_points(), 0u);  // all points
+  EXPECT_EQ(client_.series_requests[0].max_points(), 0u);  // all points, a page at a time
+  EXPECT_GT(client_.series_requests[0].page_size(), 0u);
 
   const fs::path d = dir_ / "nested";
   for (const char* name : {"loss.svg", "tokens_per_second.svg", "mfu.svg", "step_seconds.svg",
@@ -152,6 +153,32 @@ TEST_F(ReportCommandTest, WritesEveryFileAsWellFormedSvgWithEveryPoint) {
   EXPECT_NE(heat.find("MoE layer"), std::string::npos);
   EXPECT_TRUE(fs::exists(d / "summary.txt"));
   EXPECT_NE(out_.str().find("imbalance_heatmap.svg"), std::string::npos);
+}
+
+// A long job's series comes a page at a time, each page after the last step of the one before
+// (across attempts that went back to earlier steps), and the report has every step.
+TEST_F(ReportCommandTest, ALongSeriesIsReadAPageAtATime) {
+  v1::JobSeries long_series;
+  long_series.set_job_id("j-1");
+  for (uint32_t attempt : {1u, 2u}) {
+    for (uint64_t step = 1; step <= 6000; ++step) {
+      v1::StepRecord* r = long_series.add_steps();
+      r->set_attempt(attempt);
+      r->set_step(attempt == 1 ? step : step + 5000);  // attempt 2 resumed from step 5000
+      r->set_loss(2.0);
+    }
+  }
+  client_.series = long_series;
+  ReportOptions options;
+  options.output = dir_.string();
+  auto code = RunReport(ctx_, "j-1", options);
+  ASSERT_TRUE(code.ok()) << code.status();
+  ASSERT_EQ(client_.series_requests.size(), 3u);
+  EXPECT_EQ(client_.series_requests[1].after_attempt(), 1u);
+  EXPECT_EQ(client_.series_requests[1].after_step(), 5000u);
+  EXPECT_EQ(client_.series_requests[2].after_attempt(), 2u);
+  EXPECT_EQ(client_.series_requests[2].after_step(), 9000u);
+  EXPECT_NE(out_.str().find("(12000 step records)"), std::string::npos) << out_.str();
 }
 
 TEST_F(ReportCommandTest, SummaryNumbers) {

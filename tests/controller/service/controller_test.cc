@@ -515,6 +515,26 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   *batch.add_records() = record(0, 8, 2);
   ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 2);
+  // Paged (furnace report): a page of one, then the last, and no cursor beside a thinning.
+  v1::GetJobSeriesRequest paged;
+  paged.set_job_id(job_);
+  paged.set_page_size(1);
+  auto first = c_->GetJobSeries(paged);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->steps_size(), 1);
+  EXPECT_TRUE(first->more());
+  paged.set_after_attempt(first->steps(0).attempt());
+  paged.set_after_step(first->steps(0).step());
+  auto second = c_->GetJobSeries(paged);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->steps_size(), 1);
+  EXPECT_EQ(second->steps(0).step(), 2u);
+  EXPECT_FALSE(second->more());
+  paged.set_max_points(10);
+  EXPECT_TRUE(absl::IsInvalidArgument(c_->GetJobSeries(paged).status()));
+  paged.set_max_points(0);
+  paged.set_page_size(kMaxSeriesPageSize + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(c_->GetJobSeries(paged).status()));
   EXPECT_EQ(Job().attempts(0).ranks(1).step(), 2u);
   EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 4000);
 }

@@ -126,6 +126,50 @@ TEST(JobStoreTest, TransactionRollsBack) {
   EXPECT_EQ(s.PutSummary(Summary("nope", v1::JOB_RUNNING)).code(), absl::StatusCode::kNotFound);
 }
 
+// Pages through every step of a job in (attempt, step) order, across an attempt that went back to
+// an earlier step (a since_step cursor would skip attempt 2's steps 41-50): every step once, and
+// `more` false only on the last page.
+TEST(JobStoreTest, StepPagesCoverEveryStepOnceAcrossAttempts) {
+  auto store = JobStore::Open(TempDb());
+  ASSERT_TRUE(store.ok());
+  auto& s = **store;
+  std::vector<std::pair<uint32_t, uint64_t>> want;
+  for (uint32_t attempt : {1u, 2u}) {
+    for (uint64_t step = 1; step <= 50; ++step) {
+      v1::StepRecord r;
+      r.set_attempt(attempt);
+      r.set_step(attempt == 1 ? step : step + 40);  // attempt 2 resumed from step 40
+      ASSERT_TRUE(s.PutStep("j", r).ok());
+      want.emplace_back(r.attempt(), r.step());
+    }
+  }
+  v1::StepRecord other;  // another job's steps are not in its pages
+  other.set_attempt(1);
+  other.set_step(7);
+  ASSERT_TRUE(s.PutStep("k", other).ok());
+  for (uint32_t limit : {1u, 7u, 50u, 100u, 1000u}) {
+    std::vector<std::pair<uint32_t, uint64_t>> got;
+    uint32_t attempt = 0;
+    uint64_t step = 0;
+    int pages = 0;
+    for (bool more = true; more; ++pages) {
+      auto page = s.LoadStepPage("j", attempt, step, limit, &more);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ASSERT_LE(page->size(), limit);
+      if (more) {
+        ASSERT_EQ(page->size(), limit);
+      }
+      for (const auto& r : *page) got.emplace_back(r.attempt(), r.step());
+      if (!page->empty()) {
+        attempt = page->back().attempt();
+        step = page->back().step();
+      }
+    }
+    EXPECT_EQ(got, want) << "limit " << limit;
+    EXPECT_EQ(pages, static_cast<int>((want.size() + limit - 1) / limit)) << "limit " << limit;
+  }
+}
+
 // A dashboard's thinned view reads only the points it returns: evenly spaced over (attempt, step)
 // order, the first and the newest included, whatever since_step cut.
 TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {

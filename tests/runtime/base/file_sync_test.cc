@@ -63,7 +63,8 @@ TEST_F(FileSyncTest, ASignalRemovesTheTemporaryFilesNotYetRenamed) {
       if (!WriteFileAtomically((dir_ / "done.txt").string(), "whole\n").ok()) ::_exit(1);
       // Removed by its writer: forgotten.
       std::string abandoned;
-      absl::StatusOr<std::FILE*> a = CreateTempBeside((dir_ / "abandoned.bin").string(), &abandoned);
+      absl::StatusOr<std::FILE*> a =
+          CreateTempBeside((dir_ / "abandoned.bin").string(), &abandoned);
       if (!a.ok()) ::_exit(2);
       std::fclose(*a);
       RemoveTemp(abandoned);
@@ -81,6 +82,25 @@ TEST_F(FileSyncTest, ASignalRemovesTheTemporaryFilesNotYetRenamed) {
     EXPECT_EQ(Files(), std::vector<std::string>{"done.txt"}) << "signal " << signal;
     fs::remove(dir_ / "done.txt");
   }
+}
+
+// A signal the program was started ignoring (nohup) stays ignored: the run goes on, and what it
+// writes is its own to finish.
+TEST_F(FileSyncTest, ASignalIgnoredAtStartStaysIgnored) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGHUP, SIG_IGN);
+    RemoveTempFilesOnSignal();
+    std::string tmp;
+    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
+    ::raise(SIGHUP);
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(Files().size(), 1u);
 }
 
 // Without the handler (a daemon's choice), a signal leaves the file: the handler is what removes
