@@ -139,18 +139,24 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   ds->num_sequences_ = static_cast<int64_t>(S);
   ds->num_documents_ = static_cast<int64_t>(D) - 1;
   ds->pointers_at_ = pointers_at;
+  // Calls fn(s0, k, lengths, pointers) on the index's sequences [s0, s0 + k), a chunk at a time.
+  const auto for_each_chunk = [&](const auto& fn) -> absl::Status {
+    for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
+      const uint64_t k = std::min(kIndexChunk, S - s0);
+      RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
+                                  static_cast<int64_t>(4 * k), chunk.data()));
+      RETURN_IF_ERROR(idx->ReadAt(pointers_at + static_cast<int64_t>(8 * s0),
+                                  static_cast<int64_t>(8 * k), chunk.data() + 4 * k));
+      RETURN_IF_ERROR(fn(s0, k, chunk.data(), chunk.data() + 4 * k));
+    }
+    return absl::OkStatus();
+  };
   const int64_t bin_bytes = bin->size();
   int64_t end_of_previous = 0;
   int64_t tokens = 0;
   bool contiguous = true;
-  for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
-    const uint64_t k = std::min(kIndexChunk, S - s0);
-    unsigned char* lengths = chunk.data();
-    unsigned char* pointers = chunk.data() + 4 * k;
-    RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
-                                static_cast<int64_t>(4 * k), lengths));
-    RETURN_IF_ERROR(idx->ReadAt(pointers_at + static_cast<int64_t>(8 * s0),
-                                static_cast<int64_t>(8 * k), pointers));
+  RETURN_IF_ERROR(for_each_chunk([&](uint64_t s0, uint64_t k, const unsigned char* lengths,
+                                     const unsigned char* pointers) -> absl::Status {
     for (uint64_t j = 0; j < k; ++j) {
       const uint64_t i = s0 + j;
       const int32_t length = static_cast<int32_t>(LoadU32(lengths + 4 * j));
@@ -177,24 +183,20 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
       end_of_previous = pointer + bytes;
       tokens += length;
     }
-  }
+    return absl::OkStatus();
+  }));
   ds->size_ = tokens;
   if (!contiguous) {
     ds->offsets_.resize(S + 1);
     ds->pointers_.resize(S);
-    for (uint64_t s0 = 0; s0 < S; s0 += kIndexChunk) {
-      const uint64_t k = std::min(kIndexChunk, S - s0);
-      unsigned char* lengths = chunk.data();
-      unsigned char* pointers = chunk.data() + 4 * k;
-      RETURN_IF_ERROR(idx->ReadAt(lengths_at + static_cast<int64_t>(4 * s0),
-                                  static_cast<int64_t>(4 * k), lengths));
-      RETURN_IF_ERROR(idx->ReadAt(pointers_at + static_cast<int64_t>(8 * s0),
-                                  static_cast<int64_t>(8 * k), pointers));
+    RETURN_IF_ERROR(for_each_chunk([&](uint64_t s0, uint64_t k, const unsigned char* lengths,
+                                       const unsigned char* pointers) -> absl::Status {
       for (uint64_t j = 0; j < k; ++j) {
         ds->offsets_[s0 + j + 1] = ds->offsets_[s0 + j] + int64_t{LoadU32(lengths + 4 * j)};
         ds->pointers_[s0 + j] = LoadI64(pointers + 8 * j);
       }
-    }
+      return absl::OkStatus();
+    }));
   }
   // Read through; from now on (a sequence's place) looked up at random.
   idx->Advise(FileAccess::kRandom);

@@ -157,6 +157,25 @@ class ControllerTest : public ::testing::Test {
 
   int ThreeAttemptsWithAStoppingRank();
 
+  // What changed written behind (a tick 2 s on), then the controller restarted.
+  void WriteBehindAndRestart(int workers) {
+    clock_.Advance(2);
+    HeartbeatAll(workers);
+    c_->Tick();
+    Restart();
+  }
+
+  // Attempt 1's rank 1 killed, rank 0 stopped, the backoff (1 s) over: attempt 2 placed.
+  void FailAndRestart() {
+    Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+    Commands(0);  // the survivor's stop
+    Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+    clock_.Advance(1.1);
+    HeartbeatAll(2);
+    c_->Tick();
+    ASSERT_EQ(Job().summary().attempt(), 2u);
+  }
+
   // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
   // trigger, so the controller's own writes of job summaries return an error.
   void FailJobWrites(bool fail) {
@@ -704,13 +723,7 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
   step(1, 3, t0 + 5.5, 0);
   step(1, 4, t0 + 6.5, 0);
   clock_.Advance(7);
-  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
-  Commands(0);  // the survivor's stop
-  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
-  clock_.Advance(1.1);
-  HeartbeatAll(2);
-  c_->Tick();
-  ASSERT_EQ(Job().summary().attempt(), 2u);
+  FailAndRestart();
   EXPECT_GT(Job().goodput().recovering_seconds(), 0);
   for (int s = 0; s < 2; ++s) {
     auto cmds = Commands(s);
@@ -1166,13 +1179,7 @@ TEST_F(ControllerTest, CancelledJobsRankStillStoppingAcrossRestartFreesItsWorker
 TEST_F(ControllerTest, ARunningAttemptHoldsItsWorkersOverAnEndedAttemptOfAnotherJob) {
   StartRunning();
   const std::string a = job_;
-  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
-  Commands(0);  // the survivor's stop
-  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
-  clock_.Advance(1.1);
-  HeartbeatAll(2);
-  c_->Tick();
-  ASSERT_EQ(Job().summary().attempt(), 2u);
+  FailAndRestart();
   for (int s = 0; s < 2; ++s) ASSERT_EQ(Commands(s).size(), 1u);
   Report(0, 2, 0, v1::RANK_STARTED);
   Report(1, 2, 1, v1::RANK_STARTED);
@@ -1346,10 +1353,7 @@ TEST_F(ControllerTest, ALateExitOfAnOldAttemptIsWritten) {
   const int slow = ThreeAttemptsWithAStoppingRank();
   Report(slow, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // at last
   EXPECT_EQ(WorkerState(*c_, "h/" + std::to_string(slow)), v1::WORKER_STATE_READY);
-  clock_.Advance(2);
-  HeartbeatAll(6);
-  c_->Tick();  // writes what changed behind
-  Restart();
+  WriteBehindAndRestart(6);
   const v1::JobDetail d = Job();
   ASSERT_EQ(d.attempts_size(), 3);
   EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_EXITED);
@@ -1374,10 +1378,7 @@ TEST_F(ControllerTest, LateTelemetryOfAnOldAttemptIsWritten) {
   r.mutable_train()->set_tokens(1000);
   r.mutable_train()->set_step_seconds(0.5);
   ASSERT_TRUE(c_->PushTelemetry(batch).ok());
-  clock_.Advance(2);
-  HeartbeatAll(6);
-  c_->Tick();  // writes what changed behind
-  Restart();
+  WriteBehindAndRestart(6);
   const v1::JobDetail d = Job();
   ASSERT_EQ(d.attempts_size(), 3);
   EXPECT_EQ(d.attempts(0).ranks(1).step(), 42u);

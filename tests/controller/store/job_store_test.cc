@@ -126,6 +126,22 @@ TEST(JobStoreTest, TransactionRollsBack) {
   EXPECT_EQ(s.PutSummary(Summary("nope", v1::JOB_RUNNING)).code(), absl::StatusCode::kNotFound);
 }
 
+// Job "j": attempt 1's steps 1-50, then attempt 2's 41-90 (it resumed from step 40). Returns
+// their (attempt, step) in the order written.
+std::vector<std::pair<uint32_t, uint64_t>> PutTwoAttempts(JobStore& s) {
+  std::vector<std::pair<uint32_t, uint64_t>> written;
+  for (uint32_t attempt : {1u, 2u}) {
+    for (uint64_t step = 1; step <= 50; ++step) {
+      v1::StepRecord r;
+      r.set_attempt(attempt);
+      r.set_step(attempt == 1 ? step : step + 40);
+      EXPECT_TRUE(s.PutStep("j", r).ok());
+      written.emplace_back(r.attempt(), r.step());
+    }
+  }
+  return written;
+}
+
 // Pages through every step of a job in (attempt, step) order, across an attempt that went back to
 // an earlier step (a since_step cursor would skip attempt 2's steps 41-50): every step once, and
 // `more` false only on the last page.
@@ -133,16 +149,7 @@ TEST(JobStoreTest, StepPagesCoverEveryStepOnceAcrossAttempts) {
   auto store = JobStore::Open(TempDb());
   ASSERT_TRUE(store.ok());
   auto& s = **store;
-  std::vector<std::pair<uint32_t, uint64_t>> want;
-  for (uint32_t attempt : {1u, 2u}) {
-    for (uint64_t step = 1; step <= 50; ++step) {
-      v1::StepRecord r;
-      r.set_attempt(attempt);
-      r.set_step(attempt == 1 ? step : step + 40);  // attempt 2 resumed from step 40
-      ASSERT_TRUE(s.PutStep("j", r).ok());
-      want.emplace_back(r.attempt(), r.step());
-    }
-  }
+  const std::vector<std::pair<uint32_t, uint64_t>> want = PutTwoAttempts(s);
   v1::StepRecord other;  // another job's steps are not in its pages
   other.set_attempt(1);
   other.set_step(7);
@@ -176,14 +183,7 @@ TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {
   auto store = JobStore::Open(TempDb());
   ASSERT_TRUE(store.ok());
   auto& s = **store;
-  for (uint32_t attempt : {1u, 2u}) {
-    for (uint64_t step = 1; step <= 50; ++step) {
-      v1::StepRecord r;
-      r.set_attempt(attempt);
-      r.set_step(attempt == 1 ? step : step + 40);  // attempt 2 resumed from step 40
-      ASSERT_TRUE(s.PutStep("j", r).ok());
-    }
-  }
+  PutTwoAttempts(s);
   auto all = s.LoadSteps("j");
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 100u);
