@@ -36,6 +36,13 @@ std::string YamlConfig::to_config(const CLI::App* app, bool default_also,
   for (const CLI::Option* option : app->get_options()) {
     if (!option->get_configurable() || option->get_lnames().empty()) continue;
     std::string value;
+    if (option->results().size() > 1) {  // a repeatable option given more than once: a list
+      out << YAML::Key << option->get_lnames().front() << YAML::Value << YAML::Flow
+          << YAML::BeginSeq;
+      for (const std::string& result : option->results()) out << result;
+      out << YAML::EndSeq;
+      continue;
+    }
     if (option->count() > 0) {
       value = option->results().front();
     } else if (default_also && !option->get_default_str().empty()) {
@@ -67,8 +74,23 @@ std::vector<CLI::ConfigItem> YamlConfig::from_config(std::istream& input) const 
       throw CLI::ConfigError(absl::StrCat(where, "unknown option '", item.name,
                                           "'; allowed: ", absl::StrJoin(Keys(*app_), ", ")));
     }
+    // A repeatable option (--metrics-allowed-host) takes a list of values; any other, one.
+    const CLI::Option* option =
+        app_ != nullptr ? app_->get_option_no_throw("--" + item.name) : nullptr;
+    const bool repeatable = option != nullptr && option->get_items_expected_max() > 1;
+    if (repeatable && entry.second.IsSequence()) {
+      for (const YAML::Node& element : entry.second) {
+        if (!element.IsScalar()) {
+          throw CLI::ConversionError(where + "'" + item.name + "' must be a list of values");
+        }
+        item.inputs.push_back(element.as<std::string>());
+      }
+      items.push_back(std::move(item));
+      continue;
+    }
     if (!entry.second.IsScalar()) {
-      throw CLI::ConversionError(where + "'" + item.name + "' must be a single value");
+      throw CLI::ConversionError(where + "'" + item.name + "' must be " +
+                                 (repeatable ? "a value or a list of values" : "a single value"));
     }
     item.inputs = {entry.second.as<std::string>()};
     items.push_back(std::move(item));

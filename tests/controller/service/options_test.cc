@@ -170,7 +170,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, telemetry-flush, worker-timeout, "
-              "reattach-grace, forget-lost-workers, log-level, metrics-listen, web-root, tls-cert, "
+              "reattach-grace, forget-lost-workers, log-level, metrics-listen, "
+              "metrics-allowed-host, web-root, tls-cert, "
               "tls-key, tls-ca, "
               "token-file, join-token-file, insecure, data-root, checkpoint-root, "
               "max-request-bytes, submit-rate, submit-burst, audit-keep");
@@ -217,6 +218,36 @@ TEST(ControllerOptions, RootsLimitsAndRatesFromFlagsAndTheConfigFile) {
   EXPECT_THROW(Parse({"--max-request-bytes", "1000"}, f), CLI::ValidationError);
   EXPECT_THROW(Parse({"--submit-burst", "0.5"}, f), CLI::ValidationError);
   EXPECT_THROW(Parse({"--submit-rate", "-1"}, f), CLI::ValidationError);
+}
+
+// --metrics-allowed-host is repeatable: on the command line, and in the config file as one name
+// or a list; a config written from the flags keeps the list. Other options take one value.
+TEST(ControllerOptions, TheAllowedHostsAreAListEverywhere) {
+  EXPECT_TRUE(Parsed({}).metrics_allowed_hosts.empty());
+  const std::vector<std::string> two = {"a.example", "b.example"};
+  EXPECT_EQ(Parsed({"--metrics-allowed-host", "a.example", "--metrics-allowed-host", "b.example"})
+                .metrics_allowed_hosts,
+            two);
+  EXPECT_EQ(
+      Parsed({"--config", WriteConfig("controller_host.yaml", "metrics-allowed-host: a.example\n")})
+          .metrics_allowed_hosts,
+      std::vector<std::string>{"a.example"});
+  EXPECT_EQ(Parsed({"--config", WriteConfig("controller_hosts.yaml",
+                                            "metrics-allowed-host: [a.example, b.example]\n")})
+                .metrics_allowed_hosts,
+            two);
+  ControllerFlags given;
+  CLI::App app{"furnace-controller"};
+  AddControllerOptions(app, given);
+  std::vector<const char*> argv = {"furnace-controller", "--metrics-allowed-host", "a.example",
+                                   "--metrics-allowed-host", "b.example"};
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  const std::string written = WriteConfig("controller_hosts_written.yaml", app.config_to_str());
+  EXPECT_EQ(Parsed({"--config", written}).metrics_allowed_hosts, two);
+  ControllerFlags f;
+  EXPECT_THROW(
+      Parse({"--config", WriteConfig("controller_listen_list.yaml", "listen: [a:1, b:2]\n")}, f),
+      CLI::ConversionError);
 }
 
 TEST(ControllerOptions, HelpNamesEveryOptionWithItsDefault) {
