@@ -38,19 +38,31 @@ class FileSyncTest : public ::testing::Test {
     return names;
   }
 
-  // Runs `body` in a child, which then raises `signal`; returns the child's wait status.
+  // How a child treats signals before its body runs.
+  struct ChildSignals {
+    bool handler = true;  // RemoveTempFilesOnSignal installed
+    int ignored = 0;      // a signal ignored before that (as nohup starts a program), or 0
+  };
+  // Runs `body` in a child, which then raises `signal` and exits 0 should it live on; returns its
+  // wait status.
   template <typename Body>
-  int RunChild(int signal, Body body) {
+  int RunChild(int signal, Body body, ChildSignals signals = {}) {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      RemoveTempFilesOnSignal();
+      if (signals.ignored != 0) ::signal(signals.ignored, SIG_IGN);
+      if (signals.handler) RemoveTempFilesOnSignal();
       body();
       ::raise(signal);
-      ::_exit(99);  // not reached: the signal ends the child
+      ::_exit(0);
     }
     int status = 0;
     ::waitpid(pid, &status, 0);
     return status;
+  }
+  // A temporary file beside dir/out.bin, in a child (exit code 3 when it cannot be made).
+  void MakeTemp() {
+    std::string tmp;
+    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
   }
 
   fs::path dir_;
@@ -87,17 +99,7 @@ TEST_F(FileSyncTest, ASignalRemovesTheTemporaryFilesNotYetRenamed) {
 // A signal the program was started ignoring (nohup) stays ignored: the run goes on, and what it
 // writes is its own to finish.
 TEST_F(FileSyncTest, ASignalIgnoredAtStartStaysIgnored) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGHUP, SIG_IGN);
-    RemoveTempFilesOnSignal();
-    std::string tmp;
-    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
-    ::raise(SIGHUP);
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const int status = RunChild(SIGHUP, [&] { MakeTemp(); }, {.handler = true, .ignored = SIGHUP});
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(Files().size(), 1u);
@@ -106,16 +108,8 @@ TEST_F(FileSyncTest, ASignalIgnoredAtStartStaysIgnored) {
 // Without the handler (a daemon's choice), a signal leaves the file: the handler is what removes
 // it.
 TEST_F(FileSyncTest, WithoutTheHandlerTheTemporaryFileStays) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::string tmp;
-    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
-    ::raise(SIGTERM);
-    ::_exit(99);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  const int status = RunChild(SIGTERM, [&] { MakeTemp(); }, {.handler = false});
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
   const std::vector<std::string> files = Files();
   ASSERT_EQ(files.size(), 1u);
   EXPECT_EQ(files[0].rfind("out.bin.tmp.", 0), 0u) << files[0];
