@@ -125,6 +125,14 @@ const char* StatusText(int status) {
   }
 }
 
+std::string HostName(std::string_view host) {
+  if (!host.starts_with('[')) {
+    const size_t colon = host.rfind(':');
+    if (colon != std::string_view::npos) host = host.substr(0, colon);
+  }
+  return absl::AsciiStrToLower(absl::string_view(host.data(), host.size()));
+}
+
 bool IsAddressOrLocalhost(std::string_view host) {
   if (host.starts_with('[')) {  // [v6] or [v6]:port
     const size_t close = host.find(']');
@@ -133,22 +141,9 @@ bool IsAddressOrLocalhost(std::string_view host) {
     in6_addr a6{};
     return inet_pton(AF_INET6, v6.c_str(), &a6) == 1;
   }
-  const size_t colon = host.rfind(':');
-  if (colon != std::string_view::npos) host = host.substr(0, colon);
-  if (absl::EqualsIgnoreCase(absl::string_view(host.data(), host.size()), "localhost")) {
-    return true;
-  }
-  const std::string v4(host);
+  const std::string name = HostName(host);
   in_addr a4{};
-  return inet_pton(AF_INET, v4.c_str(), &a4) == 1;
-}
-
-std::string HostName(std::string_view host) {
-  if (!host.starts_with('[')) {
-    const size_t colon = host.rfind(':');
-    if (colon != std::string_view::npos) host = host.substr(0, colon);
-  }
-  return absl::AsciiStrToLower(absl::string_view(host.data(), host.size()));
+  return name == "localhost" || inet_pton(AF_INET, name.c_str(), &a4) == 1;
 }
 
 HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handlers,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace {
 namespace {
@@ -22,18 +23,11 @@ namespace fs = std::filesystem;
 
 class FileSyncTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("furnace-file-sync-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::vector<std::string> Files() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(dir_.path())) {
+      names.push_back(e.path().filename());
+    }
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -62,28 +56,27 @@ class FileSyncTest : public ::testing::Test {
   // A temporary file beside dir/out.bin, in a child (exit code 3 when it cannot be made).
   void MakeTemp() {
     std::string tmp;
-    if (!CreateTempBeside((dir_ / "out.bin").string(), &tmp).ok()) ::_exit(3);
+    if (!CreateTempBeside(dir_ / "out.bin", &tmp).ok()) ::_exit(3);
   }
 
-  fs::path dir_;
+  testing_util::TestDir dir_;
 };
 
 TEST_F(FileSyncTest, ASignalRemovesTheTemporaryFilesNotYetRenamed) {
   for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
     const int status = RunChild(signal, [&] {
       // Renamed into place: kept.
-      if (!WriteFileAtomically((dir_ / "done.txt").string(), "whole\n").ok()) ::_exit(1);
+      if (!WriteFileAtomically(dir_ / "done.txt", "whole\n").ok()) ::_exit(1);
       // Removed by its writer: forgotten.
       std::string abandoned;
-      absl::StatusOr<std::FILE*> a =
-          CreateTempBeside((dir_ / "abandoned.bin").string(), &abandoned);
+      absl::StatusOr<std::FILE*> a = CreateTempBeside(dir_ / "abandoned.bin", &abandoned);
       if (!a.ok()) ::_exit(2);
       std::fclose(*a);
       RemoveTemp(abandoned);
       // In the making when the signal comes: two of them.
       for (const char* name : {"out.bin", "out.idx"}) {
         std::string tmp;
-        absl::StatusOr<std::FILE*> f = CreateTempBeside((dir_ / name).string(), &tmp);
+        absl::StatusOr<std::FILE*> f = CreateTempBeside(dir_ / name, &tmp);
         if (!f.ok()) ::_exit(3);
         std::fputs("half", *f);
         std::fflush(*f);
