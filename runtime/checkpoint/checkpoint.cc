@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -379,6 +381,7 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
   RETURN_IF_ERROR(
       WriteFileDurably((fs::path(dir_) / kLatest).string(), absl::StrCat(s.step, "\n")));
   RETURN_IF_ERROR(Stage("latest"));
+  RemoveStaleLatestTemps();
   // Committed. Deleting old checkpoints that fails (a file another host still holds open, a
   // directory made immutable) does not undo that: it is said, and tried again at the next commit.
   if (absl::Status pruned = Prune(s.step); !pruned.ok()) {
@@ -408,6 +411,24 @@ absl::StatusOr<std::optional<int64_t>> CheckpointStore::LatestStep() const {
         absl::StrCat("checkpoint: ", path, " holds \"", text, "\", not a step number"));
   }
   return std::optional<int64_t>(step);
+}
+
+void CheckpointStore::RemoveStaleLatestTemps() const {
+  // A commit killed while writing LATEST leaves its temporary (LATEST.tmp.XXXXXX) behind; each
+  // crash one more. This commit's own is renamed by now, so any left are a dead writer's: only
+  // one process commits a store at a time. An hour's margin all the same, so a clock skewed
+  // between hosts of a shared file system, or a second job wrongly given the same directory,
+  // never loses a LATEST being written. Best effort: litter, not state.
+  const std::string prefix = absl::StrCat(kLatest, ".tmp.");
+  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  std::error_code ec;
+  fs::directory_iterator it(dir_, ec);
+  for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) {
+    if (!absl::StartsWith(it->path().filename().string(), prefix)) continue;
+    std::error_code file_ec;
+    const fs::file_time_type written = fs::last_write_time(it->path(), file_ec);
+    if (!file_ec && written < cutoff) fs::remove(it->path(), file_ec);
+  }
 }
 
 absl::Status CheckpointStore::Prune(int64_t latest) const {

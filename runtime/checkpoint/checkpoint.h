@@ -189,6 +189,8 @@ class CheckpointStore {
 
  private:
   absl::Status Prune(int64_t latest) const;
+  // Deletes LATEST temporaries that commits killed mid-write left behind.
+  void RemoveStaleLatestTemps() const;
   absl::Status Stage(absl::string_view name) const {
     return stage_hook_ ? stage_hook_(name) : absl::OkStatus();
   }

@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -210,6 +211,25 @@ TEST(CheckpointTest, KeepsTheNewestN) {
   CheckpointStore keep_all(dir.path(), 0);
   ASSERT_TRUE(SaveStep(keep_all, 25).ok());
   EXPECT_THAT(keep_all.CommittedSteps(), ElementsAre(15, 20, 25));
+}
+
+// A commit killed while writing LATEST leaves LATEST.tmp.XXXXXX; the next commit deletes those
+// an hour old (a fresh one may be a writer still at work on a skewed shared file system).
+TEST(CheckpointTest, ACommitDeletesTheLatestTemporariesOfDeadWriters) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  ASSERT_TRUE(SaveStep(store, 5).ok());
+  WriteAll(dir / "LATEST.tmp.dead01", "3\n");
+  WriteAll(dir / "LATEST.tmp.fresh1", "4\n");
+  WriteAll(dir / "notes.tmp.dead02", "mine\n");
+  for (const char* old : {"LATEST.tmp.dead01", "notes.tmp.dead02"}) {
+    fs::last_write_time(dir / old, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  }
+  ASSERT_TRUE(SaveStep(store, 10).ok());
+  EXPECT_FALSE(fs::exists(dir / "LATEST.tmp.dead01"));
+  EXPECT_TRUE(fs::exists(dir / "LATEST.tmp.fresh1"));
+  EXPECT_TRUE(fs::exists(dir / "notes.tmp.dead02"));  // not the store's
+  EXPECT_EQ(ReadAll(dir / "LATEST"), "10\n");
 }
 
 // A run that resumed from an earlier checkpoint (the newest was damaged) left a timeline: its
