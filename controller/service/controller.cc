@@ -246,7 +246,16 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
   } else {
     // Only the new steps are read: the dashboard polls with since_step every few seconds; and
     // of a long history, only the points asked for.
-    ASSIGN_OR_RETURN(steps, store_->LoadSteps(req.job_id(), req.since_step(), req.max_points()));
+    absl::StatusOr<std::vector<v1::StepRecord>> loaded =
+        store_->LoadSteps(req.job_id(), req.since_step(), req.max_points(), kMaxSeriesPageSize);
+    if (absl::IsResourceExhausted(loaded.status())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("GetJobSeries: ", loaded.status().message(),
+                       ", more than one reply holds: page through them (page_size, at most ",
+                       kMaxSeriesPageSize, ") or thin them (max_points)"));
+    }
+    RETURN_IF_ERROR(loaded.status());
+    steps = *std::move(loaded);
   }
   series.set_job_id(req.job_id());
   series.set_telemetry_dropped(dropped);

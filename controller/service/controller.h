@@ -84,7 +84,7 @@ class Controller {
   absl::StatusOr<furnace::v1::GetLogsResponse> GetLogs(const furnace::v1::GetLogsRequest& req);
   // The job's aggregated training steps, ascending; thinned evenly to max_points when set; a page
   // of them after a cursor with page_size (at most kMaxSeriesPageSize; InvalidArgument beside
-  // since_step or max_points).
+  // since_step or max_points). Neither, and more than kMaxSeriesPageSize steps: ResourceExhausted.
   absl::StatusOr<furnace::v1::JobSeries> GetJobSeries(const furnace::v1::GetJobSeriesRequest& req);
   // Everything monitoring shows, at this instant.
   MetricsSnapshot Metrics();

@@ -390,7 +390,8 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
                                                                 uint64_t since_step,
-                                                                uint32_t max_points) {
+                                                                uint32_t max_points,
+                                                                uint32_t max_steps) {
   std::vector<v1::StepRecord> out;
   RETURN_IF_ERROR(Read([&](sqlite3* db) -> absl::Status {
     if (max_points > 0) {
@@ -423,11 +424,19 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
     }
     Statement q(db,
                 "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
-                "ORDER BY attempt, step");
-    q.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
+                "ORDER BY attempt, step LIMIT ?3");
+    // One row past max_steps says there are too many (SQLite reads LIMIT -1 as none).
+    q.BindText(1, job_id)
+        .Bind(2, static_cast<int64_t>(since_step))
+        .Bind(3, max_steps > 0 ? static_cast<int64_t>(max_steps) + 1 : int64_t{-1});
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) return absl::OkStatus();
+      if (max_steps > 0 && out.size() == max_steps) {
+        out.clear();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job '", job_id, "' has more than ", max_steps, " steps after step ", since_step));
+      }
       ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
       out.push_back(std::move(step));
     }

@@ -204,6 +204,15 @@ TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {
   auto tail = s.LoadSteps("j", 85, 10);
   ASSERT_TRUE(tail.ok());
   EXPECT_EQ(tail->size(), 5u);
+  // Unthinned, more than max_steps: refused (GetJobSeries asks for paging), not a huge reply.
+  EXPECT_EQ(s.LoadSteps("j", 0, 0, 100)->size(), 100u);
+  auto over = s.LoadSteps("j", 0, 0, 99);
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_NE(over.status().message().find("more than 99 steps after step 0"),
+            absl::string_view::npos)
+      << over.status();
+  EXPECT_EQ(s.LoadSteps("j", 85, 0, 5)->size(), 5u);
+  EXPECT_EQ(s.LoadSteps("j", 0, 5, 4)->size(), 5u);  // thinned: max_steps does not apply
   // ForEachStep visits each one once, in the same order.
   std::vector<uint64_t> seen;
   ASSERT_TRUE(s.ForEachStep("j", [&](const v1::StepRecord& r) { seen.push_back(r.step()); }).ok());
