@@ -327,7 +327,10 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   device::Device& dev = *rank_device.device;
   if (absl::StatusOr<const device::Backend*> b = device::BackendFor(dev, rank_device.precision);
       !b.ok()) {
-    return Fail(progress, 0, kRankExitBadInput,
+    // A setting with no backend is bad input; the GPU failing to load the kernels is not.
+    const bool bad_input =
+        absl::IsInvalidArgument(b.status()) || absl::IsFailedPrecondition(b.status());
+    return Fail(progress, 0, bad_input ? kRankExitBadInput : kRankExitError,
                 absl::StrCat(rank_device.precision == device::Precision::kBf16
                                  ? "model.precision bf16 with resources.device "
                                  : "resources.device ",

@@ -49,6 +49,8 @@ __global__ void CausalSoftmaxBackwardKernel(float* dp, const float* att, int64_t
   for (int j = lane; j < Tlen; j += 32) d[j] = j <= i ? p[j] * (d[j] - dot) : 0.0f;
 }
 
+FURNACE_PRELOAD_KERNELS(CausalSoftmaxKernel, CausalSoftmaxBackwardKernel);
+
 }  // namespace
 
 namespace internal {

@@ -64,6 +64,9 @@ __global__ void DequantizeKernel(float* out, const uint8_t* inp, const float* sc
   }
 }
 
+FURNACE_PRELOAD_KERNELS(F32ToBf16Kernel, F32ToBf16x4Kernel, Bf16ToF32Kernel, QuantizeKernel,
+                        DequantizeKernel);
+
 }  // namespace
 
 namespace internal {

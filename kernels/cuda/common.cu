@@ -1,6 +1,8 @@
 // Error recording, the cuBLAS handle helper and the deterministic column sum.
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common.cuh"
 
@@ -16,6 +18,27 @@ void RecordError(const char* op, const char* call, const char* message, const ch
   char buf[512];
   std::snprintf(buf, sizeof(buf), "%s: %s failed at %s:%d: %s", op, call, file, line, message);
   first_error = buf;
+}
+
+namespace {
+struct KernelList {
+  const char* names;  // as the .cu wrote them, for errors
+  std::vector<const void*> kernels;
+};
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+// Constructed on first use: registrations run during static initialisation, in any order.
+std::vector<KernelList>& Registry() {
+  static std::vector<KernelList> lists;
+  return lists;
+}
+}  // namespace
+
+void RegisterKernels(const char* names, std::initializer_list<const void*> kernels) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry().push_back({names, std::vector<const void*>(kernels)});
 }
 
 bool CheckLaunch(const char* op, const char* file, int line) {
@@ -65,6 +88,9 @@ __global__ void ColumnSumKernel(float* out, const float* in, int64_t N, int C) {
     out[c] += total;
   }
 }
+
+FURNACE_PRELOAD_KERNELS(ColumnSumKernel);
+
 }  // namespace
 
 void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStream_t stream) {
@@ -75,6 +101,24 @@ void ColumnSumAccumulate(float* out, const float* in, int64_t N, int C, cudaStre
 }
 
 }  // namespace internal
+
+std::string PreloadKernels() {
+  std::lock_guard<std::mutex> lock(internal::RegistryMutex());
+  for (const internal::KernelList& list : internal::Registry()) {
+    for (const void* kernel : list.kernels) {
+      // Resolving a kernel's attributes loads it (the CUDA programming guide's remedy for the
+      // lazy-loading hazard).
+      cudaFuncAttributes attributes;
+      const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        return std::string("loading the kernels (") + list.names +
+               "): cudaFuncGetAttributes: " + cudaGetErrorString(err);
+      }
+    }
+  }
+  return "";
+}
 
 std::string TakeLastError() {
   std::string message;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/common.h"
 
@@ -37,6 +38,20 @@ void BroadcastBias(float* out, const float* bias, int64_t N, int OC, cudaStream_
 void CausalSoftmax(float* att, int64_t rows, int Tlen, cudaStream_t stream, const char* op);
 void CausalSoftmaxBackward(float* dp, const float* att, int64_t rows, int Tlen, cudaStream_t stream,
                            const char* op);
+
+// Registers kernels for PreloadKernels (common.h): each .cu lists every kernel it launches, once,
+// at namespace scope after their definitions (a template kernel: each instantiation launched):
+//   FURNACE_PRELOAD_KERNELS(FooKernel, BarKernel<float>);
+// The registration runs at static initialisation (a .cu's launchers are linked, so is its list).
+void RegisterKernels(const char* names, std::initializer_list<const void*> kernels);
+template <typename... Kernel>
+bool RegisterKernelList(const char* names, Kernel*... kernels) {
+  RegisterKernels(names, {reinterpret_cast<const void*>(kernels)...});
+  return true;
+}
+#define FURNACE_PRELOAD_KERNELS(...)                               \
+  [[maybe_unused]] static const bool furnace_kernels_registered_ = \
+      ::furnace::kernels::cuda::internal::RegisterKernelList(#__VA_ARGS__, __VA_ARGS__)
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

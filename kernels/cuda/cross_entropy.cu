@@ -42,6 +42,8 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
   }
 }
 
+FURNACE_PRELOAD_KERNELS(CrossEntropyForwardKernel, CrossEntropyBackwardKernel);
+
 }  // namespace
 
 void CrossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets,

@@ -48,6 +48,8 @@ __global__ void TransposeKernel(float* out, const float* inp, int rows, int cols
   }
 }
 
+FURNACE_PRELOAD_KERNELS(AddInPlaceKernel, BiasResidualKernel, AddRowKernel, TransposeKernel);
+
 }  // namespace
 
 void AddInPlace(float* out, const float* x, int64_t n, cudaStream_t stream) {

@@ -41,6 +41,9 @@ __global__ void EmbeddingBackwardWpeKernel(float* dwpe, const float* dout, int B
 
 constexpr int kBlock = 256;
 
+FURNACE_PRELOAD_KERNELS(EmbeddingForwardKernel, EmbeddingBackwardWteKernel,
+                        EmbeddingBackwardWpeKernel);
+
 }  // namespace
 
 void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,

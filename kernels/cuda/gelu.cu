@@ -36,6 +36,8 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
   }
 }
 
+FURNACE_PRELOAD_KERNELS(GeluForwardKernel, GeluBackwardKernel);
+
 }  // namespace
 
 void GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {

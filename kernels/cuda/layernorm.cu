@@ -91,6 +91,9 @@ __global__ void LayerNormBackwardParamKernel(float* dweight, float* dbias, const
   }
 }
 
+FURNACE_PRELOAD_KERNELS(LayerNormForwardKernel, LayerNormBackwardInputKernel,
+                        LayerNormBackwardParamKernel);
+
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -65,6 +65,8 @@ void Backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
   if (dbias != nullptr) internal::ColumnSumAccumulate(dbias, dout, N, OC, stream);
 }
 
+FURNACE_PRELOAD_KERNELS(BroadcastBiasKernel<float>, BroadcastBiasKernel<__nv_bfloat16>);
+
 }  // namespace
 
 namespace internal {

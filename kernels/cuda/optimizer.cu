@@ -66,6 +66,8 @@ __global__ void ScaleKernel(float* x, float s, int64_t n) {
   }
 }
 
+FURNACE_PRELOAD_KERNELS(AdamWKernel, SumOfSquaresKernel, AddPartialsKernel, ScaleKernel);
+
 }  // namespace
 
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, float lr,

@@ -66,6 +66,9 @@ __global__ void UnpermuteBackwardKernel(float* dexpert_out, float* dgates, const
   }
 }
 
+FURNACE_PRELOAD_KERNELS(PermuteForwardKernel, PermuteBackwardKernel, UnpermuteForwardKernel,
+                        UnpermuteBackwardKernel);
+
 }  // namespace
 
 void PermuteForward(float* out, const float* inp, const DeviceDispatchPlan& plan, int C,

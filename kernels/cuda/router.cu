@@ -125,6 +125,9 @@ __global__ void AuxLossBackwardKernel(float* dprobs, const int32_t* indices, int
   for (int n = threadIdx.x; n < N; n += blockDim.x) dprobs[int64_t{n} * E + e] += grad;
 }
 
+FURNACE_PRELOAD_KERNELS(SoftmaxForwardKernel, SoftmaxBackwardKernel, TopKForwardKernel,
+                        TopKBackwardKernel, AuxLossForwardKernel, AuxLossBackwardKernel);
+
 }  // namespace
 
 void SoftmaxForward(float* probs, const float* logits, int N, int E, cudaStream_t stream) {

@@ -1,8 +1,10 @@
 #include "runtime/device/backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 #if FURNACE_HAVE_CUDA
 #include "runtime/device/cuda_backend.h"
+#include "runtime/device/cuda_device.h"
 #endif
 
 namespace furnace::device {
@@ -59,6 +61,10 @@ absl::StatusOr<const Backend*> BackendFor(const Device& device, Precision precis
     return absl::Status(backend.status().code(),
                         absl::StrCat("device '", device.name(), "': ", backend.status().message()));
   }
+#if FURNACE_HAVE_CUDA
+  // Before the rank's first collective can be in flight (cuda_backend.h).
+  if (dynamic_cast<const CudaDevice*>(&device) != nullptr) RETURN_IF_ERROR(LoadCudaKernels(device));
+#endif
   return backend;
 }
 

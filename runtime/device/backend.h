@@ -184,7 +184,8 @@ const Backend& EmulatedBf16Backend();
 // backend. Errors name the kind and the precision: InvalidArgument for bf16 on the CPU (it trains
 // in fp32), FailedPrecondition for CUDA in a build without CUDA.
 absl::StatusOr<const Backend*> BackendFor(Kind kind, Precision precision = Precision::kFp32);
-// The table `device` runs on; BackendFor(kind)'s errors, naming the device.
+// The table `device` runs on; BackendFor(kind)'s errors, naming the device. A CUDA device's GPU
+// gets every kernel loaded here (LoadCudaKernels, cuda_backend.h); a failure to is Internal.
 absl::StatusOr<const Backend*> BackendFor(const Device& device,
                                           Precision precision = Precision::kFp32);
 

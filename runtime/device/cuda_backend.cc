@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
@@ -36,6 +37,7 @@
 #include "runtime/device/backend_op_names.h"
 #include "runtime/device/cuda_backend_ops.h"
 #include "runtime/device/cuda_op.h"
+#include "runtime/device/cuda_status.h"
 
 namespace furnace::device {
 namespace cuda_internal {
@@ -222,5 +224,29 @@ constexpr Backend kCudaBackend = {
 }  // namespace
 
 const Backend& CudaBackend() { return kCudaBackend; }
+
+absl::Status LoadCudaKernels(const Device& device) {
+  const auto* cuda = dynamic_cast<const CudaDevice*>(&device);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", device.name(), "' is not a CUDA device"));
+  }
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaGetLastError();
+  if (previous != cuda->ordinal()) {
+    FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(cuda->ordinal()));
+  }
+  absl::Status loaded = cuda_internal::LoadKernelsOnce(cuda->ordinal());
+  if (previous >= 0 && previous != cuda->ordinal()) {
+    cudaSetDevice(previous);
+    cudaGetLastError();
+  }
+  if (!loaded.ok()) {
+    return absl::Status(loaded.code(),
+                        absl::StrCat("device '", device.name(), "': ", loaded.message()));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace furnace::device

@@ -4,7 +4,9 @@
 // chunk is reused only after the event recorded behind its last upload has completed.
 #include "runtime/device/cuda_op.h"
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/common.h"
 #include "runtime/device/cuda_status.h"
 #include "runtime/device/current_stream.h"
@@ -118,7 +121,27 @@ ThreadState& State() {
   return state;
 }
 
+// GPUs whose context holds every kernel (kernels::cuda::PreloadKernels); the primary context lives
+// as long as the process, so once per GPU. Ordinals past 63 take the mutex each time.
+std::atomic<uint64_t> kernels_loaded{0};
+absl::Mutex kernels_mu;
+
 }  // namespace
+
+absl::Status LoadKernelsOnce(int ordinal) {
+  const uint64_t bit = ordinal < 64 ? uint64_t{1} << ordinal : 0;
+  if (bit != 0 && (kernels_loaded.load(std::memory_order_acquire) & bit) != 0) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&kernels_mu);
+  if (bit != 0 && (kernels_loaded.load(std::memory_order_acquire) & bit) != 0) {
+    return absl::OkStatus();
+  }
+  const std::string error = kernels::cuda::PreloadKernels();
+  if (!error.empty()) return absl::InternalError(error);
+  if (bit != 0) kernels_loaded.fetch_or(bit, std::memory_order_release);
+  return absl::OkStatus();
+}
 
 CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op_(op) {
   if (Stream* current = CurrentStream(); current != nullptr) {
@@ -162,6 +185,10 @@ CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op
       cudaGetLastError();
       Fail(absl::InternalError("cudaSetDevice failed"));
     }
+  }
+  // Normally done already (BackendFor of the device); else before this op's first launch.
+  if (ok_) {
+    if (absl::Status loaded = LoadKernelsOnce(device_->ordinal()); !loaded.ok()) Fail(loaded);
   }
 }
 
@@ -234,7 +261,9 @@ bool CudaOp::Synchronize() {
     cudaGetLastError();
     Fail(CudaStatus(err, "cudaStreamSynchronize", __FILE__, __LINE__));
   }
-  return ok_;
+  // An earlier op's failure too (its outputs, this op's inputs, are undefined): the host scalar is
+  // then NaN, as the emulated table gives, so the trainer refuses the step instead of applying it.
+  return ok_ && device_->sticky_error().ok();
 }
 
 }  // namespace furnace::device::cuda_internal

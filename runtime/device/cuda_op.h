@@ -18,6 +18,10 @@
 
 namespace furnace::device::cuda_internal {
 
+// Loads every kernel into GPU `ordinal`'s context (kernels::cuda::PreloadKernels), the first time
+// for that GPU; the caller has made it current. Thread-safe.
+absl::Status LoadKernelsOnce(int ordinal);
+
 class CudaOp {
  public:
   // `pointers`: the op's pointer arguments; the first non-null one names the device when the
@@ -41,8 +45,8 @@ class CudaOp {
   void* Upload(const void* host, size_t bytes);
   // Records a failure of this op as the device's sticky error.
   void Fail(absl::Status status);
-  // Synchronises stream() and reports whether the op's work so far succeeded (the host-scalar
-  // ops call it before reading their result).
+  // Synchronises stream() and reports whether the op's work so far succeeded and no earlier op
+  // of the device failed (the host-scalar ops call it before reading their result).
   bool Synchronize();
 
  private:

@@ -108,6 +108,10 @@ TEST(BackendTest, CudaKindGivesTheCudaTables) {
   absl::StatusOr<const Backend*> by_device = BackendFor(gpu, Precision::kBf16);
   ASSERT_TRUE(by_device.ok()) << by_device.status();
   EXPECT_EQ(*by_device, &CudaBf16Backend());
+  // Loading the kernels needs a CudaDevice (a GPU): a device only of the kind is refused.
+  const absl::Status load = LoadCudaKernels(gpu);
+  EXPECT_TRUE(absl::IsInvalidArgument(load)) << load;
+  EXPECT_NE(load.message().find("'cuda:3' is not a CUDA device"), absl::string_view::npos) << load;
 
   // The bf16 table differs from the fp32 one exactly in the GEMMs and attention.
   const Backend& a = CudaBackend();

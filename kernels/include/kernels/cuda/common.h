@@ -25,6 +25,15 @@ namespace furnace::kernels::cuda {
 // (including the CUDA runtime's last error, which is reported when nothing else was recorded).
 std::string TakeLastError();
 
+// Loads every kernel of this library into the current device's context; "" or what failed (the
+// CUDA runtime's last error cleared). CUDA loads kernels lazily by default (Linux, CUDA 12.2 on):
+// a kernel's first launch loads it, and loading may wait for all work queued on the GPU to finish
+// while holding the context's lock. With a kernel in flight that waits on something only the host
+// can do next (an NCCL kernel waiting for a peer that itself waits on this rank, a stream held by
+// a host function), that first launch hangs. Call it once per device before any such work; each
+// later call loads nothing new. Thread-safe.
+std::string PreloadKernels();
+
 // Owns a cuBLAS handle (fp32 GEMMs in full precision: no TF32). get() is nullptr when creation
 // failed; the reason is then recorded for TakeLastError().
 class CublasHandle {
