@@ -9,7 +9,7 @@
 # carry (cuBLAS, cuBLASLt, NCCL: several hundred MB; the CUDA image has them under
 # /usr/local/cuda or in its Python's nvidia-* packages). Then, on the GPU machine:
 #
-#   tests/gpu/run.sh --bundle .gpu-bundle/furnace-gpu.tar.xz
+#   bash tests/gpu/run.sh --bundle .gpu-bundle/furnace-gpu.tar.xz --budget-s 420
 #
 # Usage: tests/gpu/bundle.sh [--build-dir DIR] [--no-build] [-o ARCHIVE]
 #   --build-dir  the CUDA build to pack (default: build; configured and the gpu targets built here
@@ -37,6 +37,8 @@ cd "$repo"
 case "$build_dir" in /*) ;; *) build_dir="$repo/$build_dir" ;; esac
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvcc >/dev/null || { echo "bundle.sh: nvcc not found: the GPU code cannot be built" >&2; exit 1; }
+# An archive of an earlier build must not survive a failure below and be shipped as this one.
+rm -f "$archive"
 
 if ((do_build)); then
   echo "[bundle] configure $build_dir (CUDA on, sm_90) and build gpu_tests gpu_benches" >&2

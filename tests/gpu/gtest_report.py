@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The gpu tests' table for tests/gpu/run.sh --bundle: reads the gtest XML files the bundle's test
 executables wrote (--gtest_output=xml) and prints a count line and one markdown row per test case
-(passed, failed, or skipped with GTEST_SKIP's reason). Exit status 1 when a case failed or no case
-was found at all (an executable that died before writing its XML shows in run.sh's own log)."""
+(passed, failed, or skipped with GTEST_SKIP's reason). With --gpu (the machine has one), a case
+that skipped saying "no GPU" failed: CUDA could not use the GPU. Exit status 1 when a case failed
+or no case was found at all (an executable that died before writing its XML shows in run.sh's own
+log)."""
 import sys
 import xml.etree.ElementTree as ET
 
 
-def main(paths):
+def main(args):
+    gpu_present = "--gpu" in args
+    paths = [a for a in args if a != "--gpu"]
     rows, counts = [], {"passed": 0, "failed": 0, "skipped": 0}
     for path in paths:
         try:
@@ -26,6 +30,8 @@ def main(paths):
                 why = lines[-1][:120].replace("|", "/") if lines else ""
             else:
                 result = "passed"
+            if result == "skipped" and gpu_present and why.startswith("no GPU"):
+                result, why = "failed", "said no GPU on a machine with one: " + why
             counts[result] += 1
             rows.append((f"{case.get('classname')}.{case.get('name')}", result,
                          case.get("time", ""), why))

@@ -17,8 +17,13 @@
 #   --build-dir  the CMake build directory (default: build)
 #   --bundle     run what tests/gpu/bundle.sh packed (no setup, no build, no build directory)
 #   --budget-s   the whole run's wall-clock budget (default 480); each step gets what is left
-# Exit status: 0 when every step that ran passed (skipped tests are not failures), 1 otherwise,
-# 2 for bad arguments. The report is written in every case.
+# Order: the machine, the build (or the bundle), the benchmarks (the training step first: its MFU is
+# what no other machine can measure), then the tests (NCCL's last: a hang there costs least). The
+# report is rewritten after every step, so a run cut short by the caller's own limit still leaves
+# everything measured so far; beside it, gpu-logs.tar.gz holds every step's full output.
+# Exit status: 0 when every step that ran passed (skipped tests are not failures; on a machine
+# with a GPU, a test or benchmark that says "no GPU" is one), 1 otherwise, 2 for bad arguments.
+# The report is written in every case.
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -57,10 +62,35 @@ fi
 cd "$repo" || exit 2
 case "$build_dir" in /*) ;; *) build_dir="$repo/$build_dir" ;; esac
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+logs="$(dirname "$report")/gpu-logs.tar.gz"
+# Every step's output (logs, gtest XML), kept beside the report when the script ends.
+keep_logs() { tar -C "$work" -czf "$logs" --exclude=./bundle . 2>/dev/null || true; }
+trap 'keep_logs; rm -rf "$work"' EXIT
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 status=0
+finished=0
+# The report as it stands: the header says whether the run reached its end.
+write_report() {
+  local verdict
+  if ((finished)); then
+    verdict="$( ((status == 0)) && echo passed || echo FAILED)"
+  else
+    verdict="INCOMPLETE (written at $SECONDS s; a run cut short ends here$( ((status == 0)) || echo ', with failures already'))"
+  fi
+  {
+    echo "# GPU run: ${verdict}$( ((gpu)) || echo ' (no GPU: the gpu tests skip)')"
+    echo
+    echo "Written by \`tests/gpu/run.sh\` on $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $SECONDS s of a" \
+      "$budget s budget."
+    cat "$work/body.md"
+    # What the step under way has done so far (the tests' executables, one line each).
+    if [ -f "$work/pending.md" ]; then cat "$work/pending.md"; fi
+  } >"$report.tmp"
+  mv "$report.tmp" "$report"
+}
+# `timeout` that also kills a step ignoring SIGTERM 10 s later.
+limit() { timeout -k 10 "$@"; }
 log() { echo "[gpu-run $(date -u +%H:%M:%S)] $*" >&2; }
 # Seconds left of the budget, at least 1 (`timeout 0` would mean no limit at all).
 left() { local l=$((budget - SECONDS)); ((l > 0)) && echo "$l" || echo 1; }
@@ -86,7 +116,7 @@ section "Machine"
     commit="unknown (not a git checkout)"
   fi
   echo "- commit: $commit"
-  echo "- host: $(uname -srm), $(nproc) CPUs"
+  echo "- host: $(uname -srm), $(nproc) CPUs, $(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown OS}"), $(ldd --version 2>/dev/null | head -1)"
   if ((gpu)); then
     echo "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
   else
@@ -98,6 +128,7 @@ section "Machine"
     echo "- CUDA: no nvcc found (a CPU-only build: the CUDA tests are not built)"
   fi
 } >>"$work/body.md"
+write_report
 
 # --- Setup and build (or the bundle: unpacked, and every library its executables load resolved).
 section "Build"
@@ -105,7 +136,16 @@ bundle_dir=""
 if [ -n "$bundle" ]; then
   bundle_dir="$work/bundle"
   mkdir -p "$bundle_dir"
-  if ! xz -dc "$bundle" | tar -C "$bundle_dir" -xf - 2>"$work/unpack.log"; then
+  # xz, or Python's lzma where the machine has no xz.
+  unpack() {
+    if command -v xz >/dev/null 2>&1; then
+      xz -dc "$bundle" | tar -C "$bundle_dir" -xf -
+    else
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "$bundle" "$bundle_dir"
+    fi
+  }
+  if ! unpack 2>"$work/unpack.log"; then
     status=1
     echo "- bundle: **could not unpack** $bundle:" >>"$work/body.md"
     fence "$work/unpack.log" 2000
@@ -131,8 +171,17 @@ for r in roots:
             print(d)
 ' 2>/dev/null)
     fi
-    LD_LIBRARY_PATH="$bundle_dir/lib$(printf ':%s' "${cuda_libs[@]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    LD_LIBRARY_PATH="$bundle_dir/lib${cuda_libs[*]:+$(printf ':%s' "${cuda_libs[@]}")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
+    # The bundle's C++ runtime needs the glibc it was built against (Debian 12: 2.36). Where this
+    # one is older, the machine's own libstdc++ and libgcc_s serve (the executables need less).
+    for rt in libstdc++.so.6 libgcc_s.so.1; do
+      if [ -e "$bundle_dir/lib/$rt" ] && ldd "$bundle_dir/lib/$rt" 2>&1 | grep -q "GLIBC_.* not found"; then
+        mkdir -p "$bundle_dir/lib.unused"
+        mv "$bundle_dir/lib/$rt" "$bundle_dir/lib.unused/"
+        echo "- $rt: the machine's (the bundle's needs a newer glibc)" >>"$work/body.md"
+      fi
+    done
     echo "- libraries: the bundle's, then ${cuda_libs[*]:-(no CUDA library directory found)}" \
       >>"$work/body.md"
     unresolved="" lazy=""
@@ -201,6 +250,60 @@ if [ -z "$bundle" ]; then
       >>"$work/body.md"
 fi
 
+# --- The GPU benchmarks: the executables bench/ registered with furnace_gpu_bench(), listed by
+# the build in gpu_benches.txt, each run with no arguments (bench/gpu/REPORT.md: each takes well
+# under a minute on an H200), at most 150 s each, the training step's first; its stdout (line
+# buffered, so a benchmark killed midway still shows its rows) is its result.
+section "GPU benchmarks"
+benches=()
+if [ -n "$bundle_dir" ]; then
+  while IFS= read -r b; do [ -n "$b" ] && benches+=("$bundle_dir/bin/$b"); done \
+    <"$bundle_dir/benches.txt"
+elif [ -f "$build_dir/gpu_benches.txt" ]; then
+  while IFS= read -r b; do [ -n "$b" ] && benches+=("$b"); done <"$build_dir/gpu_benches.txt"
+fi
+# The training step's MFU first, then the rest as registered.
+ordered=()
+for b in "${benches[@]}"; do [[ "${b##*/}" == *train_step* ]] && ordered+=("$b"); done
+for b in "${benches[@]}"; do [[ "${b##*/}" == *train_step* ]] || ordered+=("$b"); done
+benches=("${ordered[@]}")
+line_buffered=()
+command -v stdbuf >/dev/null 2>&1 && line_buffered=(stdbuf -oL)
+if ((${#benches[@]} == 0)); then
+  echo "None registered: bench/ has no GPU benchmark yet (furnace_gpu_bench in" \
+    "bench/CMakeLists.txt lists them)." >>"$work/body.md"
+else
+  # Without a GPU each still runs: it must print its table's header, say "no GPU" and exit 0.
+  ((gpu)) || echo "No GPU: each benchmark below only says so (and must exit 0)." >>"$work/body.md"
+  for b in "${benches[@]}"; do
+    name="${b##*/}"
+    if ((budget - SECONDS < 5)); then
+      status=1
+      echo "### $name: **not run**, the time budget is spent" >>"$work/body.md"
+      continue
+    fi
+    log "benchmark $name ($(left) s left)"
+    bench_start=$SECONDS
+    limit "$(capped 150)" "${line_buffered[@]}" "$b" >"$work/$name.out" 2>"$work/$name.err" \
+      </dev/null
+    rc=$?
+    ((rc == 124 || rc == 137)) && echo "(killed by the time limit)" >>"$work/$name.err"
+    if ((gpu)) && grep -q '^no GPU:' "$work/$name.out"; then
+      rc=1
+      echo "(said \"no GPU\" on a machine with one: CUDA could not use it)" >>"$work/$name.err"
+    fi
+    printf '\n### %s (exit status %d, %d s)\n\n' "$name" "$rc" "$((SECONDS - bench_start))" \
+      >>"$work/body.md"
+    fence "$work/$name.out" 8000
+    if ((rc != 0)); then
+      status=1
+      fence "$work/$name.err" 3000
+    fi
+    write_report
+  done
+fi
+write_report
+
 # --- The gpu-labelled tests.
 section "gpu-labelled tests"
 if [ -n "$bundle_dir" ]; then
@@ -209,26 +312,39 @@ if [ -n "$bundle_dir" ]; then
   tests_start=$SECONDS
   : >"$work/ctest.log"
   rc=0
-  while IFS= read -r name; do
-    [ -n "$name" ] || continue
+  # NCCL's last: a hang there (a collective that never completes) costs only what follows it.
+  test_names=()
+  while IFS= read -r name; do [[ -n "$name" && "$name" != *nccl* ]] && test_names+=("$name"); done \
+    <"$bundle_dir/tests.txt"
+  while IFS= read -r name; do [[ -n "$name" && "$name" == *nccl* ]] && test_names+=("$name"); done \
+    <"$bundle_dir/tests.txt"
+  for name in "${test_names[@]}"; do
     if ((budget - SECONDS < 10)); then
       rc=1
       echo "$name: not run, the time budget is spent" >>"$work/ctest.log"
       continue
     fi
     log "test $name ($(left) s left)"
-    (cd "$work" && OPENBLAS_NUM_THREADS=1 timeout "$(capped 300)" "$bundle_dir/bin/$name" \
-      --gtest_output="xml:$work/xml/$name.xml") >"$work/$name.log" 2>&1
+    (cd "$work" && OPENBLAS_NUM_THREADS=1 limit "$(capped 150)" "$bundle_dir/bin/$name" \
+      --gtest_output="xml:$work/xml/$name.xml") >"$work/$name.log" 2>&1 </dev/null
     one=$?
     if ((one != 0)); then
       rc=1
       { echo "== $name: exit status $one"; tail -c 3000 "$work/$name.log"; } >>"$work/ctest.log"
     fi
-  done <"$bundle_dir/tests.txt"
+    [ -f "$work/pending.md" ] ||
+      printf '\nTest executables run so far (the table comes when all have run):\n\n' >"$work/pending.md"
+    printf -- '- %s: exit status %d\n' "$name" "$one" >>"$work/pending.md"
+    write_report
+  done
+  rm -f "$work/pending.md"
   echo "The bundle's gpu test executables, one after the other:" \
     "$( ((rc == 0)) && echo 'each exited 0' || echo 'some did not exit 0') in $((SECONDS - tests_start)) s." \
     >>"$work/body.md"
-  python3 "$repo/tests/gpu/gtest_report.py" "$work"/xml/*.xml >>"$work/body.md" || status=1
+  gpu_flag=()
+  ((gpu)) && gpu_flag=(--gpu)
+  python3 "$repo/tests/gpu/gtest_report.py" "${gpu_flag[@]}" "$work"/xml/*.xml >>"$work/body.md" ||
+    status=1
   if ((rc != 0)); then
     status=1
     echo -e "\nFailures (the tail of each failing executable's output):\n" >>"$work/body.md"
@@ -245,16 +361,18 @@ else
   tests_start=$SECONDS
   # One BLAS thread per test process: ctest runs one process per core, and the CPU oracles of the
   # gpu tests would otherwise start a thread per core each.
-  OPENBLAS_NUM_THREADS=1 timeout "$(left)" ctest --test-dir "$build_dir" -L gpu --timeout 300 \
+  OPENBLAS_NUM_THREADS=1 limit "$(left)" ctest --test-dir "$build_dir" -L gpu --timeout 150 \
     -j "$(nproc)" \
     --output-on-failure --output-junit "$work/gpu-junit.xml" >"$work/ctest.log" 2>&1
   rc=$?
   echo "\`ctest -L gpu\` exit status $rc in $((SECONDS - tests_start)) s." >>"$work/body.md"
   if [ -f "$work/gpu-junit.xml" ]; then
-    python3 - "$work/gpu-junit.xml" >>"$work/body.md" <<'EOF' || status=1
+    GPU_PRESENT="$gpu" python3 - "$work/gpu-junit.xml" >>"$work/body.md" <<'EOF' || status=1
+import os
 import sys
 import xml.etree.ElementTree as ET
 
+gpu_present = os.environ.get("GPU_PRESENT") == "1"
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 rows, counts = [], {"passed": 0, "failed": 0, "skipped": 0}
 for c in cases:
@@ -264,7 +382,6 @@ for c in cases:
         result = "skipped"
     else:
         result = "passed"
-    counts[result] += 1
     # gtest prints "<file>:<line>: Skipped" and then the reason GTEST_SKIP gave.
     why = ""
     lines = (c.findtext("system-out") or "").splitlines()
@@ -272,7 +389,10 @@ for c in cases:
         if line.rstrip().endswith(": Skipped") and i + 1 < len(lines):
             why = lines[i + 1].strip()[:120].replace("|", "/")
             break
-    rows.append((c.get("name"), result, c.get("time", ""), why if result == "skipped" else ""))
+    if result == "skipped" and gpu_present and why.startswith("no GPU"):
+        result, why = "failed", "said no GPU on a machine with one: " + why
+    counts[result] += 1
+    rows.append((c.get("name"), result, c.get("time", ""), why if result != "passed" else ""))
 print(f"\n{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
       f"of {len(rows)}.\n")
 if rows:
@@ -293,53 +413,10 @@ EOF
       "with furnace_gpu_test() in tests/CMakeLists.txt's subdirectories." >>"$work/body.md"
   fi
 fi
-
-# --- The GPU benchmarks: the executables bench/ registered with furnace_gpu_bench(), listed by
-# the build in gpu_benches.txt, each run with no arguments (bench/gpu/REPORT.md: each takes well
-# under a minute on an H200), at most 180 s each; its stdout is its result.
-section "GPU benchmarks"
-benches=()
-if [ -n "$bundle_dir" ]; then
-  while IFS= read -r b; do [ -n "$b" ] && benches+=("$bundle_dir/bin/$b"); done \
-    <"$bundle_dir/benches.txt"
-elif [ -f "$build_dir/gpu_benches.txt" ]; then
-  while IFS= read -r b; do [ -n "$b" ] && benches+=("$b"); done <"$build_dir/gpu_benches.txt"
-fi
-if ((${#benches[@]} == 0)); then
-  echo "None registered: bench/ has no GPU benchmark yet (furnace_gpu_bench in" \
-    "bench/CMakeLists.txt lists them)." >>"$work/body.md"
-else
-  # Without a GPU each still runs: it must print its table's header, say "no GPU" and exit 0.
-  ((gpu)) || echo "No GPU: each benchmark below only says so (and must exit 0)." >>"$work/body.md"
-  for b in "${benches[@]}"; do
-    name="${b##*/}"
-    if ((budget - SECONDS < 5)); then
-      status=1
-      echo "### $name: **not run**, the time budget is spent" >>"$work/body.md"
-      continue
-    fi
-    log "benchmark $name ($(left) s left)"
-    bench_start=$SECONDS
-    timeout "$(capped 180)" "$b" >"$work/$name.out" 2>"$work/$name.err"
-    rc=$?
-    ((rc == 124)) && echo "(killed by the time limit)" >>"$work/$name.err"
-    printf '\n### %s (exit status %d, %d s)\n\n' "$name" "$rc" "$((SECONDS - bench_start))" \
-      >>"$work/body.md"
-    fence "$work/$name.out" 8000
-    if ((rc != 0)); then
-      status=1
-      fence "$work/$name.err" 3000
-    fi
-  done
-fi
+write_report
 
 # --- The report.
-{
-  echo "# GPU run: $( ((status == 0)) && echo passed || echo FAILED )$( ((gpu)) || echo ' (no GPU: the gpu tests skip)')"
-  echo
-  echo "Written by \`tests/gpu/run.sh\` on $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $SECONDS s of a" \
-    "$budget s budget."
-  cat "$work/body.md"
-} >"$report"
+finished=1
+write_report
 log "report: $report ($( ((status == 0)) && echo passed || echo FAILED))"
 exit "$status"

@@ -31,6 +31,12 @@ for heading in '# GPU run: passed' '## Machine' '## Build' '## gpu-labelled test
   grep -q "^$heading" "$tmp/report.md" || fail "the report lacks '$heading'"
 done
 grep -q 'build: skipped (--no-build)' "$tmp/report.md" || fail "the report should say --no-build"
+tar -tzf "$tmp/gpu-logs.tar.gz" 2>/dev/null | grep -q 'ctest.log' ||
+  fail "no gpu-logs.tar.gz with the steps' output beside the report"
+# The benchmarks run before the tests (the measurements first; a hanging test costs only tests).
+[ "$(grep -n '^## GPU benchmarks' "$tmp/report.md" | cut -d: -f1)" -lt \
+  "$(grep -n '^## gpu-labelled tests' "$tmp/report.md" | cut -d: -f1)" ] ||
+  fail "the benchmarks should come before the tests"
 grep -Eq '^[0-9]+ passed, 0 failed, [0-9]+ skipped of [1-9][0-9]*\.' "$tmp/report.md" ||
   fail "the report has no test summary with at least one gpu test"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
