@@ -1,5 +1,6 @@
 #include "runtime/tensor/budgeted_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,8 +10,26 @@ namespace furnace::tensor {
 BudgetedPool::BudgetedPool(device::Device& device, Memory memory, uint64_t budget_bytes)
     : device_(device), memory_(memory), budget_(budget_bytes) {}
 
+BudgetedPool::~BudgetedPool() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [size, blocks] : kept_) {
+    for (void* p : blocks) device_.FreeHost(p);
+  }
+}
+
+uint64_t BudgetedPool::SizeClass(uint64_t bytes) {
+  constexpr uint64_t kMin = 4096;
+  if (bytes <= kMin) return kMin;
+  uint64_t power = kMin;
+  while (power * 2 <= bytes) power *= 2;
+  const uint64_t step = power / 8;
+  return (bytes + step - 1) / step * step;
+}
+
 absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
   if (bytes == 0) return Buffer(this, nullptr, 0, std::move(tag));
+  const bool host = memory_ == Memory::kHost;
+  const uint64_t block = host ? SizeClass(bytes) : bytes;
   {
     absl::MutexLock lock(&mu_);
     if (budget_ != 0 && current_ + bytes > budget_) {
@@ -22,9 +41,31 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
     // Reserve before the device call so concurrent allocations cannot overshoot the budget.
     current_ += bytes;
     if (current_ > peak_) peak_ = current_;
+    if (host) {
+      auto kept = kept_.find(block);
+      if (kept != kept_.end() && !kept->second.empty()) {
+        void* data = kept->second.back();
+        kept->second.pop_back();
+        kept_bytes_ -= block;
+        return Buffer(this, data, bytes, std::move(tag));
+      }
+    }
   }
-  absl::StatusOr<void*> data =
-      memory_ == Memory::kDevice ? device_.Allocate(bytes) : device_.AllocateHost(bytes);
+  absl::StatusOr<void*> data = host ? device_.AllocateHost(block) : device_.Allocate(bytes);
+  if (!data.ok() && host) {
+    // Kept blocks of other sizes may be what the host lacks: give them back and try once more.
+    std::vector<void*> freed;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [size, blocks] : kept_) freed.insert(freed.end(), blocks.begin(), blocks.end());
+      kept_.clear();
+      kept_bytes_ = 0;
+    }
+    if (!freed.empty()) {
+      for (void* p : freed) device_.FreeHost(p);
+      data = device_.AllocateHost(block);
+    }
+  }
   if (!data.ok()) {
     absl::MutexLock lock(&mu_);
     current_ -= bytes;
@@ -36,15 +77,29 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
 }
 
 void BudgetedPool::Return(void* data, uint64_t bytes) {
-  if (data != nullptr) {
-    if (memory_ == Memory::kDevice) {
-      device_.Free(data);
-    } else {
-      device_.FreeHost(data);
+  if (memory_ == Memory::kDevice) {
+    if (data != nullptr) device_.Free(data);
+    absl::MutexLock lock(&mu_);
+    current_ -= bytes;
+    return;
+  }
+  const uint64_t block = SizeClass(bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    current_ -= bytes;
+    if (data == nullptr) return;
+    if (kept_bytes_ + block <= std::max(budget_, peak_)) {
+      kept_[block].push_back(data);
+      kept_bytes_ += block;
+      return;
     }
   }
+  device_.FreeHost(data);
+}
+
+uint64_t BudgetedPool::cached_bytes() const {
   absl::MutexLock lock(&mu_);
-  current_ -= bytes;
+  return kept_bytes_;
 }
 
 uint64_t BudgetedPool::current_bytes() const {

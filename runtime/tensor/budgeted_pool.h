@@ -10,10 +10,19 @@
 // Errors: Allocate returns ResourceExhausted when the budget would be exceeded (message: requested
 // bytes, tag, bytes in use, budget, overshoot) or when the device itself is out of memory; it
 // never aborts.
+//
+// Host memory is cached: page-locked blocks are slow to make and to give back (cudaMallocHost and
+// cudaFreeHost take milliseconds per 100 MB, and the free synchronises the device), and offloads
+// take one per tensor per micro-batch. A freed block is kept for reuse in its size class (eight per
+// power of two, so at most an eighth of a block goes unused), up to max(budget, peak) bytes of
+// kept blocks; the rest, and everything kept when the pool goes, is given back. Device memory is
+// the device's to cache (CUDA's stream-ordered pool).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -29,7 +38,7 @@ class BudgetedPool : public BufferOwner {
 
   // budget_bytes = 0: unlimited. `device` must outlive the pool.
   BudgetedPool(device::Device& device, Memory memory, uint64_t budget_bytes);
-  ~BudgetedPool() override = default;
+  ~BudgetedPool() override;
   BudgetedPool(const BudgetedPool&) = delete;
   BudgetedPool& operator=(const BudgetedPool&) = delete;
 
@@ -43,6 +52,12 @@ class BudgetedPool : public BufferOwner {
   uint64_t budget() const;
   void set_budget(uint64_t budget_bytes);  // 0 = unlimited; does not free anything
   device::Device& device() const { return device_; }
+  // Host memory: bytes of freed blocks kept for reuse (0 for device memory).
+  uint64_t cached_bytes() const;
+
+  // The size of the block that serves a request of `bytes` (host memory): 4 KiB at least, else
+  // `bytes` rounded up to an eighth of its power of two.
+  static uint64_t SizeClass(uint64_t bytes);
 
  private:
   void Return(void* data, uint64_t bytes) override;
@@ -54,6 +69,9 @@ class BudgetedPool : public BufferOwner {
   uint64_t budget_ ABSL_GUARDED_BY(mu_);
   uint64_t current_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  // Host memory: kept blocks by size class, and their bytes.
+  std::map<uint64_t, std::vector<void*>> kept_ ABSL_GUARDED_BY(mu_);
+  uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace furnace::tensor

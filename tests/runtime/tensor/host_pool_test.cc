@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/tensor/tensor.h"
+#include "tests/runtime/device/fake_device.h"
 
 namespace furnace::tensor {
 namespace {
@@ -30,6 +31,75 @@ TEST(HostPoolTest, AccountsApartAndReleases) {
   }
   EXPECT_EQ(pool.current_bytes(), 0u);
   EXPECT_EQ(pool.peak_bytes(), 200u);
+}
+
+// Page-locked blocks are slow to make and free: a freed one is kept in its size class and reused,
+// up to max(budget, peak) bytes, and given back with the pool.
+TEST(HostPoolTest, KeepsFreedBlocksForReuse) {
+  device::testing_util::FakeDevice device(device::Kind::kCuda, "cuda:0", /*host_memory=*/true);
+  {
+    HostPool pool(device, 0);
+    void* first = nullptr;
+    {
+      absl::StatusOr<Buffer> a = pool.Allocate(3 << 20, "a");
+      ASSERT_TRUE(a.ok());
+      first = a->data();
+    }
+    EXPECT_EQ(device.host_frees, 0);
+    EXPECT_EQ(pool.cached_bytes(), uint64_t{3} << 20);
+    EXPECT_EQ(pool.current_bytes(), 0u);
+    for (uint64_t bytes : {uint64_t{3} << 20, (uint64_t{3} << 20) - 1000}) {  // one size class
+      absl::StatusOr<Buffer> b = pool.Allocate(bytes, "b");
+      ASSERT_TRUE(b.ok());
+      EXPECT_EQ(b->data(), first);
+      EXPECT_EQ(pool.cached_bytes(), 0u);
+      EXPECT_EQ(pool.current_bytes(), bytes);  // accounted in requested bytes
+    }
+    EXPECT_EQ(device.host_allocations, 1);
+    {
+      // Another class: a new block; both kept (within the peak of 7 MiB in use).
+      absl::StatusOr<Buffer> c = pool.Allocate(3 << 20, "c");
+      absl::StatusOr<Buffer> d = pool.Allocate(4 << 20, "d");
+      ASSERT_TRUE(c.ok() && d.ok());
+      EXPECT_EQ(device.host_allocations, 2);
+    }
+    EXPECT_EQ(pool.cached_bytes(), uint64_t{7} << 20);
+    EXPECT_EQ(device.host_frees, 0);
+  }
+  EXPECT_EQ(device.host_frees, 2);  // with the pool
+}
+
+TEST(HostPoolTest, KeepsNoMoreThanTheBudget) {
+  device::testing_util::FakeDevice device(device::Kind::kCuda, "cuda:0", /*host_memory=*/true);
+  HostPool pool(device, uint64_t{5} << 20);
+  {
+    absl::StatusOr<Buffer> a = pool.Allocate(3 << 20, "a");
+    absl::StatusOr<Buffer> b = pool.Allocate(2 << 20, "b");
+    ASSERT_TRUE(a.ok() && b.ok());
+  }
+  EXPECT_EQ(pool.cached_bytes(), uint64_t{5} << 20);
+  EXPECT_EQ(device.host_frees, 0);
+  {
+    // A class none of the kept blocks serves: one more block; freed, it does not fit the 5 MiB.
+    absl::StatusOr<Buffer> c = pool.Allocate(4 << 20, "c");
+    ASSERT_TRUE(c.ok());
+  }
+  EXPECT_EQ(pool.cached_bytes(), uint64_t{5} << 20);
+  EXPECT_EQ(device.host_allocations, 3);
+  EXPECT_EQ(device.host_frees, 1);
+}
+
+TEST(HostPoolTest, SizeClassesWasteAtMostAnEighth) {
+  EXPECT_EQ(BudgetedPool::SizeClass(1), 4096u);
+  EXPECT_EQ(BudgetedPool::SizeClass(4096), 4096u);
+  EXPECT_EQ(BudgetedPool::SizeClass(4097), 4096u + 512);
+  EXPECT_EQ(BudgetedPool::SizeClass(8192), 8192u);
+  EXPECT_EQ(BudgetedPool::SizeClass((uint64_t{3} << 20) - 1000), uint64_t{3} << 20);
+  for (uint64_t bytes = 4097; bytes < (uint64_t{1} << 40); bytes = bytes * 3 + 17) {
+    const uint64_t block = BudgetedPool::SizeClass(bytes);
+    EXPECT_GE(block, bytes);
+    EXPECT_LE(block - bytes, bytes / 8) << bytes;
+  }
 }
 
 TEST(HostPoolTest, ThreadSafeAccounting) {
