@@ -3,7 +3,10 @@
 #include "runtime/comm/comm_watchdog.h"
 
 #include <chrono>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,7 +102,20 @@ void CommWatchdog::AbortAllLocked(absl::Status status) {
   error_ = std::move(status);
   // Every communicator shows the error first: an abort may wait for the device (NCCL's frees).
   for (StreamCommunicator* comm : comms_) comm->RecordError(error_).IgnoreError();
-  for (StreamCommunicator* comm : comms_) comm->AbortTransport();
+  // All at once, one thread each: an NCCL abort frees device memory, which waits for the device,
+  // which may be held by a kernel of another communicator still stuck on a dead peer; aborted one
+  // after the other, the first abort would wait for the second forever.
+  std::vector<std::thread> aborts;
+  for (StreamCommunicator* comm : comms_) {
+    if (comms_.size() == 1) break;
+    try {
+      aborts.emplace_back([comm] { comm->AbortTransport(); });
+    } catch (const std::system_error&) {
+      comm->AbortTransport();  // no thread to be had: in turn, as the last resort
+    }
+  }
+  for (std::thread& t : aborts) t.join();
+  if (comms_.size() == 1) (*comms_.begin())->AbortTransport();
   // What was outstanding has been dealt with: it no longer holds the rank.
   ClearPendingLocked();
 }

@@ -24,6 +24,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kUniqueIdKey[] = "nccl_id";
 constexpr auto kPollInterval = std::chrono::microseconds(200);
+// The longest a communicator's destruction waits for ncclCommFinalize before aborting.
+constexpr auto kFinalizeTimeout = std::chrono::seconds(30);
 
 absl::StatusCode CodeOf(ncclResult_t result) {
   switch (result) {
@@ -102,18 +104,22 @@ class NcclCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(mu_);
       healthy = error_.ok();
     }
+    ncclComm_t comm = nullptr;
     {
       std::lock_guard<std::mutex> lock(comm_mu_);
-      if (comm_ != nullptr) {
-        // Finalize flushes what is still queued; a failed or slow finalize aborts instead.
-        bool timed_out = false;
-        if (healthy && !Failed(ncclCommFinalize(comm_)) &&
-            WaitInit(comm_, Clock::now() + timeout_, timed_out) == ncclSuccess) {
-          ncclCommDestroy(comm_);
-        } else {
-          ncclCommAbort(comm_);
-        }
-        comm_ = nullptr;
+      comm = std::exchange(comm_, nullptr);
+    }
+    if (comm != nullptr) {
+      // Finalize flushes what is still queued; a failed or slow finalize aborts instead. Slow is
+      // kFinalizeTimeout at most: peers that stopped calling (this rank leaves on an error of its
+      // own) would otherwise hold its exit for the whole collective timeout.
+      bool timed_out = false;
+      if (healthy && !Failed(ncclCommFinalize(comm)) &&
+          WaitInit(comm, Clock::now() + std::min<Clock::duration>(timeout_, kFinalizeTimeout),
+                   timed_out) == ncclSuccess) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
       }
     }
     // After the destroy or abort: nothing of this communicator is left on the stream to wait for.
@@ -476,11 +482,15 @@ class NcclCommunicator final : public Communicator {
       if (error_.ok()) error_ = std::move(status);
       sticky = error_;
     }
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ != nullptr) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+    // Taken out under the lock, aborted outside it: the abort may wait for the device (it frees
+    // memory) behind another communicator's stuck kernel, and the watchdog's AsyncError must not
+    // wait on this lock meanwhile (it is what aborts that other communicator).
+    ncclComm_t comm = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      comm = std::exchange(comm_, nullptr);
     }
+    if (comm != nullptr) ncclCommAbort(comm);
     return sticky;
   }
 

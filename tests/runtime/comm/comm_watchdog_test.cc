@@ -13,9 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "emulated_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/comm/emulated_transport.h"
 #include "runtime/comm/in_flight.h"
 #include "runtime/comm/local_communicator.h"
 #include "runtime/comm/stream_communicator.h"
@@ -157,6 +160,98 @@ TEST(CommWatchdogTest, AbortAllStopsTheRankAndACommunicatorMadeLater) {
   EXPECT_EQ(a->AsyncError(), absl::UnavailableError("the step failed"));
   auto b = Connect(*me, LocalGroup(1, {.name = "b[0]"}).Member(0));
   EXPECT_EQ(b->Barrier(), absl::UnavailableError("the step failed"));
+}
+
+// A transport whose Abort does not return until its partner's Abort has begun (at most 10 s, then
+// it notes that it waited that out): as an NCCL abort, which frees device memory, waits for a
+// kernel of another communicator stuck on a dead peer until that one is aborted too.
+class AbortNeedsPartner final : public Communicator {
+ public:
+  struct Latch {
+    absl::Mutex mu;
+    int begun = 0;
+    bool waited_out = false;
+  };
+  AbortNeedsPartner(std::unique_ptr<Communicator> inner, std::shared_ptr<Latch> latch)
+      : inner_(std::move(inner)), latch_(std::move(latch)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  absl::Status AllReduce(float* d, int64_t n) override { return inner_->AllReduce(d, n); }
+  absl::Status ReduceScatter(const float* in, float* out, int64_t n) override {
+    return inner_->ReduceScatter(in, out, n);
+  }
+  absl::Status ReduceScatterV(const float* in, float* out,
+                              const std::vector<int64_t>& counts) override {
+    return inner_->ReduceScatterV(in, out, counts);
+  }
+  absl::Status AllGather(const void* in, void* out, int64_t n) override {
+    return inner_->AllGather(in, out, n);
+  }
+  absl::Status AllGatherV(const void* in, int64_t n, void* out,
+                          const std::vector<int64_t>& recv) override {
+    return inner_->AllGatherV(in, n, out, recv);
+  }
+  absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send, void* out,
+                         const std::vector<int64_t>& recv) override {
+    return inner_->AllToAllV(in, send, out, recv);
+  }
+  absl::Status Broadcast(void* d, int64_t n, int root) override {
+    return inner_->Broadcast(d, n, root);
+  }
+  absl::Status Send(const void* d, int64_t n, int peer, uint32_t tag) override {
+    return inner_->Send(d, n, peer, tag);
+  }
+  absl::Status Recv(void* d, int64_t n, int peer, uint32_t tag) override {
+    return inner_->Recv(d, n, peer, tag);
+  }
+  absl::Status WaitSends() override { return inner_->WaitSends(); }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status AsyncError() const override { return inner_->AsyncError(); }
+  void Abort(const std::string& reason) override {
+    {
+      absl::MutexLock lock(&latch_->mu);
+      ++latch_->begun;
+      const auto both = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(latch_->mu) {
+        return latch_->begun >= 2;
+      };
+      if (!latch_->mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(10))) {
+        latch_->waited_out = true;
+      }
+    }
+    inner_->Abort(reason);
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<Latch> latch_;
+};
+
+// The watchdog aborts a rank's transports all at once: in turn, the first abort would wait for
+// the second forever (here: until the latch gives up).
+TEST(CommWatchdogTest, TransportsAreAbortedTogetherNotInTurn) {
+  auto me = MakeRank();
+  auto latch = std::make_shared<AbortNeedsPartner::Latch>();
+  std::vector<std::unique_ptr<StreamCommunicator>> comms;
+  for (const char* name : {"dp[0]", "tp[0]"}) {
+    auto stream = me->dev->CreateStream();
+    ASSERT_TRUE(stream.ok());
+    auto transport = CreateEmulatedTransport(LocalGroup(1, {.name = name}).Member(0), *me->dev,
+                                             **stream, {.timeout_s = 30});
+    ASSERT_TRUE(transport.ok()) << transport.status();
+    auto comm = StreamCommunicator::Create(
+        std::make_unique<AbortNeedsPartner>(std::move(*transport), latch), std::move(*stream),
+        *me->dev, me->watchdog);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comms.push_back(std::move(*comm));
+  }
+  me->watchdog->AbortAll(absl::UnavailableError("a peer is gone"));
+  absl::MutexLock lock(&latch->mu);
+  EXPECT_EQ(latch->begun, 2);
+  EXPECT_FALSE(latch->waited_out) << "one abort waited for the other";
+  for (const auto& comm : comms)
+    EXPECT_EQ(comm->AsyncError(), absl::UnavailableError("a peer is gone"));
 }
 
 // Healthy collectives complete, leave nothing outstanding, and get their stream time.
