@@ -25,6 +25,7 @@ void LowerThisThreadsPriority() {
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   if (thread_.has_value()) thread_->join();
   if (commit_thread_.has_value()) commit_thread_->join();
+  if (pinned_ != nullptr) device_->FreeHost(pinned_);
 }
 
 absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
@@ -54,9 +55,6 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
     const auto t0 = std::chrono::steady_clock::now();
     if (copy_hook_) copy_hook_();
     const absl::Status copied = CopyArrays(borrowed);
-    state_.params = params_.data();
-    state_.m = m_.data();
-    state_.v = v_.data();
     {
       std::lock_guard<std::mutex> lock(mu_);
       copied_ = true;
@@ -80,21 +78,45 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
 
 absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
   const auto n = static_cast<size_t>(borrowed.n);
+  const auto use = [this](const float* params, const float* m, const float* v) {
+    state_.params = params;
+    state_.m = m;
+    state_.v = v;
+  };
   if (device_ == nullptr || device::HostAddressable(*device_)) {
     params_.assign(borrowed.params, borrowed.params + n);
     m_.assign(borrowed.m, borrowed.m + n);
     v_.assign(borrowed.v, borrowed.v + n);
+    use(params_.data(), m_.data(), v_.data());
     return absl::OkStatus();
   }
-  params_.resize(n);
-  m_.resize(n);
-  v_.resize(n);
+  if (pinned_floats_ < 3 * n) {
+    if (pinned_ != nullptr) device_->FreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_floats_ = 0;
+    absl::StatusOr<void*> pinned = device_->AllocateHost(3 * n * sizeof(float));
+    if (pinned.ok()) {
+      pinned_ = static_cast<float*>(*pinned);
+      pinned_floats_ = 3 * n;
+    }
+  }
+  float* dst[3];
+  if (pinned_ != nullptr) {
+    dst[0] = pinned_, dst[1] = pinned_ + n, dst[2] = pinned_ + 2 * n;
+  } else {
+    // No page-locked memory to be had: pageable, slower, still a snapshot.
+    params_.resize(n);
+    m_.resize(n);
+    v_.resize(n);
+    dst[0] = params_.data(), dst[1] = m_.data(), dst[2] = v_.data();
+  }
+  use(dst[0], dst[1], dst[2]);
   RETURN_IF_ERROR(device_->WaitEvent(*stream_, *produced_));
   const size_t bytes = n * sizeof(float);
   const auto d2h = device::CopyKind::kDeviceToHost;
-  RETURN_IF_ERROR(device_->Copy(params_.data(), borrowed.params, bytes, d2h, *stream_));
-  RETURN_IF_ERROR(device_->Copy(m_.data(), borrowed.m, bytes, d2h, *stream_));
-  RETURN_IF_ERROR(device_->Copy(v_.data(), borrowed.v, bytes, d2h, *stream_));
+  RETURN_IF_ERROR(device_->Copy(dst[0], borrowed.params, bytes, d2h, *stream_));
+  RETURN_IF_ERROR(device_->Copy(dst[1], borrowed.m, bytes, d2h, *stream_));
+  RETURN_IF_ERROR(device_->Copy(dst[2], borrowed.v, bytes, d2h, *stream_));
   return device_->SynchronizeStream(*stream_);
 }
 

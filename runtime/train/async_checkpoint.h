@@ -84,7 +84,8 @@ class AsyncCheckpointWriter {
   void SetCopyHookForTest(std::function<void()> hook) { copy_hook_ = std::move(hook); }
 
  private:
-  // The background copy of the borrowed arrays into params_, m_, v_.
+  // The background copy of the borrowed arrays into memory owned here (pinned_ on a discrete
+  // device, else params_, m_, v_), which state_'s arrays then point at.
   absl::Status CopyArrays(const ShardState& borrowed);
 
   std::string dir_;
@@ -93,7 +94,12 @@ class AsyncCheckpointWriter {
   std::unique_ptr<device::Stream> stream_;   // the copy's stream (discrete devices)
   std::unique_ptr<device::Event> produced_;  // recorded by Start on the caller's stream
   ShardState state_;
-  std::vector<float> params_, m_, v_;  // (n) each: the snapshot's arrays
+  std::vector<float> params_, m_, v_;  // (n) each: the snapshot's arrays (host arrays)
+  // Discrete devices: page-locked (3n: params, m, v), kept across snapshots. A device-to-host copy
+  // into pageable memory goes through the driver's staging at a fraction of the bus's speed, and
+  // the next optimizer update waits for it (WaitCopied).
+  float* pinned_ = nullptr;
+  size_t pinned_floats_ = 0;
   std::optional<std::thread> thread_;
   std::mutex mu_;
   std::condition_variable copied_cv_;
