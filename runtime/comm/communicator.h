@@ -35,7 +35,8 @@
 // Thread-safety: one thread at a time per Communicator (the rank's compute thread); counters()
 // may be read from any thread. Sends are buffered: Send copies the payload and returns; the bytes
 // go out in the background; WaitSends() waits until every send so far has been delivered (call it
-// before the step ends). Recv blocks until the message has arrived.
+// before the step ends; PostSends() puts back any a transport holds on their way without
+// waiting). Recv blocks until the message has arrived.
 #pragma once
 
 #include <array>
@@ -139,6 +140,11 @@ class Communicator {
   virtual absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) = 0;
   virtual absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) = 0;
   virtual absl::Status WaitSends() = 0;
+  // Puts the sends this communicator still holds back on their way, without waiting for them. A
+  // transport that posts each Send at once has nothing to do; NCCL holds them until the next call
+  // (nccl_communicator.h). Call it after a Send that no other call on this communicator follows
+  // soon: the first pipeline stage's forward sends, else posted only at its first backward Recv.
+  virtual absl::Status PostSends() = 0;
   virtual absl::Status Barrier() = 0;
 
   // Makes every pending and later call fail (Cancelled "aborted: <reason>") and releases peers

@@ -194,6 +194,7 @@ absl::Status StagedCommunicator::Recv(void* data, int64_t bytes, int peer, uint3
 #undef FURNACE_STAGE
 
 absl::Status StagedCommunicator::WaitSends() { return transport_->WaitSends(); }
+absl::Status StagedCommunicator::PostSends() { return transport_->PostSends(); }
 
 absl::Status StagedCommunicator::Barrier() {
   const CallTimer timer;

@@ -57,6 +57,7 @@ class StagedCommunicator final : public Communicator {
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override;
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override;
   absl::Status WaitSends() override;
+  absl::Status PostSends() override;
   absl::Status Barrier() override;
   void Abort(const std::string& reason) override { transport_->Abort(reason); }
   absl::Status AsyncError() const override { return transport_->AsyncError(); }

@@ -190,6 +190,12 @@ class EmulatedTransport final : public Communicator {
     return absl::OkStatus();
   }
 
+  // The host transport's own, in stream order (behind the Sends it posts).
+  absl::Status PostSends() override {
+    RETURN_IF_ERROR(Begin());
+    return Enqueue([](Communicator& h) { return h.PostSends(); });
+  }
+
   absl::Status WaitSends() override {
     RETURN_IF_ERROR(Begin());
     RETURN_IF_ERROR(Enqueue([](Communicator& h) { return h.WaitSends(); }));

@@ -224,6 +224,8 @@ class GlooCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status PostSends() override { return AsyncError(); }  // posted at Send
+
   absl::Status WaitSends() override {
     const ScopedInFlight in_flight("wait_sends", *this);
     RETURN_IF_ERROR(AsyncError());

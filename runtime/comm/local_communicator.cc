@@ -310,6 +310,7 @@ class LocalCommunicator final : public Communicator {
 
   // Sends are delivered to the mailbox before Send returns.
   absl::Status WaitSends() override { return AsyncError(); }
+  absl::Status PostSends() override { return AsyncError(); }  // posted at Send
 
   void Abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(state_->mu);

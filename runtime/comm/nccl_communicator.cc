@@ -315,6 +315,8 @@ class NcclCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status PostSends() override { return Begin("post_sends"); }
+
   absl::Status WaitSends() override {
     RETURN_IF_ERROR(Begin("wait_sends"));
     return WaitStream("wait_sends");

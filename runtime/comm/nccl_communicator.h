@@ -19,9 +19,10 @@
 //
 // Point to point: Send copies the payload into a stream-ordered device buffer and queues it; the
 // queue is posted, in one NCCL group, with the next Recv (so a ring of Send-then-Recv does not
-// deadlock), before the next collective, or at WaitSends. NCCL has no tags: messages between a
-// pair are matched in the order they are posted, so a receiver must receive a peer's messages in
-// the order they were sent (and with the same sizes); the tag is accepted for interface parity.
+// deadlock), before the next collective, at PostSends (alone, not waited for), or at WaitSends.
+// NCCL has no tags: messages between a pair are matched in the order they are posted, so a receiver
+// must receive a peer's messages in the order they were sent (and with the same sizes); the tag is
+// accepted for interface parity.
 //
 // Errors: NCCL and CUDA failures become Statuses naming the op, the group and this rank
 // (InvalidArgument for misuse, Unavailable for system/remote errors, Internal otherwise). The first

@@ -342,6 +342,12 @@ absl::Status StreamCommunicator::WaitSends() {
   return Sticky();
 }
 
+absl::Status StreamCommunicator::PostSends() {
+  RETURN_IF_ERROR(Sticky());
+  if (absl::Status s = transport_->PostSends(); !s.ok()) return FailWith(std::move(s));
+  return Sticky();
+}
+
 absl::Status StreamCommunicator::Barrier() {
   const ScopedInFlight in_flight("barrier", *this);
   return Run(CollectiveOp::kBarrier, "barrier", -1, {},

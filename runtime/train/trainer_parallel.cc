@@ -175,7 +175,13 @@ absl::Status Trainer::RunSchedule(StepStats& stats, std::vector<MicroBatchResult
       stage_->SetStepContext(step_, (int64_t{P.dp_rank} * m + j) * B);
       ASSIGN_OR_RETURN(results[j], stage_->StageForward(j, batch.inputs.data(),
                                                         batch.targets.data(), x_in, B, x_out));
-      if (!P.last_stage()) RETURN_IF_ERROR(pipe->Send(x_out, act_bytes, P.stage + 1, j));
+      if (!P.last_stage()) {
+        RETURN_IF_ERROR(pipe->Send(x_out, act_bytes, P.stage + 1, j));
+        // The first stage calls nothing on the pipeline until its first backward Recv: a
+        // transport holding sends until the next call (NCCL) would hold the next stage's input
+        // through the whole warm-up. Every other stage's next call is a Recv, which posts them.
+        if (P.first_stage()) RETURN_IF_ERROR(pipe->PostSends());
+      }
       stats.in_flight_peak = std::max(stats.in_flight_peak, ++in_flight);
       stats.routing_spike = stats.routing_spike || results[j].routing_spike;
     } else {

@@ -52,6 +52,7 @@ class ForwardingCommunicator : public comm::Communicator {
     return inner_->Recv(data, bytes, peer, tag);
   }
   absl::Status WaitSends() override { return inner_->WaitSends(); }
+  absl::Status PostSends() override { return inner_->PostSends(); }
   absl::Status Barrier() override { return inner_->Barrier(); }
   void Abort(const std::string& reason) override { inner_->Abort(reason); }
   absl::Status AsyncError() const override { return inner_->AsyncError(); }

@@ -22,6 +22,7 @@
 #include "runtime/comm/in_flight.h"
 #include "runtime/comm/local_communicator.h"
 #include "runtime/comm/stream_communicator.h"
+#include "tests/testing/forwarding_communicator.h"
 
 namespace furnace::comm {
 namespace {
@@ -165,7 +166,7 @@ TEST(CommWatchdogTest, AbortAllStopsTheRankAndACommunicatorMadeLater) {
 // A transport whose Abort does not return until its partner's Abort has begun (at most 10 s, then
 // it notes that it waited that out): as an NCCL abort, which frees device memory, waits for a
 // kernel of another communicator stuck on a dead peer until that one is aborted too.
-class AbortNeedsPartner final : public Communicator {
+class AbortNeedsPartner final : public testing::ForwardingCommunicator {
  public:
   struct Latch {
     absl::Mutex mu;
@@ -173,42 +174,8 @@ class AbortNeedsPartner final : public Communicator {
     bool waited_out = false;
   };
   AbortNeedsPartner(std::unique_ptr<Communicator> inner, std::shared_ptr<Latch> latch)
-      : inner_(std::move(inner)), latch_(std::move(latch)) {}
+      : ForwardingCommunicator(std::move(inner)), latch_(std::move(latch)) {}
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::string& name() const override { return inner_->name(); }
-  absl::Status AllReduce(float* d, int64_t n) override { return inner_->AllReduce(d, n); }
-  absl::Status ReduceScatter(const float* in, float* out, int64_t n) override {
-    return inner_->ReduceScatter(in, out, n);
-  }
-  absl::Status ReduceScatterV(const float* in, float* out,
-                              const std::vector<int64_t>& counts) override {
-    return inner_->ReduceScatterV(in, out, counts);
-  }
-  absl::Status AllGather(const void* in, void* out, int64_t n) override {
-    return inner_->AllGather(in, out, n);
-  }
-  absl::Status AllGatherV(const void* in, int64_t n, void* out,
-                          const std::vector<int64_t>& recv) override {
-    return inner_->AllGatherV(in, n, out, recv);
-  }
-  absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send, void* out,
-                         const std::vector<int64_t>& recv) override {
-    return inner_->AllToAllV(in, send, out, recv);
-  }
-  absl::Status Broadcast(void* d, int64_t n, int root) override {
-    return inner_->Broadcast(d, n, root);
-  }
-  absl::Status Send(const void* d, int64_t n, int peer, uint32_t tag) override {
-    return inner_->Send(d, n, peer, tag);
-  }
-  absl::Status Recv(void* d, int64_t n, int peer, uint32_t tag) override {
-    return inner_->Recv(d, n, peer, tag);
-  }
-  absl::Status WaitSends() override { return inner_->WaitSends(); }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  absl::Status AsyncError() const override { return inner_->AsyncError(); }
   void Abort(const std::string& reason) override {
     {
       absl::MutexLock lock(&latch_->mu);
@@ -220,11 +187,10 @@ class AbortNeedsPartner final : public Communicator {
         latch_->waited_out = true;
       }
     }
-    inner_->Abort(reason);
+    ForwardingCommunicator::Abort(reason);
   }
 
  private:
-  std::unique_ptr<Communicator> inner_;
   std::shared_ptr<Latch> latch_;
 };
 

@@ -164,6 +164,7 @@ TEST(StreamCommunicatorTest, EveryCollectiveOnDeviceMemoryMatchesTheHostRunBitFo
     int32_t* d_ring_in = me.Alloc<int32_t>(50);
     me.Put(d_ring_out, ring);
     ASSERT_TRUE(comm.Send(d_ring_out, 200, next, 3).ok());
+    ASSERT_TRUE(comm.PostSends().ok());  // on their way already here; through to the transport
     ASSERT_TRUE(comm.Recv(d_ring_in, 200, prev, 3).ok());
     ASSERT_TRUE(comm.WaitSends().ok());
     ASSERT_TRUE(host.Send(ring.data(), 200, next, 3).ok());
