@@ -58,7 +58,8 @@ CopyEngine::CopyEngine(device::Device& device, CopyEngineOptions options,
     : device_(device),
       options_(std::move(options)),
       to_host_(std::move(to_host)),
-      to_device_(std::move(to_device)) {
+      to_device_(std::move(to_device)),
+      launch_at_submit_(!device::HostAddressable(device)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -78,7 +79,24 @@ CopyTicket CopyEngine::Submit(CopyDirection direction, void* dst, const void* sr
     ASSIGN_OR_RETURN(job->producer, device_.CreateEvent());
     return device_.RecordEvent(*job->producer, *producer);
   }();
-  if (events.ok()) {
+  if (events.ok() && launch_at_submit_) {
+    absl::MutexLock launch(&launch_mu_);
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+    }
+    if (!stopping) {
+      absl::Status status = Launch(*job);
+      const double now = options_.clock->MonotonicSeconds();
+      absl::MutexLock lock(&mu_);
+      job->launch_status = std::move(status);
+      job->launched_at = now;
+      job->launched = true;
+      launched_.push_back(job);
+      return CopyTicket(std::move(job));
+    }
+  } else if (events.ok()) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       queue_.push_back(job);
@@ -117,7 +135,11 @@ absl::Status CopyEngine::Launch(CopyTicket::Job& job) {
                                     ? device::CopyKind::kDeviceToHost
                                     : device::CopyKind::kHostToDevice;
   RETURN_IF_ERROR(device_.Copy(job.dst, job.src, job.bytes, kind, copy_stream));
-  return device_.RecordEvent(*job.copied, copy_stream);
+  absl::Status recorded = device_.RecordEvent(*job.copied, copy_stream);
+  // The copy is on its stream but no event says when it is done: wait for the stream, or the hook
+  // would free (or hand out again) buffers the copy still reads or writes.
+  if (!recorded.ok()) device_.SynchronizeStream(copy_stream).IgnoreError();
+  return recorded;
 }
 
 void CopyEngine::Complete(const std::shared_ptr<CopyTicket::Job>& job, double& last_completion) {
@@ -149,22 +171,21 @@ void CopyEngine::Complete(const std::shared_ptr<CopyTicket::Job>& job, double& l
 
 void CopyEngine::Run() {
   const Clock& clock = *options_.clock;
-  std::deque<std::shared_ptr<CopyTicket::Job>> in_flight;  // launched, oldest first
   double last_completion = clock.MonotonicSeconds();
   for (;;) {
     std::deque<std::shared_ptr<CopyTicket::Job>> to_launch;
     {
       absl::MutexLock lock(&mu_);
-      if (in_flight.empty()) {
-        mu_.Await(absl::Condition(
-            +[](CopyEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
-              return e->stopping_ || !e->queue_.empty();
-            },
-            this));
-        if (queue_.empty()) return;  // stopping, and Shutdown took the queued jobs
-      }
+      mu_.Await(absl::Condition(
+          +[](CopyEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
+            return e->stopping_ || !e->queue_.empty() || !e->launched_.empty();
+          },
+          this));
+      // Stopping: Shutdown took the queued jobs; the launched ones still complete.
+      if (queue_.empty() && launched_.empty()) return;
       to_launch.swap(queue_);
     }
+    // The CPU device's jobs (a discrete device's were launched at Submit).
     for (const std::shared_ptr<CopyTicket::Job>& job : to_launch) {
       absl::Status status = Launch(*job);
       const double now = clock.MonotonicSeconds();
@@ -172,10 +193,14 @@ void CopyEngine::Run() {
       job->launch_status = std::move(status);
       job->launched_at = now;
       job->launched = true;
-      in_flight.push_back(job);
+      launched_.push_back(job);
     }
-    std::shared_ptr<CopyTicket::Job> head = std::move(in_flight.front());
-    in_flight.pop_front();
+    std::shared_ptr<CopyTicket::Job> head;
+    {
+      absl::MutexLock lock(&mu_);
+      head = std::move(launched_.front());
+      launched_.pop_front();
+    }
     Complete(head, last_completion);
   }
 }
@@ -234,6 +259,8 @@ bool CopyEngine::Done(const CopyTicket& ticket) const {
 void CopyEngine::Shutdown() {
   std::deque<std::shared_ptr<CopyTicket::Job>> cancelled;
   {
+    // After any launch under way at Submit: it is then in launched_, which still completes.
+    absl::MutexLock launch(&launch_mu_);
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     cancelled.swap(queue_);

@@ -3,21 +3,23 @@
 //
 // One implementation, written against device::Device, so it is the same code on the CPU device,
 // the emulated discrete device and CUDA: a copy stream per direction, and per job an event
-// recorded on its copy stream after the copy. The engine's thread launches every queued job
-// (the copy stream first waits for the job's producer event, when the job has one), then completes
-// the oldest launched job: it waits for the job's event (SynchronizeEvent), applies the link
-// pacing, and runs the completion hook, so hooks run off the compute thread and jobs complete in
-// submission order. On the CPU device a launch is the copy itself (synchronous), so this is one
-// copy thread in FIFO order, as before.
+// recorded on its copy stream after the copy. A launch enqueues the job (the copy stream first
+// waits for the job's producer event, when the job has one); the engine's thread completes the
+// oldest launched job: it waits for the job's event (SynchronizeEvent), applies the link pacing,
+// and runs the completion hook, so hooks run off the compute thread and jobs complete in
+// submission order. On a discrete device Submit launches the job itself (enqueueing blocks
+// nothing), so a job is on its stream at once, however long the engine's thread waits on an older
+// one. On the CPU device a launch is the copy itself (synchronous), so the engine's thread launches
+// the queued jobs: one copy thread in FIFO order.
 //
 // Ordering with the compute stream (the stream/event contract of device.h):
 //  - Offload: Submit(..., producer = the compute stream) records an event on that stream at the
 //    call, and the copy waits for it, so a buffer the compute stream is still writing is copied
 //    after the write. Without a producer the copy orders only after what the host has finished.
 //  - Reload: OrderBefore(ticket, compute stream) makes the compute stream wait for the copy's
-//    event before the consumer enqueued after it; the host does not wait for the copy (it waits
-//    only until the job is launched, which the engine's thread does as soon as it is free of its
-//    current completion). Wait(ticket) is the host-side wait.
+//    event before the consumer enqueued after it; the host does not wait for the copy (on the CPU
+//    device it waits until the engine's thread has launched the job). Wait(ticket) is the
+//    host-side wait.
 //
 // Host-link pacing: on the CPU a "transfer" is a memcpy in the same RAM and would look free, while
 // on an H200 a byte over PCIe costs about as much as 18,000 FLOPs at peak. With host_link_gbps > 0
@@ -153,8 +155,13 @@ class CopyEngine {
   const CopyEngineOptions options_;
   std::unique_ptr<device::Stream> to_host_;    // device->host copies
   std::unique_ptr<device::Stream> to_device_;  // host->device copies
+  const bool launch_at_submit_;  // a discrete device: enqueueing a copy does not do it
+  // Held across a launch at Submit: jobs reach each copy stream in submission order.
+  absl::Mutex launch_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<CopyTicket::Job>> queue_ ABSL_GUARDED_BY(mu_);  // not yet launched
+  // Launched, not yet completed, oldest first (the engine's thread completes them in this order).
+  std::deque<std::shared_ptr<CopyTicket::Job>> launched_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   CopyEngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

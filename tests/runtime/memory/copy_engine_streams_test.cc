@@ -6,7 +6,10 @@
 // the order certain rather than a matter of timing.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -129,6 +132,48 @@ TEST_F(CopyEngineStreamsTest, TheConsumerWaitsForTheReloadsEvent) {
     ASSERT_TRUE(engine_->Wait(t).ok());
   }
   EXPECT_TRUE(engine_->OrderBefore(CopyTicket(), *compute_).ok());  // no job: nothing to wait
+}
+
+// A job is on its copy stream from Submit (a discrete device: enqueueing blocks nothing): a reload
+// is ordered before its consumer at once, even while the engine's thread still waits to complete
+// an older offload held behind the compute stream. Before, the reload waited in the queue until
+// that offload completed, so OrderBefore held the compute thread until its stream caught up.
+TEST_F(CopyEngineStreamsTest, AJobIsLaunchedAtSubmitNotBehindAnOlderOne) {
+  Fill(1.0f);
+  auto pinned = host_pool_->Allocate(sizeof(float) * kN, "offloaded");
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  auto other = dev_->Allocate(sizeof(float) * kN);  // the reload's destination
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto consumer = dev_->CreateStream();
+  ASSERT_TRUE(consumer.ok());
+  const std::vector<float> stashed(kN, 7.0f);
+  ASSERT_TRUE(dev_->PauseStream(*compute_).ok());
+  CopyTicket offload = engine_->Submit(CopyDirection::kDeviceToHost, pinned->data(), buffer_,
+                                       sizeof(float) * kN, nullptr, compute_.get());
+  // Time for the engine's thread to take the offload and wait to complete it (it cannot: the
+  // compute stream is held), which is the case at stake.
+  absl::SleepFor(absl::Milliseconds(50));
+  CopyTicket reload =
+      engine_->Submit(CopyDirection::kHostToDevice, *other, stashed.data(), sizeof(float) * kN);
+  // Returns while the offload ahead of it cannot complete (a bound that only catches a hang).
+  std::promise<absl::Status> ordered;
+  std::thread orderer([&] { ordered.set_value(engine_->OrderBefore(reload, **consumer)); });
+  std::future<absl::Status> result = ordered.get_future();
+  const bool returned = result.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "OrderBefore waited for the older offload";
+  EXPECT_FALSE(engine_->Done(offload));
+  ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
+  orderer.join();
+  EXPECT_TRUE(result.get().ok());
+  ASSERT_TRUE(engine_->Wait(offload).ok());
+  ASSERT_TRUE(engine_->Wait(reload).ok());
+  std::vector<float> out(kN, -1.0f);
+  ASSERT_TRUE(dev_->Copy(out.data(), *other, sizeof(float) * kN, device::CopyKind::kDeviceToHost,
+                         **consumer)
+                  .ok());
+  ASSERT_TRUE(dev_->SynchronizeStream(**consumer).ok());
+  EXPECT_EQ(out, stashed);
+  dev_->Free(*other);
 }
 
 TEST_F(CopyEngineStreamsTest, CopiesGoOnlyThroughTheDevice) {
