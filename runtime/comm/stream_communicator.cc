@@ -229,8 +229,19 @@ absl::Status StreamCommunicator::Run(CollectiveOp op, const char* name, int peer
   // 3. The collective between two marks.
   absl::StatusOr<std::unique_ptr<StreamMark>> start = marker_->Mark(*stream_);
   if (!start.ok()) return device_failure(start.status());
+  // From here the collective may be on C (even when the enqueue failed midway): a failure still
+  // joins S to C, or S would free and reuse the caller's buffers while C reads or writes them.
+  const auto joined_failure = [&](const absl::Status& s) {
+    absl::Status failed = device_failure(s);
+    if (join) OrderBefore(caller).IgnoreError();
+    return failed;
+  };
   const int64_t before = transport_->counters().bytes(op);
-  if (absl::Status s = enqueue(ptrs); !s.ok()) return FailWith(std::move(s));
+  if (absl::Status s = enqueue(ptrs); !s.ok()) {
+    absl::Status failed = FailWith(std::move(s));
+    if (join) OrderBefore(caller).IgnoreError();
+    return failed;
+  }
   const int64_t bytes = transport_->counters().bytes(op) - before;
 
   // 4. Host outputs back to staging, the scratch freed in C's order, the end mark, the join.
@@ -238,11 +249,11 @@ absl::Status StreamCommunicator::Run(CollectiveOp op, const char* name, int peer
     if (offsets[k] < 0 || !args[k].out) continue;
     absl::Status s = device_.Copy(pinned + offsets[k], ptrs[k], static_cast<size_t>(args[k].bytes),
                                   device::CopyKind::kDeviceToHost, *stream_);
-    if (!s.ok()) return device_failure(s);
+    if (!s.ok()) return joined_failure(s);
   }
   scratch.Release();
   absl::StatusOr<std::unique_ptr<StreamMark>> end = marker_->Mark(*stream_);
-  if (!end.ok()) return device_failure(end.status());
+  if (!end.ok()) return joined_failure(end.status());
   std::shared_ptr<StreamMark> end_mark = std::move(*end);
   watchdog_->Track(this, op, name, peer, bytes, std::move(*start), end_mark);
   if (join) {

@@ -20,9 +20,12 @@
 #include "emulated_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/base/status.h"
+#include "runtime/comm/emulated_transport.h"
 #include "runtime/comm/in_flight.h"
 #include "runtime/comm/local_communicator.h"
 #include "runtime/comm/nccl_stream.h"
+#include "tests/testing/forwarding_communicator.h"
 
 namespace furnace::comm {
 namespace {
@@ -335,6 +338,49 @@ TEST(StreamCommunicatorOrderingTest, TheConsumerWaitsForTheCollective) {
   EXPECT_EQ(with, Pattern(300));
   ConsumerCase(false, &without);
   EXPECT_EQ(without, Pattern(-1)) << "without the join the consumer reads the old output";
+}
+
+// A transport that enqueues the all-gather on its stream and then fails (as an NCCL group call can
+// fail midway): the call fails, and the compute stream still waits for what was enqueued, or it
+// would free and reuse the buffers the collective still reads and writes. (What then runs on the
+// aborted transport's stream is nothing, as with an aborted NCCL communicator.)
+class FailsAfterEnqueue final : public testing::ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+  absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    RETURN_IF_ERROR(ForwardingCommunicator::AllGather(in, out, bytes_per_rank));
+    return absl::InternalError("failed after enqueueing");
+  }
+};
+
+TEST(StreamCommunicatorOrderingTest, AFailureAfterTheEnqueueStillJoinsTheCaller) {
+  auto me = MakeRank();
+  auto stream = me->dev->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  auto transport = CreateEmulatedTransport(LocalGroup(1, {.name = "solo[0]"}).Member(0), *me->dev,
+                                           **stream, {.timeout_s = 30});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  auto comm = StreamCommunicator::Create(std::make_unique<FailsAfterEnqueue>(std::move(*transport)),
+                                         std::move(*stream), *me->dev, me->watchdog);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const device::StreamScope scope(*me->compute);
+  int32_t* d_in = me->Upload(Pattern(300));
+  int32_t* d_out = me->Upload(Pattern(-1));
+  ASSERT_TRUE(me->dev->SynchronizeStream(*me->compute).ok());
+  ASSERT_TRUE(me->dev->PauseStream((*comm)->stream()).ok());
+  const absl::Status failed = (*comm)->AllGather(d_in, d_out, kWords * 4);
+  EXPECT_THAT(failed.message(), ::testing::HasSubstr("failed after enqueueing"));
+  // The consumer, on the compute stream: it must not run while the collective's stream is held.
+  std::vector<int32_t> seen(kWords, 12345);
+  ASSERT_TRUE(
+      me->dev->Copy(seen.data(), d_out, kWords * 4, CopyKind::kDeviceToHost, *me->compute).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // time to run ahead, were it free
+  EXPECT_EQ(seen, std::vector<int32_t>(kWords, 12345))
+      << "the consumer ran ahead of the collective";
+  ASSERT_TRUE(me->dev->ResumeStream((*comm)->stream()).ok());
+  ASSERT_TRUE(me->dev->SynchronizeStream(*me->compute).ok());
+  EXPECT_NE(seen, std::vector<int32_t>(kWords, 12345));
+  for (int32_t* p : {d_in, d_out}) me->dev->Free(p);
 }
 
 // Compute and communication overlap: with the communication stream held, the compute stream
