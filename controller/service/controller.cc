@@ -244,6 +244,11 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
                                                  req.after_step(), req.page_size(), &more));
     series.set_more(more);
   } else {
+    if (req.max_points() > kMaxSeriesPageSize) {
+      return absl::InvalidArgumentError(absl::StrCat("GetJobSeries: max_points ", req.max_points(),
+                                                     " (allowed: 0 for all, or 1 to ",
+                                                     kMaxSeriesPageSize, ")"));
+    }
     // Only the new steps are read: the dashboard polls with since_step every few seconds; and
     // of a long history, only the points asked for.
     absl::StatusOr<std::vector<v1::StepRecord>> loaded =

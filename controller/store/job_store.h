@@ -98,8 +98,9 @@ class JobStore {
   // > 0 and more steps than that, max_points of them evenly spaced, the first and the newest
   // included: only their records are read (the keys come from the primary key's index), so a
   // dashboard asking for 2000 points of a job of a million steps reads 2000 records.
-  // Unthinned (max_points 0), more than max_steps of them (when > 0) are ResourceExhausted: a
-  // reply of every step of a long job passes what a client accepts in one message.
+  // More than max_steps (when > 0) to return, unthinned (max_points 0, or at least as many points
+  // as steps), is ResourceExhausted: a reply of every step of a long job passes what a client
+  // accepts in one message.
   absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id,
                                                                  uint64_t since_step = 0,
                                                                  uint32_t max_points = 0,

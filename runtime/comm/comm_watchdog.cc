@@ -106,16 +106,21 @@ void CommWatchdog::AbortAllLocked(absl::Status status) {
   // which may be held by a kernel of another communicator still stuck on a dead peer; aborted one
   // after the other, the first abort would wait for the second forever.
   std::vector<std::thread> aborts;
+  std::vector<StreamCommunicator*> inline_aborts;  // the last resort: no thread to be had
   for (StreamCommunicator* comm : comms_) {
-    if (comms_.size() == 1) break;
+    if (comms_.size() == 1) {
+      inline_aborts.push_back(comm);
+      break;
+    }
     try {
       aborts.emplace_back([comm] { comm->AbortTransport(); });
     } catch (const std::system_error&) {
-      comm->AbortTransport();  // no thread to be had: in turn, as the last resort
+      inline_aborts.push_back(comm);
     }
   }
+  // After every thread has started, so each of those is already under way meanwhile.
+  for (StreamCommunicator* comm : inline_aborts) comm->AbortTransport();
   for (std::thread& t : aborts) t.join();
-  if (comms_.size() == 1) (*comms_.begin())->AbortTransport();
   // What was outstanding has been dealt with: it no longer holds the rank.
   ClearPendingLocked();
 }

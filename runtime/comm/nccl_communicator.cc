@@ -509,8 +509,11 @@ class NcclCommunicator final : public Communicator {
   mutable std::mutex mu_;
   absl::Status error_;  // guarded by mu_
 
-  mutable std::mutex comm_mu_;  // held for every (nonblocking, short) NCCL call and the abort
-  ncclComm_t comm_;             // guarded by comm_mu_; null once aborted
+  // Held for every (nonblocking, short) NCCL call and to take comm_ out; not across an abort or a
+  // finalize (they may wait for the device), so destruction does not wait for an abort running on
+  // another thread: the watchdog, the only one, is unregistered before (~StreamCommunicator).
+  mutable std::mutex comm_mu_;
+  ncclComm_t comm_;  // guarded by comm_mu_; null once aborted
 };
 
 absl::StatusOr<ncclUniqueId> ShareUniqueId(KvStore& store, const std::string& what, int rank,

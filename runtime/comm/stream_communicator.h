@@ -88,7 +88,8 @@ class StreamCommunicator final : public Communicator {
   absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override;
   // The transport's: a host-side wait (NCCL: until the stream has drained, within its timeout).
   absl::Status WaitSends() override;
-  // The transport's, at once (the sends were ordered on C when they were called; nothing waits).
+  // The transport's, at once (the sends were ordered on C when they were called; the caller's
+  // stream does not wait for them; NCCL's host-side wait is only until they are enqueued).
   absl::Status PostSends() override;
   // The transport's host-side barrier, after C has waited for S.
   absl::Status Barrier() override;

@@ -22,6 +22,8 @@ struct CopyTicket::Job {
   std::unique_ptr<device::Event> producer;  // recorded on the producer stream at Submit, or null
   std::unique_ptr<device::Event> copied;    // recorded on the copy stream after the copy
   bool launched = false;
+  bool copy_enqueued =
+      false;  // set by Launch: the copy is on its stream (even if the launch failed)
   absl::Status launch_status;
   double launched_at = 0;
   bool done = false;
@@ -135,23 +137,29 @@ absl::Status CopyEngine::Launch(CopyTicket::Job& job) {
                                     ? device::CopyKind::kDeviceToHost
                                     : device::CopyKind::kHostToDevice;
   RETURN_IF_ERROR(device_.Copy(job.dst, job.src, job.bytes, kind, copy_stream));
-  absl::Status recorded = device_.RecordEvent(*job.copied, copy_stream);
-  // The copy is on its stream but no event says when it is done: wait for the stream, or the hook
-  // would free (or hand out again) buffers the copy still reads or writes.
-  if (!recorded.ok()) device_.SynchronizeStream(copy_stream).IgnoreError();
-  return recorded;
+  job.copy_enqueued = true;
+  return device_.RecordEvent(*job.copied, copy_stream);
 }
 
 void CopyEngine::Complete(const std::shared_ptr<CopyTicket::Job>& job, double& last_completion) {
   const Clock& clock = *options_.clock;
   absl::Status status;
   double start;
+  bool copy_enqueued;
   {
     absl::MutexLock lock(&mu_);
     status = job->launch_status;
+    copy_enqueued = job->copy_enqueued;
     start = std::max(job->launched_at, last_completion);
   }
-  if (status.ok()) status = device_.SynchronizeEvent(*job->copied);
+  if (status.ok()) {
+    status = device_.SynchronizeEvent(*job->copied);
+  } else if (copy_enqueued) {
+    // The copy is on its stream but no event says when it is done: wait for the stream (here, off
+    // the thread that submitted), or the hook would free or hand out again buffers the copy still
+    // reads or writes.
+    device_.SynchronizeStream(stream(job->direction)).IgnoreError();
+  }
   double modelled = 0;
   if (status.ok() && options_.host_link_gbps > 0) {
     modelled = static_cast<double>(job->bytes) / (options_.host_link_gbps * 1e9);

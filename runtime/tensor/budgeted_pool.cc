@@ -42,6 +42,8 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
     current_ += bytes;
     if (current_ > peak_) peak_ = current_;
     if (host) {
+      blocks_in_use_ += block;
+      peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
       auto kept = kept_.find(block);
       if (kept != kept_.end() && !kept->second.empty()) {
         void* data = kept->second.back();
@@ -50,6 +52,24 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
         return Buffer(this, data, bytes, std::move(tag));
       }
     }
+  }
+  if (host) {
+    // A new block: kept ones of other classes go first, largest first, as far as the pinned total
+    // (in use and kept) would pass the cap; classes that stopped recurring do not stay forever.
+    std::vector<void*> evicted;
+    {
+      absl::MutexLock lock(&mu_);
+      const uint64_t cap = std::max(budget_, peak_blocks_);
+      for (auto it = kept_.rbegin(); it != kept_.rend() && blocks_in_use_ + kept_bytes_ > cap;
+           ++it) {
+        while (!it->second.empty() && blocks_in_use_ + kept_bytes_ > cap) {
+          evicted.push_back(it->second.back());
+          it->second.pop_back();
+          kept_bytes_ -= it->first;
+        }
+      }
+    }
+    for (void* p : evicted) device_.FreeHost(p);
   }
   absl::StatusOr<void*> data = host ? device_.AllocateHost(block) : device_.Allocate(bytes);
   if (!data.ok() && host) {
@@ -69,6 +89,7 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
   if (!data.ok()) {
     absl::MutexLock lock(&mu_);
     current_ -= bytes;
+    if (host) blocks_in_use_ -= block;
     return absl::Status(data.status().code(),
                         absl::StrCat(name(), ": allocating ", bytes, " bytes for '", tag,
                                      "': ", data.status().message()));
@@ -88,7 +109,8 @@ void BudgetedPool::Return(void* data, uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     current_ -= bytes;
     if (data == nullptr) return;
-    if (kept_bytes_ + block <= std::max(budget_, peak_)) {
+    blocks_in_use_ -= block;
+    if (blocks_in_use_ + kept_bytes_ + block <= std::max(budget_, peak_blocks_)) {
       kept_[block].push_back(data);
       kept_bytes_ += block;
       return;

@@ -14,9 +14,11 @@
 // Host memory is cached: page-locked blocks are slow to make and to give back (cudaMallocHost and
 // cudaFreeHost take milliseconds per 100 MB, and the free synchronises the device), and offloads
 // take one per tensor per micro-batch. A freed block is kept for reuse in its size class (eight per
-// power of two, so at most an eighth of a block goes unused), up to max(budget, peak) bytes of
-// kept blocks; the rest, and everything kept when the pool goes, is given back. Device memory is
-// the device's to cache (CUDA's stream-ordered pool).
+// power of two, so at most an eighth of a block goes unused). The pinned total, blocks in use and
+// kept, stays within max(budget, the peak of blocks in use): a request no kept block serves first
+// gives back kept blocks of other classes (largest first) as far as its new block would pass that.
+// Everything kept is given back with the pool, or when an allocation fails. Device memory is the
+// device's to cache (CUDA's stream-ordered pool).
 #pragma once
 
 #include <cstdint>
@@ -69,9 +71,12 @@ class BudgetedPool : public BufferOwner {
   uint64_t budget_ ABSL_GUARDED_BY(mu_);
   uint64_t current_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
-  // Host memory: kept blocks by size class, and their bytes.
+  // Host memory: kept blocks by size class, and their bytes; the block bytes in use (requests
+  // rounded to their class) and their peak.
   std::map<uint64_t, std::vector<void*>> kept_ ABSL_GUARDED_BY(mu_);
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocks_in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_blocks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace furnace::tensor

@@ -20,7 +20,8 @@
 # Order: the machine, the build (or the bundle), the benchmarks (the training step first: its MFU is
 # what no other machine can measure), then the tests (NCCL's last: a hang there costs least). The
 # report is rewritten after every step, so a run cut short by the caller's own limit still leaves
-# everything measured so far; beside it, gpu-logs.tar.gz holds every step's full output.
+# everything measured so far; beside it, gpu-logs.tar.gz (rewritten with it) holds every step's
+# full output.
 # Exit status: 0 when every step that ran passed (skipped tests are not failures; on a machine
 # with a GPU, a test or benchmark that says "no GPU" is one), 1 otherwise, 2 for bad arguments.
 # The report is written in every case.
@@ -64,7 +65,10 @@ case "$build_dir" in /*) ;; *) build_dir="$repo/$build_dir" ;; esac
 work="$(mktemp -d)"
 logs="$(dirname "$report")/gpu-logs.tar.gz"
 # Every step's output (logs, gtest XML), kept beside the report when the script ends.
-keep_logs() { tar -C "$work" -czf "$logs" --exclude=./bundle . 2>/dev/null || true; }
+keep_logs() {
+  tar -C "$work" -czf "$logs.tmp" --exclude=./bundle --exclude=./body.md . 2>/dev/null &&
+    mv "$logs.tmp" "$logs" || rm -f "$logs.tmp"
+}
 trap 'keep_logs; rm -rf "$work"' EXIT
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
@@ -88,6 +92,7 @@ write_report() {
     if [ -f "$work/pending.md" ]; then cat "$work/pending.md"; fi
   } >"$report.tmp"
   mv "$report.tmp" "$report"
+  keep_logs  # with the report, so a run killed outright still leaves both
 }
 # `timeout` that also kills a step ignoring SIGTERM 10 s later.
 limit() { timeout -k 10 "$@"; }
@@ -174,7 +179,9 @@ for r in roots:
     LD_LIBRARY_PATH="$bundle_dir/lib${cuda_libs[*]:+$(printf ':%s' "${cuda_libs[@]}")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
     # The bundle's C++ runtime needs the glibc it was built against (Debian 12: 2.36). Where this
-    # one is older, the machine's own libstdc++ and libgcc_s serve (the executables need less).
+    # one is older, the machine's own libstdc++ and libgcc_s serve: the executables need only
+    # glibc 2.34, so this helps machines with 2.34 or 2.35 (Ubuntu 22.04); older ones cannot run
+    # the bundle at all (ldd says so below).
     for rt in libstdc++.so.6 libgcc_s.so.1; do
       if [ -e "$bundle_dir/lib/$rt" ] && ldd "$bundle_dir/lib/$rt" 2>&1 | grep -q "GLIBC_.* not found"; then
         mkdir -p "$bundle_dir/lib.unused"

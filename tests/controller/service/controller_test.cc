@@ -554,6 +554,11 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   paged.set_max_points(0);
   paged.set_page_size(kMaxSeriesPageSize + 1);
   EXPECT_TRUE(absl::IsInvalidArgument(c_->GetJobSeries(paged).status()));
+  // Thinned to more points than one reply holds: refused, naming the field.
+  req.set_max_points(kMaxSeriesPageSize + 1);
+  const absl::Status too_many = c_->GetJobSeries(req).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(too_many)) << too_many;
+  EXPECT_NE(too_many.message().find("max_points"), absl::string_view::npos) << too_many;
   EXPECT_EQ(Job().attempts(0).ranks(1).step(), 2u);
   EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 4000);
 }

@@ -6,7 +6,9 @@ collective; a kernel left out is loaded lazily at its first launch, which can ha
 kernel waiting for a peer. Reads the sources only (no build, no GPU): for each .cu, the names of
 its __global__ functions and the names in its FURNACE_PRELOAD_KERNELS(...) (a template kernel:
 each instantiation listed, e.g. Kernel<float>). Prints each kernel missing from its list, and
-each listed name that is no kernel of the file, and exits 1 if there is any.
+each listed name that is no kernel of the file, and exits 1 if there is any. A template kernel
+counts as listed with any one instantiation: which others a launcher uses is not in the source
+text (a new instantiation must be added to the list by hand).
 
 Usage: check_preload_list.py [--root DIR]   (DIR: the repository root; default: three levels up)
 """

@@ -69,6 +69,25 @@ TEST(HostPoolTest, KeepsFreedBlocksForReuse) {
   EXPECT_EQ(device.host_frees, 2);  // with the pool
 }
 
+// The cap counts blocks, not requests: a first request below its class's size is kept too.
+TEST(HostPoolTest, KeepsABlockLargerThanItsRequest) {
+  device::testing_util::FakeDevice device(device::Kind::kCuda, "cuda:0", /*host_memory=*/true);
+  HostPool pool(device, 0);
+  const uint64_t bytes = (uint64_t{3} << 20) - 1000;  // class: 3 MiB
+  void* first = nullptr;
+  {
+    absl::StatusOr<Buffer> a = pool.Allocate(bytes, "a");
+    ASSERT_TRUE(a.ok());
+    first = a->data();
+  }
+  EXPECT_EQ(pool.cached_bytes(), uint64_t{3} << 20);
+  absl::StatusOr<Buffer> b = pool.Allocate(bytes, "b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->data(), first);
+  EXPECT_EQ(device.host_allocations, 1);
+  EXPECT_EQ(device.host_frees, 0);
+}
+
 TEST(HostPoolTest, KeepsNoMoreThanTheBudget) {
   device::testing_util::FakeDevice device(device::Kind::kCuda, "cuda:0", /*host_memory=*/true);
   HostPool pool(device, uint64_t{5} << 20);
@@ -80,13 +99,16 @@ TEST(HostPoolTest, KeepsNoMoreThanTheBudget) {
   EXPECT_EQ(pool.cached_bytes(), uint64_t{5} << 20);
   EXPECT_EQ(device.host_frees, 0);
   {
-    // A class none of the kept blocks serves: one more block; freed, it does not fit the 5 MiB.
+    // A class none of the kept blocks serves: with a new 4 MiB block the pinned total would be
+    // 9 MiB, so kept blocks go first, largest first, until it fits the 5 MiB (here both).
     absl::StatusOr<Buffer> c = pool.Allocate(4 << 20, "c");
     ASSERT_TRUE(c.ok());
+    EXPECT_EQ(pool.cached_bytes(), 0u);
+    EXPECT_EQ(device.host_frees, 2);
   }
-  EXPECT_EQ(pool.cached_bytes(), uint64_t{5} << 20);
+  EXPECT_EQ(pool.cached_bytes(), uint64_t{4} << 20);  // kept: within the 5 MiB
   EXPECT_EQ(device.host_allocations, 3);
-  EXPECT_EQ(device.host_frees, 1);
+  EXPECT_EQ(device.host_frees, 2);
 }
 
 TEST(HostPoolTest, SizeClassesWasteAtMostAnEighth) {
