@@ -183,7 +183,10 @@ for r in roots:
     # glibc 2.34, so this helps machines with 2.34 or 2.35 (Ubuntu 22.04); older ones cannot run
     # the bundle at all (ldd says so below).
     for rt in libstdc++.so.6 libgcc_s.so.1; do
-      if [ -e "$bundle_dir/lib/$rt" ] && ldd "$bundle_dir/lib/$rt" 2>&1 | grep -q "GLIBC_.* not found"; then
+      # Captured, not piped into grep -q (pipefail: ldd killed by SIGPIPE would read as no match).
+      [ -e "$bundle_dir/lib/$rt" ] || continue
+      needs="$(ldd "$bundle_dir/lib/$rt" 2>&1 || true)"
+      if [[ "$needs" == *GLIBC_*"not found"* ]]; then
         mkdir -p "$bundle_dir/lib.unused"
         mv "$bundle_dir/lib/$rt" "$bundle_dir/lib.unused/"
         echo "- $rt: the machine's (the bundle's needs a newer glibc)" >>"$work/body.md"

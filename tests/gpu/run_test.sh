@@ -31,15 +31,16 @@ for heading in '# GPU run: passed' '## Machine' '## Build' '## gpu-labelled test
   grep -q "^$heading" "$tmp/report.md" || fail "the report lacks '$heading'"
 done
 grep -q 'build: skipped (--no-build)' "$tmp/report.md" || fail "the report should say --no-build"
-tar -tzf "$tmp/gpu-logs.tar.gz" 2>/dev/null | grep -q 'ctest.log' ||
-  fail "no gpu-logs.tar.gz with the steps' output beside the report"
+# Listed to a file first: grep -q leaving early would fail the pipe (pipefail) with SIGPIPE.
+tar -tzf "$tmp/gpu-logs.tar.gz" >"$tmp/logs.txt" 2>/dev/null || true
+grep -q 'ctest.log' "$tmp/logs.txt" || fail "no gpu-logs.tar.gz with the steps' output beside the report"
 # The benchmarks run before the tests (the measurements first; a hanging test costs only tests).
 [ "$(grep -n '^## GPU benchmarks' "$tmp/report.md" | cut -d: -f1)" -lt \
   "$(grep -n '^## gpu-labelled tests' "$tmp/report.md" | cut -d: -f1)" ] ||
   fail "the benchmarks should come before the tests"
 grep -Eq '^[0-9]+ passed, 0 failed, [0-9]+ skipped of [1-9][0-9]*\.' "$tmp/report.md" ||
   fail "the report has no test summary with at least one gpu test"
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then
   grep -q 'no GPU: the gpu tests skip' "$tmp/report.md" || fail "the report should say no GPU"
   grep -q 'no GPU: the gpu tests skip' "$tmp/stderr" || fail "run.sh should say no GPU"
   # Every registered GPU benchmark ran, exited 0 and said why it measured nothing.
