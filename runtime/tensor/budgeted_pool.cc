@@ -30,6 +30,7 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
   if (bytes == 0) return Buffer(this, nullptr, 0, std::move(tag));
   const bool host = memory_ == Memory::kHost;
   const uint64_t block = host ? SizeClass(bytes) : bytes;
+  std::vector<void*> evicted;  // kept blocks to give back before a new one is made
   {
     absl::MutexLock lock(&mu_);
     if (budget_ != 0 && current_ + bytes > budget_) {
@@ -51,38 +52,21 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
         kept_bytes_ -= block;
         return Buffer(this, data, bytes, std::move(tag));
       }
+      // A new block: kept ones of other classes go first, as far as the pinned total would pass
+      // the cap; classes that stopped recurring do not stay forever.
+      evicted = TakeKeptLocked(std::max(budget_, peak_blocks_));
     }
   }
-  if (host) {
-    // A new block: kept ones of other classes go first, largest first, as far as the pinned total
-    // (in use and kept) would pass the cap; classes that stopped recurring do not stay forever.
-    std::vector<void*> evicted;
-    {
-      absl::MutexLock lock(&mu_);
-      const uint64_t cap = std::max(budget_, peak_blocks_);
-      for (auto it = kept_.rbegin(); it != kept_.rend() && blocks_in_use_ + kept_bytes_ > cap;
-           ++it) {
-        while (!it->second.empty() && blocks_in_use_ + kept_bytes_ > cap) {
-          evicted.push_back(it->second.back());
-          it->second.pop_back();
-          kept_bytes_ -= it->first;
-        }
-      }
-    }
-    for (void* p : evicted) device_.FreeHost(p);
-  }
+  for (void* p : evicted) device_.FreeHost(p);
   absl::StatusOr<void*> data = host ? device_.AllocateHost(block) : device_.Allocate(bytes);
   if (!data.ok() && host) {
-    // Kept blocks of other sizes may be what the host lacks: give them back and try once more.
-    std::vector<void*> freed;
+    // Kept blocks of other sizes may be what the host lacks: give them all back, try once more.
     {
       absl::MutexLock lock(&mu_);
-      for (auto& [size, blocks] : kept_) freed.insert(freed.end(), blocks.begin(), blocks.end());
-      kept_.clear();
-      kept_bytes_ = 0;
+      evicted = TakeKeptLocked(0);
     }
-    if (!freed.empty()) {
-      for (void* p : freed) device_.FreeHost(p);
+    if (!evicted.empty()) {
+      for (void* p : evicted) device_.FreeHost(p);
       data = device_.AllocateHost(block);
     }
   }
@@ -117,6 +101,18 @@ void BudgetedPool::Return(void* data, uint64_t bytes) {
     }
   }
   device_.FreeHost(data);
+}
+
+std::vector<void*> BudgetedPool::TakeKeptLocked(uint64_t cap) {
+  std::vector<void*> taken;
+  for (auto it = kept_.rbegin(); it != kept_.rend() && blocks_in_use_ + kept_bytes_ > cap; ++it) {
+    while (!it->second.empty() && blocks_in_use_ + kept_bytes_ > cap) {
+      taken.push_back(it->second.back());
+      it->second.pop_back();
+      kept_bytes_ -= it->first;
+    }
+  }
+  return taken;
 }
 
 uint64_t BudgetedPool::cached_bytes() const {

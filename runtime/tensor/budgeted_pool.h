@@ -63,6 +63,9 @@ class BudgetedPool : public BufferOwner {
 
  private:
   void Return(void* data, uint64_t bytes) override;
+  // Takes kept blocks, largest first, until the pinned total (in use and kept) is within `cap`
+  // (0: every kept block); the caller gives them back outside the lock.
+  std::vector<void*> TakeKeptLocked(uint64_t cap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const char* name() const { return memory_ == Memory::kDevice ? "device arena" : "host pool"; }
 
   device::Device& device_;
