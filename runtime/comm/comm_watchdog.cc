@@ -106,11 +106,12 @@ void CommWatchdog::AbortAllLocked(absl::Status status) {
   // which may be held by a kernel of another communicator still stuck on a dead peer; aborted one
   // after the other, the first abort would wait for the second forever.
   std::vector<std::thread> aborts;
-  std::vector<StreamCommunicator*> inline_aborts;  // the last resort: no thread to be had
+  // Here: the only one, or (the last resort) those no thread could be had for.
+  std::vector<StreamCommunicator*> inline_aborts;
   for (StreamCommunicator* comm : comms_) {
     if (comms_.size() == 1) {
       inline_aborts.push_back(comm);
-      break;
+      continue;
     }
     try {
       aborts.emplace_back([comm] { comm->AbortTransport(); });

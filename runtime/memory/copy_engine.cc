@@ -22,8 +22,8 @@ struct CopyTicket::Job {
   std::unique_ptr<device::Event> producer;  // recorded on the producer stream at Submit, or null
   std::unique_ptr<device::Event> copied;    // recorded on the copy stream after the copy
   bool launched = false;
-  bool copy_enqueued =
-      false;  // set by Launch: the copy is on its stream (even if the launch failed)
+  // Set by Enqueue: the copy is on its stream (even if recording its event then failed).
+  bool copy_enqueued = false;
   absl::Status launch_status;
   double launched_at = 0;
   bool done = false;
@@ -89,13 +89,7 @@ CopyTicket CopyEngine::Submit(CopyDirection direction, void* dst, const void* sr
       stopping = stopping_;
     }
     if (!stopping) {
-      absl::Status status = Launch(*job);
-      const double now = options_.clock->MonotonicSeconds();
-      absl::MutexLock lock(&mu_);
-      job->launch_status = std::move(status);
-      job->launched_at = now;
-      job->launched = true;
-      launched_.push_back(job);
+      Launch(job);
       return CopyTicket(std::move(job));
     }
   } else if (events.ok()) {
@@ -130,7 +124,17 @@ void CopyEngine::Finish(const std::shared_ptr<CopyTicket::Job>& job, const absl:
   job->done = true;
 }
 
-absl::Status CopyEngine::Launch(CopyTicket::Job& job) {
+void CopyEngine::Launch(const std::shared_ptr<CopyTicket::Job>& job) {
+  absl::Status status = Enqueue(*job);
+  const double now = options_.clock->MonotonicSeconds();
+  absl::MutexLock lock(&mu_);
+  job->launch_status = std::move(status);
+  job->launched_at = now;
+  job->launched = true;
+  launched_.push_back(job);
+}
+
+absl::Status CopyEngine::Enqueue(CopyTicket::Job& job) {
   device::Stream& copy_stream = stream(job.direction);
   if (job.producer != nullptr) RETURN_IF_ERROR(device_.WaitEvent(copy_stream, *job.producer));
   const device::CopyKind kind = job.direction == CopyDirection::kDeviceToHost
@@ -194,15 +198,7 @@ void CopyEngine::Run() {
       to_launch.swap(queue_);
     }
     // The CPU device's jobs (a discrete device's were launched at Submit).
-    for (const std::shared_ptr<CopyTicket::Job>& job : to_launch) {
-      absl::Status status = Launch(*job);
-      const double now = clock.MonotonicSeconds();
-      absl::MutexLock lock(&mu_);
-      job->launch_status = std::move(status);
-      job->launched_at = now;
-      job->launched = true;
-      launched_.push_back(job);
-    }
+    for (const std::shared_ptr<CopyTicket::Job>& job : to_launch) Launch(job);
     std::shared_ptr<CopyTicket::Job> head;
     {
       absl::MutexLock lock(&mu_);

@@ -147,7 +147,10 @@ class CopyEngine {
   CopyEngine(device::Device& device, CopyEngineOptions options,
              std::unique_ptr<device::Stream> to_host, std::unique_ptr<device::Stream> to_device);
   void Run();
-  absl::Status Launch(CopyTicket::Job& job);
+  // Enqueues the job's copy (and its event) and queues it for completion, with the outcome.
+  void Launch(const std::shared_ptr<CopyTicket::Job>& job);
+  // The device calls of a launch: the wait for the producer, the copy, the event.
+  absl::Status Enqueue(CopyTicket::Job& job);
   void Complete(const std::shared_ptr<CopyTicket::Job>& job, double& last_completion);
   void Finish(const std::shared_ptr<CopyTicket::Job>& job, const absl::Status& status);
 

@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -78,19 +79,8 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
 
 absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
   const auto n = static_cast<size_t>(borrowed.n);
-  const auto use = [this](const float* params, const float* m, const float* v) {
-    state_.params = params;
-    state_.m = m;
-    state_.v = v;
-  };
-  if (device_ == nullptr || device::HostAddressable(*device_)) {
-    params_.assign(borrowed.params, borrowed.params + n);
-    m_.assign(borrowed.m, borrowed.m + n);
-    v_.assign(borrowed.v, borrowed.v + n);
-    use(params_.data(), m_.data(), v_.data());
-    return absl::OkStatus();
-  }
-  if (pinned_floats_ < 3 * n) {
+  const bool discrete = device_ != nullptr && !device::HostAddressable(*device_);
+  if (discrete && pinned_floats_ < 3 * n) {
     if (pinned_ != nullptr) device_->FreeHost(pinned_);
     pinned_ = nullptr;
     pinned_floats_ = 0;
@@ -101,22 +91,29 @@ absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
     }
   }
   float* dst[3];
-  if (pinned_ != nullptr) {
+  if (discrete && pinned_ != nullptr) {
     dst[0] = pinned_, dst[1] = pinned_ + n, dst[2] = pinned_ + 2 * n;
   } else {
-    // No page-locked memory to be had: pageable, slower, still a snapshot.
+    // Host arrays; or no page-locked memory to be had: pageable, slower, still a snapshot.
     params_.resize(n);
     m_.resize(n);
     v_.resize(n);
     dst[0] = params_.data(), dst[1] = m_.data(), dst[2] = v_.data();
   }
-  use(dst[0], dst[1], dst[2]);
-  RETURN_IF_ERROR(device_->WaitEvent(*stream_, *produced_));
+  state_.params = dst[0];
+  state_.m = dst[1];
+  state_.v = dst[2];
+  const float* src[3] = {borrowed.params, borrowed.m, borrowed.v};
   const size_t bytes = n * sizeof(float);
-  const auto d2h = device::CopyKind::kDeviceToHost;
-  RETURN_IF_ERROR(device_->Copy(dst[0], borrowed.params, bytes, d2h, *stream_));
-  RETURN_IF_ERROR(device_->Copy(dst[1], borrowed.m, bytes, d2h, *stream_));
-  RETURN_IF_ERROR(device_->Copy(dst[2], borrowed.v, bytes, d2h, *stream_));
+  if (!discrete) {
+    for (int k = 0; k < 3; ++k) std::copy(src[k], src[k] + n, dst[k]);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(device_->WaitEvent(*stream_, *produced_));
+  for (int k = 0; k < 3; ++k) {
+    RETURN_IF_ERROR(
+        device_->Copy(dst[k], src[k], bytes, device::CopyKind::kDeviceToHost, *stream_));
+  }
   return device_->SynchronizeStream(*stream_);
 }
 
