@@ -97,7 +97,14 @@ StreamCommunicator::StreamCommunicator(std::unique_ptr<Communicator> transport,
   watchdog_->Register(this);
 }
 
-StreamCommunicator::~StreamCommunicator() { watchdog_->Unregister(this); }
+StreamCommunicator::~StreamCommunicator() {
+  watchdog_->Unregister(this);
+  // The transport goes first (NCCL finalizes, or aborts, so its kernels end), then C drains: a call
+  // that failed after its staging copies were enqueued leaves them on C, and the pinned staging
+  // they read and write is freed only after they have run.
+  transport_.reset();
+  device_.SynchronizeStream(*stream_).IgnoreError();
+}
 
 device::Stream& StreamCommunicator::CallerStream() const {
   return device::CurrentStreamOf(device_);

@@ -60,7 +60,9 @@ class Device {
   // byte budget.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
-  // Page-locked host memory for offloads (plain malloc on CPU).
+  // Page-locked host memory for offloads (plain malloc on CPU). FreeHost is not stream-ordered:
+  // every copy enqueued on the block must have run before it is freed (a stream synchronize or an
+  // event recorded after them).
   virtual absl::StatusOr<void*> AllocateHost(size_t bytes) = 0;
   virtual void FreeHost(void* ptr) = 0;
 

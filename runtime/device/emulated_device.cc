@@ -247,9 +247,34 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
       return absl::ResourceExhaustedError(
           absl::StrFormat("%s: cannot allocate %d bytes of host memory", options_.name, bytes));
     }
+    absl::MutexLock lock(&host_mu_);
+    host_[reinterpret_cast<uintptr_t>(ptr)] = HostBlock{rounded};
     return ptr;
   }
-  void FreeHost(void* ptr) override { std::free(ptr); }
+  // Not stream-ordered (device.h): a block freed while a copy enqueued on it has not run is the
+  // caller's error, which the emulated device reports as its sticky error (on a GPU the copy would
+  // read or write freed memory). The bytes then stay allocated until the last such copy has run,
+  // so the test that finds the error does not corrupt the heap too.
+  void FreeHost(void* ptr) override {
+    if (ptr == nullptr) return;
+    absl::MutexLock lock(&host_mu_);
+    auto it = host_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == host_.end() || it->second.freed) {
+      SetStickyError(absl::InvalidArgumentError(absl::StrFormat(
+          "%s: FreeHost of %p, which is not a live block of AllocateHost", options_.name, ptr)));
+      return;
+    }
+    if (it->second.pending > 0) {
+      SetStickyError(absl::FailedPreconditionError(absl::StrFormat(
+          "%s: FreeHost of %p while %d copies enqueued on a stream still read or write it (free "
+          "pinned memory once the stream has passed its copies: an event or a stream synchronize)",
+          options_.name, ptr, it->second.pending)));
+      it->second.freed = true;
+      return;
+    }
+    host_.erase(it);
+    std::free(ptr);
+  }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     return std::unique_ptr<Stream>(new EmulatedStream(this));
@@ -273,7 +298,17 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     if (absl::Status st = CheckSide("source", src, bytes, src_device, kind); !st.ok()) return st;
     void* to = dst_device ? Translate(dst) : dst;
     const void* from = src_device ? Translate(src) : src;
-    s->Enqueue([to, from, bytes] { std::memmove(to, from, bytes); });
+    ASSIGN_OR_RETURN(const uintptr_t dst_block, HoldHostBlock(dst_device ? nullptr : dst, bytes));
+    absl::StatusOr<uintptr_t> src_block = HoldHostBlock(src_device ? nullptr : src, bytes);
+    if (!src_block.ok()) {
+      ReleaseHostBlock(dst_block);
+      return src_block.status();
+    }
+    s->Enqueue([this, to, from, bytes, dst_block, src_block = *src_block] {
+      std::memmove(to, from, bytes);
+      ReleaseHostBlock(dst_block);
+      ReleaseHostBlock(src_block);
+    });
     return absl::OkStatus();
   }
   absl::Status Memset(void* dst, int value, size_t bytes, Stream& stream) override {
@@ -379,6 +414,40 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
     }
     return e->state();
   }
+  // The AllocateHost block holding [ptr, ptr + bytes), its pending copies counted up by one; 0 for
+  // pageable host memory (no block holds ptr) and for nullptr. InvalidArgument for a copy that
+  // starts in a block and runs past its end.
+  absl::StatusOr<uintptr_t> HoldHostBlock(const void* ptr, size_t bytes) {
+    if (ptr == nullptr) return 0;
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    absl::MutexLock lock(&host_mu_);
+    auto it = host_.upper_bound(p);
+    if (it == host_.begin()) return 0;
+    --it;
+    if (p >= it->first + it->second.bytes) return 0;
+    if (it->second.freed) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: copy of %d bytes at %p, in a host block already freed", options_.name, bytes, ptr));
+    }
+    if (bytes > it->first + it->second.bytes - p) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: copy of %d bytes at %p runs past the end of its %d-byte host block",
+                          options_.name, bytes, ptr, it->second.bytes));
+    }
+    ++it->second.pending;
+    return it->first;
+  }
+  // A copy held by HoldHostBlock has run: the block freed while it was pending goes now.
+  void ReleaseHostBlock(uintptr_t block) {
+    if (block == 0) return;
+    absl::MutexLock lock(&host_mu_);
+    auto it = host_.find(block);
+    if (it == host_.end()) return;
+    if (--it->second.pending > 0 || !it->second.freed) return;
+    host_.erase(it);
+    std::free(reinterpret_cast<void*>(block));
+  }
+
   absl::Status CheckSide(const char* side, const void* ptr, size_t bytes, bool want_device,
                          CopyKind kind) const {
     if (Owns(ptr, bytes) == want_device) return absl::OkStatus();
@@ -399,6 +468,14 @@ class EmulatedDeviceImpl final : public EmulatedDevice {
   std::map<size_t, size_t> free_ ABSL_GUARDED_BY(alloc_mu_);  // offset -> bytes
   std::map<size_t, size_t> used_ ABSL_GUARDED_BY(alloc_mu_);  // offset -> bytes
   size_t allocated_ ABSL_GUARDED_BY(alloc_mu_) = 0;
+  // The live blocks of AllocateHost, by address, with the copies enqueued on them not yet run.
+  struct HostBlock {
+    size_t bytes = 0;
+    int pending = 0;
+    bool freed = false;  // FreeHost came while copies were pending: freed after the last one
+  };
+  absl::Mutex host_mu_;
+  std::map<uintptr_t, HostBlock> host_ ABSL_GUARDED_BY(host_mu_);
   mutable absl::Mutex error_mu_;
   absl::Status sticky_ ABSL_GUARDED_BY(error_mu_);
   std::unique_ptr<EmulatedStream> default_stream_;

@@ -19,11 +19,14 @@
 //
 // Host memory (AllocateHost) is plain aligned memory; an asynchronous copy reads or writes it when
 // the stream reaches the copy, so it must stay valid until then (as pinned memory with
-// cudaMemcpyAsync). Allocate's bytes are usable at once; Free is stream-ordered (device.h): it is
-// enqueued on the calling thread's current stream when that is one of this device's (else on the
-// default stream), and the bytes go back to the allocator when the stream runs it, so a kernel
-// enqueued before the Free still reads its scratch. Work on other streams must be ordered before it
-// by events, as on CUDA. allocated_bytes() counts a freed allocation until its stream gets there.
+// cudaMemcpyAsync). The device counts the copies enqueued on each block and not yet run: FreeHost
+// of a block with some is the sticky error FailedPrecondition (the block is then freed after the
+// last of them), a copy that starts in a block and runs past its end is InvalidArgument. Allocate's
+// bytes are usable at once; Free is stream-ordered (device.h): it is enqueued on the calling
+// thread's current stream when that is one of this device's (else on the default stream), and the
+// bytes go back to the allocator when the stream runs it, so a kernel enqueued before the Free
+// still reads its scratch. Work on other streams must be ordered before it by events, as on CUDA.
+// allocated_bytes() counts a freed allocation until its stream gets there.
 //
 // Errors: argument errors found at enqueue (a pointer that is not this device's memory for a
 // device side, a stream or event of another device) are returned by the call. An error inside an

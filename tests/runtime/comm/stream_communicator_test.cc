@@ -8,6 +8,7 @@
 // without the consumer join (the communication stream held), the result is wrong.
 #include "runtime/comm/stream_communicator.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -385,6 +386,37 @@ TEST(StreamCommunicatorOrderingTest, AFailureAfterTheEnqueueStillJoinsTheCaller)
 
 // Compute and communication overlap: with the communication stream held, the compute stream
 // still runs work that does not depend on the collective.
+// A call with host arguments that fails while its staging copies are still queued on the
+// communication stream (here: aborted while the stream waits for a held producer) leaves them
+// there; destroying the communicator then waits for them before it frees the pinned staging they
+// read and write (the emulated device reports a FreeHost with copies pending as its sticky error).
+TEST(StreamCommunicatorOrderingTest, DestructionWaitsForTheStagingCopiesOfAFailedCall) {
+  Single s;
+  EmulatedRank& me = *s.rank;
+  const device::StreamScope scope(*me.compute);
+  ASSERT_TRUE(me.dev->PauseStream(*me.compute).ok());  // the producer point never passes
+  std::vector<float> loss = {1.0f, 2.0f};
+  absl::Status call;
+  std::thread caller([&] {
+    const device::StreamScope caller_scope(*me.compute);
+    call = s.comm->AllReduce(loss.data(), 2);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  s.comm->Abort("test");
+  caller.join();
+  EXPECT_EQ(call.code(), absl::StatusCode::kCancelled) << call;
+  // The staging copies are still queued behind the held producer: release it only later, while
+  // the destructor waits.
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(me.dev->ResumeStream(*me.compute).ok());
+  });
+  s.comm.reset();
+  release.join();
+  EXPECT_TRUE(me.dev->SynchronizeStream(*me.compute).ok());
+  EXPECT_TRUE(me.dev->sticky_error().ok()) << me.dev->sticky_error();
+}
+
 TEST(StreamCommunicatorOrderingTest, ComputeNotWaitingForTheCollectiveOverlapsIt) {
   Single s;
   EmulatedRank& me = *s.rank;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -109,6 +110,37 @@ TEST_F(EmulatedDeviceTest, FreeWaitsForTheWorkAlreadyOnTheStream) {
   dev_->Free(other);
   ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());
   EXPECT_EQ(dev_->allocated_bytes(), 0u);
+}
+
+// FreeHost is not stream-ordered (device.h): pinned memory freed while a copy enqueued on it has
+// not run is reported as the sticky error (on a GPU the copy would touch freed memory), and the
+// bytes stay until that copy has run; freed after the stream has passed its copies, it is fine. A
+// copy that runs past the end of its pinned block is refused at the call.
+TEST_F(EmulatedDeviceTest, PinnedMemoryFreedBeforeItsCopiesRanIsAnError) {
+  float* d = Alloc(64);
+  auto pinned = dev_->AllocateHost(64 * sizeof(float));
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  auto* p = static_cast<float*>(*pinned);
+  std::fill(p, p + 64, 2.5f);
+  EXPECT_EQ(dev_->Copy(d, p + 32, 64 * sizeof(float), CopyKind::kHostToDevice, *a_).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(dev_->Copy(d, p, 64 * sizeof(float), CopyKind::kHostToDevice, *a_).ok());
+  ASSERT_TRUE(dev_->SynchronizeStream(*a_).ok());
+  dev_->FreeHost(p);  // the copy has run
+  EXPECT_TRUE(dev_->sticky_error().ok()) << dev_->sticky_error();
+
+  auto again = dev_->AllocateHost(64 * sizeof(float));
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto* q = static_cast<float*>(*again);
+  ASSERT_TRUE(dev_->PauseStream(*a_).ok());
+  ASSERT_TRUE(dev_->Copy(q, d, 64 * sizeof(float), CopyKind::kDeviceToHost, *a_).ok());
+  dev_->FreeHost(q);  // the copy is still queued
+  EXPECT_EQ(dev_->sticky_error().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(dev_->sticky_error().message().find("FreeHost"), std::string::npos)
+      << dev_->sticky_error();
+  ASSERT_TRUE(dev_->ResumeStream(*a_).ok());  // the copy writes bytes still allocated
+  EXPECT_FALSE(dev_->SynchronizeStream(*a_).ok());
+  dev_->Free(d);
 }
 
 // Device pointers lie in a PROT_NONE mapping: host code that reads one dies, as it would reading
