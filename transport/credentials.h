@@ -39,6 +39,8 @@ inline constexpr char kWorkerIdKey[] = "furnace-worker-id";
 // (`furnace-worker:<host>`; the controller holds agents to it:
 // controller/service/auth_processor.h).
 inline constexpr char kWorkerCertPrefix[] = "furnace-worker:";
+// The longest host such a certificate can name: X.509 caps a common name at 64 characters.
+inline constexpr size_t kMaxWorkerHostLength = 64 - (sizeof(kWorkerCertPrefix) - 1);
 
 // Server credentials: plaintext when `tls` is not enabled; otherwise --tls-cert, --tls-key and
 // --tls-ca are all required. Client certificates are requested and, when presented, verified

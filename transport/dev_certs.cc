@@ -69,16 +69,24 @@ absl::StatusOr<Cert> MakeCertificate(EVP_PKEY* key, const std::string& common_na
   BN_free(bn);
   X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);  // tolerate clock skew
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), kValiditySeconds);
-  X509_set_pubkey(cert.get(), key);
+  // Every field is checked: a certificate signed without its common name would lose what the
+  // controller reads from it (a host's own worker certificate limits it to that host).
   X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("Furnace development"), -1, -1,
-                             0);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1,
-                             0);
+  if (X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                                 reinterpret_cast<const unsigned char*>("Furnace development"), -1,
+                                 -1, 0) != 1) {
+    return OpenSslError("set the organization");
+  }
+  if (X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                                 reinterpret_cast<const unsigned char*>(common_name.c_str()), -1,
+                                 -1, 0) != 1) {
+    return OpenSslError(absl::StrCat("set the common name `", common_name, "`"));
+  }
   X509* signer = issuer != nullptr ? issuer : cert.get();
-  X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
+  if (X509_set_issuer_name(cert.get(), X509_get_subject_name(signer)) != 1 ||
+      X509_set_pubkey(cert.get(), key) != 1) {
+    return OpenSslError("set the issuer and the key");
+  }
   for (const auto& [nid, value] : extensions) {
     RETURN_IF_ERROR(AddExtension(cert.get(), signer, nid, value));
   }
@@ -175,6 +183,13 @@ absl::StatusOr<std::vector<std::string>> WriteDevCerts(const DevCertsOptions& op
           absl::StrCat("--worker-host `", host,
                        "`: not a host name (letters, digits, '-', '.', '_'; the part of a worker "
                        "id before its '/')"));
+    }
+    // X.509 caps a common name at 64 characters, and the host goes into it after the prefix.
+    if (host.size() > kMaxWorkerHostLength) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--worker-host `", host, "`: ", host.size(), " characters, at most ",
+          kMaxWorkerHostLength, " (the certificate's common name is `", kWorkerCertPrefix,
+          "<host>`, 64 characters at most); use the short host name as the worker id's host"));
     }
     leaves.push_back({absl::StrCat("worker-", host), absl::StrCat(kWorkerCertPrefix, host),
                       "clientAuth", false});

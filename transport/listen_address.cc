@@ -10,6 +10,9 @@ bool IsLoopbackAddress(std::string_view address) {
   if (address.starts_with("unix:") || address.starts_with("unix-abstract:")) return true;
   std::string_view host = address;
   if (host.starts_with("ipv4:") || host.starts_with("ipv6:")) host.remove_prefix(5);
+  // gRPC's ipv4:/ipv6: targets may list several addresses (comma-separated), and gRPC dials the
+  // next when one fails: a list is not taken to be loopback, whatever its first address.
+  if (host.find(',') != std::string_view::npos) return false;
   if (host.starts_with("[")) {
     const size_t close = host.find(']');
     if (close == std::string_view::npos) return false;

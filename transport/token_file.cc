@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/status.h"
@@ -11,11 +12,16 @@
 namespace furnace::transport {
 namespace {
 
-// The fields of a line, or none for a blank line or a comment.
+// The fields of a line, or none for a blank line or a comment. A comment is a field that starts
+// with '#' and the rest of the line; a '#' inside a field is part of it (a token may hold one).
 std::vector<absl::string_view> Fields(absl::string_view line) {
-  const size_t hash = line.find('#');
-  if (hash != absl::string_view::npos) line = line.substr(0, hash);
-  return absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+  std::vector<absl::string_view> fields;
+  for (const absl::string_view field :
+       absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
+    if (absl::StartsWith(field, "#")) break;
+    fields.push_back(field);
+  }
+  return fields;
 }
 
 }  // namespace
@@ -60,8 +66,11 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
     } else if (fields[1] == "read") {
       entry.role = Role::kRead;
     } else {
+      // Not quoted: with the columns out of order, the second field may be the token itself.
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": role `", fields[1], "` is not one of: admin, read"));
+          absl::StrCat(where,
+                       ": the second field is not a role (one of: admin, read); lines are `<token> "
+                       "<role> <name>`"));
     }
     entry.name = std::string(fields[2]);
     if (!tokens.insert(fields[0]).second) {

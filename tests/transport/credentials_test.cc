@@ -129,6 +129,23 @@ TEST_F(DevCertsTest, AWorkerHostGetsACertificateNamingIt) {
   auto refused = WriteDevCerts(options);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("--worker-host `node7/0`: not a host name"));
+
+  // The longest host fits the 64-character common name; one more is refused by name (OpenSSL
+  // would refuse the common name, and a certificate without one may act as every worker).
+  const std::string longest(kMaxWorkerHostLength, 'h');
+  options.dir = (dir_ / "long").string();
+  options.worker_hosts = {longest};
+  ASSERT_TRUE(WriteDevCerts(options).ok());
+  X509* at_limit = ReadCert((dir_ / "long" / ("worker-" + longest + ".pem")).string());
+  ASSERT_TRUE(at_limit);
+  X509_NAME_get_text_by_NID(X509_get_subject_name(at_limit), NID_commonName, name, sizeof name);
+  EXPECT_EQ(std::string(name), "furnace-worker:" + longest);
+  X509_free(at_limit);
+  options.dir = (dir_ / "too-long").string();
+  options.worker_hosts = {longest + "h"};
+  auto too_long = WriteDevCerts(options);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_long.status().message(), HasSubstr("at most 49"));
 }
 
 // A directory everyone may write (or another user's) is refused: the CA or the tokens written

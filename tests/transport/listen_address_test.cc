@@ -14,7 +14,11 @@ TEST(IsLoopbackAddress, LoopbackHostsAndUnixSockets) {
 
 TEST(IsLoopbackAddress, EverythingElseIsNot) {
   for (const char* a : {"0.0.0.0:0", "[::]:7070", "10.0.0.5:7070", "controller.example:7070",
-                        "128.0.0.1:1", "[::1:7070", "", "ipv4:192.168.1.2:80"}) {
+                        "128.0.0.1:1", "[::1:7070", "", "ipv4:192.168.1.2:80",
+                        // gRPC's address lists: loopback only if every address is; a list is
+                        // not taken apart here, so it is never loopback.
+                        "ipv6:[::1]:7000,[2001:db8::7]:7000", "ipv4:127.0.0.1:1,10.0.0.5:1",
+                        "ipv4:127.0.0.1:1,127.0.0.2:1"}) {
     EXPECT_FALSE(IsLoopbackAddress(a)) << a;
   }
 }

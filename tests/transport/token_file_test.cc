@@ -29,6 +29,10 @@ TEST(ParseTokenFile, ErrorsNameTheFileLineAndAllowedValues) {
   EXPECT_EQ(bad_role.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad_role.status().message(), HasSubstr("--token-file t line 1"));
   EXPECT_THAT(bad_role.status().message(), HasSubstr("admin, read"));
+  // Columns out of order: the token in the role's place is not echoed into the error.
+  auto swapped = ParseTokenFile(std::string("ci-pipeline-deployer ") + kAdmin + " admin\n", "f");
+  EXPECT_THAT(swapped.status().message(), HasSubstr("not a role"));
+  EXPECT_THAT(swapped.status().message(), ::testing::Not(HasSubstr(kAdmin)));
 
   auto fields = ParseTokenFile(std::string("\n") + kAdmin + " admin\n", "f");
   EXPECT_THAT(fields.status().message(), HasSubstr("f line 2"));
@@ -45,6 +49,17 @@ TEST(ParseTokenFile, ErrorsNameTheFileLineAndAllowedValues) {
                   .message(),
               HasSubstr("`a` is listed twice"));
   EXPECT_THAT(ParseTokenFile("# nothing\n", "f").status().message(), HasSubstr("no token"));
+}
+
+// A comment starts a field; a '#' inside a token is the token's (CheckToken allows it).
+TEST(ParseTokenFile, AHashInsideATokenIsPartOfIt) {
+  const std::string hashed = "abcdefghijklmnopq#rs";
+  auto entries = ParseTokenFile(hashed + " admin alice #comment\n", "f");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  EXPECT_EQ((*entries)[0].token, hashed);
+  auto client = ParseClientToken(hashed + "\n", "f");
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(*client, hashed);
 }
 
 TEST(ParseClientToken, TakesTheFirstWordOfTheFirstLineThatIsNotAComment) {
