@@ -106,6 +106,14 @@ Agent::~Agent() {
     std::lock_guard<std::mutex> lock(mu_);
     ranks.swap(ranks_);
   }
+  // A rank SIGKILL could not end (stuck in the kernel, reported already) would hold its
+  // supervisor's destructor until the kernel lets it go: the agent exits without reaping it.
+  for (auto& [key, entry] : ranks) {
+    if (entry.supervisor == nullptr || !entry.supervisor->stuck()) continue;
+    spdlog::error("rank {} (pid {}) did not end after SIGKILL; exiting without reaping it", key,
+                  entry.pid);
+    (void)entry.supervisor.release();  // its thread still waits on the child; the process ends
+  }
   // Supervisor destructors kill what still runs; their exit sinks take mu_, so not under it.
   ranks.clear();
 }

@@ -36,8 +36,10 @@ absl::StatusOr<Rendezvous> OpenRendezvous(const furnace::v1::RankTask& task, dou
 absl::StatusOr<topology::Topology> TopologyFromTask(const furnace::v1::RankTask& task,
                                                     const model::ModelConfig& config);
 
-// Blocks until every group of this rank is connected (at most the job's start timeout), calling
-// on_wait at least once a second while it waits. The groups take buffers of `device` (the rank's;
+// Blocks until every group of this rank is connected, calling on_wait at least once a second while
+// it waits. The groups connect one after another, each within max(start_timeout_s,
+// hang_timeout_s) (the timeout every later operation gets too): a peer that dies mid-rendezvous
+// fails the group being connected after that long. The groups take buffers of `device` (the rank's;
 // it must outlive the layout). On a discrete device every group is a comm::StreamCommunicator on a
 // communication stream of its own under one watchdog for the rank: NCCL on a CUDA device
 // (Unavailable in a build without NCCL), Gloo through the emulated transport on the emulated one.

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,6 +31,11 @@ constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr double kDrainAfterExitS = 1.0;
 // A process SIGKILL has not ended by then is stuck in the kernel (rank_supervisor.h).
 constexpr double kUnkillableS = 30.0;
+// How long the exec of a rank may take (the child's execve, not the rank's start: the exec-error
+// pipe closes when the new image replaces the child, before its libraries load). Longer means the
+// program's file system hangs (a stale NFS mount): the caller holds the agent's lock meanwhile, and
+// the controller calls an agent lost after 10 s without a heartbeat.
+constexpr double kExecTimeoutS = 5.0;
 enum StreamIndex { kStdout = 0, kStderr = 1, kTelemetry = 2 };
 
 std::string SignalName(int signal) {
@@ -189,7 +196,11 @@ void RankSupervisor::Stop(double grace_s, const std::string& reason) {
 }
 
 void RankSupervisor::Wait() {
-  if (thread_.joinable()) thread_.join();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    settled_cv_.wait(lock, [&] { return settled_; });
+  }
+  if (done_.load() && thread_.joinable()) thread_.join();
 }
 
 std::optional<furnace::v1::RankReport> RankSupervisor::exit_report() const {
@@ -255,11 +266,45 @@ absl::Status RankSupervisor::Spawn() {
   // Set the group from this side too, so signals to -pid work even before the child runs.
   setpgid(pid, pid);
   int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(exec_error[0], &child_errno, sizeof(child_errno));
-  } while (n < 0 && errno == EINTR);
+  ssize_t n = -1;
+  // The real clock, whatever the supervisor's: this bounds a system call, not the rank.
+  const auto exec_deadline = std::chrono::steady_clock::now() +
+                             std::chrono::milliseconds(static_cast<int>(kExecTimeoutS * 1000));
+  bool exec_hung = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          exec_deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      exec_hung = true;
+      break;
+    }
+    pollfd pfd{exec_error[0], POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(left));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;  // the deadline is checked above
+    do {
+      n = ::read(exec_error[0], &child_errno, sizeof(child_errno));
+    } while (n < 0 && errno == EINTR);
+    break;
+  }
   ::close(exec_error[0]);
+  if (exec_hung) {
+    // SIGKILL is delivered once the exec leaves the kernel; reaped if that happens soon, otherwise
+    // the process is left to the kernel (a zombie of this agent until it exits).
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);
+    int status;
+    for (int i = 0; i < 20 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (Stream& s : streams_) CloseFd(&s.fd);
+    CloseFd(&log_fd_);
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "the exec of %s did not complete within %.0f s (its file system may hang: a stale NFS "
+        "mount?); the process (pid %d) was killed",
+        launch_.argv[0], kExecTimeoutS, pid));
+  }
   if (n == static_cast<ssize_t>(sizeof(child_errno))) {
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -350,6 +395,7 @@ void RankSupervisor::Supervise() {
       stuck_.store(true);
       spdlog::error("rank {} of job {}: {}", launch_.rank, launch_.job_id, report.reason());
       if (sinks_.on_exit) sinks_.on_exit(report);
+      Settle();
     }
     const double silence_limit = has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s)
                                  : !any_record_
@@ -383,6 +429,13 @@ void RankSupervisor::Supervise() {
   }
   stuck_.store(false);
   done_.store(true);
+  Settle();
+}
+
+void RankSupervisor::Settle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  settled_ = true;
+  settled_cv_.notify_all();
 }
 
 void RankSupervisor::ReadStream(int i) {

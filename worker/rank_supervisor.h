@@ -24,12 +24,14 @@
 // (its slot stays taken until the kernel lets it go), and calls the sink no second time.
 //
 // Ownership: the supervisor owns the child, its pipes and its thread; destroying it kills the
-// child (if still running) and joins the thread. Sinks are called on the supervisor thread and
-// must not block for long (the rank blocks when its pipes fill) nor destroy the supervisor.
-// Thread-safety: Stop, pid, done and exit_report may be called from any thread.
+// child (if still running) and joins the thread (for a stuck child: until the kernel lets it go).
+// Sinks are called on the supervisor thread and must not block for long (the rank blocks when its
+// pipes fill) nor destroy the supervisor. Thread-safety: Stop, pid, done and exit_report may be
+// called from any thread.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <memory>
@@ -78,8 +80,9 @@ struct RankSinks {
 class RankSupervisor {
  public:
   // Spawns the child and returns once it runs (the exec succeeded) or could not be started.
-  // Errors: Internal/NotFound/PermissionDenied with the reason when fork or exec failed (the
-  // caller reports EXIT_KIND_LAUNCH); on error no sink is ever called.
+  // Errors: Internal/NotFound/PermissionDenied with the reason when fork or exec failed,
+  // DeadlineExceeded when the exec did not complete within 5 s (a hung file system: the child is
+  // killed) (the caller reports EXIT_KIND_LAUNCH); on error no sink is ever called.
   static absl::StatusOr<std::unique_ptr<RankSupervisor>> Start(RankLaunch launch, RankSinks sinks,
                                                                const Clock& clock = RealClock());
   ~RankSupervisor();
@@ -89,7 +92,9 @@ class RankSupervisor {
   // Asks the rank to stop: SIGTERM to its group now, SIGKILL after grace_s. The exit is then
   // reported as EXIT_KIND_STOPPED with `reason`. Repeated calls only shorten the grace.
   void Stop(double grace_s, const std::string& reason);
-  // Blocks until the child is reaped and the exit sink has returned.
+  // Blocks until the exit sink has returned: the child is reaped, or it is stuck (SIGKILL did not
+  // end it in kUnkillableS; the thread goes on waiting to reap it, and the destructor would wait
+  // with it: a caller that must not block, such as an agent that exits, releases the supervisor).
   void Wait();
 
   int pid() const { return pid_; }
@@ -110,6 +115,8 @@ class RankSupervisor {
   void EmitLine(std::string_view line);
   void OnWatchdogRecord(const furnace::v1::RankWatchdogRecord& watchdog);
   void KillGroup(int signal);
+  // The exit sink has returned (the child reaped or stuck): wakes Wait.
+  void Settle();
   furnace::v1::RankReport Classify(int wait_status);
 
   const RankLaunch launch_;
@@ -155,6 +162,8 @@ class RankSupervisor {
   std::string stop_reason_;                        // guarded by mu_
   bool stop_requested_ = false;                    // guarded by mu_
   std::optional<furnace::v1::RankReport> report_;  // guarded by mu_
+  bool settled_ = false;                           // guarded by mu_: see Settle
+  std::condition_variable settled_cv_;
 };
 
 }  // namespace furnace::worker
