@@ -61,6 +61,15 @@ class EpochSampler : public Sampler {
   absl::StatusOr<Batch> Sample(int64_t step,
                                int /*dp_rank: callers pass 0 and a global micro-batch*/,
                                int micro_batch) const override {
+    // A training sampler's step holds global_batch / B micro-batches: one past them would read
+    // the next step's sequences (SamplerConfig.global_batch left at 0 with several micro-batches).
+    if (options_.shuffle &&
+        (micro_batch < 0 || (int64_t{micro_batch} + 1) * config_.batch > global_batch_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampler: micro-batch ", micro_batch, " of a step of ", global_batch_,
+                       " sequences (micro_batch ", config_.batch,
+                       "): SamplerConfig.global_batch must be micro_batch * micro_batches * dp"));
+    }
     Batch batch = EmptyBatch(config_);
     const int T = config_.seq_len;
     std::vector<int32_t> window(T + 1);

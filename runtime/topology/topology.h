@@ -8,7 +8,9 @@
 // MoE part: inside each pipeline stage the dp * tp ranks of that stage, numbered by their in-stage
 // index (the rank with its pp coordinate removed, same order), are regrouped as edp * ep * esp
 // (ep * esp must divide dp * tp; edp = dp * tp / (ep * esp)). `moe_order` lists esp, ep, edp from
-// fastest to slowest ("esp-ep-edp", the default: with esp == tp the ESP group is the TP group).
+// fastest to slowest ("esp-ep-edp", the default: with esp == tp, and tp the fastest of the dense
+// dimensions in the stage as in "tp-dp-pp", the ESP group is the TP group; with dp faster than tp,
+// it is not).
 //
 // Groups (each a list of global ranks in group-rank order; every rank belongs to exactly one group
 // of each kind):

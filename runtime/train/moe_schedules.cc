@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/durable_file.h"
+#include "runtime/comm/device_staging.h"
+#include "runtime/comm/stream_communicator.h"
 #include "runtime/device/backend.h"
 #include "runtime/moe/calibrate.h"
 #include "runtime/tensor/device_memory.h"
@@ -69,6 +71,15 @@ absl::StatusOr<std::string> FromRankZero(comm::Communicator* world, std::string 
   text.resize(static_cast<size_t>(n));
   RETURN_IF_ERROR(world->Broadcast(text.data(), n, 0));
   return text;
+}
+
+// How a group moves bytes, for the cost profile's cache key: on a communication stream of its own
+// (NCCL; the emulated device's transport), staged through host memory (Gloo for a discrete device
+// without NCCL), or on the host.
+const char* TransportOf(const comm::Communicator* group) {
+  if (dynamic_cast<const comm::StreamCommunicator*>(group) != nullptr) return "stream";
+  if (dynamic_cast<const comm::StagedCommunicator*>(group) != nullptr) return "staged";
+  return "host";
 }
 
 // FNV-1a over `bytes`, from `h`: stable across processes and builds (a cache key).
@@ -197,11 +208,12 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     out.choice = choice;
     return out;
   }
-  // The cache key: the layout's sizes, the device kind, the GEMMs' precision, where the ranks are
-  // (PlacementHash) and the largest collective and GEMM timed (a function of the layer's shape):
-  // a resubmission on GPUs after a CPU run, in bf16 after fp32, on another split over nodes, or
-  // with larger micro-batches than the profile was fitted for calibrates again; a restart on
-  // other hosts split the same way does not.
+  // The cache key: the layout's sizes, the device kind, the GEMMs' precision, how the groups move
+  // bytes (TransportOf), where the ranks are (PlacementHash) and the largest collective and GEMM
+  // timed (a function of the layer's shape): a resubmission on GPUs after a CPU run, in bf16 after
+  // fp32, with NCCL after host-staged Gloo, on another split over nodes, or with larger
+  // micro-batches than the profile was fitted for calibrates again; a restart on other hosts
+  // split the same way does not.
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
@@ -212,11 +224,11 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
   const std::vector<int64_t> gemm_flops = model.device().kind() == device::Kind::kCuda
                                               ? CalibrationGemmFlopsFor(shape)
                                               : moe::CalibrationOptions().gemm_flops;
-  const std::string key = absl::StrCat("world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep,
-                                       "_esp", sh.esp, "_", device::KindName(model.device().kind()),
-                                       "_", device::PrecisionName(model.backend().precision), "_",
-                                       absl::Hex(placement, absl::kZeroPad16), "_b", sizes.back(),
-                                       "_f", gemm_flops.back());
+  const std::string key = absl::StrCat(
+      "world", world, "_pp", sh.stages, "_tp", sh.tp, "_ep", sh.ep, "_esp", sh.esp, "_",
+      device::KindName(model.device().kind()), "_",
+      device::PrecisionName(model.backend().precision), "_", TransportOf(layout.tp.get()), "_",
+      absl::Hex(placement, absl::kZeroPad16), "_b", sizes.back(), "_f", gemm_flops.back());
   if (!cache_dir.empty()) {
     out.cache_path =
         (std::filesystem::path(cache_dir) / ("cost_profile." + key + ".json")).string();

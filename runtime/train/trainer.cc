@@ -75,6 +75,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         absl::StrCat("trainer: sampler global batch ", sc.global_batch, " != micro_batch ",
                      sc.batch, " * micro_batches ", config.micro_batches, " * dp ", dp));
   }
+  if (config.checkpoint.every_auto && !(config.checkpoint.auto_hint.mtbf_seconds > 0)) {
+    // Without M the Young/Daly interval has no value, and the probe interval (1 step) would stay.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: checkpoint.every_auto needs auto_hint.mtbf_seconds > 0 (the mean time between "
+        "failures; got ",
+        config.checkpoint.auto_hint.mtbf_seconds, ")"));
+  }
   if (sc.seed != config.seed) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: sampler seed ", sc.seed, " != train seed ", config.seed));

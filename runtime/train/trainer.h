@@ -57,7 +57,8 @@ struct CheckpointConfig {
   bool async = false;
   // checkpoint.every auto (then `every` is not used): the Young/Daly interval
   // (checkpoint_interval.h), re-evaluated after every step from inputs all ranks agree on.
-  // `auto_hint`: M (> 0), and the stall and step time measured by earlier attempts (0: unknown).
+  // `auto_hint`: M (> 0: Create refuses every_auto without it), and the stall and step time
+  // measured by earlier attempts (0: unknown).
   bool every_auto = false;
   IntervalInputs auto_hint = {};
 };

@@ -24,7 +24,7 @@ namespace furnace::train {
 namespace {
 
 constexpr uint32_t kGradientTag = 1u << 20;  // pipeline tags: activations j, gradients this + j
-constexpr int kCountShift = 12;              // counts travel as two exact floats (ReduceStats)
+constexpr int kCountDigit = 8;               // counts travel as three exact floats (ReduceStats)
 
 absl::Status AllReduce(comm::Communicator* group, float* data, int64_t n) {
   if (group == nullptr || group->size() == 1 || n == 0) return absl::OkStatus();
@@ -280,19 +280,23 @@ absl::Status Trainer::ReduceStats(const std::vector<MicroBatchResult>& results, 
       }
     }
   }
-  // One fp32 all-reduce over the world: [loss, aux, then each count as (c >> 12, c & 4095)].
-  // The split keeps the counts exact: the low parts sum to at most world * 4095 and the high
-  // parts to at most 2^24, both exact in fp32, for worlds up to 4096 ranks and counts below 2^36.
-  std::vector<float> v(2 + 2 * counts.size(), 0.0f);
+  // One fp32 all-reduce over the world: [loss, aux, then each count as (c >> 16, (c >> 8) & 255,
+  // c & 255)]. The split keeps the counts exact: the two low parts sum to at most world * 255
+  // and the high part to at most 2^24, all exact in fp32, for worlds up to 65,793 ranks and
+  // counts below 2^40.
+  constexpr int64_t kDigitMask = (int64_t{1} << kCountDigit) - 1;
+  std::vector<float> v(2 + 3 * counts.size(), 0.0f);
   v[0] = static_cast<float>(loss);
   v[1] = static_cast<float>(aux);
   for (size_t i = 0; i < counts.size(); ++i) {
-    v[2 + 2 * i] = static_cast<float>(counts[i] >> kCountShift);
-    v[3 + 2 * i] = static_cast<float>(counts[i] & ((int64_t{1} << kCountShift) - 1));
+    v[2 + 3 * i] = static_cast<float>(counts[i] >> (2 * kCountDigit));
+    v[3 + 3 * i] = static_cast<float>((counts[i] >> kCountDigit) & kDigitMask);
+    v[4 + 3 * i] = static_cast<float>(counts[i] & kDigitMask);
   }
   RETURN_IF_ERROR(AllReduce(P.world_group, v.data(), static_cast<int64_t>(v.size())));
   for (size_t i = 0; i < counts.size(); ++i) {
-    counts[i] = (std::llround(v[2 + 2 * i]) << kCountShift) + std::llround(v[3 + 2 * i]);
+    counts[i] = (std::llround(v[2 + 3 * i]) << (2 * kCountDigit)) +
+                (std::llround(v[3 + 3 * i]) << kCountDigit) + std::llround(v[4 + 3 * i]);
   }
   stats.loss = v[0];
   stats.aux_loss = v[1];

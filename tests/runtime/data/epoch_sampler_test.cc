@@ -113,6 +113,23 @@ TEST(EpochSamplerTest, TheGlobalBatchDoesNotDependOnHowItIsSplit) {
   for (int step : {0, 1, 30}) EXPECT_EQ(StepStarts(**a, step), StepStarts(**b, step));
 }
 
+// A training sampler's step holds global_batch / B micro-batches: one past them (global_batch left
+// at 0 with several micro-batches) would read the next step's sequences, and is refused. A
+// held-out sampler reads in order, its micro-batch the eval batch, and has no such bound.
+TEST(EpochSamplerTest, AMicroBatchPastTheStepsGlobalBatchIsRefused) {
+  auto unset = MakeEpochSampler({{Stream(1000)}}, {.batch = 2, .seq_len = 5, .seed = 3}, {});
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_TRUE((*unset)->Sample(0, 0, 0).ok());
+  const absl::Status past = (*unset)->Sample(0, 0, 1).status();
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.message()), ::testing::HasSubstr("global_batch"));
+  auto set = MakeEpochSampler({{Stream(1000)}},
+                              {.batch = 2, .seq_len = 5, .seed = 3, .global_batch = 4}, {});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_TRUE((*set)->Sample(0, 0, 1).ok());
+  EXPECT_FALSE((*set)->Sample(0, 0, 2).ok());
+}
+
 TEST(EpochSamplerTest, BlendFollowsTheWeightsAndEachDatasetHasItsOwnEpochs) {
   auto made = MakeEpochSampler({{Stream(4001, 1), 0.75}, {Stream(2001, 2), 0.25}},
                                {.batch = 4, .seq_len = 10, .seed = 1, .global_batch = 16}, {});

@@ -398,7 +398,7 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
     }
     EXPECT_TRUE(std::filesystem::exists(choices[0].cache_path)) << choices[0].cache_path;
     // Keyed by the sizes, the device kind and the placement, the same on every rank.
-    EXPECT_NE(choices[0].cache_path.find("cost_profile.world2_pp1_tp2_ep2_esp1_cpu_fp32_"),
+    EXPECT_NE(choices[0].cache_path.find("cost_profile.world2_pp1_tp2_ep2_esp1_cpu_fp32_host_"),
               std::string::npos)
         << choices[0].cache_path;
     for (int r = 1; r < world; ++r) EXPECT_EQ(choices[r].cache_path, choices[0].cache_path);

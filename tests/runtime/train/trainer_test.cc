@@ -837,6 +837,13 @@ TEST(TrainerTest, CreateRejectsMismatches) {
   MarkovSetup other_seed = MakeMarkov(16, 4, 8, 3);
   EXPECT_THAT(Trainer::Create(&model, other_seed.sampler.get(), config).status().message(),
               HasSubstr("seed"));
+  // checkpoint.every_auto without the MTBF: no interval to compute (it would save every step).
+  MarkovSetup fits = MakeMarkov(16, 4, 8, 0);
+  TrainConfig no_mtbf;
+  no_mtbf.checkpoint.dir = "unused";
+  no_mtbf.checkpoint.every_auto = true;
+  EXPECT_THAT(Trainer::Create(&model, fits.sampler.get(), no_mtbf).status().message(),
+              HasSubstr("auto_hint.mtbf_seconds > 0"));
 }
 
 TEST(TrainerTest, ParallelLayoutNeedsAPipelineStage) {
