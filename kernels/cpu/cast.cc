@@ -82,8 +82,9 @@ void QuantizeFp8E4M3(uint8_t* out, float* scales, const float* inp, int64_t n, i
     for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(inp[i]));
     const float scale = amax > 0.0f ? amax / kFp8Max : 1.0f;
     scales[blk] = scale;
-    const float inv = 1.0f / scale;
-    for (int64_t i = b0; i < b1; ++i) out[i] = EncodeE4M3(inp[i] * inv);
+    // Divided, not multiplied by 1 / scale: for a block of tiny values (amax below ~1.5e-36) the
+    // scale is subnormal and its reciprocal overflows, which would make 0 * inf = NaN.
+    for (int64_t i = b0; i < b1; ++i) out[i] = EncodeE4M3(inp[i] / scale);
   }
 }
 

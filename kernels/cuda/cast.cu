@@ -49,9 +49,9 @@ __global__ void QuantizeKernel(uint8_t* out, float* scales, const float* inp, in
   amax = internal::BlockMax(amax, shared);
   float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;  // as the CPU: an all-zero block gets 1
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
-  float inv = 1.0f / scale;
+  // Divided, as the CPU: a subnormal scale's reciprocal would overflow (0 * inf = NaN).
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(inp[i] * inv, __NV_SATFINITE, __NV_E4M3));
+    out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(inp[i] / scale, __NV_SATFINITE, __NV_E4M3));
   }
 }
 

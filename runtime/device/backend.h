@@ -18,13 +18,14 @@
 // operands, fp32 accumulation and fp32 results, as the tensor cores do; every other op, the
 // parameters (fp32 master weights), the gradients and the optimizer state stay fp32, and the
 // signatures do not change (the table rounds the operands itself). So precision is a choice of
-// table, and the model's code is the same for both. The CPU trains in fp32 only. The arithmetic
-// of a bf16 op is kernels/matmul_bf16.h and attention_bf16.h (the CPU oracle, which the emulated
-// bf16 table runs); the CUDA bf16 table rounds the same way (round to nearest even) and differs
-// from that oracle only in the order of its fp32 sums. Its bf16 copies of the operands live in
-// scratch the table allocates and frees around each op (stream-ordered, Device::Allocate/Free):
-// like cuBLAS's own workspace they are outside the job's activation budget (DeviceArena).
-// How far bf16 results are from fp32 ones: kBf16*Tolerance below.
+// table, and the model's code is the same for both, except the MoE router, whose small GEMM the
+// model runs on the fp32 table of the same kind (MODEL.md: the router is fp32). The CPU trains in
+// fp32 only. The arithmetic of a bf16 op is kernels/matmul_bf16.h and attention_bf16.h (the CPU
+// oracle, which the emulated bf16 table runs); the CUDA bf16 table rounds the same way (round to
+// nearest even) and differs from that oracle only in the order of its fp32 sums. Its bf16 copies of
+// the operands live in scratch the table allocates and frees around each op (stream-ordered,
+// Device::Allocate/Free): like cuBLAS's own workspace they are outside the job's activation budget
+// (DeviceArena). How far bf16 results are from fp32 ones: kBf16*Tolerance below.
 //
 // Streams (the contract every device table follows, and the CUDA table must): an op runs on the
 // calling thread's current stream (current_stream.h: StreamScope; none set: the device's default

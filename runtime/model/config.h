@@ -19,6 +19,9 @@ struct ModelConfig {
   int top_k = 1;               // k
   int expert_ffn = 0;          // f
   double capacity_factor = 0;  // 0 = dropless
+  // Gates renormalised to sum 1 over the k chosen. MODEL.md's default is true for k > 1 only (with
+  // k = 1 a renormalised gate is always 1, and the router learns from the aux loss alone): the job
+  // spec resolves it so (controller/spec); code that builds a config sets it itself.
   bool normalize_topk = true;
   double aux_alpha = 0.01;
   SpikeConfig spikes;  // routing-spike injection (spikes.h); off by default

@@ -152,8 +152,10 @@ void KvDecoder::AddFfn(int l, const std::vector<float>& u, int n, std::vector<fl
   Linear(u.data(), W(p + "moe.router"), nullptr, n, C, E, logits.data());
   std::vector<float> out(C);
   for (int i = 0; i < n; ++i) {
-    // p = softmax(router logits) in fp32 as the router does, then the k largest (ties to the
-    // lower index), renormalised when normalize_topk.
+    // p = softmax(router logits), the logits in fp32 as the router's, the probabilities in double
+    // (the router's are fp32: two experts within fp32 round-off of each other may be ordered the
+    // other way here), then the k largest (ties to the lower index), renormalised when
+    // normalize_topk.
     const float* lg = logits.data() + int64_t{i} * E;
     const float mx = *std::max_element(lg, lg + E);
     std::vector<double> prob(E);

@@ -12,7 +12,9 @@
 //
 // MoE layers run dropless whatever moe.capacity_factor: capacity is a rule over the tokens of a
 // training micro-batch, and a generated token belongs to none (the inference of Megatron-style
-// systems does the same). Routing ties go to the lower expert index, as in training.
+// systems does the same). Routing ties go to the lower expert index, as in training; the router's
+// probabilities are taken in double here, in fp32 there, so two experts within fp32 round-off of
+// each other may be ordered differently.
 //
 // The cache holds at most config.seq_len positions (the learned position table wpe has that many
 // rows); Append refuses tokens beyond it (OutOfRange), and Generate (generate.h) re-encodes a

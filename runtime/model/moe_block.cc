@@ -47,6 +47,18 @@ int64_t Scratch(const moe::DispatchHandle& h, int C) {
 
 }  // namespace
 
+// The router's GEMMs run in fp32 whatever the model's precision (MODEL.md: p = softmax(u @ Wg) in
+// fp32, as Megatron and DeepSeek keep their routers): bf16 operands would move near-tied logits
+// across each other and change which experts the tokens go to. The table of the same device at
+// fp32; the model's own when that is already it.
+namespace {
+const device::Backend& RouterOps(const ModuleContext& ctx) {
+  if (ctx.ops.precision == device::Precision::kFp32) return ctx.ops;
+  absl::StatusOr<const device::Backend*> fp32 = device::BackendFor(ctx.device().kind());
+  return fp32.ok() ? **fp32 : ctx.ops;
+}
+}  // namespace
+
 absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInputs& r,
                                              const float* u) {
   const int64_t NE = int64_t{r.N} * r.E;
@@ -54,7 +66,7 @@ absl::StatusOr<tensor::Buffer> RouterForward(ModuleContext& ctx, const RouterInp
                    AllocF32(ctx, NE, r.prefix + "moe.router_logits", false));  // (N, E)
   ASSIGN_OR_RETURN(tensor::Buffer probs,
                    AllocF32(ctx, NE, r.prefix + "moe.router_probs", false));  // (N, E)
-  ctx.ops.matmul_forward(logits.as<float>(), u, r.weight, nullptr, r.N, r.C, r.E);
+  RouterOps(ctx).matmul_forward(logits.as<float>(), u, r.weight, nullptr, r.N, r.C, r.E);
   if (r.spike.has_value()) RETURN_IF_ERROR(ApplySpike(ctx, *r.spike, logits.as<float>(), r.N, r.E));
   ctx.ops.softmax_forward(probs.as<float>(), logits.as<float>(), r.N, r.E);
   return probs;
@@ -466,8 +478,8 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
   ASSIGN_OR_RETURN(tensor::Buffer dlogits, AllocF32(ctx, int64_t{G} * E, "moe.dlogits", true));
   ctx.ops.softmax_backward(dlogits.as<float>(), dprobs.as<float>(), probs, G, E);
   dprobs.Reset();
-  ctx.ops.matmul_backward(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(), u,
-                          params + off.router, G, C, E);
+  RouterOps(ctx).matmul_backward(du.as<float>(), grads + off.router, nullptr, dlogits.as<float>(),
+                                 u, params + off.router, G, C, E);
   dlogits.Reset();
   if (G < N) {
     // The adjoint of mp_split: every peer's slice of d u, in rank order (mp_all_gather).

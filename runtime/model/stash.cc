@@ -461,17 +461,26 @@ void Stash::OnReloaded(int64_t id, const absl::Status& status) {
 }
 
 absl::Status Stash::Prefetch(const std::vector<StashHandle>& handles) {
-  absl::MutexLock lock(&mu_);
-  for (StashHandle h : handles) {
-    if (!h.valid()) continue;
-    auto it = entries_.find(h.id);
-    if (it == entries_.end()) {
-      return absl::NotFoundError(absl::StrCat("stash: prefetch of unknown entry ", h.id));
+  auto start = [&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    for (StashHandle h : handles) {
+      if (!h.valid()) continue;
+      auto it = entries_.find(h.id);
+      if (it == entries_.end()) {
+        return absl::NotFoundError(absl::StrCat("stash: prefetch of unknown entry ", h.id));
+      }
+      absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(it->second);
+      if (!started.ok()) return started.status();
     }
-    absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(it->second);
-    if (!started.ok()) return started.status();
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  };
+  const absl::Status first = start();
+  if (!absl::IsResourceExhausted(first)) return first;
+  // Offloads still copying hold their device bytes until they land: whether a reload fits must
+  // not depend on how fast the copy thread is (module.cc's Allocate waits the same way). Reloads
+  // already started are not started again.
+  WaitForCopies();
+  return start();
 }
 
 absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
@@ -530,27 +539,41 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   memory::CopyTicket ticket;
   memory::CopyEngine* engine = nullptr;
   device::Stream* consumer = nullptr;  // set: order the reload before this stream's work
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(handle.id);
-    if (it == entries_.end()) {
-      return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
+  // The arena's refusal is retried once, after the copies in flight (Prefetch says why).
+  for (bool retried = false;; retried = true) {
+    absl::Status refused;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(handle.id);
+      if (it == entries_.end()) {
+        return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
+      }
+      Entry& e = it->second;
+      if (e.info.state == StashState::kCompressed) {
+        refused = DecodeLocked(e);
+      } else if (e.info.state == StashState::kOffloaded) {
+        // Wanted back before its offload landed: the device bytes stay, and waiting for that
+        // copy is not a reload, so it can never be a late one.
+        const bool reload = e.landed;
+        if (!reload) needed_at = std::numeric_limits<double>::infinity();
+        absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
+        if (started.ok()) {
+          ticket = *started;
+          engine = engine_;
+          if (reload && ticket.valid() && !HostIsComputeLocked()) {
+            consumer = ComputeStreamLocked();
+          }
+        } else {
+          refused = started.status();
+        }
+      }
+      if (!refused.ok() && (retried || !absl::IsResourceExhausted(refused))) return refused;
+      if (refused.ok()) {
+        if (!ticket.valid()) return absl::OkStatus();
+        break;
+      }
     }
-    Entry& e = it->second;
-    if (e.info.state == StashState::kCompressed) {
-      RETURN_IF_ERROR(DecodeLocked(e));
-    } else if (e.info.state == StashState::kOffloaded) {
-      // Wanted back before its offload landed: the device bytes stay, and waiting for that copy
-      // is not a reload, so it can never be a late one.
-      const bool reload = e.landed;
-      if (!reload) needed_at = std::numeric_limits<double>::infinity();
-      absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
-      if (!started.ok()) return started.status();
-      ticket = *started;
-      engine = engine_;
-      if (reload && ticket.valid() && !HostIsComputeLocked()) consumer = ComputeStreamLocked();
-    }
-    if (!ticket.valid()) return absl::OkStatus();
+    WaitForCopies();
   }
   bool late = false;
   if (consumer != nullptr) {

@@ -119,6 +119,24 @@ TEST(Fp8, KnownEncodingsAndNearestEven) {
   EXPECT_EQ(q[6], 0xC4);  // -1.5 * 2^1
 }
 
+// A block of tiny values has a subnormal scale (amax / 448 below FLT_MIN), whose reciprocal
+// overflows: the zeros stay zeros and the values keep their ratios, no NaN.
+TEST(Fp8, ABlockOfTinyValuesHasNoNaN) {
+  constexpr int n = 4;
+  const float x[n] = {1e-37f, 0.0f, -0.5e-37f, 0.0f};
+  uint8_t q[n];
+  float scale, y[n];
+  QuantizeFp8E4M3(q, &scale, x, n, n);
+  ASSERT_LT(scale, std::numeric_limits<float>::min());  // subnormal
+  DequantizeFp8E4M3(y, q, &scale, n, n);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_FALSE(std::isnan(y[i])) << "element " << i;
+    EXPECT_NEAR(y[i], x[i], 1e-37f / 8) << "element " << i;
+  }
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[3], 0.0f);
+}
+
 TEST(Fp8, RoundTripErrorWithinOneSixteenth) {
   std::mt19937_64 rng(91);
   std::normal_distribution<float> dist(0.0f, 1.0f);

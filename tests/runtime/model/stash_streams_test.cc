@@ -9,8 +9,10 @@
 // Streams are held (PauseStream) so the order is certain rather than a matter of timing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -64,15 +66,14 @@ class StashStreamsTest : public ::testing::Test {
   }
 
   // A tensor of want_ saved from the compute stream.
-  StashHandle SaveWant() {
-    auto buffer = arena_->Allocate(4 * kN, "layers.1.moe.expert_hidden");
+  StashHandle SaveWant(const std::string& producer = "layers.1.moe.expert_hidden") {
+    auto buffer = arena_->Allocate(4 * kN, producer);
     EXPECT_TRUE(buffer.ok());
     EXPECT_TRUE(
         dev_->Copy(buffer->data(), want_.data(), 4 * kN, device::CopyKind::kHostToDevice, *compute_)
             .ok());
     EXPECT_TRUE(dev_->SynchronizeStream(*compute_).ok());
-    auto h = stash_->Save("layers.1.moe.expert_hidden", 1, std::move(*buffer), {kN},
-                          tensor::DType::kF32, {});
+    auto h = stash_->Save(producer, 1, std::move(*buffer), {kN}, tensor::DType::kF32, {});
     EXPECT_TRUE(h.ok()) << h.status();
     return *h;
   }
@@ -189,6 +190,32 @@ TEST_F(StashStreamsTest, AnOffloadCopiesAfterTheComputeStreamsWrites) {
   std::vector<float> doubled = want_;
   for (float& x : doubled) x *= 2.0f;
   EXPECT_EQ(ReadOn(*compute_, stash_->Get(h)->data), doubled);
+}
+
+// A reload the arena cannot hold while another tensor's offload is still copying waits for that
+// copy (its device bytes go when it lands) instead of failing the step: whether it fits does not
+// depend on how fast the copy thread is. The arena holds one tensor; the offload of the second is
+// held behind the compute stream until after the reload of the first was asked for.
+TEST_F(StashStreamsTest, AReloadWaitsForTheOffloadsInFlightBeforeTheArenaRefusesIt) {
+  arena_ = std::make_unique<tensor::DeviceArena>(*dev_, 4 * kN);
+  stash_->SetDeviceMemory(arena_.get(), &device::EmulatedBackend());
+  device::StreamScope scope(*compute_);
+  const StashHandle first = SaveWant();
+  ASSERT_TRUE(stash_->Offload(first).ok());
+  stash_->WaitForCopies();
+  const StashHandle second = SaveWant("layers.2.moe.expert_hidden");  // the arena is full again
+  ASSERT_TRUE(dev_->PauseStream(*compute_).ok());
+  ASSERT_TRUE(stash_->Offload(second).ok());  // its copy waits for the held compute stream
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
+  });
+  const absl::Status prefetched = stash_->Prefetch({first});
+  release.join();
+  ASSERT_TRUE(prefetched.ok()) << prefetched;
+  auto lease = stash_->Acquire({first});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(ReadOn(*compute_, stash_->Get(first)->data), want_);
 }
 
 }  // namespace
