@@ -81,13 +81,13 @@ void CommWatchdog::Unregister(StreamCommunicator* comm) {
 
 void CommWatchdog::Track(StreamCommunicator* comm, CollectiveOp op, const char* name, int peer,
                          int64_t bytes, std::shared_ptr<StreamMark> start,
-                         std::shared_ptr<StreamMark> end) {
+                         std::shared_ptr<StreamMark> end, bool counted) {
   const uint64_t token =
       ProcessInFlight().Begin(name, comm->name(), comm->size(), peer, /*started=*/false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({comm, op, name, peer, bytes, std::move(start), std::move(end),
-                        clock_.MonotonicSeconds(), token});
+                        clock_.MonotonicSeconds(), token, /*started=*/false, counted});
   }
   cv_.notify_all();
 }
@@ -154,8 +154,10 @@ absl::Status CommWatchdog::CheckPendingLocked() {
       ++it;
       continue;
     }
-    absl::StatusOr<double> seconds = it->end->SecondsSince(*it->start);
-    it->comm->AddStreamTime(it->op, it->bytes, seconds.ok() ? *seconds : 0.0);
+    if (it->counted) {
+      absl::StatusOr<double> seconds = it->end->SecondsSince(*it->start);
+      it->comm->AddStreamTime(it->op, it->bytes, seconds.ok() ? *seconds : 0.0);
+    }
     ProcessInFlight().End(it->in_flight_token);
     it = pending_.erase(it);
   }

@@ -86,15 +86,19 @@ class CommWatchdog {
     double since_s;  // enqueue, on options_.clock
     uint64_t in_flight_token;
     bool started = false;  // the stream has passed `start` (InFlightCall::started)
+    bool counted = true;   // added to the stream counters when it completes
   };
 
   explicit CommWatchdog(CommWatchdogOptions options);
   void Register(StreamCommunicator* comm);
   // Forgets `comm` and its outstanding collectives.
   void Unregister(StreamCommunicator* comm);
-  // Follows one enqueued collective of `comm` (`peer` for send and recv, else -1).
+  // Follows one enqueued collective of `comm` (`peer` for send and recv, else -1). `counted`
+  // false: its completion is not added to the communicator's stream counters (PostSends, whose
+  // sends were counted when they were made).
   void Track(StreamCommunicator* comm, CollectiveOp op, const char* name, int peer, int64_t bytes,
-             std::shared_ptr<StreamMark> start, std::shared_ptr<StreamMark> end);
+             std::shared_ptr<StreamMark> start, std::shared_ptr<StreamMark> end,
+             bool counted = true);
 
   void Main();
   // One look at the outstanding collectives; returns the status to abort with, if any.

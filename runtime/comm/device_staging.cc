@@ -53,20 +53,26 @@ struct Side {
 }  // namespace
 
 // Copies in each device input (load), synchronises, runs `call` on the host views, copies each
-// device output back and synchronises again.
-#define FURNACE_STAGE(side, staging, ptr, nbytes, load)                       \
-  Side side;                                                                  \
-  side.bytes = (nbytes);                                                      \
-  if ((ptr) != nullptr && side.bytes > 0 && device_.IsDeviceMemory(ptr)) {    \
-    ASSIGN_OR_RETURN(char* h_, (staging)->Reserve(side.bytes));               \
-    side.device = const_cast<void*>(static_cast<const void*>(ptr));           \
-    side.host = h_;                                                           \
-    if (load) {                                                               \
-      RETURN_IF_ERROR(device_.Copy(h_, ptr, static_cast<size_t>(side.bytes),  \
-                                   device::CopyKind::kDeviceToHost, stream)); \
-    }                                                                         \
-  } else {                                                                    \
-    side.host = const_cast<void*>(static_cast<const void*>(ptr));             \
+// device output back and synchronises again. A failure here returns after the stream has run what
+// was enqueued (an earlier side's copy into staging that a later Reserve may free).
+#define FURNACE_STAGE(side, staging, ptr, nbytes, load)                    \
+  Side side;                                                               \
+  side.bytes = (nbytes);                                                   \
+  if ((ptr) != nullptr && side.bytes > 0 && device_.IsDeviceMemory(ptr)) { \
+    absl::StatusOr<char*> h_ = (staging)->Reserve(side.bytes);             \
+    absl::Status s_ = h_.status();                                         \
+    if (s_.ok() && (load)) {                                               \
+      s_ = device_.Copy(*h_, ptr, static_cast<size_t>(side.bytes),         \
+                        device::CopyKind::kDeviceToHost, stream);          \
+    }                                                                      \
+    if (!s_.ok()) {                                                        \
+      device_.SynchronizeStream(stream).IgnoreError();                     \
+      return s_;                                                           \
+    }                                                                      \
+    side.device = const_cast<void*>(static_cast<const void*>(ptr));        \
+    side.host = *h_;                                                       \
+  } else {                                                                 \
+    side.host = const_cast<void*>(static_cast<const void*>(ptr));          \
   }
 
 namespace {

@@ -99,11 +99,11 @@ StreamCommunicator::StreamCommunicator(std::unique_ptr<Communicator> transport,
 
 StreamCommunicator::~StreamCommunicator() {
   watchdog_->Unregister(this);
-  // The transport goes first (NCCL finalizes, or aborts, so its kernels end), then C drains: a call
-  // that failed after its staging copies were enqueued leaves them on C, and the pinned staging
-  // they read and write is freed only after they have run.
-  transport_.reset();
-  device_.SynchronizeStream(*stream_).IgnoreError();
+  // A call that failed after enqueueing its staging copies left them on C, which may never get to
+  // them (behind a collective on a dead peer): their pinned staging is not freed under them, but
+  // left to the process (a rank whose communicator failed is on its way out). Waiting for C
+  // instead could wait for as long as the peers' timeouts.
+  if (staging_in_use_) (void)staging_.release();
 }
 
 device::Stream& StreamCommunicator::CallerStream() const {
@@ -221,6 +221,7 @@ absl::Status StreamCommunicator::Run(CollectiveOp op, const char* name, int peer
     pinned = *p;
     absl::StatusOr<char*> d = scratch.Allocate(staged);
     if (!d.ok()) return device_failure(d.status());
+    staging_in_use_ = true;  // until the result is back (step 5); see the destructor
     for (size_t k = 0; k < args.size(); ++k) {
       if (offsets[k] < 0) continue;
       ptrs[k] = *d + offsets[k];
@@ -272,6 +273,7 @@ absl::Status StreamCommunicator::Run(CollectiveOp op, const char* name, int peer
   // 5. A call with host arguments returns with its result.
   if (staged > 0) {
     RETURN_IF_ERROR(WaitFor(*end_mark));
+    staging_in_use_ = false;  // C has passed the copies
     for (size_t k = 0; k < args.size(); ++k) {
       if (offsets[k] < 0 || !args[k].out) continue;
       std::memcpy(const_cast<void*>(args[k].ptr), pinned + offsets[k],
@@ -362,7 +364,21 @@ absl::Status StreamCommunicator::WaitSends() {
 
 absl::Status StreamCommunicator::PostSends() {
   RETURN_IF_ERROR(Sticky());
+  // NCCL enqueues the held sends on C now: between two marks the watchdog follows, so a send a
+  // late or dead peer never receives is reported as this call (in flight while the host posts
+  // it, outstanding while C runs it), not as the next call queued behind it.
+  const ScopedInFlight in_flight("post_sends", *this);
+  const auto failed = [&](const absl::Status& s) {
+    return FailWith(
+        absl::Status(s.code(), absl::StrCat("post_sends on ", name(), ": ", s.message())));
+  };
+  absl::StatusOr<std::unique_ptr<StreamMark>> start = marker_->Mark(*stream_);
+  if (!start.ok()) return failed(start.status());
   if (absl::Status s = transport_->PostSends(); !s.ok()) return FailWith(std::move(s));
+  absl::StatusOr<std::unique_ptr<StreamMark>> end = marker_->Mark(*stream_);
+  if (!end.ok()) return failed(end.status());
+  watchdog_->Track(this, CollectiveOp::kSend, "post_sends", -1, 0, std::move(*start),
+                   std::move(*end), /*counted=*/false);
   return Sticky();
 }
 

@@ -38,8 +38,9 @@
 //
 // Ownership: owns the transport and the communication stream (the transport goes first: NCCL may
 // flush on the stream); borrows the device, which must outlive this; shares the watchdog with the
-// rank's other communicators. Pinned staging grows on demand and is kept; device scratch is
-// allocated and freed in C's order per call.
+// rank's other communicators. Pinned staging grows on demand and is kept (and not freed at all
+// after a call failed with its copies possibly still on C); device scratch is allocated and freed
+// in C's order per call.
 // Thread-safety: one thread at a time for the operations (the thread that drives S); Abort,
 // AsyncError, Fail and the counters from any thread.
 #pragma once
@@ -170,6 +171,9 @@ class StreamCommunicator final : public Communicator {
   const std::unique_ptr<StreamMarker> marker_;
   const std::unique_ptr<device::Event> ready_, done_;
   std::unique_ptr<PinnedStaging> staging_;  // pinned host staging of host arguments
+  // The operations' thread only: staging copies were enqueued on C and C may not have run them
+  // (a call failed before its result was back); the destructor then leaves the staging allocated.
+  bool staging_in_use_ = false;
   CommCounters stream_counters_;
 
   // Ordering of the calls (ScopedOrdering); the operations' thread only.

@@ -75,7 +75,12 @@ absl::Status UploadRing::Upload(void* dst, const void* src, size_t bytes) {
   }
   std::memcpy(slot.host, src, bytes);
   RETURN_IF_ERROR(device_.Copy(dst, slot.host, bytes, device::CopyKind::kHostToDevice, stream));
-  RETURN_IF_ERROR(device_.RecordEvent(*slot.done, stream));
+  if (absl::Status recorded = device_.RecordEvent(*slot.done, stream); !recorded.ok()) {
+    // No event says when the copy has read the slot: wait for it here, before anyone may reuse or
+    // free the slot.
+    device_.SynchronizeStream(stream).IgnoreError();
+    return recorded;
+  }
   slot.used = true;
   return absl::OkStatus();
 }

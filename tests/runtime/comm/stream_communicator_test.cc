@@ -384,39 +384,54 @@ TEST(StreamCommunicatorOrderingTest, AFailureAfterTheEnqueueStillJoinsTheCaller)
   for (int32_t* p : {d_in, d_out}) me->dev->Free(p);
 }
 
-// Compute and communication overlap: with the communication stream held, the compute stream
-// still runs work that does not depend on the collective.
-// A call with host arguments that fails while its staging copies are still queued on the
-// communication stream (here: aborted while the stream waits for a held producer) leaves them
-// there; destroying the communicator then waits for them before it frees the pinned staging they
-// read and write (the emulated device reports a FreeHost with copies pending as its sticky error).
-TEST(StreamCommunicatorOrderingTest, DestructionWaitsForTheStagingCopiesOfAFailedCall) {
+// PostSends (where NCCL enqueues the sends it held) is followed by the watchdog between two marks:
+// while the communication stream has not run it, it is outstanding and named in flight, so a send
+// a peer never receives is reported as itself. It adds nothing to the stream counters (the sends
+// were counted when made).
+TEST(StreamCommunicatorOrderingTest, PostSendsIsFollowedUntilTheStreamRunsIt) {
   Single s;
   EmulatedRank& me = *s.rank;
   const device::StreamScope scope(*me.compute);
-  ASSERT_TRUE(me.dev->PauseStream(*me.compute).ok());  // the producer point never passes
+  ASSERT_TRUE(me.dev->PauseStream(s.comm->stream()).ok());
+  ASSERT_TRUE(s.comm->PostSends().ok());
+  EXPECT_EQ(me.watchdog->outstanding(), 1u);
+  const auto call = ProcessInFlight().Oldest();
+  ASSERT_TRUE(call.has_value());
+  EXPECT_EQ(call->op, "post_sends");
+  EXPECT_EQ(call->group, "solo[0]");
+  ASSERT_TRUE(me.dev->ResumeStream(s.comm->stream()).ok());
+  EXPECT_TRUE(Eventually([&] { return me.watchdog->outstanding() == 0; }));
+  EXPECT_EQ(s.comm->stream_counters().calls(CollectiveOp::kSend), 0);
+}
+
+// A call with host arguments that fails while its staging copies are still queued on the
+// communication stream (here: aborted while that stream is held) leaves them there; destroying
+// the communicator then must not free the pinned staging they read and write (the emulated device
+// reports a FreeHost with copies pending as its sticky error). The held stream runs them when it
+// is destroyed.
+TEST(StreamCommunicatorOrderingTest, DestructionKeepsTheStagingAFailedCallsCopiesStillUse) {
+  Single s;
+  EmulatedRank& me = *s.rank;
+  const device::StreamScope scope(*me.compute);
+  ASSERT_TRUE(me.dev->PauseStream(s.comm->stream()).ok());
   std::vector<float> loss = {1.0f, 2.0f};
   absl::Status call;
   std::thread caller([&] {
     const device::StreamScope caller_scope(*me.compute);
     call = s.comm->AllReduce(loss.data(), 2);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Enqueued (the watchdog follows it from then on), and waiting for its result.
+  ASSERT_TRUE(Eventually([&] { return me.watchdog->outstanding() == 1; }));
   s.comm->Abort("test");
   caller.join();
   EXPECT_EQ(call.code(), absl::StatusCode::kCancelled) << call;
-  // The staging copies are still queued behind the held producer: release it only later, while
-  // the destructor waits.
-  std::thread release([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_TRUE(me.dev->ResumeStream(*me.compute).ok());
-  });
   s.comm.reset();
-  release.join();
   EXPECT_TRUE(me.dev->SynchronizeStream(*me.compute).ok());
   EXPECT_TRUE(me.dev->sticky_error().ok()) << me.dev->sticky_error();
 }
 
+// Compute and communication overlap: with the communication stream held, the compute stream
+// still runs work that does not depend on the collective.
 TEST(StreamCommunicatorOrderingTest, ComputeNotWaitingForTheCollectiveOverlapsIt) {
   Single s;
   EmulatedRank& me = *s.rank;
