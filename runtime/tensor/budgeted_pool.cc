@@ -28,9 +28,17 @@ uint64_t BudgetedPool::SizeClass(uint64_t bytes) {
 
 absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
   if (bytes == 0) return Buffer(this, nullptr, 0, std::move(tag));
+  // Far past any memory (and past where the size classes' arithmetic stays in 64 bits).
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 62;
+  if (bytes > kMaxBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name(), ": cannot allocate ", bytes, " bytes for '", tag, "'"));
+  }
   const bool host = memory_ == Memory::kHost;
   const uint64_t block = host ? SizeClass(bytes) : bytes;
   std::vector<void*> evicted;  // kept blocks to give back before a new one is made
+  // The peaks are raised only once the allocation has its memory, to the levels then (a failed
+  // one does not count towards them, nor so towards the pinned cap; a ResetPeak meanwhile holds).
   {
     absl::MutexLock lock(&mu_);
     if (budget_ != 0 && current_ + bytes > budget_) {
@@ -41,20 +49,21 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
     }
     // Reserve before the device call so concurrent allocations cannot overshoot the budget.
     current_ += bytes;
-    if (current_ > peak_) peak_ = current_;
     if (host) {
       blocks_in_use_ += block;
-      peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
       auto kept = kept_.find(block);
       if (kept != kept_.end() && !kept->second.empty()) {
         void* data = kept->second.back();
         kept->second.pop_back();
         kept_bytes_ -= block;
+        peak_ = std::max(peak_, current_);
+        peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
         return Buffer(this, data, bytes, std::move(tag));
       }
       // A new block: kept ones of other classes go first, as far as the pinned total would pass
-      // the cap; classes that stopped recurring do not stay forever.
-      evicted = TakeKeptLocked(std::max(budget_, peak_blocks_));
+      // the cap (the blocks in use, this one included, count towards it); classes that stopped
+      // recurring do not stay forever.
+      evicted = TakeKeptLocked(std::max({budget_, peak_blocks_, blocks_in_use_}));
     }
   }
   for (void* p : evicted) device_.FreeHost(p);
@@ -70,14 +79,16 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
       data = device_.AllocateHost(block);
     }
   }
+  absl::MutexLock lock(&mu_);
   if (!data.ok()) {
-    absl::MutexLock lock(&mu_);
     current_ -= bytes;
     if (host) blocks_in_use_ -= block;
     return absl::Status(data.status().code(),
                         absl::StrCat(name(), ": allocating ", bytes, " bytes for '", tag,
                                      "': ", data.status().message()));
   }
+  peak_ = std::max(peak_, current_);
+  if (host) peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
   return Buffer(this, *data, bytes, std::move(tag));
 }
 

@@ -3,13 +3,14 @@
 // offloads) are its two kinds. Accounting is in requested bytes (the allocator's rounding is not
 // counted), so a model's declared activation bytes can be checked against peak_bytes() exactly.
 //
-// Ownership: the pool owns nothing but its counters; each Buffer owns its bytes and gives them
-// back on destruction. The pool (and its Device) must outlive every Buffer.
+// Ownership: the pool owns its counters and the host blocks it keeps for reuse (freed with it);
+// each Buffer owns its bytes and gives them back on destruction. The pool (and its Device) must
+// outlive every Buffer.
 // Thread-safety: all methods may be called from any thread (one mutex): a copy thread allocates
 // and frees while the compute thread runs.
 // Errors: Allocate returns ResourceExhausted when the budget would be exceeded (message: requested
-// bytes, tag, bytes in use, budget, overshoot) or when the device itself is out of memory; it
-// never aborts.
+// bytes, tag, bytes in use, budget, overshoot), for a request over 2^62 bytes, or when the device
+// itself is out of memory; it never aborts. A failed allocation does not count towards the peaks.
 //
 // Host memory is cached: page-locked blocks are slow to make and to give back (cudaMallocHost and
 // cudaFreeHost take milliseconds per 100 MB, and the free synchronises the device), and offloads

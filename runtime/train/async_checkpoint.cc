@@ -80,7 +80,9 @@ absl::Status AsyncCheckpointWriter::Start(const ShardState& state) {
 absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
   const auto n = static_cast<size_t>(borrowed.n);
   const bool discrete = device_ != nullptr && !device::HostAddressable(*device_);
-  if (discrete && pinned_floats_ < 3 * n) {
+  // A size the host refused page-locked memory for is not asked again at every snapshot (a failed
+  // cudaMallocHost of gigabytes takes seconds, on the path the next update waits for).
+  if (discrete && pinned_floats_ < 3 * n && pinned_refused_floats_ != 3 * n) {
     if (pinned_ != nullptr) device_->FreeHost(pinned_);
     pinned_ = nullptr;
     pinned_floats_ = 0;
@@ -88,11 +90,15 @@ absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
     if (pinned.ok()) {
       pinned_ = static_cast<float*>(*pinned);
       pinned_floats_ = 3 * n;
+    } else {
+      pinned_refused_floats_ = 3 * n;
     }
   }
   float* dst[3];
-  if (discrete && pinned_ != nullptr) {
+  if (discrete && pinned_ != nullptr && pinned_floats_ >= 3 * n) {
     dst[0] = pinned_, dst[1] = pinned_ + n, dst[2] = pinned_ + 2 * n;
+    // The pageable fallback of an earlier snapshot is not needed any more.
+    for (std::vector<float>* v : {&params_, &m_, &v_}) std::vector<float>().swap(*v);
   } else {
     // Host arrays; or no page-locked memory to be had: pageable, slower, still a snapshot.
     params_.resize(n);
@@ -111,8 +117,14 @@ absl::Status AsyncCheckpointWriter::CopyArrays(const ShardState& borrowed) {
   }
   RETURN_IF_ERROR(device_->WaitEvent(*stream_, *produced_));
   for (int k = 0; k < 3; ++k) {
-    RETURN_IF_ERROR(
-        device_->Copy(dst[k], src[k], bytes, device::CopyKind::kDeviceToHost, *stream_));
+    const absl::Status copy =
+        device_->Copy(dst[k], src[k], bytes, device::CopyKind::kDeviceToHost, *stream_);
+    if (!copy.ok()) {
+      // The copies already enqueued still read the borrowed arrays and write the snapshot: the
+      // update (released once this returns) and a later FreeHost must come after them.
+      device_->SynchronizeStream(*stream_).IgnoreError();
+      return copy;
+    }
   }
   return device_->SynchronizeStream(*stream_);
 }

@@ -100,6 +100,7 @@ class AsyncCheckpointWriter {
   // the next optimizer update waits for it (WaitCopied).
   float* pinned_ = nullptr;
   size_t pinned_floats_ = 0;
+  size_t pinned_refused_floats_ = 0;  // a size AllocateHost refused: the pageable arrays serve it
   std::optional<std::thread> thread_;
   std::mutex mu_;
   std::condition_variable copied_cv_;

@@ -21,6 +21,7 @@ class FakeDevice final : public Device {
 
   int host_allocations = 0;
   int host_frees = 0;
+  size_t host_limit = 0;  // > 0: AllocateHost refuses larger requests (the host is short of memory)
 
   Kind kind() const override { return kind_; }
   std::string name() const override { return name_; }
@@ -29,6 +30,9 @@ class FakeDevice final : public Device {
   void Free(void*) override {}
   absl::StatusOr<void*> AllocateHost(size_t bytes) override {
     if (!host_memory_) return Refused();
+    if (host_limit > 0 && bytes > host_limit) {
+      return absl::ResourceExhaustedError("fake device " + name_ + ": no page-locked memory left");
+    }
     ++host_allocations;
     return std::malloc(bytes);
   }

@@ -111,6 +111,36 @@ TEST(HostPoolTest, KeepsNoMoreThanTheBudget) {
   EXPECT_EQ(device.host_frees, 2);
 }
 
+// A request the host cannot serve leaves the peaks, and so the cap on kept blocks, as they were:
+// the pool does not go on keeping the memory the host just lacked.
+TEST(HostPoolTest, AFailedAllocationDoesNotRaiseThePeaks) {
+  device::testing_util::FakeDevice device(device::Kind::kCuda, "cuda:0", /*host_memory=*/true);
+  device.host_limit = size_t{4} << 20;
+  HostPool pool(device, 0);
+  absl::StatusOr<Buffer> huge = pool.Allocate(uint64_t{8} << 20, "huge");
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.peak_bytes(), 0u);
+  EXPECT_EQ(pool.current_bytes(), 0u);
+  {
+    absl::StatusOr<Buffer> a = pool.Allocate(1 << 20, "a");
+    absl::StatusOr<Buffer> b = pool.Allocate(2 << 20, "b");
+    ASSERT_TRUE(a.ok() && b.ok());
+  }
+  EXPECT_EQ(pool.cached_bytes(), uint64_t{3} << 20);  // within the peak of 3 MiB in use
+  {
+    // A new class: with it 4 MiB are in use, over the 3 MiB peak, so the kept blocks go (with the
+    // failed 8 MiB counted in the peak they would have stayed).
+    absl::StatusOr<Buffer> c = pool.Allocate(4 << 20, "c");
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(pool.cached_bytes(), 0u);
+    EXPECT_EQ(device.host_frees, 2);
+  }
+  EXPECT_EQ(pool.peak_bytes(), uint64_t{4} << 20);
+  // Far past any memory: refused at once (the size classes' arithmetic would overflow).
+  EXPECT_EQ(pool.Allocate(uint64_t{1} << 63, "absurd").status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST(HostPoolTest, SizeClassesWasteAtMostAnEighth) {
   EXPECT_EQ(BudgetedPool::SizeClass(1), 4096u);
   EXPECT_EQ(BudgetedPool::SizeClass(4096), 4096u);
