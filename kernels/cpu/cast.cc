@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace furnace::kernels::cpu {
 namespace {
@@ -80,7 +81,9 @@ void QuantizeFp8E4M3(uint8_t* out, float* scales, const float* inp, int64_t n, i
     const int64_t b1 = std::min<int64_t>(n, b0 + block);
     float amax = 0.0f;
     for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(inp[i]));
-    const float scale = amax > 0.0f ? amax / kFp8Max : 1.0f;
+    // At least the smallest subnormal: below amax ~ 3e-43, amax / 448 rounds to 0 (0 / 0 = NaN).
+    const float scale =
+        amax > 0.0f ? std::max(amax / kFp8Max, std::numeric_limits<float>::denorm_min()) : 1.0f;
     scales[blk] = scale;
     // Divided, not multiplied by 1 / scale: for a block of tiny values (amax below ~1.5e-36) the
     // scale is subnormal and its reciprocal overflows, which would make 0 * inf = NaN.

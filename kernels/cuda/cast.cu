@@ -47,7 +47,8 @@ __global__ void QuantizeKernel(uint8_t* out, float* scales, const float* inp, in
   float amax = 0.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) amax = fmaxf(amax, fabsf(inp[i]));
   amax = internal::BlockMax(amax, shared);
-  float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;  // as the CPU: an all-zero block gets 1
+  // As the CPU: an all-zero block gets 1; the scale is at least the smallest subnormal (1.4e-45).
+  float scale = amax > 0.0f ? fmaxf(amax / kE4M3Max, 1.40129846e-45f) : 1.0f;
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   // Divided, as the CPU: a subnormal scale's reciprocal would overflow (0 * inf = NaN).
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {

@@ -135,6 +135,14 @@ TEST(Fp8, ABlockOfTinyValuesHasNoNaN) {
   }
   EXPECT_EQ(y[1], 0.0f);
   EXPECT_EQ(y[3], 0.0f);
+  // Smaller still: amax / 448 would round to 0 (0 / 0); the scale is the smallest subnormal.
+  const float tinier[2] = {1e-44f, 0.0f};
+  QuantizeFp8E4M3(q, &scale, tinier, 2, 2);
+  EXPECT_GT(scale, 0.0f);
+  DequantizeFp8E4M3(y, q, &scale, 2, 2);
+  EXPECT_FALSE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_NEAR(y[0], tinier[0], 1e-44f);
 }
 
 TEST(Fp8, RoundTripErrorWithinOneSixteenth) {
