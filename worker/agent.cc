@@ -112,7 +112,9 @@ Agent::~Agent() {
     if (entry.supervisor == nullptr || !entry.supervisor->stuck()) continue;
     spdlog::error("rank {} (pid {}) did not end after SIGKILL; exiting without reaping it", key,
                   entry.pid);
-    (void)entry.supervisor.release();  // its thread still waits on the child; the process ends
+    // Its thread still waits on the child (and may yet flush a line): it must not reach this agent.
+    entry.supervisor->DetachSinks();
+    (void)entry.supervisor.release();
   }
   // Supervisor destructors kill what still runs; their exit sinks take mu_, so not under it.
   ranks.clear();

@@ -195,6 +195,11 @@ void RankSupervisor::Stop(double grace_s, const std::string& reason) {
   if (!stop_deadline_s_ || deadline < *stop_deadline_s_) stop_deadline_s_ = deadline;
 }
 
+void RankSupervisor::DetachSinks() {
+  std::lock_guard<std::mutex> lock(sinks_mu_);
+  sinks_detached_ = true;
+}
+
 void RankSupervisor::Wait() {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -394,7 +399,9 @@ void RankSupervisor::Supervise() {
       reported_ = true;
       stuck_.store(true);
       spdlog::error("rank {} of job {}: {}", launch_.rank, launch_.job_id, report.reason());
-      if (sinks_.on_exit) sinks_.on_exit(report);
+      CallSinks([&](const RankSinks& sinks) {
+        if (sinks.on_exit) sinks.on_exit(report);
+      });
       Settle();
     }
     const double silence_limit = has_watchdog_ ? FrozenTimeoutS(launch_.hang_timeout_s)
@@ -425,7 +432,9 @@ void RankSupervisor::Supervise() {
       std::lock_guard<std::mutex> lock(mu_);
       report_ = report;
     }
-    if (sinks_.on_exit) sinks_.on_exit(report);
+    CallSinks([&](const RankSinks& sinks) {
+      if (sinks.on_exit) sinks.on_exit(report);
+    });
   }
   stuck_.store(false);
   done_.store(true);
@@ -483,7 +492,9 @@ void RankSupervisor::ReadStream(int i) {
         // The rank's latest word (a final "why I exit"); a later record without one clears it,
         // so an exit is not explained by something said earlier (e.g. the restore account).
         last_message_ = record.message();
-        if (sinks_.on_telemetry) sinks_.on_telemetry(std::move(record));
+        CallSinks([&](const RankSinks& sinks) {
+          if (sinks.on_telemetry) sinks.on_telemetry(std::move(record));
+        });
         record = furnace::v1::TelemetryRecord();
       }
       continue;
@@ -534,7 +545,8 @@ void RankSupervisor::EmitLine(std::string_view line) {
       written += static_cast<size_t>(n);
     }
   }
-  if (sinks_.on_log) {
+  CallSinks([&](const RankSinks& sinks) {
+    if (!sinks.on_log) return;
     furnace::v1::LogLine log;
     log.set_job_id(launch_.job_id);
     log.set_attempt(launch_.attempt);
@@ -543,8 +555,8 @@ void RankSupervisor::EmitLine(std::string_view line) {
     // refuses the whole batch otherwise, and the agent drops it), each invalid byte a '?'.
     log.set_text(FirstInvalidUtf8(line) ? SanitizeUtf8(line, std::numeric_limits<size_t>::max())
                                         : std::string(line));
-    sinks_.on_log(std::move(log));
-  }
+    sinks.on_log(std::move(log));
+  });
 }
 
 furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {

@@ -96,6 +96,9 @@ class RankSupervisor {
   // end it in kUnkillableS; the thread goes on waiting to reap it, and the destructor would wait
   // with it: a caller that must not block, such as an agent that exits, releases the supervisor).
   void Wait();
+  // No sink is called after this returns (one being called finishes first): for an owner that
+  // goes while the supervisor's thread still runs (a stuck rank's, released by an exiting agent).
+  void DetachSinks();
 
   int pid() const { return pid_; }
   const RankLaunch& launch() const { return launch_; }
@@ -117,6 +120,13 @@ class RankSupervisor {
   void KillGroup(int signal);
   // The exit sink has returned (the child reaped or stuck): wakes Wait.
   void Settle();
+  // Calls `call(sinks_)` unless DetachSinks came first (under sinks_mu_: never while mu_ is held,
+  // since the sinks take their owner's locks, which call Stop).
+  template <typename Call>
+  void CallSinks(Call&& call) {
+    std::lock_guard<std::mutex> lock(sinks_mu_);
+    if (!sinks_detached_) call(sinks_);
+  }
   furnace::v1::RankReport Classify(int wait_status);
 
   const RankLaunch launch_;
@@ -163,6 +173,8 @@ class RankSupervisor {
   bool stop_requested_ = false;                    // guarded by mu_
   std::optional<furnace::v1::RankReport> report_;  // guarded by mu_
   bool settled_ = false;                           // guarded by mu_: see Settle
+  std::mutex sinks_mu_;
+  bool sinks_detached_ = false;  // guarded by sinks_mu_
   std::condition_variable settled_cv_;
 };
 

@@ -41,9 +41,10 @@ namespace furnace::device {
 const Backend& CudaBackend();
 // bf16 GEMMs and attention products (backend.h "Precision"); every other op as CudaBackend.
 const Backend& CudaBf16Backend();
-// Loads every CUDA kernel into `device`'s GPU once (kernels::cuda::PreloadKernels: the first launch
-// of a lazily loaded kernel can wait for all queued GPU work, a hang behind an NCCL kernel waiting
-// on a peer). BackendFor(device) calls it, so a rank loads them before its first collective; the
-// first op on a GPU does too. InvalidArgument for a device not CUDA.
+// Loads every kernel of kernels/cuda into `device`'s GPU once (kernels::cuda::PreloadKernels: the
+// first launch of a lazily loaded kernel can wait for all queued GPU work, a hang behind an NCCL
+// kernel waiting on a peer). cuBLAS's own kernels still load on their first use. BackendFor(device)
+// calls it, so a rank loads them before its first collective; the first op on a GPU does too.
+// InvalidArgument for a device not CUDA.
 absl::Status LoadCudaKernels(const Device& device);
 }  // namespace furnace::device

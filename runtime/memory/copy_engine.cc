@@ -12,7 +12,9 @@
 namespace furnace::memory {
 
 // Fields written by the engine's thread (or Shutdown, or Submit) under the engine's mutex, except
-// the events, which are set before the job is shared.
+// the events, which are set before the job is shared, and copy_enqueued, which Enqueue sets while
+// it launches the job (at Submit under launch_mu_, or on the engine's thread) and only the
+// engine's thread reads, after that launch.
 struct CopyTicket::Job {
   CopyDirection direction;
   void* dst;

@@ -578,7 +578,7 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   bool late = false;
   if (consumer != nullptr) {
     // A discrete device: the compute stream waits for the reload's event; the host does not.
-    // (Unlocked: the engine's thread takes our lock in its hooks before it launches more.)
+    // (Unlocked: the engine's thread takes our lock in its completion hooks.)
     const absl::Status ordered = engine->OrderBefore(ticket, *consumer, &late);
     absl::MutexLock lock(&mu_);
     if (late) ++action_stats_.late_reloads;

@@ -9,8 +9,8 @@
 
 #include "runtime/device/backend.h"
 #include "runtime/device/emulated_device.h"
-#include "runtime/model/moe_block.h"
 #include "runtime/model/module.h"
+#include "runtime/model/moe_block.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/transfer.h"

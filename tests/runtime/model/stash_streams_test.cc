@@ -206,8 +206,13 @@ TEST_F(StashStreamsTest, AReloadWaitsForTheOffloadsInFlightBeforeTheArenaRefuses
   const StashHandle second = SaveWant("layers.2.moe.expert_hidden");  // the arena is full again
   ASSERT_TRUE(dev_->PauseStream(*compute_).ok());
   ASSERT_TRUE(stash_->Offload(second).ok());  // its copy waits for the held compute stream
+  // Released once the reload has found the arena full and waits for the offload's copy (or after
+  // 10 s, for a reload that failed without waiting).
+  const int64_t waits_before = engine_->stats().blocked_waits;
   std::thread release([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 10000 && engine_->stats().blocked_waits == waits_before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ASSERT_TRUE(dev_->ResumeStream(*compute_).ok());
   });
   const absl::Status prefetched = stash_->Prefetch({first});
