@@ -36,10 +36,20 @@ def parse_args():
     sys.argv = rest
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and never one this process handed out before: two taken one
+    after the other could otherwise be the same (the kernel may give a port again once its probe
+    socket is closed), and a controller's gRPC and metrics servers would then collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def processes_under(path):
