@@ -260,7 +260,9 @@ class CommandStream {
   void FinishIfIdleLocked() {
     if (finish_started_ || writing_) return;
     // Whatever was not confirmed delivered goes back, in order, for the agent's next stream.
-    if (!pending_.empty()) server_.controller().Requeue(worker_id_, std::move(pending_));
+    if (!pending_.empty()) {
+      server_.controller().Requeue(worker_id_, session_id_, std::move(pending_));
+    }
     pending_.clear();
     finish_started_ = true;
     writer_.Finish(status_, &finish_tag_);

@@ -397,8 +397,9 @@ absl::StatusOr<std::vector<v1::AgentCommand>> Controller::TakeCommands(
   return workers_.TakeCommands(worker_id, session_id, std::move(wake));
 }
 
-void Controller::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
-  workers_.Requeue(worker_id, std::move(commands));
+void Controller::Requeue(const std::string& worker_id, const std::string& session_id,
+                         std::vector<v1::AgentCommand> commands) {
+  workers_.Requeue(worker_id, session_id, std::move(commands));
 }
 
 absl::Status Controller::ReportRank(const v1::RankReport& report) {

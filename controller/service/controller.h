@@ -111,7 +111,8 @@ class Controller {
                                                                       const std::string& session_id,
                                                                       WorkerRegistry::Wake wake);
   // Puts back commands that could not be delivered (front of the queue, same order).
-  void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
+  void Requeue(const std::string& worker_id, const std::string& session_id,
+               std::vector<furnace::v1::AgentCommand> commands);
   absl::Status ReportRank(const furnace::v1::RankReport& report);
   // Takes a batch in (progress, step aggregates, totals) and calls `done` at once, on this thread:
   // the raw records and completed steps are written behind (group commit), as the rank steps are,

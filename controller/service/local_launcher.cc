@@ -50,10 +50,17 @@ LocalLauncher::~LocalLauncher() {
 
 void LocalLauncher::Start() {
   for (const auto& [slot, pid] : controller_.LocalWorkers()) {
-    if (slot < slots_.size() && IsOurWorker(pid, slot)) {
+    if (!IsOurWorker(pid, slot)) continue;
+    if (slot < slots_.size()) {
       slots_[slot].pid = pid;
       slots_[slot].adopted = true;
       spdlog::info("local worker slot {}: adopted running pid {}", slot, pid);
+    } else {
+      // Started by an earlier run with more --local-workers: this run neither watches nor stops
+      // it, so it goes now (SIGTERM: its agent says it is leaving and stops its ranks).
+      spdlog::info("local worker slot {} (pid {}): beyond --local-workers {}, stopping it", slot,
+                   pid, slots_.size());
+      kill(pid, SIGTERM);
     }
   }
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
@@ -152,7 +159,11 @@ void LocalLauncher::Monitor() {
         s.adopted = false;
         s.restart_at = now + kRespawnDelayS;
       }
-      if (s.pid < 0 && now >= s.restart_at) s.pid = Spawn(slot);
+      if (s.pid < 0 && now >= s.restart_at) {
+        s.pid = Spawn(slot);
+        // A failed fork is tried again after the same delay, not at every tick.
+        if (s.pid < 0) s.restart_at = now + kRespawnDelayS;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

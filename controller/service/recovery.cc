@@ -15,7 +15,8 @@
 //     each rank marks its arrival in the attempt's rendezvous keys, then runs the commcheck
 //     collectives at small sizes, each step bounded by recovery.health_check_s. A rank that fails
 //     it exits with RANK_EXIT_HEALTH_CHECK; the controller blames the ranks that never arrived,
-//     excludes their workers and restarts at once. Such a failure does not count against
+//     excludes their workers and restarts after recovery.backoff.initial_s (not the growing
+//     backoff). Such a failure does not count against
 //     recovery.max_restarts (no training failed, and the culprit is out), but it is an attempt
 //     without progress (rung 5), which bounds a run of them. A failed check that names nobody
 //     (every rank arrived, then a collective failed) is an ordinary, counted failure.
@@ -573,6 +574,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
         rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("lost: its worker agent restarted");
         rank->set_exit_kind(v1::EXIT_KIND_LOST);
+        NoteRanksExited(*attempt);  // the recovery's teardown phase ends with the last rank
         NoteOlderAttemptChanged(*job, *attempt);
         if (attempt == job->current() && attempt->state() == v1::ATTEMPT_STATE_RUNNING &&
             !IsFinal(job->summary.state())) {
@@ -601,6 +603,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
         rank->set_state(v1::RANK_STATE_EXITED);
         rank->set_exit("never started: its attempt ended before its worker took the start command");
         rank->set_exit_kind(v1::EXIT_KIND_STOPPED);
+        NoteRanksExited(*attempt);
         NoteOlderAttemptChanged(*job, *attempt);
         PersistLater({job->summary.job_id()});
         w.has_rank = false;
@@ -686,11 +689,28 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
     return absl::OkStatus();
   }
+  // A success that leaves other ranks running only records the rank's end: written behind, as a
+  // start is (after a crash the agent sends the report again when the controller still lists
+  // the rank). A likely victim's error exit (its peer died and the collective failed; or its own
+  // watchdog found it hung inside a collective) is written now: the failure it hints at is
+  // decided after the settle window, in memory, and its exit kind in the store decides it after
+  // a controller restart. Everything else on the running attempt is written now too.
+  const bool likely_victim =
+      (report.exit_kind() == v1::EXIT_KIND_CODE &&
+       report.exit_code() != v1::RANK_EXIT_HEALTH_CHECK &&
+       report.exit_code() != v1::RANK_EXIT_CORRUPT_DATA &&
+       report.exit_code() != v1::RANK_EXIT_UNKNOWN_KIND &&
+       report.exit_code() != v1::RANK_EXIT_BAD_INPUT) ||
+      (report.exit_kind() == v1::EXIT_KIND_HANG && report.hang_in_collective());
+  const bool others_running = std::any_of(
+      attempt.ranks().begin(), attempt.ranks().end(),
+      [&](const v1::RankInfo& r) { return &r != &rank && r.state() != v1::RANK_STATE_EXITED; });
+  const bool written_behind = report.exit_kind() == v1::EXIT_KIND_SUCCESS && others_running;
   // On a store error, undo and fail the RPC: the agent re-sends the report. Only a report of the
-  // running attempt can fail (a copy of the job is O(ranks): not taken for the thousands of stop
-  // reports after a cancel).
+  // running attempt written now can fail (a copy of the job is O(ranks): not taken for the
+  // thousands of stop reports after a cancel, nor for each rank of a job that ends).
   std::optional<Job> backup;
-  if (current) backup.emplace(job);
+  if (current && !written_behind) backup.emplace(job);
   auto undo = [&](absl::Status s) {
     if (backup) job = std::move(*backup);
     return s;
@@ -708,12 +728,12 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   if (!current) {
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
-    if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
+    if (!others_running) {
       // Succeeded only if no rank failed: one that exited with an error code inside the settle
       // window ends the attempt as failed now.
       s = EndAttempt(job);
     } else {
-      s = Persist(job);
+      PersistLater({job.summary.job_id()});
     }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              report.exit_code() == v1::RANK_EXIT_HEALTH_CHECK) {
@@ -738,8 +758,7 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
                      "", Failure::kPermanent)) {
       s = absl::UnavailableError("controller could not record the failure; retry");
     }
-  } else if (report.exit_kind() == v1::EXIT_KIND_CODE ||
-             (report.exit_kind() == v1::EXIT_KIND_HANG && report.hang_in_collective())) {
+  } else if (likely_victim) {
     // Likely a victim: an error exit (its peer died and the collective failed), or a hang its own
     // watchdog found inside a collective (waiting on a peer that hung in its own work, whose
     // watchdog reports in about a second and is the one to blame and to fence).
@@ -794,6 +813,7 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
           rank.set_exit_kind(v1::EXIT_KIND_STOPPED);
         }
       }
+      NoteRanksExited(*attempt);
       PersistRecord(job, "the ranks stopped at shutdown");
     }
   }

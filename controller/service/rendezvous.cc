@@ -135,7 +135,7 @@ Rendezvous::~Rendezvous() { Shutdown(); }
 absl::Status Rendezvous::Refused(const Scope& scope) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return ShutDownError();
-  if (closed_.count(scope)) return ClosedError(scope);
+  if (ClosedLocked(scope)) return ClosedError(scope);
   return absl::FailedPreconditionError(absl::StrCat("rendezvous: attempt ", scope.second,
                                                     " of job ", scope.first, " is not running"));
 }
@@ -148,10 +148,15 @@ std::shared_ptr<Rendezvous::ScopeState> Rendezvous::Find(const Scope& scope) {
 
 void Rendezvous::OpenScope(const Scope& scope, std::set<std::string> workers) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (shut_down_ || closed_.count(scope)) return;
+  if (shut_down_ || ClosedLocked(scope)) return;
   auto& state = scopes_[scope];
   if (!state) state = std::make_shared<ScopeState>();
   state->workers = std::move(workers);
+}
+
+bool Rendezvous::ClosedLocked(const Scope& scope) const {
+  auto it = closed_through_.find(scope.first);
+  return it != closed_through_.end() && scope.second <= it->second;
 }
 
 absl::Status Rendezvous::CheckOpen(const Scope& scope) {
@@ -353,7 +358,8 @@ void Rendezvous::Close(const Scope& scope) {
   std::shared_ptr<ScopeState> state;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    closed_.insert(scope);
+    uint32_t& through = closed_through_[scope.first];
+    through = std::max(through, scope.second);
     auto it = scopes_.find(scope);
     if (it == scopes_.end()) return;
     state = std::move(it->second);

@@ -103,14 +103,19 @@ class Rendezvous {
   std::shared_ptr<ScopeState> Find(const Scope& scope);
   // Why Find gave null.
   absl::Status Refused(const Scope& scope);
+  // Whether `scope` was closed (closed_through_); mu_ held.
+  bool ClosedLocked(const Scope& scope) const;
   // The answers of waits ended by `fail` (Close, Shutdown), to be called without the lock.
   static std::vector<std::function<void()>> EndAll(ScopeState& state, const absl::Status& fail);
 
   std::mutex mu_;
   std::map<Scope, std::shared_ptr<ScopeState>> scopes_;  // the open ones; guarded by mu_
-  std::set<Scope> closed_;                               // guarded by mu_
-  bool shut_down_ = false;                               // guarded by mu_
-  DeadlineTimer timer_;  // last member: destroyed first, after Shutdown answered every wait
+  // Per job, the latest attempt closed: it and every earlier one are over (the lifecycle opens
+  // only the next attempt, or at a controller's start the running one), so one number per job,
+  // not one entry per attempt ever closed. Guarded by mu_.
+  std::map<std::string, uint32_t> closed_through_;
+  bool shut_down_ = false;  // guarded by mu_
+  DeadlineTimer timer_;     // last member: destroyed first, after Shutdown answered every wait
 };
 
 }  // namespace furnace::controller

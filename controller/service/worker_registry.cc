@@ -302,12 +302,16 @@ absl::StatusOr<std::vector<v1::AgentCommand>> WorkerRegistry::NextCommands(
   }
 }
 
-void WorkerRegistry::Requeue(const std::string& worker_id, std::vector<v1::AgentCommand> commands) {
+void WorkerRegistry::Requeue(const std::string& worker_id, const std::string& session_id,
+                             std::vector<v1::AgentCommand> commands) {
   const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return;
   Wake wake;
   {
     std::lock_guard<std::mutex> lock(box->mu);
+    // Commands of a session that has ended since (the worker was lost, or its agent registered
+    // anew) were dropped with it: put back, they would start ranks of an attempt that is over.
+    if (box->session_id.empty() || box->session_id != session_id) return;
     for (auto c = commands.rbegin(); c != commands.rend(); ++c) {
       box->commands.push_front(std::move(*c));
     }

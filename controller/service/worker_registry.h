@@ -133,8 +133,10 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<furnace::v1::AgentCommand>> NextCommands(const std::string& worker_id,
                                                                       const std::string& session_id,
                                                                       double wait_s);
-  // Puts back commands that could not be delivered (front of the queue, same order).
-  void Requeue(const std::string& worker_id, std::vector<furnace::v1::AgentCommand> commands);
+  // Puts back commands of `session_id` that could not be delivered (front of the queue, same
+  // order); dropped when that session is no longer the worker's current one.
+  void Requeue(const std::string& worker_id, const std::string& session_id,
+               std::vector<furnace::v1::AgentCommand> commands);
   // NextCommands without waiting, for a stream that must not hold a thread (agent_server.cc):
   // the queued commands, or none and `wake` is kept, to be called (once, without the registry's
   // lock held) when a command is queued or the session changes or ends. A later call replaces it.

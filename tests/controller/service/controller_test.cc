@@ -1707,6 +1707,25 @@ TEST_F(ControllerTest, AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow)
             "rank 1 on h/1: hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s");
 }
 
+// A success that leaves ranks running is written behind (one rank's end changes nothing else: a
+// job of thousands of ranks does not copy and fsync every rank at each exit). Whether or not it
+// reached the store before the controller went, the agent's report sent again (as its heartbeat
+// reconcile does when the controller still lists the rank) ends the job as it should.
+TEST_F(ControllerTest, ASuccessWrittenBehindSurvivesARestart) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Restart();
+  Register(0);
+  Register(1, 100, {Running(job_, 1, 1)});
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);  // sent again
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_SUCCEEDED);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_SUCCEEDED);
+}
+
 // The settle window is in memory only: the failed rank's exit kind, in the store, still fails
 // the attempt when the last rank finishes after a controller restart.
 TEST_F(ControllerTest, ARankThatFailedBeforeAControllerRestartStillFailsTheAttempt) {

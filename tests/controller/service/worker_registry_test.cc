@@ -91,5 +91,31 @@ TEST_F(WorkerRegistryTest, AStreamHoldingAForgottenMailboxEndsCleanly) {
   EXPECT_EQ(registry_->MailboxCount(), 0u);
 }
 
+// Commands a stream could not deliver go back for the session's next stream; those of a session
+// that ended meanwhile (the worker was lost, and its queue dropped) do not come back when the same
+// agent registers again: they would start ranks of an attempt that is over.
+TEST_F(WorkerRegistryTest, UndeliveredCommandsComeBackOnlyToTheirSession) {
+  Worker& w = registry_->FindOrAdd("h/0");
+  w.info.set_worker_id("h/0");
+  const std::string first = registry_->NewSession("h/0", true);
+  v1::AgentCommand start;
+  start.mutable_start()->set_job_id("j");
+  registry_->Enqueue("h/0", start);
+  auto taken = registry_->TakeCommands("h/0", first, nullptr);
+  ASSERT_TRUE(taken.ok());
+  ASSERT_EQ(taken->size(), 1u);
+  registry_->Requeue("h/0", first, *taken);  // the stream broke: the same session gets it again
+  auto again = registry_->TakeCommands("h/0", first, nullptr);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->size(), 1u);
+
+  registry_->MarkLost(w);                    // the session ends with its queue
+  registry_->Requeue("h/0", first, *again);  // the broken stream finds out only now
+  const std::string second = registry_->NewSession("h/0", /*drop_commands=*/false);
+  auto after = registry_->TakeCommands("h/0", second, nullptr);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->empty());
+}
+
 }  // namespace
 }  // namespace furnace::controller
