@@ -11,7 +11,6 @@ import copy
 import os
 import pathlib
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -23,6 +22,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploy_checks as dc  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import free_port  # noqa: E402  (ports never handed out twice in this process)
 
 ARGS = None
 SETUP_HINT = "scripts/setup.sh installs it"
@@ -330,22 +332,6 @@ class SlurmTest(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn(f"{tmp}/nowhere/ca.crt", r.stderr)
             self.assertEqual(list(pathlib.Path(tmp, "calls").iterdir()), [])
-
-
-_HANDED_OUT = set()
-
-
-def free_port():
-    """A port nothing listens on now, and never one this process handed out before: two taken one
-    after the other could otherwise be the same (the kernel may give a port again once its probe
-    socket is closed), and a controller's gRPC and metrics servers would then collide."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 class InstallTest(unittest.TestCase):
