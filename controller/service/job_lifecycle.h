@@ -105,6 +105,9 @@ struct Job {
   double settle_deadline = 0;  // 0: no failure pending
   std::string pending_kind, pending_cause, pending_worker;
   bool pending_interrupted = false;  // the pending failure interrupts (JobLifecycle::FailLater)
+  // The pending failure is a victim's (NoteWeakFailure): a root cause that must be retried
+  // (FailLater) takes its place.
+  bool pending_weak = false;
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;

@@ -143,6 +143,7 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
     job.pending_cause = cause;
     job.pending_worker = worker;
     job.pending_interrupted = false;
+    job.pending_weak = true;
   }
   // Every rank has ended: no root cause can come any more. (Not persisted, the settle deadline
   // stays and Tick retries.)
@@ -151,7 +152,10 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
 
 void JobLifecycle::FailLater(Job& job, const std::string& kind, const std::string& cause,
                              const std::string& worker, bool interrupted) {
-  if (job.settle_deadline > 0) return;  // a failure is pending already: Tick ends it
+  // A failure pending already: Tick ends it; unless it is only a victim's, which this root cause
+  // (a worker leaving, an agent restarting, whose failure the store could not take now) replaces.
+  if (job.settle_deadline > 0 && !job.pending_weak) return;
+  job.pending_weak = false;
   job.settle_deadline = clock_.MonotonicSeconds();
   job.pending_kind = kind;
   job.pending_cause = cause;

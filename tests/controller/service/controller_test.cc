@@ -1849,6 +1849,31 @@ TEST_F(ControllerTest, TheRestartCountStaysWhenARecoveringJobEnds) {
 // lost at once, nothing is placed on it, and the attempt it held a rank of is interrupted, which
 // spends no restart. Before, the attempt failed, the next one was placed on the departing worker
 // and failed again: one agent stop cost two restarts.
+// A victim's error exit waits in the settle window for a root cause. A root cause that the store
+// cannot take at once (the leaving agent's interruption, retried by Tick) replaces it: the attempt
+// is interrupted, spending no restart, not failed as the victim's exit.
+TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
+  StartRunning();
+  Register(2);
+  clock_.Advance(5);  // (a settle deadline of 0 means none: the fake clock starts at 0)
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1", 1);
+  FailJobWrites(true);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/1");
+  h.set_session_id(sessions_[1]);
+  h.set_leaving(true);
+  c_->Heartbeat(h);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  FailJobWrites(false);
+  c_->Tick();  // (an interruption has no backoff: the next attempt may be placed at once)
+  auto d = Job();
+  EXPECT_EQ(d.summary().restarts(), 0u);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "interrupted");
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost"), std::string::npos)
+      << d.attempts(0).cause();
+}
+
 TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMoreWork) {
   StartRunning();
   Register(2);
