@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -126,6 +127,12 @@ struct Job {
   // reaches the end (a rank seen running may have exited since). See AllRunning (recovery.cc).
   uint32_t running_prefix_attempt = 0;
   uint32_t running_prefix = 0;
+  // NoteRankTimes asks "has every rank of the attempt this start-up point?" once per record, for
+  // four points (rendezvous, setup, checkpoint load, first step): the same way, ranks below
+  // times_prefix[point] (of attempt times_prefix_attempt) had it at the last look (a rank's time,
+  // once set, stays), so the scan resumes there (recovery_timing.cc).
+  uint32_t times_prefix_attempt = 0;
+  std::array<uint32_t, 4> times_prefix = {};
   // The ranks of an attempt (1-based): its layout's world, which recovery.shrink may make smaller
   // than the job's; 0 for an attempt it does not have.
   uint32_t AttemptWorld(uint32_t attempt) const {

@@ -1391,6 +1391,49 @@ TEST_F(ControllerTest, LateTelemetryOfAnOldAttemptIsWritten) {
   EXPECT_GT(d.attempts(0).ranks(1).first_step_unix(), 0);
 }
 
+// An attempt's start-up points are the latest of its ranks' once every rank has them, whatever
+// order the ranks report in (the scans resume where the last one stopped: Job::times_prefix).
+TEST_F(ControllerTest, AnAttemptsStartUpPointsAreItsRanksLatest) {
+  StartRunning();
+  auto push = [&](int rank, uint64_t seq, double rendezvous, bool step) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/" + std::to_string(rank));
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(seq);
+    r.set_unix_time(clock_.UnixSeconds());
+    if (rendezvous > 0) {
+      r.mutable_startup()->set_rendezvous_unix(rendezvous);
+      r.mutable_startup()->set_setup_unix(rendezvous + 1);
+      r.mutable_startup()->set_checkpoint_load_unix(rendezvous + 2);
+    }
+    if (step) {
+      r.set_step(1);
+      r.mutable_train()->set_tokens(100);
+      r.mutable_train()->set_step_seconds(0.5);
+    }
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  push(1, 1, 50, false);  // rank 1 first: rank 0 still has none
+  EXPECT_EQ(Job().attempts(0).rendezvous_unix(), 0);
+  push(0, 1, 40, false);
+  v1::JobDetail d = Job();
+  EXPECT_EQ(d.attempts(0).rendezvous_unix(), 50);
+  EXPECT_EQ(d.attempts(0).setup_unix(), 51);
+  EXPECT_EQ(d.attempts(0).checkpoint_load_unix(), 52);
+  EXPECT_EQ(d.attempts(0).first_step_unix(), 0);
+  push(0, 2, 60, false);  // a later start-up record of rank 0 moves the latest
+  EXPECT_EQ(Job().attempts(0).rendezvous_unix(), 60);
+  push(1, 2, 0, true);
+  EXPECT_EQ(Job().attempts(0).first_step_unix(), 0);
+  clock_.Advance(2);
+  push(0, 3, 0, true);
+  d = Job();
+  EXPECT_EQ(d.attempts(0).first_step_unix(), clock_.UnixSeconds());
+}
+
 // One worker cannot speak for another's ranks: a report on a rank placed elsewhere is refused
 // (InvalidArgument: the agent drops it) and changes nothing; telemetry records and log lines of
 // such ranks are not taken. (auth_processor.h holds a worker to its host's certificate.)
