@@ -19,8 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// True when `pid` is a furnace-worker for `slot` (guards against pid reuse after a reboot).
-bool IsOurWorker(pid_t pid, uint32_t slot) {
+// True when `pid` is a furnace-worker for `slot` (guards against pid reuse after a reboot), and,
+// when `state_dir` is given, one whose work directory lies in it (a worker of this controller's,
+// not of another one's on the same host with the same slot).
+bool IsOurWorker(pid_t pid, uint32_t slot, const std::string& state_dir = "") {
   if (pid <= 0 || kill(pid, 0) != 0) return false;
   std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
   std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -28,7 +30,9 @@ bool IsOurWorker(pid_t pid, uint32_t slot) {
     if (c == '\0') c = ' ';
   }
   return cmdline.find("furnace-worker") != std::string::npos &&
-         cmdline.find(absl::StrCat("--slot ", slot, " ")) != std::string::npos;
+         cmdline.find(absl::StrCat("--slot ", slot, " ")) != std::string::npos &&
+         (state_dir.empty() ||
+          cmdline.find(absl::StrCat("--work-dir ", state_dir, "/workers/")) != std::string::npos);
 }
 
 }  // namespace
@@ -55,7 +59,7 @@ void LocalLauncher::Start() {
       slots_[slot].pid = pid;
       slots_[slot].adopted = true;
       spdlog::info("local worker slot {}: adopted running pid {}", slot, pid);
-    } else {
+    } else if (IsOurWorker(pid, slot, options_.state_dir)) {
       // Started by an earlier run with more --local-workers: this run neither watches nor stops
       // it, so it goes now (SIGTERM: its agent says it is leaving and stops its ranks).
       spdlog::info("local worker slot {} (pid {}): beyond --local-workers {}, stopping it", slot,

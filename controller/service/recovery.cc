@@ -175,7 +175,9 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
     // A rank failed: the cause the settle window holds or, when it is gone (a controller
     // restart), the first failed rank's.
     std::string kind = job.pending_kind, cause = job.pending_cause, worker = job.pending_worker;
+    bool interrupted = job.pending_interrupted;
     if (job.settle_deadline == 0 || cause.empty()) {
+      interrupted = false;
       kind = "exit";
       cause = "a rank failed";
       worker.clear();
@@ -186,7 +188,9 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
         worker = first_failed->worker_id();
       }
     }
-    if (!FailAttempt(job, kind.empty() ? "exit" : kind, cause, worker)) {
+    // A pending interruption (a leaving agent's, retried: FailLater) stays one.
+    if (!FailAttempt(job, kind.empty() ? "exit" : kind, cause, worker,
+                     interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
       return absl::UnavailableError("controller could not record the failure; retry");
     }
     return absl::OkStatus();
@@ -693,12 +697,11 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
     return absl::OkStatus();
   }
-  // A success that leaves other ranks running only records the rank's end: written behind, as a
-  // start is (after a crash the agent sends the report again when the controller still lists
-  // the rank). A likely victim's error exit (its peer died and the collective failed; or its own
-  // watchdog found it hung inside a collective) is written now: the failure it hints at is
-  // decided after the settle window, in memory, and its exit kind in the store decides it after
-  // a controller restart. Everything else on the running attempt is written now too.
+  // Every exit of the running attempt is written now, success included: the worker is freed at
+  // once below and may take another job's rank, after which a crash that lost the exit would
+  // leave the rank running in the store with no agent to report it (the worker's view lists only
+  // the rank it holds). A likely victim's error exit (its peer died and the collective failed; or
+  // its own watchdog found it hung inside a collective) only starts the settle window.
   const bool likely_victim =
       (report.exit_kind() == v1::EXIT_KIND_CODE &&
        report.exit_code() != v1::RANK_EXIT_HEALTH_CHECK &&
@@ -706,15 +709,11 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
        report.exit_code() != v1::RANK_EXIT_UNKNOWN_KIND &&
        report.exit_code() != v1::RANK_EXIT_BAD_INPUT) ||
       (report.exit_kind() == v1::EXIT_KIND_HANG && report.hang_in_collective());
-  const bool others_running = std::any_of(
-      attempt.ranks().begin(), attempt.ranks().end(),
-      [&](const v1::RankInfo& r) { return &r != &rank && r.state() != v1::RANK_STATE_EXITED; });
-  const bool written_behind = report.exit_kind() == v1::EXIT_KIND_SUCCESS && others_running;
   // On a store error, undo and fail the RPC: the agent re-sends the report. Only a report of the
-  // running attempt written now can fail (a copy of the job is O(ranks): not taken for the
-  // thousands of stop reports after a cancel, nor for each rank of a job that ends).
+  // running attempt can fail (a copy of the job is O(ranks): not taken for the thousands of stop
+  // reports after a cancel).
   std::optional<Job> backup;
-  if (current && !written_behind) backup.emplace(job);
+  if (current) backup.emplace(job);
   auto undo = [&](absl::Status s) {
     if (backup) job = std::move(*backup);
     return s;
@@ -732,12 +731,12 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   if (!current) {
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
-    if (!others_running) {
+    if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
       // Succeeded only if no rank failed: one that exited with an error code inside the settle
       // window ends the attempt as failed now.
       s = EndAttempt(job);
     } else {
-      PersistLater({job.summary.job_id()});
+      s = Persist(job);
     }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              report.exit_code() == v1::RANK_EXIT_HEALTH_CHECK) {
