@@ -460,8 +460,19 @@ void Stash::OnReloaded(int64_t id, const absl::Status& status) {
   e.info.state = StashState::kKept;
 }
 
+template <typename Restore>
+absl::Status Stash::RetriedAfterCopies(const Restore& restore) {
+  const absl::Status first = restore();
+  if (!absl::IsResourceExhausted(first)) return first;
+  // Offloads still copying hold their device bytes until they land: whether a reload or a decode
+  // fits must not depend on how fast the copy thread is (module.cc's Allocate waits the same way).
+  // What the first try started is not started again.
+  WaitForCopies();
+  return restore();
+}
+
 absl::Status Stash::Prefetch(const std::vector<StashHandle>& handles) {
-  auto start = [&]() -> absl::Status {
+  return RetriedAfterCopies([&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
     for (StashHandle h : handles) {
       if (!h.valid()) continue;
@@ -473,14 +484,7 @@ absl::Status Stash::Prefetch(const std::vector<StashHandle>& handles) {
       if (!started.ok()) return started.status();
     }
     return absl::OkStatus();
-  };
-  const absl::Status first = start();
-  if (!absl::IsResourceExhausted(first)) return first;
-  // Offloads still copying hold their device bytes until they land: whether a reload fits must
-  // not depend on how fast the copy thread is (module.cc's Allocate waits the same way). Reloads
-  // already started are not started again.
-  WaitForCopies();
-  return start();
+  });
 }
 
 absl::Status Stash::Compress(StashHandle handle, memory::Codec codec) {
@@ -539,42 +543,25 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   memory::CopyTicket ticket;
   memory::CopyEngine* engine = nullptr;
   device::Stream* consumer = nullptr;  // set: order the reload before this stream's work
-  // The arena's refusal is retried once, after the copies in flight (Prefetch says why).
-  for (bool retried = false;; retried = true) {
-    absl::Status refused;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = entries_.find(handle.id);
-      if (it == entries_.end()) {
-        return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
-      }
-      Entry& e = it->second;
-      if (e.info.state == StashState::kCompressed) {
-        refused = DecodeLocked(e);
-      } else if (e.info.state == StashState::kOffloaded) {
-        // Wanted back before its offload landed: the device bytes stay, and waiting for that
-        // copy is not a reload, so it can never be a late one.
-        const bool reload = e.landed;
-        if (!reload) needed_at = std::numeric_limits<double>::infinity();
-        absl::StatusOr<memory::CopyTicket> started = StartReloadLocked(e);
-        if (started.ok()) {
-          ticket = *started;
-          engine = engine_;
-          if (reload && ticket.valid() && !HostIsComputeLocked()) {
-            consumer = ComputeStreamLocked();
-          }
-        } else {
-          refused = started.status();
-        }
-      }
-      if (!refused.ok() && (retried || !absl::IsResourceExhausted(refused))) return refused;
-      if (refused.ok()) {
-        if (!ticket.valid()) return absl::OkStatus();
-        break;
-      }
+  RETURN_IF_ERROR(RetriedAfterCopies([&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(handle.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("stash: no live entry ", handle.id));
     }
-    WaitForCopies();
-  }
+    Entry& e = it->second;
+    if (e.info.state == StashState::kCompressed) return DecodeLocked(e);
+    if (e.info.state != StashState::kOffloaded) return absl::OkStatus();
+    // Wanted back before its offload landed: the device bytes stay, and waiting for that copy
+    // is not a reload, so it can never be a late one.
+    const bool reload = e.landed;
+    if (!reload) needed_at = std::numeric_limits<double>::infinity();
+    ASSIGN_OR_RETURN(ticket, StartReloadLocked(e));
+    engine = engine_;
+    if (reload && ticket.valid() && !HostIsComputeLocked()) consumer = ComputeStreamLocked();
+    return absl::OkStatus();
+  }));
+  if (!ticket.valid()) return absl::OkStatus();
   bool late = false;
   if (consumer != nullptr) {
     // A discrete device: the compute stream waits for the reload's event; the host does not.

@@ -265,6 +265,10 @@ class Stash {
   // Starts the restore of an offloaded entry (lock held); the ticket to wait for, if any.
   absl::StatusOr<memory::CopyTicket> StartReloadLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DecodeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `restore()` (which takes mu_ itself), and once more after the copies in flight when the arena
+  // refused it (ResourceExhausted): Prefetch and RestoreOne.
+  template <typename Restore>
+  absl::Status RetriedAfterCopies(const Restore& restore) ABSL_LOCKS_EXCLUDED(mu_);
   // The live entry `handle` names if `action` ("offload", "compress") may move it: kept and not
   // acquired by a backward. NotFound or FailedPrecondition naming it otherwise.
   absl::StatusOr<Entry*> MovableEntryLocked(StashHandle handle, const char* action)

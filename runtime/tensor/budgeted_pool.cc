@@ -56,8 +56,7 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
         void* data = kept->second.back();
         kept->second.pop_back();
         kept_bytes_ -= block;
-        peak_ = std::max(peak_, current_);
-        peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
+        NotePeaksLocked();
         return Buffer(this, data, bytes, std::move(tag));
       }
       // A new block: kept ones of other classes go first, as far as the pinned total would pass
@@ -87,9 +86,13 @@ absl::StatusOr<Buffer> BudgetedPool::Allocate(uint64_t bytes, std::string tag) {
                         absl::StrCat(name(), ": allocating ", bytes, " bytes for '", tag,
                                      "': ", data.status().message()));
   }
-  peak_ = std::max(peak_, current_);
-  if (host) peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);
+  NotePeaksLocked();
   return Buffer(this, *data, bytes, std::move(tag));
+}
+
+void BudgetedPool::NotePeaksLocked() {
+  peak_ = std::max(peak_, current_);
+  peak_blocks_ = std::max(peak_blocks_, blocks_in_use_);  // 0 for device memory
 }
 
 void BudgetedPool::Return(void* data, uint64_t bytes) {

@@ -67,6 +67,8 @@ class BudgetedPool : public BufferOwner {
   // Takes kept blocks, largest first, until the pinned total (in use and kept) is within `cap`
   // (0: every kept block); the caller gives them back outside the lock.
   std::vector<void*> TakeKeptLocked(uint64_t cap) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Raises the peaks to the levels now: an allocation that has its memory.
+  void NotePeaksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const char* name() const { return memory_ == Memory::kDevice ? "device arena" : "host pool"; }
 
   device::Device& device_;
