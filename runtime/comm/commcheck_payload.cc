@@ -24,13 +24,16 @@ void Record(VerifyResult& result, absl::string_view collective, uint64_t positio
   }
 }
 
-float AllreduceTerm(uint64_t i, uint32_t iter) { return static_cast<float>((i + iter) % 251 + 1); }
+// The allreduce element of `rank` at index i: a rank factor times an index factor (header).
+int AllreduceRankFactor(int rank) { return rank % 4 + 1; }
+int AllreduceIndexFactor(uint64_t i, uint32_t iter) { return static_cast<int>((i + iter) % 3) + 1; }
 
 }  // namespace
 
 int32_t EncodeElement(int src_rank, uint64_t index, uint32_t iter) {
+  const uint64_t shifted = index + 4099 * (static_cast<uint64_t>(src_rank) >> 8);
   const uint32_t word = (static_cast<uint32_t>(src_rank) & 0xFFu) << 24 | (iter & 0xFu) << 20 |
-                        (static_cast<uint32_t>(index) & kIndexMask);
+                        (static_cast<uint32_t>(shifted) & kIndexMask);
   return static_cast<int32_t>(word);
 }
 
@@ -41,15 +44,16 @@ std::string DescribeElement(int32_t word) {
 
 void FillAllreduce(int rank, uint32_t iter, std::span<float> buffer) {
   for (uint64_t i = 0; i < buffer.size(); ++i) {
-    buffer[i] = static_cast<float>(rank + 1) * AllreduceTerm(i, iter);
+    buffer[i] = static_cast<float>(AllreduceRankFactor(rank) * AllreduceIndexFactor(i, iter));
   }
 }
 
 VerifyResult VerifyAllreduce(int world_size, uint32_t iter, std::span<const float> buffer) {
   VerifyResult result;
-  const float rank_sum = static_cast<float>(world_size) * static_cast<float>(world_size + 1) / 2;
+  int64_t rank_sum = 0;
+  for (int r = 0; r < world_size; ++r) rank_sum += AllreduceRankFactor(r);
   for (uint64_t i = 0; i < buffer.size(); ++i) {
-    const float want = rank_sum * AllreduceTerm(i, iter);
+    const float want = static_cast<float>(rank_sum * AllreduceIndexFactor(i, iter));
     if (buffer[i] != want && result.errors++ == 0) {
       result.first_error =
           absl::StrFormat("allreduce element %d: got %g, want %g", i, buffer[i], want);

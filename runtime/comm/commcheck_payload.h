@@ -4,13 +4,17 @@
 // Integer payloads (allgather, alltoallv, broadcast) encode who sent an element, where it sat in
 // the sender's buffer and which call produced it, so a misrouted, misplaced or stale element shows
 // up by value (the NCCL/DeepEP test idea). One int32 holds
-//   bits 31..24: sender rank mod 256 | bits 23..20: iteration mod 16 | bits 19..0: index mod 2^20.
+//   bits 31..24: sender rank mod 256 | bits 23..20: iteration mod 16 |
+//   bits 19..0: (index + 4099 * (sender rank / 256)) mod 2^20,
+// so in worlds over 256 ranks an element of rank r + 256 in rank r's place shows up too.
 // Checks compare whole words against the expected word, and the receiver refills its output with
 // kPoison before every call, so a word the collective never wrote is caught too.
 //
-// Float payloads (allreduce) are (rank+1) * ((i + iter) % 251 + 1): small integers whose sums
-// are exact in float32 for any realistic world size, so the check is exact equality.
-//
+// Float payloads (allreduce) are (rank % 4 + 1) * ((i + iter) % 3 + 1): every partial sum, in
+// whatever order the collective adds, is an integer of at most 12 * world_size, exact in float32
+// up to a million ranks, so the check is exact equality. A missing or doubled contribution changes
+// the sum, and so does a stale iteration (the second factor).
+
 // All functions are pure and thread-safe.
 #pragma once
 
@@ -31,7 +35,8 @@ struct VerifyResult {
 inline constexpr int32_t kPoison = static_cast<int32_t>(0xDEADBEEFu);
 
 int32_t EncodeElement(int src_rank, uint64_t index, uint32_t iter);
-// "src 3 iter 1 index 17" for a word (the low bits only, as encoded).
+// "src 3 iter 1 index 17" for a word (the low bits only, as encoded: the rank mod 256, and for
+// ranks from 256 the index field holds the shifted index).
 std::string DescribeElement(int32_t word);
 
 // allreduce: in-place on float32.

@@ -37,6 +37,56 @@ TEST(CommcheckPayloadTest, AllreduceOfFilledBuffersVerifiesAndCorruptionIsCaught
   EXPECT_THAT(result.first_error, HasSubstr("element 123"));
 }
 
+// At thousands of ranks every partial sum stays exact in float32, in whichever order a ring or a
+// tree adds the contributions (was: (rank + 1) * term, inexact from about 366 ranks).
+TEST(CommcheckPayloadTest, AllreduceIsExactAtThousandsOfRanksInAnyOrder) {
+  const int world = 5000;
+  const uint32_t iter = 3;
+  std::vector<std::vector<float>> parts(world, std::vector<float>(64));
+  for (int r = 0; r < world; ++r) FillAllreduce(r, iter, parts[r]);
+  std::vector<float> forward(64, 0.0f), backward(64, 0.0f);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < 64; ++i) forward[i] += parts[r][i];
+  }
+  for (int r = world - 1; r >= 0; --r) {
+    for (size_t i = 0; i < 64; ++i) backward[i] += parts[r][i];
+  }
+  // Pairwise (tree) order.
+  std::vector<std::vector<float>> level = parts;
+  while (level.size() > 1) {
+    std::vector<std::vector<float>> next;
+    for (size_t k = 0; k + 1 < level.size(); k += 2) {
+      std::vector<float> s(64);
+      for (size_t i = 0; i < 64; ++i) s[i] = level[k][i] + level[k + 1][i];
+      next.push_back(std::move(s));
+    }
+    if (level.size() % 2 == 1) next.push_back(level.back());
+    level = std::move(next);
+  }
+  EXPECT_EQ(VerifyAllreduce(world, iter, forward).errors, 0u);
+  EXPECT_EQ(VerifyAllreduce(world, iter, backward).errors, 0u);
+  EXPECT_EQ(VerifyAllreduce(world, iter, level[0]).errors, 0u);
+  // One rank missing, or the previous iteration's buffers, is caught at every element.
+  std::vector<float> missing = forward;
+  for (size_t i = 0; i < 64; ++i) missing[i] -= parts[1234][i];
+  EXPECT_EQ(VerifyAllreduce(world, iter, missing).errors, 64u);
+  EXPECT_EQ(VerifyAllreduce(world, iter + 1, forward).errors, 64u);
+}
+
+// Beyond 256 ranks the rank field wraps, but rank r + 256's element still differs from rank r's.
+TEST(CommcheckPayloadTest, AllgatherCatchesAChunkFrom256RanksAway) {
+  const int world = 300;
+  const size_t per_rank = 8;
+  std::vector<int32_t> out(world * per_rank), in(per_rank);
+  for (int r = 0; r < world; ++r) {
+    FillAllgatherInput(r, 0, in);
+    std::copy(in.begin(), in.end(), out.begin() + r * per_rank);
+  }
+  EXPECT_EQ(VerifyAllgather(world, 0, out).errors, 0u);
+  std::copy(out.begin() + 259 * per_rank, out.begin() + 260 * per_rank, out.begin() + 3 * per_rank);
+  EXPECT_EQ(VerifyAllgather(world, 0, out).errors, per_rank);
+}
+
 TEST(CommcheckPayloadTest, AllgatherDetectsMisroutedChunk) {
   const int world = 3;
   const size_t per_rank = 64;
