@@ -172,7 +172,9 @@ class EmulatedTransport final : public Communicator {
     RETURN_IF_ERROR(OnDevice(kOp, "data", data, bytes));
     const void* d = T(data);
     RETURN_IF_ERROR(
-        Enqueue([d, bytes, peer, tag](Communicator& h) { return h.Send(d, bytes, peer, tag); }));
+        Enqueue([d, bytes, peer, tag](Communicator& h) { return h.Send(d, bytes, peer, tag); },
+                SendsDone::kNotHere));
+    sends_outstanding_ = true;
     counters_.Add(CollectiveOp::kSend, bytes, timer.Seconds());
     return absl::OkStatus();
   }
@@ -185,7 +187,8 @@ class EmulatedTransport final : public Communicator {
     RETURN_IF_ERROR(OnDevice(kOp, "data", data, bytes));
     void* d = T(data);
     RETURN_IF_ERROR(
-        Enqueue([d, bytes, peer, tag](Communicator& h) { return h.Recv(d, bytes, peer, tag); }));
+        Enqueue([d, bytes, peer, tag](Communicator& h) { return h.Recv(d, bytes, peer, tag); },
+                SendsDone::kAfter));
     counters_.Add(CollectiveOp::kRecv, bytes, timer.Seconds());
     return absl::OkStatus();
   }
@@ -198,7 +201,8 @@ class EmulatedTransport final : public Communicator {
 
   absl::Status WaitSends() override {
     RETURN_IF_ERROR(Begin());
-    RETURN_IF_ERROR(Enqueue([](Communicator& h) { return h.WaitSends(); }));
+    RETURN_IF_ERROR(Enqueue([](Communicator& h) { return h.WaitSends(); }, SendsDone::kNotHere));
+    sends_outstanding_ = false;
     return WaitForStream("wait_sends");
   }
 
@@ -252,15 +256,27 @@ class EmulatedTransport final : public Communicator {
     return static_cast<P*>(device_.Translate(ptr));
   }
 
+  // Where, in the stream's order, the sends enqueued since the last such point are waited for
+  // (header: NCCL posts its held sends in one group with the next Recv, or alone before any other
+  // operation, and that stream operation ends once they are delivered).
+  enum class SendsDone { kBefore, kAfter, kNotHere };
+
   // Runs `op` on the host communicator when the stream gets there, unless the transport has
-  // failed by then (an aborted or failed NCCL communicator runs nothing either).
-  absl::Status Enqueue(HostOp op) {
+  // failed by then (an aborted or failed NCCL communicator runs nothing either); with the host's
+  // WaitSends before or after it while sends are outstanding.
+  absl::Status Enqueue(HostOp op, SendsDone sends = SendsDone::kBefore) {
     std::shared_ptr<Shared> shared = shared_;
-    absl::Status launched = device_.Launch(stream_, [shared, op = std::move(op)] {
-      if (!shared->Error().ok()) return;
-      absl::Status status = op(*shared->host);
-      if (!status.ok()) shared->Fail(std::move(status)).IgnoreError();
-    });
+    const bool wait_before = sends_outstanding_ && sends == SendsDone::kBefore;
+    const bool wait_after = sends_outstanding_ && sends == SendsDone::kAfter;
+    if (sends != SendsDone::kNotHere) sends_outstanding_ = false;
+    absl::Status launched =
+        device_.Launch(stream_, [shared, op = std::move(op), wait_before, wait_after] {
+          if (!shared->Error().ok()) return;
+          absl::Status status = wait_before ? shared->host->WaitSends() : absl::OkStatus();
+          if (status.ok()) status = op(*shared->host);
+          if (status.ok() && wait_after) status = shared->host->WaitSends();
+          if (!status.ok()) shared->Fail(std::move(status)).IgnoreError();
+        });
     if (!launched.ok()) return shared_->Fail(std::move(launched));
     return absl::OkStatus();
   }
@@ -293,6 +309,8 @@ class EmulatedTransport final : public Communicator {
   device::Stream& stream_;
   const SteadyClock::duration timeout_;
   const double timeout_s_;
+  // Sends enqueued since the last operation that waits for them (the operations' thread only).
+  bool sends_outstanding_ = false;
 };
 
 }  // namespace

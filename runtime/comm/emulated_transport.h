@@ -11,6 +11,11 @@
 // operation is enqueued on the stream and the call returns. The stream runs it when it gets there:
 // the buffers are read and written then, so they must stay valid until then (stream order, as on
 // a GPU). Send copies its payload when the stream runs it (NCCL copies it on the stream too).
+// Sends complete in stream order as NCCL's do (nccl_communicator.h: the held sends are posted in
+// one group with the next Recv, or alone before any other operation, and the stream operation
+// ends once they are delivered): the next Recv runs the host's WaitSends after its receive, any
+// other operation (PostSends included) before its own, so the host transport holds no send beyond
+// that point (Gloo keeps a copy of each payload until it is waited for).
 // Barrier and WaitSends are the host-side sync points: they return once the stream has run them,
 // or fail with DeadlineExceeded after timeout_s (a stream held by PauseStream, or a producer it
 // waits for, never gets there).

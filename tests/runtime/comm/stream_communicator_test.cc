@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -382,6 +383,80 @@ TEST(StreamCommunicatorOrderingTest, AFailureAfterTheEnqueueStillJoinsTheCaller)
   ASSERT_TRUE(me->dev->SynchronizeStream(*me->compute).ok());
   EXPECT_NE(seen, std::vector<int32_t>(kWords, 12345));
   for (int32_t* p : {d_in, d_out}) me->dev->Free(p);
+}
+
+// The host calls the emulated transport makes, in the stream's order.
+class RecordsHostCalls final : public testing::ForwardingCommunicator {
+ public:
+  RecordsHostCalls(std::unique_ptr<Communicator> inner, std::vector<std::string>* log,
+                   std::mutex* mu)
+      : ForwardingCommunicator(std::move(inner)), log_(log), mu_(mu) {}
+  absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
+    Note("send");
+    return ForwardingCommunicator::Send(data, bytes, peer, tag);
+  }
+  absl::Status Recv(void* data, int64_t bytes, int peer, uint32_t tag) override {
+    Note("recv");
+    return ForwardingCommunicator::Recv(data, bytes, peer, tag);
+  }
+  absl::Status AllReduce(float* data, int64_t count) override {
+    Note("all_reduce");
+    return ForwardingCommunicator::AllReduce(data, count);
+  }
+  absl::Status PostSends() override {
+    Note("post_sends");
+    return ForwardingCommunicator::PostSends();
+  }
+  absl::Status WaitSends() override {
+    Note("wait_sends");
+    return ForwardingCommunicator::WaitSends();
+  }
+
+ private:
+  void Note(const char* call) {
+    std::lock_guard<std::mutex> lock(*mu_);
+    log_->push_back(call);
+  }
+  std::vector<std::string>* log_;
+  std::mutex* mu_;
+};
+
+// Sends complete in stream order, as NCCL's (posted with the next Recv, or alone before any other
+// operation): the transport waits for the host's sends right after the next Recv, or before the
+// next other operation, so the host transport (Gloo keeps each payload until it is waited for)
+// holds none beyond that point. Before, a fused exchange on streams, which never calls WaitSends,
+// left every send's copy with Gloo for the rest of the run.
+TEST(StreamCommunicatorOrderingTest, TheTransportWaitsForItsSendsWhereNcclsWouldComplete) {
+  auto me = MakeRank();
+  auto stream = me->dev->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  std::vector<std::string> log;
+  std::mutex mu;
+  auto transport = CreateEmulatedTransport(
+      std::make_unique<RecordsHostCalls>(LocalGroup(1, {.name = "solo[0]"}).Member(0), &log, &mu),
+      *me->dev, **stream, {.timeout_s = 30});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  Communicator& t = **transport;
+  int32_t* a = me->Upload(Pattern(1));
+  int32_t* b = me->Upload(Pattern(2));
+  float* f = me->Alloc<float>(kWords);
+  ASSERT_TRUE(t.Send(a, kWords * 4, 0, 2).ok());
+  ASSERT_TRUE(t.Recv(b, kWords * 4, 0, 2).ok());
+  ASSERT_TRUE(t.Send(a, kWords * 4, 0, 3).ok());
+  ASSERT_TRUE(t.AllReduce(f, kWords).ok());
+  ASSERT_TRUE(t.Recv(b, kWords * 4, 0, 3).ok());  // no send since the all-reduce: nothing to wait
+  ASSERT_TRUE(t.Send(a, kWords * 4, 0, 4).ok());
+  ASSERT_TRUE(t.PostSends().ok());
+  ASSERT_TRUE(t.Recv(b, kWords * 4, 0, 4).ok());
+  ASSERT_TRUE(t.WaitSends().ok());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(log, (std::vector<std::string>{"send", "recv", "wait_sends", "send", "wait_sends",
+                                           "all_reduce", "recv", "send", "wait_sends", "post_sends",
+                                           "recv", "wait_sends"}));
+  EXPECT_EQ(me->Get(b, kWords), Pattern(1));
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(f)}) {
+    me->dev->Free(p);
+  }
 }
 
 // PostSends (where NCCL enqueues the sends it held) is followed by the watchdog between two marks:
