@@ -547,6 +547,13 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     return Fail(progress, 0, kRankExitBadInput,
                 absl::StrCat("train: ", trainer.status().message()));
   }
+  if (parallel) {
+    watchdog.EnterStartup("data check");
+    if (absl::Status same = (*trainer)->CheckSameData(); !same.ok()) {
+      return Fail(progress, 0, absl::IsInvalidArgument(same) ? kRankExitBadInput : kRankExitError,
+                  std::string(same.message()));
+    }
+  }
   startup.set_setup_unix(RealClock().UnixSeconds());
   if (!spec.checkpoint().dir().empty()) {
     // The largest rank's shard (parameters and both Adam moments), written at every checkpoint

@@ -197,6 +197,12 @@ class Trainer {
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).
   absl::Status SaveCheckpoint();
+  // With a parallel layout, that every rank opened the same data: each rank's data order (the
+  // source, its content fingerprints, seq_len, seed, global batch and split; the held-out data's
+  // too) equals rank 0's. InvalidArgument on every rank, naming the ranks that differ (a host
+  // with another copy of the files at the same path), before the first step; OK without a
+  // layout. A collective over the world: every rank calls it once, before training.
+  absl::Status CheckSameData();
   // Restores params, Adam moments and the step from the newest usable checkpoint in
   // checkpoint.dir, whatever parallel layout wrote it (runtime/checkpoint/reshard.h: each rank
   // gathers its part by name and global offsets). NotFound when there is none (a fresh start).

@@ -447,6 +447,26 @@ absl::StatusOr<TensorShapes> Trainer::WholeModelShapes() const {
   return model;
 }
 
+absl::Status Trainer::CheckSameData() {
+  if (parallel_ == nullptr) return absl::OkStatus();
+  comm::Communicator* world = parallel_->world_group;
+  if (world == nullptr || world->size() == 1) return absl::OkStatus();
+  const std::string mine =
+      absl::StrCat("training: ", data_->PositionAt(0).order,
+                   "; held-out: ", held_out_ == nullptr ? "none" : held_out_->PositionAt(0).order);
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(world, mine));
+  std::vector<int> other;
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] != all[0]) other.push_back(static_cast<int>(r));
+  }
+  if (other.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data: rank(s) ", absl::StrJoin(other, ", "),
+      " opened other data than rank 0 (each host must hold the same files under its data root: "
+      "a stale or re-prepared copy trains other sequences); rank 0: ",
+      all[0], "; rank ", other[0], ": ", all[other[0]]));
+}
+
 absl::Status Trainer::CheckSharedCheckpointDir() {
   comm::Communicator* world = parallel_->world_group;
   if (world == nullptr || world->size() == 1) return absl::OkStatus();

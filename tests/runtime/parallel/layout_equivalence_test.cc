@@ -248,6 +248,34 @@ TEST(DivergenceLayoutTest, EveryRankRefusesTheSameNonFiniteStep) {
   }
 }
 
+// A rank whose host holds other data at the same path (here: another Markov chain) trains other
+// sequences silently unless the ranks compare what they opened: every rank refuses before the
+// first step (Trainer::CheckSameData), as InvalidArgument naming the rank.
+TEST(DataCheckLayoutTest, EveryRankRefusesWhenOneOpenedOtherData) {
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 0.0);
+  c.sizes.dp = 2;
+  c.sizes.ep = 2;
+  c.steps = 2;
+  c.other_data_rank = 1;
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-other-data-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const absl::StatusOr<RunResult> run = RunLayout(c, dir);
+  ASSERT_FALSE(run.ok());
+  const std::string why(run.status().message());
+  for (int rank = 0; rank < c.sizes.world(); ++rank) {
+    EXPECT_NE(why.find(absl::StrCat("rank ", rank, " exited with ", kRankInvalidArgument)),
+              std::string::npos)
+        << why;
+  }
+  c.other_data_rank = -1;  // the same data: the check passes (a fresh rendezvous directory)
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const absl::StatusOr<RunResult> same = RunLayout(c, dir);
+  EXPECT_TRUE(same.ok()) << same.status();
+}
+
 // Parm's schedules (runtime/moe/schedule.h) on the layouts with tensor parallelism: s1 gates
 // each peer's slice of the tokens (the group's capacity and aux loss through the gathered
 // statistics), s2 splits the routed rows and fuses the exchanges; both must train to the

@@ -102,12 +102,13 @@ absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::Gp
   return model.SetOffload(c.offload_ratio, m.engine.get(), m.host.get());
 }
 
-// The training data, or (held_out) the held-out stream: the same chain, another seed.
-absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c,
+// The training data, or (held_out) the held-out stream: the same chain, another seed. Rank
+// c.other_data_rank's chain is another one.
+absl::StatusOr<std::unique_ptr<data::Sampler>> MakeSampler(const LayoutCase& c, int rank,
                                                            bool held_out = false) {
   data::MarkovConfig mc;
   mc.vocab = c.model.vocab;
-  mc.seed = c.seed + 1;
+  mc.seed = c.seed + 1 + (rank >= 0 && rank == c.other_data_rank ? 100 : 0);
   ASSIGN_OR_RETURN(data::MarkovChain chain, data::MarkovChain::Create(mc));
   data::SamplerConfig sc;
   sc.batch = c.micro_batch;
@@ -130,13 +131,15 @@ train::TrainConfig TrainConfigOf(const LayoutCase& c, int micro_batches) {
   return tc;
 }
 
+// rank: the world rank (-1: the single process).
 absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int micro_batches,
-                              const train::ParallelRuntime* parallel) {
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> sampler, MakeSampler(c));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> held_out, MakeSampler(c, true));
+                              const train::ParallelRuntime* parallel, int rank) {
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> sampler, MakeSampler(c, rank));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Sampler> held_out, MakeSampler(c, rank, true));
   ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer,
                    train::Trainer::Create(&model, sampler.get(), TrainConfigOf(c, micro_batches),
                                           nullptr, parallel, held_out.get()));
+  RETURN_IF_ERROR(trainer->CheckSameData());  // as a worker's rank does before training
   Trained t;
   if (c.eval_every > 0) {  // the initial parameters, the same on every layout
     ASSIGN_OR_RETURN(const train::EvalResult e, trainer->Evaluate());
@@ -295,13 +298,14 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
         return absl::InvalidArgumentError("no routing bound (tp > 1: not computed)");
       arena.set_budget(static_cast<uint64_t>(*bound));
     }
-    ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime));
+    ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches, &layout->runtime, rank));
     return WriteRank(RankFile(dir, rank), t, *model);
   };
   const absl::Status s = run();
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
-    return absl::IsAborted(s) ? kRankAborted : 1;
+    if (absl::IsAborted(s)) return kRankAborted;
+    return absl::IsInvalidArgument(s) ? kRankInvalidArgument : 1;
   }
   return 0;
 }
@@ -460,7 +464,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
                    model::GptMoe::Create(c.model, c.seed, cpu, arena));
   RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
   RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
-  ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr));
+  ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr, -1));
   RunResult r;
   r.stash_actions.push_back(t.stash);
   r.loss = t.loss;

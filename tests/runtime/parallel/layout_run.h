@@ -57,6 +57,9 @@ struct LayoutCase {
   // comm::CreateEmulatedStreamCommunicator), the way a CUDA rank runs NCCL, instead of Gloo staged
   // through the host (comm::ForDevice).
   bool stream_comms = false;
+  // This rank's training and held-out data come from another Markov chain (-1: none): every rank
+  // must then refuse before training (Trainer::CheckSameData).
+  int other_data_rank = -1;
 };
 
 struct RunResult {
@@ -84,9 +87,11 @@ struct RunResult {
 // every layout), d_model 16, 4 experts of 16 hidden; top-k normalized when k > 1.
 model::ModelConfig TinyLayoutModel(int top_k, double capacity_factor);
 
-// A rank whose training ended Aborted (a step refused as not finite) exits with this code; any
-// other failure with 1. A failed run is an error naming each rank's exit.
+// A rank whose training ended Aborted (a step refused as not finite) exits with kRankAborted, one
+// refused as InvalidArgument with kRankInvalidArgument, any other failure with 1. A failed run is
+// an error naming each rank's exit.
 inline constexpr int kRankAborted = 3;
+inline constexpr int kRankInvalidArgument = 4;
 absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c);
 
