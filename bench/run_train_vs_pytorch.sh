@@ -10,8 +10,11 @@
 #
 # Usage: bench/run_train_vs_pytorch.sh [--pairs 3] [--threads "1 2"] [--configs "demo bench"]
 #                                      [--steps 10] [--warmup 3]
-#                                      [--bin DIR (default build-bench/bench, else build/bin)]
-# Configs: demo  = configs/demo.yaml's model (V=64 T=64 d=64 h=4 L=4 E=8 k=2 f=128, b=8 m=2)
+#                                      [--bin DIR (default: the first of build/bin, build-bench/bin,
+#                                       build-bench/bench that holds furnace_bench_train)]
+# Needs torch for /usr/bin/python3 (Debian: sudo apt-get install -y python3-torch); checked first.
+# Configs: demo  = configs/demo.yaml's model dims (V=64 T=64 d=64 h=4 L=4 E=8 k=2 f=128), b=8 m=2
+#                  on one rank (configs/demo.yaml itself now runs b=4 m=2 on 4 ranks)
 #          bench = BENCHMARKING.md's (V=256 T=128 d=256 h=4 L=4 E=8 k=2 f=512, b=8 m=1)
 # PyTorch has no micro-batches: it gets batch = b*m (the same tokens per optimizer step, in one
 # larger batch, which if anything favours it).
@@ -26,14 +29,13 @@ STEPS=10
 WARMUP=3
 BIN=""
 bench_parse_flags "pairs=PAIRS threads=THREADS configs=CONFIGS steps=STEPS warmup=WARMUP bin=BIN" "$@"
-if [[ -z "$BIN" ]]; then  # the scratch wrapper build, else the in-tree build (bin/ at the top)
-  for b in "$ROOT/build-bench/bench" "$ROOT/build/bin"; do
-    [[ -x "$b/furnace_bench_train" ]] && { BIN="$b"; break; }
-  done
-fi
+BIN_FLAG=""  # the report's command line repeats --bin when one was given
+[[ -n "$BIN" ]] && BIN_FLAG=" --bin $BIN"
+[[ -n "$BIN" ]] || BIN="$(bench_default_bin furnace_bench_train)"
 OURS="$BIN/furnace_bench_train"
 PEER="$ROOT/bench/pytorch/moe_train_bench.py"
-bench_require_exe "$OURS" "build furnace_bench_train first"
+bench_require_exe "$OURS" "build it: cmake --build build --target furnace_bench_train"
+bench_require_torch /usr/bin/python3
 
 # name -> "our flags|pytorch --config"
 declare -A CFG
@@ -113,7 +115,7 @@ EOF
   bench_report_provenance ""
   echo "- torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   echo "- settings: OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=<threads>, GOMP_SPINCOUNT=1000, both sides; $WARMUP warm-up + $STEPS timed steps per run; $PAIRS A B pairs (ours first)"
-  echo "- command: \`bench/run_train_vs_pytorch.sh --pairs $PAIRS --threads \"$THREADS\" --configs \"$CONFIGS\" --steps $STEPS --warmup $WARMUP\`"
+  echo "- command: \`bench/run_train_vs_pytorch.sh --pairs $PAIRS --threads \"$THREADS\" --configs \"$CONFIGS\" --steps $STEPS --warmup $WARMUP$BIN_FLAG\`"
   echo "- raw JSON: bench/results/raw/$STAMP/"
 } > "$OUTMD"
 bench_finish_report "$TABLE" "Exact per-run commands:"

@@ -5,15 +5,21 @@
 # all-reduces are in the count too). Short runs (1 warm-up + 2 steps, B=2): this checks bytes, not
 # speed. Exits 3 on the first mismatch, after printing bench_distributed's report of it.
 #
-# Usage: bench/distributed/run_bytes_check.sh [--bin build-bench/bin]
+# Usage: bench/distributed/run_bytes_check.sh [--bin DIR]
+# --bin defaults to the first of build/bin, build-bench/bin, build-bench/bench that holds
+# bench_distributed.
 # Writes bench/results/<date>-distributed-bytes-check.md (commit, exact commands, one row per run).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="$ROOT/build-bench/bin"
-[[ "${1:-}" == "--bin" ]] && BIN="$2"
+# shellcheck source-path=SCRIPTDIR source=../lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"  # sets ROOT
+BIN=""
+bench_parse_flags "bin=BIN" "$@"
+BIN_FLAG=""  # the report's command line repeats --bin when one was given
+[[ -n "$BIN" ]] && BIN_FLAG=" --bin $BIN"
+[[ -n "$BIN" ]] || BIN="$(bench_default_bin bench_distributed)"
 EXE="$BIN/bench_distributed"
-[[ -x "$EXE" ]] || { echo "missing $EXE (ninja -C build-bench bench_distributed)" >&2; exit 1; }
+bench_require_exe "$EXE" "build it: cmake --build build --target bench_distributed"
 DATE="$(date +%F)"
 OUTMD="$ROOT/bench/results/$DATE-distributed-bytes-check.md"
 [[ -e "$OUTMD" ]] && OUTMD="$ROOT/bench/results/$DATE-$(date +%H%M%S)-distributed-bytes-check.md"
@@ -61,7 +67,7 @@ done
   echo "- commit: \`$COMMIT\` ($DIRTY uncommitted paths in the tree at run time)"
   echo "- model: demo dims (V=64 T=64 d=64 h=4 L=4 E=8 k=2 f=128), B=2, m=2 (8 for pp=4), dropless; 1 warm-up + 2 steps, each step checked"
   echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 for every rank (a byte check: times not used)"
-  echo "- command: \`bench/distributed/run_bytes_check.sh\`"
+  echo "- command: \`bench/distributed/run_bytes_check.sh$BIN_FLAG\`"
   echo
   echo "$ROWS"
   echo

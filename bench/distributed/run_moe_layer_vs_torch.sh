@@ -13,7 +13,10 @@
 # THE MACHINE HAS 2 CORES: ep=4 runs 4 processes on them (both sides alike).
 #
 # Usage: bench/distributed/run_moe_layer_vs_torch.sh [--pairs 3] [--eps "1 2 4"] [--reps 20]
-#                                                    [--warmup 3] [--bin build-bench/bin]
+#                                                    [--warmup 3] [--bin DIR]
+# --bin defaults to the first of build/bin, build-bench/bin, build-bench/bench that holds
+# bench_moe_layer. Needs torch for /usr/bin/python3 (Debian: sudo apt-get install -y python3-torch);
+# checked before the first run.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=../lib/common.sh
@@ -22,11 +25,15 @@ PAIRS=3
 EPS="1 2 4"
 REPS=20
 WARMUP=3
-BIN="$ROOT/build-bench/bin"
+BIN=""
 bench_parse_flags "pairs=PAIRS eps=EPS reps=REPS warmup=WARMUP bin=BIN" "$@"
+BIN_FLAG=""  # the report's command line repeats --bin when one was given
+[[ -n "$BIN" ]] && BIN_FLAG=" --bin $BIN"
+[[ -n "$BIN" ]] || BIN="$(bench_default_bin bench_moe_layer)"
 OURS="$BIN/bench_moe_layer"
 PEER="$ROOT/bench/distributed/moe_layer_torch.py"
-bench_require_exe "$OURS" "ninja -C build-bench bench_moe_layer"
+bench_require_exe "$OURS" "build it: cmake --build build --target bench_moe_layer"
+bench_require_torch /usr/bin/python3
 
 bench_begin_results -moe-layer moe-layer-vs-torch
 
@@ -76,7 +83,7 @@ EOF
   echo "- torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) (Debian python3-torch, gloo)"
   echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000, one thread per rank, both sides; $WARMUP warm-up + $REPS timed repetitions per run; $PAIRS A B pairs (ours first); ${ELAPSED} s in all"
   echo "- shape: d=256 E=8 k=2 f=512 T=128 b=8 per rank (N=1024 tokens, 2048 routed rows per rank), dropless, aux alpha 0.01"
-  echo "- command: \`bench/distributed/run_moe_layer_vs_torch.sh --pairs $PAIRS --eps \"$EPS\" --reps $REPS --warmup $WARMUP\`"
+  echo "- command: \`bench/distributed/run_moe_layer_vs_torch.sh --pairs $PAIRS --eps \"$EPS\" --reps $REPS --warmup $WARMUP$BIN_FLAG\`"
   echo "- raw JSON: bench/results/raw/$STAMP-moe-layer/"
 } > "$OUTMD"
 bench_finish_report "$TABLE" "Exact per-run commands (from the repository root, in the order run):" " ($ELAPSED s)"

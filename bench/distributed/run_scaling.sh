@@ -14,7 +14,9 @@
 # 2 ranks can only lose. "of 2-core ideal" = speed-up / min(N, 2).
 #
 # Usage: bench/distributed/run_scaling.sh [--rounds 3] [--sizes "1 2 4 8"] [--steps 10]
-#                                         [--warmup 3] [--bin build-bench/bin]
+#                                         [--warmup 3] [--bin DIR]
+# --bin defaults to the first of build/bin, build-bench/bin, build-bench/bench that holds
+# bench_distributed.
 # Writes bench/results/<date>-distributed-scaling.md (commit, load, exact commands, tables) and the
 # raw JSON of every run under bench/results/raw/<stamp>-scaling/.
 set -euo pipefail
@@ -25,10 +27,13 @@ ROUNDS=3
 SIZES="1 2 4 8"
 STEPS=10
 WARMUP=3
-BIN="$ROOT/build-bench/bin"
+BIN=""
 bench_parse_flags "rounds=ROUNDS sizes=SIZES steps=STEPS warmup=WARMUP bin=BIN" "$@"
+BIN_FLAG=""  # the report's command line repeats --bin when one was given
+[[ -n "$BIN" ]] && BIN_FLAG=" --bin $BIN"
+[[ -n "$BIN" ]] || BIN="$(bench_default_bin bench_distributed)"
 EXE="$BIN/bench_distributed"
-bench_require_exe "$EXE" "ninja -C build-bench bench_distributed"
+bench_require_exe "$EXE" "build it: cmake --build build --target bench_distributed"
 
 bench_begin_results -scaling distributed-scaling
 
@@ -110,7 +115,7 @@ EOF
   bench_report_provenance " — ranks beyond 2 time-share the 2 cores"
   echo "- settings: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 GOMP_SPINCOUNT=1000 for every rank; $WARMUP warm-up + $STEPS timed steps per run; $ROUNDS rounds; ${ELAPSED} s in all"
   echo "- model: configs/demo.yaml (V=64 T=64 d=64 h=4 L=4 E=8 k=2 f=128, every layer MoE, dropless)"
-  echo "- command: \`bench/distributed/run_scaling.sh --rounds $ROUNDS --sizes \"$SIZES\" --steps $STEPS --warmup $WARMUP\`"
+  echo "- command: \`bench/distributed/run_scaling.sh --rounds $ROUNDS --sizes \"$SIZES\" --steps $STEPS --warmup $WARMUP$BIN_FLAG\`"
   echo "- raw JSON and text of every run: bench/results/raw/$STAMP-scaling/"
 } > "$OUTMD"
 bench_finish_report "$TABLE" "Exact per-run commands (from the repository root, in the order run):" " ($ELAPSED s)"

@@ -1,11 +1,13 @@
 # shellcheck shell=bash disable=SC2034  # sets globals for the sourcing script
 # The part every A-B benchmark driver repeats (bench/run_train_vs_pytorch.sh,
-# bench/distributed/run_scaling.sh, bench/distributed/run_moe_layer_vs_torch.sh): flag parsing with
-# --help from the script's header comment, the thread environment pinned before each process
-# starts (BENCHMARKING.md), and the provenance a report records (commit, uncommitted paths, load
-# average, host, exact commands). Sourced, never run; sets ROOT (the repository root) on sourcing.
-# Functions that meet a bad argument or a missing binary exit the calling script (2 and 1), as the
-# drivers did inline before.
+# bench/distributed/run_scaling.sh, bench/distributed/run_moe_layer_vs_torch.sh; the flag and binary
+# helpers also bench/distributed/run_bytes_check.sh): flag parsing with --help from the script's
+# header comment, where the binaries are, whether torch imports, the thread environment pinned
+# before each process starts (BENCHMARKING.md), and the provenance a report records (commit,
+# uncommitted paths, load average, host, exact commands). Sourced, never run; sets ROOT (the
+# repository root) on sourcing.
+# Functions that meet a bad argument, a missing binary or a missing torch exit the calling script
+# (2, 1 and 1), as the drivers did inline before.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
@@ -31,6 +33,30 @@ bench_parse_flags() {
 # bench_require_exe <path> <how to build it>: exits 1 unless <path> is executable.
 bench_require_exe() {
   [[ -x "$1" ]] || { echo "missing $1 ($2)" >&2; exit 1; }
+}
+
+# bench_default_bin <program>: prints the directory a driver takes its binaries from when no --bin
+# is given: the first of build/bin (the in-tree build: scripts/build.sh builds into build/, and
+# CMakeLists.txt puts every program in <build>/bin), build-bench/bin, build-bench/bench that holds
+# an executable <program>; build/bin when none does, so bench_require_exe names the in-tree path.
+bench_default_bin() {
+  local d
+  for d in "$ROOT/build/bin" "$ROOT/build-bench/bin" "$ROOT/build-bench/bench"; do
+    [[ -x "$d/$1" ]] && { echo "$d"; return; }
+  done
+  echo "$ROOT/build/bin"
+}
+
+# bench_require_torch [python]: exits 1 unless python (default /usr/bin/python3, the one the
+# drivers run their PyTorch peers with) imports torch. Called before the first run, so a driver
+# without torch stops at once instead of half-way through under `set -e`.
+bench_require_torch() {
+  local py="${1:-/usr/bin/python3}"
+  "$py" -c 'import torch' 2>/dev/null || {
+    echo "$py cannot import torch, which the PyTorch peer needs: install Debian's python3-torch" \
+      "(sudo apt-get install -y python3-torch)" >&2
+    exit 1
+  }
 }
 
 # bench_thread_env <threads>: the pinned environment, as the command log writes it.

@@ -7,7 +7,9 @@ nothing from the controller. Each job is cancelled after its window. Writes REPO
 micro benchmark's output (furnace_bench_telemetry) when its binary is given.
 
   python3 bench/telemetry/pause_bench.py --bin build/bin \
-      [--micro build/bench/telemetry/furnace_bench_telemetry] [--window 8] [--pairs 2]
+      [--micro build/bin/furnace_bench_telemetry] [--window 8] [--pairs 2]
+
+Every program of the build lands in <build>/bin (CMakeLists.txt), furnace_bench_telemetry too.
 """
 import argparse
 import datetime
@@ -123,7 +125,7 @@ thread).
 ## 1. The per-step record on the rank
 
 ```
-{args.micro or 'build/bench/telemetry/furnace_bench_telemetry'}
+{args.micro or os.path.join(args.bin, 'furnace_bench_telemetry')}
 ```
 ```
 {micro.strip() or '(not run: pass --micro)'}
