@@ -51,10 +51,11 @@ class RecoveryTest(harness.ClusterTest):
         d = c.wait_for(job, lambda d: d["attempts"][0]["state"] == "ATTEMPT_STATE_FAILED", timeout=60,
                        what="attempt 1 failed")
         detected = time.time() - t_stop
+        # hang_timeout_s is 8: detection must come from the watchdog (a rank reported hung), not a
+        # collective timeout (commcheck.timeout_s 20, a rank's error exit): the cause and the
+        # failure kind say which, whatever the time it took on a loaded machine.
         self.assertIn("hung", d["attempts"][0]["cause"])
-        # hang_timeout_s is 8: detection must come from the watchdog, not a collective timeout
-        # (20 s).
-        self.assertLess(detected, 8 + 6, f"hang detected only after {detected:.1f} s")
+        self.assertEqual(d["attempts"][0].get("failure_kind"), "hang", d["attempts"][0]["cause"])
         d = c.wait_state(job, "JOB_SUCCEEDED", timeout=180)
         self.assertEqual(d["summary"]["restarts"], 1,
                          [(a["attempt"], a["state"], a.get("cause")) for a in d["attempts"]])

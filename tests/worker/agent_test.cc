@@ -128,13 +128,16 @@ TEST_F(AgentTest, PushesAtTheFlushIntervalTheControllerTells) {
   fake.telemetry_flush_s = 0.5;
   StartAgent(controller.address(), "while true; do echo line; sleep 0.01; done");
   fake.Push(Start(0));
-  // A flush drains the queue, so lines written during its first push make a second one at once:
-  // the pushes of one flush are those less than 100 ms apart.
+  // A flush drains the queue, so lines written during its first push make a second one, sent as
+  // soon as the first is answered; the next flush comes only after the agent has waited the
+  // interval (0.5 s) since the flush before ended. So a push starts a flush when the push before
+  // it was answered more than half the interval earlier.
   const auto flushes = [&fake] {
     std::vector<std::chrono::steady_clock::time_point> starts;
     for (size_t i = 0; i < fake.log_pushes.size(); ++i) {
-      if (i == 0 || fake.log_pushes[i] - fake.log_pushes[i - 1] > std::chrono::milliseconds(100)) {
-        starts.push_back(fake.log_pushes[i]);
+      if (i == 0 || fake.log_pushes[i].came - fake.log_pushes[i - 1].answered >
+                        std::chrono::milliseconds(250)) {
+        starts.push_back(fake.log_pushes[i].came);
       }
     }
     return starts;

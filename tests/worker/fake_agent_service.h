@@ -91,13 +91,14 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   }
   grpc::Status PushLogs(grpc::ServerContext*, const furnace::v1::LogBatch* request,
                         furnace::v1::Ack*) override {
+    const auto came = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu);
     if (refuse_logs != grpc::StatusCode::OK) {
       ++refused_log_pushes;
       return grpc::Status(refuse_logs, "cannot append to the job's log");
     }
     for (const auto& line : request->lines()) logs.push_back(line);
-    log_pushes.push_back(std::chrono::steady_clock::now());
+    log_pushes.push_back({came, std::chrono::steady_clock::now()});
     cv.notify_all();
     return grpc::Status::OK;
   }
@@ -181,8 +182,12 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   std::vector<furnace::v1::RankReport> reports;
   std::vector<furnace::v1::TelemetryRecord> telemetry;
   std::vector<furnace::v1::LogLine> logs;
-  std::vector<std::chrono::steady_clock::time_point> log_pushes;  // when each PushLogs came
-  grpc::StatusCode refuse_logs = grpc::StatusCode::OK;            // not OK: every PushLogs fails so
+  // When each accepted PushLogs came, and when it was answered.
+  struct LogPush {
+    std::chrono::steady_clock::time_point came, answered;
+  };
+  std::vector<LogPush> log_pushes;
+  grpc::StatusCode refuse_logs = grpc::StatusCode::OK;  // not OK: every PushLogs fails so
   int refused_log_pushes = 0;
 
  private:

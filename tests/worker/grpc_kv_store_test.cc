@@ -64,8 +64,11 @@ TEST(GrpcKvStoreTest, GetTimesOutNamingTheMissingKeys) {
   absl::StatusOr<std::vector<std::string>> values = store.Get({"never"}, 0.3);
   EXPECT_EQ(values.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(values.status().message()), HasSubstr("never"));
-  EXPECT_GE(Now() - start, 0.29);
-  EXPECT_LT(Now() - start, 2.0);
+  EXPECT_GE(Now() - start, 0.29);  // not before the timeout
+  // The controller was asked to wait no longer than the caller's timeout.
+  std::lock_guard<std::mutex> lock(controller.service.mu);
+  EXPECT_GT(controller.service.last_get_timeout_s, 0.0);
+  EXPECT_LE(controller.service.last_get_timeout_s, 0.3);
 }
 
 TEST(GrpcKvStoreTest, WaitIndexedWaitsForEveryIndexAndSaysWhoIsMissing) {
@@ -120,8 +123,7 @@ TEST(GrpcKvStoreTest, UnreachableControllerTimesOut) {
                     Scope(1), /*set_timeout_s=*/0.3);
   const double start = Now();
   EXPECT_EQ(store.Get({"a"}, 0.5).status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_GE(Now() - start, 0.45);
-  EXPECT_LT(Now() - start, 3.0);
+  EXPECT_GE(Now() - start, 0.45);  // not before the timeout (ctest's timeout catches a hang)
   EXPECT_EQ(store.Set("a", "1").code(), absl::StatusCode::kUnavailable);
 }
 

@@ -176,8 +176,7 @@ TEST_F(RankSupervisorTest, StoppedChildIsHungAndReaped) {
   EXPECT_EQ(report.signal(), SIGKILL);
   EXPECT_THAT(report.reason(), StartsWith("hung: no progress for 1."));
   EXPECT_THAT(report.reason(), HasSubstr("(last step 5)"));
-  EXPECT_GE(elapsed, 1.0);
-  EXPECT_LT(elapsed, 5.0);
+  EXPECT_GE(elapsed, 1.0);  // not before the hang timeout (ctest's timeout catches a hang)
   EXPECT_FALSE(seen_.HasLine("never"));
   EXPECT_EQ(kill(report.pid(), 0), -1);  // reaped: the pid is gone
 }
@@ -288,10 +287,10 @@ TEST_F(RankSupervisorTest, StopWithGraceLetsATrappingChildExit) {
   auto supervisor = Run("trap 'echo bye; exit 0' TERM; echo ready; while :; do sleep 0.05; done");
   ASSERT_TRUE(supervisor.ok()) << supervisor.status();
   AwaitLine("ready");
-  const double start = Now();
-  (*supervisor)->Stop(5.0, "job cancelled");
+  // A grace longer than ctest's timeout: only the child's own exit can end the wait (one that
+  // waited out the grace would hang).
+  (*supervisor)->Stop(600, "job cancelled");
   (*supervisor)->Wait();
-  EXPECT_LT(Now() - start, 3.0);
   const furnace::v1::RankReport report = *(*supervisor)->exit_report();
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
   EXPECT_EQ(report.exit_code(), 0);
@@ -306,9 +305,7 @@ TEST_F(RankSupervisorTest, StopKillsAChildIgnoringTermAfterGrace) {
   const double start = Now();
   (*supervisor)->Stop(0.5, "recovery");
   (*supervisor)->Wait();
-  const double elapsed = Now() - start;
-  EXPECT_GE(elapsed, 0.5);
-  EXPECT_LT(elapsed, 3.0);
+  EXPECT_GE(Now() - start, 0.5);  // not before the grace (ctest's timeout catches a hang)
   const furnace::v1::RankReport report = *(*supervisor)->exit_report();
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
   EXPECT_EQ(report.signal(), SIGKILL);
@@ -352,10 +349,9 @@ TEST_F(RankSupervisorTest, LinesThatAreNotUtf8ReachTheSinkValid) {
 }
 
 TEST_F(RankSupervisorTest, LeftoverProcessesInTheGroupDoNotHoldTheExit) {
-  const double start = Now();
-  const furnace::v1::RankReport report = RunToEnd("sleep 30 & echo started; exit 0");
+  // The leftover outlives ctest's timeout: an exit it held would hang the test.
+  const furnace::v1::RankReport report = RunToEnd("sleep 600 & echo started; exit 0");
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
-  EXPECT_LT(Now() - start, 3.0);
 }
 
 TEST_F(RankSupervisorTest, LaunchFailureIsAnError) {

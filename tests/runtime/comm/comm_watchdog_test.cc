@@ -1,10 +1,10 @@
 // CommWatchdog on the emulated discrete device, through StreamCommunicators over the emulated
 // transport: a collective that cannot complete (a peer that never joins, or a producer stream
 // held by PauseStream) fails the rank's communicators with DeadlineExceeded naming the op, the
-// group and how long, within the timeout (measured on a FakeClock where the test says when the
-// time is up; on the real clock with a bound that only catches a hang), and every later call fails
-// fast; while it is outstanding it is named in ProcessInFlight. A transport's asynchronous error
-// (a peer's failure) stops the rank's other communicators too.
+// group and how long, once the timeout is up (on a FakeClock where the test says when the time is
+// up; on the real clock not before it, and ctest's timeout catches a hang), and every later call
+// fails with that error; while it is outstanding it is named in ProcessInFlight. A transport's
+// asynchronous error (a peer's failure) stops the rank's other communicators too.
 #include "runtime/comm/comm_watchdog.h"
 
 #include <chrono>
@@ -121,13 +121,12 @@ TEST(CommWatchdogTest, APeerThatNeverJoinsFailsTheCollectiveWithinTheTimeout) {
     EXPECT_THAT(status.message(), HasSubstr("all_reduce on ep[0,1] (2 ranks) not complete"));
     EXPECT_THAT(status.message(), HasSubstr("collective timeout 0.3 s"));
     EXPECT_GE(took, 0.3);
-    EXPECT_LT(took, 10.0) << "a bound that only catches a hang";
-    // Fails fast from now on; the transport was aborted, which released the stream's thread
-    // blocked in the host group.
-    const SteadyClock::time_point again = SteadyClock::now();
+    // Fails with the sticky error from now on, without enqueueing (the call with host arguments
+    // would wait for its result on the peer that never comes: a hang, which ctest's timeout
+    // catches); the transport was aborted, which released the stream's thread blocked in the host
+    // group.
     EXPECT_EQ(ep->AllReduce(d, 8), status);
     EXPECT_EQ(ep->AllReduce(host.data(), 8), status);
-    EXPECT_LT(SecondsSince(again), 1.0);
     EXPECT_TRUE(absl::IsCancelled(ep->transport().AsyncError())) << ep->transport().AsyncError();
     ASSERT_TRUE(me->dev->SynchronizeStream(ep->stream()).ok());
     me->dev->Free(d);

@@ -160,7 +160,8 @@ TEST(CommcheckTest, CallbackErrorStopsTheRunAndIsReturned) {
 }
 
 // World 3: rank 2 connects, then destroys its communicator without taking part. Ranks 0 and 1 must
-// get a non-OK status within the 2 s collective timeout (plus slack), never hang and never crash.
+// get a non-OK status (by the closed connections or the 2 s collective timeout), never hang
+// (ctest's timeout catches that) and never crash.
 TEST(CommcheckFailureTest, PeerThatClosesItsGroupFailsTheOthers) {
   std::vector<double> elapsed(3, 0);
   std::vector<absl::Status> statuses = RunWorld(
@@ -180,13 +181,13 @@ TEST(CommcheckFailureTest, PeerThatClosesItsGroupFailsTheOthers) {
     EXPECT_THAT(statuses[rank].code(),
                 AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
         << statuses[rank];
-    EXPECT_LT(elapsed[rank], 6.0) << statuses[rank];
     std::printf("rank %d after %.2f s: %s\n", rank, elapsed[rank],
                 statuses[rank].ToString().c_str());
   }
 }
 
-// World 3: rank 2 stays connected but never calls the collective.
+// World 3: rank 2 stays connected but never calls the collective: the others fail by the 2 s
+// collective timeout instead of hanging (ctest's timeout catches a hang).
 TEST(CommcheckFailureTest, PeerThatNeverJoinsTimesOutTheOthers) {
   std::atomic<int> finished{0};
   std::vector<double> elapsed(3, 0);
@@ -211,7 +212,6 @@ TEST(CommcheckFailureTest, PeerThatNeverJoinsTimesOutTheOthers) {
     EXPECT_THAT(statuses[rank].code(),
                 AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
         << statuses[rank];
-    EXPECT_LT(elapsed[rank], 6.0) << statuses[rank];
     std::printf("rank %d after %.2f s: %s\n", rank, elapsed[rank],
                 statuses[rank].ToString().c_str());
   }
@@ -308,14 +308,17 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CommcheckDeviceTest, ::testing::Values(1, 2
 
 // On the device a peer that never takes part is the watchdog's: the collective does not complete
 // within its timeout, the group is aborted, and the commcheck fails instead of waiting forever.
+// The host group's and the transport's own timeouts are longer than ctest's, so nothing but the
+// watchdog can end the wait (without it the test hangs).
 TEST(CommcheckDeviceFailureTest, APeerThatNeverJoinsIsTheWatchdogs) {
   using namespace emulated_ranks;  // NOLINT(build/namespaces): test helpers
+  constexpr double kLongerThanTheTestS = 600;
   std::vector<std::unique_ptr<EmulatedRank>> ranks;
-  LocalGroup host(2, {.timeout_s = 20});
+  LocalGroup host(2, {.timeout_s = kLongerThanTheTestS});
   std::vector<std::unique_ptr<StreamCommunicator>> groups;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(MakeRank({.timeout_s = 1}));
-    groups.push_back(Connect(*ranks[r], host.Member(r)));
+    groups.push_back(Connect(*ranks[r], host.Member(r), nullptr, kLongerThanTheTestS));
   }
   absl::Status status;
   double elapsed = 0;
@@ -330,7 +333,6 @@ TEST(CommcheckDeviceFailureTest, APeerThatNeverJoinsIsTheWatchdogs) {
   EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
                                    absl::StatusCode::kCancelled, absl::StatusCode::kUnavailable))
       << status;
-  EXPECT_LT(elapsed, 15.0) << status;
   std::printf("rank 0 after %.2f s: %s\n", elapsed, status.ToString().c_str());
   groups[1]->Abort("the test is over");
 }
@@ -348,8 +350,7 @@ TEST(ConnectGlooTest, RendezvousTimesOutWhenAPeerNeverComes) {
   absl::StatusOr<std::shared_ptr<gloo::Context>> context = ConnectGloo(store, options);
   const double elapsed = SecondsSince(start);
   EXPECT_TRUE(absl::IsDeadlineExceeded(context.status())) << context.status();
-  EXPECT_GE(elapsed, 1.5);
-  EXPECT_LT(elapsed, 5.0);
+  EXPECT_GE(elapsed, 1.5);  // not before the timeout (ctest's timeout catches a hang)
   EXPECT_GE(ticks.load(), 1);
   std::printf("after %.2f s, %d ticks: %s\n", elapsed, ticks.load(),
               context.status().ToString().c_str());

@@ -39,8 +39,6 @@
 namespace furnace::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 using fused_cases::Case;
 using fused_cases::ClosedForm;
 using fused_cases::Comms;
@@ -218,13 +216,13 @@ TEST(FusedExchangeErrorTest, BadLayoutsFailWithInvalidArgumentBeforeAnythingIsSe
 }
 
 // Thread 0 passes a bad layout and returns at once; the others, waiting for it in the exchange or
-// in the all-gather, or for a peer that gave up, fail by their timeout instead of hanging.
+// in the all-gather, or for a peer that gave up, fail by their timeout instead of hanging (ctest's
+// timeout catches a hang).
 TEST(FusedExchangeErrorTest, OneRankWithABadLayoutFailsAloneAndThePeersTimeOut) {
   for (const Topology& topology : {Grid(2, 2), Grid(4, 2)}) {
     SCOPED_TRACE(topology.name);
     const std::vector<std::vector<int64_t>> sizes = Sizes(topology, 4);
     Comms comms = MakeComms(topology, "alone/", /*timeout_s=*/0.5);
-    const Clock::time_point start = Clock::now();
     RunThreads(topology.world(), [&](int t) {
       Case c = MakeCase(topology, sizes, 4, t);
       if (t == 0) c.layout.chunk_offset[0][0] = c.out_bytes + 1;
@@ -237,19 +235,18 @@ TEST(FusedExchangeErrorTest, OneRankWithABadLayoutFailsAloneAndThePeersTimeOut) 
         EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << "thread " << t << ": " << status;
       }
     });
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
   }
 }
 
 // The all-gather fails on every rank (its groups aborted): the exchange still completes on the
-// healthy a2a groups (no rank waits out its timeout there), and every rank returns the gather's
-// error; the a2a groups stay healthy and carry no message of this call into the next one.
+// healthy a2a groups (no rank waits out its timeout there: that would fail the a2a group with a
+// sticky DeadlineExceeded, which the checks below would see), and every rank returns the
+// gather's error; the a2a groups stay healthy and carry no message of this call into the next one.
 TEST(FusedExchangeErrorTest, AFailingAllGatherFailsTheCallButTheExchangeCompletes) {
   const Topology topology = Grid(4, 2);
   const std::vector<std::vector<int64_t>> sizes = Sizes(topology, 6);
-  Comms comms = MakeComms(topology, "abort/", /*timeout_s=*/5);
+  Comms comms = MakeComms(topology, "abort/");
   for (int t = 0; t < topology.world(); ++t) comms.ag[t]->Abort("test");
-  const Clock::time_point start = Clock::now();
   RunThreads(topology.world(), [&](int t) {
     const Case c = MakeCase(topology, sizes, 6, t);
     std::vector<uint8_t> out(c.out_bytes);
@@ -258,7 +255,6 @@ TEST(FusedExchangeErrorTest, AFailingAllGatherFailsTheCallButTheExchangeComplete
     EXPECT_TRUE(absl::IsCancelled(status)) << "thread " << t << ": " << status;
     EXPECT_TRUE(comms.a2a[t]->AsyncError().ok()) << comms.a2a[t]->AsyncError();
   });
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 4.0);
   // The a2a groups still work: a plain all-to-all of one byte to everyone.
   RunThreads(topology.world(), [&](int t) {
     const int G = topology.G;

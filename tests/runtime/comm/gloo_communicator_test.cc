@@ -36,14 +36,16 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// `op_timeout_s` 0: every operation within `timeout_s` too.
 absl::StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& dir,
                                                       const std::string& prefix, int rank, int size,
-                                                      double timeout_s) {
+                                                      double timeout_s, double op_timeout_s = 0) {
   FileKvStore store(dir);
   GlooOptions options;
   options.rank = 0;  // replaced by the arguments
   options.size = 1;
   options.timeout_s = timeout_s;
+  options.op_timeout_s = op_timeout_s;
   return CreateGlooCommunicator(store, prefix, absl::StrCat(prefix, "[", size, "]"), rank, size,
                                 options);
 }
@@ -336,10 +338,10 @@ const char* FateName(PeerFate fate) {
 }
 void PrintTo(PeerFate fate, std::ostream* os) { *os << FateName(fate); }
 
-// The survivors' next all-reduce must fail within the 3 s timeout (plus slack) instead of hanging,
-// name the op and the group, and the error must stick. A killed peer shows at once (its sockets
-// are reset); a stalled one only when the timeout expires (DeadlineExceeded), after which the
-// survivors' closed connections make the stalled rank's own next call fail too.
+// The survivors' next all-reduce must fail instead of hanging (RunForked's deadline catches a
+// hang), name the op and the group, and the error must stick. A killed peer shows at once (its
+// sockets are reset); a stalled one only when the 3 s timeout expires (DeadlineExceeded), after
+// which the survivors' closed connections make the stalled rank's own next call fail too.
 class GlooCommunicatorPeerFailureTest : public ::testing::TestWithParam<PeerFate> {};
 
 TEST_P(GlooCommunicatorPeerFailureTest, SurvivorsFailWithinTheTimeoutAndStayFailed) {
@@ -369,13 +371,10 @@ TEST_P(GlooCommunicatorPeerFailureTest, SurvivorsFailWithinTheTimeoutAndStayFail
                  status.ToString().c_str());
     CHILD_CHECK(rank, IsPeerFailure(status));
     if (fate == PeerFate::kStalls) CHILD_CHECK(rank, absl::IsDeadlineExceeded(status));
-    CHILD_CHECK(rank, seconds < timeout_s + 2);
     CHILD_CHECK(rank, absl::StrContains(status.message(), "all_reduce"));
     CHILD_CHECK(rank, absl::StrContains(status.message(), "doomed[3]"));
-    // Sticky: the next call fails at once with the same error.
-    const Clock::time_point again = Clock::now();
+    // Sticky: the next call fails with the same error.
     CHILD_CHECK(rank, (*comm)->Barrier() == status);
-    CHILD_CHECK(rank, SecondsSince(again) < 0.1);
     CHILD_CHECK(rank, (*comm)->AsyncError() == status);
     return 0;
   });
@@ -396,12 +395,18 @@ INSTANTIATE_TEST_SUITE_P(Fates, GlooCommunicatorPeerFailureTest,
                            return FateName(info.param);
                          });
 
+// Longer than RunForked's deadline (and ctest's timeout): a blocked call that nothing but its own
+// timeout could end shows as a hang, not as a slow pass.
+constexpr double kNoOpTimeoutS = 3600;
+
 // Rank 0 aborts; its next call fails with Cancelled, and rank 1, blocked in an all-reduce with
-// it, is released long before its 20 s timeout because the abort closed the connections.
+// it, is released because the abort closed the connections: its operations have no timeout that
+// could end the wait first (kNoOpTimeoutS).
 TEST(GlooCommunicatorAbortTest, AbortFailsLaterCallsAndReleasesBlockedPeers) {
   TempDir dir("furnace_gloo_comm_");
   ExpectAllPassed(RunForked(2, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(dir.path(), "ab", rank, 2, 20);
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        Connect(dir.path(), "ab", rank, 2, 20, kNoOpTimeoutS);
     CHILD_OK(rank, comm.status());
     std::vector<float> data(100, 1.0f);
     const Clock::time_point start = Clock::now();
@@ -413,24 +418,24 @@ TEST(GlooCommunicatorAbortTest, AbortFailsLaterCallsAndReleasesBlockedPeers) {
       CHILD_CHECK(rank, absl::StrContains(status.message(), "aborted: test says stop"));
       (*comm)->Abort("a later reason");  // the first error stays
       CHILD_CHECK(rank, (*comm)->AsyncError() == status);
-      CHILD_CHECK(rank, SecondsSince(start) < 1);
     } else {
       const absl::Status status = (*comm)->AllReduce(data.data(), 100);
       std::fprintf(stderr, "rank 1: peer aborted: %.2f s: %s\n", SecondsSince(start),
                    status.ToString().c_str());
       CHILD_CHECK(rank, !status.ok());
-      CHILD_CHECK(rank, SecondsSince(start) < 5);
     }
     return 0;
   }));
 }
 
-// Abort from a watchdog thread releases this rank's blocked Recv at once; the peer, blocked in
-// WaitSends on a message nobody receives, is released by the closed connection.
+// Abort from a watchdog thread releases this rank's blocked Recv; the peer, blocked in WaitSends
+// on a message nobody receives, is released by the closed connection. Neither has a timeout that
+// could end its wait instead (kNoOpTimeoutS).
 TEST(GlooCommunicatorAbortTest, AbortFromAnotherThreadReleasesBlockedRecvAndWaitSends) {
   TempDir dir("furnace_gloo_comm_");
   ExpectAllPassed(RunForked(2, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(dir.path(), "wd", rank, 2, 20);
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        Connect(dir.path(), "wd", rank, 2, 20, kNoOpTimeoutS);
     CHILD_OK(rank, comm.status());
     std::vector<char> buffer(16);
     const Clock::time_point start = Clock::now();
@@ -443,14 +448,12 @@ TEST(GlooCommunicatorAbortTest, AbortFromAnotherThreadReleasesBlockedRecvAndWait
       watchdog.join();
       CHILD_CHECK(rank, absl::IsCancelled(status));
       CHILD_CHECK(rank, absl::StrContains(status.message(), "aborted: watchdog"));
-      CHILD_CHECK(rank, SecondsSince(start) < 2);
     } else {
       CHILD_OK(rank, (*comm)->Send(buffer.data(), 16, 0, 9));  // rank 0 never receives tag 9
       const absl::Status status = (*comm)->WaitSends();
       std::fprintf(stderr, "rank 1: peer aborted: %.2f s: %s\n", SecondsSince(start),
                    status.ToString().c_str());
       CHILD_CHECK(rank, !status.ok());
-      CHILD_CHECK(rank, SecondsSince(start) < 5);
     }
     return 0;
   }));

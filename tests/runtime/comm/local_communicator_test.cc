@@ -327,12 +327,13 @@ TEST(LocalCommunicatorTest, RecvTimesOut) {
   EXPECT_THAT(s.message(), HasSubstr("from rank 1 with tag 7"));
 }
 
+// The group's timeout is longer than ctest's: only the abort can end the waits (without it the
+// test hangs).
 TEST(LocalCommunicatorTest, AbortWakesBlockedPeers) {
-  LocalGroup group(4, {.name = "dp[0,1,2,3]", .timeout_s = 30});
+  LocalGroup group(4, {.name = "dp[0,1,2,3]", .timeout_s = 600});
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < 4; ++r) comms.push_back(group.Member(r));
   std::vector<absl::Status> results(3);
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   // Ranks 0 and 1 wait for rank 3 in an all-reduce, rank 2 for a message that never comes.
   for (int r = 0; r < 2; ++r) {
@@ -348,7 +349,6 @@ TEST(LocalCommunicatorTest, AbortWakesBlockedPeers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   comms[3]->Abort("test over");
   for (std::thread& t : threads) t.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   for (const absl::Status& s : results) {
     EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
     EXPECT_THAT(s.message(), HasSubstr("aborted: test over"));

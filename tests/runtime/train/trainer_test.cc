@@ -4,10 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <latch>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -500,6 +504,41 @@ TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
             0);
 }
 
+// A fake clock (time moves only by Advance) that counts its readings, so that another thread can
+// wait until the trainer has read it: a reading takes its value and its count together, so time
+// advanced once WaitForReadings(n) has returned is in none of the first n readings.
+class CountingClock : public Clock {
+ public:
+  double MonotonicSeconds() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++readings_;
+    read_.notify_all();
+    return now_;
+  }
+  double UnixSeconds() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return 1'700'000'000.0 + now_;
+  }
+  void Advance(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ += seconds;
+  }
+  int64_t readings() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return readings_;
+  }
+  void WaitForReadings(int64_t n) const {
+    std::unique_lock<std::mutex> lock(mu_);
+    read_.wait(lock, [&] { return readings_ >= n; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable read_;
+  mutable int64_t readings_ = 0;  // guarded by mu_
+  double now_ = 0;                // guarded by mu_
+};
+
 TEST(TrainerTest, AsyncCommitWaitsForTheDurableShardAndTheNextSnapshotWaitsForTheLast) {
   const int V = 8, T = 8;
   MarkovSetup data = MakeMarkov(V, 2, T, 1);
@@ -509,20 +548,50 @@ TEST(TrainerTest, AsyncCommitWaitsForTheDurableShardAndTheNextSnapshotWaitsForTh
   config.seed = 1;
   config.checkpoint = {.dir = dir.path(), .every = 1, .keep = 0, .async = true};
   BigramModel model(V, T, 1);
-  auto t = Trainer::Create(&model, data.sampler.get(), config);
+  // The trainer's time moves only when a write says so: each write takes kWriteSeconds of it (a
+  // power of two, so that its sums are exact).
+  constexpr double kWriteSeconds = 0.125;
+  CountingClock clock;
+  auto t = Trainer::Create(&model, data.sampler.get(), config, &clock);
   ASSERT_TRUE(t.ok());
   CheckpointStore store(dir.path(), 0);
+  // By step: the clock's readings when the step's checkpoint began (-1: not yet).
+  std::mutex mu;
+  std::condition_variable began;
+  std::vector<int64_t> checkpoint_began(static_cast<size_t>(config.steps) + 1, -1);
   std::atomic<int> writing{0}, most_writing{0};
   std::vector<std::pair<int64_t, int64_t>> latest_seen;  // (snapshot step, LATEST at its write)
   (*t)->SetCheckpointWriteHookForTest([&](const ShardState& s) {
     most_writing = std::max(most_writing.load(), ++writing);
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    if (s.step < config.steps) {
+      // Step s + 1's checkpoint waits for this write: it takes its kWriteSeconds only once that
+      // wait has begun (the trainer read its clock after the checkpoint began, the stall's start).
+      // A step that goes on while its snapshot is written stalls for none of it, one that waits
+      // for it for all of it. (A trainer that waited for the write within step s would wait
+      // forever: ctest's timeout catches that.)
+      int64_t readings = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        began.wait(lock, [&] { return checkpoint_began[s.step + 1] >= 0; });
+        readings = checkpoint_began[s.step + 1];
+      }
+      clock.WaitForReadings(readings + 1);
+      clock.Advance(kWriteSeconds);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the write time it reports
     auto latest = store.LatestStep();
     latest_seen.emplace_back(s.step, latest.ok() && latest->has_value() ? **latest : -1);
     --writing;
   });
   std::vector<StepStats> stats;
-  ASSERT_TRUE((*t)->Run([&](const StepStats& s) { stats.push_back(s); }).ok());
+  ASSERT_TRUE((*t)->Run([&](const StepStats& s) { stats.push_back(s); }, nullptr,
+                        [&](RunPhase phase, int64_t step) {
+                          if (phase != RunPhase::kCheckpoint) return;
+                          std::lock_guard<std::mutex> lock(mu);
+                          checkpoint_began[step] = clock.readings();
+                          began.notify_all();
+                        })
+                  .ok());
   EXPECT_TRUE((*t)->checkpoint_errors().empty());
   EXPECT_EQ(most_writing.load(), 1);
   // While step s was being written, LATEST named the step before it: the previous snapshot was
@@ -537,10 +606,10 @@ TEST(TrainerTest, AsyncCommitWaitsForTheDurableShardAndTheNextSnapshotWaitsForTh
   // Steps 2..4 each waited for the slow write of the step before (the stall), and report it.
   ASSERT_EQ(stats.size(), 4u);
   // The first snapshot had nothing to wait for: training went on while it was written.
-  EXPECT_LT(stats[0].checkpoint_stall_seconds, 0.1);
+  EXPECT_EQ(stats[0].checkpoint_stall_seconds, 0.0);
   for (int i = 1; i < 4; ++i) {
-    EXPECT_GT(stats[i].checkpoint_stall_seconds, 0.05) << "step " << i;
-    EXPECT_GE(stats[i].checkpoint_seconds, 0.14) << "step " << i;
+    EXPECT_GE(stats[i].checkpoint_stall_seconds, kWriteSeconds) << "step " << i;
+    EXPECT_GE(stats[i].checkpoint_seconds, 0.14) << "step " << i;  // the real clock's
   }
 }
 
@@ -557,32 +626,74 @@ TEST(TrainerTest, AsyncCheckpointIsCommittedOnceDurableNotAtTheNextCheckpointSte
   ASSERT_TRUE(t.ok());
   CheckpointStore store(dir.path(), 0);
   const std::string shard = store.StepDir(10) + "/" + CheckpointStore::ShardFileName(0);
+  // The snapshot of step 10 is written only once the step after it (stats step 10) has ended, so
+  // that no step before stats step 11 can find it durable.
+  std::latch step_10_ended(1);
+  (*t)->SetCheckpointWriteHookForTest([&](const ShardState& s) {
+    if (s.step == 10) step_10_ended.wait();
+  });
+  const auto names_10 = [&] {
+    auto latest = store.LatestStep();
+    return latest.ok() && *latest == std::optional<int64_t>(10);
+  };
   int64_t committed_after = -1;  // the step after which LATEST first named 10
+  int give_ms = 100;             // the writer's time before the next step, doubled at each step
   ASSERT_TRUE((*t)->Run([&](const StepStats& s) {
                     if (s.step < 10 || committed_after >= 0) return;
-                    auto latest = store.LatestStep();
-                    if (latest.ok() && *latest == std::optional<int64_t>(10)) {
+                    if (s.step == 10) step_10_ended.count_down();
+                    if (s.checkpoint_seconds > 0) {
+                      // This step found the shard durable (its checkpoint_seconds is the
+                      // write's) and started the commit in the background: let it land.
+                      for (int i = 0; i < 10000 && !names_10(); ++i) {
+                        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                      }
+                    }
+                    if (names_10()) {
                       committed_after = s.step;
                       return;
                     }
-                    // Give the writer time: until its shard is renamed into place, then a
-                    // little longer per step for the directory's fsync.
+                    // Not durable when this step began: give the writer time, until its shard is
+                    // renamed into place, then for the directory's fsync, which the trainer does
+                    // not show (twice as long at each step: 12 s in all before step 19).
                     for (int i = 0; i < 600 && !std::filesystem::exists(shard); ++i) {
                       std::this_thread::sleep_for(std::chrono::milliseconds(50));
                     }
-                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                    std::this_thread::sleep_for(std::chrono::milliseconds(give_ms));
+                    give_ms = std::min(2 * give_ms, 3200);
                   })
                   .ok());
   EXPECT_TRUE((*t)->checkpoint_errors().empty());
-  // Committed after step 11 or so, before step 20 would have waited for it.
+  // Committed after the first step that found its shard durable (not before: its write was held
+  // until step 10 had ended), before step 20 would have waited for it.
   EXPECT_GT(committed_after, 10);
   EXPECT_LT(committed_after, 19);
   EXPECT_EQ(store.CommittedSteps(), (std::vector<int64_t>{10, 20}));
 }
 
+// A BigramModel that calls after_forward_backward(step) on the training thread once each forward
+// and backward pass is done.
+class BigramModelWithHook : public BigramModel {
+ public:
+  using BigramModel::BigramModel;
+  void SetStepContext(int64_t step, int64_t /*first_global_sequence*/) override { step_ = step; }
+  absl::StatusOr<MicroBatchResult> ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                                                   int B, double ce_scale,
+                                                   double aux_scale) override {
+    absl::StatusOr<MicroBatchResult> r =
+        BigramModel::ForwardBackward(inputs, targets, B, ce_scale, aux_scale);
+    if (after_forward_backward) after_forward_backward(step_);
+    return r;
+  }
+
+  std::function<void(int64_t step)> after_forward_backward;
+
+ private:
+  int64_t step_ = -1;
+};
+
 TEST(TrainerTest, AsyncSnapshotSlowerThanAStepHoldsTheUpdateNotTheValues) {
-  // The copy of step 4's state takes 200 ms; step 5's update must wait for it, or the shard
-  // would hold values of step 5.
+  // The copy of step 4's state lasts until step 5's forward and backward pass is done, and 200 ms
+  // more; step 5's update must wait for it, or the shard would hold values of step 5.
   const int V = 8, T = 8;
   MarkovSetup data = MakeMarkov(V, 2, T, 1);
   testing_util::TestDir sync_dir, async_dir;
@@ -596,11 +707,18 @@ TEST(TrainerTest, AsyncSnapshotSlowerThanAStepHoldsTheUpdateNotTheValues) {
   ASSERT_TRUE((*sync)->Run().ok());
 
   config.checkpoint = {.dir = async_dir.path(), .every = 4, .keep = 0, .async = true};
-  BigramModel b(V, T, 1);
+  BigramModelWithHook b(V, T, 1);
+  std::latch step_5_computed(1);
+  b.after_forward_backward = [&](int64_t step) {
+    if (step == 4 && !step_5_computed.try_wait()) step_5_computed.count_down();
+  };
   auto async = Trainer::Create(&b, data.sampler.get(), config);
   ASSERT_TRUE(async.ok());
-  (*async)->SetCheckpointCopyHookForTest(
-      [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  std::atomic<int> copies{0};
+  (*async)->SetCheckpointCopyHookForTest([&] {
+    if (copies++ == 0) step_5_computed.wait();  // the snapshot of step 4
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
   std::vector<StepStats> stats;
   ASSERT_TRUE((*async)->Run([&](const StepStats& s) { stats.push_back(s); }).ok());
   const std::string name = CheckpointStore::ShardFileName(0);
@@ -612,7 +730,8 @@ TEST(TrainerTest, AsyncSnapshotSlowerThanAStepHoldsTheUpdateNotTheValues) {
     ASSERT_FALSE(want.empty());
     EXPECT_TRUE(want == got) << "the snapshot of step " << step << " differs from the sync one";
   }
-  // Step 5 (index 4) waited for the copy before its update: the stall it reports.
+  // Step 5 (index 4) waited for the copy before its update: the stall it reports, the copy's last
+  // 200 ms but for the little the step did between its forward and backward pass and the wait.
   ASSERT_EQ(stats.size(), 6u);
   EXPECT_GT(stats[4].checkpoint_stall_seconds, 0.1);
 }
