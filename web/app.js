@@ -1,8 +1,9 @@
 // Furnace dashboard. Polls the controller's monitoring endpoint every 2 s:
 //   GET /api/jobs                          -> {"jobs": [JobSummary], "omitted": N} (every job
 //                                              not ended and the newest 100 that have)
-//   GET /api/jobs/<id>/series?since=&max=  -> {"job_id", "steps": [StepRecord]} (max: 1-10000,
-//                                              default 2000)
+//   GET /api/jobs/<id>/series?after_attempt=&after_step=&max=
+//                                          -> {"job_id", "steps": [StepRecord]}: the steps after
+//                                             that (attempt, step) (max: 1-10000, default 2000)
 // (protobuf JSON: proto field names, 64-bit integers as strings; camelCase is accepted too).
 // The selected job (a click, or ?job=ID) gets line charts (uPlot) and an imbalance heatmap drawn
 // on a <canvas>. A machine-readable summary of what was drawn goes to #furnace-test-summary.
@@ -24,7 +25,6 @@
     jobs: [],
     omittedJobs: 0,     // older ended jobs the controller left out of the list
     steps: [],          // StepRecords of the selected job, ascending by step
-    refetchedAt: '',    // "attempt:step" of the job when its series was last fetched again
     charts: {},         // name -> uPlot
     plannerKeys: '',
     heatmapCells: 0,
@@ -186,7 +186,6 @@
     view.generation++;
     view.steps = [];
     view.thin = false;
-    view.refetchedAt = '';
     for (const c of Object.values(view.charts)) c.destroy();
     view.charts = {};
     view.plannerKeys = '';
@@ -203,8 +202,9 @@
 
   // -- series -----------------------------------------------------------------------------------
   // Records come in (attempt, step) order. A restarted attempt redoes the steps after its
-  // checkpoint: they replace the abandoned tail. An older attempt's steps past what is shown (the
-  // incremental fetch asks by step only) are that tail: skipped.
+  // checkpoint: they replace the abandoned tail. (The incremental fetch asks for the steps after
+  // the last one shown, by (attempt, step): an older attempt's abandoned tail never comes back,
+  // a newer attempt's redone steps do.)
   function mergeSteps(incoming) {
     for (const r of incoming) {
       const s = num(r, 'step');
@@ -474,28 +474,17 @@
       if (view.jobId) {
         $('job').hidden = false;
         const id = view.jobId;
-        // A newer attempt than the last step shown redoes steps from its checkpoint, which may be
-        // before that step (the incremental fetch would miss them until it passed it): fetch the
-        // series again until its first step is in.
-        // Once per change of the job's progress (not at every poll while it recovers), and only
-        // while the job lives: a job that ended after an attempt with no step keeps its series.
-        const job = view.jobs.find((j) => get(j, 'job_id') === id);
-        const live = job !== undefined &&
-          !/SUCCEEDED|FAILED|CANCELLED/.test(String(get(job, 'state') || ''));
-        const progress = job !== undefined ? `${num(job, 'attempt')}:${num(job, 'step')}` : '';
-        const restarted = live && num(job, 'attempt') > lastAttempt() &&
-          progress !== view.refetchedAt;
-        if (restarted) view.refetchedAt = progress;
-        const whole = restarted || view.thin;
+        const whole = view.thin;
         // Bounded either way (a tab that slept through a night of steps gets them thinned).
         const q = view.steps.length && !whole
-          ? `since=${lastStep()}&max=${FIRST_FETCH_MAX}` : `max=${FIRST_FETCH_MAX}`;
+          ? `after_attempt=${lastAttempt()}&after_step=${lastStep()}&max=${FIRST_FETCH_MAX}`
+          : `max=${FIRST_FETCH_MAX}`;
         const generation = view.generation;
         const series = await fetchJson(`/api/jobs/${encodeURIComponent(id)}/series?${q}`);
         if (generation === view.generation) {
           // Thinned again: the newest held-out evaluations shown so far stay, half a fetch's worth
           // at most (the controller spaces its points evenly and would drop most of them).
-          const evals = whole && !restarted
+          const evals = whole
             ? view.steps.filter((r) => get(r, 'eval')).slice(-FIRST_FETCH_MAX / 2) : [];
           if (whole) {
             view.steps = [];

@@ -83,21 +83,33 @@ std::optional<std::string> QueryParam(absl::string_view query, absl::string_view
 HttpResponse Series(const std::string& job_id, const HttpRequest& request,
                     const MonitoringHandlers& handlers) {
   if (!handlers.series_json) return Text(404, "not found");
-  uint64_t since = 0;
-  uint32_t max_points = kDefaultSeriesPoints;
+  SeriesQuery q;
   const std::optional<std::string> since_text = QueryParam(request.query, "since");
+  const std::optional<std::string> attempt_text = QueryParam(request.query, "after_attempt");
+  const std::optional<std::string> step_text = QueryParam(request.query, "after_step");
   const std::optional<std::string> max_text = QueryParam(request.query, "max");
-  if (!since_text || (!since_text->empty() && !absl::SimpleAtoi(*since_text, &since))) {
+  if (!since_text || (!since_text->empty() && !absl::SimpleAtoi(*since_text, &q.since_step))) {
     return Text(400, "since: expected a step number (unsigned integer)");
+  }
+  if (!attempt_text ||
+      (!attempt_text->empty() && !absl::SimpleAtoi(*attempt_text, &q.after_attempt))) {
+    return Text(400, "after_attempt: expected an attempt number (unsigned integer)");
+  }
+  if (!step_text || (!step_text->empty() && !absl::SimpleAtoi(*step_text, &q.after_step))) {
+    return Text(400, "after_step: expected a step number (unsigned integer)");
+  }
+  q.cursor = !attempt_text->empty() || !step_text->empty();
+  if (q.cursor && !since_text->empty()) {
+    return Text(400, "since or the cursor (after_attempt, after_step), not both");
   }
   // Bounded: a job's whole history (hundreds of thousands of steps, KBs each with its experts'
   // loads) in one reply could take the controller's memory.
-  if (!max_text || (!max_text->empty() && (!absl::SimpleAtoi(*max_text, &max_points) ||
-                                           max_points < 1 || max_points > kMaxSeriesPoints))) {
+  if (!max_text || (!max_text->empty() && (!absl::SimpleAtoi(*max_text, &q.max_points) ||
+                                           q.max_points < 1 || q.max_points > kMaxSeriesPoints))) {
     return Text(400, absl::StrCat("max: expected a number of points from 1 to ", kMaxSeriesPoints,
                                   " (default ", kDefaultSeriesPoints, ")"));
   }
-  return FromResult(handlers.series_json(job_id, since, max_points), kJsonType);
+  return FromResult(handlers.series_json(job_id, q), kJsonType);
 }
 
 }  // namespace

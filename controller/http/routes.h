@@ -4,9 +4,11 @@
 //
 //   GET /metrics                          handlers.metrics_text()  (Prometheus text format 0.0.4)
 //   GET /api/jobs                         handlers.jobs_json()
-//   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, since, max): the steps after
-//                                         `since`, evenly thinned to `max` points (1 to
-//                                         kMaxSeriesPoints; kDefaultSeriesPoints when absent)
+//   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, query): the steps after step
+//                                         `since` (any attempt), or after the cursor
+//       ?after_attempt=&after_step=&max=  (after_attempt, after_step) in (attempt, step) order,
+//                                         evenly thinned to `max` points (1 to kMaxSeriesPoints;
+//                                         kDefaultSeriesPoints when absent)
 //   GET / and GET /<file>                 the dashboard's static files under web_root
 //
 // Anything else is 404; a method other than GET is 405; a body larger than max_body_bytes is
@@ -35,11 +37,19 @@ inline constexpr uint32_t kMaxSeriesPoints = 10000;
 
 // What the server asks of its owner. Each callback may be left empty (its route then answers
 // 404). civetweb's worker threads call them concurrently, so they must be thread-safe.
+// A series request: since_step, or (cursor) the steps after (after_attempt, after_step).
+struct SeriesQuery {
+  uint64_t since_step = 0;
+  bool cursor = false;
+  uint32_t after_attempt = 0;
+  uint64_t after_step = 0;
+  uint32_t max_points = kDefaultSeriesPoints;
+};
+
 struct MonitoringHandlers {
   std::function<std::string()> metrics_text;
   std::function<absl::StatusOr<std::string>()> jobs_json;
-  std::function<absl::StatusOr<std::string>(const std::string& job_id, uint64_t since_step,
-                                            uint32_t max_points)>
+  std::function<absl::StatusOr<std::string>(const std::string& job_id, const SeriesQuery& query)>
       series_json;
 };
 

@@ -249,10 +249,17 @@ absl::StatusOr<v1::JobSeries> Controller::GetJobSeries(const v1::GetJobSeriesReq
                                                      " (allowed: 0 for all, or 1 to ",
                                                      kMaxSeriesPageSize, ")"));
     }
-    // Only the new steps are read: the dashboard polls with since_step every few seconds; and
+    const bool cursor = req.after_attempt() > 0 || req.after_step() > 0;
+    if (cursor && req.since_step() > 0) {
+      return absl::InvalidArgumentError(
+          "GetJobSeries: since_step or the cursor (after_attempt, after_step), not both");
+    }
+    // Only the new steps are read: the dashboard polls with its cursor every few seconds; and
     // of a long history, only the points asked for.
+    const StepCursor after{.attempt = req.after_attempt(), .step = req.after_step()};
     absl::StatusOr<std::vector<v1::StepRecord>> loaded =
-        store_->LoadSteps(req.job_id(), req.since_step(), req.max_points(), kMaxSeriesPageSize);
+        store_->LoadSteps(req.job_id(), req.since_step(), req.max_points(), kMaxSeriesPageSize,
+                          cursor ? &after : nullptr);
     if (absl::IsResourceExhausted(loaded.status())) {
       return absl::ResourceExhaustedError(
           absl::StrCat("GetJobSeries: ", loaded.status().message(),

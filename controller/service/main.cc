@@ -129,12 +129,14 @@ int main(int argc, char** argv) {
     handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
       return http::JobsJson(c->RecentJobs(/*ended=*/100));
     };
-    handlers.series_json = [c](const std::string& job_id, uint64_t since,
-                               uint32_t max_points) -> absl::StatusOr<std::string> {
+    handlers.series_json = [c](const std::string& job_id,
+                               const http::SeriesQuery& q) -> absl::StatusOr<std::string> {
       furnace::v1::GetJobSeriesRequest req;
       req.set_job_id(job_id);
-      req.set_since_step(since);
-      req.set_max_points(max_points);
+      req.set_since_step(q.since_step);
+      req.set_after_attempt(q.after_attempt);
+      req.set_after_step(q.after_step);
+      req.set_max_points(q.max_points);
       auto series = c->GetJobSeries(req);
       if (!series.ok()) return series.status();
       return http::SeriesJson(*series);

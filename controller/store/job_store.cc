@@ -391,14 +391,22 @@ absl::Status JobStore::PutStep(const std::string& job_id, const v1::StepRecord& 
 absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::string& job_id,
                                                                 uint64_t since_step,
                                                                 uint32_t max_points,
-                                                                uint32_t max_steps) {
+                                                                uint32_t max_steps,
+                                                                const StepCursor* after) {
   std::vector<v1::StepRecord> out;
+  // ?2 and ?3: since_step, or the cursor's attempt and step.
+  const std::string where = after != nullptr
+                                ? "job_id = ?1 AND (attempt > ?2 OR (attempt = ?2 AND step > ?3))"
+                                : "job_id = ?1 AND step > ?2 AND ?3 = 0";
+  const int64_t bind2 =
+      after != nullptr ? static_cast<int64_t>(after->attempt) : static_cast<int64_t>(since_step);
+  const int64_t bind3 = after != nullptr ? static_cast<int64_t>(after->step) : 0;
   RETURN_IF_ERROR(Read([&](sqlite3* db) -> absl::Status {
     if (max_points > 0) {
-      Statement keys(db,
-                     "SELECT attempt, step FROM job_steps WHERE job_id = ?1 AND step > ?2 "
-                     "ORDER BY attempt, step");
-      keys.BindText(1, job_id).Bind(2, static_cast<int64_t>(since_step));
+      Statement keys(db, absl::StrCat("SELECT attempt, step FROM job_steps WHERE ", where,
+                                      " ORDER BY attempt, step")
+                             .c_str());
+      keys.BindText(1, job_id).Bind(2, bind2).Bind(3, bind3);
       std::vector<std::pair<int64_t, int64_t>> all;
       while (true) {
         ASSIGN_OR_RETURN(bool row, keys.Step());
@@ -422,13 +430,12 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
         return absl::OkStatus();
       }
     }
-    Statement q(db,
-                "SELECT record FROM job_steps WHERE job_id = ?1 AND step > ?2 "
-                "ORDER BY attempt, step LIMIT ?3");
+    Statement q(db, absl::StrCat("SELECT record FROM job_steps WHERE ", where,
+                                 " ORDER BY attempt, step LIMIT ?4")
+                        .c_str());
     // One row past max_steps says there are too many (SQLite reads LIMIT -1 as none).
-    q.BindText(1, job_id)
-        .Bind(2, static_cast<int64_t>(since_step))
-        .Bind(3, max_steps > 0 ? static_cast<int64_t>(max_steps) + 1 : int64_t{-1});
+    q.BindText(1, job_id).Bind(2, bind2).Bind(3, bind3).Bind(
+        4, max_steps > 0 ? static_cast<int64_t>(max_steps) + 1 : int64_t{-1});
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) return absl::OkStatus();

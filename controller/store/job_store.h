@@ -40,6 +40,12 @@ struct StoredJob {
   std::vector<furnace::v1::AttemptInfo> attempts;  // ascending attempt number
 };
 
+// A place in a job's step series: (attempt, step), ordered by attempt, then step.
+struct StepCursor {
+  uint32_t attempt = 0;
+  uint64_t step = 0;
+};
+
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" for tests.
@@ -101,10 +107,14 @@ class JobStore {
   // More than max_steps (when > 0) to return, unthinned (max_points 0, or at least as many points
   // as steps), is ResourceExhausted: a reply of every step of a long job passes what a client
   // accepts in one message.
+  // With `after`, the steps after that cursor in (attempt, step) order instead (since_step
+  // ignored): a later attempt's steps even where they redo earlier step numbers, an earlier
+  // attempt's not.
   absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadSteps(const std::string& job_id,
                                                                  uint64_t since_step = 0,
                                                                  uint32_t max_points = 0,
-                                                                 uint32_t max_steps = 0);
+                                                                 uint32_t max_steps = 0,
+                                                                 const StepCursor* after = nullptr);
   // At most `limit` steps after (after_attempt, after_step), ascending by (attempt, step); *more
   // says whether steps follow the last one.
   absl::StatusOr<std::vector<furnace::v1::StepRecord>> LoadStepPage(const std::string& job_id,

@@ -26,8 +26,7 @@ constexpr char kSecret[] = "secret-outside-web-root";
 
 struct SeriesCall {
   std::string job_id;
-  uint64_t since = 0;
-  uint32_t max = 0;
+  SeriesQuery query;
 };
 
 class MonitoringServerTest : public ::testing::Test {
@@ -45,12 +44,12 @@ class MonitoringServerTest : public ::testing::Test {
     MonitoringHandlers h;
     h.metrics_text = [] { return std::string("# TYPE furnace_up gauge\nfurnace_up 1\n"); };
     h.jobs_json = []() -> absl::StatusOr<std::string> { return std::string(R"({"jobs":[]})"); };
-    h.series_json = [](const std::string& id, uint64_t since,
-                       uint32_t max) -> absl::StatusOr<std::string> {
+    h.series_json = [](const std::string& id,
+                       const SeriesQuery& query) -> absl::StatusOr<std::string> {
       if (id == "missing") return absl::NotFoundError("no job 'missing'");
       if (id == "boom") return absl::InternalError("the job store is unreadable");
       std::lock_guard<std::mutex> lock(mu_);
-      last_ = SeriesCall{id, since, max};
+      last_ = SeriesCall{id, query};
       return std::string(R"({"job_id":")") + id + R"(","steps":[]})";
     };
     MonitoringOptions o;
@@ -108,15 +107,24 @@ TEST_F(MonitoringServerTest, SeriesPassesIdAndQueryParameters) {
   EXPECT_EQ(r.body, R"({"job_id":"j-0007","steps":[]})");
   SeriesCall c = last_series();
   EXPECT_EQ(c.job_id, "j-0007");
-  EXPECT_EQ(c.since, 12u);
-  EXPECT_EQ(c.max, 300u);
+  EXPECT_EQ(c.query.since_step, 12u);
+  EXPECT_FALSE(c.query.cursor);
+  EXPECT_EQ(c.query.max_points, 300u);
+
+  r = Get(port(), "/api/jobs/j-0007/series?after_attempt=2&after_step=40&max=30");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  c = last_series();
+  EXPECT_TRUE(c.query.cursor);
+  EXPECT_EQ(c.query.after_attempt, 2u);
+  EXPECT_EQ(c.query.after_step, 40u);
+  EXPECT_EQ(c.query.max_points, 30u);
 
   r = Get(port(), "/api/jobs/j-0008/series");
   EXPECT_EQ(r.status, 200) << r.raw;
   c = last_series();
   EXPECT_EQ(c.job_id, "j-0008");
-  EXPECT_EQ(c.since, 0u);
-  EXPECT_EQ(c.max, kDefaultSeriesPoints);  // a reply is bounded even when nobody asked
+  EXPECT_EQ(c.query.since_step, 0u);
+  EXPECT_EQ(c.query.max_points, kDefaultSeriesPoints);  // a reply is bounded even when nobody asked
 }
 
 TEST_F(MonitoringServerTest, SeriesRefusesBadNumbers) {

@@ -38,12 +38,13 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
   std::string got_id;
   uint64_t got_since = 99;
   uint32_t got_max = 99;
+  SeriesQuery got;
   MonitoringHandlers h;
-  h.series_json = [&](const std::string& id, uint64_t since,
-                      uint32_t max) -> absl::StatusOr<std::string> {
+  h.series_json = [&](const std::string& id, const SeriesQuery& q) -> absl::StatusOr<std::string> {
     got_id = id;
-    got_since = since;
-    got_max = max;
+    got_since = q.since_step;
+    got_max = q.max_points;
+    got = q;
     return std::string("{}");
   };
   RouteOptions o;
@@ -64,6 +65,19 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
     EXPECT_EQ(r.status, 400) << query;
     EXPECT_EQ(r.body, "max: expected a number of points from 1 to 10000 (default 2000)\n") << query;
   }
+  // The cursor: both parts, or either (the other 0); never with since.
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=3&after_step=17"), h, o).status, 200);
+  EXPECT_TRUE(got.cursor);
+  EXPECT_EQ(got.after_attempt, 3u);
+  EXPECT_EQ(got.after_step, 17u);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=2"), h, o).status, 200);
+  EXPECT_TRUE(got.cursor);
+  EXPECT_EQ(got.after_step, 0u);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=x"), h, o).status, 400);
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_step=-1"), h, o).status, 400);
+  const HttpResponse both = Route(Req("/api/jobs/j/series", "since=3&after_attempt=1"), h, o);
+  EXPECT_EQ(both.status, 400);
+  EXPECT_EQ(both.body, "since or the cursor (after_attempt, after_step), not both\n");
   EXPECT_EQ(Route(Req("/api/jobs//series"), h, o).status, 404);
   EXPECT_EQ(Route(Req("/api/jobs/series"), h, o).status, 404);
 }

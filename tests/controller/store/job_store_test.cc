@@ -213,6 +213,21 @@ TEST(JobStoreTest, ThinnedStepsAreEvenlySpacedWithTheNewest) {
       << over.status();
   EXPECT_EQ(s.LoadSteps("j", 85, 0, 5)->size(), 5u);
   EXPECT_EQ(s.LoadSteps("j", 0, 5, 4)->size(), 5u);  // thinned: max_steps does not apply
+  // After a cursor: a later attempt's steps that redo earlier step numbers come back, an earlier
+  // attempt's abandoned tail does not (since_step 45 would give attempt 1's 46..50 too).
+  const StepCursor at_1_45{.attempt = 1, .step = 45}, at_2_45{.attempt = 2, .step = 45};
+  EXPECT_EQ(s.LoadSteps("j", 0, 0, 0, &at_1_45)->size(), 5u + 50u);
+  EXPECT_EQ(s.LoadSteps("j", 45, 0)->size(), 5u + 45u);
+  auto current = s.LoadSteps("j", 0, 0, 0, &at_2_45);
+  ASSERT_TRUE(current.ok());
+  ASSERT_EQ(current->size(), 45u);
+  EXPECT_EQ(current->front().attempt(), 2u);
+  EXPECT_EQ(current->front().step(), 46u);
+  auto thin_after = s.LoadSteps("j", 0, 3, 0, &at_1_45);  // thinned over the same 55
+  ASSERT_TRUE(thin_after.ok());
+  ASSERT_EQ(thin_after->size(), 3u);
+  EXPECT_EQ((*thin_after)[0].step(), 46u);
+  EXPECT_EQ((*thin_after)[2].step(), 90u);
   // ForEachStep visits each one once, in the same order.
   std::vector<uint64_t> seen;
   ASSERT_TRUE(s.ForEachStep("j", [&](const v1::StepRecord& r) { seen.push_back(r.step()); }).ok());
