@@ -157,18 +157,28 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
     }
     ASSIGN_OR_RETURN(loaded, FromWeights(options.weights));
   }
-  // The tokenizer: as asked, else the job's (a Markov job has symbols: ids; other data was
-  // prepared with data.tokenizer, or the byte tokenizer when the job does not say).
+  // The tokenizer: as asked, else the job's (a Markov job has symbols: ids; token data names
+  // its data.tokenizer). An indexed dataset does not record the tokenizer that made it, nor does
+  // a token job without data.tokenizer: guessing (the byte tokenizer's ids are valid ids of a
+  // 50k vocabulary) would print garbage without an error, so it must be given.
   std::string tokenizer_name = options.tokenizer;
   if (tokenizer_name.empty()) {
-    if (!options.weights.empty()) {
+    constexpr char kGive[] =
+        "give --tokenizer (byte, ids, or the SentencePiece .model the data was prepared with)";
+    if (!options.weights.empty())
       return absl::InvalidArgumentError(
-          "sample: --weights needs --tokenizer (byte, ids, or the tokenizer model the data was "
-          "prepared with)");
+          absl::StrCat("sample: --weights does not say which tokenizer made its data: ", kGive));
+    if (loaded.data_source == "markov") {
+      tokenizer_name = "ids";
+    } else if (!loaded.data_tokenizer.empty()) {
+      tokenizer_name = loaded.data_tokenizer;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample: job ", job_id, " does not record the tokenizer of its data (data.source ",
+          loaded.data_source,
+          loaded.data_source == "indexed" ? ": an indexed dataset" : " without data.tokenizer",
+          "): ", kGive));
     }
-    tokenizer_name = loaded.data_source == "markov"   ? "ids"
-                     : !loaded.data_tokenizer.empty() ? loaded.data_tokenizer
-                                                      : "byte";
   }
   std::unique_ptr<Tokenizer> tokenizer;
   if (tokenizer_name == "ids") {

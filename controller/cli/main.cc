@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sample->add_option("--tokenizer", sample_options.tokenizer,
                      "byte, ids (token ids in decimal), or a tokenizer model file (default: the "
-                     "job's; required with --weights)");
+                     "job's data.tokenizer, ids for Markov data; required with --weights and for "
+                     "data that does not record its tokenizer: indexed, or tokens without "
+                     "data.tokenizer)");
 
   ReportOptions report_options;
   auto* report = app.add_subcommand(

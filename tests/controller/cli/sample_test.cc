@@ -122,6 +122,25 @@ TEST_F(SampleTest, GreedyFromAJobCheckpointIsThePyTorchContinuation) {
   EXPECT_NE(err_.str().find("from job j-1 step 30"), std::string::npos) << err_.str();
 }
 
+// An indexed dataset does not record its tokenizer, nor does token data without data.tokenizer:
+// the job's tokenizer must then be given (the byte tokenizer, guessed before, printed garbage for
+// a subword corpus without an error).
+TEST_F(SampleTest, AJobWhoseDataDoesNotNameItsTokenizerNeedsOne) {
+  SaveAsJobCheckpoint();
+  options_.tokenizer.clear();
+  for (const char* source : {"indexed", "tokens"}) {
+    client_.get_job.front()->mutable_spec()->mutable_data()->set_source(source);
+    absl::StatusOr<int> run = RunSample(ctx_, "j-1", options_);
+    EXPECT_TRUE(absl::IsInvalidArgument(run.status())) << source << ": " << run.status();
+    EXPECT_NE(run.status().message().find("does not record the tokenizer of its data"),
+              std::string::npos)
+        << run.status();
+    EXPECT_NE(run.status().message().find("give --tokenizer"), std::string::npos) << run.status();
+  }
+  options_.tokenizer = "ids";  // given: it samples
+  EXPECT_TRUE(RunSample(ctx_, "j-1", options_).ok());
+}
+
 TEST_F(SampleTest, FixedSeedRepeatsAndJsonSaysWhatRan) {
   options_.weights = kGolden;
   options_.temperature = 1.0;
@@ -156,7 +175,9 @@ TEST_F(SampleTest, BadInputIsNamed) {
   options_.tokenizer.clear();
   absl::StatusOr<int> no_tokenizer = RunSample(ctx_, "", options_);
   EXPECT_TRUE(absl::IsInvalidArgument(no_tokenizer.status()));
-  EXPECT_NE(no_tokenizer.status().message().find("--weights needs --tokenizer"), std::string::npos);
+  EXPECT_NE(no_tokenizer.status().message().find("--weights does not say which tokenizer"),
+            std::string::npos)
+      << no_tokenizer.status();
 
   options_.tokenizer = "ids";
   options_.prompt = "3 64";
