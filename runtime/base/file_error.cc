@@ -1,6 +1,8 @@
 #include "runtime/base/file_error.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -44,6 +46,19 @@ absl::StatusOr<int64_t> RegularFileSize(int fd, const std::string& what, const s
         absl::StrCat(Named(what, path), ": not a regular file (a directory, a device or a pipe)"));
   }
   return static_cast<int64_t>(st.st_size);
+}
+
+absl::StatusOr<int> OpenRegularFile(const std::string& what, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return CannotOpenError(what, path, errno);
+  const absl::StatusOr<int64_t> size = RegularFileSize(fd, what, path);
+  if (!size.ok()) {
+    ::close(fd);
+    return size.status();
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
 }
 
 }  // namespace furnace

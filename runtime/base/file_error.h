@@ -29,4 +29,10 @@ absl::Status CannotOpenError(const std::string& what, const std::string& path, i
 // UnreadableFileError when fstat fails.
 absl::StatusOr<int64_t> RegularFileSize(int fd, const std::string& what, const std::string& path);
 
+// Opens `path` for reading (O_CLOEXEC) when it is a regular file: a FIFO is opened without
+// waiting for a writer (O_NONBLOCK, cleared once the file is known to be regular), so a pipe
+// where a file should be is refused at once instead of blocking until the watchdog ends the
+// rank. The descriptor, or CannotOpenError / RegularFileSize's errors (the caller closes it).
+absl::StatusOr<int> OpenRegularFile(const std::string& what, const std::string& path);
+
 }  // namespace furnace

@@ -17,13 +17,13 @@ std::string ErrnoText() { return std::strerror(errno); }
 absl::StatusOr<std::unique_ptr<DataFile>> DataFile::Open(const std::string& path,
                                                          const std::string& what,
                                                          FileAccess access) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return CannotOpenError(what, path, errno);
+  const absl::StatusOr<int> fd = OpenRegularFile(what, path);
+  if (!fd.ok()) return fd.status();
   std::unique_ptr<DataFile> file(new DataFile());
-  file->fd_ = fd;  // closed by the destructor from here on
+  file->fd_ = *fd;  // closed by the destructor from here on
   file->path_ = path;
   file->what_ = what;
-  const absl::StatusOr<int64_t> size = RegularFileSize(fd, what, path);
+  const absl::StatusOr<int64_t> size = RegularFileSize(*fd, what, path);
   if (!size.ok()) return size.status();
   file->size_ = *size;
   file->Advise(access);

@@ -79,9 +79,13 @@ absl::StatusOr<const spm::Library*> Module() {
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (f == nullptr) return CannotOpenError(std::string(what), path, errno);
-  RETURN_IF_ERROR(RegularFileSize(::fileno(f.get()), std::string(what), path).status());
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(std::string(what), path));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(::fdopen(fd, "rb"), &std::fclose);
+  if (f == nullptr) {
+    const int error = errno;
+    ::close(fd);
+    return CannotOpenError(std::string(what), path, error);
+  }
   std::string bytes;
   char block[1 << 16];
   size_t got;

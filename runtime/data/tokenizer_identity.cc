@@ -1,6 +1,7 @@
 // TokenizerIdentity and the SHA-256 helpers (tokenizer.h): the part of the tokenizer interface
 // that needs no SentencePiece, so furnace_data (and the worker) can check a token file's tokenizer.
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -49,9 +50,13 @@ std::string Sha256Hex(absl::string_view bytes) {
 }
 
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (f == nullptr) return CannotOpenError("", path, errno);
-  RETURN_IF_ERROR(RegularFileSize(::fileno(f.get()), "", path).status());
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile("", path));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(::fdopen(fd, "rb"), &std::fclose);
+  if (f == nullptr) {
+    const int error = errno;
+    ::close(fd);
+    return CannotOpenError("", path, error);
+  }
   Sha256 sha;
   std::vector<char> block(1 << 16);
   size_t got;

@@ -1,5 +1,7 @@
 #include "runtime/data/token_file.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -76,6 +78,14 @@ TEST(TokenFileTest, OpenErrorsSayWhoseFaultItIs) {
   // A tokenizer path naming a directory opens, then cannot be read: the path's fault, not retried.
   EXPECT_TRUE(absl::IsInvalidArgument(Sha256OfFile(dir / "").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(TokenizerIdentity(dir / "").status()));
+  // A FIFO where a file should be: refused at once, not opened by waiting for a writer (which
+  // held the rank in its start-up until the watchdog ended it, reported as a hang).
+  const std::string fifo = dir / "fifo.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  absl::StatusOr<std::unique_ptr<TokenFile>> pipe = TokenFile::Open(fifo);
+  EXPECT_TRUE(absl::IsInvalidArgument(pipe.status())) << pipe.status();
+  EXPECT_THAT(pipe.status().message(), ::testing::HasSubstr("not a regular file"));
+  EXPECT_TRUE(absl::IsInvalidArgument(Sha256OfFile(fifo).status()));
 }
 
 TEST(TokenFileTest, RefusesWrongMagic) {
