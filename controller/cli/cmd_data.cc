@@ -132,6 +132,10 @@ absl::StatusOr<int> RunDataPrepare(const CommandContext& ctx, const DataPrepareO
              << FormatCount(stats->tokens) << " tokens, vocab " << stats->vocab << " ("
              << (byte ? "byte tokenizer" : stats->identity)
              << (eod >= 0 ? absl::StrCat(", end-of-document id ", eod) : "") << ")\n";
+    if (eod < 0 && stats->documents > 1 && ctx.err != nullptr) {
+      *ctx.err << "note: no end-of-document id between the " << FormatCount(stats->documents)
+               << " documents (they run together in training); --eod separates them\n";
+    }
   }
   return kExitOk;
 }

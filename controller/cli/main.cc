@@ -172,7 +172,8 @@ int main(int argc, char** argv) {
       "prepare",
       "text files or JSON Lines -> a token file that records its tokenizer (byte-level, or a "
       "SentencePiece model from `data tokenizer train`); documents end with the "
-      "end-of-document id");
+      "end-of-document id (a SentencePiece model's always; the byte tokenizer's with --eod, "
+      "else they run together)");
   prepare
       ->add_option("--input,-i", prepare_options.inputs,
                    "text files, one document each, or with --jsonl-field JSON Lines files, one "

@@ -64,6 +64,18 @@ TEST_F(DataPrepareTest, RoundTripBytesOnly) {
   int64_t vocab = 0;
   EXPECT_EQ(ReadTokens(output, &vocab), (std::vector<int32_t>{'h', 'i', '\n'}));
   EXPECT_EQ(vocab, 256);
+  EXPECT_EQ(err_.str().find("end-of-document"), std::string::npos)  // one document: no note
+      << err_.str();
+}
+
+// Without --eod the byte tokenizer separates nothing: with several documents it says so.
+TEST_F(DataPrepareTest, DocumentsWithoutASeparatorAreNoted) {
+  auto code = RunDataPrepare(
+      ctx_, {.inputs = {dir_ / "a.txt", dir_ / "b.txt"}, .output = dir_ / "train.tok"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_NE(err_.str().find("no end-of-document id between the 2 documents"), std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("--eod separates them"), std::string::npos) << err_.str();
 }
 
 TEST_F(DataPrepareTest, Errors) {
