@@ -7,7 +7,7 @@
 # longer run continues from what earlier runs found); the committed seeds in
 # tests/fuzz/TARGET/corpus are read, never written. A crash or a broken property exits non-zero,
 # with the input saved under build-fuzz/artifacts/TARGET/: copy it into
-# tests/fuzz/TARGET/regressions/, where the unit test fuzz_replay.TARGET replays it.
+# tests/fuzz/TARGET/regressions/, where the unit test fuzz_replay.TARGET.regressions replays it.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 target="${1:?usage: tests/fuzz/run.sh TARGET [SECONDS] [LIBFUZZER_FLAG...]}"

@@ -305,6 +305,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
     if (absl::IsAborted(s)) return kRankAborted;
+    if (absl::IsResourceExhausted(s)) return kRankResourceExhausted;
     return absl::IsInvalidArgument(s) ? kRankInvalidArgument : 1;
   }
   return 0;

@@ -88,10 +88,12 @@ struct RunResult {
 model::ModelConfig TinyLayoutModel(int top_k, double capacity_factor);
 
 // A rank whose training ended Aborted (a step refused as not finite) exits with kRankAborted, one
-// refused as InvalidArgument with kRankInvalidArgument, any other failure with 1. A failed run is
-// an error naming each rank's exit.
+// refused as InvalidArgument with kRankInvalidArgument, one out of memory (ResourceExhausted: its
+// activation arena's budget refused an allocation) with kRankResourceExhausted, any other failure
+// with 1. A failed run is an error naming each rank's exit ("rank 2 exited with 5; ...").
 inline constexpr int kRankAborted = 3;
 inline constexpr int kRankInvalidArgument = 4;
+inline constexpr int kRankResourceExhausted = 5;
 absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir);
 absl::StatusOr<RunResult> RunSingle(const LayoutCase& c);
 

@@ -6,7 +6,8 @@
 // and 1F1B pipelines with several micro-batches in flight (each one's dropped tensors rebuilt in
 // its own backward). Each parallel case forks one process per rank (Gloo over 127.0.0.1).
 // The Spikes suite runs the same layouts with routing spikes (runtime/model/spikes.h) on steps 1
-// and 3: the rebuilt router probabilities must carry the spike as forward's did.
+// and 3: the rebuilt router probabilities must carry the spike as forward's did. Each policy must
+// also lower every rank's activation peak below none's (else bit-identity would prove nothing).
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -46,6 +47,24 @@ void CheckPolicies(const Layout& layout, const model::SpikeConfig& spikes) {
     absl::StatusOr<RunResult> r = run(policy);
     ASSERT_TRUE(r.ok()) << r.status();
     ExpectBitIdentical(*r, *none);
+    // The policy must have acted, or the comparison above holds trivially: every rank's arena
+    // peak of every step is below none's (routing is the same, the runs being bit-identical). It
+    // holds on every rank of every layout here, a pipeline stage of one dense layer included: both
+    // policies drop each attention's ln1.out (B T d floats) after its forward, so every point of
+    // a micro-batch's run past its stage's first attention holds that much less, and the points
+    // before it (the stage's first module, the first attention's forward and backward) stay
+    // below the next FFN or MoE module's backward under none (its saved tensors and gradients
+    // exceed the attention's backward scratch). A micro-batch in flight beside it (1F1B) holds
+    // less too. The per-rank memory model (gpt_moe.h; adaptive_layout_test.cc checks it against
+    // the arena) composes the peak this way.
+    ASSERT_EQ(r->activation_peak.size(), none->activation_peak.size());
+    for (size_t rank = 0; rank < none->activation_peak.size(); ++rank) {
+      ASSERT_EQ(r->activation_peak[rank].size(), none->activation_peak[rank].size());
+      for (size_t s = 0; s < none->activation_peak[rank].size(); ++s) {
+        EXPECT_LT(r->activation_peak[rank][s], none->activation_peak[rank][s])
+            << "rank " << rank << " step " << s << ": the policy freed nothing";
+      }
+    }
   }
 }
 

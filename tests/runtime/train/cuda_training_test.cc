@@ -4,6 +4,9 @@
 // bf16. Tolerance: fp32, every step's loss within 1e-3 relative (the CUDA kernels sum in another
 // order than the CPU's, and routing may flip on a near tie); bf16, within 2% (and aux within 10%),
 // the tolerance of the emulated bf16 run (bf16_training_test.cc says why). The run learns in both.
+// Each run must also have used the table it names (the model reports "cuda" or "cuda/bf16"), and
+// the bf16 run must differ from the fp32 oracle: a bf16 run that silently ran at fp32 would pass
+// the tolerances, not this.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +19,10 @@ namespace {
 
 constexpr int kSteps = 12;
 
-void ExpectFollows(device::Precision precision, double loss_tol, double aux_tol) {
+// backend: the name of the table the model must have run on. must_differ: some step's loss must
+// differ from the oracle's (the bf16 run rounds; the fp32 one may match it bit for bit).
+void ExpectFollows(device::Precision precision, const char* backend, bool must_differ,
+                   double loss_tol, double aux_tol) {
   auto gpu = device::CreateCudaDevice(0);
   if (!gpu.ok() && gpu.status().code() == absl::StatusCode::kUnavailable) {
     GTEST_SKIP() << "no GPU: " << gpu.status().message();
@@ -28,6 +34,8 @@ void ExpectFollows(device::Precision precision, double loss_tol, double aux_tol)
   ASSERT_TRUE(want.ok()) << want.status();
   const absl::StatusOr<testing::ShortRun> got = testing::RunShort(**gpu, precision, kSteps);
   ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->backend, backend);
+  ASSERT_EQ(got->loss.size(), want->loss.size());
   double worst = 0;
   for (size_t s = 0; s < want->loss.size(); ++s) {
     const double rel = std::fabs(got->loss[s] - want->loss[s]) / std::fabs(want->loss[s]);
@@ -37,16 +45,22 @@ void ExpectFollows(device::Precision precision, double loss_tol, double aux_tol)
     EXPECT_LE(rel_aux, aux_tol) << "step " << s;
   }
   EXPECT_LT(got->loss.back(), got->loss.front() - 0.1);
+  if (must_differ) {
+    EXPECT_GT(worst, 0.0) << "the " << got->backend
+                          << " run is bit-identical to the fp32 CPU one: no bf16 arithmetic ran";
+  }
   std::printf(
       "REPORT %s vs the fp32 CPU over %d steps: loss within %.2e relative (tolerance "
       "%.0e)\n",
       got->backend.c_str(), kSteps, worst, loss_tol);
 }
 
-TEST(CudaTrainingTest, Fp32FollowsTheCpu) { ExpectFollows(device::Precision::kFp32, 1e-3, 1e-2); }
+TEST(CudaTrainingTest, Fp32FollowsTheCpu) {
+  ExpectFollows(device::Precision::kFp32, "cuda", /*must_differ=*/false, 1e-3, 1e-2);
+}
 
 TEST(CudaTrainingTest, Bf16FollowsTheFp32Cpu) {
-  ExpectFollows(device::Precision::kBf16, 2e-2, 1e-1);
+  ExpectFollows(device::Precision::kBf16, "cuda/bf16", /*must_differ=*/true, 2e-2, 1e-1);
 }
 
 }  // namespace
