@@ -142,29 +142,60 @@ void Controller::Audit(const std::string& identity, const std::string& action,
   }
 }
 
+namespace {
+
+// Submission order: by time, then id (jobs submitted within one clock tick).
+bool SubmittedBefore(const v1::JobSummary& a, const v1::JobSummary& b) {
+  if (a.submitted_unix() != b.submitted_unix()) return a.submitted_unix() < b.submitted_unix();
+  return a.job_id() < b.job_id();
+}
+
+void SortBySubmission(std::vector<v1::JobSummary>& jobs) {
+  std::sort(jobs.begin(), jobs.end(), SubmittedBefore);
+}
+
+}  // namespace
+
 std::vector<v1::JobSummary> Controller::ListJobs() {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::JobSummary> out;
-  for (const auto& [id, job] : jobs_.jobs()) out.push_back(job.summary);
-  std::sort(out.begin(), out.end(),
-            [](const auto& a, const auto& b) { return a.submitted_unix() < b.submitted_unix(); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.reserve(jobs_.jobs().size());
+    for (const auto& [id, job] : jobs_.jobs()) out.push_back(job.summary);
+  }
+  SortBySubmission(out);  // not under the state lock: the heartbeats wait for it
   return out;
 }
 
 v1::ListJobsResponse Controller::RecentJobs(size_t ended) {
-  std::vector<v1::JobSummary> all = ListJobs();
-  size_t to_skip = 0;
-  for (const v1::JobSummary& j : all) to_skip += IsFinal(j.state()) ? 1 : 0;
-  to_skip = to_skip > ended ? to_skip - ended : 0;
-  v1::ListJobsResponse out;
-  out.set_omitted(static_cast<uint32_t>(to_skip));
-  for (v1::JobSummary& j : all) {
-    if (to_skip > 0 && IsFinal(j.state())) {
-      --to_skip;
-      continue;
+  // Under the state lock only a pass over the jobs and the copies returned: the ended jobs (all
+  // of them, on a controller that has run for months) are ranked by a pointer each, not copied.
+  std::vector<v1::JobSummary> shown;
+  size_t omitted = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<const v1::JobSummary*> finals;
+    for (const auto& [id, job] : jobs_.jobs()) {
+      if (IsFinal(job.summary.state())) {
+        finals.push_back(&job.summary);
+      } else {
+        shown.push_back(job.summary);
+      }
     }
-    *out.add_jobs() = std::move(j);
+    if (finals.size() > ended) {
+      omitted = finals.size() - ended;
+      // The newest `ended` by submission.
+      std::nth_element(finals.begin(), finals.begin() + static_cast<std::ptrdiff_t>(omitted),
+                       finals.end(),
+                       [](const auto* a, const auto* b) { return SubmittedBefore(*a, *b); });
+      finals.erase(finals.begin(), finals.begin() + static_cast<std::ptrdiff_t>(omitted));
+    }
+    for (const v1::JobSummary* j : finals) shown.push_back(*j);
   }
+  SortBySubmission(shown);
+  v1::ListJobsResponse out;
+  out.set_omitted(static_cast<uint32_t>(omitted));
+  for (v1::JobSummary& j : shown) *out.add_jobs() = std::move(j);
   return out;
 }
 
