@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "CivetServer.h"
@@ -21,7 +22,8 @@ int LogMessage(const mg_connection*, const char* message) {
   return 1;
 }
 
-void Send(mg_connection* conn, const HttpResponse& r) {
+// The response; for a HEAD request its headers only (Content-Length still the body's).
+void Send(mg_connection* conn, const HttpResponse& r, bool head_only) {
   std::string head = "HTTP/1.1 " + std::to_string(r.status) + " " + StatusText(r.status) +
                      "\r\nContent-Type: " + r.content_type +
                      "\r\nContent-Length: " + std::to_string(r.body.size()) +
@@ -29,7 +31,7 @@ void Send(mg_connection* conn, const HttpResponse& r) {
   for (const auto& [name, value] : r.headers) head += name + ": " + value + "\r\n";
   head += "\r\n";
   mg_write(conn, head.data(), head.size());
-  if (!r.body.empty()) mg_write(conn, r.body.data(), r.body.size());
+  if (!head_only && !r.body.empty()) mg_write(conn, r.body.data(), r.body.size());
 }
 
 }  // namespace
@@ -139,7 +141,9 @@ int MonitoringServer::Handle(mg_connection* conn) {
   } catch (...) {
     response = HttpResponse{500, "text/plain; charset=utf-8", "internal error\n", {}};
   }
-  Send(conn, response);
+  const bool head_only = info != nullptr && info->request_method != nullptr &&
+                         std::string_view(info->request_method) == "HEAD";
+  Send(conn, response, head_only);
   return response.status;
 }
 

@@ -173,9 +173,11 @@ HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handler
                     "' (a name that resolves here is DNS rebinding; a reverse proxy that passes "
                     "its clients' Host on: furnace-controller --metrics-allowed-host NAME)");
   }
-  if (request.method != "GET") {
-    HttpResponse r = Text(405, "method not allowed: only GET is served here");
-    r.headers.emplace_back("Allow", "GET");
+  // HEAD is GET without the body (RFC 9110; uptime checks and `curl -I` use it): routed as GET,
+  // the server sends the headers only.
+  if (request.method != "GET" && request.method != "HEAD") {
+    HttpResponse r = Text(405, "method not allowed: only GET and HEAD are served here");
+    r.headers.emplace_back("Allow", "GET, HEAD");
     return r;
   }
   const std::string& path = request.path;

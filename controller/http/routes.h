@@ -11,7 +11,8 @@
 //                                         kDefaultSeriesPoints when absent)
 //   GET / and GET /<file>                 the dashboard's static files under web_root
 //
-// Anything else is 404; a method other than GET is 405; a body larger than max_body_bytes is
+// Anything else is 404; HEAD is answered as GET (the server leaves the body out); another method
+// is 405; a body larger than max_body_bytes is
 // 413; a path with "..", "." or hidden segments, a backslash or a NUL is 400. A handler's
 // NotFound becomes 404, InvalidArgument 400, any other error 500 with its message.
 // On a loopback listener (RouteOptions::loopback_listener) a Host header naming neither an IP

@@ -177,15 +177,22 @@ TEST_F(MonitoringServerTest, UnknownPathsAre404WithAShortText) {
   }
 }
 
-TEST_F(MonitoringServerTest, OnlyGetIsAllowed) {
+TEST_F(MonitoringServerTest, OnlyGetAndHeadAreAllowed) {
   for (const char* method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}) {
     RawResponse r =
         SendRaw(port(), std::string(method) +
                             " /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
                             "\r\n{}");
     EXPECT_EQ(r.status, 405) << method << "\n" << r.raw;
-    EXPECT_EQ(r.headers["allow"], "GET") << method;
+    EXPECT_EQ(r.headers["allow"], "GET, HEAD") << method;
   }
+  // HEAD: GET's status and headers (its Content-Length), no body.
+  RawResponse get = Get(port(), "/metrics");
+  RawResponse head = SendRaw(port(), "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_EQ(head.status, 200) << head.raw;
+  EXPECT_EQ(head.headers["content-length"], std::to_string(get.body.size())) << head.raw;
+  EXPECT_EQ(head.headers["content-type"], get.headers["content-type"]);
+  EXPECT_EQ(head.body, "") << head.raw;
 }
 
 // The listener is on loopback: a request whose Host is a DNS name (a rebinding page's) is refused
