@@ -73,7 +73,15 @@ class CudaMark final : public StreamMark {
     if (e == nullptr) return absl::InvalidArgumentError("stream mark: marks of different markers");
     float ms = 0;
     FURNACE_CUDA_RETURN_IF_ERROR(cudaSetDevice(pool_->ordinal()));
-    FURNACE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e->event_, event_));
+    const cudaError_t err = cudaEventElapsedTime(&ms, e->event_, event_);
+    if (err == cudaErrorNotReady) {  // the header's FailedPrecondition, not a device error
+      cudaGetLastError();            // not left for the next launch check (Passed above)
+      return absl::FailedPreconditionError("stream mark: a mark has not passed yet");
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return device::CudaStatus(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+    }
     return static_cast<double>(ms) * 1e-3;
   }
 
