@@ -21,7 +21,7 @@
 namespace furnace::comm {
 namespace {
 
-constexpr size_t kMaxFileName = 240;  // below NAME_MAX (255) with room for the tmp suffix
+constexpr size_t kMaxFileName = 240;  // below NAME_MAX (255)
 
 std::string EscapeKey(const std::string& key) {
   std::string out;
@@ -79,9 +79,10 @@ absl::Status FileKvStore::Set(const std::string& key, const std::string& value) 
     return absl::UnavailableError(
         absl::StrFormat("file kv store: cannot create %s: %s", dir_, ec.message()));
   }
-  // Unique per process and call, so concurrent writers of one key never share a tmp file.
+  // Unique per process and call, so concurrent writers of one key never share a tmp file; without
+  // the key's name, so a name near the limit still leaves the tmp name under NAME_MAX.
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrFormat("%s/.tmp-%d-%d-%s", dir_, getpid(), counter++, name);
+  const std::string tmp = absl::StrFormat("%s/.tmp-%d-%d", dir_, getpid(), counter++);
   const std::string path = dir_ + "/" + name;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

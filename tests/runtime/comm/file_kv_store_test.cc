@@ -51,6 +51,18 @@ TEST_F(FileKvStoreTest, EscapedKeysDoNotCollide) {
   EXPECT_THAT(*store.Get({"a/b", "a%2Fb", "a.b"}, 0), ElementsAre("slash", "percent", "dot"));
 }
 
+// A key whose file name is at the longest allowed (240) is stored; one longer is refused as
+// InvalidArgument (the tmp file's name once carried the key too, and passed NAME_MAX from about
+// the 100th write of a process).
+TEST_F(FileKvStoreTest, KeysUpToTheLongestFileNameAreStored) {
+  FileKvStore store(dir_);
+  const std::string longest(240, 'k');
+  for (int i = 0; i < 120; ++i) ASSERT_TRUE(store.Set(longest, std::to_string(i)).ok()) << i;
+  EXPECT_THAT(*store.Get({longest}, 0), ElementsAre("119"));
+  EXPECT_TRUE(absl::IsInvalidArgument(store.Set(std::string(241, 'k'), "x")));
+  EXPECT_TRUE(absl::IsInvalidArgument(store.Set(std::string(81, '/'), "x")));  // 243 escaped
+}
+
 TEST_F(FileKvStoreTest, SetOverwritesAndLeavesNoTemporaryFiles) {
   FileKvStore store(dir_);
   ASSERT_TRUE(store.Set("k", "1").ok());
