@@ -40,6 +40,13 @@ absl::Status StagedCommunicator::Counted(CollectiveOp op, const CallTimer& timer
   return s;
 }
 
+absl::Status StagedCommunicator::Staged(absl::Status s) {
+  if (!s.ok()) {
+    transport_->Abort(absl::StrCat("staging on ", device_.name(), " failed: ", s.message()));
+  }
+  return s;
+}
+
 namespace {
 
 // The host view of one buffer of a call: the buffer itself when it is host memory, else the
@@ -67,7 +74,7 @@ struct Side {
     }                                                                      \
     if (!s_.ok()) {                                                        \
       device_.SynchronizeStream(stream).IgnoreError();                     \
-      return s_;                                                           \
+      return Staged(std::move(s_));                                        \
     }                                                                      \
     side.device = const_cast<void*>(static_cast<const void*>(ptr));        \
     side.host = *h_;                                                       \
@@ -94,11 +101,11 @@ absl::Status StagedCommunicator::AllReduce(float* data, int64_t count) {
   const CallTimer timer;
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, count * 4, true);
-  RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, d.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kAllReduce, timer, [&] {
     return transport_->AllReduce(static_cast<float*>(d.host), count);
   }));
-  return CopyBack(device_, stream, d);
+  return Staged(CopyBack(device_, stream, d));
 }
 
 absl::Status StagedCommunicator::ReduceScatter(const float* in, float* out,
@@ -107,12 +114,12 @@ absl::Status StagedCommunicator::ReduceScatter(const float* in, float* out,
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, count_per_rank * size() * 4, true);
   FURNACE_STAGE(o, out_, out, count_per_rank * 4, false);
-  RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, i.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kReduceScatter, timer, [&] {
     return transport_->ReduceScatter(static_cast<const float*>(i.host), static_cast<float*>(o.host),
                                      count_per_rank);
   }));
-  return CopyBack(device_, stream, o);
+  return Staged(CopyBack(device_, stream, o));
 }
 
 absl::Status StagedCommunicator::ReduceScatterV(const float* in, float* out,
@@ -122,12 +129,12 @@ absl::Status StagedCommunicator::ReduceScatterV(const float* in, float* out,
   const int64_t mine = rank() < static_cast<int>(counts.size()) ? counts[rank()] : 0;
   FURNACE_STAGE(i, in_, in, Sum(counts) * 4, true);
   FURNACE_STAGE(o, out_, out, mine * 4, false);
-  RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, i.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kReduceScatter, timer, [&] {
     return transport_->ReduceScatterV(static_cast<const float*>(i.host),
                                       static_cast<float*>(o.host), counts);
   }));
-  return CopyBack(device_, stream, o);
+  return Staged(CopyBack(device_, stream, o));
 }
 
 absl::Status StagedCommunicator::AllGather(const void* in, void* out, int64_t bytes_per_rank) {
@@ -135,10 +142,10 @@ absl::Status StagedCommunicator::AllGather(const void* in, void* out, int64_t by
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, bytes_per_rank, true);
   FURNACE_STAGE(o, out_, out, bytes_per_rank * size(), false);
-  RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, i.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kAllGather, timer,
                           [&] { return transport_->AllGather(i.host, o.host, bytes_per_rank); }));
-  return CopyBack(device_, stream, o);
+  return Staged(CopyBack(device_, stream, o));
 }
 
 absl::Status StagedCommunicator::AllGatherV(const void* in, int64_t in_bytes, void* out,
@@ -147,11 +154,11 @@ absl::Status StagedCommunicator::AllGatherV(const void* in, int64_t in_bytes, vo
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, in_bytes, true);
   FURNACE_STAGE(o, out_, out, Sum(recv_bytes), false);
-  RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, i.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kAllGather, timer, [&] {
     return transport_->AllGatherV(i.host, in_bytes, o.host, recv_bytes);
   }));
-  return CopyBack(device_, stream, o);
+  return Staged(CopyBack(device_, stream, o));
 }
 
 absl::Status StagedCommunicator::AllToAllV(const void* in, const std::vector<int64_t>& send_bytes,
@@ -160,29 +167,29 @@ absl::Status StagedCommunicator::AllToAllV(const void* in, const std::vector<int
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(i, in_, in, Sum(send_bytes), true);
   FURNACE_STAGE(o, out_, out, Sum(recv_bytes), false);
-  RETURN_IF_ERROR(Settle(device_, stream, i.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, i.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kAllToAll, timer, [&] {
     return transport_->AllToAllV(i.host, send_bytes, o.host, recv_bytes);
   }));
-  return CopyBack(device_, stream, o);
+  return Staged(CopyBack(device_, stream, o));
 }
 
 absl::Status StagedCommunicator::Broadcast(void* data, int64_t bytes, int root) {
   const CallTimer timer;
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, bytes, rank() == root);
-  RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, d.device != nullptr)));
   RETURN_IF_ERROR(Counted(CollectiveOp::kBroadcast, timer,
                           [&] { return transport_->Broadcast(d.host, bytes, root); }));
   if (rank() == root) return absl::OkStatus();
-  return CopyBack(device_, stream, d);
+  return Staged(CopyBack(device_, stream, d));
 }
 
 absl::Status StagedCommunicator::Send(const void* data, int64_t bytes, int peer, uint32_t tag) {
   const CallTimer timer;
   device::Stream& stream = device::CurrentStreamOf(device_);
   FURNACE_STAGE(d, in_, data, bytes, true);
-  RETURN_IF_ERROR(Settle(device_, stream, d.device != nullptr));
+  RETURN_IF_ERROR(Staged(Settle(device_, stream, d.device != nullptr)));
   // The transport copies the payload before it returns (buffered sends), so staging is free again.
   return Counted(CollectiveOp::kSend, timer,
                  [&] { return transport_->Send(d.host, bytes, peer, tag); });
@@ -194,7 +201,7 @@ absl::Status StagedCommunicator::Recv(void* data, int64_t bytes, int peer, uint3
   FURNACE_STAGE(d, out_, data, bytes, false);
   RETURN_IF_ERROR(Counted(CollectiveOp::kRecv, timer,
                           [&] { return transport_->Recv(d.host, bytes, peer, tag); }));
-  return CopyBack(device_, stream, d);
+  return Staged(CopyBack(device_, stream, d));
 }
 
 #undef FURNACE_STAGE

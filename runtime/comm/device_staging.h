@@ -14,8 +14,10 @@
 //
 // Contract (communicator.h): the transport's. Byte counters: the transport's bytes per call (the
 // logical payload, as counted by the transport itself), with this call's wall time, staging
-// included. Errors: the transport's; a failed copy is returned as the device reports it (the
-// transport is not aborted for it: the peers then see this rank's timeout).
+// included. Errors: the transport's; a failed staging step (a pinned allocation, a copy, a stream
+// synchronisation) is returned as the device reports it and aborts the transport, so the peers
+// fail at once instead of waiting out their timeout, and every later call fails fast with the
+// transport's sticky error (communicator.h) instead of running a collective the peers are not in.
 //
 // Ownership: owns or borrows the transport (both constructors); borrows the device, which must
 // outlive this. Staging buffers are grown on demand (device.AllocateHost) and kept.
@@ -69,6 +71,9 @@ class StagedCommunicator final : public Communicator {
   // communicator's counters with the wall time since `timer`.
   template <typename Call>
   absl::Status Counted(CollectiveOp op, const CallTimer& timer, Call&& call);
+  // `s` unchanged; when it is an error (of staging, not of the transport), the transport is
+  // aborted first, naming it.
+  absl::Status Staged(absl::Status s);
 
   std::unique_ptr<Communicator> owned_;
   Communicator* transport_;

@@ -115,6 +115,25 @@ TEST(StagedCommunicatorTest, AllReduceOfDeviceAndHostBuffersMatchesTheHostRun) {
   });
 }
 
+// A staging step that fails (here the copy into staging of more bytes than the device holds)
+// aborts the transport: the peer waiting in the collective fails at once (not after its timeout),
+// and this rank's later calls fail fast with the sticky error instead of running a collective the
+// peers are not in.
+TEST(StagedCommunicatorTest, AFailedStagingAbortsTheTransport) {
+  RunRanks(2, [&](Rank& r) {
+    float* d = r.Upload(Values(r.comm->rank(), 100));
+    const absl::Status s = r.comm->AllReduce(d, r.comm->rank() == 0 ? 1 << 22 : 100);
+    EXPECT_FALSE(s.ok());
+    if (r.comm->rank() == 0) {
+      EXPECT_FALSE(r.comm->AsyncError().ok());
+      EXPECT_NE(r.comm->AsyncError().message().find("staging on"), std::string::npos)
+          << r.comm->AsyncError();
+      EXPECT_FALSE(r.comm->Barrier().ok());
+    }
+    r.dev->Free(d);
+  });
+}
+
 TEST(StagedCommunicatorTest, AllToAllVAllGatherVAndReduceScatterVMoveDeviceBytes) {
   constexpr int kRanks = 3;
   RunRanks(kRanks, [&](Rank& r) {
