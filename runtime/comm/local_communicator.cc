@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -347,7 +348,14 @@ class LocalCommunicator final : public Communicator {
     lock.unlock();
     Bytes result;
     absl::Status agreed = CheckAgreement(s.slots);
-    if (agreed.ok()) compute(s.slots, &result);
+    // Every member must reach the exit barrier, which nothing interrupts: an exception of the
+    // computation (std::bad_alloc for the result) fails this member, not the others' wait.
+    try {
+      if (agreed.ok()) compute(s.slots, &result);
+    } catch (const std::exception& e) {
+      agreed = absl::ResourceExhaustedError(
+          absl::StrCat(Where(info.name), ": cannot compute the result: ", e.what()));
+    }
     lock.lock();
     s.ExitBarrier(lock);
     if (!agreed.ok()) return s.Fail(std::move(agreed));
