@@ -348,27 +348,36 @@
 
     const left = 44, right = 78, top = 6, bottom = 30;
     const w = cssW - left - right, h = cssH - top - bottom;
-    const cw = w / steps.length, ch = h / layers;
+    const ch = h / layers;
+    // Columns are placed by step number, as the line charts above are (a thinned history and the
+    // unthinned steps after it keep one scale): step s spans [x(s), x(next step)).
+    const s0 = num(steps[0], 'step'), sEnd = num(steps[steps.length - 1], 'step') + 1;
+    const x = (st) => left + ((st - s0) / Math.max(1, sEnd - s0)) * w;
     // One column per step, or per pixel when steps outnumber pixels: a column shows the worst
-    // imbalance of its steps (a spike never averages away).
-    const cols = Math.max(1, Math.min(steps.length, Math.floor(w)));
-    const colW = w / cols;
-    for (let c = 0; c < cols; c++) {
-      const first = Math.floor((c * steps.length) / cols);
-      const end = Math.max(first + 1, Math.floor(((c + 1) * steps.length) / cols));
-      const worst = [];
-      for (let i = first; i < end; i++) {
-        const imb = get(steps[i], 'imbalance') || [];
-        for (let l = 0; l < imb.length; l++) {
-          const v = Number(imb[l]);
-          if (Number.isFinite(v) && !(worst[l] >= v)) worst[l] = v;
-        }
+    // imbalance of its steps (a spike never averages away) and reaches to the next column.
+    const columns = [];  // {x0, worst[]}
+    const perPixel = steps.length > Math.floor(w);
+    for (const r of steps) {
+      const x0 = perPixel ? left + Math.floor(x(num(r, 'step')) - left) : x(num(r, 'step'));
+      let col = columns[columns.length - 1];
+      if (!col || col.x0 !== x0) {
+        col = {x0, worst: []};
+        columns.push(col);
       }
+      const imb = get(r, 'imbalance') || [];
+      for (let l = 0; l < imb.length; l++) {
+        const v = Number(imb[l]);
+        if (Number.isFinite(v) && !(col.worst[l] >= v)) col.worst[l] = v;
+      }
+    }
+    for (let c = 0; c < columns.length; c++) {
+      const {x0, worst} = columns[c];
+      const x1 = c + 1 < columns.length ? columns[c + 1].x0 : left + w;
       for (let l = 0; l < worst.length; l++) {
         if (worst[l] === undefined) continue;
         g.fillStyle = rampColor((worst[l] - 1) / (vmax - 1));
         // Layer 0 at the top; cells overlap by a pixel so no seams show.
-        g.fillRect(left + c * colW, top + l * ch, Math.max(1, colW + 0.5), ch + 0.5);
+        g.fillRect(x0, top + l * ch, Math.max(1, x1 - x0 + 0.5), ch + 0.5);
         view.heatmapCells++;
       }
     }
@@ -381,14 +390,15 @@
     g.textAlign = 'center';
     g.textBaseline = 'top';
     // Step ticks at a round interval (1, 2, 5, 10, 20, 50, ...), about 70 px apart or more.
-    const span = num(steps[steps.length - 1], 'step') - num(steps[0], 'step');
+    const span = sEnd - 1 - s0;
     let stepEvery = 1;
     for (let k = 1; span / stepEvery > Math.max(1, w / 70); k++) {
       stepEvery = [1, 2, 5][k % 3] * 10 ** Math.floor(k / 3);
     }
-    for (let i = 0; i < steps.length; i++) {
-      const s = num(steps[i], 'step');
-      if (s % stepEvery === 0) g.fillText(String(s), left + (i + 0.5) * cw, top + h + 6);
+    // At the round steps in the range, where those steps sit (whether or not a thinned series
+    // holds them).
+    for (let t = Math.ceil(s0 / stepEvery) * stepEvery; t < sEnd; t += stepEvery) {
+      g.fillText(String(t), (x(t) + x(t + 1)) / 2, top + h + 6);
     }
     g.fillText('step', left + w / 2, top + h + 18);
     // Colour bar.
