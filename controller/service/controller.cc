@@ -29,17 +29,21 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create state dir ", options.state_dir, ": ", ec.message()));
   }
+  // Before the database is opened: a second controller on the directory leaves it alone.
+  ASSIGN_OR_RETURN(StateDirLock lock, StateDirLock::Acquire(options.state_dir));
   ASSIGN_OR_RETURN(auto store,
                    JobStore::Open((fs::path(options.state_dir) / "furnace.db").string()));
-  std::unique_ptr<Controller> controller(new Controller(options, clock, std::move(store)));
+  std::unique_ptr<Controller> controller(
+      new Controller(options, clock, std::move(lock), std::move(store)));
   RETURN_IF_ERROR(controller->Load());
   return controller;
 }
 
-Controller::Controller(const ControllerOptions& options, const Clock& clock,
+Controller::Controller(const ControllerOptions& options, const Clock& clock, StateDirLock lock,
                        std::unique_ptr<JobStore> store)
     : options_(options),
       clock_(clock),
+      state_lock_(std::move(lock)),
       store_(std::move(store)),
       submit_limiter_(options_.submit_rate, options_.submit_burst, clock_),
       logs_((fs::path(options_.state_dir) / "logs" / "jobs").string()),

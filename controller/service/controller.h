@@ -44,6 +44,7 @@
 #include "controller/service/worker_registry.h"
 #include "controller/store/group_commit.h"
 #include "controller/store/job_store.h"
+#include "controller/store/state_dir_lock.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
 #include "runtime/base/clock.h"
@@ -155,7 +156,8 @@ class Controller {
   ~Controller();
 
  private:
-  Controller(const ControllerOptions& options, const Clock& clock, std::unique_ptr<JobStore> store);
+  Controller(const ControllerOptions& options, const Clock& clock, StateDirLock lock,
+             std::unique_ptr<JobStore> store);
   absl::Status Load();
   // The ranks this worker holds in our records, for the agent to reconcile (HeartbeatResponse).
   // Caller holds mu_.
@@ -173,6 +175,8 @@ class Controller {
 
   const ControllerOptions options_;
   const Clock& clock_;
+  // Held until after the store is closed (members go in reverse order).
+  const StateDirLock state_lock_;
   const std::unique_ptr<JobStore> store_;
   Rendezvous rendezvous_;
   // The rendezvous keys' writes, and the records JobLifecycle writes behind (events, an ended

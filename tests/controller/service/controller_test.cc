@@ -297,6 +297,24 @@ TEST_F(ControllerTest, RankFailureRecoversWithBackoffAndFencing) {
 
 // A controller restarted during a job's restart backoff keeps what is left of it (from the failed
 // attempt's recover_at_unix), rather than placing the next attempt at once.
+// One controller per state dir: a second one (a leftover, or two started by mistake) is refused
+// before it opens the database, naming the holder's pid; once the first is gone the directory is
+// free again.
+TEST_F(ControllerTest, ASecondControllerOnTheStateDirIsRefused) {
+  ControllerOptions o;
+  o.state_dir = dir_.string();
+  o.advertise_address = "127.0.0.1:1";
+  auto second = Controller::Create(o, clock_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find(
+                absl::StrCat("in use by another controller (pid ", ::getpid(), ")")),
+            std::string::npos)
+      << second.status();
+  Restart();  // the first goes, then a new one takes the directory
+  EXPECT_NE(c_, nullptr);
+}
+
 TEST_F(ControllerTest, ARestartedControllerKeepsTheRemainingBackoff) {
   StartRunning(R"(name: t
 kind: commcheck
