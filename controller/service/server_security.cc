@@ -1,5 +1,7 @@
 #include "controller/service/server_security.h"
 
+#include <grpc/grpc.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "controller/service/auth_processor.h"
@@ -80,6 +82,9 @@ void ConfigureServerLimits(grpc::ServerBuilder& builder, const ControllerFlags& 
   // threads; more idle pollers are kept instead (bench/controlplane).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
+  // gRPC sets SO_REUSEPORT by default: a second controller on a port in use would start and share
+  // the connections with the first (workers and clients talking to either at random). Refused.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
 std::string InsecureGaugeText(bool insecure) {
