@@ -22,6 +22,7 @@ packages=(
   libsentencepiece-dev  # subword tokenizers: furnace data tokenizer train / prepare (runtime/data)
   libssl-dev  # SHA-256 of tokenizer models, `furnace certs init` (libcrypto)
   python3 procps curl
+  xz-utils  # tests/gpu/bundle.sh packs the GPU archive with xz (not in minimal images)
   iproute2  # ip netns, veth, bridge, tc: emulated hosts (chaos.multihost_cut, two_node_test)
   python3-numpy  # tests/reference/megatron_indexed.py, the independent indexed-dataset writer
   clang-format  # the formatting check in the test command (Debian 12: clang-format 14)
@@ -46,11 +47,23 @@ done
 
 if ((${#missing[@]})); then
   echo "[setup] installing: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get update -qq
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Through env: sudo's env_reset would drop an exported DEBIAN_FRONTEND, and a debconf question
+  # would then wait, hidden by -qq.
+  as_root=(env DEBIAN_FRONTEND=noninteractive)
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || {
+      echo "[setup] installing packages needs root: run this as root, or install sudo" >&2
+      exit 1
+    }
+    as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+  fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The prometheus package starts its server (0.0.0.0:9090, no authentication) at boot; the
+  # tests need only promtool and start their own server on a free port.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    "${as_root[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 else
   echo "[setup] all packages present"
 fi

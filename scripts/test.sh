@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 tests/fuzz/build.sh  # the libFuzzer targets (clang); the fuzz tests run each for a bounded time
-ctest --test-dir build --output-on-failure -j 2 "$@"
+# --timeout: the limit of every test that sets none of its own (TIMEOUT properties win): a hang is
+# reported as that test's timeout, not a CI run killed with no name.
+ctest --test-dir build --output-on-failure -j 2 --timeout 600 "$@"

@@ -237,10 +237,14 @@ elif ((do_build)); then
   fi
   cuda_flag=-DFURNACE_ENABLE_CUDA=OFF
   command -v nvcc >/dev/null 2>&1 && cuda_flag=-DFURNACE_ENABLE_CUDA=ON
+  # setup.sh --no-web fetched no charting library: a build without the dashboard (the GPU checks
+  # need none), unless this checkout already has it (a build directory used for everything).
+  web_flag=()
+  [ -f web/node_modules/uplot/dist/uPlot.iife.min.js ] || web_flag=(-DFURNACE_WEB=OFF)
   log "configure ($cuda_flag) and build gpu_tests gpu_benches in $build_dir"
   build_start=$SECONDS
   if timeout "$(left)" cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-       "$cuda_flag" >"$work/build.log" 2>&1 &&
+       "$cuda_flag" "${web_flag[@]}" >"$work/build.log" 2>&1 &&
      timeout "$(left)" cmake --build "$build_dir" -j "$(nproc)" --target gpu_tests gpu_benches \
        >>"$work/build.log" 2>&1; then
     echo "- build: \`cmake --build $build_dir --target gpu_tests gpu_benches\` ($cuda_flag):" \
