@@ -500,12 +500,11 @@
             view.steps = [];
             view.thin = false;
           }
-          mergeSteps(get(series, 'steps') || []);
-          if (evals.length) {
-            const shown = new Set(view.steps.map((r) => num(r, 'step')));
-            for (const r of evals) if (!shown.has(num(r, 'step'))) view.steps.push(r);
-            view.steps.sort((a, b) => num(a, 'step') - num(b, 'step'));
-          }
+          // Merged in (attempt, step) order with the fetched records, so an evaluation of an
+          // attempt that a later one redid (from a checkpoint before it) goes as its steps do.
+          const incoming = get(series, 'steps') || [];
+          mergeSteps(evals.length ? incoming.concat(evals).sort((a, b) =>
+            num(a, 'attempt') - num(b, 'attempt') || num(a, 'step') - num(b, 'step')) : incoming);
           points = renderCharts();
           renderKpis();
         }

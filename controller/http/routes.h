@@ -36,8 +36,6 @@ namespace furnace::controller::http {
 inline constexpr uint32_t kDefaultSeriesPoints = 2000;
 inline constexpr uint32_t kMaxSeriesPoints = 10000;
 
-// What the server asks of its owner. Each callback may be left empty (its route then answers
-// 404). civetweb's worker threads call them concurrently, so they must be thread-safe.
 // A series request: since_step, or (cursor) the steps after (after_attempt, after_step).
 struct SeriesQuery {
   uint64_t since_step = 0;
@@ -47,6 +45,8 @@ struct SeriesQuery {
   uint32_t max_points = kDefaultSeriesPoints;
 };
 
+// What the server asks of its owner. Each callback may be left empty (its route then answers
+// 404). civetweb's worker threads call them concurrently, so they must be thread-safe.
 struct MonitoringHandlers {
   std::function<std::string()> metrics_text;
   std::function<absl::StatusOr<std::string>()> jobs_json;

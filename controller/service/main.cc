@@ -134,8 +134,10 @@ int main(int argc, char** argv) {
       furnace::v1::GetJobSeriesRequest req;
       req.set_job_id(job_id);
       req.set_since_step(q.since_step);
-      req.set_after_attempt(q.after_attempt);
-      req.set_after_step(q.after_step);
+      if (q.cursor) {
+        req.set_after_attempt(q.after_attempt);
+        req.set_after_step(q.after_step);
+      }
       req.set_max_points(q.max_points);
       auto series = c->GetJobSeries(req);
       if (!series.ok()) return series.status();

@@ -442,7 +442,9 @@ absl::StatusOr<std::vector<v1::StepRecord>> JobStore::LoadSteps(const std::strin
       if (max_steps > 0 && out.size() == max_steps) {
         out.clear();
         return absl::ResourceExhaustedError(absl::StrCat(
-            "job '", job_id, "' has more than ", max_steps, " steps after step ", since_step));
+            "job '", job_id, "' has more than ", max_steps, " steps after ",
+            after != nullptr ? absl::StrCat("attempt ", after->attempt, " step ", after->step)
+                             : absl::StrCat("step ", since_step)));
       }
       ASSIGN_OR_RETURN(auto step, Parse<v1::StepRecord>(q.Blob(0), "step"));
       out.push_back(std::move(step));

@@ -13,7 +13,8 @@
 // Float payloads (allreduce) are (rank % 4 + 1) * ((i + iter) % 3 + 1): every partial sum, in
 // whatever order the collective adds, is an integer of at most 12 * world_size, exact in float32
 // up to a million ranks, so the check is exact equality. A missing or doubled contribution changes
-// the sum, and so does a stale iteration (the second factor).
+// the sum, and so does a stale iteration (the second factor); one rank's buffer used in place of
+// another's with the same rank % 4 does not (the integer payloads below check who sent what).
 
 // All functions are pure and thread-safe.
 #pragma once

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -79,10 +80,14 @@ absl::Status FileKvStore::Set(const std::string& key, const std::string& value) 
     return absl::UnavailableError(
         absl::StrFormat("file kv store: cannot create %s: %s", dir_, ec.message()));
   }
-  // Unique per process and call, so concurrent writers of one key never share a tmp file; without
+  // Unique per process and call, so concurrent writers never share a tmp file (a random token
+  // too: processes of other PID namespaces, containers sharing the directory, reuse pids); without
   // the key's name, so a name near the limit still leaves the tmp name under NAME_MAX.
+  static const uint64_t process_token =
+      (uint64_t{std::random_device()()} << 32) ^ std::random_device()();
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrFormat("%s/.tmp-%d-%d", dir_, getpid(), counter++);
+  const std::string tmp =
+      absl::StrFormat("%s/.tmp-%d-%016x-%d", dir_, getpid(), process_token, counter++);
   const std::string path = dir_ + "/" + name;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -349,9 +349,16 @@ TEST_F(RankSupervisorTest, LinesThatAreNotUtf8ReachTheSinkValid) {
 }
 
 TEST_F(RankSupervisorTest, LeftoverProcessesInTheGroupDoNotHoldTheExit) {
-  // The leftover outlives ctest's timeout: an exit it held would hang the test.
-  const furnace::v1::RankReport report = RunToEnd("sleep 600 & echo started; exit 0");
+  // The leftover outlives ctest's timeout: an exit it held would hang the test. It is killed
+  // after (its pid written by the script), not left running for ten minutes.
+  const std::string leftover = LogPath() + ".leftover-pid";
+  const furnace::v1::RankReport report =
+      RunToEnd("sleep 600 & echo $! > '" + leftover + "'; echo started; exit 0");
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_SUCCESS);
+  int pid = 0;
+  std::ifstream(leftover) >> pid;
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
 }
 
 TEST_F(RankSupervisorTest, LaunchFailureIsAnError) {
