@@ -20,7 +20,9 @@
 // interleave of period K = 4096 slots (slot counts the largest-remainder apportionment of K*w_d,
 // spread by the smooth weighted round-robin): position p goes to dataset layout[p % K] as that
 // dataset's own position (p / K) * n_d + rank of the slot. Each dataset then has its own epochs
-// (it may repeat while another has not finished one). A weight below 1/K is refused.
+// (it may repeat while another has not finished one). Shares are whole slots: a dataset gets its
+// weight's share to within half a slot (1/8192 of the positions), so a weight near 1/K can be
+// off by up to half of itself; one that rounds to no slot is refused.
 //
 // Validation samplers read the held-out windows in order, position p -> window p % N_val.
 #pragma once
@@ -55,7 +57,7 @@ struct EpochSamplerOptions {
 };
 
 // InvalidArgument (naming the file) when a dataset has no window of seq_len + 1 tokens in the
-// requested part, or a weight is not positive or below 1/K of the blend.
+// requested part, or a weight is not positive or rounds to no slot of the K (above).
 absl::StatusOr<std::unique_ptr<Sampler>> MakeEpochSampler(std::vector<EpochSource> sources,
                                                           const SamplerConfig& config,
                                                           const EpochSamplerOptions& options);

@@ -18,7 +18,8 @@
 // found and supported values: another magic (e.g. the legacy "TNTIDX" cached format), another
 // version, a float or unknown dtype, an .idx whose size is not exactly that layout (a multimodal
 // index, which appends i8[S] sequence modes, is refused as such), negative lengths, pointers that
-// are not increasing and non-overlapping or run past the .bin, document indices that are not
+// are not increasing and non-overlapping, not a multiple of the token width (Megatron's writer
+// never makes one) or run past the .bin (all as damage: DataLoss), document indices that are not
 // non-decreasing from 0 to S. Token ids outside [0, vocab) are refused when read (token_stream.h:
 // Open reads the .idx whole and the .bin not at all).
 //
