@@ -68,14 +68,20 @@ class DocumentSink {
 // Where to cut `text` so the head can be encoded alone: after its last newline; in a line longer
 // than a block, before its last space, where a subword model's pieces end too (they never span a
 // whitespace), so the parts' ids are the whole line's; in a block without either, before the last
-// UTF-8 lead byte (never inside a character). 0 when nothing can be cut yet.
+// UTF-8 lead byte (never inside a character). A run of more continuation bytes than a character
+// has is not UTF-8 (a Latin-1 file, binary): cut at the end, so what waits stays bounded. 0 when
+// nothing can be cut yet.
 size_t CutPoint(absl::string_view text) {
   const size_t newline = text.rfind('\n');
   if (newline != absl::string_view::npos) return newline + 1;
   const size_t space = text.rfind(' ');
   if (space != absl::string_view::npos && space > 0) return space;
   size_t cut = text.size();
-  while (cut > 0 && (static_cast<unsigned char>(text[cut - 1]) & 0xC0) == 0x80) --cut;
+  int continuation = 0;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut - 1]) & 0xC0) == 0x80) {
+    --cut;
+    if (++continuation > 3) return text.size();
+  }
   return cut > 0 ? cut - 1 : 0;
 }
 
@@ -118,8 +124,14 @@ absl::Status PrepareJsonLines(const std::string& input, const std::string& field
     ++line_number;
     advance(static_cast<int64_t>(line.size()) + 1);
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_discarded() || !record.is_object()) {
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {  // its reason: a syntax error, invalid UTF-8
+      return absl::InvalidArgumentError(absl::StrCat("data prepare: input ", input, " line ",
+                                                     line_number, ": not JSON: ", e.what()));
+    }
+    if (!record.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat("data prepare: input ", input, " line ",
                                                      line_number, ": not a JSON object"));
     }

@@ -115,6 +115,8 @@ TEST(PrepareTest, ErrorsNameTheFileAndKeepTheOldOutput) {
   WriteAll(dir / "empty.txt", "");
   WriteAll(dir / "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
   WriteAll(dir / "broken.jsonl", "{\"text\": \"a\"}\nnot json\n");
+  WriteAll(dir / "array.jsonl", "[1, 2]\n");
+  WriteAll(dir / "latin1.jsonl", "{\"text\": \"caf\xe9\"}\n");  // Latin-1, not UTF-8
   WriteAll(dir / "blank.jsonl", "\n\n");
   WriteAll(dir / "out.bin", "an older file");
   ByteTokenizer tokenizer(true);
@@ -140,7 +142,15 @@ TEST(PrepareTest, ErrorsNameTheFileAndKeepTheOldOutput) {
       {{dir / "broken.jsonl"},
        "text",
        absl::StatusCode::kInvalidArgument,
-       "input " + dir / "broken.jsonl" + " line 2: not a JSON object"},
+       "input " + dir / "broken.jsonl" + " line 2: not JSON: [json.exception.parse_error"},
+      {{dir / "array.jsonl"},
+       "text",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "array.jsonl" + " line 1: not a JSON object"},
+      {{dir / "latin1.jsonl"},
+       "text",
+       absl::StatusCode::kInvalidArgument,
+       "input " + dir / "latin1.jsonl" + " line 1: not JSON: "},
       {{dir / "blank.jsonl"},
        "text",
        absl::StatusCode::kInvalidArgument,
