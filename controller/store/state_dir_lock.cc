@@ -18,8 +18,7 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
   const std::string path = (std::filesystem::path(state_dir) / "controller.lock").string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
@@ -32,10 +31,10 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
     int pid = 0;
     const bool known =
         n > 0 && absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(text, n)), &pid);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state dir ", state_dir, " is in use by another controller",
-        known ? absl::StrCat(" (pid ", pid, ")") : std::string(),
-        ": stop it first, or give this one another --state-dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir ", state_dir, " is in use by another controller",
+                     known ? absl::StrCat(" (pid ", pid, ")") : std::string(),
+                     ": stop it first, or give this one another --state-dir"));
   }
   // The pid is for the message only: the lock holds without it.
   const std::string pid = absl::StrCat(::getpid(), "\n");
