@@ -224,6 +224,25 @@ INSTANTIATE_TEST_SUITE_P(Spikes, SpikeLayoutTest,
                                             ::testing::ValuesIn(kSpikeRoutings)),
                          CaseName);
 
+// A fresh rendezvous directory under the test's temp dir.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Runs `c`, which must fail with every rank exiting with `code` (layout_run.h).
+void ExpectEveryRankExitsWith(const LayoutCase& c, const std::string& name, int code) {
+  const absl::StatusOr<RunResult> run = RunLayout(c, FreshDir(name));
+  ASSERT_FALSE(run.ok());
+  const std::string why(run.status().message());
+  for (int rank = 0; rank < c.sizes.world(); ++rank) {
+    EXPECT_NE(why.find(absl::StrCat("rank ", rank, " exited with ", code)), std::string::npos)
+        << why;
+  }
+}
+
 // A diverging run (a learning rate of 1e38) on a layout with every kind of group: the first step
 // whose loss or gradient norm is not finite is refused on every rank alike (both are global), so
 // every rank stops there with the same cause and none waits in a collective for the others.
@@ -235,17 +254,7 @@ TEST(DivergenceLayoutTest, EveryRankRefusesTheSameNonFiniteStep) {
   c.sizes.ep = 2;
   c.steps = 6;
   c.lr = 1e38;
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-diverging-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const absl::StatusOr<RunResult> run = RunLayout(c, dir);
-  ASSERT_FALSE(run.ok());
-  const std::string why(run.status().message());
-  for (int rank = 0; rank < c.sizes.world(); ++rank) {
-    EXPECT_NE(why.find(absl::StrCat("rank ", rank, " exited with ", kRankAborted)),
-              std::string::npos)
-        << why;
-  }
+  ExpectEveryRankExitsWith(c, "diverging", kRankAborted);
 }
 
 // A rank whose host holds other data at the same path (here: another Markov chain) trains other
@@ -258,21 +267,9 @@ TEST(DataCheckLayoutTest, EveryRankRefusesWhenOneOpenedOtherData) {
   c.sizes.ep = 2;
   c.steps = 2;
   c.other_data_rank = 1;
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-other-data-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const absl::StatusOr<RunResult> run = RunLayout(c, dir);
-  ASSERT_FALSE(run.ok());
-  const std::string why(run.status().message());
-  for (int rank = 0; rank < c.sizes.world(); ++rank) {
-    EXPECT_NE(why.find(absl::StrCat("rank ", rank, " exited with ", kRankInvalidArgument)),
-              std::string::npos)
-        << why;
-  }
-  c.other_data_rank = -1;  // the same data: the check passes (a fresh rendezvous directory)
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const absl::StatusOr<RunResult> same = RunLayout(c, dir);
+  ExpectEveryRankExitsWith(c, "other-data", kRankInvalidArgument);
+  c.other_data_rank = -1;  // the same data: the check passes
+  const absl::StatusOr<RunResult> same = RunLayout(c, FreshDir("same-data"));
   EXPECT_TRUE(same.ok()) << same.status();
 }
 
