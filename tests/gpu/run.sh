@@ -87,6 +87,11 @@ write_report() {
     echo
     echo "Written by \`tests/gpu/run.sh\` on $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $SECONDS s of a" \
       "$budget s budget."
+    # The benchmarks' GOAL lines (issue 13's figures), first: what the note needs.
+    if [ -s "$work/goals.md" ]; then
+      printf '\n## Goals\n\n'
+      cat "$work/goals.md"
+    fi
     cat "$work/body.md"
     # What the step under way has done so far (the tests' executables, one line each).
     if [ -f "$work/pending.md" ]; then cat "$work/pending.md"; fi
@@ -306,6 +311,7 @@ else
       rc=1
       echo "(said \"no GPU\" on a machine with one: CUDA could not use it)" >>"$work/$name.err"
     fi
+    grep '^GOAL ' "$work/$name.out" | sed 's/^GOAL /- /' >>"$work/goals.md"
     printf '\n### %s (exit status %d, %d s)\n\n' "$name" "$rc" "$((SECONDS - bench_start))" \
       >>"$work/body.md"
     fence "$work/$name.out" 8000
@@ -357,7 +363,17 @@ if [ -n "$bundle_dir" ]; then
     >>"$work/body.md"
   gpu_flag=()
   ((gpu)) && gpu_flag=(--gpu)
-  python3 "$repo/tests/gpu/gtest_report.py" "${gpu_flag[@]}" "$work"/xml/*.xml >>"$work/body.md" ||
+  # Each executable's XML, or its output where it wrote none (killed or crashed: the cases its
+  # log shows still count).
+  reports=()
+  for name in "${test_names[@]}"; do
+    if [ -f "$work/xml/$name.xml" ]; then
+      reports+=("$work/xml/$name.xml")
+    elif [ -f "$work/$name.log" ]; then
+      reports+=("$work/$name.log")
+    fi
+  done
+  python3 "$repo/tests/gpu/gtest_report.py" "${gpu_flag[@]}" "${reports[@]}" >>"$work/body.md" ||
     status=1
   if ((rc != 0)); then
     status=1
