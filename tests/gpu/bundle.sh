@@ -9,7 +9,7 @@
 # carry (cuBLAS, cuBLASLt, NCCL: several hundred MB; the CUDA image has them under
 # /usr/local/cuda or in its Python's nvidia-* packages). Then, on the GPU machine:
 #
-#   bash tests/gpu/run.sh --bundle .gpu-bundle/furnace-gpu.tar.xz --budget-s 420
+#   bash tests/gpu/run.sh --bundle .gpu-bundle/furnace-gpu.tar.xz --budget-s 360
 #
 # Usage: tests/gpu/bundle.sh [--build-dir DIR] [--no-build] [-o ARCHIVE]
 #   --build-dir  the CUDA build to pack (default: build; configured and the gpu targets built here
