@@ -147,10 +147,18 @@ std::string DeviceLine() {
   int clock_khz = 0, mem_clock_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, 0);
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "%s, %d SMs, %.0f MHz, %.1f GiB, memory %.0f MHz x %d bit",
+  // The runtime linked in (statically) and the most the driver supports: a driver older than the
+  // runtime is the first thing to rule out when a first run fails.
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "%s, %d SMs, %.0f MHz, %.1f GiB, memory %.0f MHz x %d bit; CUDA runtime %d.%d, "
+                "driver supports %d.%d",
                 p.name, p.multiProcessorCount, clock_khz / 1e3, p.totalGlobalMem / 1073741824.0,
-                mem_clock_khz / 1e3, p.memoryBusWidth);
+                mem_clock_khz / 1e3, p.memoryBusWidth, runtime / 1000, (runtime % 1000) / 10,
+                driver / 1000, (driver % 1000) / 10);
   return buf;
 }
 
