@@ -80,32 +80,39 @@ std::optional<std::string> QueryParam(absl::string_view query, absl::string_view
   return std::string();
 }
 
+// The unsigned number `key` of `query` into *out, left as it is when absent (*given false). False
+// when the query is malformed or the value is no unsigned number that fits.
+template <typename T>
+bool UnsignedParam(absl::string_view query, absl::string_view key, T* out, bool* given) {
+  const std::optional<std::string> text = QueryParam(query, key);
+  if (!text) return false;
+  *given = !text->empty();
+  return !*given || absl::SimpleAtoi(*text, out);
+}
+
 HttpResponse Series(const std::string& job_id, const HttpRequest& request,
                     const MonitoringHandlers& handlers) {
   if (!handlers.series_json) return Text(404, "not found");
   SeriesQuery q;
-  const std::optional<std::string> since_text = QueryParam(request.query, "since");
-  const std::optional<std::string> attempt_text = QueryParam(request.query, "after_attempt");
-  const std::optional<std::string> step_text = QueryParam(request.query, "after_step");
-  const std::optional<std::string> max_text = QueryParam(request.query, "max");
-  if (!since_text || (!since_text->empty() && !absl::SimpleAtoi(*since_text, &q.since_step))) {
+  bool since = false, attempt = false, step = false;
+  if (!UnsignedParam(request.query, "since", &q.since_step, &since)) {
     return Text(400, "since: expected a step number (unsigned integer)");
   }
-  if (!attempt_text ||
-      (!attempt_text->empty() && !absl::SimpleAtoi(*attempt_text, &q.after_attempt))) {
+  if (!UnsignedParam(request.query, "after_attempt", &q.after_attempt, &attempt)) {
     return Text(400, "after_attempt: expected an attempt number (unsigned integer)");
   }
-  if (!step_text || (!step_text->empty() && !absl::SimpleAtoi(*step_text, &q.after_step))) {
+  if (!UnsignedParam(request.query, "after_step", &q.after_step, &step)) {
     return Text(400, "after_step: expected a step number (unsigned integer)");
   }
-  q.cursor = !attempt_text->empty() || !step_text->empty();
-  if (q.cursor && !since_text->empty()) {
+  q.cursor = attempt || step;
+  if (q.cursor && since) {
     return Text(400, "since or the cursor (after_attempt, after_step), not both");
   }
   // Bounded: a job's whole history (hundreds of thousands of steps, KBs each with its experts'
   // loads) in one reply could take the controller's memory.
-  if (!max_text || (!max_text->empty() && (!absl::SimpleAtoi(*max_text, &q.max_points) ||
-                                           q.max_points < 1 || q.max_points > kMaxSeriesPoints))) {
+  bool max_given = false;
+  if (!UnsignedParam(request.query, "max", &q.max_points, &max_given) ||
+      (max_given && (q.max_points < 1 || q.max_points > kMaxSeriesPoints))) {
     return Text(400, absl::StrCat("max: expected a number of points from 1 to ", kMaxSeriesPoints,
                                   " (default ", kDefaultSeriesPoints, ")"));
   }
