@@ -299,7 +299,8 @@ class JobLifecycle {
   // worker already marked lost, a rank already marked gone): Tick's settle branch fails the
   // attempt with it at its next run, and again until the store takes it.
   // `interrupted`: it is an interruption (an agent leaving), which spends no restart.
-  void FailLater(Job& job, const std::string& kind, const std::string& cause,
+  // Returns whether this failure is the one pending now (false: another was pending already).
+  bool FailLater(Job& job, const std::string& kind, const std::string& cause,
                  const std::string& worker, bool interrupted);
   // Sets ranks_exited_unix once every rank of the attempt has ended (recovery_timing.cc).
   void NoteRanksExited(furnace::v1::AttemptInfo& attempt);

@@ -150,17 +150,18 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
   if (AllRanks(*job.current(), v1::RANK_STATE_EXITED)) EndAttempt(job).IgnoreError();
 }
 
-void JobLifecycle::FailLater(Job& job, const std::string& kind, const std::string& cause,
+bool JobLifecycle::FailLater(Job& job, const std::string& kind, const std::string& cause,
                              const std::string& worker, bool interrupted) {
   // A failure pending already: Tick ends it; unless it is only a victim's, which this root cause
   // (a worker leaving, an agent restarting, whose failure the store could not take now) replaces.
-  if (job.settle_deadline > 0 && !job.pending_weak) return;
+  if (job.settle_deadline > 0 && !job.pending_weak) return false;
   job.pending_weak = false;
   job.settle_deadline = clock_.MonotonicSeconds();
   job.pending_kind = kind;
   job.pending_cause = cause;
   job.pending_worker = worker;
   job.pending_interrupted = interrupted;
+  return true;
 }
 
 absl::Status JobLifecycle::EndAttempt(Job& job) {
@@ -374,13 +375,15 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
                                   held.rank, " gone"),
                      worker.info.worker_id(),
                      interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
-      job->summary.set_leaving_interruptions(free_so_far);  // not written: not spent
       // Not recorded (a store error). The worker is LOST now, so no later tick comes here
-      // again: Tick's settle branch fails the attempt once the store takes it.
-      FailLater(*job, interrupted ? "interrupted" : "lost",
-                absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
-                             held.rank, " gone"),
-                worker.info.worker_id(), interrupted);
+      // again: Tick's settle branch fails the attempt once the store takes it. The free
+      // interruption stays counted when that is the failure Tick will write (it writes the
+      // count with it); another failure pending already spends none.
+      const bool pending = FailLater(*job, interrupted ? "interrupted" : "lost",
+                                     absl::StrCat("worker ", worker.info.worker_id(), " lost (",
+                                                  why, "); rank ", held.rank, " gone"),
+                                     worker.info.worker_id(), interrupted);
+      if (!pending) job->summary.set_leaving_interruptions(free_so_far);
       return;
     }
   } else {

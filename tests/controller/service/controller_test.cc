@@ -1933,6 +1933,36 @@ TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
   EXPECT_EQ(d.attempts(0).failure_kind(), "interrupted");
   EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost"), std::string::npos)
       << d.attempts(0).cause();
+  // Free, but one of the job's three free leavings, written with the interruption: an agent
+  // that leaves whenever the store falters cannot restart the job forever.
+  EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
+}
+
+// A leaving agent whose interruption the store cannot take while another root cause is pending
+// already: that cause ends the attempt, and the leaving spends none of the free ones.
+TEST_F(ControllerTest, ALeavingThatDoesNotInterruptSpendsNoFreeLeaving) {
+  StartRunning();
+  Register(2);
+  clock_.Advance(5);  // (a settle deadline of 0 means none: the fake clock starts at 0)
+  FailJobWrites(true);
+  v1::HeartbeatRequest h0;
+  h0.set_worker_id("h/0");
+  h0.set_session_id(sessions_[0]);
+  h0.set_leaving(true);
+  c_->Heartbeat(h0);  // pending: h/0's interruption
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  v1::HeartbeatRequest h1;
+  h1.set_worker_id("h/1");
+  h1.set_session_id(sessions_[1]);
+  h1.set_leaving(true);
+  c_->Heartbeat(h1);  // not pending: h/0's stays
+  FailJobWrites(false);
+  c_->Tick();
+  const auto d = Job();
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
+  EXPECT_NE(d.attempts(0).cause().find("worker h/0 lost"), std::string::npos)
+      << d.attempts(0).cause();
+  EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
 }
 
 TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMoreWork) {
