@@ -277,7 +277,9 @@ int main() {
       const double fast_diff = MaxRelDiff(Download(out_ref, S * F, s), want);
       absl::Status sticky = dev->SynchronizeStream(stream);
       if (!sticky.ok()) {
-        std::fprintf(stderr, "device error: %s\n", std::string(sticky.message()).c_str());
+        // (This row's times ran into the error: none is printed for it.)
+        std::fprintf(stderr, "device error in %s %s: %s\n", cfg.name,
+                     skewed ? "skewed" : "balanced", std::string(sticky.message()).c_str());
         return 1;
       }
 

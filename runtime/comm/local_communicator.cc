@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/collective_checks.h"
 #include "runtime/comm/in_flight.h"
 
 namespace furnace::comm {
@@ -190,6 +191,7 @@ class LocalCommunicator final : public Communicator {
   const std::string& name() const override { return state_->name; }
 
   absl::Status AllReduce(float* data, int64_t count) override {
+    RETURN_IF_ERROR(CheckArgs("all_reduce", CheckAllReduceArgs(data, count)));
     return Collective({.kind = Kind::kAllReduce, .in = data, .n = count}, data, count * 4,
                       [&](const std::vector<Slot>& slots, Bytes* result) {
                         SumInRankOrder(
@@ -198,6 +200,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   absl::Status ReduceScatter(const float* in, float* out, int64_t count_per_rank) override {
+    RETURN_IF_ERROR(CheckArgs("reduce_scatter", CheckReduceScatterArgs(in, out, count_per_rank)));
     return Collective({.kind = Kind::kReduceScatter, .in = in, .n = count_per_rank}, out,
                       size() * count_per_rank * 4,
                       [&](const std::vector<Slot>& slots, Bytes* result) {
@@ -209,6 +212,8 @@ class LocalCommunicator final : public Communicator {
 
   absl::Status ReduceScatterV(const float* in, float* out,
                               const std::vector<int64_t>& counts) override {
+    RETURN_IF_ERROR(
+        CheckArgs("reduce_scatter_v", CheckReduceScatterVArgs(in, out, counts, rank_, size())));
     const int64_t total = counts.size() == static_cast<size_t>(size()) ? Sum(counts, size()) : 0;
     return Collective({.kind = Kind::kReduceScatterV, .in = in, .sizes = &counts}, out, total * 4,
                       [&](const std::vector<Slot>& slots, Bytes* result) {
@@ -219,6 +224,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const void* in, void* out, int64_t bytes_per_rank) override {
+    RETURN_IF_ERROR(CheckArgs("all_gather", CheckAllGatherArgs(in, out, bytes_per_rank)));
     return Collective({.kind = Kind::kAllGather, .in = in, .n = bytes_per_rank}, out,
                       bytes_per_rank, [&](const std::vector<Slot>& slots, Bytes* result) {
                         for (const Slot& s : slots) Append(result, s.in, bytes_per_rank);
@@ -227,6 +233,8 @@ class LocalCommunicator final : public Communicator {
 
   absl::Status AllGatherV(const void* in, int64_t in_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) override {
+    RETURN_IF_ERROR(CheckArgs("all_gather_v",
+                              CheckAllGatherVArgs(in, in_bytes, out, recv_bytes, rank_, size())));
     return Collective({.kind = Kind::kAllGatherV, .in = in, .n = in_bytes, .sizes = &recv_bytes},
                       out, in_bytes, [&](const std::vector<Slot>& slots, Bytes* result) {
                         for (const Slot& s : slots) Append(result, s.in, s.n);
@@ -235,6 +243,8 @@ class LocalCommunicator final : public Communicator {
 
   absl::Status AllToAllV(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                          const std::vector<int64_t>& recv_bytes) override {
+    RETURN_IF_ERROR(CheckArgs("all_to_all_v",
+                              CheckAllToAllVArgs(in, send_bytes, out, recv_bytes, rank_, size())));
     const int64_t sent =
         send_bytes.size() == static_cast<size_t>(size()) ? Sum(send_bytes, size()) : 0;
     return Collective(
@@ -248,6 +258,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    RETURN_IF_ERROR(CheckArgs("broadcast", CheckBroadcastArgs(data, bytes, root, size())));
     return Collective({.kind = Kind::kBroadcast, .in = data, .n = bytes, .root = root}, data, bytes,
                       [&](const std::vector<Slot>& slots, Bytes* result) {
                         Append(result, slots[root].in, bytes);
@@ -262,13 +273,9 @@ class LocalCommunicator final : public Communicator {
   absl::Status Send(const void* data, int64_t bytes, int peer, uint32_t tag) override {
     const CallTimer timer;
     State& s = *state_;
+    RETURN_IF_ERROR(CheckArgs("send", CheckPointToPointArgs(data, bytes, peer, s.size)));
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.error.ok()) return s.error;
-    if (peer < 0 || peer >= s.size || bytes < 0) {
-      return s.Fail(absl::InvalidArgumentError(
-          absl::StrCat(Where("send"), ": peer ", peer, " with ", bytes,
-                       " bytes; allowed: a peer in [0, ", s.size, "), bytes >= 0")));
-    }
     Bytes message;
     Append(&message, data, bytes);
     s.mailboxes[{rank_, peer, tag}].push_back(std::move(message));
@@ -282,12 +289,9 @@ class LocalCommunicator final : public Communicator {
     const CallTimer timer;
     State& s = *state_;
     const auto deadline = SteadyClock::now() + s.timeout;
+    RETURN_IF_ERROR(CheckArgs("recv", CheckPointToPointArgs(data, bytes, peer, s.size)));
     std::unique_lock<std::mutex> lock(s.mu);
     if (!s.error.ok()) return s.error;
-    if (peer < 0 || peer >= s.size) {
-      return s.Fail(absl::InvalidArgumentError(
-          absl::StrCat(Where("recv"), ": peer ", peer, "; allowed: a peer in [0, ", s.size, ")")));
-    }
     std::deque<Bytes>& box = s.mailboxes[{peer, rank_, tag}];
     const bool woken =
         s.cv.wait_until(lock, deadline, [&] { return !s.error.ok() || !box.empty(); });
@@ -333,6 +337,15 @@ class LocalCommunicator final : public Communicator {
   std::string Where(const char* op) const {
     return absl::StrCat(op, " on group '", state_->name, "' (rank ", rank_, " of ", state_->size,
                         ")");
+  }
+
+  // OK, or `args` (a collective_checks.h verdict: what one member can check alone, before it
+  // meets the others) as the group's sticky InvalidArgument error, which wakes every member.
+  absl::Status CheckArgs(const char* op, const absl::Status& args) {
+    if (args.ok()) return args;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(Where(op), ": invalid arguments: ", args.message())));
   }
 
   // The protocol of the header: entry barrier, agreement check, compute, exit barrier, copy out.

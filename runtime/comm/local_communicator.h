@@ -6,8 +6,11 @@
 // into a scratch buffer by reading the others' inputs (reductions summed in rank order 0..size-1,
 // so every rank gets the same bits), waits at an exit barrier (so no input goes away while it is
 // still read), then copies the result into its output (in-place and aliased buffers are fine).
-// Arguments are checked after the entry barrier against every member's slot, so a mismatch
-// (different collectives, sizes that do not agree) fails on all members alike. Send copies the
+// A member first checks its own arguments as the Gloo and NCCL communicators do
+// (collective_checks.h: null buffers, negative sizes, size vectors of the wrong length, a root
+// or peer out of range); a bad call fails the group at once. Arguments are then checked after the
+// entry barrier against every member's slot, so a mismatch (different collectives, sizes that do
+// not agree) fails on all members alike. Send copies the
 // payload into a FIFO mailbox per (source, destination, tag) and returns; Recv waits for it.
 //
 // Failures are group-wide and sticky: the first one (a mismatch, a timeout, Abort on any member)

@@ -281,6 +281,52 @@ TEST(LocalCommunicatorTest, MismatchedCollectivesFailOnEveryRank) {
   });
 }
 
+// What one member can check alone (collective_checks.h, as Gloo and NCCL check it) fails the
+// group at once: the others, already waiting, get the same error instead of a timeout.
+TEST(LocalCommunicatorTest, ArgumentsOneMemberGotWrongFailTheGroupAtOnce) {
+  const LocalGroupOptions slow = {.name = "g[test]", .timeout_s = 600};
+  RunRanks(
+      2,
+      [](Communicator& c) {
+        float x[4] = {};
+        absl::Status s = c.AllReduce(c.rank() == 1 ? nullptr : x, 4);
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(s.message(), HasSubstr("all_reduce on group 'g[test]' (rank 1 of 2): invalid "
+                                           "arguments: count 4 with null data"));
+      },
+      slow);
+  RunRanks(
+      3,
+      [](Communicator& c) {
+        uint8_t b[4] = {};
+        absl::Status s = c.Broadcast(b, 4, c.rank() == 2 ? 3 : 0);
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(s.message(), HasSubstr("broadcast on group 'g[test]' (rank 2 of 3)"));
+        EXPECT_THAT(s.message(), HasSubstr("root 3"));
+      },
+      slow);
+  RunRanks(
+      2,
+      [](Communicator& c) {
+        std::vector<int64_t> sizes = {1, 1, 1};
+        uint8_t in[3] = {}, out[3] = {};
+        absl::Status s = c.rank() == 0 ? c.AllToAllV(in, sizes, out, sizes)
+                                       : c.AllToAllV(in, {1, 1}, out, {1, 1});
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(s.message(), HasSubstr("send_bytes has 3 entries"));
+      },
+      slow);
+  RunRanks(
+      2,
+      [](Communicator& c) {
+        absl::Status s = c.rank() == 0 ? c.Send(nullptr, 8, 1, 0) : c.Recv(nullptr, 0, 0, 0);
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(s.message(), HasSubstr("send on group 'g[test]' (rank 0 of 2): invalid "
+                                           "arguments: bytes 8, peer 1"));
+      },
+      slow);
+}
+
 TEST(LocalCommunicatorTest, RecvOfTheWrongSizeFails) {
   RunRanks(2, [](Communicator& c) {
     uint8_t buf[8] = {};
