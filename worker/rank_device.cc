@@ -1,5 +1,7 @@
 #include "worker/rank_device.h"
 
+#include <stdlib.h>
+
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,14 @@ absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task) {
     options.name = absl::StrCat("emulated:", task.device_ordinal());
     ASSIGN_OR_RETURN(d.device, device::CreateEmulatedDevice(options));
   } else if (kind == "cuda") {
+    // CUDA loads a kernel's module at its first launch by default (lazy loading), and that load
+    // waits for the work already queued on the GPU. Behind an NCCL kernel waiting for a peer that
+    // is itself in such a load, or behind one of another group's communicators, ranks wait on
+    // each other for good. Furnace's kernels are loaded up front (LoadCudaKernels), cuBLAS's are
+    // not, and it picks new ones mid-run as the experts' row counts change: so a rank loads every
+    // module when its context is made (seconds, some device memory), unless the environment says
+    // otherwise (a CUDA_MODULE_LOADING of the worker's environment is kept).
+    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
     ASSIGN_OR_RETURN(d.device, device::CreateCudaDevice(static_cast<int>(task.device_ordinal())));
 #ifdef FURNACE_HAVE_CUDA
     // cuBLAS and NCCL are opened on first use (kernels/cuda/lazy_library.h): a host without them

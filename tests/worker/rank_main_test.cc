@@ -1,6 +1,7 @@
 // `furnace-worker rank` end to end: RankSupervisors run the real binary on task files, the ranks
 // rendezvous through the fake controller's KV store and run a tiny commcheck over Gloo.
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/device/backend.h"
+#include "worker/rank_device.h"
 #include "worker/rank_supervisor.h"
 
 namespace furnace::worker {
@@ -210,6 +212,27 @@ TEST_F(RankMainTest, CudaWithoutTheGpuNamesResourcesDevice) {
   EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
   EXPECT_EQ(report.exit_code(), furnace::v1::RANK_EXIT_BAD_INPUT) << report.reason();
   EXPECT_THAT(report.reason(), HasSubstr("resources.device cuda: "));
+}
+
+// A cuda rank loads every CUDA module when its context is made (rank_device.cc: a lazy load waits
+// for the GPU's queued work, an NCCL kernel waiting on a peer included), set before the device is
+// made; a CUDA_MODULE_LOADING the worker's environment sets is kept.
+TEST(RankDeviceTest, ACudaRankLoadsModulesEagerlyUnlessTheEnvironmentSaysOtherwise) {
+  furnace::v1::RankTask task;
+  task.mutable_spec()->mutable_resources()->set_device("cuda");
+  task.set_device_ordinal(4096);  // no machine has it: the device itself is not made
+  unsetenv("CUDA_MODULE_LOADING");
+  EXPECT_FALSE(MakeRankDevice(task).ok());
+  ASSERT_NE(getenv("CUDA_MODULE_LOADING"), nullptr);
+  EXPECT_STREQ(getenv("CUDA_MODULE_LOADING"), "EAGER");
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  EXPECT_FALSE(MakeRankDevice(task).ok());
+  EXPECT_STREQ(getenv("CUDA_MODULE_LOADING"), "LAZY");
+  unsetenv("CUDA_MODULE_LOADING");
+  task.mutable_spec()->mutable_resources()->set_device("emulated");
+  task.set_device_ordinal(0);
+  ASSERT_TRUE(MakeRankDevice(task).ok());
+  EXPECT_EQ(getenv("CUDA_MODULE_LOADING"), nullptr);  // only a cuda rank's
 }
 
 // The same on two ranks, with the health check on: the device is made before the check (which

@@ -30,6 +30,19 @@ __global__ void SpinUntilKernel(const volatile int* flag, int64_t max_nanos) {
 
 }  // namespace
 
+cudaError_t Preload() {
+  cudaFuncAttributes attributes;
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(FillKernel), reinterpret_cast<const void*>(CopyKernel),
+        reinterpret_cast<const void*>(SleepKernel),
+        reinterpret_cast<const void*>(SpinUntilKernel)}) {
+    if (const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
 cudaError_t Fill(int32_t* out, int64_t n, int32_t base, cudaStream_t stream) {
   FillKernel<<<1, 256, 0, stream>>>(out, n, base);
   return cudaGetLastError();

@@ -96,6 +96,9 @@ absl::StatusOr<std::unique_ptr<GpuRank>> MakeGpuRank(double watchdog_timeout_s) 
   auto dev = device::CreateCudaDevice(0);
   if (!dev.ok()) return dev.status();
   rank->dev = std::move(*dev);
+  if (const cudaError_t e = test_kernels::Preload(); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("test kernels: ", cudaGetErrorString(e)));
+  }
   auto compute = rank->dev->CreateStream();
   if (!compute.ok()) return compute.status();
   rank->compute = std::move(*compute);
