@@ -247,7 +247,8 @@ int main(int argc, char** argv) {
   CLI::App* rank = app.add_subcommand(
       "rank",
       "run one rank task (spawned by the agent; exit codes: 0 success, 1 error, 2 job kind "
-      "not in this build, 3 out of memory)");
+      "not in this build, 3 out of memory, 4 bad input, 80 failed health check, 81 corrupt "
+      "data)");
   rank->add_option("--task", task_path, "RankTask file (binary furnace.v1.RankTask)")
       ->required()
       ->check(CLI::ExistingFile);

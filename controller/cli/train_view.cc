@@ -332,6 +332,12 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   }
   if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
   if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));
+  // The adaptive planner's decisions and emergency offloads of the step on rank 0, as the plain
+  // lines say them.
+  if (m.planner_decisions) add(&second, absl::StrCat("planner ", Count(*m.planner_decisions), "x"));
+  if (m.emergency_offloads) {
+    add(&second, absl::StrCat("emergency offloads ", Count(*m.emergency_offloads)));
+  }
   std::vector<std::string> lines;
   if (!first.empty()) lines.push_back(first);
   if (!second.empty()) lines.push_back(second);

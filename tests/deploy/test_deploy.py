@@ -10,6 +10,7 @@ import argparse
 import copy
 import os
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
@@ -140,7 +141,7 @@ class KubernetesTest(unittest.TestCase):
 
         def real_secret(d):
             if d.get("kind") == "Secret":
-                d["stringData"]["ca.crt"] = "-----BEGIN CERTIFICATE-----"
+                d["stringData"]["ca.pem"] = "-----BEGIN CERTIFICATE-----"
 
         def insecure(d):
             if pod(d):
@@ -233,6 +234,69 @@ class SystemdTest(unittest.TestCase):
                 self.assertTrue(any(needle in p for p in problems), problems)
 
 
+def certs_init(directory):
+    """Runs `furnace certs init DIRECTORY` (the development CA, certificates and tokens); returns
+    the names of the files it wrote (again over the ones a former call wrote)."""
+    directory = pathlib.Path(directory)
+    r = subprocess.run([os.path.join(ARGS.bin, "furnace"), "certs", "init", str(directory),
+                        "--host", "furnace-controller.furnace.svc", "--force"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise AssertionError(f"furnace certs init: {r.stdout}{r.stderr}")
+    return {p.name for p in directory.iterdir()}
+
+
+class CertsLayoutTest(unittest.TestCase):
+    """Every TLS file and token the deployments read is one `furnace certs init` writes, by the
+    name it writes it under (README "Security", "Deployment"): a user who makes them with it and
+    puts them where the units, the manifests and the example configs say finds them read."""
+
+    @classmethod
+    def setUpClass(cls):
+        with tempfile.TemporaryDirectory() as tmp:
+            cls.written = certs_init(pathlib.Path(tmp, "tls"))
+
+    def assertWritten(self, where, names):
+        self.assertTrue(names, f"{where}: no TLS file or token found (did the pattern change?)")
+        missing = sorted(set(names) - self.written)
+        self.assertEqual(missing, [], f"{where} reads files `furnace certs init` does not write "
+                                      f"(it writes {sorted(self.written)})")
+
+    def test_systemd_units_load_the_files_certs_init_writes(self):
+        for unit in ("furnace-controller.service", "furnace-worker@.service"):
+            text = src("deploy", "systemd", unit).read_text()
+            creds = re.findall(r"^LoadCredential=([^:\s]+):(\S+)$", text, re.M)
+            with self.subTest(unit):
+                self.assertWritten(unit, [name for name, _ in creds])
+                for name, path in creds:
+                    self.assertEqual(path, f"/etc/furnace/tls/{name}", unit)
+
+    def test_kubernetes_secrets_and_flags_use_the_names_certs_init_writes(self):
+        docs = dc.load_manifests(sorted(src("deploy", "k8s").glob("*.yaml")))
+        for path, d in docs:
+            if d.get("kind") == "Secret":
+                self.assertWritten(f"{path}: Secret {d['metadata']['name']}",
+                                   list(d.get("stringData", {})))
+        texts = "".join(p.read_text() for p in src("deploy", "k8s").glob("*.yaml"))
+        read = re.findall(r"--(?:tls-ca|tls-cert|tls-key|token-file|join-token-file)="
+                          r"/etc/furnace/\w+/(\S+)", texts)
+        read += re.findall(r"ssl_\w+ /etc/furnace/tls/([^;\s]+);", texts)
+        self.assertWritten("deploy/k8s (flags, metrics proxy)", read)
+
+    def test_example_configs_name_the_files_certs_init_writes(self):
+        text = src("deploy", "controller.example.yaml").read_text()
+        read = re.findall(r"^# (?:tls-ca|tls-cert|tls-key|token-file|join-token-file): "
+                          r"/etc/furnace/tls/(\S+)$", text, re.M)
+        self.assertEqual(len(read), 5, text)
+        self.assertWritten("deploy/controller.example.yaml", read)
+
+    def test_the_slurm_script_defaults_to_the_files_certs_init_writes(self):
+        text = src("deploy", "slurm", "furnace-workers.sbatch").read_text()
+        default = re.search(r'FURNACE_JOIN_TOKEN:-/etc/furnace/tls/([^}"]+)\}', text)
+        self.assertIsNotNone(default, "the join token's default is not under /etc/furnace/tls")
+        self.assertWritten("furnace-workers.sbatch", [default.group(1)])
+
+
 class ConfigExamplesTest(unittest.TestCase):
     def test_example_config_keys_are_flags(self):
         flags = flags_of()
@@ -284,12 +348,10 @@ class SlurmTest(unittest.TestCase):
             p.write_text(text)
             p.chmod(p.stat().st_mode | stat.S_IXUSR)
         (tmp / "calls").mkdir(exist_ok=True)
-        (tmp / "tls").mkdir(exist_ok=True)
-        for f in ("ca.crt", "worker.crt", "worker.key", "join-token"):
-            (tmp / "tls" / f).write_text("x")
+        certs_init(tmp / "tls")  # the files the script reads, as `furnace certs init` names them
         env = dict(os.environ, PATH=f"{tmp}:{os.environ['PATH']}", SLURM_JOB_ID="42",
                    SLURM_NTASKS_PER_NODE="3(x2)", SLURM_JOB_NUM_NODES="2",
-                   FURNACE_TLS_DIR=str(tmp / "tls"), FURNACE_JOIN_TOKEN=str(tmp / "tls/join-token"),
+                   FURNACE_TLS_DIR=str(tmp / "tls"), FURNACE_JOIN_TOKEN=str(tmp / "tls/join.token"),
                    FURNACE_BIN=str(tmp / "recorder"), FURNACE_WORK_DIR=str(tmp / "work"),
                    FAKE_CALLS=str(tmp / "calls"))
         env.pop("FURNACE_CONTROLLER", None)
@@ -313,7 +375,7 @@ class SlurmTest(unittest.TestCase):
                 self.assertEqual(given["--controller"], "head:7070")
                 self.assertEqual(given["--slot"], c.name)
                 self.assertEqual(given["--tls-key"], f"{tmp}/tls/worker.key")
-                self.assertEqual(given["--join-token-file"], f"{tmp}/tls/join-token")
+                self.assertEqual(given["--join-token-file"], f"{tmp}/tls/join.token")
                 self.assertTrue(os.path.isdir(given["--work-dir"]), given["--work-dir"])
 
     def test_controller_from_the_environment(self):
@@ -330,7 +392,7 @@ class SlurmTest(unittest.TestCase):
             self.assertIn("CONTROLLER_HOST:PORT", r.stderr)
             r = self.run_script(tmp, ["head:7070"], FURNACE_TLS_DIR=f"{tmp}/nowhere")
             self.assertEqual(r.returncode, 2)
-            self.assertIn(f"{tmp}/nowhere/ca.crt", r.stderr)
+            self.assertIn(f"{tmp}/nowhere/ca.pem", r.stderr)
             self.assertEqual(list(pathlib.Path(tmp, "calls").iterdir()), [])
 
 

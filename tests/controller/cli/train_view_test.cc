@@ -174,6 +174,27 @@ TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
   }
 }
 
+// The adaptive planner's decisions and emergency offloads of the step: in `furnace watch`'s
+// terminal frame as in its plain lines.
+TEST_F(TrainViewTest, WatchShowsThePlannersDecisionsAndEmergencyOffloads) {
+  v1::JobDetail job = MakeTrainJob();
+  job.mutable_telemetry()->mutable_memory()->set_planner_decisions(12);
+  job.mutable_telemetry()->mutable_memory()->set_emergency_offloads(2);
+  const std::optional<TrainMetrics> m = TrainMetricsOf(job);
+  ASSERT_TRUE(m.has_value());
+  const std::vector<std::string> lines = TrainWatchLines(*m);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[1].find("planner 12x  emergency offloads 2"), std::string::npos) << lines[1];
+  EXPECT_NE(TrainPlainSuffix(*m).find("planner 12x  emergency offloads 2"), std::string::npos)
+      << TrainPlainSuffix(*m);
+  // None taken: nothing said.
+  const std::optional<TrainMetrics> quiet = TrainMetricsOf(MakeTrainJob());
+  ASSERT_TRUE(quiet.has_value());
+  for (const std::string& line : TrainWatchLines(*quiet)) {
+    EXPECT_EQ(line.find("planner"), std::string::npos) << line;
+  }
+}
+
 TEST_F(TrainViewTest, StatusShowsEachLayersScheduleAndTheMoeOps) {
   v1::JobDetail job = MakeTrainJob();
   v1::StepTelemetry& t = *job.mutable_telemetry();
