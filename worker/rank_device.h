@@ -23,7 +23,8 @@ struct RankDevice {
 // Unavailable when the device cannot be had (a build or machine without CUDA); InvalidArgument
 // for an unknown kind. For cuda it first sets CUDA_MODULE_LOADING=EAGER in this process unless the
 // environment sets it already (the rank's process, before its first CUDA call; see the .cc).
-// Not thread-safe for cuda (setenv): called on the rank's main thread before any other starts.
+// Not thread-safe for cuda (setenv): called on the rank's main thread before it starts any thread
+// that reads the environment or calls CUDA.
 absl::StatusOr<RankDevice> MakeRankDevice(const furnace::v1::RankTask& task);
 
 }  // namespace furnace::worker

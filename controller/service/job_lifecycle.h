@@ -262,9 +262,14 @@ class JobLifecycle {
   void Event(Job& job, const std::string& kind, const std::string& message);
   void TryStart(Job& job);
   // `kind` labels the cause (AttemptInfo.failure_kind): signal, hang, oom, exit, lost, ...
-  // Returns false when the failure could not be persisted (the job is left as it was).
+  // Returns false when the failure could not be persisted (the job is left as it was). A failure
+  // pending already (FailLater: its write failed) is written instead of the one given: it came
+  // first.
   bool FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                    const std::string& culprit_worker, Failure failure = Failure::kRetryable);
+  // FailAttempt with exactly this failure.
+  bool FailAttemptAs(Job& job, const std::string& kind, const std::string& cause,
+                     const std::string& culprit_worker, Failure failure);
   void StopAttemptRanks(Job& job, const std::string& reason);
   // Records a failure of a rank of the current attempt that may be a victim's (an error exit, a
   // hang inside a collective; `kind` as FailAttempt's); fails the attempt at once when every rank

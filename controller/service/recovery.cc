@@ -231,6 +231,19 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
 
 bool JobLifecycle::FailAttempt(Job& job, const std::string& kind, const std::string& cause,
                                const std::string& culprit_worker, Failure failure) {
+  // A failure whose write failed is pending (FailLater): it came first, so it is the attempt's
+  // cause whichever call ends the attempt now (and a free leaving it counted is spent on it).
+  if (job.settle_deadline > 0 && !job.pending_weak && !job.pending_cause.empty()) {
+    const std::string pending_kind = job.pending_kind, pending_cause = job.pending_cause,
+                      pending_worker = job.pending_worker;
+    return FailAttemptAs(job, pending_kind, pending_cause, pending_worker,
+                         job.pending_interrupted ? Failure::kInterrupted : Failure::kRetryable);
+  }
+  return FailAttemptAs(job, kind, cause, culprit_worker, failure);
+}
+
+bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::string& cause,
+                                 const std::string& culprit_worker, Failure failure) {
   auto* attempt = job.current();
   if (!attempt || attempt->state() != v1::ATTEMPT_STATE_RUNNING) {
     job.settle_deadline = 0;
@@ -366,9 +379,12 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
     // An agent leaving interrupts the attempt: the first few times (summary.leaving_interruptions,
     // stored with the job) that spends no restart; later ones do, so an agent stopped each time
     // it gets a rank (a probe, a supervisor) cannot restart a job forever.
+    // (With a root cause pending already, whose write failed, that one ends the attempt:
+    // FailAttempt writes it, and this leaving spends nothing.)
     constexpr uint32_t kFreeLeavings = 3;
     const uint32_t free_so_far = job->summary.leaving_interruptions();
-    const bool interrupted = leaving && free_so_far < kFreeLeavings;
+    const bool root_pending = job->settle_deadline > 0 && !job->pending_weak;
+    const bool interrupted = leaving && !root_pending && free_so_far < kFreeLeavings;
     if (interrupted) job->summary.set_leaving_interruptions(free_so_far + 1);
     if (!FailAttempt(*job, interrupted ? "interrupted" : "lost",
                      absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",

@@ -282,6 +282,9 @@ class CertsLayoutTest(unittest.TestCase):
                           r"/etc/furnace/\w+/(\S+)", texts)
         read += re.findall(r"ssl_\w+ /etc/furnace/tls/([^;\s]+);", texts)
         self.assertWritten("deploy/k8s (flags, metrics proxy)", read)
+        scrape = src("deploy", "prometheus", "prometheus-k8s.yml").read_text()
+        self.assertWritten("deploy/prometheus/prometheus-k8s.yml",
+                           re.findall(r"_file: /etc/prometheus/furnace/(\S+)", scrape))
 
     def test_example_configs_name_the_files_certs_init_writes(self):
         text = src("deploy", "controller.example.yaml").read_text()
@@ -376,6 +379,8 @@ class SlurmTest(unittest.TestCase):
                 self.assertEqual(given["--slot"], c.name)
                 self.assertEqual(given["--tls-key"], f"{tmp}/tls/worker.key")
                 self.assertEqual(given["--join-token-file"], f"{tmp}/tls/join.token")
+                for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--join-token-file"):
+                    self.assertTrue(os.path.isfile(given[flag]), f"{flag} {given[flag]}")
                 self.assertTrue(os.path.isdir(given["--work-dir"]), given["--work-dir"])
 
     def test_controller_from_the_environment(self):

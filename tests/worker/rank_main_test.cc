@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "fake_agent_service.h"
 #include "gmock/gmock.h"
@@ -218,6 +220,18 @@ TEST_F(RankMainTest, CudaWithoutTheGpuNamesResourcesDevice) {
 // for the GPU's queued work, an NCCL kernel waiting on a peer included), set before the device is
 // made; a CUDA_MODULE_LOADING the worker's environment sets is kept.
 TEST(RankDeviceTest, ACudaRankLoadsModulesEagerlyUnlessTheEnvironmentSaysOtherwise) {
+  // The caller's own setting comes back whatever the test does.
+  struct Restore {
+    std::optional<std::string> value;
+    ~Restore() {
+      if (value) {
+        setenv("CUDA_MODULE_LOADING", value->c_str(), 1);
+      } else {
+        unsetenv("CUDA_MODULE_LOADING");
+      }
+    }
+  } restore;
+  if (const char* v = getenv("CUDA_MODULE_LOADING")) restore.value = v;
   furnace::v1::RankTask task;
   task.mutable_spec()->mutable_resources()->set_device("cuda");
   task.set_device_ordinal(4096);  // no machine has it: the device itself is not made

@@ -74,10 +74,10 @@ TEST(Promtool, KubernetesScrapeConfigIsValid) {
   const std::string dir = ::testing::TempDir() + "/promtool-k8s-" + std::to_string(::getpid());
   const Result r = RunShell(
       "set -e; rm -rf '" + dir + "'; mkdir -p '" + dir + "/tls'; cd '" + dir +
-      "'; touch tls/ca.pem tls/client.pem tls/client.key; ln -s '" + kSource +
+      "'; touch tls/ca.pem tls/cli.pem tls/cli.key; ln -s '" + kSource +
       "/deploy/prometheus/rules' rules; sed 's|/etc/prometheus/furnace/|" + dir + "/tls/|' '" +
       kSource + "/deploy/prometheus/prometheus-k8s.yml' > prometheus-k8s.yml; grep -q '" + dir +
-      "/tls/client.pem' prometheus-k8s.yml; '" + kPromtool +
+      "/tls/cli.pem' prometheus-k8s.yml; '" + kPromtool +
       "' check config prometheus-k8s.yml; rm -rf '" + dir + "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }

@@ -1938,32 +1938,42 @@ TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
   EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
 }
 
-// A leaving agent whose interruption the store cannot take while another root cause is pending
-// already: that cause ends the attempt, and the leaving spends none of the free ones.
-TEST_F(ControllerTest, ALeavingThatDoesNotInterruptSpendsNoFreeLeaving) {
-  StartRunning();
-  Register(2);
-  clock_.Advance(5);  // (a settle deadline of 0 means none: the fake clock starts at 0)
-  FailJobWrites(true);
-  v1::HeartbeatRequest h0;
-  h0.set_worker_id("h/0");
-  h0.set_session_id(sessions_[0]);
-  h0.set_leaving(true);
-  c_->Heartbeat(h0);  // pending: h/0's interruption
-  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
-  v1::HeartbeatRequest h1;
-  h1.set_worker_id("h/1");
-  h1.set_session_id(sessions_[1]);
-  h1.set_leaving(true);
-  c_->Heartbeat(h1);  // not pending: h/0's stays
-  FailJobWrites(false);
-  c_->Tick();
-  const auto d = Job();
-  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
-  EXPECT_NE(d.attempts(0).cause().find("worker h/0 lost"), std::string::npos)
-      << d.attempts(0).cause();
-  EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
-}
+// A second leaving agent while the first one's interruption is pending (the store could not take
+// it): the first, the root cause, ends the attempt, whether the store is back for the second or
+// only at the next tick, and the second spends none of the free leavings.
+class LeavingWhilePendingTest : public ControllerTest {
+ protected:
+  void Run(bool store_back_first) {
+    StartRunning();
+    Register(2);
+    clock_.Advance(5);  // (a settle deadline of 0 means none: the fake clock starts at 0)
+    FailJobWrites(true);
+    v1::HeartbeatRequest h0;
+    h0.set_worker_id("h/0");
+    h0.set_session_id(sessions_[0]);
+    h0.set_leaving(true);
+    c_->Heartbeat(h0);  // pending: h/0's interruption
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    if (store_back_first) FailJobWrites(false);
+    v1::HeartbeatRequest h1;
+    h1.set_worker_id("h/1");
+    h1.set_session_id(sessions_[1]);
+    h1.set_leaving(true);
+    c_->Heartbeat(h1);
+    if (!store_back_first) FailJobWrites(false);
+    c_->Tick();
+    const auto d = Job();
+    ASSERT_GE(d.attempts_size(), 1);
+    EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
+    EXPECT_NE(d.attempts(0).cause().find("worker h/0 lost"), std::string::npos)
+        << d.attempts(0).cause();
+    EXPECT_EQ(d.summary().restarts(), 0u);
+    EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
+  }
+};
+
+TEST_F(LeavingWhilePendingTest, TheStoreBackAtTheNextTick) { Run(false); }
+TEST_F(LeavingWhilePendingTest, TheStoreBackForTheSecondLeaving) { Run(true); }
 
 TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMoreWork) {
   StartRunning();

@@ -13,9 +13,9 @@ namespace furnace::comm::test_kernels {
 cudaError_t Fill(int32_t* out, int64_t n, int32_t base, cudaStream_t stream);
 // dst[j] = src[j] for j < n.
 cudaError_t Copy(int32_t* dst, const int32_t* src, int64_t n, cudaStream_t stream);
-// Loads the kernels below into the current device's context (cudaFuncGetAttributes). Under CUDA's
-// lazy module loading a kernel's first launch waits for the GPU's queued work, so a test that
-// launches one behind Sleep would find the host held until the sleep ends: called before.
+// Loads the four kernels of this file into the current device's context (cudaFuncGetAttributes).
+// Under CUDA's lazy module loading a kernel's first launch waits for the GPU's queued work, so a
+// test that launches one behind Sleep would find the host held until the sleep ends: called before.
 cudaError_t Preload();
 // Holds the stream for `nanos` of GPU time (%globaltimer).
 cudaError_t Sleep(int64_t nanos, cudaStream_t stream);
