@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -45,8 +46,16 @@ const transport::TokenEntry* FindToken(const AuthPolicy& policy, absl::string_vi
   return found;
 }
 
-AuthDecision Refuse(grpc::StatusCode code, std::string message) {
-  return {grpc::Status(code, std::move(message)), "", ""};
+AuthDecision Refuse(grpc::StatusCode code, std::string message, std::string identity = "") {
+  return {grpc::Status(code, std::move(message)), std::move(identity), ""};
+}
+
+// Whether `method` is a JobService method that changes state (not read-only).
+bool ChangesJobState(absl::string_view method) {
+  if (!absl::StartsWith(method, kJobService)) return false;
+  method.remove_prefix(kJobService.size());
+  return std::none_of(std::begin(kReadOnlyJobMethods), std::end(kReadOnlyJobMethods),
+                      [&](const char* m) { return method == m; });
 }
 
 AuthDecision AuthorizeAgent(const AuthPolicy& policy, const AuthRequest& request,
@@ -111,9 +120,48 @@ AuthDecision Authorize(const AuthPolicy& policy, const AuthRequest& request) {
   if (!read_only && entry->role != transport::Role::kAdmin) {
     return Refuse(grpc::StatusCode::PERMISSION_DENIED,
                   absl::StrCat(name, " needs role admin; the token of `", entry->name,
-                               "` has role ", transport::RoleName(entry->role)));
+                               "` has role ", transport::RoleName(entry->role)),
+                  entry->name);
   }
   return {grpc::Status::OK, entry->name, transport::RoleName(entry->role)};
+}
+
+AuthRefusals::AuthRefusals(const Clock& clock) : clock_(clock) {}
+
+void AuthRefusals::Record(const AuthRequest& request, const AuthDecision& decision) {
+  if (!ChangesJobState(request.method)) return;
+  const absl::string_view method = absl::string_view(request.method).substr(kJobService.size());
+  Entry e;
+  e.unix_time = clock_.UnixSeconds();
+  e.action = method == "SubmitJob"   ? "submit"
+             : method == "CancelJob" ? "cancel"
+                                     : std::string(method);
+  // Who: the token's name when it is known; never the secret itself.
+  e.identity = !decision.identity.empty()                   ? decision.identity
+               : BearerToken(request.authorization).empty() ? "(no token)"
+                                                            : "(a token not in --token-file)";
+  std::string message = decision.status.error_message();
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = clock_.MonotonicSeconds();
+  if (updated_ >= 0) tokens_ = std::min(kBurst, tokens_ + (now - updated_) / kIntervalS);
+  updated_ = now;
+  if (tokens_ < 1) {
+    ++left_out_;
+    return;
+  }
+  tokens_ -= 1;
+  if (left_out_ > 0) {
+    absl::StrAppend(&message, " (", left_out_, " earlier refused call(s) not recorded: at most ",
+                    kBurst, ", then one per ", kIntervalS, " s)");
+    left_out_ = 0;
+  }
+  e.outcome = absl::Status(static_cast<absl::StatusCode>(decision.status.error_code()), message);
+  entries_.push_back(std::move(e));
+}
+
+std::vector<AuthRefusals::Entry> AuthRefusals::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(entries_, {});
 }
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
@@ -145,6 +193,7 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
     spdlog::warn("refused {} from {}: {}", request.method.empty() ? "a call" : request.method,
                  request.worker_id.empty() ? "a client" : "worker " + request.worker_id,
                  decision.status.error_message());
+    if (refusals_ != nullptr) refusals_->Record(request, decision);
     return decision.status;
   }
   // The AuthContext is the connection's, shared by every call on it (grpc/grpc#28809): a property
@@ -162,7 +211,9 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                      text(recorded.front()), ", not of ", decision.identity,
                      " (one caller per connection: open another channel)");
     spdlog::warn("refused {}: {}", request.method, why);
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, why);
+    const grpc::Status refused(grpc::StatusCode::PERMISSION_DENIED, why);
+    if (refusals_ != nullptr) refusals_->Record(request, {refused, decision.identity, ""});
+    return refused;
   }
   return grpc::Status::OK;
 }

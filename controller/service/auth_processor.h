@@ -17,15 +17,22 @@
 // with CallerIdentity (caller_identity.h), and `furnace.role`. Both are the connection's (gRPC's
 // AuthContext is per connection): set by its first call, and a later call with other credentials
 // is refused (PERMISSION_DENIED: one caller per connection).
+// Refused calls of the JobService methods that change state are also recorded, rate limited, for
+// the audit log (AuthRefusals below).
 // Thread-safe: the policy is immutable after construction.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/security/auth_metadata_processor.h"
+#include "runtime/base/clock.h"
 #include "transport/token_file.h"
 
 namespace furnace::controller {
@@ -54,16 +61,51 @@ struct AuthRequest {
 
 struct AuthDecision {
   grpc::Status status;
-  std::string identity;  // when status is OK
-  std::string role;      // admin | read | agent | anonymous
+  // When status is OK; when refused, the token's name if the token is known (a read token's
+  // submit), else empty.
+  std::string identity;
+  std::string role;  // admin | read | agent | anonymous
 };
 
 // The decision for one call (pure; the processor below is this plus gRPC's plumbing).
 AuthDecision Authorize(const AuthPolicy& policy, const AuthRequest& request);
 
+// The JobService calls that change state (submit, cancel) which the processor refused, for the
+// audit log: recorded on gRPC's threads without blocking, written by the controller's main loop
+// (Controller::AuditRefused). A flood of refused calls (no token is needed to make one) must not
+// push the audit log's real entries out (--audit-keep keeps the newest): it records the first
+// kBurst, then one per kIntervalS seconds; the next one recorded says how many it left out.
+// Thread-safe.
+class AuthRefusals {
+ public:
+  struct Entry {
+    double unix_time = 0;
+    std::string identity;  // the token's name when the token is known; else what was presented
+    std::string action;    // submit | cancel (the method's name for any other)
+    absl::Status outcome;  // the refusal, its message naming what was needed
+  };
+  static constexpr double kBurst = 100;
+  static constexpr double kIntervalS = 10;
+
+  explicit AuthRefusals(const Clock& clock = RealClock());
+  void Record(const AuthRequest& request, const AuthDecision& decision);
+  // The entries recorded since the last call, oldest first.
+  std::vector<Entry> Take();
+
+ private:
+  const Clock& clock_;
+  std::mutex mu_;
+  std::vector<Entry> entries_;  // guarded by mu_
+  double tokens_ = kBurst;      // guarded by mu_
+  double updated_ = -1;         // guarded by mu_ (monotonic seconds; < 0: never)
+  uint64_t left_out_ = 0;       // guarded by mu_: refusals not recorded since the last one was
+};
+
 class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenAuthProcessor(AuthPolicy policy) : policy_(std::move(policy)) {}
+  // `refusals` (may be null): where refused state-changing JobService calls are recorded.
+  explicit TokenAuthProcessor(AuthPolicy policy, std::shared_ptr<AuthRefusals> refusals = nullptr)
+      : policy_(std::move(policy)), refusals_(std::move(refusals)) {}
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
                        OutputMetadata* consumed_auth_metadata,
@@ -71,6 +113,7 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
 
  private:
   const AuthPolicy policy_;
+  const std::shared_ptr<AuthRefusals> refusals_;
 };
 
 }  // namespace furnace::controller

@@ -118,14 +118,19 @@ absl::StatusOr<v1::ListAuditEventsResponse> Controller::ListAuditEvents(
   return resp;
 }
 
+void Controller::AuditRefused(double unix_time, const std::string& identity,
+                              const std::string& action, const absl::Status& outcome) {
+  Audit(identity, action, "", outcome, "", unix_time);
+}
+
 void Controller::Audit(const std::string& identity, const std::string& action,
                        const std::string& job_id, const absl::Status& outcome,
-                       const std::string& detail) {
+                       const std::string& detail, std::optional<double> unix_time) {
   // Messages quote what the caller sent (file names, job ids): kept to valid UTF-8 and bounded,
   // so the log can always be served back (a protobuf string field must be UTF-8).
   constexpr size_t kMaxDetail = 2000;
   v1::AuditEvent e;
-  e.set_unix_time(clock_.UnixSeconds());
+  e.set_unix_time(unix_time.value_or(clock_.UnixSeconds()));
   e.set_identity(SanitizeUtf8(identity, 256));
   e.set_action(action);
   e.set_job_id(SanitizeUtf8(job_id, 256));

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,11 @@ class Controller {
                                        const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> CancelAs(const std::string& identity,
                                                    const std::string& job_id);
+  // A state-changing call the transport's authentication refused before it reached the job API
+  // (AuthRefusals: no token, an unknown token, a read token's submit or cancel), written to the
+  // audit log as refused, with no job, at the time it was refused.
+  void AuditRefused(double unix_time, const std::string& identity, const std::string& action,
+                    const absl::Status& outcome);
   // The audit log, newest req.limit() (default 100, at most 10000) entries, oldest first.
   absl::StatusOr<furnace::v1::ListAuditEventsResponse> ListAuditEvents(
       const furnace::v1::ListAuditEventsRequest& req);
@@ -171,7 +177,8 @@ class Controller {
   // Writes one audit entry; a store failure is logged, not returned (the call it records has
   // already happened).
   void Audit(const std::string& identity, const std::string& action, const std::string& job_id,
-             const absl::Status& outcome, const std::string& detail);
+             const absl::Status& outcome, const std::string& detail,
+             std::optional<double> unix_time = std::nullopt);
 
   const ControllerOptions options_;
   const Clock& clock_;

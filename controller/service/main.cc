@@ -184,11 +184,20 @@ int main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   signal(SIGPIPE, SIG_IGN);
+  // The calls authentication refused (recorded on gRPC's threads) into the audit log.
+  const auto audit_refusals = [&] {
+    if (security->refusals == nullptr) return;
+    for (const auto& r : security->refusals->Take()) {
+      controller->AuditRefused(r.unix_time, r.identity, r.action, r.outcome);
+    }
+  };
   while (!g_stop) {
     controller->Tick();
+    audit_refusals();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");
+  audit_refusals();
   // Record running attempts as interrupted (not failed) before our own workers stop them, so the
   // jobs resume after a restart without spending their restart budget.
   controller->Shutdown(/*stopping_workers=*/launcher != nullptr);

@@ -69,8 +69,9 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
       ASSIGN_OR_RETURN(policy.join_token,
                        transport::ReadClientToken(flags.join_token_file, "--join-token-file"));
     }
+    if (out.tokens) out.refusals = std::make_shared<AuthRefusals>();
     out.credentials->SetAuthMetadataProcessor(
-        std::make_shared<TokenAuthProcessor>(std::move(policy)));
+        std::make_shared<TokenAuthProcessor>(std::move(policy), out.refusals));
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/service/auth_processor.h"
 #include "controller/service/options.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -21,8 +22,11 @@ namespace furnace::controller {
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // with the auth processor under TLS
   bool tls = false;
-  bool tokens = false;                // --token-file given: JobService needs a token
-  bool insecure = false;              // --insecure given
+  bool tokens = false;    // --token-file given: JobService needs a token
+  bool insecure = false;  // --insecure given
+  // With tokens: the state-changing JobService calls the auth processor refused, for the audit
+  // log (the daemon's main loop hands them to Controller::AuditRefused).
+  std::shared_ptr<AuthRefusals> refusals;
   std::vector<std::string> warnings;  // what --insecure leaves open, for the log at start
 };
 

@@ -40,6 +40,24 @@ class SecurityTest(harness.ClusterTest):
         self.assertIn("CancelJob needs role admin", r.stderr)
         self.assertIn("`reader` has role read", r.stderr)
 
+        # The audit log has the refused calls too, with who made them (never a token itself),
+        # beside the accepted submit. (Refusals reach the log from the controller's main loop
+        # within 0.1 s, so the order of entries made that close together is not asserted.)
+        want = sorted([("submit", "(no token)", False), ("submit", "reader", False),
+                       ("submit", "admin", True), ("cancel", "reader", False)])
+        deadline = time.monotonic() + 30
+        while True:
+            events = c.cli_json("events")["events"]
+            got = sorted((e["action"], e["identity"], e.get("accepted", False)) for e in events)
+            if got == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual(got, want, events)
+        by = {(e["action"], e["identity"]): e for e in events}
+        self.assertEqual(by[("submit", "(no token)")]["code"], "UNAUTHENTICATED")
+        self.assertEqual(by[("cancel", "reader")]["code"], "PERMISSION_DENIED")
+        self.assertIn("CancelJob needs role admin", by[("cancel", "reader")]["detail"])
+
         # Ranks rendezvous through the controller over TLS with their agent's files.
         d = c.wait_state(job_id, harness.FINAL, timeout=240)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", c.dump_logs())

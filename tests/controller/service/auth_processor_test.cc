@@ -183,6 +183,7 @@ class SecureServerTest : public ::testing::Test {
   void Start(const ControllerFlags& flags) {
     auto security = MakeServerSecurity(flags);
     ASSERT_TRUE(security.ok()) << security.status();
+    refusals_ = security->refusals;
     grpc::ServerBuilder builder;
     builder.AddListeningPort(flags.listen, security->credentials, &port_);
     builder.RegisterService(&jobs_);
@@ -235,6 +236,7 @@ class SecureServerTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::shared_ptr<AuthRefusals> refusals_;
   RecordingJobService jobs_;
   v1::AgentService::Service agents_;
   std::unique_ptr<grpc::Server> server_;
@@ -257,6 +259,60 @@ TEST_F(SecureServerTest, TokensAndRolesOverTls) {
   EXPECT_EQ(jobs_.last_identity(), "admin");
   // Let through: the fake's CancelJob is unimplemented.
   EXPECT_EQ(CancelJob(Cli("admin.token")).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  // The refused cancel is kept for the audit log (the refused ListJobs, read-only, is not).
+  ASSERT_NE(refusals_, nullptr);
+  const std::vector<AuthRefusals::Entry> refused = refusals_->Take();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].action, "cancel");
+  EXPECT_EQ(refused[0].identity, "reader");
+  EXPECT_EQ(refused[0].outcome.code(), absl::StatusCode::kPermissionDenied);
+}
+
+// Refused calls that would change state are kept for the audit log, saying who (the token's name,
+// never a secret), what and why; read-only calls are not; a flood is recorded at most kBurst at
+// once, then one per kIntervalS, the next recorded one counting those left out.
+TEST(AuthRefusalsTest, RecordsRefusedStateChangesRateLimited) {
+  const AuthPolicy p = Policy();
+  FakeClock clock;
+  AuthRefusals refusals(clock);
+  const auto refuse = [&](const AuthRequest& r) {
+    const AuthDecision d = Authorize(p, r);
+    ASSERT_FALSE(d.status.ok());
+    refusals.Record(r, d);
+  };
+  refuse(Call("/furnace.v1.JobService/SubmitJob"));
+  refuse(Call("/furnace.v1.JobService/CancelJob", "not-a-token-we-know"));
+  refuse(Call("/furnace.v1.JobService/CancelJob", kReader.token));
+  refuse(Call("/furnace.v1.JobService/ListJobs"));  // read-only: not an audited action
+  std::vector<AuthRefusals::Entry> got = refusals.Take();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].action, "submit");
+  EXPECT_EQ(got[0].identity, "(no token)");
+  EXPECT_EQ(got[0].outcome.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(got[0].outcome.message(), HasSubstr("SubmitJob needs a token with role admin"));
+  EXPECT_EQ(got[0].unix_time, clock.UnixSeconds());
+  EXPECT_EQ(got[1].action, "cancel");
+  EXPECT_EQ(got[1].identity, "(a token not in --token-file)");
+  EXPECT_EQ(got[2].identity, "grafana");
+  EXPECT_EQ(got[2].outcome.code(), absl::StatusCode::kPermissionDenied);
+  for (const auto& e : got) {
+    EXPECT_EQ(e.identity.find("token-0123456789"), std::string::npos) << e.identity;
+    EXPECT_EQ(std::string(e.outcome.message()).find("not-a-token-we-know"), std::string::npos);
+  }
+  EXPECT_TRUE(refusals.Take().empty());
+
+  // A flood: the bucket's remaining 97, then nothing until it refills.
+  for (int i = 0; i < 500; ++i) refuse(Call("/furnace.v1.JobService/SubmitJob"));
+  EXPECT_EQ(refusals.Take().size(), static_cast<size_t>(AuthRefusals::kBurst) - 3);
+  clock.Advance(AuthRefusals::kIntervalS);
+  refuse(Call("/furnace.v1.JobService/SubmitJob"));
+  refuse(Call("/furnace.v1.JobService/SubmitJob"));
+  got = refusals.Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_THAT(got[0].outcome.message(),
+              HasSubstr("(403 earlier refused call(s) not recorded: at most 100, then one per "
+                        "10 s)"));
 }
 
 // gRPC's AuthContext is the connection's (grpc/grpc#28809): the caller is recorded once, however
