@@ -201,6 +201,7 @@ inline absl::Status Reference(const Topology& topology,
       const int s = (a_q - i + G) % G;
       const int64_t within =
           std::accumulate(member_recv[q].begin(), member_recv[q].begin() + s, int64_t{0});
+      if (c.layout.chunk_bytes[q][i] == 0) continue;  // (gathered may be empty: no null memcpy)
       std::memcpy(out.data() + c.layout.chunk_offset[q][i], gathered.data() + base + within,
                   c.layout.chunk_bytes[q][i]);
     }
