@@ -261,14 +261,16 @@ TEST(JobStoreTest, AFailedCommitLeavesNoTransactionOpen) {
   const absl::Status next =
       RunTransaction(db, [&] { return ExecSql(db, "INSERT INTO log VALUES (3)"); });
   EXPECT_TRUE(next.ok()) << next;
-  sqlite3_close(db);
+  EXPECT_EQ(sqlite3_close(db), SQLITE_OK);
   // Every write that was reported done is there, and none of the failed transaction's.
   sqlite3* reopened = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &reopened), SQLITE_OK);
-  Statement q(reopened, "SELECT group_concat(v) FROM (SELECT v FROM log ORDER BY v)");
-  ASSERT_TRUE(*q.Step());
-  EXPECT_EQ(q.Blob(0), "2,3");
-  sqlite3_close(reopened);
+  {
+    Statement q(reopened, "SELECT group_concat(v) FROM (SELECT v FROM log ORDER BY v)");
+    ASSERT_TRUE(*q.Step());
+    EXPECT_EQ(q.Blob(0), "2,3");
+  }  // finalized before the close (sqlite3_close refuses a connection with a live statement)
+  EXPECT_EQ(sqlite3_close(reopened), SQLITE_OK);
 }
 
 // A long read of a job's steps (a dashboard's, `furnace report`'s) does not hold up writes: it
