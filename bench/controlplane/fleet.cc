@@ -292,15 +292,16 @@ void Fleet::OnCommand(SimAgent& a, const v1::AgentCommand& command) {
   }
 }
 
-void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt, uint32_t rank) {
+void Fleet::ReportExit(SimAgent& a, const std::string& job_id, uint32_t attempt, uint32_t rank,
+                       v1::ExitKind kind) {
   v1::RankReport report;
   report.set_worker_id(a.worker_id);
   report.set_job_id(job_id);
   report.set_attempt(attempt);
   report.set_rank(rank);
   report.set_event(v1::RANK_EXITED);
-  report.set_exit_kind(v1::EXIT_KIND_STOPPED);
-  report.set_reason("stopped on request");
+  report.set_exit_kind(kind);
+  report.set_reason(kind == v1::EXIT_KIND_SUCCESS ? "exited with code 0" : "stopped on request");
   ReportRank(a, std::move(report), [this] { ++ranks_stopped_; });
 }
 
@@ -517,6 +518,35 @@ absl::Status Fleet::Cancel(const std::string& job_id) {
   if (!s.ok())
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return absl::OkStatus();
+}
+
+void Fleet::Finish() {
+  for (auto& agent : agents_) {
+    SimAgent& a = *agent;
+    std::string job_id;
+    uint32_t attempt = 0, rank = 0;
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      if (!a.has_rank) continue;
+      a.has_rank = false;
+      job_id = a.job_id;
+      attempt = a.attempt;
+      rank = a.rank;
+    }
+    ReportExit(a, job_id, attempt, rank, v1::EXIT_KIND_SUCCESS);
+  }
+}
+
+absl::StatusOr<v1::JobState> Fleet::JobState(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobDetail resp;
+  grpc::ClientContext context;
+  SetDeadline(context, 30);
+  const grpc::Status s = jobs_->GetJob(&context, req, &resp);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return resp.summary().state();
 }
 
 absl::StatusOr<uint64_t> Fleet::JobStep(const std::string& job_id) {

@@ -94,6 +94,10 @@ class Fleet {
   // Submits a job; its id, or the controller's error.
   absl::StatusOr<std::string> Submit(const std::string& yaml);
   absl::Status Cancel(const std::string& job_id);
+  // Every agent that holds a rank reports its successful exit (the end of a run).
+  void Finish();
+  // The job's state (JobSummary.state).
+  absl::StatusOr<furnace::v1::JobState> JobState(const std::string& job_id);
   // The job's newest aggregated step as the controller reports it (JobSummary.step).
   absl::StatusOr<uint64_t> JobStep(const std::string& job_id);
   // Every worker the controller knows, as `furnace workers` lists them.
@@ -133,7 +137,8 @@ class Fleet {
   void PushStep(SimAgent& agent, uint64_t step);
   void Arrive(SimAgent& agent);
   void WaitPeers(SimAgent& agent);
-  void ReportExit(SimAgent& agent, const std::string& job_id, uint32_t attempt, uint32_t rank);
+  void ReportExit(SimAgent& agent, const std::string& job_id, uint32_t attempt, uint32_t rank,
+                  furnace::v1::ExitKind kind = furnace::v1::EXIT_KIND_STOPPED);
   // ReportRank over `agent`'s channel; `on_ok` runs on the completion thread when it succeeded.
   void ReportRank(SimAgent& agent, furnace::v1::RankReport report, std::function<void()> on_ok);
   void ScheduleLoop();

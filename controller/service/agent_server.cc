@@ -312,7 +312,9 @@ void PostAll(AgentServer& s, grpc::ServerCompletionQueue* queue) {
   });
   using ReportCall = Unary<v1::RankReport, v1::Ack>;
   ReportCall::Post(s, queue, &Service::RequestReportRank, [&c](ReportCall* call) {
-    OnPool(call, [&c](ReportCall* call) { call->Reply(ToGrpc(c.ReportRank(call->request()))); });
+    OnPool(call, [&c](ReportCall* call) {
+      c.ReportRank(call->request(), [call](absl::Status s) { call->Reply(ToGrpc(s)); });
+    });
   });
   using TelemetryCall = Unary<v1::TelemetryBatch, v1::Ack>;
   TelemetryCall::Post(s, queue, &Service::RequestPushTelemetry, [&c](TelemetryCall* call) {

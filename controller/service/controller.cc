@@ -449,9 +449,21 @@ void Controller::Requeue(const std::string& worker_id, const std::string& sessio
   workers_.Requeue(worker_id, session_id, std::move(commands));
 }
 
-absl::Status Controller::ReportRank(const v1::RankReport& report) {
+void Controller::ReportRank(const v1::RankReport& report, std::function<void(absl::Status)> done) {
   std::lock_guard<std::mutex> lock(mu_);
-  return jobs_.ReportRank(report);
+  jobs_.ReportRank(report, std::move(done));
+}
+
+absl::Status Controller::ReportRank(const v1::RankReport& report) {
+  // (Shared: a written-behind exit's answer comes after this returns.)
+  auto answer = std::make_shared<std::optional<absl::Status>>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.ReportRank(report, [answer](absl::Status s) {
+      if (!*answer) *answer = std::move(s);
+    });
+  }
+  return answer->value_or(absl::OkStatus());
 }
 
 void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
@@ -635,6 +647,7 @@ void Controller::Shutdown(bool stopping_workers) {
   std::unique_lock<std::mutex> lock(mu_);
   jobs_.Shutdown(stopping_workers);
   jobs_.FlushLater(lock);
+  jobs_.AbandonExitWaiters();
   workers_.Flush(lock);
 }
 

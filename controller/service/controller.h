@@ -120,6 +120,11 @@ class Controller {
   // Puts back commands that could not be delivered (front of the queue, same order).
   void Requeue(const std::string& worker_id, const std::string& session_id,
                std::vector<furnace::v1::AgentCommand> commands);
+  // The agent server's: `done` gets the answer, at once or, for a rank's successful exit that
+  // leaves others running, once the exit is written (JobLifecycle::ReportRank).
+  void ReportRank(const furnace::v1::RankReport& report, std::function<void(absl::Status)> done);
+  // The same, answered at once (tests, tools): a written-behind exit answers OK now (its answer
+  // once written is OK too); its worker is still freed only when the write lands.
   absl::Status ReportRank(const furnace::v1::RankReport& report);
   // Takes a batch in (progress, step aggregates, totals) and calls `done` at once, on this thread:
   // the raw records and completed steps are written behind (group commit), as the rank steps are,

@@ -74,6 +74,18 @@ struct ControllerOptions {
   uint64_t audit_keep = 1'000'000;
 };
 
+// The answer to a rank report (JobLifecycle::ReportRank).
+using ReportDone = std::function<void(absl::Status)>;
+
+// A rank's successful exit written behind: its report's answer and its worker's release wait for
+// the write (JobLifecycle::ReportRank).
+struct ExitWaiter {
+  std::string worker_id;
+  uint32_t attempt = 0;
+  uint32_t rank = 0;
+  ReportDone done;
+};
+
 struct Job {
   furnace::v1::JobSummary summary;
   furnace::v1::JobSpec spec;
@@ -116,6 +128,9 @@ struct Job {
   // index of the oldest older attempt changed since the job was last written (a late exit report,
   // a lost worker's draining rank); SIZE_MAX: none (JobLifecycle::NoteOlderAttemptChanged).
   size_t oldest_changed = SIZE_MAX;
+  // Successful exits of ranks of the current attempt that did not end it, not written yet: their
+  // reports are answered, and their workers freed, once a write of the job has landed.
+  std::vector<ExitWaiter> exit_waiters;
   // The index of the first attempt a write of the job covers.
   size_t FirstAttemptToWrite() const {
     const size_t n = attempts.size();
@@ -206,6 +221,10 @@ class JobLifecycle {
   // with the next telemetry, and started or ended ranks with the agents' re-registration and
   // heartbeat reconciliation, as for a PersistRecord that failed.
   void PersistLater(const std::set<std::string>& job_ids);
+  // The waiters' exits are in the store: their workers are freed and their reports answered.
+  void ReleaseExits(const std::string& job_id, std::vector<ExitWaiter> waiters);
+  // ReportRank's work; moves `done` into the job's exit waiters when the answer waits.
+  absl::Status HandleReport(const furnace::v1::RankReport& report, ReportDone& done);
   // `state_lock` holds the state mutex: it is released while the store is written and held again
   // on return.
   void FlushLater(std::unique_lock<std::mutex>& state_lock);
@@ -223,12 +242,24 @@ class JobLifecycle {
   // A worker's agent says it is shutting down (HeartbeatRequest.leaving): the worker is lost
   // now, not a heartbeat timeout later, and the attempt it holds a rank of is interrupted.
   void WorkerLeaving(const std::string& worker_id);
-  // Unavailable when the store could not record the report (the agent re-sends it).
-  absl::Status ReportRank(const furnace::v1::RankReport& report);
+  // `done` gets the answer: Unavailable when the store could not record the report (the agent
+  // re-sends it). Every report is answered at once except a rank's successful exit that does not
+  // end its attempt (and a re-sent one while it waits): that is written behind (FlushLater, or
+  // the job's next Persist), and answered, with its worker freed, once the write has landed. So
+  // the thousands of such exits at the end of a large job share a few writes where each wrote
+  // the whole attempt (O(ranks^2) bytes and an fsync per rank under the state mutex), and still
+  // no agent is told its exit is recorded, nor its worker given other work, before it is in the
+  // store (a controller that died with it unwritten would find the rank running on a worker that
+  // runs something else).
+  void ReportRank(const furnace::v1::RankReport& report, ReportDone done);
   // Failure detection (silent workers, settle windows, start timeouts) and (re)placement.
   void Tick();
   // See Controller::Shutdown.
   void Shutdown(bool stopping_workers);
+  // After the last flush at shutdown: exits still unwritten (the store refused the flush) are
+  // answered Unavailable, so the agent server's calls end and the agents re-send them to the next
+  // controller; their workers stay held.
+  void AbandonExitWaiters();
 
  private:
   // Ends the current attempt: persisted first, then its ranks are told to stop. A retryable

@@ -115,6 +115,16 @@ bool AllRanks(const v1::AttemptInfo& attempt, v1::RankState state) {
                      [&](const v1::RankInfo& r) { return r.state() == state; });
 }
 
+// Whether every rank of the attempt but `rank` has exited (`rank` is the last one running).
+bool AllRanksButOneExited(const v1::AttemptInfo& attempt, uint32_t rank) {
+  for (int r = 0; r < attempt.ranks_size(); ++r) {
+    if (static_cast<uint32_t>(r) != rank && attempt.ranks(r).state() != v1::RANK_STATE_EXITED) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // AllRanks(attempt, RANK_STATE_RUNNING) for the job's current attempt, amortised O(1) per call
 // over a job start (Job::running_prefix).
 bool AllRunning(Job& job, const v1::AttemptInfo& attempt) {
@@ -363,6 +373,12 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   if (job == nullptr) return;
   if (held.attempt == 0 || held.attempt > job->attempts.size()) return;
   v1::AttemptInfo* attempt = &job->attempts[held.attempt - 1];
+  // Its rank ended before (a successful exit whose write, and with it the worker's release,
+  // waits: ReportRank): that end stands, and the worker held nothing else.
+  if (held.rank < static_cast<uint32_t>(attempt->ranks_size()) &&
+      attempt->ranks(held.rank).state() == v1::RANK_STATE_EXITED) {
+    return;
+  }
   if (held.rank < static_cast<uint32_t>(attempt->ranks_size())) {
     auto* rank = attempt->mutable_ranks(held.rank);
     rank->set_state(v1::RANK_STATE_EXITED);
@@ -646,7 +662,12 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   return session;
 }
 
-absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
+void JobLifecycle::ReportRank(const v1::RankReport& report, ReportDone done) {
+  absl::Status s = HandleReport(report, done);
+  if (done) done(std::move(s));  // (moved into a waiter when the answer waits for a write)
+}
+
+absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone& done) {
   if (shut_down_) return absl::OkStatus();  // ranks being stopped by our own shutdown
   workers_.Touch(report.worker_id());
   // A rank of a job, attempt or rank we have no record of (a state directory lost or restored
@@ -713,6 +734,15 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
 
   if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
   if (rank.state() == v1::RANK_STATE_EXITED) {  // a re-sent report
+    // Its successful exit not written yet (the first report's answer was lost): this one waits
+    // for the write too.
+    for (const ExitWaiter& w : job.exit_waiters) {
+      if (w.attempt == report.attempt() && w.rank == report.rank()) {
+        job.exit_waiters.push_back(
+            {rank.worker_id(), report.attempt(), report.rank(), std::exchange(done, nullptr)});
+        return absl::OkStatus();
+      }
+    }
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
     return absl::OkStatus();
   }
@@ -731,8 +761,12 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   // On a store error, undo and fail the RPC: the agent re-sends the report. Only a report of the
   // running attempt can fail (a copy of the job is O(ranks): not taken for the thousands of stop
   // reports after a cancel).
+  // A successful exit of the running attempt that leaves a rank running is written behind
+  // (ReportRank): nothing to undo, so no copy either.
+  const bool write_behind = current && report.exit_kind() == v1::EXIT_KIND_SUCCESS &&
+                            !AllRanksButOneExited(attempt, report.rank());
   std::optional<Job> backup;
-  if (current) backup.emplace(job);
+  if (current && !write_behind) backup.emplace(job);
   auto undo = [&](absl::Status s) {
     if (backup) job = std::move(*backup);
     return s;
@@ -749,14 +783,15 @@ absl::Status JobLifecycle::ReportRank(const v1::RankReport& report) {
   absl::Status s;
   if (!current) {
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
+  } else if (write_behind) {
+    PersistLater({job.summary.job_id()});
+    job.exit_waiters.push_back(
+        {worker_id, report.attempt(), report.rank(), std::exchange(done, nullptr)});
+    return absl::OkStatus();  // the worker is freed when the exit is written (ReleaseExits)
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
-    if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
-      // Succeeded only if no rank failed: one that exited with an error code inside the settle
-      // window ends the attempt as failed now.
-      s = EndAttempt(job);
-    } else {
-      s = Persist(job);
-    }
+    // The last rank: succeeded only if no rank failed (one that exited with an error code inside
+    // the settle window ends the attempt as failed now).
+    s = EndAttempt(job);
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              report.exit_code() == v1::RANK_EXIT_HEALTH_CHECK) {
     HealthCheckFailed(job, report);

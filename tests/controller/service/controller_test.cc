@@ -1938,6 +1938,125 @@ TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
   EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
 }
 
+// A rank's successful exit that leaves others running is written behind: its report is answered,
+// and its worker freed, only once the exit is in the store (the next flush, or the job's next
+// write), so the exits at the end of a large job share a few writes and no agent hears "recorded"
+// before it is. A re-sent report waits for the same write; a store that refuses the flush keeps
+// them waiting; the worker lost meanwhile does not undo the success.
+class ExitWriteBehindTest : public ControllerTest {
+ protected:
+  v1::RankReport Exit(int slot, uint32_t rank) {
+    v1::RankReport r;
+    r.set_worker_id("h/" + std::to_string(slot));
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_event(v1::RANK_EXITED);
+    r.set_exit_kind(v1::EXIT_KIND_SUCCESS);
+    r.set_reason("exited with code 0");
+    return r;
+  }
+  // The answers a report got so far.
+  struct Answers {
+    std::vector<absl::Status> got;
+    std::function<void(absl::Status)> Sink() {
+      return [this](absl::Status s) { got.push_back(std::move(s)); };
+    }
+  };
+  v1::WorkerState StateOf(const std::string& worker) {
+    for (const auto& w : c_->ListWorkers()) {
+      if (w.worker_id() == worker) return w.state();
+    }
+    return v1::WORKER_STATE_UNSPECIFIED;
+  }
+  void Flush() {
+    clock_.Advance(1.0);  // the controller writes jobs behind about once a second
+    HeartbeatAll(static_cast<int>(sessions_.size()));
+    c_->Tick();
+  }
+};
+
+TEST_F(ExitWriteBehindTest, TheAnswerAndTheWorkerWaitForTheWrite) {
+  StartRunning();
+  Register(2);
+  Answers first, again;
+  c_->ReportRank(Exit(0, 0), first.Sink());
+  EXPECT_TRUE(first.got.empty()) << "answered before the exit was written";
+  EXPECT_EQ(StateOf("h/0"), v1::WORKER_STATE_BUSY);
+  c_->ReportRank(Exit(0, 0), again.Sink());  // its answer was lost: sent again
+  EXPECT_TRUE(again.got.empty());
+  Flush();
+  ASSERT_EQ(first.got.size(), 1u);
+  EXPECT_TRUE(first.got[0].ok()) << first.got[0];
+  ASSERT_EQ(again.got.size(), 1u);
+  EXPECT_TRUE(again.got[0].ok());
+  EXPECT_EQ(StateOf("h/0"), v1::WORKER_STATE_READY);
+  // In the store: a restarted controller sees rank 0 ended.
+  Restart();
+  EXPECT_EQ(Job().attempts(0).ranks(0).state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(Job().attempts(0).ranks(0).exit_kind(), v1::EXIT_KIND_SUCCESS);
+}
+
+TEST_F(ExitWriteBehindTest, AStoreThatRefusesTheFlushKeepsTheAnswerWaiting) {
+  StartRunning();
+  Answers a;
+  FailJobWrites(true);
+  c_->ReportRank(Exit(0, 0), a.Sink());
+  Flush();
+  EXPECT_TRUE(a.got.empty()) << "answered though the write failed";
+  EXPECT_EQ(StateOf("h/0"), v1::WORKER_STATE_BUSY);
+  FailJobWrites(false);
+  Flush();
+  ASSERT_EQ(a.got.size(), 1u);
+  EXPECT_TRUE(a.got[0].ok());
+  EXPECT_EQ(StateOf("h/0"), v1::WORKER_STATE_READY);
+}
+
+TEST_F(ExitWriteBehindTest, TheLastRanksExitWritesAndAnswersThemAll) {
+  StartRunning();
+  Answers a0, a1;
+  c_->ReportRank(Exit(0, 0), a0.Sink());
+  EXPECT_TRUE(a0.got.empty());
+  c_->ReportRank(Exit(1, 1), a1.Sink());  // the last: the attempt ends, written at once
+  ASSERT_EQ(a1.got.size(), 1u);
+  EXPECT_TRUE(a1.got[0].ok());
+  ASSERT_EQ(a0.got.size(), 1u) << "the write that ended the attempt carried rank 0's exit";
+  EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+  EXPECT_EQ(StateOf("h/0"), v1::WORKER_STATE_READY);
+  EXPECT_EQ(StateOf("h/1"), v1::WORKER_STATE_READY);
+}
+
+TEST_F(ExitWriteBehindTest, AWorkerLostAfterItsRankSucceededDoesNotFailTheAttempt) {
+  StartRunning();
+  Answers a;
+  c_->ReportRank(Exit(0, 0), a.Sink());
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(sessions_[0]);
+  h.set_leaving(true);
+  c_->Heartbeat(h);  // its agent stops before the exit is written
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
+  EXPECT_EQ(d.attempts(0).ranks(0).exit_kind(), v1::EXIT_KIND_SUCCESS);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited with code 0");
+  EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+  EXPECT_EQ(Job().summary().leaving_interruptions(), 0u);
+}
+
+// At shutdown, exits the store would not take are answered Unavailable (the agents send them
+// again to the next controller), so no call waits forever.
+TEST_F(ExitWriteBehindTest, ShutdownAnswersTheExitsItCouldNotWrite) {
+  StartRunning();
+  Answers a;
+  FailJobWrites(true);
+  c_->ReportRank(Exit(0, 0), a.Sink());
+  c_->Shutdown(/*stopping_workers=*/false);
+  ASSERT_EQ(a.got.size(), 1u);
+  EXPECT_EQ(a.got[0].code(), absl::StatusCode::kUnavailable);
+  FailJobWrites(false);
+}
+
 // A second leaving agent while the first one's interruption is pending (the store could not take
 // it): the first, the root cause, ends the attempt, whether the store is back for the second or
 // only at the next tick, and the second spends none of the free leavings.
