@@ -456,13 +456,12 @@ void Controller::ReportRank(const v1::RankReport& report, std::function<void(abs
 
 absl::Status Controller::ReportRank(const v1::RankReport& report) {
   // (Shared: a written-behind exit's answer comes after this returns.)
+  // (Written under the state mutex, by this call or a later flush: read under it too.)
   auto answer = std::make_shared<std::optional<absl::Status>>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.ReportRank(report, [answer](absl::Status s) {
-      if (!*answer) *answer = std::move(s);
-    });
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.ReportRank(report, [answer](absl::Status s) {
+    if (!*answer) *answer = std::move(s);
+  });
   return answer->value_or(absl::OkStatus());
 }
 

@@ -122,25 +122,35 @@ absl::Status JobLifecycle::Persist(Job& job) {
   if (s.ok()) {
     later_.erase(job.summary.job_id());
     job.oldest_changed = SIZE_MAX;
-    // Their exits were in this write.
-    ReleaseExits(job.summary.job_id(), std::exchange(job.exit_waiters, {}));
+    ReleaseExits(job.summary.job_id());  // every exit recorded so far was in this write
   }
   return s;
 }
 
 void JobLifecycle::AbandonExitWaiters() {
-  for (auto& [id, job] : jobs_) {
-    for (ExitWaiter& w : std::exchange(job.exit_waiters, {})) {
-      if (w.done) {
-        w.done(absl::UnavailableError(
+  exits_abandoned_ = true;
+  // The exits stay listed as unwritten: one sent again is written at once (ReportRank).
+  for (auto& [id, waiters] : unwritten_exits_) {
+    for (ExitWaiter& w : waiters) {
+      if (ReportDone done = std::exchange(w.done, nullptr)) {
+        done(absl::UnavailableError(
             "the controller shut down before the exit was recorded; send it again"));
       }
     }
   }
 }
 
-void JobLifecycle::ReleaseExits(const std::string& job_id, std::vector<ExitWaiter> waiters) {
-  for (ExitWaiter& w : waiters) {
+void JobLifecycle::ReleaseExits(const std::string& job_id, uint64_t seq) {
+  auto it = unwritten_exits_.find(job_id);
+  if (it == unwritten_exits_.end()) return;
+  std::vector<ExitWaiter>& waiters = it->second;
+  std::vector<ExitWaiter> written;
+  auto first_left = std::stable_partition(waiters.begin(), waiters.end(),
+                                          [&](const ExitWaiter& w) { return w.seq <= seq; });
+  written.assign(std::make_move_iterator(waiters.begin()), std::make_move_iterator(first_left));
+  waiters.erase(waiters.begin(), first_left);
+  if (waiters.empty()) unwritten_exits_.erase(it);
+  for (ExitWaiter& w : written) {
     workers_.Free(w.worker_id, job_id, w.attempt, w.rank);
     if (w.done) w.done(absl::OkStatus());
   }
@@ -164,7 +174,7 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     v1::JobSummary summary;
     std::vector<v1::AttemptInfo> attempts;  // from FirstAttemptToWrite, as Persist writes them
     size_t first = 0;                       // the index of attempts[0]
-    std::vector<ExitWaiter> exits;          // exits in this copy, released once it is written
+    uint64_t exits_to = 0;                  // exits recorded up to here are in this copy
   };
   std::vector<Copy> copies;
   const std::set<std::string> ids = std::move(later_);
@@ -181,7 +191,7 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     }
     job.step_stale = false;
     job.summary.set_updated_unix(clock_.UnixSeconds());
-    Copy c{job.summary, {}, job.FirstAttemptToWrite(), std::exchange(job.exit_waiters, {})};
+    Copy c{job.summary, {}, job.FirstAttemptToWrite(), exit_seq_};
     for (size_t i = c.first; i < job.attempts.size(); ++i) c.attempts.push_back(job.attempts[i]);
     job.oldest_changed = SIZE_MAX;  // in this copy; marked again below if it is not written
     copies.push_back(std::move(c));
@@ -198,21 +208,15 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
   order.unlock();
   state_lock.lock();
   if (s.ok()) {
-    for (Copy& c : copies) ReleaseExits(c.summary.job_id(), std::move(c.exits));
+    for (const Copy& c : copies) ReleaseExits(c.summary.job_id(), c.exits_to);
     return;
   }
-  // Marked again: the next flush tries again (and with it answers the exits it carries).
+  // Marked again: the next flush tries again (the exits' answers wait for it).
   spdlog::warn("{} job(s)' progress not recorded yet: {}", ids.size(), s.ToString());
   later_.insert(ids.begin(), ids.end());
-  for (Copy& c : copies) {
+  for (const Copy& c : copies) {
     auto it = jobs_.find(c.summary.job_id());
-    if (it == jobs_.end()) continue;
-    Job& job = it->second;
-    job.oldest_changed = std::min(job.oldest_changed, c.first);
-    // Their answers wait for the next write of the job.
-    c.exits.insert(c.exits.end(), std::make_move_iterator(job.exit_waiters.begin()),
-                   std::make_move_iterator(job.exit_waiters.end()));
-    job.exit_waiters = std::move(c.exits);
+    if (it != jobs_.end()) it->second.oldest_changed = std::min(it->second.oldest_changed, c.first);
   }
 }
 

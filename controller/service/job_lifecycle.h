@@ -27,9 +27,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -83,7 +85,8 @@ struct ExitWaiter {
   std::string worker_id;
   uint32_t attempt = 0;
   uint32_t rank = 0;
-  ReportDone done;
+  uint64_t seq = 0;  // the order exits were recorded in (a flush covers those up to its copy)
+  ReportDone done;   // empty once answered
 };
 
 struct Job {
@@ -128,9 +131,6 @@ struct Job {
   // index of the oldest older attempt changed since the job was last written (a late exit report,
   // a lost worker's draining rank); SIZE_MAX: none (JobLifecycle::NoteOlderAttemptChanged).
   size_t oldest_changed = SIZE_MAX;
-  // Successful exits of ranks of the current attempt that did not end it, not written yet: their
-  // reports are answered, and their workers freed, once a write of the job has landed.
-  std::vector<ExitWaiter> exit_waiters;
   // The index of the first attempt a write of the job covers.
   size_t FirstAttemptToWrite() const {
     const size_t n = attempts.size();
@@ -221,8 +221,9 @@ class JobLifecycle {
   // with the next telemetry, and started or ended ranks with the agents' re-registration and
   // heartbeat reconciliation, as for a PersistRecord that failed.
   void PersistLater(const std::set<std::string>& job_ids);
-  // The waiters' exits are in the store: their workers are freed and their reports answered.
-  void ReleaseExits(const std::string& job_id, std::vector<ExitWaiter> waiters);
+  // The job's unwritten exits recorded up to `seq` are in the store now: their workers are freed
+  // and their reports answered.
+  void ReleaseExits(const std::string& job_id, uint64_t seq = UINT64_MAX);
   // ReportRank's work; moves `done` into the job's exit waiters when the answer waits.
   absl::Status HandleReport(const furnace::v1::RankReport& report, ReportDone& done);
   // `state_lock` holds the state mutex: it is released while the store is written and held again
@@ -353,6 +354,12 @@ class JobLifecycle {
   Rendezvous& rendezvous_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> later_;  // jobs with changes not written yet (PersistLater)
+  // Per job, successful exits written behind and not in the store yet, in the order recorded
+  // (ReportRank). Kept here, not in Job, so no undo copy of a Job carries (and gives back) an
+  // answer already given.
+  std::map<std::string, std::vector<ExitWaiter>> unwritten_exits_;
+  uint64_t exit_seq_ = 0;
+  bool exits_abandoned_ = false;  // AbandonExitWaiters ran: exits are written at once again
   // Orders job writes: held while one is written (Persist, FlushLater), so a flush's copy, taken
   // under the state mutex and written without it, never lands after a newer Persist.
   std::mutex write_order_mu_;

@@ -609,7 +609,18 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
     v1::RankInfo* rank = attempt && rank_n < static_cast<uint32_t>(attempt->ranks_size())
                              ? attempt->mutable_ranks(rank_n)
                              : nullptr;
-    if (agent_restarted || rank == nullptr) {
+    // (A rank that ended successfully, its exit not written yet, keeps its worker held until it
+    // is: ReleaseExits frees it.)
+    bool exit_unwritten = false;
+    if (auto it = unwritten_exits_.find(w.info.job_id());
+        it != unwritten_exits_.end() && rank != nullptr) {
+      for (const ExitWaiter& e : it->second) {
+        exit_unwritten = exit_unwritten || (e.attempt == w.attempt && e.rank == rank_n);
+      }
+    }
+    if (exit_unwritten) {
+      // Nothing to do: the exit's write frees the worker.
+    } else if (agent_restarted || rank == nullptr) {
       w.has_rank = false;
       w.attempt = 0;
       w.info.clear_job_id();
@@ -734,13 +745,20 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
 
   if (report.event() != v1::RANK_EXITED) return absl::OkStatus();
   if (rank.state() == v1::RANK_STATE_EXITED) {  // a re-sent report
-    // Its successful exit not written yet (the first report's answer was lost): this one waits
-    // for the write too.
-    for (const ExitWaiter& w : job.exit_waiters) {
-      if (w.attempt == report.attempt() && w.rank == report.rank()) {
-        job.exit_waiters.push_back(
-            {rank.worker_id(), report.attempt(), report.rank(), std::exchange(done, nullptr)});
-        return absl::OkStatus();
+    // Its successful exit not written yet (the first report's answer did not reach the agent):
+    // this one waits for the same write instead; the first call, whose client gave up, is
+    // answered now, so a store that stays down does not pile calls up.
+    if (auto it = unwritten_exits_.find(job.summary.job_id()); it != unwritten_exits_.end()) {
+      for (ExitWaiter& w : it->second) {
+        if (w.attempt == report.attempt() && w.rank == report.rank()) {
+          if (ReportDone first = std::exchange(w.done, nullptr)) {
+            first(absl::UnavailableError("superseded by a re-sent report"));
+          }
+          // After the last flush (shutting down): written now, or not answered OK.
+          if (exits_abandoned_) return Persist(job);  // (releases it and its worker)
+          w.done = std::exchange(done, nullptr);
+          return absl::OkStatus();
+        }
       }
     }
     workers_.Free(rank.worker_id(), report.job_id(), report.attempt(), report.rank());
@@ -763,7 +781,8 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
   // reports after a cancel).
   // A successful exit of the running attempt that leaves a rank running is written behind
   // (ReportRank): nothing to undo, so no copy either.
-  const bool write_behind = current && report.exit_kind() == v1::EXIT_KIND_SUCCESS &&
+  const bool write_behind = current && !exits_abandoned_ &&
+                            report.exit_kind() == v1::EXIT_KIND_SUCCESS &&
                             !AllRanksButOneExited(attempt, report.rank());
   std::optional<Job> backup;
   if (current && !write_behind) backup.emplace(job);
@@ -785,8 +804,8 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (write_behind) {
     PersistLater({job.summary.job_id()});
-    job.exit_waiters.push_back(
-        {worker_id, report.attempt(), report.rank(), std::exchange(done, nullptr)});
+    unwritten_exits_[job.summary.job_id()].push_back(
+        {worker_id, report.attempt(), report.rank(), ++exit_seq_, std::exchange(done, nullptr)});
     return absl::OkStatus();  // the worker is freed when the exit is written (ReleaseExits)
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
     // The last rank: succeeded only if no rank failed (one that exited with an error code inside
