@@ -537,7 +537,7 @@ void Fleet::Finish() {
   }
 }
 
-absl::StatusOr<v1::JobState> Fleet::JobState(const std::string& job_id) {
+absl::StatusOr<v1::JobSummary> Fleet::Summary(const std::string& job_id) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::JobDetail resp;
@@ -546,19 +546,19 @@ absl::StatusOr<v1::JobState> Fleet::JobState(const std::string& job_id) {
   const grpc::Status s = jobs_->GetJob(&context, req, &resp);
   if (!s.ok())
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  return resp.summary().state();
+  return resp.summary();
+}
+
+absl::StatusOr<v1::JobState> Fleet::JobState(const std::string& job_id) {
+  absl::StatusOr<v1::JobSummary> summary = Summary(job_id);
+  if (!summary.ok()) return summary.status();
+  return summary->state();
 }
 
 absl::StatusOr<uint64_t> Fleet::JobStep(const std::string& job_id) {
-  v1::GetJobRequest req;
-  req.set_job_id(job_id);
-  v1::JobDetail resp;
-  grpc::ClientContext context;
-  SetDeadline(context, 30);
-  const grpc::Status s = jobs_->GetJob(&context, req, &resp);
-  if (!s.ok())
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  return resp.summary().step();
+  absl::StatusOr<v1::JobSummary> summary = Summary(job_id);
+  if (!summary.ok()) return summary.status();
+  return summary->step();
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Fleet::ListWorkers() {

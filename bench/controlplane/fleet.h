@@ -131,6 +131,8 @@ class Fleet {
   void Call(const char* kind, const SimAgent& agent, Prepare prepare, const Req& request,
             double deadline_s, Done done);
   furnace::v1::AgentService::Stub& Stub(const SimAgent& agent) const;
+  // GetJob's summary of the job.
+  absl::StatusOr<furnace::v1::JobSummary> Summary(const std::string& job_id);
   grpc::CompletionQueue* Queue(const SimAgent& agent) const;
   void Register(SimAgent& agent, std::function<void()> done);
   void Heartbeat(SimAgent& agent);

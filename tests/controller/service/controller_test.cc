@@ -80,9 +80,10 @@ class ControllerTest : public ::testing::Test {
     return cmds.ok() ? *cmds : std::vector<v1::AgentCommand>{};
   }
 
-  void Report(int slot, uint32_t attempt, uint32_t rank, v1::RankEvent event,
-              v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED, const std::string& reason = "",
-              int exit_code = 0) {
+  // The report of `rank` of `attempt` (on slot `slot`) of the job.
+  v1::RankReport MakeReport(int slot, uint32_t attempt, uint32_t rank, v1::RankEvent event,
+                            v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED,
+                            const std::string& reason = "", int exit_code = 0) {
     v1::RankReport r;
     r.set_worker_id("h/" + std::to_string(slot));
     r.set_job_id(job_);
@@ -93,7 +94,13 @@ class ControllerTest : public ::testing::Test {
     r.set_exit_kind(kind);
     r.set_reason(reason);
     r.set_exit_code(exit_code);
-    ASSERT_TRUE(c_->ReportRank(r).ok());
+    return r;
+  }
+  void Report(int slot, uint32_t attempt, uint32_t rank, v1::RankEvent event,
+              v1::ExitKind kind = v1::EXIT_KIND_UNSPECIFIED, const std::string& reason = "",
+              int exit_code = 0) {
+    ASSERT_TRUE(
+        c_->ReportRank(MakeReport(slot, attempt, rank, event, kind, reason, exit_code)).ok());
   }
 
   // The report of attempt 1's rank `rank` (on slot `slot`) ending with a hang its own watchdog
@@ -1946,15 +1953,7 @@ TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
 class ExitWriteBehindTest : public ControllerTest {
  protected:
   v1::RankReport Exit(int slot, uint32_t rank) {
-    v1::RankReport r;
-    r.set_worker_id("h/" + std::to_string(slot));
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_event(v1::RANK_EXITED);
-    r.set_exit_kind(v1::EXIT_KIND_SUCCESS);
-    r.set_reason("exited with code 0");
-    return r;
+    return MakeReport(slot, 1, rank, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited with code 0");
   }
   // The answers a report got so far.
   struct Answers {
