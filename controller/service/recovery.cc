@@ -808,9 +808,13 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
         {worker_id, report.attempt(), report.rank(), ++exit_seq_, std::exchange(done, nullptr)});
     return absl::OkStatus();  // the worker is freed when the exit is written (ReleaseExits)
   } else if (report.exit_kind() == v1::EXIT_KIND_SUCCESS) {
-    // The last rank: succeeded only if no rank failed (one that exited with an error code inside
-    // the settle window ends the attempt as failed now).
-    s = EndAttempt(job);
+    if (AllRanks(attempt, v1::RANK_STATE_EXITED)) {
+      // Succeeded only if no rank failed: one that exited with an error code inside the settle
+      // window ends the attempt as failed now.
+      s = EndAttempt(job);
+    } else {
+      s = Persist(job);  // (written at once after the last flush at shutdown)
+    }
   } else if (report.exit_kind() == v1::EXIT_KIND_CODE &&
              report.exit_code() == v1::RANK_EXIT_HEALTH_CHECK) {
     HealthCheckFailed(job, report);

@@ -2047,6 +2047,22 @@ TEST_F(ExitWriteBehindTest, AWorkerLostAfterItsRankSucceededDoesNotFailTheAttemp
   EXPECT_EQ(Job().summary().leaving_interruptions(), 0u);
 }
 
+// After the last flush at shutdown an exit that leaves others running is written at once: it does
+// not end the attempt, and the last one does.
+TEST_F(ExitWriteBehindTest, AfterShutdownAnExitIsWrittenAtOnce) {
+  StartRunning();
+  c_->Shutdown(/*stopping_workers=*/false);
+  Answers a0, a1;
+  c_->ReportRank(Exit(0, 0), a0.Sink());
+  ASSERT_EQ(a0.got.size(), 1u);
+  EXPECT_TRUE(a0.got[0].ok()) << a0.got[0];
+  EXPECT_EQ(Job().attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  c_->ReportRank(Exit(1, 1), a1.Sink());
+  ASSERT_EQ(a1.got.size(), 1u);
+  EXPECT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+}
+
 // At shutdown, exits the store would not take are answered Unavailable (the agents send them
 // again to the next controller), so no call waits forever.
 TEST_F(ExitWriteBehindTest, ShutdownAnswersTheExitsItCouldNotWrite) {
@@ -2059,7 +2075,7 @@ TEST_F(ExitWriteBehindTest, ShutdownAnswersTheExitsItCouldNotWrite) {
   EXPECT_EQ(a.got[0].code(), absl::StatusCode::kUnavailable);
   FailJobWrites(false);
   // The agent server still takes calls until it stops, and no flush comes any more: the exit
-  // sent again now is written at once and answered; so is a new one.
+  // sent again now is written at once and answered; so is a new one (the last rank's here).
   Answers again, other;
   c_->ReportRank(Exit(0, 0), again.Sink());
   ASSERT_EQ(again.got.size(), 1u);
