@@ -125,8 +125,8 @@ std::optional<uint64_t> ReadOomKills(const std::string& events_path) {
   _exit(127);
 }
 
-// What the kernel says about a process that went silent: stopped (SIGSTOP, a debugger), stuck in
-// uninterruptible I/O, or nothing unusual ("").
+// What the kernel says about a process that went silent or did not end: stopped (SIGSTOP, a
+// debugger), stuck in uninterruptible I/O, ended but held by a tracer, or nothing unusual ("").
 std::string ProcessStateNote(int pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat;
@@ -140,6 +140,10 @@ std::string ProcessStateNote(int pid) {
       return "; the process is stopped by a debugger (state t)";
     case 'D':
       return "; the process is in uninterruptible I/O (state D)";
+    case 'Z':
+      // Ended, but not reported to its parent: a tracer that is not the parent (a debugger,
+      // strace) is told first and has not let it go.
+      return "; the process has ended, but a tracer (a debugger, strace) holds it (state Z)";
     default:
       return "";
   }
@@ -389,9 +393,9 @@ void RankSupervisor::Supervise() {
       }
       furnace::v1::RankReport report = Classify(SIGKILL);  // "killed by signal 9"
       report.set_reason(absl::StrFormat(
-          "%s; it did not end %.0f s after SIGKILL%s, and keeps its slot until the kernel lets "
-          "it go (pid %d)",
-          report.reason(), now - *killed_at_s_, ProcessStateNote(pid_), pid_));
+          "%s; it did not end %.0f s after SIGKILL and keeps its slot until the kernel lets it "
+          "go (pid %d)%s",
+          report.reason(), now - *killed_at_s_, pid_, ProcessStateNote(pid_)));
       {
         std::lock_guard<std::mutex> lock(mu_);
         report_ = report;

@@ -1,5 +1,6 @@
 #include "worker/agent.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "fake_agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -32,16 +34,21 @@ class AgentTest : public ::testing::Test {
 
   // The rank is `sh -c script sh TASK_FILE`.
   void StartAgent(const std::string& address, const std::string& script) {
+    StartAgentWith(address, {"/bin/sh", "-c", script, "sh"});
+  }
+  // The rank is `rank_command... TASK_FILE`.
+  void StartAgentWith(const std::string& address, std::vector<std::string> rank_command,
+                      const Clock& clock = RealClock()) {
     AgentOptions options;
     options.controller = address;
     options.slot = 4;
     options.worker_id = "test/4";
     options.work_dir = dir_.string();
-    options.rank_command = {"/bin/sh", "-c", script, "sh"};
+    options.rank_command = std::move(rank_command);
     options.flush_interval_s = 0.05;
     options.shutdown_grace_s = 1;
     agent_ = std::make_unique<Agent>(
-        options, furnace::v1::AgentService::NewStub(MakeControllerChannel(address)));
+        options, furnace::v1::AgentService::NewStub(MakeControllerChannel(address)), clock);
     runner_ = std::thread([this] { run_status_ = agent_->Run(); });
   }
   void StopAgent() {
@@ -451,6 +458,73 @@ TEST_F(AgentTest, ShutdownStopsRanksAndFlushesTheirReports) {
   EXPECT_EQ(std::count_if(fake.heartbeats.begin(), fake.heartbeats.end(),
                           [](const furnace::v1::HeartbeatRequest& h) { return h.leaving(); }),
             1);
+}
+
+// A rank SIGKILL does not end (stuck in the kernel; here a zombie its own child holds by ptrace,
+// tests/worker/held_rank.cc) is reported 30 s after the SIGKILL, so the controller recovers the
+// job without it. Its slot stays taken: another rank's start here is refused (a launch failure
+// the controller places elsewhere) while it holds the device, and an agent that exits meanwhile
+// does not wait on it. The kernel lets it go later, and it is reaped then.
+TEST_F(AgentTest, ARankSigkillDoesNotEndHoldsItsSlotButNotTheAgent) {
+  testing::FakeController controller;
+  FakeClock clock;
+  const std::string release = (dir_ / "release").string();
+  StartAgentWith(controller.address(), {FURNACE_HELD_RANK_BIN, release}, clock);
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  fake.Push(Start(0));
+  std::string said;
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    for (const auto& line : fake.logs) {
+      if (line.text() == "held" || line.text().rfind("untraceable", 0) == 0) said = line.text();
+    }
+    return !said.empty();
+  }));
+  if (said != "held") GTEST_SKIP() << "ptrace refused here: " << said;
+  int pid;
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    pid = fake.reports.at(0).pid();
+  }
+  fake.Push(Stop(0, 0));  // SIGTERM (ignored), then SIGKILL at once
+  // The fake clock moves a second every 10 ms until the report: 30 s after the SIGKILL.
+  for (int s = 0; s < 120; ++s) {
+    {
+      std::lock_guard<std::mutex> lock(fake.mu);
+      if (ExitReports(fake, 0) > 0) break;
+    }
+    clock.Advance(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 0) == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    const furnace::v1::RankReport& exit = fake.reports.back();
+    EXPECT_EQ(exit.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+    EXPECT_EQ(exit.pid(), pid);
+    EXPECT_THAT(exit.reason(), HasSubstr("keeps its slot until the kernel lets it go"));
+  }
+  EXPECT_EQ(kill(pid, 0), 0);  // not reaped
+
+  fake.Push(Start(1));  // another rank on this slot's device: refused while rank 0 holds it
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 1) == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    const furnace::v1::RankReport& refused = fake.reports.back();
+    EXPECT_EQ(refused.exit_kind(), furnace::v1::EXIT_KIND_LAUNCH);
+    EXPECT_THAT(refused.reason(),
+                HasSubstr(absl::StrCat("(pid ", pid,
+                                       ") of this worker did not end after SIGKILL and still "
+                                       "holds its slot")));
+  }
+
+  StopAgent();  // returns without waiting for the stuck rank
+  EXPECT_EQ(kill(pid, 0), 0);
+  std::ofstream(release).put('\n');  // the kernel lets it go: the left supervisor reaps it
+  for (int i = 0; i < 500 && kill(pid, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(kill(pid, 0), -1);
 }
 
 }  // namespace

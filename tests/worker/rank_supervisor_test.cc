@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/telemetry_pipe.h"
@@ -27,6 +28,7 @@ struct Seen {
   std::vector<std::string> lines;
   std::vector<furnace::v1::TelemetryRecord> records;
   int exits = 0;
+  furnace::v1::RankReport exit;  // the exit sink's last report
 
   bool HasLine(const std::string& text) {
     std::lock_guard<std::mutex> lock(mu);
@@ -69,11 +71,18 @@ class RankSupervisorTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<RankSupervisor>> Run(const std::string& script,
                                                       double hang_timeout_s = 0,
                                                       double start_timeout_s = 0) {
+    return Launch({"/bin/sh", "-c", script}, hang_timeout_s, start_timeout_s);
+  }
+
+  absl::StatusOr<std::unique_ptr<RankSupervisor>> Launch(std::vector<std::string> argv,
+                                                         double hang_timeout_s = 0,
+                                                         double start_timeout_s = 0,
+                                                         const Clock& clock = RealClock()) {
     RankLaunch launch;
     launch.job_id = "job-1";
     launch.attempt = 2;
     launch.rank = 1;
-    launch.argv = {"/bin/sh", "-c", script};
+    launch.argv = std::move(argv);
     launch.log_path = LogPath();
     launch.hang_timeout_s = hang_timeout_s;
     launch.start_timeout_s = start_timeout_s;
@@ -89,11 +98,12 @@ class RankSupervisorTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(seen_.mu);
       seen_.records.push_back(std::move(record));
     };
-    sinks.on_exit = [this](const furnace::v1::RankReport&) {
+    sinks.on_exit = [this](const furnace::v1::RankReport& report) {
       std::lock_guard<std::mutex> lock(seen_.mu);
       ++seen_.exits;
+      seen_.exit = report;
     };
-    return RankSupervisor::Start(std::move(launch), std::move(sinks));
+    return RankSupervisor::Start(std::move(launch), std::move(sinks), clock);
   }
 
   furnace::v1::RankReport RunToEnd(const std::string& script, double hang_timeout_s = 0,
@@ -373,6 +383,67 @@ TEST_F(RankSupervisorTest, LaunchFailureIsAnError) {
   EXPECT_EQ(supervisor.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(supervisor.status().message()), HasSubstr("/nonexistent/furnace-rank"));
   EXPECT_FALSE(called);
+}
+
+// A rank SIGKILL does not end (stuck in the kernel; here a zombie its own child holds by ptrace,
+// tests/worker/held_rank.cc) is reported kUnkillableS (30 s) after the SIGKILL, as killed, with
+// its state: Wait returns then, so the job recovers without it. The supervisor goes on waiting,
+// reaps it once the kernel lets it go, and calls the exit sink no second time.
+TEST_F(RankSupervisorTest, ARankSigkillDoesNotEndIsReportedAfterThirtySecondsAndReapedLater) {
+  const std::string release = (dir_ / "release").string();
+  FakeClock clock;
+  auto supervisor = Launch({FURNACE_HELD_RANK_BIN, release}, 0, 0, clock);
+  ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+  for (int i = 0; i < 500 && !seen_.HasLine("held") && !(*supervisor)->done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!seen_.HasLine("held")) {
+    std::lock_guard<std::mutex> lock(seen_.mu);
+    GTEST_SKIP() << "ptrace refused here: "
+                 << (seen_.lines.empty() ? std::string("no output") : seen_.lines.back());
+  }
+  const int pid = (*supervisor)->pid();
+  (*supervisor)->Stop(0, "job cancelled");  // SIGTERM (ignored), then SIGKILL at the next poll
+  // The fake clock moves a second every 10 ms until the report: 30 s after the SIGKILL.
+  double advanced = 0;
+  while (advanced < 120) {
+    {
+      std::lock_guard<std::mutex> lock(seen_.mu);
+      if (seen_.exits > 0) break;
+    }
+    clock.Advance(1);
+    advanced += 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  (*supervisor)->Wait();  // returns: the rank is reported, though not reaped
+  {
+    std::lock_guard<std::mutex> lock(seen_.mu);
+    ASSERT_EQ(seen_.exits, 1);
+    EXPECT_GE(advanced, 30);
+    EXPECT_EQ(seen_.exit.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+    EXPECT_EQ(seen_.exit.pid(), pid);
+    EXPECT_THAT(seen_.exit.reason(), HasSubstr("job cancelled"));
+    EXPECT_THAT(seen_.exit.reason(), HasSubstr("killed by signal 9 (SIGKILL)); it did not end "));
+    EXPECT_THAT(seen_.exit.reason(),
+                HasSubstr(absl::StrCat(" s after SIGKILL and keeps its slot until the kernel lets "
+                                       "it go (pid ",
+                                       pid,
+                                       "); the process has ended, but a tracer (a debugger, "
+                                       "strace) holds it (state Z)")));
+  }
+  EXPECT_TRUE((*supervisor)->stuck());
+  EXPECT_FALSE((*supervisor)->done());
+  EXPECT_EQ(kill(pid, 0), 0);  // not reaped: the pid is still taken
+
+  std::ofstream(release).put('\n');  // the holder exits: the rank's end reaches the supervisor
+  for (int i = 0; i < 500 && !(*supervisor)->done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE((*supervisor)->done());
+  EXPECT_FALSE((*supervisor)->stuck());
+  EXPECT_EQ(kill(pid, 0), -1);  // reaped
+  std::lock_guard<std::mutex> lock(seen_.mu);
+  EXPECT_EQ(seen_.exits, 1);
 }
 
 TEST_F(RankSupervisorTest, DestroyingTheSupervisorKillsTheRank) {
