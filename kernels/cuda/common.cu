@@ -34,11 +34,25 @@ std::vector<KernelList>& Registry() {
   static std::vector<KernelList> lists;
   return lists;
 }
+struct PreloadHook {
+  const char* name;
+  std::string (*hook)();
+};
+std::vector<PreloadHook>& Hooks() {
+  static std::vector<PreloadHook> hooks;
+  return hooks;
+}
 }  // namespace
 
 void RegisterKernels(const char* names, std::initializer_list<const void*> kernels) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   Registry().push_back({names, std::vector<const void*>(kernels)});
+}
+
+bool RegisterPreloadHook(const char* name, std::string (*hook)()) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Hooks().push_back({name, hook});
+  return true;
 }
 
 bool CheckLaunch(const char* op, const char* file, int line) {
@@ -116,6 +130,10 @@ std::string PreloadKernels() {
                "): cudaFuncGetAttributes: " + cudaGetErrorString(err);
       }
     }
+  }
+  for (const internal::PreloadHook& hook : internal::Hooks()) {
+    const std::string error = hook.hook();
+    if (!error.empty()) return std::string("loading the kernels (") + hook.name + "): " + error;
   }
   return "";
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "kernels/cuda/common.h"
 
@@ -52,6 +53,16 @@ bool RegisterKernelList(const char* names, Kernel*... kernels) {
 #define FURNACE_PRELOAD_KERNELS(...)                               \
   [[maybe_unused]] static const bool furnace_kernels_registered_ = \
       ::furnace::kernels::cuda::internal::RegisterKernelList(#__VA_ARGS__, __VA_ARGS__)
+
+// Kernels a .cu launches through a library (CUB) have no symbol of its own to list: a preload hook
+// loads them by running them, small, on a stream of its own (waiting for that stream only); it
+// returns "" or what failed. PreloadKernels calls each hook after loading the listed kernels.
+//   FURNACE_PRELOAD_HOOK(PreloadCubKernels);
+// tests/kernels/cuda/check_preload_list.py wants one in every .cu that includes a CUB header.
+bool RegisterPreloadHook(const char* name, std::string (*hook)());
+#define FURNACE_PRELOAD_HOOK(hook)                                      \
+  [[maybe_unused]] static const bool furnace_preload_hook_registered_ = \
+      ::furnace::kernels::cuda::internal::RegisterPreloadHook(#hook, &hook)
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -1,5 +1,6 @@
 // Router: row softmax (one warp per row), top-k by k passes of an argmax per token (k is small;
-// a strict '>' keeps the lower index on ties), and the Switch aux loss with one block per expert.
+// a strict '>' keeps the lower index on ties), and the Switch aux loss with one block per expert
+// and its terms added in expert order (no atomics: the same value every run).
 #include "common.cuh"
 #include "kernels/cuda/router.h"
 
@@ -93,9 +94,9 @@ __global__ void TopKBackwardKernel(float* dprobs, const float* dgates, const flo
   for (int j = 0; j < k; ++j) dp[idx[j]] += dg[j] / sum - dot / (sum * sum);
 }
 
-// Block e: count of assignments to e and the sum of p[:, e]; adds alpha E frac_e meanprob_e.
-__global__ void AuxLossForwardKernel(float* aux, const float* probs, const int32_t* indices, int N,
-                                     int E, int k, float alpha) {
+// Block e: count of assignments to e and the sum of p[:, e]; terms[e] = alpha E frac_e meanprob_e.
+__global__ void AuxLossTermsKernel(float* terms, const float* probs, const int32_t* indices, int N,
+                                   int E, int k, float alpha) {
   __shared__ float shared[32];
   int e = blockIdx.x;
   float psum = 0.0f, count = 0.0f;
@@ -107,8 +108,16 @@ __global__ void AuxLossForwardKernel(float* aux, const float* probs, const int32
   if (threadIdx.x == 0) {
     float frac = count / static_cast<float>(nk);
     float meanprob = psum / static_cast<float>(N);
-    atomicAdd(aux, alpha * static_cast<float>(E) * frac * meanprob);
+    terms[e] = alpha * static_cast<float>(E) * frac * meanprob;
   }
+}
+
+// aux = terms[0] + terms[1] + ... in expert order (one thread: E is small), so it does not vary
+// from run to run.
+__global__ void AuxLossSumKernel(float* aux, const float* terms, int E) {
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += terms[e];
+  *aux = sum;
 }
 
 // d aux / d p[n, e] = alpha E frac_e / N.
@@ -126,7 +135,8 @@ __global__ void AuxLossBackwardKernel(float* dprobs, const int32_t* indices, int
 }
 
 FURNACE_PRELOAD_KERNELS(SoftmaxForwardKernel, SoftmaxBackwardKernel, TopKForwardKernel,
-                        TopKBackwardKernel, AuxLossForwardKernel, AuxLossBackwardKernel);
+                        TopKBackwardKernel, AuxLossTermsKernel, AuxLossSumKernel,
+                        AuxLossBackwardKernel);
 
 }  // namespace
 
@@ -166,13 +176,15 @@ void TopKBackward(float* dprobs, const float* dgates, const float* probs, const 
   FURNACE_CHECK_LAUNCH("TopKBackward");
 }
 
-void AuxLossForward(float* aux, const float* probs, const int32_t* indices, int N, int E, int k,
-                    float alpha, cudaStream_t stream) {
-  if (!FURNACE_CHECK_CUDA("AuxLossForward", cudaMemsetAsync(aux, 0, sizeof(float), stream))) {
+void AuxLossForward(float* aux, float* terms, const float* probs, const int32_t* indices, int N,
+                    int E, int k, float alpha, cudaStream_t stream) {
+  if (N <= 0 || E <= 0 || k <= 0) {
+    FURNACE_CHECK_CUDA("AuxLossForward", cudaMemsetAsync(aux, 0, sizeof(float), stream));
     return;
   }
-  if (N <= 0 || E <= 0 || k <= 0) return;
-  AuxLossForwardKernel<<<E, kBlock, 0, stream>>>(aux, probs, indices, N, E, k, alpha);
+  AuxLossTermsKernel<<<E, kBlock, 0, stream>>>(terms, probs, indices, N, E, k, alpha);
+  if (!FURNACE_CHECK_LAUNCH("AuxLossForward")) return;
+  AuxLossSumKernel<<<1, 1, 0, stream>>>(aux, terms, E);
   FURNACE_CHECK_LAUNCH("AuxLossForward");
 }
 

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -102,9 +103,9 @@ void AddRow(float* out, const float* row, int64_t N, int C) {
 
 float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int k, float alpha) {
   CudaOp op("aux_loss_forward", {probs, indices});
-  auto* d_aux = static_cast<float*>(op.Scratch(sizeof(float)));
+  auto* d_aux = static_cast<float*>(op.Scratch(sizeof(float) * (1 + std::max(E, 0))));
   if (!op.ok()) return std::numeric_limits<float>::quiet_NaN();
-  kc::AuxLossForward(d_aux, probs, indices, N, E, k, alpha, op.stream());
+  kc::AuxLossForward(d_aux, d_aux + 1, probs, indices, N, E, k, alpha, op.stream());
   float aux = std::numeric_limits<float>::quiet_NaN();
   if (cudaMemcpyAsync(&aux, d_aux, sizeof(float), cudaMemcpyDeviceToHost, op.stream()) !=
       cudaSuccess) {
@@ -120,6 +121,14 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   cublasHandle_t handle = op.cublas();
   void* ws = op.Scratch(kc::AttentionBackwardWorkspaceBytes(B, T, C, NH));
   if (op.ok()) kc::AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, ws, handle, op.stream());
+}
+
+void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                       int T, int C) {
+  CudaOp op(op_names::kEmbeddingBackward, {dwte, dwpe, dout, tokens});
+  if (!op.ok() || int64_t{B} * T * C == 0) return;
+  void* ws = op.Scratch(kc::EmbeddingBackwardWorkspaceBytes(B, T));
+  if (op.ok()) kc::EmbeddingBackward(dwte, dwpe, dout, tokens, B, T, C, ws, op.stream());
 }
 
 double SumOfSquares(const float* x, int64_t n) {
@@ -188,8 +197,7 @@ constexpr Backend kCudaBackend = {
     .transpose = &Streamed<op::kTranspose, &k::Transpose<float>, &kc::Transpose>::Run,
     .embedding_forward =
         &Streamed<op::kEmbeddingForward, &k::EmbeddingForward<float>, &kc::EmbeddingForward>::Run,
-    .embedding_backward = &Streamed<op::kEmbeddingBackward, &k::EmbeddingBackward<float>,
-                                    &kc::EmbeddingBackward>::Run,
+    .embedding_backward = &cuda_internal::EmbeddingBackward,
     .cross_entropy_forward = &Streamed<op::kCrossEntropyForward, &k::CrossEntropyForward<float>,
                                        &kc::CrossEntropyForward>::Run,
     .cross_entropy_backward = &Streamed<op::kCrossEntropyBackward, &k::CrossEntropyBackward<float>,

@@ -51,6 +51,8 @@ void UnpermuteBackward(float* dexpert_out, float* dgates, const float* dout,
                        int C);
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);
+void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                       int T, int C);
 void AddRow(float* out, const float* row, int64_t N, int C);
 float AuxLossForward(const float* probs, const int32_t* indices, int N, int E, int k, float alpha);
 double SumOfSquares(const float* x, int64_t n);

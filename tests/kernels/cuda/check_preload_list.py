@@ -8,7 +8,9 @@ its __global__ functions and the names in its FURNACE_PRELOAD_KERNELS(...) (a te
 each instantiation listed, e.g. Kernel<float>). Prints each kernel missing from its list, and
 each listed name that is no kernel of the file, and exits 1 if there is any. A template kernel
 counts as listed with any one instantiation: which others a launcher uses is not in the source
-text (a new instantiation must be added to the list by hand).
+text (a new instantiation must be added to the list by hand). Kernels launched through CUB have no
+name in the file to list: a .cu that includes a CUB header must register a FURNACE_PRELOAD_HOOK,
+which loads them by running them (kernels/cuda/common.cuh).
 
 Usage: check_preload_list.py [--root DIR]   (DIR: the repository root; default: three levels up)
 """
@@ -22,6 +24,8 @@ import sys
 KERNEL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
                     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
 LIST = re.compile(r"FURNACE_PRELOAD_KERNELS\(([^;]*)\);", re.S)
+CUB = re.compile(r"#include\s*<cub/")
+HOOK = re.compile(r"FURNACE_PRELOAD_HOOK\(\s*\w+\s*\);")
 
 
 def problems(path, text):
@@ -41,6 +45,9 @@ def problems(path, text):
         out.append(f"{name}: kernel {k} is not in FURNACE_PRELOAD_KERNELS (it would load lazily)")
     for k in sorted(listed - kernels):
         out.append(f"{name}: FURNACE_PRELOAD_KERNELS lists {k}, which is no kernel of this file")
+    if CUB.search(text) and not HOOK.search(text):
+        out.append(f"{name}: includes CUB but registers no FURNACE_PRELOAD_HOOK (CUB's kernels "
+                   "would load lazily)")
     return out
 
 

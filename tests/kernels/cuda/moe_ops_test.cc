@@ -81,15 +81,24 @@ TEST(CudaKernelsTest, AuxLoss) {
   cpu::TopKForward(indices.data(), gates.data(), probs.data(), N, E, k, true);
   auto dprobs = RandomVector(N * E, 101);
   const float alpha = 0.01f, daux = 0.7f;
-  DeviceBuffer<float> d_probs(probs), d_aux(1), d_dprobs(dprobs);
+  DeviceBuffer<float> d_probs(probs), d_aux(1), d_terms(E), d_dprobs(dprobs);
   DeviceBuffer<int32_t> d_indices(indices);
-  AuxLossForward(d_aux.get(), d_probs.get(), d_indices.get(), N, E, k, alpha, nullptr);
+  AuxLossForward(d_aux.get(), d_terms.get(), d_probs.get(), d_indices.get(), N, E, k, alpha,
+                 nullptr);
   AuxLossBackward(d_dprobs.get(), d_indices.get(), N, E, k, alpha, daux, nullptr);
   ASSERT_KERNELS_OK();
   float aux = cpu::AuxLossForward(probs.data(), indices.data(), N, E, k, alpha);
   cpu::AuxLossBackward(dprobs.data(), indices.data(), N, E, k, alpha, daux);
-  ExpectClose(d_aux.Download(), {aux}, 1e-5f, 0.0f, "aux");  // atomics over experts
+  const std::vector<float> first = d_aux.Download();
+  ExpectClose(first, {aux}, 1e-5f, 0.0f, "aux");  // block sums, not the CPU's order
   ExpectClose(d_dprobs.Download(), dprobs, 1e-5f, 1e-7f, "dprobs");
+  // Deterministic: the terms are added in expert order, so every run gives the same bits.
+  for (int run = 0; run < 20; ++run) {
+    AuxLossForward(d_aux.get(), d_terms.get(), d_probs.get(), d_indices.get(), N, E, k, alpha,
+                   nullptr);
+    ASSERT_KERNELS_OK();
+    ASSERT_EQ(d_aux.Download(), first) << "run " << run;
+  }
 }
 
 // A DispatchPlan's arrays copied to the device, as a caller would.

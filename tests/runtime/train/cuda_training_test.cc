@@ -6,10 +6,12 @@
 // the tolerance of the emulated bf16 run (bf16_training_test.cc says why). The run learns in both.
 // Each run must also have used the table it names (the model reports "cuda" or "cuda/bf16"), and
 // the bf16 run must differ from the fp32 oracle: a bf16 run that silently ran at fp32 would pass
-// the tolerances, not this.
+// the tolerances, not this. And the GPU run is deterministic: two runs give the same losses and
+// the same weights bit for bit (no atomics in any kernel; cuBLAS is reproducible on one device).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "runtime/device/device.h"
 #include "tests/runtime/train/short_run.h"
@@ -55,6 +57,28 @@ void ExpectFollows(device::Precision precision, const char* backend, bool must_d
       got->backend.c_str(), kSteps, worst, loss_tol);
 }
 
+void ExpectRepeatable(device::Precision precision) {
+  auto gpu = device::CreateCudaDevice(0);
+  if (!gpu.ok() && gpu.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no GPU: " << gpu.status().message();
+  }
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const absl::StatusOr<testing::ShortRun> first = testing::RunShort(**gpu, precision, kSteps);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const absl::StatusOr<testing::ShortRun> second = testing::RunShort(**gpu, precision, kSteps);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->loss, first->loss);
+  EXPECT_EQ(second->aux, first->aux);
+  ASSERT_EQ(second->params.size(), first->params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < first->params.size(); ++i) {
+    differ += std::memcmp(&first->params[i], &second->params[i], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(differ, 0u) << "of " << first->params.size() << " weights differ between two runs";
+  std::printf("REPORT %s: two runs of %d steps bit-identical (%zu weights, %zu differ)\n",
+              first->backend.c_str(), kSteps, first->params.size(), differ);
+}
+
 TEST(CudaTrainingTest, Fp32FollowsTheCpu) {
   ExpectFollows(device::Precision::kFp32, "cuda", /*must_differ=*/false, 1e-3, 1e-2);
 }
@@ -62,6 +86,10 @@ TEST(CudaTrainingTest, Fp32FollowsTheCpu) {
 TEST(CudaTrainingTest, Bf16FollowsTheFp32Cpu) {
   ExpectFollows(device::Precision::kBf16, "cuda/bf16", /*must_differ=*/true, 2e-2, 1e-1);
 }
+
+TEST(CudaTrainingTest, Fp32RunsAreBitIdentical) { ExpectRepeatable(device::Precision::kFp32); }
+
+TEST(CudaTrainingTest, Bf16RunsAreBitIdentical) { ExpectRepeatable(device::Precision::kBf16); }
 
 }  // namespace
 }  // namespace furnace::train

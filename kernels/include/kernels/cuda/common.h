@@ -31,7 +31,9 @@ std::string TakeLastError();
 // while holding the context's lock. With a kernel in flight that waits on something only the host
 // can do next (an NCCL kernel waiting for a peer that itself waits on this rank, a stream held by
 // a host function), that first launch hangs. Call it once per device before any such work; each
-// later call loads nothing new. Thread-safe.
+// later call loads nothing new. Kernels launched through CUB are loaded by running them once,
+// small, on a stream of their own (the preload hooks of kernels/cuda/common.cuh); each call runs
+// them again (a few small kernels). Thread-safe.
 std::string PreloadKernels();
 
 // Owns a cuBLAS handle (fp32 GEMMs in full precision: no TF32). get() is nullptr when creation

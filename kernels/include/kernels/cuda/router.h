@@ -24,9 +24,10 @@ void TopKBackward(float* dprobs, const float* dgates, const float* probs, const 
                   int N, int E, int k, bool normalize, cudaStream_t stream);
 
 // The CPU function returns aux; here it is written to `aux` (ONE float of device memory,
-// overwritten) so that no host synchronisation is needed. Summed with atomics (order varies).
-void AuxLossForward(float* aux, const float* probs, const int32_t* indices, int N, int E, int k,
-                    float alpha, cudaStream_t stream);
+// overwritten) so that no host synchronisation is needed. Deterministic: each expert's term goes
+// to `terms` (E floats of device memory, scratch), then they are added in expert order.
+void AuxLossForward(float* aux, float* terms, const float* probs, const int32_t* indices, int N,
+                    int E, int k, float alpha, cudaStream_t stream);
 // dprobs (N, E) accumulated with daux * d aux / d probs.
 void AuxLossBackward(float* dprobs, const int32_t* indices, int N, int E, int k, float alpha,
                      float daux, cudaStream_t stream);
