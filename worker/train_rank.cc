@@ -130,10 +130,11 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
                      ran_text));
   }
   if (requested != "auto") {
+    const moe::Schedule s = model.MoeSchedules().front();
+    const bool sliced = model.SlicedExperts(s);
     log(absl::StrCat("moe schedule ", ran_text, " on every MoE layer; forward ",
-                     moe::OpListString(moe::ForwardOps(model.MoeSchedules().front())),
-                     "; backward ",
-                     moe::OpListString(moe::BackwardOps(model.MoeSchedules().front()))));
+                     moe::OpListString(moe::ForwardOps(s, sliced)), "; backward ",
+                     moe::OpListString(moe::BackwardOps(s, sliced))));
     return;
   }
   if (choice.profile.has_value()) {

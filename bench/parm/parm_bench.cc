@@ -245,8 +245,10 @@ absl::Status RunRank(const Flags& f, const Layout& l, const std::vector<bench::L
 std::map<std::string, std::pair<moe::OpGroup, moe::OpGroup>> OpGroupsByName() {
   std::map<std::string, std::pair<moe::OpGroup, moe::OpGroup>> m;
   for (moe::Schedule s : moe::kAllSchedules) {
-    for (const auto& list : {moe::ForwardOps(s), moe::BackwardOps(s)}) {
-      for (const moe::Op& op : list) m[op.Name()] = {op.group, op.ag_group};
+    for (bool sliced : {false, true}) {
+      for (const auto& list : {moe::ForwardOps(s, sliced), moe::BackwardOps(s, sliced)}) {
+        for (const moe::Op& op : list) m[op.Name()] = {op.group, op.ag_group};
+      }
     }
   }
   const moe::Op gate_stats{moe::OpKind::kGate, moe::OpGroup::kTp};
@@ -387,6 +389,7 @@ int main(int argc, char** argv) {
                {"esp", l.esp},
                {"dp", kWorld / l.tp},
                {"moe_order", kMoeOrder},
+               {"esp_is_tp", topo->EspGroupIsTpGroup()},
                {"groups_of_rank0", groups},
                {"calibration_s", ranks[0]["calibration_s"]},
                {"wall_s", wall},
@@ -403,6 +406,7 @@ int main(int argc, char** argv) {
       ls.tp = l.tp;
       ls.ep = l.ep;
       ls.esp = l.esp;
+      ls.esp_is_tp = topo->EspGroupIsTpGroup();
       const moe::Choice choice = moe::ChooseSchedule(*profile, ls);
       std::map<moe::Schedule, Measured> m;
       json js;

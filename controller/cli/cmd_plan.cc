@@ -17,6 +17,7 @@
 #include "runtime/base/status.h"
 #include "runtime/moe/cost_model.h"
 #include "runtime/moe/schedule.h"
+#include "runtime/topology/topology.h"
 
 namespace furnace::cli {
 namespace {
@@ -83,6 +84,16 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
     if (l % every == every - 1) moe_layers.push_back(static_cast<int>(l));
   }
 
+  // Whether the ESP group is the TP group (deepspeed's experts then sliced): the spec's layout
+  // as the ranks build it (the spec was validated: a layout that does not fit says no here).
+  topology::ParallelSizes sizes;
+  sizes.pp = static_cast<int>(std::max<uint32_t>(1, p.pp()));
+  sizes.dp = static_cast<int>(std::max<uint32_t>(1, p.dp()));
+  sizes.tp = static_cast<int>(std::max<uint32_t>(1, p.tp()));
+  sizes.ep = static_cast<int>(std::max<uint32_t>(1, p.ep()));
+  sizes.esp = static_cast<int>(std::max<uint32_t>(1, p.esp()));
+  if (!p.order().empty()) sizes.order = p.order();
+  const absl::StatusOr<topology::Topology> topo = topology::Topology::Create(sizes, sizes.world());
   const moe::LayerShape shape{.N = int64_t{p.micro_batch()} * m.seq_len(),
                               .C = static_cast<int>(m.d_model()),
                               .f = static_cast<int>(m.expert_ffn()),
@@ -91,7 +102,8 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
                               .capacity_factor = moe_spec.capacity_factor(),
                               .tp = static_cast<int>(p.tp()),
                               .ep = static_cast<int>(p.ep()),
-                              .esp = static_cast<int>(p.esp())};
+                              .esp = static_cast<int>(p.esp()),
+                              .esp_is_tp = topo.ok() && topo->EspGroupIsTpGroup()};
   const int world = static_cast<int>(spec::WorldSize(spec));
   const int rpn = options.ranks_per_node > 0 ? options.ranks_per_node : world;
   const IntraNode intra = PlanIntraNode(shape.tp, shape.ep, shape.esp, rpn);
@@ -139,8 +151,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
       e["backward_s"].set_number_value(pred.backward_s);
       e["forward_bytes"] = BytesJson(pred.forward_bytes);
       e["backward_bytes"] = BytesJson(pred.backward_bytes);
-      e["forward_ops"].set_string_value(moe::OpListString(moe::ForwardOps(pred.schedule)));
-      e["backward_ops"].set_string_value(moe::OpListString(moe::BackwardOps(pred.schedule)));
+      e["forward_ops"].set_string_value(
+          moe::OpListString(moe::ForwardOps(pred.schedule, pred.sliced)));
+      e["backward_ops"].set_string_value(
+          moe::OpListString(moe::BackwardOps(pred.schedule, pred.sliced)));
     }
     auto& a = *f["auto"].mutable_struct_value()->mutable_fields();
     a["schedule"].set_string_value(moe::ScheduleName(choice.schedule));
@@ -172,8 +186,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
         << Ms(pred.backward_s) << ", total " << Ms(pred.total_s()) << "\n";
     out << "  forward bytes   " << Bytes(pred.forward_bytes) << "\n";
     out << "  backward bytes  " << Bytes(pred.backward_bytes) << "\n";
-    out << "  forward ops     " << moe::OpListString(moe::ForwardOps(pred.schedule)) << "\n";
-    out << "  backward ops    " << moe::OpListString(moe::BackwardOps(pred.schedule)) << "\n";
+    out << "  forward ops     " << moe::OpListString(moe::ForwardOps(pred.schedule, pred.sliced))
+        << "\n";
+    out << "  backward ops    " << moe::OpListString(moe::BackwardOps(pred.schedule, pred.sliced))
+        << "\n";
   }
   out << "\nauto: " << moe::ScheduleName(choice.schedule) << " (" << choice.reason << ")\n";
   out << "the job's moe.schedule: " << moe_spec.schedule() << "\n";

@@ -203,9 +203,10 @@ absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_l
     if (config_.IsMoeLayer(l))
       moe_schedules_[l] = tp > 1 ? per_moe_layer[next++] : moe::Schedule::kDeepspeed;
   }
-  // How each layer's gradients are reduced over tp: the experts saw each row once (s1, s2)
-  // or once per peer (deepspeed: scaled by 1 / tp); the router saw this peer's tokens only (s1:
-  // summed over tp) or all of them (averaged).
+  // How each layer's gradients are reduced over tp: the experts saw each row once (s1, s2,
+  // deepspeed with sliced experts) or once per peer (deepspeed otherwise: scaled by 1 / tp); the
+  // router saw this peer's tokens only (s1: summed over tp) or all of them (averaged).
+  const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
   for (train::ParamInfo& info : layout_.params) {
     info.tp_partial = false;
     for (int l = 0; l < config_.layers; ++l) {
@@ -213,9 +214,10 @@ absl::Status GptMoe::SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_l
       const std::string prefix = absl::StrCat("layers.", l, ".moe.");
       if (info.name.compare(0, prefix.size(), prefix) != 0) continue;
       const moe::Schedule s = moe_schedules_[l];
-      info.tp_partial = info.sync == train::GradSync::kExpertData
-                            ? !moe::ExpertRowsDuplicated(s)
-                            : info.name == prefix + "router" && moe::GateOnTokenSlice(s);
+      info.tp_partial =
+          info.sync == train::GradSync::kExpertData
+              ? !moe::ExpertRowsDuplicated(s, moe::SlicedExperts(s, groups_.esp_is_tp, esp))
+              : info.name == prefix + "router" && moe::GateOnTokenSlice(s);
     }
   }
   return absl::OkStatus();
@@ -226,6 +228,10 @@ std::vector<train::MoeOpTotal> GptMoe::MoeOps() const {
   for (const auto& [op, e] : moe_counters_.Snapshot())
     out.push_back({op, e.bytes, e.calls, e.seconds});
   return out;
+}
+
+bool GptMoe::SlicedExperts(moe::Schedule s) const {
+  return moe::SlicedExperts(s, groups_.esp_is_tp, groups_.esp == nullptr ? 1 : groups_.esp->size());
 }
 
 std::vector<std::string> GptMoe::MoeScheduleNames() const {
@@ -731,8 +737,10 @@ int64_t GptMoe::MinimumActivationBytes(int B) const {
   const std::vector<moe::Schedule> schedules = MoeSchedules();
   const moe::Schedule schedule =
       schedules.empty() || tp == 1 ? moe::Schedule::kDeepspeed : schedules.front();
+  // Sliced experts compute the rows they received (R = A), not their group's (R = esp A).
+  const int gather = moe::SlicedExperts(schedule, groups_.esp_is_tp, esp) ? 1 : esp;
   MoeRows rows =
-      esp > 1 || ep > 1 ? MoeRows{S, S * esp, S * (1 + esp), true} : MoeRows::SingleRank(S);
+      esp > 1 || ep > 1 ? MoeRows{S, S * gather, S * (1 + gather), true} : MoeRows::SingleRank(S);
   if (schedule == moe::Schedule::kS1 && N % tp == 0) {
     const int64_t s = S / tp;
     rows = esp > 1 || ep > 1 ? MoeRows{s, s * esp, s * (1 + esp), true} : MoeRows::SingleRank(s);

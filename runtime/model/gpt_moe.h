@@ -263,6 +263,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   absl::Status SetMoeSchedules(const std::vector<moe::Schedule>& per_moe_layer);
   // The schedule each MoE layer of the model runs (tp == 1: deepspeed), in layer order.
   std::vector<moe::Schedule> MoeSchedules() const;
+  // Whether schedule `s` slices this rank's experts (moe::SlicedExperts on its groups).
+  bool SlicedExperts(moe::Schedule s) const;
   // What the schedules' ops moved on this rank so far, per op (executor.h).
   const moe::ExchangeCounters& moe_op_counters() const { return moe_counters_; }
 

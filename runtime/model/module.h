@@ -49,6 +49,9 @@ struct ParallelGroups {
   comm::Communicator* tp = nullptr;
   comm::Communicator* ep = nullptr;
   comm::Communicator* esp = nullptr;
+  // The ESP group is the TP group (topology::Topology::EspGroupIsTpGroup): under the deepspeed
+  // schedule the experts are then sliced the DeepSpeed-MoE way (runtime/moe/schedule.h).
+  bool esp_is_tp = false;
 };
 
 // The rows of one MoE layer on this rank, what its declared bytes depend on:

@@ -14,9 +14,10 @@ namespace furnace::model {
 namespace {
 
 moe::ScheduleExecutor ExecutorOf(const ModuleContext& ctx, const MoeShape& m) {
-  return moe::ScheduleExecutor(m.schedule,
-                               {ctx.groups.tp, {ctx.groups.ep, ctx.groups.esp, &ctx.device()}}, m.E,
-                               ctx.moe_counters);
+  return moe::ScheduleExecutor(
+      m.schedule,
+      {ctx.groups.tp, {ctx.groups.ep, ctx.groups.esp, &ctx.device()}, ctx.groups.esp_is_tp}, m.E,
+      ctx.moe_counters);
 }
 
 // Adds the spike's bias to the forced tokens' logits (N, E). The host can address the logits on

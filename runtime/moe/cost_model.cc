@@ -100,15 +100,25 @@ double OpSeconds(const CostProfile& p, const Op& op, Direction dir, const LayerS
       return CopySeconds(p, rows.order_rows * row_bytes);
     case OpKind::kRowSplit:
       return CopySeconds(p, RoutedRows(shape) / std::max(shape.tp, 1) * row_bytes);
-    case OpKind::kCounts:
+    case OpKind::kCounts:  // sliced experts exchange no counts over esp (no bytes there)
       return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep) +
-             CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp, bytes.esp);
+             (bytes.esp > 0 ? CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp,
+                                                bytes.esp)
+                            : 0.0);
     case OpKind::kAllToAll:
       return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep);
     case OpKind::kEspAllGather:
       return CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp, bytes.esp);
     case OpKind::kEspReduceScatter:
       return CollectiveSeconds(p, shape, CollectiveKind::kReduceScatter, OpGroup::kEsp, bytes.esp);
+    case OpKind::kEspCopy:
+      return 0;
+    case OpKind::kEspAllReduce:
+      // A reduce-scatter of the rows, then an all-gather of each peer's share (the ring
+      // all-reduce's two halves).
+      return CollectiveSeconds(p, shape, CollectiveKind::kReduceScatter, OpGroup::kEsp, bytes.esp) +
+             CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp,
+                               bytes.esp / std::max(shape.esp, 1));
     case OpKind::kExpert: {
       const double flops = 2.0 * static_cast<double>(rows.R) * shape.C *
                            (static_cast<double>(shape.f) / std::max(shape.esp, 1));
@@ -186,7 +196,7 @@ ScheduleRows RowsOf(const LayerShape& shape, Schedule s) {
       break;
   }
   r.A = r.S;
-  r.R = std::max(shape.esp, 1) * r.A;
+  r.R = SlicedExperts(s, shape.esp_is_tp, shape.esp) ? r.A : std::max(shape.esp, 1) * r.A;
   return r;
 }
 
@@ -209,7 +219,11 @@ GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedul
       break;
     case OpKind::kCounts:
       AddOn(b, shape, OpGroup::kEp, static_cast<int64_t>(shape.E / shape.ep) * shape.ep * kI64);
-      AddOn(b, shape, OpGroup::kEsp, static_cast<int64_t>(shape.ep) * (shape.E / shape.ep) * kI64);
+      // Sliced experts: the ESP peers received the same rows, so their counts are not exchanged.
+      if (!SlicedExperts(s, shape.esp_is_tp, shape.esp)) {
+        AddOn(b, shape, OpGroup::kEsp,
+              static_cast<int64_t>(shape.ep) * (shape.E / shape.ep) * kI64);
+      }
       break;
     case OpKind::kAllToAll:
       AddOn(b, shape, OpGroup::kEp, rows.S * row_bytes);
@@ -218,6 +232,7 @@ GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedul
       AddOn(b, shape, OpGroup::kEsp, rows.A * row_bytes);
       break;
     case OpKind::kEspReduceScatter:
+    case OpKind::kEspAllReduce:
       AddOn(b, shape, OpGroup::kEsp, rows.R * row_bytes);
       break;
     case OpKind::kFused:
@@ -227,6 +242,7 @@ GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedul
     case OpKind::kMpSplit:
     case OpKind::kOrder:
     case OpKind::kRowSplit:
+    case OpKind::kEspCopy:
     case OpKind::kExpert:
     case OpKind::kInverseOrder:
       break;
@@ -236,7 +252,8 @@ GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedul
 
 GroupBytes ScheduleBytes(Direction dir, const LayerShape& shape, Schedule s) {
   GroupBytes total;
-  for (const Op& op : dir == Direction::kForward ? ForwardOps(s) : BackwardOps(s)) {
+  const bool sliced = SlicedExperts(s, shape.esp_is_tp, shape.esp);
+  for (const Op& op : dir == Direction::kForward ? ForwardOps(s, sliced) : BackwardOps(s, sliced)) {
     total += OpBytes(op, dir, shape, s);
   }
   return total;
@@ -391,12 +408,14 @@ Prediction Predict(const CostProfile& profile, const LayerShape& shape, Schedule
   Prediction pred;
   pred.schedule = s;
   const ScheduleRows rows = RowsOf(shape, s);
+  const bool sliced = SlicedExperts(s, shape.esp_is_tp, shape.esp);
+  pred.sliced = sliced;
   for (Direction dir : {Direction::kForward, Direction::kBackward}) {
     const bool fwd = dir == Direction::kForward;
     std::vector<OpCost>& ops = fwd ? pred.forward_ops : pred.backward_ops;
     double& seconds = fwd ? pred.forward_s : pred.backward_s;
     GroupBytes& bytes = fwd ? pred.forward_bytes : pred.backward_bytes;
-    for (const Op& op : fwd ? ForwardOps(s) : BackwardOps(s)) {
+    for (const Op& op : fwd ? ForwardOps(s, sliced) : BackwardOps(s, sliced)) {
       OpCost cost{.op = op, .bytes = OpBytes(op, dir, shape, s)};
       cost.seconds = OpSeconds(profile, op, dir, shape, rows, cost.bytes);
       seconds += cost.seconds;

@@ -8,7 +8,8 @@
 //   S_all = N * k                                     (dropless, capacity_factor == 0)
 //   S_all = min(N * k, E * ceil(cf * k * N / E))      (capacity_factor cf > 0)
 // and per rank, per schedule (N tokens per rank per micro-batch, replicated over tp):
-//   deepspeed  gate on N tokens;    S = S_all rows sent;      A = S received; R = esp * A;
+//   deepspeed  gate on N tokens;    S = S_all rows sent;      A = S received; R = esp * A
+//              (sliced experts, the ESP group being the TP group: R = A);
 //              order / inverse on S_all rows.
 //   s1         gate on N/tp tokens; S = S_all/tp;             A = S;          R = esp * A;
 //              order / inverse on S_all/tp rows; mp_all_gather of (N/tp) * C floats.
@@ -22,17 +23,20 @@
 // contribution, a reduce-scatter its whole input. fp32 rows of C floats:
 //   a2a(ep)            S * C * 4 (dispatch) and A * C * 4 (combine; A == S when balanced)
 //   ag(esp)            A * C * 4            rs(esp)  R * C * 4
+//   ar(esp)            R * C * 4 (sliced experts; R = A)       copy(esp)  nothing
 //   mp_all_gather(tp)  (N/tp) * C * 4       row_all_gather(tp)  (S_all/tp) * C * 4
 //   fused(a2a, ag g)   the a2a's bytes on ep + the all-gather's bytes on g
-//   counts             E * 8 on ep (the a2a of (E/ep) * ep int64) + E * 8 on esp (all-gather)
+//   counts             E * 8 on ep (the a2a of (E/ep) * ep int64) + E * 8 on esp (all-gather;
+//                      none with sliced experts: the ESP peers' counts are the same)
 //   gate (s1, forward) 2 E * 8 on tp: every peer's choice counts and probability sums
 // Backward lists are the adjoints (schedule.h), so the same formulas apply op by op: ag <-> rs,
-// the splits are free, counts and gate statistics are not exchanged again. An op on a group of size
-// 1 is no collective: 0 bytes, 0 s (the executor skips it).
+// copy <-> ar, the splits are free, counts and gate statistics are not exchanged again. An op on a
+// group of size 1 is no collective: 0 bytes, 0 s (the executor skips it).
 //
 // Times (Predict):
 //   collective       alpha + beta * bytes with the profile's fit for (kind, group); counts are
-//                    two collectives (a2a on ep, all-gather on esp)
+//                    two collectives (a2a on ep, all-gather on esp); ar(esp) is a reduce-scatter
+//                    of its bytes plus an all-gather of 1/esp of them (the ring all-reduce)
 //   expert           2 GEMMs of R x C x (f/esp), 2 flops per multiply-add, each alpha + beta *
 //                    flops; backward (input and weight gradients) twice forward
 //   gate             one GEMM of N_gate x C x E (2 flops per MAC), plus its elementwise passes
@@ -67,6 +71,9 @@ struct LayerShape {
   int k = 0;      // top_k
   double capacity_factor = 0;  // 0 = dropless
   int tp = 1, ep = 1, esp = 1;
+  // The ESP group is the TP group (topology::Topology::EspGroupIsTpGroup): deepspeed then slices
+  // the experts (schedule.h SlicedExperts): R = A, ar(esp) instead of ag / rs.
+  bool esp_is_tp = false;
 };
 
 // S_all above: the routed rows of all N tokens under balanced routing.
@@ -151,6 +158,7 @@ struct OpCost {
 
 struct Prediction {
   Schedule schedule = Schedule::kDeepspeed;
+  bool sliced = false;  // SlicedExperts: the lists are ForwardOps(schedule, sliced), ...
   double forward_s = 0, backward_s = 0;
   std::vector<OpCost> forward_ops, backward_ops;
   GroupBytes forward_bytes, backward_bytes;  // bytes per group

@@ -72,12 +72,15 @@ ScheduleExecutor::ScheduleExecutor(Schedule schedule, ScheduleGroups groups, int
                                    ExchangeCounters* counters)
     : schedule_(SizeOf(groups.tp) == 1 ? Schedule::kDeepspeed : schedule),
       groups_(groups),
-      dispatcher_(groups.expert, experts),
+      sliced_(SlicedExperts(schedule_, groups.esp_is_tp, groups.expert.esp_size())),
+      dispatcher_(
+          sliced_ ? ExpertGroups{groups.expert.ep, nullptr, groups.expert.device} : groups.expert,
+          experts),
       E_(experts),
       counters_(counters) {}
 
 bool ScheduleExecutor::distributed() const {
-  return groups_.expert.ep_size() > 1 || groups_.expert.esp_size() > 1;
+  return groups_.expert.ep_size() > 1 || (groups_.expert.esp_size() > 1 && !sliced_);
 }
 
 void ScheduleExecutor::Count(const Op& op, int64_t bytes, double seconds) const {
@@ -86,7 +89,7 @@ void ScheduleExecutor::Count(const Op& op, int64_t bytes, double seconds) const 
 
 std::vector<Op> ScheduleExecutor::Segment(Direction d, OpKind after, OpKind before) const {
   const std::vector<Op>& ops =
-      d == Direction::kForward ? ForwardOps(schedule_) : BackwardOps(schedule_);
+      d == Direction::kForward ? ForwardOps(schedule_, sliced_) : BackwardOps(schedule_, sliced_);
   std::vector<Op> seg;
   bool inside = false;
   for (const Op& op : ops) {
@@ -334,6 +337,8 @@ absl::Status ScheduleExecutor::ToExperts(Direction d, const DispatchHandle& h, c
           Count(op, h.A() * row, timer.Seconds());
         }
         break;
+      case OpKind::kEspCopy:  // the rows are already every shard's: nothing moves
+        break;
       case OpKind::kFused:
         if (h.ep == 1 || h.esp == 1) {  // one of the two is a group of one: nothing to overlap
           if (h.ep > 1) {
@@ -382,6 +387,18 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
                               d == Direction::kForward ? OpKind::kInverseOrder : OpKind::kOrder)) {
     comm::CallTimer timer;
     switch (op.kind) {
+      case OpKind::kEspAllReduce:
+        if (groups_.expert.esp_size() > 1) {
+          // The partial products summed in place, in scratch (the rows stay as the expert wrote
+          // them): the un-regrouped rows already are there; the expert's own rows are copied in.
+          if (cur != gathered) {
+            RETURN_IF_ERROR(ExpertDispatcher::CopyRows(Rows(), gathered, cur, h.R() * row));
+          }
+          RETURN_IF_ERROR(groups_.expert.esp->AllReduce(gathered, h.R() * C));
+          cur = gathered;
+          Count(op, h.R() * row, timer.Seconds());
+        }
+        break;
       case OpKind::kEspReduceScatter:
         if (h.esp > 1) {
           std::vector<int64_t> counts(h.peer_rows.size());

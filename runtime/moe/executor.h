@@ -5,9 +5,11 @@
 //
 //   Slice       the ops before the gate           (s1: mp_split, this peer's N / tp tokens)
 //   Prepare     kCounts                           (per-expert counts: a2a over ep, ag over esp)
-//   ToExperts   the ops between order and expert  (a2a + ag(esp); s2: row_split + fused)
+//   ToExperts   the ops between order and expert  (a2a + ag(esp); s2: row_split + fused;
+//                                                   sliced deepspeed: a2a + copy(esp))
 //   FromExperts the ops between expert and inverse (rs(esp) + a2a; s2: rs + fused with the tp
-//                                                   all-gather of the rows, then plan order)
+//                                                   all-gather of the rows, then plan order;
+//                                                   sliced deepspeed: ar(esp) + a2a)
 //   Unslice     the ops after the inverse order   (s1: mp_all_gather)
 //
 // Forward and backward lists have the same segments by the adjoint rules (schedule.h), so the
@@ -63,6 +65,9 @@ class ExchangeCounters {
 struct ScheduleGroups {
   comm::Communicator* tp = nullptr;  // nullptr: a group of one
   ExpertGroups expert;
+  // The ESP group is the TP group (topology::Topology::EspGroupIsTpGroup): the deepspeed schedule
+  // then slices the experts (schedule.h SlicedExperts).
+  bool esp_is_tp = false;
 };
 
 // The share of every expert's rows that tp peer q keeps under s2: (E) counts.
@@ -84,13 +89,18 @@ class ScheduleExecutor {
                    ExchangeCounters* counters);
 
   Schedule schedule() const { return schedule_; }
+  // schedule.h SlicedExperts: copy(esp) / ar(esp) around the expert instead of ag / rs. The
+  // dispatcher then sees no ESP group (the rows a rank's shards compute are the rows it received:
+  // R == A) and the executor all-reduces the partial products over esp.
+  bool sliced() const { return sliced_; }
   int tp() const { return groups_.tp == nullptr ? 1 : groups_.tp->size(); }
   int tp_rank() const { return groups_.tp == nullptr ? 0 : groups_.tp->rank(); }
-  // Whether rows cross ranks (ep or esp larger than one).
+  // Whether rows cross ranks (ep larger than one, or esp unless the experts are sliced).
   bool distributed() const;
-  // Whether the routed rows go through ToExperts / FromExperts: they cross ranks, or the tp peers
-  // split them (s2). Otherwise the routed rows are the expert rows.
-  bool exchanges() const { return distributed() || schedule_ == Schedule::kS2; }
+  // Whether the routed rows go through ToExperts / FromExperts: they cross ranks, the tp peers
+  // split them (s2), or the sliced shards' partial products are all-reduced. Otherwise the routed
+  // rows are the expert rows.
+  bool exchanges() const { return distributed() || schedule_ == Schedule::kS2 || sliced_; }
 
   // Slice: the tokens this peer gates, [begin, begin + count) of the layer's N (all of them
   // unless s1). N must divide by tp under s1 (InvalidArgument otherwise).
@@ -129,6 +139,7 @@ class ScheduleExecutor {
 
   Schedule schedule_;
   ScheduleGroups groups_;
+  bool sliced_;
   ExpertDispatcher dispatcher_;
   int E_;
   ExchangeCounters* counters_;

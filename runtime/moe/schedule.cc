@@ -10,7 +10,8 @@ Op Local(OpKind k) { return Op{k, OpGroup::kNone, OpGroup::kNone}; }
 Op On(OpKind k, OpGroup g) { return Op{k, g, OpGroup::kNone}; }
 
 // The forward list before fusion: every communication a plain collective.
-std::vector<Op> Unfused(Schedule s) {
+std::vector<Op> Unfused(Schedule s, bool sliced) {
+  sliced = sliced && s == Schedule::kDeepspeed;
   std::vector<Op> ops;
   if (s == Schedule::kS1) ops.push_back(Local(OpKind::kMpSplit));
   ops.push_back(Local(OpKind::kGate));
@@ -18,9 +19,9 @@ std::vector<Op> Unfused(Schedule s) {
   if (s == Schedule::kS2) ops.push_back(Local(OpKind::kRowSplit));
   ops.push_back(On(OpKind::kCounts, OpGroup::kEp));
   ops.push_back(On(OpKind::kAllToAll, OpGroup::kEp));
-  ops.push_back(On(OpKind::kEspAllGather, OpGroup::kEsp));
+  ops.push_back(On(sliced ? OpKind::kEspCopy : OpKind::kEspAllGather, OpGroup::kEsp));
   ops.push_back(Local(OpKind::kExpert));
-  ops.push_back(On(OpKind::kEspReduceScatter, OpGroup::kEsp));
+  ops.push_back(On(sliced ? OpKind::kEspAllReduce : OpKind::kEspReduceScatter, OpGroup::kEsp));
   ops.push_back(On(OpKind::kAllToAll, OpGroup::kEp));
   if (s == Schedule::kS2) ops.push_back(On(OpKind::kRowAllGather, OpGroup::kTp));
   ops.push_back(Local(OpKind::kInverseOrder));
@@ -61,6 +62,10 @@ std::optional<Op> Adjoint(const Op& op) {
       return On(OpKind::kEspReduceScatter, OpGroup::kEsp);
     case OpKind::kEspReduceScatter:
       return On(OpKind::kEspAllGather, OpGroup::kEsp);
+    case OpKind::kEspCopy:
+      return On(OpKind::kEspAllReduce, OpGroup::kEsp);
+    case OpKind::kEspAllReduce:
+      return On(OpKind::kEspCopy, OpGroup::kEsp);
     case OpKind::kCounts:
       return std::nullopt;
     case OpKind::kAllToAll:
@@ -133,6 +138,10 @@ const char* OpKindName(OpKind k) {
       return "ag";
     case OpKind::kEspReduceScatter:
       return "rs";
+    case OpKind::kEspCopy:
+      return "copy";
+    case OpKind::kEspAllReduce:
+      return "ar";
     case OpKind::kFused:
       return "fused";
     case OpKind::kExpert:
@@ -153,32 +162,43 @@ std::string Op::Name() const {
 
 namespace {
 
-std::vector<Op> BuildForward(Schedule s) {
-  const std::vector<Op> ops = Unfused(s);
+std::vector<Op> BuildForward(Schedule s, bool sliced) {
+  const std::vector<Op> ops = Unfused(s, sliced);
   return Fuses(s) ? Fuse(ops) : ops;
 }
 
-std::vector<Op> BuildBackward(Schedule s) {
+std::vector<Op> BuildBackward(Schedule s, bool sliced) {
   std::vector<Op> ops;
-  const std::vector<Op> fwd = Unfused(s);
+  const std::vector<Op> fwd = Unfused(s, sliced);
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
     if (std::optional<Op> adj = Adjoint(*it); adj.has_value()) ops.push_back(*adj);
   }
   return Fuses(s) ? Fuse(ops) : ops;
 }
 
-// Per schedule, indexed by its value.
-template <std::vector<Op> (*Build)(Schedule)>
-const std::vector<Op>& Lists(Schedule s) {
-  static const std::array<std::vector<Op>, 3> lists = {Build(Schedule::kDeepspeed),
-                                                       Build(Schedule::kS1), Build(Schedule::kS2)};
-  return lists[static_cast<size_t>(s)];
+// Per (form, schedule), indexed by their values.
+template <std::vector<Op> (*Build)(Schedule, bool)>
+const std::vector<Op>& Lists(Schedule s, bool sliced) {
+  static const std::array<std::array<std::vector<Op>, 3>, 2> lists = {{
+      {Build(Schedule::kDeepspeed, false), Build(Schedule::kS1, false),
+       Build(Schedule::kS2, false)},
+      {Build(Schedule::kDeepspeed, true), Build(Schedule::kS1, true), Build(Schedule::kS2, true)},
+  }};
+  return lists[sliced ? 1 : 0][static_cast<size_t>(s)];
 }
 
 }  // namespace
 
-const std::vector<Op>& ForwardOps(Schedule s) { return Lists<BuildForward>(s); }
-const std::vector<Op>& BackwardOps(Schedule s) { return Lists<BuildBackward>(s); }
+bool SlicedExperts(Schedule s, bool esp_is_tp, int esp) {
+  return s == Schedule::kDeepspeed && esp_is_tp && esp > 1;
+}
+
+const std::vector<Op>& ForwardOps(Schedule s, bool sliced) {
+  return Lists<BuildForward>(s, sliced);
+}
+const std::vector<Op>& BackwardOps(Schedule s, bool sliced) {
+  return Lists<BuildBackward>(s, sliced);
+}
 
 std::string OpListString(const std::vector<Op>& ops) {
   std::string out;
@@ -189,7 +209,7 @@ std::string OpListString(const std::vector<Op>& ops) {
   return out;
 }
 
-bool ExpertRowsDuplicated(Schedule s) { return s == Schedule::kDeepspeed; }
+bool ExpertRowsDuplicated(Schedule s, bool sliced) { return s == Schedule::kDeepspeed && !sliced; }
 bool GateOnTokenSlice(Schedule s) { return s == Schedule::kS1; }
 
 }  // namespace furnace::moe

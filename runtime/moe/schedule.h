@@ -8,8 +8,16 @@
 // an all-reduce, so the MoE layer's input is replicated over `tp`. Experts live on EP ranks; ESP
 // ranks each hold a hidden-width slice of an expert. The schedules differ in where MP is paused:
 //
-//   deepspeed  every MP peer gates all N tokens and sends all its routed rows: the experts see
-//              each row tp times (their gradients are scaled by 1/tp), the baseline.
+//   deepspeed  every MP peer gates all N tokens and sends all its routed rows, the baseline. When
+//              the ESP group is the TP group (DeepSpeed-MoE's expert tensor parallelism: its
+//              `expert_tensor_parallel_world_size = mp_size`), the ESP peers receive the same rows,
+//              and each shard runs the Megatron column + row parallel expert on its own copy: the
+//              input is replicated over esp (copy: nothing in forward, an all-reduce of the input
+//              gradient in backward) and the partial outputs are all-reduced over esp (research/
+//              parm.md 1.3 (a)); every row is computed once per shard.
+//                gate . order . counts . a2a(ep) . copy(esp) . expert . ar(esp) . a2a(ep) . inverse
+//              Otherwise (ESP peers with other tokens) the shards gather their group's rows, so the
+//              experts see each row tp times (their gradients are scaled by 1/tp).
 //                gate . order . counts . a2a(ep) . ag(esp) . expert . rs(esp) . a2a(ep) . inverse
 //   s1         MP paused before the gate, resumed after the combine (Parm's first schedule): each
 //              peer keeps its N/tp tokens, gates them (the aux-loss statistics and the capacity
@@ -28,7 +36,8 @@
 // Adjoints (backward runs the forward list reversed, each op replaced by its adjoint):
 //   mp_split <-> mp_all_gather, row_split <-> row_all_gather (the gradient of a tp-replicated
 //   tensor is itself replicated, so an all-gather's adjoint is the free split); a2a <-> a2a the
-//   other way; ag(esp) <-> rs(esp); gate, order, expert, inverse: their own backward kernels;
+//   other way; ag(esp) <-> rs(esp); copy(esp) <-> ar(esp) (Megatron's f and g); gate, order,
+//   expert, inverse: their own backward kernels;
 //   counts: nothing (backward reuses forward's counts). A fusing schedule (s2) then fuses every
 //   a2a followed by an all-gather into one op, in backward as in forward.
 #pragma once
@@ -63,6 +72,8 @@ enum class OpKind {
   kAllToAll,          // rows to (or back from) the expert ranks over ep
   kEspAllGather,      // the ESP peers' rows, so each shard sees every row of its experts
   kEspReduceScatter,  // the ESP shards' partial outputs summed, each peer its own rows
+  kEspCopy,           // sliced experts: the rows are replicated over esp (forward: nothing)
+  kEspAllReduce,      // sliced experts: the shards' partial outputs summed, every peer all rows
   kFused,             // a2a over ep pipelined with an all-gather (esp or tp) of what arrives
   kExpert,            // the local experts' GEMMs (R rows, hidden width f / esp)
   kInverseOrder,      // routed rows -> tokens, weighted by the gates
@@ -77,16 +88,23 @@ struct Op {
   bool communicates() const { return group != OpGroup::kNone; }
 };
 
-// Built once per schedule (the executor reads them for every exchange of every layer).
-const std::vector<Op>& ForwardOps(Schedule s);
-const std::vector<Op>& BackwardOps(Schedule s);  // derived from ForwardOps by adjoints (and fusion)
+// Whether a layer's experts are sliced (the deepspeed schedule on a layout whose ESP group is its
+// TP group, with more than one shard; the file comment): copy(esp) / ar(esp) instead of ag / rs.
+bool SlicedExperts(Schedule s, bool esp_is_tp, int esp);
+
+// Built once per schedule and form (the executor reads them for every exchange of every layer).
+// `sliced`: SlicedExperts (only the deepspeed lists change).
+const std::vector<Op>& ForwardOps(Schedule s, bool sliced = false);
+// Derived from ForwardOps by adjoints (and fusion).
+const std::vector<Op>& BackwardOps(Schedule s, bool sliced = false);
 // "gate . order . counts . a2a(ep) . ..." for logs and `furnace plan`.
 std::string OpListString(const std::vector<Op>& ops);
 
-// What a schedule changes outside the layer: whether each expert row is computed once (s1, s2) or
-// once per tp peer (deepspeed: expert gradients scaled by 1/tp), and whether the layer's norm and
-// router see only this peer's tokens (s1: their gradients summed over tp instead of averaged).
-bool ExpertRowsDuplicated(Schedule s);
+// What a schedule changes outside the layer: whether each expert row is computed once (s1, s2,
+// deepspeed with sliced experts) or once per tp peer (deepspeed otherwise: expert gradients scaled
+// by 1/tp), and whether the layer's norm and router see only this peer's tokens (s1: their
+// gradients summed over tp instead of averaged).
+bool ExpertRowsDuplicated(Schedule s, bool sliced = false);
 bool GateOnTokenSlice(Schedule s);
 
 }  // namespace furnace::moe

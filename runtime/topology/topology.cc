@@ -215,6 +215,17 @@ std::vector<int> Topology::Group(GroupKind kind, int rank) const {
   return members;
 }
 
+bool Topology::EspGroupIsTpGroup() const {
+  if (sizes_.esp != sizes_.tp) return false;
+  for (int r = 0; r < world_size(); ++r) {
+    std::vector<int> esp = Group(GroupKind::kExpertShard, r), tp = Group(GroupKind::kTensor, r);
+    std::sort(esp.begin(), esp.end());
+    std::sort(tp.begin(), tp.end());
+    if (esp != tp) return false;
+  }
+  return true;
+}
+
 std::vector<std::vector<int>> Topology::AllGroups(GroupKind kind) const {
   // Ranks grow with every coordinate, so a group's first member is its smallest rank.
   std::vector<std::vector<int>> groups;

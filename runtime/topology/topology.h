@@ -73,6 +73,11 @@ class Topology {
   // Every group of `kind` (each once), ordered by their first member.
   std::vector<std::vector<int>> AllGroups(GroupKind kind) const;
 
+  // Whether every rank's ESP group is its TP group (the same ranks; DeepSpeed-MoE's expert tensor
+  // parallelism): ESP peers then hold the same tokens, and under the deepspeed schedule receive the
+  // same rows, so an expert can be sliced the Megatron way (runtime/moe/schedule.h).
+  bool EspGroupIsTpGroup() const;
+
   // Layers [first, last) of pipeline stage `stage` of a model with `layers` layers: an even split,
   // the first (layers % pp) stages taking one more.
   static std::pair<int, int> StageLayers(int stage, int pp, int layers);

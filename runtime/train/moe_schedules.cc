@@ -138,9 +138,10 @@ std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape) {
   std::vector<int64_t> sizes = moe::CalibrationOptions().sizes_bytes;
   int64_t largest = 0;
   for (moe::Schedule s : moe::kAllSchedules) {
+    const bool sliced = moe::SlicedExperts(s, shape.esp_is_tp, shape.esp);
     for (const moe::Direction dir : {moe::Direction::kForward, moe::Direction::kBackward}) {
-      for (const moe::Op& op :
-           dir == moe::Direction::kForward ? moe::ForwardOps(s) : moe::BackwardOps(s)) {
+      for (const moe::Op& op : dir == moe::Direction::kForward ? moe::ForwardOps(s, sliced)
+                                                               : moe::BackwardOps(s, sliced)) {
         const moe::GroupBytes b = moe::OpBytes(op, dir, shape, s);
         largest = std::max({largest, b.tp, b.ep, b.esp});
       }
@@ -179,6 +180,7 @@ moe::LayerShape LayerShapeOf(const model::ModelConfig& c, const RankLayout& layo
   s.tp = layout.tp == nullptr ? 1 : layout.tp->size();
   s.ep = layout.ep == nullptr ? 1 : layout.ep->size();
   s.esp = layout.esp == nullptr ? 1 : layout.esp->size();
+  s.esp_is_tp = layout.esp_is_tp;
   return s;
 }
 

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topo
   layout->rank = rank;
   layout->coords = topo.CoordsOf(rank);
   layout->shard = ShardOf(topo, rank, config);
+  layout->esp_is_tp = topo.EspGroupIsTpGroup();
 
   auto make =
       [&](const std::string& kind,

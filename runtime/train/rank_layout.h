@@ -37,7 +37,8 @@ struct RankLayout {
   std::unique_ptr<comm::Communicator> world, tp, dp, pp, ep, esp, edp, embedding;
   ParallelRuntime runtime;
 
-  model::ParallelGroups model_groups() const { return {tp.get(), ep.get(), esp.get()}; }
+  bool esp_is_tp = false;  // topology::Topology::EspGroupIsTpGroup
+  model::ParallelGroups model_groups() const { return {tp.get(), ep.get(), esp.get(), esp_is_tp}; }
 };
 
 // The shard of `rank`: its stage's layers, TP / EP / ESP slices, DP / EDP ranks.

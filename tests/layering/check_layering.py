@@ -49,11 +49,13 @@ RULES = [
     ("controller", "runtime*", "runtime/base",
      "controller/ never links the training runtime; it may use runtime/base"),
     ("controller/cli", "runtime*",
-     "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe|runtime/model",
+     "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe|runtime/model|"
+     "runtime/topology",
      "the CLI may also use runtime/data and runtime/checkpoint (with the ParamInfo of "
      "runtime/trainable), runtime/moe for the schedules' op lists and cost model (pure: "
-     "furnace_moe_schedule links no communicator), and runtime/model for text generation (plain "
-     "loops: furnace_kv_decoder, furnace_generate), not the training runtime"),
+     "furnace_moe_schedule links no communicator), runtime/topology for the layout's groups (a "
+     "pure function of the sizes), and runtime/model for text generation (plain loops: "
+     "furnace_kv_decoder, furnace_generate), not the training runtime"),
 ]
 
 # Targets a component may not link although RULES allow the target's folder: (from, target, why).

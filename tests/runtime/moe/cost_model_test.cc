@@ -166,6 +166,45 @@ TEST(CostModelTest, BytesPerGroupForwardAndBackward) {
   EXPECT_EQ(OpBytes(Op{OpKind::kRowSplit}, Direction::kBackward, s, Schedule::kS2).total(), 0);
 }
 
+// Sliced experts (deepspeed with the ESP group as the TP group): each shard computes the rows it
+// received (R = A), the partial products are all-reduced (R rows on esp, forward and backward),
+// nothing is gathered, and the ESP peers' counts are not exchanged. s1 and s2 do not change.
+TEST(CostModelTest, SlicedExpertsAllReduceTheRowsTheyReceived) {
+  LayerShape s = Shape();
+  s.esp_is_tp = true;
+  const int64_t row = 64 * 4, counts = 8 * 8;
+  EXPECT_EQ(RowsOf(s, Schedule::kDeepspeed).R, 512);
+  for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    EXPECT_EQ(ScheduleBytes(dir, s, Schedule::kDeepspeed),
+              (GroupBytes{.tp = 0,
+                          .ep = 2 * 512 * row + (dir == Direction::kForward ? counts : 0),
+                          .esp = 512 * row}));
+  }
+  LayerShape gathered = Shape();
+  for (Schedule sch : {Schedule::kS1, Schedule::kS2}) {
+    EXPECT_EQ(ScheduleBytes(Direction::kForward, s, sch),
+              ScheduleBytes(Direction::kForward, gathered, sch));
+  }
+  // The all-reduce: a reduce-scatter of its bytes and an all-gather of 1 / esp of them; the
+  // expert's GEMMs on R = A rows, half the gathered form's.
+  const CostProfile p = DefaultProfile(true, false, true);
+  const Prediction pred = Predict(p, s, Schedule::kDeepspeed);
+  EXPECT_TRUE(pred.sliced);
+  ASSERT_EQ(pred.forward_ops.size(), ForwardOps(Schedule::kDeepspeed, true).size());
+  const OpCost& copy = pred.forward_ops[4];
+  const OpCost& expert = pred.forward_ops[5];
+  const OpCost& ar = pred.forward_ops[6];
+  ASSERT_EQ(copy.op.kind, OpKind::kEspCopy);
+  ASSERT_EQ(expert.op.kind, OpKind::kExpert);
+  ASSERT_EQ(ar.op.kind, OpKind::kEspAllReduce);
+  EXPECT_EQ(copy.seconds, 0);
+  EXPECT_DOUBLE_EQ(ar.seconds,
+                   p.at(CollectiveKind::kReduceScatter, OpGroup::kEsp).Seconds(512 * row) +
+                       p.at(CollectiveKind::kAllGather, OpGroup::kEsp).Seconds(512 * row / 2));
+  EXPECT_DOUBLE_EQ(expert.seconds, 2.0 * p.gemm.Seconds(2.0 * 512 * 64 * 64));
+  EXPECT_LT(pred.total_s(), Predict(p, gathered, Schedule::kDeepspeed).total_s());
+}
+
 TEST(CostModelTest, GroupsOfOneMoveNothing) {
   LayerShape s = Shape();
   s.esp = 1;

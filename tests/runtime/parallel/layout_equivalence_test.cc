@@ -164,6 +164,15 @@ void CheckLayout(const Layout& layout, const Routing& routing, const model::Spik
       }
     }
   }
+  // How the expert shards met: deepspeed with the esp group as the tp group (these layouts' orders
+  // put both on the fastest ranks) slices the experts (all-reduce over esp); otherwise they
+  // gather their group's rows.
+  const bool sliced = layout.esp > 1 && layout.esp == layout.tp && schedule == "deepspeed";
+  for (const std::map<std::string, int64_t>& ops : parallel->moe_op_bytes) {
+    if (layout.esp == 1 || schedule == "auto") break;
+    EXPECT_EQ(ops.count("ar(esp)"), sliced ? 1u : 0u) << schedule;
+    EXPECT_EQ(ops.count("rs(esp)"), sliced ? 0u : 1u) << schedule;
+  }
   std::printf(
       "REPORT %s/%s%s/%s (ran %s): worst loss rel %.2e, worst param rel L2 %.2e (%s), worst param "
       "max-rel "

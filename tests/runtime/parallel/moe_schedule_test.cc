@@ -74,6 +74,7 @@ struct RankRun {
   int64_t expert_rows = 0;  // R: rows this rank's experts processed
   std::map<std::string, int64_t> bytes;
   DispatchHandle handle;
+  bool sliced = false;  // ScheduleExecutor::sliced
 };
 
 // Runs one rank: routes its rows to the experts, applies the stand-in expert (global expert e
@@ -84,8 +85,10 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
                    LayoutOf(g, rank, world, testing::TinyLayoutModel(1, 0)));
   const model::ModelShard& sh = layout->shard;
   ExchangeCounters counters;
-  const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}}, kE,
-                            &counters);
+  const ScheduleExecutor ex(
+      schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}, layout->esp_is_tp}, kE,
+      &counters);
+  out.sliced = ex.sliced();
   // The routed rows: a tp peer's own (s1) or the batch's, replicated over tp.
   const bool own = schedule == Schedule::kS1 && g.tp > 1;
   const int peer = own ? sh.tp_rank : 0;
@@ -168,28 +171,44 @@ TEST(ScheduleOps, BackwardIsTheAdjointOfForward) {
   EXPECT_EQ(OpListString(BackwardOps(Schedule::kS2)),
             "inverse . row_split . fused(a2a ep, ag esp) . expert . rs(esp) . "
             "fused(a2a ep, ag tp) . order . gate");
-  for (Schedule s : kAllSchedules) {
-    // The segments around the expert, without the counts (Prepare's), match across directions.
-    const auto segment = [](const std::vector<Op>& ops, OpKind from, OpKind to) {
-      std::vector<std::string> out;
-      bool in = false;
-      for (const Op& op : ops) {
-        if (op.kind == from) {
-          in = true;
-          continue;
+  // Sliced experts (the ESP group being the TP group): Megatron's f and g around the expert.
+  EXPECT_EQ(OpListString(ForwardOps(Schedule::kDeepspeed, /*sliced=*/true)),
+            "gate . order . counts(ep) . a2a(ep) . copy(esp) . expert . ar(esp) . a2a(ep) . "
+            "inverse");
+  EXPECT_EQ(OpListString(BackwardOps(Schedule::kDeepspeed, /*sliced=*/true)),
+            "inverse . a2a(ep) . copy(esp) . expert . ar(esp) . a2a(ep) . order . gate");
+  for (Schedule s : {Schedule::kS1, Schedule::kS2}) {  // their ESP peers hold other rows
+    EXPECT_EQ(OpListString(ForwardOps(s, true)), OpListString(ForwardOps(s, false)))
+        << ScheduleName(s);
+    EXPECT_FALSE(SlicedExperts(s, /*esp_is_tp=*/true, 2));
+  }
+  EXPECT_TRUE(SlicedExperts(Schedule::kDeepspeed, true, 2));
+  EXPECT_FALSE(SlicedExperts(Schedule::kDeepspeed, true, 1));
+  EXPECT_FALSE(SlicedExperts(Schedule::kDeepspeed, false, 2));
+  for (const bool sliced : {false, true}) {
+    for (Schedule s : kAllSchedules) {
+      // The segments around the expert, without the counts (Prepare's), match across directions.
+      const auto segment = [](const std::vector<Op>& ops, OpKind from, OpKind to) {
+        std::vector<std::string> out;
+        bool in = false;
+        for (const Op& op : ops) {
+          if (op.kind == from) {
+            in = true;
+            continue;
+          }
+          if (op.kind == to) break;
+          if (in && op.kind != OpKind::kCounts) out.push_back(op.Name());
         }
-        if (op.kind == to) break;
-        if (in && op.kind != OpKind::kCounts) out.push_back(op.Name());
-      }
-      return out;
-    };
-    EXPECT_EQ(segment(ForwardOps(s), OpKind::kOrder, OpKind::kExpert),
-              segment(BackwardOps(s), OpKind::kInverseOrder, OpKind::kExpert))
-        << ScheduleName(s);
-    EXPECT_EQ(segment(ForwardOps(s), OpKind::kExpert, OpKind::kInverseOrder),
-              segment(BackwardOps(s), OpKind::kExpert, OpKind::kOrder))
-        << ScheduleName(s);
-    EXPECT_EQ(ParseSchedule(ScheduleName(s)), s);
+        return out;
+      };
+      EXPECT_EQ(segment(ForwardOps(s, sliced), OpKind::kOrder, OpKind::kExpert),
+                segment(BackwardOps(s, sliced), OpKind::kInverseOrder, OpKind::kExpert))
+          << ScheduleName(s);
+      EXPECT_EQ(segment(ForwardOps(s, sliced), OpKind::kExpert, OpKind::kInverseOrder),
+                segment(BackwardOps(s, sliced), OpKind::kExpert, OpKind::kOrder))
+          << ScheduleName(s);
+      EXPECT_EQ(ParseSchedule(ScheduleName(s)), s);
+    }
   }
   EXPECT_FALSE(ParseSchedule("auto").has_value());
 }
@@ -212,8 +231,11 @@ TEST_P(ScheduleExecutorTest, RoutesRowsToTheirExpertsAndBackOnce) {
       for (int64_t c : CountsOf(d, q, false, own ? 1 : g.tp)) distinct += c;
     }
   }
-  // Every ESP shard of an expert sees each of its rows; deepspeed's experts see each tp times.
-  const int64_t copies = schedule == Schedule::kDeepspeed ? g.tp : 1;
+  // Every ESP shard of an expert sees each of its rows; deepspeed's experts see each tp times
+  // (gathering their group's copies), unless sliced (each shard computes its own copy).
+  const bool sliced = runs[0].sliced;
+  EXPECT_EQ(sliced, schedule == Schedule::kDeepspeed && g.tp == g.esp) << "this grid's order";
+  const int64_t copies = schedule == Schedule::kDeepspeed && !sliced ? g.tp : 1;
   EXPECT_EQ(expert_rows, distinct * g.esp * copies);
 }
 
@@ -225,9 +247,13 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
   // Balanced: every rank routes 2 tp rows per expert (deepspeed, s2 before its split); an s1 peer
   // routes 2 of its own per expert; an s2 peer keeps 2 per expert of the 2 tp.
   const int64_t S = schedule == Schedule::kDeepspeed ? 2 * g.tp * kE : 2 * kE;
-  const int64_t A = S, R = g.esp * A;  // received over ep, gathered over esp
+  // Received over ep, gathered over esp (sliced: each shard computes the rows it received, and
+  // the ESP peers' counts, the same, are not exchanged).
+  const bool sliced = runs[0].sliced;
+  const int64_t A = S, R = sliced ? A : g.esp * A;
   const int64_t counts =
-      (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) + (g.esp > 1 ? int64_t{g.ep} * El * 8 : 0) +
+      (g.ep > 1 ? int64_t{g.ep} * El * 8 : 0) +
+      (g.esp > 1 && !sliced ? int64_t{g.ep} * El * 8 : 0) +
       (schedule == Schedule::kS2 && g.tp > 1 ? 16 : 0);  // s2: (ep rank, counts hash) over tp
   std::map<std::string, int64_t> want;
   if (counts > 0) want["counts(ep)"] = counts;
@@ -243,6 +269,9 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
     }
     if (g.esp > 1) want["rs(esp)"] = R * row;
     want["fused(a2a ep, ag tp)"] = ((g.ep > 1 ? A : 0) + S) * row;
+  } else if (sliced) {
+    if (g.ep > 1) want["a2a(ep)"] = (S + A) * row;
+    want["ar(esp)"] = R * row;  // copy(esp) moves nothing
   } else {
     if (g.ep > 1) want["a2a(ep)"] = (S + A) * row;
     if (g.esp > 1) want["ag(esp)"] = A * row;
@@ -276,8 +305,9 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
     ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
                      LayoutOf(g, rank, local, testing::TinyLayoutModel(1, 0)));
     const model::ModelShard& sh = layout->shard;
-    const ScheduleExecutor ex(schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}},
-                              kE, nullptr);
+    const ScheduleExecutor ex(
+        schedule, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}, layout->esp_is_tp}, kE,
+        nullptr);
     const bool own = schedule == Schedule::kS1 && g.tp > 1;
     const std::vector<int64_t> counts =
         CountsOf(sh.dp_rank, own ? sh.tp_rank : 0, /*balanced=*/false, g.tp);
@@ -302,7 +332,9 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
       fy = y;
     }
     for (int64_t i = 0; i < h.R() * kC; ++i) lhs[rank] += double{tx[i]} * y[i];
-    const double weight = schedule == Schedule::kS2 ? 1.0 / g.tp : 1.0;
+    // Sliced experts: the ESP peers (the tp peers) compute on their copies of the same rows, and
+    // the backward all-reduce gives each the gradient of the one replicated input.
+    const double weight = schedule == Schedule::kS2 || ex.sliced() ? 1.0 / g.tp : 1.0;
     for (int64_t i = 0; i < S_all * kC; ++i) rhs[rank] += weight * x[i] * fy[i];
     return absl::OkStatus();
   });
