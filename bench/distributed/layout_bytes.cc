@@ -28,7 +28,7 @@ StageLayers LayersOf(const topology::Topology& topo, int stage, const model::Mod
 }  // namespace
 
 int64_t RankBytes::ExactTotal(int op) const {
-  return fixed[op] + per_ep_row[op] * routed_rows + per_expert_row[op] * esp * routed_rows;
+  return fixed[op] + per_ep_row[op] * routed_rows + per_expert_row[op] * gather * routed_rows;
 }
 
 int64_t DenseGradFloats(const topology::Topology& topo, int rank, const model::ModelConfig& c) {
@@ -88,6 +88,10 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   r.stage = co.pp;
   r.ep_coord = co.ep;
   r.esp = z.esp;
+  // The deepspeed schedule (every MoE layer, the model's default) slices the experts where the
+  // ESP group is the TP group.
+  const bool sliced = z.esp > 1 && topo.EspGroupIsTpGroup();
+  r.gather = sliced ? 1 : z.esp;
   r.exact_per_rank = z.ep == 1;
   r.routed_rows = s.moe * m * N * k;
   OpBytes& f = r.fixed;
@@ -96,7 +100,8 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   //  * TP (attention_block.cc, mlp_block.cc): the row-parallel output in forward
   //    (RowParallelFinish) and the column-parallel input gradient in backward
   //    (ColumnParallelInputGrad), (N, C) each, for every attention block and dense MLP.
-  //    MoE blocks do none (the deepspeed schedule sends each TP copy of a token instead).
+  //    MoE blocks do none over tp (the deepspeed schedule sends each TP copy of a token instead);
+  //    sliced experts all-reduce over esp, below.
   if (z.tp > 1) f[Op(CollectiveOp::kAllReduce)] += m * 2 * (s.moe + 2 * s.dense) * NC * kF32;
   //  * SyncGradients (trainer_parallel.cc): dense gradients over `data`, experts over
   //    `expert_data` (bucketing splits the calls, not the bytes); the tied wte over `embedding`
@@ -108,29 +113,34 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   if (z.dp > 1) f[Op(CollectiveOp::kAllReduce)] += DenseGradFloats(topo, rank, c) * kF32;
   if (edp > 1) f[Op(CollectiveOp::kAllReduce)] += ExpertGradFloats(topo, rank, c) * kF32;
   if (z.pp > 1 && (first || last)) f[Op(CollectiveOp::kAllReduce)] += V * C * kF32;
-  //  * ClipParallel: one float over `world`; ReduceStats: loss, aux, dropped and
-  //    tokens per expert of every MoE layer of the model, over `world`.
+  //  * ClipParallel: the squared norm and the asynchronous checkpoint's three flags, four floats
+  //    over `world`; ReduceStats: loss, aux, dropped and tokens per expert of every MoE layer of
+  //    the model, over `world`.
   if (z.world() > 1) {
-    // loss, aux, then dropped and each token count as two floats (high and low part).
+    // loss, aux, then dropped and each token count as three floats (its 8-bit digits above 16,
+    // 8-15, 0-7: Trainer::ReduceStats).
     f[Op(CollectiveOp::kAllReduce)] +=
-        kF32 + (2 + 2 * (1 + int64_t{c.num_moe_layers()} * E)) * kF32;
+        4 * kF32 + (2 + 3 * (1 + int64_t{c.num_moe_layers()} * E)) * kF32;
   }
 
   // The MoE dispatcher (dispatcher.cc), per MoE layer of this stage and micro-batch, when the
   // layer is distributed (ep > 1 or esp > 1). Prepare (forward only; backward reuses the handle):
   // the per-expert counts, E int64 split over EP (all-to-all) and the EP-received counts, again E
-  // int64, gathered over ESP. ToExperts runs in forward (the rows) and backward (the output
-  // gradient); FromExperts in forward (the outputs) and backward (the input gradient):
+  // int64, gathered over ESP (not with sliced experts: the ESP peers' counts are the same).
+  // ToExperts runs in forward (the rows) and backward (the output gradient); FromExperts in
+  // forward (the outputs) and backward (the input gradient):
   //   ToExperts:   all-to-all over EP sends the S routed rows; all-gather over ESP contributes
-  //                the A rows received over EP;
-  //   FromExperts: reduce-scatter over ESP hands in all R gathered rows; all-to-all over EP sends
-  //                the A rows back.
+  //                the A rows received over EP (sliced: nothing, copy(esp));
+  //   FromExperts: reduce-scatter over ESP hands in all R gathered rows (sliced: an all-reduce of
+  //                the R = A rows, ar(esp)); all-to-all over EP sends the A rows back.
   const int64_t layer_mb = s.moe * m;
   if (z.ep > 1) {
     f[Op(CollectiveOp::kAllToAll)] += layer_mb * (E * kCount + 2 * N * k * C * kF32);
     r.per_ep_row[Op(CollectiveOp::kAllToAll)] = 2 * C * kF32;
   }
-  if (z.esp > 1) {
+  if (z.esp > 1 && sliced) {
+    r.per_expert_row[Op(CollectiveOp::kAllReduce)] = 2 * C * kF32;
+  } else if (z.esp > 1) {
     f[Op(CollectiveOp::kAllGather)] += layer_mb * E * kCount;
     r.per_ep_row[Op(CollectiveOp::kAllGather)] = 2 * C * kF32;
     r.per_expert_row[Op(CollectiveOp::kReduceScatter)] = 2 * C * kF32;

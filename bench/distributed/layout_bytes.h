@@ -13,7 +13,9 @@
 // StepStats (tokens_per_expert is global), but the sum of A over the ranks of one stage that hold
 // the same experts (same ep coordinate) is: tp * (global assignments to those experts in that
 // stage's layers), because every tensor-parallel copy of a token is sent separately. With ep == 1,
-// A = S and R = esp * S on every rank, so every count is exact per rank.
+// A = S and R = esp * S on every rank, so every count is exact per rank. Where the ESP group is the
+// TP group the deepspeed schedule slices the experts (runtime/moe/schedule.h): R = A, and the ESP
+// exchange is an all-reduce of the R rows (forward outputs, backward input gradients).
 //
 // Pure functions; no I/O. Dropless routing only (capacity_factor 0).
 #pragma once
@@ -42,9 +44,11 @@ struct RankBytes {
   OpBytes per_expert_row{};  // bytes per row processed by this rank's experts (R)
   int64_t routed_rows = 0;   // S over the step: its MoE layers x m x N x k
   int stage = 0, ep_coord = 0, esp = 1;
-  // Whether A and R are known without routing (ep == 1: A = S, R = esp * S).
+  // R / A: the ESP width the experts gather their rows over (esp; 1 with sliced experts).
+  int gather = 1;
+  // Whether A and R are known without routing (ep == 1: A = S, R = gather * S).
   bool exact_per_rank = false;
-  // Where exact_per_rank: fixed + per_ep_row * S + per_expert_row * esp * S.
+  // Where exact_per_rank: fixed + per_ep_row * S + per_expert_row * gather * S.
   int64_t ExactTotal(int op) const;
 };
 

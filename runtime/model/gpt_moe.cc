@@ -150,6 +150,10 @@ absl::StatusOr<std::unique_ptr<GptMoe>> GptMoe::Create(const ModelConfig& config
         model->params_.as<float>(), model->mirror_.as<uint16_t>(), model->layout_.total);
   }
   RETURN_IF_ERROR(tensor::Fill(device, model->grads_.data(), 0, bytes));
+  // The default, deepspeed on every MoE layer, with its gradient reduction (ParamInfo::tp_partial:
+  // sliced experts are not scaled by 1 / tp), for a caller that never sets the schedules.
+  RETURN_IF_ERROR(model->SetMoeSchedules(
+      std::vector<moe::Schedule>(config.num_moe_layers(), moe::Schedule::kDeepspeed)));
   return model;
 }
 

@@ -245,7 +245,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // it drops or moves: the largest of its modules' forward peak and of its backward (all its own
   // saved tensors back, its scratch, the residual-stream gradient), each beside the module's input
   // (the module before's output), with balanced dropless rows
-  // (S = N k; R = S times the ESP width) under the MoE layers' schedule (SetMoeSchedules first).
+  // (S = N k; R = S times the ESP width, S with sliced experts) under the MoE layers' schedule.
   // A budget below it cannot train.
   int64_t MinimumActivationBytes(int B) const;
   // The same floor for the most rows routing can send this rank (expert parallelism, tp 1): with

@@ -85,7 +85,7 @@ struct ScheduleRows {
   int64_t order_rows = 0;   // rows order / inverse produce / consume
   int64_t S = 0;            // rows this rank sends to the experts
   int64_t A = 0;            // rows it receives over ep
-  int64_t R = 0;            // rows its expert shards compute (esp * A)
+  int64_t R = 0;            // rows its expert shards compute (esp * A; sliced experts: A)
 };
 ScheduleRows RowsOf(const LayerShape& shape, Schedule s);
 

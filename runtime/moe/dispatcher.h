@@ -1,7 +1,9 @@
 // ExpertDispatcher: moves the rows of an MoE layer between the ranks that route tokens and the
 // ranks that hold the experts, for expert parallelism (EP) with expert sharding (ESP). This is the
 // `deepspeed` schedule (DESIGN.md "MoE layer schedules"): every rank sends its own routed rows, so
-// tensor-parallel peers, which hold the same tokens, each send and receive their copy.
+// tensor-parallel peers, which hold the same tokens, each send and receive their copy. (Where the
+// experts are sliced, ScheduleExecutor gives it no ESP group and all-reduces over esp itself:
+// executor.h.)
 //
 // Row orders. A rank's routed rows (S, C) come out of the gate grouped by global expert (token
 // order within an expert). EP rank j holds experts [j*El, (j+1)*El). The expert-side buffer

@@ -4,7 +4,8 @@
 // executor walks the op list of the current direction and runs the segment the block is at:
 //
 //   Slice       the ops before the gate           (s1: mp_split, this peer's N / tp tokens)
-//   Prepare     kCounts                           (per-expert counts: a2a over ep, ag over esp)
+//   Prepare     kCounts                           (per-expert counts: a2a over ep, ag over esp
+//                                                   unless sliced)
 //   ToExperts   the ops between order and expert  (a2a + ag(esp); s2: row_split + fused;
 //                                                   sliced deepspeed: a2a + copy(esp))
 //   FromExperts the ops between expert and inverse (rs(esp) + a2a; s2: rs + fused with the tp

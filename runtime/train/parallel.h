@@ -9,8 +9,9 @@
 // Step (Trainer with a ParallelRuntime):
 //   1. the 1F1B schedule of this stage (runtime/pipeline), activations and their gradients sent
 //      to the next / previous stage over `pipeline` (group rank == stage), buffered sends;
-//   2. expert gradients scaled by 1 / tp (the `deepspeed` schedule sends every token once per
-//      tensor-parallel peer, so each expert saw it tp times), then summed over `expert_data`;
+//   2. expert gradients scaled by 1 / tp where the `deepspeed` schedule gathers its ESP group's
+//      rows (every token sent once per tensor-parallel peer, so each expert saw it tp times; not
+//      with sliced experts, ParamInfo::tp_partial), then summed over `expert_data`;
 //      the gradients of what tensor parallelism replicates (norms, biases added after a
 //      row-parallel sum, the router, the embeddings) averaged over `tensor`: equal in exact
 //      arithmetic, they differ in the last bits once tokens take different paths through the

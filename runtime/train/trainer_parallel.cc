@@ -210,10 +210,10 @@ absl::Status Trainer::SyncGradients() {
   };
   if (P.tp > 1) {
     // One pass scales by 1/tp what tensor parallelism counts tp times: under the deepspeed
-    // schedule every expert saw each token once per tensor-parallel peer, and what TP replicates
-    // is averaged over the tensor group (equal in exact arithmetic; the average keeps the
-    // replicas bit-identical). What the peers split (tp_partial: the s1 / s2 schedules' experts,
-    // s1's router) is summed as it is.
+    // schedule with gathered rows every expert saw each token once per tensor-parallel peer, and
+    // what TP replicates is averaged over the tensor group (equal in exact arithmetic; the
+    // average keeps the replicas bit-identical). What the peers split (tp_partial: the s1 / s2
+    // schedules' experts, sliced deepspeed experts, s1's router) is summed as it is.
     const float scale = 1.0f / static_cast<float>(P.tp);
     for (const ParamInfo& p : params) {
       if (p.tp_partial) continue;

@@ -46,9 +46,10 @@ struct ParamInfo {
   // is counted exactly once over all ranks; replicas are not).
   bool norm_owner = true;
   // Tensor parallelism: this rank's gradient covers only its share of the work its tp peers
-  // split (an MoE layer's experts under the s1 / s2 schedules, the router under s1;
-  // runtime/moe/schedule.h): summed over the tp group as it is, where otherwise an expert
-  // gradient is scaled by 1 / tp (every peer sent every row) and a replicated one averaged.
+  // split (an MoE layer's experts under the s1 / s2 schedules and under deepspeed with sliced
+  // experts, the router under s1; runtime/moe/schedule.h): summed over the tp group as it is,
+  // where otherwise an expert gradient is scaled by 1 / tp (every peer sent every row and the
+  // shards gathered them) and a replicated one averaged.
   bool tp_partial = false;
   int64_t numel() const {
     int64_t n = 1;

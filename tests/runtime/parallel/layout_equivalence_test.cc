@@ -204,12 +204,20 @@ TEST_P(SpikeLayoutTest, MatchesSingleProcess) {
 }
 
 const Layout kLayouts[] = {
-    {"dp2", 1, 2, 1, 1, 1, 2},         {"tp2", 1, 1, 2, 1, 1, 2},
-    {"pp2", 2, 1, 1, 1, 1, 2},         {"pp4_m8", 4, 1, 1, 1, 1, 8},
-    {"ep2", 1, 2, 1, 2, 1, 2},         {"ep4", 1, 4, 1, 4, 1, 2},
-    {"ep2_esp2", 1, 4, 1, 2, 2, 2},    {"tp2_ep2", 1, 1, 2, 2, 1, 2},
-    {"dp2_tp2_pp2", 2, 2, 2, 1, 1, 2}, {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
-    {"tp2_esp2", 1, 1, 2, 1, 2, 2},    {"tp4_ep2_esp2", 1, 1, 4, 2, 2, 2},
+    {"dp2", 1, 2, 1, 1, 1, 2},
+    {"tp2", 1, 1, 2, 1, 1, 2},
+    {"pp2", 2, 1, 1, 1, 1, 2},
+    {"pp4_m8", 4, 1, 1, 1, 1, 8},
+    {"ep2", 1, 2, 1, 2, 1, 2},
+    {"ep4", 1, 4, 1, 4, 1, 2},
+    {"ep2_esp2", 1, 4, 1, 2, 2, 2},
+    {"tp2_ep2", 1, 1, 2, 2, 1, 2},
+    {"dp2_tp2_pp2", 2, 2, 2, 1, 1, 2},
+    {"tp2_pp2_ep2_esp2", 2, 2, 2, 2, 2, 2},
+    {"tp2_esp2", 1, 1, 2, 1, 2, 2},
+    {"tp4_ep2_esp2", 1, 1, 4, 2, 2, 2},
+    // Sliced experts replicated over edp 2: their gradients summed over expert_data, unscaled.
+    {"dp2_tp2_esp2", 1, 2, 2, 1, 2, 2},
 };
 const Routing kRoutings[] = {
     {"top1_dropless", 1, 0.0},
