@@ -453,13 +453,24 @@ Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape) {
     absl::StrAppend(&choice.reason, i == 0 ? " " : ", ", ScheduleName(others[i]->schedule), " ",
                     Ms(others[i]->total_s()));
   }
+  const Prediction* picked = &choice.all[best];
   if (choice.schedule == Schedule::kS1 && shape.N % shape.tp != 0) {
     // s1 splits the tokens over tp (executor.h): the cheapest of the others runs instead.
-    const Prediction* next = others.front();
-    choice.schedule = next->schedule;
+    picked = others.front();
+    choice.schedule = picked->schedule;
     choice.reason =
-        absl::StrCat(ScheduleName(next->schedule), ": s1 would be cheaper but ", shape.N,
+        absl::StrCat(ScheduleName(picked->schedule), ": s1 would be cheaper but ", shape.N,
                      " tokens do not split over tp = ", shape.tp, "; ", choice.reason);
+  }
+  const Prediction& deepspeed = choice.all[0];
+  if (choice.schedule != Schedule::kDeepspeed &&
+      picked->total_s() > deepspeed.total_s() * (1 - kParmMargin)) {
+    choice.reason =
+        absl::StrCat("deepspeed: ", ScheduleName(picked->schedule), " is predicted only ",
+                     absl::StrFormat("%.0f%%", 100 * (1 - picked->total_s() / deepspeed.total_s())),
+                     " faster, under the ", absl::StrFormat("%.0f%%", 100 * kParmMargin),
+                     " a Parm schedule must gain; ", choice.reason);
+    choice.schedule = Schedule::kDeepspeed;
   }
   return choice;
 }

@@ -169,7 +169,11 @@ Prediction Predict(const CostProfile& profile, const LayerShape& shape, Schedule
 // One schedule per layer for both directions (backward needs what its forward saved): the lowest
 // forward + backward time, deepspeed winning ties (then s1). tp == 1: deepspeed, reason
 // "tp = 1: nothing to pause". s1 only where the N tokens split over tp (otherwise the cheapest of
-// the others, the reason saying so). `all` holds the three predictions in kAllSchedules order.
+// the others, the reason saying so). A Parm schedule replaces deepspeed only when predicted at
+// least kParmMargin faster (the reason says so otherwise): on the benchmark's small shapes the
+// model's error is of that order, and a smaller predicted gain was as often a measured loss
+// (bench/parm/REPORT.md). `all` holds the three predictions in kAllSchedules order.
+inline constexpr double kParmMargin = 0.10;
 struct Choice {
   Schedule schedule = Schedule::kDeepspeed;
   std::string reason;  // "s2: 1.84 ms fwd+bwd vs s1 2.10 ms, deepspeed 3.02 ms"

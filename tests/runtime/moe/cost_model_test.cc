@@ -321,6 +321,34 @@ TEST(ChooseScheduleTest, SlowEpLinkWithFastTpAndEspPicksS2) {
   EXPECT_LT(c.all[2].total_s() * 1.1, c.all[1].total_s());
 }
 
+// A Parm schedule predicted less than kParmMargin faster than deepspeed leaves deepspeed running,
+// and the reason says by how much it would have gained; past the margin it runs.
+TEST(ChooseScheduleTest, AGainUnderTheMarginKeepsDeepspeed) {
+  CostProfile p = LinkProfile(/*tp=*/3e-9, /*ep=*/1e-9, /*esp=*/1e-11);
+  p.copy.beta = 4e-10;
+  const Choice fast = ChooseSchedule(p, Shape());
+  ASSERT_EQ(fast.schedule, Schedule::kS1) << fast.reason;
+  const double gain = 1 - fast.all[1].total_s() / fast.all[0].total_s();
+  ASSERT_GT(gain, kParmMargin);
+  // Slower GEMMs add the same expert time to every schedule (the same rows per shard here, R),
+  // shrinking s1's relative gain below the margin.
+  CostProfile slow_gemm = p;
+  double extra = 0;
+  for (int i = 0; i < 60 && gain > 0; ++i) {
+    slow_gemm.gemm.alpha += 1e-4;
+    const Choice c = ChooseSchedule(slow_gemm, Shape());
+    const double g = 1 - c.all[1].total_s() / c.all[0].total_s();
+    if (g > 0 && g < kParmMargin) {
+      EXPECT_EQ(c.schedule, Schedule::kDeepspeed) << c.reason;
+      EXPECT_THAT(c.reason, StartsWith("deepspeed: s1 is predicted only "));
+      EXPECT_THAT(c.reason, HasSubstr("under the 10% a Parm schedule must gain; s1: "));
+      extra = slow_gemm.gemm.alpha;
+      break;
+    }
+  }
+  EXPECT_GT(extra, 0) << "no profile put s1's gain under the margin";
+}
+
 TEST(ChooseScheduleTest, TpOneIsDeepspeed) {
   LayerShape s = Shape();
   s.tp = 1;
