@@ -85,7 +85,9 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   }
 
   // Whether the ESP group is the TP group (deepspeed's experts then sliced): the spec's layout
-  // as the ranks build it (the spec was validated: a layout that does not fit says no here).
+  // as the ranks build it (worker/rank_groups.cc TopologyFromTask reads the same fields; the CLI
+  // may not link worker/, nor runtime/ the proto). The spec was validated: a layout that does not
+  // fit says no here.
   topology::ParallelSizes sizes;
   sizes.pp = static_cast<int>(std::max<uint32_t>(1, p.pp()));
   sizes.dp = static_cast<int>(std::max<uint32_t>(1, p.dp()));
