@@ -149,6 +149,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
     for (const moe::Prediction& pred : choice.all) {
       auto& e = *schedules->add_values()->mutable_struct_value()->mutable_fields();
       e["schedule"].set_string_value(moe::ScheduleName(pred.schedule));
+      e["sliced_experts"].set_bool_value(pred.sliced);
       e["forward_s"].set_number_value(pred.forward_s);
       e["backward_s"].set_number_value(pred.backward_s);
       e["forward_bytes"] = BytesJson(pred.forward_bytes);

@@ -67,6 +67,9 @@ TEST_F(PlanTest, PrintsEverySchedulesTimesBytesOpsAndAuto) {
   EXPECT_THAT(out, HasSubstr("forward bytes   tp "));
   EXPECT_THAT(out, HasSubstr("backward bytes  tp "));
   EXPECT_THAT(out, HasSubstr("fused(a2a ep, ag tp)"));
+  // The esp group is the tp group here: deepspeed's experts are sliced (all-reduce over esp).
+  EXPECT_THAT(out, HasSubstr("forward ops     gate . order . counts(ep) . a2a(ep) . copy(esp) . "
+                             "expert . ar(esp) . a2a(ep) . inverse"));
   EXPECT_THAT(out, HasSubstr("\nauto: "));
   EXPECT_THAT(out, HasSubstr("profile: default profile"));
 }
@@ -119,6 +122,7 @@ TEST_F(PlanTest, JsonIsOneDocument) {
   EXPECT_EQ(out.front(), '{');
   EXPECT_THAT(out, HasSubstr("\"schedules\""));
   EXPECT_THAT(out, HasSubstr("\"auto\""));
+  EXPECT_THAT(out, HasSubstr("\"sliced_experts\": true"));
 }
 
 }  // namespace
