@@ -389,13 +389,17 @@ absl::Status ScheduleExecutor::FromExperts(Direction d, const DispatchHandle& h,
     switch (op.kind) {
       case OpKind::kEspAllReduce:
         if (groups_.expert.esp_size() > 1) {
-          // The partial products summed in place, in scratch (the rows stay as the expert wrote
-          // them): the un-regrouped rows already are there; the expert's own rows are copied in.
+          // The partial products summed in place (the rows stay as the expert wrote them): in
+          // scratch, where the un-regrouped rows already are before the all-to-all back; with no
+          // all-to-all (ep 1, R = S rows in routed order) in `out`, where they end.
+          float* sum = gathered;
           if (cur != gathered) {
-            RETURN_IF_ERROR(ExpertDispatcher::CopyRows(Rows(), gathered, cur, h.R() * row));
+            RETURN_IF_ERROR(ExpertDispatcher::CopyRows(Rows(), out, cur, h.R() * row));
+            sum = out;
+            in_out = true;
           }
-          RETURN_IF_ERROR(groups_.expert.esp->AllReduce(gathered, h.R() * C));
-          cur = gathered;
+          RETURN_IF_ERROR(groups_.expert.esp->AllReduce(sum, h.R() * C));
+          cur = sum;
           Count(op, h.R() * row, timer.Seconds());
         }
         break;
