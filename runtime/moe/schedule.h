@@ -16,8 +16,10 @@
 //              gradient in backward) and the partial outputs are all-reduced over esp (research/
 //              parm.md 1.3 (a)); every row is computed once per shard.
 //                gate . order . counts . a2a(ep) . copy(esp) . expert . ar(esp) . a2a(ep) . inverse
-//              Otherwise (ESP peers with other tokens) the shards gather their group's rows, so the
-//              experts see each row tp times (their gradients are scaled by 1/tp).
+//              Otherwise (ESP peers on other data-parallel ranks, whose tokens differ, or an ESP
+//              group smaller than the TP group, whose rows are then redundant copies; slicing that
+//              one would scale expert gradients by esp/tp, not built) the shards gather their
+//              group's rows, so the experts see each row tp times (gradients scaled by 1/tp).
 //                gate . order . counts . a2a(ep) . ag(esp) . expert . rs(esp) . a2a(ep) . inverse
 //   s1         MP paused before the gate, resumed after the combine (Parm's first schedule): each
 //              peer keeps its N/tp tokens, gates them (the aux-loss statistics and the capacity
