@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/file_error.h"
@@ -486,9 +487,22 @@ absl::StatusOr<std::vector<int64_t>> CheckpointStore::LoadableSteps(
                                     ", which is not committed (its manifest is missing)"));
     }
   }
-  std::vector<int64_t> steps;
+  std::vector<int64_t> steps, above;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
-    if (!bound || *it <= *bound) steps.push_back(*it);
+    (!bound || *it <= *bound ? steps : above).push_back(*it);
+  }
+  if (!above.empty()) {
+    // A crash between a manifest and LATEST's move leaves one such step; LATEST set back (by hand,
+    // or damaged) leaves any number. Either way the run resumes at LATEST and its next commit
+    // uncommits them (Commit): said, so the work is not lost without a word.
+    std::reverse(above.begin(), above.end());
+    notes->push_back(absl::StrCat(
+        "checkpoint: ", dir_, " holds committed step", above.size() == 1 ? " " : "s ",
+        absl::StrJoin(above, ", "), " above step ", *bound,
+        ", which LATEST names: passed over, and uncommitted by this run's next checkpoint (if "
+        "LATEST was set back by mistake or damaged, stop the job and write the step to resume "
+        "from into ",
+        dir_, "/LATEST)"));
   }
   return steps;
 }
@@ -538,22 +552,35 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", manifest_path, ": ", what));
   };
   if (m.is_discarded() || !m.is_object()) return bad_manifest("not valid JSON");
-  // A newer version first: its manifest may compute its checksum otherwise, and it is no damage
-  // (this build is older than the checkpoint: an older checkpoint would be no better).
+  // This build's rule: the CRC-32 of the manifest's text without the checksum (Commit).
+  const auto checksum_verifies = [](Json manifest) {
+    const Json recorded = manifest[kManifestChecksum];
+    manifest.erase(kManifestChecksum);
+    const std::string body = manifest.dump(1);
+    return recorded.is_number_unsigned() &&
+           recorded.get<uint64_t>() == Crc32(0, body.data(), body.size());
+  };
+  const bool has_checksum =
+      m.contains(kManifestChecksum);  // (manifests written before it have none)
+  // A newer version before the checksum: its manifest may compute its checksum otherwise, and it
+  // is no damage (this build is older than the checkpoint: an older checkpoint would be no
+  // better). Unless the checksum verifies with this build's version in its place: then the version
+  // is what was damaged (a newer furnace's manifest names its own version, under whatever rule).
   if (const auto version = m.find("version"); version != m.end() && version->is_number_unsigned() &&
                                               version->get<uint64_t>() > kCheckpointVersion) {
-    return NewerVersionError(absl::StrCat("checkpoint manifest ", manifest_path),
-                             version->get<uint64_t>());
-  }
-  if (m.contains(kManifestChecksum)) {  // (manifests written before it have none)
-    Json body = m;
-    body.erase(kManifestChecksum);
-    const std::string text_of_body = body.dump(1);
-    const Json& recorded = m[kManifestChecksum];
-    if (!recorded.is_number_unsigned() ||
-        recorded.get<uint64_t>() != Crc32(0, text_of_body.data(), text_of_body.size())) {
-      return bad_manifest("checksum mismatch (the manifest was changed or damaged)");
+    const uint64_t read = version->get<uint64_t>();
+    Json as_ours = m;
+    as_ours["version"] = kCheckpointVersion;
+    if (has_checksum && checksum_verifies(as_ours)) {
+      return bad_manifest(absl::StrCat("checksum mismatch: its version reads ", read,
+                                       ", and the checksum verifies with version ",
+                                       kCheckpointVersion,
+                                       " in its place (the version was damaged)"));
     }
+    return NewerVersionError(absl::StrCat("checkpoint manifest ", manifest_path), read);
+  }
+  if (has_checksum && !checksum_verifies(m)) {
+    return bad_manifest("checksum mismatch (the manifest was changed or damaged)");
   }
   for (const char* key : {"version", "step", "data_position", "seed", "num_shards", "num_params",
                           "shards", "params"}) {

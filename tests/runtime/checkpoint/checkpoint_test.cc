@@ -199,6 +199,25 @@ TEST(CheckpointTest, LatestMovesOnlyAfterTheManifest) {
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(loaded->step, 20);
   EXPECT_EQ(loaded->param_data[0], 2000.0f);
+  // ... and says so: step 40's work is passed over, not lost without a word.
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("committed step 40 above step 20, which LATEST names"));
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("uncommitted by this run's next checkpoint"));
+}
+
+// LATEST set back (here by a damaged digit: "30" read as "10") with committed steps above it:
+// the resume says which it passes over.
+TEST(CheckpointTest, CommittedStepsAboveLatestAreNamed) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 0);
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(SaveStep(store, step).ok());
+  WriteAll(dir / "LATEST", "10\n");
+  auto loaded = store.LoadLatest();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 10);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("committed steps 20, 30 above step 10"));
+  EXPECT_THAT(loaded->skipped[0], HasSubstr("/LATEST"));
 }
 
 TEST(CheckpointTest, KeepsTheNewestN) {
@@ -537,6 +556,29 @@ TEST(CheckpointTest, ACheckpointOfANewerVersionIsRefusedNotPassedOver) {
   auto latest = store.LoadLatest();
   ASSERT_FALSE(latest.ok()) << "loaded step " << latest->step;
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A damaged version (one bit: 1 -> 9) is damage, not a newer format: the checksum verifies with
+// this build's version in its place, so the step is passed over for the one before.
+TEST(CheckpointTest, ADamagedVersionIsDamageNotANewerFormat) {
+  TestDir dir;
+  CheckpointStore store(dir.path(), 3);
+  ASSERT_TRUE(SaveStep(store, 1).ok());
+  ASSERT_TRUE(SaveStep(store, 2).ok());
+  const std::string path = dir / "step-00000002/manifest.json";
+  std::string text = ReadAll(path);
+  const std::string field = absl::StrCat("\"version\": ", kCheckpointVersion);
+  const size_t at = text.find(field);
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + field.size() - 1] ^= 0x08;  // '1' -> '9'
+  WriteAll(path, text);
+  auto direct = store.Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kDataLoss) << direct.status();
+  EXPECT_THAT(direct.status().message(), HasSubstr("the version was damaged"));
+  auto latest = store.LoadLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 1);
 }
 
 // Export and sampling keep a shard's parameters only (a third of its memory); its Adam moments are
