@@ -103,6 +103,7 @@ train::TrainConfig TrainConfigFrom(const furnace::v1::JobSpec& spec, double peak
   c.checkpoint.every = spec.checkpoint().every();
   c.checkpoint.keep = static_cast<int>(spec.checkpoint().keep());
   c.checkpoint.async = spec.checkpoint().async();
+  c.model_settings = ModelConfigFrom(spec).RecordedSettings();
   c.override_checkpoint_settings = spec.checkpoint().override_settings();
   c.eval.every = spec.eval().every();
   c.eval.batches = static_cast<int>(spec.eval().batches());
@@ -597,7 +598,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
       if (const auto& changed = (*trainer)->settings_overridden(); !changed.empty()) {
         const std::string changes = train::DescribeChanges(changed);
         spdlog::warn(
-            "continuing with this job's optimizer settings where the checkpoint's differ "
+            "continuing with this job's settings where the checkpoint's differ "
             "(checkpoint.override_settings): {}",
             changes);
         absl::StrAppend(&account, "; settings overridden: ", changes);

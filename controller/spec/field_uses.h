@@ -97,7 +97,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     // Set by `every: auto` (checkpoint.every is then 0): the worker turns on the Young/Daly
     // interval (runtime/train/checkpoint_interval.h) with the controller's hint.
     {"checkpoint.every_auto", FieldUse::kUsed, "checkpoint().every_auto()"},
-    // The trainer refuses or accepts a resume under other optimizer settings (trainer.cc).
+    // The trainer refuses or accepts a resume under other optimizer or model settings (trainer.cc).
     {"checkpoint.override_settings", FieldUse::kUsed, "checkpoint().override_settings()"},
 
     {"recovery.max_restarts", FieldUse::kUsed, "recovery().max_restarts()"},

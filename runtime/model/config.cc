@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/decimal.h"
 
 namespace furnace::model {
 namespace {
@@ -36,6 +37,16 @@ absl::Status ModelConfig::Validate() const {
     if (expert_ffn < 1) return Bad("expert_ffn", expert_ffn, "must be >= 1");
   }
   return spikes.Validate(num_moe_layers() > 0 ? experts : 0, top_k);
+}
+
+std::map<std::string, std::string> ModelConfig::RecordedSettings() const {
+  return {
+      {"model.heads", absl::StrCat(heads)},
+      {"moe.top_k", absl::StrCat(top_k)},
+      {"moe.capacity_factor", ShortestDecimal(capacity_factor)},
+      {"moe.normalize_topk", normalize_topk ? "true" : "false"},
+      {"moe.aux_alpha", ShortestDecimal(aux_alpha)},
+  };
 }
 
 }  // namespace furnace::model

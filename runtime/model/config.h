@@ -2,6 +2,9 @@
 // Layer l is an MoE layer iff l % moe_every == moe_every - 1, else a dense MLP of width dense_ffn.
 #pragma once
 
+#include <map>
+#include <string>
+
 #include "absl/status/status.h"
 #include "runtime/model/spikes.h"
 
@@ -28,6 +31,13 @@ struct ModelConfig {
 
   // InvalidArgument naming the field, its value and what is allowed.
   absl::Status Validate() const;
+  // What defines the model beyond its parameters' names and shapes (which a checkpoint holds
+  // already), by job-spec field name, as text (ShortestDecimal): model.heads, moe.top_k,
+  // moe.capacity_factor, moe.normalize_topk, moe.aux_alpha. A checkpoint records them beside the
+  // optimizer's settings (runtime/train/run_settings.h) and a resume compares them the same way:
+  // the weights of a 4-head top-2 model would otherwise go on training as an 8-head top-1 one with
+  // nothing said. The routing spikes are left out: they are a test's injection, not the model.
+  std::map<std::string, std::string> RecordedSettings() const;
 
   bool IsMoeLayer(int layer) const { return layer % moe_every == moe_every - 1; }
   int num_moe_layers() const { return layers / moe_every; }

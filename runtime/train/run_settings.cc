@@ -1,36 +1,26 @@
 #include "runtime/train/run_settings.h"
 
 #include <algorithm>
-#include <charconv>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/decimal.h"
 
 namespace furnace::train {
-namespace {
-
-std::string Shortest(double x) {
-  char text[64];
-  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), x);
-  return std::string(text, r.ptr);
-}
-
-}  // namespace
-
 std::map<std::string, std::string> RecordedSettings(const LrSchedule& schedule,
                                                     const AdamWConfig& adamw, double clip) {
   const bool cosine = schedule.kind == LrSchedule::Kind::kCosine;
   std::map<std::string, std::string> out = {
       {"train.schedule", cosine ? "cosine" : "constant"},
-      {"train.lr", Shortest(schedule.lr)},
+      {"train.lr", ShortestDecimal(schedule.lr)},
       {"train.warmup", absl::StrCat(schedule.warmup_steps)},
-      {"train.weight_decay", Shortest(adamw.weight_decay)},
-      {"train.clip", Shortest(clip)},
+      {"train.weight_decay", ShortestDecimal(adamw.weight_decay)},
+      {"train.clip", ShortestDecimal(clip)},
   };
   if (cosine) {
-    out["train.min_lr"] = Shortest(schedule.min_lr.value_or(0.1 * schedule.lr));
+    out["train.min_lr"] = ShortestDecimal(schedule.min_lr.value_or(0.1 * schedule.lr));
     out["train.steps"] = absl::StrCat(schedule.max_steps);
   }
   return out;

@@ -134,7 +134,12 @@ Trainer::Trainer(Trainable* model, const data::Sampler* data, const TrainConfig&
       device_(model->device()),
       ops_(ops),
       adamw_(std::move(adamw)),
-      settings_(RecordedSettings(config_.schedule, config_.adamw, config_.clip)) {
+      settings_([&] {
+        std::map<std::string, std::string> s =
+            RecordedSettings(config_.schedule, config_.adamw, config_.clip);
+        s.insert(config_.model_settings.begin(), config_.model_settings.end());
+        return s;
+      }()) {
   if (parallel_ != nullptr) {
     config_.dp_rank = parallel_->dp_rank;
     stage_ = dynamic_cast<PipelineStage*>(model);
@@ -563,9 +568,9 @@ absl::Status Trainer::CheckSettings(const LoadedCheckpoint& c) {
   std::vector<SettingChange> changes = ChangedSettings(c.settings, settings_, c.data_position);
   if (!changes.empty() && !config_.override_checkpoint_settings) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " was written with other optimizer settings: ",
-        DescribeChanges(changes), " (checkpoint -> this run); resuming would change the update ",
-        "rule from step ", c.data_position, " on. Submit with the checkpoint's values, or set ",
+        "checkpoint ", c.path, " was written with other settings: ", DescribeChanges(changes),
+        " (checkpoint -> this run); resuming would change the model or its update rule from ",
+        "step ", c.data_position, " on. Submit with the checkpoint's values, or set ",
         "checkpoint.override_settings: true to continue with this run's"));
   }
   settings_overridden_ = std::move(changes);
@@ -601,6 +606,14 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", c.path, " was written with seed ", c.seed, "; this run has seed ",
         config_.seed, " (resuming would change the data order)"));
+  }
+  if (c.data_position > config_.steps) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", c.path, " is of step ", c.data_position,
+                     ", past this run's train.steps ", config_.steps,
+                     ": resuming would train nothing and hand out a model of more steps than "
+                     "asked. Raise train.steps to at least ",
+                     c.data_position, ", or give the job another checkpoint.dir"));
   }
   RETURN_IF_ERROR(CheckDataPosition(c));
   RETURN_IF_ERROR(CheckSettings(c));

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,8 +74,13 @@ struct TrainConfig {
   double clip = 1.0;      // global-norm clip; 0 = off
   double peak_flops = 0;  // device peak FLOP/s for MFU; 0 = MFU not reported
   CheckpointConfig checkpoint;
-  // A resume from a checkpoint written with other optimizer settings (run_settings.h): refused
-  // (false), or continued with this run's, the differences kept in settings_overridden().
+  // What defines the model beyond its tensors' names and shapes (model::ModelConfig::
+  // RecordedSettings: field -> text), recorded in checkpoints beside the optimizer's settings and
+  // compared with them at a resume. Empty: none recorded (a model that has none).
+  std::map<std::string, std::string> model_settings;
+  // A resume from a checkpoint written with other optimizer or model settings (run_settings.h,
+  // model_settings): refused (false), or continued with this run's, the differences kept in
+  // settings_overridden().
   bool override_checkpoint_settings = false;
   // Held-out evaluation (held_out_eval.h) after every `eval.every` steps and the last; needs the
   // held-out sampler given to Create.
@@ -208,8 +214,9 @@ class Trainer {
   // gathers its part by name and global offsets). NotFound when there is none (a fresh start).
   // Refuses (FailedPrecondition) a checkpoint of another model (its tensors, by name and whole
   // shape, are not this model's), another seed, another data order (CheckDataPosition), or
-  // other optimizer settings unless config.override_checkpoint_settings (CheckSettings). The
-  // data order is the step's: the global batch
+  // other optimizer or model settings unless config.override_checkpoint_settings
+  // (CheckSettings), or one whose step is past config.steps (nothing would train). The data
+  // order is the step's: the global batch
   // of step s is the sampler's micro-batches 0 .. dp * m - 1 of step s on every layout, so a
   // layout with another dp continues the same sequence when dp * micro_batches is unchanged.
   absl::StatusOr<LoadedCheckpoint> RestoreLatest();
@@ -217,7 +224,7 @@ class Trainer {
   // this model's exactly (names, shapes, offsets, slices), and its seed this run's.
   absl::Status Restore(const LoadedCheckpoint& checkpoint);
 
-  // The optimizer settings the restored checkpoint was written with that this run changed
+  // The settings the restored checkpoint was written with that this run changed
   // (config.override_checkpoint_settings); empty when none did or nothing was restored.
   const std::vector<SettingChange>& settings_overridden() const { return settings_overridden_; }
 
@@ -251,7 +258,7 @@ class Trainer {
   // write NaN into every parameter and Adam moment, and into every checkpoint after it (the
   // same check as Megatron-LM's check_for_nan_in_loss_and_grad).
   absl::Status RefuseNonFinite(const StepStats& stats) const;
-  // FailedPrecondition naming each field when the checkpoint's optimizer settings are not this
+  // FailedPrecondition naming each field when the checkpoint's settings are not this
   // run's, unless config.override_checkpoint_settings (then they are kept for
   // settings_overridden()).
   absl::Status CheckSettings(const LoadedCheckpoint& c);
@@ -336,8 +343,8 @@ class Trainer {
   tensor::DeviceMemory bucket_;  // the gradient reductions' bucket (parallel layouts)
   int64_t step_ = 0;
   int64_t last_saved_step_ = -1;
-  // The optimizer settings this run records in its checkpoints and compares on resume
-  // (run_settings.h), from config_.
+  // The settings this run records in its checkpoints and compares on resume: the optimizer's
+  // (run_settings.h) and config_.model_settings.
   const std::map<std::string, std::string> settings_;
   std::vector<SettingChange> settings_overridden_;
   // Parallel layouts: the ranges of grad_data() this rank counts in the global norm (its

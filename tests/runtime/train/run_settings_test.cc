@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/model/config.h"
 
 namespace furnace::train {
 namespace {
@@ -27,6 +28,22 @@ TEST(RunSettingsTest, ACosineScheduleRecordsItsFloorAndHorizonAConstantOneNeithe
               UnorderedElementsAre(Pair("train.schedule", "constant"), Pair("train.lr", "3e-04"),
                                    Pair("train.warmup", "10"), Pair("train.weight_decay", "0"),
                                    Pair("train.clip", "0")));
+}
+
+// The model's own: what its tensors' shapes do not say, by job-spec field.
+TEST(RunSettingsTest, AModelRecordsWhatItsShapesDoNotSay) {
+  model::ModelConfig m;
+  m.heads = 4;
+  m.top_k = 2;
+  m.capacity_factor = 1.25;
+  m.normalize_topk = false;
+  m.aux_alpha = 0.01;
+  m.spikes.probability = 0.5;  // a test's injection: not recorded
+  EXPECT_THAT(
+      m.RecordedSettings(),
+      UnorderedElementsAre(Pair("model.heads", "4"), Pair("moe.top_k", "2"),
+                           Pair("moe.capacity_factor", "1.25"), Pair("moe.normalize_topk", "false"),
+                           Pair("moe.aux_alpha", "0.01")));
 }
 
 TEST(RunSettingsTest, OnlyFieldsBothRecordAreComparedAndEachDifferenceIsSaid) {

@@ -312,6 +312,80 @@ TEST(TrainerTest, AResumeUnderOtherOptimizerSettingsIsRefusedUnlessOverridden) {
   EXPECT_TRUE((*d)->settings_overridden().empty());
 }
 
+// The settings that define the model beyond its tensors' shapes (model.heads, moe.top_k, ...: the
+// worker fills TrainConfig::model_settings from model::ModelConfig::RecordedSettings, whose texts
+// run_settings_test checks) are recorded
+// and compared as the optimizer's are; and a checkpoint past the run's train.steps is refused
+// whatever is overridden (nothing would train, and the model handed out would have more steps
+// than asked).
+TEST(TrainerTest, AResumeOfAnotherModelOrPastTheRunsStepsIsRefused) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 5);
+  testing_util::TestDir dir;
+  TrainConfig config = ResumeConfig();
+  config.checkpoint = {.dir = dir.path()};
+  config.model_settings = {{"model.heads", "4"}, {"moe.aux_alpha", "0.01"}, {"moe.top_k", "2"}};
+  BigramModel first(V, T, 1);
+  auto a = Trainer::Create(&first, data.sampler.get(), config);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**a).ok());
+
+  TrainConfig changed = config;
+  changed.model_settings = {{"model.heads", "8"}, {"moe.aux_alpha", "0.02"}, {"moe.top_k", "1"}};
+  BigramModel second(V, T, 1);
+  auto b = Trainer::Create(&second, data.sampler.get(), changed);
+  ASSERT_TRUE(b.ok());
+  const absl::Status refused = (*b)->RestoreLatest().status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr("model.heads 4 -> 8, moe.aux_alpha 0.01 -> 0.02, moe.top_k 2 -> 1"));
+  EXPECT_THAT(refused.message(), HasSubstr("checkpoint.override_settings"));
+  EXPECT_EQ((*b)->step(), 0);
+
+  changed.override_checkpoint_settings = true;
+  BigramModel third(V, T, 1);
+  auto c = Trainer::Create(&third, data.sampler.get(), changed);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->RestoreLatest().ok());
+  EXPECT_EQ(DescribeChanges((*c)->settings_overridden()),
+            "model.heads 4 -> 8, moe.aux_alpha 0.01 -> 0.02, moe.top_k 2 -> 1");
+
+  // A checkpoint recorded without model settings (an older one, or a model with none) is not
+  // compared on them.
+  TrainConfig none = config;
+  none.model_settings.clear();
+  BigramModel fourth(V, T, 1);
+  auto d = Trainer::Create(&fourth, data.sampler.get(), none);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->RestoreLatest().ok());
+
+  // Past train.steps: refused even with the settings overridden (constant schedule: train.steps
+  // is no recorded setting there, so only this check stands between it and a resume).
+  TrainConfig flat = config;
+  flat.checkpoint = {.dir = dir / "constant"};
+  flat.schedule.kind = LrSchedule::Kind::kConstant;
+  BigramModel e_model(V, T, 1);
+  auto e = Trainer::Create(&e_model, data.sampler.get(), flat);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(RunAndStopAfterStep9(**e).ok());
+  flat.steps = 6;
+  flat.override_checkpoint_settings = true;
+  BigramModel f_model(V, T, 1);
+  auto f = Trainer::Create(&f_model, data.sampler.get(), flat);
+  ASSERT_TRUE(f.ok());
+  const absl::Status past = (*f)->RestoreLatest().status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(past)) << past;
+  EXPECT_THAT(past.message(), HasSubstr("is of step 10, past this run's train.steps 6"));
+  EXPECT_THAT(past.message(), HasSubstr("Raise train.steps to at least 10"));
+  EXPECT_EQ((*f)->step(), 0);
+  flat.steps = 10;  // exactly done: resumes, and has nothing left to train
+  BigramModel g_model(V, T, 1);
+  auto g = Trainer::Create(&g_model, data.sampler.get(), flat);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE((*g)->RestoreLatest().ok());
+  EXPECT_EQ((*g)->step(), 10);
+}
+
 // A step whose loss or gradient norm is not finite is not applied: the run stops there with the
 // parameters and Adam moments of the step before (an update would write NaN into all of them,
 // and into every checkpoint after). A learning rate of 1e38 diverges within a few steps.
