@@ -252,7 +252,10 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // moves (MovedOf).
   std::map<int64_t, std::pair<int, int>> position_of;
   for (const StashEntrySummary& e : stash_.Summaries()) {
-    if (e.state != StashState::kKept || e.pinned) continue;
+    // Kept tensors, and encodings (stored compressed by an earlier plan: they can still go to
+    // the host, and nothing else).
+    const bool encoded = e.state == StashState::kCompressed;
+    if ((e.state != StashState::kKept && !(encoded && offload)) || e.pinned) continue;
     const std::string_view tag = memory::TensorTag(e.producer);
     const int module = ModuleIndexOf(e.layer, tag);
     if (e.micro == cur_micro_ && ReadByModule(module, tag, h)) continue;
@@ -262,8 +265,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     // (1F1B): until the gap, when that micro-batch's backward brings it back.
     c.position = e.micro == cur_micro_ ? module : -1;
     c.until = e.micro == cur_micro_ ? back(FirstBackwardReader(module, tag, M)) : M;
-    c.bytes = e.bytes;
+    c.bytes = e.held_bytes;
     c.can_offload = offload;
+    if (encoded) {
+      candidates.push_back(c);
+      position_of[c.id] = {e.micro, FirstBackwardReader(module, tag, M)};
+      continue;
+    }
     // A rebuild reads exact inputs: none stored in reduced precision (the stash refuses the drop),
     // and nothing a dropped tensor's rebuild reads may be compressed (it refuses that too).
     c.can_recompute = e.rebuildable && !e.lossy_input;
@@ -469,11 +477,14 @@ absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
 bool GptMoe::MakeRoom(uint64_t bytes) {
   // The emergency: the largest tensors nothing running reads leave the arena at once, dropped
   // where a per-rank rebuild exists (instant; rebuilt in their backward), else offloaded (waited
-  // for: on a slow host link that is the expensive part, hence last).
+  // for: on a slow host link that is the expensive part, hence last). Encodings (entries stored
+  // compressed) are offloaded too: otherwise a plan that compressed would pin their bytes to the
+  // device for good, and an emergency after it could find nothing to move.
   std::vector<StashEntrySummary> entries = stash_.Summaries();
-  std::stable_sort(
-      entries.begin(), entries.end(),
-      [](const StashEntrySummary& a, const StashEntrySummary& b) { return a.bytes > b.bytes; });
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const StashEntrySummary& a, const StashEntrySummary& b) {
+                     return a.held_bytes > b.held_bytes;
+                   });
   const uint64_t budget = arena_.budget();
   const uint64_t used = arena_.current_bytes();
   const uint64_t free_now = budget > used ? budget - used : 0;
@@ -483,17 +494,19 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
     std::vector<int64_t>& out = MovedOf(e.micro, NumModules());
     const std::string_view tag = memory::TensorTag(e.producer);
     const int j = FirstBackwardReader(ModuleIndexOf(e.layer, tag), tag, NumModules());
-    if (j >= 0 && j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.bytes);
+    if (j >= 0 && j < static_cast<int>(out.size())) out[j] += static_cast<int64_t>(e.held_bytes);
   };
   for (bool offload : {false, true}) {
     if (offload && adaptive_engine_ == nullptr) break;
     for (const StashEntrySummary& e : entries) {
       if (freed >= bytes) break;
-      if (e.state != StashState::kKept || Protected(e)) continue;
+      const bool movable =
+          e.state == StashState::kKept || (offload && e.state == StashState::kCompressed);
+      if (!movable || Protected(e)) continue;
       if (!offload && !e.rebuildable) continue;
       const absl::Status s = offload ? stash_.Offload(e.handle) : stash_.Drop(e.handle);
       if (!s.ok()) continue;  // moved by the first pass, or pinned meanwhile
-      freed += e.bytes;
+      freed += e.held_bytes;
       ++(offload ? offloaded : dropped);
       note(e);
     }

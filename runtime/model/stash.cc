@@ -216,6 +216,7 @@ std::vector<StashEntrySummary> Stash::Summaries() const {
     s.layer = e.info.layer;
     s.micro = e.info.micro;
     s.bytes = e.info.bytes;
+    s.held_bytes = e.buffer.bytes() + e.incoming.bytes() + e.encoded.bytes();
     s.state = e.info.state;
     s.pinned = e.pins > 0;
     s.rebuildable = r.rebuildable() && r.collective == RecomputeCollective::kNone;
@@ -330,13 +331,15 @@ absl::Status WrongState(const StashEntryInfo& info, const char* action, const ch
 
 }  // namespace
 
-absl::StatusOr<Stash::Entry*> Stash::MovableEntryLocked(StashHandle handle, const char* action) {
+absl::StatusOr<Stash::Entry*> Stash::MovableEntryLocked(StashHandle handle, const char* action,
+                                                        bool compressed_too) {
   auto it = entries_.find(handle.id);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("stash: ", action, " of unknown entry ", handle.id));
   }
   Entry& e = it->second;
-  if (e.info.state != StashState::kKept) {
+  if (e.info.state != StashState::kKept &&
+      !(compressed_too && e.info.state == StashState::kCompressed)) {
     return WrongState(e.info, action, StashStateName(e.info.state));
   }
   if (e.pins > 0) return WrongState(e.info, action, "it is acquired by a backward");
@@ -348,7 +351,7 @@ absl::StatusOr<Stash::Entry*> Stash::MovableEntryLocked(StashHandle handle, cons
 
 absl::Status Stash::Offload(StashHandle handle) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Entry * entry, MovableEntryLocked(handle, "offload"));
+  ASSIGN_OR_RETURN(Entry * entry, MovableEntryLocked(handle, "offload", /*compressed_too=*/true));
   Entry& e = *entry;
   if (engine_ == nullptr || host_ == nullptr) {
     return WrongState(e.info, "offload", "no copy engine and host pool are set");
@@ -357,23 +360,28 @@ absl::Status Stash::Offload(StashHandle handle) {
     return WrongState(e.info, "offload", "its reload is still being copied");
   }
   if (e.info.bytes == 0) return absl::OkStatus();
-  absl::StatusOr<tensor::Buffer> host = host_->Allocate(e.info.bytes, e.info.producer);
+  // What leaves the device: the tensor, or its encoding where it is stored compressed.
+  const bool encoded = e.info.state == StashState::kCompressed;
+  const tensor::Buffer& payload = encoded ? e.encoded : e.buffer;
+  absl::StatusOr<tensor::Buffer> host = host_->Allocate(payload.bytes(), e.info.producer);
   if (!host.ok()) return host.status();
   e.host = std::move(*host);
+  e.host_encoded = encoded;
+  e.host_bytes = payload.bytes();
   e.info.state = StashState::kOffloaded;
   e.landed = false;
   e.keep_device = false;
   e.copy_error = absl::OkStatus();
   const int64_t id = e.info.id;
   // The copy waits for what the compute stream has enqueued so far (the kernels writing the
-  // tensor), by an event recorded now on it.
+  // tensor or its encoding), by an event recorded now on it.
   e.to_host = engine_->Submit(
-      memory::CopyDirection::kDeviceToHost, e.host.data(), e.buffer.data(), e.info.bytes,
+      memory::CopyDirection::kDeviceToHost, e.host.data(), payload.data(), e.host_bytes,
       [this, id](const absl::Status& s) { OnOffloaded(id, s); }, ComputeStreamLocked());
   if (engine_->Done(e.to_host)) {  // refused (the hook cannot have run: it needs our lock)
     const absl::Status refused = engine_->Wait(e.to_host);
     e.host.Reset();
-    e.info.state = StashState::kKept;
+    e.info.state = encoded ? StashState::kCompressed : StashState::kKept;
     return refused;
   }
   return absl::OkStatus();
@@ -387,16 +395,18 @@ void Stash::OnOffloaded(int64_t id, const absl::Status& status) {
   Entry& e = it->second;
   // Counts what the policy offloaded (deterministic), also when the tensor was wanted back before
   // its copy landed and kept its device bytes.
-  if (status.ok()) action_stats_.offloaded_bytes += e.info.bytes;
+  if (status.ok()) action_stats_.offloaded_bytes += e.host_bytes;
   if (!status.ok() || e.keep_device) {
     // The device bytes stay: the copy failed, or the tensor was wanted back before it landed.
     doomed = std::move(e.host);
     e.keep_device = false;
-    e.info.state = StashState::kKept;
+    e.info.state = e.host_encoded ? StashState::kCompressed : StashState::kKept;
+    e.host_encoded = false;
     return;
   }
-  kept_bytes_ -= e.buffer.bytes();
-  doomed = std::move(e.buffer);
+  tensor::Buffer& payload = e.host_encoded ? e.encoded : e.buffer;
+  kept_bytes_ -= payload.bytes();
+  doomed = std::move(payload);
   e.landed = true;
 }
 
@@ -411,14 +421,15 @@ absl::StatusOr<memory::CopyTicket> Stash::StartReloadLocked(Entry& e) {
   if (arena_ == nullptr || engine_ == nullptr) {
     return WrongState(e.info, "reload", "no device arena and copy engine are set");
   }
-  absl::StatusOr<tensor::Buffer> incoming = arena_->Allocate(e.info.bytes, e.info.producer);
+  absl::StatusOr<tensor::Buffer> incoming = arena_->Allocate(
+      e.host_bytes, e.host_encoded ? e.info.producer + ".compressed" : e.info.producer);
   if (!incoming.ok()) return incoming.status();
   e.incoming = std::move(*incoming);
   NoteKeptLocked(e.incoming.bytes());
   const int64_t id = e.info.id;
   // After the compute stream's work so far: the destination was allocated in its order.
   e.to_device = engine_->Submit(
-      memory::CopyDirection::kHostToDevice, e.incoming.data(), e.host.data(), e.info.bytes,
+      memory::CopyDirection::kHostToDevice, e.incoming.data(), e.host.data(), e.host_bytes,
       [this, id](const absl::Status& s) { OnReloaded(id, s); }, ComputeStreamLocked());
   if (engine_->Done(e.to_device)) {  // refused
     const absl::Status refused = engine_->Wait(e.to_device);
@@ -442,7 +453,7 @@ void Stash::OnReloaded(int64_t id, const absl::Status& status) {
       e.copy_error = status;
       return;
     }
-    action_stats_.reloaded_bytes += e.info.bytes;
+    action_stats_.reloaded_bytes += e.host_bytes;
     doomed = std::move(e.host);
     e.landed = false;
     return;
@@ -453,11 +464,10 @@ void Stash::OnReloaded(int64_t id, const absl::Status& status) {
     e.copy_error = status;
     return;
   }
-  action_stats_.reloaded_bytes += e.info.bytes;
-  e.buffer = std::move(e.incoming);
+  action_stats_.reloaded_bytes += e.host_bytes;
   doomed = std::move(e.host);
   e.landed = false;
-  e.info.state = StashState::kKept;
+  ArriveLocked(e);
 }
 
 template <typename Restore>
@@ -567,6 +577,28 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
     // A discrete device: the compute stream waits for the reload's event; the host does not.
     // (Unlocked: the engine's thread takes our lock in its completion hooks.)
     const absl::Status ordered = engine->OrderBefore(ticket, *consumer, &late);
+    {
+      absl::MutexLock lock(&mu_);
+      if (late) ++action_stats_.late_reloads;
+      auto it = entries_.find(handle.id);
+      if (it == entries_.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("stash: entry ", handle.id, " released during reload"));
+      }
+      Entry& e = it->second;
+      if (!e.copy_error.ok()) return e.copy_error;
+      if (!ordered.ok()) return ordered;
+      if (e.info.state == StashState::kOffloaded) {  // still copying: the stream reads it after
+        e.reload_ordered = true;
+        ArriveLocked(e);
+      }
+      if (e.info.state != StashState::kCompressed) return absl::OkStatus();
+    }
+    // An encoding brought back: decoded on the compute stream, after the copy it waits for.
+    return DecodeAfterCopies(handle);
+  }
+  const absl::Status waited = engine->Wait(ticket, needed_at, &late);
+  {
     absl::MutexLock lock(&mu_);
     if (late) ++action_stats_.late_reloads;
     auto it = entries_.find(handle.id);
@@ -576,30 +608,37 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
     }
     Entry& e = it->second;
     if (!e.copy_error.ok()) return e.copy_error;
-    if (!ordered.ok()) return ordered;
-    if (e.info.state == StashState::kOffloaded) {  // still copying: the stream reads it after
-      e.buffer = std::move(e.incoming);
-      e.reload_ordered = true;
-      e.info.state = StashState::kKept;
+    if (e.info.state != StashState::kCompressed) {
+      if (e.info.state != StashState::kKept) {
+        // A failed offload copy leaves the tensor kept; anything else is the reload's failure.
+        return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
+                                                              "' completed but it is not kept"))
+                           : waited;
+      }
+      return absl::OkStatus();
     }
-    return absl::OkStatus();
   }
-  const absl::Status waited = engine->Wait(ticket, needed_at, &late);
-  absl::MutexLock lock(&mu_);
-  if (late) ++action_stats_.late_reloads;
-  auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("stash: entry ", handle.id, " released during reload"));
-  }
-  Entry& e = it->second;
-  if (!e.copy_error.ok()) return e.copy_error;
-  if (e.info.state != StashState::kKept) {
-    // A failed offload copy leaves the tensor kept; anything else is the reload's failure.
-    return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
-                                                          "' completed but it is not kept"))
-                       : waited;
-  }
-  return absl::OkStatus();
+  // An encoding back (or one whose offload was wanted back before it landed): decoded.
+  return DecodeAfterCopies(handle);
+}
+
+void Stash::ArriveLocked(Entry& e) {
+  (e.host_encoded ? e.encoded : e.buffer) = std::move(e.incoming);
+  e.info.state = e.host_encoded ? StashState::kCompressed : StashState::kKept;
+  e.host_encoded = false;
+}
+
+absl::Status Stash::DecodeAfterCopies(StashHandle handle) {
+  return RetriedAfterCopies([&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(handle.id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("stash: entry ", handle.id, " released during reload"));
+    }
+    Entry& e = it->second;
+    return e.info.state == StashState::kCompressed ? DecodeLocked(e) : absl::OkStatus();
+  });
 }
 
 device::Stream* Stash::ComputeStreamLocked() const {

@@ -20,7 +20,10 @@
 //     whose offload copy has not landed yet simply keeps its device bytes (nothing to reload).
 //   Compress(h, codec) -> kCompressed: synchronous, for tensors on the runtime/memory/codec.h
 //     whitelist; the encoding lives in the arena in place of the fp32 bytes. Get restores fp32
-//     (within the codec's tolerance, not bit-exact).
+//     (within the codec's tolerance, not bit-exact). A compressed entry can still be offloaded:
+//     its encoding goes to the host (fewer bytes over the link), comes back as the encoding and
+//     is decoded on the compute stream after the reload, so an entry stored compressed never pins
+//     its bytes to the device when memory runs short later.
 //   Drop(h), or a save policy's drop after forward -> kDropped: frees the bytes; Get() rebuilds
 //     the tensor through its RecomputeSpec's `rebuild` and marks it kept again.
 //
@@ -136,7 +139,8 @@ struct StashEntrySummary {
   std::string producer;
   int layer = -1;
   int micro = 0;
-  uint64_t bytes = 0;  // at full precision
+  uint64_t bytes = 0;       // at full precision
+  uint64_t held_bytes = 0;  // device bytes it holds now (kCompressed: the encoding's)
   StashState state = StashState::kKept;
   bool pinned = false;       // acquired by a backward
   bool rebuildable = false;  // has a rebuild that needs no collective (a per-rank drop is safe)
@@ -148,8 +152,8 @@ struct StashEntrySummary {
 
 // Totals of the offload / compress actions since the stash was made (for telemetry and tests).
 struct StashActionStats {
-  uint64_t offloaded_bytes = 0;         // fp32 bytes sent to the host
-  uint64_t reloaded_bytes = 0;          // fp32 bytes brought back
+  uint64_t offloaded_bytes = 0;         // bytes sent to the host (an encoding's at its size)
+  uint64_t reloaded_bytes = 0;          // bytes brought back
   uint64_t compressed_bytes = 0;        // fp32 bytes stored compressed
   uint64_t compressed_saved_bytes = 0;  // of those, the bytes the encodings saved
   int64_t late_reloads = 0;             // reloads not landed when Acquire/Get needed them
@@ -241,9 +245,11 @@ class Stash {
     int pins = 0;             // Leases holding it
     bool rebuilding = false;  // its rebuild is running (a rebuild that needs itself is a cycle)
     // ---- Offload and compress ----
-    tensor::Buffer host;      // kOffloaded: the host copy
-    tensor::Buffer incoming;  // kOffloaded: the device buffer a reload fills
-    tensor::Buffer encoded;   // kCompressed: the encoding, in the arena
+    tensor::Buffer host;        // kOffloaded: the host copy
+    bool host_encoded = false;  // kOffloaded: `host` is the encoding (offloaded from kCompressed)
+    uint64_t host_bytes = 0;    // kOffloaded: the bytes copied out (and back)
+    tensor::Buffer incoming;    // kOffloaded: the device buffer a reload fills
+    tensor::Buffer encoded;     // kCompressed: the encoding, in the arena
     memory::Codec codec = memory::Codec::kBf16;
     // Stored compressed at some point: its values carry the codec's error from then on (decoded
     // too), so nothing may be rebuilt from them (LossyInputLocked).
@@ -265,13 +271,20 @@ class Stash {
   // Starts the restore of an offloaded entry (lock held); the ticket to wait for, if any.
   absl::StatusOr<memory::CopyTicket> StartReloadLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DecodeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A reload's destination becomes the entry's bytes: the tensor (kKept), or the encoding
+  // (kCompressed) where the host copy was one.
+  void ArriveLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decodes `handle` if it is compressed (once more after the copies in flight, as a reload).
+  absl::Status DecodeAfterCopies(StashHandle handle) ABSL_LOCKS_EXCLUDED(mu_);
   // `restore()` (which takes mu_ itself), and once more after the copies in flight when the arena
   // refused it (ResourceExhausted): Prefetch and RestoreOne.
   template <typename Restore>
   absl::Status RetriedAfterCopies(const Restore& restore) ABSL_LOCKS_EXCLUDED(mu_);
   // The live entry `handle` names if `action` ("offload", "compress") may move it: kept and not
   // acquired by a backward. NotFound or FailedPrecondition naming it otherwise.
-  absl::StatusOr<Entry*> MovableEntryLocked(StashHandle handle, const char* action)
+  // `compressed_too`: a compressed entry may move too (offload: its encoding goes to the host).
+  absl::StatusOr<Entry*> MovableEntryLocked(StashHandle handle, const char* action,
+                                            bool compressed_too = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores `handle` if offloaded or compressed (waiting with deadline `needed_at`).
   absl::Status RestoreOne(StashHandle handle, double needed_at);

@@ -42,6 +42,7 @@ struct Options {
   int B = 2;
   bool evaluate = false;  // then a held-out forward (Evaluate) after the micro-batches
   std::optional<memory::Codec> codec{};  // Offload::kAdaptive: the reduced precision it may use
+  double host_link_gbps = 0;             // the copy engine's pacing (0: unpaced)
 };
 
 // What one run of a few micro-batches gives, read back to the host.
@@ -98,7 +99,9 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   std::unique_ptr<memory::CopyEngine> engine;
   std::unique_ptr<tensor::HostPool> host;
   if (o.offload != Offload::kNone) {
-    auto e = memory::CopyEngine::Create(*rig.device);
+    memory::CopyEngineOptions engine_options;
+    engine_options.host_link_gbps = o.host_link_gbps;
+    auto e = memory::CopyEngine::Create(*rig.device, engine_options);
     EXPECT_TRUE(e.ok()) << e.status();
     if (!e.ok()) return std::nullopt;
     engine = std::move(*e);
@@ -407,6 +410,53 @@ TEST(AdaptiveBudgetTest, UnderACodecWithoutOffloadEveryPlannedActionIsCarriedOut
     // (Whether it compresses follows the rates it measures: cast against recompute.)
     std::printf("REPORT %s without offload: %lld bytes compressed over 3 budgets\n",
                 memory::CodecName(codec), static_cast<long long>(compressed));
+  }
+}
+
+// Adaptive with a codec and a slow host link (the planner then prefers compressing to an offload
+// it cannot hide) at the lowest budgets: a plan that compressed and still fell short leaves the
+// emergency path only encodings to move, and it offloads those (an encoding could not leave the
+// device before: the backward ran out of memory at the floor). Every micro-batch fits, the forward
+// is none's bit for bit (the stash acts on saved tensors only), and the gradients are within the
+// codec's reach of none's.
+TEST(AdaptiveBudgetTest, UnderACodecWithASlowLinkEveryBudgetFromTheFloorTrains) {
+  for (const ModelConfig& config : {SmallJobConfig(), SpikyConfig()}) {
+    constexpr int B = 4;
+    const std::optional<Outcome> none =
+        RunOn(device::Kind::kCpu, config, {.micro_batches = 3, .B = B});
+    ASSERT_TRUE(none);
+    const int64_t peak = *std::max_element(none->peaks.begin(), none->peaks.end());
+    const int64_t floor = FloorOf(config, B);
+    double grad_norm = 0;
+    for (float g : none->grads) grad_norm += double{g} * g;
+    for (device::Kind kind : {device::Kind::kCpu, device::Kind::kEmulated}) {
+      for (memory::Codec codec : {memory::Codec::kBf16, memory::Codec::kFp8E4M3}) {
+        for (int tenth : {0, 1, 2, 5}) {
+          const auto budget = static_cast<uint64_t>(floor + (peak - floor) * tenth / 10);
+          SCOPED_TRACE(::testing::Message()
+                       << device::KindName(kind) << " " << memory::CodecName(codec) << ", budget "
+                       << budget << " (floor " << floor << ", none's peak " << peak << ")");
+          const std::optional<Outcome> adaptive = RunOn(kind, config,
+                                                        {.policy = memory::MemoryPolicy::kAdaptive,
+                                                         .offload = Offload::kAdaptive,
+                                                         .budget = budget,
+                                                         .micro_batches = 3,
+                                                         .B = B,
+                                                         .codec = codec,
+                                                         .host_link_gbps = 0.05});
+          ASSERT_TRUE(adaptive);
+          for (int64_t p : adaptive->peaks) EXPECT_LE(p, static_cast<int64_t>(budget));
+          EXPECT_EQ(adaptive->loss, none->loss);
+          double diff = 0;
+          for (size_t i = 0; i < none->grads.size(); ++i) {
+            const double d = double{adaptive->grads[i]} - none->grads[i];
+            diff += d * d;
+          }
+          // fp8 e4m3 keeps 3 mantissa bits (a relative error up to 1/16 per element).
+          EXPECT_LE(std::sqrt(diff), 0.1 * std::sqrt(grad_norm));
+        }
+      }
+    }
   }
 }
 

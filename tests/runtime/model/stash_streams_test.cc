@@ -166,6 +166,68 @@ TEST_F(StashStreamsTest, AReloadIsOrderedBeforeTheComputeStreamWithoutAHostWait)
   }
 }
 
+// An encoding (an entry stored compressed, then offloaded) comes back the same way, and its decode
+// runs on the compute stream after the reload's event: with the reload held, Acquire returns, and
+// what the decode wrote is what the entry decoded to before it left. (A decode not ordered after
+// the copy would read the sentinel where the encoding lands: bf16 0xffff, a NaN.)
+TEST_F(StashStreamsTest, AnOffloadedEncodingIsDecodedAfterItsReloadOnTheComputeStream) {
+  device::StreamScope scope(*compute_);
+  const StashHandle h = SaveWant("layers.1.moe.expert_hidden");
+  const StashHandle twin = SaveWant("layers.2.moe.expert_hidden");
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kBf16).ok());
+  ASSERT_TRUE(stash_->Compress(twin, memory::Codec::kBf16).ok());
+  const std::vector<float> decoded = ReadOn(*compute_, stash_->Get(twin)->data);
+  ASSERT_NE(decoded, want_);  // lossy: a decode, not the fp32 bytes
+  ASSERT_TRUE(stash_->Release(twin).ok());
+  ASSERT_TRUE(stash_->Offload(h).ok());
+  stash_->WaitForCopies();
+  ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());
+  const uint64_t encoded = memory::EncodedBytes(memory::Codec::kBf16, kN);
+  EXPECT_EQ(stash_->action_stats().offloaded_bytes, encoded);
+  {  // where the reload will land (first fit) holds the sentinel
+    auto scratch = arena_->Allocate(encoded, "scratch");
+    ASSERT_TRUE(scratch.ok());
+    const std::vector<uint8_t> sentinel(encoded, 0xff);
+    ASSERT_TRUE(dev_->Copy(scratch->data(), sentinel.data(), encoded,
+                           device::CopyKind::kHostToDevice, *compute_)
+                    .ok());
+    ASSERT_TRUE(dev_->SynchronizeStream(*compute_).ok());
+  }
+  ASSERT_TRUE(dev_->SynchronizeStream(*compute_).ok());
+
+  device::Stream& copies = engine_->stream(memory::CopyDirection::kHostToDevice);
+  ASSERT_TRUE(dev_->PauseStream(copies).ok());
+  absl::Notification acquired;
+  absl::StatusOr<Stash::Lease> lease;
+  std::thread backward([&] {
+    device::StreamScope on_compute(*compute_);
+    lease = stash_->Acquire({h});
+    acquired.Notify();
+  });
+  const bool returned = acquired.WaitForNotificationWithTimeout(absl::Seconds(20));
+  EXPECT_TRUE(returned) << "Acquire waited on the host for the reload";
+  if (!returned) {
+    ASSERT_TRUE(dev_->ResumeStream(copies).ok());
+    backward.join();
+    FAIL();
+  }
+  backward.join();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto view = stash_->Get(h);
+  ASSERT_TRUE(view.ok()) << view.status();
+  std::vector<float> got(kN);
+  ASSERT_TRUE(
+      dev_->Copy(got.data(), view->data, 4 * kN, device::CopyKind::kDeviceToHost, *compute_).ok());
+  ASSERT_TRUE(dev_->ResumeStream(copies).ok());
+  ASSERT_TRUE(dev_->SynchronizeStream(*compute_).ok());
+  EXPECT_EQ(got, decoded);
+  stash_->WaitForCopies();  // (the reload's completion hook counts it)
+  EXPECT_EQ(stash_->action_stats().reloaded_bytes, encoded);
+  *lease = Stash::Lease();
+  ASSERT_TRUE(stash_->Release(h).ok());
+  EXPECT_EQ(host_->current_bytes(), 0u);
+}
+
 // An offload made while the compute stream still has to write the tensor copies what it writes:
 // it does not land while the compute stream is held (an offload without the producer's event
 // would copy the old bytes at once and land).

@@ -420,6 +420,55 @@ TEST_F(StashActionTest, CompressStoresTheEncodingAndGetRestoresFp32) {
   EXPECT_EQ(arena_.current_bytes(), 4000u);
 }
 
+// A compressed entry can still be offloaded: its encoding goes to the host (its bytes, not the
+// tensor's), comes back as the encoding and is decoded, giving what the entry would have given
+// had it stayed on the device; wanted back before that offload landed, it keeps its encoding.
+TEST_F(StashActionTest, AnEncodingIsOffloadedAndDecodedOnItsWayBack) {
+  std::vector<float> want, same;
+  const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 1000, &want);
+  const StashHandle twin = SaveValues("layers.2.moe.expert_hidden", 1000, &same);
+  ASSERT_TRUE(stash_->Compress(h, memory::Codec::kBf16).ok());
+  ASSERT_TRUE(stash_->Compress(twin, memory::Codec::kBf16).ok());
+  const uint64_t encoded = memory::EncodedBytes(memory::Codec::kBf16, 1000);
+  EXPECT_EQ(arena_.current_bytes(), 2 * encoded);
+  ASSERT_TRUE(stash_->Offload(h).ok());
+  EXPECT_EQ(State(h), StashState::kOffloaded);
+  stash_->WaitForCopies();
+  EXPECT_EQ(arena_.current_bytes(), encoded);  // the twin's encoding only
+  EXPECT_EQ(host_.current_bytes(), encoded);
+  EXPECT_EQ(stash_->action_stats().offloaded_bytes, encoded);
+  ASSERT_TRUE(stash_->Prefetch({h}).ok());  // brings the encoding back, not the tensor
+  stash_->WaitForCopies();
+  EXPECT_EQ(State(h), StashState::kCompressed);
+  EXPECT_EQ(arena_.current_bytes(), 2 * encoded);
+  EXPECT_EQ(stash_->action_stats().reloaded_bytes, encoded);
+  const std::vector<float> decoded = Values(twin);  // (SaveValues gives both the same values)
+  EXPECT_EQ(Values(h), decoded);                    // decoded: as if it had never left
+  EXPECT_NE(decoded, want);                         // (and lossy)
+  EXPECT_EQ(State(h), StashState::kKept);
+  EXPECT_EQ(host_.current_bytes(), 0u);
+  ASSERT_TRUE(stash_->Release(h).ok());
+  ASSERT_TRUE(stash_->Release(twin).ok());
+  EXPECT_EQ(arena_.current_bytes(), 0u);
+
+  // Wanted back while its offload is still being copied: the encoding stays and is decoded.
+  const StashHandle late = SaveValues("layers.3.moe.expert_hidden", 1000, &want);
+  ASSERT_TRUE(stash_->Compress(late, memory::Codec::kBf16).ok());
+  link_.held.store(true);
+  ASSERT_TRUE(stash_->Offload(late).ok());
+  link_.entered.WaitForNotification();
+  const int64_t waits_before = engine_->stats().blocked_waits;
+  std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({late}).ok()); });
+  while (engine_->stats().blocked_waits == waits_before) absl::SleepFor(absl::Milliseconds(1));
+  link_.release.Notify();
+  backward.join();
+  EXPECT_EQ(State(late), StashState::kKept);
+  EXPECT_EQ(Values(late), decoded);
+  EXPECT_EQ(arena_.current_bytes(), 4000u);  // decoded; the encoding freed
+  EXPECT_EQ(host_.current_bytes(), 0u);
+  EXPECT_EQ(engine_->stats().bytes_to_device, encoded);  // only the first entry's reload
+}
+
 TEST_F(StashActionTest, Errors) {
   std::vector<float> v;
   const StashHandle gates = SaveValues("layers.1.moe.gates", 16, &v);
