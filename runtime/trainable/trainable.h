@@ -46,8 +46,9 @@ struct MicroBatchResult {
 };
 
 // What a model's memory policy did with saved activations, as running totals since the model was
-// made (the loop reports a step's difference). fp32 bytes: recomputed = rebuilt after a drop,
-// offloaded = sent to the host (each comes back once), compressed = stored in reduced precision.
+// made (the loop reports a step's difference). recomputed = fp32 bytes rebuilt after a drop,
+// offloaded = bytes sent to the host (each comes back once; an encoding at its own size),
+// compressed = fp32 bytes stored in reduced precision.
 struct MemoryActionTotals {
   uint64_t recomputed_bytes = 0;
   uint64_t offloaded_bytes = 0;
