@@ -477,8 +477,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
                   absl::StrCat("memory.offload_ratio: ", set.message()));
     }
     spdlog::info(
-        "memory policy offload: {:.0f}% of each MoE layer's expert activations to the "
-        "host, link {}",
+        "memory policy offload: the expert buffers closest to {:.0f}% of each MoE layer's "
+        "expert activation bytes to the host, link {}",
         100 * spec.memory().offload_ratio(), link);
   }
   if (*policy == memory::MemoryPolicy::kAdaptive) {

@@ -1,5 +1,8 @@
 #include "runtime/memory/policy.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +77,35 @@ SaveAction StaticSaveAction(MemoryPolicy policy, std::string_view tag) {
       return selective || moe ? SaveAction::kDropAfterForward : SaveAction::kKeep;
   }
   return SaveAction::kKeep;
+}
+
+std::vector<size_t> OffloadShare(const std::vector<uint64_t>& bytes, double ratio) {
+  const size_t n = std::min<size_t>(bytes.size(), 16);
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bytes[i];
+  if (ratio <= 0 || total == 0) return {};
+  const double share = ratio * static_cast<double>(total);
+  uint32_t best = 0;
+  uint64_t best_sum = 0;
+  double best_gap = std::numeric_limits<double>::infinity();
+  for (uint32_t mask = 1; mask < (uint32_t{1} << n); ++mask) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if ((mask >> i) & 1) sum += bytes[i];
+    }
+    if (sum == 0) continue;
+    const double gap = std::fabs(static_cast<double>(sum) - share);
+    if (gap < best_gap || (gap == best_gap && sum < best_sum)) {
+      best = mask;
+      best_sum = sum;
+      best_gap = gap;
+    }
+  }
+  std::vector<size_t> out;
+  for (size_t i = 0; i < n; ++i) {
+    if ((best >> i) & 1) out.push_back(i);
+  }
+  return out;
 }
 
 }  // namespace furnace::memory

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -49,5 +50,12 @@ std::string_view TensorTag(std::string_view producer);
 
 // The action `policy` takes on the tensor tagged `tag`.
 SaveAction StaticSaveAction(MemoryPolicy policy, std::string_view tag);
+
+// The policy `offload`'s choice among one MoE layer's expert buffers of `bytes` each (at most 16):
+// the indices, ascending, of the non-empty subset whose total comes closest to `ratio` of all of
+// them (ties: fewer bytes, then the earlier subset). A buffer is the unit that moves, so a ratio
+// below the smallest buffer's share still moves that buffer rather than nothing. Empty when
+// `ratio` <= 0 or every buffer is empty.
+std::vector<size_t> OffloadShare(const std::vector<uint64_t>& bytes, double ratio);
 
 }  // namespace furnace::memory

@@ -880,32 +880,21 @@ absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
     }
   }
   if (offload_ratio_ <= 0 || engine_ == nullptr) return absl::OkStatus();
-  struct Candidate {
-    StashHandle handle;
-    uint64_t bytes;
-  };
-  std::vector<Candidate> candidates;
-  uint64_t total = 0;
+  std::vector<StashHandle> kept;
+  std::vector<uint64_t> bytes;
   for (StashHandle h : ExpertBuffers(saved)) {
     const std::optional<StashEntryInfo> e = stash_.Info(h);
     if (e && e->state == StashState::kKept) {
-      candidates.push_back({h, e->bytes});
-      total += e->bytes;
+      kept.push_back(h);
+      bytes.push_back(e->bytes);
     }
   }
-  // Largest first (ties in save order, which handle ids follow); each one that still fits within
-  // the share.
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) { return a.handle.id < b.handle.id; });
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.bytes > b.bytes; });
-  const double share = offload_ratio_ * static_cast<double>(total);
-  uint64_t chosen = 0;
-  for (const Candidate& c : candidates) {
-    if (static_cast<double>(chosen + c.bytes) > share) continue;
-    RETURN_IF_ERROR(stash_.Offload(c.handle));
-    chosen += c.bytes;
-  }
+  // The buffers whose bytes come closest to the ratio of them (at least one: a buffer is the
+  // unit), submitted largest first.
+  std::vector<size_t> chosen = memory::OffloadShare(bytes, offload_ratio_);
+  std::stable_sort(chosen.begin(), chosen.end(),
+                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+  for (size_t i : chosen) RETURN_IF_ERROR(stash_.Offload(kept[i]));
   return absl::OkStatus();
 }
 

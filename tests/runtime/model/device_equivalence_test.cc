@@ -43,6 +43,7 @@ struct Options {
   bool evaluate = false;  // then a held-out forward (Evaluate) after the micro-batches
   std::optional<memory::Codec> codec{};  // Offload::kAdaptive: the reduced precision it may use
   double host_link_gbps = 0;             // the copy engine's pacing (0: unpaced)
+  double offload_ratio = 1.0;            // Offload::kStatic
 };
 
 // What one run of a few micro-batches gives, read back to the host.
@@ -114,7 +115,7 @@ std::optional<Outcome> RunOn(device::Kind kind, const ModelConfig& config, const
   std::unique_ptr<GptMoe> model = std::move(*made);
   EXPECT_TRUE(model->SetMemoryPolicy(o.policy).ok());
   if (o.offload == Offload::kStatic) {
-    EXPECT_TRUE(model->SetOffload(1.0, engine.get(), host.get()).ok());
+    EXPECT_TRUE(model->SetOffload(o.offload_ratio, engine.get(), host.get()).ok());
   } else if (o.offload == Offload::kAdaptive) {
     EXPECT_TRUE(model->SetAdaptive(engine.get(), host.get(), {.codec = o.codec}).ok());
   } else if (o.policy == memory::MemoryPolicy::kAdaptive) {  // no offload: recompute, codec
@@ -410,6 +411,26 @@ TEST(AdaptiveBudgetTest, UnderACodecWithoutOffloadEveryPlannedActionIsCarriedOut
     // (Whether it compresses follows the rates it measures: cast against recompute.)
     std::printf("REPORT %s without offload: %lld bytes compressed over 3 budgets\n",
                 memory::CodecName(codec), static_cast<long long>(compressed));
+  }
+}
+
+// The static offload at a ratio below every expert buffer's share of the layer's bytes moves the
+// smallest buffer (it moved nothing: "each buffer that still fits the share"), and a ratio moves
+// more bytes the larger it is; each trains as none, bit for bit.
+TEST(DeviceEquivalenceTest, EveryOffloadRatioMovesBytesAndTrainsAsNone) {
+  const ModelConfig config = SmallJobConfig();
+  const std::optional<Outcome> none = RunOn(device::Kind::kCpu, config, {.B = 4});
+  ASSERT_TRUE(none);
+  uint64_t before = 0;
+  for (double ratio : {0.05, 0.5, 1.0}) {
+    SCOPED_TRACE(::testing::Message() << "offload_ratio " << ratio);
+    const std::optional<Outcome> offload =
+        RunOn(device::Kind::kEmulated, config,
+              {.offload = Offload::kStatic, .B = 4, .offload_ratio = ratio});
+    ASSERT_TRUE(offload);
+    EXPECT_GT(offload->actions.offloaded_bytes, before);
+    before = offload->actions.offloaded_bytes;
+    ExpectSame(*none, *offload, /*peaks=*/false);
   }
 }
 

@@ -704,6 +704,25 @@ TEST_F(DropTest, RebuildErrorsLeaveTheEntryDropped) {
   EXPECT_THAT(s.message(), ::testing::HasSubstr("needs itself"));
 }
 
+// The static offload's share of a layer's expert buffers (here in the demo's proportions: input
+// and combined output 1/6 each, pre-activation and hidden 1/3 each): the subset closest to the
+// ratio, and never nothing for a ratio above 0 (it was "each buffer that still fits", which for
+// any ratio below 1/6 moved nothing at all).
+TEST(MemoryPolicyTest, TheOffloadShareIsTheSubsetClosestToTheRatio) {
+  using ::testing::ElementsAre;
+  const std::vector<uint64_t> bytes = {100, 200, 200, 100};
+  EXPECT_THAT(memory::OffloadShare(bytes, 0.05), ElementsAre(0));
+  EXPECT_THAT(memory::OffloadShare(bytes, 0.1), ElementsAre(0));
+  EXPECT_THAT(memory::OffloadShare(bytes, 1.0 / 3), ElementsAre(1));  // 200 over 100 + 100
+  EXPECT_THAT(memory::OffloadShare(bytes, 0.5), ElementsAre(0, 1));   // 300 of 600
+  EXPECT_THAT(memory::OffloadShare(bytes, 0.75), ElementsAre(1, 2));  // 450: 400 ties 500
+  EXPECT_THAT(memory::OffloadShare(bytes, 1.0), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(memory::OffloadShare(bytes, 0.25), ElementsAre(0));  // 100 and 200 tie: fewer bytes
+  EXPECT_TRUE(memory::OffloadShare(bytes, 0).empty());
+  EXPECT_TRUE(memory::OffloadShare({0, 0}, 0.5).empty());
+  EXPECT_THAT(memory::OffloadShare({0, 50}, 0.01), ElementsAre(1));  // an empty buffer is no share
+}
+
 TEST(MemoryPolicyTest, ParseTagsAndActions) {
   using memory::MemoryPolicy;
   using memory::SaveAction;
