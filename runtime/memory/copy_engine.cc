@@ -64,7 +64,7 @@ CopyEngine::CopyEngine(device::Device& device, CopyEngineOptions options,
       to_host_(std::move(to_host)),
       to_device_(std::move(to_device)),
       launch_at_submit_(!device::HostAddressable(device)) {
-  thread_ = std::thread([this] { Run(); });
+  for (int d = 0; d < 2; ++d) threads_[d] = std::thread([this, d] { Run(d); });
 }
 
 CopyEngine::~CopyEngine() { Shutdown(); }
@@ -97,7 +97,7 @@ CopyTicket CopyEngine::Submit(CopyDirection direction, void* dst, const void* sr
   } else if (events.ok()) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      queue_.push_back(job);
+      queue_[static_cast<int>(direction)].push_back(job);
       return CopyTicket(std::move(job));
     }
   }
@@ -133,7 +133,7 @@ void CopyEngine::Launch(const std::shared_ptr<CopyTicket::Job>& job) {
   job->launch_status = std::move(status);
   job->launched_at = now;
   job->launched = true;
-  launched_.push_back(job);
+  launched_[static_cast<int>(job->direction)].push_back(job);
 }
 
 absl::Status CopyEngine::Enqueue(CopyTicket::Job& job) {
@@ -183,29 +183,37 @@ void CopyEngine::Complete(const std::shared_ptr<CopyTicket::Job>& job, double& l
   Finish(job, status);
 }
 
-void CopyEngine::Run() {
+void CopyEngine::Run(int direction) {
   const Clock& clock = *options_.clock;
   double last_completion = clock.MonotonicSeconds();
+  std::deque<std::shared_ptr<CopyTicket::Job>>& queue = queue_[direction];
+  std::deque<std::shared_ptr<CopyTicket::Job>>& launched = launched_[direction];
+  struct Mine {
+    CopyEngine* engine;
+    int direction;
+  } mine{this, direction};
   for (;;) {
     std::deque<std::shared_ptr<CopyTicket::Job>> to_launch;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](CopyEngine* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
-            return e->stopping_ || !e->queue_.empty() || !e->launched_.empty();
+          +[](Mine* m) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // (mu_ is held by Await)
+            CopyEngine* e = m->engine;
+            return e->stopping_ || !e->queue_[m->direction].empty() ||
+                   !e->launched_[m->direction].empty();
           },
-          this));
+          &mine));
       // Stopping: Shutdown took the queued jobs; the launched ones still complete.
-      if (queue_.empty() && launched_.empty()) return;
-      to_launch.swap(queue_);
+      if (queue.empty() && launched.empty()) return;
+      to_launch.swap(queue);
     }
     // The CPU device's jobs (a discrete device's were launched at Submit).
     for (const std::shared_ptr<CopyTicket::Job>& job : to_launch) Launch(job);
     std::shared_ptr<CopyTicket::Job> head;
     {
       absl::MutexLock lock(&mu_);
-      head = std::move(launched_.front());
-      launched_.pop_front();
+      head = std::move(launched.front());
+      launched.pop_front();
     }
     Complete(head, last_completion);
   }
@@ -269,14 +277,19 @@ void CopyEngine::Shutdown() {
     absl::MutexLock launch(&launch_mu_);
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cancelled.swap(queue_);
+    for (auto& queue : queue_) {
+      for (auto& job : queue) cancelled.push_back(std::move(job));
+      queue.clear();
+    }
   }
   for (const auto& job : cancelled) {
     Finish(job, absl::CancelledError(absl::StrCat("copy engine: shut down before a ",
                                                   CopyDirectionName(job->direction), " copy of ",
                                                   job->bytes, " bytes started")));
   }
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 CopyEngineStats CopyEngine::stats() const {

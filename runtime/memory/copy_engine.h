@@ -4,13 +4,15 @@
 // One implementation, written against device::Device, so it is the same code on the CPU device,
 // the emulated discrete device and CUDA: a copy stream per direction, and per job an event
 // recorded on its copy stream after the copy. A launch enqueues the job (the copy stream first
-// waits for the job's producer event, when the job has one); the engine's thread completes the
-// oldest launched job: it waits for the job's event (SynchronizeEvent), applies the link pacing,
-// and runs the completion hook, so hooks run off the compute thread and jobs complete in
-// submission order. On a discrete device Submit launches the job itself (enqueueing blocks
-// nothing), so a job is on its stream at once, however long the engine's thread waits on an older
-// one. On the CPU device a launch is the copy itself (synchronous), so the engine's thread launches
-// the queued jobs: one copy thread in FIFO order.
+// waits for the job's producer event, when the job has one); each direction's thread completes
+// that direction's oldest launched job: it waits for the job's event (SynchronizeEvent), applies
+// the link pacing, and runs the completion hook, so hooks run off the compute thread and the jobs
+// of a direction complete in submission order. The two directions are independent, as a GPU's
+// PCIe link and copy engines are (full duplex): a reload never waits behind an offload. On a
+// discrete device Submit launches the job itself (enqueueing blocks nothing), so a job is on its
+// stream at once, however long its direction's thread waits on an older one. On the CPU device a
+// launch is the copy itself (synchronous), so each direction's thread launches its queued jobs:
+// one copy thread per direction, in FIFO order.
 //
 // Ordering with the compute stream (the stream/event contract of device.h):
 //  - Offload: Submit(..., producer = the compute stream) records an event on that stream at the
@@ -23,9 +25,10 @@
 //
 // Host-link pacing: on the CPU a "transfer" is a memcpy in the same RAM and would look free, while
 // on an H200 a byte over PCIe costs about as much as 18,000 FLOPs at peak. With host_link_gbps > 0
-// each job costs what its bytes would over that link: the job starts at its launch or when the
-// previous job completed, whichever is later, and completes no earlier than start + bytes / rate
-// (the engine's thread sleeps until then), so a CPU run keeps a GPU's compute-to-link ratio.
+// each job costs what its bytes would over that link, each way: the job starts at its launch or
+// when the previous job of its direction completed, whichever is later, and completes no earlier
+// than start + bytes / rate (its direction's thread sleeps until then), so a CPU run keeps a GPU's
+// compute-to-link ratio.
 // stats().modelled_seconds sums bytes / rate; busy_seconds sums each job's start-to-completion
 // time (copy plus the pacing sleep). 0 = unpaced.
 //
@@ -34,11 +37,11 @@
 // there when I need it?". OrderBefore(ticket, stream, &late) asks the same without waiting. The
 // count feeds the memory planner.
 //
-// Ownership: the engine owns its thread, queue, copy streams and events, never the bytes: src and
+// Ownership: the engine owns its threads, queues, copy streams and events, never the bytes: src and
 // dst of a job must stay valid until its ticket is done (the stash keeps both buffers until then).
 // The device and the clock must outlive the engine; a producer stream must outlive the Submit call.
 // Thread-safety: every method may be called from any thread (Submit with a producer from the
-// thread that drives that stream). Completion hooks run on the engine's thread (or, for jobs
+// thread that drives that stream). Completion hooks run on the engine's threads (or, for jobs
 // cancelled by Shutdown, on the calling thread) with no engine lock held; they must not Wait on
 // the engine. A job refused at Submit (shut down, or its events could not be made) never calls
 // its hook: its ticket is done at once with the error.
@@ -69,11 +72,12 @@ enum class CopyDirection { kDeviceToHost, kHostToDevice };
 const char* CopyDirectionName(CopyDirection direction);
 
 struct CopyEngineOptions {
-  double host_link_gbps = 0;  // gigabytes (1e9 B) per second each way; 0: unpaced
+  double host_link_gbps = 0;  // gigabytes (1e9 B) per second each way (full duplex); 0: unpaced
   // The clock pacing and deadlines read; nullptr: RealClock().
   const Clock* clock = nullptr;
-  // Blocks the copy thread until `monotonic_s` on `clock`. Empty: sleeps the real difference.
-  // Tests pass one that advances a FakeClock, so the modelled time is exact.
+  // Blocks a copy thread until `monotonic_s` on `clock` (each direction's thread calls it). Empty:
+  // sleeps the real difference. Tests pass one that advances a FakeClock, so the modelled time is
+  // exact.
   std::function<void(double monotonic_s)> sleep_until;
 };
 
@@ -146,7 +150,8 @@ class CopyEngine {
  private:
   CopyEngine(device::Device& device, CopyEngineOptions options,
              std::unique_ptr<device::Stream> to_host, std::unique_ptr<device::Stream> to_device);
-  void Run();
+  // The thread of one direction: launches its queued jobs (CPU device) and completes them.
+  void Run(int direction);
   // Enqueues the job's copy (and its event) and queues it for completion, with the outcome.
   void Launch(const std::shared_ptr<CopyTicket::Job>& job);
   // The device calls of a launch: the wait for the producer, the copy, the event.
@@ -162,12 +167,13 @@ class CopyEngine {
   // Held across a launch at Submit: jobs reach each copy stream in submission order.
   absl::Mutex launch_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
-  std::deque<std::shared_ptr<CopyTicket::Job>> queue_ ABSL_GUARDED_BY(mu_);  // not yet launched
-  // Launched, not yet completed, oldest first (the engine's thread completes them in this order).
-  std::deque<std::shared_ptr<CopyTicket::Job>> launched_ ABSL_GUARDED_BY(mu_);
+  // Per direction (index: CopyDirection): not yet launched; launched and not yet completed, oldest
+  // first (that direction's thread completes them in this order).
+  std::deque<std::shared_ptr<CopyTicket::Job>> queue_[2] ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<CopyTicket::Job>> launched_[2] ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   CopyEngineStats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  std::thread threads_[2];
 };
 
 }  // namespace furnace::memory

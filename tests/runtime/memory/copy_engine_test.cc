@@ -26,14 +26,18 @@ class HeldLink {
     release_.Notify();
   }
   void WaitEntered() { entered_.WaitForNotification(); }
+  // How many sleeps were held (both directions' threads can be).
+  int held_sleeps() const { return held_sleeps_.load(); }
   void SleepUntil(double until) {
     if (held_.load()) {
+      ++held_sleeps_;
       if (!entered_.HasBeenNotified()) entered_.Notify();
       release_.WaitForNotification();
     }
+    // (Both directions' threads sleep here: the clock moves to the later of their wake-ups.)
+    absl::MutexLock lock(&mu_);
     const double now = clock_.MonotonicSeconds();
     if (until > now) clock_.Advance(until - now);
-    absl::MutexLock lock(&mu_);
     wakeups_.push_back(until);
   }
   std::vector<double> wakeups() {
@@ -44,6 +48,7 @@ class HeldLink {
  private:
   FakeClock& clock_;
   std::atomic<bool> held_{false};
+  std::atomic<int> held_sleeps_{0};
   absl::Notification entered_, release_;
   absl::Mutex mu_;
   std::vector<double> wakeups_;
@@ -66,12 +71,14 @@ class CopyEngineTest : public ::testing::Test {
   HeldLink link_{clock_};
 };
 
+// The jobs of each direction complete in their submission order (the two directions are two
+// threads, independent of each other).
 TEST_F(CopyEngineTest, JobsCompleteInSubmissionOrderWithTheirBytes) {
   std::unique_ptr<CopyEngine> engine = Make(0);
   ASSERT_NE(engine, nullptr);
   constexpr int kJobs = 20;
   std::vector<std::vector<float>> src(kJobs), dst(kJobs);
-  std::vector<int> order;  // appended by the hooks, all on the copy thread
+  std::vector<int> order[2];  // per direction, appended by the hooks on that direction's thread
   std::vector<CopyTicket> tickets;
   uint64_t to_host = 0, to_device = 0;
   for (int j = 0; j < kJobs; ++j) {
@@ -84,13 +91,14 @@ TEST_F(CopyEngineTest, JobsCompleteInSubmissionOrderWithTheirBytes) {
     tickets.push_back(engine->Submit(dir, dst[j].data(), src[j].data(), bytes,
                                      [&order, j](const absl::Status& s) {
                                        EXPECT_TRUE(s.ok()) << s;
-                                       order.push_back(j);
+                                       order[j % 2].push_back(j);
                                      }));
   }
   for (const CopyTicket& t : tickets) ASSERT_TRUE(engine->Wait(t).ok());
-  std::vector<int> want(kJobs);
-  std::iota(want.begin(), want.end(), 0);
-  EXPECT_EQ(order, want);
+  std::vector<int> want[2];
+  for (int j = 0; j < kJobs; ++j) want[j % 2].push_back(j);
+  EXPECT_EQ(order[0], want[0]);  // device->host
+  EXPECT_EQ(order[1], want[1]);  // host->device
   for (int j = 0; j < kJobs; ++j) EXPECT_EQ(dst[j], src[j]) << "job " << j;
   const CopyEngineStats s = engine->stats();
   EXPECT_EQ(s.bytes_to_host, to_host);
@@ -105,14 +113,14 @@ TEST_F(CopyEngineTest, PacingChargesBytesOverTheLinkRate) {
   std::unique_ptr<CopyEngine> engine = Make(2.0);  // 2 GB/s
   ASSERT_NE(engine, nullptr);
   std::vector<char> a(1'000'000, 'a'), b(3'000'000, 'b'), out_a(a.size()), out_b(b.size());
-  CopyTicket ta = engine->Submit(CopyDirection::kDeviceToHost, out_a.data(), a.data(), a.size());
+  CopyTicket ta = engine->Submit(CopyDirection::kHostToDevice, out_a.data(), a.data(), a.size());
   CopyTicket tb = engine->Submit(CopyDirection::kHostToDevice, out_b.data(), b.data(), b.size());
   ASSERT_TRUE(engine->Wait(tb).ok());
   EXPECT_TRUE(engine->Done(ta));
   EXPECT_EQ(out_a, a);
   EXPECT_EQ(out_b, b);
   // Each job sleeps until its start + bytes / rate; on the fake clock the copies take no time, so
-  // the second starts where the first ended.
+  // the second job of the direction starts where the first ended.
   const double da = 1e6 / 2e9, db = 3e6 / 2e9;
   ASSERT_THAT(link_.wakeups(),
               ::testing::ElementsAre(::testing::DoubleEq(da), ::testing::DoubleEq(da + db)));
@@ -121,6 +129,31 @@ TEST_F(CopyEngineTest, PacingChargesBytesOverTheLinkRate) {
   EXPECT_DOUBLE_EQ(s.busy_seconds, da + db);
   EXPECT_DOUBLE_EQ(clock_.MonotonicSeconds(), da + db);
   EXPECT_EQ(engine->host_link_gbps(), 2.0);
+}
+
+// The rate is each way (full duplex, as a GPU's PCIe link): an offload and a reload submitted
+// together both start at once, and the pair takes the longer one's time, not the sum.
+TEST_F(CopyEngineTest, TheTwoDirectionsArePacedIndependently) {
+  std::unique_ptr<CopyEngine> engine = Make(2.0);
+  ASSERT_NE(engine, nullptr);
+  std::vector<char> a(1'000'000, 'a'), b(3'000'000, 'b'), out_a(a.size()), out_b(b.size());
+  // Both threads held in their pacing sleep, so both jobs launched at 0 (on the CPU device each
+  // direction's thread launches its jobs: without the hold, the fake clock could jump to one
+  // wake-up before the other thread had launched).
+  link_.Hold();
+  CopyTicket ta = engine->Submit(CopyDirection::kDeviceToHost, out_a.data(), a.data(), a.size());
+  CopyTicket tb = engine->Submit(CopyDirection::kHostToDevice, out_b.data(), b.data(), b.size());
+  while (link_.held_sleeps() < 2) absl::SleepFor(absl::Milliseconds(1));
+  link_.Release();
+  ASSERT_TRUE(engine->Wait(ta).ok());
+  ASSERT_TRUE(engine->Wait(tb).ok());
+  EXPECT_EQ(out_a, a);
+  EXPECT_EQ(out_b, b);
+  const double da = 1e6 / 2e9, db = 3e6 / 2e9;
+  EXPECT_THAT(link_.wakeups(),
+              ::testing::UnorderedElementsAre(::testing::DoubleEq(da), ::testing::DoubleEq(db)));
+  EXPECT_DOUBLE_EQ(clock_.MonotonicSeconds(), db);  // not da + db
+  EXPECT_DOUBLE_EQ(engine->stats().modelled_seconds, da + db);
 }
 
 TEST_F(CopyEngineTest, AReloadNotDoneByItsDeadlineIsLate) {
