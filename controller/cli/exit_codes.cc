@@ -67,7 +67,7 @@ std::string ExitCodeHelp() {
          "  2  bad usage, or a job file invalid or refused by the controller (too many ranks\n"
          "     for its workers, checkpoint.dir in use by another job)\n"
          "  3  controller unreachable or RPC error (submit: over the controller's rate limit)\n"
-         "  4  job not found\n"
+         "  4  job not found (logs: a rank or attempt the job does not have)\n"
          "  5  export, data: no checkpoint to export, or a local file could not be read, used "
          "or\n"
          "     written\n"

@@ -14,7 +14,7 @@ enum ExitCode : int {
   kExitJobFailed = 1,      // the job ended FAILED or CANCELLED
   kExitUsage = 2,          // bad usage, or a job file invalid or refused by the controller
   kExitRpcError = 3,       // the controller is unreachable or an RPC failed
-  kExitJobNotFound = 4,    // the job does not exist
+  kExitJobNotFound = 4,    // the job does not exist (logs: nor the rank or attempt asked for)
   kExitLocalError = 5,     // export / data prepare: nothing to read, or a local file failed
   kExitNotApplicable = 6,  // the request does not apply in the job's state (cancel of an ended job)
 };

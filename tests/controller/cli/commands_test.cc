@@ -164,6 +164,19 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
 }
 
+// A rank or attempt the job lacks is the controller's NotFound: exit 4 with its words, nothing
+// printed, and --follow does not wait for it.
+TEST_F(CommandsTest, LogsOfARankTheJobLacksExit4) {
+  client_.logs = {absl::NotFoundError("job j-1 has no rank 9; it has ranks 0..3")};
+  auto code = RunLogs(ctx_, "j-1", {.rank = 9, .follow = true});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitJobNotFound);
+  EXPECT_EQ(code.status().message(), "job j-1 has no rank 9; it has ranks 0..3");
+  EXPECT_EQ(client_.log_requests.size(), 1u);
+  EXPECT_EQ(client_.log_requests[0].rank(), 9);
+  EXPECT_EQ(sleeps_, 0);
+  EXPECT_TRUE(out_.str().empty()) << out_.str();
+}
+
 void WriteFile(const std::string& path, const std::string& text) {
   FILE* f = fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);

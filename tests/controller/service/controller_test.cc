@@ -1514,6 +1514,38 @@ TEST_F(ControllerTest, AWorkerCannotSpeakForAnothersRanks) {
   EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
 }
 
+// A rank or attempt the job does not have is NotFound naming what it has, not an empty page that
+// reads as a rank that wrote nothing.
+TEST_F(ControllerTest, LogsOfARankOrAttemptTheJobDoesNotHaveAreNotFound) {
+  StartRunning();
+  FailAndRestart();
+  const auto logs = [&](const std::string& job, int rank, int attempt) {
+    v1::GetLogsRequest req;
+    req.set_job_id(job);
+    req.set_rank(rank);
+    req.set_attempt(attempt);
+    return c_->GetLogs(req).status();
+  };
+  EXPECT_TRUE(logs(job_, -1, 0).ok());
+  EXPECT_TRUE(logs(job_, 1, 2).ok());
+  absl::Status s = logs(job_, 9, 0);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + job_ + " has no rank 9; it has ranks 0..1");
+  s = logs(job_, -1, 3);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + job_ + " has no attempt 3; it has attempts 1..2");
+  s = logs(job_, 2, 1);
+  EXPECT_EQ(s.message(), "attempt 1 of job " + job_ + " has no rank 2; it has ranks 0..1");
+
+  // Both workers busy: a second job waits with no attempt.
+  const auto pending = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  s = logs(*pending, -1, 1);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + *pending + " has no attempt 1; it has no attempt yet (pending)");
+  EXPECT_TRUE(logs(*pending, 1, 0).ok());
+}
+
 TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {
   StartRunning();
   clock_.Advance(5.5);  // both silent past the job's heartbeat timeout
