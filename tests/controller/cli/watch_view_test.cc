@@ -150,6 +150,18 @@ TEST_F(WatchViewTest, JobsAndWorkersTables) {
   EXPECT_EQ(RenderWorkersTable(workers, kT0 + 70),
             "WORKER  HOST   SLOT  DEVICE    MEMORY  STATE  JOB/RANK  LAST SEEN  PID\n"
             "w-a     hosta     0  cpu     16.0 GiB  busy   j-1/0     2s ago      99\n");
+  // Stopped cleanly (its agent said it was leaving) reads apart from lost (crashed, silent).
+  w->set_state(v1::WORKER_STATE_LOST);
+  w->clear_job_id();
+  w->set_left(true);
+  auto* crashed = workers.add_workers();
+  *crashed = *w;
+  crashed->set_worker_id("w-b");
+  crashed->set_left(false);
+  EXPECT_EQ(RenderWorkersTable(workers, kT0 + 70),
+            "WORKER  HOST   SLOT  DEVICE    MEMORY  STATE  JOB/RANK  LAST SEEN  PID\n"
+            "w-a     hosta     0  cpu     16.0 GiB  left   -         2s ago      99\n"
+            "w-b     hosta     0  cpu     16.0 GiB  lost   -         2s ago      99\n");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "controller/store/goodput.h"
 #include "gtest/gtest.h"
+#include "proto/furnace/v1/state_names.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/train/trainer.h"
 #include "worker/step_telemetry.h"
@@ -1035,6 +1036,40 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
   EXPECT_TRUE(listed("h/0"));
   Register(1, /*pid=*/300);
   EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
+}
+
+// An agent stopped cleanly (it said it is leaving) is lost to placement as a silent one is, but
+// listed as left, across a controller restart, until it registers again: an operator tells a clean
+// stop from a crash.
+TEST_F(ControllerTest, ALeavingWorkerIsListedAsLeftASilentOneAsLost) {
+  Register(0);
+  Register(1);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(sessions_[0]);
+  h.set_leaving(true);
+  c_->Heartbeat(h);
+  clock_.Advance(11);  // h/1 silent past --worker-timeout (10 s)
+  c_->Tick();
+  const auto info = [&](const std::string& id) {
+    for (const v1::WorkerInfo& w : c_->ListWorkers()) {
+      if (w.worker_id() == id) return w;
+    }
+    return v1::WorkerInfo();
+  };
+  EXPECT_EQ(info("h/0").state(), v1::WORKER_STATE_LOST);
+  EXPECT_TRUE(info("h/0").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/0")), "left");
+  EXPECT_EQ(info("h/1").state(), v1::WORKER_STATE_LOST);
+  EXPECT_FALSE(info("h/1").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/1")), "lost");
+  Restart();
+  EXPECT_TRUE(info("h/0").left());
+  EXPECT_FALSE(info("h/1").left());
+  Register(0, /*pid=*/200);
+  EXPECT_EQ(info("h/0").state(), v1::WORKER_STATE_READY);
+  EXPECT_FALSE(info("h/0").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/0")), "ready");
 }
 
 // The window counts from when the worker was declared lost, not from its stored last-seen time
