@@ -267,8 +267,12 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
   for (auto& e : events) *detail.add_events() = std::move(e);
   ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));
   for (auto& c : comm) *detail.add_comm() = std::move(c);
+  // The current attempt's figures only: after a restart, the failed attempt's last loss beside the
+  // new attempt's step would read as where the job is now.
   ASSIGN_OR_RETURN(auto latest, store_->LatestRecord(job_id, 0));
-  if (latest && latest->has_train()) *detail.mutable_telemetry() = latest->train();
+  if (latest && latest->has_train() && latest->attempt() == detail.summary().attempt()) {
+    *detail.mutable_telemetry() = latest->train();
+  }
   return detail;
 }
 

@@ -797,6 +797,37 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
 // The schema end to end: what a rank's worker makes of its step (worker/step_telemetry.h) is
 // JobDetail.telemetry as rank 0 sent it, the series' aggregate over ranks, and the metrics
 // snapshot's counters under the Prometheus labels.
+// JobDetail.telemetry is the current attempt's: a failed attempt's last loss is shown while the
+// job recovers from it, not beside the next attempt's step; that attempt's first step replaces it.
+TEST_F(ControllerTest, DetailTelemetryIsTheCurrentAttempts) {
+  StartRunning();
+  const auto push = [&](uint32_t attempt, uint64_t step, double loss) {
+    v1::TelemetryBatch batch;  // from the worker that holds rank 0 of the attempt
+    batch.set_worker_id(Job().attempts(attempt - 1).ranks(0).worker_id());
+    v1::TelemetryRecord* r = batch.add_records();
+    r->set_job_id(job_);
+    r->set_attempt(attempt);
+    r->set_rank(0);
+    r->set_step(step);
+    r->mutable_train()->set_loss(loss);
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  push(1, 30, 1.8605);
+  ASSERT_TRUE(Job().has_telemetry());
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  EXPECT_DOUBLE_EQ(Job().telemetry().loss(), 1.8605);  // the attempt it recovers from
+  clock_.Advance(1.1);
+  HeartbeatAll(2);
+  c_->Tick();
+  ASSERT_EQ(Job().summary().attempt(), 2u);
+  EXPECT_FALSE(Job().has_telemetry());
+  push(2, 1, 2.75);
+  EXPECT_DOUBLE_EQ(Job().telemetry().loss(), 2.75);
+}
+
 TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   StartRunning();
   train::StepStats s;
