@@ -12,12 +12,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
+#include "runtime/base/daemon_flags.h"
 #include "runtime/base/path_root.h"
 #include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
@@ -26,6 +28,7 @@
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
+#include "worker/rank_exit.h"
 #include "worker/rank_main.h"
 
 namespace {
@@ -253,7 +256,12 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
 
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit = furnace::ParseDaemonFlags(app, "furnace-worker", argc, argv)) {
+    // A rank's exit 2 says its job kind is not in this build: a bad option of `rank` (the agent
+    // spawned it) is an error.
+    return *exit == furnace::kDaemonExitUsage && rank->parsed() ? furnace::worker::kRankExitError
+                                                                : *exit;
+  }
   if (rank->parsed()) return furnace::worker::RankMain(task_path);
   // Absolute: ranks read them from their own working directories.
   const auto absolute = [](const std::string& path) {

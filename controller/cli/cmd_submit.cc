@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
@@ -46,7 +47,11 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
     return kExitOk;
   }
   request.set_filename(path);
-  ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, ctx.client->SubmitJob(request));
+  absl::StatusOr<v1::SubmitJobResponse> submitted = ctx.client->SubmitJob(request);
+  // An invalid field (INVALID_ARGUMENT) already exits 2; a checkpoint.dir in use by another job is
+  // as much a refusal of this file (exit 2). A rate limit (RESOURCE_EXHAUSTED) is not: exit 3.
+  if (absl::IsFailedPrecondition(submitted.status())) return JobRefused(submitted.status());
+  ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(submitted));
   if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
     if (!ctx.json) *ctx.out << "submitted job " << response.job_id() << "\n";

@@ -8,6 +8,7 @@ namespace {
 
 constexpr char kLocalErrorPayload[] = "type.furnace.dev/furnace.cli.LocalError";
 constexpr char kNotApplicablePayload[] = "type.furnace.dev/furnace.cli.NotApplicable";
+constexpr char kJobRefusedPayload[] = "type.furnace.dev/furnace.cli.JobRefused";
 
 }  // namespace
 
@@ -21,11 +22,17 @@ absl::Status NotApplicable(absl::Status status) {
   return status;
 }
 
+absl::Status JobRefused(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kJobRefusedPayload, absl::Cord("1"));
+  return status;
+}
+
 ExitCode ExitCodeForStatus(const absl::Status& status) {
   if (!status.ok() && status.GetPayload(kLocalErrorPayload).has_value()) return kExitLocalError;
   if (!status.ok() && status.GetPayload(kNotApplicablePayload).has_value()) {
     return kExitNotApplicable;
   }
+  if (!status.ok() && status.GetPayload(kJobRefusedPayload).has_value()) return kExitUsage;
   switch (status.code()) {
     case absl::StatusCode::kOk:
       return kExitOk;
@@ -57,9 +64,10 @@ std::string ExitCodeHelp() {
   return "Exit codes:\n"
          "  0  success (watch, submit --watch: the job SUCCEEDED)\n"
          "  1  the job ended FAILED or CANCELLED\n"
-         "  2  bad usage or invalid job file\n"
-         "  3  controller unreachable or RPC error\n"
-         "  4  job not found\n"
+         "  2  bad usage, or a job file invalid or refused by the controller (too many ranks\n"
+         "     for its workers, checkpoint.dir in use by another job)\n"
+         "  3  controller unreachable or RPC error (submit: over the controller's rate limit)\n"
+         "  4  job not found (logs: a rank or attempt the job does not have)\n"
          "  5  export, data: no checkpoint to export, or a local file could not be read, used "
          "or\n"
          "     written\n"

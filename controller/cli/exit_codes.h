@@ -12,9 +12,9 @@ namespace furnace::cli {
 enum ExitCode : int {
   kExitOk = 0,             // success; for watch / submit --watch: the job SUCCEEDED
   kExitJobFailed = 1,      // the job ended FAILED or CANCELLED
-  kExitUsage = 2,          // bad usage or an invalid job file
+  kExitUsage = 2,          // bad usage, or a job file invalid or refused by the controller
   kExitRpcError = 3,       // the controller is unreachable or an RPC failed
-  kExitJobNotFound = 4,    // the job does not exist
+  kExitJobNotFound = 4,    // the job does not exist (logs: nor the rank or attempt asked for)
   kExitLocalError = 5,     // export / data prepare: nothing to read, or a local file failed
   kExitNotApplicable = 6,  // the request does not apply in the job's state (cancel of an ended job)
 };
@@ -29,9 +29,15 @@ absl::Status LocalError(absl::Status status);
 // already ended): ExitCodeForStatus gives kExitNotApplicable for it.
 absl::Status NotApplicable(absl::Status status);
 
-// A LocalError -> 5, a NotApplicable -> 6; otherwise INVALID_ARGUMENT -> 2, NOT_FOUND -> 4, any
-// other error -> 3, OK -> 0. absl and gRPC share the numeric status codes, so this also maps
-// gRPC codes after FromGrpcStatus.
+// Marks a controller's refusal of the job a submit sent, for a reason other than an invalid field
+// (its checkpoint.dir is in use by a job that has not ended: FAILED_PRECONDITION):
+// ExitCodeForStatus gives kExitUsage for it, as for an invalid job file. The same file would be
+// refused again; a rate limit, which a retry later gets past, is not marked (exit 3).
+absl::Status JobRefused(absl::Status status);
+
+// A LocalError -> 5, a NotApplicable -> 6, a JobRefused -> 2; otherwise INVALID_ARGUMENT -> 2,
+// NOT_FOUND -> 4, any other error -> 3, OK -> 0. absl and gRPC share the numeric status codes, so
+// this also maps gRPC codes after FromGrpcStatus.
 ExitCode ExitCodeForStatus(const absl::Status& status);
 
 // SUCCEEDED -> 0, FAILED / CANCELLED -> 1. A state that is not final also gives 1: a caller that

@@ -141,7 +141,7 @@ std::string RenderWorkersTable(const v1::ListWorkersResponse& workers, double no
   for (const auto& w : workers.workers()) {
     table.AddRow({w.worker_id(), OrDash(w.host()), absl::StrCat(w.slot()), OrDash(w.device_kind()),
                   w.device_memory() > 0 ? FormatBytes(w.device_memory()) : "-",
-                  OrDash(v1::StateWord(w.state())),
+                  OrDash(v1::WorkerStateWord(w)),
                   w.job_id().empty() ? "-" : absl::StrCat(w.job_id(), "/", w.rank()),
                   w.last_seen_unix() > 0
                       ? absl::StrCat(FormatDuration(now_unix - w.last_seen_unix()), " ago")

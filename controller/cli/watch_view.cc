@@ -29,6 +29,12 @@ std::string EventText(const v1::JobEvent& e) {
   return absl::StrCat(FormatClock(e.unix_time()), " ", e.kind(), ": ", OneLine(e.message()));
 }
 
+// The summary keeps the last failure's cause until the job ends. Once a later attempt is placed
+// (not recovering, not ended) that cause is what the job restarted after, not what is wrong now.
+bool CauseIsPast(const v1::JobSummary& s) {
+  return !IsFinalState(s.state()) && s.state() != v1::JOB_RECOVERING;
+}
+
 std::string StatusLine(const v1::JobSummary& s) {
   std::string line =
       absl::StrCat(StateName(s.state()), "  attempt ", s.attempt(), "  ", Restarts(s.restarts()),
@@ -37,7 +43,10 @@ std::string StatusLine(const v1::JobSummary& s) {
     absl::StrAppend(&line, absl::StrFormat(" (%d%%)", std::min(s.step(), s.total_steps()) * 100 /
                                                           s.total_steps()));
   }
-  if (!s.cause().empty()) absl::StrAppend(&line, "  cause: ", OneLine(s.cause()));
+  // (The restart event printed the past cause when it happened.)
+  if (!s.cause().empty() && !CauseIsPast(s)) {
+    absl::StrAppend(&line, "  cause: ", OneLine(s.cause()));
+  }
   return line;
 }
 
@@ -68,7 +77,10 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
   if (train) {
     for (auto& line : TrainWatchLines(*train)) lines.push_back(std::move(line));
   }
-  if (!s.cause().empty()) lines.push_back(absl::StrCat("cause: ", OneLine(s.cause())));
+  if (!s.cause().empty()) {
+    lines.push_back(
+        absl::StrCat(CauseIsPast(s) ? "restarted after: " : "cause: ", OneLine(s.cause())));
+  }
   lines.push_back(job.events().empty()
                       ? std::string("last event: -")
                       : absl::StrCat("last event: ", EventText(*job.events().rbegin())));

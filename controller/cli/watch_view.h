@@ -13,7 +13,8 @@
 namespace furnace::cli {
 
 // The lines of one TTY frame: job and state, attempt and restarts, a progress bar with step and
-// elapsed time, the last event, and the latest commcheck row per collective. A train job adds an
+// elapsed time, the cause (while recovering or once ended; "restarted after: ..." while a later
+// attempt runs), the last event, and the latest commcheck row per collective. A train job adds an
 // ETA to the progress line (EstimateEtaSeconds from `observed_steps_per_second`, 0 when not yet
 // measured) and two lines of training figures (loss, tokens/s, MFU; imbalance, dropped tokens,
 // memory against the budget). Each line is cut to `width` columns so the terminal never wraps
@@ -27,8 +28,9 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
 std::string RedrawFrame(int previous_lines, const std::vector<std::string>& lines);
 
 // The plain lines for a change from `previous` (null at the first poll) to `current`: one status
-// line when the state, attempt or step changed (a train job's with loss, tokens/s and MFU), and one
-// line per event not seen before. Empty when nothing changed.
+// line when the state, attempt or step changed (a train job's with loss, tokens/s and MFU; the
+// cause only while recovering or once ended: a running attempt's line carries no earlier
+// attempt's cause), and one line per event not seen before. Empty when nothing changed.
 std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
                                          const v1::JobDetail& current);
 

@@ -163,6 +163,44 @@ void SortBySubmission(std::vector<v1::JobSummary>& jobs) {
   std::sort(jobs.begin(), jobs.end(), SubmittedBefore);
 }
 
+// "ranks 0..3", "rank 0 only": the numbers first..last that exist.
+std::string Existing(const char* what, uint32_t first, uint32_t last) {
+  return first == last ? absl::StrCat(what, " ", first, " only")
+                       : absl::StrCat(what, "s ", first, "..", last);
+}
+
+// NotFound for a rank or attempt the job does not have: a filter that matches nothing would print
+// nothing and look like a rank that wrote nothing. An attempt is one that has started; a rank,
+// one of that attempt's (a shrunk attempt has fewer), or without an attempt, of the job's layout,
+// the largest it runs.
+absl::Status CheckLogsFilter(const Job& job, const v1::GetLogsRequest& req) {
+  const std::string& id = job.summary.job_id();
+  const size_t attempts = job.attempts.size();
+  if (req.attempt() > 0 && static_cast<size_t>(req.attempt()) > attempts) {
+    return absl::NotFoundError(absl::StrCat(
+        "job ", id, " has no attempt ", req.attempt(), "; it has ",
+        attempts == 0 ? absl::StrCat("no attempt yet (", v1::StateWord(job.summary.state()), ")")
+                      : Existing("attempt", 1, static_cast<uint32_t>(attempts))));
+  }
+  if (req.rank() < 0) return absl::OkStatus();
+  uint32_t ranks = spec::WorldSize(job.spec);
+  const v1::AttemptInfo* attempt =
+      req.attempt() > 0 ? &job.attempts[static_cast<size_t>(req.attempt()) - 1] : nullptr;
+  if (attempt != nullptr && attempt->ranks_size() > 0) {
+    ranks = static_cast<uint32_t>(attempt->ranks_size());
+  } else if (attempt == nullptr) {
+    for (const v1::AttemptInfo& a : job.attempts) {
+      ranks = std::max(ranks, static_cast<uint32_t>(a.ranks_size()));
+    }
+  }
+  if (static_cast<uint32_t>(req.rank()) < ranks) return absl::OkStatus();
+  const std::string whose = attempt == nullptr
+                                ? absl::StrCat("job ", id)
+                                : absl::StrCat("attempt ", attempt->attempt(), " of job ", id);
+  return absl::NotFoundError(absl::StrCat(whose, " has no rank ", req.rank(), "; it has ",
+                                          Existing("rank", 0, ranks - 1)));
+}
+
 }  // namespace
 
 std::vector<v1::JobSummary> Controller::ListJobs() {
@@ -229,8 +267,12 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
   for (auto& e : events) *detail.add_events() = std::move(e);
   ASSIGN_OR_RETURN(auto comm, store_->LoadCommResults(job_id));
   for (auto& c : comm) *detail.add_comm() = std::move(c);
+  // The current attempt's figures only: after a restart, the failed attempt's last loss beside the
+  // new attempt's step would read as where the job is now.
   ASSIGN_OR_RETURN(auto latest, store_->LatestRecord(job_id, 0));
-  if (latest && latest->has_train()) *detail.mutable_telemetry() = latest->train();
+  if (latest && latest->has_train() && latest->attempt() == detail.summary().attempt()) {
+    *detail.mutable_telemetry() = latest->train();
+  }
   return detail;
 }
 
@@ -252,6 +294,7 @@ absl::StatusOr<v1::GetLogsResponse> Controller::GetLogs(const v1::GetLogsRequest
     std::lock_guard<std::mutex> lock(mu_);
     const Job* job = jobs_.Find(req.job_id());
     if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+    RETURN_IF_ERROR(CheckLogsFilter(*job, req));
     done = IsFinal(job->summary.state());
   }
   v1::GetLogsResponse resp = logs_.Read(req);

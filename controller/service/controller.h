@@ -88,6 +88,8 @@ class Controller {
   absl::StatusOr<furnace::v1::JobDetail> GetJob(const std::string& job_id);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   std::vector<furnace::v1::WorkerInfo> ListWorkers();
+  // A page of the job's rank output. NotFound: no such job, or a rank or attempt it does not have
+  // (an attempt not started yet), the message saying which it has.
   absl::StatusOr<furnace::v1::GetLogsResponse> GetLogs(const furnace::v1::GetLogsRequest& req);
   // The job's aggregated training steps, ascending; thinned evenly to max_points when set; a page
   // of them after a cursor with page_size (at most kMaxSeriesPageSize; InvalidArgument beside

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -22,6 +23,7 @@
 #include "controller/service/local_launcher.h"
 #include "controller/service/options.h"
 #include "controller/service/server_security.h"
+#include "runtime/base/daemon_flags.h"
 #include "runtime/base/path_root.h"
 #include "spdlog/spdlog.h"
 
@@ -36,7 +38,9 @@ int main(int argc, char** argv) {
   furnace::controller::ControllerFlags f;
   CLI::App app{"furnace-controller: places, watches and restarts Furnace jobs"};
   furnace::controller::AddControllerOptions(app, f);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit = furnace::ParseDaemonFlags(app, "furnace-controller", argc, argv)) {
+    return *exit;
+  }
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles (gRPC's locks): a
   // debugging aid that cost a few percent of the controller's CPU under load.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -366,8 +366,8 @@ void JobLifecycle::WorkerLeaving(const std::string& worker_id) {
 
 void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving) {
   if (worker.info.state() == v1::WORKER_STATE_LOST) return;
-  spdlog::warn("worker {} lost: {}", worker.info.worker_id(), why);
-  const WorkerRegistry::Held held = workers_.MarkLost(worker);
+  spdlog::warn("worker {} {}: {}", worker.info.worker_id(), leaving ? "left" : "lost", why);
+  const WorkerRegistry::Held held = workers_.MarkLost(worker, leaving);
   if (!held.has_rank) return;
   Job* job = Find(held.job_id);
   if (job == nullptr) return;
@@ -542,6 +542,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   w.info.set_pid(req.pid());
   w.info.set_instance_id(req.instance_id());
   w.info.set_lost_unix(0);
+  w.info.set_left(false);
   w.seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
   const bool first_since_start = !workers_.HasSession(req.worker_id());
   const std::string session = workers_.NewSession(req.worker_id(), agent_restarted);

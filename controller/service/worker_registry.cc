@@ -150,11 +150,12 @@ void WorkerRegistry::Forget(const std::string& worker_id) {
   if (mail_.erase(worker_id) > 0) mailboxes_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker) {
+WorkerRegistry::Held WorkerRegistry::MarkLost(Worker& worker, bool left) {
   Held held;
   if (worker.info.state() == v1::WORKER_STATE_LOST) return held;
   worker.info.set_state(v1::WORKER_STATE_LOST);
   worker.info.set_lost_unix(clock_.UnixSeconds());
+  worker.info.set_left(left);
   EndSession(worker.info.worker_id());
   held.has_rank = worker.has_rank;
   held.job_id = worker.info.job_id();

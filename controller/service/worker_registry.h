@@ -1,6 +1,6 @@
 // WorkerRegistry: the worker agents this controller knows, their sessions, heartbeats and command
 // queues. A worker is ready (free), busy (holds a rank, or is draining one) or lost (silent too
-// long; it must register again).
+// long, or its agent said it is leaving: WorkerInfo.left; it must register again).
 //
 // What it owns: the workers' records and each worker's session id and queue of commands not yet
 // delivered. A record is written behind: a change of state or rank marks it (Persist) and Flush
@@ -88,15 +88,16 @@ class WorkerRegistry {
   // Frees the worker if it still holds exactly that rank (its exit was reported).
   void Free(const std::string& worker_id, const std::string& job_id, uint32_t attempt,
             uint32_t rank);
-  // Marks the worker lost: no session, no queued commands, no rank (persisted). Returns the rank
-  // it held, so the caller can end it; has_rank false when it held none or was already lost.
+  // Marks the worker lost: no session, no queued commands, no rank (persisted); `left`: its agent
+  // said it is shutting down (WorkerInfo.left). Returns the rank it held, so the caller can end
+  // it; has_rank false when it held none or was already lost.
   struct Held {
     bool has_rank = false;
     std::string job_id;
     uint32_t attempt = 0;
     uint32_t rank = 0;
   };
-  Held MarkLost(Worker& worker);
+  Held MarkLost(Worker& worker, bool left = false);
   // Drops a lost worker's record (the next Flush deletes its row) and its mailbox, so a returning
   // agent registers as a new worker. No-op for a worker that is not lost.
   void Forget(const std::string& worker_id);

@@ -68,4 +68,9 @@ const char* StateWord(WorkerState state) {
   }
 }
 
+const char* WorkerStateWord(const WorkerInfo& worker) {
+  if (worker.state() == WORKER_STATE_LOST && worker.left()) return "left";
+  return StateWord(worker.state());
+}
+
 }  // namespace furnace::v1

@@ -13,4 +13,8 @@ const char* StateWord(RankState state);
 const char* StateWord(AttemptState state);
 const char* StateWord(WorkerState state);
 
+// A worker's state word, but "left" for a lost worker whose agent said it was shutting down
+// (WorkerInfo.left: stopped cleanly), so a clean stop reads apart from a crash or a silence.
+const char* WorkerStateWord(const WorkerInfo& worker);
+
 }  // namespace furnace::v1

@@ -164,11 +164,51 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
 }
 
+// A rank or attempt the job lacks is the controller's NotFound: exit 4 with its words, nothing
+// printed, and --follow does not wait for it.
+TEST_F(CommandsTest, LogsOfARankTheJobLacksExit4) {
+  client_.logs = {absl::NotFoundError("job j-1 has no rank 9; it has ranks 0..3")};
+  auto code = RunLogs(ctx_, "j-1", {.rank = 9, .follow = true});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitJobNotFound);
+  EXPECT_EQ(code.status().message(), "job j-1 has no rank 9; it has ranks 0..3");
+  EXPECT_EQ(client_.log_requests.size(), 1u);
+  EXPECT_EQ(client_.log_requests[0].rank(), 9);
+  EXPECT_EQ(sleeps_, 0);
+  EXPECT_TRUE(out_.str().empty()) << out_.str();
+}
+
 void WriteFile(const std::string& path, const std::string& text) {
   FILE* f = fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   fwrite(text.data(), 1, text.size(), f);
   fclose(f);
+}
+
+// Every refusal of the job by the controller exits 2 as an invalid file does, its words kept; a
+// rate limit, which the same file gets past later, stays an RPC error (3).
+TEST_F(CommandsTest, SubmitRefusedByTheControllerExits2ButARateLimit3) {
+  const std::string path = ::testing::TempDir() + "/clash.yaml";
+  WriteFile(path, "name: x\nkind: commcheck\n");
+  const std::string clash =
+      "SubmitJob failed: clash.yaml: checkpoint.dir /tmp/ck is in use by job hang-14 (RUNNING)";
+  client_.submit_error = absl::FailedPreconditionError(clash);
+  auto code = RunSubmit(ctx_, path, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_EQ(code.status().message(), clash);
+  code = RunSubmit(ctx_, path, {.watch = true});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  client_.submit_error = absl::InvalidArgumentError(
+      "clash.yaml: resources.workers: the job needs 8 ranks (pp*dp*tp = 2*2*2) but this "
+      "controller has 4 cpu worker(s); allowed: at most 4");
+  code = RunSubmit(ctx_, path, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  client_.submit_error = absl::ResourceExhaustedError("SubmitJob failed: rate limit");
+  code = RunSubmit(ctx_, path, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitRpcError);
+  client_.submit_error = absl::UnavailableError("cannot reach the controller");
+  code = RunSubmit(ctx_, path, {});
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitRpcError);
+  EXPECT_TRUE(out_.str().empty()) << out_.str();
 }
 
 TEST_F(CommandsTest, SubmitRefusesWhatCannotBeSentWithoutSendingIt) {

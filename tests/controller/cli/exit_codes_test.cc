@@ -17,6 +17,9 @@ TEST(ExitCodesTest, FromStatus) {
   EXPECT_EQ(
       ExitCodeForStatus(NotApplicable(absl::FailedPreconditionError("job j-1 already ended"))),
       kExitNotApplicable);
+  // A submit the controller refused for the job's sake (checkpoint.dir in use): as an invalid file.
+  EXPECT_EQ(ExitCodeForStatus(JobRefused(absl::FailedPreconditionError("dir in use"))), kExitUsage);
+  EXPECT_TRUE(JobRefused(absl::OkStatus()).ok());
 }
 
 TEST(ExitCodesTest, LocalErrorsKeepCodeAndMessageButExit5) {

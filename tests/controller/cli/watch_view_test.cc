@@ -76,6 +76,32 @@ TEST_F(WatchViewTest, PlainLinesOnlyOnChange) {
   EXPECT_EQ(lines[0], "22:14:25 job j-1 RECOVERING  attempt 2  1 restart  step 0/10 (0%)");
 }
 
+// The summary keeps attempt 1's cause while attempt 2 runs: that is what the job restarted after,
+// not its cause now. Recovering or ended, it is the cause.
+TEST_F(WatchViewTest, ARunningAttemptShowsTheLastFailureAsPastNotAsItsCause) {
+  const std::string hung = "rank 2 on vm/2: hung in step 30";
+  v1::JobDetail recovering = MakeJob(v1::JOB_RECOVERING, 1, 30, 60);
+  recovering.mutable_summary()->set_cause(hung);
+  auto lines = PlainWatchLines(nullptr, recovering);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "22:14:25 job j-1 RECOVERING  attempt 1  0 restarts  step 30/60 (50%)  cause: " + hung);
+  EXPECT_EQ(WatchFrame(recovering, kT0 + 65, 0)[2], "cause: " + hung);
+
+  v1::JobDetail running = MakeJob(v1::JOB_RUNNING, 2, 0, 60);
+  running.mutable_summary()->set_cause(hung);
+  lines = PlainWatchLines(&recovering, running);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "22:14:25 job j-1 RUNNING  attempt 2  1 restart  step 0/60 (0%)");
+  const auto frame = WatchFrame(running, kT0 + 65, 0);
+  ASSERT_EQ(frame.size(), 4u);
+  EXPECT_EQ(frame[2], "restarted after: " + hung);
+
+  v1::JobDetail failed = MakeJob(v1::JOB_FAILED, 2, 0, 60);
+  failed.mutable_summary()->set_cause(hung);
+  EXPECT_NE(PlainWatchLines(&running, failed)[0].find("  cause: " + hung), std::string::npos);
+}
+
 TEST_F(WatchViewTest, PlainLinesSurviveEventWindowSliding) {
   v1::JobDetail a = MakeJob(v1::JOB_RUNNING, 1, 3);
   AddEvent(&a, kT0 + 1, "x", "one");
@@ -150,6 +176,18 @@ TEST_F(WatchViewTest, JobsAndWorkersTables) {
   EXPECT_EQ(RenderWorkersTable(workers, kT0 + 70),
             "WORKER  HOST   SLOT  DEVICE    MEMORY  STATE  JOB/RANK  LAST SEEN  PID\n"
             "w-a     hosta     0  cpu     16.0 GiB  busy   j-1/0     2s ago      99\n");
+  // Stopped cleanly (its agent said it was leaving) reads apart from lost (crashed, silent).
+  w->set_state(v1::WORKER_STATE_LOST);
+  w->clear_job_id();
+  w->set_left(true);
+  auto* crashed = workers.add_workers();
+  *crashed = *w;
+  crashed->set_worker_id("w-b");
+  crashed->set_left(false);
+  EXPECT_EQ(RenderWorkersTable(workers, kT0 + 70),
+            "WORKER  HOST   SLOT  DEVICE    MEMORY  STATE  JOB/RANK  LAST SEEN  PID\n"
+            "w-a     hosta     0  cpu     16.0 GiB  left   -         2s ago      99\n"
+            "w-b     hosta     0  cpu     16.0 GiB  lost   -         2s ago      99\n");
 }
 
 }  // namespace

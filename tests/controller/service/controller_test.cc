@@ -9,6 +9,7 @@
 
 #include "controller/store/goodput.h"
 #include "gtest/gtest.h"
+#include "proto/furnace/v1/state_names.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/train/trainer.h"
 #include "worker/step_telemetry.h"
@@ -796,6 +797,37 @@ TEST_F(ControllerTest, GoodputCountsRestartAndRedoneStepsAndSurvivesARestart) {
 // The schema end to end: what a rank's worker makes of its step (worker/step_telemetry.h) is
 // JobDetail.telemetry as rank 0 sent it, the series' aggregate over ranks, and the metrics
 // snapshot's counters under the Prometheus labels.
+// JobDetail.telemetry is the current attempt's: a failed attempt's last loss is shown while the
+// job recovers from it, not beside the next attempt's step; that attempt's first step replaces it.
+TEST_F(ControllerTest, DetailTelemetryIsTheCurrentAttempts) {
+  StartRunning();
+  const auto push = [&](uint32_t attempt, uint64_t step, double loss) {
+    v1::TelemetryBatch batch;  // from the worker that holds rank 0 of the attempt
+    batch.set_worker_id(Job().attempts(attempt - 1).ranks(0).worker_id());
+    v1::TelemetryRecord* r = batch.add_records();
+    r->set_job_id(job_);
+    r->set_attempt(attempt);
+    r->set_rank(0);
+    r->set_step(step);
+    r->mutable_train()->set_loss(loss);
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  push(1, 30, 1.8605);
+  ASSERT_TRUE(Job().has_telemetry());
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  EXPECT_DOUBLE_EQ(Job().telemetry().loss(), 1.8605);  // the attempt it recovers from
+  clock_.Advance(1.1);
+  HeartbeatAll(2);
+  c_->Tick();
+  ASSERT_EQ(Job().summary().attempt(), 2u);
+  EXPECT_FALSE(Job().has_telemetry());
+  push(2, 1, 2.75);
+  EXPECT_DOUBLE_EQ(Job().telemetry().loss(), 2.75);
+}
+
 TEST_F(ControllerTest, WorkerStepTelemetryReachesDetailSeriesAndMetrics) {
   StartRunning();
   train::StepStats s;
@@ -1035,6 +1067,40 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
   EXPECT_TRUE(listed("h/0"));
   Register(1, /*pid=*/300);
   EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
+}
+
+// An agent stopped cleanly (it said it is leaving) is lost to placement as a silent one is, but
+// listed as left, across a controller restart, until it registers again: an operator tells a clean
+// stop from a crash.
+TEST_F(ControllerTest, ALeavingWorkerIsListedAsLeftASilentOneAsLost) {
+  Register(0);
+  Register(1);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(sessions_[0]);
+  h.set_leaving(true);
+  c_->Heartbeat(h);
+  clock_.Advance(11);  // h/1 silent past --worker-timeout (10 s)
+  c_->Tick();
+  const auto info = [&](const std::string& id) {
+    for (const v1::WorkerInfo& w : c_->ListWorkers()) {
+      if (w.worker_id() == id) return w;
+    }
+    return v1::WorkerInfo();
+  };
+  EXPECT_EQ(info("h/0").state(), v1::WORKER_STATE_LOST);
+  EXPECT_TRUE(info("h/0").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/0")), "left");
+  EXPECT_EQ(info("h/1").state(), v1::WORKER_STATE_LOST);
+  EXPECT_FALSE(info("h/1").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/1")), "lost");
+  Restart();
+  EXPECT_TRUE(info("h/0").left());
+  EXPECT_FALSE(info("h/1").left());
+  Register(0, /*pid=*/200);
+  EXPECT_EQ(info("h/0").state(), v1::WORKER_STATE_READY);
+  EXPECT_FALSE(info("h/0").left());
+  EXPECT_STREQ(v1::WorkerStateWord(info("h/0")), "ready");
 }
 
 // The window counts from when the worker was declared lost, not from its stored last-seen time
@@ -1512,6 +1578,38 @@ TEST_F(ControllerTest, AWorkerCannotSpeakForAnothersRanks) {
   // Its own rank's report is taken.
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed");
   EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+}
+
+// A rank or attempt the job does not have is NotFound naming what it has, not an empty page that
+// reads as a rank that wrote nothing.
+TEST_F(ControllerTest, LogsOfARankOrAttemptTheJobDoesNotHaveAreNotFound) {
+  StartRunning();
+  FailAndRestart();
+  const auto logs = [&](const std::string& job, int rank, int attempt) {
+    v1::GetLogsRequest req;
+    req.set_job_id(job);
+    req.set_rank(rank);
+    req.set_attempt(attempt);
+    return c_->GetLogs(req).status();
+  };
+  EXPECT_TRUE(logs(job_, -1, 0).ok());
+  EXPECT_TRUE(logs(job_, 1, 2).ok());
+  absl::Status s = logs(job_, 9, 0);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + job_ + " has no rank 9; it has ranks 0..1");
+  s = logs(job_, -1, 3);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + job_ + " has no attempt 3; it has attempts 1..2");
+  s = logs(job_, 2, 1);
+  EXPECT_EQ(s.message(), "attempt 1 of job " + job_ + " has no rank 2; it has ranks 0..1");
+
+  // Both workers busy: a second job waits with no attempt.
+  const auto pending = c_->Submit(kJob, "t.yaml");
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  s = logs(*pending, -1, 1);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_EQ(s.message(), "job " + *pending + " has no attempt 1; it has no attempt yet (pending)");
+  EXPECT_TRUE(logs(*pending, 1, 0).ok());
 }
 
 TEST_F(ControllerTest, LostWorkerStaysBusyUntilItsOldRankExits) {

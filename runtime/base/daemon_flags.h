@@ -1,0 +1,25 @@
+// Parsing a daemon's command line (furnace-controller, furnace-worker) with CLI11, and what it
+// exits with: the same contract as `furnace` (controller/cli/exit_codes.h) for what the two share.
+// CLI11's own codes (105 for a value out of range, 109 for an unknown option, 110 for an unknown
+// --config key) mean nothing to a script or a service manager, so every bad option is 2.
+#pragma once
+
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace furnace {
+
+inline constexpr int kDaemonExitUsage = 2;  // a bad option, --config file or value
+
+// Adds `--version` to `app` (prints "<name> <version>", the version of the build that `furnace
+// --version` prints) and parses argv. nullopt: parsed, run. Otherwise the exit code: 0 after
+// --help or --version (printed to `out`), kDaemonExitUsage after a bad option (CLI11's message,
+// and for an unknown option the hint to --help, to `err`).
+std::optional<int> ParseDaemonFlags(CLI::App& app, const std::string& name, int argc,
+                                    const char* const* argv, std::ostream& out = std::cout,
+                                    std::ostream& err = std::cerr);
+
+}  // namespace furnace
