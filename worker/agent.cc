@@ -781,6 +781,9 @@ std::vector<furnace::v1::RunningRank> Agent::RunningLocked() const {
     r.set_attempt(entry.task.attempt());
     r.set_rank(entry.task.rank());
     r.set_pid(entry.pid);
+    if (const std::optional<double> silent = entry.supervisor->SilentSeconds()) {
+      r.set_silent_s(*silent);
+    }
   }
   return running;
 }

@@ -329,6 +329,12 @@ absl::Status RankSupervisor::Spawn() {
   return absl::OkStatus();
 }
 
+std::optional<double> RankSupervisor::SilentSeconds() const {
+  if (!watchdog_heard_.load(std::memory_order_relaxed) || done_.load()) return std::nullopt;
+  return std::max(
+      0.0, clock_.MonotonicSeconds() - last_record_shared_s_.load(std::memory_order_relaxed));
+}
+
 void RankSupervisor::KillGroup(int signal) {
   if (::kill(-pid_, signal) != 0 && errno == ESRCH) ::kill(pid_, signal);
   // The clock of the early report of a rank SIGKILL cannot end (rank_supervisor.h), whichever
@@ -482,9 +488,11 @@ void RankSupervisor::ReadStream(int i) {
         }
         if (!*next) break;
         last_record_s_ = clock_.MonotonicSeconds();
+        last_record_shared_s_.store(last_record_s_, std::memory_order_relaxed);
         any_record_ = true;
         if (record.has_watchdog()) {
           has_watchdog_ = true;
+          watchdog_heard_.store(true, std::memory_order_relaxed);
           OnWatchdogRecord(record.watchdog());
           record = furnace::v1::TelemetryRecord();
           continue;

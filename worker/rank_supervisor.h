@@ -108,6 +108,12 @@ class RankSupervisor {
   bool stuck() const { return stuck_.load(); }
   // Set once done().
   std::optional<furnace::v1::RankReport> exit_report() const;
+  // Seconds since the rank's last record of any kind (a log line, telemetry, its watchdog's
+  // heartbeat), once it runs its watchdog (before, silence means nothing: it may be starting) and
+  // until it is done: a live rank's is at most its heartbeat period (1 s); a frozen one's grows
+  // (the agent reports it with each heartbeat, so the controller can tell a frozen rank from the
+  // peers that hang waiting for it).
+  std::optional<double> SilentSeconds() const;
 
  private:
   RankSupervisor(RankLaunch launch, RankSinks sinks, const Clock& clock);
@@ -144,7 +150,10 @@ class RankSupervisor {
   };
   Stream streams_[3];  // stdout, stderr, telemetry
   int log_fd_ = -1;
-  double last_record_s_ = 0;         // any record, watchdog heartbeats included
+  double last_record_s_ = 0;  // any record, watchdog heartbeats included
+  // What SilentSeconds reads, from any thread.
+  std::atomic<double> last_record_shared_s_{0};
+  std::atomic<bool> watchdog_heard_{false};
   bool has_watchdog_ = false;        // the rank sent a watchdog record
   bool any_record_ = false;          // the rank sent a record: it has started
   bool hang_from_rank_ = false;      // the rank's watchdog reported the hang

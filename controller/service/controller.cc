@@ -433,7 +433,10 @@ v1::HeartbeatResponse Controller::TryHeartbeat(const v1::HeartbeatRequest& req) 
 
 v1::HeartbeatResponse Controller::Beat(const v1::HeartbeatRequest& req, bool wait) {
   v1::HeartbeatResponse resp;
-  if (!workers_.Beat(req.worker_id(), req.session_id())) {
+  double rank_silent_s = 0;  // (a worker runs one rank)
+  for (const v1::RunningRank& r : req.running())
+    rank_silent_s = std::max(rank_silent_s, r.silent_s());
+  if (!workers_.Beat(req.worker_id(), req.session_id(), rank_silent_s)) {
     resp.set_reregister(true);
     return resp;
   }

@@ -303,6 +303,19 @@ class JobLifecycle {
   bool FailAttemptAs(Job& job, const std::string& kind, const std::string& cause,
                      const std::string& culprit_worker, Failure failure);
   void StopAttemptRanks(Job& job, const std::string& reason);
+  // Only ranks that hung inside a collective reported (a weak "hang" pending): the one they wait
+  // for may be a rank that sends nothing at all (frozen: SIGSTOP, every thread blocked), which its
+  // agent calls hung only at 1.5 x hang_timeout_s, after the settle window. The pending failure
+  // then names that rank and blames its worker instead of a victim's.
+  void BlameFrozenRank(Job& job);
+  // The current attempt's running rank that its agent says has sent nothing for the longest, at
+  // least kFrozenEvidenceS (recovery.cc); nullopt: none.
+  struct SilentRank {
+    int rank = 0;
+    std::string worker_id;
+    double silent_s = 0;
+  };
+  std::optional<SilentRank> SilentestRank(const Job& job) const;
   // Records a failure of a rank of the current attempt that may be a victim's (an error exit, a
   // hang inside a collective; `kind` as FailAttempt's); fails the attempt at once when every rank
   // has ended, otherwise after `settle_s` (Tick) unless a root cause comes first. The first such

@@ -55,6 +55,11 @@ constexpr double kSettleS = 1.0;
 // milliseconds of each other, so the culprit's report follows a victim's by about a second, plus
 // its agent's report.
 constexpr double kHangSettleS = 3.0;
+// A rank silent this long (not even its watchdog's heartbeat, every min(1 s, hang_timeout_s / 4))
+// when only its peers' hangs inside a collective are in: frozen (SIGSTOP, every thread deadlocked),
+// and they wait for it. Its agent calls it hung only at 1.5 x hang_timeout_s
+// (worker/rank_supervisor.h FrozenTimeoutS), after the settle window of its peers' reports.
+constexpr double kFrozenEvidenceS = 3.0;
 
 std::string DescribeExit(const v1::RankReport& r) {
   if (!r.reason().empty()) return r.reason();
@@ -185,6 +190,7 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
   if (first_failed != attempt.ranks().end() || attempt.failed_unix() > 0) {
     // A rank failed: the cause the settle window holds or, when it is gone (a controller
     // restart), the first failed rank's.
+    BlameFrozenRank(job);
     std::string kind = job.pending_kind, cause = job.pending_cause, worker = job.pending_worker;
     bool interrupted = job.pending_interrupted;
     if (job.settle_deadline == 0 || cause.empty()) {
@@ -225,6 +231,39 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
   }
   CloseScope(job, job.current()->attempt());
   return s;
+}
+
+void JobLifecycle::BlameFrozenRank(Job& job) {
+  if (job.settle_deadline == 0 || !job.pending_weak || job.pending_kind != "hang") return;
+  const std::optional<SilentRank> frozen = SilentestRank(job);
+  if (!frozen) return;
+  job.pending_cause = absl::StrFormat(
+      "rank %d on %s: sent nothing for %.1f s, not even its watchdog's heartbeat (frozen: "
+      "stopped, or every thread blocked); the ranks hung in a collective waited for it (%s)",
+      frozen->rank, frozen->worker_id, frozen->silent_s, job.pending_cause);
+  job.pending_worker = frozen->worker_id;
+}
+
+std::optional<JobLifecycle::SilentRank> JobLifecycle::SilentestRank(const Job& job) const {
+  const v1::AttemptInfo& attempt = job.attempts.back();
+  const double now = clock_.MonotonicSeconds();
+  std::optional<SilentRank> out;
+  for (const v1::RankInfo& rank : attempt.ranks()) {
+    if (rank.state() == v1::RANK_STATE_EXITED) continue;
+    const Worker* w = workers_.Find(rank.worker_id());
+    if (w == nullptr || !w->has_rank || w->info.job_id() != job.summary.job_id() ||
+        w->attempt != attempt.attempt() || w->info.rank() != rank.rank()) {
+      continue;
+    }
+    const double reported = w->seen->rank_silent_s.load(std::memory_order_relaxed);
+    if (reported <= 0) continue;
+    const double silent =
+        reported + (now - w->seen->rank_silent_at.load(std::memory_order_relaxed));
+    if (silent >= kFrozenEvidenceS && (!out || silent > out->silent_s)) {
+      out = SilentRank{static_cast<int>(rank.rank()), rank.worker_id(), silent};
+    }
+  }
+  return out;
 }
 
 void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
@@ -469,6 +508,7 @@ void JobLifecycle::Tick() {
   ForgetLongLostWorkers();
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
+      BlameFrozenRank(job);
       FailAttempt(job, job.pending_kind.empty() ? "exit" : job.pending_kind, job.pending_cause,
                   job.pending_worker,
                   job.pending_interrupted ? Failure::kInterrupted : Failure::kRetryable);

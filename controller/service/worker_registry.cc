@@ -86,14 +86,18 @@ void WorkerRegistry::Touch(const std::string& worker_id) {
   }
 }
 
-bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& session_id) {
+bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& session_id,
+                          double rank_silent_s) {
   const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return false;
   {
     std::lock_guard<std::mutex> lock(box->mu);
     if (box->session_id.empty() || box->session_id != session_id) return false;
   }
-  box->seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
+  const double now = clock_.MonotonicSeconds();
+  box->seen->Set(now, clock_.UnixSeconds());
+  box->seen->rank_silent_at.store(now, std::memory_order_relaxed);
+  box->seen->rank_silent_s.store(std::max(0.0, rank_silent_s), std::memory_order_relaxed);
   return true;
 }
 

@@ -1873,6 +1873,38 @@ TEST_F(ControllerTest, AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow)
             "rank 1 on h/1: hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s");
 }
 
+// A rank frozen (SIGSTOP) sends nothing, not even its watchdog's heartbeat; its peers hang inside a
+// collective waiting for it and report first, and its own agent calls it hung only at 1.5 x
+// hang_timeout_s, after the window. Its agent's heartbeats say how long it has been silent, so the
+// attempt blames it and its worker, not the peer that reported (which was blamed before).
+TEST_F(ControllerTest, AFrozenRankIsBlamedNotThePeerThatHungWaitingForIt) {
+  StartRunning();
+  const auto beat = [&](int slot, double silent_s) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/" + std::to_string(slot));
+    h.set_session_id(sessions_[slot]);
+    v1::RunningRank r = Running(job_, 1, slot);
+    r.set_silent_s(silent_s);
+    *h.add_running() = r;
+    EXPECT_FALSE(c_->Heartbeat(h).reregister());
+  };
+  beat(0, 0.4);  // alive: its watchdog's heartbeat came 0.4 s ago
+  ReportHang(1, 1, "hung in step 3: all_reduce on group world[0,1] (2 ranks) for 10.0 s", true);
+  beat(0, 10.2);  // frozen since shortly before its peer's collective began
+  clock_.Advance(3.1);
+  beat(0, 13.3);
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "hang");
+  EXPECT_EQ(d.attempts(0).cause(),
+            "rank 0 on h/0: sent nothing for 13.3 s, not even its watchdog's heartbeat (frozen: "
+            "stopped, or every thread blocked); the ranks hung in a collective waited for it "
+            "(rank 1 on h/1: hung in step 3: all_reduce on group world[0,1] (2 ranks) for 10.0 s)");
+  // A rank that is merely slow to be heard from (under kFrozenEvidenceS) is no evidence: the
+  // victim is blamed as before (AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow).
+}
+
 // A success that leaves ranks running is in the store before it is acknowledged (its worker is
 // freed at once and may take another job's rank: an exit lost in a crash would then never be
 // reported again). After a restart, the agent's report sent again changes nothing, and the job
