@@ -439,6 +439,22 @@ std::string NextAttemptMemoryPolicy(const Job& job) {
 
 }  // namespace
 
+std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
+    const Job& job) const {
+  uint32_t claimed = 0;
+  std::vector<std::string> by;
+  for (const auto& [id, other] : jobs_) {
+    if (&other == &job || other.summary.state() != v1::JOB_RECOVERING ||
+        other.spec.resources().device() != job.spec.resources().device()) {
+      continue;
+    }
+    const v1::AttemptInfo* last = other.current();
+    claimed += last != nullptr ? LayoutWorld(last->parallel()) : other.summary.world_size();
+    by.push_back(id);
+  }
+  return {claimed, by};
+}
+
 void JobLifecycle::TryStart(Job& job) {
   ReleaseExclusions(job);
   const double now = clock_.MonotonicSeconds();
@@ -491,6 +507,24 @@ void JobLifecycle::TryStart(Job& job) {
   std::vector<WorkerSlot> slots = workers_.Slots();
   for (WorkerSlot& slot : slots) {
     if (job.excluded_workers.count(slot.worker_id)) slot.free = false;
+  }
+  if (!recovering) {
+    // A job that is recovering keeps its claim on as many workers as its last attempt ran on: a
+    // job submitted or pending beside it starts only on the workers beyond those (it took the
+    // recovering job's workers during its backoff, and a job mid-training waited on a later one).
+    const auto [claimed, by] = ClaimedByRecovering(job);
+    const uint32_t free =
+        static_cast<uint32_t>(std::count_if(slots.begin(), slots.end(), [&](const WorkerSlot& s) {
+          return s.free && s.device_kind == job.spec.resources().device();
+        }));
+    if (claimed > 0 && free < claimed + world) {
+      wait(
+          absl::StrFormat("needs %d free %s workers beyond the %d that recovering job%s %s "
+                          "claim%s; %d free",
+                          world, job.spec.resources().device(), claimed, by.size() == 1 ? "" : "s",
+                          absl::StrJoin(by, ", "), by.size() == 1 ? "s" : "", free));
+      return;
+    }
   }
   auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);
   if (!placement.ok()) {

@@ -342,6 +342,9 @@ class JobLifecycle {
   // Workers of the job's device kind neither lost nor excluded for the job (busy or free); lists
   // the ones left out, with why, in `left_out`.
   uint32_t HealthyWorkers(const Job& job, std::string* left_out) const;
+  // The workers the jobs recovering beside `job` (same device kind) claim, each as many as its
+  // last attempt ran on, and their ids: a job that is not recovering starts only beyond them.
+  std::pair<uint32_t, std::vector<std::string>> ClaimedByRecovering(const Job& job) const;
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);

@@ -506,6 +506,7 @@ void JobLifecycle::Tick() {
     if (silent > limit) MarkLost(w, absl::StrFormat("no heartbeat for %.1f s", silent));
   }
   ForgetLongLostWorkers();
+  std::vector<Job*> to_start;  // pending, and recovering past their backoff
   for (auto& [id, job] : jobs_) {
     if (job.settle_deadline > 0 && now >= job.settle_deadline) {
       BlameFrozenRank(job);
@@ -531,10 +532,10 @@ void JobLifecycle::Tick() {
     }
     switch (job.summary.state()) {
       case v1::JOB_PENDING:
-        TryStart(job);
+        to_start.push_back(&job);
         break;
       case v1::JOB_RECOVERING:
-        if (now >= job.recover_at_mono) TryStart(job);
+        if (now >= job.recover_at_mono) to_start.push_back(&job);
         break;
       case v1::JOB_STARTING: {
         auto* attempt = job.current();
@@ -566,6 +567,16 @@ void JobLifecycle::Tick() {
         break;
     }
   }
+  // Recovering jobs first, then pending ones, each oldest first (job ids sort by name, not by
+  // submission): a job mid-training gets the workers back before a later one, and the older of
+  // two pending jobs has the first go (a younger one still starts on what it cannot use).
+  std::stable_sort(to_start.begin(), to_start.end(), [](const Job* a, const Job* b) {
+    const bool ra = a->summary.state() == v1::JOB_RECOVERING;
+    const bool rb = b->summary.state() == v1::JOB_RECOVERING;
+    if (ra != rb) return ra;
+    return a->summary.submitted_unix() < b->summary.submitted_unix();
+  });
+  for (Job* job : to_start) TryStart(*job);
 }
 
 std::string JobLifecycle::Register(const v1::RegisterRequest& req) {

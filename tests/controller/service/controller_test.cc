@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_replace.h"
 #include "controller/store/goodput.h"
 #include "gtest/gtest.h"
 #include "proto/furnace/v1/state_names.h"
@@ -1871,6 +1872,34 @@ TEST_F(ControllerTest, AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow)
   EXPECT_EQ(d.attempts(0).failure_kind(), "hang");
   EXPECT_EQ(d.attempts(0).cause(),
             "rank 1 on h/1: hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s");
+}
+
+// A job recovering (its backoff running, its workers free meanwhile) keeps its claim on them: a job
+// submitted then waits, saying why, and the recovering one gets its workers back first, though
+// its id sorts after the newer one's ("t-1" after "a-2"; they were tried in id order).
+TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersFromAJobSubmittedAfterIt) {
+  StartRunning();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL);  // a crash: root cause
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  auto later = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: a"}}), "a.yaml");
+  ASSERT_TRUE(later.ok()) << later.status();
+  auto pending = c_->GetJob(*later);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_EQ(pending->summary().state(), v1::JOB_PENDING);
+  bool said = false;
+  for (const auto& e : pending->events()) {
+    said |= e.kind() == "waiting" &&
+            e.message() == "needs 2 free cpu workers beyond the 2 that recovering job " + job_ +
+                               " claims; 2 free";
+  }
+  EXPECT_TRUE(said) << pending->DebugString();
+  clock_.Advance(1.5);  // past the backoff
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+  EXPECT_EQ(Job().summary().attempt(), 2u);
+  EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
 }
 
 // A rank frozen (SIGSTOP) sends nothing, not even its watchdog's heartbeat; its peers hang inside a
