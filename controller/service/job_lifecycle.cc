@@ -528,8 +528,24 @@ void JobLifecycle::TryStart(Job& job) {
   }
   auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);
   if (!placement.ok()) {
+    // Who holds the others: the jobs whose ranks run on this kind's workers.
+    std::map<std::string, int> busy;
+    for (const auto& [id, w] : workers_.workers()) {
+      if (w.has_rank && w.info.device_kind() == job.spec.resources().device() &&
+          w.info.job_id() != job.summary.job_id()) {
+        ++busy[w.info.job_id()];
+      }
+    }
+    std::vector<std::string> notes;
+    if (!busy.empty()) {
+      notes.push_back(
+          absl::StrCat("busy with ", absl::StrJoin(busy, ", ", [](std::string* out, const auto& b) {
+                         absl::StrAppend(out, "job ", b.first, " (", b.second, ")");
+                       })));
+    }
+    if (!left_out.empty()) notes.push_back(left_out);
     wait(absl::StrCat(placement.status().message(),
-                      left_out.empty() ? "" : absl::StrCat(" (", left_out, ")")));
+                      notes.empty() ? "" : absl::StrCat(" (", absl::StrJoin(notes, "; "), ")")));
     return;
   }
   job.waiting_reason.clear();

@@ -1874,6 +1874,22 @@ TEST_F(ControllerTest, AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow)
             "rank 1 on h/1: hung in step 3: recv with peer 0 on group pp[0,1] (2 ranks) for 8.0 s");
 }
 
+// A job waiting for workers another job's ranks hold says which job holds them (it named only the
+// lost workers, if any, so the reason read as if they were the cause).
+TEST_F(ControllerTest, AWaitingJobSaysWhichJobsHoldTheWorkers) {
+  StartRunning();
+  auto later = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: a"}}), "a.yaml");
+  ASSERT_TRUE(later.ok()) << later.status();
+  auto pending = c_->GetJob(*later);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_EQ(pending->summary().state(), v1::JOB_PENDING);
+  std::string reason;
+  for (const auto& e : pending->events()) {
+    if (e.kind() == "waiting") reason = e.message();
+  }
+  EXPECT_NE(reason.find("(busy with job " + job_ + " (2))"), std::string::npos) << reason;
+}
+
 // A job recovering (its backoff running, its workers free meanwhile) keeps its claim on them: a job
 // submitted then waits, saying why, and the recovering one gets its workers back first, though
 // its id sorts after the newer one's ("t-1" after "a-2"; they were tried in id order).
