@@ -138,6 +138,12 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
                      moe::OpListString(moe::BackwardOps(s, sliced))));
     return;
   }
+  if (!choice.cache_error.empty()) {
+    spdlog::warn(
+        "moe schedule auto: the cost profile could not be cached ({}): a restarted attempt "
+        "calibrates again and may choose other schedules, so it would not continue bit for bit",
+        choice.cache_error);
+  }
   if (choice.profile.has_value()) {
     const moe::CostProfile& p = *choice.profile;
     log(absl::StrFormat("moe schedule auto: cost profile %s (%s, calibration %.2f s)", p.source,

@@ -1,11 +1,8 @@
 #include "runtime/train/moe_schedules.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -89,36 +86,24 @@ uint64_t Fnv1a(uint64_t h, const void* bytes, size_t n) {
   return h;
 }
 
-// Where this layout's ranks are: which ranks share a host (each rank labelled with the first rank
-// on its host, so another set of hosts split the same way gives the same key) and each rank's
-// place in the groups (its coordinates, which follow parallel.order), in rank order, hashed. A
-// profile fitted on one placement prices another's links wrongly (tp peers on one node or across
-// two).
+// Where this layout's ranks are in its groups: each rank's coordinates (which follow
+// parallel.order), in rank order, hashed. Not which ranks share a host: a restart placed on another
+// split over nodes (after losing one) keeps the profile, so auto picks the schedules the attempts
+// before it ran and the run continues bit for bit (the schedules agree only to about 1e-4, not
+// bitwise); delete the cache file to price the new placement.
 absl::StatusOr<uint64_t> PlacementHash(const RankLayout& layout) {
   constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
   const topology::Coords& c = layout.coords;
-  // [host hash, pp, dp, tp, edp, ep, esp] per rank.
-  constexpr int kFields = 7;
-  const uint64_t mine[kFields] = {Fnv1a(kFnvBasis, host, std::strlen(host)),
-                                  static_cast<uint64_t>(c.pp),
-                                  static_cast<uint64_t>(c.dp),
-                                  static_cast<uint64_t>(c.tp),
-                                  static_cast<uint64_t>(c.edp),
-                                  static_cast<uint64_t>(c.ep),
-                                  static_cast<uint64_t>(c.esp)};
+  // [pp, dp, tp, edp, ep, esp] per rank.
+  constexpr int kFields = 6;
+  const uint64_t mine[kFields] = {static_cast<uint64_t>(c.pp), static_cast<uint64_t>(c.dp),
+                                  static_cast<uint64_t>(c.tp), static_cast<uint64_t>(c.edp),
+                                  static_cast<uint64_t>(c.ep), static_cast<uint64_t>(c.esp)};
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   std::vector<uint64_t> all(mine, mine + kFields);
   if (world > 1) {
     all.resize(static_cast<size_t>(world) * kFields);
     RETURN_IF_ERROR(layout.world->AllGather(mine, all.data(), sizeof(mine)));
-  }
-  std::vector<uint64_t> hosts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) hosts[r] = all[static_cast<size_t>(r) * kFields];
-  for (int r = 0; r < world; ++r) {  // a host's hash -> the first rank on that host
-    const auto first = std::find(hosts.begin(), hosts.end(), hosts[r]) - hosts.begin();
-    all[static_cast<size_t>(r) * kFields] = static_cast<uint64_t>(first);
   }
   return Fnv1a(kFnvBasis, all.data(), all.size() * sizeof(uint64_t));
 }
@@ -211,11 +196,11 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     return out;
   }
   // The cache key: the layout's sizes, the device kind, the GEMMs' precision, how the groups move
-  // bytes (TransportOf), where the ranks are (PlacementHash) and the largest collective and GEMM
-  // timed (a function of the layer's shape): a resubmission on GPUs after a CPU run, in bf16 after
-  // fp32, with NCCL after host-staged Gloo, on another split over nodes, or with larger
-  // micro-batches than the profile was fitted for calibrates again; a restart on other hosts
-  // split the same way does not.
+  // bytes (TransportOf), the ranks' group coordinates (PlacementHash) and the largest collective
+  // and GEMM timed (a function of the layer's shape): a resubmission on GPUs after a CPU run, in
+  // bf16 after fp32, with NCCL after host-staged Gloo, in another parallel.order, or with larger
+  // micro-batches than the profile was fitted for calibrates again; a restart on other hosts, split
+  // over nodes the same way or not, does not (PlacementHash: the run continues bit for bit).
   const model::ModelShard& sh = layout.shard;
   const int world = layout.world == nullptr ? 1 : layout.world->size();
   ASSIGN_OR_RETURN(const uint64_t placement, PlacementHash(layout));
@@ -264,7 +249,10 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
       // through a temporary file of its own (every job's rank 0 may write it at once).
       std::error_code ec;
       std::filesystem::create_directories(cache_dir, ec);
-      WriteFileDurably(out.cache_path, out.profile->ToJson()).IgnoreError();
+      if (absl::Status written = WriteFileDurably(out.cache_path, out.profile->ToJson());
+          !written.ok()) {
+        out.cache_error = std::string(written.message());
+      }
     }
   }
   moe::Choice choice = moe::ChooseSchedule(*out.profile, shape);

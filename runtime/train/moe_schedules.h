@@ -41,6 +41,9 @@ struct MoeScheduleChoice {
   std::optional<moe::CostProfile> profile;
   bool from_cache = false;
   std::string cache_path;  // empty: no cache directory
+  // Rank 0: why the profile just measured could not be cached (empty: it was, or none was
+  // measured). A later attempt then calibrates again and may pick other schedules.
+  std::string cache_error;
 };
 
 absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
