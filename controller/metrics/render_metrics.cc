@@ -310,6 +310,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       by_state.emplace(v1::StateWord(static_cast<v1::WorkerState>(s)), 0);
   }
   for (const auto& [state, n] : snapshot.workers_by_state) by_state[v1::StateWord(state)] += n;
+  // A worker stopped cleanly is not a lost one (an alert on lost workers must not fire on a drain).
+  const std::string lost_word = v1::StateWord(v1::WORKER_STATE_LOST);
+  by_state["left"] = std::min(snapshot.workers_left, by_state[lost_word]);
+  by_state[lost_word] -= by_state["left"];
   for (const auto& [s, n] : by_state) Add(workers, {{"state", s}}, n);
   Add(dropped, {}, snapshot.telemetry_dropped_total);
   Add(records, {}, snapshot.telemetry_records_total);

@@ -367,7 +367,10 @@ MetricsSnapshot Controller::Metrics() {
   for (const auto st : {v1::WORKER_STATE_READY, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_LOST}) {
     snap.workers_by_state[st] = 0;
   }
-  for (const auto& [id, w] : workers_.workers()) ++snap.workers_by_state[w.info.state()];
+  for (const auto& [id, w] : workers_.workers()) {
+    ++snap.workers_by_state[w.info.state()];
+    if (w.info.state() == v1::WORKER_STATE_LOST && w.info.left()) ++snap.workers_left;
+  }
   for (const auto& [id, job] : jobs_.jobs()) {
     // A job over for a day leaves the export (its record stays in the store and the CLI): the
     // series of the jobs ever run would otherwise only grow.

@@ -50,8 +50,11 @@ struct MetricsSnapshot {
   double unix_time = 0;
   std::vector<JobMetrics> jobs;
   std::map<furnace::v1::WorkerState, uint32_t> workers_by_state;  // every state but UNSPECIFIED
-  uint64_t telemetry_dropped_total = 0;                           // records agents had to drop
-  uint64_t telemetry_records_total = 0;                           // records received
+  // Of the lost ones, those whose agent said it was leaving (stopped cleanly: `furnace workers`
+  // shows them as left): exported as state "left", not "lost".
+  uint32_t workers_left = 0;
+  uint64_t telemetry_dropped_total = 0;  // records agents had to drop
+  uint64_t telemetry_records_total = 0;  // records received
 };
 
 }  // namespace furnace::controller

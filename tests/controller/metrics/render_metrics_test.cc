@@ -187,6 +187,7 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "# HELP furnace_workers Workers registered with the controller, by state.\n"
           "# TYPE furnace_workers gauge\n"
           "furnace_workers{state=\"busy\"} 0\n"
+          "furnace_workers{state=\"left\"} 0\n"
           "furnace_workers{state=\"lost\"} 0\n"
           "furnace_workers{state=\"ready\"} 2\n"
           "# HELP furnace_telemetry_dropped_total Telemetry records agents had to drop (queue "
@@ -349,8 +350,22 @@ TEST(RenderMetrics, EvalLossOnlyForJobsThatEvaluated) {
 TEST(RenderMetrics, EmptySnapshotStillSaysWhatItIs) {
   const std::string text = RenderMetrics(MetricsSnapshot{});
   EXPECT_EQ(SamplesOf(text, "furnace_build_info").size(), 1u);
-  EXPECT_EQ(SamplesOf(text, "furnace_workers").size(), 3u);
+  EXPECT_EQ(SamplesOf(text, "furnace_workers").size(), 4u);  // busy, left, lost, ready
   EXPECT_EQ(SamplesOf(text, "furnace_job_state").size(), 0u);
+}
+
+// A worker whose agent was stopped cleanly (it said it was leaving) is "left", not "lost": an
+// alert on lost workers must not fire on a drain.
+TEST(RenderMetrics, WorkersThatLeftAreNotCountedAsLost) {
+  MetricsSnapshot snapshot = SmallSnapshot();
+  snapshot.workers_by_state[furnace::v1::WORKER_STATE_LOST] = 3;
+  snapshot.workers_left = 2;
+  const std::string text = RenderMetrics(snapshot);
+  EXPECT_EQ(SamplesOf(text, "furnace_workers"),
+            (std::vector<std::string>{
+                "furnace_workers{state=\"busy\"} 0", "furnace_workers{state=\"left\"} 2",
+                "furnace_workers{state=\"lost\"} 1", "furnace_workers{state=\"ready\"} 2"}))
+      << text;
 }
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {

@@ -1095,6 +1095,10 @@ TEST_F(ControllerTest, ALeavingWorkerIsListedAsLeftASilentOneAsLost) {
   EXPECT_EQ(info("h/1").state(), v1::WORKER_STATE_LOST);
   EXPECT_FALSE(info("h/1").left());
   EXPECT_STREQ(v1::WorkerStateWord(info("h/1")), "lost");
+  // The metric tells them apart too (render_metrics_test: state "left"): an alert on lost workers
+  // does not fire on a drain.
+  EXPECT_EQ(c_->Metrics().workers_by_state[v1::WORKER_STATE_LOST], 2u);
+  EXPECT_EQ(c_->Metrics().workers_left, 1u);
   Restart();
   EXPECT_TRUE(info("h/0").left());
   EXPECT_FALSE(info("h/1").left());
