@@ -436,10 +436,14 @@ v1::HeartbeatResponse Controller::TryHeartbeat(const v1::HeartbeatRequest& req) 
 
 v1::HeartbeatResponse Controller::Beat(const v1::HeartbeatRequest& req, bool wait) {
   v1::HeartbeatResponse resp;
-  double rank_silent_s = 0;  // (a worker runs one rank)
-  for (const v1::RunningRank& r : req.running())
-    rank_silent_s = std::max(rank_silent_s, r.silent_s());
-  if (!workers_.Beat(req.worker_id(), req.session_id(), rank_silent_s)) {
+  // The most silent of the ranks it runs (one, or an older attempt's still stopping beside it).
+  Liveness::RankSilence silence;
+  for (const v1::RunningRank& r : req.running()) {
+    if (r.silent_s() > silence.silent_s) {
+      silence = {r.job_id(), r.attempt(), r.rank(), r.silent_s(), 0};
+    }
+  }
+  if (!workers_.Beat(req.worker_id(), req.session_id(), std::move(silence))) {
     resp.set_reregister(true);
     return resp;
   }

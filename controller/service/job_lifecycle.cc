@@ -512,12 +512,14 @@ void JobLifecycle::TryStart(Job& job) {
     // A job that is recovering keeps its claim on as many workers as its last attempt ran on: a
     // job submitted or pending beside it starts only on the workers beyond those (it took the
     // recovering job's workers during its backoff, and a job mid-training waited on a later one).
+    // Where fewer are free than the recovering jobs claim (they wait for workers to come back), a
+    // job may still start on what is free: holding it back would idle workers no one can use yet.
     const auto [claimed, by] = ClaimedByRecovering(job);
     const uint32_t free =
         static_cast<uint32_t>(std::count_if(slots.begin(), slots.end(), [&](const WorkerSlot& s) {
           return s.free && s.device_kind == job.spec.resources().device();
         }));
-    if (claimed > 0 && free < claimed + world) {
+    if (claimed > 0 && free >= claimed && free < claimed + world) {
       wait(
           absl::StrFormat("needs %d free %s workers beyond the %d that recovering job%s %s "
                           "claim%s; %d free",

@@ -124,6 +124,8 @@ struct Job {
   // The pending failure is a victim's (NoteWeakFailure): a root cause that must be retried
   // (FailLater) takes its place.
   bool pending_weak = false;
+  // BlameFrozenRank rewrote the pending cause to name a frozen rank (done once per failure).
+  bool pending_frozen_named = false;
   // A rank of the current attempt reported a step since summary.step was last set to the lowest
   // rank step (done when the job is written, not per record: that is O(ranks) per record).
   bool step_stale = false;

@@ -154,6 +154,7 @@ void JobLifecycle::NoteWeakFailure(Job& job, const std::string& kind, const std:
                                    const std::string& worker, double settle_s) {
   if (job.settle_deadline == 0) {
     job.settle_deadline = clock_.MonotonicSeconds() + settle_s;
+    job.pending_frozen_named = false;
     job.pending_kind = kind;
     job.pending_cause = cause;
     job.pending_worker = worker;
@@ -171,6 +172,7 @@ bool JobLifecycle::FailLater(Job& job, const std::string& kind, const std::strin
   // (a worker leaving, an agent restarting, whose failure the store could not take now) replaces.
   if (job.settle_deadline > 0 && !job.pending_weak) return false;
   job.pending_weak = false;
+  job.pending_frozen_named = false;
   job.settle_deadline = clock_.MonotonicSeconds();
   job.pending_kind = kind;
   job.pending_cause = cause;
@@ -234,9 +236,13 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
 }
 
 void JobLifecycle::BlameFrozenRank(Job& job) {
-  if (job.settle_deadline == 0 || !job.pending_weak || job.pending_kind != "hang") return;
+  if (job.settle_deadline == 0 || !job.pending_weak || job.pending_kind != "hang" ||
+      job.pending_frozen_named) {
+    return;  // (named already: a retry after a failed write must not wrap the cause again)
+  }
   const std::optional<SilentRank> frozen = SilentestRank(job);
   if (!frozen) return;
+  job.pending_frozen_named = true;
   job.pending_cause = absl::StrFormat(
       "rank %d on %s: sent nothing for %.1f s, not even its watchdog's heartbeat (frozen: "
       "stopped, or every thread blocked); the ranks hung in a collective waited for it (%s)",
@@ -255,11 +261,15 @@ std::optional<JobLifecycle::SilentRank> JobLifecycle::SilentestRank(const Job& j
         w->attempt != attempt.attempt() || w->info.rank() != rank.rank()) {
       continue;
     }
-    const double reported = w->seen->rank_silent_s.load(std::memory_order_relaxed);
-    if (reported <= 0) continue;
-    const double silent =
-        reported + (now - w->seen->rank_silent_at.load(std::memory_order_relaxed));
-    if (silent >= kFrozenEvidenceS && (!out || silent > out->silent_s)) {
+    // Only what the agent itself saw (a live rank's silence is under a second whenever it beats):
+    // never the age of the agent's last heartbeat, which a slow beat or a long interval inflates.
+    const Liveness::RankSilence s = w->seen->Silence();
+    if (s.job_id != job.summary.job_id() || s.attempt != attempt.attempt() ||
+        s.rank != rank.rank() || s.silent_s < kFrozenEvidenceS) {
+      continue;
+    }
+    const double silent = s.silent_s + (now - s.at);
+    if (!out || silent > out->silent_s) {
       out = SilentRank{static_cast<int>(rank.rank()), rank.worker_id(), silent};
     }
   }
@@ -595,6 +605,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   w.info.set_lost_unix(0);
   w.info.set_left(false);
   w.seen->Set(clock_.MonotonicSeconds(), clock_.UnixSeconds());
+  w.seen->SetSilence({});  // (a new agent process, or a new session: nothing said yet)
   const bool first_since_start = !workers_.HasSession(req.worker_id());
   const std::string session = workers_.NewSession(req.worker_id(), agent_restarted);
 

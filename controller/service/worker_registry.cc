@@ -87,7 +87,7 @@ void WorkerRegistry::Touch(const std::string& worker_id) {
 }
 
 bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& session_id,
-                          double rank_silent_s) {
+                          Liveness::RankSilence silence) {
   const std::shared_ptr<Mailbox> box = FindMailbox(worker_id);
   if (box == nullptr) return false;
   {
@@ -96,8 +96,8 @@ bool WorkerRegistry::Beat(const std::string& worker_id, const std::string& sessi
   }
   const double now = clock_.MonotonicSeconds();
   box->seen->Set(now, clock_.UnixSeconds());
-  box->seen->rank_silent_at.store(now, std::memory_order_relaxed);
-  box->seen->rank_silent_s.store(std::max(0.0, rank_silent_s), std::memory_order_relaxed);
+  silence.at = now;
+  box->seen->SetSilence(std::move(silence));
   return true;
 }
 

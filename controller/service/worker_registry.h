@@ -52,10 +52,25 @@ struct Liveness {
   std::atomic<double> unix_s{0};
   // The worker has a session (HasSession), readable from its record without the map's lock.
   std::atomic<bool> in_session{false};
-  // How long the rank the worker runs had sent nothing when its agent's last heartbeat said so
-  // (RunningRank.silent_s; 0: not silent, or not said), and when that heartbeat came (monotonic).
-  std::atomic<double> rank_silent_s{0};
-  std::atomic<double> rank_silent_at{0};
+  // What the agent's last heartbeat said of its rank's silence (RunningRank.silent_s): which rank,
+  // how long it had sent nothing, and when that heartbeat came (monotonic). Reset at Register.
+  struct RankSilence {
+    std::string job_id;
+    uint32_t attempt = 0;
+    uint32_t rank = 0;
+    double silent_s = 0;
+    double at = 0;
+  };
+  void SetSilence(RankSilence s) {
+    std::lock_guard<std::mutex> lock(silence_mu);
+    silence = std::move(s);
+  }
+  RankSilence Silence() const {
+    std::lock_guard<std::mutex> lock(silence_mu);
+    return silence;
+  }
+  mutable std::mutex silence_mu;
+  RankSilence silence;  // guarded by silence_mu
   void Set(double mono_s, double unix_time) {
     mono.store(mono_s, std::memory_order_relaxed);
     unix_s.store(unix_time, std::memory_order_relaxed);
@@ -120,9 +135,10 @@ class WorkerRegistry {
   // Heard from the worker (any RPC): its silence starts again. Nothing for a worker never seen.
   void Touch(const std::string& worker_id);
   // A heartbeat: when `session_id` is the worker's current session, records it as heard from now
-  // (and its rank as silent for `rank_silent_s`, 0: not) and returns true; false otherwise (the
+  // (and what it says of its rank's silence) and returns true; false otherwise (the
   // agent must register again).
-  bool Beat(const std::string& worker_id, const std::string& session_id, double rank_silent_s = 0);
+  bool Beat(const std::string& worker_id, const std::string& session_id,
+            Liveness::RankSilence silence = {});
   // Starts a new session for the worker (ending any older command stream), optionally dropping
   // the commands queued for the old agent process; returns the session id.
   std::string NewSession(const std::string& worker_id, bool drop_commands);

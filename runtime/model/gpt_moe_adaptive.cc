@@ -539,7 +539,8 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
     const int j = ModuleIndexOf(e.layer, tag);
     if (ReadByModule(j, tag, module)) {
       now.push_back(e.handle);
-      need += e.bytes;
+      // An encoding coming back from the host is held beside the tensor it decodes to.
+      need += e.bytes + (e.state == StashState::kOffloaded ? e.encoded_bytes : 0);
     } else if (j == ahead_module && e.state == StashState::kOffloaded) {
       ahead.push_back(e.handle);
       ahead_bytes += e.bytes;

@@ -217,6 +217,9 @@ std::vector<StashEntrySummary> Stash::Summaries() const {
     s.micro = e.info.micro;
     s.bytes = e.info.bytes;
     s.held_bytes = e.buffer.bytes() + e.incoming.bytes() + e.encoded.bytes();
+    s.encoded_bytes = e.info.state == StashState::kCompressed                    ? e.encoded.bytes()
+                      : e.info.state == StashState::kOffloaded && e.host_encoded ? e.host_bytes
+                                                                                 : 0;
     s.state = e.info.state;
     s.pinned = e.pins > 0;
     s.rebuildable = r.rebuildable() && r.collective == RecomputeCollective::kNone;

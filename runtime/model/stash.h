@@ -141,6 +141,9 @@ struct StashEntrySummary {
   int micro = 0;
   uint64_t bytes = 0;       // at full precision
   uint64_t held_bytes = 0;  // device bytes it holds now (kCompressed: the encoding's)
+  // Its bytes are an encoding (kCompressed, or offloaded from it): the encoding's size; else 0.
+  // Bringing such an offloaded entry back holds the encoding and the decoded tensor at once.
+  uint64_t encoded_bytes = 0;
   StashState state = StashState::kKept;
   bool pinned = false;       // acquired by a backward
   bool rebuildable = false;  // has a rebuild that needs no collective (a per-rank drop is safe)

@@ -1950,8 +1950,27 @@ TEST_F(ControllerTest, AFrozenRankIsBlamedNotThePeerThatHungWaitingForIt) {
             "rank 0 on h/0: sent nothing for 13.3 s, not even its watchdog's heartbeat (frozen: "
             "stopped, or every thread blocked); the ranks hung in a collective waited for it "
             "(rank 1 on h/1: hung in step 3: all_reduce on group world[0,1] (2 ranks) for 10.0 s)");
-  // A rank that is merely slow to be heard from (under kFrozenEvidenceS) is no evidence: the
-  // victim is blamed as before (AHangInsideACollectiveAloneFailsTheAttemptAfterTheWindow).
+}
+
+// Silence is what the agent saw, never the age of its last heartbeat: a live rank (0.9 s since its
+// watchdog's last heartbeat) whose agent's beats then stop coming is no frozen rank, and the
+// victim is blamed as before.
+TEST_F(ControllerTest, ALateHeartbeatIsNoEvidenceOfAFrozenRank) {
+  StartRunning();
+  v1::HeartbeatRequest h;
+  h.set_worker_id("h/0");
+  h.set_session_id(sessions_[0]);
+  v1::RunningRank r = Running(job_, 1, 0);
+  r.set_silent_s(0.9);
+  *h.add_running() = r;
+  EXPECT_FALSE(c_->Heartbeat(h).reregister());
+  ReportHang(1, 1, "hung in step 3: all_reduce on group world[0,1] (2 ranks) for 10.0 s", true);
+  clock_.Advance(3.1);  // no beat from h/0 since
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).cause(),
+            "rank 1 on h/1: hung in step 3: all_reduce on group world[0,1] (2 ranks) for 10.0 s");
 }
 
 // A success that leaves ranks running is in the store before it is acknowledged (its worker is

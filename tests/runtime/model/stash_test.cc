@@ -106,10 +106,11 @@ TEST_F(StashTest, EntriesAreKeyedByMicroBatchAndProducer) {
 // Holds the copy thread inside its pacing sleep while `held` is set (a job then stays in flight).
 struct HeldLink {
   std::atomic<bool> held{false};
+  std::atomic<int> sleeps{0};
   absl::Notification entered, release;
   void Sleep() {
     if (!held.load()) return;
-    if (!entered.HasBeenNotified()) entered.Notify();
+    if (sleeps++ == 0) entered.Notify();  // (both directions' threads may get here at once)
     release.WaitForNotification();
   }
 };
