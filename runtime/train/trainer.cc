@@ -613,7 +613,10 @@ absl::Status Trainer::Restore(const LoadedCheckpoint& c) {
                      ", past this run's train.steps ", config_.steps,
                      ": resuming would train nothing and hand out a model of more steps than "
                      "asked. Raise train.steps to at least ",
-                     c.data_position, ", or give the job another checkpoint.dir"));
+                     c.data_position,
+                     " (under a cosine schedule with checkpoint.override_settings: true too, "
+                     "since train.steps shapes its decay), or give the job another "
+                     "checkpoint.dir"));
   }
   RETURN_IF_ERROR(CheckDataPosition(c));
   RETURN_IF_ERROR(CheckSettings(c));
