@@ -576,31 +576,11 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
   }));
   if (!ticket.valid()) return absl::OkStatus();
   bool late = false;
-  if (consumer != nullptr) {
-    // A discrete device: the compute stream waits for the reload's event; the host does not.
-    // (Unlocked: the engine's thread takes our lock in its completion hooks.)
-    const absl::Status ordered = engine->OrderBefore(ticket, *consumer, &late);
-    {
-      absl::MutexLock lock(&mu_);
-      if (late) ++action_stats_.late_reloads;
-      auto it = entries_.find(handle.id);
-      if (it == entries_.end()) {
-        return absl::NotFoundError(
-            absl::StrCat("stash: entry ", handle.id, " released during reload"));
-      }
-      Entry& e = it->second;
-      if (!e.copy_error.ok()) return e.copy_error;
-      if (!ordered.ok()) return ordered;
-      if (e.info.state == StashState::kOffloaded) {  // still copying: the stream reads it after
-        e.reload_ordered = true;
-        ArriveLocked(e);
-      }
-      if (e.info.state != StashState::kCompressed) return absl::OkStatus();
-    }
-    // An encoding brought back: decoded on the compute stream, after the copy it waits for.
-    return DecodeAfterCopies(handle);
-  }
-  const absl::Status waited = engine->Wait(ticket, needed_at, &late);
+  // A discrete device: the compute stream waits for the reload's event; the host does not. The
+  // CPU: the host waits. (Unlocked: the engine's thread takes our lock in its completion hooks.)
+  const bool ordered = consumer != nullptr;
+  const absl::Status waited = ordered ? engine->OrderBefore(ticket, *consumer, &late)
+                                      : engine->Wait(ticket, needed_at, &late);
   {
     absl::MutexLock lock(&mu_);
     if (late) ++action_stats_.late_reloads;
@@ -611,17 +591,22 @@ absl::Status Stash::RestoreOne(StashHandle handle, double needed_at) {
     }
     Entry& e = it->second;
     if (!e.copy_error.ok()) return e.copy_error;
-    if (e.info.state != StashState::kCompressed) {
-      if (e.info.state != StashState::kKept) {
-        // A failed offload copy leaves the tensor kept; anything else is the reload's failure.
-        return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
-                                                              "' completed but it is not kept"))
-                           : waited;
+    if (ordered) {
+      if (!waited.ok()) return waited;
+      if (e.info.state == StashState::kOffloaded) {  // still copying: the stream reads it after
+        e.reload_ordered = true;
+        ArriveLocked(e);
       }
-      return absl::OkStatus();
+    } else if (e.info.state != StashState::kKept && e.info.state != StashState::kCompressed) {
+      // A failed offload copy leaves the tensor kept; anything else is the reload's failure.
+      return waited.ok() ? absl::InternalError(absl::StrCat("stash: reload of '", e.info.producer,
+                                                            "' completed but it is not kept"))
+                         : waited;
     }
+    if (e.info.state != StashState::kCompressed) return absl::OkStatus();
   }
-  // An encoding back (or one whose offload was wanted back before it landed): decoded.
+  // An encoding brought back (or one whose offload was wanted back before it landed): decoded on
+  // the compute stream, after the copy it waits for.
   return DecodeAfterCopies(handle);
 }
 
