@@ -53,6 +53,10 @@ bool IsFinalState(v1::JobState state) {
   return state == v1::JOB_SUCCEEDED || state == v1::JOB_FAILED || state == v1::JOB_CANCELLED;
 }
 
+bool CauseIsPast(const v1::JobSummary& summary) {
+  return !IsFinalState(summary.state()) && summary.state() != v1::JOB_RECOVERING;
+}
+
 std::string StateName(v1::JobState state) {
   if (state == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(state)) return "UNKNOWN";
   std::string name = v1::JobState_Name(state);

@@ -47,6 +47,11 @@ ExitCode ExitCodeForState(v1::JobState state);
 // SUCCEEDED, FAILED and CANCELLED: nothing about the job will change any more.
 bool IsFinalState(v1::JobState state);
 
+// The summary keeps the last failure's cause until the job ends. Once a later attempt is placed
+// (not recovering, not ended) that cause is what the job restarted after, not what is wrong now:
+// views label it so (watch, status, jobs).
+bool CauseIsPast(const v1::JobSummary& summary);
+
 // "RUNNING" for JOB_RUNNING; "UNKNOWN" for JOB_STATE_UNSPECIFIED or a value this build lacks.
 std::string StateName(v1::JobState state);
 

@@ -23,6 +23,12 @@ constexpr size_t kCauseWidth = 60;
 
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
 
+// A later attempt runs: the cause is the one it restarted after (see CauseIsPast).
+std::string CauseColumn(const v1::JobSummary& job) {
+  if (job.cause().empty()) return "-";
+  return CauseIsPast(job) ? absl::StrCat("restarted after: ", job.cause()) : job.cause();
+}
+
 std::string AttemptDuration(const v1::AttemptInfo& a, double now_unix) {
   if (a.started_unix() <= 0) return "-";
   const double end = a.ended_unix() > 0 ? a.ended_unix() : now_unix;
@@ -40,7 +46,9 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   summary.AddRow({"state", StateName(s.state())});
   summary.AddRow({"attempt", absl::StrCat(s.attempt(), "  (", s.restarts(),
                                           s.restarts() == 1 ? " restart)" : " restarts)")});
-  if (!s.cause().empty()) summary.AddRow({"cause", s.cause()});
+  if (!s.cause().empty()) {
+    summary.AddRow({CauseIsPast(s) ? "restarted after" : "cause", s.cause()});
+  }
   summary.AddRow({"progress", absl::StrCat(ProgressBar(s.step(), s.total_steps(), 30), "  step ",
                                            FormatProgress(s.step(), s.total_steps()))});
   summary.AddRow({"ranks", absl::StrCat(s.world_size())});
@@ -129,7 +137,7 @@ std::string RenderJobsTable(const v1::ListJobsResponse& jobs, double now_unix) {
                   absl::StrCat(j.world_size()), FormatProgress(j.step(), j.total_steps()),
                   absl::StrCat(FormatDuration(now_unix - j.submitted_unix()), "/",
                                FormatDuration(now_unix - j.updated_unix())),
-                  Truncate(OrDash(j.cause()), kCauseWidth)});
+                  Truncate(CauseColumn(j), kCauseWidth)});
   }
   return table.Render();
 }

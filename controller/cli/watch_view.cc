@@ -29,12 +29,6 @@ std::string EventText(const v1::JobEvent& e) {
   return absl::StrCat(FormatClock(e.unix_time()), " ", e.kind(), ": ", OneLine(e.message()));
 }
 
-// The summary keeps the last failure's cause until the job ends. Once a later attempt is placed
-// (not recovering, not ended) that cause is what the job restarted after, not what is wrong now.
-bool CauseIsPast(const v1::JobSummary& s) {
-  return !IsFinalState(s.state()) && s.state() != v1::JOB_RECOVERING;
-}
-
 std::string StatusLine(const v1::JobSummary& s) {
   std::string line =
       absl::StrCat(StateName(s.state()), "  attempt ", s.attempt(), "  ", Restarts(s.restarts()),

@@ -102,6 +102,29 @@ TEST_F(WatchViewTest, ARunningAttemptShowsTheLastFailureAsPastNotAsItsCause) {
   EXPECT_NE(PlainWatchLines(&running, failed)[0].find("  cause: " + hung), std::string::npos);
 }
 
+// `furnace status` and `furnace jobs` label the kept cause the same way as watch.
+TEST_F(WatchViewTest, StatusAndJobsLabelALaterAttemptsCauseAsPast) {
+  const std::string hung = "rank 2 on vm/2: hung in step 30";
+  v1::JobDetail recovering = MakeJob(v1::JOB_RECOVERING, 1, 30, 60);
+  recovering.mutable_summary()->set_cause(hung);
+  v1::JobDetail running = MakeJob(v1::JOB_RUNNING, 2, 0, 60);
+  running.mutable_summary()->set_cause(hung);
+
+  const std::string now = RenderJobStatus(recovering, kT0 + 65);
+  EXPECT_NE(now.find("\ncause "), std::string::npos) << now;
+  EXPECT_EQ(now.find("restarted after"), std::string::npos) << now;
+  const std::string past = RenderJobStatus(running, kT0 + 65);
+  EXPECT_NE(past.find("\nrestarted after  " + hung), std::string::npos) << past;
+  EXPECT_EQ(past.find("\ncause "), std::string::npos) << past;
+
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = recovering.summary();
+  *jobs.add_jobs() = running.summary();
+  const std::string table = RenderJobsTable(jobs, kT0 + 65);
+  EXPECT_NE(table.find("  " + hung), std::string::npos) << table;
+  EXPECT_NE(table.find("restarted after: " + hung), std::string::npos) << table;
+}
+
 TEST_F(WatchViewTest, PlainLinesSurviveEventWindowSliding) {
   v1::JobDetail a = MakeJob(v1::JOB_RUNNING, 1, 3);
   AddEvent(&a, kT0 + 1, "x", "one");
