@@ -194,6 +194,33 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
   return loaded;
 }
 
+// LoadLatestWholeCheckpoint's one read: from LATEST back past damaged steps.
+absl::StatusOr<WholeCheckpoint> LoadNewestVerified(const train::CheckpointStore& store) {
+  // The loader picks the newest step whose shard 0 verifies; a step whose other shards do not is
+  // passed over here the same way, for the next older committed one.
+  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.LoadLatest(0, train::ShardParts::kParams));
+  std::vector<std::string> skipped = std::move(first.skipped);
+  int64_t step = first.step;
+  absl::StatusOr<WholeCheckpoint> whole = Reassemble(store, std::move(first));
+  while (!whole.ok()) {
+    // Only damage passes a step over: a shard that could not be read (or another version) would
+    // make the export an older step's without saying why it is not the newest.
+    if (!train::IsDamage(whole.status())) return whole.status();
+    skipped.push_back(std::string(whole.status().message()));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> committed, store.ListCommittedSteps());
+    const auto older = std::lower_bound(committed.begin(), committed.end(), step);
+    if (older == committed.begin()) {
+      return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", store.dir(),
+                                              ":\n  ", absl::StrJoin(skipped, "\n  ")));
+    }
+    step = *std::prev(older);
+    absl::StatusOr<train::LoadedCheckpoint> next = store.Load(step, 0, train::ShardParts::kParams);
+    whole = next.ok() ? Reassemble(store, *std::move(next)) : next.status();
+  }
+  whole->skipped.insert(whole->skipped.begin(), skipped.begin(), skipped.end());
+  return whole;
+}
+
 }  // namespace
 
 int64_t WholeCheckpoint::num_params() const {
@@ -300,29 +327,19 @@ absl::StatusOr<WholeCheckpoint> LoadWholeCheckpoint(const train::CheckpointStore
 }
 
 absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::CheckpointStore& store) {
-  // The loader picks the newest step whose shard 0 verifies; a step whose other shards do not is
-  // passed over here the same way, for the next older committed one.
-  ASSIGN_OR_RETURN(train::LoadedCheckpoint first, store.LoadLatest(0, train::ShardParts::kParams));
-  std::vector<std::string> skipped = std::move(first.skipped);
-  int64_t step = first.step;
-  absl::StatusOr<WholeCheckpoint> whole = Reassemble(store, std::move(first));
-  while (!whole.ok()) {
-    // Only damage passes a step over: a shard that could not be read (or another version) would
-    // make the export an older step's without saying why it is not the newest.
-    if (!train::IsDamage(whole.status())) return whole.status();
-    skipped.push_back(std::string(whole.status().message()));
-    ASSIGN_OR_RETURN(const std::vector<int64_t> committed, store.ListCommittedSteps());
-    const auto older = std::lower_bound(committed.begin(), committed.end(), step);
-    if (older == committed.begin()) {
-      return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", store.dir(),
-                                              ":\n  ", absl::StrJoin(skipped, "\n  ")));
-    }
-    step = *std::prev(older);
-    absl::StatusOr<train::LoadedCheckpoint> next = store.Load(step, 0, train::ShardParts::kParams);
-    whole = next.ok() ? Reassemble(store, *std::move(next)) : next.status();
+  // Enough for any job that checkpoints less often than a read takes; a job that commits faster
+  // than its checkpoint can be read (and keeps too few to read an older one) gets the error.
+  constexpr int kMaxRereads = 20;
+  absl::StatusOr<std::optional<int64_t>> before = store.LatestStep();
+  for (int reread = 0;; ++reread) {
+    absl::StatusOr<WholeCheckpoint> whole = LoadNewestVerified(store);
+    if (whole.ok() || !before.ok() || reread == kMaxRereads) return whole;
+    absl::StatusOr<std::optional<int64_t>> after = store.LatestStep();
+    const bool moved =
+        after.ok() && after->has_value() && (!before->has_value() || **after > **before);
+    if (!moved) return whole;
+    before = std::move(after);
   }
-  whole->skipped.insert(whole->skipped.begin(), skipped.begin(), skipped.end());
-  return whole;
 }
 
 absl::StatusOr<WholeCheckpoint> LoadJobCheckpoint(const v1::JobDetail& job, int64_t step,

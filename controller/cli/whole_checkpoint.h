@@ -82,7 +82,9 @@ class TensorAssembler {
 absl::StatusOr<WholeCheckpoint> LoadWholeCheckpoint(const train::CheckpointStore& store,
                                                     int64_t step);
 // The newest committed checkpoint (not newer than LATEST) whose every shard verifies and
-// reassembles; a damaged one is passed over for the previous one and listed in `skipped`.
+// reassembles; a damaged one is passed over for the previous one and listed in `skipped`. A
+// running job may commit while this reads, and its checkpoint.keep then deletes the steps being
+// read: when LATEST moved during a read that failed, the read starts again from the new LATEST.
 absl::StatusOr<WholeCheckpoint> LoadLatestWholeCheckpoint(const train::CheckpointStore& store);
 
 // The committed checkpoint of `job` at `step` (-1: the newest that verifies), read from the job's

@@ -4,10 +4,12 @@
 // value; the expected tensors are computed here from the coordinates, not with GlobalIndex.
 #include "controller/cli/whole_checkpoint.h"
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
@@ -93,8 +95,8 @@ std::vector<Shard> TwoRanks(int64_t step) {
 }
 
 // Writes every shard, then commits, as SaveCheckpointParallel does.
-absl::Status Save(const std::string& dir, int64_t step, std::vector<Shard> shards) {
-  train::CheckpointStore store(dir, /*keep=*/0);
+absl::Status Save(const std::string& dir, int64_t step, std::vector<Shard> shards, int keep = 0) {
+  train::CheckpointStore store(dir, keep);
   std::vector<train::ShardRecord> records;
   train::ShardState first;
   for (size_t k = 0; k < shards.size(); ++k) {
@@ -297,6 +299,42 @@ TEST_F(ParallelExportTest, CorruptSecondShardFallsBack) {
   EXPECT_NE(code.status().message().find("checkpoint shard " + shard + ": checksum mismatch"),
             std::string::npos)
       << code.status();
+}
+
+// A running job with checkpoint.keep 1 deletes the step an export is reading when it commits the
+// next: the export reads again from the new LATEST instead of failing with "no usable checkpoint".
+TEST_F(ParallelExportTest, AStepPrunedWhileItIsReadIsReadAgainFromTheNewLatest) {
+  ASSERT_TRUE(Save(ckpt_dir_, 1, TwoRanks(1), /*keep=*/1).ok());
+  constexpr int64_t kLastStep = 100;
+  std::atomic<bool> done{false};
+  absl::Status written;
+  std::thread job([&] {
+    for (int64_t step = 2; step <= kLastStep && written.ok(); ++step) {
+      written = Save(ckpt_dir_, step, TwoRanks(step), /*keep=*/1);
+    }
+    done = true;
+  });
+  const train::CheckpointStore store(ckpt_dir_, /*keep=*/0);
+  int reads = 0;
+  std::vector<std::string> failures;
+  while (!done) {
+    absl::StatusOr<WholeCheckpoint> whole = LoadLatestWholeCheckpoint(store);
+    ++reads;
+    if (!whole.ok()) {
+      failures.push_back(std::string(whole.status().message()));
+      continue;
+    }
+    // Whatever step it read, it read all of that step's values.
+    for (const WholeTensor& t : whole->tensors) {
+      if (t.name != "wte") continue;
+      ASSERT_EQ(t.data[0], Value(whole->step, kWte, 0, 0)) << "step " << whole->step;
+    }
+  }
+  job.join();
+  ASSERT_TRUE(written.ok()) << written;
+  EXPECT_GT(reads, 0);
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << reads
+                                << " reads failed; the first: " << failures.front();
 }
 
 // TensorAssembler alone: order and inconsistent shards.
