@@ -57,10 +57,22 @@ std::string GroupPlace(int size, bool intra, bool fitted) {
 
 }  // namespace
 
-IntraNode PlanIntraNode(int tp, int ep, int esp, int ranks_per_node) {
-  const int64_t rpn = ranks_per_node;
-  return IntraNode{
-      .tp = int64_t{tp} * 1 <= rpn, .ep = int64_t{ep} * esp <= rpn, .esp = int64_t{esp} * 1 <= rpn};
+IntraNode PlanIntraNode(const topology::Topology& topology, int ranks_per_node) {
+  using topology::GroupKind;
+  const int rpn = std::max(1, ranks_per_node);
+  IntraNode out;
+  for (int r = 0; r < topology.world_size(); ++r) {
+    const int node = r / rpn;
+    const auto on_node = [&](const std::vector<int>& group) {
+      return std::all_of(group.begin(), group.end(), [&](int m) { return m / rpn == node; });
+    };
+    out.tp = out.tp && on_node(topology.Group(GroupKind::kTensor, r));
+    out.esp = out.esp && on_node(topology.Group(GroupKind::kExpertShard, r));
+    for (int m : topology.Group(GroupKind::kExpert, r)) {
+      out.ep = out.ep && on_node(topology.Group(GroupKind::kExpertShard, m));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
@@ -86,8 +98,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
 
   // Whether the ESP group is the TP group (deepspeed's experts then sliced): the spec's layout
   // as the ranks build it (worker/rank_groups.cc TopologyFromTask reads the same fields; the CLI
-  // may not link worker/, nor runtime/ the proto). The spec was validated: a layout that does not
-  // fit says no here.
+  // may not link worker/, nor runtime/ the proto). The spec was validated.
   topology::ParallelSizes sizes;
   sizes.pp = static_cast<int>(std::max<uint32_t>(1, p.pp()));
   sizes.dp = static_cast<int>(std::max<uint32_t>(1, p.dp()));
@@ -95,7 +106,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   sizes.ep = static_cast<int>(std::max<uint32_t>(1, p.ep()));
   sizes.esp = static_cast<int>(std::max<uint32_t>(1, p.esp()));
   if (!p.order().empty()) sizes.order = p.order();
-  const absl::StatusOr<topology::Topology> topo = topology::Topology::Create(sizes, sizes.world());
+  absl::StatusOr<topology::Topology> topo = topology::Topology::Create(sizes, sizes.world());
+  if (!topo.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": parallel: ", topo.status().message()));
+  }
   const moe::LayerShape shape{.N = int64_t{p.micro_batch()} * m.seq_len(),
                               .C = static_cast<int>(m.d_model()),
                               .f = static_cast<int>(m.expert_ffn()),
@@ -105,10 +119,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
                               .tp = static_cast<int>(p.tp()),
                               .ep = static_cast<int>(p.ep()),
                               .esp = static_cast<int>(p.esp()),
-                              .esp_is_tp = topo.ok() && topo->EspGroupIsTpGroup()};
+                              .esp_is_tp = topo->EspGroupIsTpGroup()};
   const int world = static_cast<int>(spec::WorldSize(spec));
   const int rpn = options.ranks_per_node > 0 ? options.ranks_per_node : world;
-  const IntraNode intra = PlanIntraNode(shape.tp, shape.ep, shape.esp, rpn);
+  const IntraNode intra = PlanIntraNode(*topo, rpn);
 
   moe::CostProfile profile;
   const bool fitted = !options.profile.empty();

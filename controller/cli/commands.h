@@ -16,6 +16,7 @@
 #include "controller/cli/client.h"
 #include "google/protobuf/message.h"
 #include "runtime/base/clock.h"
+#include "runtime/topology/topology.h"
 
 namespace furnace::cli {
 
@@ -166,19 +167,20 @@ struct PlanOptions {
 // layers' shape (N = parallel.micro_batch * model.seq_len tokens per rank per micro-batch) and
 // prints, for the MoE layers (they share one shape), each schedule's predicted forward and
 // backward time, bytes per group (tp, ep, esp) per direction and op lists, and the schedule
-// `auto` takes with its reason. Without a profile, a group is intra-node iff its size * its
-// stride <= ranks_per_node (PlanIntraNode). A profile that cannot be read -> a LocalError (exit
+// `auto` takes with its reason. Without a profile, a group is intra-node iff the whole group
+// is on one node (PlanIntraNode). A profile that cannot be read -> a LocalError (exit
 // 5); one that does not parse -> INVALID_ARGUMENT.
 absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
                             const PlanOptions& options);
 
-// The default profile's placement rule, stated in `furnace plan --help`: ranks are numbered tp
-// fastest, then dp, then pp; the expert groups tile the dp * tp ranks of a stage in the order
-// esp-ep-edp. So tp has stride 1, esp stride 1, ep stride esp, and a group is intra-node iff
-// size * stride <= ranks_per_node. Returns {tp, ep, esp}.
+// The default profile's placement rule, stated in `furnace plan --help`: ranks fill nodes in
+// rank order, ranks_per_node to a node, and a group kind is intra-node iff every rank's group of
+// that kind lies on one node (for ep: its EP group and each member's ESP group, the ranks an
+// expert exchange reaches). The groups are the job's own (parallel.order included). Returns
+// {tp, ep, esp}.
 struct IntraNode {
   bool tp = true, ep = true, esp = true;
 };
-IntraNode PlanIntraNode(int tp, int ep, int esp, int ranks_per_node);
+IntraNode PlanIntraNode(const topology::Topology& topology, int ranks_per_node);
 
 }  // namespace furnace::cli

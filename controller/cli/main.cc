@@ -225,10 +225,9 @@ int main(int argc, char** argv) {
                    "default profile, intra- or inter-node links per --ranks-per-node");
   plan->add_option("--ranks-per-node", plan_options.ranks_per_node,
                    "ranks per node for the default profile (default: every rank on one node). "
-                   "Ranks are numbered tp fastest, then dp, then pp; expert groups tile the "
-                   "dp * tp ranks of a stage in the order esp-ep-edp. So tp and esp have "
-                   "stride 1, ep stride esp, and a group is intra-node iff its size * its "
-                   "stride <= ranks per node")
+                   "Ranks fill nodes in rank order; a group (tp, ep, esp) is intra-node iff "
+                   "every rank's group of that kind, as parallel.order lays it out, lies on one "
+                   "node (ep: with each member's esp group)")
       ->check(CLI::Range(1, 1 << 30));
 
   try {

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/moe/cost_model.h"
+#include "runtime/topology/topology.h"
 #include "tests/testing/test_dir.h"
 
 namespace furnace::cli {
@@ -80,10 +81,32 @@ TEST_F(PlanTest, RanksPerNodeDecidesIntraNodeGroups) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_THAT(out_.str(), HasSubstr("groups: tp 2 intra-node, ep 2 inter-node, esp 2 intra-node "
                                     "(4 ranks, 2 per node)"));
-  const IntraNode one = PlanIntraNode(2, 2, 2, 1);
+  auto topology = [](const std::string& order) {
+    topology::ParallelSizes sizes{.pp = 1, .dp = 2, .tp = 2, .ep = 2, .esp = 2};
+    if (!order.empty()) sizes.order = order;
+    absl::StatusOr<topology::Topology> t = topology::Topology::Create(sizes, 4);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *std::move(t);
+  };
+  const IntraNode one = PlanIntraNode(topology(""), 1);
   EXPECT_FALSE(one.tp || one.ep || one.esp);
-  const IntraNode four = PlanIntraNode(2, 2, 2, 4);
+  const IntraNode four = PlanIntraNode(topology(""), 4);
   EXPECT_TRUE(four.tp && four.ep && four.esp);
+  const IntraNode two = PlanIntraNode(topology(""), 2);
+  EXPECT_TRUE(two.tp && !two.ep && two.esp);
+}
+
+// With dp fastest (parallel.order dp-tp-pp) the tp groups are {0, 2} and {1, 3}: on 2 ranks per
+// node each spans both nodes, whatever its size.
+TEST_F(PlanTest, TheLayoutsOrderDecidesWhichGroupsAreIntraNode) {
+  std::string yaml = kJob;
+  ASSERT_NE(yaml.find("parallel:"), std::string::npos);
+  yaml.replace(yaml.find("parallel:"), 9, "parallel:\n  order: dp-tp-pp");
+  const std::string reordered = dir_ / "reordered.yaml";
+  std::ofstream(reordered) << yaml;
+  auto code = RunPlan(ctx_, reordered, {.profile = "", .ranks_per_node = 2});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("groups: tp 2 inter-node, "));
 }
 
 TEST_F(PlanTest, ReadsAProfile) {
