@@ -106,13 +106,19 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   }
   ++p.ranks;
   if (p.ranks >= world_size) {
+    // Older steps still pending will not complete: a rank's record was dropped under
+    // back-pressure, or its agent went away while the rank trained on and the attempt ended. They
+    // were trained all the same: stored with the ranks that reported them, in order, before this.
+    const auto older = job.pending_steps.lower_bound(key);
+    for (auto it = job.pending_steps.begin(); it != older; ++it) FinishStep(job_id, it->second);
     FinishStep(job_id, p);
-    // Older steps still pending lost a rank's record (dropped under back-pressure): drop them.
     job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
     return true;
   }
   if (job.pending_steps.size() > kMaxPendingSteps) {
-    job.pending_steps.erase(job.pending_steps.begin());  // the oldest never completes
+    // The oldest never completes (the bound): stored with the ranks it has.
+    FinishStep(job_id, job.pending_steps.begin()->second);
+    job.pending_steps.erase(job.pending_steps.begin());
   }
   return false;
 }

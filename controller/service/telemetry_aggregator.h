@@ -10,8 +10,11 @@
 //    records per step: rank r's record of step s when (s + r) % stride == 0, stride =
 //    ceil(world / kRawPerStep), so every rank is sampled every `stride` steps. The newest
 //    RawRecordsKept(world) = max(5000, 2 * world) rows per job stay: every rank's last sample;
-//  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks (the oldest are
-//    dropped: a rank whose record never comes must not grow the controller), and the totals.
+//  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks, and the totals.
+//    A step that cannot complete any more (a newer step completed, the bound passed: a rank whose
+//    record never comes must not grow the controller) is stored with the ranks that reported it
+//    (StepRecord.ranks below the world): it was trained, so the series, the totals and the
+//    goodput keep it. Its sums (tokens, expert counts) are those ranks' only.
 //    A step is each rank's record once: a rank's record that comes again (a batch re-sent after
 //    its answer was lost) is not counted twice, nor does it complete a step another rank has not
 //    reported.
@@ -111,7 +114,7 @@ class TelemetryAggregator {
 
  private:
   // Per-rank records of a step are combined into one StepRecord once every rank of the attempt
-  // has reported it.
+  // has reported it (or it can no longer complete: then with the ranks that did).
   struct PendingStep {
     furnace::v1::StepRecord record;
     uint32_t ranks = 0;

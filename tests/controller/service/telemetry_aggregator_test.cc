@@ -108,8 +108,59 @@ TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
   AwaitSteps(telemetry);  // Store answers once the step it queued is committed
   auto steps = store.get()->LoadSteps("j-1");
   ASSERT_TRUE(steps.ok()) << steps.status();
-  ASSERT_EQ(steps->size(), 1u);
-  EXPECT_EQ((*steps)[0].step(), 500u);
+  // Every step was trained: those past the bound and those the newest overtook are kept, with
+  // the one rank that reported them.
+  ASSERT_EQ(steps->size(), 500u);
+  for (uint64_t i = 0; i < 500; ++i) {
+    EXPECT_EQ((*steps)[i].step(), i + 1);
+    EXPECT_EQ((*steps)[i].ranks(), i + 1 == 500 ? 2u : 1u) << "step " << i + 1;
+  }
+}
+
+// An agent stopped (SIGSTOP, a cut control link) while its rank trains on: the other ranks' records
+// of those steps come, its own never do, and the controller restarts the job from an earlier
+// checkpoint. The steps the first attempt trained stay in the series and count as productive; the
+// second attempt's steps at or below them count as redone.
+TEST(TelemetryAggregatorTest, StepsALostAgentNeverReportedAreKeptAndTheirRedoCounted) {
+  AggregatorStore store("telemetry-lost-agent-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  auto at = [](uint32_t attempt, uint32_t rank, uint64_t step) {
+    v1::TelemetryRecord r = Step(rank, step);
+    r.set_attempt(attempt);
+    r.set_unix_time(1000.0 * attempt + static_cast<double>(step));
+    r.mutable_train()->set_step_seconds(1.0);
+    r.mutable_train()->set_tokens(10);
+    return r;
+  };
+  for (uint64_t step = 1; step <= 5; ++step) {  // both ranks report
+    telemetry.Accumulate("j-1", 2, at(1, 0, step));
+    EXPECT_TRUE(telemetry.Accumulate("j-1", 2, at(1, 1, step)));
+  }
+  for (uint64_t step = 6; step <= 20; ++step) {  // rank 1's agent is stopped
+    EXPECT_FALSE(telemetry.Accumulate("j-1", 2, at(1, 0, step)));
+  }
+  // Attempt 2 resumes from the checkpoint of step 15.
+  for (uint64_t step = 16; step <= 22; ++step) {
+    telemetry.Accumulate("j-1", 2, at(2, 0, step));
+    EXPECT_TRUE(telemetry.Accumulate("j-1", 2, at(2, 1, step)));
+  }
+  // Rank 1's records of attempt 1 arrive once its agent is back: counted already, not again.
+  EXPECT_FALSE(telemetry.Accumulate("j-1", 2, at(1, 1, 12)));
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 27u);  // 20 of attempt 1, 7 of attempt 2
+  for (int i = 5; i < 20; ++i) {
+    EXPECT_EQ((*steps)[i].attempt(), 1u);
+    EXPECT_EQ((*steps)[i].step(), static_cast<uint64_t>(i + 1));
+    EXPECT_EQ((*steps)[i].ranks(), 1u);
+    EXPECT_DOUBLE_EQ((*steps)[i].tokens(), 10);
+  }
+  const std::vector<v1::AttemptInfo> attempts(2);
+  const v1::JobGoodput goodput = telemetry.Goodput("j-1", attempts, true, 2100);
+  EXPECT_DOUBLE_EQ(goodput.productive_seconds(), 22);  // steps 1-22 once each
+  EXPECT_EQ(goodput.redone_steps(), 5u);               // 16-20 trained twice
 }
 
 // The aggregator's own rule, whatever the transport does: a step is each rank's record once. A
