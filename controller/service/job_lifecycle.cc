@@ -103,13 +103,25 @@ Job* JobLifecycle::Find(const std::string& job_id) {
 // ---------------------------------------------------------------------------------------------
 // Persistence helpers
 
+uint64_t JobLifecycle::ProgressOf(const Job& job) {
+  const v1::AttemptInfo& attempt = *job.current();
+  uint64_t min_step = UINT64_MAX;
+  bool all_known = true;
+  for (const auto& r : attempt.ranks()) {
+    min_step = std::min<uint64_t>(min_step, r.step());
+    // A rank of a restarted attempt says where it starts when it has restored its checkpoint
+    // (step > 0), or found none (its start-up record: checkpoint_load_unix).
+    all_known = all_known && (r.step() > 0 || r.checkpoint_load_unix() > 0);
+  }
+  if (attempt.ranks_size() == 0) return job.summary.step();
+  // Until then the job has not lost its progress: a restart does not show 0/N while it starts.
+  if (!all_known && attempt.attempt() > 1) return job.summary.step();
+  return min_step;
+}
+
 absl::Status JobLifecycle::Persist(Job& job) {
   job.summary.set_updated_unix(clock_.UnixSeconds());
-  if (job.step_stale && job.current() != nullptr) {
-    uint64_t min_step = UINT64_MAX;
-    for (const auto& r : job.current()->ranks()) min_step = std::min<uint64_t>(min_step, r.step());
-    job.summary.set_step(min_step);
-  }
+  if (job.step_stale && job.current() != nullptr) job.summary.set_step(ProgressOf(job));
   job.step_stale = false;
   std::lock_guard<std::mutex> order(write_order_mu_);  // after a flush of an older copy
   absl::Status s = store_.Transaction([&]() -> absl::Status {
@@ -183,12 +195,7 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     Job& job = it->second;
-    if (job.step_stale && job.current() != nullptr) {
-      uint64_t min_step = UINT64_MAX;
-      for (const auto& r : job.current()->ranks())
-        min_step = std::min<uint64_t>(min_step, r.step());
-      job.summary.set_step(min_step);
-    }
+    if (job.step_stale && job.current() != nullptr) job.summary.set_step(ProgressOf(job));
     job.step_stale = false;
     job.summary.set_updated_unix(clock_.UnixSeconds());
     Copy c{job.summary, {}, job.FirstAttemptToWrite(), exit_seq_};
@@ -309,6 +316,8 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   s.set_kind(job.spec.kind());
   s.set_state(v1::JOB_PENDING);
   s.set_world_size(world);
+  // Known from the spec before a rank reports it (a pending job shows 0/N, not 0).
+  if (job.spec.kind() == "train") s.set_total_steps(job.spec.train().steps());
   s.set_submitted_unix(clock_.UnixSeconds());
   s.set_updated_unix(s.submitted_unix());
   RETURN_IF_ERROR(store_.PutJob(s, job.spec));
@@ -596,7 +605,8 @@ void JobLifecycle::TryStart(Job& job) {
   const Job backup = job;
   job.attempts.push_back(attempt);
   job.summary.set_attempt(n);
-  job.summary.set_step(0);
+  // A later attempt shows the job's progress until its ranks say where they start (ProgressOf).
+  if (n == 1) job.summary.set_step(0);
   // PENDING -> SCHEDULED -> STARTING lands in the store as one write (the STARTING one), so a
   // controller that dies in between never finds a job parked in SCHEDULED.
   if (job.summary.state() == v1::JOB_PENDING) {

@@ -286,6 +286,9 @@ class JobLifecycle {
   absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
                           const std::string& message);
   absl::Status Persist(Job& job);
+  // summary.step: the lowest step over the current attempt's ranks, once each has said where it
+  // starts; before that, a restarted attempt keeps the job's progress.
+  static uint64_t ProgressOf(const Job& job);
   // Writes a change that is a record, not a transition: a rank's end or pid in an attempt that is
   // already over in the store, or whose state does not change. Nothing is sent because of it, so
   // no promise depends on it: a failed write is logged and the in-memory state kept. The job's next

@@ -431,7 +431,7 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   if (held.rank < static_cast<uint32_t>(attempt->ranks_size())) {
     auto* rank = attempt->mutable_ranks(held.rank);
     rank->set_state(v1::RANK_STATE_EXITED);
-    rank->set_exit(absl::StrCat("lost with its worker (", why, ")"));
+    rank->set_exit(absl::StrCat(leaving ? "left" : "lost", " with its worker (", why, ")"));
     rank->set_exit_kind(v1::EXIT_KIND_LOST);
     NoteRanksExited(*attempt);
     NoteOlderAttemptChanged(*job, *attempt);
@@ -451,19 +451,20 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
     const bool root_pending = job->settle_deadline > 0 && !job->pending_weak;
     const bool interrupted = leaving && !root_pending && free_so_far < kFreeLeavings;
     if (interrupted) job->summary.set_leaving_interruptions(free_so_far + 1);
-    if (!FailAttempt(*job, interrupted ? "interrupted" : "lost",
-                     absl::StrCat("worker ", worker.info.worker_id(), " lost (", why, "); rank ",
-                                  held.rank, " gone"),
-                     worker.info.worker_id(),
-                     interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
+    if (!FailAttempt(
+            *job, interrupted ? "interrupted" : "lost",
+            absl::StrCat("worker ", worker.info.worker_id(), leaving ? " left (" : " lost (", why,
+                         "); rank ", held.rank, " gone"),
+            worker.info.worker_id(), interrupted ? Failure::kInterrupted : Failure::kRetryable)) {
       // Not recorded (a store error). The worker is LOST now, so no later tick comes here
       // again: Tick's settle branch fails the attempt once the store takes it. The free
       // interruption stays counted when that is the failure Tick will write (it writes the
       // count with it); another failure pending already spends none.
-      const bool pending = FailLater(*job, interrupted ? "interrupted" : "lost",
-                                     absl::StrCat("worker ", worker.info.worker_id(), " lost (",
-                                                  why, "); rank ", held.rank, " gone"),
-                                     worker.info.worker_id(), interrupted);
+      const bool pending = FailLater(
+          *job, interrupted ? "interrupted" : "lost",
+          absl::StrCat("worker ", worker.info.worker_id(), leaving ? " left (" : " lost (", why,
+                       "); rank ", held.rank, " gone"),
+          worker.info.worker_id(), interrupted);
       if (!pending) job->summary.set_leaving_interruptions(free_so_far);
       return;
     }

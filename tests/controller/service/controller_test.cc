@@ -719,6 +719,79 @@ recovery:
   start_timeout_s: 20
 )";
 
+// A train job's total steps are known from its spec at once (a pending job shows 0/N). A restart
+// does not set its progress back to 0 while the new attempt starts: it stays until every rank of
+// the new attempt has said where it starts (the step it restored, or a start-up with none).
+TEST_F(ControllerTest, ARestartKeepsTheJobsProgressUntilItsRanksSayWhereTheyStart) {
+  StartRunning(kAutoJob);
+  EXPECT_EQ(Job().summary().total_steps(), 100u);  // train.steps' default, from the spec
+  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step, bool loaded) {
+    v1::TelemetryBatch batch;
+    const v1::JobDetail d = Job();
+    batch.set_worker_id(d.attempts(attempt - 1).ranks(rank).worker_id());
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(attempt);
+    r.set_rank(rank);
+    r.set_step(step);
+    if (loaded) r.mutable_startup()->set_checkpoint_load_unix(clock_.UnixSeconds());
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  const auto progress = [&] {
+    clock_.Advance(2);  // what changed is written behind
+    HeartbeatAll(2);
+    c_->Tick();
+    return Job().summary().step();
+  };
+  record(1, 0, 7, false);
+  record(1, 1, 7, false);
+  EXPECT_EQ(progress(), 7u);
+  FailAndRestart();
+  EXPECT_EQ(Job().summary().step(), 7u);
+  record(2, 0, 0, false);  // rank 0 connected, has not restored yet
+  EXPECT_EQ(progress(), 7u);
+  record(2, 0, 5, false);     // restored step 5
+  EXPECT_EQ(progress(), 7u);  // rank 1 has not said yet
+  record(2, 1, 5, false);
+  EXPECT_EQ(progress(), 5u);
+  record(2, 0, 6, false);
+  record(2, 1, 6, false);
+  EXPECT_EQ(progress(), 6u);
+}
+
+TEST_F(ControllerTest, ARestartFromNoCheckpointShowsStepZeroOnceItsRanksStart) {
+  StartRunning(kAutoJob);
+  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step, bool loaded) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id(Job().attempts(attempt - 1).ranks(rank).worker_id());
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(attempt);
+    r.set_rank(rank);
+    r.set_step(step);
+    if (loaded) r.mutable_startup()->set_checkpoint_load_unix(clock_.UnixSeconds());
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  record(1, 0, 3, false);
+  record(1, 1, 3, false);
+  FailAndRestart();
+  record(2, 0, 0, true);  // found no checkpoint: starts at 0
+  record(2, 1, 0, true);
+  clock_.Advance(2);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().step(), 0u);
+}
+
+TEST_F(ControllerTest, ATrainJobsTotalStepsComeFromItsSpec) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit("name: t\nkind: train\nparallel: {dp: 2}\ntrain: {steps: 120}\n", "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  EXPECT_EQ(Job().summary().total_steps(), 120u);
+}
+
 // Goodput from the aggregated steps and the attempts: a failure costs the restart and the steps
 // redone since the checkpoint; the numbers come back the same from a restarted controller (the
 // ledger is rebuilt from the stored steps). checkpoint.every auto's ranks are told the job's MTBF
@@ -2136,7 +2209,7 @@ TEST_F(ControllerTest, ARootCauseRetriedByTickReplacesAVictimsPendingFailure) {
   EXPECT_EQ(d.summary().restarts(), 0u);
   EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
   EXPECT_EQ(d.attempts(0).failure_kind(), "interrupted");
-  EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost"), std::string::npos)
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 left"), std::string::npos)
       << d.attempts(0).cause();
   // Free, but one of the job's three free leavings, written with the interruption: an agent
   // that leaves whenever the store falters cannot restart the job forever.
@@ -2313,7 +2386,7 @@ class LeavingWhilePendingTest : public ControllerTest {
     const auto d = Job();
     ASSERT_GE(d.attempts_size(), 1);
     EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
-    EXPECT_NE(d.attempts(0).cause().find("worker h/0 lost"), std::string::npos)
+    EXPECT_NE(d.attempts(0).cause().find("worker h/0 left"), std::string::npos)
         << d.attempts(0).cause();
     EXPECT_EQ(d.summary().restarts(), 0u);
     EXPECT_EQ(d.summary().leaving_interruptions(), 1u);
@@ -2335,7 +2408,7 @@ TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMo
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_EQ(d.summary().restarts(), 0u);
   EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_INTERRUPTED);
-  EXPECT_NE(d.attempts(0).cause().find("worker h/1 lost (its agent is shutting down)"),
+  EXPECT_NE(d.attempts(0).cause().find("worker h/1 left (its agent is shutting down)"),
             std::string::npos)
       << d.attempts(0).cause();
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: the agent is shutting down");
