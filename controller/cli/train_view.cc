@@ -93,6 +93,11 @@ std::string RenderCommAndPlanner(const TrainMetrics& m) {
   return out;
 }
 
+// "step 42: " when the figures are of another step than the progress beside them.
+std::string FiguresStep(const TrainMetrics& m) {
+  return m.step > 0 && m.step != m.progress_step ? absl::StrCat("step ", m.step, ": ") : "";
+}
+
 }  // namespace
 
 TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
@@ -154,6 +159,8 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
 std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job) {
   if (!job.has_telemetry()) return std::nullopt;
   TrainMetrics m = TrainMetricsOf(job.telemetry());
+  m.step = job.telemetry_step();
+  m.progress_step = job.summary().step();
   if (!m.eval_loss && job.has_last_eval()) {
     m.eval_loss = job.last_eval().loss();
     m.eval_perplexity = job.last_eval().perplexity();
@@ -208,7 +215,12 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   if (!metrics) return "";
   const TrainMetrics& m = *metrics;
   Table kv({"", ""}, "  ");
-  kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
+  if (m.step > 0 && m.step != summary.step()) {
+    kv.AddRow({"step", absl::StrCat(FormatProgress(m.step, summary.total_steps()),
+                                    "  (rank 0's newest; every rank past ", summary.step(), ")")});
+  } else {
+    kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
+  }
   if (m.loss) kv.AddRow({"loss", FormatLoss(m)});
   if (m.aux_loss) kv.AddRow({"aux loss", Fixed4(*m.aux_loss)});
   if (m.eval_loss) kv.AddRow({"eval loss", FormatEvalLoss(m)});
@@ -302,9 +314,9 @@ std::optional<double> EstimateEtaSeconds(const v1::JobSummary& summary,
 }
 
 std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
-  std::string first;
+  std::string first = FiguresStep(m);
   auto add = [](std::string* line, const std::string& item) {
-    if (!line->empty()) *line += "  ";
+    if (!line->empty() && line->back() != ' ') *line += "  ";
     *line += item;
   };
   if (m.loss) {
@@ -346,6 +358,9 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
 
 std::string TrainPlainSuffix(const TrainMetrics& m) {
   std::string out;
+  if (const std::string step = FiguresStep(m); !step.empty()) {
+    absl::StrAppend(&out, "  ", step.substr(0, step.size() - 1));  // "  step 42:"
+  }
   if (m.loss) absl::StrAppend(&out, "  loss ", Fixed4(*m.loss));
   if (m.eval_loss) absl::StrAppend(&out, "  eval ", Fixed4(*m.eval_loss));
   if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));

@@ -41,6 +41,9 @@ struct TrainMetrics {
       lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
       imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads;
   bool routing_spike = false;
+  // The step these figures are of (rank 0's newest; 0: not known), and the job's progress (the
+  // lowest step over the ranks): the views label the figures with their step when the two differ.
+  uint64_t step = 0, progress_step = 0;
   // The latest held-out evaluation (eval.every): its loss, perplexity and the step it ran after.
   std::optional<double> eval_loss, eval_perplexity;
   uint64_t eval_step = 0;
@@ -87,12 +90,14 @@ std::optional<double> EstimateEtaSeconds(const v1::JobSummary& summary,
                                          const std::optional<TrainMetrics>& m,
                                          double observed_steps_per_second);
 
-// The two watch-frame lines of a training job:
+// The two watch-frame lines of a training job (the first starts "step 42: " when the figures are
+// of another step than the progress shown):
 //   "loss 2.4512 (floor 2.1000, gap +16.7%)  aux 0.0123  tokens/s 12.3k  MFU 3.40%"
 //   "imbalance 1.34  schedule s1  dropped 12  memory 13.4 MiB of 64.0 MiB (21%)"
 // (the schedule only where a MoE layer runs s1 or s2: "s1", or "deepspeed x2, s1 x6" when mixed)
 std::vector<std::string> TrainWatchLines(const TrainMetrics& m);
-// What a plain (not a terminal) watch line appends: "  loss 2.4512  tokens/s 12.3k  MFU 3.40%".
+// What a plain (not a terminal) watch line appends: "  loss 2.4512  tokens/s 12.3k  MFU 3.40%"
+// ("  step 42: loss ..." when the figures are of another step than the progress shown).
 std::string TrainPlainSuffix(const TrainMetrics& m);
 
 }  // namespace furnace::cli

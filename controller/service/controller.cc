@@ -208,7 +208,7 @@ std::vector<v1::JobSummary> Controller::ListJobs() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     out.reserve(jobs_.jobs().size());
-    for (const auto& [id, job] : jobs_.jobs()) out.push_back(job.summary);
+    for (const auto& [id, job] : jobs_.jobs()) out.push_back(JobLifecycle::SummaryNow(job));
   }
   SortBySubmission(out);  // not under the state lock: the heartbeats wait for it
   return out;
@@ -226,7 +226,7 @@ v1::ListJobsResponse Controller::RecentJobs(size_t ended) {
       if (IsFinal(job.summary.state())) {
         finals.push_back(&job.summary);
       } else {
-        shown.push_back(job.summary);
+        shown.push_back(JobLifecycle::SummaryNow(job));
       }
     }
     if (finals.size() > ended) {
@@ -252,7 +252,7 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
     std::lock_guard<std::mutex> lock(mu_);
     const Job* job = jobs_.Find(job_id);
     if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-    *detail.mutable_summary() = job->summary;
+    *detail.mutable_summary() = JobLifecycle::SummaryNow(*job);
     *detail.mutable_spec() = job->spec;
     for (const auto& a : job->attempts) *detail.add_attempts() = a;
     if (job->spec.kind() == "train") {
@@ -272,6 +272,7 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
   ASSIGN_OR_RETURN(auto latest, store_->LatestRecord(job_id, 0));
   if (latest && latest->has_train() && latest->attempt() == detail.summary().attempt()) {
     *detail.mutable_telemetry() = latest->train();
+    detail.set_telemetry_step(latest->step());
   }
   return detail;
 }
@@ -384,7 +385,7 @@ MetricsSnapshot Controller::Metrics() {
     m.kind = job.summary.kind();
     m.state = job.summary.state();
     m.attempt = job.summary.attempt();
-    m.step = job.summary.step();
+    m.step = JobLifecycle::SummaryNow(job).step();
     m.total_steps = job.summary.total_steps();
     telemetry_.Fill(id, m);
     m.goodput = telemetry_.Goodput(id, job.attempts, !IsFinal(job.summary.state()), snap.unix_time);

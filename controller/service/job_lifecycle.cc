@@ -103,6 +103,12 @@ Job* JobLifecycle::Find(const std::string& job_id) {
 // ---------------------------------------------------------------------------------------------
 // Persistence helpers
 
+v1::JobSummary JobLifecycle::SummaryNow(const Job& job) {
+  v1::JobSummary s = job.summary;
+  if (job.step_stale && job.current() != nullptr) s.set_step(ProgressOf(job));
+  return s;
+}
+
 uint64_t JobLifecycle::ProgressOf(const Job& job) {
   const v1::AttemptInfo& attempt = *job.current();
   uint64_t min_step = UINT64_MAX;

@@ -264,6 +264,13 @@ class JobLifecycle {
   // controller; their workers stay held.
   void AbandonExitWaiters();
 
+  // summary.step: the lowest step over the current attempt's ranks, once each has said where it
+  // starts; before that, a restarted attempt keeps the job's progress.
+  static uint64_t ProgressOf(const Job& job);
+  // The job's summary as of now: its step from the ranks' latest telemetry, which the stored
+  // summary gets only when it is next written (behind).
+  static furnace::v1::JobSummary SummaryNow(const Job& job);
+
  private:
   // Ends the current attempt: persisted first, then its ranks are told to stop. A retryable
   // failure counts against recovery.max_restarts; a permanent one (the job's input is invalid:
@@ -286,9 +293,6 @@ class JobLifecycle {
   absl::Status Transition(Job& job, furnace::v1::JobState to, const std::string& event_kind,
                           const std::string& message);
   absl::Status Persist(Job& job);
-  // summary.step: the lowest step over the current attempt's ranks, once each has said where it
-  // starts; before that, a restarted attempt keeps the job's progress.
-  static uint64_t ProgressOf(const Job& job);
   // Writes a change that is a record, not a transition: a rank's end or pid in an attempt that is
   // already over in the store, or whose state does not change. Nothing is sent because of it, so
   // no promise depends on it: a failed write is logged and the in-memory state kept. The job's next

@@ -120,6 +120,29 @@ TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
   EXPECT_EQ(out.find("MoE ops"), std::string::npos) << out;
 }
 
+// Rank 0's newest figures may be of a later step than the job's progress (the lowest over the
+// ranks): they are labelled with their own step, never shown under the progress step.
+TEST_F(TrainViewTest, FiguresOfALaterStepThanTheProgressAreLabelledWithIt) {
+  v1::JobDetail job = MakeTrainJob();  // progress: step 50/100
+  job.set_telemetry_step(54);
+  const std::string status = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(status.find("  step         54/100  (rank 0's newest; every rank past 50)\n"),
+            std::string::npos)
+      << status;
+  const std::optional<TrainMetrics> m = TrainMetricsOf(job);
+  ASSERT_TRUE(m.has_value());
+  const std::vector<std::string> lines = TrainWatchLines(*m);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("step 54: loss 2.4512", 0), 0u) << lines[0];
+  EXPECT_EQ(TrainPlainSuffix(*m).rfind("  step 54:  loss 2.4512", 0), 0u) << TrainPlainSuffix(*m);
+
+  job.set_telemetry_step(50);  // the same step: no label
+  const std::string same = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(same.find("  step         50/100\n"), std::string::npos) << same;
+  EXPECT_EQ(TrainWatchLines(*TrainMetricsOf(job))[0].rfind("loss 2.4512", 0), 0u);
+  EXPECT_EQ(TrainPlainSuffix(*TrainMetricsOf(job)).rfind("  loss 2.4512", 0), 0u);
+}
+
 TEST_F(TrainViewTest, StatusAndWatchShowTheLatestEvaluation) {
   v1::JobDetail job = MakeTrainJob();
   job.mutable_last_eval()->set_loss(2.3);

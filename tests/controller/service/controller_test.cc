@@ -745,6 +745,9 @@ TEST_F(ControllerTest, ARestartKeepsTheJobsProgressUntilItsRanksSayWhereTheyStar
   };
   record(1, 0, 7, false);
   record(1, 1, 7, false);
+  // Read as of now, not as last written (the summary is written behind).
+  EXPECT_EQ(Job().summary().step(), 7u);
+  EXPECT_EQ(c_->ListJobs()[0].step(), 7u);
   EXPECT_EQ(progress(), 7u);
   FailAndRestart();
   EXPECT_EQ(Job().summary().step(), 7u);
