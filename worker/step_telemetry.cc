@@ -84,6 +84,7 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
   }
   t.set_mfu(s.mfu);
   t.set_model_flops(s.model_flops);
+  t.set_peak_flops(s.peak_flops);
   t.set_grad_norm(s.grad_norm);
   t.set_lr(s.lr);
   t.set_dropped_tokens(static_cast<uint64_t>(s.dropped));

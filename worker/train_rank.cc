@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -201,36 +202,32 @@ void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointC
                               : std::string("not measured yet"));
 }
 
-// The machine's SGEMM peak for MFU. Measuring it costs seconds of start-up (three 2048^3 SGEMMs
-// per rank, ranks sharing the cores), which every restart used to pay again; it is a property of
-// the machine, so the first attempt's measurement is kept in checkpoint.dir per host and later
-// attempts read it (which also keeps MFU comparable across attempts). No dir: measured.
-double PeakFlops(const std::string& checkpoint_dir, uint32_t rank, bool* cached) {
+// The machine's SGEMM peak for MFU, measured once per machine (train::MachinePeakFlops) and kept
+// in FURNACE_CACHE_DIR, else $XDG_CACHE_HOME/furnace, else ~/.cache/furnace: measuring costs
+// seconds of start-up (three 2048^3 SGEMMs), which every attempt and job used to pay again, and a
+// figure measured while other ranks measured too was up to 2x low (MFU not comparable between
+// jobs, nor across a restart). Without a usable cache directory: measured here.
+double PeakFlops(bool* cached, std::string* where) {
   *cached = false;
-  if (checkpoint_dir.empty()) return train::MeasureSgemmPeakFlops();
+  std::string dir;
+  if (const char* d = std::getenv("FURNACE_CACHE_DIR"); d != nullptr && *d != '\0') {
+    dir = d;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    dir = (std::filesystem::path(x) / "furnace").string();
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    dir = (std::filesystem::path(h) / ".cache" / "furnace").string();
+  }
+  if (dir.empty()) return train::MeasureSgemmPeakFlops();
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
-  const std::filesystem::path path =
-      std::filesystem::path(checkpoint_dir) / absl::StrCat("peak_flops.", host, ".txt");
-  {
-    std::ifstream in(path);
-    double value = 0;
-    if (in >> value && value > 0) {
-      *cached = true;
-      return value;
-    }
+  absl::StatusOr<double> peak = train::MachinePeakFlops(
+      dir, host, [] { return train::MeasureSgemmPeakFlops(); }, cached);
+  if (!peak.ok()) {
+    spdlog::warn("{}: measuring without it", std::string(peak.status().message()));
+    return train::MeasureSgemmPeakFlops();
   }
-  const double peak = train::MeasureSgemmPeakFlops();
-  std::error_code ec;
-  std::filesystem::create_directories(checkpoint_dir, ec);
-  const std::string tmp = absl::StrCat(path.string(), ".tmp.", rank);
-  {
-    std::ofstream out(tmp);
-    out << absl::StrFormat("%.6e\n", peak);
-    if (!out) return peak;
-  }
-  std::filesystem::rename(tmp, path, ec);
-  return peak;
+  *where = dir;
+  return *peak;
 }
 
 int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
@@ -521,9 +518,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     peak = train::DatasheetPeakFlops(dev.name(), rank_device.precision, &peak_source);
   } else {
     bool peak_cached = false;
-    peak = PeakFlops(spec.checkpoint().dir(), task.rank(), &peak_cached);
-    peak_source = absl::StrCat("CPU SGEMM 2048^3, 1 thread, measured",
-                               peak_cached ? " by an earlier attempt" : "");
+    std::string cache;
+    peak = PeakFlops(&peak_cached, &cache);
+    peak_source = absl::StrCat("CPU SGEMM 2048^3, 1 thread, ",
+                               peak_cached ? "measured earlier on this machine" : "measured",
+                               cache.empty() ? "" : absl::StrCat("; kept in ", cache));
   }
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; peak {:.1f} GFLOP/s ({}); "

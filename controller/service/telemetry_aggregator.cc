@@ -47,6 +47,9 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   p.aux_sum += t.aux_loss();
   ++p.loss_n;
   p.mfu_sum += t.mfu();
+  p.model_flops = std::max(p.model_flops, t.model_flops());  // the same on every rank
+  p.peak_sum += t.peak_flops();
+  p.peaks_known = p.peaks_known && t.peak_flops() > 0;
   p.grad_norm_sum += t.grad_norm();
   r.set_tokens(r.tokens() + static_cast<double>(t.tokens()));
   r.set_step_seconds(std::max(r.step_seconds(), t.step_seconds()));
@@ -110,27 +113,35 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     // back-pressure, or its agent went away while the rank trained on and the attempt ended. They
     // were trained all the same: stored with the ranks that reported them, in order, before this.
     const auto older = job.pending_steps.lower_bound(key);
-    for (auto it = job.pending_steps.begin(); it != older; ++it) FinishStep(job_id, it->second);
-    FinishStep(job_id, p);
+    for (auto it = job.pending_steps.begin(); it != older; ++it) {
+      FinishStep(job_id, it->second, /*complete=*/false);
+    }
+    FinishStep(job_id, p, /*complete=*/true);
     job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
     return true;
   }
   if (job.pending_steps.size() > kMaxPendingSteps) {
     // The oldest never completes (the bound): stored with the ranks it has.
-    FinishStep(job_id, job.pending_steps.begin()->second);
+    FinishStep(job_id, job.pending_steps.begin()->second, /*complete=*/false);
     job.pending_steps.erase(job.pending_steps.begin());
   }
   return false;
 }
 
-void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) {
+void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p, bool complete) {
   v1::StepRecord& r = p.record;
   r.set_ranks(p.ranks);
   if (p.loss_n > 0) {
     r.set_loss(p.loss_sum / p.loss_n);
     r.set_aux_loss(p.aux_sum / p.loss_n);
   }
-  r.set_mfu(p.mfu_sum / p.ranks);
+  // Model FLOPs / (step seconds x the peak of all devices): the slowest rank's step over every
+  // rank's own peak. (The mean of the ranks' own MFUs weighs each by its own step time and peak.)
+  // Records without their peak (an older worker), or a step some ranks never reported, leave the
+  // mean.
+  const double peak = complete && p.peaks_known ? p.peak_sum : 0;
+  r.set_mfu(peak > 0 && r.step_seconds() > 0 ? p.model_flops / (r.step_seconds() * peak)
+                                             : p.mfu_sum / p.ranks);
   r.set_grad_norm(p.grad_norm_sum / p.ranks);
   if (r.step_seconds() > 0) r.set_tokens_per_second(r.tokens() / r.step_seconds());
   for (const auto& layer : p.expert_tokens) {

@@ -122,6 +122,8 @@ class TelemetryAggregator {
     // answer it lost) brings a rank's record again, and it must not stand in for another rank's.
     std::vector<bool> seen;
     double loss_sum = 0, aux_sum = 0, mfu_sum = 0, grad_norm_sum = 0;
+    double model_flops = 0, peak_sum = 0;  // the step's model FLOPs; the ranks' peaks, summed
+    bool peaks_known = true;               // every rank so far reported its peak
     uint32_t loss_n = 0;
     std::vector<std::vector<double>> expert_tokens;  // [layer][expert], summed
     std::map<int, uint64_t> planner;                 // v1::PlannerAction -> bytes, summed
@@ -140,7 +142,8 @@ class TelemetryAggregator {
     std::optional<furnace::v1::EvalTelemetry> last_eval;  // the newest held-out evaluation
     uint64_t records_since_trim = 0;
   };
-  void FinishStep(const std::string& job_id, PendingStep& pending);
+  // `complete`: every rank of the attempt reported it (else it is stored with the ranks that did).
+  void FinishStep(const std::string& job_id, PendingStep& pending, bool complete);
   // The newest step, checkpoint and evaluation readings (at once).
   void NoteStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // The exported totals and the goodput ledger (once the step is stored).

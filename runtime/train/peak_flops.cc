@@ -1,11 +1,20 @@
 #include "runtime/train/peak_flops.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/matmul.h"
 
 namespace furnace::train {
@@ -20,6 +29,58 @@ double MeasureSgemmPeakFlops(int n, int reps) {
     if (r > 0 && s > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s);
   }
   return best;
+}
+
+absl::StatusOr<double> MachinePeakFlops(const std::string& cache_dir, const std::string& host,
+                                        const std::function<double()>& measure, bool* cached) {
+  if (cached != nullptr) *cached = false;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("peak FLOPs cache ", cache_dir, ": ", ec.message()));
+  }
+  const fs::path path = fs::path(cache_dir) / absl::StrCat("peak_flops.", host, ".txt");
+  const std::string lock_path = (fs::path(cache_dir) / absl::StrCat("peak_flops.", host, ".lock"));
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("peak FLOPs cache ", lock_path, ": ", std::strerror(errno)));
+  }
+  int locked;
+  do {
+    locked = ::flock(fd, LOCK_EX);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("peak FLOPs cache ", lock_path, ": lock: ", std::strerror(err)));
+  }
+  // The lock is released when the descriptor closes, whichever way this returns.
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  {
+    std::ifstream in(path);
+    double value = 0;
+    if (in >> value && value > 0) {
+      if (cached != nullptr) *cached = true;
+      return value;
+    }
+  }
+  const double peak = measure();
+  if (!(peak > 0)) return peak;  // nothing worth keeping
+  const std::string tmp = absl::StrCat(path.string(), ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp);
+    out << absl::StrFormat("%.6e\n", peak);
+    if (!out) return peak;  // a cache that cannot be written: measured again next time
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+  return peak;
 }
 
 namespace {

@@ -40,6 +40,7 @@ void Trainer::FinishStats(StepStats& stats, double tokens, int devices) const {
   stats.imbalance.clear();
   for (const auto& layer : stats.tokens_per_expert) stats.imbalance.push_back(ImbalanceOf(layer));
   stats.model_flops = model_->FlopsPerToken() * tokens;
+  stats.peak_flops = config_.peak_flops;
   if (config_.peak_flops > 0 && stats.step_seconds > 0) {
     stats.mfu = stats.model_flops / devices / stats.step_seconds / config_.peak_flops;
   }

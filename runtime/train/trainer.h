@@ -117,6 +117,7 @@ struct StepStats {
   MemoryActionTotals memory_actions;  // what the memory policy did during this step (this rank)
   double model_flops = 0;             // FlopsPerToken * tokens
   double mfu = 0;                     // model_flops / step_seconds / peak_flops
+  double peak_flops = 0;              // the device peak the MFU is of (TrainConfig::peak_flops)
   // The checkpoint written after this step (0: none); with checkpoint.async, the background
   // write of the checkpoint committed (or failed) after this step.
   double checkpoint_seconds = 0;

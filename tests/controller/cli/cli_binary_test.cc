@@ -138,7 +138,7 @@ TEST(CliBinaryTest, PlanNeedsNoController) {
   EXPECT_EQ(RunFurnace("plan /nonexistent/job.yaml").exit_code, 2);
   EXPECT_EQ(RunFurnace("plan").exit_code, 2);
   run = RunFurnace("plan --help");
-  EXPECT_NE(run.output.find("stride"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("parallel.order"), std::string::npos) << run.output;
 }
 
 TEST(CliBinaryTest, HelpDocumentsExitCodes) {

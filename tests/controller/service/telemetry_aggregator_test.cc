@@ -187,6 +187,35 @@ TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
   EXPECT_DOUBLE_EQ((*steps)[0].tokens(), 200);
 }
 
+// A job's MFU is model FLOPs / (step seconds x the peak of all devices): the slowest rank's step
+// over the sum of the ranks' own peaks, not the mean of each rank's own MFU.
+TEST(TelemetryAggregatorTest, TheJobsMfuIsItsFlopsOverTheSlowestStepAndEveryDevicesPeak) {
+  AggregatorStore store("telemetry-mfu-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  const auto rank = [](uint32_t r, uint64_t step, double seconds, double peak) {
+    v1::TelemetryRecord rec = Step(r, step);
+    rec.mutable_train()->set_model_flops(1e12);
+    rec.mutable_train()->set_step_seconds(seconds);
+    rec.mutable_train()->set_peak_flops(peak);
+    rec.mutable_train()->set_mfu(1e12 / 2 / seconds / peak);  // the rank's own view
+    return rec;
+  };
+  telemetry.Accumulate("j-1", 2, rank(0, 1, 1.0, 100e9));
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 2, rank(1, 1, 2.0, 300e9)));
+  // An older worker's records carry no peak: the mean of the ranks' own.
+  telemetry.Accumulate("j-1", 2, rank(0, 2, 1.0, 100e9));
+  v1::TelemetryRecord old = rank(1, 2, 2.0, 300e9);
+  old.mutable_train()->clear_peak_flops();
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 2, old));
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_DOUBLE_EQ((*steps)[0].mfu(), 1e12 / (2.0 * 400e9));  // 1.25, not (5 + 0.833) / 2
+  EXPECT_DOUBLE_EQ((*steps)[1].mfu(), (5.0 + 1e12 / 2 / 2.0 / 300e9) / 2);
+}
+
 // The exported totals count a step once it is stored, never before: they are rebuilt from the
 // store at start, so a controller restarted after a crash never exports less than it did (a
 // counter that goes down reads to Prometheus as a reset: one huge spike in rate()).

@@ -1173,5 +1173,51 @@ TEST(PeakFlopsTest, DatasheetFigureOfTheGpuAtThePrecision) {
   EXPECT_NE(source.find("MFU not reported"), std::string::npos) << source;
 }
 
+// On a CPU the peak is measured once per machine: ranks that start together wait for the one that
+// measures (never measuring at once, sharing the cores) and read its figure; later processes read
+// it from the cache; a figure that cannot be written is measured again next time, not lost.
+TEST(PeakFlopsTest, TheMachinesPeakIsMeasuredOnceByOneProcessWhileTheOthersWait) {
+  testing_util::TestDir dir;
+  const std::string cache = dir / "cache";
+  std::atomic<int> measuring{0}, measurements{0}, overlapped{0};
+  const auto measure = [&] {
+    if (measuring.fetch_add(1) > 0) ++overlapped;
+    ++measurements;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    --measuring;
+    return 42.5e9;
+  };
+  constexpr int kRanks = 4;
+  std::vector<double> peaks(kRanks);
+  std::vector<int> cached(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      bool c = false;
+      absl::StatusOr<double> p = MachinePeakFlops(cache, "vm", measure, &c);
+      EXPECT_TRUE(p.ok()) << p.status();
+      peaks[r] = p.value_or(0);
+      cached[r] = c;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(measurements.load(), 1);
+  EXPECT_EQ(overlapped.load(), 0);
+  EXPECT_EQ(std::count(cached.begin(), cached.end(), 1), kRanks - 1);
+  for (double p : peaks) EXPECT_DOUBLE_EQ(p, 42.5e9);
+  // A later job on the machine reads it; another host's name has a figure of its own.
+  bool c = false;
+  EXPECT_DOUBLE_EQ(*MachinePeakFlops(cache, "vm", measure, &c), 42.5e9);
+  EXPECT_TRUE(c);
+  EXPECT_DOUBLE_EQ(*MachinePeakFlops(
+                       cache, "other", [] { return 7e9; }, &c),
+                   7e9);
+  EXPECT_FALSE(c);
+  EXPECT_EQ(measurements.load(), 1);
+  // A directory that cannot be made is an error the caller measures past.
+  std::ofstream(dir / "file") << "x";
+  EXPECT_FALSE(MachinePeakFlops(dir / "file/sub", "vm", measure).ok());
+}
+
 }  // namespace
 }  // namespace furnace::train
