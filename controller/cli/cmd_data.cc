@@ -14,6 +14,7 @@
 #include "runtime/data/byte_tokenizer.h"
 #include "runtime/data/prepare.h"
 #include "runtime/data/sentencepiece_tokenizer.h"
+#include "runtime/data/training_sentences.h"
 
 namespace furnace::cli {
 namespace {
@@ -168,6 +169,8 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
     f["model_type"].set_string_value(options.model_type);
     f["vocab"].set_number_value(static_cast<double>(trained->vocab));
     f["input_bytes"].set_number_value(static_cast<double>(trained->input_bytes));
+    f["long_lines"].set_number_value(static_cast<double>(trained->long_lines));
+    f["long_line_pieces"].set_number_value(static_cast<double>(trained->long_line_pieces));
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
   } else {
     *ctx.out << "wrote " << options.output << ": SentencePiece " << options.model_type
@@ -176,6 +179,13 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
              << FormatBytes(static_cast<uint64_t>(trained->input_bytes)) << " in "
              << options.inputs.size() << (options.inputs.size() == 1 ? " file" : " files")
              << "\nidentity " << trained->identity << "\n";
+    if (trained->long_lines > 0) {
+      *ctx.out << trained->long_lines << (trained->long_lines == 1 ? " line" : " lines")
+               << " longer than " << data::kMaxTrainingSentenceBytes
+               << " bytes (SentencePiece's longest sentence) trained on as "
+               << trained->long_line_pieces << " pieces, cut before a space (or between two "
+               << "characters where there was none)\n";
+    }
   }
   return kExitOk;
 }

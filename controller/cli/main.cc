@@ -201,8 +201,8 @@ int main(int argc, char** argv) {
       "end-of-document id 1");
   tokenizer_train
       ->add_option("--input,-i", train_options.inputs,
-                   "text files; each line is one training sentence (at most a million lines "
-                   "are sampled)")
+                   "text files; each line is one training sentence (at most a million are "
+                   "sampled; a line over 4192 bytes is cut into pieces under that)")
       ->required();
   tokenizer_train
       ->add_option("--vocab", train_options.vocab,

@@ -60,7 +60,9 @@ struct SentencePieceTrainOptions {
 struct SentencePieceTrainResult {
   int64_t vocab = 0;
   int64_t input_bytes = 0;
-  std::string identity;  // "sentencepiece:<sha256 of the written model>"
+  int64_t long_lines = 0;        // lines longer than kMaxTrainingSentenceBytes, trained on cut
+  int64_t long_line_pieces = 0;  // the pieces they were cut into (training_sentences.h)
+  std::string identity;          // "sentencepiece:<sha256 of the written model>"
 };
 
 // Smallest vocab a model can have: 256 byte pieces, <unk>, </s> and the newline piece, plus one.
@@ -73,11 +75,12 @@ absl::Status CheckSentencePieceTrainOptions(const SentencePieceTrainOptions& opt
 
 // Trains a model on `options.inputs` and writes it to options.output through a temporary file
 // renamed into place (nothing half-written under the final name). Training reads at most a
-// million sentences (lines), sampled uniformly when there are more, so memory stays bounded.
-// Errors (INVALID_ARGUMENT unless said): CheckSentencePieceTrainOptions's; an input that cannot be
-// read (NOT_FOUND) or is empty, named; a file name with a comma (SentencePiece takes a
-// comma-separated list); a vocab above what the text can give (with the largest it can); an output
-// that cannot be written (INTERNAL).
+// million sentences (lines, and the pieces of lines longer than kMaxTrainingSentenceBytes, which
+// SentencePiece would skip: TrainingSentences), sampled uniformly when there are more, so memory
+// stays bounded. Errors (INVALID_ARGUMENT unless said): CheckSentencePieceTrainOptions's; an input
+// that cannot be read (NOT_FOUND) or is empty, named; a vocab above what the text can give (with
+// the largest it can); another refusal of SentencePiece's, in its words; an output that cannot be
+// written (INTERNAL).
 absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
     const SentencePieceTrainOptions& options);
 

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "runtime/data/byte_tokenizer.h"
 #include "runtime/data/sentencepiece_tokenizer.h"
+#include "runtime/data/training_sentences.h"
 #include "tests/runtime/data/text_corpus.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
@@ -203,6 +204,99 @@ TEST(SentencePieceTrainTest, ErrorsNameTheFileOrOption) {
   trained = TrainSentencePiece(options);
   EXPECT_EQ(trained.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(trained.status().message(), HasSubstr("no/such/dir/t.model"));
+}
+
+// SentencePiece skips a sentence longer than kMaxTrainingSentenceBytes without a word (its log is
+// off): a long line is cut into pieces under the limit instead, before a space where it has one,
+// else between two characters, and the result says how many lines were long.
+TEST(SentencePieceTrainTest, LearnsFromLinesLongerThanSentencePieceTakes) {
+  TestDir dir;
+  std::string long_lines;
+  for (int i = 0; i < 6; ++i) {
+    std::string line;
+    while (line.size() < 3 * kMaxTrainingSentenceBytes) line += "zyxwvutsrq ";
+    long_lines += line + "\n";
+  }
+  WriteAll(dir / "long.txt", long_lines);
+  WriteAll(dir / "corpus.txt", testing_corpus::Corpus());
+  SentencePieceTrainOptions options{
+      .inputs = {dir / "long.txt", dir / "corpus.txt"}, .vocab = 330, .output = dir / "t.model"};
+  auto trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->long_lines, 6);
+  EXPECT_GE(trained->long_line_pieces, 6 * 3);
+  auto tokenizer = OpenTokenizer(dir / "t.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // Learned from the long lines: a piece or two, not ten byte pieces.
+  EXPECT_LE((*tokenizer)->Encode(" zyxwvutsrq", TextPart::kWhole)->size(), 2u);
+
+  // Every line long: trains all the same (it was "SentencePiece refused: " and nothing more).
+  options.inputs = {dir / "long.txt"};
+  options.vocab = 270;
+  trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->long_lines, 6);
+}
+
+// SentencePiece's message whose text after the condition is empty is passed whole.
+TEST(SentencePieceTrainTest, ATrainerRefusalSaysWhy) {
+  TestDir dir;
+  WriteAll(dir / "blank.txt", "\n\n\n");
+  auto trained =
+      TrainSentencePiece({.inputs = {dir / "blank.txt"}, .vocab = 300, .output = dir / "t.model"});
+  ASSERT_FALSE(trained.ok());
+  const std::string message(trained.status().message());
+  const std::string refused = "SentencePiece refused: ";
+  ASSERT_THAT(message, HasSubstr(refused));
+  EXPECT_GT(message.size(), message.find(refused) + refused.size() + 5) << message;
+  EXPECT_THAT(message, HasSubstr("sentences_.empty()"));
+}
+
+// Pieces of at most the limit that together are the line: cut before a space, else between two
+// UTF-8 characters, else (no character boundary: not UTF-8) at the limit.
+TEST(TrainingSentencesTest, CutsALongLineUnderTheLimit) {
+  EXPECT_EQ(CutLongLine("abc def ghi", 20), (std::vector<absl::string_view>{"abc def ghi"}));
+  EXPECT_EQ(CutLongLine("abc def ghi", 8), (std::vector<absl::string_view>{"abc def", " ghi"}));
+  EXPECT_EQ(CutLongLine("abcdefghij", 4), (std::vector<absl::string_view>{"abcd", "efgh", "ij"}));
+  // Three bytes a character: cut between characters.
+  EXPECT_EQ(CutLongLine("日本語日本", 7), (std::vector<absl::string_view>{"日本", "語日", "本"}));
+  EXPECT_EQ(CutLongLine("\x80\x80\x80\x80\x80", 2),
+            (std::vector<absl::string_view>{"\x80\x80", "\x80\x80", "\x80"}));
+  std::string text;
+  for (int i = 0; i < 500; ++i) text += i % 3 == 0 ? "語 " : "wörd ";
+  for (size_t limit : {5u, 7u, 16u, 100u}) {
+    std::string joined;
+    for (absl::string_view piece : CutLongLine(text, limit)) {
+      EXPECT_LE(piece.size(), limit);
+      EXPECT_FALSE(piece.empty());
+      if (limit >= 7 && piece.data() != text.data()) {
+        EXPECT_EQ(piece[0], ' ') << piece;
+      }
+      joined.append(piece.data(), piece.size());
+    }
+    EXPECT_EQ(joined, text);
+  }
+}
+
+// Lines of the inputs in order, files' last lines without a newline too, empty lines skipped, long
+// lines cut and counted; a file that cannot be read is an error naming it.
+TEST(TrainingSentencesTest, ReadsTheInputsLineByLine) {
+  TestDir dir;
+  WriteAll(dir / "a.txt", "one\n\ntwo\nthree four five six");
+  WriteAll(dir / "b.txt", "seven\r\n");
+  TrainingSentences sentences({dir / "a.txt", dir / "b.txt"}, 10);
+  std::vector<std::string> got;
+  std::string sentence;
+  while (sentences.Next(&sentence)) got.push_back(sentence);
+  EXPECT_EQ(sentences.error(), "");
+  EXPECT_EQ(got, (std::vector<std::string>{"one", "two", "three four", " five six", "seven\r"}));
+  EXPECT_EQ(sentences.long_lines(), 1);
+  EXPECT_EQ(sentences.long_line_pieces(), 2);
+
+  TrainingSentences missing({dir / "a.txt", dir / "missing.txt"}, 10);
+  while (missing.Next(&sentence)) {
+  }
+  EXPECT_THAT(missing.error(), HasSubstr(dir / "missing.txt"));
 }
 
 TEST(SentencePieceTokenizerTest, RefusesWhatIsNotAModel) {
