@@ -146,7 +146,8 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
   const data::SentencePieceTrainOptions train{.inputs = options.inputs,
                                               .vocab = options.vocab,
                                               .model_type = options.model_type,
-                                              .output = options.output};
+                                              .output = options.output,
+                                              .character_coverage = options.character_coverage};
   RETURN_IF_ERROR(data::CheckSentencePieceTrainOptions(train));
   std::vector<std::pair<std::string, std::string>> inputs;
   for (const std::string& input : options.inputs) inputs.emplace_back("--input", input);
@@ -167,6 +168,7 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
     f["output"].set_string_value(options.output);
     f["identity"].set_string_value(trained->identity);
     f["model_type"].set_string_value(options.model_type);
+    f["character_coverage"].set_number_value(options.character_coverage);
     f["vocab"].set_number_value(static_cast<double>(trained->vocab));
     f["input_bytes"].set_number_value(static_cast<double>(trained->input_bytes));
     f["long_lines"].set_number_value(static_cast<double>(trained->long_lines));

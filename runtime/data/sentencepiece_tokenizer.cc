@@ -104,6 +104,17 @@ int64_t LargestVocabFromError(const std::string& error) {
   return std::strtoll(error.c_str() + at + 9, nullptr, 10);
 }
 
+// SentencePiece's "Vocabulary size is smaller than required_chars. V vs N. ..." -> N (the pieces
+// the characters that make up the coverage need, with the meta and byte pieces), else -1.
+int64_t SmallestVocabFromError(const std::string& error) {
+  const std::string marker = "required_chars. ";
+  const size_t at = error.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t vs = error.find(" vs ", at);
+  if (vs == std::string::npos) return -1;
+  return std::strtoll(error.c_str() + vs + 4, nullptr, 10);
+}
+
 // SentencePiece errors start with the source line and the failed condition; keep the sentence,
 // or the whole message where the condition is all it says.
 std::string TrainerMessage(const std::string& error) {
@@ -184,6 +195,14 @@ absl::Status CheckSentencePieceTrainOptions(const SentencePieceTrainOptions& opt
         " or more; 256 byte pieces, <unk>, the end-of-document id and the newline come first, "
         "then the text's characters)"));
   }
+  if (!(options.character_coverage >= kMinCharacterCoverage && options.character_coverage <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer train: --character-coverage ", options.character_coverage,
+                     " (allowed: ", kMinCharacterCoverage,
+                     " to 1, the share of the text's characters that get a piece of "
+                     "their own; ",
+                     kDefaultCharacterCoverage, " unless given)"));
+  }
   return absl::OkStatus();
 }
 
@@ -213,7 +232,7 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
       {"add_dummy_prefix", "false"},
       {"remove_extra_whitespaces", "false"},
       {"byte_fallback", "true"},
-      {"character_coverage", "1.0"},
+      {"character_coverage", absl::StrCat(options.character_coverage)},
       {"user_defined_symbols", "\n"},
       {"unk_id", "0"},
       {"eos_id", absl::StrCat(kSentencePieceEodId)},
@@ -242,6 +261,16 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
                        result.input_bytes, " bytes in ", options.inputs.size(),
                        options.inputs.size() == 1 ? " file" : " files", "): it gives at most ",
                        largest, " pieces; use --vocab ", largest, " or less, or more text"));
+    }
+    const int64_t smallest = SmallestVocabFromError(error);
+    if (smallest > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer train: --vocab ", options.vocab,
+                       " is too small for the characters that make up --character-coverage ",
+                       options.character_coverage, " of this text: with the ",
+                       smallest - options.vocab, " more pieces they need, use --vocab ", smallest,
+                       " or more (subwords take more still), or a lower --character-coverage (the "
+                       "characters left out are spelled as their UTF-8 bytes)"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer train: SentencePiece refused: ", TrainerMessage(error)));

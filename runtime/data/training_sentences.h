@@ -49,8 +49,8 @@ class TrainingSentences final : public spm::SentenceSource {
   size_t limit_;
   size_t next_input_ = 0;
   std::ifstream in_;
-  bool open_ = false;       // in_ holds inputs_[next_input_ - 1], not read to its end
-  std::string buffer_;      // read, not handed out yet: from pos_
+  bool open_ = false;   // in_ holds inputs_[next_input_ - 1], not read to its end
+  std::string buffer_;  // read, not handed out yet: from pos_
   size_t pos_ = 0;
   bool in_long_line_ = false;  // the current line has been cut already
   int64_t long_lines_ = 0;

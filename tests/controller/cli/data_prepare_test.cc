@@ -176,6 +176,13 @@ TEST_F(DataPrepareTest, TokenizerErrors) {
   code = RunTokenizerTrain(ctx_, train);
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
   EXPECT_THAT(code.status().message(), ::testing::HasSubstr("(allowed: unigram, bpe)"));
+  train.model_type = "bpe";
+  train.character_coverage = 0.5;
+  code = RunTokenizerTrain(ctx_, train);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_THAT(code.status().message(),
+              ::testing::HasSubstr("--character-coverage 0.5 (allowed: 0.98 to 1"));
+  train.character_coverage = 1;
 
   code = RunDataPrepare(
       ctx_,

@@ -3,6 +3,7 @@
 // the trainer's errors.
 #include "runtime/data/tokenizer.h"
 
+#include <cmath>
 #include <fstream>
 
 #include "gmock/gmock.h"
@@ -18,6 +19,7 @@ namespace furnace::data {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::ReadAll;
 using testing_util::TestDir;
 using testing_util::WriteAll;
@@ -236,6 +238,63 @@ TEST(SentencePieceTrainTest, LearnsFromLinesLongerThanSentencePieceTakes) {
   trained = TrainSentencePiece(options);
   ASSERT_TRUE(trained.ok()) << trained.status();
   EXPECT_EQ(trained->long_lines, 6);
+}
+
+// 3,259 distinct CJK characters, 1,000 of them common (words of two) and 2,259 seen once each
+// (1.9% of the text): at character coverage 1.0 every one needs a piece of its own.
+std::string CjkCorpus() {
+  auto character = [](int i) {
+    const int c = 0x4E00 + i;  // three bytes of UTF-8
+    return std::string{static_cast<char>(0xE0 | (c >> 12)),
+                       static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+                       static_cast<char>(0x80 | (c & 0x3F))};
+  };
+  std::string text;
+  for (int line = 0; line < 4000; ++line) {
+    for (int w = 0; w < 15; ++w) {
+      const int word = (line * 31 + w * 7) % 500;
+      text += character(2 * word) + character(2 * word + 1);
+    }
+    text += "\n";
+  }
+  for (int i = 1000; i < 3259; ++i) text += character(i) + (i % 40 == 0 ? "\n" : "");
+  return text + "\n";
+}
+
+// The vocabulary need not hold every character (byte fallback spells the rest): the coverage is
+// an option, and SentencePiece's advice to lower it names furnace's flags.
+TEST(SentencePieceTrainTest, CharacterCoverageLeavesRareCharactersToBytes) {
+  TestDir dir;
+  WriteAll(dir / "cjk.txt", CjkCorpus());
+  SentencePieceTrainOptions options{
+      .inputs = {dir / "cjk.txt"}, .vocab = 2000, .output = dir / "t.model"};
+  options.character_coverage = 1.0;
+  auto trained = TrainSentencePiece(options);
+  ASSERT_FALSE(trained.ok());
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trained.status().message(),
+              HasSubstr("--vocab 2000 is too small for the characters that make up "
+                        "--character-coverage 1 of this text"));
+  EXPECT_THAT(trained.status().message(), HasSubstr("use --vocab 3518 or more"));
+  EXPECT_THAT(trained.status().message(), HasSubstr("or a lower --character-coverage"));
+  EXPECT_THAT(trained.status().message(), Not(HasSubstr("--character_coverage")));
+
+  options.character_coverage = 0.98;
+  trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto tokenizer = OpenTokenizer(dir / "t.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = CjkCorpus();
+  EXPECT_EQ((*tokenizer)->Decode((*tokenizer)->Encode(text, TextPart::kWhole).value()), text);
+
+  for (double coverage : {0.0, 0.97, 1.5, std::nan("")}) {
+    options.character_coverage = coverage;
+    trained = TrainSentencePiece(options);
+    ASSERT_FALSE(trained.ok()) << coverage;
+    EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(trained.status().message(), HasSubstr("--character-coverage"));
+    EXPECT_THAT(trained.status().message(), HasSubstr("(allowed: 0.98 to 1"));
+  }
 }
 
 // SentencePiece's message whose text after the condition is empty is passed whole.
