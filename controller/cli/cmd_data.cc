@@ -14,6 +14,7 @@
 #include "runtime/data/byte_tokenizer.h"
 #include "runtime/data/prepare.h"
 #include "runtime/data/sentencepiece_tokenizer.h"
+#include "runtime/data/training_sentences.h"
 
 namespace furnace::cli {
 namespace {
@@ -145,7 +146,8 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
   const data::SentencePieceTrainOptions train{.inputs = options.inputs,
                                               .vocab = options.vocab,
                                               .model_type = options.model_type,
-                                              .output = options.output};
+                                              .output = options.output,
+                                              .character_coverage = options.character_coverage};
   RETURN_IF_ERROR(data::CheckSentencePieceTrainOptions(train));
   std::vector<std::pair<std::string, std::string>> inputs;
   for (const std::string& input : options.inputs) inputs.emplace_back("--input", input);
@@ -166,8 +168,11 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
     f["output"].set_string_value(options.output);
     f["identity"].set_string_value(trained->identity);
     f["model_type"].set_string_value(options.model_type);
+    f["character_coverage"].set_number_value(options.character_coverage);
     f["vocab"].set_number_value(static_cast<double>(trained->vocab));
     f["input_bytes"].set_number_value(static_cast<double>(trained->input_bytes));
+    f["long_lines"].set_number_value(static_cast<double>(trained->long_lines));
+    f["long_line_pieces"].set_number_value(static_cast<double>(trained->long_line_pieces));
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
   } else {
     *ctx.out << "wrote " << options.output << ": SentencePiece " << options.model_type
@@ -176,6 +181,13 @@ absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,
              << FormatBytes(static_cast<uint64_t>(trained->input_bytes)) << " in "
              << options.inputs.size() << (options.inputs.size() == 1 ? " file" : " files")
              << "\nidentity " << trained->identity << "\n";
+    if (trained->long_lines > 0) {
+      *ctx.out << trained->long_lines << (trained->long_lines == 1 ? " line" : " lines")
+               << " longer than " << data::kMaxTrainingSentenceBytes
+               << " bytes (SentencePiece's longest sentence) trained on as "
+               << trained->long_line_pieces << " pieces, cut before a space (or between two "
+               << "characters where there was none)\n";
+    }
   }
   return kExitOk;
 }

@@ -16,6 +16,7 @@
 #include "controller/cli/client.h"
 #include "google/protobuf/message.h"
 #include "runtime/base/clock.h"
+#include "runtime/data/sentencepiece_tokenizer.h"
 #include "runtime/topology/topology.h"
 
 namespace furnace::cli {
@@ -139,9 +140,12 @@ struct TokenizerTrainOptions {
   int64_t vocab = 0;                   // pieces in the model
   std::string model_type = "unigram";  // unigram | bpe
   std::string output;                  // the .model file to write
+  // The share of the characters that get pieces of their own (the rest: byte fallback).
+  double character_coverage = data::kDefaultCharacterCoverage;
 };
 // Trains a SentencePiece model (runtime/data/sentencepiece_tokenizer.h); needs no controller.
-// Options the CLI can check (no inputs, no output, model type, vocab too small) ->
+// Options the CLI can check (no inputs, no output, model type, vocab too small, character
+// coverage out of range) ->
 // INVALID_ARGUMENT; an input that cannot be read or is empty, a vocab the text cannot fill, an
 // output that cannot be written -> a LocalError (exit 5).
 absl::StatusOr<int> RunTokenizerTrain(const CommandContext& ctx,

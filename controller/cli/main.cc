@@ -201,14 +201,20 @@ int main(int argc, char** argv) {
       "end-of-document id 1");
   tokenizer_train
       ->add_option("--input,-i", train_options.inputs,
-                   "text files; each line is one training sentence (at most a million lines "
-                   "are sampled)")
+                   "text files; each line is one training sentence (at most a million are "
+                   "sampled; a line over 4192 bytes is cut into pieces under that)")
       ->required();
   tokenizer_train
       ->add_option("--vocab", train_options.vocab,
                    "pieces in the model, including the 256 byte pieces (at least 260)")
       ->required();
   tokenizer_train->add_option("--model-type", train_options.model_type, "unigram or bpe")
+      ->capture_default_str();
+  tokenizer_train
+      ->add_option("--character-coverage", train_options.character_coverage,
+                   "the share of the text's characters (the most frequent first) that get a "
+                   "piece of their own, 0.98 to 1 (0.9995 for text with thousands of "
+                   "characters: Chinese, Japanese); the rest are spelled as their UTF-8 bytes")
       ->capture_default_str();
   tokenizer_train->add_option("-o,--output", train_options.output, "the .model file to write")
       ->required();

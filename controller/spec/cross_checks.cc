@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "controller/spec/scalars.h"
+#include "runtime/base/blend_slots.h"
 
 namespace furnace::spec {
 namespace {
@@ -90,6 +92,45 @@ class Checker {
 };
 
 // data: which of path / blend / validation each source takes (runtime/data/data_sources.h).
+// The blend entry whose path is `path`, else -1.
+int BlendEntryOf(const furnace::v1::DataSpec& d, const std::string& path) {
+  if (path.empty()) return -1;
+  for (int b = 0; b < d.blend_size(); ++b) {
+    if (d.blend(b).path() == path) return b;
+  }
+  return -1;
+}
+
+// The rank's rules for a blend's weights (runtime/base/blend_slots.h), which need no file: a sum
+// that is a finite number and a share of at least one of the 4096 slots for every dataset. One
+// dataset alone takes every slot, whatever its weight.
+void CheckBlendShares(Checker& c, const furnace::v1::DataSpec& d) {
+  if (d.blend_size() < 2) return;
+  std::vector<double> weights;
+  double total = 0;
+  for (const auto& b : d.blend()) {
+    if (!(b.weight() > 0)) return;  // refused on its own (data.blend[i].weight: > 0)
+    weights.push_back(b.weight());
+    total += b.weight();
+  }
+  const std::optional<std::vector<int64_t>> counts = BlendSlotCounts(weights);
+  if (!counts.has_value()) {
+    c.Fail({"data.blend"}, Problem{"the weights' sum is not a finite number", absl::StrCat(total),
+                                   "positive weights whose sum is finite; only their ratios "
+                                   "matter"});
+    return;
+  }
+  for (int b = 0; b < d.blend_size(); ++b) {
+    if ((*counts)[b] > 0) continue;
+    const std::string field = absl::StrCat("data.blend[", b, "].weight");
+    c.Fail({field, "data.blend"},
+           Problem{absl::StrCat("is below 1/", kBlendSlots,
+                                " of the blend, the smallest share it lays out"),
+                   absl::StrCat(d.blend(b).weight(), " of ", total, " in all"),
+                   absl::StrCat("a weight >= 1/", kBlendSlots, " of the weights' sum")});
+  }
+}
+
 void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker& c) {
   const bool file_source = d.source() == "tokens" || d.source() == "indexed";
   if (d.source() == "indexed" && d.path().empty() && d.blend_size() == 0) {
@@ -122,6 +163,7 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
         break;
       }
     }
+    CheckBlendShares(c, d);
   }
   if (file_source && diag->Present("data.seed")) {
     c.Fail(
@@ -141,6 +183,14 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
            Problem{"is the training data: its loss would be measured on what is trained on",
                    absl::StrCat("'", v.path(), "'"),
                    "a held-out file, or data.validation.fraction to hold part of data.path out"});
+  } else if (const int b = BlendEntryOf(d, v.path()); b >= 0) {
+    const std::string blend_path = absl::StrCat("data.blend[", b, "].path");
+    c.Fail({"data.validation.path", blend_path},
+           Problem{absl::StrCat("is the training data (", blend_path,
+                                "): its loss would be measured on what is trained on"),
+                   absl::StrCat("'", v.path(), "'"),
+                   "a held-out dataset, or data.validation.fraction to hold part of each "
+                   "blended dataset out"});
   } else if (d.source() == "markov" && (v.fraction() > 0 || !v.path().empty())) {
     c.Fail({v.fraction() > 0 ? "data.validation.fraction" : "data.validation.path", "data.source"},
            Problem{"not used with data.source markov: its held-out data are independent draws "

@@ -2,17 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/blend_slots.h"
 #include "runtime/base/status.h"
 #include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
 namespace {
 
-constexpr int64_t kBlendSlots = 4096;             // K, the blend's interleave period
 constexpr uint64_t kEpochStream = 0x45504F43ull;  // "EPOC": keys each epoch's permutation
 
 // One dataset's windows in the requested part: [first, first + count).
@@ -156,42 +157,31 @@ absl::StatusOr<std::vector<int>> BlendLayout(const std::vector<EpochSource>& sou
     parts[0].slots = 1;
     return std::vector<int>{0};
   }
+  std::vector<double> weights;
   double total = 0;
-  for (const EpochSource& s : sources) total += s.weight;
-  if (!std::isfinite(total) || !(total > 0)) {
+  for (const EpochSource& s : sources) {
+    weights.push_back(s.weight);
+    total += s.weight;
+  }
+  const std::optional<std::vector<int64_t>> counts = BlendSlotCounts(weights);
+  if (!counts.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("data.blend: the weights sum to ", total,
                                                    " (allowed: positive weights whose sum is a "
                                                    "finite number; only their ratios matter)"));
   }
-  std::vector<int64_t> counts(sources.size());
-  std::vector<std::pair<double, size_t>> remainders;
-  int64_t assigned = 0;
   for (size_t d = 0; d < sources.size(); ++d) {
-    // The share first: K * w would overflow for weights near the largest double.
-    const double exact = sources[d].weight / total * kBlendSlots;
-    counts[d] = static_cast<int64_t>(std::floor(exact));
-    assigned += counts[d];
-    remainders.push_back({exact - static_cast<double>(counts[d]), d});
-  }
-  std::stable_sort(remainders.begin(), remainders.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  // Largest remainders: fewer than one slot per dataset is left to hand out.
-  for (size_t i = 0; assigned < kBlendSlots && i < remainders.size(); ++i, ++assigned) {
-    ++counts[remainders[i].second];
-  }
-  for (size_t d = 0; d < sources.size(); ++d) {
-    if (counts[d] == 0) {
+    if ((*counts)[d] == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.blend: ", sources[d].stream->path(), " has weight ", sources[d].weight,
                        " of ", total, " in all, below 1/", kBlendSlots,
                        " of the blend (allowed: a share >= 1/", kBlendSlots, ")"));
     }
-    parts[d].slots = counts[d];
+    parts[d].slots = (*counts)[d];
   }
   std::vector<int> layout(kBlendSlots);
   std::vector<int64_t> credit(sources.size(), 0);
   for (int64_t s = 0; s < kBlendSlots; ++s) {
-    for (size_t d = 0; d < sources.size(); ++d) credit[d] += counts[d];
+    for (size_t d = 0; d < sources.size(); ++d) credit[d] += (*counts)[d];
     size_t best = 0;  // the largest credit, the lowest index on a tie
     for (size_t d = 1; d < sources.size(); ++d) {
       if (credit[d] > credit[best]) best = d;

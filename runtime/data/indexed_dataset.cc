@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 
@@ -36,6 +38,20 @@ int64_t LoadI64(const unsigned char* p) { return static_cast<int64_t>(LoadU64(p)
 // pointers, whatever the dataset's size.
 constexpr uint64_t kIndexChunk = uint64_t{1} << 16;
 
+// A prefix given with its .bin or .idx (data.path: /d/corpus.bin) names files that are not there
+// (/d/corpus.bin.idx): say so where opening fails.
+absl::Status WithPrefixHint(const std::string& prefix, const absl::Status& status) {
+  for (absl::string_view suffix : {".bin", ".idx"}) {
+    if (!absl::EndsWith(prefix, suffix)) continue;
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (an indexed dataset is named by its prefix, without ",
+                     suffix, ": data.path: ", prefix.substr(0, prefix.size() - suffix.size()),
+                     " for ", prefix, ")"));
+  }
+  return status;
+}
+
 }  // namespace
 
 IndexedDataset::~IndexedDataset() = default;
@@ -51,8 +67,10 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
     return absl::DataLossError(absl::StrCat("indexed dataset index ", idx_path, ": ", what));
   };
   // The index is read through at once; the data a window at a time.
-  ASSIGN_OR_RETURN(std::unique_ptr<DataFile> idx,
-                   DataFile::Open(idx_path, "indexed dataset index", FileAccess::kSequential));
+  absl::StatusOr<std::unique_ptr<DataFile>> opened =
+      DataFile::Open(idx_path, "indexed dataset index", FileAccess::kSequential);
+  if (!opened.ok()) return WithPrefixHint(prefix, opened.status());
+  std::unique_ptr<DataFile> idx = std::move(*opened);
   ASSIGN_OR_RETURN(std::unique_ptr<DataFile> bin,
                    DataFile::Open(bin_path, "indexed dataset data", FileAccess::kRandom));
   const int64_t idx_bytes = idx->size();

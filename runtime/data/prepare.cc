@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/base/status.h"
+#include "runtime/base/utf8.h"
+#include "runtime/data/byte_tokenizer.h"
 #include "runtime/data/token_file.h"
 
 namespace furnace::data {
@@ -85,7 +88,18 @@ size_t CutPoint(absl::string_view text) {
   return cut > 0 ? cut - 1 : 0;
 }
 
-absl::Status PrepareText(const std::string& input, DocumentSink& sink,
+// `text`, which starts `offset` bytes into `input`, when it is UTF-8.
+absl::Status CheckUtf8(absl::string_view text, const std::string& input, int64_t offset) {
+  const std::optional<size_t> bad = FirstInvalidUtf8(std::string_view(text.data(), text.size()));
+  if (!bad.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data prepare: input ", input, ": not UTF-8 at byte ", offset + static_cast<int64_t>(*bad),
+      " (a SentencePiece model reads UTF-8 text; --tokenizer byte takes any bytes)"));
+}
+
+// Each part handed to the sink ends at a cut (CutPoint): in UTF-8 text, between two characters,
+// so each part is checked alone; the last character of a block waits in `pending` for the rest.
+absl::Status PrepareText(const std::string& input, bool utf8, DocumentSink& sink,
                          const std::function<void(int64_t)>& advance) {
   std::ifstream in(input, std::ios::binary);
   if (!in) {
@@ -94,6 +108,7 @@ absl::Status PrepareText(const std::string& input, DocumentSink& sink,
   }
   const std::string where = absl::StrCat("input ", input);
   std::string pending;  // read, not cut yet: at most a block plus an unfinished character
+  int64_t offset = 0;   // pending's first byte in the file
   std::vector<char> block(kBlockBytes);
   while (in) {
     in.read(block.data(), static_cast<std::streamsize>(block.size()));
@@ -101,12 +116,16 @@ absl::Status PrepareText(const std::string& input, DocumentSink& sink,
     if (got == 0) break;
     pending.append(block.data(), got);
     const size_t cut = CutPoint(pending);
-    RETURN_IF_ERROR(sink.AppendText(absl::string_view(pending).substr(0, cut), where));
+    const absl::string_view head = absl::string_view(pending).substr(0, cut);
+    if (utf8) RETURN_IF_ERROR(CheckUtf8(head, input, offset));
+    RETURN_IF_ERROR(sink.AppendText(head, where));
     pending.erase(0, cut);
+    offset += static_cast<int64_t>(cut);
     advance(static_cast<int64_t>(got));
   }
   if (in.bad())
     return absl::DataLossError(absl::StrCat("data prepare: input ", input, ": read error"));
+  if (utf8) RETURN_IF_ERROR(CheckUtf8(pending, input, offset));
   RETURN_IF_ERROR(sink.AppendText(pending, where));
   return sink.EndDocument();
 }
@@ -190,9 +209,12 @@ absl::StatusOr<PrepareStats> PrepareTokenFile(const Tokenizer& tokenizer,
     done += bytes;
     if (progress) progress(std::min(done, stats.input_bytes), stats.input_bytes);
   };
+  // A subword model reads UTF-8 (SentencePiece would make U+FFFD of other bytes); the byte
+  // tokenizer reads bytes. JSON Lines are UTF-8 by definition (the parser refuses other bytes).
+  const bool utf8 = tokenizer.identity() != kByteTokenizerName;
   for (const std::string& input : options.inputs) {
     RETURN_IF_ERROR(options.jsonl_field.empty()
-                        ? PrepareText(input, sink, advance)
+                        ? PrepareText(input, utf8, sink, advance)
                         : PrepareJsonLines(input, options.jsonl_field, sink, advance));
   }
   stats.tokens = writer->count();

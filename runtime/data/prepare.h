@@ -43,9 +43,10 @@ using PrepareProgress = std::function<void(int64_t bytes_done, int64_t bytes_tot
 // Errors name the file (and for JSON Lines the line): no inputs, or no output (INVALID_ARGUMENT);
 // an input that cannot be read (NOT_FOUND) or is empty, or a JSON Lines file with no document
 // (INVALID_ARGUMENT); a line that is not a JSON object with a string field `jsonl_field`
-// (INVALID_ARGUMENT); text the tokenizer refuses (its error, naming the file, and for JSON Lines
-// the line); an output that cannot be written (INTERNAL). Every input is checked for existence and
-// size before anything is written.
+// (INVALID_ARGUMENT); plain text that is not UTF-8, with any tokenizer but the byte tokenizer
+// (INVALID_ARGUMENT naming the file and the byte offset); text the tokenizer refuses (its error,
+// naming the file, and for JSON Lines the line); an output that cannot be written (INTERNAL). Every
+// input is checked for existence and size before anything is written.
 absl::StatusOr<PrepareStats> PrepareTokenFile(const Tokenizer& tokenizer,
                                               const PrepareOptions& options,
                                               const PrepareProgress& progress = nullptr);

@@ -152,6 +152,25 @@ class ProcessorImpl final : public Processor {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> no_dummy_;
 };
 
+// A SentenceSource as SentencePiece's iterator; a source's error stops the training.
+class SourceIterator final : public sentencepiece::SentenceIterator {
+ public:
+  explicit SourceIterator(SentenceSource* source) : source_(source) { Next(); }
+  bool done() const override { return done_; }
+  void Next() override { done_ = !source_->Next(&value_); }
+  const std::string& value() const override { return value_; }
+  sentencepiece::util::Status status() const override {
+    const std::string error = source_->error();
+    if (error.empty()) return sentencepiece::util::Status();
+    return sentencepiece::util::Status(sentencepiece::util::StatusCode::kNotFound, error);
+  }
+
+ private:
+  SentenceSource* source_;
+  std::string value_;
+  bool done_ = false;
+};
+
 class LibraryImpl final : public Library {
  public:
   std::unique_ptr<Processor> Load(const std::string& serialized,
@@ -164,11 +183,16 @@ class LibraryImpl final : public Library {
     }
     return p;
   }
-  bool Train(const std::map<std::string, std::string>& flags, std::string* model,
-             std::string* error) const override {
+  bool Train(const std::map<std::string, std::string>& flags, SentenceSource* sentences,
+             std::string* model, std::string* error) const override {
     const std::unordered_map<std::string, std::string> kwargs(flags.begin(), flags.end());
+    SourceIterator iterator(sentences);
     const sentencepiece::util::Status status =
-        sentencepiece::SentencePieceTrainer::Train(kwargs, nullptr, model);
+        sentencepiece::SentencePieceTrainer::Train(kwargs, &iterator, model);
+    if (!sentences->error().empty()) {
+      *error = sentences->error();
+      return false;
+    }
     if (!status.ok()) *error = status.ToString();
     return status.ok();
   }

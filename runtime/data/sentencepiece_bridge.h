@@ -40,6 +40,17 @@ class Processor {
   virtual int eos_id() const = 0;  // -1 when the model has none
 };
 
+// The sentences a model is trained on, one at a time (the trainer samples what it keeps, so the
+// whole input never has to be in memory). Called from the training thread only.
+class SentenceSource {
+ public:
+  virtual ~SentenceSource() = default;
+  // The next sentence in *sentence: true; false at the end of the input or on an error (error()).
+  virtual bool Next(std::string* sentence) = 0;
+  // Why Next returned false when it was an error (naming the file); empty at the end of the input.
+  virtual std::string error() const = 0;
+};
+
 // The module's entry points. Stateless apart from SentencePiece's global log level.
 class Library {
  public:
@@ -48,11 +59,12 @@ class Library {
   // parse as one.
   virtual std::unique_ptr<Processor> Load(const std::string& serialized,
                                           std::string* error) const = 0;
-  // Trains a model from SentencePiece trainer flags (name -> value, as `spm_train --name=value`)
-  // and returns the serialized ModelProto in *model. False with *error set (SentencePiece's own
-  // message) when the trainer refuses.
-  virtual bool Train(const std::map<std::string, std::string>& flags, std::string* model,
-                     std::string* error) const = 0;
+  // Trains a model from SentencePiece trainer flags (name -> value, as `spm_train --name=value`;
+  // no `input`: the sentences come from `sentences`) and returns the serialized ModelProto in
+  // *model. False with *error set when the trainer refuses (SentencePiece's own message) or
+  // `sentences` fails (its error()).
+  virtual bool Train(const std::map<std::string, std::string>& flags, SentenceSource* sentences,
+                     std::string* model, std::string* error) const = 0;
   // SentencePiece's log level: 0 info (its default: a page per training), 1 warnings, 2 errors,
   // kLogNothing: none.
   virtual void SetLogLevel(int level) const = 0;

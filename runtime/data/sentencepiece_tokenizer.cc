@@ -10,13 +10,13 @@
 #include <fstream>
 #include <memory>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/file_error.h"
 #include "runtime/base/file_sync.h"
 #include "runtime/base/status.h"
 #include "runtime/data/byte_tokenizer.h"
+#include "runtime/data/training_sentences.h"
 
 namespace furnace::data {
 namespace {
@@ -104,10 +104,24 @@ int64_t LargestVocabFromError(const std::string& error) {
   return std::strtoll(error.c_str() + at + 9, nullptr, 10);
 }
 
-// SentencePiece errors start with the source line and the failed condition; keep the sentence.
+// SentencePiece's "Vocabulary size is smaller than required_chars. V vs N. ..." -> N (the pieces
+// the characters that make up the coverage need, with the meta and byte pieces), else -1.
+int64_t SmallestVocabFromError(const std::string& error) {
+  const std::string marker = "required_chars. ";
+  const size_t at = error.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t vs = error.find(" vs ", at);
+  if (vs == std::string::npos) return -1;
+  return std::strtoll(error.c_str() + vs + 4, nullptr, 10);
+}
+
+// SentencePiece errors start with the source line and the failed condition; keep the sentence,
+// or the whole message where the condition is all it says.
 std::string TrainerMessage(const std::string& error) {
   const size_t bracket = error.rfind("] ");
-  return bracket == std::string::npos ? error : error.substr(bracket + 2);
+  if (bracket == std::string::npos) return error;
+  const std::string sentence = error.substr(bracket + 2);
+  return sentence.find_first_not_of(" \t\n") == std::string::npos ? error : sentence;
 }
 
 absl::Status WriteModelFile(const std::string& path, const std::string& bytes) {
@@ -181,6 +195,14 @@ absl::Status CheckSentencePieceTrainOptions(const SentencePieceTrainOptions& opt
         " or more; 256 byte pieces, <unk>, the end-of-document id and the newline come first, "
         "then the text's characters)"));
   }
+  if (!(options.character_coverage >= kMinCharacterCoverage && options.character_coverage <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer train: --character-coverage ", options.character_coverage,
+                     " (allowed: ", kMinCharacterCoverage,
+                     " to 1, the share of the text's characters that get a piece of "
+                     "their own; ",
+                     kDefaultCharacterCoverage, " unless given)"));
+  }
   return absl::OkStatus();
 }
 
@@ -189,11 +211,6 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
   RETURN_IF_ERROR(CheckSentencePieceTrainOptions(options));
   SentencePieceTrainResult result;
   for (const std::string& input : options.inputs) {
-    if (absl::StrContains(input, ',')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer train: input ", input,
-          ": a file name with a comma (SentencePiece reads a comma-separated list); rename it"));
-    }
     std::error_code ec;
     const uintmax_t bytes = std::filesystem::file_size(input, ec);
     if (ec || std::ifstream(input).fail()) {
@@ -208,7 +225,6 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
   }
   ASSIGN_OR_RETURN(const spm::Library* library, Module());
   const std::map<std::string, std::string> flags = {
-      {"input", absl::StrJoin(options.inputs, ",")},
       {"model_type", options.model_type},
       {"vocab_size", absl::StrCat(options.vocab)},
       // Lossless: no normalization, whitespace as it is, bytes for what the vocabulary lacks.
@@ -216,7 +232,7 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
       {"add_dummy_prefix", "false"},
       {"remove_extra_whitespaces", "false"},
       {"byte_fallback", "true"},
-      {"character_coverage", "1.0"},
+      {"character_coverage", absl::StrCat(options.character_coverage)},
       {"user_defined_symbols", "\n"},
       {"unk_id", "0"},
       {"eos_id", absl::StrCat(kSentencePieceEodId)},
@@ -225,10 +241,19 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
       // Bounded memory: at most a million lines, sampled uniformly from larger inputs.
       {"input_sentence_size", "1000000"},
       {"shuffle_input_sentence", "true"},
+      // Longer lines come cut into pieces of at most this (training_sentences.h).
+      {"max_sentence_length", absl::StrCat(kMaxTrainingSentenceBytes)},
       {"num_threads", "2"},
   };
+  TrainingSentences sentences(options.inputs);
   std::string model, error;
-  if (!library->Train(flags, &model, &error)) {
+  const bool trained = library->Train(flags, &sentences, &model, &error);
+  result.long_lines = sentences.long_lines();
+  result.long_line_pieces = sentences.long_line_pieces();
+  if (!sentences.error().empty()) {
+    return absl::NotFoundError(absl::StrCat("tokenizer train: ", sentences.error()));
+  }
+  if (!trained) {
     const int64_t largest = LargestVocabFromError(error);
     if (largest > 0) {
       return absl::InvalidArgumentError(
@@ -236,6 +261,16 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
                        result.input_bytes, " bytes in ", options.inputs.size(),
                        options.inputs.size() == 1 ? " file" : " files", "): it gives at most ",
                        largest, " pieces; use --vocab ", largest, " or less, or more text"));
+    }
+    const int64_t smallest = SmallestVocabFromError(error);
+    if (smallest > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer train: --vocab ", options.vocab,
+                       " is too small for the characters that make up --character-coverage ",
+                       options.character_coverage, " of this text: with the ",
+                       smallest - options.vocab, " more pieces they need, use --vocab ", smallest,
+                       " or more (subwords take more still), or a lower --character-coverage (the "
+                       "characters left out are spelled as their UTF-8 bytes)"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer train: SentencePiece refused: ", TrainerMessage(error)));

@@ -50,17 +50,30 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string identity_;
 };
 
+// Every character of the text gets a piece of its own unless the coverage is lower: the models
+// that `furnace data tokenizer train` made before the option existed come out the same (and the
+// README's measured demo with them). A text with thousands of characters (Chinese, Japanese)
+// wants SentencePiece's own default, 0.9995: its rarest characters then cost their bytes (3 ids
+// for most CJK characters) instead of a piece each.
+inline constexpr double kDefaultCharacterCoverage = 1.0;
+inline constexpr double kMinCharacterCoverage = 0.98;  // SentencePiece refuses less
+
 struct SentencePieceTrainOptions {
   std::vector<std::string> inputs;     // text files; each line is one training sentence
   int64_t vocab = 0;                   // pieces, including the 256 byte pieces, <unk> and </s>
   std::string model_type = "unigram";  // unigram | bpe
   std::string output;                  // the .model file to write
+  // The share of the text's characters that get a piece of their own, the most frequent first;
+  // the rarest (the rest) are spelled as their UTF-8 bytes (byte fallback). In [0.98, 1].
+  double character_coverage = kDefaultCharacterCoverage;
 };
 
 struct SentencePieceTrainResult {
   int64_t vocab = 0;
   int64_t input_bytes = 0;
-  std::string identity;  // "sentencepiece:<sha256 of the written model>"
+  int64_t long_lines = 0;        // lines longer than kMaxTrainingSentenceBytes, trained on cut
+  int64_t long_line_pieces = 0;  // the pieces they were cut into (training_sentences.h)
+  std::string identity;          // "sentencepiece:<sha256 of the written model>"
 };
 
 // Smallest vocab a model can have: 256 byte pieces, <unk>, </s> and the newline piece, plus one.
@@ -68,16 +81,18 @@ inline constexpr int64_t kMinSentencePieceVocab = 260;
 inline constexpr int32_t kSentencePieceEodId = 1;  // </s> in models trained here
 
 // The checks on the options alone (no file is read): inputs and output given, the model type, the
-// vocab's lower bound. INVALID_ARGUMENT naming the option and its allowed values.
+// vocab's lower bound, the character coverage in [0.98, 1]. INVALID_ARGUMENT naming the option (as
+// `furnace data tokenizer train` spells it) and its allowed values.
 absl::Status CheckSentencePieceTrainOptions(const SentencePieceTrainOptions& options);
 
 // Trains a model on `options.inputs` and writes it to options.output through a temporary file
 // renamed into place (nothing half-written under the final name). Training reads at most a
-// million sentences (lines), sampled uniformly when there are more, so memory stays bounded.
-// Errors (INVALID_ARGUMENT unless said): CheckSentencePieceTrainOptions's; an input that cannot be
-// read (NOT_FOUND) or is empty, named; a file name with a comma (SentencePiece takes a
-// comma-separated list); a vocab above what the text can give (with the largest it can); an output
-// that cannot be written (INTERNAL).
+// million sentences (lines, and the pieces of lines longer than kMaxTrainingSentenceBytes, which
+// SentencePiece would skip: TrainingSentences), sampled uniformly when there are more, so memory
+// stays bounded. Errors (INVALID_ARGUMENT unless said): CheckSentencePieceTrainOptions's; an input
+// that cannot be read (NOT_FOUND) or is empty, named; a vocab above what the text can give (with
+// the largest it can) or below the characters the coverage keeps (with the smallest); another
+// refusal of SentencePiece's, in its words; an output that cannot be written (INTERNAL).
 absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
     const SentencePieceTrainOptions& options);
 

@@ -145,6 +145,19 @@ TEST_F(DataPrepareTest, TrainTokenizerThenPrepare) {
   EXPECT_EQ((*tokenizer)->Decode(tokens), Corpus() + std::string("\xc3\xa9z", 3));
 }
 
+// SentencePiece skips lines longer than it takes: they are cut and trained on, and the output
+// says so.
+TEST_F(DataPrepareTest, TrainTokenizerSaysWhatItDidWithLongLines) {
+  std::string long_line;
+  while (long_line.size() < 10000) long_line += "the experts route tokens ";
+  std::ofstream(dir_ / "corpus.txt", std::ios::binary) << Corpus() << long_line << "\n";
+  auto code = RunTokenizerTrain(
+      ctx_, {.inputs = {dir_ / "corpus.txt"}, .vocab = 300, .output = dir_ / "tok.model"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), ::testing::HasSubstr("\n1 line longer than 4192 bytes (SentencePiece's "
+                                               "longest sentence) trained on as 3 pieces"));
+}
+
 TEST_F(DataPrepareTest, TokenizerErrors) {
   std::ofstream(dir_ / "corpus.txt", std::ios::binary) << Corpus();
   std::ofstream(dir_ / "empty.txt", std::ios::binary) << "";
@@ -163,6 +176,13 @@ TEST_F(DataPrepareTest, TokenizerErrors) {
   code = RunTokenizerTrain(ctx_, train);
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
   EXPECT_THAT(code.status().message(), ::testing::HasSubstr("(allowed: unigram, bpe)"));
+  train.model_type = "bpe";
+  train.character_coverage = 0.5;
+  code = RunTokenizerTrain(ctx_, train);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+  EXPECT_THAT(code.status().message(),
+              ::testing::HasSubstr("--character-coverage 0.5 (allowed: 0.98 to 1"));
+  train.character_coverage = 1;
 
   code = RunDataPrepare(
       ctx_,

@@ -344,6 +344,20 @@ std::vector<BadCase> Cases() {
       {"blend_weight_not_positive",
        H("data:\n  source: indexed\n  blend: [{path: /a, weight: 0}]\n"),
        {"data.blend[0].weight:", "allowed: > 0"}},
+      {"blend_share_below_a_slot",
+       H("data:\n  source: indexed\n  blend: [{path: /a, weight: 1}, {path: /b, weight: 1e-5}]\n"),
+       {"job.yaml:5:53: data.blend[1].weight: is below 1/4096 of the blend, the smallest share it "
+        "lays out (got 1e-05 of 1.00001 in all; allowed: a weight >= 1/4096 of the weights' sum)"}},
+      {"blend_weights_overflow",
+       H("data:\n  source: indexed\n  blend: [{path: /a, weight: 1e308}, {path: /b, weight: "
+         "1e308}]\n"),
+       {"data.blend: the weights' sum is not a finite number (got inf; allowed: positive weights "
+        "whose sum is finite; only their ratios matter)"}},
+      {"validation_is_a_blend_path",
+       H("data:\n  source: indexed\n  blend: [{path: /a}, {path: /b}]\n"
+         "  validation: {path: /b}\n"),
+       {"data.validation.path: is the training data (data.blend[1].path): its loss would be "
+        "measured on what is trained on"}},
       {"validation_fraction_too_large",
        H("data:\n  source: tokens\n  path: /t\n  validation: {fraction: 0.7}\n"),
        {"data.validation.fraction:", "0.7", "(0, 0.5]"}},

@@ -204,6 +204,11 @@ TEST(IndexedDatasetTest, MissingFilesAreNamed) {
   const std::string prefix = dir / "corpus";
   EXPECT_THAT(OpenError(prefix), HasSubstr(prefix + ".idx"));
   WriteWithReference(prefix, "--documents 3");
+  // data.path is the prefix: given with .bin or .idx, the error says so.
+  EXPECT_THAT(OpenError(prefix + ".bin"),
+              HasSubstr("(an indexed dataset is named by its prefix, without .bin: data.path: " +
+                        prefix + " for " + prefix + ".bin)"));
+  EXPECT_THAT(OpenError(prefix + ".idx"), HasSubstr("without .idx: data.path: " + prefix + " "));
   std::remove((prefix + ".bin").c_str());
   EXPECT_THAT(OpenError(prefix), HasSubstr(prefix + ".bin"));
 }

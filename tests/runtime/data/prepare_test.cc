@@ -197,6 +197,51 @@ TEST(PrepareTest, SentencePieceEndToEnd) {
             (std::vector<std::string>{corpus, ReadAll(dir / "other.txt")}));
 }
 
+// SentencePiece would encode bytes that are not UTF-8 as U+FFFD, so a model's text must be UTF-8:
+// the run fails naming the file and the byte, wherever it lies (past a block, in a file's last
+// bytes); a character across a block boundary is no error. The byte tokenizer takes any bytes.
+TEST(PrepareTest, TextForASentencePieceModelMustBeUtf8) {
+  TestDir dir;
+  WriteAll(dir / "corpus.txt", testing_corpus::Corpus());
+  ASSERT_TRUE(TrainSentencePiece(
+                  {.inputs = {dir / "corpus.txt"}, .vocab = 320, .output = dir / "tok.model"})
+                  .ok());
+  auto tokenizer = OpenTokenizer(dir / "tok.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // 2^20 is 1 mod 3 and 4 mod 19: block ends fall inside characters.
+  std::string cjk_line, cjk_lines;
+  while (cjk_line.size() < (3u << 20) / 2) cjk_line += "日本語";
+  while (cjk_lines.size() < (3u << 20) / 2) cjk_lines += "日本語 日本語\n";
+  WriteAll(dir / "line.txt", cjk_line);
+  WriteAll(dir / "lines.txt", cjk_lines);
+  auto stats = PrepareTokenFile(
+      **tokenizer, {.inputs = {dir / "line.txt", dir / "lines.txt"}, .output = dir / "ok.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(Documents(**tokenizer, ReadTokens(dir / "ok.bin")),
+            (std::vector<std::string>{cjk_line, cjk_lines}));
+
+  const size_t at = cjk_lines.size() - 100;
+  const std::string latin1 = cjk_lines.substr(0, at) + "caf\xe9 " + cjk_lines.substr(at);
+  const std::string cut_short = cjk_lines + "\xe6\x97";  // the first two bytes of a character
+  WriteAll(dir / "latin1.txt", latin1);
+  WriteAll(dir / "cut.txt", cut_short);
+  for (const auto& [name, offset] : std::vector<std::pair<std::string, size_t>>{
+           {"latin1.txt", at + 3}, {"cut.txt", cjk_lines.size()}}) {
+    SCOPED_TRACE(name);
+    stats = PrepareTokenFile(**tokenizer,
+                             {.inputs = {dir / "line.txt", dir / name}, .output = dir / "x.bin"});
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(stats.status().message(),
+                HasSubstr("data prepare: input " + dir / name + ": not UTF-8 at byte " +
+                          std::to_string(offset) + " "));
+    EXPECT_FALSE(std::filesystem::exists(dir / "x.bin"));
+  }
+  stats = PrepareTokenFile(ByteTokenizer(true), {.inputs = {dir / "latin1.txt", dir / "cut.txt"},
+                                                 .output = dir / "b.bin"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+}
+
 // A model with a dummy prefix that keeps whitespace (Llama's normalizer, made here by merging
 // add_dummy_prefix into a trained model) prepares a document longer than the 1 MiB block into the
 // ids of the whole document: each block after the first is encoded as its continuation, with no

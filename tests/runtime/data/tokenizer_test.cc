@@ -3,12 +3,14 @@
 // the trainer's errors.
 #include "runtime/data/tokenizer.h"
 
+#include <cmath>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/byte_tokenizer.h"
 #include "runtime/data/sentencepiece_tokenizer.h"
+#include "runtime/data/training_sentences.h"
 #include "tests/runtime/data/text_corpus.h"
 #include "tests/testing/file_bytes.h"
 #include "tests/testing/test_dir.h"
@@ -17,6 +19,7 @@ namespace furnace::data {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::ReadAll;
 using testing_util::TestDir;
 using testing_util::WriteAll;
@@ -203,6 +206,156 @@ TEST(SentencePieceTrainTest, ErrorsNameTheFileOrOption) {
   trained = TrainSentencePiece(options);
   EXPECT_EQ(trained.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(trained.status().message(), HasSubstr("no/such/dir/t.model"));
+}
+
+// SentencePiece skips a sentence longer than kMaxTrainingSentenceBytes without a word (its log is
+// off): a long line is cut into pieces under the limit instead, before a space where it has one,
+// else between two characters, and the result says how many lines were long.
+TEST(SentencePieceTrainTest, LearnsFromLinesLongerThanSentencePieceTakes) {
+  TestDir dir;
+  std::string long_lines;
+  for (int i = 0; i < 6; ++i) {
+    std::string line;
+    while (line.size() < 3 * kMaxTrainingSentenceBytes) line += "zyxwvutsrq ";
+    long_lines += line + "\n";
+  }
+  WriteAll(dir / "long.txt", long_lines);
+  WriteAll(dir / "corpus.txt", testing_corpus::Corpus());
+  SentencePieceTrainOptions options{
+      .inputs = {dir / "long.txt", dir / "corpus.txt"}, .vocab = 330, .output = dir / "t.model"};
+  auto trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->long_lines, 6);
+  EXPECT_GE(trained->long_line_pieces, 6 * 3);
+  auto tokenizer = OpenTokenizer(dir / "t.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // Learned from the long lines: a piece or two, not ten byte pieces.
+  EXPECT_LE((*tokenizer)->Encode(" zyxwvutsrq", TextPart::kWhole)->size(), 2u);
+
+  // Every line long: trains all the same (it was "SentencePiece refused: " and nothing more).
+  options.inputs = {dir / "long.txt"};
+  options.vocab = 270;
+  trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(trained->long_lines, 6);
+}
+
+// 3,259 distinct CJK characters, 1,000 of them common (words of two) and 2,259 seen once each
+// (1.9% of the text): at character coverage 1.0 every one needs a piece of its own.
+std::string CjkCorpus() {
+  auto character = [](int i) {
+    const int c = 0x4E00 + i;  // three bytes of UTF-8
+    return std::string{static_cast<char>(0xE0 | (c >> 12)),
+                       static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+                       static_cast<char>(0x80 | (c & 0x3F))};
+  };
+  std::string text;
+  for (int line = 0; line < 4000; ++line) {
+    for (int w = 0; w < 15; ++w) {
+      const int word = (line * 31 + w * 7) % 500;
+      text += character(2 * word) + character(2 * word + 1);
+    }
+    text += "\n";
+  }
+  for (int i = 1000; i < 3259; ++i) text += character(i) + (i % 40 == 0 ? "\n" : "");
+  return text + "\n";
+}
+
+// The vocabulary need not hold every character (byte fallback spells the rest): the coverage is
+// an option, and SentencePiece's advice to lower it names furnace's flags.
+TEST(SentencePieceTrainTest, CharacterCoverageLeavesRareCharactersToBytes) {
+  TestDir dir;
+  WriteAll(dir / "cjk.txt", CjkCorpus());
+  SentencePieceTrainOptions options{
+      .inputs = {dir / "cjk.txt"}, .vocab = 2000, .output = dir / "t.model"};
+  options.character_coverage = 1.0;
+  auto trained = TrainSentencePiece(options);
+  ASSERT_FALSE(trained.ok());
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trained.status().message(),
+              HasSubstr("--vocab 2000 is too small for the characters that make up "
+                        "--character-coverage 1 of this text"));
+  EXPECT_THAT(trained.status().message(), HasSubstr("use --vocab 3518 or more"));
+  EXPECT_THAT(trained.status().message(), HasSubstr("or a lower --character-coverage"));
+  EXPECT_THAT(trained.status().message(), Not(HasSubstr("--character_coverage")));
+
+  options.character_coverage = 0.98;
+  trained = TrainSentencePiece(options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto tokenizer = OpenTokenizer(dir / "t.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = CjkCorpus();
+  EXPECT_EQ((*tokenizer)->Decode((*tokenizer)->Encode(text, TextPart::kWhole).value()), text);
+
+  for (double coverage : {0.0, 0.97, 1.5, std::nan("")}) {
+    options.character_coverage = coverage;
+    trained = TrainSentencePiece(options);
+    ASSERT_FALSE(trained.ok()) << coverage;
+    EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(trained.status().message(), HasSubstr("--character-coverage"));
+    EXPECT_THAT(trained.status().message(), HasSubstr("(allowed: 0.98 to 1"));
+  }
+}
+
+// SentencePiece's message whose text after the condition is empty is passed whole.
+TEST(SentencePieceTrainTest, ATrainerRefusalSaysWhy) {
+  TestDir dir;
+  WriteAll(dir / "blank.txt", "\n\n\n");
+  auto trained =
+      TrainSentencePiece({.inputs = {dir / "blank.txt"}, .vocab = 300, .output = dir / "t.model"});
+  ASSERT_FALSE(trained.ok());
+  const std::string message(trained.status().message());
+  const std::string refused = "SentencePiece refused: ";
+  ASSERT_THAT(message, HasSubstr(refused));
+  EXPECT_GT(message.size(), message.find(refused) + refused.size() + 5) << message;
+  EXPECT_THAT(message, HasSubstr("sentences_.empty()"));
+}
+
+// Pieces of at most the limit that together are the line: cut before a space, else between two
+// UTF-8 characters, else (no character boundary: not UTF-8) at the limit.
+TEST(TrainingSentencesTest, CutsALongLineUnderTheLimit) {
+  EXPECT_EQ(CutLongLine("abc def ghi", 20), (std::vector<absl::string_view>{"abc def ghi"}));
+  EXPECT_EQ(CutLongLine("abc def ghi", 8), (std::vector<absl::string_view>{"abc def", " ghi"}));
+  EXPECT_EQ(CutLongLine("abcdefghij", 4), (std::vector<absl::string_view>{"abcd", "efgh", "ij"}));
+  // Three bytes a character: cut between characters.
+  EXPECT_EQ(CutLongLine("日本語日本", 7), (std::vector<absl::string_view>{"日本", "語日", "本"}));
+  EXPECT_EQ(CutLongLine("\x80\x80\x80\x80\x80", 2),
+            (std::vector<absl::string_view>{"\x80\x80", "\x80\x80", "\x80"}));
+  std::string text;
+  for (int i = 0; i < 500; ++i) text += i % 3 == 0 ? "語 " : "wörd ";
+  for (size_t limit : {5u, 7u, 16u, 100u}) {
+    std::string joined;
+    for (absl::string_view piece : CutLongLine(text, limit)) {
+      EXPECT_LE(piece.size(), limit);
+      EXPECT_FALSE(piece.empty());
+      if (limit >= 7 && piece.data() != text.data()) {
+        EXPECT_EQ(piece[0], ' ') << piece;
+      }
+      joined.append(piece.data(), piece.size());
+    }
+    EXPECT_EQ(joined, text);
+  }
+}
+
+// Lines of the inputs in order, files' last lines without a newline too, empty lines skipped, long
+// lines cut and counted; a file that cannot be read is an error naming it.
+TEST(TrainingSentencesTest, ReadsTheInputsLineByLine) {
+  TestDir dir;
+  WriteAll(dir / "a.txt", "one\n\ntwo\nthree four five six");
+  WriteAll(dir / "b.txt", "seven\r\n");
+  TrainingSentences sentences({dir / "a.txt", dir / "b.txt"}, 10);
+  std::vector<std::string> got;
+  std::string sentence;
+  while (sentences.Next(&sentence)) got.push_back(sentence);
+  EXPECT_EQ(sentences.error(), "");
+  EXPECT_EQ(got, (std::vector<std::string>{"one", "two", "three four", " five six", "seven\r"}));
+  EXPECT_EQ(sentences.long_lines(), 1);
+  EXPECT_EQ(sentences.long_line_pieces(), 2);
+
+  TrainingSentences missing({dir / "a.txt", dir / "missing.txt"}, 10);
+  while (missing.Next(&sentence)) {
+  }
+  EXPECT_THAT(missing.error(), HasSubstr(dir / "missing.txt"));
 }
 
 TEST(SentencePieceTokenizerTest, RefusesWhatIsNotAModel) {
