@@ -287,7 +287,7 @@ absl::StatusOr<MoeSaved> MoeBlockForward(ModuleContext& ctx, const Dims& dims, c
   // and the local experts' row offsets.
   std::shared_ptr<const moe::DispatchHandle> dispatch;
   if (s.distributed) {
-    ASSIGN_OR_RETURN(s.dispatch, ex.Prepare(plan.counts));
+    ASSIGN_OR_RETURN(s.dispatch, ex.Prepare(plan.counts, moe::RoutingDigest(plan.token)));
     dispatch = std::make_shared<const moe::DispatchHandle>(s.dispatch);
   }
   const int64_t R = s.distributed ? s.dispatch.R() : S;

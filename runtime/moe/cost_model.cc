@@ -104,7 +104,10 @@ double OpSeconds(const CostProfile& p, const Op& op, Direction dir, const LayerS
       return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep) +
              (bytes.esp > 0 ? CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kEsp,
                                                 bytes.esp)
-                            : 0.0);
+                            : 0.0) +
+             (bytes.tp > 0
+                  ? CollectiveSeconds(p, shape, CollectiveKind::kAllGather, OpGroup::kTp, bytes.tp)
+                  : 0.0);
     case OpKind::kAllToAll:
       return CollectiveSeconds(p, shape, CollectiveKind::kAllToAll, OpGroup::kEp, bytes.ep);
     case OpKind::kEspAllGather:
@@ -224,6 +227,9 @@ GroupBytes OpBytes(const Op& op, Direction dir, const LayerShape& shape, Schedul
         AddOn(b, shape, OpGroup::kEsp,
               static_cast<int64_t>(shape.ep) * (shape.E / shape.ep) * kI64);
       }
+      // s2 splits the rows between the tp peers: they gather each one's ep rank and routing digest
+      // (ScheduleExecutor::Prepare).
+      if (s == Schedule::kS2) AddOn(b, shape, OpGroup::kTp, 2 * kI64);
       break;
     case OpKind::kAllToAll:
       AddOn(b, shape, OpGroup::kEp, rows.S * row_bytes);

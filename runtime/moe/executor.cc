@@ -28,12 +28,15 @@ int SizeOf(const comm::Communicator* c) { return c == nullptr ? 1 : c->size(); }
 int RankOf(const comm::Communicator* c) { return c == nullptr ? 0 : c->rank(); }
 
 // FNV-1a of the routed rows per expert: the tp peers of s2 must have routed alike.
-int64_t CountsHash(const std::vector<int64_t>& counts) {
+// FNV-1a over the counts, then the routing digest.
+int64_t RoutingHash(const std::vector<int64_t>& counts, uint64_t routing_digest) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t c : counts) {
     h ^= static_cast<uint64_t>(c);
     h *= 1099511628211ull;
   }
+  h ^= routing_digest;
+  h *= 1099511628211ull;
   return static_cast<int64_t>(h);
 }
 
@@ -151,8 +154,17 @@ absl::StatusOr<GateStats> ScheduleExecutor::ExchangeGateStats(
   return g;
 }
 
-absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
-    const std::vector<int64_t>& expert_counts) const {
+uint64_t RoutingDigest(const std::vector<int32_t>& row_tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : row_tokens) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(const std::vector<int64_t>& expert_counts,
+                                                         uint64_t routing_digest) const {
   comm::CallTimer timer;
   const bool split_rows = schedule_ == Schedule::kS2 && tp() > 1;
   const std::vector<int64_t> mine =
@@ -165,10 +177,12 @@ absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
   if (split_rows) {
     h.all_counts = expert_counts;
     // The fused ops' step order needs each tp peer's ep rank; its layout, that every peer routed
-    // the same rows (they gate the same tokens with the same weights): one all-gather of
-    // (ep rank, hash of the counts). ESP peers share their ep coordinate (topology.h: an ESP
-    // group is one (stage, edp, ep)), so theirs is this rank's.
-    const int64_t mine_info[2] = {RankOf(groups_.expert.ep), CountsHash(expert_counts)};
+    // the same rows to the same experts in the same order (they gate the same tokens with the
+    // same weights): one all-gather of (ep rank, hash of the counts and the routing digest). ESP
+    // peers share their ep coordinate (topology.h: an ESP group is one (stage, edp, ep)), so
+    // theirs is this rank's.
+    const int64_t mine_info[2] = {RankOf(groups_.expert.ep),
+                                  RoutingHash(expert_counts, routing_digest)};
     std::vector<int64_t> info(2 * static_cast<size_t>(tp()));
     RETURN_IF_ERROR(groups_.tp->AllGather(mine_info, info.data(), sizeof(mine_info)));
     bytes += sizeof(mine_info);
@@ -176,7 +190,8 @@ absl::StatusOr<DispatchHandle> ScheduleExecutor::Prepare(
       if (info[2 * q + 1] != mine_info[1]) {
         return absl::InternalError(absl::StrCat(
             "moe schedule s2: tp peer ", q, " routed other rows than tp peer ", tp_rank(),
-            " (their per-expert counts differ), so the rows cannot be split between them"));
+            " (their per-expert counts or the tokens of their rows differ: the gates disagree), "
+            "so the rows cannot be split between them"));
       }
       h.tp_peer_ep.push_back(static_cast<int>(info[2 * q]));
     }

@@ -82,6 +82,10 @@ struct GateStats {
   std::vector<int64_t> queued;  // (E) choices of the peers before this one
 };
 
+// A digest of the routed rows' tokens, in routed order (DispatchPlan::token): equal on two ranks
+// that routed the same tokens to the same experts in the same order (ScheduleExecutor::Prepare).
+uint64_t RoutingDigest(const std::vector<int32_t>& row_tokens);
+
 class ScheduleExecutor {
  public:
   // counters: may be nullptr (no accounting); must outlive the executor. With tp == 1 every
@@ -111,9 +115,12 @@ class ScheduleExecutor {
   absl::StatusOr<GateStats> ExchangeGateStats(const std::vector<int64_t>& counts,
                                               const std::vector<double>& psum) const;
 
-  // Prepare: `expert_counts` (E) are the routed rows per expert of the order op (S_all). Returns
-  // the handle ToExperts / FromExperts need (backward reuses forward's).
-  absl::StatusOr<DispatchHandle> Prepare(const std::vector<int64_t>& expert_counts) const;
+  // Prepare: `expert_counts` (E) are the routed rows per expert of the order op (S_all);
+  // `routing_digest` is RoutingDigest of the token each of those rows holds, in order (s2 checks
+  // that its tp peers routed exactly the same rows before it splits them). Returns the handle
+  // ToExperts / FromExperts need (backward reuses forward's).
+  absl::StatusOr<DispatchHandle> Prepare(const std::vector<int64_t>& expert_counts,
+                                         uint64_t routing_digest) const;
   // Rows of the routed buffer (S_all) and of this peer's share (S) for a handle.
   static int64_t AllRows(const DispatchHandle& h);
   // Scratch either direction needs, in rows of C floats.

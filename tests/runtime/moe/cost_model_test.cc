@@ -155,10 +155,12 @@ TEST(CostModelTest, BytesPerGroupForwardAndBackward) {
                         .esp = (256 + 512) * row + counts}));
   EXPECT_EQ(ScheduleBytes(Direction::kBackward, s, Schedule::kS1),
             (GroupBytes{.tp = 128 * row, .ep = 2 * 256 * row, .esp = (256 + 512) * row}));
-  // s2: the tp all-gather moves S_all/tp rows; backward's comes from the row_split's adjoint.
-  EXPECT_EQ(ScheduleBytes(Direction::kForward, s, Schedule::kS2),
-            (GroupBytes{
-                .tp = 256 * row, .ep = 2 * 256 * row + counts, .esp = (256 + 512) * row + counts}));
+  // s2: the tp all-gather moves S_all/tp rows; backward's comes from the row_split's adjoint. The
+  // forward's counts also gather each tp peer's (ep rank, routing hash): 16 bytes.
+  EXPECT_EQ(
+      ScheduleBytes(Direction::kForward, s, Schedule::kS2),
+      (GroupBytes{
+          .tp = 256 * row + 16, .ep = 2 * 256 * row + counts, .esp = (256 + 512) * row + counts}));
   EXPECT_EQ(ScheduleBytes(Direction::kBackward, s, Schedule::kS2),
             (GroupBytes{.tp = 256 * row, .ep = 2 * 256 * row, .esp = (256 + 512) * row}));
   // Op by op in backward: mp_split is free, its adjoint all-gathers.

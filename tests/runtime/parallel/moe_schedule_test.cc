@@ -99,7 +99,7 @@ absl::Status RunRank(const Grid& g, Schedule schedule, bool balanced, int rank,
       for (int c = 0; c < kC; ++c) routed.push_back(Value(sh.dp_rank, peer, e, i, c));
     }
   }
-  ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts));
+  ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts, /*routing_digest=*/0));
   const int64_t S_all = ScheduleExecutor::AllRows(h);
   if (S_all * kC != static_cast<int64_t>(routed.size())) {
     return absl::InternalError(absl::StrCat("S_all ", S_all, " for ", routed.size() / kC, " rows"));
@@ -291,6 +291,30 @@ TEST_P(ScheduleExecutorTest, BytesPerOpAreTheAnalyticalVolumes) {
   }
 }
 
+// s2 splits the rows between the tp peers, which must have routed exactly the same rows: peers
+// whose per-expert counts agree but whose rows hold other tokens (two tokens swapped experts) are
+// refused, on every peer, rather than mixed.
+TEST(ScheduleExecutorS2Test, TpPeersThatRoutedOtherTokensWithTheSameCountsAreRefused) {
+  const Grid g{"dp1_tp2_ep2", 1, 2, 2, 1};
+  testing::LocalWorld local;
+  const std::vector<absl::Status> status = testing::LocalWorld::Run(2, [&](int rank) {
+    ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                     LayoutOf(g, rank, local, testing::TinyLayoutModel(1, 0)));
+    const ScheduleExecutor ex(
+        Schedule::kS2, {layout->tp.get(), {layout->ep.get(), layout->esp.get()}, layout->esp_is_tp},
+        kE, nullptr);
+    const std::vector<int64_t> counts(kE, 2);
+    // The same counts; the rows' tokens in another order on peer 1.
+    std::vector<int32_t> tokens = {0, 1, 2, 3, 4, 5, 6, 7};
+    if (layout->shard.tp_rank == 1) std::swap(tokens[1], tokens[2]);
+    return ex.Prepare(counts, RoutingDigest(tokens)).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsInternal(status[r])) << "rank " << r << ": " << status[r];
+    EXPECT_NE(status[r].message().find("routed other rows"), std::string::npos) << status[r];
+  }
+}
+
 // The exchanges' explicit adjoints: FromExperts is ToExperts' adjoint, checked by the dot-product
 // identity over the whole job with random rows, <To(x), y> summed over the ranks' expert sides
 // against <x, From(y)> summed over the ranks' routed sides. Under s2 the routed rows are
@@ -311,7 +335,7 @@ TEST_P(ScheduleExecutorTest, FromExpertsIsTheAdjointOfToExperts) {
     const bool own = schedule == Schedule::kS1 && g.tp > 1;
     const std::vector<int64_t> counts =
         CountsOf(sh.dp_rank, own ? sh.tp_rank : 0, /*balanced=*/false, g.tp);
-    ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts));
+    ASSIGN_OR_RETURN(DispatchHandle h, ex.Prepare(counts, /*routing_digest=*/0));
     const int64_t S_all = ScheduleExecutor::AllRows(h);
     // x: the routed rows, replicated over tp where the schedule routes the batch's rows (the
     // seed is the batch's, or the peer's own under s1); y: this rank's expert side.
