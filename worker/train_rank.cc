@@ -1,5 +1,6 @@
 #include "worker/train_rank.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,16 +204,15 @@ void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointC
 }
 
 // The machine's SGEMM peak for MFU, measured once per machine (train::MachinePeakFlops) and kept
-// in FURNACE_CACHE_DIR, else $XDG_CACHE_HOME/furnace, else ~/.cache/furnace: measuring costs
-// seconds of start-up (three 2048^3 SGEMMs), which every attempt and job used to pay again, and a
-// figure measured while other ranks measured too was up to 2x low (MFU not comparable between
-// jobs, nor across a restart). Without a usable cache directory: measured here.
+// in the user's cache directory ($XDG_CACHE_HOME/furnace, else ~/.cache/furnace), keyed by the
+// host and the CPUs this process may run on: measuring costs seconds of start-up (three 2048^3
+// SGEMMs), which every attempt and job used to pay again, and a figure measured while other ranks
+// measured too was up to 2x low (MFU not comparable between jobs, nor across a restart). Without
+// a usable cache directory: measured here.
 double PeakFlops(bool* cached, std::string* where) {
   *cached = false;
   std::string dir;
-  if (const char* d = std::getenv("FURNACE_CACHE_DIR"); d != nullptr && *d != '\0') {
-    dir = d;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
     dir = (std::filesystem::path(x) / "furnace").string();
   } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
     dir = (std::filesystem::path(h) / ".cache" / "furnace").string();
@@ -220,8 +220,13 @@ double PeakFlops(bool* cached, std::string* where) {
   if (dir.empty()) return train::MeasureSgemmPeakFlops();
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+  // Another CPU allowance (a container's cpuset, a resized VM) is another machine for this.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
   absl::StatusOr<double> peak = train::MachinePeakFlops(
-      dir, host, [] { return train::MeasureSgemmPeakFlops(); }, cached);
+      dir, absl::StrCat(host, ".", allowed, "cpu"), [] { return train::MeasureSgemmPeakFlops(); },
+      cached);
   if (!peak.ok()) {
     spdlog::warn("{}: measuring without it", std::string(peak.status().message()));
     return train::MeasureSgemmPeakFlops();

@@ -215,12 +215,11 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   if (!metrics) return "";
   const TrainMetrics& m = *metrics;
   Table kv({"", ""}, "  ");
+  std::string step = FormatProgress(summary.step(), summary.total_steps());
   if (m.step > 0 && m.step != summary.step()) {
-    kv.AddRow({"step", absl::StrCat(FormatProgress(m.step, summary.total_steps()),
-                                    "  (rank 0's newest; every rank past ", summary.step(), ")")});
-  } else {
-    kv.AddRow({"step", FormatProgress(summary.step(), summary.total_steps())});
+    absl::StrAppend(&step, "  (the figures below: rank 0's step ", m.step, ")");
   }
+  kv.AddRow({"step", step});
   if (m.loss) kv.AddRow({"loss", FormatLoss(m)});
   if (m.aux_loss) kv.AddRow({"aux loss", Fixed4(*m.aux_loss)});
   if (m.eval_loss) kv.AddRow({"eval loss", FormatEvalLoss(m)});

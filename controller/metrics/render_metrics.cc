@@ -109,7 +109,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       "lifetime: failed attempts that a new attempt followed or will follow (the failure that "
       "ended a job is not one).");
   MetricFamily* step = x.Add("furnace_job_step", kGauge,
-                             "Training steps completed (progress of the current attempt).");
+                             "Training steps completed by every rank of the current attempt (a "
+                             "restarted attempt keeps the job's step until its ranks have loaded "
+                             "their checkpoint).");
   MetricFamily* total_steps =
       x.Add("furnace_job_total_steps", kGauge, "Training steps the job is configured to run.");
   MetricFamily* tokens_total = x.Add("furnace_job_tokens_total", kCounter,

@@ -684,6 +684,15 @@ std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
 void Controller::Tick() {
   std::unique_lock<std::mutex> lock(mu_);
   jobs_.Tick();
+  // A job that ended with steps some rank never reported (its agent went away): once its ranks'
+  // last batches had time to come, they are stored with the ranks that did.
+  for (const std::string& id : telemetry_.JobsWithPendingSteps()) {
+    const Job* job = jobs_.Find(id);
+    if (job == nullptr || (IsFinal(job->summary.state()) &&
+                           clock_.UnixSeconds() - job->summary.updated_unix() > kEndedSettleS)) {
+      telemetry_.StoreUnfinished(id);
+    }
+  }
   // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state
   // mutex held during the writes: worker records every tick, jobs' records about once a second
   // (a job's write carries every rank of its attempt).

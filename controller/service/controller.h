@@ -204,6 +204,9 @@ class Controller {
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_
   static constexpr double kJobFlushIntervalS = 1.0;
+  // How long after a job ended its ranks' last telemetry batches may still come (agents push every
+  // telemetry_flush_s): its steps still waiting for ranks are stored after this (Tick).
+  static constexpr double kEndedSettleS = 10.0;
   static constexpr uint64_t kAuditTrimEvery = 100;
   std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_

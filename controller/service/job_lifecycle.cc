@@ -121,7 +121,10 @@ uint64_t JobLifecycle::ProgressOf(const Job& job) {
   }
   if (attempt.ranks_size() == 0) return job.summary.step();
   // Until then the job has not lost its progress: a restart does not show 0/N while it starts.
-  if (!all_known && attempt.attempt() > 1) return job.summary.step();
+  // (A train rank says where it starts; other kinds start from 0, reporting as they go.)
+  if (!all_known && attempt.attempt() > 1 && job.spec.kind() == "train") {
+    return job.summary.step();
+  }
   return min_step;
 }
 

@@ -473,7 +473,8 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   }
   // Silent while holding a rank of the job: kept out of its next attempts (restart_ladder.cc).
   if (!IsFinal(job->summary.state())) {
-    Exclude(*job, worker.info.worker_id(), absl::StrCat("lost: ", why), /*lost=*/true);
+    Exclude(*job, worker.info.worker_id(), absl::StrCat(leaving ? "left: " : "lost: ", why),
+            /*lost=*/true);
   }
 }
 

@@ -114,21 +114,38 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     // were trained all the same: stored with the ranks that reported them, in order, before this.
     const auto older = job.pending_steps.lower_bound(key);
     for (auto it = job.pending_steps.begin(); it != older; ++it) {
-      FinishStep(job_id, it->second, /*complete=*/false);
+      FinishStep(job_id, it->second);
     }
-    FinishStep(job_id, p, /*complete=*/true);
+    FinishStep(job_id, p);
     job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
     return true;
   }
   if (job.pending_steps.size() > kMaxPendingSteps) {
     // The oldest never completes (the bound): stored with the ranks it has.
-    FinishStep(job_id, job.pending_steps.begin()->second, /*complete=*/false);
+    FinishStep(job_id, job.pending_steps.begin()->second);
     job.pending_steps.erase(job.pending_steps.begin());
+    return true;
   }
   return false;
 }
 
-void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p, bool complete) {
+std::vector<std::string> TelemetryAggregator::JobsWithPendingSteps() const {
+  std::vector<std::string> out;
+  for (const auto& [id, job] : jobs_) {
+    if (!job.pending_steps.empty()) out.push_back(id);
+  }
+  return out;
+}
+
+bool TelemetryAggregator::StoreUnfinished(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.pending_steps.empty()) return false;
+  for (auto& [key, p] : it->second.pending_steps) FinishStep(job_id, p);
+  it->second.pending_steps.clear();
+  return true;
+}
+
+void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) {
   v1::StepRecord& r = p.record;
   r.set_ranks(p.ranks);
   if (p.loss_n > 0) {
@@ -137,9 +154,10 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p, 
   }
   // Model FLOPs / (step seconds x the peak of all devices): the slowest rank's step over every
   // rank's own peak. (The mean of the ranks' own MFUs weighs each by its own step time and peak.)
-  // Records without their peak (an older worker), or a step some ranks never reported, leave the
-  // mean.
-  const double peak = complete && p.peaks_known ? p.peak_sum : 0;
+  // A step some ranks never reported counts theirs at the mean of the others'; records without
+  // their peak (an older worker) leave the mean of the ranks' own MFUs.
+  const double world = static_cast<double>(std::max<size_t>(p.seen.size(), p.ranks));
+  const double peak = p.peaks_known && p.ranks > 0 ? p.peak_sum / p.ranks * world : 0;
   r.set_mfu(peak > 0 && r.step_seconds() > 0 ? p.model_flops / (r.step_seconds() * peak)
                                              : p.mfu_sum / p.ranks);
   r.set_grad_norm(p.grad_norm_sum / p.ranks);

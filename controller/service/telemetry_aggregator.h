@@ -66,8 +66,8 @@ class TelemetryAggregator {
   // Counts a batch's records and the records its agent reports having dropped.
   void NoteBatch(const furnace::v1::TelemetryBatch& batch);
   // One rank's record of a training step of a job whose attempts have `world_size` ranks. True
-  // when it completed the step (its StepRecord is queued for the store, ahead of what Store queues
-  // next).
+  // when it queued a step for the store (it completed this one, or stored older ones that can no
+  // longer complete), ahead of what Store queues next.
   bool Accumulate(const std::string& job_id, uint32_t world_size,
                   const furnace::v1::TelemetryRecord& record);
   // Adds a stored step to the job's state and totals (rebuilding them at start).
@@ -109,6 +109,12 @@ class TelemetryAggregator {
                                              int ranks) const;
   // Steps of the job still waiting for ranks (at most kMaxPendingSteps).
   size_t PendingSteps(const std::string& job_id) const;
+  // The jobs with steps still waiting for ranks.
+  std::vector<std::string> JobsWithPendingSteps() const;
+  // The job ended (and its ranks' last batches had time to come): its steps still waiting for
+  // ranks never complete, and are stored with the ranks that reported them. True when it queued
+  // any.
+  bool StoreUnfinished(const std::string& job_id);
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 
@@ -142,8 +148,8 @@ class TelemetryAggregator {
     std::optional<furnace::v1::EvalTelemetry> last_eval;  // the newest held-out evaluation
     uint64_t records_since_trim = 0;
   };
-  // `complete`: every rank of the attempt reported it (else it is stored with the ranks that did).
-  void FinishStep(const std::string& job_id, PendingStep& pending, bool complete);
+  // Stores the step: complete, or with the ranks that reported it (pending.seen has the world).
+  void FinishStep(const std::string& job_id, PendingStep& pending);
   // The newest step, checkpoint and evaluation readings (at once).
   void NoteStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // The exported totals and the goodput ledger (once the step is stored).

@@ -163,6 +163,13 @@ absl::StatusOr<std::vector<int>> BlendLayout(const std::vector<EpochSource>& sou
     weights.push_back(s.weight);
     total += s.weight;
   }
+  for (size_t d = 0; d < sources.size(); ++d) {
+    if (!(sources[d].weight > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.blend: ", sources[d].stream->path(), " has weight ", sources[d].weight,
+                       " (allowed: a positive number; only the weights' ratios matter)"));
+    }
+  }
   const std::optional<std::vector<int64_t>> counts = BlendSlotCounts(weights);
   if (!counts.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("data.blend: the weights sum to ", total,

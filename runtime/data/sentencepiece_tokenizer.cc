@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/file_error.h"
 #include "runtime/base/file_sync.h"
@@ -232,7 +233,7 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
       {"add_dummy_prefix", "false"},
       {"remove_extra_whitespaces", "false"},
       {"byte_fallback", "true"},
-      {"character_coverage", absl::StrCat(options.character_coverage)},
+      {"character_coverage", absl::StrFormat("%.17g", options.character_coverage)},
       {"user_defined_symbols", "\n"},
       {"unk_id", "0"},
       {"eos_id", absl::StrCat(kSentencePieceEodId)},

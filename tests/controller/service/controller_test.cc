@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_replace.h"
 #include "controller/store/goodput.h"
@@ -783,6 +784,65 @@ TEST_F(ControllerTest, ARestartFromNoCheckpointShowsStepZeroOnceItsRanksStart) {
   clock_.Advance(2);
   HeartbeatAll(2);
   c_->Tick();
+  EXPECT_EQ(Job().summary().step(), 0u);
+}
+
+// Rank 1's telemetry never came (its agent was cut off) and the job ended: the steps rank 0
+// reported are stored a settle time after the end, with the one rank that reported them.
+TEST_F(ControllerTest, AnEndedJobsStepsAnAgentNeverReportedAreStoredAfterItSettles) {
+  StartRunning(kAutoJob);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id(Job().attempts(0).ranks(0).worker_id());
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(0);
+    r.set_step(step);
+    r.mutable_train()->set_loss(2.0);
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  }
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited 0");
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited 0");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  clock_.Advance(5);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // its last batches may still come
+  clock_.Advance(6);
+  HeartbeatAll(2);
+  c_->Tick();
+  for (int i = 0; i < 100 && c_->GetJobSeries(req)->steps_size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // written behind
+  }
+  const auto series = c_->GetJobSeries(req);
+  ASSERT_EQ(series->steps_size(), 3);
+  EXPECT_EQ(series->steps(2).step(), 3u);
+  EXPECT_EQ(series->steps(2).ranks(), 1u);
+}
+
+// A commcheck rank reports no start-up and counts its rounds from 0: a restarted commcheck job
+// shows its new attempt's progress at once.
+TEST_F(ControllerTest, ARestartedCommcheckShowsItsNewAttemptsProgress) {
+  StartRunning();
+  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id(Job().attempts(attempt - 1).ranks(rank).worker_id());
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(attempt);
+    r.set_rank(rank);
+    r.set_step(step);
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  };
+  record(1, 0, 4);
+  record(1, 1, 4);
+  EXPECT_EQ(Job().summary().step(), 4u);
+  FailAndRestart();
+  record(2, 0, 0);
+  record(2, 1, 0);
   EXPECT_EQ(Job().summary().step(), 0u);
 }
 

@@ -97,9 +97,12 @@ TEST(TelemetryRetentionTest, StepsWaitingForRanksAreBounded) {
   AggregatorStore store("telemetry-test");
   ASSERT_NE(store.get(), nullptr);
   TelemetryAggregator telemetry(*store.get());
-  // Rank 1 of 2 never reports: no step completes, and the pending ones stop growing.
+  // Rank 1 of 2 never reports: no step completes, and the pending ones stop growing (past the
+  // bound, each record stores the oldest, and says so).
   for (uint64_t step = 1; step <= 500; ++step) {
-    EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(0, step)));
+    EXPECT_EQ(telemetry.Accumulate("j-1", 2, Step(0, step)),
+              step > TelemetryAggregator::kMaxPendingSteps)
+        << "step " << step;
   }
   EXPECT_EQ(telemetry.PendingSteps("j-1"), TelemetryAggregator::kMaxPendingSteps);
   // The newest still completes when the other rank catches up, and clears the older ones.
@@ -185,6 +188,31 @@ TEST(TelemetryAggregatorTest, ARanksRecordCountsOncePerStep) {
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ((*steps)[0].ranks(), 2u);
   EXPECT_DOUBLE_EQ((*steps)[0].tokens(), 200);
+}
+
+// The job ends with rank 1's agent still away (its last attempt failed, no restart left): the steps
+// rank 0 reported are stored once the job's end is settled, not held until a step completes.
+TEST(TelemetryAggregatorTest, AnEndedJobsStepsStillWaitingForARankAreStored) {
+  AggregatorStore store("telemetry-ended-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  telemetry.Accumulate("j-1", 2, Step(0, 1));
+  EXPECT_TRUE(telemetry.Accumulate("j-1", 2, Step(1, 1)));
+  for (uint64_t step = 2; step <= 4; ++step) {
+    EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(0, step)));
+  }
+  EXPECT_EQ(telemetry.JobsWithPendingSteps(), std::vector<std::string>{"j-1"});
+  EXPECT_TRUE(telemetry.StoreUnfinished("j-1"));
+  EXPECT_TRUE(telemetry.JobsWithPendingSteps().empty());
+  EXPECT_FALSE(telemetry.StoreUnfinished("j-1"));
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 4u);
+  EXPECT_EQ((*steps)[0].ranks(), 2u);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ((*steps)[i].ranks(), 1u);
+  // A record that comes after is counted already.
+  EXPECT_FALSE(telemetry.Accumulate("j-1", 2, Step(1, 3)));
 }
 
 // A job's MFU is model FLOPs / (step seconds x the peak of all devices): the slowest rank's step
