@@ -142,6 +142,23 @@ class ControllerTest : public ::testing::Test {
     }
   }
 
+  // Rank `rank` of `attempt` reports `step` from the worker it was placed on (`loaded`: with its
+  // start-up's checkpoint-load time, as a train rank's first record after the restore), and
+  // `train` figures when given.
+  void PushStep(uint32_t attempt, uint32_t rank, uint64_t step, bool loaded = false,
+                const v1::StepTelemetry* train = nullptr) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id(Job().attempts(attempt - 1).ranks(rank).worker_id());
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(attempt);
+    r.set_rank(rank);
+    r.set_step(step);
+    if (loaded) r.mutable_startup()->set_checkpoint_load_unix(clock_.UnixSeconds());
+    if (train != nullptr) *r.mutable_train() = *train;
+    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  }
+
   // Two workers, the job submitted, both ranks started: RUNNING at attempt 1. `tasks`, when
   // given, gets the ranks' start commands.
   void StartRunning(const char* yaml = kJob, std::vector<v1::RankTask>* tasks = nullptr) {
@@ -726,61 +743,38 @@ recovery:
 TEST_F(ControllerTest, ARestartKeepsTheJobsProgressUntilItsRanksSayWhereTheyStart) {
   StartRunning(kAutoJob);
   EXPECT_EQ(Job().summary().total_steps(), 100u);  // train.steps' default, from the spec
-  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step, bool loaded) {
-    v1::TelemetryBatch batch;
-    const v1::JobDetail d = Job();
-    batch.set_worker_id(d.attempts(attempt - 1).ranks(rank).worker_id());
-    v1::TelemetryRecord& r = *batch.add_records();
-    r.set_job_id(job_);
-    r.set_attempt(attempt);
-    r.set_rank(rank);
-    r.set_step(step);
-    if (loaded) r.mutable_startup()->set_checkpoint_load_unix(clock_.UnixSeconds());
-    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
-  };
   const auto progress = [&] {
     clock_.Advance(2);  // what changed is written behind
     HeartbeatAll(2);
     c_->Tick();
     return Job().summary().step();
   };
-  record(1, 0, 7, false);
-  record(1, 1, 7, false);
+  PushStep(1, 0, 7, false);
+  PushStep(1, 1, 7, false);
   // Read as of now, not as last written (the summary is written behind).
   EXPECT_EQ(Job().summary().step(), 7u);
   EXPECT_EQ(c_->ListJobs()[0].step(), 7u);
   EXPECT_EQ(progress(), 7u);
   FailAndRestart();
   EXPECT_EQ(Job().summary().step(), 7u);
-  record(2, 0, 0, false);  // rank 0 connected, has not restored yet
+  PushStep(2, 0, 0, false);  // rank 0 connected, has not restored yet
   EXPECT_EQ(progress(), 7u);
-  record(2, 0, 5, false);     // restored step 5
+  PushStep(2, 0, 5, false);   // restored step 5
   EXPECT_EQ(progress(), 7u);  // rank 1 has not said yet
-  record(2, 1, 5, false);
+  PushStep(2, 1, 5, false);
   EXPECT_EQ(progress(), 5u);
-  record(2, 0, 6, false);
-  record(2, 1, 6, false);
+  PushStep(2, 0, 6, false);
+  PushStep(2, 1, 6, false);
   EXPECT_EQ(progress(), 6u);
 }
 
 TEST_F(ControllerTest, ARestartFromNoCheckpointShowsStepZeroOnceItsRanksStart) {
   StartRunning(kAutoJob);
-  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step, bool loaded) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id(Job().attempts(attempt - 1).ranks(rank).worker_id());
-    v1::TelemetryRecord& r = *batch.add_records();
-    r.set_job_id(job_);
-    r.set_attempt(attempt);
-    r.set_rank(rank);
-    r.set_step(step);
-    if (loaded) r.mutable_startup()->set_checkpoint_load_unix(clock_.UnixSeconds());
-    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
-  };
-  record(1, 0, 3, false);
-  record(1, 1, 3, false);
+  PushStep(1, 0, 3, false);
+  PushStep(1, 1, 3, false);
   FailAndRestart();
-  record(2, 0, 0, true);  // found no checkpoint: starts at 0
-  record(2, 1, 0, true);
+  PushStep(2, 0, 0, true);  // found no checkpoint: starts at 0
+  PushStep(2, 1, 0, true);
   clock_.Advance(2);
   HeartbeatAll(2);
   c_->Tick();
@@ -791,17 +785,9 @@ TEST_F(ControllerTest, ARestartFromNoCheckpointShowsStepZeroOnceItsRanksStart) {
 // reported are stored a settle time after the end, with the one rank that reported them.
 TEST_F(ControllerTest, AnEndedJobsStepsAnAgentNeverReportedAreStoredAfterItSettles) {
   StartRunning(kAutoJob);
-  for (uint64_t step = 1; step <= 3; ++step) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id(Job().attempts(0).ranks(0).worker_id());
-    v1::TelemetryRecord& r = *batch.add_records();
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(0);
-    r.set_step(step);
-    r.mutable_train()->set_loss(2.0);
-    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
-  }
+  v1::StepTelemetry train;
+  train.set_loss(2.0);
+  for (uint64_t step = 1; step <= 3; ++step) PushStep(1, 0, step, false, &train);
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited 0");
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS, "exited 0");
   ASSERT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
@@ -827,22 +813,12 @@ TEST_F(ControllerTest, AnEndedJobsStepsAnAgentNeverReportedAreStoredAfterItSettl
 // shows its new attempt's progress at once.
 TEST_F(ControllerTest, ARestartedCommcheckShowsItsNewAttemptsProgress) {
   StartRunning();
-  const auto record = [&](uint32_t attempt, uint32_t rank, uint64_t step) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id(Job().attempts(attempt - 1).ranks(rank).worker_id());
-    v1::TelemetryRecord& r = *batch.add_records();
-    r.set_job_id(job_);
-    r.set_attempt(attempt);
-    r.set_rank(rank);
-    r.set_step(step);
-    ASSERT_TRUE(c_->PushTelemetry(batch).ok());
-  };
-  record(1, 0, 4);
-  record(1, 1, 4);
+  PushStep(1, 0, 4);
+  PushStep(1, 1, 4);
   EXPECT_EQ(Job().summary().step(), 4u);
   FailAndRestart();
-  record(2, 0, 0);
-  record(2, 1, 0);
+  PushStep(2, 0, 0);
+  PushStep(2, 1, 0);
   EXPECT_EQ(Job().summary().step(), 0u);
 }
 
