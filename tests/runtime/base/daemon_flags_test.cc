@@ -3,10 +3,7 @@
 #include "runtime/base/daemon_flags.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -15,6 +12,7 @@
 #include <vector>
 
 #include "runtime/base/yaml_config.h"
+#include "tests/testing/run_command.h"
 
 namespace furnace {
 namespace {
@@ -77,21 +75,10 @@ TEST(DaemonFlags, BadOptionsExit2) {
   EXPECT_EQ(p.exit, kDaemonExitUsage);
 }
 
-struct Ran {
-  int exit_code = -1;  // -1: did not exit normally
-  std::string output;  // stdout and stderr
-};
+using Ran = testing_util::CommandResult;
 
 Ran RunBinary(const std::string& binary, const std::string& args) {
-  Ran run;
-  FILE* pipe = popen((binary + " " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 512> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) run.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
-  return run;
+  return testing_util::RunCommand(binary + " " + args);
 }
 
 // Each of these exits before the daemon opens a port, a state directory or a connection.
