@@ -385,7 +385,7 @@ MetricsSnapshot Controller::Metrics() {
     m.kind = job.summary.kind();
     m.state = job.summary.state();
     m.attempt = job.summary.attempt();
-    m.step = JobLifecycle::SummaryNow(job).step();
+    m.step = JobLifecycle::StepNow(job);
     m.total_steps = job.summary.total_steps();
     telemetry_.Fill(id, m);
     m.goodput = telemetry_.Goodput(id, job.attempts, !IsFinal(job.summary.state()), snap.unix_time);

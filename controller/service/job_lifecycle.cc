@@ -103,9 +103,13 @@ Job* JobLifecycle::Find(const std::string& job_id) {
 // ---------------------------------------------------------------------------------------------
 // Persistence helpers
 
+uint64_t JobLifecycle::StepNow(const Job& job) {
+  return job.step_stale && job.current() != nullptr ? ProgressOf(job) : job.summary.step();
+}
+
 v1::JobSummary JobLifecycle::SummaryNow(const Job& job) {
   v1::JobSummary s = job.summary;
-  if (job.step_stale && job.current() != nullptr) s.set_step(ProgressOf(job));
+  s.set_step(StepNow(job));
   return s;
 }
 
@@ -130,7 +134,7 @@ uint64_t JobLifecycle::ProgressOf(const Job& job) {
 
 absl::Status JobLifecycle::Persist(Job& job) {
   job.summary.set_updated_unix(clock_.UnixSeconds());
-  if (job.step_stale && job.current() != nullptr) job.summary.set_step(ProgressOf(job));
+  job.summary.set_step(StepNow(job));
   job.step_stale = false;
   std::lock_guard<std::mutex> order(write_order_mu_);  // after a flush of an older copy
   absl::Status s = store_.Transaction([&]() -> absl::Status {
@@ -204,7 +208,7 @@ void JobLifecycle::FlushLater(std::unique_lock<std::mutex>& state_lock) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     Job& job = it->second;
-    if (job.step_stale && job.current() != nullptr) job.summary.set_step(ProgressOf(job));
+    job.summary.set_step(StepNow(job));
     job.step_stale = false;
     job.summary.set_updated_unix(clock_.UnixSeconds());
     Copy c{job.summary, {}, job.FirstAttemptToWrite(), exit_seq_};

@@ -267,8 +267,10 @@ class JobLifecycle {
   // summary.step: the lowest step over the current attempt's ranks, once each has said where it
   // starts; before that, a restarted attempt keeps the job's progress.
   static uint64_t ProgressOf(const Job& job);
-  // The job's summary as of now: its step from the ranks' latest telemetry, which the stored
+  // The job's step as of now: from the ranks' latest telemetry (ProgressOf), which the stored
   // summary gets only when it is next written (behind).
+  static uint64_t StepNow(const Job& job);
+  // The job's summary with StepNow's step.
   static furnace::v1::JobSummary SummaryNow(const Job& job);
 
  private:
