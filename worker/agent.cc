@@ -399,6 +399,7 @@ void Agent::HandleStart(furnace::v1::RankTask task) {
   // The slot's device, for resources.device cuda (its GPU) and emulated (its size).
   task.set_device_ordinal(options_.slot);
   task.set_device_memory(options_.device_memory);
+  task.set_log_level(options_.log_level);
 
   furnace::v1::RankReport report;
   report.set_job_id(task.job_id());

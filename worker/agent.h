@@ -84,6 +84,8 @@ struct AgentOptions {
   // job's paths under them before it opens anything (worker/train_rank.cc).
   std::string data_root;
   std::string checkpoint_root;
+  // --log-level, handed to every rank in its task (RankTask.log_level).
+  std::string log_level = "info";
 };
 
 // Fills worker_id and work_dir defaults.

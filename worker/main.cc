@@ -117,6 +117,7 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [worker " + options.worker_id + "] [%l] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
+  options.log_level = log_level;
   spdlog::flush_on(spdlog::level::info);
   if (!host_note.empty()) {
     spdlog::info("peers reach this worker's ranks at {}{}", options.host, host_note);

@@ -127,6 +127,7 @@ int RankMain(const std::string& task_path) {
   logger->set_pattern(absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] [", task.job_id(), " a", task.attempt(),
                                    " r", task.rank(), "] [%l] %v"));
   spdlog::set_default_logger(logger);
+  if (!task.log_level().empty()) spdlog::set_level(spdlog::level::from_str(task.log_level()));
   spdlog::flush_on(spdlog::level::info);
   RaiseOpenFileLimit();
 

@@ -427,6 +427,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   // A budget below what any policy needs for one micro-batch would only run out of memory, restart
   // and escalate to the same end: refused before the first step, with the number needed. (The
   // controller cannot check it at submit: it does not link the model.)
+  // The bytes that fit any routing (set with a budget below them): an out-of-memory exit names
+  // them, since no policy can fit a step whose routing needs more.
+  std::optional<int64_t> routing_bound_short;
   if (const uint64_t budget = spec.memory().device_budget(); budget > 0) {
     const int64_t floor =
         (*model)->MinimumActivationBytes(static_cast<int>(spec.parallel().micro_batch()));
@@ -444,6 +447,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     const int B = static_cast<int>(spec.parallel().micro_batch());
     const std::optional<int64_t> bound = (*model)->RoutingBoundActivationBytes(B);
     if (bound.has_value() && static_cast<int64_t>(budget) < *bound) {
+      routing_bound_short = *bound;
       const bool dropless = spec.moe().capacity_factor() <= 0;
       spdlog::warn(
           "memory.device_budget: {} bytes covers balanced routing ({} bytes needed) but not a "
@@ -503,7 +507,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
         "when it would not fit ({}); offload link {}; reduced precision {}",
         spec.memory().device_budget() == 0
             ? std::string("no budget set: it never will")
-            : absl::StrCat("budget ", spec.memory().device_budget(), " bytes, 2% kept free"),
+            : absl::StrCat("budget ", spec.memory().device_budget(),
+                           " bytes; it plans to 98% of it, the 2% margin for what a projection "
+                           "does not see, and the peak may use the whole budget"),
         link, spec.memory().codec());
   }
   spdlog::info("device {} ({}): training on the {} backend, precision {}", dev.name(),
@@ -732,9 +738,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     if (data::IsDataError(status)) {
       return FailOnData(progress, static_cast<uint64_t>((*trainer)->step()), status);
     }
-    const int code = absl::IsResourceExhausted(status) ? kRankExitOutOfMemory : kRankExitError;
-    return Fail(progress, static_cast<uint64_t>((*trainer)->step()), code,
-                absl::StrCat(failed_in, ": ", status.ToString()));
+    const bool oom = absl::IsResourceExhausted(status);
+    std::string routing;
+    if (oom && routing_bound_short.has_value()) {
+      routing = absl::StrCat(" (memory.device_budget ", spec.memory().device_budget(),
+                             " bytes covers balanced routing; ", *routing_bound_short,
+                             " bytes fits any routing on rank ", task.rank(), ")");
+    }
+    return Fail(progress, static_cast<uint64_t>((*trainer)->step()),
+                oom ? kRankExitOutOfMemory : kRankExitError,
+                absl::StrCat(failed_in, ": ", status.ToString(), routing));
   }
   if (copy_engine != nullptr) {
     const memory::CopyEngineStats cs = copy_engine->stats();

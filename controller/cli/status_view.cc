@@ -49,6 +49,17 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   if (!s.cause().empty()) {
     summary.AddRow({CauseIsPast(s) ? "restarted after" : "cause", s.cause()});
   }
+  // An attempt that runs another memory policy than the spec's (the out-of-memory escalation).
+  if (!job.attempts().empty()) {
+    const v1::AttemptInfo& last = *job.attempts().rbegin();
+    const std::string& spec_policy =
+        job.spec().memory().policy().empty() ? std::string("none") : job.spec().memory().policy();
+    if (!last.memory_policy().empty() && last.memory_policy() != spec_policy) {
+      summary.AddRow(
+          {"memory policy", absl::StrCat(last.memory_policy(), "  (the spec's is ", spec_policy,
+                                         "; escalated after an attempt ran out of memory)")});
+    }
+  }
   summary.AddRow({"progress", absl::StrCat(ProgressBar(s.step(), s.total_steps(), 30), "  step ",
                                            FormatProgress(s.step(), s.total_steps()))});
   summary.AddRow({"ranks", absl::StrCat(s.world_size())});

@@ -125,6 +125,7 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   m.entropy_floor = known(t.entropy_floor());
   m.planner_decisions = known(static_cast<double>(t.memory().planner_decisions()));
   m.emergency_offloads = known(static_cast<double>(t.memory().emergency_offloads()));
+  m.late_reloads = known(static_cast<double>(t.memory().late_reloads()));
   m.routing_spike = t.routing_spike();
   if (t.has_eval()) {
     m.eval_loss = t.eval().loss();
@@ -349,6 +350,7 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   if (m.emergency_offloads) {
     add(&second, absl::StrCat("emergency offloads ", Count(*m.emergency_offloads)));
   }
+  if (m.late_reloads) add(&second, absl::StrCat("late reloads ", Count(*m.late_reloads)));
   std::vector<std::string> lines;
   if (!first.empty()) lines.push_back(first);
   if (!second.empty()) lines.push_back(second);
@@ -365,18 +367,26 @@ std::string TrainPlainSuffix(const TrainMetrics& m) {
   if (m.tokens_per_second) absl::StrAppend(&out, "  tokens/s ", FormatRate(*m.tokens_per_second));
   if (m.mfu) absl::StrAppend(&out, "  MFU ", FormatMfu(m));
   if (m.routing_spike) absl::StrAppend(&out, "  spike");
-  // The memory policy's actions of the step, when it took any ("memory offload 1.2 MiB"), and the
-  // adaptive planner's decisions and emergency offloads on rank 0.
-  if (!m.planner.empty()) {
-    absl::StrAppend(&out, "  memory");
-    for (const auto& [action, bytes] : m.planner) {
-      absl::StrAppend(&out, " ", action, " ", FormatBytes(Bytes(bytes)));
-    }
+  // Under a budget, the step's peak against it; the memory policy's actions of the step, when it
+  // took any ("memory 4.9 MiB of 5.0 MiB (98%), offload 1.2 MiB"); the adaptive planner's
+  // decisions and emergency offloads and the late reloads on rank 0.
+  std::string memory;
+  if (m.activation_peak_bytes && m.memory_budget_bytes && *m.memory_budget_bytes > 0) {
+    memory = FormatActivationMemory(m);
   }
+  for (size_t i = 0; i < m.planner.size(); ++i) {
+    absl::StrAppend(&memory,
+                    memory.empty() ? ""
+                    : i == 0       ? ", "
+                                   : " ",
+                    m.planner[i].first, " ", FormatBytes(Bytes(m.planner[i].second)));
+  }
+  if (!memory.empty()) absl::StrAppend(&out, "  memory ", memory);
   if (m.planner_decisions) absl::StrAppend(&out, "  planner ", Count(*m.planner_decisions), "x");
   if (m.emergency_offloads) {
     absl::StrAppend(&out, "  emergency offloads ", Count(*m.emergency_offloads));
   }
+  if (m.late_reloads) absl::StrAppend(&out, "  late reloads ", Count(*m.late_reloads));
   return out;
 }
 

@@ -152,8 +152,20 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
                                "Per-device memory budget in bytes (absent when unlimited).");
   MetricFamily* planner =
       x.Add("furnace_planner_bytes_total", kCounter,
-            "Bytes the memory planner handled, by action (keep, offload, recompute, ...), over all "
-            "steps and ranks.");
+            "Bytes the memory policy moved out of the arena, by action (offload, compress, "
+            "recompute), over all steps and ranks.");
+  MetricFamily* planner_decisions =
+      x.Add("furnace_planner_decisions_total", kCounter,
+            "MoE layers of a micro-batch where the adaptive memory planner acted (its projected "
+            "peak would not fit memory.device_budget), over all steps and ranks.");
+  MetricFamily* emergency_offloads =
+      x.Add("furnace_planner_emergency_offloads_total", kCounter,
+            "Allocations the arena refused that the adaptive planner rescued by moving or "
+            "dropping tensors nothing running reads, over all steps and ranks.");
+  MetricFamily* late_reloads =
+      x.Add("furnace_memory_late_reloads_total", kCounter,
+            "Offloaded tensors not back on the device when their backward needed them (the "
+            "compute waited), over all steps and ranks.");
   MetricFamily* comm = x.Add("furnace_comm_bytes_total", kCounter,
                              "Bytes moved by collectives, by operation, over all steps and ranks.");
   MetricFamily* moe_op_bytes =
@@ -263,6 +275,11 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     if (job.last_eval) Add(eval_loss, JobLabel(job), job.last_eval->loss());
     for (const auto& [action, bytes] : job.planner_bytes_total) {
       Add(planner, JobLabelAnd(job, "action", action), bytes);
+    }
+    if (job.kind == "train") {
+      Add(planner_decisions, JobLabel(job), job.planner_decisions_total);
+      Add(emergency_offloads, JobLabel(job), job.emergency_offloads_total);
+      Add(late_reloads, JobLabel(job), job.late_reloads_total);
     }
     for (const auto& [op, bytes] : job.comm_bytes_total) {
       Add(comm, JobLabelAnd(job, "op", op), bytes);

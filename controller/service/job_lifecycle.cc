@@ -456,7 +456,8 @@ std::string NextAttemptMemoryPolicy(const Job& job) {
     return spec_policy.empty() ? "none" : spec_policy;
   }
   if (!last->activation_oom()) return last->memory_policy();
-  return EscalatedMemoryPolicy(last->memory_policy()).value_or(last->memory_policy());
+  return EscalatedMemoryPolicy(last->memory_policy(), job.spec.memory().device_budget())
+      .value_or(last->memory_policy());
 }
 
 }  // namespace

@@ -278,8 +278,9 @@ class JobLifecycle {
   // failure counts against recovery.max_restarts; a permanent one (the job's input is invalid:
   // retrying cannot help) ends the job FAILED at once; an interruption (the controller itself
   // stopping the workers) restarts without counting.
-  // kOutOfMemoryAtLastRung: an out-of-memory exit under the most conservative memory policy
-  // (controller/store/memory_escalation.h); a restart would replay the same steps and fail again.
+  // kOutOfMemoryAtLastRung: an out-of-memory exit under a memory policy with nothing left to
+  // escalate to (controller/store/memory_escalation.h: adaptive at a budget, full_recompute
+  // without one); a restart would replay the same steps and fail again.
   // kHealthCheck: the attempt's pre-training health check failed; restarted without counting
   // against recovery.max_restarts (no training failed), but it is an attempt without progress.
   // kCorruptData: a rank found the data file damaged; retrying cannot help.

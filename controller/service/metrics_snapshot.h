@@ -26,10 +26,13 @@ struct JobMetrics {
   uint32_t attempt = 0;
   uint64_t step = 0;  // steps completed (progress)
   uint64_t total_steps = 0;
-  bool has_step = false;                               // a training step has been aggregated
-  furnace::v1::StepRecord last;                        // the newest aggregated step
-  double tokens_total = 0;                             // tokens trained, all attempts (counter)
-  std::map<std::string, double> planner_bytes_total;   // by action (counter)
+  bool has_step = false;                              // a training step has been aggregated
+  furnace::v1::StepRecord last;                       // the newest aggregated step
+  double tokens_total = 0;                            // tokens trained, all attempts (counter)
+  std::map<std::string, double> planner_bytes_total;  // by action (counter)
+  double planner_decisions_total = 0;   // MoE layers where the adaptive planner acted (counter)
+  double emergency_offloads_total = 0;  // allocations the planner rescued (counter)
+  double late_reloads_total = 0;        // offloaded tensors back late for backward (counter)
   std::map<std::string, double> comm_bytes_total;      // by collective (counter)
   std::map<std::string, double> moe_op_bytes_total;    // by MoE op, e.g. "a2a(ep)" (counter)
   std::map<std::string, double> moe_op_seconds_total;  // by MoE op (counter)

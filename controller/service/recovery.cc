@@ -26,7 +26,7 @@
 //  5. Give up when retrying cannot help: the restart budget is spent; no progress across
 //     recovery.max_attempts_without_progress consecutive attempts (controller/store/
 //     progress_rule.h); a permanent error class: invalid input, a corrupt data file, an
-//     out-of-memory exit under the most conservative memory policy, a layout that no longer
+//     out-of-memory exit with no memory policy left to escalate to, a layout that no longer
 //     fits.
 #include <algorithm>
 #include <optional>
@@ -324,8 +324,10 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
   const NoProgress stuck = AttemptsWithoutProgress(job.attempts);
   // An activation out-of-memory exit that escalates the memory policy changes the next attempt:
   // that retry may help, so it is never given up as "no progress".
-  const bool escalates = attempt->activation_oom() && !attempt->memory_policy().empty() &&
-                         EscalatedMemoryPolicy(attempt->memory_policy()).has_value();
+  const bool escalates =
+      attempt->activation_oom() && !attempt->memory_policy().empty() &&
+      EscalatedMemoryPolicy(attempt->memory_policy(), job.spec.memory().device_budget())
+          .has_value();
   const bool gave_up_stuck = failure != Failure::kInterrupted && !escalates && max_stuck > 0 &&
                              stuck.attempts >= max_stuck;
   const std::string stuck_cause = absl::StrFormat(
@@ -350,10 +352,21 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
     job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (failure == Failure::kOutOfMemoryAtLastRung) {
+    // Adaptive ran out: it acts on every step that would not fit, so the step's own MoE layer
+    // (its routing) needed more than the budget (the rank's message and its start-up warning give
+    // the bytes that fit any routing). full_recompute without a budget: the device ran out.
+    const bool adaptive = attempt->memory_policy() == "adaptive";
     job.summary.set_cause(absl::StrCat(
         cause, " (not retried: out of memory under memory.policy ", attempt->memory_policy(),
-        ", the most conservative policy; a restart would replay the same steps and run out of "
-        "memory again: raise memory.device_budget or lower parallel.micro_batch)"));
+        adaptive ? ", which needs the least of every policy and moves whatever can move when a "
+                   "step would not fit: this step's routing sent a rank more rows than "
+                   "memory.device_budget holds, and a restart would replay the same routing: "
+                   "raise memory.device_budget (each rank's log gives the bytes that fit any "
+                   "routing), set moe.capacity_factor, or lower parallel.micro_batch)"
+                 : ", the last policy to try without a memory.device_budget; a restart would "
+                   "replay the same steps and run out of memory again: lower "
+                   "parallel.micro_batch, or set memory.device_budget below the device's memory "
+                   "so that memory.policy adaptive can plan against it)"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (failure == Failure::kHealthCheck && !gave_up_stuck && max_stuck > 0) {
     // (Free only while the no-progress rule bounds it: with that rule off, 0, a health check
@@ -921,8 +934,10 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
     const bool activation_oom = report.exit_kind() == v1::EXIT_KIND_OOM &&
                                 report.exit_code() == v1::RANK_EXIT_OUT_OF_MEMORY;
     if (activation_oom) attempt.set_activation_oom(true);
-    const bool last_rung = activation_oom && !attempt.memory_policy().empty() &&
-                           !EscalatedMemoryPolicy(attempt.memory_policy()).has_value();
+    const bool last_rung =
+        activation_oom && !attempt.memory_policy().empty() &&
+        !EscalatedMemoryPolicy(attempt.memory_policy(), job.spec.memory().device_budget())
+             .has_value();
     FailAttempt(job, FailureKind(report.exit_kind()),
                 absl::StrCat("rank ", report.rank(), " on ", report.worker_id(), ": ",
                              DescribeExit(report)),

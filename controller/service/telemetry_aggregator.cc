@@ -61,6 +61,7 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_planner_seconds(std::max(r.planner_seconds(), t.memory().planner_seconds()));
   r.set_planner_decisions(r.planner_decisions() + t.memory().planner_decisions());
   r.set_emergency_offloads(r.emergency_offloads() + t.memory().emergency_offloads());
+  r.set_late_reloads(r.late_reloads() + t.memory().late_reloads());
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
   r.set_checkpoint_stall_seconds(
       std::max(r.checkpoint_stall_seconds(), t.checkpoint_stall_seconds()));
@@ -203,6 +204,9 @@ void TelemetryAggregator::AddTotals(const std::string& job_id, const v1::StepRec
   std::lock_guard<std::mutex> lock(totals_mu_);
   Totals& t = totals_[job_id];
   t.tokens += r.tokens();
+  t.planner_decisions += r.planner_decisions();
+  t.emergency_offloads += r.emergency_offloads();
+  t.late_reloads += static_cast<double>(r.late_reloads());
   // The Prometheus series are by action and by collective (over all groups).
   for (const auto& a : r.planner()) {
     t.planner[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
@@ -294,6 +298,9 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
     if (auto t = totals_.find(job_id); t != totals_.end()) {
       m.tokens_total = t->second.tokens;
       m.planner_bytes_total = t->second.planner;
+      m.planner_decisions_total = t->second.planner_decisions;
+      m.emergency_offloads_total = t->second.emergency_offloads;
+      m.late_reloads_total = t->second.late_reloads;
       m.comm_bytes_total = t->second.comm;
       m.moe_op_bytes_total = t->second.moe_op_bytes;
       m.moe_op_seconds_total = t->second.moe_op_seconds;

@@ -157,6 +157,8 @@ class TelemetryAggregator {
 
   struct Totals {
     double tokens = 0;
+    // The memory planner's decisions and emergency offloads, the late reloads (all ranks).
+    double planner_decisions = 0, emergency_offloads = 0, late_reloads = 0;
     // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
     std::map<std::string, double> planner, comm;
     // By MoE op name (MoeOpTelemetry.op).

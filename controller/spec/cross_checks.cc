@@ -17,6 +17,9 @@
 namespace furnace::spec {
 namespace {
 
+// memory.host_link_gbps's least value other than 0 (unpaced): 1 MB/s.
+constexpr double kMinHostLinkGbps = 0.001;
+
 // "1, 2, 4, 8" for small n; "divisors of n" when the list would be long.
 std::string Divisors(uint64_t n) {
   std::vector<uint64_t> out;
@@ -443,6 +446,15 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                policy, ")"),
                   absl::StrCat("'", spec.memory().codec(), "'"),
                   "omit it, or memory.policy: adaptive"});
+    }
+    // A link slower than 1 MB/s (a typo's 1e-6) would stall every step on its copies for longer
+    // than a step watchdog allows, reported as an unexplained hang. The benchmarks' slowest, the
+    // H200's compute-to-link ratio on a CPU, is a few MB/s.
+    if (const double link = spec.memory().host_link_gbps(); link > 0 && link < kMinHostLinkGbps) {
+      c.Fail(
+          {"memory.host_link_gbps"},
+          Problem{"a host link this slow would stall every step on its copies", absl::StrCat(link),
+                  absl::StrCat("0 (unpaced), or at least ", kMinHostLinkGbps, " (1 MB/s)")});
     }
     // The planner acts when a micro-batch's projected peak would not fit the budget: without one
     // it never would (policy none under another name).

@@ -387,13 +387,31 @@ absl::Status GptMoe::TimedBackward(ForwardState& st, const float* dx_out, double
                                    double aux_scale, float* dx_in) {
   StreamSpan backward;
   ASSIGN_OR_RETURN(backward.begin, Mark());
-  RETURN_IF_ERROR(Backward(st, dx_out, ce_scale, aux_scale, dx_in));
+  if (absl::Status s = Backward(st, dx_out, ce_scale, aux_scale, dx_in); !s.ok()) {
+    // The backward's buffers are tagged without their layer (the forward's carry it): an
+    // out-of-memory error says which module's backward ran out.
+    if (!absl::IsResourceExhausted(s)) return s;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        ModuleName(cur_module_), " backward (micro-batch ", st.micro, "): ", s.message()));
+  }
   ASSIGN_OR_RETURN(backward.end, Mark());
   if (st.forward.end != nullptr) {
     unread_times_.push_back({st.B, std::move(st.forward), std::move(backward)});
     while (unread_times_.size() > kMaxUnreadTimes) unread_times_.pop_front();
   }
   return ReadMicroBatchTimes();
+}
+
+std::string GptMoe::ModuleName(int module) const {
+  if (module <= 0) return shard_.first_stage() ? "the embedding" : "the stage input";
+  const int local = (module - 1) / 2;
+  const int layers = shard_.end_layer(config_) - shard_.first_layer;
+  if (local >= layers) return "the head";
+  const int layer = shard_.first_layer + local;
+  return absl::StrCat("layers.", layer, ".",
+                      module % 2 == 1             ? "attention"
+                      : config_.IsMoeLayer(layer) ? "moe"
+                                                  : "mlp");
 }
 
 absl::Status GptMoe::ReadMicroBatchTimes() {

@@ -443,6 +443,9 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Where the compute thread is (MakeRoom must not move what the running module reads).
   int cur_micro_ = 0;
   int cur_module_ = 0;  // DeclaredModules index of the running module
+  // "layers.3.moe", "layers.3.attention", "the embedding", "the head": DeclaredModules index
+  // `module` of this stage, for errors.
+  std::string ModuleName(int module) const;
   bool evaluating_ = false;
   bool in_backward_ = false;
   std::vector<MoeRows> fwd_rows_;  // this (or the last) forward's MoE layers so far

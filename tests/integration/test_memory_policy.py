@@ -2,8 +2,8 @@
 outputs dropped after forward, rebuilt in backward) ends with exactly the parameters of the same
 job under `none`, reports a smaller activation peak and its recompute bytes, and its rank says
 which policy it ran. Under a budget that only `selective` fits, a `none` job runs out of memory
-once, is restarted under `selective` (out-of-memory escalation) and ends with the same
-parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
+once, is restarted under `adaptive` at the same budget (the out-of-memory escalation: adaptive
+needs the least of every policy) and ends with the same parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
 does not fit, says so in its telemetry, and the job ends with the same parameters again. A budget
 below what any policy needs is refused before the first step, with the bytes needed. Under
 expert parallelism a budget between that floor and the routing bound (every token routed to the
@@ -68,7 +68,7 @@ class MemoryPolicyTest(harness.ClusterTest):
 
         # No out-of-memory loop: with an activation budget between the two policies' peaks (the
         # largest over every step of the runs above), `none` runs out of memory, the controller
-        # restarts the job under `selective`, and it ends with the same parameters.
+        # restarts the job under `adaptive` at that budget, and it ends with the same parameters.
         peak_none, peak_sel = self.max_peak(none), self.max_peak(selective)
         self.assertLess(peak_sel, peak_none)
         budget = (peak_sel + peak_none) // 2
@@ -79,11 +79,12 @@ class MemoryPolicyTest(harness.ClusterTest):
         self.assertEqual(len(attempts), 2, attempts)
         self.assertEqual(attempts[0].get("failure_kind"), "oom", attempts[0])
         self.assertEqual(attempts[0].get("memory_policy"), "none")
-        self.assertEqual(attempts[1].get("memory_policy"), "selective")
+        self.assertEqual(attempts[1].get("memory_policy"), "adaptive")
         escalations = [e["message"] for e in d["events"] if e["kind"] == "escalate"]
         self.assertEqual(escalations, ["attempt 1 ran out of memory under memory.policy none; "
-                                       "attempt 2 runs with selective"])
-        self.assertIn("memory policy selective", c.cli("logs", tight).stdout)
+                                       "attempt 2 runs with adaptive"])
+        self.assertIn("memory policy adaptive", c.cli("logs", tight).stdout)
+        self.assertIn("escalated after an attempt ran out of memory", c.cli("status", tight).stdout)
         t = c.export(tight, "tight.safetensors")
         for name in a:
             self.assertTrue(a[name] == t[name], f"{name} differs between none and the escalated run")

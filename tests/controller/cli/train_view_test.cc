@@ -209,11 +209,13 @@ TEST_F(TrainViewTest, WatchShowsThePlannersDecisionsAndEmergencyOffloads) {
   v1::JobDetail job = MakeTrainJob();
   job.mutable_telemetry()->mutable_memory()->set_planner_decisions(12);
   job.mutable_telemetry()->mutable_memory()->set_emergency_offloads(2);
+  job.mutable_telemetry()->mutable_memory()->set_late_reloads(5);
   const std::optional<TrainMetrics> m = TrainMetricsOf(job);
   ASSERT_TRUE(m.has_value());
   const std::vector<std::string> lines = TrainWatchLines(*m);
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_NE(lines[1].find("planner 12x  emergency offloads 2"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("planner 12x  emergency offloads 2  late reloads 5"), std::string::npos)
+      << lines[1];
   EXPECT_NE(TrainPlainSuffix(*m).find("planner 12x  emergency offloads 2"), std::string::npos)
       << TrainPlainSuffix(*m);
   // None taken: nothing said.
@@ -351,7 +353,7 @@ TEST_F(TrainViewTest, PlainLinesCarryLossTokensPerSecondAndMfu) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
             "22:14:25 job j-1 RUNNING  attempt 1  0 restarts  step 50/100 (50%)  loss 2.4512  "
-            "tokens/s 12.3k  MFU 3.40%");
+            "tokens/s 12.3k  MFU 3.40%  memory 13.4 MiB of 64.0 MiB (21%)");
   // Same step: nothing, even if a figure moved (one line per step, not per poll).
   v1::JobDetail same = first;
   same.mutable_telemetry()->set_loss(2.3);
@@ -373,8 +375,9 @@ TEST_F(TrainViewTest, PlainLinesShowTheMemoryActionsOfTheStep) {
   }
   const auto lines = PlainWatchLines(nullptr, job);
   ASSERT_EQ(lines.size(), 1u);
-  const std::string want = "MFU 3.40%  memory offload " + FormatBytes(uint64_t{3} << 20) +
-                           " recompute " + FormatBytes(512);
+  // Under a budget, the peak against it first.
+  const std::string want = "MFU 3.40%  memory 13.4 MiB of 64.0 MiB (21%), offload " +
+                           FormatBytes(uint64_t{3} << 20) + " recompute " + FormatBytes(512);
   EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
 }
 
@@ -388,10 +391,11 @@ TEST_F(TrainViewTest, PlainLinesShowSpikesAndThePlannersDecisions) {
   p->set_bytes(4096);
   job.mutable_telemetry()->mutable_memory()->set_planner_decisions(3);
   job.mutable_telemetry()->mutable_memory()->set_emergency_offloads(1);
+  job.mutable_telemetry()->mutable_memory()->set_late_reloads(2);
   const auto lines = PlainWatchLines(nullptr, job);
   ASSERT_EQ(lines.size(), 1u);
-  const std::string want = "MFU 3.40%  spike  memory recompute " + FormatBytes(4096) +
-                           "  planner 3x  emergency offloads 1";
+  const std::string want = "MFU 3.40%  spike  memory 13.4 MiB of 64.0 MiB (21%), recompute " +
+                           FormatBytes(4096) + "  planner 3x  emergency offloads 1  late reloads 2";
   EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
 
   // The interactive view marks the spike beside the imbalance.

@@ -125,6 +125,21 @@ TEST_F(WatchViewTest, StatusAndJobsLabelALaterAttemptsCauseAsPast) {
   EXPECT_NE(table.find("restarted after: " + hung), std::string::npos) << table;
 }
 
+// `furnace status` says when the attempt runs another memory policy than the spec's (the
+// out-of-memory escalation), and nothing when it runs the spec's.
+TEST_F(WatchViewTest, StatusSaysWhichMemoryPolicyAnEscalatedAttemptRuns) {
+  v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 2, 10, 60);
+  job.mutable_spec()->mutable_memory()->set_policy("offload");
+  job.add_attempts()->set_memory_policy("offload");
+  EXPECT_EQ(RenderJobStatus(job, kT0 + 65).find("memory policy"), std::string::npos);
+  job.add_attempts()->set_memory_policy("adaptive");
+  const std::string out = RenderJobStatus(job, kT0 + 65);
+  EXPECT_NE(out.find("\nmemory policy  adaptive  (the spec's is offload; escalated after an "
+                     "attempt ran out of memory)"),
+            std::string::npos)
+      << out;
+}
+
 TEST_F(WatchViewTest, PlainLinesSurviveEventWindowSliding) {
   v1::JobDetail a = MakeJob(v1::JOB_RUNNING, 1, 3);
   AddEvent(&a, kT0 + 1, "x", "one");

@@ -139,10 +139,24 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "in bytes (the largest rank).\n"
           "# TYPE furnace_activation_memory_peak_bytes gauge\n"
           "furnace_activation_memory_peak_bytes{job=\"j-1\"} 1048576\n"
-          "# HELP furnace_planner_bytes_total Bytes the memory planner handled, by action "
-          "(keep, offload, recompute, ...), over all steps and ranks.\n"
+          "# HELP furnace_planner_bytes_total Bytes the memory policy moved out of the arena, by "
+          "action (offload, compress, recompute), over all steps and ranks.\n"
           "# TYPE furnace_planner_bytes_total counter\n"
-          "furnace_planner_bytes_total{job=\"j-1\",action=\"keep\"} 4096\n"
+          "furnace_planner_bytes_total{job=\"j-1\",action=\"offload\"} 4096\n"
+          "# HELP furnace_planner_decisions_total MoE layers of a micro-batch where the adaptive "
+          "memory planner acted (its projected peak would not fit memory.device_budget), over all "
+          "steps and ranks.\n"
+          "# TYPE furnace_planner_decisions_total counter\n"
+          "furnace_planner_decisions_total{job=\"j-1\"} 5\n"
+          "# HELP furnace_planner_emergency_offloads_total Allocations the arena refused that the "
+          "adaptive planner rescued by moving or dropping tensors nothing running reads, over all "
+          "steps and ranks.\n"
+          "# TYPE furnace_planner_emergency_offloads_total counter\n"
+          "furnace_planner_emergency_offloads_total{job=\"j-1\"} 1\n"
+          "# HELP furnace_memory_late_reloads_total Offloaded tensors not back on the device when "
+          "their backward needed them (the compute waited), over all steps and ranks.\n"
+          "# TYPE furnace_memory_late_reloads_total counter\n"
+          "furnace_memory_late_reloads_total{job=\"j-1\"} 2\n"
           "# HELP furnace_comm_bytes_total Bytes moved by collectives, by operation, over all "
           "steps and ranks.\n"
           "# TYPE furnace_comm_bytes_total counter\n"
@@ -227,7 +241,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 33u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 36u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -371,7 +385,7 @@ TEST(RenderMetrics, WorkersThatLeftAreNotCountedAsLost) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 33u);
+  EXPECT_EQ(families.size(), 36u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

@@ -51,7 +51,10 @@ inline MetricsSnapshot SmallSnapshot() {
   MetricsSnapshot snap;
   snap.unix_time = 1700000000;
   JobMetrics train = TrainingJob("j-1", 1, 2);
-  train.planner_bytes_total["keep"] = 4096;
+  train.planner_bytes_total["offload"] = 4096;
+  train.planner_decisions_total = 5;
+  train.emergency_offloads_total = 1;
+  train.late_reloads_total = 2;
   train.comm_bytes_total["all_reduce"] = 8192;
   train.last.add_moe_schedules(furnace::v1::MOE_LAYER_SCHEDULE_S1);
   train.moe_op_bytes_total["a2a(ep)"] = 2048;

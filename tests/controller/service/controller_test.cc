@@ -478,7 +478,8 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
   const v1::JobDetail d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
   EXPECT_EQ(d.summary().restarts(), 4u);  // of 5 allowed: the last out-of-memory exit ended it
-  EXPECT_NE(d.summary().cause().find("the most conservative policy"), std::string::npos)
+  EXPECT_NE(d.summary().cause().find("the last policy to try without a memory.device_budget"),
+            std::string::npos)
       << d.summary().cause();
   EXPECT_EQ(d.spec().memory().policy(), "none");  // the submitted spec is kept as submitted
   std::vector<std::string> escalations;
@@ -491,6 +492,54 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
   EXPECT_EQ(escalations[1],
             "attempt 4 ran out of memory under memory.policy selective; attempt 5 runs with "
             "full_recompute");
+}
+
+TEST_F(ControllerTest, WithABudgetAnOutOfMemoryExitRestartsUnderAdaptiveAndAnAdaptiveOneEnds) {
+  Register(0);
+  Register(1);
+  auto id = c_->Submit(
+      "name: t\nkind: train\nparallel: {dp: 2}\nmemory: {policy: offload, device_budget: 4MiB, "
+      "offload_ratio: 0.5}\nrecovery:\n  max_restarts: 5\n"
+      "  backoff: {initial_s: 1.0, max_s: 1.0, multiplier: 1.0}\n",
+      "t.yaml");
+  ASSERT_TRUE(id.ok()) << id.status();
+  job_ = *id;
+  auto start_attempt = [&](uint32_t n) {
+    if (n > 1) {
+      clock_.Advance(1.1);
+      HeartbeatAll(2);
+      c_->Tick();
+    }
+    std::string policy;
+    for (int s = 0; s < 2; ++s) {
+      for (const auto& cmd : Commands(s)) {
+        if (cmd.has_start() && cmd.start().attempt() == n) {
+          policy = cmd.start().spec().memory().policy();
+        }
+      }
+      Report(s, n, s, v1::RANK_STARTED);
+    }
+    return policy;
+  };
+  auto run_out = [&](uint32_t n) {
+    Report(0, n, 0, v1::RANK_EXITED, v1::EXIT_KIND_OOM, "", v1::RANK_EXIT_OUT_OF_MEMORY);
+    Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  };
+  EXPECT_EQ(start_attempt(1), "offload");
+  run_out(1);
+  // Not full_recompute, which needs more than adaptive at any budget.
+  EXPECT_EQ(start_attempt(2), "adaptive");
+  run_out(2);
+
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 1u);
+  EXPECT_NE(d.summary().cause().find("under memory.policy adaptive, which needs the least"),
+            std::string::npos)
+      << d.summary().cause();
+  EXPECT_NE(d.summary().cause().find("this step's routing sent a rank more rows"),
+            std::string::npos)
+      << d.summary().cause();
 }
 
 TEST_F(ControllerTest, SilentWorkerIsLostAndTheJobRecovers) {

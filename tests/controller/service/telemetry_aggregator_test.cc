@@ -294,3 +294,50 @@ TEST(TelemetryAggregatorTest, TotalsCountAStepOnceItIsStored) {
 
 }  // namespace
 }  // namespace furnace::controller
+
+namespace furnace::controller {
+namespace {
+
+// The planner's decisions and emergency offloads and the late reloads: summed over the ranks into
+// the stored step, and exported as totals rebuilt from the store (before, late reloads reached no
+// view at all).
+TEST(TelemetryAggregatorTest, ThePlannersCountsAreSummedOverRanksStoredAndTotalled) {
+  AggregatorStore store("telemetry-planner-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  const auto rank = [](uint32_t r, uint64_t step, uint32_t decisions, uint32_t emergencies,
+                       uint64_t late) {
+    v1::TelemetryRecord rec = Step(r, step);
+    auto* memory = rec.mutable_train()->mutable_memory();
+    memory->set_planner_decisions(decisions);
+    memory->set_emergency_offloads(emergencies);
+    memory->set_late_reloads(late);
+    return rec;
+  };
+  telemetry.Accumulate("j-1", 2, rank(0, 1, 2, 0, 1));
+  telemetry.Accumulate("j-1", 2, rank(1, 1, 3, 1, 4));
+  telemetry.Accumulate("j-1", 2, rank(0, 2, 1, 0, 0));
+  telemetry.Accumulate("j-1", 2, rank(1, 2, 0, 0, 2));
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].planner_decisions(), 5u);
+  EXPECT_EQ((*steps)[0].emergency_offloads(), 1u);
+  EXPECT_EQ((*steps)[0].late_reloads(), 5u);
+  EXPECT_EQ((*steps)[1].late_reloads(), 2u);
+  JobMetrics m;
+  telemetry.Fill("j-1", m);
+  EXPECT_DOUBLE_EQ(m.planner_decisions_total, 6);
+  EXPECT_DOUBLE_EQ(m.emergency_offloads_total, 1);
+  EXPECT_DOUBLE_EQ(m.late_reloads_total, 7);
+  TelemetryAggregator restarted(*store.get());
+  for (const auto& st : *steps) restarted.CountStep("j-1", st);
+  JobMetrics again;
+  restarted.Fill("j-1", again);
+  EXPECT_DOUBLE_EQ(again.late_reloads_total, 7);
+  EXPECT_DOUBLE_EQ(again.planner_decisions_total, 6);
+}
+
+}  // namespace
+}  // namespace furnace::controller

@@ -158,6 +158,10 @@ std::vector<BadCase> Cases() {
       {"negative_host_link",
        H("memory:\n  host_link_gbps: -64\n"),
        {"job.yaml:4:19: memory.host_link_gbps:", "(got -64;"}},
+      {"host_link_too_slow",
+       H("memory:\n  policy: offload\n  host_link_gbps: 0.000001\n"),
+       {"job.yaml:5:19: memory.host_link_gbps: a host link this slow would stall every step on "
+        "its copies (got 1e-06; allowed: 0 (unpaced), or at least 0.001 (1 MB/s))"}},
       {"negative_spike_probability",
        H("moe:\n  spikes:\n    probability: -0.1\n"),
        {"job.yaml:5:18: moe.spikes.probability: out of range (got -0.1; allowed: [0, 1])"}},
