@@ -170,7 +170,11 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const int64_t budget = static_cast<int64_t>(arena_.budget());
   const int64_t usable =
       static_cast<int64_t>(static_cast<double>(budget) * (1.0 - adaptive_options_.margin));
-  const int64_t used = static_cast<int64_t>(arena_.current_bytes());
+  // What the arena holds once the offloads still copying land: their bytes are already counted as
+  // moved (MovedOf) and come back at their backward; counting them in `used` too would project
+  // them twice until their copies land, and plan (or emergency-offload) more than the deficit.
+  const int64_t used =
+      static_cast<int64_t>(arena_.current_bytes()) - static_cast<int64_t>(stash_.OffloadingBytes());
 
   // The memory model for the rest of this micro-batch: the layers done with their rows, this one
   // with its own.
@@ -488,7 +492,10 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
   const uint64_t budget = arena_.budget();
   const uint64_t used = arena_.current_bytes();
   const uint64_t free_now = budget > used ? budget - used : 0;
-  uint64_t freed = free_now;
+  // The offloads still copying free their bytes as they land (waited for below): room already
+  // on its way, not to be made again. (Allocate's caller has waited for them: 0 there.)
+  const uint64_t landing = stash_.OffloadingBytes();
+  uint64_t freed = free_now + landing;
   int dropped = 0, offloaded = 0;
   auto note = [this](const StashEntrySummary& e) {
     std::vector<int64_t>& out = MovedOf(e.micro, NumModules());
@@ -512,13 +519,13 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
     }
   }
   if (dropped + offloaded == 0) return false;
-  if (offloaded > 0) stash_.WaitForCopies();
+  if (offloaded > 0 || landing > 0) stash_.WaitForCopies();
   ++planner_stats_.emergency_offloads;
   if (planner_log_) {
     planner_log_(absl::StrFormat(
         "adaptive: emergency: the arena refused %.3f MiB (%.3f of %.3f MiB in use); dropped %d and "
         "offloaded %d tensors (%.3f MiB) out of the %s of micro-batch %d module %d",
-        MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now),
+        MiB(bytes), MiB(used), MiB(budget), dropped, offloaded, MiB(freed - free_now - landing),
         in_backward_ ? "backward" : "forward", cur_micro_, cur_module_));
   }
   return true;
@@ -553,7 +560,11 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
   // Room for the tensors it needs and for its own scratch (`reserve`, declared), within the
   // usable share: MakeRoom(b) leaves at least b bytes free.
   const uint64_t want = need + static_cast<uint64_t>(std::max<int64_t>(0, reserve));
-  if (!now.empty() && arena_.current_bytes() + want > usable) MakeRoom(want + (budget - usable));
+  // Counted as the arena will be once the offloads still copying land (a reload that needs their
+  // bytes sooner waits for them: RetriedAfterCopies), not dropping or offloading more for bytes
+  // that are already leaving.
+  const uint64_t held = arena_.current_bytes() - stash_.OffloadingBytes();
+  if (!now.empty() && held + want > usable) MakeRoom(want + (budget - usable));
   if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
   // The look-ahead only where it leaves this backward its scratch: otherwise the module's own
   // Acquire brings those tensors back once this one has released its own.

@@ -651,6 +651,16 @@ void Stash::WaitForCopies() {
   for (const memory::CopyTicket& t : pending) engine->Wait(t).IgnoreError();
 }
 
+uint64_t Stash::OffloadingBytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t bytes = 0;
+  for (const auto& [id, e] : entries_) {
+    if (e.info.state != StashState::kOffloaded || e.landed || e.keep_device) continue;
+    bytes += (e.host_encoded ? e.encoded : e.buffer).bytes();
+  }
+  return bytes;
+}
+
 StashActionStats Stash::action_stats() const {
   absl::MutexLock lock(&mu_);
   return action_stats_;

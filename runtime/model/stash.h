@@ -215,6 +215,11 @@ class Stash {
   absl::Status Compress(StashHandle handle, memory::Codec codec);
   // Waits for every copy in flight (offloads land, reloads land).
   void WaitForCopies();
+  // The device bytes that offloads still copying free when they land (not those wanted back
+  // before landing, which stay): the arena's bytes in use less these is what it holds once the
+  // copies in flight are done. The planner projects on that figure; an allocation that needs the
+  // bytes sooner waits for the copies (module.cc Allocate, RetriedAfterCopies).
+  uint64_t OffloadingBytes() const;
   StashActionStats action_stats() const;
 
   // ---- Drop and recompute ----

@@ -392,6 +392,33 @@ TEST_F(StashActionTest, WantedBackBeforeTheOffloadLandedKeepsTheDeviceBytes) {
   EXPECT_EQ(engine_->stats().bytes_to_device, 0u);
 }
 
+// The bytes an offload still copying frees when it lands: counted while the copy is in flight
+// (the planner projects the arena without them: they are already leaving), none once it landed,
+// and none for one wanted back before landing (its device bytes stay).
+TEST_F(StashActionTest, OffloadingBytesAreTheDeviceBytesOfOffloadsStillCopying) {
+  std::vector<float> va, vb;
+  const StashHandle a = SaveValues("layers.1.moe.expert_pre", 64, &va);
+  const StashHandle b = SaveValues("layers.1.moe.expert_hidden", 32, &vb);
+  EXPECT_EQ(stash_->OffloadingBytes(), 0u);
+  link_.held.store(true);
+  ASSERT_TRUE(stash_->Offload(a).ok());
+  link_.entered.WaitForNotification();  // a's copy is in flight
+  EXPECT_EQ(stash_->OffloadingBytes(), 256u);
+  EXPECT_EQ(arena_.current_bytes(), 256u + 128u);  // its device bytes are still held
+  // b wanted back before its offload (queued behind a's) landed: its bytes stay on the device.
+  ASSERT_TRUE(stash_->Offload(b).ok());
+  EXPECT_EQ(stash_->OffloadingBytes(), 256u + 128u);
+  std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({b}).ok()); });
+  while (stash_->OffloadingBytes() != 256u) absl::SleepFor(absl::Milliseconds(1));
+  link_.release.Notify();
+  backward.join();
+  stash_->WaitForCopies();
+  EXPECT_EQ(stash_->OffloadingBytes(), 0u);
+  EXPECT_EQ(arena_.current_bytes(), 128u);  // a landed and left; b stayed
+  EXPECT_EQ(Values(a), va);
+  EXPECT_EQ(Values(b), vb);
+}
+
 TEST_F(StashActionTest, CompressStoresTheEncodingAndGetRestoresFp32) {
   std::vector<float> want;
   const StashHandle h = SaveValues("layers.1.moe.expert_hidden", 1000, &want);
