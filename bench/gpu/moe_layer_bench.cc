@@ -1,14 +1,14 @@
 // The MoE layer forward and backward through a CUDA table, op by op as the model runs it: router
-// GEMM (d -> E), softmax, top-k, the routing indices back to the host (a stream synchronisation:
-// the dispatch plan is built there), the aux loss (a host scalar), permute, expert GEMM 1 with
-// bias, GELU, expert GEMM 2 with bias, weighted unpermute; then every backward op in reverse
-// (accumulated gradients zeroed first, as a step does). 8192 tokens (micro-batch 4 x T 2048),
-// d 2048, the expert layouts of gemm_bench. Routing is real (random router weights and inputs:
-// near-balanced) or skewed (a +2 logit bias on expert 0 through add_row, which makes it the
-// busiest by far). Achieved TFLOPS = model FLOPs (12 S d f for the expert GEMMs, S = tokens x k,
-// plus 6 N d E for the router) / the median event-timed fwd+bwd time (10 runs after 3 warm-ups,
-// inputs alternating between two random sets). bf16 table for every layout, fp32 for the first.
-// Without a GPU: prints the header, says so, exits 0.
+// GEMM (d -> E, in fp32 under every table, as the model), softmax, top-k, the routing indices back
+// to the host (a stream synchronisation: the dispatch plan is built there), the aux loss (a host
+// scalar), permute, expert GEMM 1 with bias, GELU, expert GEMM 2 with bias, weighted unpermute;
+// then every backward op in reverse (accumulated gradients zeroed first, as a step does). 8192
+// tokens (micro-batch 4 x T 2048), d 2048, the expert layouts of gemm_bench. Routing is real
+// (random router weights and inputs: near-balanced) or skewed (a +2 logit bias on expert 0 through
+// add_row, which makes it the busiest by far). Achieved TFLOPS = model FLOPs (12 S d f for the
+// expert GEMMs, S = tokens x k, plus 6 N d E for the router) / the median event-timed fwd+bwd time
+// (10 runs after 3 warm-ups, inputs alternating between two random sets). bf16 table for every
+// layout, fp32 for the first. Without a GPU: prints the header, says so, exits 0.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -127,10 +127,13 @@ Result Run(fd::Device& dev, fd::Stream& stream, const fd::Backend& t, const Conf
   BENCH_CUDA(cudaEventCreate(&mid));
   cudaEvent_t begin = nullptr;
   BENCH_CUDA(cudaEventCreate(&begin));
+  // The router runs in fp32 under every table, as the model runs it (moe_block.cc RouterOps): its
+  // logits decide the routing, which bf16 would change.
+  const fd::Backend& router = fd::CudaBackend();
   auto iteration = [&](int r) {
     const float* x = u[r % 2];
     BENCH_CUDA(cudaEventRecord(begin, s));
-    t.matmul_forward(logits, x, wg, nullptr, N, kD, E);
+    router.matmul_forward(logits, x, wg, nullptr, N, kD, E);
     if (skewed) t.add_row(logits, bias_row.data(), N, E);
     t.softmax_forward(probs, logits, N, E);
     t.topk_forward(idx, gates, probs, N, E, K, true);
@@ -165,7 +168,7 @@ Result Run(fd::Device& dev, fd::Stream& stream, const fd::Backend& t, const Conf
     t.aux_loss_backward(dprobs, idx, N, E, K, 0.01f, 1.0f);
     t.topk_backward(dprobs, dgates, probs, idx, N, E, K, true);
     t.softmax_backward(dlogits, dprobs, probs, N, E);
-    t.matmul_backward(du, dwg, nullptr, dlogits, x, wg, N, kD, E);
+    router.matmul_backward(du, dwg, nullptr, dlogits, x, wg, N, kD, E);
   };
   BENCH_CUDA(cudaMemsetAsync(dwg, 0, sizeof(float) * kD * E, s));
   BENCH_CUDA(cudaMemsetAsync(dw1, 0, sizeof(float) * E * kD * F, s));

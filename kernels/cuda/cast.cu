@@ -12,10 +12,19 @@ namespace {
 constexpr int kBlock = 256;
 constexpr float kE4M3Max = 448.0f;
 
+// The bf16 bits of f as the CPU oracle rounds it (kernels/cpu/cast.cc F32ToBf16): nearest even,
+// and a NaN keeps its sign and the top of its payload, made quiet. __float2bfloat16_rn turns every
+// NaN into 0x7FFF, which would make a NaN tensor's bits differ from the CPU's.
+__device__ __forceinline__ uint16_t Bf16Bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
 __global__ void F32ToBf16Kernel(uint16_t* out, const float* inp, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(inp[i]));
+    out[i] = Bf16Bits(inp[i]);
   }
 }
 
@@ -24,11 +33,10 @@ __global__ void F32ToBf16x4Kernel(__nv_bfloat16* out, const float4* inp, int64_t
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n4;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float4 v = inp[i];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
-    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + 4 * i);
-    o[0] = lo;
-    o[1] = hi;
+    // One 8-byte store of the four (as the CPU rounds them, NaNs included).
+    const uint2 packed{Bf16Bits(v.x) | (uint32_t{Bf16Bits(v.y)} << 16),
+                       Bf16Bits(v.z) | (uint32_t{Bf16Bits(v.w)} << 16)};
+    *reinterpret_cast<uint2*>(out + 4 * i) = packed;
   }
 }
 

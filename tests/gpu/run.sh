@@ -332,29 +332,39 @@ if [ -n "$bundle_dir" ]; then
   tests_start=$SECONDS
   : >"$work/ctest.log"
   rc=0
-  # NCCL's last: a hang there (a collective that never completes) costs only what follows it.
-  test_names=()
-  while IFS= read -r name; do [[ -n "$name" && "$name" != *nccl* ]] && test_names+=("$name"); done \
-    <"$bundle_dir/tests.txt"
-  while IFS= read -r name; do [[ -n "$name" && "$name" == *nccl* ]] && test_names+=("$name"); done \
-    <"$bundle_dir/tests.txt"
-  for name in "${test_names[@]}"; do
+  # NCCL's last: a hang there (a collective that never completes) costs only what follows it. Its
+  # abort cases (a watchdog abort, a peer that never joins: ncclCommAbort interrupting a collective
+  # or an init, which some NCCL versions have hung in) run in an invocation of their own after the
+  # rest, so a hang there cannot cost the other NCCL cases.
+  abort_cases='*Aborts*:*NeverJoins*'
+  runs=()
+  while IFS= read -r name; do
+    [[ -n "$name" && "$name" != *nccl* ]] && runs+=("$name|$name|")
+  done <"$bundle_dir/tests.txt"
+  while IFS= read -r name; do
+    [[ -n "$name" && "$name" == *nccl* ]] &&
+      runs+=("$name|$name|-$abort_cases" "$name|$name.abort|$abort_cases")
+  done <"$bundle_dir/tests.txt"
+  for run in "${runs[@]}"; do
+    IFS='|' read -r name tag filter <<<"$run"
     if ((budget - SECONDS < 10)); then
       rc=1
-      echo "$name: not run, the time budget is spent" >>"$work/ctest.log"
+      echo "$tag: not run, the time budget is spent" >>"$work/ctest.log"
       continue
     fi
-    log "test $name ($(left) s left)"
+    filter_flag=()
+    [ -n "$filter" ] && filter_flag=(--gtest_filter="$filter")
+    log "test $tag ($(left) s left)"
     (cd "$work" && OPENBLAS_NUM_THREADS=1 limit "$(capped 150)" "$bundle_dir/bin/$name" \
-      --gtest_output="xml:$work/xml/$name.xml") >"$work/$name.log" 2>&1 </dev/null
+      "${filter_flag[@]}" --gtest_output="xml:$work/xml/$tag.xml") >"$work/$tag.log" 2>&1 </dev/null
     one=$?
     if ((one != 0)); then
       rc=1
-      { echo "== $name: exit status $one"; tail -c 3000 "$work/$name.log"; } >>"$work/ctest.log"
+      { echo "== $tag: exit status $one"; tail -c 3000 "$work/$tag.log"; } >>"$work/ctest.log"
     fi
     [ -f "$work/pending.md" ] ||
       printf '\nTest executables run so far (the table comes when all have run):\n\n' >"$work/pending.md"
-    printf -- '- %s: exit status %d\n' "$name" "$one" >>"$work/pending.md"
+    printf -- '- %s: exit status %d\n' "$tag" "$one" >>"$work/pending.md"
     write_report
   done
   rm -f "$work/pending.md"
@@ -366,11 +376,12 @@ if [ -n "$bundle_dir" ]; then
   # Each executable's XML, or its output where it wrote none (killed or crashed: the cases its
   # log shows still count).
   reports=()
-  for name in "${test_names[@]}"; do
-    if [ -f "$work/xml/$name.xml" ]; then
-      reports+=("$work/xml/$name.xml")
-    elif [ -f "$work/$name.log" ]; then
-      reports+=("$work/$name.log")
+  for run in "${runs[@]}"; do
+    IFS='|' read -r name tag filter <<<"$run"
+    if [ -f "$work/xml/$tag.xml" ]; then
+      reports+=("$work/xml/$tag.xml")
+    elif [ -f "$work/$tag.log" ]; then
+      reports+=("$work/$tag.log")
     fi
   done
   python3 "$repo/tests/gpu/gtest_report.py" "${gpu_flag[@]}" "${reports[@]}" >>"$work/body.md" ||

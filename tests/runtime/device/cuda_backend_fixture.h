@@ -140,6 +140,10 @@ class CudaBackendTest : public ::testing::Test {
   // `op` through `table` on device copies of `buffers`, on stream_ (the current stream).
   std::vector<Bytes> RunOnDevice(const Backend& table, const std::vector<Bytes>& buffers,
                                  const std::function<void(const Backend&, const Ptrs&)>& op) {
+    // Everything on stream_: the buffers are allocated in its order (stream-ordered memory is
+    // usable by the allocating stream's later work; another stream would need an event), used,
+    // read back and freed there.
+    StreamScope on_stream(*stream_);
     Ptrs dev;
     for (const Bytes& b : buffers) {
       auto d = dev_->Allocate(b.size());
@@ -147,10 +151,7 @@ class CudaBackendTest : public ::testing::Test {
       EXPECT_TRUE(dev_->Copy(*d, b.data(), b.size(), CopyKind::kHostToDevice, *stream_).ok());
       dev.push_back(*d);
     }
-    {
-      StreamScope scope(*stream_);
-      op(table, dev);
-    }
+    op(table, dev);
     std::vector<Bytes> out;
     for (size_t i = 0; i < buffers.size(); ++i) {
       out.emplace_back(buffers[i].size());

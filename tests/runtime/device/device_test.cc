@@ -221,6 +221,8 @@ TEST(CudaDeviceTest, ZeroBytesAndStreamOrderedFree) {
   std::vector<float> host(kN, 1.5f), back(kN, 0.0f);
   auto out = dev->Allocate(kN * sizeof(float));
   ASSERT_TRUE(out.ok());
+  // Allocated in the default stream's order: usable on `stream` once the default stream passed it.
+  ASSERT_TRUE(dev->SynchronizeStream(dev->default_stream()).ok());
   {
     StreamScope scope(**stream);
     auto scratch = dev->Allocate(kN * sizeof(float));

@@ -41,6 +41,9 @@ class CudaCopyEngineTest : public ::testing::Test {
     auto h = dev_->AllocateHost(kBytes);
     ASSERT_TRUE(h.ok()) << h.status();
     pinned_ = static_cast<unsigned char*>(*h);
+    // Allocated in the default stream's order: usable by the engine's and compute_'s streams once
+    // that stream has passed the allocations.
+    ASSERT_TRUE(dev_->SynchronizeStream(dev_->default_stream()).ok());
   }
   void TearDown() override {
     engine_.reset();
