@@ -279,6 +279,26 @@ uint32_t JobLifecycle::Capacity(const std::string& device_kind) const {
 // ---------------------------------------------------------------------------------------------
 // Submit, cancel, progress
 
+namespace {
+
+// A checkpoint.dir as compared (lexically normal, no trailing slash).
+std::string NormalDir(const std::string& path) {
+  std::string s = fs::path(path).lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+// Whether normal directory `dir` is `parent` or lies under it (whole components: /a/bc is not
+// under /a/b).
+bool IsWithin(const std::string& dir, const std::string& parent) {
+  if (dir.empty() || parent.empty()) return false;
+  if (dir == parent) return true;
+  const std::string prefix = parent == "/" ? parent : parent + "/";
+  return dir.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename) {
   const uint32_t world = spec::WorldSize(spec);
   const uint32_t capacity = Capacity(spec.resources().device());
@@ -300,29 +320,44 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, heartbeat_timeout, options_.heartbeat_interval_s, min_timeout,
         options_.worker_timeout_s));
   }
-  // One writer per checkpoint directory: two jobs committing into one would uncommit and delete
-  // each other's steps. A job that has ended but whose ranks are still stopping only delays the
-  // start (TryStart).
+  // The directories the controller gives jobs without a checkpoint.dir: reserved, so no job can
+  // name (and fill) one before the job it belongs to exists, which would then resume from it.
+  const fs::path defaults = DefaultCheckpointParent();
+  const bool named = !spec.checkpoint().dir().empty();
+  if (named) {
+    const std::string dir = NormalDir(spec.checkpoint().dir());
+    if (!options_.checkpoint_root.empty() && dir == NormalDir(options_.checkpoint_root)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: checkpoint.dir %s is --checkpoint-root itself, which holds every job's directory; "
+          "allowed: a directory under it",
+          filename, spec.checkpoint().dir()));
+    }
+    if (IsWithin(dir, NormalDir(defaults.string()))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: checkpoint.dir %s is under %s, where the controller puts the checkpoints of jobs "
+          "that name none; allowed: a directory outside it, or leave checkpoint.dir out",
+          filename, spec.checkpoint().dir(), defaults.string()));
+    }
+  }
+  ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
+  const std::string id = absl::StrCat(spec.name(), "-", seq);
+  if (!named) spec.mutable_checkpoint()->set_dir((defaults / id).string());
+  // One writer per checkpoint directory: two jobs committing into one (or one inside the other's)
+  // would uncommit and delete each other's steps. A job that has ended but whose ranks are still
+  // stopping only delays the start (TryStart).
   if (const Job* other =
           CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded)) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: checkpoint.dir %s is in use by job %s (%s): two jobs committing into one directory "
-        "would uncommit and delete each other's checkpoints; allowed: another directory, or this "
-        "one once %s has ended (furnace cancel %s)",
+        "%s: checkpoint.dir %s is in use by job %s (%s, checkpoint.dir %s): two jobs committing "
+        "into one directory (or one inside the other) would uncommit and delete each other's "
+        "checkpoints; allowed: another directory, or this one once %s has ended (furnace cancel "
+        "%s)",
         filename, spec.checkpoint().dir(), other->summary.job_id(),
-        StateName(other->summary.state()), other->summary.job_id(), other->summary.job_id()));
+        StateName(other->summary.state()), other->spec.checkpoint().dir(), other->summary.job_id(),
+        other->summary.job_id()));
   }
-  ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
   Job job;
   job.spec = std::move(spec);
-  const std::string id = absl::StrCat(job.spec.name(), "-", seq);
-  if (job.spec.checkpoint().dir().empty()) {
-    // Under --checkpoint-root when there is one (the workers refuse anything outside it).
-    const fs::path parent = options_.checkpoint_root.empty()
-                                ? fs::path(options_.state_dir) / "checkpoints"
-                                : fs::path(options_.checkpoint_root);
-    job.spec.mutable_checkpoint()->set_dir((parent / id).string());
-  }
   auto& s = job.summary;
   s.set_job_id(id);
   s.set_name(job.spec.name());
@@ -340,16 +375,13 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   return id;
 }
 
-namespace {
+namespace {}  // namespace
 
-// A checkpoint.dir as compared (lexically normal, no trailing slash).
-std::string NormalDir(const std::string& path) {
-  std::string s = fs::path(path).lexically_normal().string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
+fs::path JobLifecycle::DefaultCheckpointParent() const {
+  // Under --checkpoint-root when there is one (the workers refuse anything outside it).
+  return options_.checkpoint_root.empty() ? fs::path(options_.state_dir) / "checkpoints"
+                                          : fs::path(options_.checkpoint_root) / "jobs";
 }
-
-}  // namespace
 
 const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
                                            CheckpointDirUse use) const {
@@ -367,7 +399,9 @@ const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& d
     }
   }
   for (const auto& [id, other] : jobs_) {
-    if (&other == self || NormalDir(other.spec.checkpoint().dir()) != want) continue;
+    if (&other == self) continue;
+    const std::string theirs = NormalDir(other.spec.checkpoint().dir());
+    if (theirs.empty() || (!IsWithin(want, theirs) && !IsWithin(theirs, want))) continue;
     const bool found = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
                                                           : holding.count(id) > 0;
     if (found) return &other;

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -187,14 +188,21 @@ class JobLifecycle {
 
   // --- job_lifecycle.cc ---------------------------------------------------------------------
   // A validated spec: refused (InvalidArgument naming resources.workers) when this controller
-  // cannot ever hold its ranks, FailedPrecondition when its checkpoint.dir is another job's that
-  // has not ended (CheckpointDirUser); otherwise stored as PENDING and placed when workers are
-  // free and no other job's ranks still hold its checkpoint.dir.
+  // cannot ever hold its ranks; InvalidArgument when its checkpoint.dir is --checkpoint-root
+  // itself or lies under DefaultCheckpointParent (reserved for jobs that name none: a job could
+  // otherwise fill the directory a later job gets and have it resume from that);
+  // FailedPrecondition when its checkpoint.dir (its default one included) is, contains or lies
+  // in another job's that has not ended (CheckpointDirUser); otherwise stored as PENDING and
+  // placed when workers are free and no other job's ranks still hold its checkpoint.dir.
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
+  // Where jobs without a checkpoint.dir get theirs (<parent>/<job id>): <--checkpoint-root>/jobs,
+  // else <--state-dir>/checkpoints.
+  std::filesystem::path DefaultCheckpointParent() const;
   // One writer per checkpoint directory (compared as normalised paths): a job other than `self`
-  // with the same checkpoint.dir that has not ended (kNotEnded: every job is scanned), or whose
-  // ranks a worker that is not lost still holds (kRanksRunning); nullptr when there is none.
+  // whose checkpoint.dir is `dir`, contains it or lies in it, and that has not ended (kNotEnded:
+  // every job is scanned), or whose ranks a worker that is not lost still holds (kRanksRunning);
+  // nullptr when there is none.
   enum class CheckpointDirUse { kNotEnded, kRanksRunning };
   const Job* CheckpointDirUser(const Job* self, const std::string& dir, CheckpointDirUse use) const;
   // A rank's reported progress: updates its step (the job's follows when the job is next

@@ -99,8 +99,17 @@ class RootsTest(harness.ClusterTest):
         logs = c.cli("logs", job).stdout
         self.assertIn("data.path: " + os.path.join(self.data, "corpus/train.tok") +
                       " is outside --data-root " + self.data, logs)
-        # Without checkpoint.dir, the job's default directory is under the root too.
-        self.assertEqual(d["spec"]["checkpoint"]["dir"], os.path.join(self.ckpt, job))
+        # Without checkpoint.dir, the job's default directory is under the root too, in jobs/,
+        # which no job may name (it would fill a later job's directory ahead of it), as the root
+        # itself.
+        self.assertEqual(d["spec"]["checkpoint"]["dir"], os.path.join(self.ckpt, "jobs", job))
+        for bad, why in ((f"jobs/later-{int(job.rsplit('-', 1)[1]) + 5}",
+                          "where the controller puts the checkpoints of jobs that name none"),
+                         (".", "is --checkpoint-root itself")):
+            r = c.cli("submit", c.write_job("squat.yaml", train_job(
+                "squat", checkpoint=f"checkpoint: {{dir: {bad}}}")))
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn(why, r.stdout + r.stderr)
         # The cancel is in the audit log too.
         events = c.cli_json("events", "--job", blocker)["events"]
         self.assertEqual([e["action"] for e in events], ["submit", "cancel"])

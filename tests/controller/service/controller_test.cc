@@ -1364,6 +1364,36 @@ TEST_F(ControllerTest, CancelStopsRanks) {
 // Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
 // second job naming the directory of one that has not ended is refused at submit; once that one
 // has ended, the second waits until its ranks have exited (a stopped single rank still writes).
+// No job may name the directory a later job without checkpoint.dir gets (it would fill it, and
+// the later job resume from it), nor one inside or around a running job's.
+TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
+  const std::string train = "name: t\nkind: train\nparallel: {dp: 2}\n";
+  const std::string defaults = (dir_ / "checkpoints").string();  // <state-dir>/checkpoints
+  Register(0);
+  Register(1);
+  // The next job's default directory, named ahead of it.
+  auto squat = c_->Submit(train + "checkpoint: {dir: " + defaults + "/t-2}\n", "squat.yaml");
+  ASSERT_FALSE(squat.ok());
+  EXPECT_EQ(squat.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(squat.status().message().find("is under " + defaults +
+                                          ", where the controller puts the checkpoints of jobs "
+                                          "that name none"),
+            std::string::npos)
+      << squat.status();
+  // A job's own directory and one inside it, or around it.
+  const std::string dir = (dir_ / "runs" / "a").string();
+  StartRunning((train + "checkpoint: {dir: " + dir + "}\n").c_str());
+  for (const std::string& other : {dir + "/inner", (dir_ / "runs").string()}) {
+    auto nested = c_->Submit(train + "checkpoint: {dir: " + other + "}\n", "n.yaml");
+    ASSERT_FALSE(nested.ok()) << other;
+    EXPECT_EQ(nested.status().code(), absl::StatusCode::kFailedPrecondition) << other;
+    EXPECT_NE(nested.status().message().find("in use by job " + job_), std::string::npos)
+        << nested.status();
+  }
+  // A sibling whose name only starts like it is another directory.
+  EXPECT_TRUE(c_->Submit(train + "checkpoint: {dir: " + dir + "b}\n", "s.yaml").ok());
+}
+
 TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
   const std::string dir = (dir_ / "ckpt").string();
   const std::string train = "name: t\nkind: train\nparallel: {dp: 2}\n";
@@ -1375,7 +1405,7 @@ TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("checkpoint.dir " + dir + "/./ is in use by job " +
-                                            first + " (running)"),
+                                            first + " (running, checkpoint.dir " + dir + ")"),
             std::string::npos)
       << refused.status();
 
@@ -1400,7 +1430,7 @@ TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
   // would each wait for the other once the first's ranks were gone).
   auto third = c_->Submit(same, "c.yaml");
   ASSERT_FALSE(third.ok());
-  EXPECT_NE(third.status().message().find("in use by job " + *second + " (pending)"),
+  EXPECT_NE(third.status().message().find("in use by job " + *second + " (pending,"),
             std::string::npos)
       << third.status();
 
