@@ -542,11 +542,18 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     std::set<std::string> touched;
     std::map<std::string, uint32_t> kept;  // job -> its world, for the ones with raw records
     int foreign = 0;                       // records of ranks another worker runs: not taken
+    int beyond = 0;  // records of a step past the job's train.steps: not taken
     for (const auto& rec : batch.records()) {
       Job* job = jobs_.Find(rec.job_id());
       if (job == nullptr) continue;
       if (!JobLifecycle::HeldBy(*job, rec.attempt(), rec.rank(), batch.worker_id())) {
         ++foreign;
+        continue;
+      }
+      // No rank trains past train.steps: such a record (a faulty or forged agent's) would become
+      // the job's newest step, and every real step after it would read as stale and be dropped.
+      if (job->spec.kind() == "train" && rec.step() > job->spec.train().steps()) {
+        ++beyond;
         continue;
       }
       // A record of no rank of the job, or one counted already (re-sent), is not used again.
@@ -574,6 +581,12 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     if (foreign > 0) {
       spdlog::warn("worker {} sent {} telemetry record(s) of ranks it does not run: ignored",
                    batch.worker_id(), foreign);
+    }
+    if (beyond > 0) {
+      spdlog::warn(
+          "worker {} sent {} telemetry record(s) of a step past the job's train.steps: "
+          "ignored",
+          batch.worker_id(), beyond);
     }
   }
   telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));

@@ -579,6 +579,29 @@ TEST_F(ControllerTest, RootCauseWinsOverTheVictimsErrorExit) {
   EXPECT_NE(d.attempts(0).cause().find("rank 1 on h/1: killed by signal 9"), std::string::npos);
 }
 
+// A record of a step past train.steps (a faulty or forged agent's) is not taken: it would become
+// the job's newest step, and every real step after it would be dropped as stale.
+TEST_F(ControllerTest, ARecordOfAStepPastTrainStepsIsNotTaken) {
+  StartRunning("name: t\nkind: train\nparallel: {dp: 2}\ntrain: {steps: 100}\n");
+  v1::StepTelemetry train;
+  train.set_tokens(1000);
+  train.set_step_seconds(0.5);
+  PushStep(1, 0, 1000000000000, false, &train);
+  PushStep(1, 1, 1000000000000, false, &train);
+  for (uint64_t step : {1, 2}) {
+    PushStep(1, 0, step, false, &train);
+    PushStep(1, 1, step, false, &train);
+  }
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  auto series = c_->GetJobSeries(req);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->steps_size(), 2);
+  EXPECT_EQ(series->steps(0).step(), 1u);
+  EXPECT_EQ(series->steps(1).step(), 2u);
+  EXPECT_EQ(Job().summary().step(), 2u);
+}
+
 // An agent re-sends a batch whose answer it lost (a deadline passed after the controller took
 // it): the records come again with the same seq, and nothing is counted twice: rank 0's record
 // does not stand in for rank 1's in the step, the step's tokens are each rank's once, and the
