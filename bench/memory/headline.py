@@ -12,9 +12,10 @@ without a routing spike fits and the spike steps do not, at an H200's compute-to
    is 3% above the largest activation peak (max over ranks) of the steps without a spike.
 2. Each policy (none, selective, full_recompute, offload, adaptive) runs the same job from the
    warm-up checkpoint under that budget, checkpoints every 10 steps, one job at a time. A policy that runs out of memory exits,
-   and the controller restarts it from its last checkpoint under the next more conservative static
-   policy (the out-of-memory escalation), as an operator would; its lost steps and restart are
-   paid in its wall time.
+   and the controller restarts it from its last checkpoint under the policy the out-of-memory
+   escalation gives (controller/store/memory_escalation.h: adaptive at the same budget since
+   2026-12-06; before, the next more conservative static policy), as an operator would; its lost
+   steps and restart are paid in its wall time.
 Reported per policy (steps 11 to the last): tokens/s over the whole job (submit to success, restarts included), tokens/s
 of the spike steps and of the other steps (step times of the attempt that trained them), OOM
 restarts, the planner's time and decisions, and bytes per action.
