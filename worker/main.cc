@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "runtime/base/daemon_flags.h"
+#include "runtime/base/open_files.h"
 #include "runtime/base/path_root.h"
 #include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
@@ -119,6 +120,13 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.log_level = log_level;
   spdlog::flush_on(spdlog::level::info);
+  // Pipes and log files per rank, its gRPC channel; the ranks inherit the raised limit (each
+  // also raises its own: worker/rank_main.cc).
+  if (absl::StatusOr<furnace::OpenFileLimit> files = furnace::RaiseOpenFileLimit(); files.ok()) {
+    spdlog::info("{}", furnace::DescribeOpenFileLimit(*files));
+  } else {
+    spdlog::warn("open files: {}", std::string(files.status().message()));
+  }
   if (!host_note.empty()) {
     spdlog::info("peers reach this worker's ranks at {}{}", options.host, host_note);
   }

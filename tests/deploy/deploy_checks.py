@@ -332,6 +332,11 @@ HARDENING = {
 }
 
 
+# The open-file limit the units give: systemd's default soft limit (1024) ran out at about a
+# thousand agents on the controller (each daemon raises its soft limit to this hard limit).
+OPEN_FILES = 1048576
+
+
 # The directory flags each daemon writes under (the rest it only reads).
 WRITTEN_DIRS = {"furnace-controller": ("--state-dir",),
                 "furnace-worker": ("--work-dir", "--checkpoint-root")}
@@ -349,6 +354,8 @@ def check_systemd_unit(name, unit_text, flags_of):
     for key, want in HARDENING.items():
         if want not in settings.get(key, []):
             problems.append(f"{name}: hardening option {key}={want} missing")
+    if str(OPEN_FILES) not in settings.get("LimitNOFILE", []):
+        problems.append(f"{name}: LimitNOFILE={OPEN_FILES} missing (the default 1024 runs out)")
     credentials = {}
     for c in settings.get("LoadCredential", []):
         cred, _, source = c.partition(":")

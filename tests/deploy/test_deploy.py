@@ -227,6 +227,7 @@ class SystemdTest(unittest.TestCase):
              "LoadCredential=worker.key"),
             (text.replace("ReadWritePaths=/var/lib/furnace-worker /srv/furnace/checkpoints",
                           "ReadWritePaths=/var/lib/furnace-worker"), "--checkpoint-root"),
+            (text.replace("LimitNOFILE=1048576\n", ""), "LimitNOFILE"),
         ]
         for broken, needle in cases:
             with self.subTest(needle):
