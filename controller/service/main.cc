@@ -91,12 +91,12 @@ int main(int argc, char** argv) {
   }
 
   // Ranks dial the advertised address for rendezvous, so it must be a real one.
-  const bool port_zero = f.listen.size() > 2 && f.listen.substr(f.listen.size() - 2) == ":0";
-  if (port_zero && f.advertise.empty()) {
-    std::cerr << "furnace-controller: --listen with port 0 needs --advertise\n";
+  absl::StatusOr<std::string> advertise = furnace::controller::AdvertiseAddress(f);
+  if (!advertise.ok()) {
+    std::cerr << "furnace-controller: " << advertise.status().message() << "\n";
     return 2;
   }
-  options.advertise_address = f.advertise.empty() ? f.listen : f.advertise;
+  options.advertise_address = *advertise;
   auto security = furnace::controller::MakeServerSecurity(f);
   if (!security.ok()) {
     std::cerr << "furnace-controller: " << security.status().message() << "\n";

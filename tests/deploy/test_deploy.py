@@ -158,7 +158,13 @@ class KubernetesTest(unittest.TestCase):
                 args = pod(d)["containers"][0]["args"]
                 args[:] = [a.replace("127.0.0.1:9464", "0.0.0.0:9464") for a in args]
 
+        def no_advertise(d):
+            if d.get("kind") == "Deployment":
+                args = pod(d)["containers"][0]["args"]
+                args[:] = [a for a in args if not a.startswith("--advertise")]
+
         cases = [
+            (no_advertise, lambda ds: dc.check_workloads(ds, self.flags), "--advertise"),
             (insecure, lambda ds: dc.check_workloads(ds, self.flags), "--insecure"),
             (private_secret, lambda ds: dc.check_workloads(ds, self.flags), "unreadable"),
             (open_metrics, lambda ds: dc.check_workloads(ds, self.flags), "127.0.0.1"),
