@@ -53,7 +53,8 @@
 
 namespace grpc {
 class ClientContext;
-}
+class Status;
+}  // namespace grpc
 
 namespace furnace::worker {
 
@@ -157,6 +158,16 @@ class Agent {
   void NoteRefused(const char* what, int count, const std::string& why);
   double refusal_warned_s_ = -1e300;
   double register_warned_s_ = -1e300;  // a refused registration last said (guarded by mu_)
+  // Registrations in a row that found the controller unreachable (UNAVAILABLE, DEADLINE_EXCEEDED):
+  // past kUnreachableWarnAfter a warning, at most every kUnreachableWarnS (when it was last said:
+  // unreachable_warned_s_), says so with the last error and what to check. Guarded by mu_.
+  static constexpr int kUnreachableWarnAfter = 3;
+  static constexpr double kUnreachableWarnS = 60;
+  int unreachable_registers_ = 0;
+  double unreachable_warned_s_ = -1e300;
+  // What to check when registrations keep failing as unreachable: the TLS files and dates when
+  // the agent dials with TLS, the address and the controller's TLS otherwise.
+  std::string UnreachableHint(const grpc::Status& status) const;
   uint64_t refused_records_ = 0, refused_lines_ = 0;
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;

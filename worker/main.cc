@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 #include "transport/listen_address.h"
+#include "transport/pem_check.h"
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
@@ -157,6 +159,22 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   if (insecure && !furnace::transport::IsLoopbackAddress(options.controller)) {
     spdlog::warn("INSECURE (--insecure): dialing the controller at {} without TLS or a join token",
                  options.controller);
+  }
+  // An expired (or not yet valid) client certificate fails every TLS handshake, which the agent
+  // cannot tell from a controller that is not up: its dates are said at start.
+  if (const std::string& cert = options.channel_security.tls_cert(); !cert.empty()) {
+    const absl::StatusOr<std::string> pem = furnace::transport::ReadFileForFlag(cert, "--tls-cert");
+    absl::StatusOr<furnace::transport::CertificateDates> dates =
+        pem.ok() ? furnace::transport::ReadCertificateDates(*pem, "--tls-cert " + cert)
+                 : pem.status();
+    if (dates.ok()) {
+      spdlog::info("client certificate --tls-cert {}: {}", cert,
+                   furnace::transport::DescribeCertificateDates(*dates));
+      if (std::optional<std::string> problem = furnace::transport::CertificateDateProblem(
+              *dates, static_cast<int64_t>(std::time(nullptr)), "--tls-cert " + cert)) {
+        spdlog::warn("{}", *problem);
+      }
+    }  // else: the channel below names what is wrong with the file
   }
   auto channel = furnace::worker::MakeControllerChannel(
       options.controller, options.channel_security, options.worker_id);

@@ -1,8 +1,8 @@
 """Transport security end to end (issue 14, item 1): a controller with mutual TLS, a token file and
 a join token, its local workers dialing it with the join token, ranks doing rendezvous over TLS;
-and the refusals: an agent whose certificate another CA signed, a CLI without a token, a read
-token cancelling, a non-loopback listen without TLS. Certificates from `furnace certs init`. Also
-the daemons' open-file limit, raised at start."""
+and the refusals: an agent whose certificate another CA signed (and what it says about it), a CLI
+without a token, a read token cancelling, a non-loopback listen without TLS. Certificates from
+`furnace certs init`. Also the daemons' open-file limit, raised at start."""
 import os
 import resource
 import subprocess
@@ -84,6 +84,18 @@ class SecurityTest(harness.ClusterTest):
             workers = c.cli_json("workers").get("workers", [])
             self.assertNotIn("rogue/0", [w["worker_id"] for w in workers])
             self.assertEqual(len(workers), self.WORKERS)
+            # A failed handshake looks like a controller not up yet; after a few registrations in
+            # a row (each first waits 5 s for the channel) the agent says so at warning level, with
+            # the error and what to check.
+            want = f"cannot register with the controller at {c.addr}"
+            text, deadline = "", time.time() + 60
+            while time.time() < deadline and want not in text:
+                time.sleep(0.5)
+                text = open(log_path, errors="replace").read()
+            self.assertIn(want, text)
+            self.assertIn("[warning]", text)
+            self.assertIn(f"--tls-ca {c.certs}/ca.pem", text)
+            self.assertIn("client certificate --tls-cert", text)  # its dates, said at start
         finally:
             rogue.terminate()
             rogue.wait(timeout=30)
