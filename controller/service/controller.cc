@@ -625,6 +625,13 @@ void Controller::KvSet(const v1::KvSetRequest& req, Done done, const std::string
     done(s);
     return;
   }
+  // Bounded before anything is written (rendezvous.h: what one attempt may keep).
+  if (absl::Status s = rendezvous_.Admit({req.scope().job_id(), req.scope().attempt()}, req.key(),
+                                         req.value().size());
+      !s.ok()) {
+    done(s);
+    return;
+  }
   // Persisted before it is visible: a key is write-once data of its own scope and orders with
   // nothing else. A scope closed in between only leaves a row (and no in-memory key: Set ignores
   // a closed scope) of an attempt that is over, which every later call is refused. Group commit:
