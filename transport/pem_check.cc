@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -133,6 +134,24 @@ std::optional<std::string> CertificateDateProblem(const CertificateDates& dates,
                         DescribeCertificateDates(dates), "); renew it before then");
   }
   return std::nullopt;
+}
+
+absl::Status CheckSecretFileMode(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(flag, " ", path, ": cannot read the file (", std::strerror(errno), ")"));
+  }
+  const mode_t shared = st.st_mode & 077;
+  if (shared == 0) return absl::OkStatus();
+  // A Kubernetes Secret's file: root's, read-only to the pod's group (see the header).
+  if (shared == 040 && st.st_uid != geteuid()) return absl::OkStatus();
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return absl::PermissionDeniedError(
+      absl::StrCat(flag, " ", path, ": mode ", mode,
+                   " lets users other than its owner read or change the tokens in it; `chmod 600 ",
+                   path, "` (readable and writable by its owner only)"));
 }
 
 }  // namespace furnace::transport

@@ -1,6 +1,7 @@
 // Reads and checks the PEM files named by the --tls-* flags with OpenSSL, so a missing, unreadable
 // or mismatched file is an error naming the flag at start rather than a failed handshake later; an
-// expired certificate is said at start too.
+// expired certificate is said at start too; and checks that a file of secrets (a token file) is
+// kept from other users.
 #pragma once
 
 #include <sys/types.h>
@@ -40,5 +41,13 @@ std::string DescribeCertificateDates(const CertificateDates& dates);
 inline constexpr int64_t kCertificateExpiryWarningS = 14 * 86400;
 std::optional<std::string> CertificateDateProblem(const CertificateDates& dates, int64_t now,
                                                   const std::string& flag);
+
+// A file that holds secrets (a token file) must not be readable or writable by other users:
+// PermissionDenied naming `flag`, the file, its mode and `chmod 600` when its mode has any of the
+// group or other bits (mode & 077). One form is allowed: read-only for the group (0440 or 0040
+// plus the owner's bits) on a file another user owns, which is how the file of a Kubernetes Secret
+// reaches a container's user (owned by root, group the pod's fsGroup: deploy/k8s); the file's
+// owner chose that group. NotFound when the file cannot be examined.
+absl::Status CheckSecretFileMode(const std::string& path, const std::string& flag);
 
 }  // namespace furnace::transport
