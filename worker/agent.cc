@@ -1,9 +1,13 @@
 #include "worker/agent.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::worker {
@@ -120,6 +125,36 @@ AgentOptions ResolveAgentOptions(AgentOptions options) {
   return options;
 }
 
+absl::Status CheckWorkDir(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir, ": cannot examine it (", std::strerror(errno), ")"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir,
+                     ": not a directory (allowed: a directory of this user's "
+                     "own, or a path that does not exist yet)"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--work-dir ", dir, ": owned by uid ", st.st_uid, ", not by this user (uid ", geteuid(),
+        "), who would run ranks from the task files its owner can change; use a directory of "
+        "your own (the agent creates a missing one, mode 0700)"));
+  }
+  if ((st.st_mode & 022) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir, ": mode ", mode,
+                     " lets other users write the task files ranks start from; `chmod go-w ", dir,
+                     "` (0700 is what the agent gives one it creates)"));
+  }
+  return absl::OkStatus();
+}
+
 Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,
              const Clock& clock)
     : options_(ResolveAgentOptions(std::move(options))),
@@ -160,7 +195,19 @@ void Agent::Shutdown() {
 }
 
 absl::Status Agent::Run() {
+  RETURN_IF_ERROR(CheckWorkDir(options_.work_dir));
   std::error_code ec;
+  if (!std::filesystem::exists(options_.work_dir, ec)) {
+    std::filesystem::create_directories(options_.work_dir, ec);
+    if (!ec) {
+      std::filesystem::permissions(options_.work_dir, std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::replace, ec);
+    }
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create --work-dir ", options_.work_dir, ": ", ec.message()));
+    }
+  }
   for (const char* sub : {"tasks", "logs"}) {
     std::filesystem::create_directories(std::filesystem::path(options_.work_dir) / sub, ec);
     if (ec) {

@@ -92,6 +92,14 @@ struct AgentOptions {
 // Fills worker_id and work_dir defaults.
 AgentOptions ResolveAgentOptions(AgentOptions options);
 
+// The agent's work directory holds the task files its ranks start from (the job spec, the paths
+// of the TLS files) and their logs: whoever may write it can plant a task or a symlink there, and
+// a predictable one in /tmp may be made by someone else first. So a `dir` that exists already
+// must be a directory owned by the user the agent runs as and writable by no one else (no group
+// or other write bit); FailedPrecondition naming --work-dir, what is wrong and what to do. One
+// that does not exist yet is fine: Agent::Run creates it, mode 0700.
+absl::Status CheckWorkDir(const std::string& dir);
+
 class Agent {
  public:
   Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,

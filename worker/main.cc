@@ -100,6 +100,10 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
     }
   }
   options = furnace::worker::ResolveAgentOptions(std::move(options));
+  if (absl::Status work_dir = furnace::worker::CheckWorkDir(options.work_dir); !work_dir.ok()) {
+    std::fprintf(stderr, "furnace-worker: %s\n", std::string(work_dir.message()).c_str());
+    return 2;
+  }
   for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
                             std::pair{"--checkpoint-root", &options.checkpoint_root}}) {
     if (root->empty()) continue;

@@ -530,6 +530,39 @@ TEST_F(AgentTest, ARankSigkillDoesNotEndHoldsItsSlotButNotTheAgent) {
   EXPECT_EQ(kill(pid, 0), -1);
 }
 
+// The work directory holds the task files ranks start from: one that exists must be this user's
+// and writable by no one else; a missing one is made 0700.
+TEST(WorkDirTest, AnExistingWorkDirMustBeOwnAndPrivate) {
+  testing_util::TestDir dir;
+  EXPECT_TRUE(CheckWorkDir(dir / "missing").ok());
+  EXPECT_TRUE(CheckWorkDir(dir.path()).ok());
+  for (const auto mode : {std::filesystem::perms::all,
+                          std::filesystem::perms::owner_all | std::filesystem::perms::group_all}) {
+    std::filesystem::permissions(dir.path(), mode);
+    const absl::Status open = CheckWorkDir(dir.path());
+    EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+    EXPECT_THAT(std::string(open.message()), HasSubstr("--work-dir " + dir.path() + ": mode 07"));
+    EXPECT_THAT(std::string(open.message()), HasSubstr("chmod go-w"));
+  }
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all);
+  std::ofstream(dir / "file") << "x";
+  EXPECT_THAT(std::string(CheckWorkDir(dir / "file").message()), HasSubstr("not a directory"));
+  if (geteuid() == 0) {  // only root can give a directory to another user
+    std::filesystem::create_directory(dir / "theirs");
+    ASSERT_EQ(chown((dir / "theirs").c_str(), 65534, 65534), 0);
+    EXPECT_THAT(std::string(CheckWorkDir(dir / "theirs").message()),
+                HasSubstr("owned by uid 65534, not by this user"));
+  }
+
+  // The agent refuses to run in such a directory, and makes a missing one private.
+  AgentOptions options;
+  options.work_dir = dir / "made";
+  Agent agent(options, nullptr);
+  agent.Shutdown();  // Run returns at once after its setup
+  ASSERT_TRUE(agent.Run().ok());
+  EXPECT_EQ(std::filesystem::status(dir / "made").permissions(), std::filesystem::perms::owner_all);
+}
+
 // A TLS handshake that fails (an expired or wrong certificate, a CA that did not sign the
 // controller's; here a worker that dials a plaintext controller with TLS) looks to the agent like
 // a controller not up yet. After a few registrations in a row fail so it says it, with the

@@ -125,5 +125,20 @@ TEST(DaemonFlags, AWildcardListenWithoutAdvertiseIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/daemon_flags_never_made"));
 }
 
+// An agent whose work directory others may write (they could plant the task files its ranks
+// start from) is refused before it dials the controller (exit 2, naming the flag).
+TEST(DaemonFlags, AWorkDirOthersMayWriteIsRefused) {
+  const std::string open_dir = ::testing::TempDir() + "/daemon_flags_open_work_dir";
+  std::filesystem::create_directories(open_dir);
+  std::filesystem::permissions(open_dir, std::filesystem::perms::all);  // 0777
+  const Ran run =
+      RunBinary(std::string("timeout 30 ") + FURNACE_WORKER_BIN, "--work-dir " + open_dir);
+  EXPECT_EQ(run.exit_code, kDaemonExitUsage) << run.output;
+  EXPECT_NE(run.output.find("--work-dir " + open_dir + ": mode 0777"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("chmod go-w"), std::string::npos) << run.output;
+  std::filesystem::remove_all(open_dir);
+}
+
 }  // namespace
 }  // namespace furnace
