@@ -24,8 +24,7 @@ rlim_t KernelMaxOpen() {
 absl::StatusOr<OpenFileLimit> RaiseOpenFileLimit() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    return absl::InternalError(
-        absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
   }
   OpenFileLimit out;
   out.before = limit.rlim_cur;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/base/path_root.h"
 #include "tests/controller/service/controller_on_temp_dir.h"
 #include "tests/testing/log_capture.h"
@@ -115,7 +116,7 @@ TEST_F(AuditTest, RetentionKeepsTheNewestEntries) {
   Start([](ControllerOptions& o) { o.audit_keep = 150; });
   // Refused submissions are recorded too (the rate limit refuses most of them).
   for (int i = 0; i < 300; ++i) {
-    (void)c_->SubmitAs("mallory", "name: t\nkind: nope\n", "f" + std::to_string(i) + ".yaml");
+    (void)c_->SubmitAs("mallory", "name: t\nkind: nope\n", absl::StrCat("f", i, ".yaml"));
   }
   v1::ListAuditEventsResponse all = List("", 10000);
   // Trimmed every Controller::kAuditTrimEvery entries: after the 300th exactly the newest 150.

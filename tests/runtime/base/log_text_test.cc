@@ -1,6 +1,7 @@
 #include "runtime/base/log_text.h"
 
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -10,7 +11,8 @@ namespace {
 // What a submitted file name did to the controller's log before: cleared the screen, coloured a
 // line and forged another (`\r\n`) that reads like an audit entry.
 constexpr char kForged[] =
-    "\x1b[2J\x1b[1;1H\x1b[32mall good\x1b[0m\r\nFAKE  admin  cancel  job-9  accepted\x1b]0;t\x07.yaml";
+    "\x1b[2J\x1b[1;1H\x1b[32mall good\x1b[0m\r\nFAKE  admin  cancel  job-9  "
+    "accepted\x1b]0;t\x07.yaml";
 
 TEST(EscapeForLogTest, ControlCharactersStayOnTheLineAndPrintAsThemselves) {
   const std::string escaped = EscapeForLog(kForged);
@@ -31,11 +33,16 @@ TEST(EscapeForLogTest, PrintableTextIsUnchanged) {
 }
 
 TEST(EscapeForLogTest, C1ControlsBidiOverridesAndBadBytesAreEscaped) {
-  EXPECT_EQ(EscapeForLog("x\xC2\x9B" "31m"), "x\\u009b31m");      // 8-bit CSI
-  EXPECT_EQ(EscapeForLog("a\xE2\x80\xAE" "cba"), "a\\u202ecba");  // right-to-left override
-  EXPECT_EQ(EscapeForLog("\xE2\x81\xA6x"), "\\u2066x");           // left-to-right isolate
-  EXPECT_EQ(EscapeForLog("ok\x9B\xFF"), "ok\\x9b\\xff");          // not UTF-8
-  EXPECT_EQ(EscapeForLog("caf\xC3"), "caf\\xc3");                 // ends inside a character
+  // (A hex escape in a literal runs on through hex digits: the text after one is a string of its
+  // own.)
+  const std::pair<std::string, std::string> cases[] = {
+      {std::string("x\xC2\x9B") + "31m", "x\\u009b31m"},      // 8-bit CSI
+      {std::string("a\xE2\x80\xAE") + "cba", "a\\u202ecba"},  // right-to-left override
+      {"\xE2\x81\xA6x", "\\u2066x"},                          // left-to-right isolate
+      {"ok\x9B\xFF", "ok\\x9b\\xff"},                         // not UTF-8
+      {"caf\xC3", "caf\\xc3"},                                // ends inside a character
+  };
+  for (const auto& [text, escaped] : cases) EXPECT_EQ(EscapeForLog(text), escaped) << escaped;
 }
 
 TEST(PrintableBaseNameTest, KeepsThePrintableLastComponent) {

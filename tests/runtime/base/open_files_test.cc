@@ -31,8 +31,9 @@ TEST(OpenFileLimitTest, RaisesTheSoftLimitToTheHardLimit) {
   if (saved.rlim_max != RLIM_INFINITY) {
     EXPECT_EQ(now.rlim_cur, saved.rlim_max);
   }
-  EXPECT_EQ(DescribeOpenFileLimit(*raised),
-            absl::StrCat(raised->soft, " open files (soft limit raised from 64 to the hard limit)"));
+  EXPECT_EQ(
+      DescribeOpenFileLimit(*raised),
+      absl::StrCat(raised->soft, " open files (soft limit raised from 64 to the hard limit)"));
 
   // At the hard limit already: nothing changes, and it says so.
   absl::StatusOr<OpenFileLimit> again = RaiseOpenFileLimit();
