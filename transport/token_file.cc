@@ -91,6 +91,7 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
 
 absl::StatusOr<std::vector<TokenEntry>> ReadTokenFile(const std::string& path,
                                                       const std::string& flag) {
+  RETURN_IF_ERROR(CheckSecretFileMode(path, flag));
   ASSIGN_OR_RETURN(const std::string text, ReadFileForFlag(path, flag));
   return ParseTokenFile(text, absl::StrCat(flag, " ", path));
 }
@@ -106,6 +107,7 @@ absl::StatusOr<std::string> ParseClientToken(absl::string_view text, const std::
 }
 
 absl::StatusOr<std::string> ReadClientToken(const std::string& path, const std::string& flag) {
+  RETURN_IF_ERROR(CheckSecretFileMode(path, flag));
   ASSIGN_OR_RETURN(const std::string text, ReadFileForFlag(path, flag));
   return ParseClientToken(text, absl::StrCat(flag, " ", path));
 }

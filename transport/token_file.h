@@ -34,12 +34,15 @@ inline constexpr size_t kMinTokenLength = 16;
 // listed twice, or no token at all.
 absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
                                                        const std::string& source);
+// Reads and parses the file; first PermissionDenied, naming `flag`, the file, its mode and
+// `chmod 600`, when other users may read or change it (CheckSecretFileMode, pem_check.h).
 absl::StatusOr<std::vector<TokenEntry>> ReadTokenFile(const std::string& path,
                                                       const std::string& flag);
 
 // The token of a client token file (see above); InvalidArgument names `source` when there is none
 // or it is not a valid token.
 absl::StatusOr<std::string> ParseClientToken(absl::string_view text, const std::string& source);
+// Reads and parses the file, refused as ReadTokenFile's when other users may read or change it.
 absl::StatusOr<std::string> ReadClientToken(const std::string& path, const std::string& flag);
 
 // A token as a string checks: at least kMinTokenLength printable non-space ASCII characters.

@@ -1,9 +1,13 @@
 #include "worker/agent.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace furnace::worker {
@@ -78,6 +83,37 @@ std::string Describe(const grpc::Status& status) {
 
 }  // namespace
 
+std::string Agent::UnreachableHint(const grpc::Status& status) const {
+  const furnace::v1::ChannelSecurity& tls = options_.channel_security;
+  const bool with_tls = !tls.tls_ca().empty() || !tls.tls_cert().empty();
+  const std::string& error = status.error_message();
+  if (!with_tls) {
+    return absl::StrCat("Is furnace-controller running at ", options_.controller,
+                        " (--controller)? One that runs with TLS closes plaintext connections: "
+                        "give --tls-ca, --tls-cert and --tls-key");
+  }
+  if (error.find("wrong version number") != std::string::npos) {
+    return "The controller does not speak TLS (a plaintext controller): start it with "
+           "--tls-cert/--tls-key/--tls-ca, or drop them here";
+  }
+  // The name the controller's certificate must carry: the host of --controller.
+  std::string host = options_.controller;
+  if (host.starts_with("[")) {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host.resize(colon);
+  }
+  const bool handshake = error.find("andshake") != std::string::npos;
+  return absl::StrCat(
+      handshake ? "The TLS handshake failed"
+                : "If the controller is up, the TLS handshake may fail",
+      ": check --tls-ca ", tls.tls_ca(), " (the CA that signed the controller's certificate), ",
+      "--tls-cert ", tls.tls_cert(),
+      " and --tls-key (this worker's certificate and key, signed by "
+      "the CA the controller trusts), that the controller's certificate names ",
+      host, ", and both certificates' dates (`openssl x509 -noout -dates -in FILE`)");
+}
+
 AgentOptions ResolveAgentOptions(AgentOptions options) {
   if (options.worker_id.empty()) {
     char host[256] = {};
@@ -87,6 +123,36 @@ AgentOptions ResolveAgentOptions(AgentOptions options) {
   if (options.work_dir.empty()) options.work_dir = absl::StrCat("./worker-", options.slot);
   if (options.rank_command.empty()) options.rank_command = {"/proc/self/exe", "rank", "--task"};
   return options;
+}
+
+absl::Status CheckWorkDir(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir, ": cannot examine it (", std::strerror(errno), ")"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir,
+                     ": not a directory (allowed: a directory of this user's "
+                     "own, or a path that does not exist yet)"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--work-dir ", dir, ": owned by uid ", st.st_uid, ", not by this user (uid ", geteuid(),
+        "), who would run ranks from the task files its owner can change; use a directory of "
+        "your own (the agent creates a missing one, mode 0700)"));
+  }
+  if ((st.st_mode & 022) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--work-dir ", dir, ": mode ", mode,
+                     " lets other users write the task files ranks start from; `chmod go-w ", dir,
+                     "` (0700 is what the agent gives one it creates)"));
+  }
+  return absl::OkStatus();
 }
 
 Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::StubInterface> stub,
@@ -129,7 +195,19 @@ void Agent::Shutdown() {
 }
 
 absl::Status Agent::Run() {
+  RETURN_IF_ERROR(CheckWorkDir(options_.work_dir));
   std::error_code ec;
+  if (!std::filesystem::exists(options_.work_dir, ec)) {
+    std::filesystem::create_directories(options_.work_dir, ec);
+    if (!ec) {
+      std::filesystem::permissions(options_.work_dir, std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::replace, ec);
+    }
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create --work-dir ", options_.work_dir, ": ", ec.message()));
+    }
+  }
   for (const char* sub : {"tasks", "logs"}) {
     std::filesystem::create_directories(std::filesystem::path(options_.work_dir) / sub, ec);
     if (ec) {
@@ -268,16 +346,22 @@ bool Agent::RegisterOnce() {
   for (auto& running : Running()) *request.add_running() = std::move(running);
   furnace::v1::RegisterResponse response;
   grpc::ClientContext context;
-  // Wait for the channel rather than fail fast while it is down: after a controller restart the
-  // registration leaves the moment the controller listens, not at our next backoff tick. A
-  // shutdown cancels the wait.
-  context.set_wait_for_ready(true);
-  SetDeadline(&context, options_.rpc_timeout_s);
+  bool probe = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return false;
     register_context_ = &context;
+    probe = unreachable_registers_ >= kUnreachableWarnAfter &&
+            clock_.MonotonicSeconds() - unreachable_warned_s_ >= kUnreachableWarnS;
   }
+  // Wait for the channel rather than fail fast while it is down: after a controller restart the
+  // registration leaves the moment the controller listens, not at our next backoff tick. A
+  // shutdown cancels the wait. A wait that ends at its deadline says only "Deadline Exceeded",
+  // though, where a failed TLS handshake has a reason: the attempt that is to warn fails fast, and
+  // so carries the channel's last error (`... Ssl handshake failed: ... certificate verify
+  // failed`).
+  context.set_wait_for_ready(!probe);
+  SetDeadline(&context, options_.rpc_timeout_s);
   const grpc::Status status = stub_->Register(&context, request, &response);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -286,23 +370,36 @@ bool Agent::RegisterOnce() {
   if (!status.ok()) {
     // An unreachable controller is the usual wait for one to come up; a refusal (credentials, a
     // worker id its certificate does not allow) is what an operator must see.
-    const bool refused = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-                         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     constexpr double kRegisterWarnS = 30;
     std::lock_guard<std::mutex> lock(mu_);
     const double now = clock_.MonotonicSeconds();
     // A call the agent's own shutdown cancelled is no refusal.
-    if (refused && !shutting_down_ && now - register_warned_s_ >= kRegisterWarnS) {
+    if (shutting_down_) return false;
+    if (!unreachable) unreachable_registers_ = 0;  // it answered
+    if (!unreachable && now - register_warned_s_ >= kRegisterWarnS) {
       register_warned_s_ = now;
       spdlog::warn(
           "the controller refused registration: {} (retrying; said at most every {:.0f} s)",
           Describe(status), kRegisterWarnS);
+    } else if (unreachable && ++unreachable_registers_ > kUnreachableWarnAfter && probe) {
+      // A failed TLS handshake (an expired or wrong certificate, a CA that did not sign the
+      // controller's, a name the controller's certificate does not carry) looks the same as a
+      // controller that is not up yet: said once a minute while it lasts, with what to check.
+      unreachable_warned_s_ = now;
+      spdlog::warn(
+          "cannot register with the controller at {}: {} registrations in a row failed, "
+          "the last with: {}. {} (retrying; said at most every {:.0f} s)",
+          options_.controller, unreachable_registers_, Describe(status), UnreachableHint(status),
+          kUnreachableWarnS);
     } else {
       spdlog::debug("register failed: {}", Describe(status));
     }
     return false;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  unreachable_registers_ = 0;
   session_id_ = response.session_id();
   heartbeat_interval_s_ =
       response.heartbeat_interval_s() > 0 ? response.heartbeat_interval_s() : 1.0;

@@ -53,7 +53,8 @@
 
 namespace grpc {
 class ClientContext;
-}
+class Status;
+}  // namespace grpc
 
 namespace furnace::worker {
 
@@ -90,6 +91,14 @@ struct AgentOptions {
 
 // Fills worker_id and work_dir defaults.
 AgentOptions ResolveAgentOptions(AgentOptions options);
+
+// The agent's work directory holds the task files its ranks start from (the job spec, the paths
+// of the TLS files) and their logs: whoever may write it can plant a task or a symlink there, and
+// a predictable one in /tmp may be made by someone else first. So a `dir` that exists already
+// must be a directory owned by the user the agent runs as and writable by no one else (no group
+// or other write bit); FailedPrecondition naming --work-dir, what is wrong and what to do. One
+// that does not exist yet is fine: Agent::Run creates it, mode 0700.
+absl::Status CheckWorkDir(const std::string& dir);
 
 class Agent {
  public:
@@ -157,6 +166,16 @@ class Agent {
   void NoteRefused(const char* what, int count, const std::string& why);
   double refusal_warned_s_ = -1e300;
   double register_warned_s_ = -1e300;  // a refused registration last said (guarded by mu_)
+  // Registrations in a row that found the controller unreachable (UNAVAILABLE, DEADLINE_EXCEEDED):
+  // past kUnreachableWarnAfter a warning, at most every kUnreachableWarnS (when it was last said:
+  // unreachable_warned_s_), says so with the last error and what to check. Guarded by mu_.
+  static constexpr int kUnreachableWarnAfter = 3;
+  static constexpr double kUnreachableWarnS = 60;
+  int unreachable_registers_ = 0;
+  double unreachable_warned_s_ = -1e300;
+  // What to check when registrations keep failing as unreachable: the TLS files and dates when
+  // the agent dials with TLS, the address and the controller's TLS otherwise.
+  std::string UnreachableHint(const grpc::Status& status) const;
   uint64_t refused_records_ = 0, refused_lines_ = 0;
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -20,11 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "runtime/base/daemon_flags.h"
+#include "runtime/base/open_files.h"
 #include "runtime/base/path_root.h"
 #include "runtime/base/yaml_config.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 #include "transport/listen_address.h"
+#include "transport/pem_check.h"
 #include "worker/agent.h"
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
@@ -97,6 +100,10 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
     }
   }
   options = furnace::worker::ResolveAgentOptions(std::move(options));
+  if (absl::Status work_dir = furnace::worker::CheckWorkDir(options.work_dir); !work_dir.ok()) {
+    std::fprintf(stderr, "furnace-worker: %s\n", std::string(work_dir.message()).c_str());
+    return 2;
+  }
   for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
                             std::pair{"--checkpoint-root", &options.checkpoint_root}}) {
     if (root->empty()) continue;
@@ -119,6 +126,13 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.log_level = log_level;
   spdlog::flush_on(spdlog::level::info);
+  // Pipes and log files per rank, its gRPC channel; the ranks inherit the raised limit (each
+  // also raises its own: worker/rank_main.cc).
+  if (absl::StatusOr<furnace::OpenFileLimit> files = furnace::RaiseOpenFileLimit(); files.ok()) {
+    spdlog::info("{}", furnace::DescribeOpenFileLimit(*files));
+  } else {
+    spdlog::warn("open files: {}", std::string(files.status().message()));
+  }
   if (!host_note.empty()) {
     spdlog::info("peers reach this worker's ranks at {}{}", options.host, host_note);
   }
@@ -149,6 +163,22 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   if (insecure && !furnace::transport::IsLoopbackAddress(options.controller)) {
     spdlog::warn("INSECURE (--insecure): dialing the controller at {} without TLS or a join token",
                  options.controller);
+  }
+  // An expired (or not yet valid) client certificate fails every TLS handshake, which the agent
+  // cannot tell from a controller that is not up: its dates are said at start.
+  if (const std::string& cert = options.channel_security.tls_cert(); !cert.empty()) {
+    const absl::StatusOr<std::string> pem = furnace::transport::ReadFileForFlag(cert, "--tls-cert");
+    absl::StatusOr<furnace::transport::CertificateDates> dates =
+        pem.ok() ? furnace::transport::ReadCertificateDates(*pem, "--tls-cert " + cert)
+                 : pem.status();
+    if (dates.ok()) {
+      spdlog::info("client certificate --tls-cert {}: {}", cert,
+                   furnace::transport::DescribeCertificateDates(*dates));
+      if (std::optional<std::string> problem = furnace::transport::CertificateDateProblem(
+              *dates, static_cast<int64_t>(std::time(nullptr)), "--tls-cert " + cert)) {
+        spdlog::warn("{}", *problem);
+      }
+    }  // else: the channel below names what is wrong with the file
   }
   auto channel = furnace::worker::MakeControllerChannel(
       options.controller, options.channel_security, options.worker_id);

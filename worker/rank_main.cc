@@ -1,7 +1,6 @@
 #include "worker/rank_main.h"
 
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -10,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
+#include "runtime/base/open_files.h"
 #include "runtime/comm/commcheck.h"
 #include "runtime/device/current_stream.h"
 #include "spdlog/sinks/stdout_sinks.h"
@@ -97,18 +97,6 @@ int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress, device::
   return kRankExitSuccess;
 }
 
-// A rank holds a descriptor per data file it reads (two per indexed dataset of a blend:
-// runtime/data/data_file.h) beside its sockets, so a blend of hundreds of datasets needs more than
-// the soft limit systemd gives services (1024). Raised to the hard limit, which is the
-// administrator's to set; a failure leaves it as it was.
-void RaiseOpenFileLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
-}
-
 }  // namespace
 
 int RankMain(const std::string& task_path) {
@@ -129,7 +117,13 @@ int RankMain(const std::string& task_path) {
   spdlog::set_default_logger(logger);
   if (!task.log_level().empty()) spdlog::set_level(spdlog::level::from_str(task.log_level()));
   spdlog::flush_on(spdlog::level::info);
-  RaiseOpenFileLimit();
+  // A blend of hundreds of datasets holds more descriptors than systemd's soft limit of 1024
+  // (runtime/base/open_files.h); a failure leaves the limit as it was, which may still do.
+  if (absl::StatusOr<OpenFileLimit> files = RaiseOpenFileLimit(); files.ok()) {
+    spdlog::debug("{}", DescribeOpenFileLimit(*files));
+  } else {
+    spdlog::warn("open files: {}", std::string(files.status().message()));
+  }
 
   Progress progress(task);
   progress.Emit("starting", 0);

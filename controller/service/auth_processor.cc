@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc_security_constants.h"
+#include "runtime/base/log_text.h"
 #include "spdlog/spdlog.h"
 #include "transport/credentials.h"
 
@@ -190,9 +191,11 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
   }
   AuthDecision decision = Authorize(policy_, request);
   if (!decision.status.ok()) {
-    spdlog::warn("refused {} from {}: {}", request.method.empty() ? "a call" : request.method,
-                 request.worker_id.empty() ? "a client" : "worker " + request.worker_id,
-                 decision.status.error_message());
+    // The method and the worker id are what the caller sent: escaped, they cannot forge a line.
+    spdlog::warn(
+        "refused {} from {}: {}", request.method.empty() ? "a call" : EscapeForLog(request.method),
+        request.worker_id.empty() ? "a client" : "worker " + EscapeForLog(request.worker_id),
+        EscapeForLog(decision.status.error_message()));
     if (refusals_ != nullptr) refusals_->Record(request, decision);
     return decision.status;
   }
@@ -210,7 +213,7 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
         absl::StrCat(ShortName(request.method), ": this connection carries the credentials of ",
                      text(recorded.front()), ", not of ", decision.identity,
                      " (one caller per connection: open another channel)");
-    spdlog::warn("refused {}: {}", request.method, why);
+    spdlog::warn("refused {}: {}", EscapeForLog(request.method), EscapeForLog(why));
     const grpc::Status refused(grpc::StatusCode::PERMISSION_DENIED, why);
     if (refusals_ != nullptr) refusals_->Record(request, {refused, decision.identity, ""});
     return refused;

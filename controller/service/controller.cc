@@ -12,6 +12,7 @@
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
 #include "proto/furnace/v1/state_names.h"
+#include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "runtime/base/utf8.h"
 #include "spdlog/spdlog.h"
@@ -93,11 +94,16 @@ absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
 absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
                                                  const std::string& yaml,
                                                  const std::string& filename) {
+  // The caller's file name is theirs to choose (any bytes: ESC, CR, LF, a path of kilobytes) and
+  // is stored with the job, logged, and quoted in every problem of a refusal: its printable base
+  // name is all the controller keeps.
+  std::string name = PrintableBaseName(filename, kMaxJobFileNameBytes);
+  if (name.empty()) name = "<job>";
   const absl::Status admitted = submit_limiter_.Admit(identity);
   const absl::StatusOr<std::string> id =
-      admitted.ok() ? Submit(yaml, filename) : absl::StatusOr<std::string>(admitted);
+      admitted.ok() ? Submit(yaml, name) : absl::StatusOr<std::string>(admitted);
   Audit(identity, "submit", id.ok() ? *id : "", id.status(),
-        id.ok() ? absl::StrCat("submitted ", filename) : "");
+        id.ok() ? absl::StrCat("submitted ", name) : "");
   return id;
 }
 
@@ -138,7 +144,8 @@ void Controller::Audit(const std::string& identity, const std::string& action,
   e.set_code(absl::StatusCodeToString(outcome.code()));
   e.set_detail(SanitizeUtf8(outcome.ok() ? detail : std::string(outcome.message()), kMaxDetail));
   if (absl::Status s = store_->AddAudit(e); !s.ok()) {
-    spdlog::error("audit log: cannot record {} by {}: {}", action, identity, s.ToString());
+    spdlog::error("audit log: cannot record {} by {}: {}", action, EscapeForLog(identity),
+                  s.ToString());
   }
   // Retention (--audit-keep): trimmed every kAuditTrimEvery entries, so the log holds at most
   // audit_keep + kAuditTrimEvery of them.
@@ -580,7 +587,7 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
     trim = telemetry_.TrimDue(kept, records.size());
     if (foreign > 0) {
       spdlog::warn("worker {} sent {} telemetry record(s) of ranks it does not run: ignored",
-                   batch.worker_id(), foreign);
+                   EscapeForLog(batch.worker_id()), foreign);
     }
     if (beyond > 0) {
       spdlog::warn(
@@ -616,7 +623,7 @@ absl::Status Controller::PushLogs(const v1::LogBatch& batch) {
     }
     if (foreign > 0) {
       spdlog::warn("worker {} sent {} log line(s) of ranks it does not run: ignored",
-                   batch.worker_id(), foreign);
+                   EscapeForLog(batch.worker_id()), foreign);
     }
   }
   return logs_.Append(by_job);
@@ -627,6 +634,13 @@ void Controller::KvSet(const v1::KvSetRequest& req, Done done, const std::string
   // the workers of its ranks (rendezvous.h).
   if (absl::Status s =
           rendezvous_.CheckCaller({req.scope().job_id(), req.scope().attempt()}, caller);
+      !s.ok()) {
+    done(s);
+    return;
+  }
+  // Bounded before anything is written (rendezvous.h: what one attempt may keep).
+  if (absl::Status s = rendezvous_.Admit({req.scope().job_id(), req.scope().attempt()}, req.key(),
+                                         req.value().size());
       !s.ok()) {
     done(s);
     return;

@@ -68,7 +68,10 @@ class Controller {
   absl::StatusOr<std::string> Submit(const std::string& yaml, const std::string& filename);
   // Submit and Cancel as `identity` calls them through the JobService: submission is rate limited
   // per identity (ResourceExhausted saying when to retry), and each call, accepted or refused, is
-  // written to the audit log.
+  // written to the audit log. SubmitAs keeps only the printable base name of `filename` (at most
+  // kMaxJobFileNameBytes; "<job>" when none: runtime/base/log_text.h), which the job's records,
+  // the log and the refusals then name.
+  static constexpr size_t kMaxJobFileNameBytes = 255;
   absl::StatusOr<std::string> SubmitAs(const std::string& identity, const std::string& yaml,
                                        const std::string& filename);
   absl::StatusOr<furnace::v1::JobSummary> CancelAs(const std::string& identity,

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "controller/service/caller_identity.h"
-#include "runtime/base/utf8.h"
 
 namespace furnace::controller {
 namespace {
@@ -17,11 +16,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
-  // yaml and filename are bytes on the wire: checked here (and in ParseJobYaml) before any of it
-  // goes into a protobuf string. A file name that is not UTF-8 is shown with '?' for its bad bytes.
-  const std::string filename =
-      req->filename().empty() ? "<job>" : SanitizeUtf8(req->filename(), 1024);
-  auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), filename);
+  // yaml and filename are bytes on the wire: the yaml is checked in ParseJobYaml before any of it
+  // goes into a protobuf string; SubmitAs keeps only the file name's printable base name.
+  auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename());
   if (!id.ok()) return ToGrpc(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;

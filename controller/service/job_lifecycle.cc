@@ -14,6 +14,7 @@
 #include "controller/store/job_state.h"
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
+#include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -245,7 +246,9 @@ void JobLifecycle::Event(Job& job, const std::string& kind, const std::string& m
   event.set_unix_time(clock_.UnixSeconds());
   event.set_kind(kind);
   event.set_message(message);
-  spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, message);
+  // Events quote what callers and ranks sent (file names, the paths a job names, a rank's
+  // reason): escaped for the log, where a control character could forge a line.
+  spdlog::info("job {}: [{}] {}", job.summary.job_id(), kind, EscapeForLog(message));
   // Written behind (an fsync each, under the state mutex, before): an event is a record of what
   // happened, written in order, and promises nothing to anyone waiting.
   records_.Submit([this, id = job.summary.job_id(), event] { return store_.AddEvent(id, event); },

@@ -77,6 +77,9 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
   const fs::path dir = fs::path(options_.state_dir) / "workers" / absl::StrCat("slot-", slot);
   std::error_code ec;
   fs::create_directories(dir, ec);
+  // The worker refuses a work dir others may write (worker/agent.h, CheckWorkDir), which a
+  // umask of 002 would give this one.
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
   const std::string log =
       (fs::path(options_.state_dir) / "logs" / absl::StrCat("worker-", slot, ".log")).string();
   std::vector<std::string> args = {options_.worker_binary,

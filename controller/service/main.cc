@@ -24,12 +24,16 @@
 #include "controller/service/options.h"
 #include "controller/service/server_security.h"
 #include "runtime/base/daemon_flags.h"
+#include "runtime/base/open_files.h"
 #include "runtime/base/path_root.h"
 #include "spdlog/spdlog.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
+// Below this many open files the controller says so at start (a fleet of a few thousand agents,
+// their rank logs and the store's files need more).
+constexpr uint64_t kFewOpenFiles = 65536;
 void OnSignal(int) { g_stop = true; }
 
 }  // namespace
@@ -47,6 +51,20 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::from_str(f.log_level));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e [controller] %^%l%$ %v");
+  // A socket per agent connection, beside the store's files and the rank logs: the soft limit of
+  // 1024 that systemd and shells give ran out at about a thousand agents (accept: EMFILE).
+  if (absl::StatusOr<furnace::OpenFileLimit> files = furnace::RaiseOpenFileLimit(); files.ok()) {
+    spdlog::info("{}", furnace::DescribeOpenFileLimit(*files));
+    if (files->soft < kFewOpenFiles) {
+      spdlog::warn(
+          "only {} open files: the controller holds one per agent connection, beside its store "
+          "and rank logs; for a large fleet raise the hard limit (LimitNOFILE= of the systemd "
+          "unit, `ulimit -Hn`)",
+          files->soft);
+    }
+  } else {
+    spdlog::warn("open files: {}", std::string(files.status().message()));
+  }
 
   furnace::controller::ControllerOptions options;
   options.state_dir = std::filesystem::absolute(f.state_dir).string();
@@ -73,12 +91,12 @@ int main(int argc, char** argv) {
   }
 
   // Ranks dial the advertised address for rendezvous, so it must be a real one.
-  const bool port_zero = f.listen.size() > 2 && f.listen.substr(f.listen.size() - 2) == ":0";
-  if (port_zero && f.advertise.empty()) {
-    std::cerr << "furnace-controller: --listen with port 0 needs --advertise\n";
+  absl::StatusOr<std::string> advertise = furnace::controller::AdvertiseAddress(f);
+  if (!advertise.ok()) {
+    std::cerr << "furnace-controller: " << advertise.status().message() << "\n";
     return 2;
   }
-  options.advertise_address = f.advertise.empty() ? f.listen : f.advertise;
+  options.advertise_address = *advertise;
   auto security = furnace::controller::MakeServerSecurity(f);
   if (!security.ok()) {
     std::cerr << "furnace-controller: " << security.status().message() << "\n";

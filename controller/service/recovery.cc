@@ -40,6 +40,7 @@
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
 #include "controller/store/progress_rule.h"
+#include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -428,7 +429,8 @@ void JobLifecycle::WorkerLeaving(const std::string& worker_id) {
 
 void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving) {
   if (worker.info.state() == v1::WORKER_STATE_LOST) return;
-  spdlog::warn("worker {} {}: {}", worker.info.worker_id(), leaving ? "left" : "lost", why);
+  spdlog::warn("worker {} {}: {}", EscapeForLog(worker.info.worker_id()), leaving ? "left" : "lost",
+               EscapeForLog(why));
   const WorkerRegistry::Held held = workers_.MarkLost(worker, leaving);
   if (!held.has_rank) return;
   Job* job = Find(held.job_id);
@@ -747,7 +749,8 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   w.info.set_state(w.has_rank ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
   workers_.Persist(w);
   spdlog::info("worker {} registered (host {}, slot {}, pid {}, {} running rank(s))",
-               req.worker_id(), req.host(), req.slot(), req.pid(), req.running_size());
+               EscapeForLog(req.worker_id()), EscapeForLog(req.host()), req.slot(), req.pid(),
+               req.running_size());
   return session;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/utf8.h"
 
 namespace furnace::controller {
 
@@ -66,7 +67,11 @@ struct Rendezvous::IndexedGroup {
 
 struct Rendezvous::ScopeState {
   std::set<std::string> workers;  // set when the scope opens; guarded by Rendezvous::mu_
+  Limits limits;                  // set when the scope opens; guarded by Rendezvous::mu_
   std::mutex mu;
+  // The bytes (key and value) of each key admitted or set, and their sum: what Admit bounds.
+  std::unordered_map<std::string, size_t> sizes;
+  size_t bytes = 0;
   // Closed or shut down: Set is ignored and every wait gets end_status. Guarded by mu, as the rest.
   bool ended = false;
   absl::Status end_status;
@@ -146,12 +151,87 @@ std::shared_ptr<Rendezvous::ScopeState> Rendezvous::Find(const Scope& scope) {
   return it == scopes_.end() ? nullptr : it->second;
 }
 
+Rendezvous::Limits Rendezvous::LimitsFor(size_t ranks) {
+  Limits limits;
+  limits.ranks = ranks;
+  limits.value_bytes = kBaseValueBytes + kValueBytesPerRank * ranks;
+  limits.keys = kBaseKeys + kKeysPerRank * ranks;
+  limits.bytes = kBaseBytes + kValuesPerRank * ranks * limits.value_bytes;
+  return limits;
+}
+
 void Rendezvous::OpenScope(const Scope& scope, std::set<std::string> workers) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_ || ClosedLocked(scope)) return;
   auto& state = scopes_[scope];
   if (!state) state = std::make_shared<ScopeState>();
+  state->limits = LimitsFor(workers.size());  // one rank a worker
   state->workers = std::move(workers);
+}
+
+namespace {
+
+// Records that `key` holds `bytes` (its key and value) in `sizes` and their sum `total`.
+void Account(std::unordered_map<std::string, size_t>& sizes, size_t& total, const std::string& key,
+             size_t bytes) {
+  auto [it, added] = sizes.try_emplace(key, 0);
+  total = total - it->second + bytes;
+  it->second = bytes;
+}
+
+// A key as an error names it: the rank's own bytes, kept short and valid UTF-8.
+std::string KeyName(const std::string& key) { return SanitizeUtf8(key, 128); }
+
+std::string Bytes(size_t n) {
+  if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) return absl::StrCat(n >> 20, " MiB");
+  if (n >= 1024 && n % 1024 == 0) return absl::StrCat(n >> 10, " KiB");
+  return absl::StrCat(n, " bytes");
+}
+
+}  // namespace
+
+absl::Status Rendezvous::Admit(const Scope& scope, const std::string& key, size_t value_bytes) {
+  Limits limits;
+  std::shared_ptr<ScopeState> state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = scopes_.find(scope);
+    if (it != scopes_.end()) {
+      state = it->second;
+      limits = state->limits;
+    }
+  }
+  if (!state) return Refused(scope);
+  const std::string attempt = absl::StrCat("attempt ", scope.second, " of job ", scope.first, " (",
+                                           limits.ranks, limits.ranks == 1 ? " rank)" : " ranks)");
+  if (key.size() > kMaxKeyBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous: a key of ", key.size(),
+                                                     " bytes in ", attempt, "; a key is at most ",
+                                                     Bytes(kMaxKeyBytes)));
+  }
+  if (value_bytes > limits.value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous: a value of ", value_bytes, " bytes for key ", KeyName(key), " in ", attempt,
+        "; a value is at most ", Bytes(limits.value_bytes), " there (", Bytes(kBaseValueBytes),
+        " + ", kValueBytesPerRank, " bytes per rank; a Gloo group's rendezvous takes 136 a peer)"));
+  }
+  std::lock_guard<std::mutex> lock(state->mu);
+  const auto known = state->sizes.find(key);
+  const size_t before = known == state->sizes.end() ? 0 : known->second;
+  if (known == state->sizes.end() && state->sizes.size() >= limits.keys) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous: ", attempt, " holds ", state->sizes.size(), " keys, the most it may (",
+        kBaseKeys, " + ", kKeysPerRank, " per rank); key ", KeyName(key), " is refused"));
+  }
+  const size_t after = state->bytes - before + key.size() + value_bytes;
+  if (after > limits.bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous: key ", KeyName(key), " would bring ", attempt, " to ", after,
+                     " bytes of keys and values, over the ", Bytes(limits.bytes), " it may hold (",
+                     Bytes(kBaseBytes), " + ", kValuesPerRank, " largest values per rank)"));
+  }
+  Account(state->sizes, state->bytes, key, key.size() + value_bytes);
+  return absl::OkStatus();
 }
 
 bool Rendezvous::ClosedLocked(const Scope& scope) const {
@@ -185,6 +265,8 @@ void Rendezvous::Set(const Scope& scope, const std::string& key, const std::stri
   {
     std::lock_guard<std::mutex> lock(state->mu);
     if (state->ended) return;  // closed after Find: refused, as a closed scope asks
+    // Keys reloaded after a controller restart were admitted by the one before.
+    Account(state->sizes, state->bytes, key, key.size() + value.size());
     const bool added = state->values.insert_or_assign(key, value).second;
     if (!added) return;  // an overwrite completes nothing new
     // Key waits that missed exactly this key move on to their next missing one.

@@ -19,6 +19,13 @@
 // (when the attempt ends, whatever the reason). So the check that a call's scope is the job's
 // running attempt needs no state mutex: KvSet and KvGet ask the rendezvous alone.
 //
+// Bounds: a scope is written by its attempt's ranks only (CheckCaller), but a rank runs whatever
+// code the job brings, and every key is kept in memory and in the store until the attempt ends.
+// So Admit bounds what one attempt may keep, scaled by its ranks (a Gloo group's rendezvous
+// stores, per rank, the addresses of all its peers: 136 bytes each; an NCCL id is 128 bytes):
+// a key at most kMaxKeyBytes, a value at most 64 KiB + 256 bytes per rank, at most 1,024 + 64
+// keys per rank, and at most 64 MiB + 4 of the largest values per rank in all.
+//
 // What it owns: the scopes' keys and the waits not yet answered, and the DeadlineTimer that ends
 // them. Durability is the Controller's: it persists a key before Set makes it visible.
 // Thread-safety: every method may be called from any thread. A wait's callback is called exactly
@@ -62,6 +69,22 @@ class Rendezvous {
   // Waits are cut to this (a client re-asks; the timer holds a closure per wait until then).
   static constexpr double kMaxWaitS = 60.0;
 
+  // What one attempt may keep (the file comment says why these numbers).
+  static constexpr size_t kMaxKeyBytes = 1024;
+  static constexpr size_t kBaseValueBytes = size_t{64} << 10;
+  static constexpr size_t kValueBytesPerRank = 256;
+  static constexpr size_t kBaseKeys = 1024;
+  static constexpr size_t kKeysPerRank = 64;
+  static constexpr size_t kBaseBytes = size_t{64} << 20;
+  static constexpr size_t kValuesPerRank = 4;
+  struct Limits {
+    size_t ranks = 0;
+    size_t value_bytes = 0;  // one value
+    size_t keys = 0;         // keys of the attempt
+    size_t bytes = 0;        // its keys and values together
+  };
+  static Limits LimitsFor(size_t ranks);
+
   Rendezvous() = default;
   ~Rendezvous();  // Shutdown, then the timer stops
   Rendezvous(const Rendezvous&) = delete;
@@ -77,6 +100,12 @@ class Rendezvous {
   // names none) holds no rank of the scope's attempt: one worker cannot read or write another
   // job's rendezvous keys.
   absl::Status CheckCaller(const Scope& scope, const std::string& worker);
+  // Reserves room for `key` holding a value of `value_bytes` in the open scope, before the value
+  // is persisted and Set: ResourceExhausted, naming the limit and the attempt, when the key, the
+  // value, the scope's keys or its bytes would go past the scope's Limits (LimitsFor the ranks it
+  // was opened with: one a worker); FailedPrecondition for a scope not open. A key set again
+  // counts once, at its latest size.
+  absl::Status Admit(const Scope& scope, const std::string& key, size_t value_bytes);
   // Ignored for a scope not open.
   void Set(const Scope& scope, const std::string& key, const std::string& value);
   // Values in key order, once every key exists (at most timeout_s; <= 0: as they are now).

@@ -76,6 +76,35 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags) 
   return out;
 }
 
+absl::StatusOr<std::string> AdvertiseAddress(const ControllerFlags& flags) {
+  const auto port_zero = [](const std::string& address) {
+    return address.size() > 2 && address.ends_with(":0");
+  };
+  const std::string allowed =
+      "give --advertise HOST:PORT, the name or address workers and ranks reach this controller at "
+      "(one its TLS certificate names)";
+  if (!flags.advertise.empty()) {
+    if (port_zero(flags.advertise) || transport::IsWildcardAddress(flags.advertise)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise ", flags.advertise, " is no address a worker can dial; ", allowed));
+    }
+    return flags.advertise;
+  }
+  if (port_zero(flags.listen)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen ", flags.listen,
+                     " with port 0 needs --advertise (the port is chosen at bind); ", allowed));
+  }
+  if (transport::IsWildcardAddress(flags.listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen ", flags.listen,
+        " listens on every interface, which is no address a worker can dial (its ranks would "
+        "dial their own machine for rendezvous, and TLS name checks fail): ",
+        allowed));
+  }
+  return flags.listen;
+}
+
 void ConfigureServerLimits(grpc::ServerBuilder& builder, const ControllerFlags& flags) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_request_bytes));
   // The synchronous methods' threads (JobService; AgentService is on completion queues): gRPC's

@@ -34,6 +34,12 @@ struct ServerSecurity {
 // that would satisfy it). InvalidArgument on any refusal.
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ControllerFlags& flags);
 
+// The address agents and ranks dial: --advertise, else --listen. InvalidArgument naming
+// --advertise when that address cannot be dialed: port 0 (the kernel picks one at bind), or a
+// wildcard host (0.0.0.0, [::]: transport/listen_address.h), which binds every interface but
+// sends each worker's ranks to their own machine for rendezvous and matches no certificate.
+absl::StatusOr<std::string> AdvertiseAddress(const ControllerFlags& flags);
+
 // The gRPC server's limits from the flags: the largest request any RPC accepts
 // (--max-request-bytes; a larger one is refused with RESOURCE_EXHAUSTED before any handler runs),
 // and the threads of the synchronous JobService.

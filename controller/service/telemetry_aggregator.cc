@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/furnace/v1/telemetry_labels.h"
+#include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -17,7 +18,7 @@ void TelemetryAggregator::NoteBatch(const v1::TelemetryBatch& batch) {
   if (batch.dropped() > 0) {
     telemetry_dropped_ += batch.dropped();
     spdlog::warn("worker {} dropped {} telemetry records (controller too slow or away)",
-                 batch.worker_id(), batch.dropped());
+                 EscapeForLog(batch.worker_id()), batch.dropped());
   }
   telemetry_records_ += batch.records_size();
 }

@@ -5,8 +5,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "runtime/base/utf8.h"
 
 namespace furnace::spec {
+namespace {
+
+// The bytes `text` takes in gRPC's grpc-message header, which percent-encodes every byte outside
+// printable ASCII, and '%'.
+size_t WireBytes(absl::string_view text) {
+  size_t n = 0;
+  for (const char c : text) n += (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+  return n;
+}
+
+}  // namespace
 
 void Diagnostics::Add(Position pos, absl::string_view path, Problem problem) {
   std::string text = absl::StrCat(path, ": ", problem.what);
@@ -50,8 +62,21 @@ absl::Status Diagnostics::ToStatus() const {
     return a.seq < b.seq;
   });
   std::vector<std::string> lines;
-  lines.reserve(sorted.size());
-  for (const Entry& e : sorted) lines.push_back(e.text);
+  size_t bytes = 0;
+  for (const Entry& e : sorted) {
+    if (lines.size() == kMaxListedProblems) break;
+    std::string line = SanitizeUtf8(e.text, kMaxLineBytes);
+    const size_t cost = WireBytes(line) + 3;  // and its newline
+    if (!lines.empty() && bytes + cost > kMaxMessageBytes) break;
+    bytes += cost;
+    lines.push_back(std::move(line));
+  }
+  if (lines.size() < sorted.size()) {
+    const size_t more = sorted.size() - lines.size();
+    lines.push_back(absl::StrCat(SanitizeUtf8(filename_, kMaxLineBytes / 4), ": ... and ", more,
+                                 more == 1 ? " more problem" : " more problems",
+                                 " not shown (fix these and check again)"));
+  }
   return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
 }
 

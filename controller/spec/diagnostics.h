@@ -53,9 +53,20 @@ class Diagnostics {
   // (the enclosing section, else the document start).
   Position Where(absl::string_view path) const;
 
-  // OK when no problem was recorded; otherwise InvalidArgument listing every problem, one per
-  // line, ordered by position in the file.
+  // OK when no problem was recorded; otherwise InvalidArgument listing the problems, one per
+  // line, ordered by position in the file: the first kMaxListedProblems that fit in
+  // kMaxMessageBytes, each cut to kMaxLineBytes, then `FILE: ... and N more problems not shown`.
   absl::Status ToStatus() const;
+
+  // The refusal travels as a gRPC status message, which gRPC sends percent-encoded in a header
+  // and a client refuses over 8 KiB of headers: a file with 60 unknown fields failed its submit
+  // as "received initial metadata size exceeds limit" (exit 3) instead of listing them (exit 2).
+  // So the listed lines take at most kMaxMessageBytes as sent (a byte outside printable ASCII, a
+  // newline or '%' counts three), a long quoted value or key cannot take them all, and a file of
+  // thousands of problems is not thousands of lines.
+  static constexpr size_t kMaxListedProblems = 50;
+  static constexpr size_t kMaxMessageBytes = 3584;
+  static constexpr size_t kMaxLineBytes = 512;
 
  private:
   struct Entry {

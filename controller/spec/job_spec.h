@@ -28,10 +28,12 @@ inline constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
 absl::Status CheckJobText(std::string_view text, std::string_view filename);
 
 // Parses a job YAML (after CheckJobText), validates every field, fills every default; returns the
-// resolved spec, or InvalidArgument whose message lists ALL problems found, one per line, ordered
+// resolved spec, or InvalidArgument whose message lists the problems found, one per line, ordered
 // by position, each
 //   FILE:LINE:COL: FIELD.PATH: <what is wrong> (got VALUE; allowed: ...)
-// with 1-based LINE and COL. `filename` is used only in messages.
+// with 1-based LINE and COL: all of them, or the first 50 that fit in about 4 KB and then
+//   FILE: ... and N more problems not shown
+// (Diagnostics::ToStatus says why). `filename` is used only in messages.
 absl::StatusOr<furnace::v1::JobSpec> ParseJobYaml(std::string_view yaml_text,
                                                   std::string_view filename);
 

@@ -140,16 +140,19 @@ void ReadCommcheck(MapReader& s, furnace::v1::CommcheckSpec* out) {
   // Sizes are float32 element counts on the wire, hence multiples of 4.
   for (const char* key : {"min_bytes", "max_bytes"}) {
     const uint64_t fallback = std::string_view(key) == "min_bytes" ? 4 * kKiB : 4 * kMiB;
-    std::optional<uint64_t> bytes = s.Size(key, 4, kGiB);
-    if (bytes && *bytes % 4 != 0) {
-      s.Report(key, Problem{"must be a multiple of 4 bytes", absl::StrCat(*bytes),
-                            "multiples of 4 in 4..1GiB"});
-      bytes.reset();
+    uint64_t bytes = fallback;
+    if (const std::optional<uint64_t> given = s.Size(key, 4, kGiB); given) {
+      if (*given % 4 == 0) {
+        bytes = *given;
+      } else {
+        s.Report(key, Problem{"must be a multiple of 4 bytes", absl::StrCat(*given),
+                              "multiples of 4 in 4..1GiB"});
+      }
     }
     if (std::string_view(key) == "min_bytes") {
-      out->set_min_bytes(bytes.value_or(fallback));
+      out->set_min_bytes(bytes);
     } else {
-      out->set_max_bytes(bytes.value_or(fallback));
+      out->set_max_bytes(bytes);
     }
   }
   out->set_step_factor(U32(s.Integer("step_factor", 2, kMaxU32), 4));

@@ -29,6 +29,11 @@ std::string ClosestMatch(absl::string_view word, const std::vector<std::string>&
   std::string best;
   size_t best_distance = limit + 1;
   for (const std::string& candidate : candidates) {
+    // The lengths alone bound the distance from below: a long key (a file may hold one of
+    // hundreds of kilobytes) costs nothing against the schema's short names.
+    const size_t length_gap = word.size() > candidate.size() ? word.size() - candidate.size()
+                                                             : candidate.size() - word.size();
+    if (length_gap >= best_distance) continue;
     size_t distance = EditDistance(word, candidate);
     if (distance < best_distance && distance < std::max(word.size(), candidate.size())) {
       best = candidate;

@@ -74,17 +74,24 @@ MapReader::MapReader(const YAML::Node& node, std::string path, Position pos, Dia
                  Problem{"field names must be plain strings", DescribeNode(key), ""});
       continue;
     }
-    auto dup = std::find_if(entries_.begin(), entries_.end(),
-                            [&](const Entry& e) { return e.key == key.Scalar(); });
-    if (dup != entries_.end()) {
-      diag_->Add(PositionOf(key.Mark()), PathOf(key.Scalar()),
-                 Problem{absl::StrCat("duplicate field (first set on line ",
-                                      PositionOf(dup->key_node.Mark()).line + 1, ")"),
-                         "", ""});
+    // A hash index, not a search of the entries so far: a 1 MiB file of 95,000 keys took
+    // 13 s to check for duplicates that way (quadratic), on the controller's submit path.
+    const auto [at, inserted] = index_.try_emplace(key.Scalar(), entries_.size());
+    if (!inserted) {
+      diag_->Add(
+          PositionOf(key.Mark()), PathOf(key.Scalar()),
+          Problem{absl::StrCat("duplicate field (first set on line ",
+                               PositionOf(entries_[at->second].key_node.Mark()).line + 1, ")"),
+                  "", ""});
       continue;
     }
     entries_.push_back(Entry{key.Scalar(), key, kv.second});
   }
+}
+
+const MapReader::Entry* MapReader::Lookup(absl::string_view key) const {
+  const auto it = index_.find(std::string(key));
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 std::string MapReader::PathOf(absl::string_view key) const {
@@ -93,14 +100,13 @@ std::string MapReader::PathOf(absl::string_view key) const {
 
 const MapReader::Entry* MapReader::Find(absl::string_view key) {
   allowed_keys_.emplace_back(key);
-  for (const Entry& e : entries_) {
-    if (e.key == key) {
-      diag_->NoteField(PathOf(key),
-                       e.value.IsMap() ? PositionOf(e.key_node.Mark()) : ValuePosition(e));
-      return &e;
-    }
+  allowed_set_.emplace(key);
+  const Entry* e = Lookup(key);
+  if (e != nullptr) {
+    diag_->NoteField(PathOf(key),
+                     e->value.IsMap() ? PositionOf(e->key_node.Mark()) : ValuePosition(*e));
   }
-  return nullptr;
+  return e;
 }
 
 Position MapReader::ValuePosition(const Entry& entry) const {
@@ -111,13 +117,8 @@ Position MapReader::ValuePosition(const Entry& entry) const {
 }
 
 void MapReader::Report(absl::string_view key, Problem problem) {
-  for (const Entry& e : entries_) {
-    if (e.key == key) {
-      diag_->Add(ValuePosition(e), PathOf(key), std::move(problem));
-      return;
-    }
-  }
-  diag_->Add(pos_, PathOf(key), std::move(problem));
+  const Entry* e = Lookup(key);
+  diag_->Add(e != nullptr ? ValuePosition(*e) : pos_, PathOf(key), std::move(problem));
 }
 
 std::optional<std::string> MapReader::PlainScalar(const Entry& e, absl::string_view expected,
@@ -349,9 +350,7 @@ std::optional<std::vector<MapReader>> MapReader::SectionList(absl::string_view k
 
 void MapReader::ReportUnknownKeys() {
   for (const Entry& e : entries_) {
-    if (std::find(allowed_keys_.begin(), allowed_keys_.end(), e.key) != allowed_keys_.end()) {
-      continue;
-    }
+    if (allowed_set_.count(e.key) > 0) continue;
     std::string what = "unknown field";
     if (std::string guess = ClosestMatch(e.key, allowed_keys_); !guess.empty()) {
       absl::StrAppend(&what, "; did you mean '", guess, "'?");

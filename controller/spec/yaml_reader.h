@@ -15,6 +15,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -99,6 +101,8 @@ class MapReader {
   };
   // Registers `key` as allowed; returns its entry when present.
   const Entry* Find(absl::string_view key);
+  // The entry of `key` when present (nothing registered).
+  const Entry* Lookup(absl::string_view key) const;
   Position ValuePosition(const Entry& entry) const;
   // The scalar text of a field that must be a plain (unquoted) scalar of kind `expected`
   // ("an integer", "a number", true or false); nullopt (and a recorded problem) otherwise.
@@ -111,8 +115,10 @@ class MapReader {
   std::string path_;
   Position pos_;
   Diagnostics* diag_;
-  std::vector<Entry> entries_;
-  std::vector<std::string> allowed_keys_;
+  std::vector<Entry> entries_;                     // in file order
+  std::unordered_map<std::string, size_t> index_;  // key -> its entry
+  std::vector<std::string> allowed_keys_;          // in schema order, for messages
+  std::unordered_set<std::string> allowed_set_;    // the same, to look up
 };
 
 Position PositionOf(const YAML::Mark& mark);

@@ -9,6 +9,7 @@ container flag against the binary's own --help, file paths under a Secret mount 
 Secret's keys, GPU requests, Prometheus annotations), systemd units (ExecStart flags, credential
 paths, hardening options) and daemon config examples (keys are flags).
 """
+import ipaddress
 import re
 import shlex
 import subprocess
@@ -61,6 +62,28 @@ def parse_args(args):
 def insecure_flags(where, args):
     return [f"{where}: --insecure in a shipped deployment" for flag, _ in parse_args(args)
             if flag == "--insecure"]
+
+
+def _is_wildcard(address):
+    """A listen address on every interface (0.0.0.0, [::], ":7070"), which nobody can dial."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def advertise_problems(where, args):
+    """The controller refuses a wildcard --listen without --advertise (workers would dial 0.0.0.0
+    for rendezvous): a shipped command line that listens on one must say the address to dial."""
+    given = dict(parse_args(args))
+    listen = given.get("--listen")  # absent: the --config file's, or 127.0.0.1:7070
+    if listen is not None and _is_wildcard(listen) and not given.get("--advertise"):
+        return [f"{where}: --listen {listen} listens on every interface and has no --advertise "
+                "(the address workers and ranks dial; the controller refuses to start without it)"]
+    return []
 
 
 def unknown_flags(where, binary_name, args, flags_of):
@@ -236,6 +259,7 @@ def _check_container(where, c, volumes, by_kind, flags_of):
         if int(limits.get("nvidia.com/gpu", 0)) < 1:
             problems.append(f"{where}: a worker must request nvidia.com/gpu in resources.limits")
     if binary == "furnace-controller":
+        problems += advertise_problems(where, args)
         listen = dict(parse_args(args)).get("--metrics-listen") or ""
         if listen and not listen.startswith("127.0.0.1:"):
             problems.append(f"{where}: --metrics-listen {listen} must stay on 127.0.0.1 (the HTTP "
@@ -332,6 +356,11 @@ HARDENING = {
 }
 
 
+# The open-file limit the units give: systemd's default soft limit (1024) ran out at about a
+# thousand agents on the controller (each daemon raises its soft limit to this hard limit).
+OPEN_FILES = 1048576
+
+
 # The directory flags each daemon writes under (the rest it only reads).
 WRITTEN_DIRS = {"furnace-controller": ("--state-dir",),
                 "furnace-worker": ("--work-dir", "--checkpoint-root")}
@@ -345,10 +374,14 @@ def check_systemd_unit(name, unit_text, flags_of):
         return [f"{name}: ExecStart runs {binary!r}, not one of {', '.join(BINARIES)}"]
     problems += unknown_flags(name, binary, argv[1:], flags_of)
     problems += insecure_flags(name, argv[1:])
+    if binary == "furnace-controller":
+        problems += advertise_problems(name, argv[1:])
     settings = systemd_settings(unit_text)
     for key, want in HARDENING.items():
         if want not in settings.get(key, []):
             problems.append(f"{name}: hardening option {key}={want} missing")
+    if str(OPEN_FILES) not in settings.get("LimitNOFILE", []):
+        problems.append(f"{name}: LimitNOFILE={OPEN_FILES} missing (the default 1024 runs out)")
     credentials = {}
     for c in settings.get("LoadCredential", []):
         cred, _, source = c.partition(":")

@@ -158,7 +158,13 @@ class KubernetesTest(unittest.TestCase):
                 args = pod(d)["containers"][0]["args"]
                 args[:] = [a.replace("127.0.0.1:9464", "0.0.0.0:9464") for a in args]
 
+        def no_advertise(d):
+            if d.get("kind") == "Deployment":
+                args = pod(d)["containers"][0]["args"]
+                args[:] = [a for a in args if not a.startswith("--advertise")]
+
         cases = [
+            (no_advertise, lambda ds: dc.check_workloads(ds, self.flags), "--advertise"),
             (insecure, lambda ds: dc.check_workloads(ds, self.flags), "--insecure"),
             (private_secret, lambda ds: dc.check_workloads(ds, self.flags), "unreadable"),
             (open_metrics, lambda ds: dc.check_workloads(ds, self.flags), "127.0.0.1"),
@@ -227,6 +233,7 @@ class SystemdTest(unittest.TestCase):
              "LoadCredential=worker.key"),
             (text.replace("ReadWritePaths=/var/lib/furnace-worker /srv/furnace/checkpoints",
                           "ReadWritePaths=/var/lib/furnace-worker"), "--checkpoint-root"),
+            (text.replace("LimitNOFILE=1048576\n", ""), "LimitNOFILE"),
         ]
         for broken, needle in cases:
             with self.subTest(needle):
@@ -359,6 +366,8 @@ class SlurmTest(unittest.TestCase):
                    FAKE_CALLS=str(tmp / "calls"))
         env.pop("FURNACE_CONTROLLER", None)
         env.update(env_over)
+        for name in [k for k, v in env.items() if v is None]:  # None: unset it
+            del env[name]
         return subprocess.run(["bash", self.SCRIPT, *args], capture_output=True, text=True,
                               env=env, timeout=60)
 
@@ -389,6 +398,37 @@ class SlurmTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             argv = pathlib.Path(tmp, "calls", "0").read_text().splitlines()
             self.assertEqual(dict(dc.parse_args(argv))["--controller"], "envhost:7071")
+
+    def test_the_default_work_dir_is_private_and_not_guessable(self):
+        """/tmp/furnace-$SLURM_JOB_ID was a name anyone on the node could create first (and own):
+        each agent gets a new directory from mktemp -d instead, mode 0700."""
+        with tempfile.TemporaryDirectory() as tmp:
+            squatted = pathlib.Path(tmp, "furnace-42")
+            squatted.mkdir()
+            squatted.chmod(0o777)
+            r = self.run_script(tmp, ["head:7070"], FURNACE_WORK_DIR=None, TMPDIR=tmp)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            dirs = set()
+            for c in sorted(pathlib.Path(tmp, "calls").iterdir()):
+                work = dict(dc.parse_args(c.read_text().splitlines()))["--work-dir"]
+                self.assertTrue(work.startswith(f"{tmp}/furnace-42-{c.name}."), work)
+                self.assertEqual(stat.S_IMODE(os.stat(work).st_mode), 0o700, work)
+                dirs.add(work)
+            self.assertEqual(len(dirs), 3)
+            self.assertEqual(list(squatted.iterdir()), [])
+
+    def test_a_work_dir_others_may_write_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            shared = pathlib.Path(tmp, "shared")
+            (shared / "0").mkdir(parents=True)
+            (shared / "0").chmod(0o777)
+            r = self.run_script(tmp, ["head:7070"], FURNACE_WORK_DIR=str(shared))
+            self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn(f"{shared}/0 is not a directory of this user that no one else may write",
+                          r.stderr)
+            self.assertIn("mode 777", r.stderr)
+            self.assertFalse(pathlib.Path(tmp, "calls", "0").exists())  # no agent started there
+            self.assertEqual(stat.S_IMODE(os.stat(shared / "1").st_mode), 0o700)
 
     def test_refusals_say_what_is_missing(self):
         with tempfile.TemporaryDirectory() as tmp:

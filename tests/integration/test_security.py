@@ -1,8 +1,10 @@
 """Transport security end to end (issue 14, item 1): a controller with mutual TLS, a token file and
 a join token, its local workers dialing it with the join token, ranks doing rendezvous over TLS;
-and the refusals: an agent whose certificate another CA signed, a CLI without a token, a read
-token cancelling, a non-loopback listen without TLS. Certificates from `furnace certs init`."""
+and the refusals: an agent whose certificate another CA signed (and what it says about it), a CLI
+without a token, a read token cancelling, a non-loopback listen without TLS. Certificates from
+`furnace certs init`. Also the daemons' open-file limit, raised at start."""
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -82,6 +84,18 @@ class SecurityTest(harness.ClusterTest):
             workers = c.cli_json("workers").get("workers", [])
             self.assertNotIn("rogue/0", [w["worker_id"] for w in workers])
             self.assertEqual(len(workers), self.WORKERS)
+            # A failed handshake looks like a controller not up yet; after a few registrations in
+            # a row (each first waits 5 s for the channel) the agent says so at warning level, with
+            # the error and what to check.
+            want = f"cannot register with the controller at {c.addr}"
+            text, deadline = "", time.time() + 60
+            while time.time() < deadline and want not in text:
+                time.sleep(0.5)
+                text = open(log_path, errors="replace").read()
+            self.assertIn(want, text)
+            self.assertIn("[warning]", text)
+            self.assertIn(f"--tls-ca {c.certs}/ca.pem", text)
+            self.assertIn("client certificate --tls-cert", text)  # its dates, said at start
         finally:
             rogue.terminate()
             rogue.wait(timeout=30)
@@ -164,6 +178,50 @@ class ListenRuleTest(harness.unittest.TestCase):
             p.wait(timeout=30)
         with open(log_path, errors="replace") as f:
             self.assertIn("INSECURE (--insecure)", f.read())
+
+
+class OpenFileLimitTest(harness.unittest.TestCase):
+    """The daemons raise their soft open-file limit to the hard limit at start (systemd's soft
+    limit of 1024 ran out at about a thousand agents on the controller) and log it."""
+
+    def test_the_daemons_raise_their_soft_limit_to_the_hard_limit(self):
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard <= 256:
+            self.skipTest(f"the hard limit here is {hard}: nothing to raise")
+
+        def low_soft_limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+        state = tempfile.mkdtemp(prefix="furnace-it-nofile-")
+        addr = f"127.0.0.1:{harness.free_port()}"
+        procs = {}
+        try:
+            for name, argv in (
+                    ("controller", ["furnace-controller", "--state-dir", state, "--listen", addr,
+                                    "--metrics-listen", ""]),
+                    ("worker", ["furnace-worker", "--controller", addr,
+                                "--work-dir", os.path.join(state, "worker")])):
+                with open(os.path.join(state, f"{name}.out"), "wb") as out:
+                    procs[name] = subprocess.Popen(
+                        [os.path.join(harness.BIN_DIR, argv[0]), *argv[1:]],
+                        stdout=out, stderr=subprocess.STDOUT, preexec_fn=low_soft_limit)
+            for name, p in procs.items():
+                path = os.path.join(state, f"{name}.out")
+                text, deadline = "", time.time() + 60
+                while time.time() < deadline and "open files" not in text:
+                    time.sleep(0.2)
+                    text = open(path, errors="replace").read()
+                self.assertIn("open files (soft limit raised from 256 to the hard limit)", text)
+                with open(f"/proc/{p.pid}/limits") as f:
+                    line = next(li for li in f if li.startswith("Max open files"))
+                soft = line.split()[3]
+                self.assertNotEqual(soft, "256", line)
+                if hard != resource.RLIM_INFINITY:
+                    self.assertEqual(int(soft), hard, line)
+        finally:
+            for p in procs.values():
+                p.terminate()
+                p.wait(timeout=30)
 
 
 if __name__ == "__main__":

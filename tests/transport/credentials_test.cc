@@ -7,10 +7,12 @@
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
 #include "transport/dev_certs.h"
+#include "transport/pem_check.h"
 #include "transport/token_file.h"
 
 namespace furnace::transport {
@@ -45,6 +47,31 @@ X509* ReadCert(const std::string& path) {
   X509* cert = f ? PEM_read_X509(f, nullptr, nullptr, nullptr) : nullptr;
   if (f) std::fclose(f);
   return cert;
+}
+
+// The worker agent says its certificate's dates at start, and warns when the controller will
+// refuse it (expired, not yet valid) or soon will.
+TEST_F(DevCertsTest, ACertificatesDatesAreReadAndJudged) {
+  auto pem = ReadFileForFlag(F("worker.pem"), "--tls-cert");
+  ASSERT_TRUE(pem.ok()) << pem.status();
+  auto dates = ReadCertificateDates(*pem, "--tls-cert");
+  ASSERT_TRUE(dates.ok()) << dates.status();
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  EXPECT_LE(dates->not_before, now);
+  EXPECT_GT(dates->not_after, now + 300 * 86400);  // one year
+  EXPECT_THAT(DescribeCertificateDates(*dates),
+              ::testing::MatchesRegex("valid from 20[0-9-]+ [0-9:]+ UTC until "
+                                      "20[0-9-]+ [0-9:]+ UTC"));
+  EXPECT_EQ(CertificateDateProblem(*dates, now, "--tls-cert w.pem"), std::nullopt);
+  const auto problem = [&](int64_t at) {
+    return CertificateDateProblem(*dates, at, "--tls-cert w.pem").value_or("");
+  };
+  EXPECT_THAT(problem(dates->not_after + 3 * 86400),
+              HasSubstr("--tls-cert w.pem: the certificate expired 3 days ago (valid from"));
+  EXPECT_THAT(problem(dates->not_before - 60), HasSubstr("the certificate is not valid yet"));
+  EXPECT_THAT(problem(dates->not_after - 2 * 86400),
+              HasSubstr("the certificate expires in 2 days"));
+  EXPECT_FALSE(ReadCertificateDates("not a pem", "--tls-cert x").ok());
 }
 
 TEST_F(DevCertsTest, WritesKeysAndTokensPrivateAndCertificatesTheCaSigned) {

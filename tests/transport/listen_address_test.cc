@@ -23,5 +23,22 @@ TEST(IsLoopbackAddress, EverythingElseIsNot) {
   }
 }
 
+// A listener on every interface: nobody can dial these (the controller needs --advertise).
+TEST(IsWildcardAddress, TheUnspecifiedAddressInEachForm) {
+  for (const char* a :
+       {"0.0.0.0:7070", "[::]:7070", ":7070", "0:7070", "[::0]:7070", "[0:0:0:0:0:0:0:0]:1",
+        "[::ffff:0.0.0.0]:7070", "ipv4:0.0.0.0:7070", "ipv6:[::]:7070", "0.0.0.0:0"}) {
+    EXPECT_TRUE(IsWildcardAddress(a)) << a;
+  }
+}
+
+TEST(IsWildcardAddress, AddressesSomeoneCanDialAreNot) {
+  for (const char* a : {"127.0.0.1:7070", "10.0.0.5:7070", "[::1]:7070", "[2001:db8::7]:7070",
+                        "ctl.example:7070", "localhost:7070", "unix:/tmp/furnace.sock",
+                        "0.0.0.1:7070", "ipv4:0.0.0.0:1,10.0.0.5:1", "[::7070"}) {
+    EXPECT_FALSE(IsWildcardAddress(a)) << a;
+  }
+}
+
 }  // namespace
 }  // namespace furnace::transport

@@ -2,6 +2,16 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "transport/pem_check.h"
 
 namespace furnace::transport {
 namespace {
@@ -81,6 +91,50 @@ TEST(ReadTokenFile, AMissingFileNamesTheFlag) {
   auto missing = ReadTokenFile("/nonexistent/tokens", "--token-file");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);  // unreadable, not malformed
   EXPECT_THAT(missing.status().message(), HasSubstr("--token-file /nonexistent/tokens"));
+}
+
+// A token file other users may read hands them its tokens: refused, naming the file, its mode
+// and the fix. The one allowed exception is a Kubernetes Secret's file (root's, 0440, read through
+// the pod's group).
+TEST(ReadTokenFile, AFileOtherUsersMayReadIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/token_mode_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string tokens = dir + "/tokens", client = dir + "/admin.token";
+  std::ofstream(tokens) << kAdmin << " admin alice\n";
+  std::ofstream(client) << kAdmin << "\n";
+  for (const mode_t mode : {0644, 0640, 0604, 0620, 0660, 0666}) {
+    for (const std::string& path : {tokens, client}) {
+      ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    }
+    char shown[8];
+    std::snprintf(shown, sizeof(shown), "%04o", static_cast<unsigned>(mode));
+    const absl::Status server = ReadTokenFile(tokens, "--token-file").status();
+    EXPECT_EQ(server.code(), absl::StatusCode::kPermissionDenied) << shown;
+    EXPECT_THAT(server.message(), HasSubstr(absl::StrCat("--token-file ", tokens, ": mode ", shown,
+                                                         " lets users other than its owner")));
+    EXPECT_THAT(server.message(), HasSubstr(absl::StrCat("`chmod 600 ", tokens, "`")));
+    const absl::Status cli = ReadClientToken(client, "--token-file").status();
+    EXPECT_EQ(cli.code(), absl::StatusCode::kPermissionDenied) << shown;
+  }
+  for (const mode_t mode : {0600, 0400}) {
+    ASSERT_EQ(chmod(tokens.c_str(), mode), 0);
+    ASSERT_EQ(chmod(client.c_str(), mode), 0);
+    EXPECT_TRUE(ReadTokenFile(tokens, "--token-file").ok());
+    EXPECT_TRUE(ReadClientToken(client, "--token-file").ok());
+  }
+  // Group-readable is refused on the caller's own file (chmod it), allowed on a file another user
+  // owns: a Secret's file, root:fsGroup 0440. Only root can make one here.
+  ASSERT_EQ(chmod(tokens.c_str(), 0440), 0);
+  EXPECT_EQ(ReadTokenFile(tokens, "--token-file").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(tokens.c_str(), 65534, 0), 0);
+    EXPECT_TRUE(CheckSecretFileMode(tokens, "--token-file").ok());
+    ASSERT_EQ(chmod(tokens.c_str(), 0444), 0);  // but not to everyone
+    EXPECT_EQ(CheckSecretFileMode(tokens, "--token-file").code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -12,6 +12,9 @@
 #include "fake_agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/log_capture.h"
+#include "tests/testing/test_dir.h"
+#include "transport/dev_certs.h"
 #include "worker/controller_channel.h"
 
 namespace furnace::worker {
@@ -525,6 +528,127 @@ TEST_F(AgentTest, ARankSigkillDoesNotEndHoldsItsSlotButNotTheAgent) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(kill(pid, 0), -1);
+}
+
+// The work directory holds the task files ranks start from: one that exists must be this user's
+// and writable by no one else; a missing one is made 0700.
+TEST(WorkDirTest, AnExistingWorkDirMustBeOwnAndPrivate) {
+  testing_util::TestDir dir;
+  EXPECT_TRUE(CheckWorkDir(dir / "missing").ok());
+  EXPECT_TRUE(CheckWorkDir(dir.path()).ok());
+  for (const auto mode : {std::filesystem::perms::all,
+                          std::filesystem::perms::owner_all | std::filesystem::perms::group_all}) {
+    std::filesystem::permissions(dir.path(), mode);
+    const absl::Status open = CheckWorkDir(dir.path());
+    EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+    EXPECT_THAT(std::string(open.message()), HasSubstr("--work-dir " + dir.path() + ": mode 07"));
+    EXPECT_THAT(std::string(open.message()), HasSubstr("chmod go-w"));
+  }
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all);
+  std::ofstream(dir / "file") << "x";
+  EXPECT_THAT(std::string(CheckWorkDir(dir / "file").message()), HasSubstr("not a directory"));
+  if (geteuid() == 0) {  // only root can give a directory to another user
+    std::filesystem::create_directory(dir / "theirs");
+    ASSERT_EQ(chown((dir / "theirs").c_str(), 65534, 65534), 0);
+    EXPECT_THAT(std::string(CheckWorkDir(dir / "theirs").message()),
+                HasSubstr("owned by uid 65534, not by this user"));
+  }
+
+  // The agent refuses to run in such a directory, and makes a missing one private.
+  AgentOptions options;
+  options.work_dir = dir / "made";
+  Agent agent(options, nullptr);
+  agent.Shutdown();  // Run returns at once after its setup
+  ASSERT_TRUE(agent.Run().ok());
+  EXPECT_EQ(std::filesystem::status(dir / "made").permissions(), std::filesystem::perms::owner_all);
+}
+
+// A TLS handshake that fails (an expired or wrong certificate, a CA that did not sign the
+// controller's; here a worker that dials a plaintext controller with TLS) looks to the agent like
+// a controller not up yet. After a few registrations in a row fail so it says it, with the
+// channel's own error and what to check, at most once a minute.
+TEST(AgentRegisterTest, FailedHandshakesAreSaidWithWhatToCheckOnceAMinute) {
+  testing_util::TestDir dir;
+  transport::DevCertsOptions certs;
+  certs.dir = dir / "certs";
+  ASSERT_TRUE(transport::WriteDevCerts(certs).ok());
+  testing::FakeController controller;  // plaintext
+  AgentOptions options;
+  options.controller = controller.address();
+  options.slot = 4;
+  options.worker_id = "test/4";
+  options.work_dir = dir / "work";
+  options.rpc_timeout_s = 0.3;
+  options.channel_security.set_tls_ca(dir / "certs/ca.pem");
+  options.channel_security.set_tls_cert(dir / "certs/worker.pem");
+  options.channel_security.set_tls_key(dir / "certs/worker.key");
+  auto channel = MakeControllerChannel(options.controller, options.channel_security, "test/4");
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  FakeClock clock;
+  testing_util::LogCapture log(spdlog::level::debug);
+  Agent agent(options, furnace::v1::AgentService::NewStub(*channel), clock);
+  absl::Status run;
+  std::thread runner([&] { run = agent.Run(); });
+  const std::string warning = "cannot register with the controller at " + controller.address();
+  const auto await = [&](const std::string& needle, int n) {
+    for (int i = 0; i < 400 && log.Count(needle) < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return log.Count(needle) >= n;
+  };
+
+  EXPECT_TRUE(await(warning, 1)) << log.Text();
+  // The channel's own error (the attempt that warns fails fast to get it) and what it means.
+  EXPECT_THAT(log.Text(), HasSubstr("4 registrations in a row failed, the last with: 14 "));
+  EXPECT_THAT(log.Text(), HasSubstr("Ssl handshake failed"));
+  EXPECT_THAT(log.Text(), HasSubstr("The controller does not speak TLS"));
+  // Within the minute, the failures that follow are not said again.
+  const int failed = log.Count("register failed");
+  EXPECT_TRUE(await("register failed", failed + 1)) << log.Text();
+  EXPECT_EQ(log.Count(warning), 1) << log.Text();
+  clock.Advance(61);
+  EXPECT_TRUE(await(warning, 2)) << log.Text();
+
+  agent.Shutdown();
+  runner.join();
+  EXPECT_TRUE(run.ok()) << run;
+  std::lock_guard<std::mutex> lock(controller.service.mu);
+  EXPECT_TRUE(controller.service.registrations.empty());
+}
+
+// The hint names the files and the name the controller's certificate must carry when the
+// handshake fails otherwise (a CA that did not sign the controller's certificate, an expired one).
+TEST(AgentRegisterTest, AControllerNobodyAnswersForIsSaidWithTheTlsFilesToCheck) {
+  testing_util::TestDir dir;
+  transport::DevCertsOptions certs;
+  certs.dir = dir / "certs";
+  ASSERT_TRUE(transport::WriteDevCerts(certs).ok());
+  AgentOptions options;
+  const int port = testing::FakeController().port();  // then nothing listens there
+  options.controller = "localhost:" + std::to_string(port);
+  options.worker_id = "test/4";
+  options.work_dir = dir / "work";
+  options.rpc_timeout_s = 0.2;
+  options.channel_security.set_tls_ca(dir / "certs/ca.pem");
+  options.channel_security.set_tls_cert(dir / "certs/worker.pem");
+  options.channel_security.set_tls_key(dir / "certs/worker.key");
+  auto channel = MakeControllerChannel(options.controller, options.channel_security, "test/4");
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  testing_util::LogCapture log;
+  Agent agent(options, furnace::v1::AgentService::NewStub(*channel));
+  absl::Status run;
+  std::thread runner([&] { run = agent.Run(); });
+  for (int i = 0; i < 400 && log.Count("cannot register") == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  agent.Shutdown();
+  runner.join();
+  const std::string text = log.Text();
+  EXPECT_THAT(text, HasSubstr("[warning] cannot register with the controller at localhost:"));
+  EXPECT_THAT(text, HasSubstr("--tls-ca " + (dir / "certs/ca.pem")));
+  EXPECT_THAT(text, HasSubstr("--tls-cert " + (dir / "certs/worker.pem")));
+  EXPECT_THAT(text, HasSubstr("that the controller's certificate names localhost,"));
+  EXPECT_THAT(text, HasSubstr("openssl x509 -noout -dates"));
 }
 
 }  // namespace

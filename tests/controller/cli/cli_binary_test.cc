@@ -1,4 +1,5 @@
 // Runs the built `furnace` binary against 127.0.0.1:1, where nothing listens.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -44,6 +45,29 @@ TEST(CliBinaryTest, UnreadableCredentialFilesExit5) {
   fclose(f);
   run = RunFurnace("--controller 127.0.0.1:1 --tls-ca " + bad + " jobs");
   EXPECT_EQ(run.exit_code, 2) << run.output;
+}
+
+// A token file other users may read is refused before anything is sent (bad usage, 2), naming the
+// file, its mode and the fix.
+TEST(CliBinaryTest, ATokenFileOthersMayReadIsRefused) {
+  const std::string token = ::testing::TempDir() + "/furnace_cli_shared.token";
+  FILE* f = fopen(token.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("furnace-test-token-0123456789abcdef\n", f);
+  fclose(f);
+  ASSERT_EQ(chmod(token.c_str(), 0644), 0);
+  const RunResult run = RunFurnace("--controller 127.0.0.1:1 --token-file " + token + " jobs");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--token-file " + token + ": mode 0644"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("chmod 600 " + token), std::string::npos) << run.output;
+  ASSERT_EQ(chmod(token.c_str(), 0600), 0);  // then it is read (and needs TLS to be sent)
+  const RunResult private_file =
+      RunFurnace("--controller 127.0.0.1:1 --token-file " + token + " jobs");
+  EXPECT_EQ(private_file.output.find("mode 0"), std::string::npos) << private_file.output;
+  EXPECT_NE(private_file.output.find("a token is only sent over TLS"), std::string::npos)
+      << private_file.output;
+  std::remove(token.c_str());
 }
 
 TEST(CliBinaryTest, DataPrepareNeedsNoController) {

@@ -4,8 +4,10 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/base/path_root.h"
 #include "tests/controller/service/controller_on_temp_dir.h"
+#include "tests/testing/log_capture.h"
 
 namespace furnace::controller {
 namespace {
@@ -114,13 +116,41 @@ TEST_F(AuditTest, RetentionKeepsTheNewestEntries) {
   Start([](ControllerOptions& o) { o.audit_keep = 150; });
   // Refused submissions are recorded too (the rate limit refuses most of them).
   for (int i = 0; i < 300; ++i) {
-    (void)c_->SubmitAs("mallory", "name: t\nkind: nope\n", "f" + std::to_string(i) + ".yaml");
+    (void)c_->SubmitAs("mallory", "name: t\nkind: nope\n", absl::StrCat("f", i, ".yaml"));
   }
   v1::ListAuditEventsResponse all = List("", 10000);
   // Trimmed every Controller::kAuditTrimEvery entries: after the 300th exactly the newest 150.
   ASSERT_EQ(all.events_size(), 150);
   EXPECT_EQ(all.events(149).id() - all.events(0).id(), 149u);
   EXPECT_EQ(all.events(149).id(), 300u);
+}
+
+// A submitted file name is the caller's to choose: ESC, CR and LF in it cleared the operator's
+// screen and forged a line of the controller's log. Only its printable base name is kept: stored
+// with the job, logged, audited and quoted by a refusal.
+TEST_F(AuditTest, ASubmittedFileNameCannotForgeALogLine) {
+  Start();
+  testing_util::LogCapture log;
+  const std::string forged =
+      "/home/m/\x1b[2J\x1b[32mall good\x1b[0m\r\nFAKE  admin  cancel  job-9  accepted.yaml";
+  const std::string kept = "?[2J?[32mall good?[0m??FAKE  admin  cancel  job-9  accepted.yaml";
+  auto id = c_->SubmitAs("alice", kJob, forged);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(List().events(0).detail(), "submitted " + kept);
+  auto job = c_->GetJob(*id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_GT(job->events_size(), 0);
+  EXPECT_EQ(job->events(0).message(), "from " + kept + ", 2 ranks");
+  const std::string text = log.Text();
+  EXPECT_NE(text.find("[submitted] from " + kept), std::string::npos) << text;
+  for (const char c : text) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c != 0x7f)) << int{c};
+
+  auto bad = c_->SubmitAs("alice", "name: t\nkind: nope\n", "dir/\r\nx.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(std::string(bad.status().message()).rfind("??x.yaml:2:7: kind: ", 0), 0u)
+      << bad.status();
+  EXPECT_TRUE(c_->SubmitAs("alice", kJob, "configs/").ok());
+  EXPECT_EQ(List(/*job_id=*/"", /*limit=*/1).events(0).detail().rfind("submitted <job>", 0), 0u);
 }
 
 TEST_F(AuditTest, InvalidBytesInWhatIsRecordedAreReplaced) {

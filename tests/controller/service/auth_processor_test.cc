@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "controller/service/caller_identity.h"
 #include "controller/service/server_security.h"
 #include "furnace/v1/agent.grpc.pb.h"
@@ -407,6 +408,32 @@ TEST_F(SecureServerTest, TheListenRule) {
   tokens_in_clear.token_file = F("tokens");
   EXPECT_THAT(MakeServerSecurity(tokens_in_clear).status().message(),
               HasSubstr("--token-file needs TLS"));
+}
+
+// Ranks dial the advertised address for rendezvous, and TLS checks it against the controller's
+// certificate: a wildcard listen (every interface) or port 0 is no such address.
+TEST(AdvertiseAddressTest, AWildcardOrPortZeroListenNeedsAnAdvertisedAddress) {
+  ControllerFlags f;
+  EXPECT_EQ(*AdvertiseAddress(f), "127.0.0.1:7070");
+  for (const char* wildcard : {"0.0.0.0:7070", "[::]:7070", ":7070", "0.0.0.0:0"}) {
+    f.listen = wildcard;
+    absl::StatusOr<std::string> refused = AdvertiseAddress(f);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << wildcard;
+    EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("--listen ", wildcard)));
+    EXPECT_THAT(refused.status().message(), HasSubstr("--advertise HOST:PORT"));
+    f.advertise = "ctl.example:7070";
+    EXPECT_EQ(*AdvertiseAddress(f), "ctl.example:7070") << wildcard;
+    f.advertise.clear();
+  }
+  f.listen = "127.0.0.1:0";
+  EXPECT_THAT(AdvertiseAddress(f).status().message(), HasSubstr("port 0 needs --advertise"));
+  f.listen = "10.0.0.5:7070";
+  EXPECT_EQ(*AdvertiseAddress(f), "10.0.0.5:7070");
+  for (const char* undialable : {"0.0.0.0:7070", "ctl.example:0"}) {
+    f.advertise = undialable;
+    EXPECT_THAT(AdvertiseAddress(f).status().message(),
+                HasSubstr(absl::StrCat("--advertise ", undialable, " is no address")));
+  }
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_replace.h"
+#include "controller/service/rendezvous.h"
 #include "controller/store/goodput.h"
 #include "gtest/gtest.h"
 #include "proto/furnace/v1/state_names.h"
@@ -320,6 +322,28 @@ TEST_F(ControllerTest, RankFailureRecoversWithBackoffAndFencing) {
   // A late report from attempt 1 does not disturb attempt 2.
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL);
   EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+}
+
+// A rank's KvSet over its attempt's bounds (rendezvous.h) is refused before anything is written:
+// RESOURCE_EXHAUSTED, which the rank's KV store does not retry.
+TEST_F(ControllerTest, ARendezvousValueOverItsBoundIsRefusedAndNotStored) {
+  StartRunning();
+  v1::KvSetRequest set;
+  set.mutable_scope()->set_job_id(job_);
+  set.mutable_scope()->set_attempt(1);
+  set.set_key("big");
+  set.set_value(std::string(Rendezvous::LimitsFor(2).value_bytes + 1, 'x'));
+  const absl::Status refused = c_->KvSet(set);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("a value is at most"), absl::string_view::npos) << refused;
+  v1::KvGetRequest get;
+  *get.mutable_scope() = set.scope();
+  get.add_keys("big");
+  std::promise<absl::StatusOr<v1::KvGetResponse>> got;
+  c_->KvGet(get, [&](absl::StatusOr<v1::KvGetResponse> r) { got.set_value(std::move(r)); });
+  EXPECT_EQ(got.get_future().get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  set.set_value("an address");
+  EXPECT_TRUE(c_->KvSet(set).ok());
 }
 
 // A controller restarted during a job's restart backoff keeps what is left of it (from the failed

@@ -10,6 +10,8 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -52,6 +54,57 @@ TEST(RendezvousTest, AScopeNeverOpenedIsRefused) {
   r.OpenScope({"j", 1}, {});
   EXPECT_TRUE(r.CheckOpen({"j", 1}).ok());
   EXPECT_FALSE(r.Has({"j", 1}, "k"));
+}
+
+// What one attempt may keep is bounded, scaled by its ranks: its ranks run the job's code, and
+// every key stays in memory and in the store until the attempt ends.
+TEST(RendezvousTest, AnAttemptsKeysAndBytesAreBounded) {
+  Rendezvous r;
+  r.OpenScope({"j", 1}, {"w/0", "w/1"});  // two ranks
+  const Rendezvous::Limits limits = Rendezvous::LimitsFor(2);
+  EXPECT_EQ(limits.value_bytes, (64u << 10) + 2 * 256);
+  EXPECT_EQ(limits.keys, 1024u + 2 * 64);
+  EXPECT_EQ(limits.bytes, (64u << 20) + 2 * 4 * limits.value_bytes);
+
+  // A value: at most 64 KiB + 256 bytes a rank (a Gloo group's addresses take 136 a peer).
+  EXPECT_TRUE(r.Admit({"j", 1}, "gloo/0/0", limits.value_bytes).ok());
+  absl::Status big = r.Admit({"j", 1}, "gloo/0/1", limits.value_bytes + 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
+  EXPECT_THAT(std::string(big.message()),
+              HasSubstr("a value of 66049 bytes for key gloo/0/1 in attempt 1 of job j (2 ranks); "
+                        "a value is at most 66048 bytes"));
+  absl::Status long_key = r.Admit({"j", 1}, std::string(Rendezvous::kMaxKeyBytes + 1, 'k'), 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(long_key)) << long_key;
+  EXPECT_THAT(std::string(long_key.message()), HasSubstr("a key is at most 1 KiB"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.Admit({"j", 2}, "k", 1)));  // not open
+
+  // Keys: at most 1,024 + 64 a rank; a key set again counts once.
+  for (size_t i = 1; i < limits.keys; ++i) {
+    ASSERT_TRUE(r.Admit({"j", 1}, absl::StrCat("k", i), 1).ok()) << i;
+  }
+  EXPECT_TRUE(r.Admit({"j", 1}, "k1", 2).ok());
+  absl::Status many = r.Admit({"j", 1}, "one-more", 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(many)) << many;
+  EXPECT_THAT(std::string(many.message()),
+              HasSubstr("attempt 1 of job j (2 ranks) holds 1152 keys, the most it may"));
+
+  // Bytes: at most 64 MiB + 4 of the largest values a rank, in all. Admit counts sizes, so no
+  // value of that size is ever made here.
+  r.OpenScope({"j", 3}, {"w/0", "w/1"});
+  size_t admitted = 0;
+  absl::Status full;
+  while ((full = r.Admit({"j", 3}, absl::StrFormat("v%04d", admitted), limits.value_bytes)).ok()) {
+    ++admitted;
+  }
+  EXPECT_EQ(admitted, limits.bytes / (limits.value_bytes + 5));
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_THAT(std::string(full.message()), HasSubstr("bytes of keys and values, over the"));
+
+  // A scope reloaded after a controller restart counts the keys it already holds.
+  r.OpenScope({"j", 4}, {});
+  for (size_t i = 0; i < Rendezvous::LimitsFor(0).keys; ++i) r.Set({"j", 4}, absl::StrCat(i), "");
+  EXPECT_TRUE(absl::IsResourceExhausted(r.Admit({"j", 4}, "new", 1)));
+  EXPECT_TRUE(r.Admit({"j", 4}, "0", 1).ok());  // one it holds, again
 }
 
 TEST(RendezvousTest, ScopesDoNotShareKeys) {

@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "controller/spec/diagnostics.h"
 #include "controller/spec/job_spec.h"
 #include "tests/controller/spec/refusal_case.h"
 
@@ -485,6 +487,71 @@ TEST(BadInputTest, FieldWithItsOwnErrorSkipsCrossChecks) {
   ASSERT_FALSE(spec.ok());
   std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
   EXPECT_EQ(lines.size(), 1u) << spec.status();
+}
+
+// The bytes a status message takes in gRPC's grpc-message header (percent-encoded).
+size_t WireBytes(const std::string& text) {
+  size_t n = 0;
+  for (const char c : text) n += (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+  return n;
+}
+
+// A refusal reaches the client whatever the file: gRPC refuses a status message that makes its
+// headers exceed 8 KiB, so the listed problems stop at 50 and about 4 KB, and the rest are counted.
+// A file of 60,000 unknown keys (under the 1 MiB limit) is checked in one pass: keys are indexed,
+// not searched (each key against those before it took 13 s for a 1 MiB file).
+TEST(BadInputTest, ThousandsOfProblemsAreCountedNotAllListed) {
+  constexpr int kKeys = 60000;
+  std::string text = H("model:\n");
+  for (int i = 0; i < kKeys; ++i) absl::StrAppend(&text, "  k", i, ": 1\n");
+  ASSERT_LT(text.size(), kMaxJobFileBytes);
+  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(text, "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_LT(WireBytes(message), 4096u);
+  std::vector<std::string> lines = absl::StrSplit(message, '\n');
+  ASSERT_GE(lines.size(), 2u);
+  ASSERT_LE(lines.size(), Diagnostics::kMaxListedProblems + 1);
+  EXPECT_EQ(lines[0].rfind("job.yaml:4:3: model.k0: unknown field", 0), 0u) << lines[0];
+  const size_t listed = lines.size() - 1;
+  EXPECT_EQ(lines.back(), absl::StrCat("job.yaml: ... and ", kKeys - listed,
+                                       " more problems not shown (fix these and check again)"));
+
+  // The same key 60,000 times: every repeat is a duplicate, found as fast.
+  text = H("train:\n");
+  for (int i = 0; i < kKeys; ++i) absl::StrAppend(&text, "  steps: ", i + 1, "\n");
+  spec = ParseJobYaml(text, "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  lines = absl::StrSplit(spec.status().message(), '\n');
+  EXPECT_EQ(lines[0], "job.yaml:5:3: train.steps: duplicate field (first set on line 4)");
+  EXPECT_EQ(
+      lines.back().rfind(
+          absl::StrCat("job.yaml: ... and ", kKeys - 1 - (lines.size() - 1), " more problems"), 0),
+      0u)
+      << lines.back();
+}
+
+// Up to the cap every problem is listed, and a long quoted value cannot take the whole message.
+TEST(BadInputTest, ListsUpToFiftyProblemsAndCutsLongLines) {
+  std::string text = H("resources:\n  device: '" + std::string(20000, 'x') + "'\nmodel:\n");
+  for (int i = 0; i < 10; ++i) absl::StrAppend(&text, "  k", i, ": 1\n");
+  absl::StatusOr<furnace::v1::JobSpec> spec = ParseJobYaml(text, "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_LT(WireBytes(message), 4096u);
+  std::vector<std::string> lines = absl::StrSplit(message, '\n');
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("job.yaml:4:11: resources.device: unknown value", 0), 0u) << lines[0];
+  EXPECT_LE(lines[0].size(), Diagnostics::kMaxLineBytes);
+  EXPECT_EQ(lines[0].substr(lines[0].size() - 3), "...");
+  EXPECT_EQ(lines[1].rfind("job.yaml:6:3: model.k0: unknown field", 0), 0u) << lines[1];
+
+  text = H("model:\n");
+  for (int i = 0; i < 8; ++i) absl::StrAppend(&text, "  k", i, ": 1\n");
+  spec = ParseJobYaml(text, "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  lines = absl::StrSplit(spec.status().message(), '\n');
+  EXPECT_EQ(lines.size(), 8u) << spec.status();  // all of them, no count
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The job YAML parser and validator (controller/spec) on arbitrary bytes. Beyond not crashing:
-//  - a refusal is InvalidArgument and every line of it names the file (FILE:LINE:COL: ...), as
-//    job_spec.h promises;
+//  - a refusal is InvalidArgument and every line of it names the file (FILE:LINE:COL: ..., or
+//    the count of the problems not listed, FILE: ... and N more), as job_spec.h promises;
 //  - an accepted spec survives the wire: it serializes, parses back and serializes to the same
 //    bytes (the CLI and the controller exchange it as a protobuf), and its world size is >= 1;
 //  - parsing is deterministic: the same text gives the same spec or the same message.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -106,6 +107,37 @@ TEST(DaemonFlags, DaemonBinariesExit0Or2) {
   // this build.
   const Ran rank = RunBinary(FURNACE_WORKER_BIN, "rank --task /nonexistent/task.pb");
   EXPECT_EQ(rank.exit_code, 1) << rank.output;
+}
+
+// A controller on a wildcard address without --advertise would start, and tell its workers to
+// dial 0.0.0.0: refused before it opens a port or its state directory (exit 2, naming the flag).
+TEST(DaemonFlags, AWildcardListenWithoutAdvertiseIsRefused) {
+  for (const char* wildcard : {"0.0.0.0:17070", "[::]:17070"}) {
+    // `timeout`: a controller that accepted the address would run until stopped.
+    const Ran run = RunBinary(std::string("timeout 30 ") + FURNACE_CONTROLLER_BIN,
+                              std::string("--listen ") + wildcard + " --insecure --state-dir " +
+                                  ::testing::TempDir() + "/daemon_flags_never_made");
+    EXPECT_EQ(run.exit_code, kDaemonExitUsage) << run.output;
+    EXPECT_NE(run.output.find("--advertise"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(std::string("--listen ") + wildcard), std::string::npos)
+        << run.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/daemon_flags_never_made"));
+}
+
+// An agent whose work directory others may write (they could plant the task files its ranks
+// start from) is refused before it dials the controller (exit 2, naming the flag).
+TEST(DaemonFlags, AWorkDirOthersMayWriteIsRefused) {
+  const std::string open_dir = ::testing::TempDir() + "/daemon_flags_open_work_dir";
+  std::filesystem::create_directories(open_dir);
+  std::filesystem::permissions(open_dir, std::filesystem::perms::all);  // 0777
+  const Ran run =
+      RunBinary(std::string("timeout 30 ") + FURNACE_WORKER_BIN, "--work-dir " + open_dir);
+  EXPECT_EQ(run.exit_code, kDaemonExitUsage) << run.output;
+  EXPECT_NE(run.output.find("--work-dir " + open_dir + ": mode 0777"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("chmod go-w"), std::string::npos) << run.output;
+  std::filesystem::remove_all(open_dir);
 }
 
 }  // namespace
