@@ -91,7 +91,8 @@ class SecurityTest(harness.ClusterTest):
             text, deadline = "", time.time() + 60
             while time.time() < deadline and want not in text:
                 time.sleep(0.5)
-                text = open(log_path, errors="replace").read()
+                with open(log_path, errors="replace") as f:
+                    text = f.read()
             self.assertIn(want, text)
             self.assertIn("[warning]", text)
             self.assertIn(f"--tls-ca {c.certs}/ca.pem", text)
@@ -210,7 +211,8 @@ class OpenFileLimitTest(harness.unittest.TestCase):
                 text, deadline = "", time.time() + 60
                 while time.time() < deadline and "open files" not in text:
                     time.sleep(0.2)
-                    text = open(path, errors="replace").read()
+                    with open(path, errors="replace") as f:
+                        text = f.read()
                 self.assertIn("open files (soft limit raised from 256 to the hard limit)", text)
                 with open(f"/proc/{p.pid}/limits") as f:
                     line = next(li for li in f if li.startswith("Max open files"))
