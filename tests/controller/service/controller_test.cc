@@ -161,6 +161,35 @@ class ControllerTest : public ::testing::Test {
     ASSERT_TRUE(c_->PushTelemetry(batch).ok());
   }
 
+  // Runs attempt `n` of job_ (two ranks on workers 0 and 1; after attempt 1, once its backoff of
+  // at most 1.1 s has passed) to RUNNING and returns the memory policy its start commands carried,
+  // which both ranks and the attempt's record must agree on.
+  std::string RunMemoryAttempt(uint32_t n) {
+    if (n > 1) {
+      clock_.Advance(1.1);
+      HeartbeatAll(2);
+      c_->Tick();
+    }
+    std::string policy;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<v1::RankTask> starts;  // rank 1 also finds the stop of the failed attempt
+      for (const auto& cmd : Commands(s)) {
+        if (cmd.has_start()) starts.push_back(cmd.start());
+      }
+      EXPECT_EQ(starts.size(), 1u);
+      if (starts.size() != 1u) return "(no start)";
+      EXPECT_EQ(starts[0].attempt(), n);
+      if (s == 1) {
+        EXPECT_EQ(starts[0].spec().memory().policy(), policy);
+      }
+      policy = starts[0].spec().memory().policy();
+      Report(s, n, s, v1::RANK_STARTED);
+    }
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    EXPECT_EQ(Job().attempts(n - 1).memory_policy(), policy);
+    return policy;
+  }
+
   // Two workers, the job submitted, both ranks started: RUNNING at attempt 1. `tasks`, when
   // given, gets the ranks' start commands.
   void StartRunning(const char* yaml = kJob, std::vector<v1::RankTask>* tasks = nullptr) {
@@ -439,9 +468,10 @@ TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
 }
 
 // Spikes are seeded by step, so a restart from the checkpoint under the same memory policy would
-// run out of memory again forever: each out-of-memory exit makes the next attempt one rung more
-// conservative (none -> selective -> full_recompute), any other failure keeps the policy, and an
-// out-of-memory exit under full_recompute ends the job instead of looping.
+// run out of memory again forever: without a memory.device_budget each out-of-memory exit makes
+// the next attempt one rung more conservative (none -> selective -> full_recompute), any other
+// failure keeps the policy, and an out-of-memory exit under full_recompute ends the job instead
+// of looping.
 TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
   Register(0);
   Register(1);
@@ -451,32 +481,6 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
       "t.yaml");
   ASSERT_TRUE(id.ok()) << id.status();
   job_ = *id;
-  // Runs attempt `n` to RUNNING and returns the policy its start commands carried.
-  auto run_attempt = [&](uint32_t n) {
-    if (n > 1) {
-      clock_.Advance(1.1);
-      HeartbeatAll(2);
-      c_->Tick();
-    }
-    std::string policy;
-    for (int s = 0; s < 2; ++s) {
-      std::vector<v1::RankTask> starts;  // rank 1 also finds the stop of the failed attempt
-      for (const auto& cmd : Commands(s)) {
-        if (cmd.has_start()) starts.push_back(cmd.start());
-      }
-      EXPECT_EQ(starts.size(), 1u);
-      if (starts.size() != 1u) return std::string("(no start)");
-      EXPECT_EQ(starts[0].attempt(), n);
-      if (s == 1) {
-        EXPECT_EQ(starts[0].spec().memory().policy(), policy);
-      }
-      policy = starts[0].spec().memory().policy();
-      Report(s, n, s, v1::RANK_STARTED);
-    }
-    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
-    EXPECT_EQ(Job().attempts(n - 1).memory_policy(), policy);
-    return policy;
-  };
   // The rank's own out-of-memory exit (exit code 3), or another failure.
   auto fail_attempt = [&](uint32_t n, v1::ExitKind kind) {
     Report(0, n, 0, v1::RANK_EXITED, kind, "",
@@ -484,19 +488,19 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
     Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
   };
 
-  EXPECT_EQ(run_attempt(1), "none");
+  EXPECT_EQ(RunMemoryAttempt(1), "none");
   fail_attempt(1, v1::EXIT_KIND_OOM);
-  EXPECT_EQ(run_attempt(2), "selective");
+  EXPECT_EQ(RunMemoryAttempt(2), "selective");
   fail_attempt(2, v1::EXIT_KIND_SIGNAL);  // not a memory failure: the policy stays
-  EXPECT_EQ(run_attempt(3), "selective");
+  EXPECT_EQ(RunMemoryAttempt(3), "selective");
   // The kernel's OOM killer (host RAM, no exit code of the rank's): retried under the same policy.
   Report(0, 3, 0, v1::RANK_EXITED, v1::EXIT_KIND_OOM, "killed by signal 9, likely by the kernel");
   Report(1, 3, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
   EXPECT_EQ(Job().attempts(2).failure_kind(), "oom");
   EXPECT_FALSE(Job().attempts(2).activation_oom());
-  EXPECT_EQ(run_attempt(4), "selective");
+  EXPECT_EQ(RunMemoryAttempt(4), "selective");
   fail_attempt(4, v1::EXIT_KIND_OOM);
-  EXPECT_EQ(run_attempt(5), "full_recompute");
+  EXPECT_EQ(RunMemoryAttempt(5), "full_recompute");
   fail_attempt(5, v1::EXIT_KIND_OOM);
 
   const v1::JobDetail d = Job();
@@ -518,6 +522,8 @@ TEST_F(ControllerTest, OutOfMemoryExitsEscalateTheMemoryPolicyUntilNoneIsLeft) {
             "full_recompute");
 }
 
+// With a budget the next attempt runs adaptive (it needs the least of every policy), and an
+// out-of-memory exit under adaptive ends the job, blaming the step's routing.
 TEST_F(ControllerTest, WithABudgetAnOutOfMemoryExitRestartsUnderAdaptiveAndAnAdaptiveOneEnds) {
   Register(0);
   Register(1);
@@ -528,31 +534,14 @@ TEST_F(ControllerTest, WithABudgetAnOutOfMemoryExitRestartsUnderAdaptiveAndAnAda
       "t.yaml");
   ASSERT_TRUE(id.ok()) << id.status();
   job_ = *id;
-  auto start_attempt = [&](uint32_t n) {
-    if (n > 1) {
-      clock_.Advance(1.1);
-      HeartbeatAll(2);
-      c_->Tick();
-    }
-    std::string policy;
-    for (int s = 0; s < 2; ++s) {
-      for (const auto& cmd : Commands(s)) {
-        if (cmd.has_start() && cmd.start().attempt() == n) {
-          policy = cmd.start().spec().memory().policy();
-        }
-      }
-      Report(s, n, s, v1::RANK_STARTED);
-    }
-    return policy;
-  };
   auto run_out = [&](uint32_t n) {
     Report(0, n, 0, v1::RANK_EXITED, v1::EXIT_KIND_OOM, "", v1::RANK_EXIT_OUT_OF_MEMORY);
     Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
   };
-  EXPECT_EQ(start_attempt(1), "offload");
+  EXPECT_EQ(RunMemoryAttempt(1), "offload");
   run_out(1);
   // Not full_recompute, which needs more than adaptive at any budget.
-  EXPECT_EQ(start_attempt(2), "adaptive");
+  EXPECT_EQ(RunMemoryAttempt(2), "adaptive");
   run_out(2);
 
   const v1::JobDetail d = Job();
