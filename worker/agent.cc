@@ -127,16 +127,18 @@ AgentOptions ResolveAgentOptions(AgentOptions options) {
 
 absl::Status CheckWorkDir(const std::string& dir) {
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  // lstat: a symlink is refused (below, not a directory), not followed. Another user could plant
+  // one in a shared directory pointing at a directory of this user's now, and re-point it later.
+  if (::lstat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
     return absl::FailedPreconditionError(
         absl::StrCat("--work-dir ", dir, ": cannot examine it (", std::strerror(errno), ")"));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--work-dir ", dir,
-                     ": not a directory (allowed: a directory of this user's "
-                     "own, or a path that does not exist yet)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--work-dir ", dir, S_ISLNK(st.st_mode) ? ": a symbolic link" : ": not a directory",
+        " (allowed: a directory of this user's own, or a path that does not exist "
+        "yet)"));
   }
   if (st.st_uid != geteuid()) {
     return absl::FailedPreconditionError(absl::StrCat(

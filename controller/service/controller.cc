@@ -593,7 +593,7 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
       spdlog::warn(
           "worker {} sent {} telemetry record(s) of a step past the job's train.steps: "
           "ignored",
-          batch.worker_id(), beyond);
+          EscapeForLog(batch.worker_id()), beyond);
     }
   }
   telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));

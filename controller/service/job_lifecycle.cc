@@ -335,11 +335,13 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
           "allowed: a directory under it",
           filename, spec.checkpoint().dir()));
     }
-    if (IsWithin(dir, NormalDir(defaults.string()))) {
+    const std::string reserved = NormalDir(defaults.string());
+    if (IsWithin(dir, reserved) || IsWithin(reserved, dir)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: checkpoint.dir %s is under %s, where the controller puts the checkpoints of jobs "
+          "%s: checkpoint.dir %s is %s %s, where the controller puts the checkpoints of jobs "
           "that name none; allowed: a directory outside it, or leave checkpoint.dir out",
-          filename, spec.checkpoint().dir(), defaults.string()));
+          filename, spec.checkpoint().dir(), IsWithin(dir, reserved) ? "under" : "around",
+          defaults.string()));
     }
   }
   ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
@@ -377,8 +379,6 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   TryStart(it->second);
   return id;
 }
-
-namespace {}  // namespace
 
 fs::path JobLifecycle::DefaultCheckpointParent() const {
   // Under --checkpoint-root when there is one (the workers refuse anything outside it).

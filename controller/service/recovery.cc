@@ -360,10 +360,12 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
     job.summary.set_cause(absl::StrCat(
         cause, " (not retried: out of memory under memory.policy ", attempt->memory_policy(),
         adaptive ? ", which needs the least of every policy and moves whatever can move when a "
-                   "step would not fit: this step's routing sent a rank more rows than "
-                   "memory.device_budget holds, and a restart would replay the same routing: "
-                   "raise memory.device_budget (each rank's log gives the bytes that fit any "
-                   "routing), set moe.capacity_factor, or lower parallel.micro_batch)"
+                   "step would not fit: a restart would replay the same step. Either the step's "
+                   "routing sent a rank more rows than memory.device_budget holds (raise it: "
+                   "each rank's log gives the bytes that fit any routing; or set "
+                   "moe.capacity_factor, or lower parallel.micro_batch), or the device itself "
+                   "ran out below the budget (set memory.device_budget below the device's "
+                   "memory)"
                  : ", the last policy to try without a memory.device_budget; a restart would "
                    "replay the same steps and run out of memory again: lower "
                    "parallel.micro_batch, or set memory.device_budget below the device's memory "
@@ -508,7 +510,7 @@ void JobLifecycle::ForgetLongLostWorkers() {
     spdlog::info(
         "forgetting worker {}: lost for over {:.0f} s (--forget-lost-workers); it registers as "
         "a new worker if its agent comes back",
-        id, options_.forget_lost_s);
+        EscapeForLog(id), options_.forget_lost_s);
     workers_.Forget(id);
   }
 }

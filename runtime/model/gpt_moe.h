@@ -443,6 +443,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Where the compute thread is (MakeRoom must not move what the running module reads).
   int cur_micro_ = 0;
   int cur_module_ = 0;  // DeclaredModules index of the running module
+  // The arena's bytes in use once the offloads still copying land (Stash::OffloadingBytes).
+  int64_t HeldOnceCopiesLand() const;
   // "layers.3.moe", "layers.3.attention", "the embedding", "the head": DeclaredModules index
   // `module` of this stage, for errors.
   std::string ModuleName(int module) const;

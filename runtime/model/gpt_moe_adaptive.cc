@@ -173,8 +173,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // What the arena holds once the offloads still copying land: their bytes are already counted as
   // moved (MovedOf) and come back at their backward; counting them in `used` too would project
   // them twice until their copies land, and plan (or emergency-offload) more than the deficit.
-  const int64_t used =
-      static_cast<int64_t>(arena_.current_bytes()) - static_cast<int64_t>(stash_.OffloadingBytes());
+  const int64_t used = HeldOnceCopiesLand();
 
   // The memory model for the rest of this micro-batch: the layers done with their rows, this one
   // with its own.
@@ -478,6 +477,14 @@ absl::Status GptMoe::ApplyDeferred(const MoeSaved& saved) {
   return absl::OkStatus();
 }
 
+int64_t GptMoe::HeldOnceCopiesLand() const {
+  // The arena first: an offload that lands between the two reads then leaves `landing` smaller
+  // (counted as still held: conservative), never subtracted twice.
+  const auto used = static_cast<int64_t>(arena_.current_bytes());
+  const auto landing = static_cast<int64_t>(stash_.OffloadingBytes());
+  return std::max<int64_t>(0, used - landing);
+}
+
 bool GptMoe::MakeRoom(uint64_t bytes) {
   // The emergency: the largest tensors nothing running reads leave the arena at once, dropped
   // where a per-rank rebuild exists (instant; rebuilt in their backward), else offloaded (waited
@@ -563,7 +570,7 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
   // Counted as the arena will be once the offloads still copying land (a reload that needs their
   // bytes sooner waits for them: RetriedAfterCopies), not dropping or offloading more for bytes
   // that are already leaving.
-  const uint64_t held = arena_.current_bytes() - stash_.OffloadingBytes();
+  const auto held = static_cast<uint64_t>(HeldOnceCopiesLand());
   if (!now.empty() && held + want > usable) MakeRoom(want + (budget - usable));
   if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
   // The look-ahead only where it leaves this backward its scratch: otherwise the module's own

@@ -255,6 +255,13 @@ def _check_container(where, c, volumes, by_kind, flags_of):
                                     f"{volume['name']!r} (it holds: {', '.join(sorted(files))})")
     ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
     if binary == "furnace-worker":
+        # A volume's mount point is the kubelet's (root's, group-writable under fsGroup), which
+        # the agent refuses as its work directory: it must be a directory below it, which the
+        # agent makes (0700).
+        work_dir = (dict(parse_args(args)).get("--work-dir") or "").rstrip("/")
+        if work_dir in mounts:
+            problems.append(f"{where}: --work-dir={work_dir} is a volume's mount point, which the "
+                            "agent refuses (not its own, group-writable); give a directory below it")
         limits = (c.get("resources") or {}).get("limits") or {}
         if int(limits.get("nvidia.com/gpu", 0)) < 1:
             problems.append(f"{where}: a worker must request nvidia.com/gpu in resources.limits")

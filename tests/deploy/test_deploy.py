@@ -163,7 +163,14 @@ class KubernetesTest(unittest.TestCase):
                 args = pod(d)["containers"][0]["args"]
                 args[:] = [a for a in args if not a.startswith("--advertise")]
 
+        def mount_point_work_dir(d):
+            if d.get("kind") == "StatefulSet":
+                args = pod(d)["containers"][0]["args"]
+                args[:] = [re.sub(r"^--work-dir=.*", "--work-dir=/var/lib/furnace-worker", a)
+                           for a in args]
+
         cases = [
+            (mount_point_work_dir, lambda ds: dc.check_workloads(ds, self.flags), "mount point"),
             (no_advertise, lambda ds: dc.check_workloads(ds, self.flags), "--advertise"),
             (insecure, lambda ds: dc.check_workloads(ds, self.flags), "--insecure"),
             (private_secret, lambda ds: dc.check_workloads(ds, self.flags), "unreadable"),

@@ -342,8 +342,12 @@ if [ -n "$bundle_dir" ]; then
     [[ -n "$name" && "$name" != *nccl* ]] && runs+=("$name|$name|")
   done <"$bundle_dir/tests.txt"
   while IFS= read -r name; do
-    [[ -n "$name" && "$name" == *nccl* ]] &&
-      runs+=("$name|$name|-$abort_cases" "$name|$name.abort|$abort_cases")
+    [[ -n "$name" && "$name" == *nccl* ]] && runs+=("$name|$name|-$abort_cases")
+  done <"$bundle_dir/tests.txt"
+  # Every NCCL executable's abort cases after all the other cases (gtest runs none where none
+  # match).
+  while IFS= read -r name; do
+    [[ -n "$name" && "$name" == *nccl* ]] && runs+=("$name|$name.abort|$abort_cases")
   done <"$bundle_dir/tests.txt"
   for run in "${runs[@]}"; do
     IFS='|' read -r name tag filter <<<"$run"

@@ -2,8 +2,9 @@
 outputs dropped after forward, rebuilt in backward) ends with exactly the parameters of the same
 job under `none`, reports a smaller activation peak and its recompute bytes, and its rank says
 which policy it ran. Under a budget that only `selective` fits, a `none` job runs out of memory
-once, is restarted under `adaptive` at the same budget (the out-of-memory escalation: adaptive
-needs the least of every policy) and ends with the same parameters. Under the same budget, an `adaptive` job needs no restart: its planner offloads what
+once, is restarted under `adaptive` at the same budget (the out-of-memory escalation:
+adaptive needs the least of every policy) and ends with the same parameters. Under the same
+budget, an `adaptive` job needs no restart: its planner offloads what
 does not fit, says so in its telemetry, and the job ends with the same parameters again. A budget
 below what any policy needs is refused before the first step, with the bytes needed. Under
 expert parallelism a budget between that floor and the routing bound (every token routed to the

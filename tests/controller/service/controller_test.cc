@@ -550,7 +550,7 @@ TEST_F(ControllerTest, WithABudgetAnOutOfMemoryExitRestartsUnderAdaptiveAndAnAda
   EXPECT_NE(d.summary().cause().find("under memory.policy adaptive, which needs the least"),
             std::string::npos)
       << d.summary().cause();
-  EXPECT_NE(d.summary().cause().find("this step's routing sent a rank more rows"),
+  EXPECT_NE(d.summary().cause().find("the step's routing sent a rank more rows"),
             std::string::npos)
       << d.summary().cause();
 }
@@ -1397,9 +1397,6 @@ TEST_F(ControllerTest, CancelStopsRanks) {
   EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
-// Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
-// second job naming the directory of one that has not ended is refused at submit; once that one
-// has ended, the second waits until its ranks have exited (a stopped single rank still writes).
 // No job may name the directory a later job without checkpoint.dir gets (it would fill it, and
 // the later job resume from it), nor one inside or around a running job's.
 TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
@@ -1430,6 +1427,9 @@ TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
   EXPECT_TRUE(c_->Submit(train + "checkpoint: {dir: " + dir + "b}\n", "s.yaml").ok());
 }
 
+// Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
+// second job naming the directory of one that has not ended is refused at submit; once that one
+// has ended, the second waits until its ranks have exited (a stopped single rank still writes).
 TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
   const std::string dir = (dir_ / "ckpt").string();
   const std::string train = "name: t\nkind: train\nparallel: {dp: 2}\n";

@@ -23,6 +23,9 @@ TEST(OpenFileLimitTest, RaisesTheSoftLimitToTheHardLimit) {
   absl::StatusOr<OpenFileLimit> raised = RaiseOpenFileLimit();
   rlimit now{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
+  // At the hard limit already: nothing changes, and it says so (before the original limit is put
+  // back, which may be below the hard one).
+  absl::StatusOr<OpenFileLimit> again = RaiseOpenFileLimit();
   setrlimit(RLIMIT_NOFILE, &saved);
   ASSERT_TRUE(raised.ok()) << raised.status();
   EXPECT_EQ(raised->before, 64u);
@@ -35,8 +38,6 @@ TEST(OpenFileLimitTest, RaisesTheSoftLimitToTheHardLimit) {
       DescribeOpenFileLimit(*raised),
       absl::StrCat(raised->soft, " open files (soft limit raised from 64 to the hard limit)"));
 
-  // At the hard limit already: nothing changes, and it says so.
-  absl::StatusOr<OpenFileLimit> again = RaiseOpenFileLimit();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->before, again->soft);
 }

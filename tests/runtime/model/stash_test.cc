@@ -409,7 +409,11 @@ TEST_F(StashActionTest, OffloadingBytesAreTheDeviceBytesOfOffloadsStillCopying) 
   ASSERT_TRUE(stash_->Offload(b).ok());
   EXPECT_EQ(stash_->OffloadingBytes(), 256u + 128u);
   std::thread backward([&] { EXPECT_TRUE(stash_->Acquire({b}).ok()); });
-  while (stash_->OffloadingBytes() != 256u) absl::SleepFor(absl::Milliseconds(1));
+  // (Bounded: a regression fails the test instead of hanging it.)
+  for (int i = 0; i < 10000 && stash_->OffloadingBytes() != 256u; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(stash_->OffloadingBytes(), 256u);  // b's bytes stay, a's are still leaving
   link_.release.Notify();
   backward.join();
   stash_->WaitForCopies();
