@@ -550,8 +550,7 @@ TEST_F(ControllerTest, WithABudgetAnOutOfMemoryExitRestartsUnderAdaptiveAndAnAda
   EXPECT_NE(d.summary().cause().find("under memory.policy adaptive, which needs the least"),
             std::string::npos)
       << d.summary().cause();
-  EXPECT_NE(d.summary().cause().find("the step's routing sent a rank more rows"),
-            std::string::npos)
+  EXPECT_NE(d.summary().cause().find("the step's routing sent a rank more rows"), std::string::npos)
       << d.summary().cause();
 }
 
