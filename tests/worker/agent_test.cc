@@ -563,6 +563,21 @@ TEST(WorkDirTest, AnExistingWorkDirMustBeOwnAndPrivate) {
   EXPECT_EQ(std::filesystem::status(dir / "made").permissions(), std::filesystem::perms::owner_all);
 }
 
+// Agent "test/4" dialling `controller` over TLS with the dev certificates written under
+// <dir>/certs (WriteDevCerts), its work directory <dir>/work.
+AgentOptions TlsAgentOptions(const testing_util::TestDir& dir, const std::string& controller,
+                             double rpc_timeout_s) {
+  AgentOptions options;
+  options.controller = controller;
+  options.worker_id = "test/4";
+  options.work_dir = dir / "work";
+  options.rpc_timeout_s = rpc_timeout_s;
+  options.channel_security.set_tls_ca(dir / "certs/ca.pem");
+  options.channel_security.set_tls_cert(dir / "certs/worker.pem");
+  options.channel_security.set_tls_key(dir / "certs/worker.key");
+  return options;
+}
+
 // A TLS handshake that fails (an expired or wrong certificate, a CA that did not sign the
 // controller's; here a worker that dials a plaintext controller with TLS) looks to the agent like
 // a controller not up yet. After a few registrations in a row fail so it says it, with the
@@ -573,15 +588,8 @@ TEST(AgentRegisterTest, FailedHandshakesAreSaidWithWhatToCheckOnceAMinute) {
   certs.dir = dir / "certs";
   ASSERT_TRUE(transport::WriteDevCerts(certs).ok());
   testing::FakeController controller;  // plaintext
-  AgentOptions options;
-  options.controller = controller.address();
+  AgentOptions options = TlsAgentOptions(dir, controller.address(), 0.3);
   options.slot = 4;
-  options.worker_id = "test/4";
-  options.work_dir = dir / "work";
-  options.rpc_timeout_s = 0.3;
-  options.channel_security.set_tls_ca(dir / "certs/ca.pem");
-  options.channel_security.set_tls_cert(dir / "certs/worker.pem");
-  options.channel_security.set_tls_key(dir / "certs/worker.key");
   auto channel = MakeControllerChannel(options.controller, options.channel_security, "test/4");
   ASSERT_TRUE(channel.ok()) << channel.status();
   FakeClock clock;
@@ -623,15 +631,8 @@ TEST(AgentRegisterTest, AControllerNobodyAnswersForIsSaidWithTheTlsFilesToCheck)
   transport::DevCertsOptions certs;
   certs.dir = dir / "certs";
   ASSERT_TRUE(transport::WriteDevCerts(certs).ok());
-  AgentOptions options;
   const int port = testing::FakeController().port();  // then nothing listens there
-  options.controller = "localhost:" + std::to_string(port);
-  options.worker_id = "test/4";
-  options.work_dir = dir / "work";
-  options.rpc_timeout_s = 0.2;
-  options.channel_security.set_tls_ca(dir / "certs/ca.pem");
-  options.channel_security.set_tls_cert(dir / "certs/worker.pem");
-  options.channel_security.set_tls_key(dir / "certs/worker.key");
+  AgentOptions options = TlsAgentOptions(dir, "localhost:" + std::to_string(port), 0.2);
   auto channel = MakeControllerChannel(options.controller, options.channel_security, "test/4");
   ASSERT_TRUE(channel.ok()) << channel.status();
   testing_util::LogCapture log;
