@@ -1,5 +1,7 @@
-// furnace plan JOB.yaml [--profile FILE] [--ranks-per-node N]: the MoE schedules' cost model
-// (runtime/moe/cost_model.h) on the job's shapes, on this machine; the controller is not involved.
+// furnace plan JOB.yaml [--profile FILE] [--ranks-per-node N]: each rank's memory (its parameters
+// and model state, its activations under each static policy: controller/cli/job_model.h) and the
+// MoE schedules' cost model (runtime/moe/cost_model.h) on the job's shapes, on this machine; the
+// controller is not involved.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/job_model.h"
 #include "controller/spec/job_spec.h"
 #include "google/protobuf/struct.pb.h"
 #include "runtime/base/status.h"
@@ -46,6 +49,126 @@ google::protobuf::Value BytesJson(const moe::GroupBytes& b) {
   f["tp"].set_number_value(static_cast<double>(b.tp));
   f["ep"].set_number_value(static_cast<double>(b.ep));
   f["esp"].set_number_value(static_cast<double>(b.esp));
+  return v;
+}
+
+// The memory section: per pipeline stage, what one of its ranks holds; then the job's own
+// memory settings against it.
+void PrintMemory(std::ostream& out, const v1::JobSpec& spec,
+                 const std::vector<StageMemory>& stages) {
+  const v1::ParallelSpec& p = spec.parallel();
+  out << "\nmemory per rank (micro-batches of " << p.micro_batch() << " x "
+      << spec.model().seq_len()
+      << " tokens, balanced routing; model state: fp32 weights, gradients and AdamW moments, 16 "
+         "bytes a parameter, outside the activation arena that memory.device_budget bounds):\n";
+  for (const StageMemory& s : stages) {
+    out << "  stage " << s.stage << " (layers " << s.first_layer << "-" << s.end_layer - 1 << ", "
+        << s.ranks << (s.ranks == 1 ? " rank" : " ranks") << "): " << s.parameters
+        << " parameters, " << FormatBytes(s.model_state_bytes) << " of model state";
+    if (s.bf16_mirror_bytes > 0) {
+      out << " + " << FormatBytes(s.bf16_mirror_bytes) << " bf16 weight mirror";
+    }
+    out << "\n    activations, one micro-batch:";
+    for (const PolicyActivationBytes& b : s.policies) {
+      out << " " << b.policy << " " << FormatBytes(b.one) << (&b == &s.policies.back() ? "" : ",");
+    }
+    out << "\n";
+    if (s.micro_batches_in_flight > 1) {
+      out << "    with " << s.micro_batches_in_flight << " micro-batches in flight (1F1B):";
+      for (const PolicyActivationBytes& b : s.policies) {
+        out << " " << b.policy << " " << FormatBytes(b.in_flight)
+            << (&b == &s.policies.back() ? "" : ",");
+      }
+      out << "\n";
+    }
+    out << "    least any policy needs (one micro-batch): " << FormatBytes(s.least_activation_bytes)
+        << "; room for any routing: "
+        << (s.any_routing_bytes ? FormatBytes(*s.any_routing_bytes)
+                                : std::string("not computed with tensor parallelism"))
+        << "\n";
+  }
+  const v1::MemorySpec& m = spec.memory();
+  const uint64_t budget = m.device_budget();
+  out << "the job's memory: policy " << m.policy() << ", device_budget "
+      << (budget == 0 ? std::string("none (the device's memory)") : FormatBytes(budget));
+  if (budget == 0) {
+    out << "\n";
+    return;
+  }
+  const auto over = [&](auto bytes_of) -> const StageMemory* {
+    for (const StageMemory& s : stages) {
+      if (static_cast<int64_t>(budget) < bytes_of(s)) return &s;
+    }
+    return nullptr;
+  };
+  const PolicyActivationBytes* static_policy = nullptr;
+  for (const PolicyActivationBytes& b : stages.front().policies) {
+    if (b.policy == m.policy()) static_policy = &b;
+  }
+  if (const StageMemory* s = over([](const StageMemory& x) { return x.least_activation_bytes; })) {
+    out << ": below stage " << s->stage << "'s least (" << FormatBytes(s->least_activation_bytes)
+        << "): its ranks refuse the job before the first step\n";
+    return;
+  }
+  if (static_policy != nullptr) {
+    const std::string name = static_policy->policy;
+    if (const StageMemory* s = over([&](const StageMemory& x) {
+          for (const PolicyActivationBytes& b : x.policies) {
+            if (b.policy == name) return b.in_flight;
+          }
+          return int64_t{0};
+        })) {
+      int64_t need = 0;
+      for (const PolicyActivationBytes& b : s->policies) {
+        if (b.policy == name) need = b.in_flight;
+      }
+      out << ": policy " << name << " needs " << FormatBytes(need) << " on stage " << s->stage
+          << ", so its first step runs out of memory (the controller then restarts the job under "
+             "adaptive at this budget)\n";
+      return;
+    }
+  }
+  if (const StageMemory* s = over([](const StageMemory& x) {
+        return x.any_routing_bytes.value_or(x.least_activation_bytes);
+      })) {
+    out << ": covers balanced routing; a step routed far from balance can need up to "
+        << FormatBytes(*s->any_routing_bytes) << " on stage " << s->stage << "\n";
+    return;
+  }
+  out << ": leaves room for any routing"
+      << (std::any_of(stages.begin(), stages.end(),
+                      [](const StageMemory& x) { return !x.any_routing_bytes.has_value(); })
+              ? " (balanced; the bound is not computed with tensor parallelism)"
+              : "")
+      << "\n";
+}
+
+google::protobuf::Value MemoryJson(const std::vector<StageMemory>& stages) {
+  google::protobuf::Value v;
+  auto* list = v.mutable_list_value();
+  for (const StageMemory& s : stages) {
+    auto& f = *list->add_values()->mutable_struct_value()->mutable_fields();
+    f["stage"].set_number_value(s.stage);
+    f["first_layer"].set_number_value(s.first_layer);
+    f["end_layer"].set_number_value(s.end_layer);
+    f["ranks"].set_number_value(s.ranks);
+    f["parameters"].set_number_value(static_cast<double>(s.parameters));
+    f["model_state_bytes"].set_number_value(static_cast<double>(s.model_state_bytes));
+    f["bf16_mirror_bytes"].set_number_value(static_cast<double>(s.bf16_mirror_bytes));
+    f["micro_batches_in_flight"].set_number_value(s.micro_batches_in_flight);
+    auto& a = *f["activation_bytes"].mutable_struct_value()->mutable_fields();
+    for (const PolicyActivationBytes& b : s.policies) {
+      auto& e = *a[b.policy].mutable_struct_value()->mutable_fields();
+      e["one_micro_batch"].set_number_value(static_cast<double>(b.one));
+      e["in_flight"].set_number_value(static_cast<double>(b.in_flight));
+    }
+    f["least_activation_bytes"].set_number_value(static_cast<double>(s.least_activation_bytes));
+    if (s.any_routing_bytes) {
+      f["any_routing_bytes"].set_number_value(static_cast<double>(*s.any_routing_bytes));
+    } else {
+      f["any_routing_bytes"].set_null_value(google::protobuf::NULL_VALUE);
+    }
+  }
   return v;
 }
 
@@ -142,6 +265,17 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   const moe::Choice choice = moe::ChooseSchedule(profile, shape);
   const std::string layers = absl::StrJoin(moe_layers, ", ");
 
+  // The schedule the ranks run (auto: the cost model's pick here; the ranks pick with a profile
+  // measured on their own groups, so theirs can differ). Tensor parallelism 1: deepspeed.
+  moe::Schedule running = moe::Schedule::kDeepspeed;
+  if (moe_spec.schedule() == "auto") {
+    running = choice.schedule;
+  } else if (const std::optional<moe::Schedule> named = moe::ParseSchedule(moe_spec.schedule());
+             named.has_value()) {
+    running = *named;
+  }
+  const std::vector<StageMemory> memory = PlanMemory(spec, *topo, running);
+
   if (ctx.json) {
     google::protobuf::Struct result;
     auto& f = *result.mutable_fields();
@@ -177,6 +311,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
     a["schedule"].set_string_value(moe::ScheduleName(choice.schedule));
     a["reason"].set_string_value(choice.reason);
     f["job_schedule"].set_string_value(moe_spec.schedule());
+    f["memory"] = MemoryJson(memory);
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
     return kExitOk;
   }
@@ -184,7 +319,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   std::ostream& out = *ctx.out;
   out << "job " << spec.name() << ": " << m.layers() << " layers, MoE layers "
       << (moe_layers.empty() ? "none" : layers) << "\n";
-  if (moe_layers.empty()) return kExitOk;
+  if (moe_layers.empty()) {  // (the spec refuses it today: moe_every <= layers)
+    PrintMemory(out, spec, memory);
+    return kExitOk;
+  }
   out << "MoE layer shape (every MoE layer): N " << shape.N << " tokens per rank per micro-batch ("
       << "micro_batch " << p.micro_batch() << " x seq_len " << m.seq_len() << "), d_model "
       << shape.C << ", expert_ffn " << shape.f << ", experts " << shape.E << ", top_k " << shape.k
@@ -210,6 +348,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   }
   out << "\nauto: " << moe::ScheduleName(choice.schedule) << " (" << choice.reason << ")\n";
   out << "the job's moe.schedule: " << moe_spec.schedule() << "\n";
+  PrintMemory(out, spec, memory);
   return kExitOk;
 }
 

@@ -14,6 +14,7 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/format.h"
+#include "controller/cli/job_model.h"
 #include "controller/cli/sample_tokenizer.h"
 #include "controller/cli/whole_checkpoint.h"
 #include "google/protobuf/struct.pb.h"
@@ -25,25 +26,6 @@
 
 namespace furnace::cli {
 namespace {
-
-// The model a job spec describes (the worker builds the same from it).
-model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe) {
-  model::ModelConfig c;
-  c.vocab = static_cast<int>(m.vocab());
-  c.seq_len = static_cast<int>(m.seq_len());
-  c.d_model = static_cast<int>(m.d_model());
-  c.heads = static_cast<int>(m.heads());
-  c.layers = static_cast<int>(m.layers());
-  c.dense_ffn = static_cast<int>(m.dense_ffn());
-  c.moe_every = static_cast<int>(m.moe_every());
-  c.expert_ffn = static_cast<int>(m.expert_ffn());
-  c.experts = static_cast<int>(moe.experts());
-  c.top_k = static_cast<int>(moe.top_k());
-  c.capacity_factor = moe.capacity_factor();
-  c.normalize_topk = moe.normalize_topk();
-  c.aux_alpha = moe.aux_alpha();
-  return c;
-}
 
 struct LoadedModel {
   model::ModelConfig config;

@@ -223,8 +223,10 @@ int main(int argc, char** argv) {
   auto* plan = app.add_subcommand(
       "plan",
       "the MoE schedules (deepspeed, s1, s2) priced by the cost model on a job file's shapes: "
-      "time and bytes per group per direction, op lists, and the schedule `auto` takes (no "
-      "controller needed)");
+      "time and bytes per group per direction, op lists, and the schedule `auto` takes; then "
+      "each pipeline stage's memory per rank: parameters and model state, activations of a "
+      "micro-batch under none, selective and full_recompute, the least a memory.device_budget "
+      "may be, and the job's memory settings weighed against them (no controller needed)");
   plan->add_option("FILE", file, "job YAML")->required();
   plan->add_option("--profile", plan_options.profile,
                    "a cost profile JSON (e.g. one a job's calibration wrote); default: the stated "

@@ -5,10 +5,6 @@
 
 namespace furnace::model {
 
-namespace {
-int64_t AttBytes(const Dims& d) { return F32Bytes(int64_t{d.B} * d.local_NH() * d.T * d.T); }
-}  // namespace
-
 absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const Dims& dims,
                                                      int layer, const LayerOffsets& off,
                                                      const float* params, StashHandle x_in) {
@@ -34,7 +30,8 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * Cl},
                                   {"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl}));
 
-  ASSIGN_OR_RETURN(tensor::Buffer att, AllocF32(ctx, AttBytes(dims) / 4, p + "attn.probs", false));
+  ASSIGN_OR_RETURN(tensor::Buffer att,
+                   AllocF32(ctx, AttentionProbsBytes(dims) / 4, p + "attn.probs", false));
   ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NCl, p + "attn.y", false));  // (B, T, Cl)
   // att (B, NHl, T, T)
   ctx.ops.attention_forward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
@@ -89,30 +86,6 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
                              params + off.ln1_w, mean, rstd, N, C);
   da.Reset();
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.qkv, s.att, s.y, s.out});
-}
-
-std::vector<SavedTensorBytes> AttentionSavedTensors(const Dims& d) {
-  const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
-  std::vector<SavedTensorBytes> saved = NormSaved(d, "ln1.out", "ln1.mean", "ln1.rstd");
-  saved.push_back({"attn.qkv", F32Bytes(3 * NCl), 0});
-  saved.push_back({"attn.probs", AttBytes(d), 0});
-  saved.push_back({"attn.y", F32Bytes(NCl), 0});
-  saved.push_back({"attn.residual", F32Bytes(NC), 0});
-  return saved;
-}
-
-int64_t AttentionSavedBytes(const Dims& d) { return TotalBytes(AttentionSavedTensors(d)); }
-
-int64_t AttentionForwardPeakBytes(const Dims& d) { return AttentionSavedBytes(d); }
-
-int64_t AttentionBackwardPeakBytes(const Dims& d) {
-  const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
-  BytesTimeline t;
-  t.Alloc(F32Bytes(NCl));      // dy
-  t.Alloc(F32Bytes(3 * NCl));  // dqkv
-  t.Free(F32Bytes(NCl));       // dy
-  t.Alloc(F32Bytes(NC));       // da
-  return t.peak();
 }
 
 }  // namespace furnace::model

@@ -30,10 +30,6 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
                                     const float* params, float* grads, const AttentionSaved& saved,
                                     StashHandle x_in, float* dres);
 
-// Its saved tensors in acquire order; AttentionSavedBytes is their total.
-std::vector<SavedTensorBytes> AttentionSavedTensors(const Dims& dims);
-int64_t AttentionSavedBytes(const Dims& dims);
-int64_t AttentionForwardPeakBytes(const Dims& dims);
-int64_t AttentionBackwardPeakBytes(const Dims& dims);
+// Its declared bytes: declared_bytes.h (they mirror the allocation order here).
 
 }  // namespace furnace::model

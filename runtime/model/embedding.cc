@@ -30,13 +30,4 @@ absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const Embed
   return ReleaseAll(ctx, {saved.tokens, saved.out});
 }
 
-std::vector<SavedTensorBytes> EmbeddingSavedTensors(const Dims& dims) {
-  return {{"embedding.tokens", I32Bytes(dims.N()), 0},
-          {"embedding.out", F32Bytes(int64_t{dims.N()} * dims.C), 0}};
-}
-
-int64_t EmbeddingSavedBytes(const Dims& dims) { return TotalBytes(EmbeddingSavedTensors(dims)); }
-int64_t EmbeddingForwardPeakBytes(const Dims& dims) { return EmbeddingSavedBytes(dims); }
-int64_t EmbeddingBackwardPeakBytes(const Dims&) { return 0; }
-
 }  // namespace furnace::model

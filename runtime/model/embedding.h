@@ -21,10 +21,6 @@ absl::StatusOr<EmbeddingSaved> EmbeddingForward(ModuleContext& ctx, const Dims& 
 absl::Status EmbeddingBackward(ModuleContext& ctx, const Dims& dims, const EmbeddingSaved& saved,
                                const float* dres, float* dwte, float* dwpe);
 
-// Its saved tensors in acquire order; EmbeddingSavedBytes is their total.
-std::vector<SavedTensorBytes> EmbeddingSavedTensors(const Dims& dims);
-int64_t EmbeddingSavedBytes(const Dims& dims);
-int64_t EmbeddingForwardPeakBytes(const Dims& dims);
-int64_t EmbeddingBackwardPeakBytes(const Dims& dims);
+// Its declared bytes: declared_bytes.h (they mirror the allocation order here).
 
 }  // namespace furnace::model

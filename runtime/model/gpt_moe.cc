@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/permute.h"
 #include "runtime/base/status.h"
 #include "runtime/device/current_stream.h"
 #include "runtime/model/attention_block.h"
@@ -59,14 +58,6 @@ class StashGuard {
 };
 
 }  // namespace
-
-MoeShape MoeShapeOf(const ModelConfig& c, const ModelShard& s) {
-  MoeShape m{c.experts, c.top_k, c.expert_ffn, c.capacity_factor, c.normalize_topk, c.aux_alpha};
-  m.local_E = s.local_experts(c);
-  m.local_f = s.local_expert_ffn(c);
-  m.adds_b2 = s.esp_rank == 0;
-  return m;
-}
 
 GptMoe::GptMoe(const ModelConfig& config, const device::Backend& ops, device::Device& device,
                tensor::DeviceArena& activations, const ModelShard& shard, ParallelGroups groups)
@@ -664,150 +655,35 @@ void GptMoe::AbandonMicroBatches() {
   stash_.ReleaseAll();
 }
 
-namespace {
-
-// The arena peak of one micro-batch through `modules` (forward order) on an empty arena: each
-// module's forward on top of the saved tensors of those before it, then the backward in reverse
-// beside the residual-stream gradient, each module releasing its saved tensors when done.
-int64_t ComposePeak(const std::vector<ModuleBytes>& modules, int64_t dres) {
-  int64_t live = 0, peak = 0;
-  for (const ModuleBytes& m : modules) {
-    peak = std::max(peak, live + m.forward_peak);
-    live += m.saved;
-  }
-  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-    peak = std::max(peak, live + dres + it->backward_peak);
-    live -= it->saved;  // a module releases its saved tensors at the end of its backward
-  }
-  return peak;
-}
-
-}  // namespace
-
-namespace {
-
-// The declared bytes of one micro-batch through `shard`'s modules in forward order (module.h):
-// the embedding on the first stage or the received activation elsewhere, per layer its attention
-// and its MoE block (at rows[i] for the i-th MoE layer; a missing entry repeats the last, none
-// given: dropless single-rank rows) or dense MLP, the head on the last stage. The one builder
-// behind the whole-model bytes, the per-rank memory model and the floor.
-std::vector<ModuleBytes> ModulesOf(const ModelConfig& config, const ModelShard& shard, int B,
-                                   const std::vector<MoeRows>& rows, memory::MemoryPolicy policy) {
-  const Dims dims{B, config.seq_len, config.d_model, config.heads, shard.tp};
-  const MoeShape moe = MoeShapeOf(config, shard);
-  const int F = shard.local_dense_ffn(config);
-  const int64_t NC = int64_t{dims.N()} * dims.C;
-  std::vector<ModuleBytes> modules;
-  if (shard.first_stage()) {
-    modules.push_back(DeclareModule(EmbeddingSavedTensors(dims), EmbeddingForwardPeakBytes(dims),
-                                    EmbeddingBackwardPeakBytes(dims), policy));
-  } else {
-    modules.push_back({F32Bytes(NC), F32Bytes(NC), 0});  // stage.input
-  }
-  size_t moe_index = 0;
-  for (int l = shard.first_layer; l < shard.end_layer(config); ++l) {
-    modules.push_back(DeclareModule(AttentionSavedTensors(dims), AttentionForwardPeakBytes(dims),
-                                    AttentionBackwardPeakBytes(dims), policy));
-    if (config.IsMoeLayer(l)) {
-      const MoeRows r = moe_index < rows.size() ? rows[moe_index]
-                        : rows.empty()          ? MoeRows::SingleRank(int64_t{dims.N()} * moe.k)
-                                                : rows.back();
-      ++moe_index;
-      modules.push_back(DeclareModule(MoeSavedTensors(dims, moe, r),
-                                      MoeForwardPeakBytes(dims, moe, r),
-                                      MoeBackwardPeakBytes(dims, moe, r), policy));
-    } else {
-      modules.push_back(DeclareModule(MlpSavedTensors(dims, F), MlpForwardPeakBytes(dims, F),
-                                      MlpBackwardPeakBytes(dims, F), policy));
-    }
-  }
-  if (shard.last_stage()) {
-    const int V = config.vocab;
-    modules.push_back(DeclareModule(HeadSavedTensors(dims, V), HeadForwardPeakBytes(dims, V),
-                                    HeadBackwardPeakBytes(dims, V), policy));
-  }
-  return modules;
-}
-
-}  // namespace
-
 int64_t GptMoe::ActivationBytesForRouting(int B,
                                           const std::vector<int64_t>& rows_per_moe_layer) const {
   std::vector<MoeRows> rows;
   for (int64_t S : rows_per_moe_layer) rows.push_back(MoeRows::SingleRank(S));
-  return ComposePeak(ModulesOf(config_, ModelShard{}, B, rows, policy_),
-                     F32Bytes(int64_t{B} * config_.seq_len * config_.d_model));
+  return ComposePeak(DeclaredModulesOf(config_, ModelShard{}, B, rows, policy_),
+                     ResidualGradBytes(config_, B));
 }
 
 std::vector<ModuleBytes> GptMoe::DeclaredModules(int B, const std::vector<MoeRows>& rows) const {
   // The policy's drops; adaptive and offload keep everything up front.
-  return ModulesOf(config_, shard_, B, rows, policy_);
+  return DeclaredModulesOf(config_, shard_, B, rows, policy_);
 }
 
 int64_t GptMoe::PredictPeakBytes(int B, const std::vector<MoeRows>& rows) const {
-  return ComposePeak(DeclaredModules(B, rows),
-                     F32Bytes(int64_t{B} * config_.seq_len * config_.d_model));
+  return ComposePeak(DeclaredModules(B, rows), ResidualGradBytes(config_, B));
+}
+
+MoeExchange GptMoe::Exchange() const {
+  // The MoE layers' schedule (the first layer's; auto gives every layer the same).
+  const std::vector<moe::Schedule> schedules = MoeSchedules();
+  return {schedules.empty() ? moe::Schedule::kDeepspeed : schedules.front(), groups_.esp_is_tp};
 }
 
 int64_t GptMoe::MinimumActivationBytes(int B) const {
-  const int64_t N = int64_t{B} * config_.seq_len, S = N * config_.top_k;
-  const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
-  const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
-  const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
-  // Balanced rows under the MoE layers' schedule (the first layer's; auto gives every layer the
-  // same): s1 routes this peer's N / tp tokens, s2 keeps 1 / tp of the rows it routes.
-  const std::vector<moe::Schedule> schedules = MoeSchedules();
-  const moe::Schedule schedule =
-      schedules.empty() || tp == 1 ? moe::Schedule::kDeepspeed : schedules.front();
-  // Sliced experts compute the rows they received (R = A), not their group's (R = esp A).
-  const int gather = moe::SlicedExperts(schedule, groups_.esp_is_tp, esp) ? 1 : esp;
-  MoeRows rows =
-      esp > 1 || ep > 1 ? MoeRows{S, S * gather, S * (1 + gather), true} : MoeRows::SingleRank(S);
-  if (schedule == moe::Schedule::kS1 && N % tp == 0) {
-    const int64_t s = S / tp;
-    rows = esp > 1 || ep > 1 ? MoeRows{s, s * esp, s * (1 + esp), true} : MoeRows::SingleRank(s);
-    rows.gated = N / tp;
-  } else if (schedule == moe::Schedule::kS2) {
-    const int64_t share = S / tp;  // received over ep: share; gathered over esp: esp * share
-    rows = MoeRows{S, share * esp, share + share * esp + S, true};
-  }
-  return LeastBytesAt(B, rows);
+  return model::MinimumActivationBytes(config_, shard_, B, Exchange());
 }
 
 std::optional<int64_t> GptMoe::RoutingBoundActivationBytes(int B) const {
-  const int esp = groups_.esp == nullptr ? 1 : groups_.esp->size();
-  const int ep = groups_.ep == nullptr ? 1 : groups_.ep->size();
-  const int tp = groups_.tp == nullptr ? 1 : groups_.tp->size();
-  if (ep == 1 && esp == 1) return MinimumActivationBytes(B);  // a rank's rows are at most N k
-  if (tp > 1) return std::nullopt;
-  const int64_t N = int64_t{B} * config_.seq_len, k = config_.top_k, E = config_.experts;
-  const int64_t El = MoeShapeOf(config_, shard_).El();
-  // S rows sent by this rank, A received over ep by its El experts, R = esp A gathered.
-  int64_t S = N * k, A = ep * N * std::min(k, El);
-  if (config_.capacity_factor > 0) {
-    // Each source rank sends each expert at most its capacity (of the source's N tokens, as
-    // its dispatch plan computes it: kernels/permute.h ExpertCapacity).
-    const int64_t c =
-        kernels::cpu::ExpertCapacity(config_.capacity_factor, config_.top_k, N, config_.experts);
-    S = std::min(S, E * c);
-    A = std::min(A, ep * El * c);
-  }
-  return std::max(MinimumActivationBytes(B),
-                  LeastBytesAt(B, MoeRows{S, A * esp, A + A * esp, true}));
-}
-
-int64_t GptMoe::LeastBytesAt(int B, const MoeRows& rows) const {
-  // Every tensor kept: a module's backward needs all of its own saved tensors back at once, and
-  // its input, the module before's output (the residual stream, which the forward reads and the
-  // backward's layer norm and rebuilds read), stays beside it in both directions.
-  const int64_t dres = F32Bytes(int64_t{B} * config_.seq_len * config_.d_model);
-  int64_t floor = 0;
-  int j = 0;
-  for (const ModuleBytes& m : ModulesOf(config_, shard_, B, {rows}, memory::MemoryPolicy::kNone)) {
-    const int64_t input = j++ == 0 ? 0 : dres;  // module 0 reads tokens or saves its stage input
-    floor = std::max({floor, input + m.forward_peak, input + m.saved + dres + m.backward_peak});
-  }
-  return floor;
+  return model::RoutingBoundActivationBytes(config_, shard_, B, Exchange());
 }
 
 int64_t GptMoe::InFlightBackwardRise() const {
@@ -828,8 +704,7 @@ void GptMoe::NotePrediction(ForwardState& s) {
   s.declared = DeclaredModules(s.B, s.rows);
   s.declared_saved = 0;
   for (const ModuleBytes& m : s.declared) s.declared_saved += m.saved;
-  s.declared_peak =
-      ComposePeak(s.declared, F32Bytes(int64_t{s.B} * config_.seq_len * config_.d_model));
+  s.declared_peak = ComposePeak(s.declared, ResidualGradBytes(config_, s.B));
   int64_t others = 0;
   for (const auto& [m, other] : in_flight_) others += other->declared_saved;
   predicted_peak_ = std::max(predicted_peak_, others + s.declared_peak);

@@ -382,8 +382,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Whether the emergency offload must leave `e` in the arena: pinned, or read by the running
   // module (ReadByModule).
   bool Protected(const StashEntrySummary& e) const;
-  // MinimumActivationBytes' sum for one micro-batch of B at `rows`.
-  int64_t LeastBytesAt(int B, const MoeRows& rows) const;
+  // This rank's MoE exchange (its layers' schedule, its ESP group) for the declared floors.
+  MoeExchange Exchange() const;
   // Whether module `module`, running (forward or backward), reads a tensor tagged `tag` that module
   // j saved in the same micro-batch.
   static bool ReadByModule(int j, std::string_view tag, int module);
@@ -479,8 +479,5 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   memory::CopyEngine* engine_ = nullptr;
   std::optional<memory::Codec> compress_;
 };
-
-// The MoE layers' shape on `shard` (its local experts and expert width).
-MoeShape MoeShapeOf(const ModelConfig& config, const ModelShard& shard);
 
 }  // namespace furnace::model

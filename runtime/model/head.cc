@@ -78,33 +78,4 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
   return ReleaseAll(ctx, {s.targets, s.ln_out, s.ln_mean, s.ln_rstd, s.probs});
 }
 
-std::vector<SavedTensorBytes> HeadSavedTensors(const Dims& d, int V) {
-  std::vector<SavedTensorBytes> saved = {{"head.targets", I32Bytes(d.N()), 0}};
-  for (const SavedTensorBytes& s : NormSaved(d, "lnf.out", "lnf.mean", "lnf.rstd")) {
-    saved.push_back(s);
-  }
-  saved.push_back({"head.probs", F32Bytes(int64_t{d.N()} * V), 0});
-  return saved;
-}
-
-int64_t HeadSavedBytes(const Dims& d, int V) { return TotalBytes(HeadSavedTensors(d, V)); }
-
-int64_t HeadForwardPeakBytes(const Dims& d, int V) {
-  const int64_t N = d.N(), NC = N * d.C, NV = N * V;
-  BytesTimeline t;
-  t.Alloc(I32Bytes(N));                     // targets
-  t.Alloc(F32Bytes(NC) + 2 * F32Bytes(N));  // lnf out, mean, rstd
-  t.Alloc(F32Bytes(int64_t{d.C} * V));      // wte^T
-  t.Alloc(F32Bytes(NV));                    // logits
-  t.Free(F32Bytes(int64_t{d.C} * V));       // wte^T
-  t.Alloc(F32Bytes(NV));                    // probs
-  t.Alloc(F32Bytes(N));                     // losses
-  return t.peak();
-}
-
-int64_t HeadBackwardPeakBytes(const Dims& d, int V) {
-  const int64_t N = d.N();
-  return F32Bytes(N * V) + F32Bytes(N * d.C);  // dlogits + lnf.dout
-}
-
 }  // namespace furnace::model

@@ -29,10 +29,6 @@ absl::Status HeadBackward(ModuleContext& ctx, const Dims& dims, int V, const flo
                           const float* lnf_w, float* dwte, float* dlnf_w, float* dlnf_b,
                           const HeadSaved& saved, StashHandle x_in, double ce_scale, float* dres);
 
-// Its saved tensors in acquire order; HeadSavedBytes is their total.
-std::vector<SavedTensorBytes> HeadSavedTensors(const Dims& dims, int V);
-int64_t HeadSavedBytes(const Dims& dims, int V);
-int64_t HeadForwardPeakBytes(const Dims& dims, int V);
-int64_t HeadBackwardPeakBytes(const Dims& dims, int V);
+// Its declared bytes: declared_bytes.h (they mirror the allocation order here).
 
 }  // namespace furnace::model

@@ -83,27 +83,4 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
   return ReleaseAll(ctx, {s.ln_out, s.ln_mean, s.ln_rstd, s.pre, s.hidden, s.out});
 }
 
-std::vector<SavedTensorBytes> MlpSavedTensors(const Dims& d, int F) {
-  const int64_t NC = int64_t{d.N()} * d.C, NF = int64_t{d.N()} * F;
-  std::vector<SavedTensorBytes> saved = NormSaved(d, "ln2.out", "ln2.mean", "ln2.rstd");
-  saved.push_back({"mlp.pre", F32Bytes(NF), 0});
-  saved.push_back({"mlp.hidden", F32Bytes(NF), 0});  // rebuilt from mlp.pre, no scratch
-  saved.push_back({"mlp.residual", F32Bytes(NC), 0});
-  return saved;
-}
-
-int64_t MlpSavedBytes(const Dims& d, int F) { return TotalBytes(MlpSavedTensors(d, F)); }
-
-int64_t MlpForwardPeakBytes(const Dims& d, int F) { return MlpSavedBytes(d, F); }
-
-int64_t MlpBackwardPeakBytes(const Dims& d, int F) {
-  const int64_t NC = int64_t{d.N()} * d.C, NF = int64_t{d.N()} * F;
-  BytesTimeline t;
-  t.Alloc(F32Bytes(NF));  // dhidden
-  t.Alloc(F32Bytes(NF));  // dpre
-  t.Free(F32Bytes(NF));   // dhidden
-  t.Alloc(F32Bytes(NC));  // ln2.dout
-  return t.peak();
-}
-
 }  // namespace furnace::model

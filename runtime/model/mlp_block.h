@@ -27,10 +27,6 @@ absl::Status MlpBlockBackward(ModuleContext& ctx, const Dims& dims, int F, const
                               const float* params, float* grads, const MlpSaved& saved,
                               StashHandle x_in, float* dres);
 
-// Its saved tensors in acquire order; MlpSavedBytes is their total.
-std::vector<SavedTensorBytes> MlpSavedTensors(const Dims& dims, int F);
-int64_t MlpSavedBytes(const Dims& dims, int F);
-int64_t MlpForwardPeakBytes(const Dims& dims, int F);
-int64_t MlpBackwardPeakBytes(const Dims& dims, int F);
+// Its declared bytes: declared_bytes.h (they mirror the allocation order here).
 
 }  // namespace furnace::model

@@ -119,37 +119,6 @@ absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
   return s;
 }
 
-std::vector<SavedTensorBytes> NormSaved(const Dims& d, std::string_view out_tag,
-                                        std::string_view mean_tag, std::string_view rstd_tag) {
-  const int64_t N = d.N();
-  return {{out_tag, F32Bytes(N * d.C), 2 * F32Bytes(N)},
-          {mean_tag, F32Bytes(N), 0},
-          {rstd_tag, F32Bytes(N), 0}};
-}
-
-int64_t TotalBytes(const std::vector<SavedTensorBytes>& saved) {
-  int64_t total = 0;
-  for (const SavedTensorBytes& s : saved) total += s.bytes;
-  return total;
-}
-
-ModuleBytes DeclareModule(const std::vector<SavedTensorBytes>& saved, int64_t forward_peak,
-                          int64_t backward_scratch_peak, memory::MemoryPolicy policy) {
-  ModuleBytes m;
-  m.forward_peak = forward_peak;
-  BytesTimeline rebuilt;  // the acquire phase of the backward
-  for (const SavedTensorBytes& s : saved) {
-    if (memory::StaticSaveAction(policy, s.tag) == memory::SaveAction::kKeep) {
-      m.saved += s.bytes;
-    } else {
-      rebuilt.Alloc(s.bytes + s.rebuild_scratch);
-      rebuilt.Free(s.rebuild_scratch);
-    }
-  }
-  m.backward_peak = std::max(rebuilt.peak(), rebuilt.current() + backward_scratch_peak);
-  return m;
-}
-
 absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias, const float* x,
                                int64_t N, int C) {
   if (ctx.tp_size() > 1) RETURN_IF_ERROR(ctx.groups.tp->AllReduce(out, N * C));

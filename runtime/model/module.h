@@ -11,7 +11,9 @@
 //             during its backward).
 // Each module declares its bytes with functions mirroring its allocation order exactly: its saved
 // tensors in acquire order (with each one's rebuild scratch), forward peak (own saved + scratch,
-// from entry) and backward peak (scratch only). DeclareModule composes them under a memory policy.
+// from entry) and backward peak (scratch only). They live in declared_bytes.h (pure, so `furnace
+// plan` uses them too), with the dims and rows they take; DeclareModule composes them under a
+// memory policy.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device/backend.h"
 #include "runtime/memory/policy.h"
+#include "runtime/model/declared_bytes.h"
 #include "runtime/model/stash.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/transfer.h"
@@ -32,14 +35,6 @@ class ExchangeCounters;
 }  // namespace furnace::moe
 
 namespace furnace::model {
-
-// tp: the tensor-parallel degree; attention holds NH / tp heads of width C / NH each.
-struct Dims {
-  int B = 0, T = 0, C = 0, NH = 0, tp = 1;
-  int N() const { return B * T; }
-  int local_C() const { return C / tp; }
-  int local_NH() const { return NH / tp; }
-};
 
 // The groups a module talks to; nullptr (or a group of one) where the layout does not split it.
 //   tp:  the tensor-parallel group (attention and dense MLP: all-reduce of row-parallel outputs
@@ -52,20 +47,6 @@ struct ParallelGroups {
   // The ESP group is the TP group (topology::Topology::EspGroupIsTpGroup): under the deepspeed
   // schedule the experts are then sliced the DeepSpeed-MoE way (runtime/moe/schedule.h).
   bool esp_is_tp = false;
-};
-
-// The rows of one MoE layer on this rank, what its declared bytes depend on:
-//   S: the assignments kept after capacity that this rank routed (N * k when dropless);
-//   R: the rows its experts process (= S on one rank; under EP / ESP what the exchange brought);
-//   X: the dispatch scratch rows (moe::ExpertDispatcher::ScratchRows; 0 on one rank);
-//   distributed: whether the rows cross ranks (then the routed input and the expert output are
-//   scratch beside the saved buffers, moe_block.h).
-//   gated: the tokens this rank gates (N, or N / tp under the s1 schedule; 0: N).
-struct MoeRows {
-  int64_t S = 0, R = 0, X = 0;
-  bool distributed = false;
-  int64_t gated = 0;
-  static MoeRows SingleRank(int64_t S) { return {S, S, 0, false}; }
 };
 
 // Where a memory planner hooks into the modules (GptMoe's adaptive policy implements it).
@@ -112,47 +93,7 @@ absl::Status RowParallelFinish(ModuleContext& ctx, float* out, const float* bias
 // Column-parallel input gradient: din (N, C) partial over the TP group -> summed in place.
 absl::Status ColumnParallelInputGrad(ModuleContext& ctx, float* din, int64_t n);
 
-// Replays a module's allocations by size only, for the declared-bytes functions.
-class BytesTimeline {
- public:
-  void Alloc(int64_t bytes) {
-    current_ += bytes;
-    if (current_ > peak_) peak_ = current_;
-  }
-  void Free(int64_t bytes) { current_ -= bytes; }
-  int64_t current() const { return current_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  int64_t current_ = 0;
-  int64_t peak_ = 0;
-};
-
-// One saved tensor as its module declares it, in the order its backward acquires it: its tag
-// (memory::TensorTag of its producer), its bytes, and the scratch its rebuild holds together with
-// the rebuilt tensor (0 where it has no rebuild; only tags with a rebuild may be dropped).
-struct SavedTensorBytes {
-  std::string_view tag;
-  int64_t bytes = 0;
-  int64_t rebuild_scratch = 0;
-};
-int64_t TotalBytes(const std::vector<SavedTensorBytes>& saved);
-
-// A module's declared bytes under a memory policy:
-//   saved:         what stays in the stash after its forward (the kept tensors);
-//   forward_peak:  from its entry, during its forward (drops come after it);
-//   backward_peak: from its entry, during its backward: the dropped tensors rebuilt in acquire
-//                  order (each with its scratch), then the backward scratch on top of them.
-struct ModuleBytes {
-  int64_t saved = 0, forward_peak = 0, backward_peak = 0;
-};
-ModuleBytes DeclareModule(const std::vector<SavedTensorBytes>& saved, int64_t forward_peak,
-                          int64_t backward_scratch_peak, memory::MemoryPolicy policy);
-
 inline constexpr float kLayerNormEps = 1e-5f;  // MODEL.md: every LayerNorm
-
-constexpr int64_t F32Bytes(int64_t n) { return 4 * n; }
-constexpr int64_t I32Bytes(int64_t n) { return 4 * n; }
 
 // Arena scratch of n floats / int32s; `zero` fills it with 0 (backward accumulators), enqueued on
 // the current stream.
@@ -185,11 +126,6 @@ struct SavedNorm {
 absl::StatusOr<SavedNorm> NormForward(ModuleContext& ctx, const Dims& dims,
                                       const std::string& prefix, int layer, StashHandle x_in,
                                       const float* w, const float* b);
-// The declared saved tensors of NormForward, in acquire order (out, mean, rstd), under the tags
-// given (literals such as "ln2.out").
-std::vector<SavedTensorBytes> NormSaved(const Dims& dims, std::string_view out_tag,
-                                        std::string_view mean_tag, std::string_view rstd_tag);
-
 // Releases every valid handle in `handles` (a module's own saved tensors).
 absl::Status ReleaseAll(ModuleContext& ctx, const std::vector<StashHandle>& handles);
 

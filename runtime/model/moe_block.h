@@ -40,22 +40,6 @@
 
 namespace furnace::model {
 
-struct MoeShape {
-  int E = 0, k = 0, f = 0;
-  double capacity_factor = 0;
-  bool normalize = true;
-  double alpha = 0;
-  // The experts this rank holds (E / ep of them, each with f / esp hidden columns) and whether it
-  // adds the output bias b2 (one ESP rank does: the partial outputs are summed over the group).
-  int local_E = 0, local_f = 0;
-  bool adds_b2 = true;
-  // How the layer talks to its groups (runtime/moe/schedule.h); every schedule computes the same
-  // outputs and gradients.
-  moe::Schedule schedule = moe::Schedule::kDeepspeed;
-  int El() const { return local_E > 0 ? local_E : E; }
-  int fl() const { return local_f > 0 ? local_f : f; }
-};
-
 // Everything that shapes the router's output. Forward and the router-probs rebuild both call
 // RouterForward with it (the rebuild captures it whole), so a rebuild routes exactly as forward
 // did; an input that modifies routing belongs here.
@@ -109,20 +93,6 @@ absl::Status MoeBlockBackward(ModuleContext& ctx, const Dims& dims, const MoeSha
                               const MoeSaved& saved, StashHandle x_in, double aux_scale,
                               float* dres);
 
-// The saved tensors in acquire order, with their rebuild scratch; MoeSavedBytes is their total.
-// The peaks mirror MoeBlockForward's and MoeBlockBackward's allocation order exactly.
-std::vector<SavedTensorBytes> MoeSavedTensors(const Dims& dims, const MoeShape& m,
-                                              const MoeRows& rows);
-int64_t MoeSavedBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
-int64_t MoeForwardPeakBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
-int64_t MoeBackwardPeakBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
-// The forward seen from the point where the expert buffers are about to be allocated (after the
-// token counts are known, where the adaptive planner decides): the bytes the block holds then
-// (its norm, router and top-k tensors) and how far its forward rises above that.
-struct MoeExpertPoint {
-  int64_t level = 0;      // live at the point, from the block's entry
-  int64_t rest_peak = 0;  // above `level`, for the rest of the forward
-};
-MoeExpertPoint MoeExpertPointBytes(const Dims& dims, const MoeShape& m, const MoeRows& rows);
+// Its declared bytes: declared_bytes.h (they mirror the allocation order here).
 
 }  // namespace furnace::model

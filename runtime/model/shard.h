@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "runtime/model/config.h"
+#include "runtime/topology/topology.h"
 
 namespace furnace::model {
 
@@ -38,5 +39,8 @@ struct ModelShard {
   int local_width(const ModelConfig& c) const { return c.d_model / tp; }
   int local_dense_ffn(const ModelConfig& c) const { return c.dense_width() / tp; }
 };
+
+// The shard of `rank` of `topology`: its stage's layers, TP / EP / ESP slices, DP / EDP ranks.
+ModelShard ShardOf(const topology::Topology& topology, int rank, const ModelConfig& config);
 
 }  // namespace furnace::model

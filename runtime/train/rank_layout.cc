@@ -22,26 +22,6 @@ topology::ModelDims DimsOf(const model::ModelConfig& c) {
   return d;
 }
 
-model::ModelShard ShardOf(const topology::Topology& topo, int rank, const model::ModelConfig& c) {
-  const topology::ParallelSizes& z = topo.sizes();
-  const topology::Coords co = topo.CoordsOf(rank);
-  model::ModelShard s;
-  s.stage = co.pp;
-  s.stages = z.pp;
-  const auto [first, last] = topology::Topology::StageLayers(co.pp, z.pp, c.layers);
-  s.first_layer = first;
-  s.last_layer = last;
-  s.tp = z.tp;
-  s.tp_rank = co.tp;
-  s.ep = z.ep;
-  s.ep_rank = co.ep;
-  s.esp = z.esp;
-  s.esp_rank = co.esp;
-  s.dp_rank = co.dp;
-  s.edp_rank = co.edp;
-  return s;
-}
-
 absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topology& topo,
                                                             int rank,
                                                             const model::ModelConfig& config,
@@ -49,7 +29,7 @@ absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topo
   auto layout = std::make_unique<RankLayout>();
   layout->rank = rank;
   layout->coords = topo.CoordsOf(rank);
-  layout->shard = ShardOf(topo, rank, config);
+  layout->shard = model::ShardOf(topo, rank, config);
   layout->esp_is_tp = topo.EspGroupIsTpGroup();
 
   auto make =

@@ -41,10 +41,6 @@ struct RankLayout {
   model::ParallelGroups model_groups() const { return {tp.get(), ep.get(), esp.get(), esp_is_tp}; }
 };
 
-// The shard of `rank`: its stage's layers, TP / EP / ESP slices, DP / EDP ranks.
-model::ModelShard ShardOf(const topology::Topology& topology, int rank,
-                          const model::ModelConfig& config);
-
 absl::StatusOr<std::unique_ptr<RankLayout>> BuildRankLayout(const topology::Topology& topology,
                                                             int rank,
                                                             const model::ModelConfig& config,

@@ -50,12 +50,15 @@ RULES = [
      "controller/ never links the training runtime; it may use runtime/base"),
     ("controller/cli", "runtime*",
      "runtime/base|runtime/data|runtime/checkpoint|runtime/trainable|runtime/moe|runtime/model|"
-     "runtime/topology",
+     "runtime/topology|runtime/memory",
      "the CLI may also use runtime/data and runtime/checkpoint (with the ParamInfo of "
      "runtime/trainable), runtime/moe for the schedules' op lists and cost model (pure: "
      "furnace_moe_schedule links no communicator), runtime/topology for the layout's groups (a "
-     "pure function of the sizes), and runtime/model for text generation (plain loops: "
-     "furnace_kv_decoder, furnace_generate), not the training runtime"),
+     "pure function of the sizes), runtime/model for text generation (plain loops: "
+     "furnace_kv_decoder, furnace_generate) and for what a rank holds (furnace_model_bytes: "
+     "the shard, the parameter layout and the declared activation bytes, pure arithmetic), and "
+     "runtime/memory for the static policies those bytes apply (furnace_memory_policy, pure), "
+     "not the training runtime"),
 ]
 
 # Targets a component may not link although RULES allow the target's folder: (from, target, why).
@@ -64,8 +67,12 @@ TARGET_RULES = [
      "the CLI uses runtime/moe only through furnace_moe_schedule (pure); furnace_moe links the "
      "communicators"),
     ("controller/cli", "furnace_model",
-     "the CLI uses runtime/model only through furnace_model_config, furnace_kv_decoder and "
-     "furnace_generate (no kernels); furnace_model is the training model on the kernels"),
+     "the CLI uses runtime/model only through furnace_model_config, furnace_model_bytes, "
+     "furnace_kv_decoder and furnace_generate (no kernels); furnace_model is the training model "
+     "on the kernels"),
+    ("controller/cli", "furnace_memory",
+     "the CLI uses runtime/memory only through furnace_memory_policy (pure); furnace_memory "
+     "links the device, the copy engine and the planner"),
 ]
 
 # Headers and CMake targets outside the project that the rules name.

@@ -48,7 +48,7 @@ TEST_P(ShardLayoutTest, ShardsTileTheModel) {
     owned[p.name].assign(p.numel(), 0);
   }
   for (int rank = 0; rank < sizes.world(); ++rank) {
-    const ModelShard shard = train::ShardOf(*topo, rank, c);
+    const ModelShard shard = model::ShardOf(*topo, rank, c);
     auto part = GptMoe::Create(c, 5, *cpu, arena, shard);
     ASSERT_TRUE(part.ok()) << part.status();
     for (const train::ParamInfo& p : (*part)->params()) {

@@ -1,0 +1,53 @@
+// The model a train job's spec describes, as its ranks build it (worker/train_rank.cc reads the
+// same fields), and what each rank of its layout holds: `furnace plan`'s memory section and
+// `furnace sample`'s model. Pure arithmetic on the spec (runtime/model's furnace_model_bytes: the
+// shard, the parameter layout and the declared activation bytes the model checks its arena
+// against); no kernels and no device.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "furnace/v1/job.pb.h"
+#include "runtime/model/config.h"
+#include "runtime/moe/schedule.h"
+#include "runtime/topology/topology.h"
+
+namespace furnace::cli {
+
+// The model of a spec's `model:` and `moe:` sections (routing spikes aside: they change no shape).
+model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe);
+
+// The activation bytes of one micro-batch (balanced dropless routing) under a static policy,
+// alone and with as many micro-batches in flight as the 1F1B schedule holds on the stage.
+struct PolicyActivationBytes {
+  std::string policy;  // none, selective, full_recompute
+  int64_t one = 0;
+  int64_t in_flight = 0;
+};
+
+// What every rank of one pipeline stage holds (their shards differ in which slice, not in size).
+struct StageMemory {
+  int stage = 0;
+  int first_layer = 0, end_layer = 0;  // [first, end)
+  int ranks = 0;                       // ranks of the job on this stage
+  int64_t parameters = 0;              // parameters one rank of the stage holds
+  // fp32 weights, gradients and the two AdamW moments (16 bytes a parameter), outside the arena.
+  int64_t model_state_bytes = 0;
+  int64_t bf16_mirror_bytes = 0;  // model.precision bf16: the GEMMs' bf16 copy of the weights
+  int micro_batches_in_flight = 1;  // min(pp - stage, parallel.micro_batches)
+  std::vector<PolicyActivationBytes> policies;
+  // The least any policy needs for one micro-batch (a memory.device_budget below it is refused
+  // by the ranks) and the bytes that leave room for any routing (nullopt: not computed, tp > 1).
+  int64_t least_activation_bytes = 0;
+  std::optional<int64_t> any_routing_bytes;
+};
+
+// One entry per pipeline stage. `schedule`: the MoE layers' schedule the ranks run (for auto, the
+// one the cost model picks); `topology` the spec's layout (validated).
+std::vector<StageMemory> PlanMemory(const v1::JobSpec& spec, const topology::Topology& topology,
+                                    moe::Schedule schedule);
+
+}  // namespace furnace::cli

@@ -1,0 +1,177 @@
+// furnace plan's memory section against the model itself: the parameters each stage's ranks hold
+// and the activation bytes of one micro-batch under each static policy are what a GptMoe of that
+// shard allocates and what its arena peaks at (the CPU device, dropless routing: every rank's
+// rows are N k, the balanced rows the plan assumes).
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "controller/cli/commands.h"
+#include "controller/cli/job_model.h"
+#include "controller/spec/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/device/device.h"
+#include "runtime/memory/policy.h"
+#include "runtime/model/gpt_moe.h"
+#include "runtime/model/shard.h"
+#include "runtime/tensor/arena.h"
+#include "tests/testing/test_dir.h"
+
+namespace furnace::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::TestDir;
+
+std::string Job(const std::string& parallel, const std::string& memory = "") {
+  return R"(name: planmem
+kind: train
+model: {vocab: 50, seq_len: 16, d_model: 32, heads: 4, layers: 4, moe_every: 2, dense_ffn: 48,
+        expert_ffn: 40}
+moe: {experts: 4, top_k: 2, capacity_factor: 0}
+parallel: )" + parallel +
+         "\ndata: {source: markov}\n" + memory;
+}
+
+v1::JobSpec Spec(const std::string& yaml) {
+  absl::StatusOr<v1::JobSpec> spec = spec::ParseJobYaml(yaml, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec{};
+}
+
+topology::Topology TopologyOf(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  topology::ParallelSizes sizes{.pp = static_cast<int>(std::max(1u, p.pp())),
+                                .dp = static_cast<int>(std::max(1u, p.dp())),
+                                .tp = static_cast<int>(std::max(1u, p.tp())),
+                                .ep = static_cast<int>(std::max(1u, p.ep())),
+                                .esp = static_cast<int>(std::max(1u, p.esp()))};
+  absl::StatusOr<topology::Topology> t = topology::Topology::Create(sizes, sizes.world());
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+TEST(PlanMemoryTest, OneMicroBatchIsTheArenaPeakOfTheModelUnderEveryStaticPolicy) {
+  const v1::JobSpec spec = Spec(Job("{dp: 2, micro_batch: 3}"));
+  const std::vector<StageMemory> stages =
+      PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed);
+  ASSERT_EQ(stages.size(), 1u);
+  const StageMemory& s = stages[0];
+  EXPECT_EQ(s.ranks, 2);
+  EXPECT_EQ(s.micro_batches_in_flight, 1);
+  ASSERT_EQ(s.policies.size(), 3u);
+
+  const model::ModelConfig config = ModelConfigOf(spec.model(), spec.moe());
+  std::unique_ptr<device::Device> device = device::CreateCpuDevice();
+  const int B = 3, N = B * config.seq_len;
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int i = 0; i < N; ++i) {
+    tokens[i] = (7 * i + 3) % config.vocab;
+    targets[i] = (5 * i + 1) % config.vocab;
+  }
+  for (const PolicyActivationBytes& declared : s.policies) {
+    tensor::DeviceArena arena(*device, 0);
+    absl::StatusOr<std::unique_ptr<model::GptMoe>> m =
+        model::GptMoe::Create(config, 5, *device, arena);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->num_params(), s.parameters);
+    absl::StatusOr<memory::MemoryPolicy> policy = memory::ParseMemoryPolicy(declared.policy);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    ASSERT_TRUE((*m)->SetMemoryPolicy(*policy).ok());
+    absl::StatusOr<train::MicroBatchResult> r =
+        (*m)->ForwardBackward(tokens.data(), targets.data(), B, 1.0 / N, 1.0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(static_cast<int64_t>(arena.peak_bytes()), declared.one) << declared.policy;
+    EXPECT_EQ(declared.in_flight, declared.one);
+  }
+  EXPECT_GT(s.policies[0].one, s.policies[1].one);  // none > selective > full_recompute
+  EXPECT_GT(s.policies[1].one, s.policies[2].one);
+  EXPECT_LE(s.least_activation_bytes, s.policies[2].one);
+  ASSERT_TRUE(s.any_routing_bytes.has_value());  // one rank's rows: at most N k, the floor's
+  EXPECT_EQ(*s.any_routing_bytes, s.least_activation_bytes);
+}
+
+TEST(PlanMemoryTest, EachStageHoldsItsShardsParametersAndOneFOneBsMicroBatches) {
+  const v1::JobSpec spec = Spec(Job("{pp: 2, dp: 2, ep: 2, micro_batch: 2, micro_batches: 4}"));
+  const topology::Topology topology = TopologyOf(spec);
+  const std::vector<StageMemory> stages = PlanMemory(spec, topology, moe::Schedule::kDeepspeed);
+  ASSERT_EQ(stages.size(), 2u);
+  const model::ModelConfig config = ModelConfigOf(spec.model(), spec.moe());
+  std::unique_ptr<device::Device> device = device::CreateCpuDevice();
+  for (int rank = 0; rank < topology.world_size(); ++rank) {
+    const model::ModelShard shard = model::ShardOf(topology, rank, config);
+    tensor::DeviceArena arena(*device, 0);
+    absl::StatusOr<std::unique_ptr<model::GptMoe>> m =
+        model::GptMoe::Create(config, 5, *device, arena, shard);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->num_params(), stages[shard.stage].parameters) << "rank " << rank;
+    EXPECT_EQ(stages[shard.stage].model_state_bytes, 16 * (*m)->num_params());
+  }
+  EXPECT_EQ(stages[0].first_layer, 0);
+  EXPECT_EQ(stages[0].end_layer, 2);
+  EXPECT_EQ(stages[1].end_layer, 4);
+  EXPECT_EQ(stages[0].ranks, 2);  // 4 ranks: pp 2 x dp 2 (ep splits the dp ranks' experts)
+  // 1F1B: stage 0 holds pp - 0 = 2 micro-batches at once, the last stage one.
+  EXPECT_EQ(stages[0].micro_batches_in_flight, 2);
+  EXPECT_EQ(stages[1].micro_batches_in_flight, 1);
+  for (const PolicyActivationBytes& b : stages[0].policies) EXPECT_GT(b.in_flight, b.one);
+  for (const PolicyActivationBytes& b : stages[1].policies) EXPECT_EQ(b.in_flight, b.one);
+  // Expert parallelism: routing can send a rank more rows than balanced.
+  ASSERT_TRUE(stages[0].any_routing_bytes.has_value());
+  EXPECT_GT(*stages[0].any_routing_bytes, stages[0].least_activation_bytes);
+}
+
+class PlanMemoryTextTest : public ::testing::Test {
+ protected:
+  std::string Plan(const std::string& yaml, bool json = false) {
+    std::ofstream(job_, std::ios::binary) << yaml;
+    std::ostringstream out, err;
+    CommandContext ctx;
+    ctx.out = &out;
+    ctx.err = &err;
+    ctx.json = json;
+    absl::StatusOr<int> code = RunPlan(ctx, job_, {});
+    EXPECT_TRUE(code.ok()) << code.status();
+    return out.str();
+  }
+  int64_t Least(const std::string& yaml) {
+    const v1::JobSpec spec = Spec(yaml);
+    return PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed)[0].least_activation_bytes;
+  }
+
+  TestDir dir_;
+  std::string job_ = dir_ / "job.yaml";
+};
+
+TEST_F(PlanMemoryTextTest, TheJobsBudgetIsWeighedAgainstEveryStage) {
+  const std::string layout = "{dp: 2, ep: 2, micro_batch: 2}";
+  const std::string plain = Plan(Job(layout));
+  EXPECT_THAT(plain, HasSubstr("memory per rank (micro-batches of 2 x 16 tokens"));
+  EXPECT_THAT(plain, HasSubstr("stage 0 (layers 0-3, 2 ranks): "));
+  EXPECT_THAT(plain, HasSubstr("activations, one micro-batch: none "));
+  EXPECT_THAT(plain, HasSubstr("policy none, device_budget none (the device's memory)"));
+
+  const int64_t least = Least(Job(layout));
+  const std::string below = Plan(Job(
+      layout, "memory: {policy: adaptive, device_budget: " + std::to_string(least - 1) + "}\n"));
+  EXPECT_THAT(below, HasSubstr("its ranks refuse the job before the first step"));
+  const std::string balanced = Plan(
+      Job(layout, "memory: {policy: adaptive, device_budget: " + std::to_string(least) + "}\n"));
+  EXPECT_THAT(balanced, HasSubstr("covers balanced routing; a step routed far from balance"));
+  const std::string none_short = Plan(
+      Job(layout, "memory: {policy: none, device_budget: " + std::to_string(least) + "}\n"));
+  EXPECT_THAT(none_short, HasSubstr("policy none needs "));
+  EXPECT_THAT(none_short, HasSubstr("restarts the job under adaptive"));
+  const std::string roomy = Plan(Job(layout, "memory: {policy: none, device_budget: 1GiB}\n"));
+  EXPECT_THAT(roomy, HasSubstr(": leaves room for any routing\n"));
+
+  const std::string json = Plan(Job(layout), true);
+  EXPECT_THAT(json, HasSubstr("\"memory\": ["));
+  EXPECT_THAT(json, HasSubstr("\"least_activation_bytes\": " + std::to_string(least)));
+}
+
+}  // namespace
+}  // namespace furnace::cli
