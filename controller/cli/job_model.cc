@@ -32,7 +32,8 @@ std::vector<StageMemory> PlanMemory(const v1::JobSpec& spec, const topology::Top
   using memory::MemoryPolicy;
   const model::ModelConfig config = ModelConfigOf(spec.model(), spec.moe());
   const int B = static_cast<int>(std::max<uint32_t>(1, spec.parallel().micro_batch()));
-  const int micro_batches = static_cast<int>(std::max<uint32_t>(1, spec.parallel().micro_batches()));
+  const int micro_batches =
+      static_cast<int>(std::max<uint32_t>(1, spec.parallel().micro_batches()));
   const model::MoeExchange exchange{schedule, topology.EspGroupIsTpGroup()};
   const bool bf16 = spec.model().precision() == "bf16";
   const int stages = topology.sizes().pp;

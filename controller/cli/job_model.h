@@ -36,7 +36,7 @@ struct StageMemory {
   int64_t parameters = 0;              // parameters one rank of the stage holds
   // fp32 weights, gradients and the two AdamW moments (16 bytes a parameter), outside the arena.
   int64_t model_state_bytes = 0;
-  int64_t bf16_mirror_bytes = 0;  // model.precision bf16: the GEMMs' bf16 copy of the weights
+  int64_t bf16_mirror_bytes = 0;    // model.precision bf16: the GEMMs' bf16 copy of the weights
   int micro_batches_in_flight = 1;  // min(pp - stage, parallel.micro_batches)
   std::vector<PolicyActivationBytes> policies;
   // The least any policy needs for one micro-batch (a memory.device_budget below it is refused

@@ -32,8 +32,8 @@ kind: train
 model: {vocab: 50, seq_len: 16, d_model: 32, heads: 4, layers: 4, moe_every: 2, dense_ffn: 48,
         expert_ffn: 40}
 moe: {experts: 4, top_k: 2, capacity_factor: 0}
-parallel: )" + parallel +
-         "\ndata: {source: markov}\n" + memory;
+parallel: )" +
+         parallel + "\ndata: {source: markov}\n" + memory;
 }
 
 v1::JobSpec Spec(const std::string& yaml) {
@@ -161,8 +161,8 @@ TEST_F(PlanMemoryTextTest, TheJobsBudgetIsWeighedAgainstEveryStage) {
   const std::string balanced = Plan(
       Job(layout, "memory: {policy: adaptive, device_budget: " + std::to_string(least) + "}\n"));
   EXPECT_THAT(balanced, HasSubstr("covers balanced routing; a step routed far from balance"));
-  const std::string none_short = Plan(
-      Job(layout, "memory: {policy: none, device_budget: " + std::to_string(least) + "}\n"));
+  const std::string none_short =
+      Plan(Job(layout, "memory: {policy: none, device_budget: " + std::to_string(least) + "}\n"));
   EXPECT_THAT(none_short, HasSubstr("policy none needs "));
   EXPECT_THAT(none_short, HasSubstr("restarts the job under adaptive"));
   const std::string roomy = Plan(Job(layout, "memory: {policy: none, device_budget: 1GiB}\n"));
