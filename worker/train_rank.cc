@@ -203,6 +203,13 @@ void ConfigureAutoInterval(const furnace::v1::RankTask& task, train::CheckpointC
                               : std::string("not measured yet"));
 }
 
+// The CPUs this process may run on (its affinity mask; 1 when it cannot be read).
+int AllowedCpus() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? std::max(1, CPU_COUNT(&cpus)) : 1;
+}
+
 // The machine's SGEMM peak for MFU, measured once per machine (train::MachinePeakFlops) and kept
 // in the user's cache directory ($XDG_CACHE_HOME/furnace, else ~/.cache/furnace), keyed by the
 // host and the CPUs this process may run on: measuring costs seconds of start-up (three 2048^3
@@ -221,9 +228,7 @@ double PeakFlops(bool* cached, std::string* where) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
   // Another CPU allowance (a container's cpuset, a resized VM) is another machine for this.
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  const int allowed = AllowedCpus();
   absl::StatusOr<double> peak = train::MachinePeakFlops(
       dir, absl::StrCat(host, ".", allowed, "cpu"), [] { return train::MeasureSgemmPeakFlops(); },
       cached);
@@ -233,6 +238,13 @@ double PeakFlops(bool* cached, std::string* where) {
   }
   *where = dir;
   return *peak;
+}
+
+// The share of one CPU a one-thread rank gets when `ranks_on_host` ranks share this host's CPUs
+// (1 when they do not outnumber them; 0: not known, 1).
+double CpuShare(uint32_t ranks_on_host) {
+  if (ranks_on_host <= 1) return 1;
+  return std::min(1.0, static_cast<double>(AllowedCpus()) / ranks_on_host);
 }
 
 int Fail(Progress& progress, uint64_t step, int code, const std::string& message) {
@@ -534,6 +546,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     peak_source = absl::StrCat("CPU SGEMM 2048^3, 1 thread, ",
                                peak_cached ? "measured earlier on this machine" : "measured",
                                cache.empty() ? "" : absl::StrCat("; kept in ", cache));
+    // Each rank computes on one thread; ranks of one host beyond its CPUs share them, so the
+    // devices the job uses there are its CPUs, not a core per rank (MODEL.md: the peak of the
+    // devices).
+    const double share = CpuShare(task.ranks_on_host());
+    if (share < 1) {
+      peak *= share;
+      absl::StrAppend(&peak_source,
+                      absl::StrFormat("; %d ranks share this host's %d CPUs, %.2f CPU each",
+                                      task.ranks_on_host(), AllowedCpus(), share));
+    }
   }
   spdlog::info(
       "model: {} parameters on this rank, {:.1f} MFLOP per token; peak {:.1f} GFLOP/s ({}); "
