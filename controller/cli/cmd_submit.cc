@@ -42,7 +42,8 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
       RETURN_IF_ERROR(PrintJson(job, *ctx.out));
     } else {
       *ctx.out << path << ": valid job " << job.name() << " (" << job.kind() << ", "
-               << spec::WorldSize(job) << " ranks); not submitted (--dry-run)\n";
+               << spec::WorldSize(job) << (spec::WorldSize(job) == 1 ? " rank" : " ranks")
+               << "); not submitted (--dry-run)\n";
     }
     return kExitOk;
   }

@@ -3,10 +3,13 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "controller/cli/commands.h"
@@ -21,6 +24,33 @@ int TerminalWidth() {
   winsize ws{};
   if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
   return 80;
+}
+
+// The word given where the command belongs when it names none of `app`'s commands ("" when the
+// command line names a known one, or none at all): CLI11 only says that a command is required.
+std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind('-', 0) == 0) {
+      const CLI::Option* option =
+          arg.find('=') == std::string::npos ? app.get_option_no_throw(arg) : nullptr;
+      if (option != nullptr && option->get_expected_min() > 0) ++i;  // skip its value
+      continue;
+    }
+    const std::vector<CLI::App*> commands = app.get_subcommands({});
+    const bool known = std::any_of(commands.begin(), commands.end(),
+                                   [&](const CLI::App* c) { return c->check_name(arg); });
+    return known ? std::string() : arg;
+  }
+  return "";
+}
+
+std::string CommandNames(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return names;
 }
 
 }  // namespace
@@ -241,6 +271,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (const std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
+      std::cerr << "furnace: unknown command '" << unknown << "'; the commands are "
+                << CommandNames(app) << " (furnace --help)\n";
+      return kExitUsage;
+    }
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
   }

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -300,17 +302,49 @@ bool IsWithin(const std::string& dir, const std::string& parent) {
   return dir.compare(0, prefix.size(), prefix) == 0;
 }
 
+// The spellings of a directory the checkpoint checks compare: its lexically normal form and, where
+// it differs, the form with the symlinks of its existing part resolved on this machine (a link to
+// another job's directory is that directory). Empty for an empty path.
+std::vector<std::string> DirSpellings(const std::string& path) {
+  const std::string normal = NormalDir(path);
+  if (normal.empty()) return {};
+  std::vector<std::string> out{normal};
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(fs::path(path), ec);
+  if (!ec && NormalDir(resolved.string()) != normal) out.push_back(NormalDir(resolved.string()));
+  return out;
+}
+
+// Whether a spelling of `dir` is a spelling of `parent` or lies under one.
+bool IsWithinAny(const std::vector<std::string>& dir, const std::vector<std::string>& parent) {
+  for (const std::string& d : dir) {
+    for (const std::string& p : parent) {
+      if (IsWithin(d, p)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename) {
   const uint32_t world = spec::WorldSize(spec);
   const uint32_t capacity = Capacity(spec.resources().device());
   if (world > capacity) {
+    const std::string& kind = spec.resources().device();
+    if (capacity == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: resources.device: no %s worker has registered with this controller, and the job "
+          "needs %d (pp*dp*tp = %d*%d*%d); start workers of that kind (furnace-worker "
+          "--device-kind %s), or choose a device its workers have",
+          filename, kind, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(),
+          kind));
+    }
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: resources.workers: the job needs %d ranks (pp*dp*tp = %d*%d*%d) but this controller "
-        "has %d %s worker(s); allowed: at most %d",
+        "has %d %s worker%s; allowed: at most %d",
         filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), capacity,
-        spec.resources().device(), capacity));
+        kind, capacity == 1 ? "" : "s", capacity));
   }
   // A limit an agent heart-beating at this controller's interval could miss with nothing wrong.
   const double heartbeat_timeout = spec.recovery().heartbeat_timeout_s();
@@ -328,30 +362,43 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   const fs::path defaults = DefaultCheckpointParent();
   const bool named = !spec.checkpoint().dir().empty();
   if (named) {
-    const std::string dir = NormalDir(spec.checkpoint().dir());
-    if (!options_.checkpoint_root.empty() && dir == NormalDir(options_.checkpoint_root)) {
+    // Without --checkpoint-root (which resolves a relative path under itself) a relative path
+    // would be resolved against each worker's own working directory: a different directory per
+    // machine, and none the one-writer check below could compare.
+    if (options_.checkpoint_root.empty() && fs::path(spec.checkpoint().dir()).is_relative()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: checkpoint.dir %s is a relative path, which each worker would resolve against its "
+          "own working directory; allowed: an absolute path (or start the controller with "
+          "--checkpoint-root, under which relative paths are resolved)",
+          filename, spec.checkpoint().dir()));
+    }
+    const std::vector<std::string> dir = DirSpellings(spec.checkpoint().dir());
+    const std::vector<std::string> root = DirSpellings(options_.checkpoint_root);
+    if (std::any_of(dir.begin(), dir.end(), [&](const std::string& d) {
+          return std::find(root.begin(), root.end(), d) != root.end();
+        })) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: checkpoint.dir %s is --checkpoint-root itself, which holds every job's directory; "
           "allowed: a directory under it",
           filename, spec.checkpoint().dir()));
     }
-    const std::string reserved = NormalDir(defaults.string());
-    if (IsWithin(dir, reserved) || IsWithin(reserved, dir)) {
+    const std::vector<std::string> reserved = DirSpellings(defaults.string());
+    if (IsWithinAny(dir, reserved) || IsWithinAny(reserved, dir)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: checkpoint.dir %s is %s %s, where the controller puts the checkpoints of jobs "
           "that name none; allowed: a directory outside it, or leave checkpoint.dir out",
-          filename, spec.checkpoint().dir(), IsWithin(dir, reserved) ? "under" : "around",
+          filename, spec.checkpoint().dir(), IsWithinAny(dir, reserved) ? "under" : "around",
           defaults.string()));
     }
   }
-  ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
-  const std::string id = absl::StrCat(spec.name(), "-", seq);
-  if (!named) spec.mutable_checkpoint()->set_dir((defaults / id).string());
   // One writer per checkpoint directory: two jobs committing into one (or one inside the other's)
   // would uncommit and delete each other's steps. A job that has ended but whose ranks are still
-  // stopping only delays the start (TryStart).
-  if (const Job* other =
-          CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded)) {
+  // stopping only delays the start (TryStart). A named directory is checked before the job takes
+  // a number (a refused submit uses none); a default one, once it has its id.
+  const auto one_writer = [&]() -> absl::Status {
+    const Job* other =
+        CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded);
+    if (other == nullptr) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: checkpoint.dir %s is in use by job %s (%s, checkpoint.dir %s): two jobs committing "
         "into one directory (or one inside the other) would uncommit and delete each other's "
@@ -360,6 +407,13 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, spec.checkpoint().dir(), other->summary.job_id(),
         StateName(other->summary.state()), other->spec.checkpoint().dir(), other->summary.job_id(),
         other->summary.job_id()));
+  };
+  if (named) RETURN_IF_ERROR(one_writer());
+  ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
+  const std::string id = absl::StrCat(spec.name(), "-", seq);
+  if (!named) {
+    spec.mutable_checkpoint()->set_dir((defaults / id).string());
+    RETURN_IF_ERROR(one_writer());
   }
   Job job;
   job.spec = std::move(spec);
@@ -375,7 +429,8 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   s.set_updated_unix(s.submitted_unix());
   RETURN_IF_ERROR(store_.PutJob(s, job.spec));
   auto [it, inserted] = jobs_.emplace(id, std::move(job));
-  Event(it->second, "submitted", absl::StrCat("from ", filename, ", ", world, " ranks"));
+  Event(it->second, "submitted",
+        absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks"));
   TryStart(it->second);
   return id;
 }
@@ -388,7 +443,7 @@ fs::path JobLifecycle::DefaultCheckpointParent() const {
 
 const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
                                            CheckpointDirUse use) const {
-  const std::string want = NormalDir(dir);
+  const std::vector<std::string> want = DirSpellings(dir);
   if (want.empty()) return nullptr;
   // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
   // rank stopped writes its final checkpoint): the workers that are not lost say which still
@@ -403,11 +458,11 @@ const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& d
   }
   for (const auto& [id, other] : jobs_) {
     if (&other == self) continue;
-    const std::string theirs = NormalDir(other.spec.checkpoint().dir());
-    if (theirs.empty() || (!IsWithin(want, theirs) && !IsWithin(theirs, want))) continue;
-    const bool found = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
-                                                          : holding.count(id) > 0;
-    if (found) return &other;
+    const bool live = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
+                                                         : holding.count(id) > 0;
+    if (!live) continue;  // (before the comparison, which reads the filesystem)
+    const std::vector<std::string> theirs = DirSpellings(other.spec.checkpoint().dir());
+    if (IsWithinAny(want, theirs) || IsWithinAny(theirs, want)) return &other;
   }
   return nullptr;
 }
@@ -671,8 +726,10 @@ void JobLifecycle::TryStart(Job& job) {
       placement->begin(), placement->begin() + std::min(placement->size(), kNamed), ", ");
   if (placement->size() > kNamed)
     absl::StrAppend(&placed, ", ... (", placement->size() - kNamed, " more)");
-  if (!Transition(job, v1::JOB_STARTING, "starting",
-                  absl::StrCat("attempt ", n, ": ", placement->size(), " ranks placed on ", placed))
+  if (!Transition(
+           job, v1::JOB_STARTING, "starting",
+           absl::StrCat("attempt ", n, ": ", placement->size(),
+                        placement->size() == 1 ? " rank placed on " : " ranks placed on ", placed))
            .ok()) {
     job = backup;
     return;
@@ -681,6 +738,18 @@ void JobLifecycle::TryStart(Job& job) {
                         std::set<std::string>(placement->begin(), placement->end()));
   if (escalated) Event(job, "escalate", escalation);
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
+  // A drill aimed at a worker (fault.worker) hits whichever rank runs there: one that holds no
+  // rank of an attempt the drill is for would leave the drill silently undone.
+  if (const v1::FaultSpec& fault = job.spec.fault();
+      !fault.mode().empty() && !fault.worker().empty() && (n == 1 || fault.every_attempt()) &&
+      std::find(placement->begin(), placement->end(), fault.worker()) == placement->end()) {
+    Event(job, "fault_not_injected",
+          absl::StrCat("fault.worker ", EscapeForLog(fault.worker()), " holds no rank of attempt ",
+                       n, ", so its ", fault.mode(), " drill does not run in it",
+                       workers_.Find(fault.worker()) == nullptr
+                           ? " (no worker of that name has registered)"
+                           : ""));
+  }
   job.attempt_started_mono = clock_.MonotonicSeconds();
   for (uint32_t r = 0; r < placement->size(); ++r) {
     workers_.Assign(*workers_.Find((*placement)[r]), job.summary.job_id(), n, r);
@@ -717,6 +786,11 @@ v1::AgentCommand JobLifecycle::StartCommand(const Job& job, uint32_t rank,
   }
   task->set_controller_address(options_.advertise_address);
   task->set_host(worker.info.host());
+  if (const v1::AttemptInfo* attempt = job.current(); attempt != nullptr) {
+    uint32_t on_host = 0;
+    for (const auto& r : attempt->ranks()) on_host += r.host() == worker.info.host() ? 1 : 0;
+    task->set_ranks_on_host(std::max<uint32_t>(1, on_host));
+  }
   if (job.spec.checkpoint().every_auto() && hint_source_) {
     *task->mutable_checkpoint_hint() = hint_source_(job);
   }

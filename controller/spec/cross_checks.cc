@@ -1,5 +1,6 @@
 #include "controller/spec/cross_checks.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -19,6 +20,10 @@ namespace {
 
 // memory.host_link_gbps's least value other than 0 (unpaced): 1 MB/s.
 constexpr double kMinHostLinkGbps = 0.001;
+// The recovery limits' floors (seconds); see their check.
+constexpr double kMinHangTimeoutS = 2;
+constexpr double kMinStartTimeoutS = 1;
+constexpr double kMinHealthCheckS = 1;
 
 // "1, 2, 4, 8" for small n; "divisors of n" when the list would be long.
 std::string Divisors(uint64_t n) {
@@ -251,6 +256,13 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                      "'health_check'", "crash, hang or exit, or recovery.health_check_s > 0"});
     }
   }
+  if (!fault.worker().empty()) {
+    // The rank is whichever runs on that worker (worker/rank_progress.cc FaultTargets).
+    c.RefuseIfPresent("fault.rank", "fault.worker",
+                      Problem{"not used with fault.worker (the fault hits whichever rank runs on "
+                              "that worker)",
+                              absl::StrCat(fault.rank()), "omit fault.rank or fault.worker"});
+  }
   if (!fault.mode().empty() && fault.mode() != "exit") {
     c.RefuseIfPresent(
         "fault.exit_code", "fault.mode",
@@ -387,6 +399,20 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
           "parallel.tp", p.tp(), "model.dense_ffn", dense_ffn,
           absl::StrCat("the width of the dense layers (model.moe_every = ", m.moe_every(), ")"));
     }
+  }
+
+  // s1 and s2 pause tensor parallelism inside the MoE layer: with tp 1 (in every layout the job
+  // may run, its shrink layouts too) there is nothing to pause and they would run as deepspeed
+  // under another name. (auto, which chooses, takes deepspeed there.)
+  if (spec.kind() == "train" && (moe.schedule() == "s1" || moe.schedule() == "s2") && p.tp() == 1 &&
+      std::all_of(spec.recovery().shrink().begin(), spec.recovery().shrink().end(),
+                  [](const furnace::v1::LayoutSpec& l) { return l.tp() <= 1; })) {
+    c.Fail({"moe.schedule", "parallel.tp"},
+           Problem{absl::StrCat(moe.schedule(),
+                                " pauses tensor parallelism around the MoE layer, and parallel.tp "
+                                "is 1: there is nothing to pause, so it would run as deepspeed"),
+                   absl::StrCat("'", moe.schedule(), "'"),
+                   "deepspeed or auto with parallel.tp 1, or parallel.tp > 1"});
   }
 
   // s1 splits each micro-batch's tokens evenly over the tp peers before the gate
@@ -565,6 +591,18 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                    absl::StrCat(ev.every()),
                    "0 (off), or set data.validation: {fraction: F} or {path: FILE}"});
   }
+  if (ev.every() == 0 && held_out_split) {
+    // The split is taken out of training for eval.every alone (worker/train_rank.cc): without it
+    // the data would be held out and never read.
+    const bool fraction = d.validation().fraction() > 0;
+    c.Fail({fraction ? "data.validation.fraction" : "data.validation.path", "eval.every"},
+           Problem{fraction ? "holds data out of training for held-out evaluation, but eval.every "
+                              "is 0, so nothing would ever read it"
+                            : "is held-out data for evaluation, but eval.every is 0, so nothing "
+                              "would ever read it",
+                   fraction ? absl::StrCat(d.validation().fraction()) : d.validation().path(),
+                   "omit data.validation, or set eval: {every: N, batches: B}"});
+  }
   // data.tokenizer: what can be checked without the file, which may exist only on the workers.
   if (diag->Present("data.tokenizer")) {
     if (d.source() != "tokens") {
@@ -597,6 +635,30 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   }
 
   const auto& r = spec.recovery();
+  // Floors below which a limit can only fail a healthy job, and then under another name (a 1 ms
+  // start_timeout_s failed the rendezvous and excluded a worker for the health check's lateness).
+  // The ranks' watchdogs and heartbeats tick about once a second, and a rank's start (a process,
+  // its rendezvous, its groups) or a health-check collective takes a sizeable part of a second.
+  if (r.hang_timeout_s() < kMinHangTimeoutS) {
+    c.Fail({"recovery.hang_timeout_s"},
+           Problem{absl::StrCat("must be at least ", kMinHangTimeoutS,
+                                " s: the ranks' watchdogs and heartbeats tick about once a second, "
+                                "so a shorter limit calls healthy ranks hung"),
+                   absl::StrCat(r.hang_timeout_s()), absl::StrCat(">= ", kMinHangTimeoutS)});
+  }
+  if (r.start_timeout_s() < kMinStartTimeoutS) {
+    c.Fail({"recovery.start_timeout_s"},
+           Problem{absl::StrCat("must be at least ", kMinStartTimeoutS,
+                                " s: a rank's start (its process, the rendezvous, its groups' "
+                                "connections) cannot finish sooner"),
+                   absl::StrCat(r.start_timeout_s()), absl::StrCat(">= ", kMinStartTimeoutS)});
+  }
+  if (r.health_check_s() > 0 && r.health_check_s() < kMinHealthCheckS) {
+    c.Fail({"recovery.health_check_s"},
+           Problem{absl::StrCat("must be 0 (off) or at least ", kMinHealthCheckS,
+                                " s: the check's collectives cannot finish sooner"),
+                   absl::StrCat(r.health_check_s()), absl::StrCat("0, or >= ", kMinHealthCheckS)});
+  }
   if (r.health_check_s() >= r.hang_timeout_s()) {
     c.Fail(
         {"recovery.health_check_s", "recovery.hang_timeout_s"},

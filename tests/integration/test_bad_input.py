@@ -32,7 +32,7 @@ class BadInputTest(harness.ClusterTest):
     def test_a_cuda_commcheck_without_gpu_workers_is_refused(self):
         # A commcheck runs on the device it names (NCCL between GPUs): none here.
         self.check_refused(GOOD_HEAD + "resources:\n  device: cuda\n",
-                           "resources.workers", "0 cuda worker(s)")
+                           "resources.device", "no cuda worker has registered")
 
     def test_bf16_on_the_cpu_is_refused(self):
         self.check_refused("name: bad\nkind: train\nmodel:\n  precision: bf16\n",

@@ -109,7 +109,8 @@ class TrainTest(harness.ClusterTest):
         write_token_file(path, [rng.randrange(64) for _ in range(64 * 90 + 1)], 64)
         # 90 windows, 9 held out and 1 dropped: 80 per epoch, 16 per step.
         _, _, victim = self.sigkill_resume_bit_exact(
-            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}",
+            f"data: {{source: tokens, path: {path}, validation: {{fraction: 0.1}}}}\n"
+            "eval: {every: 60, batches: 1}",
             steps=60, every=10, kill_at=15)
         logs = self.cluster.cli("logs", victim, "--attempt", "1").stdout
         self.assertIn("80 training sequences of 65 tokens per epoch", logs)

@@ -126,14 +126,14 @@ commcheck: {min_bytes: 4KiB, max_bytes: 256KiB, step_factor: 8, iters: 2, warmup
         c = self.cluster
         r = c.cli("submit", c.write_job("cuda.yaml", device_job("on-cuda", "cuda")))
         self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("resources.workers", r.stderr)
-        self.assertIn("0 cuda worker(s)", r.stderr)
+        self.assertIn("resources.device: no cuda worker has registered", r.stderr)
+        self.assertIn("furnace-worker --device-kind cuda", r.stderr)
         # A commcheck on GPUs is placed the same way.
         r = c.cli("submit", c.write_job("cuda-commcheck.yaml",
                                         "name: cc\nkind: commcheck\nparallel: {dp: 2}\n"
                                         "resources: {device: cuda}\n"))
         self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("0 cuda worker(s)", r.stderr)
+        self.assertIn("no cuda worker has registered", r.stderr)
 
 
 if __name__ == "__main__":

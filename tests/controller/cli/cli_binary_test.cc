@@ -27,6 +27,14 @@ TEST(CliBinaryTest, UsageErrorsExit2) {
   EXPECT_EQ(RunFurnace("").exit_code, 2);
   EXPECT_EQ(RunFurnace("status").exit_code, 2);
   EXPECT_EQ(RunFurnace("--controller 127.0.0.1:1 submit /nonexistent/job.yaml").exit_code, 2);
+  // A misspelt command is named, with the commands there are (not "a subcommand is required").
+  for (const char* line : {"frobnicate", "--controller 127.0.0.1:1 stauts j-1"}) {
+    const RunResult run = RunFurnace(line);
+    EXPECT_EQ(run.exit_code, 2) << line;
+    EXPECT_NE(run.output.find("unknown command '"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("the commands are certs, submit, jobs, status"), std::string::npos)
+        << run.output;
+  }
 }
 
 // A credential file that cannot be read is a local error (5), one that is malformed bad usage (2).

@@ -199,7 +199,7 @@ TEST_F(CommandsTest, SubmitRefusedByTheControllerExits2ButARateLimit3) {
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
   client_.submit_error = absl::InvalidArgumentError(
       "clash.yaml: resources.workers: the job needs 8 ranks (pp*dp*tp = 2*2*2) but this "
-      "controller has 4 cpu worker(s); allowed: at most 4");
+      "controller has 4 cpu workers; allowed: at most 4");
   code = RunSubmit(ctx_, path, {});
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
   client_.submit_error = absl::ResourceExhaustedError("SubmitJob failed: rate limit");

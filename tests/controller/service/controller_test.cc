@@ -1424,6 +1424,58 @@ TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
   }
   // A sibling whose name only starts like it is another directory.
   EXPECT_TRUE(c_->Submit(train + "checkpoint: {dir: " + dir + "b}\n", "s.yaml").ok());
+  // A symlink to the running job's directory (or to its parent) is that directory.
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_directory_symlink(dir, dir_ / "alias");
+  std::filesystem::create_directory_symlink(dir_ / "runs", dir_ / "runs-alias");
+  for (const std::string& other : {(dir_ / "alias").string(), (dir_ / "runs-alias" / "a").string(),
+                                   (dir_ / "runs-alias" / "a" / "inner").string()}) {
+    auto aliased = c_->Submit(train + "checkpoint: {dir: " + other + "}\n", "l.yaml");
+    ASSERT_FALSE(aliased.ok()) << other;
+    EXPECT_NE(aliased.status().message().find("in use by job " + job_), std::string::npos)
+        << aliased.status();
+  }
+  // Without --checkpoint-root a relative path names a different directory on every worker.
+  auto relative = c_->Submit(train + "checkpoint: {dir: runs/a}\n", "r.yaml");
+  ASSERT_FALSE(relative.ok());
+  EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(relative.status().message().find("checkpoint.dir runs/a is a relative path"),
+            std::string::npos)
+      << relative.status();
+}
+
+// Each rank learns how many ranks of its attempt share its host (its MFU peak on a CPU is its
+// share of the host's cores): both workers here registered host 127.0.0.1.
+TEST_F(ControllerTest, EveryRankIsToldTheRanksOnItsHost) {
+  std::vector<v1::RankTask> tasks;
+  StartRunning(kJob, &tasks);
+  ASSERT_EQ(tasks.size(), 2u);
+  for (const v1::RankTask& t : tasks) EXPECT_EQ(t.ranks_on_host(), 2u) << t.rank();
+}
+
+// A drill aimed at a worker that holds no rank of the attempt does not run: said in an event
+// (naming a worker that never registered), not left silently undone.
+TEST_F(ControllerTest, AFaultWorkerOutsideThePlacementIsAnEvent) {
+  StartRunning(
+      "name: t\nkind: train\nparallel: {dp: 2}\nfault: {mode: crash, at_step: 2, "
+      "worker: nosuch}\n");
+  bool said = false;
+  const v1::JobDetail detail = Job();
+  for (const auto& e : detail.events()) {
+    said |= e.kind() == "fault_not_injected" &&
+            e.message() ==
+                "fault.worker nosuch holds no rank of attempt 1, so its crash drill does not run "
+                "in it (no worker of that name has registered)";
+  }
+  EXPECT_TRUE(said) << detail.DebugString();
+}
+
+TEST_F(ControllerTest, AFaultWorkerInThePlacementIsNoEvent) {
+  StartRunning(
+      "name: t\nkind: train\nparallel: {dp: 2}\nfault: {mode: crash, at_step: 2, "
+      "worker: h/1}\n");
+  const v1::JobDetail detail = Job();
+  for (const auto& e : detail.events()) EXPECT_NE(e.kind(), "fault_not_injected");
 }
 
 // Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
@@ -1449,6 +1501,7 @@ TEST_F(ControllerTest, OneCheckpointDirectoryHasOneWriter) {
   Register(3);
   auto second = c_->Submit(same, "b.yaml");
   ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, "t-2");  // the refused submit took no job number
   job_ = *second;
   EXPECT_TRUE(Commands(2).empty());
   EXPECT_TRUE(Commands(3).empty());

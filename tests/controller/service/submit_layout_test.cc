@@ -53,7 +53,7 @@ TEST_F(SubmitLayoutTest, TrainWorldLargerThanTheWorkersIsRefused) {
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(id.status().message(),
             "train.yaml: resources.workers: the job needs 4 ranks (pp*dp*tp = 1*2*2) but this "
-            "controller has 2 cpu worker(s); allowed: at most 2");
+            "controller has 2 cpu workers; allowed: at most 2");
   ExpectNoTrace(2);
 }
 
@@ -65,7 +65,7 @@ TEST_F(SubmitLayoutTest, CommcheckWorldLargerThanTheWorkersIsRefused) {
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("needs 8 ranks (pp*dp*tp = 2*2*2) but this controller has "
-                                       "3 cpu worker(s); allowed: at most 3"),
+                                       "3 cpu workers; allowed: at most 3"),
             std::string::npos)
       << id.status();
   ExpectNoTrace(3);

@@ -54,6 +54,9 @@ data:
   path: corpus/train.tok
   validation:
     path: corpus/valid.tok
+eval:
+  every: 5
+  batches: 1
 checkpoint:
   dir: run1
 )";

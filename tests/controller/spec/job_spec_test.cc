@@ -367,14 +367,15 @@ TEST(JobSpecTest, AsyncCheckpointsAreAccepted) {
 TEST(JobSpecTest, IndexedBlendsAndTheHeldOutSplitAreRead) {
   JobSpec s = MustParse(
       "name: a\nkind: train\ndata:\n  source: indexed\n  blend: [{path: /a, weight: 0.7}, "
-      "{path: /b}]\n  validation: {fraction: 0.05}\n");
+      "{path: /b}]\n  validation: {fraction: 0.05}\neval: {every: 5, batches: 1}\n");
   ASSERT_EQ(s.data().blend_size(), 2);
   EXPECT_EQ(s.data().blend(0).path(), "/a");
   EXPECT_EQ(s.data().blend(0).weight(), 0.7);
   EXPECT_EQ(s.data().blend(1).weight(), 1.0);  // default weight
   EXPECT_EQ(s.data().validation().fraction(), 0.05);
-  JobSpec own =
-      MustParse("name: a\nkind: train\ndata: {source: tokens, path: /t, validation: {path: /v}}\n");
+  JobSpec own = MustParse(
+      "name: a\nkind: train\ndata: {source: tokens, path: /t, validation: {path: /v}}\n"
+      "eval: {every: 5, batches: 1}\n");
   EXPECT_EQ(own.data().validation().path(), "/v");
   EXPECT_FALSE(MustParse("name: a\nkind: train\n").data().has_validation());
 }

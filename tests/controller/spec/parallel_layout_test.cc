@@ -1,6 +1,7 @@
 // The parallel layout of a job is refused before anything starts when the runtime could not build
 // it (runtime/topology): each message names the file position, the field, the value and what is
 // allowed. Layouts the runtime accepts (uneven pipeline stages, an empty order) pass.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -131,8 +132,16 @@ TEST(ParallelLayoutAcceptedTest, EveryMoeScheduleOnAValidJob) {
                                                 "moe: {schedule: ", schedule, "}\n"));
     EXPECT_EQ(MustParse(yaml).moe().schedule(), schedule);
   }
-  // tp 1 splits nothing.
-  EXPECT_EQ(MustParse(Train("model: {seq_len: 7}\nmoe: {schedule: s1}\n")).moe().schedule(), "s1");
+  // tp 1 has no tensor parallelism for s1 or s2 to pause: refused, auto accepted.
+  for (const char* schedule : {"s1", "s2"}) {
+    const absl::StatusOr<furnace::v1::JobSpec> refused =
+        ParseJobYaml(Train(absl::StrCat("moe: {schedule: ", schedule, "}\n")), "job.yaml");
+    ASSERT_FALSE(refused.ok()) << schedule;
+    EXPECT_THAT(std::string(refused.status().message()),
+                ::testing::HasSubstr("pauses tensor parallelism around the MoE layer, and "
+                                     "parallel.tp is 1"));
+  }
+  EXPECT_EQ(MustParse(Train("moe: {schedule: auto}\n")).moe().schedule(), "auto");
 }
 
 TEST(ParallelLayoutAcceptedTest, ExpertGroupsTilingAStage) {

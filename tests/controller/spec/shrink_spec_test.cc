@@ -97,6 +97,28 @@ TEST(ShrinkSpecTest, BadLayoutsAreRefusedByField) {
        {"recovery.health_check_s: must be < recovery.hang_timeout_s (= 8): a rank stuck in the "
         "health check would be killed as hung before the check could name it (got 8; allowed: "
         "[0, 8))"}},
+      // Limits no healthy job meets: refused rather than failing attempts under another name.
+      {"hang_timeout_below_floor",
+       Job("  hang_timeout_s: 0.01\n"),
+       {"recovery.hang_timeout_s: must be at least 2 s: the ranks' watchdogs and heartbeats tick "
+        "about once a second, so a shorter limit calls healthy ranks hung (got 0.01; allowed: "
+        ">= 2)"}},
+      {"start_timeout_below_floor",
+       Job("  start_timeout_s: 0.001\n"),
+       {"recovery.start_timeout_s: must be at least 1 s"}},
+      {"fault_worker_and_rank",
+       "name: j\nkind: train\nparallel: {dp: 2}\nfault: {mode: crash, at_step: 1, worker: h/0, "
+       "rank: 1}\n",
+       {"fault.rank: not used with fault.worker (the fault hits whichever rank runs on that "
+        "worker)"}},
+      {"validation_without_eval",
+       "name: j\nkind: train\ndata: {source: tokens, path: /t.tok, validation: {fraction: 0.5}}\n",
+       {"data.validation.fraction: holds data out of training for held-out evaluation, but "
+        "eval.every is 0, so nothing would ever read it (got 0.5; allowed: omit data.validation, "
+        "or set eval: {every: N, batches: B})"}},
+      {"health_check_below_floor",
+       Job("  health_check_s: 0.001\n"),
+       {"recovery.health_check_s: must be 0 (off) or at least 1 s"}},
   };
   for (const RefusalCase& c : cases) {
     SCOPED_TRACE(c.label);
