@@ -1,5 +1,6 @@
 // furnace_bench_kernels: Google Benchmark of the GEMM-heavy CPU kernels of the GPT-MoE, forward +
-// backward, at the demo shapes, the BENCHMARKING.md shapes and larger ones. Counters:
+// backward, at the demo shapes, the BENCHMARKING.md shapes and larger ones, and of the experts'
+// GELU (elementwise: elements per second, no GFLOPs). Counters:
 //   GFLOPs       achieved GFLOP/s (MODEL.md convention; attention counts the full T x T products,
 //                12 B T^2 C for fwd+bwd, which is what MFU credits)
 //   frac_peak    GFLOPs / the SGEMM peak (2048^3, same BLAS, same thread count) measured at start
@@ -20,6 +21,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/blas.h"
+#include "kernels/gelu.h"
 #include "kernels/matmul.h"
 #include "runtime/train/peak_flops.h"
 
@@ -167,6 +169,27 @@ BENCHMARK(BM_AttentionFwd)
     ->Args({8, 512, 512, 8})
     ->Args({4, 1024, 768, 12})
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// The experts' GELU forward and backward over n elements (the demo's expert hidden: S rows of f).
+void BM_GeluFwdBwd(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const std::vector<float> x = Random(n, 1, 3.0f), dy = Random(n, 2);
+  std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.0f);
+  for (auto _ : state) {
+    k::GeluForward(y.data(), x.data(), n);
+    k::GeluBackward(dx.data(), x.data(), dy.data(), n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(dx.data());
+  }
+  // Elements (forward and backward) per second.
+  state.counters["elements_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GeluFwdBwd)
+    ->ArgNames({"n"})
+    ->Arg(512 * 2 * 128)  // demo: N k rows of expert_ffn
+    ->Arg(2048 * 512)     // bench: S = 2048 rows of f = 512
+    ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_DenseLinearFwdBwd)
     ->ArgNames({"N", "C", "OC"})

@@ -12,6 +12,10 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace furnace::kernels::cpu::internal {
 
 inline constexpr int kChunk = 16;
@@ -40,10 +44,20 @@ inline float ExpClamped(float x) {
 inline float Exp(float x) { return ExpClamped(ExpClamp(x)); }
 inline double Exp(double x) { return std::exp(x); }
 
-// out[j] = Exp(in[j]) for j < kChunk.
+// out[j] = Exp(in[j]) for j < kChunk. On x86 the clamp is MAXPS / MINPS, which GCC does not emit
+// for ExpClamp's selects at -O2 (it branched per element: a quarter of GELU's time). Same
+// results bit for bit: MAXPS(lo, x) is lo > x ? lo : x and MINPS(hi, x) is hi < x ? hi : x, each
+// returning its second operand x when either is NaN, exactly as ExpClamp's selects do.
 inline void ExpChunk(float* __restrict out, const float* __restrict in) {
   float t[kChunk];
+#if defined(__SSE__)
+  const __m128 lo = _mm_set1_ps(-87.33654f), hi = _mm_set1_ps(88.0f);
+  for (int j = 0; j < kChunk; j += 4) {
+    _mm_storeu_ps(t + j, _mm_min_ps(hi, _mm_max_ps(lo, _mm_loadu_ps(in + j))));
+  }
+#else
   for (int j = 0; j < kChunk; ++j) t[j] = ExpClamp(in[j]);
+#endif
   for (int j = 0; j < kChunk; ++j) out[j] = ExpClamped(t[j]);
 }
 inline void ExpChunk(double* __restrict out, const double* __restrict in) {
