@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "google/protobuf/struct.pb.h"
 #include "runtime/base/file_sync.h"
 #include "transport/credentials.h"
 #include "transport/token_file.h"
@@ -351,11 +353,23 @@ int main(int argc, char** argv) {
   }
   std::cout.flush();
   if (result.ok()) return *result;
+  const int exit_code = ExitCodeForStatus(result.status());
+  if (json) {
+    // --json promises one JSON document per command: a failed one is an error document (the
+    // message goes to stderr too, for a person reading the terminal).
+    google::protobuf::Struct doc;
+    auto& error = *(*doc.mutable_fields())["error"].mutable_struct_value()->mutable_fields();
+    error["code"].set_string_value(absl::StatusCodeToString(result.status().code()));
+    error["message"].set_string_value(std::string(result.status().message()));
+    error["exit_code"].set_number_value(exit_code);
+    (void)PrintJson(doc, std::cout);
+    std::cout.flush();
+  }
   // An invalid job file is the controller's report, meant to be read as it is.
   if (absl::IsInvalidArgument(result.status())) {
     std::cerr << result.status().message() << "\n";
   } else {
     std::cerr << "furnace: " << result.status().message() << "\n";
   }
-  return ExitCodeForStatus(result.status());
+  return exit_code;
 }

@@ -23,6 +23,15 @@ TEST(CliBinaryTest, UnreachableControllerExits3) {
   }
 }
 
+// --json promises one JSON document per command: a failed one prints an error document.
+TEST(CliBinaryTest, AFailedJsonCommandPrintsAnErrorDocument) {
+  const RunResult run = RunFurnace("--controller 127.0.0.1:1 --json status j-1");
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_NE(run.output.find("\"error\": {"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("\"code\": \"UNAVAILABLE\""), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("\"exit_code\": 3"), std::string::npos) << run.output;
+}
+
 TEST(CliBinaryTest, UsageErrorsExit2) {
   EXPECT_EQ(RunFurnace("").exit_code, 2);
   EXPECT_EQ(RunFurnace("status").exit_code, 2);
