@@ -241,9 +241,13 @@ double PeakFlops(bool* cached, std::string* where) {
 }
 
 // The share of one CPU a one-thread rank gets when `ranks_on_host` ranks share this host's CPUs
-// (1 when they do not outnumber them; 0: not known, 1).
+// (1 when they do not outnumber them; 0: not known, 1). Only where this process may run on every
+// CPU of the host: a rank pinned to some (taskset, a cpuset, Slurm's --cpu-bind) may have them to
+// itself, and the ranks' masks are not known here, so it counts one CPU's peak as before.
 double CpuShare(uint32_t ranks_on_host) {
   if (ranks_on_host <= 1) return 1;
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online <= 0 || AllowedCpus() < online) return 1;
   return std::min(1.0, static_cast<double>(AllowedCpus()) / ranks_on_host);
 }
 

@@ -53,38 +53,51 @@ google::protobuf::Value BytesJson(const moe::GroupBytes& b) {
 }
 
 // The memory section: per pipeline stage, what one of its ranks holds; then the job's own
-// memory settings against it.
-void PrintMemory(std::ostream& out, const v1::JobSpec& spec,
-                 const std::vector<StageMemory>& stages) {
+// memory settings against it. `schedule`: the MoE schedule the figures assume.
+void PrintMemory(std::ostream& out, const v1::JobSpec& spec, const std::vector<StageMemory>& stages,
+                 moe::Schedule schedule) {
   const v1::ParallelSpec& p = spec.parallel();
+  const auto list = [&](const StageMemory& s, auto bytes_of) {
+    std::string text;
+    for (const PolicyActivationBytes& b : s.policies) {
+      absl::StrAppend(&text, text.empty() ? " " : ", ", b.policy, " ", FormatBytes(bytes_of(b)));
+    }
+    return text;
+  };
   out << "\nmemory per rank (micro-batches of " << p.micro_batch() << " x "
-      << spec.model().seq_len()
-      << " tokens, balanced routing; model state: fp32 weights, gradients and AdamW moments, 16 "
-         "bytes a parameter, outside the activation arena that memory.device_budget bounds):\n";
+      << spec.model().seq_len() << " tokens; MoE layers under " << moe::ScheduleName(schedule)
+      << (spec.moe().schedule() == "auto"
+              ? " (auto's pick here; the ranks calibrate their own and may pick another)"
+              : "")
+      << "; model state: fp32 weights, gradients and AdamW moments, 16 bytes a parameter, "
+         "outside the activation arena that memory.device_budget bounds; the largest parts, not a "
+         "total: pipeline and gradient-bucket buffers are not counted):\n";
   for (const StageMemory& s : stages) {
-    out << "  stage " << s.stage << " (layers " << s.first_layer << "-" << s.end_layer - 1 << ", "
-        << s.ranks << (s.ranks == 1 ? " rank" : " ranks") << "): " << s.parameters
+    out << "  stage " << s.stage << " ("
+        << (s.end_layer - s.first_layer == 1
+                ? absl::StrCat("layer ", s.first_layer)
+                : absl::StrCat("layers ", s.first_layer, "-", s.end_layer - 1))
+        << ", " << s.ranks << (s.ranks == 1 ? " rank" : " ranks") << "): " << s.parameters
         << " parameters, " << FormatBytes(s.model_state_bytes) << " of model state";
     if (s.bf16_mirror_bytes > 0) {
       out << " + " << FormatBytes(s.bf16_mirror_bytes) << " bf16 weight mirror";
     }
-    out << "\n    activations, one micro-batch:";
-    for (const PolicyActivationBytes& b : s.policies) {
-      out << " " << b.policy << " " << FormatBytes(b.one) << (&b == &s.policies.back() ? "" : ",");
-    }
-    out << "\n";
+    out << "\n    activations, one micro-batch (balanced routing):"
+        << list(s, [](const PolicyActivationBytes& b) { return b.one; }) << "\n";
     if (s.micro_batches_in_flight > 1) {
-      out << "    with " << s.micro_batches_in_flight << " micro-batches in flight (1F1B):";
-      for (const PolicyActivationBytes& b : s.policies) {
-        out << " " << b.policy << " " << FormatBytes(b.in_flight)
-            << (&b == &s.policies.back() ? "" : ",");
-      }
-      out << "\n";
+      out << "    with " << s.micro_batches_in_flight << " micro-batches in flight (1F1B):"
+          << list(s, [](const PolicyActivationBytes& b) { return b.in_flight; }) << "\n";
     }
-    out << "    least any policy needs (one micro-batch): " << FormatBytes(s.least_activation_bytes)
-        << "; room for any routing: "
-        << (s.any_routing_bytes ? FormatBytes(*s.any_routing_bytes)
-                                : std::string("not computed with tensor parallelism"))
+    const bool worst_known = !s.policies.empty() && s.policies.front().worst_in_flight;
+    if (worst_known) {
+      out << "    under the routing that sends this rank the most:"
+          << list(s, [](const PolicyActivationBytes& b) { return *b.worst_in_flight; }) << "\n";
+    }
+    out << "    adaptive needs at least " << FormatBytes(s.least_activation_bytes)
+        << " (balanced routing; a budget below it is refused), "
+        << (s.any_routing_bytes
+                ? absl::StrCat(FormatBytes(*s.any_routing_bytes), " for any routing")
+                : std::string("any routing not computed with tensor parallelism"))
         << "\n";
   }
   const v1::MemorySpec& m = spec.memory();
@@ -95,52 +108,73 @@ void PrintMemory(std::ostream& out, const v1::JobSpec& spec,
     out << "\n";
     return;
   }
+  // The first stage whose `bytes_of` exceeds the budget (nullopt: not computed counts as none).
   const auto over = [&](auto bytes_of) -> const StageMemory* {
     for (const StageMemory& s : stages) {
-      if (static_cast<int64_t>(budget) < bytes_of(s)) return &s;
+      const std::optional<int64_t> bytes = bytes_of(s);
+      if (bytes.has_value() && static_cast<int64_t>(budget) < *bytes) return &s;
     }
     return nullptr;
   };
-  const PolicyActivationBytes* static_policy = nullptr;
-  for (const PolicyActivationBytes& b : stages.front().policies) {
-    if (b.policy == m.policy()) static_policy = &b;
-  }
-  if (const StageMemory* s = over([](const StageMemory& x) { return x.least_activation_bytes; })) {
+  const auto policy_bytes = [](const StageMemory& s, const std::string& name, bool worst) {
+    for (const PolicyActivationBytes& b : s.policies) {
+      if (b.policy == name) return worst ? b.worst_in_flight : std::optional<int64_t>(b.in_flight);
+    }
+    return std::optional<int64_t>();
+  };
+  const bool any_unknown = std::any_of(stages.begin(), stages.end(), [](const StageMemory& x) {
+    return !x.any_routing_bytes.has_value();
+  });
+  if (const StageMemory* s = over(
+          [](const StageMemory& x) { return std::optional<int64_t>(x.least_activation_bytes); })) {
     out << ": below stage " << s->stage << "'s least (" << FormatBytes(s->least_activation_bytes)
         << "): its ranks refuse the job before the first step\n";
     return;
   }
-  if (static_policy != nullptr) {
-    const std::string name = static_policy->policy;
-    if (const StageMemory* s = over([&](const StageMemory& x) {
-          for (const PolicyActivationBytes& b : x.policies) {
-            if (b.policy == name) return b.in_flight;
-          }
-          return int64_t{0};
-        })) {
-      int64_t need = 0;
-      for (const PolicyActivationBytes& b : s->policies) {
-        if (b.policy == name) need = b.in_flight;
-      }
-      out << ": policy " << name << " needs " << FormatBytes(need) << " on stage " << s->stage
-          << ", so its first step runs out of memory (the controller then restarts the job under "
-             "adaptive at this budget)\n";
+  // The static policy whose figures the job's is judged by (offload keeps every tensor through
+  // each MoE layer's forward: none's, before its moves, which the plan does not project).
+  const std::string judged = m.policy() == "offload" ? "none" : m.policy();
+  if (m.policy() != "adaptive") {
+    const std::string restart =
+        spec.recovery().max_restarts() > 0
+            ? "the controller then restarts the job under adaptive at this budget"
+            : "with recovery.max_restarts 0 the job then fails";
+    if (const StageMemory* s =
+            over([&](const StageMemory& x) { return policy_bytes(x, judged, false); })) {
+      out << ": "
+          << (m.policy() == "offload" ? "none (offload before its moves, which this plan "
+                                        "does not project) needs "
+                                      : absl::StrCat("policy ", judged, " needs "))
+          << FormatBytes(*policy_bytes(*s, judged, false)) << " on stage " << s->stage
+          << (m.policy() == "offload" ? ": its first step may run out of memory ("
+                                      : ", so its first step runs out of memory (")
+          << restart << ")\n";
       return;
     }
-  }
-  if (const StageMemory* s = over([](const StageMemory& x) {
-        return x.any_routing_bytes.value_or(x.least_activation_bytes);
-      })) {
-    out << ": covers balanced routing; a step routed far from balance can need up to "
-        << FormatBytes(*s->any_routing_bytes) << " on stage " << s->stage << "\n";
+    if (const StageMemory* s =
+            over([&](const StageMemory& x) { return policy_bytes(x, judged, true); })) {
+      out << ": covers balanced routing; a step routed far from balance can need up to "
+          << FormatBytes(*policy_bytes(*s, judged, true)) << " on stage " << s->stage << " under "
+          << judged << " and would run out of memory (" << restart << ")\n";
+      return;
+    }
+    const bool worst_unknown = std::any_of(stages.begin(), stages.end(), [&](const auto& x) {
+      return !policy_bytes(x, judged, true).has_value();
+    });
+    out << (worst_unknown ? ": covers balanced routing (the worst routing is not computed with "
+                            "tensor parallelism)\n"
+                          : ": leaves room for any routing\n");
     return;
   }
-  out << ": leaves room for any routing"
-      << (std::any_of(stages.begin(), stages.end(),
-                      [](const StageMemory& x) { return !x.any_routing_bytes.has_value(); })
-              ? " (balanced; the bound is not computed with tensor parallelism)"
-              : "")
-      << "\n";
+  if (const StageMemory* s = over([](const StageMemory& x) { return x.any_routing_bytes; })) {
+    out << ": covers balanced routing; a step routed far from balance can need up to "
+        << FormatBytes(*s->any_routing_bytes) << " on stage " << s->stage
+        << ", which no policy can move while its MoE layer runs\n";
+    return;
+  }
+  out << (any_unknown ? ": covers balanced routing (the worst routing is not computed with tensor "
+                        "parallelism)\n"
+                      : ": leaves room for any routing\n");
 }
 
 google::protobuf::Value MemoryJson(const std::vector<StageMemory>& stages) {
@@ -161,6 +195,11 @@ google::protobuf::Value MemoryJson(const std::vector<StageMemory>& stages) {
       auto& e = *a[b.policy].mutable_struct_value()->mutable_fields();
       e["one_micro_batch"].set_number_value(static_cast<double>(b.one));
       e["in_flight"].set_number_value(static_cast<double>(b.in_flight));
+      if (b.worst_in_flight) {
+        e["worst_routing_in_flight"].set_number_value(static_cast<double>(*b.worst_in_flight));
+      } else {
+        e["worst_routing_in_flight"].set_null_value(google::protobuf::NULL_VALUE);
+      }
     }
     f["least_activation_bytes"].set_number_value(static_cast<double>(s.least_activation_bytes));
     if (s.any_routing_bytes) {
@@ -312,6 +351,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
     a["reason"].set_string_value(choice.reason);
     f["job_schedule"].set_string_value(moe_spec.schedule());
     f["memory"] = MemoryJson(memory);
+    f["memory_schedule"].set_string_value(moe::ScheduleName(running));
     RETURN_IF_ERROR(PrintJson(result, *ctx.out));
     return kExitOk;
   }
@@ -320,7 +360,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   out << "job " << spec.name() << ": " << m.layers() << " layers, MoE layers "
       << (moe_layers.empty() ? "none" : layers) << "\n";
   if (moe_layers.empty()) {  // (the spec refuses it today: moe_every <= layers)
-    PrintMemory(out, spec, memory);
+    PrintMemory(out, spec, memory, running);
     return kExitOk;
   }
   out << "MoE layer shape (every MoE layer): N " << shape.N << " tokens per rank per micro-batch ("
@@ -348,7 +388,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   }
   out << "\nauto: " << moe::ScheduleName(choice.schedule) << " (" << choice.reason << ")\n";
   out << "the job's moe.schedule: " << moe_spec.schedule() << "\n";
-  PrintMemory(out, spec, memory);
+  PrintMemory(out, spec, memory, running);
   return kExitOk;
 }
 

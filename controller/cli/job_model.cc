@@ -1,6 +1,7 @@
 #include "controller/cli/job_model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "runtime/memory/policy.h"
 #include "runtime/model/declared_bytes.h"
@@ -51,18 +52,28 @@ std::vector<StageMemory> PlanMemory(const v1::JobSpec& spec, const topology::Top
     s.bf16_mirror_bytes = bf16 ? 2 * s.parameters : 0;
     s.micro_batches_in_flight = std::min(stages - shard.stage, micro_batches);
     const model::MoeRows rows = model::BalancedMoeRows(config, shard, B, exchange);
+    const std::optional<model::MoeRows> worst = model::WorstMoeRows(config, shard, B, exchange);
     const int64_t dres = model::ResidualGradBytes(config, B);
-    for (const MemoryPolicy policy :
-         {MemoryPolicy::kNone, MemoryPolicy::kSelective, MemoryPolicy::kFullRecompute}) {
+    // As the model projects it: the micro-batches already in flight hold their saved tensors
+    // while the newest one runs (GptMoe's predicted peak).
+    const auto in_flight = [&](const model::MoeRows& at, MemoryPolicy policy, int64_t* one) {
       const std::vector<model::ModuleBytes> modules =
-          model::DeclaredModulesOf(config, shard, B, {rows}, policy);
+          model::DeclaredModulesOf(config, shard, B, {at}, policy);
       int64_t saved = 0;
       for (const model::ModuleBytes& m : modules) saved += m.saved;
-      const int64_t one = model::ComposePeak(modules, dres);
-      // As the model projects it: the micro-batches already in flight hold their saved tensors
-      // while the newest one runs (GptMoe's predicted peak).
-      s.policies.push_back({std::string(memory::MemoryPolicyName(policy)), one,
-                            one + int64_t{s.micro_batches_in_flight - 1} * saved});
+      *one = model::ComposePeak(modules, dres);
+      return *one + int64_t{s.micro_batches_in_flight - 1} * saved;
+    };
+    for (const MemoryPolicy policy :
+         {MemoryPolicy::kNone, MemoryPolicy::kSelective, MemoryPolicy::kFullRecompute}) {
+      PolicyActivationBytes b;
+      b.policy = memory::MemoryPolicyName(policy);
+      b.in_flight = in_flight(rows, policy, &b.one);
+      if (worst.has_value()) {
+        int64_t one = 0;
+        b.worst_in_flight = in_flight(*worst, policy, &one);
+      }
+      s.policies.push_back(std::move(b));
     }
     s.least_activation_bytes = model::MinimumActivationBytes(config, shard, B, exchange);
     s.any_routing_bytes = model::RoutingBoundActivationBytes(config, shard, B, exchange);

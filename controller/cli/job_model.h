@@ -21,11 +21,14 @@ namespace furnace::cli {
 model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe);
 
 // The activation bytes of one micro-batch (balanced dropless routing) under a static policy,
-// alone and with as many micro-batches in flight as the 1F1B schedule holds on the stage.
+// alone and with as many micro-batches in flight as the 1F1B schedule holds on the stage, and
+// those in flight under the routing that sends the rank the most (model::WorstMoeRows; nullopt
+// where it is not computed: tensor parallelism with expert parallelism or sharding).
 struct PolicyActivationBytes {
   std::string policy;  // none, selective, full_recompute
   int64_t one = 0;
   int64_t in_flight = 0;
+  std::optional<int64_t> worst_in_flight;
 };
 
 // What every rank of one pipeline stage holds (their shards differ in which slice, not in size).
@@ -40,7 +43,7 @@ struct StageMemory {
   int micro_batches_in_flight = 1;  // min(pp - stage, parallel.micro_batches)
   std::vector<PolicyActivationBytes> policies;
   // The least any policy needs for one micro-batch (a memory.device_budget below it is refused
-  // by the ranks) and the bytes that leave room for any routing (nullopt: not computed, tp > 1).
+  // by the ranks) and the least adaptive needs under any routing (nullopt: not computed).
   int64_t least_activation_bytes = 0;
   std::optional<int64_t> any_routing_bytes;
 };

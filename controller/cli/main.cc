@@ -47,6 +47,17 @@ std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// {"error": {"code", "message", "exit_code"}}: a failed command's one document under --json.
+void PrintJsonError(std::ostream& out, const absl::Status& status, int exit_code) {
+  google::protobuf::Struct doc;
+  auto& error = *(*doc.mutable_fields())["error"].mutable_struct_value()->mutable_fields();
+  error["code"].set_string_value(absl::StatusCodeToString(status.code()));
+  error["message"].set_string_value(std::string(status.message()));
+  error["exit_code"].set_number_value(exit_code);
+  (void)furnace::cli::PrintJson(doc, out);
+  out.flush();
+}
+
 std::string CommandNames(CLI::App& app) {
   std::string names;
   for (const CLI::App* sub : app.get_subcommands({})) {
@@ -273,13 +284,23 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    std::string message;
     if (const std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
-      std::cerr << "furnace: unknown command '" << unknown << "'; the commands are "
-                << CommandNames(app) << " (furnace --help)\n";
-      return kExitUsage;
+      message = "unknown command '" + unknown + "'; the commands are " + CommandNames(app) +
+                " (furnace --help)";
+      std::cerr << "furnace: " << message << "\n";
+    } else {
+      const int code = app.exit(e);
+      if (code == 0) return kExitOk;  // --help, --version
+      message = e.what();
     }
-    const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitUsage;
+    // --json's one document, for a command line that did not parse either (the flag is looked
+    // for by hand: the parse that would have set it failed).
+    if (std::any_of(argv + 1, argv + argc,
+                    [](const char* a) { return std::string(a) == "--json"; })) {
+      PrintJsonError(std::cout, absl::InvalidArgumentError(message), kExitUsage);
+    }
+    return kExitUsage;
   }
 
   // Commands that talk to the controller need the credentials; certs, plan, data, a dry run and
@@ -354,17 +375,9 @@ int main(int argc, char** argv) {
   std::cout.flush();
   if (result.ok()) return *result;
   const int exit_code = ExitCodeForStatus(result.status());
-  if (json) {
-    // --json promises one JSON document per command: a failed one is an error document (the
-    // message goes to stderr too, for a person reading the terminal).
-    google::protobuf::Struct doc;
-    auto& error = *(*doc.mutable_fields())["error"].mutable_struct_value()->mutable_fields();
-    error["code"].set_string_value(absl::StatusCodeToString(result.status().code()));
-    error["message"].set_string_value(std::string(result.status().message()));
-    error["exit_code"].set_number_value(exit_code);
-    (void)PrintJson(doc, std::cout);
-    std::cout.flush();
-  }
+  // --json promises one JSON document per command: a failed one is an error document (the message
+  // goes to stderr too, for a person reading the terminal).
+  if (json) PrintJsonError(std::cout, result.status(), exit_code);
   // An invalid job file is the controller's report, meant to be read as it is.
   if (absl::IsInvalidArgument(result.status())) {
     std::cerr << result.status().message() << "\n";

@@ -443,7 +443,16 @@ fs::path JobLifecycle::DefaultCheckpointParent() const {
 
 const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
                                            CheckpointDirUse use) const {
-  const std::vector<std::string> want = DirSpellings(dir);
+  std::vector<std::string> want;
+  if (self != nullptr && dir == self->spec.checkpoint().dir()) {
+    if (!self->checkpoint_dir_spelled) {
+      self->checkpoint_dir_spellings = DirSpellings(dir);
+      self->checkpoint_dir_spelled = true;
+    }
+    want = self->checkpoint_dir_spellings;
+  } else {
+    want = DirSpellings(dir);
+  }
   if (want.empty()) return nullptr;
   // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
   // rank stopped writes its final checkpoint): the workers that are not lost say which still
@@ -461,7 +470,11 @@ const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& d
     const bool live = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
                                                          : holding.count(id) > 0;
     if (!live) continue;  // (before the comparison, which reads the filesystem)
-    const std::vector<std::string> theirs = DirSpellings(other.spec.checkpoint().dir());
+    if (!other.checkpoint_dir_spelled) {
+      other.checkpoint_dir_spellings = DirSpellings(other.spec.checkpoint().dir());
+      other.checkpoint_dir_spelled = true;
+    }
+    const std::vector<std::string>& theirs = other.checkpoint_dir_spellings;
     if (IsWithinAny(want, theirs) || IsWithinAny(theirs, want)) return &other;
   }
   return nullptr;

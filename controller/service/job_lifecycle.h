@@ -96,6 +96,11 @@ struct Job {
   std::vector<furnace::v1::AttemptInfo> attempts;  // index = attempt - 1
   double attempt_started_mono = 0;
   double recover_at_mono = 0;
+  // spec.checkpoint.dir as the one-writer check compares it (lexically normal, and resolved
+  // through symlinks on this machine): worked out once, on first use, not on every submit's scan
+  // of the live jobs (the filesystem calls run under the controller's lock).
+  mutable std::vector<std::string> checkpoint_dir_spellings;
+  mutable bool checkpoint_dir_spelled = false;
   // The restart ladder's view of the workers (recovery.cc says the rules). Suspects: a rank of
   // theirs failed in the last attempt; placed only after spares, and vetted by the next attempt's
   // health check. Excluded: failed the health check, or went silent; never placed for this job

@@ -653,7 +653,9 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                 "connections) cannot finish sooner"),
                    absl::StrCat(r.start_timeout_s()), absl::StrCat(">= ", kMinStartTimeoutS)});
   }
-  if (r.health_check_s() > 0 && r.health_check_s() < kMinHealthCheckS) {
+  // (Its default, half a refused hang_timeout_s, is the user's to fix through hang_timeout_s.)
+  if (diag->Present("recovery.health_check_s") && r.health_check_s() > 0 &&
+      r.health_check_s() < kMinHealthCheckS) {
     c.Fail({"recovery.health_check_s"},
            Problem{absl::StrCat("must be 0 (off) or at least ", kMinHealthCheckS,
                                 " s: the check's collectives cannot finish sooner"),

@@ -340,12 +340,10 @@ int64_t MinimumActivationBytes(const ModelConfig& config, const ModelShard& shar
   return LeastActivationBytesAt(config, shard, B, BalancedMoeRows(config, shard, B, exchange));
 }
 
-std::optional<int64_t> RoutingBoundActivationBytes(const ModelConfig& config,
-                                                   const ModelShard& shard, int B,
-                                                   const MoeExchange& exchange) {
+std::optional<MoeRows> WorstMoeRows(const ModelConfig& config, const ModelShard& shard, int B,
+                                    const MoeExchange& exchange) {
   const int esp = shard.esp, ep = shard.ep, tp = shard.tp;
-  const int64_t least = MinimumActivationBytes(config, shard, B, exchange);
-  if (ep == 1 && esp == 1) return least;  // a rank's rows are at most N k
+  if (ep == 1 && esp == 1) return BalancedMoeRows(config, shard, B, exchange);
   if (tp > 1) return std::nullopt;
   const int64_t N = int64_t{B} * config.seq_len, k = config.top_k, E = config.experts;
   const int64_t El = MoeShapeOf(config, shard).El();
@@ -359,8 +357,17 @@ std::optional<int64_t> RoutingBoundActivationBytes(const ModelConfig& config,
     S = std::min(S, E * c);
     A = std::min(A, ep * El * c);
   }
-  return std::max(least,
-                  LeastActivationBytesAt(config, shard, B, MoeRows{S, A * esp, A + A * esp, true}));
+  return MoeRows{S, A * esp, A + A * esp, true};
+}
+
+std::optional<int64_t> RoutingBoundActivationBytes(const ModelConfig& config,
+                                                   const ModelShard& shard, int B,
+                                                   const MoeExchange& exchange) {
+  const int64_t least = MinimumActivationBytes(config, shard, B, exchange);
+  if (shard.ep == 1 && shard.esp == 1) return least;  // a rank's rows are at most N k
+  const std::optional<MoeRows> worst = WorstMoeRows(config, shard, B, exchange);
+  if (!worst.has_value()) return std::nullopt;
+  return std::max(least, LeastActivationBytesAt(config, shard, B, *worst));
 }
 
 }  // namespace furnace::model

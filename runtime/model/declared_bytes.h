@@ -194,6 +194,14 @@ MoeRows BalancedMoeRows(const ModelConfig& config, const ModelShard& shard, int 
 int64_t MinimumActivationBytes(const ModelConfig& config, const ModelShard& shard, int B,
                                const MoeExchange& exchange);
 
+// The rows of each MoE layer of `shard` under the routing that sends the rank the most (expert
+// parallelism, tp 1; see RoutingBoundActivationBytes): with expert parallelism or sharding and
+// tp 1, the most a capacity allows or, dropless, every token of every source to this rank's
+// experts; without either, BalancedMoeRows (a rank's rows are at most N k); nullopt with both
+// tensor parallelism and expert parallelism or sharding (not computed).
+std::optional<MoeRows> WorstMoeRows(const ModelConfig& config, const ModelShard& shard, int B,
+                                    const MoeExchange& exchange);
+
 // The same floor for the most rows routing can send the rank (expert parallelism, tp 1): with a
 // capacity_factor, each source rank gives each expert at most its capacity; dropless, each
 // source's every token sends one row to each of its k experts that lives here (at most

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "controller/cli/commands.h"
+#include "controller/cli/format.h"
 #include "controller/cli/job_model.h"
 #include "controller/spec/job_spec.h"
 #include "gmock/gmock.h"
@@ -149,28 +150,50 @@ class PlanMemoryTextTest : public ::testing::Test {
 TEST_F(PlanMemoryTextTest, TheJobsBudgetIsWeighedAgainstEveryStage) {
   const std::string layout = "{dp: 2, ep: 2, micro_batch: 2}";
   const std::string plain = Plan(Job(layout));
-  EXPECT_THAT(plain, HasSubstr("memory per rank (micro-batches of 2 x 16 tokens"));
+  EXPECT_THAT(plain, HasSubstr("memory per rank (micro-batches of 2 x 16 tokens; MoE layers under "
+                               "deepspeed;"));
   EXPECT_THAT(plain, HasSubstr("stage 0 (layers 0-3, 2 ranks): "));
-  EXPECT_THAT(plain, HasSubstr("activations, one micro-batch: none "));
+  EXPECT_THAT(plain, HasSubstr("activations, one micro-batch (balanced routing): none "));
+  EXPECT_THAT(plain, HasSubstr("under the routing that sends this rank the most: none "));
   EXPECT_THAT(plain, HasSubstr("policy none, device_budget none (the device's memory)"));
 
-  const int64_t least = Least(Job(layout));
-  const std::string below = Plan(Job(
-      layout, "memory: {policy: adaptive, device_budget: " + std::to_string(least - 1) + "}\n"));
-  EXPECT_THAT(below, HasSubstr("its ranks refuse the job before the first step"));
-  const std::string balanced = Plan(
-      Job(layout, "memory: {policy: adaptive, device_budget: " + std::to_string(least) + "}\n"));
-  EXPECT_THAT(balanced, HasSubstr("covers balanced routing; a step routed far from balance"));
-  const std::string none_short =
-      Plan(Job(layout, "memory: {policy: none, device_budget: " + std::to_string(least) + "}\n"));
+  const v1::JobSpec spec = Spec(Job(layout));
+  const StageMemory stage = PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed)[0];
+  const int64_t least = stage.least_activation_bytes;
+  const int64_t none = stage.policies[0].in_flight;
+  const int64_t none_worst = *stage.policies[0].worst_in_flight;
+  ASSERT_LT(none, none_worst);  // expert parallelism: routing can send this rank more
+  const auto with = [&](const std::string& policy, int64_t budget, const std::string& extra = "") {
+    return Plan(Job(layout, "memory: {policy: " + policy +
+                                ", device_budget: " + std::to_string(budget) + extra + "}\n"));
+  };
+  EXPECT_THAT(with("adaptive", least - 1), HasSubstr("its ranks refuse the job before the first"));
+  EXPECT_THAT(with("none", least - 1), HasSubstr("its ranks refuse the job before the first"));
+  EXPECT_THAT(with("adaptive", least),
+              HasSubstr("covers balanced routing; a step routed far from balance can need up to "));
+  EXPECT_THAT(with("adaptive", *stage.any_routing_bytes),
+              HasSubstr(": leaves room for any routing\n"));
+  // A static policy is judged by its own bytes, balanced and under the worst routing.
+  const std::string none_short = with("none", none - 1);
   EXPECT_THAT(none_short, HasSubstr("policy none needs "));
   EXPECT_THAT(none_short, HasSubstr("restarts the job under adaptive"));
-  const std::string roomy = Plan(Job(layout, "memory: {policy: none, device_budget: 1GiB}\n"));
-  EXPECT_THAT(roomy, HasSubstr(": leaves room for any routing\n"));
+  const std::string none_balanced = with("none", none);
+  EXPECT_THAT(none_balanced, HasSubstr("covers balanced routing; a step routed far from balance "
+                                       "can need up to " +
+                                       FormatBytes(none_worst) + " on stage 0 under none"));
+  EXPECT_THAT(with("none", none_worst), HasSubstr(": leaves room for any routing\n"));
+  // Offload is not projected: judged by none's bytes before its moves.
+  EXPECT_THAT(with("offload", none - 1, ", offload_ratio: 0.5"),
+              HasSubstr("none (offload before its moves, which this plan does not project)"));
+  // Without restarts the job does not come back under adaptive.
+  EXPECT_THAT(Plan(Job(layout, "memory: {policy: none, device_budget: " + std::to_string(none - 1) +
+                                   "}\nrecovery: {max_restarts: 0}\n")),
+              HasSubstr("with recovery.max_restarts 0 the job then fails"));
 
   const std::string json = Plan(Job(layout), true);
   EXPECT_THAT(json, HasSubstr("\"memory\": ["));
   EXPECT_THAT(json, HasSubstr("\"least_activation_bytes\": " + std::to_string(least)));
+  EXPECT_THAT(json, HasSubstr("\"worst_routing_in_flight\": " + std::to_string(none_worst)));
 }
 
 }  // namespace

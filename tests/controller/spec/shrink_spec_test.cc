@@ -126,6 +126,17 @@ TEST(ShrinkSpecTest, BadLayoutsAreRefusedByField) {
   }
 }
 
+// A refused hang_timeout_s is the one problem: the health check's default (half of it) is not
+// refused too, since the user did not write it.
+TEST(ShrinkSpecTest, AShortHangTimeoutDoesNotAlsoRefuseTheDefaultHealthCheck) {
+  auto spec = ParseJobYaml(Job("  hang_timeout_s: 1.5\n"), "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find("recovery.hang_timeout_s: must be at least 2 s"), std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("recovery.health_check_s"), std::string::npos) << message;
+}
+
 TEST(ShrinkSpecTest, FaultWorkerAndHealthCheckModeAreAccepted) {
   auto spec = ParseJobYaml(
       "name: j\nkind: commcheck\nparallel: {dp: 2}\nfault: {mode: health_check, worker: h/1, "
