@@ -119,18 +119,9 @@ std::string RedrawFrame(int previous_lines, const std::vector<std::string>& line
 
 std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
                                          const v1::JobDetail& current) {
+  // The new events first, then the status they led to: one poll can see a job start, run and end,
+  // and its lines then read in the order it happened.
   std::vector<std::string> lines;
-  const v1::JobSummary& s = current.summary();
-  const bool changed = previous == nullptr || previous->summary().state() != s.state() ||
-                       previous->summary().attempt() != s.attempt() ||
-                       previous->summary().step() != s.step() ||
-                       previous->summary().total_steps() != s.total_steps();
-  if (changed) {
-    const double t = s.updated_unix() > 0 ? s.updated_unix() : s.submitted_unix();
-    std::string line = absl::StrCat(FormatClock(t), " job ", s.job_id(), " ", StatusLine(s));
-    if (auto train = TrainMetricsOf(current)) line += TrainPlainSuffix(*train);
-    lines.push_back(std::move(line));
-  }
   // The controller may send only the latest events, so "new" means not in the previous reply
   // and not older than its newest event.
   std::set<EventKey> seen;
@@ -144,6 +135,17 @@ std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
   for (const auto& e : current.events()) {
     if (e.unix_time() < newest || seen.count(KeyOf(e)) > 0) continue;
     lines.push_back(absl::StrCat(EventText(e)));
+  }
+  const v1::JobSummary& s = current.summary();
+  const bool changed = previous == nullptr || previous->summary().state() != s.state() ||
+                       previous->summary().attempt() != s.attempt() ||
+                       previous->summary().step() != s.step() ||
+                       previous->summary().total_steps() != s.total_steps();
+  if (changed) {
+    const double t = s.updated_unix() > 0 ? s.updated_unix() : s.submitted_unix();
+    std::string line = absl::StrCat(FormatClock(t), " job ", s.job_id(), " ", StatusLine(s));
+    if (auto train = TrainMetricsOf(current)) line += TrainPlainSuffix(*train);
+    lines.push_back(std::move(line));
   }
   return lines;
 }

@@ -54,9 +54,9 @@ TEST_F(WatchViewTest, PlainLinesOnlyOnChange) {
   v1::JobDetail first = MakeJob(v1::JOB_RUNNING, 1, 3);
   AddEvent(&first, kT0 + 1, "scheduled", "2 ranks placed");
   auto lines = PlainWatchLines(nullptr, first);
-  ASSERT_EQ(lines.size(), 2u);
-  EXPECT_EQ(lines[0], "22:14:25 job j-1 RUNNING  attempt 1  0 restarts  step 3/10 (30%)");
-  EXPECT_EQ(lines[1], "22:13:21 scheduled: 2 ranks placed");
+  ASSERT_EQ(lines.size(), 2u);  // the events, then the status they led to
+  EXPECT_EQ(lines[0], "22:13:21 scheduled: 2 ranks placed");
+  EXPECT_EQ(lines[1], "22:14:25 job j-1 RUNNING  attempt 1  0 restarts  step 3/10 (30%)");
 
   // Same state, step and events: nothing.
   EXPECT_TRUE(PlainWatchLines(&first, first).empty());
