@@ -59,6 +59,9 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
   // so it is bounded by the start timeout when that is longer; the collectives below get
   // recovery.health_check_s.
   const double arrival_bound = std::max(bound, StartTimeoutS(task));
+  // The field the bound came from, for the messages below.
+  const char* bound_field =
+      StartTimeoutS(task) >= bound ? "recovery.start_timeout_s" : "recovery.health_check_s";
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(arrival_bound));
@@ -76,8 +79,8 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
     if (!arrivals.ok()) {
       return absl::DeadlineExceededError(
           absl::StrFormat("health check: the peers' arrival could not be read within %.0f s of "
-                          "this rank (recovery.start_timeout_s): %s",
-                          arrival_bound, arrivals.status().message()));
+                          "this rank (%s): %s",
+                          arrival_bound, bound_field, arrivals.status().message()));
     }
     const size_t missing = task.world_size() - arrivals->present;
     std::string named = absl::StrJoin(arrivals->missing, ", ");
@@ -85,9 +88,8 @@ absl::Status RunHealthCheck(const furnace::v1::RankTask& task, Progress& progres
       absl::StrAppend(&named, ", ... (", missing - arrivals->missing.size(), " more)");
     }
     return absl::DeadlineExceededError(
-        absl::StrFormat("health check: rank%s %s did not arrive within %.0f s of this rank "
-                        "(recovery.start_timeout_s)",
-                        missing == 1 ? "" : "s", named, arrival_bound));
+        absl::StrFormat("health check: rank%s %s did not arrive within %.0f s of this rank (%s)",
+                        missing == 1 ? "" : "s", named, arrival_bound, bound_field));
   }
   // The check's collectives run where the job's will: on the rank's device (resources.device),
   // NCCL between GPUs, so a GPU or link that cannot carry a collective fails here, before any

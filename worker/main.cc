@@ -107,12 +107,7 @@ int RunAgent(furnace::worker::AgentOptions options, const std::string& log_level
   for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
                             std::pair{"--checkpoint-root", &options.checkpoint_root}}) {
     if (root->empty()) continue;
-    absl::StatusOr<std::string> resolved = furnace::ResolveRoot(*root, flag);
-    std::error_code ec;
-    if (resolved.ok() && !std::filesystem::is_directory(*resolved, ec)) {
-      resolved = absl::InvalidArgumentError(
-          absl::StrCat(flag, " ", *root, ": not a directory (allowed: an existing directory)"));
-    }
+    absl::StatusOr<std::string> resolved = furnace::ResolveDaemonRoot(*root, flag);
     if (!resolved.ok()) {
       std::fprintf(stderr, "furnace-worker: %s\n",
                    std::string(resolved.status().message()).c_str());
@@ -257,6 +252,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--data-root", options.data_root,
                  "confine the data files jobs name to this directory: ranks resolve them under it "

@@ -383,10 +383,21 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
           filename, spec.checkpoint().dir()));
     }
     const std::vector<std::string> reserved = DirSpellings(defaults.string());
-    if (IsWithinAny(dir, reserved) || IsWithinAny(reserved, dir)) {
+    // The default directory of a job that exists (its id is taken, so no later job gets it) may be
+    // named to continue that job's run, in another layout or with other settings; the one-writer
+    // check below still holds it while that job has not ended.
+    const bool existing_default = std::any_of(dir.begin(), dir.end(), [&](const std::string& d) {
+      return std::any_of(reserved.begin(), reserved.end(), [&](const std::string& r) {
+        const fs::path rel = fs::path(d).lexically_relative(r);
+        return !rel.empty() && rel.has_filename() && rel == rel.filename() &&
+               rel.string() != ".." && rel.string() != "." && jobs_.count(rel.string()) > 0;
+      });
+    });
+    if (!existing_default && (IsWithinAny(dir, reserved) || IsWithinAny(reserved, dir))) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: checkpoint.dir %s is %s %s, where the controller puts the checkpoints of jobs "
-          "that name none; allowed: a directory outside it, or leave checkpoint.dir out",
+          "that name none; allowed: a directory outside it, an existing job's own directory "
+          "there (to continue that job's run), or leave checkpoint.dir out",
           filename, spec.checkpoint().dir(), IsWithinAny(dir, reserved) ? "under" : "around",
           defaults.string()));
     }

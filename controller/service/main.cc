@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
        {std::tuple{"--data-root", &f.data_root, &options.data_root},
         std::tuple{"--checkpoint-root", &f.checkpoint_root, &options.checkpoint_root}}) {
     if (given->empty()) continue;
-    absl::StatusOr<std::string> root = furnace::ResolveRoot(*given, flag);
+    absl::StatusOr<std::string> root = furnace::ResolveDaemonRoot(*given, flag);
     if (!root.ok()) {
       std::cerr << "furnace-controller: " << root.status().message() << "\n";
       return 2;

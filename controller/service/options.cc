@@ -19,6 +19,7 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "furnace-worker to launch (default: next to this binary)");
   app.add_option("--heartbeat-interval", flags.heartbeat_interval_s,
                  "seconds between agent heartbeats")
+      ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
   app.add_option("--telemetry-flush", flags.telemetry_flush_s,
                  "seconds between an agent's telemetry and log pushes (told to agents): every rank "
@@ -29,10 +30,12 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
       ->capture_default_str();
   app.add_option("--worker-timeout", flags.worker_timeout_s,
                  "seconds of silence after which an agent is lost")
+      ->check(CLI::Range(0.02, 1e6))
       ->capture_default_str();
   app.add_option("--reattach-grace", flags.reattach_grace_s,
                  "seconds after a controller start that known agents get to register again "
                  "before their silence counts")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--forget-lost-workers", flags.forget_lost_s,
                  "seconds after which a lost agent that has not registered again is forgotten "

@@ -83,6 +83,17 @@ absl::StatusOr<std::string> ResolveRoot(const std::string& root, const std::stri
   return out;
 }
 
+absl::StatusOr<std::string> ResolveDaemonRoot(const std::string& root, const std::string& flag) {
+  absl::StatusOr<std::string> resolved = ResolveRoot(root, flag);
+  if (!resolved.ok()) return resolved;
+  std::error_code ec;
+  if (!fs::is_directory(*resolved, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", root, ": not a directory (allowed: an existing directory)"));
+  }
+  return resolved;
+}
+
 absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::string& path,
                                         const std::string& field, const std::string& flag,
                                         const std::vector<std::string>& suffixes) {

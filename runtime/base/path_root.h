@@ -24,6 +24,11 @@ namespace furnace {
 // naming `flag` when root is empty or cannot be resolved.
 absl::StatusOr<std::string> ResolveRoot(const std::string& root, const std::string& flag);
 
+// A daemon's --data-root / --checkpoint-root: ResolveRoot, and the result must be an existing
+// directory (InvalidArgument "<flag> <root>: not a directory (allowed: an existing directory)"):
+// a root that is not there would confine every job to nothing.
+absl::StatusOr<std::string> ResolveDaemonRoot(const std::string& root, const std::string& flag);
+
 // `path` (the value of job field `field`) resolved under `root` (a ResolveRoot result, named
 // `flag` in messages). `suffixes`: files the path is the prefix of (an indexed dataset's ".bin"
 // and ".idx"), each checked the same way. Returns the resolved absolute path; InvalidArgument

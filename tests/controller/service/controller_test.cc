@@ -1478,6 +1478,36 @@ TEST_F(ControllerTest, AFaultWorkerInThePlacementIsNoEvent) {
   for (const auto& e : detail.events()) EXPECT_NE(e.kind(), "fault_not_injected");
 }
 
+// A job's default checkpoint directory may be named to continue its run once it has ended (its id
+// is taken: no later job gets that directory); not while it runs, not below it, and not the
+// directory of a job that does not exist yet.
+TEST_F(ControllerTest, AnEndedJobsDefaultDirectoryCanBeNamedToContinueIt) {
+  const std::string train = "name: t\nkind: train\nparallel: {dp: 2}\n";
+  StartRunning(train.c_str());
+  const std::string first = job_;
+  const std::string own = (dir_ / "checkpoints" / first).string();
+  EXPECT_EQ(Job().spec().checkpoint().dir(), own);
+  const auto with_dir = [&](const std::string& dir) {
+    return c_->Submit(train + "checkpoint: {dir: " + dir + "}\n", "c.yaml");
+  };
+  auto running = with_dir(own);
+  ASSERT_FALSE(running.ok());
+  EXPECT_NE(running.status().message().find("in use by job " + first), std::string::npos)
+      << running.status();
+  for (const std::string& other : {own + "/sub", (dir_ / "checkpoints" / "t-99").string()}) {
+    auto refused = with_dir(other);
+    ASSERT_FALSE(refused.ok()) << other;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << other;
+  }
+  ASSERT_TRUE(c_->Cancel(first).ok());
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  auto resumed = with_dir(own);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  job_ = *resumed;
+  EXPECT_EQ(Job().spec().checkpoint().dir(), own);
+}
+
 // Two jobs committing into one checkpoint.dir would uncommit and prune each other's steps: a
 // second job naming the directory of one that has not ended is refused at submit; once that one
 // has ended, the second waits until its ranks have exited (a stopped single rank still writes).

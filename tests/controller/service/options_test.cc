@@ -189,6 +189,15 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
   EXPECT_THROW(Parse({"--config", WriteConfig("controller_level.yaml", "log-level: loud\n")}, f),
                CLI::ValidationError);
   EXPECT_THROW(Parse({"--no-such-flag", "1"}, f), CLI::ExtrasError);
+  // Timing values out of range are refused (a negative or zero interval started before).
+  for (const char* flag : {"--heartbeat-interval", "--worker-timeout"}) {
+    EXPECT_THROW(Parse({flag, "0"}, f), CLI::ValidationError) << flag;
+    EXPECT_THROW(Parse({flag, "-1"}, f), CLI::ValidationError) << flag;
+  }
+  EXPECT_THROW(Parse({"--reattach-grace", "-5"}, f), CLI::ValidationError);
+  EXPECT_THROW(
+      Parse({"--config", WriteConfig("controller_timeout.yaml", "worker-timeout: -1\n")}, f),
+      CLI::ValidationError);
 }
 
 TEST(ControllerOptions, RootsLimitsAndRatesFromFlagsAndTheConfigFile) {

@@ -148,5 +148,16 @@ TEST(ResolveRootTest, MakesTheRootAbsoluteAndReal) {
   EXPECT_FALSE(ResolveRoot("", "--data-root").ok());
 }
 
+// A daemon's root must exist (the controller started with a missing one and its local workers,
+// refusing it, restarted forever).
+TEST(ResolveRootTest, ADaemonsRootMustBeAnExistingDirectory) {
+  EXPECT_TRUE(ResolveDaemonRoot(".", "--data-root").ok());
+  const auto missing = ResolveDaemonRoot("/nonexistent/furnace-root", "--checkpoint-root");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message(),
+            "--checkpoint-root /nonexistent/furnace-root: not a directory (allowed: an existing "
+            "directory)");
+}
+
 }  // namespace
 }  // namespace furnace
