@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(furnace::FiniteRange(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--data-root", options.data_root,
                  "confine the data files jobs name to this directory: ranks resolve them under it "

@@ -27,10 +27,10 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
 // the new frame.
 std::string RedrawFrame(int previous_lines, const std::vector<std::string>& lines);
 
-// The plain lines for a change from `previous` (null at the first poll) to `current`: one status
-// line when the state, attempt or step changed (a train job's with loss, tokens/s and MFU; the
-// cause only while recovering or once ended: a running attempt's line carries no earlier
-// attempt's cause), and one line per event not seen before. Empty when nothing changed.
+// The plain lines for a change from `previous` (null at the first poll) to `current`: one line per
+// event not seen before, then one status line when the state, attempt or step changed (a train
+// job's with loss, tokens/s and MFU; the cause only while recovering or once ended: a running
+// attempt's line carries no earlier attempt's cause). Empty when nothing changed.
 std::vector<std::string> PlainWatchLines(const v1::JobDetail* previous,
                                          const v1::JobDetail& current);
 

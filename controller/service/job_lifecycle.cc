@@ -386,13 +386,30 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
     // The default directory of a job that exists (its id is taken, so no later job gets it) may be
     // named to continue that job's run, in another layout or with other settings; the one-writer
     // check below still holds it while that job has not ended.
-    const bool existing_default = std::any_of(dir.begin(), dir.end(), [&](const std::string& d) {
-      return std::any_of(reserved.begin(), reserved.end(), [&](const std::string& r) {
+    // Every spelling inside the reserved directory must be `<reserved>/<id>` of one job, and the
+    // directory must be that job's own (it may have named another): a symlink there leads nowhere
+    // else, and naming a job's id continues that job.
+    std::string id_named;
+    bool only_that_job = true;
+    for (const std::string& d : dir) {
+      for (const std::string& r : reserved) {
+        if (!IsWithin(d, r)) continue;
         const fs::path rel = fs::path(d).lexically_relative(r);
-        return !rel.empty() && rel.has_filename() && rel == rel.filename() &&
-               rel.string() != ".." && rel.string() != "." && jobs_.count(rel.string()) > 0;
-      });
-    });
+        const bool one_name =
+            !rel.empty() && rel == rel.filename() && rel.string() != "." && rel.string() != "..";
+        if (!one_name || (!id_named.empty() && id_named != rel.string())) only_that_job = false;
+        if (one_name) id_named = rel.string();
+      }
+    }
+    bool existing_default = false;
+    if (only_that_job && !id_named.empty()) {
+      if (const auto it = jobs_.find(id_named); it != jobs_.end()) {
+        const std::vector<std::string> theirs = DirSpellings(it->second.spec.checkpoint().dir());
+        existing_default = std::any_of(dir.begin(), dir.end(), [&](const std::string& d) {
+          return std::find(theirs.begin(), theirs.end(), d) != theirs.end();
+        });
+      }
+    }
     if (!existing_default && (IsWithinAny(dir, reserved) || IsWithinAny(reserved, dir))) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: checkpoint.dir %s is %s %s, where the controller puts the checkpoints of jobs "

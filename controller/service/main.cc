@@ -68,6 +68,15 @@ int main(int argc, char** argv) {
 
   furnace::controller::ControllerOptions options;
   options.state_dir = std::filesystem::absolute(f.state_dir).string();
+  // An agent is lost after --worker-timeout of silence: shorter than two heartbeats, healthy
+  // agents would be lost between two of theirs.
+  if (f.worker_timeout_s < 2 * f.heartbeat_interval_s) {
+    std::cerr << "furnace-controller: --worker-timeout " << f.worker_timeout_s
+              << " s is shorter than two heartbeats (--heartbeat-interval "
+              << f.heartbeat_interval_s << " s); allowed: at least " << 2 * f.heartbeat_interval_s
+              << "\n";
+    return 2;
+  }
   options.heartbeat_interval_s = f.heartbeat_interval_s;
   options.telemetry_flush_s = f.telemetry_flush_s;
   options.worker_timeout_s = f.worker_timeout_s;

@@ -1,5 +1,6 @@
 #include "controller/service/options.h"
 
+#include "runtime/base/daemon_flags.h"
 #include "runtime/base/yaml_config.h"
 
 namespace furnace::controller {
@@ -19,29 +20,29 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "furnace-worker to launch (default: next to this binary)");
   app.add_option("--heartbeat-interval", flags.heartbeat_interval_s,
                  "seconds between agent heartbeats")
-      ->check(CLI::Range(0.01, 3600.0))
+      ->check(FiniteRange(0.01, 3600.0))
       ->capture_default_str();
   app.add_option("--telemetry-flush", flags.telemetry_flush_s,
                  "seconds between an agent's telemetry and log pushes (told to agents): every rank "
                  "ends a step at once, so a longer interval spreads a step's records over more "
                  "time; 0: sized to the fleet (0.2 s, or one second per 10,000 agents, at most "
                  "2 s)")
-      ->check(CLI::Range(0.0, 60.0))
+      ->check(FiniteRange(0.0, 60.0))
       ->capture_default_str();
   app.add_option("--worker-timeout", flags.worker_timeout_s,
                  "seconds of silence after which an agent is lost")
-      ->check(CLI::Range(0.02, 1e6))
+      ->check(FiniteRange(0.02, 1e6))
       ->capture_default_str();
   app.add_option("--reattach-grace", flags.reattach_grace_s,
                  "seconds after a controller start that known agents get to register again "
                  "before their silence counts")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(FiniteRange(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--forget-lost-workers", flags.forget_lost_s,
                  "seconds after which a lost agent that has not registered again is forgotten "
                  "(no longer listed, counted in furnace_workers or stored; it registers as new "
                  "if it comes back); 0 keeps lost agents forever")
-      ->check(CLI::NonNegativeNumber)
+      ->check(FiniteRange(0.0, 1e9))
       ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -81,11 +82,11 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
       ->capture_default_str();
   app.add_option("--submit-rate", flags.submit_rate,
                  "job submissions per second each caller may make after its burst; 0: no limit")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(FiniteRange(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--submit-burst", flags.submit_burst,
                  "job submissions each caller may make at once")
-      ->check(CLI::Range(1.0, 1e6))
+      ->check(FiniteRange(1.0, 1e6))
       ->capture_default_str();
   app.add_option("--audit-keep", flags.audit_keep,
                  "audit log entries kept (the newest; older ones are deleted); 0 keeps all")

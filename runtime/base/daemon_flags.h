@@ -4,8 +4,10 @@
 // --config key) mean nothing to a script or a service manager, so every bad option is 2.
 #pragma once
 
+#include <cmath>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -13,6 +15,24 @@
 namespace furnace {
 
 inline constexpr int kDaemonExitUsage = 2;  // a bad option, --config file or value
+
+// A number in [min, max], and finite: CLI::Range lets nan through (both of its comparisons are
+// false), and a nan --worker-timeout turned failure detection off.
+inline CLI::Validator FiniteRange(double min, double max) {
+  std::ostringstream text;
+  text << "[" << min << ", " << max << "]";
+  const std::string range = text.str();
+  return CLI::Validator(
+      [min, max, range](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "Value " + text + " is not a number";
+        if (!std::isfinite(value) || value < min || value > max) {
+          return "Value " + text + " not in range " + range;
+        }
+        return "";
+      },
+      "NUMBER in " + range);
+}
 
 // Adds `--version` to `app` (prints "<name> <version>", the version of the build that `furnace
 // --version` prints) and parses argv. nullopt: parsed, run. Otherwise the exit code: 0 after

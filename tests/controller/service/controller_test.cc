@@ -1435,6 +1435,12 @@ TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
     EXPECT_NE(aliased.status().message().find("in use by job " + job_), std::string::npos)
         << aliased.status();
   }
+  // The reserved directory of a job that named its own is no way into that job's run: refused.
+  auto not_its_own =
+      c_->Submit(train + "checkpoint: {dir: " + defaults + "/" + job_ + "}\n", "o.yaml");
+  ASSERT_FALSE(not_its_own.ok());
+  EXPECT_EQ(not_its_own.status().code(), absl::StatusCode::kInvalidArgument)
+      << not_its_own.status();
   // Without --checkpoint-root a relative path names a different directory on every worker.
   auto relative = c_->Submit(train + "checkpoint: {dir: runs/a}\n", "r.yaml");
   ASSERT_FALSE(relative.ok());

@@ -195,6 +195,11 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_THROW(Parse({flag, "-1"}, f), CLI::ValidationError) << flag;
   }
   EXPECT_THROW(Parse({"--reattach-grace", "-5"}, f), CLI::ValidationError);
+  for (const char* flag : {"--heartbeat-interval", "--worker-timeout", "--reattach-grace",
+                           "--forget-lost-workers", "--telemetry-flush", "--submit-rate"}) {
+    EXPECT_THROW(Parse({flag, "nan"}, f), CLI::ValidationError) << flag;  // CLI::Range took nan
+    EXPECT_THROW(Parse({flag, "inf"}, f), CLI::ValidationError) << flag;
+  }
   EXPECT_THROW(
       Parse({"--config", WriteConfig("controller_timeout.yaml", "worker-timeout: -1\n")}, f),
       CLI::ValidationError);
