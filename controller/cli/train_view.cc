@@ -162,6 +162,9 @@ std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job) {
   TrainMetrics m = TrainMetricsOf(job.telemetry());
   m.step = job.telemetry_step();
   m.progress_step = job.summary().step();
+  // The job's MFU over every rank where the controller has aggregated a step: the figure the
+  // dashboard and furnace_job_mfu_ratio show (rank 0's own view until then).
+  if (job.job_mfu() > 0) m.mfu = job.job_mfu();
   if (!m.eval_loss && job.has_last_eval()) {
     m.eval_loss = job.last_eval().loss();
     m.eval_perplexity = job.last_eval().perplexity();

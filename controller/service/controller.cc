@@ -267,6 +267,12 @@ absl::StatusOr<v1::JobDetail> Controller::GetJob(const std::string& job_id) {
           job_id, job->attempts, !IsFinal(job->summary.state()), clock_.UnixSeconds());
     }
     if (auto eval = telemetry_.LastEval(job_id)) *detail.mutable_last_eval() = *eval;
+    // The job's MFU, as the dashboard and furnace_job_mfu_ratio have it: the current attempt's.
+    if (auto step = telemetry_.LastStep(job_id);
+        step && step->attempt() == detail.summary().attempt() && step->mfu() > 0) {
+      detail.set_job_mfu(step->mfu());
+      detail.set_job_mfu_step(step->step());
+    }
   }
   // Events are written behind: what was queued before this call is read too.
   RETURN_IF_ERROR(kv_commit_.Run([] { return absl::OkStatus(); }));

@@ -313,6 +313,12 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
   m.last_eval = job.last_eval;
 }
 
+std::optional<v1::StepRecord> TelemetryAggregator::LastStep(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || !it->second.has_step) return std::nullopt;
+  return it->second.last_step;
+}
+
 std::optional<v1::EvalTelemetry> TelemetryAggregator::LastEval(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return std::nullopt;

@@ -95,6 +95,8 @@ class TelemetryAggregator {
              bool after_steps, std::function<void(absl::Status)> done);
   // The job's step fields of its metrics.
   void Fill(const std::string& job_id, JobMetrics& metrics) const;
+  // The job's newest aggregated step, if one was.
+  std::optional<furnace::v1::StepRecord> LastStep(const std::string& job_id) const;
   // The job's newest held-out evaluation (eval.every), if any ran.
   std::optional<furnace::v1::EvalTelemetry> LastEval(const std::string& job_id) const;
   // Where the job's time went, given its attempts (goodput.h: GoodputLedger::Report).

@@ -49,6 +49,19 @@ TEST_F(TrainViewTest, ParsesScalarsAndPerLayerRouting) {
   EXPECT_TRUE(m->moe_ops.empty());
 }
 
+// status and watch show the job's MFU once the controller has aggregated a step (the dashboard's
+// figure), rank 0's own until then.
+TEST_F(TrainViewTest, TheJobsMfuReplacesRankZerosOnceAStepIsAggregated) {
+  v1::JobDetail job = MakeTrainJob();
+  job.mutable_telemetry()->set_mfu(0.10);
+  EXPECT_DOUBLE_EQ(*TrainMetricsOf(job)->mfu, 0.10);
+  job.set_job_mfu(0.125);
+  job.set_job_mfu_step(job.telemetry_step());
+  EXPECT_DOUBLE_EQ(*TrainMetricsOf(job)->mfu, 0.125);
+  EXPECT_NE(RenderJobStatus(job, kT0 + 65).find("12.5%"), std::string::npos)
+      << RenderJobStatus(job, kT0 + 65);
+}
+
 TEST_F(TrainViewTest, NotATrainJob) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
   EXPECT_FALSE(TrainMetricsOf(job).has_value());

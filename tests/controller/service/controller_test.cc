@@ -792,6 +792,11 @@ TEST_F(ControllerTest, StepsAreAggregatedOverRanksAndSurviveARestart) {
   EXPECT_EQ(st.comm(0).bytes(), 20u);
   EXPECT_DOUBLE_EQ(st.comm(0).seconds(), 0.5);
   EXPECT_EQ(st.comm(0).calls(), 2u);
+  // `furnace status` gets the job's MFU, the aggregated step's (the dashboard's figure).
+  const v1::JobDetail detail = Job();
+  EXPECT_DOUBLE_EQ(detail.job_mfu(), st.mfu());
+  EXPECT_GT(detail.job_mfu(), 0);
+  EXPECT_EQ(detail.job_mfu_step(), 1u);
   auto snap = c_->Metrics();
   ASSERT_EQ(snap.jobs.size(), 1u);
   EXPECT_TRUE(snap.jobs[0].has_step);
