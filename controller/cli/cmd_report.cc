@@ -140,6 +140,13 @@ absl::StatusOr<int> RunReport(const CommandContext& ctx, const std::string& job_
   } else {
     *ctx.out << "report for " << job.summary().job_id() << " (" << series.steps_size()
              << " step records) in " << dir.string() << ":\n";
+    if (series.steps_size() == 0) {
+      // The files are written all the same (the summary has the job and its attempts), but the
+      // plots are empty: said, not left for the reader to wonder at.
+      *ctx.err << "furnace: job " << job.summary().job_id()
+               << " has no step records yet (no step of it has been reported by every rank): "
+                  "the plots are empty\n";
+    }
     for (const ReportFile& f : files) *ctx.out << "  " << f.name << "\n";
     *ctx.out << "\n" << files.back().content;  // summary.txt
   }

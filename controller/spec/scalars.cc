@@ -61,6 +61,14 @@ absl::StatusOr<double> ParseNumber(absl::string_view text) {
   }
   double value = 0;
   auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), value);
+  if (ec == std::errc::result_out_of_range && end == body.data() + body.size()) {
+    // A well-formed number a double cannot hold: too large, or so small that it would be 0.
+    const size_t e = body.find_first_of("eE");
+    const bool tiny = e != absl::string_view::npos && e + 1 < body.size() && body[e + 1] == '-';
+    return absl::OutOfRangeError(tiny ? "too small: it would be 0 as a double (the smallest is "
+                                        "about 2.2e-308)"
+                                      : "too large for a double (the largest is about 1.8e308)");
+  }
   if (ec != std::errc() || end != body.data() + body.size()) {
     return absl::InvalidArgumentError("expected a number");
   }

@@ -313,6 +313,19 @@ TEST_F(ReportCommandTest, JsonListsTheFilesAndSummary) {
   EXPECT_NE(out.find("\"s2\""), std::string::npos) << out;
 }
 
+// A job with no step records yet gets its files (the summary has its attempts) and a warning
+// that the plots are empty.
+TEST_F(ReportCommandTest, AJobWithNoStepsIsSaidToHaveEmptyPlots) {
+  client_.series = v1::JobSeries();
+  ReportOptions options;
+  options.output = dir_.string();
+  auto code = RunReport(ctx_, "j-1", options);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_TRUE(fs::exists(dir_ / "summary.txt"));
+  EXPECT_NE(err_.str().find("has no step records yet"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("the plots are empty"), std::string::npos) << err_.str();
+}
+
 TEST_F(ReportCommandTest, UnknownJobWritesNothing) {
   client_.get_job.clear();
   client_.get_job.push_back(absl::NotFoundError("no job j-9"));

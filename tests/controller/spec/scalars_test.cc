@@ -68,6 +68,11 @@ TEST(ParseNumberTest, FiniteDecimalOnly) {
   for (const char* bad : {"", "inf", "nan", ".inf", "true", "1.0.0", "0x1p3", "1e999", "abc"}) {
     EXPECT_FALSE(ParseNumber(bad).ok()) << bad;
   }
+  // A number a double cannot hold says so (it said "expected a number").
+  EXPECT_EQ(ParseNumber("1e-400").status().message(),
+            "too small: it would be 0 as a double (the smallest is about 2.2e-308)");
+  EXPECT_EQ(ParseNumber("1e999").status().message(),
+            "too large for a double (the largest is about 1.8e308)");
 }
 
 TEST(ParseBoolTest, OnlyTrueAndFalse) {
