@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 
 namespace furnace::spec {
@@ -44,6 +45,17 @@ class Diagnostics {
 
   // True if any problem was recorded for exactly `path` (cross-field checks skip such fields).
   bool Failed(absl::string_view path) const { return failed_paths_.count(std::string(path)) > 0; }
+  // Whether a problem was recorded at `path` or at a field below it ("a.b" covers "a.b.c" and
+  // "a.b[0]", not "a.bc").
+  bool FailedAtOrBelow(absl::string_view path) const {
+    for (auto it = failed_paths_.lower_bound(std::string(path));
+         it != failed_paths_.end() && absl::StartsWith(*it, path); ++it) {
+      if (it->size() == path.size() || (*it)[path.size()] == '.' || (*it)[path.size()] == '[') {
+        return true;
+      }
+    }
+    return false;
+  }
   bool empty() const { return entries_.empty(); }
 
   // Remembers that `path` was present in the file at `pos`.

@@ -39,6 +39,9 @@ void CheckShrinkLayouts(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                 Problem{std::move(what), std::move(got), std::move(allowed)});
     };
     if (l.pp() == 0 || l.dp() == 0 || l.tp() == 0 || l.ep() == 0 || l.esp() == 0) continue;
+    // An entry with a problem of its own (a misspelt size, a bad value) is not judged on the sizes
+    // it fell back to: its first error would be about a layout the user did not write.
+    if (diag->FailedAtOrBelow(base)) continue;
     const uint64_t world = uint64_t{l.pp()} * l.dp() * l.tp();
     if (world >= previous) {
       fail(nullptr,

@@ -137,6 +137,16 @@ TEST(ShrinkSpecTest, AShortHangTimeoutDoesNotAlsoRefuseTheDefaultHealthCheck) {
   EXPECT_EQ(message.find("recovery.health_check_s"), std::string::npos) << message;
 }
 
+// A misspelt size is the entry's one problem: the layout it fell back to (the job's dp, so not
+// smaller) is not reported before it.
+TEST(ShrinkSpecTest, AMisspeltSizeIsTheEntrysOnlyProblem) {
+  auto spec = ParseJobYaml(Job("  shrink: [{dpp: 1}]\n"), "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find("recovery.shrink[0].dpp: unknown field"), std::string::npos) << message;
+  EXPECT_EQ(message.find("must have fewer ranks"), std::string::npos) << message;
+}
+
 TEST(ShrinkSpecTest, FaultWorkerAndHealthCheckModeAreAccepted) {
   auto spec = ParseJobYaml(
       "name: j\nkind: commcheck\nparallel: {dp: 2}\nfault: {mode: health_check, worker: h/1, "
