@@ -639,19 +639,23 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
   // start_timeout_s failed the rendezvous and excluded a worker for the health check's lateness).
   // The ranks' watchdogs and heartbeats tick about once a second, and a rank's start (a process,
   // its rendezvous, its groups) or a health-check collective takes a sizeable part of a second.
-  if (r.hang_timeout_s() < kMinHangTimeoutS) {
-    c.Fail({"recovery.hang_timeout_s"},
-           Problem{absl::StrCat("must be at least ", kMinHangTimeoutS,
-                                " s: the ranks' watchdogs and heartbeats tick about once a second, "
-                                "so a shorter limit calls healthy ranks hung"),
-                   absl::StrCat(r.hang_timeout_s()), absl::StrCat(">= ", kMinHangTimeoutS)});
-  }
-  if (r.start_timeout_s() < kMinStartTimeoutS) {
-    c.Fail({"recovery.start_timeout_s"},
-           Problem{absl::StrCat("must be at least ", kMinStartTimeoutS,
-                                " s: a rank's start (its process, the rendezvous, its groups' "
-                                "connections) cannot finish sooner"),
-                   absl::StrCat(r.start_timeout_s()), absl::StrCat(">= ", kMinStartTimeoutS)});
+  const struct {
+    const char* field;
+    double value, floor;
+    const char* why;
+  } floors[] = {
+      {"recovery.hang_timeout_s", r.hang_timeout_s(), kMinHangTimeoutS,
+       "the ranks' watchdogs and heartbeats tick about once a second, so a shorter limit calls "
+       "healthy ranks hung"},
+      {"recovery.start_timeout_s", r.start_timeout_s(), kMinStartTimeoutS,
+       "a rank's start (its process, the rendezvous, its groups' connections) cannot finish "
+       "sooner"},
+  };
+  for (const auto& f : floors) {
+    if (f.value < f.floor) {
+      c.Fail({f.field}, Problem{absl::StrCat("must be at least ", f.floor, " s: ", f.why),
+                                absl::StrCat(f.value), absl::StrCat(">= ", f.floor)});
+    }
   }
   // (Its default, half a refused hang_timeout_s, is the user's to fix through hang_timeout_s.)
   if (diag->Present("recovery.health_check_s") && r.health_check_s() > 0 &&
