@@ -10,14 +10,22 @@ namespace furnace::kernels::cuda {
 namespace internal {
 namespace {
 thread_local std::string first_error;
-}  // namespace
+thread_local bool first_error_out_of_memory = false;
 
-void RecordError(const char* op, const char* call, const char* message, const char* file,
-                 int line) {
+// Records the first error on this thread, and whether it was a failed allocation.
+void Record(const char* op, const char* call, const char* message, const char* file, int line,
+            bool out_of_memory) {
   if (!first_error.empty()) return;
   char buf[512];
   std::snprintf(buf, sizeof(buf), "%s: %s failed at %s:%d: %s", op, call, file, line, message);
   first_error = buf;
+  first_error_out_of_memory = out_of_memory;
+}
+}  // namespace
+
+void RecordError(const char* op, const char* call, const char* message, const char* file,
+                 int line) {
+  Record(op, call, message, file, line, false);
 }
 
 namespace {
@@ -58,20 +66,21 @@ bool RegisterPreloadHook(const char* name, std::string (*hook)()) {
 bool CheckLaunch(const char* op, const char* file, int line) {
   cudaError_t err = cudaPeekAtLastError();
   if (err == cudaSuccess) return true;
-  RecordError(op, "kernel launch", cudaGetErrorString(err), file, line);
+  Record(op, "kernel launch", cudaGetErrorString(err), file, line,
+         err == cudaErrorMemoryAllocation);
   return false;
 }
 
 bool CheckCublas(cublasStatus_t status, const char* op, const char* call, const char* file,
                  int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return true;
-  RecordError(op, call, cublasGetStatusString(status), file, line);
+  Record(op, call, cublasGetStatusString(status), file, line, status == CUBLAS_STATUS_ALLOC_FAILED);
   return false;
 }
 
 bool CheckCuda(cudaError_t err, const char* op, const char* call, const char* file, int line) {
   if (err == cudaSuccess) return true;
-  RecordError(op, call, cudaGetErrorString(err), file, line);
+  Record(op, call, cudaGetErrorString(err), file, line, err == cudaErrorMemoryAllocation);
   return false;
 }
 
@@ -138,15 +147,20 @@ std::string PreloadKernels() {
   return "";
 }
 
-std::string TakeLastError() {
-  std::string message;
-  message.swap(internal::first_error);
+KernelError TakeLastKernelError() {
+  KernelError error;
+  error.message.swap(internal::first_error);
+  error.out_of_memory = internal::first_error_out_of_memory;
+  internal::first_error_out_of_memory = false;
   cudaError_t err = cudaGetLastError();
-  if (message.empty() && err != cudaSuccess) {
-    message = std::string("CUDA error: ") + cudaGetErrorString(err);
+  if (error.message.empty() && err != cudaSuccess) {
+    error.message = std::string("CUDA error: ") + cudaGetErrorString(err);
+    error.out_of_memory = err == cudaErrorMemoryAllocation;
   }
-  return message;
+  return error;
 }
+
+std::string TakeLastError() { return TakeLastKernelError().message; }
 
 CublasHandle::CublasHandle() {
   if (!FURNACE_CHECK_CUBLAS("CublasHandle", cublasCreate(&handle_))) {

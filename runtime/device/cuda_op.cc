@@ -126,6 +126,16 @@ ThreadState& State() {
 std::atomic<uint64_t> kernels_loaded{0};
 absl::Mutex kernels_mu;
 
+// The kernels' first recorded error on this thread as a Status (and cleared): a failed allocation
+// (cuBLAS's workspace, a launch out of memory) is ResourceExhausted, as the device's own
+// out-of-memory is, so the trainer and the controller treat it as one; anything else Internal.
+absl::Status KernelStatus() {
+  kernels::cuda::KernelError error = kernels::cuda::TakeLastKernelError();
+  if (error.message.empty()) return absl::OkStatus();
+  if (error.out_of_memory) return absl::ResourceExhaustedError(error.message);
+  return absl::InternalError(error.message);
+}
+
 }  // namespace
 
 absl::Status LoadKernelsOnce(int ordinal) {
@@ -195,8 +205,7 @@ CudaOp::CudaOp(const char* op, std::initializer_list<const void*> pointers) : op
 CudaOp::~CudaOp() {
   if (device_ == nullptr) return;
   for (void* p : scratch_) device_->Free(p);
-  const std::string error = kernels::cuda::TakeLastError();
-  if (!error.empty()) Fail(absl::InternalError(error));
+  if (absl::Status error = KernelStatus(); !error.ok()) Fail(error);
 }
 
 void CudaOp::Fail(absl::Status status) {
@@ -211,9 +220,10 @@ cublasHandle_t CudaOp::cublas() {
   auto& slot = State().handles[{device_->ordinal(), stream_}];
   if (slot == nullptr) slot = std::make_unique<kernels::cuda::CublasHandle>();
   if (slot->get() == nullptr) {
-    const std::string why = kernels::cuda::TakeLastError();
+    const absl::Status why = KernelStatus();
     slot.reset();  // try again next time
-    Fail(absl::InternalError(absl::StrCat("no cuBLAS handle: ", why)));
+    Fail(absl::Status(why.ok() ? absl::StatusCode::kInternal : why.code(),
+                      absl::StrCat("no cuBLAS handle: ", why.message())));
     return nullptr;
   }
   return slot->get();
@@ -254,8 +264,7 @@ void* CudaOp::Upload(const void* host, size_t bytes) {
 
 bool CudaOp::Synchronize() {
   if (device_ == nullptr) return false;
-  const std::string launch = kernels::cuda::TakeLastError();
-  if (!launch.empty()) Fail(absl::InternalError(launch));
+  if (absl::Status launch = KernelStatus(); !launch.ok()) Fail(launch);
   const cudaError_t err = cudaStreamSynchronize(stream_);
   if (err != cudaSuccess) {
     cudaGetLastError();

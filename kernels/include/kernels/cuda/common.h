@@ -25,6 +25,15 @@ namespace furnace::kernels::cuda {
 // (including the CUDA runtime's last error, which is reported when nothing else was recorded).
 std::string TakeLastError();
 
+// The same, with whether that error was a failed allocation (cudaErrorMemoryAllocation, or
+// cuBLAS's CUBLAS_STATUS_ALLOC_FAILED: its workspace or handle did not fit), so a caller can report
+// an out-of-memory as one (absl ResourceExhausted) rather than as an internal error.
+struct KernelError {
+  std::string message;  // "" when none
+  bool out_of_memory = false;
+};
+KernelError TakeLastKernelError();
+
 // Loads every kernel of this library into the current device's context; "" or what failed (the
 // CUDA runtime's last error cleared). CUDA loads kernels lazily by default (Linux, CUDA 12.2 on):
 // a kernel's first launch loads it, and loading may wait for all work queued on the GPU to finish
