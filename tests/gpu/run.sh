@@ -269,6 +269,33 @@ if [ -z "$bundle" ]; then
       >>"$work/body.md"
 fi
 
+# --- The driver against the toolkit the executables were built with. The CUDA runtime is linked
+# statically, so a driver older than its major version needs (CUDA 13: 580, 12: 525, 11: 450)
+# fails every call with "no GPU": the run would spend its whole budget writing failures. Said
+# once, and the run ends here.
+if ((gpu)); then
+  built_with=""
+  if [ -n "$bundle_dir" ]; then
+    built_with="$(grep -o 'release [0-9]*' "$bundle_dir/BUILD" 2>/dev/null | head -1)"
+  elif command -v nvcc >/dev/null 2>&1; then
+    built_with="$(nvcc --version | grep -o 'release [0-9]*' | head -1)"
+  fi
+  cuda_major="${built_with#release }"
+  driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  case "$cuda_major" in 13) need=580 ;; 12) need=525 ;; 11) need=450 ;; *) need="" ;; esac
+  if [[ -n "$need" && "$driver" =~ ^([0-9]+)\. ]] && ((BASH_REMATCH[1] < need)); then
+    status=1
+    echo "- **driver $driver is older than CUDA $cuda_major needs ($need or newer)**: no CUDA call" \
+      "can succeed, so nothing below ran. Run on a machine with a newer driver." >>"$work/body.md"
+    log "driver $driver < $need (CUDA $cuda_major): stopping"
+    finished=1
+    write_report
+    exit "$status"
+  fi
+  [ -n "$need" ] && echo "- driver $driver: new enough for CUDA $cuda_major ($need or newer)" \
+    >>"$work/body.md"
+fi
+
 # --- The GPU benchmarks: the executables bench/ registered with furnace_gpu_bench(), listed by
 # the build in gpu_benches.txt, each run with no arguments (bench/gpu/REPORT.md: each takes well
 # under a minute on an H200), at most 150 s each, the training step's first; its stdout (line
