@@ -39,12 +39,14 @@ class Checker {
  public:
   explicit Checker(Diagnostics* diag) : diag_(diag) {}
 
-  // Reports `problem` about `paths[0]` (the field the message is about) unless a field in `paths`
-  // already failed on its own. The position is that of the first path present in the file, so the
-  // user is sent to a line they wrote; a subject taking its default value is marked as such.
+  // Reports `problem` about `paths[0]` (the field the message is about) unless a field in `paths`,
+  // or one below it (a section's field, a list's entry), already failed on its own: its value was
+  // then read as its default, and a problem judged on that would be the first one's echo. The
+  // position is that of the first path present in the file, so the user is sent to a line they
+  // wrote; a subject taking its default value is marked as such.
   void Fail(std::initializer_list<absl::string_view> paths, Problem problem) {
     for (absl::string_view p : paths) {
-      if (diag_->Failed(p)) return;
+      if (diag_->FailedAtOrBelow(p)) return;
     }
     const absl::string_view subject = *paths.begin();
     absl::string_view anchor = subject;
@@ -149,9 +151,10 @@ void CheckData(const furnace::v1::DataSpec& d, const Diagnostics* diag, Checker&
     c.Fail({"data.path", "data.source"},
            Problem{"required when data.source is tokens", "", "the path of a token file"});
   } else if (!file_source && diag->Present("data.path")) {
-    c.Fail({"data.path"}, Problem{"only used when data.source is tokens or indexed",
-                                  absl::StrCat("'", d.path(), "' with source ", d.source()),
-                                  "omit it, or set data.source: tokens or indexed"});
+    c.Fail({"data.path", "data.source"},
+           Problem{"only used when data.source is tokens or indexed",
+                   absl::StrCat("'", d.path(), "' with source ", d.source()),
+                   "omit it, or set data.source: tokens or indexed"});
   }
   if (d.blend_size() > 0) {
     if (d.source() != "indexed") {
@@ -576,7 +579,7 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
            Problem{"must be >= 1 when eval.every is set", "0",
                    "1 or more held-out micro-batches of parallel.micro_batch sequences"});
   } else if (ev.every() == 0 && diag->Present("eval.batches")) {
-    c.Fail({"eval.batches"},
+    c.Fail({"eval.batches", "eval.every"},
            Problem{"only used when eval.every > 0",
                    absl::StrCat(ev.batches(), " with eval.every 0"), "omit it, or set eval.every"});
   }

@@ -487,6 +487,20 @@ TEST(BadInputTest, FieldWithItsOwnErrorSkipsCrossChecks) {
   ASSERT_FALSE(spec.ok());
   std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
   EXPECT_EQ(lines.size(), 1u) << spec.status();
+
+  // A refused eval.every (read as 0 after its error) does not make eval.batches "unused".
+  spec = ParseJobYaml(H("eval:\n  every: -1\n  batches: 4\n"), "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  lines = absl::StrSplit(spec.status().message(), '\n');
+  EXPECT_EQ(lines.size(), 1u) << spec.status();
+  EXPECT_NE(lines[0].find("eval.every: must be >= 0"), std::string::npos) << spec.status();
+
+  // Nor does a misspelt data.source make data.path unused.
+  spec = ParseJobYaml(H("data:\n  source: token\n  path: /d/t.tok\n"), "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  lines = absl::StrSplit(spec.status().message(), '\n');
+  EXPECT_EQ(lines.size(), 1u) << spec.status();
+  EXPECT_NE(lines[0].find("data.source:"), std::string::npos) << spec.status();
 }
 
 // The bytes a status message takes in gRPC's grpc-message header (percent-encoded).
