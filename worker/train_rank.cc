@@ -441,8 +441,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
         spec.moe().schedule());
   }
   // A budget below what any policy needs for one micro-batch would only run out of memory, restart
-  // and escalate to the same end: refused before the first step, with the number needed. (The
-  // controller cannot check it at submit: it does not link the model.)
+  // and escalate to the same end: refused before the first step, with the number needed. (`furnace
+  // submit` checks it too, with the same function; the controller cannot: it does not link the
+  // model, so a job another client sent is refused here.)
   // The bytes that fit any routing (set with a budget below them): an out-of-memory exit names
   // them, since no policy can fit a step whose routing needs more.
   std::optional<int64_t> routing_bound_short;

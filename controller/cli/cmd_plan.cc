@@ -261,14 +261,7 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   // Whether the ESP group is the TP group (deepspeed's experts then sliced): the spec's layout
   // as the ranks build it (worker/rank_groups.cc TopologyFromTask reads the same fields; the CLI
   // may not link worker/, nor runtime/ the proto). The spec was validated.
-  topology::ParallelSizes sizes;
-  sizes.pp = static_cast<int>(std::max<uint32_t>(1, p.pp()));
-  sizes.dp = static_cast<int>(std::max<uint32_t>(1, p.dp()));
-  sizes.tp = static_cast<int>(std::max<uint32_t>(1, p.tp()));
-  sizes.ep = static_cast<int>(std::max<uint32_t>(1, p.ep()));
-  sizes.esp = static_cast<int>(std::max<uint32_t>(1, p.esp()));
-  if (!p.order().empty()) sizes.order = p.order();
-  absl::StatusOr<topology::Topology> topo = topology::Topology::Create(sizes, sizes.world());
+  absl::StatusOr<topology::Topology> topo = TopologyOf(spec);
   if (!topo.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": parallel: ", topo.status().message()));
   }

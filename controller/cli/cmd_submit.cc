@@ -1,5 +1,6 @@
 // furnace submit FILE [--watch] [--dry-run]: the CLI checks that the file can be sent (size, UTF-8)
-// and the controller validates it; --dry-run validates here and sends nothing.
+// and that its memory.device_budget is not below the least a rank needs (job_model.h), and the
+// controller validates it; --dry-run validates here and sends nothing.
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
+#include "controller/cli/job_model.h"
 #include "controller/spec/job_spec.h"
 #include "runtime/base/status.h"
 
@@ -38,6 +40,7 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   RETURN_IF_ERROR(spec::CheckJobText(request.yaml(), path));
   if (options.dry_run) {
     ASSIGN_OR_RETURN(const v1::JobSpec job, spec::ParseJobYaml(request.yaml(), path));
+    RETURN_IF_ERROR(CheckDeviceBudgetFloor(job, path));
     if (ctx.json) {
       RETURN_IF_ERROR(PrintJson(job, *ctx.out));
     } else {
@@ -46,6 +49,12 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
                << "); not submitted (--dry-run)\n";
     }
     return kExitOk;
+  }
+  // What the controller cannot check (it links no part of the model): a memory.device_budget
+  // below the least a rank needs, which every rank would refuse at start. A file that does not
+  // parse here goes to the controller, whose validation says why.
+  if (absl::StatusOr<v1::JobSpec> parsed = spec::ParseJobYaml(request.yaml(), path); parsed.ok()) {
+    RETURN_IF_ERROR(CheckDeviceBudgetFloor(*parsed, path));
   }
   request.set_filename(path);
   absl::StatusOr<v1::SubmitJobResponse> submitted = ctx.client->SubmitJob(request);

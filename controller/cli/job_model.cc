@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/declared_bytes.h"
 #include "runtime/model/param_layout.h"
@@ -79,6 +80,89 @@ std::vector<StageMemory> PlanMemory(const v1::JobSpec& spec, const topology::Top
     s.any_routing_bytes = model::RoutingBoundActivationBytes(config, shard, B, exchange);
   }
   return out;
+}
+
+absl::StatusOr<topology::Topology> TopologyOf(const v1::JobSpec& spec,
+                                              const v1::LayoutSpec* layout) {
+  const v1::ParallelSpec& p = spec.parallel();
+  const auto size = [](uint32_t shrunk, uint32_t own) {
+    return static_cast<int>(std::max<uint32_t>(1, shrunk > 0 ? shrunk : own));
+  };
+  topology::ParallelSizes sizes;
+  sizes.pp = size(layout ? layout->pp() : 0, p.pp());
+  sizes.dp = size(layout ? layout->dp() : 0, p.dp());
+  sizes.tp = size(layout ? layout->tp() : 0, p.tp());
+  sizes.ep = size(layout ? layout->ep() : 0, p.ep());
+  sizes.esp = size(layout ? layout->esp() : 0, p.esp());
+  if (!p.order().empty()) sizes.order = p.order();
+  return topology::Topology::Create(sizes, sizes.world());
+}
+
+ActivationFloor LayoutActivationFloor(const v1::JobSpec& spec, const topology::Topology& topology) {
+  const model::ModelConfig config = ModelConfigOf(spec.model(), spec.moe());
+  const int B = static_cast<int>(std::max<uint32_t>(1, spec.parallel().micro_batch()));
+  const int tp = topology.sizes().tp;
+  // The schedules the ranks may run: the one named, or for auto every one the layout allows
+  // (tensor parallelism 1: deepspeed; s1 only where the tokens split evenly over tp).
+  std::vector<moe::Schedule> schedules;
+  if (const std::optional<moe::Schedule> named = moe::ParseSchedule(spec.moe().schedule());
+      named.has_value()) {
+    schedules.push_back(tp > 1 ? *named : moe::Schedule::kDeepspeed);
+  } else {
+    schedules.push_back(moe::Schedule::kDeepspeed);
+    if (tp > 1) {
+      schedules.push_back(moe::Schedule::kS2);
+      if ((int64_t{B} * config.seq_len) % tp == 0) schedules.push_back(moe::Schedule::kS1);
+    }
+  }
+  ActivationFloor least{-1, 0};
+  for (const moe::Schedule schedule : schedules) {
+    const model::MoeExchange exchange{schedule, topology.EspGroupIsTpGroup()};
+    ActivationFloor most{0, 0};
+    std::vector<bool> seen(static_cast<size_t>(topology.sizes().pp), false);
+    for (int rank = 0; rank < topology.world_size(); ++rank) {
+      const model::ModelShard shard = model::ShardOf(topology, rank, config);
+      if (seen[static_cast<size_t>(shard.stage)]) continue;  // a stage's ranks need the same
+      seen[static_cast<size_t>(shard.stage)] = true;
+      const int64_t bytes = model::MinimumActivationBytes(config, shard, B, exchange);
+      if (bytes > most.bytes) most = {bytes, shard.stage};
+    }
+    if (least.bytes < 0 || most.bytes < least.bytes) least = most;
+  }
+  return least;
+}
+
+absl::Status CheckDeviceBudgetFloor(const v1::JobSpec& spec, const std::string& path) {
+  const uint64_t budget = spec.memory().device_budget();
+  if (spec.kind() != "train" || budget == 0) return absl::OkStatus();
+  const auto check = [&](const v1::LayoutSpec* layout, const std::string& which) -> absl::Status {
+    absl::StatusOr<topology::Topology> topology = TopologyOf(spec, layout);
+    if (!topology.ok()) return absl::OkStatus();  // the controller's validation says why
+    const ActivationFloor floor = LayoutActivationFloor(spec, *topology);
+    if (static_cast<int64_t>(budget) >= floor.bytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": memory.device_budget: ", budget, " bytes is below ", floor.bytes,
+        " bytes, the least any memory policy needs on a rank of pipeline stage ", floor.stage,
+        which, " for one micro-batch of ", std::max<uint32_t>(1, spec.parallel().micro_batch()),
+        " sequences (one module's forward, or its backward with all its saved tensors back): ",
+        which.empty() ? "every rank would refuse it at start"
+                      : "an attempt restarted under that layout would be refused at start",
+        " (allowed: >= ", floor.bytes, ", or a smaller parallel.micro_batch",
+        which.empty() ? "" : ", or leave that layout out", "; `furnace plan ", path,
+        "` shows each stage's bytes)"));
+  };
+  if (absl::Status s = check(nullptr, ""); !s.ok()) return s;
+  for (int i = 0; i < spec.recovery().shrink_size(); ++i) {
+    const v1::LayoutSpec& l = spec.recovery().shrink(i);
+    absl::StatusOr<topology::Topology> t = TopologyOf(spec, &l);
+    const std::string which =
+        t.ok() ? absl::StrCat(" of recovery.shrink[", i, "] (pp ", t->sizes().pp, " dp ",
+                              t->sizes().dp, " tp ", t->sizes().tp, " ep ", t->sizes().ep, " esp ",
+                              t->sizes().esp, ")")
+               : "";
+    if (absl::Status s = check(&l, which); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace furnace::cli

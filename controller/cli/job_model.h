@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "furnace/v1/job.pb.h"
 #include "runtime/model/config.h"
 #include "runtime/moe/schedule.h"
@@ -52,5 +54,26 @@ struct StageMemory {
 // one the cost model picks); `topology` the spec's layout (validated).
 std::vector<StageMemory> PlanMemory(const v1::JobSpec& spec, const topology::Topology& topology,
                                     moe::Schedule schedule);
+
+// The least activation memory one rank needs for one micro-batch of a layout, under any memory
+// policy (model::MinimumActivationBytes of every stage's shard; a memory.device_budget below it
+// is refused by the ranks before their first step), and the stage that needs it. With
+// `moe.schedule: auto` the ranks pick their schedule themselves, so the floor is the least over
+// the schedules the layout allows: a budget below it fails whatever they pick.
+struct ActivationFloor {
+  int64_t bytes = 0;
+  int stage = 0;
+};
+ActivationFloor LayoutActivationFloor(const v1::JobSpec& spec, const topology::Topology& topology);
+
+// The spec's layout (parallel.*) with the sizes of `layout` (a recovery.shrink entry; a size it
+// leaves 0 is the job's own), as the ranks build it; an error names the sizes.
+absl::StatusOr<topology::Topology> TopologyOf(const v1::JobSpec& spec,
+                                              const v1::LayoutSpec* layout = nullptr);
+
+// memory.device_budget against the floor of the job's layout and of every recovery.shrink layout
+// (an attempt restarted under one runs its shards): OK, or InvalidArgument naming the field, the
+// floor, the stage and the layout. Train jobs with a budget only; `path` prefixes the message.
+absl::Status CheckDeviceBudgetFloor(const v1::JobSpec& spec, const std::string& path);
 
 }  // namespace furnace::cli

@@ -2,12 +2,14 @@
 // and the activation bytes of one micro-batch under each static policy are what a GptMoe of that
 // shard allocates and what its arena peaks at (the CPU device, dropless routing: every rank's
 // rows are N k, the balanced rows the plan assumes).
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/format.h"
 #include "controller/cli/job_model.h"
@@ -43,22 +45,15 @@ v1::JobSpec Spec(const std::string& yaml) {
   return spec.ok() ? *spec : v1::JobSpec{};
 }
 
-topology::Topology TopologyOf(const v1::JobSpec& spec) {
-  const v1::ParallelSpec& p = spec.parallel();
-  topology::ParallelSizes sizes{.pp = static_cast<int>(std::max(1u, p.pp())),
-                                .dp = static_cast<int>(std::max(1u, p.dp())),
-                                .tp = static_cast<int>(std::max(1u, p.tp())),
-                                .ep = static_cast<int>(std::max(1u, p.ep())),
-                                .esp = static_cast<int>(std::max(1u, p.esp()))};
-  absl::StatusOr<topology::Topology> t = topology::Topology::Create(sizes, sizes.world());
+topology::Topology Layout(const v1::JobSpec& spec) {
+  absl::StatusOr<topology::Topology> t = TopologyOf(spec);
   EXPECT_TRUE(t.ok()) << t.status();
   return *std::move(t);
 }
 
 TEST(PlanMemoryTest, OneMicroBatchIsTheArenaPeakOfTheModelUnderEveryStaticPolicy) {
   const v1::JobSpec spec = Spec(Job("{dp: 2, micro_batch: 3}"));
-  const std::vector<StageMemory> stages =
-      PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed);
+  const std::vector<StageMemory> stages = PlanMemory(spec, Layout(spec), moe::Schedule::kDeepspeed);
   ASSERT_EQ(stages.size(), 1u);
   const StageMemory& s = stages[0];
   EXPECT_EQ(s.ranks, 2);
@@ -97,7 +92,7 @@ TEST(PlanMemoryTest, OneMicroBatchIsTheArenaPeakOfTheModelUnderEveryStaticPolicy
 
 TEST(PlanMemoryTest, EachStageHoldsItsShardsParametersAndOneFOneBsMicroBatches) {
   const v1::JobSpec spec = Spec(Job("{pp: 2, dp: 2, ep: 2, micro_batch: 2, micro_batches: 4}"));
-  const topology::Topology topology = TopologyOf(spec);
+  const topology::Topology topology = Layout(spec);
   const std::vector<StageMemory> stages = PlanMemory(spec, topology, moe::Schedule::kDeepspeed);
   ASSERT_EQ(stages.size(), 2u);
   const model::ModelConfig config = ModelConfigOf(spec.model(), spec.moe());
@@ -125,6 +120,74 @@ TEST(PlanMemoryTest, EachStageHoldsItsShardsParametersAndOneFOneBsMicroBatches) 
   EXPECT_GT(*stages[0].any_routing_bytes, stages[0].least_activation_bytes);
 }
 
+// furnace submit refuses what every rank would refuse at start: the floor it checks is the one a
+// real model of the layout's shard reports (GptMoe::MinimumActivationBytes, which the ranks use).
+TEST(PlanMemoryTest, SubmitRefusesABudgetBelowTheFloorTheRanksCheck) {
+  const std::string layout = "{dp: 2, ep: 2, micro_batch: 2}";
+  const v1::JobSpec plain = Spec(Job(layout));
+  const topology::Topology topology = Layout(plain);
+  const model::ModelConfig config = ModelConfigOf(plain.model(), plain.moe());
+  std::unique_ptr<device::Device> device = device::CreateCpuDevice();
+  int64_t floor = 0;
+  for (int rank = 0; rank < topology.world_size(); ++rank) {
+    tensor::DeviceArena arena(*device, 0);
+    absl::StatusOr<std::unique_ptr<model::GptMoe>> m =
+        model::GptMoe::Create(config, 5, *device, arena, model::ShardOf(topology, rank, config));
+    ASSERT_TRUE(m.ok()) << m.status();
+    floor = std::max(floor, (*m)->MinimumActivationBytes(2));
+  }
+  EXPECT_EQ(LayoutActivationFloor(plain, topology).bytes, floor);
+
+  const auto budget = [&](int64_t bytes, const std::string& extra = "") {
+    return Spec(Job(layout, "memory: {policy: adaptive, device_budget: " + std::to_string(bytes) +
+                                "}\n" + extra));
+  };
+  absl::Status refused = CheckDeviceBudgetFloor(budget(floor - 1), "job.yaml");
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr(absl::StrCat("job.yaml: memory.device_budget: ", floor - 1,
+                                     " bytes is below ", floor,
+                                     " bytes, the least any memory "
+                                     "policy needs on a rank of pipeline stage 0 for one "
+                                     "micro-batch of 2 sequences")));
+  EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("(allowed: >= ", floor)));
+  EXPECT_TRUE(CheckDeviceBudgetFloor(budget(floor), "job.yaml").ok());
+  EXPECT_TRUE(CheckDeviceBudgetFloor(plain, "job.yaml").ok());  // no budget: nothing to check
+
+  // A shrink layout whose ranks need more (expert sharding gathers rows) is judged too: an
+  // attempt restarted under it would be refused.
+  const std::string wide = "{dp: 4, micro_batch: 2}";
+  const v1::JobSpec sharded = Spec(Job("{dp: 2, esp: 2, micro_batch: 2}"));
+  const int64_t sharded_floor = LayoutActivationFloor(sharded, Layout(sharded)).bytes;
+  const v1::JobSpec wide_spec = Spec(Job(wide));
+  const int64_t wide_floor = LayoutActivationFloor(wide_spec, Layout(wide_spec)).bytes;
+  ASSERT_GT(sharded_floor, wide_floor);
+  const v1::JobSpec shrinking =
+      Spec(Job(wide, "memory: {policy: adaptive, device_budget: " + std::to_string(wide_floor) +
+                         "}\nrecovery: {shrink: [{dp: 2, esp: 2}]}\n"));
+  refused = CheckDeviceBudgetFloor(shrinking, "job.yaml");
+  EXPECT_THAT(refused.message(),
+              HasSubstr(absl::StrCat(" bytes is below ", sharded_floor,
+                                     " bytes, the least any memory policy needs on a rank of "
+                                     "pipeline stage 0 of recovery.shrink[0] (pp 1 dp 2 tp 1 ep 1 "
+                                     "esp 2)")));
+
+  // The same refusal from `furnace submit --dry-run`, before anything is sent.
+  TestDir dir;
+  const std::string path = dir / "job.yaml";
+  std::ofstream(path, std::ios::binary) << Job(
+      layout, "memory: {policy: adaptive, device_budget: " + std::to_string(floor - 1) + "}\n");
+  std::ostringstream out, err;
+  CommandContext ctx;
+  ctx.out = &out;
+  ctx.err = &err;
+  SubmitOptions options;
+  options.dry_run = true;
+  absl::StatusOr<int> code = RunSubmit(ctx, path, options);
+  EXPECT_TRUE(absl::IsInvalidArgument(code.status())) << code.status();
+  EXPECT_THAT(std::string(code.status().message()), HasSubstr("memory.device_budget: "));
+}
+
 class PlanMemoryTextTest : public ::testing::Test {
  protected:
   std::string Plan(const std::string& yaml, bool json = false) {
@@ -140,7 +203,7 @@ class PlanMemoryTextTest : public ::testing::Test {
   }
   int64_t Least(const std::string& yaml) {
     const v1::JobSpec spec = Spec(yaml);
-    return PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed)[0].least_activation_bytes;
+    return PlanMemory(spec, Layout(spec), moe::Schedule::kDeepspeed)[0].least_activation_bytes;
   }
 
   TestDir dir_;
@@ -158,7 +221,7 @@ TEST_F(PlanMemoryTextTest, TheJobsBudgetIsWeighedAgainstEveryStage) {
   EXPECT_THAT(plain, HasSubstr("policy none, device_budget none (the device's memory)"));
 
   const v1::JobSpec spec = Spec(Job(layout));
-  const StageMemory stage = PlanMemory(spec, TopologyOf(spec), moe::Schedule::kDeepspeed)[0];
+  const StageMemory stage = PlanMemory(spec, Layout(spec), moe::Schedule::kDeepspeed)[0];
   const int64_t least = stage.least_activation_bytes;
   const int64_t none = stage.policies[0].in_flight;
   const int64_t none_worst = *stage.policies[0].worst_in_flight;
