@@ -171,6 +171,38 @@ absl::StatusOr<int> RunSample(const CommandContext& ctx, const std::string& job_
     if (!opened.ok()) return LocalError(opened.status());
     tokenizer = std::move(*opened);
   }
+  // A job that records its tokenizer decodes with it: another one would turn its ids into
+  // another tokenizer's text without an error (--tokenizer is for data that records none).
+  if (!options.tokenizer.empty() && options.weights.empty()) {
+    std::string recorded;
+    if (loaded.data_source == "markov") {
+      recorded = "ids";
+    } else if (!loaded.data_tokenizer.empty()) {
+      recorded = loaded.data_tokenizer;
+      if (recorded != "byte" && recorded != options.tokenizer) {
+        // The same model file under another path is the same tokenizer; where the job's file is
+        // not readable here (it may live on the workers only), the given one is taken as is.
+        absl::StatusOr<std::unique_ptr<Tokenizer>> job_tokenizer = OpenTokenizer(recorded);
+        if (!job_tokenizer.ok() || (*job_tokenizer)->identity() == tokenizer->identity()) {
+          recorded.clear();
+        }
+      }
+    }
+    if (!recorded.empty() && recorded != options.tokenizer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample: --tokenizer ", options.tokenizer, " is not the tokenizer job ", job_id,
+          " trained on (", loaded.data_source == "markov" ? "Markov symbols: ids" : recorded,
+          "): its ids would be decoded as another tokenizer's text; leave --tokenizer out"));
+    }
+  }
+  // Ids the tokenizer has no text for (a model vocabulary larger than the tokenizer's) are never
+  // sampled, rather than generated and dropped from the text without a word.
+  if (tokenizer->vocab() > 0 && tokenizer->vocab() < loaded.config.vocab) {
+    *ctx.err << "sample: the " << tokenizer->identity() << " tokenizer has " << tokenizer->vocab()
+             << " ids, the model " << loaded.config.vocab << ": ids from " << tokenizer->vocab()
+             << " up are not sampled\n";
+    sampling.sample_vocab = static_cast<int>(tokenizer->vocab());
+  }
   const int32_t eod = tokenizer->eod_id();
   sampling.stop_id = eod >= 0 && eod < loaded.config.vocab ? eod : -1;
 

@@ -21,7 +21,9 @@ std::optional<std::vector<int64_t>> BlendSlotCounts(const std::vector<double>& w
     const double exact = weights[d] / total * kBlendSlots;
     counts[d] = static_cast<int64_t>(std::floor(exact));
     assigned += counts[d];
-    remainders.push_back({exact - static_cast<double>(counts[d]), d});
+    // A share below one slot stays at 0 (refused), rather than rounded up to twice or more of
+    // what its weight asks for.
+    if (counts[d] > 0) remainders.push_back({exact - static_cast<double>(counts[d]), d});
   }
   std::stable_sort(remainders.begin(), remainders.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });

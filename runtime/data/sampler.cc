@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "runtime/data/counter_rng.h"
 
 namespace furnace::data {
@@ -240,6 +242,46 @@ bool SameDataOrder(const std::string& recorded, const std::string& now) {
   const size_t end = now.rfind(", ");
   if (batch == std::string::npos || end == std::string::npos || end <= batch) return false;
   return recorded == absl::StrCat(kV1, now.substr(kV2.size(), batch - kV2.size()), now.substr(end));
+}
+
+std::string DataOrderDifference(const std::string& recorded, const std::string& now) {
+  if (recorded == now) return "";
+  // Words: what lies between spaces, commas, semicolons and brackets (a hash, a size, a setting).
+  const auto words = [](const std::string& s) {
+    std::vector<std::string> out = absl::StrSplit(s, absl::ByAnyChar(" ,;[]"), absl::SkipEmpty());
+    return out;
+  };
+  const std::vector<std::string> a = words(recorded), b = words(now);
+  if (a.size() == b.size()) {
+    // The same shape: each word that changed, after the word before it (its name: "fraction",
+    // "hash", "windows").
+    std::vector<std::string> changes;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == b[i]) continue;
+      changes.push_back(absl::StrCat(i > 0 ? a[i - 1] + " " : "", a[i], " -> ", b[i]));
+    }
+    if (!changes.empty()) return absl::StrJoin(changes, ", ");
+  }
+  // Another shape (a dataset more or less): the differing span of each, in whole words.
+  const auto is_break = [](char c) {
+    return c == ' ' || c == ',' || c == ';' || c == '[' || c == ']';
+  };
+  size_t prefix = 0;
+  while (prefix < recorded.size() && prefix < now.size() && recorded[prefix] == now[prefix]) {
+    ++prefix;
+  }
+  while (prefix > 0 && !is_break(recorded[prefix - 1])) --prefix;
+  size_t suffix = 0;
+  while (suffix < recorded.size() - prefix && suffix < now.size() - prefix &&
+         recorded[recorded.size() - 1 - suffix] == now[now.size() - 1 - suffix]) {
+    ++suffix;
+  }
+  while (suffix > 0 && !is_break(recorded[recorded.size() - suffix])) --suffix;
+  const auto span = [&](const std::string& s) {
+    std::string out = s.substr(prefix, s.size() - prefix - suffix);
+    return out.empty() ? std::string("(nothing)") : out;
+  };
+  return absl::StrCat("'", span(recorded), "' -> '", span(now), "'");
 }
 
 }  // namespace furnace::data

@@ -71,6 +71,11 @@ class Sampler {
 // checkpoints.
 bool SameDataOrder(const std::string& recorded, const std::string& now);
 
+// Where two orders differ, for a refusal: "A -> B", the differing span of each (whole words: a
+// hash, a size, a setting), or "" when they are equal. An order names several datasets and every
+// setting, so the line a user must find is otherwise lost in two long strings.
+std::string DataOrderDifference(const std::string& recorded, const std::string& now);
+
 // Each sequence starts in a state drawn from the stationary distribution and walks the chain.
 // `validation`: the held-out stream, keyed apart from the training stream (independent draws).
 // The training and held-out samplers of a run share one chain (2 x vocab^2 doubles: 268 MB at

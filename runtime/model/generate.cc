@@ -37,6 +37,9 @@ absl::Status ValidateSampling(const SamplingOptions& o) {
 }
 
 int32_t SampleToken(absl::Span<const float> logits, const SamplingOptions& o, int64_t index) {
+  if (o.sample_vocab > 0 && o.sample_vocab < static_cast<int>(logits.size())) {
+    logits = logits.subspan(0, static_cast<size_t>(o.sample_vocab));
+  }
   if (o.temperature == 0 || o.top_k == 1) return Argmax(logits);
   const int V = static_cast<int>(logits.size());
   std::vector<int32_t> ids(V);

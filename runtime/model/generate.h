@@ -32,6 +32,9 @@ struct SamplingOptions {
   int top_k = 0;             // 0: every token
   uint64_t seed = 0;
   int32_t stop_id = -1;  // generation ends after this token (the end of a document); -1: never
+  // Only ids below it are drawn (a tokenizer with fewer ids than the model has no text for the
+  // rest); 0: every id.
+  int sample_vocab = 0;
 };
 
 struct Generation {

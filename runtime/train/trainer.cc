@@ -551,8 +551,11 @@ absl::Status Trainer::CheckDataPosition(const LoadedCheckpoint& c) const {
   }
   if (!data::SameDataOrder(c.data.order, now.order)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c.path, " was written reading the data in the order of\n  ", c.data.order,
-        "\nbut this run's data and settings give\n  ", now.order,
+        "checkpoint ", c.path, " was written reading other data or in another order: ",
+        data::DataOrderDifference(c.data.order, now.order),
+        " (a file's size and hash are its content: a changed file reads other sequences). "
+        "It recorded\n  ",
+        c.data.order, "\nbut this run's data and settings give\n  ", now.order,
         "\n(resuming would read other sequences: use the same data, seq_len, seed, global "
         "batch and data.validation)"));
   }

@@ -141,6 +141,33 @@ TEST_F(SampleTest, AJobWhoseDataDoesNotNameItsTokenizerNeedsOne) {
   EXPECT_TRUE(RunSample(ctx_, "j-1", options_).ok());
 }
 
+// A job that records its tokenizer decodes with it: another --tokenizer would print another
+// tokenizer's text for its ids without an error.
+TEST_F(SampleTest, AnotherTokenizerThanTheJobsIsRefused) {
+  SaveAsJobCheckpoint();
+  options_.tokenizer = "byte";  // a markov job's symbols are ids
+  absl::StatusOr<int> run = RunSample(ctx_, "j-1", options_);
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status())) << run.status();
+  EXPECT_NE(run.status().message().find("--tokenizer byte is not the tokenizer job j-1 trained on "
+                                        "(Markov symbols: ids)"),
+            std::string::npos)
+      << run.status();
+
+  v1::DataSpec& data = *client_.get_job.front()->mutable_spec()->mutable_data();
+  data.set_source("tokens");
+  data.set_tokenizer("byte");
+  options_.tokenizer = "ids";
+  run = RunSample(ctx_, "j-1", options_);
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status())) << run.status();
+  EXPECT_NE(run.status().message().find("trained on (byte)"), std::string::npos) << run.status();
+
+  options_.tokenizer = "ids";  // what the job records: accepted
+  data.set_source("markov");
+  data.clear_tokenizer();
+  run = RunSample(ctx_, "j-1", options_);
+  EXPECT_TRUE(run.ok()) << run.status();
+}
+
 TEST_F(SampleTest, FixedSeedRepeatsAndJsonSaysWhatRan) {
   options_.weights = kGolden;
   options_.temperature = 1.0;

@@ -354,6 +354,10 @@ std::vector<BadCase> Cases() {
        H("data:\n  source: indexed\n  blend: [{path: /a, weight: 1}, {path: /b, weight: 1e-5}]\n"),
        {"job.yaml:5:53: data.blend[1].weight: is below 1/4096 of the blend, the smallest share it "
         "lays out (got 1e-05 of 1.00001 in all; allowed: a weight >= 1/4096 of the weights' sum)"}},
+      // Half a slot was rounded up to one (twice its weight's share) by the largest remainder.
+      {"blend_share_half_a_slot",
+       H("data:\n  source: indexed\n  blend: [{path: /a, weight: 1}, {path: /b, weight: 8000}]\n"),
+       {"data.blend[0].weight: is below 1/4096 of the blend"}},
       {"blend_weights_overflow",
        H("data:\n  source: indexed\n  blend: [{path: /a, weight: 1e308}, {path: /b, weight: "
          "1e308}]\n"),

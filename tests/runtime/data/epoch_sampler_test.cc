@@ -367,5 +367,17 @@ TEST(EpochSamplerTest, ADatasetsFingerprintIsReadOnce) {
   EXPECT_NE(*fingerprint, other.Fingerprint().value());
 }
 
+// A refusal names what differs between two orders, in whole words.
+TEST(DataOrderDifferenceTest, NamesTheDifferingWords) {
+  EXPECT_EQ(DataOrderDifference("a, b 1, c", "a, b 1, c"), "");
+  EXPECT_EQ(DataOrderDifference("v1: seq_len 8, [t: 10 tokens, hash 3e2a]; x",
+                                "v1: seq_len 8, [t: 10 tokens, hash fb39]; x"),
+            "hash 3e2a -> fb39");
+  EXPECT_EQ(
+      DataOrderDifference("seq_len 8, seed 1, windows 0..44", "seq_len 16, seed 1, windows 0..39"),
+      "seq_len 8 -> 16, windows 0..44 -> 0..39");
+  EXPECT_EQ(DataOrderDifference("a; [x]", "a; [x]; [y]"), "'(nothing)' -> '; [y]'");
+}
+
 }  // namespace
 }  // namespace furnace::data

@@ -195,6 +195,20 @@ TEST(GenerateTest, TopKDrawsOnlyAmongTheLargest) {
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateSampling(o)));
 }
 
+// A tokenizer with fewer ids than the model: the ids it has no text for are never drawn.
+TEST(GenerateTest, OnlyIdsBelowTheSampleVocabAreDrawn) {
+  const std::vector<float> logits = {0.5f, 1.0f, -1.0f, 9.0f, 8.0f};
+  SamplingOptions o;
+  o.sample_vocab = 3;
+  o.temperature = 0;
+  EXPECT_EQ(SampleToken(logits, o, 0), 1);  // greedy among 0..2, not id 3
+  o.temperature = 1.0;
+  std::vector<int> seen(logits.size(), 0);
+  for (int i = 0; i < 500; ++i) ++seen[SampleToken(logits, o, i)];
+  EXPECT_EQ(seen[3] + seen[4], 0);
+  EXPECT_GT(seen[1], 0);
+}
+
 TEST(GenerateTest, PastTheWindowTheContextIsReencoded) {
   ModelConfig config = Config();
   config.seq_len = 8;

@@ -530,6 +530,9 @@ TEST(TrainerTest, ResumeMidEpochOnTokenDataIsBitIdentical) {
   const absl::Status refused = (*d)->RestoreLatest().status();
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("resuming would read other sequences"));
+  // The line that differs is said first, not left to be found in the two orders.
+  EXPECT_THAT(refused.message(), HasSubstr("reading other data or in another order: fraction 0.1 "
+                                           "-> 0.2, windows 0..44 -> 0..39 ("));
 }
 
 TEST(TrainerTest, AsyncCheckpointsResumeBitIdenticalToAnUninterruptedRun) {
