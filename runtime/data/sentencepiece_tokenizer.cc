@@ -252,7 +252,9 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
   result.long_lines = sentences.long_lines();
   result.long_line_pieces = sentences.long_line_pieces();
   if (!sentences.error().empty()) {
-    return absl::NotFoundError(absl::StrCat("tokenizer train: ", sentences.error()));
+    const std::string message = absl::StrCat("tokenizer train: ", sentences.error());
+    return sentences.invalid_input() ? absl::InvalidArgumentError(message)
+                                     : absl::NotFoundError(message);
   }
   if (!trained) {
     const int64_t largest = LargestVocabFromError(error);

@@ -2,9 +2,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/utf8.h"
 
 namespace furnace::data {
 namespace {
@@ -39,6 +41,21 @@ TrainingSentences::TrainingSentences(std::vector<std::string> inputs, size_t lim
     : inputs_(std::move(inputs)), limit_(limit) {}
 
 bool TrainingSentences::Next(std::string* sentence) {
+  if (!error_.empty()) return false;
+  if (!NextPiece(sentence)) return false;
+  if (const std::optional<size_t> bad = FirstInvalidUtf8(*sentence); bad.has_value()) {
+    error_ = absl::StrCat("input ", inputs_[next_input_ - 1], ": not UTF-8 at byte ",
+                          piece_start_ + static_cast<int64_t>(*bad),
+                          " (a SentencePiece model reads UTF-8 text; convert the file, e.g. iconv "
+                          "-f latin1 -t utf-8, or train on token files made with --tokenizer byte, "
+                          "which takes any bytes)");
+    invalid_input_ = true;
+    return false;
+  }
+  return true;
+}
+
+bool TrainingSentences::NextPiece(std::string* sentence) {
   while (true) {
     const absl::string_view rest = absl::string_view(buffer_).substr(pos_);
     size_t end = rest.substr(0, limit_ + 1).find('\n');  // within the limit, if there
@@ -56,6 +73,7 @@ bool TrainingSentences::Next(std::string* sentence) {
       newline = 0;
     }
     if (end != absl::string_view::npos) {
+      piece_start_ = buffer_offset_ + static_cast<int64_t>(pos_);
       pos_ += end + newline;
       const bool last_piece = std::exchange(in_long_line_, false);
       if (end == 0) continue;
@@ -67,6 +85,7 @@ bool TrainingSentences::Next(std::string* sentence) {
     const size_t cut = FirstCut(rest, limit_);
     if (!std::exchange(in_long_line_, true)) ++long_lines_;
     ++long_line_pieces_;
+    piece_start_ = buffer_offset_ + static_cast<int64_t>(pos_);
     sentence->assign(rest.data(), cut);
     pos_ += cut;
     return true;
@@ -75,6 +94,7 @@ bool TrainingSentences::Next(std::string* sentence) {
 
 bool TrainingSentences::Fill() {
   buffer_.erase(0, pos_);
+  buffer_offset_ += static_cast<int64_t>(pos_);
   pos_ = 0;
   if (!open_) {
     if (next_input_ == inputs_.size()) return false;
@@ -87,6 +107,7 @@ bool TrainingSentences::Fill() {
       return false;
     }
     open_ = true;
+    buffer_offset_ = 0;
     return true;
   }
   const size_t had = buffer_.size();

@@ -34,13 +34,19 @@ class TrainingSentences final : public spm::SentenceSource {
                              size_t limit = kMaxTrainingSentenceBytes);
 
   bool Next(std::string* sentence) override;
-  // "input FILE: cannot read: ..." once a file could not be opened or read; empty otherwise.
+  // "input FILE: cannot read: ..." once a file could not be opened or read, or "input FILE: not
+  // UTF-8 at byte N ..." once a line is not UTF-8 (SentencePiece reads text as UTF-8: it would
+  // learn pieces of whatever it makes of the bytes, which `furnace data prepare` then refuses);
+  // empty otherwise. Next returns false from then on.
   std::string error() const override { return error_; }
+  bool invalid_input() const { return invalid_input_; }  // the error is the text's, not the disk's
 
   int64_t long_lines() const { return long_lines_; }              // lines longer than the limit
   int64_t long_line_pieces() const { return long_line_pieces_; }  // the pieces they became
 
  private:
+  // The next line or piece of one (Next without the UTF-8 check).
+  bool NextPiece(std::string* sentence);
   // Reads a block of the current file into buffer_, or opens the next file once it is read
   // through; false at the end of the last file or on an error (error_).
   bool Fill();
@@ -52,10 +58,13 @@ class TrainingSentences final : public spm::SentenceSource {
   bool open_ = false;   // in_ holds inputs_[next_input_ - 1], not read to its end
   std::string buffer_;  // read, not handed out yet: from pos_
   size_t pos_ = 0;
+  int64_t buffer_offset_ = 0;  // where buffer_[0] is in the current file
+  int64_t piece_start_ = 0;    // where the piece NextPiece returned starts in it
   bool in_long_line_ = false;  // the current line has been cut already
   int64_t long_lines_ = 0;
   int64_t long_line_pieces_ = 0;
   std::string error_;
+  bool invalid_input_ = false;
 };
 
 }  // namespace furnace::data

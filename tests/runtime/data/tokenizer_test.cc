@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/byte_tokenizer.h"
@@ -356,6 +357,32 @@ TEST(TrainingSentencesTest, ReadsTheInputsLineByLine) {
   while (missing.Next(&sentence)) {
   }
   EXPECT_THAT(missing.error(), HasSubstr(dir / "missing.txt"));
+  EXPECT_FALSE(missing.invalid_input());
+}
+
+// Text that is not UTF-8 (a Latin-1 file) is refused, naming the file and the byte, as `furnace
+// data prepare` refuses it: a model trained on it would not encode it the same way later.
+TEST(TrainingSentencesTest, TextThatIsNotUtf8IsAnErrorNamingTheByte) {
+  TestDir dir;
+  WriteAll(dir / "a.txt", "fine\n");
+  // Past a block boundary (64 KiB), so the offset counts what was read before.
+  WriteAll(dir / "b.txt", std::string(70000, 'x') + "\n\ncaf\xe9 au lait\n");
+  TrainingSentences sentences({dir / "a.txt", dir / "b.txt"}, 100000);
+  std::string sentence;
+  std::vector<std::string> got;
+  while (sentences.Next(&sentence)) got.push_back(sentence);
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_TRUE(sentences.invalid_input());
+  EXPECT_THAT(sentences.error(), HasSubstr(absl::StrCat("input ", dir / "b.txt",
+                                                        ": not UTF-8 at byte ", 70000 + 2 + 3)));
+  EXPECT_FALSE(sentences.Next(&sentence));  // and stays so
+
+  auto trained = TrainSentencePiece({.inputs = {dir / "b.txt"},
+                                     .vocab = 300,
+                                     .model_type = "unigram",
+                                     .output = dir / "t.model"});
+  EXPECT_EQ(trained.status().code(), absl::StatusCode::kInvalidArgument) << trained.status();
+  EXPECT_THAT(trained.status().message(), HasSubstr("not UTF-8 at byte 70005"));
 }
 
 TEST(SentencePieceTokenizerTest, RefusesWhatIsNotAModel) {
