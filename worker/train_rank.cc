@@ -571,6 +571,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
       memory::MemoryPolicyName(*policy));
 
   train::TrainConfig train_config = TrainConfigFrom(spec, peak);
+  train_config.job_id = task.job_id();
   if (spec.checkpoint().every_auto()) ConfigureAutoInterval(task, train_config.checkpoint);
   // A background thread prepares this rank's next micro-batches while it computes.
   const int first_micro =

@@ -133,6 +133,7 @@ absl::StatusOr<WholeCheckpoint> Reassemble(const train::CheckpointStore& store,
   out.step = first.step;
   out.seed = first.seed;
   out.path = first.path;
+  out.job = first.job;
   out.skipped = std::move(first.skipped);
   out.num_shards = first.num_shards;
   TensorAssembler assembler(absl::StrCat("checkpoint ", first.path), first.values_in_all_shards);
@@ -161,6 +162,12 @@ std::string NoCheckpointYet(const v1::JobDetail& job, const std::string& why) {
                       "; checkpoint.every ", every, ")");
 }
 
+// Whether a step whose manifest names `writer` is job `id`'s: a step that names no writer (written
+// before manifests recorded it) is taken as the job's, as it was before.
+bool WrittenBy(const std::string& writer, const std::string& id) {
+  return writer.empty() || writer == id;
+}
+
 absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::string& dir,
                                          int64_t step, const char* command) {
   const std::string& id = job.summary().job_id();
@@ -178,7 +185,29 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
           NoCheckpointYet(job, absl::StrCat("no committed checkpoint in ", dir))));
     }
     if (!loaded.ok()) return LocalError(loaded.status());
-    return loaded;
+    if (WrittenBy(loaded->job, id)) return loaded;
+    // A directory several jobs wrote in turn (a later job named this one's checkpoint.dir once
+    // it had ended): the newest step this job wrote, passing over the later job's.
+    absl::StatusOr<std::vector<int64_t>> listed = store.ListCommittedSteps();
+    if (!listed.ok()) return LocalError(listed.status());
+    std::vector<std::string> passed;
+    for (auto it = listed->rbegin(); it != listed->rend(); ++it) {
+      if (*it >= loaded->step) continue;
+      absl::StatusOr<train::CheckpointManifest> manifest = store.ReadManifest(*it);
+      if (!manifest.ok()) continue;  // a damaged older step: not this job's to judge
+      if (!WrittenBy(manifest->job, id)) continue;
+      absl::StatusOr<WholeCheckpoint> own = LoadWholeCheckpoint(store, *it);
+      if (!own.ok()) return LocalError(own.status());
+      own->skipped.insert(
+          own->skipped.begin(),
+          absl::StrCat("steps after ", *it, " in ", dir, " (the newest, ", loaded->step,
+                       ") were written by job ", loaded->job, ", not ", id));
+      return own;
+    }
+    return LocalError(absl::NotFoundError(absl::StrCat(
+        "job ", id, " has no checkpoint of its own in ", dir, ": its newest committed step, ",
+        loaded->step, ", was written by job ", loaded->job, ", which used the directory later (",
+        command, " that job's instead: furnace ", command, " ", loaded->job, ")")));
   }
   // A directory that cannot be listed is said as such, not as "none yet".
   absl::StatusOr<std::vector<int64_t>> listed = store.ListCommittedSteps();
@@ -191,6 +220,12 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
   }
   absl::StatusOr<WholeCheckpoint> loaded = LoadWholeCheckpoint(store, step);
   if (!loaded.ok()) return LocalError(loaded.status());
+  if (!WrittenBy(loaded->job, id)) {
+    return LocalError(absl::NotFoundError(
+        absl::StrCat("step ", step, " in ", dir, " was written by job ", loaded->job, ", not ", id,
+                     " (the directory was used by both): furnace ", command, " ", loaded->job,
+                     " --step ", step)));
+  }
   return loaded;
 }
 

@@ -34,6 +34,7 @@ struct WholeCheckpoint {
   int64_t step = 0;
   uint64_t seed = 0;
   std::string path;  // the step directory read
+  std::string job;   // the job that wrote it (its manifest's "job"; empty: not recorded)
   int num_shards = 1;
   // In the single-process order: wte, wpe, then layer by layer (each layer's tensors in the order
   // the shards list them, experts by index), then lnf.

@@ -331,6 +331,7 @@ absl::Status CheckpointStore::Commit(const std::vector<ParamInfo>& params, const
     }
   }
   if (!s.settings.empty()) manifest["settings"] = s.settings;
+  if (!s.job.empty()) manifest["job"] = s.job;
   Json shard_list = Json::array();
   for (const ShardRecord& r : shards) shard_list.push_back(RecordJson(r));
   manifest["shards"] = shard_list;
@@ -619,6 +620,7 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(int64_t step) c
         out.settings[key] = value.get<std::string>();
       }
     }
+    if (m.contains("job")) out.job = m["job"].get<std::string>();
     out.num_shards = Integer<int>(m["num_shards"]);
     const int64_t n = Integer<int64_t>(m["num_params"]);
     if (out.step != step) {
@@ -696,6 +698,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::ReadShard(const CheckpointMani
   out.seed = manifest.seed;
   out.data = manifest.data;
   out.settings = manifest.settings;
+  out.job = manifest.job;
   out.values_in_all_shards = manifest.values_in_all_shards;
   out.params = record.params;
 

@@ -48,6 +48,9 @@ struct ShardState {
   // The settings that steer the run from here on (the optimizer's: job-spec field -> its value as
   // text, e.g. "train.lr" -> "0.0003"): the manifest's "settings" object, compared on resume.
   std::map<std::string, std::string> settings{};
+  // The job that wrote it (the manifest's "job"; empty: not recorded), so a reader of a
+  // directory several jobs have written in turn takes the named job's steps only.
+  std::string job{};
   int shard = 0;
   int num_shards = 1;
   int64_t n = 0;  // floats in each of params, m, v
@@ -96,6 +99,7 @@ struct CheckpointManifest {
   uint64_t seed = 0;
   data::DataPosition data{};  // order empty: not recorded (a checkpoint older than the record)
   std::map<std::string, std::string> settings{};  // empty: not recorded (an older checkpoint)
+  std::string job;                                // who wrote it; empty: not recorded
   std::string path;                               // the step directory
   int num_shards = 1;
   int64_t values_in_all_shards = 0;
@@ -110,6 +114,7 @@ struct LoadedCheckpoint {
   uint64_t seed = 0;
   data::DataPosition data{};                      // order empty: not recorded
   std::map<std::string, std::string> settings{};  // empty: not recorded
+  std::string job;                                // who wrote it; empty: not recorded
   std::string path;                               // the step directory loaded
   int num_shards = 1;                             // ranks that wrote it
   int64_t values_in_all_shards = 0;  // parameter values stored by all its shards together

@@ -144,6 +144,7 @@ absl::StatusOr<LoadedCheckpoint> LoadIntoLayout(const CheckpointStore& store, in
   out.data_position = manifest.data_position;
   out.data = manifest.data;
   out.settings = manifest.settings;
+  out.job = manifest.job;
   out.seed = manifest.seed;
   out.path = manifest.path;
   out.num_shards = manifest.num_shards;

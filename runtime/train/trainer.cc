@@ -376,6 +376,7 @@ ShardState Trainer::CurrentShardState() const {
   state.data = data_->PositionAt(step_);
   state.seed = config_.seed;
   state.settings = settings_;
+  state.job = config_.job_id;
   state.shard = parallel_ != nullptr ? parallel_->world_rank : 0;
   state.num_shards = parallel_ != nullptr ? parallel_->world : 1;
   state.n = model_->num_params();

@@ -82,6 +82,9 @@ struct TrainConfig {
   // model_settings): refused (false), or continued with this run's, the differences kept in
   // settings_overridden().
   bool override_checkpoint_settings = false;
+  // The job this run trains for, recorded in each checkpoint's manifest ("job"; empty: not
+  // recorded), so `furnace export` and `furnace sample` of a job read its own steps.
+  std::string job_id;
   // Held-out evaluation (held_out_eval.h) after every `eval.every` steps and the last; needs the
   // held-out sampler given to Create.
   EvalConfig eval;

@@ -39,8 +39,9 @@ struct Model {
       v.push_back(0.5f);
     }
   }
-  absl::Status Save(const std::string& dir, int64_t step) const {
+  absl::Status Save(const std::string& dir, int64_t step, const std::string& job = "") const {
     train::ShardState s;
+    s.job = job;
     s.step = step;
     s.data_position = step;
     s.seed = 7;
@@ -134,6 +135,38 @@ TEST_F(ExportTest, ChosenStep) {
   ASSERT_TRUE(code.ok()) << code.status();
   ExpectExportOf(10);
   EXPECT_NE(out_.str().find("exported job j-1 step 10"), std::string::npos) << out_.str();
+}
+
+// A directory two jobs wrote in turn (a later job named j-1's checkpoint.dir once it had ended):
+// j-1's export is its own newest step, never the later job's weights under j-1's name.
+TEST_F(ExportTest, AStepAnotherJobWroteInTheSameDirectoryIsNotThisJobs) {
+  ASSERT_TRUE(Model(10).Save(ckpt_dir_, 10, "j-1").ok());
+  ASSERT_TRUE(Model(20).Save(ckpt_dir_, 20, "j-2").ok());
+  auto code = Export();
+  ASSERT_TRUE(code.ok()) << code.status();
+  ExpectExportOf(10);
+  EXPECT_NE(err_.str().find("steps after 10 in " + ckpt_dir_ +
+                            " (the newest, 20) were written by job j-2, not j-1"),
+            std::string::npos)
+      << err_.str();
+
+  // Asked for by step: refused, naming the job that wrote it.
+  code = Export(20);
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_EQ(code.status().message(),
+            "step 20 in " + ckpt_dir_ +
+                " was written by job j-2, not j-1 (the directory was used by both): furnace "
+                "export j-2 --step 20");
+
+  // None of its own: refused, not another job's weights.
+  fs::remove_all(ckpt_dir_);
+  ASSERT_TRUE(Model(20).Save(ckpt_dir_, 20, "j-2").ok());
+  code = Export();
+  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitLocalError);
+  EXPECT_NE(code.status().message().find("job j-1 has no checkpoint of its own in " + ckpt_dir_ +
+                                         ": its newest committed step, 20, was written by job j-2"),
+            std::string::npos)
+      << code.status();
 }
 
 TEST_F(ExportTest, StepNotCommittedNamesTheCommittedOnes) {

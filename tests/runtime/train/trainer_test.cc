@@ -499,12 +499,14 @@ TEST(TrainerTest, ResumeMidEpochOnTokenDataIsBitIdentical) {
   ASSERT_TRUE((*a)->Run().ok());
 
   config.checkpoint = {.dir = dir / "ckpt", .every = 5, .keep = 2};
+  config.job_id = "tokens-3";
   BigramModel first(V, T, 1);
   auto b = Trainer::Create(&first, sampler.get(), config);
   ASSERT_TRUE(b.ok());
   ASSERT_TRUE(RunAndStopAfterStep9(**b).ok());
   std::ifstream manifest(dir / "ckpt/step-00000010/manifest.json");
   const std::string text((std::istreambuf_iterator<char>(manifest)), {});
+  EXPECT_THAT(text, HasSubstr("\"job\": \"tokens-3\""));  // who wrote it (furnace export)
   EXPECT_THAT(text, HasSubstr("\"index_in_epoch\": 36"));
   EXPECT_THAT(text, HasSubstr("\"epoch\": 1"));
 
