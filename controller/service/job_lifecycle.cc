@@ -16,6 +16,7 @@
 #include "controller/store/job_state.h"
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
+#include "controller/store/progress_rule.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -70,6 +71,8 @@ absl::StatusOr<int> JobLifecycle::Load() {
     }
     if (IsFinal(job.summary.state())) continue;
     ++active;
+    // The workers its failures were blamed on, as the controller before this one had them.
+    job.suspect_workers = SuspectWorkers(job.attempts);
     // A job in its restart backoff keeps what is left of it (the failed attempt's
     // recover_at_unix): a controller restart must not turn a backoff meant to let a flapping
     // dependency recover into an immediate retry. Bounded by the backoff of the job's restart

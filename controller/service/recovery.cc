@@ -4,9 +4,11 @@
 // The restart ladder, rung by rung:
 //  1. A failed attempt is followed by a new one (new rendezvous scope) after the backoff, while
 //     recovery.max_restarts lasts.
-//  2. Workers: the worker where the root-cause rank failed becomes a suspect: the next attempt
-//     uses spares (free workers neither suspect nor excluded) first and a suspect only when it is
-//     needed, and then only through the health check. A worker that failed the health check is
+//  2. Workers: the worker where the root-cause rank failed becomes a suspect, with those of the
+//     failures without progress before it (SuspectWorkers, from the stored attempts: a restarted
+//     controller keeps them): the next attempt uses spares (free workers neither suspect nor
+//     excluded) first and a suspect only when it is needed, and then only through the health
+//     check. A worker that failed the health check is
 //     excluded: never placed for this job until its agent restarts (registers as a new process)
 //     or recovery.exclude_s has passed. One that went silent (lost) is excluded until it
 //     registers again (or recovery.exclude_s). The job waits meanwhile, and its "waiting" event
@@ -316,6 +318,7 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
                                                       : v1::ATTEMPT_STATE_FAILED);
   attempt->set_cause(cause);
   attempt->set_failure_kind(kind);
+  attempt->set_culprit_worker(culprit_worker);
   attempt->set_ended_unix(clock_.UnixSeconds());
   if (attempt->failed_unix() == 0) attempt->set_failed_unix(attempt->ended_unix());
   attempt->set_recover_at_unix(attempt->ended_unix());
@@ -410,8 +413,12 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
     job = backup;  // nothing happened; the next report or tick tries again
     return false;
   }
-  job.suspect_workers.clear();
-  if (!culprit_worker.empty()) job.suspect_workers.insert(culprit_worker);
+  // The culprits of this failure and of the run of failures without progress before it (stored
+  // with the attempts, so a restarted controller avoids the same workers); never an excluded one.
+  job.suspect_workers = SuspectWorkers(job.attempts);
+  for (const auto& [worker_id, exclusion] : job.excluded_workers) {
+    job.suspect_workers.erase(worker_id);
+  }
   StopAttemptRanks(
       job, absl::StrCat("attempt ", n, " ",
                         failure == Failure::kInterrupted ? "interrupted" : "failed", ": ", cause));

@@ -38,4 +38,33 @@ NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& 
   return out;
 }
 
+std::set<std::string> SuspectWorkers(const std::vector<furnace::v1::AttemptInfo>& attempts) {
+  using furnace::v1::AttemptInfo;
+  const auto ended = [](const AttemptInfo& a) {
+    return a.state() == furnace::v1::ATTEMPT_STATE_FAILED ||
+           a.state() == furnace::v1::ATTEMPT_STATE_INTERRUPTED;
+  };
+  std::set<std::string> out;
+  size_t newest = attempts.size();
+  while (newest > 0 && !ended(attempts[newest - 1])) --newest;  // past a running or pending one
+  if (newest == 0) return out;
+  if (!attempts[newest - 1].culprit_worker().empty()) {
+    out.insert(attempts[newest - 1].culprit_worker());
+  }
+  // best_before[i]: the highest step of the attempts before i (AttemptsWithoutProgress's rule).
+  std::vector<uint64_t> best_before(newest, 0);
+  uint64_t best = 0;
+  for (size_t i = 0; i < newest; ++i) {
+    best_before[i] = best;
+    best = std::max(best, AttemptStep(attempts[i]));
+  }
+  for (size_t i = newest; i-- > 0;) {
+    const AttemptInfo& a = attempts[i];
+    if (a.state() == furnace::v1::ATTEMPT_STATE_INTERRUPTED) continue;
+    if (a.state() != furnace::v1::ATTEMPT_STATE_FAILED || AttemptStep(a) > best_before[i]) break;
+    if (!a.culprit_worker().empty()) out.insert(a.culprit_worker());
+  }
+  return out;
+}
+
 }  // namespace furnace::controller

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "furnace/v1/controller.pb.h"
@@ -28,5 +30,13 @@ struct NoProgress {
   uint64_t step = 0;      // the step none of them got past
 };
 NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& attempts);
+
+// The workers the next attempt should avoid (placement.h: used only when no spare is free): where
+// the newest failed attempt's failure was blamed (AttemptInfo::culprit_worker), and where each
+// failure of the run of attempts without progress before it was. A job whose attempts keep
+// failing on different workers thus moves on to workers it has not failed on, rather than going
+// back and forth between two; once an attempt makes progress, only its own culprit stays. A pure
+// function of the stored attempts, so a restarted controller places as the one before it would.
+std::set<std::string> SuspectWorkers(const std::vector<furnace::v1::AttemptInfo>& attempts);
 
 }  // namespace furnace::controller

@@ -354,6 +354,29 @@ TEST_F(LadderTest, OnlyTheFirstThreeLeavingAgentsSpendNoRestart) {
   }
 }
 
+// Failures that repeat on whichever worker holds rank 1: the next attempt avoids every worker a
+// failure without progress was blamed on, not only the latest, so it moves on to a spare instead
+// of going back to the worker of the failure before.
+TEST_F(LadderTest, FailuresWithoutProgressKeepTheirWorkersSuspect) {
+  for (int s = 0; s < 6; ++s) Register(s);
+  Submit(Commcheck(""));
+  ExpectRunningOn(1, {0, 1, 2, 3});
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, 0, "killed by signal 9");
+  for (uint32_t r : {0u, 2u, 3u}) Report(r, 1, r, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(Job().attempts(0).culprit_worker(), Id(1));
+
+  Pass(2, {0, 1, 2, 3, 4, 5});
+  ExpectRunningOn(2, {0, 2, 3, 4});  // h/1 is a suspect
+  Report(2, 2, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, 0, "killed by signal 9");
+  for (const auto& [slot, rank] : std::vector<std::pair<int, uint32_t>>{{0, 0}, {3, 2}, {4, 3}}) {
+    Report(slot, 2, rank, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  }
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+
+  Pass(4, {0, 1, 2, 3, 4, 5});
+  ExpectRunningOn(3, {0, 3, 4, 5});  // h/1 and h/2 both suspect: the spare h/5, not h/1 again
+}
+
 TEST_F(LadderTest, RepeatedFailuresBeforeTheBestStepEndTheJob) {
   for (int s = 0; s < 4; ++s) Register(s);
   Submit(Commcheck("  max_attempts_without_progress: 2\n"));

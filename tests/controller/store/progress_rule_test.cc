@@ -65,5 +65,25 @@ TEST(ProgressRuleTest, AnotherMemoryPolicyOrLayoutEndsTheRun) {
   EXPECT_EQ(AttemptsWithoutProgress(a).attempts, 1u);
 }
 
+// The next attempt avoids where the newest failure was blamed, and where each failure of the run
+// without progress before it was; a failure that made progress ends the run.
+TEST(SuspectWorkersTest, TheCulpritsOfTheFailuresWithoutProgress) {
+  const auto failed = [](uint64_t step, const std::string& culprit) {
+    v1::AttemptInfo a = Attempt(v1::ATTEMPT_STATE_FAILED, {step});
+    a.set_culprit_worker(culprit);
+    return a;
+  };
+  EXPECT_TRUE(SuspectWorkers({}).empty());
+  // Progress (step 5 past 0), then two failures that got no further than 5.
+  std::vector<v1::AttemptInfo> attempts = {failed(5, "h/0"), failed(3, "h/1"), failed(5, "h/2")};
+  EXPECT_EQ(SuspectWorkers(attempts), (std::set<std::string>{"h/1", "h/2"}));
+  // A newer attempt that got past step 5: only its own culprit.
+  attempts.push_back(failed(9, "h/3"));
+  EXPECT_EQ(SuspectWorkers(attempts), (std::set<std::string>{"h/3"}));
+  // A running attempt after them: the suspects of the failures before it.
+  attempts.push_back(Attempt(v1::ATTEMPT_STATE_RUNNING, {2}));
+  EXPECT_EQ(SuspectWorkers(attempts), (std::set<std::string>{"h/3"}));
+}
+
 }  // namespace
 }  // namespace furnace::controller
