@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -657,7 +658,11 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
       // A checkpoint of another model or seed is the user's to fix: retrying cannot help.
       const int code =
           absl::IsFailedPrecondition(restored.status()) ? kRankExitBadInput : kRankExitError;
-      return Fail(progress, 0, code, absl::StrCat("checkpoint: ", restored.status().message()));
+      // The loader's messages mostly name the checkpoint already ("checkpoint: no usable ...").
+      const absl::string_view why = restored.status().message();
+      return Fail(progress, 0, code,
+                  absl::StartsWith(why, "checkpoint") ? std::string(why)
+                                                      : absl::StrCat("checkpoint: ", why));
     }
   }
   startup.set_checkpoint_load_unix(RealClock().UnixSeconds());

@@ -524,7 +524,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadLatest(int shard, ShardPar
     return absl::NotFoundError(absl::StrCat("checkpoint: no committed checkpoint in ", dir_));
   }
   std::string all;
-  for (const std::string& s : skipped) absl::StrAppend(&all, "\n  ", s);
+  for (const std::string& s : skipped) absl::StrAppend(&all, all.empty() ? "\n  " : ";\n  ", s);
   return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", dir_, ":", all));
 }
 

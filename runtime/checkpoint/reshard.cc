@@ -200,7 +200,7 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestIntoLayout(const CheckpointStore& sto
         absl::StrCat("checkpoint: no committed checkpoint in ", store.dir()));
   }
   return absl::DataLossError(absl::StrCat("checkpoint: no usable checkpoint in ", store.dir(),
-                                          ":\n  ", absl::StrJoin(skipped, "\n  ")));
+                                          ":\n  ", absl::StrJoin(skipped, ";\n  ")));
 }
 
 }  // namespace furnace::train

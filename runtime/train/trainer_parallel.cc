@@ -564,8 +564,20 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
   RETURN_IF_ERROR(AgreeOnStatus(world, listed.status()));
   const std::vector<int64_t> candidates = *std::move(listed);
   std::vector<std::string> passed = loaded->skipped;
+  // Which ranks could not load a step (their own logs say which file and why): named here, so the
+  // account every rank gives (the job's "restored" event) says where to look.
+  const auto could_not = [](int64_t step, const std::vector<int>& ranks) {
+    return absl::StrCat("step ", step, ": rank", ranks.size() == 1 ? " " : "s ",
+                        absl::StrJoin(ranks, ", "), " could not load ",
+                        ranks.size() == 1 ? "its shard" : "their shards",
+                        " (damaged; the rank's log names the file)");
+  };
   if (agreed != mine) {
-    passed.push_back(absl::StrCat("step ", mine, ": another rank could not load it"));
+    std::vector<int> behind;
+    for (size_t r = 0; r < steps.size(); ++r) {
+      if (steps[r] < mine) behind.push_back(static_cast<int>(r));
+    }
+    passed.push_back(could_not(mine, behind));
   }
   int64_t target = agreed;
   while (true) {
@@ -587,8 +599,15 @@ absl::StatusOr<LoadedCheckpoint> Trainer::RestoreLatestParallel() {
     if (std::all_of(loaded_flags.begin(), loaded_flags.end(), [](int64_t f) { return f == 1; })) {
       break;
     }
-    passed.push_back(here.ok() ? absl::StrCat("step ", target, ": another rank could not load it")
-                               : std::string(here.message()));
+    if (here.ok()) {
+      std::vector<int> failed;
+      for (size_t r = 0; r < loaded_flags.size(); ++r) {
+        if (loaded_flags[r] != 1) failed.push_back(static_cast<int>(r));
+      }
+      passed.push_back(could_not(target, failed));
+    } else {
+      passed.push_back(std::string(here.message()));
+    }
     int64_t next = -1;
     absl::Status unreadable = absl::OkStatus();
     for (const int64_t step : candidates) {
