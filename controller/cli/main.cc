@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "google/protobuf/struct.pb.h"
@@ -64,6 +65,17 @@ std::string CommandNames(CLI::App& app) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
   }
   return names;
+}
+
+// A whole-number option that may not be negative; `why` is the message for one that is (CLI11's
+// own range check names a bound of 300 digits).
+CLI::Validator NotNegative(const std::string& why, const std::string& name) {
+  return CLI::Validator(
+      [why](std::string& value) {
+        return !value.empty() && value[0] == '-' ? absl::StrCat(why, " (got ", value, ")")
+                                                 : std::string();
+      },
+      name);
 }
 
 }  // namespace
@@ -163,11 +175,7 @@ int main(int argc, char** argv) {
   export_cmd
       ->add_option("--step", export_options.step,
                    "the checkpoint of this step (default: the newest that verifies)")
-      ->check(CLI::Validator(
-          [](std::string& value) {
-            return value.empty() || value[0] == '-' ? std::string("a step is >= 0") : "";
-          },
-          "STEP"));
+      ->check(NotNegative("a step is >= 0", "STEP"));
   export_cmd->add_option("--format", export_options.format, "output format: safetensors")
       ->capture_default_str();
   export_cmd->add_option("-o,--output", export_options.output, "the file to write")->required();
@@ -184,11 +192,11 @@ int main(int argc, char** argv) {
   sample
       ->add_option("--step", sample_options.step,
                    "the JOB's checkpoint of this step (default: the newest that verifies)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NotNegative("a step is >= 0", "STEP"));
   sample->add_option("--prompt", sample_options.prompt, "the text to continue")->required();
   sample->add_option("-n,--tokens", sample_options.tokens, "tokens to generate at most")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NotNegative("-n is the number of tokens to generate, >= 0", "N"));
   sample->add_option("--temperature", sample_options.temperature, "0 for greedy decoding")
       ->capture_default_str();
   sample->add_option("--top-k", sample_options.top_k, "draw among the k likeliest tokens (0: all)")

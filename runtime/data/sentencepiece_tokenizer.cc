@@ -143,8 +143,8 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
   if (processor == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer ", path,
-        ": not a SentencePiece model (make one with furnace data tokenizer train, or use "
-        "data.tokenizer: byte): ",
+        ": not a SentencePiece model (make one with furnace data tokenizer train, or use the "
+        "byte tokenizer, byte): ",
         error));
   }
   std::unique_ptr<SentencePieceTokenizer> tokenizer(new SentencePieceTokenizer());
@@ -291,8 +291,16 @@ absl::StatusOr<SentencePieceTrainResult> TrainSentencePiece(
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& path_or_byte) {
   if (path_or_byte == kByteTokenizerName) return std::make_unique<ByteTokenizer>(true);
-  ASSIGN_OR_RETURN(auto tokenizer, SentencePieceTokenizer::Open(path_or_byte));
-  return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> tokenizer =
+      SentencePieceTokenizer::Open(path_or_byte);
+  if (absl::IsNotFound(tokenizer.status())) {
+    // A misspelt "byte" reads as a file that is not there: say what is allowed.
+    return absl::NotFoundError(absl::StrCat(tokenizer.status().message(),
+                                            " (allowed: ", kByteTokenizerName,
+                                            ", or the path of a SentencePiece .model file)"));
+  }
+  if (!tokenizer.ok()) return tokenizer.status();
+  return std::unique_ptr<Tokenizer>(*std::move(tokenizer));
 }
 
 }  // namespace furnace::data

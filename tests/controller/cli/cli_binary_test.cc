@@ -44,6 +44,15 @@ TEST(CliBinaryTest, UsageErrorsExit2) {
     EXPECT_NE(run.output.find("the commands are certs, submit, jobs, status"), std::string::npos)
         << run.output;
   }
+  // A negative count is said as such (CLI11's own range check printed a 300-digit bound).
+  RunResult run = RunFurnace("sample j-1 --prompt x -n -3");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.output.find("-n is the number of tokens to generate, >= 0 (got -3)"),
+            std::string::npos)
+      << run.output;
+  run = RunFurnace("export j-1 --step -1 -o x.safetensors");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.output.find("a step is >= 0 (got -1)"), std::string::npos) << run.output;
 }
 
 // A credential file that cannot be read is a local error (5), one that is malformed bad usage (2).

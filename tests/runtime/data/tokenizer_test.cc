@@ -395,6 +395,9 @@ TEST(SentencePieceTokenizerTest, RefusesWhatIsNotAModel) {
   EXPECT_THAT(tokenizer.status().message(), HasSubstr("not a SentencePiece model"));
   tokenizer = OpenTokenizer(dir / "missing.model");
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kNotFound);
+  // A misspelt "byte" is a file that is not there: what is allowed is said.
+  EXPECT_THAT(OpenTokenizer("bytes").status().message(),
+              HasSubstr("(allowed: byte, or the path of a SentencePiece .model file)"));
   EXPECT_THAT(tokenizer.status().message(), HasSubstr(dir / "missing.model"));
 }
 
