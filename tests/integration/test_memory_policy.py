@@ -6,7 +6,7 @@ once, is restarted under `adaptive` at the same budget (the out-of-memory escala
 adaptive needs the least of every policy) and ends with the same parameters. Under the same
 budget, an `adaptive` job needs no restart: its planner offloads what
 does not fit, says so in its telemetry, and the job ends with the same parameters again. A budget
-below what any policy needs is refused before the first step, with the bytes needed. Under
+below what any policy needs is refused at submit, with the bytes needed. Under
 expert parallelism a budget between that floor and the routing bound (every token routed to the
 rank's experts, dropless) is warned about at start with the bound, and at the bound an adaptive
 job trains through spikes."""
@@ -105,17 +105,18 @@ class MemoryPolicyTest(harness.ClusterTest):
         for name in a:
             self.assertTrue(a[name] == t[name], f"{name} differs between none and adaptive")
 
-    def test_budget_no_policy_fits_is_refused_before_training(self):
-        # 64 KiB is below one module's backward for this model under any policy: the rank refuses
-        # before its first step, naming the bytes needed, and the job fails without a restart.
+    def test_budget_no_policy_fits_is_refused_at_submit(self):
+        # 64 KiB is below one module's backward for this model under any policy: `furnace submit`
+        # refuses it before anything is sent, naming the bytes needed (the ranks check it too, for
+        # jobs other clients send: rank_main_test), and no job is made.
         c = self.cluster
-        small = c.submit(c.write_job("small.yaml", job("small", "adaptive", 65536)))
-        d = c.wait_state(small, harness.FINAL, timeout=120)
-        self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
-        self.assertEqual(len(d["attempts"]), 1, d["attempts"])
-        logs = c.cli("logs", small).stdout
-        self.assertIn("memory.device_budget: 65536 bytes is below", logs)
-        self.assertIn("raise memory.device_budget to at least", logs)
+        path = c.write_job("small.yaml", job("small", "adaptive", 65536))
+        r = c.cli("submit", path)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("memory.device_budget: 65536 bytes is below", r.stderr)
+        self.assertIn("every rank would refuse it at start (allowed: >= ", r.stderr)
+        self.assertIn("small.yaml", c.cli("submit", "--dry-run", path).stderr)
+        self.assertNotIn("small", c.cli("jobs").stdout)
 
     def test_expert_parallel_budget_below_the_routing_bound_is_warned_and_the_bound_trains(self):
         # dp2 x ep2, dropless, with spikes that route every token of a step to one expert: the
@@ -144,10 +145,10 @@ recovery: {{max_restarts: 0}}
             self.assertIsNotNone(m, f"no {pattern!r} in the logs:\n{text[-3000:]}")
             return int(m.group(1))
 
-        probe = c.submit(c.write_job("probe.yaml", ep_job("probe", 65536, steps=1)))
-        self.assertEqual(c.wait_state(probe, harness.FINAL, timeout=120)["summary"]["state"],
-                         "JOB_FAILED")
-        floor = number_after(c.cli("logs", probe).stdout, r"is below (\d+) bytes")
+        # The floor, as `furnace submit` states it for a budget below it (the ranks' own number).
+        probe = c.cli("submit", "--dry-run", c.write_job("probe.yaml", ep_job("probe", 65536, 1)))
+        self.assertEqual(probe.returncode, 2, probe.stderr)
+        floor = number_after(probe.stderr, r"is below (\d+) bytes")
 
         between = c.submit(c.write_job("between.yaml", ep_job("between", floor, steps=1)))
         c.wait_state(between, harness.FINAL, timeout=120)

@@ -291,6 +291,20 @@ TEST_F(RankMainTest, Bf16OnTheEmulatedDeviceTrainsOrNamesModelPrecision) {
   }
 }
 
+// A memory.device_budget below what any policy needs: `furnace submit` refuses it, but a job
+// another client sent reaches the rank, which refuses it before its first step with the bytes.
+TEST_F(RankMainTest, ABudgetBelowTheFloorIsRefusedBeforeTheFirstStep) {
+  furnace::v1::JobSpec spec = TrainSpec("cpu");
+  spec.mutable_memory()->set_policy("adaptive");
+  spec.mutable_memory()->set_device_budget(1024);
+  Launch(spec, 1);
+  const furnace::v1::RankReport report = Finish(0);
+  EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_CODE);
+  EXPECT_EQ(report.exit_code(), furnace::v1::RANK_EXIT_BAD_INPUT) << report.reason();
+  EXPECT_THAT(report.reason(), HasSubstr("memory.device_budget: 1024 bytes is below "));
+  EXPECT_THAT(report.reason(), HasSubstr("raise memory.device_budget to at least "));
+}
+
 TEST_F(RankMainTest, UnknownKindExitsWithTwo) {
   Launch(Spec("inference"), 1);
   const furnace::v1::RankReport report = Finish(0);
