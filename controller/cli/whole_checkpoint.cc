@@ -190,7 +190,6 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
     // it had ended): the newest step this job wrote, passing over the later job's.
     absl::StatusOr<std::vector<int64_t>> listed = store.ListCommittedSteps();
     if (!listed.ok()) return LocalError(listed.status());
-    std::vector<std::string> passed;
     for (auto it = listed->rbegin(); it != listed->rend(); ++it) {
       if (*it >= loaded->step) continue;
       absl::StatusOr<train::CheckpointManifest> manifest = store.ReadManifest(*it);
@@ -206,7 +205,7 @@ absl::StatusOr<WholeCheckpoint> LoadFrom(const v1::JobDetail& job, const std::st
     }
     return LocalError(absl::NotFoundError(absl::StrCat(
         "job ", id, " has no checkpoint of its own in ", dir, ": its newest committed step, ",
-        loaded->step, ", was written by job ", loaded->job, ", which used the directory later (",
+        loaded->step, ", was written by job ", loaded->job, " (the directory was used by both; ",
         command, " that job's instead: furnace ", command, " ", loaded->job, ")")));
   }
   // A directory that cannot be listed is said as such, not as "none yet".
