@@ -12,14 +12,23 @@ uint64_t AttemptStep(const furnace::v1::AttemptInfo& attempt) {
   return step;
 }
 
-NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& attempts) {
-  // best_before[i]: the highest step of the attempts before i.
-  std::vector<uint64_t> best_before(attempts.size(), 0);
+namespace {
+
+// best_before[i]: the highest step of the first `n` attempts before i.
+std::vector<uint64_t> BestBefore(const std::vector<furnace::v1::AttemptInfo>& attempts, size_t n) {
+  std::vector<uint64_t> best_before(n, 0);
   uint64_t best = 0;
-  for (size_t i = 0; i < attempts.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     best_before[i] = best;
     best = std::max(best, AttemptStep(attempts[i]));
   }
+  return best_before;
+}
+
+}  // namespace
+
+NoProgress AttemptsWithoutProgress(const std::vector<furnace::v1::AttemptInfo>& attempts) {
+  const std::vector<uint64_t> best_before = BestBefore(attempts, attempts.size());
   NoProgress out;
   if (attempts.empty()) return out;
   const furnace::v1::AttemptInfo& newest = attempts.back();
@@ -51,13 +60,7 @@ std::set<std::string> SuspectWorkers(const std::vector<furnace::v1::AttemptInfo>
   if (!attempts[newest - 1].culprit_worker().empty()) {
     out.insert(attempts[newest - 1].culprit_worker());
   }
-  // best_before[i]: the highest step of the attempts before i (AttemptsWithoutProgress's rule).
-  std::vector<uint64_t> best_before(newest, 0);
-  uint64_t best = 0;
-  for (size_t i = 0; i < newest; ++i) {
-    best_before[i] = best;
-    best = std::max(best, AttemptStep(attempts[i]));
-  }
+  const std::vector<uint64_t> best_before = BestBefore(attempts, newest);  // the same rule
   for (size_t i = newest; i-- > 0;) {
     const AttemptInfo& a = attempts[i];
     if (a.state() == furnace::v1::ATTEMPT_STATE_INTERRUPTED) continue;
