@@ -347,10 +347,14 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
                                            "against recovery.max_restarts",
                                            n, cause));
   } else if (failure == Failure::kCorruptData) {
+    // furnace data prepare writes token files; an indexed dataset comes from the tool that made it
+    // (Megatron's preprocess_data.py, or another writer of its format).
+    const bool indexed = job.spec.data().source() == "indexed";
     job.summary.set_cause(absl::StrCat(
-        cause,
-        " (not retried: the data file is corrupt; every attempt would read the same bytes: "
-        "prepare it again, e.g. furnace data prepare)"));
+        cause, " (not retried: the data file is corrupt; every attempt would read the same bytes: ",
+        indexed ? "write the indexed dataset again with the tool that made it"
+                : "prepare it again, e.g. furnace data prepare",
+        ")"));
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (failure == Failure::kPermanent) {
     job.summary.set_cause(absl::StrCat(cause, " (not retried: the job's input is invalid)"));

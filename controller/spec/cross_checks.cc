@@ -550,7 +550,7 @@ void CheckCrossFields(const furnace::v1::JobSpec& spec, Diagnostics* diag) {
                                 kMaxMarkovVocab, ")"),
                    absl::StrFormat("%d (%.1f GiB a rank)", m.vocab(), gib),
                    absl::StrCat("model.vocab <= ", kMaxMarkovVocab,
-                                ", or data.source: tokens or indexed (furnace data prepare)")});
+                                ", or data.source: tokens (furnace data prepare) or indexed")});
   }
 
   // An interval past the last step would be accepted and never reached: only the final

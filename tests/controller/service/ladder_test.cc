@@ -484,6 +484,10 @@ TEST_F(LadderTest, CorruptDataFileIsNotRetried) {
   EXPECT_EQ(d.attempts(0).failure_kind(), "corrupt_data");
   EXPECT_NE(d.summary().cause().find("not retried: the data file is corrupt"), std::string::npos)
       << d.summary().cause();
+  // A token file (not an indexed dataset, which comes from another tool) is made again so.
+  EXPECT_NE(d.summary().cause().find("prepare it again, e.g. furnace data prepare"),
+            std::string::npos)
+      << d.summary().cause();
 }
 
 }  // namespace
