@@ -164,6 +164,7 @@ Agent::Agent(AgentOptions options, std::shared_ptr<furnace::v1::AgentService::St
       clock_(clock),
       instance_id_(RandomInstanceId()),
       telemetry_(options_.telemetry_capacity, options_.telemetry_bytes),
+      unsettled_(options_.telemetry_capacity, options_.telemetry_bytes),
       logs_(options_.log_capacity, options_.log_bytes),
       flush_interval_s_(options_.flush_interval_s) {}
 
@@ -798,19 +799,43 @@ bool Agent::FlushOnce() {
   // One flusher at a time (the flush loop, and the report loop before an exit report), so a
   // rank's records are pushed in order and an exit report never overtakes them.
   std::lock_guard<std::mutex> flush_lock(flush_mu_);
+  // A new registration (the controller may have restarted and lost the steps it was merging):
+  // the step records it acknowledged but has not stored are pushed again, first.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation_ != flushed_generation_) {
+      flushed_generation_ = generation_;
+      telemetry_.PutBack(unsettled_.TakeAll());
+    }
+  }
+  const auto push = [this](furnace::v1::TelemetryBatch& request) {
+    request.set_worker_id(options_.worker_id);
+    for (std::string& job : unsettled_.Jobs()) request.add_unsettled_jobs(std::move(job));
+    furnace::v1::TelemetryAck ack;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout_s);
+    const grpc::Status status = stub_->PushTelemetry(&context, request, &ack);
+    if (status.ok()) {
+      last_settle_query_s_ = clock_.MonotonicSeconds();
+      // Its step records are held until an answer says their steps are stored (this one, or a
+      // later one: the answer is of what was stored before they came).
+      unsettled_.Add(std::vector<furnace::v1::TelemetryRecord>(request.records().begin(),
+                                                               request.records().end()));
+      unsettled_.Settle(ack);
+    }
+    return status;
+  };
+  bool pushed = false;
   // Several batches per tick at most, so a backlog drains quickly after a controller restart.
   for (int batch = 0; batch < 10; ++batch) {
     std::vector<furnace::v1::TelemetryRecord> records = telemetry_.Take(kMaxBatch, kMaxBatchBytes);
     const uint64_t dropped = telemetry_.TakeDropped();
     if (records.empty() && dropped == 0) break;
     furnace::v1::TelemetryBatch request;
-    request.set_worker_id(options_.worker_id);
     request.set_dropped(dropped);
     for (auto& record : records) *request.add_records() = std::move(record);
-    furnace::v1::Ack ack;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout_s);
-    const grpc::Status status = stub_->PushTelemetry(&context, request, &ack);
+    const grpc::Status status = push(request);
+    pushed = true;
     if (!status.ok() && !PushWorthRetrying(status.error_code())) {
       NoteRefused("telemetry", request.records_size(), status.error_message());
       telemetry_.AddDropped(dropped + static_cast<uint64_t>(request.records_size()));
@@ -823,6 +848,14 @@ bool Agent::FlushOnce() {
       telemetry_.AddDropped(dropped);
       return false;
     }
+  }
+  // Nothing new to push, but records held: ask how far their steps are stored, now and then
+  // (kSettleQueryS; a job's last steps settle only after it ends).
+  if (!pushed && unsettled_.size() > 0 &&
+      clock_.MonotonicSeconds() - last_settle_query_s_ >= kSettleQueryS) {
+    furnace::v1::TelemetryBatch request;
+    const grpc::Status status = push(request);
+    if (!status.ok() && PushWorthRetrying(status.error_code())) return false;
   }
   for (int batch = 0; batch < 10; ++batch) {
     std::vector<furnace::v1::LogLine> lines = logs_.Take(kMaxBatch, kMaxBatchBytes);

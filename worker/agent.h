@@ -9,6 +9,9 @@
 // controller acks them, also across re-registrations. Telemetry and log lines go through bounded
 // drop-oldest queues flushed every flush interval (the controller's RegisterResponse
 // telemetry_flush_s, else flush_interval_s), so a slow controller costs data, never a blocked rank.
+// Step records the controller acknowledged are held until it says their step is stored, and sent
+// again after a new registration (unsettled_records.h): a controller killed while it merged a
+// step gets them back.
 //
 // Heartbeat reconciliation: a controller answers each heartbeat with the ranks its records place
 // on this worker (HeartbeatResponse.ranks). A rank the agent runs, listed in that heartbeat, that
@@ -50,6 +53,7 @@
 #include "runtime/base/clock.h"
 #include "worker/bounded_queue.h"
 #include "worker/rank_supervisor.h"
+#include "worker/unsettled_records.h"
 
 namespace grpc {
 class ClientContext;
@@ -179,6 +183,14 @@ class Agent {
   uint64_t refused_records_ = 0, refused_lines_ = 0;
 
   BoundedQueue<furnace::v1::TelemetryRecord> telemetry_;
+  // Step records pushed, held until the controller says their step is stored (guarded by
+  // flush_mu_; unsettled_records.h). Pushed again after each new registration
+  // (flushed_generation_: the registration FlushOnce last pushed under, guarded by flush_mu_).
+  UnsettledRecords unsettled_;
+  uint64_t flushed_generation_ = 0;
+  // With nothing new to push, how often to ask how far the held records' steps are stored.
+  static constexpr double kSettleQueryS = 1.0;
+  double last_settle_query_s_ = -1e300;  // guarded by flush_mu_
   BoundedQueue<furnace::v1::LogLine> logs_;
 
   mutable std::mutex mu_;

@@ -445,12 +445,13 @@ void Fleet::PushStep(SimAgent& a, uint64_t step) {
   }
   ++telemetry_records_;
   auto& stub = Stub(a);
-  Call<v1::TelemetryBatch, v1::Ack>(
+  Call<v1::TelemetryBatch, v1::TelemetryAck>(
       "PushTelemetry", a,
       [&stub](auto* c, const auto& q, auto* cq) {
         return stub.PrepareAsyncPushTelemetry(c, q, cq);
       },
-      batch, options_.rpc_timeout_s, [](const grpc::Status& s, v1::Ack&) { return s.ok(); });
+      batch, options_.rpc_timeout_s,
+      [](const grpc::Status& s, v1::TelemetryAck&) { return s.ok(); });
 }
 
 void Fleet::Start() {

@@ -316,10 +316,11 @@ void PostAll(AgentServer& s, grpc::ServerCompletionQueue* queue) {
       c.ReportRank(call->request(), [call](absl::Status s) { call->Reply(ToGrpc(s)); });
     });
   });
-  using TelemetryCall = Unary<v1::TelemetryBatch, v1::Ack>;
+  using TelemetryCall = Unary<v1::TelemetryBatch, v1::TelemetryAck>;
   TelemetryCall::Post(s, queue, &Service::RequestPushTelemetry, [&c](TelemetryCall* call) {
     OnPool(call, [&c](TelemetryCall* call) {
-      c.PushTelemetry(call->request(), [call](absl::Status st) { call->Reply(ToGrpc(st)); });
+      c.PushTelemetry(
+          call->request(), [call](absl::Status st) { call->Reply(ToGrpc(st)); }, &call->response());
     });
   });
   using LogsCall = Unary<v1::LogBatch, v1::Ack>;

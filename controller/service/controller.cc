@@ -532,8 +532,8 @@ absl::Status Controller::ReportRank(const v1::RankReport& report) {
   return answer->value_or(absl::OkStatus());
 }
 
-void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
-  AcceptTelemetry(batch, [](absl::Status s) {
+void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done, v1::TelemetryAck* ack) {
+  AcceptTelemetry(batch, ack, [](absl::Status s) {
     // Said once per 1000 failures: a slow or full disk must not flood the log as well.
     static std::atomic<uint64_t> failures{0};
     if (!s.ok() && failures++ % 1000 == 0) {
@@ -544,7 +544,8 @@ void Controller::PushTelemetry(const v1::TelemetryBatch& batch, Done done) {
   done(absl::OkStatus());
 }
 
-void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) {
+void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryAck* ack,
+                                 Done written) {
   std::vector<v1::TelemetryRecord> records;
   std::vector<TelemetryAggregator::Trim> trim;
   bool steps = false;  // a step was completed (and queued for the store)
@@ -569,9 +570,15 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
         ++beyond;
         continue;
       }
-      // A record of no rank of the job, or one counted already (re-sent), is not used again.
-      if (!jobs_.NoteProgress(*job, rec)) continue;
       const uint32_t world = job->AttemptWorld(rec.attempt());
+      // A record of no rank of the job, or one counted already, is not progress again. Sent again
+      // (a push whose answer was lost, or held records an agent pushes to a controller it
+      // registered with anew: TelemetryBatch), it still goes to its step: one a restarted
+      // controller was merging when it died needs it, and a step takes each rank's record once.
+      if (!jobs_.NoteProgress(*job, rec)) {
+        if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec)) steps = true;
+        continue;
+      }
       if (telemetry_.KeepRaw(rec, world)) {
         records.push_back(rec);
         kept[rec.job_id()] = world;
@@ -601,14 +608,28 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, Done written) 
           "ignored",
           EscapeForLog(batch.worker_id()), beyond);
     }
+    if (ack != nullptr) {
+      // How far each job the agent holds step records of is stored (the agent lets go of those).
+      std::set<std::string> asked(batch.unsettled_jobs().begin(), batch.unsettled_jobs().end());
+      for (const auto& rec : batch.records()) {
+        if (rec.has_train()) asked.insert(rec.job_id());
+      }
+      constexpr size_t kMaxAsked = 1024;  // a bound against a bad batch (an agent runs a few jobs)
+      for (const std::string& id : asked) {
+        if (static_cast<size_t>(ack->settled_size()) >= kMaxAsked) break;
+        const Job* job = jobs_.Find(id);
+        *ack->add_settled() =
+            telemetry_.Settled(id, job == nullptr || IsFinal(job->summary.state()));
+      }
+    }
   }
   telemetry_.Store(std::move(records), std::move(trim), steps, std::move(written));
 }
 
-absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch) {
+absl::Status Controller::PushTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryAck* ack) {
   std::promise<absl::Status> result;
   std::future<absl::Status> status = result.get_future();
-  AcceptTelemetry(batch, [&result](absl::Status s) { result.set_value(std::move(s)); });
+  AcceptTelemetry(batch, ack, [&result](absl::Status s) { result.set_value(std::move(s)); });
   return status.get();
 }
 
@@ -721,8 +742,9 @@ void Controller::Tick() {
   // last batches had time to come, they are stored with the ranks that did.
   for (const std::string& id : telemetry_.JobsWithPendingSteps()) {
     const Job* job = jobs_.Find(id);
-    if (job == nullptr || (IsFinal(job->summary.state()) &&
-                           clock_.UnixSeconds() - job->summary.updated_unix() > kEndedSettleS)) {
+    const double ended = job == nullptr ? 0 : std::max(job->summary.updated_unix(), started_unix_);
+    if (job == nullptr ||
+        (IsFinal(job->summary.state()) && clock_.UnixSeconds() - ended > kEndedSettleS)) {
       telemetry_.StoreUnfinished(id);
     }
   }

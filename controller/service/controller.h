@@ -136,10 +136,15 @@ class Controller {
   // so an agent's telemetry never waits for the disk. A failed write is logged; what it loses is
   // the sample of raw records (and a point of the dashboards' series) of at most one commit, as
   // an agent under back-pressure drops records (TelemetryBatch.dropped). The blocking form
-  // returns once they are written, with the write's status (tests).
+  // returns once they are written, with the write's status (tests). `ack` (when given) says how
+  // far the steps of the jobs the batch names are stored (TelemetryAggregator::Settled): the
+  // agent holds its step records until then, and pushes them again to a controller it registers
+  // with anew, so a controller killed while it merged a step loses none of it.
   using Done = std::function<void(absl::Status)>;
-  void PushTelemetry(const furnace::v1::TelemetryBatch& batch, Done done);
-  absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch);
+  void PushTelemetry(const furnace::v1::TelemetryBatch& batch, Done done,
+                     furnace::v1::TelemetryAck* ack = nullptr);
+  absl::Status PushTelemetry(const furnace::v1::TelemetryBatch& batch,
+                             furnace::v1::TelemetryAck* ack = nullptr);
   absl::Status PushLogs(const furnace::v1::LogBatch& batch);
   // Persists the key (group commit), then makes it visible; `done` as for PushTelemetry.
   // `caller`: the worker the call comes from (CallerWorker; empty: it names none), refused unless
@@ -183,7 +188,8 @@ class Controller {
   // The telemetry flush interval agents are told (ControllerOptions::telemetry_flush_s).
   double TelemetryFlushS() const;
   // PushTelemetry's work; `written` gets the status of its raw records' write.
-  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, Done written);
+  void AcceptTelemetry(const furnace::v1::TelemetryBatch& batch, furnace::v1::TelemetryAck* ack,
+                       Done written);
   // Writes one audit entry; a store failure is logged, not returned (the call it records has
   // already happened).
   void Audit(const std::string& identity, const std::string& action, const std::string& job_id,
@@ -208,8 +214,11 @@ class Controller {
   JobLifecycle jobs_;              // guarded by mu_
   static constexpr double kJobFlushIntervalS = 1.0;
   // How long after a job ended its ranks' last telemetry batches may still come (agents push every
-  // telemetry_flush_s): its steps still waiting for ranks are stored after this (Tick).
+  // telemetry_flush_s): its steps still waiting for ranks are stored after this (Tick). Counted
+  // from this controller's start as well: the agents push the step records they hold again once
+  // they have registered with it.
   static constexpr double kEndedSettleS = 10.0;
+  const double started_unix_ = clock_.UnixSeconds();
   static constexpr uint64_t kAuditTrimEvery = 100;
   std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_

@@ -185,6 +185,10 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
   for (const auto& [op, sum] : p.moe_ops) *r.add_moe_ops() = sum;
   // Written by the group commit, not under the caller's state mutex (an fsync); counted in the
   // exported totals once it is stored (the file comment).
+  {
+    std::lock_guard<std::mutex> lock(totals_mu_);
+    ++totals_[job_id].steps_writing;
+  }
   commit_.Submit([this, job_id, r] { return store_.PutStep(job_id, r); },
                  [this, job_id, r](absl::Status s) {
                    if (s.ok()) {
@@ -192,6 +196,8 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
                    } else {
                      spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
                    }
+                   std::lock_guard<std::mutex> lock(totals_mu_);
+                   --totals_[job_id].steps_writing;
                  });
   NoteStep(job_id, r);
 }
@@ -220,6 +226,26 @@ void TelemetryAggregator::AddTotals(const std::string& job_id, const v1::StepRec
     t.moe_op_seconds[o.op()] += o.seconds();
   }
   t.goodput.AddStep(r);
+  NoteCommitted(t, r);
+}
+
+void TelemetryAggregator::NoteCommitted(Totals& t, const v1::StepRecord& r) {
+  const auto key = std::make_pair(r.attempt(), r.step());
+  if (!t.committed || *t.committed < key) t.committed = key;
+}
+
+v1::SettledSteps TelemetryAggregator::Settled(const std::string& job_id, bool ended) const {
+  v1::SettledSteps settled;
+  settled.set_job_id(job_id);
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  auto t = totals_.find(job_id);
+  if (t != totals_.end() && t->second.committed) {
+    settled.set_attempt(t->second.committed->first);
+    settled.set_step(t->second.committed->second);
+  }
+  settled.set_all(ended && PendingSteps(job_id) == 0 &&
+                  (t == totals_.end() || t->second.steps_writing == 0));
+  return settled;
 }
 
 void TelemetryAggregator::NoteStep(const std::string& job_id, const v1::StepRecord& r) {

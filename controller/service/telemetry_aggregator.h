@@ -16,8 +16,11 @@
 //    (StepRecord.ranks below the world): it was trained, so the series, the totals and the
 //    goodput keep it. Its sums (tokens, expert counts) are those ranks' only.
 //    A step is each rank's record once: a rank's record that comes again (a batch re-sent after
-//    its answer was lost) is not counted twice, nor does it complete a step another rank has not
-//    reported.
+//    its answer was lost, or held records an agent pushes again after it registers anew) is not
+//    counted twice, nor does it complete a step another rank has not reported.
+//    The steps waiting for ranks live only here: a controller killed outright loses them, and gets
+//    their records again from the agents, which hold each step record until Settled says its step
+//    is stored (worker/unsettled_records.h).
 //
 // What it owns: per job, the steps still waiting for ranks, the newest aggregated step and the
 // totals (tokens, planner bytes, communication bytes, MoE op bytes and seconds, checkpoint
@@ -109,6 +112,12 @@ class TelemetryAggregator {
                                              const std::vector<furnace::v1::AttemptInfo>& attempts,
                                              double now_unix, const ClusterFailureRate& cluster,
                                              int ranks) const;
+  // How far the job's steps are stored (committed, not only queued): every step record of the
+  // job at or below the answer's (attempt, step) is in a stored step or of one stored without it.
+  // `all` once `ended` (the caller says the job is over, or unknown) and none of its steps waits
+  // for ranks or for the disk. Agents hold their step records until this covers them
+  // (TelemetryBatch, v1 telemetry.proto), so a controller killed while merging loses none.
+  furnace::v1::SettledSteps Settled(const std::string& job_id, bool ended) const;
   // Steps of the job still waiting for ranks (at most kMaxPendingSteps).
   size_t PendingSteps(const std::string& job_id) const;
   // The jobs with steps still waiting for ranks.
@@ -167,7 +176,13 @@ class TelemetryAggregator {
     std::map<std::string, double> moe_op_bytes, moe_op_seconds;
     // Exported as counters too (productive and lost seconds, redone steps).
     GoodputLedger goodput;
+    // The newest stored step's (attempt, step), if any; steps queued for the store, not yet
+    // written (Settled).
+    std::optional<std::pair<uint32_t, uint64_t>> committed;
+    uint64_t steps_writing = 0;
   };
+  // The step is stored (at start, or its write committed): Totals.committed (totals_mu_ held).
+  static void NoteCommitted(Totals& totals, const furnace::v1::StepRecord& step);
 
   JobStore& store_;
   // Before commit_: its callbacks, which add to them, run until commit_ is destroyed.

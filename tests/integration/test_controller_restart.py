@@ -1,7 +1,10 @@
 """Kill the controller during a job and start it again on the same state dir: the job and its
 history are still known, the running workers re-register, their ranks are re-attached, and the job
-finishes."""
+finishes; killed while it merged the ranks' records of a step, it gets them back from the agents
+and stores every step whole."""
+import json
 import time
+import urllib.request
 
 import harness
 
@@ -29,6 +32,47 @@ class ControllerRestartTest(harness.ClusterTest):
         # The ranks kept running while the controller was away and were re-attached: no restart.
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0, kinds)
         self.assertEqual(kinds.count("reattached"), 4, kinds)
+
+    def test_no_step_is_lost_when_the_controller_is_killed_while_merging(self):
+        # Four ranks, each on its own agent: a step is stored once all four records are in, and
+        # the agents push at independent times, so a kill mid-run finds steps half merged.
+        c = self.cluster
+        steps, kills = 360, (40, 140, 240)
+        job = c.submit(c.write_job("merge.yaml", f"""name: merging
+kind: train
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 2, layers: 2, expert_ffn: 64}}
+moe: {{experts: 4, top_k: 2}}
+parallel: {{dp: 4, micro_batch: 4, micro_batches: 1}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 10, seed: 11}}
+data: {{source: markov, seed: 5}}
+checkpoint: {{every: 0}}
+recovery:
+  max_restarts: 0
+"""))
+        killed_at = []
+        for at in kills:
+            d = c.wait_for(job, lambda d: int(d["summary"].get("step", 0)) >= at or
+                           d["summary"]["state"] in harness.FINAL, timeout=180,
+                           what=f"step {at}")
+            if d["summary"]["state"] in harness.FINAL:
+                break
+            c.kill_controller()
+            killed_at.append(int(d["summary"].get("step", 0)))
+            time.sleep(0.5)
+            c.start(wait_workers=False)
+        d = c.wait_state(job, harness.FINAL, timeout=300)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0)
+        url = f"http://127.0.0.1:{c.metrics_port}/api/jobs/{job}/series?max=1000"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            series = json.loads(r.read().decode())["steps"]
+        got = [int(s["step"]) for s in series]
+        partial = [int(s["step"]) for s in series if int(s["ranks"]) != 4]
+        print(f"\nREPORT controller killed {len(killed_at)} time(s) (at steps >= {killed_at}); "
+              f"series: {len(got)} of {steps} steps, {len(partial)} without every rank")
+        self.assertEqual(len(killed_at), len(kills), "the run ended before every kill")
+        self.assertEqual(got, list(range(1, steps + 1)))
+        self.assertEqual(partial, [])
 
 
 if __name__ == "__main__":

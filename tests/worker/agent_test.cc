@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "fake_agent_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +17,7 @@
 #include "tests/testing/test_dir.h"
 #include "transport/dev_certs.h"
 #include "worker/controller_channel.h"
+#include "worker/telemetry_pipe.h"
 
 namespace furnace::worker {
 namespace {
@@ -280,6 +282,60 @@ TEST_F(AgentTest, RanksSurviveAControllerRestartAndAreReattached) {
     }
     return false;
   }));
+}
+
+// The controller acknowledges a step record before it stores the step (it merges every rank's
+// first). The agent holds it until an answer says the step is stored, and pushes it again to the
+// controller it registers with next: a controller killed while merging loses none of the step.
+TEST_F(AgentTest, StepRecordsAreHeldUntilStoredAndSentAgainToARestartedController) {
+  auto first = std::make_unique<testing::FakeController>();
+  const int port = first->port();
+  furnace::v1::TelemetryRecord step;
+  step.set_step(3);
+  step.set_seq(1);
+  step.mutable_train()->set_loss(2.5);
+  std::string emit;
+  for (unsigned char c : FrameRecord(step)) emit += absl::StrFormat("\\%03o", c);
+  StartAgent(first->address(), "printf '" + emit + "' >&3; exec sleep 30");
+  ASSERT_TRUE(first->service.AwaitLocked([&] { return first->service.watchers > 0; }));
+  first->service.Push(Start(0));
+  ASSERT_TRUE(first->service.AwaitLocked([&] { return !first->service.telemetry.empty(); }));
+  // Nothing stored yet (the answers settle nothing): the agent asks after the job's steps.
+  ASSERT_TRUE(first->service.AwaitLocked([&] {
+    const auto& batches = first->service.telemetry_batches;
+    return batches.size() >= 2 && batches.back().records().empty() &&
+           batches.back().unsettled_jobs_size() == 1 && batches.back().unsettled_jobs(0) == "job-1";
+  }));
+  first.reset();  // the controller dies with the step it was merging
+
+  testing::FakeController second(port);
+  auto& fake = second.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.telemetry.empty(); }));
+  size_t before_settled = 0;
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    const furnace::v1::TelemetryBatch& again = fake.telemetry_batches[0];
+    ASSERT_EQ(again.records_size(), 1);
+    EXPECT_EQ(again.records(0).job_id(), "job-1");
+    EXPECT_EQ(again.records(0).step(), 3u);
+    EXPECT_EQ(again.records(0).seq(), 1u);
+    // Stored now: the answers say so, and the agent lets go of it.
+    furnace::v1::SettledSteps& settled = fake.settled.emplace_back();
+    settled.set_job_id("job-1");
+    settled.set_attempt(1);
+    settled.set_step(3);
+    before_settled = fake.telemetry_batches.size();
+  }
+  // The next question (at most a second later) is answered so; then it holds nothing more, and
+  // asks no more (it asks every second while it holds records).
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.telemetry_batches.size() > before_settled; }));
+  const size_t asked = [&] {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    return fake.telemetry_batches.size();
+  }();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  EXPECT_EQ(fake.telemetry_batches.size(), asked);
 }
 
 furnace::v1::ControllerRankView View(uint32_t rank, bool wanted, bool started = true) {

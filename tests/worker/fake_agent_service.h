@@ -83,9 +83,11 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
     return grpc::Status::OK;
   }
   grpc::Status PushTelemetry(grpc::ServerContext*, const furnace::v1::TelemetryBatch* request,
-                             furnace::v1::Ack*) override {
+                             furnace::v1::TelemetryAck* ack) override {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& record : request->records()) telemetry.push_back(record);
+    telemetry_batches.push_back(*request);
+    for (const auto& s : settled) *ack->add_settled() = s;
     cv.notify_all();
     return grpc::Status::OK;
   }
@@ -181,6 +183,9 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   std::vector<furnace::v1::HeartbeatRequest> heartbeats;
   std::vector<furnace::v1::RankReport> reports;
   std::vector<furnace::v1::TelemetryRecord> telemetry;
+  std::vector<furnace::v1::TelemetryBatch> telemetry_batches;
+  // What every PushTelemetry answers (how far the jobs' steps are stored).
+  std::vector<furnace::v1::SettledSteps> settled;
   std::vector<furnace::v1::LogLine> logs;
   // When each accepted PushLogs came, and when it was answered.
   struct LogPush {

@@ -218,7 +218,7 @@ TEST_F(AgentServiceTest, TelemetryIsTakenInAtOnceAndWrittenBehind) {
     rec->set_step(1);
     rec->set_phase("running");
     rec->mutable_train()->set_loss(2.0 + r);
-    v1::Ack ack;
+    v1::TelemetryAck ack;
     ASSERT_TRUE(stub_->PushTelemetry(Context().get(), batch, &ack).ok());
   }
   // Taken in: the step every rank completed is aggregated in memory at once...

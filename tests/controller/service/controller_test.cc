@@ -692,6 +692,75 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 4000);
 }
 
+// A controller killed while it merges a step (one rank's record in, the other's not yet) loses
+// that record with its memory. The agent held it (acknowledged, not stored: TelemetryAck.settled)
+// and pushes it again to the controller it registers with next, which counts it toward the step
+// although its seq was stored as counted (not as progress again), so the step is stored whole.
+v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank);  // below
+
+TEST_F(ControllerTest, AStepBeingMergedWhenTheControllerDiesIsStoredWhole) {
+  StartRunning();
+  const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
+    v1::TelemetryRecord r;
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(seq);
+    r.set_step(step);
+    r.mutable_train()->set_tokens(1000);
+    r.mutable_train()->set_step_seconds(0.5);
+    return r;
+  };
+  const auto push = [&](int slot, std::vector<v1::TelemetryRecord> records) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/" + std::to_string(slot));
+    batch.add_unsettled_jobs(job_);
+    for (auto& r : records) *batch.add_records() = std::move(r);
+    v1::TelemetryAck ack;
+    EXPECT_TRUE(c_->PushTelemetry(batch, &ack).ok());
+    EXPECT_EQ(ack.settled_size(), 1);
+    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+  };
+  v1::SettledSteps settled = push(0, {record(0, 7, 1)});
+  EXPECT_EQ(settled.job_id(), job_);
+  EXPECT_EQ(settled.step(), 0u);  // nothing stored yet: the agent holds the record
+  EXPECT_FALSE(settled.all());
+  WriteBehindAndRestart(2);  // rank 0's seq 7 is stored as counted; its step 1 only in memory
+  ASSERT_EQ(Job().attempts(0).ranks(0).telemetry_seq(), 7u);
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  ASSERT_EQ(c_->GetJobSeries(req)->steps_size(), 0);
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1, 100, {Running(job_, 1, 1)});
+
+  push(0, {record(0, 7, 1)});  // rank 0's agent registered anew: what it held, again
+  push(1, {record(1, 3, 1)});
+  auto series = c_->GetJobSeries(req);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->steps_size(), 1);
+  EXPECT_EQ(series->steps(0).ranks(), 2u);
+  EXPECT_DOUBLE_EQ(series->steps(0).tokens(), 2000);
+  // Now stored: the next answer lets both agents go of step 1.
+  settled = push(1, {});
+  EXPECT_EQ(settled.attempt(), 1u);
+  EXPECT_EQ(settled.step(), 1u);
+  EXPECT_FALSE(settled.all());  // the job runs on
+  // Sent again once more (another registration): stored already, not counted twice.
+  push(0, {record(0, 7, 1)});
+  EXPECT_DOUBLE_EQ(c_->GetJobSeries(req)->steps(0).tokens(), 2000);
+  EXPECT_EQ(Job().attempts(0).ranks(0).telemetry_seq(), 7u);
+  EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 2000);
+
+  // A job the controller does not know (deleted): all of it is settled.
+  v1::TelemetryBatch unknown;
+  unknown.set_worker_id("h/0");
+  unknown.add_unsettled_jobs("no-such-job");
+  v1::TelemetryAck ack;
+  ASSERT_TRUE(c_->PushTelemetry(unknown, &ack).ok());
+  ASSERT_EQ(ack.settled_size(), 1);
+  EXPECT_TRUE(ack.settled(0).all());
+}
+
 TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
   StartRunning();
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
