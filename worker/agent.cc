@@ -810,7 +810,11 @@ bool Agent::FlushOnce() {
   }
   const auto push = [this](furnace::v1::TelemetryBatch& request) {
     request.set_worker_id(options_.worker_id);
-    for (std::string& job : unsettled_.Jobs()) request.add_unsettled_jobs(std::move(job));
+    std::set<std::string> asked = unsettled_.Jobs();
+    for (const std::string& job : asked) request.add_unsettled_jobs(job);
+    for (const auto& record : request.records()) {
+      if (UnsettledRecords::Holds(record)) asked.insert(record.job_id());
+    }
     furnace::v1::TelemetryAck ack;
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout_s);
@@ -821,7 +825,20 @@ bool Agent::FlushOnce() {
       // later one: the answer is of what was stored before they came).
       unsettled_.Add(std::vector<furnace::v1::TelemetryRecord>(request.records().begin(),
                                                                request.records().end()));
-      unsettled_.Settle(ack);
+      unsettled_.Settle(ack, asked);
+      if (const uint64_t dropped = unsettled_.dropped(); dropped > held_dropped_said_) {
+        // Past the bounds: a controller restart now would lose those steps' records.
+        const double now = clock_.MonotonicSeconds();
+        if (now - held_dropped_warned_s_ >= 60) {
+          held_dropped_warned_s_ = now;
+          spdlog::warn(
+              "let go of {} pushed step record(s) the controller has not stored yet "
+              "(--telemetry-capacity / --telemetry-bytes); if it restarts now, their steps are "
+              "stored without them (said at most once a minute)",
+              dropped - held_dropped_said_);
+          held_dropped_said_ = dropped;
+        }
+      }
     }
     return status;
   };

@@ -191,6 +191,9 @@ class Agent {
   // With nothing new to push, how often to ask how far the held records' steps are stored.
   static constexpr double kSettleQueryS = 1.0;
   double last_settle_query_s_ = -1e300;  // guarded by flush_mu_
+  // Held records let go past the bounds, as last said (at most once a minute; flush_mu_).
+  uint64_t held_dropped_said_ = 0;
+  double held_dropped_warned_s_ = -1e300;
   BoundedQueue<furnace::v1::LogLine> logs_;
 
   mutable std::mutex mu_;

@@ -26,13 +26,13 @@ void UnsettledRecords::Add(const std::vector<v1::TelemetryRecord>& pushed) {
   }
 }
 
-void UnsettledRecords::Settle(const v1::TelemetryAck& ack) {
-  if (ack.settled().empty() || held_.empty()) return;
+void UnsettledRecords::Settle(const v1::TelemetryAck& ack, const std::set<std::string>& asked) {
+  if (held_.empty()) return;
   std::map<std::string, const v1::SettledSteps*> by_job;
   for (const v1::SettledSteps& s : ack.settled()) by_job[s.job_id()] = &s;
-  const auto settled = [&by_job](const v1::TelemetryRecord& r) {
+  const auto settled = [&](const v1::TelemetryRecord& r) {
     auto it = by_job.find(r.job_id());
-    if (it == by_job.end()) return false;
+    if (it == by_job.end()) return asked.count(r.job_id()) > 0;
     const v1::SettledSteps& s = *it->second;
     return s.all() ||
            std::make_pair(r.attempt(), r.step()) <= std::make_pair(s.attempt(), s.step());
@@ -48,10 +48,10 @@ void UnsettledRecords::Settle(const v1::TelemetryAck& ack) {
   held_ = std::move(kept);
 }
 
-std::vector<std::string> UnsettledRecords::Jobs() const {
+std::set<std::string> UnsettledRecords::Jobs() const {
   std::set<std::string> jobs;
   for (const Held& h : held_) jobs.insert(h.record.job_id());
-  return {jobs.begin(), jobs.end()};
+  return jobs;
 }
 
 std::vector<v1::TelemetryRecord> UnsettledRecords::TakeAll() {

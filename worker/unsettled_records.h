@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,11 @@ class UnsettledRecords {
   // Keeps the step records of a batch the controller acknowledged (the others are stored as they
   // come); the oldest held go past the bounds.
   void Add(const std::vector<furnace::v1::TelemetryRecord>& pushed);
-  // Lets go of the records the answer says are stored.
-  void Settle(const furnace::v1::TelemetryAck& ack);
+  // Lets go of the records the answer says are stored, and of those of the `asked` jobs it leaves
+  // out (a controller that does not say how far steps are stored: one older than this agent).
+  void Settle(const furnace::v1::TelemetryAck& ack, const std::set<std::string>& asked);
   // The jobs of the records held, each once (TelemetryBatch.unsettled_jobs).
-  std::vector<std::string> Jobs() const;
+  std::set<std::string> Jobs() const;
 
   // Removes and returns every record held, oldest first (to be pushed again: they come back
   // through Add once acknowledged).

@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
   std::unique_ptr<Controller> controller(
       new Controller(options, clock, std::move(lock), std::move(store)));
   RETURN_IF_ERROR(controller->Load());
+  controller->started_unix_ = clock.UnixSeconds();
   return controller;
 }
 
@@ -555,8 +556,12 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryA
     telemetry_.NoteBatch(batch);
     std::set<std::string> touched;
     std::map<std::string, uint32_t> kept;  // job -> its world, for the ones with raw records
-    int foreign = 0;                       // records of ranks another worker runs: not taken
-    int beyond = 0;  // records of a step past the job's train.steps: not taken
+    // Just started: agents push what they held as they register again, each its backlog first.
+    const size_t max_pending = clock_.UnixSeconds() - started_unix_ < kEndedSettleS
+                                   ? TelemetryAggregator::kMaxPendingStepsAfterStart
+                                   : TelemetryAggregator::kMaxPendingSteps;
+    int foreign = 0;  // records of ranks another worker runs: not taken
+    int beyond = 0;   // records of a step past the job's train.steps: not taken
     for (const auto& rec : batch.records()) {
       Job* job = jobs_.Find(rec.job_id());
       if (job == nullptr) continue;
@@ -576,7 +581,9 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryA
       // registered with anew: TelemetryBatch), it still goes to its step: one a restarted
       // controller was merging when it died needs it, and a step takes each rank's record once.
       if (!jobs_.NoteProgress(*job, rec)) {
-        if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec)) steps = true;
+        if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec, max_pending)) {
+          steps = true;
+        }
         continue;
       }
       if (telemetry_.KeepRaw(rec, world)) {
@@ -592,7 +599,9 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryA
       if (rec.rank() == 0 && rec.phase() == "restored") {
         jobs_.NoteCheckpointRestored(*job, rec.message());
       }
-      if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec)) steps = true;
+      if (rec.has_train() && telemetry_.Accumulate(rec.job_id(), world, rec, max_pending)) {
+        steps = true;
+      }
     }
     // Written behind (JobLifecycle::PersistLater), in order with the transitions: both are
     // written under the mutex.
@@ -738,16 +747,31 @@ std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
 void Controller::Tick() {
   std::unique_lock<std::mutex> lock(mu_);
   jobs_.Tick();
-  // A job that ended with steps some rank never reported (its agent went away): once its ranks'
-  // last batches had time to come, they are stored with the ranks that did.
+  // An attempt that ended with steps some rank never reported (its agent went away): once its
+  // ranks' last batches had time to come, they are stored with the ranks that did (also while the
+  // job recovers or waits for workers, so no agent holds their records that long).
+  const double now_unix = clock_.UnixSeconds();
   for (const std::string& id : telemetry_.JobsWithPendingSteps()) {
     const Job* job = jobs_.Find(id);
-    const double ended = job == nullptr ? 0 : std::max(job->summary.updated_unix(), started_unix_);
-    if (job == nullptr ||
-        (IsFinal(job->summary.state()) && clock_.UnixSeconds() - ended > kEndedSettleS)) {
+    if (job == nullptr || job->attempts.empty()) {
       telemetry_.StoreUnfinished(id);
+      continue;
     }
+    // The attempts before `below` have ended, the newest of them at `ended`.
+    const v1::AttemptInfo& current = job->attempts.back();
+    const bool current_ended =
+        IsFinal(job->summary.state()) || current.state() != v1::ATTEMPT_STATE_RUNNING;
+    const uint32_t below = current.attempt() + (current_ended ? 1 : 0);
+    if (below < 2) continue;
+    const v1::AttemptInfo& last_ended = job->attempts[below - 2];
+    // (A final job's summary changes no more: when it ended. A recovering one's changes with
+    // every event: its ended attempt says.)
+    const double ended = std::max(
+        {last_ended.ended_unix(), IsFinal(job->summary.state()) ? job->summary.updated_unix() : 0.0,
+         started_unix_});
+    if (now_unix - ended > kEndedSettleS) telemetry_.StoreUnfinished(id, below);
   }
+  telemetry_.RetryFailedWrites(clock_.MonotonicSeconds());
   // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state
   // mutex held during the writes: worker records every tick, jobs' records about once a second
   // (a job's write carries every rank of its attempt).

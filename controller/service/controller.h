@@ -213,12 +213,14 @@ class Controller {
   std::mutex mu_;                  // the state mutex
   JobLifecycle jobs_;              // guarded by mu_
   static constexpr double kJobFlushIntervalS = 1.0;
-  // How long after a job ended its ranks' last telemetry batches may still come (agents push every
-  // telemetry_flush_s): its steps still waiting for ranks are stored after this (Tick). Counted
-  // from this controller's start as well: the agents push the step records they hold again once
-  // they have registered with it.
+  // How long after an attempt ended its ranks' last telemetry batches may still come (agents push
+  // every telemetry_flush_s): its steps still waiting for ranks are stored after this (Tick).
+  // Counted from this controller's start as well (started_unix_, once Load is done): the agents
+  // push the step records they hold again once they have registered with it, and until then a
+  // job's steps may wait for more ranks than usual
+  // (TelemetryAggregator::kMaxPendingStepsAfterStart).
   static constexpr double kEndedSettleS = 10.0;
-  const double started_unix_ = clock_.UnixSeconds();
+  double started_unix_ = 0;  // set by Create after Load (before any call)
   static constexpr uint64_t kAuditTrimEvery = 100;
   std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_

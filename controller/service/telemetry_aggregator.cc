@@ -1,6 +1,8 @@
 #include "controller/service/telemetry_aggregator.h"
 
 #include <algorithm>
+#include <limits>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "proto/furnace/v1/telemetry_labels.h"
@@ -24,7 +26,7 @@ void TelemetryAggregator::NoteBatch(const v1::TelemetryBatch& batch) {
 }
 
 bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_size,
-                                     const v1::TelemetryRecord& rec) {
+                                     const v1::TelemetryRecord& rec, size_t max_pending) {
   JobSteps& job = jobs_[job_id];
   auto key = std::make_pair(rec.attempt(), rec.step());
   if (job.has_step && key <= std::make_pair(job.last_step.attempt(), job.last_step.step())) {
@@ -122,7 +124,7 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
     job.pending_steps.erase(job.pending_steps.begin(), job.pending_steps.upper_bound(key));
     return true;
   }
-  if (job.pending_steps.size() > kMaxPendingSteps) {
+  if (job.pending_steps.size() > max_pending) {
     // The oldest never completes (the bound): stored with the ranks it has.
     FinishStep(job_id, job.pending_steps.begin()->second);
     job.pending_steps.erase(job.pending_steps.begin());
@@ -139,11 +141,14 @@ std::vector<std::string> TelemetryAggregator::JobsWithPendingSteps() const {
   return out;
 }
 
-bool TelemetryAggregator::StoreUnfinished(const std::string& job_id) {
+bool TelemetryAggregator::StoreUnfinished(const std::string& job_id, uint32_t below_attempt) {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.pending_steps.empty()) return false;
-  for (auto& [key, p] : it->second.pending_steps) FinishStep(job_id, p);
-  it->second.pending_steps.clear();
+  if (it == jobs_.end()) return false;
+  auto& pending = it->second.pending_steps;
+  const auto end = pending.lower_bound(std::make_pair(below_attempt, uint64_t{0}));
+  if (pending.begin() == end) return false;
+  for (auto p = pending.begin(); p != end; ++p) FinishStep(job_id, p->second);
+  pending.erase(pending.begin(), end);
   return true;
 }
 
@@ -183,6 +188,11 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
   for (const auto& [key, comm] : p.comm) *r.add_comm() = comm;
   for (v1::MoeLayerSchedule schedule : p.schedules) r.add_moe_schedules(schedule);
   for (const auto& [op, sum] : p.moe_ops) *r.add_moe_ops() = sum;
+  WriteStep(job_id, r, 1);
+  NoteStep(job_id, r);
+}
+
+void TelemetryAggregator::WriteStep(const std::string& job_id, const v1::StepRecord& r, int tries) {
   // Written by the group commit, not under the caller's state mutex (an fsync); counted in the
   // exported totals once it is stored (the file comment).
   {
@@ -190,16 +200,44 @@ void TelemetryAggregator::FinishStep(const std::string& job_id, PendingStep& p) 
     ++totals_[job_id].steps_writing;
   }
   commit_.Submit([this, job_id, r] { return store_.PutStep(job_id, r); },
-                 [this, job_id, r](absl::Status s) {
-                   if (s.ok()) {
-                     AddTotals(job_id, r);
-                   } else {
-                     spdlog::warn("job {}: step {} not stored: {}", job_id, r.step(), s.ToString());
-                   }
+                 [this, job_id, r, tries](absl::Status s) {
+                   if (s.ok()) AddTotals(job_id, r);
                    std::lock_guard<std::mutex> lock(totals_mu_);
-                   --totals_[job_id].steps_writing;
+                   Totals& t = totals_[job_id];
+                   --t.steps_writing;
+                   const auto key = std::make_pair(r.attempt(), r.step());
+                   if (s.ok()) {
+                     t.failed.erase(key);
+                   } else if (tries < kStepWriteTries) {
+                     // The agents keep its records meanwhile (Settled), and a restarted controller
+                     // gets them.
+                     if (tries == 1) {
+                       spdlog::warn("job {}: step {} not stored: {}; trying again every {:.0f} s",
+                                    job_id, r.step(), s.ToString(), kStepRetryS);
+                     }
+                     t.failed[key] = {r, tries};
+                   } else {
+                     t.failed.erase(key);
+                     spdlog::error(
+                         "job {}: step {} not stored after {} tries: {}; its point is missing from "
+                         "the series",
+                         job_id, r.step(), tries, s.ToString());
+                   }
                  });
-  NoteStep(job_id, r);
+}
+
+void TelemetryAggregator::RetryFailedWrites(double now_mono) {
+  if (now_mono - last_retry_mono_ < kStepRetryS) return;
+  last_retry_mono_ = now_mono;
+  std::vector<std::tuple<std::string, v1::StepRecord, int>> again;
+  {
+    std::lock_guard<std::mutex> lock(totals_mu_);
+    for (auto& [job_id, t] : totals_) {
+      for (auto& [key, failed] : t.failed) again.emplace_back(job_id, failed.first, failed.second);
+    }
+  }
+  // (Each stays in `failed` until its write is answered: Settled holds back until then.)
+  for (const auto& [job_id, step, tries] : again) WriteStep(job_id, step, tries + 1);
 }
 
 void TelemetryAggregator::CountStep(const std::string& job_id, const v1::StepRecord& r) {
@@ -239,12 +277,24 @@ v1::SettledSteps TelemetryAggregator::Settled(const std::string& job_id, bool en
   settled.set_job_id(job_id);
   std::lock_guard<std::mutex> lock(totals_mu_);
   auto t = totals_.find(job_id);
-  if (t != totals_.end() && t->second.committed) {
-    settled.set_attempt(t->second.committed->first);
-    settled.set_step(t->second.committed->second);
+  if (t == totals_.end()) {
+    settled.set_all(ended && PendingSteps(job_id) == 0);
+    return settled;
   }
-  settled.set_all(ended && PendingSteps(job_id) == 0 &&
-                  (t == totals_.end() || t->second.steps_writing == 0));
+  std::optional<std::pair<uint32_t, uint64_t>> upto = t->second.committed;
+  if (!t->second.failed.empty()) {
+    // Everything below the first step not written (steps are written in order).
+    const auto [attempt, step] = t->second.failed.begin()->first;
+    const auto below = step > 0 ? std::make_pair(attempt, step - 1)
+                                : std::make_pair(attempt - 1, std::numeric_limits<uint64_t>::max());
+    if (upto && below < *upto) upto = below;
+  }
+  if (upto) {
+    settled.set_attempt(upto->first);
+    settled.set_step(upto->second);
+  }
+  settled.set_all(ended && PendingSteps(job_id) == 0 && t->second.steps_writing == 0 &&
+                  t->second.failed.empty());
   return settled;
 }
 

@@ -10,7 +10,9 @@
 //    records per step: rank r's record of step s when (s + r) % stride == 0, stride =
 //    ceil(world / kRawPerStep), so every rank is sampled every `stride` steps. The newest
 //    RawRecordsKept(world) = max(5000, 2 * world) rows per job stay: every rank's last sample;
-//  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks, and the totals.
+//  - in memory, per job, at most kMaxPendingSteps steps still waiting for ranks (the caller may
+//    allow more for a while: after a restart, agents push what they held, each its own backlog
+//    first), and the totals.
 //    A step that cannot complete any more (a newer step completed, the bound passed: a rank whose
 //    record never comes must not grow the controller) is stored with the ranks that reported it
 //    (StepRecord.ranks below the world): it was trained, so the series, the totals and the
@@ -43,6 +45,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -70,14 +73,23 @@ class TelemetryAggregator {
   void NoteBatch(const furnace::v1::TelemetryBatch& batch);
   // One rank's record of a training step of a job whose attempts have `world_size` ranks. True
   // when it queued a step for the store (it completed this one, or stored older ones that can no
-  // longer complete), ahead of what Store queues next.
+  // longer complete), ahead of what Store queues next. Past `max_pending` steps waiting for ranks
+  // the oldest is stored with the ranks it has.
   bool Accumulate(const std::string& job_id, uint32_t world_size,
-                  const furnace::v1::TelemetryRecord& record);
+                  const furnace::v1::TelemetryRecord& record,
+                  size_t max_pending = kMaxPendingSteps);
   // Adds a stored step to the job's state and totals (rebuilding them at start).
   void CountStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // Whether the record is written raw (see the file comment); the others only feed the steps.
   static constexpr uint32_t kRawPerStep = 256;
   static constexpr size_t kMaxPendingSteps = 64;
+  // The bound for a while after the controller starts (the caller's choice): the first agent to
+  // register again pushes its held records and its ranks' backlog before the others come.
+  static constexpr size_t kMaxPendingStepsAfterStart = 1024;
+  // A step whose write failed (a full or failing disk) is written again, every kStepRetryS, up to
+  // kStepWriteTries times in all; until then Settled keeps the agents' records of it.
+  static constexpr double kStepRetryS = 1.0;
+  static constexpr int kStepWriteTries = 60;
   // Raw records are written behind; past this many writes waiting for the disk, more are dropped
   // (ResourceExhausted to Store's callback), so a slow disk cannot grow the controller's memory.
   static constexpr size_t kMaxQueuedWrites = 4096;
@@ -113,19 +125,23 @@ class TelemetryAggregator {
                                              double now_unix, const ClusterFailureRate& cluster,
                                              int ranks) const;
   // How far the job's steps are stored (committed, not only queued): every step record of the
-  // job at or below the answer's (attempt, step) is in a stored step or of one stored without it.
-  // `all` once `ended` (the caller says the job is over, or unknown) and none of its steps waits
-  // for ranks or for the disk. Agents hold their step records until this covers them
-  // (TelemetryBatch, v1 telemetry.proto), so a controller killed while merging loses none.
+  // job at or below the answer's (attempt, step) is in a stored step or of one stored without it;
+  // below a step whose write failed and is to be tried again. `all` once `ended` (the caller says
+  // the job is over, or unknown) and none of its steps waits for ranks or for the disk. Agents
+  // hold their step records until this covers them (TelemetryBatch, v1 telemetry.proto), so a
+  // controller killed while merging loses none.
   furnace::v1::SettledSteps Settled(const std::string& job_id, bool ended) const;
   // Steps of the job still waiting for ranks (at most kMaxPendingSteps).
   size_t PendingSteps(const std::string& job_id) const;
   // The jobs with steps still waiting for ranks.
   std::vector<std::string> JobsWithPendingSteps() const;
-  // The job ended (and its ranks' last batches had time to come): its steps still waiting for
-  // ranks never complete, and are stored with the ranks that reported them. True when it queued
-  // any.
-  bool StoreUnfinished(const std::string& job_id);
+  // The job's attempts before `below_attempt` ended (and their ranks' last batches had time to
+  // come): their steps still waiting for ranks never complete, and are stored with the ranks that
+  // reported them. True when it queued any.
+  bool StoreUnfinished(const std::string& job_id,
+                       uint32_t below_attempt = std::numeric_limits<uint32_t>::max());
+  // Writes again the steps whose write failed, when kStepRetryS has passed since the last try.
+  void RetryFailedWrites(double now_mono);
   uint64_t dropped() const { return telemetry_dropped_; }
   uint64_t records() const { return telemetry_records_; }
 
@@ -161,6 +177,8 @@ class TelemetryAggregator {
   };
   // Stores the step: complete, or with the ranks that reported it (pending.seen has the world).
   void FinishStep(const std::string& job_id, PendingStep& pending);
+  // Queues the step's write (its `tries`-th); counted in the totals once it is committed.
+  void WriteStep(const std::string& job_id, const furnace::v1::StepRecord& step, int tries);
   // The newest step, checkpoint and evaluation readings (at once).
   void NoteStep(const std::string& job_id, const furnace::v1::StepRecord& step);
   // The exported totals and the goodput ledger (once the step is stored).
@@ -180,6 +198,8 @@ class TelemetryAggregator {
     // written (Settled).
     std::optional<std::pair<uint32_t, uint64_t>> committed;
     uint64_t steps_writing = 0;
+    // Steps whose write failed, to be written again (RetryFailedWrites): each with its tries.
+    std::map<std::pair<uint32_t, uint64_t>, std::pair<furnace::v1::StepRecord, int>> failed;
   };
   // The step is stored (at start, or its write committed): Totals.committed (totals_mu_ held).
   static void NoteCommitted(Totals& totals, const furnace::v1::StepRecord& step);
@@ -190,8 +210,9 @@ class TelemetryAggregator {
   std::map<std::string, Totals> totals_;  // guarded by totals_mu_
   GroupCommit commit_{store_};            // Store's writes
   std::map<std::string, JobSteps> jobs_;
-  uint64_t telemetry_dropped_ = 0;  // records agents reported dropping
-  uint64_t telemetry_records_ = 0;  // records received
+  uint64_t telemetry_dropped_ = 0;   // records agents reported dropping
+  uint64_t telemetry_records_ = 0;   // records received
+  double last_retry_mono_ = -1e300;  // RetryFailedWrites' last try (externally synchronised)
 };
 
 }  // namespace furnace::controller

@@ -35,7 +35,8 @@ class ControllerRestartTest(harness.ClusterTest):
 
     def test_no_step_is_lost_when_the_controller_is_killed_while_merging(self):
         # Four ranks, each on its own agent: a step is stored once all four records are in, and
-        # the agents push at independent times, so a kill mid-run finds steps half merged.
+        # the agents push at independent times, so a kill mid-run finds steps half merged. The
+        # agents give them back (and their backlog) once they have registered again.
         c = self.cluster
         steps, kills = 360, (40, 140, 240)
         job = c.submit(c.write_job("merge.yaml", f"""name: merging
@@ -68,11 +69,19 @@ recovery:
             series = json.loads(r.read().decode())["steps"]
         got = [int(s["step"]) for s in series]
         partial = [int(s["step"]) for s in series if int(s["ranks"]) != 4]
+        # Each rank's record counted once: the exported total is the series' sum (a record pushed
+        # again and counted twice would show here; the series' rows are unique by their key).
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
+                                    timeout=10) as r:
+            metrics = r.read().decode()
+        total = [float(line.split()[-1]) for line in metrics.splitlines()
+                 if line.startswith(f'furnace_job_tokens_total{{job="{job}"}}')]
         print(f"\nREPORT controller killed {len(killed_at)} time(s) (at steps >= {killed_at}); "
               f"series: {len(got)} of {steps} steps, {len(partial)} without every rank")
         self.assertEqual(len(killed_at), len(kills), "the run ended before every kill")
         self.assertEqual(got, list(range(1, steps + 1)))
         self.assertEqual(partial, [])
+        self.assertEqual(total, [sum(float(s["tokens"]) for s in series)])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,20 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& record : request->records()) telemetry.push_back(record);
     telemetry_batches.push_back(*request);
-    for (const auto& s : settled) *ack->add_settled() = s;
+    // Like a controller: an answer for every job asked about (nothing stored, unless `settled`
+    // says otherwise).
+    std::set<std::string> asked(request->unsettled_jobs().begin(), request->unsettled_jobs().end());
+    for (const auto& record : request->records()) {
+      if (record.has_train()) asked.insert(record.job_id());
+    }
+    for (const std::string& job : asked) {
+      furnace::v1::SettledSteps answer;
+      answer.set_job_id(job);
+      for (const auto& s : settled) {
+        if (s.job_id() == job) answer = s;
+      }
+      *ack->add_settled() = answer;
+    }
     cv.notify_all();
     return grpc::Status::OK;
   }
@@ -184,7 +198,7 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   std::vector<furnace::v1::RankReport> reports;
   std::vector<furnace::v1::TelemetryRecord> telemetry;
   std::vector<furnace::v1::TelemetryBatch> telemetry_batches;
-  // What every PushTelemetry answers (how far the jobs' steps are stored).
+  // How far the jobs' steps are stored, as PushTelemetry answers for the jobs asked about.
   std::vector<furnace::v1::SettledSteps> settled;
   std::vector<furnace::v1::LogLine> logs;
   // When each accepted PushLogs came, and when it was answered.

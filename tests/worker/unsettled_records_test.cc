@@ -3,6 +3,7 @@
 // takes to push again, and the bounds.
 #include "worker/unsettled_records.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,18 +48,28 @@ TEST(UnsettledRecordsTest, HoldsStepRecordsUntilTheirStepIsStored) {
   phase.set_phase("rendezvous");
   held.Add({phase, Step("a", 1, 1, 0), Step("a", 1, 2, 0), Step("a", 2, 1, 0), Step("b", 1, 7, 0)});
   EXPECT_EQ(held.size(), 4u);
-  EXPECT_EQ(held.Jobs(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(held.Jobs(), (std::set<std::string>{"a", "b"}));
 
   // (attempt 1, step 2) covers every record of attempt 1 up to step 2, not attempt 2's step 1.
-  held.Settle(Settled("a", 1, 2));
+  held.Settle(Settled("a", 1, 2), {"a"});
   EXPECT_EQ(held.size(), 2u);
-  held.Settle(Settled("a", 2, 0));  // nothing of attempt 2 stored yet
+  held.Settle(Settled("a", 2, 0), {"a"});  // nothing of attempt 2 stored yet
   EXPECT_EQ(held.size(), 2u);
-  held.Settle(Settled("b", 0, 0, /*all=*/true));  // job b ended: all of it goes
-  EXPECT_EQ(held.Jobs(), (std::vector<std::string>{"a"}));
-  held.Settle(Settled("a", 2, 1));
+  held.Settle(Settled("b", 0, 0, /*all=*/true), {"b"});  // job b ended: all of it goes
+  EXPECT_EQ(held.Jobs(), (std::set<std::string>{"a"}));
+  held.Settle(Settled("a", 2, 1), {"a"});
   EXPECT_EQ(held.size(), 0u);
   EXPECT_EQ(held.bytes(), 0u);
+}
+
+// A controller older than the agent answers with an empty Ack: it says nothing of the jobs asked
+// about, and the agent holds nothing for it (it would hold up to its bounds and push them again
+// at every registration).
+TEST(UnsettledRecordsTest, AJobTheAnswerLeavesOutIsNotHeld) {
+  UnsettledRecords held(100, 1 << 20);
+  held.Add({Step("a", 1, 1, 0), Step("b", 1, 1, 0)});
+  held.Settle(v1::TelemetryAck(), {"a"});
+  EXPECT_EQ(held.Jobs(), (std::set<std::string>{"b"}));
 }
 
 TEST(UnsettledRecordsTest, ANewRegistrationTakesEveryHeldRecordInOrder) {

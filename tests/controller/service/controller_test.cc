@@ -252,6 +252,22 @@ class ControllerTest : public ::testing::Test {
     ASSERT_EQ(rc, SQLITE_OK) << message;
   }
 
+  // The same for the writes of aggregated steps (job_steps).
+  void FailStepWrites(bool fail) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);
+    const char* sql = fail ? "CREATE TRIGGER fail_steps BEFORE INSERT ON job_steps "
+                             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+                           : "DROP TRIGGER fail_steps;";
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    const std::string message = err ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << message;
+  }
+
   fs::path dir_;
   FakeClock clock_;
   std::unique_ptr<Controller> c_;
@@ -759,6 +775,113 @@ TEST_F(ControllerTest, AStepBeingMergedWhenTheControllerDiesIsStoredWhole) {
   ASSERT_TRUE(c_->PushTelemetry(unknown, &ack).ok());
   ASSERT_EQ(ack.settled_size(), 1);
   EXPECT_TRUE(ack.settled(0).all());
+}
+
+// A step whose write failed (a full disk) is not settled: the agents keep its records, and the
+// controller writes it again (every TelemetryAggregator::kStepRetryS) until it is stored.
+TEST_F(ControllerTest, AStepWhoseWriteFailedIsKeptByTheAgentsAndWrittenAgain) {
+  StartRunning();
+  const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
+    v1::TelemetryRecord r;
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(seq);
+    r.set_step(step);
+    r.set_phase("running");
+    r.mutable_train()->set_tokens(1000);
+    return r;
+  };
+  const auto ask = [&](int slot, std::vector<v1::TelemetryRecord> records) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/" + std::to_string(slot));
+    batch.add_unsettled_jobs(job_);
+    for (auto& r : records) *batch.add_records() = std::move(r);
+    v1::TelemetryAck ack;
+    c_->PushTelemetry(batch, &ack).IgnoreError();  // (the failing write's status)
+    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+  };
+  ask(0, {record(0, 1, 1)});
+  ask(1, {record(1, 1, 1)});
+  ask(0, {record(0, 2, 2)});
+  ask(1, {record(1, 2, 2)});
+  ASSERT_EQ(ask(0, {}).step(), 2u);
+  FailStepWrites(true);
+  ask(0, {record(0, 3, 3)});
+  ask(1, {record(1, 3, 3)});  // step 3 complete: its write fails
+  ask(0, {record(0, 4, 4)});
+  ask(1, {record(1, 4, 4)});  // step 4's too
+  v1::SettledSteps settled = ask(0, {});
+  EXPECT_EQ(settled.attempt(), 1u);
+  EXPECT_EQ(settled.step(), 2u);  // below the first step not written
+  EXPECT_FALSE(settled.all());
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 2);
+
+  FailStepWrites(false);  // room on the disk again
+  clock_.Advance(TelemetryAggregator::kStepRetryS + 0.1);
+  c_->Tick();
+  for (int i = 0; i < 100 && c_->GetJobSeries(req)->steps_size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto series = c_->GetJobSeries(req);
+  ASSERT_EQ(series->steps_size(), 4);
+  EXPECT_EQ(series->steps(3).ranks(), 2u);
+  // (Settled once the write is answered, a moment after the row is visible.)
+  for (int i = 0; i < 100 && ask(0, {}).step() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(ask(0, {}).step(), 4u);
+  EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 8000);
+}
+
+// An attempt that failed with a step some rank never reported: the step is stored with the ranks
+// that did once the attempt's last batches had time to come (Controller::kEndedSettleS), while
+// the job recovers (or its next attempt starts), so no agent holds its records until the next
+// attempt trains a step.
+TEST_F(ControllerTest, AnEndedAttemptsUnfinishedStepIsStoredWhileTheJobRecovers) {
+  StartRunning();
+  v1::TelemetryBatch batch;
+  batch.set_worker_id("h/0");
+  batch.add_unsettled_jobs(job_);
+  v1::TelemetryRecord r;
+  r.set_job_id(job_);
+  r.set_attempt(1);
+  r.set_rank(0);
+  r.set_seq(1);
+  r.set_step(1);
+  r.mutable_train()->set_tokens(1000);
+  *batch.add_records() = r;
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+  Commands(0);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  v1::GetJobSeriesRequest req;
+  req.set_job_id(job_);
+  c_->Tick();
+  EXPECT_EQ(c_->GetJobSeries(req)->steps_size(), 0);  // its last batches may still come
+  clock_.Advance(11);                                 // past Controller::kEndedSettleS (10 s)
+  c_->Tick();
+  for (int i = 0; i < 100 && c_->GetJobSeries(req)->steps_size() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (written behind)
+  }
+  auto series = c_->GetJobSeries(req);
+  ASSERT_EQ(series->steps_size(), 1);
+  EXPECT_EQ(series->steps(0).ranks(), 1u);
+  batch.clear_records();
+  v1::TelemetryAck ack;
+  // (Settled once the write is answered, a moment after the row is visible.)
+  for (int i = 0; i < 100; ++i) {
+    ack.Clear();
+    ASSERT_TRUE(c_->PushTelemetry(batch, &ack).ok());
+    if (ack.settled_size() == 1 && ack.settled(0).step() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ack.settled_size(), 1);
+  EXPECT_EQ(ack.settled(0).attempt(), 1u);
+  EXPECT_EQ(ack.settled(0).step(), 1u);
 }
 
 TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
