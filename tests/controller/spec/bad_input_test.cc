@@ -409,7 +409,7 @@ std::vector<BadCase> Cases() {
        {"model.vocab: too large for data.source markov (a dense vocab x vocab chain in every "
         "rank; at most 4096)",
         "(got 50304 (37.7 GiB a rank);",
-        "allowed: model.vocab <= 4096, or data.source: tokens or indexed"}},
+        "allowed: model.vocab <= 4096, or data.source: tokens (furnace data prepare) or indexed"}},
       // Settings that would be accepted and never act.
       {"moe_every_above_layers",
        H("model:\n  layers: 2\n  moe_every: 5\n"),
