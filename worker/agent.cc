@@ -809,6 +809,13 @@ bool Agent::FlushOnce() {
     }
   }
   const auto push = [this](furnace::v1::TelemetryBatch& request) {
+    {
+      // Registered anew since this flush began: the held records go first, at the next flush.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (generation_ != flushed_generation_) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "registered anew during the flush");
+      }
+    }
     request.set_worker_id(options_.worker_id);
     std::set<std::string> asked = unsettled_.Jobs();
     for (const std::string& job : asked) request.add_unsettled_jobs(job);
