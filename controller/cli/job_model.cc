@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
 #include "runtime/memory/policy.h"
 #include "runtime/model/declared_bytes.h"
 #include "runtime/model/param_layout.h"
@@ -135,10 +136,11 @@ ActivationFloor LayoutActivationFloor(const v1::JobSpec& spec, const topology::T
 absl::Status CheckDeviceBudgetFloor(const v1::JobSpec& spec, const std::string& path) {
   const uint64_t budget = spec.memory().device_budget();
   if (spec.kind() != "train" || budget == 0) return absl::OkStatus();
-  const auto check = [&](const v1::LayoutSpec* layout, const std::string& which) -> absl::Status {
-    absl::StatusOr<topology::Topology> topology = TopologyOf(spec, layout);
-    if (!topology.ok()) return absl::OkStatus();  // the controller's validation says why
-    const ActivationFloor floor = LayoutActivationFloor(spec, *topology);
+  // A layout whose topology is not valid is refused by the controller's validation, which says
+  // why: not checked here.
+  const auto check = [&](const topology::Topology& topology,
+                         const std::string& which) -> absl::Status {
+    const ActivationFloor floor = LayoutActivationFloor(spec, topology);
     if (static_cast<int64_t>(budget) >= floor.bytes) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": memory.device_budget: ", budget, " bytes is below ", floor.bytes,
@@ -151,16 +153,15 @@ absl::Status CheckDeviceBudgetFloor(const v1::JobSpec& spec, const std::string& 
         which.empty() ? "" : ", or leave that layout out", "; `furnace plan ", path,
         "` shows each stage's bytes)"));
   };
-  if (absl::Status s = check(nullptr, ""); !s.ok()) return s;
+  if (absl::StatusOr<topology::Topology> main = TopologyOf(spec, nullptr); main.ok()) {
+    RETURN_IF_ERROR(check(*main, ""));
+  }
   for (int i = 0; i < spec.recovery().shrink_size(); ++i) {
-    const v1::LayoutSpec& l = spec.recovery().shrink(i);
-    absl::StatusOr<topology::Topology> t = TopologyOf(spec, &l);
-    const std::string which =
-        t.ok() ? absl::StrCat(" of recovery.shrink[", i, "] (pp ", t->sizes().pp, " dp ",
-                              t->sizes().dp, " tp ", t->sizes().tp, " ep ", t->sizes().ep, " esp ",
-                              t->sizes().esp, ")")
-               : "";
-    if (absl::Status s = check(&l, which); !s.ok()) return s;
+    absl::StatusOr<topology::Topology> t = TopologyOf(spec, &spec.recovery().shrink(i));
+    if (!t.ok()) continue;
+    RETURN_IF_ERROR(check(*t, absl::StrCat(" of recovery.shrink[", i, "] (pp ", t->sizes().pp,
+                                           " dp ", t->sizes().dp, " tp ", t->sizes().tp, " ep ",
+                                           t->sizes().ep, " esp ", t->sizes().esp, ")")));
   }
   return absl::OkStatus();
 }
