@@ -623,12 +623,19 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryA
       for (const auto& rec : batch.records()) {
         if (rec.has_train()) asked.insert(rec.job_id());
       }
+      // A job is over for this once its ranks' last batches had time to come (kEndedSettleS, as
+      // for Tick's StoreUnfinished), counted from this controller's start too: an agent that
+      // reaches it before registering again must not let go of what the one before was merging.
       constexpr size_t kMaxAsked = 1024;  // a bound against a bad batch (an agent runs a few jobs)
+      const double now = clock_.UnixSeconds();
       for (const std::string& id : asked) {
         if (static_cast<size_t>(ack->settled_size()) >= kMaxAsked) break;
         const Job* job = jobs_.Find(id);
-        *ack->add_settled() =
-            telemetry_.Settled(id, job == nullptr || IsFinal(job->summary.state()));
+        const bool over =
+            job == nullptr ||
+            (IsFinal(job->summary.state()) &&
+             now - std::max(job->summary.updated_unix(), started_unix_) > kEndedSettleS);
+        *ack->add_settled() = telemetry_.Settled(id, over);
       }
     }
   }

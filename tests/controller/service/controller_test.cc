@@ -884,6 +884,38 @@ TEST_F(ControllerTest, AnEndedAttemptsUnfinishedStepIsStoredWhileTheJobRecovers)
   EXPECT_EQ(ack.settled(0).step(), 1u);
 }
 
+// An ended job is all settled (the agents let go of every record of it) only once its ranks' last
+// batches had time to come (Controller::kEndedSettleS), and nothing of it waits for the disk.
+TEST_F(ControllerTest, AnEndedJobIsAllSettledOnceItsLastBatchesHadTimeToCome) {
+  StartRunning();
+  v1::TelemetryBatch batch;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    v1::TelemetryRecord& r = *batch.add_records();
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(1);
+    r.set_step(1);
+    r.mutable_train()->set_tokens(1000);
+  }
+  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+  v1::TelemetryBatch ask;
+  ask.set_worker_id("h/0");
+  ask.add_unsettled_jobs(job_);
+  const auto settled = [&] {
+    v1::TelemetryAck ack;
+    EXPECT_TRUE(c_->PushTelemetry(ask, &ack).ok());
+    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+  };
+  EXPECT_FALSE(settled().all());
+  EXPECT_EQ(settled().step(), 1u);
+  clock_.Advance(11);  // past Controller::kEndedSettleS (10 s)
+  EXPECT_TRUE(settled().all());
+}
+
 TEST_F(ControllerTest, ErrorExitFailsWhenEveryRankHasEnded) {
   StartRunning();
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
