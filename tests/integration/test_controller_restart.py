@@ -3,6 +3,8 @@ history are still known, the running workers re-register, their ranks are re-att
 finishes; killed while it merged the ranks' records of a step, it gets them back from the agents
 and stores every step whole."""
 import json
+import os
+import subprocess
 import time
 import urllib.request
 
@@ -15,14 +17,23 @@ class ControllerRestartTest(harness.ClusterTest):
         job = c.submit(c.write_job("long.yaml", harness.commcheck_job("survivor", rounds=60)))
         c.wait_for(job, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
                    int(d["summary"].get("step", 0)) >= 1, what="running with progress")
+        # A watch rides out the restart (an outage under 10 s: poll_outage.h), the controller
+        # down 6 s of it.
+        watch = subprocess.Popen([os.path.join(harness.BIN_DIR, "furnace"), "--controller",
+                                  c.addr, "watch", job], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.5)
         c.kill_controller()
-        time.sleep(1.0)
+        time.sleep(6.0)
         c.start(wait_workers=False)
         d = c.job(job)  # known right after the restart, with its history
         self.assertEqual(d["summary"]["job_id"], job)
         self.assertTrue(any(e["kind"] == "submitted" for e in d["events"]))
         d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=180)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d)
+        watched, _ = watch.communicate(timeout=60)
+        self.assertEqual(watch.returncode, 0, watched)
+        self.assertIn("SUCCEEDED", watched)
         # The workers are the same processes (adopted, not started twice).
         ws = c.cli_json("workers")["workers"]
         self.assertEqual(len(ws), 4)
