@@ -2,7 +2,11 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "absl/algorithm/container.h"
 #include "absl/status/status.h"
@@ -10,9 +14,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "controller/http/static_files.h"
+#include "runtime/base/log_text.h"
 
 namespace furnace::controller::http {
 
@@ -90,9 +96,31 @@ bool UnsignedParam(absl::string_view query, absl::string_view key, T* out, bool*
   return !*given || absl::SimpleAtoi(*text, out);
 }
 
+// The first parameter of `query` that is not one of `allowed`, or given twice, said as a 400
+// naming it and the allowed ones; nullopt when there is none (a misspelt one would be ignored and
+// the reply look like an answer to what was meant).
+std::optional<HttpResponse> UnknownOrRepeatedParam(
+    absl::string_view query, std::initializer_list<absl::string_view> allowed) {
+  std::set<std::string> seen;
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    const absl::string_view key = pair.substr(0, pair.find('='));
+    const std::string shown = QueryDecode(key).value_or(std::string(key));
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return Text(400, absl::StrCat("unknown parameter '", EscapeForLog(shown),
+                                    "' (allowed: ", absl::StrJoin(allowed, ", "), ")"));
+    }
+    if (!seen.insert(shown).second) return Text(400, absl::StrCat(shown, ": given twice"));
+  }
+  return std::nullopt;
+}
+
 HttpResponse Series(const std::string& job_id, const HttpRequest& request,
                     const MonitoringHandlers& handlers) {
   if (!handlers.series_json) return Text(404, "not found");
+  if (auto refused =
+          UnknownOrRepeatedParam(request.query, {"since", "after_attempt", "after_step", "max"})) {
+    return *refused;
+  }
   SeriesQuery q;
   bool since = false, attempt = false, step = false;
   if (!UnsignedParam(request.query, "since", &q.since_step, &since)) {
@@ -103,6 +131,12 @@ HttpResponse Series(const std::string& job_id, const HttpRequest& request,
   }
   if (!UnsignedParam(request.query, "after_step", &q.after_step, &step)) {
     return Text(400, "after_step: expected a step number (unsigned integer)");
+  }
+  if (step && !attempt) {
+    // (Attempts count from 1: (0, N) would be before every step, and the whole series come back.)
+    return Text(400,
+                "after_step: needs after_attempt (the cursor is the attempt and step of the last "
+                "point of the page before)");
   }
   q.cursor = attempt || step;
   if (q.cursor && since) {

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "controller/http/proto_json.h"
 #include "controller/http/static_files.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace furnace::controller::http {
@@ -48,7 +49,7 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
     return std::string("{}");
   };
   RouteOptions o;
-  EXPECT_EQ(Route(Req("/api/jobs/j 1/series", "x=1&since=%34%32&&max=7"), h, o).status, 200);
+  EXPECT_EQ(Route(Req("/api/jobs/j 1/series", "since=%34%32&&max=7"), h, o).status, 200);
   EXPECT_EQ(got_id, "j 1");
   EXPECT_EQ(got_since, 42u);
   EXPECT_EQ(got_max, 7u);
@@ -65,7 +66,16 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
     EXPECT_EQ(r.status, 400) << query;
     EXPECT_EQ(r.body, "max: expected a number of points from 1 to 10000 (default 2000)\n") << query;
   }
-  // The cursor: both parts, or either (the other 0); never with since.
+  // A parameter misspelt or given twice is refused, naming it (and the allowed ones).
+  const HttpResponse unknown = Route(Req("/api/jobs/j/series", "max=5&limit=5"), h, o);
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(unknown.body,
+            "unknown parameter 'limit' (allowed: since, after_attempt, after_step, max)\n");
+  EXPECT_EQ(Route(Req("/api/jobs/j/series", "Max=5"), h, o).status, 400);
+  const HttpResponse twice = Route(Req("/api/jobs/j/series", "max=5&max=abc"), h, o);
+  EXPECT_EQ(twice.status, 400);
+  EXPECT_EQ(twice.body, "max: given twice\n");
+  // The cursor: both parts, or the attempt alone (its step 0); never with since.
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=3&after_step=17"), h, o).status, 200);
   EXPECT_TRUE(got.cursor);
   EXPECT_EQ(got.after_attempt, 3u);
@@ -73,6 +83,10 @@ TEST(RoutesTest, QueryValuesAreDecodedAndChecked) {
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=2"), h, o).status, 200);
   EXPECT_TRUE(got.cursor);
   EXPECT_EQ(got.after_step, 0u);
+  // The step alone would be (0, N), before every step: the whole series, not what was meant.
+  const HttpResponse step_alone = Route(Req("/api/jobs/j/series", "after_step=5"), h, o);
+  EXPECT_EQ(step_alone.status, 400);
+  EXPECT_THAT(step_alone.body, ::testing::HasSubstr("after_step: needs after_attempt"));
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_attempt=x"), h, o).status, 400);
   EXPECT_EQ(Route(Req("/api/jobs/j/series", "after_step=-1"), h, o).status, 400);
   const HttpResponse both = Route(Req("/api/jobs/j/series", "since=3&after_attempt=1"), h, o);
