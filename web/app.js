@@ -423,13 +423,19 @@
       String(get(j, 'state') || '').replace(/^JOB_/, '').toLowerCase()
       : view.omittedJobs > 0 ? ' · an older ended job (not in the list above)' : '');
     const last = view.steps[view.steps.length - 1];
+    // Rates are of training now: between attempts (recovering, starting) nothing trains, and the
+    // failed attempt's would read as the job's. An MFU not known (0) is not 0 %.
+    const state = j ? String(get(j, 'state') || '') : '';
+    const training = !/^JOB_(RECOVERING|PENDING|SCHEDULED|STARTING)$/.test(state);
+    const rate = (value, text) => (last && training && value > 0 ? text : '–');
     const kpis = [
       ['step', last ? `${num(last, 'step')}${j && num(j, 'total_steps') ? ' / ' + num(j, 'total_steps') : ''}` : '–'],
       ['loss', last ? num(last, 'loss').toFixed(4) : '–'],
       ['held-out loss', lastEval() ? num(lastEval(), 'loss').toFixed(4) +
         ` (ppl ${num(lastEval(), 'perplexity').toFixed(2)})` : '–'],
-      ['tokens/s', last ? fmtSI(num(last, 'tokens_per_second')) : '–'],
-      ['MFU', last ? (100 * num(last, 'mfu')).toFixed(2) + ' %' : '–'],
+      ['tokens/s', rate(num(last || {}, 'tokens_per_second'),
+        fmtSI(num(last || {}, 'tokens_per_second')))],
+      ['MFU', rate(num(last || {}, 'mfu'), (100 * num(last || {}, 'mfu')).toFixed(2) + ' %')],
       ['step time', last ? num(last, 'step_seconds').toFixed(3) + ' s' : '–'],
       ['attempt', last ? String(num(last, 'attempt')) : (j ? String(num(j, 'attempt')) : '–')],
       // The last step's routing and what the adaptive planner did in it (all ranks).

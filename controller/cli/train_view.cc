@@ -165,6 +165,12 @@ std::optional<TrainMetrics> TrainMetricsOf(const v1::JobDetail& job) {
   // The job's MFU over every rank where the controller has aggregated a step: the figure the
   // dashboard and furnace_job_mfu_ratio show (rank 0's own view until then).
   if (job.job_mfu() > 0) m.mfu = job.job_mfu();
+  // Between attempts nothing trains: the failed attempt's rates would read as the job's now (its
+  // last loss stays, labelled with its step).
+  if (!IsFinalState(job.summary().state()) && job.summary().state() != v1::JOB_RUNNING) {
+    m.tokens_per_second.reset();
+    m.mfu.reset();
+  }
   if (!m.eval_loss && job.has_last_eval()) {
     m.eval_loss = job.last_eval().loss();
     m.eval_perplexity = job.last_eval().perplexity();

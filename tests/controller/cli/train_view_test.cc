@@ -62,6 +62,25 @@ TEST_F(TrainViewTest, TheJobsMfuReplacesRankZerosOnceAStepIsAggregated) {
       << RenderJobStatus(job, kT0 + 65);
 }
 
+// Between attempts nothing trains: the failed attempt's throughput and MFU are not shown as the
+// job's (its last loss is, labelled with its step).
+TEST_F(TrainViewTest, ARecoveringJobShowsNoThroughputOrMfu) {
+  v1::JobDetail job = MakeTrainJob();
+  job.set_job_mfu(0.125);
+  job.set_job_mfu_step(job.telemetry_step());
+  ASSERT_TRUE(TrainMetricsOf(job)->tokens_per_second.has_value());
+  job.mutable_summary()->set_state(v1::JOB_RECOVERING);
+  const auto m = TrainMetricsOf(job);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->tokens_per_second.has_value());
+  EXPECT_FALSE(m->mfu.has_value());
+  EXPECT_TRUE(m->loss.has_value());
+  const std::string status = RenderJobStatus(job, kT0 + 65);
+  EXPECT_EQ(status.find("12.5%"), std::string::npos) << status;
+  job.mutable_summary()->set_state(v1::JOB_SUCCEEDED);  // ended: its last figures stand
+  EXPECT_DOUBLE_EQ(*TrainMetricsOf(job)->mfu, 0.125);
+}
+
 TEST_F(TrainViewTest, NotATrainJob) {
   v1::JobDetail job = MakeJob(v1::JOB_RUNNING, 1, 3);
   EXPECT_FALSE(TrainMetricsOf(job).has_value());
