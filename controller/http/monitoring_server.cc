@@ -1,6 +1,7 @@
 #include "controller/http/monitoring_server.h"
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "civetweb.h"
+#include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 #include "transport/listen_address.h"
 
@@ -16,10 +18,29 @@ namespace furnace::controller::http {
 
 namespace {
 
+// civetweb's messages on this thread since Start began: Start says them when civetweb cannot
+// listen (it logs why, e.g. the address in use, and throws "null context when constructing
+// CivetServer").
+thread_local std::string civet_messages;
+
 // civetweb's own messages (bad requests, socket errors) go to our log, not stderr.
 int LogMessage(const mg_connection*, const char* message) {
   spdlog::debug("monitoring http: {}", message);
+  if (civet_messages.size() < 4096) {
+    civet_messages += (civet_messages.empty() ? "" : "; ") + std::string(message);
+  }
   return 1;
+}
+
+// The port of host:port, if it reads as one (0-65535).
+std::optional<int> ListenPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return std::nullopt;
+  }
+  return port;
 }
 
 // The response; for a HEAD request its headers only (Content-Length still the body's).
@@ -46,15 +67,17 @@ MonitoringServer::MonitoringServer(MonitoringOptions options, MonitoringHandlers
   }
 }
 
+absl::Status MonitoringServer::CheckListen(const std::string& listen) {
+  if (ListenPort(listen)) return absl::OkStatus();
+  return absl::InvalidArgumentError("monitoring address '" + listen +
+                                    "': expected host:port with a port from 0 to 65535 (0: any "
+                                    "free one), e.g. 127.0.0.1:9464");
+}
+
 absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
     MonitoringOptions options, MonitoringHandlers handlers) {
+  RETURN_IF_ERROR(CheckListen(options.listen));
   const size_t colon = options.listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError("monitoring address '" + options.listen +
-                                      "': expected host:port, e.g. 127.0.0.1:9464");
-  }
   if (options.threads < 1 || options.max_request_bytes < 1024) {
     return absl::InvalidArgumentError("monitoring server: threads >= 1, max_request_bytes >= 1024");
   }
@@ -80,11 +103,14 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   };
   CivetCallbacks callbacks;
   callbacks.log_message = LogMessage;
+  civet_messages.clear();
   try {
     self->server_ = std::make_unique<CivetServer>(civet_options, &callbacks);
   } catch (const std::exception& e) {
-    return absl::UnavailableError("monitoring server cannot listen on " + self->options_.listen +
-                                  " (address in use or not valid): " + e.what());
+    return absl::UnavailableError(
+        "monitoring server cannot listen on " + self->options_.listen + ": " +
+        (civet_messages.empty() ? std::string("address in use or not valid (") + e.what() + ")"
+                                : civet_messages));
   }
   // CivetServer hands out its context as const; registering a handler on it is its intended use.
   mg_context* ctx = const_cast<mg_context*>(self->server_->getContext());

@@ -43,6 +43,9 @@ struct MonitoringOptions {
 
 class MonitoringServer {
  public:
+  // Whether `listen` reads as host:port (port 0-65535, 0: any free one): InvalidArgument saying
+  // what is expected otherwise (Start checks it too; a daemon checks it with its other flags).
+  static absl::Status CheckListen(const std::string& listen);
   static absl::StatusOr<std::unique_ptr<MonitoringServer>> Start(MonitoringOptions options,
                                                                  MonitoringHandlers handlers);
   ~MonitoringServer();

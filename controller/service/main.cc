@@ -99,6 +99,14 @@ int main(int argc, char** argv) {
     spdlog::info("{} {}: job paths are confined to it", flag, *resolved);
   }
 
+  // Before anything listens (and before the security checks read it as an address).
+  if (!f.metrics_listen.empty()) {
+    if (absl::Status s = furnace::controller::http::MonitoringServer::CheckListen(f.metrics_listen);
+        !s.ok()) {
+      std::cerr << "furnace-controller: --metrics-listen: " << s.message() << "\n";
+      return 2;
+    }
+  }
   // Ranks dial the advertised address for rendezvous, so it must be a real one.
   absl::StatusOr<std::string> advertise = furnace::controller::AdvertiseAddress(f);
   if (!advertise.ok()) {

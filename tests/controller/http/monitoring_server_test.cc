@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/controller/http/http_client.h"
 
@@ -239,9 +240,16 @@ TEST_F(MonitoringServerTest, StartRefusesBadAddressesWithoutThrowing) {
   o.listen = "no-port-here";
   auto s = MonitoringServer::Start(o, {});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_EQ(MonitoringServer::CheckListen("127.0.0.1:99999").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MonitoringServer::CheckListen("bogus").message(),
+              ::testing::HasSubstr("expected host:port with a port from 0 to 65535"));
+  EXPECT_TRUE(MonitoringServer::CheckListen("127.0.0.1:0").ok());
   o.listen = "127.0.0.1:" + std::to_string(port());  // taken by the suite's server
   s = MonitoringServer::Start(o, {});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  // Why, as civetweb says it (not its "null context when constructing CivetServer").
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("Address already in use"));
 }
 
 }  // namespace
