@@ -257,7 +257,10 @@ std::string RenderTrainSection(const v1::JobSummary& summary,
   if (m.lr) kv.AddRow({"lr", Lr(*m.lr)});
   if (m.activation_peak_bytes) kv.AddRow({"activations", FormatActivationMemory(m)});
   if (m.pipeline_in_flight) {
-    kv.AddRow({"in flight", absl::StrCat(Count(*m.pipeline_in_flight), " micro-batches (peak)")});
+    kv.AddRow(
+        {"in flight",
+         absl::StrCat(Count(*m.pipeline_in_flight),
+                      *m.pipeline_in_flight == 1 ? " micro-batch" : " micro-batches", " (peak)")});
   }
   if (m.imbalance_max) kv.AddRow({"imbalance", FormatImbalance(m)});
   if (const std::string schedule = FormatSchedule(m); !schedule.empty()) {

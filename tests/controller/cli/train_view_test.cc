@@ -219,6 +219,10 @@ TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
   v1::PlannerActionBytes* p = t.add_planner();
   p->set_action(v1::PLANNER_ACTION_OFFLOAD);
   p->set_bytes(2048);
+  job.mutable_telemetry()->mutable_memory()->set_pipeline_in_flight(1);
+  EXPECT_NE(RenderJobStatus(job, kT0 + 65).find("  in flight    1 micro-batch (peak)\n"),
+            std::string::npos);
+  job.mutable_telemetry()->mutable_memory()->set_pipeline_in_flight(2);
   const std::string out = RenderJobStatus(job, kT0 + 65);
   for (const char* want : {
            "  step time    250.0 ms  (fwd+bwd 200.0 ms, sync 10.0 ms, optimizer 30.0 ms)\n",
