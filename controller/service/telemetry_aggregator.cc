@@ -215,7 +215,7 @@ void TelemetryAggregator::WriteStep(const std::string& job_id, const v1::StepRec
                        spdlog::warn("job {}: step {} not stored: {}; trying again every {:.0f} s",
                                     job_id, r.step(), s.ToString(), kStepRetryS);
                      }
-                     t.failed[key] = {r, tries};
+                     t.failed[key] = {r, tries, false};
                    } else {
                      t.failed.erase(key);
                      spdlog::error(
@@ -233,7 +233,11 @@ void TelemetryAggregator::RetryFailedWrites(double now_mono) {
   {
     std::lock_guard<std::mutex> lock(totals_mu_);
     for (auto& [job_id, t] : totals_) {
-      for (auto& [key, failed] : t.failed) again.emplace_back(job_id, failed.first, failed.second);
+      for (auto& [key, failed] : t.failed) {
+        if (failed.writing) continue;
+        failed.writing = true;
+        again.emplace_back(job_id, failed.step, failed.tries);
+      }
     }
   }
   // (Each stays in `failed` until its write is answered: Settled holds back until then.)

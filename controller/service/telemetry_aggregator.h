@@ -198,8 +198,14 @@ class TelemetryAggregator {
     // written (Settled).
     std::optional<std::pair<uint32_t, uint64_t>> committed;
     uint64_t steps_writing = 0;
-    // Steps whose write failed, to be written again (RetryFailedWrites): each with its tries.
-    std::map<std::pair<uint32_t, uint64_t>, std::pair<furnace::v1::StepRecord, int>> failed;
+    // Steps whose write failed, to be written again (RetryFailedWrites): each with its tries, and
+    // whether a write of it is queued (not queued twice: each success counts it in the totals).
+    struct FailedStep {
+      furnace::v1::StepRecord step;
+      int tries = 0;
+      bool writing = false;
+    };
+    std::map<std::pair<uint32_t, uint64_t>, FailedStep> failed;
   };
   // The step is stored (at start, or its write committed): Totals.committed (totals_mu_ held).
   static void NoteCommitted(Totals& totals, const furnace::v1::StepRecord& step);
