@@ -236,32 +236,20 @@ class ControllerTest : public ::testing::Test {
 
   // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
   // trigger, so the controller's own writes of job summaries return an error.
-  void FailJobWrites(bool fail) {
+  void FailJobWrites(bool fail) { FailWrites("fail_jobs", "BEFORE UPDATE ON jobs", fail); }
+  // The same for the writes of aggregated steps (job_steps).
+  void FailStepWrites(bool fail) { FailWrites("fail_steps", "BEFORE INSERT ON job_steps", fail); }
+  // Adds (drops) the trigger `name`, which makes every `when` statement fail.
+  void FailWrites(const std::string& name, const std::string& when, bool fail) {
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
     // The controller writes records behind on a thread of its own: wait for its transaction.
     sqlite3_busy_timeout(db, 10000);
-    const char* sql = fail ? "CREATE TRIGGER fail_jobs BEFORE UPDATE ON jobs "
-                             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
-                           : "DROP TRIGGER fail_jobs;";
+    const std::string sql = fail ? "CREATE TRIGGER " + name + " " + when +
+                                       " BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+                                 : "DROP TRIGGER " + name + ";";
     char* err = nullptr;
-    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
-    const std::string message = err ? err : "";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    ASSERT_EQ(rc, SQLITE_OK) << message;
-  }
-
-  // The same for the writes of aggregated steps (job_steps).
-  void FailStepWrites(bool fail) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open((dir_ / "furnace.db").c_str(), &db), SQLITE_OK);
-    sqlite3_busy_timeout(db, 10000);
-    const char* sql = fail ? "CREATE TRIGGER fail_steps BEFORE INSERT ON job_steps "
-                             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
-                           : "DROP TRIGGER fail_steps;";
-    char* err = nullptr;
-    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
     const std::string message = err ? err : "";
     sqlite3_free(err);
     sqlite3_close(db);
