@@ -234,6 +234,37 @@ class ControllerTest : public ::testing::Test {
     ASSERT_EQ(Job().summary().attempt(), 2u);
   }
 
+  // Rank `rank`'s record (its `seq`-th) of step `step` of job_'s attempt 1: 1,000 tokens in 0.5 s.
+  v1::TelemetryRecord StepRecord(uint32_t rank, uint64_t seq, uint64_t step) const {
+    v1::TelemetryRecord r;
+    r.set_job_id(job_);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_seq(seq);
+    r.set_step(step);
+    r.mutable_train()->set_tokens(1000);
+    r.mutable_train()->set_step_seconds(0.5);
+    return r;
+  }
+  // Pushes `records` from worker h/<slot>, asking how far job_'s steps are stored, and returns the
+  // answer for job_. The push's status goes to `status`, else it must be OK.
+  v1::SettledSteps PushAsking(int slot, std::vector<v1::TelemetryRecord> records,
+                              absl::Status* status = nullptr) {
+    v1::TelemetryBatch batch;
+    batch.set_worker_id("h/" + std::to_string(slot));
+    batch.add_unsettled_jobs(job_);
+    for (auto& r : records) *batch.add_records() = std::move(r);
+    v1::TelemetryAck ack;
+    const absl::Status pushed = c_->PushTelemetry(batch, &ack);
+    if (status != nullptr) {
+      *status = pushed;
+    } else {
+      EXPECT_TRUE(pushed.ok()) << pushed;
+    }
+    EXPECT_EQ(ack.settled_size(), 1);
+    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+  }
+
   // Makes every update of the jobs table fail, or lifts that: another connection adds (drops) a
   // trigger, so the controller's own writes of job summaries return an error.
   void FailJobWrites(bool fail) { FailWrites("fail_jobs", "BEFORE UPDATE ON jobs", fail); }
@@ -625,14 +656,7 @@ TEST_F(ControllerTest, ARecordOfAStepPastTrainStepsIsNotTaken) {
 TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   StartRunning();
   const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
-    v1::TelemetryRecord r;
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_seq(seq);
-    r.set_step(step);
-    r.mutable_train()->set_tokens(1000);
-    r.mutable_train()->set_step_seconds(0.5);
+    v1::TelemetryRecord r = StepRecord(rank, seq, step);
     r.mutable_train()->set_checkpoint_error("write step-00000001: No space left on device");
     return r;
   };
@@ -705,25 +729,10 @@ v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank)
 TEST_F(ControllerTest, AStepBeingMergedWhenTheControllerDiesIsStoredWhole) {
   StartRunning();
   const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
-    v1::TelemetryRecord r;
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_seq(seq);
-    r.set_step(step);
-    r.mutable_train()->set_tokens(1000);
-    r.mutable_train()->set_step_seconds(0.5);
-    return r;
+    return StepRecord(rank, seq, step);
   };
   const auto push = [&](int slot, std::vector<v1::TelemetryRecord> records) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id("h/" + std::to_string(slot));
-    batch.add_unsettled_jobs(job_);
-    for (auto& r : records) *batch.add_records() = std::move(r);
-    v1::TelemetryAck ack;
-    EXPECT_TRUE(c_->PushTelemetry(batch, &ack).ok());
-    EXPECT_EQ(ack.settled_size(), 1);
-    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+    return PushAsking(slot, std::move(records));
   };
   v1::SettledSteps settled = push(0, {record(0, 7, 1)});
   EXPECT_EQ(settled.job_id(), job_);
@@ -770,24 +779,11 @@ TEST_F(ControllerTest, AStepBeingMergedWhenTheControllerDiesIsStoredWhole) {
 TEST_F(ControllerTest, AStepWhoseWriteFailedIsKeptByTheAgentsAndWrittenAgain) {
   StartRunning();
   const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
-    v1::TelemetryRecord r;
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_seq(seq);
-    r.set_step(step);
-    r.set_phase("running");
-    r.mutable_train()->set_tokens(1000);
-    return r;
+    return StepRecord(rank, seq, step);
   };
   const auto ask = [&](int slot, std::vector<v1::TelemetryRecord> records) {
-    v1::TelemetryBatch batch;
-    batch.set_worker_id("h/" + std::to_string(slot));
-    batch.add_unsettled_jobs(job_);
-    for (auto& r : records) *batch.add_records() = std::move(r);
-    v1::TelemetryAck ack;
-    c_->PushTelemetry(batch, &ack).IgnoreError();  // (the failing write's status)
-    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
+    absl::Status written;  // (a push whose write failed says so: not checked here)
+    return PushAsking(slot, std::move(records), &written);
   };
   ask(0, {record(0, 1, 1)});
   ask(1, {record(1, 1, 1)});
@@ -830,18 +826,7 @@ TEST_F(ControllerTest, AStepWhoseWriteFailedIsKeptByTheAgentsAndWrittenAgain) {
 // attempt trains a step.
 TEST_F(ControllerTest, AnEndedAttemptsUnfinishedStepIsStoredWhileTheJobRecovers) {
   StartRunning();
-  v1::TelemetryBatch batch;
-  batch.set_worker_id("h/0");
-  batch.add_unsettled_jobs(job_);
-  v1::TelemetryRecord r;
-  r.set_job_id(job_);
-  r.set_attempt(1);
-  r.set_rank(0);
-  r.set_seq(1);
-  r.set_step(1);
-  r.mutable_train()->set_tokens(1000);
-  *batch.add_records() = r;
-  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  PushAsking(0, {StepRecord(0, 1, 1)});  // rank 1's record of step 1 never comes
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
   Commands(0);
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
@@ -858,46 +843,26 @@ TEST_F(ControllerTest, AnEndedAttemptsUnfinishedStepIsStoredWhileTheJobRecovers)
   auto series = c_->GetJobSeries(req);
   ASSERT_EQ(series->steps_size(), 1);
   EXPECT_EQ(series->steps(0).ranks(), 1u);
-  batch.clear_records();
-  v1::TelemetryAck ack;
   // (Settled once the write is answered, a moment after the row is visible.)
-  for (int i = 0; i < 100; ++i) {
-    ack.Clear();
-    ASSERT_TRUE(c_->PushTelemetry(batch, &ack).ok());
-    if (ack.settled_size() == 1 && ack.settled(0).step() == 1) break;
+  v1::SettledSteps settled = PushAsking(0, {});
+  for (int i = 0; i < 100 && settled.step() != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    settled = PushAsking(0, {});
   }
-  ASSERT_EQ(ack.settled_size(), 1);
-  EXPECT_EQ(ack.settled(0).attempt(), 1u);
-  EXPECT_EQ(ack.settled(0).step(), 1u);
+  EXPECT_EQ(settled.attempt(), 1u);
+  EXPECT_EQ(settled.step(), 1u);
 }
 
 // An ended job is all settled (the agents let go of every record of it) only once its ranks' last
 // batches had time to come (Controller::kEndedSettleS), and nothing of it waits for the disk.
 TEST_F(ControllerTest, AnEndedJobIsAllSettledOnceItsLastBatchesHadTimeToCome) {
   StartRunning();
-  v1::TelemetryBatch batch;
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    v1::TelemetryRecord& r = *batch.add_records();
-    r.set_job_id(job_);
-    r.set_attempt(1);
-    r.set_rank(rank);
-    r.set_seq(1);
-    r.set_step(1);
-    r.mutable_train()->set_tokens(1000);
-  }
-  ASSERT_TRUE(c_->PushTelemetry(batch).ok());
+  PushAsking(0, {StepRecord(0, 1, 1)});
+  PushAsking(1, {StepRecord(1, 1, 1)});  // step 1 complete, written before this answers
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
   ASSERT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
-  v1::TelemetryBatch ask;
-  ask.set_worker_id("h/0");
-  ask.add_unsettled_jobs(job_);
-  const auto settled = [&] {
-    v1::TelemetryAck ack;
-    EXPECT_TRUE(c_->PushTelemetry(ask, &ack).ok());
-    return ack.settled_size() == 1 ? ack.settled(0) : v1::SettledSteps();
-  };
+  const auto settled = [&] { return PushAsking(0, {}); };
   EXPECT_FALSE(settled().all());
   EXPECT_EQ(settled().step(), 1u);
   clock_.Advance(11);  // past Controller::kEndedSettleS (10 s)
