@@ -631,10 +631,8 @@ void Controller::AcceptTelemetry(const v1::TelemetryBatch& batch, v1::TelemetryA
       for (const std::string& id : asked) {
         if (static_cast<size_t>(ack->settled_size()) >= kMaxAsked) break;
         const Job* job = jobs_.Find(id);
-        const bool over =
-            job == nullptr ||
-            (IsFinal(job->summary.state()) &&
-             now - std::max(job->summary.updated_unix(), started_unix_) > kEndedSettleS);
+        const bool over = job == nullptr || (IsFinal(job->summary.state()) &&
+                                             now - EndedAttempts(*job).second > kEndedSettleS);
         *ack->add_settled() = telemetry_.Settled(id, over);
       }
     }
@@ -751,6 +749,19 @@ std::vector<std::pair<uint32_t, int>> Controller::LocalWorkers() {
   return local.ok() ? *local : std::vector<std::pair<uint32_t, int>>();
 }
 
+std::pair<uint32_t, double> Controller::EndedAttempts(const Job& job) const {
+  const bool final = IsFinal(job.summary.state());
+  // (A final job's summary changes no more: when it ended. A recovering one's changes with every
+  // event: its ended attempt says.)
+  double ended = std::max(final ? job.summary.updated_unix() : 0.0, started_unix_);
+  if (job.attempts.empty()) return {1, ended};
+  const v1::AttemptInfo& current = job.attempts.back();
+  const bool current_ended = final || current.state() != v1::ATTEMPT_STATE_RUNNING;
+  const uint32_t below = current.attempt() + (current_ended ? 1 : 0);
+  if (below >= 2) ended = std::max(ended, job.attempts[below - 2].ended_unix());
+  return {below, ended};
+}
+
 void Controller::Tick() {
   std::unique_lock<std::mutex> lock(mu_);
   jobs_.Tick();
@@ -764,19 +775,8 @@ void Controller::Tick() {
       telemetry_.StoreUnfinished(id);
       continue;
     }
-    // The attempts before `below` have ended, the newest of them at `ended`.
-    const v1::AttemptInfo& current = job->attempts.back();
-    const bool current_ended =
-        IsFinal(job->summary.state()) || current.state() != v1::ATTEMPT_STATE_RUNNING;
-    const uint32_t below = current.attempt() + (current_ended ? 1 : 0);
-    if (below < 2) continue;
-    const v1::AttemptInfo& last_ended = job->attempts[below - 2];
-    // (A final job's summary changes no more: when it ended. A recovering one's changes with
-    // every event: its ended attempt says.)
-    const double ended = std::max(
-        {last_ended.ended_unix(), IsFinal(job->summary.state()) ? job->summary.updated_unix() : 0.0,
-         started_unix_});
-    if (now_unix - ended > kEndedSettleS) telemetry_.StoreUnfinished(id, below);
+    const auto [below, ended] = EndedAttempts(*job);
+    if (below >= 2 && now_unix - ended > kEndedSettleS) telemetry_.StoreUnfinished(id, below);
   }
   telemetry_.RetryFailedWrites(clock_.MonotonicSeconds());
   // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state

@@ -221,6 +221,10 @@ class Controller {
   // (TelemetryAggregator::kMaxPendingStepsAfterStart).
   static constexpr double kEndedSettleS = 10.0;
   double started_unix_ = 0;  // set by Create after Load (before any call)
+  // The job's attempts that have ended (those numbered below the first: 1 when none has) and when
+  // the newest of them ended, as the settle window counts it: not before this controller started
+  // (guarded by mu_).
+  std::pair<uint32_t, double> EndedAttempts(const Job& job) const;
   static constexpr uint64_t kAuditTrimEvery = 100;
   std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_
