@@ -273,7 +273,16 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
     Add(loss, JobLabel(job), last.loss());
     Add(aux_loss, JobLabel(job), last.aux_loss());
     if (job.last_eval) Add(eval_loss, JobLabel(job), job.last_eval->loss());
-    for (const auto& [action, bytes] : job.planner_bytes_total) {
+    // A train job exports every action that moves bytes at 0 before its first, so that increase()
+    // sees the first offload of a job (as the restart causes above).
+    std::map<std::string, double> planner_bytes(job.planner_bytes_total);
+    if (job.kind == "train") {
+      for (v1::PlannerAction action : {v1::PLANNER_ACTION_OFFLOAD, v1::PLANNER_ACTION_COMPRESS,
+                                       v1::PLANNER_ACTION_RECOMPUTE}) {
+        planner_bytes.emplace(v1::PlannerActionLabel(action), 0.0);
+      }
+    }
+    for (const auto& [action, bytes] : planner_bytes) {
       Add(planner, JobLabelAnd(job, "action", action), bytes);
     }
     if (job.kind == "train") {
