@@ -64,8 +64,13 @@ std::vector<std::string> WatchFrame(const v1::JobDetail& job, double now_unix, i
                                       FormatProgress(s.step(), s.total_steps()), "  elapsed ",
                                       FormatDuration(Elapsed(s, now_unix)));
   if (train && !IsFinalState(s.state())) {
-    const std::optional<double> eta = EstimateEtaSeconds(s, train, observed_steps_per_second);
-    absl::StrAppend(&progress, "  ETA ", eta ? FormatDuration(*eta) : "-");
+    if (s.total_steps() > 0 && s.step() >= s.total_steps()) {
+      // Every step is trained; the ranks still write the last checkpoint, evaluate and exit.
+      absl::StrAppend(&progress, "  finishing");
+    } else {
+      const std::optional<double> eta = EstimateEtaSeconds(s, train, observed_steps_per_second);
+      absl::StrAppend(&progress, "  ETA ", eta ? FormatDuration(*eta) : "-");
+    }
   }
   lines.push_back(progress);
   if (train) {

@@ -367,6 +367,14 @@ TEST_F(TrainViewTest, WatchFrameOfAFreshTrainJobHasUnknownEta) {
   EXPECT_EQ(lines[2], "loss 5.5000  aux 0.0000");
 }
 
+TEST_F(TrainViewTest, RunningJobPastItsLastStepIsFinishingNotEtaZero) {
+  v1::JobDetail job = MakeTrainJob();
+  job.mutable_summary()->set_step(100);
+  const auto lines = WatchFrame(job, kT0 + 65, 0, 3.0);
+  EXPECT_EQ(lines[1],
+            "[##############################] 100%  step 100/100  elapsed 1m05s  finishing");
+}
+
 TEST_F(TrainViewTest, FinishedTrainFrameHasNoEtaAndSummaryHasLoss) {
   v1::JobDetail job = MakeTrainJob(v1::JOB_SUCCEEDED);
   job.mutable_summary()->set_step(100);
