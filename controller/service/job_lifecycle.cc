@@ -614,6 +614,23 @@ std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
   return {claimed, by};
 }
 
+uint32_t JobLifecycle::FreeOrFreeing(const std::string& device_kind,
+                                     const std::vector<std::string>& recovering) const {
+  uint32_t n = 0;
+  for (const auto& [id, w] : workers_.workers()) {
+    if (w.info.device_kind() != device_kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
+    if (!w.seen->in_session.load()) {
+      ++n;  // known from the store, not registered again yet
+    } else if (!w.has_rank) {
+      n += w.info.state() == v1::WORKER_STATE_READY ? 1 : 0;
+    } else if (std::find(recovering.begin(), recovering.end(), w.info.job_id()) !=
+               recovering.end()) {
+      ++n;  // draining a rank of a recovering job's failed attempt
+    }
+  }
+  return n;
+}
+
 void JobLifecycle::TryStart(Job& job) {
   ReleaseExclusions(job);
   const double now = clock_.MonotonicSeconds();
@@ -671,19 +688,19 @@ void JobLifecycle::TryStart(Job& job) {
     // A job that is recovering keeps its claim on as many workers as its last attempt ran on: a
     // job submitted or pending beside it starts only on the workers beyond those (it took the
     // recovering job's workers during its backoff, and a job mid-training waited on a later one).
-    // Where fewer are free than the recovering jobs claim (they wait for workers to come back), a
-    // job may still start on what is free: holding it back would idle workers no one can use yet.
+    // The claim counts the workers free now and those about to be: still draining a recovering
+    // job's rank, or known and not registered again yet after a controller restart (within the
+    // re-attach grace they are not lost). Where even those are fewer than the claim (workers were
+    // lost), a job may still start on what is free: holding it back would idle workers no one can
+    // use yet.
     const auto [claimed, by] = ClaimedByRecovering(job);
-    const uint32_t free =
-        static_cast<uint32_t>(std::count_if(slots.begin(), slots.end(), [&](const WorkerSlot& s) {
-          return s.free && s.device_kind == job.spec.resources().device();
-        }));
-    if (claimed > 0 && free >= claimed && free < claimed + world) {
-      wait(
-          absl::StrFormat("needs %d free %s workers beyond the %d that recovering job%s %s "
-                          "claim%s; %d free",
-                          world, job.spec.resources().device(), claimed, by.size() == 1 ? "" : "s",
-                          absl::StrJoin(by, ", "), by.size() == 1 ? "s" : "", free));
+    const uint32_t coming = claimed > 0 ? FreeOrFreeing(job.spec.resources().device(), by) : 0;
+    if (claimed > 0 && coming >= claimed && coming < claimed + world) {
+      wait(absl::StrFormat(
+          "waits behind recovering job%s %s, which claim%s %d %s workers first: %d are free or "
+          "freeing up, %d are needed for both",
+          by.size() == 1 ? "" : "s", absl::StrJoin(by, ", "), by.size() == 1 ? "s" : "", claimed,
+          job.spec.resources().device(), coming, claimed + world));
       return;
     }
   }

@@ -370,6 +370,10 @@ class JobLifecycle {
   // The workers the jobs recovering beside `job` (same device kind) claim, each as many as its
   // last attempt ran on, and their ids: a job that is not recovering starts only beyond them.
   std::pair<uint32_t, std::vector<std::string>> ClaimedByRecovering(const Job& job) const;
+  // Workers of the kind that are free, or about to be for the `recovering` jobs: draining one of
+  // their ranks, or known from the store and not registered again yet (not lost).
+  uint32_t FreeOrFreeing(const std::string& device_kind,
+                         const std::vector<std::string>& recovering) const;
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);

@@ -43,7 +43,10 @@ uint32_t JobLifecycle::HealthyWorkers(const Job& job, std::string* left_out) con
       out.push_back(
           absl::StrCat(id, " excluded (", ex->second.reason, "; ", UsableAgain(ex->second), ")"));
     } else if (w.info.state() == v1::WORKER_STATE_LOST) {
-      out.push_back(absl::StrCat(id, " lost (usable again when its agent registers)"));
+      // A worker whose agent was stopped cleanly is "left", as `furnace workers` and
+      // furnace_workers{state="left"} say, not lost.
+      out.push_back(absl::StrCat(id, w.info.left() ? " left" : " lost",
+                                 " (usable again when its agent registers)"));
     } else {
       // Busy ones too (they free up), and, after a controller restart, ones known from the store
       // that have not registered yet: within the re-attach grace they are not lost, so a job does

@@ -2407,8 +2407,9 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersFromAJobSubmittedAfterIt) {
   bool said = false;
   for (const auto& e : pending->events()) {
     said |= e.kind() == "waiting" &&
-            e.message() == "needs 2 free cpu workers beyond the 2 that recovering job " + job_ +
-                               " claims; 2 free";
+            e.message() == "waits behind recovering job " + job_ +
+                               ", which claims 2 cpu workers first: 2 are free or freeing up, 4 "
+                               "are needed for both";
   }
   EXPECT_TRUE(said) << pending->DebugString();
   clock_.Advance(1.5);  // past the backoff
@@ -2416,6 +2417,50 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersFromAJobSubmittedAfterIt) {
   c_->Tick();
   EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(Job().summary().attempt(), 2u);
+  EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
+}
+
+// The claim holds while the failed attempt's ranks still drain: a job pending beside it does not
+// take the first worker that frees up (it took the workers of a recovering job mid-training, which
+// then waited for them), nor, after a controller restart, the first that registers again.
+TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersWhileItsRanksStillDrain) {
+  StartRunning();
+  auto later =
+      c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: a"}, {"dp: 2", "dp: 1"}}), "a.yaml");
+  ASSERT_TRUE(later.ok()) << later.status();
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL);  // rank 1 still drains on h/1
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  HeartbeatAll(2);
+  c_->Tick();
+  auto waiting = [&] {
+    auto d = c_->GetJob(*later);
+    EXPECT_TRUE(d.ok());
+    std::string reason;
+    for (const auto& e : d->events()) {
+      if (e.kind() == "waiting") reason = e.message();
+    }
+    return std::make_pair(d->summary().state(), reason);
+  };
+  EXPECT_EQ(waiting().first, v1::JOB_PENDING);
+  EXPECT_EQ(waiting().second, "waits behind recovering job " + job_ +
+                                  ", which claims 2 cpu workers first: 2 are free or freeing up, "
+                                  "3 are needed for both");
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);
+  c_->Tick();
+  EXPECT_EQ(waiting().first, v1::JOB_PENDING);
+
+  // The controller restarts during the backoff; one worker registers again, the other not yet.
+  Restart();
+  Register(0);
+  clock_.Advance(0.5);
+  c_->Tick();
+  EXPECT_EQ(waiting().first, v1::JOB_PENDING) << waiting().second;
+  Register(1);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // (agents re-send unacked reports)
+  clock_.Advance(1.5);                                      // past the backoff
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
 }
 
