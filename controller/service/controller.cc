@@ -792,8 +792,18 @@ void Controller::Tick() {
 
 void Controller::Shutdown(bool stopping_workers) {
   rendezvous_.Shutdown();
+  const std::vector<std::pair<uint32_t, int>> local =
+      stopping_workers ? LocalWorkers() : std::vector<std::pair<uint32_t, int>>();
   std::unique_lock<std::mutex> lock(mu_);
-  jobs_.Shutdown(stopping_workers);
+  // The local workers by the slot and pid the launcher recorded (an agent started by hand on this
+  // machine has a slot and pid of its own).
+  std::set<std::string> stopping;
+  for (const auto& [id, w] : workers_.workers()) {
+    for (const auto& [slot, pid] : local) {
+      if (w.info.slot() == slot && w.info.pid() == pid) stopping.insert(id);
+    }
+  }
+  jobs_.Shutdown(stopping);
   jobs_.FlushLater(lock);
   jobs_.AbandonExitWaiters();
   workers_.Flush(lock);

@@ -164,10 +164,11 @@ class Controller {
   void Tick();
 
   // Graceful shutdown. With stopping_workers (the embedded launcher is about to stop its
-  // workers), the running attempts are recorded as interrupted, not failed, so the job resumes
-  // after the restart without spending its restart budget; reports arriving afterwards (the
-  // ranks being stopped) are ignored. Without it, state is left as is and the running agents
-  // re-attach to the restarted controller.
+  // workers: those RecordLocalWorker recorded), the attempts with a rank on one of them are
+  // recorded as interrupted, not failed, so the job resumes after the restart without spending
+  // its restart budget; reports arriving afterwards (the ranks being stopped) are ignored. Jobs
+  // whose ranks all run on other agents, and every job without it, are left as they are: their
+  // agents keep them running and re-attach to the restarted controller.
   // Every rendezvous wait in progress ends with Unavailable (ranks retry against the controller
   // that comes next), as does every later one.
   void Shutdown(bool stopping_workers);

@@ -270,8 +270,9 @@ class JobLifecycle {
   void ReportRank(const furnace::v1::RankReport& report, ReportDone done);
   // Failure detection (silent workers, settle windows, start timeouts) and (re)placement.
   void Tick();
-  // See Controller::Shutdown.
-  void Shutdown(bool stopping_workers);
+  // See Controller::Shutdown: `stopping_workers` are the ids of the workers about to be stopped
+  // (none: state is left as is).
+  void Shutdown(const std::set<std::string>& stopping_workers);
   // After the last flush at shutdown: exits still unwritten (the store refused the flush) are
   // answered Unavailable, so the agent server's calls end and the agents re-send them to the next
   // controller; their workers stay held.
@@ -408,7 +409,7 @@ class JobLifecycle {
   // Orders job writes: held while one is written (Persist, FlushLater), so a flush's copy, taken
   // under the state mutex and written without it, never lands after a newer Persist.
   std::mutex write_order_mu_;
-  bool shut_down_ = false;  // Shutdown(true) ran: rank reports are no longer acted on
+  bool shut_down_ = false;  // Shutdown stopped workers: rank reports are no longer acted on
   CheckpointHintSource hint_source_;
 };
 

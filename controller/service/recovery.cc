@@ -968,12 +968,23 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
   return absl::OkStatus();
 }
 
-void JobLifecycle::Shutdown(bool stopping_workers) {
-  if (!stopping_workers) return;
+void JobLifecycle::Shutdown(const std::set<std::string>& stopping_workers) {
+  if (stopping_workers.empty()) return;
   for (auto& [id, job] : jobs_) {
     if (job.summary.state() != v1::JOB_STARTING && job.summary.state() != v1::JOB_RUNNING) {
       continue;
     }
+    // Only a job with a rank on a worker about to be stopped is interrupted: one whose ranks all
+    // run on other agents (started by hand, on other machines) trains on, and the restarted
+    // controller re-attaches them, as after a crash.
+    const v1::AttemptInfo* current = job.current();
+    const bool hit = current != nullptr &&
+                     std::any_of(current->ranks().begin(), current->ranks().end(),
+                                 [&](const v1::RankInfo& r) {
+                                   return r.state() != v1::RANK_STATE_EXITED &&
+                                          stopping_workers.count(r.worker_id()) > 0;
+                                 });
+    if (!hit) continue;
     // The ranks are marked ended only once the interruption is in the store. When it is not,
     // the store keeps the attempt running with its ranks, and the restarted controller treats the
     // stopped agents like any that restarted: the attempt fails and the job recovers.
@@ -994,6 +1005,7 @@ void JobLifecycle::Shutdown(bool stopping_workers) {
     }
   }
   for (auto& [wid, w] : workers_.workers()) {
+    if (stopping_workers.count(wid) == 0) continue;
     w.has_rank = false;
     w.attempt = 0;
     w.info.clear_job_id();

@@ -2166,6 +2166,9 @@ TEST_F(ControllerTest, RestartedAgentDrainingAnOldRankDoesNotFailTheNewAttempt) 
 
 TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
   StartRunning();
+  // h/0 and h/1 are the launcher's (Register gives slot s the pid 100 + s).
+  ASSERT_TRUE(c_->RecordLocalWorker(0, 100).ok());
+  ASSERT_TRUE(c_->RecordLocalWorker(1, 101).ok());
   c_->Shutdown(/*stopping_workers=*/true);
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED);  // ignored: our own doing
   Restart();
@@ -2179,6 +2182,25 @@ TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
   d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(d.summary().attempt(), 2u);
+}
+
+// A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped
+// by a graceful shutdown: it trains on and re-attaches to the restarted controller. Its cause
+// said "the controller shut down and stopped its local workers", which was not so.
+TEST_F(ControllerTest, GracefulShutdownLeavesJobsOnOtherAgentsRunning) {
+  StartRunning();
+  ASSERT_TRUE(c_->RecordLocalWorker(0, 555).ok());  // slot 0's local worker is another process
+  c_->Shutdown(/*stopping_workers=*/true);
+  Restart();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1, 100, {Running(job_, 1, 1)});
+  c_->Tick();
+  auto d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RUNNING);
+  EXPECT_EQ(d.summary().attempt(), 1u);
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_RUNNING);
+  EXPECT_TRUE(Commands(0).empty());
 }
 
 TEST_F(ControllerTest, AStartReportTheStoreCannotRecordIsRefusedAndUndone) {
