@@ -4,6 +4,7 @@ finishes; killed while it merged the ranks' records of a step, it gets them back
 and stores every step whole."""
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -93,6 +94,59 @@ recovery:
         self.assertEqual(got, list(range(1, steps + 1)))
         self.assertEqual(partial, [])
         self.assertEqual(total, [sum(float(s["tokens"]) for s in series)])
+
+    def test_graceful_stop_interrupts_only_the_jobs_on_its_own_workers(self):
+        # Four local workers busy with one job, a fifth agent started by hand running another.
+        # SIGTERM stops the controller and its local workers: their job is interrupted (no restart
+        # spent) and resumes; the job on the hand-started agent trains on and is re-attached.
+        c = self.cluster
+        hand_dir = os.path.join(c.state, "hand")
+        hand_log = open(os.path.join(c.state, "hand-worker.log"), "ab")
+        hand = subprocess.Popen([os.path.join(harness.BIN_DIR, "furnace-worker"), "--controller",
+                                 c.addr, "--slot", "9", "--host", "127.0.0.1", "--work-dir",
+                                 hand_dir], stdout=hand_log, stderr=subprocess.STDOUT)
+        try:
+            c.wait_workers(5)
+            local = c.submit(c.write_job("local.yaml",
+                                         harness.commcheck_job("local", ranks=4, rounds=40)))
+            c.wait_state(local, ("JOB_RUNNING",))
+            # A train job long enough to outlive the test (cancelled at the end).
+            other = c.submit(c.write_job("other.yaml", """name: other
+kind: train
+model: {vocab: 32, seq_len: 16, d_model: 16, heads: 2, layers: 1, expert_ffn: 32}
+moe: {experts: 2, top_k: 1}
+parallel: {dp: 1, micro_batch: 2, micro_batches: 1}
+train: {steps: 1000000, lr: 3.0e-3, warmup: 5, seed: 1}
+data: {source: markov, seed: 7}
+checkpoint: {every: 0}
+"""))
+            for job in (local, other):
+                c.wait_for(job, lambda d: d["summary"]["state"] == "JOB_RUNNING" and
+                           int(d["summary"].get("step", 0)) >= 1, what="running with progress")
+            placed = c.job(other)["attempts"][0]["ranks"][0]["worker_id"]
+            self.assertTrue(placed.endswith("/9"), placed)
+            c.controller.send_signal(signal.SIGTERM)
+            c.controller.wait(timeout=30)
+            self.assertIsNone(hand.poll(), "the hand-started agent stopped with the controller")
+            c.start(wait_workers=False)
+            step = int(c.job(other)["summary"].get("step", 0))
+            d = c.wait_for(other, lambda d: any(e["kind"] == "reattached" for e in d["events"])
+                           and int(d["summary"].get("step", 0)) > step + 10,
+                           what="re-attached and training on")
+            kinds = [e["kind"] for e in d["events"]]
+            self.assertEqual(d["summary"]["state"], "JOB_RUNNING", kinds)
+            self.assertEqual(len(d["attempts"]), 1, kinds)
+            self.assertEqual(c.cli("cancel", other).returncode, 0)
+            d = c.wait_state(local, harness.FINAL, timeout=240)
+            self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+            self.assertEqual(d["attempts"][0]["state"], "ATTEMPT_STATE_INTERRUPTED")
+            self.assertEqual(int(d["summary"].get("restarts", 0)), 0)
+            print(f"\nREPORT graceful stop: {local} interrupted and resumed (attempts "
+                  f"{len(d['attempts'])}), {other} on {placed} re-attached (events {kinds})")
+        finally:
+            hand.send_signal(signal.SIGTERM)
+            hand.wait(timeout=30)
+            hand_log.close()
 
 
 if __name__ == "__main__":
