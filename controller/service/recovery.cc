@@ -399,7 +399,11 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
     persisted = Transition(job, v1::JOB_FAILED, "failed", job.summary.cause());
   } else if (job.summary.restarts() < max_restarts) {
     job.summary.set_restarts(job.summary.restarts() + 1);
-    const double delay = BackoffDelay(job.spec.recovery().backoff(), job.summary.restarts());
+    // The backoff grows over a run of failures without progress and starts again from
+    // initial_s after an attempt that got past the job's best step: a job that trains for days
+    // between rare failures does not wait max_s after each once it has had a few.
+    const double delay =
+        BackoffDelay(job.spec.recovery().backoff(), std::max<uint32_t>(1, stuck.attempts));
     job.recover_at_mono = clock_.MonotonicSeconds() + delay;
     attempt->set_recover_at_unix(attempt->ended_unix() + delay);
     job.summary.set_cause(cause);
@@ -978,12 +982,11 @@ void JobLifecycle::Shutdown(const std::set<std::string>& stopping_workers) {
     // run on other agents (started by hand, on other machines) trains on, and the restarted
     // controller re-attaches them, as after a crash.
     const v1::AttemptInfo* current = job.current();
-    const bool hit = current != nullptr &&
-                     std::any_of(current->ranks().begin(), current->ranks().end(),
-                                 [&](const v1::RankInfo& r) {
-                                   return r.state() != v1::RANK_STATE_EXITED &&
-                                          stopping_workers.count(r.worker_id()) > 0;
-                                 });
+    const bool hit =
+        current != nullptr &&
+        std::any_of(current->ranks().begin(), current->ranks().end(), [&](const v1::RankInfo& r) {
+          return r.state() != v1::RANK_STATE_EXITED && stopping_workers.count(r.worker_id()) > 0;
+        });
     if (!hit) continue;
     // The ranks are marked ended only once the interruption is in the store. When it is not,
     // the store keeps the attempt running with its ranks, and the restarted controller treats the

@@ -465,6 +465,49 @@ recovery:
   EXPECT_EQ(Job().summary().attempt(), 2u);
 }
 
+// The backoff grows over failures without progress and starts again from initial_s after an
+// attempt that got past the job's best step: it grew with every restart the job ever had, so a job
+// training for days waited max_s after each failure once it had had a few.
+TEST_F(ControllerTest, TheBackoffStartsAgainAfterAnAttemptThatMadeProgress) {
+  StartRunning(R"(name: t
+kind: commcheck
+parallel: {dp: 2}
+recovery:
+  max_restarts: 10
+  max_attempts_without_progress: 0
+  backoff: {initial_s: 1.0, max_s: 30.0, multiplier: 4.0}
+  heartbeat_timeout_s: 5
+  start_timeout_s: 20
+)");
+  // Attempt n runs to `step` on both ranks, then rank 1 crashes; returns the restart's delay.
+  const auto fail_at = [&](uint32_t n, uint64_t step) {
+    PushStep(n, 0, step);
+    PushStep(n, 1, step);
+    Report(1, n, 1, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9 (SIGKILL)");
+    Report(0, n, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+    const v1::AttemptInfo a = Job().attempts(n - 1);
+    EXPECT_EQ(a.state(), v1::ATTEMPT_STATE_FAILED);
+    const double delay = a.recover_at_unix() - a.ended_unix();
+    clock_.Advance(delay + 0.1);
+    HeartbeatAll(2);
+    c_->Tick();
+    EXPECT_EQ(Job().summary().attempt(), n + 1);
+    for (int s = 0; s < 2; ++s) Commands(s);
+    Report(0, n + 1, 0, v1::RANK_STARTED);
+    Report(1, n + 1, 1, v1::RANK_STARTED);
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    return delay;
+  };
+  EXPECT_DOUBLE_EQ(fail_at(1, 10), 1.0);
+  EXPECT_DOUBLE_EQ(fail_at(2, 20), 1.0);  // past step 10: progress
+  EXPECT_DOUBLE_EQ(fail_at(3, 30), 1.0);
+  EXPECT_DOUBLE_EQ(fail_at(4, 25), 1.0);   // not past 30: the first without progress
+  EXPECT_DOUBLE_EQ(fail_at(5, 28), 4.0);   // the second in a row
+  EXPECT_DOUBLE_EQ(fail_at(6, 30), 16.0);  // the third
+  EXPECT_DOUBLE_EQ(fail_at(7, 31), 1.0);   // past 30 again
+  EXPECT_EQ(Job().summary().restarts(), 7u);
+}
+
 TEST_F(ControllerTest, RestartBudgetExhaustedEndsFailedWithCause) {
   StartRunning();
   for (uint32_t attempt = 1; attempt <= 3; ++attempt) {
