@@ -342,6 +342,9 @@ class JobLifecycle {
     double silent_s = 0;
   };
   std::optional<SilentRank> SilentestRank(const Job& job) const;
+  // The job's pending failure is a victim's error exit and the agent of another of its attempt's
+  // ranks still running has missed a heartbeat (Tick then keeps the failure pending).
+  bool AgentOfARankIsSilent(const Job& job, double now) const;
   // Records a failure of a rank of the current attempt that may be a victim's (an error exit, a
   // hang inside a collective; `kind` as FailAttempt's); fails the attempt at once when every rank
   // has ended, otherwise after `settle_s` (Tick) unless a root cause comes first. The first such

@@ -238,6 +238,21 @@ absl::Status JobLifecycle::EndAttempt(Job& job) {
   return s;
 }
 
+bool JobLifecycle::AgentOfARankIsSilent(const Job& job, double now) const {
+  if (!job.pending_weak || job.pending_kind != "exit" || job.current() == nullptr) return false;
+  // Agents beat every heartbeat_interval_s: one past 1.5 of them has missed a beat.
+  const double missed = 1.5 * options_.heartbeat_interval_s;
+  for (const v1::RankInfo& rank : job.current()->ranks()) {
+    if (rank.state() == v1::RANK_STATE_EXITED || rank.worker_id() == job.pending_worker) continue;
+    const auto it = workers_.workers().find(rank.worker_id());
+    if (it == workers_.workers().end() || it->second.info.state() == v1::WORKER_STATE_LOST) {
+      continue;
+    }
+    if (now - it->second.seen->mono.load(std::memory_order_relaxed) > missed) return true;
+  }
+  return false;
+}
+
 void JobLifecycle::BlameFrozenRank(Job& job) {
   if (job.settle_deadline == 0 || !job.pending_weak || job.pending_kind != "hang" ||
       job.pending_frozen_named) {
@@ -552,7 +567,14 @@ void JobLifecycle::Tick() {
   ForgetLongLostWorkers();
   std::vector<Job*> to_start;  // pending, and recovering past their backoff
   for (auto& [id, job] : jobs_) {
-    if (job.settle_deadline > 0 && now >= job.settle_deadline) {
+    if (job.settle_deadline > 0 && now >= job.settle_deadline && AgentOfARankIsSilent(job, now)) {
+      // A victim's error exit while the agent of another rank of the attempt has missed its
+      // heartbeat: that agent is likely dead with its rank (SIGKILL, a machine gone), the peer's
+      // broken connection its consequence. The loss (above, at its heartbeat limit) or the agent's
+      // restart (Register) is the root cause and takes the failure; the wait ends as soon as the
+      // agent is heard from again. (It blamed the healthy peer, as an "exit".)
+      job.settle_deadline = now;
+    } else if (job.settle_deadline > 0 && now >= job.settle_deadline) {
       BlameFrozenRank(job);
       FailAttempt(job, job.pending_kind.empty() ? "exit" : job.pending_kind, job.pending_cause,
                   job.pending_worker,

@@ -2529,6 +2529,68 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersWhileItsRanksStillDrain) {
   EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
 }
 
+// An agent killed outright takes its rank with it; the peer's collective fails at once with a
+// broken connection, an error exit that looks like the root cause. While the dead agent has missed
+// its heartbeats the failure waits: its restart (or its loss) is the cause, and the peer's worker
+// is not blamed (it was: "rank 0 on h/0: exited with code 1", kind exit).
+TEST_F(ControllerTest, APeersBrokenConnectionWaitsForTheSilentAgentThatCausedIt) {
+  for (const bool restarts : {true, false}) {
+    SCOPED_TRACE(restarts ? "the agent restarts" : "the agent is lost");
+    if (!restarts) {
+      TearDown();
+      SetUp();
+    }
+    StartRunning();
+    HeartbeatAll(2);
+    clock_.Advance(1.0);  // h/1's agent is killed: only h/0 beats from here on
+    const auto beat0 = [&] {
+      v1::HeartbeatRequest h;
+      h.set_worker_id("h/0");
+      h.set_session_id(sessions_[0]);
+      EXPECT_FALSE(c_->Heartbeat(h).reregister());
+    };
+    beat0();
+    Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE,
+           "exited with code 1: gloo all_to_all: Connection reset by peer", 1);
+    for (int i = 0; i < 4; ++i) {  // 2 s: past the 1 s settle window
+      clock_.Advance(0.5);
+      beat0();
+      c_->Tick();
+    }
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+    if (restarts) {
+      Register(1, /*pid=*/900);  // the launcher's new agent on slot 1
+    } else {
+      for (int i = 0; i < 8; ++i) {  // past recovery.heartbeat_timeout_s (5 s)
+        clock_.Advance(0.5);
+        beat0();
+        c_->Tick();
+      }
+    }
+    const v1::JobDetail d = Job();
+    EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+    EXPECT_EQ(d.attempts(0).failure_kind(), restarts ? "agent_restart" : "lost");
+    EXPECT_EQ(d.attempts(0).culprit_worker(), "h/1") << d.attempts(0).cause();
+  }
+}
+
+// The wait ends when the quiet agent is heard from again: then the peer's exit is the cause.
+TEST_F(ControllerTest, APeersErrorExitFailsTheAttemptOnceEveryAgentIsHeardFrom) {
+  StartRunning();
+  HeartbeatAll(2);
+  clock_.Advance(1.0);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1: bad things", 1);
+  clock_.Advance(1.1);
+  c_->Tick();  // neither agent has beaten for 2.1 s: held
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  HeartbeatAll(2);
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "exit");
+  EXPECT_EQ(d.attempts(0).culprit_worker(), "h/0");
+}
+
 // A rank frozen (SIGSTOP) sends nothing, not even its watchdog's heartbeat; its peers hang inside a
 // collective waiting for it and report first, and its own agent calls it hung only at 1.5 x
 // hang_timeout_s, after the window. Its agent's heartbeats say how long it has been silent, so the
