@@ -1,5 +1,7 @@
 #include "controller/http/monitoring_server.h"
 
+#include <malloc.h>
+
 #include <exception>
 #include <optional>
 #include <string>
@@ -17,6 +19,9 @@
 namespace furnace::controller::http {
 
 namespace {
+
+// An answer at least this large is followed by malloc_trim (Handle).
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;
 
 // civetweb's messages on this thread since Start began: Start says them when civetweb cannot
 // listen (it logs why, e.g. the address in use, and throws "null context when constructing
@@ -170,7 +175,15 @@ int MonitoringServer::Handle(mg_connection* conn) {
   const bool head_only = info != nullptr && info->request_method != nullptr &&
                          std::string_view(info->request_method) == "HEAD";
   Send(conn, response, head_only);
-  return response.status;
+  const int status = response.status;
+  if (response.body.size() >= kTrimAfterBytes) {
+    // A large answer (a long job's step series) leaves its peak in this thread's malloc arena,
+    // resident for good: each of the server's threads kept its own, ~4x the largest answer
+    // (hundreds of MB after a few series of a long job). Handed back to the system here.
+    std::string().swap(response.body);
+    malloc_trim(0);
+  }
+  return status;
 }
 
 }  // namespace furnace::controller::http

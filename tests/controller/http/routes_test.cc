@@ -2,6 +2,7 @@
 // file checks on a temporary directory, and the proto JSON field names the page relies on.
 #include "controller/http/routes.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -242,6 +243,34 @@ TEST(ProtoJsonTest, UsesProtoFieldNamesAndPrintsZeros) {
   json = JobsJson(jobs);
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_NE(json->find(R"("state":"JOB_RUNNING")"), std::string::npos) << *json;
+}
+
+// The series printed a step at a time reads exactly as the whole message printed at once (the
+// dashboard parses it), with no steps, one, and many.
+TEST(ProtoJsonTest, SeriesPrintedStepByStepIsTheWholeMessagesJson) {
+  const auto whole = [](const furnace::v1::JobSeries& s) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    std::string out;
+    EXPECT_TRUE(google::protobuf::util::MessageToJsonString(s, &out, options).ok());
+    return out;
+  };
+  furnace::v1::JobSeries s;
+  s.set_job_id(R"(a "steps":[] job)");
+  s.set_telemetry_dropped(7);
+  s.set_more(true);
+  for (int n = 0; n < 4; ++n) {
+    auto json = SeriesJson(s);
+    ASSERT_TRUE(json.ok()) << json.status();
+    EXPECT_EQ(*json, whole(s));
+    furnace::v1::StepRecord* r = s.add_steps();
+    r->set_attempt(1);
+    r->set_step(n + 1);
+    r->set_loss(2.5 - n * 0.1);
+    r->add_imbalance(1.0 + n);
+    r->add_moe_schedules(furnace::v1::MOE_LAYER_SCHEDULE_S1);
+  }
 }
 
 }  // namespace
