@@ -218,6 +218,15 @@ absl::Status Agent::Run() {
           absl::StrCat("cannot create ", options_.work_dir, "/", sub, ": ", ec.message()));
     }
   }
+  // Task files a predecessor left (killed outright, it could not remove them): its ranks died
+  // with it (PR_SET_PDEATHSIG), and each rank read its file at start, so none is read again.
+  size_t swept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(options_.work_dir) / "tasks", ec)) {
+    std::error_code rm;
+    if (entry.is_regular_file(rm) && std::filesystem::remove(entry.path(), rm)) ++swept;
+  }
+  if (swept > 0) spdlog::info("removed {} task file(s) a previous agent left", swept);
   spdlog::info("worker {} (slot {}, {} {} bytes, host {}) -> controller {}, work dir {}",
                options_.worker_id, options_.slot, options_.device_kind, options_.device_memory,
                options_.host, options_.controller, options_.work_dir);

@@ -619,6 +619,25 @@ TEST(WorkDirTest, AnExistingWorkDirMustBeOwnAndPrivate) {
   EXPECT_EQ(std::filesystem::status(dir / "made").permissions(), std::filesystem::perms::owner_all);
 }
 
+// An agent killed outright leaves the task files of its ranks (which died with it); the next
+// agent on the work dir removes them at start (one per rank the killed agent held piled up).
+TEST(WorkDirTest, TaskFilesAPreviousAgentLeftAreRemovedAtStart) {
+  testing_util::TestDir dir;
+  std::filesystem::create_directories(dir / "work/tasks");
+  std::filesystem::permissions(dir / "work", std::filesystem::perms::owner_all);
+  for (const char* name : {"job-1-a1-r0.pb", "job-1-a2-r0.pb.tmp"}) {
+    std::ofstream(dir / (std::string("work/tasks/") + name)) << "x";
+  }
+  std::ofstream(dir / "work/logs-note") << "kept";
+  AgentOptions options;
+  options.work_dir = dir / "work";
+  Agent agent(options, nullptr);
+  agent.Shutdown();
+  ASSERT_TRUE(agent.Run().ok());
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "work/tasks"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "work/logs-note"));
+}
+
 // Agent "test/4" dialling `controller` over TLS with the dev certificates written under
 // <dir>/certs (WriteDevCerts), its work directory <dir>/work.
 AgentOptions TlsAgentOptions(const testing_util::TestDir& dir, const std::string& controller,
