@@ -102,8 +102,8 @@ TEST(Rules, ReferenceOnlyExportedMetrics) {
   const std::set<std::string> used = FurnaceNamesIn(text);
   EXPECT_GE(used.size(), 5u);
   for (const std::string& name : used) EXPECT_EQ(exported.count(name), 1u) << name;
-  for (const char* alert :
-       {"FurnaceJobStalled", "FurnaceMfuDrop", "FurnaceRestartStorm", "FurnaceMemoryNearBudget"}) {
+  for (const char* alert : {"FurnaceJobStalled", "FurnaceJobWaiting", "FurnaceMfuDrop",
+                            "FurnaceRestartStorm", "FurnaceMemoryNearBudget"}) {
     EXPECT_NE(text.find(std::string("alert: ") + alert), std::string::npos) << alert;
   }
 }
