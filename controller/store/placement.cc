@@ -18,7 +18,8 @@ absl::StatusOr<std::vector<std::string>> PlaceRanks(const std::vector<WorkerSlot
   const size_t qualifying = preferred.size() + fallback.size();
   if (qualifying < world_size) {
     return absl::ResourceExhaustedError(absl::StrCat("needs ", world_size, " free ", device_kind,
-                                                     " workers, ", qualifying, " available"));
+                                                     world_size == 1 ? " worker, " : " workers, ",
+                                                     qualifying, " available"));
   }
   auto by_host_slot = [](const WorkerSlot* a, const WorkerSlot* b) {
     return std::tie(a->host, a->slot, a->worker_id) < std::tie(b->host, b->slot, b->worker_id);
