@@ -103,6 +103,17 @@
     return String(state || '').replace(/^JOB_/, '').toLowerCase();
   }
 
+  // Why the job waits while it does; else its cause, which for a job whose later attempt runs is
+  // the one it restarted after (muted: not a failure now), as `furnace jobs` says.
+  function causeCell(j, state) {
+    const waiting = get(j, 'waiting') || '';
+    const cause = get(j, 'cause') || '';
+    const past = cause !== '' &&
+      !['JOB_SUCCEEDED', 'JOB_FAILED', 'JOB_CANCELLED', 'JOB_RECOVERING'].includes(state);
+    const text = waiting ? 'waiting: ' + waiting : past ? 'restarted after: ' + cause : cause;
+    return el('td', { className: 'cause' + (waiting || past ? ' past' : '') }, text);
+  }
+
   // A job's row, built anew when what it shows changed.
   function jobRow(j) {
     const id = get(j, 'job_id');
@@ -123,7 +134,7 @@
       el('td', { className: 'num' }, String(num(j, 'attempt'))),
       el('td', { className: 'num' }, String(num(j, 'restarts'))),
       el('td', {}, progress),
-      el('td', { className: 'cause' }, get(j, 'cause') || ''));
+      causeCell(j, state));
     tr.addEventListener('click', () => selectJob(id));
     return tr;
   }
@@ -139,7 +150,7 @@
     for (const j of view.jobs) {
       const id = get(j, 'job_id');
       const key = JSON.stringify(['name', 'kind', 'state', 'attempt', 'restarts', 'step',
-        'total_steps', 'cause'].map((f) => get(j, f)));
+        'total_steps', 'cause', 'waiting'].map((f) => get(j, f)));
       let row = jobRows.get(id);
       if (!row || row.key !== key) {
         const tr = jobRow(j);

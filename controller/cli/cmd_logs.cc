@@ -23,6 +23,17 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
   request.set_offset(0);
   v1::GetLogsResponse all;  // for --json: every line, as one document
   PollOutage outage(*ctx.clock, /*answered=*/false);
+  bool printed = false;
+  // Nothing at all: say why on stderr (a job that has not started prints nothing, and looked like
+  // a job whose ranks wrote nothing).
+  const auto say_none = [&](bool follow) {
+    absl::StatusOr<v1::JobDetail> job = ctx.client->GetJob(job_id);
+    if (!job.ok() || ctx.err == nullptr) return;
+    const v1::JobSummary& s = job->summary();
+    *ctx.err << "job " << job_id << " has no log lines (" << StateName(s.state())
+             << (s.waiting().empty() ? "" : ", waiting: " + s.waiting()) << ")"
+             << (follow ? "; following" : "") << "\n";
+  };
   while (true) {
     absl::StatusOr<v1::GetLogsResponse> polled = ctx.client->GetLogs(request);
     if (!polled.ok()) {
@@ -37,6 +48,10 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
     } else {
       for (const auto& line : page.lines()) *ctx.out << line << "\n";
       if (!page.lines().empty()) *ctx.out << std::flush;
+      if (!printed && page.lines().empty() && request.offset() == 0) {
+        say_none(options.follow);
+      }
+      printed = true;  // (said once, or a line came)
     }
     // A controller that does not advance the offset would loop forever: treat it as no progress.
     const bool advanced = page.next_offset() > request.offset();

@@ -49,7 +49,9 @@ struct SubmitOptions {
 };
 absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path,
                               const SubmitOptions& options);
-absl::StatusOr<int> RunJobs(const CommandContext& ctx);
+// `states`: only jobs in one of these (JobState words as StateWord gives them, "active": not
+// ended, "ended": succeeded, failed or cancelled); empty: every job.
+absl::StatusOr<int> RunJobs(const CommandContext& ctx, const std::vector<std::string>& states = {});
 absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_id);
 // Polls until the job is final; exit code by ExitCodeForState. Once the controller has answered
 // (`controller_answered`: before the first poll, as after a submission), an outage of up to
@@ -64,7 +66,10 @@ struct LogsOptions {
 };
 absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id,
                             const LogsOptions& options);
-absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::string& job_id);
+// Cancels each job in turn. One job: its error is the command's. Several: a job that cannot be
+// cancelled is said on stderr and the others still are; the exit code is the largest of theirs
+// (--json: one document listing the jobs cancelled).
+absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::string>& job_ids);
 absl::StatusOr<int> RunWorkers(const CommandContext& ctx);
 
 struct EventsOptions {

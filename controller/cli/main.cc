@@ -141,7 +141,15 @@ int main(int argc, char** argv) {
                    "validate the file here as the controller would, and send nothing");
 
   std::string job_id;
-  app.add_subcommand("jobs", "list jobs");
+  std::vector<std::string> job_states;
+  auto* jobs = app.add_subcommand("jobs", "list jobs");
+  jobs->add_option("--state", job_states,
+                   "only jobs in these states (repeat, or comma-separated): pending, scheduled, "
+                   "starting, running, recovering, succeeded, failed, cancelled; active (not "
+                   "ended), ended")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"pending", "scheduled", "starting", "running", "recovering",
+                             "succeeded", "failed", "cancelled", "active", "ended"}));
   auto* status = app.add_subcommand("status", "a job's state, attempts, ranks, results, events");
   status->add_option("JOB", job_id, "job id")->required();
   auto* watch = app.add_subcommand("watch", "follow a job until it ends");
@@ -156,8 +164,9 @@ int main(int argc, char** argv) {
   logs->add_flag("--follow,-f", logs_options.follow,
                  "keep printing until the job ends (not with --json)");
 
-  auto* cancel = app.add_subcommand("cancel", "cancel a job");
-  cancel->add_option("JOB", job_id, "job id")->required();
+  std::vector<std::string> cancel_ids;
+  auto* cancel = app.add_subcommand("cancel", "cancel jobs");
+  cancel->add_option("JOB", cancel_ids, "job ids (one or more)")->required();
   app.add_subcommand("workers", "list workers");
 
   EventsOptions events_options;
@@ -351,8 +360,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> result = absl::InternalError("no command");
   if (*submit) {
     result = RunSubmit(ctx, file, submit_options);
-  } else if (app.got_subcommand("jobs")) {
-    result = RunJobs(ctx);
+  } else if (*jobs) {
+    result = RunJobs(ctx, job_states);
   } else if (*status) {
     result = RunStatus(ctx, job_id);
   } else if (*watch) {
@@ -360,7 +369,7 @@ int main(int argc, char** argv) {
   } else if (*logs) {
     result = RunLogs(ctx, job_id, logs_options);
   } else if (*cancel) {
-    result = RunCancel(ctx, job_id);
+    result = RunCancel(ctx, cancel_ids);
   } else if (app.got_subcommand("workers")) {
     result = RunWorkers(ctx);
   } else if (*events) {

@@ -23,8 +23,10 @@ constexpr size_t kCauseWidth = 60;
 
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
 
-// A later attempt runs: the cause is the one it restarted after (see CauseIsPast).
+// Why a job waits, while it does; else its cause: for a job whose later attempt runs, the one it
+// restarted after (see CauseIsPast).
 std::string CauseColumn(const v1::JobSummary& job) {
+  if (!job.waiting().empty()) return absl::StrCat("waiting: ", job.waiting());
   if (job.cause().empty()) return "-";
   return CauseIsPast(job) ? absl::StrCat("restarted after: ", job.cause()) : job.cause();
 }
@@ -49,6 +51,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   if (!s.cause().empty()) {
     summary.AddRow({CauseIsPast(s) ? "restarted after" : "cause", s.cause()});
   }
+  if (!s.waiting().empty()) summary.AddRow({"waiting", s.waiting()});
   // An attempt that runs another memory policy than the spec's (the out-of-memory escalation).
   if (!job.attempts().empty()) {
     const v1::AttemptInfo& last = *job.attempts().rbegin();

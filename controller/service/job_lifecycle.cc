@@ -116,6 +116,9 @@ uint64_t JobLifecycle::StepNow(const Job& job) {
 v1::JobSummary JobLifecycle::SummaryNow(const Job& job) {
   v1::JobSummary s = job.summary;
   s.set_step(StepNow(job));
+  if (s.state() == v1::JOB_PENDING || s.state() == v1::JOB_RECOVERING) {
+    s.set_waiting(job.waiting_reason);
+  }
   return s;
 }
 

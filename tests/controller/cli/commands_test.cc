@@ -313,6 +313,19 @@ TEST_F(CommandsTest, LogsFollowPollsUntilJobDone) {
   EXPECT_EQ(client_.log_requests.size(), 4u);
 }
 
+// A job that has written nothing (it has not started) says so on stderr, with why it waits: it
+// printed nothing and exited 0, like a job whose ranks wrote nothing.
+TEST_F(CommandsTest, LogsOfAJobWithoutLinesSayWhy) {
+  v1::JobDetail pending = MakeJob(v1::JOB_PENDING, 0, 0);
+  pending.mutable_summary()->set_waiting("needs 4 free cpu workers, 2 available");
+  client_.get_job = {pending};
+  client_.logs = {Page({}, 0, false)};
+  ASSERT_TRUE(RunLogs(ctx_, "j-1", LogsOptions{}).ok());
+  EXPECT_EQ(out_.str(), "");
+  EXPECT_EQ(err_.str(),
+            "job j-1 has no log lines (PENDING, waiting: needs 4 free cpu workers, 2 available)\n");
+}
+
 // --json (one document at the end) with --follow would print nothing until the job ended.
 TEST_F(CommandsTest, LogsRefusesJsonWithFollow) {
   ctx_.json = true;
@@ -348,17 +361,54 @@ TEST_F(CommandsTest, LogsFollowGivesUpOnAControllerThatStaysDown) {
 }
 
 TEST_F(CommandsTest, CancelPrintsResultingState) {
-  ASSERT_TRUE(RunCancel(ctx_, "j-1").ok());
+  ASSERT_TRUE(RunCancel(ctx_, {"j-1"}).ok());
   EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
 }
 
 // The controller refuses to cancel a job that ended: exit 6 (not 3, an RPC error), its words kept.
 TEST_F(CommandsTest, CancelOfAnEndedJobExits6) {
   client_.cancel_status = absl::FailedPreconditionError("job j-1 already ended (succeeded)");
-  const absl::StatusOr<int> code = RunCancel(ctx_, "j-1");
+  const absl::StatusOr<int> code = RunCancel(ctx_, {"j-1"});
   ASSERT_FALSE(code.ok());
   EXPECT_EQ(code.status().message(), "job j-1 already ended (succeeded)");
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitNotApplicable);
+}
+
+// Several jobs at once: each is cancelled; one that cannot be is said on stderr and the exit code
+// is the largest (an ended job: 6; an unknown one: 4).
+TEST_F(CommandsTest, CancelOfSeveralJobsGoesOnPastOneThatCannotBe) {
+  client_.cancel_errors["j-2"] = absl::FailedPreconditionError("job j-2 already ended (succeeded)");
+  const absl::StatusOr<int> code = RunCancel(ctx_, {"j-1", "j-2", "j-3"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitNotApplicable);
+  EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\njob j-3 is CANCELLED\n");
+  EXPECT_EQ(err_.str(), "furnace: job j-2 already ended (succeeded)\n");
+  out_.str("");
+  ctx_.json = true;
+  client_.cancel_errors.clear();
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1", "j-3"}), kExitOk);
+  EXPECT_NE(out_.str().find("\"job_id\": \"j-3\""), std::string::npos) << out_.str();
+}
+
+// `furnace jobs --state`: only the jobs in those states; "active" is every job not ended.
+TEST_F(CommandsTest, JobsFiltersByState) {
+  for (const auto& [id, state] : std::vector<std::pair<std::string, v1::JobState>>{
+           {"a-1", v1::JOB_RUNNING}, {"b-2", v1::JOB_PENDING}, {"c-3", v1::JOB_SUCCEEDED}}) {
+    v1::JobSummary* j = client_.jobs.add_jobs();
+    j->set_job_id(id);
+    j->set_state(state);
+  }
+  ASSERT_TRUE(RunJobs(ctx_, {"pending"}).ok());
+  EXPECT_EQ(out_.str().find("a-1"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("b-2"), std::string::npos) << out_.str();
+  out_.str("");
+  ASSERT_TRUE(RunJobs(ctx_, {"active"}).ok());
+  EXPECT_NE(out_.str().find("a-1"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("b-2"), std::string::npos) << out_.str();
+  EXPECT_EQ(out_.str().find("c-3"), std::string::npos) << out_.str();
+  out_.str("");
+  ASSERT_TRUE(RunJobs(ctx_, {"failed", "cancelled"}).ok());
+  EXPECT_EQ(out_.str(), "no jobs in state failed, cancelled\n");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,7 +36,8 @@ class FakeJobClient : public JobClient {
     response.set_job_id("j-1");
     return response;
   }
-  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return v1::ListJobsResponse(); }
+  v1::ListJobsResponse jobs;  // what ListJobs answers
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return jobs; }
   absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
     ++get_job_calls;
     get_job_ids.push_back(job_id);
@@ -43,8 +45,10 @@ class FakeJobClient : public JobClient {
     if (get_job.size() > 1) get_job.pop_front();
     return next;
   }
-  absl::Status cancel_status;  // not OK: CancelJob answers it
+  absl::Status cancel_status;                         // not OK: CancelJob answers it
+  std::map<std::string, absl::Status> cancel_errors;  // per job id, before cancel_status
   absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) override {
+    if (auto it = cancel_errors.find(job_id); it != cancel_errors.end()) return it->second;
     if (!cancel_status.ok()) return cancel_status;
     v1::CancelJobResponse response;
     response.mutable_job()->set_job_id(job_id);

@@ -125,6 +125,20 @@ TEST_F(WatchViewTest, StatusAndJobsLabelALaterAttemptsCauseAsPast) {
   EXPECT_NE(table.find("restarted after: " + hung), std::string::npos) << table;
 }
 
+// Why a job waits is in `furnace jobs` (its CAUSE column) and `furnace status`: it was only in the
+// job's events, so a list of pending jobs did not say why any of them waited.
+TEST_F(WatchViewTest, JobsAndStatusSayWhyAJobWaits) {
+  const std::string why = "needs 2 free cpu workers, 0 available (busy with job big-8 (4))";
+  v1::JobDetail pending = MakeJob(v1::JOB_PENDING, 0, 0, 60);
+  pending.mutable_summary()->set_waiting(why);
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = pending.summary();
+  const std::string table = RenderJobsTable(jobs, kT0 + 65);
+  EXPECT_NE(table.find("waiting: needs 2 free cpu workers"), std::string::npos) << table;
+  const std::string status = RenderJobStatus(pending, kT0 + 65);
+  EXPECT_NE(status.find("\nwaiting    " + why), std::string::npos) << status;
+}
+
 // `furnace status` says when the attempt runs another memory policy than the spec's (the
 // out-of-memory escalation), and nothing when it runs the spec's.
 TEST_F(WatchViewTest, StatusSaysWhichMemoryPolicyAnEscalatedAttemptRuns) {

@@ -2454,6 +2454,12 @@ TEST_F(ControllerTest, AWaitingJobSaysWhichJobsHoldTheWorkers) {
     if (e.kind() == "waiting") reason = e.message();
   }
   EXPECT_NE(reason.find("(busy with job " + job_ + " (2))"), std::string::npos) << reason;
+  // The summary says it too (furnace jobs, the dashboard's list), while the job waits.
+  EXPECT_EQ(pending->summary().waiting(), reason);
+  bool listed = false;
+  for (const v1::JobSummary& j : c_->ListJobs()) listed |= j.waiting() == reason;
+  EXPECT_TRUE(listed);
+  EXPECT_TRUE(Job().summary().waiting().empty());  // the running one
 }
 
 // A job recovering (its backoff running, its workers free meanwhile) keeps its claim on them: a job
