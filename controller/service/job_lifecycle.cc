@@ -92,7 +92,12 @@ absl::StatusOr<int> JobLifecycle::Load() {
       ASSIGN_OR_RETURN(auto kv, store_.KvLoad(job.summary.job_id(), attempt->attempt()));
       for (auto& [key, value] : kv) rendezvous_.Set(scope, key, value);
     }
-    Event(job, "controller", "controller restarted; waiting for the job's workers to re-attach");
+    // (A pending or recovering job has no ranks out there to re-attach.)
+    const v1::AttemptInfo* current = job.current();
+    Event(job, "controller",
+          current != nullptr && current->state() == v1::ATTEMPT_STATE_RUNNING
+              ? "controller restarted; waiting for the job's workers to re-attach"
+              : "controller restarted");
   }
   for (auto& [id, w] : workers_.workers()) {
     if (w.info.state() != v1::WORKER_STATE_LOST)
