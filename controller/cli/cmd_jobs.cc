@@ -77,7 +77,7 @@ absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::
     if (!error.ok()) {
       if (job_ids.size() == 1) return error;
       *ctx.err << "furnace: " << error.message() << "\n";
-      exit_code = std::max<int>(exit_code, ExitCodeForStatus(error));
+      if (exit_code == kExitOk) exit_code = ExitCodeForStatus(error);
       continue;
     }
     const v1::JobSummary& job = cancelled->job();

@@ -67,7 +67,7 @@ struct LogsOptions {
 absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id,
                             const LogsOptions& options);
 // Cancels each job in turn. One job: its error is the command's. Several: a job that cannot be
-// cancelled is said on stderr and the others still are; the exit code is the largest of theirs
+// cancelled is said on stderr and the others still are; the exit code is the first failure's
 // (--json: one document listing the jobs cancelled).
 absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::string>& job_ids);
 absl::StatusOr<int> RunWorkers(const CommandContext& ctx);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "controller/service/recovery_phases.h"
 #include "controller/spec/input_roots.h"
 #include "controller/spec/job_spec.h"
@@ -779,6 +780,7 @@ void Controller::Tick() {
     if (below >= 2 && now_unix - ended > kEndedSettleS) telemetry_.StoreUnfinished(id, below);
   }
   telemetry_.RetryFailedWrites(clock_.MonotonicSeconds());
+  ForgetEndedJobs(lock);
   // Written behind (JobLifecycle::PersistLater, WorkerRegistry::Persist), without the state
   // mutex held during the writes: worker records every tick, jobs' records about once a second
   // (a job's write carries every rank of its attempt).
@@ -788,6 +790,39 @@ void Controller::Tick() {
     jobs_.FlushLater(lock);
     last_job_flush_mono_ = now;
   }
+}
+
+void Controller::ForgetEndedJobs(std::unique_lock<std::mutex>& lock) {
+  if (options_.forget_ended_s <= 0) return;
+  const double now = clock_.MonotonicSeconds();
+  if (now - last_forget_mono_ < kForgetIntervalS) return;
+  last_forget_mono_ = now;
+  const double before_unix = clock_.UnixSeconds() - options_.forget_ended_s;
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_.jobs()) {
+    if (IsFinal(job.summary.state()) && job.summary.updated_unix() < before_unix) {
+      ids.push_back(id);
+      if (ids.size() == kForgetPerPass) break;  // a bounded transaction; the rest next time
+    }
+  }
+  if (ids.empty()) return;
+  // The deletes run without the state mutex (heartbeats wait for it); the jobs are final, so
+  // nothing changes them meanwhile, and they leave memory only once the store has let them go.
+  lock.unlock();
+  absl::Status deleted = store_->DeleteJobs(ids);
+  lock.lock();
+  if (!deleted.ok()) {
+    spdlog::warn("could not forget {} ended job(s) (--forget-ended-jobs): {}", ids.size(),
+                 deleted.ToString());
+    return;
+  }
+  for (const std::string& id : ids) {
+    jobs_.Forget(id);
+    telemetry_.Forget(id);
+    if (absl::Status s = logs_.Remove(id); !s.ok()) spdlog::warn("{}", s.ToString());
+  }
+  spdlog::info("forgot {} job(s) that ended over {:.0f} s ago (--forget-ended-jobs): {}",
+               ids.size(), options_.forget_ended_s, absl::StrJoin(ids, ", "));
 }
 
 void Controller::Shutdown(bool stopping_workers) {

@@ -173,6 +173,11 @@ class Controller {
   // that comes next), as does every later one.
   void Shutdown(bool stopping_workers);
 
+  // Jobs ended over --forget-ended-jobs ago are deleted (store, memory, log), at most
+  // kForgetPerPass every kForgetIntervalS (Tick).
+  static constexpr double kForgetIntervalS = 60.0;
+  static constexpr size_t kForgetPerPass = 500;
+
   // Runs the writes still queued behind (events, an ended attempt's keys dropped) while the
   // JobLifecycle they belong to is still there; the members are destroyed after.
   ~Controller();
@@ -229,6 +234,10 @@ class Controller {
   static constexpr uint64_t kAuditTrimEvery = 100;
   std::atomic<uint64_t> audits_since_trim_{0};
   double last_job_flush_mono_ = 0;  // guarded by mu_
+  // Deletes the jobs ended over options_.forget_ended_s ago (Tick; `lock` holds mu_, released
+  // during the store's deletes).
+  void ForgetEndedJobs(std::unique_lock<std::mutex>& lock);
+  double last_forget_mono_ = -1e300;  // guarded by mu_
 };
 
 }  // namespace furnace::controller

@@ -106,6 +106,11 @@ absl::StatusOr<int> JobLifecycle::Load() {
   return active;
 }
 
+void JobLifecycle::Forget(const std::string& job_id) {
+  jobs_.erase(job_id);
+  unwritten_exits_.erase(job_id);
+}
+
 Job* JobLifecycle::Find(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
@@ -728,6 +733,17 @@ void JobLifecycle::TryStart(Job& job) {
           absl::StrCat("busy with ", absl::StrJoin(busy, ", ", [](std::string* out, const auto& b) {
                          absl::StrAppend(out, "job ", b.first, " (", b.second, ")");
                        })));
+    }
+    // After a controller restart, workers known from the store that have not registered again.
+    const int64_t unregistered =
+        std::count_if(workers_.workers().begin(), workers_.workers().end(), [&](const auto& entry) {
+          const Worker& w = entry.second;
+          return w.info.device_kind() == job.spec.resources().device() &&
+                 w.info.state() != v1::WORKER_STATE_LOST && !w.seen->in_session.load();
+        });
+    if (unregistered > 0) {
+      notes.push_back(absl::StrCat(unregistered, unregistered == 1 ? " worker" : " workers",
+                                   " not registered again since the controller started"));
     }
     if (!left_out.empty()) notes.push_back(left_out);
     wait(absl::StrCat(placement.status().message(),

@@ -64,6 +64,10 @@ struct ControllerOptions {
   // registry, the store and furnace_workers. An elastic fleet's departed hosts must not pile up.
   // 0: never.
   double forget_lost_s = 86400.0;
+  // --forget-ended-jobs: a job that ended this long ago (its summary's updated_unix) is deleted
+  // from the store and from memory, with its controller-side log; its checkpoints stay. A
+  // controller that runs for months must not keep every job it ever ran. 0: never.
+  double forget_ended_s = 0;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
   // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: paths are not
@@ -184,6 +188,8 @@ class JobLifecycle {
   absl::StatusOr<int> Load();
 
   Job* Find(const std::string& job_id);
+  // Drops an ended job from memory (Controller::ForgetEndedJobs, once the store has let it go).
+  void Forget(const std::string& job_id);
   const std::map<std::string, Job>& jobs() const { return jobs_; }
 
   // checkpoint.every auto: what each rank of a new attempt is told about the job's failures and

@@ -17,6 +17,15 @@ std::string LogStore::Path(const std::string& job_id) const {
   return (std::filesystem::path(dir_) / (job_id + ".log")).string();
 }
 
+absl::Status LogStore::Remove(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(append_mu_);
+  std::error_code ec;
+  std::filesystem::remove(Path(job_id), ec);
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot remove ", Path(job_id), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 std::string LogStore::Format(const v1::LogLine& line) {
   std::string text = line.text();
   std::replace(text.begin(), text.end(), '\n', ' ');

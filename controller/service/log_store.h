@@ -38,6 +38,8 @@ class LogStore {
   // so a page stays far below a gRPC message's limit. next_offset is where the next read
   // continues (the first line not returned). job_done is left for the caller to set.
   furnace::v1::GetLogsResponse Read(const furnace::v1::GetLogsRequest& req) const;
+  // Removes the job's log file (a forgotten job's); OK when there is none.
+  absl::Status Remove(const std::string& job_id);
 
  private:
   std::string Path(const std::string& job_id) const;

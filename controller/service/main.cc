@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   options.worker_timeout_s = f.worker_timeout_s;
   options.reattach_grace_s = f.reattach_grace_s;
   options.forget_lost_s = f.forget_lost_s;
+  options.forget_ended_s = f.forget_ended_s;
   options.local_workers = f.local_workers;
   options.submit_rate = f.submit_rate;
   options.submit_burst = f.submit_burst;

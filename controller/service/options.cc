@@ -1,5 +1,8 @@
 #include "controller/service/options.h"
 
+#include <cmath>
+
+#include "absl/strings/numbers.h"
 #include "runtime/base/daemon_flags.h"
 #include "runtime/base/yaml_config.h"
 
@@ -43,6 +46,20 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "(no longer listed, counted in furnace_workers or stored; it registers as new "
                  "if it comes back); 0 keeps lost agents forever")
       ->check(FiniteRange(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--forget-ended-jobs", flags.forget_ended_s,
+                 "seconds after its end that a job is deleted from the job store and memory, "
+                 "with its controller-side log (its checkpoints stay; the audit log keeps its "
+                 "entries); at least 3600; 0 keeps ended jobs forever")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double s = 0;
+            if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) || (s != 0 && s < 3600) || s > 1e10) {
+              return "allowed: 0 (never) or 3600 to 1e10 seconds";
+            }
+            return "";
+          },
+          "SECONDS"))
       ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))

@@ -426,4 +426,10 @@ v1::CheckpointHint TelemetryAggregator::CheckpointHint(const std::string& job_id
                             cluster, ranks);
 }
 
+void TelemetryAggregator::Forget(const std::string& job_id) {
+  jobs_.erase(job_id);
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  totals_.erase(job_id);
+}
+
 }  // namespace furnace::controller

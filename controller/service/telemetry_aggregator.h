@@ -140,6 +140,8 @@ class TelemetryAggregator {
   // reported them. True when it queued any.
   bool StoreUnfinished(const std::string& job_id,
                        uint32_t below_attempt = std::numeric_limits<uint32_t>::max());
+  // Drops what it holds of the job (an ended job the controller forgets).
+  void Forget(const std::string& job_id);
   // Writes again the steps whose write failed, when kStepRetryS has passed since the last try.
   void RetryFailedWrites(double now_mono);
   uint64_t dropped() const { return telemetry_dropped_; }

@@ -251,6 +251,23 @@ absl::Status JobStore::DeleteWorker(const std::string& worker_id) {
   return q.BindText(1, worker_id).Run();
 }
 
+absl::Status JobStore::DeleteJobs(const std::vector<std::string>& job_ids) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return Transaction([&]() -> absl::Status {
+    for (const std::string& id : job_ids) {
+      for (const char* sql :
+           {"DELETE FROM jobs WHERE id = ?1", "DELETE FROM attempts WHERE job_id = ?1",
+            "DELETE FROM events WHERE job_id = ?1", "DELETE FROM kv WHERE job_id = ?1",
+            "DELETE FROM telemetry WHERE job_id = ?1", "DELETE FROM job_steps WHERE job_id = ?1",
+            "DELETE FROM comm_results WHERE job_id = ?1"}) {
+        Statement q(db_, sql);
+        RETURN_IF_ERROR(q.BindText(1, id).Run());
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> JobStore::LoadWorkers() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Statement q(db_, "SELECT info FROM workers ORDER BY id");

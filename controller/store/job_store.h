@@ -81,6 +81,10 @@ class JobStore {
   // Workers.
   absl::Status PutWorker(const furnace::v1::WorkerInfo& worker);
   absl::Status DeleteWorker(const std::string& worker_id);  // OK when there is no such row
+
+  // Deletes everything stored of these jobs (the job, its attempts, events, rendezvous keys,
+  // telemetry, steps and commcheck results; the audit log keeps its entries) in one transaction.
+  absl::Status DeleteJobs(const std::vector<std::string>& job_ids);
   absl::StatusOr<std::vector<furnace::v1::WorkerInfo>> LoadWorkers();
 
   // Local workers spawned by the embedded launcher: slot -> pid.

@@ -375,7 +375,7 @@ TEST_F(CommandsTest, CancelOfAnEndedJobExits6) {
 }
 
 // Several jobs at once: each is cancelled; one that cannot be is said on stderr and the exit code
-// is the largest (an ended job: 6; an unknown one: 4).
+// is the first failure's (an ended job: 6; an unknown one: 4).
 TEST_F(CommandsTest, CancelOfSeveralJobsGoesOnPastOneThatCannotBe) {
   client_.cancel_errors["j-2"] = absl::FailedPreconditionError("job j-2 already ended (succeeded)");
   const absl::StatusOr<int> code = RunCancel(ctx_, {"j-1", "j-2", "j-3"});
@@ -383,6 +383,8 @@ TEST_F(CommandsTest, CancelOfSeveralJobsGoesOnPastOneThatCannotBe) {
   EXPECT_EQ(*code, kExitNotApplicable);
   EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\njob j-3 is CANCELLED\n");
   EXPECT_EQ(err_.str(), "furnace: job j-2 already ended (succeeded)\n");
+  client_.cancel_errors["j-1"] = absl::NotFoundError("no job 'j-1'");
+  EXPECT_EQ(*RunCancel(ctx_, {"j-1", "j-2"}), kExitJobNotFound);
   out_.str("");
   ctx_.json = true;
   client_.cancel_errors.clear();

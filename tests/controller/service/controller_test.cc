@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -53,6 +54,7 @@ class ControllerTest : public ::testing::Test {
     o.heartbeat_interval_s = 0.75;
     o.telemetry_flush_s = telemetry_flush_s_;
     o.forget_lost_s = forget_lost_s_;
+    o.forget_ended_s = forget_ended_s_;
     auto c = Controller::Create(o, clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
@@ -294,6 +296,7 @@ class ControllerTest : public ::testing::Test {
   std::string job_;
   double telemetry_flush_s_ = 1.25;  // ControllerOptions::telemetry_flush_s at Restart (0: auto)
   double forget_lost_s_ = 86400;     // ControllerOptions::forget_lost_s at Restart
+  double forget_ended_s_ = 0;        // ControllerOptions::forget_ended_s at Restart
 };
 
 // How often agents push telemetry (RegisterResponse and every HeartbeatResponse): a fixed
@@ -1489,6 +1492,42 @@ TEST_F(ControllerTest, ALongLostWorkerIsForgotten) {
   EXPECT_TRUE(listed("h/0"));
   Register(1, /*pid=*/300);
   EXPECT_EQ(WorkerState(*c_, "h/1"), v1::WORKER_STATE_READY);
+}
+
+// --forget-ended-jobs: a job that ended that long ago is deleted from memory, the store (a
+// restarted controller does not bring it back) and its log; a job still running, or ended more
+// recently, is kept. Nothing else was ever deleted: every job stayed in memory and in the store.
+TEST_F(ControllerTest, AJobThatEndedLongAgoIsForgotten) {
+  forget_ended_s_ = 3600;
+  Restart();
+  StartRunning();  // job_: ends at once
+  PushStep(1, 0, 1);
+  PushStep(1, 1, 1);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_SUCCESS);
+  ASSERT_EQ(Job().summary().state(), v1::JOB_SUCCEEDED);
+  const std::string ended = job_;
+  const fs::path log = dir_ / "logs" / "jobs" / (ended + ".log");
+  fs::create_directories(log.parent_path());
+  std::ofstream(log) << "a line\n";
+  clock_.Advance(1800);
+  auto later = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: a"}}), "a.yaml");
+  ASSERT_TRUE(later.ok()) << later.status();  // runs (placed) from here on
+  const auto tick = [&](double s) {
+    clock_.Advance(s);
+    HeartbeatAll(2);
+    c_->Tick();
+  };
+  tick(1000);  // 2800 s after the end: kept
+  EXPECT_TRUE(c_->GetJob(ended).ok());
+  tick(900);  // 3700 s
+  EXPECT_TRUE(absl::IsNotFound(c_->GetJob(ended).status())) << c_->GetJob(ended).status();
+  EXPECT_FALSE(fs::exists(log));
+  EXPECT_TRUE(c_->GetJob(*later).ok());
+  for (const v1::JobSummary& j : c_->ListJobs()) EXPECT_NE(j.job_id(), ended);
+  Restart();
+  EXPECT_TRUE(absl::IsNotFound(c_->GetJob(ended).status()));
+  EXPECT_TRUE(c_->GetJob(*later).ok());
 }
 
 // An agent stopped cleanly (it said it is leaving) is lost to placement as a silent one is, but
