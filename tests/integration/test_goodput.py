@@ -45,6 +45,10 @@ class GoodputTest(harness.ClusterTest):
         d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=240)
         self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         self.assertEqual(int(d["summary"]["restarts"]), 1)
+        # The ranks' last step records may come after their exit reports (agents push every
+        # telemetry_flush_s; attempt 2's 20 steps take tens of ms): wait until all 40 are in.
+        d = c.wait_for(job, lambda d: int(d["goodput"].get("productive_steps", 0)) >= 40,
+                       timeout=30, what="every step's telemetry")
         g = d["goodput"]
         self.assertEqual(int(g["redone_steps"]), 5, g)
         self.assertEqual(int(g["productive_steps"]), 40, g)
