@@ -627,13 +627,23 @@ std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
   return {claimed, by};
 }
 
+namespace {
+
+// Known from the store and not registered again since this controller started (within the
+// re-attach grace it is not lost: it is expected back).
+bool AwaitingRegistration(const Worker& w) {
+  return w.info.state() != v1::WORKER_STATE_LOST && !w.seen->in_session.load();
+}
+
+}  // namespace
+
 uint32_t JobLifecycle::FreeOrFreeing(const std::string& device_kind,
                                      const std::vector<std::string>& recovering) const {
   uint32_t n = 0;
   for (const auto& [id, w] : workers_.workers()) {
     if (w.info.device_kind() != device_kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
-    if (!w.seen->in_session.load()) {
-      ++n;  // known from the store, not registered again yet
+    if (AwaitingRegistration(w)) {
+      ++n;
     } else if (!w.has_rank) {
       n += w.info.state() == v1::WORKER_STATE_READY ? 1 : 0;
     } else if (std::find(recovering.begin(), recovering.end(), w.info.job_id()) !=
@@ -720,12 +730,13 @@ void JobLifecycle::TryStart(Job& job) {
   auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);
   if (!placement.ok()) {
     // Who holds the others: the jobs whose ranks run on this kind's workers.
+    // And, after a controller restart, the workers known from the store not registered again.
     std::map<std::string, int> busy;
+    int64_t unregistered = 0;
     for (const auto& [id, w] : workers_.workers()) {
-      if (w.has_rank && w.info.device_kind() == job.spec.resources().device() &&
-          w.info.job_id() != job.summary.job_id()) {
-        ++busy[w.info.job_id()];
-      }
+      if (w.info.device_kind() != job.spec.resources().device()) continue;
+      if (w.has_rank && w.info.job_id() != job.summary.job_id()) ++busy[w.info.job_id()];
+      if (AwaitingRegistration(w)) ++unregistered;
     }
     std::vector<std::string> notes;
     if (!busy.empty()) {
@@ -734,13 +745,6 @@ void JobLifecycle::TryStart(Job& job) {
                          absl::StrAppend(out, "job ", b.first, " (", b.second, ")");
                        })));
     }
-    // After a controller restart, workers known from the store that have not registered again.
-    const int64_t unregistered =
-        std::count_if(workers_.workers().begin(), workers_.workers().end(), [&](const auto& entry) {
-          const Worker& w = entry.second;
-          return w.info.device_kind() == job.spec.resources().device() &&
-                 w.info.state() != v1::WORKER_STATE_LOST && !w.seen->in_session.load();
-        });
     if (unregistered > 0) {
       notes.push_back(absl::StrCat(unregistered, unregistered == 1 ? " worker" : " workers",
                                    " not registered again since the controller started"));
