@@ -1,5 +1,6 @@
-// furnace logs JOB: pages GetLogs by line offset; --follow keeps polling until the controller says
-// the job is done and no lines are left, and rides out a controller restart (poll_outage.h).
+// furnace logs JOB: pages GetLogs by offset (where the last page ended); --follow keeps polling
+// until the controller says the job is done and no lines are left, and rides out a controller
+// restart (poll_outage.h).
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/poll_outage.h"

@@ -313,8 +313,8 @@ absl::StatusOr<v1::GetLogsResponse> Controller::GetLogs(const v1::GetLogsRequest
     RETURN_IF_ERROR(CheckLogsFilter(*job, req));
     done = IsFinal(job->summary.state());
   }
-  v1::GetLogsResponse resp = logs_.Read(req);
-  resp.set_job_done(done);
+  absl::StatusOr<v1::GetLogsResponse> resp = logs_.Read(req);
+  if (resp.ok()) resp->set_job_done(done);
   return resp;
 }
 

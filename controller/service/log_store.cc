@@ -42,20 +42,34 @@ absl::Status LogStore::Append(const std::map<std::string, std::string>& text_by_
   return absl::OkStatus();
 }
 
-v1::GetLogsResponse LogStore::Read(const v1::GetLogsRequest& req) const {
+absl::StatusOr<v1::GetLogsResponse> LogStore::Read(const v1::GetLogsRequest& req) const {
   v1::GetLogsResponse resp;
-  std::ifstream in(Path(req.job_id()));
+  resp.set_next_offset(req.offset());
+  std::ifstream in(Path(req.job_id()), std::ios::binary);
+  if (!in) return resp;  // no line yet
+  // The offset is a byte position where a line starts (0, or an earlier answer's next_offset):
+  // reading seeks there, so following a long log costs a page, not the whole file, per poll.
+  if (req.offset() > 0) {
+    char before = 0;
+    in.seekg(static_cast<std::streamoff>(req.offset() - 1));
+    if (!in.get(before) || before != '\n') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("offset ", req.offset(), " is not where a line of job ", req.job_id(),
+                       "'s log starts: pass 0, or the next_offset of an earlier answer"));
+    }
+  }
+  uint64_t at = req.offset();  // where `line` starts
   std::string line;
-  uint64_t index = 0;  // lines read before `line`
   size_t bytes = 0;
-  for (; std::getline(in, line); ++index) {
+  while (std::getline(in, line)) {
     if (in.eof()) break;  // a partial last line: wait until it is complete
-    if (index < req.offset()) continue;
     // A full page ends before this line, which the next read starts with.
     if (static_cast<size_t>(resp.lines_size()) >= kMaxLogPageLines ||
         (resp.lines_size() > 0 && bytes + line.size() > kMaxLogPageBytes)) {
       break;
     }
+    at += line.size() + 1;
+    resp.set_next_offset(at);
     // Stored as "<attempt> <rank> <text>".
     unsigned attempt = 0, rank = 0;
     int consumed = 0;
@@ -65,7 +79,6 @@ v1::GetLogsResponse LogStore::Read(const v1::GetLogsRequest& req) const {
     resp.add_lines(absl::StrCat("[attempt ", attempt, " rank ", rank, "] ", line.substr(consumed)));
     bytes += line.size();
   }
-  resp.set_next_offset(std::max<uint64_t>(index, req.offset()));
   return resp;
 }
 

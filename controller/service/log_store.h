@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "furnace/v1/agent.pb.h"
 #include "furnace/v1/controller.pb.h"
 
@@ -33,11 +34,14 @@ class LogStore {
   // One line in the stored format; newlines inside the text become spaces.
   static std::string Format(const furnace::v1::LogLine& line);
 
-  // The lines of req.job_id() from req.offset() on, filtered by rank and attempt: a page of at
-  // most kMaxLogPageLines lines and kMaxLogPageBytes bytes of text (one longer line comes alone),
-  // so a page stays far below a gRPC message's limit. next_offset is where the next read
-  // continues (the first line not returned). job_done is left for the caller to set.
-  furnace::v1::GetLogsResponse Read(const furnace::v1::GetLogsRequest& req) const;
+  // The lines of req.job_id() from req.offset() on (a byte position where a line starts: 0, or
+  // an earlier answer's next_offset), filtered by rank and attempt: a page of at most
+  // kMaxLogPageLines lines and kMaxLogPageBytes bytes of text (one longer line comes alone), so a
+  // page stays far below a gRPC message's limit. next_offset is where the next read continues
+  // (the first line not returned, filtered lines skipped); a read seeks there, so it costs one
+  // page however long the log. job_done is left for the caller to set. InvalidArgument for an
+  // offset inside a line.
+  absl::StatusOr<furnace::v1::GetLogsResponse> Read(const furnace::v1::GetLogsRequest& req) const;
   // Removes the job's log file (a forgotten job's); OK when there is none.
   absl::Status Remove(const std::string& job_id);
 

@@ -1,6 +1,7 @@
 #include "controller/service/log_store.h"
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,8 +49,10 @@ class LogStoreTest : public ::testing::Test {
     req.set_rank(-1);
     *pages = 0;
     while (true) {
-      const v1::GetLogsResponse page = store.Read(req);
-      if (page.lines_size() == 0) break;
+      absl::StatusOr<v1::GetLogsResponse> read = store.Read(req);
+      EXPECT_TRUE(read.ok()) << read.status();
+      if (!read.ok() || read->lines_size() == 0) break;
+      const v1::GetLogsResponse& page = *read;
       ++*pages;
       all.insert(all.end(), page.lines().begin(), page.lines().end());
       EXPECT_GT(page.next_offset(), req.offset());
@@ -81,12 +84,13 @@ TEST_F(LogStoreTest, APageIsBoundedInBytes) {
   v1::GetLogsRequest req;
   req.set_job_id("job-1");
   req.set_rank(-1);
-  const v1::GetLogsResponse first = store.Read(req);
+  const v1::GetLogsResponse first = *store.Read(req);
   size_t bytes = 0;
   for (const std::string& line : first.lines()) bytes += line.size();
   EXPECT_GT(first.lines_size(), 1);
   EXPECT_LE(bytes, kMaxLogPageBytes + static_cast<size_t>(first.lines_size()) * 32);
-  EXPECT_EQ(first.next_offset(), static_cast<uint64_t>(first.lines_size()));
+  // Stored as "1 0 <text>\n": the next page starts after the lines returned.
+  EXPECT_EQ(first.next_offset(), static_cast<uint64_t>(first.lines_size()) * (kLine + 5));
   int pages = 0;
   const std::vector<std::string> all = ReadAll(store, &pages);
   ASSERT_EQ(all.size(), static_cast<size_t>(n));
@@ -102,11 +106,11 @@ TEST_F(LogStoreTest, OneLineLongerThanAPageStillComes) {
   v1::GetLogsRequest req;
   req.set_job_id("job-1");
   req.set_rank(-1);
-  const v1::GetLogsResponse first = store.Read(req);
+  const v1::GetLogsResponse first = *store.Read(req);
   ASSERT_EQ(first.lines_size(), 1);
-  EXPECT_EQ(first.next_offset(), 1u);
-  req.set_offset(1);
-  EXPECT_EQ(store.Read(req).lines_size(), 1);
+  EXPECT_EQ(first.next_offset(), kMaxLogPageBytes + 10 + 5);
+  req.set_offset(first.next_offset());
+  EXPECT_EQ(store.Read(req)->lines_size(), 1);
 }
 
 TEST_F(LogStoreTest, FilteredLinesAdvanceTheOffset) {
@@ -115,9 +119,58 @@ TEST_F(LogStoreTest, FilteredLinesAdvanceTheOffset) {
   v1::GetLogsRequest req;
   req.set_job_id("job-1");
   req.set_rank(5);  // no such rank's lines
-  const v1::GetLogsResponse page = store.Read(req);
+  const v1::GetLogsResponse page = *store.Read(req);
   EXPECT_EQ(page.lines_size(), 0);
-  EXPECT_EQ(page.next_offset(), 3u);
+  EXPECT_EQ(page.next_offset(), 3 * std::string("1 0 line 0\n").size());  // past all three
+}
+
+// The offset is a byte position: a follow's poll reads from there, not from the file's start.
+// A partial last line is left for the next read; an offset inside a line is refused.
+TEST_F(LogStoreTest, ReadsGoOnFromWhereTheLastPageEnded) {
+  LogStore store(dir_.string());
+  AppendLines(store, 0, 2);
+  v1::GetLogsRequest req;
+  req.set_job_id("job-1");
+  req.set_rank(-1);
+  const v1::GetLogsResponse first = *store.Read(req);
+  ASSERT_EQ(first.lines_size(), 2);
+  EXPECT_EQ(first.next_offset(), fs::file_size(dir_ / "job-1.log"));
+
+  req.set_offset(first.next_offset());
+  const v1::GetLogsResponse none = *store.Read(req);
+  EXPECT_EQ(none.lines_size(), 0);
+  EXPECT_EQ(none.next_offset(), first.next_offset());
+
+  {  // a line still being written, then its end
+    std::ofstream out(dir_ / "job-1.log", std::ios::app);
+    out << "1 0 half";
+  }
+  EXPECT_EQ(store.Read(req)->lines_size(), 0);
+  {
+    std::ofstream out(dir_ / "job-1.log", std::ios::app);
+    out << " and done\n";
+  }
+  AppendLines(store, 2, 1);
+  const v1::GetLogsResponse next = *store.Read(req);
+  ASSERT_EQ(next.lines_size(), 2);
+  EXPECT_EQ(next.lines(0), "[attempt 1 rank 0] half and done");
+  EXPECT_EQ(next.lines(1), "[attempt 1 rank 0] line 2");
+  EXPECT_EQ(next.next_offset(), fs::file_size(dir_ / "job-1.log"));
+
+  req.set_offset(first.next_offset() + 2);  // inside "1 0 half and done"
+  const absl::StatusOr<v1::GetLogsResponse> inside = store.Read(req);
+  EXPECT_EQ(inside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(inside.status().message(), "not where a line")) << inside.status();
+}
+
+TEST_F(LogStoreTest, AJobWithoutALogHasNoLines) {
+  LogStore store(dir_.string());
+  v1::GetLogsRequest req;
+  req.set_job_id("job-1");
+  req.set_rank(-1);
+  const v1::GetLogsResponse page = *store.Read(req);
+  EXPECT_EQ(page.lines_size(), 0);
+  EXPECT_EQ(page.next_offset(), 0u);
 }
 
 }  // namespace
