@@ -18,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/rank_log_retention.h"
 
 namespace furnace::worker {
 namespace {
@@ -227,6 +228,7 @@ absl::Status Agent::Run() {
     if (entry.is_regular_file(rm) && std::filesystem::remove(entry.path(), rm)) ++swept;
   }
   if (swept > 0) spdlog::info("removed {} task file(s) a previous agent left", swept);
+  MaybeSweepRankLogs();  // then every kRankLogSweepEveryS from the heartbeat loop
   spdlog::info("worker {} (slot {}, {} {} bytes, host {}) -> controller {}, work dir {}",
                options_.worker_id, options_.slot, options_.device_kind, options_.device_memory,
                options_.host, options_.controller, options_.work_dir);
@@ -282,6 +284,7 @@ void Agent::HeartbeatLoop() {
       session = session_id_;
     }
     ReapFinished();
+    MaybeSweepRankLogs();
     if (!registered) {
       if (RegisterOnce()) {
         backoff = kMinBackoffS;
@@ -971,6 +974,29 @@ void Agent::ReapFinished() {
     }
   }
   finished.clear();  // joins threads whose exit sinks already returned
+}
+
+void Agent::MaybeSweepRankLogs() {
+  if (options_.keep_rank_logs_s <= 0) return;
+  const double now = clock_.MonotonicSeconds();
+  if (now - rank_logs_swept_s_ < kRankLogSweepEveryS) return;
+  rank_logs_swept_s_ = now;
+  std::set<std::string> active;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, entry] : ranks_) {
+      if (!entry.exited) active.insert(SafeName(entry.task.job_id()));
+    }
+  }
+  const RankLogSweep sweep =
+      SweepRankLogs((std::filesystem::path(options_.work_dir) / "logs").string(),
+                    options_.keep_rank_logs_s, clock_.UnixSeconds(), active);
+  if (sweep.removed > 0) {
+    spdlog::info(
+        "removed the rank logs of {} job(s) unchanged for over {:.0f} s "
+        "(--keep-rank-logs)",
+        sweep.removed, options_.keep_rank_logs_s);
+  }
 }
 
 void Agent::StopAllRanks() {

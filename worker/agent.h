@@ -91,6 +91,9 @@ struct AgentOptions {
   std::string checkpoint_root;
   // --log-level, handed to every rank in its task (RankTask.log_level).
   std::string log_level = "info";
+  // --keep-rank-logs: 0 keeps every job's rank logs in work_dir/logs; otherwise a job's are
+  // removed once unchanged this long with no rank of it running here (rank_log_retention.h).
+  double keep_rank_logs_s = 0;
 };
 
 // Fills worker_id and work_dir defaults.
@@ -154,6 +157,10 @@ class Agent {
   void EnqueueReportLocked(furnace::v1::RankReport report);
   std::vector<furnace::v1::RunningRank> RunningLocked() const;
   void ReapFinished();
+  // Every kRankLogSweepEveryS (and at the first call, from Run before the loops start):
+  // SweepRankLogs under keep_rank_logs_s. Run's thread only.
+  void MaybeSweepRankLogs();
+  double rank_logs_swept_s_ = -1e300;  // monotonic; heartbeat thread only
   void StopAllRanks();
   absl::Status WriteTaskFile(const furnace::v1::RankTask& task, std::string* path) const;
   // Marks the session dead so HeartbeatLoop registers again.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -18,6 +19,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "runtime/base/daemon_flags.h"
@@ -32,6 +34,7 @@
 #include "worker/controller_channel.h"
 #include "worker/device_probe.h"
 #include "worker/rank_exit.h"
+#include "worker/rank_log_retention.h"
 #include "worker/rank_main.h"
 
 namespace {
@@ -249,6 +252,21 @@ int main(int argc, char** argv) {
   app.add_option("--log-bytes", options.log_bytes,
                  "bytes of rank log lines the agent buffers for the controller (the oldest are "
                  "dropped beyond; the local log files keep every line)")
+      ->capture_default_str();
+  app.add_option("--keep-rank-logs", options.keep_rank_logs_s,
+                 "seconds a job's rank logs stay in --work-dir/logs once none has changed and no "
+                 "rank of the job runs here (the controller keeps its own copy: `furnace logs`); "
+                 "at least 3600; 0 keeps them forever")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double s = 0;
+            if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) ||
+                (s != 0 && s < furnace::worker::kMinKeepRankLogsS) || s > 1e10) {
+              return "allowed: 0 (never) or 3600 to 1e10 seconds";
+            }
+            return "";
+          },
+          "SECONDS"))
       ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")

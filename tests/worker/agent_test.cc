@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -636,6 +637,37 @@ TEST(WorkDirTest, TaskFilesAPreviousAgentLeftAreRemovedAtStart) {
   ASSERT_TRUE(agent.Run().ok());
   EXPECT_TRUE(std::filesystem::is_empty(dir / "work/tasks"));
   EXPECT_TRUE(std::filesystem::exists(dir / "work/logs-note"));
+}
+
+// --keep-rank-logs: at start (then every kRankLogSweepEveryS) the agent removes the rank logs of
+// jobs unchanged for longer; 0 keeps them.
+TEST(WorkDirTest, RankLogsUnchangedForLongerThanKeptAreRemovedAtStart) {
+  testing_util::TestDir dir;
+  for (const char* job : {"old-job", "new-job"}) {
+    std::filesystem::create_directories(dir / (std::string("work/logs/") + job + "/attempt-1"));
+    std::ofstream(dir / (std::string("work/logs/") + job + "/attempt-1/rank-0.log")) << "x\n";
+  }
+  std::filesystem::permissions(dir / "work", std::filesystem::perms::owner_all);
+  // old-job: every entry last changed two hours ago.
+  const auto two_hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  for (const char* path : {"work/logs/old-job/attempt-1/rank-0.log", "work/logs/old-job/attempt-1",
+                           "work/logs/old-job"}) {
+    std::filesystem::last_write_time(dir / path, two_hours_ago);
+  }
+  AgentOptions options;
+  options.work_dir = dir / "work";
+  {
+    Agent keeps(options, nullptr);  // keep_rank_logs_s 0: every log stays
+    keeps.Shutdown();
+    ASSERT_TRUE(keeps.Run().ok());
+    EXPECT_TRUE(std::filesystem::exists(dir / "work/logs/old-job"));
+  }
+  options.keep_rank_logs_s = 3600;
+  Agent agent(options, nullptr);
+  agent.Shutdown();
+  ASSERT_TRUE(agent.Run().ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "work/logs/old-job"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "work/logs/new-job/attempt-1/rank-0.log"));
 }
 
 // Agent "test/4" dialling `controller` over TLS with the dev certificates written under
