@@ -1,6 +1,8 @@
 // Furnace dashboard. Polls the controller's monitoring endpoint every 2 s:
 //   GET /api/jobs                          -> {"jobs": [JobSummary], "omitted": N} (every job
 //                                              not ended and the newest 100 that have)
+//   GET /api/workers                       -> {"now_unix", "workers": [WorkerInfo]} (every worker
+//                                              the controller knows; now_unix is its clock)
 //   GET /api/jobs/<id>/series?after_attempt=&after_step=&max=
 //                                          -> {"job_id", "steps": [StepRecord]}: the steps after
 //                                             that (attempt, step) (max: 1-10000, default 2000)
@@ -24,6 +26,9 @@
     jobId: params.get('job') || '',
     jobs: [],
     omittedJobs: 0,     // older ended jobs the controller left out of the list
+    workers: [],
+    workersNow: 0,      // the controller's clock when it listed the workers
+    workerStates: {},   // state word -> how many workers
     steps: [],          // StepRecords of the selected job, ascending by step
     charts: {},         // name -> uPlot
     plannerKeys: '',
@@ -189,6 +194,62 @@
         `${view.omittedJobs} older ended job${view.omittedJobs === 1 ? '' : 's'} not shown ` +
         '(furnace jobs lists every job)')));
     }
+  }
+
+  // -- workers table ----------------------------------------------------------------------------
+  // A worker's state as `furnace workers` words it: ready, busy, lost, or left (lost because its
+  // agent said it was stopping).
+  function workerState(w) {
+    const s = enumLabel(get(w, 'state'), 'WORKER_STATE_');
+    return s === 'lost' && get(w, 'left') ? 'left' : s;
+  }
+  function fmtAge(s) {
+    if (!Number.isFinite(s) || s < 0) return '';
+    if (s < 90) return `${Math.round(s)} s ago`;
+    if (s < 5400) return `${Math.round(s / 60)} min ago`;
+    if (s < 172800) return `${(s / 3600).toFixed(1)} h ago`;
+    return `${(s / 86400).toFixed(1)} d ago`;
+  }
+
+  // Rebuilt only when what it shows changed (as the jobs table, so a selection in it survives);
+  // the last-seen column is coarse (fmtAge), so a healthy cluster's table stays put.
+  let workersKey = '';
+  function renderWorkers() {
+    const counts = {};
+    const rows = view.workers.map((w) => {
+      const state = workerState(w);
+      counts[state] = (counts[state] || 0) + 1;
+      const job = get(w, 'job_id') || '';
+      const seen = num(w, 'last_seen_unix');
+      const memory = num(w, 'device_memory');
+      return [get(w, 'worker_id') || '', get(w, 'host') || '', get(w, 'device_kind') || '',
+        memory > 0 ? fmtBytes(memory) : '', state, job ? `${job} / ${num(w, 'rank')}` : '',
+        seen > 0 ? fmtAge(view.workersNow - seen) : '', job];
+    });
+    const order = ['busy', 'ready', 'lost', 'left'];
+    const n = view.workers.length;
+    $('workers-count').textContent = n === 0 ? '' : `${n} worker${n === 1 ? '' : 's'}: ` +
+      Object.keys(counts).sort((a, b) => order.indexOf(a) - order.indexOf(b))
+        .map((k) => `${counts[k]} ${k}`).join(', ');
+    view.workerStates = counts;
+    const key = JSON.stringify(rows);
+    if (key === workersKey) return;
+    workersKey = key;
+    const body = $('workers').tBodies[0];
+    if (rows.length === 0) {
+      body.replaceChildren(el('tr', { className: 'empty' },
+        el('td', { colSpan: 7 }, 'no workers registered')));
+      return;
+    }
+    body.replaceChildren(...rows.map(([id, host, kind, memory, state, jobRank, seen, job]) => {
+      const tr = el('tr', { className: job ? 'jobbed' : '' },
+        el('td', { className: 'id' }, id), el('td', {}, host), el('td', {}, kind),
+        el('td', { className: 'num' }, memory),
+        el('td', {}, el('span', { className: 'state ' + state }, state)),
+        el('td', { className: 'id' }, jobRank), el('td', {}, seen));
+      if (job) tr.addEventListener('click', () => selectJob(job));  // the job it runs
+      return tr;
+    }));
   }
 
   function selectJob(id) {
@@ -478,6 +539,8 @@
       heatmap_cells: view.heatmapCells,
       jobs: view.jobs.length,
       omitted_jobs: view.omittedJobs,
+      workers: view.workers.length,
+      worker_states: view.workerStates,
     };
     $('furnace-test-summary').textContent = JSON.stringify(summary);
   }
@@ -497,6 +560,10 @@
       view.jobs = get(jobs, 'jobs') || [];
       view.omittedJobs = num(jobs, 'omitted');
       renderJobs();
+      const workers = await fetchJson('/api/workers');
+      view.workers = get(workers, 'workers') || [];
+      view.workersNow = num(workers, 'now_unix');
+      renderWorkers();
       let points = null;
       if (view.jobId) {
         $('job').hidden = false;

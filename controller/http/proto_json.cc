@@ -5,6 +5,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "runtime/base/status.h"
 
 namespace furnace::controller::http {
@@ -28,6 +31,18 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
 
 absl::StatusOr<std::string> JobsJson(const furnace::v1::ListJobsResponse& jobs) {
   return ToJson(jobs);
+}
+
+absl::StatusOr<std::string> WorkersJson(const furnace::v1::ListWorkersResponse& workers,
+                                        double now_unix) {
+  const absl::StatusOr<std::string> json = ToJson(workers);
+  if (!json.ok()) return json.status();
+  absl::string_view fields = *json;
+  if (!absl::ConsumePrefix(&fields, "{")) {
+    return absl::InternalError("workers JSON is not an object");
+  }
+  return absl::StrCat("{\"now_unix\":", absl::StrFormat("%.3f", now_unix), fields == "}" ? "" : ",",
+                      fields);
 }
 
 absl::StatusOr<std::string> SeriesJson(const furnace::v1::JobSeries& series) {

@@ -14,6 +14,11 @@ namespace furnace::controller::http {
 // {"jobs": [JobSummary, ...]}
 absl::StatusOr<std::string> JobsJson(const furnace::v1::ListJobsResponse& jobs);
 
+// {"now_unix": ..., "workers": [WorkerInfo, ...]}: now_unix is the controller's clock, which the
+// page measures the workers' last_seen_unix against (a browser's clock may be off).
+absl::StatusOr<std::string> WorkersJson(const furnace::v1::ListWorkersResponse& workers,
+                                        double now_unix);
+
 // {"job_id": ..., "steps": [StepRecord, ...], "telemetry_dropped": "0"}
 absl::StatusOr<std::string> SeriesJson(const furnace::v1::JobSeries& series);
 

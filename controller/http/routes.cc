@@ -234,6 +234,10 @@ HttpResponse Route(const HttpRequest& request, const MonitoringHandlers& handler
     if (!handlers.jobs_json) return Text(404, "not found");
     return FromResult(handlers.jobs_json(), kJsonType);
   }
+  if (path == "/api/workers") {
+    if (!handlers.workers_json) return Text(404, "not found");
+    return FromResult(handlers.workers_json(), kJsonType);
+  }
   constexpr absl::string_view kJobs = "/api/jobs/";
   constexpr absl::string_view kSeries = "/series";
   if (absl::StartsWith(path, kJobs) && absl::EndsWith(path, kSeries) &&

@@ -4,6 +4,7 @@
 //
 //   GET /metrics                          handlers.metrics_text()  (Prometheus text format 0.0.4)
 //   GET /api/jobs                         handlers.jobs_json()
+//   GET /api/workers                      handlers.workers_json()
 //   GET /api/jobs/<id>/series?since=&max= handlers.series_json(id, query): the steps after step
 //                                         `since` (any attempt), or after the cursor
 //       ?after_attempt=&after_step=&max=  (after_attempt, after_step) in (attempt, step) order,
@@ -50,6 +51,7 @@ struct SeriesQuery {
 struct MonitoringHandlers {
   std::function<std::string()> metrics_text;
   std::function<absl::StatusOr<std::string>()> jobs_json;
+  std::function<absl::StatusOr<std::string>()> workers_json;
   std::function<absl::StatusOr<std::string>(const std::string& job_id, const SeriesQuery& query)>
       series_json;
 };

@@ -23,6 +23,7 @@
 #include "controller/service/local_launcher.h"
 #include "controller/service/options.h"
 #include "controller/service/server_security.h"
+#include "runtime/base/clock.h"
 #include "runtime/base/daemon_flags.h"
 #include "runtime/base/open_files.h"
 #include "runtime/base/path_root.h"
@@ -168,6 +169,13 @@ int main(int argc, char** argv) {
     // A page polls it every 2 s: the jobs ever run would only grow it.
     handlers.jobs_json = [c]() -> absl::StatusOr<std::string> {
       return http::JobsJson(c->RecentJobs(/*ended=*/100));
+    };
+    // The workers panel: every worker the controller knows (lost ones until
+    // --forget-lost-workers).
+    handlers.workers_json = [c]() -> absl::StatusOr<std::string> {
+      furnace::v1::ListWorkersResponse workers;
+      for (furnace::v1::WorkerInfo& w : c->ListWorkers()) *workers.add_workers() = std::move(w);
+      return http::WorkersJson(workers, furnace::RealClock().UnixSeconds());
     };
     handlers.series_json = [c](const std::string& job_id,
                                const http::SeriesQuery& q) -> absl::StatusOr<std::string> {

@@ -95,6 +95,14 @@ class DashboardTest(unittest.TestCase):
         _, _, body = http_get(f"{self.base}/api/jobs/{job}/series?max=10")
         steps = json.loads(body)["steps"]
         self.assertTrue(0 < len(steps) <= 10, len(steps))
+        _, ctype, body = http_get(self.base + "/api/workers")
+        self.assertTrue(ctype.startswith("application/json"), ctype)
+        workers = json.loads(body)
+        self.assertGreater(workers["now_unix"], 0, workers)
+        self.assertEqual(len(workers["workers"]), 2, workers)
+        for w in workers["workers"]:
+            self.assertEqual(w["state"], "WORKER_STATE_READY", w)
+            self.assertGreater(w["last_seen_unix"], workers["now_unix"] - 60, w)
 
         dom = self.run_browser("--dump-dom", f"{self.base}/?job={job}")
         m = re.search(r'<pre id="furnace-test-summary"[^>]*>(.*?)</pre>', dom, re.S)
@@ -110,6 +118,9 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(summary["heatmap_cells"], STEPS * 4, summary)  # 4 MoE layers
         self.assertGreater(summary["last_loss"], 0)
         self.assertGreater(summary["last_tokens_per_second"], 0)
+        # The workers panel: both, free again now the job is over.
+        self.assertEqual(summary["workers"], 2, summary)
+        self.assertEqual(summary["worker_states"], {"ready": 2}, summary)
 
         out_dir = os.path.join(os.path.dirname(os.path.abspath(harness.BIN_DIR)),
                                "test-artifacts")

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "controller/http/proto_json.h"
 #include "controller/http/static_files.h"
 #include "gmock/gmock.h"
@@ -32,6 +33,7 @@ TEST(RoutesTest, MissingHandlersAnswer404) {
   RouteOptions o;
   EXPECT_EQ(Route(Req("/metrics"), none, o).status, 404);
   EXPECT_EQ(Route(Req("/api/jobs"), none, o).status, 404);
+  EXPECT_EQ(Route(Req("/api/workers"), none, o).status, 404);
   EXPECT_EQ(Route(Req("/api/jobs/a/series"), none, o).status, 404);
   EXPECT_EQ(Route(Req("/"), none, o).status, 404);  // no web_root
 }
@@ -110,6 +112,17 @@ TEST(RoutesTest, HandlerErrorsMapToStatuses) {
   HttpResponse r = Route(Req("/api/jobs"), h, o);
   EXPECT_EQ(r.status, 500);
   EXPECT_EQ(r.body, "busy\n");
+}
+
+TEST(RoutesTest, WorkersAreServedAsJson) {
+  MonitoringHandlers h;
+  h.workers_json = []() -> absl::StatusOr<std::string> { return std::string("{\"workers\":[]}"); };
+  RouteOptions o;
+  const HttpResponse r = Route(Req("/api/workers"), h, o);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.content_type, "application/json; charset=utf-8");
+  EXPECT_EQ(r.body, "{\"workers\":[]}");
+  EXPECT_EQ(Route(Req("/api/workers/x"), h, o).status, 404);
 }
 
 TEST(RoutesTest, BodySizeIsCheckedBeforeTheMethod) {
@@ -243,6 +256,26 @@ TEST(ProtoJsonTest, UsesProtoFieldNamesAndPrintsZeros) {
   json = JobsJson(jobs);
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_NE(json->find(R"("state":"JOB_RUNNING")"), std::string::npos) << *json;
+}
+
+// The workers with the controller's clock first: the page measures last_seen_unix against it.
+TEST(ProtoJsonTest, WorkersComeWithTheControllersClock) {
+  furnace::v1::ListWorkersResponse workers;
+  auto json = WorkersJson(workers, 1700000000.25);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(*json, R"({"now_unix":1700000000.250,"workers":[]})");
+  furnace::v1::WorkerInfo* w = workers.add_workers();
+  w->set_worker_id("h/0");
+  w->set_state(furnace::v1::WORKER_STATE_LOST);
+  w->set_left(true);
+  w->set_device_memory(uint64_t{1} << 33);
+  json = WorkersJson(workers, 5);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(absl::StartsWith(*json, R"({"now_unix":5.000,"workers":[{"worker_id":"h/0")"))
+      << *json;
+  EXPECT_NE(json->find(R"("state":"WORKER_STATE_LOST")"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("left":true)"), std::string::npos) << *json;
+  EXPECT_NE(json->find(R"("device_memory":"8589934592")"), std::string::npos) << *json;
 }
 
 // The series printed a step at a time reads exactly as the whole message printed at once (the
