@@ -627,6 +627,39 @@ std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
   return {claimed, by};
 }
 
+bool JobLifecycle::HoldsReservation(const Job& job) const {
+  if (options_.reserve_after_s <= 0 || job.summary.state() != v1::JOB_PENDING ||
+      clock_.UnixSeconds() - job.summary.submitted_unix() < options_.reserve_after_s) {
+    return false;
+  }
+  // A job more workers than are known could never start: reserving for it would idle them.
+  uint32_t known = 0;
+  for (const auto& [id, w] : workers_.workers()) {
+    known += w.info.device_kind() == job.spec.resources().device() &&
+             w.info.state() != v1::WORKER_STATE_LOST;
+  }
+  return job.summary.world_size() <= known;
+}
+
+std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ReservedByOlderPending(
+    const Job& job) const {
+  uint32_t reserved = 0;
+  std::vector<std::string> by;
+  const auto older = [](const Job& a, const Job& b) {
+    return std::make_pair(a.summary.submitted_unix(), a.summary.job_id()) <
+           std::make_pair(b.summary.submitted_unix(), b.summary.job_id());
+  };
+  for (const auto& [id, other] : jobs_) {
+    if (&other == &job || other.spec.resources().device() != job.spec.resources().device() ||
+        !older(other, job) || !HoldsReservation(other)) {
+      continue;
+    }
+    reserved += other.summary.world_size();
+    by.push_back(id);
+  }
+  return {reserved, by};
+}
+
 namespace {
 
 // Known from the store and not registered again since this controller started (within the
@@ -726,6 +759,20 @@ void JobLifecycle::TryStart(Job& job) {
           job.spec.resources().device(), coming, claimed + world));
       return;
     }
+    // Likewise the pending jobs submitted before it that have waited --reserve-after: without a
+    // reservation a stream of smaller jobs, each starting on what the larger one cannot use yet,
+    // would hold it back forever.
+    const auto [reserved, for_jobs] = ReservedByOlderPending(job);
+    const uint32_t free = reserved > 0 ? FreeOrFreeing(job.spec.resources().device(), {}) : 0;
+    if (reserved > 0 && free < reserved + world) {
+      wait(absl::StrFormat(
+          "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
+          "reserved for %s (--reserve-after); %d free, %d needed for both",
+          for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "), options_.reserve_after_s,
+          reserved, job.spec.resources().device(), for_jobs.size() == 1 ? "it" : "them", free,
+          reserved + world));
+      return;
+    }
   }
   auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);
   if (!placement.ok()) {
@@ -751,7 +798,12 @@ void JobLifecycle::TryStart(Job& job) {
     }
     if (!left_out.empty()) notes.push_back(left_out);
     wait(absl::StrCat(placement.status().message(),
-                      notes.empty() ? "" : absl::StrCat(" (", absl::StrJoin(notes, "; "), ")")));
+                      notes.empty() ? "" : absl::StrCat(" (", absl::StrJoin(notes, "; "), ")"),
+                      HoldsReservation(job)
+                          ? absl::StrFormat("; the next workers to free up are reserved for it "
+                                            "(pending over %.0f s: --reserve-after)",
+                                            options_.reserve_after_s)
+                          : ""));
     return;
   }
   job.waiting_reason.clear();

@@ -68,6 +68,11 @@ struct ControllerOptions {
   // from the store and from memory, with its controller-side log; its checkpoints stay. A
   // controller that runs for months must not keep every job it ever ran. 0: never.
   double forget_ended_s = 0;
+  // --reserve-after: a job pending this long (since its submission) has the next workers to free
+  // up reserved for it: a job submitted after it starts only on workers beyond those, so a stream
+  // of small jobs cannot hold a large one back forever. 0: never (younger jobs start on whatever
+  // is free).
+  double reserve_after_s = 600;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
   // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: paths are not
@@ -380,6 +385,13 @@ class JobLifecycle {
   // The workers the jobs recovering beside `job` (same device kind) claim, each as many as its
   // last attempt ran on, and their ids: a job that is not recovering starts only beyond them.
   std::pair<uint32_t, std::vector<std::string>> ClaimedByRecovering(const Job& job) const;
+  // --reserve-after: the pending jobs submitted before `job` (same device kind) that have waited
+  // options_.reserve_after_s or longer and could run on the kind's known workers (not lost): the
+  // workers they need together, and their ids. A pending job starts only beyond those.
+  std::pair<uint32_t, std::vector<std::string>> ReservedByOlderPending(const Job& job) const;
+  // Whether `job` is pending, has waited options_.reserve_after_s or longer, and could run on the
+  // kind's known workers: the next workers to free up are then reserved for it.
+  bool HoldsReservation(const Job& job) const;
   // Workers of the kind that are free, or about to be for the `recovering` jobs: draining one of
   // their ranks, or known from the store and not registered again yet (not lost).
   uint32_t FreeOrFreeing(const std::string& device_kind,

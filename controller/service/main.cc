@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   options.reattach_grace_s = f.reattach_grace_s;
   options.forget_lost_s = f.forget_lost_s;
   options.forget_ended_s = f.forget_ended_s;
+  options.reserve_after_s = f.reserve_after_s;
   options.local_workers = f.local_workers;
   options.submit_rate = f.submit_rate;
   options.submit_burst = f.submit_burst;

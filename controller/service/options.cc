@@ -61,6 +61,13 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
           },
           "SECONDS"))
       ->capture_default_str();
+  app.add_option("--reserve-after", flags.reserve_after_s,
+                 "seconds a job may wait to start before the next workers to free up are "
+                 "reserved for it: a job submitted after it then starts only on workers beyond "
+                 "those, so a stream of smaller jobs cannot hold a larger one back forever; 0 "
+                 "never reserves (a younger job starts on whatever is free)")
+      ->check(FiniteRange(0.0, 1e9))
+      ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();

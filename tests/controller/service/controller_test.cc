@@ -2574,6 +2574,61 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersWhileItsRanksStillDrain) {
   EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
 }
 
+// --reserve-after: a job pending that long has the next workers to free up reserved for it. Before
+// that, a job submitted after it starts on what it cannot use yet; after, no longer, so a stream of
+// small jobs cannot hold the large one back forever. It starts as soon as enough are free.
+TEST_F(ControllerTest, AJobPendingLongHasTheNextWorkersToFreeUpReservedForIt) {
+  for (int s = 0; s < 3; ++s) Register(s);
+  const auto submit = [&](const std::string& name, int dp) {
+    auto id = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: " + name},
+                                                    {"dp: 2", absl::StrCat("dp: ", dp)}}),
+                         name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : std::string();
+  };
+  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
+  // Every rank of `id`'s first attempt starts, or ends successfully, from the worker it was on.
+  const auto report_all = [&](const std::string& id, v1::RankEvent event) {
+    job_ = id;
+    const v1::JobDetail detail = *c_->GetJob(id);
+    for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
+      Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), event,
+             event == v1::RANK_EXITED ? v1::EXIT_KIND_SUCCESS : v1::EXIT_KIND_UNSPECIFIED);
+    }
+  };
+  const std::string running = submit("run", 2);
+  report_all(running, v1::RANK_STARTED);
+  const std::string big = submit("big", 3);
+  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
+  const std::string early = submit("early", 1);  // big has waited less than 600 s
+  EXPECT_EQ(summary(early).state(), v1::JOB_STARTING);
+  report_all(early, v1::RANK_STARTED);
+  report_all(early, v1::RANK_EXITED);
+  EXPECT_EQ(summary(early).state(), v1::JOB_SUCCEEDED);
+
+  clock_.Advance(601);
+  HeartbeatAll(3);
+  c_->Tick();
+  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
+  EXPECT_NE(summary(big).waiting().find(
+                "; the next workers to free up are reserved for it (pending over 600 s: "
+                "--reserve-after)"),
+            std::string::npos)
+      << summary(big).waiting();
+  const std::string late = submit("late", 1);  // one worker free, but it is big's
+  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+  EXPECT_EQ(summary(late).waiting(),
+            "waits behind job " + big +
+                ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
+                "(--reserve-after); 1 free, 4 needed for both");
+
+  report_all(running, v1::RANK_EXITED);  // three free: big starts, late still waits
+  HeartbeatAll(3);
+  c_->Tick();
+  EXPECT_EQ(summary(big).state(), v1::JOB_STARTING);
+  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+}
+
 // An agent killed outright takes its rank with it; the peer's collective fails at once with a
 // broken connection, an error exit that looks like the root cause. While the dead agent has missed
 // its heartbeats the failure waits: its restart (or its loss) is the cause, and the peer's worker

@@ -170,7 +170,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, telemetry-flush, worker-timeout, "
-              "reattach-grace, forget-lost-workers, forget-ended-jobs, log-level, metrics-listen, "
+              "reattach-grace, forget-lost-workers, forget-ended-jobs, reserve-after, log-level, "
+              "metrics-listen, "
               "metrics-allowed-host, web-root, tls-cert, "
               "tls-key, tls-ca, "
               "token-file, join-token-file, insecure, data-root, checkpoint-root, "
