@@ -70,6 +70,15 @@ std::string SafeName(std::string name) {
   return name;
 }
 
+// How long a train rank stopping for a reason other than a failure gets to stop after its step
+// with a checkpoint (checkpoint.stop_grace_s; 0 without a checkpoint.dir or for a commcheck).
+double CheckpointGraceS(const furnace::v1::RankTask& task) {
+  const furnace::v1::JobSpec& spec = task.spec();
+  return spec.kind() == "train" && !spec.checkpoint().dir().empty()
+             ? spec.checkpoint().stop_grace_s()
+             : 0;
+}
+
 std::chrono::duration<double> Seconds(double s) { return std::chrono::duration<double>(s); }
 
 void SetDeadline(grpc::ClientContext* context, double seconds) {
@@ -623,7 +632,7 @@ void Agent::HandleStop(const furnace::v1::StopRank& stop) {
   }
   if (it->second.exited || it->second.supervisor == nullptr) return;  // its exit is reported
   spdlog::info("stopping rank {} (grace {} s): {}", key, stop.grace_s(), stop.reason());
-  it->second.supervisor->Stop(stop.grace_s(), stop.reason());
+  it->second.supervisor->Stop(stop.grace_s(), stop.reason(), stop.checkpoint_grace_s());
 }
 
 void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
@@ -1005,7 +1014,11 @@ void Agent::StopAllRanks() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, entry] : ranks_) {
       if (entry.supervisor != nullptr && !entry.exited) {
-        entry.supervisor->Stop(options_.shutdown_grace_s, "the worker agent is shutting down");
+        // Not a failure: a train rank first gets the job's checkpoint.stop_grace_s to stop after
+        // its step with a checkpoint (the controller, told the agent leaves, asks the same of
+        // the attempt's other ranks).
+        entry.supervisor->Stop(options_.shutdown_grace_s, "the worker agent is shutting down",
+                               CheckpointGraceS(entry.task));
         running.push_back(entry.supervisor.get());
       }
     }

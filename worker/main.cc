@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
       "rank",
       "run one rank task (spawned by the agent; exit codes: 0 success, 1 error, 2 job kind "
       "not in this build, 3 out of memory, 4 bad input, 80 failed health check, 81 corrupt "
-      "data)");
+      "data, 82 stopped on SIGUSR1 after a checkpoint)");
   rank->add_option("--task", task_path, "RankTask file (binary furnace.v1.RankTask)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -14,5 +14,6 @@ inline constexpr int kRankExitOutOfMemory = furnace::v1::RANK_EXIT_OUT_OF_MEMORY
 inline constexpr int kRankExitBadInput = furnace::v1::RANK_EXIT_BAD_INPUT;
 inline constexpr int kRankExitHealthCheck = furnace::v1::RANK_EXIT_HEALTH_CHECK;
 inline constexpr int kRankExitCorruptData = furnace::v1::RANK_EXIT_CORRUPT_DATA;
+inline constexpr int kRankExitStopped = furnace::v1::RANK_EXIT_STOPPED;
 
 }  // namespace furnace::worker

@@ -19,6 +19,7 @@
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
 #include "worker/rank_progress.h"
+#include "worker/rank_stop_signal.h"
 #include "worker/telemetry_pipe.h"
 #include "worker/train_rank.h"
 
@@ -100,6 +101,7 @@ int RunCommcheck(const furnace::v1::RankTask& task, Progress& progress, device::
 }  // namespace
 
 int RankMain(const std::string& task_path) {
+  InstallStopSignal();  // SIGUSR1: a stop that keeps the progress (rank_stop_signal.h)
   furnace::v1::RankTask task;
   {
     std::ifstream in(task_path, std::ios::binary);

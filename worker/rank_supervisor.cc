@@ -189,13 +189,16 @@ RankSupervisor::~RankSupervisor() {
   CloseFd(&log_fd_);
 }
 
-void RankSupervisor::Stop(double grace_s, const std::string& reason) {
+void RankSupervisor::Stop(double grace_s, const std::string& reason, double checkpoint_grace_s) {
   std::lock_guard<std::mutex> lock(mu_);
-  const double deadline = clock_.MonotonicSeconds() + std::max(0.0, grace_s);
+  const double term_at = clock_.MonotonicSeconds() + std::max(0.0, checkpoint_grace_s);
+  const double deadline = term_at + std::max(0.0, grace_s);
   if (!stop_requested_) {
     stop_requested_ = true;
     stop_reason_ = reason;
   }
+  checkpoint_first_ = checkpoint_first_ || checkpoint_grace_s > 0;
+  if (!term_at_s_ || term_at < *term_at_s_) term_at_s_ = term_at;
   if (!stop_deadline_s_ || deadline < *stop_deadline_s_) stop_deadline_s_ = deadline;
 }
 
@@ -379,14 +382,20 @@ void RankSupervisor::Supervise() {
     }
 
     const double now = clock_.MonotonicSeconds();
-    bool stop_requested;
-    std::optional<double> kill_at;
+    bool stop_requested, checkpoint_first;
+    std::optional<double> kill_at, term_at;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_requested = stop_requested_;
+      checkpoint_first = checkpoint_first_;
       kill_at = stop_deadline_s_;
+      term_at = term_at_s_;
     }
-    if (stop_requested && !term_sent_) {
+    if (stop_requested && checkpoint_first && !usr1_sent_ && !term_sent_) {
+      usr1_sent_ = true;
+      ::kill(pid_, SIGUSR1);  // the rank alone: its group's other processes have no use for it
+    }
+    if (stop_requested && !term_sent_ && (!term_at || now >= *term_at)) {
       term_sent_ = true;
       KillGroup(SIGTERM);
     }
@@ -617,8 +626,9 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
                                             last, hang_reason_));
   } else if (stop_requested) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
-    report.set_reason(
-        absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (", how, ")"));
+    // A rank stopped after its checkpoint says which step (rank_stop_signal.h).
+    report.set_reason(absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (",
+                                   how, code == kRankExitStopped ? said : "", ")"));
   } else if (code == 0) {
     report.set_exit_kind(furnace::v1::EXIT_KIND_SUCCESS);
     report.set_reason(how);

@@ -90,8 +90,11 @@ class RankSupervisor {
   RankSupervisor& operator=(const RankSupervisor&) = delete;
 
   // Asks the rank to stop: SIGTERM to its group now, SIGKILL after grace_s. The exit is then
-  // reported as EXIT_KIND_STOPPED with `reason`. Repeated calls only shorten the grace.
-  void Stop(double grace_s, const std::string& reason);
+  // reported as EXIT_KIND_STOPPED with `reason`. With checkpoint_grace_s > 0, a stop that keeps
+  // the progress: SIGUSR1 to the rank first (worker/rank_stop_signal.h: it stops after its step
+  // in progress with a checkpoint), SIGTERM only if it still runs checkpoint_grace_s later, then
+  // SIGKILL grace_s after that. Repeated calls only bring the signals forward.
+  void Stop(double grace_s, const std::string& reason, double checkpoint_grace_s = 0);
   // Blocks until the exit sink has returned: the child is reaped, or it is stuck (SIGKILL did not
   // end it in kUnkillableS; the thread goes on waiting to reap it, and the destructor would wait
   // with it: a caller that must not block, such as an agent that exits, releases the supervisor).
@@ -167,6 +170,7 @@ class RankSupervisor {
   bool hung_ = false;
   double hang_for_s_ = 0;
   bool term_sent_ = false;
+  bool usr1_sent_ = false;
   std::optional<double> killed_at_s_;  // when the supervisor first sent the group SIGKILL
   bool reported_ = false;              // the exit sink was called (early, for an unkillable rank)
   // Whether a stop had been asked for when the exit was noticed: a stop that comes in the drain
@@ -178,6 +182,8 @@ class RankSupervisor {
 
   mutable std::mutex mu_;
   std::optional<double> stop_deadline_s_;          // guarded by mu_: SIGKILL at this time
+  std::optional<double> term_at_s_;                // guarded by mu_: SIGTERM at this time
+  bool checkpoint_first_ = false;                  // guarded by mu_: SIGUSR1 before SIGTERM
   std::string stop_reason_;                        // guarded by mu_
   bool stop_requested_ = false;                    // guarded by mu_
   std::optional<furnace::v1::RankReport> report_;  // guarded by mu_

@@ -44,6 +44,7 @@
 #include "worker/rank_device.h"
 #include "worker/rank_exit.h"
 #include "worker/rank_groups.h"
+#include "worker/rank_stop_signal.h"
 #include "worker/rank_watchdog.h"
 #include "worker/step_telemetry.h"
 
@@ -750,7 +751,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     if (fault_exit) stop.RequestStop();
     watch_next(done);
   };
+  SetStopSignalTarget(&stop);  // SIGUSR1 now stops after a step, with its checkpoint
   absl::Status status = (*trainer)->Run(on_step, &stop, on_phase);
+  SetStopSignalTarget(nullptr);
   // Steps as the logs count them: step() are done, so step() + 1 is the one that failed.
   const std::string failed_in = absl::StrCat("training failed in step ", (*trainer)->step() + 1);
   // The groups' teardown follows (it can block on a dead peer): watched, with the outcome.
@@ -781,6 +784,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     return Fail(progress, static_cast<uint64_t>((*trainer)->step()),
                 oom ? kRankExitOutOfMemory : kRankExitError,
                 absl::StrCat(failed_in, ": ", status.ToString(), routing));
+  }
+  if ((*trainer)->stopped_on_request()) {
+    // Not a success: the job's steps are not done (the agent asked; a SIGUSR1 from elsewhere is a
+    // failure the controller restarts from this checkpoint).
+    const std::string stopped = absl::StrFormat(
+        "stopped on request (SIGUSR1) after step %d of %d%s", (*trainer)->step(), total,
+        checkpoints ? ", its checkpoint written" : " (no checkpoint.dir: nothing kept)");
+    spdlog::info("{}", stopped);
+    progress.Emit("stopped", static_cast<uint64_t>((*trainer)->step()), stopped);
+    return kRankExitStopped;
   }
   if (copy_engine != nullptr) {
     const memory::CopyEngineStats cs = copy_engine->stats();

@@ -544,7 +544,7 @@ absl::StatusOr<v1::JobSummary> JobLifecycle::Cancel(const std::string& job_id) {
     job = backup;
     return s;
   }
-  StopAttemptRanks(job, "job cancelled");
+  StopAttemptRanks(job, "job cancelled", /*keep_progress=*/true);
   if (auto* attempt = job.current()) CloseScope(job, attempt->attempt());
   return job.summary;
 }

@@ -339,7 +339,9 @@ class JobLifecycle {
   // FailAttempt with exactly this failure.
   bool FailAttemptAs(Job& job, const std::string& kind, const std::string& cause,
                      const std::string& culprit_worker, Failure failure);
-  void StopAttemptRanks(Job& job, const std::string& reason);
+  // Stops the attempt's ranks still running; keep_progress (a cancel, an interruption: no failure)
+  // gives a train job's ranks checkpoint.stop_grace_s to stop after their step with a checkpoint.
+  void StopAttemptRanks(Job& job, const std::string& reason, bool keep_progress = false);
   // Only ranks that hung inside a collective reported (a weak "hang" pending): the one they wait
   // for may be a rank that sends nothing at all (frozen: SIGSTOP, every thread blocked), which its
   // agent calls hung only at 1.5 x hang_timeout_s, after the settle window. The pending failure

@@ -87,7 +87,8 @@ std::string DescribeExit(const v1::RankReport& r) {
 }
 
 v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32_t rank,
-                             double grace_s, const std::string& reason) {
+                             double grace_s, const std::string& reason,
+                             double checkpoint_grace_s = 0) {
   v1::AgentCommand cmd;
   auto* stop = cmd.mutable_stop();
   stop->set_job_id(job_id);
@@ -95,6 +96,7 @@ v1::AgentCommand StopCommand(const std::string& job_id, uint32_t attempt, uint32
   stop->set_rank(rank);
   stop->set_grace_s(grace_s);
   stop->set_reason(reason);
+  stop->set_checkpoint_grace_s(checkpoint_grace_s);
   return cmd;
 }
 
@@ -294,15 +296,21 @@ std::optional<JobLifecycle::SilentRank> JobLifecycle::SilentestRank(const Job& j
   return out;
 }
 
-void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason) {
+void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason, bool keep_progress) {
   auto* attempt = job.current();
   if (!attempt) return;
+  // A stop that is no failure lets a train job's ranks checkpoint the step in progress first.
+  const double checkpoint_grace_s =
+      keep_progress && job.spec.kind() == "train" && !job.spec.checkpoint().dir().empty()
+          ? job.spec.checkpoint().stop_grace_s()
+          : 0;
   for (const auto& rank : attempt->ranks()) {
     if (rank.state() == v1::RANK_STATE_EXITED) continue;
     Worker* w = workers_.Find(rank.worker_id());
     if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) continue;
-    workers_.Enqueue(rank.worker_id(), StopCommand(job.summary.job_id(), attempt->attempt(),
-                                                   rank.rank(), options_.stop_grace_s, reason));
+    workers_.Enqueue(rank.worker_id(),
+                     StopCommand(job.summary.job_id(), attempt->attempt(), rank.rank(),
+                                 options_.stop_grace_s, reason, checkpoint_grace_s));
   }
 }
 
@@ -443,8 +451,10 @@ bool JobLifecycle::FailAttemptAs(Job& job, const std::string& kind, const std::s
     job.suspect_workers.erase(worker_id);
   }
   StopAttemptRanks(
-      job, absl::StrCat("attempt ", n, " ",
-                        failure == Failure::kInterrupted ? "interrupted" : "failed", ": ", cause));
+      job,
+      absl::StrCat("attempt ", n, " ", failure == Failure::kInterrupted ? "interrupted" : "failed",
+                   ": ", cause),
+      /*keep_progress=*/failure == Failure::kInterrupted);
   CloseScope(job, n);
   return true;
 }

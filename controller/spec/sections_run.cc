@@ -21,6 +21,8 @@ uint32_t U32(std::optional<uint64_t> v, uint32_t fallback) {
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kGiB = 1024 * kMiB;
+// checkpoint.stop_grace_s when the file leaves it out: a step and a checkpoint of most jobs.
+constexpr double kDefaultCheckpointStopGraceS = 30;
 
 }  // namespace
 
@@ -79,6 +81,9 @@ void ReadCheckpoint(MapReader& s, furnace::v1::CheckpointSpec* out) {
   out->set_keep(U32(s.Integer("keep", 1, kMaxCount), 2));
   out->set_async(s.Bool("async").value_or(false));
   out->set_override_settings(s.Bool("override_settings").value_or(false));
+  // A cancel or a drain lets the ranks checkpoint the step in progress this long; 0: at once.
+  out->set_stop_grace_s(
+      s.Number("stop_grace_s", Between(0, 3600)).value_or(kDefaultCheckpointStopGraceS));
   s.ReportUnknownKeys();
 }
 

@@ -274,6 +274,13 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
   // then the wait at the next checkpoint step), the stall `every: auto` learns per checkpoint.
   double in_flight_stall = 0;
   bool snapshot_started = false;  // by this Run
+  run_stop_ = stop;
+  stop_agreed_ = false;
+  stopped_on_request_ = false;
+  struct ClearRunStop {
+    const StopToken*& token;
+    ~ClearRunStop() { token = nullptr; }
+  } clear_run_stop{run_stop_};
   while (step_ < config_.steps) {
     ASSIGN_OR_RETURN(StepStats stats, Step());
     if (async) {
@@ -333,6 +340,13 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
         return absl::OkStatus();
       }
       break;
+    }
+    // A checkpointed stop: with a layout, agreed in this step's world all-reduce, so every rank
+    // leaves after this same step and writes its checkpoint below together.
+    if (parallel_ != nullptr ? stop_agreed_
+                             : stop != nullptr && stop->checkpointed_stop_requested()) {
+      stopped_on_request_ = step_ < config_.steps;
+      if (stopped_on_request_) break;
     }
   }
   if (async) {

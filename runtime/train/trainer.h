@@ -152,14 +152,24 @@ struct StepStats {
 // max / mean of routed tokens per expert (0 when no token was routed).
 double ImbalanceOf(const std::vector<int64_t>& tokens_per_expert);
 
-// Asks a running loop to stop after the current step. Thread-safe.
+// Asks a running loop to stop after the current step. Thread-safe; RequestCheckpointedStop is
+// also async-signal-safe (a lock-free atomic store).
+//   RequestStop: this rank stops on its own (an injected fault): with a parallel layout it writes
+//     no checkpoint, a collective the other ranks are not in.
+//   RequestCheckpointedStop: the job is being stopped, and its progress kept: every rank learns it
+//     in the step's own world all-reduce (any rank's request stops all of them after that same
+//     step), and the checkpoint of that step is written before Run returns.
 class StopToken {
  public:
   void RequestStop() { stop_.store(true); }
   bool stop_requested() const { return stop_.load(); }
+  void RequestCheckpointedStop() { checkpointed_stop_.store(true); }
+  bool checkpointed_stop_requested() const { return checkpointed_stop_.load(); }
 
  private:
   std::atomic<bool> stop_{false};
+  std::atomic<bool> checkpointed_stop_{false};
+  static_assert(std::atomic<bool>::is_always_lock_free);
 };
 
 using StepCallback = std::function<void(const StepStats&)>;
@@ -193,8 +203,9 @@ class Trainer {
   // collective of every rank. FailedPrecondition without a held-out sampler or eval.batches.
   absl::StatusOr<EvalResult> Evaluate();
 
-  // Steps until step() == config.steps or `stop` is requested (checked after each step and its
-  // callback), saving every `checkpoint.every` steps (with checkpoint.every_auto, whenever the
+  // Steps until step() == config.steps, `stop` is requested (checked after each step and its
+  // callback), or a checkpointed stop is agreed (stopped_on_request()), saving every
+  // `checkpoint.every` steps (with checkpoint.every_auto, whenever the
   // auto interval has passed since the last checkpoint or the start of Run) and once at the end
   // when a dir is set.
   // With a ParallelRuntime a stop skips that last checkpoint: it is a collective, and the other
@@ -204,6 +215,10 @@ class Trainer {
   // are reported, not returned. `on_phase` is told when each checkpoint and evaluation starts.
   absl::Status Run(const StepCallback& on_step = nullptr, const StopToken* stop = nullptr,
                    const PhaseCallback& on_phase = nullptr);
+
+  // Whether the last Run ended early on a checkpointed stop (StopToken::RequestCheckpointedStop
+  // on any rank): at step(), whose checkpoint it wrote when a dir is set.
+  bool stopped_on_request() const { return stopped_on_request_; }
 
   // Saves a checkpoint of the current state (needs checkpoint.dir).
   absl::Status SaveCheckpoint();
@@ -356,7 +371,12 @@ class Trainer {
   std::vector<int64_t> norm_begin_, norm_count_;
   std::unique_ptr<AsyncCheckpointWriter> async_;
   AsyncAgreement async_agreed_;  // as of the last step
-  int64_t commit_step_ = -1;     // the snapshot whose commit is open (every rank; -1: none)
+  // The token Run was given (nullptr outside Run), and whether the last step's world all-reduce
+  // (ClipParallel) carried a checkpointed stop from any rank.
+  const StopToken* run_stop_ = nullptr;
+  bool stop_agreed_ = false;
+  bool stopped_on_request_ = false;
+  int64_t commit_step_ = -1;  // the snapshot whose commit is open (every rank; -1: none)
   std::function<void(const ShardState&)> write_hook_;
   std::function<void()> copy_hook_;
   std::vector<std::string> checkpoint_errors_;

@@ -245,12 +245,15 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   const double local = ops_.sum_of_squares_ranges(g, norm_begin_.data(), norm_count_.data(),
                                                   static_cast<int>(norm_begin_.size()));
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
-  // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement).
+  // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement) and whether any
+  // rank was asked for a checkpointed stop (StopToken), so every rank stops after the same step.
   const AsyncAgreement local_async = LocalAsyncState();
-  float sums[4] = {static_cast<float>(local), local_async.writing, local_async.commit_open,
-                   local_async.commit_failed};
-  RETURN_IF_ERROR(AllReduce(P.world_group, sums, 4));
+  const float stop = run_stop_ != nullptr && run_stop_->checkpointed_stop_requested() ? 1.0f : 0;
+  float sums[5] = {static_cast<float>(local), local_async.writing, local_async.commit_open,
+                   local_async.commit_failed, stop};
+  RETURN_IF_ERROR(AllReduce(P.world_group, sums, 5));
   async_agreed_ = {.writing = sums[1], .commit_open = sums[2], .commit_failed = sums[3]};
+  stop_agreed_ = sums[4] > 0;
   const double norm = std::sqrt(static_cast<double>(sums[0]));
   if (config_.clip > 0) {
     const double coef = config_.clip / (norm + 1e-6);

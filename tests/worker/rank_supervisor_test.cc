@@ -322,6 +322,43 @@ TEST_F(RankSupervisorTest, StopKillsAChildIgnoringTermAfterGrace) {
   EXPECT_THAT(report.reason(), HasSubstr("recovery"));
 }
 
+// A stop that keeps the progress (a cancel, a drain: StopRank.checkpoint_grace_s): SIGUSR1 first,
+// on which a train rank checkpoints its step and exits (82); SIGTERM only if it has not ended
+// when the checkpoint grace is over, then SIGKILL after the stop grace.
+TEST_F(RankSupervisorTest, AStopKeepingTheProgressSendsUsr1FirstAndTermOnlyAfterItsGrace) {
+  const std::string loop = "echo ready; while :; do sleep 0.05; done";
+  {
+    auto supervisor = Run("trap 'echo usr1; exit 82' USR1; trap 'echo term; exit 7' TERM; " + loop);
+    ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+    AwaitLine("ready");
+    (*supervisor)->Stop(600, "job cancelled", 600);  // only the rank's own exit ends the wait
+    (*supervisor)->Wait();
+    const furnace::v1::RankReport report = *(*supervisor)->exit_report();
+    EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+    EXPECT_EQ(report.exit_code(), 82);
+    EXPECT_THAT(report.reason(), HasSubstr("stopped: job cancelled (exited with code 82"));
+    EXPECT_TRUE(seen_.HasLine("usr1"));
+    EXPECT_FALSE(seen_.HasLine("term"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(seen_.mu);
+    seen_.lines.clear();
+  }
+  {
+    auto supervisor = Run("trap '' USR1; trap 'echo term; exit 7' TERM; " + loop);
+    ASSERT_TRUE(supervisor.ok()) << supervisor.status();
+    AwaitLine("ready");
+    const double start = Now();
+    (*supervisor)->Stop(600, "the worker agent is shutting down", 0.5);
+    (*supervisor)->Wait();
+    EXPECT_GE(Now() - start, 0.5);  // SIGTERM waited for the checkpoint grace
+    const furnace::v1::RankReport report = *(*supervisor)->exit_report();
+    EXPECT_EQ(report.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+    EXPECT_EQ(report.exit_code(), 7);
+    EXPECT_TRUE(seen_.HasLine("term"));
+  }
+}
+
 TEST_F(RankSupervisorTest, StopReachesAStoppedChild) {
   auto supervisor = Run("echo ready; kill -STOP $$");
   ASSERT_TRUE(supervisor.ok());

@@ -104,6 +104,7 @@ TEST(JobSpecTest, MinimalFileGetsEveryDefault) {
   EXPECT_EQ(s.checkpoint().keep(), 2u);
   EXPECT_FALSE(s.checkpoint().async());
   EXPECT_FALSE(s.checkpoint().override_settings());
+  EXPECT_DOUBLE_EQ(s.checkpoint().stop_grace_s(), 30);
 
   const auto& r = s.recovery();
   EXPECT_EQ(r.max_restarts(), 3u);
@@ -396,6 +397,26 @@ TEST(JobSpecTest, CheckpointEveryIsStepsOrAuto) {
     const std::string message(spec.status().message());
     EXPECT_NE(message.find("checkpoint.every"), std::string::npos) << message;
     EXPECT_NE(message.find("0..4294967295, or auto"), std::string::npos) << message;
+  }
+}
+
+// checkpoint.stop_grace_s: how long a cancel or a drain lets the ranks checkpoint their step; 0
+// stops them at once; at most an hour.
+TEST(JobSpecTest, CheckpointStopGraceIsSecondsUpToAnHour) {
+  EXPECT_DOUBLE_EQ(MustParse("name: a\nkind: train\ncheckpoint: {stop_grace_s: 0}\n")
+                       .checkpoint()
+                       .stop_grace_s(),
+                   0);
+  EXPECT_DOUBLE_EQ(MustParse("name: a\nkind: train\ncheckpoint: {stop_grace_s: 120}\n")
+                       .checkpoint()
+                       .stop_grace_s(),
+                   120);
+  for (const char* bad : {"-1", "3601", "soon"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobYaml(
+        absl::StrCat("name: a\nkind: train\ncheckpoint: {stop_grace_s: ", bad, "}\n"), "job.yaml");
+    ASSERT_FALSE(spec.ok()) << bad;
+    EXPECT_NE(spec.status().message().find("checkpoint.stop_grace_s"), absl::string_view::npos)
+        << spec.status().message();
   }
 }
 

@@ -14,6 +14,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -58,6 +60,12 @@ struct TrainOptions {
   std::vector<std::vector<std::string>>* checkpoint_errors = nullptr;  // per rank, after Run
   std::string rank1_dir = "";  // rank 1's checkpoint.dir when not empty (another host's view)
   std::vector<std::string>* passed_over = nullptr;  // rank 0's account of the steps passed over
+  // A checkpointed stop (StopToken::RequestCheckpointedStop) asked of rank `stop_rank` alone, in
+  // the callback of step index `stop_after` (-1: none); each rank's step() and
+  // stopped_on_request() after Run, in `stopped`.
+  int stop_rank = -1;
+  int stop_after = -1;
+  std::vector<std::pair<int64_t, bool>>* stopped = nullptr;
 };
 
 // Trains `steps` steps (restoring first when `restore`), checkpointing every 2 steps into dir.
@@ -108,9 +116,16 @@ absl::Status TrainLayout(const topology::ParallelSizes& sizes, const std::string
         if (absl::Status s = (*trainer)->SaveCheckpoint(); !s.ok()) return s;
       }
     }
-    absl::Status ran = (*trainer)->Run([&](const train::StepStats& s) {
-      if (rank == 0 && o.losses != nullptr) o.losses->push_back(s.loss);
-    });
+    train::StopToken stop;
+    absl::Status ran = (*trainer)->Run(
+        [&](const train::StepStats& s) {
+          if (rank == 0 && o.losses != nullptr) o.losses->push_back(s.loss);
+          if (rank == o.stop_rank && s.step == o.stop_after) stop.RequestCheckpointedStop();
+        },
+        &stop);
+    if (o.stopped != nullptr) {
+      (*o.stopped)[rank] = {(*trainer)->step(), (*trainer)->stopped_on_request()};
+    }
     if (o.checkpoint_errors != nullptr)
       (*o.checkpoint_errors)[rank] = (*trainer)->checkpoint_errors();
     return ran;
@@ -195,6 +210,43 @@ TEST_F(ParallelCheckpointTest, ResumedRunEndsBitIdentical) {
   }
   EXPECT_TRUE(has_expert_2);
   EXPECT_FALSE(has_expert_0);
+}
+
+// A checkpointed stop asked of one rank (its agent got SIGUSR1: a cancel, a drained worker) stops
+// every rank after the same step, the one whose all-reduce carried it, with that step's checkpoint
+// committed; the run resumed from it ends bit-identical to one never stopped. Sync and async.
+TEST_F(ParallelCheckpointTest, ACheckpointedStopOfOneRankStopsAllAfterTheSameStepAndSavesIt) {
+  topology::ParallelSizes dp2_ep2;
+  dp2_ep2.dp = 2;
+  dp2_ep2.ep = 2;
+  const std::string full = root_ + "/full";
+  ASSERT_TRUE(TrainLayout(dp2_ep2, full, 4, false).ok());
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = root_ + (async ? "/stopped-async" : "/stopped");
+    std::vector<std::pair<int64_t, bool>> stopped(2);
+    TrainOptions o;
+    o.async = async;
+    o.stop_rank = 1;
+    o.stop_after = 1;  // asked after step index 1: agreed in step index 2's all-reduce
+    o.stopped = &stopped;
+    ASSERT_TRUE(TrainLayout(dp2_ep2, dir, 6, false, o).ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(stopped[rank], std::make_pair(int64_t{3}, true)) << "rank " << rank;
+    }
+    EXPECT_EQ(train::CheckpointStore(dir, 0).CommittedSteps(), (std::vector<int64_t>{2, 3}));
+
+    TrainOptions resumed;
+    resumed.async = async;
+    ASSERT_TRUE(TrainLayout(dp2_ep2, dir, 4, true, resumed).ok());
+    for (int shard = 0; shard < 2; ++shard) {
+      const std::string name = train::CheckpointStore::ShardFileName(shard);
+      const std::string a = ReadAll(train::CheckpointStore(full, 0).StepDir(4) + "/" + name);
+      const std::string b = ReadAll(train::CheckpointStore(dir, 0).StepDir(4) + "/" + name);
+      ASSERT_FALSE(a.empty());
+      EXPECT_TRUE(a == b) << name << " differs after the stop and resume";
+    }
+  }
 }
 
 TEST_F(ParallelCheckpointTest, AsyncCheckpointsCommitTheSameShardsAndResumeBitIdentical) {

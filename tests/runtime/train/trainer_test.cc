@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/counter_rng.h"
 #include "runtime/data/data_sources.h"
 #include "runtime/data/markov.h"
@@ -228,6 +229,38 @@ TEST(TrainerTest, ResumedRunIsBitIdenticalToAnUninterruptedOne) {
             0);
   EXPECT_EQ(*(*a)->optimizer().HostM(), *(*c)->optimizer().HostM());
   EXPECT_EQ(*(*a)->optimizer().HostV(), *(*c)->optimizer().HostV());
+}
+
+// A checkpointed stop (SIGUSR1 on a rank: the job is cancelled or its worker drained) ends Run
+// after the step in progress with that step's checkpoint written, and says it stopped early; a
+// request arriving only with the last step is a normal end.
+TEST(TrainerTest, ACheckpointedStopEndsAfterTheStepWithItsCheckpoint) {
+  const int V = 8, T = 8;
+  MarkovSetup data = MakeMarkov(V, 2, T, 5);
+  testing_util::TestDir dir;
+  TrainConfig config = ResumeConfig();
+  config.checkpoint = {.dir = dir.path(), .every = 4, .keep = 0};
+  for (const int ask_after : {6, 19}) {
+    SCOPED_TRACE(ask_after);
+    std::filesystem::remove_all(dir.path());
+    BigramModel model(V, T, 1);
+    auto trainer = Trainer::Create(&model, data.sampler.get(), config);
+    ASSERT_TRUE(trainer.ok());
+    StopToken stop;
+    ASSERT_TRUE((*trainer)
+                    ->Run(
+                        [&](const StepStats& s) {
+                          if (s.step == ask_after) stop.RequestCheckpointedStop();
+                        },
+                        &stop)
+                    .ok());
+    const bool early = ask_after < 19;
+    EXPECT_EQ((*trainer)->step(), early ? 7 : 20);
+    EXPECT_EQ((*trainer)->stopped_on_request(), early);
+    const std::vector<int64_t> want =
+        early ? std::vector<int64_t>{4, 7} : std::vector<int64_t>{4, 8, 12, 16, 20};
+    EXPECT_EQ(CheckpointStore(dir.path(), 0).CommittedSteps(), want);
+  }
 }
 
 // A resume under other optimizer settings is refused, naming each field and both values, unless

@@ -1,0 +1,90 @@
+"""A stop that is no failure keeps the step in progress. `furnace cancel` and an agent stopped to
+drain its worker (SIGTERM) give a train job's ranks checkpoint.stop_grace_s: each rank's agent
+sends it SIGUSR1, every rank agrees in its next step's all-reduce to stop after that step, and
+they write its checkpoint before they exit. The job here checkpoints only at its end
+(checkpoint.every 0), so without this a cancel or a drain would lose every step: a job resubmitted
+on the cancelled one's directory resumes from the step the cancel reached, and the drained job's
+next attempt from the step the drain reached, without spending a restart."""
+import os
+import signal
+import time
+
+import harness
+
+
+def job(name, ckpt, steps, extra=""):
+    return f"""name: {name}
+kind: train
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+moe: {{experts: 4, top_k: 2}}
+parallel: {{dp: 2, micro_batch: 4, micro_batches: 2}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 5, seed: 11, schedule: constant}}
+data: {{source: markov, seed: 5}}
+checkpoint: {{dir: {ckpt}, every: 0, keep: 3{extra}}}
+recovery: {{max_restarts: 0}}
+"""
+
+
+def latest_step(ckpt):
+    with open(os.path.join(ckpt, "LATEST")) as f:
+        return int(f.read().split()[0].split("-")[-1])
+
+
+class StopCheckpointTest(harness.ClusterTest):
+    WORKERS = 3
+
+    def wait_step(self, job_id, at_least, timeout=120):
+        return self.cluster.wait_for(job_id, lambda d: int(d["summary"].get("step", 0)) >= at_least,
+                                     timeout, f"step {at_least}")
+
+    def restored(self, d):
+        return [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
+
+    def test_cancel_writes_the_step_it_stopped_at_and_a_resubmit_resumes_there(self):
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-cancel")
+        first = c.submit(c.write_job("first.yaml", job("first", ckpt, 100000)))
+        self.wait_step(first, 8)
+        r = c.cli("cancel", first)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d = c.wait_state(first, "JOB_CANCELLED")
+        c.wait_workers(3, timeout=60)  # its ranks have stopped
+        d = c.job(first)
+        step = latest_step(ckpt)
+        self.assertGreaterEqual(step, 8)
+        reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
+        print(f"\nREPORT cancel: checkpoint of step {step}; rank ends: {reasons}")
+        for reason in reasons:
+            self.assertIn("job cancelled", reason)
+            self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
+
+        second = c.submit(c.write_job("second.yaml", job("second", ckpt, step + 3)))
+        d = c.wait_state(second, harness.FINAL, timeout=180)
+        self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
+        self.assertEqual(len(self.restored(d)), 1, d["events"])
+        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
+
+    def test_a_drained_worker_hands_the_job_on_at_the_step_it_reached(self):
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-drain")
+        j = c.submit(c.write_job("drain.yaml", job("drain", ckpt, 100000)))
+        d = self.wait_step(j, 8)
+        worker = d["attempts"][-1]["ranks"][0]["worker_id"]
+        pid = next(int(w["pid"]) for w in c.cli_json("workers")["workers"]
+                   if w["worker_id"] == worker)
+        os.kill(pid, signal.SIGTERM)  # the agent drains: it says it leaves, then stops its rank
+        d = c.wait_for(j, lambda d: len(d["attempts"]) >= 2 and self.restored(d), 120,
+                       "the next attempt's restore")
+        step = latest_step(ckpt)
+        self.assertGreaterEqual(step, 8)
+        print(f"\nREPORT drain: {self.restored(d)[0]}")
+        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
+        r = c.cli("cancel", j)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        c.wait_state(j, "JOB_CANCELLED")
+        c.wait_workers(3, timeout=60)
+
+
+if __name__ == "__main__":
+    harness.main()
