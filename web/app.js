@@ -203,9 +203,11 @@
     const s = enumLabel(get(w, 'state'), 'WORKER_STATE_');
     return s === 'lost' && get(w, 'left') ? 'left' : s;
   }
+  // Coarse on purpose: a worker heard from every second reads "< 10 s ago" poll after poll.
   function fmtAge(s) {
-    if (!Number.isFinite(s) || s < 0) return '';
-    if (s < 90) return `${Math.round(s)} s ago`;
+    if (!Number.isFinite(s)) return '';
+    if (s < 10) return '< 10 s ago';
+    if (s < 90) return `${10 * Math.floor(s / 10)} s ago`;
     if (s < 5400) return `${Math.round(s / 60)} min ago`;
     if (s < 172800) return `${(s / 3600).toFixed(1)} h ago`;
     return `${(s / 86400).toFixed(1)} d ago`;
@@ -560,10 +562,14 @@
       view.jobs = get(jobs, 'jobs') || [];
       view.omittedJobs = num(jobs, 'omitted');
       renderJobs();
-      const workers = await fetchJson('/api/workers');
-      view.workers = get(workers, 'workers') || [];
-      view.workersNow = num(workers, 'now_unix');
-      renderWorkers();
+      try {  // (a failed workers list leaves the jobs and the selected job's charts updating)
+        const workers = await fetchJson('/api/workers');
+        view.workers = get(workers, 'workers') || [];
+        view.workersNow = num(workers, 'now_unix');
+        renderWorkers();
+      } catch (e) {
+        $('workers-count').textContent = 'not updated: ' + String(e.message || e);
+      }
       let points = null;
       if (view.jobId) {
         $('job').hidden = false;

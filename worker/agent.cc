@@ -237,13 +237,15 @@ absl::Status Agent::Run() {
     if (entry.is_regular_file(rm) && std::filesystem::remove(entry.path(), rm)) ++swept;
   }
   if (swept > 0) spdlog::info("removed {} task file(s) a previous agent left", swept);
-  MaybeSweepRankLogs();  // then every kRankLogSweepEveryS from the heartbeat loop
+  if (options_.keep_rank_logs_s > 0) SweepRankLogsNow();  // then every kRankLogSweepEveryS
   spdlog::info("worker {} (slot {}, {} {} bytes, host {}) -> controller {}, work dir {}",
                options_.worker_id, options_.slot, options_.device_kind, options_.device_memory,
                options_.host, options_.controller, options_.work_dir);
   std::thread watcher(&Agent::WatchLoop, this);
   std::thread reporter(&Agent::ReportLoop, this);
   std::thread flusher(&Agent::FlushLoop, this);
+  std::thread sweeper;
+  if (options_.keep_rank_logs_s > 0) sweeper = std::thread(&Agent::SweepLoop, this);
 
   HeartbeatLoop();  // until Shutdown()
 
@@ -266,6 +268,7 @@ absl::Status Agent::Run() {
   watcher.join();
   reporter.join();
   flusher.join();
+  if (sweeper.joinable()) sweeper.join();
   bool registered;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -293,7 +296,6 @@ void Agent::HeartbeatLoop() {
       session = session_id_;
     }
     ReapFinished();
-    MaybeSweepRankLogs();
     if (!registered) {
       if (RegisterOnce()) {
         backoff = kMinBackoffS;
@@ -641,10 +643,12 @@ void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
   std::lock_guard<std::mutex> lock(mu_);
   if (generation != generation_ || shutting_down_) return;
   std::set<std::string> listed, wanted;
+  std::map<std::string, double> checkpoint_grace;  // unwanted ranks stopped keeping the progress
   for (const furnace::v1::ControllerRankView& view : response.ranks()) {
     const std::string key = RankKey(view.job_id(), view.attempt(), view.rank());
     listed.insert(key);
     if (view.wanted()) wanted.insert(key);
+    if (view.checkpoint_grace_s() > 0) checkpoint_grace[key] = view.checkpoint_grace_s();
   }
   // Only ranks this heartbeat told the controller about: one started since may not be in the
   // records it answered from.
@@ -657,7 +661,10 @@ void Agent::Reconcile(const furnace::v1::HeartbeatRequest& sent,
                                 ? "its attempt is over (the controller's view at heartbeat)"
                                 : "the controller has no record of it here (heartbeat)";
     spdlog::warn("stopping rank {}: {}", key, why);
-    it->second.supervisor->Stop(kStopGraceS, why);
+    // (A stop already asked keeps its signals' times: Stop only brings them forward.)
+    const auto grace = checkpoint_grace.find(key);
+    it->second.supervisor->Stop(kStopGraceS, why,
+                                grace != checkpoint_grace.end() ? grace->second : 0);
   }
   for (const furnace::v1::ControllerRankView& view : response.ranks()) {
     if (!view.started()) continue;  // its start command may still be on the way
@@ -985,26 +992,35 @@ void Agent::ReapFinished() {
   finished.clear();  // joins threads whose exit sinks already returned
 }
 
-void Agent::MaybeSweepRankLogs() {
-  if (options_.keep_rank_logs_s <= 0) return;
-  const double now = clock_.MonotonicSeconds();
-  if (now - rank_logs_swept_s_ < kRankLogSweepEveryS) return;
-  rank_logs_swept_s_ = now;
-  std::set<std::string> active;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [key, entry] : ranks_) {
-      if (!entry.exited) active.insert(SafeName(entry.task.job_id()));
-    }
-  }
+void Agent::SweepRankLogsNow() {
+  // Held across each removal, so HandleStart (which opens a rank's log under mu_) cannot start a
+  // rank of that job in between: a job with a rank running here is never swept.
   const RankLogSweep sweep =
       SweepRankLogs((std::filesystem::path(options_.work_dir) / "logs").string(),
-                    options_.keep_rank_logs_s, clock_.UnixSeconds(), active);
+                    options_.keep_rank_logs_s, clock_.UnixSeconds(),
+                    [this](const std::string& job_dir) {  // mu_ held
+                      for (const auto& [key, entry] : ranks_) {
+                        if (!entry.exited && SafeName(entry.task.job_id()) == job_dir) return true;
+                      }
+                      return false;
+                    },
+                    &mu_);
   if (sweep.removed > 0) {
     spdlog::info(
         "removed the rank logs of {} job(s) unchanged for over {:.0f} s "
         "(--keep-rank-logs)",
         sweep.removed, options_.keep_rank_logs_s);
+  }
+}
+
+void Agent::SweepLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutting_down_) {
+    cv_.wait_for(lock, Seconds(kRankLogSweepEveryS), [&] { return shutting_down_; });
+    if (shutting_down_) return;
+    lock.unlock();
+    SweepRankLogsNow();
+    lock.lock();
   }
 }
 
@@ -1017,8 +1033,9 @@ void Agent::StopAllRanks() {
         // Not a failure: a train rank first gets the job's checkpoint.stop_grace_s to stop after
         // its step with a checkpoint (the controller, told the agent leaves, asks the same of
         // the attempt's other ranks).
-        entry.supervisor->Stop(options_.shutdown_grace_s, "the worker agent is shutting down",
-                               CheckpointGraceS(entry.task));
+        entry.supervisor->Stop(
+            options_.shutdown_grace_s, "the worker agent is shutting down",
+            std::min(CheckpointGraceS(entry.task), std::max(0.0, options_.max_stop_grace_s)));
         running.push_back(entry.supervisor.get());
       }
     }

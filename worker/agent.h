@@ -94,6 +94,9 @@ struct AgentOptions {
   // --keep-rank-logs: 0 keeps every job's rank logs in work_dir/logs; otherwise a job's are
   // removed once unchanged this long with no rank of it running here (rank_log_retention.h).
   double keep_rank_logs_s = 0;
+  // --max-stop-grace: the most of a job's checkpoint.stop_grace_s this agent's own shutdown gives
+  // a rank (the service manager's stop timeout must cover it plus shutdown_grace_s).
+  double max_stop_grace_s = 60;
 };
 
 // Fills worker_id and work_dir defaults.
@@ -157,10 +160,11 @@ class Agent {
   void EnqueueReportLocked(furnace::v1::RankReport report);
   std::vector<furnace::v1::RunningRank> RunningLocked() const;
   void ReapFinished();
-  // Every kRankLogSweepEveryS (and at the first call, from Run before the loops start):
-  // SweepRankLogs under keep_rank_logs_s. Run's thread only.
-  void MaybeSweepRankLogs();
-  double rank_logs_swept_s_ = -1e300;  // monotonic; heartbeat thread only
+  // With keep_rank_logs_s: SweepRankLogs now (Run, before the loops start), and every
+  // kRankLogSweepEveryS on a thread of its own until shutdown (a slow disk must not hold the
+  // heartbeats back).
+  void SweepRankLogsNow();
+  void SweepLoop();
   void StopAllRanks();
   absl::Status WriteTaskFile(const furnace::v1::RankTask& task, std::string* path) const;
   // Marks the session dead so HeartbeatLoop registers again.

@@ -268,6 +268,12 @@ int main(int argc, char** argv) {
           },
           "SECONDS"))
       ->capture_default_str();
+  app.add_option("--max-stop-grace", options.max_stop_grace_s,
+                 "the most seconds of a job's checkpoint.stop_grace_s this agent's own stop gives "
+                 "a train rank to checkpoint its step (SIGUSR1) before SIGTERM; the service "
+                 "manager's stop timeout must cover it plus --shutdown-grace")
+      ->check(furnace::FiniteRange(0.0, 3600.0))
+      ->capture_default_str();
   app.add_option("--shutdown-grace", options.shutdown_grace_s,
                  "seconds ranks get between SIGTERM and SIGKILL when the agent stops")
       ->check(furnace::FiniteRange(0.0, 86400.0))

@@ -32,7 +32,8 @@ bool NewestChange(const fs::path& dir, double* newest) {
 }  // namespace
 
 RankLogSweep SweepRankLogs(const std::string& logs_dir, double keep_s, double now_unix,
-                           const std::set<std::string>& active) {
+                           const std::function<bool(const std::string&)>& active,
+                           std::mutex* guard) {
   RankLogSweep sweep;
   if (keep_s <= 0) return sweep;
   std::error_code ec;
@@ -45,7 +46,9 @@ RankLogSweep SweepRankLogs(const std::string& logs_dir, double keep_s, double no
       continue;
     }
     if (now_unix - newest <= keep_s) continue;
-    if (active.count(entry.path().filename().string()) > 0) {
+    std::unique_lock<std::mutex> lock;
+    if (guard != nullptr) lock = std::unique_lock<std::mutex>(*guard);
+    if (active(entry.path().filename().string())) {
       ++sweep.kept_active;
       continue;
     }

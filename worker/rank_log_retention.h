@@ -5,13 +5,15 @@
 // files has changed for that long and no rank of the job runs on it.
 //
 // Ownership: the files are the agent's; nothing else on the worker writes them.
-// Threading: a plain function over the file system, called from the agent's heartbeat thread.
+// Threading: a plain function over the file system, called from the agent's own sweeper thread
+// (a slow disk must not hold its heartbeats back).
 // Errors: a directory that cannot be read or removed is skipped and named in a warning; it is
 // tried again next pass.
 #pragma once
 
 #include <cstddef>
-#include <set>
+#include <functional>
+#include <mutex>
 #include <string>
 
 namespace furnace::worker {
@@ -27,10 +29,13 @@ struct RankLogSweep {
 };
 
 // Removes each directory under `logs_dir` (one per job, named as the agent names it) whose newest
-// file was last modified more than `keep_s` seconds before `now_unix`, unless its name is in
-// `active` (the jobs with a rank running here). keep_s <= 0 removes nothing. A missing logs_dir
-// is no error.
+// file was last modified more than `keep_s` seconds before `now_unix`, unless `active(name)` says
+// a rank of that job runs here. `guard` (may be null) is held across each stale directory's
+// `active` check and its removal, so a rank the agent starts under it meanwhile (opening a new
+// log in that directory) is either seen as active or starts after the removal. keep_s <= 0
+// removes nothing. A missing logs_dir is no error.
 RankLogSweep SweepRankLogs(const std::string& logs_dir, double keep_s, double now_unix,
-                           const std::set<std::string>& active);
+                           const std::function<bool(const std::string&)>& active,
+                           std::mutex* guard = nullptr);
 
 }  // namespace furnace::worker

@@ -44,4 +44,9 @@ void InstallStopSignal() {
 
 void SetStopSignalTarget(train::StopToken* token) { g_target.store(token); }
 
+void IgnoreStopSignal() {
+  static train::StopToken after_the_loop;  // requests nobody reads
+  g_target.store(&after_the_loop);
+}
+
 }  // namespace furnace::worker

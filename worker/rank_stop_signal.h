@@ -18,5 +18,8 @@ void InstallStopSignal();
 
 // Where SIGUSR1 goes while a training loop runs (borrowed; nullptr: nowhere, the rank ends).
 void SetStopSignalTarget(train::StopToken* token);
+// After the training loop: SIGUSR1 is ignored. The rank may have stopped on a peer's request
+// before its own agent's signal came, and its checkpoint is written: it exits as it is.
+void IgnoreStopSignal();
 
 }  // namespace furnace::worker

@@ -624,9 +624,11 @@ furnace::v1::RankReport RankSupervisor::Classify(int wait_status) {
                                             hang_for_s_, last, hang_reason_)
                           : absl::StrFormat("hung: no progress for %.1f s (%s)%s", hang_for_s_,
                                             last, hang_reason_));
-  } else if (stop_requested) {
+  } else if (stop_requested || code == kRankExitStopped) {
+    // Exit 82: stopped after its checkpoint, asked by its agent or with its peers, whose request
+    // it learned before its own agent's (rank_stop_signal.h); it says which step.
     report.set_exit_kind(furnace::v1::EXIT_KIND_STOPPED);
-    // A rank stopped after its checkpoint says which step (rank_stop_signal.h).
+    if (stop_reason.empty() && !stop_requested) stop_reason = "with the peers of its attempt";
     report.set_reason(absl::StrCat("stopped", stop_reason.empty() ? "" : ": ", stop_reason, " (",
                                    how, code == kRankExitStopped ? said : "", ")"));
   } else if (code == 0) {

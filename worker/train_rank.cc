@@ -753,7 +753,7 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   };
   SetStopSignalTarget(&stop);  // SIGUSR1 now stops after a step, with its checkpoint
   absl::Status status = (*trainer)->Run(on_step, &stop, on_phase);
-  SetStopSignalTarget(nullptr);
+  IgnoreStopSignal();
   // Steps as the logs count them: step() are done, so step() + 1 is the one that failed.
   const std::string failed_in = absl::StrCat("training failed in step ", (*trainer)->step() + 1);
   // The groups' teardown follows (it can block on a dead peer): watched, with the outcome.

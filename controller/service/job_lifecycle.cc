@@ -627,37 +627,46 @@ std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
   return {claimed, by};
 }
 
+bool JobLifecycle::HoldsReservation(const Job& job, uint32_t known) const {
+  // A job needing more workers than are known could never start: reserving for it would idle
+  // them.
+  return options_.reserve_after_s > 0 && job.summary.state() == v1::JOB_PENDING &&
+         clock_.UnixSeconds() - job.summary.submitted_unix() >= options_.reserve_after_s &&
+         job.summary.world_size() <= known;
+}
+
 bool JobLifecycle::HoldsReservation(const Job& job) const {
-  if (options_.reserve_after_s <= 0 || job.summary.state() != v1::JOB_PENDING ||
-      clock_.UnixSeconds() - job.summary.submitted_unix() < options_.reserve_after_s) {
-    return false;
-  }
-  // A job more workers than are known could never start: reserving for it would idle them.
-  uint32_t known = 0;
-  for (const auto& [id, w] : workers_.workers()) {
-    known += w.info.device_kind() == job.spec.resources().device() &&
-             w.info.state() != v1::WORKER_STATE_LOST;
-  }
-  return job.summary.world_size() <= known;
+  return HoldsReservation(job, workers_.CountUsable(job.spec.resources().device()));
 }
 
 std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ReservedByOlderPending(
     const Job& job) const {
   uint32_t reserved = 0;
   std::vector<std::string> by;
+  if (options_.reserve_after_s <= 0) return {reserved, by};
+  const std::string& kind = job.spec.resources().device();
+  const uint32_t known = workers_.CountUsable(kind);  // once, not per job
   const auto older = [](const Job& a, const Job& b) {
     return std::make_pair(a.summary.submitted_unix(), a.summary.job_id()) <
            std::make_pair(b.summary.submitted_unix(), b.summary.job_id());
   };
   for (const auto& [id, other] : jobs_) {
-    if (&other == &job || other.spec.resources().device() != job.spec.resources().device() ||
-        !older(other, job) || !HoldsReservation(other)) {
+    if (&other == &job || other.summary.state() != v1::JOB_PENDING ||
+        other.spec.resources().device() != kind || !older(other, job) ||
+        !HoldsReservation(other, known)) {
       continue;
     }
     reserved += other.summary.world_size();
     by.push_back(id);
   }
   return {reserved, by};
+}
+
+uint32_t JobLifecycle::FreeNow(const std::vector<WorkerSlot>& slots,
+                               const std::string& device_kind) {
+  uint32_t n = 0;
+  for (const WorkerSlot& slot : slots) n += slot.free && slot.device_kind == device_kind;
+  return n;
 }
 
 namespace {
@@ -724,6 +733,31 @@ void JobLifecycle::TryStart(Job& job) {
     return;
   }
   job.unfit_since_mono = 0;
+  // The last attempt's ranks may still be writing the checkpoint of the step they stopped at (a
+  // stop that keeps the progress); the next attempt reads the directory once they are out: ranks
+  // on workers still known to run them, and ranks of workers that left (leaving_drain).
+  if (recovering && job.spec.kind() == "train" && !job.spec.checkpoint().dir().empty()) {
+    uint32_t stopping = 0;
+    for (const auto& [id, w] : workers_.workers()) {
+      stopping += w.has_rank && w.info.state() != v1::WORKER_STATE_LOST &&
+                  w.info.job_id() == job.summary.job_id();
+    }
+    for (auto it = job.leaving_drain.begin(); it != job.leaving_drain.end();) {
+      if (now >= it->second) {
+        it = job.leaving_drain.erase(it);
+      } else {
+        ++stopping;
+        ++it;
+      }
+    }
+    if (stopping > 0) {
+      wait(absl::StrFormat(
+          "waits for %d rank%s of its last attempt to stop (each may be writing the checkpoint "
+          "of the step it stopped at)",
+          stopping, stopping == 1 ? "" : "s"));
+      return;
+    }
+  }
   // Only running ranks hold a start back (a job waits for no other pending one: Submit let one
   // job that has not ended have the directory, so two never wait on each other).
   if (const Job* other =
@@ -762,16 +796,24 @@ void JobLifecycle::TryStart(Job& job) {
     // Likewise the pending jobs submitted before it that have waited --reserve-after: without a
     // reservation a stream of smaller jobs, each starting on what the larger one cannot use yet,
     // would hold it back forever.
+    // The recovering jobs' claim comes first: the reserved workers are beyond it (a job held
+    // back by neither alone must not take what both together need).
     const auto [reserved, for_jobs] = ReservedByOlderPending(job);
-    const uint32_t free = reserved > 0 ? FreeOrFreeing(job.spec.resources().device(), {}) : 0;
-    if (reserved > 0 && free < reserved + world) {
-      wait(absl::StrFormat(
-          "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
-          "reserved for %s (--reserve-after); %d free, %d needed for both",
-          for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "), options_.reserve_after_s,
-          reserved, job.spec.resources().device(), for_jobs.size() == 1 ? "it" : "them", free,
-          reserved + world));
-      return;
+    if (reserved > 0) {
+      const uint32_t ahead = claimed > 0 && coming >= claimed ? claimed : 0;
+      const uint32_t free = FreeNow(slots, job.spec.resources().device());
+      if (free < ahead + reserved + world) {
+        wait(absl::StrFormat(
+            "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
+            "reserved for %s (--reserve-after); %d free, %d needed%s",
+            for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "),
+            options_.reserve_after_s, reserved, job.spec.resources().device(),
+            for_jobs.size() == 1 ? "it" : "them", free, ahead + reserved + world,
+            ahead > 0 ? absl::StrCat(" with the ", ahead, " recovering job ",
+                                     absl::StrJoin(by, ", "), " claims")
+                      : " for both"));
+        return;
+      }
     }
   }
   auto placement = PlaceRanks(slots, world, job.spec.resources().device(), job.suspect_workers);

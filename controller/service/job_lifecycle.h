@@ -125,6 +125,11 @@ struct Job {
   };
   std::set<std::string> suspect_workers;
   std::map<std::string, Exclusion> excluded_workers;
+  // Workers that left (their agent stopping) holding a rank of this train job, which may still be
+  // writing the checkpoint of the step it stopped at (checkpoint.stop_grace_s): worker id ->
+  // monotonic time after which it is no longer waited for. The next attempt starts once each has
+  // reported its rank's end, registered again or run out of time. In memory only.
+  std::map<std::string, double> leaving_drain;
   double unfit_since_mono = 0;  // recovering and no allowed layout fits the workers left: since
   std::string waiting_reason;   // last "cannot place" message logged
   // A rank that exits with an error code is often a victim (its peer died and the collective
@@ -394,6 +399,10 @@ class JobLifecycle {
   // Whether `job` is pending, has waited options_.reserve_after_s or longer, and could run on the
   // kind's known workers: the next workers to free up are then reserved for it.
   bool HoldsReservation(const Job& job) const;
+  // The same with the kind's known workers counted already (WorkerRegistry::CountUsable).
+  bool HoldsReservation(const Job& job, uint32_t known) const;
+  // The slots placement may use now for `device_kind` (excluded workers already marked unfree).
+  static uint32_t FreeNow(const std::vector<WorkerSlot>& slots, const std::string& device_kind);
   // Workers of the kind that are free, or about to be for the `recovering` jobs: draining one of
   // their ranks, or known from the store and not registered again yet (not lost).
   uint32_t FreeOrFreeing(const std::string& device_kind,

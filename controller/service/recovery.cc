@@ -58,6 +58,9 @@ constexpr double kSettleS = 1.0;
 // milliseconds of each other, so the culprit's report follows a victim's by about a second, plus
 // its agent's report.
 constexpr double kHangSettleS = 3.0;
+// Beyond checkpoint.stop_grace_s, how long the rank of a worker that left is waited for: its
+// agent's SIGTERM grace (--shutdown-grace, 10 s by default) and the report's way here.
+constexpr double kLeavingDrainMarginS = 15.0;
 // A rank silent this long (not even its watchdog's heartbeat, every min(1 s, hang_timeout_s / 4))
 // when only its peers' hangs inside a collective are in: frozen (SIGSTOP, every thread deadlocked),
 // and they wait for it. Its agent calls it hung only at 1.5 x hang_timeout_s
@@ -477,6 +480,13 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   if (!held.has_rank) return;
   Job* job = Find(held.job_id);
   if (job == nullptr) return;
+  // Its agent stops the rank with the job's checkpoint.stop_grace_s to write the step it reached:
+  // waited for before the job's next attempt reads the directory (TryStart).
+  if (leaving && job->spec.kind() == "train" && !job->spec.checkpoint().dir().empty() &&
+      job->spec.checkpoint().stop_grace_s() > 0) {
+    job->leaving_drain[worker.info.worker_id()] =
+        clock_.MonotonicSeconds() + job->spec.checkpoint().stop_grace_s() + kLeavingDrainMarginS;
+  }
   if (held.attempt == 0 || held.attempt > job->attempts.size()) return;
   v1::AttemptInfo* attempt = &job->attempts[held.attempt - 1];
   // Its rank ended before (a successful exit whose write, and with it the worker's release,
@@ -661,6 +671,9 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
   // A different agent process than the one we knew: what it ran died with the old one.
   const bool agent_restarted =
       known && (w.info.pid() != req.pid() || w.info.instance_id() != req.instance_id());
+  if (agent_restarted) {
+    for (auto& [id, job] : jobs_) job.leaving_drain.erase(req.worker_id());
+  }
   w.info.set_worker_id(req.worker_id());
   w.info.set_host(req.host());
   w.info.set_slot(req.slot());
@@ -823,6 +836,8 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
   Job* found = Find(report.job_id());
   if (found == nullptr) return unknown();
   Job& job = *found;
+  // A worker that left has stopped its rank: it no longer writes the job's checkpoint.
+  if (report.event() == v1::RANK_EXITED) job.leaving_drain.erase(report.worker_id());
   if (report.attempt() == 0 || report.attempt() > job.attempts.size()) return unknown();
   v1::AttemptInfo& attempt = job.attempts[report.attempt() - 1];
   if (report.rank() >= static_cast<uint32_t>(attempt.ranks_size())) return unknown();

@@ -326,7 +326,13 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
       stats.checkpoint_stall_seconds += clock_->MonotonicSeconds() - t0;
       if (auto_interval && !async) auto_interval->ObserveStall(stats.checkpoint_stall_seconds);
     }
-    if (EvalDue(config_.eval, step_, config_.steps)) {
+    // A checkpointed stop: with a layout, agreed in this step's world all-reduce, so every rank
+    // leaves after this same step (no evaluation first) and writes its checkpoint below together.
+    const bool stop_here =
+        step_ < config_.steps &&
+        (parallel_ != nullptr ? stop_agreed_
+                              : stop != nullptr && stop->checkpointed_stop_requested());
+    if (!stop_here && EvalDue(config_.eval, step_, config_.steps)) {
       enter(RunPhase::kEval);
       ASSIGN_OR_RETURN(stats.eval, Evaluate());
     }
@@ -341,12 +347,9 @@ absl::Status Trainer::Run(const StepCallback& on_step, const StopToken* stop,
       }
       break;
     }
-    // A checkpointed stop: with a layout, agreed in this step's world all-reduce, so every rank
-    // leaves after this same step and writes its checkpoint below together.
-    if (parallel_ != nullptr ? stop_agreed_
-                             : stop != nullptr && stop->checkpointed_stop_requested()) {
-      stopped_on_request_ = step_ < config_.steps;
-      if (stopped_on_request_) break;
+    if (stop_here) {
+      stopped_on_request_ = true;
+      break;
     }
   }
   if (async) {

@@ -54,8 +54,10 @@ class StopCheckpointTest(harness.ClusterTest):
         self.assertGreaterEqual(step, 8)
         reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
         print(f"\nREPORT cancel: checkpoint of step {step}; rank ends: {reasons}")
+        # (A rank may learn of the stop from its peer before its own agent's signal comes: then
+        # it says it stopped with the peers of its attempt.)
+        self.assertTrue(any("job cancelled" in r for r in reasons), reasons)
         for reason in reasons:
-            self.assertIn("job cancelled", reason)
             self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
 
         second = c.submit(c.write_job("second.yaml", job("second", ckpt, step + 3)))

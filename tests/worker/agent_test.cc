@@ -386,6 +386,40 @@ TEST_F(AgentTest, HeartbeatStopsARankTheControllerNoLongerWants) {
   EXPECT_THAT(exit.reason(), HasSubstr("its attempt is over (the controller's view at heartbeat)"));
 }
 
+// A cancel or an interruption keeps the progress: the heartbeat that says the rank is no longer
+// wanted carries the checkpoint grace too, so when it comes before the StopRank command (or the
+// command was lost) the rank still gets SIGUSR1 and its grace, not SIGTERM after a second.
+TEST_F(AgentTest, AHeartbeatStoppingARankKeepingItsProgressSendsUsr1First) {
+  testing::FakeController controller;
+  StartAgent(controller.address(),
+             "trap 'echo usr1; exit 82' USR1; trap 'echo term; exit 7' TERM; echo ready; "
+             "while :; do sleep 0.05; done");
+  auto& fake = controller.service;
+  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    fake.reconcile = true;
+    fake.rank_view = {View(1, /*wanted=*/true)};
+  }
+  fake.Push(Start(1));
+  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  const size_t seen = fake.heartbeats.size();
+  ASSERT_TRUE(fake.AwaitLocked([&] {
+    return fake.heartbeats.size() >= seen + 2 && fake.heartbeats.back().running_size() == 1;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    furnace::v1::ControllerRankView cancelled = View(1, /*wanted=*/false);
+    cancelled.set_checkpoint_grace_s(600);  // only the rank's own exit ends the wait
+    fake.rank_view = {cancelled};
+  }
+  ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 1) == 1; }));
+  std::lock_guard<std::mutex> lock(fake.mu);
+  const furnace::v1::RankReport& exit = fake.reports.back();
+  EXPECT_EQ(exit.exit_kind(), furnace::v1::EXIT_KIND_STOPPED);
+  EXPECT_EQ(exit.exit_code(), 82) << exit.reason();
+}
+
 TEST_F(AgentTest, HeartbeatStopsARankTheControllerHasNoRecordOf) {
   testing::FakeController controller;
   StartAgent(controller.address(), "echo ready; exec sleep 30");

@@ -16,6 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+const auto kNone = [](const std::string&) { return false; };  // no rank runs here
+
 // Sets the modification time of `path` to `unix_s`.
 void Touch(const fs::path& path, double unix_s) {
   struct timespec times[2];
@@ -45,7 +47,8 @@ TEST(RankLogRetentionTest, RemovesOnlyJobsUnchangedForLongerThanKeptAndNotRunnin
   MakeJobLogs(logs, "old-dirs-new-file", now - 7200, now - 60);
   MakeJobLogs(logs, "running-quietly", now - 7200);  // a rank of it runs here
 
-  const RankLogSweep sweep = SweepRankLogs(logs.string(), 3600, now, {"running-quietly"});
+  const RankLogSweep sweep = SweepRankLogs(
+      logs.string(), 3600, now, [](const std::string& job) { return job == "running-quietly"; });
   EXPECT_EQ(sweep.removed, 1u);
   EXPECT_EQ(sweep.kept_active, 1u);
   EXPECT_FALSE(fs::exists(logs / "old"));
@@ -58,9 +61,9 @@ TEST(RankLogRetentionTest, ZeroKeepsEverythingAndAMissingDirectoryIsNoError) {
   testing_util::TestDir dir;
   const fs::path logs = dir / "logs";
   MakeJobLogs(logs, "old", 1e9);
-  EXPECT_EQ(SweepRankLogs(logs.string(), 0, 2e9, {}).removed, 0u);
+  EXPECT_EQ(SweepRankLogs(logs.string(), 0, 2e9, kNone).removed, 0u);
   EXPECT_TRUE(fs::exists(logs / "old"));
-  EXPECT_EQ(SweepRankLogs(dir / "none", 3600, 2e9, {}).removed, 0u);
+  EXPECT_EQ(SweepRankLogs(dir / "none", 3600, 2e9, kNone).removed, 0u);
 }
 
 // A symlink in logs/ (nothing the agent makes) is never followed or removed.
@@ -71,7 +74,7 @@ TEST(RankLogRetentionTest, ASymlinkIsLeftAlone) {
   MakeJobLogs(dir / "elsewhere", "target", 1e9);
   const fs::path target = fs::path(dir / "elsewhere") / "target";
   fs::create_directory_symlink(target, logs / "link");
-  EXPECT_EQ(SweepRankLogs(logs.string(), 3600, 2e9, {}).removed, 0u);
+  EXPECT_EQ(SweepRankLogs(logs.string(), 3600, 2e9, kNone).removed, 0u);
   EXPECT_TRUE(fs::exists(target / "attempt-1" / "rank-0.log"));
 }
 

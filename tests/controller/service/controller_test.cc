@@ -3128,5 +3128,72 @@ TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMo
   EXPECT_TRUE(lost);
 }
 
+// A train job's attempt interrupted by a leaving agent: every rank is stopped keeping the
+// progress (checkpoint.stop_grace_s, so it writes the step it reached), and the next attempt starts
+// only once those ranks are out, the leaving worker's included (it reports its rank's end, or its
+// time runs out): two attempts never write the checkpoint directory at once.
+TEST_F(ControllerTest, AnInterruptedTrainJobRestartsOnceItsRanksHaveWrittenTheirCheckpoint) {
+  for (const bool leaver_reports : {true, false}) {
+    SCOPED_TRACE(leaver_reports ? "the leaving agent reports" : "the leaving agent goes quiet");
+    if (!leaver_reports) {
+      TearDown();
+      SetUp();
+    }
+    StartRunning(
+        "name: t\nkind: train\nparallel: {dp: 2}\nrecovery:\n  max_restarts: 2\n"
+        "  backoff: {initial_s: 1.0, max_s: 4.0, multiplier: 2.0}\n");
+    Register(2);
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/1");
+    h.set_session_id(sessions_[1]);
+    h.set_leaving(true);
+    c_->Heartbeat(h);
+    ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+    const std::vector<v1::AgentCommand> stop = Commands(0);
+    ASSERT_EQ(stop.size(), 1u);
+    ASSERT_TRUE(stop[0].has_stop());
+    EXPECT_EQ(stop[0].stop().checkpoint_grace_s(), 30);  // the default checkpoint.stop_grace_s
+    {  // and so does a heartbeat's view of it (it may come before the command)
+      v1::HeartbeatRequest beat;
+      beat.set_worker_id("h/0");
+      beat.set_session_id(sessions_[0]);
+      const v1::HeartbeatResponse view = c_->Heartbeat(beat);
+      ASSERT_EQ(view.ranks_size(), 1);
+      EXPECT_FALSE(view.ranks(0).wanted());
+      EXPECT_EQ(view.ranks(0).checkpoint_grace_s(), 30);
+    }
+
+    const auto tick = [&](double seconds) {
+      clock_.Advance(seconds);
+      for (int s : {0, 2}) {
+        v1::HeartbeatRequest beat;
+        beat.set_worker_id("h/" + std::to_string(s));
+        beat.set_session_id(sessions_[s]);
+        c_->Heartbeat(beat);
+      }
+      c_->Tick();
+    };
+    tick(1.1);  // past the backoff: both ranks still write
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+    EXPECT_EQ(Job().summary().waiting(),
+              "waits for 2 ranks of its last attempt to stop (each may be writing the checkpoint "
+              "of the step it stopped at)");
+    Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: attempt 1 interrupted");
+    tick(0.5);
+    EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+    EXPECT_EQ(Job().summary().waiting(),
+              "waits for 1 rank of its last attempt to stop (each may be writing the checkpoint "
+              "of the step it stopped at)");
+    if (leaver_reports) {
+      Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: the agent is stopping");
+      tick(0.5);
+    } else {
+      tick(30 + 15);  // checkpoint.stop_grace_s, then the margin for its agent's own grace
+    }
+    EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
+    EXPECT_EQ(Job().summary().attempt(), 2u);
+  }
+}
+
 }  // namespace
 }  // namespace furnace::controller
