@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -19,7 +18,6 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "furnace/v1/agent.grpc.pb.h"
 #include "runtime/base/daemon_flags.h"
@@ -257,16 +255,7 @@ int main(int argc, char** argv) {
                  "seconds a job's rank logs stay in --work-dir/logs once none has changed and no "
                  "rank of the job runs here (the controller keeps its own copy: `furnace logs`); "
                  "at least 3600; 0 keeps them forever")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            double s = 0;
-            if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) ||
-                (s != 0 && s < furnace::worker::kMinKeepRankLogsS) || s > 1e10) {
-              return "allowed: 0 (never) or 3600 to 1e10 seconds";
-            }
-            return "";
-          },
-          "SECONDS"))
+      ->check(furnace::ZeroOrSeconds(furnace::worker::kMinKeepRankLogsS, 1e10))
       ->capture_default_str();
   app.add_option("--max-stop-grace", options.max_stop_grace_s,
                  "the most seconds of a job's checkpoint.stop_grace_s this agent's own stop gives "

@@ -1,8 +1,5 @@
 #include "controller/service/options.h"
 
-#include <cmath>
-
-#include "absl/strings/numbers.h"
 #include "runtime/base/daemon_flags.h"
 #include "runtime/base/yaml_config.h"
 
@@ -51,15 +48,7 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "seconds after its end that a job is deleted from the job store and memory, "
                  "with its controller-side log (its checkpoints stay; the audit log keeps its "
                  "entries); at least 3600; 0 keeps ended jobs forever")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            double s = 0;
-            if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) || (s != 0 && s < 3600) || s > 1e10) {
-              return "allowed: 0 (never) or 3600 to 1e10 seconds";
-            }
-            return "";
-          },
-          "SECONDS"))
+      ->check(ZeroOrSeconds(3600, 1e10))
       ->capture_default_str();
   app.add_option("--reserve-after", flags.reserve_after_s,
                  "seconds a job may wait to start before the next workers to free up are "

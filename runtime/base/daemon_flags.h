@@ -34,6 +34,25 @@ inline CLI::Validator FiniteRange(double min, double max) {
       "NUMBER in " + range);
 }
 
+// A number of seconds that is 0 (the feature is off: "never") or in [min, max], and finite:
+// --forget-ended-jobs, --keep-rank-logs (a retention shorter than `min` would delete what an
+// operator still looks at).
+inline CLI::Validator ZeroOrSeconds(double min, double max) {
+  std::ostringstream text;
+  text << "allowed: 0 (never) or " << min << " to " << max << " seconds";
+  const std::string allowed = text.str();
+  return CLI::Validator(
+      [min, max, allowed](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || !std::isfinite(value) ||
+            (value != 0 && value < min) || value > max) {
+          return allowed;
+        }
+        return "";
+      },
+      "SECONDS");
+}
+
 // Adds `--version` to `app` (prints "<name> <version>", the version of the build that `furnace
 // --version` prints) and parses argv. nullopt: parsed, run. Otherwise the exit code: 0 after
 // --help or --version (printed to `out`), kDaemonExitUsage after a bad option (CLI11's message,
