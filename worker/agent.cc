@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/rank_log_retention.h"
@@ -68,15 +69,6 @@ std::string SafeName(std::string name) {
   }
   if (name.empty() || name == "." || name == "..") name = absl::StrCat("_", name);
   return name;
-}
-
-// How long a train rank stopping for a reason other than a failure gets to stop after its step
-// with a checkpoint (checkpoint.stop_grace_s; 0 without a checkpoint.dir or for a commcheck).
-double CheckpointGraceS(const furnace::v1::RankTask& task) {
-  const furnace::v1::JobSpec& spec = task.spec();
-  return spec.kind() == "train" && !spec.checkpoint().dir().empty()
-             ? spec.checkpoint().stop_grace_s()
-             : 0;
 }
 
 std::chrono::duration<double> Seconds(double s) { return std::chrono::duration<double>(s); }
@@ -1033,9 +1025,9 @@ void Agent::StopAllRanks() {
         // Not a failure: a train rank first gets the job's checkpoint.stop_grace_s to stop after
         // its step with a checkpoint (the controller, told the agent leaves, asks the same of
         // the attempt's other ranks).
-        entry.supervisor->Stop(
-            options_.shutdown_grace_s, "the worker agent is shutting down",
-            std::min(CheckpointGraceS(entry.task), std::max(0.0, options_.max_stop_grace_s)));
+        entry.supervisor->Stop(options_.shutdown_grace_s, "the worker agent is shutting down",
+                               std::min(furnace::v1::StopCheckpointGraceS(entry.task.spec()),
+                                        std::max(0.0, options_.max_stop_grace_s)));
         running.push_back(entry.supervisor.get());
       }
     }

@@ -12,6 +12,7 @@
 #include "controller/spec/input_roots.h"
 #include "controller/spec/job_spec.h"
 #include "controller/store/job_state.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "proto/furnace/v1/state_names.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
@@ -504,9 +505,8 @@ void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {
   // As StopAttemptRanks stops it: a cancel or an interruption keeps the progress.
   const bool keeps_progress =
       job->summary.state() == v1::JOB_CANCELLED || attempt.state() == v1::ATTEMPT_STATE_INTERRUPTED;
-  if (!view->wanted() && keeps_progress && job->spec.kind() == "train" &&
-      !job->spec.checkpoint().dir().empty()) {
-    view->set_checkpoint_grace_s(job->spec.checkpoint().stop_grace_s());
+  if (!view->wanted() && keeps_progress) {
+    view->set_checkpoint_grace_s(v1::StopCheckpointGraceS(job->spec));
   }
 }
 

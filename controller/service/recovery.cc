@@ -42,6 +42,7 @@
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
 #include "controller/store/progress_rule.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -303,10 +304,7 @@ void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason, bool ke
   auto* attempt = job.current();
   if (!attempt) return;
   // A stop that is no failure lets a train job's ranks checkpoint the step in progress first.
-  const double checkpoint_grace_s =
-      keep_progress && job.spec.kind() == "train" && !job.spec.checkpoint().dir().empty()
-          ? job.spec.checkpoint().stop_grace_s()
-          : 0;
+  const double checkpoint_grace_s = keep_progress ? v1::StopCheckpointGraceS(job.spec) : 0;
   for (const auto& rank : attempt->ranks()) {
     if (rank.state() == v1::RANK_STATE_EXITED) continue;
     Worker* w = workers_.Find(rank.worker_id());
@@ -482,10 +480,9 @@ void JobLifecycle::MarkLost(Worker& worker, const std::string& why, bool leaving
   if (job == nullptr) return;
   // Its agent stops the rank with the job's checkpoint.stop_grace_s to write the step it reached:
   // waited for before the job's next attempt reads the directory (TryStart).
-  if (leaving && job->spec.kind() == "train" && !job->spec.checkpoint().dir().empty() &&
-      job->spec.checkpoint().stop_grace_s() > 0) {
+  if (const double grace = v1::StopCheckpointGraceS(job->spec); leaving && grace > 0) {
     job->leaving_drain[worker.info.worker_id()] =
-        clock_.MonotonicSeconds() + job->spec.checkpoint().stop_grace_s() + kLeavingDrainMarginS;
+        clock_.MonotonicSeconds() + grace + kLeavingDrainMarginS;
   }
   if (held.attempt == 0 || held.attempt > job->attempts.size()) return;
   v1::AttemptInfo* attempt = &job->attempts[held.attempt - 1];

@@ -22,4 +22,13 @@ struct JobPathField {
 // The non-empty path fields of `spec` (data.tokenizer only when it names a file, not `byte`).
 std::vector<JobPathField> JobPathFields(JobSpec& spec);
 
+// How long a stop that is no failure (a cancel, an interruption, an agent's own stop) gives the
+// ranks of `spec` to write a checkpoint of the step in progress into checkpoint.dir
+// (checkpoint.stop_grace_s): only a train job with a directory has one to keep; 0 otherwise.
+inline double StopCheckpointGraceS(const JobSpec& spec) {
+  return spec.kind() == "train" && !spec.checkpoint().dir().empty()
+             ? spec.checkpoint().stop_grace_s()
+             : 0;
+}
+
 }  // namespace furnace::v1
