@@ -99,7 +99,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"checkpoint.every_auto", FieldUse::kUsed, "checkpoint().every_auto()"},
     // The trainer refuses or accepts a resume under other optimizer or model settings (trainer.cc).
     {"checkpoint.override_settings", FieldUse::kUsed, "checkpoint().override_settings()"},
-    {"checkpoint.stop_grace_s", FieldUse::kUsed, "checkpoint().stop_grace_s()"},
+    {"checkpoint.stop_grace_s", FieldUse::kUsed, "StopCheckpointGraceS("},
 
     {"recovery.max_restarts", FieldUse::kUsed, "recovery().max_restarts()"},
     {"recovery.backoff.initial_s", FieldUse::kUsed, "spec.initial_s()"},
