@@ -356,23 +356,41 @@ int ExitReports(const testing::FakeAgentService& fake, uint32_t rank) {
       [&](const auto& r) { return r.rank() == rank && r.event() == furnace::v1::RANK_EXITED; }));
 }
 
-TEST_F(AgentTest, HeartbeatStopsARankTheControllerNoLongerWants) {
-  testing::FakeController controller;
-  StartAgent(controller.address(), "echo ready; exec sleep 30");
-  auto& fake = controller.service;
-  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
+// Rank 1 started by `start` under heartbeats whose controller view wants it, still running
+// `beats` heartbeats later.
+::testing::AssertionResult RunWantedRank(testing::FakeAgentService& fake,
+                                         const furnace::v1::AgentCommand& start, size_t beats) {
+  if (!fake.AwaitLocked([&] { return fake.watchers > 0; })) {
+    return ::testing::AssertionFailure() << "the agent never opened its command stream";
+  }
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     fake.reconcile = true;
     fake.rank_view = {View(1, /*wanted=*/true)};
   }
-  fake.Push(Start(1));
-  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
+  fake.Push(start);
+  if (!fake.AwaitLocked([&] { return !fake.reports.empty(); })) {
+    return ::testing::AssertionFailure() << "rank 1 never reported its start";
+  }
+  size_t seen = 0;
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    seen = fake.heartbeats.size();
+  }
+  if (!fake.AwaitLocked([&] {
+        return fake.heartbeats.size() >= seen + beats && fake.heartbeats.back().running_size() == 1;
+      })) {
+    return ::testing::AssertionFailure() << "rank 1 not running " << beats << " heartbeats later";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(AgentTest, HeartbeatStopsARankTheControllerNoLongerWants) {
+  testing::FakeController controller;
+  StartAgent(controller.address(), "echo ready; exec sleep 30");
+  auto& fake = controller.service;
   // Wanted: several heartbeats listing it leave it running.
-  const size_t seen = fake.heartbeats.size();
-  ASSERT_TRUE(fake.AwaitLocked([&] {
-    return fake.heartbeats.size() >= seen + 3 && fake.heartbeats.back().running_size() == 1;
-  }));
+  ASSERT_TRUE(RunWantedRank(fake, Start(1), 3));
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     EXPECT_EQ(ExitReports(fake, 1), 0);
@@ -395,18 +413,7 @@ TEST_F(AgentTest, AHeartbeatStoppingARankKeepingItsProgressSendsUsr1First) {
              "trap 'echo usr1; exit 82' USR1; trap 'echo term; exit 7' TERM; echo ready; "
              "while :; do sleep 0.05; done");
   auto& fake = controller.service;
-  ASSERT_TRUE(fake.AwaitLocked([&] { return fake.watchers > 0; }));
-  {
-    std::lock_guard<std::mutex> lock(fake.mu);
-    fake.reconcile = true;
-    fake.rank_view = {View(1, /*wanted=*/true)};
-  }
-  fake.Push(Start(1));
-  ASSERT_TRUE(fake.AwaitLocked([&] { return !fake.reports.empty(); }));
-  const size_t seen = fake.heartbeats.size();
-  ASSERT_TRUE(fake.AwaitLocked([&] {
-    return fake.heartbeats.size() >= seen + 2 && fake.heartbeats.back().running_size() == 1;
-  }));
+  ASSERT_TRUE(RunWantedRank(fake, Start(1), 2));
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     furnace::v1::ControllerRankView cancelled = View(1, /*wanted=*/false);

@@ -137,13 +137,16 @@ class ControllerTest : public ::testing::Test {
     return *d;
   }
 
+  // One heartbeat of slot `slot`'s agent in its session (`leaving`: it says it is shutting down).
+  v1::HeartbeatResponse Beat(int slot, bool leaving = false) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id("h/" + std::to_string(slot));
+    h.set_session_id(sessions_[slot]);
+    h.set_leaving(leaving);
+    return c_->Heartbeat(h);
+  }
   void HeartbeatAll(int n) {
-    for (int s = 0; s < n; ++s) {
-      v1::HeartbeatRequest h;
-      h.set_worker_id("h/" + std::to_string(s));
-      h.set_session_id(sessions_[s]);
-      EXPECT_FALSE(c_->Heartbeat(h).reregister());
-    }
+    for (int s = 0; s < n; ++s) EXPECT_FALSE(Beat(s).reregister());
   }
 
   // Rank `rank` of `attempt` reports `step` from the worker it was placed on (`loaded`: with its
@@ -3095,11 +3098,7 @@ TEST_F(LeavingWhilePendingTest, TheStoreBackForTheSecondLeaving) { Run(true); }
 TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMoreWork) {
   StartRunning();
   Register(2);
-  v1::HeartbeatRequest h;
-  h.set_worker_id("h/1");
-  h.set_session_id(sessions_[1]);
-  h.set_leaving(true);
-  c_->Heartbeat(h);
+  Beat(1, /*leaving=*/true);
   auto d = Job();
   EXPECT_EQ(d.summary().state(), v1::JOB_RECOVERING);
   EXPECT_EQ(d.summary().restarts(), 0u);
@@ -3110,14 +3109,8 @@ TEST_F(ControllerTest, AnAgentThatSaysItIsLeavingInterruptsTheAttemptAndGetsNoMo
   Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: the agent is shutting down");
   Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
   clock_.Advance(1.1);
-  v1::HeartbeatRequest h0;
-  h0.set_worker_id("h/0");
-  h0.set_session_id(sessions_[0]);
-  c_->Heartbeat(h0);
-  v1::HeartbeatRequest h2;
-  h2.set_worker_id("h/2");
-  h2.set_session_id(sessions_[2]);
-  c_->Heartbeat(h2);
+  Beat(0);
+  Beat(2);
   c_->Tick();
   d = Job();
   ASSERT_EQ(d.summary().attempt(), 2u);
@@ -3143,21 +3136,14 @@ TEST_F(ControllerTest, AnInterruptedTrainJobRestartsOnceItsRanksHaveWrittenTheir
         "name: t\nkind: train\nparallel: {dp: 2}\nrecovery:\n  max_restarts: 2\n"
         "  backoff: {initial_s: 1.0, max_s: 4.0, multiplier: 2.0}\n");
     Register(2);
-    v1::HeartbeatRequest h;
-    h.set_worker_id("h/1");
-    h.set_session_id(sessions_[1]);
-    h.set_leaving(true);
-    c_->Heartbeat(h);
+    Beat(1, /*leaving=*/true);
     ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
     const std::vector<v1::AgentCommand> stop = Commands(0);
     ASSERT_EQ(stop.size(), 1u);
     ASSERT_TRUE(stop[0].has_stop());
     EXPECT_EQ(stop[0].stop().checkpoint_grace_s(), 30);  // the default checkpoint.stop_grace_s
     {  // and so does a heartbeat's view of it (it may come before the command)
-      v1::HeartbeatRequest beat;
-      beat.set_worker_id("h/0");
-      beat.set_session_id(sessions_[0]);
-      const v1::HeartbeatResponse view = c_->Heartbeat(beat);
+      const v1::HeartbeatResponse view = Beat(0);
       ASSERT_EQ(view.ranks_size(), 1);
       EXPECT_FALSE(view.ranks(0).wanted());
       EXPECT_EQ(view.ranks(0).checkpoint_grace_s(), 30);
@@ -3165,12 +3151,8 @@ TEST_F(ControllerTest, AnInterruptedTrainJobRestartsOnceItsRanksHaveWrittenTheir
 
     const auto tick = [&](double seconds) {
       clock_.Advance(seconds);
-      for (int s : {0, 2}) {
-        v1::HeartbeatRequest beat;
-        beat.set_worker_id("h/" + std::to_string(s));
-        beat.set_session_id(sessions_[s]);
-        c_->Heartbeat(beat);
-      }
+      Beat(0);
+      Beat(2);
       c_->Tick();
     };
     tick(1.1);  // past the backoff: both ranks still write
