@@ -487,6 +487,11 @@ double Controller::TelemetryFlushS() const {
 }
 
 void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {
+  // Once Shutdown has ended the attempts on the local workers it stops, the records no longer list
+  // their ranks, and a view from them would have the agents stop those ranks as unknown, at once,
+  // cutting the checkpoint grace their StopRank gave them: the agents get no view until the next
+  // controller's.
+  if (jobs_.shut_down()) return;
   resp.set_reconcile(true);
   if (!w.has_rank) return;
   Job* job = jobs_.Find(w.info.job_id());

@@ -289,6 +289,8 @@ class JobLifecycle {
   // See Controller::Shutdown: `stopping_workers` are the ids of the workers about to be stopped
   // (none: state is left as is).
   void Shutdown(const std::set<std::string>& stopping_workers);
+  // Shutdown stopped workers (it had some to stop).
+  bool shut_down() const { return shut_down_; }
   // After the last flush at shutdown: exits still unwritten (the store refused the flush) are
   // answered Unavailable, so the agent server's calls end and the agents re-send them to the next
   // controller; their workers stay held.

@@ -92,7 +92,11 @@ pid_t LocalLauncher::Spawn(uint32_t slot) {
                                    "--work-dir",
                                    dir.string(),
                                    "--log-level",
-                                   options_.log_level};
+                                   options_.log_level,
+                                   "--max-stop-grace",
+                                   absl::StrCat(options_.rank_checkpoint_grace_s),
+                                   "--shutdown-grace",
+                                   absl::StrCat(options_.rank_term_grace_s)};
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   for (auto [flag, root] : {std::pair{"--data-root", &options_.data_root},
                             std::pair{"--checkpoint-root", &options_.checkpoint_root}}) {
@@ -176,25 +180,38 @@ void LocalLauncher::Monitor() {
   }
 }
 
-void LocalLauncher::Stop(double grace_s) {
+double LocalLauncher::StopTimeoutS() const {
+  // The agent's --shutdown-flush (3 s by default) and a margin for its own exit.
+  constexpr double kAgentExitS = 8;
+  return options_.rank_checkpoint_grace_s + options_.rank_term_grace_s + kAgentExitS;
+}
+
+void LocalLauncher::Stop(const std::function<bool()>& hurry) {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   for (const Slot& s : slots_) {
     if (s.pid > 0) kill(s.pid, SIGTERM);
   }
-  const double deadline = RealClock().MonotonicSeconds() + grace_s;
+  const double timeout = StopTimeoutS();
+  const double deadline = RealClock().MonotonicSeconds() + timeout;
+  bool hurried = false;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     Slot& s = slots_[slot];
-    while (s.pid > 0 && RealClock().MonotonicSeconds() < deadline) {
+    while (s.pid > 0 && !hurried && RealClock().MonotonicSeconds() < deadline) {
       if (!Alive(slot)) {
         s.pid = -1;
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      hurried = hurry();
+      if (!hurried) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (s.pid > 0) {
-      spdlog::warn("local worker slot {} (pid {}) did not stop in {} s: SIGKILL", slot, s.pid,
-                   grace_s);
+      if (hurried) {
+        spdlog::warn("local worker slot {} (pid {}): SIGKILL, asked to stop at once", slot, s.pid);
+      } else {
+        spdlog::warn("local worker slot {} (pid {}) did not stop in {:.0f} s: SIGKILL", slot, s.pid,
+                     timeout);
+      }
       kill(s.pid, SIGKILL);
       if (!s.adopted) waitpid(s.pid, nullptr, 0);
       s.pid = -1;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,10 @@ struct LocalLauncherOptions {
   // the ranks' files to the same directories (empty: not confined).
   std::string data_root;
   std::string checkpoint_root;
+  // Passed to every worker as --max-stop-grace and --shutdown-grace: at shutdown its agent gives a
+  // train rank up to the first to save the step in progress, then the second before SIGKILL.
+  double rank_checkpoint_grace_s = 60;
+  double rank_term_grace_s = 10;
 };
 
 class LocalLauncher {
@@ -40,8 +45,13 @@ class LocalLauncher {
   LocalLauncher(const LocalLauncherOptions& options, Controller& controller);
   ~LocalLauncher();
   void Start();
-  // Sends SIGTERM to every worker, waits up to grace_s, then SIGKILL.
-  void Stop(double grace_s);
+  // How long Stop() waits for a worker: its agent's stop of its ranks (the checkpoint grace, then
+  // the term grace) and the few seconds it takes to deliver their last reports.
+  double StopTimeoutS() const;
+  // Sends SIGTERM to every worker and waits for them up to StopTimeoutS(), then SIGKILL (their
+  // ranks die with them). `hurry` is polled while waiting: once it says true, the workers still
+  // running get SIGKILL at once (the step their ranks were saving is lost).
+  void Stop(const std::function<bool()>& hurry = [] { return false; });
 
  private:
   struct Slot {

@@ -31,11 +31,18 @@
 
 namespace {
 
+// SIGINT or SIGTERM stops the controller; a second SIGINT (Ctrl-C pressed again) while its local
+// workers stop kills them at once. Only SIGINT hurries: a script that sends SIGTERM after the
+// terminal's Ctrl-C reached both (scripts/demo.sh's cleanup) must not cut the ranks' checkpoint.
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_interrupts{0};
 // Below this many open files the controller says so at start (a fleet of a few thousand agents,
 // their rank logs and the store's files need more).
 constexpr uint64_t kFewOpenFiles = 65536;
-void OnSignal(int) { g_stop = true; }
+void OnSignal(int signo) {
+  g_stop = true;
+  if (signo == SIGINT) g_interrupts.fetch_add(1);
+}
 
 }  // namespace
 
@@ -250,7 +257,14 @@ int main(int argc, char** argv) {
   // Record running attempts as interrupted (not failed) before our own workers stop them, so the
   // jobs resume after a restart without spending their restart budget.
   controller->Shutdown(/*stopping_workers=*/launcher != nullptr);
-  if (launcher) launcher->Stop(10.0);
+  if (launcher) {
+    spdlog::info(
+        "stopping the {} local worker(s): their train ranks save the step in progress first "
+        "(up to {:.0f} s; Ctrl-C again stops them at once, losing it)",
+        f.local_workers, launcher->StopTimeoutS());
+    const int interrupts = g_interrupts.load();
+    launcher->Stop([interrupts] { return g_interrupts.load() > interrupts; });
+  }
   agents->Stop(*server, std::chrono::system_clock::now() + std::chrono::seconds(2));
   monitoring.reset();
   return 0;

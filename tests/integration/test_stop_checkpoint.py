@@ -4,7 +4,8 @@ sends it SIGUSR1, every rank agrees in its next step's all-reduce to stop after 
 they write its checkpoint before they exit. The job here checkpoints only at its end
 (checkpoint.every 0), so without this a cancel or a drain would lose every step: a job resubmitted
 on the cancelled one's directory resumes from the step the cancel reached, and the drained job's
-next attempt from the step the drain reached, without spending a restart."""
+next attempt (or the next attempt after a controller stopped with its local workers) from the
+step the stop reached, without spending a restart."""
 import os
 import signal
 import time
@@ -80,6 +81,30 @@ class StopCheckpointTest(harness.ClusterTest):
         step = latest_step(ckpt)
         self.assertGreaterEqual(step, 8)
         print(f"\nREPORT drain: {self.restored(d)[0]}")
+        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
+        r = c.cli("cancel", j)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        c.wait_state(j, "JOB_CANCELLED")
+        c.wait_workers(3, timeout=60)
+
+    def test_a_stopped_controller_lets_its_local_workers_save_the_step(self):
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-controller")
+        j = c.submit(c.write_job("stop.yaml", job("stop", ckpt, 100000)))
+        self.wait_step(j, 8)
+        # What a service manager or the demo's cleanup does: the controller records the attempt
+        # interrupted, then stops its local workers, whose agents give the ranks the job's
+        # checkpoint.stop_grace_s before SIGTERM.
+        c.controller.send_signal(signal.SIGTERM)
+        c.controller.wait(timeout=120)
+        self.assertEqual(harness.processes_under(c.state), [])  # workers and ranks all out
+        step = latest_step(ckpt)
+        self.assertGreaterEqual(step, 8)
+        c.start(wait_workers=False)  # the job takes two of them at once
+        d = c.wait_for(j, lambda d: len(d["attempts"]) >= 2 and self.restored(d), 120,
+                       "the next attempt's restore")
+        print(f"\nREPORT controller stop: {self.restored(d)[0]}")
         self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
         self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
         r = c.cli("cancel", j)

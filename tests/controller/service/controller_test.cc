@@ -2269,6 +2269,26 @@ TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
   EXPECT_EQ(d.summary().attempt(), 2u);
 }
 
+// A graceful shutdown asks a train job's ranks on the local workers to stop keeping their
+// progress (they write the step they reach), and no heartbeat's view cuts that short: the records,
+// which no longer list those ranks, give the agents none (it had them stopped as unknown, SIGTERM
+// at once, before their step was written).
+TEST_F(ControllerTest, AGracefulShutdownLetsTheLocalRanksWriteTheirStep) {
+  StartRunning("name: t\nkind: train\nparallel: {dp: 2}\n");
+  ASSERT_TRUE(c_->RecordLocalWorker(0, 100).ok());
+  ASSERT_TRUE(c_->RecordLocalWorker(1, 101).ok());
+  c_->Shutdown(/*stopping_workers=*/true);
+  for (int slot : {0, 1}) {
+    const std::vector<v1::AgentCommand> commands = Commands(slot);
+    ASSERT_EQ(commands.size(), 1u);
+    ASSERT_TRUE(commands[0].has_stop());
+    EXPECT_EQ(commands[0].stop().checkpoint_grace_s(), 30);  // the default
+    const v1::HeartbeatResponse beat = Beat(slot);
+    EXPECT_FALSE(beat.reconcile());
+    EXPECT_EQ(beat.ranks_size(), 0);
+  }
+}
+
 // A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped
 // by a graceful shutdown: it trains on and re-attaches to the restarted controller. Its cause
 // said "the controller shut down and stopped its local workers", which was not so.
