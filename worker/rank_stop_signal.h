@@ -5,9 +5,12 @@
 // checkpoint (runtime/train/trainer.h, StopToken). Anywhere else (start-up, the teardown, a
 // commcheck) there is no step to keep, and the rank ends as SIGTERM ends it.
 //
-// Threading: a signal handler (SA_RESTART), since the rank's libraries start threads of their own
-// (OpenBLAS at load time) that no mask set here would reach; it only stores to lock-free atomics,
-// or sends the rank SIGTERM. InstallStopSignal is called once, first thing in RankMain.
+// Threading: InstallStopSignal, called once first thing in RankMain (before the rank starts a
+// thread), blocks SIGUSR1 in the calling thread, so in every thread started after it, and starts
+// a thread that takes it with sigwait: no blocking call of the training loop, NCCL or Gloo is
+// interrupted (EINTR). The threads the rank's libraries started at load time (OpenBLAS's), which
+// no mask set here reaches, run a handler (SA_RESTART) that does the same. Either only stores to
+// lock-free atomics, or sends the rank SIGTERM.
 #pragma once
 
 #include "runtime/train/trainer.h"
