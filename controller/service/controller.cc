@@ -507,12 +507,8 @@ void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {
   view->set_wanted(&attempt == job->current() && attempt.state() == v1::ATTEMPT_STATE_RUNNING &&
                    !IsFinal(job->summary.state()));
   view->set_started(rank.state() == v1::RANK_STATE_RUNNING);
-  // As StopAttemptRanks stops it: a cancel or an interruption keeps the progress.
-  const bool keeps_progress =
-      job->summary.state() == v1::JOB_CANCELLED || attempt.state() == v1::ATTEMPT_STATE_INTERRUPTED;
-  if (!view->wanted() && keeps_progress) {
-    view->set_checkpoint_grace_s(v1::StopCheckpointGraceS(job->spec));
-  }
+  // As StopAttemptRanks stops it: a cancel, an interruption or the time limit keeps the progress.
+  if (!view->wanted()) view->set_checkpoint_grace_s(StopKeepingProgressGraceS(*job, attempt));
 }
 
 absl::StatusOr<std::vector<v1::AgentCommand>> Controller::NextCommands(

@@ -183,6 +183,11 @@ struct Job {
   }
 };
 
+// The checkpoint grace (checkpoint.stop_grace_s) a rank of `attempt` gets when it is stopped:
+// the job's when the stop is no failure (the job cancelled, the attempt interrupted or ended at
+// resources.time_limit_s), so the rank writes the step it reaches first; 0 otherwise.
+double StopKeepingProgressGraceS(const Job& job, const furnace::v1::AttemptInfo& attempt);
+
 // "12:34:56 UTC": when an exclusion ends, in events (restart_ladder.cc).
 std::string UnixClock(double unix_s);
 
@@ -346,6 +351,11 @@ class JobLifecycle {
   // FailAttempt with exactly this failure.
   bool FailAttemptAs(Job& job, const std::string& kind, const std::string& cause,
                      const std::string& culprit_worker, Failure failure);
+  // resources.time_limit_s: true when `job` (not ended, started) has run past it since its first
+  // attempt started; EndAtTimeLimit then ends it FAILED and stops its ranks keeping their
+  // progress (a failed write leaves it as it was: Tick tries again).
+  bool PastTimeLimit(const Job& job, double now_unix) const;
+  void EndAtTimeLimit(Job& job, double now_unix);
   // Stops the attempt's ranks still running; keep_progress (a cancel, an interruption: no failure)
   // gives a train job's ranks checkpoint.stop_grace_s to stop after their step with a checkpoint.
   void StopAttemptRanks(Job& job, const std::string& reason, bool keep_progress = false);

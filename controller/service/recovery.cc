@@ -67,6 +67,8 @@ constexpr double kLeavingDrainMarginS = 15.0;
 // and they wait for it. Its agent calls it hung only at 1.5 x hang_timeout_s
 // (worker/rank_supervisor.h FrozenTimeoutS), after the settle window of its peers' reports.
 constexpr double kFrozenEvidenceS = 3.0;
+// AttemptInfo.failure_kind of an attempt ended at resources.time_limit_s.
+constexpr char kTimeLimitKind[] = "time_limit";
 
 std::string DescribeExit(const v1::RankReport& r) {
   if (!r.reason().empty()) return r.reason();
@@ -298,6 +300,50 @@ std::optional<JobLifecycle::SilentRank> JobLifecycle::SilentestRank(const Job& j
     }
   }
   return out;
+}
+
+double StopKeepingProgressGraceS(const Job& job, const v1::AttemptInfo& attempt) {
+  const bool no_failure = job.summary.state() == v1::JOB_CANCELLED ||
+                          attempt.state() == v1::ATTEMPT_STATE_INTERRUPTED ||
+                          attempt.failure_kind() == kTimeLimitKind;
+  return no_failure ? v1::StopCheckpointGraceS(job.spec) : 0;
+}
+
+bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
+  const double limit = job.spec.resources().time_limit_s();
+  return limit > 0 && !job.attempts.empty() && !IsFinal(job.summary.state()) &&
+         now_unix - job.attempts.front().started_unix() >= limit;
+}
+
+void JobLifecycle::EndAtTimeLimit(Job& job, double now_unix) {
+  const Job backup = job;
+  const std::string cause = absl::StrFormat(
+      "time limit reached: %.0f s since its first attempt started (resources.time_limit_s %g)",
+      now_unix - job.attempts.front().started_unix(), job.spec.resources().time_limit_s());
+  v1::AttemptInfo* attempt = job.current();
+  const bool running = attempt->state() == v1::ATTEMPT_STATE_RUNNING;
+  if (running) {
+    attempt->set_state(v1::ATTEMPT_STATE_FAILED);
+    attempt->set_cause(cause);
+    attempt->set_failure_kind(kTimeLimitKind);
+    attempt->set_ended_unix(now_unix);
+    if (attempt->failed_unix() == 0) attempt->set_failed_unix(now_unix);
+  }
+  job.settle_deadline = 0;  // a failure pending (its settle window) is overtaken
+  const bool keeps = running && v1::StopCheckpointGraceS(job.spec) > 0;
+  job.summary.set_cause(absl::StrCat(
+      cause, keeps ? "; its ranks stop after their step and write its checkpoint" : ""));
+  if (absl::Status s = Transition(job, v1::JOB_FAILED, "time_limit", job.summary.cause());
+      !s.ok()) {
+    spdlog::warn("job {}: its end at the time limit is not recorded yet: {}", job.summary.job_id(),
+                 s.ToString());
+    job = backup;
+    return;
+  }
+  if (running) {
+    StopAttemptRanks(job, "job time limit reached", /*keep_progress=*/true);
+    CloseScope(job, attempt->attempt());
+  }
 }
 
 void JobLifecycle::StopAttemptRanks(Job& job, const std::string& reason, bool keep_progress) {
@@ -564,6 +610,7 @@ void JobLifecycle::ForgetLongLostWorkers() {
 
 void JobLifecycle::Tick() {
   const double now = clock_.MonotonicSeconds();
+  const double now_unix = clock_.UnixSeconds();
   // Agents that stopped heart-beating. A job may set the limit for its own workers, shorter or
   // longer than --worker-timeout (recovery.heartbeat_timeout_s).
   for (auto& [id, w] : workers_.workers()) {
@@ -612,6 +659,10 @@ void JobLifecycle::Tick() {
         spdlog::warn("job {}: its ended attempt is not recorded yet: {}", job.summary.job_id(),
                      s.ToString());
       }
+    }
+    if (PastTimeLimit(job, now_unix)) {
+      EndAtTimeLimit(job, now_unix);
+      continue;
     }
     switch (job.summary.state()) {
       case v1::JOB_PENDING:
@@ -724,9 +775,17 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
       }
     }
     if (!wanted) {
-      workers_.Enqueue(req.worker_id(),
-                       StopCommand(rr.job_id(), rr.attempt(), rr.rank(), options_.stop_grace_s,
-                                   "no attempt of this job wants this rank any more"));
+      // A rank of a cancelled job or an interrupted attempt may be writing the step it stopped
+      // at (the controller restarted meanwhile): this stop keeps its grace, not cut it short.
+      double checkpoint_grace_s = 0;
+      if (jt != jobs_.end() && rr.attempt() >= 1 && rr.attempt() <= jt->second.attempts.size()) {
+        checkpoint_grace_s =
+            StopKeepingProgressGraceS(jt->second, jt->second.attempts[rr.attempt() - 1]);
+      }
+      workers_.Enqueue(
+          req.worker_id(),
+          StopCommand(rr.job_id(), rr.attempt(), rr.rank(), options_.stop_grace_s,
+                      "no attempt of this job wants this rank any more", checkpoint_grace_s));
     }
     w.has_rank = true;
     w.attempt = rr.attempt();

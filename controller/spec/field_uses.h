@@ -124,6 +124,8 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"resources.workers", FieldUse::kMustMatch, "3"},
     // Used for placement (workers of that device kind) and by the rank, which trains on it.
     {"resources.device", FieldUse::kUsed, "resources().device()"},
+    // The controller ends a job past it (controller/service/recovery.cc, Tick).
+    {"resources.time_limit_s", FieldUse::kUsed, "resources().time_limit_s()"},
 
     {"commcheck.min_bytes", FieldUse::kUsed, "spec.min_bytes()"},
     {"commcheck.max_bytes", FieldUse::kUsed, "spec.max_bytes()"},

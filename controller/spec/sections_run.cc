@@ -135,9 +135,13 @@ void ResolveShrink(const furnace::v1::ParallelSpec& parallel, furnace::v1::Recov
   }
 }
 
+// resources.time_limit_s: a year (0: none).
+constexpr double kMaxTimeLimitS = 366.0 * 24 * 3600;
+
 void ReadResources(MapReader& s, furnace::v1::ResourcesSpec* out) {
   out->set_workers(U32(s.Integer("workers", 1, kMaxU32), 0));
   out->set_device(s.Enum("device", {"cpu", "cuda", "emulated"}).value_or("cpu"));
+  out->set_time_limit_s(s.Number("time_limit_s", Between(0, kMaxTimeLimitS)).value_or(0.0));
   s.ReportUnknownKeys();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,7 +17,11 @@ bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
 
 std::string Quote(absl::string_view text) { return absl::StrCat("'", text, "'"); }
 
-std::string FormatNumber(double v) { return absl::StrCat(v); }
+// A whole bound in full ("31622400", not StrCat's "3.16224e+07"); others as StrCat gives them.
+std::string FormatNumber(double v) {
+  if (std::abs(v) < 1e15 && v == std::floor(v)) return absl::StrCat(static_cast<int64_t>(v));
+  return absl::StrCat(v);
+}
 
 std::string JoinAllowed(const std::vector<std::string>& values) {
   std::vector<std::string> shown;

@@ -77,14 +77,16 @@ v1::JobGoodput GoodputLedger::Report(const std::vector<v1::AttemptInfo>& attempt
 namespace {
 
 // Seconds each attempt ran (placement to end, or to now) and whether it failed for a reason
-// retrying could meet again (a permanent failure, bad_input, is the job's, not the machines').
+// retrying could meet again (a permanent failure, bad_input, is the job's, not the machines'; so
+// is the end at resources.time_limit_s, time_limit).
 template <typename Fn>
 void ForEachRun(const std::vector<v1::AttemptInfo>& attempts, double now_unix, Fn&& fn) {
   for (const v1::AttemptInfo& a : attempts) {
     if (a.started_unix() <= 0) continue;
     const double end = a.ended_unix() > 0 ? a.ended_unix() : now_unix;
     fn(a, std::max(0.0, end - a.started_unix()),
-       a.state() == v1::ATTEMPT_STATE_FAILED && a.failure_kind() != "bad_input");
+       a.state() == v1::ATTEMPT_STATE_FAILED && a.failure_kind() != "bad_input" &&
+           a.failure_kind() != "time_limit");
   }
 }
 

@@ -112,6 +112,28 @@ class StopCheckpointTest(harness.ClusterTest):
         c.wait_state(j, "JOB_CANCELLED")
         c.wait_workers(3, timeout=60)
 
+    def test_a_job_past_its_time_limit_ends_with_the_step_it_reached(self):
+        c = self.cluster
+        ckpt = os.path.join(c.state, "ckpt-limit")
+        # resources.time_limit_s counts from the first attempt's start (placement and start-up
+        # included): 6 s leaves this tiny model a few hundred steps.
+        j = c.submit(c.write_job("limit.yaml", job("limit", ckpt, 100000).replace(
+            "recovery:", "resources: {time_limit_s: 6}\nrecovery:")))
+        d = c.wait_state(j, harness.FINAL, timeout=120)
+        self.assertEqual(d["summary"]["state"], "JOB_FAILED", d["summary"])
+        self.assertIn("time limit reached: 6 s since its first attempt started "
+                      "(resources.time_limit_s 6); its ranks stop after their step and write its "
+                      "checkpoint", d["summary"]["cause"])
+        c.wait_workers(3, timeout=60)  # its ranks have stopped
+        d = c.job(j)
+        step = latest_step(ckpt)
+        self.assertGreater(step, 0)
+        reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
+        print(f"\nREPORT time limit: checkpoint of step {step}; rank ends: {reasons}")
+        self.assertTrue(any("job time limit reached" in r for r in reasons), reasons)
+        for reason in reasons:
+            self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
+
 
 if __name__ == "__main__":
     harness.main()

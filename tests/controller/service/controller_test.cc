@@ -1663,6 +1663,20 @@ TEST_F(ControllerTest, CancelStopsRanks) {
   EXPECT_EQ(c_->Cancel("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A controller restarted while a cancelled train job's ranks write the step they stopped at: the
+// stop it sends the re-registering agents keeps that grace (one without it had the agent SIGTERM
+// the rank at once).
+TEST_F(ControllerTest, AStopSentAfterARestartKeepsACancelledRanksCheckpointGrace) {
+  StartRunning("name: t\nkind: train\nparallel: {dp: 2}\n");
+  ASSERT_TRUE(c_->Cancel(job_).ok());
+  Restart();
+  Register(0, 100, {Running(job_, 1, 0)});
+  const std::vector<v1::AgentCommand> stop = Commands(0);
+  ASSERT_EQ(stop.size(), 1u);
+  ASSERT_TRUE(stop[0].has_stop());
+  EXPECT_EQ(stop[0].stop().checkpoint_grace_s(), 30);
+}
+
 // No job may name the directory a later job without checkpoint.dir gets (it would fill it, and
 // the later job resume from it), nor one inside or around a running job's.
 TEST_F(ControllerTest, CheckpointDirectoriesCannotBeSquattedOrNested) {
@@ -2287,6 +2301,71 @@ TEST_F(ControllerTest, AGracefulShutdownLetsTheLocalRanksWriteTheirStep) {
     EXPECT_FALSE(beat.reconcile());
     EXPECT_EQ(beat.ranks_size(), 0);
   }
+}
+
+// resources.time_limit_s: past it, a running train job ends FAILED at once (no restart), its ranks
+// stopped as at a cancel: each gets checkpoint.stop_grace_s to write the step it reaches, by
+// command and in the heartbeat's view, which may come first.
+TEST_F(ControllerTest, ATrainJobPastItsTimeLimitEndsAndItsRanksKeepTheirStep) {
+  StartRunning("name: t\nkind: train\nparallel: {dp: 2}\nresources: {time_limit_s: 60}\n");
+  clock_.Advance(59);
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  EXPECT_TRUE(Commands(0).empty());
+  clock_.Advance(1);
+  HeartbeatAll(2);
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().restarts(), 0u);
+  EXPECT_EQ(d.summary().cause(),
+            "time limit reached: 60 s since its first attempt started (resources.time_limit_s "
+            "60); its ranks stop after their step and write its checkpoint");
+  EXPECT_EQ(d.attempts(0).state(), v1::ATTEMPT_STATE_FAILED);
+  EXPECT_EQ(d.attempts(0).failure_kind(), "time_limit");
+  for (int slot : {0, 1}) {
+    const std::vector<v1::AgentCommand> stop = Commands(slot);
+    ASSERT_EQ(stop.size(), 1u);
+    ASSERT_TRUE(stop[0].has_stop());
+    EXPECT_EQ(stop[0].stop().reason(), "job time limit reached");
+    EXPECT_EQ(stop[0].stop().checkpoint_grace_s(), 30);
+    const v1::HeartbeatResponse view = Beat(slot);
+    ASSERT_EQ(view.ranks_size(), 1);
+    EXPECT_FALSE(view.ranks(0).wanted());
+    EXPECT_EQ(view.ranks(0).checkpoint_grace_s(), 30);
+  }
+}
+
+// The limit counts from the first attempt's start, recoveries included, and holds across a
+// controller restart (the start time is in the store): a job still recovering at it ends there.
+TEST_F(ControllerTest, TheTimeLimitCountsRecoveriesAndSurvivesARestart) {
+  StartRunning(
+      "name: t\nkind: commcheck\nparallel: {dp: 2}\nresources: {time_limit_s: 100}\n"
+      "recovery:\n  max_restarts: 5\n  backoff: {initial_s: 60.0, max_s: 60.0}\n");
+  clock_.Advance(50);
+  HeartbeatAll(2);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_SIGNAL, "killed by signal 9");
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped");
+  clock_.Advance(2);
+  HeartbeatAll(2);
+  c_->Tick();
+  ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);  // backoff: 60 s
+  Restart();
+  Register(0, 100, {}, "r0");
+  Register(1, 101, {}, "r1");
+  clock_.Advance(47);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  clock_.Advance(1);
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().cause(),
+            "time limit reached: 100 s since its first attempt started (resources.time_limit_s "
+            "100)");
+  ASSERT_EQ(d.attempts_size(), 1);  // no attempt started past it
+  EXPECT_EQ(d.attempts(0).failure_kind(), "signal");
 }
 
 // A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped

@@ -117,6 +117,7 @@ TEST(JobSpecTest, MinimalFileGetsEveryDefault) {
 
   EXPECT_EQ(s.resources().workers(), 1u);
   EXPECT_EQ(s.resources().device(), "cpu");
+  EXPECT_DOUBLE_EQ(s.resources().time_limit_s(), 0);  // no limit
 
   const auto& cc = s.commcheck();
   EXPECT_EQ(cc.min_bytes(), 4096u);
@@ -416,6 +417,23 @@ TEST(JobSpecTest, CheckpointStopGraceIsSecondsUpToAnHour) {
         absl::StrCat("name: a\nkind: train\ncheckpoint: {stop_grace_s: ", bad, "}\n"), "job.yaml");
     ASSERT_FALSE(spec.ok()) << bad;
     EXPECT_NE(spec.status().message().find("checkpoint.stop_grace_s"), absl::string_view::npos)
+        << spec.status().message();
+  }
+}
+
+// resources.time_limit_s: seconds from the job's first start, 0 (none) to a year.
+TEST(JobSpecTest, TimeLimitIsSecondsUpToAYear) {
+  EXPECT_DOUBLE_EQ(MustParse("name: a\nkind: train\nresources: {time_limit_s: 7200}\n")
+                       .resources()
+                       .time_limit_s(),
+                   7200);
+  for (const char* bad : {"-1", "31622401", "2h"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobYaml(
+        absl::StrCat("name: a\nkind: train\nresources: {time_limit_s: ", bad, "}\n"), "job.yaml");
+    ASSERT_FALSE(spec.ok()) << bad;
+    EXPECT_NE(spec.status().message().find("resources.time_limit_s"), absl::string_view::npos)
+        << spec.status().message();
+    EXPECT_NE(spec.status().message().find("31622400"), absl::string_view::npos)
         << spec.status().message();
   }
 }

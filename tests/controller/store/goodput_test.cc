@@ -171,6 +171,9 @@ TEST(Goodput, MtbfIsTheRunningTimeOverFailuresOrThePrior) {
   EXPECT_DOUBLE_EQ(e.seconds, 40.0);
   e = EstimateMtbf({Attempt(1, kT0, kT0 + 30, v1::ATTEMPT_STATE_FAILED, "bad_input")}, kT0 + 30);
   EXPECT_TRUE(e.from_prior);
+  // Nor is the end at the job's time limit.
+  e = EstimateMtbf({Attempt(1, kT0, kT0 + 30, v1::ATTEMPT_STATE_FAILED, "time_limit")}, kT0 + 30);
+  EXPECT_TRUE(e.from_prior);
 }
 
 TEST(Goodput, AJobWithoutFailuresAssumesTheClustersRatePerRank) {
