@@ -822,12 +822,20 @@ void JobLifecycle::TryStart(Job& job) {
     // And, after a controller restart, the workers known from the store not registered again.
     std::map<std::string, int> busy;
     int64_t unregistered = 0;
+    uint32_t known = 0;  // not lost: free, busy, or about to register again
     for (const auto& [id, w] : workers_.workers()) {
       if (w.info.device_kind() != job.spec.resources().device()) continue;
       if (w.has_rank && w.info.job_id() != job.summary.job_id()) ++busy[w.info.job_id()];
       if (AwaitingRegistration(w)) ++unregistered;
+      if (w.info.state() != v1::WORKER_STATE_LOST) ++known;
     }
     std::vector<std::string> notes;
+    // Workers lost since it was accepted: no job ending frees enough, only agents (re)joining.
+    if (known < world) {
+      notes.push_back(absl::StrCat("only ", known, " ", job.spec.resources().device(),
+                                   known == 1 ? " worker is" : " workers are",
+                                   " not lost: it starts once ", world - known, " more join"));
+    }
     if (!busy.empty()) {
       notes.push_back(
           absl::StrCat("busy with ", absl::StrJoin(busy, ", ", [](std::string* out, const auto& b) {

@@ -2603,6 +2603,24 @@ TEST_F(ControllerTest, AWaitingJobSaysWhichJobsHoldTheWorkers) {
   EXPECT_TRUE(Job().summary().waiting().empty());  // the running one
 }
 
+// A pending job accepted when the controller had the workers for it, which lost them since: the
+// reason says no job's end frees enough, only workers joining.
+TEST_F(ControllerTest, AWaitingJobSaysWhenTooFewWorkersAreLeftForIt) {
+  StartRunning();
+  auto later = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: a"}}), "a.yaml");
+  ASSERT_TRUE(later.ok()) << later.status();
+  clock_.Advance(11);  // past --worker-timeout: h/1 is lost, h/0 heard from
+  Beat(0);
+  c_->Tick();
+  auto pending = c_->GetJob(*later);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_EQ(pending->summary().state(), v1::JOB_PENDING);
+  EXPECT_NE(pending->summary().waiting().find(
+                "only 1 cpu worker is not lost: it starts once 1 more join"),
+            std::string::npos)
+      << pending->summary().waiting();
+}
+
 // A job recovering (its backoff running, its workers free meanwhile) keeps its claim on them: a job
 // submitted then waits, saying why, and the recovering one gets its workers back first, though
 // its id sorts after the newer one's ("t-1" after "a-2"; they were tried in id order).
