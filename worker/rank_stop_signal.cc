@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "spdlog/spdlog.h"
@@ -57,12 +58,18 @@ void InstallStopSignal() {
   // Every thread started from here on (the training loop's, NCCL's and Gloo's, the watchdog's)
   // inherits the mask, so none has a call cut short by EINTR (poll, epoll_wait and nanosleep
   // return it whatever SA_RESTART says); this one takes the signal.
-  std::thread([usr1] {
-    while (true) {
-      int signo = 0;
-      if (::sigwait(&usr1, &signo) == 0 && signo == SIGUSR1) ActOnStopSignal();
-    }
-  }).detach();
+  try {
+    std::thread([usr1] {
+      while (true) {
+        int signo = 0;
+        if (::sigwait(&usr1, &signo) == 0 && signo == SIGUSR1) ActOnStopSignal();
+      }
+    }).detach();
+  } catch (const std::system_error& e) {
+    // No thread to take it: the handler does, on whichever thread the signal lands.
+    ::pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
+    spdlog::warn("SIGUSR1 thread not started ({}): a stop may interrupt a blocking call", e.what());
+  }
 }
 
 void SetStopSignalTarget(train::StopToken* token) { g_target.store(token); }

@@ -19,7 +19,8 @@ namespace furnace::worker {
 
 void InstallStopSignal();
 
-// Where SIGUSR1 goes while a training loop runs (borrowed; nullptr: nowhere, the rank ends).
+// Where SIGUSR1 goes while a training loop runs (nullptr: nowhere, the rank ends). The token must
+// outlive the process: the signal's thread may act on it just after the loop moved on.
 void SetStopSignalTarget(train::StopToken* token);
 // After the training loop: SIGUSR1 is ignored. The rank may have stopped on a peer's request
 // before its own agent's signal came, and its checkpoint is written: it exits as it is.

@@ -696,7 +696,8 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
 
   std::optional<int> fault_exit;
   uint64_t computed = 0;  // steps this attempt computed (fault.mean_steps counts them)
-  train::StopToken stop;
+  // Static: SIGUSR1's thread may still act on it after this function returned (rank_stop_signal.h).
+  static train::StopToken stop;
   size_t checkpoint_errors_logged = 0;
   size_t checkpoint_warnings_logged = 0;
   const auto on_step = [&](const train::StepStats& s) {

@@ -488,10 +488,10 @@ double Controller::TelemetryFlushS() const {
 
 void Controller::FillRankView(const Worker& w, v1::HeartbeatResponse& resp) {
   // Once Shutdown has ended the attempts on the local workers it stops, the records no longer list
-  // their ranks, and a view from them would have the agents stop those ranks as unknown, at once,
-  // cutting the checkpoint grace their StopRank gave them: the agents get no view until the next
-  // controller's.
-  if (jobs_.shut_down()) return;
+  // their ranks, and a view from them would have those agents stop the ranks as unknown, at once,
+  // cutting the checkpoint grace their StopRank gave them: they get no view until the next
+  // controller's (other agents' ranks train on and keep theirs).
+  if (jobs_.StoppedAtShutdown(w.info.worker_id())) return;
   resp.set_reconcile(true);
   if (!w.has_rank) return;
   Job* job = jobs_.Find(w.info.job_id());

@@ -294,8 +294,10 @@ class JobLifecycle {
   // See Controller::Shutdown: `stopping_workers` are the ids of the workers about to be stopped
   // (none: state is left as is).
   void Shutdown(const std::set<std::string>& stopping_workers);
-  // Shutdown stopped workers (it had some to stop).
-  bool shut_down() const { return shut_down_; }
+  // A worker Shutdown stopped (a local one, its ranks ended in the records).
+  bool StoppedAtShutdown(const std::string& worker_id) const {
+    return stopped_at_shutdown_.count(worker_id) > 0;
+  }
   // After the last flush at shutdown: exits still unwritten (the store refused the flush) are
   // answered Unavailable, so the agent server's calls end and the agents re-send them to the next
   // controller; their workers stay held.
@@ -453,7 +455,9 @@ class JobLifecycle {
   // Orders job writes: held while one is written (Persist, FlushLater), so a flush's copy, taken
   // under the state mutex and written without it, never lands after a newer Persist.
   std::mutex write_order_mu_;
-  bool shut_down_ = false;  // Shutdown stopped workers: rank reports are no longer acted on
+  // The workers Shutdown stopped: their rank reports are no longer acted on, their agents get no
+  // rank view.
+  std::set<std::string> stopped_at_shutdown_;
   CheckpointHintSource hint_source_;
 };
 

@@ -40,8 +40,8 @@ std::atomic<int> g_interrupts{0};
 // their rank logs and the store's files need more).
 constexpr uint64_t kFewOpenFiles = 65536;
 void OnSignal(int signo) {
-  g_stop = true;
   if (signo == SIGINT) g_interrupts.fetch_add(1);
+  g_stop = true;
 }
 
 }  // namespace
@@ -252,6 +252,8 @@ int main(int argc, char** argv) {
     audit_refusals();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  // Ctrl-C pressed again from here on (the store's flush below included) hurries the stop.
+  const int interrupts = g_interrupts.load();
   spdlog::info("shutting down");
   audit_refusals();
   // Record running attempts as interrupted (not failed) before our own workers stop them, so the
@@ -262,7 +264,6 @@ int main(int argc, char** argv) {
         "stopping the {} local worker(s): their train ranks save the step in progress first "
         "(up to {:.0f} s; Ctrl-C again stops them at once, losing it)",
         f.local_workers, launcher->StopTimeoutS());
-    const int interrupts = g_interrupts.load();
     launcher->Stop([interrupts] { return g_interrupts.load() > interrupts; });
   }
   agents->Stop(*server, std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -311,8 +311,26 @@ double StopKeepingProgressGraceS(const Job& job, const v1::AttemptInfo& attempt)
 
 bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
   const double limit = job.spec.resources().time_limit_s();
-  return limit > 0 && !job.attempts.empty() && !IsFinal(job.summary.state()) &&
-         now_unix - job.attempts.front().started_unix() >= limit;
+  if (limit <= 0 || job.attempts.empty() || IsFinal(job.summary.state()) ||
+      now_unix - job.attempts.front().started_unix() < limit) {
+    return false;
+  }
+  // A failure waiting for its settle window (or for the store) ends the attempt first, as the
+  // failure it is: its peers are not given a grace for a step they cannot finish.
+  if (job.settle_deadline > 0) return false;
+  // After a controller restart, the agents of the running attempt's ranks are heard from first:
+  // their ranks may have ended, a success among them, while the controller was away.
+  const v1::AttemptInfo& attempt = *job.current();
+  if (attempt.state() == v1::ATTEMPT_STATE_RUNNING) {
+    for (const v1::RankInfo& rank : attempt.ranks()) {
+      if (rank.state() == v1::RANK_STATE_EXITED) continue;
+      const Worker* w = workers_.Find(rank.worker_id());
+      if (w != nullptr && w->info.state() != v1::WORKER_STATE_LOST && !w->seen->in_session.load()) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 void JobLifecycle::EndAtTimeLimit(Job& job, double now_unix) {
@@ -878,7 +896,8 @@ void JobLifecycle::ReportRank(const v1::RankReport& report, ReportDone done) {
 }
 
 absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone& done) {
-  if (shut_down_) return absl::OkStatus();  // ranks being stopped by our own shutdown
+  // Ranks being stopped by our own shutdown (on the local workers it stops): ended in the records.
+  if (stopped_at_shutdown_.count(report.worker_id()) > 0) return absl::OkStatus();
   workers_.Touch(report.worker_id());
   // A rank of a job, attempt or rank we have no record of (a state directory lost or restored
   // from an older copy): Register stopped it and keeps its worker busy until it exits; its exit
@@ -1098,9 +1117,13 @@ void JobLifecycle::Shutdown(const std::set<std::string>& stopping_workers) {
                      "", Failure::kInterrupted)) {
       continue;
     }
+    // Those on the workers stopped: their reports are no longer acted on. A rank on another
+    // agent stays running in the records, stopped like any rank of an interrupted attempt (with
+    // its checkpoint grace, in its StopRank and its heartbeat's view) and ended by its report,
+    // here or, re-sent, at the next controller, whose next attempt waits for it.
     if (auto* attempt = job.current()) {
       for (auto& rank : *attempt->mutable_ranks()) {
-        if (rank.state() != v1::RANK_STATE_EXITED) {
+        if (rank.state() != v1::RANK_STATE_EXITED && stopping_workers.count(rank.worker_id()) > 0) {
           rank.set_state(v1::RANK_STATE_EXITED);
           rank.set_exit("stopped: the controller shut down");
           rank.set_exit_kind(v1::EXIT_KIND_STOPPED);
@@ -1118,7 +1141,7 @@ void JobLifecycle::Shutdown(const std::set<std::string>& stopping_workers) {
     if (w.info.state() == v1::WORKER_STATE_BUSY) w.info.set_state(v1::WORKER_STATE_READY);
     workers_.Persist(w);
   }
-  shut_down_ = true;
+  stopped_at_shutdown_ = stopping_workers;
 }
 
 }  // namespace furnace::controller

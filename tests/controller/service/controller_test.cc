@@ -2289,18 +2289,31 @@ TEST_F(ControllerTest, GracefulShutdownInterruptsWithoutSpendingRestarts) {
 // at once, before their step was written).
 TEST_F(ControllerTest, AGracefulShutdownLetsTheLocalRanksWriteTheirStep) {
   StartRunning("name: t\nkind: train\nparallel: {dp: 2}\n");
-  ASSERT_TRUE(c_->RecordLocalWorker(0, 100).ok());
-  ASSERT_TRUE(c_->RecordLocalWorker(1, 101).ok());
+  ASSERT_TRUE(c_->RecordLocalWorker(0, 100).ok());  // h/1 is an agent started by hand
   c_->Shutdown(/*stopping_workers=*/true);
   for (int slot : {0, 1}) {
     const std::vector<v1::AgentCommand> commands = Commands(slot);
     ASSERT_EQ(commands.size(), 1u);
     ASSERT_TRUE(commands[0].has_stop());
     EXPECT_EQ(commands[0].stop().checkpoint_grace_s(), 30);  // the default
-    const v1::HeartbeatResponse beat = Beat(slot);
-    EXPECT_FALSE(beat.reconcile());
-    EXPECT_EQ(beat.ranks_size(), 0);
   }
+  const v1::HeartbeatResponse local = Beat(0);
+  EXPECT_FALSE(local.reconcile());
+  EXPECT_EQ(local.ranks_size(), 0);
+  // The agent the controller does not stop still gets its view, with the grace in it.
+  const v1::HeartbeatResponse other = Beat(1);
+  EXPECT_TRUE(other.reconcile());
+  ASSERT_EQ(other.ranks_size(), 1);
+  EXPECT_FALSE(other.ranks(0).wanted());
+  EXPECT_EQ(other.ranks(0).checkpoint_grace_s(), 30);
+  // Its rank's end is recorded (not acknowledged and dropped: it would be lost); the local
+  // worker's rank is ended in the records already.
+  Report(1, 1, 1, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: after step 9, its checkpoint");
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_STOPPED, "stopped: after step 9, its checkpoint");
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.attempts(0).ranks(0).exit(), "stopped: the controller shut down");
+  EXPECT_EQ(d.attempts(0).ranks(1).state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(d.attempts(0).ranks(1).exit(), "stopped: after step 9, its checkpoint");
 }
 
 // resources.time_limit_s: past it, a running train job ends FAILED at once (no restart), its ranks
@@ -2335,6 +2348,51 @@ TEST_F(ControllerTest, ATrainJobPastItsTimeLimitEndsAndItsRanksKeepTheirStep) {
     EXPECT_FALSE(view.ranks(0).wanted());
     EXPECT_EQ(view.ranks(0).checkpoint_grace_s(), 30);
   }
+}
+
+// A failure pending at the limit (a rank's error exit in its settle window) ends the attempt as
+// the failure it is, with no grace for a step its peers cannot finish; the limit then ends the
+// recovering job.
+TEST_F(ControllerTest, AFailurePendingAtTheTimeLimitEndsTheAttemptFirst) {
+  StartRunning("name: t\nkind: train\nparallel: {dp: 2}\nresources: {time_limit_s: 60}\n");
+  clock_.Advance(59.5);
+  HeartbeatAll(2);
+  Report(0, 1, 0, v1::RANK_EXITED, v1::EXIT_KIND_CODE, "exited with code 1", 1);
+  clock_.Advance(0.6);  // past the limit, inside the settle window
+  HeartbeatAll(2);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  clock_.Advance(0.5);
+  HeartbeatAll(2);
+  c_->Tick();
+  const v1::JobDetail d = Job();
+  EXPECT_EQ(d.summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(d.summary().cause(),
+            "time limit reached: 61 s since its first attempt started (resources.time_limit_s 60)");
+  EXPECT_EQ(d.attempts(0).failure_kind(), "exit");
+  const std::vector<v1::AgentCommand> stop = Commands(1);
+  ASSERT_EQ(stop.size(), 1u);
+  ASSERT_TRUE(stop[0].has_stop());
+  EXPECT_EQ(stop[0].stop().checkpoint_grace_s(), 0);
+}
+
+// After a controller restart the limit waits for the running attempt's agents: their ranks may
+// have ended while it was away (a success among them, its report on its way).
+TEST_F(ControllerTest, TheTimeLimitWaitsForTheRanksAgentsAfterARestart) {
+  StartRunning("name: t\nkind: commcheck\nparallel: {dp: 2}\nresources: {time_limit_s: 60}\n");
+  clock_.Advance(50);
+  HeartbeatAll(2);
+  Restart();
+  clock_.Advance(15);
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);
+  Register(0, 100, {Running(job_, 1, 0)});
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_RUNNING);  // rank 1's agent not heard from yet
+  Register(1, 100, {Running(job_, 1, 1)});
+  c_->Tick();
+  EXPECT_EQ(Job().summary().state(), v1::JOB_FAILED);
+  EXPECT_EQ(Job().attempts(0).failure_kind(), "time_limit");
 }
 
 // The limit counts from the first attempt's start, recoveries included, and holds across a
