@@ -37,6 +37,18 @@ std::string AttemptDuration(const v1::AttemptInfo& a, double now_unix) {
   return FormatDuration(end - a.started_unix());
 }
 
+// What is left of resources.time_limit_s, counted from the first attempt's start ("" once the job
+// ended).
+std::string TimeLimitLeft(const v1::JobDetail& job, double now_unix) {
+  if (IsFinalState(job.summary().state())) return "";
+  if (job.attempts().empty() || job.attempts(0).started_unix() <= 0) {
+    return "counted from its first attempt's start";
+  }
+  const double left =
+      job.spec().resources().time_limit_s() - (now_unix - job.attempts(0).started_unix());
+  return left > 0 ? absl::StrCat(FormatDuration(left), " left") : "reached";
+}
+
 }  // namespace
 
 std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
@@ -66,6 +78,11 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
   summary.AddRow({"progress", absl::StrCat(ProgressBar(s.step(), s.total_steps(), 30), "  step ",
                                            FormatProgress(s.step(), s.total_steps()))});
   summary.AddRow({"ranks", absl::StrCat(s.world_size())});
+  if (const double limit = job.spec().resources().time_limit_s(); limit > 0) {
+    const std::string left = TimeLimitLeft(job, now_unix);
+    summary.AddRow({"time limit",
+                    absl::StrCat(FormatDuration(limit), left.empty() ? "" : "  (" + left + ")")});
+  }
   summary.AddRow(
       {"submitted", absl::StrCat(FormatUnixTime(s.submitted_unix()), "  (",
                                  FormatDuration(now_unix - s.submitted_unix()), " ago)")});

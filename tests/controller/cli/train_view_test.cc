@@ -121,6 +121,25 @@ TEST_F(TrainViewTest, Formats) {
   EXPECT_EQ(FormatMfu(m), "-");
 }
 
+// resources.time_limit_s: status shows the limit and what is left of it, counted from the first
+// attempt's start.
+TEST_F(TrainViewTest, StatusShowsWhatIsLeftOfTheTimeLimit) {
+  v1::JobDetail job = MakeTrainJob();
+  const auto row = [&](double now) {
+    const std::string out = RenderJobStatus(job, now);
+    const size_t at = out.find("time limit");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_EQ(row(kT0 + 65), "");  // none
+  job.mutable_spec()->mutable_resources()->set_time_limit_s(7200);
+  EXPECT_EQ(row(kT0 + 65), "time limit  2h00m  (counted from its first attempt's start)");
+  job.add_attempts()->set_started_unix(kT0 + 5);
+  EXPECT_EQ(row(kT0 + 65), "time limit  2h00m  (1h59m left)");
+  EXPECT_EQ(row(kT0 + 7300), "time limit  2h00m  (reached)");
+  job.mutable_summary()->set_state(v1::JOB_FAILED);
+  EXPECT_EQ(row(kT0 + 7300), "time limit  2h00m");
+}
+
 TEST_F(TrainViewTest, StatusHasTrainingSectionAndExpertTable) {
   const v1::JobDetail job = MakeTrainJob();
   const std::string out = RenderJobStatus(job, kT0 + 65);
