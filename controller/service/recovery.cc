@@ -318,16 +318,16 @@ bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
   // A failure waiting for its settle window (or for the store) ends the attempt first, as the
   // failure it is: its peers are not given a grace for a step they cannot finish.
   if (job.settle_deadline > 0) return false;
-  // After a controller restart, the agents of the running attempt's ranks are heard from first:
-  // their ranks may have ended, a success among them, while the controller was away.
+  // After a controller restart, the agents of the running attempt's ranks are heard from first,
+  // and the exit reports of the ranks that ended while the controller was away (a success among
+  // them) arrive: until each agent registered and sent those, the ranks' ends are unknown.
   const v1::AttemptInfo& attempt = *job.current();
   if (attempt.state() == v1::ATTEMPT_STATE_RUNNING) {
     for (const v1::RankInfo& rank : attempt.ranks()) {
       if (rank.state() == v1::RANK_STATE_EXITED) continue;
       const Worker* w = workers_.Find(rank.worker_id());
-      if (w != nullptr && w->info.state() != v1::WORKER_STATE_LOST && !w->seen->in_session.load()) {
-        return false;
-      }
+      if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) continue;
+      if (!w->seen->in_session.load() || (w->has_rank && w->exit_owed)) return false;
     }
   }
   return true;
@@ -811,6 +811,7 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
     w.info.set_rank(rr.rank());
     runs_our_rank = true;
   }
+  w.exit_owed = false;
   // A rank we placed here that the agent no longer runs. If the agent itself restarted, the rank
   // died with it (when it is the current attempt's, that attempt fails; an older attempt's rank
   // is simply gone). Otherwise its exit report is on its way (agents re-send unacked reports);
@@ -880,6 +881,8 @@ std::string JobLifecycle::Register(const v1::RegisterRequest& req) {
         w.attempt = 0;
         w.info.clear_job_id();
       }
+    } else if (rank->state() == v1::RANK_STATE_RUNNING) {
+      w.exit_owed = true;  // its exit report is on its way
     }
   }
   w.info.set_state(w.has_rank ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
@@ -1005,7 +1008,7 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
                             report.exit_kind() == v1::EXIT_KIND_SUCCESS &&
                             !AllRanksButOneExited(attempt, report.rank());
   std::optional<Job> backup;
-  if (current && !write_behind) backup.emplace(job);
+  if ((current && !write_behind) || (!current && exits_abandoned_)) backup.emplace(job);
   auto undo = [&](absl::Status s) {
     if (backup) job = std::move(*backup);
     return s;
@@ -1020,7 +1023,10 @@ absl::Status JobLifecycle::HandleReport(const v1::RankReport& report, ReportDone
   }
   const std::string worker_id = rank.worker_id();
   absl::Status s;
-  if (!current) {
+  if (!current && exits_abandoned_) {
+    // After the controller's last flush (its shutdown): written now, or the agent sends it again.
+    s = Persist(job);
+  } else if (!current) {
     PersistLater({job.summary.job_id()});  // a record of an attempt that is over
   } else if (write_behind) {
     PersistLater({job.summary.job_id()});

@@ -122,6 +122,7 @@ std::vector<WorkerSlot> WorkerRegistry::Slots() const {
 void WorkerRegistry::Assign(Worker& w, const std::string& job_id, uint32_t attempt, uint32_t rank) {
   w.has_rank = true;
   w.attempt = attempt;
+  w.exit_owed = false;
   w.info.set_state(v1::WORKER_STATE_BUSY);
   w.info.set_job_id(job_id);
   w.info.set_rank(rank);

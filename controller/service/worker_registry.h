@@ -82,6 +82,10 @@ struct Worker {
   std::shared_ptr<Liveness> seen;  // never null (FindOrAdd, Load); shared with its mailbox
   bool has_rank = false;           // info.job_id()/rank() and attempt name it
   uint32_t attempt = 0;
+  // Its agent registered without the rank it holds, which is not ended in the records: the rank
+  // ended while the controller was away, its exit report still to come (the time limit waits for
+  // it). In memory only; set by Register, meaningful while has_rank.
+  bool exit_owed = false;
 };
 
 class WorkerRegistry {
