@@ -38,6 +38,21 @@ class StopCheckpointTest(harness.ClusterTest):
         return self.cluster.wait_for(job_id, lambda d: int(d["summary"].get("step", 0)) >= at_least,
                                      timeout, f"step {at_least}")
 
+    def ranks_kept_their_step(self, job_id, ckpt, why):
+        """Once the ended job's ranks are out: each wrote the checkpoint of the step it stopped
+        at, the newest in `ckpt`, and one says it stopped for `why` (a rank may learn of the stop
+        from its peer before its own agent's signal comes: it then says it stopped with the peers
+        of its attempt). Returns that step."""
+        self.cluster.wait_workers(3, timeout=60)
+        d = self.cluster.job(job_id)
+        step = latest_step(ckpt)
+        reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
+        print(f"\nREPORT {why}: checkpoint of step {step}; rank ends: {reasons}")
+        self.assertTrue(any(why in r for r in reasons), reasons)
+        for reason in reasons:
+            self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
+        return step
+
     def restored(self, d):
         return [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
 
@@ -48,18 +63,9 @@ class StopCheckpointTest(harness.ClusterTest):
         self.wait_step(first, 8)
         r = c.cli("cancel", first)
         self.assertEqual(r.returncode, 0, r.stderr)
-        d = c.wait_state(first, "JOB_CANCELLED")
-        c.wait_workers(3, timeout=60)  # its ranks have stopped
-        d = c.job(first)
-        step = latest_step(ckpt)
+        c.wait_state(first, "JOB_CANCELLED")
+        step = self.ranks_kept_their_step(first, ckpt, "job cancelled")
         self.assertGreaterEqual(step, 8)
-        reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
-        print(f"\nREPORT cancel: checkpoint of step {step}; rank ends: {reasons}")
-        # (A rank may learn of the stop from its peer before its own agent's signal comes: then
-        # it says it stopped with the peers of its attempt.)
-        self.assertTrue(any("job cancelled" in r for r in reasons), reasons)
-        for reason in reasons:
-            self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
 
         second = c.submit(c.write_job("second.yaml", job("second", ckpt, step + 3)))
         d = c.wait_state(second, harness.FINAL, timeout=180)
@@ -125,15 +131,7 @@ class StopCheckpointTest(harness.ClusterTest):
                          r"^time limit reached: 1\d s since its first attempt started "
                          r"\(resources.time_limit_s 10\); its ranks stop after their step and "
                          r"write its checkpoint$")
-        c.wait_workers(3, timeout=60)  # its ranks have stopped
-        d = c.job(j)
-        step = latest_step(ckpt)
-        self.assertGreater(step, 0)
-        reasons = [r.get("exit", "") for r in d["attempts"][-1]["ranks"]]
-        print(f"\nREPORT time limit: checkpoint of step {step}; rank ends: {reasons}")
-        self.assertTrue(any("job time limit reached" in r for r in reasons), reasons)
-        for reason in reasons:
-            self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
+        self.assertGreater(self.ranks_kept_their_step(j, ckpt, "job time limit reached"), 0)
 
 
 if __name__ == "__main__":
