@@ -53,6 +53,24 @@ class StopCheckpointTest(harness.ClusterTest):
             self.assertIn(f"after step {step} of 100000, its checkpoint written", reason)
         return step
 
+    def next_attempt_resumes_at(self, job_id, ckpt, what):
+        """The job's next attempt resumes from the newest checkpoint in `ckpt`, of a step at least
+        8, without spending a restart (the stop was no failure); then the job is cancelled.
+        Returns that step."""
+        c = self.cluster
+        d = c.wait_for(job_id, lambda d: len(d["attempts"]) >= 2 and self.restored(d), 120,
+                       "the next attempt's restore")
+        step = latest_step(ckpt)
+        self.assertGreaterEqual(step, 8)
+        print(f"\nREPORT {what}: {self.restored(d)[0]}")
+        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
+        self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
+        r = c.cli("cancel", job_id)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        c.wait_state(job_id, "JOB_CANCELLED")
+        c.wait_workers(3, timeout=60)
+        return step
+
     def restored(self, d):
         return [e["message"] for e in d["events"] if e["kind"] == "checkpoint_restored"]
 
@@ -82,17 +100,7 @@ class StopCheckpointTest(harness.ClusterTest):
         pid = next(int(w["pid"]) for w in c.cli_json("workers")["workers"]
                    if w["worker_id"] == worker)
         os.kill(pid, signal.SIGTERM)  # the agent drains: it says it leaves, then stops its rank
-        d = c.wait_for(j, lambda d: len(d["attempts"]) >= 2 and self.restored(d), 120,
-                       "the next attempt's restore")
-        step = latest_step(ckpt)
-        self.assertGreaterEqual(step, 8)
-        print(f"\nREPORT drain: {self.restored(d)[0]}")
-        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
-        self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
-        r = c.cli("cancel", j)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        c.wait_state(j, "JOB_CANCELLED")
-        c.wait_workers(3, timeout=60)
+        self.next_attempt_resumes_at(j, ckpt, "drain")
 
     def test_a_stopped_controller_lets_its_local_workers_save_the_step(self):
         c = self.cluster
@@ -108,15 +116,7 @@ class StopCheckpointTest(harness.ClusterTest):
         step = latest_step(ckpt)
         self.assertGreaterEqual(step, 8)
         c.start(wait_workers=False)  # the job takes two of them at once
-        d = c.wait_for(j, lambda d: len(d["attempts"]) >= 2 and self.restored(d), 120,
-                       "the next attempt's restore")
-        print(f"\nREPORT controller stop: {self.restored(d)[0]}")
-        self.assertIn(f"resumed from the checkpoint of step {step} ", self.restored(d)[0])
-        self.assertEqual(int(d["summary"].get("restarts", 0)), 0, d["summary"])  # no failure
-        r = c.cli("cancel", j)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        c.wait_state(j, "JOB_CANCELLED")
-        c.wait_workers(3, timeout=60)
+        self.assertEqual(self.next_attempt_resumes_at(j, ckpt, "controller stop"), step)
 
     def test_a_job_past_its_time_limit_ends_with_the_step_it_reached(self):
         c = self.cluster
