@@ -68,8 +68,15 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
                             const LogsOptions& options);
 // Cancels each job in turn. One job: its error is the command's. Several: a job that cannot be
 // cancelled is said on stderr and the others still are; the exit code is the first failure's
-// (--json: one document listing the jobs cancelled).
-absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::string>& job_ids);
+// (--json: one document listing the jobs cancelled). Text: "job X is CANCELLED", and how the
+// ranks still running stop ("its 2 ranks stop after their step and write its checkpoint (within
+// checkpoint.stop_grace_s 60 s)"). With `wait`, each job's cancel then waits until every rank of
+// its last attempt has ended and prints how they ended, ranks that ended alike on one line.
+struct CancelOptions {
+  bool wait = false;
+};
+absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::string>& job_ids,
+                              const CancelOptions& options = {});
 absl::StatusOr<int> RunWorkers(const CommandContext& ctx);
 
 struct EventsOptions {

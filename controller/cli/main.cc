@@ -167,6 +167,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> cancel_ids;
   auto* cancel = app.add_subcommand("cancel", "cancel jobs");
   cancel->add_option("JOB", cancel_ids, "job ids (one or more)")->required();
+  CancelOptions cancel_options;
+  cancel->add_flag("--wait", cancel_options.wait,
+                   "then wait until the ranks have stopped (a train job's write the checkpoint of "
+                   "their step first) and print how they ended");
   app.add_subcommand("workers", "list workers");
 
   EventsOptions events_options;
@@ -369,7 +373,7 @@ int main(int argc, char** argv) {
   } else if (*logs) {
     result = RunLogs(ctx, job_id, logs_options);
   } else if (*cancel) {
-    result = RunCancel(ctx, cancel_ids);
+    result = RunCancel(ctx, cancel_ids, cancel_options);
   } else if (app.got_subcommand("workers")) {
     result = RunWorkers(ctx);
   } else if (*events) {

@@ -19,9 +19,19 @@ namespace {
 
 constexpr int kEventsShown = 10;
 constexpr int kAttemptsWithRanks = 3;
-constexpr size_t kCauseWidth = 60;
 
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
+
+// A rank not ended of an attempt that ended (cancelled, failed, interrupted) is being stopped.
+std::string RankStateWord(const v1::AttemptInfo& attempt, const v1::RankInfo& rank) {
+  if (rank.state() != v1::RANK_STATE_EXITED && attempt.state() != v1::ATTEMPT_STATE_RUNNING &&
+      attempt.state() != v1::ATTEMPT_STATE_UNSPECIFIED) {
+    return "stopping";
+  }
+  return OrDash(v1::StateWord(rank.state()));
+}
+
+constexpr size_t kCauseWidth = 60;
 
 // Why a job waits, while it does; else its cause: for a job whose later attempt runs, the one it
 // restarted after (see CauseIsPast).
@@ -111,7 +121,7 @@ std::string RenderJobStatus(const v1::JobDetail& job, double now_unix) {
       for (const auto& r : a.ranks()) {
         ranks.AddRow({absl::StrCat(a.attempt()), absl::StrCat(r.rank()), OrDash(r.worker_id()),
                       OrDash(r.host()), r.pid() > 0 ? absl::StrCat(r.pid()) : "-",
-                      OrDash(v1::StateWord(r.state())), absl::StrCat(r.step()), OrDash(r.exit())});
+                      RankStateWord(a, r), absl::StrCat(r.step()), OrDash(r.exit())});
       }
     }
     out += ranks.Render();

@@ -79,11 +79,17 @@ class StopCheckpointTest(harness.ClusterTest):
         ckpt = os.path.join(c.state, "ckpt-cancel")
         first = c.submit(c.write_job("first.yaml", job("first", ckpt, 100000)))
         self.wait_step(first, 8)
-        r = c.cli("cancel", first)
+        # --wait returns once both ranks are out, and says how they ended.
+        r = c.cli("cancel", "--wait", first)
         self.assertEqual(r.returncode, 0, r.stderr)
-        c.wait_state(first, "JOB_CANCELLED")
+        print(f"\nREPORT furnace cancel --wait:\n{r.stdout}")
+        self.assertIn(f"job {first} is CANCELLED: its 2 ranks stop after their step and write its "
+                      "checkpoint", r.stdout)
+        self.assertTrue(all(rank["state"] == "RANK_STATE_EXITED"
+                            for rank in c.job(first)["attempts"][-1]["ranks"]))
         step = self.ranks_kept_their_step(first, ckpt, "job cancelled")
         self.assertGreaterEqual(step, 8)
+        self.assertIn(f"after step {step} of 100000, its checkpoint written", r.stdout)
 
         second = c.submit(c.write_job("second.yaml", job("second", ckpt, step + 3)))
         d = c.wait_state(second, harness.FINAL, timeout=180)

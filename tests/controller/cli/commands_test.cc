@@ -365,6 +365,73 @@ TEST_F(CommandsTest, CancelPrintsResultingState) {
   EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
 }
 
+// A train job's ranks cancelled stop after their step and write its checkpoint: the cancel says
+// so, and --wait waits until each has ended and prints how, ranks that ended alike on one line.
+v1::JobDetail CancelledTrainJob(int ranks, int ended) {
+  v1::JobDetail job = MakeJob(v1::JOB_CANCELLED, 1, 36, 100);
+  job.mutable_spec()->set_kind("train");
+  job.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt/a");
+  job.mutable_spec()->mutable_checkpoint()->set_stop_grace_s(60);
+  v1::AttemptInfo* attempt = job.add_attempts();
+  attempt->set_attempt(1);
+  attempt->set_state(v1::ATTEMPT_STATE_CANCELLED);
+  for (int r = 0; r < ranks; ++r) {
+    v1::RankInfo* rank = attempt->add_ranks();
+    rank->set_rank(r);
+    rank->set_state(v1::RANK_STATE_RUNNING);
+    if (r >= ended) continue;
+    rank->set_state(v1::RANK_STATE_EXITED);
+    rank->set_exit(r == 2 ? "stopped: with the peers of its attempt (after step 36)"
+                          : "stopped: job cancelled (after step 36)");
+  }
+  return job;
+}
+
+TEST_F(CommandsTest, CancelSaysHowTheRanksStop) {
+  client_.get_job = {CancelledTrainJob(4, 0)};
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
+  EXPECT_EQ(out_.str(),
+            "job j-1 is CANCELLED: its 4 ranks stop after their step and write its checkpoint "
+            "(within checkpoint.stop_grace_s 60 s)\n");
+  EXPECT_EQ(sleeps_, 0);  // without --wait it does not wait
+  // A job with no checkpoint to keep: its ranks are just stopped; none left: nothing to say.
+  v1::JobDetail commcheck = CancelledTrainJob(1, 0);
+  commcheck.mutable_spec()->set_kind("commcheck");
+  client_.get_job = {commcheck};
+  out_.str("");
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
+  EXPECT_EQ(out_.str(), "job j-1 is CANCELLED: its rank is being stopped\n");
+  client_.get_job = {CancelledTrainJob(2, 2)};
+  out_.str("");
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
+  EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
+}
+
+TEST_F(CommandsTest, CancelWaitWaitsForTheRanksAndSaysHowTheyEnded) {
+  client_.get_job = {CancelledTrainJob(5, 0), CancelledTrainJob(5, 1),
+                     absl::UnavailableError("restarting"), CancelledTrainJob(5, 5)};
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}, CancelOptions{.wait = true}), kExitOk);
+  EXPECT_EQ(client_.get_job_calls, 4);
+  EXPECT_EQ(out_.str(),
+            "job j-1 is CANCELLED: its 5 ranks stop after their step and write its checkpoint "
+            "(within checkpoint.stop_grace_s 60 s)\n"
+            "job j-1: how its ranks ended\n"
+            "  ranks 0-1, 3-4: stopped: job cancelled (after step 36)\n"
+            "  rank 2: stopped: with the peers of its attempt (after step 36)\n");
+  // A controller that stays down ends the wait with its error.
+  client_.get_job = {CancelledTrainJob(2, 0), absl::UnavailableError("down")};
+  EXPECT_TRUE(absl::IsUnavailable(RunCancel(ctx_, {"j-1"}, CancelOptions{.wait = true}).status()));
+}
+
+// furnace status: a rank not ended of an attempt that ended is being stopped, not running.
+TEST_F(CommandsTest, StatusShowsTheRanksOfAnEndedAttemptAsStopping) {
+  client_.get_job = {CancelledTrainJob(2, 1)};
+  ASSERT_EQ(*RunStatus(ctx_, "j-1"), kExitOk);
+  EXPECT_NE(out_.str().find("  exited       0  stopped: job cancelled"), std::string::npos)
+      << out_.str();
+  EXPECT_NE(out_.str().find("  stopping     0  -\n"), std::string::npos) << out_.str();
+}
+
 // The controller refuses to cancel a job that ended: exit 6 (not 3, an RPC error), its words kept.
 TEST_F(CommandsTest, CancelOfAnEndedJobExits6) {
   client_.cancel_status = absl::FailedPreconditionError("job j-1 already ended (succeeded)");

@@ -41,6 +41,7 @@ class FakeJobClient : public JobClient {
   absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
     ++get_job_calls;
     get_job_ids.push_back(job_id);
+    if (get_job.empty()) return absl::UnavailableError("no GetJob answer scripted");
     auto next = get_job.front();
     if (get_job.size() > 1) get_job.pop_front();
     return next;
