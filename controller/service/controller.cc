@@ -852,4 +852,10 @@ void Controller::Shutdown(bool stopping_workers) {
   workers_.Flush(lock);
 }
 
+void Controller::FlushRecords() {
+  std::unique_lock<std::mutex> lock(mu_);
+  jobs_.FlushLater(lock);
+  workers_.Flush(lock);
+}
+
 }  // namespace furnace::controller

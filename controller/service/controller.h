@@ -172,6 +172,10 @@ class Controller {
   // Every rendezvous wait in progress ends with Unavailable (ranks retry against the controller
   // that comes next), as does every later one.
   void Shutdown(bool stopping_workers);
+  // The last write, once the agent server has stopped taking calls: what came in after
+  // Shutdown's flush and was written behind (a rank's progress, a start report of an attempt
+  // that is over, a worker's heartbeat) is written too; nothing flushes after it.
+  void FlushRecords();
 
   // Jobs ended over --forget-ended-jobs ago are deleted (store, memory, log), at most
   // kForgetPerPass every kForgetIntervalS (Tick).

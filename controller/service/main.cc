@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
     launcher->Stop([interrupts] { return g_interrupts.load() > interrupts; });
   }
   agents->Stop(*server, std::chrono::system_clock::now() + std::chrono::seconds(2));
+  controller->FlushRecords();
   monitoring.reset();
   return 0;
 }

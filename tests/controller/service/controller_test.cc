@@ -2451,6 +2451,22 @@ TEST_F(ControllerTest, GracefulShutdownLeavesJobsOnOtherAgentsRunning) {
   EXPECT_TRUE(Commands(0).empty());
 }
 
+// What the agent server takes after Shutdown's flush and writes behind (here the ranks' progress
+// on agents the shutdown left running) is in the store once the server has stopped (FlushRecords):
+// no flush would come after it.
+TEST_F(ControllerTest, TheLastFlushWritesWhatCameAfterTheShutdown) {
+  StartRunning();
+  c_->Shutdown(/*stopping_workers=*/false);
+  PushStep(1, 0, 5);
+  PushStep(1, 1, 5);
+  c_->FlushRecords();
+  Restart();
+  auto d = Job();
+  EXPECT_EQ(d.attempts(0).ranks(0).step(), 5u);
+  EXPECT_EQ(d.attempts(0).ranks(1).step(), 5u);
+  EXPECT_EQ(d.summary().step(), 5u);
+}
+
 TEST_F(ControllerTest, AStartReportTheStoreCannotRecordIsRefusedAndUndone) {
   Register(0);
   Register(1);
