@@ -119,6 +119,24 @@
     return el('td', { className: 'cause' + (waiting || past ? ' past' : '') }, text);
   }
 
+  // What is left of a job's resources.time_limit_s (deadline_unix, when it has one and started), by
+  // the controller's clock (the workers list's, a poll old at most): '' without one or once ended.
+  // Coarse, to the minute, so the row is built again about once a minute.
+  function timeLeft(j, state) {
+    const deadline = num(j, 'deadline_unix');
+    if (!(deadline > 0) || ['JOB_SUCCEEDED', 'JOB_FAILED', 'JOB_CANCELLED'].includes(state)) {
+      return '';
+    }
+    const now = view.workersNow > 0 ? view.workersNow : Date.now() / 1000;
+    const min = Math.floor((deadline - now) / 60);
+    if (min < 0) return 'time limit reached';
+    if (min < 1) return '< 1 min left';
+    if (min < 60) return `${min} min left`;
+    const h = Math.floor(min / 60);
+    if (h < 48) return `${h}h${String(min % 60).padStart(2, '0')}m left`;
+    return `${Math.floor(h / 24)}d${String(h % 24).padStart(2, '0')}h left`;
+  }
+
   // A job's row, built anew when what it shows changed.
   function jobRow(j) {
     const id = get(j, 'job_id');
@@ -128,8 +146,12 @@
     const pct = total > 0 ? Math.min(100, (100 * step) / total) : 0;
     const bar = el('span', { className: 'bar' }, el('span'));
     bar.firstChild.style.width = pct.toFixed(1) + '%';
+    const left = timeLeft(j, state);
     const progress = el('span', { className: 'progress' }, bar,
       el('span', { className: 'txt' }, total > 0 ? `${step} / ${total}` : String(step)));
+    if (left) {
+      progress.append(el('span', { className: 'txt left', title: 'resources.time_limit_s' }, left));
+    }
     const tr = el('tr', {},
       el('td', { className: 'id' }, id),
       el('td', {}, get(j, 'name') || ''),
@@ -155,7 +177,8 @@
     for (const j of view.jobs) {
       const id = get(j, 'job_id');
       const key = JSON.stringify(['name', 'kind', 'state', 'attempt', 'restarts', 'step',
-        'total_steps', 'cause', 'waiting'].map((f) => get(j, f)));
+        'total_steps', 'cause', 'waiting'].map((f) => get(j, f))
+        .concat([timeLeft(j, String(get(j, 'state') || ''))]));
       let row = jobRows.get(id);
       if (!row || row.key !== key) {
         const tr = jobRow(j);
@@ -543,6 +566,10 @@
       omitted_jobs: view.omittedJobs,
       workers: view.workers.length,
       worker_states: view.workerStates,
+      // job id -> what its row says is left of its time limit (jobs with one, not ended)
+      time_left: Object.fromEntries(view.jobs
+        .map((j) => [get(j, 'job_id'), timeLeft(j, String(get(j, 'state') || ''))])
+        .filter(([, left]) => left)),
     };
     $('furnace-test-summary').textContent = JSON.stringify(summary);
   }

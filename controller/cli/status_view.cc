@@ -51,11 +51,8 @@ std::string AttemptDuration(const v1::AttemptInfo& a, double now_unix) {
 // ended).
 std::string TimeLimitLeft(const v1::JobDetail& job, double now_unix) {
   if (IsFinalState(job.summary().state())) return "";
-  if (job.attempts().empty() || job.attempts(0).started_unix() <= 0) {
-    return "counted from its first attempt's start";
-  }
-  const double left =
-      job.spec().resources().time_limit_s() - (now_unix - job.attempts(0).started_unix());
+  if (job.summary().deadline_unix() <= 0) return "counted from its first attempt's start";
+  const double left = job.summary().deadline_unix() - now_unix;
   return left > 0 ? absl::StrCat(FormatDuration(left), " left") : "reached";
 }
 

@@ -114,6 +114,10 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
                              "their checkpoint).");
   MetricFamily* total_steps =
       x.Add("furnace_job_total_steps", kGauge, "Training steps the job is configured to run.");
+  MetricFamily* deadline =
+      x.Add("furnace_job_deadline_timestamp_seconds", kGauge,
+            "When resources.time_limit_s ends the job (Unix seconds): its first attempt's start "
+            "plus the limit. Only for a job not ended with a limit, once it started.");
   MetricFamily* tokens_total = x.Add("furnace_job_tokens_total", kCounter,
                                      "Tokens trained by the job, over all ranks and attempts.");
   MetricFamily* mfu = x.Add("furnace_job_mfu_ratio", kGauge,
@@ -240,6 +244,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       Add(checkpoint_stall, JobLabel(job), job.last_checkpoint_stall_seconds);
     }
     if (job.last_recovery_seconds >= 0) Add(recovery, JobLabel(job), job.last_recovery_seconds);
+    if (job.deadline_unix > 0) Add(deadline, JobLabel(job), job.deadline_unix);
     if (job.kind == "train") {
       Add(checkpoint_failures, JobLabel(job), static_cast<double>(job.checkpoint_failures_total));
     }

@@ -403,6 +403,7 @@ MetricsSnapshot Controller::Metrics() {
     m.attempt = job.summary.attempt();
     m.step = JobLifecycle::StepNow(job);
     m.total_steps = job.summary.total_steps();
+    if (!IsFinal(job.summary.state())) m.deadline_unix = JobLifecycle::DeadlineUnix(job);
     telemetry_.Fill(id, m);
     m.goodput = telemetry_.Goodput(id, job.attempts, !IsFinal(job.summary.state()), snap.unix_time);
     for (size_t i = 0; i < job.attempts.size(); ++i) {

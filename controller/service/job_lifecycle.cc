@@ -129,6 +129,7 @@ v1::JobSummary JobLifecycle::SummaryNow(const Job& job) {
   if (s.state() == v1::JOB_PENDING || s.state() == v1::JOB_RECOVERING) {
     s.set_waiting(job.waiting_reason);
   }
+  s.set_deadline_unix(DeadlineUnix(job));
   return s;
 }
 

@@ -309,8 +309,12 @@ class JobLifecycle {
   // The job's step as of now: from the ranks' latest telemetry (ProgressOf), which the stored
   // summary gets only when it is next written (behind).
   static uint64_t StepNow(const Job& job);
-  // The job's summary with StepNow's step.
+  // The job's summary with StepNow's step (and what is filled in when read: waiting,
+  // deadline_unix).
   static furnace::v1::JobSummary SummaryNow(const Job& job);
+  // When resources.time_limit_s ends the job (JobSummary.deadline_unix); 0: no limit, or its
+  // first attempt has not started.
+  static double DeadlineUnix(const Job& job);
 
  private:
   // Ends the current attempt: persisted first, then its ranks are told to stop. A retryable

@@ -26,7 +26,8 @@ struct JobMetrics {
   uint32_t attempt = 0;
   uint64_t step = 0;  // steps completed (progress)
   uint64_t total_steps = 0;
-  bool has_step = false;                              // a training step has been aggregated
+  double deadline_unix = 0;  // not ended: when resources.time_limit_s ends it; 0: no limit (yet)
+  bool has_step = false;     // a training step has been aggregated
   furnace::v1::StepRecord last;                       // the newest aggregated step
   double tokens_total = 0;                            // tokens trained, all attempts (counter)
   std::map<std::string, double> planner_bytes_total;  // by action (counter)

@@ -309,12 +309,15 @@ double StopKeepingProgressGraceS(const Job& job, const v1::AttemptInfo& attempt)
   return no_failure ? v1::StopCheckpointGraceS(job.spec) : 0;
 }
 
-bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
+double JobLifecycle::DeadlineUnix(const Job& job) {
   const double limit = job.spec.resources().time_limit_s();
-  if (limit <= 0 || job.attempts.empty() || IsFinal(job.summary.state()) ||
-      now_unix - job.attempts.front().started_unix() < limit) {
-    return false;
-  }
+  if (limit <= 0 || job.attempts.empty() || job.attempts.front().started_unix() <= 0) return 0;
+  return job.attempts.front().started_unix() + limit;
+}
+
+bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
+  const double deadline = DeadlineUnix(job);
+  if (deadline <= 0 || IsFinal(job.summary.state()) || now_unix < deadline) return false;
   // A failure waiting for its settle window (or for the store) ends the attempt first, as the
   // failure it is: its peers are not given a grace for a step they cannot finish.
   if (job.settle_deadline > 0) return false;

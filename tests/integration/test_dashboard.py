@@ -18,13 +18,13 @@ import harness
 STEPS = 40
 
 
-def train_job(name):
+def train_job(name, steps=STEPS, extra=""):
     return f"""name: {name}
 kind: train
 model: {{vocab: 64, seq_len: 64, d_model: 64, heads: 4, layers: 4, expert_ffn: 128}}
 moe: {{experts: 8, top_k: 2, capacity_factor: 0}}
 parallel: {{micro_batch: 8, micro_batches: 2}}
-train: {{steps: {STEPS}, lr: 3.0e-3, warmup: 10, seed: 1}}
+train: {{steps: {steps}, lr: 3.0e-3, warmup: 10, seed: 1}}{extra}
 data: {{source: markov, seed: 7}}
 checkpoint: {{every: 20, keep: 1}}
 recovery:
@@ -104,6 +104,11 @@ class DashboardTest(unittest.TestCase):
             self.assertEqual(w["state"], "WORKER_STATE_READY", w)
             self.assertGreater(w["last_seen_unix"], workers["now_unix"] - 60, w)
 
+        # A job still running, with a 2-hour time limit: its row says what is left of it.
+        limited = c.submit(c.write_job("limited.yaml", train_job(
+            "limited", steps=100000, extra="\nresources: {time_limit_s: 7200}")))
+        c.wait_state(limited, "JOB_RUNNING", timeout=120)
+
         dom = self.run_browser("--dump-dom", f"{self.base}/?job={job}")
         m = re.search(r'<pre id="furnace-test-summary"[^>]*>(.*?)</pre>', dom, re.S)
         self.assertIsNotNone(m, dom[-2000:])
@@ -120,7 +125,9 @@ class DashboardTest(unittest.TestCase):
         self.assertGreater(summary["last_tokens_per_second"], 0)
         # The workers panel: both, free again now the job is over.
         self.assertEqual(summary["workers"], 2, summary)
-        self.assertEqual(summary["worker_states"], {"ready": 2}, summary)
+        self.assertEqual(summary["worker_states"], {"ready": 1, "busy": 1}, summary)
+        self.assertEqual(list(summary["time_left"]), [limited], summary)
+        self.assertRegex(summary["time_left"][limited], r"^1h5\dm left$", summary)
 
         out_dir = os.path.join(os.path.dirname(os.path.abspath(harness.BIN_DIR)),
                                "test-artifacts")

@@ -134,6 +134,7 @@ TEST_F(TrainViewTest, StatusShowsWhatIsLeftOfTheTimeLimit) {
   job.mutable_spec()->mutable_resources()->set_time_limit_s(7200);
   EXPECT_EQ(row(kT0 + 65), "time limit  2h00m  (counted from its first attempt's start)");
   job.add_attempts()->set_started_unix(kT0 + 5);
+  job.mutable_summary()->set_deadline_unix(kT0 + 5 + 7200);  // the controller's, when read
   EXPECT_EQ(row(kT0 + 65), "time limit  2h00m  (1h59m left)");
   EXPECT_EQ(row(kT0 + 7300), "time limit  2h00m  (reached)");
   job.mutable_summary()->set_state(v1::JOB_FAILED);

@@ -94,6 +94,11 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "# HELP furnace_job_total_steps Training steps the job is configured to run.\n"
           "# TYPE furnace_job_total_steps gauge\n"
           "furnace_job_total_steps{job=\"j-1\"} 300\n"
+          "# HELP furnace_job_deadline_timestamp_seconds When resources.time_limit_s ends the "
+          "job (Unix seconds): its first attempt's start plus the limit. Only for a job not "
+          "ended with a limit, once it started.\n"
+          "# TYPE furnace_job_deadline_timestamp_seconds gauge\n"
+          "furnace_job_deadline_timestamp_seconds{job=\"j-1\"} 1700007200.5\n"
           "# HELP furnace_job_tokens_total Tokens trained by the job, over all ranks and "
           "attempts.\n"
           "# TYPE furnace_job_tokens_total counter\n"
@@ -243,7 +248,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 36u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 37u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -387,7 +392,7 @@ TEST(RenderMetrics, WorkersThatLeftAreNotCountedAsLost) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 36u);
+  EXPECT_EQ(families.size(), 37u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

@@ -18,6 +18,7 @@ inline JobMetrics TrainingJob(const std::string& id, int layers, int experts) {
   j.attempt = 1;
   j.step = 42;
   j.total_steps = 300;
+  j.deadline_unix = 1700007200.5;  // resources.time_limit_s
   j.has_step = true;
   j.tokens_total = 43008;
   auto& s = j.last;

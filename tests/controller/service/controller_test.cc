@@ -2415,12 +2415,18 @@ TEST_F(ControllerTest, TheTimeLimitCountsRecoveriesAndSurvivesARestart) {
   HeartbeatAll(2);
   c_->Tick();
   ASSERT_EQ(Job().summary().state(), v1::JOB_RECOVERING);  // backoff: 60 s
+  const double deadline = Job().attempts(0).started_unix() + 100;
+  EXPECT_EQ(Job().summary().deadline_unix(), deadline);
   Restart();
   Register(0, 100, {}, "r0");
   Register(1, 101, {}, "r1");
   clock_.Advance(47);
   c_->Tick();
   EXPECT_EQ(Job().summary().state(), v1::JOB_RECOVERING);
+  // The deadline, as the summary and /metrics give it, is the stored start's plus the limit.
+  EXPECT_EQ(Job().summary().deadline_unix(), deadline);
+  ASSERT_EQ(c_->Metrics().jobs.size(), 1u);
+  EXPECT_EQ(c_->Metrics().jobs[0].deadline_unix, deadline);
   clock_.Advance(1);
   c_->Tick();
   const v1::JobDetail d = Job();
@@ -2430,6 +2436,7 @@ TEST_F(ControllerTest, TheTimeLimitCountsRecoveriesAndSurvivesARestart) {
             "100)");
   ASSERT_EQ(d.attempts_size(), 1);  // no attempt started past it
   EXPECT_EQ(d.attempts(0).failure_kind(), "signal");
+  EXPECT_EQ(c_->Metrics().jobs[0].deadline_unix, 0);  // an ended job has none left
 }
 
 // A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped
