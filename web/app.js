@@ -28,6 +28,7 @@
     omittedJobs: 0,     // older ended jobs the controller left out of the list
     workers: [],
     workersNow: 0,      // the controller's clock when it listed the workers
+    clockSkew: 0,       // the controller's clock - this browser's, as of the last workers list
     workerStates: {},   // state word -> how many workers
     steps: [],          // StepRecords of the selected job, ascending by step
     charts: {},         // name -> uPlot
@@ -120,14 +121,15 @@
   }
 
   // What is left of a job's resources.time_limit_s (deadline_unix, when it has one and started), by
-  // the controller's clock (the workers list's, a poll old at most): '' without one or once ended.
+  // the controller's clock (this browser's, corrected by the skew the last workers list showed):
+  // '' without one or once ended.
   // Coarse, to the minute, so the row is built again about once a minute.
   function timeLeft(j, state) {
     const deadline = num(j, 'deadline_unix');
     if (!(deadline > 0) || ['JOB_SUCCEEDED', 'JOB_FAILED', 'JOB_CANCELLED'].includes(state)) {
       return '';
     }
-    const now = view.workersNow > 0 ? view.workersNow : Date.now() / 1000;
+    const now = Date.now() / 1000 + view.clockSkew;
     const min = Math.floor((deadline - now) / 60);
     if (min < 0) return 'time limit reached';
     if (min < 1) return '< 1 min left';
@@ -593,6 +595,7 @@
         const workers = await fetchJson('/api/workers');
         view.workers = get(workers, 'workers') || [];
         view.workersNow = num(workers, 'now_unix');
+        if (view.workersNow > 0) view.clockSkew = view.workersNow - Date.now() / 1000;
         renderWorkers();
       } catch (e) {
         $('workers-count').textContent = 'not updated: ' + String(e.message || e);

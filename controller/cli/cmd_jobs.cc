@@ -71,27 +71,50 @@ absl::StatusOr<int> RunStatus(const CommandContext& ctx, const std::string& job_
 
 namespace {
 
-// The last attempt's ranks that have not ended (a cancel stops those).
-int RanksNotEnded(const v1::JobDetail& job) {
+// The last attempt's ranks in `state`, or (UNSPECIFIED) not ended.
+int LastAttemptRanks(const v1::JobDetail& job, v1::RankState state = v1::RANK_STATE_UNSPECIFIED) {
   if (job.attempts().empty()) return 0;
   const auto& ranks = job.attempts(job.attempts_size() - 1).ranks();
-  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const v1::RankInfo& r) {
-    return r.state() != v1::RANK_STATE_EXITED;
+  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [&](const v1::RankInfo& r) {
+    return state == v1::RANK_STATE_UNSPECIFIED ? r.state() != v1::RANK_STATE_EXITED
+                                               : r.state() == state;
   }));
 }
 
-// How the ranks of a job just cancelled stop: after their step, writing its checkpoint, when the
-// job has one to keep (v1::StopCheckpointGraceS); "" when none is left running.
+std::string Ranks(int n, const std::string& what) {
+  return n == 1 ? absl::StrCat("its rank", what, " ")
+                : absl::StrCat("its ", n, " ranks", what, " ");
+}
+
+// How the ranks of a job just cancelled stop: the ones running after their step, writing its
+// checkpoint, when the job has one to keep (v1::StopCheckpointGraceS); the ones still starting at
+// once. A job whose last attempt had ended before (it was recovering): what is left of that
+// attempt is still stopping. "" when no rank is left.
 std::string StoppingNote(const v1::JobDetail& job) {
-  const int running = RanksNotEnded(job);
-  if (running == 0) return "";
+  const int left = LastAttemptRanks(job);
+  if (left == 0) return "";
+  if (job.attempts(job.attempts_size() - 1).state() != v1::ATTEMPT_STATE_CANCELLED) {
+    return absl::StrCat(": ", left, left == 1 ? " rank" : " ranks",
+                        " of its last attempt, which had ended, still stopping");
+  }
+  const int running = LastAttemptRanks(job, v1::RANK_STATE_RUNNING);
+  const int starting = left - running;
   const double grace = v1::StopCheckpointGraceS(job.spec());
-  const bool one = running == 1;
-  const std::string ranks = one ? "its rank" : absl::StrCat("its ", running, " ranks");
-  if (grace <= 0) return absl::StrCat(": ", ranks, one ? " is" : " are", " being stopped");
-  return absl::StrCat(
-      ": ", ranks, one ? " stops after its step and writes" : " stop after their step and write",
-      " its checkpoint (within checkpoint.stop_grace_s ", FormatMetric(grace), " s)");
+  std::vector<std::string> parts;
+  if (running > 0 && grace > 0) {
+    parts.push_back(absl::StrCat(
+        Ranks(running, ""),
+        running == 1 ? "stops after its step and writes" : "stop after their step and write",
+        " its checkpoint (within checkpoint.stop_grace_s ", FormatMetric(grace), " s)"));
+  } else if (running > 0) {
+    parts.push_back(
+        absl::StrCat(Ranks(running, ""), running == 1 ? "is" : "are", " being stopped"));
+  }
+  if (starting > 0) {
+    parts.push_back(absl::StrCat(Ranks(starting, " still starting"), "stop",
+                                 starting == 1 ? "s" : "", " at once"));
+  }
+  return absl::StrCat(": ", absl::StrJoin(parts, "; "));
 }
 
 // How the ranks of the job's last attempt ended, one line per way ("  ranks 0-3, 5: <exit>\n"),
@@ -124,37 +147,52 @@ std::string RankEnds(const v1::JobDetail& job) {
 
 // --wait: polls the job until every rank of its last attempt has ended (the controller records a
 // lost worker's rank as ended too, so this ends), riding out a controller restart like watch.
-absl::StatusOr<v1::JobDetail> WaitForRanks(const CommandContext& ctx, const std::string& job_id,
-                                           v1::JobDetail job) {
-  PollOutage outage(*ctx.clock, /*answered=*/true);
+absl::StatusOr<v1::JobDetail> WaitForRanks(const CommandContext& ctx, const std::string& job_id) {
+  PollOutage outage(*ctx.clock, /*answered=*/true);  // (its cancel was answered)
   const double started = ctx.clock->MonotonicSeconds();
   bool drawn = false;
-  while (RanksNotEnded(job) > 0) {
-    if (ctx.err_tty) {
-      *ctx.err << "\rjob " << job_id << ": waiting for " << RanksNotEnded(job) << " of "
-               << job.attempts(job.attempts_size() - 1).ranks_size() << " ranks to stop  "
-               << FormatDuration(ctx.clock->MonotonicSeconds() - started) << "   " << std::flush;
-      drawn = true;
+  const auto end_line = [&] {
+    if (drawn) *ctx.err << "\n";
+  };
+  while (true) {
+    absl::StatusOr<v1::JobDetail> polled = ctx.client->GetJob(job_id);
+    if (!polled.ok() && !outage.Retry(polled.status())) {
+      end_line();
+      return polled.status();
+    }
+    if (polled.ok()) {
+      outage.Answered();
+      const int left = LastAttemptRanks(*polled);
+      if (left == 0) {
+        end_line();
+        return polled;
+      }
+      if (ctx.err_tty) {
+        *ctx.err << "\rjob " << job_id << ": waiting for " << left << " of "
+                 << polled->attempts(polled->attempts_size() - 1).ranks_size() << " ranks to stop  "
+                 << FormatDuration(ctx.clock->MonotonicSeconds() - started) << "   " << std::flush;
+        drawn = true;
+      }
     }
     ctx.sleep(ctx.poll_interval_s);
-    absl::StatusOr<v1::JobDetail> polled = ctx.client->GetJob(job_id);
-    if (!polled.ok()) {
-      if (!outage.Retry(polled.status())) return polled.status();
-      continue;
-    }
-    outage.Answered();
-    job = *std::move(polled);
   }
-  if (drawn) *ctx.err << "\n";
-  return job;
 }
 
 }  // namespace
 
 absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::string>& job_ids,
                               const CancelOptions& options) {
-  v1::ListJobsResponse cancelled_jobs;  // --json with several jobs
   int exit_code = kExitOk;
+  // With several jobs, one that fails is said on stderr and the others go on; one job: its error
+  // is the command's.
+  const auto failed = [&](const absl::Status& error, const std::string& what) {
+    *ctx.err << "furnace: " << what << error.message() << "\n";
+    if (exit_code == kExitOk) exit_code = ExitCodeForStatus(error);
+  };
+  v1::ListJobsResponse cancelled_jobs;        // --json with several jobs
+  std::optional<v1::CancelJobResponse> only;  // --json with one
+  std::vector<std::string> to_wait;
+  // Every job is cancelled first: --wait waits for them all together.
   for (const std::string& job_id : job_ids) {
     absl::StatusOr<v1::CancelJobResponse> cancelled = ctx.client->CancelJob(job_id);
     // The controller refuses to cancel a job that already ended: not an RPC error (exit 6).
@@ -162,32 +200,40 @@ absl::StatusOr<int> RunCancel(const CommandContext& ctx, const std::vector<std::
     if (absl::IsFailedPrecondition(error)) error = NotApplicable(error);
     if (!error.ok()) {
       if (job_ids.size() == 1) return error;
-      *ctx.err << "furnace: " << error.message() << "\n";
-      if (exit_code == kExitOk) exit_code = ExitCodeForStatus(error);
+      failed(error, "");
       continue;
     }
     const v1::JobSummary& job = cancelled->job();
     const std::string id = job.job_id().empty() ? job_id : job.job_id();
-    // The job as it is now, for how its ranks stop and (--wait) how they ended. Without --wait a
-    // failed look only leaves the note out: the cancel is done.
-    absl::StatusOr<v1::JobDetail> detail = absl::UnavailableError("not asked");
-    if (!ctx.json || options.wait) detail = ctx.client->GetJob(id);
-    if (options.wait && !detail.ok()) return detail.status();
-    if (ctx.json && job_ids.size() == 1) {
-      RETURN_IF_ERROR(PrintJson(*cancelled, *ctx.out));
-    } else if (ctx.json) {
-      *cancelled_jobs.add_jobs() = job;
-    } else {
-      *ctx.out << "job " << id << " is " << StateName(job.state())
-               << (detail.ok() ? StoppingNote(*detail) : "") << "\n"
-               << std::flush;
+    if (options.wait) to_wait.push_back(id);
+    if (ctx.json) {
+      if (job_ids.size() == 1) {
+        only = *std::move(cancelled);
+      } else {
+        *cancelled_jobs.add_jobs() = job;
+      }
+      continue;
     }
-    if (!options.wait) continue;
-    ASSIGN_OR_RETURN(const v1::JobDetail ended, WaitForRanks(ctx, id, *std::move(detail)));
-    if (!ctx.json && !ended.attempts().empty()) {
-      *ctx.out << "job " << id << ": how its ranks ended\n" << RankEnds(ended) << std::flush;
+    // How its ranks stop, from the job as it is now (a failed look only leaves that out: the
+    // cancel is done).
+    const absl::StatusOr<v1::JobDetail> detail = ctx.client->GetJob(id);
+    *ctx.out << "job " << id << " is " << StateName(job.state())
+             << (detail.ok() ? StoppingNote(*detail) : "") << "\n"
+             << std::flush;
+  }
+  for (const std::string& id : to_wait) {
+    const absl::StatusOr<v1::JobDetail> ended = WaitForRanks(ctx, id);
+    if (!ended.ok()) {
+      if (job_ids.size() == 1) return ended.status();
+      failed(ended.status(), absl::StrCat("job ", id, ": waiting for its ranks: "));
+      continue;
+    }
+    if (!ctx.json && !ended->attempts().empty()) {
+      *ctx.out << "job " << id << ": how its ranks ended\n" << RankEnds(*ended) << std::flush;
     }
   }
+  // --json: the cancels' answers, printed once the ranks are out with --wait.
+  if (only) RETURN_IF_ERROR(PrintJson(*only, *ctx.out));
   if (ctx.json && job_ids.size() > 1) RETURN_IF_ERROR(PrintJson(cancelled_jobs, *ctx.out));
   return exit_code;
 }

@@ -69,9 +69,10 @@ absl::StatusOr<int> RunLogs(const CommandContext& ctx, const std::string& job_id
 // Cancels each job in turn. One job: its error is the command's. Several: a job that cannot be
 // cancelled is said on stderr and the others still are; the exit code is the first failure's
 // (--json: one document listing the jobs cancelled). Text: "job X is CANCELLED", and how the
-// ranks still running stop ("its 2 ranks stop after their step and write its checkpoint (within
-// checkpoint.stop_grace_s 60 s)"). With `wait`, each job's cancel then waits until every rank of
-// its last attempt has ended and prints how they ended, ranks that ended alike on one line.
+// ranks left stop ("its 2 ranks stop after their step and write its checkpoint (within
+// checkpoint.stop_grace_s 60 s)"). With `wait`, once every job is cancelled, waits until every
+// rank of each one's last attempt has ended and prints how they ended, ranks that ended alike on
+// one line (--json: the answers are printed then); a wait that fails counts as a failure.
 struct CancelOptions {
   bool wait = false;
 };

@@ -51,8 +51,13 @@ std::string AttemptDuration(const v1::AttemptInfo& a, double now_unix) {
 // ended).
 std::string TimeLimitLeft(const v1::JobDetail& job, double now_unix) {
   if (IsFinalState(job.summary().state())) return "";
-  if (job.summary().deadline_unix() <= 0) return "counted from its first attempt's start";
-  const double left = job.summary().deadline_unix() - now_unix;
+  double deadline = job.summary().deadline_unix();
+  // (A controller older than JobSummary.deadline_unix: from the first attempt's start.)
+  if (deadline <= 0 && !job.attempts().empty() && job.attempts(0).started_unix() > 0) {
+    deadline = job.attempts(0).started_unix() + job.spec().resources().time_limit_s();
+  }
+  if (deadline <= 0) return "counted from its first attempt's start";
+  const double left = deadline - now_unix;
   return left > 0 ? absl::StrCat(FormatDuration(left), " left") : "reached";
 }
 

@@ -117,7 +117,8 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
   MetricFamily* deadline =
       x.Add("furnace_job_deadline_timestamp_seconds", kGauge,
             "When resources.time_limit_s ends the job (Unix seconds): its first attempt's start "
-            "plus the limit. Only for a job not ended with a limit, once it started.");
+            "plus the limit. Present while a job with a limit runs or recovers (from its first "
+            "attempt's start until it ends).");
   MetricFamily* tokens_total = x.Add("furnace_job_tokens_total", kCounter,
                                      "Tokens trained by the job, over all ranks and attempts.");
   MetricFamily* mfu = x.Add("furnace_job_mfu_ratio", kGauge,

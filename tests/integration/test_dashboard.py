@@ -123,7 +123,8 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(summary["heatmap_cells"], STEPS * 4, summary)  # 4 MoE layers
         self.assertGreater(summary["last_loss"], 0)
         self.assertGreater(summary["last_tokens_per_second"], 0)
-        # The workers panel: both, free again now the job is over.
+        # The workers panel: both, one free again now the first job is over, one the limited
+        # job's.
         self.assertEqual(summary["workers"], 2, summary)
         self.assertEqual(summary["worker_states"], {"ready": 1, "busy": 1}, summary)
         self.assertEqual(list(summary["time_left"]), [limited], summary)

@@ -405,6 +405,23 @@ TEST_F(CommandsTest, CancelSaysHowTheRanksStop) {
   out_.str("");
   ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
   EXPECT_EQ(out_.str(), "job j-1 is CANCELLED\n");
+  // Ranks still starting (never reported running) stop at once.
+  v1::JobDetail starting = CancelledTrainJob(3, 0);
+  starting.mutable_attempts(0)->mutable_ranks(2)->set_state(v1::RANK_STATE_ASSIGNED);
+  client_.get_job = {starting};
+  out_.str("");
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
+  EXPECT_EQ(out_.str(),
+            "job j-1 is CANCELLED: its 2 ranks stop after their step and write its checkpoint "
+            "(within checkpoint.stop_grace_s 60 s); its rank still starting stops at once\n");
+  // A job cancelled while it recovered: its failed attempt's ranks were stopped before.
+  v1::JobDetail recovering = CancelledTrainJob(2, 1);
+  recovering.mutable_attempts(0)->set_state(v1::ATTEMPT_STATE_FAILED);
+  client_.get_job = {recovering};
+  out_.str("");
+  ASSERT_EQ(*RunCancel(ctx_, {"j-1"}), kExitOk);
+  EXPECT_EQ(out_.str(),
+            "job j-1 is CANCELLED: 1 rank of its last attempt, which had ended, still stopping\n");
 }
 
 TEST_F(CommandsTest, CancelWaitWaitsForTheRanksAndSaysHowTheyEnded) {
@@ -421,6 +438,24 @@ TEST_F(CommandsTest, CancelWaitWaitsForTheRanksAndSaysHowTheyEnded) {
   // A controller that stays down ends the wait with its error.
   client_.get_job = {CancelledTrainJob(2, 0), absl::UnavailableError("down")};
   EXPECT_TRUE(absl::IsUnavailable(RunCancel(ctx_, {"j-1"}, CancelOptions{.wait = true}).status()));
+}
+
+// Several jobs: each is cancelled before any is waited for (none trains on while another's ranks
+// stop), and a wait that fails is said on stderr, the others still waited for.
+TEST_F(CommandsTest, CancelWaitOfSeveralJobsCancelsThemAllFirst) {
+  client_.get_job = {CancelledTrainJob(2, 0), CancelledTrainJob(2, 0),
+                     absl::NotFoundError("no job 'j-1'"), CancelledTrainJob(2, 2)};
+  const absl::StatusOr<int> code = RunCancel(ctx_, {"j-1", "j-2"}, CancelOptions{.wait = true});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, kExitJobNotFound);
+  EXPECT_EQ(client_.get_job_ids, (std::vector<std::string>{"j-1", "j-2", "j-1", "j-2"}));
+  const std::string stop =
+      " is CANCELLED: its 2 ranks stop after their step and write its checkpoint (within "
+      "checkpoint.stop_grace_s 60 s)\n";
+  EXPECT_EQ(out_.str(), "job j-1" + stop + "job j-2" + stop +
+                            "job j-2: how its ranks ended\n"
+                            "  ranks 0-1: stopped: job cancelled (after step 36)\n");
+  EXPECT_EQ(err_.str(), "furnace: job j-1: waiting for its ranks: no job 'j-1'\n");
 }
 
 // furnace status: a rank not ended of an attempt that ended is being stopped, not running.
