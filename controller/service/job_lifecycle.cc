@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <system_error>
@@ -17,6 +18,7 @@
 #include "controller/store/memory_escalation.h"
 #include "controller/store/placement.h"
 #include "controller/store/progress_rule.h"
+#include "proto/furnace/v1/job_paths.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -26,6 +28,13 @@ namespace furnace::controller {
 namespace fs = std::filesystem;
 namespace v1 = furnace::v1;
 using v1::JobState;
+
+namespace {
+// Backfill's allowance, beyond the stop graces, from a job's time limit to its workers reported
+// free: the limit is acted on at a tick (later while a failure settles), and the exits' reports
+// take their way here.
+constexpr double kBackfillMarginS = 15.0;
+}  // namespace
 
 JobLifecycle::JobLifecycle(const ControllerOptions& options, const Clock& clock, JobStore& store,
                            GroupCommit& records, WorkerRegistry& workers, Rendezvous& rendezvous)
@@ -663,6 +672,90 @@ std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ReservedByOlderPendi
   return {reserved, by};
 }
 
+double JobLifecycle::FreedByUnix(const Job& job, double deadline_unix) const {
+  return deadline_unix + v1::StopCheckpointGraceS(job.spec) + options_.stop_grace_s +
+         kBackfillMarginS;
+}
+
+JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t world,
+                                                   uint32_t free_all, uint32_t free_for_it,
+                                                   uint32_t ahead, uint32_t reserved,
+                                                   const std::vector<std::string>& for_jobs) const {
+  Backfill out;
+  if (free_for_it < ahead + world) return out;  // it does not fit now anyway
+  const std::string& kind = job.spec.resources().device();
+  const double now = clock_.UnixSeconds();
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  // When each busy worker of the kind is free again at the latest.
+  std::map<std::string, uint32_t> busy;  // job id -> its workers of the kind
+  uint32_t unknown = 0;                  // busy with nothing we know the end of
+  for (const auto& [id, w] : workers_.workers()) {
+    if (w.info.device_kind() != kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
+    if (w.has_rank && w.seen->in_session.load()) {
+      ++busy[w.info.job_id()];
+    } else if (!w.seen->in_session.load() || w.info.state() != v1::WORKER_STATE_READY) {
+      ++unknown;
+    }
+  }
+  std::vector<std::pair<double, uint32_t>> frees;  // (free by, workers)
+  std::vector<std::string> unlimited;              // jobs without a time limit holding workers
+  for (const auto& [id, n] : busy) {
+    const auto found = jobs_.find(id);
+    const Job* other = found == jobs_.end() ? nullptr : &found->second;
+    double by = kNever;
+    if (other != nullptr && IsFinal(other->summary.state())) {
+      by = FreedByUnix(*other, now);  // stopping already: at most its grace from now
+    } else if (const double deadline = other != nullptr ? DeadlineUnix(*other) : 0; deadline > 0) {
+      by = FreedByUnix(*other, deadline);
+    } else {
+      unlimited.push_back(id);
+    }
+    frees.emplace_back(by, n);
+  }
+  if (unknown > 0) frees.emplace_back(kNever, unknown);
+  std::sort(frees.begin(), frees.end());
+  int64_t available = int64_t{free_all} - ahead;
+  double shadow = kNever;
+  for (const auto& [by, n] : frees) {
+    if (available >= reserved) break;
+    available += n;
+    shadow = by;
+  }
+  if (available < reserved) shadow = kNever;
+  if (shadow == kNever) {
+    if (!unlimited.empty()) {
+      out.why_not = absl::StrCat("; no backfill: job", unlimited.size() == 1 ? " " : "s ",
+                                 absl::StrJoin(unlimited, ", "), " on those workers ha",
+                                 unlimited.size() == 1 ? "s" : "ve",
+                                 " no resources.time_limit_s, so when they free up is unknown");
+    }
+    return out;
+  }
+  const std::string them =
+      absl::StrCat("job", for_jobs.size() == 1 ? " " : "s ", absl::StrJoin(for_jobs, ", "));
+  const double limit = job.spec.resources().time_limit_s();
+  if (limit > 0 && FreedByUnix(job, now + limit) <= shadow) {
+    out.start = absl::StrFormat(
+        "backfilled beside %s's reservation: resources.time_limit_s %g ends it by %s, before "
+        "the %d workers reserved are free (by %s, as the time limits of the jobs on them end)",
+        them, limit, UnixClock(FreedByUnix(job, now + limit)), reserved, UnixClock(shadow));
+    return out;
+  }
+  // The workers free by the shadow time beyond what the reserved jobs need then.
+  if (available - int64_t{reserved} >= world) {
+    out.start = absl::StrFormat(
+        "backfilled beside %s's reservation: of the workers free by %s (as the time limits of "
+        "the jobs on them end), the %d reserved leave %d, enough for its %d",
+        them, UnixClock(shadow), reserved, available - int64_t{reserved}, world);
+    return out;
+  }
+  out.why_not = absl::StrFormat(
+      "; it could start beside %s as a backfill if resources.time_limit_s ended it by %s", them,
+      UnixClock(shadow - v1::StopCheckpointGraceS(job.spec) - options_.stop_grace_s -
+                kBackfillMarginS));
+  return out;
+}
+
 uint32_t JobLifecycle::FreeNow(const std::vector<WorkerSlot>& slots,
                                const std::string& device_kind) {
   uint32_t n = 0;
@@ -772,6 +865,8 @@ void JobLifecycle::TryStart(Job& job) {
   const uint32_t world = LayoutWorld(layout);
   // Excluded workers are never placed: to placement they are not free.
   std::vector<WorkerSlot> slots = workers_.Slots();
+  const uint32_t free_all = FreeNow(slots, job.spec.resources().device());
+  std::optional<std::string> backfilled;
   for (WorkerSlot& slot : slots) {
     if (job.excluded_workers.count(slot.worker_id)) slot.free = false;
   }
@@ -804,16 +899,21 @@ void JobLifecycle::TryStart(Job& job) {
       const uint32_t ahead = claimed > 0 && coming >= claimed ? claimed : 0;
       const uint32_t free = FreeNow(slots, job.spec.resources().device());
       if (free < ahead + reserved + world) {
-        wait(absl::StrFormat(
-            "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
-            "reserved for %s (--reserve-after); %d free, %d needed%s",
-            for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "),
-            options_.reserve_after_s, reserved, job.spec.resources().device(),
-            for_jobs.size() == 1 ? "it" : "them", free, ahead + reserved + world,
-            ahead > 0 ? absl::StrCat(" with the ", ahead, " recovering job ",
-                                     absl::StrJoin(by, ", "), " claims")
-                      : " for both"));
-        return;
+        Backfill backfill = CheckBackfill(job, world, free_all, free, ahead, reserved, for_jobs);
+        if (!backfill.start) {
+          wait(absl::StrFormat(
+              "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
+              "reserved for %s (--reserve-after); %d free, %d needed%s%s",
+              for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "),
+              options_.reserve_after_s, reserved, job.spec.resources().device(),
+              for_jobs.size() == 1 ? "it" : "them", free, ahead + reserved + world,
+              ahead > 0 ? absl::StrCat(" with the ", ahead, " recovering job ",
+                                       absl::StrJoin(by, ", "), " claims")
+                        : " for both",
+              backfill.why_not));
+          return;
+        }
+        backfilled = std::move(backfill.start);
       }
     }
   }
@@ -928,6 +1028,7 @@ void JobLifecycle::TryStart(Job& job) {
   }
   rendezvous_.OpenScope({job.summary.job_id(), n},
                         std::set<std::string>(placement->begin(), placement->end()));
+  if (backfilled) Event(job, "backfill", *backfilled);
   if (escalated) Event(job, "escalate", escalation);
   if (!relayout.empty()) Event(job, chosen > 0 ? "shrink" : "grow", relayout);
   // A drill aimed at a worker (fault.worker) hits whichever rank runs there: one that holds no

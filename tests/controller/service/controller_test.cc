@@ -2827,13 +2827,149 @@ TEST_F(ControllerTest, AJobPendingLongHasTheNextWorkersToFreeUpReservedForIt) {
   EXPECT_EQ(summary(late).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
-                "(--reserve-after); 1 free, 4 needed for both");
+                "(--reserve-after); 1 free, 4 needed for both; no backfill: job " +
+                running +
+                " on those workers has no resources.time_limit_s, so when they free up is "
+                "unknown");
 
   report_all(running, v1::RANK_EXITED);  // three free: big starts, late still waits
   HeartbeatAll(3);
   c_->Tick();
   EXPECT_EQ(summary(big).state(), v1::JOB_STARTING);
   EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+}
+
+// Backfill: a job held back by a reservation starts anyway when it cannot delay the reserved job.
+// The reserved workers are free at the latest when the time limits of the jobs on them end (plus
+// the stop graces and a margin: the shadow time); a job whose own limit ends it by then starts,
+// one whose limit ends later waits and is told by when it would have to end, and behind a job
+// without a time limit there is no shadow time. Taking only workers the reserved job will not
+// need then, a job starts whatever its limit. The reserved job starts when the limits end.
+TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
+  for (int s = 0; s < 4; ++s) Register(s);
+  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
+    std::string text = absl::StrReplaceAll(
+        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
+    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
+    auto id = c_->Submit(text, name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : std::string();
+  };
+  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
+  const auto events = [&](const std::string& id, const std::string& kind) {
+    std::vector<std::string> out;
+    const v1::JobDetail detail = *c_->GetJob(id);
+    for (const v1::JobEvent& e : detail.events()) {
+      if (e.kind() == kind) out.push_back(e.message());
+    }
+    return out;
+  };
+  const auto report_all = [&](const std::string& id, v1::RankEvent event) {
+    job_ = id;
+    const v1::JobDetail detail = *c_->GetJob(id);
+    const v1::AttemptInfo& attempt = detail.attempts(detail.attempts_size() - 1);
+    for (const v1::RankInfo& r : attempt.ranks()) {
+      Report(std::stoi(r.worker_id().substr(2)), attempt.attempt(), r.rank(), event,
+             event == v1::RANK_EXITED ? v1::EXIT_KIND_SUCCESS : v1::EXIT_KIND_UNSPECIFIED);
+    }
+  };
+  const std::string run = submit("run", 2, "1000");  // on 2 of the 4 workers until t0 + 1000
+  const double t0 = c_->GetJob(run)->attempts(0).started_unix();
+  report_all(run, v1::RANK_STARTED);
+  const std::string forever = submit("forever", 1, "");  // a third, with no time limit
+  report_all(forever, v1::RANK_STARTED);
+  const std::string big = submit("big", 3, "");
+  clock_.Advance(601);  // big holds a reservation: 1 free, 3 reserved
+  HeartbeatAll(4);
+  c_->Tick();
+  ASSERT_EQ(summary(big).state(), v1::JOB_PENDING);
+  // Shadow time: run's 2 workers free by t0 + 1000 + 5 (SIGTERM grace) + 15 (margin); with the
+  // free one, 3: enough for big. A 1-rank job ending by then (its own 20 s after its limit) may
+  // use the free worker meanwhile.
+  const std::string shadow = UnixClock(t0 + 1020);
+  const std::string late = submit("late", 1, "500");  // ends by t0 + 601 + 520 > shadow
+  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+  EXPECT_EQ(summary(late).waiting(),
+            "waits behind job " + big +
+                ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
+                "(--reserve-after); 1 free, 4 needed for both; it could start beside job " +
+                big + " as a backfill if resources.time_limit_s ended it by " +
+                UnixClock(t0 + 1000));
+  const std::string brief = submit("brief", 1, "300");  // ends by t0 + 601 + 320: before it
+  EXPECT_EQ(summary(brief).state(), v1::JOB_STARTING);
+  EXPECT_EQ(events(brief, "backfill"),
+            std::vector<std::string>{"backfilled beside job " + big +
+                                     "'s reservation: resources.time_limit_s 300 ends it by " +
+                                     UnixClock(t0 + 921) +
+                                     ", before the 3 workers reserved are free (by " + shadow +
+                                     ", as the time limits of the jobs on them end)"});
+  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
+  report_all(brief, v1::RANK_STARTED);
+
+  // The limits end: run at t0 + 1000 (FAILED, its ranks stopped), brief before; big starts on
+  // their workers and forever's is still forever's.
+  clock_.Advance(400);
+  HeartbeatAll(4);
+  c_->Tick();
+  ASSERT_EQ(summary(run).state(), v1::JOB_FAILED);
+  ASSERT_EQ(summary(brief).state(), v1::JOB_FAILED);
+  report_all(run, v1::RANK_EXITED);
+  report_all(brief, v1::RANK_EXITED);
+  HeartbeatAll(4);
+  c_->Tick();
+  EXPECT_EQ(summary(big).state(), v1::JOB_STARTING);
+  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);  // no worker left for it
+}
+
+// Behind workers whose jobs have no time limit there is no shadow time: no backfill, and the
+// waiting job is told why. Workers beyond what the reserved job needs at the shadow time are
+// free to any job (here 4 free by then, 3 reserved: one job of one rank without a limit).
+TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers) {
+  for (int s = 0; s < 4; ++s) Register(s);
+  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
+    std::string text = absl::StrReplaceAll(
+        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
+    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
+    auto id = c_->Submit(text, name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : std::string();
+  };
+  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
+  const std::string run = submit("run", 2, "");
+  job_ = run;
+  const v1::JobDetail placed = *c_->GetJob(run);
+  for (const v1::RankInfo& r : placed.attempts(0).ranks()) {
+    Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
+  }
+  const std::string big = submit("big", 3, "");
+  clock_.Advance(601);
+  HeartbeatAll(4);
+  c_->Tick();
+  ASSERT_EQ(summary(big).state(), v1::JOB_PENDING);
+  const std::string brief = submit("brief", 1, "60");
+  EXPECT_EQ(summary(brief).state(), v1::JOB_PENDING);
+  EXPECT_EQ(summary(brief).waiting(),
+            "waits behind job " + big +
+                ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
+                "(--reserve-after); 2 free, 4 needed for both; no backfill: job " +
+                run +
+                " on those workers has no resources.time_limit_s, so when they free up is "
+                "unknown");
+  ASSERT_TRUE(c_->Cancel(brief).ok());
+  ASSERT_TRUE(c_->Cancel(run).ok());  // its ranks stop: free by now + 5 + 15 at the latest
+  const std::string spare = submit("spare", 1, "");
+  EXPECT_EQ(summary(spare).state(), v1::JOB_STARTING);
+  std::vector<std::string> backfill;
+  const v1::JobDetail detail = *c_->GetJob(spare);
+  for (const v1::JobEvent& e : detail.events()) {
+    if (e.kind() == "backfill") backfill.push_back(e.message());
+  }
+  EXPECT_EQ(backfill,
+            std::vector<std::string>{
+                "backfilled beside job " + big + "'s reservation: of the workers free by " +
+                UnixClock(clock_.UnixSeconds() + 20) +
+                " (as the time limits of the jobs on them end), the 3 reserved leave "
+                "1, enough for its 1"});
 }
 
 // An agent killed outright takes its rank with it; the peer's collective fails at once with a
