@@ -679,80 +679,123 @@ double JobLifecycle::FreedByUnix(const Job& job, double deadline_unix) const {
 
 JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t world,
                                                    uint32_t free_all, uint32_t free_for_it,
-                                                   uint32_t ahead, uint32_t reserved,
+                                                   uint32_t ahead,
                                                    const std::vector<std::string>& for_jobs) const {
   Backfill out;
   if (free_for_it < ahead + world) return out;  // it does not fit now anyway
   const std::string& kind = job.spec.resources().device();
   const double now = clock_.UnixSeconds();
   constexpr double kNever = std::numeric_limits<double>::infinity();
-  // When each busy worker of the kind is free again at the latest.
+  const auto find = [&](const std::string& id) -> const Job* {
+    const auto it = jobs_.find(id);
+    return it == jobs_.end() ? nullptr : &it->second;
+  };
+  // When each busy worker of the kind is free again at the latest; one we cannot tell that of
+  // (its job has no time limit, is past it, or is gone; its agent has not registered again since
+  // a restart) never, as far as backfill goes.
   std::map<std::string, uint32_t> busy;  // job id -> its workers of the kind
-  uint32_t unknown = 0;                  // busy with nothing we know the end of
+  uint32_t unregistered = 0;
   for (const auto& [id, w] : workers_.workers()) {
     if (w.info.device_kind() != kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
-    if (w.has_rank && w.seen->in_session.load()) {
+    if (!w.seen->in_session.load()) {
+      ++unregistered;
+    } else if (w.has_rank) {
       ++busy[w.info.job_id()];
-    } else if (!w.seen->in_session.load() || w.info.state() != v1::WORKER_STATE_READY) {
-      ++unknown;
     }
   }
   std::vector<std::pair<double, uint32_t>> frees;  // (free by, workers)
-  std::vector<std::string> unlimited;              // jobs without a time limit holding workers
+  std::vector<std::string> unknown;                // why some never are, as far as we know
   for (const auto& [id, n] : busy) {
-    const auto found = jobs_.find(id);
-    const Job* other = found == jobs_.end() ? nullptr : &found->second;
+    const Job* other = find(id);
     double by = kNever;
-    if (other != nullptr && IsFinal(other->summary.state())) {
-      by = FreedByUnix(*other, now);  // stopping already: at most its grace from now
-    } else if (const double deadline = other != nullptr ? DeadlineUnix(*other) : 0; deadline > 0) {
+    if (other == nullptr) {
+      unknown.push_back(absl::StrCat("job ", id, " (forgotten) still holds ", n));
+    } else if (IsFinal(other->summary.state())) {
+      // Stopping since its attempt ended: free by then plus the graces.
+      const v1::AttemptInfo* attempt = other->current();
+      const double ended = attempt != nullptr && attempt->ended_unix() > 0
+                               ? attempt->ended_unix()
+                               : other->summary.updated_unix();
+      by = FreedByUnix(*other, ended);
+      if (by < now) unknown.push_back(absl::StrCat("job ", id, " is stopping past its graces"));
+    } else if (const double deadline = DeadlineUnix(*other); deadline > 0) {
       by = FreedByUnix(*other, deadline);
+      if (by < now) unknown.push_back(absl::StrCat("job ", id, " is past its time limit"));
     } else {
-      unlimited.push_back(id);
+      unknown.push_back(absl::StrCat("job ", id, " has no resources.time_limit_s"));
     }
+    if (by < now) by = kNever;
     frees.emplace_back(by, n);
   }
-  if (unknown > 0) frees.emplace_back(kNever, unknown);
-  std::sort(frees.begin(), frees.end());
-  int64_t available = int64_t{free_all} - ahead;
-  double shadow = kNever;
-  for (const auto& [by, n] : frees) {
-    if (available >= reserved) break;
-    available += n;
-    shadow = by;
+  if (unregistered > 0) {
+    frees.emplace_back(kNever, unregistered);
+    unknown.push_back(absl::StrCat(unregistered,
+                                   unregistered == 1 ? " worker has" : " workers have",
+                                   " not registered again since the controller started"));
   }
-  if (available < reserved) shadow = kNever;
-  if (shadow == kNever) {
-    if (!unlimited.empty()) {
-      out.why_not = absl::StrCat("; no backfill: job", unlimited.size() == 1 ? " " : "s ",
-                                 absl::StrJoin(unlimited, ", "), " on those workers ha",
-                                 unlimited.size() == 1 ? "s" : "ve",
-                                 " no resources.time_limit_s, so when they free up is unknown");
+  std::sort(frees.begin(), frees.end());
+  // The reserved jobs, oldest first (the order they start in): each may start once the workers
+  // for it and every older one are free (its shadow time), and the job must hold none of those
+  // then: it ends by the shadow time, or takes only workers spare at it.
+  std::vector<std::pair<std::pair<double, std::string>, uint32_t>> reserved_jobs;
+  for (const std::string& id : for_jobs) {
+    if (const Job* r = find(id)) {
+      reserved_jobs.push_back({{r->summary.submitted_unix(), id}, r->summary.world_size()});
     }
-    return out;
+  }
+  std::sort(reserved_jobs.begin(), reserved_jobs.end());
+  double shadow = kNever;     // the earliest of the shadow times
+  int64_t spare = INT64_MAX;  // the fewest workers spare at its own shadow time
+  uint32_t reserved = 0;
+  int64_t available = int64_t{free_all} - ahead;
+  double at = now;
+  size_t next = 0;
+  for (const auto& [key, need] : reserved_jobs) {
+    reserved += need;
+    while (available < reserved && next < frees.size()) {
+      at = frees[next].first;
+      available += frees[next++].second;
+    }
+    if (available < reserved || at == kNever) {  // its start is unknown: nothing is safe
+      shadow = kNever;
+      spare = -1;
+      break;
+    }
+    shadow = std::min(shadow, at);
+    spare = std::min(spare, available - int64_t{reserved});
   }
   const std::string them =
       absl::StrCat("job", for_jobs.size() == 1 ? " " : "s ", absl::StrJoin(for_jobs, ", "));
   const double limit = job.spec.resources().time_limit_s();
-  if (limit > 0 && FreedByUnix(job, now + limit) <= shadow) {
+  const double ends_by = limit > 0 ? FreedByUnix(job, now + limit) : kNever;
+  if (shadow != kNever && ends_by <= shadow) {
     out.start = absl::StrFormat(
         "backfilled beside %s's reservation: resources.time_limit_s %g ends it by %s, before "
-        "the %d workers reserved are free (by %s, as the time limits of the jobs on them end)",
-        them, limit, UnixClock(FreedByUnix(job, now + limit)), reserved, UnixClock(shadow));
+        "the workers reserved are free (by %s at the latest, as the jobs on them end)",
+        them, limit, UnixClock(ends_by), UnixClock(shadow));
     return out;
   }
-  // The workers free by the shadow time beyond what the reserved jobs need then.
-  if (available - int64_t{reserved} >= world) {
+  if (spare >= world) {  // (every reserved job's shadow time is known)
     out.start = absl::StrFormat(
-        "backfilled beside %s's reservation: of the workers free by %s (as the time limits of "
-        "the jobs on them end), the %d reserved leave %d, enough for its %d",
-        them, UnixClock(shadow), reserved, available - int64_t{reserved}, world);
+        "backfilled beside %s's reservation: it takes %d worker%s beyond what the reservation "
+        "needs once enough are free for it (by %s at the latest, as the jobs on them end)",
+        them, world, world == 1 ? "" : "s", UnixClock(shadow));
     return out;
   }
-  out.why_not = absl::StrFormat(
-      "; it could start beside %s as a backfill if resources.time_limit_s ended it by %s", them,
-      UnixClock(shadow - v1::StopCheckpointGraceS(job.spec) - options_.stop_grace_s -
-                kBackfillMarginS));
+  if (shadow == kNever || spare < 0) {
+    if (!unknown.empty()) {
+      out.why_not = absl::StrCat("; no backfill: when the reserved workers free up is unknown (",
+                                 absl::StrJoin(unknown, "; "), ")");
+    }
+    return out;
+  }
+  const double end_by =
+      shadow - v1::StopCheckpointGraceS(job.spec) - options_.stop_grace_s - kBackfillMarginS;
+  if (end_by > now) {
+    out.why_not = absl::StrFormat(
+        "; it could start beside %s as a backfill if resources.time_limit_s ended it by %s", them,
+        UnixClock(end_by));
+  }
   return out;
 }
 
@@ -899,7 +942,7 @@ void JobLifecycle::TryStart(Job& job) {
       const uint32_t ahead = claimed > 0 && coming >= claimed ? claimed : 0;
       const uint32_t free = FreeNow(slots, job.spec.resources().device());
       if (free < ahead + reserved + world) {
-        Backfill backfill = CheckBackfill(job, world, free_all, free, ahead, reserved, for_jobs);
+        Backfill backfill = CheckBackfill(job, world, free_all, free, ahead, for_jobs);
         if (!backfill.start) {
           wait(absl::StrFormat(
               "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "

@@ -419,23 +419,22 @@ class JobLifecycle {
   bool HoldsReservation(const Job& job) const;
   // The same with the kind's known workers counted already (WorkerRegistry::CountUsable).
   bool HoldsReservation(const Job& job, uint32_t known) const;
-  // Backfill, as batch schedulers do it (EASY): a job that an older pending job's reservation holds
-  // back starts anyway where that cannot delay the reserved jobs. The shadow time is when, at the
-  // latest, enough of the kind's workers are free for `reserved` beyond the recovering jobs'
-  // `ahead`: the busy workers free up by their jobs' time limits (FreedByUnix). The job starts if
-  // its own limit frees its workers by then, or if it takes only workers the reserved jobs will
-  // not need then. A worker whose job has no time limit (or that has not registered again since
-  // a restart) may never free up: past it there is no shadow time, and no backfill.
-  // `free_all`: the kind's free workers; `free_for_it`: those the job may use (not excluded for
-  // it). Returns the event saying why it may start, or nullopt and in `why_not` what would let
-  // it ("" when nothing would).
+  // Backfill, as batch schedulers do it: a job that older pending jobs' reservations (`for_jobs`)
+  // hold back starts anyway where it cannot hold one of them back past its shadow time: when, at
+  // the latest, enough of the kind's workers are free for that job and every older reserved one,
+  // beyond the recovering jobs' `ahead` (the busy workers free up by their jobs' time limits,
+  // FreedByUnix). The job starts if its own limit frees its workers by the earliest shadow time,
+  // or if it takes only workers spare at every one. A worker whose job has no time limit (or is
+  // past it), or whose agent has not registered again since a restart, may never free up: past
+  // it there is no shadow time, and no backfill. `free_all`: the kind's free workers;
+  // `free_for_it`: those the job may use (not excluded for it). Returns the "backfill" event's
+  // message, or nullopt and in `why_not` what stands in the way ("" when nothing to say).
   struct Backfill {
     std::optional<std::string> start;  // the "backfill" event's message
     std::string why_not;               // appended to the waiting reason
   };
   Backfill CheckBackfill(const Job& job, uint32_t world, uint32_t free_all, uint32_t free_for_it,
-                         uint32_t ahead, uint32_t reserved,
-                         const std::vector<std::string>& for_jobs) const;
+                         uint32_t ahead, const std::vector<std::string>& for_jobs) const;
   // When the workers of `job`, whose time limit ends it at `deadline_unix`, are free again at the
   // latest: its ranks' checkpoint.stop_grace_s, then options_.stop_grace_s from SIGTERM to
   // SIGKILL, and kBackfillMarginS for the exits to be reported.

@@ -2827,10 +2827,9 @@ TEST_F(ControllerTest, AJobPendingLongHasTheNextWorkersToFreeUpReservedForIt) {
   EXPECT_EQ(summary(late).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
-                "(--reserve-after); 1 free, 4 needed for both; no backfill: job " +
-                running +
-                " on those workers has no resources.time_limit_s, so when they free up is "
-                "unknown");
+                "(--reserve-after); 1 free, 4 needed for both; no backfill: when the reserved "
+                "workers free up is unknown (job " +
+                running + " has no resources.time_limit_s)");
 
   report_all(running, v1::RANK_EXITED);  // three free: big starts, late still waits
   HeartbeatAll(3);
@@ -2897,12 +2896,12 @@ TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
                 UnixClock(t0 + 1000));
   const std::string brief = submit("brief", 1, "300");  // ends by t0 + 601 + 320: before it
   EXPECT_EQ(summary(brief).state(), v1::JOB_STARTING);
-  EXPECT_EQ(events(brief, "backfill"),
-            std::vector<std::string>{"backfilled beside job " + big +
-                                     "'s reservation: resources.time_limit_s 300 ends it by " +
-                                     UnixClock(t0 + 921) +
-                                     ", before the 3 workers reserved are free (by " + shadow +
-                                     ", as the time limits of the jobs on them end)"});
+  EXPECT_EQ(
+      events(brief, "backfill"),
+      std::vector<std::string>{"backfilled beside job " + big +
+                               "'s reservation: resources.time_limit_s 300 ends it by " +
+                               UnixClock(t0 + 921) + ", before the workers reserved are free (by " +
+                               shadow + " at the latest, as the jobs on them end)"});
   EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
   report_all(brief, v1::RANK_STARTED);
 
@@ -2951,10 +2950,9 @@ TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers)
   EXPECT_EQ(summary(brief).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
-                "(--reserve-after); 2 free, 4 needed for both; no backfill: job " +
-                run +
-                " on those workers has no resources.time_limit_s, so when they free up is "
-                "unknown");
+                "(--reserve-after); 2 free, 4 needed for both; no backfill: when the reserved "
+                "workers free up is unknown (job " +
+                run + " has no resources.time_limit_s)");
   ASSERT_TRUE(c_->Cancel(brief).ok());
   ASSERT_TRUE(c_->Cancel(run).ok());  // its ranks stop: free by now + 5 + 15 at the latest
   const std::string spare = submit("spare", 1, "");
@@ -2966,10 +2964,57 @@ TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers)
   }
   EXPECT_EQ(backfill,
             std::vector<std::string>{
-                "backfilled beside job " + big + "'s reservation: of the workers free by " +
-                UnixClock(clock_.UnixSeconds() + 20) +
-                " (as the time limits of the jobs on them end), the 3 reserved leave "
-                "1, enough for its 1"});
+                "backfilled beside job " + big +
+                "'s reservation: it takes 1 worker beyond what the reservation needs once enough "
+                "are free for it (by " +
+                UnixClock(clock_.UnixSeconds() + 20) + " at the latest, as the jobs on them end)"});
+}
+
+// Several reservations: each reserved job may start once the workers for it and every older one
+// are free, so a backfill must not hold the oldest back past its own, earlier shadow time (here
+// the 2 workers for b1 are free when x's limit ends, long before the 4 for b1 and b2 when y's
+// does): a job whose limit ends between the two waits, one ending before the first starts.
+TEST_F(ControllerTest, ABackfillHoldsNoReservedJobPastItsOwnShadowTime) {
+  for (int s = 0; s < 5; ++s) Register(s);
+  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
+    std::string text = absl::StrReplaceAll(
+        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
+    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
+    auto id = c_->Submit(text, name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return std::string();
+    job_ = *id;
+    const v1::JobDetail detail = *c_->GetJob(*id);
+    if (detail.summary().state() == v1::JOB_STARTING) {
+      for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
+        Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
+      }
+    }
+    return *id;
+  };
+  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
+  const std::string x = submit("x", 1, "2000");  // frees 1 worker by t0 + 2020
+  const double t0 = c_->GetJob(x)->attempts(0).started_unix();
+  const std::string y = submit("y", 3, "5000");  // frees 3 by t0 + 5020; 1 worker free
+  const std::string b1 = submit("b1", 2, "");
+  const std::string b2 = submit("b2", 2, "");
+  clock_.Advance(601);
+  HeartbeatAll(5);
+  c_->Tick();
+  ASSERT_EQ(summary(b1).state(), v1::JOB_PENDING);
+  ASSERT_EQ(summary(b2).state(), v1::JOB_PENDING);
+  // Ends by t0 + 601 + 1520: after b1's shadow time (t0 + 2020), before b2's (t0 + 5020).
+  const std::string middle = submit("middle", 1, "1500");
+  EXPECT_EQ(summary(middle).state(), v1::JOB_PENDING);
+  EXPECT_NE(summary(middle).waiting().find("; it could start beside jobs " + b1 + ", " + b2 +
+                                           " as a backfill if resources.time_limit_s ended it "
+                                           "by " +
+                                           UnixClock(t0 + 2000)),
+            std::string::npos)
+      << summary(middle).waiting();
+  const std::string brief = submit("brief", 1, "1000");  // by t0 + 1621: before both
+  EXPECT_EQ(summary(brief).state(), v1::JOB_RUNNING);
+  EXPECT_EQ(summary(middle).state(), v1::JOB_PENDING);
 }
 
 // An agent killed outright takes its rank with it; the peer's collective fails at once with a
