@@ -744,8 +744,9 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
     }
   }
   std::sort(reserved_jobs.begin(), reserved_jobs.end());
-  double shadow = kNever;     // the earliest of the shadow times
-  int64_t spare = INT64_MAX;  // the fewest workers spare at its own shadow time
+  if (reserved_jobs.empty()) return out;  // (none to hold back: not called so)
+  double shadow = kNever;                 // the earliest of the shadow times
+  int64_t spare = INT64_MAX;              // the fewest workers spare at its own shadow time
   uint32_t reserved = 0;
   int64_t available = int64_t{free_all} - ahead;
   double at = now;
@@ -756,14 +757,18 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
       at = frees[next].first;
       available += frees[next++].second;
     }
-    if (available < reserved || at == kNever) {  // its start is unknown: nothing is safe
-      shadow = kNever;
+    // Its start is unknown: no worker is spare for sure. (A job ending by the oldest's shadow time
+    // is still safe: the younger reserved jobs start after it.)
+    if (available < reserved || at == kNever) {
       spare = -1;
       break;
     }
+    // Workers freed at the same time count as spare at it too.
+    while (next < frees.size() && frees[next].first == at) available += frees[next++].second;
     shadow = std::min(shadow, at);
     spare = std::min(spare, available - int64_t{reserved});
   }
+  const std::string& oldest = reserved_jobs.front().first.second;
   const std::string them =
       absl::StrCat("job", for_jobs.size() == 1 ? " " : "s ", absl::StrJoin(for_jobs, ", "));
   const double limit = job.spec.resources().time_limit_s();
@@ -771,18 +776,18 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
   if (shadow != kNever && ends_by <= shadow) {
     out.start = absl::StrFormat(
         "backfilled beside %s's reservation: resources.time_limit_s %g ends it by %s, before "
-        "the workers reserved are free (by %s at the latest, as the jobs on them end)",
-        them, limit, UnixClock(ends_by), UnixClock(shadow));
+        "the workers for job %s are free (by %s at the latest, as the jobs on them end)",
+        them, limit, UnixClock(ends_by), oldest, UnixClock(shadow));
     return out;
   }
   if (spare >= world) {  // (every reserved job's shadow time is known)
     out.start = absl::StrFormat(
-        "backfilled beside %s's reservation: it takes %d worker%s beyond what the reservation "
-        "needs once enough are free for it (by %s at the latest, as the jobs on them end)",
+        "backfilled beside %s's reservation: it takes %d worker%s beyond what the reserved "
+        "jobs need once enough are free for them (by %s at the latest, as the jobs on them end)",
         them, world, world == 1 ? "" : "s", UnixClock(shadow));
     return out;
   }
-  if (shadow == kNever || spare < 0) {
+  if (shadow == kNever) {
     if (!unknown.empty()) {
       out.why_not = absl::StrCat("; no backfill: when the reserved workers free up is unknown (",
                                  absl::StrJoin(unknown, "; "), ")");

@@ -2896,12 +2896,12 @@ TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
                 UnixClock(t0 + 1000));
   const std::string brief = submit("brief", 1, "300");  // ends by t0 + 601 + 320: before it
   EXPECT_EQ(summary(brief).state(), v1::JOB_STARTING);
-  EXPECT_EQ(
-      events(brief, "backfill"),
-      std::vector<std::string>{"backfilled beside job " + big +
-                               "'s reservation: resources.time_limit_s 300 ends it by " +
-                               UnixClock(t0 + 921) + ", before the workers reserved are free (by " +
-                               shadow + " at the latest, as the jobs on them end)"});
+  EXPECT_EQ(events(brief, "backfill"),
+            std::vector<std::string>{"backfilled beside job " + big +
+                                     "'s reservation: resources.time_limit_s 300 ends it by " +
+                                     UnixClock(t0 + 921) + ", before the workers for job " + big +
+                                     " are free (by " + shadow +
+                                     " at the latest, as the jobs on them end)"});
   EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
   report_all(brief, v1::RANK_STARTED);
 
@@ -2965,8 +2965,8 @@ TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers)
   EXPECT_EQ(backfill,
             std::vector<std::string>{
                 "backfilled beside job " + big +
-                "'s reservation: it takes 1 worker beyond what the reservation needs once enough "
-                "are free for it (by " +
+                "'s reservation: it takes 1 worker beyond what the reserved jobs need once enough "
+                "are free for them (by " +
                 UnixClock(clock_.UnixSeconds() + 20) + " at the latest, as the jobs on them end)"});
 }
 
@@ -3015,6 +3015,46 @@ TEST_F(ControllerTest, ABackfillHoldsNoReservedJobPastItsOwnShadowTime) {
   const std::string brief = submit("brief", 1, "1000");  // by t0 + 1621: before both
   EXPECT_EQ(summary(brief).state(), v1::JOB_RUNNING);
   EXPECT_EQ(summary(middle).state(), v1::JOB_PENDING);
+}
+
+// Reserved jobs that together need more workers than there are: the younger starts only after
+// the older ends, which no time limit says; a job ending by the oldest's shadow time still
+// backfills (the younger ones start after that), one ending later waits and is told by when.
+TEST_F(ControllerTest, ABackfillEndingByTheOldestsShadowTimeIsSafeForEveryReservedJob) {
+  for (int s = 0; s < 3; ++s) Register(s);
+  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
+    std::string text = absl::StrReplaceAll(
+        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
+    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
+    auto id = c_->Submit(text, name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return std::string();
+    job_ = *id;
+    const v1::JobDetail detail = *c_->GetJob(*id);
+    if (detail.summary().state() == v1::JOB_STARTING) {
+      for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
+        Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
+      }
+    }
+    return *id;
+  };
+  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
+  const std::string x = submit("x", 2, "2000");  // frees 2 workers by t0 + 2020; 1 free
+  const double t0 = c_->GetJob(x)->attempts(0).started_unix();
+  const std::string b1 = submit("b1", 3, "");
+  const std::string b2 = submit("b2", 3, "");  // b1 and b2: 6 of 3 workers
+  clock_.Advance(601);
+  HeartbeatAll(3);
+  c_->Tick();
+  ASSERT_EQ(summary(b2).state(), v1::JOB_PENDING);
+  const std::string late = submit("late", 1, "1500");  // by t0 + 2121: after b1's shadow time
+  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+  EXPECT_NE(summary(late).waiting().find("as a backfill if resources.time_limit_s ended it by " +
+                                         UnixClock(t0 + 2000)),
+            std::string::npos)
+      << summary(late).waiting();
+  const std::string brief = submit("brief", 1, "1000");  // by t0 + 1621
+  EXPECT_EQ(summary(brief).state(), v1::JOB_RUNNING);
 }
 
 // An agent killed outright takes its rank with it; the peer's collective fails at once with a
