@@ -89,7 +89,8 @@ TEST(Dashboard, ParsesAndQueriesOnlyExportedMetrics) {
        {"furnace_job_mfu_ratio", "furnace_job_tokens_per_second", "furnace_job_loss",
         "furnace_job_step_seconds", "furnace_moe_routing_imbalance_ratio",
         "furnace_activation_memory_peak_bytes", "furnace_memory_budget_bytes",
-        "furnace_planner_bytes_total", "furnace_job_restarts_total", "furnace_job_state"}) {
+        "furnace_planner_bytes_total", "furnace_job_restarts_total", "furnace_job_state",
+        "furnace_job_deadline_timestamp_seconds"}) {
     EXPECT_EQ(used.count(must), 1u) << "no panel shows " << must;
   }
   for (const std::string& name : used) EXPECT_EQ(exported.count(name), 1u) << name;
@@ -102,8 +103,9 @@ TEST(Rules, ReferenceOnlyExportedMetrics) {
   const std::set<std::string> used = FurnaceNamesIn(text);
   EXPECT_GE(used.size(), 5u);
   for (const std::string& name : used) EXPECT_EQ(exported.count(name), 1u) << name;
-  for (const char* alert : {"FurnaceJobStalled", "FurnaceJobWaiting", "FurnaceMfuDrop",
-                            "FurnaceRestartStorm", "FurnaceMemoryNearBudget"}) {
+  for (const char* alert :
+       {"FurnaceJobStalled", "FurnaceJobWaiting", "FurnaceMfuDrop", "FurnaceRestartStorm",
+        "FurnaceMemoryNearBudget", "FurnaceJobWillMissItsTimeLimit"}) {
     EXPECT_NE(text.find(std::string("alert: ") + alert), std::string::npos) << alert;
   }
 }
