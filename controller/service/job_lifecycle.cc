@@ -372,6 +372,25 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), capacity,
         kind, capacity == 1 ? "" : "s", capacity));
   }
+  // The cluster's time limits (--max-time-limit, --default-time-limit).
+  const double asked_limit = spec.resources().time_limit_s();
+  const double max_limit = options_.max_time_limit_s;
+  const double default_limit =
+      options_.default_time_limit_s > 0 ? options_.default_time_limit_s : max_limit;
+  if (max_limit > 0 && asked_limit > max_limit) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: resources.time_limit_s: %g s is more than this controller allows (--max-time-limit "
+        "%g s); allowed: at most %g, or leave it out for the controller's %s (%g s)",
+        filename, asked_limit, max_limit, max_limit,
+        options_.default_time_limit_s > 0 ? "default" : "maximum", default_limit));
+  }
+  std::string limit_given;
+  if (asked_limit <= 0 && default_limit > 0) {
+    spec.mutable_resources()->set_time_limit_s(default_limit);
+    limit_given = absl::StrFormat(
+        ", resources.time_limit_s %g s from the controller's %s", default_limit,
+        options_.default_time_limit_s > 0 ? "--default-time-limit" : "--max-time-limit");
+  }
   // A limit an agent heart-beating at this controller's interval could miss with nothing wrong.
   const double heartbeat_timeout = spec.recovery().heartbeat_timeout_s();
   const double min_timeout = 2 * options_.heartbeat_interval_s;
@@ -484,7 +503,7 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   RETURN_IF_ERROR(store_.PutJob(s, job.spec));
   auto [it, inserted] = jobs_.emplace(id, std::move(job));
   Event(it->second, "submitted",
-        absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks"));
+        absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks", limit_given));
   TryStart(it->second);
   return id;
 }

@@ -73,6 +73,13 @@ struct ControllerOptions {
   // of small jobs cannot hold a large one back forever. 0: never (younger jobs start on whatever
   // is free).
   double reserve_after_s = 600;
+  // --default-time-limit / --max-time-limit: a job that sets no resources.time_limit_s gets the
+  // default (or else the maximum) written into its spec at submit, so every reader (recovery's
+  // deadline, backfill's shadow times, status, metrics) sees one limit; a job asking more than the
+  // maximum is refused. A cluster whose jobs all have limits is one where backfill can plan.
+  // 0: none.
+  double default_time_limit_s = 0;
+  double max_time_limit_s = 0;
   uint32_t local_workers = 0;  // capacity the embedded launcher will provide
   double stop_grace_s = 5.0;   // SIGTERM -> SIGKILL grace for ranks we stop
   // --data-root / --checkpoint-root, resolved (runtime/base/path_root.h); empty: paths are not

@@ -4,6 +4,12 @@
 #include "runtime/base/yaml_config.h"
 
 namespace furnace::controller {
+namespace {
+
+// resources.time_limit_s's own bound (controller/spec/sections_run.cc): a year.
+constexpr double kMaxTimeLimitFlagS = 366.0 * 24 * 3600;
+
+}  // namespace
 
 void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
   AddYamlConfigOption(app, "YAML file with the same keys as the flags (flags override it)");
@@ -56,6 +62,17 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
                  "those, so a stream of smaller jobs cannot hold a larger one back forever; 0 "
                  "never reserves (a younger job starts on whatever is free)")
       ->check(FiniteRange(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--default-time-limit", flags.default_time_limit_s,
+                 "seconds of resources.time_limit_s a job that sets none gets (at most "
+                 "--max-time-limit); 0: such a job has no limit (or --max-time-limit's)")
+      ->check(FiniteRange(0.0, kMaxTimeLimitFlagS))
+      ->capture_default_str();
+  app.add_option("--max-time-limit", flags.max_time_limit_s,
+                 "the largest resources.time_limit_s a job may ask for, in seconds: a job asking "
+                 "more is refused at submit, one asking none gets --default-time-limit or else "
+                 "this; 0: no maximum")
+      ->check(FiniteRange(0.0, kMaxTimeLimitFlagS))
       ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))

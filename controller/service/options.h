@@ -21,9 +21,11 @@ struct ControllerFlags {
   double telemetry_flush_s = 0;  // 0: sized to the fleet (ControllerOptions)
   double worker_timeout_s = 10.0;
   double reattach_grace_s = 30.0;
-  double forget_lost_s = 86400.0;  // 0: lost workers are kept forever
-  double forget_ended_s = 0;       // 0: ended jobs are kept forever
-  double reserve_after_s = 600;    // 0: no reservations for long-pending jobs
+  double forget_lost_s = 86400.0;   // 0: lost workers are kept forever
+  double forget_ended_s = 0;        // 0: ended jobs are kept forever
+  double reserve_after_s = 600;     // 0: no reservations for long-pending jobs
+  double default_time_limit_s = 0;  // 0: a job without resources.time_limit_s has none
+  double max_time_limit_s = 0;      // 0: no maximum
   std::string log_level = "info";
   std::string metrics_listen = "127.0.0.1:9464";  // empty: no HTTP server
   std::string web_root;                           // empty: share/furnace/web next to bin/

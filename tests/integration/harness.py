@@ -274,9 +274,10 @@ recovery:
 class ClusterTest(unittest.TestCase):
     """Starts a cluster per test; checks nothing is left running afterwards."""
     WORKERS = 4
+    CONTROLLER_ARGS = ()  # more furnace-controller flags
 
     def setUp(self):
-        self.cluster = Cluster(workers=self.WORKERS).start()
+        self.cluster = Cluster(workers=self.WORKERS, extra_args=self.CONTROLLER_ARGS).start()
 
     def tearDown(self):
         leftover = self.cluster.close()

@@ -1,10 +1,15 @@
 """Bad input is refused before anything starts: clear error, non-zero exit, no trace."""
+import os
+import subprocess
+
 import harness
 
 GOOD_HEAD = "name: bad\nkind: commcheck\n"
 
 
 class BadInputTest(harness.ClusterTest):
+    CONTROLLER_ARGS = ("--max-time-limit", "86400")
+
     def check_refused(self, text, *needles):
         c = self.cluster
         path = c.write_job("bad.yaml", text)
@@ -43,6 +48,21 @@ class BadInputTest(harness.ClusterTest):
         self.check_refused(
             "name: bad\nkind: train\nmemory:\n  policy: selective\n  codec: bf16\n",
             "memory.codec", "applies only to memory.policy adaptive")
+
+    def test_a_time_limit_over_the_clusters_maximum_is_refused(self):
+        self.check_refused(GOOD_HEAD + "resources:\n  time_limit_s: 90000\n",
+                           "resources.time_limit_s: 90000 s is more than this controller allows",
+                           "--max-time-limit 86400 s", "allowed: at most 86400")
+
+    def test_a_default_time_limit_over_the_maximum_stops_the_controller(self):
+        r = subprocess.run(
+            [os.path.join(harness.BIN_DIR, "furnace-controller"), "--state-dir",
+             os.path.join(self.cluster.state, "other"), "--listen", "127.0.0.1:0",
+             "--metrics-listen", "", "--default-time-limit", "7200", "--max-time-limit", "3600"],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--default-time-limit 7200 s is more than --max-time-limit 3600 s; "
+                      "allowed: at most 3600", r.stderr)
 
     def test_missing_file(self):
         r = self.cluster.cli("submit", "/nonexistent/job.yaml")

@@ -10,6 +10,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "controller/service/rendezvous.h"
 #include "controller/store/goodput.h"
@@ -55,6 +56,8 @@ class ControllerTest : public ::testing::Test {
     o.telemetry_flush_s = telemetry_flush_s_;
     o.forget_lost_s = forget_lost_s_;
     o.forget_ended_s = forget_ended_s_;
+    o.default_time_limit_s = default_time_limit_s_;
+    o.max_time_limit_s = max_time_limit_s_;
     auto c = Controller::Create(o, clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
@@ -300,6 +303,8 @@ class ControllerTest : public ::testing::Test {
   double telemetry_flush_s_ = 1.25;  // ControllerOptions::telemetry_flush_s at Restart (0: auto)
   double forget_lost_s_ = 86400;     // ControllerOptions::forget_lost_s at Restart
   double forget_ended_s_ = 0;        // ControllerOptions::forget_ended_s at Restart
+  double default_time_limit_s_ = 0;  // ControllerOptions::default_time_limit_s at Restart
+  double max_time_limit_s_ = 0;      // ControllerOptions::max_time_limit_s at Restart
 };
 
 // How often agents push telemetry (RegisterResponse and every HeartbeatResponse): a fixed
@@ -2437,6 +2442,71 @@ TEST_F(ControllerTest, TheTimeLimitCountsRecoveriesAndSurvivesARestart) {
   ASSERT_EQ(d.attempts_size(), 1);  // no attempt started past it
   EXPECT_EQ(d.attempts(0).failure_kind(), "signal");
   EXPECT_EQ(c_->Metrics().jobs[0].deadline_unix, 0);  // an ended job has none left
+}
+
+// --max-time-limit / --default-time-limit: a job asking more than the maximum is refused at submit
+// (naming the field, the flag and what is allowed); one asking none gets the default, or else the
+// maximum, written into its stored spec (recovery, backfill and status read one limit there) and
+// named in its submitted event; one asking less keeps its own.
+TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
+  const auto with_limit = [](const std::string& limit) {
+    return absl::StrCat("name: t\nkind: commcheck\nparallel: {dp: 1}\n",
+                        limit.empty() ? "" : "resources: {time_limit_s: " + limit + "}\n");
+  };
+  // What job `id` got, and how its submitted event says so.
+  const auto limit_of = [&](const std::string& id) {
+    const absl::StatusOr<v1::JobDetail> d = c_->GetJob(id);
+    EXPECT_TRUE(d.ok()) << d.status();
+    std::string submitted;
+    if (d.ok()) {
+      for (const v1::JobEvent& e : d->events()) {
+        if (e.kind() == "submitted") submitted = e.message();
+      }
+    }
+    return std::pair{d.ok() ? d->spec().resources().time_limit_s() : -1.0, submitted};
+  };
+  default_time_limit_s_ = 3600;
+  max_time_limit_s_ = 7200;
+  Restart();
+  Register(0);
+  const absl::StatusOr<std::string> greedy = c_->Submit(with_limit("9000"), "greedy.yaml");
+  ASSERT_FALSE(greedy.ok());
+  EXPECT_EQ(greedy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(greedy.status().message(),
+            "greedy.yaml: resources.time_limit_s: 9000 s is more than this controller allows "
+            "(--max-time-limit 7200 s); allowed: at most 7200, or leave it out for the "
+            "controller's default (3600 s)");
+  EXPECT_TRUE(c_->ListJobs().empty());
+  const absl::StatusOr<std::string> unset = c_->Submit(with_limit(""), "unset.yaml");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(limit_of(*unset),
+            std::pair(3600.0, std::string("from unset.yaml, 1 rank, resources.time_limit_s 3600 s "
+                                          "from the controller's --default-time-limit")));
+  const absl::StatusOr<std::string> own = c_->Submit(with_limit("7200"), "own.yaml");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(limit_of(*own), std::pair(7200.0, std::string("from own.yaml, 1 rank")));
+  // The limit it got is the stored one: a controller restart with other flags does not change it.
+  default_time_limit_s_ = 0;
+  Restart();
+  EXPECT_EQ(limit_of(*unset).first, 3600.0);
+  Register(0);
+  const absl::StatusOr<std::string> at_most = c_->Submit(with_limit(""), "at_most.yaml");
+  ASSERT_TRUE(at_most.ok()) << at_most.status();
+  EXPECT_EQ(limit_of(*at_most).second,
+            "from at_most.yaml, 1 rank, resources.time_limit_s 7200 s from the controller's "
+            "--max-time-limit");
+  const absl::StatusOr<std::string> refused = c_->Submit(with_limit("7201"), "r.yaml");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::EndsWith(refused.status().message(),
+                             "leave it out for the controller's maximum (7200 s)"))
+      << refused.status();
+  // Without either, a job without a limit has none.
+  max_time_limit_s_ = 0;
+  Restart();
+  Register(0);
+  const absl::StatusOr<std::string> none = c_->Submit(with_limit(""), "none.yaml");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(limit_of(*none), std::pair(0.0, std::string("from none.yaml, 1 rank")));
 }
 
 // A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped

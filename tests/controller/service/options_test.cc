@@ -170,7 +170,8 @@ TEST(ControllerOptions, RefusesUnknownKeysBadValuesAndBadFiles) {
     EXPECT_EQ(std::string(e.what()),
               "config file, line 2: unknown option 'port'; allowed: listen, advertise, state-dir, "
               "local-workers, worker-binary, heartbeat-interval, telemetry-flush, worker-timeout, "
-              "reattach-grace, forget-lost-workers, forget-ended-jobs, reserve-after, log-level, "
+              "reattach-grace, forget-lost-workers, forget-ended-jobs, reserve-after, "
+              "default-time-limit, max-time-limit, log-level, "
               "metrics-listen, "
               "metrics-allowed-host, web-root, tls-cert, "
               "tls-key, tls-ca, "
@@ -233,6 +234,23 @@ TEST(ControllerOptions, RootsLimitsAndRatesFromFlagsAndTheConfigFile) {
   EXPECT_THROW(Parse({"--max-request-bytes", "1000"}, f), CLI::ValidationError);
   EXPECT_THROW(Parse({"--submit-burst", "0.5"}, f), CLI::ValidationError);
   EXPECT_THROW(Parse({"--submit-rate", "-1"}, f), CLI::ValidationError);
+}
+
+// --default-time-limit / --max-time-limit: none by default; seconds from a flag or the config
+// file, at most a year (resources.time_limit_s's own bound), never negative.
+TEST(ControllerOptions, TimeLimitsFromFlagsAndTheConfigFile) {
+  ControllerFlags f = Parsed({});
+  EXPECT_EQ(f.default_time_limit_s, 0.0);
+  EXPECT_EQ(f.max_time_limit_s, 0.0);
+  f = Parsed({"--default-time-limit", "3600", "--max-time-limit", "86400"});
+  EXPECT_EQ(f.default_time_limit_s, 3600.0);
+  EXPECT_EQ(f.max_time_limit_s, 86400.0);
+  f = Parsed({"--config", WriteConfig("controller_limits.yaml",
+                                      "default_time_limit: 600\nmax-time-limit: 7200\n")});
+  EXPECT_EQ(f.default_time_limit_s, 600.0);
+  EXPECT_EQ(f.max_time_limit_s, 7200.0);
+  EXPECT_THROW(Parse({"--max-time-limit", "-1"}, f), CLI::ValidationError);
+  EXPECT_THROW(Parse({"--default-time-limit", "4e7"}, f), CLI::ValidationError);
 }
 
 // --metrics-allowed-host is repeatable: on the command line, and in the config file as one name
