@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/job_model.h"
@@ -29,6 +30,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (in.bad()) return absl::InvalidArgumentError(absl::StrCat("cannot read job file ", path));
   text.resize(static_cast<size_t>(in.gcount()));
   return text;
+}
+
+// "submitted job j-1", and what the controller filled in that the file left out (a cluster's
+// default time limit: the job would otherwise end at a limit its user never wrote).
+std::string SubmittedLine(const v1::SubmitJobResponse& response) {
+  std::string line = absl::StrCat("submitted job ", response.job_id());
+  if (!response.defaults().empty()) {
+    absl::StrAppend(&line, " (", absl::StrJoin(response.defaults(), "; "), ")");
+  }
+  return line + "\n";
 }
 
 }  // namespace
@@ -64,7 +75,7 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(submitted));
   if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
-    if (!ctx.json) *ctx.out << "submitted job " << response.job_id() << "\n";
+    if (!ctx.json) *ctx.out << SubmittedLine(response);
     absl::StatusOr<int> watched = RunWatch(ctx, response.job_id(), /*controller_answered=*/true);
     if (!watched.ok()) {
       // The job exists: the error names it (with --json it was printed nowhere else).
@@ -77,7 +88,7 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   if (ctx.json) {
     RETURN_IF_ERROR(PrintJson(response, *ctx.out));
   } else {
-    *ctx.out << "submitted job " << response.job_id() << "\n";
+    *ctx.out << SubmittedLine(response);
   }
   return kExitOk;
 }

@@ -86,17 +86,18 @@ absl::Status Controller::Load() {
 // ---------------------------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<std::string> Controller::Submit(const std::string& yaml,
-                                               const std::string& filename) {
+absl::StatusOr<std::string> Controller::Submit(const std::string& yaml, const std::string& filename,
+                                               std::vector<std::string>* defaults) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
   RETURN_IF_ERROR(spec::ConfineJobPaths({options_.data_root, options_.checkpoint_root}, spec));
   std::lock_guard<std::mutex> lock(mu_);
-  return jobs_.Submit(std::move(spec), filename);
+  return jobs_.Submit(std::move(spec), filename, defaults);
 }
 
 absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
                                                  const std::string& yaml,
-                                                 const std::string& filename) {
+                                                 const std::string& filename,
+                                                 std::vector<std::string>* defaults) {
   // The caller's file name is theirs to choose (any bytes: ESC, CR, LF, a path of kilobytes) and
   // is stored with the job, logged, and quoted in every problem of a refusal: its printable base
   // name is all the controller keeps.
@@ -104,7 +105,7 @@ absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
   if (name.empty()) name = "<job>";
   const absl::Status admitted = submit_limiter_.Admit(identity);
   const absl::StatusOr<std::string> id =
-      admitted.ok() ? Submit(yaml, name) : absl::StatusOr<std::string>(admitted);
+      admitted.ok() ? Submit(yaml, name, defaults) : absl::StatusOr<std::string>(admitted);
   Audit(identity, "submit", id.ok() ? *id : "", id.status(),
         id.ok() ? absl::StrCat("submitted ", name) : "");
   return id;

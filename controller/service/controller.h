@@ -65,7 +65,10 @@ class Controller {
   // leaves no trace.
   // Paths the job names are resolved under options.data_root / checkpoint_root (when set) and
   // stored resolved; one that escapes is refused naming the field and the root.
-  absl::StatusOr<std::string> Submit(const std::string& yaml, const std::string& filename);
+  // `defaults` (when given): what the controller filled in that the file left out
+  // (SubmitJobResponse.defaults).
+  absl::StatusOr<std::string> Submit(const std::string& yaml, const std::string& filename,
+                                     std::vector<std::string>* defaults = nullptr);
   // Submit and Cancel as `identity` calls them through the JobService: submission is rate limited
   // per identity (ResourceExhausted saying when to retry), and each call, accepted or refused, is
   // written to the audit log. SubmitAs keeps only the printable base name of `filename` (at most
@@ -73,7 +76,8 @@ class Controller {
   // the log and the refusals then name.
   static constexpr size_t kMaxJobFileNameBytes = 255;
   absl::StatusOr<std::string> SubmitAs(const std::string& identity, const std::string& yaml,
-                                       const std::string& filename);
+                                       const std::string& filename,
+                                       std::vector<std::string>* defaults = nullptr);
   absl::StatusOr<furnace::v1::JobSummary> CancelAs(const std::string& identity,
                                                    const std::string& job_id);
   // A state-changing call the transport's authentication refused before it reached the job API

@@ -18,9 +18,11 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
                                        v1::SubmitJobResponse* resp) {
   // yaml and filename are bytes on the wire: the yaml is checked in ParseJobYaml before any of it
   // goes into a protobuf string; SubmitAs keeps only the file name's printable base name.
-  auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename());
+  std::vector<std::string> defaults;
+  auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename(), &defaults);
   if (!id.ok()) return ToGrpc(id.status());
   resp->set_job_id(*id);
+  for (std::string& d : defaults) resp->add_defaults(std::move(d));
   return grpc::Status::OK;
 }
 

@@ -353,7 +353,8 @@ bool IsWithinAny(const std::vector<std::string>& dir, const std::vector<std::str
 
 }  // namespace
 
-absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename) {
+absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename,
+                                                 std::vector<std::string>* filled_in) {
   const uint32_t world = spec::WorldSize(spec);
   const uint32_t capacity = Capacity(spec.resources().device());
   if (world > capacity) {
@@ -384,12 +385,12 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, asked_limit, max_limit, max_limit,
         options_.default_time_limit_s > 0 ? "default" : "maximum", default_limit));
   }
-  std::string limit_given;
+  std::vector<std::string> given;  // what the file left out and the controller filled in
   if (asked_limit <= 0 && default_limit > 0) {
     spec.mutable_resources()->set_time_limit_s(default_limit);
-    limit_given = absl::StrFormat(
-        ", resources.time_limit_s %g s from the controller's %s", default_limit,
-        options_.default_time_limit_s > 0 ? "--default-time-limit" : "--max-time-limit");
+    given.push_back(absl::StrFormat(
+        "resources.time_limit_s %g s from the controller's %s", default_limit,
+        options_.default_time_limit_s > 0 ? "--default-time-limit" : "--max-time-limit"));
   }
   // A limit an agent heart-beating at this controller's interval could miss with nothing wrong.
   const double heartbeat_timeout = spec.recovery().heartbeat_timeout_s();
@@ -503,8 +504,10 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   RETURN_IF_ERROR(store_.PutJob(s, job.spec));
   auto [it, inserted] = jobs_.emplace(id, std::move(job));
   Event(it->second, "submitted",
-        absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks", limit_given));
+        absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks",
+                     given.empty() ? "" : ", ", absl::StrJoin(given, ", ")));
   TryStart(it->second);
+  if (filled_in != nullptr) *filled_in = std::move(given);
   return id;
 }
 

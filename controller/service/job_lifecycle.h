@@ -227,7 +227,10 @@ class JobLifecycle {
   // FailedPrecondition when its checkpoint.dir (its default one included) is, contains or lies
   // in another job's that has not ended (CheckpointDirUser); otherwise stored as PENDING and
   // placed when workers are free and no other job's ranks still hold its checkpoint.dir.
-  absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename);
+  // `filled_in` (when given) gets what the controller filled in that the file left out
+  // (SubmitJobResponse.defaults).
+  absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename,
+                                     std::vector<std::string>* filled_in = nullptr);
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   // Where jobs without a checkpoint.dir get theirs (<parent>/<job id>): <--checkpoint-root>/jobs,
   // else <--state-dir>/checkpoints.

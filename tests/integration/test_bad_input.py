@@ -54,6 +54,16 @@ class BadInputTest(harness.ClusterTest):
                            "resources.time_limit_s: 90000 s is more than this controller allows",
                            "--max-time-limit 86400 s", "allowed: at most 86400")
 
+    def test_a_job_without_a_time_limit_gets_the_clusters_and_is_told(self):
+        c = self.cluster
+        r = c.cli("submit", c.write_job("unlimited.yaml", GOOD_HEAD + "parallel: {dp: 1}\n"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"^submitted job bad-\d+ \(resources.time_limit_s 86400 s "
+                                   r"from the controller's --max-time-limit\)\n$")
+        job = r.stdout.split()[2]
+        detail = c.cli_json("status", job)
+        self.assertEqual(detail["spec"]["resources"]["time_limit_s"], 86400)
+
     def test_a_default_time_limit_over_the_maximum_stops_the_controller(self):
         r = subprocess.run(
             [os.path.join(harness.BIN_DIR, "furnace-controller"), "--state-dir",

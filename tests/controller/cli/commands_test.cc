@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "controller/cli/exit_codes.h"
 #include "controller/cli/poll_outage.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/controller/cli/fake_job_client.h"
 #include "tests/controller/cli/job_fixtures.h"
@@ -162,6 +163,33 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
 
   code = RunSubmit(ctx_, ::testing::TempDir() + "/missing.yaml", {});
   EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
+}
+
+// What the controller filled in that the file left out (a cluster's default time limit) is said
+// at once, beside the job id; --json prints it as the response's `defaults`.
+TEST_F(CommandsTest, SubmitSaysWhatTheControllerFilledIn) {
+  const std::string path = ::testing::TempDir() + "/defaulted.yaml";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("name: x\nkind: commcheck\n", f);
+  fclose(f);
+  client_.submit_defaults = {
+      "resources.time_limit_s 3600 s from the controller's --default-time-limit"};
+  auto code = RunSubmit(ctx_, path, {});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(out_.str(),
+            "submitted job j-1 (resources.time_limit_s 3600 s from the controller's "
+            "--default-time-limit)\n");
+  out_.str("");
+  ctx_.json = true;
+  code = RunSubmit(ctx_, path, {});
+  ASSERT_TRUE(code.ok()) << code.status();
+  v1::SubmitJobResponse printed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &printed).ok()) << out_.str();
+  EXPECT_EQ(printed.job_id(), "j-1");
+  ASSERT_EQ(printed.defaults_size(), 1);
+  EXPECT_EQ(printed.defaults(0),
+            "resources.time_limit_s 3600 s from the controller's --default-time-limit");
 }
 
 // A rank or attempt the job lacks is the controller's NotFound: exit 4 with its words, nothing

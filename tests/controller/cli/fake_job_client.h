@@ -34,9 +34,11 @@ class FakeJobClient : public JobClient {
     if (!submit_error.ok()) return submit_error;
     v1::SubmitJobResponse response;
     response.set_job_id("j-1");
+    for (const std::string& d : submit_defaults) response.add_defaults(d);
     return response;
   }
-  v1::ListJobsResponse jobs;  // what ListJobs answers
+  std::vector<std::string> submit_defaults;  // SubmitJobResponse.defaults
+  v1::ListJobsResponse jobs;                 // what ListJobs answers
   absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return jobs; }
   absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
     ++get_job_calls;

@@ -2477,13 +2477,17 @@ TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
             "(--max-time-limit 7200 s); allowed: at most 7200, or leave it out for the "
             "controller's default (3600 s)");
   EXPECT_TRUE(c_->ListJobs().empty());
-  const absl::StatusOr<std::string> unset = c_->Submit(with_limit(""), "unset.yaml");
+  std::vector<std::string> defaults;  // what the submitter is told (SubmitJobResponse.defaults)
+  const absl::StatusOr<std::string> unset = c_->Submit(with_limit(""), "unset.yaml", &defaults);
   ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(defaults, std::vector<std::string>{"resources.time_limit_s 3600 s from the "
+                                               "controller's --default-time-limit"});
   EXPECT_EQ(limit_of(*unset),
             std::pair(3600.0, std::string("from unset.yaml, 1 rank, resources.time_limit_s 3600 s "
                                           "from the controller's --default-time-limit")));
-  const absl::StatusOr<std::string> own = c_->Submit(with_limit("7200"), "own.yaml");
+  const absl::StatusOr<std::string> own = c_->Submit(with_limit("7200"), "own.yaml", &defaults);
   ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(defaults.empty());
   EXPECT_EQ(limit_of(*own), std::pair(7200.0, std::string("from own.yaml, 1 rank")));
   // The limit it got is the stored one: a controller restart with other flags does not change it.
   default_time_limit_s_ = 0;
