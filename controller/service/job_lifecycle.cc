@@ -19,6 +19,7 @@
 #include "controller/store/placement.h"
 #include "controller/store/progress_rule.h"
 #include "proto/furnace/v1/job_paths.h"
+#include "runtime/base/decimal.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -373,23 +374,28 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         filename, world, spec.parallel().pp(), spec.parallel().dp(), spec.parallel().tp(), capacity,
         kind, capacity == 1 ? "" : "s", capacity));
   }
-  // The cluster's time limits (--max-time-limit, --default-time-limit).
+  // The cluster's time limits (--max-time-limit, --default-time-limit). A file that leaves
+  // resources.time_limit_s out gets the default (else the maximum); one that writes 0 (none) keeps
+  // it where there is no maximum, and is refused where there is one, as is a limit above it.
+  const bool asked = spec.resources().has_time_limit_s();
   const double asked_limit = spec.resources().time_limit_s();
   const double max_limit = options_.max_time_limit_s;
   const double default_limit =
       options_.default_time_limit_s > 0 ? options_.default_time_limit_s : max_limit;
-  if (max_limit > 0 && asked_limit > max_limit) {
+  if (max_limit > 0 && asked && (asked_limit <= 0 || asked_limit > max_limit)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: resources.time_limit_s: %g s is more than this controller allows (--max-time-limit "
-        "%g s); allowed: at most %g, or leave it out for the controller's %s (%g s)",
-        filename, asked_limit, max_limit, max_limit,
-        options_.default_time_limit_s > 0 ? "default" : "maximum", default_limit));
+        "%s: resources.time_limit_s: %s is more than this controller allows (--max-time-limit "
+        "%s s); allowed: more than 0 and at most %s, or leave it out for the controller's %s "
+        "(%s s)",
+        filename, asked_limit <= 0 ? "0 (no limit)" : ShortestDecimal(asked_limit) + " s",
+        ShortestDecimal(max_limit), ShortestDecimal(max_limit),
+        options_.default_time_limit_s > 0 ? "default" : "maximum", ShortestDecimal(default_limit)));
   }
   std::vector<std::string> given;  // what the file left out and the controller filled in
-  if (asked_limit <= 0 && default_limit > 0) {
+  if (!asked && default_limit > 0) {
     spec.mutable_resources()->set_time_limit_s(default_limit);
-    given.push_back(absl::StrFormat(
-        "resources.time_limit_s %g s from the controller's %s", default_limit,
+    given.push_back(absl::StrCat(
+        "resources.time_limit_s ", ShortestDecimal(default_limit), " s from the controller's ",
         options_.default_time_limit_s > 0 ? "--default-time-limit" : "--max-time-limit"));
   }
   // A limit an agent heart-beating at this controller's interval could miss with nothing wrong.
@@ -505,7 +511,7 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
   auto [it, inserted] = jobs_.emplace(id, std::move(job));
   Event(it->second, "submitted",
         absl::StrCat("from ", filename, ", ", world, world == 1 ? " rank" : " ranks",
-                     given.empty() ? "" : ", ", absl::StrJoin(given, ", ")));
+                     given.empty() ? "" : "; ", absl::StrJoin(given, "; ")));
   TryStart(it->second);
   if (filled_in != nullptr) *filled_in = std::move(given);
   return id;
@@ -797,9 +803,9 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
   const double ends_by = limit > 0 ? FreedByUnix(job, now + limit) : kNever;
   if (shadow != kNever && ends_by <= shadow) {
     out.start = absl::StrFormat(
-        "backfilled beside %s's reservation: resources.time_limit_s %g ends it by %s, before "
+        "backfilled beside %s's reservation: resources.time_limit_s %s ends it by %s, before "
         "the workers for job %s are free (by %s at the latest, as the jobs on them end)",
-        them, limit, UnixClock(ends_by), oldest, UnixClock(shadow));
+        them, ShortestDecimal(limit), UnixClock(ends_by), oldest, UnixClock(shadow));
     return out;
   }
   if (spare >= world) {  // (every reserved job's shadow time is known)

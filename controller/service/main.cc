@@ -92,13 +92,6 @@ int main(int argc, char** argv) {
   options.forget_lost_s = f.forget_lost_s;
   options.forget_ended_s = f.forget_ended_s;
   options.reserve_after_s = f.reserve_after_s;
-  // A default above the maximum would give jobs that set no limit one they could not ask for.
-  if (f.max_time_limit_s > 0 && f.default_time_limit_s > f.max_time_limit_s) {
-    std::cerr << "furnace-controller: --default-time-limit " << f.default_time_limit_s
-              << " s is more than --max-time-limit " << f.max_time_limit_s
-              << " s; allowed: at most " << f.max_time_limit_s << "\n";
-    return 2;
-  }
   options.default_time_limit_s = f.default_time_limit_s;
   options.max_time_limit_s = f.max_time_limit_s;
   options.local_workers = f.local_workers;

@@ -1,6 +1,7 @@
 #include "controller/service/options.h"
 
 #include "runtime/base/daemon_flags.h"
+#include "runtime/base/decimal.h"
 #include "runtime/base/yaml_config.h"
 
 namespace furnace::controller {
@@ -64,16 +65,26 @@ void AddControllerOptions(CLI::App& app, ControllerFlags& flags) {
       ->check(FiniteRange(0.0, 1e9))
       ->capture_default_str();
   app.add_option("--default-time-limit", flags.default_time_limit_s,
-                 "seconds of resources.time_limit_s a job that sets none gets (at most "
-                 "--max-time-limit); 0: such a job has no limit (or --max-time-limit's)")
+                 "seconds of resources.time_limit_s a job that leaves it out gets (at most "
+                 "--max-time-limit); 0: such a job gets --max-time-limit, or has no limit")
       ->check(FiniteRange(0.0, kMaxTimeLimitFlagS))
       ->capture_default_str();
   app.add_option("--max-time-limit", flags.max_time_limit_s,
                  "the largest resources.time_limit_s a job may ask for, in seconds: a job asking "
-                 "more is refused at submit, one asking none gets --default-time-limit or else "
-                 "this; 0: no maximum")
+                 "more, or none (0), is refused at submit, one leaving it out gets "
+                 "--default-time-limit or else this; 0: no maximum")
       ->check(FiniteRange(0.0, kMaxTimeLimitFlagS))
       ->capture_default_str();
+  // A default above the maximum would give jobs that set no limit one they could not ask for.
+  app.callback([&flags] {
+    if (flags.max_time_limit_s > 0 && flags.default_time_limit_s > flags.max_time_limit_s) {
+      throw CLI::ValidationError(
+          "--default-time-limit",
+          ShortestDecimal(flags.default_time_limit_s) + " s is more than --max-time-limit " +
+              ShortestDecimal(flags.max_time_limit_s) + " s; allowed: at most " +
+              ShortestDecimal(flags.max_time_limit_s));
+    }
+  });
   app.add_option("--log-level", flags.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();

@@ -50,6 +50,7 @@ struct ControllerFlags {
 
 // Adds --config and every option to `app`, each bound to its field of `flags` (which must
 // outlive the parse); the fields' initial values are the defaults --help shows.
+// A --default-time-limit above --max-time-limit fails the parse (CLI::ValidationError).
 void AddControllerOptions(CLI::App& app, ControllerFlags& flags);
 
 }  // namespace furnace::controller

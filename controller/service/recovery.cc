@@ -43,6 +43,7 @@
 #include "controller/store/placement.h"
 #include "controller/store/progress_rule.h"
 #include "proto/furnace/v1/job_paths.h"
+#include "runtime/base/decimal.h"
 #include "runtime/base/log_text.h"
 #include "runtime/base/status.h"
 #include "spdlog/spdlog.h"
@@ -339,8 +340,9 @@ bool JobLifecycle::PastTimeLimit(const Job& job, double now_unix) const {
 void JobLifecycle::EndAtTimeLimit(Job& job, double now_unix) {
   const Job backup = job;
   const std::string cause = absl::StrFormat(
-      "time limit reached: %.0f s since its first attempt started (resources.time_limit_s %g)",
-      now_unix - job.attempts.front().started_unix(), job.spec.resources().time_limit_s());
+      "time limit reached: %.0f s since its first attempt started (resources.time_limit_s %s)",
+      now_unix - job.attempts.front().started_unix(),
+      ShortestDecimal(job.spec.resources().time_limit_s()));
   v1::AttemptInfo* attempt = job.current();
   const bool running = attempt->state() == v1::ATTEMPT_STATE_RUNNING;
   if (running) {

@@ -141,7 +141,10 @@ constexpr double kMaxTimeLimitS = 366.0 * 24 * 3600;
 void ReadResources(MapReader& s, furnace::v1::ResourcesSpec* out) {
   out->set_workers(U32(s.Integer("workers", 1, kMaxU32), 0));
   out->set_device(s.Enum("device", {"cpu", "cuda", "emulated"}).value_or("cpu"));
-  out->set_time_limit_s(s.Number("time_limit_s", Between(0, kMaxTimeLimitS)).value_or(0.0));
+  // Present only when the file says (0 included): a left-out limit is the controller's to fill in.
+  if (const std::optional<double> limit = s.Number("time_limit_s", Between(0, kMaxTimeLimitS))) {
+    out->set_time_limit_s(*limit);
+  }
   s.ReportUnknownKeys();
 }
 

@@ -52,7 +52,7 @@ class BadInputTest(harness.ClusterTest):
     def test_a_time_limit_over_the_clusters_maximum_is_refused(self):
         self.check_refused(GOOD_HEAD + "resources:\n  time_limit_s: 90000\n",
                            "resources.time_limit_s: 90000 s is more than this controller allows",
-                           "--max-time-limit 86400 s", "allowed: at most 86400")
+                           "--max-time-limit 86400 s", "allowed: more than 0 and at most 86400")
 
     def test_a_job_without_a_time_limit_gets_the_clusters_and_is_told(self):
         c = self.cluster
@@ -71,7 +71,7 @@ class BadInputTest(harness.ClusterTest):
              "--metrics-listen", "", "--default-time-limit", "7200", "--max-time-limit", "3600"],
             capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("--default-time-limit 7200 s is more than --max-time-limit 3600 s; "
+        self.assertIn("--default-time-limit: 7200 s is more than --max-time-limit 3600 s; "
                       "allowed: at most 3600", r.stderr)
 
     def test_missing_file(self):

@@ -2444,10 +2444,12 @@ TEST_F(ControllerTest, TheTimeLimitCountsRecoveriesAndSurvivesARestart) {
   EXPECT_EQ(c_->Metrics().jobs[0].deadline_unix, 0);  // an ended job has none left
 }
 
-// --max-time-limit / --default-time-limit: a job asking more than the maximum is refused at submit
-// (naming the field, the flag and what is allowed); one asking none gets the default, or else the
-// maximum, written into its stored spec (recovery, backfill and status read one limit there) and
-// named in its submitted event; one asking less keeps its own.
+// --max-time-limit / --default-time-limit: a job asking more than the maximum, or none at all (an
+// explicit 0), is refused at submit (naming the field, the flag and what is allowed); one leaving
+// the field out gets the default, or else the maximum, written into its stored spec (recovery,
+// backfill and status read one limit there), said to the submitter and in its submitted event,
+// and enforced from its start; one asking less keeps its own. Without a maximum, an explicit 0
+// keeps no limit, and a limit above the default is the job's own.
 TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
   const auto with_limit = [](const std::string& limit) {
     return absl::StrCat("name: t\nkind: commcheck\nparallel: {dp: 1}\n",
@@ -2465,17 +2467,23 @@ TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
     }
     return std::pair{d.ok() ? d->spec().resources().time_limit_s() : -1.0, submitted};
   };
+  const auto refusal = [&](const std::string& limit) {
+    const absl::StatusOr<std::string> id = c_->Submit(with_limit(limit), "r.yaml");
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
+    return std::string(id.status().message());
+  };
   default_time_limit_s_ = 3600;
   max_time_limit_s_ = 7200;
   Restart();
   Register(0);
-  const absl::StatusOr<std::string> greedy = c_->Submit(with_limit("9000"), "greedy.yaml");
-  ASSERT_FALSE(greedy.ok());
-  EXPECT_EQ(greedy.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(greedy.status().message(),
-            "greedy.yaml: resources.time_limit_s: 9000 s is more than this controller allows "
-            "(--max-time-limit 7200 s); allowed: at most 7200, or leave it out for the "
-            "controller's default (3600 s)");
+  EXPECT_EQ(refusal("9000"),
+            "r.yaml: resources.time_limit_s: 9000 s is more than this controller allows "
+            "(--max-time-limit 7200 s); allowed: more than 0 and at most 7200, or leave it out "
+            "for the controller's default (3600 s)");
+  EXPECT_EQ(refusal("0"),
+            "r.yaml: resources.time_limit_s: 0 (no limit) is more than this controller allows "
+            "(--max-time-limit 7200 s); allowed: more than 0 and at most 7200, or leave it out "
+            "for the controller's default (3600 s)");
   EXPECT_TRUE(c_->ListJobs().empty());
   std::vector<std::string> defaults;  // what the submitter is told (SubmitJobResponse.defaults)
   const absl::StatusOr<std::string> unset = c_->Submit(with_limit(""), "unset.yaml", &defaults);
@@ -2483,29 +2491,44 @@ TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
   EXPECT_EQ(defaults, std::vector<std::string>{"resources.time_limit_s 3600 s from the "
                                                "controller's --default-time-limit"});
   EXPECT_EQ(limit_of(*unset),
-            std::pair(3600.0, std::string("from unset.yaml, 1 rank, resources.time_limit_s 3600 s "
+            std::pair(3600.0, std::string("from unset.yaml, 1 rank; resources.time_limit_s 3600 s "
                                           "from the controller's --default-time-limit")));
+  // Enforced as a limit the file gave: the deadline counts from the first attempt's start.
+  job_ = *unset;
+  Report(0, 1, 0, v1::RANK_STARTED);
+  EXPECT_EQ(Job().summary().deadline_unix(), Job().attempts(0).started_unix() + 3600);
   const absl::StatusOr<std::string> own = c_->Submit(with_limit("7200"), "own.yaml", &defaults);
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_TRUE(defaults.empty());
   EXPECT_EQ(limit_of(*own), std::pair(7200.0, std::string("from own.yaml, 1 rank")));
   // The limit it got is the stored one: a controller restart with other flags does not change it.
   default_time_limit_s_ = 0;
+  max_time_limit_s_ = 1209600;  // two weeks: whole seconds in every message, never 1.2096e+06
   Restart();
   EXPECT_EQ(limit_of(*unset).first, 3600.0);
   Register(0);
   const absl::StatusOr<std::string> at_most = c_->Submit(with_limit(""), "at_most.yaml");
   ASSERT_TRUE(at_most.ok()) << at_most.status();
   EXPECT_EQ(limit_of(*at_most).second,
-            "from at_most.yaml, 1 rank, resources.time_limit_s 7200 s from the controller's "
+            "from at_most.yaml, 1 rank; resources.time_limit_s 1209600 s from the controller's "
             "--max-time-limit");
-  const absl::StatusOr<std::string> refused = c_->Submit(with_limit("7201"), "r.yaml");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_TRUE(absl::EndsWith(refused.status().message(),
-                             "leave it out for the controller's maximum (7200 s)"))
-      << refused.status();
-  // Without either, a job without a limit has none.
+  EXPECT_EQ(refusal("1209601"),
+            "r.yaml: resources.time_limit_s: 1209601 s is more than this controller allows "
+            "(--max-time-limit 1209600 s); allowed: more than 0 and at most 1209600, or leave it "
+            "out for the controller's maximum (1209600 s)");
+  // A default without a maximum: an explicit 0 keeps no limit, a longer limit is the job's own.
+  default_time_limit_s_ = 3600;
   max_time_limit_s_ = 0;
+  Restart();
+  Register(0);
+  const absl::StatusOr<std::string> unlimited = c_->Submit(with_limit("0"), "unlimited.yaml");
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status();
+  EXPECT_EQ(limit_of(*unlimited), std::pair(0.0, std::string("from unlimited.yaml, 1 rank")));
+  const absl::StatusOr<std::string> longer = c_->Submit(with_limit("86400"), "longer.yaml");
+  ASSERT_TRUE(longer.ok()) << longer.status();
+  EXPECT_EQ(limit_of(*longer).first, 86400.0);
+  // Without either, a job without a limit has none.
+  default_time_limit_s_ = 0;
   Restart();
   Register(0);
   const absl::StatusOr<std::string> none = c_->Submit(with_limit(""), "none.yaml");

@@ -251,6 +251,21 @@ TEST(ControllerOptions, TimeLimitsFromFlagsAndTheConfigFile) {
   EXPECT_EQ(f.max_time_limit_s, 7200.0);
   EXPECT_THROW(Parse({"--max-time-limit", "-1"}, f), CLI::ValidationError);
   EXPECT_THROW(Parse({"--default-time-limit", "4e7"}, f), CLI::ValidationError);
+  // A default above the maximum, whichever of flags and file gives each.
+  try {
+    Parse({"--default-time-limit", "1209601", "--max-time-limit", "1209600"}, f);
+    ADD_FAILURE() << "a default above the maximum was accepted";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--default-time-limit: 1209601 s is more than --max-time-limit 1209600 s; allowed: "
+              "at most 1209600");
+  }
+  EXPECT_THROW(Parse({"--config", WriteConfig("controller_limits_bad.yaml", "max-time-limit: 60\n"),
+                      "--default-time-limit", "61"},
+                     f),
+               CLI::ValidationError);
+  EXPECT_EQ(Parsed({"--default-time-limit", "60", "--max-time-limit", "60"}).default_time_limit_s,
+            60.0);
 }
 
 // --metrics-allowed-host is repeatable: on the command line, and in the config file as one name
