@@ -111,6 +111,50 @@ TEST(CudaKernelsTest, LayerNorm) {
   ExpectClose(d_db.Download(), dbias, 1e-5f, 1e-5f, "dbias");
 }
 
+// The column reductions (LayerNorm's dweight/dbias, a GEMM's dbias) at a micro-batch of a 1B-class
+// model: 8 x 2,048 rows of 2,048 columns (the tests above stay under a few hundred rows). Each
+// output sums 16,384 rows in another order than the CPU, hence the looser tolerances; a wrong
+// index or a missed row is off by far more.
+TEST(CudaKernelsTest, ColumnReductionsAtModelScale) {
+  SKIP_WITHOUT_GPU();
+  const int N = 8 * 2048, C = 2048;
+  const int64_t NC = int64_t{N} * C;
+  auto inp = RandomVector(NC, 30, -2.0f, 3.0f), dout = RandomVector(NC, 31);
+  auto weight = RandomVector(C, 32), bias = RandomVector(C, 33);
+  auto dinp = RandomVector(NC, 34), dweight = RandomVector(C, 35), dbias = RandomVector(C, 36);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(NC), d_mean(N), d_rstd(N),
+      d_dout(dout), d_dinp(dinp), d_dw(dweight), d_db(dbias);
+  LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N, C,
+                   1e-5f, nullptr);
+  LayerNormBackward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                    d_mean.get(), d_rstd.get(), N, C, nullptr);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(NC), mean(N), rstd(N);
+  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                        bias.data(), N, C, 1e-5f);
+  cpu::LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                         weight.data(), mean.data(), rstd.data(), N, C);
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
+  ExpectClose(d_dinp.Download(), dinp, 1e-5f, 1e-5f, "dinp");
+  ExpectClose(d_dw.Download(), dweight, 1e-4f, 1e-3f, "layernorm dweight");
+  ExpectClose(d_db.Download(), dbias, 1e-4f, 1e-3f, "layernorm dbias");
+
+  // A GEMM's bias gradient over the same rows (a narrow input keeps the CPU oracle's GEMMs cheap).
+  const int K = 16;
+  auto x = RandomVector(int64_t{N} * K, 37), w = RandomVector(int64_t{K} * C, 38);
+  auto gw = RandomVector(int64_t{K} * C, 39), gb = RandomVector(C, 40);
+  CublasHandle handle;
+  ASSERT_NE(handle.get(), nullptr) << TakeLastError();
+  DeviceBuffer<float> d_x(x), d_wk(w), d_gw(gw), d_gb(gb);
+  MatmulBackward(nullptr, d_gw.get(), d_gb.get(), d_dout.get(), d_x.get(), d_wk.get(), N, K, C,
+                 handle.get(), nullptr);
+  ASSERT_KERNELS_OK();
+  cpu::MatmulBackward(static_cast<float*>(nullptr), gw.data(), gb.data(), dout.data(), x.data(),
+                      w.data(), N, K, C);
+  ExpectClose(d_gw.Download(), gw, 1e-4f, 1e-3f, "matmul dweight");
+  ExpectClose(d_gb.Download(), gb, 1e-4f, 1e-3f, "matmul dbias");
+}
+
 void CheckMatmul(bool with_bias, bool with_dinp) {
   const int N = 45, C = 70, OC = 33;
   auto inp = RandomVector(N * C, 20), weight = RandomVector(C * OC, 21);
