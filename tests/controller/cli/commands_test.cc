@@ -109,14 +109,18 @@ TEST_F(CommandsTest, WatchRidesOutASlowController) {
   EXPECT_EQ(*code, kExitOk);
 }
 
+void WriteFile(const std::string& path, const std::string& text) {
+  FILE* f = fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  fwrite(text.data(), 1, text.size(), f);
+  fclose(f);
+}
+
 // submit --watch: the submission was the controller's answer, so the first poll may already
 // ride out an outage; one that lasts ends with an error that names the job made.
 TEST_F(CommandsTest, SubmitWatchRidesOutAnOutageAndNamesTheJobIfItLasts) {
   const std::string path = ::testing::TempDir() + "/watched.yaml";
-  FILE* f = fopen(path.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs("name: x\nkind: commcheck\n", f);
-  fclose(f);
+  WriteFile(path, "name: x\nkind: commcheck\n");
   ctx_.json = true;
   client_.get_job = {absl::UnavailableError("down"), MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
   auto code = RunSubmit(ctx_, path, {.watch = true});
@@ -145,10 +149,7 @@ TEST_F(CommandsTest, WatchJsonPrintsOneFinalDocument) {
 
 TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
   const std::string path = ::testing::TempDir() + "/job.yaml";
-  FILE* f = fopen(path.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs("name: x\nkind: commcheck\n", f);
-  fclose(f);
+  WriteFile(path, "name: x\nkind: commcheck\n");
   auto code = RunSubmit(ctx_, path, {});
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, kExitOk);
@@ -169,10 +170,7 @@ TEST_F(CommandsTest, SubmitSendsTextAndFilename) {
 // at once, beside the job id; --json prints it as the response's `defaults`.
 TEST_F(CommandsTest, SubmitSaysWhatTheControllerFilledIn) {
   const std::string path = ::testing::TempDir() + "/defaulted.yaml";
-  FILE* f = fopen(path.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs("name: x\nkind: commcheck\n", f);
-  fclose(f);
+  WriteFile(path, "name: x\nkind: commcheck\n");
   client_.submit_defaults = {
       "resources.time_limit_s 3600 s from the controller's --default-time-limit"};
   auto code = RunSubmit(ctx_, path, {});
@@ -203,13 +201,6 @@ TEST_F(CommandsTest, LogsOfARankTheJobLacksExit4) {
   EXPECT_EQ(client_.log_requests[0].rank(), 9);
   EXPECT_EQ(sleeps_, 0);
   EXPECT_TRUE(out_.str().empty()) << out_.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  FILE* f = fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  fwrite(text.data(), 1, text.size(), f);
-  fclose(f);
 }
 
 // Every refusal of the job by the controller exits 2 as an invalid file does, its words kept; a

@@ -140,6 +140,37 @@ class ControllerTest : public ::testing::Test {
     return *d;
   }
 
+  // A job of kJob's kind named `name`, of `dp` ranks and, unless `limit` is empty, of
+  // resources.time_limit_s `limit`; "" when refused (a failure of the test).
+  std::string SubmitNamed(const std::string& name, int dp, const std::string& limit = "") {
+    std::string text = absl::StrReplaceAll(
+        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
+    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
+    absl::StatusOr<std::string> id = c_->Submit(text, name + ".yaml");
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : std::string();
+  }
+  // Every rank of `id`'s last attempt reports `event` from the worker it was placed on (an exit
+  // ends successfully); job_ becomes `id`.
+  void ReportAll(const std::string& id, v1::RankEvent event) {
+    job_ = id;
+    const v1::JobDetail detail = *c_->GetJob(id);
+    const v1::AttemptInfo& attempt = detail.attempts(detail.attempts_size() - 1);
+    for (const v1::RankInfo& r : attempt.ranks()) {
+      Report(std::stoi(r.worker_id().substr(2)), attempt.attempt(), r.rank(), event,
+             event == v1::RANK_EXITED ? v1::EXIT_KIND_SUCCESS : v1::EXIT_KIND_UNSPECIFIED);
+    }
+  }
+  // SubmitNamed, and its ranks report started when it was placed at once; job_ becomes it.
+  std::string SubmitStarted(const std::string& name, int dp, const std::string& limit) {
+    const std::string id = SubmitNamed(name, dp, limit);
+    if (id.empty()) return id;
+    job_ = id;
+    if (c_->GetJob(id)->summary().state() == v1::JOB_STARTING) ReportAll(id, v1::RANK_STARTED);
+    return id;
+  }
+  v1::JobSummary SummaryOf(const std::string& id) { return c_->GetJob(id)->summary(); }
+
   // One heartbeat of slot `slot`'s agent in its session (`leaving`: it says it is shutting down).
   v1::HeartbeatResponse Beat(int slot, bool leaving = false) {
     v1::HeartbeatRequest h;
@@ -2883,56 +2914,39 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersWhileItsRanksStillDrain) {
 // small jobs cannot hold the large one back forever. It starts as soon as enough are free.
 TEST_F(ControllerTest, AJobPendingLongHasTheNextWorkersToFreeUpReservedForIt) {
   for (int s = 0; s < 3; ++s) Register(s);
-  const auto submit = [&](const std::string& name, int dp) {
-    auto id = c_->Submit(absl::StrReplaceAll(kJob, {{"name: t", "name: " + name},
-                                                    {"dp: 2", absl::StrCat("dp: ", dp)}}),
-                         name + ".yaml");
-    EXPECT_TRUE(id.ok()) << id.status();
-    return id.ok() ? *id : std::string();
-  };
-  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
-  // Every rank of `id`'s first attempt starts, or ends successfully, from the worker it was on.
-  const auto report_all = [&](const std::string& id, v1::RankEvent event) {
-    job_ = id;
-    const v1::JobDetail detail = *c_->GetJob(id);
-    for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
-      Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), event,
-             event == v1::RANK_EXITED ? v1::EXIT_KIND_SUCCESS : v1::EXIT_KIND_UNSPECIFIED);
-    }
-  };
-  const std::string running = submit("run", 2);
-  report_all(running, v1::RANK_STARTED);
-  const std::string big = submit("big", 3);
-  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
-  const std::string early = submit("early", 1);  // big has waited less than 600 s
-  EXPECT_EQ(summary(early).state(), v1::JOB_STARTING);
-  report_all(early, v1::RANK_STARTED);
-  report_all(early, v1::RANK_EXITED);
-  EXPECT_EQ(summary(early).state(), v1::JOB_SUCCEEDED);
+  const std::string running = SubmitNamed("run", 2);
+  ReportAll(running, v1::RANK_STARTED);
+  const std::string big = SubmitNamed("big", 3);
+  EXPECT_EQ(SummaryOf(big).state(), v1::JOB_PENDING);
+  const std::string early = SubmitNamed("early", 1);  // big has waited less than 600 s
+  EXPECT_EQ(SummaryOf(early).state(), v1::JOB_STARTING);
+  ReportAll(early, v1::RANK_STARTED);
+  ReportAll(early, v1::RANK_EXITED);
+  EXPECT_EQ(SummaryOf(early).state(), v1::JOB_SUCCEEDED);
 
   clock_.Advance(601);
   HeartbeatAll(3);
   c_->Tick();
-  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
-  EXPECT_NE(summary(big).waiting().find(
+  EXPECT_EQ(SummaryOf(big).state(), v1::JOB_PENDING);
+  EXPECT_NE(SummaryOf(big).waiting().find(
                 "; the next workers to free up are reserved for it (pending over 600 s: "
                 "--reserve-after)"),
             std::string::npos)
-      << summary(big).waiting();
-  const std::string late = submit("late", 1);  // one worker free, but it is big's
-  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
-  EXPECT_EQ(summary(late).waiting(),
+      << SummaryOf(big).waiting();
+  const std::string late = SubmitNamed("late", 1);  // one worker free, but it is big's
+  EXPECT_EQ(SummaryOf(late).state(), v1::JOB_PENDING);
+  EXPECT_EQ(SummaryOf(late).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
                 "(--reserve-after); 1 free, 4 needed for both; no backfill: when the reserved "
                 "workers free up is unknown (job " +
                 running + " has no resources.time_limit_s)");
 
-  report_all(running, v1::RANK_EXITED);  // three free: big starts, late still waits
+  ReportAll(running, v1::RANK_EXITED);  // three free: big starts, late still waits
   HeartbeatAll(3);
   c_->Tick();
-  EXPECT_EQ(summary(big).state(), v1::JOB_STARTING);
-  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
+  EXPECT_EQ(SummaryOf(big).state(), v1::JOB_STARTING);
+  EXPECT_EQ(SummaryOf(late).state(), v1::JOB_PENDING);
 }
 
 // Backfill: a job held back by a reservation starts anyway when it cannot delay the reserved job.
@@ -2943,15 +2957,6 @@ TEST_F(ControllerTest, AJobPendingLongHasTheNextWorkersToFreeUpReservedForIt) {
 // need then, a job starts whatever its limit. The reserved job starts when the limits end.
 TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
   for (int s = 0; s < 4; ++s) Register(s);
-  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
-    std::string text = absl::StrReplaceAll(
-        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
-    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
-    auto id = c_->Submit(text, name + ".yaml");
-    EXPECT_TRUE(id.ok()) << id.status();
-    return id.ok() ? *id : std::string();
-  };
-  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
   const auto events = [&](const std::string& id, const std::string& kind) {
     std::vector<std::string> out;
     const v1::JobDetail detail = *c_->GetJob(id);
@@ -2960,61 +2965,52 @@ TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
     }
     return out;
   };
-  const auto report_all = [&](const std::string& id, v1::RankEvent event) {
-    job_ = id;
-    const v1::JobDetail detail = *c_->GetJob(id);
-    const v1::AttemptInfo& attempt = detail.attempts(detail.attempts_size() - 1);
-    for (const v1::RankInfo& r : attempt.ranks()) {
-      Report(std::stoi(r.worker_id().substr(2)), attempt.attempt(), r.rank(), event,
-             event == v1::RANK_EXITED ? v1::EXIT_KIND_SUCCESS : v1::EXIT_KIND_UNSPECIFIED);
-    }
-  };
-  const std::string run = submit("run", 2, "1000");  // on 2 of the 4 workers until t0 + 1000
+  const std::string run = SubmitNamed("run", 2, "1000");  // on 2 of the 4 workers until t0 + 1000
   const double t0 = c_->GetJob(run)->attempts(0).started_unix();
-  report_all(run, v1::RANK_STARTED);
-  const std::string forever = submit("forever", 1, "");  // a third, with no time limit
-  report_all(forever, v1::RANK_STARTED);
-  const std::string big = submit("big", 3, "");
+  ReportAll(run, v1::RANK_STARTED);
+  const std::string forever = SubmitNamed("forever", 1, "");  // a third, with no time limit
+  ReportAll(forever, v1::RANK_STARTED);
+  const std::string big = SubmitNamed("big", 3, "");
   clock_.Advance(601);  // big holds a reservation: 1 free, 3 reserved
   HeartbeatAll(4);
   c_->Tick();
-  ASSERT_EQ(summary(big).state(), v1::JOB_PENDING);
+  ASSERT_EQ(SummaryOf(big).state(), v1::JOB_PENDING);
   // Shadow time: run's 2 workers free by t0 + 1000 + 5 (SIGTERM grace) + 15 (margin); with the
   // free one, 3: enough for big. A 1-rank job ending by then (its own 20 s after its limit) may
   // use the free worker meanwhile.
   const std::string shadow = UnixClock(t0 + 1020);
-  const std::string late = submit("late", 1, "500");  // ends by t0 + 601 + 520 > shadow
-  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
-  EXPECT_EQ(summary(late).waiting(),
+  const std::string late = SubmitNamed("late", 1, "500");  // ends by t0 + 601 + 520 > shadow
+  EXPECT_EQ(SummaryOf(late).state(), v1::JOB_PENDING);
+  EXPECT_EQ(SummaryOf(late).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
                 "(--reserve-after); 1 free, 4 needed for both; it could start beside job " +
                 big + " as a backfill if resources.time_limit_s ended it by " +
                 UnixClock(t0 + 1000));
-  const std::string brief = submit("brief", 1, "300");  // ends by t0 + 601 + 320: before it
-  EXPECT_EQ(summary(brief).state(), v1::JOB_STARTING);
+  const std::string brief = SubmitNamed("brief", 1, "300");  // ends by t0 + 601 + 320: before it
+  EXPECT_EQ(SummaryOf(brief).state(), v1::JOB_STARTING);
   EXPECT_EQ(events(brief, "backfill"),
             std::vector<std::string>{"backfilled beside job " + big +
                                      "'s reservation: resources.time_limit_s 300 ends it by " +
                                      UnixClock(t0 + 921) + ", before the workers for job " + big +
                                      " are free (by " + shadow +
                                      " at the latest, as the jobs on them end)"});
-  EXPECT_EQ(summary(big).state(), v1::JOB_PENDING);
-  report_all(brief, v1::RANK_STARTED);
+  EXPECT_EQ(SummaryOf(big).state(), v1::JOB_PENDING);
+  ReportAll(brief, v1::RANK_STARTED);
 
   // The limits end: run at t0 + 1000 (FAILED, its ranks stopped), brief before; big starts on
   // their workers and forever's is still forever's.
   clock_.Advance(400);
   HeartbeatAll(4);
   c_->Tick();
-  ASSERT_EQ(summary(run).state(), v1::JOB_FAILED);
-  ASSERT_EQ(summary(brief).state(), v1::JOB_FAILED);
-  report_all(run, v1::RANK_EXITED);
-  report_all(brief, v1::RANK_EXITED);
+  ASSERT_EQ(SummaryOf(run).state(), v1::JOB_FAILED);
+  ASSERT_EQ(SummaryOf(brief).state(), v1::JOB_FAILED);
+  ReportAll(run, v1::RANK_EXITED);
+  ReportAll(brief, v1::RANK_EXITED);
   HeartbeatAll(4);
   c_->Tick();
-  EXPECT_EQ(summary(big).state(), v1::JOB_STARTING);
-  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);  // no worker left for it
+  EXPECT_EQ(SummaryOf(big).state(), v1::JOB_STARTING);
+  EXPECT_EQ(SummaryOf(late).state(), v1::JOB_PENDING);  // no worker left for it
 }
 
 // Behind workers whose jobs have no time limit there is no shadow time: no backfill, and the
@@ -3022,29 +3018,16 @@ TEST_F(ControllerTest, ABackfillStartsWhereItCannotDelayTheReservedJob) {
 // free to any job (here 4 free by then, 3 reserved: one job of one rank without a limit).
 TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers) {
   for (int s = 0; s < 4; ++s) Register(s);
-  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
-    std::string text = absl::StrReplaceAll(
-        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
-    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
-    auto id = c_->Submit(text, name + ".yaml");
-    EXPECT_TRUE(id.ok()) << id.status();
-    return id.ok() ? *id : std::string();
-  };
-  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
-  const std::string run = submit("run", 2, "");
-  job_ = run;
-  const v1::JobDetail placed = *c_->GetJob(run);
-  for (const v1::RankInfo& r : placed.attempts(0).ranks()) {
-    Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
-  }
-  const std::string big = submit("big", 3, "");
+  const std::string run = SubmitNamed("run", 2, "");
+  ReportAll(run, v1::RANK_STARTED);
+  const std::string big = SubmitNamed("big", 3, "");
   clock_.Advance(601);
   HeartbeatAll(4);
   c_->Tick();
-  ASSERT_EQ(summary(big).state(), v1::JOB_PENDING);
-  const std::string brief = submit("brief", 1, "60");
-  EXPECT_EQ(summary(brief).state(), v1::JOB_PENDING);
-  EXPECT_EQ(summary(brief).waiting(),
+  ASSERT_EQ(SummaryOf(big).state(), v1::JOB_PENDING);
+  const std::string brief = SubmitNamed("brief", 1, "60");
+  EXPECT_EQ(SummaryOf(brief).state(), v1::JOB_PENDING);
+  EXPECT_EQ(SummaryOf(brief).waiting(),
             "waits behind job " + big +
                 ", pending over 600 s: the next 3 cpu workers to free up are reserved for it "
                 "(--reserve-after); 2 free, 4 needed for both; no backfill: when the reserved "
@@ -3052,8 +3035,8 @@ TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers)
                 run + " has no resources.time_limit_s)");
   ASSERT_TRUE(c_->Cancel(brief).ok());
   ASSERT_TRUE(c_->Cancel(run).ok());  // its ranks stop: free by now + 5 + 15 at the latest
-  const std::string spare = submit("spare", 1, "");
-  EXPECT_EQ(summary(spare).state(), v1::JOB_STARTING);
+  const std::string spare = SubmitNamed("spare", 1, "");
+  EXPECT_EQ(SummaryOf(spare).state(), v1::JOB_STARTING);
   std::vector<std::string> backfill;
   const v1::JobDetail detail = *c_->GetJob(spare);
   for (const v1::JobEvent& e : detail.events()) {
@@ -3073,45 +3056,28 @@ TEST_F(ControllerTest, ABackfillNeedsTheTimeLimitsOfTheJobsOnTheReservedWorkers)
 // does): a job whose limit ends between the two waits, one ending before the first starts.
 TEST_F(ControllerTest, ABackfillHoldsNoReservedJobPastItsOwnShadowTime) {
   for (int s = 0; s < 5; ++s) Register(s);
-  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
-    std::string text = absl::StrReplaceAll(
-        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
-    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
-    auto id = c_->Submit(text, name + ".yaml");
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (!id.ok()) return std::string();
-    job_ = *id;
-    const v1::JobDetail detail = *c_->GetJob(*id);
-    if (detail.summary().state() == v1::JOB_STARTING) {
-      for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
-        Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
-      }
-    }
-    return *id;
-  };
-  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
-  const std::string x = submit("x", 1, "2000");  // frees 1 worker by t0 + 2020
+  const std::string x = SubmitStarted("x", 1, "2000");  // frees 1 worker by t0 + 2020
   const double t0 = c_->GetJob(x)->attempts(0).started_unix();
-  const std::string y = submit("y", 3, "5000");  // frees 3 by t0 + 5020; 1 worker free
-  const std::string b1 = submit("b1", 2, "");
-  const std::string b2 = submit("b2", 2, "");
+  const std::string y = SubmitStarted("y", 3, "5000");  // frees 3 by t0 + 5020; 1 worker free
+  const std::string b1 = SubmitStarted("b1", 2, "");
+  const std::string b2 = SubmitStarted("b2", 2, "");
   clock_.Advance(601);
   HeartbeatAll(5);
   c_->Tick();
-  ASSERT_EQ(summary(b1).state(), v1::JOB_PENDING);
-  ASSERT_EQ(summary(b2).state(), v1::JOB_PENDING);
+  ASSERT_EQ(SummaryOf(b1).state(), v1::JOB_PENDING);
+  ASSERT_EQ(SummaryOf(b2).state(), v1::JOB_PENDING);
   // Ends by t0 + 601 + 1520: after b1's shadow time (t0 + 2020), before b2's (t0 + 5020).
-  const std::string middle = submit("middle", 1, "1500");
-  EXPECT_EQ(summary(middle).state(), v1::JOB_PENDING);
-  EXPECT_NE(summary(middle).waiting().find("; it could start beside jobs " + b1 + ", " + b2 +
-                                           " as a backfill if resources.time_limit_s ended it "
-                                           "by " +
-                                           UnixClock(t0 + 2000)),
+  const std::string middle = SubmitStarted("middle", 1, "1500");
+  EXPECT_EQ(SummaryOf(middle).state(), v1::JOB_PENDING);
+  EXPECT_NE(SummaryOf(middle).waiting().find("; it could start beside jobs " + b1 + ", " + b2 +
+                                             " as a backfill if resources.time_limit_s ended it "
+                                             "by " +
+                                             UnixClock(t0 + 2000)),
             std::string::npos)
-      << summary(middle).waiting();
-  const std::string brief = submit("brief", 1, "1000");  // by t0 + 1621: before both
-  EXPECT_EQ(summary(brief).state(), v1::JOB_RUNNING);
-  EXPECT_EQ(summary(middle).state(), v1::JOB_PENDING);
+      << SummaryOf(middle).waiting();
+  const std::string brief = SubmitStarted("brief", 1, "1000");  // by t0 + 1621: before both
+  EXPECT_EQ(SummaryOf(brief).state(), v1::JOB_RUNNING);
+  EXPECT_EQ(SummaryOf(middle).state(), v1::JOB_PENDING);
 }
 
 // Reserved jobs that together need more workers than there are: the younger starts only after
@@ -3119,39 +3085,23 @@ TEST_F(ControllerTest, ABackfillHoldsNoReservedJobPastItsOwnShadowTime) {
 // backfills (the younger ones start after that), one ending later waits and is told by when.
 TEST_F(ControllerTest, ABackfillEndingByTheOldestsShadowTimeIsSafeForEveryReservedJob) {
   for (int s = 0; s < 3; ++s) Register(s);
-  const auto submit = [&](const std::string& name, int dp, const std::string& limit) {
-    std::string text = absl::StrReplaceAll(
-        kJob, {{"name: t", "name: " + name}, {"dp: 2", absl::StrCat("dp: ", dp)}});
-    if (!limit.empty()) text += "resources: {time_limit_s: " + limit + "}\n";
-    auto id = c_->Submit(text, name + ".yaml");
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (!id.ok()) return std::string();
-    job_ = *id;
-    const v1::JobDetail detail = *c_->GetJob(*id);
-    if (detail.summary().state() == v1::JOB_STARTING) {
-      for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
-        Report(std::stoi(r.worker_id().substr(2)), 1, r.rank(), v1::RANK_STARTED);
-      }
-    }
-    return *id;
-  };
-  const auto summary = [&](const std::string& id) { return c_->GetJob(id)->summary(); };
-  const std::string x = submit("x", 2, "2000");  // frees 2 workers by t0 + 2020; 1 free
+  const std::string x = SubmitStarted("x", 2, "2000");  // frees 2 workers by t0 + 2020; 1 free
   const double t0 = c_->GetJob(x)->attempts(0).started_unix();
-  const std::string b1 = submit("b1", 3, "");
-  const std::string b2 = submit("b2", 3, "");  // b1 and b2: 6 of 3 workers
+  const std::string b1 = SubmitStarted("b1", 3, "");
+  const std::string b2 = SubmitStarted("b2", 3, "");  // b1 and b2: 6 of 3 workers
   clock_.Advance(601);
   HeartbeatAll(3);
   c_->Tick();
-  ASSERT_EQ(summary(b2).state(), v1::JOB_PENDING);
-  const std::string late = submit("late", 1, "1500");  // by t0 + 2121: after b1's shadow time
-  EXPECT_EQ(summary(late).state(), v1::JOB_PENDING);
-  EXPECT_NE(summary(late).waiting().find("as a backfill if resources.time_limit_s ended it by " +
-                                         UnixClock(t0 + 2000)),
+  ASSERT_EQ(SummaryOf(b2).state(), v1::JOB_PENDING);
+  const std::string late =
+      SubmitStarted("late", 1, "1500");  // by t0 + 2121: after b1's shadow time
+  EXPECT_EQ(SummaryOf(late).state(), v1::JOB_PENDING);
+  EXPECT_NE(SummaryOf(late).waiting().find("as a backfill if resources.time_limit_s ended it by " +
+                                           UnixClock(t0 + 2000)),
             std::string::npos)
-      << summary(late).waiting();
-  const std::string brief = submit("brief", 1, "1000");  // by t0 + 1621
-  EXPECT_EQ(summary(brief).state(), v1::JOB_RUNNING);
+      << SummaryOf(late).waiting();
+  const std::string brief = SubmitStarted("brief", 1, "1000");  // by t0 + 1621
+  EXPECT_EQ(SummaryOf(brief).state(), v1::JOB_RUNNING);
 }
 
 // An agent killed outright takes its rank with it; the peer's collective fails at once with a
