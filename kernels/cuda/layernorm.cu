@@ -59,15 +59,17 @@ __global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout, con
   }
 }
 
-constexpr int kStrip = 32;
-constexpr int kRows = 16;
+// dweight/dbias as common.cu's ColumnSumAccumulate: strips of 8 columns (whole 32-byte sectors
+// per warp row, C / 8 blocks), 128 row lanes, then a tree over the lanes; deterministic.
+constexpr int kStrip = 8;
+constexpr int kRows = 128;
 
-__global__ void LayerNormBackwardParamKernel(float* dweight, float* dbias, const float* dout,
-                                             const float* inp, const float* mean, const float* rstd,
-                                             int N, int C) {
-  __shared__ float pw[kRows][kStrip + 1];
-  __shared__ float pb[kRows][kStrip + 1];
-  int c = blockIdx.x * kStrip + threadIdx.x;
+__global__ void __launch_bounds__(kStrip* kRows)
+    LayerNormBackwardParamKernel(float* dweight, float* dbias, const float* dout, const float* inp,
+                                 const float* mean, const float* rstd, int N, int C) {
+  __shared__ float pw[kRows][kStrip];
+  __shared__ float pb[kRows][kStrip];
+  const int c = blockIdx.x * kStrip + threadIdx.x;
   float sw = 0.0f, sb = 0.0f;
   if (c < C) {
     for (int n = threadIdx.y; n < N; n += kRows) {
@@ -80,14 +82,16 @@ __global__ void LayerNormBackwardParamKernel(float* dweight, float* dbias, const
   pw[threadIdx.y][threadIdx.x] = sw;
   pb[threadIdx.y][threadIdx.x] = sb;
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int r = 0; r < kRows; ++r) {
-      tw += pw[r][threadIdx.x];
-      tb += pb[r][threadIdx.x];
+  for (int half = kRows / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) {
+      pw[threadIdx.y][threadIdx.x] += pw[threadIdx.y + half][threadIdx.x];
+      pb[threadIdx.y][threadIdx.x] += pb[threadIdx.y + half][threadIdx.x];
     }
-    dweight[c] += tw;
-    dbias[c] += tb;
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && c < C) {
+    dweight[c] += pw[0][threadIdx.x];
+    dbias[c] += pb[0][threadIdx.x];
   }
 }
 
