@@ -1,6 +1,7 @@
-// furnace submit FILE [--watch] [--dry-run]: the CLI checks that the file can be sent (size, UTF-8)
-// and that its memory.device_budget is not below the least a rank needs (job_model.h), and the
-// controller validates it; --dry-run validates here and sends nothing.
+// furnace submit FILE [--watch] [--dry-run[=server]]: the CLI checks that the file can be sent
+// (size, UTF-8) and that its memory.device_budget is not below the least a rank needs
+// (job_model.h), and the controller validates it; --dry-run validates here and sends nothing,
+// --dry-run=server has the controller check it and store nothing.
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -42,6 +43,30 @@ std::string SubmittedLine(const v1::SubmitJobResponse& response) {
   return line + "\n";
 }
 
+// The controller's answer to a dry run: it would accept the job, with what it would fill in.
+absl::StatusOr<int> ServerDryRun(const CommandContext& ctx, const std::string& path,
+                                 const v1::SubmitJobResponse& response) {
+  if (!response.job_id().empty()) {
+    // A controller older than dry runs reads the request without the flag: a real submission.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the controller does not know --dry-run=server (it is older than this furnace) and "
+        "submitted the file as job ",
+        response.job_id(), "; cancel it with `furnace cancel ", response.job_id(),
+        "` if it was not meant to run, and use --dry-run to validate files here"));
+  }
+  if (ctx.json) {
+    RETURN_IF_ERROR(PrintJson(response, *ctx.out));
+    return kExitOk;
+  }
+  const v1::JobSpec& job = response.spec();
+  const uint32_t world = spec::WorldSize(job);
+  *ctx.out << path << ": the controller would accept job " << job.name() << " (" << job.kind()
+           << ", " << world << (world == 1 ? " rank" : " ranks");
+  if (!response.defaults().empty()) *ctx.out << "; " << absl::StrJoin(response.defaults(), "; ");
+  *ctx.out << "); not submitted (--dry-run=server)\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path,
@@ -49,7 +74,7 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   v1::SubmitJobRequest request;
   ASSIGN_OR_RETURN(*request.mutable_yaml(), ReadFile(path));
   RETURN_IF_ERROR(spec::CheckJobText(request.yaml(), path));
-  if (options.dry_run) {
+  if (options.dry_run == DryRun::kClient) {
     ASSIGN_OR_RETURN(const v1::JobSpec job, spec::ParseJobYaml(request.yaml(), path));
     RETURN_IF_ERROR(CheckDeviceBudgetFloor(job, path));
     if (ctx.json) {
@@ -68,11 +93,13 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
     RETURN_IF_ERROR(CheckDeviceBudgetFloor(*parsed, path));
   }
   request.set_filename(path);
+  request.set_dry_run(options.dry_run == DryRun::kServer);
   absl::StatusOr<v1::SubmitJobResponse> submitted = ctx.client->SubmitJob(request);
   // An invalid field (INVALID_ARGUMENT) already exits 2; a checkpoint.dir in use by another job is
   // as much a refusal of this file (exit 2). A rate limit (RESOURCE_EXHAUSTED) is not: exit 3.
   if (absl::IsFailedPrecondition(submitted.status())) return JobRefused(submitted.status());
   ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(submitted));
+  if (options.dry_run == DryRun::kServer) return ServerDryRun(ctx, path, response);
   if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
     if (!ctx.json) *ctx.out << SubmittedLine(response);

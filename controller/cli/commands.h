@@ -40,12 +40,16 @@ absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& o
 // Reads `path`, checks it (spec::CheckJobText: at most 1 MiB, valid UTF-8, else
 // INVALID_ARGUMENT naming the file and the limit or the byte offset, and nothing is sent) and
 // submits it. An invalid job comes back as INVALID_ARGUMENT with the controller's message; an
-// unreadable file too. With `watch`, continues as Watch. With `dry_run`, parses and validates the
-// file here as the controller would (without its --data-root / --checkpoint-root) and sends
-// nothing: prints "FILE: valid job <name> (<kind>, <ranks> ranks)" (--json: the resolved JobSpec).
+// unreadable file too. With `watch`, continues as Watch. A dry run stores no job: kClient parses
+// and validates the file here as the controller would (without its --data-root /
+// --checkpoint-root, workers and time limits) and sends nothing: prints "FILE: valid job <name>
+// (<kind>, <ranks> ranks)" (--json: the resolved JobSpec); kServer has the controller check it as
+// a submission (SubmitJobRequest.dry_run) and prints that it would accept it, with what it would
+// fill in (--json: the SubmitJobResponse, whose spec is the job as it would be stored).
+enum class DryRun { kNo, kClient, kServer };
 struct SubmitOptions {
   bool watch = false;
-  bool dry_run = false;
+  DryRun dry_run = DryRun::kNo;
 };
 absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path,
                               const SubmitOptions& options);

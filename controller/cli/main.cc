@@ -137,8 +137,13 @@ int main(int argc, char** argv) {
       "validates it");
   submit->add_option("FILE", file, "job YAML")->required();
   submit->add_flag("--watch", submit_options.watch, "then watch the job until it ends");
-  submit->add_flag("--dry-run", submit_options.dry_run,
-                   "validate the file here as the controller would, and send nothing");
+  std::string dry_run;
+  submit
+      ->add_flag("--dry-run{client}", dry_run,
+                 "store no job: --dry-run validates the file here as the controller would, "
+                 "sending nothing; --dry-run=server has the controller check it as a submission "
+                 "(its workers, time limits, roots and checkpoint directories too)")
+      ->check(CLI::IsMember({"client", "server"}));
 
   std::string job_id;
   std::vector<std::string> job_states;
@@ -323,11 +328,14 @@ int main(int argc, char** argv) {
     }
     return kExitUsage;
   }
+  submit_options.dry_run = dry_run.empty()       ? DryRun::kNo
+                           : dry_run == "server" ? DryRun::kServer
+                                                 : DryRun::kClient;
 
-  // Commands that talk to the controller need the credentials; certs, plan, data, a dry run and
-  // sampling from a weights file do not (nor fail on FURNACE_TOKEN without a CA).
+  // Commands that talk to the controller need the credentials; certs, plan, data, a dry run here
+  // and sampling from a weights file do not (nor fail on FURNACE_TOKEN without a CA).
   const bool needs_controller = !*certs && !*plan && !*data &&
-                                !(*submit && submit_options.dry_run) &&
+                                !(*submit && submit_options.dry_run == DryRun::kClient) &&
                                 !(*sample && !sample_options.weights.empty());
   std::unique_ptr<JobClient> client;
   if (needs_controller) {

@@ -111,6 +111,25 @@ absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
   return id;
 }
 
+absl::StatusOr<v1::SubmitJobResponse> Controller::CheckSubmitAs(const std::string& identity,
+                                                                const std::string& yaml,
+                                                                const std::string& filename) {
+  std::string name = PrintableBaseName(filename, kMaxJobFileNameBytes);
+  if (name.empty()) name = "<job>";
+  RETURN_IF_ERROR(submit_limiter_.Admit(identity));
+  ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, name));
+  RETURN_IF_ERROR(spec::ConfineJobPaths({options_.data_root, options_.checkpoint_root}, spec));
+  std::vector<std::string> given;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(jobs_.CheckSubmit(spec, name, given));
+  }
+  v1::SubmitJobResponse response;
+  for (std::string& d : given) response.add_defaults(std::move(d));
+  *response.mutable_spec() = std::move(spec);
+  return response;
+}
+
 absl::StatusOr<v1::JobSummary> Controller::CancelAs(const std::string& identity,
                                                     const std::string& job_id) {
   absl::StatusOr<v1::JobSummary> job = Cancel(job_id);

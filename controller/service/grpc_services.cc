@@ -18,6 +18,12 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
                                        v1::SubmitJobResponse* resp) {
   // yaml and filename are bytes on the wire: the yaml is checked in ParseJobYaml before any of it
   // goes into a protobuf string; SubmitAs keeps only the file name's printable base name.
+  if (req->dry_run()) {
+    auto checked = c_.CheckSubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename());
+    if (!checked.ok()) return ToGrpc(checked.status());
+    *resp = std::move(*checked);
+    return grpc::Status::OK;
+  }
   std::vector<std::string> defaults;
   auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename(), &defaults);
   if (!id.ok()) return ToGrpc(id.status());

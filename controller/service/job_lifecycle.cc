@@ -354,8 +354,8 @@ bool IsWithinAny(const std::vector<std::string>& dir, const std::vector<std::str
 
 }  // namespace
 
-absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename,
-                                                 std::vector<std::string>* filled_in) {
+absl::Status JobLifecycle::CheckSubmit(v1::JobSpec& spec, const std::string& filename,
+                                       std::vector<std::string>& given) const {
   const uint32_t world = spec::WorldSize(spec);
   const uint32_t capacity = Capacity(spec.resources().device());
   if (world > capacity) {
@@ -391,7 +391,6 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
         ShortestDecimal(max_limit), ShortestDecimal(max_limit),
         options_.default_time_limit_s > 0 ? "default" : "maximum", ShortestDecimal(default_limit)));
   }
-  std::vector<std::string> given;  // what the file left out and the controller filled in
   if (!asked && default_limit > 0) {
     spec.mutable_resources()->set_time_limit_s(default_limit);
     given.push_back(absl::StrCat(
@@ -471,29 +470,38 @@ absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::st
           defaults.string()));
     }
   }
-  // One writer per checkpoint directory: two jobs committing into one (or one inside the other's)
-  // would uncommit and delete each other's steps. A job that has ended but whose ranks are still
-  // stopping only delays the start (TryStart). A named directory is checked before the job takes
-  // a number (a refused submit uses none); a default one, once it has its id.
-  const auto one_writer = [&]() -> absl::Status {
-    const Job* other =
-        CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded);
-    if (other == nullptr) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: checkpoint.dir %s is in use by job %s (%s, checkpoint.dir %s): two jobs committing "
-        "into one directory (or one inside the other) would uncommit and delete each other's "
-        "checkpoints; allowed: another directory, or this one once %s has ended (furnace cancel "
-        "%s)",
-        filename, spec.checkpoint().dir(), other->summary.job_id(),
-        StateName(other->summary.state()), other->spec.checkpoint().dir(), other->summary.job_id(),
-        other->summary.job_id()));
-  };
-  if (named) RETURN_IF_ERROR(one_writer());
+  // One writer per checkpoint directory (OneWriter). A named directory is checked before the job
+  // takes a number (a refused submit uses none); a default one, once it has its id (Submit).
+  if (named) RETURN_IF_ERROR(OneWriter(spec, filename));
+  return absl::OkStatus();
+}
+
+absl::Status JobLifecycle::OneWriter(const v1::JobSpec& spec, const std::string& filename) const {
+  // Two jobs committing into one directory (or one inside the other's) would uncommit and delete
+  // each other's steps. A job that has ended but whose ranks are still stopping only delays the
+  // start (TryStart).
+  const Job* other =
+      CheckpointDirUser(nullptr, spec.checkpoint().dir(), CheckpointDirUse::kNotEnded);
+  if (other == nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: checkpoint.dir %s is in use by job %s (%s, checkpoint.dir %s): two jobs committing "
+      "into one directory (or one inside the other) would uncommit and delete each other's "
+      "checkpoints; allowed: another directory, or this one once %s has ended (furnace cancel "
+      "%s)",
+      filename, spec.checkpoint().dir(), other->summary.job_id(), StateName(other->summary.state()),
+      other->spec.checkpoint().dir(), other->summary.job_id(), other->summary.job_id()));
+}
+
+absl::StatusOr<std::string> JobLifecycle::Submit(v1::JobSpec spec, const std::string& filename,
+                                                 std::vector<std::string>* filled_in) {
+  std::vector<std::string> given;  // what the file left out and the controller filled in
+  RETURN_IF_ERROR(CheckSubmit(spec, filename, given));
+  const uint32_t world = spec::WorldSize(spec);
   ASSIGN_OR_RETURN(uint64_t seq, store_.NextJobSeq());
   const std::string id = absl::StrCat(spec.name(), "-", seq);
-  if (!named) {
-    spec.mutable_checkpoint()->set_dir((defaults / id).string());
-    RETURN_IF_ERROR(one_writer());
+  if (spec.checkpoint().dir().empty()) {
+    spec.mutable_checkpoint()->set_dir((DefaultCheckpointParent() / id).string());
+    RETURN_IF_ERROR(OneWriter(spec, filename));
   }
   Job job;
   job.spec = std::move(spec);

@@ -231,6 +231,12 @@ class JobLifecycle {
   // (SubmitJobResponse.defaults).
   absl::StatusOr<std::string> Submit(furnace::v1::JobSpec spec, const std::string& filename,
                                      std::vector<std::string>* filled_in = nullptr);
+  // Submit's checks and what it fills in, storing nothing (a server-side dry run, and Submit's
+  // first half): `spec` becomes what Submit would store, `given` gets what it filled in. All of
+  // Submit's refusals but the one that needs the job's id: a checkpoint.dir left out stays empty
+  // (Submit gives the job <DefaultCheckpointParent>/<id>, a directory no other job can use).
+  absl::Status CheckSubmit(furnace::v1::JobSpec& spec, const std::string& filename,
+                           std::vector<std::string>& given) const;
   absl::StatusOr<furnace::v1::JobSummary> Cancel(const std::string& job_id);
   // Where jobs without a checkpoint.dir get theirs (<parent>/<job id>): <--checkpoint-root>/jobs,
   // else <--state-dir>/checkpoints.
@@ -471,6 +477,9 @@ class JobLifecycle {
   // than the newest two (Job::oldest_changed).
   static void NoteOlderAttemptChanged(Job& job, const furnace::v1::AttemptInfo& attempt);
   uint32_t Capacity(const std::string& device_kind) const;
+  // One writer per checkpoint directory: FailedPrecondition naming the job that has not ended
+  // whose checkpoint.dir is, contains or lies in `spec`'s.
+  absl::Status OneWriter(const furnace::v1::JobSpec& spec, const std::string& filename) const;
 
   const ControllerOptions& options_;
   const Clock& clock_;

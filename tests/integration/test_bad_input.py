@@ -64,6 +64,36 @@ class BadInputTest(harness.ClusterTest):
         detail = c.cli_json("status", job)
         self.assertEqual(detail["spec"]["resources"]["time_limit_s"], 86400)
 
+    def test_a_server_dry_run_is_checked_by_the_controller_and_stores_nothing(self):
+        # --dry-run (here) knows neither the cluster's time limit nor its workers;
+        # --dry-run=server asks the controller, which refuses or fills in as a submit would.
+        c = self.cluster
+        over = c.write_job("over.yaml", GOOD_HEAD + "resources:\n  time_limit_s: 90000\n")
+        r = c.cli("submit", "--dry-run", over)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = c.cli("submit", "--dry-run=server", over)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("over.yaml: resources.time_limit_s: 90000 s is more than this controller "
+                      "allows", r.stderr)
+        many = c.write_job("many.yaml", GOOD_HEAD + "parallel:\n  dp: 8\n")
+        r = c.cli("submit", "--dry-run=server", many)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("the job needs 8 ranks", r.stderr)
+        good = c.write_job("good.yaml", GOOD_HEAD + "parallel: {dp: 1}\n")
+        r = c.cli("submit", "--dry-run=server", good)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, good + ": the controller would accept job bad (commcheck, 1 "
+                         "rank; resources.time_limit_s 86400 s from the controller's "
+                         "--max-time-limit); not submitted (--dry-run=server)\n")
+        answer = c.cli_json("submit", "--dry-run=server", good)
+        self.assertEqual(answer.get("job_id", ""), "")  # no job
+        self.assertEqual(answer["spec"]["resources"]["time_limit_s"], 86400)
+        r = c.cli("submit", "--dry-run=later", good)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--dry-run: later not in {client,server}", r.stderr)
+        self.assertEqual(c.cli_json("jobs").get("jobs", []), [])
+        self.assertEqual(c.cli_json("events").get("events", []), [])
+
     def test_a_default_time_limit_over_the_maximum_stops_the_controller(self):
         r = subprocess.run(
             [os.path.join(harness.BIN_DIR, "furnace-controller"), "--state-dir",

@@ -182,7 +182,7 @@ TEST(PlanMemoryTest, SubmitRefusesABudgetBelowTheFloorTheRanksCheck) {
   ctx.out = &out;
   ctx.err = &err;
   SubmitOptions options;
-  options.dry_run = true;
+  options.dry_run = DryRun::kClient;
   absl::StatusOr<int> code = RunSubmit(ctx, path, options);
   EXPECT_TRUE(absl::IsInvalidArgument(code.status())) << code.status();
   EXPECT_THAT(std::string(code.status().message()), HasSubstr("memory.device_budget: "));

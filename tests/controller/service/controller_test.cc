@@ -2567,6 +2567,55 @@ TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
   EXPECT_EQ(limit_of(*none), std::pair(0.0, std::string("from none.yaml, 1 rank")));
 }
 
+// A dry run (SubmitJobRequest.dry_run, `furnace submit --dry-run=server`) is checked as a
+// submission: the controller's time limits fill in what the file left out, and what a submission
+// would be refused for is refused in the same words. It stores nothing, uses no job number and
+// writes no audit record.
+TEST_F(ControllerTest, ADryRunChecksAsASubmitAndStoresNothing) {
+  default_time_limit_s_ = 3600;
+  max_time_limit_s_ = 7200;
+  Restart();
+  Register(0);
+  const std::string one_rank = "name: t\nkind: commcheck\nparallel: {dp: 1}\n";
+  const absl::StatusOr<v1::SubmitJobResponse> checked =
+      c_->CheckSubmitAs("alice", one_rank, "/home/alice/t.yaml");
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_TRUE(checked->job_id().empty());
+  ASSERT_EQ(checked->defaults_size(), 1);
+  EXPECT_EQ(checked->defaults(0),
+            "resources.time_limit_s 3600 s from the controller's --default-time-limit");
+  EXPECT_EQ(checked->spec().name(), "t");
+  EXPECT_EQ(checked->spec().resources().time_limit_s(), 3600);
+  EXPECT_TRUE(checked->spec().checkpoint().dir().empty());  // named after the id it has not got
+  // Refused as the submission would be, naming the file's base name.
+  for (const std::string& file :
+       {std::string("name: t\nkind: commcheck\nparallel: {dp: 2}\n"),
+        one_rank + "resources: {time_limit_s: 9000}\n", std::string("name: t\nkind: nope\n")}) {
+    const absl::StatusOr<v1::SubmitJobResponse> dry = c_->CheckSubmitAs("alice", file, "/x/r.yaml");
+    const absl::StatusOr<std::string> real = c_->Submit(file, "r.yaml");
+    EXPECT_EQ(dry.status().code(), absl::StatusCode::kInvalidArgument) << dry.status();
+    EXPECT_EQ(dry.status(), real.status());
+  }
+  EXPECT_TRUE(c_->ListJobs().empty());
+  // A checkpoint.dir a job that has not ended writes into.
+  const std::string dir = (dir_ / "ck").string();
+  const std::string named =
+      "name: t\nkind: train\nparallel: {dp: 1}\ncheckpoint: {dir: " + dir + "}\n";
+  const absl::StatusOr<std::string> first = c_->SubmitAs("bob", named, "first.yaml");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, "t-1");  // the dry runs used no number
+  const absl::StatusOr<v1::SubmitJobResponse> clash = c_->CheckSubmitAs("alice", named, "r.yaml");
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition) << clash.status();
+  EXPECT_TRUE(absl::StrContains(clash.status().message(),
+                                "r.yaml: checkpoint.dir " + dir + " is in use by job t-1"))
+      << clash.status();
+  EXPECT_EQ(c_->ListJobs().size(), 1u);
+  const absl::StatusOr<v1::ListAuditEventsResponse> audit = c_->ListAuditEvents({});
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  ASSERT_EQ(audit->events_size(), 1);  // bob's submission
+  EXPECT_EQ(audit->events(0).identity(), "bob");
+}
+
 // A job whose ranks all run on agents the launcher did not start (started by hand) is not stopped
 // by a graceful shutdown: it trains on and re-attaches to the restarted controller. Its cause
 // said "the controller shut down and stopped its local workers", which was not so.
