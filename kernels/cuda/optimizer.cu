@@ -52,11 +52,21 @@ __global__ void SumOfSquaresKernel(double* partials, const float* x, int64_t n) 
   }
 }
 
-// One thread: the partials in block order, into (or onto) *out.
-__global__ void AddPartialsKernel(double* out, const double* partials, int count, bool accumulate) {
-  double total = 0.0;
-  for (int b = 0; b < count; ++b) total += partials[b];
-  *out = accumulate ? *out + total : total;
+// One block of kSumOfSquaresPartials threads: the partials added in a fixed tree (the same order
+// every run), into (or onto) *out.
+static_assert((kSumOfSquaresPartials & (kSumOfSquaresPartials - 1)) == 0 &&
+                  kSumOfSquaresPartials <= 1024,
+              "the tree over the partials wants a power of two, one block of threads");
+__global__ void __launch_bounds__(kSumOfSquaresPartials)
+    AddPartialsKernel(double* out, const double* partials, int count, bool accumulate) {
+  __shared__ double shared[kSumOfSquaresPartials];
+  shared[threadIdx.x] = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0;
+  __syncthreads();
+  for (int half = kSumOfSquaresPartials / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = accumulate ? *out + shared[0] : shared[0];
 }
 
 __global__ void ScaleKernel(float* x, float s, int64_t n) {
@@ -89,8 +99,8 @@ void SumOfSquares(double* out, double* partials, const float* x, int64_t n, bool
     SumOfSquaresKernel<<<kSumOfSquaresPartials, kBlock, 0, stream>>>(partials, x, n);
     if (!FURNACE_CHECK_LAUNCH("SumOfSquares")) return;
   }
-  AddPartialsKernel<<<1, 1, 0, stream>>>(out, partials, n > 0 ? kSumOfSquaresPartials : 0,
-                                         accumulate);
+  AddPartialsKernel<<<1, kSumOfSquaresPartials, 0, stream>>>(
+      out, partials, n > 0 ? kSumOfSquaresPartials : 0, accumulate);
   FURNACE_CHECK_LAUNCH("SumOfSquares");
 }
 

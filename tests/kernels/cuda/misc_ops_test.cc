@@ -53,8 +53,8 @@ TEST(CudaKernelsTest, SumOfSquaresAndScale) {
   const double once = d_sum.Download()[0];
   double want = cpu::SumOfSquares(x.data(), n);
   EXPECT_NEAR(once, want, 1e-10 * want);
-  // The same bits every time (a fixed order, no atomics: 256 blocks' partials added in order,
-  // where atomics would add them in whatever order the blocks finish).
+  // The same bits every time (a fixed order, no atomics: the blocks' partials added in a fixed
+  // tree, where atomics would add them in whatever order the blocks finish).
   for (int run = 0; run < 16; ++run) {
     SumOfSquares(d_again.get(), partials.get(), d_x.get(), n, /*accumulate=*/false, nullptr);
     ASSERT_KERNELS_OK();
