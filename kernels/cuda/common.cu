@@ -94,13 +94,15 @@ bool BindCublas(cublasHandle_t handle, cudaStream_t stream, const char* op) {
 
 namespace {
 // A block sums a strip of 8 columns over every row: a warp reads 4 rows of 32 bytes, whole
-// memory sectors, so narrow strips cost no bandwidth and give C / 8 blocks (256 at d 2,048, two
-// per SM of an H100 or H200) where 32-column strips left half the SMs idle. Each column is summed
-// by one block in a fixed order (row lanes, then a tree over them): deterministic.
+// memory sectors when C is a multiple of 8 (the model's widths; other widths straddle sectors),
+// so narrow strips cost no bandwidth and give C / 8 blocks (256 at d 2,048, two per SM of an H100
+// or H200: __launch_bounds__ holds the registers to 32 for that) where 32-column strips left half
+// the SMs idle. Each column is summed by one block in a fixed order (row lanes, then a tree over
+// them): deterministic.
 constexpr int kStrip = 8;   // columns per block
 constexpr int kRows = 128;  // row lanes per block (1,024 threads)
 
-__global__ void __launch_bounds__(kStrip* kRows)
+__global__ void __launch_bounds__(kStrip* kRows, 2)
     ColumnSumKernel(float* out, const float* in, int64_t N, int C) {
   __shared__ float partial[kRows][kStrip];
   const int c = blockIdx.x * kStrip + threadIdx.x;

@@ -60,11 +60,12 @@ __global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout, con
 }
 
 // dweight/dbias as common.cu's ColumnSumAccumulate: strips of 8 columns (whole 32-byte sectors
-// per warp row, C / 8 blocks), 128 row lanes, then a tree over the lanes; deterministic.
+// per warp row when C is a multiple of 8; C / 8 blocks, two per SM), 128 row lanes, then a tree
+// over the lanes; deterministic.
 constexpr int kStrip = 8;
 constexpr int kRows = 128;
 
-__global__ void __launch_bounds__(kStrip* kRows)
+__global__ void __launch_bounds__(kStrip* kRows, 2)
     LayerNormBackwardParamKernel(float* dweight, float* dbias, const float* dout, const float* inp,
                                  const float* mean, const float* rstd, int N, int C) {
   __shared__ float pw[kRows][kStrip];
@@ -72,8 +73,8 @@ __global__ void __launch_bounds__(kStrip* kRows)
   const int c = blockIdx.x * kStrip + threadIdx.x;
   float sw = 0.0f, sb = 0.0f;
   if (c < C) {
-    for (int n = threadIdx.y; n < N; n += kRows) {
-      int64_t i = int64_t{n} * C + c;
+    for (int64_t n = threadIdx.y; n < N; n += kRows) {
+      int64_t i = n * C + c;
       float dy = dout[i];
       sw += dy * (inp[i] - mean[n]) * rstd[n];
       sb += dy;
