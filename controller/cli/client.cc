@@ -100,6 +100,9 @@ class GrpcJobClient : public JobClient {
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) override {
     return Call<v1::SubmitJobResponse>("SubmitJob", request, &v1::JobService::Stub::SubmitJob);
   }
+  absl::StatusOr<v1::SubmitJobResponse> CheckJob(const v1::SubmitJobRequest& request) override {
+    return Call<v1::SubmitJobResponse>("CheckJob", request, &v1::JobService::Stub::CheckJob);
+  }
   absl::StatusOr<v1::ListJobsResponse> ListJobs() override {
     return Call<v1::ListJobsResponse>("ListJobs", v1::ListJobsRequest(),
                                       &v1::JobService::Stub::ListJobs);

@@ -18,6 +18,8 @@ class JobClient {
  public:
   virtual ~JobClient() = default;
   virtual absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request) = 0;
+  // SubmitJob's dry run: the controller checks the file and stores nothing.
+  virtual absl::StatusOr<v1::SubmitJobResponse> CheckJob(const v1::SubmitJobRequest& request) = 0;
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs() = 0;
   virtual absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) = 0;
   virtual absl::StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id) = 0;

@@ -43,17 +43,19 @@ std::string SubmittedLine(const v1::SubmitJobResponse& response) {
   return line + "\n";
 }
 
-// The controller's answer to a dry run: it would accept the job, with what it would fill in.
+// --dry-run=server: the controller checks the file as a submission and stores nothing; its answer
+// says it would accept it, with what it would fill in.
 absl::StatusOr<int> ServerDryRun(const CommandContext& ctx, const std::string& path,
-                                 const v1::SubmitJobResponse& response) {
-  if (!response.job_id().empty()) {
-    // A controller older than dry runs reads the request without the flag: a real submission.
+                                 const v1::SubmitJobRequest& request) {
+  absl::StatusOr<v1::SubmitJobResponse> checked = ctx.client->CheckJob(request);
+  if (absl::IsUnimplemented(checked.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the controller does not know --dry-run=server (it is older than this furnace) and "
-        "submitted the file as job ",
-        response.job_id(), "; cancel it with `furnace cancel ", response.job_id(),
-        "` if it was not meant to run, and use --dry-run to validate files here"));
+        "the controller cannot check a file (it is older than this furnace: ",
+        checked.status().message(), "); nothing was submitted; use --dry-run to validate it here"));
   }
+  // As for a submission: a checkpoint.dir in use by another job is a refusal of this file (2).
+  if (absl::IsFailedPrecondition(checked.status())) return JobRefused(checked.status());
+  ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(checked));
   if (ctx.json) {
     RETURN_IF_ERROR(PrintJson(response, *ctx.out));
     return kExitOk;
@@ -93,13 +95,12 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
     RETURN_IF_ERROR(CheckDeviceBudgetFloor(*parsed, path));
   }
   request.set_filename(path);
-  request.set_dry_run(options.dry_run == DryRun::kServer);
+  if (options.dry_run == DryRun::kServer) return ServerDryRun(ctx, path, request);
   absl::StatusOr<v1::SubmitJobResponse> submitted = ctx.client->SubmitJob(request);
   // An invalid field (INVALID_ARGUMENT) already exits 2; a checkpoint.dir in use by another job is
   // as much a refusal of this file (exit 2). A rate limit (RESOURCE_EXHAUSTED) is not: exit 3.
   if (absl::IsFailedPrecondition(submitted.status())) return JobRefused(submitted.status());
   ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(submitted));
-  if (options.dry_run == DryRun::kServer) return ServerDryRun(ctx, path, response);
   if (options.watch) {
     // With --json, watch prints the final JobDetail, which carries the job id: one document.
     if (!ctx.json) *ctx.out << SubmittedLine(response);

@@ -44,8 +44,8 @@ absl::Status PrintJson(const google::protobuf::Message& message, std::ostream& o
 // and validates the file here as the controller would (without its --data-root /
 // --checkpoint-root, workers and time limits) and sends nothing: prints "FILE: valid job <name>
 // (<kind>, <ranks> ranks)" (--json: the resolved JobSpec); kServer has the controller check it as
-// a submission (SubmitJobRequest.dry_run) and prints that it would accept it, with what it would
-// fill in (--json: the SubmitJobResponse, whose spec is the job as it would be stored).
+// a submission (JobService.CheckJob) and prints that it would accept it, with what it would fill
+// in (--json: the SubmitJobResponse, whose spec is the job as it would be stored).
 enum class DryRun { kNo, kClient, kServer };
 struct SubmitOptions {
   bool watch = false;

@@ -136,14 +136,28 @@ int main(int argc, char** argv) {
       "submit a job file (at most 1 MiB of UTF-8 text, checked before sending); the controller "
       "validates it");
   submit->add_option("FILE", file, "job YAML")->required();
-  submit->add_flag("--watch", submit_options.watch, "then watch the job until it ends");
+  CLI::Option* submit_watch =
+      submit->add_flag("--watch", submit_options.watch, "then watch the job until it ends");
+  // A flag that takes a value only after '=' (`--dry-run FILE` stays a flag and a file): "true"
+  // when given bare, "false" from --dry-run=false as the flag always allowed.
   std::string dry_run;
   submit
-      ->add_flag("--dry-run{client}", dry_run,
+      ->add_flag("--dry-run", dry_run,
                  "store no job: --dry-run validates the file here as the controller would, "
                  "sending nothing; --dry-run=server has the controller check it as a submission "
                  "(its workers, time limits, roots and checkpoint directories too)")
-      ->check(CLI::IsMember({"client", "server"}));
+      ->option_text("[=server]")
+      ->excludes(submit_watch)
+      ->check(CLI::Validator(
+          [](std::string& kind) -> std::string {
+            if (kind == "true" || kind == "false" || kind == "client" || kind == "server") {
+              return "";
+            }
+            return "'" + kind +
+                   "' is not a kind of dry run; allowed: --dry-run (checked here) or "
+                   "--dry-run=server";
+          },
+          "", ""));
 
   std::string job_id;
   std::vector<std::string> job_states;
@@ -328,9 +342,9 @@ int main(int argc, char** argv) {
     }
     return kExitUsage;
   }
-  submit_options.dry_run = dry_run.empty()       ? DryRun::kNo
-                           : dry_run == "server" ? DryRun::kServer
-                                                 : DryRun::kClient;
+  submit_options.dry_run = dry_run.empty() || dry_run == "false" ? DryRun::kNo
+                           : dry_run == "server"                 ? DryRun::kServer
+                                                                 : DryRun::kClient;
 
   // Commands that talk to the controller need the credentials; certs, plan, data, a dry run here
   // and sampling from a weights file do not (nor fail on FURNACE_TOKEN without a CA).

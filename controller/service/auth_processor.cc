@@ -51,12 +51,13 @@ AuthDecision Refuse(grpc::StatusCode code, std::string message, std::string iden
   return {grpc::Status(code, std::move(message)), std::move(identity), ""};
 }
 
-// Whether `method` is a JobService method that changes state (not read-only).
+// Whether `method` is a JobService method that changes state (not read-only, not a check).
 bool ChangesJobState(absl::string_view method) {
   if (!absl::StartsWith(method, kJobService)) return false;
   method.remove_prefix(kJobService.size());
-  return std::none_of(std::begin(kReadOnlyJobMethods), std::end(kReadOnlyJobMethods),
-                      [&](const char* m) { return method == m; });
+  const auto is = [&](const char* m) { return method == m; };
+  return std::none_of(std::begin(kReadOnlyJobMethods), std::end(kReadOnlyJobMethods), is) &&
+         std::none_of(std::begin(kCheckOnlyJobMethods), std::end(kCheckOnlyJobMethods), is);
 }
 
 AuthDecision AuthorizeAgent(const AuthPolicy& policy, const AuthRequest& request,

@@ -44,6 +44,9 @@ inline constexpr char kRoleProperty[] = "furnace.role";
 // admin-only until someone decides it is read-only.
 inline constexpr const char* kReadOnlyJobMethods[] = {
     "ListJobs", "GetJob", "ListWorkers", "GetLogs", "GetJobSeries", "ListAuditEvents"};
+// The admin methods that change nothing (a dry run needs the role its real call needs, so that it
+// answers what the real call would): refused calls of these are not audited either.
+inline constexpr const char* kCheckOnlyJobMethods[] = {"CheckJob"};
 
 struct AuthPolicy {
   std::vector<transport::TokenEntry> tokens;  // empty: JobService needs no token

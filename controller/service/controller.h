@@ -78,7 +78,7 @@ class Controller {
   absl::StatusOr<std::string> SubmitAs(const std::string& identity, const std::string& yaml,
                                        const std::string& filename,
                                        std::vector<std::string>* defaults = nullptr);
-  // SubmitAs's dry run (SubmitJobRequest.dry_run): the same parsing, path confinement, rate limit
+  // SubmitAs's dry run (JobService.CheckJob): the same parsing, path confinement, rate limit
   // and checks (JobLifecycle::CheckSubmit), storing nothing and auditing nothing (nothing
   // changed). The answer has no job id; its spec is the job as Submit would store it.
   absl::StatusOr<furnace::v1::SubmitJobResponse> CheckSubmitAs(const std::string& identity,

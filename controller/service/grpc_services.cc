@@ -18,17 +18,19 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
                                        v1::SubmitJobResponse* resp) {
   // yaml and filename are bytes on the wire: the yaml is checked in ParseJobYaml before any of it
   // goes into a protobuf string; SubmitAs keeps only the file name's printable base name.
-  if (req->dry_run()) {
-    auto checked = c_.CheckSubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename());
-    if (!checked.ok()) return ToGrpc(checked.status());
-    *resp = std::move(*checked);
-    return grpc::Status::OK;
-  }
   std::vector<std::string> defaults;
   auto id = c_.SubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename(), &defaults);
   if (!id.ok()) return ToGrpc(id.status());
   resp->set_job_id(*id);
   for (std::string& d : defaults) resp->add_defaults(std::move(d));
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CheckJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                                      v1::SubmitJobResponse* resp) {
+  auto checked = c_.CheckSubmitAs(CallerIdentity(*ctx), req->yaml(), req->filename());
+  if (!checked.ok()) return ToGrpc(checked.status());
+  *resp = std::move(*checked);
   return grpc::Status::OK;
 }
 

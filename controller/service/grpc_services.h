@@ -13,6 +13,8 @@ class JobServiceImpl final : public furnace::v1::JobService::Service {
   explicit JobServiceImpl(Controller& controller) : c_(controller) {}
   grpc::Status SubmitJob(grpc::ServerContext*, const furnace::v1::SubmitJobRequest*,
                          furnace::v1::SubmitJobResponse*) override;
+  grpc::Status CheckJob(grpc::ServerContext*, const furnace::v1::SubmitJobRequest*,
+                        furnace::v1::SubmitJobResponse*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const furnace::v1::ListJobsRequest*,
                         furnace::v1::ListJobsResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const furnace::v1::GetJobRequest*,

@@ -90,7 +90,11 @@ class BadInputTest(harness.ClusterTest):
         self.assertEqual(answer["spec"]["resources"]["time_limit_s"], 86400)
         r = c.cli("submit", "--dry-run=later", good)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("--dry-run: later not in {client,server}", r.stderr)
+        self.assertIn("--dry-run: 'later' is not a kind of dry run; allowed: --dry-run (checked "
+                      "here) or --dry-run=server", r.stderr)
+        r = c.cli("submit", "--dry-run=server", "--watch", good)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--watch excludes --dry-run", r.stderr)
         self.assertEqual(c.cli_json("jobs").get("jobs", []), [])
         self.assertEqual(c.cli_json("events").get("events", []), [])
 

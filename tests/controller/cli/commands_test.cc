@@ -261,25 +261,25 @@ TEST_F(CommandsTest, SubmitDryRunValidatesHereAndSendsNothing) {
   EXPECT_EQ(client_.submit_calls, 0);
 }
 
-// --dry-run=server: the controller checks the file as a submission and stores nothing; the CLI
-// says it would accept it and what it would fill in. A controller older than dry runs submits
-// it: that is said, with the job to cancel.
+// --dry-run=server: the controller checks the file as a submission (CheckJob) and stores nothing;
+// the CLI says it would accept it and what it would fill in. A controller older than CheckJob
+// answers UNIMPLEMENTED: said so, with what to use instead; nothing was submitted.
 TEST_F(CommandsTest, SubmitDryRunServerAsksTheController) {
   const std::string path = ::testing::TempDir() + "/server_dry.yaml";
   WriteFile(path, "name: x\nkind: commcheck\nparallel: {dp: 2}\n");
-  client_.dry_run_spec.set_name("x");
-  client_.dry_run_spec.set_kind("commcheck");
-  client_.dry_run_spec.mutable_parallel()->set_pp(1);
-  client_.dry_run_spec.mutable_parallel()->set_dp(2);
-  client_.dry_run_spec.mutable_parallel()->set_tp(1);
-  client_.dry_run_spec.mutable_resources()->set_time_limit_s(3600);
+  client_.checked_spec.set_name("x");
+  client_.checked_spec.set_kind("commcheck");
+  client_.checked_spec.mutable_parallel()->set_pp(1);
+  client_.checked_spec.mutable_parallel()->set_dp(2);
+  client_.checked_spec.mutable_parallel()->set_tp(1);
+  client_.checked_spec.mutable_resources()->set_time_limit_s(3600);
   client_.submit_defaults = {
       "resources.time_limit_s 3600 s from the controller's --default-time-limit"};
   auto code = RunSubmit(ctx_, path, {.dry_run = DryRun::kServer});
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, kExitOk);
-  EXPECT_TRUE(client_.submitted.dry_run());
-  EXPECT_EQ(client_.submitted.filename(), path);
+  EXPECT_EQ(client_.checked.filename(), path);
+  EXPECT_EQ(client_.checked.yaml(), "name: x\nkind: commcheck\nparallel: {dp: 2}\n");
   EXPECT_EQ(out_.str(), path +
                             ": the controller would accept job x (commcheck, 2 ranks; "
                             "resources.time_limit_s 3600 s from the controller's "
@@ -293,25 +293,28 @@ TEST_F(CommandsTest, SubmitDryRunServerAsksTheController) {
   EXPECT_TRUE(printed.job_id().empty());
   EXPECT_EQ(printed.spec().resources().time_limit_s(), 3600);
   ASSERT_EQ(printed.defaults_size(), 1);
-  // A refusal is the controller's, as for a submission (exit 2).
+  // A refusal is the controller's, as for a submission: an invalid field or a checkpoint.dir in
+  // use exits 2.
   out_.str("");
-  client_.submit_error = absl::InvalidArgumentError(
-      path + ": resources.time_limit_s: 9000 s is more than this controller allows");
-  code = RunSubmit(ctx_, path, {.dry_run = DryRun::kServer});
-  EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage);
-  EXPECT_TRUE(out_.str().empty()) << out_.str();
-  // An older controller ignores the flag and submits.
-  client_.submit_error = absl::OkStatus();
-  client_.ignores_dry_run = true;
+  for (const absl::Status& refusal :
+       {absl::InvalidArgumentError(path + ": resources.time_limit_s: 9000 s is more than this "
+                                          "controller allows"),
+        absl::FailedPreconditionError(path + ": checkpoint.dir /tmp/ck is in use by job y-1")}) {
+    client_.submit_error = refusal;
+    code = RunSubmit(ctx_, path, {.dry_run = DryRun::kServer});
+    EXPECT_EQ(ExitCodeForStatus(code.status()), kExitUsage) << code.status();
+    EXPECT_TRUE(out_.str().empty()) << out_.str();
+  }
+  // An older controller.
+  client_.submit_error = absl::UnimplementedError("CheckJob failed: Method not found");
   ctx_.json = false;
   code = RunSubmit(ctx_, path, {.dry_run = DryRun::kServer});
   ASSERT_FALSE(code.ok());
-  EXPECT_TRUE(absl::StrContains(code.status().message(),
-                                "does not know --dry-run=server (it is older than this furnace) "
-                                "and submitted the file as job j-1; cancel it with `furnace "
-                                "cancel j-1`"))
-      << code.status();
-  EXPECT_EQ(client_.submit_calls, 4);
+  EXPECT_EQ(code.status().message(),
+            "the controller cannot check a file (it is older than this furnace: CheckJob failed: "
+            "Method not found); nothing was submitted; use --dry-run to validate it here");
+  EXPECT_EQ(client_.check_calls, 5);
+  EXPECT_EQ(client_.submit_calls, 0);
 }
 
 TEST_F(CommandsTest, EventsShowsTheAuditLog) {

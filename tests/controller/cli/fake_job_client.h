@@ -33,18 +33,24 @@ class FakeJobClient : public JobClient {
     submitted = request;
     if (!submit_error.ok()) return submit_error;
     v1::SubmitJobResponse response;
-    if (request.dry_run() && !ignores_dry_run) {
-      *response.mutable_spec() = dry_run_spec;
-    } else {
-      response.set_job_id("j-1");
-    }
+    response.set_job_id("j-1");
+    for (const std::string& d : submit_defaults) response.add_defaults(d);
+    return response;
+  }
+  absl::StatusOr<v1::SubmitJobResponse> CheckJob(const v1::SubmitJobRequest& request) override {
+    ++check_calls;
+    checked = request;
+    if (!submit_error.ok()) return submit_error;
+    v1::SubmitJobResponse response;
+    *response.mutable_spec() = checked_spec;
     for (const std::string& d : submit_defaults) response.add_defaults(d);
     return response;
   }
   std::vector<std::string> submit_defaults;  // SubmitJobResponse.defaults
-  v1::JobSpec dry_run_spec;                  // a dry run's SubmitJobResponse.spec
-  bool ignores_dry_run = false;              // a controller older than dry runs: submits
-  v1::ListJobsResponse jobs;                 // what ListJobs answers
+  v1::SubmitJobRequest checked;              // what CheckJob was sent
+  int check_calls = 0;
+  v1::JobSpec checked_spec;   // CheckJob's SubmitJobResponse.spec
+  v1::ListJobsResponse jobs;  // what ListJobs answers
   absl::StatusOr<v1::ListJobsResponse> ListJobs() override { return jobs; }
   absl::StatusOr<v1::JobDetail> GetJob(const std::string& job_id) override {
     ++get_job_calls;

@@ -185,5 +185,36 @@ TEST_F(AuditTest, PathsAreResolvedUnderTheRootsAtSubmit) {
   std::filesystem::remove_all(roots);
 }
 
+// A submission's dry run (JobService.CheckJob) resolves paths under the roots and refuses an
+// escape as the submission does, counts against the caller's rate, and is never audited (nothing
+// changed), refused or not.
+TEST_F(AuditTest, ADryRunIsResolvedUnderTheRootsAndRateLimitedButNotAudited) {
+  const std::filesystem::path roots =
+      std::filesystem::temp_directory_path() / ("furnace-audit-dry-" + std::to_string(getpid()));
+  std::filesystem::create_directories(roots / "ckpt");
+  const std::string ckpt = *ResolveRoot((roots / "ckpt").string(), "--checkpoint-root");
+  Start([&](ControllerOptions& o) {
+    o.checkpoint_root = ckpt;
+    o.submit_rate = 1;
+    o.submit_burst = 2;
+  });
+  auto checked =
+      c_->CheckSubmitAs("alice", "name: t\nkind: train\ncheckpoint: {dir: run1}\n", "t.yaml");
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->spec().checkpoint().dir(), ckpt + "/run1");
+  const std::string escape = "name: t\nkind: train\ncheckpoint: {dir: ../x}\n";
+  auto dry_escape = c_->CheckSubmitAs("alice", escape, "e.yaml");
+  ASSERT_TRUE(absl::IsInvalidArgument(dry_escape.status())) << dry_escape.status();
+  auto limited = c_->CheckSubmitAs("alice", kJob, "t.yaml");  // the burst of 2 is spent
+  ASSERT_TRUE(absl::IsResourceExhausted(limited.status())) << limited.status();
+  EXPECT_TRUE(List().events().empty());
+  clock_.Advance(1);
+  auto real_escape = c_->SubmitAs("alice", escape, "e.yaml");
+  EXPECT_EQ(real_escape.status(), dry_escape.status());
+  EXPECT_EQ(List().events_size(), 1);  // the submission's refusal only
+  EXPECT_TRUE(c_->ListJobs().empty());
+  std::filesystem::remove_all(roots);
+}
+
 }  // namespace
 }  // namespace furnace::controller

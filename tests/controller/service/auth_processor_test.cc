@@ -57,6 +57,11 @@ TEST(Authorize, ReadTokensReadAdminTokensDoEverything) {
   auto submit = Authorize(p, Call("/furnace.v1.JobService/SubmitJob", kAdmin.token));
   EXPECT_TRUE(submit.status.ok());
   EXPECT_EQ(submit.identity, "alice");
+  // A submission's dry run needs what the submission needs, so it answers what that would.
+  EXPECT_TRUE(Authorize(p, Call("/furnace.v1.JobService/CheckJob", kAdmin.token)).status.ok());
+  EXPECT_EQ(
+      Authorize(p, Call("/furnace.v1.JobService/CheckJob", kReader.token)).status.error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
   // A method nobody has classified needs admin.
   EXPECT_EQ(
       Authorize(p, Call("/furnace.v1.JobService/SomethingNew", kReader.token)).status.error_code(),
@@ -286,6 +291,7 @@ TEST(AuthRefusalsTest, RecordsRefusedStateChangesRateLimited) {
   refuse(Call("/furnace.v1.JobService/CancelJob", "not-a-token-we-know"));
   refuse(Call("/furnace.v1.JobService/CancelJob", kReader.token));
   refuse(Call("/furnace.v1.JobService/ListJobs"));  // read-only: not an audited action
+  refuse(Call("/furnace.v1.JobService/CheckJob"));  // changes nothing: not an audited action
   std::vector<AuthRefusals::Entry> got = refusals.Take();
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].action, "submit");
