@@ -11,7 +11,8 @@ without a routing spike fits and the spike steps do not, at an H200's compute-to
 1. Calibration: the job under `none` with no budget from the warm-up to the last step; the budget
    is 3% above the largest activation peak (max over ranks) of the steps without a spike.
 2. Each policy (none, selective, full_recompute, offload, adaptive) runs the same job from the
-   warm-up checkpoint under that budget, checkpoints every 10 steps, one job at a time. A policy that runs out of memory exits,
+   warm-up checkpoint under that budget (checkpoint.override_settings: the warm-up's cosine ran
+   over its own 10 steps), checkpoints every 10 steps, one job at a time. A policy that runs out of memory exits,
    and the controller restarts it from its last checkpoint under the policy the out-of-memory
    escalation gives (controller/store/memory_escalation.h: adaptive at the same budget since
    2026-12-06; before, the next more conservative static policy), as an operator would; its lost
@@ -56,13 +57,13 @@ parallel: {LAYOUTS[layout]}
 memory: {{{memory}}}
 train: {{steps: {steps}, lr: 2.0e-3, warmup: 4, seed: 3}}
 data: {{source: markov, seed: 9}}
-checkpoint: {{every: 10, keep: 1, dir: {ckpt}}}
+checkpoint: {{every: 10, keep: 1, dir: {ckpt}, override_settings: true}}
 recovery: {{max_restarts: 4}}
 """
 
 
 def series(cluster, job_id):
-    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=100000"
+    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=10000"
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read().decode())["steps"]
 
@@ -135,8 +136,12 @@ def main():
         if d["summary"]["state"] != "JOB_SUCCEEDED":
             sys.exit(f"calibration failed: {d['summary']}\n{cluster.dump_logs()}")
         logs = cluster.cli("logs", cal).stdout
-        m = re.search(r"CPU peak \(SGEMM[^)]*\) ([0-9.]+) GFLOP/s", logs)
-        peak_gflops = float(m.group(1)) if m else 50.0
+        # worker/train_rank.cc: "peak 48.2 GFLOP/s (CPU SGEMM 2048^3, 1 thread, ...)".
+        m = re.search(r"peak ([0-9.]+) GFLOP/s \(CPU SGEMM", logs)
+        if not m:
+            sys.exit("calibration: no `peak N GFLOP/s (CPU SGEMM` line in the job's log, which "
+                     "sizes the host link; has worker/train_rank.cc's model line changed?")
+        peak_gflops = float(m.group(1))
         link = peak_gflops / 18000.0  # GB/s
         steps = final_steps(series(cluster, cal))
         plain = [int(s["activation_peak_bytes"]) for s in steps if not s.get("routing_spike")]

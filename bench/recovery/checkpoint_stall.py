@@ -44,7 +44,7 @@ checkpoint: {{every: {every}, keep: 2, dir: {ckpt}, async: {str(asynchronous).lo
 
 
 def series(cluster, job_id):
-    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=100000"
+    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=10000"
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read().decode())["steps"]
 

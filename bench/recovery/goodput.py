@@ -45,7 +45,7 @@ fault: {{mode: crash, rank: 0, mean_steps: {mean_steps}, every_attempt: true}}
 
 
 def series(cluster, job_id):
-    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=100000"
+    url = f"http://127.0.0.1:{cluster.metrics_port}/api/jobs/{job_id}/series?max=10000"
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read().decode())["steps"]
 
