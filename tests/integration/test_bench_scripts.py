@@ -1,11 +1,12 @@
 """The benchmarks that drive a whole cluster (bench/*/*.py through harness.Cluster) still run: each
-in its smallest configuration, exit 0 and its table printed. They read the controller's HTTP
+in its smallest configuration (about a minute for the six), exit 0 and its table printed. They read the controller's HTTP
 API, the CLI's JSON and the ranks' log lines, any of which can change under them; before this
 test a bound on /api/jobs/JOB/series?max= and the resume-settings check had broken four of them
 without a failing test. The numbers are not checked: the benchmarks are for that."""
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import harness
@@ -38,6 +39,16 @@ class BenchScriptsTest(unittest.TestCase):
         out = self.run_bench("recovery/checkpoint_stall.py", "--steps", "12", "--every", "4",
                              "--rounds", "1")
         self.assertIn("async", out)
+
+    def test_recovery_time(self):
+        out = self.run_bench("recovery/recovery_time.py", "--reps", "1")
+        self.assertIn("median kill -> first step", out)
+
+    def test_telemetry_pause(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = self.run_bench("telemetry/pause_bench.py", "--window", "2", "--pairs", "1",
+                                 "--out", os.path.join(d, "REPORT.md"))
+        self.assertIn("SIGSTOPped / running", out)
 
     def test_parm_whole_job(self):
         out = self.run_bench("parm/whole_job.py", "--steps", "6", "--skip", "2", "--rounds", "1")
