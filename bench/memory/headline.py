@@ -9,7 +9,8 @@ without a routing spike fits and the spike steps do not, at an H200's compute-to
    than a trained one (its first steps' imbalance dwarfs any spike), so every later job starts
    from a copy of this checkpoint, mid-training, as the paper's runs are.
 1. Calibration: the job under `none` with no budget from the warm-up to the last step; the budget
-   is 3% above the largest activation peak (max over ranks) of the steps without a spike.
+   is 3% above the largest activation peak (max over ranks) of the steps without a spike, or
+   --budget.
 2. Each policy (none, selective, full_recompute, offload, adaptive) runs the same job from the
    warm-up checkpoint under that budget (checkpoint.override_settings: the warm-up's cosine ran
    over its own 10 steps), checkpoints every 10 steps, one job at a time. A policy that runs out of memory exits,
@@ -108,6 +109,10 @@ def main():
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--expert-ffn", type=int, default=256)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--budget", type=int, default=0,
+                    help="the device budget in bytes (default: 3%% above the calibration's "
+                         "largest peak without a spike); e.g. between full_recompute's and "
+                         "selective's peaks, where selective no longer fits")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over the policies (in turn, so the machine's noise falls on all "
                          "alike); each number is the median over the rounds")
@@ -146,7 +151,7 @@ def main():
         steps = final_steps(series(cluster, cal))
         plain = [int(s["activation_peak_bytes"]) for s in steps if not s.get("routing_spike")]
         spiked = [int(s["activation_peak_bytes"]) for s in steps if s.get("routing_spike")]
-        budget = int(1.03 * max(plain))
+        budget = args.budget if args.budget > 0 else int(1.03 * max(plain))
         print("  peaks by step (* spike): " + " ".join(
             f"{int(s['activation_peak_bytes']) // 1024}{'*' if s.get('routing_spike') else ''}"
             for s in steps), flush=True)
