@@ -23,12 +23,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "bench/common/stats.h"
 #include "nlohmann/json.hpp"
 #include "runtime/data/data_sources.h"
@@ -42,12 +44,14 @@ namespace data = furnace::data;
 
 constexpr int kVocab = 50304;
 
-// Writes PREFIX.bin / PREFIX.idx (Megatron's layout: sequences back to back) of about `bytes`.
-void WriteDataset(const std::string& prefix, int64_t bytes) {
+// Writes PREFIX.bin / PREFIX.idx (Megatron's layout: sequences back to back) of about `bytes`;
+// an error names the file that could not be written.
+absl::Status WriteDataset(const std::string& prefix, int64_t bytes) {
   std::mt19937_64 rng(1);
   std::vector<int32_t> lengths;
   std::vector<int64_t> pointers;
   std::ofstream bin(prefix + ".bin", std::ios::binary);
+  if (!bin) return absl::NotFoundError(absl::StrCat("cannot create ", prefix, ".bin"));
   std::vector<uint16_t> doc;
   int64_t offset = 0;
   while (offset < bytes) {
@@ -59,7 +63,10 @@ void WriteDataset(const std::string& prefix, int64_t bytes) {
     pointers.push_back(offset);
     offset += static_cast<int64_t>(doc.size()) * 2;
   }
+  bin.close();
+  if (!bin) return absl::DataLossError(absl::StrCat("cannot write ", prefix, ".bin (disk full?)"));
   std::ofstream idx(prefix + ".idx", std::ios::binary);
+  if (!idx) return absl::NotFoundError(absl::StrCat("cannot create ", prefix, ".idx"));
   const auto put = [&](const void* p, size_t n) {
     idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
   };
@@ -73,6 +80,9 @@ void WriteDataset(const std::string& prefix, int64_t bytes) {
   put(lengths.data(), 4 * S);
   put(pointers.data(), 8 * S);
   for (uint64_t d = 0; d < D; ++d) put(&d, 8);
+  idx.close();
+  if (!idx) return absl::DataLossError(absl::StrCat("cannot write ", prefix, ".idx (disk full?)"));
+  return absl::OkStatus();
 }
 
 void DropFromPageCache(const std::string& path) {
@@ -101,21 +111,36 @@ int main(int argc, char** argv) {
   std::string dir;
   double gib = 2;
   int rounds = 3;
-  bool keep = false;  // --keep 1: leave the dataset in --dir
+  bool keep = false;         // --keep 1: leave the dataset in --dir
+  bool bad = argc % 2 == 0;  // every flag takes a value
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--keep") keep = std::atoi(argv[i + 1]) != 0;
-    if (flag == "--dir") dir = argv[i + 1];
-    if (flag == "--gib") gib = std::atof(argv[i + 1]);
-    if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
+    if (flag == "--keep") {
+      keep = std::atoi(argv[i + 1]) != 0;
+    } else if (flag == "--dir") {
+      dir = argv[i + 1];
+    } else if (flag == "--gib") {
+      gib = std::atof(argv[i + 1]);
+    } else if (flag == "--rounds") {
+      rounds = std::atoi(argv[i + 1]);
+    } else {
+      bad = true;
+    }
   }
-  if (dir.empty()) {
+  if (dir.empty() || bad || !(gib > 0) || rounds < 1) {
     std::fprintf(stderr, "usage: furnace_bench_data --dir DIR [--gib 2] [--rounds 3] [--keep 1]\n");
     return 2;
   }
+  std::error_code dir_error;
+  std::filesystem::create_directories(dir, dir_error);
+  if (dir_error) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--dir ", dir, ": ", dir_error.message())));
+  }
   const std::string prefix = dir + "/bench_corpus";
   const double t_write = Now();
-  WriteDataset(prefix, static_cast<int64_t>(gib * (1ull << 30)));
+  if (absl::Status s = WriteDataset(prefix, static_cast<int64_t>(gib * (1ull << 30))); !s.ok()) {
+    Die(s);
+  }
   const double write_s = Now() - t_write;
   const std::string files[] = {data::IndexedDataset::IndexPath(prefix),
                                data::IndexedDataset::DataPath(prefix)};

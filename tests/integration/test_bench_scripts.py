@@ -1,8 +1,10 @@
-"""The benchmarks that drive a whole cluster (bench/*/*.py through harness.Cluster) still run: each
-in its smallest configuration (about a minute for the six), exit 0 and its table printed. They read the controller's HTTP
-API, the CLI's JSON and the ranks' log lines, any of which can change under them; before this
-test a bound on /api/jobs/JOB/series?max= and the resume-settings check had broken four of them
-without a failing test. The numbers are not checked: the benchmarks are for that."""
+"""The benchmarks still run. Those that drive a whole cluster (bench/*/*.py through
+harness.Cluster), each in its smallest configuration (about a minute for the six): exit 0 and its
+table printed. They read the controller's HTTP API, the CLI's JSON and the ranks' log lines, any
+of which can change under them; before this test a bound on /api/jobs/JOB/series?max= and the
+resume-settings check had broken four of them without a failing test. And the C++ benchmarks CI
+builds but never ran, at toy sizes (a few seconds). The numbers are not checked: the benchmarks
+are for that."""
 import os
 import subprocess
 import sys
@@ -54,6 +56,42 @@ class BenchScriptsTest(unittest.TestCase):
         out = self.run_bench("parm/whole_job.py", "--steps", "6", "--skip", "2", "--rounds", "1")
         self.assertIn("deepspeed", out)
         self.assertIn("auto", out)
+
+
+class BenchBinariesTest(unittest.TestCase):
+    """The C++ benchmarks CI builds, each run once at a toy size: exit 0 and their output."""
+
+    def run_bin(self, name, *args, timeout=300):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        r = subprocess.run([os.path.join(harness.BIN_DIR, name), *args], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+        self.assertEqual(r.returncode, 0, f"{name} {' '.join(args)}:\n{r.stdout}\n{r.stderr}")
+        return r.stdout
+
+    def test_parm_quick(self):
+        self.assertIn("auto within 5% of the measured best", self.run_bin("bench_parm", "--quick"))
+
+    def test_moe_layer(self):
+        out = self.run_bin("bench_moe_layer", "--ep", "2", "--reps", "2", "--warmup", "1",
+                           "--d_model", "64", "--expert_ffn", "128", "--seq_len", "32",
+                           "--batch", "2")
+        self.assertIn('"fwd_bwd_s"', out)
+
+    def test_train(self):
+        out = self.run_bin("furnace_bench_train", "--steps", "2", "--warmup", "1",
+                           "--breakdown_reps", "0", "--peak_gflops", "50", "--d_model", "64",
+                           "--seq_len", "32")
+        self.assertIn("tokens_per_s", out)
+
+    def test_data(self):
+        with tempfile.TemporaryDirectory() as d:
+            # A directory that does not exist yet is made (it was a NOT_FOUND from the open).
+            out = self.run_bin("furnace_bench_data", "--dir", os.path.join(d, "corpus"), "--gib",
+                               "0.01", "--rounds", "1")
+        self.assertIn('"open_s"', out)
+
+    def test_telemetry(self):
+        self.assertIn("decoded by the drain", self.run_bin("furnace_bench_telemetry"))
 
 
 if __name__ == "__main__":
