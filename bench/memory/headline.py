@@ -21,8 +21,8 @@ without a routing spike fits and the spike steps do not, at an H200's compute-to
 Reported per policy (steps 11 to the last): tokens/s over the whole job (submit to success, restarts included), tokens/s
 of the spike steps and of the other steps (step times of the attempt that trained them), OOM
 restarts, the planner's time and decisions, and bytes per action.
-The host link: the CPU's SGEMM peak (the worker's log) / 18,000 bytes/s, the H200's ratio of dense
-bf16 FLOPs to PCIe bytes (bench/memory/REPORT.md).
+The host link: the rank's SGEMM peak (from its log: the machine's, shared among the ranks on it)
+/ 18,000 bytes/s, the H200's ratio of dense bf16 FLOPs to PCIe bytes (bench/memory/REPORT.md).
 """
 import argparse
 import itertools

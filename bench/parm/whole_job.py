@@ -70,7 +70,7 @@ def main():
                 job_id = cluster.submit(path)
                 d = cluster.wait_state(job_id, harness.FINAL, timeout=900)
                 if d["summary"]["state"] != "JOB_SUCCEEDED":
-                    cluster.dump_logs()
+                    print(cluster.dump_logs(), file=sys.stderr)
                     print(f"{name}: {d['summary']['state']}", file=sys.stderr)
                     return 1
                 steps = {int(s["step"]): s for s in series(cluster, job_id)}
@@ -78,9 +78,13 @@ def main():
                 secs = sum(float(s.get("step_seconds", 0)) for s in timed)
                 tokens = sum(float(s.get("tokens", 0)) for s in timed)
                 last = steps[max(steps)]
-                ran = sorted({line.split('schedule="')[1].split('"')[0]
-                              for line in metric_lines(cluster, "furnace_moe_schedule_info")
-                              if f'job="{job_id}"' in line})
+                # What each MoE layer ran (auto: its choice), from the last step's record (the
+                # furnace_moe_schedule_info metric is exported only while the job runs).
+                ran = sorted({str(m).removeprefix("MOE_LAYER_SCHEDULE_").lower()
+                              for m in last.get("moe_schedules", [])})
+                if not ran:
+                    print(f"{name}: its last step records no moe_schedules", file=sys.stderr)
+                    return 1
                 op_bytes = {}
                 for line in metric_lines(cluster, "furnace_moe_op_bytes_total"):
                     if f'job="{job_id}"' not in line:

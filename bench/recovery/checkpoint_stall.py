@@ -72,9 +72,11 @@ def main():
                 job_id = cluster.submit(path)
                 d = cluster.wait_state(job_id, harness.FINAL, timeout=900)
                 if d["summary"]["state"] != "JOB_SUCCEEDED":
-                    cluster.dump_logs()
+                    print(cluster.dump_logs(), file=sys.stderr)
+                    print(f"{name}: {d['summary']['state']}", file=sys.stderr)
                     return 1
                 steps = {int(s["step"]): s for s in series(cluster, job_id)}
+                shutil.rmtree(ckpt, ignore_errors=True)  # its shards: ~64 MB a rank, kept 2
                 recs = [steps[k] for k in sorted(steps) if 1 < k < args.steps]
                 stall = [float(s.get("checkpoint_stall_seconds", 0)) for s in recs]
                 step_s = [float(s.get("step_seconds", 0)) for s in recs]

@@ -12,19 +12,22 @@ cancelled once the next attempt has completed a step. Reported per repetition: t
 the kill until `furnace status` shows the recovery (polled every 0.1 s, so up to ~0.2 s late),
 the controller's phases (AttemptInfo.recovery: detection, teardown, backoff, placement,
 start, rendezvous, setup, checkpoint load, first step; teardown and backoff overlap) and the
-first attempt's setup phase (which measured the SGEMM peak that restarts read back), then the
-median of each. --variant NAME:KEY=VALUE[,KEY=VALUE] also runs the demo with its YAML edited
+first attempt's setup phase, then the median of each. The ranks get a cache directory of the
+benchmark's own (XDG_CACHE_HOME), where the first rank to start measures the machine's SGEMM peak
+(worker/train_rank.cc PeakFlops) and every later attempt reads it back. --variant NAME:KEY=VALUE[,KEY=VALUE] also runs the demo with its YAML edited
 (KEY dotted: section.field or section.field.subfield), interleaved with the default, side by side;
-the key bench.drop_peak_cache=1 instead deletes the SGEMM peak the first attempt cached in
-checkpoint.dir right after the kill, so the restart measures it again (the behaviour before).
+the key bench.drop_peak_cache=1 instead deletes that cached peak right after the kill, so the
+restart measures it again (the behaviour before the cache).
 """
 import argparse
 import glob
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,7 +79,12 @@ def one(cluster, name, args, overrides):
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
     if drop_peak_cache:  # the restart measures the SGEMM peak again, as every restart used to
-        for path in glob.glob(os.path.join(d["spec"]["checkpoint"]["dir"], "peak_flops.*.txt")):
+        cached = glob.glob(os.path.join(os.environ["XDG_CACHE_HOME"], "furnace", "peak_flops.*"))
+        if not cached:
+            raise SystemExit("bench.drop_peak_cache: no cached SGEMM peak under "
+                             f"{os.environ['XDG_CACHE_HOME']}/furnace to delete; has "
+                             "worker/train_rank.cc's PeakFlops moved it?")
+        for path in cached:
             os.remove(path)
     d = cluster.wait_for(job, lambda d: len(d["attempts"]) >= 2 and "recovery" in d["attempts"][1],
                          timeout=300, what=f"{name}: the next attempt's first step")
@@ -84,7 +92,7 @@ def one(cluster, name, args, overrides):
     cluster.cli("cancel", job)
     p = d["attempts"][1]["recovery"]
     row = {"wall_s": wall, "total_s": float(p.get("total_s", 0)), "dominant": p.get("dominant")}
-    # What the first attempt's setup took (it measured the SGEMM peak; the restart reads it back).
+    # What the first attempt's setup took (the first job's measured the SGEMM peak).
     a1 = d["attempts"][0]
     row["first_attempt_setup_s"] = float(a1.get("setup_unix", 0)) - float(a1.get("rendezvous_unix", 0))
     for phase in PHASES:
@@ -115,6 +123,10 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     harness.BIN_DIR = os.path.abspath(args.bin)
+    # The ranks' SGEMM peak cache (worker/train_rank.cc PeakFlops): the benchmark's own, so that
+    # bench.drop_peak_cache deletes nothing of the user's and every run starts alike.
+    cache = tempfile.mkdtemp(prefix="furnace-bench-cache-")
+    os.environ["XDG_CACHE_HOME"] = cache
     cluster = harness.Cluster(workers=4).start()
     variants = parse_variants(args)
     rows = {name: [] for name, _ in variants}
@@ -131,6 +143,7 @@ def main():
                       f"{row['first_attempt_setup_s']:.2f} s)", flush=True)
     finally:
         cluster.close()
+        shutil.rmtree(cache, ignore_errors=True)
     out = {}
     for name, rs in rows.items():
         med = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0] if k != "dominant"}

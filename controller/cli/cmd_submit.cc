@@ -102,11 +102,17 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
   if (absl::IsFailedPrecondition(submitted.status())) return JobRefused(submitted.status());
   ASSIGN_OR_RETURN(const v1::SubmitJobResponse response, std::move(submitted));
   if (options.watch) {
-    // With --json, watch prints the final JobDetail, which carries the job id: one document.
-    if (!ctx.json) *ctx.out << SubmittedLine(response);
+    // With --json, watch prints the final JobDetail, which carries the job id: one document on
+    // stdout; the submitted line (with what the controller filled in) goes to stderr, as watch's
+    // progress does.
+    if (!ctx.json) {
+      *ctx.out << SubmittedLine(response);
+    } else if (ctx.err != nullptr) {
+      *ctx.err << SubmittedLine(response) << std::flush;
+    }
     absl::StatusOr<int> watched = RunWatch(ctx, response.job_id(), /*controller_answered=*/true);
     if (!watched.ok()) {
-      // The job exists: the error names it (with --json it was printed nowhere else).
+      // The job exists: the error names it (with --json it was printed on stderr only).
       return absl::Status(watched.status().code(),
                           absl::StrCat("submitted job ", response.job_id(),
                                        ", but watching it failed: ", watched.status().message()));

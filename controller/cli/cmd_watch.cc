@@ -1,5 +1,6 @@
 // furnace watch JOB: polls GetJob until the job is final. On a terminal the frame is redrawn in
 // place; otherwise a line is printed only when something changed, so a log of it stays readable.
+// With --json those lines go to stderr and stdout gets the final JobDetail alone.
 #include "absl/strings/str_cat.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/exit_codes.h"
@@ -27,6 +28,14 @@ absl::StatusOr<int> RunWatch(const CommandContext& ctx, const std::string& job_i
     const double now_unix = ctx.clock->UnixSeconds();
     const bool final = IsFinalState(job.summary().state());
     if (ctx.json) {
+      // stdout is the one document (the final JobDetail); what changed goes to stderr as it
+      // happens, so a long watch is not silent for hours.
+      if (ctx.err != nullptr) {
+        for (const auto& line : PlainWatchLines(previous ? &*previous : nullptr, job)) {
+          *ctx.err << line << "\n";
+        }
+        *ctx.err << std::flush;
+      }
       if (final) RETURN_IF_ERROR(PrintJson(job, *ctx.out));
     } else if (ctx.tty) {
       rate.Observe(ctx.clock->MonotonicSeconds(), job.summary().attempt(), job.summary().step());

@@ -6,6 +6,7 @@ resume-settings check had broken four of them without a failing test. And the C+
 builds but never ran, at toy sizes (a few seconds). The numbers are not checked: the benchmarks
 are for that."""
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,25 +18,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class BenchScriptsTest(unittest.TestCase):
-    def run_bench(self, script, *args, timeout=400):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), "--bin",
-                            harness.BIN_DIR, *args], capture_output=True, text=True,
-                           timeout=timeout, env=env)
-        self.assertEqual(r.returncode, 0, f"{script} {' '.join(args)}:\n{r.stdout}\n{r.stderr}")
-        return r.stdout
+    def run_bench(self, script, *args, timeout=150):
+        """The script's stdout. Its clusters' state (checkpoints included) goes to a temporary
+        directory removed after it; one that runs past `timeout` gets SIGINT, so that its own
+        `finally: cluster.close()` stops the controller, workers and ranks, then SIGKILL."""
+        with tempfile.TemporaryDirectory(prefix="furnace-bench-test-") as tmp:
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", TMPDIR=tmp)
+            p = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", script), "--bin",
+                                  harness.BIN_DIR, *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env,
+                                 start_new_session=True)
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGINT)
+                try:
+                    out, err = p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    out, err = p.communicate()
+                self.fail(f"{script} {' '.join(args)}: still running after {timeout} s\n"
+                          f"{out}\n{err}")
+        self.assertEqual(p.returncode, 0, f"{script} {' '.join(args)}:\n{out}\n{err}")
+        return out
 
     def test_memory_headline(self):
         # Warm-up, calibration, then two policies from the warm-up's checkpoint under the budget.
         out = self.run_bench("memory/headline.py", "--steps", "14", "--policies",
                              "none,adaptive")
-        self.assertIn("| adaptive |", out)
-        self.assertIn("| none |", out)
+        self.assertIn("| none | succeeded", out)
+        self.assertIn("| adaptive | succeeded", out)
 
     def test_recovery_goodput(self):
         out = self.run_bench("recovery/goodput.py", "--steps", "40", "--mean-steps", "15",
                              "--every", "10")
-        self.assertIn("auto", out)
+        self.assertIn("goodput auto / fixed:", out)
 
     def test_recovery_checkpoint_stall(self):
         out = self.run_bench("recovery/checkpoint_stall.py", "--steps", "12", "--every", "4",
@@ -48,14 +65,15 @@ class BenchScriptsTest(unittest.TestCase):
 
     def test_telemetry_pause(self):
         with tempfile.TemporaryDirectory() as d:
-            out = self.run_bench("telemetry/pause_bench.py", "--window", "2", "--pairs", "1",
+            out = self.run_bench("telemetry/pause_bench.py", "--window", "5", "--pairs", "1",
                                  "--out", os.path.join(d, "REPORT.md"))
         self.assertIn("SIGSTOPped / running", out)
 
     def test_parm_whole_job(self):
         out = self.run_bench("parm/whole_job.py", "--steps", "6", "--skip", "2", "--rounds", "1")
-        self.assertIn("deepspeed", out)
-        self.assertIn("auto", out)
+        # Each round's line names the schedule its MoE layers ran (auto: the one it chose).
+        self.assertRegex(out, r"round 0 deepspeed +ran deepspeed ")
+        self.assertRegex(out, r"round 0 auto +ran (deepspeed|s1|s2)")
 
 
 class BenchBinariesTest(unittest.TestCase):

@@ -2,6 +2,7 @@
 real controller with local workers (issue 14, item 2; the CLI's job-file checks of item 5)."""
 import json
 import os
+import shutil
 import tempfile
 
 import harness
@@ -37,6 +38,12 @@ class RootsTest(harness.ClusterTest):
         self.cluster = harness.Cluster(
             workers=self.WORKERS,
             extra_args=["--data-root", self.data, "--checkpoint-root", self.ckpt]).start()
+
+    def tearDown(self):
+        try:
+            super().tearDown()
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def refused(self, text, *needles):
         c = self.cluster

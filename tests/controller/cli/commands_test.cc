@@ -145,6 +145,29 @@ TEST_F(CommandsTest, WatchJsonPrintsOneFinalDocument) {
   EXPECT_NE(out.find("\"job_id\": \"j-1\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"restarts\": 0"), std::string::npos) << out;  // defaults printed
   EXPECT_EQ(out.find("JOB_RUNNING"), std::string::npos);
+  // The progress a plain watch prints, on stderr: a long watch is not silent.
+  EXPECT_NE(err_.str().find("job j-1 RUNNING"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("job j-1 SUCCEEDED"), std::string::npos) << err_.str();
+}
+
+// submit --watch --json: stdout is the final JobDetail alone; the submitted line, with what the
+// controller filled in, goes to stderr with the watch's progress.
+TEST_F(CommandsTest, SubmitWatchJsonSaysTheSubmissionOnStderr) {
+  const std::string path = ::testing::TempDir() + "/watched.yaml";
+  WriteFile(path, "name: x\nkind: commcheck\n");
+  client_.submit_defaults = {
+      "resources.time_limit_s 3600 s from the controller's --default-time-limit"};
+  client_.get_job = {MakeJob(v1::JOB_SUCCEEDED, 1, 10)};
+  ctx_.json = true;
+  auto code = RunSubmit(ctx_, path, {.watch = true});
+  ASSERT_TRUE(code.ok()) << code.status();
+  v1::JobDetail printed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &printed).ok()) << out_.str();
+  EXPECT_EQ(printed.summary().job_id(), "j-1");
+  EXPECT_TRUE(absl::StartsWith(err_.str(),
+                               "submitted job j-1 (resources.time_limit_s 3600 s from the "
+                               "controller's --default-time-limit)\n"))
+      << err_.str();
 }
 
 TEST_F(CommandsTest, SubmitSendsTextAndFilename) {

@@ -9,16 +9,13 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::controller {
 namespace {
 
 std::unique_ptr<JobStore> OpenStore() {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("furnace-group-commit-test-" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = testing_util::RemovedAtExit("furnace-group-commit-test");
   auto store = JobStore::Open((dir / "furnace.db").string());
   EXPECT_TRUE(store.ok()) << store.status();
   return std::move(*store);

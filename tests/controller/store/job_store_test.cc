@@ -10,17 +10,13 @@
 #include "controller/store/sqlite_statement.h"
 #include "gtest/gtest.h"
 #include "runtime/base/status.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::controller {
 namespace {
 
 std::string TempDb() {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("furnace-store-test-" + std::to_string(::getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return (dir / "furnace.db").string();
+  return (testing_util::RemovedAtExit("furnace-store-test") / "furnace.db").string();
 }
 
 v1::JobSummary Summary(const std::string& id, v1::JobState state) {
