@@ -2567,7 +2567,7 @@ TEST_F(ControllerTest, TheControllersTimeLimitsBoundAJobsAndFillInAMissingOne) {
   EXPECT_EQ(limit_of(*none), std::pair(0.0, std::string("from none.yaml, 1 rank")));
 }
 
-// A dry run (SubmitJobRequest.dry_run, `furnace submit --dry-run=server`) is checked as a
+// A dry run (JobService.CheckJob, `furnace submit --dry-run=server`) is checked as a
 // submission: the controller's time limits fill in what the file left out, and what a submission
 // would be refused for is refused in the same words. It stores nothing, uses no job number and
 // writes no audit record.
