@@ -29,6 +29,7 @@
 #include "runtime/model/spikes.h"
 #include "runtime/pipeline/one_f_one_b.h"
 #include "tests/runtime/parallel/layout_run.h"
+#include "tests/testing/test_dir.h"
 
 namespace furnace::testing {
 namespace {
@@ -241,12 +242,10 @@ INSTANTIATE_TEST_SUITE_P(Spikes, SpikeLayoutTest,
                                             ::testing::ValuesIn(kSpikeRoutings)),
                          CaseName);
 
-// A fresh rendezvous directory under the test's temp dir.
+// A fresh rendezvous directory under the temp dir, removed when the test program exits (a failed
+// run leaves the ranks' files in it).
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/layout-", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return testing_util::RemovedAtExit("layout-" + name).string();
 }
 
 // Runs `c`, which must fail with every rank exiting with `code` (layout_run.h).
