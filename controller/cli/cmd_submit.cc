@@ -43,6 +43,12 @@ std::string SubmittedLine(const v1::SubmitJobResponse& response) {
   return line + "\n";
 }
 
+// "x (train, 4 ranks": a dry run's words for the job, left open for what follows.
+std::string JobWords(const v1::JobSpec& job) {
+  const uint32_t world = spec::WorldSize(job);
+  return absl::StrCat(job.name(), " (", job.kind(), ", ", world, world == 1 ? " rank" : " ranks");
+}
+
 // --dry-run=server: the controller checks the file as a submission and stores nothing; its answer
 // says it would accept it, with what it would fill in.
 absl::StatusOr<int> ServerDryRun(const CommandContext& ctx, const std::string& path,
@@ -60,10 +66,7 @@ absl::StatusOr<int> ServerDryRun(const CommandContext& ctx, const std::string& p
     RETURN_IF_ERROR(PrintJson(response, *ctx.out));
     return kExitOk;
   }
-  const v1::JobSpec& job = response.spec();
-  const uint32_t world = spec::WorldSize(job);
-  *ctx.out << path << ": the controller would accept job " << job.name() << " (" << job.kind()
-           << ", " << world << (world == 1 ? " rank" : " ranks");
+  *ctx.out << path << ": the controller would accept job " << JobWords(response.spec());
   if (!response.defaults().empty()) *ctx.out << "; " << absl::StrJoin(response.defaults(), "; ");
   *ctx.out << "); not submitted (--dry-run=server)\n";
   return kExitOk;
@@ -82,9 +85,7 @@ absl::StatusOr<int> RunSubmit(const CommandContext& ctx, const std::string& path
     if (ctx.json) {
       RETURN_IF_ERROR(PrintJson(job, *ctx.out));
     } else {
-      *ctx.out << path << ": valid job " << job.name() << " (" << job.kind() << ", "
-               << spec::WorldSize(job) << (spec::WorldSize(job) == 1 ? " rank" : " ranks")
-               << "); not submitted (--dry-run)\n";
+      *ctx.out << path << ": valid job " << JobWords(job) << "); not submitted (--dry-run)\n";
     }
     return kExitOk;
   }

@@ -86,10 +86,24 @@ absl::Status Controller::Load() {
 // ---------------------------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<std::string> Controller::Submit(const std::string& yaml, const std::string& filename,
-                                               std::vector<std::string>* defaults) {
+std::string Controller::SubmittedFileName(const std::string& filename) {
+  // The caller's file name is theirs to choose (any bytes: ESC, CR, LF, a path of kilobytes) and
+  // is stored with the job, logged, and quoted in every problem of a refusal: its printable base
+  // name is all the controller keeps.
+  std::string name = PrintableBaseName(filename, kMaxJobFileNameBytes);
+  return name.empty() ? "<job>" : name;
+}
+
+absl::StatusOr<v1::JobSpec> Controller::ParseSubmitted(const std::string& yaml,
+                                                       const std::string& filename) const {
   ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, filename));
   RETURN_IF_ERROR(spec::ConfineJobPaths({options_.data_root, options_.checkpoint_root}, spec));
+  return spec;
+}
+
+absl::StatusOr<std::string> Controller::Submit(const std::string& yaml, const std::string& filename,
+                                               std::vector<std::string>* defaults) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSubmitted(yaml, filename));
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_.Submit(std::move(spec), filename, defaults);
 }
@@ -98,11 +112,7 @@ absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
                                                  const std::string& yaml,
                                                  const std::string& filename,
                                                  std::vector<std::string>* defaults) {
-  // The caller's file name is theirs to choose (any bytes: ESC, CR, LF, a path of kilobytes) and
-  // is stored with the job, logged, and quoted in every problem of a refusal: its printable base
-  // name is all the controller keeps.
-  std::string name = PrintableBaseName(filename, kMaxJobFileNameBytes);
-  if (name.empty()) name = "<job>";
+  const std::string name = SubmittedFileName(filename);
   const absl::Status admitted = submit_limiter_.Admit(identity);
   const absl::StatusOr<std::string> id =
       admitted.ok() ? Submit(yaml, name, defaults) : absl::StatusOr<std::string>(admitted);
@@ -114,11 +124,9 @@ absl::StatusOr<std::string> Controller::SubmitAs(const std::string& identity,
 absl::StatusOr<v1::SubmitJobResponse> Controller::CheckSubmitAs(const std::string& identity,
                                                                 const std::string& yaml,
                                                                 const std::string& filename) {
-  std::string name = PrintableBaseName(filename, kMaxJobFileNameBytes);
-  if (name.empty()) name = "<job>";
+  const std::string name = SubmittedFileName(filename);
   RETURN_IF_ERROR(submit_limiter_.Admit(identity));
-  ASSIGN_OR_RETURN(v1::JobSpec spec, spec::ParseJobYaml(yaml, name));
-  RETURN_IF_ERROR(spec::ConfineJobPaths({options_.data_root, options_.checkpoint_root}, spec));
+  ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSubmitted(yaml, name));
   std::vector<std::string> given;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -197,6 +197,12 @@ class Controller {
   ~Controller();
 
  private:
+  // SubmitAs's and CheckSubmitAs's: the printable base name of the caller's file name ("<job>"
+  // when none), which is all the controller keeps of it.
+  static std::string SubmittedFileName(const std::string& filename);
+  // Submit's and CheckSubmitAs's: the file parsed, its paths resolved under the roots.
+  absl::StatusOr<furnace::v1::JobSpec> ParseSubmitted(const std::string& yaml,
+                                                      const std::string& filename) const;
   Controller(const ControllerOptions& options, const Clock& clock, StateDirLock lock,
              std::unique_ptr<JobStore> store);
   absl::Status Load();
