@@ -516,6 +516,9 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     model::GptMoe::AdaptiveOptions options;
     if (spec.memory().codec() == "bf16") options.codec = memory::Codec::kBf16;
     if (spec.memory().codec() == "fp8") options.codec = memory::Codec::kFp8E4M3;
+    // The expert buffers whose rebuild re-runs the all-to-all are dropped by the ranks'
+    // agreement (GptMoe::AdaptiveOptions::drop_group: a single-stage layout).
+    if (parallel) options.drop_group = layout->runtime.world_group;
     const absl::Status set = (*model)->SetAdaptive(copy_engine.get(), &host_pool, options);
     if (!set.ok()) {
       return Fail(progress, 0, kRankExitError, absl::StrCat("memory policy: ", set.message()));
@@ -803,6 +806,16 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
         "(link model {:.3f} s), {} late reloads",
         cs.bytes_to_host / 1048576.0, cs.bytes_to_device / 1048576.0, cs.busy_seconds,
         cs.modelled_seconds, cs.late_reloads);
+  }
+  if (*policy == memory::MemoryPolicy::kAdaptive) {
+    const model::GptMoe::PlannerStats ps = (*model)->planner_stats();
+    spdlog::info(
+        "adaptive: {} decisions, {} emergency offloads, {} expert buffers dropped by the ranks' "
+        "agreement{}, {:.1f} MiB recomputed; offloads last priced as hidden behind {:.0f}% of "
+        "the compute ahead (less after late reloads)",
+        ps.decisions, ps.emergency_offloads, ps.agreed_drops,
+        parallel && layout->runtime.stages > 1 ? " (none on a pipeline)" : "",
+        (*model)->MemoryActions().recomputed_bytes / 1048576.0, 100 * ps.hidden_share);
   }
   const std::string done = absl::StrFormat("trained %d steps", (*trainer)->step());
   spdlog::info("{}", done);

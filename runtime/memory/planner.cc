@@ -127,6 +127,10 @@ Plan CoverDeficits(const std::vector<PlanCandidate>& given, const std::vector<De
   return plan;
 }
 
+double NextHiddenShare(double share, bool late) {
+  return std::clamp(late ? 0.5 * share : share + 0.125, 0.0, 1.0);
+}
+
 std::string PlanSummary(const Plan& plan) {
   std::string out;
   for (PlanAction a : {PlanAction::kOffload, PlanAction::kCompress, PlanAction::kRecompute}) {

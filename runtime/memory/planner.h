@@ -84,6 +84,13 @@ struct Plan {
 Plan CoverDeficits(const std::vector<PlanCandidate>& candidates,
                    const std::vector<Deficit>& deficits, const PlannerCosts& costs);
 
+// The share of PlannerCosts::hidden_seconds the next plan may count on, after a micro-batch in
+// which a reload came late (`late`: the copies did not hide behind the compute as planned) or
+// none did: halved, else raised by 1/8, within [0, 1]. A link busier than the plans assume (copies
+// queued behind each other or behind another micro-batch's) then prices offload at its copy time
+// within a few micro-batches, and a quiet one returns to hiding within eight.
+double NextHiddenShare(double share, bool late);
+
 // "offload 3 (1.5 MiB), recompute 2 (0.8 MiB)" for the debug log.
 std::string PlanSummary(const Plan& plan);
 

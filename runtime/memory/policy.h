@@ -13,11 +13,11 @@
 //   adaptive:       drop nothing up front; after each MoE layer's token-count exchange the model
 //                   projects its peak and, only when it would not fit, offloads, compresses or
 //                   drops the tensors that free bytes cheapest (planner.h; GptMoe::SetAdaptive).
-//                   Its drops are per rank, so it never drops a tensor whose rebuild needs a
-//                   collective.
+//                   A tensor whose rebuild needs a collective it drops only by the ranks'
+//                   agreement (GptMoe "Collective drops"), so every rank drops it alike.
 // A policy is a pure function of a tensor's tag (its producer without the layer prefix, e.g.
 // "moe.expert_hidden"), so every rank of a layout takes the same action on the same tensor in the
-// same order: that is what lets a tensor whose rebuild needs a collective be dropped at all.
+// same order: that is what lets a static policy drop a tensor whose rebuild needs a collective.
 // Every tag a policy drops has a rebuild in its module (runtime/model); a stash refuses a policy
 // that drops a tensor without one. Results do not change: a rebuild re-runs the forward's own
 // kernels on the same inputs, and an offloaded tensor comes back byte for byte, so the losses and

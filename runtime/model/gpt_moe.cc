@@ -288,6 +288,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   ForwardState st;
   if (!evaluating_) {
     RETURN_IF_ERROR(ReadMicroBatchTimes());
+    if (adaptive()) NoteLateReloads();
     ASSIGN_OR_RETURN(st.forward.begin, Mark());
   }
   st.B = B;
@@ -299,6 +300,7 @@ absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_
   moved_.erase(cur_micro_);
   planned_.erase(cur_micro_);
   future_drops_.erase(cur_micro_);
+  agreeable_.clear();
   in_backward_ = false;
   deferred_.clear();
   cur_module_ = 0;  // the embedding (or the received activation)
@@ -762,6 +764,14 @@ std::vector<StashHandle> ExpertBuffers(const MoeSaved& s) { return {s.xin, s.pre
 
 absl::Status GptMoe::ActAfterMoeForward(const MoeSaved& saved) {
   RETURN_IF_ERROR(ApplyDeferred(saved));
+  if (adaptive() && adaptive_options_.drop_group != nullptr && saved.distributed) {
+    for (StashHandle h : {saved.xin, saved.eo}) {  // slots 2i, 2i + 1 (AgreeCollectiveDrops)
+      const std::optional<StashEntryInfo> e = stash_.Info(h);
+      if (!e) return absl::InternalError("adaptive: an expert buffer left before its backward");
+      agreeable_.push_back({h, e->layer, std::string(memory::TensorTag(e->producer)),
+                            static_cast<int64_t>(e->bytes)});
+    }
+  }
   // This layer's four expert buffers by handle (not a scan of every live entry: that would be
   // O(layers^2) per micro-batch).
   if (compress_) {

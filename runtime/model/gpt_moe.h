@@ -68,14 +68,29 @@
 // happens. If not, memory::CoverDeficits picks the cheapest actions per freed byte among the
 // tensors that help at the points that are short (earlier layers and micro-batches, acted on at
 // once; this layer's expert buffers, acted on right after its forward): offload the copy engine
-// can hide, then reduced precision (only when a codec is allowed), then per-rank recompute (never
-// a tensor whose rebuild needs a collective). If the arena still refuses an allocation, an
-// emergency offload (MakeRoom) takes the largest tensors nothing running reads out of the arena
+// can hide, then reduced precision (only when a codec is allowed), then recompute (a tensor whose
+// rebuild needs a collective only by agreement: below). If the arena still refuses an allocation,
+// an emergency offload (MakeRoom) takes the largest tensors nothing running reads out of the arena
 // (dropped where a per-rank rebuild exists, else offloaded and waited for) before the step fails.
 // Offload and recompute are bit-exact, so adaptive without a codec trains bit-identically to
 // none. Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a
-// rebuild and the copy time the compute can hide), the host link (copy_engine.h), the casts at
-// start.
+// rebuild and the copy time the compute can hide, a share of it that late reloads shrink:
+// memory::NextHiddenShare), the host link (copy_engine.h), the MoE exchanges' time per byte (what
+// re-running the all-to-all costs), the casts at start.
+//
+// Collective drops. On an expert-parallel layout a layer's expert input and combined output come
+// back only by re-running the all-to-all on every rank of its groups together, so one rank alone
+// may not drop them. With a drop group (AdaptiveOptions::drop_group), after each MoE layer's
+// token-count exchange every rank states which of this micro-batch's such buffers (those of the
+// MoE layers before, and this layer's) its plan would drop, a plan that fits wishing none, and
+// which of the earlier ones it no longer can (offloaded, compressed, rebuilt from a compressed
+// input: Stash::CanDropAgreed); one all-gather over the group (16 bytes a rank up to 32 MoE
+// layers) ORs them, and every rank drops what some rank wished and none refused: the earlier
+// layers' at once (Stash::DropAgreed), this layer's after its forward through the save policy, as
+// full_recompute does. Their rebuilds then run on every rank in the same backward, in the same
+// order. A rank whose own plan differs from the agreement plans again with the agreed drops
+// counted and the others ruled out. Without a drop group (or on a pipeline) they are kept or
+// offloaded.
 //
 // Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
 // router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
@@ -297,6 +312,10 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   struct AdaptiveOptions {
     double margin = 0.02;                // share of the budget the projection keeps free
     std::optional<memory::Codec> codec;  // reduced precision allowed (not bit-exact); nullopt: off
+    // The ranks that agree on collective drops (see "Collective drops" in the file comment): every
+    // rank of the job, on a single-stage layout (they run every MoE layer's forward in the same
+    // order). nullptr, or a layout of several stages: drops stay per rank.
+    comm::Communicator* drop_group = nullptr;
   };
   // Takes effect with SetMemoryPolicy(kAdaptive). `engine` and `host` (both or neither; neither:
   // no offload) must outlive the model. InvalidArgument for a margin outside [0, 0.5), an engine of
@@ -307,6 +326,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     int64_t decisions = 0;           // MoE layers where the planner acted
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
     int64_t refused_actions = 0;     // planned actions the stash refused (the plan came up short)
+    int64_t agreed_drops = 0;        // expert buffers dropped by the ranks' agreement
+    double hidden_share = 1;         // of the compute ahead copies are taken to hide behind
     double seconds = 0;              // spent projecting and planning
     // The device time of a micro-batch its costs assume (an average of those read: its forward
     // and backward spans); 0 before the first is read.
@@ -315,6 +336,7 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   PlannerStats planner_stats() const {
     PlannerStats stats = planner_stats_;
     stats.micro_batch_seconds = micro_seconds_;
+    stats.hidden_share = hidden_share_;
     return stats;
   }
   // Receives one line per planner decision and per emergency offload (the worker logs them at
@@ -411,6 +433,23 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // saved (the stash's save policy under adaptive asks FutureDrop).
   std::map<int, std::set<std::pair<int, std::string>>> future_drops_;
   memory::SaveAction FutureDrop(const StashEntryInfo& e) const;
+  // Collective drops. The buffers of this micro-batch's forward whose rebuild re-runs the
+  // all-to-all, by slot: 2i the expert input and 2i + 1 the combined output of its i-th MoE layer
+  // (appended after each MoE layer's forward, cleared at the next forward).
+  struct Agreeable {
+    StashHandle handle;
+    int layer = 0;
+    std::string tag;  // memory::TensorTag
+    int64_t bytes = 0;
+  };
+  std::vector<Agreeable> agreeable_;
+  // Per slot: wished by some rank of the drop group and refused by none (one all-gather; each
+  // rank calls it once per MoE layer of every forward it plans for, fitting or not).
+  absl::StatusOr<std::vector<bool>> AgreeCollectiveDrops(const std::vector<bool>& wish,
+                                                         const std::vector<bool>& cannot) const;
+  // Seconds per byte the MoE exchanges have taken so far (0 before the first): what re-running
+  // one costs.
+  double ExchangeSecondsPerByte() const;
   // The plan's actions on the current MoE layer's own expert buffers, after its forward. An
   // action that fails is skipped (the emergency path is the net), never an error.
   absl::Status ApplyDeferred(const MoeSaved& saved);
@@ -457,6 +496,12 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   double flops_per_second_ = 1e9;             // measured (EMA)
   double cast_seconds_per_byte_ = 0;
   double copy_committed_seconds_ = 0;  // offload copy time planned in this micro-batch
+  // The share of the compute ahead that copies are taken to hide behind, following the late
+  // reloads since the last forward (memory::NextHiddenShare; NoteLateReloads, at the start of
+  // each forward).
+  double hidden_share_ = 1.0;
+  int64_t seen_late_reloads_ = 0;
+  void NoteLateReloads();
   int max_in_flight_ = 1;  // micro-batches in flight at most (SetInFlightLimit, else seen)
 
   // The memory model's bookkeeping.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
 #include "runtime/model/attention_block.h"
 #include "runtime/model/gpt_moe.h"
@@ -69,6 +70,12 @@ absl::Status GptMoe::SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* h
         absl::StrCat("adaptive: margin must be in [0, 0.5), got ", options.margin));
   }
   RETURN_IF_ERROR(SetCopyTargets(engine, host, "adaptive"));
+  // The ranks of a single stage run every MoE layer's forward in the same order; on a pipeline
+  // the stages run different layers at the same time, so they could not agree per layer.
+  if (!(shard_.first_stage() && shard_.last_stage()) ||
+      (options.drop_group != nullptr && options.drop_group->size() == 1)) {
+    options.drop_group = nullptr;
+  }
   adaptive_options_ = options;
   adaptive_engine_ = engine;
   cast_seconds_per_byte_ = 0.0;
@@ -88,6 +95,12 @@ void GptMoe::NoteMicroBatchTime(int B, double seconds) {
                              std::max(1, config_.layers);
   const double flops = FlopsPerToken() * B * config_.seq_len * stage_share;
   flops_per_second_ = flops / micro_seconds_;
+}
+
+void GptMoe::NoteLateReloads() {
+  const int64_t late = stash_.action_stats().late_reloads;
+  hidden_share_ = memory::NextHiddenShare(hidden_share_, late > seen_late_reloads_);
+  seen_late_reloads_ = late;
 }
 
 int GptMoe::NumMoeLayersOfStage() const {
@@ -126,13 +139,56 @@ std::vector<int64_t>& GptMoe::PlannedOf(int micro, int modules) {
 }
 
 memory::SaveAction GptMoe::FutureDrop(const StashEntryInfo& e) const {
-  // Per rank: never a tensor whose rebuild needs the other ranks.
-  if (e.recompute.collective != RecomputeCollective::kNone) return memory::SaveAction::kKeep;
+  // A tensor whose rebuild needs the other ranks only by their agreement (AgreeCollectiveDrops
+  // is what puts its tag in future_drops_).
+  if (e.recompute.collective != RecomputeCollective::kNone &&
+      adaptive_options_.drop_group == nullptr) {
+    return memory::SaveAction::kKeep;
+  }
   auto it = future_drops_.find(e.micro);
   if (it == future_drops_.end()) return memory::SaveAction::kKeep;
   return it->second.count({e.layer, std::string(memory::TensorTag(e.producer))}) != 0
              ? memory::SaveAction::kDropAfterForward
              : memory::SaveAction::kKeep;
+}
+
+absl::StatusOr<std::vector<bool>> GptMoe::AgreeCollectiveDrops(
+    const std::vector<bool>& wish, const std::vector<bool>& cannot) const {
+  comm::Communicator* group = adaptive_options_.drop_group;
+  const size_t n = wish.size(), words = (n + 63) / 64;
+  // This rank's wishes, then what it cannot drop, as bits.
+  std::vector<uint64_t> mine(2 * words, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (wish[i]) mine[i / 64] |= uint64_t{1} << (i % 64);
+    if (cannot[i]) mine[words + i / 64] |= uint64_t{1} << (i % 64);
+  }
+  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(group->size()));
+  if (absl::Status s = group->AllGather(mine.data(), all.data(),
+                                        static_cast<int64_t>(mine.size() * sizeof(uint64_t)));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("adaptive: agreeing on collective drops over ",
+                                               group->name(), ": ", s.message()));
+  }
+  std::vector<uint64_t> any(2 * words, 0);
+  for (size_t r = 0; r < static_cast<size_t>(group->size()); ++r) {
+    for (size_t w = 0; w < 2 * words; ++w) any[w] |= all[r * 2 * words + w];
+  }
+  std::vector<bool> agreed(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bit = uint64_t{1} << (i % 64);
+    agreed[i] = (any[i / 64] & bit) != 0 && (any[words + i / 64] & bit) == 0;
+  }
+  return agreed;
+}
+
+double GptMoe::ExchangeSecondsPerByte() const {
+  double seconds = 0, bytes = 0;
+  for (const auto& [op, e] : moe_counters_.Snapshot()) {
+    if (op == "counts") continue;  // the count exchange: a few bytes, mostly latency
+    seconds += e.seconds;
+    bytes += static_cast<double>(e.bytes);
+  }
+  return bytes > 0 ? seconds / bytes : 0;
 }
 
 bool GptMoe::Protected(const StashEntrySummary& e) const {
@@ -241,7 +297,64 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const int64_t rise = InFlightBackwardRise();
   if (rise > 0) add(M, used + (live_before[M] - level) - planned_before[M] + rise);
   deferred_.clear();
+  // Collective drops (gpt_moe.h): every rank of the drop group takes part at every MoE layer, a
+  // rank that fits too (wishing nothing). Slots 2i and 2i + 1: the expert input and the combined
+  // output of this forward's i-th MoE layer; this layer's are the last two.
+  const bool agree = adaptive_options_.drop_group != nullptr && rows.distributed;
+  const int k = static_cast<int>(agreeable_.size()) / 2;  // the MoE layers before this one
+  const int slots = agree ? 2 * (k + 1) : 0;
+  const int64_t xin_bytes = F32Bytes(rows.R * config_.d_model);
+  const int64_t eo_bytes = F32Bytes(rows.S * config_.d_model);
+  // The earlier layers' buffers this rank cannot drop (offloaded, compressed, dropped already, or
+  // rebuilt from a compressed input): no rank drops those.
+  std::vector<bool> cannot(slots, false);
+  for (int i = 0; i < 2 * k && agree; ++i) cannot[i] = !stash_.CanDropAgreed(agreeable_[i].handle);
+  auto slot_name = [&](int i) {
+    const char* what = i % 2 == 0 ? "expert input" : "combined output";
+    return absl::StrCat("layer ", i < 2 * k ? agreeable_[i].layer : layer, "'s ", what);
+  };
+  auto agreed_list = [&](const std::vector<bool>& agreed) {
+    std::vector<std::string> names;
+    for (int i = 0; i < slots; ++i) {
+      if (agreed[i]) names.push_back(slot_name(i));
+    }
+    return absl::StrJoin(names, ", ");
+  };
+  // Carries the agreed drops out: this layer's buffers through the save policy as they are saved
+  // (FutureDrop; out of the arena once its forward is done), the earlier layers' now.
+  auto take_agreed = [&](const std::vector<bool>& agreed) -> absl::Status {
+    for (int i = 0; i < slots; ++i) {
+      if (!agreed[i]) continue;
+      ++planner_stats_.agreed_drops;
+      if (i >= 2 * k) {
+        future_drops_[cur_micro_].insert(
+            {layer, i % 2 == 0 ? "moe.expert_input" : "moe.combined_output"});
+        planned[h] += i % 2 == 0 ? xin_bytes : eo_bytes;
+        continue;
+      }
+      const Agreeable& a = agreeable_[i];
+      if (absl::Status s = stash_.DropAgreed(a.handle); !s.ok()) {
+        // Every rank checked it could (CanDropAgreed) before agreeing: its peers have dropped it.
+        return absl::InternalError(absl::StrCat("adaptive: the ranks agreed to drop ", slot_name(i),
+                                                " but this rank could not: ", s.message()));
+      }
+      moved[FirstBackwardReader(ModuleIndexOf(a.layer, a.tag), a.tag, M)] += a.bytes;
+    }
+    return absl::OkStatus();
+  };
   if (deficits.empty()) {
+    if (agree) {
+      ASSIGN_OR_RETURN(const std::vector<bool> agreed,
+                       AgreeCollectiveDrops(std::vector<bool>(slots, false), cannot));
+      RETURN_IF_ERROR(take_agreed(agreed));
+      if (planner_log_ && std::find(agreed.begin(), agreed.end(), true) != agreed.end()) {
+        planner_log_(absl::StrFormat(
+            "adaptive: step %d micro-batch %d layer %d rows S=%d R=%d: fits (projected peak %.3f "
+            "MiB, usable %.3f MiB); drops %s as the ranks agreed",
+            step_, cur_micro_, layer, rows.S, rows.R, MiB(projected), MiB(usable),
+            agreed_list(agreed)));
+      }
+    }
     done();
     return absl::OkStatus();  // it fits: the common path, nothing else to do
   }
@@ -254,6 +367,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // Stash id -> (micro-batch, the module whose backward first reads it), to record what the plan
   // moves (MovedOf).
   std::map<int64_t, std::pair<int, int>> position_of;
+  // Before any exchange is timed (the first micro-batch), re-running the all-to-all is priced at
+  // the host link's rate: a guess that errs dear.
+  const double measured_per_byte = ExchangeSecondsPerByte();
+  const double exchange_per_byte = measured_per_byte > 0 ? measured_per_byte : 1e-9;
+  std::map<int64_t, int> slot_of_id;  // stash id or deferred id -> its slot
+  for (int i = 0; i < 2 * k && agree; ++i) slot_of_id[agreeable_[i].handle.id] = i;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     // Kept tensors, and encodings (stored compressed by an earlier plan: they can still go to
     // the host, and nothing else).
@@ -279,6 +398,11 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     // and nothing a dropped tensor's rebuild reads may be compressed (it refuses that too).
     c.can_recompute = e.rebuildable && !e.lossy_input;
     c.recompute_seconds = e.rebuild_flops / flops_per_second_;
+    if (auto slot = slot_of_id.find(e.handle.id); slot != slot_of_id.end()) {
+      // Rebuilt through the all-to-all: by agreement only, at the price of the exchange too.
+      c.can_recompute = e.collective_rebuild && !e.lossy_input && !cannot[slot->second];
+      c.recompute_seconds += static_cast<double>(e.bytes) * exchange_per_byte;
+    }
     c.rebuild_inputs = e.rebuild_inputs;
     c.can_compress = codec && !e.dropped_reader && memory::IsCompressible(e.producer, *codec);
     if (c.can_compress) {
@@ -294,8 +418,10 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const std::set<std::pair<int, std::string>>& dropping = future_drops_[cur_micro_];
   // input: the deferred buffer its rebuild reads (0: none of them); reader: the tag of this
   // layer's buffer whose rebuild reads it (a drop already planned for it rules out compressing).
+  // exchange: the bytes its rebuild sends through the all-to-all again (0: a local rebuild); such
+  // a drop is only by agreement.
   auto deferred = [&](int64_t id, std::string_view tag, int64_t floats, double rebuild_flops,
-                      int64_t input, std::string_view reader) {
+                      int64_t input, std::string_view reader, int64_t exchange = 0) {
     if (dropping.count({layer, std::string(tag)}) != 0) return;  // planned already
     memory::PlanCandidate c;
     c.id = id;
@@ -304,8 +430,9 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     c.bytes = F32Bytes(floats);
     c.deferred = true;
     c.can_offload = offload;
-    c.can_recompute = rebuild_flops > 0;
-    c.recompute_seconds = rebuild_flops / flops_per_second_;
+    c.can_recompute = exchange > 0 ? agree : rebuild_flops > 0;
+    c.recompute_seconds =
+        rebuild_flops / flops_per_second_ + static_cast<double>(exchange) * exchange_per_byte;
     if (input != 0) c.rebuild_inputs = {input};
     c.can_compress = codec && dropping.count({layer, std::string(reader)}) == 0 &&
                      memory::IsCompressible(p + std::string(tag), *codec);
@@ -316,14 +443,20 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     candidates.push_back(c);
   };
   // The expert input and the combined output rebuild through the all-to-all on a distributed
-  // layout: a per-rank plan never drops them. Single rank, their rebuilds are local.
-  deferred(kDeferredXin, "moe.expert_input", rows.R * C, 0, 0, "moe.expert_pre");
+  // layout: dropped only by agreement (`agree`). Single rank, the combined output's rebuild is
+  // local and the expert input's a permutation (not counted: kept).
+  deferred(kDeferredXin, "moe.expert_input", rows.R * C, 0, 0, "moe.expert_pre",
+           rows.distributed ? xin_bytes : 0);
   deferred(kDeferredPre, "moe.expert_pre", rows.R * fl, 2.0 * rows.R * C * fl, kDeferredXin,
            "moe.expert_hidden");
   deferred(kDeferredHidden, "moe.expert_hidden", rows.R * fl, 10.0 * rows.R * fl, kDeferredPre,
            "moe.combined_output");
-  deferred(kDeferredEo, "moe.combined_output", rows.S * C,
-           rows.distributed ? 0 : 2.0 * rows.R * C * fl, kDeferredHidden, "");
+  deferred(kDeferredEo, "moe.combined_output", rows.S * C, 2.0 * rows.R * C * fl, kDeferredHidden,
+           "", rows.distributed ? eo_bytes : 0);
+  if (agree) {
+    slot_of_id[kDeferredXin] = 2 * k;
+    slot_of_id[kDeferredEo] = 2 * k + 1;
+  }
 
   // Tensors later modules of this micro-batch will save: a per-rank rebuild exists for these tags
   // (local kernels on the module's own inputs), so the plan may have them dropped as they are
@@ -391,9 +524,53 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   memory::PlannerCosts costs;
   const double gbps = offload ? adaptive_engine_->host_link_gbps() : 0;
   costs.link_bytes_per_second = gbps > 0 ? gbps * 1e9 : 10e9;  // unpaced: a memcpy
-  costs.hidden_seconds = std::max(0.0, 0.5 * micro_seconds_ - copy_committed_seconds_);
+  costs.hidden_seconds =
+      hidden_share_ * std::max(0.0, 0.5 * micro_seconds_ - copy_committed_seconds_);
   costs.cast_seconds_per_byte = cast_seconds_per_byte_;
-  const memory::Plan plan = memory::CoverDeficits(candidates, deficits, costs);
+  memory::Plan plan = memory::CoverDeficits(candidates, deficits, costs);
+  std::vector<bool> agreed_now(slots, false);
+  if (agree) {
+    std::vector<bool> wish(slots, false);
+    for (const memory::PlanChoice& c : plan.choices) {
+      auto slot = slot_of_id.find(c.id);
+      if (c.action == memory::PlanAction::kRecompute && slot != slot_of_id.end()) {
+        wish[slot->second] = true;
+      }
+    }
+    ASSIGN_OR_RETURN(agreed_now, AgreeCollectiveDrops(wish, cannot));
+    if (agreed_now != wish) {
+      // Plan again: the agreed drops free their bytes over their intervals whatever this rank
+      // does (their rebuilds then read exact inputs: none of those may be compressed); the slots
+      // not agreed stay (kept, offloaded or compressed).
+      std::vector<memory::Deficit> left = deficits;
+      std::set<int64_t> exact;  // the agreed drops' rebuild inputs
+      std::vector<memory::PlanCandidate> again;
+      for (memory::PlanCandidate& c : candidates) {
+        auto slot = slot_of_id.find(c.id);
+        if (slot != slot_of_id.end() && agreed_now[slot->second]) {
+          for (memory::Deficit& d : left) {
+            if (d.position > c.position && d.position < c.until) {
+              d.bytes -= static_cast<int64_t>(c.bytes);
+            }
+          }
+          exact.insert(c.rebuild_inputs.begin(), c.rebuild_inputs.end());
+          continue;
+        }
+        if (slot != slot_of_id.end()) c.can_recompute = false;
+        again.push_back(std::move(c));
+      }
+      for (memory::PlanCandidate& c : again) {
+        if (exact.count(c.id) != 0) c.can_compress = false;
+      }
+      std::erase_if(left, [](const memory::Deficit& d) { return d.bytes <= 0; });
+      plan = memory::CoverDeficits(again, left, costs);  // covered (no choice) if none is left
+    }
+    // The agreed buffers leave by the agreement, not as this plan's actions.
+    std::erase_if(plan.choices, [&slot_of_id](const memory::PlanChoice& c) {
+      return c.action == memory::PlanAction::kRecompute && slot_of_id.count(c.id) != 0;
+    });
+    RETURN_IF_ERROR(take_agreed(agreed_now));
+  }
 
   deferred_.clear();
   for (const memory::PlanChoice& c : plan.choices) {
@@ -438,9 +615,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     planner_log_(absl::StrFormat(
         "adaptive: step %d micro-batch %d layer %d rows S=%d R=%d: projected peak %.3f MiB, usable "
         "%.3f "
-        "MiB (budget %.3f), %d points short -> %s (est. %.3f ms)%s",
+        "MiB (budget %.3f), %d points short -> %s (est. %.3f ms)%s%s",
         step_, cur_micro_, layer, rows.S, rows.R, MiB(projected), MiB(usable), MiB(budget),
         static_cast<int>(deficits.size()), memory::PlanSummary(plan), plan.cost_seconds * 1e3,
+        std::find(agreed_now.begin(), agreed_now.end(), true) != agreed_now.end()
+            ? absl::StrCat("; drops ", agreed_list(agreed_now), " as the ranks agreed")
+            : "",
         plan.covered ? "" : " (not covered: emergency offload may run)"));
   }
   return absl::OkStatus();

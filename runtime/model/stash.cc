@@ -223,6 +223,7 @@ std::vector<StashEntrySummary> Stash::Summaries() const {
     s.state = e.info.state;
     s.pinned = e.pins > 0;
     s.rebuildable = r.rebuildable() && r.collective == RecomputeCollective::kNone;
+    s.collective_rebuild = r.rebuildable() && r.collective != RecomputeCollective::kNone;
     s.rebuild_flops = r.flops;
     for (const StashHandle input : r.inputs) s.rebuild_inputs.push_back(input.id);
     s.lossy_input = LossyInputLocked(e) != nullptr;
@@ -693,7 +694,20 @@ void Stash::DropLocked(Entry& e, tensor::Buffer& doomed) {
   dropped_bytes_ += e.info.bytes;
 }
 
-absl::Status Stash::Drop(StashHandle handle) {
+absl::Status Stash::Drop(StashHandle handle) { return DropChecked(handle, /*agreed=*/false); }
+
+absl::Status Stash::DropAgreed(StashHandle handle) { return DropChecked(handle, /*agreed=*/true); }
+
+bool Stash::CanDropAgreed(StashHandle handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) return false;
+  const Entry& e = it->second;
+  return e.info.state == StashState::kKept && e.copy_error.ok() && e.pins == 0 &&
+         e.info.recompute.rebuildable() && LossyInputLocked(e) == nullptr;
+}
+
+absl::Status Stash::DropChecked(StashHandle handle, bool agreed) {
   tensor::Buffer doomed;  // returned to its owner after the lock is dropped
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle.id);
@@ -718,11 +732,11 @@ absl::Status Stash::Drop(StashHandle handle) {
     return absl::FailedPreconditionError(
         absl::StrCat("stash: cannot drop '", name, "': it has no rebuild"));
   }
-  if (e.info.recompute.collective != RecomputeCollective::kNone) {
+  if (e.info.recompute.collective != RecomputeCollective::kNone && !agreed) {
     return absl::FailedPreconditionError(absl::StrCat(
         "stash: cannot drop '", name,
         "' on one rank: its rebuild re-runs the expert all-to-all, so only a save policy applied "
-        "on every rank of the group may drop it"));
+        "on every rank of the group, or the ranks' agreement (DropAgreed), may drop it"));
   }
   if (const Entry* lossy = LossyInputLocked(e)) {
     return absl::FailedPreconditionError(
@@ -743,8 +757,22 @@ absl::Status Stash::ApplyPendingDrops() {
   absl::MutexLock lock(&mu_);
   for (int64_t id : pending_drops_) {
     auto it = entries_.find(id);
-    if (it == entries_.end() || it->second.info.state != StashState::kKept) continue;
-    if (LossyInputLocked(it->second) != nullptr) continue;  // kept: see LossyInputLocked
+    if (it == entries_.end()) continue;
+    const Entry& e = it->second;
+    const Entry* lossy = LossyInputLocked(e);
+    if (e.info.recompute.collective != RecomputeCollective::kNone &&
+        (e.info.state != StashState::kKept || lossy != nullptr)) {
+      // Every rank of the group drops it (a save policy applied on each): one that kept it would
+      // skip the rebuild's all-to-all the others run in its backward.
+      pending_drops_.clear();
+      return absl::InternalError(absl::StrCat(
+          "stash: '", e.info.producer, "' must be dropped on every rank of its group, but it is ",
+          lossy != nullptr ? absl::StrCat("rebuilt from '", lossy->info.producer,
+                                          "', stored in reduced precision")
+                           : std::string(StashStateName(e.info.state))));
+    }
+    if (e.info.state != StashState::kKept) continue;
+    if (lossy != nullptr) continue;  // kept: see LossyInputLocked
     if (it->second.pins > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stash: '", it->second.info.producer, "' is acquired before its forward is done"));

@@ -31,8 +31,12 @@
 // entries, rebuilt first if they are dropped too, and the parameters, unchanged until the optimizer
 // step), so a rebuilt tensor is bit-identical to the one forward saved. A tensor whose rebuild
 // re-runs the expert all-to-all (RecomputeCollective::kExpertDispatch) may be dropped only by a
-// save policy (SetSavePolicy): a policy is a function of the tag, so every rank of the group drops
-// the same tensors and rebuilds them at the same point of the same backward; Drop() refuses it.
+// save policy (SetSavePolicy: a policy is a function of the tag) or by DropAgreed (the ranks'
+// agreement), so every rank of the group drops the same tensors and rebuilds them at the same
+// point of the same backward; Drop() refuses it,
+// and ApplyPendingDrops() fails (Internal, naming it) rather than keep one it cannot drop (it left
+// the arena, or its rebuild would read a compressed input): the peers would run the rebuild's
+// all-to-all without this rank.
 // A save policy's drops wait in a pending list until ApplyPendingDrops(), which the model calls
 // when the module's forward is done, so a tensor that forward still reads is not rebuilt for it.
 //
@@ -147,6 +151,7 @@ struct StashEntrySummary {
   StashState state = StashState::kKept;
   bool pinned = false;       // acquired by a backward
   bool rebuildable = false;  // has a rebuild that needs no collective (a per-rank drop is safe)
+  bool collective_rebuild = false;  // has a rebuild that re-runs a collective (DropAgreed only)
   double rebuild_flops = 0;
   std::vector<int64_t> rebuild_inputs;  // the ids of the entries its rebuild reads
   bool lossy_input = false;     // one of those is stored in reduced precision: Drop refuses it
@@ -225,6 +230,12 @@ class Stash {
   // ---- Drop and recompute ----
   // Frees a kept, unpinned, rebuildable entry's bytes; Get() rebuilds it.
   absl::Status Drop(StashHandle handle);
+  // Drop for an entry whose rebuild needs a collective too: the caller guarantees that every rank
+  // of the group drops the same entry at the same point of the same micro-batch (the adaptive
+  // planner's agreement, GptMoe), so the rebuilds run together. CanDropAgreed: Drop's conditions
+  // hold (kept, unpinned, rebuildable, no input in reduced precision), so DropAgreed succeeds.
+  absl::Status DropAgreed(StashHandle handle);
+  bool CanDropAgreed(StashHandle handle) const;
   // Decides per new entry whether it is kept or dropped once its module's forward is done (nullptr:
   // keep everything). Called by Save on the saving thread, with the stash unlocked.
   using SavePolicy = std::function<memory::SaveAction(const StashEntryInfo&)>;
@@ -313,6 +324,7 @@ class Stash {
   // output that drives the gate's gradient), and further than its bound for those it may.
   // The input of `e`'s rebuild that is or was compressed (nullptr: none).
   const Entry* LossyInputLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DropChecked(StashHandle handle, bool agreed);
   // A dropped entry whose rebuild reads entry `id` (nullptr: none).
   const Entry* DroppedReaderLocked(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a kept entry's buffer out (into `doomed`, freed by the caller after unlocking).

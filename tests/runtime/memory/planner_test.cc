@@ -43,6 +43,36 @@ TEST(PlannerTest, HiddenOffloadFirstThenRecomputeThenExposedOffload) {
   EXPECT_EQ(plan.freed, 300u);
 }
 
+// Late reloads halve the compute the next plans count on hiding copies behind; micro-batches
+// without one give it back an eighth at a time, up to all of it. With no share left, the same
+// choice as above prices the offload at its copy time and takes the recompute first.
+TEST(PlannerTest, LateReloadsShrinkTheHiddenShare) {
+  double share = 1;
+  share = NextHiddenShare(share, true);
+  EXPECT_EQ(share, 0.5);
+  share = NextHiddenShare(share, true);
+  EXPECT_EQ(share, 0.25);
+  for (int i = 0; i < 3; ++i) share = NextHiddenShare(share, false);
+  EXPECT_EQ(share, 0.625);
+  for (int i = 0; i < 8; ++i) share = NextHiddenShare(share, false);
+  EXPECT_EQ(share, 1.0);
+  for (int i = 0; i < 60; ++i) share = NextHiddenShare(share, true);
+  EXPECT_GE(share, 0.0);
+  EXPECT_LT(share, 1e-12);
+
+  PlannerCosts costs;
+  costs.link_bytes_per_second = 1000;
+  costs.hidden_seconds = 0.2 * share;  // as GptMoe scales it
+  std::vector<PlanCandidate> c = {Tensor(1, 100, 0), Tensor(3, 100, 0)};
+  for (PlanCandidate& t : c) t.can_offload = true;
+  c[1].can_recompute = true;
+  c[1].recompute_seconds = 0.01;
+  const Plan plan = CoverDeficits(c, {{5, 100}}, costs);
+  ASSERT_EQ(plan.choices.size(), 1u);
+  EXPECT_EQ(plan.choices[0].id, 3);
+  EXPECT_EQ(plan.choices[0].action, PlanAction::kRecompute);
+}
+
 TEST(PlannerTest, CompressFreesOnlyWhatTheCodecSaves) {
   PlannerCosts costs;
   costs.cast_seconds_per_byte = 1e-6;

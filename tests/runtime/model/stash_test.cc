@@ -538,6 +538,53 @@ TEST_F(StashActionTest, Errors) {
   EXPECT_EQ(Values(gates), v);
 }
 
+// A save policy's drop of a tensor whose rebuild re-runs the expert all-to-all is applied on every
+// rank of the group (the adaptive planner's agreed drops, full_recompute): a rank that cannot
+// drop it (it left the arena meanwhile, or its rebuild would read a compressed input) would skip
+// the all-to-all its peers run in the backward, so ApplyPendingDrops fails instead, naming it.
+TEST_F(StashActionTest, ACollectiveDropThatCannotBeAppliedIsAnError) {
+  stash_->SetSavePolicy([](const StashEntryInfo& e) {
+    return e.recompute.collective != RecomputeCollective::kNone
+               ? memory::SaveAction::kDropAfterForward
+               : memory::SaveAction::kKeep;
+  });
+  auto save_collective = [this](const std::string& producer, std::vector<StashHandle> inputs) {
+    absl::StatusOr<tensor::Buffer> b = arena_.Allocate(4 * 8, producer);
+    EXPECT_TRUE(b.ok());
+    std::memset(b->data(), 0, 4 * 8);
+    RecomputeSpec spec{"grouped_matmul+combine", std::move(inputs), 16,
+                       RecomputeCollective::kExpertDispatch};
+    spec.rebuild = [this, producer]() { return arena_.Allocate(4 * 8, producer); };
+    absl::StatusOr<StashHandle> h =
+        stash_->Save(producer, 1, std::move(*b), {8}, DType::kF32, std::move(spec));
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : StashHandle{};
+  };
+  // Its input compressed before the module's forward is done.
+  std::vector<float> v;
+  const StashHandle hidden = SaveValues("layers.1.moe.expert_hidden", 16, &v);
+  const StashHandle eo = save_collective("layers.1.moe.combined_output", {hidden});
+  ASSERT_TRUE(stash_->Compress(hidden, memory::Codec::kBf16).ok());
+  absl::Status s = stash_->ApplyPendingDrops();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("'layers.1.moe.combined_output' must be dropped "
+                                                "on every rank"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("layers.1.moe.expert_hidden"));
+  EXPECT_EQ(State(eo), StashState::kKept);
+  EXPECT_TRUE(stash_->ApplyPendingDrops().ok());  // nothing left pending
+  // Offloaded meanwhile.
+  const StashHandle xin = save_collective("layers.3.moe.expert_input", {});
+  ASSERT_TRUE(stash_->Offload(xin).ok());
+  s = stash_->ApplyPendingDrops();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("'layers.3.moe.expert_input'"));
+  stash_->WaitForCopies();
+  // Kept, with exact inputs: dropped.
+  const StashHandle ok = save_collective("layers.5.moe.expert_input", {});
+  ASSERT_TRUE(stash_->ApplyPendingDrops().ok());
+  EXPECT_EQ(State(ok), StashState::kDropped);
+}
+
 // Drop and recompute: a float buffer of n elements filled with `value`, with a rebuild that
 // fills a fresh one the same way (counting its calls).
 class DropTest : public StashTest {

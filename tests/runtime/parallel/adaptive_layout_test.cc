@@ -5,10 +5,12 @@
 //     policies none and full_recompute, and bounds it within 10% on a 1F1B pipeline (the others
 //     in flight are counted at their declared saved bytes);
 //   - Adaptive: with a budget at 90% of the largest peak of the run, policy none runs out of
-//   memory,
-//     while adaptive trains bit-identically to the unlimited run on the same layout, keeps every
-//     rank's peak under the budget, acts on no step that fits (single stage) and needs no
-//     emergency offload (single stage), on EP, EP with ESP and a 1F1B pipeline.
+//     memory, while adaptive trains bit-identically to the unlimited run on the same layout, keeps
+//     every rank's peak under the budget, acts on no step that fits (single stage) and needs no
+//     emergency offload (single stage), on EP, EP with ESP and a 1F1B pipeline;
+//   - AgreedDrop: without offload, at a budget only full_recompute's drops fit, adaptive's
+//     per-rank drops run out of memory and its agreed drops of the expert buffers train
+//     bit-identically (EP, EP with ESP, TP with EP under s1 and s2).
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,12 +143,21 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
       peak = std::max(peak, adaptive->activation_peak[rank][s]);
       // A step that fits takes no action: on a single stage the projection is exact once the
       // last MoE layer is routed, and optimistic before. (1F1B adds the reservation for the
-      // micro-batches not started, an upper bound.)
-      if (l.pp == 1 && free_run->activation_peak[rank][s] <= static_cast<int64_t>(0.98 * budget)) {
+      // micro-batches not started, an upper bound.) A rank that fits still drops what the ranks
+      // agreed to drop for another that does not: its peak is the unlimited one only on a step
+      // every rank fits.
+      const auto fits = [&](int r) {
+        return free_run->activation_peak[r][s] <= static_cast<int64_t>(0.98 * budget);
+      };
+      if (l.pp == 1 && fits(rank)) {
         EXPECT_EQ(adaptive->planner_decisions[rank][s], 0)
             << "rank " << rank << " step " << s << ": unlimited peak "
             << free_run->activation_peak[rank][s] << ", budget " << budget;
-        EXPECT_EQ(adaptive->activation_peak[rank][s], free_run->activation_peak[rank][s]);
+        bool all_fit = true;
+        for (int r = 0; r < c.sizes.world(); ++r) all_fit = all_fit && fits(r);
+        if (all_fit) {
+          EXPECT_EQ(adaptive->activation_peak[rank][s], free_run->activation_peak[rank][s]);
+        }
       }
       decisions += adaptive->planner_decisions[rank][s];
       emergencies += adaptive->emergency_offloads[rank][s];
@@ -165,6 +176,101 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
       static_cast<long long>(peak), static_cast<long long>(decisions),
       static_cast<long long>(emergencies));
 }
+
+// Below the per-rank floor. Without offload, a rank's own plan drops only what it rebuilds alone;
+// the expert input and the combined output come back only through the all-to-all, on every rank
+// of the group at once. At a budget full_recompute fits (it drops them on every rank) and per-rank
+// drops do not, adaptive without an agreement runs out of memory; with one (the world as its drop
+// group, as a worker runs it) the ranks drop those buffers together where any rank needs it, and
+// train bit-identically to the unlimited run under every rank's budget.
+// On the emulated device with stream communicators too (emulated_streams): the agreement's
+// all-gather of host words and the rebuilds' all-to-all on device buffers.
+void CheckAgreedDrops(const Layout& l, const std::string& schedule, bool emulated_streams) {
+  LayoutCase c = SpikeCase(l);
+  if (emulated_streams) {
+    c.device = device::Kind::kEmulated;
+    c.stream_comms = true;
+  }
+  c.model.experts = 8;
+  c.model.expert_ffn = 64;
+  c.model.spikes.max_ratio = 3.5;  // of E / k = 4
+  c.micro_batch = 4;
+  c.steps = 6;
+  c.schedule = schedule;
+  const std::string tag =
+      absl::StrCat("agreed-", l.name, "-", schedule, emulated_streams ? "-emulated-" : "-");
+  absl::StatusOr<RunResult> free_run = RunLayoutInTempDir(c, tag + "unlimited");
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  c.policy = memory::MemoryPolicy::kFullRecompute;
+  absl::StatusOr<RunResult> full = RunLayoutInTempDir(c, tag + "full");
+  ASSERT_TRUE(full.ok()) << full.status();
+  int64_t full_top = 0, free_top = 0;
+  for (int rank = 0; rank < c.sizes.world(); ++rank) {
+    for (int s = 0; s < c.steps; ++s) {
+      full_top = std::max(full_top, full->activation_peak[rank][s]);
+      free_top = std::max(free_top, free_run->activation_peak[rank][s]);
+    }
+  }
+  // 2% above full_recompute's peak: adaptive plans to 98% of its budget, so it must drop about
+  // what full_recompute drops (per-rank drops fit from about 5% above on these layouts).
+  const auto budget = static_cast<uint64_t>(1.02 * full_top);
+  c.policy = memory::MemoryPolicy::kAdaptive;
+  c.adaptive_offload = false;
+  c.device_budget = budget;
+
+  c.agree_drops = false;
+  absl::StatusOr<RunResult> alone = RunLayoutInTempDir(c, tag + "alone");
+  EXPECT_FALSE(alone.ok()) << "per-rank drops fit " << budget << " bytes: the test shows nothing";
+  EXPECT_NE(alone.status().message().find(absl::StrCat("exited with ", kRankResourceExhausted)),
+            absl::string_view::npos)
+      << "no rank ran out of memory: " << alone.status();
+
+  c.agree_drops = true;
+  absl::StatusOr<RunResult> agreed = RunLayoutInTempDir(c, tag + "agreed");
+  ASSERT_TRUE(agreed.ok()) << agreed.status();
+  ExpectBitIdentical(*agreed, *free_run);
+  int64_t peak = 0, drops = 0;
+  for (int rank = 0; rank < c.sizes.world(); ++rank) {
+    for (int s = 0; s < c.steps; ++s) {
+      EXPECT_LE(agreed->activation_peak[rank][s], static_cast<int64_t>(budget));
+      peak = std::max(peak, agreed->activation_peak[rank][s]);
+    }
+    drops += agreed->agreed_drops[rank];
+  }
+  // Every rank drops what was agreed: the same count on each.
+  for (int rank = 1; rank < c.sizes.world(); ++rank) {
+    EXPECT_EQ(agreed->agreed_drops[rank], agreed->agreed_drops[0]) << "rank " << rank;
+  }
+  EXPECT_GT(drops, 0);
+  std::printf(
+      "REPORT agreed drops %s %s: unlimited peak %lld B, full_recompute %lld B, budget %llu B; "
+      "per-rank drops run out of memory, agreed ones peak at %lld B with %lld agreed drops per "
+      "rank%s\n",
+      l.name, schedule.c_str(), static_cast<long long>(free_top), static_cast<long long>(full_top),
+      static_cast<unsigned long long>(budget), static_cast<long long>(peak),
+      static_cast<long long>(agreed->agreed_drops[0]),
+      emulated_streams ? " (emulated device, stream communicators)" : "");
+}
+
+class AgreedDropTest : public ::testing::TestWithParam<std::tuple<Layout, const char*>> {};
+
+TEST_P(AgreedDropTest, BelowThePerRankFloorTheRanksDropTheExpertBuffersTogether) {
+  CheckAgreedDrops(std::get<0>(GetParam()), std::get<1>(GetParam()), false);
+}
+
+TEST(AgreedDropDeviceTest, OnEmulatedRanksWithStreamCommunicators) {
+  CheckAgreedDrops(Layout{"ep2_esp2", 1, 4, 1, 2, 2, 2}, "deepspeed", true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, AgreedDropTest,
+    ::testing::Values(std::make_tuple(Layout{"ep4", 1, 4, 1, 4, 1, 2}, "deepspeed"),
+                      std::make_tuple(Layout{"ep2_esp2", 1, 4, 1, 2, 2, 2}, "deepspeed"),
+                      std::make_tuple(Layout{"tp2_ep2", 1, 2, 2, 2, 1, 2}, "s1"),
+                      std::make_tuple(Layout{"tp2_ep2", 1, 2, 2, 2, 1, 2}, "s2")),
+    [](const auto& info) {
+      return absl::StrCat(std::get<0>(info.param).name, "_", std::get<1>(info.param));
+    });
 
 // The most rows routing can send a rank are bounded, and so is what a step can need
 // (GptMoe::RoutingBoundActivationBytes): with a capacity, by each expert's capacity; dropless, by

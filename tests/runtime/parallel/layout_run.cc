@@ -89,14 +89,18 @@ absl::StatusOr<MemoryActions> MakeMemoryActions(const LayoutCase& c, device::Dev
   return m;
 }
 
-absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::GptMoe& model) {
+absl::Status ApplyMemoryActions(const LayoutCase& c, MemoryActions& m, model::GptMoe& model,
+                                comm::Communicator* world = nullptr) {
   model.SetCompress(c.compress);
   if (c.policy == memory::MemoryPolicy::kAdaptive) {
     if (std::getenv("FURNACE_PLANNER_LOG") != nullptr) {  // the planner's decisions, for debugging
       model.SetPlannerLog(
           [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
     }
-    return model.SetAdaptive(m.engine.get(), m.host.get(), {});
+    model::GptMoe::AdaptiveOptions options;
+    options.drop_group = c.agree_drops ? world : nullptr;
+    return c.adaptive_offload ? model.SetAdaptive(m.engine.get(), m.host.get(), options)
+                              : model.SetAdaptive(nullptr, nullptr, options);
   }
   if (m.engine == nullptr) return absl::OkStatus();
   return model.SetOffload(c.offload_ratio, m.engine.get(), m.host.get());
@@ -211,6 +215,7 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
   Put<int32_t>(out, t.in_flight_peak);
   for (int64_t b : t.comm_bytes) Put(out, b);
   Put(out, t.stash);
+  Put<int64_t>(out, model.planner_stats().agreed_drops);
   const auto PutString = [&out](const std::string& text) {
     Put<int32_t>(out, static_cast<int32_t>(text.size()));
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -290,7 +295,7 @@ int ChildMain(const LayoutCase& c, const std::string& dir, int rank) {
         std::unique_ptr<model::GptMoe> model,
         model::GptMoe::Create(c.model, c.seed, cpu, arena, layout->shard, layout->model_groups()));
     RETURN_IF_ERROR(model->SetMemoryPolicy(c.policy));
-    RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model));
+    RETURN_IF_ERROR(ApplyMemoryActions(c, actions, *model, layout->world.get()));
     RETURN_IF_ERROR(SetSchedules(c, *model, *layout));
     if (c.budget_at_routing_bound) {
       const std::optional<int64_t> bound = model->RoutingBoundActivationBytes(c.micro_batch);
@@ -389,6 +394,9 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
     model::StashActionStats stash;
     Take(in, stash);
     r.stash_actions.push_back(stash);
+    int64_t agreed = 0;
+    Take(in, agreed);
+    r.agreed_drops.push_back(agreed);
     const auto TakeString = [&in]() {
       int32_t len = 0;
       Take(in, len);
@@ -468,6 +476,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   ASSIGN_OR_RETURN(Trained t, Train(c, *model, c.micro_batches * c.sizes.dp, nullptr, -1));
   RunResult r;
   r.stash_actions.push_back(t.stash);
+  r.agreed_drops.push_back(model->planner_stats().agreed_drops);
   r.loss = t.loss;
   r.aux_loss = t.aux;
   r.grad_norm = t.norm;

@@ -41,6 +41,11 @@ struct LayoutCase {
   // The activation arena's budget on every rank (0: unlimited). Under policy adaptive the planner
   // works against it, offloading through a copy engine paced to host_link_gbps.
   uint64_t device_budget = 0;
+  // Under policy adaptive: whether it may offload (a copy engine), and whether the ranks agree on
+  // dropping the expert buffers whose rebuild re-runs the all-to-all (the world as its drop group,
+  // as a worker does; GptMoe::AdaptiveOptions::drop_group).
+  bool adaptive_offload = true;
+  bool agree_drops = true;
   // Instead: each rank's budget is its model's RoutingBoundActivationBytes(micro_batch), the
   // floor for the most rows routing can send it (the run fails where there is no such bound).
   bool budget_at_routing_bound = false;
@@ -73,6 +78,9 @@ struct RunResult {
   // Largest |a - b| / (max |b| of the tensor) between two ranks' copies of one element.
   double replica_spread = 0;
   std::vector<model::StashActionStats> stash_actions;  // per rank, summed over the steps
+  // Per rank, over the run: the expert buffers the adaptive planner dropped by the ranks'
+  // agreement (GptMoe::PlannerStats::agreed_drops).
+  std::vector<int64_t> agreed_drops;
   // [rank]: the MoE schedules' bytes per op ("a2a(ep)", "counts", ...; executor.h), summed over
   // the steps, and the schedule each MoE layer ran.
   std::vector<std::map<std::string, int64_t>> moe_op_bytes;
