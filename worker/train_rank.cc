@@ -811,11 +811,12 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
     const model::GptMoe::PlannerStats ps = (*model)->planner_stats();
     spdlog::info(
         "adaptive: {} decisions, {} emergency offloads, {} expert buffers dropped by the ranks' "
-        "agreement{}, {:.1f} MiB recomputed; offloads last priced as hidden behind {:.0f}% of "
-        "the compute ahead (less after late reloads)",
+        "agreement{} ({:.3f} s in the agreements, {} plans made again), {:.1f} MiB recomputed; "
+        "offloads last priced as hidden behind {:.0f}% of the compute ahead (less after late "
+        "reloads)",
         ps.decisions, ps.emergency_offloads, ps.agreed_drops,
-        parallel && layout->runtime.stages > 1 ? " (none on a pipeline)" : "",
-        (*model)->MemoryActions().recomputed_bytes / 1048576.0, 100 * ps.hidden_share);
+        parallel && layout->runtime.stages > 1 ? " (none on a pipeline)" : "", ps.agreement_seconds,
+        ps.replans, (*model)->MemoryActions().recomputed_bytes / 1048576.0, 100 * ps.hidden_share);
   }
   const std::string done = absl::StrFormat("trained %d steps", (*trainer)->step());
   spdlog::info("{}", done);

@@ -76,21 +76,28 @@
 // none. Costs are measured online: the compute time of a micro-batch (hence the FLOP rate of a
 // rebuild and the copy time the compute can hide, a share of it that late reloads shrink:
 // memory::NextHiddenShare), the host link (copy_engine.h), the MoE exchanges' time per byte (what
-// re-running the all-to-all costs), the casts at start.
+// re-running the all-to-all costs: the stream time on stream communicators), the casts at start.
 //
 // Collective drops. On an expert-parallel layout a layer's expert input and combined output come
 // back only by re-running the all-to-all on every rank of its groups together, so one rank alone
-// may not drop them. With a drop group (AdaptiveOptions::drop_group), after each MoE layer's
-// token-count exchange every rank states which of this micro-batch's such buffers (those of the
-// MoE layers before, and this layer's) its plan would drop, a plan that fits wishing none, and
-// which of the earlier ones it no longer can (offloaded, compressed, rebuilt from a compressed
-// input: Stash::CanDropAgreed); one all-gather over the group (16 bytes a rank up to 32 MoE
-// layers) ORs them, and every rank drops what some rank wished and none refused: the earlier
-// layers' at once (Stash::DropAgreed), this layer's after its forward through the save policy, as
-// full_recompute does. Their rebuilds then run on every rank in the same backward, in the same
-// order. A rank whose own plan differs from the agreement plans again with the agreed drops
-// counted and the others ruled out. Without a drop group (or on a pipeline) they are kept or
-// offloaded.
+// may not drop them. With a drop group (AdaptiveOptions::drop_group), at the last MoE layer of
+// each micro-batch (after its token-count exchange: the projection is exact, every layer routed)
+// every rank states which of the micro-batch's such buffers (every MoE layer's, this one's
+// included) its plan would drop, a plan that fits wishing none, and which of the earlier ones it
+// no longer can (offloaded, compressed, rebuilt from a compressed input: Stash::CanDropAgreed);
+// one all-gather over the group (16 bytes a rank up to 32 MoE layers) ORs them, and every rank
+// drops what some rank wished and none refused: the earlier layers' at once (Stash::DropAgreed),
+// this layer's after its forward through the save policy, as full_recompute does. Their rebuilds
+// then run on every rank in the same backward, in the same order. A rank whose own plan differs
+// from the agreement plans again with the agreed drops counted and the others ruled out. The
+// earlier MoE layers plan per rank. That all-gather synchronises every rank, which ordinary steps
+// should not pay (on 4 ranks sharing 2 CPUs, one per MoE layer cost 14% of a step), so the ranks
+// agree only on a run's first step and on steps after one in which some rank's memory ran short
+// (a projection found a deficit, or the emergency path ran: CollectiveDropVote, OR-ed by the
+// trainer in the step's world all-reduce it runs anyway: SetAgreeCollectiveDrops). Under a
+// budget that keeps binding every step agrees; a spike after steps that fitted is planned per
+// rank (those buffers kept or offloaded, the emergency path as the net) and the steps after it
+// agree. Without a drop group (or on a pipeline) every plan is per rank.
 //
 // Routing spikes (config.spikes, spikes.h): on a spike step each MoE layer adds its spike to the
 // router logits of its forced tokens. Which step and which tokens come from SetStepContext, which
@@ -191,6 +198,11 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   train::MemoryActionTotals MemoryActions() const override;
   std::vector<train::MoeOpTotal> MoeOps() const override;
   std::vector<std::string> MoeScheduleNames() const override;
+  bool CollectiveDropVote() const override { return ran_short_; }
+  void SetAgreeCollectiveDrops(bool on) override {
+    agree_this_step_ = on;
+    ran_short_ = false;
+  }
 
   // One micro-batch through this stage. `micro` names it until its StageBackward. inputs: (B, T)
   // token ids on the first stage (else ignored); targets: (B, T) on the last stage (else
@@ -327,8 +339,10 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
     int64_t refused_actions = 0;     // planned actions the stash refused (the plan came up short)
     int64_t agreed_drops = 0;        // expert buffers dropped by the ranks' agreement
+    int64_t replans = 0;             // plans made again because the agreement differed
+    double agreement_seconds = 0;    // in the agreements' all-gathers (waiting for the peers)
     double hidden_share = 1;         // of the compute ahead copies are taken to hide behind
-    double seconds = 0;              // spent projecting and planning
+    double seconds = 0;              // spent projecting and planning (not agreeing)
     // The device time of a micro-batch its costs assume (an average of those read: its forward
     // and backward spans); 0 before the first is read.
     double micro_batch_seconds = 0;
@@ -443,12 +457,17 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     int64_t bytes = 0;
   };
   std::vector<Agreeable> agreeable_;
+  // Whether the ranks agree during this step (true for a run's first step;
+  // then as SetAgreeCollectiveDrops says), and whether this rank's memory ran short since (a
+  // projection found a deficit, or the emergency path ran: its vote for the next step).
+  bool agree_this_step_ = true;
+  bool ran_short_ = false;
   // Per slot: wished by some rank of the drop group and refused by none (one all-gather; each
-  // rank calls it once per MoE layer of every forward it plans for, fitting or not).
+  // rank calls it once per micro-batch of a step that agrees, fitting or not).
   absl::StatusOr<std::vector<bool>> AgreeCollectiveDrops(const std::vector<bool>& wish,
                                                          const std::vector<bool>& cannot) const;
   // Seconds per byte the MoE exchanges have taken so far (0 before the first): what re-running
-  // one costs.
+  // one costs. Their stream time where the expert groups are stream communicators.
   double ExchangeSecondsPerByte() const;
   // The plan's actions on the current MoE layer's own expert buffers, after its forward. An
   // action that fails is skipped (the emergency path is the net), never an error.

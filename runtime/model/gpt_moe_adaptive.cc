@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status.h"
+#include "runtime/comm/stream_communicator.h"
 #include "runtime/model/attention_block.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/model/head.h"
@@ -183,6 +184,21 @@ absl::StatusOr<std::vector<bool>> GptMoe::AgreeCollectiveDrops(
 
 double GptMoe::ExchangeSecondsPerByte() const {
   double seconds = 0, bytes = 0;
+  // On a stream communicator (NCCL on CUDA, the emulated device's) a call's host time is only its
+  // enqueueing: the time of the exchange is its stream time, the collectives of the expert groups
+  // (their count exchanges included) as the watchdog saw them complete.
+  bool streamed = false;
+  for (comm::Communicator* group : {groups_.ep, groups_.esp}) {
+    const auto* stream = dynamic_cast<const comm::StreamCommunicator*>(group);
+    if (stream == nullptr) continue;
+    streamed = true;
+    for (int op = 0; op < comm::kNumCollectiveOps; ++op) {
+      seconds += stream->stream_counters().seconds(static_cast<comm::CollectiveOp>(op));
+      bytes +=
+          static_cast<double>(stream->stream_counters().bytes(static_cast<comm::CollectiveOp>(op)));
+    }
+  }
+  if (streamed) return bytes > 0 ? seconds / bytes : 0;
   for (const auto& [op, e] : moe_counters_.Snapshot()) {
     if (op == "counts") continue;  // the count exchange: a few bytes, mostly latency
     seconds += e.seconds;
@@ -218,9 +234,20 @@ int GptMoe::FirstBackwardReader(int j, std::string_view tag, int modules) {
 
 absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto done = [this, t0] {
+  // The agreement's all-gather waits for every rank: its time is counted apart from the
+  // planner's own (PlannerStats::agreement_seconds).
+  double agreement_s = 0;
+  const auto done = [this, t0, &agreement_s] {
     planner_stats_.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - agreement_s;
+    planner_stats_.agreement_seconds += agreement_s;
+  };
+  const auto timed_agreement = [this, &agreement_s](const std::vector<bool>& wish,
+                                                    const std::vector<bool>& cannot) {
+    const auto a0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<bool>> agreed = AgreeCollectiveDrops(wish, cannot);
+    agreement_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count();
+    return agreed;
   };
   const int B = fwd_B_;
   const int64_t budget = static_cast<int64_t>(arena_.budget());
@@ -300,15 +327,22 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // Collective drops (gpt_moe.h): every rank of the drop group takes part at every MoE layer, a
   // rank that fits too (wishing nothing). Slots 2i and 2i + 1: the expert input and the combined
   // output of this forward's i-th MoE layer; this layer's are the last two.
-  const bool agree = adaptive_options_.drop_group != nullptr && rows.distributed;
+  // The ranks agree at the stage's last MoE layer of a micro-batch, on a step that agrees. There
+  // the projection is exact (every layer is routed) and every earlier layer's buffers are still
+  // candidates, so one agreement per micro-batch covers what one per layer would, but for a
+  // deficit before that layer (planned per rank).
   const int k = static_cast<int>(agreeable_.size()) / 2;  // the MoE layers before this one
+  const bool agree = adaptive_options_.drop_group != nullptr && rows.distributed &&
+                     agree_this_step_ && k + 1 == NumMoeLayersOfStage();
   const int slots = agree ? 2 * (k + 1) : 0;
   const int64_t xin_bytes = F32Bytes(rows.R * config_.d_model);
   const int64_t eo_bytes = F32Bytes(rows.S * config_.d_model);
   // The earlier layers' buffers this rank cannot drop (offloaded, compressed, dropped already, or
   // rebuilt from a compressed input): no rank drops those.
   std::vector<bool> cannot(slots, false);
-  for (int i = 0; i < 2 * k && agree; ++i) cannot[i] = !stash_.CanDropAgreed(agreeable_[i].handle);
+  for (int i = 0; i < 2 * k && agree; ++i) {
+    cannot[i] = !stash_.CanDropAgreed(agreeable_[i].handle);
+  }
   auto slot_name = [&](int i) {
     const char* what = i % 2 == 0 ? "expert input" : "combined output";
     return absl::StrCat("layer ", i < 2 * k ? agreeable_[i].layer : layer, "'s ", what);
@@ -345,7 +379,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   if (deficits.empty()) {
     if (agree) {
       ASSIGN_OR_RETURN(const std::vector<bool> agreed,
-                       AgreeCollectiveDrops(std::vector<bool>(slots, false), cannot));
+                       timed_agreement(std::vector<bool>(slots, false), cannot));
       RETURN_IF_ERROR(take_agreed(agreed));
       if (planner_log_ && std::find(agreed.begin(), agreed.end(), true) != agreed.end()) {
         planner_log_(absl::StrFormat(
@@ -358,6 +392,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     done();
     return absl::OkStatus();  // it fits: the common path, nothing else to do
   }
+  ran_short_ = true;
 
   // Candidates: what earlier layers and micro-batches hold (acted on now), this layer's expert
   // buffers (acted on after its forward).
@@ -368,7 +403,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   // moves (MovedOf).
   std::map<int64_t, std::pair<int, int>> position_of;
   // Before any exchange is timed (the first micro-batch), re-running the all-to-all is priced at
-  // the host link's rate: a guess that errs dear.
+  // 1 GB/s: a guess that errs dear against any interconnect a GPU has.
   const double measured_per_byte = ExchangeSecondsPerByte();
   const double exchange_per_byte = measured_per_byte > 0 ? measured_per_byte : 1e-9;
   std::map<int64_t, int> slot_of_id;  // stash id or deferred id -> its slot
@@ -537,8 +572,9 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
         wish[slot->second] = true;
       }
     }
-    ASSIGN_OR_RETURN(agreed_now, AgreeCollectiveDrops(wish, cannot));
+    ASSIGN_OR_RETURN(agreed_now, timed_agreement(wish, cannot));
     if (agreed_now != wish) {
+      ++planner_stats_.replans;
       // Plan again: the agreed drops free their bytes over their intervals whatever this rank
       // does (their rebuilds then read exact inputs: none of those may be compressed); the slots
       // not agreed stay (kept, offloaded or compressed).
@@ -705,6 +741,7 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
       note(e);
     }
   }
+  ran_short_ = true;
   if (dropped + offloaded == 0) return false;
   if (offloaded > 0 || landing > 0) stash_.WaitForCopies();
   ++planner_stats_.emergency_offloads;

@@ -233,7 +233,8 @@ class Stash {
   // Drop for an entry whose rebuild needs a collective too: the caller guarantees that every rank
   // of the group drops the same entry at the same point of the same micro-batch (the adaptive
   // planner's agreement, GptMoe), so the rebuilds run together. CanDropAgreed: Drop's conditions
-  // hold (kept, unpinned, rebuildable, no input in reduced precision), so DropAgreed succeeds.
+  // hold (kept, its reload not failed, unpinned, rebuildable, no input in reduced precision), so
+  // DropAgreed succeeds.
   absl::Status DropAgreed(StashHandle handle);
   bool CanDropAgreed(StashHandle handle) const;
   // Decides per new entry whether it is kept or dropped once its module's forward is done (nullptr:

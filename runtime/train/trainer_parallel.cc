@@ -245,15 +245,22 @@ absl::StatusOr<double> Trainer::ClipParallel() {
   const double local = ops_.sum_of_squares_ranges(g, norm_begin_.data(), norm_count_.data(),
                                                   static_cast<int>(norm_begin_.size()));
   // Summed in fp32 over the world: each term is already a double-accumulated partial sum. The
-  // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement) and whether any
-  // rank was asked for a checkpointed stop (StopToken), so every rank stops after the same step.
+  // same all-reduce carries the asynchronous checkpoint's flags (AsyncAgreement), whether any
+  // rank was asked for a checkpointed stop (StopToken), so every rank stops after the same step,
+  // and whether any rank's memory planner votes for agreeing on collective drops next step.
   const AsyncAgreement local_async = LocalAsyncState();
   const float stop = run_stop_ != nullptr && run_stop_->checkpointed_stop_requested() ? 1.0f : 0;
-  float sums[5] = {static_cast<float>(local), local_async.writing, local_async.commit_open,
-                   local_async.commit_failed, stop};
-  RETURN_IF_ERROR(AllReduce(P.world_group, sums, 5));
+  const float wish = model_->CollectiveDropVote() ? 1.0f : 0;
+  float sums[6] = {static_cast<float>(local),
+                   local_async.writing,
+                   local_async.commit_open,
+                   local_async.commit_failed,
+                   stop,
+                   wish};
+  RETURN_IF_ERROR(AllReduce(P.world_group, sums, 6));
   async_agreed_ = {.writing = sums[1], .commit_open = sums[2], .commit_failed = sums[3]};
   stop_agreed_ = sums[4] > 0;
+  model_->SetAgreeCollectiveDrops(sums[5] > 0);
   const double norm = std::sqrt(static_cast<double>(sums[0]));
   if (config_.clip > 0) {
     const double coef = config_.clip / (norm + 1e-6);

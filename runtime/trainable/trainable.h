@@ -109,6 +109,13 @@ class Trainable {
   // of the model runs ("deepspeed", "s1", "s2"), in layer order.
   virtual std::vector<MoeOpTotal> MoeOps() const { return {}; }
   virtual std::vector<std::string> MoeScheduleNames() const { return {}; }
+  // A memory planner's collective drops (GptMoe "Collective drops"): whether this rank votes for
+  // the ranks to agree on drops whose rebuild needs each other during the next step (GptMoe: its
+  // memory ran short since the last SetAgreeCollectiveDrops), and the trainer's answer after each
+  // step (whether any rank voted, from the step's world all-reduce). A model without such a
+  // planner ignores both.
+  virtual bool CollectiveDropVote() const { return false; }
+  virtual void SetAgreeCollectiveDrops(bool /*on*/) {}
 };
 
 // A Trainable that runs as one stage of a pipeline (and one rank of any parallel layout): what
