@@ -162,7 +162,9 @@ train::MemoryActionTotals GptMoe::MemoryActions() const {
           .late_reloads = a.late_reloads,
           .planner_seconds = planner_stats_.seconds,
           .planner_decisions = planner_stats_.decisions,
-          .emergency_offloads = planner_stats_.emergency_offloads};
+          .emergency_offloads = planner_stats_.emergency_offloads,
+          .agreements = planner_stats_.agreements,
+          .agreed_drops = planner_stats_.agreed_drops};
 }
 
 void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {

@@ -338,7 +338,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
     int64_t decisions = 0;           // MoE layers where the planner acted
     int64_t emergency_offloads = 0;  // MakeRoom calls that freed something
     int64_t refused_actions = 0;     // planned actions the stash refused (the plan came up short)
-    int64_t agreed_drops = 0;        // expert buffers dropped by the ranks' agreement
+    int64_t agreements = 0;          // the ranks' agreements on collective drops
+    int64_t agreed_drops = 0;        // expert buffers dropped by them
     int64_t replans = 0;             // plans made again because the agreement differed
     double agreement_seconds = 0;    // in the agreements' all-gathers (waiting for the peers)
     double hidden_share = 1;         // of the compute ahead copies are taken to hide behind

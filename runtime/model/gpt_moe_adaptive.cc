@@ -71,8 +71,8 @@ absl::Status GptMoe::SetAdaptive(memory::CopyEngine* engine, tensor::HostPool* h
         absl::StrCat("adaptive: margin must be in [0, 0.5), got ", options.margin));
   }
   RETURN_IF_ERROR(SetCopyTargets(engine, host, "adaptive"));
-  // The ranks of a single stage run every MoE layer's forward in the same order; on a pipeline
-  // the stages run different layers at the same time, so they could not agree per layer.
+  // The ranks of a single stage run every micro-batch's forward in the same order; on a pipeline
+  // the stages run different micro-batches at the same time, so they could not agree on one.
   if (!(shard_.first_stage() && shard_.last_stage()) ||
       (options.drop_group != nullptr && options.drop_group->size() == 1)) {
     options.drop_group = nullptr;
@@ -245,6 +245,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const auto timed_agreement = [this, &agreement_s](const std::vector<bool>& wish,
                                                     const std::vector<bool>& cannot) {
     const auto a0 = std::chrono::steady_clock::now();
+    ++planner_stats_.agreements;
     absl::StatusOr<std::vector<bool>> agreed = AgreeCollectiveDrops(wish, cannot);
     agreement_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count();
     return agreed;
@@ -324,17 +325,22 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const int64_t rise = InFlightBackwardRise();
   if (rise > 0) add(M, used + (live_before[M] - level) - planned_before[M] + rise);
   deferred_.clear();
-  // Collective drops (gpt_moe.h): every rank of the drop group takes part at every MoE layer, a
-  // rank that fits too (wishing nothing). Slots 2i and 2i + 1: the expert input and the combined
-  // output of this forward's i-th MoE layer; this layer's are the last two.
-  // The ranks agree at the stage's last MoE layer of a micro-batch, on a step that agrees. There
-  // the projection is exact (every layer is routed) and every earlier layer's buffers are still
-  // candidates, so one agreement per micro-batch covers what one per layer would, but for a
-  // deficit before that layer (planned per rank).
-  const int k = static_cast<int>(agreeable_.size()) / 2;  // the MoE layers before this one
-  const bool agree = adaptive_options_.drop_group != nullptr && rows.distributed &&
-                     agree_this_step_ && k + 1 == NumMoeLayersOfStage();
-  const int slots = agree ? 2 * (k + 1) : 0;
+  // Collective drops (gpt_moe.h): at the stage's last MoE layer of a micro-batch, on a step that
+  // agrees, every rank of the drop group takes part, a rank that fits too (wishing nothing).
+  // There the projection is exact (every layer is routed) and every earlier layer's buffers are
+  // still candidates, so one agreement per micro-batch covers what one per layer would, but for a
+  // deficit before that layer (planned per rank). Slots 2i and 2i + 1: the expert input and the
+  // combined output of the i-th MoE layer of this forward that exchanges (agreeable_); this
+  // layer's are the last two when it exchanges (under moe.schedule auto some layers may not).
+  const int k = static_cast<int>(agreeable_.size()) / 2;  // the earlier layers that exchange
+  int last_moe_layer = -1;
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
+    if (config_.IsMoeLayer(l)) last_moe_layer = l;
+  }
+  const int every_slot = 2 * k + (rows.distributed ? 2 : 0);
+  const bool agree = adaptive_options_.drop_group != nullptr && agree_this_step_ &&
+                     layer == last_moe_layer && every_slot > 0;
+  const int slots = agree ? every_slot : 0;
   const int64_t xin_bytes = F32Bytes(rows.R * config_.d_model);
   const int64_t eo_bytes = F32Bytes(rows.S * config_.d_model);
   // The earlier layers' buffers this rank cannot drop (offloaded, compressed, dropped already, or
@@ -488,7 +494,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
            "moe.combined_output");
   deferred(kDeferredEo, "moe.combined_output", rows.S * C, 2.0 * rows.R * C * fl, kDeferredHidden,
            "", rows.distributed ? eo_bytes : 0);
-  if (agree) {
+  if (agree && rows.distributed) {
     slot_of_id[kDeferredXin] = 2 * k;
     slot_of_id[kDeferredEo] = 2 * k + 1;
   }

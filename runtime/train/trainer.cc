@@ -175,6 +175,8 @@ MemoryActionTotals Trainer::MemoryActionsSince(const MemoryActionTotals& before)
   d.planner_seconds -= before.planner_seconds;
   d.planner_decisions -= before.planner_decisions;
   d.emergency_offloads -= before.emergency_offloads;
+  d.agreements -= before.agreements;
+  d.agreed_drops -= before.agreed_drops;
   return d;
 }
 

@@ -58,6 +58,8 @@ struct MemoryActionTotals {
   double planner_seconds = 0;      // projecting and planning
   int64_t planner_decisions = 0;   // MoE layers where it acted
   int64_t emergency_offloads = 0;  // allocations it rescued after the arena refused them
+  int64_t agreements = 0;          // times the ranks agreed on collective drops (GptMoe)
+  int64_t agreed_drops = 0;        // buffers dropped by those agreements
 };
 
 // What one op of the MoE layers' schedules (runtime/moe/schedule.h) moved on this rank: running

@@ -8,9 +8,12 @@
 //     memory, while adaptive trains bit-identically to the unlimited run on the same layout, keeps
 //     every rank's peak under the budget, acts on no step that fits (single stage) and needs no
 //     emergency offload (single stage), on EP, EP with ESP and a 1F1B pipeline;
-//   - AgreedDrop: without offload, at a budget only full_recompute's drops fit, adaptive's
-//     per-rank drops run out of memory and its agreed drops of the expert buffers train
-//     bit-identically (EP, EP with ESP, TP with EP under s1 and s2).
+//   - AgreedDrop: without offload, at 2% above full_recompute's peak, adaptive's per-rank drops
+//     run out of memory and its agreed drops of the expert buffers train bit-identically (EP, EP
+//     with ESP, TP with EP under s1 and s2, and EP with ESP on the emulated device with stream
+//     communicators); with a slow offload link, offloads and agreed drops together train
+//     bit-identically too. The ranks agree on the first step and after a step some rank ran
+//     short (checked step by step in Adaptive).
 #include <unistd.h>
 
 #include <algorithm>
@@ -169,6 +172,21 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
   if (l.pp == 1) {
     EXPECT_EQ(emergencies, 0);
   }
+  // The ranks agree on collective drops (once per micro-batch, every rank) on the first step and
+  // on the steps after one in which some rank's memory ran short (a plan was made, or the
+  // emergency path ran); never on a pipeline. Deficits are byte-exact projections: this holds
+  // whatever the plans chose.
+  for (int s = 0; s < c.steps; ++s) {
+    bool short_before = s == 0;
+    for (int rank = 0; rank < c.sizes.world() && s > 0; ++rank) {
+      short_before = short_before || adaptive->planner_decisions[rank][s - 1] > 0 ||
+                     adaptive->emergency_offloads[rank][s - 1] > 0;
+    }
+    for (int rank = 0; rank < c.sizes.world(); ++rank) {
+      const int64_t want = l.pp == 1 && short_before ? c.micro_batches : 0;
+      EXPECT_EQ(adaptive->agreements[rank][s], want) << "rank " << rank << " step " << s;
+    }
+  }
   std::printf(
       "REPORT adaptive %s under spikes: unlimited peak %lld B, budget %llu B; "
       "none fails, adaptive peak %lld B with %lld decisions and %lld emergency offloads\n",
@@ -242,18 +260,20 @@ void CheckAgreedDrops(const Layout& l, const std::string& schedule, AgreedOption
   absl::StatusOr<RunResult> agreed = RunLayoutInTempDir(c, tag + "agreed");
   ASSERT_TRUE(agreed.ok()) << agreed.status();
   ExpectBitIdentical(*agreed, *free_run);
+  // (Every peak is within the budget: the arena refuses anything above it.)
   int64_t peak = 0, drops = 0;
   for (int rank = 0; rank < c.sizes.world(); ++rank) {
-    for (int s = 0; s < c.steps; ++s) {
-      EXPECT_LE(agreed->activation_peak[rank][s], static_cast<int64_t>(budget));
-      peak = std::max(peak, agreed->activation_peak[rank][s]);
-    }
+    for (int s = 0; s < c.steps; ++s) peak = std::max(peak, agreed->activation_peak[rank][s]);
     drops += agreed->agreed_drops[rank];
   }
-  EXPECT_GT(drops, 0);
+  // With offload the plans may cover every deficit without a collective drop, as measured
+  // costs decide; without, the run above shows they must drop some.
+  if (!o.slow_link) {
+    EXPECT_GT(drops, 0);
+  }
   std::printf(
       "REPORT agreed drops %s %s: unlimited peak %lld B, full_recompute %lld B, budget %llu B; "
-      "%s, agreed ones peak at %lld B with %lld agreed drops per rank%s\n",
+      "%s, agreed ones peak at %lld B with %lld agreed drops on rank 0%s\n",
       l.name, schedule.c_str(), static_cast<long long>(free_top), static_cast<long long>(full_top),
       static_cast<unsigned long long>(budget),
       o.slow_link ? "offloading over a 3 MB/s link" : "per-rank drops run out of memory",

@@ -44,6 +44,7 @@ struct Trained {
   std::vector<int64_t> comm_bytes = std::vector<int64_t>(comm::kNumCollectiveOps, 0);
   model::StashActionStats stash;
   std::vector<int64_t> activation_peak, predicted_peak, decisions, emergencies;  // per step
+  std::vector<int64_t> agreements;                                               // per step
 };
 
 // The device a rank trains on (LayoutCase::device) and its compute stream.
@@ -169,6 +170,7 @@ absl::StatusOr<Trained> Train(const LayoutCase& c, model::GptMoe& model, int mic
     t.predicted_peak.push_back(st.predicted_peak_bytes);
     t.decisions.push_back(st.memory_actions.planner_decisions);
     t.emergencies.push_back(st.memory_actions.emergency_offloads);
+    t.agreements.push_back(st.memory_actions.agreements);
     for (const train::CommStats& cs : st.comm) t.comm_bytes[static_cast<int>(cs.op)] += cs.bytes;
   }
   t.stash = model.stash().action_stats();
@@ -209,6 +211,7 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
     Put(out, t.predicted_peak[s]);
     Put(out, t.decisions[s]);
     Put(out, t.emergencies[s]);
+    Put(out, t.agreements[s]);
   }
   Put<int32_t>(out, static_cast<int32_t>(t.eval_loss.size()));
   for (double e : t.eval_loss) Put(out, e);
@@ -339,6 +342,7 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
     r.predicted_peak.emplace_back();
     r.planner_decisions.emplace_back();
     r.emergency_offloads.emplace_back();
+    r.agreements.emplace_back();
     for (int s = 0; s < steps; ++s) {
       double loss = 0, aux = 0, norm = 0;
       Take(in, loss);
@@ -350,11 +354,13 @@ absl::StatusOr<RunResult> RunLayout(const LayoutCase& c, const std::string& dir)
       Take(in, n_counts);
       std::vector<int64_t> counts(std::max(0, n_counts));
       for (int64_t& c : counts) Take(in, c);
-      int64_t peak = 0, predicted = 0, decisions = 0, emergencies = 0;
+      int64_t peak = 0, predicted = 0, decisions = 0, emergencies = 0, agreements = 0;
       Take(in, peak);
       Take(in, predicted);
       Take(in, decisions);
       Take(in, emergencies);
+      Take(in, agreements);
+      r.agreements.back().push_back(agreements);
       r.activation_peak.back().push_back(peak);
       r.predicted_peak.back().push_back(predicted);
       r.planner_decisions.back().push_back(decisions);
@@ -487,6 +493,7 @@ absl::StatusOr<RunResult> RunSingle(const LayoutCase& c) {
   r.predicted_peak = {t.predicted_peak};
   r.planner_decisions = {t.decisions};
   r.emergency_offloads = {t.emergencies};
+  r.agreements = {t.agreements};
   const std::vector<float> host = HostParams(*model);
   for (const train::ParamInfo& p : model->params()) {
     const float* d = host.data() + p.offset;

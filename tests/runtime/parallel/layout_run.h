@@ -89,6 +89,8 @@ struct RunResult {
   // adaptive planner's decisions and emergency offloads.
   std::vector<std::vector<int64_t>> activation_peak, predicted_peak;
   std::vector<std::vector<int64_t>> planner_decisions, emergency_offloads;
+  // [rank][step]: the ranks' agreements on collective drops (GptMoe "Collective drops").
+  std::vector<std::vector<int64_t>> agreements;
 };
 
 // The layout tests' tiny MoE: 4 layers, 1 and 3 MoE and 0 and 2 dense (both FFN kinds run in
