@@ -113,14 +113,15 @@ RankBytes AnalyticalRankBytes(const topology::Topology& topo, int rank, const St
   if (z.dp > 1) f[Op(CollectiveOp::kAllReduce)] += DenseGradFloats(topo, rank, c) * kF32;
   if (edp > 1) f[Op(CollectiveOp::kAllReduce)] += ExpertGradFloats(topo, rank, c) * kF32;
   if (z.pp > 1 && (first || last)) f[Op(CollectiveOp::kAllReduce)] += V * C * kF32;
-  //  * ClipParallel: the squared norm, the asynchronous checkpoint's three flags and the
-  //    checkpointed-stop flag, five floats over `world`; ReduceStats: loss, aux, dropped and
-  //    tokens per expert of every MoE layer of the model, over `world`.
+  //  * ClipParallel: the squared norm, the asynchronous checkpoint's three flags, the
+  //    checkpointed-stop flag and the memory planner's vote for agreeing on collective drops, six
+  //    floats over `world`; ReduceStats: loss, aux, dropped and tokens per expert of every MoE
+  //    layer of the model, over `world`.
   if (z.world() > 1) {
     // loss, aux, then dropped and each token count as three floats (its 8-bit digits above 16,
     // 8-15, 0-7: Trainer::ReduceStats).
     f[Op(CollectiveOp::kAllReduce)] +=
-        5 * kF32 + (2 + 3 * (1 + int64_t{c.num_moe_layers()} * E)) * kF32;
+        6 * kF32 + (2 + 3 * (1 + int64_t{c.num_moe_layers()} * E)) * kF32;
   }
 
   // The MoE dispatcher (dispatcher.cc), per MoE layer of this stage and micro-batch, when the
