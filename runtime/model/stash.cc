@@ -701,20 +701,10 @@ absl::Status Stash::DropAgreed(StashHandle handle) { return DropChecked(handle, 
 bool Stash::CanDropAgreed(StashHandle handle) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle.id);
-  if (it == entries_.end()) return false;
-  const Entry& e = it->second;
-  return e.info.state == StashState::kKept && e.copy_error.ok() && e.pins == 0 &&
-         e.info.recompute.rebuildable() && LossyInputLocked(e) == nullptr;
+  return it != entries_.end() && DropRefusalLocked(it->second, /*agreed=*/true).ok();
 }
 
-absl::Status Stash::DropChecked(StashHandle handle, bool agreed) {
-  tensor::Buffer doomed;  // returned to its owner after the lock is dropped
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle.id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("stash: drop of unknown entry ", handle.id));
-  }
-  Entry& e = it->second;
+absl::Status Stash::DropRefusalLocked(const Entry& e, bool agreed) const {
   const std::string& name = e.info.producer;
   if (e.info.state != StashState::kKept) {
     return absl::FailedPreconditionError(
@@ -743,7 +733,18 @@ absl::Status Stash::DropChecked(StashHandle handle, bool agreed) {
         absl::StrCat("stash: cannot drop '", name, "': its rebuild reads '", lossy->info.producer,
                      "', stored in reduced precision (the rebuild would carry the codec's error)"));
   }
-  DropLocked(e, doomed);
+  return absl::OkStatus();
+}
+
+absl::Status Stash::DropChecked(StashHandle handle, bool agreed) {
+  tensor::Buffer doomed;  // returned to its owner after the lock is dropped
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle.id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("stash: drop of unknown entry ", handle.id));
+  }
+  RETURN_IF_ERROR(DropRefusalLocked(it->second, agreed));
+  DropLocked(it->second, doomed);
   return absl::OkStatus();
 }
 

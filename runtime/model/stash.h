@@ -325,6 +325,10 @@ class Stash {
   // output that drives the gate's gradient), and further than its bound for those it may.
   // The input of `e`'s rebuild that is or was compressed (nullptr: none).
   const Entry* LossyInputLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why Drop (agreed: DropAgreed) would refuse `e`, or OK: the one list of conditions both
+  // DropChecked and CanDropAgreed apply.
+  absl::Status DropRefusalLocked(const Entry& e, bool agreed) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DropChecked(StashHandle handle, bool agreed);
   // A dropped entry whose rebuild reads entry `id` (nullptr: none).
   const Entry* DroppedReaderLocked(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -36,6 +36,16 @@ LayoutCase SpikeCase(const Layout& l) {
   return CaseOn(l, model, /*steps=*/5);
 }
 
+// A run that must run out of memory: it failed (`fits` says what a success would mean), and some
+// rank exited with kRankResourceExhausted; its peers may fail otherwise (a collective with a rank
+// that left), so only some rank's exit is checked.
+void ExpectRanOutOfMemory(const absl::StatusOr<RunResult>& run, const std::string& fits) {
+  EXPECT_FALSE(run.ok()) << fits;
+  EXPECT_NE(run.status().message().find(absl::StrCat("exited with ", kRankResourceExhausted)),
+            absl::string_view::npos)
+      << "no rank ran out of memory: " << run.status();
+}
+
 // schedule: moe.schedule (the Parm schedules allocate their own exchange buffers: s1 a slice of
 // the tokens and the gathered residual, s2 the split rows and the staging of every peer's rows).
 void CheckMemoryModel(const Layout& l, const std::string& schedule) {
@@ -126,14 +136,9 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
   const auto budget = static_cast<uint64_t>(0.9 * top);
   c.device_budget = budget;
 
-  // Policy none runs out of memory: the rank whose peak exceeds the budget exits with
-  // kRankResourceExhausted; its peers may fail otherwise (a collective with a rank that left), so
-  // only some rank's exit is checked.
-  absl::StatusOr<RunResult> none = RunLayoutInTempDir(c, tag + "none");
-  EXPECT_FALSE(none.ok()) << "policy none fits the spikes at " << budget << " bytes";
-  EXPECT_NE(none.status().message().find(absl::StrCat("exited with ", kRankResourceExhausted)),
-            absl::string_view::npos)
-      << "no rank ran out of memory: " << none.status();
+  // Policy none runs out of memory: the rank whose peak exceeds the budget.
+  ExpectRanOutOfMemory(RunLayoutInTempDir(c, tag + "none"),
+                       absl::StrCat("policy none fits the spikes at ", budget, " bytes"));
 
   c.policy = memory::MemoryPolicy::kAdaptive;
   absl::StatusOr<RunResult> adaptive = RunLayoutInTempDir(c, tag + "adaptive");
@@ -249,11 +254,9 @@ void CheckAgreedDrops(const Layout& l, const std::string& schedule, AgreedOption
 
   if (!o.slow_link) {
     c.agree_drops = false;
-    absl::StatusOr<RunResult> alone = RunLayoutInTempDir(c, tag + "alone");
-    EXPECT_FALSE(alone.ok()) << "per-rank drops fit " << budget << " bytes: the test shows nothing";
-    EXPECT_NE(alone.status().message().find(absl::StrCat("exited with ", kRankResourceExhausted)),
-              absl::string_view::npos)
-        << "no rank ran out of memory: " << alone.status();
+    ExpectRanOutOfMemory(
+        RunLayoutInTempDir(c, tag + "alone"),
+        absl::StrCat("per-rank drops fit ", budget, " bytes: the test shows nothing"));
   }
 
   c.agree_drops = true;
