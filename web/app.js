@@ -540,7 +540,8 @@
       // The last step's routing and what the adaptive planner did in it (all ranks).
       ['routing', last ? (get(last, 'routing_spike') ? 'spike' : 'normal') : '–'],
       ['planner', last ? `${num(last, 'planner_decisions')} acted · ` +
-        `${num(last, 'emergency_offloads')} emergency` : '–'],
+        `${num(last, 'emergency_offloads')} emergency` +
+        (num(last, 'agreed_drops') > 0 ? ` · ${num(last, 'agreed_drops')} agreed drops` : '') : '–'],
     ];
     $('kpis').replaceChildren(...kpis.map(([k, v]) =>
       el('div', { className: 'kpi' }, el('div', { className: 'k' }, k), el('div', { className: 'v' }, v))));

@@ -132,6 +132,10 @@ furnace::v1::StepTelemetry StepTelemetryOf(const train::StepStats& s,
       static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.planner_decisions)));
   memory->set_emergency_offloads(
       static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.emergency_offloads)));
+  memory->set_agreements(static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.agreements)));
+  memory->set_agreed_drops(
+      static_cast<uint32_t>(std::max<int64_t>(0, s.memory_actions.agreed_drops)));
+  memory->set_agreement_seconds(s.memory_actions.agreement_seconds);
   const std::pair<furnace::v1::PlannerAction, uint64_t> actions[] = {
       {furnace::v1::PLANNER_ACTION_OFFLOAD, s.memory_actions.offloaded_bytes},
       {furnace::v1::PLANNER_ACTION_COMPRESS, s.memory_actions.compressed_bytes},

@@ -126,6 +126,7 @@ TrainMetrics TrainMetricsOf(const v1::StepTelemetry& t) {
   m.planner_decisions = known(static_cast<double>(t.memory().planner_decisions()));
   m.emergency_offloads = known(static_cast<double>(t.memory().emergency_offloads()));
   m.late_reloads = known(static_cast<double>(t.memory().late_reloads()));
+  m.agreed_drops = known(static_cast<double>(t.memory().agreed_drops()));
   m.routing_spike = t.routing_spike();
   if (t.has_eval()) {
     m.eval_loss = t.eval().loss();
@@ -356,13 +357,14 @@ std::vector<std::string> TrainWatchLines(const TrainMetrics& m) {
   }
   if (m.dropped_tokens) add(&second, absl::StrCat("dropped ", Count(*m.dropped_tokens)));
   if (m.activation_peak_bytes) add(&second, absl::StrCat("memory ", FormatActivationMemory(m)));
-  // The adaptive planner's decisions and emergency offloads of the step on rank 0, as the plain
-  // lines say them.
+  // The adaptive planner's decisions, emergency offloads and agreed drops of the step on rank 0,
+  // as the plain lines say them.
   if (m.planner_decisions) add(&second, absl::StrCat("planner ", Count(*m.planner_decisions), "x"));
   if (m.emergency_offloads) {
     add(&second, absl::StrCat("emergency offloads ", Count(*m.emergency_offloads)));
   }
   if (m.late_reloads) add(&second, absl::StrCat("late reloads ", Count(*m.late_reloads)));
+  if (m.agreed_drops) add(&second, absl::StrCat("agreed drops ", Count(*m.agreed_drops)));
   std::vector<std::string> lines;
   if (!first.empty()) lines.push_back(first);
   if (!second.empty()) lines.push_back(second);
@@ -381,7 +383,7 @@ std::string TrainPlainSuffix(const TrainMetrics& m) {
   if (m.routing_spike) absl::StrAppend(&out, "  spike");
   // Under a budget, the step's peak against it; the memory policy's actions of the step, when it
   // took any ("memory 4.9 MiB of 5.0 MiB (98%), offload 1.2 MiB"); the adaptive planner's
-  // decisions and emergency offloads and the late reloads on rank 0.
+  // decisions, emergency offloads, late reloads and agreed drops on rank 0.
   std::string memory;
   if (m.activation_peak_bytes && m.memory_budget_bytes && *m.memory_budget_bytes > 0) {
     memory = FormatActivationMemory(m);
@@ -399,6 +401,7 @@ std::string TrainPlainSuffix(const TrainMetrics& m) {
     absl::StrAppend(&out, "  emergency offloads ", Count(*m.emergency_offloads));
   }
   if (m.late_reloads) absl::StrAppend(&out, "  late reloads ", Count(*m.late_reloads));
+  if (m.agreed_drops) absl::StrAppend(&out, "  agreed drops ", Count(*m.agreed_drops));
   return out;
 }
 

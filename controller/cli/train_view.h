@@ -39,7 +39,8 @@ struct TrainMetrics {
   std::optional<double> loss, aux_loss, tokens, tokens_per_second, step_seconds,
       forward_backward_seconds, optimizer_seconds, sync_seconds, checkpoint_seconds, mfu, grad_norm,
       lr, dropped_tokens, activation_peak_bytes, memory_budget_bytes, model_flops, entropy_floor,
-      imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads, late_reloads;
+      imbalance_max, pipeline_in_flight, planner_decisions, emergency_offloads, late_reloads,
+      agreed_drops;
   bool routing_spike = false;
   // The step these figures are of (rank 0's newest; 0: not known), and the job's progress (the
   // lowest step over the ranks): the views label the figures with their step when the two differ.

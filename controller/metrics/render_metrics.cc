@@ -171,6 +171,19 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       x.Add("furnace_memory_late_reloads_total", kCounter,
             "Offloaded tensors not back on the device when their backward needed them (the "
             "compute waited), over all steps and ranks.");
+  MetricFamily* agreements =
+      x.Add("furnace_planner_agreements_total", kCounter,
+            "Micro-batches where the ranks of an expert-parallel job agreed which expert buffers "
+            "all of them drop and rebuild together (the adaptive planner's collective drops), "
+            "over all steps.");
+  MetricFamily* agreed_drops =
+      x.Add("furnace_planner_agreed_drops_total", kCounter,
+            "Expert buffers dropped by those agreements (rebuilt in backward by re-running the "
+            "all-to-all), over all steps and ranks.");
+  MetricFamily* agreement_seconds =
+      x.Add("furnace_planner_agreement_seconds_total", kCounter,
+            "Seconds in those agreements' all-gathers, waiting for the peers included (the "
+            "slowest rank of each step), over all steps.");
   MetricFamily* comm = x.Add("furnace_comm_bytes_total", kCounter,
                              "Bytes moved by collectives, by operation, over all steps and ranks.");
   MetricFamily* moe_op_bytes =
@@ -295,6 +308,9 @@ std::vector<MetricFamily> CollectMetrics(const MetricsSnapshot& snapshot) {
       Add(planner_decisions, JobLabel(job), job.planner_decisions_total);
       Add(emergency_offloads, JobLabel(job), job.emergency_offloads_total);
       Add(late_reloads, JobLabel(job), job.late_reloads_total);
+      Add(agreements, JobLabel(job), job.agreements_total);
+      Add(agreed_drops, JobLabel(job), job.agreed_drops_total);
+      Add(agreement_seconds, JobLabel(job), job.agreement_seconds_total);
     }
     for (const auto& [op, bytes] : job.comm_bytes_total) {
       Add(comm, JobLabelAnd(job, "op", op), bytes);

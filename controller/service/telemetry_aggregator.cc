@@ -65,6 +65,9 @@ bool TelemetryAggregator::Accumulate(const std::string& job_id, uint32_t world_s
   r.set_planner_decisions(r.planner_decisions() + t.memory().planner_decisions());
   r.set_emergency_offloads(r.emergency_offloads() + t.memory().emergency_offloads());
   r.set_late_reloads(r.late_reloads() + t.memory().late_reloads());
+  r.set_agreements(std::max(r.agreements(), t.memory().agreements()));
+  r.set_agreed_drops(r.agreed_drops() + t.memory().agreed_drops());
+  r.set_agreement_seconds(std::max(r.agreement_seconds(), t.memory().agreement_seconds()));
   r.set_checkpoint_seconds(std::max(r.checkpoint_seconds(), t.checkpoint_seconds()));
   r.set_checkpoint_stall_seconds(
       std::max(r.checkpoint_stall_seconds(), t.checkpoint_stall_seconds()));
@@ -256,6 +259,9 @@ void TelemetryAggregator::AddTotals(const std::string& job_id, const v1::StepRec
   t.planner_decisions += r.planner_decisions();
   t.emergency_offloads += r.emergency_offloads();
   t.late_reloads += static_cast<double>(r.late_reloads());
+  t.agreements += r.agreements();
+  t.agreed_drops += r.agreed_drops();
+  t.agreement_seconds += r.agreement_seconds();
   // The Prometheus series are by action and by collective (over all groups).
   for (const auto& a : r.planner()) {
     t.planner[v1::PlannerActionLabel(a.action())] += static_cast<double>(a.bytes());
@@ -382,6 +388,9 @@ void TelemetryAggregator::Fill(const std::string& job_id, JobMetrics& m) const {
       m.planner_decisions_total = t->second.planner_decisions;
       m.emergency_offloads_total = t->second.emergency_offloads;
       m.late_reloads_total = t->second.late_reloads;
+      m.agreements_total = t->second.agreements;
+      m.agreed_drops_total = t->second.agreed_drops;
+      m.agreement_seconds_total = t->second.agreement_seconds;
       m.comm_bytes_total = t->second.comm;
       m.moe_op_bytes_total = t->second.moe_op_bytes;
       m.moe_op_seconds_total = t->second.moe_op_seconds;

@@ -190,6 +190,9 @@ class TelemetryAggregator {
     double tokens = 0;
     // The memory planner's decisions and emergency offloads, the late reloads (all ranks).
     double planner_decisions = 0, emergency_offloads = 0, late_reloads = 0;
+    // Collective drops: the agreements (each once), the buffers dropped (all ranks), the
+    // agreements' time (the slowest rank's, per step).
+    double agreements = 0, agreed_drops = 0, agreement_seconds = 0;
     // Counters by Prometheus label (v1::PlannerActionLabel, v1::CollectiveOpLabel).
     std::map<std::string, double> planner, comm;
     // By MoE op name (MoeOpTelemetry.op).

@@ -164,7 +164,8 @@ train::MemoryActionTotals GptMoe::MemoryActions() const {
           .planner_decisions = planner_stats_.decisions,
           .emergency_offloads = planner_stats_.emergency_offloads,
           .agreements = planner_stats_.agreements,
-          .agreed_drops = planner_stats_.agreed_drops};
+          .agreed_drops = planner_stats_.agreed_drops,
+          .agreement_seconds = planner_stats_.agreement_seconds};
 }
 
 void GptMoe::SetStepContext(int64_t step, int64_t first_global_sequence) {

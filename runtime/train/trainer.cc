@@ -177,6 +177,7 @@ MemoryActionTotals Trainer::MemoryActionsSince(const MemoryActionTotals& before)
   d.emergency_offloads -= before.emergency_offloads;
   d.agreements -= before.agreements;
   d.agreed_drops -= before.agreed_drops;
+  d.agreement_seconds -= before.agreement_seconds;
   return d;
 }
 

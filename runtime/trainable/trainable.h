@@ -60,6 +60,7 @@ struct MemoryActionTotals {
   int64_t emergency_offloads = 0;  // allocations it rescued after the arena refused them
   int64_t agreements = 0;          // times the ranks agreed on collective drops (GptMoe)
   int64_t agreed_drops = 0;        // buffers dropped by those agreements
+  double agreement_seconds = 0;    // in the agreements' all-gathers (waiting for the peers)
 };
 
 // What one op of the MoE layers' schedules (runtime/moe/schedule.h) moved on this rank: running

@@ -64,5 +64,34 @@ TEST(StepTelemetryTest, CheckpointTimesAreCopied) {
   EXPECT_EQ(t.checkpoint_error(), "disk full");
 }
 
+// The memory planner's step, as every rank reports it (the controller sums or takes the max).
+TEST(StepTelemetryTest, ThePlannersActionsAndAgreementsAreCopiedOnEveryRank) {
+  train::StepStats s;
+  s.memory_actions = {.recomputed_bytes = 4096,
+                      .offloaded_bytes = 1024,
+                      .late_reloads = 1,
+                      .planner_seconds = 0.25,
+                      .planner_decisions = 3,
+                      .emergency_offloads = 2,
+                      .agreements = 4,
+                      .agreed_drops = 5,
+                      .agreement_seconds = 0.125};
+  for (bool reporter : {true, false}) {
+    const v1::StepTelemetry t = StepTelemetryOf(s, {.reporter = reporter});
+    EXPECT_EQ(t.memory().late_reloads(), 1u);
+    EXPECT_DOUBLE_EQ(t.memory().planner_seconds(), 0.25);
+    EXPECT_EQ(t.memory().planner_decisions(), 3u);
+    EXPECT_EQ(t.memory().emergency_offloads(), 2u);
+    EXPECT_EQ(t.memory().agreements(), 4u);
+    EXPECT_EQ(t.memory().agreed_drops(), 5u);
+    EXPECT_DOUBLE_EQ(t.memory().agreement_seconds(), 0.125);
+    ASSERT_EQ(t.planner_size(), 2);  // compress moved nothing: not listed
+    EXPECT_EQ(t.planner(0).action(), v1::PLANNER_ACTION_OFFLOAD);
+    EXPECT_EQ(t.planner(0).bytes(), 1024u);
+    EXPECT_EQ(t.planner(1).action(), v1::PLANNER_ACTION_RECOMPUTE);
+    EXPECT_EQ(t.planner(1).bytes(), 4096u);
+  }
+}
+
 }  // namespace
 }  // namespace furnace::worker

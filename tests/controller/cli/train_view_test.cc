@@ -259,26 +259,37 @@ TEST_F(TrainViewTest, StatusShowsCommunicationPerOpAndGroupAndPlannerBytes) {
   }
 }
 
-// The adaptive planner's decisions and emergency offloads of the step: in `furnace watch`'s
-// terminal frame as in its plain lines.
+// The adaptive planner's decisions, emergency offloads and agreed drops of the step: in `furnace
+// watch`'s terminal frame as in its plain lines.
 TEST_F(TrainViewTest, WatchShowsThePlannersDecisionsAndEmergencyOffloads) {
   v1::JobDetail job = MakeTrainJob();
   job.mutable_telemetry()->mutable_memory()->set_planner_decisions(12);
   job.mutable_telemetry()->mutable_memory()->set_emergency_offloads(2);
   job.mutable_telemetry()->mutable_memory()->set_late_reloads(5);
+  job.mutable_telemetry()->mutable_memory()->set_agreements(4);
+  job.mutable_telemetry()->mutable_memory()->set_agreed_drops(6);
   const std::optional<TrainMetrics> m = TrainMetricsOf(job);
   ASSERT_TRUE(m.has_value());
   const std::vector<std::string> lines = TrainWatchLines(*m);
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_NE(lines[1].find("planner 12x  emergency offloads 2  late reloads 5"), std::string::npos)
+  EXPECT_NE(lines[1].find("planner 12x  emergency offloads 2  late reloads 5  agreed drops 6"),
+            std::string::npos)
       << lines[1];
-  EXPECT_NE(TrainPlainSuffix(*m).find("planner 12x  emergency offloads 2"), std::string::npos)
+  EXPECT_NE(TrainPlainSuffix(*m).find("planner 12x  emergency offloads 2  late reloads 5  agreed "
+                                      "drops 6"),
+            std::string::npos)
       << TrainPlainSuffix(*m);
-  // None taken: nothing said.
-  const std::optional<TrainMetrics> quiet = TrainMetricsOf(MakeTrainJob());
-  ASSERT_TRUE(quiet.has_value());
-  for (const std::string& line : TrainWatchLines(*quiet)) {
-    EXPECT_EQ(line.find("planner"), std::string::npos) << line;
+  // None taken: nothing said (an agreement that dropped nothing, as on every first step, neither).
+  v1::JobDetail agreed_nothing = MakeTrainJob();
+  agreed_nothing.mutable_telemetry()->mutable_memory()->set_agreements(2);
+  for (const v1::JobDetail& quiet_job : {MakeTrainJob(), agreed_nothing}) {
+    const std::optional<TrainMetrics> quiet = TrainMetricsOf(quiet_job);
+    ASSERT_TRUE(quiet.has_value());
+    for (const std::string& line : TrainWatchLines(*quiet)) {
+      EXPECT_EQ(line.find("planner"), std::string::npos) << line;
+      EXPECT_EQ(line.find("agreed"), std::string::npos) << line;
+    }
+    EXPECT_EQ(TrainPlainSuffix(*quiet).find("agreed"), std::string::npos);
   }
 }
 

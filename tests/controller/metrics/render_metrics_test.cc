@@ -164,6 +164,20 @@ TEST(RenderMetrics, GoldenSmallSnapshot) {
           "their backward needed them (the compute waited), over all steps and ranks.\n"
           "# TYPE furnace_memory_late_reloads_total counter\n"
           "furnace_memory_late_reloads_total{job=\"j-1\"} 2\n"
+          "# HELP furnace_planner_agreements_total Micro-batches where the ranks of an "
+          "expert-parallel job agreed which expert buffers all of them drop and rebuild together "
+          "(the adaptive planner's collective drops), over all steps.\n"
+          "# TYPE furnace_planner_agreements_total counter\n"
+          "furnace_planner_agreements_total{job=\"j-1\"} 3\n"
+          "# HELP furnace_planner_agreed_drops_total Expert buffers dropped by those agreements "
+          "(rebuilt in backward by re-running the all-to-all), over all steps and ranks.\n"
+          "# TYPE furnace_planner_agreed_drops_total counter\n"
+          "furnace_planner_agreed_drops_total{job=\"j-1\"} 8\n"
+          "# HELP furnace_planner_agreement_seconds_total Seconds in those agreements' "
+          "all-gathers, waiting for the peers included (the slowest rank of each step), over all "
+          "steps.\n"
+          "# TYPE furnace_planner_agreement_seconds_total counter\n"
+          "furnace_planner_agreement_seconds_total{job=\"j-1\"} 0.25\n"
           "# HELP furnace_comm_bytes_total Bytes moved by collectives, by operation, over all "
           "steps and ranks.\n"
           "# TYPE furnace_comm_bytes_total counter\n"
@@ -248,7 +262,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeOnceAndContiguousSamples) {
       EXPECT_EQ(finished.count(SampleName(line)), 0u) << line;
     }
   }
-  EXPECT_EQ(help.size(), 37u);  // every family the renderer has
+  EXPECT_EQ(help.size(), 40u);  // every family the renderer has
   for (const auto& [name, n] : help) EXPECT_EQ(n, 1) << name;
   for (const auto& [name, n] : type) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(help.size(), type.size());
@@ -392,7 +406,7 @@ TEST(RenderMetrics, WorkersThatLeftAreNotCountedAsLost) {
 
 TEST(CollectMetrics, NamesAndLabelNamesAreValidAndTypesMatchTheSuffix) {
   const std::vector<prometheus::MetricFamily> families = CollectMetrics(RichSnapshot());
-  EXPECT_EQ(families.size(), 37u);
+  EXPECT_EQ(families.size(), 40u);
   std::set<std::string> names;
   for (const prometheus::MetricFamily& family : families) {
     EXPECT_TRUE(names.insert(family.name).second) << "twice: " << family.name;

@@ -56,6 +56,9 @@ inline MetricsSnapshot SmallSnapshot() {
   train.planner_decisions_total = 5;
   train.emergency_offloads_total = 1;
   train.late_reloads_total = 2;
+  train.agreements_total = 3;
+  train.agreed_drops_total = 8;
+  train.agreement_seconds_total = 0.25;
   train.comm_bytes_total["all_reduce"] = 8192;
   train.last.add_moe_schedules(furnace::v1::MOE_LAYER_SCHEDULE_S1);
   train.moe_op_bytes_total["a2a(ep)"] = 2048;

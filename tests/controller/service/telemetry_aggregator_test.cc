@@ -339,5 +339,50 @@ TEST(TelemetryAggregatorTest, ThePlannersCountsAreSummedOverRanksStoredAndTotall
   EXPECT_DOUBLE_EQ(again.planner_decisions_total, 6);
 }
 
+// Collective drops: every rank takes part in each agreement, so the stored step has the most any
+// rank reported (a rank that reported fewer has not reported them all), the buffers each rank
+// dropped summed, the slowest rank's seconds; the exported totals add the stored steps up and a
+// restarted controller rebuilds them from the store.
+TEST(TelemetryAggregatorTest, AgreementsAreCountedOnceTheirDropsSummedOverRanks) {
+  AggregatorStore store("telemetry-agreement-test");
+  ASSERT_NE(store.get(), nullptr);
+  TelemetryAggregator telemetry(*store.get());
+  const auto rank = [](uint32_t r, uint64_t step, uint32_t agreements, uint32_t drops,
+                       double seconds) {
+    v1::TelemetryRecord rec = Step(r, step);
+    auto* memory = rec.mutable_train()->mutable_memory();
+    memory->set_agreements(agreements);
+    memory->set_agreed_drops(drops);
+    memory->set_agreement_seconds(seconds);
+    return rec;
+  };
+  telemetry.Accumulate("j-1", 2, rank(0, 1, 2, 3, 0.25));
+  telemetry.Accumulate("j-1", 2, rank(1, 1, 2, 3, 0.5));
+  telemetry.Accumulate("j-1", 2, rank(0, 2, 0, 0, 0));
+  telemetry.Accumulate("j-1", 2, rank(1, 2, 1, 2, 0.125));
+  AwaitSteps(telemetry);
+  auto steps = store.get()->LoadSteps("j-1");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].agreements(), 2u);
+  EXPECT_EQ((*steps)[0].agreed_drops(), 6u);
+  EXPECT_DOUBLE_EQ((*steps)[0].agreement_seconds(), 0.5);
+  EXPECT_EQ((*steps)[1].agreements(), 1u);
+  EXPECT_EQ((*steps)[1].agreed_drops(), 2u);
+  EXPECT_DOUBLE_EQ((*steps)[1].agreement_seconds(), 0.125);
+  JobMetrics m;
+  telemetry.Fill("j-1", m);
+  EXPECT_DOUBLE_EQ(m.agreements_total, 3);
+  EXPECT_DOUBLE_EQ(m.agreed_drops_total, 8);
+  EXPECT_DOUBLE_EQ(m.agreement_seconds_total, 0.625);
+  TelemetryAggregator restarted(*store.get());
+  for (const auto& st : *steps) restarted.CountStep("j-1", st);
+  JobMetrics again;
+  restarted.Fill("j-1", again);
+  EXPECT_DOUBLE_EQ(again.agreements_total, 3);
+  EXPECT_DOUBLE_EQ(again.agreed_drops_total, 8);
+  EXPECT_DOUBLE_EQ(again.agreement_seconds_total, 0.625);
+}
+
 }  // namespace
 }  // namespace furnace::controller
