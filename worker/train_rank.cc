@@ -173,6 +173,12 @@ void LogMoeSchedules(const std::string& requested, const train::MoeScheduleChoic
       log(absl::StrFormat("  predicted %s: forward %.3f ms, backward %.3f ms",
                           moe::ScheduleName(pr.schedule), pr.forward_s * 1e3, pr.backward_s * 1e3));
     }
+    if (!choice.choice->measured_s.empty()) {
+      log(absl::StrCat("  measured on these ranks ",
+                       choice.trial_from_cache ? absl::StrCat("by an earlier attempt (cached in ",
+                                                              choice.trial_cache_path, ")")
+                                               : std::string("now (the trial of the MoE layer)")));
+    }
     log(absl::StrCat("moe schedule auto -> ", ran_text, " on every MoE layer (",
                      choice.choice->reason, ")"));
   }

@@ -7,9 +7,12 @@
 // (Gloo), run moe::Calibrate once (every rank gets the same profile), then for every shape time
 // the three schedules interleaved rep by rep (the order rotates each rep, a world barrier before
 // every run) so machine noise hits them alike. A rep's time is the slowest rank's; a schedule's
-// time is the median over reps. `auto` is ChooseSchedule on the calibrated profile; its measured
-// time is that of the schedule it picks, and every schedule's prediction is compared with its
-// measurement (error = predicted / measured - 1).
+// time is the median over reps. `model` is ChooseSchedule on the calibrated profile (the cost
+// model alone, as auto chose before its trial); `auto` is what moe.schedule auto runs now: the
+// ranks' trial (runtime/moe/trial.h) of the model's candidates, run on each config before its
+// timed reps, so its pick is judged on measurements it did not see. Each one's measured time is
+// that of the schedule it picks, and every schedule's prediction is compared with its measurement
+// (error = predicted / measured - 1).
 //
 // Nodes: ranks_per_node = 4. --nodes 2 puts node k's ranks in the network namespace furnace_nk
 // (two_nodes.sh up) bound to 10.77.0.(k+1), so traffic between nodes crosses the rate-limited veth;
@@ -33,6 +36,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -53,6 +57,7 @@
 #include "runtime/device/backend.h"
 #include "runtime/moe/calibrate.h"
 #include "runtime/moe/cost_model.h"
+#include "runtime/moe/trial.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/rank_layout.h"
 
@@ -165,6 +170,20 @@ moe::CalibrationOptions CalibrationFor(const Flags& f, const furnace::device::Ba
   return o;
 }
 
+moe::LayerShape LayerShapeOf(const bench::LayerConfig& sh, const Layout& l, bool esp_is_tp) {
+  moe::LayerShape ls;
+  ls.N = int64_t{sh.B} * sh.T;
+  ls.C = sh.C;
+  ls.f = sh.f;
+  ls.E = sh.E;
+  ls.k = sh.k;
+  ls.tp = l.tp;
+  ls.ep = l.ep;
+  ls.esp = l.esp;
+  ls.esp_is_tp = esp_is_tp;
+  return ls;
+}
+
 absl::Status RunRank(const Flags& f, const Layout& l, const std::vector<bench::LayerConfig>& shapes,
                      const std::string& dir, int rank) {
   furnace::kernels::cpu::SetBlasThreads(f.threads);
@@ -204,6 +223,16 @@ absl::Status RunRank(const Flags& f, const Layout& l, const std::vector<bench::L
   for (const bench::LayerConfig& shape : shapes) {
     ASSIGN_OR_RETURN(std::unique_ptr<bench::RankLayer> layer,
                      bench::RankLayer::Create(shape, layout->shard, layout->model_groups()));
+    // auto's trial, as ChooseMoeSchedules runs it (every rank alike: the same profile).
+    const moe::LayerShape ls = LayerShapeOf(shape, l, layout->esp_is_tp);
+    ASSIGN_OR_RETURN(
+        const moe::Choice trial,
+        moe::MeasureSchedules(moe::ChooseSchedule(profile, ls), ls, layout->world.get(),
+                              [&layer](moe::Schedule s) -> absl::StatusOr<double> {
+                                ASSIGN_OR_RETURN(const bench::LayerTimes t,
+                                                 layer->Run(s, nullptr, nullptr));
+                                return t.fwd_s + t.bwd_s;
+                              }));
     std::map<moe::Schedule, moe::ExchangeCounters> counters;
     std::map<moe::Schedule, std::vector<double>> fwd, bwd;
     for (int rep = 0; rep < runs; ++rep) {
@@ -230,6 +259,9 @@ absl::Status RunRank(const Flags& f, const Layout& l, const std::vector<bench::L
       }
       per[moe::ScheduleName(s)] = {{"fwd", fwd[s]}, {"bwd", bwd[s]}, {"ops", op_bytes}};
     }
+    per["trial"] = {{"schedule", moe::ScheduleName(trial.schedule)},
+                    {"reason", trial.reason},
+                    {"measured_s", trial.measured_s}};
     configs.push_back(std::move(per));
   }
   out["configs"] = std::move(configs);
@@ -330,15 +362,16 @@ int main(int argc, char** argv) {
   // Per config: the measured totals, for the summary.
   struct Row {
     std::string name, layout;
-    double ds, s1, s2, autot, best;
-    std::string pick, best_name;
+    double ds, s1, s2, autot, modelt, best;
+    std::string pick, model_pick, best_name;
     std::vector<double> pred_err_total, pred_err_fwd, pred_err_bwd;
   };
   std::vector<Row> rows;
 
   std::printf(
-      "| layout | N | C | f | E | k | deepspeed ms | s1/ds | s2/ds | auto | auto/ds | auto/best "
-      "| inter MB ds/s1/s2 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| layout | N | C | f | E | k | deepspeed ms | s1/ds | s2/ds | model | model/ds | auto | "
+      "auto/ds | auto/best | inter MB ds/s1/s2 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Layout& l : layouts) {
     char tmpl[] = "/tmp/bench_parm.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
@@ -397,17 +430,15 @@ int main(int argc, char** argv) {
     json jconfigs = json::array();
     for (size_t c = 0; c < shapes.size(); ++c) {
       const bench::LayerConfig& sh = shapes[c];
-      moe::LayerShape ls;
-      ls.N = int64_t{sh.B} * sh.T;
-      ls.C = sh.C;
-      ls.f = sh.f;
-      ls.E = sh.E;
-      ls.k = sh.k;
-      ls.tp = l.tp;
-      ls.ep = l.ep;
-      ls.esp = l.esp;
-      ls.esp_is_tp = topo->EspGroupIsTpGroup();
+      const moe::LayerShape ls = LayerShapeOf(sh, l, topo->EspGroupIsTpGroup());
       const moe::Choice choice = moe::ChooseSchedule(*profile, ls);
+      const json& trial = ranks[0]["configs"][c]["trial"];
+      const std::optional<moe::Schedule> trial_pick =
+          moe::ParseSchedule(trial["schedule"].get<std::string>());
+      if (!trial_pick.has_value()) {
+        std::fprintf(stderr, "bench_parm: bad trial schedule %s\n", trial.dump().c_str());
+        return 1;
+      }
       std::map<moe::Schedule, Measured> m;
       json js;
       Row row;
@@ -465,8 +496,10 @@ int main(int argc, char** argv) {
       row.ds = m[moe::Schedule::kDeepspeed].total_med;
       row.s1 = m[moe::Schedule::kS1].total_med;
       row.s2 = m[moe::Schedule::kS2].total_med;
-      row.pick = moe::ScheduleName(choice.schedule);
-      row.autot = m[choice.schedule].total_med;
+      row.model_pick = moe::ScheduleName(choice.schedule);
+      row.modelt = m[choice.schedule].total_med;
+      row.pick = moe::ScheduleName(*trial_pick);
+      row.autot = m[*trial_pick].total_med;
       row.best = std::min({row.ds, row.s1, row.s2});
       row.best_name = row.best == row.ds ? "deepspeed" : (row.best == row.s1 ? "s1" : "s2");
       jconfigs.push_back({{"N", ls.N},
@@ -476,19 +509,25 @@ int main(int argc, char** argv) {
                           {"k", sh.k},
                           {"schedules", js},
                           {"auto", row.pick},
-                          {"auto_reason", choice.reason},
+                          {"auto_reason", trial["reason"]},
+                          {"auto_trial_measured_s", trial["measured_s"]},
+                          {"model", row.model_pick},
+                          {"model_reason", choice.reason},
                           {"best_measured", row.best_name},
                           {"ratio_s1_ds", row.s1 / row.ds},
                           {"ratio_s2_ds", row.s2 / row.ds},
                           {"ratio_auto_ds", row.autot / row.ds},
-                          {"ratio_auto_best", row.autot / row.best}});
+                          {"ratio_auto_best", row.autot / row.best},
+                          {"ratio_model_ds", row.modelt / row.ds},
+                          {"ratio_model_best", row.modelt / row.best}});
       std::printf(
-          "| %d,%d,%d | %lld | %d | %d | %d | %d | %.1f | %.2f | %.2f | %s | %.2f | %.2f "
-          "| %.1f/%.1f/%.1f |\n",
+          "| %d,%d,%d | %lld | %d | %d | %d | %d | %.1f | %.2f | %.2f | %s | %.2f | %s | %.2f | "
+          "%.2f | %.1f/%.1f/%.1f |\n",
           l.tp, l.ep, l.esp, static_cast<long long>(ls.N), sh.C, sh.f, sh.E, sh.k, row.ds * 1e3,
-          row.s1 / row.ds, row.s2 / row.ds, row.pick.c_str(), row.autot / row.ds,
-          row.autot / row.best, m[moe::Schedule::kDeepspeed].inter_bytes / 1e6,
-          m[moe::Schedule::kS1].inter_bytes / 1e6, m[moe::Schedule::kS2].inter_bytes / 1e6);
+          row.s1 / row.ds, row.s2 / row.ds, row.model_pick.c_str(), row.modelt / row.ds,
+          row.pick.c_str(), row.autot / row.ds, row.autot / row.best,
+          m[moe::Schedule::kDeepspeed].inter_bytes / 1e6, m[moe::Schedule::kS1].inter_bytes / 1e6,
+          m[moe::Schedule::kS2].inter_bytes / 1e6);
       std::fflush(stdout);
       rows.push_back(std::move(row));
     }
@@ -498,11 +537,15 @@ int main(int argc, char** argv) {
 
   // Summary.
   int violations = 0, near_best = 0, auto_is_best = 0;
+  int model_violations = 0, model_near_best = 0, model_is_best = 0;
   std::vector<double> speedups, abs_err, abs_err_fwd, abs_err_bwd;
   for (const Row& r : rows) {
     if (r.autot > r.ds * (1 + kNoiseMargin)) ++violations;
     if (r.autot <= r.best * (1 + kNearBest)) ++near_best;
     if (r.pick == r.best_name) ++auto_is_best;
+    if (r.modelt > r.ds * (1 + kNoiseMargin)) ++model_violations;
+    if (r.modelt <= r.best * (1 + kNearBest)) ++model_near_best;
+    if (r.model_pick == r.best_name) ++model_is_best;
     speedups.push_back(r.ds / std::min(r.s1, r.s2));
     for (double e : r.pred_err_total) abs_err.push_back(std::fabs(e));
     for (double e : r.pred_err_fwd) abs_err_fwd.push_back(std::fabs(e));
@@ -525,6 +568,9 @@ int main(int argc, char** argv) {
                   {"auto_within_5pct_of_best", near_best},
                   {"auto_within_5pct_of_best_fraction", static_cast<double>(near_best) / n},
                   {"auto_is_measured_best", auto_is_best},
+                  {"model_slower_than_deepspeed", model_violations},
+                  {"model_within_5pct_of_best", model_near_best},
+                  {"model_is_measured_best", model_is_best},
                   {"speedup_best_parm_over_deepspeed",
                    {{"min", sp_min}, {"median", Percentile50(speedups)}, {"max", sp_max}}},
                   {"speedup_by_layout", per_layout},
@@ -537,6 +583,11 @@ int main(int argc, char** argv) {
               violations, n);
   std::printf("  auto within %.0f%% of the measured best: %d of %d (%.0f%%); auto = best: %d\n",
               kNearBest * 100, near_best, n, 100.0 * near_best / n, auto_is_best);
+  std::printf(
+      "  the cost model alone (auto before its trial): slower than deepspeed in %d, within "
+      "%.0f%% of the best in %d (%.0f%%), = best in %d\n",
+      model_violations, kNearBest * 100, model_near_best, 100.0 * model_near_best / n,
+      model_is_best);
   std::printf(
       "  best Parm schedule (min of s1, s2) over deepspeed: %.2fx .. %.2fx (median %.2fx)\n",
       sp_min, sp_max, Percentile50(speedups));

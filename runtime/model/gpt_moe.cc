@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -230,6 +232,62 @@ std::vector<train::MoeOpTotal> GptMoe::MoeOps() const {
 
 bool GptMoe::SlicedExperts(moe::Schedule s) const {
   return moe::SlicedExperts(s, groups_.esp_is_tp, groups_.esp == nullptr ? 1 : groups_.esp->size());
+}
+
+absl::StatusOr<double> GptMoe::TimeMoeLayer(moe::Schedule schedule, int B) {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError("the MoE layer trial runs before the first step only");
+  }
+  if (B < 1) return absl::InvalidArgumentError(absl::StrCat("micro-batch size B = ", B, " < 1"));
+  int layer = -1;
+  for (int l = shard_.first_layer; l < shard_.end_layer(config_); ++l) {
+    if (layout_.layers[l].moe) {
+      layer = l;
+      break;
+    }
+  }
+  if (layer < 0) return 0.0;
+  RETURN_IF_ERROR(RefreshWeightMirror());
+  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  MoeShape moe = LayerMoe(MoeShapeOf(config_, shard_), layer);
+  moe.schedule = schedule;
+  // No planner (its hooks) and no counters: the trial is not a step.
+  ModuleContext ctx{ops_, arena_, stash_, groups_, nullptr};
+  const int64_t NC = int64_t{dims.N()} * dims.C;
+  // The input by data-parallel replica (tp peers hold the same tokens), unit scale like the
+  // residual stream after a layer norm; the output gradient small, as a loss's would be.
+  std::vector<float> host(static_cast<size_t>(NC));
+  std::mt19937 rng(static_cast<uint32_t>(7919 + shard_.dp_rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : host) v = normal(rng);
+  ASSIGN_OR_RETURN(tensor::Buffer x, AllocF32(ctx, NC, "trial.x", false));
+  RETURN_IF_ERROR(Upload(ctx, x.data(), host.data(), F32Bytes(NC)));
+  ASSIGN_OR_RETURN(StashHandle x_in,
+                   SaveF32(ctx, "trial.x", layer, std::move(x), {B, dims.T, dims.C}));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(NC));
+  for (float& v : host) v = normal(rng) * scale;
+  ASSIGN_OR_RETURN(tensor::Buffer dres, AllocF32(ctx, NC, "trial.grad", false));
+  RETURN_IF_ERROR(Upload(ctx, dres.data(), host.data(), F32Bytes(NC)));
+  RETURN_IF_ERROR(tensor::Synchronize(device_));
+  const auto t0 = std::chrono::steady_clock::now();
+  const float* p = params_.as<float>();
+  absl::StatusOr<MoeSaved> saved =
+      MoeBlockForward(ctx, dims, moe, layer, layout_.layers[layer], p, x_in);
+  absl::Status status = saved.status();
+  if (status.ok()) {
+    status = MoeBlockBackward(ctx, dims, moe, layout_.layers[layer], p, grads_.as<float>(), *saved,
+                              x_in, 1.0, dres.as<float>());
+  }
+  if (status.ok()) status = tensor::Synchronize(device_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stash_.Release(x_in).IgnoreError();  // (gone already if the backward released it)
+  dres.Reset();
+  ZeroGrad();
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(tensor::Synchronize(device_));
+  arena_.ResetPeak();
+  return seconds;
 }
 
 std::vector<std::string> GptMoe::MoeScheduleNames() const {

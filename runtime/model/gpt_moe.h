@@ -292,6 +292,16 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   std::vector<moe::Schedule> MoeSchedules() const;
   // Whether schedule `s` slices this rank's experts (moe::SlicedExperts on its groups).
   bool SlicedExperts(moe::Schedule s) const;
+  // moe.schedule auto's trial (runtime/moe/trial.h): this stage's first MoE layer, forward and
+  // backward under `schedule`, on a micro-batch of B synthetic sequences (the same on the tp peers
+  // of a data-parallel replica, as after attention), with the model's parameters, device, memory
+  // policy and groups; the seconds to its completion on the device. Collective on the layer's
+  // groups (every rank of the stage calls it alike). The gradients it adds are zeroed and the
+  // activation peak reset before it returns; the parameters are untouched. Before the first step
+  // only (FailedPrecondition with micro-batches in flight); 0 when the stage holds no MoE layer.
+  absl::StatusOr<double> TimeMoeLayer(moe::Schedule schedule, int B);
+  // The arena's budget in bytes (0: unlimited).
+  uint64_t device_budget() const { return arena_.budget(); }
   // What the schedules' ops moved on this rank so far, per op (executor.h).
   const moe::ExchangeCounters& moe_op_counters() const { return moe_counters_; }
 

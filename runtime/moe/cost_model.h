@@ -178,6 +178,9 @@ struct Choice {
   Schedule schedule = Schedule::kDeepspeed;
   std::string reason;  // "s2: 1.84 ms fwd+bwd vs s1 2.10 ms, deepspeed 3.02 ms"
   std::vector<Prediction> all;
+  // After a trial (trial.h, MeasureSchedules): the median fwd+bwd seconds of each schedule, in
+  // kAllSchedules order, 0 for one not tried; empty when no trial ran.
+  std::vector<double> measured_s;
 };
 Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape);
 

@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/base/status.h"
 #include "runtime/checkpoint/durable_file.h"
 #include "runtime/comm/device_staging.h"
 #include "runtime/comm/stream_communicator.h"
 #include "runtime/device/backend.h"
+#include "runtime/memory/policy.h"
 #include "runtime/moe/calibrate.h"
 #include "runtime/tensor/device_memory.h"
 #include "runtime/tensor/transfer.h"
@@ -116,6 +118,51 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// The trial's pick (runtime/moe/trial.h), or the one an earlier attempt of the same layout, shape
+// and memory policy measured and cached beside the profile (so a restarted attempt runs the same
+// schedules and continues bit for bit). Rank 0 decides whether the cache is used, as for the
+// profile.
+absl::StatusOr<moe::Choice> MeasuredChoice(moe::Choice predicted, const moe::LayerShape& shape,
+                                           model::GptMoe& model, const RankLayout& layout,
+                                           int micro_batch, const std::string& cache_dir,
+                                           const std::string& profile_key,
+                                           const moe::TrialOptions& trial, MoeScheduleChoice& out) {
+  if (!cache_dir.empty()) {
+    const std::string key =
+        absl::StrCat(profile_key, "_N", shape.N, "_C", shape.C, "_f", shape.f, "_E", shape.E, "_k",
+                     shape.k, "_cap", absl::StrFormat("%g", shape.capacity_factor), "_",
+                     memory::MemoryPolicyName(model.memory_policy()));
+    out.trial_cache_path =
+        (std::filesystem::path(cache_dir) / ("moe_trial." + key + ".json")).string();
+  }
+  std::string cached =
+      layout.rank == 0 && !out.trial_cache_path.empty() ? ReadFile(out.trial_cache_path) : "";
+  ASSIGN_OR_RETURN(cached, FromRankZero(layout.world.get(), std::move(cached)));
+  if (!cached.empty()) {
+    // Every rank parses the same text: all use it, or all measure.
+    absl::StatusOr<moe::Choice> c = moe::TrialFromJson(predicted, cached);
+    if (c.ok()) {
+      out.trial_from_cache = true;
+      return c;
+    }
+  }
+  ASSIGN_OR_RETURN(moe::Choice measured, moe::MeasureSchedules(
+                                             predicted, shape, layout.world.get(),
+                                             [&model, micro_batch](moe::Schedule s) {
+                                               return model.TimeMoeLayer(s, micro_batch);
+                                             },
+                                             trial));
+  if (layout.rank == 0 && !out.trial_cache_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir, ec);
+    if (absl::Status written = WriteFileDurably(out.trial_cache_path, moe::TrialToJson(measured));
+        !written.ok()) {
+      out.cache_error = std::string(written.message());
+    }
+  }
+  return measured;
+}
+
 }  // namespace
 
 std::vector<int64_t> CalibrationSizesFor(const moe::LayerShape& shape) {
@@ -171,8 +218,8 @@ moe::LayerShape LayerShapeOf(const model::ModelConfig& c, const RankLayout& layo
 
 absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
                                                      model::GptMoe& model, const RankLayout& layout,
-                                                     int micro_batch,
-                                                     const std::string& cache_dir) {
+                                                     int micro_batch, const std::string& cache_dir,
+                                                     const moe::TrialOptions& trial) {
   const int layers = model.config().num_moe_layers();
   MoeScheduleChoice out;
   if (requested != "auto") {
@@ -256,6 +303,17 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     }
   }
   moe::Choice choice = moe::ChooseSchedule(*out.profile, shape);
+  if (moe::TrialCandidates(choice, shape, trial).size() > 1) {
+    if (model.device_budget() > 0) {
+      // The trial runs a layer outside the memory policy's plan (the adaptive planner's): under a
+      // budget it could run out of memory on one rank while its peers wait in the collectives.
+      absl::StrAppend(&choice.reason,
+                      "; not measured (the trial runs only without memory.device_budget)");
+    } else {
+      ASSIGN_OR_RETURN(choice, MeasuredChoice(std::move(choice), shape, model, layout, micro_batch,
+                                              cache_dir, key, trial, out));
+    }
+  }
   out.per_layer.assign(layers, choice.schedule);
   out.choice = std::move(choice);
   return out;

@@ -8,15 +8,22 @@
 //                         seq_len tokens, d_model, expert_ffn, E, k, capacity, tp, ep, esp) and the
 //                         layer runs the cheapest over both directions (its backward needs what its
 //                         forward saved, so one schedule per layer). s1 is left out where the
-//                         tokens do not split over tp.
+//                         tokens do not split over tp. Where the model leaves a real choice
+//                         (deepspeed and every schedule predicted within 1.5x of the best), the
+//                         ranks then time the layer itself under each candidate
+//                         (runtime/moe/trial.h, GptMoe::TimeMoeLayer) and run the fastest as
+//                         measured, a Parm schedule only when 5% faster than deepspeed. Not under
+//                         a memory.device_budget (the trial runs outside the memory plan): the
+//                         model's choice stands there, the reason says so.
 // The profile auto prices with is fitted by moe::Calibrate on the job's own groups (a bounded
 // micro-benchmark: every rank runs it, every rank fits the same numbers), or read from the cache
 // `cost_profile.<layout>.json` under cache_dir (the job's checkpoint directory) when a previous
 // attempt of the same layout wrote it; rank 0 decides whether the cache is used and hands its text
-// to every rank, so no rank calibrates alone. Calibration writes the cache (rank 0). With tp == 1
-// there is nothing to choose: no calibration runs. Calibration runs on the model's device (its
-// collectives', GEMM's and copy's buffers are device memory, each timed to its completion), so a
-// GPU rank prices what its layers pay, not host staging.
+// to every rank, so no rank calibrates alone. Calibration writes the cache (rank 0); the trial's
+// outcome is cached beside it (`moe_trial.<layout>_<shape>_<memory policy>.json`), the same way.
+// With tp == 1 there is nothing to choose: no calibration runs. Calibration runs on the model's
+// device (its collectives', GEMM's and copy's buffers are device memory, each timed to its
+// completion), so a GPU rank prices what its layers pay, not host staging.
 //
 // Every rank of the layout must call it at the same point (collectives on every group).
 // Errors: InvalidArgument for an unknown schedule; a collective's or the device's error.
@@ -29,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/moe/cost_model.h"
+#include "runtime/moe/trial.h"
 #include "runtime/train/rank_layout.h"
 
 namespace furnace::train {
@@ -41,14 +49,20 @@ struct MoeScheduleChoice {
   std::optional<moe::CostProfile> profile;
   bool from_cache = false;
   std::string cache_path;  // empty: no cache directory
-  // Rank 0: why the profile just measured could not be cached (empty: it was, or none was
-  // measured). A later attempt then calibrates again and may pick other schedules.
+  // auto's trial of the schedules (runtime/moe/trial.h): its cache file (empty: no cache
+  // directory, or no trial) and whether its outcome came from there.
+  std::string trial_cache_path;
+  bool trial_from_cache = false;
+  // Rank 0: why the profile or the trial just measured could not be cached (empty: they were, or
+  // nothing was measured). A later attempt then measures again and may pick other schedules.
   std::string cache_error;
 };
 
+// `trial`: the trial's settings (the defaults in the worker; tests widen the window).
 absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requested,
                                                      model::GptMoe& model, const RankLayout& layout,
-                                                     int micro_batch, const std::string& cache_dir);
+                                                     int micro_batch, const std::string& cache_dir,
+                                                     const moe::TrialOptions& trial = {});
 
 // The sizes Calibrate times for `shape`: its defaults (16 KiB to 1 MiB), then the layer's largest
 // single collective (at most 64 MiB) where it is above them, so the bandwidth term is measured up

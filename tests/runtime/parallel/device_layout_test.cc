@@ -141,9 +141,11 @@ TEST(DeviceLayoutAdaptiveTest, AdaptiveOnEmulatedRanksIsNoneOnCpuRanks) {
 
 // moe.schedule auto on emulated ranks whose groups are stream communicators (as NCCL on a GPU):
 // the calibration runs on device memory (collectives, GEMM and copy timed to their completion on
-// the device) and every rank takes one schedule; training is then the CPU run of that schedule,
-// bit for bit. (Calibrating on host buffers stopped the rank: the emulated backend refuses host
-// pointers, as a GPU kernel faults on them.)
+// the device), then the trial times the MoE layer under every schedule (a wide window: all three
+// tried) on the device, and every rank takes one schedule; training is then the CPU run of that
+// schedule, bit for bit: the trial leaves no trace in the parameters, gradients or op counters.
+// (Calibrating on host buffers stopped the rank: the emulated backend refuses host pointers, as a
+// GPU kernel faults on them.)
 TEST(DeviceLayoutAutoTest, AutoCalibratesOnTheDeviceAndTrainsAsCpuRanks) {
   const Case k{"tp2_ep2_auto_streams", 1, 2, 2, 2, 1, 1, "auto", false, true};
   LayoutCase c;
@@ -154,6 +156,7 @@ TEST(DeviceLayoutAutoTest, AutoCalibratesOnTheDeviceAndTrainsAsCpuRanks) {
   c.micro_batches = 1;
   c.steps = 3;
   c.schedule = "auto";
+  c.trial.window = 1e9;
   const absl::StatusOr<RunResult> emu = RunOn(c, k, device::Kind::kEmulated, false);
   ASSERT_TRUE(emu.ok()) << emu.status();
   ASSERT_FALSE(emu->moe_schedules.empty());

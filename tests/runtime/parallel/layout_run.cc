@@ -254,8 +254,9 @@ absl::Status WriteRank(const std::string& path, const Trained& t, const model::G
 // moe.schedule as a worker applies it (auto: calibrated on this layout's groups, no cache).
 absl::Status SetSchedules(const LayoutCase& c, model::GptMoe& model,
                           const train::RankLayout& layout) {
-  ASSIGN_OR_RETURN(const train::MoeScheduleChoice choice,
-                   train::ChooseMoeSchedules(c.schedule, model, layout, c.micro_batch, ""));
+  ASSIGN_OR_RETURN(
+      const train::MoeScheduleChoice choice,
+      train::ChooseMoeSchedules(c.schedule, model, layout, c.micro_batch, "", c.trial));
   return model.SetMoeSchedules(choice.per_layer);
 }
 

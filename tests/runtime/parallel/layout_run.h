@@ -20,6 +20,7 @@
 #include "runtime/memory/policy.h"
 #include "runtime/model/config.h"
 #include "runtime/model/stash.h"
+#include "runtime/moe/trial.h"
 #include "runtime/topology/topology.h"
 
 namespace furnace::testing {
@@ -51,6 +52,8 @@ struct LayoutCase {
   bool budget_at_routing_bound = false;
   // moe.schedule on every rank: "deepspeed", "s1", "s2" (every MoE layer), or "auto".
   std::string schedule = "deepspeed";
+  // auto: the trial's settings (runtime/moe/trial.h; a wide window makes every schedule tried).
+  moe::TrialOptions trial;
   // Held-out evaluation (eval.every, eval.batches; 0: off) on an independent Markov stream.
   int eval_every = 0;
   int eval_batches = 0;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "runtime/moe/calibrate.h"
 #include "runtime/moe/executor.h"
 #include "runtime/tensor/arena.h"
+#include "runtime/tensor/transfer.h"
 #include "runtime/topology/topology.h"
 #include "runtime/train/moe_schedules.h"
 #include "runtime/train/rank_layout.h"
@@ -478,6 +480,91 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
     return absl::OkStatus();
   });
   for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  std::filesystem::remove_all(dir);
+}
+
+// auto's trial (runtime/moe/trial.h; a wide window: every schedule tried): every rank measures
+// the same times and takes the same schedule, the fastest measured (deepspeed unless a Parm
+// schedule gained 5%); the outcome is cached beside the profile and a restarted attempt reads it
+// instead of measuring; the trial leaves the gradients zero and the parameters as they were.
+// Under a memory.device_budget no trial runs and the reason says so.
+TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutcome) {
+  const std::string dir = ::testing::TempDir() + "/trial-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const Grid g{"tp2_ep2", 1, 2, 2, 1};
+  const int world = g.dp * g.tp;
+  const model::ModelConfig config = testing::TinyLayoutModel(2, 0);
+  const moe::TrialOptions wide{.window = 1e9};
+  for (uint64_t budget : {uint64_t{0}, uint64_t{1} << 30}) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      testing::LocalWorld local;
+      std::vector<train::MoeScheduleChoice> choices(world);
+      const std::vector<absl::Status> status = testing::LocalWorld::Run(world, [&](int rank) {
+        std::unique_ptr<device::Device> cpu = device::CreateCpuDevice();
+        tensor::DeviceArena arena(*cpu, budget);
+        ASSIGN_OR_RETURN(std::unique_ptr<train::RankLayout> layout,
+                         LayoutOf(g, rank, local, config));
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<model::GptMoe> m,
+            model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
+        std::vector<float> before(m->num_params()), grads(m->num_params());
+        RETURN_IF_ERROR(
+            tensor::CopyToHost(*cpu, before.data(), m->param_data(), before.size() * 4));
+        ASSIGN_OR_RETURN(choices[rank], train::ChooseMoeSchedules("auto", *m, *layout,
+                                                                  /*micro_batch=*/2, dir, wide));
+        std::vector<float> after(before.size());
+        RETURN_IF_ERROR(tensor::CopyToHost(*cpu, after.data(), m->param_data(), after.size() * 4));
+        RETURN_IF_ERROR(tensor::CopyToHost(*cpu, grads.data(), m->grad_data(), grads.size() * 4));
+        if (std::memcmp(before.data(), after.data(), before.size() * 4) != 0) {
+          return absl::InternalError("the trial changed the parameters");
+        }
+        for (float v : grads) {
+          if (v != 0) return absl::InternalError("the trial left gradients");
+        }
+        if (m->ActivationPeakBytes() != 0) {
+          return absl::InternalError("the trial left its activation peak");
+        }
+        return m->SetMoeSchedules(choices[rank].per_layer);
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(status[r].ok()) << "budget " << budget << " rank " << r << ": " << status[r];
+      }
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(choices[r].choice.has_value());
+        EXPECT_EQ(choices[r].per_layer, choices[0].per_layer) << "rank " << r;
+        EXPECT_EQ(choices[r].choice->reason, choices[0].choice->reason) << "rank " << r;
+        EXPECT_EQ(choices[r].choice->measured_s, choices[0].choice->measured_s) << "rank " << r;
+        EXPECT_EQ(choices[r].trial_from_cache, budget == 0 && attempt == 1) << "rank " << r;
+      }
+      const moe::Choice& c = *choices[0].choice;
+      if (budget > 0) {
+        EXPECT_TRUE(c.measured_s.empty());
+        EXPECT_NE(c.reason.find("not measured (the trial runs only without memory.device_budget)"),
+                  std::string::npos)
+            << c.reason;
+        EXPECT_TRUE(choices[0].trial_cache_path.empty());
+        continue;
+      }
+      ASSERT_EQ(c.measured_s.size(), 3u);
+      for (double t : c.measured_s) EXPECT_GT(t, 0);  // all three tried
+      const double ds = c.measured_s[0];
+      const double picked = c.measured_s[static_cast<int>(c.schedule)];
+      for (double t : c.measured_s) EXPECT_LE(picked, std::max(t, ds));
+      if (c.schedule != Schedule::kDeepspeed) {
+        EXPECT_LE(picked, 0.95 * ds);
+      }
+      EXPECT_NE(c.reason.find("slowest rank, median of 3"), std::string::npos) << c.reason;
+      EXPECT_EQ(choices[0].per_layer,
+                std::vector<Schedule>(static_cast<size_t>(config.num_moe_layers()), c.schedule));
+      EXPECT_TRUE(std::filesystem::exists(choices[0].trial_cache_path))
+          << choices[0].trial_cache_path;
+      EXPECT_NE(choices[0].trial_cache_path.find("moe_trial.world2_pp1_tp2_ep2_esp1_cpu_fp32_"),
+                std::string::npos)
+          << choices[0].trial_cache_path;
+      EXPECT_NE(choices[0].trial_cache_path.find("_none.json"), std::string::npos)
+          << choices[0].trial_cache_path;
+    }
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,152 @@
+#include "runtime/moe/trial.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/status.h"
+
+namespace furnace::moe {
+namespace {
+
+std::string Ms(double seconds) { return absl::StrFormat("%.3g ms", seconds * 1e3); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The slowest rank's `seconds`, on every rank.
+absl::StatusOr<double> Slowest(comm::Communicator* world, double seconds) {
+  if (world == nullptr || world->size() == 1) return seconds;
+  std::vector<double> all(static_cast<size_t>(world->size()));
+  RETURN_IF_ERROR(world->AllGather(&seconds, all.data(), sizeof(double)));
+  return *std::max_element(all.begin(), all.end());
+}
+
+}  // namespace
+
+std::vector<Schedule> TrialCandidates(const Choice& predicted, const LayerShape& shape,
+                                      const TrialOptions& options) {
+  std::vector<Schedule> out = {Schedule::kDeepspeed};
+  if (shape.tp <= 1 || predicted.all.size() != std::size(kAllSchedules)) return out;
+  const auto allowed = [&shape](Schedule s) {
+    return s != Schedule::kS1 || shape.N % shape.tp == 0;
+  };
+  double best = -1;
+  for (const Prediction& p : predicted.all) {
+    if (allowed(p.schedule) && (best < 0 || p.total_s() < best)) best = p.total_s();
+  }
+  for (const Prediction& p : predicted.all) {
+    if (p.schedule != Schedule::kDeepspeed && allowed(p.schedule) &&
+        p.total_s() <= options.window * best) {
+      out.push_back(p.schedule);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShape& shape,
+                                        comm::Communicator* world, const LayerRun& run,
+                                        const TrialOptions& options) {
+  const std::vector<Schedule> candidates = TrialCandidates(predicted, shape, options);
+  if (candidates.size() < 2) return predicted;
+  const int n = static_cast<int>(candidates.size());
+  std::vector<std::vector<double>> times(candidates.size());
+  const int reps = std::max(1, options.reps);
+  for (int round = -1; round < reps; ++round) {  // round -1: the untimed warm-up
+    for (int j = 0; j < n; ++j) {
+      const int c = (std::max(round, 0) + j) % n;
+      if (world != nullptr) RETURN_IF_ERROR(world->Barrier());
+      absl::StatusOr<double> seconds = run(candidates[c]);
+      if (!seconds.ok()) {
+        return absl::Status(
+            seconds.status().code(),
+            absl::StrCat("moe.schedule auto: the trial of ", ScheduleName(candidates[c]), ": ",
+                         seconds.status().message()));
+      }
+      ASSIGN_OR_RETURN(const double slowest, Slowest(world, *seconds));
+      if (round >= 0) times[c].push_back(slowest);
+    }
+  }
+  Choice out = predicted;
+  out.measured_s.assign(std::size(kAllSchedules), 0.0);
+  for (int c = 0; c < n; ++c) {
+    out.measured_s[static_cast<size_t>(candidates[c])] = Median(times[c]);
+  }
+  const auto measured = [&out](Schedule s) { return out.measured_s[static_cast<size_t>(s)]; };
+  // candidates[0] is deepspeed: it wins ties.
+  Schedule best = candidates[0];
+  for (Schedule s : candidates) {
+    if (measured(s) < measured(best)) best = s;
+  }
+  std::string tail = absl::StrCat(" (slowest rank, median of ", reps, "; predicted");
+  for (size_t i = 0; i < predicted.all.size(); ++i) {
+    const Schedule s = predicted.all[i].schedule;
+    absl::StrAppend(&tail, i == 0 ? " " : ", ", ScheduleName(s), " ",
+                    Ms(predicted.all[i].total_s()), measured(s) > 0 ? "" : " not tried");
+  }
+  absl::StrAppend(&tail, ")");
+  std::string versus;
+  for (Schedule s : candidates) {
+    if (s == best) continue;
+    absl::StrAppend(&versus, versus.empty() ? " vs " : ", ", ScheduleName(s), " ", Ms(measured(s)));
+  }
+  const double ds = measured(Schedule::kDeepspeed);
+  if (best != Schedule::kDeepspeed && measured(best) > ds * (1 - options.margin)) {
+    out.schedule = Schedule::kDeepspeed;
+    out.reason = absl::StrCat(
+        "deepspeed: ", ScheduleName(best), " measured only ",
+        absl::StrFormat("%.0f%%", 100 * (1 - measured(best) / ds)), " faster (", Ms(measured(best)),
+        " vs ", Ms(ds), " fwd+bwd), under the ", absl::StrFormat("%.0f%%", 100 * options.margin),
+        " a Parm schedule must gain", tail);
+    return out;
+  }
+  out.schedule = best;
+  out.reason =
+      absl::StrCat(ScheduleName(best), ": measured ", Ms(measured(best)), " fwd+bwd", versus, tail);
+  return out;
+}
+
+std::string TrialToJson(const Choice& measured) {
+  nlohmann::json j = {{"schedule", ScheduleName(measured.schedule)},
+                      {"reason", measured.reason},
+                      {"measured_s", measured.measured_s}};
+  return j.dump(1);
+}
+
+absl::StatusOr<Choice> TrialFromJson(const Choice& predicted, std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("moe trial: not a JSON object");
+  }
+  const auto schedule = j.find("schedule");
+  const auto reason = j.find("reason");
+  const auto measured = j.find("measured_s");
+  if (schedule == j.end() || !schedule->is_string() || reason == j.end() || !reason->is_string() ||
+      measured == j.end() || !measured->is_array() ||
+      measured->size() != std::size(kAllSchedules)) {
+    return absl::InvalidArgumentError(
+        "moe trial: needs \"schedule\" and \"reason\" (strings) and \"measured_s\" (3 numbers)");
+  }
+  const std::optional<Schedule> s = ParseSchedule(schedule->get<std::string>());
+  if (!s.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe trial: unknown schedule '", schedule->get<std::string>(), "'"));
+  }
+  Choice out = predicted;
+  out.schedule = *s;
+  out.reason = reason->get<std::string>();
+  out.measured_s.clear();
+  for (const nlohmann::json& v : *measured) {
+    if (!v.is_number())
+      return absl::InvalidArgumentError("moe trial: measured_s holds a non-number");
+    out.measured_s.push_back(v.get<double>());
+  }
+  return out;
+}
+
+}  // namespace furnace::moe
