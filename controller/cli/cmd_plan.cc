@@ -296,6 +296,10 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
 
   const moe::Choice choice = moe::ChooseSchedule(profile, shape);
   const std::string layers = absl::StrJoin(moe_layers, ", ");
+  // What auto's ranks then time (runtime/moe/trial.h): more than deepspeed alone, or nothing.
+  std::vector<std::string> tried;
+  for (moe::Schedule s : moe::TrialCandidates(choice, shape)) tried.push_back(moe::ScheduleName(s));
+  if (tried.size() < 2) tried.clear();
 
   // The schedule the ranks run (auto: the cost model's pick here; the ranks pick with a profile
   // measured on their own groups, so theirs can differ). Tensor parallelism 1: deepspeed.
@@ -342,6 +346,8 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
     auto& a = *f["auto"].mutable_struct_value()->mutable_fields();
     a["schedule"].set_string_value(moe::ScheduleName(choice.schedule));
     a["reason"].set_string_value(choice.reason);
+    auto* trial = a["trial"].mutable_list_value();
+    for (const std::string& name : tried) trial->add_values()->set_string_value(name);
     f["job_schedule"].set_string_value(moe_spec.schedule());
     f["memory"] = MemoryJson(memory);
     f["memory_schedule"].set_string_value(moe::ScheduleName(running));
@@ -380,6 +386,15 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
         << "\n";
   }
   out << "\nauto: " << moe::ScheduleName(choice.schedule) << " (" << choice.reason << ")\n";
+  if (!tried.empty()) {
+    out << "  the ranks then time the MoE layer under " << absl::StrJoin(tried, ", ")
+        << " (predicted within " << moe::TrialOptions().window
+        << "x of the best) and run the fastest measured";
+    if (spec.memory().device_budget() > 0) {
+      out << ": not under memory.device_budget, where this pick stands";
+    }
+    out << "\n";
+  }
   out << "the job's moe.schedule: " << moe_spec.schedule() << "\n";
   PrintMemory(out, spec, memory, running);
   return kExitOk;

@@ -481,4 +481,24 @@ Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape) {
   return choice;
 }
 
+std::vector<Schedule> TrialCandidates(const Choice& predicted, const LayerShape& shape,
+                                      const TrialOptions& options) {
+  std::vector<Schedule> out = {Schedule::kDeepspeed};
+  if (shape.tp <= 1 || predicted.all.size() != std::size(kAllSchedules)) return out;
+  const auto allowed = [&shape](Schedule s) {
+    return s != Schedule::kS1 || shape.N % shape.tp == 0;
+  };
+  double best = -1;
+  for (const Prediction& p : predicted.all) {
+    if (allowed(p.schedule) && (best < 0 || p.total_s() < best)) best = p.total_s();
+  }
+  for (const Prediction& p : predicted.all) {
+    if (p.schedule != Schedule::kDeepspeed && allowed(p.schedule) &&
+        p.total_s() <= options.window * best) {
+      out.push_back(p.schedule);
+    }
+  }
+  return out;
+}
+
 }  // namespace furnace::moe

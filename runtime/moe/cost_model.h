@@ -184,4 +184,21 @@ struct Choice {
 };
 Choice ChooseSchedule(const CostProfile& profile, const LayerShape& shape);
 
+// moe.schedule auto's trial (trial.h): the candidates predicted within `window` of the best;
+// timed rounds until they took `seconds` (all candidates, slowest rank), at least `reps` and at
+// most `max_reps`; a schedule replaces deepspeed, or one predicted faster, only when measured
+// `margin` faster.
+struct TrialOptions {
+  int reps = 3;
+  int max_reps = 11;
+  double seconds = 1.0;
+  double window = 1.5;
+  double margin = 0.05;
+};
+// The schedules the trial runs for `predicted` (ChooseSchedule's) on `shape`, in kAllSchedules
+// order: deepspeed, and every schedule predicted within options.window of the best (s1 only where
+// the tokens split over tp); just deepspeed when there is nothing to try (tp 1 among others).
+std::vector<Schedule> TrialCandidates(const Choice& predicted, const LayerShape& shape,
+                                      const TrialOptions& options = {});
+
 }  // namespace furnace::moe

@@ -29,26 +29,6 @@ absl::StatusOr<double> Slowest(comm::Communicator* world, double seconds) {
 
 }  // namespace
 
-std::vector<Schedule> TrialCandidates(const Choice& predicted, const LayerShape& shape,
-                                      const TrialOptions& options) {
-  std::vector<Schedule> out = {Schedule::kDeepspeed};
-  if (shape.tp <= 1 || predicted.all.size() != std::size(kAllSchedules)) return out;
-  const auto allowed = [&shape](Schedule s) {
-    return s != Schedule::kS1 || shape.N % shape.tp == 0;
-  };
-  double best = -1;
-  for (const Prediction& p : predicted.all) {
-    if (allowed(p.schedule) && (best < 0 || p.total_s() < best)) best = p.total_s();
-  }
-  for (const Prediction& p : predicted.all) {
-    if (p.schedule != Schedule::kDeepspeed && allowed(p.schedule) &&
-        p.total_s() <= options.window * best) {
-      out.push_back(p.schedule);
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShape& shape,
                                         comm::Communicator* world, const LayerRun& run,
                                         const TrialOptions& options) {
@@ -56,8 +36,14 @@ absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShap
   if (candidates.size() < 2) return predicted;
   const int n = static_cast<int>(candidates.size());
   std::vector<std::vector<double>> times(candidates.size());
-  const int reps = std::max(1, options.reps);
-  for (int round = -1; round < reps; ++round) {  // round -1: the untimed warm-up
+  const int min_rounds = std::max(1, options.reps);
+  const int max_rounds = std::max(min_rounds, options.max_reps);
+  // The timed rounds' slowest times, summed: the same on every rank, so every rank runs as many.
+  double elapsed = 0;
+  int rounds = 0;
+  for (int round = -1;
+       round < 0 || (rounds < max_rounds && (rounds < min_rounds || elapsed < options.seconds));
+       ++round) {  // round -1: the untimed warm-up
     for (int j = 0; j < n; ++j) {
       const int c = (std::max(round, 0) + j) % n;
       if (world != nullptr) RETURN_IF_ERROR(world->Barrier());
@@ -69,8 +55,12 @@ absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShap
                          seconds.status().message()));
       }
       ASSIGN_OR_RETURN(const double slowest, Slowest(world, *seconds));
-      if (round >= 0) times[c].push_back(slowest);
+      if (round >= 0) {
+        times[c].push_back(slowest);
+        elapsed += slowest;
+      }
     }
+    if (round >= 0) ++rounds;
   }
   Choice out = predicted;
   out.measured_s.assign(std::size(kAllSchedules), 0.0);
@@ -78,36 +68,52 @@ absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShap
     out.measured_s[static_cast<size_t>(candidates[c])] = Median(times[c]);
   }
   const auto measured = [&out](Schedule s) { return out.measured_s[static_cast<size_t>(s)]; };
-  // candidates[0] is deepspeed: it wins ties.
-  Schedule best = candidates[0];
-  for (Schedule s : candidates) {
-    if (measured(s) < measured(best)) best = s;
+  const auto predicted_s = [&predicted](Schedule s) {
+    return predicted.all[static_cast<size_t>(s)].total_s();
+  };
+  // Deepspeed first, then the others in the order of their predictions: each replaces the
+  // incumbent only when measured at least `margin` faster, so a difference within the noise goes
+  // to the baseline, and between Parm schedules to the model's order.
+  std::vector<Schedule> order(candidates.begin() + 1, candidates.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](Schedule a, Schedule b) { return predicted_s(a) < predicted_s(b); });
+  Schedule pick = Schedule::kDeepspeed;
+  for (Schedule s : order) {
+    if (measured(s) < (1 - options.margin) * measured(pick)) pick = s;
   }
-  std::string tail = absl::StrCat(" (slowest rank, median of ", reps, "; predicted");
+  Schedule fastest = pick;
+  for (Schedule s : candidates) {
+    if (measured(s) < measured(fastest)) fastest = s;
+  }
+  std::string tail = absl::StrCat(" (slowest rank, median of ", rounds, "; predicted");
   for (size_t i = 0; i < predicted.all.size(); ++i) {
     const Schedule s = predicted.all[i].schedule;
     absl::StrAppend(&tail, i == 0 ? " " : ", ", ScheduleName(s), " ",
                     Ms(predicted.all[i].total_s()), measured(s) > 0 ? "" : " not tried");
   }
   absl::StrAppend(&tail, ")");
-  std::string versus;
-  for (Schedule s : candidates) {
-    if (s == best) continue;
-    absl::StrAppend(&versus, versus.empty() ? " vs " : ", ", ScheduleName(s), " ", Ms(measured(s)));
-  }
-  const double ds = measured(Schedule::kDeepspeed);
-  if (best != Schedule::kDeepspeed && measured(best) > ds * (1 - options.margin)) {
-    out.schedule = Schedule::kDeepspeed;
-    out.reason = absl::StrCat(
-        "deepspeed: ", ScheduleName(best), " measured only ",
-        absl::StrFormat("%.0f%%", 100 * (1 - measured(best) / ds)), " faster (", Ms(measured(best)),
-        " vs ", Ms(ds), " fwd+bwd), under the ", absl::StrFormat("%.0f%%", 100 * options.margin),
-        " a Parm schedule must gain", tail);
+  out.schedule = pick;
+  const std::string margin = absl::StrFormat("%.0f%%", 100 * options.margin);
+  const std::string gain =
+      absl::StrFormat("%.0f%%", 100 * (1 - measured(fastest) / measured(pick)));
+  if (pick == Schedule::kDeepspeed && fastest != pick) {
+    out.reason = absl::StrCat("deepspeed: ", ScheduleName(fastest), " measured only ", gain,
+                              " faster (", Ms(measured(fastest)), " vs ", Ms(measured(pick)),
+                              " fwd+bwd), under the ", margin, " a Parm schedule must gain", tail);
     return out;
   }
-  out.schedule = best;
+  std::string versus;
+  for (Schedule s : candidates) {
+    if (s == pick) continue;
+    absl::StrAppend(&versus, versus.empty() ? " vs " : ", ", ScheduleName(s), " ", Ms(measured(s)));
+  }
   out.reason =
-      absl::StrCat(ScheduleName(best), ": measured ", Ms(measured(best)), " fwd+bwd", versus, tail);
+      absl::StrCat(ScheduleName(pick), ": measured ", Ms(measured(pick)), " fwd+bwd", versus);
+  if (fastest != pick) {
+    absl::StrAppend(&out.reason, "; ", ScheduleName(fastest), " measured only ", gain,
+                    " faster, under the ", margin, " it must gain over one predicted faster");
+  }
+  absl::StrAppend(&out.reason, tail);
   return out;
 }
 

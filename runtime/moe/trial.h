@@ -10,10 +10,14 @@
 // the fastest as measured:
 //   - candidates: deepspeed (the baseline a Parm schedule must beat), and every schedule predicted
 //     within `window` of the best prediction (s1 only where the tokens split over tp);
-//   - one untimed run of each, then `reps` timed rounds, the candidates' order rotating round by
-//     round, a world barrier before every run; a run's time is the slowest rank's (every rank
-//     all-gathers its own), a candidate's the median over the rounds;
-//   - a Parm schedule replaces deepspeed only when measured at least `margin` faster.
+//   - one untimed run of each, then timed rounds, the candidates' order rotating round by round,
+//     a world barrier before every run; a run's time is the slowest rank's (every rank
+//     all-gathers its own), a candidate's the median over the rounds; at least `reps` rounds, more
+//     while the rounds so far took under `seconds` (small layers are noisy and cheap), at most
+//     `max_reps`;
+//   - deepspeed first, then the others in the order of their predictions: each replaces the
+//     incumbent only when measured at least `margin` faster (a difference within the noise goes
+//     to the baseline, and between s1 and s2 to the model's order).
 // Every rank computes the same numbers (the all-gathered maxima), so every rank picks the same
 // schedule. With one candidate (tp 1, or only deepspeed within the window) nothing runs and the
 // model's choice stands.
@@ -30,22 +34,13 @@
 
 namespace furnace::moe {
 
-struct TrialOptions {
-  int reps = 3;
-  double window = 1.5;
-  double margin = 0.05;
-};
-
-// The schedules the trial runs for `predicted` (ChooseSchedule's) on `shape`, in kAllSchedules
-// order; one (deepspeed) when there is nothing to try.
-std::vector<Schedule> TrialCandidates(const Choice& predicted, const LayerShape& shape,
-                                      const TrialOptions& options = {});
+// TrialOptions and TrialCandidates (pure, for `furnace plan` too): cost_model.h.
 
 // One forward and backward of the layer under a schedule on this rank: its seconds, or the error.
 using LayerRun = std::function<absl::StatusOr<double>(Schedule)>;
 
 // `predicted` with the trial's pick: schedule, reason ("s1: measured 2.61 ms fwd+bwd vs deepspeed
-// 3.10 ms (slowest rank, median of 3; predicted s1 2.40 ms, deepspeed 2.95 ms, s2 5.10 ms not
+// 3.1 ms (slowest rank, median of 11; predicted deepspeed 2.95 ms, s1 2.4 ms, s2 5.1 ms not
 // tried)") and measured_s. Collective over `world` (nullptr: one rank); every rank must call it
 // with the same `predicted`, `shape` and options. A run's error is returned as it is (the peers
 // then wait in their collectives for the communicator's timeout, as in a training step).

@@ -137,6 +137,47 @@ TEST_F(PlanTest, InvalidJobIsReportedAsSubmitDoes) {
   EXPECT_THAT(commcheck.status().message(), HasSubstr("a commcheck job builds no model"));
 }
 
+// Where the predictions leave a choice (a profile that prices nothing: all three tie), plan says
+// which schedules auto's ranks will time; under a device budget, that they will not.
+TEST_F(PlanTest, SaysWhichSchedulesAutosRanksTime) {
+  moe::CostProfile zero;
+  zero.source = "zero";
+  std::ofstream(dir_ / "zero.json") << zero.ToJson();
+  auto code = RunPlan(ctx_, job_, {.profile = dir_ / "zero.json"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string want =
+      "\nauto: deepspeed (deepspeed: 0 ms fwd+bwd vs s1 0 ms, s2 0 ms)\n  the ranks then time the "
+      "MoE layer under deepspeed, s1, s2 (predicted within 1.5x of the best) and run the fastest "
+      "measured\n";
+  EXPECT_THAT(out_.str(), HasSubstr(want));
+
+  std::ofstream(dir_ / "budget.yaml", std::ios::binary)
+      << kJob << "memory: {policy: adaptive, device_budget: 1073741824}\n";
+  out_.str("");
+  code = RunPlan(ctx_, dir_ / "budget.yaml", {.profile = dir_ / "zero.json"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("and run the fastest measured: not under "
+                                    "memory.device_budget, where this pick stands\n"));
+
+  // The default profile prices s1 and s2 far from deepspeed here: nothing to time, nothing said.
+  out_.str("");
+  code = RunPlan(ctx_, job_, {});
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string out = out_.str();
+  const bool says = out.find("the ranks then time") != std::string::npos;
+  moe::LayerShape shape{.N = 128, .C = 64, .f = 64, .E = 4, .k = 2, .tp = 2, .ep = 2, .esp = 2};
+  shape.esp_is_tp = true;
+  const moe::Choice c = moe::ChooseSchedule(moe::DefaultProfile(true, true, true), shape);
+  EXPECT_EQ(says, moe::TrialCandidates(c, shape).size() > 1) << out;
+
+  ctx_.json = true;
+  out_.str("");
+  code = RunPlan(ctx_, job_, {.profile = dir_ / "zero.json"});
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("\"trial\": [\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("\"s2\"\n"));
+}
+
 TEST_F(PlanTest, JsonIsOneDocument) {
   ctx_.json = true;
   auto code = RunPlan(ctx_, job_, {});

@@ -72,7 +72,7 @@ struct Trial {
 };
 Trial RunTrial(int world, const Choice& predicted, const LayerShape& shape,
                const std::vector<std::map<Schedule, std::vector<double>>>& times,
-               const TrialOptions& options = {}) {
+               const TrialOptions& options = {.max_reps = 3}) {
   comm::LocalGroup group(world, {.name = "world"});
   std::vector<std::unique_ptr<comm::Communicator>> members;
   for (int r = 0; r < world; ++r) members.push_back(group.Member(r));
@@ -150,6 +150,51 @@ TEST(MeasureSchedulesTest, DeepspeedStaysUnlessAParmScheduleIsFivePercentFaster)
   ASSERT_TRUE(t.out[0].ok()) << t.out[0].status();
   EXPECT_EQ(t.out[0]->schedule, Schedule::kDeepspeed);
   EXPECT_THAT(t.out[0]->reason, HasSubstr("deepspeed: measured 10 ms fwd+bwd vs s1 20 ms"));
+}
+
+// Between Parm schedules, a difference within the margin goes to the model's order; a larger one
+// to the measurement.
+TEST(MeasureSchedulesTest, BetweenParmSchedulesTheModelsOrderBreaksTiesWithinTheMargin) {
+  std::vector<std::map<Schedule, std::vector<double>>> times(1);
+  times[0] = {
+      {Schedule::kDeepspeed, {0.030}}, {Schedule::kS1, {0.0088}}, {Schedule::kS2, {0.0085}}};
+  // s1 predicted faster; s2 measured 3% faster than s1: s1.
+  Trial t = RunTrial(1, Predicted(3e-3, 1e-3, 1.2e-3), Shape(2), times);
+  ASSERT_TRUE(t.out[0].ok()) << t.out[0].status();
+  EXPECT_EQ(t.out[0]->schedule, Schedule::kS1);
+  EXPECT_EQ(t.out[0]->reason,
+            "s1: measured 8.8 ms fwd+bwd vs deepspeed 30 ms, s2 8.5 ms; s2 measured only 3% "
+            "faster, under the 5% it must gain over one predicted faster (slowest rank, median of "
+            "3; predicted deepspeed 3 ms, s1 1 ms, s2 1.2 ms)");
+  // s2 predicted faster: s2, and s1 is no faster.
+  t = RunTrial(1, Predicted(3e-3, 1.2e-3, 1e-3), Shape(2), times);
+  ASSERT_TRUE(t.out[0].ok()) << t.out[0].status();
+  EXPECT_EQ(t.out[0]->schedule, Schedule::kS2);
+  // s2 measured 10% faster than s1, predicted slower: s2.
+  times[0][Schedule::kS2] = {0.0079};
+  t = RunTrial(1, Predicted(3e-3, 1e-3, 1.2e-3), Shape(2), times);
+  ASSERT_TRUE(t.out[0].ok()) << t.out[0].status();
+  EXPECT_EQ(t.out[0]->schedule, Schedule::kS2);
+}
+
+// At least `reps` rounds, more while the rounds so far took under `seconds`, at most `max_reps`:
+// every rank runs as many (the sum is of the all-gathered maxima).
+TEST(MeasureSchedulesTest, SmallLayersRunMoreRoundsUpToTheCap) {
+  const auto rounds_for = [](double seconds_per_run) {
+    std::vector<std::map<Schedule, std::vector<double>>> times(2);
+    for (auto& rank : times) {
+      rank = {{Schedule::kDeepspeed, {seconds_per_run}}, {Schedule::kS1, {seconds_per_run}}};
+    }
+    // Rank 1 slower: the rounds' time is its.
+    times[1][Schedule::kS1] = {2 * seconds_per_run};
+    const Trial t = RunTrial(2, Predicted(3e-3, 1e-3, 9e-3), Shape(2), times, TrialOptions{});
+    EXPECT_TRUE(t.out[0].ok()) << t.out[0].status();
+    EXPECT_EQ(t.calls[0].at(Schedule::kDeepspeed), t.calls[1].at(Schedule::kDeepspeed));
+    return t.calls[0].at(Schedule::kDeepspeed) - 1;  // less the warm-up
+  };
+  EXPECT_EQ(rounds_for(1e-3), 11);  // 3 ms a round: the cap
+  EXPECT_EQ(rounds_for(0.5), 3);    // 1.5 s a round: the least
+  EXPECT_EQ(rounds_for(0.1), 4);    // 0.3 s a round: 1.2 s after 4
 }
 
 TEST(MeasureSchedulesTest, NothingToTryRunsNothing) {

@@ -484,8 +484,8 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
 }
 
 // auto's trial (runtime/moe/trial.h; a wide window: every schedule tried): every rank measures
-// the same times and takes the same schedule, the fastest measured (deepspeed unless a Parm
-// schedule gained 5%); the outcome is cached beside the profile and a restarted attempt reads it
+// the same times and takes the same schedule (deepspeed unless a Parm schedule gained 5%); the
+// outcome is cached beside the profile and a restarted attempt reads it
 // instead of measuring; the trial leaves the gradients zero and the parameters as they were.
 // Under a memory.device_budget no trial runs and the reason says so.
 TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutcome) {
@@ -549,11 +549,13 @@ TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutc
       for (double t : c.measured_s) EXPECT_GT(t, 0);  // all three tried
       const double ds = c.measured_s[0];
       const double picked = c.measured_s[static_cast<int>(c.schedule)];
-      for (double t : c.measured_s) EXPECT_LE(picked, std::max(t, ds));
+      // Nothing measured 5% faster than the pick; a Parm pick 5% faster than deepspeed.
+      EXPECT_LE(picked, ds);
+      for (double t : c.measured_s) EXPECT_GE(t, 0.95 * picked);
       if (c.schedule != Schedule::kDeepspeed) {
         EXPECT_LE(picked, 0.95 * ds);
       }
-      EXPECT_NE(c.reason.find("slowest rank, median of 3"), std::string::npos) << c.reason;
+      EXPECT_NE(c.reason.find("slowest rank, median of "), std::string::npos) << c.reason;
       EXPECT_EQ(choices[0].per_layer,
                 std::vector<Schedule>(static_cast<size_t>(config.num_moe_layers()), c.schedule));
       EXPECT_TRUE(std::filesystem::exists(choices[0].trial_cache_path))
