@@ -389,7 +389,8 @@ absl::StatusOr<int> RunPlan(const CommandContext& ctx, const std::string& path,
   if (!tried.empty()) {
     out << "  the ranks then time the MoE layer under " << absl::StrJoin(tried, ", ")
         << " (predicted within " << moe::TrialOptions().window
-        << "x of the best) and run the fastest measured";
+        << "x of the best) and run the one measured fastest by 5% (deepspeed first, then the "
+           "predicted order)";
     if (spec.memory().device_budget() > 0) {
       out << ": not under memory.device_budget, where this pick stands";
     }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
-#include <random>
 #include <thread>
 #include <utility>
 
@@ -234,7 +233,8 @@ bool GptMoe::SlicedExperts(moe::Schedule s) const {
   return moe::SlicedExperts(s, groups_.esp_is_tp, groups_.esp == nullptr ? 1 : groups_.esp->size());
 }
 
-absl::StatusOr<double> GptMoe::TimeMoeLayer(moe::Schedule schedule, int B) {
+absl::StatusOr<double> GptMoe::TimeMoeLayer(moe::Schedule schedule, int B, const float* x_host,
+                                            const float* dout_host) {
   if (!in_flight_.empty()) {
     return absl::FailedPreconditionError("the MoE layer trial runs before the first step only");
   }
@@ -254,26 +254,21 @@ absl::StatusOr<double> GptMoe::TimeMoeLayer(moe::Schedule schedule, int B) {
   // No planner (its hooks) and no counters: the trial is not a step.
   ModuleContext ctx{ops_, arena_, stash_, groups_, nullptr};
   const int64_t NC = int64_t{dims.N()} * dims.C;
-  // The input by data-parallel replica (tp peers hold the same tokens), unit scale like the
-  // residual stream after a layer norm; the output gradient small, as a loss's would be.
-  std::vector<float> host(static_cast<size_t>(NC));
-  std::mt19937 rng(static_cast<uint32_t>(7919 + shard_.dp_rank));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : host) v = normal(rng);
   ASSIGN_OR_RETURN(tensor::Buffer x, AllocF32(ctx, NC, "trial.x", false));
-  RETURN_IF_ERROR(Upload(ctx, x.data(), host.data(), F32Bytes(NC)));
+  RETURN_IF_ERROR(Upload(ctx, x.data(), x_host, F32Bytes(NC)));
   ASSIGN_OR_RETURN(StashHandle x_in,
                    SaveF32(ctx, "trial.x", layer, std::move(x), {B, dims.T, dims.C}));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(NC));
-  for (float& v : host) v = normal(rng) * scale;
   ASSIGN_OR_RETURN(tensor::Buffer dres, AllocF32(ctx, NC, "trial.grad", false));
-  RETURN_IF_ERROR(Upload(ctx, dres.data(), host.data(), F32Bytes(NC)));
+  RETURN_IF_ERROR(Upload(ctx, dres.data(), dout_host, F32Bytes(NC)));
   RETURN_IF_ERROR(tensor::Synchronize(device_));
   const auto t0 = std::chrono::steady_clock::now();
   const float* p = params_.as<float>();
   absl::StatusOr<MoeSaved> saved =
       MoeBlockForward(ctx, dims, moe, layer, layout_.layers[layer], p, x_in);
   absl::Status status = saved.status();
+  // The memory policy's drops (selective, full_recompute), as after the module in a forward: the
+  // backward then rebuilds them (the expert buffers by re-running the schedule's exchanges).
+  if (status.ok()) status = stash_.ApplyPendingDrops();
   if (status.ok()) {
     status = MoeBlockBackward(ctx, dims, moe, layout_.layers[layer], p, grads_.as<float>(), *saved,
                               x_in, 1.0, dres.as<float>());

@@ -293,13 +293,17 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   // Whether schedule `s` slices this rank's experts (moe::SlicedExperts on its groups).
   bool SlicedExperts(moe::Schedule s) const;
   // moe.schedule auto's trial (runtime/moe/trial.h): this stage's first MoE layer, forward and
-  // backward under `schedule`, on a micro-batch of B synthetic sequences (the same on the tp peers
-  // of a data-parallel replica, as after attention), with the model's parameters, device, memory
-  // policy and groups; the seconds to its completion on the device. Collective on the layer's
-  // groups (every rank of the stage calls it alike). The gradients it adds are zeroed and the
-  // activation peak reset before it returns; the parameters are untouched. Before the first step
-  // only (FailedPrecondition with micro-batches in flight); 0 when the stage holds no MoE layer.
-  absl::StatusOr<double> TimeMoeLayer(moe::Schedule schedule, int B);
+  // backward under `schedule`, on a micro-batch of B sequences whose input (x_host) and output
+  // gradient (dout_host) the caller gives (host memory, B * seq_len * d_model floats each; the
+  // same on the tp peers of a data-parallel replica, as after attention), with the model's
+  // parameters, device, groups and memory policy (its drops and their rebuilds; no planner, and
+  // offload only if the stash has its copy engine already); the seconds from the first kernel to
+  // its completion on the device. Collective on the layer's groups (every rank of the stage calls
+  // it alike). Every gradient is zeroed and the activation peak reset before it returns (so: before
+  // the first step only; FailedPrecondition with micro-batches in flight); the parameters are
+  // untouched. 0 when the stage holds no MoE layer.
+  absl::StatusOr<double> TimeMoeLayer(moe::Schedule schedule, int B, const float* x_host,
+                                      const float* dout_host);
   // The arena's budget in bytes (0: unlimited).
   uint64_t device_budget() const { return arena_.budget(); }
   // What the schedules' ops moved on this rank so far, per op (executor.h).

@@ -19,12 +19,12 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// The slowest rank's `seconds`, on every rank.
-absl::StatusOr<double> Slowest(comm::Communicator* world, double seconds) {
-  if (world == nullptr || world->size() == 1) return seconds;
+// Every rank's `seconds` (negative: its run failed), on every rank.
+absl::StatusOr<std::vector<double>> AllSeconds(comm::Communicator* world, double seconds) {
+  if (world == nullptr || world->size() == 1) return std::vector<double>{seconds};
   std::vector<double> all(static_cast<size_t>(world->size()));
   RETURN_IF_ERROR(world->AllGather(&seconds, all.data(), sizeof(double)));
-  return *std::max_element(all.begin(), all.end());
+  return all;
 }
 
 }  // namespace
@@ -48,13 +48,21 @@ absl::StatusOr<Choice> MeasureSchedules(const Choice& predicted, const LayerShap
       const int c = (std::max(round, 0) + j) % n;
       if (world != nullptr) RETURN_IF_ERROR(world->Barrier());
       absl::StatusOr<double> seconds = run(candidates[c]);
+      // Every rank learns whether every rank's run ended well: a rank that failed before the
+      // layer's first collective (its buffers, their upload) would otherwise leave its peers
+      // waiting in the next one until the communicator's timeout.
+      ASSIGN_OR_RETURN(const std::vector<double> all,
+                       AllSeconds(world, seconds.ok() ? std::max(*seconds, 0.0) : -1.0));
+      const std::string what =
+          absl::StrCat("moe.schedule auto: the trial of ", ScheduleName(candidates[c]));
       if (!seconds.ok()) {
-        return absl::Status(
-            seconds.status().code(),
-            absl::StrCat("moe.schedule auto: the trial of ", ScheduleName(candidates[c]), ": ",
-                         seconds.status().message()));
+        return absl::Status(seconds.status().code(),
+                            absl::StrCat(what, ": ", seconds.status().message()));
       }
-      ASSIGN_OR_RETURN(const double slowest, Slowest(world, *seconds));
+      for (size_t r = 0; r < all.size(); ++r) {
+        if (all[r] < 0) return absl::AbortedError(absl::StrCat(what, " failed on rank ", r));
+      }
+      const double slowest = *std::max_element(all.begin(), all.end());
       if (round >= 0) {
         times[c].push_back(slowest);
         elapsed += slowest;

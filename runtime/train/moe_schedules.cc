@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -92,7 +93,7 @@ uint64_t Fnv1a(uint64_t h, const void* bytes, size_t n) {
 // parallel.order), in rank order, hashed. Not which ranks share a host: a restart placed on another
 // split over nodes (after losing one) keeps the profile, so auto picks the schedules the attempts
 // before it ran and the run continues bit for bit (the schedules agree only to about 1e-4, not
-// bitwise); delete the cache file to price the new placement.
+// bitwise); delete the cache files (the profile's and the trial's) to price the new placement.
 absl::StatusOr<uint64_t> PlacementHash(const RankLayout& layout) {
   constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
   const topology::Coords& c = layout.coords;
@@ -146,10 +147,22 @@ absl::StatusOr<moe::Choice> MeasuredChoice(moe::Choice predicted, const moe::Lay
       return c;
     }
   }
+  // The layer's input by data-parallel replica (tp peers hold the same tokens), unit scale like
+  // the residual stream after a layer norm, and an output gradient as small as a loss's: drawn
+  // once, every run of the trial reuses them.
+  const model::ModelConfig& config = model.config();
+  const int64_t NC = int64_t{micro_batch} * config.seq_len * config.d_model;
+  std::vector<float> x(static_cast<size_t>(NC)), dout(static_cast<size_t>(NC));
+  std::mt19937 rng(static_cast<uint32_t>(7919 + layout.shard.dp_rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(NC));
+  for (float& v : dout) v = normal(rng) * scale;
   ASSIGN_OR_RETURN(moe::Choice measured, moe::MeasureSchedules(
                                              predicted, shape, layout.world.get(),
-                                             [&model, micro_batch](moe::Schedule s) {
-                                               return model.TimeMoeLayer(s, micro_batch);
+                                             [&](moe::Schedule s) {
+                                               return model.TimeMoeLayer(s, micro_batch, x.data(),
+                                                                         dout.data());
                                              },
                                              trial));
   if (layout.rank == 0 && !out.trial_cache_path.empty()) {
@@ -157,7 +170,7 @@ absl::StatusOr<moe::Choice> MeasuredChoice(moe::Choice predicted, const moe::Lay
     std::filesystem::create_directories(cache_dir, ec);
     if (absl::Status written = WriteFileDurably(out.trial_cache_path, moe::TrialToJson(measured));
         !written.ok()) {
-      out.cache_error = std::string(written.message());
+      absl::StrAppend(&out.cache_error, out.cache_error.empty() ? "" : "; ", written.message());
     }
   }
   return measured;
@@ -303,7 +316,7 @@ absl::StatusOr<MoeScheduleChoice> ChooseMoeSchedules(const std::string& requeste
     }
   }
   moe::Choice choice = moe::ChooseSchedule(*out.profile, shape);
-  if (moe::TrialCandidates(choice, shape, trial).size() > 1) {
+  if (layers > 0 && moe::TrialCandidates(choice, shape, trial).size() > 1) {
     if (model.device_budget() > 0) {
       // The trial runs a layer outside the memory policy's plan (the adaptive planner's): under a
       // budget it could run out of memory on one rank while its peers wait in the collectives.

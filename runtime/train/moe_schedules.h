@@ -11,8 +11,9 @@
 //                         tokens do not split over tp. Where the model leaves a real choice
 //                         (deepspeed and every schedule predicted within 1.5x of the best), the
 //                         ranks then time the layer itself under each candidate
-//                         (runtime/moe/trial.h, GptMoe::TimeMoeLayer) and run the fastest as
-//                         measured, a Parm schedule only when 5% faster than deepspeed. Not under
+//                         (runtime/moe/trial.h, GptMoe::TimeMoeLayer): deepspeed first, then
+//                         the others in predicted order, each replacing the one before only
+//                         when measured 5% faster. Not under
 //                         a memory.device_budget (the trial runs outside the memory plan): the
 //                         model's choice stands there, the reason says so.
 // The profile auto prices with is fitted by moe::Calibrate on the job's own groups (a bounded

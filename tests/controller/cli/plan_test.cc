@@ -14,6 +14,7 @@ namespace furnace::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::TestDir;
 
 constexpr char kJob[] = R"(name: plan_tp2_ep2_esp2
@@ -147,8 +148,8 @@ TEST_F(PlanTest, SaysWhichSchedulesAutosRanksTime) {
   ASSERT_TRUE(code.ok()) << code.status();
   const std::string want =
       "\nauto: deepspeed (deepspeed: 0 ms fwd+bwd vs s1 0 ms, s2 0 ms)\n  the ranks then time the "
-      "MoE layer under deepspeed, s1, s2 (predicted within 1.5x of the best) and run the fastest "
-      "measured\n";
+      "MoE layer under deepspeed, s1, s2 (predicted within 1.5x of the best) and run the one "
+      "measured fastest by 5% (deepspeed first, then the predicted order)\n";
   EXPECT_THAT(out_.str(), HasSubstr(want));
 
   std::ofstream(dir_ / "budget.yaml", std::ios::binary)
@@ -156,19 +157,14 @@ TEST_F(PlanTest, SaysWhichSchedulesAutosRanksTime) {
   out_.str("");
   code = RunPlan(ctx_, dir_ / "budget.yaml", {.profile = dir_ / "zero.json"});
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_THAT(out_.str(), HasSubstr("and run the fastest measured: not under "
+  EXPECT_THAT(out_.str(), HasSubstr("(deepspeed first, then the predicted order): not under "
                                     "memory.device_budget, where this pick stands\n"));
 
   // The default profile prices s1 and s2 far from deepspeed here: nothing to time, nothing said.
   out_.str("");
   code = RunPlan(ctx_, job_, {});
   ASSERT_TRUE(code.ok()) << code.status();
-  const std::string out = out_.str();
-  const bool says = out.find("the ranks then time") != std::string::npos;
-  moe::LayerShape shape{.N = 128, .C = 64, .f = 64, .E = 4, .k = 2, .tp = 2, .ep = 2, .esp = 2};
-  shape.esp_is_tp = true;
-  const moe::Choice c = moe::ChooseSchedule(moe::DefaultProfile(true, true, true), shape);
-  EXPECT_EQ(says, moe::TrialCandidates(c, shape).size() > 1) << out;
+  EXPECT_THAT(out_.str(), Not(HasSubstr("the ranks then time")));
 
   ctx_.json = true;
   out_.str("");

@@ -219,6 +219,24 @@ TEST(MeasureSchedulesTest, ARunsErrorEndsTheTrialNamingTheSchedule) {
               HasSubstr("moe.schedule auto: the trial of s1: out of memory"));
 }
 
+// One rank's run fails (before the layer's collectives): every rank returns, the failing one with
+// its error, the others saying which rank failed (none waits in the next collective).
+TEST(MeasureSchedulesTest, ARanksFailureEndsTheTrialOnEveryRank) {
+  std::vector<std::map<Schedule, std::vector<double>>> times(3);
+  for (auto& rank : times) rank = {{Schedule::kDeepspeed, {0.01}}, {Schedule::kS1, {0.01}}};
+  times[1][Schedule::kS1] = {0.01, 0.01, -1};  // its third run of s1 (the second timed round)
+  const Trial t = RunTrial(3, Predicted(3e-3, 1e-3, 9e-3), Shape(2), times);
+  ASSERT_FALSE(t.out[1].ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(t.out[1].status())) << t.out[1].status();
+  for (int r : {0, 2}) {
+    ASSERT_FALSE(t.out[r].ok()) << "rank " << r;
+    EXPECT_TRUE(absl::IsAborted(t.out[r].status())) << t.out[r].status();
+    EXPECT_THAT(t.out[r].status().message(),
+                HasSubstr("moe.schedule auto: the trial of s1 failed on rank 1"));
+    EXPECT_EQ(t.calls[r].at(Schedule::kS1), 3) << "rank " << r;
+  }
+}
+
 TEST(TrialJsonTest, TheOutcomeRoundTripsExactlyAndMalformedTextIsRefused) {
   Choice measured = Predicted(3e-3, 1e-3, 9e-3);
   measured.schedule = Schedule::kS1;
