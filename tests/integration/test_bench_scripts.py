@@ -87,7 +87,9 @@ class BenchBinariesTest(unittest.TestCase):
         return r.stdout
 
     def test_parm_quick(self):
-        self.assertIn("auto within 5% of the measured best", self.run_bin("bench_parm", "--quick"))
+        out = self.run_bin("bench_parm", "--quick")
+        self.assertIn("auto within 5% of the measured best", out)
+        self.assertIn("the cost model alone (auto before its trial)", out)
 
     def test_moe_layer(self):
         out = self.run_bin("bench_moe_layer", "--ep", "2", "--reps", "2", "--warmup", "1",
