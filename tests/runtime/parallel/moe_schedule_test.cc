@@ -487,7 +487,8 @@ TEST(ChooseMoeSchedulesTest, AutoCalibratesOnceAndCachesTheProfile) {
 // the same times and takes the same schedule (deepspeed unless a Parm schedule gained 5%); the
 // outcome is cached beside the profile and a restarted attempt reads it
 // instead of measuring; the trial leaves the gradients zero and the parameters as they were.
-// Under a memory.device_budget no trial runs and the reason says so.
+// Under full_recompute the trial drops and rebuilds as the policy does, and caches apart. Under a
+// memory.device_budget no trial runs and the reason says so.
 TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutcome) {
   const std::string dir = ::testing::TempDir() + "/trial-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
@@ -495,7 +496,15 @@ TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutc
   const int world = g.dp * g.tp;
   const model::ModelConfig config = testing::TinyLayoutModel(2, 0);
   const moe::TrialOptions wide{.window = 1e9};
-  for (uint64_t budget : {uint64_t{0}, uint64_t{1} << 30}) {
+  struct Setting {
+    uint64_t budget;
+    memory::MemoryPolicy policy;
+  };
+  for (const Setting& setting :
+       {Setting{0, memory::MemoryPolicy::kNone}, Setting{0, memory::MemoryPolicy::kFullRecompute},
+        Setting{uint64_t{1} << 30, memory::MemoryPolicy::kNone}}) {
+    const uint64_t budget = setting.budget;
+    const bool recompute = setting.policy == memory::MemoryPolicy::kFullRecompute;
     for (int attempt = 0; attempt < 2; ++attempt) {
       testing::LocalWorld local;
       std::vector<train::MoeScheduleChoice> choices(world);
@@ -507,11 +516,20 @@ TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutc
         ASSIGN_OR_RETURN(
             std::unique_ptr<model::GptMoe> m,
             model::GptMoe::Create(config, 7, *cpu, arena, layout->shard, layout->model_groups()));
+        RETURN_IF_ERROR(m->SetMemoryPolicy(setting.policy));
         std::vector<float> before(m->num_params()), grads(m->num_params());
         RETURN_IF_ERROR(
             tensor::CopyToHost(*cpu, before.data(), m->param_data(), before.size() * 4));
         ASSIGN_OR_RETURN(choices[rank], train::ChooseMoeSchedules("auto", *m, *layout,
                                                                   /*micro_batch=*/2, dir, wide));
+        // Under full_recompute the trial's layer dropped what the policy drops and rebuilt it in
+        // its backward (when it ran: not from the cache).
+        const bool measured = !choices[rank].trial_from_cache && budget == 0;
+        if (recompute && measured != (m->stash().rebuilt_bytes() > 0)) {
+          return absl::InternalError(absl::StrCat("rebuilt ", m->stash().rebuilt_bytes(),
+                                                  " bytes in the trial (measured: ", measured,
+                                                  ")"));
+        }
         std::vector<float> after(before.size());
         RETURN_IF_ERROR(tensor::CopyToHost(*cpu, after.data(), m->param_data(), after.size() * 4));
         RETURN_IF_ERROR(tensor::CopyToHost(*cpu, grads.data(), m->grad_data(), grads.size() * 4));
@@ -563,7 +581,8 @@ TEST(ChooseMoeSchedulesTest, AutoTimesTheLayerUnderEachCandidateAndCachesTheOutc
       EXPECT_NE(choices[0].trial_cache_path.find("moe_trial.world2_pp1_tp2_ep2_esp1_cpu_fp32_"),
                 std::string::npos)
           << choices[0].trial_cache_path;
-      EXPECT_NE(choices[0].trial_cache_path.find("_none.json"), std::string::npos)
+      EXPECT_NE(choices[0].trial_cache_path.find(recompute ? "_full_recompute.json" : "_none.json"),
+                std::string::npos)
           << choices[0].trial_cache_path;
     }
   }
