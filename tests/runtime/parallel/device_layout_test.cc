@@ -182,6 +182,40 @@ TEST(DeviceLayoutAutoTest, AutoCalibratesOnTheDeviceAndTrainsAsCpuRanks) {
       chosen.c_str(), chosen.c_str());
 }
 
+// auto on a 1F1B pipeline whose first stage holds no MoE layer (4 layers, moe_every 4: layer 3
+// only), on emulated stream ranks: that stage's ranks take part in the trial's barriers and
+// all-gathers with nothing to time, every rank takes one schedule, and the run trains bit for bit
+// as the CPU run of that schedule named.
+TEST(DeviceLayoutAutoTest, AStageWithoutMoeLayersTakesPartInTheTrial) {
+  const Case k{"pp2_tp2_ep2_auto_streams", 2, 1, 2, 2, 1, 2, "auto", false, true};
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 1.25);
+  c.model.moe_every = 4;
+  c.sizes.pp = 2;
+  c.sizes.tp = 2;
+  c.sizes.ep = 2;
+  c.micro_batches = 2;
+  c.steps = 2;
+  c.schedule = "auto";
+  c.trial.window = 1e9;
+  const absl::StatusOr<RunResult> emu = RunOn(c, k, device::Kind::kEmulated, false);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  ASSERT_EQ(emu->moe_schedules.size(), 4u);
+  const std::string chosen = emu->moe_schedules[0].at(0);
+  for (const std::vector<std::string>& rank : emu->moe_schedules) {
+    ASSERT_EQ(rank.size(), 1u);
+    EXPECT_EQ(rank[0], chosen);
+  }
+  c.schedule = chosen;
+  const absl::StatusOr<RunResult> cpu = RunOn(c, k, device::Kind::kCpu, false);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(emu->loss, cpu->loss);
+  EXPECT_EQ(emu->grad_norm, cpu->grad_norm);
+  for (const auto& [name, want] : cpu->params) {
+    EXPECT_TRUE(SameBits(emu->params.at(name), want)) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DeviceLayoutTest,
     ::testing::Values(Case{"dp2", 1, 2, 1, 1, 1, 2, "deepspeed", false},
