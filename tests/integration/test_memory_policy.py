@@ -16,6 +16,7 @@ steps and the Prometheus counters say how often they agreed and what they droppe
 import json
 import os
 import re
+import time
 import urllib.request
 
 import harness
@@ -210,14 +211,26 @@ recovery: {{max_restarts: 0}}
         self.assertTrue(all(0 <= n <= 2 for n in agreements), agreements)
         self.assertGreater(sum(drops), 0, steps)
         self.assertGreater(float(steps[0].get("agreement_seconds", 0)), 0, steps[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
+
+        def scrape(name):
+            with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics",
+                                        timeout=5) as r:
+                m = re.search(rf'^{name}{{job="{adaptive}"}} (\S+)$', r.read().decode(), re.M)
+            return None if m is None else float(m.group(1))
 
         def counter(name):
-            m = re.search(rf'^{name}{{job="{adaptive}"}} (\S+)$', metrics, re.M)
-            self.assertIsNotNone(m, f"no {name} for {adaptive} in /metrics")
-            return float(m.group(1))
+            # A stored step reaches the series as it is committed and the totals just after:
+            # read until the last one is counted (or 5 s).
+            deadline = time.monotonic() + 5
+            value = scrape(name)
+            while value != sum(agreements) and name.endswith("agreements_total") and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+                value = scrape(name)
+            self.assertIsNotNone(value, f"no {name} for {adaptive} in /metrics")
+            return value
 
+        # (agreements first: once they are all counted, every total is.)
         self.assertEqual(counter("furnace_planner_agreements_total"), sum(agreements))
         self.assertEqual(counter("furnace_planner_agreed_drops_total"), sum(drops))
         self.assertGreater(counter("furnace_planner_agreement_seconds_total"), 0)

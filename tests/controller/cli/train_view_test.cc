@@ -279,7 +279,7 @@ TEST_F(TrainViewTest, WatchShowsThePlannersDecisionsAndEmergencyOffloads) {
                                       "drops 6"),
             std::string::npos)
       << TrainPlainSuffix(*m);
-  // None taken: nothing said (an agreement that dropped nothing, as on every first step, neither).
+  // None taken: nothing said (an agreement that dropped nothing, where every rank fits, neither).
   v1::JobDetail agreed_nothing = MakeTrainJob();
   agreed_nothing.mutable_telemetry()->mutable_memory()->set_agreements(2);
   for (const v1::JobDetail& quiet_job : {MakeTrainJob(), agreed_nothing}) {
