@@ -160,10 +160,15 @@ TEST_F(PlanTest, SaysWhichSchedulesAutosRanksTime) {
   EXPECT_THAT(out_.str(), HasSubstr("(deepspeed first, then the predicted order): not under "
                                     "memory.device_budget, where this pick stands\n"));
 
-  // The default profile prices s1 and s2 far from deepspeed here: nothing to time, nothing said.
+  // A profile whose tp all-gather costs a second a call prices s1 and s2 (both gather over tp;
+  // deepspeed moves no tp bytes here) far from deepspeed: nothing to time, nothing said.
+  moe::CostProfile slow_tp = moe::DefaultProfile(true, true, true);
+  slow_tp.at(moe::CollectiveKind::kAllGather, moe::OpGroup::kTp).alpha = 1.0;
+  std::ofstream(dir_ / "slow_tp.json") << slow_tp.ToJson();
   out_.str("");
-  code = RunPlan(ctx_, job_, {});
+  code = RunPlan(ctx_, job_, {.profile = dir_ / "slow_tp.json"});
   ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_THAT(out_.str(), HasSubstr("\nauto: deepspeed ("));
   EXPECT_THAT(out_.str(), Not(HasSubstr("the ranks then time")));
 
   ctx_.json = true;
