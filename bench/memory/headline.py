@@ -192,6 +192,7 @@ def main():
                 "planner_s": sum(float(s.get("planner_seconds", 0)) for s in recs),
                 "decisions": sum(int(s.get("planner_decisions", 0)) for s in recs),
                 "emergencies": sum(int(s.get("emergency_offloads", 0)) for s in recs),
+                "agreed_drops": sum(int(s.get("agreed_drops", 0)) for s in recs),
                 "peak": max(int(s["activation_peak_bytes"]) for s in recs),
                 "bytes": action_bytes,
             })
@@ -205,14 +206,15 @@ def main():
     print(f"layout {args.layout}, {args.steps} steps, spikes p={args.spike_probability} "
           f"ratio {args.spike_ratio}, budget {budget} B, host link {link * 1000:.2f} MB/s")
     print("| policy | result (attempts) | tokens/s whole job | spike steps tokens/s | other steps "
-          "tokens/s | OOM restarts | peak B | planner s | decisions | emergency | bytes moved |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "tokens/s | OOM restarts | peak B | planner s | decisions | emergency | agreed drops | "
+          "bytes moved |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         moved = ", ".join(f"{a} {b / 1048576:.1f} MiB" for a, b in sorted(r["bytes"].items()))
         print(f"| {r['policy']} | {r['state'].replace('JOB_', '').lower()} ({r['attempts']}) | "
               f"{r['tokens_per_s']:.0f} | {r['spike_rate']:.0f} | {r['plain_rate']:.0f} | "
               f"{r['ooms']} | {r['peak']} | {r['planner_s']:.4f} | {r['decisions']} | "
-              f"{r['emergencies']} | {moved or '-'} |")
+              f"{r['emergencies']} | {r['agreed_drops']} | {moved or '-'} |")
     if "adaptive" in base:
         a = base["adaptive"]
         static = [r for r in rows if r["policy"] != "adaptive" and r["state"] == "JOB_SUCCEEDED"]
