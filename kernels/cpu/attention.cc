@@ -7,6 +7,9 @@
 // q, k and v are strided views into qkv (leading dimension 3C), out and dout have leading
 // dimension C, so no head is ever copied. The backward keeps one (kRowBlock, T) scratch per thread.
 //
+// The RowStats pair (kStats) keeps (m, r) per row instead of att and rebuilds each block of P in
+// backward (attention.h).
+//
 // The bf16 variants (attention_bf16.h) are the same code with kBf16: qkv and dout are read from
 // bf16-rounded copies, and the probabilities (forward and dV) and dS are rounded into a block
 // scratch before they enter a product; att itself stays the fp32 softmax. With kBf16 false every
@@ -43,7 +46,28 @@ void RoundBlock(float* dst, const float* src, int rows, int cols, int ld) {
   }
 }
 
-template <typename T, bool kBf16>
+// One query block's causal softmax, rows [r0, r1) of S held in blk (leading dimension Tlen): row t
+// becomes its probabilities over keys [0, t] and zeros after. stats, where not null, gets (m, r)
+// of row t at stats[2t], stats[2t + 1].
+template <typename T>
+void SoftmaxBlock(T* blk, int r0, int r1, int Tlen, T* stats) {
+  for (int t = r0; t < r1; ++t) {
+    T* row = blk + static_cast<int64_t>(t - r0) * Tlen;
+    const T mx = internal::Max(row, t + 1);
+    const T sum = internal::ExpShifted(row, row, mx, t + 1);
+    const T inv = T(1) / sum;
+    internal::ScaleInPlace(row, inv, t + 1);
+    std::fill(row + t + 1, row + Tlen, T(0));
+    if (stats != nullptr) {
+      stats[2 * static_cast<int64_t>(t)] = mx;
+      stats[2 * static_cast<int64_t>(t) + 1] = inv;
+    }
+  }
+}
+
+// kStats: att is the (B, NH, T, 2) row statistics and the probabilities live only in a block
+// scratch; else att is the (B, NH, T, T) probabilities, written in place.
+template <typename T, bool kBf16, bool kStats>
 void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   const int hs = C / NH;
   const int ld = 3 * C;
@@ -54,6 +78,8 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
     qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
     p_r.resize(static_cast<size_t>(kRowBlock) * Tlen);
   }
+  std::vector<T> s_blk;  // (kRowBlock, T): a block's scores then probabilities (kStats only)
+  if constexpr (kStats) s_blk.resize(static_cast<size_t>(std::min(kRowBlock, Tlen)) * Tlen);
   const T* qkv = kBf16 ? qkv_r.get() : qkv_in;
   for (int b = 0; b < B; ++b) {
     const T* qkv_b = qkv + static_cast<int64_t>(b) * Tlen * ld;
@@ -61,21 +87,17 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
       const T* q = qkv_b + h * hs;
       const T* k = q + C;
       const T* v = q + 2 * C;
-      T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
+      const int64_t bh = static_cast<int64_t>(b) * NH + h;
+      T* a = kStats ? nullptr : att + bh * Tlen * Tlen;
+      T* stats = kStats ? att + bh * Tlen * 2 : nullptr;
       T* o = out + static_cast<int64_t>(b) * Tlen * C + h * hs;
       for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
         const int r1 = std::min(Tlen, r0 + kRowBlock);
         const int rows = r1 - r0;
-        T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
+        T* a_blk = kStats ? s_blk.data() : a + static_cast<int64_t>(r0) * Tlen;
         Gemm(false, true, rows, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld, T(0),
              a_blk, Tlen);
-        for (int t = r0; t < r1; ++t) {
-          T* row = a + static_cast<int64_t>(t) * Tlen;
-          const T mx = internal::Max(row, t + 1);
-          const T sum = internal::ExpShifted(row, row, mx, t + 1);
-          internal::ScaleInPlace(row, T(1) / sum, t + 1);
-          std::fill(row + t + 1, row + Tlen, T(0));
-        }
+        SoftmaxBlock(a_blk, r0, r1, Tlen, stats);
         const T* p_blk = a_blk;
         if constexpr (kBf16) {
           RoundBlock(p_r.data(), a_blk, rows, r1, Tlen);
@@ -88,7 +110,10 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   }
 }
 
-template <typename T, bool kBf16>
+// kStats: att is the row statistics, and each block's probabilities are rebuilt from Q, K and
+// them with the forward's own operations (the same product into the same layout, the same
+// exponentials and scaling), so they are the forward's bit for bit.
+template <typename T, bool kBf16, bool kStats>
 void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, int Tlen, int C,
               int NH) {
   const int hs = C / NH;
@@ -96,7 +121,9 @@ void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, i
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   thread_local std::vector<T> scratch;
   scratch.resize(static_cast<size_t>(kRowBlock) * Tlen);
-  T* ds = scratch.data();  // (rows, r1) of the current block, leading dimension Tlen
+  T* ds = scratch.data();    // (rows, r1) of the current block, leading dimension Tlen
+  std::vector<T> p_rebuilt;  // (kRowBlock, T): a block's rebuilt probabilities (kStats only)
+  if constexpr (kStats) p_rebuilt.resize(static_cast<size_t>(std::min(kRowBlock, Tlen)) * Tlen);
   std::unique_ptr<T[]> qkv_r, dout_r;
   std::vector<T> p_r;  // (kRowBlock, T): the rounded probabilities of a block (bf16 only)
   if constexpr (kBf16) {
@@ -115,12 +142,27 @@ void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, i
       T* dq = dqkv + off_b + h * hs;
       T* dk = dq + C;
       T* dv = dq + 2 * C;
-      const T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
+      const int64_t bh = static_cast<int64_t>(b) * NH + h;
       const T* d = dout + static_cast<int64_t>(b) * Tlen * C + h * hs;
       for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
         const int r1 = std::min(Tlen, r0 + kRowBlock);
         const int rows = r1 - r0;
-        const T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
+        const T* a_blk;  // rows [r0, r1) of P, leading dimension Tlen
+        if constexpr (kStats) {
+          T* p = p_rebuilt.data();
+          Gemm(false, true, rows, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld, T(0),
+               p, Tlen);
+          const T* stats = att + bh * Tlen * 2;
+          for (int t = r0; t < r1; ++t) {
+            T* row = p + static_cast<int64_t>(t - r0) * Tlen;
+            internal::ExpShifted(row, row, stats[2 * static_cast<int64_t>(t)], t + 1);
+            internal::ScaleInPlace(row, stats[2 * static_cast<int64_t>(t) + 1], t + 1);
+            std::fill(row + t + 1, row + r1, T(0));
+          }
+          a_blk = p;
+        } else {
+          a_blk = att + bh * Tlen * Tlen + static_cast<int64_t>(r0) * Tlen;
+        }
         const T* d_blk = d + static_cast<int64_t>(r0) * C;
         const T* p_blk = a_blk;
         if constexpr (kBf16) {
@@ -132,7 +174,7 @@ void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, i
         // datt = dout[r0:r1] @ V[0:r1]^T, then the softmax backward in place.
         Gemm(false, true, rows, r1, hs, T(1), d_blk, C, v, ld, T(0), ds, Tlen);
         for (int t = r0; t < r1; ++t) {
-          const T* arow = a + static_cast<int64_t>(t) * Tlen;
+          const T* arow = a_blk + static_cast<int64_t>(t - r0) * Tlen;
           T* drow = ds + static_cast<int64_t>(t - r0) * Tlen;
           T dot = 0;
           for (int j = 0; j <= t; ++j) dot += arow[j] * drow[j];
@@ -154,28 +196,51 @@ void Backward(T* dqkv, const T* dout_in, const T* qkv_in, const T* att, int B, i
 
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, int B, int Tlen, int C, int NH) {
-  Forward<T, false>(out, att, qkv, B, Tlen, C, NH);
+  Forward<T, false, false>(out, att, qkv, B, Tlen, C, NH);
 }
 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tlen, int C,
                        int NH) {
-  Backward<T, false>(dqkv, dout, qkv, att, B, Tlen, C, NH);
+  Backward<T, false, false>(dqkv, dout, qkv, att, B, Tlen, C, NH);
+}
+
+template <typename T>
+void AttentionForwardRowStats(T* out, T* stats, const T* qkv, int B, int Tlen, int C, int NH) {
+  Forward<T, false, true>(out, stats, qkv, B, Tlen, C, NH);
+}
+
+template <typename T>
+void AttentionBackwardRowStats(T* dqkv, const T* dout, const T* qkv, const T* stats, int B,
+                               int Tlen, int C, int NH) {
+  Backward<T, false, true>(dqkv, dout, qkv, stats, B, Tlen, C, NH);
 }
 
 void AttentionForwardBf16(float* out, float* att, const float* qkv, int B, int Tlen, int C,
                           int NH) {
-  Forward<float, true>(out, att, qkv, B, Tlen, C, NH);
+  Forward<float, true, false>(out, att, qkv, B, Tlen, C, NH);
 }
 
 void AttentionBackwardBf16(float* dqkv, const float* dout, const float* qkv, const float* att,
                            int B, int Tlen, int C, int NH) {
-  Backward<float, true>(dqkv, dout, qkv, att, B, Tlen, C, NH);
+  Backward<float, true, false>(dqkv, dout, qkv, att, B, Tlen, C, NH);
 }
 
-#define FURNACE_INSTANTIATE(T)                                             \
-  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int); \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);
+void AttentionForwardRowStatsBf16(float* out, float* stats, const float* qkv, int B, int Tlen,
+                                  int C, int NH) {
+  Forward<float, true, true>(out, stats, qkv, B, Tlen, C, NH);
+}
+
+void AttentionBackwardRowStatsBf16(float* dqkv, const float* dout, const float* qkv,
+                                   const float* stats, int B, int Tlen, int C, int NH) {
+  Backward<float, true, true>(dqkv, dout, qkv, stats, B, Tlen, C, NH);
+}
+
+#define FURNACE_INSTANTIATE(T)                                                              \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                  \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int); \
+  template void AttentionForwardRowStats<T>(T*, T*, const T*, int, int, int, int);          \
+  template void AttentionBackwardRowStats<T>(T*, const T*, const T*, const T*, int, int, int, int);
 FURNACE_INSTANTIATE(float)
 FURNACE_INSTANTIATE(double)
 #undef FURNACE_INSTANTIATE

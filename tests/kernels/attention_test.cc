@@ -142,5 +142,74 @@ TEST(Attention, FloatMatchesDouble) {
   testing::ExpectClose(dqkv_f, dqkv, 1e-5, "dqkv");
 }
 
+// model.attention_probs recomputed: the RowStats pair against the stored one. Bit-identical out
+// and dqkv (the rebuilt probabilities are the forward's own), and (m, r) are each row's max score
+// and 1 / sum of exponentials, checked against the stored probabilities: P[t][0] = exp(S - m) r.
+template <typename T>
+void CheckRowStatsAgainstStored(const Shape& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<T> qkv, dout;
+  for (double x : RandomVector(rng, s.B * s.T * 3 * s.C, -2, 2)) qkv.push_back(static_cast<T>(x));
+  for (double x : RandomVector(rng, s.B * s.T * s.C)) dout.push_back(static_cast<T>(x));
+  const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
+  std::vector<T> out(s.B * s.T * s.C), att(rows * s.T), dqkv(qkv.size(), T(0.25));
+  AttentionForward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+  std::vector<T> out2(out.size(), T(7)), stats(rows * 2, T(7)), dqkv2(qkv.size(), T(0.25));
+  AttentionForwardRowStats(out2.data(), stats.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  AttentionBackwardRowStats(dqkv2.data(), dout.data(), qkv.data(), stats.data(), s.B, s.T, s.C,
+                            s.NH);
+  EXPECT_EQ(out2, out);
+  EXPECT_EQ(dqkv2, dqkv);
+  const int hs = s.C / s.NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        const size_t row = (static_cast<size_t>(b) * s.NH + h) * s.T + t;
+        double mx = -1e300, sum = 0;
+        std::vector<double> sc(t + 1);
+        for (int j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) {
+            d += static_cast<double>(qkv[(b * s.T + t) * 3 * s.C + h * hs + i]) *
+                 qkv[(b * s.T + j) * 3 * s.C + s.C + h * hs + i];
+          }
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+        const double tol = sizeof(T) == 4 ? 1e-5 : 1e-12;
+        EXPECT_NEAR(stats[2 * row], mx, tol * (1 + std::abs(mx))) << "row " << row;
+        EXPECT_NEAR(stats[2 * row + 1], 1 / sum, tol / sum) << "row " << row;
+      }
+}
+
+TEST(AttentionRowStats, MatchesStoredBitForBitInFloat) {
+  CheckRowStatsAgainstStored<float>({2, 7, 12, 3}, 57);
+  CheckRowStatsAgainstStored<float>({1, 300, 8, 2}, 58);  // several row blocks, the last partial
+}
+
+TEST(AttentionRowStats, MatchesStoredBitForBitInDouble) {
+  CheckRowStatsAgainstStored<double>({2, 140, 16, 4}, 59);
+}
+
+TEST(AttentionRowStats, GradientMatchesFiniteDifferences) {
+  for (const Shape& s : {Shape{2, 5, 6, 2}, Shape{1, 133, 4, 2}}) {
+    std::mt19937_64 rng(60 + s.T);
+    auto qkv = RandomVector(rng, s.B * s.T * 3 * s.C, -1.5, 1.5);
+    auto r = RandomVector(rng, s.B * s.T * s.C);
+    std::vector<double> out(s.B * s.T * s.C), stats(s.B * s.NH * s.T * 2);
+    auto loss = [&] {
+      AttentionForwardRowStats(out.data(), stats.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      return Dot(out, r);
+    };
+    loss();
+    GradBuffer dqkv(rng, qkv.size());
+    AttentionBackwardRowStats(dqkv.data(), r.data(), qkv.data(), stats.data(), s.B, s.T, s.C, s.NH);
+    testing::ExpectGradient("dqkv", qkv, dqkv.Delta(), loss);
+  }
+}
+
 }  // namespace
 }  // namespace furnace::kernels::cpu

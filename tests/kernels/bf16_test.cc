@@ -257,5 +257,23 @@ TEST(Bf16Attention, ForwardAndBackwardRoundTheProductsOperands) {
   EXPECT_LT(diff, 2e-2);
 }
 
+// The bf16 RowStats pair rebuilds the forward's fp32 probabilities and rounds them as the stored
+// pair does: bit-identical out and dqkv.
+TEST(Bf16Attention, RowStatsMatchStoredBitForBit) {
+  constexpr int B = 2, T = 150, C = 64, NH = 4;
+  auto qkv = Random(int64_t{B} * T * 3 * C, 23, -2.0f, 2.0f);
+  auto dout = Random(int64_t{B} * T * C, 24);
+  std::vector<float> out(int64_t{B} * T * C, kNaN), att(int64_t{B} * NH * T * T, kNaN);
+  AttentionForwardBf16(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  auto dqkv = Random(int64_t{B} * T * 3 * C, 25);
+  auto dqkv2 = dqkv;
+  AttentionBackwardBf16(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  std::vector<float> out2(out.size(), kNaN), stats(int64_t{B} * NH * T * 2, kNaN);
+  AttentionForwardRowStatsBf16(out2.data(), stats.data(), qkv.data(), B, T, C, NH);
+  AttentionBackwardRowStatsBf16(dqkv2.data(), dout.data(), qkv.data(), stats.data(), B, T, C, NH);
+  EXPECT_EQ(out2, out);
+  EXPECT_EQ(dqkv2, dqkv);
+}
+
 }  // namespace
 }  // namespace furnace::kernels::cpu
