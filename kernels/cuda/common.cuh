@@ -39,6 +39,21 @@ void BroadcastBias(float* out, const float* bias, int64_t N, int OC, cudaStream_
 void CausalSoftmax(float* att, int64_t rows, int Tlen, cudaStream_t stream, const char* op);
 void CausalSoftmaxBackward(float* dp, const float* att, int64_t rows, int Tlen, cudaStream_t stream,
                            const char* op);
+// attention.cu, the RowStats pair (kernels/cuda/attention.h): the block of query rows [r0, r1) of
+// one sequence, its (NH, r1 - r0, r1) row-major scores s (keys [0, r1), heads (r1 - r0) * r1
+// apart), stats the sequence's (NH, T, 2). RowStatsRowBlock: the block's rows R (row_block where
+// > 0, clamped to T, else AttentionRowStatsRowBlock). CausalSoftmaxRowStats: s becomes P in place
+// (zeros above the diagonal) and (m, r) of each row go to stats. CausalSoftmaxRebuild: s becomes
+// P = exp(s - m) r with the forward's operations (bit-identical to its P for the same s).
+// CausalSoftmaxBackwardBlock: dS = P * (dP - rowsum(P * dP)) in place in dp (p the rebuilt P).
+// They return false (the error recorded) where a launch failed.
+int RowStatsRowBlock(int Tlen, int NH, int row_block);
+bool CausalSoftmaxRowStats(float* s, float* stats, int NH, int r0, int r1, int Tlen,
+                           cudaStream_t stream, const char* op);
+bool CausalSoftmaxRebuild(float* s, const float* stats, int NH, int r0, int r1, int Tlen,
+                          cudaStream_t stream, const char* op);
+bool CausalSoftmaxBackwardBlock(float* dp, const float* p, int NH, int r0, int r1,
+                                cudaStream_t stream, const char* op);
 
 // Registers kernels for PreloadKernels (common.h): each .cu lists every kernel it launches, once,
 // at namespace scope after their definitions (a template kernel: each instantiation launched):

@@ -84,6 +84,12 @@ struct Backend {
   void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
   void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* att,
                              int B, int T, int C, int NH);
+  // attention.h's RowStats pair (model.attention_probs: recomputed): (B, NH, T, 2) row statistics
+  // saved instead of the probabilities, which backward rebuilds block by block.
+  void (*attention_forward_row_stats)(float* out, float* stats, const float* qkv, int B, int T,
+                                      int C, int NH);
+  void (*attention_backward_row_stats)(float* dqkv, const float* dout, const float* qkv,
+                                       const float* stats, int B, int T, int C, int NH);
 
   // layernorm.h
   void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,

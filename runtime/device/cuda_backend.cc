@@ -123,6 +123,26 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   if (op.ok()) kc::AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, ws, handle, op.stream());
 }
 
+void AttentionForwardRowStats(float* out, float* stats, const float* qkv, int B, int T, int C,
+                              int NH) {
+  CudaOp op(op_names::kAttentionForwardRowStats, {out, stats, qkv});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionForwardRowStatsWorkspaceBytes(B, T, C, NH));
+  if (op.ok()) {
+    kc::AttentionForwardRowStats(out, stats, qkv, B, T, C, NH, ws, handle, op.stream());
+  }
+}
+
+void AttentionBackwardRowStats(float* dqkv, const float* dout, const float* qkv, const float* stats,
+                               int B, int T, int C, int NH) {
+  CudaOp op(op_names::kAttentionBackwardRowStats, {dqkv, dout, qkv, stats});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionBackwardRowStatsWorkspaceBytes(B, T, C, NH));
+  if (op.ok()) {
+    kc::AttentionBackwardRowStats(dqkv, dout, qkv, stats, B, T, C, NH, ws, handle, op.stream());
+  }
+}
+
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                        int T, int C) {
   CudaOp op(op_names::kEmbeddingBackward, {dwte, dwpe, dout, tokens});
@@ -185,6 +205,8 @@ constexpr Backend kCudaBackend = {
     .attention_forward =
         &Cublased<op::kAttentionForward, &k::AttentionForward<float>, &kc::AttentionForward>::Run,
     .attention_backward = &cuda_internal::AttentionBackward,
+    .attention_forward_row_stats = &cuda_internal::AttentionForwardRowStats,
+    .attention_backward_row_stats = &cuda_internal::AttentionBackwardRowStats,
     .layernorm_forward =
         &Streamed<op::kLayernormForward, &k::LayerNormForward<float>, &kc::LayerNormForward>::Run,
     .layernorm_backward = &Streamed<op::kLayernormBackward, &k::LayerNormBackward<float>,

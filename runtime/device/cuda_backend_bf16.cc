@@ -90,6 +90,26 @@ void AttentionBackwardBf16(float* dqkv, const float* dout, const float* qkv, con
   }
 }
 
+void AttentionForwardRowStatsBf16(float* out, float* stats, const float* qkv, int B, int T, int C,
+                                  int NH) {
+  CudaOp op("attention_forward_row_stats (bf16)", {out, stats, qkv});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionForwardRowStatsBf16WorkspaceBytes(B, T, C, NH));
+  if (op.ok()) {
+    kc::AttentionForwardRowStatsBf16(out, stats, qkv, B, T, C, NH, ws, handle, op.stream());
+  }
+}
+
+void AttentionBackwardRowStatsBf16(float* dqkv, const float* dout, const float* qkv,
+                                   const float* stats, int B, int T, int C, int NH) {
+  CudaOp op("attention_backward_row_stats (bf16)", {dqkv, dout, qkv, stats});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionBackwardRowStatsBf16WorkspaceBytes(B, T, C, NH));
+  if (op.ok()) {
+    kc::AttentionBackwardRowStatsBf16(dqkv, dout, qkv, stats, B, T, C, NH, ws, handle, op.stream());
+  }
+}
+
 Backend MakeCudaBf16Backend() {
   Backend b = CudaBackend();
   b.name = "cuda/bf16";
@@ -100,6 +120,8 @@ Backend MakeCudaBf16Backend() {
   b.grouped_matmul_backward = &GroupedMatmulBackwardBf16;
   b.attention_forward = &AttentionForwardBf16;
   b.attention_backward = &AttentionBackwardBf16;
+  b.attention_forward_row_stats = &AttentionForwardRowStatsBf16;
+  b.attention_backward_row_stats = &AttentionBackwardRowStatsBf16;
   return b;
 }
 

@@ -51,6 +51,10 @@ void UnpermuteBackward(float* dexpert_out, float* dgates, const float* dout,
                        int C);
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                        int T, int C, int NH);
+void AttentionForwardRowStats(float* out, float* stats, const float* qkv, int B, int T, int C,
+                              int NH);
+void AttentionBackwardRowStats(float* dqkv, const float* dout, const float* qkv, const float* stats,
+                               int B, int T, int C, int NH);
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                        int T, int C);
 void AddRow(float* out, const float* row, int64_t N, int C);

@@ -301,6 +301,10 @@ constexpr Backend kEmulatedBackend = {
     .grouped_matmul_backward = &GroupedMatmulBackward<&k::GroupedMatmulBackward<float>>,
     .attention_forward = &Async<op::kAttentionForward, &k::AttentionForward<float>>::Run,
     .attention_backward = &Async<op::kAttentionBackward, &k::AttentionBackward<float>>::Run,
+    .attention_forward_row_stats =
+        &Async<op::kAttentionForwardRowStats, &k::AttentionForwardRowStats<float>>::Run,
+    .attention_backward_row_stats =
+        &Async<op::kAttentionBackwardRowStats, &k::AttentionBackwardRowStats<float>>::Run,
     .layernorm_forward = &Async<op::kLayernormForward, &k::LayerNormForward<float>>::Run,
     .layernorm_backward = &Async<op::kLayernormBackward, &k::LayerNormBackward<float>>::Run,
     .gelu_forward = &Async<op::kGeluForward, &k::GeluForward<float>>::Run,
@@ -348,6 +352,10 @@ constexpr Backend MakeEmulatedBf16Backend() {
   b.grouped_matmul_backward = &GroupedMatmulBackwardBf16;
   b.attention_forward = &Async<op::kAttentionForwardBf16, &k::AttentionForwardBf16>::Run;
   b.attention_backward = &Async<op::kAttentionBackwardBf16, &k::AttentionBackwardBf16>::Run;
+  b.attention_forward_row_stats =
+      &Async<op::kAttentionForwardRowStatsBf16, &k::AttentionForwardRowStatsBf16>::Run;
+  b.attention_backward_row_stats =
+      &Async<op::kAttentionBackwardRowStatsBf16, &k::AttentionBackwardRowStatsBf16>::Run;
   return b;
 }
 constexpr Backend kEmulatedBf16Backend = MakeEmulatedBf16Backend();

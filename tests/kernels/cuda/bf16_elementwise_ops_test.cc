@@ -140,5 +140,36 @@ TEST(CudaKernelsTest, AttentionBf16MatchesTheOracle) {
   EXPECT_LT(RelErr(d_dqkv.Download(), dqkv), 1e-4);
 }
 
+// The bf16 RowStats pair against the CPU bf16 oracle, in one query block and in forced blocks of
+// 64 rows (64, 64 and a partial 22); the backward from the CPU's statistics (identical inputs).
+TEST(CudaKernelsTest, AttentionRowStatsBf16MatchesTheOracle) {
+  SKIP_WITHOUT_GPU();
+  CublasHandle handle;
+  const int B = 2, T = 150, C = 128, NH = 2;
+  const int64_t n_qkv = int64_t{B} * T * 3 * C, n_out = int64_t{B} * T * C;
+  const int64_t n_stats = int64_t{B} * NH * T * 2;
+  auto qkv = RandomVector(n_qkv, 23, -2.0f, 2.0f), dout = RandomVector(n_out, 24),
+       dqkv0 = RandomVector(n_qkv, 25);
+  std::vector<float> out(n_out), stats(n_stats), dqkv = dqkv0;
+  cpu::AttentionForwardRowStatsBf16(out.data(), stats.data(), qkv.data(), B, T, C, NH);
+  cpu::AttentionBackwardRowStatsBf16(dqkv.data(), dout.data(), qkv.data(), stats.data(), B, T, C,
+                                     NH);
+  for (int row_block : {0, 64}) {
+    SCOPED_TRACE(row_block);
+    DeviceBuffer<float> d_qkv(qkv), d_out(n_out), d_stats(n_stats), d_dout(dout), d_dqkv(dqkv0),
+        d_stats_cpu(stats);
+    Workspace fwd(AttentionForwardRowStatsBf16WorkspaceBytes(B, T, C, NH, row_block));
+    Workspace bwd(AttentionBackwardRowStatsBf16WorkspaceBytes(B, T, C, NH, row_block));
+    AttentionForwardRowStatsBf16(d_out.get(), d_stats.get(), d_qkv.get(), B, T, C, NH, fwd.get(),
+                                 handle.get(), nullptr, row_block);
+    AttentionBackwardRowStatsBf16(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_stats_cpu.get(), B, T,
+                                  C, NH, bwd.get(), handle.get(), nullptr, row_block);
+    ASSERT_KERNELS_OK();
+    EXPECT_LT(RelErr(d_stats.Download(), stats), 1e-5);
+    EXPECT_LT(RelErr(d_out.Download(), out), 1e-4);
+    EXPECT_LT(RelErr(d_dqkv.Download(), dqkv), 1e-4);
+  }
+}
+
 }  // namespace
 }  // namespace furnace::kernels::cuda

@@ -228,6 +228,62 @@ TEST(CudaKernelsTest, Attention) {
   ExpectClose(d_dqkv.Download(), dqkv, 1e-4f, 1e-5f, "dqkv");
 }
 
+// The RowStats pair against the CPU's: out, the (m, r) row statistics and the accumulated dqkv,
+// the backward from the device's own statistics (as AttentionBackward runs from the device's
+// probabilities above). row_block 0 is the automatic block (all of T at these sizes); a forced
+// one splits T into several query blocks, the last partial. Workspaces start as NaN bytes.
+void CheckAttentionRowStats(int B, int T, int C, int NH, int row_block) {
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH
+                                    << " row_block " << row_block);
+  const int64_t n_qkv = int64_t{B} * T * 3 * C, n_out = int64_t{B} * T * C;
+  const int64_t n_stats = int64_t{B} * NH * T * 2;
+  auto qkv = RandomVector(n_qkv, 43, -2.0f, 2.0f);
+  auto dout = RandomVector(n_out, 44);
+  auto dqkv = RandomVector(n_qkv, 45);
+  CublasHandle handle;
+  DeviceBuffer<float> d_qkv(qkv), d_out(n_out), d_stats(n_stats), d_dout(dout), d_dqkv(dqkv);
+  const size_t fwd_bytes = AttentionForwardRowStatsWorkspaceBytes(B, T, C, NH, row_block);
+  const size_t bwd_bytes = AttentionBackwardRowStatsWorkspaceBytes(B, T, C, NH, row_block);
+  DeviceBuffer<char> fwd(fwd_bytes), bwd(bwd_bytes);
+  ASSERT_EQ(cudaMemset(fwd.get(), 0xff, fwd_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(bwd.get(), 0xff, bwd_bytes), cudaSuccess);
+  AttentionForwardRowStats(d_out.get(), d_stats.get(), d_qkv.get(), B, T, C, NH, fwd.get(),
+                           handle.get(), nullptr, row_block);
+  AttentionBackwardRowStats(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_stats.get(), B, T, C, NH,
+                            bwd.get(), handle.get(), nullptr, row_block);
+  ASSERT_KERNELS_OK();
+  std::vector<float> out(n_out), stats(n_stats);
+  cpu::AttentionForwardRowStats(out.data(), stats.data(), qkv.data(), B, T, C, NH);
+  cpu::AttentionBackwardRowStats(dqkv.data(), dout.data(), qkv.data(), stats.data(), B, T, C, NH);
+  ExpectClose(d_stats.Download(), stats, 1e-5f, 1e-6f, "stats");
+  ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
+  ExpectClose(d_dqkv.Download(), dqkv, 1e-4f, 1e-5f, "dqkv");
+}
+
+TEST(CudaKernelsTest, AttentionRowStatsRowBlock) {
+  // The largest multiple of 64 rows whose (NH, R, T) fp32 scratch fits in 64 MiB, in [64, T].
+  EXPECT_EQ(AttentionRowStatsRowBlock(19, 4), 19);
+  EXPECT_EQ(AttentionRowStatsRowBlock(1000, 3), 1000);
+  EXPECT_EQ(AttentionRowStatsRowBlock(2048, 16), 512);
+  EXPECT_EQ(AttentionRowStatsRowBlock(3000, 16), 320);
+  EXPECT_EQ(AttentionRowStatsRowBlock(4096, 32), 128);
+  EXPECT_EQ(AttentionRowStatsRowBlock(8192, 64), 64);
+  // A larger block needs a larger workspace; a forced one is clamped to T.
+  EXPECT_LT(AttentionBackwardRowStatsWorkspaceBytes(1, 300, 96, 3, 64),
+            AttentionBackwardRowStatsWorkspaceBytes(1, 300, 96, 3));
+  EXPECT_EQ(AttentionForwardRowStatsWorkspaceBytes(1, 300, 96, 3, 1000),
+            AttentionForwardRowStatsWorkspaceBytes(1, 300, 96, 3));
+}
+
+TEST(CudaKernelsTest, AttentionRowStats) {
+  SKIP_WITHOUT_GPU();
+  CheckAttentionRowStats(2, 19, 48, 4, 0);
+  CheckAttentionRowStats(2, 19, 48, 4, 7);     // blocks of 7, 7 and 5 rows
+  CheckAttentionRowStats(1, 300, 96, 3, 64);   // four blocks of 64 rows and one of 44
+  CheckAttentionRowStats(2, 150, 128, 2, 0);   // one block
+  CheckAttentionRowStats(2, 150, 128, 2, 64);  // 64, 64, 22
+}
+
 TEST(CudaKernelsTest, Gelu) {
   SKIP_WITHOUT_GPU();
   const int64_t n = 10007;

@@ -47,6 +47,8 @@ Backend Bf16Oracle() {
   b.grouped_matmul_backward = &k::GroupedMatmulBackwardBf16;
   b.attention_forward = &k::AttentionForwardBf16;
   b.attention_backward = &k::AttentionBackwardBf16;
+  b.attention_forward_row_stats = &k::AttentionForwardRowStatsBf16;
+  b.attention_backward_row_stats = &k::AttentionBackwardRowStatsBf16;
   return b;
 }
 
@@ -88,6 +90,8 @@ TEST_F(CudaBf16TableTest, TableIsTheFp32OneExceptTheGemmsAndAttention) {
   EXPECT_EQ(b.adamw_update, f.adamw_update);
   EXPECT_NE(b.matmul_forward, f.matmul_forward);
   EXPECT_NE(b.attention_backward, f.attention_backward);
+  EXPECT_NE(b.attention_forward_row_stats, f.attention_forward_row_stats);
+  EXPECT_NE(b.attention_backward_row_stats, f.attention_backward_row_stats);
 }
 
 struct Gemm {
@@ -173,6 +177,35 @@ TEST_F(CudaBf16TableTest, Attention) {
          [&](const Backend& b, const Ptrs& p) {
            b.attention_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3), B,
                                 T, C, NH);
+         });
+  }
+}
+
+// The RowStats pair: one query block at T 19, two (896 rows and a partial 204) at T 1100 with 16
+// heads (kernels/cuda/attention.h's automatic block).
+TEST_F(CudaBf16TableTest, AttentionRowStats) {
+  uint32_t seed = 250;
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape s : {Shape{2, 19, 48, 4}, Shape{1, 1100, 256, 16}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    const int64_t n_qkv = int64_t{B} * T * 3 * C, n_out = int64_t{B} * T * C;
+    const int64_t n_stats = int64_t{B} * NH * T * 2;
+    const Bytes qkv = Random(n_qkv, seed++, -2, 2);
+    Both("attention_forward_row_stats", {Poison(n_out), Poison(n_stats), qkv}, {0, 1},
+         kSameRoundingAttention, kBf16AttentionTolerance, [&](const Backend& b, const Ptrs& p) {
+           b.attention_forward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, C,
+                                         NH);
+         });
+    std::vector<float> out(n_out), stats(n_stats);
+    const std::vector<float> q = FromBytes<float>(qkv);
+    CpuBackend().attention_forward_row_stats(out.data(), stats.data(), q.data(), B, T, C, NH);
+    Both("attention_backward_row_stats",
+         {Random(n_qkv, seed++), Random(n_out, seed++), qkv, testing_util::AsBytes(stats)}, {0},
+         kSameRoundingAttention, kBf16AttentionTolerance, [&](const Backend& b, const Ptrs& p) {
+           b.attention_backward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
+                                          P<float>(p, 3), B, T, C, NH);
          });
   }
 }

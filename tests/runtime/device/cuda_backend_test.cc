@@ -135,6 +135,36 @@ TEST_F(CudaFp32TableTest, Attention) {
   }
 }
 
+// The RowStats pair: one query block at the small shapes, two (896 rows and a partial 204) at
+// T 1100 with 16 heads (kernels/cuda/attention.h's automatic block).
+TEST_F(CudaFp32TableTest, AttentionRowStats) {
+  uint32_t seed = 250;
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape s : {Shape{2, 19, 48, 4}, Shape{1, 130, 256, 2}, Shape{1, 1100, 256, 16}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    const int64_t n_qkv = int64_t{B} * T * 3 * C, n_out = int64_t{B} * T * C;
+    const int64_t n_stats = int64_t{B} * NH * T * 2;
+    std::vector<Bytes> fwd = Same("attention_forward_row_stats",
+                                  {Poison(n_out), Poison(n_stats), Random(n_qkv, seed++, -2, 2)},
+                                  {kSum, kSum}, [&](const Backend& b, const Ptrs& p) {
+                                    b.attention_forward_row_stats(P<float>(p, 0), P<float>(p, 1),
+                                                                  P<float>(p, 2), B, T, C, NH);
+                                  });
+    // The backward from the CPU's statistics of the same qkv (both tables get the same input).
+    std::vector<float> out(n_out), stats(n_stats);
+    const std::vector<float> qkv = FromBytes<float>(fwd[2]);
+    CpuBackend().attention_forward_row_stats(out.data(), stats.data(), qkv.data(), B, T, C, NH);
+    Same("attention_backward_row_stats",
+         {Random(n_qkv, seed++), Random(n_out, seed++), fwd[2], testing_util::AsBytes(stats)},
+         {kSum}, [&](const Backend& b, const Ptrs& p) {
+           b.attention_backward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
+                                          P<float>(p, 3), B, T, C, NH);
+         });
+  }
+}
+
 TEST_F(CudaFp32TableTest, LayerNormAndGelu) {
   uint32_t seed = 300;
   for (auto [N, C] : {std::pair{37, 200}, std::pair{512, 2048}}) {

@@ -86,6 +86,16 @@ TEST_F(EmulatedBackendTest, Attention) {
                     b.attention_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
                                          P<float>(p, 3), B, T, AC, NH);
                   });
+  std::vector<Bytes> fwd_rs = ExpectSameAsCpu(
+      {Zeros(B * T * AC), Zeros(B * NH * T * 2), Random(B * T * 3 * AC, 1)},
+      [](const Backend& b, const Ptrs& p) {
+        b.attention_forward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, AC, NH);
+      });
+  ExpectSameAsCpu({Zeros(B * T * 3 * AC), Random(B * T * AC, 2), fwd_rs[2], fwd_rs[1]},
+                  [](const Backend& b, const Ptrs& p) {
+                    b.attention_backward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
+                                                   P<float>(p, 3), B, T, AC, NH);
+                  });
 }
 
 TEST_F(EmulatedBackendTest, LayerNormAndGelu) {

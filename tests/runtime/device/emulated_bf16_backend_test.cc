@@ -34,6 +34,8 @@ Backend Bf16Oracle() {
   b.grouped_matmul_backward = &k::GroupedMatmulBackwardBf16;
   b.attention_forward = &k::AttentionForwardBf16;
   b.attention_backward = &k::AttentionBackwardBf16;
+  b.attention_forward_row_stats = &k::AttentionForwardRowStatsBf16;
+  b.attention_backward_row_stats = &k::AttentionBackwardRowStatsBf16;
   return b;
 }
 
@@ -67,6 +69,8 @@ TEST_F(EmulatedBf16BackendTest, OnlyTheGemmsAndAttentionDiffer) {
   EXPECT_NE(b.grouped_matmul_backward, f.grouped_matmul_backward);
   EXPECT_NE(b.attention_forward, f.attention_forward);
   EXPECT_NE(b.attention_backward, f.attention_backward);
+  EXPECT_NE(b.attention_forward_row_stats, f.attention_forward_row_stats);
+  EXPECT_NE(b.attention_backward_row_stats, f.attention_backward_row_stats);
   EXPECT_EQ(b.layernorm_forward, f.layernorm_forward);
   EXPECT_EQ(b.layernorm_backward, f.layernorm_backward);
   EXPECT_EQ(b.gelu_forward, f.gelu_forward);
@@ -132,6 +136,26 @@ TEST_F(EmulatedBf16BackendTest, Attention) {
           b.attention_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3), B, T,
                                AC, NH);
         });
+  // The RowStats pair: the same out and dqkv as the stored pair, bit for bit.
+  std::vector<Bytes> fwd_rs = Check(
+      {Random(B * T * AC, 92), Random(B * NH * T * 2, 94), Random(B * T * 3 * AC, 1, -2, 2)},
+      [](const Backend& b, const Ptrs& p) {
+        b.attention_forward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, AC, NH);
+      });
+  EXPECT_EQ(fwd_rs[0], fwd[0]);
+  std::vector<Bytes> bwd =
+      Check({Random(B * T * 3 * AC, 3), Random(B * T * AC, 2), fwd[2], fwd[1]},
+            [](const Backend& b, const Ptrs& p) {
+              b.attention_backward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), P<float>(p, 3),
+                                   B, T, AC, NH);
+            });
+  std::vector<Bytes> bwd_rs =
+      Check({Random(B * T * 3 * AC, 3), Random(B * T * AC, 2), fwd_rs[2], fwd_rs[1]},
+            [](const Backend& b, const Ptrs& p) {
+              b.attention_backward_row_stats(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2),
+                                             P<float>(p, 3), B, T, AC, NH);
+            });
+  EXPECT_EQ(bwd_rs[0], bwd[0]);
 }
 
 }  // namespace

@@ -25,4 +25,24 @@ void AttentionBackwardBf16(float* dqkv,        // (B, T, 3C) accumulated
                            const float* att,   // (B, NH, T, T)
                            int B, int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
                            cudaStream_t stream);
+
+// The RowStats pair with these roundings (../attention_bf16.h): attention.h's
+// AttentionForwardRowStats / AttentionBackwardRowStats (the same query blocks of R rows, row_block
+// as there) on the bf16 copies, the block's fp32 P (forward) or rebuilt P (backward) and dS rounded
+// into bf16 block scratch before they enter a product; S, dP, the softmax and the stats in fp32.
+size_t AttentionForwardRowStatsBf16WorkspaceBytes(int B, int Tlen, int C, int NH,
+                                                  int row_block = 0);
+void AttentionForwardRowStatsBf16(float* out,        // (B, T, C)      overwritten
+                                  float* stats,      // (B, NH, T, 2)  overwritten: (m, r) per row
+                                  const float* qkv,  // (B, T, 3C)
+                                  int B, int Tlen, int C, int NH, void* workspace,
+                                  cublasHandle_t handle, cudaStream_t stream, int row_block = 0);
+size_t AttentionBackwardRowStatsBf16WorkspaceBytes(int B, int Tlen, int C, int NH,
+                                                   int row_block = 0);
+void AttentionBackwardRowStatsBf16(float* dqkv,         // (B, T, 3C) accumulated
+                                   const float* dout,   // (B, T, C)
+                                   const float* qkv,    // (B, T, 3C)
+                                   const float* stats,  // (B, NH, T, 2)
+                                   int B, int Tlen, int C, int NH, void* workspace,
+                                   cublasHandle_t handle, cudaStream_t stream, int row_block = 0);
 }  // namespace furnace::kernels::cuda
