@@ -32,6 +32,7 @@
 #include "runtime/memory/codec.h"
 #include "runtime/memory/copy_engine.h"
 #include "runtime/memory/policy.h"
+#include "runtime/model/declared_bytes.h"
 #include "runtime/model/gpt_moe.h"
 #include "runtime/tensor/arena.h"
 #include "runtime/tensor/host_pool.h"
@@ -77,6 +78,7 @@ model::ModelConfig ModelConfigFrom(const furnace::v1::JobSpec& spec) {
   c.dense_ffn = static_cast<int>(spec.model().dense_ffn());
   c.moe_every = static_cast<int>(spec.model().moe_every());
   c.expert_ffn = static_cast<int>(spec.model().expert_ffn());
+  c.recompute_attention_probs = spec.model().attention_probs() == "recomputed";
   c.experts = static_cast<int>(spec.moe().experts());
   c.top_k = static_cast<int>(spec.moe().top_k());
   c.capacity_factor = spec.moe().capacity_factor();
@@ -543,6 +545,19 @@ int RunTrainRank(const furnace::v1::RankTask& task, Progress& progress, RankDevi
   spdlog::info("device {} ({}): training on the {} backend, precision {}", dev.name(),
                device::KindName(dev.kind()), (*model)->backend().name,
                device::PrecisionName((*model)->backend().precision));
+  if (config.recompute_attention_probs) {
+    const model::Dims micro{static_cast<int>(spec.parallel().micro_batch()),
+                            config.seq_len,
+                            config.d_model,
+                            config.heads,
+                            parallel ? layout->shard.tp : 1,
+                            true};
+    spdlog::info(
+        "attention probabilities recomputed in backward (model.attention_probs recomputed): each "
+        "layer keeps {} bytes of row statistics per micro-batch instead of {} bytes of "
+        "probabilities",
+        model::AttentionRowStatsBytes(micro), model::AttentionProbsBytes(micro));
+  }
   if (config.spikes.enabled()) {
     spdlog::info(
         "routing spikes: {:.1f}% of the steps, busiest expert up to {:.2f}x the mean, seed {}",

@@ -69,6 +69,10 @@ void PrintMemory(std::ostream& out, const v1::JobSpec& spec, const std::vector<S
       << (spec.moe().schedule() == "auto"
               ? " (auto's pick here; the ranks calibrate their own and may pick another)"
               : "")
+      << (spec.model().attention_probs() == "recomputed"
+              ? "; attention probabilities recomputed in backward (model.attention_probs), 2 "
+                "floats a query row kept instead of seq_len"
+              : "")
       << "; model state: fp32 weights, gradients and AdamW moments, 16 bytes a parameter, "
          "outside the activation arena that memory.device_budget bounds; the largest parts, not a "
          "total: pipeline and gradient-bucket buffers are not counted):\n";

@@ -22,6 +22,7 @@ model::ModelConfig ModelConfigOf(const v1::ModelSpec& m, const v1::MoeSpec& moe)
   c.dense_ffn = static_cast<int>(m.dense_ffn());
   c.moe_every = static_cast<int>(m.moe_every());
   c.expert_ffn = static_cast<int>(m.expert_ffn());
+  c.recompute_attention_probs = m.attention_probs() == "recomputed";
   c.experts = static_cast<int>(moe.experts());
   c.top_k = static_cast<int>(moe.top_k());
   c.capacity_factor = moe.capacity_factor();

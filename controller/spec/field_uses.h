@@ -41,6 +41,7 @@ inline constexpr JobSpecField kJobSpecFields[] = {
     {"model.precision", FieldUse::kUsed, "model().precision()", "bf16"},
     {"model.moe_every", FieldUse::kUsed, "model().moe_every()"},
     {"model.expert_ffn", FieldUse::kUsed, "model().expert_ffn()"},
+    {"model.attention_probs", FieldUse::kUsed, "model().attention_probs()"},
 
     {"parallel.pp", FieldUse::kUsed, "p.pp()"},
     {"parallel.dp", FieldUse::kUsed, "p.dp()"},

@@ -43,6 +43,7 @@ void ReadModel(MapReader& s, furnace::v1::ModelSpec* out) {
   out->set_moe_every(U32(s.Integer("moe_every", 1, kMaxLayers), 1));
   out->set_expert_ffn(U32(s.Integer("expert_ffn", 1, kMaxFfn), four_d));
   out->set_precision(s.Enum("precision", {"fp32", "bf16"}).value_or("fp32"));
+  out->set_attention_probs(s.Enum("attention_probs", {"stored", "recomputed"}).value_or("stored"));
   s.ReportUnknownKeys();
 }
 

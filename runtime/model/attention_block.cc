@@ -30,15 +30,22 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * Cl},
                                   {"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl}));
 
-  ASSIGN_OR_RETURN(tensor::Buffer att,
-                   AllocF32(ctx, AttentionProbsBytes(dims) / 4, p + "attn.probs", false));
+  // att: the probabilities (B, NHl, T, T), or under recompute_probs each row's statistics
+  // (B, NHl, T, 2), from which backward rebuilds them.
+  const bool rebuild = dims.recompute_probs;
+  const std::string att_name = p + (rebuild ? "attn.stats" : "attn.probs");
+  const int64_t att_bytes = rebuild ? AttentionRowStatsBytes(dims) : AttentionProbsBytes(dims);
+  ASSIGN_OR_RETURN(tensor::Buffer att, AllocF32(ctx, att_bytes / 4, att_name, false));
   ASSIGN_OR_RETURN(tensor::Buffer y, AllocF32(ctx, NCl, p + "attn.y", false));  // (B, T, Cl)
-  // att (B, NHl, T, T)
-  ctx.ops.attention_forward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
+  if (rebuild) {
+    ctx.ops.attention_forward_row_stats(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
+  } else {
+    ctx.ops.attention_forward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
+  }
   const float* yv = y.as<float>();
   const double att_flops = 4.0 * B * NHl * T * T * (C / dims.NH);
-  ASSIGN_OR_RETURN(s.att, SaveF32(ctx, p + "attn.probs", layer, std::move(att), {B, NHl, T, T},
-                                  {"attention", {s.qkv}, att_flops}));
+  ASSIGN_OR_RETURN(s.att, SaveF32(ctx, att_name, layer, std::move(att),
+                                  {B, NHl, T, rebuild ? 2 : T}, {"attention", {s.qkv}, att_flops}));
   ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, Cl},
                                 {"attention", {s.qkv}, att_flops}));
 
@@ -75,7 +82,11 @@ absl::Status AttentionBlockBackward(ModuleContext& ctx, const Dims& dims, const 
   ctx.ops.matmul_backward(dy.as<float>(), grads + off.wo, grads + off.bo, dres, y, params + off.wo,
                           N, Cl, C);
   ASSIGN_OR_RETURN(tensor::Buffer dqkv, AllocF32(ctx, 3 * NCl, "attn.dqkv", true));  // (B,T,3Cl)
-  ctx.ops.attention_backward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
+  if (dims.recompute_probs) {
+    ctx.ops.attention_backward_row_stats(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
+  } else {
+    ctx.ops.attention_backward(dqkv.as<float>(), dy.as<float>(), qkv, att, B, T, Cl, NHl);
+  }
   dy.Reset();
   ASSIGN_OR_RETURN(tensor::Buffer da, AllocF32(ctx, NC, "ln1.dout", true));  // (B, T, C)
   ctx.ops.matmul_backward(da.as<float>(), grads + off.wqkv, grads + off.bqkv, dqkv.as<float>(), a,

@@ -16,7 +16,8 @@ struct AttentionSaved {
   StashHandle ln_mean;  // (B, T)
   StashHandle ln_rstd;  // (B, T)
   StashHandle qkv;      // (B, T, 3C)
-  StashHandle att;      // (B, NH, T, T) softmax probabilities
+  StashHandle att;      // (B, NH, T, T) softmax probabilities, or (B, NH, T, 2) row statistics
+                        // under dims.recompute_probs (kernels/attention.h RowStats)
   StashHandle y;        // (B, T, C) attention output before the projection
   StashHandle out;      // (B, T, C) residual stream after the block
 };

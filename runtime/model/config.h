@@ -28,6 +28,11 @@ struct ModelConfig {
   bool normalize_topk = true;
   double aux_alpha = 0.01;
   SpikeConfig spikes;  // routing-spike injection (spikes.h); off by default
+  // model.attention_probs recomputed: attention saves two numbers per query row instead of its
+  // (T, T) probabilities and rebuilds them in backward (kernels/attention.h, RowStats). The same
+  // results bit for bit on the CPU and the emulated device (on CUDA, within the order of its sums);
+  // fewer activation bytes, one more Q K^T product per layer in backward.
+  bool recompute_attention_probs = false;
 
   // InvalidArgument naming the field, its value and what is allowed.
   absl::Status Validate() const;

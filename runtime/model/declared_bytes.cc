@@ -58,11 +58,19 @@ int64_t AttentionProbsBytes(const Dims& d) {
   return F32Bytes(int64_t{d.B} * d.local_NH() * d.T * d.T);
 }
 
+int64_t AttentionRowStatsBytes(const Dims& d) {
+  return F32Bytes(int64_t{d.B} * d.local_NH() * d.T * 2);
+}
+
 std::vector<SavedTensorBytes> AttentionSavedTensors(const Dims& d) {
   const int64_t NC = int64_t{d.N()} * d.C, NCl = int64_t{d.N()} * d.local_C();
   std::vector<SavedTensorBytes> saved = NormSaved(d, "ln1.out", "ln1.mean", "ln1.rstd");
   saved.push_back({"attn.qkv", F32Bytes(3 * NCl), 0});
-  saved.push_back({"attn.probs", AttentionProbsBytes(d), 0});
+  if (d.recompute_probs) {
+    saved.push_back({"attn.stats", AttentionRowStatsBytes(d), 0});
+  } else {
+    saved.push_back({"attn.probs", AttentionProbsBytes(d), 0});
+  }
   saved.push_back({"attn.y", F32Bytes(NCl), 0});
   saved.push_back({"attn.residual", F32Bytes(NC), 0});
   return saved;
@@ -246,7 +254,8 @@ int64_t HeadBackwardPeakBytes(const Dims& d, int V) {
 std::vector<ModuleBytes> DeclaredModulesOf(const ModelConfig& config, const ModelShard& shard,
                                            int B, const std::vector<MoeRows>& rows,
                                            memory::MemoryPolicy policy) {
-  const Dims dims{B, config.seq_len, config.d_model, config.heads, shard.tp};
+  const Dims dims{
+      B, config.seq_len, config.d_model, config.heads, shard.tp, config.recompute_attention_probs};
   const MoeShape moe = MoeShapeOf(config, shard);
   const int F = shard.local_dense_ffn(config);
   const int64_t NC = int64_t{dims.N()} * dims.C;

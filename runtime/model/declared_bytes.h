@@ -23,8 +23,10 @@
 namespace furnace::model {
 
 // tp: the tensor-parallel degree; attention holds NH / tp heads of width C / NH each.
+// recompute_probs: ModelConfig::recompute_attention_probs (attention saves row statistics).
 struct Dims {
   int B = 0, T = 0, C = 0, NH = 0, tp = 1;
+  bool recompute_probs = false;
   int N() const { return B * T; }
   int local_C() const { return C / tp; }
   int local_NH() const { return NH / tp; }
@@ -118,6 +120,8 @@ int64_t EmbeddingBackwardPeakBytes(const Dims& dims);
 
 // attention_block.cc (attn.probs: its (B, NH / tp, T, T) softmax)
 int64_t AttentionProbsBytes(const Dims& dims);
+// attn.stats under recompute_probs: (B, NH / tp, T, 2), each query row's max and 1 / sum.
+int64_t AttentionRowStatsBytes(const Dims& dims);
 std::vector<SavedTensorBytes> AttentionSavedTensors(const Dims& dims);
 int64_t AttentionSavedBytes(const Dims& dims);
 int64_t AttentionForwardPeakBytes(const Dims& dims);

@@ -248,7 +248,12 @@ absl::StatusOr<double> GptMoe::TimeMoeLayer(moe::Schedule schedule, int B, const
   }
   if (layer < 0) return 0.0;
   RETURN_IF_ERROR(RefreshWeightMirror());
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const Dims dims{B,
+                  config_.seq_len,
+                  config_.d_model,
+                  config_.heads,
+                  shard_.tp,
+                  config_.recompute_attention_probs};
   MoeShape moe = LayerMoe(MoeShapeOf(config_, shard_), layer);
   moe.schedule = schedule;
   // No planner (its hooks) and no counters: the trial is not a step.
@@ -337,7 +342,12 @@ absl::Status GptMoe::RefreshWeightMirror() {
 absl::StatusOr<ForwardState> GptMoe::Forward(const int32_t* inputs, const int32_t* targets,
                                              const float* x_in, int B) {
   RETURN_IF_ERROR(RefreshWeightMirror());
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const Dims dims{B,
+                  config_.seq_len,
+                  config_.d_model,
+                  config_.heads,
+                  shard_.tp,
+                  config_.recompute_attention_probs};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
   const float* p = params_.as<float>();
@@ -479,7 +489,8 @@ absl::Status GptMoe::ReadMicroBatchTimes() {
 
 absl::Status GptMoe::Backward(const ForwardState& st, const float* dx_out, double ce_scale,
                               double aux_scale, float* dx_in) {
-  const Dims dims{st.B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const Dims dims{st.B,          config_.seq_len, config_.d_model,
+                  config_.heads, shard_.tp,       config_.recompute_attention_probs};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   ModuleContext ctx = Context();
   const float* p = params_.as<float>();

@@ -276,7 +276,12 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   }
   const std::vector<ModuleBytes> modules = DeclaredModules(B, all);
   const int M = static_cast<int>(modules.size());
-  const Dims dims{B, config_.seq_len, config_.d_model, config_.heads, shard_.tp};
+  const Dims dims{B,
+                  config_.seq_len,
+                  config_.d_model,
+                  config_.heads,
+                  shard_.tp,
+                  config_.recompute_attention_probs};
   const MoeShape moe = MoeShapeOf(config_, shard_);
   const MoeExpertPoint point = MoeExpertPointBytes(dims, moe, rows);
   const int h = ModuleIndexOf(layer, "moe.");  // this layer's MoE module

@@ -3,7 +3,8 @@ register beside two CPU workers; a 2-rank train job (dp 2, ep 2) with resources.
 placed on the emulated workers, its ranks train on emulated discrete devices (device memory the
 host cannot read, asynchronous streams, collectives staged through the host), and every step's
 loss and aux loss, and the exported parameters, equal the same job's on the CPU workers bit for
-bit. A commcheck with resources.device: emulated runs its collectives (and its health check's) on
+bit; so does a third with model.attention_probs: recomputed (each attention layer keeps two numbers
+per query row and rebuilds its probabilities in backward), which reports a lower activation peak. A commcheck with resources.device: emulated runs its collectives (and its health check's) on
 the emulated devices. A cuda job where no worker has a GPU is refused at submit, naming the device
 kind."""
 import json
@@ -14,10 +15,11 @@ import urllib.request
 import harness
 
 
-def device_job(name, device, steps=8):
+def device_job(name, device, steps=8, attention_probs="stored"):
     return f"""name: {name}
 kind: train
-model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64,
+        attention_probs: {attention_probs}}}
 moe: {{experts: 4, top_k: 2, capacity_factor: 1.25, spikes: {{probability: 0.5, max_ratio: 2}}}}
 parallel: {{dp: 2, ep: 2, micro_batch: 4, micro_batches: 2}}
 train: {{steps: {steps}, lr: 3.0e-3, warmup: 2, seed: 11}}
@@ -66,6 +68,13 @@ class TrainDeviceTest(harness.unittest.TestCase):
         return [(int(s["step"]), s.get("loss"), s.get("auxLoss", s.get("aux_loss")))
                 for s in steps]
 
+    def max_peak(self, job):
+        """The largest activation peak of any step on any rank (the stored steps)."""
+        url = f"http://127.0.0.1:{self.cluster.metrics_port}/api/jobs/{job}/series?max=1000"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            steps = json.loads(resp.read().decode())["steps"]
+        return max(int(s["activation_peak_bytes"]) for s in steps)
+
     def test_emulated_workers_train_as_cpu_workers(self):
         c = self.cluster
         kinds = {w["worker_id"]: w.get("device_kind") for w in c.cli_json("workers")["workers"]}
@@ -74,7 +83,9 @@ class TrainDeviceTest(harness.unittest.TestCase):
 
         cpu = c.submit(c.write_job("cpu.yaml", device_job("on-cpu", "cpu")))
         emu = c.submit(c.write_job("emulated.yaml", device_job("on-emulated", "emulated")))
-        for job in (cpu, emu):
+        rec = c.submit(c.write_job("recomputed.yaml", device_job(
+            "recomputed-probs", "emulated", attention_probs="recomputed")))
+        for job in (cpu, emu, rec):
             d = c.wait_state(job, ("JOB_SUCCEEDED", "JOB_FAILED"), timeout=300)
             self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
         placed = {r.get("worker_id") for r in c.job(emu)["attempts"][0]["ranks"]}
@@ -89,12 +100,23 @@ class TrainDeviceTest(harness.unittest.TestCase):
         self.assertEqual([s for s, _, _ in want], list(range(1, 9)), want)
         self.assertTrue(all(loss is not None and aux is not None for _, loss, aux in want), want)
         self.assertEqual(got, want)  # every step's loss and aux loss, bit for bit (JSON doubles)
+        self.assertEqual(self.series(rec), want)
+        rec_logs = c.cli("logs", rec).stdout
+        # 4 sequences x 32 positions x 4 heads: 2 floats per row against 32.
+        self.assertIn("attention probabilities recomputed in backward (model.attention_probs "
+                      "recomputed): each layer keeps 4096 bytes of row statistics per micro-batch "
+                      "instead of 65536 bytes of probabilities", rec_logs)
+        self.assertNotIn("attention probabilities recomputed", logs)
+        self.assertLess(self.max_peak(rec), self.max_peak(emu))
 
         a = c.export(cpu, "cpu.safetensors")
         b = c.export(emu, "emulated.safetensors")
+        r = c.export(rec, "recomputed.safetensors")
         self.assertEqual(sorted(a), sorted(b))
+        self.assertEqual(sorted(a), sorted(r))
         for name in a:
             self.assertTrue(a[name] == b[name], f"{name} differs on the emulated device")
+            self.assertTrue(a[name] == r[name], f"{name} differs with the probabilities recomputed")
 
     def test_a_commcheck_runs_on_the_emulated_devices(self):
         # A commcheck takes a device too: its collectives (and its health check's) run on the

@@ -27,6 +27,7 @@ namespace furnace::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::TestDir;
 
 std::string Job(const std::string& parallel, const std::string& memory = "") {
@@ -257,6 +258,34 @@ TEST_F(PlanMemoryTextTest, TheJobsBudgetIsWeighedAgainstEveryStage) {
   EXPECT_THAT(json, HasSubstr("\"memory\": ["));
   EXPECT_THAT(json, HasSubstr("\"least_activation_bytes\": " + std::to_string(least)));
   EXPECT_THAT(json, HasSubstr("\"worst_routing_in_flight\": " + std::to_string(none_worst)));
+}
+
+// model.attention_probs recomputed: the plan says so, and every policy's activations are lower by
+// the probabilities less the row statistics of each layer (seq_len 16: 16 floats a row against 2).
+TEST_F(PlanMemoryTextTest, RecomputedAttentionProbsAreSaidAndCounted) {
+  const std::string layout = "{dp: 2, ep: 2, micro_batch: 2}";
+  const std::string stored_yaml = Job(layout);
+  std::string recomputed_yaml = stored_yaml;
+  const std::string field = "expert_ffn: 40}";
+  recomputed_yaml.replace(recomputed_yaml.find(field), field.size(),
+                          "expert_ffn: 40, attention_probs: recomputed}");
+  EXPECT_THAT(Plan(recomputed_yaml),
+              HasSubstr("; attention probabilities recomputed in backward "
+                        "(model.attention_probs), 2 floats a query row kept instead of seq_len;"));
+  EXPECT_THAT(Plan(stored_yaml), Not(HasSubstr("attention probabilities recomputed")));
+  const v1::JobSpec stored = Spec(stored_yaml), recomputed = Spec(recomputed_yaml);
+  const StageMemory a = PlanMemory(stored, Layout(stored), moe::Schedule::kDeepspeed)[0];
+  const StageMemory b = PlanMemory(recomputed, Layout(recomputed), moe::Schedule::kDeepspeed)[0];
+  ASSERT_EQ(a.policies.size(), b.policies.size());
+  // One layer's probabilities (2 x 4 heads x 16 x 16 floats) less its statistics (x 2 floats).
+  const int64_t per_layer = 4 * 2 * 4 * 16 * (16 - 2);
+  for (size_t i = 0; i < a.policies.size(); ++i) {
+    SCOPED_TRACE(a.policies[i].policy);
+    // No pipeline: one micro-batch in flight, its 4 layers' probabilities held at the peak.
+    EXPECT_EQ(a.policies[i].in_flight - b.policies[i].in_flight, 4 * per_layer);
+  }
+  // The floor (one module at a time, here the head's) does not hold the probabilities.
+  EXPECT_LE(b.least_activation_bytes, a.least_activation_bytes);
 }
 
 }  // namespace

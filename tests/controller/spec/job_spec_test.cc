@@ -346,6 +346,25 @@ TEST(JobSpecTest, Bf16OnTheCpuIsRefused) {
       << bad.status();
 }
 
+// model.attention_probs: stored (the default) or recomputed, on every device; anything else is
+// refused at its line, naming the field and the two values.
+TEST(JobSpecTest, AttentionProbsStoredOrRecomputed) {
+  EXPECT_EQ(MustParse("name: j\nkind: train\n").model().attention_probs(), "stored");
+  for (const char* device : {"cpu", "cuda", "emulated"}) {
+    SCOPED_TRACE(device);
+    const JobSpec s = MustParse(absl::StrCat(
+        "name: j\nkind: train\nmodel: {attention_probs: recomputed}\nresources: {device: ", device,
+        "}\n"));
+    EXPECT_EQ(s.model().attention_probs(), "recomputed");
+  }
+  absl::StatusOr<JobSpec> bad =
+      ParseJobYaml("name: j\nkind: train\nmodel:\n  attention_probs: flash\n", "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_EQ(message.rfind("job.yaml:4:20: model.attention_probs: unknown value", 0), 0u) << message;
+  EXPECT_NE(message.find("stored, recomputed"), std::string::npos) << message;
+}
+
 // A commcheck runs its collectives on the ranks' device (NCCL between GPUs), so it takes one too.
 TEST(JobSpecTest, ACommcheckTakesADevice) {
   for (const char* device : {"cpu", "cuda", "emulated"}) {

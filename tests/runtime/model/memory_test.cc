@@ -295,6 +295,107 @@ TEST_F(MemoryTest, PoliciesMatchTheirDeclaredPeakAndNoneBitForBit) {
   }
 }
 
+// model.attention_probs recomputed: attention saves (B, NH, T, 2) row statistics instead of its
+// (B, NH, T, T) probabilities and rebuilds them in backward. Under every policy: the loss, the
+// routing and every gradient bit for bit the stored run's, the arena peak its declared bytes, and
+// that peak lower, and what it stashed lower by the probabilities' bytes less the statistics' per
+// layer (T = 8 here: 4x fewer).
+TEST_F(MemoryTest, RecomputedAttentionProbsTrainBitForBitInLessMemory) {
+  using memory::MemoryPolicy;
+  ModelConfig deep = TinyConfig(1.0);
+  deep.layers = 4;
+  deep.moe_every = 2;  // dense layers too
+  for (const ModelConfig& base : {TinyConfig(), deep}) {
+    for (MemoryPolicy policy :
+         {MemoryPolicy::kNone, MemoryPolicy::kSelective, MemoryPolicy::kFullRecompute}) {
+      SCOPED_TRACE(memory::MemoryPolicyName(policy));
+      tensor::DeviceArena ref_arena(*device_, 0);
+      std::unique_ptr<GptMoe> ref = Make(base, ref_arena);
+      ASSERT_NE(ref, nullptr);
+      ASSERT_TRUE(ref->SetMemoryPolicy(policy).ok());
+      absl::StatusOr<train::MicroBatchResult> want = Step(*ref, 2);
+      ASSERT_TRUE(want.ok()) << want.status();
+
+      ModelConfig c = base;
+      c.recompute_attention_probs = true;
+      tensor::DeviceArena arena(*device_, 0);
+      std::unique_ptr<GptMoe> m = Make(c, arena);
+      ASSERT_NE(m, nullptr);
+      ASSERT_TRUE(m->SetMemoryPolicy(policy).ok());
+      absl::StatusOr<train::MicroBatchResult> r = Step(*m, 2);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->loss, want->loss);
+      EXPECT_EQ(r->aux_loss, want->aux_loss);
+      EXPECT_EQ(r->tokens_per_expert, want->tokens_per_expert);
+      for (int64_t i = 0; i < m->num_params(); ++i) {
+        ASSERT_EQ(m->grad_data()[i], ref->grad_data()[i]) << "gradient " << i;
+      }
+      EXPECT_EQ(r->activation_peak_bytes,
+                m->ActivationBytesForRouting(2, m->last_rows_per_moe_layer()));
+      EXPECT_EQ(static_cast<int64_t>(arena.peak_bytes()), r->activation_peak_bytes);
+      EXPECT_EQ(arena.current_bytes(), 0u);
+      EXPECT_LT(r->activation_peak_bytes, want->activation_peak_bytes);
+      // (2, 2 heads, 8, 8) floats against (2, 2, 8, 2), per layer.
+      const uint64_t saved_less = 4 * 2 * 2 * 8 * (8 - 2);
+      EXPECT_EQ(ref->last_stashed_bytes() - m->last_stashed_bytes(), saved_less * c.layers);
+    }
+  }
+}
+
+// The stash actions on top of it: the static offload of the expert buffers, and the adaptive
+// planner under a budget below the recomputed run's own peak (it offloads and drops to fit). Each
+// trains bit for bit as the stored run under none, its peak within the budget.
+TEST_F(MemoryTest, RecomputedAttentionProbsUnderOffloadAndAdaptive) {
+  ModelConfig stored = TinyConfig(1.0);
+  stored.layers = 4;
+  stored.moe_every = 1;
+  tensor::DeviceArena ref_arena(*device_, 0);
+  std::unique_ptr<GptMoe> ref = Make(stored, ref_arena);
+  ASSERT_NE(ref, nullptr);
+  absl::StatusOr<train::MicroBatchResult> want = Step(*ref, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ModelConfig c = stored;
+  c.recompute_attention_probs = true;
+  tensor::DeviceArena probe_arena(*device_, 0);
+  std::unique_ptr<GptMoe> probe = Make(c, probe_arena);
+  ASSERT_NE(probe, nullptr);
+  absl::StatusOr<train::MicroBatchResult> plain = Step(*probe, 2);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_LT(plain->activation_peak_bytes, want->activation_peak_bytes);
+
+  absl::StatusOr<std::unique_ptr<memory::CopyEngine>> engine = memory::CopyEngine::Create(*device_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  tensor::HostPool host(*device_, 0);
+  for (const bool adaptive : {false, true}) {
+    SCOPED_TRACE(adaptive ? "adaptive" : "offload");
+    const uint64_t budget =
+        adaptive ? static_cast<uint64_t>(0.8 * static_cast<double>(plain->activation_peak_bytes))
+                 : 0;
+    tensor::DeviceArena arena(*device_, budget);
+    std::unique_ptr<GptMoe> m = Make(c, arena);
+    ASSERT_NE(m, nullptr);
+    if (adaptive) {
+      ASSERT_TRUE(m->SetMemoryPolicy(memory::MemoryPolicy::kAdaptive).ok());
+      ASSERT_TRUE(m->SetAdaptive(engine->get(), &host, {}).ok());
+    } else {
+      ASSERT_TRUE(m->SetOffload(1.0, engine->get(), &host).ok());
+    }
+    absl::StatusOr<train::MicroBatchResult> r = Step(*m, 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->loss, want->loss);
+    EXPECT_EQ(r->aux_loss, want->aux_loss);
+    EXPECT_EQ(r->tokens_per_expert, want->tokens_per_expert);
+    EXPECT_EQ(std::memcmp(m->grad_data(), ref->grad_data(), 4 * ref->num_params()), 0);
+    EXPECT_GT(m->MemoryActions().offloaded_bytes, 0u);
+    if (adaptive) {
+      EXPECT_LE(arena.peak_bytes(), budget);
+      EXPECT_GT(m->planner_stats().decisions, 0);
+    }
+    EXPECT_EQ(arena.current_bytes(), 0u);
+    EXPECT_EQ(host.current_bytes(), 0u);
+  }
+}
+
 // A budget that fits a policy's declared peak, and not none's, trains under that policy.
 TEST_F(MemoryTest, BudgetBetweenThePoliciesPeaks) {
   tensor::DeviceArena probe(*device_, 0);

@@ -95,6 +95,46 @@ TEST_P(DeviceLayoutTest, EmulatedRanksTrainAsCpuRanksBitForBit) {
               cpu->loss.size(), cpu->loss.front(), cpu->loss.back());
 }
 
+// model.attention_probs recomputed on emulated stream ranks under tensor parallelism (each rank
+// NH / 2 heads) and a 1F1B pipeline: the row statistics instead of the probabilities, rebuilt in
+// backward, train as the CPU ranks with stored probabilities, bit for bit, in less memory.
+TEST(DeviceLayoutAttentionTest, RecomputedProbsOnEmulatedRanksTrainAsStoredOnCpuRanks) {
+  const Case k{"pp2_tp2_recomputed_probs", 2, 1, 2, 1, 1, 2, "deepspeed", false, true};
+  LayoutCase c;
+  c.model = TinyLayoutModel(2, 1.25);
+  c.sizes.pp = 2;
+  c.sizes.tp = 2;
+  c.micro_batches = 2;
+  c.steps = 3;
+  const absl::StatusOr<RunResult> cpu = RunOn(c, k, device::Kind::kCpu, false);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  LayoutCase r = c;
+  r.model.recompute_attention_probs = true;
+  const absl::StatusOr<RunResult> emu = RunOn(r, k, device::Kind::kEmulated, false);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  EXPECT_EQ(emu->loss, cpu->loss);
+  EXPECT_EQ(emu->aux_loss, cpu->aux_loss);
+  EXPECT_EQ(emu->grad_norm, cpu->grad_norm);
+  EXPECT_EQ(emu->tokens_per_expert, cpu->tokens_per_expert);
+  ASSERT_EQ(emu->params.size(), cpu->params.size());
+  for (const auto& [name, want] : cpu->params) {
+    EXPECT_TRUE(SameBits(emu->params.at(name), want)) << name;
+  }
+  ASSERT_EQ(emu->activation_peak.size(), cpu->activation_peak.size());
+  for (size_t rank = 0; rank < cpu->activation_peak.size(); ++rank) {
+    ASSERT_EQ(emu->activation_peak[rank].size(), cpu->activation_peak[rank].size());
+    for (size_t step = 0; step < cpu->activation_peak[rank].size(); ++step) {
+      EXPECT_LT(emu->activation_peak[rank][step], cpu->activation_peak[rank][step])
+          << "rank " << rank << " step " << step;
+    }
+  }
+  std::printf(
+      "REPORT %s: rank 0 activation peak %lld B stored (cpu), %lld B recomputed "
+      "(emulated); bit for bit\n",
+      k.name, static_cast<long long>(cpu->activation_peak[0][0]),
+      static_cast<long long>(emu->activation_peak[0][0]));
+}
+
 // memory.policy adaptive on emulated ranks (ep 2, dp 2) under a budget the unlimited run exceeds:
 // the planner offloads through the copy streams and drops to fit, and training is the CPU's under
 // policy none, bit for bit.

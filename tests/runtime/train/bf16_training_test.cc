@@ -78,5 +78,24 @@ TEST(Bf16TrainingTest, TheWeightMirrorChangesNothing) {
                            4 * mirrored->params.size()));
 }
 
+// model.attention_probs recomputed at bf16: the bf16 RowStats pair rebuilds the forward's fp32
+// probabilities and rounds them as the stored pair does, so a whole bf16 run is the stored one's
+// bit for bit (the CUDA kernels then differ from it only in the order of their sums).
+TEST(Bf16TrainingTest, RecomputedAttentionProbsChangeNothing) {
+  auto emulated = device::CreateEmulatedDevice({.memory_bytes = size_t{256} << 20});
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  const absl::StatusOr<testing::ShortRun> stored =
+      testing::RunShort(**emulated, device::Precision::kBf16, 6);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  const absl::StatusOr<testing::ShortRun> recomputed = testing::RunShort(
+      **emulated, device::Precision::kBf16, 6, /*weight_mirror=*/true, /*recompute_probs=*/true);
+  ASSERT_TRUE(recomputed.ok()) << recomputed.status();
+  EXPECT_EQ(recomputed->loss, stored->loss);
+  EXPECT_EQ(recomputed->aux, stored->aux);
+  ASSERT_EQ(recomputed->params.size(), stored->params.size());
+  EXPECT_EQ(
+      0, std::memcmp(recomputed->params.data(), stored->params.data(), 4 * stored->params.size()));
+}
+
 }  // namespace
 }  // namespace furnace::train

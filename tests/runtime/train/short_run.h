@@ -44,14 +44,18 @@ inline model::ModelConfig ShortRunModel() {
 
 // `steps` steps of 2 micro-batches of 4 sequences on a Markov chain, lr 3e-3 with 2 warmup steps.
 // weight_mirror false: the model's bf16 weight mirror is switched off (GEMMs round per call).
+// recompute_probs: model.attention_probs recomputed (the RowStats attention pair).
 inline absl::StatusOr<ShortRun> RunShort(device::Device& device, device::Precision precision,
-                                         int steps, bool weight_mirror = true) {
+                                         int steps, bool weight_mirror = true,
+                                         bool recompute_probs = false) {
   kernels::cpu::SetBlasThreads(1);
   ASSIGN_OR_RETURN(std::unique_ptr<device::Stream> stream, device.CreateStream());
   device::StreamScope scope(*stream);
   tensor::DeviceArena arena(device, 0);
+  model::ModelConfig config = ShortRunModel();
+  config.recompute_attention_probs = recompute_probs;
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptMoe> model,
-                   model::GptMoe::Create(ShortRunModel(), 7, device, arena, {}, {}, precision));
+                   model::GptMoe::Create(config, 7, device, arena, {}, {}, precision));
   if (!weight_mirror) model->DisableWeightMirrorForTest();
   data::MarkovConfig mc;
   mc.vocab = 64;
