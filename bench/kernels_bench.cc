@@ -105,6 +105,26 @@ void BM_AttentionFwdBwd(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   SetCounters(state, 12.0 * B * double(T) * T * C);
+  state.counters["saved_MiB"] = 4.0 * att.size() / (1 << 20);
+}
+
+// The same with model.attention_probs recomputed (kernels/attention.h RowStats): (B, NH, T, 2)
+// row statistics saved instead of (B, NH, T, T) probabilities, P rebuilt in backward (one more
+// Q K^T product). Counter "saved_MiB": what either variant keeps between forward and backward.
+void BM_AttentionRowStatsFwdBwd(benchmark::State& state) {
+  const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
+  const int C = static_cast<int>(state.range(2)), NH = static_cast<int>(state.range(3));
+  auto qkv = Random(int64_t{B} * T * 3 * C, 1, 1.0f), dqkv = Random(int64_t{B} * T * 3 * C, 2);
+  auto out = Random(int64_t{B} * T * C, 3), dout = Random(int64_t{B} * T * C, 4);
+  std::vector<float> stats(static_cast<size_t>(B) * NH * T * 2);
+  for (auto _ : state) {
+    k::AttentionForwardRowStats<float>(out.data(), stats.data(), qkv.data(), B, T, C, NH);
+    k::AttentionBackwardRowStats<float>(dqkv.data(), dout.data(), qkv.data(), stats.data(), B, T, C,
+                                        NH);
+    benchmark::ClobberMemory();
+  }
+  SetCounters(state, 12.0 * B * double(T) * T * C);
+  state.counters["saved_MiB"] = 4.0 * stats.size() / (1 << 20);
 }
 
 void BM_AttentionFwd(benchmark::State& state) {
@@ -160,6 +180,14 @@ BENCHMARK(BM_AttentionFwdBwd)
     ->Args({8, 128, 256, 4})    // bench
     ->Args({8, 512, 512, 8})    // large
     ->Args({4, 1024, 768, 12})  // GPT-2 small, T = 1024
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionRowStatsFwdBwd)
+    ->ArgNames({"B", "T", "C", "NH"})
+    ->Args({8, 64, 64, 4})
+    ->Args({8, 128, 256, 4})
+    ->Args({8, 512, 512, 8})
+    ->Args({4, 1024, 768, 12})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_AttentionFwd)

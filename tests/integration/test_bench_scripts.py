@@ -110,6 +110,32 @@ class BenchBinariesTest(unittest.TestCase):
                                "0.01", "--rounds", "1")
         self.assertIn('"open_s"', out)
 
+    def test_memory_policies(self):
+        out = self.run_bin("furnace_bench_memory_policies", "--threads", "1", "--rounds", "1",
+                           "--steps-per-round", "1", "--micro-batch", "1")
+        self.assertIn("final losses identical across variants: yes", out)
+        self.assertIn("adaptive_floor_h200", out)
+
+    def test_train_step_on_the_emulated_device(self):
+        # Built where the CUDA toolkit is (bench/gpu); both attention_probs rows, the same losses.
+        if not os.path.exists(os.path.join(harness.BIN_DIR, "furnace_train_step_bench")):
+            self.skipTest("furnace_train_step_bench not built (no CUDA toolkit)")
+        out = self.run_bin("furnace_train_step_bench", "--device", "emulated", "--precision", "fp32",
+                           "--vocab", "128", "--seq", "64", "--d", "32", "--heads", "4",
+                           "--layers", "2", "--experts", "4", "--ffn", "64", "--micro-batch", "2",
+                           "--micro-batches", "1", "--warmup", "1", "--steps", "2")
+        rows = [line for line in out.splitlines() if line.startswith("| stored |")
+                or line.startswith("| recomputed |")]
+        self.assertEqual(len(rows), 2, out)
+        self.assertIn("losses of the two rows: identical", out)  # every step's, bit for bit
+        self.assertIn("GOAL training-step MFU:", out)
+        r = subprocess.run([os.path.join(harness.BIN_DIR, "furnace_train_step_bench"),
+                            "--attention-probs", "flash"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--attention-probs: unknown value 'flash' (allowed: stored, recomputed, both)",
+                      r.stderr)
+
     def test_telemetry(self):
         self.assertIn("decoded by the drain", self.run_bin("furnace_bench_telemetry"))
 
