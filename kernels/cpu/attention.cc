@@ -110,6 +110,32 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   }
 }
 
+// The probabilities alone: Forward's first half (its product and softmax, into att in place).
+template <typename T, bool kBf16>
+void Probs(T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  std::unique_ptr<T[]> qkv_r;
+  if constexpr (kBf16) qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
+  const T* qkv = kBf16 ? qkv_r.get() : qkv_in;
+  for (int b = 0; b < B; ++b) {
+    const T* qkv_b = qkv + static_cast<int64_t>(b) * Tlen * ld;
+    for (int h = 0; h < NH; ++h) {
+      const T* q = qkv_b + h * hs;
+      const T* k = q + C;
+      T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
+      for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
+        const int r1 = std::min(Tlen, r0 + kRowBlock);
+        T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
+        Gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld,
+             T(0), a_blk, Tlen);
+        SoftmaxBlock(a_blk, r0, r1, Tlen, static_cast<T*>(nullptr));
+      }
+    }
+  }
+}
+
 // kStats: att is the row statistics, and each block's probabilities are rebuilt from Q, K and
 // them with the forward's own operations (the same product into the same layout, the same
 // exponentials and scaling), so they are the forward's bit for bit.
@@ -206,6 +232,11 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
 }
 
 template <typename T>
+void AttentionProbs(T* att, const T* qkv, int B, int Tlen, int C, int NH) {
+  Probs<T, false>(att, qkv, B, Tlen, C, NH);
+}
+
+template <typename T>
 void AttentionForwardRowStats(T* out, T* stats, const T* qkv, int B, int Tlen, int C, int NH) {
   Forward<T, false, true>(out, stats, qkv, B, Tlen, C, NH);
 }
@@ -226,6 +257,10 @@ void AttentionBackwardBf16(float* dqkv, const float* dout, const float* qkv, con
   Backward<float, true, false>(dqkv, dout, qkv, att, B, Tlen, C, NH);
 }
 
+void AttentionProbsBf16(float* att, const float* qkv, int B, int Tlen, int C, int NH) {
+  Probs<float, true>(att, qkv, B, Tlen, C, NH);
+}
+
 void AttentionForwardRowStatsBf16(float* out, float* stats, const float* qkv, int B, int Tlen,
                                   int C, int NH) {
   Forward<float, true, true>(out, stats, qkv, B, Tlen, C, NH);
@@ -239,6 +274,7 @@ void AttentionBackwardRowStatsBf16(float* dqkv, const float* dout, const float* 
 #define FURNACE_INSTANTIATE(T)                                                              \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                  \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int); \
+  template void AttentionProbs<T>(T*, const T*, int, int, int, int);                        \
   template void AttentionForwardRowStats<T>(T*, T*, const T*, int, int, int, int);          \
   template void AttentionBackwardRowStats<T>(T*, const T*, const T*, const T*, int, int, int, int);
 FURNACE_INSTANTIATE(float)

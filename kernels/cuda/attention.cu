@@ -148,6 +148,33 @@ bool CausalSoftmaxBackwardBlock(float* dp, const float* p, int NH, int r0, int r
 }
 }  // namespace internal
 
+namespace {
+// AttentionForward's first half: per sequence the scaled scores of its heads into att, then the
+// causal softmax of every row in place. False on an error (recorded).
+bool ScoresAndSoftmax(float* att, const float* qkv, int B, int Tlen, int C, int NH,
+                      cublasHandle_t handle, cudaStream_t stream, const char* op) {
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const int64_t tt = int64_t{Tlen} * Tlen;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const float zero = 0.0f;
+  for (int b = 0; b < B; ++b) {
+    const float* q = qkv + int64_t{b} * Tlen * ld;
+    const float* k = q + C;
+    float* a = att + int64_t{b} * NH * tt;
+    if (!FURNACE_CHECK_CUBLAS(
+            op, cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, &scale,
+                                          k, ld, hs, q, ld, hs, &zero, a, Tlen, tt, NH))) {
+      return false;
+    }
+  }
+  int64_t rows = int64_t{B} * NH * Tlen;
+  CausalSoftmaxKernel<<<RowGrid(rows), kWarpsPerBlock * 32, 0, stream>>>(att, nullptr, rows, Tlen,
+                                                                         0, Tlen);
+  return FURNACE_CHECK_LAUNCH(op);
+}
+}  // namespace
+
 void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen, int C, int NH,
                       cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "AttentionForward";
@@ -156,22 +183,8 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
   const int hs = C / NH;
   const int ld = 3 * C;
   const int64_t tt = int64_t{Tlen} * Tlen;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float zero = 0.0f, one = 1.0f;
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + int64_t{b} * Tlen * ld;
-    const float* k = q + C;
-    float* a = att + int64_t{b} * NH * tt;
-    if (!FURNACE_CHECK_CUBLAS(
-            op, cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, &scale,
-                                          k, ld, hs, q, ld, hs, &zero, a, Tlen, tt, NH))) {
-      return;
-    }
-  }
-  int64_t rows = int64_t{B} * NH * Tlen;
-  CausalSoftmaxKernel<<<RowGrid(rows), kWarpsPerBlock * 32, 0, stream>>>(att, nullptr, rows, Tlen,
-                                                                         0, Tlen);
-  if (!FURNACE_CHECK_LAUNCH(op)) return;
+  if (!ScoresAndSoftmax(att, qkv, B, Tlen, C, NH, handle, stream, op)) return;
   for (int b = 0; b < B; ++b) {
     const float* v = qkv + int64_t{b} * Tlen * ld + 2 * C;
     const float* a = att + int64_t{b} * NH * tt;
@@ -182,6 +195,14 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int Tlen,
       return;
     }
   }
+}
+
+void AttentionProbs(float* att, const float* qkv, int B, int Tlen, int C, int NH,
+                    cublasHandle_t handle, cudaStream_t stream) {
+  const char* op = "AttentionProbs";
+  if (!internal::BindCublas(handle, stream, op)) return;
+  if (B <= 0 || Tlen <= 0 || C <= 0) return;
+  ScoresAndSoftmax(att, qkv, B, Tlen, C, NH, handle, stream, op);
 }
 
 size_t AttentionBackwardWorkspaceBytes(int /*B*/, int Tlen, int /*C*/, int NH) {

@@ -75,6 +75,33 @@ void AttentionForwardBf16(float* out, float* att, const float* qkv, int B, int T
   }
 }
 
+size_t AttentionProbsBf16WorkspaceBytes(int B, int Tlen, int C, int /*NH*/) {
+  return Bf16Bytes(int64_t{B} * Tlen * 3 * C);
+}
+
+void AttentionProbsBf16(float* att, const float* qkv, int B, int Tlen, int C, int NH,
+                        void* workspace, cublasHandle_t handle, cudaStream_t stream) {
+  const char* op = "AttentionProbsBf16";
+  if (!internal::BindCublas(handle, stream, op)) return;
+  if (B <= 0 || Tlen <= 0 || C <= 0) return;
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const int64_t tt = int64_t{Tlen} * Tlen;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  internal::WorkspaceCarver ws(workspace);
+  auto* qkv16 = ws.Take<__nv_bfloat16>(int64_t{B} * Tlen * ld);
+  internal::ToBf16(qkv16, qkv, int64_t{B} * Tlen * ld, stream, op);
+  // AttentionForwardBf16's scores and softmax, the same calls.
+  for (int b = 0; b < B; ++b) {
+    const __nv_bfloat16* q = qkv16 + int64_t{b} * Tlen * ld;
+    if (!GemmSB(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, scale, q + C, ld, hs, q, ld, hs,
+                0.0f, att + int64_t{b} * NH * tt, Tlen, tt, NH, op)) {
+      return;
+    }
+  }
+  internal::CausalSoftmax(att, int64_t{B} * NH * Tlen, Tlen, stream, op);
+}
+
 size_t AttentionBackwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH) {
   const int64_t tt = int64_t{Tlen} * Tlen;
   return Bf16Bytes(int64_t{B} * Tlen * 3 * C) + Bf16Bytes(int64_t{B} * Tlen * C) +

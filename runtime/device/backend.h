@@ -90,6 +90,9 @@ struct Backend {
                                       int C, int NH);
   void (*attention_backward_row_stats)(float* dqkv, const float* dout, const float* qkv,
                                        const float* stats, int B, int T, int C, int NH);
+  // attention.h's AttentionProbs: attention_forward's att alone, bit for bit (the rebuild of an
+  // att the adaptive memory planner dropped).
+  void (*attention_probs)(float* att, const float* qkv, int B, int T, int C, int NH);
 
   // layernorm.h
   void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,

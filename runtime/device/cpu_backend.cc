@@ -29,6 +29,7 @@ constexpr Backend kCpuBackend = {
     .attention_backward = &k::AttentionBackward<float>,
     .attention_forward_row_stats = &k::AttentionForwardRowStats<float>,
     .attention_backward_row_stats = &k::AttentionBackwardRowStats<float>,
+    .attention_probs = &k::AttentionProbs<float>,
     .layernorm_forward = &k::LayerNormForward<float>,
     .layernorm_backward = &k::LayerNormBackward<float>,
     .gelu_forward = &k::GeluForward<float>,

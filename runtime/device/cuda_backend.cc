@@ -207,6 +207,8 @@ constexpr Backend kCudaBackend = {
     .attention_backward = &cuda_internal::AttentionBackward,
     .attention_forward_row_stats = &cuda_internal::AttentionForwardRowStats,
     .attention_backward_row_stats = &cuda_internal::AttentionBackwardRowStats,
+    .attention_probs =
+        &Cublased<op::kAttentionProbs, &k::AttentionProbs<float>, &kc::AttentionProbs>::Run,
     .layernorm_forward =
         &Streamed<op::kLayernormForward, &k::LayerNormForward<float>, &kc::LayerNormForward>::Run,
     .layernorm_backward = &Streamed<op::kLayernormBackward, &k::LayerNormBackward<float>,

@@ -110,6 +110,13 @@ void AttentionBackwardRowStatsBf16(float* dqkv, const float* dout, const float* 
   }
 }
 
+void AttentionProbsBf16(float* att, const float* qkv, int B, int T, int C, int NH) {
+  CudaOp op("attention_probs (bf16)", {att, qkv});
+  cublasHandle_t handle = op.cublas();
+  void* ws = op.Scratch(kc::AttentionProbsBf16WorkspaceBytes(B, T, C, NH));
+  if (op.ok()) kc::AttentionProbsBf16(att, qkv, B, T, C, NH, ws, handle, op.stream());
+}
+
 Backend MakeCudaBf16Backend() {
   Backend b = CudaBackend();
   b.name = "cuda/bf16";
@@ -122,6 +129,7 @@ Backend MakeCudaBf16Backend() {
   b.attention_backward = &AttentionBackwardBf16;
   b.attention_forward_row_stats = &AttentionForwardRowStatsBf16;
   b.attention_backward_row_stats = &AttentionBackwardRowStatsBf16;
+  b.attention_probs = &AttentionProbsBf16;
   return b;
 }
 

@@ -305,6 +305,7 @@ constexpr Backend kEmulatedBackend = {
         &Async<op::kAttentionForwardRowStats, &k::AttentionForwardRowStats<float>>::Run,
     .attention_backward_row_stats =
         &Async<op::kAttentionBackwardRowStats, &k::AttentionBackwardRowStats<float>>::Run,
+    .attention_probs = &Async<op::kAttentionProbs, &k::AttentionProbs<float>>::Run,
     .layernorm_forward = &Async<op::kLayernormForward, &k::LayerNormForward<float>>::Run,
     .layernorm_backward = &Async<op::kLayernormBackward, &k::LayerNormBackward<float>>::Run,
     .gelu_forward = &Async<op::kGeluForward, &k::GeluForward<float>>::Run,
@@ -356,6 +357,7 @@ constexpr Backend MakeEmulatedBf16Backend() {
       &Async<op::kAttentionForwardRowStatsBf16, &k::AttentionForwardRowStatsBf16>::Run;
   b.attention_backward_row_stats =
       &Async<op::kAttentionBackwardRowStatsBf16, &k::AttentionBackwardRowStatsBf16>::Run;
+  b.attention_probs = &Async<op::kAttentionProbsBf16, &k::AttentionProbsBf16>::Run;
   return b;
 }
 constexpr Backend kEmulatedBf16Backend = MakeEmulatedBf16Backend();

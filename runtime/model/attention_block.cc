@@ -43,9 +43,22 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
     ctx.ops.attention_forward(y.as<float>(), att.as<float>(), q, B, T, Cl, NHl);
   }
   const float* yv = y.as<float>();
-  const double att_flops = 4.0 * B * NHl * T * T * (C / dims.NH);
+  const int hs = C / dims.NH;
+  const double att_flops = 4.0 * B * NHl * T * T * hs;
+  // The probabilities can be rebuilt from qkv alone (the forward's scores and softmax, bit for
+  // bit: attention_probs), so a planner may drop them; the row statistics are not worth it.
+  RecomputeSpec att_spec{"attention", {s.qkv}, 2.0 * B * NHl * T * T * hs};
+  if (!rebuild) {
+    att_spec.rebuild = [ctx, qkv = s.qkv, B, T, Cl, NHl, floats = att_bytes / 4,
+                        tag = att_name]() mutable -> absl::StatusOr<tensor::Buffer> {
+      ASSIGN_OR_RETURN(const float* in, GetF32(ctx, qkv));
+      ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, floats, tag, false));  // (B,NHl,T,T)
+      ctx.ops.attention_probs(out.as<float>(), in, B, T, Cl, NHl);
+      return out;
+    };
+  }
   ASSIGN_OR_RETURN(s.att, SaveF32(ctx, att_name, layer, std::move(att),
-                                  {B, NHl, T, rebuild ? 2 : T}, {"attention", {s.qkv}, att_flops}));
+                                  {B, NHl, T, rebuild ? 2 : T}, std::move(att_spec)));
   ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, Cl},
                                 {"attention", {s.qkv}, att_flops}));
 

@@ -11,7 +11,8 @@ expert parallelism a budget between that floor and the routing bound (every toke
 rank's experts, dropless) is warned about at start with the bound, and at the bound an adaptive
 job trains through spikes. At 2% above `full_recompute`'s peak, with a host link too slow to
 offload much, the expert-parallel ranks agree on which expert buffers all of them drop (each comes
-back only by re-running the all-to-all together): the job trains as `none` bit for bit, and its
+back only by re-running the all-to-all together; those jobs recompute their attention
+probabilities, which a rank would otherwise drop alone first): the job trains as `none` bit for bit, and its
 steps and the Prometheus counters say how often they agreed and what they dropped."""
 import json
 import os
@@ -175,7 +176,8 @@ recovery: {{max_restarts: 0}}
         def ep_job(name, memory):
             return f"""name: {name}
 kind: train
-model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64}}
+model: {{vocab: 64, seq_len: 32, d_model: 32, heads: 4, layers: 2, expert_ffn: 64,
+        attention_probs: recomputed}}
 moe: {{experts: 4, top_k: 2, capacity_factor: 1.25}}
 parallel: {{dp: 2, ep: 2, micro_batch: 4, micro_batches: 2}}
 memory: {{{memory}}}

@@ -161,6 +161,10 @@ void CheckRowStatsAgainstStored(const Shape& s, uint64_t seed) {
                             s.NH);
   EXPECT_EQ(out2, out);
   EXPECT_EQ(dqkv2, dqkv);
+  // The probabilities alone (the adaptive planner's rebuild of a dropped att): the forward's.
+  std::vector<T> att2(att.size(), T(7));
+  AttentionProbs(att2.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  EXPECT_EQ(att2, att);
   const int hs = s.C / s.NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   for (int b = 0; b < s.B; ++b)

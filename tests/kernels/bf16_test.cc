@@ -273,6 +273,9 @@ TEST(Bf16Attention, RowStatsMatchStoredBitForBit) {
   AttentionBackwardRowStatsBf16(dqkv2.data(), dout.data(), qkv.data(), stats.data(), B, T, C, NH);
   EXPECT_EQ(out2, out);
   EXPECT_EQ(dqkv2, dqkv);
+  std::vector<float> att2(att.size(), kNaN);
+  AttentionProbsBf16(att2.data(), qkv.data(), B, T, C, NH);
+  EXPECT_EQ(att2, att);
 }
 
 }  // namespace

@@ -22,6 +22,13 @@ void AttentionBackward(T* dqkv,        // (B, T, 3C) accumulated
                        const T* att,   // (B, NH, T, T)
                        int B, int Tlen, int C, int NH);
 
+// The probabilities alone, as AttentionForward writes them (the same operations, bit for bit),
+// without the output: how the adaptive memory planner rebuilds a dropped `att` in backward.
+template <typename T>
+void AttentionProbs(T* att,        // (B, NH, T, T)   overwritten (probabilities; upper triangle 0)
+                    const T* qkv,  // (B, T, 3C)
+                    int B, int Tlen, int C, int NH);
+
 template <typename T>
 void AttentionForwardRowStats(T* out,        // (B, T, C)        overwritten
                               T* stats,      // (B, NH, T, 2)    overwritten: (m, r) per row

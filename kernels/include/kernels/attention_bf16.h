@@ -23,6 +23,10 @@ void AttentionBackwardBf16(float* dqkv,        // (B, T, 3C) accumulated
                            const float* qkv,   // (B, T, 3C)
                            const float* att,   // (B, NH, T, T)
                            int B, int Tlen, int C, int NH);
+// AttentionForwardBf16's att alone, bit for bit (its scores from the bf16-rounded q and k).
+void AttentionProbsBf16(float* att,        // (B, NH, T, T)   overwritten
+                        const float* qkv,  // (B, T, 3C)
+                        int B, int Tlen, int C, int NH);
 void AttentionForwardRowStatsBf16(float* out,        // (B, T, C)       overwritten
                                   float* stats,      // (B, NH, T, 2)   overwritten
                                   const float* qkv,  // (B, T, 3C)

@@ -138,6 +138,14 @@ TEST(CudaKernelsTest, AttentionBf16MatchesTheOracle) {
   EXPECT_LT(RelErr(d_att.Download(), att), 1e-5);
   EXPECT_LT(RelErr(d_out.Download(), out), 1e-4);
   EXPECT_LT(RelErr(d_dqkv.Download(), dqkv), 1e-4);
+  // The probabilities alone: the device forward's att bit for bit (the same casts and calls).
+  const std::vector<float> att_fwd = d_att.Download();
+  DeviceBuffer<float> d_probs(B * NH * T * T);
+  Workspace probs_ws(AttentionProbsBf16WorkspaceBytes(B, T, C, NH));
+  AttentionProbsBf16(d_probs.get(), d_qkv.get(), B, T, C, NH, probs_ws.get(), handle.get(),
+                     nullptr);
+  ASSERT_KERNELS_OK();
+  EXPECT_EQ(d_probs.Download(), att_fwd);
 }
 
 // The bf16 RowStats pair against the CPU bf16 oracle, in one query block and in forced blocks of

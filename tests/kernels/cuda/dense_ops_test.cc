@@ -226,6 +226,14 @@ TEST(CudaKernelsTest, Attention) {
   ExpectClose(d_att.Download(), att, 1e-5f, 1e-6f, "att");
   ExpectClose(d_out.Download(), out, 1e-5f, 1e-5f, "out");
   ExpectClose(d_dqkv.Download(), dqkv, 1e-4f, 1e-5f, "dqkv");
+  // The probabilities alone (the planner's rebuild of a dropped att): the forward's own calls, so
+  // the device's att bit for bit.
+  const std::vector<float> att_fwd = d_att.Download();
+  DeviceBuffer<float> d_probs(B * NH * T * T);
+  ASSERT_EQ(cudaMemset(d_probs.get(), 0xff, sizeof(float) * B * NH * T * T), cudaSuccess);
+  AttentionProbs(d_probs.get(), d_qkv.get(), B, T, C, NH, handle.get(), nullptr);
+  ASSERT_KERNELS_OK();
+  EXPECT_EQ(d_probs.Download(), att_fwd);
 }
 
 // The RowStats pair against the CPU's: out, the (m, r) row statistics and the accumulated dqkv,

@@ -52,6 +52,7 @@ TEST(BackendTest, CpuTablePointsAtTheCpuKernels) {
   EXPECT_EQ(b.attention_backward, &k::AttentionBackward<float>);
   EXPECT_EQ(b.attention_forward_row_stats, &k::AttentionForwardRowStats<float>);
   EXPECT_EQ(b.attention_backward_row_stats, &k::AttentionBackwardRowStats<float>);
+  EXPECT_EQ(b.attention_probs, &k::AttentionProbs<float>);
   EXPECT_EQ(b.layernorm_forward, &k::LayerNormForward<float>);
   EXPECT_EQ(b.layernorm_backward, &k::LayerNormBackward<float>);
   EXPECT_EQ(b.gelu_forward, &k::GeluForward<float>);
@@ -126,6 +127,7 @@ TEST(BackendTest, CudaKindGivesTheCudaTables) {
   EXPECT_NE(a.attention_backward, b.attention_backward);
   EXPECT_NE(a.attention_forward_row_stats, b.attention_forward_row_stats);
   EXPECT_NE(a.attention_backward_row_stats, b.attention_backward_row_stats);
+  EXPECT_NE(a.attention_probs, b.attention_probs);
   EXPECT_EQ(a.layernorm_forward, b.layernorm_forward);
   EXPECT_EQ(a.permute_forward, b.permute_forward);
   EXPECT_EQ(a.adamw_update, b.adamw_update);

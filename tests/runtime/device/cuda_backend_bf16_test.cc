@@ -49,6 +49,7 @@ Backend Bf16Oracle() {
   b.attention_backward = &k::AttentionBackwardBf16;
   b.attention_forward_row_stats = &k::AttentionForwardRowStatsBf16;
   b.attention_backward_row_stats = &k::AttentionBackwardRowStatsBf16;
+  b.attention_probs = &k::AttentionProbsBf16;
   return b;
 }
 
@@ -92,6 +93,7 @@ TEST_F(CudaBf16TableTest, TableIsTheFp32OneExceptTheGemmsAndAttention) {
   EXPECT_NE(b.attention_backward, f.attention_backward);
   EXPECT_NE(b.attention_forward_row_stats, f.attention_forward_row_stats);
   EXPECT_NE(b.attention_backward_row_stats, f.attention_backward_row_stats);
+  EXPECT_NE(b.attention_probs, f.attention_probs);
 }
 
 struct Gemm {
@@ -166,6 +168,10 @@ TEST_F(CudaBf16TableTest, Attention) {
          {0, 1}, kSameRoundingAttention, kBf16AttentionTolerance,
          [&](const Backend& b, const Ptrs& p) {
            b.attention_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, C, NH);
+         });
+    Both("attention_probs", {Poison(int64_t{B} * NH * T * T), qkv}, {0}, kSameRoundingAttention,
+         kBf16AttentionTolerance, [&](const Backend& b, const Ptrs& p) {
+           b.attention_probs(P<float>(p, 0), P<float>(p, 1), B, T, C, NH);
          });
     std::vector<float> out(int64_t{B} * T * C), att(int64_t{B} * NH * T * T);
     const std::vector<float> q = FromBytes<float>(qkv);

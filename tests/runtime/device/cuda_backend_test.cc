@@ -120,6 +120,11 @@ TEST_F(CudaFp32TableTest, Attention) {
              {kSum, kSum}, [&](const Backend& b, const Ptrs& p) {
                b.attention_forward(P<float>(p, 0), P<float>(p, 1), P<float>(p, 2), B, T, C, NH);
              });
+    // The probabilities alone (the planner's rebuild of a dropped att), from the same qkv.
+    Same("attention_probs", {Poison(B * NH * T * T), fwd[2]}, {kSum},
+         [&](const Backend& b, const Ptrs& p) {
+           b.attention_probs(P<float>(p, 0), P<float>(p, 1), B, T, C, NH);
+         });
     // The backward from the CPU's probabilities of the same qkv (the device's differ in the last
     // bits; both tables must get the same input).
     std::vector<float> out(B * T * C), att(B * NH * T * T);

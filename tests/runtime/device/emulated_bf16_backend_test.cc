@@ -36,6 +36,7 @@ Backend Bf16Oracle() {
   b.attention_backward = &k::AttentionBackwardBf16;
   b.attention_forward_row_stats = &k::AttentionForwardRowStatsBf16;
   b.attention_backward_row_stats = &k::AttentionBackwardRowStatsBf16;
+  b.attention_probs = &k::AttentionProbsBf16;
   return b;
 }
 
@@ -71,6 +72,7 @@ TEST_F(EmulatedBf16BackendTest, OnlyTheGemmsAndAttentionDiffer) {
   EXPECT_NE(b.attention_backward, f.attention_backward);
   EXPECT_NE(b.attention_forward_row_stats, f.attention_forward_row_stats);
   EXPECT_NE(b.attention_backward_row_stats, f.attention_backward_row_stats);
+  EXPECT_NE(b.attention_probs, f.attention_probs);
   EXPECT_EQ(b.layernorm_forward, f.layernorm_forward);
   EXPECT_EQ(b.layernorm_backward, f.layernorm_backward);
   EXPECT_EQ(b.gelu_forward, f.gelu_forward);
@@ -156,6 +158,13 @@ TEST_F(EmulatedBf16BackendTest, Attention) {
                                              P<float>(p, 3), B, T, AC, NH);
             });
   EXPECT_EQ(bwd_rs[0], bwd[0]);
+  // The probabilities alone: the forward's att.
+  std::vector<Bytes> probs =
+      Check({Random(B * NH * T * T, 95), Random(B * T * 3 * AC, 1, -2, 2)},
+            [](const Backend& b, const Ptrs& p) {
+              b.attention_probs(P<float>(p, 0), P<float>(p, 1), B, T, AC, NH);
+            });
+  EXPECT_EQ(probs[0], fwd[1]);
 }
 
 }  // namespace

@@ -396,6 +396,50 @@ TEST_F(MemoryTest, RecomputedAttentionProbsUnderOffloadAndAdaptive) {
   }
 }
 
+// The attention probabilities are rebuildable from qkv alone (AttentionProbs: the forward's own
+// scores and softmax), so the adaptive planner may drop them. With sequences long next to the
+// width (T 64, d 16: each layer's probabilities 4x its other saved bytes) and no copy engine
+// (recompute only), a budget of 70% of none's peak is met by dropping them: the forward leaves
+// attn.probs dropped, backward rebuilds them, and the step is none's bit for bit.
+TEST_F(MemoryTest, AdaptiveDropsAttentionProbsAndRebuildsThemBitForBit) {
+  ModelConfig c = TinyConfig();
+  c.seq_len = 64;
+  tensor::DeviceArena ref_arena(*device_, 0);
+  std::unique_ptr<GptMoe> ref = Make(c, ref_arena);
+  ASSERT_NE(ref, nullptr);
+  absl::StatusOr<train::MicroBatchResult> want = Step(*ref, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const uint64_t budget =
+      static_cast<uint64_t>(0.7 * static_cast<double>(want->activation_peak_bytes));
+  tensor::DeviceArena arena(*device_, budget);
+  std::unique_ptr<GptMoe> m = Make(c, arena);
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->SetMemoryPolicy(memory::MemoryPolicy::kAdaptive).ok());
+  ASSERT_TRUE(m->SetAdaptive(nullptr, nullptr, {}).ok());
+  const int N = 2 * c.seq_len;
+  m->ZeroGrad();
+  ASSERT_TRUE(m->StageForward(0, in_.data(), tg_.data(), nullptr, 2, nullptr).ok());
+  int dropped_probs = 0;
+  for (const StashEntryInfo& e : m->stash().Entries()) {
+    if (e.state == StashState::kDropped && memory::TensorTag(e.producer) == "attn.probs") {
+      ++dropped_probs;
+    }
+  }
+  EXPECT_GT(dropped_probs, 0);
+  const absl::Status backward = m->StageBackward(0, nullptr, 1.0 / N, 1.0, nullptr);
+  ASSERT_TRUE(backward.ok()) << backward;
+  EXPECT_LE(arena.peak_bytes(), budget);
+  EXPECT_EQ(arena.current_bytes(), 0u);
+  EXPECT_GT(m->MemoryActions().recomputed_bytes, 0u);
+  EXPECT_GT(m->planner_stats().decisions, 0);
+  EXPECT_EQ(std::memcmp(m->grad_data(), ref->grad_data(), 4 * ref->num_params()), 0);
+  std::printf("REPORT none peak %lld B; adaptive at %llu B dropped %d attn.probs, peak %llu B\n",
+              static_cast<long long>(want->activation_peak_bytes),
+              static_cast<unsigned long long>(budget), dropped_probs,
+              static_cast<unsigned long long>(arena.peak_bytes()));
+}
+
 // A budget that fits a policy's declared peak, and not none's, trains under that policy.
 TEST_F(MemoryTest, BudgetBetweenThePoliciesPeaks) {
   tensor::DeviceArena probe(*device_, 0);

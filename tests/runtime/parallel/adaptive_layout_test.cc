@@ -210,7 +210,9 @@ TEST_P(AdaptiveLayoutTest, SpikesFitUnderTheBudgetBitIdentically) {
 // all-gather of host words and the rebuilds' all-to-all on device buffers. With a slow offload
 // link (slow_link: the plans offload too, so a rank may have moved a buffer another wishes to drop
 // and refuse it, and per-rank plans may fit, so `alone` is not run): bit-identical under the
-// budget all the same.
+// budget all the same. The attention probabilities are recomputed (model.attention_probs): kept,
+// they would be what a rank drops alone first (a per-rank rebuild from qkv), and the budget that
+// only agreement fits would be a different one on every layout.
 struct AgreedOptions {
   bool emulated_streams = false;
   bool slow_link = false;
@@ -226,6 +228,7 @@ void CheckAgreedDrops(const Layout& l, const std::string& schedule, AgreedOption
   c.model.experts = 8;
   c.model.expert_ffn = 64;
   c.model.spikes.max_ratio = 3.5;  // of E / k = 4
+  c.model.recompute_attention_probs = true;
   c.micro_batch = 4;
   c.steps = 6;
   c.schedule = schedule;

@@ -13,6 +13,11 @@ void AttentionForward(float* out,        // (B, T, C)      overwritten
                       float* att,        // (B, NH, T, T)  overwritten (probabilities)
                       const float* qkv,  // (B, T, 3C)
                       int B, int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream);
+// AttentionForward's att alone (its scores product and softmax, the same calls), without the
+// output: the adaptive planner's rebuild of a dropped att (../attention.h AttentionProbs).
+void AttentionProbs(float* att,        // (B, NH, T, T)  overwritten (probabilities)
+                    const float* qkv,  // (B, T, 3C)
+                    int B, int Tlen, int C, int NH, cublasHandle_t handle, cudaStream_t stream);
 // Workspace: device memory of at least AttentionBackwardWorkspaceBytes(...) of the same
 // arguments (the score gradients of one sequence, NH * T * T floats), used only by this call's
 // work on `stream`, so it may be freed stream-ordered right after. The caller allocates it (the

@@ -18,6 +18,12 @@ void AttentionForwardBf16(float* out,        // (B, T, C)      overwritten
                           const float* qkv,  // (B, T, 3C)
                           int B, int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
                           cudaStream_t stream);
+// AttentionForwardBf16's att alone (the same casts, products and softmax), without the output.
+size_t AttentionProbsBf16WorkspaceBytes(int B, int Tlen, int C, int NH);
+void AttentionProbsBf16(float* att,        // (B, NH, T, T)  overwritten (fp32 probabilities)
+                        const float* qkv,  // (B, T, 3C)
+                        int B, int Tlen, int C, int NH, void* workspace, cublasHandle_t handle,
+                        cudaStream_t stream);
 size_t AttentionBackwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH);
 void AttentionBackwardBf16(float* dqkv,        // (B, T, 3C) accumulated
                            const float* dout,  // (B, T, C)
