@@ -511,8 +511,9 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     std::string_view tag;
     double flops_per_float;
   };
-  const double expert_gemm = 2.0 * config_.d_model;             // per float of expert_pre (R x fl)
-  const double scores = 2.0 * config_.d_model / config_.heads;  // per probability: q . k
+  const double expert_gemm = 2.0 * config_.d_model;  // per float of expert_pre (R x fl)
+  // Per probability: its q . k product, and the softmax's passes (as the norms and GELU count).
+  const double scores = 2.0 * config_.d_model / config_.heads + 8;
   const FutureTag kFuture[] = {{"attn.probs", scores},
                                {"ln1.out", 8},
                                {"ln2.out", 8},

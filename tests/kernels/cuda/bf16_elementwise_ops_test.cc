@@ -141,6 +141,7 @@ TEST(CudaKernelsTest, AttentionBf16MatchesTheOracle) {
   // The probabilities alone: the device forward's att bit for bit (the same casts and calls).
   const std::vector<float> att_fwd = d_att.Download();
   DeviceBuffer<float> d_probs(B * NH * T * T);
+  ASSERT_EQ(cudaMemset(d_probs.get(), 0xff, sizeof(float) * B * NH * T * T), cudaSuccess);
   Workspace probs_ws(AttentionProbsBf16WorkspaceBytes(B, T, C, NH));
   AttentionProbsBf16(d_probs.get(), d_qkv.get(), B, T, C, NH, probs_ws.get(), handle.get(),
                      nullptr);

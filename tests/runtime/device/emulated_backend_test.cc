@@ -97,7 +97,7 @@ TEST_F(EmulatedBackendTest, Attention) {
                                                    P<float>(p, 3), B, T, AC, NH);
                   });
   std::vector<Bytes> probs = ExpectSameAsCpu(
-      {Zeros(B * NH * T * T), Random(B * T * 3 * AC, 1)}, [](const Backend& b, const Ptrs& p) {
+      {Random(B * NH * T * T, 3), Random(B * T * 3 * AC, 1)}, [](const Backend& b, const Ptrs& p) {
         b.attention_probs(P<float>(p, 0), P<float>(p, 1), B, T, AC, NH);
       });
   EXPECT_EQ(probs[0], fwd[1]);

@@ -7,13 +7,14 @@
 //   - Adaptive: with a budget at 90% of the largest peak of the run, policy none runs out of
 //     memory, while adaptive trains bit-identically to the unlimited run on the same layout, keeps
 //     every rank's peak under the budget, acts on no step that fits (single stage) and needs no
-//     emergency offload (single stage), on EP, EP with ESP and a 1F1B pipeline;
-//   - AgreedDrop: without offload, at 2% above full_recompute's peak, adaptive's per-rank drops
-//     run out of memory and its agreed drops of the expert buffers train bit-identically (EP, EP
-//     with ESP, TP with EP under s1 and s2, and EP with ESP on the emulated device with stream
-//     communicators); with a slow offload link, offloads and agreed drops together train
-//     bit-identically too. The ranks agree on the first step and after a step some rank ran
-//     short (checked step by step in Adaptive).
+//     emergency offload (single stage), on EP, EP with ESP, TP with EP and a 1F1B pipeline;
+//   - AgreedDrop (attention probabilities recomputed, model.attention_probs: kept, a rank would
+//     drop them alone first): without offload, at 2% above full_recompute's peak, adaptive's
+//     per-rank drops run out of memory and its agreed drops of the expert buffers train
+//     bit-identically (EP, EP with ESP, TP with EP under s1 and s2, and EP with ESP on the emulated
+//     device with stream communicators); with a slow offload link, offloads and agreed drops
+//     together train bit-identically too. The ranks agree on the first step and after a step some
+//     rank ran short (checked step by step in Adaptive).
 #include <unistd.h>
 
 #include <algorithm>
@@ -369,6 +370,9 @@ const Layout kAdaptiveLayouts[] = {
     {"ep2_esp2", 1, 4, 1, 2, 2, 2},
     {"pp2_ep2_m4", 2, 2, 1, 2, 1, 4},
     {"pp4_m8", 4, 1, 1, 1, 1, 8},
+    // Tensor parallelism: each rank's attention probabilities of its heads, which its plan may
+    // drop and rebuild from its qkv slice alone.
+    {"tp2_ep2", 1, 2, 2, 2, 1, 2},
 };
 INSTANTIATE_TEST_SUITE_P(Layouts, AdaptiveLayoutTest, ::testing::ValuesIn(kAdaptiveLayouts),
                          [](const auto& info) { return std::string(info.param.name); });
