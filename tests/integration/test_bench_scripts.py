@@ -128,7 +128,8 @@ class BenchBinariesTest(unittest.TestCase):
                 or line.startswith("| recomputed |")]
         self.assertEqual(len(rows), 2, out)
         self.assertIn("losses of the two rows: identical", out)  # every step's, bit for bit
-        self.assertIn("GOAL training-step MFU:", out)
+        self.assertIn("GOAL training-step MFU (attention probs stored):", out)
+        self.assertIn("GOAL training-step MFU (attention probs recomputed):", out)
         r = subprocess.run([os.path.join(harness.BIN_DIR, "furnace_train_step_bench"),
                             "--attention-probs", "flash"], capture_output=True, text=True,
                            timeout=60)
