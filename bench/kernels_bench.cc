@@ -91,41 +91,33 @@ void BM_ExpertGroupedGemmFwd(benchmark::State& state) {
   SetCounters(state, 2.0 * 2.0 * double(S) * C * F);
 }
 
-// Causal attention core (QK^T, softmax, AV) forward + backward on a fused qkv.
+// Causal attention core (QK^T, softmax, AV) forward + backward on a fused qkv, the probabilities
+// stored (B, NH, T, T) or, with row_stats (model.attention_probs recomputed, kernels/attention.h
+// RowStats), (B, NH, T, 2) row statistics saved instead and P rebuilt in backward (one more Q K^T
+// product). Counter "saved_MiB": what the variant keeps between forward and backward.
 // Args: B, T, C, NH.
-void BM_AttentionFwdBwd(benchmark::State& state) {
+void AttentionFwdBwd(benchmark::State& state, bool row_stats) {
   const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
   const int C = static_cast<int>(state.range(2)), NH = static_cast<int>(state.range(3));
   auto qkv = Random(int64_t{B} * T * 3 * C, 1, 1.0f), dqkv = Random(int64_t{B} * T * 3 * C, 2);
   auto out = Random(int64_t{B} * T * C, 3), dout = Random(int64_t{B} * T * C, 4);
-  std::vector<float> att(static_cast<size_t>(B) * NH * T * T);
+  std::vector<float> saved(static_cast<size_t>(B) * NH * T * (row_stats ? 2 : T));
   for (auto _ : state) {
-    k::AttentionForward<float>(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    k::AttentionBackward<float>(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    if (row_stats) {
+      k::AttentionForwardRowStats<float>(out.data(), saved.data(), qkv.data(), B, T, C, NH);
+      k::AttentionBackwardRowStats<float>(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T,
+                                          C, NH);
+    } else {
+      k::AttentionForward<float>(out.data(), saved.data(), qkv.data(), B, T, C, NH);
+      k::AttentionBackward<float>(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH);
+    }
     benchmark::ClobberMemory();
   }
   SetCounters(state, 12.0 * B * double(T) * T * C);
-  state.counters["saved_MiB"] = 4.0 * att.size() / (1 << 20);
+  state.counters["saved_MiB"] = 4.0 * saved.size() / (1 << 20);
 }
-
-// The same with model.attention_probs recomputed (kernels/attention.h RowStats): (B, NH, T, 2)
-// row statistics saved instead of (B, NH, T, T) probabilities, P rebuilt in backward (one more
-// Q K^T product). Counter "saved_MiB": what either variant keeps between forward and backward.
-void BM_AttentionRowStatsFwdBwd(benchmark::State& state) {
-  const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
-  const int C = static_cast<int>(state.range(2)), NH = static_cast<int>(state.range(3));
-  auto qkv = Random(int64_t{B} * T * 3 * C, 1, 1.0f), dqkv = Random(int64_t{B} * T * 3 * C, 2);
-  auto out = Random(int64_t{B} * T * C, 3), dout = Random(int64_t{B} * T * C, 4);
-  std::vector<float> stats(static_cast<size_t>(B) * NH * T * 2);
-  for (auto _ : state) {
-    k::AttentionForwardRowStats<float>(out.data(), stats.data(), qkv.data(), B, T, C, NH);
-    k::AttentionBackwardRowStats<float>(dqkv.data(), dout.data(), qkv.data(), stats.data(), B, T, C,
-                                        NH);
-    benchmark::ClobberMemory();
-  }
-  SetCounters(state, 12.0 * B * double(T) * T * C);
-  state.counters["saved_MiB"] = 4.0 * stats.size() / (1 << 20);
-}
+void BM_AttentionFwdBwd(benchmark::State& state) { AttentionFwdBwd(state, false); }
+void BM_AttentionRowStatsFwdBwd(benchmark::State& state) { AttentionFwdBwd(state, true); }
 
 void BM_AttentionFwd(benchmark::State& state) {
   const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
@@ -174,30 +166,19 @@ BENCHMARK(BM_ExpertGroupedGemmFwd)
     ->Args({4096, 512, 2048, 8})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_AttentionFwdBwd)
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({8, 64, 64, 4})      // demo
-    ->Args({8, 128, 256, 4})    // bench
-    ->Args({8, 512, 512, 8})    // large
-    ->Args({4, 1024, 768, 12})  // GPT-2 small, T = 1024
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK(BM_AttentionRowStatsFwdBwd)
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({8, 64, 64, 4})
-    ->Args({8, 128, 256, 4})
-    ->Args({8, 512, 512, 8})
-    ->Args({4, 1024, 768, 12})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK(BM_AttentionFwd)
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({8, 64, 64, 4})
-    ->Args({8, 128, 256, 4})
-    ->Args({8, 512, 512, 8})
-    ->Args({4, 1024, 768, 12})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+// The attention shapes: demo, bench, large, GPT-2 small (T = 1024).
+void AttentionShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "C", "NH"})
+      ->Args({8, 64, 64, 4})
+      ->Args({8, 128, 256, 4})
+      ->Args({8, 512, 512, 8})
+      ->Args({4, 1024, 768, 12})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+BENCHMARK(BM_AttentionFwdBwd)->Apply(AttentionShapes);
+BENCHMARK(BM_AttentionRowStatsFwdBwd)->Apply(AttentionShapes);
+BENCHMARK(BM_AttentionFwd)->Apply(AttentionShapes);
 // The experts' GELU forward and backward over n elements (the demo's expert hidden: S rows of f).
 void BM_GeluFwdBwd(benchmark::State& state) {
   const int64_t n = state.range(0);

@@ -38,6 +38,27 @@ int64_t BlockElems(int Tlen, int NH, int R) {
   return Tlen <= 0 || NH <= 0 ? 0 : int64_t{NH} * R * Tlen;
 }
 
+// AttentionForwardBf16's first half, AttentionProbsBf16 whole: qkv cast into qkv16 (B, T, 3C),
+// per sequence the scaled scores of its heads into att, then the causal softmax of every row in
+// place. False on an error (recorded).
+bool ScoresAndSoftmax(float* att, __nv_bfloat16* qkv16, const float* qkv, int B, int Tlen, int C,
+                      int NH, cublasHandle_t handle, cudaStream_t stream, const char* op) {
+  const int hs = C / NH;
+  const int ld = 3 * C;
+  const int64_t tt = int64_t{Tlen} * Tlen;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  internal::ToBf16(qkv16, qkv, int64_t{B} * Tlen * ld, stream, op);
+  for (int b = 0; b < B; ++b) {
+    const __nv_bfloat16* q = qkv16 + int64_t{b} * Tlen * ld;
+    if (!GemmSB(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, scale, q + C, ld, hs, q, ld, hs,
+                0.0f, att + int64_t{b} * NH * tt, Tlen, tt, NH, op)) {
+      return false;
+    }
+  }
+  internal::CausalSoftmax(att, int64_t{B} * NH * Tlen, Tlen, stream, op);
+  return true;
+}
+
 }  // namespace
 
 size_t AttentionForwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH) {
@@ -52,19 +73,10 @@ void AttentionForwardBf16(float* out, float* att, const float* qkv, int B, int T
   const int hs = C / NH;
   const int ld = 3 * C;
   const int64_t tt = int64_t{Tlen} * Tlen;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   internal::WorkspaceCarver ws(workspace);
   auto* qkv16 = ws.Take<__nv_bfloat16>(int64_t{B} * Tlen * ld);
   auto* p16 = ws.Take<__nv_bfloat16>(NH * tt);
-  internal::ToBf16(qkv16, qkv, int64_t{B} * Tlen * ld, stream, op);
-  for (int b = 0; b < B; ++b) {
-    const __nv_bfloat16* q = qkv16 + int64_t{b} * Tlen * ld;
-    if (!GemmSB(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, scale, q + C, ld, hs, q, ld, hs,
-                0.0f, att + int64_t{b} * NH * tt, Tlen, tt, NH, op)) {
-      return;
-    }
-  }
-  internal::CausalSoftmax(att, int64_t{B} * NH * Tlen, Tlen, stream, op);
+  if (!ScoresAndSoftmax(att, qkv16, qkv, B, Tlen, C, NH, handle, stream, op)) return;
   for (int b = 0; b < B; ++b) {
     const __nv_bfloat16* v = qkv16 + int64_t{b} * Tlen * ld + 2 * C;
     internal::ToBf16(p16, att + int64_t{b} * NH * tt, NH * tt, stream, op);
@@ -84,22 +96,9 @@ void AttentionProbsBf16(float* att, const float* qkv, int B, int Tlen, int C, in
   const char* op = "AttentionProbsBf16";
   if (!internal::BindCublas(handle, stream, op)) return;
   if (B <= 0 || Tlen <= 0 || C <= 0) return;
-  const int hs = C / NH;
-  const int ld = 3 * C;
-  const int64_t tt = int64_t{Tlen} * Tlen;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   internal::WorkspaceCarver ws(workspace);
-  auto* qkv16 = ws.Take<__nv_bfloat16>(int64_t{B} * Tlen * ld);
-  internal::ToBf16(qkv16, qkv, int64_t{B} * Tlen * ld, stream, op);
-  // AttentionForwardBf16's scores and softmax, the same calls.
-  for (int b = 0; b < B; ++b) {
-    const __nv_bfloat16* q = qkv16 + int64_t{b} * Tlen * ld;
-    if (!GemmSB(handle, CUBLAS_OP_T, CUBLAS_OP_N, Tlen, Tlen, hs, scale, q + C, ld, hs, q, ld, hs,
-                0.0f, att + int64_t{b} * NH * tt, Tlen, tt, NH, op)) {
-      return;
-    }
-  }
-  internal::CausalSoftmax(att, int64_t{B} * NH * Tlen, Tlen, stream, op);
+  auto* qkv16 = ws.Take<__nv_bfloat16>(int64_t{B} * Tlen * 3 * C);
+  ScoresAndSoftmax(att, qkv16, qkv, B, Tlen, C, NH, handle, stream, op);  // the forward's calls
 }
 
 size_t AttentionBackwardBf16WorkspaceBytes(int B, int Tlen, int C, int NH) {
