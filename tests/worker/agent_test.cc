@@ -394,8 +394,11 @@ TEST_F(AgentTest, HeartbeatStopsARankTheControllerNoLongerWants) {
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     EXPECT_EQ(ExitReports(fake, 1), 0);
-    // The StopRank command of the failed attempt was lost: only the heartbeat says so.
+    // The StopRank command of the failed attempt was lost: only the heartbeat says so. Once the
+    // exit is reported the view no longer lists the rank (else the next heartbeat, racing the
+    // check below, brings the report again).
     fake.rank_view = {View(1, /*wanted=*/false)};
+    fake.view_forgets_reported_exits = true;
   }
   ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 1) == 1; }));
   std::lock_guard<std::mutex> lock(fake.mu);
@@ -419,6 +422,7 @@ TEST_F(AgentTest, AHeartbeatStoppingARankKeepingItsProgressSendsUsr1First) {
     furnace::v1::ControllerRankView cancelled = View(1, /*wanted=*/false);
     cancelled.set_checkpoint_grace_s(600);  // only the rank's own exit ends the wait
     fake.rank_view = {cancelled};
+    fake.view_forgets_reported_exits = true;  // as a controller that recorded the exit
   }
   ASSERT_TRUE(fake.AwaitLocked([&] { return ExitReports(fake, 1) == 1; }));
   std::lock_guard<std::mutex> lock(fake.mu);

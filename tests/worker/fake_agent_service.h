@@ -32,6 +32,10 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
   // When set, heartbeats answer with rank_view (the controller's records of the worker's ranks).
   bool reconcile = false;
   std::vector<furnace::v1::ControllerRankView> rank_view;
+  // When set, a RANK_EXITED report takes its rank out of rank_view, as a controller stops listing
+  // a rank whose exit it recorded. Unset, the view stays as the test left it, and an agent that
+  // already reported the exit sends it again at the next heartbeat (the controller "lost" it).
+  bool view_forgets_reported_exits = false;
 
   grpc::Status Register(grpc::ServerContext*, const furnace::v1::RegisterRequest* request,
                         furnace::v1::RegisterResponse* response) override {
@@ -80,6 +84,12 @@ class FakeAgentService final : public furnace::v1::AgentService::Service {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "controller restarting");
     }
     reports.push_back(*request);
+    if (view_forgets_reported_exits && request->event() == furnace::v1::RANK_EXITED) {
+      std::erase_if(rank_view, [&](const furnace::v1::ControllerRankView& v) {
+        return v.job_id() == request->job_id() && v.attempt() == request->attempt() &&
+               v.rank() == request->rank();
+      });
+    }
     cv.notify_all();
     return grpc::Status::OK;
   }
