@@ -428,7 +428,8 @@ class GptMoe final : public train::PipelineStage, private MemoryHooks {
   bool MakeRoom(uint64_t bytes) override;
   // The offloaded and compressed tensors that `module`'s backward reads (a DeclaredModules index;
   // its own and its input: ReadByModule) of micro-batch `micro`, brought back ahead of that
-  // backward after making room for them and for `reserve` bytes of its scratch; those of
+  // backward after making room for them, for the rebuilds of its dropped ones and for `reserve`
+  // bytes of its scratch (one emergency before the module, not one per refused buffer); those of
   // `ahead_module` too where that leaves the room. One module at a time, as the memory model and
   // MinimumActivationBytes count them. Adaptive only.
   static constexpr int kNoModule = -1000;

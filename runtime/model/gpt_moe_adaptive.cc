@@ -772,17 +772,19 @@ bool GptMoe::MakeRoom(uint64_t bytes) {
 absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_module,
                                              int64_t reserve) {
   if (arena_.budget() == 0) return absl::OkStatus();
-  // What the backward about to run must bring back (what the module reads: ReadByModule), and the
-  // module below it (look-ahead).
+  // What the backward about to run must bring back (what the module reads: ReadByModule) or
+  // rebuild (a dropped tensor: its Acquire allocates it), and the module below it (look-ahead).
   std::vector<StashHandle> now, ahead;
-  uint64_t need = 0, ahead_bytes = 0;
+  uint64_t need = 0, rebuilt = 0, ahead_bytes = 0;
   for (const StashEntrySummary& e : stash_.Summaries()) {
-    if (e.micro != micro || e.state == StashState::kKept || e.state == StashState::kDropped) {
-      continue;
-    }
+    if (e.micro != micro || e.state == StashState::kKept) continue;
     const std::string_view tag = memory::TensorTag(e.producer);
     const int j = ModuleIndexOf(e.layer, tag);
     if (ReadByModule(j, tag, module)) {
+      if (e.state == StashState::kDropped) {
+        rebuilt += e.bytes;
+        continue;
+      }
       now.push_back(e.handle);
       // An encoding coming back from the host is held beside the tensor it decodes to.
       need += e.bytes + (e.state == StashState::kOffloaded ? e.encoded_bytes : 0);
@@ -791,22 +793,28 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
       ahead_bytes += e.bytes;
     }
   }
-  if (now.empty() && ahead.empty()) return absl::OkStatus();
+  if (now.empty() && rebuilt == 0 && ahead.empty()) return absl::OkStatus();
   const uint64_t budget = arena_.budget();
   const auto usable =
       static_cast<uint64_t>(static_cast<double>(budget) * (1 - adaptive_options_.margin));
   // Room for the tensors it needs and for its own scratch (`reserve`, declared), within the
-  // usable share: MakeRoom(b) leaves at least b bytes free.
-  const uint64_t want = need + static_cast<uint64_t>(std::max<int64_t>(0, reserve));
+  // usable share: MakeRoom(b) leaves at least b bytes free. Made here, before the module, in one
+  // go: left to the module's own allocations, each rebuild or scratch buffer the arena refused
+  // would run the emergency path again, and wait for its copies, mid-module.
+  const uint64_t scratch = static_cast<uint64_t>(std::max<int64_t>(0, reserve));
+  const uint64_t want = need + rebuilt + scratch;
   // Counted as the arena will be once the offloads still copying land (a reload that needs their
   // bytes sooner waits for them: RetriedAfterCopies), not dropping or offloading more for bytes
   // that are already leaving.
   const auto held = static_cast<uint64_t>(HeldOnceCopiesLand());
-  if (!now.empty() && held + want > usable) MakeRoom(want + (budget - usable));
+  const bool brings_back = !now.empty() || rebuilt > 0;
+  if (brings_back && held + want > usable) MakeRoom(want + (budget - usable));
   if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
-  // The look-ahead only where it leaves this backward its scratch: otherwise the module's own
-  // Acquire brings those tensors back once this one has released its own.
-  if (!ahead.empty() && arena_.current_bytes() + ahead_bytes + want - need <= usable) {
+  // The look-ahead only where it leaves this backward its rebuilds and scratch: otherwise the
+  // module's own Acquire brings those tensors back once this one has released its own. (A
+  // look-ahead that took the rebuilds' room made the arena refuse them mid-module, and the
+  // emergency path sent out again what had just come back: AdaptiveBudgetTest.AtTheFloor*.)
+  if (!ahead.empty() && arena_.current_bytes() + ahead_bytes + rebuilt + scratch <= usable) {
     const absl::Status s = stash_.Prefetch(ahead);
     if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   }
