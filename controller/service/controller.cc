@@ -74,9 +74,13 @@ absl::Status Controller::Load() {
   ASSIGN_OR_RETURN(auto workers, store_->LoadWorkers());
   workers_.Load(std::move(workers));
   ASSIGN_OR_RETURN(const int active, jobs_.Load());
-  for (const auto& [id, job] : jobs_.jobs()) {
-    RETURN_IF_ERROR(
-        store_->ForEachStep(id, [&](const v1::StepRecord& st) { telemetry_.CountStep(id, st); }));
+  for (const auto& entry : jobs_.jobs()) {
+    const std::string& id = entry.first;
+    Job& job = *jobs_.Find(id);
+    RETURN_IF_ERROR(store_->ForEachStep(id, [&](const v1::StepRecord& st) {
+      telemetry_.CountStep(id, st);
+      JobLifecycle::NoteStoredStep(job, st);
+    }));
   }
   spdlog::info("job store loaded: {} jobs ({} active), {} workers", jobs_.jobs().size(), active,
                workers_.workers().size());

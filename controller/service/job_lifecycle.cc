@@ -531,41 +531,59 @@ fs::path JobLifecycle::DefaultCheckpointParent() const {
                                           : fs::path(options_.checkpoint_root) / "jobs";
 }
 
+namespace {
+
+// A job's checkpoint.dir spellings (DirSpellings), worked out once per job.
+const std::vector<std::string>& SpellingsOf(const Job& job) {
+  if (!job.checkpoint_dir_spelled) {
+    job.checkpoint_dir_spellings = DirSpellings(job.spec.checkpoint().dir());
+    job.checkpoint_dir_spelled = true;
+  }
+  return job.checkpoint_dir_spellings;
+}
+
+std::vector<std::string> SpellingsFor(const Job* self, const std::string& dir) {
+  return self != nullptr && dir == self->spec.checkpoint().dir() ? SpellingsOf(*self)
+                                                                 : DirSpellings(dir);
+}
+
+bool SameTree(const std::vector<std::string>& want, const Job& other) {
+  const std::vector<std::string>& theirs = SpellingsOf(other);
+  return IsWithinAny(want, theirs) || IsWithinAny(theirs, want);
+}
+
+}  // namespace
+
 const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
                                            CheckpointDirUse use) const {
-  std::vector<std::string> want;
-  if (self != nullptr && dir == self->spec.checkpoint().dir()) {
-    if (!self->checkpoint_dir_spelled) {
-      self->checkpoint_dir_spellings = DirSpellings(dir);
-      self->checkpoint_dir_spelled = true;
-    }
-    want = self->checkpoint_dir_spellings;
-  } else {
-    want = DirSpellings(dir);
-  }
-  if (want.empty()) return nullptr;
-  // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
-  // rank stopped writes its final checkpoint): the workers that are not lost say which still
-  // hold one.
-  std::set<std::string> holding;
   if (use == CheckpointDirUse::kRanksRunning) {
+    // A job's ranks may outlive it (a cancelled or failed job's are being stopped, and a single
+    // rank stopped writes its final checkpoint): the workers that are not lost say which still
+    // hold one.
+    std::set<std::string> holding;
     for (const auto& [id, worker] : workers_.workers()) {
       if (worker.has_rank && worker.info.state() != v1::WORKER_STATE_LOST) {
         holding.insert(worker.info.job_id());
       }
     }
+    return CheckpointDirUser(self, dir, holding);
   }
+  const std::vector<std::string> want = SpellingsFor(self, dir);
+  if (want.empty()) return nullptr;
   for (const auto& [id, other] : jobs_) {
-    if (&other == self) continue;
-    const bool live = use == CheckpointDirUse::kNotEnded ? !IsFinal(other.summary.state())
-                                                         : holding.count(id) > 0;
-    if (!live) continue;  // (before the comparison, which reads the filesystem)
-    if (!other.checkpoint_dir_spelled) {
-      other.checkpoint_dir_spellings = DirSpellings(other.spec.checkpoint().dir());
-      other.checkpoint_dir_spelled = true;
-    }
-    const std::vector<std::string>& theirs = other.checkpoint_dir_spellings;
-    if (IsWithinAny(want, theirs) || IsWithinAny(theirs, want)) return &other;
+    // (Ended ones are passed over before the comparison, which reads the filesystem.)
+    if (&other != self && !IsFinal(other.summary.state()) && SameTree(want, other)) return &other;
+  }
+  return nullptr;
+}
+
+const Job* JobLifecycle::CheckpointDirUser(const Job* self, const std::string& dir,
+                                           const std::set<std::string>& holding) const {
+  const std::vector<std::string> want = SpellingsFor(self, dir);
+  if (want.empty()) return nullptr;
+  for (const std::string& id : holding) {  // in id order, as a scan of every job
+    const auto it = jobs_.find(id);
+    if (it != jobs_.end() && &it->second != self && SameTree(want, it->second)) return &it->second;
   }
   return nullptr;
 }
@@ -635,6 +653,20 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
   return true;
 }
 
+void JobLifecycle::NoteStoredStep(Job& job, const v1::StepRecord& step) {
+  if (step.attempt() == 0 || step.attempt() > job.attempts.size()) return;
+  v1::AttemptInfo& attempt = job.attempts[step.attempt() - 1];
+  if (attempt.ranks_size() == 0 || step.ranks() < static_cast<uint32_t>(attempt.ranks_size())) {
+    return;  // stored without every rank (some rank's record never came): not their progress
+  }
+  for (v1::RankInfo& rank : *attempt.mutable_ranks()) {
+    if (rank.step() < step.step()) rank.set_step(step.step());
+  }
+  if (&attempt == job.current() && job.summary.step() < step.step()) {
+    job.summary.set_step(step.step());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Placement
 
@@ -657,22 +689,6 @@ std::string NextAttemptMemoryPolicy(const Job& job) {
 
 }  // namespace
 
-std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ClaimedByRecovering(
-    const Job& job) const {
-  uint32_t claimed = 0;
-  std::vector<std::string> by;
-  for (const auto& [id, other] : jobs_) {
-    if (&other == &job || other.summary.state() != v1::JOB_RECOVERING ||
-        other.spec.resources().device() != job.spec.resources().device()) {
-      continue;
-    }
-    const v1::AttemptInfo* last = other.current();
-    claimed += last != nullptr ? LayoutWorld(last->parallel()) : other.summary.world_size();
-    by.push_back(id);
-  }
-  return {claimed, by};
-}
-
 bool JobLifecycle::HoldsReservation(const Job& job, uint32_t known) const {
   // A job needing more workers than are known could never start: reserving for it would idle
   // them.
@@ -685,27 +701,99 @@ bool JobLifecycle::HoldsReservation(const Job& job) const {
   return HoldsReservation(job, workers_.CountUsable(job.spec.resources().device()));
 }
 
-std::pair<uint32_t, std::vector<std::string>> JobLifecycle::ReservedByOlderPending(
-    const Job& job) const {
-  uint32_t reserved = 0;
-  std::vector<std::string> by;
-  if (options_.reserve_after_s <= 0) return {reserved, by};
-  const std::string& kind = job.spec.resources().device();
-  const uint32_t known = workers_.CountUsable(kind);  // once, not per job
-  const auto older = [](const Job& a, const Job& b) {
-    return std::make_pair(a.summary.submitted_unix(), a.summary.job_id()) <
-           std::make_pair(b.summary.submitted_unix(), b.summary.job_id());
-  };
-  for (const auto& [id, other] : jobs_) {
-    if (&other == &job || other.summary.state() != v1::JOB_PENDING ||
-        other.spec.resources().device() != kind || !older(other, job) ||
-        !HoldsReservation(other, known)) {
+JobLifecycle::Reserved JobLifecycle::ReservedByOlderPending(const Job& job,
+                                                            const PlacementScan::OfKind& kind) {
+  const std::pair<double, std::string> mine{job.summary.submitted_unix(), job.summary.job_id()};
+  const auto end =
+      std::lower_bound(kind.reserving.begin(), kind.reserving.end(), mine,
+                       [](const auto& entry, const std::pair<double, std::string>& key) {
+                         return entry.first < key;
+                       });
+  const auto n = static_cast<size_t>(end - kind.reserving.begin());
+  return {.workers = kind.reserved_before.empty() ? 0 : kind.reserved_before[n], .jobs = n};
+}
+
+std::string JobLifecycle::ReservedNames(const PlacementScan::OfKind& kind, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < std::min(n, kNamedReserved); ++i) {
+    absl::StrAppend(&out, i > 0 ? ", " : "", kind.reserving[i].first.second);
+  }
+  if (n > kNamedReserved) absl::StrAppend(&out, " and ", n - kNamedReserved, " more");
+  return out;
+}
+
+const JobLifecycle::PlacementScan::OfKind& JobLifecycle::PlacementScan::Of(
+    const std::string& device_kind) const {
+  static const OfKind kNone;
+  const auto it = kinds.find(device_kind);
+  return it == kinds.end() ? kNone : it->second;
+}
+
+namespace {
+
+// Known from the store and not registered again since this controller started (within the
+// re-attach grace it is not lost: it is expected back).
+bool AwaitingRegistration(const Worker& w) {
+  return w.info.state() != v1::WORKER_STATE_LOST && !w.seen->in_session.load();
+}
+
+}  // namespace
+
+JobLifecycle::PlacementScan JobLifecycle::ScanForPlacement() const {
+  PlacementScan scan;
+  scan.slots = workers_.Slots();
+  for (const WorkerSlot& slot : scan.slots) scan.kinds[slot.device_kind].free += slot.free;
+  for (const auto& [id, w] : workers_.workers()) {
+    PlacementScan::OfKind& kind = scan.kinds[w.info.device_kind()];
+    const bool lost = w.info.state() == v1::WORKER_STATE_LOST;
+    if (w.has_rank) ++kind.holders[w.info.job_id()];
+    if (lost) {
+      kind.lost.emplace_back(id, w.info.left());
       continue;
     }
-    reserved += other.summary.world_size();
-    by.push_back(id);
+    ++kind.usable;
+    if (w.has_rank) scan.holding.insert(w.info.job_id());
+    if (AwaitingRegistration(w)) {
+      ++kind.unregistered;
+    } else if (w.has_rank) {
+      ++kind.busy[w.info.job_id()];
+    }
   }
-  return {reserved, by};
+  // The recovering jobs' claims, and the pending jobs holding reservations (oldest first).
+  for (const auto& [id, job] : jobs_) {
+    PlacementScan::OfKind& kind = scan.kinds[job.spec.resources().device()];
+    if (job.summary.state() == v1::JOB_RECOVERING) {
+      const v1::AttemptInfo* last = job.current();
+      kind.claimed += last != nullptr ? LayoutWorld(last->parallel()) : job.summary.world_size();
+      kind.claimed_by.push_back(id);
+    } else if (HoldsReservation(job, kind.usable)) {
+      kind.reserving.push_back({{job.summary.submitted_unix(), id}, job.summary.world_size()});
+    }
+  }
+  for (auto& [name, kind] : scan.kinds) {
+    std::sort(kind.reserving.begin(), kind.reserving.end());
+    kind.reserved_before.assign(1, 0);
+    for (const auto& entry : kind.reserving) {
+      kind.reserved_before.push_back(kind.reserved_before.back() + entry.second);
+    }
+    if (kind.claimed == 0) continue;
+    // Free, or about to be for the recovering jobs: draining one of their ranks, or known from
+    // the store and not registered again yet (not lost).
+    kind.free_or_freeing = kind.unregistered;
+    for (const auto& [id, w] : workers_.workers()) {
+      if (w.info.device_kind() != name || w.info.state() == v1::WORKER_STATE_LOST ||
+          AwaitingRegistration(w)) {
+        continue;
+      }
+      if (!w.has_rank) {
+        kind.free_or_freeing += w.info.state() == v1::WORKER_STATE_READY ? 1 : 0;
+      } else if (std::find(kind.claimed_by.begin(), kind.claimed_by.end(), w.info.job_id()) !=
+                 kind.claimed_by.end()) {
+        ++kind.free_or_freeing;
+      }
+    }
+  }
+  return scan;
 }
 
 double JobLifecycle::FreedByUnix(const Job& job, double deadline_unix) const {
@@ -713,13 +801,13 @@ double JobLifecycle::FreedByUnix(const Job& job, double deadline_unix) const {
          kBackfillMarginS;
 }
 
-JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t world,
-                                                   uint32_t free_all, uint32_t free_for_it,
-                                                   uint32_t ahead,
-                                                   const std::vector<std::string>& for_jobs) const {
+JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job,
+                                                   const PlacementScan::OfKind& kind,
+                                                   uint32_t world, uint32_t free_all,
+                                                   uint32_t free_for_it, uint32_t ahead,
+                                                   size_t reserved_jobs) const {
   Backfill out;
   if (free_for_it < ahead + world) return out;  // it does not fit now anyway
-  const std::string& kind = job.spec.resources().device();
   const double now = clock_.UnixSeconds();
   constexpr double kNever = std::numeric_limits<double>::infinity();
   const auto find = [&](const std::string& id) -> const Job* {
@@ -729,19 +817,10 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
   // When each busy worker of the kind is free again at the latest; one we cannot tell that of
   // (its job has no time limit, is past it, or is gone; its agent has not registered again since
   // a restart) never, as far as backfill goes.
-  std::map<std::string, uint32_t> busy;  // job id -> its workers of the kind
-  uint32_t unregistered = 0;
-  for (const auto& [id, w] : workers_.workers()) {
-    if (w.info.device_kind() != kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
-    if (!w.seen->in_session.load()) {
-      ++unregistered;
-    } else if (w.has_rank) {
-      ++busy[w.info.job_id()];
-    }
-  }
+  const uint32_t unregistered = kind.unregistered;
   std::vector<std::pair<double, uint32_t>> frees;  // (free by, workers)
   std::vector<std::string> unknown;                // why some never are, as far as we know
-  for (const auto& [id, n] : busy) {
+  for (const auto& [id, n] : kind.busy) {
     const Job* other = find(id);
     double by = kNever;
     if (other == nullptr) {
@@ -773,22 +852,15 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
   // The reserved jobs, oldest first (the order they start in): each may start once the workers
   // for it and every older one are free (its shadow time), and the job must hold none of those
   // then: it ends by the shadow time, or takes only workers spare at it.
-  std::vector<std::pair<std::pair<double, std::string>, uint32_t>> reserved_jobs;
-  for (const std::string& id : for_jobs) {
-    if (const Job* r = find(id)) {
-      reserved_jobs.push_back({{r->summary.submitted_unix(), id}, r->summary.world_size()});
-    }
-  }
-  std::sort(reserved_jobs.begin(), reserved_jobs.end());
-  if (reserved_jobs.empty()) return out;  // (none to hold back: not called so)
-  double shadow = kNever;                 // the earliest of the shadow times
-  int64_t spare = INT64_MAX;              // the fewest workers spare at its own shadow time
+  if (reserved_jobs == 0) return out;  // (none to hold back: not called so)
+  double shadow = kNever;              // the earliest of the shadow times
+  int64_t spare = INT64_MAX;           // the fewest workers spare at its own shadow time
   uint32_t reserved = 0;
   int64_t available = int64_t{free_all} - ahead;
   double at = now;
   size_t next = 0;
-  for (const auto& [key, need] : reserved_jobs) {
-    reserved += need;
+  for (size_t i = 0; i < reserved_jobs; ++i) {
+    reserved += kind.reserving[i].second;
     while (available < reserved && next < frees.size()) {
       at = frees[next].first;
       available += frees[next++].second;
@@ -804,9 +876,9 @@ JobLifecycle::Backfill JobLifecycle::CheckBackfill(const Job& job, uint32_t worl
     shadow = std::min(shadow, at);
     spare = std::min(spare, available - int64_t{reserved});
   }
-  const std::string& oldest = reserved_jobs.front().first.second;
+  const std::string& oldest = kind.reserving.front().first.second;
   const std::string them =
-      absl::StrCat("job", for_jobs.size() == 1 ? " " : "s ", absl::StrJoin(for_jobs, ", "));
+      absl::StrCat("job", reserved_jobs == 1 ? " " : "s ", ReservedNames(kind, reserved_jobs));
   const double limit = job.spec.resources().time_limit_s();
   const double ends_by = limit > 0 ? FreedByUnix(job, now + limit) : kNever;
   if (shadow != kNever && ends_by <= shadow) {
@@ -847,35 +919,11 @@ uint32_t JobLifecycle::FreeNow(const std::vector<WorkerSlot>& slots,
   return n;
 }
 
-namespace {
+void JobLifecycle::TryStart(Job& job) { TryStart(job, ScanForPlacement()); }
 
-// Known from the store and not registered again since this controller started (within the
-// re-attach grace it is not lost: it is expected back).
-bool AwaitingRegistration(const Worker& w) {
-  return w.info.state() != v1::WORKER_STATE_LOST && !w.seen->in_session.load();
-}
-
-}  // namespace
-
-uint32_t JobLifecycle::FreeOrFreeing(const std::string& device_kind,
-                                     const std::vector<std::string>& recovering) const {
-  uint32_t n = 0;
-  for (const auto& [id, w] : workers_.workers()) {
-    if (w.info.device_kind() != device_kind || w.info.state() == v1::WORKER_STATE_LOST) continue;
-    if (AwaitingRegistration(w)) {
-      ++n;
-    } else if (!w.has_rank) {
-      n += w.info.state() == v1::WORKER_STATE_READY ? 1 : 0;
-    } else if (std::find(recovering.begin(), recovering.end(), w.info.job_id()) !=
-               recovering.end()) {
-      ++n;  // draining a rank of a recovering job's failed attempt
-    }
-  }
-  return n;
-}
-
-void JobLifecycle::TryStart(Job& job) {
+void JobLifecycle::TryStart(Job& job, const PlacementScan& scan) {
   ReleaseExclusions(job);
+  const PlacementScan::OfKind& kind = scan.Of(job.spec.resources().device());
   const double now = clock_.MonotonicSeconds();
   auto wait = [&](const std::string& reason) {
     if (reason != job.waiting_reason) {
@@ -889,7 +937,7 @@ void JobLifecycle::TryStart(Job& job) {
   std::vector<v1::ParallelSpec> layouts = AllowedLayouts(job.spec);
   if (!recovering) layouts.resize(1);
   std::string left_out;
-  const uint32_t healthy = HealthyWorkers(job, &left_out);
+  const uint32_t healthy = HealthyWorkers(job, kind, &left_out);
   const int chosen = recovering ? FirstFittingLayout(layouts, healthy) : 0;
   if (chosen < 0) {
     if (job.unfit_since_mono == 0) job.unfit_since_mono = now;
@@ -938,8 +986,7 @@ void JobLifecycle::TryStart(Job& job) {
   }
   // Only running ranks hold a start back (a job waits for no other pending one: Submit let one
   // job that has not ended have the directory, so two never wait on each other).
-  if (const Job* other =
-          CheckpointDirUser(&job, job.spec.checkpoint().dir(), CheckpointDirUse::kRanksRunning)) {
+  if (const Job* other = CheckpointDirUser(&job, job.spec.checkpoint().dir(), scan.holding)) {
     wait(absl::StrCat("checkpoint.dir ", job.spec.checkpoint().dir(), " is job ",
                       other->summary.job_id(), "'s, whose ranks are still ",
                       IsFinal(other->summary.state()) ? "stopping" : "running"));
@@ -947,13 +994,18 @@ void JobLifecycle::TryStart(Job& job) {
   }
   const v1::ParallelSpec& layout = layouts[chosen];
   const uint32_t world = LayoutWorld(layout);
-  // Excluded workers are never placed: to placement they are not free.
-  std::vector<WorkerSlot> slots = workers_.Slots();
-  const uint32_t free_all = FreeNow(slots, job.spec.resources().device());
-  std::optional<std::string> backfilled;
-  for (WorkerSlot& slot : slots) {
-    if (job.excluded_workers.count(slot.worker_id)) slot.free = false;
+  // Excluded workers are never placed: to placement they are not free (a copy of the slots for
+  // a job that has some).
+  const uint32_t free_all = kind.free;
+  std::vector<WorkerSlot> own_slots;
+  if (!job.excluded_workers.empty()) {
+    own_slots = scan.slots;
+    for (WorkerSlot& slot : own_slots) {
+      if (job.excluded_workers.count(slot.worker_id)) slot.free = false;
+    }
   }
+  const std::vector<WorkerSlot>& slots = job.excluded_workers.empty() ? scan.slots : own_slots;
+  std::optional<std::string> backfilled;
   if (!recovering) {
     // A job that is recovering keeps its claim on as many workers as its last attempt ran on: a
     // job submitted or pending beside it starts only on the workers beyond those (it took the
@@ -963,8 +1015,9 @@ void JobLifecycle::TryStart(Job& job) {
     // re-attach grace they are not lost). Where even those are fewer than the claim (workers were
     // lost), a job may still start on what is free: holding it back would idle workers no one can
     // use yet.
-    const auto [claimed, by] = ClaimedByRecovering(job);
-    const uint32_t coming = claimed > 0 ? FreeOrFreeing(job.spec.resources().device(), by) : 0;
+    const uint32_t claimed = kind.claimed;
+    const std::vector<std::string>& by = kind.claimed_by;
+    const uint32_t coming = claimed > 0 ? kind.free_or_freeing : 0;
     if (claimed > 0 && coming >= claimed && coming < claimed + world) {
       wait(absl::StrFormat(
           "waits behind recovering job%s %s, which claim%s %d %s workers first: %d are free or "
@@ -978,19 +1031,21 @@ void JobLifecycle::TryStart(Job& job) {
     // would hold it back forever.
     // The recovering jobs' claim comes first: the reserved workers are beyond it (a job held
     // back by neither alone must not take what both together need).
-    const auto [reserved, for_jobs] = ReservedByOlderPending(job);
-    if (reserved > 0) {
+    const Reserved older = ReservedByOlderPending(job, kind);
+    const auto reserved = static_cast<uint32_t>(older.workers);
+    if (older.jobs > 0) {
       const uint32_t ahead = claimed > 0 && coming >= claimed ? claimed : 0;
-      const uint32_t free = FreeNow(slots, job.spec.resources().device());
+      const uint32_t free =
+          job.excluded_workers.empty() ? free_all : FreeNow(slots, job.spec.resources().device());
       if (free < ahead + reserved + world) {
-        Backfill backfill = CheckBackfill(job, world, free_all, free, ahead, for_jobs);
+        Backfill backfill = CheckBackfill(job, kind, world, free_all, free, ahead, older.jobs);
         if (!backfill.start) {
           wait(absl::StrFormat(
               "waits behind job%s %s, pending over %.0f s: the next %d %s workers to free up are "
               "reserved for %s (--reserve-after); %d free, %d needed%s%s",
-              for_jobs.size() == 1 ? "" : "s", absl::StrJoin(for_jobs, ", "),
-              options_.reserve_after_s, reserved, job.spec.resources().device(),
-              for_jobs.size() == 1 ? "it" : "them", free, ahead + reserved + world,
+              older.jobs == 1 ? "" : "s", ReservedNames(kind, older.jobs), options_.reserve_after_s,
+              reserved, job.spec.resources().device(), older.jobs == 1 ? "it" : "them", free,
+              ahead + reserved + world,
               ahead > 0 ? absl::StrCat(" with the ", ahead, " recovering job ",
                                        absl::StrJoin(by, ", "), " claims")
                         : " for both",
@@ -1005,15 +1060,10 @@ void JobLifecycle::TryStart(Job& job) {
   if (!placement.ok()) {
     // Who holds the others: the jobs whose ranks run on this kind's workers.
     // And, after a controller restart, the workers known from the store not registered again.
-    std::map<std::string, int> busy;
-    int64_t unregistered = 0;
-    uint32_t known = 0;  // not lost: free, busy, or about to register again
-    for (const auto& [id, w] : workers_.workers()) {
-      if (w.info.device_kind() != job.spec.resources().device()) continue;
-      if (w.has_rank && w.info.job_id() != job.summary.job_id()) ++busy[w.info.job_id()];
-      if (AwaitingRegistration(w)) ++unregistered;
-      if (w.info.state() != v1::WORKER_STATE_LOST) ++known;
-    }
+    std::map<std::string, uint32_t> busy = kind.holders;
+    busy.erase(job.summary.job_id());
+    const uint32_t unregistered = kind.unregistered;
+    const uint32_t known = kind.usable;  // not lost: free, busy, or about to register again
     std::vector<std::string> notes;
     // Workers lost since it was accepted: no job ending frees enough, only agents (re)joining.
     if (known < world) {

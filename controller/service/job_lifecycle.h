@@ -247,11 +247,19 @@ class JobLifecycle {
   // nullptr when there is none.
   enum class CheckpointDirUse { kNotEnded, kRanksRunning };
   const Job* CheckpointDirUser(const Job* self, const std::string& dir, CheckpointDirUse use) const;
+  // kRanksRunning with the jobs whose ranks a worker not lost holds already gathered.
+  const Job* CheckpointDirUser(const Job* self, const std::string& dir,
+                               const std::set<std::string>& holding) const;
   // A rank's reported progress: updates its step (the job's follows when the job is next
   // written); false when the record names no rank of the job, or is one the job already counted
   // (its TelemetryRecord.seq is not above the rank's telemetry_seq: an agent re-sent a batch
   // whose answer it lost), and then nothing else is done with it. PersistLater then marks the job.
   bool NoteProgress(Job& job, const furnace::v1::TelemetryRecord& record);
+  // A stored step (the controller loading its store): when every rank of its attempt reported it,
+  // their steps, and the job's for its current attempt, are at least that. The steps are stored
+  // as they complete, the job's step only written behind (FlushLater): a controller killed in
+  // between would otherwise start from the older step, and the dashboards' step go back.
+  static void NoteStoredStep(Job& job, const furnace::v1::StepRecord& step);
   // Whether a report, record or log line of (attempt, rank) may come from `worker_id`: the rank
   // exists and was placed on that worker, or the sender names no worker (in-process callers). One
   // worker cannot speak for another's ranks, nor for ranks that do not exist (auth_processor.h
@@ -363,7 +371,38 @@ class JobLifecycle {
   // runs is ended then, or its exit report, which agents re-send, ends it).
   void PersistRecord(Job& job, const std::string& what);
   void Event(Job& job, const std::string& kind, const std::string& message);
+  // What TryStart reads of the workers and of the other jobs, gathered in one pass over each. A
+  // pass per job weighed made a scheduler tick O(pending x workers) under the state mutex
+  // (bench/controlplane/REPORT.md: 700 ms a tick at 4,096 workers and 1,000 pending jobs, ticks
+  // every 100 ms). Tick gathers it once for the jobs it weighs, and again after one of them
+  // starts or ends (nothing else changes the workers or the jobs meanwhile); TryStart for one job
+  // gathers its own.
+  struct PlacementScan {
+    std::vector<WorkerSlot> slots;  // WorkerRegistry::Slots
+    std::set<std::string> holding;  // jobs whose ranks a worker that is not lost still holds
+    struct OfKind {
+      uint32_t usable = 0;        // not lost: free, busy, or to register again (CountUsable)
+      uint32_t free = 0;          // free for placement (FreeNow over `slots`)
+      uint32_t unregistered = 0;  // not lost, not registered again since a restart
+      // Job id -> its workers holding a rank: any (holders), or registered and not lost (busy,
+      // which CheckBackfill weighs).
+      std::map<std::string, uint32_t> holders, busy;
+      std::vector<std::pair<std::string, bool>> lost;  // (id, left) of the lost ones, by id
+      // The recovering jobs' claim (ClaimedByRecovering) and FreeOrFreeing for them.
+      uint32_t claimed = 0;
+      std::vector<std::string> claimed_by;
+      uint32_t free_or_freeing = 0;
+      // The pending jobs holding a reservation (HoldsReservation), oldest first:
+      // ((submitted_unix, id), world size); reserved_before[i]: the workers of the first i.
+      std::vector<std::pair<std::pair<double, std::string>, uint32_t>> reserving;
+      std::vector<uint64_t> reserved_before;
+    };
+    std::map<std::string, OfKind> kinds;
+    const OfKind& Of(const std::string& device_kind) const;
+  };
+  PlacementScan ScanForPlacement() const;
   void TryStart(Job& job);
+  void TryStart(Job& job, const PlacementScan& scan);
   // `kind` labels the cause (AttemptInfo.failure_kind): signal, hang, oom, exit, lost, ...
   // Returns false when the failure could not be persisted (the job is left as it was). A failure
   // pending already (FailLater: its write failed) is written instead of the one given: it came
@@ -422,20 +461,29 @@ class JobLifecycle {
   void ReleaseExclusions(Job& job);
   // Workers of the job's device kind neither lost nor excluded for the job (busy or free); lists
   // the ones left out, with why, in `left_out`.
-  uint32_t HealthyWorkers(const Job& job, std::string* left_out) const;
-  // The workers the jobs recovering beside `job` (same device kind) claim, each as many as its
-  // last attempt ran on, and their ids: a job that is not recovering starts only beyond them.
-  std::pair<uint32_t, std::vector<std::string>> ClaimedByRecovering(const Job& job) const;
+  uint32_t HealthyWorkers(const Job& job, const PlacementScan::OfKind& kind,
+                          std::string* left_out) const;
   // --reserve-after: the pending jobs submitted before `job` (same device kind) that have waited
   // options_.reserve_after_s or longer and could run on the kind's known workers (not lost): the
-  // workers they need together, and their ids. A pending job starts only beyond those.
-  std::pair<uint32_t, std::vector<std::string>> ReservedByOlderPending(const Job& job) const;
+  // workers they need together, and how many they are (the first of kind.reserving). A pending
+  // job starts only beyond those.
+  struct Reserved {
+    uint64_t workers = 0;
+    size_t jobs = 0;
+  };
+  static Reserved ReservedByOlderPending(const Job& job, const PlacementScan::OfKind& kind);
+  // The ids of the first `n` reserving jobs of the kind, for a message: the first kNamedReserved,
+  // then how many more (a waiting reason naming a thousand jobs helps no one, and costs a
+  // tick O(pending^2) bytes).
+  static std::string ReservedNames(const PlacementScan::OfKind& kind, size_t n);
+  static constexpr size_t kNamedReserved = 8;
   // Whether `job` is pending, has waited options_.reserve_after_s or longer, and could run on the
   // kind's known workers: the next workers to free up are then reserved for it.
   bool HoldsReservation(const Job& job) const;
   // The same with the kind's known workers counted already (WorkerRegistry::CountUsable).
   bool HoldsReservation(const Job& job, uint32_t known) const;
-  // Backfill, as batch schedulers do it: a job that older pending jobs' reservations (`for_jobs`)
+  // Backfill, as batch schedulers do it: a job that older pending jobs' reservations (the first
+  // `reserved_jobs` of kind.reserving)
   // hold back starts anyway where it cannot hold one of them back past its shadow time: when, at
   // the latest, enough of the kind's workers are free for that job and every older reserved one,
   // beyond the recovering jobs' `ahead` (the busy workers free up by their jobs' time limits,
@@ -449,18 +497,15 @@ class JobLifecycle {
     std::optional<std::string> start;  // the "backfill" event's message
     std::string why_not;               // appended to the waiting reason
   };
-  Backfill CheckBackfill(const Job& job, uint32_t world, uint32_t free_all, uint32_t free_for_it,
-                         uint32_t ahead, const std::vector<std::string>& for_jobs) const;
+  Backfill CheckBackfill(const Job& job, const PlacementScan::OfKind& kind, uint32_t world,
+                         uint32_t free_all, uint32_t free_for_it, uint32_t ahead,
+                         size_t reserved_jobs) const;
   // When the workers of `job`, whose time limit ends it at `deadline_unix`, are free again at the
   // latest: its ranks' checkpoint.stop_grace_s, then options_.stop_grace_s from SIGTERM to
   // SIGKILL, and kBackfillMarginS for the exits to be reported.
   double FreedByUnix(const Job& job, double deadline_unix) const;
   // The slots placement may use now for `device_kind` (excluded workers already marked unfree).
   static uint32_t FreeNow(const std::vector<WorkerSlot>& slots, const std::string& device_kind);
-  // Workers of the kind that are free, or about to be for the `recovering` jobs: draining one of
-  // their ranks, or known from the store and not registered again yet (not lost).
-  uint32_t FreeOrFreeing(const std::string& device_kind,
-                         const std::vector<std::string>& recovering) const;
   // No allowed layout fits the workers left for recovery.wait_for_workers_s: the job ends FAILED.
   void FailUnfit(Job& job, const std::string& why);
   void CloseScope(Job& job, uint32_t attempt);

@@ -733,7 +733,15 @@ void JobLifecycle::Tick() {
     if (ra != rb) return ra;
     return a->summary.submitted_unix() < b->summary.submitted_unix();
   });
-  for (Job* job : to_start) TryStart(*job);
+  // One scan of the workers and jobs for every job weighed, again after one starts or ends (the
+  // only changes TryStart makes to what the others read).
+  std::optional<PlacementScan> scan;
+  for (Job* job : to_start) {
+    if (!scan) scan = ScanForPlacement();
+    const v1::JobState before = job->summary.state();
+    TryStart(*job, *scan);
+    if (job->summary.state() != before) scan.reset();
+  }
 }
 
 std::string JobLifecycle::Register(const v1::RegisterRequest& req) {

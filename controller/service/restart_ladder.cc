@@ -2,6 +2,8 @@
 // exclusions, how an excluded worker becomes usable again, the health check's verdict (who never
 // arrived), and giving up when no allowed layout fits the workers left.
 #include <ctime>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,28 +35,29 @@ std::string UnixClock(double unix_s) {
   return text;
 }
 
-uint32_t JobLifecycle::HealthyWorkers(const Job& job, std::string* left_out) const {
-  uint32_t healthy = 0;
-  std::vector<std::string> out;
-  for (const auto& [id, w] : workers_.workers()) {
-    if (w.info.device_kind() != job.spec.resources().device()) continue;
-    auto ex = job.excluded_workers.find(id);
-    if (ex != job.excluded_workers.end()) {
-      out.push_back(
-          absl::StrCat(id, " excluded (", ex->second.reason, "; ", UsableAgain(ex->second), ")"));
-    } else if (w.info.state() == v1::WORKER_STATE_LOST) {
-      // A worker whose agent was stopped cleanly is "left", as `furnace workers` and
-      // furnace_workers{state="left"} say, not lost.
-      out.push_back(absl::StrCat(id, w.info.left() ? " left" : " lost",
-                                 " (usable again when its agent registers)"));
-    } else {
-      // Busy ones too (they free up), and, after a controller restart, ones known from the store
-      // that have not registered yet: within the re-attach grace they are not lost, so a job does
-      // not shrink only because its workers have not re-attached yet.
-      ++healthy;
-    }
+uint32_t JobLifecycle::HealthyWorkers(const Job& job, const PlacementScan::OfKind& kind,
+                                      std::string* left_out) const {
+  // Busy ones count too (they free up), and, after a controller restart, ones known from the
+  // store that have not registered yet: within the re-attach grace they are not lost, so a job
+  // does not shrink only because its workers have not re-attached yet.
+  uint32_t healthy = kind.usable;
+  std::map<std::string, std::string> out;  // worker id -> why it is left out, in id order
+  for (const auto& [id, ex] : job.excluded_workers) {
+    const Worker* w = workers_.Find(id);
+    if (w == nullptr || w->info.device_kind() != job.spec.resources().device()) continue;
+    out[id] = absl::StrCat(id, " excluded (", ex.reason, "; ", UsableAgain(ex), ")");
+    if (w->info.state() != v1::WORKER_STATE_LOST) --healthy;
   }
-  if (left_out != nullptr) *left_out = absl::StrJoin(out, "; ");
+  for (const auto& [id, left] : kind.lost) {
+    // A worker whose agent was stopped cleanly is "left", as `furnace workers` and
+    // furnace_workers{state="left"} say, not lost.
+    out.emplace(
+        id, absl::StrCat(id, left ? " left" : " lost", " (usable again when its agent registers)"));
+  }
+  if (left_out != nullptr) {
+    *left_out = absl::StrJoin(out, "; ",
+                              [](std::string* o, const auto& e) { absl::StrAppend(o, e.second); });
+  }
   return healthy;
 }
 

@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "controller/service/rendezvous.h"
 #include "controller/store/goodput.h"
@@ -805,12 +808,48 @@ TEST_F(ControllerTest, ARecordSentAgainIsCountedOnce) {
   EXPECT_DOUBLE_EQ(c_->Metrics().jobs[0].tokens_total, 4000);
 }
 
+v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank);  // below
+
+// The job's step (status, furnace_job_step) is written behind, its steps as they complete: a
+// controller killed between the two starts from the stored steps, not from the older summary, so
+// the step a dashboard plotted never goes back (the ETA panel divides by its rate).
+TEST_F(ControllerTest, AControllerKilledBeforeItsWriteBehindKeepsTheJobsStoredStep) {
+  StartRunning();
+  uint64_t seq = 0;
+  const auto both = [&](uint64_t step) {
+    ++seq;
+    PushAsking(0, {StepRecord(0, seq, step)});
+    PushAsking(1, {StepRecord(1, seq, step)});
+  };
+  both(1);
+  both(2);
+  clock_.Advance(2);
+  HeartbeatAll(2);
+  c_->Tick();  // written behind at step 2
+  both(3);
+  both(4);
+  both(5);  // stored as steps, not yet in the summary
+  ASSERT_EQ(Job().summary().step(), 5u);
+  ASSERT_EQ(c_->Metrics().jobs[0].step, 5u);
+  Restart();  // killed: no write behind
+  EXPECT_EQ(Job().summary().step(), 5u);
+  EXPECT_EQ(c_->Metrics().jobs[0].step, 5u);
+  Register(0, 100, {Running(job_, 1, 0)});
+  Register(1, 100, {Running(job_, 1, 1)});
+  // Rank 0 is one step ahead of rank 1 after the restart: the job is at rank 1's step, 5.
+  ++seq;
+  PushAsking(0, {StepRecord(0, seq, 6)});
+  EXPECT_EQ(Job().summary().step(), 5u);
+  EXPECT_EQ(Job().attempts(0).ranks(1).step(), 5u);
+  EXPECT_EQ(c_->Metrics().jobs[0].step, 5u);
+  PushAsking(1, {StepRecord(1, seq, 6)});
+  EXPECT_EQ(c_->Metrics().jobs[0].step, 6u);
+}
+
 // A controller killed while it merges a step (one rank's record in, the other's not yet) loses
 // that record with its memory. The agent held it (acknowledged, not stored: TelemetryAck.settled)
 // and pushes it again to the controller it registers with next, which counts it toward the step
 // although its seq was stored as counted (not as progress again), so the step is stored whole.
-v1::RunningRank Running(const std::string& job, uint32_t attempt, uint32_t rank);  // below
-
 TEST_F(ControllerTest, AStepBeingMergedWhenTheControllerDiesIsStoredWhole) {
   StartRunning();
   const auto record = [&](uint32_t rank, uint64_t seq, uint64_t step) {
@@ -2956,6 +2995,55 @@ TEST_F(ControllerTest, ARecoveringJobKeepsItsWorkersWhileItsRanksStillDrain) {
   c_->Tick();
   EXPECT_EQ(Job().summary().state(), v1::JOB_STARTING);
   EXPECT_EQ(c_->GetJob(*later)->summary().state(), v1::JOB_PENDING);
+}
+
+// A tick weighs every waiting job against one scan of the workers, taken again after a job starts:
+// the jobs after it see the workers it took as busy, not the scan's stale free ones.
+TEST_F(ControllerTest, OneTickStartsWaitingJobsOnlyOnWorkersStillFree) {
+  for (int s = 0; s < 3; ++s) Register(s);
+  const std::string running = SubmitNamed("run", 3);
+  ReportAll(running, v1::RANK_STARTED);
+  const std::string a = SubmitNamed("a", 2);
+  const std::string b = SubmitNamed("b", 2);
+  const std::string c = SubmitNamed("c", 1);
+  ReportAll(running, v1::RANK_EXITED);
+  for (const std::string& id : {a, b, c}) ASSERT_EQ(SummaryOf(id).state(), v1::JOB_PENDING);
+  HeartbeatAll(3);
+  c_->Tick();  // a takes two of the three, b does not fit the one left, c takes it
+  EXPECT_EQ(SummaryOf(a).state(), v1::JOB_STARTING);
+  EXPECT_EQ(SummaryOf(b).state(), v1::JOB_PENDING);
+  EXPECT_EQ(SummaryOf(c).state(), v1::JOB_STARTING);
+  std::set<std::string> placed;
+  for (const std::string& id : {a, c}) {
+    const v1::JobDetail detail = *c_->GetJob(id);
+    for (const v1::RankInfo& r : detail.attempts(0).ranks()) {
+      EXPECT_TRUE(placed.insert(r.worker_id()).second) << r.worker_id() << " placed twice";
+    }
+  }
+  EXPECT_EQ(placed.size(), 3u);
+}
+
+// A waiting reason names the first 8 jobs holding reservations ahead (kNamedReserved), and counts
+// the rest: behind a thousand, naming each made every tick O(pending^2) bytes.
+TEST_F(ControllerTest, AWaitingReasonNamesTheFirstReservedJobsAndCountsTheRest) {
+  for (int s = 0; s < 3; ++s) Register(s);
+  const std::string running = SubmitNamed("run", 2);
+  ReportAll(running, v1::RANK_STARTED);
+  std::vector<std::string> big;
+  for (int i = 0; i < 10; ++i) {
+    big.push_back(SubmitNamed(absl::StrCat("big", i), 3));
+    clock_.Advance(1);  // submitted one after the other
+  }
+  clock_.Advance(601);
+  HeartbeatAll(3);
+  c_->Tick();
+  const std::string late = SubmitNamed("late", 1);
+  EXPECT_EQ(SummaryOf(late).waiting(),
+            "waits behind jobs " + absl::StrJoin(big.begin(), big.begin() + 8, ", ") +
+                " and 2 more, pending over 600 s: the next 30 cpu workers to free up are reserved "
+                "for them (--reserve-after); 1 free, 31 needed for both; no backfill: when the "
+                "reserved workers free up is unknown (job " +
+                running + " has no resources.time_limit_s)");
 }
 
 // --reserve-after: a job pending that long has the next workers to free up reserved for it. Before
