@@ -642,7 +642,10 @@ bool JobLifecycle::NoteProgress(Job& job, const v1::TelemetryRecord& rec) {
     if (rec.seq() <= rank.telemetry_seq()) return false;  // a re-sent batch brought it again
     rank.set_telemetry_seq(rec.seq());
   }
-  rank.set_step(rec.step());
+  // Never back within an attempt: after a controller restart a rank's step may come from its
+  // stored steps (NoteStoredStep) while its agent re-sends records older than those, whose seq is
+  // above the one written behind.
+  rank.set_step(std::max(rank.step(), rec.step()));
   // A late batch of an attempt before the newest two is written as well: its ranks' steps feed
   // the no-progress rule after a controller restart, and their sequence numbers the dedup.
   NoteOlderAttemptChanged(job, attempt);

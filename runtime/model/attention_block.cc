@@ -27,8 +27,18 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   ASSIGN_OR_RETURN(tensor::Buffer qkv, AllocF32(ctx, 3 * NCl, p + "attn.qkv", false));  // (B,T,3Cl)
   ctx.ops.matmul_forward(qkv.as<float>(), a, params + off.wqkv, params + off.bqkv, N, C, 3 * Cl);
   const float* q = qkv.as<float>();
+  // Rebuilt from the norm's output by the same GEMM (bit for bit; under tensor parallelism this
+  // rank's columns from the whole input: no collective), so a planner may drop it.
+  RecomputeSpec qkv_spec{"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl};
+  qkv_spec.rebuild = [ctx, ln = s.ln_out, w = params + off.wqkv, b = params + off.bqkv, N, C, Cl,
+                      tag = p + "attn.qkv"]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* in, GetF32(ctx, ln));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, int64_t{N} * 3 * Cl, tag, false));
+    ctx.ops.matmul_forward(out.as<float>(), in, w, b, N, C, 3 * Cl);
+    return out;
+  };
   ASSIGN_OR_RETURN(s.qkv, SaveF32(ctx, p + "attn.qkv", layer, std::move(qkv), {B, T, 3 * Cl},
-                                  {"matmul", {s.ln_out}, 2.0 * NC * 3 * Cl}));
+                                  std::move(qkv_spec)));
 
   // att: the probabilities (B, NHl, T, T), or under recompute_probs each row's statistics
   // (B, NHl, T, 2), from which backward rebuilds them.

@@ -68,9 +68,10 @@
 // happens. If not, memory::CoverDeficits picks the cheapest actions per freed byte among the
 // tensors that help at the points that are short (earlier layers and micro-batches, acted on at
 // once; this layer's expert buffers, acted on right after its forward; the attention
-// probabilities, norm, GELU and expert pre-activation outputs later modules save, dropped when
-// their module's forward ends; attention probabilities come back from qkv through
-// attention_probs, the forward's own scores and softmax): offload the copy engine can hide, then
+// probabilities, qkv, norm, GELU, dense MLP and expert pre-activation outputs later modules save,
+// dropped when their module's forward ends; attention probabilities come back from qkv through
+// attention_probs, the forward's own scores and softmax, qkv and the MLP pre-activation from the
+// norm's output by their GEMM): offload the copy engine can hide, then
 // reduced precision (only when a codec is allowed), then recompute (a tensor whose rebuild needs
 // a collective only by agreement: below). If the arena still refuses an allocation,
 // an emergency offload (MakeRoom) takes the largest tensors nothing running reads out of the arena

@@ -511,16 +511,14 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
     std::string_view tag;
     double flops_per_float;
   };
-  const double expert_gemm = 2.0 * config_.d_model;  // per float of expert_pre (R x fl)
+  // Per float of a GEMM's output from the norm (qkv, mlp.pre) or of expert_pre (R x fl).
+  const double gemm = 2.0 * config_.d_model;
   // Per probability: its q . k product, and the softmax's passes (as the norms and GELU count).
   const double scores = 2.0 * config_.d_model / config_.heads + 8;
-  const FutureTag kFuture[] = {{"attn.probs", scores},
-                               {"ln1.out", 8},
-                               {"ln2.out", 8},
-                               {"lnf.out", 8},
-                               {"mlp.hidden", 10},
-                               {"moe.expert_hidden", 10},
-                               {"moe.expert_pre", expert_gemm}};
+  const FutureTag kFuture[] = {
+      {"attn.probs", scores},  {"attn.qkv", gemm}, {"mlp.pre", gemm},  {"ln1.out", 8},
+      {"ln2.out", 8},          {"lnf.out", 8},     {"mlp.hidden", 10}, {"moe.expert_hidden", 10},
+      {"moe.expert_pre", gemm}};
   struct Future {
     int layer;
     std::string_view tag;

@@ -26,8 +26,18 @@ absl::StatusOr<MlpSaved> MlpBlockForward(ModuleContext& ctx, const Dims& dims, i
   ASSIGN_OR_RETURN(tensor::Buffer hid, AllocF32(ctx, NF, p + "mlp.hidden", false));  // (B, T, F)
   ctx.ops.gelu_forward(hid.as<float>(), pre.as<float>(), NF);
   const float* h = hid.as<float>();
-  ASSIGN_OR_RETURN(s.pre, SaveF32(ctx, p + "mlp.pre", layer, std::move(pre), {B, T, F},
-                                  {"matmul", {s.ln_out}, 2.0 * NC * F}));
+  // Rebuilt from the norm's output by the same GEMM (this rank's columns under tensor
+  // parallelism: no collective), so a planner may drop it.
+  RecomputeSpec pre_spec{"matmul", {s.ln_out}, 2.0 * NC * F};
+  pre_spec.rebuild = [ctx, ln = s.ln_out, w = params + off.w1, b = params + off.b1, N, C, F, NF,
+                      tag = p + "mlp.pre"]() mutable -> absl::StatusOr<tensor::Buffer> {
+    ASSIGN_OR_RETURN(const float* in, GetF32(ctx, ln));
+    ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NF, tag, false));  // (B, T, F)
+    ctx.ops.matmul_forward(out.as<float>(), in, w, b, N, C, F);
+    return out;
+  };
+  ASSIGN_OR_RETURN(
+      s.pre, SaveF32(ctx, p + "mlp.pre", layer, std::move(pre), {B, T, F}, std::move(pre_spec)));
   RecomputeSpec gelu{"gelu", {s.pre}, 10.0 * NF};
   gelu.rebuild = [ctx, pre = s.pre, NF,
                   tag = p + "mlp.hidden"]() mutable -> absl::StatusOr<tensor::Buffer> {

@@ -191,7 +191,11 @@ recovery: {{max_restarts: 0}}
         for j in (none, full):
             d = c.wait_state(j, harness.FINAL, timeout=300)
             self.assertEqual(d["summary"]["state"], "JOB_SUCCEEDED", d["summary"])
-        budget = int(1.02 * self.max_peak(full))
+        # 12% below full_recompute's peak: per rank a plan also drops what full_recompute keeps
+        # (qkv, the dense MLP's pre-activation), which reaches about 10% below it, not further
+        # (AgreedDropTest finds that floor on its layouts); the expert buffers full_recompute
+        # drops come back only through the all-to-all, so below it the ranks must agree.
+        budget = int(0.88 * self.max_peak(full))
         adaptive = c.submit(c.write_job("ep-adaptive.yaml", ep_job(
             "ep-adaptive", f"policy: adaptive, device_budget: {budget}, host_link_gbps: 0.001")))
         d = c.wait_state(adaptive, harness.FINAL, timeout=300)

@@ -836,6 +836,11 @@ TEST_F(ControllerTest, AControllerKilledBeforeItsWriteBehindKeepsTheJobsStoredSt
   EXPECT_EQ(c_->Metrics().jobs[0].step, 5u);
   Register(0, 100, {Running(job_, 1, 0)});
   Register(1, 100, {Running(job_, 1, 1)});
+  // Rank 1's agent re-sends step 4's record (stored, not yet settled), its seq above the one
+  // written behind: counted as sent, not as a step back.
+  PushAsking(1, {StepRecord(1, 4, 4)});
+  EXPECT_EQ(Job().attempts(0).ranks(1).step(), 5u);
+  EXPECT_EQ(c_->Metrics().jobs[0].step, 5u);
   // Rank 0 is one step ahead of rank 1 after the restart: the job is at rank 1's step, 5.
   ++seq;
   PushAsking(0, {StepRecord(0, seq, 6)});

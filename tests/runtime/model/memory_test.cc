@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -443,6 +444,42 @@ TEST_F(MemoryTest, AdaptiveDropsAttentionProbsAndRebuildsThemBitForBit) {
               static_cast<long long>(want->activation_peak_bytes),
               static_cast<unsigned long long>(budget), dropped_probs,
               static_cast<unsigned long long>(arena.peak_bytes()));
+}
+
+// Every tensor with a per-rank rebuild rebuilds bit for bit, also in chains: after the forward
+// every one of them is dropped at once (qkv and the dense MLP's pre-activation with the norm
+// outputs they are rebuilt from, the probabilities with the qkv they are rebuilt from), and the
+// backward, rebuilding each from its rebuilt inputs, gives none's gradients bit for bit. (qkv and
+// mlp.pre had their cost declared and no rebuild: a plan could only offload them.)
+TEST_F(MemoryTest, EveryPerRankRebuildIsBitExactAlsoInChains) {
+  ModelConfig c = TinyConfig();
+  c.layers = 4;  // MoE layers 1 and 3, dense MLPs 0 and 2
+  tensor::DeviceArena ref_arena(*device_, 0);
+  std::unique_ptr<GptMoe> ref = Make(c, ref_arena);
+  ASSERT_NE(ref, nullptr);
+  ASSERT_TRUE(Step(*ref, 2).ok());
+
+  tensor::DeviceArena arena(*device_, 0);
+  std::unique_ptr<GptMoe> m = Make(c, arena);
+  ASSERT_NE(m, nullptr);
+  const int N = 2 * c.seq_len;
+  m->ZeroGrad();
+  ASSERT_TRUE(m->StageForward(0, in_.data(), tg_.data(), nullptr, 2, nullptr).ok());
+  std::set<std::string> dropped;
+  for (const StashEntrySummary& e : m->stash().Summaries()) {
+    if (e.state != StashState::kKept || !e.rebuildable) continue;
+    ASSERT_TRUE(m->stash().Drop(e.handle).ok()) << e.producer;
+    dropped.insert(std::string(memory::TensorTag(e.producer)));
+  }
+  for (const char* tag : {"attn.qkv", "mlp.pre", "ln1.out", "ln2.out", "attn.probs"}) {
+    EXPECT_EQ(dropped.count(tag), 1u) << tag;
+  }
+  const uint64_t kept = arena.current_bytes();
+  const absl::Status backward = m->StageBackward(0, nullptr, 1.0 / N, 1.0, nullptr);
+  ASSERT_TRUE(backward.ok()) << backward;
+  EXPECT_GT(m->stash().rebuilt_bytes(), 0u);
+  EXPECT_LT(kept, static_cast<uint64_t>(ref->ActivationBytes(2)));
+  EXPECT_EQ(std::memcmp(m->grad_data(), ref->grad_data(), 4 * ref->num_params()), 0);
 }
 
 // A budget that fits a policy's declared peak, and not none's, trains under that policy.
