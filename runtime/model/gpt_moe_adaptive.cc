@@ -773,7 +773,9 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
   // What the backward about to run must bring back (what the module reads: ReadByModule) or
   // rebuild (a dropped tensor: its Acquire allocates it), and the module below it (look-ahead).
   std::vector<StashHandle> now, ahead;
-  uint64_t need = 0, rebuilt = 0, ahead_bytes = 0;
+  // decoded: of `need`, what a compressed entry (or one offloaded from it) decodes to at its
+  // Acquire, after Prefetch (which brings back only the encoding).
+  uint64_t need = 0, decoded = 0, rebuilt = 0, ahead_bytes = 0;
   for (const StashEntrySummary& e : stash_.Summaries()) {
     if (e.micro != micro || e.state == StashState::kKept) continue;
     const std::string_view tag = memory::TensorTag(e.producer);
@@ -786,6 +788,7 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
       now.push_back(e.handle);
       // An encoding coming back from the host is held beside the tensor it decodes to.
       need += e.bytes + (e.state == StashState::kOffloaded ? e.encoded_bytes : 0);
+      if (e.encoded_bytes > 0) decoded += e.bytes;
     } else if (j == ahead_module && e.state == StashState::kOffloaded) {
       ahead.push_back(e.handle);
       ahead_bytes += e.bytes;
@@ -808,11 +811,12 @@ absl::Status GptMoe::PrepareAdaptiveBackward(int micro, int module, int ahead_mo
   const bool brings_back = !now.empty() || rebuilt > 0;
   if (brings_back && held + want > usable) MakeRoom(want + (budget - usable));
   if (!now.empty()) RETURN_IF_ERROR(stash_.Prefetch(now));
-  // The look-ahead only where it leaves this backward its rebuilds and scratch: otherwise the
-  // module's own Acquire brings those tensors back once this one has released its own. (A
-  // look-ahead that took the rebuilds' room made the arena refuse them mid-module, and the
-  // emergency path sent out again what had just come back: AdaptiveBudgetTest.AtTheFloor*.)
-  if (!ahead.empty() && arena_.current_bytes() + ahead_bytes + rebuilt + scratch <= usable) {
+  // The look-ahead only where it leaves this backward its decodes, rebuilds and scratch:
+  // otherwise the module's own Acquire brings those tensors back once this one has released its
+  // own. (A look-ahead that took the rebuilds' room made the arena refuse them mid-module, and
+  // the emergency path sent out again what had just come back: AdaptiveBudgetTest.AtTheFloor*.)
+  if (!ahead.empty() &&
+      arena_.current_bytes() + ahead_bytes + decoded + rebuilt + scratch <= usable) {
     const absl::Status s = stash_.Prefetch(ahead);
     if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   }
