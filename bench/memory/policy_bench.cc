@@ -57,6 +57,7 @@ fm::CopyEngineOptions LinkOptions(double gbps) {
 struct Flags {
   int rounds = 5, steps_per_round = 2, warmup = 1, threads = 1, micro_batch = 8;
   double spike_probability = 0, spike_ratio = 2.6, offload_ratio = 0.5;
+  bool recompute_attention_probs = false;  // --attention-probs recomputed
 };
 
 bool Parse(int argc, char** argv, Flags& f) {
@@ -82,10 +83,14 @@ bool Parse(int argc, char** argv, Flags& f) {
       f.spike_ratio = v;
     } else if (a == "--offload-ratio" && next(v)) {
       f.offload_ratio = v;
+    } else if (a == "--attention-probs" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "stored" || std::string(argv[i + 1]) == "recomputed")) {
+      f.recompute_attention_probs = std::string(argv[++i]) == "recomputed";
     } else {
       std::cerr << "unknown or incomplete option '" << a
                 << "' (allowed: --rounds N --steps-per-round N --threads N --micro-batch B "
-                   "--spike-probability P --spike-ratio R --offload-ratio X)\n";
+                   "--spike-probability P --spike-ratio R --offload-ratio X "
+                   "--attention-probs stored|recomputed)\n";
       return false;
     }
   }
@@ -130,6 +135,7 @@ int main(int argc, char** argv) {
   mc.top_k = 2;
   mc.expert_ffn = 512;
   mc.spikes = {.probability = f.spike_probability, .max_ratio = f.spike_ratio, .seed = 3};
+  mc.recompute_attention_probs = f.recompute_attention_probs;
   if (absl::Status s = mc.Validate(); !s.ok()) {
     std::cerr << "config: " << s << "\n";
     return 2;
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
               {"spike_probability", f.spike_probability},
               {"spike_ratio", f.spike_ratio},
               {"offload_ratio", f.offload_ratio},
+              {"attention_probs", f.recompute_attention_probs ? "recomputed" : "stored"},
               {"variants", json::array()}};
   std::printf("%-18s %10s %8s %10s %12s %12s %6s %10s %9s %10s\n", "variant", "step_ms", "vs_none",
               "tokens/s", "act_peak_B", "bytes/step", "late", "planner_ms", "decisions", "loss");

@@ -69,8 +69,23 @@ absl::StatusOr<AttentionSaved> AttentionBlockForward(ModuleContext& ctx, const D
   }
   ASSIGN_OR_RETURN(s.att, SaveF32(ctx, att_name, layer, std::move(att),
                                   {B, NHl, T, rebuild ? 2 : T}, std::move(att_spec)));
-  ASSIGN_OR_RETURN(s.y, SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, Cl},
-                                {"attention", {s.qkv}, att_flops}));
+  // Under recompute_probs the attention's output is rebuilt as it was made: the same forward from
+  // qkv (bit for bit), its row statistics into scratch. (With the probabilities stored, that
+  // forward would need their (B, NHl, T, T) again as scratch: not rebuilt.)
+  RecomputeSpec y_spec{"attention", {s.qkv}, att_flops};
+  if (rebuild) {
+    y_spec.rebuild = [ctx, qkv = s.qkv, B, T, Cl, NHl, NCl, stats_floats = att_bytes / 4, p,
+                      tag = p + "attn.y"]() mutable -> absl::StatusOr<tensor::Buffer> {
+      ASSIGN_OR_RETURN(const float* in, GetF32(ctx, qkv));
+      ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NCl, tag, false));  // (B, T, Cl)
+      ASSIGN_OR_RETURN(tensor::Buffer stats,
+                       AllocF32(ctx, stats_floats, p + "attn.stats", false));  // scratch
+      ctx.ops.attention_forward_row_stats(out.as<float>(), stats.as<float>(), in, B, T, Cl, NHl);
+      return out;
+    };
+  }
+  ASSIGN_OR_RETURN(s.y,
+                   SaveF32(ctx, p + "attn.y", layer, std::move(y), {B, T, Cl}, std::move(y_spec)));
 
   ASSIGN_OR_RETURN(tensor::Buffer out, AllocF32(ctx, NC, p + "attn.residual", false));  // (B,T,C)
   float* o = out.as<float>();

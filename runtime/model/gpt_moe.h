@@ -71,7 +71,8 @@
 // probabilities, qkv, norm, GELU, dense MLP and expert pre-activation outputs later modules save,
 // dropped when their module's forward ends; attention probabilities come back from qkv through
 // attention_probs, the forward's own scores and softmax, qkv and the MLP pre-activation from the
-// norm's output by their GEMM): offload the copy engine can hide, then
+// norm's output by their GEMM, the attention's output under recomputed probabilities by its
+// forward again): offload the copy engine can hide, then
 // reduced precision (only when a codec is allowed), then recompute (a tensor whose rebuild needs
 // a collective only by agreement: below). If the arena still refuses an allocation,
 // an emergency offload (MakeRoom) takes the largest tensors nothing running reads out of the arena

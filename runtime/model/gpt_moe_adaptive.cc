@@ -515,10 +515,13 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
   const double gemm = 2.0 * config_.d_model;
   // Per probability: its q . k product, and the softmax's passes (as the norms and GELU count).
   const double scores = 2.0 * config_.d_model / config_.heads + 8;
-  const FutureTag kFuture[] = {
+  std::vector<FutureTag> future_tags = {
       {"attn.probs", scores},  {"attn.qkv", gemm}, {"mlp.pre", gemm},  {"ln1.out", 8},
       {"ln2.out", 8},          {"lnf.out", 8},     {"mlp.hidden", 10}, {"moe.expert_hidden", 10},
       {"moe.expert_pre", gemm}};
+  // Under recomputed probabilities the attention's output rebuilds by the forward again: per
+  // float of y, its row's scores and weighted sum over the T keys (4T FLOPs).
+  if (config_.recompute_attention_probs) future_tags.push_back({"attn.y", 4.0 * config_.seq_len});
   struct Future {
     int layer;
     std::string_view tag;
@@ -550,7 +553,7 @@ absl::Status GptMoe::BeforeExpertBuffers(int layer, const MoeRows& rows) {
         position = -1;  // per tensor below
       }
       for (const SavedTensorBytes& t : saved) {
-        for (const FutureTag& f : kFuture) {
+        for (const FutureTag& f : future_tags) {
           if (t.tag != f.tag || t.bytes == 0) continue;
           if (dropping.count({head ? -1 : l, std::string(f.tag)}) != 0) continue;  // planned
           memory::PlanCandidate c;

@@ -115,6 +115,17 @@ class BenchBinariesTest(unittest.TestCase):
                            "--steps-per-round", "1", "--micro-batch", "1")
         self.assertIn("final losses identical across variants: yes", out)
         self.assertIn("adaptive_floor_h200", out)
+        # With the attention's probabilities recomputed the floor also rebuilds its output.
+        out = self.run_bin("furnace_bench_memory_policies", "--threads", "1", "--rounds", "1",
+                           "--steps-per-round", "1", "--micro-batch", "1",
+                           "--attention-probs", "recomputed")
+        self.assertIn("final losses identical across variants: yes", out)
+        self.assertIn('"attention_probs":"recomputed"', out)
+        r = subprocess.run([os.path.join(harness.BIN_DIR, "furnace_bench_memory_policies"),
+                            "--attention-probs", "flash"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--attention-probs stored|recomputed", r.stderr)
 
     def test_train_step_on_the_emulated_device(self):
         # Built where the CUDA toolkit is (bench/gpu); both attention_probs rows, the same losses.

@@ -35,6 +35,9 @@ class MemoryTest : public ::testing::Test {
     return m.ForwardBackward(in_.data(), tg_.data(), B, 1.0 / N, 1.0);
   }
 
+  // EveryPerRankRebuildIsBitExactAlsoInChains, with the attention's probabilities stored or not.
+  void ExpectEveryPerRankRebuildBitExact(bool recompute_probs);
+
   std::unique_ptr<device::Device> device_ = device::CreateCpuDevice();
   std::vector<int32_t> in_, tg_;
 };
@@ -450,10 +453,20 @@ TEST_F(MemoryTest, AdaptiveDropsAttentionProbsAndRebuildsThemBitForBit) {
 // every one of them is dropped at once (qkv and the dense MLP's pre-activation with the norm
 // outputs they are rebuilt from, the probabilities with the qkv they are rebuilt from), and the
 // backward, rebuilding each from its rebuilt inputs, gives none's gradients bit for bit. (qkv and
-// mlp.pre had their cost declared and no rebuild: a plan could only offload them.)
+// mlp.pre had their cost declared and no rebuild: a plan could only offload them.) Under
+// recomputed probabilities the attention's output is dropped too, and rebuilt from the rebuilt
+// qkv by the forward again.
 TEST_F(MemoryTest, EveryPerRankRebuildIsBitExactAlsoInChains) {
+  for (bool recompute_probs : {false, true}) {
+    SCOPED_TRACE(recompute_probs ? "attention_probs recomputed" : "attention_probs stored");
+    ExpectEveryPerRankRebuildBitExact(recompute_probs);
+  }
+}
+
+void MemoryTest::ExpectEveryPerRankRebuildBitExact(bool recompute_probs) {
   ModelConfig c = TinyConfig();
   c.layers = 4;  // MoE layers 1 and 3, dense MLPs 0 and 2
+  c.recompute_attention_probs = recompute_probs;
   tensor::DeviceArena ref_arena(*device_, 0);
   std::unique_ptr<GptMoe> ref = Make(c, ref_arena);
   ASSERT_NE(ref, nullptr);
@@ -471,9 +484,11 @@ TEST_F(MemoryTest, EveryPerRankRebuildIsBitExactAlsoInChains) {
     ASSERT_TRUE(m->stash().Drop(e.handle).ok()) << e.producer;
     dropped.insert(std::string(memory::TensorTag(e.producer)));
   }
-  for (const char* tag : {"attn.qkv", "mlp.pre", "ln1.out", "ln2.out", "attn.probs"}) {
-    EXPECT_EQ(dropped.count(tag), 1u) << tag;
-  }
+  // Under recomputed probabilities the attention's output rebuilds (its forward again, from the
+  // rebuilt qkv), and there are no probabilities to drop.
+  std::vector<std::string> tags = {"attn.qkv", "mlp.pre", "ln1.out", "ln2.out"};
+  tags.push_back(recompute_probs ? "attn.y" : "attn.probs");
+  for (const std::string& tag : tags) EXPECT_EQ(dropped.count(tag), 1u) << tag;
   const uint64_t kept = arena.current_bytes();
   const absl::Status backward = m->StageBackward(0, nullptr, 1.0 / N, 1.0, nullptr);
   ASSERT_TRUE(backward.ok()) << backward;
