@@ -66,7 +66,8 @@ void SoftmaxBlock(T* blk, int r0, int r1, int Tlen, T* stats) {
 }
 
 // kStats: att is the (B, NH, T, 2) row statistics and the probabilities live only in a block
-// scratch; else att is the (B, NH, T, T) probabilities, written in place.
+// scratch; else att is the (B, NH, T, T) probabilities, written in place. out null: the
+// probabilities alone (AttentionProbs: the product and softmax, not the weighted sum).
 template <typename T, bool kBf16, bool kStats>
 void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   const int hs = C / NH;
@@ -76,7 +77,7 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
   std::vector<T> p_r;  // (kRowBlock, T): the rounded probabilities of a block (bf16 only)
   if constexpr (kBf16) {
     qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
-    p_r.resize(static_cast<size_t>(kRowBlock) * Tlen);
+    if (out != nullptr) p_r.resize(static_cast<size_t>(kRowBlock) * Tlen);
   }
   std::vector<T> s_blk;  // (kRowBlock, T): a block's scores then probabilities (kStats only)
   if constexpr (kStats) s_blk.resize(static_cast<size_t>(std::min(kRowBlock, Tlen)) * Tlen);
@@ -90,7 +91,7 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
       const int64_t bh = static_cast<int64_t>(b) * NH + h;
       T* a = kStats ? nullptr : att + bh * Tlen * Tlen;
       T* stats = kStats ? att + bh * Tlen * 2 : nullptr;
-      T* o = out + static_cast<int64_t>(b) * Tlen * C + h * hs;
+      T* o = out == nullptr ? nullptr : out + static_cast<int64_t>(b) * Tlen * C + h * hs;
       for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
         const int r1 = std::min(Tlen, r0 + kRowBlock);
         const int rows = r1 - r0;
@@ -98,6 +99,7 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
         Gemm(false, true, rows, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld, T(0),
              a_blk, Tlen);
         SoftmaxBlock(a_blk, r0, r1, Tlen, stats);
+        if (o == nullptr) continue;
         const T* p_blk = a_blk;
         if constexpr (kBf16) {
           RoundBlock(p_r.data(), a_blk, rows, r1, Tlen);
@@ -105,32 +107,6 @@ void Forward(T* out, T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
         }
         Gemm(false, false, rows, hs, r1, T(1), p_blk, Tlen, v, ld, T(0),
              o + static_cast<int64_t>(r0) * C, C);
-      }
-    }
-  }
-}
-
-// The probabilities alone: Forward's first half (its product and softmax, into att in place).
-template <typename T, bool kBf16>
-void Probs(T* att, const T* qkv_in, int B, int Tlen, int C, int NH) {
-  const int hs = C / NH;
-  const int ld = 3 * C;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  std::unique_ptr<T[]> qkv_r;
-  if constexpr (kBf16) qkv_r = RoundedCopy(qkv_in, static_cast<int64_t>(B) * Tlen * ld);
-  const T* qkv = kBf16 ? qkv_r.get() : qkv_in;
-  for (int b = 0; b < B; ++b) {
-    const T* qkv_b = qkv + static_cast<int64_t>(b) * Tlen * ld;
-    for (int h = 0; h < NH; ++h) {
-      const T* q = qkv_b + h * hs;
-      const T* k = q + C;
-      T* a = att + (static_cast<int64_t>(b) * NH + h) * Tlen * Tlen;
-      for (int r0 = 0; r0 < Tlen; r0 += kRowBlock) {
-        const int r1 = std::min(Tlen, r0 + kRowBlock);
-        T* a_blk = a + static_cast<int64_t>(r0) * Tlen;
-        Gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * ld, ld, k, ld,
-             T(0), a_blk, Tlen);
-        SoftmaxBlock(a_blk, r0, r1, Tlen, static_cast<T*>(nullptr));
       }
     }
   }
@@ -233,7 +209,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int B
 
 template <typename T>
 void AttentionProbs(T* att, const T* qkv, int B, int Tlen, int C, int NH) {
-  Probs<T, false>(att, qkv, B, Tlen, C, NH);
+  Forward<T, false, false>(nullptr, att, qkv, B, Tlen, C, NH);
 }
 
 template <typename T>
@@ -258,7 +234,7 @@ void AttentionBackwardBf16(float* dqkv, const float* dout, const float* qkv, con
 }
 
 void AttentionProbsBf16(float* att, const float* qkv, int B, int Tlen, int C, int NH) {
-  Probs<float, true>(att, qkv, B, Tlen, C, NH);
+  Forward<float, true, false>(nullptr, att, qkv, B, Tlen, C, NH);
 }
 
 void AttentionForwardRowStatsBf16(float* out, float* stats, const float* qkv, int B, int Tlen,

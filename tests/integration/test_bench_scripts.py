@@ -86,6 +86,13 @@ class BenchBinariesTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, f"{name} {' '.join(args)}:\n{r.stdout}\n{r.stderr}")
         return r.stdout
 
+    def refused(self, name, *args):
+        # A bad option: exit code 2 and no run; returns what it said on stderr.
+        r = subprocess.run([os.path.join(harness.BIN_DIR, name), *args], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        return r.stderr
+
     def test_parm_quick(self):
         out = self.run_bin("bench_parm", "--quick")
         self.assertIn("auto within 5% of the measured best", out)
@@ -121,11 +128,8 @@ class BenchBinariesTest(unittest.TestCase):
                            "--attention-probs", "recomputed")
         self.assertIn("final losses identical across variants: yes", out)
         self.assertIn('"attention_probs":"recomputed"', out)
-        r = subprocess.run([os.path.join(harness.BIN_DIR, "furnace_bench_memory_policies"),
-                            "--attention-probs", "flash"], capture_output=True, text=True,
-                           timeout=60)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("--attention-probs stored|recomputed", r.stderr)
+        self.assertIn("--attention-probs stored|recomputed",
+                      self.refused("furnace_bench_memory_policies", "--attention-probs", "flash"))
 
     def test_train_step_on_the_emulated_device(self):
         # Built where the CUDA toolkit is (bench/gpu); both attention_probs rows, the same losses.
@@ -141,12 +145,8 @@ class BenchBinariesTest(unittest.TestCase):
         self.assertIn("losses of the two rows: identical", out)  # every step's, bit for bit
         self.assertIn("GOAL training-step MFU (attention probs stored):", out)
         self.assertIn("GOAL training-step MFU (attention probs recomputed):", out)
-        r = subprocess.run([os.path.join(harness.BIN_DIR, "furnace_train_step_bench"),
-                            "--attention-probs", "flash"], capture_output=True, text=True,
-                           timeout=60)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("--attention-probs: unknown value 'flash' (allowed: stored, recomputed, both)",
-                      r.stderr)
+                      self.refused("furnace_train_step_bench", "--attention-probs", "flash"))
 
     def test_telemetry(self):
         self.assertIn("decoded by the drain", self.run_bin("furnace_bench_telemetry"))
